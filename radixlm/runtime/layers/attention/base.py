@@ -1,0 +1,38 @@
+"""The interface every attention backend implements (torch_native now, Triton on CUDA later)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from radixlm.runtime.executor.forward_batch import ForwardBatch
+    from radixlm.runtime.layers.radix_attention import RadixAttention
+
+
+class AttentionBackend(ABC):
+    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+        """Called once per batch, before the model's forward; may set forward_batch.attn_metadata."""
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: "RadixAttention",
+        forward_batch: "ForwardBatch",
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        """q: (num_tokens, num_heads * head_dim); k, v: (num_tokens, num_kv_heads * head_dim).
+        Writes k, v into the pool at out_cache_loc (if save_kv_cache), then attends each new token to its
+        request's whole sequence so far (causal). Returns (num_tokens, num_heads * head_dim)."""
+        if forward_batch.forward_mode.is_decode():
+            return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+
+    @abstractmethod
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor: ...
+
+    @abstractmethod
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor: ...
