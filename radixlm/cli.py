@@ -1,0 +1,84 @@
+"""`radixlm` command line. Server arguments are generated from the ServerArgs dataclass."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import types
+import typing
+
+from radixlm.runtime.args import ServerArgs
+
+
+def _base_type(tp):
+    if isinstance(tp, str):
+        tp = eval(tp, {"int": int, "float": float, "str": str, "bool": bool, "None": None})  # noqa: S307 - our own annotations
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0]
+    return tp
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    for f in dataclasses.fields(ServerArgs):
+        flag = "--" + f.name.replace("_", "-")
+        tp = _base_type(f.type)
+        kw = {"default": f.default, "help": f.metadata.get("help", "")}
+        if tp is bool:
+            parser.add_argument(flag, action="store_true", **kw)
+        else:
+            parser.add_argument(flag, type=tp, choices=f.metadata.get("choices"), **kw)
+
+
+def server_args_from(ns: argparse.Namespace) -> dict:
+    return {f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerArgs)}
+
+
+def cmd_generate(ns: argparse.Namespace) -> None:
+    from radixlm.runtime.engine import Engine
+
+    engine = Engine(**server_args_from(ns))
+    try:
+        prompt = ns.prompt
+        if ns.chat:
+            prompt = engine.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+        sp = {"max_new_tokens": ns.max_new_tokens, "temperature": ns.temperature}
+        if ns.stream:
+            shown = 0
+            for chunk in engine.generate(prompt, sp, stream=True):
+                sys.stdout.write(chunk["text"][shown:])
+                sys.stdout.flush()
+                shown = len(chunk["text"])
+            print()
+        else:
+            out = engine.generate(prompt, sp)
+            print(out["text"])
+            if ns.verbose:
+                print(json.dumps(out["meta_info"], indent=2), file=sys.stderr)
+    finally:
+        engine.shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="radixlm")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="run one offline generation and print it")
+    gen.add_argument("prompt", nargs="?", default="What is the capital of France?")
+    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True, help="apply the chat template")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--stream", action="store_true")
+    gen.add_argument("--verbose", action="store_true")
+    add_server_args(gen)
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, ns.log_level.upper(), logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if ns.command == "generate":
+        cmd_generate(ns)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""ServerArgs: every knob of the runtime in one typed dataclass (the CLI is generated from it)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
+EVICTION_POLICIES = ("lru", "lfu", "fifo")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class ServerArgs:
+    # Model
+    model_path: str = field(default="default", metadata={"help": "HF directory, GGUF file, 'default' (SmolLM2-135M-Instruct) or 'qwen2.5-0.5b'"})
+    tokenizer_path: str | None = field(default=None, metadata={"help": "defaults to the model's own tokenizer"})
+    load_format: str = field(default="auto", metadata={"choices": LOAD_FORMATS})
+    dtype: str = field(default="auto", metadata={"choices": DTYPES, "help": "auto: float32 on CPU, the config's dtype on CUDA"})
+    context_length: int | None = field(default=None, metadata={"help": "defaults to the model config's"})
+    device: str = field(default="auto", metadata={"help": "auto: cuda when available, else cpu"})
+    random_seed: int | None = None
+
+    # Memory
+    mem_fraction_static: float | None = field(default=None, metadata={"help": "share of device memory for weights + KV pool"})
+    max_total_tokens: int | None = field(default=None, metadata={"help": "KV pool size in tokens (overrides the memory fraction)"})
+    max_running_requests: int | None = None
+    page_size: int = 1
+
+    # Scheduling
+    schedule_policy: str = field(default="lpm", metadata={"choices": SCHEDULE_POLICIES})
+    schedule_conservativeness: float = 1.0
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int | None = field(default=None, metadata={"help": "-1 disables chunking; default 8192 on CUDA, 2048 on CPU"})
+
+    # Radix cache
+    disable_radix_cache: bool = False
+    radix_eviction_policy: str = field(default="lru", metadata={"choices": EVICTION_POLICIES})
+
+    # Kernels
+    attention_backend: str = field(default="torch_native", metadata={"choices": ("torch_native",)})
+
+    # Debugging
+    enable_integrity_check: bool = field(default=False, metadata={"help": "check KV accounting after every scheduler step"})
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def check(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        check(self.schedule_policy in SCHEDULE_POLICIES, f"unknown schedule_policy {self.schedule_policy!r}; choose from {SCHEDULE_POLICIES}")
+        check(self.radix_eviction_policy in EVICTION_POLICIES, f"unknown radix_eviction_policy {self.radix_eviction_policy!r}; choose from {EVICTION_POLICIES}")
+        check(self.load_format in LOAD_FORMATS, f"unknown load_format {self.load_format!r}; choose from {LOAD_FORMATS}")
+        check(self.dtype in DTYPES, f"unknown dtype {self.dtype!r}; choose from {DTYPES}")
+        check(self.page_size >= 1, "page_size must be >= 1")
+        check(self.max_prefill_tokens >= 1, "max_prefill_tokens must be >= 1")
+        check(self.max_total_tokens is None or self.max_total_tokens >= 1, "max_total_tokens must be >= 1")
+        check(self.max_running_requests is None or self.max_running_requests >= 1, "max_running_requests must be >= 1")
+        check(self.mem_fraction_static is None or 0 < self.mem_fraction_static < 1, "mem_fraction_static must be in (0, 1)")
+        check(self.chunked_prefill_size is None or self.chunked_prefill_size == -1 or self.chunked_prefill_size >= self.page_size,
+              "chunked_prefill_size must be -1 (off) or >= page_size")
+        check(self.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "ServerArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ValueError(f"unknown server argument(s): {', '.join(unknown)}")
+        return cls(**kwargs)

@@ -1,0 +1,191 @@
+"""The two-level KV memory: request rows -> token slots (ReqToTokenPool) and slots -> K/V (TokenToKVPool),
+with TokenToKVPoolAllocator handing out the slots page by page."""
+from __future__ import annotations
+
+import torch
+
+
+class ReqToTokenPool:
+    """One row per running request; row[p] is the KV slot of the token at position p."""
+
+    def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu"):
+        self.size = size
+        self.max_context_len = max_context_len
+        self.device = torch.device(device)
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int64, device=self.device)
+        self.clear()
+
+    def clear(self) -> None:
+        self.free_slots: list[int] = list(range(self.size))
+        self._is_free = [True] * self.size
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self) -> int | None:
+        if not self.free_slots:
+            return None
+        idx = self.free_slots.pop(0)
+        self._is_free[idx] = False
+        return idx
+
+    def free(self, idx: int) -> None:
+        if self._is_free[idx]:
+            raise RuntimeError(f"ReqToTokenPool: double free of row {idx}")
+        self._is_free[idx] = True
+        self.free_slots.append(idx)
+
+
+class TokenToKVPool:
+    """Per-layer K and V buffers of shape (size + page_size, num_kv_heads, head_dim).
+
+    Slots [0, page_size) form a dummy page that is never handed out: padded tokens may write there."""
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        device: str | torch.device = "cpu",
+    ):
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.device = torch.device(device)
+        shape = (size + page_size, num_kv_heads, head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.k_buffer[layer_id]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.v_buffer[layer_id]
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_buffer[layer_id], self.v_buffer[layer_id]
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: (n, num_kv_heads, head_dim) or (n, num_kv_heads * head_dim); loc: (n,) slot indices."""
+        shape = (-1, self.num_kv_heads, self.head_dim)
+        self.k_buffer[layer_id][loc] = k.reshape(shape).to(self.dtype)
+        self.v_buffer[layer_id][loc] = v.reshape(shape).to(self.dtype)
+
+    def mem_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k_buffer + self.v_buffer)
+
+
+class TokenToKVPoolAllocator:
+    """Hands out KV slots in [page_size, size + page_size), a whole page at a time.
+
+    INVARIANT: the token at position p of a sequence lives at a slot s with s % page_size == p % page_size,
+    and the tokens of one page are contiguous slots of that page. A page is owned whole, by exactly one
+    owner (the radix tree or one request), so freeing any slot of a page frees the entire page.
+    Page k covers slots [k * page_size, (k + 1) * page_size); page 0 is the reserved dummy page."""
+
+    def __init__(self, size: int, page_size: int = 1, device: str | torch.device = "cpu", debug: bool = True):
+        if size % page_size != 0:
+            raise ValueError(f"size {size} must be a multiple of page_size {page_size}")
+        self.size = size
+        self.page_size = page_size
+        self.num_pages = size // page_size
+        self.device = torch.device(device)
+        # The double-free check reads page_is_free back to the host (a sync on CUDA); debug=False skips it.
+        self.debug = debug
+        self.clear()
+
+    def clear(self) -> None:
+        self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
+        self.page_is_free = torch.ones(self.num_pages + 1, dtype=torch.bool, device=self.device)
+        self.page_is_free[0] = False
+
+    def available_size(self) -> int:
+        return int(self.free_pages.numel()) * self.page_size
+
+    def _take_pages(self, num_pages: int) -> torch.Tensor | None:
+        if num_pages > self.free_pages.numel():
+            return None
+        pages = self.free_pages[:num_pages]
+        self.free_pages = self.free_pages[num_pages:]
+        self.page_is_free[pages] = False
+        return pages
+
+    def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
+        offsets = torch.arange(self.page_size, dtype=torch.int64, device=self.device)
+        return (pages[:, None] * self.page_size + offsets).reshape(-1)
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """need_size fresh slots (whole pages, in page order); None if not enough are free."""
+        if need_size % self.page_size != 0:
+            raise ValueError(f"alloc({need_size}) must be a multiple of page_size {self.page_size}")
+        pages = self._take_pages(need_size // self.page_size)
+        return None if pages is None else self._pages_to_slots(pages)
+
+    def alloc_extend(
+        self, prefix_lens: list[int], seq_lens: list[int], last_locs: list[int]
+    ) -> torch.Tensor | None:
+        """Slots for positions [prefix_lens[i], seq_lens[i]) of each request, concatenated in request order.
+
+        A request first fills the rest of its partially used last page (last_locs[i] = slot of position
+        prefix_lens[i] - 1, or -1 when prefix_lens[i] == 0), then takes fresh pages. All or nothing: None
+        and no allocation when there are not enough free pages. Decode is prefix_len = seq_len - 1."""
+        ps = self.page_size
+        if ps == 1:
+            return self.alloc(sum(s - p for p, s in zip(prefix_lens, seq_lens)))
+        # Per request: tokens continuing the last page, then tokens on fresh pages.
+        cont_lens, fresh_starts, page_counts = [], [], []
+        for p, s, last in zip(prefix_lens, seq_lens, last_locs):
+            aligned_start = -(-p // ps) * ps
+            if p % ps != 0 and (last < 0 or last % ps != (p - 1) % ps):
+                raise ValueError(f"last_loc {last} does not hold position {p - 1} (page_size {ps})")
+            cont_lens.append(max(min(s, aligned_start) - p, 0))
+            fresh_starts.append(max(aligned_start, p))
+            page_counts.append(-(-max(s - aligned_start, 0) // ps))
+        pages = self._take_pages(sum(page_counts))
+        if pages is None:
+            return None
+        parts: list[torch.Tensor] = []
+        page_off = 0
+        for i, (p, s) in enumerate(zip(prefix_lens, seq_lens)):
+            if cont_lens[i]:
+                parts.append(torch.arange(1, cont_lens[i] + 1, dtype=torch.int64, device=self.device) + last_locs[i])
+            n_fresh = s - fresh_starts[i]
+            if n_fresh > 0:
+                own = pages[page_off : page_off + page_counts[i]]
+                parts.append(self._pages_to_slots(own)[:n_fresh])
+            page_off += page_counts[i]
+        if not parts:
+            return torch.empty((0,), dtype=torch.int64, device=self.device)
+        return torch.cat(parts)
+
+    def free(self, indices: torch.Tensor) -> None:
+        """Frees the slots (page_size 1) or the distinct pages the slots belong to (page_size > 1).
+
+        Callers free only pages they own whole; a page freed twice, or the dummy page, raises (debug)."""
+        if indices.numel() == 0:
+            return
+        indices = indices.to(self.device, torch.int64)
+        pages = indices if self.page_size == 1 else torch.unique(indices // self.page_size)
+        if self.debug:
+            if self.page_size == 1 and torch.unique(pages).numel() != pages.numel():
+                raise RuntimeError("TokenToKVPoolAllocator: slot freed twice in one call")
+            if bool((pages <= 0).any()) or bool((pages > self.num_pages).any()):
+                raise RuntimeError("TokenToKVPoolAllocator: freeing a slot outside the pool or the dummy page")
+            if bool(self.page_is_free[pages].any()):
+                raise RuntimeError("TokenToKVPoolAllocator: double free")
+        self.page_is_free[pages] = True
+        self.free_pages = torch.cat([self.free_pages, pages])
+
+    def check_no_double_free(self) -> None:
+        """Full check (O(pool)): the free list has no duplicates and agrees with page_is_free."""
+        fp = self.free_pages
+        assert torch.unique(fp).numel() == fp.numel(), "free list holds a page twice"
+        mask = torch.zeros_like(self.page_is_free)
+        mask[fp] = True
+        assert torch.equal(mask, self.page_is_free), "free list and page_is_free disagree"

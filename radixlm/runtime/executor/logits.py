@@ -1,0 +1,54 @@
+"""Logits only where they are needed: the last row of each request that samples, plus the rows whose
+prompt logprobs were asked for. Logprobs are those of the model's raw distribution (log_softmax of the
+logits before penalties, temperature and filtering), as OpenAI and vLLM report them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class LogitsPlan:
+    """Built by the scheduler for one forward pass (row = index into the token-major hidden states)."""
+
+    sample_rows: list[int] = field(default_factory=list)
+    input_rows: list[int] = field(default_factory=list)
+    input_targets: list[int] = field(default_factory=list)
+    input_top_k: int = 0  # the largest top_logprobs_num among requests asking for prompt logprobs
+
+
+@dataclass
+class LogitsOutput:
+    next_token_logits: torch.Tensor  # (len(sample_rows), vocab) float32
+    input_logprobs: list[float]  # one per input row
+    input_top: list[list[tuple[float, int]]]  # one per input row when input_top_k > 0
+
+
+def top_logprobs(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
+    if k <= 0 or logprobs.shape[0] == 0:
+        return [[] for _ in range(logprobs.shape[0])]
+    vals, ids = logprobs.topk(k, dim=-1)
+    return [list(zip(v, i)) for v, i in zip(vals.tolist(), ids.tolist())]
+
+
+class LogitsProcessor:
+    def __init__(self, lm_head: torch.nn.Module, vocab_size: int):
+        self.lm_head = lm_head
+        self.vocab_size = vocab_size
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = torch.nn.functional.linear(hidden, self.lm_head.weight)
+        return out[:, : self.vocab_size].float()
+
+    def __call__(self, hidden: torch.Tensor, plan: LogitsPlan) -> LogitsOutput:
+        dev = hidden.device
+        next_logits = self.logits(hidden[torch.tensor(plan.sample_rows, dtype=torch.long, device=dev)])
+        input_lp: list[float] = []
+        input_top: list[list[tuple[float, int]]] = []
+        if plan.input_rows:
+            lp = torch.log_softmax(self.logits(hidden[torch.tensor(plan.input_rows, dtype=torch.long, device=dev)]), dim=-1)
+            targets = torch.tensor(plan.input_targets, dtype=torch.long, device=dev)
+            input_lp = lp.gather(1, targets[:, None]).squeeze(1).tolist()
+            input_top = top_logprobs(lp, plan.input_top_k)
+        return LogitsOutput(next_logits, input_lp, input_top)

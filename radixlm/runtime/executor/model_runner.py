@@ -1,0 +1,81 @@
+"""ModelRunner: owns the model, the KV pools and the attention backend; runs one forward pass."""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor
+from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
+from radixlm.runtime.model_loader.config import ModelConfig
+from radixlm.runtime.model_loader.loader import load_model
+
+logger = logging.getLogger(__name__)
+
+# Without a memory fraction, a CPU pool takes this share of physical memory (KV only: weights are
+# already resident), capped so that small test machines stay responsive.
+CPU_KV_MEM_FRACTION = 0.05
+CPU_MAX_TOTAL_TOKENS = 1 << 17
+GPU_DEFAULT_MEM_FRACTION = 0.85
+
+
+def _physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class ModelRunner:
+    def __init__(self, server_args: ServerArgs, model_config: ModelConfig, device: str):
+        self.server_args = server_args
+        self.model_config = model_config
+        self.device = device
+        self.page_size = server_args.page_size
+        self.model = load_model(model_config, server_args.load_format, device)
+        self.model.eval()
+        self.logits_processor = LogitsProcessor(self.model.lm_head, model_config.vocab_size)
+
+        self.max_total_num_tokens = self._profile_max_num_tokens()
+        self.max_running_requests = server_args.max_running_requests or max(
+            1, min(self.max_total_num_tokens // 2, 4096 if device.startswith("cuda") else 256)
+        )
+        self.req_to_token_pool = ReqToTokenPool(self.max_running_requests + 1, model_config.context_len + 4, device)
+        self.token_to_kv_pool = TokenToKVPool(
+            self.max_total_num_tokens, self.page_size, model_config.dtype, model_config.num_layers,
+            model_config.num_kv_heads, model_config.head_dim, device,
+        )
+        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.page_size, device)
+        self.attn_backend = TorchNativeAttnBackend()
+        logger.info(
+            "KV pool: %d tokens (%.1f MiB), max running requests %d",
+            self.max_total_num_tokens, self.token_to_kv_pool.mem_bytes() / 2**20, self.max_running_requests,
+        )
+
+    def kv_bytes_per_token(self) -> int:
+        cfg = self.model_config
+        return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=cfg.dtype).element_size()
+
+    def _profile_max_num_tokens(self) -> int:
+        args = self.server_args
+        if args.max_total_tokens is not None:
+            n = args.max_total_tokens
+        elif self.device.startswith("cuda"):
+            free, total = torch.cuda.mem_get_info()
+            frac = args.mem_fraction_static or GPU_DEFAULT_MEM_FRACTION
+            used = total - free
+            n = int((total * frac - used) // self.kv_bytes_per_token())
+        else:
+            budget = _physical_memory_bytes() * (args.mem_fraction_static or CPU_KV_MEM_FRACTION)
+            n = min(int(budget // self.kv_bytes_per_token()), CPU_MAX_TOTAL_TOKENS)
+        n = n // self.page_size * self.page_size
+        if n < self.page_size * 2:
+            raise ValueError(f"not enough memory for a KV pool: {n} tokens (raise mem_fraction_static or max_total_tokens)")
+        return n
+
+    @torch.inference_mode()
+    def forward(self, forward_batch: ForwardBatch, plan: LogitsPlan) -> LogitsOutput:
+        self.attn_backend.init_forward_metadata(forward_batch)
+        hidden = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+        return self.logits_processor(hidden, plan)

@@ -1,0 +1,113 @@
+"""Reference attention backend over the paged KV pool, built on torch's scaled_dot_product_attention.
+
+Device-agnostic and exact (it gathers each request's whole sequence); slow for long contexts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from radixlm.runtime.layers.attention.base import AttentionBackend
+
+if TYPE_CHECKING:
+    from radixlm.runtime.executor.forward_batch import ForwardBatch
+    from radixlm.runtime.layers.radix_attention import RadixAttention
+
+
+@dataclass
+class TorchNativeMetadata:
+    extend_start_loc_cpu: list[int]  # first token row of each request in q (extend)
+    req_pool_indices_cpu: list[int]
+    max_seq_len: int
+    # Decode only: (bs, max_seq_len) KV slots, padding pointed at the dummy slot 0, and its validity mask.
+    decode_slots: torch.Tensor | None = None
+    decode_mask: torch.Tensor | None = None
+
+
+class TorchNativeAttnBackend(AttentionBackend):
+    def __init__(self, model_runner: object | None = None):
+        # model_runner is accepted for a uniform backend constructor; nothing is read from it.
+        self.model_runner = model_runner
+
+    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+        forward_batch.attn_metadata = self._build_metadata(forward_batch)
+
+    def _build_metadata(self, fb: "ForwardBatch") -> TorchNativeMetadata:
+        seq_lens = fb.seq_lens_cpu
+        max_len = max(seq_lens, default=0)
+        if fb.forward_mode.is_decode():
+            starts = list(range(fb.batch_size))
+            rows = fb.req_to_token_pool.req_to_token[fb.req_pool_indices, :max_len]
+            pos = torch.arange(max_len, device=rows.device)
+            mask = pos[None, :] < fb.seq_lens.to(rows.device)[:, None]
+            slots = torch.where(mask, rows, torch.zeros_like(rows))
+            return TorchNativeMetadata(starts, [], max_len, slots, mask)
+        starts, acc = [], 0
+        for n in fb.extend_seq_lens_cpu:
+            starts.append(acc)
+            acc += n
+        return TorchNativeMetadata(starts, fb.req_pool_indices.tolist(), max_len)
+
+    def _metadata(self, fb: "ForwardBatch") -> TorchNativeMetadata:
+        if not isinstance(fb.attn_metadata, TorchNativeMetadata):
+            self.init_forward_metadata(fb)
+        return fb.attn_metadata
+
+    @staticmethod
+    def _save_kv(k, v, layer: "RadixAttention", fb: "ForwardBatch", save_kv_cache: bool) -> None:
+        if save_kv_cache and k is not None:
+            fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        fb = forward_batch
+        self._save_kv(k, v, layer, fb, save_kv_cache)
+        meta = self._metadata(fb)
+        q = q.reshape(-1, layer.num_heads, layer.head_dim)
+        out = torch.empty_like(q)
+        k_buf = fb.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        v_buf = fb.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        req_to_token = fb.req_to_token_pool.req_to_token
+        gqa = layer.num_heads != layer.num_kv_heads
+        for i in range(fb.batch_size):
+            seq_len = fb.seq_lens_cpu[i]
+            ext = fb.extend_seq_lens_cpu[i]
+            prefix = fb.extend_prefix_lens_cpu[i]
+            if ext == 0:
+                continue
+            start = meta.extend_start_loc_cpu[i]
+            slots = req_to_token[meta.req_pool_indices_cpu[i], :seq_len]
+            qi = q[start : start + ext].transpose(0, 1)  # (H, ext, D)
+            ki = k_buf[slots].to(q.dtype).transpose(0, 1)  # (Hkv, seq, D)
+            vi = v_buf[slots].to(q.dtype).transpose(0, 1)
+            if prefix == 0:
+                mask, causal = None, True
+            else:
+                # New token j (position prefix + j) sees keys at positions <= prefix + j.
+                mask = torch.ones(ext, seq_len, dtype=torch.bool, device=q.device).tril(diagonal=prefix)
+                causal = False
+            o = F.scaled_dot_product_attention(
+                qi, ki, vi, attn_mask=mask, is_causal=causal, scale=layer.scaling, enable_gqa=gqa
+            )
+            out[start : start + ext] = o.transpose(0, 1)
+        return out.reshape(-1, layer.num_heads * layer.head_dim)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        fb = forward_batch
+        self._save_kv(k, v, layer, fb, save_kv_cache)
+        meta = self._metadata(fb)
+        bs = fb.batch_size
+        q = q.reshape(bs, layer.num_heads, 1, layer.head_dim)
+        if bs == 0:
+            return q.reshape(0, layer.num_heads * layer.head_dim)
+        k_buf = fb.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        v_buf = fb.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        # (bs, max_len, Hkv, D) -> (bs, Hkv, max_len, D); padded keys are masked out.
+        ks = k_buf[meta.decode_slots].to(q.dtype).transpose(1, 2)
+        vs = v_buf[meta.decode_slots].to(q.dtype).transpose(1, 2)
+        mask = meta.decode_mask[:, None, None, :]
+        o = F.scaled_dot_product_attention(
+            q, ks, vs, attn_mask=mask, scale=layer.scaling, enable_gqa=layer.num_heads != layer.num_kv_heads
+        )
+        return o.reshape(bs, layer.num_heads * layer.head_dim)

@@ -1,0 +1,28 @@
+"""Logit processing that runs before greedy argmax / temperature: logit_bias, penalties, min_new_tokens."""
+from __future__ import annotations
+
+import torch
+
+from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
+
+
+def apply_penalties_and_bias(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """Return processed float32 logits (bs, V); `logits` itself is never modified (it is returned as-is when
+    there is nothing to apply). Order: logit_bias -> repetition penalty (HF: over prompt + output tokens,
+    positive logits divided, negative multiplied) -> frequency/presence (OpenAI: over output tokens,
+    `logit -= freq * count + presence * (count > 0)`) -> min_new_tokens mask (-inf)."""
+    if not info.need_logits_processing:
+        return logits
+    out = logits.to(torch.float32, copy=True)
+    if info.logit_bias_rows is not None:
+        out.index_put_((info.logit_bias_rows, info.logit_bias_cols), info.logit_bias_values, accumulate=True)
+    if info.repetition_penalties is not None:
+        pen = info.repetition_penalties
+        penalized = torch.where(out > 0, out / pen, out * pen)
+        out = torch.where(info.seen_mask, penalized, out)
+    if info.output_counts is not None:
+        counts = info.output_counts
+        out = out - info.frequency_penalties * counts - info.presence_penalties * (counts > 0).to(out.dtype)
+    if info.min_tokens_rows is not None:
+        out[info.min_tokens_rows, info.min_tokens_cols] = float("-inf")
+    return out

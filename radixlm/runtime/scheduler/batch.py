@@ -1,0 +1,156 @@
+"""ScheduleBatch: the requests of one forward pass and the KV bookkeeping that prepares it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.scheduler.req import Req
+
+# Decode growth is estimated with at most this many future tokens per request (SGLang's clip).
+CLIP_MAX_NEW_TOKENS = 4096
+RETRACT_DECODE_STEPS = 20
+
+
+def pages_needed(prefix_len: int, seq_len: int, page_size: int) -> int:
+    """Slots (whole pages) to allocate so positions [prefix_len, seq_len) have somewhere to go."""
+    return (-(-seq_len // page_size) - (-(-prefix_len // page_size))) * page_size
+
+
+@dataclass
+class ScheduleBatch:
+    reqs: list[Req]
+    forward_mode: ForwardMode
+    req_to_token_pool: object
+    token_to_kv_pool_allocator: object
+    tree_cache: object
+    page_size: int
+    device: str = "cpu"
+
+    # Set by prepare_for_extend / prepare_for_decode.
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    prefix_lens: list[int] = field(default_factory=list)
+    extend_lens: list[int] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    out_cache_loc: torch.Tensor | None = None
+
+    def is_empty(self) -> bool:
+        return not self.reqs
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    # ------------------------------------------------------------------ allocation
+    def _alloc_kv(self, prefix_lens: list[int], seq_lens: list[int]) -> torch.Tensor:
+        alloc = self.token_to_kv_pool_allocator
+        need = sum(pages_needed(p, s, self.page_size) for p, s in zip(prefix_lens, seq_lens))
+        if alloc.available_size() < need:
+            self.tree_cache.evict(need - alloc.available_size())
+        table = self.req_to_token_pool.req_to_token
+        last_locs = [int(table[r.req_pool_idx, p - 1]) if p > 0 else -1 for r, p in zip(self.reqs, prefix_lens)]
+        out = alloc.alloc_extend(prefix_lens, seq_lens, last_locs)
+        if out is None:
+            # Admission and retraction keep demand within free + evictable, so this is a bug, not load.
+            raise RuntimeError(f"KV pool exhausted: need {need} slots, {alloc.available_size()} free after eviction")
+        return out
+
+    def prepare_for_extend(self) -> None:
+        self.forward_mode = ForwardMode.EXTEND
+        table = self.req_to_token_pool.req_to_token
+        for req in self.reqs:
+            if req.req_pool_idx is None:
+                idx = self.req_to_token_pool.alloc()
+                if idx is None:
+                    raise RuntimeError("req_to_token pool exhausted; max_running_requests is too large for it")
+                req.req_pool_idx = idx
+        self.prefix_lens = [len(r.prefix_indices) for r in self.reqs]
+        self.extend_lens = [r.extend_input_len for r in self.reqs]
+        self.seq_lens = [p + e for p, e in zip(self.prefix_lens, self.extend_lens)]
+        for req, p in zip(self.reqs, self.prefix_lens):
+            if p:
+                table[req.req_pool_idx, :p] = req.prefix_indices.to(table.device)
+        out = self._alloc_kv(self.prefix_lens, self.seq_lens)
+        self.out_cache_loc = out
+        self.input_ids, self.positions = [], []
+        start = 0
+        for req, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
+            table[req.req_pool_idx, p:s] = out[start : start + s - p].to(table.device)
+            start += s - p
+            self.input_ids.extend(req.fill_ids[p:s])
+            self.positions.extend(range(p, s))
+
+    def new_decode_tokens_needed(self) -> int:
+        return sum(pages_needed(r.seqlen - 1, r.seqlen, self.page_size) for r in self.reqs)
+
+    def prepare_for_decode(self) -> None:
+        self.forward_mode = ForwardMode.DECODE
+        # The KV of all but the last output token is committed; the last one is this step's input.
+        self.seq_lens = [r.seqlen for r in self.reqs]
+        self.prefix_lens = [s - 1 for s in self.seq_lens]
+        self.extend_lens = [1] * len(self.reqs)
+        self.input_ids = [r.output_ids[-1] for r in self.reqs]
+        self.positions = list(self.prefix_lens)
+        out = self._alloc_kv(self.prefix_lens, self.seq_lens)
+        self.out_cache_loc = out
+        table = self.req_to_token_pool.req_to_token
+        idx = torch.tensor([r.req_pool_idx for r in self.reqs], dtype=torch.int64, device=table.device)
+        table[idx, torch.tensor(self.prefix_lens, dtype=torch.int64, device=table.device)] = out.to(table.device)
+
+    def get_forward_batch(self, token_to_kv_pool, attn_backend) -> ForwardBatch:
+        dev = self.device
+        extend_start = [0]
+        for e in self.extend_lens[:-1]:
+            extend_start.append(extend_start[-1] + e)
+        return ForwardBatch(
+            forward_mode=self.forward_mode,
+            batch_size=len(self.reqs),
+            input_ids=torch.tensor(self.input_ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(self.positions, dtype=torch.int64, device=dev),
+            req_pool_indices=torch.tensor([r.req_pool_idx for r in self.reqs], dtype=torch.int64, device=dev),
+            seq_lens=torch.tensor(self.seq_lens, dtype=torch.int64, device=dev),
+            seq_lens_cpu=list(self.seq_lens),
+            out_cache_loc=self.out_cache_loc.to(dev),
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool=token_to_kv_pool,
+            attn_backend=attn_backend,
+            extend_prefix_lens_cpu=list(self.prefix_lens),
+            extend_seq_lens_cpu=list(self.extend_lens),
+            extend_start_loc=torch.tensor(extend_start, dtype=torch.int64, device=dev),
+        )
+
+    # ------------------------------------------------------------------ membership
+    def filter_batch(self, keep: list[Req] | None = None) -> None:
+        self.reqs = [r for r in (self.reqs if keep is None else keep) if not r.finished()]
+
+    def merge_batch(self, other: "ScheduleBatch") -> None:
+        self.reqs.extend(other.reqs)
+
+    # ------------------------------------------------------------------ retraction
+    def check_decode_mem(self) -> bool:
+        need = self.new_decode_tokens_needed()
+        alloc = self.token_to_kv_pool_allocator
+        if alloc.available_size() >= need:
+            return True
+        self.tree_cache.evict(need - alloc.available_size())
+        return alloc.available_size() >= need
+
+    def retract_decode(self) -> tuple[list[Req], float]:
+        """Free requests until the next decode step fits; fewest output tokens go first (ties: longest
+        input). Their KV is freed without insertion; they keep their output and are re-queued.
+        Returns the retracted requests and the new_token_ratio to use from now on."""
+        order = sorted(self.reqs, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)), reverse=True)
+        retracted: list[Req] = []
+        while not self.check_decode_mem():
+            if len(order) == 1:
+                break  # the caller aborts the last one
+            req = order.pop()
+            retracted.append(req)
+            self.reqs.remove(req)
+            self.tree_cache.cache_finished_req(req, is_insert=False)
+            req.reset_for_retract()
+        total_decoded = sum(len(r.output_ids) for r in self.reqs)
+        total_max_new = sum(r.sampling_params.max_new_tokens for r in self.reqs)
+        ratio = (total_decoded + RETRACT_DECODE_STEPS * len(self.reqs)) / (total_max_new + 1)
+        return retracted, min(1.0, ratio)

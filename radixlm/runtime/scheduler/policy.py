@@ -1,0 +1,93 @@
+"""Waiting-queue order: cache-aware (lpm, dfs-weight) and cache-agnostic (fcfs, lof, random) policies."""
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import torch
+
+from radixlm.runtime.cache.radix_cache import RadixCache, RadixKey
+from radixlm.runtime.scheduler.req import Req
+
+CACHE_AWARE = ("lpm", "dfs-weight")
+# Above this many waiting requests LPM degrades to FCFS for the round, to bound the sorting cost.
+LPM_FALLBACK_QUEUE_LEN = 128
+# In-batch prefix caching: a request whose cached prefix is this short is checked against the other
+# waiting requests; if it shares at least DEPRIORITIZE tokens with an earlier one it waits a round, so
+# only one of the siblings computes the shared prefix and the rest hit the cache it leaves.
+IN_BATCH_CHECK_THRESHOLD = 32
+IN_BATCH_DEPRIORITIZE_THRESHOLD = 32
+
+
+class SchedulePolicy:
+    def __init__(self, policy: str, tree_cache: RadixCache, disabled_cache: bool, seed: int = 0):
+        self.policy = policy
+        self.tree_cache = tree_cache
+        self.disabled_cache = disabled_cache
+        self.rng = random.Random(seed)
+        # Set by calc_priority: requests that wait this round for a sibling to cache their shared prefix.
+        self.deprioritized: set[Req] = set()
+
+    def active_policy(self, queue_len: int) -> str:
+        if self.policy in CACHE_AWARE and self.disabled_cache:
+            return "fcfs"
+        if self.policy == "lpm" and queue_len > LPM_FALLBACK_QUEUE_LEN:
+            return "fcfs"
+        return self.policy
+
+    def calc_priority(self, waiting: list[Req], round_id: int) -> str:
+        """Sorts `waiting` in place; returns the policy applied this round."""
+        policy = self.active_policy(len(waiting))
+        self.deprioritized = set()
+        if policy in CACHE_AWARE:
+            for req in waiting:
+                req.init_next_round_input(self.tree_cache, round_id)
+        if policy == "lpm":
+            self.deprioritized = self._in_batch_deprioritized(waiting)
+            waiting.sort(key=lambda r: float("inf") if r in self.deprioritized else -len(r.prefix_indices))
+        elif policy == "dfs-weight":
+            waiting[:] = self._dfs_weight_order(waiting)
+        elif policy == "lof":
+            waiting.sort(key=lambda r: -r.sampling_params.max_new_tokens)
+        elif policy == "random":
+            self.rng.shuffle(waiting)
+        # fcfs: arrival order (retracted requests are re-queued at the front).
+        return policy
+
+    def _in_batch_deprioritized(self, waiting: list[Req]) -> set[Req]:
+        sim = RadixCache(None, None, page_size=1)
+        out: set[Req] = set()
+        for req in waiting:
+            if len(req.prefix_indices) > IN_BATCH_CHECK_THRESHOLD:
+                continue
+            key = RadixKey(req.fill_ids[: req.max_prefix_len()], req.extra_key)
+            shared = len(sim.match_prefix(key).device_indices)
+            if shared >= IN_BATCH_DEPRIORITIZE_THRESHOLD:
+                out.add(req)
+            else:
+                sim.insert(key, torch.zeros(len(key.token_ids), dtype=torch.int64))
+        return out
+
+    def _dfs_weight_order(self, waiting: list[Req]) -> list[Req]:
+        """DFS over the radix tree, heavier subtrees (more waiting requests) first."""
+        at_node: dict = defaultdict(list)
+        for req in waiting:
+            at_node[req.last_node].append(req)
+        weight: dict = defaultdict(int)
+        for node, reqs in at_node.items():
+            while node is not None:
+                weight[node] += len(reqs)
+                node = node.parent
+        # Post-order: a node's heavier child subtrees first, then the requests that end at the node.
+        order: list[Req] = []
+        stack: list[tuple[object, bool]] = [(self.tree_cache.root_node, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.extend(at_node.get(node, ()))
+                continue
+            stack.append((node, True))
+            children = [c for c in node.children.values() if weight.get(c, 0) > 0]
+            children.sort(key=lambda c: weight[c])  # the heaviest is popped first
+            stack.extend((c, False) for c in children)
+        return order

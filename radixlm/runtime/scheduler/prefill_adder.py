@@ -1,0 +1,91 @@
+"""PrefillAdder: admits waiting requests into one prefill batch within the token budgets.
+
+Budgets: `rem_total_tokens` (free + evictable KV, minus what running requests are expected to still
+decode: min(max_new - generated, 4096) * new_token_ratio each), `rem_input_tokens` (max_prefill_tokens per
+batch; the first request is always admitted) and `rem_chunk_tokens` (chunked_prefill_size; a prompt
+that does not fit is cut to a page-aligned chunk and continues in the next rounds)."""
+from __future__ import annotations
+
+import enum
+
+from radixlm.runtime.scheduler.batch import CLIP_MAX_NEW_TOKENS
+from radixlm.runtime.scheduler.req import Req
+
+
+class AddReqResult(enum.Enum):
+    CONTINUE = 0  # admitted; try the next request
+    NO_TOKEN = 1  # the KV budget is exhausted
+    OTHER = 2  # another budget (input tokens, chunk, request count) is exhausted
+
+
+def _reserved_decode(req: Req) -> int:
+    return min(req.sampling_params.max_new_tokens - len(req.output_ids), CLIP_MAX_NEW_TOKENS)
+
+
+class PrefillAdder:
+    def __init__(
+        self,
+        page_size: int,
+        tree_cache,
+        allocator,
+        running_reqs: list[Req],
+        new_token_ratio: float,
+        max_prefill_tokens: int,
+        chunked_prefill_size: int | None,
+        max_new_reqs: int,
+    ):
+        self.page_size = page_size
+        self.tree_cache = tree_cache
+        self.running_reqs = running_reqs
+        self.rem_total_tokens = allocator.available_size() + tree_cache.evictable_size() - sum(
+            int(max(_reserved_decode(r), 0) * new_token_ratio) for r in running_reqs
+        )
+        self.rem_input_tokens = max_prefill_tokens
+        self.rem_chunk_tokens = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else None
+        self.max_new_reqs = max_new_reqs
+        self.can_run_list: list[Req] = []
+        self.new_chunked_req: Req | None = None
+
+    def _chunk_len(self, extend_len: int) -> int:
+        """How many of extend_len new tokens this batch takes (page-aligned when cut)."""
+        if self.rem_chunk_tokens is None or extend_len <= self.rem_chunk_tokens:
+            return extend_len
+        return self.rem_chunk_tokens // self.page_size * self.page_size
+
+    def _take(self, req: Req, take: int, reserve_decode: bool) -> None:
+        req.is_chunked = take < req.extend_input_len
+        req.extend_input_len = take
+        if req.is_chunked:
+            self.new_chunked_req = req
+        self.can_run_list.append(req)
+        self.rem_total_tokens -= take + self.page_size + (_reserved_decode(req) if reserve_decode and not req.is_chunked else 0)
+        self.rem_input_tokens -= take
+        if self.rem_chunk_tokens is not None:
+            self.rem_chunk_tokens -= take
+
+    def add_chunked_req(self, req: Req) -> None:
+        """The request being prefilled in chunks continues first; it already holds its lock and KV."""
+        req.extend_input_len = len(req.fill_ids) - len(req.prefix_indices)
+        take = max(self._chunk_len(req.extend_input_len), min(self.page_size, req.extend_input_len))
+        self._take(req, take, reserve_decode=True)
+
+    def add_one_req(self, req: Req) -> AddReqResult:
+        if len(self.can_run_list) >= self.max_new_reqs:
+            return AddReqResult.OTHER
+        if self.can_run_list and (self.rem_input_tokens <= 0 or self.rem_chunk_tokens == 0):
+            return AddReqResult.OTHER
+        alone = not self.can_run_list and not self.running_reqs
+        delta = self.tree_cache.inc_lock_ref(req.last_node)
+        self.rem_total_tokens += delta  # the matched prefix is no longer evictable
+        take = self._chunk_len(req.extend_input_len)
+        # Nothing else running: the prompt alone must fit; decode growth is handled by retraction.
+        need = take + self.page_size + (0 if alone or take < req.extend_input_len else _reserved_decode(req))
+        if take <= 0 or need > self.rem_total_tokens:
+            self.rem_total_tokens += self.tree_cache.dec_lock_ref(req.last_node)
+            return AddReqResult.NO_TOKEN if take > 0 else AddReqResult.OTHER
+        req.cache_protected_len = len(req.prefix_indices)
+        if not req.started:
+            req.started = True
+            req.cached_tokens = len(req.prefix_indices)
+        self._take(req, take, reserve_decode=not alone)
+        return AddReqResult.CONTINUE

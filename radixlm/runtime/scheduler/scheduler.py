@@ -1,0 +1,316 @@
+"""Scheduler: continuous batching over one ModelRunner with a radix cache (paper Algorithm 1).
+
+One `step()` = take new requests and aborts -> pick the next batch (a new prefill batch has priority;
+otherwise decode the running batch, retracting when KV runs out) -> forward -> sample -> process results.
+It speaks TokenizedGenerateReqInput / AbortReq in and ReqOutput out, so the serving layer can run it
+in its own process unchanged."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.cache.radix_cache import RadixCache
+from radixlm.runtime.executor.forward_batch import ForwardMode
+from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, top_logprobs
+from radixlm.runtime.messages import ReqOutput, TokenizedGenerateReqInput
+from radixlm.runtime.sampling.sampler import Sampler
+from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
+from radixlm.runtime.scheduler.batch import ScheduleBatch
+from radixlm.runtime.scheduler.policy import SchedulePolicy
+from radixlm.runtime.scheduler.prefill_adder import AddReqResult, PrefillAdder
+from radixlm.runtime.scheduler.req import FinishReason, Req
+
+logger = logging.getLogger(__name__)
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+
+
+class Scheduler:
+    def __init__(self, server_args: ServerArgs, model_runner, tokenizer, eos_token_ids: frozenset[int]):
+        self.args = server_args
+        self.runner = model_runner
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.device = model_runner.device
+        self.page_size = server_args.page_size
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.allocator = model_runner.token_to_kv_pool_allocator
+        self.tree_cache = RadixCache(
+            self.req_to_token_pool, self.allocator, page_size=self.page_size,
+            disable=server_args.disable_radix_cache, eviction_policy=server_args.radix_eviction_policy,
+        )
+        seed = server_args.random_seed if server_args.random_seed is not None else 0
+        self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed)
+        self.sampler = Sampler()
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed if server_args.random_seed is not None else torch.seed())
+
+        chunk = server_args.chunked_prefill_size
+        if chunk is None:
+            chunk = 8192 if self.device.startswith("cuda") else 2048
+        self.chunked_prefill_size = None if chunk == -1 else chunk
+        self.max_running_requests = model_runner.max_running_requests
+
+        self.init_new_token_ratio = min(INIT_NEW_TOKEN_RATIO * server_args.schedule_conservativeness, 1.0)
+        self.min_new_token_ratio = self.init_new_token_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.new_token_ratio_decay = (self.init_new_token_ratio - self.min_new_token_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = self.init_new_token_ratio
+
+        self.waiting_queue: list[Req] = []
+        self.running_batch = self._new_batch([], ForwardMode.DECODE)
+        self.chunked_req: Req | None = None
+        self.round_id = 0
+        self.outputs: list[ReqOutput] = []
+        # Counters for tests, benchmarks and (later) metrics.
+        self.stats = {"prefill_batches": 0, "decode_batches": 0, "prefill_tokens": 0, "retractions": 0, "cached_tokens": 0, "prompt_tokens": 0}
+
+    def _new_batch(self, reqs: list[Req], mode: ForwardMode) -> ScheduleBatch:
+        return ScheduleBatch(reqs, mode, self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size, self.device)
+
+    # ------------------------------------------------------------------ input
+    def add_request(self, msg: TokenizedGenerateReqInput) -> None:
+        self.waiting_queue.append(Req.from_input(msg, self.eos_token_ids))
+
+    def abort_request(self, rid: str, message: str = "aborted by the client") -> None:
+        for req in self.waiting_queue:
+            if req.rid == rid and req.req_pool_idx is None:
+                self.waiting_queue.remove(req)
+                req.finished_reason = FinishReason("abort", message=message)
+                self._emit(req)
+                return
+        for req in self._active_reqs():
+            if req.rid == rid:
+                req.to_abort = message
+
+    def _active_reqs(self) -> list[Req]:
+        reqs = [r for r in self.running_batch.reqs if not r.finished()]
+        if self.chunked_req is not None and not self.chunked_req.finished():
+            reqs.append(self.chunked_req)
+        return reqs
+
+    def _process_aborts(self) -> None:
+        for req in self._active_reqs():
+            if req.to_abort is not None and not req.finished():
+                req.finished_reason = FinishReason("abort", message=req.to_abort)
+                self.tree_cache.cache_finished_req(req)
+                if req is self.chunked_req:
+                    self.chunked_req = None
+                self._emit(req)
+        self.running_batch.filter_batch()
+
+    def flush_cache(self) -> bool:
+        if not self.is_idle():
+            return False
+        self.tree_cache.reset()
+        self.req_to_token_pool.clear()
+        self.allocator.clear()
+        self.check_memory()
+        return True
+
+    def is_idle(self) -> bool:
+        return not self.waiting_queue and self.running_batch.is_empty() and self.chunked_req is None
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> list[ReqOutput]:
+        self._process_aborts()
+        batch = self.get_next_batch_to_run()
+        if batch is not None:
+            result = self.run_batch(batch)
+            self.process_batch_result(batch, result)
+            if batch.forward_mode.is_extend():
+                batch.filter_batch([r for r in batch.reqs if not r.is_chunked])
+                self.running_batch.merge_batch(batch)
+        if self.args.enable_integrity_check or self.is_idle():
+            self.check_memory()
+        out, self.outputs = self.outputs, []
+        return out
+
+    def get_next_batch_to_run(self) -> ScheduleBatch | None:
+        batch = self.get_new_batch_prefill()
+        if batch is not None:
+            return batch
+        self.update_running_batch()
+        return None if self.running_batch.is_empty() else self.running_batch
+
+    def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        if not self.waiting_queue and self.chunked_req is None:
+            return None
+        running = self.running_batch.reqs
+        if len(running) >= self.max_running_requests and self.chunked_req is None:
+            return None
+        self.round_id += 1
+        self.policy.calc_priority(self.waiting_queue, self.round_id)
+        adder = PrefillAdder(
+            self.page_size, self.tree_cache, self.allocator, running, self.new_token_ratio,
+            self.args.max_prefill_tokens, self.chunked_prefill_size,
+            self.max_running_requests - len(running) - (self.chunked_req is not None),
+        )
+        if self.chunked_req is not None:
+            adder.add_chunked_req(self.chunked_req)
+        for req in self.waiting_queue:
+            if req in self.policy.deprioritized:
+                break  # sorted last; admitted next round, when the prefix they share is cached
+            if req.match_round != self.round_id:
+                req.init_next_round_input(self.tree_cache, self.round_id)
+            if adder.add_one_req(req) != AddReqResult.CONTINUE:
+                break
+        if not adder.can_run_list:
+            return None
+        admitted = set(map(id, adder.can_run_list))
+        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
+        self.chunked_req = adder.new_chunked_req
+        batch = self._new_batch(adder.can_run_list, ForwardMode.EXTEND)
+        batch.prepare_for_extend()
+        self.stats["prefill_batches"] += 1
+        self.stats["prefill_tokens"] += sum(batch.extend_lens)
+        return batch
+
+    def update_running_batch(self) -> None:
+        batch = self.running_batch
+        batch.filter_batch()
+        if batch.is_empty():
+            return
+        if batch.check_decode_mem():
+            self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio)
+        else:
+            retracted, self.new_token_ratio = batch.retract_decode()
+            self.stats["retractions"] += len(retracted)
+            logger.info("KV cache pool is full. Retract requests: %d, new_token_ratio %.3f", len(retracted), self.new_token_ratio)
+            self.waiting_queue = retracted + self.waiting_queue
+            if not batch.check_decode_mem():
+                for req in batch.reqs:
+                    req.finished_reason = FinishReason("abort", message="Out of memory even after retracting all other requests")
+                    self.tree_cache.cache_finished_req(req, is_insert=False)
+                    self._emit(req)
+                batch.filter_batch()
+                if batch.is_empty():
+                    return
+        batch.prepare_for_decode()
+        self.stats["decode_batches"] += 1
+
+    # ------------------------------------------------------------------ forward
+    def _logits_plan(self, batch: ScheduleBatch) -> tuple[LogitsPlan, list[Req], list[tuple[Req, int, int, int]]]:
+        """Rows to compute logits for; the sampling requests; per request (req, first input row, end, prefix)."""
+        plan = LogitsPlan()
+        samplers: list[Req] = []
+        spans: list[tuple[Req, int, int, int]] = []
+        row = 0
+        for req, p, e in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
+            if batch.forward_mode.is_extend() and req.wants_input_logprobs():
+                n_prompt = len(req.origin_input_ids)
+                start = len(plan.input_rows)
+                for pos in range(p, p + e):
+                    if req.logprob_start_len <= pos + 1 < n_prompt:
+                        plan.input_rows.append(row + pos - p)
+                        plan.input_targets.append(req.fill_ids[pos + 1])
+                plan.input_top_k = max(plan.input_top_k, req.top_logprobs_num)
+                spans.append((req, start, len(plan.input_rows), p))
+            if not req.is_chunked:
+                plan.sample_rows.append(row + e - 1)
+                samplers.append(req)
+            row += e
+        return plan, samplers, spans
+
+    def run_batch(self, batch: ScheduleBatch):
+        plan, samplers, spans = self._logits_plan(batch)
+        fb = batch.get_forward_batch(self.runner.token_to_kv_pool, self.runner.attn_backend)
+        out: LogitsOutput = self.runner.forward(fb, plan)
+        next_ids: list[int] = []
+        if samplers:
+            info = SamplingBatchInfo.from_reqs(samplers, out.next_token_logits.shape[-1], self.device)
+            next_ids = self.sampler(out.next_token_logits, info, self.generator).tolist()
+        return out, plan, samplers, next_ids, spans
+
+    def process_batch_result(self, batch: ScheduleBatch, result) -> None:
+        out, plan, samplers, next_ids, spans = result
+        for req, s in zip(batch.reqs, batch.seq_lens):
+            req.kv_committed_len = s
+        for req, start, end, prefix_len in spans:
+            if prefix_len == 0 and req.logprob_start_len == 0:
+                req.input_token_logprobs.append((None, req.origin_input_ids[0]))
+                if req.top_logprobs_num:
+                    req.input_top_logprobs.append(None)
+            for j in range(start, end):
+                req.input_token_logprobs.append((out.input_logprobs[j], plan.input_targets[j]))
+                if req.top_logprobs_num:
+                    req.input_top_logprobs.append(out.input_top[j][: req.top_logprobs_num])
+        out_lp = None
+        if any(r.return_logprob for r in samplers):
+            out_lp = torch.log_softmax(out.next_token_logits, dim=-1)
+        for i, (req, tok) in enumerate(zip(samplers, next_ids)):
+            if req.finished():
+                continue
+            if req.sampling_params.max_new_tokens == 0:
+                req.finished_reason = FinishReason("length", length=0)
+            else:
+                req.output_ids.append(tok)
+                if req.return_logprob:
+                    req.output_token_logprobs.append((float(out_lp[i, tok]), tok))
+                    if req.top_logprobs_num:
+                        req.output_top_logprobs.append(top_logprobs(out_lp[i : i + 1], req.top_logprobs_num)[0])
+                req.check_finished(self.tokenizer, self._stop_window(req))
+            if batch.forward_mode.is_extend():
+                req.input_logprobs_done = True
+            if req.finished():
+                self.tree_cache.cache_finished_req(req)
+                self.stats["prompt_tokens"] += len(req.origin_input_ids)
+                self.stats["cached_tokens"] += req.cached_tokens
+            if req.finished() or req.stream:
+                self._emit(req)
+        if batch.forward_mode.is_extend():
+            # The prompt becomes shareable right after its prefill (chunk by chunk when chunked).
+            for req in batch.reqs:
+                if not req.finished():
+                    self.tree_cache.cache_unfinished_req(req)
+
+    def _stop_window(self, req: Req) -> int:
+        stops = req.sampling_params.stop
+        return 4 * max((len(s) for s in stops), default=0) + 2 if stops else 0
+
+    # ------------------------------------------------------------------ output
+    def _emit(self, req: Req) -> None:
+        new = req.output_ids[req.sent_len :]
+        req.sent_len = len(req.output_ids)
+        self.outputs.append(ReqOutput(
+            rid=req.rid,
+            new_output_ids=new,
+            finished_reason=req.finished_reason.to_json() if req.finished_reason else None,
+            prompt_tokens=len(req.origin_input_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            num_retractions=req.num_retractions,
+            input_token_logprobs=req.input_token_logprobs,
+            input_top_logprobs=req.input_top_logprobs,
+            output_token_logprobs=req.output_token_logprobs,
+            output_top_logprobs=req.output_top_logprobs,
+        ))
+        req.input_token_logprobs, req.input_top_logprobs = [], []
+        req.output_token_logprobs, req.output_top_logprobs = [], []
+
+    # ------------------------------------------------------------------ integrity
+    def check_memory(self) -> None:
+        """NOTE invariant: free + evictable + protected + slots owned by live requests == pool size, and
+        every live request's own slots are allocated (not free)."""
+        self.tree_cache.check_consistency()
+        owned = 0
+        for req in self._active_reqs():
+            if req.req_pool_idx is None:
+                continue
+            ps = self.page_size
+            pages = -(-req.kv_committed_len // ps) - req.cache_protected_len // ps
+            owned += pages * ps
+        total = self.allocator.available_size() + self.tree_cache.evictable_size() + self.tree_cache.protected_size() + owned
+        if total != self.allocator.size:
+            raise AssertionError(
+                f"KV accounting broken: free {self.allocator.available_size()} + evictable {self.tree_cache.evictable_size()} "
+                f"+ protected {self.tree_cache.protected_size()} + owned {owned} != {self.allocator.size}"
+            )
+        if self.is_idle() and self.tree_cache.protected_size() != 0:
+            raise AssertionError(f"idle scheduler still protects {self.tree_cache.protected_size()} tokens")
+        rows_in_use = sum(1 for r in self._active_reqs() if r.req_pool_idx is not None)
+        if self.req_to_token_pool.available_size() + rows_in_use != self.req_to_token_pool.size:
+            raise AssertionError("req_to_token rows leaked")
