@@ -1,0 +1,141 @@
+"""Scheduler mechanics on a tiny random model: chunked prefill, retraction, aborts, page sizes, and the
+KV accounting invariant (checked after every step: enable_integrity_check)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from .conftest import make_scheduler, request, run_all
+
+
+def prompts(seed: int, n: int, lo: int = 10, hi: int = 120) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 500) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
+
+
+def outputs(tiny_model_dir, ps, max_new_tokens=12, **kwargs):
+    sched = make_scheduler(tiny_model_dir, **kwargs)
+    for i, p in enumerate(ps):
+        sched.add_request(request(f"r{i}", p, max_new_tokens=max_new_tokens))
+    res = run_all(sched)
+    return {k: v["output_ids"] for k, v in res.items()}, res, sched
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_model_dir):
+    return outputs(tiny_model_dir, prompts(0, 8), chunked_prefill_size=-1)[0]
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"chunked_prefill_size": 16},
+    {"disable_radix_cache": True},
+    {"page_size": 4},
+    {"page_size": 4, "chunked_prefill_size": 8},
+    {"max_prefill_tokens": 32},
+    {"schedule_policy": "fcfs"},
+    {"radix_eviction_policy": "lfu", "max_total_tokens": 260},
+])
+def test_same_greedy_outputs_across_scheduling_modes(tiny_model_dir, baseline, kwargs):
+    got, res, sched = outputs(tiny_model_dir, prompts(0, 8), **kwargs)
+    assert got == baseline
+    assert all(r["finish_reason"] == {"type": "length", "length": 12} for r in res.values())
+
+
+def test_retraction_under_memory_pressure_keeps_outputs(tiny_model_dir, baseline):
+    # An optimistic admission (low new_token_ratio) overcommits the pool, so decode must retract.
+    got, res, sched = outputs(tiny_model_dir, prompts(0, 8), max_total_tokens=300, chunked_prefill_size=-1,
+                              schedule_conservativeness=0.05)
+    assert sched.stats["retractions"] > 0
+    assert sum(r["num_retractions"] for r in res.values()) == sched.stats["retractions"]
+    assert got == baseline
+    sched.check_memory()
+
+
+def test_radix_hit_reports_prompt_minus_one_cached(tiny_model_dir):
+    ps = prompts(1, 4)
+    sched = make_scheduler(tiny_model_dir)
+    for i, p in enumerate(ps):
+        sched.add_request(request(f"a{i}", p))
+    first = run_all(sched)
+    for i, p in enumerate(ps):
+        sched.add_request(request(f"b{i}", p))
+    second = run_all(sched)
+    for i, p in enumerate(ps):
+        assert first[f"a{i}"]["cached_tokens"] == 0
+        assert second[f"b{i}"]["cached_tokens"] == len(p) - 1
+        assert second[f"b{i}"]["output_ids"] == first[f"a{i}"]["output_ids"]
+
+
+def test_extra_key_namespaces_never_share(tiny_model_dir):
+    p = prompts(2, 1)[0]
+    sched = make_scheduler(tiny_model_dir)
+    sched.add_request(request("a", p, extra_key="tenant-a"))
+    run_all(sched)
+    sched.add_request(request("b", p, extra_key="tenant-b"))
+    sched.add_request(request("c", p, extra_key="tenant-a"))
+    res = run_all(sched)
+    assert res["b"]["cached_tokens"] == 0
+    assert res["c"]["cached_tokens"] == len(p) - 1
+
+
+def _held_slots(sched) -> int:
+    return sched.allocator.size - sched.allocator.available_size() - sched.tree_cache.evictable_size()
+
+
+def test_abort_mid_decode_frees_what_it_held(tiny_model_dir):
+    sched = make_scheduler(tiny_model_dir, chunked_prefill_size=-1)
+    sched.add_request(request("keep", prompts(3, 1)[0], max_new_tokens=30))
+    sched.add_request(request("drop", prompts(4, 1)[0], max_new_tokens=30))
+    for _ in range(5):
+        sched.step()
+    sched.abort_request("drop")
+    outs = sched.step()
+    assert [o.finished_reason["type"] for o in outs if o.rid == "drop"] == ["abort"]
+    assert [r.rid for r in sched.running_batch.reqs] == ["keep"]
+    res = run_all(sched)
+    assert len(res["keep"]["output_ids"]) == 30
+    assert _held_slots(sched) == 0 and sched.tree_cache.protected_size() == 0
+    sched.check_memory()
+
+
+def test_abort_mid_chunked_prefill_frees_what_it_held(tiny_model_dir):
+    sched = make_scheduler(tiny_model_dir, chunked_prefill_size=16)
+    sched.add_request(request("long", prompts(5, 1, lo=100, hi=101)[0]))
+    sched.step()
+    sched.step()
+    assert sched.chunked_req is not None and sched.chunked_req.kv_committed_len == 32
+    sched.abort_request("long")
+    outs = sched.step()
+    assert outs[0].finished_reason["type"] == "abort" and outs[0].new_output_ids == []
+    assert sched.is_idle() and sched.chunked_req is None
+    assert _held_slots(sched) == 0 and sched.tree_cache.protected_size() == 0
+    sched.check_memory()
+    # The chunks that were computed stay shareable.
+    assert sched.tree_cache.evictable_size() == 32
+
+
+def test_abort_waiting_request_never_runs(tiny_model_dir):
+    sched = make_scheduler(tiny_model_dir)
+    sched.add_request(request("w", prompts(6, 1)[0]))
+    sched.abort_request("w")
+    outs = sched.step()
+    assert outs[0].finished_reason["type"] == "abort" and sched.stats["prefill_batches"] == 0
+
+
+def test_max_new_tokens_zero_only_prefills(tiny_model_dir):
+    p = prompts(7, 1)[0]
+    sched = make_scheduler(tiny_model_dir)
+    sched.add_request(request("pre", p, max_new_tokens=0))
+    res = run_all(sched)
+    assert res["pre"]["output_ids"] == [] and res["pre"]["finish_reason"] == {"type": "length", "length": 0}
+    assert sched.tree_cache.evictable_size() == len(p)
+
+
+def test_request_larger_than_decode_budget_is_aborted_not_crashed(tiny_model_dir):
+    sched = make_scheduler(tiny_model_dir, max_total_tokens=64, chunked_prefill_size=-1)
+    sched.add_request(request("big", prompts(8, 1, lo=50, hi=51)[0], max_new_tokens=40))
+    res = run_all(sched)
+    assert res["big"]["finish_reason"]["type"] == "abort"
+    assert "Out of memory" in res["big"]["finish_reason"]["message"]
+    sched.check_memory()
