@@ -3,6 +3,7 @@ background thread and turns token outputs into SGLang-shaped results ({text, out
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -205,8 +206,13 @@ class Engine:
             n = int((sp or {}).get("n", 1)) if isinstance(sp, dict) else sp.n if sp else 1
             base = rids[i] if rids[i] else uuid.uuid4().hex
             for j in range(n):
-                msgs.append(self._make_request(tokens, sp, return_logprob, logprob_start_len, top_logprobs_num,
-                                               base if n == 1 else f"{base}-{j}", extra_key, stream))
+                m = self._make_request(tokens, sp, return_logprob, logprob_start_len, top_logprobs_num,
+                                       base if n == 1 else f"{base}-{j}", extra_key, stream)
+                if n > 1 and m.sampling_params.sampling_seed is not None:
+                    # The n samples of a seeded request differ from each other, and repeat as a set.
+                    m.sampling_params = dataclasses.replace(
+                        m.sampling_params, sampling_seed=(m.sampling_params.sampling_seed * 1_000_003 + j) % (1 << 63))
+                msgs.append(m)
             if n > 1:
                 warm.append(len(msgs) - n)
         if stream and len(msgs) > 1:
