@@ -1,0 +1,105 @@
+"""Rotary position embedding, neox (rotate-half) layout as in HF Llama/Qwen.
+
+The cos/sin cache is computed once in float32 and indexed by position; q/k are rotated in their own
+dtype after casting cos/sin to it, which is exactly the reference's op order."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def _default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device="cpu") / rotary_dim))
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1 scaling: long wavelengths are divided by `factor`, short ones kept, and the band
+    between the two cut-offs interpolated smoothly."""
+    factor = float(scaling["factor"])
+    low = float(scaling.get("low_freq_factor", 1.0))
+    high = float(scaling.get("high_freq_factor", 4.0))
+    orig_ctx = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    low_freq_wavelen = orig_ctx / low
+    high_freq_wavelen = orig_ctx / high
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (orig_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int, inv_freq: torch.Tensor):
+        super().__init__()
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.max_position = max_position
+        # Built on the default device (the loader's target device), so big caches never go through CPU.
+        t = torch.arange(max_position, dtype=torch.float32)
+        freqs = t[:, None] * inv_freq.to(t.device, torch.float32)[None, :]
+        # (max_position, rotary_dim): [cos | sin], each rotary_dim // 2 wide. Not a buffer on purpose:
+        # module.to(dtype) must never round it; forward moves it to the positions' device once.
+        self.cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: (T, heads, head_size); cos/sin: (T, 1, rotary_dim // 2) in x's dtype
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        x1, x2 = rot.chunk(2, dim=-1)
+        cos2 = torch.cat([cos, cos], dim=-1)
+        sin2 = torch.cat([sin, sin], dim=-1)
+        out = rot * cos2 + torch.cat([-x2, x1], dim=-1) * sin2
+        return out if rest.shape[-1] == 0 else torch.cat([out, rest], dim=-1)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: (T,); query: (T, Hq * head_size); key: (T, Hk * head_size)."""
+        if self.cos_sin_cache.device != positions.device:
+            self.cos_sin_cache = self.cos_sin_cache.to(positions.device)
+        cos_sin = self.cos_sin_cache[positions].to(query.dtype)
+        cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)
+        q_shape, k_shape = query.shape, key.shape
+        # Explicit head counts (not -1) so an empty batch (T == 0) reshapes too.
+        q = self._rotate(query.view(q_shape[0], q_shape[-1] // self.head_size, self.head_size), cos, sin)
+        k = self._rotate(key.view(k_shape[0], k_shape[-1] // self.head_size, self.head_size), cos, sin)
+        return q.reshape(q_shape), k.reshape(k_shape)
+
+    def extra_repr(self) -> str:
+        return f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, max_position={self.max_position}"
+
+
+def get_rope(
+    head_size: int,
+    max_position: int,
+    base: float,
+    rope_scaling: dict | None = None,
+    rotary_dim: int | None = None,
+) -> RotaryEmbedding:
+    """rope_scaling: an HF `rope_scaling` / `rope_parameters` dict, or None. Supported rope types:
+    default, linear, llama3."""
+    rotary_dim = rotary_dim or head_size
+    inv_freq = _default_inv_freq(rotary_dim, base)
+    rope_type = "default"
+    if rope_scaling:
+        rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    if rope_type == "llama3":
+        inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
+    elif rope_type == "linear":
+        inv_freq = inv_freq / float(rope_scaling["factor"])
+    elif rope_type != "default":
+        raise ValueError(f"unsupported rope type {rope_type!r}; supported: default, linear, llama3")
+    return RotaryEmbedding(head_size, rotary_dim, max_position, inv_freq)
+
+
+def rope_params_from_config(config) -> tuple[float, dict | None]:
+    """(rope_theta, scaling dict or None), for both transformers 5 (`rope_parameters`) and 4.x
+    (`rope_theta` + `rope_scaling`) configs."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if params and not isinstance(params.get("rope_theta", 0.0), (int, float)):
+        raise ValueError("per-layer rope parameters are not supported")
+    theta = params.get("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
+    scaling = getattr(config, "rope_scaling", None) or params or None
+    return float(theta), scaling

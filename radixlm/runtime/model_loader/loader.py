@@ -1,0 +1,106 @@
+"""Build a model from a ModelConfig and fill its weights: safetensors (sharded or not) or dummy."""
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import time
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from radixlm.runtime.model_loader.config import ModelConfig
+from radixlm.runtime.model_loader.files import ModelLoadError
+
+__all__ = ["ModelLoadError", "load_model", "safetensors_weights_iterator", "initialize_dummy_weights"]
+
+logger = logging.getLogger(__name__)
+
+DUMMY_SEED = 1234
+DUMMY_STD = 0.02
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def safetensors_files(model_path: str) -> list[str]:
+    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
+    if not files:
+        raise ModelLoadError(f"no *.safetensors files in {model_path}")
+    return files
+
+
+def safetensors_weights_iterator(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+    from tqdm import tqdm
+
+    total = 0
+    for f in files:
+        total += os.path.getsize(f)
+    with tqdm(total=total, desc="loading safetensors", unit="B", unit_scale=True, disable=total < (256 << 20)) as bar:
+        for f in files:
+            try:
+                with safe_open(f, framework="pt", device="cpu") as st:
+                    for name in st.keys():
+                        t = st.get_tensor(name)
+                        yield name, t
+                        bar.update(t.numel() * t.element_size())
+            except ModelLoadError:
+                raise
+            except Exception as e:  # safetensors' own errors (truncated header, bad offsets, ...)
+                raise ModelLoadError(f"cannot read safetensors file {f}: {type(e).__name__}: {e}") from e
+
+
+@torch.no_grad()
+def initialize_dummy_weights(model: nn.Module, seed: int = DUMMY_SEED, std: float = DUMMY_STD) -> None:
+    """Deterministic random weights: norms 1, biases 0, everything else N(0, std). Generated on the
+    parameter's own device (no CPU round trip)."""
+    generators: dict[torch.device, torch.Generator] = {}
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif name.endswith(".bias"):
+            p.zero_()
+        else:
+            if p.device not in generators:
+                generators[p.device] = torch.Generator(device=p.device).manual_seed(seed)
+            p.normal_(0.0, std, generator=generators[p.device])
+
+
+def load_model(model_config: ModelConfig, load_format: str = "auto", device: str | torch.device = "cpu") -> nn.Module:
+    from radixlm.runtime.models.registry import get_model_class
+
+    if load_format not in ("auto", "safetensors", "dummy"):
+        raise ValueError(f"unknown load_format {load_format!r}; use auto, safetensors or dummy")
+    try:
+        model_cls = get_model_class(model_config.architecture)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
+    t0 = time.perf_counter()
+    # Parameters are created empty, directly on the target device and dtype; the loader fills them all.
+    with torch.device(device), _default_dtype(model_config.dtype):
+        model = model_cls(model_config.hf_config)
+    if load_format == "dummy":
+        initialize_dummy_weights(model)
+    else:
+        files = safetensors_files(model_config.model_path)
+        try:
+            model.load_weights(safetensors_weights_iterator(files))
+        except ModelLoadError:
+            raise
+        except ValueError as e:
+            raise ModelLoadError(f"{model_config.model_path}: {e}") from e
+    logger.info(
+        "loaded %s (%s, %s) in %.2f s", model_config.architecture, model_config.dtype, load_format,
+        time.perf_counter() - t0,
+    )
+    return model.eval()

@@ -1,0 +1,205 @@
+"""Llama-family decoder (Llama 2/3/3.1, SmolLM2) and the shared pieces Mistral, Qwen2 and Qwen3 reuse.
+
+The per-architecture differences are class-level flags on the CausalLM: QKV bias, o_proj bias, per-head
+q/k RMSNorm. Parameters are fused (qkv_proj, gate_up_proj) and loaded by stacking HF's separate ones."""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+from torch import nn
+
+from radixlm.runtime.layers.activation import SiluAndMul
+from radixlm.runtime.layers.linear import Linear, MergedLinear, VocabEmbedding
+from radixlm.runtime.layers.norm import RMSNorm
+from radixlm.runtime.layers.radix_attention import RadixAttention
+from radixlm.runtime.layers.rotary import get_rope, rope_params_from_config
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from radixlm.runtime.executor.forward_batch import ForwardBatch
+
+logger = logging.getLogger(__name__)
+
+
+def head_dim_of(config: "PretrainedConfig") -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self, config: "PretrainedConfig", layer_id: int, rotary_emb: nn.Module, qkv_bias: bool, o_bias: bool,
+        qk_norm: bool,
+    ):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = head_dim_of(config)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = MergedLinear(config.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=qkv_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_bias)
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.rotary_emb = rotary_emb
+        self.attn = RadixAttention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None:
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v.contiguous(), forward_batch))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self, config: "PretrainedConfig", layer_id: int, rotary_emb: nn.Module, qkv_bias: bool, o_bias: bool,
+        qk_norm: bool,
+    ):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_id, rotary_emb, qkv_bias, o_bias, qk_norm)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False))
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        forward_batch: "ForwardBatch",
+        residual: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Invariant: on return, the layer's output is hidden + residual (the add is fused into the next norm).
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, forward_batch)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: "PretrainedConfig", qkv_bias: bool, o_bias: bool, qk_norm: bool):
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        theta, scaling = rope_params_from_config(config)
+        # One cos/sin cache for all layers (it holds no parameters).
+        rotary_emb = get_rope(head_dim_of(config), config.max_position_embeddings, theta, scaling)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, o_bias, qk_norm)
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, forward_batch, residual)
+        if residual is None:  # zero layers
+            return self.norm(hidden)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+# HF checkpoint name fragment -> (our fused parameter fragment, shard index)
+STACKED_PARAMS: list[tuple[str, str, int]] = [
+    (".q_proj.", ".qkv_proj.", 0),
+    (".k_proj.", ".qkv_proj.", 1),
+    (".v_proj.", ".qkv_proj.", 2),
+    (".gate_proj.", ".gate_up_proj.", 0),
+    (".up_proj.", ".gate_up_proj.", 1),
+]
+# Buffers some checkpoints carry that we recompute.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+class LlamaForCausalLM(nn.Module):
+    qkv_bias_default = False  # Llama: `attention_bias` covers q, k, v and o
+    o_bias_follows_attention_bias = True
+    qk_norm = False
+
+    def __init__(self, config: "PretrainedConfig"):
+        super().__init__()
+        self.config = config
+        attention_bias = bool(getattr(config, "attention_bias", self.qkv_bias_default))
+        qkv_bias = self.qkv_bias_default or attention_bias
+        o_bias = attention_bias and self.o_bias_follows_attention_bias
+        self.model = LlamaModel(config, qkv_bias, o_bias, self.qk_norm)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head = self.model.embed_tokens  # same Parameter: one copy, loaded once
+        else:
+            self.lm_head = VocabEmbedding(config.vocab_size, config.hidden_size)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
+        """Returns the final-normed hidden states (T, hidden_size); the caller applies lm_head."""
+        return self.model(input_ids, positions, forward_batch)
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        loaded: set[tuple[str, int]] = set()
+        unexpected: list[str] = []
+        for name, w in weights:
+            if name.endswith(IGNORED_SUFFIXES):
+                continue
+            if self.tie_word_embeddings and name == "lm_head.weight":
+                continue  # some tied checkpoints store the head too; it equals the embedding
+            for hf_frag, our_frag, shard_id in STACKED_PARAMS:
+                if hf_frag in name:
+                    target = name.replace(hf_frag, our_frag)
+                    break
+            else:
+                target, shard_id = name, -1
+            param = params.get(target)
+            if param is None:
+                unexpected.append(name)
+                continue
+            if shard_id >= 0:
+                module = self.get_submodule(target.rsplit(".", 1)[0])
+                start, end = module.shard_range(shard_id)
+                dst = param.data[start:end]
+            else:
+                dst = param.data
+            if tuple(w.shape) != tuple(dst.shape):
+                raise ValueError(f"weight {name!r} has shape {tuple(w.shape)}, expected {tuple(dst.shape)}")
+            dst.copy_(w)
+            loaded.add((target, shard_id))
+        missing = self._missing(params, loaded)
+        if missing:
+            shown = ", ".join(missing[:8]) + (f" ... ({len(missing)} in all)" if len(missing) > 8 else "")
+            raise ValueError(f"checkpoint is missing weights for {type(self).__name__}: {shown}")
+        if unexpected:
+            logger.warning("ignored %d unexpected checkpoint tensors, e.g. %s", len(unexpected), unexpected[:4])
+
+    def _missing(self, params: dict[str, nn.Parameter], loaded: set[tuple[str, int]]) -> list[str]:
+        missing = []
+        for pname in params:
+            module = self.get_submodule(pname.rsplit(".", 1)[0])
+            if isinstance(module, MergedLinear):
+                missing += [f"{pname}[shard {i}]" for i in range(len(module.output_sizes)) if (pname, i) not in loaded]
+            elif (pname, -1) not in loaded:
+                missing.append(pname)
+        return missing

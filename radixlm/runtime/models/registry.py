@@ -1,0 +1,28 @@
+"""Hugging Face architecture name -> model class."""
+from __future__ import annotations
+
+from torch import nn
+
+from radixlm.runtime.models.llama import LlamaForCausalLM
+from radixlm.runtime.models.mistral import MistralForCausalLM
+from radixlm.runtime.models.qwen2 import Qwen2ForCausalLM
+from radixlm.runtime.models.qwen3 import Qwen3ForCausalLM
+
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+
+
+def get_model_class(architecture: str) -> type[nn.Module]:
+    try:
+        return MODEL_REGISTRY[architecture]
+    except KeyError:
+        supported = ", ".join(sorted(MODEL_REGISTRY))
+        raise ValueError(f"unsupported model architecture {architecture!r}; supported: {supported}") from None
+
+
+def supported_architectures() -> list[str]:
+    return sorted(MODEL_REGISTRY)

@@ -1,0 +1,179 @@
+"""Model loading: config resolution, dummy weights, and the errors a user can hit."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+from radixlm.runtime.model_loader.config import ModelConfig, resolve_dtype
+from radixlm.runtime.model_loader.files import resolve_model_path
+from radixlm.runtime.model_loader.loader import ModelLoadError, load_model
+
+TINY = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    torch.set_num_threads(1)
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _save_tiny(path, config_cls=LlamaConfig, **overrides):
+    config = config_cls(**{**TINY, **overrides})
+    config.architectures = [config_cls.__name__.replace("Config", "ForCausalLM")]
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(config)
+    hf.save_pretrained(path, safe_serialization=True)
+    return config
+
+
+def test_missing_path_names_it(tmp_path):
+    missing = tmp_path / "no" / "such-model"
+    with pytest.raises(ModelLoadError, match="no/such-model"):
+        ModelConfig.from_path(str(missing))
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(ModelLoadError, match="config.json"):
+        ModelConfig.from_path(str(tmp_path))
+
+
+def test_unknown_architecture_is_named(tmp_path):
+    _save_tiny(tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg["architectures"] = ["FancyNetForCausalLM"]
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="FancyNetForCausalLM") as e:
+        ModelConfig.from_path(str(tmp_path / "m"))
+    assert "LlamaForCausalLM" in str(e.value)  # the message lists what is supported
+
+
+def test_truncated_safetensors_names_file(tmp_path):
+    _save_tiny(tmp_path / "m")
+    f = tmp_path / "m" / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    mc = ModelConfig.from_path(str(tmp_path / "m"))
+    with pytest.raises(ModelLoadError, match="model.safetensors"):
+        load_model(mc)
+
+
+def test_missing_and_misshaped_weights(tmp_path):
+    _save_tiny(tmp_path / "m")
+    f = tmp_path / "m" / "model.safetensors"
+    tensors = load_file(f)
+    good = dict(tensors)
+    del tensors["model.layers.1.self_attn.k_proj.weight"]
+    save_file(tensors, f, metadata={"format": "pt"})
+    mc = ModelConfig.from_path(str(tmp_path / "m"))
+    with pytest.raises(ModelLoadError, match=r"missing.*layers\.1\.self_attn\.qkv_proj\.weight\[shard 1\]"):
+        load_model(mc)
+    good["model.norm.weight"] = torch.ones(7)
+    save_file(good, f, metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"model\.norm\.weight.*\(7,\)"):
+        load_model(mc)
+
+
+def test_sharded_safetensors_load(tmp_path):
+    _save_tiny(tmp_path / "m", Qwen2Config, tie_word_embeddings=False)
+    tensors = load_file(tmp_path / "m" / "model.safetensors")
+    (tmp_path / "m" / "model.safetensors").unlink()
+    names = sorted(tensors)
+    save_file({k: tensors[k] for k in names[::2]}, tmp_path / "m" / "model-00001-of-00002.safetensors")
+    save_file({k: tensors[k] for k in names[1::2]}, tmp_path / "m" / "model-00002-of-00002.safetensors")
+    model = load_model(ModelConfig.from_path(str(tmp_path / "m")))
+    assert torch.equal(model.lm_head.weight, tensors["lm_head.weight"])
+    qkv_bias = model.model.layers[0].self_attn.qkv_proj.bias
+    assert torch.equal(qkv_bias[:32], tensors["model.layers.0.self_attn.q_proj.bias"])
+
+
+def test_dummy_load_shapes_and_determinism(tmp_path):
+    _save_tiny(tmp_path / "m", tie_word_embeddings=False)
+    (tmp_path / "m" / "model.safetensors").unlink()
+    mc = ModelConfig.from_path(str(tmp_path / "m"), load_format="dummy")
+    a = load_model(mc, load_format="dummy")
+    b = load_model(mc, load_format="dummy")
+    assert a.lm_head.weight.shape == (97, 32)
+    assert a.model.layers[1].self_attn.qkv_proj.weight.shape == (32 + 2 * 16, 32)
+    assert a.model.layers[0].mlp.gate_up_proj.weight.shape == (96, 32)
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.isfinite(p).all() and torch.equal(p, q), n
+    assert 0.015 < a.model.embed_tokens.weight.std().item() < 0.025
+
+
+def test_model_config_fields(tmp_path):
+    _save_tiny(tmp_path / "m", Qwen2Config, eos_token_id=5)
+    (tmp_path / "m" / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 6]}))
+    mc = ModelConfig.from_path(str(tmp_path / "m"), context_length=128)
+    assert (mc.architecture, mc.num_layers, mc.num_heads, mc.num_kv_heads, mc.head_dim) == (
+        "Qwen2ForCausalLM", 2, 4, 2, 8)
+    assert (mc.hidden_size, mc.vocab_size, mc.context_len) == (32, 97, 128)
+    assert mc.eos_token_ids == frozenset({5, 6})
+    assert mc.dtype == torch.float32
+    with pytest.raises(ValueError, match="exceeds"):
+        ModelConfig.from_path(str(tmp_path / "m"), context_length=100000)
+
+
+def test_resolve_dtype():
+    bf16_cfg = Qwen2Config(dtype="bfloat16")
+    assert resolve_dtype("auto", bf16_cfg, "cpu") == torch.float32
+    assert resolve_dtype("auto", bf16_cfg, "cuda") == torch.bfloat16
+    assert resolve_dtype("auto", Qwen2Config(dtype="float16"), "cuda:0") == torch.float16
+    assert resolve_dtype("auto", Qwen2Config(), "cuda") == torch.bfloat16
+    assert resolve_dtype("float16", bf16_cfg, "cpu") == torch.float16
+    with pytest.raises(ValueError, match="int4"):
+        resolve_dtype("int4", bf16_cfg, "cpu")
+
+
+def test_truncated_gguf_names_file(tmp_path):
+    src = resolve_model_path("default")
+    bad = tmp_path / "broken.gguf"
+    with open(src, "rb") as f:
+        bad.write_bytes(f.read(40 << 20))  # metadata intact, tensor data cut short
+    with pytest.raises(ModelLoadError, match="broken.gguf is truncated or corrupt"):
+        ModelConfig.from_path(str(bad))
+    assert not list((tmp_path / "cache" / "converted").glob("*"))  # no half-written cache entry
+
+
+def test_gguf_header_garbage(tmp_path):
+    bad = tmp_path / "garbage.gguf"
+    bad.write_bytes(b"GGUF" + b"\xff" * 64)
+    with pytest.raises(ModelLoadError, match="garbage.gguf"):
+        ModelConfig.from_path(str(bad))
+    other = tmp_path / "notes.txt"
+    other.write_text("hello")
+    with pytest.raises(ModelLoadError, match="neither a GGUF file nor a model directory"):
+        ModelConfig.from_path(str(other))
+
+
+def test_gguf_tensor_writer_shards(tmp_path, monkeypatch):
+    from radixlm.runtime.model_loader import gguf as gguf_mod
+    from radixlm.runtime.model_loader.loader import safetensors_files, safetensors_weights_iterator
+
+    tensors = {f"t{i}": torch.full((10, 10), float(i)) for i in range(5)}  # 400 bytes each
+    monkeypatch.setattr(gguf_mod, "iter_gguf_tensors", lambda reader: iter(tensors.items()))
+    monkeypatch.setattr(gguf_mod, "MAX_SHARD_BYTES", 900)
+
+    fake_reader = type("FakeReader", (), {"tensors": list(tensors)})()
+    gguf_mod._write_tensors(fake_reader, "x.gguf", tmp_path)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    got = dict(safetensors_weights_iterator(safetensors_files(str(tmp_path))))
+    assert got.keys() == tensors.keys() and all(torch.equal(got[k], v) for k, v in tensors.items())
+
+
+def test_unpermute_inverts_llama_cpp_permute():
+    import numpy as np
+
+    from radixlm.runtime.model_loader.gguf import unpermute_qk
+
+    n_head, head_dim, cols = 3, 8, 5
+    w = np.arange(n_head * head_dim * cols, dtype=np.float32).reshape(n_head * head_dim, cols)
+    # llama.cpp's converter: per head, rows [0..half) and [half..dim) are interleaved pairwise.
+    permuted = w.reshape(n_head, 2, head_dim // 2, cols).swapaxes(1, 2).reshape(w.shape)
+    assert np.array_equal(unpermute_qk(permuted, n_head), w)
+    bias = np.arange(n_head * head_dim, dtype=np.float32)
+    assert np.array_equal(unpermute_qk(bias.reshape(n_head, 2, -1).swapaxes(1, 2).reshape(-1), n_head), bias)
