@@ -75,6 +75,16 @@ class _ReqState:
         return {"text": text, "output_ids": list(self.output_ids), "meta_info": meta}
 
 
+def _is_final(snap) -> bool:
+    return isinstance(snap, BaseException) or snap["meta_info"]["finish_reason"] is not None
+
+
+def _unwrap(snap) -> dict:
+    if isinstance(snap, BaseException):
+        raise RuntimeError(f"generation failed: {snap!r}") from snap
+    return snap
+
+
 class Engine:
     def __init__(self, model_path: str = "default", **kwargs):
         from radixlm.runtime.executor.model_runner import ModelRunner
@@ -247,7 +257,7 @@ class Engine:
 
         def listener_for(i):
             def listener(snap):
-                if isinstance(snap, BaseException) or snap["meta_info"]["finish_reason"] is not None:
+                if _is_final(snap):
                     results[i] = snap
                     done.release()
             return listener
@@ -256,9 +266,7 @@ class Engine:
             self._submit(m, listener_for(i), return_text_in_logprobs)
         for _ in msgs:
             done.acquire()
-        for r in results:
-            if isinstance(r, BaseException):
-                raise RuntimeError(f"generation failed: {r!r}") from r
+        results = [_unwrap(r) for r in results]
         return results if as_list else results[0]
 
     def _stream(self, msg, return_text) -> Iterator[dict]:
@@ -267,10 +275,8 @@ class Engine:
         try:
             while True:
                 snap = q.get()
-                if isinstance(snap, BaseException):
-                    raise RuntimeError(f"generation failed: {snap!r}") from snap
-                yield snap
-                if snap["meta_info"]["finish_reason"] is not None:
+                yield _unwrap(snap)
+                if _is_final(snap):
                     return
         finally:
             if msg.rid in self._states:
@@ -289,13 +295,10 @@ class Engine:
         futures = [loop.create_future() for _ in msgs]
         for fut, m in zip(futures, msgs):
             def listener(snap, fut=fut):
-                if isinstance(snap, BaseException) or snap["meta_info"]["finish_reason"] is not None:
+                if _is_final(snap):
                     loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(snap))
             self._submit(m, listener, return_text_in_logprobs)
-        results = await asyncio.gather(*futures)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise RuntimeError(f"generation failed: {r!r}") from r
+        results = [_unwrap(r) for r in await asyncio.gather(*futures)]
         return results if as_list else results[0]
 
     async def _astream(self, msg, return_text) -> AsyncIterator[dict]:
@@ -305,10 +308,8 @@ class Engine:
         try:
             while True:
                 snap = await q.get()
-                if isinstance(snap, BaseException):
-                    raise RuntimeError(f"generation failed: {snap!r}") from snap
-                yield snap
-                if snap["meta_info"]["finish_reason"] is not None:
+                yield _unwrap(snap)
+                if _is_final(snap):
                     return
         finally:
             if msg.rid in self._states:
