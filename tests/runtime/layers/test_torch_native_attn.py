@@ -152,3 +152,19 @@ def test_lazy_metadata_and_no_save():
     first = layer(q, k, v, fb)  # no init_forward_metadata: the backend builds it on first use
     second = fb.attn_backend.forward(q, None, None, layer, fb, save_kv_cache=False)  # KV already in pool
     torch.testing.assert_close(first, second)
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+@pytest.mark.parametrize("heads,kv_heads", HEADS)
+def test_decode_reads_a_shared_prefix_once(ps, heads, kv_heads):
+    """Requests sharing their first prefix slots (as after radix matches) take the shared-prefix path."""
+    lens = [(24, 1), (24, 1), (24, 1)]
+    fb, layer, q, k, v, fulls = build_batch(lens, heads, kv_heads, ps, ForwardMode.DECODE, torch.float32, 5, shared_prefix=True)
+    fb.attn_backend = TorchNativeAttnBackend(shared_prefix_min=4)
+    fb.attn_backend.init_forward_metadata(fb)
+    assert fb.attn_metadata.shared_slots is not None and len(fb.attn_metadata.shared_slots) == 24
+    out = layer(q, k, v, fb).reshape(-1, heads, HEAD_DIM)
+    qh = q.reshape(-1, heads, HEAD_DIM)
+    for i, ((prefix, _), (kf, vf)) in enumerate(zip(lens, fulls)):
+        ref = dense_reference(qh[i : i + 1], kf, vf, prefix, layer.scaling)
+        torch.testing.assert_close(out[i : i + 1].double(), ref, atol=1e-5, rtol=1e-5)

@@ -24,12 +24,23 @@ class TorchNativeMetadata:
     # Decode only: (bs, max_seq_len) KV slots, padding pointed at the dummy slot 0, and its validity mask.
     decode_slots: torch.Tensor | None = None
     decode_mask: torch.Tensor | None = None
+    # Decode only: KV slots that every request of the batch starts with (a shared radix prefix), read
+    # once for the whole batch; decode_slots/decode_mask then cover only what follows it.
+    shared_slots: torch.Tensor | None = None
+
+
+def gather_kv(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """buf[slots] for a (size, H, D) pool; index_select on a 2-D view is several times faster on CPU."""
+    rows = buf.view(buf.shape[0], -1).index_select(0, slots.reshape(-1))
+    return rows.view(*slots.shape, *buf.shape[1:])
 
 
 class TorchNativeAttnBackend(AttentionBackend):
-    def __init__(self, model_runner: object | None = None):
+    def __init__(self, model_runner: object | None = None, shared_prefix_min: int = 64):
         # model_runner is accepted for a uniform backend constructor; nothing is read from it.
         self.model_runner = model_runner
+        # A decode batch whose requests share at least this many leading KV slots reads them once.
+        self.shared_prefix_min = shared_prefix_min
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         forward_batch.attn_metadata = self._build_metadata(forward_batch)
@@ -43,12 +54,21 @@ class TorchNativeAttnBackend(AttentionBackend):
             pos = torch.arange(max_len, device=rows.device)
             mask = pos[None, :] < fb.seq_lens.to(rows.device)[:, None]
             slots = torch.where(mask, rows, torch.zeros_like(rows))
+            shared = self._shared_prefix_len(slots, min(seq_lens)) if fb.batch_size > 1 else 0
+            if shared >= self.shared_prefix_min:
+                return TorchNativeMetadata(starts, [], max_len, slots[:, shared:], mask[:, shared:], slots[0, :shared])
             return TorchNativeMetadata(starts, [], max_len, slots, mask)
         starts, acc = [], 0
         for n in fb.extend_seq_lens_cpu:
             starts.append(acc)
             acc += n
         return TorchNativeMetadata(starts, fb.req_pool_indices.tolist(), max_len)
+
+    @staticmethod
+    def _shared_prefix_len(slots: torch.Tensor, limit: int) -> int:
+        # Keep the last token of the shortest request out: each request must own a non-empty suffix.
+        same = (slots[:, : limit - 1] == slots[:1, : limit - 1]).all(0)
+        return int(same.long().cumprod(0).sum()) if same.numel() else 0
 
     def _metadata(self, fb: "ForwardBatch") -> TorchNativeMetadata:
         if not isinstance(fb.attn_metadata, TorchNativeMetadata):
@@ -79,8 +99,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             start = meta.extend_start_loc_cpu[i]
             slots = req_to_token[meta.req_pool_indices_cpu[i], :seq_len]
             qi = q[start : start + ext].transpose(0, 1)  # (H, ext, D)
-            ki = k_buf[slots].to(q.dtype).transpose(0, 1)  # (Hkv, seq, D)
-            vi = v_buf[slots].to(q.dtype).transpose(0, 1)
+            ki = gather_kv(k_buf, slots).to(q.dtype).transpose(0, 1)  # (Hkv, seq, D)
+            vi = gather_kv(v_buf, slots).to(q.dtype).transpose(0, 1)
             if prefix == 0:
                 mask, causal = None, True
             else:
@@ -103,11 +123,30 @@ class TorchNativeAttnBackend(AttentionBackend):
             return q.reshape(0, layer.num_heads * layer.head_dim)
         k_buf = fb.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_buf = fb.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        if meta.shared_slots is not None:
+            return self._decode_with_shared_prefix(q, k_buf, v_buf, layer, meta)
         # (bs, max_len, Hkv, D) -> (bs, Hkv, max_len, D); padded keys are masked out.
-        ks = k_buf[meta.decode_slots].to(q.dtype).transpose(1, 2)
-        vs = v_buf[meta.decode_slots].to(q.dtype).transpose(1, 2)
+        ks = gather_kv(k_buf, meta.decode_slots).to(q.dtype).transpose(1, 2)
+        vs = gather_kv(v_buf, meta.decode_slots).to(q.dtype).transpose(1, 2)
         mask = meta.decode_mask[:, None, None, :]
         o = F.scaled_dot_product_attention(
             q, ks, vs, attn_mask=mask, scale=layer.scaling, enable_gqa=layer.num_heads != layer.num_kv_heads
         )
+        return o.reshape(bs, layer.num_heads * layer.head_dim)
+
+    @staticmethod
+    def _decode_with_shared_prefix(q, k_buf, v_buf, layer, meta: TorchNativeMetadata) -> torch.Tensor:
+        """One softmax over [shared prefix keys, own keys]: the same attention, with the prefix read once."""
+        bs, hkv = q.shape[0], layer.num_kv_heads
+        g = layer.num_heads // hkv
+        qg = q.reshape(bs, hkv, g, layer.head_dim)
+        kp = gather_kv(k_buf, meta.shared_slots).to(q.dtype)  # (P, Hkv, D)
+        vp = gather_kv(v_buf, meta.shared_slots).to(q.dtype)
+        ks = gather_kv(k_buf, meta.decode_slots).to(q.dtype)  # (bs, L, Hkv, D)
+        vs = gather_kv(v_buf, meta.decode_slots).to(q.dtype)
+        s_prefix = torch.einsum("bhgd,phd->bhgp", qg, kp)
+        s_own = torch.einsum("bhgd,blhd->bhgl", qg, ks).masked_fill(~meta.decode_mask[:, None, None, :], float("-inf"))
+        p = torch.cat([s_prefix, s_own], dim=-1).mul_(layer.scaling).softmax(-1)
+        n = kp.shape[0]
+        o = torch.einsum("bhgp,phd->bhgd", p[..., :n], vp) + torch.einsum("bhgl,blhd->bhgd", p[..., n:], vs)
         return o.reshape(bs, layer.num_heads * layer.head_dim)
