@@ -139,3 +139,27 @@ def test_request_larger_than_decode_budget_is_aborted_not_crashed(tiny_model_dir
     assert res["big"]["finish_reason"]["type"] == "abort"
     assert "Out of memory" in res["big"]["finish_reason"]["message"]
     sched.check_memory()
+
+
+def _logprob_run(tiny_model_dir, p, **kwargs):
+    sched = make_scheduler(tiny_model_dir, **kwargs)
+    sched.add_request(request("lp", p, max_new_tokens=6, return_logprob=True, logprob_start_len=0, top_logprobs_num=2))
+    inp, out = [], []
+    for _ in range(100):
+        if sched.is_idle():
+            break
+        for o in sched.step():
+            inp += o.input_token_logprobs
+            out += o.output_token_logprobs
+    return inp, out
+
+
+def test_prompt_logprobs_identical_with_chunked_prefill_and_pages(tiny_model_dir):
+    p = prompts(9, 1, lo=70, hi=71)[0]
+    base_in, base_out = _logprob_run(tiny_model_dir, p, chunked_prefill_size=-1)
+    assert [t for _, t in base_in] == p and base_in[0][0] is None and len(base_out) == 6
+    for kwargs in ({"chunked_prefill_size": 16}, {"chunked_prefill_size": 8, "page_size": 4}):
+        got_in, got_out = _logprob_run(tiny_model_dir, p, **kwargs)
+        assert [t for _, t in got_in] == p and got_in[0][0] is None
+        assert max(abs(a[0] - b[0]) for a, b in zip(got_in[1:], base_in[1:])) < 1e-5
+        assert [t for _, t in got_out] == [t for _, t in base_out]
