@@ -87,12 +87,28 @@ def _unwrap(snap) -> dict:
 
 class Engine:
     def __init__(self, model_path: str = "default", **kwargs):
+        self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
+        self._inbox: queue.Queue = queue.Queue()
+        self._states: dict[str, tuple[_ReqState, bool]] = {}
+        self._error: BaseException | None = None
+        self._stopped = threading.Event()
+        ready = threading.Event()
+        # NOTE: every torch op of the engine (loading included) runs on this one thread. Once a thread has
+        # run an OpenMP region, libgomp throttles the thread teams of all other threads, which halves the
+        # scheduler's speed on a 2-core machine if the caller's thread had touched torch first.
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="radixlm-scheduler", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _setup(self) -> None:
         from radixlm.runtime.executor.model_runner import ModelRunner
         from radixlm.runtime.model_loader.config import ModelConfig
         from radixlm.runtime.model_loader.tokenizer import get_tokenizer
         from radixlm.runtime.scheduler.scheduler import Scheduler
 
-        self.server_args = args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
+        args = self.server_args
         device = args.resolved_device()
         t0 = time.perf_counter()
         self.model_config = ModelConfig.from_path(
@@ -105,12 +121,15 @@ class Engine:
         self.vocab_size = self.model_config.vocab_size
         logger.info("engine ready in %.1fs", time.perf_counter() - t0)
 
-        self._inbox: queue.Queue = queue.Queue()
-        self._states: dict[str, tuple[_ReqState, bool]] = {}
-        self._error: BaseException | None = None
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)
-        self._thread.start()
+    def _run(self, ready: threading.Event) -> None:
+        try:
+            self._setup()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the constructor
+            self._error = e
+            return
+        finally:
+            ready.set()
+        self._loop()
 
     # ------------------------------------------------------------------ scheduler thread
     def _loop(self) -> None:

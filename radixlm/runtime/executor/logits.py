@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.runtime.layers import cpu_gemm
+
 
 @dataclass
 class LogitsPlan:
@@ -36,9 +38,10 @@ class LogitsProcessor:
     def __init__(self, lm_head: torch.nn.Module, vocab_size: int):
         self.lm_head = lm_head
         self.vocab_size = vocab_size
+        self.packed_weight = cpu_gemm.pack_weight(lm_head.weight)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        out = torch.nn.functional.linear(hidden, self.lm_head.weight)
+        out = cpu_gemm.linear(hidden, self.lm_head.weight, None, self.packed_weight)
         return out[:, : self.vocab_size].float()
 
     def __call__(self, hidden: torch.Tensor, plan: LogitsPlan) -> LogitsOutput:

@@ -35,6 +35,10 @@ class ModelRunner:
         self.page_size = server_args.page_size
         self.model = load_model(model_config, server_args.load_format, device)
         self.model.eval()
+        if torch.device(device).type == "cpu":
+            for module in self.model.modules():
+                if hasattr(module, "pack_for_cpu"):
+                    module.pack_for_cpu()
         self.logits_processor = LogitsProcessor(self.model.lm_head, model_config.vocab_size)
 
         self.max_total_num_tokens = self._profile_max_num_tokens()

@@ -63,11 +63,17 @@ class PrefillAdder:
         if self.rem_chunk_tokens is not None:
             self.rem_chunk_tokens -= take
 
-    def add_chunked_req(self, req: Req) -> None:
-        """The request being prefilled in chunks continues first; it already holds its lock and KV."""
+    def add_chunked_req(self, req: Req) -> bool:
+        """The request being prefilled in chunks continues first; it already holds its lock and KV.
+        Returns False when not even one page of it fits now (running requests hold the pool)."""
         req.extend_input_len = len(req.fill_ids) - len(req.prefix_indices)
         take = max(self._chunk_len(req.extend_input_len), min(self.page_size, req.extend_input_len))
+        room = (self.rem_total_tokens - self.page_size) // self.page_size * self.page_size
+        take = min(take, room)
+        if take <= 0:
+            return False
         self._take(req, take, reserve_decode=True)
+        return True
 
     def add_one_req(self, req: Req) -> AddReqResult:
         if len(self.can_run_list) >= self.max_new_reqs:

@@ -149,8 +149,8 @@ class Scheduler:
             self.args.max_prefill_tokens, self.chunked_prefill_size,
             self.max_running_requests - len(running) - (self.chunked_req is not None),
         )
-        if self.chunked_req is not None:
-            adder.add_chunked_req(self.chunked_req)
+        if self.chunked_req is not None and not adder.add_chunked_req(self.chunked_req):
+            return None  # decode goes on (and retracts if it must) until the next chunk fits
         for req in self.waiting_queue:
             if req in self.policy.deprioritized:
                 break  # sorted last; admitted next round, when the prefix they share is cached
@@ -296,13 +296,18 @@ class Scheduler:
         """NOTE invariant: free + evictable + protected + slots owned by live requests == pool size, and
         every live request's own slots are allocated (not free)."""
         self.tree_cache.check_consistency()
+        self.allocator.check_no_double_free()
+        ps = self.page_size
         owned = 0
+        in_use = [self.tree_cache.all_values_flatten()]
         for req in self._active_reqs():
             if req.req_pool_idx is None:
                 continue
-            ps = self.page_size
-            pages = -(-req.kv_committed_len // ps) - req.cache_protected_len // ps
-            owned += pages * ps
+            owned += (-(-req.kv_committed_len // ps) - req.cache_protected_len // ps) * ps
+            in_use.append(self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_committed_len])
+        pages = torch.cat(in_use) // ps
+        if pages.numel() and bool(self.allocator.page_is_free[pages].any()):
+            raise AssertionError("a KV slot held by the tree or a running request is on the free list")
         total = self.allocator.available_size() + self.tree_cache.evictable_size() + self.tree_cache.protected_size() + owned
         if total != self.allocator.size:
             raise AssertionError(

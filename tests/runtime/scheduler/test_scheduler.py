@@ -163,3 +163,12 @@ def test_prompt_logprobs_identical_with_chunked_prefill_and_pages(tiny_model_dir
         assert [t for _, t in got_in] == p and got_in[0][0] is None
         assert max(abs(a[0] - b[0]) for a, b in zip(got_in[1:], base_in[1:])) < 1e-5
         assert [t for _, t in got_out] == [t for _, t in base_out]
+
+
+def test_chunked_prefill_under_memory_pressure_with_running_decodes(tiny_model_dir):
+    ps = prompts(10, 5, lo=10, hi=20) + prompts(11, 1, lo=150, hi=151)
+    base, _, _ = outputs(tiny_model_dir, ps, max_new_tokens=40, chunked_prefill_size=-1)
+    got, res, sched = outputs(tiny_model_dir, ps, max_new_tokens=40, chunked_prefill_size=16,
+                              max_total_tokens=260, schedule_conservativeness=0.05)
+    assert got == base
+    assert all(r["finish_reason"]["type"] == "length" for r in res.values())
