@@ -8,6 +8,7 @@ SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("torch_native",)
 
 
 @dataclass
@@ -38,7 +39,7 @@ class ServerArgs:
     radix_eviction_policy: str = field(default="lru", metadata={"choices": EVICTION_POLICIES})
 
     # Kernels
-    attention_backend: str = field(default="torch_native", metadata={"choices": ("torch_native",)})
+    attention_backend: str = field(default="torch_native", metadata={"choices": ATTENTION_BACKENDS})
 
     # Debugging
     enable_integrity_check: bool = field(default=False, metadata={"help": "check KV accounting after every scheduler step"})
@@ -56,6 +57,7 @@ class ServerArgs:
         check(self.radix_eviction_policy in EVICTION_POLICIES, f"unknown radix_eviction_policy {self.radix_eviction_policy!r}; choose from {EVICTION_POLICIES}")
         check(self.load_format in LOAD_FORMATS, f"unknown load_format {self.load_format!r}; choose from {LOAD_FORMATS}")
         check(self.dtype in DTYPES, f"unknown dtype {self.dtype!r}; choose from {DTYPES}")
+        check(self.attention_backend in ATTENTION_BACKENDS, f"unknown attention_backend {self.attention_backend!r}; choose from {ATTENTION_BACKENDS}")
         check(self.page_size >= 1, "page_size must be >= 1")
         check(self.max_prefill_tokens >= 1, "max_prefill_tokens must be >= 1")
         check(self.max_total_tokens is None or self.max_total_tokens >= 1, "max_total_tokens must be >= 1")

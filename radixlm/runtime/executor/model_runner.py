@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 CPU_KV_MEM_FRACTION = 0.05
 CPU_MAX_TOTAL_TOKENS = 1 << 17
 GPU_DEFAULT_MEM_FRACTION = 0.85
+ATTENTION_BACKENDS = {"torch_native": TorchNativeAttnBackend}
 
 
 def _physical_memory_bytes() -> int:
@@ -51,7 +52,7 @@ class ModelRunner:
             model_config.num_kv_heads, model_config.head_dim, device,
         )
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.page_size, device)
-        self.attn_backend = TorchNativeAttnBackend()
+        self.attn_backend = ATTENTION_BACKENDS[server_args.attention_backend](self)
         logger.info(
             "KV pool: %d tokens (%.1f MiB), max running requests %d",
             self.max_total_num_tokens, self.token_to_kv_pool.mem_bytes() / 2**20, self.max_running_requests,
