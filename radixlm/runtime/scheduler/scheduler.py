@@ -150,6 +150,11 @@ class Scheduler:
             self.max_running_requests - len(running) - (self.chunked_req is not None),
         )
         if self.chunked_req is not None and not adder.add_chunked_req(self.chunked_req):
+            if not running:  # nothing will free memory for it: fail it rather than spin
+                req, self.chunked_req = self.chunked_req, None
+                req.finished_reason = FinishReason("abort", message="Out of memory: the prompt does not fit the KV pool")
+                self.tree_cache.cache_finished_req(req, is_insert=False)
+                self._emit(req)
             return None  # decode goes on (and retracts if it must) until the next chunk fits
         for req in self.waiting_queue:
             if req in self.policy.deprioritized:
