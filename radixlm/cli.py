@@ -63,6 +63,12 @@ def cmd_generate(ns: argparse.Namespace) -> None:
         engine.shutdown()
 
 
+def cmd_serve(ns: argparse.Namespace) -> None:
+    from radixlm.runtime.server.http_app import serve
+
+    serve(ServerArgs(**server_args_from(ns)), host=ns.host, port=ns.port)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="radixlm")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,10 +80,16 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument("--stream", action="store_true")
     gen.add_argument("--verbose", action="store_true")
     add_server_args(gen)
+    srv = sub.add_parser("serve", help="serve the native HTTP API (also: python -m radixlm.launch_server)")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=30000)
+    add_server_args(srv)
     ns = parser.parse_args(argv)
     logging.basicConfig(level=getattr(logging, ns.log_level.upper(), logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if ns.command == "generate":
         cmd_generate(ns)
+    elif ns.command == "serve":
+        cmd_serve(ns)
 
 
 if __name__ == "__main__":

@@ -43,3 +43,81 @@ class ReqOutput:
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------- server pipeline
+# TokenizerManager -> Scheduler -> Detokenizer -> TokenizerManager, pickled over ZMQ.
+
+
+@dataclass
+class DetokenizeInfo:
+    """What the detokenizer needs to know about a request (set by the front; forwarded by the scheduler
+    ahead of the request's first outputs)."""
+
+    rid: str
+    prompt_tail: list[int]  # the last prompt tokens, context for correct spacing of the first output
+    skip_special_tokens: bool = True
+    stop: list[str] = field(default_factory=list)
+    no_stop_trim: bool = False
+
+    @classmethod
+    def from_req(cls, msg: TokenizedGenerateReqInput, tail: int = 5) -> "DetokenizeInfo":
+        sp = msg.sampling_params
+        return cls(msg.rid, list(msg.input_ids[-tail:]), sp.skip_special_tokens, list(sp.stop), sp.no_stop_trim)
+
+
+@dataclass
+class BatchTokenOutput:
+    """Scheduler -> detokenizer, once per step with outputs. `new_reqs` are applied before `outputs`."""
+
+    new_reqs: list[DetokenizeInfo]
+    outputs: list[ReqOutput]
+
+
+@dataclass
+class BatchStrOutput:
+    """Detokenizer -> tokenizer manager: texts[i] is the cumulative text of outputs[i]'s request."""
+
+    outputs: list[ReqOutput]
+    texts: list[str]
+
+
+@dataclass
+class FlushCacheReq:
+    pass
+
+
+@dataclass
+class FlushCacheReqOutput:
+    success: bool
+
+
+@dataclass
+class GetInternalStateReq:
+    pass
+
+
+@dataclass
+class GetInternalStateReqOutput:
+    """Set by the scheduler: KV accounting (in tokens) and queue sizes."""
+
+    state: dict[str, Any]
+
+
+@dataclass
+class SchedulerReady:
+    """Sent once by the scheduler process after loading, over the launch pipe; `error` set if loading failed."""
+
+    max_total_num_tokens: int = 0
+    max_running_requests: int = 0
+    vocab_size: int = 0
+    context_len: int = 0
+    model_path: str = ""
+    architecture: str = ""
+    model_type: str = ""
+    error: str | None = None
+
+
+@dataclass
+class ShutdownReq:
+    pass

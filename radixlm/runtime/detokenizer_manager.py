@@ -1,0 +1,75 @@
+"""The detokenizer process: turns the scheduler's token outputs into cumulative texts (UTF-8 safe,
+stop strings held back while streaming and trimmed at the end) for the TokenizerManager, so that
+decoding never slows down scheduling."""
+from __future__ import annotations
+
+import logging
+import signal
+from collections import OrderedDict
+
+import zmq
+
+from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.front import DecodeState
+from radixlm.runtime.messages import BatchStrOutput, BatchTokenOutput, DetokenizeInfo, ShutdownReq
+from radixlm.runtime.server.ipc import ParentWatch, PortArgs, bind_pull, connect_push, die_with_parent
+
+logger = logging.getLogger(__name__)
+
+MAX_STATES = 65536
+POLL_MS = 500
+
+
+class DetokenizerManager:
+    def __init__(self, tokenizer, max_states: int = MAX_STATES):
+        self.tokenizer = tokenizer
+        self.max_states = max_states
+        # rid -> state; oldest first, so a leak (a rid that never finishes) cannot grow it without bound.
+        self.states: OrderedDict[str, DecodeState] = OrderedDict()
+
+    def add(self, info: DetokenizeInfo) -> None:
+        self.states[info.rid] = DecodeState(self.tokenizer, info)
+        while len(self.states) > self.max_states:
+            self.states.popitem(last=False)
+
+    def handle(self, batch: BatchTokenOutput) -> BatchStrOutput:
+        for info in batch.new_reqs:
+            self.add(info)
+        texts = []
+        for out in batch.outputs:
+            state = self.states.get(out.rid)
+            if state is None:  # evicted from the bounded map: decode without prompt context
+                state = DecodeState(self.tokenizer, DetokenizeInfo(out.rid, []))
+                self.states[out.rid] = state
+            texts.append(state.update(out.new_output_ids, out.finished_reason))
+            if out.finished_reason is not None:
+                self.states.pop(out.rid, None)
+        return BatchStrOutput(batch.outputs, texts)
+
+
+def run_detokenizer_process(args: ServerArgs, ports: PortArgs, ready_pipe) -> None:
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s detokenizer: %(message)s")
+    try:
+        from radixlm.runtime.model_loader.tokenizer import get_tokenizer
+
+        manager = DetokenizerManager(get_tokenizer(args.tokenizer_path or args.model_path))
+    except BaseException as e:  # noqa: BLE001 - reported to the launcher
+        ready_pipe.send(f"{type(e).__name__}: {e}")
+        return
+    ctx = zmq.Context()
+    recv = bind_pull(ctx, ports.detokenizer_input)
+    send = connect_push(ctx, ports.tokenizer_input)
+    ready_pipe.send(None)
+    watch = ParentWatch()
+    while True:
+        if not recv.poll(POLL_MS):
+            if not watch.parent_alive():
+                return
+            continue
+        msg = recv.recv_pyobj()
+        if isinstance(msg, ShutdownReq):
+            return
+        send.send_pyobj(manager.handle(msg))

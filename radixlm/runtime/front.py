@@ -1,0 +1,197 @@
+"""Front logic shared by the offline Engine and the server's TokenizerManager: validation and
+tokenization into TokenizedGenerateReqInput, detokenization state, and SGLang-shaped results
+({text, output_ids, meta_info})."""
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from radixlm.runtime.detokenizer import IncrementalDecoder, hold_back_stop_prefix, trim_stop
+from radixlm.runtime.messages import DetokenizeInfo, ReqOutput, TokenizedGenerateReqInput
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class FrontLimits:
+    """Set once from the loaded model: by the Engine directly, by the server from the scheduler's ready message."""
+
+    vocab_size: int
+    context_len: int
+    max_total_num_tokens: int
+    disable_radix_cache: bool = False
+
+
+@dataclass
+class BuiltRequests:
+    """Set by RequestBuilder.build."""
+
+    msgs: list[TokenizedGenerateReqInput]
+    as_list: bool  # the caller gets a list (batch input or n > 1)
+    warm: list[int]  # indices of the first of each group of n > 1 samples (prefilled once beforehand)
+
+
+class RequestBuilder:
+    """Turns user input into validated requests; raises ValueError naming the problem."""
+
+    def __init__(self, tokenizer, limits: FrontLimits):
+        self.tokenizer = tokenizer
+        self.limits = limits
+
+    def tokenize(self, prompt: str | None, input_ids: list[int] | None) -> list[int]:
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("exactly one of prompt (text) or input_ids must be given")
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise ValueError("prompt must be a string")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            if not isinstance(input_ids, list):
+                raise ValueError("input_ids must be a list of integers")
+            ids = list(input_ids)
+            vocab = self.limits.vocab_size
+            if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
+                raise ValueError(f"input_ids must be integers in [0, {vocab})")
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return ids
+
+    def make_request(self, ids, sp_dict, return_logprob, logprob_start_len, top_logprobs_num, rid, extra_key, stream):
+        sp = sp_dict if isinstance(sp_dict, SamplingParams) else SamplingParams.from_dict(dict(sp_dict or {}))
+        sp.normalize()
+        sp.verify(self.limits.vocab_size)
+        if len(ids) + sp.max_new_tokens > self.limits.context_len:
+            raise ValueError(
+                f"Requested token count exceeds the model's context length: {len(ids)} prompt + "
+                f"{sp.max_new_tokens} new tokens > {self.limits.context_len}"
+            )
+        if len(ids) + 1 >= self.limits.max_total_num_tokens:
+            raise ValueError(f"the prompt ({len(ids)} tokens) does not fit the KV pool ({self.limits.max_total_num_tokens} tokens)")
+        try:
+            start = -1 if logprob_start_len is None else int(logprob_start_len)
+            top = int(top_logprobs_num or 0)
+        except (TypeError, ValueError):
+            raise ValueError("logprob_start_len and top_logprobs_num must be integers") from None
+        if return_logprob and start >= len(ids):
+            raise ValueError(f"logprob_start_len ({start}) must be smaller than the prompt length ({len(ids)})")
+        if top < 0:
+            raise ValueError("top_logprobs_num must be >= 0")
+        if rid is not None and not isinstance(rid, str):
+            raise ValueError("rid must be a string")
+        return TokenizedGenerateReqInput(
+            rid=rid or uuid.uuid4().hex, input_ids=ids, sampling_params=sp, return_logprob=bool(return_logprob),
+            logprob_start_len=start if return_logprob else -1, top_logprobs_num=top if return_logprob else 0,
+            extra_key=extra_key, stream=stream,
+        )
+
+    def build(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
+              top_logprobs_num=None, rid=None, extra_key=None, stream=False) -> BuiltRequests:
+        batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list))
+        prompts = prompt if isinstance(prompt, list) else [prompt] * (len(input_ids) if batched else 1)
+        id_lists = input_ids if batched and input_ids is not None else [input_ids] * len(prompts)
+        if batched and not prompts:
+            raise ValueError("empty batch")
+        if batched and prompt is not None and input_ids is not None:
+            raise ValueError("exactly one of prompt (text) or input_ids must be given")
+        sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        if len(sps) != len(prompts):
+            raise ValueError("sampling_params list must have one entry per prompt")
+        rids = rid if isinstance(rid, list) else [rid] * len(prompts)
+        if len(rids) != len(prompts):
+            raise ValueError("rid list must have one entry per prompt")
+        msgs, warm = [], []
+        for i, (p, ids, sp) in enumerate(zip(prompts, id_lists, sps)):
+            tokens = self.tokenize(p, ids)
+            if sp is not None and not isinstance(sp, (dict, SamplingParams)):
+                raise ValueError("sampling_params must be an object (dict) or a list of them")
+            try:
+                n = int((sp or {}).get("n", 1)) if isinstance(sp, dict) else sp.n if sp else 1
+            except (TypeError, ValueError):
+                raise ValueError("n must be an integer") from None
+            if n < 1:
+                raise ValueError("n must be >= 1")
+            base = rids[i] if rids[i] else uuid.uuid4().hex
+            for j in range(n):
+                m = self.make_request(tokens, sp, return_logprob, logprob_start_len, top_logprobs_num,
+                                      base if n == 1 else f"{base}-{j}", extra_key, stream)
+                if n > 1 and m.sampling_params.sampling_seed is not None:
+                    # The n samples of a seeded request differ from each other, and repeat as a set.
+                    m.sampling_params = dataclasses.replace(
+                        m.sampling_params, sampling_seed=(m.sampling_params.sampling_seed * 1_000_003 + j) % (1 << 63))
+                msgs.append(m)
+            if n > 1:
+                warm.append(len(msgs) - n)
+        if stream and len(msgs) > 1:
+            raise ValueError("streaming supports one prompt with n=1")
+        return BuiltRequests(msgs, batched or len(msgs) > 1, warm if not self.limits.disable_radix_cache else [])
+
+
+def prefix_request(m: TokenizedGenerateReqInput) -> TokenizedGenerateReqInput:
+    """n > 1: a prefill-only (max_new_tokens=0) copy of the shared prompt, so the n samples hit the cache."""
+    sp = SamplingParams(max_new_tokens=0)
+    sp.normalize()
+    return TokenizedGenerateReqInput(rid=f"{m.rid}-prefix", input_ids=m.input_ids, sampling_params=sp, extra_key=m.extra_key)
+
+
+class DecodeState:
+    """Text side of one request: cumulative text, UTF-8 safe, stop strings held back while streaming
+    and trimmed at the end. Lives in the detokenizer (server) or the Engine's scheduler thread."""
+
+    def __init__(self, tokenizer, info: DetokenizeInfo):
+        self.tokenizer, self.info = tokenizer, info
+        self.output_ids: list[int] = []
+        self.decoder = IncrementalDecoder(tokenizer, info.prompt_tail, info.skip_special_tokens)
+
+    def update(self, new_ids: list[int], finished_reason: dict | None) -> str:
+        self.output_ids.extend(new_ids)
+        self.decoder.append(new_ids)
+        if finished_reason is None:
+            return hold_back_stop_prefix(self.decoder.text, self.info.stop)
+        ids = self.output_ids
+        if finished_reason.get("type") == "stop" and isinstance(finished_reason.get("matched"), int) and not self.info.no_stop_trim:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids, skip_special_tokens=self.info.skip_special_tokens)
+        return trim_stop(text, finished_reason, self.info.no_stop_trim)
+
+
+class ReqState:
+    """Meta side of one request: accumulates ReqOutputs into {text, output_ids, meta_info} snapshots."""
+
+    def __init__(self, rid: str, tokenizer, return_logprob: bool, return_text_in_logprobs: bool):
+        self.rid, self.tokenizer = rid, tokenizer
+        self.return_logprob, self.return_text = return_logprob, return_text_in_logprobs
+        self.output_ids: list[int] = []
+        self.meta: dict[str, Any] = {"id": rid, "finish_reason": None}
+        self.logprobs: dict[str, list] = {k: [] for k in ("input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs")}
+        self.created = time.perf_counter()
+        self.finished = False
+
+    def _triples(self, pairs) -> list:
+        return [(lp, tok, self.tokenizer.decode([tok]) if self.return_text else None) for lp, tok in pairs]
+
+    def update(self, out: ReqOutput, text: str) -> dict:
+        self.output_ids.extend(out.new_output_ids)
+        self.meta.update(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
+                         cached_tokens=out.cached_tokens, num_retractions=out.num_retractions,
+                         finish_reason=out.finished_reason)
+        if self.return_logprob:
+            lp = self.logprobs
+            lp["input_token_logprobs"] += self._triples(out.input_token_logprobs)
+            lp["input_top_logprobs"] += [None if t is None else self._triples(t) for t in out.input_top_logprobs]
+            lp["output_token_logprobs"] += self._triples(out.output_token_logprobs)
+            lp["output_top_logprobs"] += [self._triples(t) for t in out.output_top_logprobs]
+        self.finished = out.finished_reason is not None
+        if self.finished:
+            self.meta["e2e_latency"] = time.perf_counter() - self.created
+        meta = dict(self.meta)
+        if self.return_logprob:
+            meta.update({k: list(v) for k, v in self.logprobs.items()})
+        return {"text": text, "output_ids": list(self.output_ids), "meta_info": meta}
+
+    def failed(self, message: str) -> dict:
+        """The snapshot a request ends with when the runtime fails under it."""
+        self.finished = True
+        meta = dict(self.meta, finish_reason={"type": "abort", "message": message, "status_code": 503, "err_type": "ServiceUnavailable"})
+        return {"text": "", "output_ids": list(self.output_ids), "meta_info": meta}

@@ -1,0 +1,67 @@
+"""ZMQ plumbing shared by the server's processes: socket names and a parent watchdog for children."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import tempfile
+from dataclasses import dataclass
+
+import zmq
+
+
+@dataclass(frozen=True)
+class PortArgs:
+    """Set by the launcher: the ipc:// endpoint each process binds its PULL socket to."""
+
+    scheduler_input: str
+    detokenizer_input: str
+    tokenizer_input: str
+
+    @classmethod
+    def new(cls) -> "PortArgs":
+        d = tempfile.mkdtemp(prefix="radixlm-ipc-")
+        return cls(f"ipc://{d}/scheduler", f"ipc://{d}/detokenizer", f"ipc://{d}/tokenizer")
+
+    def cleanup(self) -> None:
+        d = os.path.dirname(self.scheduler_input[len("ipc://"):])
+        for name in ("scheduler", "detokenizer", "tokenizer"):
+            try:
+                os.unlink(os.path.join(d, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+
+
+def bind_pull(ctx: zmq.Context, addr: str) -> zmq.Socket:
+    s = ctx.socket(zmq.PULL)
+    s.bind(addr)
+    return s
+
+
+def connect_push(ctx: zmq.Context, addr: str) -> zmq.Socket:
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(addr)
+    return s
+
+
+def die_with_parent() -> None:
+    """Child processes: get SIGKILL when the parent dies (Linux), so no orphan keeps the model loaded.
+    Callers also poll parent_alive() as a fallback for other platforms."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class ParentWatch:
+    def __init__(self) -> None:
+        self.ppid = os.getppid()
+
+    def parent_alive(self) -> bool:
+        return os.getppid() == self.ppid

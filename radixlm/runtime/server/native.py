@@ -1,0 +1,82 @@
+"""The native /generate endpoint: same request fields and response shape as Engine.generate;
+stream=true answers with SSE chunks carrying the cumulative text, then `data: [DONE]`."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from radixlm.runtime.server.errors import BadRequest, error_body
+from radixlm.runtime.tokenizer_manager import RuntimeDead
+
+router = APIRouter()
+
+GENERATE_FIELDS = {
+    "text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
+    "return_text_in_logprobs", "stream", "rid", "extra_key",
+}
+DISCONNECT_POLL_S = 0.5
+
+
+async def read_json_object(request: Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _flag(body: dict, name: str) -> bool:
+    v = body.get(name, False)
+    if not isinstance(v, bool):
+        raise BadRequest(f"{name} must be a boolean")
+    return v
+
+
+def json_response(obj: Any, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status_code, media_type="application/json")
+
+
+@router.api_route("/generate", methods=["POST", "PUT"])
+async def generate(request: Request) -> Response:
+    tm = request.app.state.tokenizer_manager
+    body = await read_json_object(request)
+    unknown = sorted(set(body) - GENERATE_FIELDS)
+    if unknown:
+        raise BadRequest(f"unknown field(s) in the request: {', '.join(unknown)}")
+    stream, return_text = _flag(body, "stream"), _flag(body, "return_text_in_logprobs")
+    try:
+        built = tm.build(prompt=body.get("text"), sampling_params=body.get("sampling_params"), input_ids=body.get("input_ids"),
+                         return_logprob=_flag(body, "return_logprob"), logprob_start_len=body.get("logprob_start_len"),
+                         top_logprobs_num=body.get("top_logprobs_num"), rid=body.get("rid"),
+                         extra_key=body.get("extra_key"), stream=stream)
+    except (ValueError, TypeError) as e:
+        raise BadRequest(str(e)) from None
+    if stream:
+        return StreamingResponse(_sse(tm, built.msgs[0], return_text), media_type="text/event-stream")
+    task = asyncio.ensure_future(tm.generate(built, return_text))
+    # A client that goes away cancels its requests, so their KV is freed.
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            return Response(status_code=499)
+    try:
+        return json_response(task.result())
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+
+
+async def _sse(tm, msg, return_text: bool):
+    try:
+        async for snap in tm.generate_stream(msg, return_text):
+            yield b"data: " + orjson.dumps(snap) + b"\n\n"
+    except RuntimeDead as e:
+        yield b"data: " + orjson.dumps({"error": error_body(str(e), "ServiceUnavailable", 503)}) + b"\n\n"
+    yield b"data: [DONE]\n\n"
+

@@ -1,0 +1,195 @@
+"""TokenizerManager (main process, asyncio): validates and tokenizes requests via the shared front,
+sends them to the scheduler, matches the detokenizer's text outputs to waiting requests, and fails
+every pending request when a child process dies."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from radixlm.runtime.front import BuiltRequests, FrontLimits, ReqState, RequestBuilder, prefix_request
+from radixlm.runtime.launch import LaunchedRuntime
+from radixlm.runtime.messages import (
+    AbortReq, BatchStrOutput, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput,
+    ShutdownReq, TokenizedGenerateReqInput,
+)
+from radixlm.runtime.server.ipc import bind_pull, connect_push
+
+logger = logging.getLogger(__name__)
+
+
+class RuntimeDead(RuntimeError):
+    """A child process died: the server cannot serve any more."""
+
+
+@dataclass
+class _ReqEntry:
+    """Set by TokenizerManager._submit; fed by its receive loop."""
+
+    state: ReqState
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # snapshots, or a RuntimeDead
+    finished: bool = False
+
+
+class TokenizerManager:
+    def __init__(self, runtime: LaunchedRuntime, tokenizer):
+        self.runtime = runtime
+        self.server_args = runtime.server_args
+        self.tokenizer = tokenizer
+        info = runtime.info
+        self.builder = RequestBuilder(tokenizer, FrontLimits(
+            info.vocab_size, info.context_len, info.max_total_num_tokens, self.server_args.disable_radix_cache))
+        self.rid_to_state: dict[str, _ReqEntry] = {}
+        self.dead: str | None = None
+        self.ready = False  # set after the warm-up generation succeeded
+        self._replies: dict[type, deque[asyncio.Future]] = {FlushCacheReqOutput: deque(), GetInternalStateReqOutput: deque()}
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        """Call from the serving event loop."""
+        self.ctx = zmq.asyncio.Context()
+        self.recv = bind_pull(self.ctx, self.runtime.ports.tokenizer_input)
+        self.to_scheduler = connect_push(self.ctx, self.runtime.ports.scheduler_input)
+        self._tasks = [asyncio.create_task(self._recv_loop()), asyncio.create_task(self._watchdog())]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self.dead is None:
+            try:
+                self.to_scheduler.send_pyobj(ShutdownReq(), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        self.ctx.destroy(linger=0)
+
+    # ------------------------------------------------------------------ loops
+    async def _recv_loop(self) -> None:
+        while True:
+            msg = await self.recv.recv_pyobj()
+            if isinstance(msg, BatchStrOutput):
+                for out, text in zip(msg.outputs, msg.texts):
+                    entry = self.rid_to_state.get(out.rid)
+                    if entry is None:
+                        continue
+                    snap = entry.state.update(out, text)
+                    if entry.state.finished:
+                        entry.finished = True
+                        del self.rid_to_state[out.rid]
+                    entry.queue.put_nowait(snap)
+            elif type(msg) in self._replies:
+                waiting = self._replies[type(msg)]
+                if waiting:
+                    fut = waiting.popleft()
+                    if not fut.done():
+                        fut.set_result(msg)
+
+    async def _watchdog(self) -> None:
+        while self.dead is None:
+            await asyncio.sleep(0.5)
+            reason = self.runtime.dead_child()
+            if reason is not None:
+                self.dead = reason
+                logger.error("%s; failing %d pending request(s)", reason, len(self.rid_to_state))
+                for entry in self.rid_to_state.values():
+                    entry.finished = True
+                    entry.queue.put_nowait(RuntimeDead(reason))
+                self.rid_to_state.clear()
+                for waiting in self._replies.values():
+                    while waiting:
+                        f = waiting.popleft()
+                        if not f.done():
+                            f.set_exception(RuntimeDead(reason))
+
+    # ------------------------------------------------------------------ requests
+    def build(self, **kwargs) -> BuiltRequests:
+        """Raises ValueError for invalid input: nothing reaches the scheduler then."""
+        return self.builder.build(**kwargs)
+
+    def _check_alive(self) -> None:
+        if self.dead is not None:
+            raise RuntimeDead(self.dead)
+
+    def _submit(self, msg: TokenizedGenerateReqInput, return_text: bool) -> _ReqEntry:
+        self._check_alive()
+        if msg.rid in self.rid_to_state:
+            raise ValueError(f"duplicate request id {msg.rid!r}")
+        entry = _ReqEntry(ReqState(msg.rid, self.tokenizer, msg.return_logprob, return_text))
+        self.rid_to_state[msg.rid] = entry
+        self.to_scheduler.send_pyobj(msg)
+        return entry
+
+    async def _final(self, entry: _ReqEntry) -> dict:
+        while True:
+            snap = await entry.queue.get()
+            if isinstance(snap, BaseException):
+                raise snap
+            if snap["meta_info"]["finish_reason"] is not None:
+                return snap
+
+    async def generate(self, built: BuiltRequests, return_text: bool) -> dict | list[dict]:
+        """Runs non-streaming requests; aborts the unfinished ones if cancelled (client disconnect)."""
+        for rid in {m.rid for m in built.msgs}:
+            if rid in self.rid_to_state:
+                raise ValueError(f"duplicate request id {rid!r}")
+        entries: list[_ReqEntry] = []
+        try:
+            if built.warm:
+                pres = [self._submit(prefix_request(built.msgs[i]), False) for i in built.warm]
+                entries += pres
+                await asyncio.gather(*(self._final(e) for e in pres))
+            mine = [self._submit(m, return_text) for m in built.msgs]
+            entries += mine
+            results = await asyncio.gather(*(self._final(e) for e in mine))
+        finally:
+            self._abort_unfinished(entries)
+        return results if built.as_list else results[0]
+
+    async def generate_stream(self, msg: TokenizedGenerateReqInput, return_text: bool) -> AsyncIterator[dict]:
+        entry = self._submit(msg, return_text)
+        try:
+            while True:
+                snap = await entry.queue.get()
+                if isinstance(snap, BaseException):
+                    raise snap
+                yield snap
+                if snap["meta_info"]["finish_reason"] is not None:
+                    return
+        finally:
+            self._abort_unfinished([entry])
+
+    def _abort_unfinished(self, entries: list[_ReqEntry]) -> None:
+        for e in entries:
+            if not e.finished and self.rid_to_state.get(e.state.rid) is e:
+                self.abort_request(e.state.rid)
+
+    def abort_request(self, rid: str | None = None, abort_all: bool = False) -> list[str]:
+        """Aborts rid (and its n > 1 samples rid-0, rid-1, ...) or everything; returns the rids aborted."""
+        if abort_all:
+            rids = list(self.rid_to_state)
+        else:
+            rids = [r for r in self.rid_to_state if r == rid or (rid and r.startswith(f"{rid}-"))]
+            if rid and rid not in rids:
+                rids.append(rid)  # it may still be in the scheduler's queue
+        if self.dead is None:
+            for r in rids:
+                self.to_scheduler.send_pyobj(AbortReq(r))
+        return rids
+
+    async def _ask(self, req: Any, reply_type: type, timeout: float = 30.0):
+        self._check_alive()
+        fut = asyncio.get_running_loop().create_future()
+        self._replies[reply_type].append(fut)
+        self.to_scheduler.send_pyobj(req)
+        return await asyncio.wait_for(fut, timeout)
+
+    async def flush_cache(self) -> bool:
+        return (await self._ask(FlushCacheReq(), FlushCacheReqOutput)).success
+
+    async def get_internal_state(self) -> dict:
+        return (await self._ask(GetInternalStateReq(), GetInternalStateReqOutput)).state

@@ -1,0 +1,92 @@
+"""One `radixlm serve` subprocess per test module (SmolLM2, small KV pool, random free port)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+STARTUP_TIMEOUT_S = 180
+
+
+@dataclass
+class ServerHandle:
+    proc: subprocess.Popen
+    base_url: str
+    client: httpx.Client
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_pids(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def start_server(*extra: str) -> ServerHandle:
+    port = free_port()
+    cmd = [sys.executable, "-m", "radixlm.launch_server", "--port", str(port), "--max-total-tokens", "4096",
+           "--random-seed", "0", "--enable-integrity-check", "--log-level", "warning", *extra]
+    proc = subprocess.Popen(cmd)
+    base = f"http://127.0.0.1:{port}"
+    client = httpx.Client(base_url=base, timeout=60)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} while starting")
+        try:
+            if client.get("/health").status_code == 200:
+                return ServerHandle(proc, base, client)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError("server did not become healthy")
+
+
+def stop_server(h: ServerHandle) -> None:
+    h.client.close()
+    if h.proc.poll() is None:
+        kids = child_pids(h.proc.pid)
+        h.proc.send_signal(signal.SIGTERM)
+        try:
+            h.proc.wait(40)
+        except subprocess.TimeoutExpired:
+            h.proc.kill()
+            h.proc.wait()
+        for k in kids:
+            if pid_alive(k):
+                os.kill(k, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def server():
+    h = start_server()
+    yield h
+    stop_server(h)

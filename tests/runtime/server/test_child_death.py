@@ -1,0 +1,35 @@
+"""A dead child process fails pending requests with a clear error and turns /health to 503."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import httpx
+import pytest
+
+from tests.runtime.server.conftest import start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+
+def test_scheduler_death_fails_pending_requests():
+    h = start_server()
+    try:
+        async def main():
+            async with httpx.AsyncClient(base_url=h.base_url, timeout=30) as c:
+                scheduler_pid = (await c.get("/server_info")).json()["process_pids"]["scheduler"]
+                pending = asyncio.create_task(c.post("/generate", json={
+                    "text": "Count forever:", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}))
+                await asyncio.sleep(1.0)
+                os.kill(scheduler_pid, signal.SIGKILL)
+                return await pending
+
+        r = asyncio.run(main())
+        assert r.status_code == 503
+        assert "scheduler process exited" in r.json()["message"]
+        assert h.client.get("/health").status_code == 503
+        after = h.client.post("/generate", json={"text": "hi"})
+        assert after.status_code == 503 and "scheduler" in after.json()["message"]
+    finally:
+        stop_server(h)
