@@ -15,7 +15,10 @@ from fastapi.responses import Response
 import radixlm
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.server.errors import BadRequest, error_response
+from radixlm.runtime.server.anthropic import router as anthropic_router
+from radixlm.runtime.server.metrics import router as metrics_router
 from radixlm.runtime.server.native import json_response, read_json_object, router as native_router
+from radixlm.runtime.server.openai.routes import router as openai_router
 from radixlm.runtime.tokenizer_manager import RuntimeDead, TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -51,7 +54,8 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
 
     app = FastAPI(lifespan=lifespan)
     app.state.tokenizer_manager = tm
-    app.include_router(native_router)
+    for router in (native_router, openai_router, anthropic_router, metrics_router):
+        app.include_router(router)
 
     @app.exception_handler(BadRequest)
     async def _bad_request(_req: Request, e: BadRequest) -> Response:
