@@ -41,6 +41,11 @@ class ServerArgs:
     # Kernels
     attention_backend: str = field(default="torch_native", metadata={"choices": ATTENTION_BACKENDS})
 
+    # Serving safety
+    api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' (except /health*, /metrics)"})
+    max_queued_requests: int | None = field(default=None, metadata={"help": "reject (503) generation requests beyond max_running_requests + this"})
+    watchdog_timeout: float = field(default=300.0, metadata={"help": "seconds without scheduler progress (requests pending) before failing them"})
+
     # Debugging
     enable_integrity_check: bool = field(default=False, metadata={"help": "check KV accounting after every scheduler step"})
     log_level: str = "info"
@@ -65,6 +70,8 @@ class ServerArgs:
         check(self.mem_fraction_static is None or 0 < self.mem_fraction_static < 1, "mem_fraction_static must be in (0, 1)")
         check(self.chunked_prefill_size is None or self.chunked_prefill_size == -1 or self.chunked_prefill_size >= self.page_size,
               "chunked_prefill_size must be -1 (off) or >= page_size")
+        check(self.max_queued_requests is None or self.max_queued_requests >= 0, "max_queued_requests must be >= 0")
+        check(self.watchdog_timeout > 0, "watchdog_timeout must be > 0")
         check(self.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")
 
     def resolved_device(self) -> str:

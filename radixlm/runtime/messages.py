@@ -38,6 +38,8 @@ class ReqOutput:
     completion_tokens: int
     cached_tokens: int
     num_retractions: int = 0
+    # Seconds from the scheduler receiving the request to its first admission into a prefill batch.
+    queue_time: float | None = None
     # Logprob increments, each entry (logprob, token_id); top entries are lists of such pairs.
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)

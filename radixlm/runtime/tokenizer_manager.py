@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,12 +21,13 @@ from radixlm.runtime.messages import (
     ShutdownReq, TokenizedGenerateReqInput,
 )
 from radixlm.runtime.server.ipc import bind_pull, connect_push
+from radixlm.runtime.server.metrics import ReqTiming, ServerMetrics
 
 logger = logging.getLogger(__name__)
 
 
 class RuntimeDead(RuntimeError):
-    """A child process died: the server cannot serve any more."""
+    """A child process died or the scheduler stalled: the server cannot serve any more."""
 
 
 @dataclass
@@ -33,6 +35,7 @@ class _ReqEntry:
     """Set by TokenizerManager._submit; fed by its receive loop."""
 
     state: ReqState
+    timing: ReqTiming | None  # None: not counted in the metrics (internal prefix-warming requests)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # snapshots, or a RuntimeDead
     finished: bool = False
 
@@ -50,6 +53,10 @@ class TokenizerManager:
         self.ready = False  # set after the warm-up generation succeeded
         self._replies: dict[type, deque[asyncio.Future]] = {FlushCacheReqOutput: deque(), GetInternalStateReqOutput: deque()}
         self._tasks: list[asyncio.Task] = []
+        self.metrics = ServerMetrics()
+        # Last message from the pipeline, or the moment work became pending after an idle spell.
+        self.last_progress = time.monotonic()
+        self.in_flight_http = 0  # generation HTTP requests admitted and not yet answered (set by the app)
 
     async def start(self) -> None:
         """Call from the serving event loop."""
@@ -72,15 +79,21 @@ class TokenizerManager:
     async def _recv_loop(self) -> None:
         while True:
             msg = await self.recv.recv_pyobj()
+            self.last_progress = time.monotonic()
             if isinstance(msg, BatchStrOutput):
+                now = time.perf_counter()
                 for out, text in zip(msg.outputs, msg.texts):
                     entry = self.rid_to_state.get(out.rid)
                     if entry is None:
                         continue
                     snap = entry.state.update(out, text)
+                    if entry.timing is not None:
+                        self.metrics.on_output(entry.timing, now, len(out.new_output_ids), out.queue_time)
                     if entry.state.finished:
                         entry.finished = True
                         del self.rid_to_state[out.rid]
+                        if entry.timing is not None:
+                            self.metrics.on_finish(entry.timing, now, out.prompt_tokens, out.cached_tokens)
                     entry.queue.put_nowait(snap)
             elif type(msg) in self._replies:
                 waiting = self._replies[type(msg)]
@@ -90,21 +103,48 @@ class TokenizerManager:
                         fut.set_result(msg)
 
     async def _watchdog(self) -> None:
+        timeout = self.server_args.watchdog_timeout
         while self.dead is None:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(min(0.5, timeout / 4))
             reason = self.runtime.dead_child()
+            pending = bool(self.rid_to_state) or any(self._replies.values())
+            if reason is None and pending and time.monotonic() - self.last_progress > timeout:
+                reason = f"watchdog: the scheduler made no progress for {timeout:g}s with requests pending"
             if reason is not None:
-                self.dead = reason
-                logger.error("%s; failing %d pending request(s)", reason, len(self.rid_to_state))
-                for entry in self.rid_to_state.values():
-                    entry.finished = True
-                    entry.queue.put_nowait(RuntimeDead(reason))
-                self.rid_to_state.clear()
-                for waiting in self._replies.values():
-                    while waiting:
-                        f = waiting.popleft()
-                        if not f.done():
-                            f.set_exception(RuntimeDead(reason))
+                self._fail_all(reason)
+
+    def _fail_all(self, reason: str) -> None:
+        self.dead = reason
+        logger.error("%s; failing %d pending request(s)", reason, len(self.rid_to_state))
+        for entry in self.rid_to_state.values():
+            entry.finished = True
+            entry.queue.put_nowait(RuntimeDead(reason))
+        self.rid_to_state.clear()
+        for waiting in self._replies.values():
+            while waiting:
+                f = waiting.popleft()
+                if not f.done():
+                    f.set_exception(RuntimeDead(reason))
+
+    def _mark_pending(self) -> None:
+        # The stall clock starts when work arrives at an idle pipeline, not at its last output.
+        if not self.rid_to_state and not any(self._replies.values()):
+            self.last_progress = time.monotonic()
+
+    # ------------------------------------------------------------------ admission
+    def in_flight(self) -> int:
+        return max(self.in_flight_http, len(self.rid_to_state))
+
+    def admit(self) -> bool:
+        """Counts one generation HTTP request in, or refuses it (False) when the queue is full."""
+        extra = self.server_args.max_queued_requests
+        if extra is not None and self.in_flight() >= self.runtime.info.max_running_requests + extra:
+            return False
+        self.in_flight_http += 1
+        return True
+
+    def release(self) -> None:
+        self.in_flight_http -= 1
 
     # ------------------------------------------------------------------ requests
     def build(self, **kwargs) -> BuiltRequests:
@@ -115,11 +155,13 @@ class TokenizerManager:
         if self.dead is not None:
             raise RuntimeDead(self.dead)
 
-    def _submit(self, msg: TokenizedGenerateReqInput, return_text: bool) -> _ReqEntry:
+    def _submit(self, msg: TokenizedGenerateReqInput, return_text: bool, log_metrics: bool = True) -> _ReqEntry:
         self._check_alive()
         if msg.rid in self.rid_to_state:
             raise ValueError(f"duplicate request id {msg.rid!r}")
-        entry = _ReqEntry(ReqState(msg.rid, self.tokenizer, msg.return_logprob, return_text))
+        state = ReqState(msg.rid, self.tokenizer, msg.return_logprob, return_text)
+        entry = _ReqEntry(state, ReqTiming(state.created, msg.stream) if log_metrics else None)
+        self._mark_pending()
         self.rid_to_state[msg.rid] = entry
         self.to_scheduler.send_pyobj(msg)
         return entry
@@ -132,7 +174,7 @@ class TokenizerManager:
             if snap["meta_info"]["finish_reason"] is not None:
                 return snap
 
-    async def generate(self, built: BuiltRequests, return_text: bool) -> dict | list[dict]:
+    async def generate(self, built: BuiltRequests, return_text: bool, log_metrics: bool = True) -> dict | list[dict]:
         """Runs non-streaming requests; aborts the unfinished ones if cancelled (client disconnect)."""
         for rid in {m.rid for m in built.msgs}:
             if rid in self.rid_to_state:
@@ -140,10 +182,10 @@ class TokenizerManager:
         entries: list[_ReqEntry] = []
         try:
             if built.warm:
-                pres = [self._submit(prefix_request(built.msgs[i]), False) for i in built.warm]
+                pres = [self._submit(prefix_request(built.msgs[i]), False, log_metrics=False) for i in built.warm]
                 entries += pres
                 await asyncio.gather(*(self._final(e) for e in pres))
-            mine = [self._submit(m, return_text) for m in built.msgs]
+            mine = [self._submit(m, return_text, log_metrics) for m in built.msgs]
             entries += mine
             results = await asyncio.gather(*(self._final(e) for e in mine))
         finally:
@@ -183,6 +225,7 @@ class TokenizerManager:
 
     async def _ask(self, req: Any, reply_type: type, timeout: float = 30.0):
         self._check_alive()
+        self._mark_pending()
         fut = asyncio.get_running_loop().create_future()
         self._replies[reply_type].append(fut)
         self.to_scheduler.send_pyobj(req)
@@ -191,5 +234,5 @@ class TokenizerManager:
     async def flush_cache(self) -> bool:
         return (await self._ask(FlushCacheReq(), FlushCacheReqOutput)).success
 
-    async def get_internal_state(self) -> dict:
-        return (await self._ask(GetInternalStateReq(), GetInternalStateReqOutput)).state
+    async def get_internal_state(self, timeout: float = 30.0) -> dict:
+        return (await self._ask(GetInternalStateReq(), GetInternalStateReqOutput, timeout)).state

@@ -5,6 +5,7 @@ A retraction sends it back to waiting with its KV freed; it keeps its output and
 An abort or retraction at any step frees exactly what the request holds (cache_finished_req)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,8 @@ class Req:
     finished_reason: FinishReason | None = None
     cached_tokens: int = 0
     started: bool = False  # its first prefill has been admitted (cached_tokens is final)
+    arrived: float = field(default_factory=time.monotonic)  # when the scheduler received it
+    queue_time: float | None = None  # arrival -> first admission (a retraction does not reset it)
     num_retractions: int = 0
     input_logprobs_done: bool = False
     sent_len: int = 0  # output_ids already reported to the front

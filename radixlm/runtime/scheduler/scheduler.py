@@ -7,6 +7,7 @@ in its own process unchanged."""
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -166,6 +167,10 @@ class Scheduler:
         if not adder.can_run_list:
             return None
         admitted = set(map(id, adder.can_run_list))
+        now = time.monotonic()
+        for req in adder.can_run_list:
+            if req.queue_time is None:
+                req.queue_time = now - req.arrived
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
         self.chunked_req = adder.new_chunked_req
         batch = self._new_batch(adder.can_run_list, ForwardMode.EXTEND)
@@ -288,6 +293,7 @@ class Scheduler:
             completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
             num_retractions=req.num_retractions,
+            queue_time=req.queue_time,
             input_token_logprobs=req.input_token_logprobs,
             input_top_logprobs=req.input_top_logprobs,
             output_token_logprobs=req.output_token_logprobs,

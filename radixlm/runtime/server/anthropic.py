@@ -1,4 +1,113 @@
-"""Routes filled in by the serving issue (see issue 3)."""
-from fastapi import APIRouter
+"""Anthropic Messages API: POST /v1/messages (plain and SSE-streamed) and /v1/messages/count_tokens.
+Errors answer in Anthropic's shape {type: "error", error: {type, message}}."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from radixlm.runtime.server import anthropic_protocol as proto
+from radixlm.runtime.server.errors import BadRequest
+from radixlm.runtime.server.native import DISCONNECT_POLL_S, json_response
+from radixlm.runtime.tokenizer_manager import RuntimeDead
 
 router = APIRouter()
+
+
+def _error(message: str, status_code: int = 400) -> Response:
+    return json_response(proto.error_body(message, proto.error_type(status_code)), status_code)
+
+
+def _abort_error(finish_reason: dict) -> Response:
+    return _error(finish_reason.get("message") or "the request was aborted", finish_reason.get("status_code") or 500)
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request) -> Response:
+    tm = request.app.state.tokenizer_manager
+    try:
+        conv = proto.parse(proto.Conversation, await request.body())
+        ids = tm.builder.tokenize(proto.build_prompt(tm.tokenizer, conv), None)
+    except (BadRequest, ValueError) as e:
+        return _error(str(e))
+    return json_response({"input_tokens": len(ids)})
+
+
+@router.post("/v1/messages")
+async def messages(request: Request) -> Response:
+    tm = request.app.state.tokenizer_manager
+    msg_id = proto.new_message_id()
+    try:
+        req: proto.MessagesRequest = proto.parse(proto.MessagesRequest, await request.body())
+        prompt = proto.build_prompt(tm.tokenizer, req)
+        built = tm.build(prompt=prompt, sampling_params=req.sampling_params(), stream=req.stream, rid=msg_id)
+    except (BadRequest, ValueError, TypeError) as e:
+        return _error(str(e))
+    if tm.dead is not None:
+        return _error(tm.dead, 503)
+    if req.stream:
+        return StreamingResponse(_events(tm, built.msgs[0], req, msg_id), media_type="text/event-stream")
+    task = asyncio.ensure_future(tm.generate(built, False))
+    # A client that goes away cancels its request, so its KV is freed.
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            return Response(status_code=499)
+    try:
+        out = task.result()
+    except RuntimeDead as e:
+        return _error(str(e), 503)
+    except ValueError as e:
+        return _error(str(e))
+    meta = out["meta_info"]
+    if meta["finish_reason"]["type"] == "abort":
+        return _abort_error(meta["finish_reason"])
+    stop_reason, stop_sequence = proto.stop_info(meta["finish_reason"], req.stop_sequences)
+    return json_response(proto.message_body(msg_id, req.model, [{"type": "text", "text": out["text"]}],
+                                            stop_reason, stop_sequence, proto.usage(meta)))
+
+
+def _event(name: str, data: dict) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+async def _events(tm, msg, req: proto.MessagesRequest, msg_id: str) -> AsyncIterator[bytes]:
+    sent = ""
+    started = False
+    try:
+        async for snap in tm.generate_stream(msg, False):
+            meta = snap["meta_info"]
+            finish = meta["finish_reason"]
+            if finish is not None and finish["type"] == "abort":
+                err = proto.error_body(finish.get("message") or "the request was aborted",
+                                       proto.error_type(finish.get("status_code") or 500))
+                yield _event("error", err)
+                return
+            if not started:
+                # Sent with the first snapshot, so its usage counts the cached prompt tokens correctly.
+                start_usage = dict(proto.usage(meta), output_tokens=0)
+                yield _event("message_start", {"type": "message_start", "message": proto.message_body(
+                    msg_id, req.model, [], None, None, start_usage)})
+                yield _event("content_block_start", {"type": "content_block_start", "index": 0,
+                                                     "content_block": {"type": "text", "text": ""}})
+                yield _event("ping", {"type": "ping"})
+                started = True
+            text = snap["text"]
+            # Snapshots are cumulative; a text that does not extend what was sent cannot be taken back.
+            if text.startswith(sent) and len(text) > len(sent):
+                yield _event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                     "delta": {"type": "text_delta", "text": text[len(sent):]}})
+                sent = text
+            if finish is not None:
+                stop_reason, stop_sequence = proto.stop_info(finish, req.stop_sequences)
+                yield _event("content_block_stop", {"type": "content_block_stop", "index": 0})
+                yield _event("message_delta", {"type": "message_delta",
+                                               "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                                               "usage": proto.usage(meta)})
+                yield _event("message_stop", {"type": "message_stop"})
+    except RuntimeDead as e:
+        yield _event("error", proto.error_body(str(e), "api_error"))

@@ -15,6 +15,7 @@ from fastapi.responses import Response
 import radixlm
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.server.errors import BadRequest, error_response
+from radixlm.runtime.server.guard import GuardMiddleware
 from radixlm.runtime.server.anthropic import router as anthropic_router
 from radixlm.runtime.server.metrics import router as metrics_router
 from radixlm.runtime.server.native import json_response, read_json_object, router as native_router
@@ -31,7 +32,7 @@ GRACEFUL_SHUTDOWN_S = 30
 async def _warm_up(tm: TokenizerManager, started: float) -> None:
     try:
         built = tm.build(prompt="The capital city of France is", sampling_params={"temperature": 0, "max_new_tokens": 8})
-        await asyncio.wait_for(tm.generate(built, False), WARMUP_TIMEOUT_S)
+        await asyncio.wait_for(tm.generate(built, False, log_metrics=False), WARMUP_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - the server stays unhealthy (503)
         logger.exception("warm-up generation failed; the server stays unhealthy")
         return
@@ -54,6 +55,7 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
 
     app = FastAPI(lifespan=lifespan)
     app.state.tokenizer_manager = tm
+    app.add_middleware(GuardMiddleware, tokenizer_manager=tm)
     for router in (native_router, openai_router, anthropic_router, metrics_router):
         app.include_router(router)
 
@@ -87,7 +89,7 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
             return bad
         built = tm.build(input_ids=[0], sampling_params={"temperature": 0, "max_new_tokens": 1}, prompt=None)
         try:
-            await asyncio.wait_for(tm.generate(built, False), HEALTH_CHECK_TIMEOUT_S)
+            await asyncio.wait_for(tm.generate(built, False, log_metrics=False), HEALTH_CHECK_TIMEOUT_S)
         except (asyncio.TimeoutError, RuntimeDead) as e:
             return error_response(f"health check generation failed: {e!r}", 503, "ServiceUnavailable")
         return Response(status_code=200)
@@ -108,7 +110,7 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
     async def server_info() -> Response:
         info = tm.runtime.info
         return json_response({
-            **dataclasses.asdict(tm.server_args),
+            **dataclasses.asdict(tm.server_args), "api_key": None if tm.server_args.api_key is None else "<set>",
             "max_total_num_tokens": info.max_total_num_tokens, "max_running_requests": info.max_running_requests,
             "max_req_input_len": min(info.context_len, info.max_total_num_tokens) - 1, "context_len": info.context_len,
             "internal_states": [await tm.get_internal_state()], "version": radixlm.__version__,

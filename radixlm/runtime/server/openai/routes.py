@@ -1,4 +1,47 @@
-"""Routes filled in by the serving issue (see issue 3)."""
-from fastapi import APIRouter
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions."""
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from radixlm.runtime.server.errors import error_body
+from radixlm.runtime.server.native import json_response, read_json_object
+from radixlm.runtime.server.openai.chat import create_chat_completion
+from radixlm.runtime.server.openai.completions import create_completion
+from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest, parse
 
 router = APIRouter()
+_CREATED = int(time.time())
+
+
+def _card(tm) -> dict:
+    name = tm.server_args.model_path
+    return {"id": name, "object": "model", "created": _CREATED, "owned_by": "sglang", "root": name, "parent": None,
+            "max_model_len": tm.runtime.info.context_len}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    return json_response({"object": "list", "data": [_card(request.app.state.tokenizer_manager)]})
+
+
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(model: str, request: Request) -> Response:
+    card = _card(request.app.state.tokenizer_manager)
+    if model != card["id"]:
+        body = {**error_body(f"The model '{model}' does not exist", "NotFoundError", 404), "param": "model",
+                "code": "model_not_found"}
+        return json_response(body, 404)
+    return json_response(card)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await create_completion(request, parse(CompletionRequest, await read_json_object(request)))
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await create_chat_completion(request, parse(ChatCompletionRequest, await read_json_object(request)))

@@ -1,0 +1,1 @@
+"""Serving benchmarks: `python -m radixlm.bench.serving`."""

@@ -1,0 +1,147 @@
+"""Anthropic Messages API: request models, prompt building (chat template) and response shapes."""
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from radixlm.runtime.server.errors import BadRequest
+
+# Anthropic's documented ranges; the sampler itself accepts wider ones (e.g. temperature up to 2).
+Temperature = Annotated[float, Field(ge=0.0, le=1.0)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+TopK = Annotated[int, Field(ge=1)]
+
+
+class TextBlock(BaseModel):
+    # cache_control, citations, ...: accepted and ignored, as they change nothing here.
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class InputMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "assistant"]
+    content: str | list[TextBlock]
+
+
+class Metadata(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user_id: str | None = None
+
+
+class Conversation(BaseModel):
+    """The fields /v1/messages/count_tokens takes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    messages: list[InputMessage] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+
+
+class MessagesRequest(Conversation):
+    max_tokens: Annotated[int, Field(ge=1)]
+    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    metadata: Metadata | None = None
+    stream: bool = False
+    # Accepted and ignored: hints about billing and provider-side caching that change no output here.
+    service_tier: str | None = None
+    cache_control: dict[str, Any] | None = None
+
+    def sampling_params(self) -> dict[str, Any]:
+        sp: dict[str, Any] = {"max_new_tokens": self.max_tokens, "stop": list(self.stop_sequences or [])}
+        # Anthropic's default temperature is 1.0, which is also the sampler's default.
+        for name in ("temperature", "top_p", "top_k"):
+            value = getattr(self, name)
+            if value is not None:
+                sp[name] = value
+        return sp
+
+
+def parse(model: type[BaseModel], raw: bytes) -> Any:
+    """Strict JSON validation: "1" is not an int, 1 is not a string; any problem is a BadRequest."""
+    try:
+        return model.model_validate_json(raw, strict=True)
+    except ValidationError as e:
+        raise BadRequest("; ".join(_describe(err) for err in e.errors()[:5])) from None
+
+
+def _describe(err: dict) -> str:
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    return f"{loc}: {err['msg']}" if loc else err["msg"]
+
+
+def _text(content: str | list[TextBlock]) -> str:
+    return content if isinstance(content, str) else "\n".join(b.text for b in content)
+
+
+def build_prompt(tokenizer, conv: Conversation) -> str:
+    """The templated prompt. A final assistant message is a prefill: generation continues its text."""
+    turns: list[dict[str, str]] = []
+    for m in conv.messages:
+        text = _text(m.content)
+        if turns and turns[-1]["role"] == m.role:
+            # Anthropic merges consecutive turns of the same role.
+            turns[-1]["content"] += "\n\n" + text
+        else:
+            turns.append({"role": m.role, "content": text})
+    if turns[0]["role"] != "user":
+        raise BadRequest("messages: the first message must use the user role")
+    prefill = turns.pop()["content"] if turns[-1]["role"] == "assistant" else None
+    if prefill is not None and prefill != prefill.rstrip():
+        raise BadRequest("messages: final assistant content cannot end with trailing whitespace")
+    system = _text(conv.system) if conv.system is not None else ""
+    if system:
+        turns.insert(0, {"role": "system", "content": system})
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise BadRequest("the model's tokenizer has no chat template")
+    try:
+        prompt = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # noqa: BLE001 - jinja raises arbitrary errors (e.g. raise_exception in the template)
+        raise BadRequest(f"cannot apply the chat template: {e}") from None
+    return prompt + (prefill or "")
+
+
+def new_message_id() -> str:
+    return f"msg_{uuid.uuid4().hex}"
+
+
+def stop_info(finish_reason: dict, stop_sequences: list[str] | None) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) for a finished request's finish_reason."""
+    if finish_reason["type"] == "length":
+        return "max_tokens", None
+    matched = finish_reason.get("matched")
+    if isinstance(matched, str) and matched in (stop_sequences or []):
+        return "stop_sequence", matched
+    return "end_turn", None
+
+
+def usage(meta: dict) -> dict[str, int]:
+    # As Anthropic counts: input_tokens excludes the prompt tokens read from the (radix) cache.
+    cached = meta.get("cached_tokens", 0) or 0
+    return {"input_tokens": meta["prompt_tokens"] - cached, "output_tokens": meta["completion_tokens"],
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+
+
+def message_body(msg_id: str, model: str, content: list[dict], stop_reason: str | None, stop_sequence: str | None,
+                 usage_: dict[str, int]) -> dict[str, Any]:
+    return {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": usage_}
+
+
+def error_body(message: str, err_type: str = "invalid_request_error") -> dict[str, Any]:
+    return {"type": "error", "error": {"type": err_type, "message": message}}
+
+
+def error_type(status_code: int) -> str:
+    return {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error",
+            529: "overloaded_error"}.get(status_code, "api_error")

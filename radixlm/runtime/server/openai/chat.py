@@ -1,0 +1,111 @@
+"""POST /v1/chat/completions: messages through the tokenizer's chat template, chat-shaped logprobs, streaming deltas."""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from radixlm.runtime.server.errors import BadRequest
+from radixlm.runtime.server.openai.common import (
+    Usage, build, check_lengths, finish, merged_stream, new_id, respond, sse_body,
+)
+from radixlm.runtime.server.openai.protocol import ChatCompletionRequest
+
+MAX_TOP_LOGPROBS = 20
+
+
+def _prompt_ids(tm, req: ChatCompletionRequest) -> list[int]:
+    if not req.messages:
+        raise BadRequest("messages: must not be empty")
+    cont = req.continue_final_message
+    if cont and req.messages[-1].role != "assistant":
+        raise BadRequest("continue_final_message needs the last message to be from the assistant")
+    msgs = [m.for_template() for m in req.messages]
+    try:
+        text = tm.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=not cont,
+                                                continue_final_message=cont, **(req.chat_template_kwargs or {}))
+    except Exception as e:  # noqa: BLE001 - jinja errors raised by the template for unsupported input
+        raise BadRequest(f"messages: cannot apply the chat template: {e}") from None
+    # The template already carries the special tokens (BOS included when the model uses one).
+    ids = tm.tokenizer.encode(text, add_special_tokens=False)
+    if not ids:
+        raise BadRequest("messages: the prompt is empty")
+    return ids
+
+
+def _entry(triple) -> dict:
+    lp, _tid, text = triple
+    text = text or ""
+    return {"token": text, "bytes": list(text.encode("utf-8")), "logprob": lp}
+
+
+def _chat_logprobs(meta: dict, start: int = 0) -> dict:
+    triples = list(meta.get("output_token_logprobs", []))[start:]
+    tops = list(meta.get("output_top_logprobs", []))[start:]
+    tops += [[]] * (len(triples) - len(tops))
+    return {"content": [{**_entry(t), "top_logprobs": [_entry(x) for x in top]} for t, top in zip(triples, tops)]}
+
+
+async def create_chat_completion(request: Request, req: ChatCompletionRequest) -> Response:
+    tm = request.app.state.tokenizer_manager
+    ids = _prompt_ids(tm, req)
+    if req.top_logprobs is not None:
+        if not req.logprobs:
+            raise BadRequest("top_logprobs: requires logprobs=true")
+        if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise BadRequest(f"top_logprobs: must be in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}")
+    max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    if max_new is not None and max_new < 1:
+        raise BadRequest(f"max_completion_tokens must be positive, got {max_new}")
+    check_lengths(tm, [ids], max_new or 0)
+    if max_new is None:
+        info = tm.runtime.info  # until the context or the KV pool is full, whichever comes first
+        max_new = min(info.context_len - len(ids), info.max_total_num_tokens - len(ids) - 1)
+    built = build(tm, input_ids=ids, sampling_params=req.sampling_params(max_new), return_logprob=req.logprobs,
+                  top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key)
+    head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": req.model or tm.server_args.model_path}
+    if req.stream:
+        return StreamingResponse(sse_body(_stream(tm, built, req, head)), media_type="text/event-stream")
+
+    def make(results: list[dict]) -> dict:
+        choices = []
+        for i, r in enumerate(results):
+            reason, matched = finish(r["meta_info"])
+            choices.append({
+                "index": i, "message": {"role": "assistant", "content": r["text"], "reasoning_content": None, "tool_calls": None},
+                "logprobs": _chat_logprobs(r["meta_info"]) if req.logprobs else None,
+                "finish_reason": reason, "matched_stop": matched,
+            })
+        return {**head, "object": "chat.completion", "choices": choices, "usage": Usage.of(results, req.n).to_dict()}
+
+    return await respond(request, tm, built, make)
+
+
+async def _stream(tm, built, req: ChatCompletionRequest, head: dict) -> AsyncIterator[dict]:
+    head = {**head, "object": "chat.completion.chunk"}
+    k = len(built.msgs)
+    sent_text, sent_lp, last = [0] * k, [0] * k, [None] * k
+
+    def chunk(i: int, delta: dict, logprobs=None, reason=None, matched=None) -> dict:
+        return {**head, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
+                                     "matched_stop": matched}], "usage": None}
+
+    async for i, snap in merged_stream(tm, built):
+        meta, text = snap["meta_info"], snap["text"]
+        if last[i] is None:
+            yield chunk(i, {"role": "assistant", "content": ""})
+        last[i] = snap
+        delta = text[sent_text[i]:]
+        sent_text[i] = max(sent_text[i], len(text))
+        lp = None
+        if req.logprobs:
+            lp = _chat_logprobs(meta, sent_lp[i])
+            sent_lp[i] = len(meta.get("output_token_logprobs", []))
+        reason, matched = finish(meta)
+        if not delta and reason is None and not (lp and lp["content"]):
+            continue
+        yield chunk(i, {"content": delta}, lp, reason, matched)
+    if req.include_usage:
+        yield {**head, "choices": [], "usage": Usage.of([s for s in last if s is not None], req.n).to_dict()}

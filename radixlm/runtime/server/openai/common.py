@@ -1,0 +1,147 @@
+"""Pieces shared by /v1/completions and /v1/chat/completions: request building with OpenAI's length
+errors, running (with client-disconnect aborts), merged streaming of several samples, usage and finish reasons."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+
+from radixlm.runtime.front import BuiltRequests
+from radixlm.runtime.server.errors import BadRequest, error_body
+from radixlm.runtime.tokenizer_manager import RuntimeDead
+
+DISCONNECT_POLL_S = 0.5
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def check_lengths(tm, prompts: list[list[int]], max_new_tokens: int) -> None:
+    """OpenAI's messages for a prompt, or prompt + max_tokens, beyond the context (checked before the core's)."""
+    context = tm.runtime.info.context_len
+    for ids in prompts:
+        if len(ids) >= context:
+            raise BadRequest(f"The input ({len(ids)} tokens) is longer than the model's context length ({context} tokens).")
+        if len(ids) + max_new_tokens > context:
+            raise BadRequest(f"max_completion_tokens is too large: {max_new_tokens}. The input has {len(ids)} tokens "
+                             f"and the model's context length is {context} tokens.")
+
+
+def build(tm, **kwargs) -> BuiltRequests:
+    try:
+        return tm.build(**kwargs)
+    except (ValueError, TypeError) as e:
+        raise BadRequest(str(e)) from None
+
+
+async def run(request: Request, tm, built: BuiltRequests) -> list[dict]:
+    """Non-streaming: every sample's final result, in build order; a client that goes away aborts them."""
+    task = asyncio.ensure_future(tm.generate(built, True))
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            raise _Disconnected()
+    try:
+        res = task.result()
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+    return res if isinstance(res, list) else [res]
+
+
+class _Disconnected(Exception):
+    pass
+
+
+async def respond(request: Request, tm, built: BuiltRequests, make) -> Response:
+    try:
+        results = await run(request, tm, built)
+    except _Disconnected:
+        return Response(status_code=499)
+    return Response(orjson.dumps(make(results)), media_type="application/json")
+
+
+async def merged_stream(tm, built: BuiltRequests) -> AsyncIterator[tuple[int, dict]]:
+    """Streams every sample at once, yielding (index in build order, cumulative snapshot).
+
+    The core streams one request per call, so each sample is streamed on its own; cancelling this
+    generator (client gone) cancels them all, which aborts the unfinished ones."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, msg) -> None:
+        try:
+            async for snap in tm.generate_stream(msg, True):
+                queue.put_nowait((i, snap))
+        except Exception as e:  # noqa: BLE001 - handed to the consumer
+            queue.put_nowait((i, e))
+            return
+        queue.put_nowait((i, None))
+
+    for m in built.msgs:
+        m.stream = True
+    tasks = [asyncio.create_task(pump(i, m)) for i, m in enumerate(built.msgs)]
+    live = len(tasks)
+    try:
+        while live:
+            i, item = await queue.get()
+            if item is None:
+                live -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+async def sse_body(events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    try:
+        async for ev in events:
+            yield sse(ev)
+    except RuntimeDead as e:
+        yield sse({"error": error_body(str(e), "ServiceUnavailable", 503)})
+    except ValueError as e:
+        yield sse({"error": error_body(str(e))})
+    yield b"data: [DONE]\n\n"
+
+
+def finish(meta: dict) -> tuple[str | None, str | int | None]:
+    """(OpenAI finish_reason, matched_stop) from the core's finish_reason dict."""
+    fr = meta.get("finish_reason")
+    if fr is None:
+        return None, None
+    kind = fr.get("type")
+    if kind == "stop":
+        return "stop", fr.get("matched")
+    return ("length" if kind == "length" else "abort" if kind == "abort" else str(kind)), None
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @classmethod
+    def of(cls, results: list[dict], n: int) -> "Usage":
+        """The prompt of n samples counts once, like SGLang and OpenAI; cached tokens count per sample."""
+        metas = [r["meta_info"] for r in results]
+        return cls(sum(m.get("prompt_tokens", 0) for m in metas[::n]), sum(m.get("completion_tokens", 0) for m in metas),
+                   sum(m.get("cached_tokens", 0) for m in metas))
+
+    def to_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}

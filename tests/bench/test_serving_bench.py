@@ -1,0 +1,102 @@
+"""The serving benchmark: exact dataset lengths (no server) and a tiny end-to-end run against radixlm."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from radixlm.bench.datasets import PromptSource, build_dataset
+from radixlm.bench.metrics import RequestResult, summarize
+from radixlm.bench.serving import StreamTimer
+from tests.runtime.server.conftest import start_server, stop_server
+
+GSP = dict(gsp_num_groups=2, gsp_prompts_per_group=3, gsp_system_prompt_len=24, gsp_question_len=6, gsp_output_len=5)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from radixlm.runtime.model_loader.tokenizer import get_tokenizer
+
+    return get_tokenizer("default")
+
+
+def test_random_lengths(tokenizer):
+    reqs = build_dataset("random", tokenizer, 20, 0, random_input_len=50, random_output_len=10, random_range_ratio=0.5)
+    assert len(reqs) == 20
+    for r in reqs:
+        assert 25 <= r.prompt_len <= 50 and 5 <= r.output_len <= 10
+        assert len(r.input_ids) == r.prompt_len
+    fixed = build_dataset("random", tokenizer, 5, 0, random_input_len=33, random_output_len=7, random_range_ratio=1.0)
+    assert [(len(r.input_ids), r.output_len) for r in fixed] == [(33, 7)] * 5
+    special = set(tokenizer.all_special_ids)
+    assert not any(i in special for r in reqs for i in r.input_ids)
+
+
+def test_sharegpt_like_lengths(tokenizer):
+    reqs = build_dataset("sharegpt-like", tokenizer, 400, 1)
+    assert len(reqs) == 400
+    assert all(4 <= r.prompt_len <= 2048 and 4 <= r.output_len <= 1024 for r in reqs)
+    assert all(len(r.input_ids) == r.prompt_len for r in reqs)
+    mean_in = sum(r.prompt_len for r in reqs) / 400
+    mean_out = sum(r.output_len for r in reqs) / 400
+    assert 150 < mean_in < 250 and 130 < mean_out < 210
+    again = build_dataset("sharegpt-like", tokenizer, 400, 1)
+    assert [r.input_ids for r in again] == [r.input_ids for r in reqs]
+
+
+def test_generated_shared_prefix(tokenizer):
+    reqs = build_dataset("generated-shared-prefix", tokenizer, 0, 3, **GSP)
+    assert len(reqs) == 6
+    assert all(len(r.input_ids) == 30 and r.output_len == 5 for r in reqs)
+    prefixes = {tuple(r.input_ids[:24]) for r in reqs}
+    assert len(prefixes) == 2
+    assert len({tuple(r.input_ids) for r in reqs}) == 6
+    grouped = build_dataset("generated-shared-prefix", tokenizer, 0, 3, gsp_ordered=True, **GSP)
+    assert [r.input_ids for r in grouped] != [r.input_ids for r in reqs]  # shuffled
+    assert sorted(map(tuple, (r.input_ids for r in grouped))) == sorted(map(tuple, (r.input_ids for r in reqs)))
+
+
+def test_word_prompts_without_tokenizer():
+    src = PromptSource(None, random.Random(0))
+    req = src.request(src.ids(12), 3)
+    assert req.input_ids is None and len(req.prompt.split()) == 12
+
+
+def test_timer_splits_multi_token_chunks():
+    res = RequestResult()
+    t = StreamTimer(res, 0.0)
+    t.add(0, 0.05)
+    t.add(1, 0.1)
+    t.add(2, 0.3)
+    assert res.ttft == pytest.approx(0.1)
+    assert res.itl == pytest.approx([0.1, 0.1])
+    res.ok, res.output_len, res.latency, res.prompt_len, res.cached_tokens = True, 3, 0.3, 10, 4
+    rep = summarize([res, RequestResult(error="x")], 1.0)
+    assert rep["completed"] == 1 and rep["failed"] == 1 and rep["cache_hit_rate"] == pytest.approx(0.4)
+    assert rep["tpot_ms"]["mean"] == pytest.approx(100.0)
+
+
+@pytest.mark.slow
+def test_end_to_end_native(tmp_path):
+    from radixlm.bench.serving import main
+
+    h = start_server()
+    try:
+        out_file = tmp_path / "bench.json"
+        port = h.base_url.rsplit(":", 1)[1]
+        argv = ["--backend", "radixlm", "--port", port, "--tokenizer", "default", "--dataset-name",
+                "generated-shared-prefix", "--gsp-num-groups", "2", "--gsp-prompts-per-group", "3",
+                "--gsp-system-prompt-len", "48", "--gsp-question-len", "8", "--gsp-output-len", "6",
+                "--max-concurrency", "2", "--flush-cache", "--disable-tqdm", "--output-file", str(out_file)]
+        rep = main(argv)
+    finally:
+        stop_server(h)
+    assert rep["completed"] == 6 and rep["failed"] == 0
+    assert rep["total_input_tokens"] == 6 * 56 and rep["total_output_tokens"] == 6 * 6
+    assert rep["output_throughput"] > 0 and rep["request_throughput"] > 0
+    assert 0 < rep["ttft_ms"]["mean"] <= rep["e2e_latency_ms"]["mean"]
+    assert rep["itl_ms"]["mean"] > 0 and rep["tpot_ms"]["mean"] > 0
+    assert rep["cache_hit_rate"] is not None and rep["cache_hit_rate"] > 0
+    saved = json.loads(out_file.read_text())
+    assert saved["completed"] == 6 and saved["config"]["dataset_name"] == "generated-shared-prefix"
