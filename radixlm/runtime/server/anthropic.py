@@ -2,7 +2,6 @@
 Errors answer in Anthropic's shape {type: "error", error: {type, message}}."""
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import orjson
@@ -11,7 +10,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from radixlm.runtime.server import anthropic_protocol as proto
 from radixlm.runtime.server.errors import BadRequest
-from radixlm.runtime.server.native import DISCONNECT_POLL_S, json_response
+from radixlm.runtime.server.native import ClientDisconnected, generate_or_abort, json_response
 from radixlm.runtime.tokenizer_manager import RuntimeDead
 
 router = APIRouter()
@@ -50,15 +49,10 @@ async def messages(request: Request) -> Response:
         return _error(tm.dead, 503)
     if req.stream:
         return StreamingResponse(_events(tm, built.msgs[0], req, msg_id), media_type="text/event-stream")
-    task = asyncio.ensure_future(tm.generate(built, False))
-    # A client that goes away cancels its request, so its KV is freed.
-    while not task.done():
-        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
-            return Response(status_code=499)
     try:
-        out = task.result()
+        out = await generate_or_abort(request, tm, built, False)
+    except ClientDisconnected:
+        return Response(status_code=499)
     except RuntimeDead as e:
         return _error(str(e), 503)
     except ValueError as e:

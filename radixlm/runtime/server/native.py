@@ -59,17 +59,27 @@ async def generate(request: Request) -> Response:
         raise BadRequest(str(e)) from None
     if stream:
         return StreamingResponse(_sse(tm, built.msgs[0], return_text), media_type="text/event-stream")
+    try:
+        return json_response(await generate_or_abort(request, tm, built, return_text))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before its (non-streaming) requests finished; they were aborted."""
+
+
+async def generate_or_abort(request: Request, tm, built, return_text: bool):
+    """tm.generate, but a client that goes away cancels its requests, so their KV is freed."""
     task = asyncio.ensure_future(tm.generate(built, return_text))
-    # A client that goes away cancels its requests, so their KV is freed.
     while not task.done():
         await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
         if not task.done() and await request.is_disconnected():
             task.cancel()
-            return Response(status_code=499)
-    try:
-        return json_response(task.result())
-    except ValueError as e:
-        raise BadRequest(str(e)) from None
+            raise ClientDisconnected()
+    return task.result()
 
 
 async def _sse(tm, msg, return_text: bool):

@@ -14,9 +14,9 @@ from fastapi.responses import Response
 
 from radixlm.runtime.front import BuiltRequests
 from radixlm.runtime.server.errors import BadRequest, error_body
+from radixlm.runtime.server.native import ClientDisconnected, generate_or_abort
 from radixlm.runtime.tokenizer_manager import RuntimeDead
 
-DISCONNECT_POLL_S = 0.5
 
 
 def new_id(prefix: str) -> str:
@@ -43,27 +43,17 @@ def build(tm, **kwargs) -> BuiltRequests:
 
 async def run(request: Request, tm, built: BuiltRequests) -> list[dict]:
     """Non-streaming: every sample's final result, in build order; a client that goes away aborts them."""
-    task = asyncio.ensure_future(tm.generate(built, True))
-    while not task.done():
-        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
-            raise _Disconnected()
     try:
-        res = task.result()
+        res = await generate_or_abort(request, tm, built, True)
     except ValueError as e:
         raise BadRequest(str(e)) from None
     return res if isinstance(res, list) else [res]
 
 
-class _Disconnected(Exception):
-    pass
-
-
 async def respond(request: Request, tm, built: BuiltRequests, make) -> Response:
     try:
         results = await run(request, tm, built)
-    except _Disconnected:
+    except ClientDisconnected:
         return Response(status_code=499)
     return Response(orjson.dumps(make(results)), media_type="application/json")
 
