@@ -41,7 +41,8 @@ class ServerArgs:
     # Kernels
     attention_backend: str = field(default="torch_native", metadata={"choices": ATTENTION_BACKENDS})
 
-    # Serving safety
+    # Serving
+    incremental_streaming_output: bool = field(default=False, metadata={"help": "streamed /generate chunks carry only what is new (default: cumulative, as SGLang)"})
     api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' (except /health*, /metrics)"})
     max_queued_requests: int | None = field(default=None, metadata={"help": "reject (503) generation requests beyond max_running_requests + this"})
     watchdog_timeout: float = field(default=300.0, metadata={"help": "seconds without scheduler progress (requests pending) before failing them"})

@@ -1,5 +1,6 @@
 """The native /generate endpoint: same request fields and response shape as Engine.generate;
-stream=true answers with SSE chunks carrying the cumulative text, then `data: [DONE]`."""
+stream=true answers with SSE chunks carrying the cumulative text (or, with --incremental-streaming-output,
+only what is new), then `data: [DONE]`."""
 from __future__ import annotations
 
 import asyncio
@@ -58,7 +59,8 @@ async def generate(request: Request) -> Response:
     except (ValueError, TypeError) as e:
         raise BadRequest(str(e)) from None
     if stream:
-        return StreamingResponse(_sse(tm, built.msgs[0], return_text), media_type="text/event-stream")
+        incremental = tm.server_args.incremental_streaming_output
+        return StreamingResponse(_sse(tm, built.msgs[0], return_text, incremental), media_type="text/event-stream")
     try:
         return json_response(await generate_or_abort(request, tm, built, return_text))
     except ClientDisconnected:
@@ -82,11 +84,33 @@ async def generate_or_abort(request: Request, tm, built, return_text: bool):
     return task.result()
 
 
-async def _sse(tm, msg, return_text: bool):
+class StreamDelta:
+    """Turns cumulative snapshots into increments: new text, new output ids and new logprob entries."""
+
+    LISTS = ("input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs")
+
+    def __init__(self) -> None:
+        self.sent: dict[str, int] = {}
+
+    def _cut(self, key: str, seq):
+        start = self.sent.get(key, 0)
+        self.sent[key] = len(seq)
+        return seq[start:]
+
+    def __call__(self, snap: dict) -> dict:
+        meta = dict(snap["meta_info"])
+        for key in self.LISTS:
+            if key in meta:
+                meta[key] = self._cut(key, meta[key])
+        return {**snap, "text": self._cut("text", snap["text"]), "output_ids": self._cut("ids", snap["output_ids"]),
+                "meta_info": meta}
+
+
+async def _sse(tm, msg, return_text: bool, incremental: bool):
+    delta = StreamDelta() if incremental else None
     try:
         async for snap in tm.generate_stream(msg, return_text):
-            yield b"data: " + orjson.dumps(snap) + b"\n\n"
+            yield b"data: " + orjson.dumps(delta(snap) if delta else snap) + b"\n\n"
     except RuntimeDead as e:
         yield b"data: " + orjson.dumps({"error": error_body(str(e), "ServiceUnavailable", 503)}) + b"\n\n"
     yield b"data: [DONE]\n\n"
-
