@@ -90,3 +90,23 @@ def server():
     h = start_server()
     yield h
     stop_server(h)
+
+
+def kv_state(server) -> dict:
+    return server.client.get("/server_info").json()["internal_states"][0]
+
+
+def kv_idle(st: dict) -> bool:
+    """No request running or waiting and every KV slot free or evictable."""
+    return (st["is_idle"] and st["protected_tokens"] == 0
+            and st["available_tokens"] + st["evictable_tokens"] == st["max_total_num_tokens"])
+
+
+def wait_idle(server, timeout: float = 10.0) -> dict:
+    """Polls /server_info until the KV pool is idle; returns the last state (callers assert kv_idle on it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = kv_state(server)
+        if kv_idle(st) or time.monotonic() > deadline:
+            return st
+        time.sleep(0.1)

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests.runtime.server.conftest import child_pids, pid_alive
+from tests.runtime.server.conftest import child_pids, pid_alive, wait_idle
 
 pytestmark = pytest.mark.slow
 
@@ -31,17 +31,6 @@ def sse_events(lines) -> list:
     return events
 
 
-def kv_state(server) -> dict:
-    return server.client.get("/server_info").json()["internal_states"][0]
-
-
-def wait_idle(server, timeout: float = 5.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        st = kv_state(server)
-        if st["is_idle"] and st["protected_tokens"] == 0 or time.monotonic() > deadline:
-            return st
-        time.sleep(0.1)
 
 
 def test_generate_single_text_and_input_ids(server):

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.runtime.server.conftest import child_pids, pid_alive, start_server, stop_server
+from tests.runtime.server.conftest import child_pids, kv_idle, kv_state, pid_alive, start_server, stop_server, wait_idle
 
 KEY = "sekrit"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -27,20 +27,6 @@ def srv():
     stop_server(h)
 
 
-def _state(srv) -> dict:
-    return srv.client.get("/server_info").json()["internal_states"][0]
-
-
-def _wait_idle(srv, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        s = _state(srv)
-        idle = (s["protected_tokens"] == 0 and s["num_running_reqs"] == 0 and s["num_waiting_reqs"] == 0
-                and s["available_tokens"] + s["evictable_tokens"] == s["max_total_num_tokens"])
-        if idle or time.monotonic() > deadline:
-            assert idle, s
-            return s
-        time.sleep(0.2)
 
 
 def _gen(text: str = "Once upon a time", n: int = 8, **sp) -> dict:
@@ -148,7 +134,7 @@ def test_killed_streams_free_kv(srv):
     async def main():
         await asyncio.gather(*(_stream_then_drop(srv.base_url, i) for i in range(16)))
     asyncio.run(main())
-    _wait_idle(srv, timeout=8)
+    assert kv_idle(wait_idle(srv, timeout=8))
 
 
 def test_abort_all(srv):
@@ -160,13 +146,13 @@ def test_abort_all(srv):
     for t in threads:
         t.start()
     deadline = time.monotonic() + 10
-    while _state(srv)["num_running_reqs"] == 0 and time.monotonic() < deadline:
+    while kv_state(srv)["num_running_reqs"] == 0 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert srv.client.post("/abort_request", json={"abort_all": True}).status_code == 200
     for t in threads:
         t.join(20)
     assert len(results) == 3 and all(r["meta_info"]["finish_reason"]["type"] == "abort" for r in results), results
-    _wait_idle(srv)
+    assert kv_idle(wait_idle(srv))
 
 
 async def _fire(base: str, n: int, timeout: float, max_new: int) -> list[int | None]:
@@ -184,7 +170,7 @@ async def _fire(base: str, n: int, timeout: float, max_new: int) -> list[int | N
 def test_flood_with_client_timeouts(srv):
     codes = asyncio.run(_fire(srv.base_url, 100, 0.5, 64))
     assert -1 not in codes and set(codes) <= {None, 200, 503}
-    _wait_idle(srv)
+    assert kv_idle(wait_idle(srv))
     deadline = time.monotonic() + 5  # handlers of timed-out clients notice the disconnect within ~0.5 s
     while (r := srv.client.post("/generate", json=_gen())).status_code == 503 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -195,7 +181,7 @@ def test_queue_full(srv):
     codes = asyncio.run(_fire(srv.base_url, 40, 60, 6))
     assert codes.count(503) >= 1 and codes.count(200) >= MAX_RUNNING, codes
     assert set(codes) <= {200, 503}
-    _wait_idle(srv)
+    assert kv_idle(wait_idle(srv))
 
 
 def test_sigterm_drains(srv):
