@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 
 import radixlm
 from radixlm.runtime.args import ServerArgs
@@ -78,11 +78,12 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
             return error_response("the server is starting", 503, "ServiceUnavailable")
         return None
 
-    @app.get("/health")
+    # Plain-text routes say so in the OpenAPI document (schemathesis checks responses against it).
+    @app.get("/health", response_class=PlainTextResponse)
     async def health() -> Response:
-        return _unhealthy() or Response(status_code=200)
+        return _unhealthy() or PlainTextResponse("")
 
-    @app.get("/health_generate")
+    @app.get("/health_generate", response_class=PlainTextResponse)
     async def health_generate() -> Response:
         bad = _unhealthy()
         if bad is not None:
@@ -92,7 +93,7 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
             await asyncio.wait_for(tm.generate(built, False, log_metrics=False), HEALTH_CHECK_TIMEOUT_S)
         except (asyncio.TimeoutError, RuntimeDead) as e:
             return error_response(f"health check generation failed: {e!r}", 503, "ServiceUnavailable")
-        return Response(status_code=200)
+        return PlainTextResponse("")
 
     @app.get("/model_info")
     @app.get("/get_model_info")
@@ -117,11 +118,11 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
             "load_time_s": tm.runtime.load_time_s, "process_pids": {n: p.pid for n, p in tm.runtime.procs.items()},
         })
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.api_route("/flush_cache", methods=["GET", "POST"], response_class=PlainTextResponse)
     async def flush_cache() -> Response:
         if await tm.flush_cache():
-            return Response("Cache flushed.\n", status_code=200)
-        return Response("Cache not flushed: requests are running or waiting.\n", status_code=400)
+            return PlainTextResponse("Cache flushed.\n")
+        return PlainTextResponse("Cache not flushed: requests are running or waiting.\n", status_code=400)
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
