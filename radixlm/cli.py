@@ -64,9 +64,30 @@ def cmd_generate(ns: argparse.Namespace) -> None:
 
 
 def cmd_serve(ns: argparse.Namespace) -> None:
+    if ns.dp_size > 1:
+        from radixlm.router.args import RouterArgs
+        from radixlm.router.launch import serve_data_parallel
+
+        try:
+            router_args = RouterArgs(host=ns.host, port=ns.port, policy=ns.router_policy, log_level=ns.log_level)
+        except ValueError as e:
+            sys.exit(f"radixlm serve: error: --router-policy: {e}")
+        serve_data_parallel(ServerArgs(**server_args_from(ns)), ns.dp_size, router_args)
+        return
     from radixlm.runtime.server.http_app import serve
 
     serve(ServerArgs(**server_args_from(ns)), host=ns.host, port=ns.port)
+
+
+def cmd_router(ns: argparse.Namespace) -> None:
+    from radixlm.router.args import router_args_from
+    from radixlm.router.launch import run_router
+
+    try:
+        args = router_args_from(ns)
+    except ValueError as e:
+        sys.exit(f"radixlm router: error: {e}")
+    run_router(args)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,13 +104,22 @@ def main(argv: list[str] | None = None) -> None:
     srv = sub.add_parser("serve", help="serve the native HTTP API (also: python -m radixlm.launch_server)")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=30000)
+    srv.add_argument("--dp-size", type=int, default=1, help="start this many workers behind a router on --port")
+    srv.add_argument("--router-policy", default="cache_aware", help="the router's policy when --dp-size > 1")
     add_server_args(srv)
+    from radixlm.router.args import add_router_args
+
+    add_router_args(sub.add_parser("router", help="route requests over several workers (cache-aware by default)"))
     ns = parser.parse_args(argv)
+    if ns.command == "serve" and ns.dp_size < 1:
+        parser.error("--dp-size must be >= 1")
     logging.basicConfig(level=getattr(logging, ns.log_level.upper(), logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if ns.command == "generate":
         cmd_generate(ns)
     elif ns.command == "serve":
         cmd_serve(ns)
+    elif ns.command == "router":
+        cmd_router(ns)
 
 
 if __name__ == "__main__":

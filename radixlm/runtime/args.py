@@ -9,6 +9,8 @@ EVICTION_POLICIES = ("lru", "lfu", "fifo")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("torch_native",)
+GRAMMAR_BACKENDS = ("xgrammar",)
+JUMP_FORWARD_MODES = ("off", "fast", "exact")
 
 
 @dataclass
@@ -42,6 +44,9 @@ class ServerArgs:
     attention_backend: str = field(default="torch_native", metadata={"choices": ATTENTION_BACKENDS})
 
     # Serving
+    grammar_backend: str = field(default="xgrammar", metadata={"choices": GRAMMAR_BACKENDS, "help": "compiles regex / json_schema / ebnf constraints"})
+    jump_forward: str = field(default="off", metadata={"choices": JUMP_FORWARD_MODES, "help": "fast: the paper's (may change tokenization); exact: verified, greedy output identical to off. Needs the radix cache"})
+    stream_interval: int = field(default=1, metadata={"help": "a streaming request reports every this many new tokens (its sampling_params.stream_interval overrides)"})
     incremental_streaming_output: bool = field(default=False, metadata={"help": "streamed /generate chunks carry only what is new (default: cumulative, as SGLang)"})
     api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' (except /health*, /metrics)"})
     max_queued_requests: int | None = field(default=None, metadata={"help": "reject (503) generation requests beyond max_running_requests + this"})
@@ -72,6 +77,9 @@ class ServerArgs:
         check(self.chunked_prefill_size is None or self.chunked_prefill_size == -1 or self.chunked_prefill_size >= self.page_size,
               "chunked_prefill_size must be -1 (off) or >= page_size")
         check(self.max_queued_requests is None or self.max_queued_requests >= 0, "max_queued_requests must be >= 0")
+        check(self.grammar_backend in GRAMMAR_BACKENDS, f"unknown grammar_backend {self.grammar_backend!r}; choose from {GRAMMAR_BACKENDS}")
+        check(self.jump_forward in JUMP_FORWARD_MODES, f"unknown jump_forward {self.jump_forward!r}; choose from {JUMP_FORWARD_MODES}")
+        check(self.stream_interval >= 1, "stream_interval must be >= 1")
         check(self.watchdog_timeout > 0, "watchdog_timeout must be > 0")
         check(self.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")
 

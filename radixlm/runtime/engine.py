@@ -96,10 +96,11 @@ class Engine:
         sched = self.scheduler
         try:
             while not self._stopped.is_set():
-                block = sched.is_idle()
+                block = sched.nothing_to_run()
+                wait_s = 0.05 if sched.is_idle() else 0.002  # 0.002: only grammars compiling
                 while True:
                     try:
-                        msg = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+                        msg = self._inbox.get(timeout=wait_s) if block else self._inbox.get_nowait()
                     except queue.Empty:
                         break
                     block = False

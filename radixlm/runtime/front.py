@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.runtime.grammar.spec import GrammarSpec, validate as validate_grammar
 from radixlm.runtime.detokenizer import IncrementalDecoder, hold_back_stop_prefix, trim_stop
 from radixlm.runtime.messages import DetokenizeInfo, ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampling_params import SamplingParams
@@ -62,6 +63,9 @@ class RequestBuilder:
         sp = sp_dict if isinstance(sp_dict, SamplingParams) else SamplingParams.from_dict(dict(sp_dict or {}))
         sp.normalize()
         sp.verify(self.limits.vocab_size)
+        spec = GrammarSpec.from_sampling_params(sp)
+        if spec is not None:
+            validate_grammar(spec)
         if len(ids) + sp.max_new_tokens > self.limits.context_len:
             raise ValueError(
                 f"Requested token count exceeds the model's context length: {len(ids)} prompt + "
@@ -95,12 +99,10 @@ class RequestBuilder:
             raise ValueError("empty batch")
         if batched and prompt is not None and input_ids is not None:
             raise ValueError("exactly one of prompt (text) or input_ids must be given")
-        sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
-        if len(sps) != len(prompts):
-            raise ValueError("sampling_params list must have one entry per prompt")
-        rids = rid if isinstance(rid, list) else [rid] * len(prompts)
-        if len(rids) != len(prompts):
-            raise ValueError("rid list must have one entry per prompt")
+        sps, rids, lps, starts, tops = (
+            _per_prompt(name, value, len(prompts)) for name, value in (
+                ("sampling_params", sampling_params), ("rid", rid), ("return_logprob", return_logprob),
+                ("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num)))
         msgs, warm = [], []
         for i, (p, ids, sp) in enumerate(zip(prompts, id_lists, sps)):
             tokens = self.tokenize(p, ids)
@@ -114,8 +116,8 @@ class RequestBuilder:
                 raise ValueError("n must be >= 1")
             base = rids[i] if rids[i] else uuid.uuid4().hex
             for j in range(n):
-                m = self.make_request(tokens, sp, return_logprob, logprob_start_len, top_logprobs_num,
-                                      base if n == 1 else f"{base}-{j}", extra_key, stream)
+                m = self.make_request(tokens, sp, lps[i], starts[i], tops[i], base if n == 1 else f"{base}-{j}",
+                                      extra_key, stream)
                 if n > 1 and m.sampling_params.sampling_seed is not None:
                     # The n samples of a seeded request differ from each other, and repeat as a set.
                     m.sampling_params = dataclasses.replace(
@@ -126,6 +128,15 @@ class RequestBuilder:
         if stream and len(msgs) > 1:
             raise ValueError("streaming supports one prompt with n=1")
         return BuiltRequests(msgs, batched or len(msgs) > 1, warm if not self.limits.disable_radix_cache else [])
+
+
+def _per_prompt(name: str, value, count: int) -> list:
+    """A batch's per-request field: one value for all prompts, or a list with one entry per prompt."""
+    if not isinstance(value, list):
+        return [value] * count
+    if len(value) != count:
+        raise ValueError(f"{name}: a list must have one entry per prompt ({count}), got {len(value)}")
+    return value
 
 
 def prefix_request(m: TokenizedGenerateReqInput) -> TokenizedGenerateReqInput:

@@ -18,6 +18,7 @@ class LogitsPlan:
     input_rows: list[int] = field(default_factory=list)
     input_targets: list[int] = field(default_factory=list)
     input_top_k: int = 0  # the largest top_logprobs_num among requests asking for prompt logprobs
+    verify_rows: list[int] = field(default_factory=list)  # jump-forward drafts: the last token and each draft token
 
 
 @dataclass
@@ -25,6 +26,7 @@ class LogitsOutput:
     next_token_logits: torch.Tensor  # (len(sample_rows), vocab) float32
     input_logprobs: list[float]  # one per input row
     input_top: list[list[tuple[float, int]]]  # one per input row when input_top_k > 0
+    verify_logits: torch.Tensor | None = None  # (len(verify_rows), vocab) float32
 
 
 def top_logprobs(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
@@ -54,4 +56,7 @@ class LogitsProcessor:
             targets = torch.tensor(plan.input_targets, dtype=torch.long, device=dev)
             input_lp = lp.gather(1, targets[:, None]).squeeze(1).tolist()
             input_top = top_logprobs(lp, plan.input_top_k)
-        return LogitsOutput(next_logits, input_lp, input_top)
+        verify = None
+        if plan.verify_rows:
+            verify = self.logits(hidden[torch.tensor(plan.verify_rows, dtype=torch.long, device=dev)])
+        return LogitsOutput(next_logits, input_lp, input_top, verify)

@@ -1,4 +1,4 @@
-"""Logit processing that runs before greedy argmax / temperature: logit_bias, penalties, min_new_tokens."""
+"""Logit processing that runs before greedy argmax / temperature: logit_bias, penalties, min_new_tokens, grammar."""
 from __future__ import annotations
 
 import torch
@@ -10,7 +10,7 @@ def apply_penalties_and_bias(logits: torch.Tensor, info: SamplingBatchInfo) -> t
     """Return processed float32 logits (bs, V); `logits` itself is never modified (it is returned as-is when
     there is nothing to apply). Order: logit_bias -> repetition penalty (HF: over prompt + output tokens,
     positive logits divided, negative multiplied) -> frequency/presence (OpenAI: over output tokens,
-    `logit -= freq * count + presence * (count > 0)`) -> min_new_tokens mask (-inf)."""
+    `logit -= freq * count + presence * (count > 0)`) -> min_new_tokens mask (-inf) -> grammar mask (-inf)."""
     if not info.need_logits_processing:
         return logits
     out = logits.to(torch.float32, copy=True)
@@ -25,4 +25,6 @@ def apply_penalties_and_bias(logits: torch.Tensor, info: SamplingBatchInfo) -> t
         out = out - info.frequency_penalties * counts - info.presence_penalties * (counts > 0).to(out.dtype)
     if info.min_tokens_rows is not None:
         out[info.min_tokens_rows, info.min_tokens_cols] = float("-inf")
+    if info.vocab_mask is not None:
+        info.apply_vocab_mask(out, info.vocab_mask, info.vocab_mask_rows)
     return out

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -78,6 +78,11 @@ class SamplingBatchInfo:
     min_tokens_cols: torch.Tensor | None = None
     # (row, generator seed) for each request with a sampling_seed, seed already mixed with the step.
     seeded_rows: list[tuple[int, int]] = field(default_factory=list)
+    # Grammar constraints (set by the scheduler): a packed bitmask of allowed tokens, the rows it applies to,
+    # and the grammar backend's in-place apply(logits, bitmask, rows) that sets disallowed tokens to -inf.
+    vocab_mask: torch.Tensor | None = None
+    vocab_mask_rows: list[int] = field(default_factory=list)
+    apply_vocab_mask: Callable[[torch.Tensor, torch.Tensor, list[int]], None] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -93,12 +98,13 @@ class SamplingBatchInfo:
 
     @property
     def need_logits_processing(self) -> bool:
-        """Anything to apply before argmax / temperature (bias, penalties, min_new_tokens mask)."""
+        """Anything to apply before argmax / temperature (bias, penalties, min_new_tokens mask, grammar mask)."""
         return (
             self.has_logit_bias
             or self.repetition_penalties is not None
             or self.output_counts is not None
             or self.has_min_tokens_mask
+            or self.vocab_mask is not None
         )
 
     @property

@@ -5,6 +5,7 @@ Lifecycle: `SamplingParams.from_dict(d)` (or the constructor) -> `normalize()` -
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +70,7 @@ class SamplingParams:
     no_stop_trim: bool = False
     logit_bias: dict[str | int, float] | None = None
     sampling_seed: int | None = None
-    json_schema: str | None = None
+    json_schema: str | dict | None = None  # a dict is serialized to a JSON string by normalize()
     regex: str | None = None
     ebnf: str | None = None
     stream_interval: int | None = None
@@ -115,6 +116,8 @@ class SamplingParams:
             self.stop_token_ids = {_token_id("stop_token_ids", t) for t in self.stop_token_ids}
         else:
             raise ValueError(f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
+        if isinstance(self.json_schema, dict):
+            self.json_schema = json.dumps(self.json_schema)
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise ValueError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
@@ -191,6 +194,8 @@ class SamplingParams:
         n_set = sum(x is not None for x in (self.json_schema, self.regex, self.ebnf))
         if n_set > 1:
             raise ValueError("Only one of regex, json_schema, or ebnf can be set.")
-        if n_set == 1:
-            # Never silently ignore a constraint the caller relies on.
-            raise ValueError("constrained decoding (regex/json_schema/ebnf) is not supported yet")
+        for name, types in (("json_schema", (str, dict)), ("regex", str), ("ebnf", str)):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, types):
+                raise ValueError(f"{name} must be a string{' or an object' if name == 'json_schema' else ''}, "
+                                 f"got {type(v).__name__}")

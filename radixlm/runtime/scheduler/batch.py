@@ -149,7 +149,8 @@ class ScheduleBatch:
             retracted.append(req)
             self.reqs.remove(req)
             self.tree_cache.cache_finished_req(req, is_insert=False)
-            req.reset_for_retract()
+            req.reset_kv_state()
+            req.num_retractions += 1
         total_decoded = sum(len(r.output_ids) for r in self.reqs)
         total_max_new = sum(r.sampling_params.max_new_tokens for r in self.reqs)
         ratio = (total_decoded + RETRACT_DECODE_STEPS * len(self.reqs)) / (total_max_new + 1)

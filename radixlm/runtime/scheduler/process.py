@@ -19,6 +19,7 @@ from radixlm.runtime.server.ipc import ParentWatch, PortArgs, bind_pull, connect
 logger = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 50
+GRAMMAR_POLL_MS = 2  # nothing runnable, but grammars are compiling: look at them again soon
 
 
 def _build(args: ServerArgs):
@@ -45,7 +46,7 @@ def internal_state(sched) -> dict:
         "num_running_reqs": len(sched._active_reqs()),
         "num_waiting_reqs": len(sched.waiting_queue),
         "is_idle": sched.is_idle(),
-        "stats": dict(sched.stats),
+        "stats": {**sched.stats, **sched.constrained.stats},
     }
 
 
@@ -72,7 +73,7 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs, ready_pipe) -> None
     new_reqs: list[DetokenizeInfo] = []
     last_check = time.monotonic()
     while True:
-        if sched.is_idle() and not recv.poll(IDLE_POLL_MS):
+        if sched.nothing_to_run() and not recv.poll(IDLE_POLL_MS if sched.is_idle() else GRAMMAR_POLL_MS):
             if not watch.parent_alive():
                 return
             continue

@@ -19,6 +19,7 @@ from radixlm.runtime.messages import ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 from radixlm.runtime.scheduler.batch import ScheduleBatch
+from radixlm.runtime.scheduler.constrained import GRAMMAR_VIOLATION, ConstrainedDecoding
 from radixlm.runtime.scheduler.policy import SchedulePolicy
 from radixlm.runtime.scheduler.prefill_adder import AddReqResult, PrefillAdder
 from radixlm.runtime.scheduler.req import FinishReason, Req
@@ -45,6 +46,10 @@ class Scheduler:
             disable=server_args.disable_radix_cache, eviction_policy=server_args.radix_eviction_policy,
         )
         seed = server_args.random_seed if server_args.random_seed is not None else 0
+        self.constrained = ConstrainedDecoding(
+            server_args.grammar_backend, server_args.jump_forward, tokenizer, model_runner.model_config.vocab_size,
+            eos_token_ids, not server_args.disable_radix_cache,
+        )
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed)
         self.sampler = Sampler()
         self.generator = torch.Generator(device=self.device)
@@ -67,16 +72,31 @@ class Scheduler:
         self.round_id = 0
         self.outputs: list[ReqOutput] = []
         # Counters for tests, benchmarks and (later) metrics.
-        self.stats = {"prefill_batches": 0, "decode_batches": 0, "prefill_tokens": 0, "retractions": 0, "cached_tokens": 0, "prompt_tokens": 0}
+        self.stats = {"prefill_batches": 0, "decode_batches": 0, "prefill_tokens": 0, "retractions": 0, "cached_tokens": 0,
+                      "prompt_tokens": 0, "jump_requeues": 0}
 
     def _new_batch(self, reqs: list[Req], mode: ForwardMode) -> ScheduleBatch:
         return ScheduleBatch(reqs, mode, self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size, self.device)
 
     # ------------------------------------------------------------------ input
     def add_request(self, msg: TokenizedGenerateReqInput) -> None:
-        self.waiting_queue.append(Req.from_input(msg, self.eos_token_ids))
+        req = Req.from_input(msg, self.eos_token_ids)
+        if not self.constrained.add(req):  # else it waits for its grammar to compile
+            self._enter_waiting(req)
+
+    def _enter_waiting(self, req: Req) -> None:
+        self.constrained.start(req)
+        if req.finished():
+            self._emit(req)
+        else:
+            self.waiting_queue.append(req)
 
     def abort_request(self, rid: str, message: str = "aborted by the client") -> None:
+        req = self.constrained.remove(rid)
+        if req is not None:
+            req.finished_reason = FinishReason("abort", message=message)
+            self._emit(req)
+            return
         for req in self.waiting_queue:
             if req.rid == rid and req.req_pool_idx is None:
                 self.waiting_queue.remove(req)
@@ -104,6 +124,9 @@ class Scheduler:
         self.running_batch.filter_batch()
 
     def flush_cache(self) -> bool:
+        # Requests that finished in the last step leave the running batch at the next one: drop them now, so a
+        # flush right after the last response succeeds.
+        self.running_batch.filter_batch()
         if not self.is_idle():
             return False
         self.tree_cache.reset()
@@ -113,11 +136,17 @@ class Scheduler:
         return True
 
     def is_idle(self) -> bool:
+        return self.nothing_to_run() and not self.constrained.queue
+
+    def nothing_to_run(self) -> bool:
+        """No batch can be formed now (requests whose grammar compiles may still be pending)."""
         return not self.waiting_queue and self.running_batch.is_empty() and self.chunked_req is None
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[ReqOutput]:
         self._process_aborts()
+        for req in self.constrained.pop_ready():
+            self._enter_waiting(req)
         batch = self.get_next_batch_to_run()
         if batch is not None:
             result = self.run_batch(batch)
@@ -203,10 +232,12 @@ class Scheduler:
         self.stats["decode_batches"] += 1
 
     # ------------------------------------------------------------------ forward
-    def _logits_plan(self, batch: ScheduleBatch) -> tuple[LogitsPlan, list[Req], list[tuple[Req, int, int, int]]]:
-        """Rows to compute logits for; the sampling requests; per request (req, first input row, end, prefix)."""
+    def _logits_plan(self, batch: ScheduleBatch):
+        """Rows to compute logits for; the sampling requests; the requests verifying a jump-forward draft; per
+        request asking for prompt logprobs (req, first input row, end, prefix)."""
         plan = LogitsPlan()
         samplers: list[Req] = []
+        verifiers: list[Req] = []
         spans: list[tuple[Req, int, int, int]] = []
         row = 0
         for req, p, e in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
@@ -219,24 +250,29 @@ class Scheduler:
                         plan.input_targets.append(req.fill_ids[pos + 1])
                 plan.input_top_k = max(plan.input_top_k, req.top_logprobs_num)
                 spans.append((req, start, len(plan.input_rows), p))
-            if not req.is_chunked:
+            if req.jump_draft:
+                # Logits at the last output token and at each draft token (the extend is never chunked then).
+                plan.verify_rows.extend(range(row + e - len(req.jump_draft) - 1, row + e))
+                verifiers.append(req)
+            elif not req.is_chunked:
                 plan.sample_rows.append(row + e - 1)
                 samplers.append(req)
             row += e
-        return plan, samplers, spans
+        return plan, samplers, verifiers, spans
 
     def run_batch(self, batch: ScheduleBatch):
-        plan, samplers, spans = self._logits_plan(batch)
+        plan, samplers, verifiers, spans = self._logits_plan(batch)
         fb = batch.get_forward_batch(self.runner.token_to_kv_pool, self.runner.attn_backend)
         out: LogitsOutput = self.runner.forward(fb, plan)
         next_ids: list[int] = []
         if samplers:
             info = SamplingBatchInfo.from_reqs(samplers, out.next_token_logits.shape[-1], self.device)
+            self.constrained.attach_mask(info, samplers)
             next_ids = self.sampler(out.next_token_logits, info, self.generator).tolist()
-        return out, plan, samplers, next_ids, spans
+        return out, plan, samplers, verifiers, next_ids, spans
 
     def process_batch_result(self, batch: ScheduleBatch, result) -> None:
-        out, plan, samplers, next_ids, spans = result
+        out, plan, samplers, verifiers, next_ids, spans = result
         for req, s in zip(batch.reqs, batch.seq_lens):
             req.kv_committed_len = s
         for req, start, end, prefix_len in spans:
@@ -248,6 +284,7 @@ class Scheduler:
                 req.input_token_logprobs.append((out.input_logprobs[j], plan.input_targets[j]))
                 if req.top_logprobs_num:
                     req.input_top_logprobs.append(out.input_top[j][: req.top_logprobs_num])
+        jumpers: list[Req] = []
         out_lp = None
         if any(r.return_logprob for r in samplers):
             out_lp = torch.log_softmax(out.next_token_logits, dim=-1)
@@ -257,25 +294,92 @@ class Scheduler:
             if req.sampling_params.max_new_tokens == 0:
                 req.finished_reason = FinishReason("length", length=0)
             else:
-                req.output_ids.append(tok)
-                if req.return_logprob:
-                    req.output_token_logprobs.append((float(out_lp[i, tok]), tok))
-                    if req.top_logprobs_num:
-                        req.output_top_logprobs.append(top_logprobs(out_lp[i : i + 1], req.top_logprobs_num)[0])
-                req.check_finished(self.tokenizer, self._stop_window(req))
-            if batch.forward_mode.is_extend():
-                req.input_logprobs_done = True
-            if req.finished():
-                self.tree_cache.cache_finished_req(req)
-                self.stats["prompt_tokens"] += len(req.origin_input_ids)
-                self.stats["cached_tokens"] += req.cached_tokens
-            if req.finished() or req.stream:
-                self._emit(req)
+                self._append_token(req, tok, None if out_lp is None else out_lp[i : i + 1])
+                if self.constrained.plan_jump(req):
+                    jumpers.append(req)
+            self._after_tokens(req, batch)
+        if verifiers:
+            self._process_verified(batch, verifiers, out.verify_logits, jumpers)
         if batch.forward_mode.is_extend():
             # The prompt becomes shareable right after its prefill (chunk by chunk when chunked).
             for req in batch.reqs:
                 if not req.finished():
                     self.tree_cache.cache_unfinished_req(req)
+        if jumpers:
+            self._requeue_jumpers(batch, jumpers)
+
+    def _append_token(self, req: Req, tok: int, logprobs: torch.Tensor | None, advance_grammar: bool = True) -> None:
+        req.output_ids.append(tok)
+        if req.return_logprob:
+            req.output_token_logprobs.append((float(logprobs[0, tok]), tok))
+            if req.top_logprobs_num:
+                req.output_top_logprobs.append(top_logprobs(logprobs, req.top_logprobs_num)[0])
+        if advance_grammar:
+            self.constrained.accept(req, tok)
+        req.check_finished(self.tokenizer, self._stop_window(req))
+
+    def _after_tokens(self, req: Req, batch: ScheduleBatch) -> None:
+        if batch.forward_mode.is_extend():
+            req.input_logprobs_done = True
+        if req.finished():
+            self.tree_cache.cache_finished_req(req)
+            self.stats["prompt_tokens"] += len(req.origin_input_ids)
+            self.stats["cached_tokens"] += req.cached_tokens
+        if req.finished() or (req.stream and self._stream_due(req)):
+            self._emit(req)
+
+    def _process_verified(self, batch: ScheduleBatch, verifiers: list[Req], logits: torch.Tensor,
+                          jumpers: list[Req]) -> None:
+        """Exact jump-forward: keep each request's draft tokens while the model agrees, then its own token; the KV
+        written for rejected draft tokens goes back to the allocator."""
+        row = 0
+        for req in verifiers:
+            rows = logits[row : row + len(req.jump_draft) + 1]
+            row += len(rows)
+            drafted_end = req.kv_committed_len  # the extend wrote KV up to the last draft token
+            base = req.seqlen  # the last output token is at base - 1
+            result = self.constrained.verify(req, rows, self.generator)
+            lps = torch.log_softmax(rows, dim=-1) if req.return_logprob else None
+            kept = 0
+            for j, tok in enumerate(result.tokens):
+                self._append_token(req, tok, None if lps is None else lps[j : j + 1], advance_grammar=False)
+                kept += 1
+                if req.finished():
+                    break
+            if not req.finished():
+                if result.violated:
+                    req.finished_reason = FinishReason("abort", message=GRAMMAR_VIOLATION)
+                elif req.grammar.is_terminated():
+                    req.finished_reason = FinishReason("stop", matched=req.output_ids[-1])
+            # NOTE invariant: as after a decode step, the last output token's KV is not yet written.
+            req.kv_committed_len = base + max(kept - 1, 0)
+            self._free_positions(req, req.kv_committed_len, drafted_end)
+            if self.constrained.plan_jump(req):
+                jumpers.append(req)
+            self._after_tokens(req, batch)
+
+    def _free_positions(self, req: Req, start: int, end: int) -> None:
+        """Give back the slots of positions [start, end) of a request; a page keeps its slots while it still
+        holds a position below `start`."""
+        first = -(-start // self.page_size) * self.page_size
+        if end > first:
+            self.allocator.free(self.req_to_token_pool.req_to_token[req.req_pool_idx, first:end].clone())
+
+    def _requeue_jumpers(self, batch: ScheduleBatch, jumpers: list[Req]) -> None:
+        """A jumping request leaves its batch: its KV goes to the radix tree, and it waits (first in line) for
+        the extend that writes its forced tokens, matching everything before them in the tree."""
+        leaving = set(map(id, jumpers))
+        batch.reqs = [r for r in batch.reqs if id(r) not in leaving]
+        for req in jumpers:
+            self.tree_cache.cache_finished_req(req)
+            req.reset_kv_state()
+        self.waiting_queue = jumpers + self.waiting_queue
+        self.stats["jump_requeues"] += len(jumpers)
+
+    def _stream_due(self, req: Req) -> bool:
+        """The first token goes out at once (time to first token); later ones every stream_interval tokens."""
+        interval = req.sampling_params.stream_interval or self.args.stream_interval
+        return req.sent_len == 0 or len(req.output_ids) - req.sent_len >= interval
 
     def _stop_window(self, req: Req) -> int:
         stops = req.sampling_params.stop

@@ -11,6 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 from radixlm.runtime.server import anthropic_protocol as proto
 from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.native import ClientDisconnected, generate_or_abort, json_response
+from radixlm.runtime.server.openapi import request_body
 from radixlm.runtime.tokenizer_manager import RuntimeDead
 
 router = APIRouter()
@@ -24,7 +25,7 @@ def _abort_error(finish_reason: dict) -> Response:
     return _error(finish_reason.get("message") or "the request was aborted", finish_reason.get("status_code") or 500)
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post("/v1/messages/count_tokens", openapi_extra=request_body(proto.Conversation))
 async def count_tokens(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
     try:
@@ -35,7 +36,7 @@ async def count_tokens(request: Request) -> Response:
     return json_response({"input_tokens": len(ids)})
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", openapi_extra=request_body(proto.MessagesRequest))
 async def messages(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
     msg_id = proto.new_message_id()

@@ -14,12 +14,15 @@ from fastapi.responses import PlainTextResponse, Response
 
 import radixlm
 from radixlm.runtime.args import ServerArgs
-from radixlm.runtime.server.errors import BadRequest, error_response
+from radixlm.runtime.server.errors import BadRequest, error_response, parse
 from radixlm.runtime.server.guard import GuardMiddleware
 from radixlm.runtime.server.anthropic import router as anthropic_router
 from radixlm.runtime.server.metrics import router as metrics_router
 from radixlm.runtime.server.native import json_response, read_json_object, router as native_router
+from radixlm.runtime.server.native_protocol import AbortReq
 from radixlm.runtime.server.openai.routes import router as openai_router
+from radixlm.runtime.server.openapi import install_openapi, request_body
+from radixlm.runtime.server.tokens import router as tokens_router
 from radixlm.runtime.tokenizer_manager import RuntimeDead, TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -56,7 +59,7 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
     app = FastAPI(lifespan=lifespan)
     app.state.tokenizer_manager = tm
     app.add_middleware(GuardMiddleware, tokenizer_manager=tm)
-    for router in (native_router, openai_router, anthropic_router, metrics_router):
+    for router in (native_router, openai_router, anthropic_router, tokens_router, metrics_router):
         app.include_router(router)
 
     @app.exception_handler(BadRequest)
@@ -118,23 +121,21 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
             "load_time_s": tm.runtime.load_time_s, "process_pids": {n: p.pid for n, p in tm.runtime.procs.items()},
         })
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"], response_class=PlainTextResponse)
+    @app.post("/flush_cache", response_class=PlainTextResponse)
+    @app.get("/flush_cache", response_class=PlainTextResponse)
     async def flush_cache() -> Response:
         if await tm.flush_cache():
             return PlainTextResponse("Cache flushed.\n")
         return PlainTextResponse("Cache not flushed: requests are running or waiting.\n", status_code=400)
 
-    @app.post("/abort_request")
+    @app.post("/abort_request", openapi_extra=request_body(AbortReq))
     async def abort_request(request: Request) -> Response:
-        body = await read_json_object(request)
-        abort_all = body.get("abort_all", False)
-        rid = body.get("rid")
-        if not isinstance(abort_all, bool) or (rid is not None and not isinstance(rid, str)):
-            raise BadRequest("abort_request takes {rid: str} or {abort_all: true}")
-        if not abort_all and not rid:
+        req: AbortReq = parse(AbortReq, await read_json_object(request))
+        if not req.abort_all and not req.rid:
             raise BadRequest("abort_request needs rid or abort_all=true")
-        return json_response({"aborted": tm.abort_request(rid, abort_all)})
+        return json_response({"aborted": tm.abort_request(req.rid, req.abort_all)})
 
+    install_openapi(app)
     return app
 
 

@@ -4,11 +4,15 @@ arrive; the gauges are refreshed from the scheduler's internal state at scrape t
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+import radixlm
 
 logger = logging.getLogger(__name__)
 
@@ -95,3 +99,22 @@ async def metrics(request: Request) -> Response:
     except Exception as e:  # noqa: BLE001 - a scrape still returns the counters when the runtime is down
         logger.warning("metrics: scheduler state unavailable (%r); gauges are stale", e)
     return Response(tm.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/loads")
+async def loads(request: Request) -> Response:
+    """The load a router balances on: requests running and queued, KV tokens in use (one entry per data-parallel
+    rank; this server is one rank)."""
+    tm = request.app.state.tokenizer_manager
+    state = await tm.get_internal_state(timeout=SCRAPE_STATE_TIMEOUT_S)
+    total = state["max_total_num_tokens"]
+    used = total - state["available_tokens"] - state["evictable_tokens"]
+    stats = state["stats"]
+    load = {
+        "dp_rank": 0, "num_running_reqs": state["num_running_reqs"], "num_waiting_reqs": state["num_waiting_reqs"],
+        "num_in_flight_reqs": tm.in_flight(), "num_used_tokens": used, "max_total_num_tokens": total,
+        "token_usage": used / max(1, total), "cached_tokens_total": stats.get("cached_tokens", 0),
+        "prompt_tokens_total": stats.get("prompt_tokens", 0),
+    }
+    return Response(orjson.dumps({"timestamp": time.time(), "version": radixlm.__version__, "loads": [load]}),
+                    media_type="application/json")

@@ -10,15 +10,13 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from radixlm.runtime.server.errors import BadRequest, error_body
+from radixlm.runtime.server.errors import BadRequest, error_body, parse
+from radixlm.runtime.server.native_protocol import GenerateReqInput
+from radixlm.runtime.server.openapi import request_body
 from radixlm.runtime.tokenizer_manager import RuntimeDead
 
 router = APIRouter()
 
-GENERATE_FIELDS = {
-    "text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
-    "return_text_in_logprobs", "stream", "rid", "extra_key",
-}
 DISCONNECT_POLL_S = 0.5
 
 
@@ -32,37 +30,27 @@ async def read_json_object(request: Request) -> dict[str, Any]:
     return body
 
 
-def _flag(body: dict, name: str) -> bool:
-    v = body.get(name, False)
-    if not isinstance(v, bool):
-        raise BadRequest(f"{name} must be a boolean")
-    return v
-
-
 def json_response(obj: Any, status_code: int = 200) -> Response:
     return Response(orjson.dumps(obj), status_code=status_code, media_type="application/json")
 
 
-@router.api_route("/generate", methods=["POST", "PUT"])
+@router.post("/generate", openapi_extra=request_body(GenerateReqInput))
+@router.put("/generate", openapi_extra=request_body(GenerateReqInput))
 async def generate(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
-    body = await read_json_object(request)
-    unknown = sorted(set(body) - GENERATE_FIELDS)
-    if unknown:
-        raise BadRequest(f"unknown field(s) in the request: {', '.join(unknown)}")
-    stream, return_text = _flag(body, "stream"), _flag(body, "return_text_in_logprobs")
+    req: GenerateReqInput = parse(GenerateReqInput, await read_json_object(request))
     try:
-        built = tm.build(prompt=body.get("text"), sampling_params=body.get("sampling_params"), input_ids=body.get("input_ids"),
-                         return_logprob=_flag(body, "return_logprob"), logprob_start_len=body.get("logprob_start_len"),
-                         top_logprobs_num=body.get("top_logprobs_num"), rid=body.get("rid"),
-                         extra_key=body.get("extra_key"), stream=stream)
+        built = tm.build(prompt=req.text, sampling_params=req.sampling_dicts(), input_ids=req.input_ids,
+                         return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
+                         top_logprobs_num=req.top_logprobs_num, rid=req.rid, extra_key=req.extra_key, stream=req.stream)
     except (ValueError, TypeError) as e:
         raise BadRequest(str(e)) from None
-    if stream:
+    if req.stream:
         incremental = tm.server_args.incremental_streaming_output
-        return StreamingResponse(_sse(tm, built.msgs[0], return_text, incremental), media_type="text/event-stream")
+        return StreamingResponse(_sse(tm, built.msgs[0], req.return_text_in_logprobs, incremental),
+                                 media_type="text/event-stream")
     try:
-        return json_response(await generate_or_abort(request, tm, built, return_text))
+        return json_response(await generate_or_abort(request, tm, built, req.return_text_in_logprobs))
     except ClientDisconnected:
         return Response(status_code=499)
     except ValueError as e:

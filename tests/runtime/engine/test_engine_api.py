@@ -102,6 +102,13 @@ def test_streaming_yields_growing_text(smol_engine):
     assert [c["meta_info"]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
 
 
+def test_stream_interval_reports_every_k_tokens(smol_engine):
+    sp = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True, "stream_interval": 4}
+    chunks = list(smol_engine.generate(PROMPT, sp, stream=True))
+    # The first token at once, then every 4 tokens; the end always.
+    assert [len(c["output_ids"]) for c in chunks] == [1, 5, 9, 10]
+
+
 def test_async_generate_and_stream(smol_engine):
     async def main():
         outs = await asyncio.gather(*(smol_engine.async_generate(p, {"temperature": 0, "max_new_tokens": 8}) for p in ["A", "B", "C"]))

@@ -83,12 +83,54 @@ def test_logprobs(server):
     assert [t for _lp, t, _x in meta["output_token_logprobs"]] == out["output_ids"]
 
 
+def test_batch_with_per_prompt_logprob_fields(server):
+    outs = gen(server, text=[PROMPT, "Hello there"], sampling_params={"temperature": 0, "max_new_tokens": 3},
+               return_logprob=[True, False], logprob_start_len=[2, -1], top_logprobs_num=[2, 0]).json()
+    with_lp, without = (o["meta_info"] for o in outs)
+    assert len(with_lp["input_token_logprobs"]) == with_lp["prompt_tokens"] - 2
+    assert len(with_lp["output_top_logprobs"]) == 3 and all(len(t) == 2 for t in with_lp["output_top_logprobs"])
+    assert "output_token_logprobs" not in without
+    r = gen(server, text=[PROMPT, "Hello"], return_logprob=[True])
+    assert r.status_code == 400 and "return_logprob" in r.json()["message"]
+
+
+def test_stream_interval(server):
+    body = {"text": PROMPT, "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": 7, "ignore_eos": True,
+                                                                  "stream_interval": 3}}
+    with server.client.stream("POST", "/generate", json=body) as r:
+        chunks = sse_events(r.iter_lines())[:-1]
+    assert [len(c["output_ids"]) for c in chunks] == [1, 4, 7]
+
+
+def test_tokenize_and_detokenize(server):
+    c = server.client
+    for prefix in ("", "/v1"):
+        one = c.post(f"{prefix}/tokenize", json={"prompt": "Hello world"}).json()
+        assert one["count"] == len(one["tokens"]) and one["max_model_len"] == 8192
+        assert c.post(f"{prefix}/detokenize", json={"tokens": one["tokens"]}).json() == {"text": "Hello world"}
+    many = c.post("/tokenize", json={"prompt": ["a b", "c"]}).json()
+    assert many["count"] == [len(t) for t in many["tokens"]]
+    assert c.post("/detokenize", json={"tokens": many["tokens"]}).json()["text"] == ["a b", "c"]
+    chat = c.post("/v1/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
+    templated = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}).json()
+    assert chat["count"] == templated["usage"]["prompt_tokens"]
+    for bad in ({}, {"prompt": "a", "messages": [{"role": "user", "content": "x"}]}, {"prompt": 5}):
+        assert c.post("/tokenize", json=bad).status_code == 400
+    assert c.post("/detokenize", json={"tokens": [10**9]}).status_code == 400
+
+
+def test_loads(server):
+    load = server.client.get("/v1/loads").json()["loads"][0]
+    assert load["dp_rank"] == 0 and load["max_total_num_tokens"] == 4096
+    assert load["num_running_reqs"] == 0 and load["num_waiting_reqs"] == 0 and 0 <= load["token_usage"] <= 1
+
+
 def test_cached_tokens_and_flush_cache(server):
     prompt = "A completely different prompt about caching radix trees in language model servers"
     first = gen(server, text=prompt, sampling_params={"temperature": 0, "max_new_tokens": 2}).json()["meta_info"]
     second = gen(server, text=prompt, sampling_params={"temperature": 0, "max_new_tokens": 2}).json()["meta_info"]
     assert first["cached_tokens"] == 0 and second["cached_tokens"] == second["prompt_tokens"] - 1
-    assert server.client.post("/flush_cache").status_code == 200
+    assert server.client.post("/flush_cache").status_code == 200, server.client.get("/server_info").json()["internal_states"]
     third = gen(server, text=prompt, sampling_params={"temperature": 0, "max_new_tokens": 2}).json()["meta_info"]
     assert third["cached_tokens"] == 0
 
@@ -153,7 +195,7 @@ BAD = [
     ({"text": "hi", "return_logprob": True, "logprob_start_len": 50}, "logprob_start_len"),
     ({"text": ["a", "b"], "stream": True}, "streaming"),
     ({"text": "hi", "stream": "yes"}, "stream"),
-    ({"text": 5}, "prompt"),
+    ({"text": 5}, "text"),
 ]
 
 

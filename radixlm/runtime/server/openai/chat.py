@@ -11,21 +11,23 @@ from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.openai.common import (
     Usage, build, check_lengths, finish, merged_stream, new_id, respond, sse_body,
 )
-from radixlm.runtime.server.openai.protocol import ChatCompletionRequest
+from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, ChatMessage
 
 MAX_TOP_LOGPROBS = 20
 
 
-def _prompt_ids(tm, req: ChatCompletionRequest) -> list[int]:
-    if not req.messages:
+def chat_prompt_ids(tm, messages: list[ChatMessage], continue_final_message: bool = False,
+                    chat_template_kwargs: dict | None = None) -> list[int]:
+    """The prompt the tokenizer's chat template makes of `messages` (also used by /v1/tokenize)."""
+    if not messages:
         raise BadRequest("messages: must not be empty")
-    cont = req.continue_final_message
-    if cont and req.messages[-1].role != "assistant":
+    cont = continue_final_message
+    if cont and messages[-1].role != "assistant":
         raise BadRequest("continue_final_message needs the last message to be from the assistant")
-    msgs = [m.for_template() for m in req.messages]
+    msgs = [m.for_template() for m in messages]
     try:
         text = tm.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=not cont,
-                                                continue_final_message=cont, **(req.chat_template_kwargs or {}))
+                                                continue_final_message=cont, **(chat_template_kwargs or {}))
     except Exception as e:  # noqa: BLE001 - jinja errors raised by the template for unsupported input
         raise BadRequest(f"messages: cannot apply the chat template: {e}") from None
     # The template already carries the special tokens (BOS included when the model uses one).
@@ -50,7 +52,7 @@ def _chat_logprobs(meta: dict, start: int = 0) -> dict:
 
 async def create_chat_completion(request: Request, req: ChatCompletionRequest) -> Response:
     tm = request.app.state.tokenizer_manager
-    ids = _prompt_ids(tm, req)
+    ids = chat_prompt_ids(tm, req.messages, req.continue_final_message, req.chat_template_kwargs)
     if req.top_logprobs is not None:
         if not req.logprobs:
             raise BadRequest("top_logprobs: requires logprobs=true")

@@ -4,10 +4,10 @@ Types are checked here (pydantic); value ranges are left to the core's SamplingP
 native and OpenAI APIs reject the same values with the same messages."""
 from __future__ import annotations
 
-import re
+import json
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from radixlm.runtime.server.errors import BadRequest
 
@@ -17,6 +17,28 @@ Number = Union[StrictInt, StrictFloat]
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
     continuous_usage_stats: StrictBool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def constraint(self) -> str | None:
+        """The JSON schema (as a string) the output must satisfy; None for plain text."""
+        if self.type == "json_object":
+            return '{"type": "object"}'
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                raise BadRequest("response_format: type json_schema needs a json_schema object")
+            return json.dumps(self.json_schema.schema_)
+        return None
 
 
 class _Sampling(BaseModel):
@@ -46,7 +68,8 @@ class _Sampling(BaseModel):
     no_stop_trim: StrictBool = False
     skip_special_tokens: StrictBool = True
     regex: StrictStr | None = None
-    json_schema: StrictStr | None = None
+    json_schema: StrictStr | dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     ebnf: StrictStr | None = None
     rid: StrictStr | None = None
     extra_key: StrictStr | None = None
@@ -61,6 +84,10 @@ class _Sampling(BaseModel):
             "skip_special_tokens": self.skip_special_tokens, "logit_bias": self.logit_bias, "seed": self.seed,
             "regex": self.regex, "json_schema": self.json_schema, "ebnf": self.ebnf,
         }
+        if self.response_format is not None and (schema := self.response_format.constraint()) is not None:
+            if self.json_schema is not None or self.regex is not None or self.ebnf is not None:
+                raise BadRequest("response_format: cannot be combined with regex, json_schema or ebnf")
+            sp["json_schema"] = schema
         return {k: v for k, v in sp.items() if v is not None}
 
     @property
@@ -105,22 +132,3 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: StrictInt | None = None
     continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
-
-
-_TYPE_TAG = re.compile(r"^(str|int|float|bool|dict|list|none)$|[\[\]]")
-
-
-def parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
-    """Validates a request body; a type error becomes a 400 naming the field."""
-    try:
-        return model.model_validate(body)
-    except ValidationError as e:
-        errors = e.errors()
-        root = errors[0]["loc"][0] if errors[0]["loc"] else "body"
-        mine = [err for err in errors if err["loc"] and err["loc"][0] == root]
-        if len(mine) == 1:
-            # Union members add their type's name to the location: keep field names and indices only.
-            loc = ".".join(str(p) for p in mine[0]["loc"] if isinstance(p, int) or not _TYPE_TAG.search(p))
-            raise BadRequest(f"{loc}: {mine[0]['msg']}") from None
-        msgs = "; ".join(dict.fromkeys(err["msg"] for err in mine))
-        raise BadRequest(f"{root}: invalid value {str(body.get(root))[:100]!r} ({msgs})") from None

@@ -6,11 +6,12 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from radixlm.runtime.server.errors import error_body
+from radixlm.runtime.server.errors import error_body, parse
 from radixlm.runtime.server.native import json_response, read_json_object
 from radixlm.runtime.server.openai.chat import create_chat_completion
 from radixlm.runtime.server.openai.completions import create_completion
-from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest, parse
+from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from radixlm.runtime.server.openapi import request_body
 
 router = APIRouter()
 _CREATED = int(time.time())
@@ -37,11 +38,11 @@ async def retrieve_model(model: str, request: Request) -> Response:
     return json_response(card)
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
 async def completions(request: Request) -> Response:
     return await create_completion(request, parse(CompletionRequest, await read_json_object(request)))
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     return await create_chat_completion(request, parse(ChatCompletionRequest, await read_json_object(request)))

@@ -1,0 +1,96 @@
+"""The Router: worker registry + policy + the shared approximate tree + metrics. HTTP lives in app.py."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from radixlm.router.args import RouterArgs
+from radixlm.router.metrics import RouterMetrics
+from radixlm.router.policies import CacheAwareConfig, RoutingRequest, make_policy
+from radixlm.router.tree import ApproxRadixTree
+from radixlm.router.workers import CircuitConfig, HealthConfig, Worker, WorkerRegistry
+
+logger = logging.getLogger(__name__)
+
+
+class Router:
+    def __init__(self, args: RouterArgs, client: httpx.AsyncClient) -> None:
+        self.args = args
+        self.client = client
+        # Every policy feeds the tree (it also gives the hit-rate estimate); only cache_aware routes on it.
+        self.tree = ApproxRadixTree()
+        self.policy = make_policy(
+            args.policy, self.tree,
+            CacheAwareConfig(args.cache_threshold, args.balance_abs_threshold, args.balance_rel_threshold),
+            seed=args.random_seed, prefix_chars=4 * args.prefix_token_count, load_factor=args.prefix_hash_load_factor)
+        self.registry = WorkerRegistry(
+            HealthConfig(args.health_failure_threshold, args.health_success_threshold,
+                         args.health_check_timeout_secs, args.health_check_interval_secs, args.health_check_endpoint),
+            CircuitConfig(args.cb_failure_threshold, args.cb_success_threshold, args.cb_timeout_duration_secs,
+                          enabled=not args.disable_circuit_breaker),
+            client)
+        self.registry.listeners.append(self)
+        self.metrics = RouterMetrics()
+        self.est_cached_chars = 0  # set by select()
+        self.est_input_chars = 0  # set by select()
+        for url in args.worker_urls:
+            self.registry.add(url)
+
+    # ---- WorkerListener ------------------------------------------------------------------------
+    def worker_added(self, url: str) -> None:
+        self.tree.add_tenant(url)
+
+    def worker_removed(self, url: str) -> None:
+        self.tree.remove_tenant(url)
+
+    def worker_down(self, url: str) -> None:
+        # A worker that went down comes back (if at all) with a cold cache: stop crediting it.
+        self.tree.clear_tenant(url)
+
+    # ---- routing -------------------------------------------------------------------------------
+    def select(self, req: RoutingRequest, exclude: set[str] = frozenset()) -> tuple[Worker, int] | None:
+        """Picks a worker (None when no eligible one is left) and records the text under it at selection
+        time. Returns the worker and how many characters the tree believed it already held."""
+        candidates = [w for w in self.registry.eligible() if w.url not in exclude]
+        if not candidates:
+            return None
+        w = self.policy.select(candidates, req)
+        w.selections += 1
+        self.metrics.selections.labels(w.url, self.policy.name).inc()
+        held = 0
+        if req.text:
+            held = self.tree.match_tenant(req.text, w.url)
+            self.tree.insert(req.text, w.url)
+            self.est_cached_chars += held
+            self.est_input_chars += len(req.text)
+            self.metrics.est_cached_chars.inc(held)
+            self.metrics.est_input_chars.inc(len(req.text))
+            self.metrics.est_hit_rate.set(self.est_cached_chars / self.est_input_chars)
+        return w, held
+
+    def undo_insert(self, req: RoutingRequest, w: Worker, held: int) -> None:
+        """The attempt on `w` failed before the worker could cache anything: withdraw the optimistic insert
+        beyond what it held before, so a retry elsewhere leaves no phantom affinity behind."""
+        if held < len(req.text):
+            self.tree.remove_prefix(req.text[: held + 1], w.url)
+
+    def estimated_hit_rate(self) -> float:
+        return self.est_cached_chars / self.est_input_chars if self.est_input_chars else 0.0
+
+    def describe_workers(self) -> list[dict]:
+        return [{**w.describe(), "tree_chars": self.tree.char_count.get(w.url, 0)}
+                for w in self.registry.workers.values()]
+
+    # ---- background tasks --------------------------------------------------------------------------
+    def evict(self) -> dict[str, int]:
+        evicted = self.tree.evict_tenant_by_size(self.args.max_tree_size)
+        if evicted:
+            logger.debug("tree eviction: %s", evicted)
+        return evicted
+
+    async def run_eviction(self) -> None:
+        while True:
+            await asyncio.sleep(self.args.eviction_interval)
+            self.evict()

@@ -1,0 +1,120 @@
+"""Running the router: alone (`radixlm router`), or in front of N local workers (`radixlm serve --dp-size N`)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Callable
+
+import httpx
+
+from radixlm.router.args import RouterArgs
+from radixlm.runtime.args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+WORKER_STARTUP_TIMEOUT_S = 600.0
+WORKER_STOP_TIMEOUT_S = 40.0
+
+
+def run_router(args: RouterArgs, on_shutdown: Callable[[], None] | None = None) -> None:
+    import uvicorn
+
+    from radixlm.router.app import create_app
+
+    uvicorn.run(create_app(args, on_shutdown=on_shutdown), host=args.host, port=args.port,
+                log_level=args.log_level.lower(), timeout_keep_alive=5)
+
+
+def worker_argv(server_args: ServerArgs) -> list[str]:
+    """The flags that reproduce `server_args` for a worker process (only those that differ from defaults)."""
+    out: list[str] = []
+    for f in dataclasses.fields(ServerArgs):
+        value, default = getattr(server_args, f.name), f.default
+        if value == default or value is None:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        out += [flag] if value is True else [flag, str(value)]
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _device_env(rank: int, dp_size: int, server_args: ServerArgs) -> tuple[dict[str, str], ServerArgs]:
+    """One GPU per worker when there are enough GPUs; otherwise they share the device, each with 1/N of
+    the memory fraction (CPU workers need nothing)."""
+    env = dict(os.environ)
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no torch / no CUDA: CPU workers
+        gpus = 0
+    if gpus >= dp_size:
+        env["CUDA_VISIBLE_DEVICES"] = str(rank)
+    elif gpus and server_args.max_total_tokens is None:
+        share = (server_args.mem_fraction_static or 0.8) / dp_size
+        server_args = dataclasses.replace(server_args, mem_fraction_static=round(share, 3))
+    return env, server_args
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + WORKER_STOP_TIMEOUT_S
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def serve_data_parallel(server_args: ServerArgs, dp_size: int, router_args: RouterArgs) -> None:
+    """Starts `dp_size` worker processes on free local ports, waits until they are healthy, then serves the
+    router on router_args.port in this process; stops the workers on exit (also on failure)."""
+    if dp_size < 1:
+        raise ValueError("dp_size must be >= 1")
+    procs: list[subprocess.Popen] = []
+    urls: list[str] = []
+    try:
+        for rank in range(dp_size):
+            port = _free_port()
+            env, args = _device_env(rank, dp_size, server_args)
+            cmd = [sys.executable, "-m", "radixlm.launch_server", "--host", "127.0.0.1", "--port", str(port),
+                   *worker_argv(args)]
+            procs.append(subprocess.Popen(cmd, env=env))
+            urls.append(f"http://127.0.0.1:{port}")
+        _wait_healthy(procs, urls)
+        logger.info("%d workers ready: %s", dp_size, " ".join(urls))
+        run_router(dataclasses.replace(router_args, worker_urls=urls), on_shutdown=lambda: _stop(procs))
+    finally:
+        _stop(procs)
+
+
+def _wait_healthy(procs: list[subprocess.Popen], urls: list[str]) -> None:
+    deadline = time.monotonic() + WORKER_STARTUP_TIMEOUT_S
+    pending = set(range(len(urls)))
+    with httpx.Client(timeout=5) as client:
+        while pending:
+            for i in list(pending):
+                if procs[i].poll() is not None:
+                    raise RuntimeError(f"worker {urls[i]} exited with {procs[i].returncode} while starting")
+                try:
+                    if client.get(urls[i] + "/health").status_code == 200:
+                        pending.discard(i)
+                except httpx.TransportError:
+                    pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers {[urls[i] for i in pending]} did not become healthy")
+            time.sleep(0.5)

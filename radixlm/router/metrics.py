@@ -1,0 +1,46 @@
+"""Router Prometheus metrics, in a registry of their own (never the global one: several routers, or a
+router and a worker, may share a process). Per-worker gauges are refreshed at scrape time."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from radixlm.router.workers import Worker
+
+PREFIX = "radixlm_router:"
+
+
+@dataclass
+class RouterMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.selections = Counter(PREFIX + "worker_selection", "Times the policy chose a worker",
+                                  ["worker", "policy"], registry=r)
+        self.requests = Counter(PREFIX + "requests", "Proxied requests by route and final HTTP status",
+                                ["route", "status"], registry=r)
+        self.retries = Counter(PREFIX + "retries", "Attempts moved to another worker after a failure before "
+                               "the first byte reached the client", ["worker"], registry=r)
+        self.worker_errors = Counter(PREFIX + "worker_errors", "Failed attempts by worker", ["worker"], registry=r)
+        self.est_cached_chars = Counter(PREFIX + "estimated_cached_chars",
+                                        "Request characters the tree believed the chosen worker held", registry=r)
+        self.est_input_chars = Counter(PREFIX + "estimated_input_chars", "Request characters routed", registry=r)
+        self.est_hit_rate = Gauge(PREFIX + "estimated_cache_hit_rate",
+                                  "estimated_cached_chars / estimated_input_chars since start", registry=r)
+        self.active = Gauge(PREFIX + "worker_requests_active", "In-flight requests per worker", ["worker"], registry=r)
+        self.health = Gauge(PREFIX + "worker_health", "1 when the worker is marked healthy", ["worker"], registry=r)
+        self.circuit = Gauge(PREFIX + "worker_circuit_state", "0 closed, 1 open, 2 half-open", ["worker"], registry=r)
+        self.tree_chars = Gauge(PREFIX + "tree_chars", "Characters the tree attributes to each worker",
+                                ["worker"], registry=r)
+
+    def render(self, workers: list[Worker], tree_chars: dict[str, int]) -> bytes:
+        for g in (self.active, self.health, self.circuit, self.tree_chars):
+            g.clear()  # removed workers must disappear from the gauges
+        for w in workers:
+            self.active.labels(w.url).set(w.in_flight)
+            self.health.labels(w.url).set(1 if w.healthy else 0)
+            self.circuit.labels(w.url).set(int(w.breaker.state))
+            self.tree_chars.labels(w.url).set(tree_chars.get(w.url, 0))
+        return generate_latest(self.registry)

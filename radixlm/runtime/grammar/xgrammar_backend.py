@@ -1,0 +1,61 @@
+"""GrammarBackend over xgrammar: token-level compilation against the model's tokenizer and vocabulary size,
+bitmask filling per request, and xgrammar's bitmask kernels (CPU, or CUDA/Triton on a GPU)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+from radixlm.runtime.grammar.backend import GrammarBackend, GrammarMatcher
+from radixlm.runtime.grammar.spec import GrammarSpec, InvalidGrammar, compiler_message
+
+
+class XGrammarMatcher(GrammarMatcher):
+    def __init__(self, matcher: xgr.GrammarMatcher):
+        self._m = matcher
+
+    def accept_token(self, token_id: int) -> bool:
+        return self._m.accept_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self._m.rollback(num_tokens)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._m.fill_next_token_bitmask(bitmask, row)
+
+    def is_terminated(self) -> bool:
+        return self._m.is_terminated()
+
+    def jump_forward_string(self) -> str:
+        return self._m.find_jump_forward_string()
+
+
+class XGrammarBackend(GrammarBackend):
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int], max_threads: int = 2):
+        self.vocab_size = vocab_size
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+        self.compiler = xgr.GrammarCompiler(info, max_threads=max_threads)
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        try:
+            if spec.kind == "regex":
+                return self.compiler.compile_regex(spec.spec)
+            if spec.kind == "json_schema":
+                json.loads(spec.spec)
+                # Compact separators: no whitespace for the model to loop on, and more text to jump over.
+                return self.compiler.compile_json_schema(spec.spec, any_whitespace=False)
+            return self.compiler.compile_grammar(spec.spec)
+        except Exception as e:  # noqa: BLE001 - reported on the request, never raised in the scheduler loop
+            raise InvalidGrammar(f"invalid {spec.kind}: {compiler_message(e)}") from None
+
+    def new_matcher(self, compiled: Any) -> GrammarMatcher:
+        return XGrammarMatcher(xgr.GrammarMatcher(compiled))
+
+    def allocate_bitmask(self, batch_size: int) -> torch.Tensor:
+        return xgr.allocate_token_bitmask(batch_size, self.vocab_size)
+
+    def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), indices=rows)

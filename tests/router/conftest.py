@@ -1,0 +1,119 @@
+"""Two real SmolLM2 workers shared by the router's end-to-end modules (package scope: at most two workers for
+all of tests/router), plus a router subprocess helper. Workers can be restarted on their own port."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.runtime.server.conftest import ServerHandle, child_pids, free_port, stop_server
+
+WORKER_FLAGS = ("--max-total-tokens", "4096", "--random-seed", "0", "--log-level", "warning")
+
+
+def start_worker_proc(port: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "radixlm.launch_server", "--port", str(port), *WORKER_FLAGS])
+
+
+def wait_healthy(proc: subprocess.Popen, base: str, timeout: float = 180) -> ServerHandle:
+    client = httpx.Client(base_url=base, timeout=60)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            client.close()
+            raise RuntimeError(f"{base} exited with {proc.returncode} while starting")
+        try:
+            if client.get("/health").status_code == 200:
+                return ServerHandle(proc, base, client)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    client.close()
+    proc.kill()
+    raise TimeoutError(f"{base} did not become healthy")
+
+
+def kill_hard(h: ServerHandle) -> None:
+    """SIGKILL a worker and its pipeline processes (a crash, not a shutdown)."""
+    kids = child_pids(h.proc.pid)
+    for pid in [h.proc.pid, *kids]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    h.proc.wait()
+    h.client.close()
+
+
+@dataclass
+class Fleet:
+    workers: list[ServerHandle]
+
+    @property
+    def urls(self) -> list[str]:
+        return [w.base_url for w in self.workers]
+
+
+@pytest.fixture(scope="package")
+def fleet():
+    ports = [free_port(), free_port()]
+    procs = [start_worker_proc(p) for p in ports]  # start both before waiting: they load in parallel
+    handles: list[ServerHandle] = []
+    try:
+        for proc, port in zip(procs, ports):
+            handles.append(wait_healthy(proc, f"http://127.0.0.1:{port}"))
+        f = Fleet(handles)
+        yield f
+        handles = f.workers  # a test may have restarted one
+    finally:
+        for proc in procs:
+            if proc.poll() is None and not any(h.proc is proc for h in handles):
+                proc.kill()
+                proc.wait()
+        for h in handles:
+            stop_server(h)
+
+
+@dataclass
+class RouterHandle:
+    proc: subprocess.Popen
+    base_url: str
+    client: httpx.Client
+
+
+def start_router(urls: list[str], *flags: str) -> RouterHandle:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "radixlm.router", "--worker-urls", *urls, "--port", str(port),
+                             "--log-level", "warning", *flags])
+    base = f"http://127.0.0.1:{port}"
+    client = httpx.Client(base_url=base, timeout=120)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            client.close()
+            raise RuntimeError(f"router exited with {proc.returncode}")
+        try:
+            if client.get("/health").status_code == 200:
+                return RouterHandle(proc, base, client)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    stop_router(RouterHandle(proc, base, client))
+    raise TimeoutError("router did not become healthy")
+
+
+def stop_router(h: RouterHandle) -> None:
+    h.client.close()
+    if h.proc.poll() is None:
+        h.proc.send_signal(signal.SIGTERM)
+        try:
+            h.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            h.proc.kill()
+            h.proc.wait()

@@ -1,0 +1,56 @@
+"""CLI plumbing: router flags, and the worker command line `serve --dp-size` builds from ServerArgs."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from radixlm.cli import add_server_args, server_args_from
+from radixlm.router.args import RouterArgs, add_router_args, router_args_from
+from radixlm.router.launch import worker_argv
+from radixlm.runtime.args import ServerArgs
+
+
+def parse_router(*argv: str) -> RouterArgs:
+    p = argparse.ArgumentParser()
+    add_router_args(p)
+    return router_args_from(p.parse_args(argv))
+
+
+def test_router_defaults_match_the_guide():
+    a = parse_router()
+    assert (a.policy, a.cache_threshold, a.balance_abs_threshold, a.balance_rel_threshold) == ("cache_aware", 0.3, 64, 1.5)
+    assert (a.eviction_interval, a.max_tree_size, a.port) == (120.0, 67108864, 30000)
+    assert (a.health_failure_threshold, a.health_success_threshold, a.cb_failure_threshold) == (3, 2, 10)
+
+
+def test_router_flags_and_alias():
+    a = parse_router("--worker-urls", "http://a:1", "http://b:2", "--policy", "round_robin",
+                     "--eviction-interval-secs", "5", "--disable-retries")
+    assert a.worker_urls == ["http://a:1", "http://b:2"] and a.policy == "round_robin"
+    assert a.eviction_interval == 5.0 and a.disable_retries
+
+
+@pytest.mark.parametrize("kw,msg", [({"cache_threshold": 1.5}, "cache_threshold"),
+                                    ({"balance_rel_threshold": 0.5}, "balance_rel_threshold"),
+                                    ({"policy": "nope"}, "policy")])
+def test_router_args_validation(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        RouterArgs(**kw)
+
+
+def test_worker_argv_round_trips_server_args():
+    sa = ServerArgs(max_total_tokens=4096, random_seed=0, enable_integrity_check=True, log_level="warning")
+    argv = worker_argv(sa)
+    assert "--max-total-tokens" in argv and "--enable-integrity-check" in argv and "--model-path" not in argv
+    p = argparse.ArgumentParser()
+    add_server_args(p)
+    assert ServerArgs(**server_args_from(p.parse_args(argv))) == sa
+
+
+def test_serve_rejects_bad_dp_size(capsys):
+    from radixlm.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--dp-size", "0"])
+    assert "--dp-size must be >= 1" in capsys.readouterr().err

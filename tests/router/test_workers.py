@@ -1,0 +1,134 @@
+"""Health hysteresis, the circuit breaker and load counting, with a fake clock and a mock transport."""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from radixlm.router.workers import (CircuitBreaker, CircuitConfig, CircuitState, HealthConfig, LoadGuard,
+                                    WorkerRegistry, normalize_url)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def worker_added(self, url): self.events.append(("added", url))
+    def worker_removed(self, url): self.events.append(("removed", url))
+    def worker_down(self, url): self.events.append(("down", url))
+
+
+def registry(handler=None, clock=None):
+    transport = httpx.MockTransport(handler or (lambda req: httpx.Response(200)))
+    return WorkerRegistry(HealthConfig(failure_threshold=3, success_threshold=2), CircuitConfig(failure_threshold=2,
+                          success_threshold=2, timeout_s=10), httpx.AsyncClient(transport=transport), clock or Clock())
+
+
+def test_health_hysteresis():
+    reg = registry()
+    rec = Recorder()
+    reg.listeners.append(rec)
+    w = reg.add("http://w1:1/")
+    assert w.url == "http://w1:1" and not w.healthy
+    reg.record_check(w, True, first=True)
+    assert w.healthy
+    reg.record_check(w, False)
+    reg.record_check(w, False)
+    reg.record_check(w, True)  # a success resets the failure streak
+    reg.record_check(w, False)
+    reg.record_check(w, False)
+    assert w.healthy
+    reg.record_check(w, False)
+    assert not w.healthy and rec.events == [("added", "http://w1:1"), ("down", "http://w1:1")]
+    reg.record_check(w, True)
+    assert not w.healthy
+    reg.record_check(w, True)
+    assert w.healthy
+
+
+def test_circuit_breaker_opens_half_opens_and_closes():
+    clock = Clock()
+    cb = CircuitBreaker(CircuitConfig(failure_threshold=2, success_threshold=2, timeout_s=10), clock)
+    cb.record(False)
+    assert cb.allows()
+    cb.record(False)
+    assert cb.state == CircuitState.OPEN and not cb.allows()
+    clock.t = 10
+    assert cb.allows() and cb.state == CircuitState.HALF_OPEN
+    cb.record(False)  # a failed probe reopens at once
+    assert cb.state == CircuitState.OPEN and not cb.allows()
+    clock.t = 20
+    assert cb.allows()
+    cb.record(True)
+    cb.record(True)
+    assert cb.state == CircuitState.CLOSED
+
+
+def test_open_circuit_makes_worker_ineligible():
+    reg = registry()
+    w = reg.add("http://w1:1")
+    reg.record_check(w, True, first=True)
+    assert reg.eligible() == [w]
+    w.breaker.record(False)
+    w.breaker.record(False)
+    assert reg.eligible() == []
+
+
+def test_load_guard_counts_once():
+    reg = registry()
+    w = reg.add("http://w1:1")
+    g1, g2 = LoadGuard(w), LoadGuard(w)
+    assert w.in_flight == 2
+    g1.release()
+    g1.release()
+    assert w.in_flight == 1
+    g2.release()
+    assert w.in_flight == 0
+
+
+def test_registry_rejects_bad_and_duplicate_urls():
+    reg = registry()
+    reg.add("http://w1:1")
+    with pytest.raises(ValueError, match="already"):
+        reg.add("http://w1:1/")
+    with pytest.raises(ValueError, match="http://host:port"):
+        reg.add("w1:1")
+    with pytest.raises(KeyError):
+        reg.remove("http://nope:1")
+    assert normalize_url(" https://a:2/ ") == "https://a:2"
+
+
+def test_probe_marks_down_and_up_over_http():
+    up = {"w1": True}
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.host == "w1" and not up["w1"]:
+            raise httpx.ConnectError("refused")
+        return httpx.Response(200 if req.url.path == "/health" else 404)
+
+    async def go():
+        reg = registry(handler)
+        w = reg.add("http://w1:1")
+        await reg.check_all(first=True)
+        assert w.healthy
+        up["w1"] = False
+        for _ in range(3):
+            await reg.check_all()
+        assert not w.healthy
+        up["w1"] = True
+        await reg.check_all()
+        assert not w.healthy
+        await reg.check_all()
+        assert w.healthy
+        await reg.client.aclose()
+
+    asyncio.run(go())

@@ -1,0 +1,114 @@
+"""Constrained decoding on SmolLM2 through the offline Engine: every output satisfies its JSON schema, regex or
+EBNF grammar; `exact` jump-forward reproduces `off` token for token (greedy) while `fast` only satisfies the
+constraint; constrained and unconstrained requests share batches without affecting each other."""
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from tests.runtime.engine.conftest import make_engine
+from tests.runtime.grammar.cases import EBNF, REGEXES, SCHEMAS
+
+pytestmark = pytest.mark.slow
+
+MAX_JSON_TOKENS = 160
+
+
+@pytest.fixture(scope="module", params=["off", "exact", "fast"])
+def run(request):
+    """Each mode's outputs for all cases (one engine per mode, all cases in two batches)."""
+    engine = make_engine("default", jump_forward=request.param)
+    try:
+        tok = engine.tokenizer
+        prompts = [tok.apply_chat_template([{"role": "user", "content": f"Reply with a JSON object describing {task}."}],
+                                           tokenize=False, add_generation_prompt=True) for task, _ in SCHEMAS]
+        json_outs = engine.generate(prompts, [{"temperature": 0, "max_new_tokens": MAX_JSON_TOKENS, "json_schema": json.dumps(s)}
+                                              for _, s in SCHEMAS])
+        regex_outs = engine.generate([p for p, _ in REGEXES], [{"temperature": 0, "max_new_tokens": 40, "regex": r}
+                                                               for _, r in REGEXES])
+        yield request.param, engine, json_outs, regex_outs
+    finally:
+        engine.shutdown()
+
+
+_off: dict[str, list] = {}
+
+
+def test_every_json_output_validates(run):
+    mode, _engine, json_outs, _ = run
+    assert len(SCHEMAS) >= 30
+    for (task, schema), out in zip(SCHEMAS, json_outs):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", (mode, task, out["text"])
+        jsonschema.validate(json.loads(out["text"]), schema)
+
+
+def test_every_regex_output_full_matches(run):
+    mode, _engine, _, regex_outs = run
+    for (prompt, pattern), out in zip(REGEXES, regex_outs):
+        assert re.fullmatch(pattern, out["text"]), (mode, prompt, out["text"])
+        assert out["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+def test_exact_jump_forward_equals_off_token_for_token(run):
+    mode, engine, json_outs, regex_outs = run
+    ids = [o["output_ids"] for o in json_outs + regex_outs]
+    stats = engine.scheduler.constrained.stats
+    if mode == "off":
+        _off["ids"] = ids
+        assert not stats
+        return
+    assert "ids" in _off, "the off run comes first"
+    assert len(ids) >= 20
+    if mode == "exact":
+        assert ids == _off["ids"]
+        assert stats["exact_jumps"] > 0 and 0 < stats["accepted_draft_tokens"] <= stats["draft_tokens"]
+    else:
+        assert stats["fast_jumps"] > 0 and stats["forced_tokens"] > 0
+
+
+def test_ebnf_grammar(run):
+    _mode, engine, _, _ = run
+    out = engine.generate("Tell me about an animal. ", {"temperature": 0, "max_new_tokens": 30, "ebnf": EBNF})
+    assert re.fullmatch(r"The (cat|dog|cow) says (meow|woof|moo)\.", out["text"]), out["text"]
+
+
+def test_mixed_batch_leaves_unconstrained_outputs_unchanged(run):
+    _mode, engine, _, _ = run
+    free = ["Once upon a time", "The best way to learn is"]
+    alone = engine.generate(free, {"temperature": 0, "max_new_tokens": 16})
+    mixed = engine.generate(
+        [free[0], "The phone number is ", free[1], "Reply in JSON: "],
+        [{"temperature": 0, "max_new_tokens": 16}, {"temperature": 0, "max_new_tokens": 20, "regex": REGEXES[0][1]},
+         {"temperature": 0, "max_new_tokens": 16}, {"temperature": 0, "max_new_tokens": 40, "json_schema": SCHEMAS[0][1]}],
+    )
+    assert [mixed[0]["output_ids"], mixed[2]["output_ids"]] == [a["output_ids"] for a in alone]
+    assert re.fullmatch(REGEXES[0][1], mixed[1]["text"])
+    jsonschema.validate(json.loads(mixed[3]["text"]), SCHEMAS[0][1])
+
+
+def test_sampled_outputs_satisfy_the_constraint(run):
+    _mode, engine, _, _ = run
+    schema = SCHEMAS[16][1]  # nested array of objects
+    outs = engine.generate(["Reply in JSON: "] * 4, {"temperature": 1.0, "max_new_tokens": MAX_JSON_TOKENS,
+                                                     "json_schema": schema, "seed": 11, "n": 1})
+    for o in outs:
+        jsonschema.validate(json.loads(o["text"]), schema)
+
+
+def test_conflicting_constraints_abort_without_crashing(run):
+    _mode, engine, _, _ = run
+    # The grammar allows only "a" then the end of text; min_new_tokens forbids ending: no token is allowed.
+    out = engine.generate("Say a: ", {"temperature": 0, "max_new_tokens": 8, "min_new_tokens": 4, "regex": "a"})
+    assert out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert engine.generate("Hi", {"temperature": 0, "max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+def test_invalid_spec_is_rejected_before_the_scheduler(run):
+    _mode, engine, _, _ = run
+    with pytest.raises(ValueError, match="invalid regex"):
+        engine.generate("x", {"regex": "(unclosed"})
+    with pytest.raises(ValueError, match="json_schema"):
+        engine.generate("x", {"json_schema": "{nope"})
