@@ -11,6 +11,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("torch_native",)
 GRAMMAR_BACKENDS = ("xgrammar",)
 JUMP_FORWARD_MODES = ("off", "fast", "exact")
+TOOL_CALL_PARSERS = ("auto", "qwen25", "hermes", "llama3")
 
 
 @dataclass
@@ -48,6 +49,7 @@ class ServerArgs:
     jump_forward: str = field(default="off", metadata={"choices": JUMP_FORWARD_MODES, "help": "fast: the paper's (may change tokenization); exact: verified, greedy output identical to off. Needs the radix cache"})
     stream_interval: int = field(default=1, metadata={"help": "a streaming request reports every this many new tokens (its sampling_params.stream_interval overrides)"})
     incremental_streaming_output: bool = field(default=False, metadata={"help": "streamed /generate chunks carry only what is new (default: cumulative, as SGLang)"})
+    tool_call_parser: str = field(default="auto", metadata={"choices": TOOL_CALL_PARSERS, "help": "format of tool calls in the model's text; auto: from the chat template"})
     api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' (except /health*, /metrics)"})
     max_queued_requests: int | None = field(default=None, metadata={"help": "reject (503) generation requests beyond max_running_requests + this"})
     watchdog_timeout: float = field(default=300.0, metadata={"help": "seconds without scheduler progress (requests pending) before failing them"})
@@ -79,6 +81,7 @@ class ServerArgs:
         check(self.max_queued_requests is None or self.max_queued_requests >= 0, "max_queued_requests must be >= 0")
         check(self.grammar_backend in GRAMMAR_BACKENDS, f"unknown grammar_backend {self.grammar_backend!r}; choose from {GRAMMAR_BACKENDS}")
         check(self.jump_forward in JUMP_FORWARD_MODES, f"unknown jump_forward {self.jump_forward!r}; choose from {JUMP_FORWARD_MODES}")
+        check(self.tool_call_parser in TOOL_CALL_PARSERS, f"unknown tool_call_parser {self.tool_call_parser!r}; choose from {TOOL_CALL_PARSERS}")
         check(self.stream_interval >= 1, "stream_interval must be >= 1")
         check(self.watchdog_timeout > 0, "watchdog_timeout must be > 0")
         check(self.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")

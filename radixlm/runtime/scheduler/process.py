@@ -73,10 +73,12 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs, ready_pipe) -> None
     new_reqs: list[DetokenizeInfo] = []
     last_check = time.monotonic()
     while True:
-        if sched.nothing_to_run() and not recv.poll(IDLE_POLL_MS if sched.is_idle() else GRAMMAR_POLL_MS):
+        if sched.is_idle() and not recv.poll(IDLE_POLL_MS):
             if not watch.parent_alive():
                 return
             continue
+        if sched.nothing_to_run():
+            recv.poll(GRAMMAR_POLL_MS)  # only grammars compiling: wait a little for them or for new messages
         while True:
             try:
                 msg = recv.recv_pyobj(zmq.NOBLOCK)

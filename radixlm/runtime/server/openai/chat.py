@@ -12,12 +12,13 @@ from radixlm.runtime.server.openai.common import (
     Usage, build, check_lengths, finish, merged_stream, new_id, respond, sse_body,
 )
 from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, ChatMessage
+from radixlm.runtime.server.openai.tool_calls import StreamedTools, ToolPlan, finish_reason, plan_tools, tool_message
 
 MAX_TOP_LOGPROBS = 20
 
 
 def chat_prompt_ids(tm, messages: list[ChatMessage], continue_final_message: bool = False,
-                    chat_template_kwargs: dict | None = None) -> list[int]:
+                    chat_template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[int]:
     """The prompt the tokenizer's chat template makes of `messages` (also used by /v1/tokenize)."""
     if not messages:
         raise BadRequest("messages: must not be empty")
@@ -25,9 +26,10 @@ def chat_prompt_ids(tm, messages: list[ChatMessage], continue_final_message: boo
     if cont and messages[-1].role != "assistant":
         raise BadRequest("continue_final_message needs the last message to be from the assistant")
     msgs = [m.for_template() for m in messages]
+    kwargs = {**(chat_template_kwargs or {}), **({"tools": tools} if tools else {})}
     try:
         text = tm.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=not cont,
-                                                continue_final_message=cont, **(chat_template_kwargs or {}))
+                                                continue_final_message=cont, **kwargs)
     except Exception as e:  # noqa: BLE001 - jinja errors raised by the template for unsupported input
         raise BadRequest(f"messages: cannot apply the chat template: {e}") from None
     # The template already carries the special tokens (BOS included when the model uses one).
@@ -52,7 +54,8 @@ def _chat_logprobs(meta: dict, start: int = 0) -> dict:
 
 async def create_chat_completion(request: Request, req: ChatCompletionRequest) -> Response:
     tm = request.app.state.tokenizer_manager
-    ids = chat_prompt_ids(tm, req.messages, req.continue_final_message, req.chat_template_kwargs)
+    plan = plan_tools(req, tm.server_args.tool_call_parser, getattr(tm.tokenizer, "chat_template", None))
+    ids = chat_prompt_ids(tm, req.messages, req.continue_final_message, req.chat_template_kwargs, plan.template_tools)
     if req.top_logprobs is not None:
         if not req.logprobs:
             raise BadRequest("top_logprobs: requires logprobs=true")
@@ -65,30 +68,36 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
     if max_new is None:
         info = tm.runtime.info  # until the context or the KV pool is full, whichever comes first
         max_new = min(info.context_len - len(ids), info.max_total_num_tokens - len(ids) - 1)
-    built = build(tm, input_ids=ids, sampling_params=req.sampling_params(max_new), return_logprob=req.logprobs,
+    sampling = req.sampling_params(max_new)
+    if plan.json_schema is not None:
+        sampling["json_schema"] = plan.json_schema
+    built = build(tm, input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs,
                   top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": req.model or tm.server_args.model_path}
     if req.stream:
-        return StreamingResponse(sse_body(_stream(tm, built, req, head)), media_type="text/event-stream")
+        return StreamingResponse(sse_body(_stream(tm, built, req, head, plan)), media_type="text/event-stream")
 
     def make(results: list[dict]) -> dict:
         choices = []
         for i, r in enumerate(results):
             reason, matched = finish(r["meta_info"])
+            content, tool_calls = tool_message(plan, r["text"])
             choices.append({
-                "index": i, "message": {"role": "assistant", "content": r["text"], "reasoning_content": None, "tool_calls": None},
+                "index": i, "message": {"role": "assistant", "content": content, "reasoning_content": None,
+                                        "tool_calls": tool_calls},
                 "logprobs": _chat_logprobs(r["meta_info"]) if req.logprobs else None,
-                "finish_reason": reason, "matched_stop": matched,
+                "finish_reason": finish_reason(reason, tool_calls is not None), "matched_stop": matched,
             })
         return {**head, "object": "chat.completion", "choices": choices, "usage": Usage.of(results, req.n).to_dict()}
 
     return await respond(request, tm, built, make)
 
 
-async def _stream(tm, built, req: ChatCompletionRequest, head: dict) -> AsyncIterator[dict]:
+async def _stream(tm, built, req: ChatCompletionRequest, head: dict, plan: ToolPlan) -> AsyncIterator[dict]:
     head = {**head, "object": "chat.completion.chunk"}
     k = len(built.msgs)
     sent_text, sent_lp, last = [0] * k, [0] * k, [None] * k
+    tools = [StreamedTools(plan) for _ in range(k)] if plan.fmt is not None else None
 
     def chunk(i: int, delta: dict, logprobs=None, reason=None, matched=None) -> dict:
         return {**head, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
@@ -99,15 +108,19 @@ async def _stream(tm, built, req: ChatCompletionRequest, head: dict) -> AsyncIte
         if last[i] is None:
             yield chunk(i, {"role": "assistant", "content": ""})
         last[i] = snap
-        delta = text[sent_text[i]:]
-        sent_text[i] = max(sent_text[i], len(text))
+        reason, matched = finish(meta)
+        if tools is not None:
+            delta = tools[i].delta(text, reason is not None)
+            reason = finish_reason(reason, tools[i].called)
+        else:
+            delta = {"content": text[sent_text[i]:]} if len(text) > sent_text[i] else {}
+            sent_text[i] = max(sent_text[i], len(text))
         lp = None
         if req.logprobs:
             lp = _chat_logprobs(meta, sent_lp[i])
             sent_lp[i] = len(meta.get("output_token_logprobs", []))
-        reason, matched = finish(meta)
         if not delta and reason is None and not (lp and lp["content"]):
             continue
-        yield chunk(i, {"content": delta}, lp, reason, matched)
+        yield chunk(i, delta or {"content": ""}, lp, reason, matched)
     if req.include_usage:
         yield {**head, "choices": [], "usage": Usage.of([s for s in last if s is not None], req.n).to_dict()}

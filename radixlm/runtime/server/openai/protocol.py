@@ -121,7 +121,42 @@ class ChatMessage(BaseModel):
             d["content"] = "".join(p.text for p in self.content)
         elif self.content is None:
             d["content"] = ""
+        if isinstance(calls := d.get("tool_calls"), list):
+            d["tool_calls"] = [_template_call(c) for c in calls]
         return d
+
+
+def _template_call(call: Any) -> Any:
+    """OpenAI sends arguments as a JSON string; chat templates (HF convention) expect the object."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        try:
+            args = json.loads(fn["arguments"])
+        except ValueError:
+            return call
+        return {**call, "function": {**fn, "arguments": args}}
+    return call
+
+
+class FunctionDefinition(BaseModel):
+    name: StrictStr
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(BaseModel):
+    name: StrictStr
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: ToolChoiceFunction
 
 
 class ChatCompletionRequest(_Sampling):
@@ -132,3 +167,6 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: StrictInt | None = None
     continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # default: auto with tools
+    parallel_tool_calls: StrictBool = True
