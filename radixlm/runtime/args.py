@@ -46,7 +46,7 @@ class ServerArgs:
 
     # Serving
     grammar_backend: str = field(default="xgrammar", metadata={"choices": GRAMMAR_BACKENDS, "help": "compiles regex / json_schema / ebnf constraints"})
-    jump_forward: str = field(default="off", metadata={"choices": JUMP_FORWARD_MODES, "help": "fast: the paper's (may change tokenization); exact: verified, greedy output identical to off. Needs the radix cache"})
+    jump_forward: str = field(default="off", metadata={"choices": JUMP_FORWARD_MODES, "help": "fast: the paper's (may change tokenization); exact: verified, greedy output identical to off"})
     stream_interval: int = field(default=1, metadata={"help": "a streaming request reports every this many new tokens (its sampling_params.stream_interval overrides)"})
     incremental_streaming_output: bool = field(default=False, metadata={"help": "streamed /generate chunks carry only what is new (default: cumulative, as SGLang)"})
     tool_call_parser: str = field(default="auto", metadata={"choices": TOOL_CALL_PARSERS, "help": "format of tool calls in the model's text; auto: from the chat template"})

@@ -19,8 +19,6 @@ from radixlm.runtime.sampling.penalties import apply_penalties_and_bias
 from radixlm.runtime.sampling.sampler import top_k_top_p_min_p_filter
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo, derive_seed
 
-# A requeue costs a prefill of the draft plus one token: below this a plain decode step is as good.
-MIN_JUMP_TOKENS = 2
 
 
 def forced_tokens(tokenizer, last_token: int, forced: str) -> tuple[list[int], bool]:

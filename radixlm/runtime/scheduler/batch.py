@@ -82,21 +82,33 @@ class ScheduleBatch:
             self.positions.extend(range(p, s))
 
     def new_decode_tokens_needed(self) -> int:
-        return sum(pages_needed(r.seqlen - 1, r.seqlen, self.page_size) for r in self.reqs)
+        return sum(pages_needed(r.kv_committed_len, r.decode_end(), self.page_size) for r in self.reqs)
 
     def prepare_for_decode(self) -> None:
-        self.forward_mode = ForwardMode.DECODE
-        # The KV of all but the last output token is committed; the last one is this step's input.
-        self.seq_lens = [r.seqlen for r in self.reqs]
-        self.prefix_lens = [s - 1 for s in self.seq_lens]
-        self.extend_lens = [1] * len(self.reqs)
-        self.input_ids = [r.output_ids[-1] for r in self.reqs]
-        self.positions = list(self.prefix_lens)
+        """One token per request (its last output token, whose KV is not written yet), except requests that
+        jump forward: they also carry their forced tokens or their draft. Then the batch runs in EXTEND mode,
+        so a jump costs no forward pass of its own."""
+        self.prefix_lens = [r.kv_committed_len for r in self.reqs]
+        self.seq_lens = [r.decode_end() for r in self.reqs]
+        self.extend_lens = [s - p for p, s in zip(self.prefix_lens, self.seq_lens)]
         out = self._alloc_kv(self.prefix_lens, self.seq_lens)
         self.out_cache_loc = out
         table = self.req_to_token_pool.req_to_token
-        idx = torch.tensor([r.req_pool_idx for r in self.reqs], dtype=torch.int64, device=table.device)
-        table[idx, torch.tensor(self.prefix_lens, dtype=torch.int64, device=table.device)] = out.to(table.device)
+        if all(e == 1 for e in self.extend_lens):
+            self.forward_mode = ForwardMode.DECODE
+            self.input_ids = [r.output_ids[-1] for r in self.reqs]
+            self.positions = list(self.prefix_lens)
+            idx = torch.tensor([r.req_pool_idx for r in self.reqs], dtype=torch.int64, device=table.device)
+            table[idx, torch.tensor(self.prefix_lens, dtype=torch.int64, device=table.device)] = out.to(table.device)
+            return
+        self.forward_mode = ForwardMode.EXTEND
+        self.input_ids, self.positions = [], []
+        start = 0
+        for req, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
+            table[req.req_pool_idx, p:s] = out[start : start + s - p].to(table.device)
+            start += s - p
+            self.input_ids.extend((req.origin_input_ids + req.output_ids + req.jump_draft)[p:s])
+            self.positions.extend(range(p, s))
 
     def get_forward_batch(self, token_to_kv_pool, attn_backend) -> ForwardBatch:
         dev = self.device
@@ -150,6 +162,7 @@ class ScheduleBatch:
             self.reqs.remove(req)
             self.tree_cache.cache_finished_req(req, is_insert=False)
             req.reset_kv_state()
+            req.jump_draft = []  # never accepted by its grammar: decoding resumes from the last output token
             req.num_retractions += 1
         total_decoded = sum(len(r.output_ids) for r in self.reqs)
         total_max_new = sum(r.sampling_params.max_new_tokens for r in self.reqs)

@@ -1,35 +1,29 @@
 """The scheduler's side of constrained decoding: requests waiting for their grammar to compile, the batch's token
 mask, advancing each request's matcher, and jump-forward (radixlm.runtime.grammar.jump_forward).
 
-A request with a grammar lives: grammar queue (compiling) -> waiting -> prefill -> decode, and around a jump:
-decode -> (forced tokens appended, or a draft attached) -> its KV handed to the radix tree -> waiting (first)
--> one extend over the forced tokens (matched prefix from the tree) -> decode."""
+A request with a grammar lives: grammar queue (compiling) -> waiting -> prefill -> decode. A jump keeps the request
+in the running batch: its forced tokens (fast) or its draft (exact) ride along in the next decode pass, which then
+runs in EXTEND mode (one token for the other requests), so a jump costs no forward pass of its own."""
 from __future__ import annotations
 
-import logging
 from collections import Counter
 
 import torch
 
 from radixlm.runtime.grammar.backend import GrammarCache
-from radixlm.runtime.grammar.jump_forward import MIN_JUMP_TOKENS, VerifyResult, forced_tokens, verify_draft
+from radixlm.runtime.grammar.jump_forward import VerifyResult, forced_tokens, verify_draft
 from radixlm.runtime.grammar.spec import GrammarSpec
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 from radixlm.runtime.scheduler.req import FinishReason, Req
-
-logger = logging.getLogger(__name__)
 
 GRAMMAR_VIOLATION = "no token satisfies the grammar together with the other constraints (e.g. min_new_tokens)"
 
 
 class ConstrainedDecoding:
     def __init__(self, grammar_backend: str, jump_forward: str, tokenizer, vocab_size: int,
-                 eos_token_ids: frozenset[int], radix_cache_enabled: bool):
+                 eos_token_ids: frozenset[int]):
         self.tokenizer = tokenizer
         self.cache = GrammarCache(lambda: _make_backend(grammar_backend, tokenizer, vocab_size, eos_token_ids))
-        if jump_forward != "off" and not radix_cache_enabled:
-            logger.warning("jump-forward needs the radix cache to keep the KV of a jumping request: disabled")
-            jump_forward = "off"
         self.jump_forward = jump_forward
         self.queue: list[Req] = []  # waiting for their grammar to compile
         self.stats: Counter = Counter()
@@ -101,31 +95,29 @@ class ConstrainedDecoding:
         return result
 
     # ------------------------------------------------------------------ jump-forward
-    def plan_jump(self, req: Req) -> bool:
+    def plan_jump(self, req: Req) -> None:
         """Right after a token was accepted: when the grammar forces text from here, take it (fast: append the
-        retokenized tokens to the output) or draft it (exact: set req.jump_draft). True when the request must
-        leave its batch for one extend pass."""
+        retokenized tokens to the output) or draft it (exact: set req.jump_draft) for the next decode pass."""
         if self.jump_forward == "off" or req.grammar is None or req.finished() or not req.output_ids:
-            return False
+            return
         if self.jump_forward == "fast" and req.return_logprob:
-            return False  # forced tokens have no logprobs in fast mode
+            return  # forced tokens have no logprobs in fast mode
         forced = req.grammar.jump_forward_string()
         if not forced:
-            return False
+            return
         tokens, replaces_last = forced_tokens(self.tokenizer, req.output_ids[-1], forced)
         room = req.sampling_params.max_new_tokens - len(req.output_ids) + (1 if replaces_last else 0)
         tokens = tokens[: max(room, 0)]
-        if len(tokens) < MIN_JUMP_TOKENS:
-            return False
+        if not tokens:
+            return
         if self.jump_forward == "exact":
-            if replaces_last:
-                return False  # the draft would rewrite a token the model chose: leave it to decoding
-            req.jump_draft = tokens
-            self.stats["exact_jumps"] += 1
-            return True
-        return self._take_forced(req, tokens, replaces_last)
+            if not replaces_last:  # else the draft would rewrite a token the model chose: leave it to decoding
+                req.jump_draft = tokens
+                self.stats["exact_jumps"] += 1
+            return
+        self._take_forced(req, tokens, replaces_last)
 
-    def _take_forced(self, req: Req, tokens: list[int], replaces_last: bool) -> bool:
+    def _take_forced(self, req: Req, tokens: list[int], replaces_last: bool) -> None:
         grammar = req.grammar
         if replaces_last:
             grammar.rollback(1)
@@ -144,7 +136,6 @@ class ConstrainedDecoding:
             req.finished_reason = FinishReason("stop", matched=req.output_ids[-1])
         elif len(req.output_ids) >= req.sampling_params.max_new_tokens:
             req.finished_reason = FinishReason("length", length=req.sampling_params.max_new_tokens)
-        return not req.finished()
 
     def shutdown(self) -> None:
         self.cache.shutdown()

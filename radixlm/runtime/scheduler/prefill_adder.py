@@ -84,10 +84,6 @@ class PrefillAdder:
         delta = self.tree_cache.inc_lock_ref(req.last_node)
         self.rem_total_tokens += delta  # the matched prefix is no longer evictable
         take = self._chunk_len(req.extend_input_len)
-        if req.jump_draft and take < req.extend_input_len:
-            # A draft is verified in one pass (all its logits rows at once), so it never spans chunks.
-            req.drop_jump_draft()
-            take = self._chunk_len(req.extend_input_len)
         # Nothing else running: the prompt alone must fit; decode growth is handled by retraction.
         need = take + self.page_size + (0 if alone or take < req.extend_input_len else _reserved_decode(req))
         if take <= 0 or need > self.rem_total_tokens:

@@ -68,7 +68,7 @@ class Req:
     # Constrained decoding (set by the scheduler).
     grammar: Any = None  # GrammarMatcher, advanced over every output token; None when unconstrained
     grammar_future: Any = None  # the compiled grammar's Future while the request waits for it
-    jump_draft: list[int] = field(default_factory=list)  # exact jump-forward: forced tokens the next extend verifies
+    jump_draft: list[int] = field(default_factory=list)  # exact jump-forward: forced tokens the next pass verifies
 
     # Logprob results not yet reported (set by the scheduler, drained into ReqOutput).
     input_token_logprobs: list = field(default_factory=list)
@@ -100,7 +100,7 @@ class Req:
 
     def max_prefix_len(self) -> int:
         # NOTE: the match never covers the last token: its logits are needed to sample the next one.
-        limit = len(self.fill_ids) - 1 - len(self.jump_draft)
+        limit = len(self.fill_ids) - 1
         if self.wants_input_logprobs():
             # The logprob of prompt token p comes from the row of token p-1, which must be computed.
             limit = min(limit, max(self.logprob_start_len - 1, 0))
@@ -109,22 +109,20 @@ class Req:
     def init_next_round_input(self, tree_cache, round_id: int) -> None:
         from radixlm.runtime.cache.radix_cache import RadixKey
 
-        self.fill_ids = self.origin_input_ids + self.output_ids + self.jump_draft
+        self.fill_ids = self.origin_input_ids + self.output_ids
         key = RadixKey(self.fill_ids[: self.max_prefix_len()], self.extra_key)
         result = tree_cache.match_prefix(key)
         self.prefix_indices, self.last_node = result.device_indices, result.last_node
         self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
         self.match_round = round_id
 
-    def drop_jump_draft(self) -> None:
-        """Decode the forced tokens one by one after all (their extend would have to be chunked)."""
-        if self.jump_draft:
-            self.fill_ids = self.fill_ids[: len(self.fill_ids) - len(self.jump_draft)]
-            self.extend_input_len -= len(self.jump_draft)
-            self.jump_draft = []
+    def decode_end(self) -> int:
+        """End (exclusive) of the positions the next decode pass writes: the last output token, plus the forced
+        tokens a fast jump appended (also output tokens without KV) or an exact jump's draft."""
+        return self.seqlen + len(self.jump_draft)
 
     def reset_kv_state(self) -> None:
-        """After its slots went back to the tree or the allocator (retraction, jump-forward requeue)."""
+        """After its slots went back to the tree or the allocator (retraction)."""
         self.prefix_indices = _EMPTY
         self.last_node = None
         self.cache_protected_len = 0

@@ -48,7 +48,7 @@ class Scheduler:
         seed = server_args.random_seed if server_args.random_seed is not None else 0
         self.constrained = ConstrainedDecoding(
             server_args.grammar_backend, server_args.jump_forward, tokenizer, model_runner.model_config.vocab_size,
-            eos_token_ids, not server_args.disable_radix_cache,
+            eos_token_ids,
         )
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed)
         self.sampler = Sampler()
@@ -73,7 +73,7 @@ class Scheduler:
         self.outputs: list[ReqOutput] = []
         # Counters for tests, benchmarks and (later) metrics.
         self.stats = {"prefill_batches": 0, "decode_batches": 0, "prefill_tokens": 0, "retractions": 0, "cached_tokens": 0,
-                      "prompt_tokens": 0, "jump_requeues": 0}
+                      "prompt_tokens": 0}
 
     def _new_batch(self, reqs: list[Req], mode: ForwardMode) -> ScheduleBatch:
         return ScheduleBatch(reqs, mode, self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size, self.device)
@@ -151,7 +151,7 @@ class Scheduler:
         if batch is not None:
             result = self.run_batch(batch)
             self.process_batch_result(batch, result)
-            if batch.forward_mode.is_extend():
+            if batch is not self.running_batch:  # a prefill batch joins the running requests
                 batch.filter_batch([r for r in batch.reqs if not r.is_chunked])
                 self.running_batch.merge_batch(batch)
         if self.args.enable_integrity_check or self.is_idle():
@@ -284,7 +284,6 @@ class Scheduler:
                 req.input_token_logprobs.append((out.input_logprobs[j], plan.input_targets[j]))
                 if req.top_logprobs_num:
                     req.input_top_logprobs.append(out.input_top[j][: req.top_logprobs_num])
-        jumpers: list[Req] = []
         out_lp = None
         if any(r.return_logprob for r in samplers):
             out_lp = torch.log_softmax(out.next_token_logits, dim=-1)
@@ -295,18 +294,15 @@ class Scheduler:
                 req.finished_reason = FinishReason("length", length=0)
             else:
                 self._append_token(req, tok, None if out_lp is None else out_lp[i : i + 1])
-                if self.constrained.plan_jump(req):
-                    jumpers.append(req)
+                self.constrained.plan_jump(req)
             self._after_tokens(req, batch)
         if verifiers:
-            self._process_verified(batch, verifiers, out.verify_logits, jumpers)
-        if batch.forward_mode.is_extend():
+            self._process_verified(batch, verifiers, out.verify_logits)
+        if batch is not self.running_batch:
             # The prompt becomes shareable right after its prefill (chunk by chunk when chunked).
             for req in batch.reqs:
                 if not req.finished():
                     self.tree_cache.cache_unfinished_req(req)
-        if jumpers:
-            self._requeue_jumpers(batch, jumpers)
 
     def _append_token(self, req: Req, tok: int, logprobs: torch.Tensor | None, advance_grammar: bool = True) -> None:
         req.output_ids.append(tok)
@@ -319,7 +315,7 @@ class Scheduler:
         req.check_finished(self.tokenizer, self._stop_window(req))
 
     def _after_tokens(self, req: Req, batch: ScheduleBatch) -> None:
-        if batch.forward_mode.is_extend():
+        if batch is not self.running_batch:
             req.input_logprobs_done = True
         if req.finished():
             self.tree_cache.cache_finished_req(req)
@@ -328,15 +324,14 @@ class Scheduler:
         if req.finished() or (req.stream and self._stream_due(req)):
             self._emit(req)
 
-    def _process_verified(self, batch: ScheduleBatch, verifiers: list[Req], logits: torch.Tensor,
-                          jumpers: list[Req]) -> None:
+    def _process_verified(self, batch: ScheduleBatch, verifiers: list[Req], logits: torch.Tensor) -> None:
         """Exact jump-forward: keep each request's draft tokens while the model agrees, then its own token; the KV
         written for rejected draft tokens goes back to the allocator."""
         row = 0
         for req in verifiers:
             rows = logits[row : row + len(req.jump_draft) + 1]
             row += len(rows)
-            drafted_end = req.kv_committed_len  # the extend wrote KV up to the last draft token
+            drafted_end = req.kv_committed_len  # the pass wrote KV up to the last draft token
             base = req.seqlen  # the last output token is at base - 1
             result = self.constrained.verify(req, rows, self.generator)
             lps = torch.log_softmax(rows, dim=-1) if req.return_logprob else None
@@ -354,8 +349,7 @@ class Scheduler:
             # NOTE invariant: as after a decode step, the last output token's KV is not yet written.
             req.kv_committed_len = base + max(kept - 1, 0)
             self._free_positions(req, req.kv_committed_len, drafted_end)
-            if self.constrained.plan_jump(req):
-                jumpers.append(req)
+            self.constrained.plan_jump(req)
             self._after_tokens(req, batch)
 
     def _free_positions(self, req: Req, start: int, end: int) -> None:
@@ -364,17 +358,6 @@ class Scheduler:
         first = -(-start // self.page_size) * self.page_size
         if end > first:
             self.allocator.free(self.req_to_token_pool.req_to_token[req.req_pool_idx, first:end].clone())
-
-    def _requeue_jumpers(self, batch: ScheduleBatch, jumpers: list[Req]) -> None:
-        """A jumping request leaves its batch: its KV goes to the radix tree, and it waits (first in line) for
-        the extend that writes its forced tokens, matching everything before them in the tree."""
-        leaving = set(map(id, jumpers))
-        batch.reqs = [r for r in batch.reqs if id(r) not in leaving]
-        for req in jumpers:
-            self.tree_cache.cache_finished_req(req)
-            req.reset_kv_state()
-        self.waiting_queue = jumpers + self.waiting_queue
-        self.stats["jump_requeues"] += len(jumpers)
 
     def _stream_due(self, req: Req) -> bool:
         """The first token goes out at once (time to first token); later ones every stream_interval tokens."""

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
+from radixlm.runtime.model_loader.tokenizer import get_tokenizer
 from radixlm.runtime.server.errors import BadRequest
+from radixlm.runtime.server.openai.chat import chat_prompt_ids
 from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, ChatMessage
-from radixlm.runtime.server.openai.tool_calls import StreamedTools, plan_tools, resolve_format
+from radixlm.runtime.server.openai.tool_calls import StreamedTools, ToolPlan, plan_tools, resolve_format
 from radixlm.runtime.server.openai.tool_parsers import ToolCallStreamer, parse
 
 TOOLS = frozenset({"get_weather", "get_time"})
@@ -150,7 +153,6 @@ def test_stream_holds_back_a_partial_tag_then_releases_it():
 
 
 def test_streamed_tools_adds_one_id_per_call():
-    from radixlm.runtime.server.openai.tool_calls import ToolPlan
     st = StreamedTools(ToolPlan([], TOOLS, "hermes", None))
     first = st.delta('<tool_call>{"name": "get_weather", "arguments": {"ci', False)["tool_calls"]
     assert first[0]["id"].startswith("call_") and first[0]["type"] == "function"
@@ -183,6 +185,8 @@ def test_plan_tools():
     ({"tools": [WEATHER, WEATHER]}, "unique"),
     ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "invalid function name"),
     ({"tools": [WEATHER], "tool_choice": "required", "regex": "a"}, "cannot be combined"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}],
+      "tool_choice": "required"}, "tools.0.function.parameters"),
 ])
 def test_plan_tools_rejects(kw, msg):
     with pytest.raises(BadRequest, match=msg):
@@ -194,6 +198,13 @@ def test_resolve_format():
     assert resolve_format("auto", None) == "hermes"
     assert resolve_format("qwen25", "<|python_tag|>") == "hermes"
     assert resolve_format("llama3", "<tool_call>") == "llama3"
+
+
+def test_template_that_ignores_tools_still_renders():
+    tok = get_tokenizer("default")  # SmolLM2: its template has no tools section
+    tm = SimpleNamespace(tokenizer=tok)
+    msgs = [ChatMessage(role="user", content="hi")]
+    assert chat_prompt_ids(tm, msgs, tools=[WEATHER]) == chat_prompt_ids(tm, msgs)
 
 
 def test_template_gets_argument_objects():

@@ -39,7 +39,8 @@ def client(server) -> openai.OpenAI:
 
 
 def create(client, messages, **kw):
-    return client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=64, **kw)
+    kw.setdefault("max_tokens", 64)
+    return client.chat.completions.create(model=MODEL, messages=messages, temperature=0, **kw)
 
 
 def collect(client, messages, **kw) -> tuple[str, list[dict], str, list]:
@@ -140,8 +141,8 @@ def test_multi_turn_with_a_tool_result(client):
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_stock"}}}, "not among the tools"),
     ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
     ({"tool_choice": "required"}, "non-empty tools"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}], "tool_choice": "required"},
-     ""),
+    ({"tools": [WEATHER, {"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}],
+      "tool_choice": "required"}, "tools.1.function.parameters: invalid json_schema"),
 ])
 def test_invalid_tools_are_400(client, kw, needle):
     with pytest.raises(openai.BadRequestError) as e:

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.runtime.args import TOOL_CALL_PARSERS  # noqa: F401 - the --tool-call-parser choices
+from radixlm.runtime.grammar.spec import GrammarSpec, InvalidGrammar, validate
 from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, Tool
 from radixlm.runtime.server.openai.tool_parsers import Parsed, StreamDelta, ToolCallStreamer, parse
@@ -85,6 +85,12 @@ def plan_tools(req: ChatCompletionRequest, parser: str, chat_template: Any) -> T
         chosen = [t for t in tools if t.function.name == choice.function.name]
         if not chosen:
             raise BadRequest(f"tool_choice: function {choice.function.name!r} is not among the tools")
+    for i, t in enumerate(tools):
+        if t in chosen and t.function.parameters:
+            try:  # named here, not as the combined schema the client never wrote
+                validate(GrammarSpec("json_schema", json.dumps(t.function.parameters)))
+            except InvalidGrammar as e:
+                raise BadRequest(f"tools.{i}.function.parameters: {e}") from None
     arg_key = "parameters" if fmt == "llama3" else "arguments"  # the key each model family was trained on
     single = choice != "required" or not req.parallel_tool_calls
     schema = json.dumps(_schema(chosen, arg_key, single))

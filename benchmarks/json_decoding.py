@@ -1,0 +1,180 @@
+"""The paper's JSON-decoding workload: extract fields from a passage into a schema given as a JSON schema or a
+regex, with jump-forward off / fast / exact, through the offline Engine (one engine per mode, same prompts).
+
+    python benchmarks/json_decoding.py [--model default] [--num-prompts 64] [--constraint json_schema|regex]
+                                       [--max-running 16] [--device cpu] [--out benchmarks/results/json_decoding_cpu.json]
+
+Reports per mode: wall time, output tokens/s, requests/s, mean latency, forward passes, exact-mode draft acceptance,
+and whether `exact` reproduced `off` token for token; plus grammar compile time (cold: tokenizer preprocessing +
+compile; cached) and the bitmask fill time per generated token."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from radixlm import Engine
+
+CITIES = ["Paris", "Tokyo", "Lagos", "Lima", "Oslo", "Cairo", "Quito", "Hanoi", "Perth", "Turin", "Accra", "Dakar"]
+COUNTRIES = ["France", "Japan", "Nigeria", "Peru", "Norway", "Egypt", "Ecuador", "Vietnam", "Australia", "Italy",
+             "Ghana", "Senegal"]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "country": {"type": "string", "maxLength": 20},
+        "latitude": {"type": "number", "minimum": -90, "maximum": 90},
+        "population": {"type": "integer", "minimum": 0, "maximum": 100000000},
+        "top 3 landmarks": {"type": "array", "items": {"type": "string", "maxLength": 24}, "minItems": 3, "maxItems": 3},
+        "is_capital": {"type": "boolean"},
+    },
+    "required": ["name", "country", "latitude", "population", "top 3 landmarks", "is_capital"],
+}
+# The paper's Figure-style regex for the same fields (fixed key order and spacing).
+STR = r'"[\w\d\s]{1,20}"'
+REGEX = (r'\{\n  "name": ' + STR + r',\n  "country": ' + STR + r',\n  "latitude": -?\d{1,2}\.\d{1,4},\n'
+         r'  "population": \d{1,9},\n  "top 3 landmarks": \[' + STR + ", " + STR + ", " + STR + r'\],\n'
+         r'  "is_capital": (true|false)\n\}')
+
+
+def passages(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        j = rng.randrange(len(CITIES))
+        out.append(f"{CITIES[j]} is a city in {COUNTRIES[j]} with about {rng.randrange(10**5, 10**7)} inhabitants. "
+                   f"It lies at latitude {rng.uniform(-60, 60):.2f}. Visitors like its old market, its river and "
+                   f"its museum of {rng.choice(['art', 'history', 'science'])}. (record {i})")
+    return out
+
+
+def prompts_for(engine: Engine, texts: list[str]) -> list[str]:
+    tok = engine.tokenizer
+    return [tok.apply_chat_template([{"role": "user", "content": "Extract the city's information from this passage "
+                                      f"as JSON.\n\n{t}"}], tokenize=False, add_generation_prompt=True) for t in texts]
+
+
+def run_mode(mode: str, args, texts: list[str]) -> dict:
+    engine = Engine(args.model, jump_forward=mode, random_seed=0, device=args.device, dtype=args.dtype,
+                    max_running_requests=args.max_running)
+    try:
+        prompts = prompts_for(engine, texts)
+        sp = {"temperature": 0, "max_new_tokens": 256}
+        sp["json_schema" if args.constraint == "json_schema" else "regex"] = (
+            json.dumps(SCHEMA) if args.constraint == "json_schema" else REGEX)
+        engine.generate(prompts[:2], sp)  # warm-up: grammar compiled, kernels initialised
+        stats0 = dict(engine.scheduler.stats)
+        t0 = time.perf_counter()
+        outs = engine.generate(prompts, sp)
+        wall = time.perf_counter() - t0
+        sched = engine.scheduler
+        out_tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+        c = sched.constrained.stats
+        return {
+            "mode": mode, "wall_s": wall, "output_tokens": out_tokens, "output_tokens_per_s": out_tokens / wall,
+            "requests_per_s": len(outs) / wall,
+            "mean_latency_s": statistics.mean(o["meta_info"]["e2e_latency"] for o in outs),
+            "forward_passes": sum(sched.stats[k] - stats0[k] for k in ("prefill_batches", "decode_batches")),
+            "finished_by_stop": sum(o["meta_info"]["finish_reason"]["type"] == "stop" for o in outs),
+            "exact_draft_tokens": c["draft_tokens"], "exact_accepted_tokens": c["accepted_draft_tokens"],
+            "exact_acceptance_rate": c["accepted_draft_tokens"] / c["draft_tokens"] if c["draft_tokens"] else None,
+            "fast_forced_tokens": c["forced_tokens"], "jump_requeues": sched.stats["jump_requeues"] - stats0["jump_requeues"],
+            "_ids": [o["output_ids"] for o in outs], "_texts": [o["text"] for o in outs],
+        }
+    finally:
+        engine.shutdown()
+
+
+def grammar_costs(args, sample_ids: list[list[int]]) -> dict:
+    """Compile time cold (vocabulary preprocessing + compile) and cached; bitmask fill time per token, replaying
+    generated outputs through a matcher."""
+    import xgrammar as xgr
+
+    from radixlm.runtime.grammar.spec import GrammarSpec
+    from radixlm.runtime.grammar.xgrammar_backend import XGrammarBackend
+    from radixlm.runtime.model_loader.config import ModelConfig
+    from radixlm.runtime.model_loader.tokenizer import get_tokenizer
+
+    cfg = ModelConfig.from_path(args.model, dtype="float32", device="cpu")
+    tok = get_tokenizer(cfg.model_path)
+    spec = GrammarSpec("json_schema", json.dumps(SCHEMA)) if args.constraint == "json_schema" else GrammarSpec("regex", REGEX)
+    t0 = time.perf_counter()
+    backend = XGrammarBackend(tok, cfg.vocab_size, sorted(cfg.eos_token_ids))
+    t1 = time.perf_counter()
+    compiled = backend.compile(spec)
+    t2 = time.perf_counter()
+    backend.compile(spec)  # xgrammar's own cache; radixlm's GrammarCache is in front of it in the server
+    t3 = time.perf_counter()
+    bitmask = backend.allocate_bitmask(1)
+    fill_times = []
+    for ids in sample_ids:
+        m = backend.new_matcher(compiled)
+        for t in ids:
+            s = time.perf_counter()
+            m.fill_bitmask(bitmask, 0)
+            fill_times.append(time.perf_counter() - s)
+            if not m.accept_token(t):
+                break
+    logits = torch.randn(1, cfg.vocab_size)
+    s = time.perf_counter()
+    for _ in range(100):
+        xgr.apply_token_bitmask_inplace(logits, bitmask)
+    apply_us = (time.perf_counter() - s) / 100 * 1e6
+    return {"tokenizer_preprocess_s": t1 - t0, "compile_cold_s": t2 - t1, "compile_cached_s": t3 - t2,
+            "mask_fill_us_per_token_mean": statistics.mean(fill_times) * 1e6,
+            "mask_fill_us_per_token_p99": sorted(fill_times)[int(0.99 * (len(fill_times) - 1))] * 1e6,
+            "mask_apply_us_per_row_cpu": apply_us, "tokens_replayed": len(fill_times)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="default")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--constraint", choices=["json_schema", "regex"], default="json_schema")
+    p.add_argument("--max-running", type=int, default=16)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/results/json_decoding_cpu.json")
+    args = p.parse_args()
+    texts = passages(args.num_prompts, args.seed)
+    runs = {m: run_mode(m, args, texts) for m in ("off", "fast", "exact")}
+    off = runs["off"]
+    for m in ("fast", "exact"):
+        runs[m]["throughput_vs_off"] = runs[m]["output_tokens_per_s"] / off["output_tokens_per_s"]
+        runs[m]["speedup_wall_vs_off"] = off["wall_s"] / runs[m]["wall_s"]
+        runs[m]["identical_to_off"] = sum(a == b for a, b in zip(runs[m]["_ids"], off["_ids"]))
+    costs = grammar_costs(args, off["_ids"][:8])
+    sample = off["_texts"][0]
+    for r in runs.values():
+        r.pop("_ids")
+        r.pop("_texts")
+    result = {
+        "benchmark": "json_decoding", "model": args.model, "constraint": args.constraint,
+        "num_prompts": args.num_prompts, "max_running_requests": args.max_running, "device": args.device,
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                    "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
+        "command": " ".join(["python", *sys.argv]), "runs": runs, "grammar": costs, "sample_output": sample,
+    }
+    print(f"{'mode':6} {'wall s':>8} {'out tok/s':>10} {'req/s':>7} {'passes':>7} {'vs off':>7} {'same as off':>12} {'accept':>7}")
+    for m, r in runs.items():
+        acc = r["exact_acceptance_rate"]
+        print(f"{m:6} {r['wall_s']:8.2f} {r['output_tokens_per_s']:10.1f} {r['requests_per_s']:7.2f} {r['forward_passes']:7d} "
+              f"{r.get('throughput_vs_off', 1.0):7.2f} {r.get('identical_to_off', args.num_prompts):>12} "
+              f"{'' if acc is None else f'{acc:.2f}':>7}")
+    print(json.dumps(costs, indent=1))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
