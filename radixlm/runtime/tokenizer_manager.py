@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ class TokenizerManager:
         self.rid_to_state: dict[str, _ReqEntry] = {}
         self.dead: str | None = None
         self.ready = False  # set after the warm-up generation succeeded
+        self.instance_id = uuid.uuid4().hex  # a restarted server has another one (its cache starts empty)
         self._replies: dict[type, deque[asyncio.Future]] = {FlushCacheReqOutput: deque(), GetInternalStateReqOutput: deque()}
         self._tasks: list[asyncio.Task] = []
         self.metrics = ServerMetrics()

@@ -111,6 +111,7 @@ class RadixCache:
         allocator = token_to_kv_pool_allocator
         self.device = allocator.device if allocator is not None else torch.device("cpu")
         self._clock = 0
+        self.evicted_tokens_total = 0  # since start (not reset by flushes): published for routers
         self.reset()
 
     # ------------------------------------------------------------------ basic tree operations
@@ -258,6 +259,7 @@ class RadixCache:
             self.token_to_kv_pool_allocator.free(node.value)
             evicted += len(node.key)
             self._delete_leaf(node)
+            self.evicted_tokens_total += len(node.key)
             parent = node.parent
             if parent is not self.root_node and parent.is_leaf() and parent.lock_ref == 0:
                 heapq.heappush(heap, (prio(parent), parent.id, parent))

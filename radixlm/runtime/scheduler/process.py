@@ -43,6 +43,7 @@ def internal_state(sched) -> dict:
         "available_tokens": sched.allocator.available_size(),
         "evictable_tokens": tc.evictable_size(),
         "protected_tokens": tc.protected_size(),
+        "evicted_tokens_total": tc.evicted_tokens_total,
         "num_running_reqs": len(sched._active_reqs()),
         "num_waiting_reqs": len(sched.waiting_queue),
         "is_idle": sched.is_idle(),

@@ -73,7 +73,7 @@ class Scheduler:
         self.outputs: list[ReqOutput] = []
         # Counters for tests, benchmarks and (later) metrics.
         self.stats = {"prefill_batches": 0, "decode_batches": 0, "prefill_tokens": 0, "retractions": 0, "cached_tokens": 0,
-                      "prompt_tokens": 0}
+                      "prompt_tokens": 0, "flushes": 0, "jump_decode_batches": 0}
 
     def _new_batch(self, reqs: list[Req], mode: ForwardMode) -> ScheduleBatch:
         return ScheduleBatch(reqs, mode, self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size, self.device)
@@ -130,6 +130,7 @@ class Scheduler:
         if not self.is_idle():
             return False
         self.tree_cache.reset()
+        self.stats["flushes"] += 1
         self.req_to_token_pool.clear()
         self.allocator.clear()
         self.check_memory()
@@ -230,6 +231,8 @@ class Scheduler:
                     return
         batch.prepare_for_decode()
         self.stats["decode_batches"] += 1
+        if batch.forward_mode.is_extend():
+            self.stats["jump_decode_batches"] += 1  # jump-forward tokens rode along
 
     # ------------------------------------------------------------------ forward
     def _logits_plan(self, batch: ScheduleBatch):

@@ -107,6 +107,7 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
             "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
             "has_image_understanding": False, "has_audio_understanding": False,
             "model_type": info.model_type, "architectures": [info.architecture],
+            "chat_template": getattr(tm.tokenizer, "chat_template", None),
         })
 
     @app.get("/server_info")

@@ -118,3 +118,18 @@ async def loads(request: Request) -> Response:
     }
     return Response(orjson.dumps({"timestamp": time.time(), "version": radixlm.__version__, "loads": [load]}),
                     media_type="application/json")
+
+
+@router.get("/cache_state")
+async def cache_state(request: Request) -> Response:
+    """What a router needs to keep its picture of this worker's radix cache honest: `instance_id` changes when the
+    server restarts and `flush_count` when its cache is flushed (both empty the cache); `evicted_tokens_total`
+    grows with evictions; `cached_tokens` is what the tree holds now."""
+    tm = request.app.state.tokenizer_manager
+    state = await tm.get_internal_state(timeout=SCRAPE_STATE_TIMEOUT_S)
+    return Response(orjson.dumps({
+        "instance_id": tm.instance_id, "flush_count": state["stats"].get("flushes", 0),
+        "evicted_tokens_total": state["evicted_tokens_total"],
+        "cached_tokens": state["evictable_tokens"] + state["protected_tokens"],
+        "max_total_num_tokens": state["max_total_num_tokens"],
+    }), media_type="application/json")

@@ -119,6 +119,19 @@ def test_tokenize_and_detokenize(server):
     assert c.post("/detokenize", json={"tokens": [10**9]}).status_code == 400
 
 
+def test_cache_state(server):
+    c = server.client
+    before = c.get("/cache_state").json()
+    assert len(before["instance_id"]) == 32 and before["max_total_num_tokens"] == 4096
+    gen(server, text="A prompt that leaves something in the radix cache for a while", sampling_params=GREEDY)
+    mid = c.get("/cache_state").json()
+    assert mid["cached_tokens"] > before["cached_tokens"] and mid["flush_count"] == before["flush_count"]
+    assert c.post("/flush_cache").status_code == 200
+    after = c.get("/cache_state").json()
+    assert after["flush_count"] == before["flush_count"] + 1 and after["cached_tokens"] == 0
+    assert after["instance_id"] == before["instance_id"] and after["evicted_tokens_total"] >= before["evicted_tokens_total"]
+
+
 def test_loads(server):
     load = server.client.get("/v1/loads").json()["loads"][0]
     assert load["dp_rank"] == 0 and load["max_total_num_tokens"] == 4096

@@ -1,0 +1,1 @@
+"""Backends the interpreter talks to: RuntimeEndpoint (a radixlm/SGLang server), OpenAI, Anthropic."""

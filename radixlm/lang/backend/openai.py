@@ -1,0 +1,154 @@
+"""OpenAI: any OpenAI-compatible endpoint through the `openai` SDK (radixlm's own /v1 included).
+
+Chat models get the state's messages, so a gen must directly follow `assistant` begin; completion models get the
+state's text. `select` scores each choice on completion models from echoed prompt logprobs (one batched request);
+chat endpoints return no prompt logprobs, so chat models cannot select."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+from radixlm.lang.backend.base_backend import BackendError, BaseBackend, GenResult
+from radixlm.lang.backend.runtime_endpoint import choice_token_logprobs
+from radixlm.lang.chat_template import ChatTemplate, get_chat_template
+from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod, normalized_logprob
+from radixlm.lang.ir import SglSamplingParams
+
+if TYPE_CHECKING:
+    from radixlm.lang.interpreter import StreamExecutor
+
+# Completion-only OpenAI models; any other name is taken for a chat model unless is_chat_model says otherwise.
+COMPLETION_MODELS = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
+
+
+@dataclass
+class TokenUsage:
+    """Tokens billed so far by this backend (summed over every call; reset() starts again)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def reset(self) -> None:
+        self.prompt_tokens = self.completion_tokens = 0
+
+
+class OpenAI(BaseBackend):
+    def __init__(self, model_name: str, is_chat_model: Optional[bool] = None,
+                 chat_template: Optional[ChatTemplate] = None, is_azure: bool = False, *args: Any,
+                 **kwargs: Any) -> None:
+        """kwargs go to the SDK client: base_url, api_key, timeout, max_retries ..."""
+        super().__init__()
+        import openai
+
+        self.client = openai.AzureOpenAI(*args, **kwargs) if is_azure else openai.OpenAI(*args, **kwargs)
+        self.model_name = model_name
+        self.is_chat_model = model_name not in COMPLETION_MODELS if is_chat_model is None else is_chat_model
+        # Chat models receive structured messages; the template only shapes the state's text for display.
+        self.chat_template = chat_template or get_chat_template("default")
+        self.token_usage = TokenUsage()
+        self._usage_lock = threading.Lock()
+
+    def get_model_name(self) -> str:
+        return self.model_name
+
+    def _count(self, usage: Any) -> None:
+        if usage is not None:
+            with self._usage_lock:
+                self.token_usage.prompt_tokens += usage.prompt_tokens or 0
+                self.token_usage.completion_tokens += usage.completion_tokens or 0
+
+    def _check_constraints(self, sp: SglSamplingParams) -> None:
+        if sp.regex is not None or sp.json_schema is not None or sp.dtype is not None:
+            raise BackendError("regex/json_schema/dtype constraints need RuntimeEndpoint; the OpenAI backend "
+                               "cannot constrain decoding")
+
+    def _chat_messages(self, s: "StreamExecutor") -> list[dict]:
+        prefix = self.chat_template.get_prefix_and_suffix("assistant", s.messages_)[0]
+        if s.cur_role != "assistant" or not s.text_.endswith(prefix):
+            raise BackendError("for OpenAI chat models, sgl.gen must come right after sgl.assistant begins "
+                               "(or use a completion model)")
+        return s.messages_
+
+    def _request_kwargs(self, s: "StreamExecutor", sp: SglSamplingParams) -> dict[str, Any]:
+        self._check_constraints(sp)
+        kw = sp.to_openai_kwargs()
+        kw = {k: v for k, v in kw.items() if v is not None}
+        if self.is_chat_model:
+            kw["messages"] = self._chat_messages(s)
+        else:
+            kw["prompt"] = s.text_
+        return {"model": self.model_name, **kw}
+
+    def _create(self, **kw: Any) -> Any:
+        import openai
+
+        try:
+            if "messages" in kw:
+                return self.client.chat.completions.create(**kw)
+            return self.client.completions.create(**kw)
+        except openai.OpenAIError as e:
+            raise BackendError(f"OpenAI request failed: {e}") from e
+
+    def generate(self, s: "StreamExecutor", sampling_params: SglSamplingParams) -> GenResult:
+        res = self._create(**self._request_kwargs(s, sampling_params))
+        self._count(res.usage)
+        if self.is_chat_model:
+            texts = [c.message.content or "" for c in res.choices]
+        else:
+            texts = [c.text for c in res.choices]
+        metas = [{"id": res.id, "finish_reason": c.finish_reason,
+                  "prompt_tokens": getattr(res.usage, "prompt_tokens", None),
+                  "completion_tokens": getattr(res.usage, "completion_tokens", None)} for c in res.choices]
+        if sampling_params.n > 1:
+            return texts, metas
+        return texts[0], metas[0]
+
+    def generate_stream(self, s: "StreamExecutor", sampling_params: SglSamplingParams) -> Iterator[tuple[str, dict]]:
+        if sampling_params.n != 1:
+            raise BackendError("streaming supports n=1 only")
+        kw = self._request_kwargs(s, sampling_params)
+        stream = self._create(**kw, stream=True, stream_options={"include_usage": True})
+        for chunk in stream:
+            if chunk.usage is not None:
+                self._count(chunk.usage)
+            if not chunk.choices:
+                continue
+            c = chunk.choices[0]
+            piece = (c.delta.content or "") if self.is_chat_model else (c.text or "")
+            meta = {"finish_reason": c.finish_reason} if c.finish_reason else {}
+            if piece or meta:
+                yield piece, meta
+
+    def select(self, s: "StreamExecutor", choices: list[str], temperature: float,
+               choices_method: ChoicesSamplingMethod) -> ChoicesDecision:
+        if self.is_chat_model:
+            raise BackendError("select needs prompt logprobs, which chat endpoints do not return; use a "
+                               "completion model (is_chat_model=False)")
+        input_lps = [choice_token_logprobs(s.text_, c, lp)
+                     for c, lp in zip(choices, self._echo_logprobs([s.text_ + c for c in choices]))]
+        normalized = [normalized_logprob(lp) for lp in input_lps]
+        unconditional = None
+        if choices_method.requires_unconditional_logprobs:
+            # Text in, text out: the choice alone may tokenize into a different count; align from the end (a
+            # missing leading token counts as "no logprob", like the unconditional first token).
+            unconditional = [[[None, -1, None]] * max(0, len(c) - len(u)) + u[max(0, len(u) - len(c)):]
+                             for u, c in zip(self._echo_logprobs(choices), input_lps)]
+        decision = choices_method(choices=choices, normalized_prompt_logprobs=normalized,
+                                  input_token_logprobs=input_lps, output_token_logprobs=[[] for _ in choices],
+                                  unconditional_token_logprobs=unconditional)
+        decision.meta_info.update(normalized_prompt_logprobs=normalized, input_token_logprobs=input_lps)
+        return decision
+
+    def _echo_logprobs(self, prompts: list[str]) -> list[list[list]]:
+        """Per prompt, its tokens as [logprob, index, text] (the first logprob is None), via echo."""
+        res = self._create(model=self.model_name, prompt=prompts, max_tokens=0, echo=True, logprobs=0,
+                           temperature=0)
+        self._count(res.usage)
+        out: list[list[list]] = [[] for _ in prompts]
+        for c in res.choices:
+            lp = c.logprobs
+            if lp is None:
+                raise BackendError("the endpoint returned no logprobs for an echo request")
+            out[c.index] = [[v, i, t] for i, (v, t) in enumerate(zip(lp.token_logprobs, lp.tokens))]
+        return out

@@ -1,0 +1,143 @@
+"""Chat templates as role prefixes and suffixes, which is what an incrementally built prompt needs.
+
+A backend picks one by name, by the model path, or from the model's own (Jinja) template source: a ChatML
+template is recognised by its markers, and its hard-coded default system prompt is taken over."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    name: str
+    default_system_prompt: Optional[str]
+    role_prefix_and_suffix: dict[str, tuple[str, str]]
+    stop_str: tuple[str, ...] = ()
+    image_token: str = "<image>"
+
+    def get_prefix_and_suffix(self, role: str, hist_messages: list[dict]) -> tuple[str, str]:
+        try:
+            return self.role_prefix_and_suffix[role]
+        except KeyError:
+            raise ValueError(f"chat template {self.name!r} has no role {role!r}") from None
+
+    def get_prompt(self, messages: list[dict]) -> str:
+        """The whole prompt for a list of OpenAI-style messages, ending with the assistant's prefix."""
+        out = ""
+        if self.default_system_prompt is not None and (not messages or messages[0]["role"] != "system"):
+            pre, suf = self.get_prefix_and_suffix("system", [])
+            out += pre + self.default_system_prompt + suf
+        for i, m in enumerate(messages):
+            pre, suf = self.get_prefix_and_suffix(m["role"], messages[:i])
+            out += pre + m["content"] + suf
+        return out + self.get_prefix_and_suffix("assistant", messages)[0]
+
+
+@dataclass
+class ChatTemplateRegistry:
+    """Named templates plus model-path matchers (first match wins). One instance, `chat_template_registry`,
+    holds the built-ins; register your own on it or build a fresh registry."""
+
+    templates: dict[str, ChatTemplate] = field(default_factory=dict)
+    matchers: list[Callable[[str], Optional[str]]] = field(default_factory=list)
+
+    def register(self, template: ChatTemplate) -> None:
+        self.templates[template.name] = template
+
+    def register_matcher(self, fn: Callable[[str], Optional[str]]) -> None:
+        self.matchers.append(fn)
+
+    def get(self, name: str) -> ChatTemplate:
+        try:
+            return self.templates[name]
+        except KeyError:
+            raise ValueError(f"unknown chat template {name!r}; known: {sorted(self.templates)}") from None
+
+    def by_model_path(self, model_path: str) -> ChatTemplate:
+        for fn in self.matchers:
+            name = fn(model_path)
+            if name is not None:
+                return self.get(name)
+        return self.get("default")
+
+
+def _chatml(name: str, system: Optional[str]) -> ChatTemplate:
+    roles = {r: (f"<|im_start|>{r}\n", "<|im_end|>\n") for r in ("system", "user", "assistant")}
+    return ChatTemplate(name, system, roles, stop_str=("<|im_end|>",))
+
+
+def builtin_registry() -> ChatTemplateRegistry:
+    reg = ChatTemplateRegistry()
+    reg.register(ChatTemplate("default", None, {"system": ("SYSTEM:", "\n"), "user": ("USER:", "\n"),
+                                               "assistant": ("ASSISTANT:", "\n")}))
+    reg.register(ChatTemplate("claude", None, {"system": ("", ""), "user": ("\n\nHuman: ", ""),
+                                              "assistant": ("\n\nAssistant:", "")}))
+    reg.register(_chatml("chatml", None))
+    reg.register(_chatml("smollm2", "You are a helpful AI assistant named SmolLM, trained by Hugging Face"))
+    reg.register(_chatml("qwen", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."))
+    reg.register(ChatTemplate("llama-3-instruct", None, {
+        r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>") for r in ("system", "user", "assistant")
+    }, stop_str=("<|eot_id|>",)))
+    reg.register_matcher(_match_builtin)
+    return reg
+
+
+def _match_builtin(model_path: str) -> Optional[str]:
+    p = model_path.lower()
+    # "default" is radixlm's name for SmolLM2-135M-Instruct (see ServerArgs.model_path).
+    if p == "default" or "smollm" in p:
+        return "smollm2"
+    if "qwen" in p:
+        return "qwen"
+    if "llama-3" in p or "llama3" in p:
+        return "llama-3-instruct"
+    if "claude" in p:
+        return "claude"
+    return None
+
+
+_SYSTEM_LITERAL = re.compile(r"<\|im_start\|>system\n([^'\"{}+\\]+?)<\|im_end\|>")
+
+
+def template_from_jinja(source: str, name: str = "from-tokenizer") -> Optional[ChatTemplate]:
+    """Recognises a model's own Jinja chat template; None when its family is unknown."""
+    if "<|im_start|>" in source:
+        m = _SYSTEM_LITERAL.search(source)
+        return _chatml(name, m.group(1) if m else None)
+    if "<|start_header_id|>" in source:
+        return builtin_registry().get("llama-3-instruct")
+    return None
+
+
+def read_local_jinja(tokenizer_path: str) -> Optional[str]:
+    """The chat template source of a tokenizer directory on this machine, if there is one."""
+    if not tokenizer_path or not os.path.isdir(tokenizer_path):
+        return None
+    jinja = os.path.join(tokenizer_path, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            return f.read()
+    cfg = os.path.join(tokenizer_path, "tokenizer_config.json")
+    if os.path.isfile(cfg):
+        try:
+            with open(cfg, encoding="utf-8") as f:
+                tpl = json.load(f).get("chat_template")
+        except (OSError, ValueError):
+            return None
+        return tpl if isinstance(tpl, str) else None
+    return None
+
+
+chat_template_registry = builtin_registry()
+
+
+def get_chat_template(name: str) -> ChatTemplate:
+    return chat_template_registry.get(name)
+
+
+def get_chat_template_by_model_path(model_path: str) -> ChatTemplate:
+    return chat_template_registry.by_model_path(model_path)

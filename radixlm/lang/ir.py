@@ -1,0 +1,293 @@
+"""The frontend's intermediate representation: the expressions a program appends to a state with `+=`.
+
+The interpreter executes these nodes one by one on a stream; the (future) tracer records the same nodes into a
+graph. `node_id`, `prev_node` and `pid` exist for that graph: the interpreter does not read them."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+if TYPE_CHECKING:
+    from radixlm.lang.choices import ChoicesSamplingMethod
+    from radixlm.lang.state import ProgramState
+
+# The regexes a `dtype` becomes on backends that constrain decoding (SGLang's values).
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"[\w\d\s]*"
+
+_DTYPE_NAMES = {int: "int", float: "float", bool: "bool", str: "str",
+                "int": "int", "float": "float", "bool": "bool", "str": "str"}
+
+
+def normalize_dtype(dtype: Any) -> Optional[str]:
+    """`int`, `"int"`, ... -> the name; None stays None; anything else is a clear error."""
+    if dtype is None:
+        return None
+    try:
+        return _DTYPE_NAMES[dtype]
+    except (KeyError, TypeError):
+        raise ValueError(f"dtype must be one of int, float, bool, str (or their names), got {dtype!r}") from None
+
+
+@dataclass
+class SglSamplingParams:
+    """Sampling parameters of one gen. The run-level defaults are a full instance; a gen's own parameters are
+    merged over them by the interpreter (`None` in a gen means "inherit")."""
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    n: int = 1
+    stop: Union[str, list[str], tuple] = ()
+    stop_token_ids: Union[list[int], tuple] = ()
+    stop_regex: Union[str, list[str], tuple] = ()
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 means the whole vocabulary
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    ignore_eos: bool = False
+    return_logprob: Optional[bool] = None
+    logprob_start_len: Optional[int] = None
+    top_logprobs_num: Optional[int] = None
+    return_text_in_logprobs: Optional[bool] = None
+    json_schema: Optional[str] = None
+    dtype: Optional[str] = None  # one of "int", "float", "bool", "str"
+    regex: Optional[str] = None
+
+    def clone(self) -> "SglSamplingParams":
+        return dataclasses.replace(self, stop=_as_list(self.stop), stop_token_ids=list(self.stop_token_ids),
+                                   stop_regex=_as_list(self.stop_regex))
+
+    def merged_with(self, overrides: "SglSamplingParams") -> "SglSamplingParams":
+        """A copy of self with every field `overrides` sets (not None) replaced."""
+        out = self.clone()
+        for f in dataclasses.fields(overrides):
+            v = getattr(overrides, f.name)
+            if v is not None:
+                setattr(out, f.name, v)
+        return out.clone()
+
+    def to_srt_kwargs(self) -> dict[str, Any]:
+        """The `sampling_params` of radixlm's (and SGLang's) native /generate."""
+        out: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens, "min_new_tokens": self.min_new_tokens, "n": self.n,
+            "stop": _as_list(self.stop), "stop_token_ids": list(self.stop_token_ids),
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+            "frequency_penalty": self.frequency_penalty, "presence_penalty": self.presence_penalty,
+            "ignore_eos": self.ignore_eos,
+        }
+        if _as_list(self.stop_regex):
+            out["stop_regex"] = _as_list(self.stop_regex)
+        if self.regex is not None:
+            out["regex"] = self.regex
+        if self.json_schema is not None:
+            out["json_schema"] = self.json_schema
+        return out
+
+    def to_openai_kwargs(self) -> dict[str, Any]:
+        """OpenAI's chat/completions arguments (top_k and min_p have no OpenAI field and are dropped)."""
+        if self.regex or self.json_schema:
+            warnings.warn("regex/json_schema are not supported by the OpenAI backend and are ignored")
+        stop = _as_list(self.stop)
+        return {
+            "max_tokens": self.max_new_tokens, "stop": stop or None, "temperature": self.temperature,
+            "top_p": self.top_p, "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty, "n": self.n,
+        }
+
+    def to_anthropic_kwargs(self) -> dict[str, Any]:
+        if self.regex or self.json_schema:
+            warnings.warn("regex/json_schema are not supported by the Anthropic backend and are ignored")
+        out: dict[str, Any] = {"max_tokens": self.max_new_tokens, "temperature": self.temperature,
+                               "top_p": self.top_p}
+        stop = _as_list(self.stop)
+        if stop:
+            out["stop_sequences"] = stop
+        if self.top_k > 0:
+            out["top_k"] = self.top_k
+        return out
+
+
+def _as_list(x: Union[str, list, tuple, None]) -> list:
+    if x is None:
+        return []
+    if isinstance(x, str):
+        return [x]
+    return list(x)
+
+
+_node_ids = itertools.count()
+
+
+class SglExpr:
+    """Base of every node. `a + b` builds an SglExprList; strings become SglConstantText."""
+
+    def __init__(self) -> None:
+        self.node_id = next(_node_ids)
+        self.prev_node: Optional[SglExpr] = None  # set by the tracer
+        self.pid: Optional[int] = None  # the stream (program state) the tracer put it on
+
+    def __add__(self, other: Any) -> "SglExprList":
+        return SglExprList([self, as_expr(other)])
+
+    def __radd__(self, other: Any) -> "SglExprList":
+        return SglExprList([as_expr(other), self])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def as_expr(x: Any) -> SglExpr:
+    """Coerces what `s += x` accepts: a node, a string, or a list/tuple of those."""
+    if isinstance(x, SglExpr):
+        return x
+    if isinstance(x, str):
+        return SglConstantText(x)
+    if isinstance(x, (list, tuple)):
+        return SglExprList([as_expr(e) for e in x])
+    if x is None:
+        raise ValueError("cannot append None to a program state")
+    raise TypeError(f"cannot append a {type(x).__name__} to a program state (use a str or an sgl primitive)")
+
+
+class SglExprList(SglExpr):
+    def __init__(self, expr_list: list[SglExpr]) -> None:
+        super().__init__()
+        flat: list[SglExpr] = []
+        for e in expr_list:
+            flat.extend(e.expr_list if isinstance(e, SglExprList) else [e])
+        self.expr_list = flat
+
+    def __repr__(self) -> str:
+        return f"SglExprList({self.expr_list!r})"
+
+
+class SglConstantText(SglExpr):
+    def __init__(self, value: str) -> None:
+        super().__init__()
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"SglConstantText({self.value!r})"
+
+
+class SglArgument(SglExpr):
+    """A program argument; the tracer binds abstract ones, the interpreter never sees them."""
+
+    def __init__(self, name: str, value: Any = None) -> None:
+        super().__init__()
+        self.name = name
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"SglArgument(name={self.name!r})"
+
+
+class SglGen(SglExpr):
+    def __init__(self, name: Optional[str], sampling_params: SglSamplingParams) -> None:
+        super().__init__()
+        self.name = name
+        self.sampling_params = sampling_params
+
+    def __repr__(self) -> str:
+        return f"SglGen({self.name!r})"
+
+
+class SglSelect(SglExpr):
+    def __init__(self, name: Optional[str], choices: list[str], temperature: float,
+                 choices_method: "ChoicesSamplingMethod") -> None:
+        super().__init__()
+        self.name = name
+        self.choices = choices
+        self.temperature = temperature
+        self.choices_method = choices_method
+
+    def __repr__(self) -> str:
+        return f"SglSelect({self.name!r}, choices={self.choices!r})"
+
+
+class SglRoleBegin(SglExpr):
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def __repr__(self) -> str:
+        return f"SglRoleBegin({self.role!r})"
+
+
+class SglRoleEnd(SglExpr):
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def __repr__(self) -> str:
+        return f"SglRoleEnd({self.role!r})"
+
+
+class SglImage(SglExpr):
+    def __init__(self, path: Union[str, bytes]) -> None:
+        super().__init__()
+        self.path = path
+
+    def __repr__(self) -> str:
+        return "SglImage(...)"
+
+
+class SglVideo(SglExpr):
+    def __init__(self, path: str, num_frames: int) -> None:
+        super().__init__()
+        self.path = path
+        self.num_frames = num_frames
+
+
+class SglVariable(SglExpr):
+    """The value of variable `name` of another stream (`source`, an executor) appended to this one."""
+
+    def __init__(self, name: str, source: Any) -> None:
+        super().__init__()
+        self.name = name
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"SglVariable({self.name!r})"
+
+
+class SglVarScopeBegin(SglExpr):
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+
+class SglVarScopeEnd(SglExpr):
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+
+class SglCommitLazy(SglExpr):
+    """Send the state's text so far to the backend to prefill and cache it (the fork prefix hint)."""
+
+
+class SglConcateAndAppend(SglExpr):
+    def __init__(self, states: list["ProgramState"]) -> None:
+        super().__init__()
+        self.states = states
+
+
+class SglFork(SglExpr):
+    def __init__(self, number: int) -> None:
+        super().__init__()
+        self.number = number
+
+
+class SglGetForkItem(SglExpr):
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
