@@ -10,6 +10,7 @@ compile; cached) and the bitmask fill time per generated token."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -64,7 +65,7 @@ def prompts_for(engine: Engine, texts: list[str]) -> list[str]:
 
 def run_mode(mode: str, args, texts: list[str]) -> dict:
     engine = Engine(args.model, jump_forward=mode, random_seed=0, device=args.device, dtype=args.dtype,
-                    max_running_requests=args.max_running)
+                    max_running_requests=args.max_running, max_total_tokens=args.max_total_tokens)
     try:
         prompts = prompts_for(engine, texts)
         sp = {"temperature": 0, "max_new_tokens": 256}
@@ -86,11 +87,15 @@ def run_mode(mode: str, args, texts: list[str]) -> dict:
             "finished_by_stop": sum(o["meta_info"]["finish_reason"]["type"] == "stop" for o in outs),
             "exact_draft_tokens": c["draft_tokens"], "exact_accepted_tokens": c["accepted_draft_tokens"],
             "exact_acceptance_rate": c["accepted_draft_tokens"] / c["draft_tokens"] if c["draft_tokens"] else None,
-            "fast_forced_tokens": c["forced_tokens"], "jump_requeues": sched.stats["jump_requeues"] - stats0["jump_requeues"],
+            "fast_forced_tokens": c["forced_tokens"], "jump_passes": sched.stats["jump_decode_batches"] - stats0["jump_decode_batches"],
             "_ids": [o["output_ids"] for o in outs], "_texts": [o["text"] for o in outs],
         }
     finally:
         engine.shutdown()
+        del engine
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the next mode's engine sizes its KV pool from free memory
 
 
 def grammar_costs(args, sample_ids: list[list[int]]) -> dict:
@@ -141,6 +146,7 @@ def main() -> None:
     p.add_argument("--constraint", choices=["json_schema", "regex"], default="json_schema")
     p.add_argument("--max-running", type=int, default=16)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: sized from memory)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results/json_decoding_cpu.json")

@@ -8,6 +8,7 @@ from radixlm.lang.choices import greedy_token_selection, token_length_normalized
 from radixlm.lang.global_config import global_config
 from radixlm.lang.interpreter import ProgramError
 from radixlm.lang.state import ProgramState, ProgramStateGroup
+from radixlm.lang.tracer import TracingError
 
 _LAZY = {
     "RuntimeEndpoint": "radixlm.lang.backend.runtime_endpoint",

@@ -16,6 +16,7 @@ from radixlm.lang.global_config import GlobalConfig, global_config
 from radixlm.lang.ir import (SglCommitLazy, SglConcateAndAppend, SglConstantText, SglExpr, SglExprList, SglGen,
                              SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, SglVariable,
                              SglVarScopeBegin, SglVarScopeEnd, SglVideo, _as_list, as_expr)
+from radixlm.lang.speculative import ApiSpeculation
 
 if TYPE_CHECKING:
     from radixlm.lang.backend.base_backend import BaseBackend
@@ -49,8 +50,10 @@ class StreamExecutor:
         self.stream = stream
         self.config = config
         self.chat_template = chat_template or backend.get_chat_template()
-        # Seam for API speculative execution (paper §5): kept, not acted on yet.
         self.num_api_spec_tokens = num_api_spec_tokens
+        self.spec: Optional[ApiSpeculation] = None  # API speculative execution (paper §5), where supported
+        if num_api_spec_tokens and backend.supports_api_speculation:
+            self.spec = ApiSpeculation(num_api_spec_tokens, is_chat=bool(getattr(backend, "is_chat_model", False)))
 
         # Program state, written by the worker thread (fork/join copy it after a sync).
         self.text_ = ""
@@ -242,6 +245,8 @@ class StreamExecutor:
             self.cond.notify_all()
 
     def _execute(self, expr: SglExpr) -> None:
+        if self.spec is not None and self.spec.intercept(self, expr):
+            return
         if isinstance(expr, SglExprList):
             for e in expr.expr_list:
                 self._execute(e)

@@ -1,6 +1,6 @@
 """The frontend's intermediate representation: the expressions a program appends to a state with `+=`.
 
-The interpreter executes these nodes one by one on a stream; the (future) tracer records the same nodes into a
+The interpreter executes these nodes one by one on a stream; the tracer records the same nodes into a
 graph. `node_id`, `prev_node` and `pid` exist for that graph: the interpreter does not read them."""
 from __future__ import annotations
 
@@ -285,9 +285,33 @@ class SglFork(SglExpr):
         super().__init__()
         self.number = number
 
+    def __repr__(self) -> str:
+        return f"SglFork({self.number})"
+
 
 class SglGetForkItem(SglExpr):
-    def __init__(self, index: int) -> None:
+    """The first node of a branch stream: branch `index` of the `fork` node on the parent stream."""
+
+    def __init__(self, index: int, fork: Optional[SglFork] = None) -> None:
         super().__init__()
         self.index = index
+        self.fork = fork
 
+    def __repr__(self) -> str:
+        return f"SglGetForkItem({self.index})"
+
+
+
+class SglJoin(SglExpr):
+    """Recorded by the tracer on the parent stream: wait for the fork's branches, then either gather the
+    variables they created (`var_names`) as lists or append their texts (mode "concate_and_append")."""
+
+    def __init__(self, fork: SglFork, branches: list[Any], mode: str, var_names: list[str]) -> None:
+        super().__init__()
+        self.fork = fork
+        self.branches = branches  # the branch streams (tracer states)
+        self.mode = mode
+        self.var_names = var_names
+
+    def __repr__(self) -> str:
+        return f"SglJoin(mode={self.mode!r}, vars={self.var_names!r})"

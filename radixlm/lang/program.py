@@ -82,11 +82,14 @@ class SglFunction:
         raise TypeError(f"batch item {i} must be a dict or a tuple, got {type(item).__name__}")
 
     def trace(self, *, backend: Optional["BaseBackend"] = None, **kwargs: Any):
-        try:
-            from radixlm.lang.tracer import trace_program
-        except ImportError:
-            raise NotImplementedError("tracing is not implemented yet (issue 6, item 6)") from None
+        """The program's IR graph (a TracedProgram); kwargs bind parameters, the others stay abstract."""
+        from radixlm.lang.tracer import trace_program
+
         return trace_program(self, kwargs, backend)
+
+    def compile(self, *, backend: Optional["BaseBackend"] = None, **kwargs: Any):
+        """A CompiledFunction: the traced graph, run by the graph executor."""
+        return self.trace(backend=backend, **kwargs).compile(backend)
 
     def cache(self, backend: Optional["BaseBackend"] = None) -> Optional[str]:
         """Prefills the program's constant prefix on the backend; returns it (None if it is too short)."""
@@ -195,12 +198,10 @@ def run_program_batch(program: SglFunction, backend: "BaseBackend", batch: list[
 
 def precache_constant_prefix(program: SglFunction, backend: "BaseBackend", force: bool = False,
                              config: GlobalConfig = global_config) -> Optional[str]:
-    """The run_batch prefix hint: trace the program's constant prefix and prefill it once. Tracing is a later
-    item, so until `radixlm.lang.tracer` exists this does nothing (and returns None)."""
-    try:
-        from radixlm.lang.tracer import extract_prefix_by_tracing
-    except ImportError:
-        return None
+    """The run_batch prefix hint: trace the program's constant prefix and prefill it once, so that the batch's
+    first items already find it cached instead of all prefilling it at the same time."""
+    from radixlm.lang.tracer import extract_prefix_by_tracing
+
     prefix = extract_prefix_by_tracing(program, backend)
     if prefix and (force or len(prefix) > config.precache_min_chars):
         backend.cache_prefix(prefix)

@@ -23,6 +23,7 @@ from radixlm.router.args import RouterArgs
 from radixlm.router.core import Router
 from radixlm.router.policies import RoutingRequest
 from radixlm.router.request_text import routing_text
+from radixlm.router.usage import SseUsageScanner, usage_of_body
 from radixlm.router.workers import LoadGuard, Worker
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,8 @@ class Proxy:
                     continue
                 guard.release()
                 w.breaker.record(upstream.status_code < 500)
+                if upstream.status_code == 200:
+                    self.router.observe_response(w, req, held, usage_of_body(content))
                 return self._count(path, resp)
             chunks = upstream.aiter_raw()
             try:
@@ -120,8 +123,8 @@ class Proxy:
                 self._failed(w, guard, req, held, repr(e))
                 continue
             self._count(path, upstream.status_code)
-            return StreamingResponse(self._relay(first, chunks, upstream, guard, w), upstream.status_code,
-                                     out_headers)
+            relay = self._relay(first, chunks, upstream, guard, w, req, held)
+            return StreamingResponse(relay, upstream.status_code, out_headers)
         if last is not None:
             return self._count(path, last)
         if tried:
@@ -130,13 +133,21 @@ class Proxy:
         return self._count(path, error_response("no healthy worker available", 503, "ServiceUnavailableError"))
 
     async def _relay(self, first: bytes, chunks: AsyncIterator[bytes], upstream: httpx.Response,
-                     guard: LoadGuard, w: Worker) -> AsyncIterator[bytes]:
+                     guard: LoadGuard, w: Worker, req: RoutingRequest, held: int) -> AsyncIterator[bytes]:
         worker_failed = False
+        completed = False
+        # Chunks are scanned after they were handed on: the usage numbers never delay forwarding.
+        scanner = SseUsageScanner() if upstream.status_code == 200 else None
         try:
             if first:
                 yield first
+                if scanner is not None:
+                    scanner.feed(first)
             async for chunk in chunks:
                 yield chunk
+                if scanner is not None:
+                    scanner.feed(chunk)
+            completed = True
         except httpx.HTTPError as e:
             # Bytes already reached the client: no retry is possible, so end the stream with an error.
             worker_failed = True
@@ -152,6 +163,8 @@ class Proxy:
                 self.router.metrics.worker_errors.labels(w.url).inc()
             else:
                 w.breaker.record(True)
+            if completed and scanner is not None:
+                self.router.observe_response(w, req, held, scanner.result())
 
     def _count(self, route: str, resp: Response | int) -> Response:
         status = resp if isinstance(resp, int) else resp.status_code
@@ -187,6 +200,8 @@ def create_app(args: RouterArgs, transport: httpx.AsyncBaseTransport | None = No
     async def lifespan(app: FastAPI):
         await router.registry.check_all(first=True)
         tasks = [asyncio.create_task(router.registry.run_health_checks()), asyncio.create_task(router.run_eviction())]
+        if args.cache_feedback:
+            tasks.append(asyncio.create_task(router.run_cache_feedback()))
         yield
         for t in tasks:
             t.cancel()
@@ -248,8 +263,15 @@ def create_app(args: RouterArgs, transport: httpx.AsyncBaseTransport | None = No
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
+        noted = [w.url for w in router.registry.workers.values() if w.healthy]
+        for url in noted:
+            router.feedback.note_router_flush(url)
         results = await _fan_out(router, "POST", "/flush_cache")
         failed = {}
+        for url in noted:
+            r = results.get(url)
+            if not (isinstance(r, httpx.Response) and r.status_code == 200):
+                router.feedback.note_router_flush(url, -1)
         for url, r in results.items():
             if isinstance(r, httpx.Response) and r.status_code == 200:
                 router.tree.clear_tenant(url)  # the worker's cache is empty now; so is our belief about it
@@ -277,6 +299,17 @@ def create_app(args: RouterArgs, transport: httpx.AsyncBaseTransport | None = No
             reported = r.json().get("loads", []) if isinstance(r, httpx.Response) and r.status_code == 200 else []
             out.append({"worker": w.url, "healthy": w.healthy, "router_in_flight": w.in_flight, "loads": reported})
         return json_response({"workers": out})
+
+    @app.get("/cache_feedback")
+    async def cache_feedback() -> Response:
+        """The router's estimated hit rate next to the workers' reported one, and the corrections made."""
+        est = router.estimated_hit_rate()
+        reported = router.feedback.reported_hit_rate()
+        return json_response({**router.feedback.describe(), "estimated_cache_hit_rate": est,
+                              "estimated_cached_chars": router.est_cached_chars,
+                              "estimated_input_chars": router.est_input_chars,
+                              "hit_rate_gap": abs(est - reported), "decisions": router.decisions,
+                              "tree_chars": dict(router.tree.char_count)})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -23,6 +23,8 @@ class RouterArgs:
     prefix_token_count: int = field(default=256, metadata={"help": "prefix_hash: hashes this many tokens (4 characters each, approximated on text)"})
     prefix_hash_load_factor: float = 1.25
     random_seed: int | None = field(default=None, metadata={"help": "seeds random / power_of_two"})
+    cache_feedback: bool = field(default=False, metadata={"help": "correct the tree from the workers' /cache_state (restarts, flushes, evictions) and from the cached_tokens their responses report"})
+    cache_feedback_interval: float = field(default=1.0, metadata={"help": "seconds between /cache_state polls with --cache-feedback"})
     health_failure_threshold: int = 3
     health_success_threshold: int = 2
     health_check_timeout_secs: float = 5.0
@@ -44,6 +46,7 @@ class RouterArgs:
             (self.balance_rel_threshold >= 1.0, "balance_rel_threshold must be >= 1"),
             (self.eviction_interval > 0, "eviction_interval must be > 0"),
             (self.max_tree_size >= 0, "max_tree_size must be >= 0"),
+            (self.cache_feedback_interval > 0, "cache_feedback_interval must be > 0"),
             (self.health_failure_threshold >= 1 and self.health_success_threshold >= 1, "health thresholds must be >= 1"),
             (self.health_check_interval_secs > 0 and self.health_check_timeout_secs > 0, "health check times must be > 0"),
             (self.cb_failure_threshold >= 1 and self.cb_success_threshold >= 1, "circuit breaker thresholds must be >= 1"),

@@ -7,9 +7,11 @@ import logging
 import httpx
 
 from radixlm.router.args import RouterArgs
+from radixlm.router.feedback import CacheFeedback, CacheState, FeedbackConfig
 from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policies import CacheAwareConfig, RoutingRequest, make_policy
 from radixlm.router.tree import ApproxRadixTree
+from radixlm.router.usage import Usage
 from radixlm.router.workers import CircuitConfig, HealthConfig, Worker, WorkerRegistry
 
 logger = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ class Router:
         self.metrics = RouterMetrics()
         self.est_cached_chars = 0  # set by select()
         self.est_input_chars = 0  # set by select()
+        self.decisions: dict[str, int] = {}  # cache_aware decisions by mode (set by select())
+        self.feedback = CacheFeedback(self.tree, FeedbackConfig(enabled=args.cache_feedback), self.metrics)
         for url in args.worker_urls:
             self.registry.add(url)
 
@@ -44,6 +48,7 @@ class Router:
 
     def worker_removed(self, url: str) -> None:
         self.tree.remove_tenant(url)
+        self.feedback.forget(url)
 
     def worker_down(self, url: str) -> None:
         # A worker that went down comes back (if at all) with a cold cache: stop crediting it.
@@ -59,6 +64,10 @@ class Router:
         w = self.policy.select(candidates, req)
         w.selections += 1
         self.metrics.selections.labels(w.url, self.policy.name).inc()
+        mode = getattr(self.policy, "last_mode", "")
+        if mode:
+            self.decisions[mode] = self.decisions.get(mode, 0) + 1
+            self.metrics.decisions.labels(mode).inc()
         held = 0
         if req.text:
             held = self.tree.match_tenant(req.text, w.url)
@@ -76,6 +85,11 @@ class Router:
         if held < len(req.text):
             self.tree.remove_prefix(req.text[: held + 1], w.url)
 
+    def observe_response(self, w: Worker, req: RoutingRequest, held: int, usage: Usage | None) -> None:
+        """A response from `w` finished; `usage` is what the worker reported hitting its cache (if it did)."""
+        if usage is not None:
+            self.feedback.observe_response(w.url, req.text, held, usage)
+
     def estimated_hit_rate(self) -> float:
         return self.est_cached_chars / self.est_input_chars if self.est_input_chars else 0.0
 
@@ -89,6 +103,26 @@ class Router:
         if evicted:
             logger.debug("tree eviction: %s", evicted)
         return evicted
+
+    async def poll_cache_state(self, w: Worker) -> None:
+        try:
+            r = await self.client.get(w.url + "/cache_state", timeout=self.args.health_check_timeout_secs)
+            state = CacheState.parse(r.json()) if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as e:
+            logger.debug("cache state of %s unavailable: %r", w.url, e)
+            state = None
+        if state is None:
+            self.feedback.stats.poll_errors += 1
+        elif self.registry.workers.get(w.url) is w:  # it may have been removed while we waited
+            action = self.feedback.observe_state(w.url, state)
+            if action in ("clear", "shrink"):
+                logger.info("cache feedback from %s: %s", w.url, action)
+
+    async def run_cache_feedback(self) -> None:
+        while True:
+            await asyncio.gather(*(self.poll_cache_state(w) for w in list(self.registry.workers.values())
+                                   if w.healthy))
+            await asyncio.sleep(self.args.cache_feedback_interval)
 
     async def run_eviction(self) -> None:
         while True:

@@ -29,6 +29,18 @@ class RouterMetrics:
         self.est_input_chars = Counter(PREFIX + "estimated_input_chars", "Request characters routed", registry=r)
         self.est_hit_rate = Gauge(PREFIX + "estimated_cache_hit_rate",
                                   "estimated_cached_chars / estimated_input_chars since start", registry=r)
+        self.decisions = Counter(PREFIX + "routing_decisions", "cache_aware decisions by mode (cache_hit, "
+                                 "min_load, imbalanced)", ["mode"], registry=r)
+        self.reported_cached_tokens = Counter(PREFIX + "reported_cached_tokens", "Prompt tokens the workers "
+                                              "reported as cache hits in proxied responses", registry=r)
+        self.reported_prompt_tokens = Counter(PREFIX + "reported_prompt_tokens", "Prompt tokens of proxied "
+                                              "responses, as the workers reported them", registry=r)
+        self.reported_hit_rate = Gauge(PREFIX + "reported_cache_hit_rate", "reported_cached_tokens / "
+                                       "reported_prompt_tokens since start", registry=r)
+        self.feedback_corrections = Counter(PREFIX + "cache_feedback_corrections", "Tree corrections from worker "
+                                            "cache feedback by kind (clear, shrink, phantom)", ["kind"], registry=r)
+        self.feedback_chars = Counter(PREFIX + "cache_feedback_removed_chars", "Characters removed from the tree "
+                                      "by cache feedback, by kind", ["kind"], registry=r)
         self.active = Gauge(PREFIX + "worker_requests_active", "In-flight requests per worker", ["worker"], registry=r)
         self.health = Gauge(PREFIX + "worker_health", "1 when the worker is marked healthy", ["worker"], registry=r)
         self.circuit = Gauge(PREFIX + "worker_circuit_state", "0 closed, 1 open, 2 half-open", ["worker"], registry=r)

@@ -175,31 +175,33 @@ class ApproxRadixTree:
 
     # ---- eviction ------------------------------------------------------------------------------------
     def evict_tenant_by_size(self, max_chars: int) -> dict[str, int]:
-        """Trims each tenant to `max_chars` characters by peeling its least recently used leaves (a node that
+        """Trims each tenant to `max_chars` characters (see `evict_tenant`). Returns chars evicted per tenant
+        that was over budget."""
+        return {t: self.evict_tenant(t, max_chars) for t, used in list(self.char_count.items()) if used > max_chars}
+
+    def evict_tenant(self, tenant: str, max_chars: int) -> int:
+        """Trims one tenant to `max_chars` characters by peeling its least recently used leaves (a node that
         becomes a leaf for that tenant joins the heap, so eviction unwinds bottom-up). Returns chars evicted."""
-        evicted: dict[str, int] = {}
-        for tenant, used in list(self.char_count.items()):
-            if used <= max_chars:
-                continue
-            heap: list[tuple[int, int, Node]] = []
-            tie = itertools.count()
-            stack = [self.root]
-            while stack:
-                n = stack.pop()
-                owned_kids = [c for c in n.children.values() if tenant in c.last_access]
-                if not owned_kids and n is not self.root:
-                    heapq.heappush(heap, (n.last_access[tenant], next(tie), n))
-                stack.extend(owned_kids)
-            start = used
-            while heap and self.char_count[tenant] > max_chars:
-                _, _, n = heapq.heappop(heap)
-                parent = n.parent
-                self._disown(n, tenant)
-                if (parent is not None and parent is not self.root
-                        and not any(tenant in c.last_access for c in parent.children.values())):
-                    heapq.heappush(heap, (parent.last_access[tenant], next(tie), parent))
-            evicted[tenant] = start - self.char_count[tenant]
-        return evicted
+        start = self.char_count.get(tenant, 0)
+        if start <= max_chars:
+            return 0
+        heap: list[tuple[int, int, Node]] = []
+        tie = itertools.count()
+        stack = [self.root]
+        while stack:
+            n = stack.pop()
+            owned_kids = [c for c in n.children.values() if tenant in c.last_access]
+            if not owned_kids and n is not self.root:
+                heapq.heappush(heap, (n.last_access[tenant], next(tie), n))
+            stack.extend(owned_kids)
+        while heap and self.char_count[tenant] > max_chars:
+            _, _, n = heapq.heappop(heap)
+            parent = n.parent
+            self._disown(n, tenant)
+            if (parent is not None and parent is not self.root
+                    and not any(tenant in c.last_access for c in parent.children.values())):
+                heapq.heappush(heap, (parent.last_access[tenant], next(tie), parent))
+        return start - self.char_count[tenant]
 
     # ---- checks --------------------------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -20,6 +20,7 @@ class BackendError(RuntimeError):
 
 class BaseBackend:
     support_concate_and_append: bool = False
+    supports_api_speculation: bool = False  # honours `function(num_api_spec_tokens=N)` (paper §5)
 
     def __init__(self) -> None:
         self.chat_template: ChatTemplate = get_chat_template("default")

@@ -24,16 +24,19 @@ COMPLETION_MODELS = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
 
 @dataclass
 class TokenUsage:
-    """Tokens billed so far by this backend (summed over every call; reset() starts again)."""
+    """Tokens billed and requests made so far by this backend (summed over every call; reset() starts again)."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    num_calls: int = 0
 
     def reset(self) -> None:
-        self.prompt_tokens = self.completion_tokens = 0
+        self.prompt_tokens = self.completion_tokens = self.num_calls = 0
 
 
 class OpenAI(BaseBackend):
+    supports_api_speculation = True
+
     def __init__(self, model_name: str, is_chat_model: Optional[bool] = None,
                  chat_template: Optional[ChatTemplate] = None, is_azure: bool = False, *args: Any,
                  **kwargs: Any) -> None:
@@ -68,7 +71,7 @@ class OpenAI(BaseBackend):
         if s.cur_role != "assistant" or not s.text_.endswith(prefix):
             raise BackendError("for OpenAI chat models, sgl.gen must come right after sgl.assistant begins "
                                "(or use a completion model)")
-        return s.messages_
+        return list(s.messages_)
 
     def _request_kwargs(self, s: "StreamExecutor", sp: SglSamplingParams) -> dict[str, Any]:
         self._check_constraints(sp)
@@ -83,6 +86,8 @@ class OpenAI(BaseBackend):
     def _create(self, **kw: Any) -> Any:
         import openai
 
+        with self._usage_lock:
+            self.token_usage.num_calls += 1
         try:
             if "messages" in kw:
                 return self.client.chat.completions.create(**kw)

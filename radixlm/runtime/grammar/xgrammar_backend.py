@@ -58,4 +58,7 @@ class XGrammarBackend(GrammarBackend):
         return xgr.allocate_token_bitmask(batch_size, self.vocab_size)
 
     def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
-        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), indices=rows)
+        # On a GPU, xgrammar's Triton kernel (its "auto" choice may JIT-compile CUDA code at first use).
+        backend = "triton" if logits.is_cuda else "cpu"
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), indices=rows,
+                                        backend=backend)

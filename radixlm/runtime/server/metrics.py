@@ -3,6 +3,7 @@ servers can live in one process). Counters and histograms are fed by the Tokeniz
 arrive; the gauges are refreshed from the scheduler's internal state at scrape time."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 import radixlm
+from radixlm.runtime.server.errors import error_body
 
 logger = logging.getLogger(__name__)
 
@@ -101,12 +103,27 @@ async def metrics(request: Request) -> Response:
     return Response(tm.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
+async def _state_or_none(tm) -> dict | None:
+    """The scheduler's state, or None when it does not answer in time (a busy or stalled scheduler)."""
+    try:
+        return await tm.get_internal_state(timeout=SCRAPE_STATE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        return None
+
+
+def _busy() -> Response:
+    return Response(orjson.dumps(error_body("the scheduler did not report its state in time", "ServiceUnavailable", 503)),
+                    status_code=503, media_type="application/json")
+
+
 @router.get("/v1/loads")
 async def loads(request: Request) -> Response:
     """The load a router balances on: requests running and queued, KV tokens in use (one entry per data-parallel
     rank; this server is one rank)."""
     tm = request.app.state.tokenizer_manager
-    state = await tm.get_internal_state(timeout=SCRAPE_STATE_TIMEOUT_S)
+    state = await _state_or_none(tm)
+    if state is None:
+        return _busy()
     total = state["max_total_num_tokens"]
     used = total - state["available_tokens"] - state["evictable_tokens"]
     stats = state["stats"]
@@ -126,7 +143,9 @@ async def cache_state(request: Request) -> Response:
     server restarts and `flush_count` when its cache is flushed (both empty the cache); `evicted_tokens_total`
     grows with evictions; `cached_tokens` is what the tree holds now."""
     tm = request.app.state.tokenizer_manager
-    state = await tm.get_internal_state(timeout=SCRAPE_STATE_TIMEOUT_S)
+    state = await _state_or_none(tm)
+    if state is None:
+        return _busy()
     return Response(orjson.dumps({
         "instance_id": tm.instance_id, "flush_count": state["stats"].get("flushes", 0),
         "evicted_tokens_total": state["evicted_tokens_total"],

@@ -27,7 +27,7 @@ def dense_reference(q, k_full, v_full, prefix: int, scale: float) -> torch.Tenso
     return torch.einsum("hts,shd->thd", scores.softmax(-1), v)
 
 
-def build_batch(lens, num_heads, num_kv_heads, page_size, mode, dtype, seed, shared_prefix=False):
+def build_batch(lens, num_heads, num_kv_heads, page_size, mode, dtype, seed, shared_prefix=False, batched_extend_max=64):
     """lens: [(prefix_len, extend_len)]. Returns (forward_batch, layer, q, k, v, per-request full K/V)."""
     g = torch.Generator().manual_seed(seed)
     bs = len(lens)
@@ -80,7 +80,7 @@ def build_batch(lens, num_heads, num_kv_heads, page_size, mode, dtype, seed, sha
         out_cache_loc=out_cache_loc,
         req_to_token_pool=req_pool,
         token_to_kv_pool=kv_pool,
-        attn_backend=TorchNativeAttnBackend(),
+        attn_backend=TorchNativeAttnBackend(batched_extend_max=batched_extend_max),
         extend_prefix_lens_cpu=prefix_lens,
         extend_seq_lens_cpu=[e for _, e in lens],
         extend_start_loc=torch.tensor(starts, dtype=torch.int64),
@@ -89,8 +89,8 @@ def build_batch(lens, num_heads, num_kv_heads, page_size, mode, dtype, seed, sha
 
 
 def check_against_reference(lens, heads, kv_heads, ps, mode, dtype=torch.float32, atol=1e-5, seed=0,
-                            shared_prefix=False):
-    fb, layer, q, k, v, fulls = build_batch(lens, heads, kv_heads, ps, mode, dtype, seed, shared_prefix)
+                            shared_prefix=False, batched_extend_max=64):
+    fb, layer, q, k, v, fulls = build_batch(lens, heads, kv_heads, ps, mode, dtype, seed, shared_prefix, batched_extend_max)
     fb.attn_backend.init_forward_metadata(fb)
     out = layer(q, k, v, fb)
     assert out.shape == q.shape and out.dtype == dtype
@@ -121,8 +121,17 @@ HEADS = [(4, 4), (4, 2), (6, 1)]
         [(4, 4), (0, 1), (6, 11)],
     ],
 )
-def test_extend_matches_dense(lens, heads, kv_heads, ps):
-    check_against_reference(lens, heads, kv_heads, ps, ForwardMode.EXTEND, seed=len(lens) * 7 + ps)
+@pytest.mark.parametrize("batched_extend_max", [0, 64], ids=["per-request", "padded"])
+def test_extend_matches_dense(lens, heads, kv_heads, ps, batched_extend_max):
+    check_against_reference(lens, heads, kv_heads, ps, ForwardMode.EXTEND, seed=len(lens) * 7 + ps,
+                            batched_extend_max=batched_extend_max)
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_mixed_decode_pass_with_jump_tokens(ps):
+    """A decode pass carrying jump-forward tokens: most requests add one token, some several."""
+    lens = [(7, 1), (12, 5), (3, 1), (20, 9), (9, 1)]
+    check_against_reference(lens, 4, 2, ps, ForwardMode.EXTEND, seed=5 + ps)
 
 
 @pytest.mark.parametrize("ps", [1, 4])

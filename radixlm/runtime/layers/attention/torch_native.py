@@ -36,11 +36,14 @@ def gather_kv(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 
 class TorchNativeAttnBackend(AttentionBackend):
-    def __init__(self, model_runner: object | None = None, shared_prefix_min: int = 64):
+    def __init__(self, model_runner: object | None = None, shared_prefix_min: int = 64, batched_extend_max: int = 64):
         # model_runner is accepted for a uniform backend constructor; nothing is read from it.
         self.model_runner = model_runner
         # A decode batch whose requests share at least this many leading KV slots reads them once.
         self.shared_prefix_min = shared_prefix_min
+        # An extend batch whose requests each add at most this many tokens (a decode pass carrying jump-forward
+        # tokens) runs as one padded attention call instead of one call per request.
+        self.batched_extend_max = batched_extend_max
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         forward_batch.attn_metadata = self._build_metadata(forward_batch)
@@ -90,6 +93,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         v_buf = fb.token_to_kv_pool.get_value_buffer(layer.layer_id)
         req_to_token = fb.req_to_token_pool.req_to_token
         gqa = layer.num_heads != layer.num_kv_heads
+        if fb.batch_size > 1 and max(fb.extend_seq_lens_cpu) <= self.batched_extend_max:
+            return self._extend_padded(q, k_buf, v_buf, layer, fb, meta)
         for i in range(fb.batch_size):
             seq_len = fb.seq_lens_cpu[i]
             ext = fb.extend_seq_lens_cpu[i]
@@ -111,6 +116,33 @@ class TorchNativeAttnBackend(AttentionBackend):
                 qi, ki, vi, attn_mask=mask, is_causal=causal, scale=layer.scaling, enable_gqa=gqa
             )
             out[start : start + ext] = o.transpose(0, 1)
+        return out.reshape(-1, layer.num_heads * layer.head_dim)
+
+    @staticmethod
+    def _extend_padded(q, k_buf, v_buf, layer, fb: "ForwardBatch", meta: TorchNativeMetadata) -> torch.Tensor:
+        """All requests in one call: queries padded to the longest extend, keys to the longest sequence; new
+        token j of request i (position prefix_i + j) sees key positions <= prefix_i + j."""
+        dev = q.device
+        ext = torch.tensor(fb.extend_seq_lens_cpu, device=dev)
+        prefix = torch.tensor(fb.extend_prefix_lens_cpu, device=dev)
+        starts = torch.tensor(meta.extend_start_loc_cpu, device=dev)
+        max_ext, max_len = int(max(fb.extend_seq_lens_cpu)), meta.max_seq_len
+        j = torch.arange(max_ext, device=dev)
+        q_valid = j[None, :] < ext[:, None]  # (bs, max_ext)
+        q_rows = torch.where(q_valid, starts[:, None] + j[None, :], torch.zeros_like(q_valid, dtype=torch.long))
+        qs = q[q_rows].transpose(1, 2)  # (bs, H, max_ext, D)
+        table = fb.req_to_token_pool.req_to_token[fb.req_pool_indices, :max_len]
+        pos = torch.arange(max_len, device=dev)
+        k_valid = pos[None, :] < (prefix + ext)[:, None]
+        slots = torch.where(k_valid, table, torch.zeros_like(table))
+        ks = gather_kv(k_buf, slots).to(q.dtype).transpose(1, 2)  # (bs, Hkv, max_len, D)
+        vs = gather_kv(v_buf, slots).to(q.dtype).transpose(1, 2)
+        mask = pos[None, None, :] <= (prefix[:, None] + j[None, :])[:, :, None]  # (bs, max_ext, max_len)
+        mask |= ~q_valid[:, :, None] & (pos == 0)[None, None, :]  # padded queries see one key: no NaN
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask[:, None], scale=layer.scaling,
+                                           enable_gqa=layer.num_heads != layer.num_kv_heads)
+        out = torch.empty_like(q)
+        out[q_rows[q_valid]] = o.transpose(1, 2)[q_valid]
         return out.reshape(-1, layer.num_heads * layer.head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
