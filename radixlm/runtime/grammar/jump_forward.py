@@ -53,41 +53,53 @@ class VerifyResult:
 def verify_draft(req, draft: list[int], logits: torch.Tensor, backend, generator: torch.Generator | None) -> VerifyResult:
     """`logits` (len(draft) + 1, V): rows at the last token and at each draft token. Advances req.grammar over
     the returned tokens. Row j is processed as the sampler would process it for the request with the first j
-    draft tokens appended (penalties, min_new_tokens, grammar mask, temperature, top-k/p, min-p)."""
-    sp = req.sampling_params
-    out: list[int] = []
+    draft tokens appended (penalties, min_new_tokens, grammar mask, temperature, top-k/p, min-p); all rows are
+    processed at once, then settled in order."""
+    grammar = req.grammar
+    bitmask = backend.allocate_bitmask(len(draft) + 1)
+    walked = 0  # draft tokens the matcher accepted while filling the rows' masks
     for j in range(len(draft) + 1):
-        virtual = _Virtual(sp, req.origin_input_ids, req.output_ids + out, req.eos_token_ids)
-        info = SamplingBatchInfo.from_reqs([virtual], logits.shape[-1], logits.device)
-        bitmask = backend.allocate_bitmask(1)
-        req.grammar.fill_bitmask(bitmask, 0)
-        info.vocab_mask, info.vocab_mask_rows, info.apply_vocab_mask = bitmask, [0], backend.apply_bitmask
-        row = apply_penalties_and_bias(logits[j : j + 1], info)
-        proposal = draft[j] if j < len(draft) else None
-        token = _choose(row, info, proposal, req, generator, step=len(req.output_ids) + j)
-        if not req.grammar.accept_token(token):
-            return VerifyResult(out, j, violated=True)  # every token was masked
-        out.append(token)
-        if token != proposal:
-            return VerifyResult(out, j)
-    return VerifyResult(out, len(draft))
+        grammar.fill_bitmask(bitmask, j)
+        if j == len(draft) or not grammar.accept_token(draft[j]):
+            break
+        walked += 1
+    draft = draft[:walked]  # a token the grammar refuses could never be chosen: the draft ends before it
+    rows = len(draft) + 1
+    virtuals = [_Virtual(req.sampling_params, req.origin_input_ids, req.output_ids + draft[:j], req.eos_token_ids)
+                for j in range(rows)]
+    info = SamplingBatchInfo.from_reqs(virtuals, logits.shape[-1], logits.device)
+    info.vocab_mask, info.vocab_mask_rows, info.apply_vocab_mask = bitmask, list(range(rows)), backend.apply_bitmask
+    processed = apply_penalties_and_bias(logits[:rows], info)
+    kept, token = _settle(processed, info, draft, req, generator)
+    grammar.rollback(walked - kept)
+    if not grammar.accept_token(token):
+        return VerifyResult(draft[:kept], kept, violated=True)  # every token was masked
+    return VerifyResult(draft[:kept] + [token], kept)
 
 
-def _choose(row: torch.Tensor, info: SamplingBatchInfo, proposal: int | None, req, generator, step: int) -> int:
+def _settle(processed: torch.Tensor, info: SamplingBatchInfo, draft: list[int], req, generator) -> tuple[int, int]:
+    """How many draft tokens are kept, and the token after them (the model's own choice)."""
     if info.is_all_greedy:
-        return int(torch.argmax(row, dim=-1))
-    probs = torch.softmax(row.float() / info.temperatures, dim=-1)
+        choices = torch.argmax(processed, dim=-1).tolist()
+        kept = 0
+        while kept < len(draft) and choices[kept] == draft[kept]:
+            kept += 1
+        return kept, choices[kept]
+    probs = torch.softmax(processed.float() / info.temperatures, dim=-1)
     probs = top_k_top_p_min_p_filter(probs, info)
     probs = probs / probs.sum(dim=-1, keepdim=True)
-    seed = req.sampling_params.sampling_seed
     g = generator
-    if seed is not None:
-        g = torch.Generator(device=row.device)
-        g.manual_seed(derive_seed(seed, step) ^ 0x5BD1E995)
-    if proposal is not None:
-        if float(torch.rand(1, generator=g, device=row.device)) < float(probs[0, proposal]):
-            return proposal
-        probs = probs.clone()
-        probs[0, proposal] = 0.0
-    noise = torch.empty_like(probs).exponential_(generator=g).clamp_min_(torch.finfo(torch.float32).tiny)
-    return int(torch.argmax(probs / noise, dim=-1))
+    if req.sampling_params.sampling_seed is not None:
+        g = torch.Generator(device=probs.device)
+        g.manual_seed(derive_seed(req.sampling_params.sampling_seed, len(req.output_ids)) ^ 0x5BD1E995)
+    uniforms = torch.rand(len(draft), generator=g, device=probs.device).tolist()
+    dev = probs.device
+    p_draft = probs[torch.arange(len(draft), device=dev), torch.tensor(draft, dtype=torch.long, device=dev)].tolist()
+    kept = 0
+    while kept < len(draft) and uniforms[kept] < p_draft[kept]:
+        kept += 1
+    row = probs[kept : kept + 1].clone()
+    if kept < len(draft):
+        row[0, draft[kept]] = 0.0  # rejected: draw from p without the draft token
+    noise = torch.empty_like(row).exponential_(generator=g).clamp_min_(torch.finfo(torch.float32).tiny)
+    return kept, int(torch.argmax(row / noise, dim=-1))

@@ -34,6 +34,9 @@ class AllowListMatcher:
         self.accepted.append(t)
         return True
 
+    def rollback(self, n):
+        del self.accepted[len(self.accepted) - n:]
+
 
 def _pack(bits: torch.Tensor) -> torch.Tensor:
     word = 0
@@ -104,6 +107,13 @@ def test_penalties_see_the_accepted_draft_tokens():
     req = _req(temperature=0, repetition_penalty=2.0)
     res = verify_draft(req, [4], logits, BoolMaskBackend(), None)
     assert res.tokens == [4, 5]
+
+
+def test_a_draft_token_the_grammar_refuses_ends_the_draft():
+    # Step 1 allows only 6 and 7: the draft's 5 is cut, so the model's best allowed token (7) follows 4.
+    req = _req({1: {6, 7}}, temperature=0)
+    res = verify_draft(req, [4, 5, 2], _rows(4, 7, 2, 3), BoolMaskBackend(), None)
+    assert (res.tokens, res.accepted) == ([4, 7], 1) and req.grammar.accepted == [4, 7]
 
 
 def test_nothing_allowed_is_reported_as_violated():
