@@ -6,37 +6,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 
-import httpx
 import pytest
 
-from tests.runtime.server.conftest import ServerHandle, child_pids, free_port, stop_server
+from tests.runtime.server.conftest import ServerHandle, child_pids, free_port, stop_server, wait_healthy
 
 WORKER_FLAGS = ("--max-total-tokens", "4096", "--random-seed", "0", "--log-level", "warning")
 
 
 def start_worker_proc(port: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "radixlm.launch_server", "--port", str(port), *WORKER_FLAGS])
-
-
-def wait_healthy(proc: subprocess.Popen, base: str, timeout: float = 180) -> ServerHandle:
-    client = httpx.Client(base_url=base, timeout=60)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            client.close()
-            raise RuntimeError(f"{base} exited with {proc.returncode} while starting")
-        try:
-            if client.get("/health").status_code == 200:
-                return ServerHandle(proc, base, client)
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    client.close()
-    proc.kill()
-    raise TimeoutError(f"{base} did not become healthy")
 
 
 def kill_hard(h: ServerHandle) -> None:
@@ -80,32 +60,14 @@ def fleet():
             stop_server(h)
 
 
-@dataclass
-class RouterHandle:
-    proc: subprocess.Popen
-    base_url: str
-    client: httpx.Client
+RouterHandle = ServerHandle
 
 
 def start_router(urls: list[str], *flags: str) -> RouterHandle:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "radixlm.router", "--worker-urls", *urls, "--port", str(port),
                              "--log-level", "warning", *flags])
-    base = f"http://127.0.0.1:{port}"
-    client = httpx.Client(base_url=base, timeout=120)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            client.close()
-            raise RuntimeError(f"router exited with {proc.returncode}")
-        try:
-            if client.get("/health").status_code == 200:
-                return RouterHandle(proc, base, client)
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    stop_router(RouterHandle(proc, base, client))
-    raise TimeoutError("router did not become healthy")
+    return wait_healthy(proc, f"http://127.0.0.1:{port}", timeout=60, client_timeout=120)
 
 
 def stop_router(h: RouterHandle) -> None:

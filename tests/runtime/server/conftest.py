@@ -53,21 +53,28 @@ def start_server(*extra: str) -> ServerHandle:
     port = free_port()
     cmd = [sys.executable, "-m", "radixlm.launch_server", "--port", str(port), "--max-total-tokens", "4096",
            "--random-seed", "0", "--enable-integrity-check", "--log-level", "warning", *extra]
-    proc = subprocess.Popen(cmd)
-    base = f"http://127.0.0.1:{port}"
-    client = httpx.Client(base_url=base, timeout=60)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    return wait_healthy(subprocess.Popen(cmd), f"http://127.0.0.1:{port}")
+
+
+def wait_healthy(proc: subprocess.Popen, base: str, timeout: float = STARTUP_TIMEOUT_S,
+                 client_timeout: float = 60) -> ServerHandle:
+    """Polls GET /health until 200; a process that exits or a timeout raises (and the process is killed)."""
+    client = httpx.Client(base_url=base, timeout=client_timeout)
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} while starting")
+            client.close()
+            raise RuntimeError(f"{base} exited with {proc.returncode} while starting")
         try:
             if client.get("/health").status_code == 200:
                 return ServerHandle(proc, base, client)
         except httpx.TransportError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.3)
+    client.close()
     proc.kill()
-    raise TimeoutError("server did not become healthy")
+    proc.wait()
+    raise TimeoutError(f"{base} did not become healthy")
 
 
 def stop_server(h: ServerHandle) -> None:
