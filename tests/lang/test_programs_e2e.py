@@ -147,6 +147,24 @@ def test_parallel_decoding_with_fork(backend):
     assert state.text().endswith(state["summary"])
 
 
+def test_parallel_encoding_concate_and_append(backend):
+    docs = ["Alice works as a baker in Lyon.", "Bob is a pilot based in Oslo.", "Chen teaches math in Taipei."]
+
+    @sgl.function
+    def answer(s, question):
+        s += "Read the documents.\n"
+        forks = s.fork(len(docs))
+        forks += lambda i: f"Document {i + 1}: {docs[i]}\n"  # each branch encodes its document on its own
+        forks.join(mode="concate_and_append")
+        s += "Question: " + question + "\nAnswer:" + sgl.gen("answer", max_tokens=6, stop="\n")
+
+    state = answer.run(question="Who lives in Oslo?", temperature=0, backend=backend)
+    text = state.text()
+    assert all(f"Document {i + 1}: {d}" in text for i, d in enumerate(docs))
+    assert text.index("Document 1") < text.index("Document 2") < text.index("Document 3") < text.index("Question:")
+    assert isinstance(state["answer"], str)
+
+
 def test_tool_use_stop_and_python_control_flow(backend):
     @sgl.function
     def react(s, question):
