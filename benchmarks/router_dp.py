@@ -1,0 +1,145 @@
+"""Data-parallel serving through the router: two workers (on one GPU, each with its own KV pool; or on the CPU)
+behind `radixlm router`, the generated-shared-prefix workload, `cache_aware` vs `round_robin`: throughput, the
+workers' cache hit rate (cached / prompt tokens, from /v1/loads) and how the requests spread over the workers.
+
+    python benchmarks/router_dp.py --model default --device cuda --max-total-tokens 40000 \\
+        --num-groups 32 --prompts-per-group 8 --system-prompt-len 1024 --question-len 64 --output-len 32 \\
+        --max-concurrency 64 --out benchmarks/results/router_dp_gpu.json
+
+The KV pools are sized so that every group's prefix fits in the two pools together but not in one: routing
+decides whether each prefix is cached once or on both workers (and evicted)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from radixlm.bench.serving import main as bench_main
+
+READY_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(proc: subprocess.Popen, url: str) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < READY_TIMEOUT_S:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def worker_stats(urls: list[str]) -> list[dict]:
+    return [httpx.get(u + "/v1/loads", timeout=30).json()["loads"][0] for u in urls]
+
+
+def run_policy(policy: str, workers: list[str], args, bench_args: list[str]) -> dict:
+    port = free_port()
+    router = subprocess.Popen([sys.executable, "-m", "radixlm.router", "--worker-urls", *workers, "--port", str(port),
+                               "--policy", policy, "--log-level", "warning"])
+    try:
+        wait_ready(router, f"http://127.0.0.1:{port}")
+        for w in workers:
+            httpx.post(w + "/flush_cache", timeout=60)
+        before = worker_stats(workers)
+        report = bench_main(["--port", str(port), *bench_args])
+        after = worker_stats(workers)
+    finally:
+        stop(router)
+    cached = [a["cached_tokens_total"] - b["cached_tokens_total"] for a, b in zip(after, before)]
+    prompt = [a["prompt_tokens_total"] - b["prompt_tokens_total"] for a, b in zip(after, before)]
+    report.pop("config", None)
+    return {"policy": policy, "worker_cached_tokens": cached, "worker_prompt_tokens": prompt,
+            "worker_hit_rate": sum(cached) / max(1, sum(prompt)), "requests_per_worker_share":
+            [p / max(1, sum(prompt)) for p in prompt], **report}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="default")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--max-total-tokens", type=int, default=40000)
+    p.add_argument("--num-groups", type=int, default=32)
+    p.add_argument("--prompts-per-group", type=int, default=8)
+    p.add_argument("--system-prompt-len", type=int, default=1024)
+    p.add_argument("--question-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--max-concurrency", type=int, default=64)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", default="benchmarks/results/router_dp.json")
+    args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ports = [free_port(), free_port()]
+    workers = [f"http://127.0.0.1:{q}" for q in ports]
+    flags = ["--model-path", args.model, "--device", args.device, "--dtype", args.dtype, "--max-total-tokens",
+             str(args.max_total_tokens), "--random-seed", "0", "--log-level", "warning"]
+    procs = [subprocess.Popen([sys.executable, "-m", "radixlm.launch_server", "--port", str(q), *flags]) for q in ports]
+    bench_args = ["--backend", "radixlm", "--tokenizer", args.model, "--dataset-name", "generated-shared-prefix",
+                  "--gsp-num-groups", str(args.num_groups), "--gsp-prompts-per-group", str(args.prompts_per_group),
+                  "--gsp-system-prompt-len", str(args.system_prompt_len), "--gsp-question-len", str(args.question_len),
+                  "--gsp-output-len", str(args.output_len), "--max-concurrency", str(args.max_concurrency),
+                  "--seed", str(args.seed), "--warmup-requests", "2", "--disable-tqdm"]
+    try:
+        for proc, url in zip(procs, workers):
+            wait_ready(proc, url)
+        runs = [run_policy(policy, workers, args, bench_args) for policy in ("cache_aware", "round_robin")]
+    finally:
+        for proc in procs:
+            stop(proc)
+    ca, rr = runs
+    result = {
+        "benchmark": "router_dp", "workers": 2, "model": args.model, "device": args.device,
+        "workload": {k: getattr(args, k) for k in ("num_groups", "prompts_per_group", "system_prompt_len",
+                                                     "question_len", "output_len", "max_concurrency", "seed")},
+        "worker_max_total_tokens": args.max_total_tokens,
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "command": " ".join(["python", *sys.argv]),
+        "ratios_cache_aware_over_round_robin": {
+            "request_throughput": ca["request_throughput"] / rr["request_throughput"],
+            "output_throughput": ca["output_throughput"] / rr["output_throughput"],
+            "worker_hit_rate": ca["worker_hit_rate"] / max(rr["worker_hit_rate"], 1e-9),
+        },
+        "runs": runs,
+    }
+    print(f"{'policy':12} {'req/s':>7} {'out tok/s':>10} {'hit rate':>9} {'mean TTFT ms':>13}")
+    for r in runs:
+        print(f"{r['policy']:12} {r['request_throughput']:7.2f} {r['output_throughput']:10.1f} "
+              f"{r['worker_hit_rate']:9.3f} {r['ttft_ms']['mean']:13.1f}")
+    print(json.dumps(result["ratios_cache_aware_over_round_robin"], indent=1))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
