@@ -43,6 +43,11 @@ class GrammarBackend(ABC):
     @abstractmethod
     def new_matcher(self, compiled: Any) -> GrammarMatcher: ...
 
+    def fill_bitmasks(self, matchers: list[GrammarMatcher], bitmask: torch.Tensor, rows: list[int]) -> None:
+        """Fill `rows` of the bitmask for a batch's matchers (a backend may do this in parallel)."""
+        for m, row in zip(matchers, rows):
+            m.fill_bitmask(bitmask, row)
+
     @abstractmethod
     def allocate_bitmask(self, batch_size: int) -> torch.Tensor:
         """A bitmask for `batch_size` rows with every token allowed."""

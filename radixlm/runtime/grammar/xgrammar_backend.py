@@ -3,6 +3,7 @@ bitmask filling per request, and xgrammar's bitmask kernels (CPU, or CUDA/Triton
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import torch
@@ -14,23 +15,23 @@ from radixlm.runtime.grammar.spec import GrammarSpec, InvalidGrammar, compiler_m
 
 class XGrammarMatcher(GrammarMatcher):
     def __init__(self, matcher: xgr.GrammarMatcher):
-        self._m = matcher
+        self.matcher = matcher
 
     def accept_token(self, token_id: int) -> bool:
-        return self._m.accept_token(token_id)
+        return self.matcher.accept_token(token_id)
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
-            self._m.rollback(num_tokens)
+            self.matcher.rollback(num_tokens)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        self._m.fill_next_token_bitmask(bitmask, row)
+        self.matcher.fill_next_token_bitmask(bitmask, row)
 
     def is_terminated(self) -> bool:
-        return self._m.is_terminated()
+        return self.matcher.is_terminated()
 
     def jump_forward_string(self) -> str:
-        return self._m.find_jump_forward_string()
+        return self.matcher.find_jump_forward_string()
 
 
 class XGrammarBackend(GrammarBackend):
@@ -38,6 +39,8 @@ class XGrammarBackend(GrammarBackend):
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         self.compiler = xgr.GrammarCompiler(info, max_threads=max_threads)
+        # A batch's masks are filled on several threads (one matcher per thread at a time).
+        self.batch_matcher = xgr.BatchGrammarMatcher(max_threads=max(1, min(8, (os.cpu_count() or 2) // 2)))
 
     def compile(self, spec: GrammarSpec) -> Any:
         try:
@@ -53,6 +56,12 @@ class XGrammarBackend(GrammarBackend):
 
     def new_matcher(self, compiled: Any) -> GrammarMatcher:
         return XGrammarMatcher(xgr.GrammarMatcher(compiled))
+
+    def fill_bitmasks(self, matchers: list[GrammarMatcher], bitmask: torch.Tensor, rows: list[int]) -> None:
+        if len(matchers) == 1:
+            matchers[0].fill_bitmask(bitmask, rows[0])
+            return
+        self.batch_matcher.batch_fill_next_token_bitmask([m.matcher for m in matchers], bitmask, indices=rows)
 
     def allocate_bitmask(self, batch_size: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(batch_size, self.vocab_size)

@@ -72,8 +72,7 @@ class ConstrainedDecoding:
             return
         backend = self.cache.backend
         bitmask = backend.allocate_bitmask(len(reqs))
-        for i in rows:
-            reqs[i].grammar.fill_bitmask(bitmask, i)
+        backend.fill_bitmasks([reqs[i].grammar for i in rows], bitmask, rows)
         info.vocab_mask, info.vocab_mask_rows, info.apply_vocab_mask = bitmask, rows, backend.apply_bitmask
 
     def accept(self, req: Req, token: int) -> None:
