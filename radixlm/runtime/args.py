@@ -8,7 +8,7 @@ SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("torch_native",)
+ATTENTION_BACKENDS = ("auto", "torch_native", "triton")
 GRAMMAR_BACKENDS = ("xgrammar",)
 JUMP_FORWARD_MODES = ("off", "fast", "exact")
 TOOL_CALL_PARSERS = ("auto", "qwen25", "hermes", "llama3")
@@ -42,7 +42,7 @@ class ServerArgs:
     radix_eviction_policy: str = field(default="lru", metadata={"choices": EVICTION_POLICIES})
 
     # Kernels
-    attention_backend: str = field(default="torch_native", metadata={"choices": ATTENTION_BACKENDS})
+    attention_backend: str = field(default="auto", metadata={"choices": ATTENTION_BACKENDS, "help": "auto: triton on CUDA (decode; extend still torch_native), torch_native elsewhere"})
 
     # Serving
     grammar_backend: str = field(default="xgrammar", metadata={"choices": GRAMMAR_BACKENDS, "help": "compiles regex / json_schema / ebnf constraints"})

@@ -11,6 +11,7 @@ from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, Tok
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
+from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import load_model
 
@@ -21,7 +22,7 @@ logger = logging.getLogger(__name__)
 CPU_KV_MEM_FRACTION = 0.05
 CPU_MAX_TOTAL_TOKENS = 1 << 17
 GPU_DEFAULT_MEM_FRACTION = 0.85
-ATTENTION_BACKENDS = {"torch_native": TorchNativeAttnBackend}
+ATTENTION_BACKENDS = {"torch_native": TorchNativeAttnBackend, "triton": TritonAttnBackend}
 
 
 def _physical_memory_bytes() -> int:
@@ -52,7 +53,10 @@ class ModelRunner:
             model_config.num_kv_heads, model_config.head_dim, device,
         )
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.page_size, device)
-        self.attn_backend = ATTENTION_BACKENDS[server_args.attention_backend](self)
+        backend = server_args.attention_backend
+        if backend == "auto":
+            backend = "triton" if self.device.startswith("cuda") else "torch_native"
+        self.attn_backend = ATTENTION_BACKENDS[backend](self)
         logger.info(
             "KV pool: %d tokens (%.1f MiB), max running requests %d",
             self.max_total_num_tokens, self.token_to_kv_pool.mem_bytes() / 2**20, self.max_running_requests,

@@ -1,0 +1,1 @@
+"""Triton kernels over the paged KV pool (CUDA only; imported lazily by the Triton attention backend)."""

@@ -1,0 +1,115 @@
+"""Decode attention over the paged KV pool: one new query token per request attends to its whole sequence.
+
+Split-K in two stages. Stage 1: program (request, kv head, split) walks its share of the sequence in blocks of
+BLOCK_N positions, gathers their K/V rows through req_to_token (so any page size works), and keeps an online
+softmax for the GQA group of query heads that share the kv head (padded to BLOCK_H rows for tl.dot). It writes a
+partial output and its log-sum-exp. Stage 2: program (request, head) merges the splits."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _decode_stage1(
+    Q, K_buf, V_buf, Req_to_token, Req_pool_indices, Seq_lens, Mid_o, Mid_lse, sm_scale,
+    stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(Seq_lens + b)
+    row = tl.load(Req_pool_indices + b)
+    per_split = tl.cdiv(seq_len, NUM_SPLITS)
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_mask = offs_h < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kvh * GROUP + offs_h
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        slots = tl.load(Req_to_token + row * stride_rt + offs_n, mask=n_mask, other=0)
+        k = tl.load(K_buf + slots[:, None] * stride_kbs + kvh * stride_kh + offs_d[None, :],
+                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=PRECISION).to(tl.float32) * sm_scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        v = tl.load(V_buf + slots[:, None] * stride_vbs + kvh * stride_vh + offs_d[None, :],
+                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+
+    has_keys = end > start
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    lse = tl.where(has_keys, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+    tl.store(Mid_o + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :], out,
+             mask=h_mask[:, None] & d_mask[None, :])
+    tl.store(Mid_lse + b * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
+
+
+@triton.jit
+def _decode_stage2(
+    Mid_o, Mid_lse, O, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < NUM_SPLITS
+    d_mask = offs_d < HEAD_DIM
+    lse = tl.load(Mid_lse + b * stride_mlb + h * stride_mlh + offs_s, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.where(s_mask & (lse > float("-inf")), tl.exp(lse - m), 0.0)
+    parts = tl.load(Mid_o + b * stride_mob + h * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :],
+                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    out = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
+
+
+def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
+                     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, max_seq_len: int,
+                     num_splits: int | None = None) -> torch.Tensor:
+    """q: (bs, H, D); k_buf, v_buf: (slots, Hkv, D); returns (bs, H, D) in q's dtype."""
+    bs, num_heads, head_dim = q.shape
+    num_kv_heads = k_buf.shape[1]
+    group = num_heads // num_kv_heads
+    block_n = 64
+    if num_splits is None:
+        # Enough programs to fill the GPU at small batch sizes, never splits shorter than a block.
+        num_splits = max(1, min(16, triton.cdiv(max_seq_len, 4 * block_n), triton.cdiv(256, max(1, bs * num_kv_heads))))
+    mid_o = torch.empty(bs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(bs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q)
+    block_d = triton.next_power_of_2(head_dim)
+    _decode_stage1[(bs, num_kv_heads, num_splits)](
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, sm_scale,
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, num_warps=4, num_stages=2,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays exact (no TF32 rounding)
+    )
+    _decode_stage2[(bs, num_heads)](
+        mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1), HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
+        BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4,
+    )
+    return out
