@@ -14,57 +14,27 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-
+from radixlm.bench.procs import free_port, stop, wait_ready
 from radixlm.bench.serving import main as bench_main
 
 RESULTS = Path(__file__).parent / "results" / "cpu_serving.json"
 READY_TIMEOUT_S = 300
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(port: int, extra: list[str]) -> tuple[subprocess.Popen, float]:
+def start_server(port: int, extra: list[str]) -> tuple[subprocess.Popen, float]:
     cmd = [sys.executable, "-m", "radixlm.launch_server", "--port", str(port), "--random-seed", "0",
            "--log-level", "warning", *extra]
-    t0 = time.perf_counter()
     proc = subprocess.Popen(cmd)
-    while time.perf_counter() - t0 < READY_TIMEOUT_S:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} while starting")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                return proc, time.perf_counter() - t0
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise TimeoutError("server did not become ready")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    # SIGTERM lets the launcher take down its scheduler and detokenizer children.
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    return proc, wait_ready(proc, f"http://127.0.0.1:{port}", READY_TIMEOUT_S)
 
 
 def run_one(label: str, server_flags: list[str], bench_args: list[str]) -> dict:
     port = free_port()
-    proc, ready_s = start(port, server_flags)
+    proc, ready_s = start_server(port, server_flags)
     try:
         print(f"\n### {label}: ready in {ready_s:.1f} s", flush=True)
         report = bench_main(["--port", str(port), *bench_args])

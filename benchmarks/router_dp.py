@@ -15,48 +15,14 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
+from radixlm.bench.procs import free_port, stop, wait_ready
 from radixlm.bench.serving import main as bench_main
-
-READY_TIMEOUT_S = 600
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(proc: subprocess.Popen, url: str) -> None:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < READY_TIMEOUT_S:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not ready")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
 
 def worker_stats(urls: list[str]) -> list[dict]:
     return [httpx.get(u + "/v1/loads", timeout=30).json()["loads"][0] for u in urls]

@@ -18,7 +18,6 @@ import os
 import platform
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,44 +26,12 @@ from pathlib import Path
 
 import httpx
 
+from radixlm.bench.procs import free_port, start, stop, wait_ready
+
 RESULTS = Path(__file__).parent / "results" / "router_feedback_cpu.json"
-READY_TIMEOUT_S = 300
 WORDS = ("river stone lantern orbit meadow copper signal harbor thistle quartz engine falcon velvet canyon ember "
          "glacier atlas prism willow cinder beacon marble tundra saffron compass violet granite ripple anchor "
          "monsoon ledger cobalt juniper summit hollow ferry basalt plume cedar drift").split()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(cmd: list[str], url: str) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd)
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < READY_TIMEOUT_S:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{cmd[2]} exited with {proc.returncode} while starting")
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    stop(proc)
-    raise TimeoutError(f"{url} did not become ready")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    # SIGTERM lets a worker's launcher take down its scheduler and detokenizer children.
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def workload(num_groups: int, rounds: int, words: int, seed: int) -> list[str]:
@@ -168,11 +135,7 @@ def main() -> None:
                                            "--max-total-tokens", str(args.max_total_tokens), "--random-seed", "0",
                                            "--log-level", "warning"]))
         for proc, w in zip(procs, workers):
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while not _ready(w):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"worker {w} did not start")
-                time.sleep(0.3)
+            wait_ready(proc, w)
         runs = [run_one("cache_aware", [], workers, prompts, args),
                 run_one("cache_aware --cache-feedback",
                         ["--cache-feedback", "--cache-feedback-interval", str(args.feedback_interval)],
@@ -203,13 +166,6 @@ def main() -> None:
               f"{r.request_throughput:7.2f} {r.output_throughput:10.1f} {r.workers_evicted_tokens:8d} "
               f"{c['clears']:6d} {c['shrinks']:7d} {c['phantom_drops']:8d}")
     print(f"wrote {RESULTS}")
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=5).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 if __name__ == "__main__":
