@@ -42,7 +42,7 @@ class ServerArgs:
     radix_eviction_policy: str = field(default="lru", metadata={"choices": EVICTION_POLICIES})
 
     # Kernels
-    attention_backend: str = field(default="auto", metadata={"choices": ATTENTION_BACKENDS, "help": "auto: triton on CUDA (decode; extend still torch_native), torch_native elsewhere"})
+    attention_backend: str = field(default="auto", metadata={"choices": ATTENTION_BACKENDS, "help": "auto: triton on CUDA, torch_native elsewhere"})
 
     # Serving
     grammar_backend: str = field(default="xgrammar", metadata={"choices": GRAMMAR_BACKENDS, "help": "compiles regex / json_schema / ebnf constraints"})

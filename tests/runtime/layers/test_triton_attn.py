@@ -69,3 +69,63 @@ def test_split_counts_agree(num_splits):
     want = _reference(q, k_buf, v_buf, rt, rows, lens, 0.125)
     got = decode_attention(q, k_buf, v_buf, rt, rows, lens, 0.125, int(lens.max()), num_splits=num_splits)
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+
+def _extend_case(lens, heads, kv_heads, head_dim, page_size, dtype, seed):
+    """lens: [(prefix, extend)]; every key (prefix and new tokens) already in the pool, as after _save_kv."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+    totals = torch.tensor([p + e for p, e in lens], device=dev)
+    num_slots = (int((totals + page_size - 1).div(page_size, rounding_mode="floor").sum()) + 4) * page_size
+    k_buf = torch.randn(num_slots, kv_heads, head_dim, generator=g, device=dev).to(dtype)
+    v_buf = torch.randn(num_slots, kv_heads, head_dim, generator=g, device=dev).to(dtype)
+    bs = len(lens)
+    req_to_token = torch.zeros(bs + 2, int(totals.max()) + 8, dtype=torch.int64, device=dev)
+    pages = torch.randperm(num_slots // page_size - 1, generator=g, device=dev) + 1
+    rows = torch.randperm(bs + 2, generator=g, device=dev)[:bs]
+    nxt = 0
+    for i, n in enumerate(totals.tolist()):
+        need = -(-n // page_size)
+        own = pages[nxt : nxt + need]
+        nxt += need
+        req_to_token[rows[i], :n] = (own[:, None] * page_size + torch.arange(page_size, device=dev)).reshape(-1)[:n]
+    total_new = sum(e for _, e in lens)
+    q = torch.randn(total_new, heads, head_dim, generator=g, device=dev).to(dtype)
+    return q, k_buf, v_buf, req_to_token, rows
+
+
+def _extend_reference(q, k_buf, v_buf, req_to_token, rows, lens, scale):
+    out, start = [], 0
+    group = q.shape[1] // k_buf.shape[1]
+    for i, (prefix, ext) in enumerate(lens):
+        slots = req_to_token[rows[i], : prefix + ext]
+        k = k_buf[slots].float().repeat_interleave(group, dim=1)
+        v = v_buf[slots].float().repeat_interleave(group, dim=1)
+        s = torch.einsum("thd,nhd->htn", q[start : start + ext].float(), k) * scale
+        visible = torch.arange(prefix + ext, device=q.device)[None, :] <= (prefix + torch.arange(ext, device=q.device))[:, None]
+        s = s.masked_fill(~visible, float("-inf"))
+        out.append(torch.einsum("htn,nhd->thd", s.softmax(-1), v))
+        start += ext
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (9, 3, 64), (32, 8, 128)])
+@pytest.mark.parametrize("lens", [
+    [(0, 1)], [(0, 37)], [(100, 1)], [(0, 200), (5, 1), (64, 64), (130, 17)],
+    [(1000, 3), (0, 1), (7, 300), (63, 65), (2, 2)],  # prefill chunks next to decode-like and jump-forward rows
+])
+def test_extend_matches_reference(lens, heads, kv_heads, head_dim, page_size, dtype):
+    from radixlm.runtime.layers.attention.triton_ops.extend_attention import extend_attention
+
+    q, k_buf, v_buf, rt, rows = _extend_case(lens, heads, kv_heads, head_dim, page_size, dtype, seed=len(lens) + heads)
+    dev = "cuda"
+    ext = torch.tensor([e for _, e in lens], device=dev)
+    starts = torch.cumsum(ext, 0) - ext
+    scale = 1 / math.sqrt(head_dim)
+    got = extend_attention(q, k_buf, v_buf, rt, rows, torch.tensor([p for p, _ in lens], device=dev), ext, starts,
+                           scale, int(ext.max()))
+    want = _extend_reference(q, k_buf, v_buf, rt, rows, lens, scale)
+    tol = 2e-2 if dtype == torch.bfloat16 else 2e-4
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)

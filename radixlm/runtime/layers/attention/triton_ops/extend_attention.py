@@ -1,0 +1,83 @@
+"""Extend attention over the paged KV pool: each request's new tokens attend to its cached prefix and, causally,
+to each other. The new tokens' K/V are already in the pool, so every key is read through req_to_token.
+
+Program (request, block of BLOCK_M new tokens, query head): walks key positions [0, last query position] in blocks
+of BLOCK_N with an online softmax; new token j of a request sits at position prefix + j and sees positions
+<= prefix + j."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _extend_kernel(
+    Q, K_buf, V_buf, O, Req_to_token, Req_pool_indices, Prefix_lens, Extend_lens, Extend_starts, sm_scale,
+    stride_qt, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_ot, stride_oh, stride_rt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    mblock = tl.program_id(1)
+    h = tl.program_id(2)
+    ext = tl.load(Extend_lens + b)
+    if mblock * BLOCK_M >= ext:
+        return
+    prefix = tl.load(Prefix_lens + b)
+    start = tl.load(Extend_starts + b)
+    row = tl.load(Req_pool_indices + b)
+    kvh = h // GROUP
+
+    offs_m = mblock * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < ext
+    d_mask = offs_d < HEAD_DIM
+    q = tl.load(Q + (start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q_pos = prefix + offs_m
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    key_end = prefix + tl.minimum((mblock + 1) * BLOCK_M, ext)
+    for n0 in range(0, key_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < key_end
+        slots = tl.load(Req_to_token + row * stride_rt + offs_n, mask=n_mask, other=0)
+        k = tl.load(K_buf + slots[:, None] * stride_kbs + kvh * stride_kh + offs_d[None, :],
+                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=PRECISION).to(tl.float32) * sm_scale
+        visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        v = tl.load(V_buf + slots[:, None] * stride_vbs + kvh * stride_vh + offs_d[None, :],
+                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(O + (start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
+             mask=m_mask[:, None] & d_mask[None, :])
+
+
+def extend_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
+                     req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
+                     extend_starts: torch.Tensor, sm_scale: float, max_extend: int) -> torch.Tensor:
+    """q: (num_new_tokens, H, D), request-major; returns (num_new_tokens, H, D) in q's dtype."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    group = num_heads // k_buf.shape[1]
+    out = torch.empty_like(q)
+    block_m = 64 if max_extend > 16 else 16
+    grid = (req_pool_indices.shape[0], triton.cdiv(max(max_extend, 1), block_m), num_heads)
+    _extend_kernel[grid](
+        q, k_buf, v_buf, out, req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_starts, sm_scale,
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        out.stride(0), out.stride(1), req_to_token.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m, BLOCK_N=64,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
+    )
+    return out
