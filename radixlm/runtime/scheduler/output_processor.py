@@ -1,0 +1,131 @@
+"""Turning a forward pass's results into request state: sampled tokens (and their logprobs), grammar advances,
+exact jump-forward verification, finishing, and the ReqOutputs the front receives. A mixin of Scheduler, which
+owns the state these methods read and write."""
+from __future__ import annotations
+
+import torch
+
+from radixlm.runtime.executor.logits import top_logprobs
+from radixlm.runtime.messages import ReqOutput
+from radixlm.runtime.scheduler.batch import ScheduleBatch
+from radixlm.runtime.scheduler.constrained import GRAMMAR_VIOLATION
+from radixlm.runtime.scheduler.req import FinishReason, Req
+
+
+class SchedulerOutputProcessorMixin:
+    def process_batch_result(self, batch: ScheduleBatch, result) -> None:
+        out, plan, samplers, verifiers, next_ids, spans = result
+        for req, s in zip(batch.reqs, batch.seq_lens):
+            req.kv_committed_len = s
+        for req, start, end, prefix_len in spans:
+            if prefix_len == 0 and req.logprob_start_len == 0:
+                req.input_token_logprobs.append((None, req.origin_input_ids[0]))
+                if req.top_logprobs_num:
+                    req.input_top_logprobs.append(None)
+            for j in range(start, end):
+                req.input_token_logprobs.append((out.input_logprobs[j], plan.input_targets[j]))
+                if req.top_logprobs_num:
+                    req.input_top_logprobs.append(out.input_top[j][: req.top_logprobs_num])
+        out_lp = None
+        if any(r.return_logprob for r in samplers):
+            out_lp = torch.log_softmax(out.next_token_logits, dim=-1)
+        for i, (req, tok) in enumerate(zip(samplers, next_ids)):
+            if req.finished():
+                continue
+            if req.sampling_params.max_new_tokens == 0:
+                req.finished_reason = FinishReason("length", length=0)
+            else:
+                self._append_token(req, tok, None if out_lp is None else out_lp[i : i + 1])
+                self.constrained.plan_jump(req)
+            self._after_tokens(req, batch)
+        if verifiers:
+            self._process_verified(batch, verifiers, out.verify_logits)
+        if batch is not self.running_batch:
+            # The prompt becomes shareable right after its prefill (chunk by chunk when chunked).
+            for req in batch.reqs:
+                if not req.finished():
+                    self.tree_cache.cache_unfinished_req(req)
+
+    def _append_token(self, req: Req, tok: int, logprobs: torch.Tensor | None, advance_grammar: bool = True) -> None:
+        req.output_ids.append(tok)
+        if req.return_logprob:
+            req.output_token_logprobs.append((float(logprobs[0, tok]), tok))
+            if req.top_logprobs_num:
+                req.output_top_logprobs.append(top_logprobs(logprobs, req.top_logprobs_num)[0])
+        if advance_grammar:
+            self.constrained.accept(req, tok)
+        req.check_finished(self.tokenizer, self._stop_window(req))
+
+    def _after_tokens(self, req: Req, batch: ScheduleBatch) -> None:
+        if batch is not self.running_batch:
+            req.input_logprobs_done = True
+        if req.finished():
+            self.tree_cache.cache_finished_req(req)
+            self.stats["prompt_tokens"] += len(req.origin_input_ids)
+            self.stats["cached_tokens"] += req.cached_tokens
+        if req.finished() or (req.stream and self._stream_due(req)):
+            self._emit(req)
+
+    def _process_verified(self, batch: ScheduleBatch, verifiers: list[Req], logits: torch.Tensor) -> None:
+        """Exact jump-forward: keep each request's draft tokens while the model agrees, then its own token; the KV
+        written for rejected draft tokens goes back to the allocator."""
+        row = 0
+        for req in verifiers:
+            rows = logits[row : row + len(req.jump_draft) + 1]
+            row += len(rows)
+            drafted_end = req.kv_committed_len  # the pass wrote KV up to the last draft token
+            base = req.seqlen  # the last output token is at base - 1
+            result = self.constrained.verify(req, rows, self.generator)
+            lps = torch.log_softmax(rows, dim=-1) if req.return_logprob else None
+            kept = 0
+            for j, tok in enumerate(result.tokens):
+                self._append_token(req, tok, None if lps is None else lps[j : j + 1], advance_grammar=False)
+                kept += 1
+                if req.finished():
+                    break
+            if not req.finished():
+                if result.violated:
+                    req.finished_reason = FinishReason("abort", message=GRAMMAR_VIOLATION)
+                elif req.grammar.is_terminated():
+                    req.finished_reason = FinishReason("stop", matched=req.output_ids[-1])
+            # NOTE invariant: as after a decode step, the last output token's KV is not yet written.
+            req.kv_committed_len = base + max(kept - 1, 0)
+            self._free_positions(req, req.kv_committed_len, drafted_end)
+            self.constrained.plan_jump(req)
+            self._after_tokens(req, batch)
+
+    def _free_positions(self, req: Req, start: int, end: int) -> None:
+        """Give back the slots of positions [start, end) of a request; a page keeps its slots while it still
+        holds a position below `start`."""
+        first = -(-start // self.page_size) * self.page_size
+        if end > first:
+            self.allocator.free(self.req_to_token_pool.req_to_token[req.req_pool_idx, first:end].clone())
+
+    def _stream_due(self, req: Req) -> bool:
+        """The first token goes out at once (time to first token); later ones every stream_interval tokens."""
+        interval = req.sampling_params.stream_interval or self.args.stream_interval
+        return req.sent_len == 0 or len(req.output_ids) - req.sent_len >= interval
+
+    def _stop_window(self, req: Req) -> int:
+        stops = req.sampling_params.stop
+        return 4 * max((len(s) for s in stops), default=0) + 2 if stops else 0
+
+    def _emit(self, req: Req) -> None:
+        new = req.output_ids[req.sent_len :]
+        req.sent_len = len(req.output_ids)
+        self.outputs.append(ReqOutput(
+            rid=req.rid,
+            new_output_ids=new,
+            finished_reason=req.finished_reason.to_json() if req.finished_reason else None,
+            prompt_tokens=len(req.origin_input_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            num_retractions=req.num_retractions,
+            queue_time=req.queue_time,
+            input_token_logprobs=req.input_token_logprobs,
+            input_top_logprobs=req.input_top_logprobs,
+            output_token_logprobs=req.output_token_logprobs,
+            output_top_logprobs=req.output_top_logprobs,
+        ))
+        req.input_token_logprobs, req.input_top_logprobs = [], []
+        req.output_token_logprobs, req.output_top_logprobs = [], []
