@@ -10,7 +10,20 @@ from radixlm.lang.ir import (SglConcateAndAppend, SglExpr, SglExprList, SglRoleB
                              SglVarScopeBegin, SglVarScopeEnd, as_expr)
 
 
-class ProgramState:
+class RoleMethods:
+    """`s.system(expr)` appends a whole turn; `with s.system():` opens one. Subclasses define _role_common."""
+
+    def system(self, expr: Any = None):
+        return self._role_common("system", expr)
+
+    def user(self, expr: Any = None):
+        return self._role_common("user", expr)
+
+    def assistant(self, expr: Any = None):
+        return self._role_common("assistant", expr)
+
+
+class ProgramState(RoleMethods):
     def __init__(self, stream_executor: StreamExecutor) -> None:
         self.stream_executor = stream_executor
         self.ret_value: Any = None  # set by run: what the program function returned
@@ -32,15 +45,6 @@ class ProgramState:
         self.stream_executor.submit(SglRoleBegin(role))
         yield
         self.stream_executor.submit(SglRoleEnd(role))
-
-    def system(self, expr: Any = None):
-        return self._role_common("system", expr)
-
-    def user(self, expr: Any = None):
-        return self._role_common("user", expr)
-
-    def assistant(self, expr: Any = None):
-        return self._role_common("assistant", expr)
 
     @contextmanager
     def var_scope(self, name: str) -> Iterator[None]:

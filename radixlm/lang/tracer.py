@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
+from radixlm.lang.state import RoleMethods
 from radixlm.lang.ir import (SglArgument, SglConstantText, SglExpr, SglExprList, SglFork, SglGen, SglGetForkItem,
                              SglJoin, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, SglVariable,
                              SglVarScopeBegin, SglVarScopeEnd, _node_ids, as_expr)
@@ -78,7 +79,7 @@ class TracedVariable(_Traced, SglVariable):
         return f"variable {self.name!r}"
 
 
-class TracerProgramState:
+class TracerProgramState(RoleMethods):
     """The `s` a program sees while it is traced: one stream of the graph."""
 
     def __init__(self, graph: "TracedProgram", defined: dict[str, int], label: str) -> None:
@@ -133,15 +134,6 @@ class TracerProgramState:
         self._record(begin)
         yield
         self._record(end)
-
-    def system(self, expr: Any = None):
-        return self._role_common("system", expr)
-
-    def user(self, expr: Any = None):
-        return self._role_common("user", expr)
-
-    def assistant(self, expr: Any = None):
-        return self._role_common("assistant", expr)
 
     def var_scope(self, name: str):
         return self._scope(SglVarScopeBegin(name), SglVarScopeEnd(name))

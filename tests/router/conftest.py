@@ -71,11 +71,4 @@ def start_router(urls: list[str], *flags: str) -> RouterHandle:
 
 
 def stop_router(h: RouterHandle) -> None:
-    h.client.close()
-    if h.proc.poll() is None:
-        h.proc.send_signal(signal.SIGTERM)
-        try:
-            h.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            h.proc.kill()
-            h.proc.wait()
+    stop_server(h, timeout=15)

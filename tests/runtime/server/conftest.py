@@ -77,13 +77,14 @@ def wait_healthy(proc: subprocess.Popen, base: str, timeout: float = STARTUP_TIM
     raise TimeoutError(f"{base} did not become healthy")
 
 
-def stop_server(h: ServerHandle) -> None:
+def stop_server(h: ServerHandle, timeout: float = 40) -> None:
+    """SIGTERM and wait (then SIGKILL), and make sure no child process outlives it."""
     h.client.close()
     if h.proc.poll() is None:
         kids = child_pids(h.proc.pid)
         h.proc.send_signal(signal.SIGTERM)
         try:
-            h.proc.wait(40)
+            h.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             h.proc.kill()
             h.proc.wait()
