@@ -43,6 +43,10 @@ class ServerArgs:
 
     # Kernels
     attention_backend: str = field(default="auto", metadata={"choices": ATTENTION_BACKENDS, "help": "auto: triton on CUDA, torch_native elsewhere"})
+    disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode eagerly instead of replaying CUDA graphs"})
+    cuda_graph_max_bs: int | None = field(default=None, metadata={"help": "largest decode batch replayed from a CUDA graph (default: min(max_running_requests, 256))"})
+    disable_overlap_schedule: bool = field(default=False, metadata={"help": "process each batch's results before launching the next (overlap is the default on CUDA)"})
+    enable_overlap_schedule: bool = field(default=False, metadata={"help": "overlap on CPU too (for tests: same outputs, no speed-up)"})
 
     # Serving
     grammar_backend: str = field(default="xgrammar", metadata={"choices": GRAMMAR_BACKENDS, "help": "compiles regex / json_schema / ebnf constraints"})
@@ -85,6 +89,7 @@ class ServerArgs:
         check(self.stream_interval >= 1, "stream_interval must be >= 1")
         check(self.watchdog_timeout > 0, "watchdog_timeout must be > 0")
         check(self.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")
+        check(self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs must be >= 1")
 
     def resolved_device(self) -> str:
         if self.device != "auto":

@@ -236,8 +236,19 @@ class Engine:
         return msg.success
 
     def shutdown(self) -> None:
+        """Stops the scheduler thread and lets go of the model, the KV pools and the CUDA graphs."""
         self._stopped.set()
         self._thread.join(timeout=30)
+        if not self._thread.is_alive() and getattr(self, "runner", None) is not None:
+            self.scheduler.constrained.shutdown()
+            self.scheduler = self.runner = None
+            import gc
+
+            import torch
+
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
     def __enter__(self) -> "Engine":
         return self

@@ -73,6 +73,11 @@ class TokenToKVPool:
 
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: (n, num_kv_heads, head_dim) or (n, num_kv_heads * head_dim); loc: (n,) slot indices."""
+        if k.is_cuda and k.dim() == 2 and k.stride(1) == 1 and v.stride(1) == 1:
+            from radixlm.runtime.layers.fused_kernels import store_kv
+
+            store_kv(k, v, loc, self.k_buffer[layer_id], self.v_buffer[layer_id])
+            return
         shape = (-1, self.num_kv_heads, self.head_dim)
         self.k_buffer[layer_id][loc] = k.reshape(shape).to(self.dtype)
         self.v_buffer[layer_id][loc] = v.reshape(shape).to(self.dtype)

@@ -112,6 +112,10 @@ class RadixCache:
         self.device = allocator.device if allocator is not None else torch.device("cpu")
         self._clock = 0
         self.evicted_tokens_total = 0  # since start (not reset by flushes): published for routers
+        # Bumped whenever the tree's content changes (insert, split, evict, reset): an earlier match of the same
+        # key is still exact while it has not moved.
+        self.version = 0
+        self._empty_indices = torch.empty((0,), dtype=torch.int64, device=self.device)
         self.reset()
 
     # ------------------------------------------------------------------ basic tree operations
@@ -120,13 +124,14 @@ class RadixCache:
         self.root_node = TreeNode(lock_ref=1)  # the root is never evicted
         self.evictable_size_ = 0
         self.protected_size_ = 0
+        self.version += 1
 
     def _tick(self) -> int:
         self._clock += 1
         return self._clock
 
     def _empty(self) -> torch.Tensor:
-        return torch.empty((0,), dtype=torch.int64, device=self.device)
+        return self._empty_indices
 
     def match_prefix(self, key: RadixKey) -> MatchResult:
         """Longest cached page-aligned prefix of key. A match ending inside a node splits it.
@@ -161,6 +166,7 @@ class RadixCache:
         """Cuts child after n tokens; returns the new upper node (which takes child's place)."""
         parent = child.parent
         assert parent is not None and 0 < n < len(child.key)
+        self.version += 1
         new = TreeNode(
             key=child.key[:n],
             value=child.value[:n],
@@ -182,8 +188,12 @@ class RadixCache:
 
         Returns how many tokens were already present; the tree keeps its own slots for those, so the
         caller frees its duplicates value[already_owned_by_caller:returned]."""
+        return self._insert(key, value)[0]
+
+    def _insert(self, key: RadixKey, value: torch.Tensor) -> tuple[int, TreeNode]:
+        """insert(), also returning the node where the inserted key ends."""
         if self.disable:
-            return 0
+            return 0, self.root_node
         key = key.page_aligned(self.page_size)
         value = value[: len(key)]
         now = self._tick()
@@ -205,7 +215,9 @@ class RadixCache:
             leaf = TreeNode(key=key, value=value.clone(), parent=node, last_access_time=now, creation_time=now)
             node.children[key.child_key(self.page_size)] = leaf
             self.evictable_size_ += len(key)
-        return present
+            self.version += 1
+            node = leaf
+        return present, node
 
     # ------------------------------------------------------------------ locking and eviction
     def inc_lock_ref(self, node: TreeNode) -> int:
@@ -254,15 +266,19 @@ class RadixCache:
         heap = [(prio(n), n.id, n) for n in self._nodes() if n.is_leaf() and n.lock_ref == 0]
         heapq.heapify(heap)
         evicted = 0
+        freed: list[torch.Tensor] = []
         while evicted < num_tokens and heap:
             _, _, node = heapq.heappop(heap)
-            self.token_to_kv_pool_allocator.free(node.value)
+            freed.append(node.value)
             evicted += len(node.key)
             self._delete_leaf(node)
             self.evicted_tokens_total += len(node.key)
             parent = node.parent
             if parent is not self.root_node and parent.is_leaf() and parent.lock_ref == 0:
                 heapq.heappush(heap, (prio(parent), parent.id, parent))
+        if freed:
+            self.token_to_kv_pool_allocator.free(torch.cat(freed))  # one free: each one copies the free list
+            self.version += 1
         return evicted
 
     def _delete_leaf(self, node: TreeNode) -> None:
@@ -363,14 +379,18 @@ class RadixCache:
             return
         aligned = len(token_ids) // self.page_size * self.page_size
         key = RadixKey(token_ids[:aligned], req.extra_key)
-        present = self.insert(key, kv_indices[:aligned])
+        present, new_last_node = self._insert(key, kv_indices[:aligned])
         assert present >= req.cache_protected_len, "the request's locked prefix left the tree"
-        self.token_to_kv_pool_allocator.free(kv_indices[req.cache_protected_len : present])
-        match = self.match_prefix(key)
-        new_indices, new_last_node = match.device_indices, match.last_node
-        assert len(new_indices) == aligned, "re-match after insert must cover the inserted key"
         start = req.cache_protected_len
-        self.req_to_token_pool.req_to_token[req.req_pool_idx, start:aligned] = new_indices[start:]
+        if present > start:
+            # Another request cached [start, present) meanwhile: use the tree's slots, free ours.
+            self.token_to_kv_pool_allocator.free(kv_indices[start:present])
+            match = self.match_prefix(key)
+            new_indices, new_last_node = match.device_indices, match.last_node
+            assert len(new_indices) == aligned, "re-match after insert must cover the inserted key"
+            self.req_to_token_pool.req_to_token[req.req_pool_idx, start:aligned] = new_indices[start:]
+        else:  # the tree now holds exactly the request's own slots
+            new_indices = kv_indices[:aligned]
         self.inc_lock_ref(new_last_node)
         self.dec_lock_ref(req.last_node)
         req.prefix_indices = torch.cat([new_indices, kv_indices[aligned:]])

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.runtime.executor.host_to_device import host_to_device
 from radixlm.runtime.layers import cpu_gemm
 
 
@@ -48,15 +49,15 @@ class LogitsProcessor:
 
     def __call__(self, hidden: torch.Tensor, plan: LogitsPlan) -> LogitsOutput:
         dev = hidden.device
-        next_logits = self.logits(hidden[torch.tensor(plan.sample_rows, dtype=torch.long, device=dev)])
+        next_logits = self.logits(hidden[host_to_device(plan.sample_rows, torch.long, dev)])
         input_lp: list[float] = []
         input_top: list[list[tuple[float, int]]] = []
         if plan.input_rows:
-            lp = torch.log_softmax(self.logits(hidden[torch.tensor(plan.input_rows, dtype=torch.long, device=dev)]), dim=-1)
-            targets = torch.tensor(plan.input_targets, dtype=torch.long, device=dev)
+            lp = torch.log_softmax(self.logits(hidden[host_to_device(plan.input_rows, torch.long, dev)]), dim=-1)
+            targets = host_to_device(plan.input_targets, torch.long, dev)
             input_lp = lp.gather(1, targets[:, None]).squeeze(1).tolist()
             input_top = top_logprobs(lp, plan.input_top_k)
         verify = None
         if plan.verify_rows:
-            verify = self.logits(hidden[torch.tensor(plan.verify_rows, dtype=torch.long, device=dev)])
+            verify = self.logits(hidden[host_to_device(plan.verify_rows, torch.long, dev)])
         return LogitsOutput(next_logits, input_lp, input_top, verify)

@@ -8,6 +8,7 @@ import torch
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
+from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
@@ -22,6 +23,7 @@ logger = logging.getLogger(__name__)
 CPU_KV_MEM_FRACTION = 0.05
 CPU_MAX_TOTAL_TOKENS = 1 << 17
 GPU_DEFAULT_MEM_FRACTION = 0.85
+CUDA_GRAPH_DEFAULT_MAX_BS = 256
 ATTENTION_BACKENDS = {"torch_native": TorchNativeAttnBackend, "triton": TritonAttnBackend}
 
 
@@ -43,24 +45,40 @@ class ModelRunner:
                     module.pack_for_cpu()
         self.logits_processor = LogitsProcessor(self.model.lm_head, model_config.vocab_size)
 
+        # The request table comes first so that the KV pool's budget sees its memory.
+        max_running = server_args.max_running_requests or (4096 if self.is_cuda else 256)
+        self.req_to_token_pool = ReqToTokenPool(max_running + 1, model_config.context_len + 4, device)
         self.max_total_num_tokens = self._profile_max_num_tokens()
         self.max_running_requests = server_args.max_running_requests or max(
-            1, min(self.max_total_num_tokens // 2, 4096 if device.startswith("cuda") else 256)
-        )
-        self.req_to_token_pool = ReqToTokenPool(self.max_running_requests + 1, model_config.context_len + 4, device)
+            1, min(self.max_total_num_tokens // 2, max_running))
         self.token_to_kv_pool = TokenToKVPool(
             self.max_total_num_tokens, self.page_size, model_config.dtype, model_config.num_layers,
             model_config.num_kv_heads, model_config.head_dim, device,
         )
-        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.page_size, device)
+        # On CUDA the allocator's double-free check would read device memory back on every free (a sync).
+        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
+            self.max_total_num_tokens, self.page_size, device,
+            debug=not self.is_cuda or server_args.enable_integrity_check)
         backend = server_args.attention_backend
         if backend == "auto":
-            backend = "triton" if self.device.startswith("cuda") else "torch_native"
+            backend = "triton" if self.is_cuda else "torch_native"
         self.attn_backend = ATTENTION_BACKENDS[backend](self)
         logger.info(
             "KV pool: %d tokens (%.1f MiB), max running requests %d",
             self.max_total_num_tokens, self.token_to_kv_pool.mem_bytes() / 2**20, self.max_running_requests,
         )
+        self.graph_runner: CudaGraphRunner | None = None
+        if self.is_cuda and not server_args.disable_cuda_graph and self.attn_backend.supports_cuda_graph:
+            max_bs = min(server_args.cuda_graph_max_bs or CUDA_GRAPH_DEFAULT_MAX_BS, self.max_running_requests)
+            self.graph_runner = CudaGraphRunner(self, max_bs)
+        if self.is_cuda:
+            free, total = torch.cuda.mem_get_info()
+            logger.info("GPU memory after start-up: %.2f GiB in use of %.2f GiB (%.2f GiB free)",
+                        (total - free) / 2**30, total / 2**30, free / 2**30)
+
+    @property
+    def is_cuda(self) -> bool:
+        return torch.device(self.device).type == "cuda"
 
     def kv_bytes_per_token(self) -> int:
         cfg = self.model_config
@@ -70,11 +88,17 @@ class ModelRunner:
         args = self.server_args
         if args.max_total_tokens is not None:
             n = args.max_total_tokens
-        elif self.device.startswith("cuda"):
+        elif self.is_cuda:
+            # mem_fraction_static covers weights + KV pool; the rest stays for activations, graphs and logits.
             free, total = torch.cuda.mem_get_info()
             frac = args.mem_fraction_static or GPU_DEFAULT_MEM_FRACTION
             used = total - free
             n = int((total * frac - used) // self.kv_bytes_per_token())
+            logger.info(
+                "memory budget: %.2f GiB total x %.2f static = %.2f GiB; weights and runtime %.2f GiB; KV pool %.2f GiB "
+                "(%d bytes/token); %.2f GiB left for activations and CUDA graphs", total / 2**30, frac,
+                total * frac / 2**30, used / 2**30, max(n, 0) * self.kv_bytes_per_token() / 2**30,
+                self.kv_bytes_per_token(), total * (1 - frac) / 2**30)
         else:
             budget = _physical_memory_bytes() * (args.mem_fraction_static or CPU_KV_MEM_FRACTION)
             n = min(int(budget // self.kv_bytes_per_token()), CPU_MAX_TOTAL_TOKENS)
@@ -85,6 +109,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch, plan: LogitsPlan) -> LogitsOutput:
+        if self.graph_runner is not None and self.graph_runner.can_run(forward_batch):
+            # A decode batch samples at every row, in order: the graph's logits are exactly the plan's.
+            return LogitsOutput(self.graph_runner.replay(forward_batch), [], [])
         self.attn_backend.init_forward_metadata(forward_batch)
         hidden = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
         return self.logits_processor(hidden, plan)

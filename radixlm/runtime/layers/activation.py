@@ -10,5 +10,9 @@ class SiluAndMul(nn.Module):
     """x = [gate | up] along the last dim; returns silu(gate) * up."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.dim() == 2:
+            from radixlm.runtime.layers.fused_kernels import silu_and_mul
+
+            return silu_and_mul(x)
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]

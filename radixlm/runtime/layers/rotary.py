@@ -59,6 +59,11 @@ class RotaryEmbedding(nn.Module):
         """positions: (T,); query: (T, Hq * head_size); key: (T, Hk * head_size)."""
         if self.cos_sin_cache.device != positions.device:
             self.cos_sin_cache = self.cos_sin_cache.to(positions.device)
+        if query.is_cuda and self.rotary_dim == self.head_size and query.dim() == 2:
+            from radixlm.runtime.layers.fused_kernels import rotary_
+
+            rotary_(positions, query, key, self.cos_sin_cache, self.head_size)  # in place, same rounding
+            return query, key
         cos_sin = self.cos_sin_cache[positions].to(query.dtype)
         cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)
         q_shape, k_shape = query.shape, key.shape

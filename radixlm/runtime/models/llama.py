@@ -66,7 +66,8 @@ class LlamaAttention(nn.Module):
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
         q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v.contiguous(), forward_batch))
+        # The CUDA KV store reads strided rows; the CPU path wants v contiguous.
+        return self.o_proj(self.attn(q, k, v if v.is_cuda else v.contiguous(), forward_batch))
 
 
 class LlamaDecoderLayer(nn.Module):

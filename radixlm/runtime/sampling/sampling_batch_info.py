@@ -6,6 +6,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
+from radixlm.runtime.executor.host_to_device import host_to_device
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -32,7 +33,7 @@ def token_id_matrix(id_lists: Sequence[Sequence[int]], pad: int, device: torch.d
     """(bs, max_len) int64, rows right-padded with `pad`."""
     width = max((len(ids) for ids in id_lists), default=0)
     rows = [list(ids) + [pad] * (width - len(ids)) for ids in id_lists]
-    return torch.tensor(rows, dtype=torch.int64, device=device).reshape(len(id_lists), width)
+    return host_to_device(rows, torch.int64, device).reshape(len(id_lists), width)
 
 
 def token_counts(id_lists: Sequence[Sequence[int]], vocab_size: int, device: torch.device | str) -> torch.Tensor:
@@ -44,7 +45,7 @@ def token_counts(id_lists: Sequence[Sequence[int]], vocab_size: int, device: tor
 
 
 def _sparse(pairs: list[tuple[int, int]], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    t = torch.tensor(pairs, dtype=torch.int64, device=device).reshape(-1, 2)
+    t = host_to_device(pairs, torch.int64, device).reshape(-1, 2)
     return t[:, 0].contiguous(), t[:, 1].contiguous()
 
 
@@ -124,16 +125,16 @@ class SamplingBatchInfo:
         sampled = [not g for g in greedy]
 
         def f32(xs: list[float]) -> torch.Tensor:
-            return torch.tensor(xs, dtype=torch.float32, device=device)
+            return host_to_device(xs, torch.float32, device)
 
         info = cls(
             vocab_size=vocab_size,
             device=device,
             temperatures=f32(temps).reshape(-1, 1),
             top_ps=f32([float(p.top_p) for p in params]),
-            top_ks=torch.tensor(top_ks, dtype=torch.int64, device=device),
+            top_ks=host_to_device(top_ks, torch.int64, device),
             min_ps=f32([float(p.min_p) for p in params]),
-            is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            is_greedy=host_to_device(greedy, torch.bool, device),
             is_all_greedy=all(greedy),
             need_top_k=any(s and k < vocab_size for s, k in zip(sampled, top_ks)),
             need_top_p=any(s and p.top_p < 1.0 for s, p in zip(sampled, params)),
@@ -168,9 +169,11 @@ class SamplingBatchInfo:
             info.logit_bias_rows, info.logit_bias_cols = _sparse(bias_pairs, device)
             info.logit_bias_values = f32(bias_values)
 
+        # Output tokens so far, counting one still in flight (overlap scheduling).
+        num_out = [len(r.output_ids) + getattr(r, "num_pending", 0) for r in reqs]
         banned: list[tuple[int, int]] = []
         for i, (r, p) in enumerate(zip(reqs, params)):
-            if len(r.output_ids) < p.min_new_tokens:
+            if num_out[i] < p.min_new_tokens:
                 # With ignore_eos, EOS cannot end the request, so only stop_token_ids need masking.
                 ids = set(p.stop_token_ids or ()) | (set() if p.ignore_eos else set(r.eos_token_ids))
                 banned.extend((i, t) for t in sorted(ids) if 0 <= t < vocab_size)
@@ -178,7 +181,7 @@ class SamplingBatchInfo:
             info.min_tokens_rows, info.min_tokens_cols = _sparse(banned, device)
 
         info.seeded_rows = [
-            (i, derive_seed(p.sampling_seed, len(r.output_ids)))
+            (i, derive_seed(p.sampling_seed, num_out[i]))
             for i, (r, p) in enumerate(zip(reqs, params))
             if p.sampling_seed is not None and not greedy[i]
         ]

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.executor.host_to_device import rows_to_device
 from radixlm.runtime.scheduler.req import Req
 
 # Decode growth is estimated with at most this many future tokens per request (SGLang's clip).
@@ -48,8 +49,14 @@ class ScheduleBatch:
         need = sum(pages_needed(p, s, self.page_size) for p, s in zip(prefix_lens, seq_lens))
         if alloc.available_size() < need:
             self.tree_cache.evict(need - alloc.available_size())
-        table = self.req_to_token_pool.req_to_token
-        last_locs = [int(table[r.req_pool_idx, p - 1]) if p > 0 else -1 for r, p in zip(self.reqs, prefix_lens)]
+        last_locs = [-1] * len(self.reqs)
+        if self.page_size > 1:  # the slot of each request's last written position (one device read)
+            rows = [(r.req_pool_idx, p - 1) for r, p in zip(self.reqs, prefix_lens) if p > 0]
+            if rows:
+                idx = torch.tensor(rows, dtype=torch.int64)
+                table = self.req_to_token_pool.req_to_token
+                found = iter(table[idx[:, 0].to(table.device), idx[:, 1].to(table.device)].tolist())
+                last_locs = [next(found) if p > 0 else -1 for p in prefix_lens]
         out = alloc.alloc_extend(prefix_lens, seq_lens, last_locs)
         if out is None:
             # Admission and retraction keep demand within free + evictable, so this is a bug, not load.
@@ -70,7 +77,7 @@ class ScheduleBatch:
         self.seq_lens = [p + e for p, e in zip(self.prefix_lens, self.extend_lens)]
         for req, p in zip(self.reqs, self.prefix_lens):
             if p:
-                table[req.req_pool_idx, :p] = req.prefix_indices.to(table.device)
+                table[req.req_pool_idx, :p] = req.prefix_indices.to(table.device, non_blocking=True)
         out = self._alloc_kv(self.prefix_lens, self.seq_lens)
         self.out_cache_loc = out
         self.input_ids, self.positions = [], []
@@ -96,11 +103,13 @@ class ScheduleBatch:
         table = self.req_to_token_pool.req_to_token
         if all(e == 1 for e in self.extend_lens):
             self.forward_mode = ForwardMode.DECODE
-            self.input_ids = [r.output_ids[-1] for r in self.reqs]
+            # -1: the token was sampled by a pass still in flight (overlap); get_forward_batch reads it on the device.
+            self.input_ids = [-1 if r.num_pending else r.output_ids[-1] for r in self.reqs]
             self.positions = list(self.prefix_lens)
-            idx = torch.tensor([r.req_pool_idx for r in self.reqs], dtype=torch.int64, device=table.device)
-            table[idx, torch.tensor(self.prefix_lens, dtype=torch.int64, device=table.device)] = out.to(table.device)
+            idx = rows_to_device([[r.req_pool_idx for r in self.reqs], self.prefix_lens], table.device)
+            table[idx[0], idx[1]] = out.to(table.device)
             return
+        assert not any(r.num_pending for r in self.reqs), "a jump-forward pass needs every token on the host"
         self.forward_mode = ForwardMode.EXTEND
         self.input_ids, self.positions = [], []
         start = 0
@@ -110,18 +119,25 @@ class ScheduleBatch:
             self.input_ids.extend((req.origin_input_ids + req.output_ids + req.jump_draft)[p:s])
             self.positions.extend(range(p, s))
 
-    def get_forward_batch(self, token_to_kv_pool, attn_backend) -> ForwardBatch:
+    def get_forward_batch(self, token_to_kv_pool, attn_backend, next_token_buf: torch.Tensor | None = None) -> ForwardBatch:
+        """next_token_buf: the last sampled token of each req_to_token row, on the device (overlap scheduling)."""
         dev = self.device
         extend_start = [0]
         for e in self.extend_lens[:-1]:
             extend_start.append(extend_start[-1] + e)
+        per_req = rows_to_device(
+            [[r.req_pool_idx for r in self.reqs], self.seq_lens, extend_start], dev)
+        per_token = rows_to_device([self.input_ids, self.positions], dev)
+        input_ids = per_token[0]
+        if next_token_buf is not None and any(t < 0 for t in self.input_ids):
+            input_ids = torch.where(input_ids >= 0, input_ids, next_token_buf[per_req[0]])
         return ForwardBatch(
             forward_mode=self.forward_mode,
             batch_size=len(self.reqs),
-            input_ids=torch.tensor(self.input_ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(self.positions, dtype=torch.int64, device=dev),
-            req_pool_indices=torch.tensor([r.req_pool_idx for r in self.reqs], dtype=torch.int64, device=dev),
-            seq_lens=torch.tensor(self.seq_lens, dtype=torch.int64, device=dev),
+            input_ids=input_ids,
+            positions=per_token[1],
+            req_pool_indices=per_req[0],
+            seq_lens=per_req[1],
             seq_lens_cpu=list(self.seq_lens),
             out_cache_loc=self.out_cache_loc.to(dev),
             req_to_token_pool=self.req_to_token_pool,
@@ -129,7 +145,7 @@ class ScheduleBatch:
             attn_backend=attn_backend,
             extend_prefix_lens_cpu=list(self.prefix_lens),
             extend_seq_lens_cpu=list(self.extend_lens),
-            extend_start_loc=torch.tensor(extend_start, dtype=torch.int64, device=dev),
+            extend_start_loc=per_req[2],
         )
 
     # ------------------------------------------------------------------ membership

@@ -3,20 +3,48 @@ exact jump-forward verification, finishing, and the ReqOutputs the front receive
 owns the state these methods read and write."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from radixlm.runtime.executor.logits import top_logprobs
+from radixlm.runtime.executor.forward_batch import ForwardMode
+from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, top_logprobs
 from radixlm.runtime.messages import ReqOutput
 from radixlm.runtime.scheduler.batch import ScheduleBatch
 from radixlm.runtime.scheduler.constrained import GRAMMAR_VIOLATION
 from radixlm.runtime.scheduler.req import FinishReason, Req
 
 
+@dataclass
+class BatchResult:
+    """A launched forward pass, set by Scheduler.launch_batch and read by process_batch_result. The ScheduleBatch
+    itself may already be preparing the next pass (overlap), so what processing needs is kept here."""
+
+    batch: ScheduleBatch
+    reqs: list[Req]  # the batch's requests at launch
+    is_prefill: bool  # a new-request batch (it joins the running batch once processed)
+    forward_mode: ForwardMode
+    out: LogitsOutput
+    plan: LogitsPlan
+    samplers: list[Req]
+    verifiers: list[Req]
+    spans: list[tuple[Req, int, int, int]]
+    next_ids: torch.Tensor | None = None  # on the host once `done` has fired
+    logprobs: torch.Tensor | None = None  # log_softmax of the sampling rows, when a sampler asked for logprobs
+    done: torch.cuda.Event | None = None  # CUDA: the copy of next_ids to the host has finished
+
+    def token_ids(self) -> list[int]:
+        if self.done is not None:
+            self.done.synchronize()
+        return [] if self.next_ids is None else self.next_ids.tolist()
+
+
 class SchedulerOutputProcessorMixin:
-    def process_batch_result(self, batch: ScheduleBatch, result) -> None:
-        out, plan, samplers, verifiers, next_ids, spans = result
-        for req, s in zip(batch.reqs, batch.seq_lens):
-            req.kv_committed_len = s
+    def process_batch_result(self, result: BatchResult) -> None:
+        out, plan, samplers, verifiers, spans = result.out, result.plan, result.samplers, result.verifiers, result.spans
+        next_ids = result.token_ids()
+        for req in samplers:
+            req.num_pending -= 1
         for req, start, end, prefix_len in spans:
             if prefix_len == 0 and req.logprob_start_len == 0:
                 req.input_token_logprobs.append((None, req.origin_input_ids[0]))
@@ -26,23 +54,21 @@ class SchedulerOutputProcessorMixin:
                 req.input_token_logprobs.append((out.input_logprobs[j], plan.input_targets[j]))
                 if req.top_logprobs_num:
                     req.input_top_logprobs.append(out.input_top[j][: req.top_logprobs_num])
-        out_lp = None
-        if any(r.return_logprob for r in samplers):
-            out_lp = torch.log_softmax(out.next_token_logits, dim=-1)
+        out_lp = result.logprobs
         for i, (req, tok) in enumerate(zip(samplers, next_ids)):
-            if req.finished():
+            if req.finished():  # finished (or aborted) while this pass was in flight: its token is dropped
                 continue
             if req.sampling_params.max_new_tokens == 0:
                 req.finished_reason = FinishReason("length", length=0)
             else:
                 self._append_token(req, tok, None if out_lp is None else out_lp[i : i + 1])
                 self.constrained.plan_jump(req)
-            self._after_tokens(req, batch)
+            self._after_tokens(req, result.is_prefill)
         if verifiers:
-            self._process_verified(batch, verifiers, out.verify_logits)
-        if batch is not self.running_batch:
+            self._process_verified(result, out.verify_logits)
+        if result.is_prefill:
             # The prompt becomes shareable right after its prefill (chunk by chunk when chunked).
-            for req in batch.reqs:
+            for req in result.reqs:
                 if not req.finished():
                     self.tree_cache.cache_unfinished_req(req)
 
@@ -56,8 +82,8 @@ class SchedulerOutputProcessorMixin:
             self.constrained.accept(req, tok)
         req.check_finished(self.tokenizer, self._stop_window(req))
 
-    def _after_tokens(self, req: Req, batch: ScheduleBatch) -> None:
-        if batch is not self.running_batch:
+    def _after_tokens(self, req: Req, is_prefill: bool) -> None:
+        if is_prefill:
             req.input_logprobs_done = True
         if req.finished():
             self.tree_cache.cache_finished_req(req)
@@ -66,25 +92,25 @@ class SchedulerOutputProcessorMixin:
         if req.finished() or (req.stream and self._stream_due(req)):
             self._emit(req)
 
-    def _process_verified(self, batch: ScheduleBatch, verifiers: list[Req], logits: torch.Tensor) -> None:
+    def _process_verified(self, result: BatchResult, logits: torch.Tensor) -> None:
         """Exact jump-forward: keep each request's draft tokens while the model agrees, then its own token; the KV
         written for rejected draft tokens goes back to the allocator."""
         row = 0
-        for req in verifiers:
+        for req in result.verifiers:
             rows = logits[row : row + len(req.jump_draft) + 1]
             row += len(rows)
             drafted_end = req.kv_committed_len  # the pass wrote KV up to the last draft token
             base = req.seqlen  # the last output token is at base - 1
-            result = self.constrained.verify(req, rows, self.generator)
+            verdict = self.constrained.verify(req, rows, self.generator)
             lps = torch.log_softmax(rows, dim=-1) if req.return_logprob else None
             kept = 0
-            for j, tok in enumerate(result.tokens):
+            for j, tok in enumerate(verdict.tokens):
                 self._append_token(req, tok, None if lps is None else lps[j : j + 1], advance_grammar=False)
                 kept += 1
                 if req.finished():
                     break
             if not req.finished():
-                if result.violated:
+                if verdict.violated:
                     req.finished_reason = FinishReason("abort", message=GRAMMAR_VIOLATION)
                 elif req.grammar.is_terminated():
                     req.finished_reason = FinishReason("stop", matched=req.output_ids[-1])
@@ -92,7 +118,7 @@ class SchedulerOutputProcessorMixin:
             req.kv_committed_len = base + max(kept - 1, 0)
             self._free_positions(req, req.kv_committed_len, drafted_end)
             self.constrained.plan_jump(req)
-            self._after_tokens(req, batch)
+            self._after_tokens(req, result.is_prefill)
 
     def _free_positions(self, req: Req, start: int, end: int) -> None:
         """Give back the slots of positions [start, end) of a request; a page keeps its slots while it still

@@ -56,6 +56,7 @@ class Req:
     extend_input_len: int = 0  # new tokens in the current extend (the chunk size when chunked)
     is_chunked: bool = False  # mid chunked prefill: no token is sampled until the last chunk
     match_round: int = -1  # scheduler round of the last match_prefix
+    match_version: int = -1  # the radix tree's version at that match
     finished_reason: FinishReason | None = None
     cached_tokens: int = 0
     started: bool = False  # its first prefill has been admitted (cached_tokens is final)
@@ -69,6 +70,8 @@ class Req:
     grammar: Any = None  # GrammarMatcher, advanced over every output token; None when unconstrained
     grammar_future: Any = None  # the compiled grammar's Future while the request waits for it
     jump_draft: list[int] = field(default_factory=list)  # exact jump-forward: forced tokens the next pass verifies
+    # Overlap scheduling: tokens sampled by launched passes whose ids the host has not read yet (0 or 1).
+    num_pending: int = 0
 
     # Logprob results not yet reported (set by the scheduler, drained into ReqOutput).
     input_token_logprobs: list = field(default_factory=list)
@@ -109,17 +112,22 @@ class Req:
     def init_next_round_input(self, tree_cache, round_id: int) -> None:
         from radixlm.runtime.cache.radix_cache import RadixKey
 
+        self.match_round = round_id
+        version = getattr(tree_cache, "version", None)
+        if (version is not None and self.last_node is not None and self.match_version == version
+                and len(self.fill_ids) == self.seqlen):
+            return  # neither the tree nor the request changed since the last match
         self.fill_ids = self.origin_input_ids + self.output_ids
         key = RadixKey(self.fill_ids[: self.max_prefix_len()], self.extra_key)
         result = tree_cache.match_prefix(key)
         self.prefix_indices, self.last_node = result.device_indices, result.last_node
         self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
-        self.match_round = round_id
+        self.match_version = getattr(tree_cache, "version", -1)  # after the match: it may split a node
 
     def decode_end(self) -> int:
-        """End (exclusive) of the positions the next decode pass writes: the last output token, plus the forced
-        tokens a fast jump appended (also output tokens without KV) or an exact jump's draft."""
-        return self.seqlen + len(self.jump_draft)
+        """End (exclusive) of the positions the next decode pass writes: the last output token (or the one still in
+        flight), plus the forced tokens a fast jump appended (also output tokens without KV) or an exact jump's draft."""
+        return self.seqlen + self.num_pending + len(self.jump_draft)
 
     def reset_kv_state(self) -> None:
         """After its slots went back to the tree or the allocator (retraction)."""

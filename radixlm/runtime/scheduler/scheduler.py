@@ -1,9 +1,16 @@
 """Scheduler: continuous batching over one ModelRunner with a radix cache (paper Algorithm 1).
 
 One `step()` = take new requests and aborts -> pick the next batch (a new prefill batch has priority;
-otherwise decode the running batch, retracting when KV runs out) -> forward -> sample -> process results.
+otherwise decode the running batch, retracting when KV runs out) -> launch forward + sample -> process results.
 It speaks TokenizedGenerateReqInput / AbortReq in and ReqOutput out, so the serving layer can run it
-in its own process unchanged."""
+in its own process unchanged.
+
+Overlap (the default on CUDA): a step launches batch N+1 before it processes the results of batch N, so the host
+prepares and post-processes while the device computes. All KV bookkeeping happens at launch; a request whose
+token from N is still on the device counts it in `num_pending`, and N+1 reads that token from `next_token_buf`.
+A request that finishes at N has already been launched in N+1: that token is dropped. Batches whose next step
+needs host-side results (grammars, jump-forward, penalties over output tokens, a prefill's merge, retraction)
+process the in-flight batch first."""
 from __future__ import annotations
 
 import logging
@@ -20,7 +27,8 @@ from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 from radixlm.runtime.scheduler.batch import ScheduleBatch
 from radixlm.runtime.scheduler.constrained import ConstrainedDecoding
-from radixlm.runtime.scheduler.output_processor import SchedulerOutputProcessorMixin
+from radixlm.runtime.executor.host_to_device import host_to_device
+from radixlm.runtime.scheduler.output_processor import BatchResult, SchedulerOutputProcessorMixin
 from radixlm.runtime.scheduler.policy import SchedulePolicy
 from radixlm.runtime.scheduler.prefill_adder import AddReqResult, PrefillAdder
 from radixlm.runtime.scheduler.req import FinishReason, Req
@@ -67,6 +75,12 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.new_token_ratio_decay = (self.init_new_token_ratio - self.min_new_token_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = self.init_new_token_ratio
 
+        self.overlap = server_args.enable_overlap_schedule or (
+            model_runner.is_cuda and not server_args.disable_overlap_schedule)
+        self.inflight: BatchResult | None = None
+        # Overlap: the last token sampled for each req_to_token row, read by the next decode pass on the device.
+        self.next_token_buf = torch.zeros(self.req_to_token_pool.size, dtype=torch.int64, device=self.device)
+
         self.waiting_queue: list[Req] = []
         self.running_batch = self._new_batch([], ForwardMode.DECODE)
         self.chunked_req: Req | None = None
@@ -74,7 +88,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.outputs: list[ReqOutput] = []
         # Counters for tests, benchmarks and (later) metrics.
         self.stats = {"prefill_batches": 0, "decode_batches": 0, "prefill_tokens": 0, "retractions": 0, "cached_tokens": 0,
-                      "prompt_tokens": 0, "flushes": 0, "jump_decode_batches": 0}
+                      "prompt_tokens": 0, "flushes": 0, "jump_decode_batches": 0, "overlapped_batches": 0}
 
     def _new_batch(self, reqs: list[Req], mode: ForwardMode) -> ScheduleBatch:
         return ScheduleBatch(reqs, mode, self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size, self.device)
@@ -110,11 +124,15 @@ class Scheduler(SchedulerOutputProcessorMixin):
 
     def _active_reqs(self) -> list[Req]:
         reqs = [r for r in self.running_batch.reqs if not r.finished()]
+        if self.inflight is not None and self.inflight.is_prefill:  # launched, joins the running batch once processed
+            reqs += [r for r in self.inflight.reqs if not r.finished() and r is not self.chunked_req]
         if self.chunked_req is not None and not self.chunked_req.finished():
             reqs.append(self.chunked_req)
         return reqs
 
     def _process_aborts(self) -> None:
+        if self.inflight is not None and any(r.to_abort is not None for r in self._active_reqs()):
+            self.sync_inflight()
         for req in self._active_reqs():
             if req.to_abort is not None and not req.finished():
                 req.finished_reason = FinishReason("abort", message=req.to_abort)
@@ -127,6 +145,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
     def flush_cache(self) -> bool:
         # Requests that finished in the last step leave the running batch at the next one: drop them now, so a
         # flush right after the last response succeeds.
+        self.sync_inflight()
         self.running_batch.filter_batch()
         if not self.is_idle():
             return False
@@ -138,28 +157,52 @@ class Scheduler(SchedulerOutputProcessorMixin):
         return True
 
     def is_idle(self) -> bool:
-        return self.nothing_to_run() and not self.constrained.queue
+        return self.nothing_to_run() and not self.constrained.queue and not self.outputs
 
     def nothing_to_run(self) -> bool:
         """No batch can be formed now (requests whose grammar compiles may still be pending)."""
-        return not self.waiting_queue and self.running_batch.is_empty() and self.chunked_req is None
+        return (not self.waiting_queue and self.running_batch.is_empty() and self.chunked_req is None
+                and self.inflight is None)
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[ReqOutput]:
         self._process_aborts()
         for req in self.constrained.pop_ready():
             self._enter_waiting(req)
+        if self.inflight is not None and not self._can_launch_ahead():
+            self.sync_inflight()
         batch = self.get_next_batch_to_run()
+        previous, self.inflight = self.inflight, None
         if batch is not None:
-            result = self.run_batch(batch)
-            self.process_batch_result(batch, result)
-            if batch is not self.running_batch:  # a prefill batch joins the running requests
-                batch.filter_batch([r for r in batch.reqs if not r.is_chunked])
-                self.running_batch.merge_batch(batch)
+            self.inflight = self.launch_batch(batch)
+        if previous is not None:
+            self.stats["overlapped_batches"] += batch is not None
+            self._process(previous)  # while the device runs the batch just launched
+        if not self.overlap:
+            self.sync_inflight()
         if self.args.enable_integrity_check or self.is_idle():
             self.check_memory()
         out, self.outputs = self.outputs, []
         return out
+
+    def sync_inflight(self) -> None:
+        """Process the batch in flight, if any (its results are then on the host)."""
+        if self.inflight is not None:
+            result, self.inflight = self.inflight, None
+            self._process(result)
+
+    def _process(self, result: BatchResult) -> None:
+        self.process_batch_result(result)
+        if result.is_prefill:  # a prefill batch joins the running requests
+            batch = result.batch
+            batch.filter_batch([r for r in result.reqs if not r.is_chunked])
+            self.running_batch.merge_batch(batch)
+
+    def _can_launch_ahead(self) -> bool:
+        """Whether the next batch can be prepared before the one in flight is processed."""
+        r = self.inflight
+        return (self.overlap and not r.is_prefill and r.forward_mode.is_decode()
+                and all(_overlap_safe(q) for q in self.running_batch.reqs))
 
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
         batch = self.get_new_batch_prefill()
@@ -215,6 +258,12 @@ class Scheduler(SchedulerOutputProcessorMixin):
         batch.filter_batch()
         if batch.is_empty():
             return
+        if not batch.check_decode_mem() and self.inflight is not None:
+            # Retraction needs every request's tokens on the host; the processed batch may also free memory.
+            self.sync_inflight()
+            batch.filter_batch()
+            if batch.is_empty():
+                return
         if batch.check_decode_mem():
             self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio)
         else:
@@ -264,16 +313,35 @@ class Scheduler(SchedulerOutputProcessorMixin):
             row += e
         return plan, samplers, verifiers, spans
 
-    def run_batch(self, batch: ScheduleBatch):
+    def launch_batch(self, batch: ScheduleBatch) -> BatchResult:
+        """Enqueue the forward pass and sampling; nothing here waits for the device."""
         plan, samplers, verifiers, spans = self._logits_plan(batch)
-        fb = batch.get_forward_batch(self.runner.token_to_kv_pool, self.runner.attn_backend)
+        fb = batch.get_forward_batch(self.runner.token_to_kv_pool, self.runner.attn_backend, self.next_token_buf)
         out: LogitsOutput = self.runner.forward(fb, plan)
-        next_ids: list[int] = []
+        result = BatchResult(batch, list(batch.reqs), batch is not self.running_batch, batch.forward_mode, out, plan,
+                             samplers, verifiers, spans)
+        for req, s in zip(batch.reqs, batch.seq_lens):
+            req.kv_committed_len = s
         if samplers:
-            info = SamplingBatchInfo.from_reqs(samplers, out.next_token_logits.shape[-1], self.device)
+            logits = out.next_token_logits  # with CUDA graphs a static buffer: everything reading it is enqueued now
+            info = SamplingBatchInfo.from_reqs(samplers, logits.shape[-1], self.device)
             self.constrained.attach_mask(info, samplers)
-            next_ids = self.sampler(out.next_token_logits, info, self.generator).tolist()
-        return out, plan, samplers, verifiers, next_ids, spans
+            next_ids = self.sampler(logits, info, self.generator)
+            if any(r.return_logprob for r in samplers):
+                result.logprobs = torch.log_softmax(logits, dim=-1)
+            if self.overlap:
+                rows = fb.req_pool_indices if len(samplers) == fb.batch_size else host_to_device(
+                    [r.req_pool_idx for r in samplers], torch.int64, self.device)
+                self.next_token_buf[rows] = next_ids
+            for req in samplers:
+                req.num_pending += 1
+            if next_ids.is_cuda:
+                result.next_ids = next_ids.to("cpu", non_blocking=True)
+                result.done = torch.cuda.Event()
+                result.done.record()
+            else:
+                result.next_ids = next_ids
+        return result
 
     # ------------------------------------------------------------------ integrity
     def check_memory(self) -> None:
@@ -303,3 +371,11 @@ class Scheduler(SchedulerOutputProcessorMixin):
         rows_in_use = sum(1 for r in self._active_reqs() if r.req_pool_idx is not None)
         if self.req_to_token_pool.available_size() + rows_in_use != self.req_to_token_pool.size:
             raise AssertionError("req_to_token rows leaked")
+
+
+def _overlap_safe(req: Req) -> bool:
+    """A request whose next pass needs nothing from the host but its lengths: no grammar mask, no jump-forward,
+    no penalty counted over its output tokens."""
+    sp = req.sampling_params
+    return (req.grammar is None and not req.jump_draft and sp.repetition_penalty == 1.0
+            and sp.frequency_penalty == 0.0 and sp.presence_penalty == 0.0)

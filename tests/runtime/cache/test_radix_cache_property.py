@@ -75,6 +75,9 @@ def test_random_ops_keep_tree_exact(ps, policy, ops):
             n = len(tokens) // ps * ps
             if n > alloc.available_size():
                 cache.evict(n - alloc.available_size())
+                now = tree_mapping(cache, ps)  # what the eviction left (checked in the "evict" op below)
+                assert all(model[p] == s for p, s in now.items())
+                model = now
             value = alloc.alloc(n)
             if value is None:
                 continue

@@ -12,8 +12,14 @@ if TYPE_CHECKING:
 
 
 class AttentionBackend(ABC):
+    supports_cuda_graph = False  # decode metadata that depends on nothing but device tensors
+
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         """Called once per batch, before the model's forward; may set forward_batch.attn_metadata."""
+
+    def init_forward_metadata_static(self, forward_batch: "ForwardBatch") -> None:
+        """Decode metadata for a captured CUDA graph: valid for every sequence length the graph will see."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 
     def forward(
         self,

@@ -7,23 +7,39 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixlm.runtime.executor.host_to_device import rows_to_device
 from radixlm.runtime.layers.attention.base import AttentionBackend
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.forward_batch import ForwardBatch
 
 
+def decode_num_splits(max_seq_len: int, bs: int, num_kv_heads: int, block_n: int = 64) -> int:
+    """Enough programs to fill the GPU at small batch sizes, never splits shorter than a few blocks."""
+    return max(1, min(16, -(-max_seq_len // (4 * block_n)), -(-256 // max(1, bs * num_kv_heads))))
+
+
 @dataclass
 class TritonMetadata:
     max_seq_len: int  # decode: the split-K sizing
+    num_splits: int | None = None  # decode: a fixed split count (CUDA graphs); None derives it from max_seq_len
     max_extend_len: int = 0
     prefix_lens: torch.Tensor | None = None  # extend, on the device
     extend_lens: torch.Tensor | None = None
 
 
 class TritonAttnBackend(AttentionBackend):
+    supports_cuda_graph = True
+
     def __init__(self, model_runner: object | None = None):
         self.model_runner = model_runner
+        cfg = getattr(model_runner, "model_config", None)
+        self.context_len = cfg.context_len if cfg is not None else 8192
+        self.num_kv_heads = cfg.num_kv_heads if cfg is not None else 8
+
+    def init_forward_metadata_static(self, forward_batch: "ForwardBatch") -> None:
+        forward_batch.attn_metadata = TritonMetadata(
+            self.context_len, num_splits=decode_num_splits(self.context_len, forward_batch.batch_size, self.num_kv_heads))
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
@@ -31,11 +47,9 @@ class TritonAttnBackend(AttentionBackend):
         if fb.forward_mode.is_decode():
             fb.attn_metadata = TritonMetadata(max_len)
             return
-        dev = fb.input_ids.device
-        fb.attn_metadata = TritonMetadata(
-            max_len, max(fb.extend_seq_lens_cpu, default=0),
-            torch.tensor(fb.extend_prefix_lens_cpu, dtype=torch.int64, device=dev),
-            torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int64, device=dev))
+        lens = rows_to_device([fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu], fb.input_ids.device)
+        fb.attn_metadata = TritonMetadata(max_len, max_extend_len=max(fb.extend_seq_lens_cpu, default=0),
+                                          prefix_lens=lens[0], extend_lens=lens[1])
 
     def _metadata(self, fb: "ForwardBatch") -> TritonMetadata:
         if not isinstance(fb.attn_metadata, TritonMetadata):
@@ -67,10 +81,11 @@ class TritonAttnBackend(AttentionBackend):
         fb = forward_batch
         self._save_kv(k, v, layer, fb, save_kv_cache)
         bs = fb.batch_size
+        meta = self._metadata(fb)
         if bs == 0:
             return q.reshape(0, layer.num_heads * layer.head_dim)
         o = decode_attention(
             q.reshape(bs, layer.num_heads, layer.head_dim), fb.token_to_kv_pool.get_key_buffer(layer.layer_id),
             fb.token_to_kv_pool.get_value_buffer(layer.layer_id), fb.req_to_token_pool.req_to_token,
-            fb.req_pool_indices, fb.seq_lens, layer.scaling, self._metadata(fb).max_seq_len)
+            fb.req_pool_indices, fb.seq_lens, layer.scaling, meta.max_seq_len, meta.num_splits)
         return o.reshape(bs, layer.num_heads * layer.head_dim)

@@ -93,8 +93,9 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     group = num_heads // num_kv_heads
     block_n = 64
     if num_splits is None:
-        # Enough programs to fill the GPU at small batch sizes, never splits shorter than a block.
-        num_splits = max(1, min(16, triton.cdiv(max_seq_len, 4 * block_n), triton.cdiv(256, max(1, bs * num_kv_heads))))
+        from radixlm.runtime.layers.attention.triton_backend import decode_num_splits
+
+        num_splits = decode_num_splits(max_seq_len, bs, num_kv_heads, block_n)
     mid_o = torch.empty(bs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(bs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)

@@ -1,0 +1,80 @@
+"""Where a decode step's time goes on the GPU: per-kernel device time per step and the idle gap, for Llama-3.1-8B
+(bf16, dummy weights) with the default CUDA setup (Triton attention, CUDA graphs, overlap).
+
+For each batch size, B fresh 512-token prompts are generated for 1 token and B others for 1 + STEPS tokens under
+torch.profiler; the difference of the two runs, divided by STEPS, is one decode step (prefill cancels out).
+
+    python benchmarks/profile_gpu_step.py --batches 1 64 --out $OUT/profile_gpu_step.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.gpu_llama8b import close, greedy, make_engine  # noqa: E402
+from benchmarks.llama8b import model_dir  # noqa: E402
+from radixlm.bench.datasets import PromptSource  # noqa: E402
+
+
+def kernel_times(engine, prompts, n_out: int) -> tuple[float, Counter, Counter]:
+    """(wall seconds, device microseconds per kernel name, launches per kernel name)."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        engine.generate(input_ids=prompts, sampling_params=greedy(n_out))
+        wall = time.perf_counter() - t0
+    us, calls = Counter(), Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            us[e.name] += e.device_time
+            calls[e.name] += 1
+    return wall, us, calls
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--top", type=int, default=14)
+    p.add_argument("--out", default="benchmarks/results/profile_gpu_step.json")
+    args = p.parse_args()
+    path = model_dir()
+    from transformers import AutoTokenizer
+
+    src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
+    engine = make_engine(path, max_running_requests=max(args.batches))
+    result = {"model": "Llama-3.1-8B bf16 dummy", "gpu": torch.cuda.get_device_name(), "steps": args.steps,
+              "command": " ".join(["python", *sys.argv]), "batches": []}
+    try:
+        engine.generate(input_ids=[src.ids(512) for _ in range(8)], sampling_params=greedy(8))
+        for b in args.batches:
+            w1, k1, c1 = kernel_times(engine, [src.ids(512) for _ in range(b)], 1)
+            w2, k2, c2 = kernel_times(engine, [src.ids(512) for _ in range(b)], 1 + args.steps)
+            per_step = {n: (k2[n] - k1.get(n, 0)) / args.steps for n in k2}
+            launches = {n: (c2[n] - c1.get(n, 0)) / args.steps for n in c2}
+            busy = sum(v for v in per_step.values() if v > 0)
+            wall = (w2 - w1) / args.steps * 1e6
+            top = sorted(per_step.items(), key=lambda kv: -kv[1])[: args.top]
+            row = {"batch": b, "wall_us_per_step": wall, "gpu_busy_us_per_step": busy, "idle_us_per_step": wall - busy,
+                   "kernels": [{"name": n[:120], "us_per_step": v, "launches_per_step": launches[n]} for n, v in top]}
+            result["batches"].append(row)
+            print(f"batch {b}: wall {wall:8.1f} us/step, GPU busy {busy:8.1f} us, idle {wall - busy:7.1f} us")
+            for n, v in top:
+                print(f"   {v:8.1f} us  x{launches[n]:5.1f}  {n[:100]}")
+    finally:
+        close(engine)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""CUDA-graph decode: the decode forward pass (model and lm_head over every row) captured once per batch size at
+startup and replayed for any decode batch up to the largest size, padded to the next captured size.
+
+A replay copies the batch's inputs into static buffers; padded rows decode token 0 at position 0 of request row 0
+and write their K/V to the pool's dummy slot 0, so they touch nothing real. The attention backend gives captured
+passes a fixed split count (its kernels read the sequence lengths from device memory, so one graph serves every
+length)."""
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+
+if TYPE_CHECKING:
+    from radixlm.runtime.executor.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+def capture_batch_sizes(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 up to 64, every 16 up to 256, every 32 beyond; always ending at max_bs."""
+    sizes = [b for b in (1, 2, 4) if b < max_bs]
+    b = 8
+    while b < max_bs:
+        sizes.append(b)
+        b += 8 if b < 64 else 16 if b < 256 else 32
+    sizes.append(max_bs)
+    return sizes
+
+
+class CudaGraphRunner:
+    def __init__(self, model_runner: "ModelRunner", max_bs: int, use_graphs: bool = True):
+        """use_graphs=False runs the same padded passes eagerly (how the padding is tested without a GPU)."""
+        self.runner = model_runner
+        self.use_graphs = use_graphs
+        self.capture_bs = capture_batch_sizes(max_bs)
+        self.max_bs = self.capture_bs[-1]
+        dev = model_runner.device
+        n = self.max_bs
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.req_pool_indices = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.ones(n, dtype=torch.int64, device=dev)
+        self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.capture_seconds = 0.0
+        if use_graphs:
+            self._capture_all()
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        return fb.forward_mode.is_decode() and 0 < fb.batch_size <= self.max_bs
+
+    def _static_batch(self, bs: int, seq_lens_cpu: list[int] | None) -> ForwardBatch:
+        """seq_lens_cpu: the real lengths (eager runs); None while capturing, where nothing may depend on them."""
+        r = self.runner
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs], req_pool_indices=self.req_pool_indices[:bs], seq_lens=self.seq_lens[:bs],
+            seq_lens_cpu=seq_lens_cpu or [1] * bs, out_cache_loc=self.out_cache_loc[:bs],
+            req_to_token_pool=r.req_to_token_pool, token_to_kv_pool=r.token_to_kv_pool, attn_backend=r.attn_backend,
+        )
+        if seq_lens_cpu is None:
+            r.attn_backend.init_forward_metadata_static(fb)
+        else:
+            r.attn_backend.init_forward_metadata(fb)
+        return fb
+
+    def _run(self, bs: int, seq_lens_cpu: list[int] | None = None) -> torch.Tensor:
+        fb = self._static_batch(bs, seq_lens_cpu)
+        hidden = self.runner.model(fb.input_ids, fb.positions, fb)
+        return self.runner.logits_processor.logits(hidden)
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        t0 = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            # Largest first: the smaller graphs then fit in the memory the larger ones already took from the pool.
+            for bs in reversed(self.capture_bs):
+                for _ in range(2):  # warm-up: compiles the Triton kernels and settles lazily built caches
+                    self._run(bs)
+                stream.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    self.outputs[bs] = self._run(bs)
+                self.graphs[bs] = graph
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - t0
+        logger.info("captured CUDA graphs for decode batch sizes %s in %.2f s (%.0f MiB of graph memory)",
+                    self.capture_bs, self.capture_seconds, torch.cuda.memory_reserved() / 2**20)
+
+    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+        """Logits (bs, vocab) float32 of a decode batch. They live in a static buffer that the next replay of the
+        same size overwrites: callers consume them (in stream order) before that."""
+        bs = fb.batch_size
+        padded = self.capture_bs[bisect.bisect_left(self.capture_bs, bs)]
+        self.input_ids[:bs].copy_(fb.input_ids, non_blocking=True)
+        self.positions[:bs].copy_(fb.positions, non_blocking=True)
+        self.req_pool_indices[:bs].copy_(fb.req_pool_indices, non_blocking=True)
+        self.seq_lens[:bs].copy_(fb.seq_lens, non_blocking=True)
+        self.out_cache_loc[:bs].copy_(fb.out_cache_loc, non_blocking=True)
+        if padded > bs:
+            for buf, value in ((self.input_ids, 0), (self.positions, 0), (self.req_pool_indices, 0),
+                               (self.seq_lens, 1), (self.out_cache_loc, 0)):
+                buf[bs:padded].fill_(value)
+        if self.use_graphs:
+            self.graphs[padded].replay()
+            return self.outputs[padded][:bs]
+        with torch.inference_mode():
+            return self._run(padded, fb.seq_lens_cpu + [1] * (padded - bs))[:bs]

@@ -1,0 +1,24 @@
+"""Host -> device copies that never wait for the device.
+
+torch.tensor(values, device="cuda") copies from pageable memory and then synchronizes the stream, so the host
+would wait for every kernel already queued: the overlap scheduler could not prepare a batch while the previous one
+runs. These helpers stage through pinned memory and enqueue the copy on the current stream instead."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def host_to_device(values: Sequence | torch.Tensor, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    t = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device=device, dtype=dtype)
+    # The caching host allocator keeps the pinned block alive until the copy has run.
+    return t.to(dtype).pin_memory().to(device, non_blocking=True)
+
+
+def rows_to_device(rows: Sequence[Sequence[int]], device: torch.device | str) -> torch.Tensor:
+    """Several equal-length int64 vectors in one copy: returns a (len(rows), n) device tensor."""
+    return host_to_device(rows, torch.int64, device).reshape(len(rows), -1)

@@ -1,0 +1,137 @@
+"""Fused elementwise kernels for CUDA (Triton): RMSNorm with the residual add, SiLU-and-mul, and the rotary
+embedding. Each rounds to the activation dtype exactly where the Hugging Face reference does (the residual sum,
+the normalised value, silu(gate), each product of the rotation), so bf16 outputs match the unfused torch ops
+except for the order of the float32 sum in the norm's mean. Imported only on CUDA."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rmsnorm_kernel(X, R, W, Out, ResOut, stride_x, stride_r, stride_o, stride_ro, n_cols, eps,
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        x = (x.to(tl.float32) + tl.load(R + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
+        tl.store(ResOut + row * stride_ro + offs, x, mask=mask)
+    h = x.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
+    normed = (h * inv).to(x.dtype).to(tl.float32)
+    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out + row * stride_o + offs, (w * normed).to(Out.dtype.element_ty), mask=mask)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+            residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """x, residual: (T, H). Without residual: weight * norm(x). With it: (weight * norm(x + residual), x + residual)."""
+    n, h = x.shape
+    out = torch.empty(n, h, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    res_out = torch.empty_like(x) if residual is not None else out
+    if n:
+        r = residual if residual is not None else x
+        _rmsnorm_kernel[(n,)](x, r, weight, out, res_out, x.stride(0), r.stride(0), out.stride(0), res_out.stride(0),
+                              h, eps, HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(h),
+                              num_warps=4 if h <= 2048 else 8)
+    return out if residual is None else (out, res_out)
+
+
+@triton.jit
+def _silu_and_mul_kernel(X, Out, stride_x, stride_o, d, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < d
+    g = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
+    u = tl.load(X + row * stride_x + d + offs, mask=mask, other=0.0).to(tl.float32)
+    gf = g.to(tl.float32)
+    s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
+    tl.store(Out + row * stride_o + offs, (s * u).to(Out.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x: (T, 2d) = [gate | up] -> silu(gate) * up, (T, d)."""
+    n, two_d = x.shape
+    d = two_d // 2
+    out = torch.empty(n, d, dtype=x.dtype, device=x.device)
+    if n:
+        block = 1024
+        _silu_and_mul_kernel[(n, triton.cdiv(d, block))](x, out, x.stride(0), out.stride(0), d, BLOCK=block, num_warps=4)
+    return out
+
+
+@triton.jit
+def _rotary_kernel(Pos, CosSin, Q, K, stride_q, stride_k, stride_cs, num_q_heads, num_k_heads,
+                   HEAD_SIZE: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    tok = tl.program_id(0)
+    pos = tl.load(Pos + tok)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    d_mask = offs_d < HALF
+    cos = tl.load(CosSin + pos * stride_cs + offs_d, mask=d_mask, other=0.0)
+    sin = tl.load(CosSin + pos * stride_cs + HALF + offs_d, mask=d_mask, other=0.0)
+    offs_h = tl.arange(0, BLOCK_H)
+    for which in tl.static_range(2):
+        if which == 0:
+            base = Q + tok * stride_q
+            heads = num_q_heads
+        else:
+            base = K + tok * stride_k
+            heads = num_k_heads
+        for h0 in range(0, heads, BLOCK_H):
+            h = h0 + offs_h
+            m = (h < heads)[:, None] & d_mask[None, :]
+            ptr = base + h[:, None] * HEAD_SIZE + offs_d[None, :]
+            x1 = tl.load(ptr, mask=m, other=0.0)
+            x2 = tl.load(ptr + HALF, mask=m, other=0.0)
+            dt = x1.dtype
+            c = cos.to(dt).to(tl.float32)[None, :]
+            s = sin.to(dt).to(tl.float32)[None, :]
+            a1 = x1.to(tl.float32)
+            a2 = x2.to(tl.float32)
+            # Reference order: rot * cos + rotate_half(rot) * sin, every product and the sum rounded to the dtype.
+            o1 = ((a1 * c).to(dt).to(tl.float32) + (-a2 * s).to(dt).to(tl.float32)).to(dt)
+            o2 = ((a2 * c).to(dt).to(tl.float32) + (a1 * s).to(dt).to(tl.float32)).to(dt)
+            tl.store(ptr, o1, mask=m)
+            tl.store(ptr + HALF, o2, mask=m)
+
+
+def rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
+            head_size: int) -> None:
+    """In place, neox layout over the whole head (rotary_dim == head_size). q: (T, Hq * head_size), k likewise;
+    cos_sin_cache: (max_pos, head_size) float32 [cos | sin]."""
+    n = positions.shape[0]
+    if n == 0:
+        return
+    half = head_size // 2
+    _rotary_kernel[(n,)](positions, cos_sin_cache, q, k, q.stride(0), k.stride(0), cos_sin_cache.stride(0),
+                         q.shape[1] // head_size, k.shape[1] // head_size, HEAD_SIZE=head_size, HALF=half,
+                         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_H=4, num_warps=4,
+                         enable_fp_fusion=False)  # a fused multiply-add would skip the reference's roundings
+
+
+@triton.jit
+def _store_kv_kernel(K, V, Loc, KBuf, VBuf, stride_k, stride_v, stride_kb, stride_vb, width,
+                     BLOCK: tl.constexpr):
+    tok = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < width
+    slot = tl.load(Loc + tok)
+    k = tl.load(K + tok * stride_k + offs, mask=mask)
+    v = tl.load(V + tok * stride_v + offs, mask=mask)
+    tl.store(KBuf + slot * stride_kb + offs, k.to(KBuf.dtype.element_ty), mask=mask)
+    tl.store(VBuf + slot * stride_vb + offs, v.to(VBuf.dtype.element_ty), mask=mask)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor) -> None:
+    """k_buf[loc] = k and v_buf[loc] = v in one launch. k, v: (T, Hkv * D) rows with any row stride (views of the
+    fused qkv output); k_buf, v_buf: (slots, Hkv, D) contiguous."""
+    n = loc.shape[0]
+    if n == 0:
+        return
+    width = k_buf.shape[1] * k_buf.shape[2]
+    block = min(1024, triton.next_power_of_2(width))
+    _store_kv_kernel[(n, triton.cdiv(width, block))](k, v, loc, k_buf, v_buf, k.stride(0), v.stride(0),
+                                                     k_buf.stride(0), v_buf.stride(0), width, BLOCK=block, num_warps=4)

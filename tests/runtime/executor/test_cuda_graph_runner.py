@@ -1,0 +1,40 @@
+"""The CUDA-graph runner's batching on CPU: padded decode passes run eagerly (use_graphs=False) must give the
+scheduler exactly the outputs of unpadded passes. The captured graphs themselves are tested on the GPU
+(tests/runtime/engine/test_cuda.py)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
+from tests.runtime.scheduler.conftest import make_scheduler, request, run_all, tiny_model_dir  # noqa: F401 - fixture
+
+
+@pytest.mark.parametrize("max_bs, expected", [
+    (1, [1]), (3, [1, 2, 3]), (8, [1, 2, 4, 8]), (20, [1, 2, 4, 8, 16, 20]),
+    (100, [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 100]),
+])
+def test_capture_batch_sizes(max_bs, expected):
+    assert capture_batch_sizes(max_bs) == expected
+
+
+def _outputs(model_dir: str, graph_max_bs: int | None, page_size: int = 1) -> tuple[dict, object]:
+    sched = make_scheduler(model_dir, page_size=page_size, chunked_prefill_size=16)
+    if graph_max_bs is not None:
+        sched.runner.graph_runner = CudaGraphRunner(sched.runner, graph_max_bs, use_graphs=False)
+    rng = random.Random(3)
+    for i in range(7):
+        ids = [rng.randrange(3, 500) for _ in range(rng.randrange(5, 40))]
+        sched.add_request(request(f"r{i}", ids, max_new_tokens=6 + i))
+    return {k: v["output_ids"] for k, v in run_all(sched).items()}, sched
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_padded_decode_passes_match_unpadded(tiny_model_dir, page_size):
+    reference, _ = _outputs(tiny_model_dir, None, page_size)
+    # max_bs 4 < the 7 running requests: big batches run unpadded, smaller ones padded to 4 (5 -> runs eagerly).
+    for max_bs in (4, 16):
+        got, sched = _outputs(tiny_model_dir, max_bs, page_size)
+        assert got == reference
+        sched.check_memory()
