@@ -73,12 +73,19 @@ class StreamTimer:
 
 
 async def sse_data(resp: httpx.Response):
-    async for line in resp.aiter_lines():
-        if line.startswith("data:"):
-            data = line[5:].strip()
-            if data == "[DONE]":
-                return
-            yield json.loads(data)
+    # Split on \n only (SSE's line ends are \r\n, \n, \r): aiter_lines() also splits on U+2028, U+0085 and the
+    # like, which JSON strings of generated text carry unescaped.
+    buf = b""
+    async for raw in resp.aiter_bytes():
+        buf += raw
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            line = line.rstrip(b"\r")
+            if line.startswith(b"data:"):
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                yield json.loads(data)
 
 
 def _handle_native(chunk: dict, res: RequestResult, timer: StreamTimer, now: float) -> None:

@@ -100,3 +100,26 @@ def test_end_to_end_native(tmp_path):
     assert rep["cache_hit_rate"] is not None and rep["cache_hit_rate"] > 0
     saved = json.loads(out_file.read_text())
     assert saved["completed"] == 6 and saved["config"]["dataset_name"] == "generated-shared-prefix"
+
+
+def test_sse_lines_split_only_on_newlines():
+    """Generated text may hold U+2028 or U+0085 unescaped inside a JSON string: they are not SSE line ends."""
+    import asyncio
+
+    import httpx
+
+    from radixlm.bench.serving import sse_data
+
+    events = [{"text": "a\u2028b\x85c"}, {"text": "\u2029", "n": 2}]
+    body = "".join(f"data: {json.dumps(e, ensure_ascii=False)}\r\n\r\n" for e in events) + "data: [DONE]\n\n"
+    raw = body.encode()
+
+    class Chunks(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            for i in range(0, len(raw), 7):  # events cut at arbitrary byte boundaries
+                yield raw[i : i + 7]
+
+    async def collect():
+        return [e async for e in sse_data(httpx.Response(200, stream=Chunks()))]
+
+    assert asyncio.run(collect()) == events

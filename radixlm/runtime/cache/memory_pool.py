@@ -118,7 +118,8 @@ class TokenToKVPoolAllocator:
             return None
         pages = self.free_pages[:num_pages]
         self.free_pages = self.free_pages[num_pages:]
-        self.page_is_free[pages] = False
+        # index_fill_, not `[pages] = False`: assigning a Python scalar on CUDA waits for the device.
+        self.page_is_free.index_fill_(0, pages, False)
         return pages
 
     def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
@@ -184,7 +185,7 @@ class TokenToKVPoolAllocator:
                 raise RuntimeError("TokenToKVPoolAllocator: freeing a slot outside the pool or the dummy page")
             if bool(self.page_is_free[pages].any()):
                 raise RuntimeError("TokenToKVPoolAllocator: double free")
-        self.page_is_free[pages] = True
+        self.page_is_free.index_fill_(0, pages, True)
         self.free_pages = torch.cat([self.free_pages, pages])
 
     def check_no_double_free(self) -> None:

@@ -106,9 +106,12 @@ def rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_c
     if n == 0:
         return
     half = head_size // 2
+    q_heads, k_heads = q.shape[1] // head_size, k.shape[1] // head_size
+    # All heads of a token in one or two iterations: the launch, not the arithmetic, is what costs here.
+    block_h = min(triton.next_power_of_2(max(q_heads, k_heads)), max(1, 4096 // triton.next_power_of_2(half)))
     _rotary_kernel[(n,)](positions, cos_sin_cache, q, k, q.stride(0), k.stride(0), cos_sin_cache.stride(0),
-                         q.shape[1] // head_size, k.shape[1] // head_size, HEAD_SIZE=head_size, HALF=half,
-                         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_H=4, num_warps=4,
+                         q_heads, k_heads, HEAD_SIZE=head_size, HALF=half,
+                         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_H=block_h, num_warps=4,
                          enable_fp_fusion=False)  # a fused multiply-add would skip the reference's roundings
 
 

@@ -24,7 +24,8 @@ def apply_penalties_and_bias(logits: torch.Tensor, info: SamplingBatchInfo) -> t
         counts = info.output_counts
         out = out - info.frequency_penalties * counts - info.presence_penalties * (counts > 0).to(out.dtype)
     if info.min_tokens_rows is not None:
-        out[info.min_tokens_rows, info.min_tokens_cols] = float("-inf")
+        # A device scalar: assigning a Python float through advanced indexing waits for the device on CUDA.
+        out.index_put_((info.min_tokens_rows, info.min_tokens_cols), out.new_full((), float("-inf")))
     if info.vocab_mask is not None:
         info.apply_vocab_mask(out, info.vocab_mask, info.vocab_mask_rows)
     return out
