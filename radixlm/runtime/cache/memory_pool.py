@@ -101,25 +101,47 @@ class TokenToKVPoolAllocator:
         self.page_size = page_size
         self.num_pages = size // page_size
         self.device = torch.device(device)
-        # The double-free check reads page_is_free back to the host (a sync on CUDA); debug=False skips it.
+        # The double-free check reads page_is_free back to the host (a sync on CUDA); debug=False skips it, and
+        # then frees are only queued (no device work) and merged into the free list when an allocation needs them.
         self.debug = debug
         self.clear()
 
     def clear(self) -> None:
-        self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
-        self.page_is_free = torch.ones(self.num_pages + 1, dtype=torch.bool, device=self.device)
-        self.page_is_free[0] = False
+        self._free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
+        self._page_is_free = torch.ones(self.num_pages + 1, dtype=torch.bool, device=self.device)
+        self._page_is_free[0] = False
+        self._pending: list[torch.Tensor] = []
+        self._pending_pages = 0
+
+    def _merge_pending(self) -> None:
+        if self._pending:
+            pages = torch.cat(self._pending)
+            self._pending, self._pending_pages = [], 0
+            self._page_is_free.index_fill_(0, pages, True)
+            self._free_pages = torch.cat([self._free_pages, pages])
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        self._merge_pending()
+        return self._free_pages
+
+    @property
+    def page_is_free(self) -> torch.Tensor:
+        self._merge_pending()
+        return self._page_is_free
 
     def available_size(self) -> int:
-        return int(self.free_pages.numel()) * self.page_size
+        return (int(self._free_pages.numel()) + self._pending_pages) * self.page_size
 
     def _take_pages(self, num_pages: int) -> torch.Tensor | None:
-        if num_pages > self.free_pages.numel():
-            return None
-        pages = self.free_pages[:num_pages]
-        self.free_pages = self.free_pages[num_pages:]
+        if num_pages > self._free_pages.numel():
+            self._merge_pending()
+            if num_pages > self._free_pages.numel():
+                return None
+        pages = self._free_pages[:num_pages]
+        self._free_pages = self._free_pages[num_pages:]
         # index_fill_, not `[pages] = False`: assigning a Python scalar on CUDA waits for the device.
-        self.page_is_free.index_fill_(0, pages, False)
+        self._page_is_free.index_fill_(0, pages, False)
         return pages
 
     def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
@@ -185,8 +207,10 @@ class TokenToKVPoolAllocator:
                 raise RuntimeError("TokenToKVPoolAllocator: freeing a slot outside the pool or the dummy page")
             if bool(self.page_is_free[pages].any()):
                 raise RuntimeError("TokenToKVPoolAllocator: double free")
-        self.page_is_free.index_fill_(0, pages, True)
-        self.free_pages = torch.cat([self.free_pages, pages])
+        self._pending.append(pages)
+        self._pending_pages += int(pages.numel())
+        if self.debug:
+            self._merge_pending()
 
     def check_no_double_free(self) -> None:
         """Full check (O(pool)): the free list has no duplicates and agrees with page_is_free."""

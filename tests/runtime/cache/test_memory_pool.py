@@ -131,3 +131,30 @@ def test_clear_restores_everything():
     a.clear()
     assert a.available_size() == 16
     a.check_no_double_free()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_queued_frees_match_eager_frees(page_size):
+    """debug=False queues frees and merges them when an allocation needs them; the pool it exposes (sizes, free
+    pages, page_is_free) is the eager one's at every step."""
+    import random
+
+    rng = random.Random(page_size)
+    eager = TokenToKVPoolAllocator(256, page_size, "cpu", debug=True)
+    lazy = TokenToKVPoolAllocator(256, page_size, "cpu", debug=False)
+    held: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for _ in range(400):
+        if held and rng.random() < 0.45:
+            a, b = held.pop(rng.randrange(len(held)))
+            eager.free(a)
+            lazy.free(b)
+        else:
+            n = rng.randrange(1, 12) * page_size
+            a, b = eager.alloc(n), lazy.alloc(n)
+            assert (a is None) == (b is None)
+            if a is not None:
+                held.append((a, b))
+        assert eager.available_size() == lazy.available_size()
+    assert sorted(eager.free_pages.tolist()) == sorted(lazy.free_pages.tolist())
+    assert torch.equal(eager.page_is_free, lazy.page_is_free)
+    lazy.check_no_double_free()
