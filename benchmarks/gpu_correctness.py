@@ -25,7 +25,9 @@ def _prompts(tokenizer, n: int) -> list[list[int]]:
             for m in msgs]
 
 
-def _hf_greedy(model_dir: str, dtype: torch.dtype, prompts: list[list[int]], max_new: int) -> list[list[int]]:
+def hf_greedy(model_dir: str, dtype: torch.dtype, prompts: list[list[int]], max_new: int,
+              pad_token_id: int = 0) -> list[list[int]]:
+    """transformers' greedy tokens on the GPU, one prompt at a time, exactly max_new of them."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).cuda().eval()
@@ -33,7 +35,7 @@ def _hf_greedy(model_dir: str, dtype: torch.dtype, prompts: list[list[int]], max
     with torch.inference_mode():
         for ids in prompts:
             gen = model.generate(torch.tensor([ids], device="cuda"), max_new_tokens=max_new, min_new_tokens=max_new,
-                                 do_sample=False, pad_token_id=0)
+                                 do_sample=False, pad_token_id=pad_token_id)
             out.append(gen[0, len(ids):].tolist())
     del model
     gc.collect()
@@ -72,7 +74,7 @@ def compare(gguf: str, num_prompts: int = 16, max_new_tokens: int = 32) -> dict:
     report = {"model": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)", "num_prompts": num_prompts,
               "max_new_tokens": max_new_tokens, "gpu": torch.cuda.get_device_name()}
     for name, dt in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
-        ref = _hf_greedy(model_dir, dt, prompts, max_new_tokens)
+        ref = hf_greedy(model_dir, dt, prompts, max_new_tokens)
         got = _ours(model_dir, name, prompts, max_new_tokens)
         prefix = [_common_prefix(a, b) for a, b in zip(got, ref)]
         report[name] = {

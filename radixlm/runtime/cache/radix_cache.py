@@ -5,14 +5,13 @@ the pages of every value in it; a running request pins its matched path with loc
 Requests with different extra_key (LoRA id, cache salt, ...) live in disjoint subtrees."""
 from __future__ import annotations
 
-import heapq
 import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from radixlm.runtime.cache.eviction import get_eviction_strategy
+from radixlm.runtime.cache.eviction import EvictionQueue, get_eviction_strategy
 
 if TYPE_CHECKING:
     from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
@@ -64,6 +63,7 @@ class TreeNode:
     hit_count: int = 0
     creation_time: int = 0
     id: int = field(default_factory=lambda: next(_node_ids))
+    deleted: bool = False  # evicted (stale references, e.g. in the eviction queue, must not use it)
 
     def is_leaf(self) -> bool:
         return not self.children
@@ -122,6 +122,7 @@ class RadixCache:
     def reset(self) -> None:
         """Forgets the tree. It does not free the slots: the caller clears the allocator (flush_cache)."""
         self.root_node = TreeNode(lock_ref=1)  # the root is never evicted
+        self.evict_queue = EvictionQueue(self.eviction_strategy)
         self.evictable_size_ = 0
         self.protected_size_ = 0
         self.version += 1
@@ -145,12 +146,14 @@ class RadixCache:
         node = self.root_node
         node.last_access_time = now
         values: list[torch.Tensor] = []
+        touched = None
         while len(key) > 0:
             child = node.children.get(key.child_key(self.page_size))
             if child is None:
                 break
             child.last_access_time = now
             child.hit_count += 1
+            touched = child
             n = child.key.match(key, self.page_size)
             if n < len(child.key):
                 node = self._split_node(child, n)
@@ -159,6 +162,8 @@ class RadixCache:
             values.append(child.value)
             node = child
             key = key[n:]
+        if touched is not None:  # the only node on the path that can be a leaf; its priority moved
+            self.evict_queue.offer(touched)
         indices = torch.cat(values) if values else self._empty()
         return MatchResult(indices, node)
 
@@ -207,7 +212,8 @@ class RadixCache:
             child.last_access_time = now
             n = child.key.match(key, self.page_size)
             if n < len(child.key):
-                child = self._split_node(child, n)
+                lower, child = child, self._split_node(child, n)
+                self.evict_queue.offer(lower)
             present += n
             key, value = key[n:], value[n:]
             node = child
@@ -217,6 +223,7 @@ class RadixCache:
             self.evictable_size_ += len(key)
             self.version += 1
             node = leaf
+        self.evict_queue.offer(node)
         return present, node
 
     # ------------------------------------------------------------------ locking and eviction
@@ -246,6 +253,8 @@ class RadixCache:
                 delta += len(node.key)
             assert node.lock_ref > 0, "dec_lock_ref below zero"
             node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.evict_queue.offer(node)
             node = node.parent
         return delta
 
@@ -262,20 +271,19 @@ class RadixCache:
         parents that become unlocked leaves. Returns the number of tokens evicted."""
         if self.disable or num_tokens <= 0:
             return 0
-        prio = self.eviction_strategy
-        heap = [(prio(n), n.id, n) for n in self._nodes() if n.is_leaf() and n.lock_ref == 0]
-        heapq.heapify(heap)
+        queue = self.evict_queue
+        queue.maybe_rebuild(self._nodes)
         evicted = 0
         freed: list[torch.Tensor] = []
-        while evicted < num_tokens and heap:
-            _, _, node = heapq.heappop(heap)
+        while evicted < num_tokens:
+            node = queue.pop()
+            if node is None:
+                break
             freed.append(node.value)
             evicted += len(node.key)
             self._delete_leaf(node)
             self.evicted_tokens_total += len(node.key)
-            parent = node.parent
-            if parent is not self.root_node and parent.is_leaf() and parent.lock_ref == 0:
-                heapq.heappush(heap, (prio(parent), parent.id, parent))
+            queue.offer(node.parent)  # it may have become a leaf
         if freed:
             self.token_to_kv_pool_allocator.free(torch.cat(freed))  # one free: each one copies the free list
             self.version += 1
@@ -283,6 +291,7 @@ class RadixCache:
 
     def _delete_leaf(self, node: TreeNode) -> None:
         del node.parent.children[node.key.child_key(self.page_size)]
+        node.deleted = True
         self.evictable_size_ -= len(node.key)
 
     # ------------------------------------------------------------------ sizes and debugging
@@ -321,6 +330,9 @@ class RadixCache:
             else:
                 protected += len(node.key)
         assert evictable == self.evictable_size_, f"evictable {self.evictable_size_} != recount {evictable}"
+        queued = self.evict_queue.queued()
+        assert all(n.id in queued for n in self._nodes() if n is not self.root_node and n.is_leaf() and n.lock_ref == 0), \
+            "an unlocked leaf is missing from the eviction queue"
         assert protected == self.protected_size_, f"protected {self.protected_size_} != recount {protected}"
         values = self.all_values_flatten()
         assert torch.unique(values).numel() == values.numel(), "a KV slot is held by two nodes"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixlm.runtime.executor.host_to_device import host_to_device
-from radixlm.runtime.layers import cpu_gemm
+from radixlm.runtime.layers import cpu_gemm, gemm
 
 
 @dataclass
@@ -44,7 +44,7 @@ class LogitsProcessor:
         self.packed_weight = cpu_gemm.pack_weight(lm_head.weight)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        out = cpu_gemm.linear(hidden, self.lm_head.weight, None, self.packed_weight)
+        out = gemm.linear(hidden, self.lm_head.weight, None, self.packed_weight)
         return out[:, : self.vocab_size].float()
 
     def __call__(self, hidden: torch.Tensor, plan: LogitsPlan) -> LogitsOutput:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.runtime.layers import cpu_gemm
+from radixlm.runtime.layers import cpu_gemm, gemm
 
 
 class Linear(nn.Module):
@@ -23,7 +23,7 @@ class Linear(nn.Module):
         self.packed_weight = cpu_gemm.pack_weight(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return cpu_gemm.linear(x, self.weight, self.bias, self.packed_weight)
+        return gemm.linear(x, self.weight, self.bias, self.packed_weight)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"

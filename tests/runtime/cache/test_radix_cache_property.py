@@ -123,3 +123,35 @@ def test_random_ops_keep_tree_exact(ps, policy, ops):
     cache.evict(POOL)
     assert cache.total_size() == 0 and alloc.available_size() == POOL
     check_invariants(cache, alloc)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ps=st.sampled_from([1, 4]), policy=st.sampled_from(["lru", "lfu", "fifo"]), ops=st.lists(op_st, max_size=30))
+def test_incremental_eviction_order_equals_a_full_scan(ps, policy, ops):
+    """The eviction queue is kept incrementally; each eviction must take the leaf a scan of the whole tree picks."""
+    alloc = TokenToKVPoolAllocator(POOL, ps, "cpu")
+    cache = RadixCache(ReqToTokenPool(1, 8, "cpu"), alloc, page_size=ps, eviction_policy=policy)
+    locks = []
+    for op in ops:
+        if op[0] == "insert":
+            n = len(op[1]) // ps * ps
+            if n > alloc.available_size():
+                cache.evict(n - alloc.available_size())
+            value = alloc.alloc(n)
+            if value is not None:
+                alloc.free(value[: cache.insert(RadixKey(op[1], op[2]), value)])
+        elif op[0] in ("match", "lock"):
+            m = cache.match_prefix(RadixKey(op[1], op[2]))
+            if op[0] == "lock":
+                cache.inc_lock_ref(m.last_node)
+                locks.append(m.last_node)
+        elif op[0] == "unlock" and locks:
+            cache.dec_lock_ref(locks.pop(op[1] % len(locks)))
+    while True:
+        leaves = [n for n in cache._nodes() if n is not cache.root_node and n.is_leaf() and n.lock_ref == 0]
+        if not leaves:
+            assert cache.evict(1) == 0
+            break
+        want = min(leaves, key=lambda n: (cache.eviction_strategy(n), n.id))
+        assert cache.evict(1) == len(want.key) and want.deleted
+        cache.check_consistency()

@@ -48,16 +48,9 @@ def _prompts(n: int, seed: int = 0, shared: int = 0) -> list[list[int]]:
 
 
 def _hf_greedy(model_dir: str, prompts: list[list[int]], max_new: int) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
+    from benchmarks.gpu_correctness import hf_greedy
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
-    out = []
-    with torch.inference_mode():
-        for ids in prompts:
-            gen = model.generate(torch.tensor([ids], device="cuda"), max_new_tokens=max_new, min_new_tokens=max_new,
-                                 do_sample=False, pad_token_id=1)
-            out.append(gen[0, len(ids):].tolist())
-    return out
+    return hf_greedy(model_dir, torch.float32, prompts, max_new, pad_token_id=1)
 
 
 @pytest.mark.parametrize("kwargs, shared", [

@@ -1,0 +1,77 @@
+"""y = x @ W.T for the few rows of a small decode batch (M <= SKINNY_MAX_M), bf16/fp16 on CUDA (Triton).
+
+At batch 1-4 a decode step is a stream of weight reads; cuBLAS' kernels for these shapes reach ~88% of the copy
+bandwidth. Here each program reads a [BLOCK_N, K] band of W once, in BLOCK_K steps, and reduces it against every
+row of x; accumulation is in float32 and the result is rounded once, as F.linear does. Tile sizes are autotuned per
+(N, K, M) during the warm-up runs that precede CUDA-graph capture."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+SKINNY_MAX_M = 4
+
+_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+            for bn, bk, w, s in ((8, 512, 4, 3), (16, 256, 4, 4), (16, 512, 4, 3), (32, 256, 8, 3),
+                                 (8, 1024, 8, 2), (16, 1024, 8, 2), (4, 1024, 4, 3))]
+
+
+@triton.autotune(configs=_CONFIGS, key=["N", "K", "M"])
+@triton.jit
+def _skinny_kernel(X, W, B, Y, N, K, stride_xm, stride_wn, stride_ym,
+                   M: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        k_mask = k < K
+        w = tl.load(W + offs_n[:, None] * stride_wn + k[None, :], mask=n_mask[:, None] & k_mask[None, :],
+                    other=0.0).to(tl.float32)
+        x0 = tl.load(X + k, mask=k_mask, other=0.0).to(tl.float32)
+        acc0 += tl.sum(w * x0[None, :], axis=1)
+        if M > 1:
+            x1 = tl.load(X + stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
+            acc1 += tl.sum(w * x1[None, :], axis=1)
+        if M > 2:
+            x2 = tl.load(X + 2 * stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
+            acc2 += tl.sum(w * x2[None, :], axis=1)
+        if M > 3:
+            x3 = tl.load(X + 3 * stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
+            acc3 += tl.sum(w * x3[None, :], axis=1)
+    if HAS_BIAS:
+        b = tl.load(B + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        acc0 += b
+        acc1 += b
+        acc2 += b
+        acc3 += b
+    out_ty = Y.dtype.element_ty
+    tl.store(Y + offs_n, acc0.to(out_ty), mask=n_mask)
+    if M > 1:
+        tl.store(Y + stride_ym + offs_n, acc1.to(out_ty), mask=n_mask)
+    if M > 2:
+        tl.store(Y + 2 * stride_ym + offs_n, acc2.to(out_ty), mask=n_mask)
+    if M > 3:
+        tl.store(Y + 3 * stride_ym + offs_n, acc3.to(out_ty), mask=n_mask)
+
+
+def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= SKINNY_MAX_M and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and x.stride(1) == 1 and weight.stride(1) == 1)
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x: (M, K) with M <= SKINNY_MAX_M; weight: (N, K); returns (M, N) in x's dtype."""
+    m, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+    _skinny_kernel[grid](x, weight, bias if bias is not None else weight, y, n, k, x.stride(0), weight.stride(0),
+                         y.stride(0), M=m, HAS_BIAS=bias is not None)
+    return y
