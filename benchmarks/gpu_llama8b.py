@@ -59,9 +59,13 @@ def measure_copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> float:
     return bw
 
 
+ENGINE_ARGS: dict = {}  # --engine-args: extra ServerArgs for every engine of the run
+
+
 def make_engine(path: str, **kw) -> Engine:
     gc.collect()
     torch.cuda.empty_cache()
+    kw = {**ENGINE_ARGS, **kw}
     kw.setdefault("mem_fraction_static", 0.85)
     return Engine(path, load_format="dummy", dtype="bfloat16", device="cuda", context_length=CONTEXT_LEN,
                   random_seed=0, **kw)
@@ -133,7 +137,9 @@ def flops(n_params: int, lm_head: int, layers: int, q_width: int, lens: list[tup
 def offline_run(engine: Engine, reqs, name: str, tree_timer=None) -> dict:
     prompts = [r.input_ids for r in reqs]
     params = [greedy(r.output_len) for r in reqs]
+    before = dict(engine.scheduler.stats)
     wall, outs = timed(engine, prompts, params)
+    steps = {k: engine.scheduler.stats[k] - before[k] for k in ("prefill_batches", "decode_batches", "retractions")}
     n_out = sum(o["meta_info"]["completion_tokens"] for o in outs)
     n_in = sum(len(p) for p in prompts)
     _, n_params, lm_head = model_bytes(engine)
@@ -142,9 +148,9 @@ def offline_run(engine: Engine, reqs, name: str, tree_timer=None) -> dict:
               [(len(p), o["meta_info"]["cached_tokens"], o["meta_info"]["completion_tokens"]) for p, o in zip(prompts, outs)])
     row = {"workload": name, "requests": len(reqs), "input_tokens": n_in, "output_tokens": n_out, "wall_s": wall,
            "output_tokens_per_s": n_out / wall, "total_tokens_per_s": (n_in + n_out) / wall,
-           "request_per_s": len(reqs) / wall, "mfu": f / wall / (H100_BF16_DENSE_TFLOPS * 1e12)}
+           "request_per_s": len(reqs) / wall, "mfu": f / wall / (H100_BF16_DENSE_TFLOPS * 1e12), **steps}
     log(f"{name}: {len(reqs)} requests in {wall:6.1f} s, {row['output_tokens_per_s']:8.0f} out tok/s, "
-        f"{row['total_tokens_per_s']:8.0f} total tok/s, MFU {row['mfu']:.1%}")
+        f"{row['total_tokens_per_s']:8.0f} total tok/s, MFU {row['mfu']:.1%}, {steps}")
     return row
 
 
@@ -226,6 +232,8 @@ def part_offline(path: str, src: PromptSource, sharegpt_n: int, random_n: int) -
     try:
         offline_run(engine, random_dataset(src, 64, 128, 16, 1.0), "warm-up")
         result["sharegpt_like"] = offline_run(engine, sharegpt_like_dataset(src, sharegpt_n, seed=1), "sharegpt-like")
+        if not random_n:
+            return result
         reqs = random_dataset(src, random_n, 1024, 512, 1.0)
         result["random_1024_512"] = offline_run(engine, reqs, "random-1024-512")
         small = reqs[:16]
@@ -284,13 +292,15 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
     p.add_argument("--sharegpt-requests", type=int, default=1000)
     p.add_argument("--random-requests", type=int, default=500)
+    p.add_argument("--engine-args", default="{}", help="JSON of extra server arguments, e.g. '{\"cuda_graph_max_bs\": 512}'")
     p.add_argument("--out", default="benchmarks/results/llama8b_gpu.json")
     args = p.parse_args()
+    ENGINE_ARGS.update(json.loads(args.engine_args))
     path = model_dir()
     from transformers import AutoTokenizer
 
     src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
-    result = {"benchmark": "gpu_llama8b", "model": "Llama-3.1-8B architecture, bf16, dummy weights",
+    result = {"benchmark": "gpu_llama8b", "model": "Llama-3.1-8B architecture, bf16, dummy weights", "engine_args": ENGINE_ARGS,
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "context_length": CONTEXT_LEN,
               "command": " ".join(["python", *sys.argv])}
     t0 = time.perf_counter()

@@ -31,7 +31,8 @@ class RadixKey:
         return RadixKey(self.token_ids[s], self.extra_key)
 
     def page_aligned(self, page_size: int) -> "RadixKey":
-        return self[: len(self) // page_size * page_size]
+        n = len(self) // page_size * page_size
+        return self if n == len(self) else self[:n]
 
     def child_key(self, page_size: int) -> ChildKey:
         return (self.extra_key, tuple(self.token_ids[:page_size]))
@@ -195,8 +196,9 @@ class RadixCache:
         caller frees its duplicates value[already_owned_by_caller:returned]."""
         return self._insert(key, value)[0]
 
-    def _insert(self, key: RadixKey, value: torch.Tensor) -> tuple[int, TreeNode]:
-        """insert(), also returning the node where the inserted key ends."""
+    def _insert(self, key: RadixKey, value: torch.Tensor, owned: bool = False) -> tuple[int, TreeNode]:
+        """insert(), also returning the node where the inserted key ends. owned: value is the caller's private copy,
+        never written again, so the tree may keep a view of it instead of cloning."""
         if self.disable:
             return 0, self.root_node
         key = key.page_aligned(self.page_size)
@@ -218,7 +220,8 @@ class RadixCache:
             key, value = key[n:], value[n:]
             node = child
         if len(key) > 0:
-            leaf = TreeNode(key=key, value=value.clone(), parent=node, last_access_time=now, creation_time=now)
+            leaf = TreeNode(key=key, value=value if owned else value.clone(), parent=node, last_access_time=now,
+                            creation_time=now)
             node.children[key.child_key(self.page_size)] = leaf
             self.evictable_size_ += len(key)
             self.version += 1
@@ -372,7 +375,7 @@ class RadixCache:
         free = self.token_to_kv_pool_allocator.free
         if is_insert and not self.disable:
             aligned = len(token_ids) // self.page_size * self.page_size
-            present = self.insert(RadixKey(token_ids[:aligned], req.extra_key), kv_indices[:aligned])
+            present, _ = self._insert(RadixKey(token_ids[:aligned], req.extra_key), kv_indices[:aligned], owned=True)
             assert present >= req.cache_protected_len, "the request's locked prefix left the tree"
             # [0, cache_protected_len) already are the tree's slots; the rest up to `present` are duplicates.
             free(kv_indices[req.cache_protected_len : present])
@@ -391,7 +394,7 @@ class RadixCache:
             return
         aligned = len(token_ids) // self.page_size * self.page_size
         key = RadixKey(token_ids[:aligned], req.extra_key)
-        present, new_last_node = self._insert(key, kv_indices[:aligned])
+        present, new_last_node = self._insert(key, kv_indices[:aligned], owned=True)
         assert present >= req.cache_protected_len, "the request's locked prefix left the tree"
         start = req.cache_protected_len
         if present > start:
@@ -405,6 +408,6 @@ class RadixCache:
             new_indices = kv_indices[:aligned]
         self.inc_lock_ref(new_last_node)
         self.dec_lock_ref(req.last_node)
-        req.prefix_indices = torch.cat([new_indices, kv_indices[aligned:]])
+        req.prefix_indices = new_indices if aligned == len(kv_indices) else torch.cat([new_indices, kv_indices[aligned:]])
         req.cache_protected_len = aligned
         req.last_node = new_last_node
