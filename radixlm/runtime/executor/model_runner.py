@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 CPU_KV_MEM_FRACTION = 0.05
 CPU_MAX_TOTAL_TOKENS = 1 << 17
 GPU_DEFAULT_MEM_FRACTION = 0.85
-CUDA_GRAPH_DEFAULT_MAX_BS = 256
+CUDA_GRAPH_DEFAULT_MAX_BS = 512
 ATTENTION_BACKENDS = {"torch_native": TorchNativeAttnBackend, "triton": TritonAttnBackend}
 
 
