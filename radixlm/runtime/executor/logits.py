@@ -11,6 +11,9 @@ from radixlm.runtime.executor.host_to_device import host_to_device
 from radixlm.runtime.layers import cpu_gemm, gemm
 
 
+INPUT_LOGPROB_CHUNK_ROWS = 1024
+
+
 @dataclass
 class LogitsPlan:
     """Built by the scheduler for one forward pass (row = index into the token-major hidden states)."""
@@ -52,11 +55,15 @@ class LogitsProcessor:
         next_logits = self.logits(hidden[host_to_device(plan.sample_rows, torch.long, dev)])
         input_lp: list[float] = []
         input_top: list[list[tuple[float, int]]] = []
-        if plan.input_rows:
-            lp = torch.log_softmax(self.logits(hidden[host_to_device(plan.input_rows, torch.long, dev)]), dim=-1)
-            targets = host_to_device(plan.input_targets, torch.long, dev)
-            input_lp = lp.gather(1, targets[:, None]).squeeze(1).tolist()
-            input_top = top_logprobs(lp, plan.input_top_k)
+        # Prompt logprobs a slice of rows at a time: a long prompt's full (rows, vocab) float32 matrix, and its
+        # log_softmax, could exceed the memory left beside the KV pool.
+        for i in range(0, len(plan.input_rows), INPUT_LOGPROB_CHUNK_ROWS):
+            rows = plan.input_rows[i : i + INPUT_LOGPROB_CHUNK_ROWS]
+            lp = torch.log_softmax(self.logits(hidden[host_to_device(rows, torch.long, dev)]), dim=-1)
+            targets = host_to_device(plan.input_targets[i : i + len(rows)], torch.long, dev)
+            input_lp += lp.gather(1, targets[:, None]).squeeze(1).tolist()
+            if plan.input_top_k:
+                input_top += top_logprobs(lp, plan.input_top_k)
         verify = None
         if plan.verify_rows:
             verify = self.logits(hidden[host_to_device(plan.verify_rows, torch.long, dev)])

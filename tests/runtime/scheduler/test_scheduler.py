@@ -172,3 +172,15 @@ def test_chunked_prefill_under_memory_pressure_with_running_decodes(tiny_model_d
                               max_total_tokens=260, schedule_conservativeness=0.05)
     assert got == base
     assert all(r["finish_reason"]["type"] == "length" for r in res.values())
+
+
+def test_prompt_logprobs_computed_in_row_chunks_are_unchanged(tiny_model_dir, monkeypatch):
+    from radixlm.runtime.executor import logits
+
+    p = prompts(12, 1, lo=60, hi=61)[0]
+    base_in, base_out = _logprob_run(tiny_model_dir, p, chunked_prefill_size=-1)
+    monkeypatch.setattr(logits, "INPUT_LOGPROB_CHUNK_ROWS", 7)
+    got_in, got_out = _logprob_run(tiny_model_dir, p, chunked_prefill_size=-1)
+    assert [t for _, t in got_in] == [t for _, t in base_in] == p
+    assert max(abs(a[0] - b[0]) for a, b in zip(got_in[1:], base_in[1:])) < 1e-6
+    assert got_out == base_out
