@@ -45,9 +45,10 @@ class LogitsProcessor:
         self.lm_head = lm_head
         self.vocab_size = vocab_size
         self.packed_weight = cpu_gemm.pack_weight(lm_head.weight)
+        self.gemm_choices: dict[int, bool] = {}
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        out = gemm.linear(hidden, self.lm_head.weight, None, self.packed_weight)
+        out = gemm.linear(hidden, self.lm_head.weight, None, self.packed_weight, self.gemm_choices)
         return out[:, : self.vocab_size].float()
 
     def __call__(self, hidden: torch.Tensor, plan: LogitsPlan) -> LogitsOutput:

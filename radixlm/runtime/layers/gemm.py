@@ -1,5 +1,6 @@
-"""The one GEMM entry point of the model's linear layers and the lm_head: oneDNN-prepacked weights on CPU, the skinny
-Triton kernel for the few-row decode GEMMs where it reads weights faster than cuBLAS, cuBLAS otherwise."""
+"""The one GEMM entry point of the model's linear layers and the lm_head: oneDNN-prepacked weights on CPU; on CUDA,
+for the few-row GEMMs of small decode batches, whichever of the skinny Triton kernel and cuBLAS is faster for that
+weight and row count, measured once per layer and row count (in the warm-up runs before CUDA-graph capture)."""
 from __future__ import annotations
 
 import torch
@@ -7,19 +8,43 @@ import torch.nn.functional as F
 
 from radixlm.runtime.layers import cpu_gemm
 
-# Measured on an H100 (benchmarks/results/skinny_gemm_gpu.json): the skinny kernel streams large weights at
-# 2.8-3.1 TB/s against cuBLAS' 2.6-2.8 at one row (two for the lm_head), and loses on the small qkv and o_proj
-# matrices, whose N is too small to fill the GPU without a split-K.
-SKINNY_MIN_WEIGHT_ELEMENTS = {1: 50_000_000, 2: 200_000_000}
+MEASURE_REPS = 10
+SKINNY_MARGIN = 0.97  # the skinny kernel must win by 3% to be used
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None) -> torch.Tensor:
+def _time_us(fn, reps: int = MEASURE_REPS) -> float:
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps
+
+
+def _prefer_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    from radixlm.runtime.layers.skinny_gemm import skinny_linear
+
+    skinny = _time_us(lambda: skinny_linear(x, weight, bias))
+    cublas = _time_us(lambda: F.linear(x, weight, bias))
+    return skinny < SKINNY_MARGIN * cublas
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None,
+           choices: dict[int, bool] | None = None) -> torch.Tensor:
+    """choices: the calling layer's memo, row count -> use the skinny kernel (None: always cuBLAS on CUDA)."""
     if not x.is_cuda:
         return cpu_gemm.linear(x, weight, bias, packed)
-    min_elements = SKINNY_MIN_WEIGHT_ELEMENTS.get(x.shape[0]) if x.dim() == 2 else None
-    if min_elements is not None and weight.numel() >= min_elements:
+    if choices is not None and x.dim() == 2:
         from radixlm.runtime.layers import skinny_gemm
 
+        m = x.shape[0]
         if skinny_gemm.usable(x, weight):
-            return skinny_gemm.skinny_linear(x, weight, bias)
+            use = choices.get(m)
+            if use is None and not torch.cuda.is_current_stream_capturing():
+                use = choices[m] = _prefer_skinny(x, weight, bias)
+            if use:
+                return skinny_gemm.skinny_linear(x, weight, bias)
     return F.linear(x, weight, bias)

@@ -18,12 +18,13 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.packed_weight: torch.Tensor | None = None  # set by pack_for_cpu() once weights are final
+        self.gemm_choices: dict[int, bool] = {}  # CUDA: row count -> skinny kernel faster (set by gemm.linear)
 
     def pack_for_cpu(self) -> None:
         self.packed_weight = cpu_gemm.pack_weight(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gemm.linear(x, self.weight, self.bias, self.packed_weight)
+        return gemm.linear(x, self.weight, self.bias, self.packed_weight, self.gemm_choices)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"

@@ -166,8 +166,9 @@ class ScheduleBatch:
 
     def retract_decode(self) -> tuple[list[Req], float]:
         """Free requests until the next decode step fits; fewest output tokens go first (ties: longest
-        input). Their KV is freed without insertion; they keep their output and are re-queued.
-        Returns the retracted requests and the new_token_ratio to use from now on."""
+        input). Their KV goes to the radix tree as evictable cache (most recently used, so evicted last): the
+        memory check evicts what the next step needs, and what survives is a prefix hit when the request, which
+        keeps its output, is admitted again. Returns the retracted requests and the new_token_ratio to use."""
         order = sorted(self.reqs, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)), reverse=True)
         retracted: list[Req] = []
         while not self.check_decode_mem():
@@ -176,7 +177,7 @@ class ScheduleBatch:
             req = order.pop()
             retracted.append(req)
             self.reqs.remove(req)
-            self.tree_cache.cache_finished_req(req, is_insert=False)
+            self.tree_cache.cache_finished_req(req)
             req.reset_kv_state()
             req.jump_draft = []  # never accepted by its grammar: decoding resumes from the last output token
             req.num_retractions += 1

@@ -97,9 +97,10 @@ def test_store_kv_from_strided_qkv_rows(dtype, tokens, kv_heads, head_dim):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m, n, k, bias", [(1, 4096, 14336, False), (2, 1000, 576, True), (3, 77, 64, True),
-                                           (4, 28672, 4096, False)])
-def test_skinny_linear_matches_a_float32_reference(dtype, m, n, k, bias):
+@pytest.mark.parametrize("m, n, k, bias, split", [(1, 4096, 14336, False, None), (2, 1000, 576, True, 1),
+                                                  (3, 77, 64, True, 2), (4, 28672, 4096, False, None),
+                                                  (1, 4096, 4096, True, 4), (2, 6144, 4100, False, 3)])
+def test_skinny_linear_matches_a_float32_reference(dtype, m, n, k, bias, split):
     from radixlm.runtime.layers.skinny_gemm import skinny_linear, usable
 
     x = torch.randn(m, k, device="cuda", dtype=dtype)
@@ -107,7 +108,20 @@ def test_skinny_linear_matches_a_float32_reference(dtype, m, n, k, bias):
     b = torch.randn(n, device="cuda", dtype=dtype) if bias else None
     assert usable(x, w)
     ref = x.float() @ w.float().T + (b.float() if bias else 0)
-    got = skinny_linear(x, w, b)
+    got = skinny_linear(x, w, b, split_k=split)
     assert got.dtype == dtype and got.shape == (m, n)
     # One rounding of a float32 accumulation, as F.linear: within the dtype's half-ulp of the exact value.
     torch.testing.assert_close(got.float(), ref, rtol=1e-2 if dtype == torch.bfloat16 else 2e-3, atol=1e-2)
+
+
+def test_gemm_dispatch_measures_once_per_row_count_and_matches_cublas():
+    import torch.nn.functional as F
+
+    from radixlm.runtime.layers import gemm
+
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
+    choices: dict[int, bool] = {}
+    for m in (1, 2, 4, 9):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        torch.testing.assert_close(gemm.linear(x, w, None, None, choices), F.linear(x, w), rtol=2e-2, atol=2e-2)
+    assert set(choices) == {1, 2, 4}  # 9 rows: never the skinny kernel
