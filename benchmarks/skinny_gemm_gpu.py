@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from radixlm.runtime.layers.skinny_gemm import skinny_linear, split_k_for
+from radixlm.runtime.layers.skinny_gemm import skinny_linear
 
 SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096), "down_proj": (4096, 14336),
           "lm_head": (128256, 4096)}
@@ -47,12 +47,10 @@ def main() -> None:
             it = iter(range(10**9))
             ours = bench(lambda: skinny_linear(x, ws[next(it) % len(ws)]))
             cublas = bench(lambda: F.linear(x, ws[next(it) % len(ws)]))
-            ours_1 = bench(lambda: skinny_linear(x, ws[next(it) % len(ws)], split_k=1))
             gbytes = n * k * 2 / 1e9
-            rows.append({"shape": name, "n": n, "k": k, "m": m, "split_k": split_k_for(n, k), "skinny_us": ours,
-                         "skinny_no_split_us": ours_1, "cublas_us": cublas,
+            rows.append({"shape": name, "n": n, "k": k, "m": m, "skinny_us": ours, "cublas_us": cublas,
                          "skinny_TBps": gbytes / ours * 1e3, "cublas_TBps": gbytes / cublas * 1e3})
-            print(f"{name:13} m={m}: skinny {ours:8.1f} us ({rows[-1]['skinny_TBps']:.2f} TB/s; no split {ours_1:.1f})  "
+            print(f"{name:13} m={m}: skinny {ours:8.1f} us ({rows[-1]['skinny_TBps']:.2f} TB/s)  "
                   f"cuBLAS {cublas:8.1f} us ({rows[-1]['cublas_TBps']:.2f} TB/s)", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "command": " ".join(["python", *sys.argv]),
