@@ -21,13 +21,13 @@ import torch
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.executor.forward_batch import ForwardMode
+from radixlm.runtime.executor.host_to_device import host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan
 from radixlm.runtime.messages import ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 from radixlm.runtime.scheduler.batch import ScheduleBatch
 from radixlm.runtime.scheduler.constrained import ConstrainedDecoding
-from radixlm.runtime.executor.host_to_device import host_to_device
 from radixlm.runtime.scheduler.output_processor import BatchResult, SchedulerOutputProcessorMixin
 from radixlm.runtime.scheduler.policy import SchedulePolicy
 from radixlm.runtime.scheduler.prefill_adder import AddReqResult, PrefillAdder
