@@ -22,7 +22,7 @@ class BatchResult:
 
     batch: ScheduleBatch
     reqs: list[Req]  # the batch's requests at launch
-    is_prefill: bool  # a new-request batch (it joins the running batch once processed)
+    is_prefill: bool  # a new-request batch (its requests join the running batch at launch)
     forward_mode: ForwardMode
     out: LogitsOutput
     plan: LogitsPlan

@@ -8,9 +8,9 @@ in its own process unchanged.
 Overlap (the default on CUDA): a step launches batch N+1 before it processes the results of batch N, so the host
 prepares and post-processes while the device computes. All KV bookkeeping happens at launch; a request whose
 token from N is still on the device counts it in `num_pending`, and N+1 reads that token from `next_token_buf`.
-A request that finishes at N has already been launched in N+1: that token is dropped. Batches whose next step
-needs host-side results (grammars, jump-forward, penalties over output tokens, a prefill's merge, retraction)
-process the in-flight batch first."""
+A request that finishes at N has already been launched in N+1: that token is dropped. A prefill batch's requests join
+the running batch at launch. Batches whose next step needs host-side results (grammars, jump-forward, penalties
+over output tokens, the next chunk of a chunked prefill, retraction, aborts) process the in-flight batch first."""
 from __future__ import annotations
 
 import logging
@@ -124,8 +124,6 @@ class Scheduler(SchedulerOutputProcessorMixin):
 
     def _active_reqs(self) -> list[Req]:
         reqs = [r for r in self.running_batch.reqs if not r.finished()]
-        if self.inflight is not None and self.inflight.is_prefill:  # launched, joins the running batch once processed
-            reqs += [r for r in self.inflight.reqs if not r.finished() and r is not self.chunked_req]
         if self.chunked_req is not None and not self.chunked_req.finished():
             reqs.append(self.chunked_req)
         return reqs
@@ -175,9 +173,12 @@ class Scheduler(SchedulerOutputProcessorMixin):
         previous, self.inflight = self.inflight, None
         if batch is not None:
             self.inflight = self.launch_batch(batch)
+            if self.inflight.is_prefill:  # its requests decode from the next step on (their first token may be pending)
+                batch.filter_batch([r for r in batch.reqs if not r.is_chunked])
+                self.running_batch.merge_batch(batch)
         if previous is not None:
             self.stats["overlapped_batches"] += batch is not None
-            self._process(previous)  # while the device runs the batch just launched
+            self.process_batch_result(previous)  # while the device runs the batch just launched
         if not self.overlap:
             self.sync_inflight()
         if self.args.enable_integrity_check or self.is_idle():
@@ -189,20 +190,18 @@ class Scheduler(SchedulerOutputProcessorMixin):
         """Process the batch in flight, if any (its results are then on the host)."""
         if self.inflight is not None:
             result, self.inflight = self.inflight, None
-            self._process(result)
-
-    def _process(self, result: BatchResult) -> None:
-        self.process_batch_result(result)
-        if result.is_prefill:  # a prefill batch joins the running requests
-            batch = result.batch
-            batch.filter_batch([r for r in result.reqs if not r.is_chunked])
-            self.running_batch.merge_batch(batch)
+            self.process_batch_result(result)
 
     def _can_launch_ahead(self) -> bool:
-        """Whether the next batch can be prepared before the one in flight is processed."""
+        """Whether the next batch can be prepared before the one in flight is processed: not when that batch carries
+        jump-forward tokens, nor a prefill chunk whose next chunk needs it cached, nor while a running request needs
+        its last token on the host."""
         r = self.inflight
-        return (self.overlap and not r.is_prefill and r.forward_mode.is_decode()
-                and all(_overlap_safe(q) for q in self.running_batch.reqs))
+        if not self.overlap or (not r.forward_mode.is_decode() and not r.is_prefill):
+            return False
+        if r.is_prefill and any(q.is_chunked for q in r.reqs):
+            return False
+        return all(_overlap_safe(q) for q in self.running_batch.reqs)
 
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
         batch = self.get_new_batch_prefill()

@@ -103,3 +103,25 @@ def test_overlap_flush_right_after_the_last_output(tiny_model_dir):
     # The pass launched after the last token may still be in flight: the flush processes it and succeeds.
     assert sched.flush_cache()
     assert sched.tree_cache.evictable_size() == 0 and sched.allocator.available_size() == sched.allocator.size
+
+
+def test_overlap_requests_arriving_while_others_decode(tiny_model_dir):
+    """New prefills launched while a decode is in flight, and decodes launched while a prefill is in flight (its
+    requests' first tokens still on the device), give the synchronous scheduler's outputs."""
+    def run(**kw):
+        sched = make_scheduler(tiny_model_dir, chunked_prefill_size=24, **kw)
+        reqs = _greedy(12, seed=9)
+        out: dict = {}
+        for step in range(10_000):
+            if step % 3 == 0 and reqs:
+                sched.add_request(reqs.pop(0))
+            if not reqs and sched.is_idle():
+                break
+            for o in sched.step():
+                out.setdefault(o.rid, []).extend(o.new_output_ids)
+        sched.check_memory()
+        return out, sched
+
+    base, _ = run()
+    got, sched = run(enable_overlap_schedule=True)
+    assert got == base and sched.stats["overlapped_batches"] > 10
