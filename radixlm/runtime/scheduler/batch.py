@@ -89,6 +89,8 @@ class ScheduleBatch:
             self.positions.extend(range(p, s))
 
     def new_decode_tokens_needed(self) -> int:
+        if self.page_size == 1:
+            return sum(r.decode_end() - r.kv_committed_len for r in self.reqs)
         return sum(pages_needed(r.kv_committed_len, r.decode_end(), self.page_size) for r in self.reqs)
 
     def prepare_for_decode(self) -> None:

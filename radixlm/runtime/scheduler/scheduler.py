@@ -257,13 +257,15 @@ class Scheduler(SchedulerOutputProcessorMixin):
         batch.filter_batch()
         if batch.is_empty():
             return
-        if not batch.check_decode_mem() and self.inflight is not None:
+        fits = batch.check_decode_mem()
+        if not fits and self.inflight is not None:
             # Retraction needs every request's tokens on the host; the processed batch may also free memory.
             self.sync_inflight()
             batch.filter_batch()
             if batch.is_empty():
                 return
-        if batch.check_decode_mem():
+            fits = batch.check_decode_mem()
+        if fits:
             self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio)
         else:
             retracted, self.new_token_ratio = batch.retract_decode()
