@@ -10,17 +10,15 @@ import torch
 from radixlm.runtime.executor.forward_batch import ForwardMode
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, top_logprobs
 from radixlm.runtime.messages import ReqOutput
-from radixlm.runtime.scheduler.batch import ScheduleBatch
 from radixlm.runtime.scheduler.constrained import GRAMMAR_VIOLATION
 from radixlm.runtime.scheduler.req import FinishReason, Req
 
 
 @dataclass
 class BatchResult:
-    """A launched forward pass, set by Scheduler.launch_batch and read by process_batch_result. The ScheduleBatch
-    itself may already be preparing the next pass (overlap), so what processing needs is kept here."""
+    """A launched forward pass, set by Scheduler.launch_batch and read by process_batch_result. Its ScheduleBatch may
+    already be preparing the next pass (overlap), so what processing needs is kept here."""
 
-    batch: ScheduleBatch
     reqs: list[Req]  # the batch's requests at launch
     is_prefill: bool  # a new-request batch (its requests join the running batch at launch)
     forward_mode: ForwardMode

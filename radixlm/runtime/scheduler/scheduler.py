@@ -319,8 +319,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
         plan, samplers, verifiers, spans = self._logits_plan(batch)
         fb = batch.get_forward_batch(self.runner.token_to_kv_pool, self.runner.attn_backend, self.next_token_buf)
         out: LogitsOutput = self.runner.forward(fb, plan)
-        result = BatchResult(batch, list(batch.reqs), batch is not self.running_batch, batch.forward_mode, out, plan,
-                             samplers, verifiers, spans)
+        result = BatchResult(list(batch.reqs), batch is not self.running_batch, batch.forward_mode, out, plan, samplers,
+                             verifiers, spans)
         for req, s in zip(batch.reqs, batch.seq_lens):
             req.kv_committed_len = s
         if samplers:
