@@ -165,3 +165,18 @@ def test_batch_of_input_ids_and_logit_bias(smol_engine):
     target = smol_engine.tokenizer.encode(" banana")[0]
     outs = smol_engine.generate(input_ids=[[1, 2, 3], [4, 5]], sampling_params={"temperature": 0, "max_new_tokens": 3, "logit_bias": {str(target): 100.0}})
     assert [o["output_ids"] for o in outs] == [[target] * 3, [target] * 3]
+
+
+def test_shutdown_releases_the_model_and_is_idempotent():
+    import weakref
+
+    import radixlm
+
+    engine = radixlm.Engine("default", load_format="dummy", max_total_tokens=2048)
+    out = engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2, "temperature": 0})
+    assert len(out["output_ids"]) == 2
+    model = weakref.ref(engine.runner.model)
+    engine.shutdown()
+    assert engine.runner is None and engine.scheduler is None
+    assert model() is None  # nothing else keeps the weights (or, on CUDA, the KV pool and graphs) alive
+    engine.shutdown()
