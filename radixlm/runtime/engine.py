@@ -3,6 +3,7 @@ background thread and turns token outputs into SGLang-shaped results ({text, out
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import queue
 import threading
@@ -242,9 +243,7 @@ class Engine:
         if not self._thread.is_alive() and getattr(self, "runner", None) is not None:
             self.scheduler.constrained.shutdown()
             self.scheduler = self.runner = None
-            import gc
-
-            import torch
+            import torch  # not at module level: `import radixlm` stays free of torch
 
             gc.collect()
             if torch.cuda.is_available():

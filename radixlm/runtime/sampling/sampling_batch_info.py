@@ -13,7 +13,8 @@ _MASK64 = (1 << 64) - 1
 
 
 class SamplingReq(Protocol):
-    """What from_reqs reads from a request (the scheduler's Req satisfies this)."""
+    """What from_reqs reads from a request (the scheduler's Req satisfies this). It also reads `num_pending` (tokens
+    sampled by a pass still in flight, overlap scheduling) where a request has it, else 0."""
 
     sampling_params: SamplingParams  # normalized
     origin_input_ids: list[int]

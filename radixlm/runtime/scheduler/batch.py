@@ -53,9 +53,9 @@ class ScheduleBatch:
         if self.page_size > 1:  # the slot of each request's last written position (one device read)
             rows = [(r.req_pool_idx, p - 1) for r, p in zip(self.reqs, prefix_lens) if p > 0]
             if rows:
-                idx = torch.tensor(rows, dtype=torch.int64)
                 table = self.req_to_token_pool.req_to_token
-                found = iter(table[idx[:, 0].to(table.device), idx[:, 1].to(table.device)].tolist())
+                idx = torch.tensor(rows, dtype=torch.int64).to(table.device)
+                found = iter(table[idx[:, 0], idx[:, 1]].tolist())
                 last_locs = [next(found) if p > 0 else -1 for p in prefix_lens]
         out = alloc.alloc_extend(prefix_lens, seq_lens, last_locs)
         if out is None:
@@ -77,7 +77,7 @@ class ScheduleBatch:
         self.seq_lens = [p + e for p, e in zip(self.prefix_lens, self.extend_lens)]
         for req, p in zip(self.reqs, self.prefix_lens):
             if p:
-                table[req.req_pool_idx, :p] = req.prefix_indices.to(table.device, non_blocking=True)
+                table[req.req_pool_idx, :p] = req.prefix_indices.to(table.device)
         out = self._alloc_kv(self.prefix_lens, self.seq_lens)
         self.out_cache_loc = out
         self.input_ids, self.positions = [], []

@@ -113,8 +113,7 @@ class Req:
         from radixlm.runtime.cache.radix_cache import RadixKey
 
         self.match_round = round_id
-        version = getattr(tree_cache, "version", None)
-        if (version is not None and self.last_node is not None and self.match_version == version
+        if (self.last_node is not None and self.match_version == tree_cache.version
                 and len(self.fill_ids) == self.seqlen):
             return  # neither the tree nor the request changed since the last match
         self.fill_ids = self.origin_input_ids + self.output_ids
@@ -122,7 +121,7 @@ class Req:
         result = tree_cache.match_prefix(key)
         self.prefix_indices, self.last_node = result.device_indices, result.last_node
         self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
-        self.match_version = getattr(tree_cache, "version", -1)  # after the match: it may split a node
+        self.match_version = tree_cache.version  # after the match: it may split a node
 
     def decode_end(self) -> int:
         """End (exclusive) of the positions the next decode pass writes: the last output token (or the one still in

@@ -123,17 +123,3 @@ def test_cuda_graphs_and_overlap_match_eager_synchronous(tiny_cuda_model, dtype)
             # may flip late in a sequence, not more.
             same = sum(a == b for a, b in zip(outs, runs["eager-sync"]))
             assert same >= 0.75 * len(outs), (name, same)
-
-
-def test_cuda_smollm2_gguf_matches_transformers_if_staged():
-    """Item 7 of the GPU issue: SmolLM2 in bf16 and float32 on the GPU vs transformers on the GPU (needs the GGUF,
-    given by $RADIXLM_SMOLLM2_GGUF on the device; run by benchmarks/gpu_correctness.py with a report)."""
-    import os
-
-    path = os.environ.get("RADIXLM_SMOLLM2_GGUF")
-    if not path:
-        pytest.skip("RADIXLM_SMOLLM2_GGUF not set")
-    from benchmarks.gpu_correctness import compare
-
-    report = compare(path, num_prompts=4, max_new_tokens=16)
-    assert report["float32"]["exact_match_rate"] == 1.0

@@ -31,11 +31,11 @@ class TritonMetadata:
 class TritonAttnBackend(AttentionBackend):
     supports_cuda_graph = True
 
-    def __init__(self, model_runner: object | None = None):
+    def __init__(self, model_runner):
         self.model_runner = model_runner
-        cfg = getattr(model_runner, "model_config", None)
-        self.context_len = cfg.context_len if cfg is not None else 8192
-        self.num_kv_heads = cfg.num_kv_heads if cfg is not None else 8
+        # CUDA graphs size their split count for the longest sequence the model takes.
+        self.context_len = model_runner.model_config.context_len
+        self.num_kv_heads = model_runner.model_config.num_kv_heads
 
     def init_forward_metadata_static(self, forward_batch: "ForwardBatch") -> None:
         forward_batch.attn_metadata = TritonMetadata(
