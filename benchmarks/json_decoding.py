@@ -58,9 +58,13 @@ def passages(n: int, seed: int) -> list[str]:
 
 
 def prompts_for(engine: Engine, texts: list[str]) -> list[str]:
+    # As in the paper's program: the passage, then a line naming the fields to extract.
     tok = engine.tokenizer
-    return [tok.apply_chat_template([{"role": "user", "content": "Extract the city's information from this passage "
-                                      f"as JSON.\n\n{t}"}], tokenize=False, add_generation_prompt=True) for t in texts]
+    return [tok.apply_chat_template([{"role": "user", "content": "Please extract the information of a city from the "
+                                      f"following passage.\nPassage begin.\n{t}\nPassage end.\nHere are the "
+                                      "name, country, latitude, population, top 3 landmarks and is_capital of the "
+                                      "city in JSON format."}], tokenize=False, add_generation_prompt=True)
+            for t in texts]
 
 
 def run_mode(mode: str, args, texts: list[str]) -> dict:

@@ -13,12 +13,12 @@ take it without sampling it token by token.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import torch
 
 from radixlm.runtime.sampling.penalties import apply_penalties_and_bias
 from radixlm.runtime.sampling.sampler import top_k_top_p_min_p_filter
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo, derive_seed
-
 
 
 def forced_tokens(tokenizer, last_token: int, forced: str) -> tuple[list[int], bool]:
@@ -50,44 +50,110 @@ class VerifyResult:
     violated: bool = False  # no allowed token at the end (conflicting constraints): the request must abort
 
 
-def verify_draft(req, draft: list[int], logits: torch.Tensor, backend, generator: torch.Generator | None) -> VerifyResult:
-    """`logits` (len(draft) + 1, V): rows at the last token and at each draft token. Advances req.grammar over
-    the returned tokens. Row j is processed as the sampler would process it for the request with the first j
-    draft tokens appended (penalties, min_new_tokens, grammar mask, temperature, top-k/p, min-p); all rows are
-    processed at once, then settled in order."""
-    grammar = req.grammar
-    bitmask = backend.allocate_bitmask(len(draft) + 1)
-    walked = 0  # draft tokens the matcher accepted while filling the rows' masks
-    for j in range(len(draft) + 1):
-        grammar.fill_bitmask(bitmask, j)
-        if j == len(draft) or not grammar.accept_token(draft[j]):
-            break
-        walked += 1
-    draft = draft[:walked]  # a token the grammar refuses could never be chosen: the draft ends before it
-    rows = len(draft) + 1
-    virtuals = [_Virtual(req.sampling_params, req.origin_input_ids, req.output_ids + draft[:j], req.eos_token_ids)
-                for j in range(rows)]
+@dataclass
+class DraftVerification:
+    """A batch's drafts checked against the logits of the pass that carried them. Built when the pass is launched
+    (the masks are filled while the device runs it); each request is then settled in order."""
+
+    reqs: list
+    drafts: list[list[int]]  # cut before the first token its grammar refuses
+    starts: list[int]  # first row of each request in `processed`
+    info: SamplingBatchInfo
+    processed: torch.Tensor  # rows after penalties, logit bias and the grammar mask
+    choices: torch.Tensor  # constrained argmax per row (copied to the host asynchronously on CUDA)
+    probs: torch.Tensor | None  # sampling distribution per row, when some request samples
+    done: object | None = None  # CUDA event: `choices` is on the host
+
+    def choice_list(self) -> list[int]:
+        if self.done is not None:
+            self.done.synchronize()
+            self.done = None
+        return self.choices.tolist()
+
+
+def prepare_verification(reqs: list, drafts: list[list[int]], logits: torch.Tensor, backend) -> DraftVerification:
+    """`logits`: for each request in order, len(draft) + 1 rows (at its last token and at each draft token). Row j
+    of a request is processed as the sampler would process it for the request with its first j draft tokens
+    appended (penalties, min_new_tokens, grammar mask, temperature, top-k/p, min-p). The grammars are left as they
+    were."""
+    layout, n = [], 0
+    for d in drafts:
+        layout.append(n)
+        n += len(d) + 1
+    bitmask = backend.allocate_bitmask(n)
+    walked = _fill_draft_masks(reqs, drafts, layout, bitmask, backend)
+    drafts = [d[:w] for d, w in zip(drafts, walked)]
+    rows = [o + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
+    starts = [0]
+    for d in drafts[:-1]:
+        starts.append(starts[-1] + len(d) + 1)
+    virtuals = [_Virtual(r.sampling_params, r.origin_input_ids, r.output_ids + d[:j], r.eos_token_ids)
+                for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
     info = SamplingBatchInfo.from_reqs(virtuals, logits.shape[-1], logits.device)
-    info.vocab_mask, info.vocab_mask_rows, info.apply_vocab_mask = bitmask, list(range(rows)), backend.apply_bitmask
-    processed = apply_penalties_and_bias(logits[:rows], info)
-    kept, token = _settle(processed, info, draft, req, generator)
-    grammar.rollback(walked - kept)
+    info.vocab_mask, info.vocab_mask_rows, info.apply_vocab_mask = bitmask[rows], list(range(len(rows))), backend.apply_bitmask
+    if len(rows) < n:
+        logits = logits[torch.tensor(rows, device=logits.device)]
+    processed = apply_penalties_and_bias(logits[: len(rows)], info)
+    choices = torch.argmax(processed, dim=-1)
+    probs = None
+    if not info.is_all_greedy:
+        probs = torch.softmax(processed.float() / info.temperatures, dim=-1)
+        probs = top_k_top_p_min_p_filter(probs, info)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    v = DraftVerification(reqs, drafts, starts, info, processed, choices, probs)
+    if choices.is_cuda:
+        v.choices = choices.to("cpu", non_blocking=True)
+        v.done = torch.cuda.Event()
+        v.done.record()
+    return v
+
+
+def _fill_draft_masks(reqs, drafts, layout, bitmask, backend) -> list[int]:
+    """Walk each grammar along its draft, filling the mask row of every position, one position of all requests
+    per (batched) fill; returns how many draft tokens each grammar accepted, and rolls the grammars back."""
+    walked = [0] * len(reqs)
+    active = list(range(len(reqs)))
+    level = 0
+    while active:
+        backend.fill_bitmasks([reqs[i].grammar for i in active], bitmask, [layout[i] + level for i in active])
+        still = []
+        for i in active:
+            if level < len(drafts[i]) and reqs[i].grammar.accept_token(drafts[i][level]):
+                walked[i] += 1
+                still.append(i)
+        active, level = still, level + 1
+    for r, w in zip(reqs, walked):
+        r.grammar.rollback(w)
+    return walked
+
+
+def settle(v: DraftVerification, i: int, generator: torch.Generator | None) -> VerifyResult:
+    """Request i's verdict; advances its grammar over the returned tokens."""
+    req, draft, start = v.reqs[i], v.drafts[i], v.starts[i]
+    if req.sampling_params.is_greedy:
+        choices = v.choice_list()[start : start + len(draft) + 1]
+        kept = 0
+        while kept < len(draft) and choices[kept] == draft[kept]:
+            kept += 1
+        token = choices[kept]
+    else:
+        kept, token = _settle_sampled(v.probs[start : start + len(draft) + 1], draft, req, generator)
+    grammar = req.grammar
+    for t in draft[:kept]:
+        grammar.accept_token(t)
     if not grammar.accept_token(token):
         return VerifyResult(draft[:kept], kept, violated=True)  # every token was masked
     return VerifyResult(draft[:kept] + [token], kept)
 
 
-def _settle(processed: torch.Tensor, info: SamplingBatchInfo, draft: list[int], req, generator) -> tuple[int, int]:
-    """How many draft tokens are kept, and the token after them (the model's own choice)."""
-    if info.is_all_greedy:
-        choices = torch.argmax(processed, dim=-1).tolist()
-        kept = 0
-        while kept < len(draft) and choices[kept] == draft[kept]:
-            kept += 1
-        return kept, choices[kept]
-    probs = torch.softmax(processed.float() / info.temperatures, dim=-1)
-    probs = top_k_top_p_min_p_filter(probs, info)
-    probs = probs / probs.sum(dim=-1, keepdim=True)
+def verify_draft(req, draft: list[int], logits: torch.Tensor, backend, generator: torch.Generator | None) -> VerifyResult:
+    """One request's draft against its len(draft) + 1 logits rows."""
+    return settle(prepare_verification([req], [draft], logits, backend), 0, generator)
+
+
+def _settle_sampled(probs: torch.Tensor, draft: list[int], req, generator) -> tuple[int, int]:
+    """Speculative acceptance against a point-mass draft: how many draft tokens are kept, and the token after
+    them (drawn from p, without the rejected draft token)."""
     g = generator
     if req.sampling_params.sampling_seed is not None:
         g = torch.Generator(device=probs.device)

@@ -11,7 +11,8 @@ from collections import Counter
 import torch
 
 from radixlm.runtime.grammar.backend import GrammarCache
-from radixlm.runtime.grammar.jump_forward import VerifyResult, forced_tokens, verify_draft
+from radixlm.runtime.grammar.jump_forward import (DraftVerification, VerifyResult, forced_tokens,
+                                                  prepare_verification, settle)
 from radixlm.runtime.grammar.spec import GrammarSpec
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 from radixlm.runtime.scheduler.req import FinishReason, Req
@@ -85,12 +86,17 @@ class ConstrainedDecoding:
         elif req.grammar.is_terminated():
             req.finished_reason = FinishReason("stop", matched=token)
 
-    def verify(self, req: Req, logits: torch.Tensor, generator: torch.Generator | None) -> VerifyResult:
-        """Exact jump-forward: settle the request's draft against the logits rows of its last token and draft."""
-        draft, req.jump_draft = req.jump_draft, []
-        result = verify_draft(req, draft, logits, self.cache.backend, generator)
-        self.stats["draft_tokens"] += len(draft)
+    def prepare_verification(self, reqs: list[Req], logits: torch.Tensor) -> DraftVerification:
+        """Exact jump-forward, at launch: the requests' drafts against the logits rows of their last token and
+        draft; the masks are filled while the device runs the pass."""
+        return prepare_verification(reqs, [r.jump_draft for r in reqs], logits, self.cache.backend)
+
+    def settle(self, v: DraftVerification, i: int, generator: torch.Generator | None) -> VerifyResult:
+        req = v.reqs[i]
+        result = settle(v, i, generator)
+        self.stats["draft_tokens"] += len(req.jump_draft)
         self.stats["accepted_draft_tokens"] += result.accepted
+        req.jump_draft = []
         return result
 
     # ------------------------------------------------------------------ jump-forward
@@ -104,15 +110,19 @@ class ConstrainedDecoding:
         forced = req.grammar.jump_forward_string()
         if not forced:
             return
+        if self.jump_forward == "exact":
+            # A draft follows the model's last token as it is: where the canonical tokenization would merge
+            # across it, the forced text's own tokens are the draft.
+            tokens, replaces_last = forced_tokens(self.tokenizer, req.output_ids[-1], forced)
+            if replaces_last:
+                tokens = self.tokenizer.encode(forced, add_special_tokens=False)
+            req.jump_draft = tokens[: max(req.sampling_params.max_new_tokens - len(req.output_ids), 0)]
+            self.stats["exact_jumps"] += bool(req.jump_draft)
+            return
         tokens, replaces_last = forced_tokens(self.tokenizer, req.output_ids[-1], forced)
         room = req.sampling_params.max_new_tokens - len(req.output_ids) + (1 if replaces_last else 0)
         tokens = tokens[: max(room, 0)]
         if not tokens:
-            return
-        if self.jump_forward == "exact":
-            if not replaces_last:  # else the draft would rewrite a token the model chose: leave it to decoding
-                req.jump_draft = tokens
-                self.stats["exact_jumps"] += 1
             return
         self._take_forced(req, tokens, replaces_last)
 

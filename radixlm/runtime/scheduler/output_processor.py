@@ -9,6 +9,7 @@ import torch
 
 from radixlm.runtime.executor.forward_batch import ForwardMode
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, top_logprobs
+from radixlm.runtime.grammar.jump_forward import DraftVerification
 from radixlm.runtime.messages import ReqOutput
 from radixlm.runtime.scheduler.constrained import GRAMMAR_VIOLATION
 from radixlm.runtime.scheduler.req import FinishReason, Req
@@ -30,6 +31,7 @@ class BatchResult:
     next_ids: torch.Tensor | None = None  # on the host once `done` has fired
     logprobs: torch.Tensor | None = None  # log_softmax of the sampling rows, when a sampler asked for logprobs
     done: torch.cuda.Event | None = None  # CUDA: the copy of next_ids to the host has finished
+    verification: DraftVerification | None = None  # the verifiers' drafts against this pass's logits
 
     def token_ids(self) -> list[int]:
         if self.done is not None:
@@ -63,7 +65,7 @@ class SchedulerOutputProcessorMixin:
                 self.constrained.plan_jump(req)
             self._after_tokens(req, result.is_prefill)
         if verifiers:
-            self._process_verified(result, out.verify_logits)
+            self._process_verified(result)
         if result.is_prefill:
             # The prompt becomes shareable right after its prefill (chunk by chunk when chunked).
             for req in result.reqs:
@@ -90,16 +92,16 @@ class SchedulerOutputProcessorMixin:
         if req.finished() or (req.stream and self._stream_due(req)):
             self._emit(req)
 
-    def _process_verified(self, result: BatchResult, logits: torch.Tensor) -> None:
+    def _process_verified(self, result: BatchResult) -> None:
         """Exact jump-forward: keep each request's draft tokens while the model agrees, then its own token; the KV
         written for rejected draft tokens goes back to the allocator."""
-        row = 0
-        for req in result.verifiers:
+        logits, row = result.out.verify_logits, 0
+        for i, req in enumerate(result.verifiers):
             rows = logits[row : row + len(req.jump_draft) + 1]
             row += len(rows)
             drafted_end = req.kv_committed_len  # the pass wrote KV up to the last draft token
             base = req.seqlen  # the last output token is at base - 1
-            verdict = self.constrained.verify(req, rows, self.generator)
+            verdict = self.constrained.settle(result.verification, i, self.generator)
             lps = torch.log_softmax(rows, dim=-1) if req.return_logprob else None
             kept = 0
             for j, tok in enumerate(verdict.tokens):

@@ -323,6 +323,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
                              verifiers, spans)
         for req, s in zip(batch.reqs, batch.seq_lens):
             req.kv_committed_len = s
+        if verifiers:
+            result.verification = self.constrained.prepare_verification(verifiers, out.verify_logits)
         if samplers:
             logits = out.next_token_logits  # with CUDA graphs a static buffer: everything reading it is enqueued now
             info = SamplingBatchInfo.from_reqs(samplers, logits.shape[-1], self.device)

@@ -49,6 +49,10 @@ class BoolMaskBackend:
     def allocate_bitmask(self, n):
         return torch.full((n, 1), -1, dtype=torch.int32)
 
+    def fill_bitmasks(self, matchers, bitmask, rows):
+        for m, r in zip(matchers, rows):
+            m.fill_bitmask(bitmask, r)
+
     def apply_bitmask(self, logits, bitmask, rows):
         for r in rows:
             allowed = torch.tensor([(int(bitmask[r, 0]) >> i) & 1 for i in range(V)], dtype=torch.bool)
