@@ -75,7 +75,7 @@ def run_mode(mode: str, args, texts: list[str]) -> dict:
         sp = {"temperature": 0, "max_new_tokens": 256}
         sp["json_schema" if args.constraint == "json_schema" else "regex"] = (
             json.dumps(SCHEMA) if args.constraint == "json_schema" else REGEX)
-        engine.generate(prompts[:2], sp)  # warm-up: grammar compiled, kernels initialised
+        engine.generate(prompts[: args.max_running], sp)  # warm-up: grammar compiled, kernels of every batch size built
         stats0 = dict(engine.scheduler.stats)
         t0 = time.perf_counter()
         outs = engine.generate(prompts, sp)

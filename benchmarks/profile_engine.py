@@ -30,6 +30,7 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--max-running", type=int, default=64)
     p.add_argument("--json-schema", action="store_true")
+    p.add_argument("--json-workload", action="store_true", help="json_decoding.py's prompts and schema")
     p.add_argument("--jump-forward", default="off", choices=["off", "fast", "exact"])
     p.add_argument("--out", default="profile.txt")
     args = p.parse_args()
@@ -40,7 +41,12 @@ def main() -> None:
     prompts = [tok.apply_chat_template([{"role": "user", "content": f"Describe person number {i} as JSON."}],
                                        tokenize=False, add_generation_prompt=True) for i in range(args.num_prompts)]
     sp = {"temperature": 0, "max_new_tokens": 64}
-    if args.json_schema:
+    if args.json_workload:
+        import json_decoding
+
+        prompts = json_decoding.prompts_for(engine, json_decoding.passages(args.num_prompts, 0))
+        sp = {"temperature": 0, "max_new_tokens": 256, "json_schema": json.dumps(json_decoding.SCHEMA)}
+    elif args.json_schema:
         sp["json_schema"] = json.dumps(SCHEMA)
     else:
         sp["ignore_eos"] = True

@@ -44,7 +44,7 @@ class ServerArgs:
     # Kernels
     attention_backend: str = field(default="auto", metadata={"choices": ATTENTION_BACKENDS, "help": "auto: triton on CUDA, torch_native elsewhere"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode eagerly instead of replaying CUDA graphs"})
-    cuda_graph_max_bs: int | None = field(default=None, metadata={"help": "largest decode batch replayed from a CUDA graph (default: min(max_running_requests, 512))"})
+    cuda_graph_max_bs: int | None = field(default=None, metadata={"help": "largest decode batch replayed from a CUDA graph (default: min(max_running_requests, 512); with jump-forward, min(8 x max_running_requests, 512))"})
     disable_overlap_schedule: bool = field(default=False, metadata={"help": "process each batch's results before launching the next (overlap is the default on CUDA)"})
     enable_overlap_schedule: bool = field(default=False, metadata={"help": "overlap on CPU too (for tests: same outputs, no speed-up)"})
 

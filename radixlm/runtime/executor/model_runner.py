@@ -10,6 +10,7 @@ from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.host_to_device import host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
 from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
@@ -24,6 +25,8 @@ CPU_KV_MEM_FRACTION = 0.05
 CPU_MAX_TOTAL_TOKENS = 1 << 17
 GPU_DEFAULT_MEM_FRACTION = 0.85
 CUDA_GRAPH_DEFAULT_MAX_BS = 512
+# With jump-forward, a decode pass carries a row per forced or draft token: graphs for this many rows per request.
+JUMP_FORWARD_ROWS_PER_REQ = 8
 ATTENTION_BACKENDS = {"torch_native": TorchNativeAttnBackend, "triton": TritonAttnBackend}
 
 
@@ -69,7 +72,8 @@ class ModelRunner:
         )
         self.graph_runner: CudaGraphRunner | None = None
         if self.is_cuda and not server_args.disable_cuda_graph and self.attn_backend.supports_cuda_graph:
-            max_bs = min(server_args.cuda_graph_max_bs or CUDA_GRAPH_DEFAULT_MAX_BS, self.max_running_requests)
+            rows = self.max_running_requests * (JUMP_FORWARD_ROWS_PER_REQ if server_args.jump_forward != "off" else 1)
+            max_bs = min(server_args.cuda_graph_max_bs or CUDA_GRAPH_DEFAULT_MAX_BS, rows)
             self.graph_runner = CudaGraphRunner(self, max_bs)
         if self.is_cuda:
             free, total = torch.cuda.mem_get_info()
@@ -110,8 +114,13 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch, plan: LogitsPlan) -> LogitsOutput:
         if self.graph_runner is not None and self.graph_runner.can_run(forward_batch):
-            # A decode batch samples at every row, in order: the graph's logits are exactly the plan's.
-            return LogitsOutput(self.graph_runner.replay(forward_batch), [], [])
+            logits = self.graph_runner.replay(forward_batch)
+            if plan.sample_rows == list(range(forward_batch.batch_size)):
+                return LogitsOutput(logits, [], [])  # the usual decode batch: a sample at every row, in order
+            # Jump-forward rows in a decode batch (ScheduleBatch.prepare_for_decode): pick the plan's rows.
+            dev = logits.device
+            return LogitsOutput(logits[host_to_device(plan.sample_rows, torch.long, dev)], [], [],
+                                logits[host_to_device(plan.verify_rows, torch.long, dev)] if plan.verify_rows else None)
         self.attn_backend.init_forward_metadata(forward_batch)
         hidden = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
         return self.logits_processor(hidden, plan)

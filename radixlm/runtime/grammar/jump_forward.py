@@ -71,29 +71,56 @@ class DraftVerification:
         return self.choices.tolist()
 
 
-def prepare_verification(reqs: list, drafts: list[list[int]], logits: torch.Tensor, backend) -> DraftVerification:
-    """`logits`: for each request in order, len(draft) + 1 rows (at its last token and at each draft token). Row j
-    of a request is processed as the sampler would process it for the request with its first j draft tokens
-    appended (penalties, min_new_tokens, grammar mask, temperature, top-k/p, min-p). The grammars are left as they
-    were."""
-    layout, n = [], 0
+def draft_layout(drafts: list[list[int]], first_row: int = 0) -> list[int]:
+    """Each request's first row: len(draft) + 1 rows per request (its last token, then each draft token)."""
+    layout, n = [], first_row
     for d in drafts:
         layout.append(n)
         n += len(d) + 1
-    bitmask = backend.allocate_bitmask(n)
-    walked = _fill_draft_masks(reqs, drafts, layout, bitmask, backend)
+    return layout
+
+
+def walk_drafts(reqs, drafts, layout, bitmask, backend) -> tuple[list[int], list[tuple[object, int]]]:
+    """Walk each grammar along its draft, filling the mask row of every position inside it; returns how many draft
+    tokens each grammar accepted, and the (matcher, row) masks still to fill where a walk went through its whole
+    draft: there the text is usually free again and the mask costly, so the caller fills them all in one batched
+    call (with the batch's other costly masks) and then rolls each grammar back by its walk."""
+    walked = [0] * len(reqs)
+    active = [i for i, d in enumerate(drafts) if d]
+    level = 0
+    while active:
+        backend.fill_bitmasks([reqs[i].grammar for i in active], bitmask, [layout[i] + level for i in active])
+        still = []
+        for i in active:
+            if reqs[i].grammar.accept_token(drafts[i][level]):
+                walked[i] += 1
+                if walked[i] < len(drafts[i]):
+                    still.append(i)
+        active, level = still, level + 1
+    ends = [(reqs[i].grammar, layout[i] + walked[i]) for i, d in enumerate(drafts) if walked[i] == len(d)]
+    return walked, ends
+
+
+def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout: list[int], bitmask: torch.Tensor,
+                       logits: torch.Tensor, backend) -> DraftVerification:
+    """`logits`: for each request in order, len(draft) + 1 rows (at its last token and at each draft token); the
+    bitmask rows from walk_drafts at `layout`. Row j of a request is processed as the sampler would process it
+    for the request with its first j draft tokens appended (penalties, min_new_tokens, grammar mask,
+    temperature, top-k/p, min-p)."""
     drafts = [d[:w] for d, w in zip(drafts, walked)]
-    rows = [o + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
+    mask_rows = [o + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
+    logit_rows = [o - layout[0] + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
     starts = [0]
     for d in drafts[:-1]:
         starts.append(starts[-1] + len(d) + 1)
     virtuals = [_Virtual(r.sampling_params, r.origin_input_ids, r.output_ids + d[:j], r.eos_token_ids)
                 for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
     info = SamplingBatchInfo.from_reqs(virtuals, logits.shape[-1], logits.device)
-    info.vocab_mask, info.vocab_mask_rows, info.apply_vocab_mask = bitmask[rows], list(range(len(rows))), backend.apply_bitmask
-    if len(rows) < n:
-        logits = logits[torch.tensor(rows, device=logits.device)]
-    processed = apply_penalties_and_bias(logits[: len(rows)], info)
+    info.vocab_mask, info.vocab_mask_rows, info.apply_vocab_mask = (bitmask[mask_rows], list(range(len(mask_rows))),
+                                                                    backend.apply_bitmask)
+    if logit_rows != list(range(logits.shape[0])):
+        logits = logits[torch.tensor(logit_rows, device=logits.device)]
+    processed = apply_penalties_and_bias(logits, info)
     choices = torch.argmax(processed, dim=-1)
     probs = None
     if not info.is_all_greedy:
@@ -108,23 +135,16 @@ def prepare_verification(reqs: list, drafts: list[list[int]], logits: torch.Tens
     return v
 
 
-def _fill_draft_masks(reqs, drafts, layout, bitmask, backend) -> list[int]:
-    """Walk each grammar along its draft, filling the mask row of every position, one position of all requests
-    per (batched) fill; returns how many draft tokens each grammar accepted, and rolls the grammars back."""
-    walked = [0] * len(reqs)
-    active = list(range(len(reqs)))
-    level = 0
-    while active:
-        backend.fill_bitmasks([reqs[i].grammar for i in active], bitmask, [layout[i] + level for i in active])
-        still = []
-        for i in active:
-            if level < len(drafts[i]) and reqs[i].grammar.accept_token(drafts[i][level]):
-                walked[i] += 1
-                still.append(i)
-        active, level = still, level + 1
+def prepare_verification(reqs: list, drafts: list[list[int]], logits: torch.Tensor, backend) -> DraftVerification:
+    """walk_drafts, the remaining masks, build_verification; the grammars are left as they were."""
+    layout = draft_layout(drafts)
+    bitmask = backend.allocate_bitmask(sum(len(d) + 1 for d in drafts))
+    walked, ends = walk_drafts(reqs, drafts, layout, bitmask, backend)
+    if ends:
+        backend.fill_bitmasks([m for m, _ in ends], bitmask, [row for _, row in ends])
     for r, w in zip(reqs, walked):
         r.grammar.rollback(w)
-    return walked
+    return build_verification(reqs, drafts, walked, layout, bitmask, logits, backend)
 
 
 def settle(v: DraftVerification, i: int, generator: torch.Generator | None) -> VerifyResult:

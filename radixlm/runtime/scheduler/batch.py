@@ -93,10 +93,12 @@ class ScheduleBatch:
             return sum(r.decode_end() - r.kv_committed_len for r in self.reqs)
         return sum(pages_needed(r.kv_committed_len, r.decode_end(), self.page_size) for r in self.reqs)
 
-    def prepare_for_decode(self) -> None:
+    def prepare_for_decode(self, max_decode_rows: int = 0) -> None:
         """One token per request (its last output token, whose KV is not written yet), except requests that
-        jump forward: they also carry their forced tokens or their draft. Then the batch runs in EXTEND mode,
-        so a jump costs no forward pass of its own."""
+        jump forward: they also carry their forced tokens or their draft, so a jump costs no forward pass of its
+        own. Such a pass runs in EXTEND mode, or, when it has at most `max_decode_rows` tokens (the largest CUDA
+        graph), in DECODE mode with one row per token: a row attends to its request's KV up to its own position,
+        and every row's KV is stored before attention, so rows of one request see each other causally."""
         self.prefix_lens = [r.kv_committed_len for r in self.reqs]
         self.seq_lens = [r.decode_end() for r in self.reqs]
         self.extend_lens = [s - p for p, s in zip(self.prefix_lens, self.seq_lens)]
@@ -112,7 +114,8 @@ class ScheduleBatch:
             table[idx[0], idx[1]] = out.to(table.device)
             return
         assert not any(r.num_pending for r in self.reqs), "a jump-forward pass needs every token on the host"
-        self.forward_mode = ForwardMode.EXTEND
+        rows = sum(self.extend_lens)
+        self.forward_mode = ForwardMode.DECODE if rows <= max_decode_rows else ForwardMode.EXTEND
         self.input_ids, self.positions = [], []
         start = 0
         for req, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
@@ -127,27 +130,31 @@ class ScheduleBatch:
         extend_start = [0]
         for e in self.extend_lens[:-1]:
             extend_start.append(extend_start[-1] + e)
-        per_req = rows_to_device(
-            [[r.req_pool_idx for r in self.reqs], self.seq_lens, extend_start], dev)
+        pool_rows, seq_rows = [r.req_pool_idx for r in self.reqs], self.seq_lens
+        if len(self.input_ids) > len(self.reqs) and self.forward_mode.is_decode():  # one row per token
+            pool_rows = [i for i, e in zip(pool_rows, self.extend_lens) for _ in range(e)]
+            seq_rows = [pos + 1 for pos in self.positions]
+        one_per_req = len(pool_rows) == len(self.reqs)
+        per_row = rows_to_device([pool_rows, seq_rows] + ([extend_start] if one_per_req else []), dev)
         per_token = rows_to_device([self.input_ids, self.positions], dev)
         input_ids = per_token[0]
         if next_token_buf is not None and any(t < 0 for t in self.input_ids):
-            input_ids = torch.where(input_ids >= 0, input_ids, next_token_buf[per_req[0]])
+            input_ids = torch.where(input_ids >= 0, input_ids, next_token_buf[per_row[0]])
         return ForwardBatch(
             forward_mode=self.forward_mode,
-            batch_size=len(self.reqs),
+            batch_size=len(pool_rows),
             input_ids=input_ids,
             positions=per_token[1],
-            req_pool_indices=per_req[0],
-            seq_lens=per_req[1],
-            seq_lens_cpu=list(self.seq_lens),
+            req_pool_indices=per_row[0],
+            seq_lens=per_row[1],
+            seq_lens_cpu=list(seq_rows),
             out_cache_loc=self.out_cache_loc.to(dev),
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=token_to_kv_pool,
             attn_backend=attn_backend,
             extend_prefix_lens_cpu=list(self.prefix_lens),
             extend_seq_lens_cpu=list(self.extend_lens),
-            extend_start_loc=per_req[2],
+            extend_start_loc=per_row[2] if one_per_req else None,
         )
 
     # ------------------------------------------------------------------ membership

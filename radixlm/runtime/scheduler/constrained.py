@@ -11,8 +11,8 @@ from collections import Counter
 import torch
 
 from radixlm.runtime.grammar.backend import GrammarCache
-from radixlm.runtime.grammar.jump_forward import (DraftVerification, VerifyResult, forced_tokens,
-                                                  prepare_verification, settle)
+from radixlm.runtime.grammar.jump_forward import (DraftVerification, VerifyResult, build_verification, draft_layout,
+                                                  forced_tokens, settle, walk_drafts)
 from radixlm.runtime.grammar.spec import GrammarSpec
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 from radixlm.runtime.scheduler.req import FinishReason, Req
@@ -67,14 +67,30 @@ class ConstrainedDecoding:
         return None
 
     # ------------------------------------------------------------------ sampling
-    def attach_mask(self, info: SamplingBatchInfo, reqs: list[Req]) -> None:
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        if not rows:
-            return
+    def prepare_pass(self, samplers: list[Req], info: SamplingBatchInfo | None, verifiers: list[Req],
+                     verify_logits: torch.Tensor | None) -> DraftVerification | None:
+        """At launch, while the device runs the pass: the grammar masks of the sampling rows (attached to `info`)
+        and the verification of the exact jump-forward drafts. The costly masks of both (free text) are filled
+        in one batched call."""
+        sampled = [i for i, r in enumerate(samplers) if r.grammar is not None]
+        if not sampled and not verifiers:
+            return None
         backend = self.cache.backend
-        bitmask = backend.allocate_bitmask(len(reqs))
-        backend.fill_bitmasks([reqs[i].grammar for i in rows], bitmask, rows)
-        info.vocab_mask, info.vocab_mask_rows, info.apply_vocab_mask = bitmask, rows, backend.apply_bitmask
+        drafts = [r.jump_draft for r in verifiers]
+        layout = draft_layout(drafts, first_row=len(samplers))
+        bitmask = backend.allocate_bitmask(len(samplers) + sum(len(d) + 1 for d in drafts))
+        walked, fills = walk_drafts(verifiers, drafts, layout, bitmask, backend)
+        fills += [(samplers[i].grammar, i) for i in sampled]
+        if fills:
+            backend.fill_bitmasks([m for m, _ in fills], bitmask, [row for _, row in fills])
+        for r, w in zip(verifiers, walked):
+            r.grammar.rollback(w)
+        if sampled:
+            info.vocab_mask, info.vocab_mask_rows = bitmask[: len(samplers)], sampled
+            info.apply_vocab_mask = backend.apply_bitmask
+        if not verifiers:
+            return None
+        return build_verification(verifiers, drafts, walked, layout, bitmask, verify_logits, backend)
 
     def accept(self, req: Req, token: int) -> None:
         """After `token` was appended to req.output_ids: advance the matcher; a terminated grammar ends the
@@ -85,11 +101,6 @@ class ConstrainedDecoding:
             req.finished_reason = FinishReason("abort", message=GRAMMAR_VIOLATION)
         elif req.grammar.is_terminated():
             req.finished_reason = FinishReason("stop", matched=token)
-
-    def prepare_verification(self, reqs: list[Req], logits: torch.Tensor) -> DraftVerification:
-        """Exact jump-forward, at launch: the requests' drafts against the logits rows of their last token and
-        draft; the masks are filled while the device runs the pass."""
-        return prepare_verification(reqs, [r.jump_draft for r in reqs], logits, self.cache.backend)
 
     def settle(self, v: DraftVerification, i: int, generator: torch.Generator | None) -> VerifyResult:
         req = v.reqs[i]

@@ -88,7 +88,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.outputs: list[ReqOutput] = []
         # Counters for tests, benchmarks and (later) metrics.
         self.stats = {"prefill_batches": 0, "decode_batches": 0, "prefill_tokens": 0, "retractions": 0, "cached_tokens": 0,
-                      "prompt_tokens": 0, "flushes": 0, "jump_decode_batches": 0, "overlapped_batches": 0}
+                      "prompt_tokens": 0, "flushes": 0, "jump_decode_batches": 0, "jump_row_batches": 0,
+                      "overlapped_batches": 0}
 
     def _new_batch(self, reqs: list[Req], mode: ForwardMode) -> ScheduleBatch:
         return ScheduleBatch(reqs, mode, self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size, self.device)
@@ -280,10 +281,12 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 batch.filter_batch()
                 if batch.is_empty():
                     return
-        batch.prepare_for_decode()
+        graphs = self.runner.graph_runner
+        batch.prepare_for_decode(graphs.max_bs if graphs is not None else 0)
         self.stats["decode_batches"] += 1
-        if batch.forward_mode.is_extend():
+        if len(batch.input_ids) > len(batch.reqs):
             self.stats["jump_decode_batches"] += 1  # jump-forward tokens rode along
+            self.stats["jump_row_batches"] += batch.forward_mode.is_decode()  # as a decode batch, a row per token
 
     # ------------------------------------------------------------------ forward
     def _logits_plan(self, batch: ScheduleBatch):
@@ -323,12 +326,12 @@ class Scheduler(SchedulerOutputProcessorMixin):
                              verifiers, spans)
         for req, s in zip(batch.reqs, batch.seq_lens):
             req.kv_committed_len = s
-        if verifiers:
-            result.verification = self.constrained.prepare_verification(verifiers, out.verify_logits)
+        info = None
         if samplers:
             logits = out.next_token_logits  # with CUDA graphs a static buffer: everything reading it is enqueued now
             info = SamplingBatchInfo.from_reqs(samplers, logits.shape[-1], self.device)
-            self.constrained.attach_mask(info, samplers)
+        result.verification = self.constrained.prepare_pass(samplers, info, verifiers, out.verify_logits)
+        if samplers:
             next_ids = self.sampler(logits, info, self.generator)
             if any(r.return_logprob for r in samplers):
                 result.logprobs = torch.log_softmax(logits, dim=-1)

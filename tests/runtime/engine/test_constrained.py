@@ -9,6 +9,7 @@ import re
 import jsonschema
 import pytest
 
+from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from tests.runtime.engine.conftest import make_engine
 from tests.runtime.grammar.cases import EBNF, REGEXES, SCHEMAS
 
@@ -17,10 +18,15 @@ pytestmark = pytest.mark.slow
 MAX_JSON_TOKENS = 160
 
 
-@pytest.fixture(scope="module", params=["off", "exact", "fast"])
+@pytest.fixture(scope="module", params=["off", "exact", "fast", "exact-rows", "fast-rows"])
 def run(request):
-    """Each mode's outputs for all cases (one engine per mode, all cases in two batches)."""
-    engine = make_engine("default", jump_forward=request.param)
+    """Each mode's outputs for all cases (one engine per mode, all cases in two batches). The -rows modes run
+    decode passes through the CUDA-graph runner's batching (eagerly on CPU), where a pass carrying jump-forward
+    tokens is a decode batch with one row per token."""
+    mode = request.param.removesuffix("-rows")
+    engine = make_engine("default", jump_forward=mode)
+    if request.param.endswith("-rows"):
+        engine.runner.graph_runner = CudaGraphRunner(engine.runner, 128, use_graphs=False)
     try:
         tok = engine.tokenizer
         prompts = [tok.apply_chat_template([{"role": "user", "content": f"Reply with a JSON object describing {task}."}],
@@ -29,7 +35,7 @@ def run(request):
                                               for _, s in SCHEMAS])
         regex_outs = engine.generate([p for p, _ in REGEXES], [{"temperature": 0, "max_new_tokens": 40, "regex": r}
                                                                for _, r in REGEXES])
-        yield request.param, engine, json_outs, regex_outs
+        yield mode, engine, json_outs, regex_outs
     finally:
         engine.shutdown()
 
@@ -62,6 +68,8 @@ def test_exact_jump_forward_equals_off_token_for_token(run):
         return
     assert "ids" in _off, "the off run comes first"
     assert len(ids) >= 20
+    # The -rows modes ran their jump-forward passes as decode batches; the others as extend batches.
+    assert (engine.scheduler.stats["jump_row_batches"] > 0) == (engine.runner.graph_runner is not None)
     if mode == "exact":
         assert ids == _off["ids"]
         assert stats["exact_jumps"] > 0 and 0 < stats["accepted_draft_tokens"] <= stats["draft_tokens"]
