@@ -57,6 +57,28 @@ def _ours(model_dir: str, dtype: str, prompts: list[list[int]], max_new: int) ->
         torch.cuda.empty_cache()
 
 
+def hf_gaps(model_dir: str, dtype: torch.dtype, prompts: list[list[int]], ref: list[list[int]],
+            got: list[list[int]]) -> list[float | None]:
+    """Where the outputs first differ: transformers' logit of its own token minus its logit of ours, at that
+    position (teacher-forced on the common prefix). A gap near zero is a near-tie that rounding can flip."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).cuda().eval()
+    gaps: list[float | None] = []
+    with torch.inference_mode():
+        for ids, a, b in zip(prompts, ref, got):
+            k = _common_prefix(a, b)
+            if k == min(len(a), len(b)):
+                gaps.append(None)
+                continue
+            logits = model(torch.tensor([ids + a[:k]], device="cuda")).logits[0, -1].float()
+            gaps.append(float(logits[a[k]] - logits[b[k]]))
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return gaps
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
@@ -82,6 +104,7 @@ def compare(gguf: str, num_prompts: int = 16, max_new_tokens: int = 32) -> dict:
             "mean_common_prefix_tokens": sum(prefix) / num_prompts,
             "token_match_rate": sum(prefix) / (num_prompts * max_new_tokens),
             "first_divergence": [p if p < max_new_tokens else None for p in prefix],
+            "logit_gap_at_divergence": hf_gaps(model_dir, dt, prompts, ref, got),
         }
     return report
 
@@ -97,8 +120,10 @@ def main() -> None:
     report["command"] = " ".join(["python", *sys.argv])
     for name in ("bfloat16", "float32"):
         r = report[name]
+        gaps = [g for g in r["logit_gap_at_divergence"] if g is not None]
         print(f"{name:9} prompts fully matching {r['exact_match_rate']:.0%}, tokens before the first divergence "
-              f"{r['token_match_rate']:.1%} (mean {r['mean_common_prefix_tokens']:.1f} of {args.max_new_tokens})")
+              f"{r['token_match_rate']:.1%} (mean {r['mean_common_prefix_tokens']:.1f} of {args.max_new_tokens}); "
+              f"transformers' logit gap where they part: max {max(gaps, default=0):.2e}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
 

@@ -2,7 +2,8 @@
 regex, with jump-forward off / fast / exact, through the offline Engine (one engine per mode, same prompts).
 
     python benchmarks/json_decoding.py [--model default] [--num-prompts 64] [--constraint json_schema|regex]
-                                       [--max-running 16] [--device cpu] [--out benchmarks/results/json_decoding_cpu.json]
+                                       [--max-running 16] [--device cpu] [--repeat 1]
+                                       [--out benchmarks/results/json_decoding_cpu.json]
 
 Reports per mode: wall time, output tokens/s, requests/s, mean latency, forward passes, exact-mode draft acceptance,
 and whether `exact` reproduced `off` token for token; plus grammar compile time (cold: tokenizer preprocessing +
@@ -153,10 +154,20 @@ def main() -> None:
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: sized from memory)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1, help="rounds of the three modes; each mode's fastest is kept")
     p.add_argument("--out", default="benchmarks/results/json_decoding_cpu.json")
     args = p.parse_args()
     texts = passages(args.num_prompts, args.seed)
-    runs = {m: run_mode(m, args, texts) for m in ("off", "fast", "exact")}
+    runs: dict[str, dict] = {}
+    walls: dict[str, list[float]] = {m: [] for m in ("off", "fast", "exact")}
+    for _ in range(args.repeat):
+        for m in walls:
+            r = run_mode(m, args, texts)
+            walls[m].append(r["wall_s"])
+            if m not in runs or r["wall_s"] < runs[m]["wall_s"]:
+                runs[m] = r
+    for m, r in runs.items():
+        r["wall_s_each_round"] = walls[m]
     off = runs["off"]
     for m in ("fast", "exact"):
         runs[m]["throughput_vs_off"] = runs[m]["output_tokens_per_s"] / off["output_tokens_per_s"]

@@ -2,12 +2,15 @@
 behind `radixlm router`, the generated-shared-prefix workload, `cache_aware` vs `round_robin`: throughput, the
 workers' cache hit rate (cached / prompt tokens, from /v1/loads) and how the requests spread over the workers.
 
-    python benchmarks/router_dp.py --model default --device cuda --max-total-tokens 40000 \\
-        --num-groups 32 --prompts-per-group 8 --system-prompt-len 1024 --question-len 64 --output-len 32 \\
-        --max-concurrency 64 --out benchmarks/results/router_dp_gpu.json
+    python benchmarks/router_dp.py --model llama-3.1-8b --load-format dummy --device cuda --dtype bfloat16 \\
+        --max-total-tokens 42000 --num-groups 32 --prompts-per-group 8 --system-prompt-len 2048 \\
+        --question-len 128 --output-len 32 --max-concurrency 64 --order rounds --out router_dp_gpu.json
 
-The KV pools are sized so that every group's prefix fits in the two pools together but not in one: routing
-decides whether each prefix is cached once or on both workers (and evicted)."""
+(benchmarks/router_dp_gpu.sh on the GPU machine). The KV pools are sized so that every group's prefix fits in the
+two pools together but not in one: routing decides whether each prefix is cached once or on both workers (and
+evicted). With prompts arriving in rounds (interleaved sessions), a worker that sees every group cycles through
+more prefixes than it holds; with a shuffled order some of a group's prompts still arrive close together.
+`--model llama-3.1-8b` is the Llama-3.1-8B architecture kept in benchmarks/models (use --load-format dummy)."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from radixlm.bench.datasets import GSP_ORDERS
 from radixlm.bench.procs import free_port, stop, wait_ready
 from radixlm.bench.serving import main as bench_main
 
@@ -54,6 +58,8 @@ def main() -> None:
     p.add_argument("--model", default="default")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--load-format", default="auto", help="dummy: random weights (with --model llama-3.1-8b)")
+    p.add_argument("--order", default="shuffled", choices=GSP_ORDERS, help="arrival order of the prompts")
     p.add_argument("--max-total-tokens", type=int, default=40000)
     p.add_argument("--num-groups", type=int, default=32)
     p.add_argument("--prompts-per-group", type=int, default=8)
@@ -65,15 +71,20 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/router_dp.json")
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.model == "llama-3.1-8b":
+        from llama8b import model_dir
+
+        args.model = model_dir()
     ports = [free_port(), free_port()]
     workers = [f"http://127.0.0.1:{q}" for q in ports]
     flags = ["--model-path", args.model, "--device", args.device, "--dtype", args.dtype, "--max-total-tokens",
-             str(args.max_total_tokens), "--random-seed", "0", "--log-level", "warning"]
+             str(args.max_total_tokens), "--load-format", args.load_format, "--random-seed", "0", "--log-level", "warning"]
     procs = [subprocess.Popen([sys.executable, "-m", "radixlm.launch_server", "--port", str(q), *flags]) for q in ports]
     bench_args = ["--backend", "radixlm", "--tokenizer", args.model, "--dataset-name", "generated-shared-prefix",
                   "--gsp-num-groups", str(args.num_groups), "--gsp-prompts-per-group", str(args.prompts_per_group),
                   "--gsp-system-prompt-len", str(args.system_prompt_len), "--gsp-question-len", str(args.question_len),
-                  "--gsp-output-len", str(args.output_len), "--max-concurrency", str(args.max_concurrency),
+                  "--gsp-output-len", str(args.output_len), "--gsp-order", args.order,
+                  "--max-concurrency", str(args.max_concurrency),
                   "--seed", str(args.seed), "--warmup-requests", "2", "--disable-tqdm"]
     try:
         for proc, url in zip(procs, workers):
@@ -86,7 +97,7 @@ def main() -> None:
     result = {
         "benchmark": "router_dp", "workers": 2, "model": args.model, "device": args.device,
         "workload": {k: getattr(args, k) for k in ("num_groups", "prompts_per_group", "system_prompt_len",
-                                                     "question_len", "output_len", "max_concurrency", "seed")},
+                                                     "question_len", "output_len", "max_concurrency", "seed", "order")},
         "worker_max_total_tokens": args.max_total_tokens,
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
         "command": " ".join(["python", *sys.argv]),

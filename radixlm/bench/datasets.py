@@ -83,17 +83,33 @@ def sharegpt_like_dataset(src: PromptSource, num_prompts: int, seed: int,
     return out
 
 
+GSP_ORDERS = ("shuffled", "grouped", "rounds")
+
+
 def generated_shared_prefix_dataset(src: PromptSource, num_groups: int, prompts_per_group: int,
                                     system_prompt_len: int, question_len: int, output_len: int,
-                                    seed: int, ordered: bool = False) -> list[BenchRequest]:
-    """`num_groups` system prompts, each shared by `prompts_per_group` distinct questions; order shuffled."""
-    out = []
+                                    seed: int, order: str = "shuffled") -> list[BenchRequest]:
+    """`num_groups` system prompts, each shared by `prompts_per_group` distinct questions. Order: shuffled (all
+    prompts in random order), grouped (a group's prompts together), or rounds (every group sends one prompt per
+    round, groups in a new random order each round: many sessions, each with its own long context, interleaved)."""
+    groups = []
     for _ in range(num_groups):
         prefix = src.ids(system_prompt_len)
-        for _ in range(prompts_per_group):
-            out.append(src.request(prefix + src.ids(question_len), output_len))
-    if not ordered:
-        random.Random(seed).shuffle(out)
+        groups.append([src.request(prefix + src.ids(question_len), output_len) for _ in range(prompts_per_group)])
+    rng = random.Random(seed)
+    if order == "grouped":
+        return [r for g in groups for r in g]
+    if order == "rounds":
+        out = []
+        for j in range(prompts_per_group):
+            ids = list(range(num_groups))
+            rng.shuffle(ids)
+            out += [groups[i][j] for i in ids]
+        return out
+    if order != "shuffled":
+        raise ValueError(f"unknown order {order!r}; choose from {GSP_ORDERS}")
+    out = [r for g in groups for r in g]
+    rng.shuffle(out)
     return out
 
 
@@ -107,5 +123,5 @@ def build_dataset(name: str, tokenizer: Tok | None, num_prompts: int, seed: int,
     if name == "generated-shared-prefix":
         return generated_shared_prefix_dataset(src, kw["gsp_num_groups"], kw["gsp_prompts_per_group"],
                                                kw["gsp_system_prompt_len"], kw["gsp_question_len"],
-                                               kw["gsp_output_len"], seed, kw.get("gsp_ordered", False))
+                                               kw["gsp_output_len"], seed, kw.get("gsp_order", "shuffled"))
     raise ValueError(f"unknown dataset {name!r}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import httpx
 from tqdm.asyncio import tqdm
 
-from radixlm.bench.datasets import BenchRequest, build_dataset
+from radixlm.bench.datasets import GSP_ORDERS, BenchRequest, build_dataset
 from radixlm.bench.metrics import RequestResult, format_report, summarize
 
 NATIVE = ("radixlm", "sglang")
@@ -210,7 +210,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gsp-system-prompt-len", type=int, default=2048)
     p.add_argument("--gsp-question-len", type=int, default=128)
     p.add_argument("--gsp-output-len", type=int, default=256)
-    p.add_argument("--gsp-ordered", action="store_true", help="keep prompts grouped instead of shuffling")
+    p.add_argument("--gsp-order", default="shuffled", choices=GSP_ORDERS,
+                   help="shuffled; grouped (a group's prompts together); rounds (one prompt of every group per round)")
     p.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second; inf = all at once")
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--seed", type=int, default=1)

@@ -52,9 +52,15 @@ def test_generated_shared_prefix(tokenizer):
     prefixes = {tuple(r.input_ids[:24]) for r in reqs}
     assert len(prefixes) == 2
     assert len({tuple(r.input_ids) for r in reqs}) == 6
-    grouped = build_dataset("generated-shared-prefix", tokenizer, 0, 3, gsp_ordered=True, **GSP)
+    grouped = build_dataset("generated-shared-prefix", tokenizer, 0, 3, gsp_order="grouped", **GSP)
     assert [r.input_ids for r in grouped] != [r.input_ids for r in reqs]  # shuffled
     assert sorted(map(tuple, (r.input_ids for r in grouped))) == sorted(map(tuple, (r.input_ids for r in reqs)))
+    heads = [tuple(r.input_ids[:24]) for r in grouped]
+    assert heads == [heads[0]] * 3 + [heads[3]] * 3 and heads[0] != heads[3]
+    rounds = build_dataset("generated-shared-prefix", tokenizer, 0, 3, gsp_order="rounds", **GSP)
+    assert sorted(map(tuple, (r.input_ids for r in rounds))) == sorted(map(tuple, (r.input_ids for r in reqs)))
+    for j in range(0, 6, 2):  # each round holds one prompt of each group
+        assert {tuple(r.input_ids[:24]) for r in rounds[j : j + 2]} == prefixes
 
 
 def test_word_prompts_without_tokenizer():
