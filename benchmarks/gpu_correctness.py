@@ -48,8 +48,10 @@ def _ours(model_dir: str, dtype: str, prompts: list[list[int]], max_new: int) ->
 
     engine = Engine(model_dir, device="cuda", dtype=dtype, max_total_tokens=65536)
     try:
+        # As hf_greedy's min_new_tokens: the end-of-text token is masked until max_new tokens are out (with
+        # ignore_eos it would not be masked, as in vLLM, and could be chosen).
         outs = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": max_new,
-                                                                   "ignore_eos": True})
+                                                                   "min_new_tokens": max_new})
         return [o["output_ids"] for o in outs]
     finally:
         engine.shutdown()

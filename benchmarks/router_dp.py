@@ -3,8 +3,8 @@ behind `radixlm router`, the generated-shared-prefix workload, `cache_aware` vs 
 workers' cache hit rate (cached / prompt tokens, from /v1/loads) and how the requests spread over the workers.
 
     python benchmarks/router_dp.py --model llama-3.1-8b --load-format dummy --device cuda --dtype bfloat16 \\
-        --max-total-tokens 42000 --num-groups 32 --prompts-per-group 8 --system-prompt-len 2048 \\
-        --question-len 128 --output-len 32 --max-concurrency 64 --order rounds --out router_dp_gpu.json
+        --max-total-tokens 70000 --num-groups 32 --prompts-per-group 8 --system-prompt-len 4096 \\
+        --question-len 64 --output-len 16 --max-concurrency 16 --order rounds --out router_dp_gpu.json
 
 (benchmarks/router_dp_gpu.sh on the GPU machine). The KV pools are sized so that every group's prefix fits in the
 two pools together but not in one: routing decides whether each prefix is cached once or on both workers (and

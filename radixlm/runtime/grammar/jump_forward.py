@@ -58,7 +58,7 @@ class DraftVerification:
     reqs: list
     drafts: list[list[int]]  # cut before the first token its grammar refuses
     starts: list[int]  # first row of each request in `processed`
-    info: SamplingBatchInfo
+    info: SamplingBatchInfo | None  # None when every request is plain greedy (only the grammar mask applies)
     processed: torch.Tensor  # rows after penalties, logit bias and the grammar mask
     choices: torch.Tensor  # constrained argmax per row (copied to the host asynchronously on CUDA)
     probs: torch.Tensor | None  # sampling distribution per row, when some request samples
@@ -113,17 +113,25 @@ def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout:
     starts = [0]
     for d in drafts[:-1]:
         starts.append(starts[-1] + len(d) + 1)
-    virtuals = [_Virtual(r.sampling_params, r.origin_input_ids, r.output_ids + d[:j], r.eos_token_ids)
-                for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
-    info = SamplingBatchInfo.from_reqs(virtuals, logits.shape[-1], logits.device)
-    info.vocab_mask, info.vocab_mask_rows, info.apply_vocab_mask = (bitmask[mask_rows], list(range(len(mask_rows))),
-                                                                    backend.apply_bitmask)
-    if logit_rows != list(range(logits.shape[0])):
+    masked_rows = bitmask[mask_rows]
+    gathered = logit_rows != list(range(logits.shape[0]))
+    if gathered:
         logits = logits[torch.tensor(logit_rows, device=logits.device)]
-    processed = apply_penalties_and_bias(logits, info)
+    if all(_plain_greedy(r) for r in reqs):
+        # Nothing but the grammar mask shapes these rows: no per-row sampling state to build. (The caller's
+        # logits stay raw: logprobs are read from them.)
+        info, processed = None, logits if gathered else logits.clone()
+        backend.apply_bitmask(processed, masked_rows, list(range(len(mask_rows))))
+    else:
+        virtuals = [_Virtual(r.sampling_params, r.origin_input_ids, r.output_ids + d[:j], r.eos_token_ids)
+                    for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
+        info = SamplingBatchInfo.from_reqs(virtuals, logits.shape[-1], logits.device)
+        info.vocab_mask, info.vocab_mask_rows, info.apply_vocab_mask = (masked_rows, list(range(len(mask_rows))),
+                                                                        backend.apply_bitmask)
+        processed = apply_penalties_and_bias(logits, info)
     choices = torch.argmax(processed, dim=-1)
     probs = None
-    if not info.is_all_greedy:
+    if info is not None and not info.is_all_greedy:
         probs = torch.softmax(processed.float() / info.temperatures, dim=-1)
         probs = top_k_top_p_min_p_filter(probs, info)
         probs = probs / probs.sum(dim=-1, keepdim=True)
@@ -145,6 +153,12 @@ def prepare_verification(reqs: list, drafts: list[list[int]], logits: torch.Tens
     for r, w in zip(reqs, walked):
         r.grammar.rollback(w)
     return build_verification(reqs, drafts, walked, layout, bitmask, logits, backend)
+
+
+def _plain_greedy(req) -> bool:
+    p = req.sampling_params
+    return (p.is_greedy and not p.logit_bias and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
+            and p.presence_penalty == 0.0 and len(req.output_ids) >= p.min_new_tokens)
 
 
 def settle(v: DraftVerification, i: int, generator: torch.Generator | None) -> VerifyResult:

@@ -67,7 +67,9 @@ def test_cuda_greedy_matches_transformers(tiny_cuda_model, kwargs, shared):
     kwargs.setdefault("max_total_tokens", 8192)
     engine = radixlm.Engine(tiny_cuda_model, device="cuda", dtype="float32", enable_integrity_check=True, **kwargs)
     try:
-        outs = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 16, "ignore_eos": True})
+        # min_new_tokens masks EOS as transformers' does (ignore_eos would leave it choosable).
+        outs = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 16,
+                                                                   "min_new_tokens": 16})
         assert [o["output_ids"] for o in outs] == reference
         if "schedule_conservativeness" in kwargs:
             assert engine.scheduler.stats["retractions"] > 0
