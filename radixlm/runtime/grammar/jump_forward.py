@@ -81,15 +81,16 @@ def draft_layout(drafts: list[list[int]], first_row: int = 0) -> list[int]:
 
 
 def walk_drafts(reqs, drafts, layout, bitmask, backend) -> tuple[list[int], list[tuple[object, int]]]:
-    """Walk each grammar along its draft, filling the mask row of every position inside it; returns how many draft
-    tokens each grammar accepted, and the (matcher, row) masks still to fill where a walk went through its whole
+    """Walk each grammar along its draft, filling the mask row of every position inside it (sequentially); returns
+    how many draft tokens each grammar accepted, and the (matcher, row) masks still to fill where a walk went through its whole
     draft: there the text is usually free again and the mask costly, so the caller fills them all in one batched
     call (with the batch's other costly masks) and then rolls each grammar back by its walk."""
     walked = [0] * len(reqs)
     active = [i for i, d in enumerate(drafts) if d]
     level = 0
     while active:
-        backend.fill_bitmasks([reqs[i].grammar for i in active], bitmask, [layout[i] + level for i in active])
+        for i in active:  # one at a time: inside forced text a mask takes microseconds, less than a batched call
+            reqs[i].grammar.fill_bitmask(bitmask, layout[i] + level)
         still = []
         for i in active:
             if reqs[i].grammar.accept_token(drafts[i][level]):
