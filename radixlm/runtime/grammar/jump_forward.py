@@ -58,7 +58,6 @@ class DraftVerification:
     reqs: list
     drafts: list[list[int]]  # cut before the first token its grammar refuses
     starts: list[int]  # first row of each request in `processed`
-    info: SamplingBatchInfo | None  # None when every request is plain greedy (only the grammar mask applies)
     processed: torch.Tensor  # rows after penalties, logit bias and the grammar mask
     choices: torch.Tensor  # constrained argmax per row (copied to the host asynchronously on CUDA)
     probs: torch.Tensor | None  # sampling distribution per row, when some request samples
@@ -80,9 +79,9 @@ def draft_layout(drafts: list[list[int]], first_row: int = 0) -> list[int]:
     return layout
 
 
-def walk_drafts(reqs, drafts, layout, bitmask, backend) -> tuple[list[int], list[tuple[object, int]]]:
-    """Walk each grammar along its draft, filling the mask row of every position inside it (sequentially); returns
-    how many draft tokens each grammar accepted, and the (matcher, row) masks still to fill where a walk went through its whole
+def walk_drafts(reqs, drafts, layout, bitmask) -> tuple[list[int], list[tuple[object, int]]]:
+    """Walk each grammar along its draft, filling the mask row of every position inside it; returns how many draft
+    tokens each grammar accepted, and the (matcher, row) masks still to fill where a walk went through its whole
     draft: there the text is usually free again and the mask costly, so the caller fills them all in one batched
     call (with the batch's other costly masks) and then rolls each grammar back by its walk."""
     walked = [0] * len(reqs)
@@ -136,7 +135,7 @@ def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout:
         probs = torch.softmax(processed.float() / info.temperatures, dim=-1)
         probs = top_k_top_p_min_p_filter(probs, info)
         probs = probs / probs.sum(dim=-1, keepdim=True)
-    v = DraftVerification(reqs, drafts, starts, info, processed, choices, probs)
+    v = DraftVerification(reqs, drafts, starts, processed, choices, probs)
     if choices.is_cuda:
         v.choices = choices.to("cpu", non_blocking=True)
         v.done = torch.cuda.Event()
@@ -148,7 +147,7 @@ def prepare_verification(reqs: list, drafts: list[list[int]], logits: torch.Tens
     """walk_drafts, the remaining masks, build_verification; the grammars are left as they were."""
     layout = draft_layout(drafts)
     bitmask = backend.allocate_bitmask(sum(len(d) + 1 for d in drafts))
-    walked, ends = walk_drafts(reqs, drafts, layout, bitmask, backend)
+    walked, ends = walk_drafts(reqs, drafts, layout, bitmask)
     if ends:
         backend.fill_bitmasks([m for m, _ in ends], bitmask, [row for _, row in ends])
     for r, w in zip(reqs, walked):

@@ -79,7 +79,7 @@ class ConstrainedDecoding:
         drafts = [r.jump_draft for r in verifiers]
         layout = draft_layout(drafts, first_row=len(samplers))
         bitmask = backend.allocate_bitmask(len(samplers) + sum(len(d) + 1 for d in drafts))
-        walked, fills = walk_drafts(verifiers, drafts, layout, bitmask, backend)
+        walked, fills = walk_drafts(verifiers, drafts, layout, bitmask)
         fills += [(samplers[i].grammar, i) for i in sampled]
         if fills:
             backend.fill_bitmasks([m for m, _ in fills], bitmask, [row for _, row in fills])
