@@ -115,8 +115,9 @@ class ModelRunner:
     def forward(self, forward_batch: ForwardBatch, plan: LogitsPlan) -> LogitsOutput:
         if self.graph_runner is not None and self.graph_runner.can_run(forward_batch):
             logits = self.graph_runner.replay(forward_batch)
-            if plan.sample_rows == list(range(forward_batch.batch_size)):
-                return LogitsOutput(logits, [], [])  # the usual decode batch: a sample at every row, in order
+            if not plan.verify_rows and len(plan.sample_rows) == forward_batch.batch_size:
+                # The usual decode batch: sample rows are ascending and distinct, so this is every row in order.
+                return LogitsOutput(logits, [], [])
             # Jump-forward rows in a decode batch (ScheduleBatch.prepare_for_decode): pick the plan's rows.
             dev = logits.device
             return LogitsOutput(logits[host_to_device(plan.sample_rows, torch.long, dev)], [], [],

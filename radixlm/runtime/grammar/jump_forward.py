@@ -13,6 +13,7 @@ take it without sampling it token by token.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -79,16 +80,16 @@ def draft_layout(drafts: list[list[int]], first_row: int = 0) -> list[int]:
     return layout
 
 
-def walk_drafts(reqs, drafts, layout, bitmask) -> tuple[list[int], list[tuple[object, int]]]:
-    """Walk each grammar along its draft, filling the mask row of every position inside it; returns how many draft
-    tokens each grammar accepted, and the (matcher, row) masks still to fill where a walk went through its whole
-    draft: there the text is usually free again and the mask costly, so the caller fills them all in one batched
-    call (with the batch's other costly masks) and then rolls each grammar back by its walk."""
+def fill_draft_masks(reqs, drafts, layout, bitmask, backend, also: Sequence[tuple[object, int]] = ()) -> list[int]:
+    """Walk each grammar along its draft, filling the mask row of every position; returns how many draft tokens each
+    grammar accepted, and leaves the grammars as they were. Inside forced text a mask takes microseconds: those
+    are filled one matcher at a time. Where a walk went through its whole draft the text is usually free again
+    and the mask costly: those rows, with the (matcher, row) pairs in `also`, are filled in one batched call."""
     walked = [0] * len(reqs)
     active = [i for i, d in enumerate(drafts) if d]
     level = 0
     while active:
-        for i in active:  # one at a time: inside forced text a mask takes microseconds, less than a batched call
+        for i in active:
             reqs[i].grammar.fill_bitmask(bitmask, layout[i] + level)
         still = []
         for i in active:
@@ -97,22 +98,25 @@ def walk_drafts(reqs, drafts, layout, bitmask) -> tuple[list[int], list[tuple[ob
                 if walked[i] < len(drafts[i]):
                     still.append(i)
         active, level = still, level + 1
-    ends = [(reqs[i].grammar, layout[i] + walked[i]) for i, d in enumerate(drafts) if walked[i] == len(d)]
-    return walked, ends
+    fills = [(reqs[i].grammar, layout[i] + walked[i]) for i, d in enumerate(drafts) if walked[i] == len(d)]
+    fills += also
+    if fills:
+        backend.fill_bitmasks([m for m, _ in fills], bitmask, [row for _, row in fills])
+    for r, w in zip(reqs, walked):
+        r.grammar.rollback(w)
+    return walked
 
 
 def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout: list[int], bitmask: torch.Tensor,
                        logits: torch.Tensor, backend) -> DraftVerification:
     """`logits`: for each request in order, len(draft) + 1 rows (at its last token and at each draft token); the
-    bitmask rows from walk_drafts at `layout`. Row j of a request is processed as the sampler would process it
+    bitmask rows from fill_draft_masks at `layout`. Row j of a request is processed as the sampler would process it
     for the request with its first j draft tokens appended (penalties, min_new_tokens, grammar mask,
     temperature, top-k/p, min-p)."""
     drafts = [d[:w] for d, w in zip(drafts, walked)]
     mask_rows = [o + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
     logit_rows = [o - layout[0] + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
-    starts = [0]
-    for d in drafts[:-1]:
-        starts.append(starts[-1] + len(d) + 1)
+    starts = draft_layout(drafts)
     masked_rows = bitmask[mask_rows]
     gathered = logit_rows != list(range(logits.shape[0]))
     if gathered:
@@ -144,14 +148,10 @@ def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout:
 
 
 def prepare_verification(reqs: list, drafts: list[list[int]], logits: torch.Tensor, backend) -> DraftVerification:
-    """walk_drafts, the remaining masks, build_verification; the grammars are left as they were."""
+    """fill_draft_masks, then build_verification; the grammars are left as they were."""
     layout = draft_layout(drafts)
     bitmask = backend.allocate_bitmask(sum(len(d) + 1 for d in drafts))
-    walked, ends = walk_drafts(reqs, drafts, layout, bitmask)
-    if ends:
-        backend.fill_bitmasks([m for m, _ in ends], bitmask, [row for _, row in ends])
-    for r, w in zip(reqs, walked):
-        r.grammar.rollback(w)
+    walked = fill_draft_masks(reqs, drafts, layout, bitmask, backend)
     return build_verification(reqs, drafts, walked, layout, bitmask, logits, backend)
 
 

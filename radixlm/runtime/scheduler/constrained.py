@@ -12,7 +12,7 @@ import torch
 
 from radixlm.runtime.grammar.backend import GrammarCache
 from radixlm.runtime.grammar.jump_forward import (DraftVerification, VerifyResult, build_verification, draft_layout,
-                                                  forced_tokens, settle, walk_drafts)
+                                                  fill_draft_masks, forced_tokens, settle)
 from radixlm.runtime.grammar.spec import GrammarSpec
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 from radixlm.runtime.scheduler.req import FinishReason, Req
@@ -79,12 +79,8 @@ class ConstrainedDecoding:
         drafts = [r.jump_draft for r in verifiers]
         layout = draft_layout(drafts, first_row=len(samplers))
         bitmask = backend.allocate_bitmask(len(samplers) + sum(len(d) + 1 for d in drafts))
-        walked, fills = walk_drafts(verifiers, drafts, layout, bitmask)
-        fills += [(samplers[i].grammar, i) for i in sampled]
-        if fills:
-            backend.fill_bitmasks([m for m, _ in fills], bitmask, [row for _, row in fills])
-        for r, w in zip(verifiers, walked):
-            r.grammar.rollback(w)
+        walked = fill_draft_masks(verifiers, drafts, layout, bitmask, backend,
+                                  also=[(samplers[i].grammar, i) for i in sampled])
         if sampled:
             info.vocab_mask, info.vocab_mask_rows = bitmask[: len(samplers)], sampled
             info.apply_vocab_mask = backend.apply_bitmask
