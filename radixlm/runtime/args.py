@@ -11,6 +11,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch_native", "triton")
 GRAMMAR_BACKENDS = ("xgrammar",)
 JUMP_FORWARD_MODES = ("off", "fast", "exact")
+GRAMMAR_MASK_MODES = ("on_demand", "always")
 TOOL_CALL_PARSERS = ("auto", "qwen25", "hermes", "llama3")
 
 
@@ -44,13 +45,14 @@ class ServerArgs:
     # Kernels
     attention_backend: str = field(default="auto", metadata={"choices": ATTENTION_BACKENDS, "help": "auto: triton on CUDA, torch_native elsewhere"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode eagerly instead of replaying CUDA graphs"})
-    cuda_graph_max_bs: int | None = field(default=None, metadata={"help": "largest decode batch replayed from a CUDA graph (default: min(max_running_requests, 512); with jump-forward, min(8 x max_running_requests, 512))"})
+    cuda_graph_max_bs: int | None = field(default=None, metadata={"help": "largest decode batch replayed from a CUDA graph (default: min(16 x max_running_requests, 512): a row per jump-forward draft token or per token of a small prefill)"})
     disable_overlap_schedule: bool = field(default=False, metadata={"help": "process each batch's results before launching the next (overlap is the default on CUDA)"})
     enable_overlap_schedule: bool = field(default=False, metadata={"help": "overlap on CPU too (for tests: same outputs, no speed-up)"})
 
     # Serving
     grammar_backend: str = field(default="xgrammar", metadata={"choices": GRAMMAR_BACKENDS, "help": "compiles regex / json_schema / ebnf constraints"})
     jump_forward: str = field(default="off", metadata={"choices": JUMP_FORWARD_MODES, "help": "fast: the paper's (may change tokenization); exact: verified, greedy output identical to off"})
+    grammar_mask: str = field(default="on_demand", metadata={"choices": GRAMMAR_MASK_MODES, "help": "on_demand: a greedy request's grammar mask is filled only when the grammar refuses the model's own argmax (same tokens as always); always: at every step"})
     stream_interval: int = field(default=1, metadata={"help": "a streaming request reports every this many new tokens (its sampling_params.stream_interval overrides)"})
     incremental_streaming_output: bool = field(default=False, metadata={"help": "streamed /generate chunks carry only what is new (default: cumulative, as SGLang)"})
     tool_call_parser: str = field(default="auto", metadata={"choices": TOOL_CALL_PARSERS, "help": "format of tool calls in the model's text; auto: from the chat template"})
@@ -84,6 +86,7 @@ class ServerArgs:
               "chunked_prefill_size must be -1 (off) or >= page_size")
         check(self.max_queued_requests is None or self.max_queued_requests >= 0, "max_queued_requests must be >= 0")
         check(self.grammar_backend in GRAMMAR_BACKENDS, f"unknown grammar_backend {self.grammar_backend!r}; choose from {GRAMMAR_BACKENDS}")
+        check(self.grammar_mask in GRAMMAR_MASK_MODES, f"unknown grammar_mask {self.grammar_mask!r}; choose from {GRAMMAR_MASK_MODES}")
         check(self.jump_forward in JUMP_FORWARD_MODES, f"unknown jump_forward {self.jump_forward!r}; choose from {JUMP_FORWARD_MODES}")
         check(self.tool_call_parser in TOOL_CALL_PARSERS, f"unknown tool_call_parser {self.tool_call_parser!r}; choose from {TOOL_CALL_PARSERS}")
         check(self.stream_interval >= 1, "stream_interval must be >= 1")

@@ -25,8 +25,9 @@ CPU_KV_MEM_FRACTION = 0.05
 CPU_MAX_TOTAL_TOKENS = 1 << 17
 GPU_DEFAULT_MEM_FRACTION = 0.85
 CUDA_GRAPH_DEFAULT_MAX_BS = 512
-# With jump-forward, a decode pass carries a row per forced or draft token: graphs for this many rows per request.
-JUMP_FORWARD_ROWS_PER_REQ = 8
+# Decode graphs hold this many rows per running request: a pass can carry a row per jump-forward draft token, and a
+# small prefill runs as a decode batch with a row per token (ScheduleBatch.prepare_for_extend).
+DECODE_ROWS_PER_REQ = 16
 ATTENTION_BACKENDS = {"torch_native": TorchNativeAttnBackend, "triton": TritonAttnBackend}
 
 
@@ -72,7 +73,7 @@ class ModelRunner:
         )
         self.graph_runner: CudaGraphRunner | None = None
         if self.is_cuda and not server_args.disable_cuda_graph and self.attn_backend.supports_cuda_graph:
-            rows = self.max_running_requests * (JUMP_FORWARD_ROWS_PER_REQ if server_args.jump_forward != "off" else 1)
+            rows = self.max_running_requests * DECODE_ROWS_PER_REQ
             max_bs = min(server_args.cuda_graph_max_bs or CUDA_GRAPH_DEFAULT_MAX_BS, rows)
             self.graph_runner = CudaGraphRunner(self, max_bs)
         if self.is_cuda:

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import torch
 
+from radixlm.runtime.executor.host_to_device import host_to_device
 from radixlm.runtime.sampling.penalties import apply_penalties_and_bias
 from radixlm.runtime.sampling.sampler import top_k_top_p_min_p_filter
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo, derive_seed
@@ -120,8 +121,8 @@ def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout:
     masked_rows = bitmask[mask_rows]
     gathered = logit_rows != list(range(logits.shape[0]))
     if gathered:
-        logits = logits[torch.tensor(logit_rows, device=logits.device)]
-    if all(_plain_greedy(r) for r in reqs):
+        logits = logits[host_to_device(logit_rows, torch.int64, logits.device)]
+    if all(plain_greedy(r) for r in reqs):
         # Nothing but the grammar mask shapes these rows: no per-row sampling state to build. (The caller's
         # logits stay raw: logprobs are read from them.)
         info, processed = None, logits if gathered else logits.clone()
@@ -155,7 +156,8 @@ def prepare_verification(reqs: list, drafts: list[list[int]], logits: torch.Tens
     return build_verification(reqs, drafts, walked, layout, bitmask, logits, backend)
 
 
-def _plain_greedy(req) -> bool:
+def plain_greedy(req) -> bool:
+    """Greedy with nothing but the grammar shaping the logits (no penalty, bias or min_new_tokens mask)."""
     p = req.sampling_params
     return (p.is_greedy and not p.logit_bias and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
             and p.presence_penalty == 0.0 and len(req.output_ids) >= p.min_new_tokens)

@@ -63,9 +63,12 @@ class ScheduleBatch:
             raise RuntimeError(f"KV pool exhausted: need {need} slots, {alloc.available_size()} free after eviction")
         return out
 
-    def prepare_for_extend(self) -> None:
+    def prepare_for_extend(self, max_decode_rows: int = 0) -> None:
+        """The new tokens of each request. A small prefill (at most `max_decode_rows` tokens, the largest CUDA graph,
+        and no prompt logprobs asked for) runs in DECODE mode with one row per token, as a jump-forward pass does
+        (prepare_for_decode): a graph replay instead of an eager pass, whose kernel launches cost more than the
+        work of a few hundred tokens."""
         self.forward_mode = ForwardMode.EXTEND
-        table = self.req_to_token_pool.req_to_token
         for req in self.reqs:
             if req.req_pool_idx is None:
                 idx = self.req_to_token_pool.alloc()
@@ -75,18 +78,19 @@ class ScheduleBatch:
         self.prefix_lens = [len(r.prefix_indices) for r in self.reqs]
         self.extend_lens = [r.extend_input_len for r in self.reqs]
         self.seq_lens = [p + e for p, e in zip(self.prefix_lens, self.extend_lens)]
-        for req, p in zip(self.reqs, self.prefix_lens):
-            if p:
-                table[req.req_pool_idx, :p] = req.prefix_indices.to(table.device)
+        cached = [r for r in self.reqs if len(r.prefix_indices)]
+        if cached:  # first: with pages, _alloc_kv reads each request's last cached slot from the table
+            self._write_table([(r.req_pool_idx, 0, len(r.prefix_indices)) for r in cached],
+                              torch.cat([r.prefix_indices for r in cached]))
         out = self._alloc_kv(self.prefix_lens, self.seq_lens)
         self.out_cache_loc = out
+        self._write_table(self._new_spans(), out)
         self.input_ids, self.positions = [], []
-        start = 0
         for req, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
-            table[req.req_pool_idx, p:s] = out[start : start + s - p].to(table.device)
-            start += s - p
             self.input_ids.extend(req.fill_ids[p:s])
             self.positions.extend(range(p, s))
+        if len(self.input_ids) <= max_decode_rows and not any(r.wants_input_logprobs() for r in self.reqs):
+            self.forward_mode = ForwardMode.DECODE
 
     def new_decode_tokens_needed(self) -> int:
         if self.page_size == 1:
@@ -104,25 +108,33 @@ class ScheduleBatch:
         self.extend_lens = [s - p for p, s in zip(self.prefix_lens, self.seq_lens)]
         out = self._alloc_kv(self.prefix_lens, self.seq_lens)
         self.out_cache_loc = out
-        table = self.req_to_token_pool.req_to_token
+        self._write_table(self._new_spans(), out)
         if all(e == 1 for e in self.extend_lens):
             self.forward_mode = ForwardMode.DECODE
             # -1: the token was sampled by a pass still in flight (overlap); get_forward_batch reads it on the device.
             self.input_ids = [-1 if r.num_pending else r.output_ids[-1] for r in self.reqs]
             self.positions = list(self.prefix_lens)
-            idx = rows_to_device([[r.req_pool_idx for r in self.reqs], self.prefix_lens], table.device)
-            table[idx[0], idx[1]] = out.to(table.device)
             return
         assert not any(r.num_pending for r in self.reqs), "a jump-forward pass needs every token on the host"
         rows = sum(self.extend_lens)
         self.forward_mode = ForwardMode.DECODE if rows <= max_decode_rows else ForwardMode.EXTEND
         self.input_ids, self.positions = [], []
-        start = 0
         for req, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
-            table[req.req_pool_idx, p:s] = out[start : start + s - p].to(table.device)
-            start += s - p
             self.input_ids.extend((req.origin_input_ids + req.output_ids + req.jump_draft)[p:s])
             self.positions.extend(range(p, s))
+
+    def _new_spans(self) -> list[tuple[int, int, int]]:
+        return [(r.req_pool_idx, p, s) for r, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens)]
+
+    def _write_table(self, spans: list[tuple[int, int, int]], slots: torch.Tensor) -> None:
+        """req_to_token[row, start:end] = the next end - start slots, for each (row, start, end) in order: one
+        device write, whatever the number of requests."""
+        table = self.req_to_token_pool.req_to_token
+        rows = [row for row, start, end in spans for _ in range(end - start)]
+        if rows:
+            cols = [c for _, start, end in spans for c in range(start, end)]
+            idx = rows_to_device([rows, cols], table.device)
+            table[idx[0], idx[1]] = slots.to(table.device)
 
     def get_forward_batch(self, token_to_kv_pool, attn_backend, next_token_buf: torch.Tensor | None = None) -> ForwardBatch:
         """next_token_buf: the last sampled token of each req_to_token row, on the device (overlap scheduling)."""

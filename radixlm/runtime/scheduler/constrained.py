@@ -2,32 +2,48 @@
 mask, advancing each request's matcher, and jump-forward (radixlm.runtime.grammar.jump_forward).
 
 A request with a grammar lives: grammar queue (compiling) -> waiting -> prefill -> decode. A jump keeps the request
-in the running batch: its forced tokens (fast) or its draft (exact) ride along in the next decode pass, which then
-runs in EXTEND mode (one token for the other requests), so a jump costs no forward pass of its own."""
+in the running batch: its forced tokens (fast) or its draft (exact) ride along in the next decode pass (several rows for
+it, one for each other request), so a jump costs no forward pass of its own."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.runtime.executor.host_to_device import host_to_device
 from radixlm.runtime.grammar.backend import GrammarCache
 from radixlm.runtime.grammar.jump_forward import (DraftVerification, VerifyResult, build_verification, draft_layout,
-                                                  fill_draft_masks, forced_tokens, settle)
+                                                  fill_draft_masks, forced_tokens, plain_greedy, settle)
+from radixlm.runtime.grammar.on_demand import OnDemandRows, launch_on_demand, resolve
 from radixlm.runtime.grammar.spec import GrammarSpec
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 from radixlm.runtime.scheduler.req import FinishReason, Req
 
+FORCED_MEMO_ENTRIES = 4096
 GRAMMAR_VIOLATION = "no token satisfies the grammar together with the other constraints (e.g. min_new_tokens)"
+
+
+@dataclass
+class PassGrammar:
+    """A pass's grammar work, set by prepare_pass at launch and read when its results are processed."""
+
+    verification: DraftVerification | None = None  # drafts whose masks were filled at launch
+    eager_index: dict[int, int] = field(default_factory=dict)  # id(req) -> its index in `verification`
+    on_demand: OnDemandRows | None = None  # greedy rows: masks filled only where the grammar refuses the argmax
+    verdicts: dict[int, VerifyResult] = field(default_factory=dict)  # id(req) -> verdict, set by resolve
 
 
 class ConstrainedDecoding:
     def __init__(self, grammar_backend: str, jump_forward: str, tokenizer, vocab_size: int,
-                 eos_token_ids: frozenset[int]):
+                 eos_token_ids: frozenset[int], mask_on_demand: bool = True):
         self.tokenizer = tokenizer
+        self.mask_on_demand = mask_on_demand
         self.cache = GrammarCache(lambda: _make_backend(grammar_backend, tokenizer, vocab_size, eos_token_ids))
         self.jump_forward = jump_forward
         self.queue: list[Req] = []  # waiting for their grammar to compile
         self.stats: Counter = Counter()
+        self._forced_memo: dict[tuple[int, str], tuple[list[int], bool]] = {}
 
     # ------------------------------------------------------------------ compilation
     def add(self, req: Req) -> bool:
@@ -67,26 +83,52 @@ class ConstrainedDecoding:
         return None
 
     # ------------------------------------------------------------------ sampling
-    def prepare_pass(self, samplers: list[Req], info: SamplingBatchInfo | None, verifiers: list[Req],
-                     verify_logits: torch.Tensor | None) -> DraftVerification | None:
-        """At launch, while the device runs the pass: the grammar masks of the sampling rows (attached to `info`)
-        and the verification of the exact jump-forward drafts. The costly masks of both (free text) are filled
-        in one batched call."""
+    def prepare_pass(self, samplers: list[Req], logits: torch.Tensor | None, info: SamplingBatchInfo | None,
+                     verifiers: list[Req], verify_logits: torch.Tensor | None) -> PassGrammar | None:
+        """At launch, while the device runs the pass. Greedy rows (sampling rows and exact jump-forward drafts) keep
+        their logits for `resolve` (masks on demand). The other rows' masks are filled now: the sampling rows' are
+        attached to `info`, the drafts' verification is built; their costly masks (free text) in one batched call."""
         sampled = [i for i, r in enumerate(samplers) if r.grammar is not None]
         if not sampled and not verifiers:
             return None
-        backend = self.cache.backend
         drafts = [r.jump_draft for r in verifiers]
-        layout = draft_layout(drafts, first_row=len(samplers))
-        bitmask = backend.allocate_bitmask(len(samplers) + sum(len(d) + 1 for d in drafts))
-        walked = fill_draft_masks(verifiers, drafts, layout, bitmask, backend,
-                                  also=[(samplers[i].grammar, i) for i in sampled])
-        if sampled:
-            info.vocab_mask, info.vocab_mask_rows = bitmask[: len(samplers)], sampled
+        verify_rows = [list(range(o, o + len(d) + 1)) for o, d in zip(draft_layout(drafts), drafts)]
+        lazy = [self.mask_on_demand and plain_greedy(r) for r in verifiers]
+        lazy_s = [i for i in sampled if self.mask_on_demand and plain_greedy(samplers[i])]
+        eager_s = [i for i in sampled if i not in lazy_s]
+        eager_v = [k for k, on in enumerate(lazy) if not on]
+        lazy_v = [k for k, on in enumerate(lazy) if on]
+        pg = PassGrammar()
+        if lazy_s or lazy_v:
+            parts = [] if not lazy_s else [_rows(logits, lazy_s)]
+            if lazy_v:
+                parts.append(_rows(verify_logits, [j for k in lazy_v for j in verify_rows[k]]))
+            pg.on_demand = launch_on_demand([samplers[i] for i in lazy_s] + [verifiers[k] for k in lazy_v],
+                                            [[] for _ in lazy_s] + [drafts[k] for k in lazy_v], torch.cat(parts))
+        if not eager_s and not eager_v:
+            return pg
+        backend = self.cache.backend
+        reqs, eager_drafts = [verifiers[k] for k in eager_v], [drafts[k] for k in eager_v]
+        layout = draft_layout(eager_drafts, first_row=len(samplers))
+        bitmask = backend.allocate_bitmask(len(samplers) + sum(len(d) + 1 for d in eager_drafts))
+        walked = fill_draft_masks(reqs, eager_drafts, layout, bitmask, backend,
+                                  also=[(samplers[i].grammar, i) for i in eager_s])
+        self.stats["masks_filled"] += sum(w + 1 for w in walked) + len(eager_s)
+        if eager_s:
+            info.vocab_mask, info.vocab_mask_rows = bitmask[: len(samplers)], eager_s
             info.apply_vocab_mask = backend.apply_bitmask
-        if not verifiers:
-            return None
-        return build_verification(verifiers, drafts, walked, layout, bitmask, verify_logits, backend)
+        if reqs:
+            if len(reqs) < len(verifiers):
+                verify_logits = _rows(verify_logits, [j for k in eager_v for j in verify_rows[k]])
+            pg.verification = build_verification(reqs, eager_drafts, walked, layout, bitmask, verify_logits, backend)
+            pg.eager_index = {id(r): k for k, r in enumerate(reqs)}
+        return pg
+
+    def resolve(self, pg: PassGrammar | None) -> None:
+        """When the pass's results are processed, before its tokens are taken: decide the on-demand rows."""
+        if pg is not None and pg.on_demand is not None:
+            pg.verdicts, filled = resolve(pg.on_demand, self.cache.backend)
+            self.stats["masks_filled"] += filled
 
     def accept(self, req: Req, token: int) -> None:
         """After `token` was appended to req.output_ids: advance the matcher; a terminated grammar ends the
@@ -98,9 +140,14 @@ class ConstrainedDecoding:
         elif req.grammar.is_terminated():
             req.finished_reason = FinishReason("stop", matched=token)
 
-    def settle(self, v: DraftVerification, i: int, generator: torch.Generator | None) -> VerifyResult:
-        req = v.reqs[i]
-        result = settle(v, i, generator)
+    def settle(self, pg: PassGrammar, req: Req, generator: torch.Generator | None) -> VerifyResult:
+        """A verifier's draft tokens kept and its next token; advances its grammar over them."""
+        result = pg.verdicts.get(id(req))
+        if result is None:
+            result = settle(pg.verification, pg.eager_index[id(req)], generator)
+        else:
+            for t in result.tokens:
+                req.grammar.accept_token(t)
         self.stats["draft_tokens"] += len(req.jump_draft)
         self.stats["accepted_draft_tokens"] += result.accepted
         req.jump_draft = []
@@ -117,21 +164,31 @@ class ConstrainedDecoding:
         forced = req.grammar.jump_forward_string()
         if not forced:
             return
+        tokens, replaces_last = self._forced_tokens(req.output_ids[-1], forced)
         if self.jump_forward == "exact":
-            # A draft follows the model's last token as it is: where the canonical tokenization would merge
-            # across it, the forced text's own tokens are the draft.
-            tokens, replaces_last = forced_tokens(self.tokenizer, req.output_ids[-1], forced)
-            if replaces_last:
-                tokens = self.tokenizer.encode(forced, add_special_tokens=False)
             req.jump_draft = tokens[: max(req.sampling_params.max_new_tokens - len(req.output_ids), 0)]
             self.stats["exact_jumps"] += bool(req.jump_draft)
             return
-        tokens, replaces_last = forced_tokens(self.tokenizer, req.output_ids[-1], forced)
         room = req.sampling_params.max_new_tokens - len(req.output_ids) + (1 if replaces_last else 0)
         tokens = tokens[: max(room, 0)]
         if not tokens:
             return
         self._take_forced(req, tokens, replaces_last)
+
+    def _forced_tokens(self, last_token: int, forced: str) -> tuple[list[int], bool]:
+        """forced_tokens, remembered: many requests of one grammar reach the same forced text after the same token.
+        In exact mode a draft follows the model's last token as it is: where the canonical tokenization would merge
+        across it, the forced text's own tokens are the draft. The lists returned are shared: not to be modified."""
+        key = (last_token, forced)
+        hit = self._forced_memo.get(key)
+        if hit is None:
+            tokens, replaces_last = forced_tokens(self.tokenizer, last_token, forced)
+            if replaces_last and self.jump_forward == "exact":
+                tokens, replaces_last = self.tokenizer.encode(forced, add_special_tokens=False), False
+            if len(self._forced_memo) >= FORCED_MEMO_ENTRIES:
+                self._forced_memo.clear()
+            hit = self._forced_memo[key] = (tokens, replaces_last)
+        return hit
 
     def _take_forced(self, req: Req, tokens: list[int], replaces_last: bool) -> None:
         grammar = req.grammar
@@ -155,6 +212,11 @@ class ConstrainedDecoding:
 
     def shutdown(self) -> None:
         self.cache.shutdown()
+
+
+def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """A copy of some rows (the pass's logits buffer is reused by the next pass)."""
+    return logits.index_select(0, host_to_device(rows, torch.int64, logits.device))
 
 
 def _make_backend(name: str, tokenizer, vocab_size: int, eos_token_ids: frozenset[int]):

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.executor.forward_batch import ForwardMode
+from radixlm.runtime.executor.host_to_device import rows_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, top_logprobs
-from radixlm.runtime.grammar.jump_forward import DraftVerification
 from radixlm.runtime.messages import ReqOutput
-from radixlm.runtime.scheduler.constrained import GRAMMAR_VIOLATION
+from radixlm.runtime.scheduler.constrained import GRAMMAR_VIOLATION, PassGrammar
 from radixlm.runtime.scheduler.req import FinishReason, Req
 
 
@@ -31,7 +31,7 @@ class BatchResult:
     next_ids: torch.Tensor | None = None  # on the host once `done` has fired
     logprobs: torch.Tensor | None = None  # log_softmax of the sampling rows, when a sampler asked for logprobs
     done: torch.cuda.Event | None = None  # CUDA: the copy of next_ids to the host has finished
-    verification: DraftVerification | None = None  # the verifiers' drafts against this pass's logits
+    grammar: PassGrammar | None = None  # the grammar masks and drafts' verification of this pass
 
     def token_ids(self) -> list[int]:
         if self.done is not None:
@@ -43,6 +43,8 @@ class SchedulerOutputProcessorMixin:
     def process_batch_result(self, result: BatchResult) -> None:
         out, plan, samplers, verifiers, spans = result.out, result.plan, result.samplers, result.verifiers, result.spans
         next_ids = result.token_ids()
+        self.constrained.resolve(result.grammar)
+        verdicts = result.grammar.verdicts if result.grammar is not None else {}
         for req in samplers:
             req.num_pending -= 1
         for req, start, end, prefix_len in spans:
@@ -61,6 +63,9 @@ class SchedulerOutputProcessorMixin:
             if req.sampling_params.max_new_tokens == 0:
                 req.finished_reason = FinishReason("length", length=0)
             else:
+                verdict = verdicts.get(id(req))
+                if verdict is not None and verdict.tokens:  # mask on demand: the constrained argmax
+                    tok = verdict.tokens[0]
                 self._append_token(req, tok, None if out_lp is None else out_lp[i : i + 1])
                 self.constrained.plan_jump(req)
             self._after_tokens(req, result.is_prefill)
@@ -96,12 +101,13 @@ class SchedulerOutputProcessorMixin:
         """Exact jump-forward: keep each request's draft tokens while the model agrees, then its own token; the KV
         written for rejected draft tokens goes back to the allocator."""
         logits, row = result.out.verify_logits, 0
-        for i, req in enumerate(result.verifiers):
+        rejected: list[tuple[int, int, int]] = []  # (req_to_token row, first position, end) of KV to free
+        for req in result.verifiers:
             rows = logits[row : row + len(req.jump_draft) + 1]
             row += len(rows)
             drafted_end = req.kv_committed_len  # the pass wrote KV up to the last draft token
             base = req.seqlen  # the last output token is at base - 1
-            verdict = self.constrained.settle(result.verification, i, self.generator)
+            verdict = self.constrained.settle(result.grammar, req, self.generator)
             lps = torch.log_softmax(rows, dim=-1) if req.return_logprob else None
             kept = 0
             for j, tok in enumerate(verdict.tokens):
@@ -116,16 +122,20 @@ class SchedulerOutputProcessorMixin:
                     req.finished_reason = FinishReason("stop", matched=req.output_ids[-1])
             # NOTE invariant: as after a decode step, the last output token's KV is not yet written.
             req.kv_committed_len = base + max(kept - 1, 0)
-            self._free_positions(req, req.kv_committed_len, drafted_end)
+            # A page keeps its slots while it still holds a position below kv_committed_len.
+            first = -(-req.kv_committed_len // self.page_size) * self.page_size
+            if drafted_end > first:
+                rejected.append((req.req_pool_idx, first, drafted_end))
             self.constrained.plan_jump(req)
             self._after_tokens(req, result.is_prefill)
-
-    def _free_positions(self, req: Req, start: int, end: int) -> None:
-        """Give back the slots of positions [start, end) of a request; a page keeps its slots while it still
-        holds a position below `start`."""
-        first = -(-start // self.page_size) * self.page_size
-        if end > first:
-            self.allocator.free(self.req_to_token_pool.req_to_token[req.req_pool_idx, first:end].clone())
+        if rejected:
+            # One gather for the batch. The rows are read before any later pass rewrites them (stream order), even
+            # where a finished request's row was released above.
+            pool_rows = [r for r, first, end in rejected for _ in range(end - first)]
+            positions = [p for _, first, end in rejected for p in range(first, end)]
+            table = self.req_to_token_pool.req_to_token
+            idx = rows_to_device([pool_rows, positions], table.device)
+            self.allocator.free(table[idx[0], idx[1]])
 
     def _stream_due(self, req: Req) -> bool:
         """The first token goes out at once (time to first token); later ones every stream_interval tokens."""

@@ -57,7 +57,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         seed = server_args.random_seed if server_args.random_seed is not None else 0
         self.constrained = ConstrainedDecoding(
             server_args.grammar_backend, server_args.jump_forward, tokenizer, model_runner.model_config.vocab_size,
-            eos_token_ids,
+            eos_token_ids, mask_on_demand=server_args.grammar_mask == "on_demand",
         )
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed)
         self.sampler = Sampler()
@@ -88,7 +88,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.outputs: list[ReqOutput] = []
         # Counters for tests, benchmarks and (later) metrics.
         self.stats = {"prefill_batches": 0, "decode_batches": 0, "prefill_tokens": 0, "retractions": 0, "cached_tokens": 0,
-                      "prompt_tokens": 0, "flushes": 0, "jump_decode_batches": 0, "jump_row_batches": 0,
+                      "prompt_tokens": 0, "flushes": 0, "jump_decode_batches": 0, "jump_row_batches": 0, "prefill_row_batches": 0,
                       "overlapped_batches": 0}
 
     def _new_batch(self, reqs: list[Req], mode: ForwardMode) -> ScheduleBatch:
@@ -248,8 +248,10 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
         self.chunked_req = adder.new_chunked_req
         batch = self._new_batch(adder.can_run_list, ForwardMode.EXTEND)
-        batch.prepare_for_extend()
+        graphs = self.runner.graph_runner
+        batch.prepare_for_extend(graphs.max_bs if graphs is not None else 0)
         self.stats["prefill_batches"] += 1
+        self.stats["prefill_row_batches"] += batch.forward_mode.is_decode()
         self.stats["prefill_tokens"] += sum(batch.extend_lens)
         return batch
 
@@ -330,7 +332,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
         if samplers:
             logits = out.next_token_logits  # with CUDA graphs a static buffer: everything reading it is enqueued now
             info = SamplingBatchInfo.from_reqs(samplers, logits.shape[-1], self.device)
-        result.verification = self.constrained.prepare_pass(samplers, info, verifiers, out.verify_logits)
+        result.grammar = self.constrained.prepare_pass(samplers, out.next_token_logits, info, verifiers,
+                                                       out.verify_logits)
         if samplers:
             next_ids = self.sampler(logits, info, self.generator)
             if any(r.return_logprob for r in samplers):

@@ -18,13 +18,15 @@ pytestmark = pytest.mark.slow
 MAX_JSON_TOKENS = 160
 
 
-@pytest.fixture(scope="module", params=["off", "exact", "fast", "exact-rows", "fast-rows"])
+@pytest.fixture(scope="module", params=["off", "exact", "fast", "exact-rows", "fast-rows", "exact-always"])
 def run(request):
     """Each mode's outputs for all cases (one engine per mode, all cases in two batches). The -rows modes run
     decode passes through the CUDA-graph runner's batching (eagerly on CPU), where a pass carrying jump-forward
-    tokens is a decode batch with one row per token."""
-    mode = request.param.removesuffix("-rows")
-    engine = make_engine("default", jump_forward=mode)
+    tokens is a decode batch with one row per token. -always fills every grammar mask (the others fill a greedy
+    row's mask only when the grammar refuses the model's argmax)."""
+    mode = request.param.removesuffix("-rows").removesuffix("-always")
+    engine = make_engine("default", jump_forward=mode,
+                         grammar_mask="always" if request.param.endswith("-always") else "on_demand")
     if request.param.endswith("-rows"):
         engine.runner.graph_runner = CudaGraphRunner(engine.runner, 128, use_graphs=False)
     try:
@@ -64,13 +66,16 @@ def test_exact_jump_forward_equals_off_token_for_token(run):
     stats = engine.scheduler.constrained.stats
     if mode == "off":
         _off["ids"] = ids
-        assert not stats
+        assert not stats["exact_jumps"] and not stats["fast_jumps"]
+        # Masks on demand: most greedy rows were decided by the model's own (allowed) argmax.
+        assert stats["masks_filled"] < sum(map(len, ids)) / 4
         return
     assert "ids" in _off, "the off run comes first"
     assert len(ids) >= 20
     # The -rows modes ran their jump-forward passes as decode batches; the others as extend batches.
     assert (engine.scheduler.stats["jump_row_batches"] > 0) == (engine.runner.graph_runner is not None)
     if mode == "exact":
+        # off decides greedy rows with masks on demand: exact-always (every mask filled) checks that against masks.
         assert ids == _off["ids"]
         assert stats["exact_jumps"] > 0 and 0 < stats["accepted_draft_tokens"] <= stats["draft_tokens"]
     else:

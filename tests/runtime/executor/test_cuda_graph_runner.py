@@ -34,7 +34,9 @@ def _outputs(model_dir: str, graph_max_bs: int | None, page_size: int = 1) -> tu
 def test_padded_decode_passes_match_unpadded(tiny_model_dir, page_size):
     reference, _ = _outputs(tiny_model_dir, None, page_size)
     # max_bs 4 < the 7 running requests: big batches run unpadded, smaller ones padded to 4 (5 -> runs eagerly).
-    for max_bs in (4, 16):
+    # Prefills (chunks of at most 16 tokens) of up to max_bs tokens run as decode batches with a row per token.
+    for max_bs in (4, 16, 64):
         got, sched = _outputs(tiny_model_dir, max_bs, page_size)
         assert got == reference
+        assert (sched.stats["prefill_row_batches"] > 0) == (max_bs >= 16)
         sched.check_memory()

@@ -1,0 +1,123 @@
+"""Grammar masks on demand for greedy requests. A greedy request's token under a grammar is the argmax over the
+allowed tokens; when the model's own argmax is allowed, that is the same token, and checking it costs one
+accept_token (microseconds) where filling the mask costs up to milliseconds (free text inside a bounded string).
+So a greedy row is decided by its raw argmax; when the grammar refuses it, by the model's next candidates (top-k,
+in order), and its mask is filled only when none of them settles the choice.
+
+NOTE invariant: the token chosen for each row equals the argmax of the row's logits with the grammar mask applied
+(the eager path): if the raw argmax a is allowed, every token before a has a smaller logit (argmax takes the first
+maximum), so the masked argmax is a as well. A candidate c from the top-k (ordered by logit, then token id) that is
+the first allowed one is the masked argmax when its logit is above the k-th: then every token scoring at least as
+high is a candidate. Exact jump-forward drafts are checked the same way, row by row: a draft token is kept while
+the constrained choice equals it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.executor.host_to_device import host_to_device
+from radixlm.runtime.grammar.jump_forward import VerifyResult, draft_layout
+
+CANDIDATES = 16  # the model's top-k tried, in order, when the grammar refuses its argmax
+
+
+@dataclass
+class OnDemandRows:
+    """A pass's greedy rows whose masks wait for the verdict: per request its last token's row, then one row per
+    draft token (no draft: a sampling row). Built at launch; resolved when the pass's results are processed."""
+
+    reqs: list
+    drafts: list[list[int]]  # [] for a sampling row
+    starts: list[int]  # each request's first row in `logits`
+    logits: torch.Tensor  # a copy: the pass's logits buffer is reused by the next pass
+    choices: torch.Tensor  # raw argmax per row (copied to the host asynchronously on CUDA, as the next two)
+    top_values: torch.Tensor  # (rows, CANDIDATES) the largest logits, descending
+    top_ids: torch.Tensor  # their token ids
+    done: object | None = None  # CUDA event: the copies are on the host
+
+    def host_lists(self) -> tuple[list[int], list[list[float]], list[list[int]]]:
+        if self.done is not None:
+            self.done.synchronize()
+            self.done = None
+        return self.choices.tolist(), self.top_values.tolist(), self.top_ids.tolist()
+
+
+def launch_on_demand(reqs: list, drafts: list[list[int]], logits: torch.Tensor) -> OnDemandRows:
+    """`logits`: len(draft) + 1 rows per request, in order (a copy that outlives the pass)."""
+    choices = torch.argmax(logits, dim=-1)
+    top = torch.topk(logits, min(CANDIDATES, logits.shape[-1]), dim=-1)
+    values = top.values.float()
+    rows = OnDemandRows(reqs, drafts, draft_layout(drafts), logits, choices, values, top.indices)
+    if choices.is_cuda:
+        rows.choices, rows.top_values, rows.top_ids = (t.to("cpu", non_blocking=True) for t in (choices, values, top.indices))
+        rows.done = torch.cuda.Event()
+        rows.done.record()
+    return rows
+
+
+def resolve(rows: OnDemandRows, backend) -> tuple[dict[int, VerifyResult], int]:
+    """Each request's verdict, keyed by id(req): the draft tokens kept, then the constrained choice
+    after them (tokens == [] when nothing is allowed: violated). Walks all requests a row at a time, so that the
+    masks a row needs are filled in one batched call and applied in one device step. Leaves the grammars as they
+    were. Also returns how many masks were filled."""
+    choices, top_values, top_ids = rows.host_lists()
+    live = list(range(len(rows.reqs)))
+    tokens: dict[int, list[int]] = {i: [] for i in live}
+    violated: set[int] = set()
+    active, level, filled = live, 0, 0
+    while active:
+        need, still = [], []
+        for i in active:
+            row, grammar = rows.starts[i] + level, rows.reqs[i].grammar
+            token = choices[row]
+            if not grammar.accept_token(token):
+                token = _first_allowed_candidate(grammar, top_values[row], top_ids[row])
+                if token is None:
+                    need.append(i)
+                    continue
+            tokens[i].append(token)
+            if _continues(rows.drafts[i], level, token):
+                still.append(i)
+        if need:
+            filled += len(need)
+            for i, token in zip(need, _masked_argmax(rows, need, level, backend)):
+                if not rows.reqs[i].grammar.accept_token(token):
+                    violated.add(i)  # every token is masked
+                    continue
+                tokens[i].append(token)
+                if _continues(rows.drafts[i], level, token):
+                    still.append(i)
+        active, level = still, level + 1
+    verdicts = {}
+    for i in live:
+        rows.reqs[i].grammar.rollback(len(tokens[i]))
+        kept = len(tokens[i]) if i in violated else len(tokens[i]) - 1
+        verdicts[id(rows.reqs[i])] = VerifyResult(tokens[i], kept, violated=i in violated)
+    return verdicts, filled
+
+
+def _first_allowed_candidate(grammar, values: list[float], ids: list[int]) -> int | None:
+    """The masked argmax when the candidates decide it (see the module's invariant), accepted by `grammar`; None
+    (grammar unchanged) when they do not."""
+    floor = values[-1]
+    for value, token in sorted(zip(values, ids), key=lambda c: (-c[0], c[1])):
+        if value <= floor:
+            return None  # tokens outside the candidates may score as high
+        if grammar.accept_token(token):
+            return token
+    return None
+
+
+def _continues(draft: list[int], level: int, token: int) -> bool:
+    """The constrained choice at this row equals the draft token: the next row decides the next token."""
+    return level < len(draft) and draft[level] == token
+
+
+def _masked_argmax(rows: OnDemandRows, need: list[int], level: int, backend) -> list[int]:
+    bitmask = backend.allocate_bitmask(len(need))
+    backend.fill_bitmasks([rows.reqs[i].grammar for i in need], bitmask, list(range(len(need))))
+    index = host_to_device([rows.starts[i] + level for i in need], torch.int64, rows.logits.device)
+    picked = rows.logits.index_select(0, index)
+    backend.apply_bitmask(picked, bitmask, list(range(len(need))))
+    return torch.argmax(picked, dim=-1).tolist()
