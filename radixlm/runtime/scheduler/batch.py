@@ -28,6 +28,7 @@ class ScheduleBatch:
     tree_cache: object
     page_size: int
     device: str = "cpu"
+    num_running: int = 0  # a mixed batch: its first num_running requests are the running batch's (set by mix_in_decode)
 
     # Set by prepare_for_extend / prepare_for_decode.
     input_ids: list[int] = field(default_factory=list)
@@ -173,8 +174,20 @@ class ScheduleBatch:
     def filter_batch(self, keep: list[Req] | None = None) -> None:
         self.reqs = [r for r in (self.reqs if keep is None else keep) if not r.finished()]
 
-    def merge_batch(self, other: "ScheduleBatch") -> None:
-        self.reqs.extend(other.reqs)
+    def merge_batch(self, reqs: list[Req]) -> None:
+        self.reqs.extend(reqs)
+
+    def mix_in_decode(self, running: "ScheduleBatch") -> None:
+        """Put the running batch's decode rows (after its prepare_for_decode) in front of this small prefill's rows
+        (a DECODE-mode prefill, see prepare_for_extend): one pass for both."""
+        self.num_running = len(running.reqs)
+        self.reqs = running.reqs + self.reqs
+        self.input_ids = running.input_ids + self.input_ids
+        self.positions = running.positions + self.positions
+        self.prefix_lens = running.prefix_lens + self.prefix_lens
+        self.seq_lens = running.seq_lens + self.seq_lens
+        self.extend_lens = running.extend_lens + self.extend_lens
+        self.out_cache_loc = torch.cat([running.out_cache_loc, self.out_cache_loc])
 
     # ------------------------------------------------------------------ retraction
     def check_decode_mem(self) -> bool:

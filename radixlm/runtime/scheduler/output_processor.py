@@ -21,7 +21,7 @@ class BatchResult:
     already be preparing the next pass (overlap), so what processing needs is kept here."""
 
     reqs: list[Req]  # the batch's requests at launch
-    is_prefill: bool  # a new-request batch (its requests join the running batch at launch)
+    prefill_reqs: list[Req]  # its new requests (all of them, or those after the running ones of a mixed batch)
     forward_mode: ForwardMode
     out: LogitsOutput
     plan: LogitsPlan
@@ -32,6 +32,11 @@ class BatchResult:
     logprobs: torch.Tensor | None = None  # log_softmax of the sampling rows, when a sampler asked for logprobs
     done: torch.cuda.Event | None = None  # CUDA: the copy of next_ids to the host has finished
     grammar: PassGrammar | None = None  # the grammar masks and drafts' verification of this pass
+
+    @property
+    def is_prefill(self) -> bool:
+        """New requests rode in this pass (they joined the running batch at launch)."""
+        return bool(self.prefill_reqs)
 
     def token_ids(self) -> list[int]:
         if self.done is not None:
@@ -73,7 +78,7 @@ class SchedulerOutputProcessorMixin:
             self._process_verified(result)
         if result.is_prefill:
             # The prompt becomes shareable right after its prefill (chunk by chunk when chunked).
-            for req in result.reqs:
+            for req in result.prefill_reqs:
                 if not req.finished():
                     self.tree_cache.cache_unfinished_req(req)
 

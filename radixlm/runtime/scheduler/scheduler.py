@@ -88,8 +88,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.outputs: list[ReqOutput] = []
         # Counters for tests, benchmarks and (later) metrics.
         self.stats = {"prefill_batches": 0, "decode_batches": 0, "prefill_tokens": 0, "retractions": 0, "cached_tokens": 0,
-                      "prompt_tokens": 0, "flushes": 0, "jump_decode_batches": 0, "jump_row_batches": 0, "prefill_row_batches": 0,
-                      "overlapped_batches": 0}
+                      "prompt_tokens": 0, "flushes": 0, "jump_decode_batches": 0, "jump_row_batches": 0,
+                      "prefill_row_batches": 0, "mixed_batches": 0, "overlapped_batches": 0}
 
     def _new_batch(self, reqs: list[Req], mode: ForwardMode) -> ScheduleBatch:
         return ScheduleBatch(reqs, mode, self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size, self.device)
@@ -174,9 +174,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
         previous, self.inflight = self.inflight, None
         if batch is not None:
             self.inflight = self.launch_batch(batch)
-            if self.inflight.is_prefill:  # its requests decode from the next step on (their first token may be pending)
-                batch.filter_batch([r for r in batch.reqs if not r.is_chunked])
-                self.running_batch.merge_batch(batch)
+            # New requests decode from the next step on (their first token may be pending).
+            self.running_batch.merge_batch([r for r in self.inflight.prefill_reqs if not r.is_chunked and not r.finished()])
         if previous is not None:
             self.stats["overlapped_batches"] += batch is not None
             self.process_batch_result(previous)  # while the device runs the batch just launched
@@ -207,9 +206,26 @@ class Scheduler(SchedulerOutputProcessorMixin):
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
         batch = self.get_new_batch_prefill()
         if batch is not None:
+            self._mix_in_running(batch)
             return batch
         self.update_running_batch()
         return None if self.running_batch.is_empty() else self.running_batch
+
+    def _mix_in_running(self, batch: ScheduleBatch) -> None:
+        """A small prefill (a DECODE-mode batch, one CUDA-graph row per token) takes the running requests' decode
+        rows along when all fit in the largest graph and their KV fits without retracting: the running requests do
+        not wait a pass for the new ones."""
+        running = self.running_batch
+        if self.args.disable_mixed_prefill or not batch.forward_mode.is_decode() or any(r.is_chunked for r in batch.reqs):
+            return
+        running.filter_batch()
+        rows = len(batch.input_ids) + sum(r.decode_end() - r.kv_committed_len for r in running.reqs)
+        if running.is_empty() or rows > self.runner.graph_runner.max_bs or not running.check_decode_mem():
+            return
+        self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio)
+        running.prepare_for_decode(self.runner.graph_runner.max_bs)
+        batch.mix_in_decode(running)
+        self.stats["mixed_batches"] += 1
 
     def get_new_batch_prefill(self) -> ScheduleBatch | None:
         if not self.waiting_queue and self.chunked_req is None:
@@ -324,7 +340,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
         plan, samplers, verifiers, spans = self._logits_plan(batch)
         fb = batch.get_forward_batch(self.runner.token_to_kv_pool, self.runner.attn_backend, self.next_token_buf)
         out: LogitsOutput = self.runner.forward(fb, plan)
-        result = BatchResult(list(batch.reqs), batch is not self.running_batch, batch.forward_mode, out, plan, samplers,
+        new_reqs = [] if batch is self.running_batch else batch.reqs[batch.num_running :]
+        result = BatchResult(list(batch.reqs), new_reqs, batch.forward_mode, out, plan, samplers,
                              verifiers, spans)
         for req, s in zip(batch.reqs, batch.seq_lens):
             req.kv_committed_len = s

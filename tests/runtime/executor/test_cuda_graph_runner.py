@@ -19,8 +19,9 @@ def test_capture_batch_sizes(max_bs, expected):
     assert capture_batch_sizes(max_bs) == expected
 
 
-def _outputs(model_dir: str, graph_max_bs: int | None, page_size: int = 1) -> tuple[dict, object]:
-    sched = make_scheduler(model_dir, page_size=page_size, chunked_prefill_size=16)
+def _outputs(model_dir: str, graph_max_bs: int | None, page_size: int = 1, **kwargs) -> tuple[dict, object]:
+    kwargs.setdefault("chunked_prefill_size", 16)
+    sched = make_scheduler(model_dir, page_size=page_size, **kwargs)
     if graph_max_bs is not None:
         sched.runner.graph_runner = CudaGraphRunner(sched.runner, graph_max_bs, use_graphs=False)
     rng = random.Random(3)
@@ -39,4 +40,21 @@ def test_padded_decode_passes_match_unpadded(tiny_model_dir, page_size):
         got, sched = _outputs(tiny_model_dir, max_bs, page_size)
         assert got == reference
         assert (sched.stats["prefill_row_batches"] > 0) == (max_bs >= 16)
+        # ... and with the running requests' decode rows when those fit too (mixed batches).
+        if max_bs != 16:
+            assert (sched.stats["mixed_batches"] > 0) == (max_bs == 64)
         sched.check_memory()
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"max_running_requests": 3},
+    {"max_running_requests": 3, "enable_overlap_schedule": True},
+    {"max_running_requests": 4, "page_size": 4, "chunked_prefill_size": -1},
+])
+def test_mixed_batches_match_separate_passes(tiny_model_dir, kwargs):
+    """New requests admitted while others decode: their prompt rows ride in the running requests' decode pass."""
+    reference, _ = _outputs(tiny_model_dir, 64, disable_mixed_prefill=True, **kwargs)
+    got, sched = _outputs(tiny_model_dir, 64, **kwargs)
+    assert got == reference
+    assert sched.stats["mixed_batches"] > 0
+    sched.check_memory()
