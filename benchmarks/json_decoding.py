@@ -3,10 +3,11 @@ regex, with jump-forward off / fast / exact, through the offline Engine (one eng
 
     python benchmarks/json_decoding.py [--model default] [--num-prompts 64] [--constraint json_schema|regex]
                                        [--max-running 16] [--device cpu] [--repeat 1]
-                                       [--modes off,fast,exact[,off:always,exact:always]]
+                                       [--modes off,fast,exact[,off:always,exact:nomix,...]]
                                        [--out benchmarks/results/json_decoding_cpu.json]
 
-A mode is a jump-forward mode; ":always" fills every grammar mask (--grammar-mask always) instead of on demand.
+A mode is a jump-forward mode, optionally with ":always" (fill every grammar mask, --grammar-mask always, instead of
+on demand) and ":nomix" (--disable-mixed-prefill).
 Reports per mode: wall time, output tokens/s, requests/s, mean latency, forward passes, grammar masks filled per
 output token, exact-mode draft acceptance, and whether each mode reproduced `off` token for token; plus grammar
 compile time (cold: tokenizer preprocessing + compile; cached) and the bitmask fill time per generated token."""
@@ -71,10 +72,10 @@ def prompts_for(engine: Engine, texts: list[str]) -> list[str]:
 
 
 def run_mode(mode: str, args, texts: list[str]) -> dict:
-    jump_forward, _, grammar_mask = mode.partition(":")
-    engine = Engine(args.model, jump_forward=jump_forward, grammar_mask=grammar_mask or "on_demand", random_seed=0,
-                    device=args.device, dtype=args.dtype, max_running_requests=args.max_running,
-                    max_total_tokens=args.max_total_tokens)
+    jump_forward, *opts = mode.split(":")
+    engine = Engine(args.model, jump_forward=jump_forward, grammar_mask="always" if "always" in opts else "on_demand",
+                    disable_mixed_prefill="nomix" in opts, random_seed=0, device=args.device, dtype=args.dtype,
+                    max_running_requests=args.max_running, max_total_tokens=args.max_total_tokens)
     try:
         prompts = prompts_for(engine, texts)
         sp = {"temperature": 0, "max_new_tokens": 256}

@@ -32,6 +32,7 @@ def main() -> None:
     p.add_argument("--json-schema", action="store_true")
     p.add_argument("--json-workload", action="store_true", help="json_decoding.py's prompts and schema")
     p.add_argument("--jump-forward", default="off", choices=["off", "fast", "exact"])
+    p.add_argument("--lines", type=int, default=35, help="functions listed per table")
     p.add_argument("--out", default="profile.txt")
     args = p.parse_args()
     engine = Engine(args.model, device=args.device, dtype=args.dtype, max_running_requests=args.max_running,
@@ -69,8 +70,8 @@ def main() -> None:
     passes = sum(sched.stats[k] - stats0[k] for k in ("prefill_batches", "decode_batches"))
     buf = io.StringIO()
     buf.write(f"wall {wall:.2f} s, {passes} passes ({1000 * wall / max(passes, 1):.1f} ms/pass), {tokens} tokens\n")
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(35)
-    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(35)
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.lines)
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(args.lines)
     print(buf.getvalue())
     with open(args.out, "w") as f:
         f.write(buf.getvalue())

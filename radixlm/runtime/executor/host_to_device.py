@@ -11,12 +11,16 @@ import torch
 
 
 def host_to_device(values: Sequence | torch.Tensor, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    t = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     device = torch.device(device)
     if device.type != "cuda":
+        t = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
         return t.to(device=device, dtype=dtype)
+    if isinstance(values, torch.Tensor):
+        t = values.to(dtype).pin_memory()
+    else:
+        t = torch.tensor(values, dtype=dtype, pin_memory=True)  # built in pinned memory: no extra host copy
     # The caching host allocator keeps the pinned block alive until the copy has run.
-    return t.to(dtype).pin_memory().to(device, non_blocking=True)
+    return t.to(device, non_blocking=True)
 
 
 def rows_to_device(rows: Sequence[Sequence[int]], device: torch.device | str) -> torch.Tensor:

@@ -59,8 +59,8 @@ def launch_on_demand(reqs: list, drafts: list[list[int]], logits: torch.Tensor) 
 def resolve(rows: OnDemandRows, backend) -> tuple[dict[int, VerifyResult], int]:
     """Each request's verdict, keyed by id(req): the draft tokens kept, then the constrained choice
     after them (tokens == [] when nothing is allowed: violated). Walks all requests a row at a time, so that the
-    masks a row needs are filled in one batched call and applied in one device step. Leaves the grammars as they
-    were. Also returns how many masks were filled."""
+    masks a row needs are filled in one batched call and applied in one device step. Each grammar is left advanced
+    over its verdict's tokens. Also returns how many masks were filled."""
     choices, top_values, top_ids = rows.host_lists()
     live = list(range(len(rows.reqs)))
     tokens: dict[int, list[int]] = {i: [] for i in live}
@@ -91,7 +91,6 @@ def resolve(rows: OnDemandRows, backend) -> tuple[dict[int, VerifyResult], int]:
         active, level = still, level + 1
     verdicts = {}
     for i in live:
-        rows.reqs[i].grammar.rollback(len(tokens[i]))
         kept = len(tokens[i]) if i in violated else len(tokens[i]) - 1
         verdicts[id(rows.reqs[i])] = VerifyResult(tokens[i], kept, violated=i in violated)
     return verdicts, filled

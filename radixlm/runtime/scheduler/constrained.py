@@ -125,7 +125,8 @@ class ConstrainedDecoding:
         return pg
 
     def resolve(self, pg: PassGrammar | None) -> None:
-        """When the pass's results are processed, before its tokens are taken: decide the on-demand rows."""
+        """When the pass's results are processed, before its tokens are taken: decide the on-demand rows (their
+        grammars are advanced over the tokens decided)."""
         if pg is not None and pg.on_demand is not None:
             pg.verdicts, filled = resolve(pg.on_demand, self.cache.backend)
             self.stats["masks_filled"] += filled
@@ -140,14 +141,17 @@ class ConstrainedDecoding:
         elif req.grammar.is_terminated():
             req.finished_reason = FinishReason("stop", matched=token)
 
+    def accepted(self, req: Req, token: int) -> None:
+        """`token`, appended to req.output_ids, was already accepted by its grammar (a verdict): a terminated grammar
+        ends the request."""
+        if req.grammar is not None and not req.finished() and req.grammar.is_terminated():
+            req.finished_reason = FinishReason("stop", matched=token)
+
     def settle(self, pg: PassGrammar, req: Req, generator: torch.Generator | None) -> VerifyResult:
-        """A verifier's draft tokens kept and its next token; advances its grammar over them."""
-        result = pg.verdicts.get(id(req))
+        """A verifier's draft tokens kept and its next token; its grammar is advanced over them."""
+        result = pg.verdicts.get(id(req))  # on demand: resolve advanced the grammar
         if result is None:
             result = settle(pg.verification, pg.eager_index[id(req)], generator)
-        else:
-            for t in result.tokens:
-                req.grammar.accept_token(t)
         self.stats["draft_tokens"] += len(req.jump_draft)
         self.stats["accepted_draft_tokens"] += result.accepted
         req.jump_draft = []

@@ -69,9 +69,9 @@ class SchedulerOutputProcessorMixin:
                 req.finished_reason = FinishReason("length", length=0)
             else:
                 verdict = verdicts.get(id(req))
-                if verdict is not None and verdict.tokens:  # mask on demand: the constrained argmax
-                    tok = verdict.tokens[0]
-                self._append_token(req, tok, None if out_lp is None else out_lp[i : i + 1])
+                decided = verdict is not None and bool(verdict.tokens)  # mask on demand: the constrained argmax
+                self._append_token(req, verdict.tokens[0] if decided else tok,
+                                   None if out_lp is None else out_lp[i : i + 1], "accepted" if decided else "advance")
                 self.constrained.plan_jump(req)
             self._after_tokens(req, result.is_prefill)
         if verifiers:
@@ -82,14 +82,18 @@ class SchedulerOutputProcessorMixin:
                 if not req.finished():
                     self.tree_cache.cache_unfinished_req(req)
 
-    def _append_token(self, req: Req, tok: int, logprobs: torch.Tensor | None, advance_grammar: bool = True) -> None:
+    def _append_token(self, req: Req, tok: int, logprobs: torch.Tensor | None, grammar: str = "advance") -> None:
+        """grammar: "advance" (accept the token now), "accepted" (a verdict's only token, already accepted), or
+        "ahead" (the grammar is already past the rest of a verdict: the caller checks its end)."""
         req.output_ids.append(tok)
         if req.return_logprob:
             req.output_token_logprobs.append((float(logprobs[0, tok]), tok))
             if req.top_logprobs_num:
                 req.output_top_logprobs.append(top_logprobs(logprobs, req.top_logprobs_num)[0])
-        if advance_grammar:
+        if grammar == "advance":
             self.constrained.accept(req, tok)
+        elif grammar == "accepted":
+            self.constrained.accepted(req, tok)
         req.check_finished(self.tokenizer, self._stop_window(req))
 
     def _after_tokens(self, req: Req, is_prefill: bool) -> None:
@@ -116,7 +120,7 @@ class SchedulerOutputProcessorMixin:
             lps = torch.log_softmax(rows, dim=-1) if req.return_logprob else None
             kept = 0
             for j, tok in enumerate(verdict.tokens):
-                self._append_token(req, tok, None if lps is None else lps[j : j + 1], advance_grammar=False)
+                self._append_token(req, tok, None if lps is None else lps[j : j + 1], grammar="ahead")
                 kept += 1
                 if req.finished():
                     break

@@ -256,12 +256,16 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 break
         if not adder.can_run_list:
             return None
-        admitted = set(map(id, adder.can_run_list))
         now = time.monotonic()
         for req in adder.can_run_list:
             if req.queue_time is None:
                 req.queue_time = now - req.arrived
-        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
+        k = len(adder.can_run_list)
+        if all(a is b for a, b in zip(adder.can_run_list, self.waiting_queue[:k])):
+            del self.waiting_queue[:k]  # the usual case: the head of the queue (no scan of a long queue)
+        else:
+            admitted = set(map(id, adder.can_run_list))
+            self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
         self.chunked_req = adder.new_chunked_req
         batch = self._new_batch(adder.can_run_list, ForwardMode.EXTEND)
         graphs = self.runner.graph_runner
