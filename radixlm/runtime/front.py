@@ -104,6 +104,9 @@ class RequestBuilder:
                 ("sampling_params", sampling_params), ("rid", rid), ("return_logprob", return_logprob),
                 ("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num)))
         msgs, warm = [], []
+        if len(prompts) > 1 and all(isinstance(p, str) for p in prompts) and input_ids is None:
+            # One call for the batch: the fast tokenizer encodes it in parallel.
+            id_lists, prompts = self.tokenizer(prompts)["input_ids"], [None] * len(prompts)
         for i, (p, ids, sp) in enumerate(zip(prompts, id_lists, sps)):
             tokens = self.tokenize(p, ids)
             if sp is not None and not isinstance(sp, (dict, SamplingParams)):

@@ -180,3 +180,10 @@ def test_shutdown_releases_the_model_and_is_idempotent():
     assert engine.runner is None and engine.scheduler is None
     assert model() is None  # nothing else keeps the weights (or, on CUDA, the KV pool and graphs) alive
     engine.shutdown()
+
+
+def test_a_batch_of_prompts_is_tokenized_as_each_alone(smol_engine):
+    prompts = ["Hello", PROMPT, "  leading spaces and ünïcode", "<|im_start|>user\nHi<|im_end|>\n"]
+    batch = smol_engine.builder.build(prompts, {"max_new_tokens": 1}).msgs
+    alone = [smol_engine.builder.build(p, {"max_new_tokens": 1}).msgs[0] for p in prompts]
+    assert [m.input_ids for m in batch] == [m.input_ids for m in alone]
