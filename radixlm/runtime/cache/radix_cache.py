@@ -72,8 +72,18 @@ class TreeNode:
 
 @dataclass
 class MatchResult:
-    device_indices: torch.Tensor  # int64 KV slots of the matched prefix
+    values: list[torch.Tensor]  # the matched nodes' KV slots, in order (at least one tensor, maybe empty)
     last_node: TreeNode  # deepest matched node (the root when nothing matched)
+    length: int  # tokens matched
+    _indices: torch.Tensor | None = None
+
+    @property
+    def device_indices(self) -> torch.Tensor:
+        """int64 KV slots of the matched prefix, concatenated at first use (ordering the waiting queue needs only
+        `length`; on a GPU the concatenation is a device operation)."""
+        if self._indices is None:
+            self._indices = torch.cat(self.values)
+        return self._indices
 
 
 class CacheableReq(Protocol):
@@ -141,7 +151,7 @@ class RadixCache:
         The caller truncates key to what may be matched: a request never matches its last prompt token
         (it must be recomputed to produce logits), so it passes at most origin_input_ids[:-1]."""
         if self.disable or len(key) < self.page_size:
-            return MatchResult(self._empty(), self.root_node)
+            return MatchResult([self._empty()], self.root_node, 0)
         key = key.page_aligned(self.page_size)
         now = self._tick()
         node = self.root_node
@@ -165,8 +175,7 @@ class RadixCache:
             key = key[n:]
         if touched is not None:  # the only node on the path that can be a leaf; its priority moved
             self.evict_queue.offer(touched)
-        indices = torch.cat(values) if values else self._empty()
-        return MatchResult(indices, node)
+        return MatchResult(values or [self._empty()], node, sum(len(v) for v in values))
 
     def _split_node(self, child: TreeNode, n: int) -> TreeNode:
         """Cuts child after n tokens; returns the new upper node (which takes child's place)."""

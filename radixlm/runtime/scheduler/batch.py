@@ -76,12 +76,12 @@ class ScheduleBatch:
                 if idx is None:
                     raise RuntimeError("req_to_token pool exhausted; max_running_requests is too large for it")
                 req.req_pool_idx = idx
-        self.prefix_lens = [len(r.prefix_indices) for r in self.reqs]
+        self.prefix_lens = [r.prefix_len for r in self.reqs]
         self.extend_lens = [r.extend_input_len for r in self.reqs]
         self.seq_lens = [p + e for p, e in zip(self.prefix_lens, self.extend_lens)]
-        cached = [r for r in self.reqs if len(r.prefix_indices)]
+        cached = [r for r in self.reqs if r.prefix_len]
         if cached:  # first: with pages, _alloc_kv reads each request's last cached slot from the table
-            self._write_table([(r.req_pool_idx, 0, len(r.prefix_indices)) for r in cached],
+            self._write_table([(r.req_pool_idx, 0, r.prefix_len) for r in cached],
                               torch.cat([r.prefix_indices for r in cached]))
         out = self._alloc_kv(self.prefix_lens, self.seq_lens)
         self.out_cache_loc = out

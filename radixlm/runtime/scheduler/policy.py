@@ -44,7 +44,7 @@ class SchedulePolicy:
                 req.init_next_round_input(self.tree_cache, round_id)
         if policy == "lpm":
             self.deprioritized = self._in_batch_deprioritized(waiting)
-            waiting.sort(key=lambda r: float("inf") if r in self.deprioritized else -len(r.prefix_indices))
+            waiting.sort(key=lambda r: float("inf") if r in self.deprioritized else -r.prefix_len)
         elif policy == "dfs-weight":
             waiting[:] = self._dfs_weight_order(waiting)
         elif policy == "lof":
@@ -58,10 +58,10 @@ class SchedulePolicy:
         sim = RadixCache(None, None, page_size=1)
         out: set[Req] = set()
         for req in waiting:
-            if len(req.prefix_indices) > IN_BATCH_CHECK_THRESHOLD:
+            if req.prefix_len > IN_BATCH_CHECK_THRESHOLD:
                 continue
             key = RadixKey(req.fill_ids[: req.max_prefix_len()], req.extra_key)
-            shared = len(sim.match_prefix(key).device_indices)
+            shared = sim.match_prefix(key).length
             if shared >= IN_BATCH_DEPRIORITIZE_THRESHOLD:
                 out.add(req)
             else:

@@ -66,7 +66,7 @@ class PrefillAdder:
     def add_chunked_req(self, req: Req) -> bool:
         """The request being prefilled in chunks continues first; it already holds its lock and KV.
         Returns False when not even one page of it fits now (running requests hold the pool)."""
-        req.extend_input_len = len(req.fill_ids) - len(req.prefix_indices)
+        req.extend_input_len = len(req.fill_ids) - req.prefix_len
         take = max(self._chunk_len(req.extend_input_len), min(self.page_size, req.extend_input_len))
         room = (self.rem_total_tokens - self.page_size) // self.page_size * self.page_size
         take = min(take, room)
@@ -89,9 +89,9 @@ class PrefillAdder:
         if take <= 0 or need > self.rem_total_tokens:
             self.rem_total_tokens += self.tree_cache.dec_lock_ref(req.last_node)
             return AddReqResult.NO_TOKEN if take > 0 else AddReqResult.OTHER
-        req.cache_protected_len = len(req.prefix_indices)
+        req.cache_protected_len = req.prefix_len
         if not req.started:
             req.started = True
-            req.cached_tokens = len(req.prefix_indices)
+            req.cached_tokens = req.prefix_len
         self._take(req, take, reserve_decode=not alone)
         return AddReqResult.CONTINUE

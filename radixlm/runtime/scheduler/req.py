@@ -48,7 +48,8 @@ class Req:
     # Set by the scheduler.
     output_ids: list[int] = field(default_factory=list)
     fill_ids: list[int] = field(default_factory=list)  # origin_input_ids + output_ids at (re)admission
-    prefix_indices: torch.Tensor = field(default_factory=lambda: _EMPTY)  # KV slots of the matched prefix
+    prefix_len: int = 0  # tokens of the matched prefix (see prefix_indices)
+    _prefix: Any = field(default_factory=lambda: _EMPTY, repr=False)  # a tensor, or a MatchResult not yet concatenated
     last_node: Any = None  # locked radix node at the end of the prefix
     cache_protected_len: int = 0  # slots [0, cache_protected_len) belong to the tree
     req_pool_idx: int | None = None
@@ -98,6 +99,17 @@ class Req:
     def seqlen(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)
 
+    @property
+    def prefix_indices(self) -> torch.Tensor:
+        """KV slots of the matched prefix (concatenated at first use: ordering the queue needs only prefix_len)."""
+        if not isinstance(self._prefix, torch.Tensor):
+            self._prefix = self._prefix.device_indices
+        return self._prefix
+
+    @prefix_indices.setter
+    def prefix_indices(self, value: torch.Tensor) -> None:
+        self._prefix, self.prefix_len = value, len(value)
+
     def wants_input_logprobs(self) -> bool:
         return self.return_logprob and self.logprob_start_len >= 0 and not self.input_logprobs_done
 
@@ -119,8 +131,8 @@ class Req:
         self.fill_ids = self.origin_input_ids + self.output_ids
         key = RadixKey(self.fill_ids[: self.max_prefix_len()], self.extra_key)
         result = tree_cache.match_prefix(key)
-        self.prefix_indices, self.last_node = result.device_indices, result.last_node
-        self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
+        self._prefix, self.prefix_len, self.last_node = result, result.length, result.last_node
+        self.extend_input_len = len(self.fill_ids) - self.prefix_len
         self.match_version = tree_cache.version  # after the match: it may split a node
 
     def decode_end(self) -> int:
