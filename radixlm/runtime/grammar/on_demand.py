@@ -50,7 +50,8 @@ def launch_on_demand(reqs: list, drafts: list[list[int]], logits: torch.Tensor) 
     values = top.values.float()
     rows = OnDemandRows(reqs, drafts, draft_layout(drafts), logits, choices, values, top.indices)
     if choices.is_cuda:
-        rows.choices, rows.top_values, rows.top_ids = (t.to("cpu", non_blocking=True) for t in (choices, values, top.indices))
+        rows.choices, rows.top_values, rows.top_ids = (t.to("cpu", non_blocking=True)
+                                                       for t in (choices, values, top.indices))
         rows.done = torch.cuda.Event()
         rows.done.record()
     return rows
@@ -62,10 +63,10 @@ def resolve(rows: OnDemandRows, backend) -> tuple[dict[int, VerifyResult], int]:
     masks a row needs are filled in one batched call and applied in one device step. Each grammar is left advanced
     over its verdict's tokens. Also returns how many masks were filled."""
     choices, top_values, top_ids = rows.host_lists()
-    live = list(range(len(rows.reqs)))
-    tokens: dict[int, list[int]] = {i: [] for i in live}
-    violated: set[int] = set()
-    active, level, filled = live, 0, 0
+    n = len(rows.reqs)
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    violated = [False] * n
+    active, level, filled = list(range(n)), 0, 0
     while active:
         need, still = [], []
         for i in active:
@@ -83,16 +84,14 @@ def resolve(rows: OnDemandRows, backend) -> tuple[dict[int, VerifyResult], int]:
             filled += len(need)
             for i, token in zip(need, _masked_argmax(rows, need, level, backend)):
                 if not rows.reqs[i].grammar.accept_token(token):
-                    violated.add(i)  # every token is masked
+                    violated[i] = True  # every token is masked
                     continue
                 tokens[i].append(token)
                 if _continues(rows.drafts[i], level, token):
                     still.append(i)
         active, level = still, level + 1
-    verdicts = {}
-    for i in live:
-        kept = len(tokens[i]) if i in violated else len(tokens[i]) - 1
-        verdicts[id(rows.reqs[i])] = VerifyResult(tokens[i], kept, violated=i in violated)
+    verdicts = {id(req): VerifyResult(t, len(t) if bad else len(t) - 1, violated=bad)
+                for req, t, bad in zip(rows.reqs, tokens, violated)}
     return verdicts, filled
 
 

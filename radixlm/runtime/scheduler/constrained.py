@@ -93,11 +93,10 @@ class ConstrainedDecoding:
             return None
         drafts = [r.jump_draft for r in verifiers]
         verify_rows = [list(range(o, o + len(d) + 1)) for o, d in zip(draft_layout(drafts), drafts)]
-        lazy = [self.mask_on_demand and plain_greedy(r) for r in verifiers]
-        lazy_s = [i for i in sampled if self.mask_on_demand and plain_greedy(samplers[i])]
-        eager_s = [i for i in sampled if i not in lazy_s]
-        eager_v = [k for k, on in enumerate(lazy) if not on]
-        lazy_v = [k for k, on in enumerate(lazy) if on]
+        lazy_s = [i for i in sampled if self._on_demand(samplers[i])]
+        eager_s = [i for i in sampled if not self._on_demand(samplers[i])]
+        lazy_v = [k for k, r in enumerate(verifiers) if self._on_demand(r)]
+        eager_v = [k for k, r in enumerate(verifiers) if not self._on_demand(r)]
         pg = PassGrammar()
         if lazy_s or lazy_v:
             parts = [] if not lazy_s else [_rows(logits, lazy_s)]
@@ -123,6 +122,9 @@ class ConstrainedDecoding:
             pg.verification = build_verification(reqs, eager_drafts, walked, layout, bitmask, verify_logits, backend)
             pg.eager_index = {id(r): k for k, r in enumerate(reqs)}
         return pg
+
+    def _on_demand(self, req: Req) -> bool:
+        return self.mask_on_demand and plain_greedy(req)
 
     def resolve(self, pg: PassGrammar | None) -> None:
         """When the pass's results are processed, before its tokens are taken: decide the on-demand rows (their

@@ -112,12 +112,12 @@ class SchedulerOutputProcessorMixin:
         logits, row = result.out.verify_logits, 0
         rejected: list[tuple[int, int, int]] = []  # (req_to_token row, first position, end) of KV to free
         for req in result.verifiers:
-            rows = logits[row : row + len(req.jump_draft) + 1]
-            row += len(rows)
+            n_rows = len(req.jump_draft) + 1
+            lps = torch.log_softmax(logits[row : row + n_rows], dim=-1) if req.return_logprob else None
+            row += n_rows
             drafted_end = req.kv_committed_len  # the pass wrote KV up to the last draft token
             base = req.seqlen  # the last output token is at base - 1
             verdict = self.constrained.settle(result.grammar, req, self.generator)
-            lps = torch.log_softmax(rows, dim=-1) if req.return_logprob else None
             kept = 0
             for j, tok in enumerate(verdict.tokens):
                 self._append_token(req, tok, None if lps is None else lps[j : j + 1], grammar="ahead")
