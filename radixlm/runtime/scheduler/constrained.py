@@ -99,9 +99,11 @@ class ConstrainedDecoding:
         eager_v = [k for k, r in enumerate(verifiers) if not self._on_demand(r)]
         pg = PassGrammar()
         if lazy_s or lazy_v:
-            parts = [] if not lazy_s else [_rows(logits, lazy_s)]
+            # torch.cat copies: the pass's logits buffer is reused by the next pass.
+            parts = [logits if len(lazy_s) == len(samplers) else _rows(logits, lazy_s)] if lazy_s else []
             if lazy_v:
-                parts.append(_rows(verify_logits, [j for k in lazy_v for j in verify_rows[k]]))
+                parts.append(verify_logits if len(lazy_v) == len(verifiers)
+                             else _rows(verify_logits, [j for k in lazy_v for j in verify_rows[k]]))
             pg.on_demand = launch_on_demand([samplers[i] for i in lazy_s] + [verifiers[k] for k in lazy_v],
                                             [[] for _ in lazy_s] + [drafts[k] for k in lazy_v], torch.cat(parts))
         if not eager_s and not eager_v:
@@ -221,7 +223,7 @@ class ConstrainedDecoding:
 
 
 def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """A copy of some rows (the pass's logits buffer is reused by the next pass)."""
+    """A copy of some rows."""
     return logits.index_select(0, host_to_device(rows, torch.int64, logits.device))
 
 
