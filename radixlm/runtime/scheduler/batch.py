@@ -12,6 +12,8 @@ from radixlm.runtime.scheduler.req import Req
 # Decode growth is estimated with at most this many future tokens per request (SGLang's clip).
 CLIP_MAX_NEW_TOKENS = 4096
 RETRACT_DECODE_STEPS = 20
+# Up to this many tokens, a batch's req_to_token entries are written with one scatter built on the host.
+TABLE_SCATTER_MAX_TOKENS = 2048
 
 
 def pages_needed(prefix_len: int, seq_len: int, page_size: int) -> int:
@@ -129,13 +131,21 @@ class ScheduleBatch:
 
     def _write_table(self, spans: list[tuple[int, int, int]], slots: torch.Tensor) -> None:
         """req_to_token[row, start:end] = the next end - start slots, for each (row, start, end) in order: one
-        device write, whatever the number of requests."""
+        device write for a few tokens per request (decode, drafts, short prompts), else one per request (long
+        prompts: no per-token work on the host)."""
         table = self.req_to_token_pool.req_to_token
-        rows = [row for row, start, end in spans for _ in range(end - start)]
-        if rows:
+        slots = slots.to(table.device)
+        total = sum(end - start for _, start, end in spans)
+        if total > TABLE_SCATTER_MAX_TOKENS:
+            offset = 0
+            for row, start, end in spans:
+                table[row, start:end] = slots[offset : offset + end - start]
+                offset += end - start
+        elif total:
+            rows = [row for row, start, end in spans for _ in range(end - start)]
             cols = [c for _, start, end in spans for c in range(start, end)]
             idx = rows_to_device([rows, cols], table.device)
-            table[idx[0], idx[1]] = slots.to(table.device)
+            table[idx[0], idx[1]] = slots
 
     def get_forward_batch(self, token_to_kv_pool, attn_backend, next_token_buf: torch.Tensor | None = None) -> ForwardBatch:
         """next_token_buf: the last sampled token of each req_to_token row, on the device (overlap scheduling)."""

@@ -6,6 +6,8 @@ import random
 
 import pytest
 
+from radixlm.runtime.scheduler import batch as batch_module
+
 from .conftest import make_scheduler, request, run_all
 
 
@@ -40,6 +42,15 @@ def test_same_greedy_outputs_across_scheduling_modes(tiny_model_dir, baseline, k
     got, res, sched = outputs(tiny_model_dir, prompts(0, 8), **kwargs)
     assert got == baseline
     assert all(r["finish_reason"] == {"type": "length", "length": 12} for r in res.values())
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_req_to_token_written_request_by_request_keeps_outputs(tiny_model_dir, baseline, monkeypatch, page_size):
+    # Batches of more than TABLE_SCATTER_MAX_TOKENS tokens write the table one request at a time.
+    monkeypatch.setattr(batch_module, "TABLE_SCATTER_MAX_TOKENS", 0)
+    got, _res, sched = outputs(tiny_model_dir, prompts(0, 8), page_size=page_size)
+    assert got == baseline
+    sched.check_memory()
 
 
 def test_retraction_under_memory_pressure_keeps_outputs(tiny_model_dir, baseline):
