@@ -25,8 +25,10 @@ def run(request):
     tokens is a decode batch with one row per token. -always fills every grammar mask (the others fill a greedy
     row's mask only when the grammar refuses the model's argmax)."""
     mode = request.param.removesuffix("-rows").removesuffix("-always")
+    # exact-rows admits 8 at a time: later prompts are prefilled as rows, mixed with running drafts.
     engine = make_engine("default", jump_forward=mode,
-                         grammar_mask="always" if request.param.endswith("-always") else "on_demand")
+                         grammar_mask="always" if request.param.endswith("-always") else "on_demand",
+                         max_running_requests=8 if request.param == "exact-rows" else None)
     if request.param.endswith("-rows"):
         engine.runner.graph_runner = CudaGraphRunner(engine.runner, 128, use_graphs=False)
     try:
@@ -74,6 +76,8 @@ def test_exact_jump_forward_equals_off_token_for_token(run):
     assert len(ids) >= 20
     # The -rows modes ran their jump-forward passes as decode batches; the others as extend batches.
     assert (engine.scheduler.stats["jump_row_batches"] > 0) == (engine.runner.graph_runner is not None)
+    if engine.runner.max_running_requests == 8:
+        assert engine.scheduler.stats["mixed_batches"] > 0
     if mode == "exact":
         # off decides greedy rows with masks on demand: exact-always (every mask filled) checks that against masks.
         assert ids == _off["ids"]
