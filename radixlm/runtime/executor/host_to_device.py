@@ -23,6 +23,25 @@ def host_to_device(values: Sequence | torch.Tensor, dtype: torch.dtype, device: 
     return t.to(device, non_blocking=True)
 
 
+class HostCopy:
+    """Tensors copied to the host without waiting for the device (on CUDA the copies are enqueued after the work
+    that produces them); `get` waits for the copies, once."""
+
+    def __init__(self, *tensors: torch.Tensor):
+        self._done = None
+        if tensors and tensors[0].is_cuda:
+            tensors = tuple(t.to("cpu", non_blocking=True) for t in tensors)
+            self._done = torch.cuda.Event()
+            self._done.record()
+        self._tensors = tensors
+
+    def get(self) -> tuple[torch.Tensor, ...]:
+        if self._done is not None:
+            self._done.synchronize()
+            self._done = None
+        return self._tensors
+
+
 def rows_to_device(rows: Sequence[Sequence[int]], device: torch.device | str) -> torch.Tensor:
     """Several equal-length int64 vectors in one copy: returns a (len(rows), n) device tensor."""
     return host_to_device(rows, torch.int64, device).reshape(len(rows), -1)

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from radixlm.runtime.executor.host_to_device import host_to_device
+from radixlm.runtime.executor.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.sampling.penalties import apply_penalties_and_bias
 from radixlm.runtime.sampling.sampler import top_k_top_p_min_p_filter
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo, derive_seed
@@ -61,15 +61,11 @@ class DraftVerification:
     drafts: list[list[int]]  # cut before the first token its grammar refuses
     starts: list[int]  # first row of each request in `processed`
     processed: torch.Tensor  # rows after penalties, logit bias and the grammar mask
-    choices: torch.Tensor  # constrained argmax per row (copied to the host asynchronously on CUDA)
+    choices: HostCopy  # constrained argmax per row
     probs: torch.Tensor | None  # sampling distribution per row, when some request samples
-    done: object | None = None  # CUDA event: `choices` is on the host
 
     def choice_list(self) -> list[int]:
-        if self.done is not None:
-            self.done.synchronize()
-            self.done = None
-        return self.choices.tolist()
+        return self.choices.get()[0].tolist()
 
 
 def draft_layout(drafts: list[list[int]], first_row: int = 0) -> list[int]:
@@ -140,12 +136,7 @@ def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout:
         probs = torch.softmax(processed.float() / info.temperatures, dim=-1)
         probs = top_k_top_p_min_p_filter(probs, info)
         probs = probs / probs.sum(dim=-1, keepdim=True)
-    v = DraftVerification(reqs, drafts, starts, processed, choices, probs)
-    if choices.is_cuda:
-        v.choices = choices.to("cpu", non_blocking=True)
-        v.done = torch.cuda.Event()
-        v.done.record()
-    return v
+    return DraftVerification(reqs, drafts, starts, processed, HostCopy(choices), probs)
 
 
 def prepare_verification(reqs: list, drafts: list[list[int]], logits: torch.Tensor, backend) -> DraftVerification:

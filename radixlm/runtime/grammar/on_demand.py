@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.runtime.executor.host_to_device import host_to_device
+from radixlm.runtime.executor.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.grammar.jump_forward import VerifyResult, draft_layout
 
 CANDIDATES = 16  # the model's top-k tried, in order, when the grammar refuses its argmax
@@ -31,30 +31,18 @@ class OnDemandRows:
     drafts: list[list[int]]  # [] for a sampling row
     starts: list[int]  # each request's first row in `logits`
     logits: torch.Tensor  # a copy: the pass's logits buffer is reused by the next pass
-    choices: torch.Tensor  # raw argmax per row (copied to the host asynchronously on CUDA, as the next two)
-    top_values: torch.Tensor  # (rows, CANDIDATES) the largest logits, descending
-    top_ids: torch.Tensor  # their token ids
-    done: object | None = None  # CUDA event: the copies are on the host
+    # On the host: the raw argmax per row, the CANDIDATES largest logits per row (descending) and their token ids.
+    choices: HostCopy
 
     def host_lists(self) -> tuple[list[int], list[list[float]], list[list[int]]]:
-        if self.done is not None:
-            self.done.synchronize()
-            self.done = None
-        return self.choices.tolist(), self.top_values.tolist(), self.top_ids.tolist()
+        return tuple(t.tolist() for t in self.choices.get())
 
 
 def launch_on_demand(reqs: list, drafts: list[list[int]], logits: torch.Tensor) -> OnDemandRows:
     """`logits`: len(draft) + 1 rows per request, in order (a copy that outlives the pass)."""
-    choices = torch.argmax(logits, dim=-1)
     top = torch.topk(logits, min(CANDIDATES, logits.shape[-1]), dim=-1)
-    values = top.values.float()
-    rows = OnDemandRows(reqs, drafts, draft_layout(drafts), logits, choices, values, top.indices)
-    if choices.is_cuda:
-        rows.choices, rows.top_values, rows.top_ids = (t.to("cpu", non_blocking=True)
-                                                       for t in (choices, values, top.indices))
-        rows.done = torch.cuda.Event()
-        rows.done.record()
-    return rows
+    choices = HostCopy(torch.argmax(logits, dim=-1), top.values.float(), top.indices)
+    return OnDemandRows(reqs, drafts, draft_layout(drafts), logits, choices)
 
 
 def resolve(rows: OnDemandRows, backend) -> tuple[dict[int, VerifyResult], int]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.executor.forward_batch import ForwardMode
-from radixlm.runtime.executor.host_to_device import rows_to_device
+from radixlm.runtime.executor.host_to_device import HostCopy, rows_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, top_logprobs
 from radixlm.runtime.messages import ReqOutput
 from radixlm.runtime.scheduler.constrained import GRAMMAR_VIOLATION, PassGrammar
@@ -28,9 +28,8 @@ class BatchResult:
     samplers: list[Req]
     verifiers: list[Req]
     spans: list[tuple[Req, int, int, int]]
-    next_ids: torch.Tensor | None = None  # on the host once `done` has fired
+    next_ids: HostCopy | None = None  # the sampled tokens
     logprobs: torch.Tensor | None = None  # log_softmax of the sampling rows, when a sampler asked for logprobs
-    done: torch.cuda.Event | None = None  # CUDA: the copy of next_ids to the host has finished
     grammar: PassGrammar | None = None  # the grammar masks and drafts' verification of this pass
 
     @property
@@ -39,9 +38,7 @@ class BatchResult:
         return bool(self.prefill_reqs)
 
     def token_ids(self) -> list[int]:
-        if self.done is not None:
-            self.done.synchronize()
-        return [] if self.next_ids is None else self.next_ids.tolist()
+        return [] if self.next_ids is None else self.next_ids.get()[0].tolist()
 
 
 class SchedulerOutputProcessorMixin:

@@ -21,7 +21,7 @@ import torch
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.executor.forward_batch import ForwardMode
-from radixlm.runtime.executor.host_to_device import host_to_device
+from radixlm.runtime.executor.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan
 from radixlm.runtime.messages import ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampler import Sampler
@@ -365,12 +365,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 self.next_token_buf[rows] = next_ids
             for req in samplers:
                 req.num_pending += 1
-            if next_ids.is_cuda:
-                result.next_ids = next_ids.to("cpu", non_blocking=True)
-                result.done = torch.cuda.Event()
-                result.done.record()
-            else:
-                result.next_ids = next_ids
+            result.next_ids = HostCopy(next_ids)
         return result
 
     # ------------------------------------------------------------------ integrity
