@@ -4,7 +4,7 @@ regex, with jump-forward off / fast / exact, through the offline Engine (one eng
     python benchmarks/json_decoding.py [--model default] [--num-prompts 64] [--constraint json_schema|regex]
                                        [--max-running 16] [--device cpu] [--repeat 1]
                                        [--modes off,fast,exact[,off:always,exact:nomix,...]]
-                                       [--out benchmarks/results/json_decoding_cpu.json]
+                                       [--phases] [--out benchmarks/results/json_decoding_cpu.json]
 
 A mode is a jump-forward mode, optionally with ":always" (fill every grammar mask, --grammar-mask always, instead of
 on demand) and ":nomix" (--disable-mixed-prefill).
@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 
 from radixlm import Engine
+
+from phases import PhaseTimer
 
 CITIES = ["Paris", "Tokyo", "Lagos", "Lima", "Oslo", "Cairo", "Quito", "Hanoi", "Perth", "Turin", "Accra", "Dakar"]
 COUNTRIES = ["France", "Japan", "Nigeria", "Peru", "Norway", "Egypt", "Ecuador", "Vietnam", "Australia", "Italy",
@@ -71,7 +73,8 @@ def prompts_for(engine: Engine, texts: list[str]) -> list[str]:
             for t in texts]
 
 
-def run_mode(mode: str, args, texts: list[str]) -> dict:
+def run_mode(mode: str, args, texts: list[str], prepare=None) -> dict:
+    """prepare(engine, prompts, sampling_params), when given, runs before the warm-up (host_overhead.py)."""
     jump_forward, *opts = mode.split(":")
     engine = Engine(args.model, jump_forward=jump_forward, grammar_mask="always" if "always" in opts else "on_demand",
                     disable_mixed_prefill="nomix" in opts, random_seed=0, device=args.device, dtype=args.dtype,
@@ -81,12 +84,17 @@ def run_mode(mode: str, args, texts: list[str]) -> dict:
         sp = {"temperature": 0, "max_new_tokens": 256}
         sp["json_schema" if args.constraint == "json_schema" else "regex"] = (
             json.dumps(SCHEMA) if args.constraint == "json_schema" else REGEX)
+        if prepare is not None:
+            prepare(engine, prompts, sp)
         engine.generate(prompts[: args.max_running], sp)  # warm-up: grammar compiled, kernels of every batch size built
         stats0 = dict(engine.scheduler.stats)
         masks0 = engine.scheduler.constrained.stats["masks_filled"]
+        timer = PhaseTimer.attach(engine) if args.phases else None
         t0 = time.perf_counter()
         outs = engine.generate(prompts, sp)
         wall = time.perf_counter() - t0
+        if timer is not None:
+            timer.detach()
         sched = engine.scheduler
         out_tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
         c = sched.constrained.stats
@@ -101,6 +109,7 @@ def run_mode(mode: str, args, texts: list[str]) -> dict:
             "exact_acceptance_rate": c["accepted_draft_tokens"] / c["draft_tokens"] if c["draft_tokens"] else None,
             "fast_forced_tokens": c["forced_tokens"], "jump_passes": sched.stats["jump_decode_batches"] - stats0["jump_decode_batches"],
             "_ids": [o["output_ids"] for o in outs], "_texts": [o["text"] for o in outs],
+            "phases": timer.as_dict() if timer is not None else None, "_timer": timer,
         }
     finally:
         engine.shutdown()
@@ -163,6 +172,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=1, help="rounds of all modes; each mode's fastest is kept")
     p.add_argument("--modes", default="off,fast,exact", help="comma-separated; the first is the baseline")
+    p.add_argument("--phases", action="store_true", help="time the scheduler's phases (benchmarks/phases.py)")
+    p.add_argument("--save-ids", default=None, help="write the first mode's output token ids here (JSON list)")
     p.add_argument("--out", default="benchmarks/results/json_decoding_cpu.json")
     args = p.parse_args()
     texts = passages(args.num_prompts, args.seed)
@@ -182,11 +193,17 @@ def main() -> None:
         runs[m]["throughput_vs_off"] = runs[m]["output_tokens_per_s"] / off["output_tokens_per_s"]
         runs[m]["speedup_wall_vs_off"] = off["wall_s"] / runs[m]["wall_s"]
         runs[m]["identical_to_off"] = sum(a == b for a, b in zip(runs[m]["_ids"], off["_ids"]))
+    if args.save_ids:
+        Path(args.save_ids).write_text(json.dumps(off["_ids"]))
     costs = grammar_costs(args, off["_ids"][:8])
     sample = off["_texts"][0]
-    for r in runs.values():
+    for m, r in runs.items():
         r.pop("_ids")
         r.pop("_texts")
+        timer = r.pop("_timer")
+        if timer is not None:
+            print(f"phases of {m} (its fastest round; {r['wall_s']:.2f} s wall):")
+            print(timer.table(r["wall_s"], r["forward_passes"], r["output_tokens"]))
     result = {
         "benchmark": "json_decoding", "model": args.model, "constraint": args.constraint,
         "num_prompts": args.num_prompts, "max_running_requests": args.max_running, "device": args.device,

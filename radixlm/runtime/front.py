@@ -160,9 +160,10 @@ class DecodeState:
 
     def update(self, new_ids: list[int], finished_reason: dict | None) -> str:
         self.output_ids.extend(new_ids)
-        self.decoder.append(new_ids)
         if finished_reason is None:
+            self.decoder.append(new_ids)
             return hold_back_stop_prefix(self.decoder.text, self.info.stop)
+        # The final text is decoded whole (the incremental decoder's text is for streaming only).
         ids = self.output_ids
         if finished_reason.get("type") == "stop" and isinstance(finished_reason.get("matched"), int) and not self.info.no_stop_trim:
             ids = ids[:-1]

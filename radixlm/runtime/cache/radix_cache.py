@@ -41,11 +41,10 @@ class RadixKey:
         """Common-prefix length, rounded down to a page."""
         if self.extra_key != other.extra_key:
             raise ValueError("cannot match keys of different extra_key namespaces")
-        n = 0
-        for a, b in zip(self.token_ids, other.token_ids):
-            if a != b:
-                break
-            n += 1
+        a, b = self.token_ids, other.token_ids
+        n = min(len(a), len(b))
+        if a[:n] != b[:n]:  # else the whole shorter key matches (one C-level comparison)
+            n = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
         return n // page_size * page_size
 
 
@@ -123,9 +122,8 @@ class RadixCache:
         self.device = allocator.device if allocator is not None else torch.device("cpu")
         self._clock = 0
         self.evicted_tokens_total = 0  # since start (not reset by flushes): published for routers
-        # Bumped whenever the tree's content changes (insert, split, evict, reset): an earlier match of the same
-        # key is still exact while it has not moved.
-        self.version = 0
+        # Bumped by reset (a flush forgets every node at once); see match_unchanged.
+        self.generation = 0
         self._empty_indices = torch.empty((0,), dtype=torch.int64, device=self.device)
         self.reset()
 
@@ -136,7 +134,7 @@ class RadixCache:
         self.evict_queue = EvictionQueue(self.eviction_strategy)
         self.evictable_size_ = 0
         self.protected_size_ = 0
-        self.version += 1
+        self.generation += 1
 
     def _tick(self) -> int:
         self._clock += 1
@@ -153,6 +151,7 @@ class RadixCache:
         if self.disable or len(key) < self.page_size:
             return MatchResult([self._empty()], self.root_node, 0)
         key = key.page_aligned(self.page_size)
+        length = 0
         now = self._tick()
         node = self.root_node
         node.last_access_time = now
@@ -166,6 +165,7 @@ class RadixCache:
             child.hit_count += 1
             touched = child
             n = child.key.match(key, self.page_size)
+            length += n
             if n < len(child.key):
                 node = self._split_node(child, n)
                 values.append(node.value)
@@ -175,13 +175,24 @@ class RadixCache:
             key = key[n:]
         if touched is not None:  # the only node on the path that can be a leaf; its priority moved
             self.evict_queue.offer(touched)
-        return MatchResult(values or [self._empty()], node, sum(len(v) for v in values))
+        return MatchResult(values or [self._empty()], node, length)
+
+    def match_unchanged(self, last_node: TreeNode, token_ids: list[int], limit: int, extra_key: str | None,
+                        matched: int, generation: int) -> bool:
+        """Whether match_prefix of token_ids[:limit] would still end at last_node after `matched` tokens, as it did
+        in this generation. A match only grows by a child added under its last node (inserts add leaves; a split
+        keeps the lower node, and with it the match's end) and only shrinks when its last node is evicted (eviction
+        takes leaves: the nodes above a live node stay)."""
+        if generation != self.generation or last_node.deleted:
+            return False
+        if limit - matched < self.page_size:
+            return True
+        return (extra_key, tuple(token_ids[matched : matched + self.page_size])) not in last_node.children
 
     def _split_node(self, child: TreeNode, n: int) -> TreeNode:
         """Cuts child after n tokens; returns the new upper node (which takes child's place)."""
         parent = child.parent
         assert parent is not None and 0 < n < len(child.key)
-        self.version += 1
         new = TreeNode(
             key=child.key[:n],
             value=child.value[:n],
@@ -233,7 +244,6 @@ class RadixCache:
                             creation_time=now)
             node.children[key.child_key(self.page_size)] = leaf
             self.evictable_size_ += len(key)
-            self.version += 1
             node = leaf
         self.evict_queue.offer(node)
         return present, node
@@ -298,7 +308,6 @@ class RadixCache:
             queue.offer(node.parent)  # it may have become a leaf
         if freed:
             self.token_to_kv_pool_allocator.free(torch.cat(freed))  # one free: each one copies the free list
-            self.version += 1
         return evicted
 
     def _delete_leaf(self, node: TreeNode) -> None:

@@ -31,6 +31,15 @@ class LogitsOutput:
     input_logprobs: list[float]  # one per input row
     input_top: list[list[tuple[float, int]]]  # one per input row when input_top_k > 0
     verify_logits: torch.Tensor | None = None  # (len(verify_rows), vocab) float32
+    # Both at once, sample rows first, when they are views of one tensor of this pass's own (not a buffer that the
+    # next pass overwrites): readers after the pass may keep it without a copy.
+    rows: torch.Tensor | None = None
+
+
+def split_rows(rows: torch.Tensor, plan: LogitsPlan, input_lp: list[float], input_top: list) -> LogitsOutput:
+    """The LogitsOutput of logits computed for plan.sample_rows + plan.verify_rows, in that order."""
+    n = len(plan.sample_rows)
+    return LogitsOutput(rows[:n], input_lp, input_top, rows[n:] if plan.verify_rows else None, rows)
 
 
 def top_logprobs(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
@@ -53,7 +62,7 @@ class LogitsProcessor:
 
     def __call__(self, hidden: torch.Tensor, plan: LogitsPlan) -> LogitsOutput:
         dev = hidden.device
-        next_logits = self.logits(hidden[host_to_device(plan.sample_rows, torch.long, dev)])
+        picked = self.logits(hidden[host_to_device(plan.sample_rows + plan.verify_rows, torch.long, dev)])
         input_lp: list[float] = []
         input_top: list[list[tuple[float, int]]] = []
         # Prompt logprobs a slice of rows at a time: a long prompt's full (rows, vocab) float32 matrix, and its
@@ -65,7 +74,4 @@ class LogitsProcessor:
             input_lp += lp.gather(1, targets[:, None]).squeeze(1).tolist()
             if plan.input_top_k:
                 input_top += top_logprobs(lp, plan.input_top_k)
-        verify = None
-        if plan.verify_rows:
-            verify = self.logits(hidden[host_to_device(plan.verify_rows, torch.long, dev)])
-        return LogitsOutput(next_logits, input_lp, input_top, verify)
+        return split_rows(picked, plan, input_lp, input_top)

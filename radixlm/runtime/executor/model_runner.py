@@ -11,7 +11,7 @@ from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, Tok
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.host_to_device import host_to_device
-from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor
+from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor, split_rows
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
 from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
 from radixlm.runtime.model_loader.config import ModelConfig
@@ -120,9 +120,8 @@ class ModelRunner:
                 # The usual decode batch: sample rows are ascending and distinct, so this is every row in order.
                 return LogitsOutput(logits, [], [])
             # Jump-forward rows in a decode batch (ScheduleBatch.prepare_for_decode): pick the plan's rows.
-            dev = logits.device
-            return LogitsOutput(logits[host_to_device(plan.sample_rows, torch.long, dev)], [], [],
-                                logits[host_to_device(plan.verify_rows, torch.long, dev)] if plan.verify_rows else None)
+            picked = logits[host_to_device(plan.sample_rows + plan.verify_rows, torch.long, logits.device)]
+            return split_rows(picked, plan, [], [])
         self.attn_backend.init_forward_metadata(forward_batch)
         hidden = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
         return self.logits_processor(hidden, plan)

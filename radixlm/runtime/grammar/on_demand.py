@@ -30,19 +30,18 @@ class OnDemandRows:
     reqs: list
     drafts: list[list[int]]  # [] for a sampling row
     starts: list[int]  # each request's first row in `logits`
-    logits: torch.Tensor  # a copy: the pass's logits buffer is reused by the next pass
-    # On the host: the raw argmax per row, the CANDIDATES largest logits per row (descending) and their token ids.
+    logits: torch.Tensor  # not the pass's logits buffer (the next pass reuses it): a copy, or rows of its own
+    # On the host: the CANDIDATES largest logits per row (descending) and their token ids.
     choices: HostCopy
 
-    def host_lists(self) -> tuple[list[int], list[list[float]], list[list[int]]]:
+    def host_lists(self) -> tuple[list[list[float]], list[list[int]]]:
         return tuple(t.tolist() for t in self.choices.get())
 
 
 def launch_on_demand(reqs: list, drafts: list[list[int]], logits: torch.Tensor) -> OnDemandRows:
-    """`logits`: len(draft) + 1 rows per request, in order (a copy that outlives the pass)."""
+    """`logits`: len(draft) + 1 rows per request, in order, in a tensor that outlives the pass."""
     top = torch.topk(logits, min(CANDIDATES, logits.shape[-1]), dim=-1)
-    choices = HostCopy(torch.argmax(logits, dim=-1), top.values.float(), top.indices)
-    return OnDemandRows(reqs, drafts, draft_layout(drafts), logits, choices)
+    return OnDemandRows(reqs, drafts, draft_layout(drafts), logits, HostCopy(top.values.float(), top.indices))
 
 
 def resolve(rows: OnDemandRows, backend) -> tuple[dict[int, VerifyResult], int]:
@@ -50,7 +49,7 @@ def resolve(rows: OnDemandRows, backend) -> tuple[dict[int, VerifyResult], int]:
     after them (tokens == [] when nothing is allowed: violated). Walks all requests a row at a time, so that the
     masks a row needs are filled in one batched call and applied in one device step. Each grammar is left advanced
     over its verdict's tokens. Also returns how many masks were filled."""
-    choices, top_values, top_ids = rows.host_lists()
+    top_values, top_ids = rows.host_lists()
     n = len(rows.reqs)
     tokens: list[list[int]] = [[] for _ in range(n)]
     violated = [False] * n
@@ -59,9 +58,10 @@ def resolve(rows: OnDemandRows, backend) -> tuple[dict[int, VerifyResult], int]:
         need, still = [], []
         for i in active:
             row, grammar = rows.starts[i] + level, rows.reqs[i].grammar
-            token = choices[row]
-            if not grammar.accept_token(token):
-                token = _first_allowed_candidate(grammar, top_values[row], top_ids[row])
+            values, ids = top_values[row], top_ids[row]
+            token = ids[0]  # the argmax when no other token scores as high (the usual case)
+            if not (values[0] > values[1] and grammar.accept_token(token)):
+                token = _first_allowed_candidate(grammar, values, ids)
                 if token is None:
                     need.append(i)
                     continue

@@ -84,10 +84,12 @@ class ConstrainedDecoding:
 
     # ------------------------------------------------------------------ sampling
     def prepare_pass(self, samplers: list[Req], logits: torch.Tensor | None, info: SamplingBatchInfo | None,
-                     verifiers: list[Req], verify_logits: torch.Tensor | None) -> PassGrammar | None:
+                     verifiers: list[Req], verify_logits: torch.Tensor | None,
+                     both: torch.Tensor | None = None) -> PassGrammar | None:
         """At launch, while the device runs the pass. Greedy rows (sampling rows and exact jump-forward drafts) keep
         their logits for `resolve` (masks on demand). The other rows' masks are filled now: the sampling rows' are
-        attached to `info`, the drafts' verification is built; their costly masks (free text) in one batched call."""
+        attached to `info`, the drafts' verification is built; their costly masks (free text) in one batched call.
+        both: `logits` then `verify_logits` in one tensor of the pass's own (LogitsOutput.rows), if there is one."""
         sampled = [i for i, r in enumerate(samplers) if r.grammar is not None]
         if not sampled and not verifiers:
             return None
@@ -99,13 +101,17 @@ class ConstrainedDecoding:
         eager_v = [k for k, r in enumerate(verifiers) if not self._on_demand(r)]
         pg = PassGrammar()
         if lazy_s or lazy_v:
-            # torch.cat copies: the pass's logits buffer is reused by the next pass.
-            parts = [logits if len(lazy_s) == len(samplers) else _rows(logits, lazy_s)] if lazy_s else []
-            if lazy_v:
-                parts.append(verify_logits if len(lazy_v) == len(verifiers)
-                             else _rows(verify_logits, [j for k in lazy_v for j in verify_rows[k]]))
+            if both is not None and len(lazy_s) == len(samplers) and len(lazy_v) == len(verifiers):
+                kept = both  # every row is on demand, and the tensor outlives the pass: no copy
+            else:
+                # torch.cat copies: the pass's logits buffer is reused by the next pass.
+                parts = [logits if len(lazy_s) == len(samplers) else _rows(logits, lazy_s)] if lazy_s else []
+                if lazy_v:
+                    parts.append(verify_logits if len(lazy_v) == len(verifiers)
+                                 else _rows(verify_logits, [j for k in lazy_v for j in verify_rows[k]]))
+                kept = torch.cat(parts)
             pg.on_demand = launch_on_demand([samplers[i] for i in lazy_s] + [verifiers[k] for k in lazy_v],
-                                            [[] for _ in lazy_s] + [drafts[k] for k in lazy_v], torch.cat(parts))
+                                            [[] for _ in lazy_s] + [drafts[k] for k in lazy_v], kept)
         if not eager_s and not eager_v:
             return pg
         backend = self.cache.backend
@@ -127,6 +133,11 @@ class ConstrainedDecoding:
 
     def _on_demand(self, req: Req) -> bool:
         return self.mask_on_demand and plain_greedy(req)
+
+    def decides_all(self, samplers: list[Req]) -> bool:
+        """Every sampling row's token will be decided by `resolve` (its grammar's mask on demand): the pass needs no
+        sampler."""
+        return all(r.grammar is not None and self._on_demand(r) for r in samplers)
 
     def resolve(self, pg: PassGrammar | None) -> None:
         """When the pass's results are processed, before its tokens are taken: decide the on-demand rows (their

@@ -28,7 +28,7 @@ class BatchResult:
     samplers: list[Req]
     verifiers: list[Req]
     spans: list[tuple[Req, int, int, int]]
-    next_ids: HostCopy | None = None  # the sampled tokens
+    next_ids: HostCopy | None = None  # the sampled tokens (None when every sampling row is decided on demand)
     logprobs: torch.Tensor | None = None  # log_softmax of the sampling rows, when a sampler asked for logprobs
     grammar: PassGrammar | None = None  # the grammar masks and drafts' verification of this pass
 
@@ -37,8 +37,8 @@ class BatchResult:
         """New requests rode in this pass (they joined the running batch at launch)."""
         return bool(self.prefill_reqs)
 
-    def token_ids(self) -> list[int]:
-        return [] if self.next_ids is None else self.next_ids.get()[0].tolist()
+    def token_ids(self) -> list[int | None]:
+        return [None] * len(self.samplers) if self.next_ids is None else self.next_ids.get()[0].tolist()
 
 
 class SchedulerOutputProcessorMixin:
@@ -67,6 +67,10 @@ class SchedulerOutputProcessorMixin:
             else:
                 verdict = verdicts.get(id(req))
                 decided = verdict is not None and bool(verdict.tokens)  # mask on demand: the constrained argmax
+                if tok is None and not decided:  # no sampler ran and nothing is allowed: the grammar is violated
+                    req.finished_reason = FinishReason("abort", message=GRAMMAR_VIOLATION)
+                    self._after_tokens(req, result.is_prefill)
+                    continue
                 self._append_token(req, verdict.tokens[0] if decided else tok,
                                    None if out_lp is None else out_lp[i : i + 1], "accepted" if decided else "advance")
                 self.constrained.plan_jump(req)

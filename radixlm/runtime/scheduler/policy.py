@@ -55,11 +55,12 @@ class SchedulePolicy:
         return policy
 
     def _in_batch_deprioritized(self, waiting: list[Req]) -> set[Req]:
-        sim = RadixCache(None, None, page_size=1)
+        sim = None  # built at the first request to check (usually none: their prefixes are cached)
         out: set[Req] = set()
         for req in waiting:
             if req.prefix_len > IN_BATCH_CHECK_THRESHOLD:
                 continue
+            sim = sim or RadixCache(None, None, page_size=1)
             key = RadixKey(req.fill_ids[: req.max_prefix_len()], req.extra_key)
             shared = sim.match_prefix(key).length
             if shared >= IN_BATCH_DEPRIORITIZE_THRESHOLD:

@@ -57,7 +57,7 @@ class Req:
     extend_input_len: int = 0  # new tokens in the current extend (the chunk size when chunked)
     is_chunked: bool = False  # mid chunked prefill: no token is sampled until the last chunk
     match_round: int = -1  # scheduler round of the last match_prefix
-    match_version: int = -1  # the radix tree's version at that match
+    match_generation: int = -1  # the radix tree's generation at that match
     finished_reason: FinishReason | None = None
     cached_tokens: int = 0
     started: bool = False  # its first prefill has been admitted (cached_tokens is final)
@@ -125,15 +125,16 @@ class Req:
         from radixlm.runtime.cache.radix_cache import RadixKey
 
         self.match_round = round_id
-        if (self.last_node is not None and self.match_version == tree_cache.version
-                and len(self.fill_ids) == self.seqlen):
-            return  # neither the tree nor the request changed since the last match
+        if (self.last_node is not None and len(self.fill_ids) == self.seqlen and tree_cache.match_unchanged(
+                self.last_node, self.fill_ids, self.max_prefix_len(), self.extra_key, self.prefix_len,
+                self.match_generation)):
+            return  # the request did not change, and the tree holds no more or less of it than at the last match
         self.fill_ids = self.origin_input_ids + self.output_ids
         key = RadixKey(self.fill_ids[: self.max_prefix_len()], self.extra_key)
         result = tree_cache.match_prefix(key)
         self._prefix, self.prefix_len, self.last_node = result, result.length, result.last_node
         self.extend_input_len = len(self.fill_ids) - self.prefix_len
-        self.match_version = tree_cache.version  # after the match: it may split a node
+        self.match_generation = tree_cache.generation
 
     def decode_end(self) -> int:
         """End (exclusive) of the positions the next decode pass writes: the last output token (or the one still in

@@ -349,22 +349,21 @@ class Scheduler(SchedulerOutputProcessorMixin):
                              verifiers, spans)
         for req, s in zip(batch.reqs, batch.seq_lens):
             req.kv_committed_len = s
-        info = None
-        if samplers:
-            logits = out.next_token_logits  # with CUDA graphs a static buffer: everything reading it is enqueued now
-            info = SamplingBatchInfo.from_reqs(samplers, logits.shape[-1], self.device)
-        result.grammar = self.constrained.prepare_pass(samplers, out.next_token_logits, info, verifiers,
-                                                       out.verify_logits)
-        if samplers:
+        logits = out.next_token_logits  # with CUDA graphs a static buffer: everything reading it is enqueued now
+        # Rows whose grammar decides their token on demand need no sampler (nor its parameters on the device).
+        sample = bool(samplers) and not self.constrained.decides_all(samplers)
+        info = SamplingBatchInfo.from_reqs(samplers, logits.shape[-1], self.device) if sample else None
+        result.grammar = self.constrained.prepare_pass(samplers, logits, info, verifiers, out.verify_logits, out.rows)
+        if samplers and any(r.return_logprob for r in samplers):
+            result.logprobs = torch.log_softmax(logits, dim=-1)
+        for req in samplers:
+            req.num_pending += 1
+        if sample:
             next_ids = self.sampler(logits, info, self.generator)
-            if any(r.return_logprob for r in samplers):
-                result.logprobs = torch.log_softmax(logits, dim=-1)
             if self.overlap:
                 rows = fb.req_pool_indices if len(samplers) == fb.batch_size else host_to_device(
                     [r.req_pool_idx for r in samplers], torch.int64, self.device)
                 self.next_token_buf[rows] = next_ids
-            for req in samplers:
-                req.num_pending += 1
             result.next_ids = HostCopy(next_ids)
         return result
 

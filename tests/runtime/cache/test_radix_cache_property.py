@@ -155,3 +155,37 @@ def test_incremental_eviction_order_equals_a_full_scan(ps, policy, ops):
         want = min(leaves, key=lambda n: (cache.eviction_strategy(n), n.id))
         assert cache.evict(1) == len(want.key) and want.deleted
         cache.check_consistency()
+
+
+@settings(max_examples=200, deadline=None)
+@given(ps=st.sampled_from([1, 4]), ops=st.lists(op_st, max_size=30))
+def test_match_unchanged_means_the_same_match(ps, ops):
+    """The scheduler skips re-matching a waiting request while match_unchanged holds: a fresh match must then end at
+    the same node after the same number of tokens, whatever inserts, splits and evictions happened meanwhile."""
+    alloc = TokenToKVPoolAllocator(POOL, ps, "cpu")
+    cache = RadixCache(ReqToTokenPool(1, 8, "cpu"), alloc, page_size=ps)
+    watched: dict[tuple, tuple] = {}  # (tokens, extra) -> (last_node, length, generation) at its last match
+    skipped = 0
+    for op in ops:
+        if op[0] == "insert":
+            n = len(op[1]) // ps * ps
+            if n > alloc.available_size():
+                cache.evict(n - alloc.available_size())
+            value = alloc.alloc(n)
+            if value is not None:
+                alloc.free(value[: cache.insert(RadixKey(op[1], op[2]), value)])
+        elif op[0] == "evict":
+            cache.evict(op[1])
+        elif op[0] == "unlock" and op[1] % 7 == 0:
+            cache.reset()
+            alloc.clear()
+        elif op[0] in ("match", "lock"):
+            watched[(tuple(op[1]), op[2])] = None
+        for (tokens, extra), seen in list(watched.items()):
+            if seen is not None and cache.match_unchanged(seen[0], list(tokens), len(tokens), extra, seen[1], seen[2]):
+                m = cache.match_prefix(RadixKey(list(tokens), extra))
+                assert (m.last_node, m.length) == seen[:2]
+                skipped += 1
+            else:
+                m = cache.match_prefix(RadixKey(list(tokens), extra))
+            watched[(tokens, extra)] = (m.last_node, m.length, cache.generation)

@@ -1,0 +1,93 @@
+"""Where an offline run's wall time goes, by phase, without a profiler's distortion: wraps a few of the engine's
+methods with perf_counter timers (a wrapper costs about a microsecond; the phases run per pass or per request).
+
+    timer = PhaseTimer.attach(engine)   # before the measured generate
+    ...
+    timer.detach(); timer.table(passes)
+
+Times are inclusive (a phase contains the phases it calls); `wait for device` is the time spent waiting for a
+pass's results to reach the host."""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from radixlm.runtime.executor import host_to_device
+
+# (label, path from the engine to the object, method); in call order, outer phases first.
+PHASES = [
+    ("tokenize + build requests", "builder", "build"),
+    ("scheduler step", "scheduler", "step"),
+    ("  add_request", "scheduler", "add_request"),
+    ("  next batch", "scheduler", "get_next_batch_to_run"),
+    ("    new prefill batch", "scheduler", "get_new_batch_prefill"),
+    ("    mix in running", "scheduler", "_mix_in_running"),
+    ("    update running batch", "scheduler", "update_running_batch"),
+    ("  launch", "scheduler", "launch_batch"),
+    ("    model forward (enqueue)", "runner", "forward"),
+    ("    grammar prepare_pass", "scheduler.constrained", "prepare_pass"),
+    ("    sampler", "scheduler", "sampler"),
+    ("  process results", "scheduler", "process_batch_result"),
+    ("    grammar resolve", "scheduler.constrained", "resolve"),
+    ("    verify drafts", "scheduler", "_process_verified"),
+    ("    plan jump", "scheduler.constrained", "plan_jump"),
+    ("    cache finished", "scheduler.tree_cache", "cache_finished_req"),
+]
+
+
+class PhaseTimer:
+    def __init__(self):
+        self.calls: dict[str, int] = defaultdict(int)
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._undo: list = []
+
+    @classmethod
+    def attach(cls, engine) -> "PhaseTimer":
+        timer = cls()
+        for label, path, name in PHASES:
+            obj = engine
+            for part in path.split("."):
+                obj = getattr(obj, part)
+            timer._wrap(obj, name, label, instance=True)
+        timer._wrap(host_to_device.HostCopy, "get", "  wait for device", instance=False)
+        return timer
+
+    def _wrap(self, obj, name: str, label: str, instance: bool) -> None:
+        fn = getattr(obj, name)
+        calls, seconds, clock = self.calls, self.seconds, time.perf_counter
+
+        def timed(*a, **kw):
+            t0 = clock()
+            try:
+                return fn(*a, **kw)
+            finally:
+                seconds[label] += clock() - t0
+                calls[label] += 1
+
+        own = name in vars(obj)  # an attribute of the object itself (not a method of its class)
+        setattr(obj, name, timed)
+        self._undo.append((obj, name, fn, own or not instance))
+
+    def detach(self) -> None:
+        for obj, name, fn, restore in reversed(self._undo):
+            if restore:
+                setattr(obj, name, fn)
+            else:
+                delattr(obj, name)  # the class's method shows through again
+        self._undo.clear()
+
+    def as_dict(self) -> dict[str, dict]:
+        return {label.strip(): {"calls": self.calls[label], "seconds": self.seconds[label]}
+                for label in [p[0] for p in PHASES] + ["  wait for device"] if self.calls[label]}
+
+    def table(self, wall_s: float, passes: int, tokens: int) -> str:
+        lines = [f"{'phase':32} {'calls':>7} {'total s':>8} {'% wall':>7} {'us/pass':>8} {'us/token':>9}"]
+        order = [p[0] for p in PHASES]
+        order.insert(order.index("  process results") + 1, "  wait for device")
+        for label in order:
+            if not self.calls[label]:
+                continue
+            s = self.seconds[label]
+            lines.append(f"{label:32} {self.calls[label]:7d} {s:8.3f} {100 * s / wall_s:6.1f}% "
+                         f"{1e6 * s / max(passes, 1):8.0f} {1e6 * s / max(tokens, 1):9.1f}")
+        return "\n".join(lines)
