@@ -51,13 +51,14 @@ def resolve(rows: OnDemandRows, backend) -> tuple[dict[int, VerifyResult], int]:
     over its verdict's tokens. Also returns how many masks were filled."""
     top_values, top_ids = rows.host_lists()
     n = len(rows.reqs)
+    grammars, starts, drafts = [r.grammar for r in rows.reqs], rows.starts, rows.drafts
     tokens: list[list[int]] = [[] for _ in range(n)]
     violated = [False] * n
     active, level, filled = list(range(n)), 0, 0
     while active:
         need, still = [], []
         for i in active:
-            row, grammar = rows.starts[i] + level, rows.reqs[i].grammar
+            row, grammar = starts[i] + level, grammars[i]
             values, ids = top_values[row], top_ids[row]
             token = ids[0]  # the argmax when no other token scores as high (the usual case)
             if not (values[0] > values[1] and grammar.accept_token(token)):
@@ -66,7 +67,7 @@ def resolve(rows: OnDemandRows, backend) -> tuple[dict[int, VerifyResult], int]:
                     need.append(i)
                     continue
             tokens[i].append(token)
-            if _continues(rows.drafts[i], level, token):
+            if _continues(drafts[i], level, token):
                 still.append(i)
         if need:
             filled += len(need)

@@ -123,7 +123,11 @@ class ScheduleBatch:
         self.forward_mode = ForwardMode.DECODE if rows <= max_decode_rows else ForwardMode.EXTEND
         self.input_ids, self.positions = [], []
         for req, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
-            self.input_ids.extend((req.origin_input_ids + req.output_ids + req.jump_draft)[p:s])
+            n_in = len(req.origin_input_ids)
+            if p >= n_in:  # the usual case: only output tokens and the draft (no copy of the whole sequence)
+                self.input_ids.extend((req.output_ids[p - n_in :] + req.jump_draft)[: s - p])
+            else:
+                self.input_ids.extend((req.origin_input_ids + req.output_ids + req.jump_draft)[p:s])
             self.positions.extend(range(p, s))
 
     def _new_spans(self) -> list[tuple[int, int, int]]:

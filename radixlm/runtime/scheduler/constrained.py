@@ -95,10 +95,8 @@ class ConstrainedDecoding:
             return None
         drafts = [r.jump_draft for r in verifiers]
         verify_rows = [list(range(o, o + len(d) + 1)) for o, d in zip(draft_layout(drafts), drafts)]
-        lazy_s = [i for i in sampled if self._on_demand(samplers[i])]
-        eager_s = [i for i in sampled if not self._on_demand(samplers[i])]
-        lazy_v = [k for k, r in enumerate(verifiers) if self._on_demand(r)]
-        eager_v = [k for k, r in enumerate(verifiers) if not self._on_demand(r)]
+        lazy_s, eager_s = _split(sampled, [self._on_demand(samplers[i]) for i in sampled])
+        lazy_v, eager_v = _split(range(len(verifiers)), [self._on_demand(r) for r in verifiers])
         pg = PassGrammar()
         if lazy_s or lazy_v:
             if both is not None and len(lazy_s) == len(samplers) and len(lazy_v) == len(verifiers):
@@ -231,6 +229,14 @@ class ConstrainedDecoding:
 
     def shutdown(self) -> None:
         self.cache.shutdown()
+
+
+def _split(items, flags: list[bool]) -> tuple[list, list]:
+    """(items whose flag is set, the others)."""
+    yes, no = [], []
+    for item, flag in zip(items, flags):
+        (yes if flag else no).append(item)
+    return yes, no
 
 
 def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:

@@ -119,12 +119,15 @@ class SchedulerOutputProcessorMixin:
             drafted_end = req.kv_committed_len  # the pass wrote KV up to the last draft token
             base = req.seqlen  # the last output token is at base - 1
             verdict = self.constrained.settle(result.grammar, req, self.generator)
-            kept = 0
-            for j, tok in enumerate(verdict.tokens):
-                self._append_token(req, tok, None if lps is None else lps[j : j + 1], grammar="ahead")
-                kept += 1
-                if req.finished():
-                    break
+            if lps is None:
+                kept = req.extend_output(verdict.tokens, self.tokenizer, self._stop_window(req))
+            else:
+                kept = 0
+                for j, tok in enumerate(verdict.tokens):
+                    self._append_token(req, tok, lps[j : j + 1], grammar="ahead")
+                    kept += 1
+                    if req.finished():
+                        break
             if not req.finished():
                 if verdict.violated:
                     req.finished_reason = FinishReason("abort", message=GRAMMAR_VIOLATION)
