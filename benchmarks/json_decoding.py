@@ -78,7 +78,8 @@ def run_mode(mode: str, args, texts: list[str], prepare=None) -> dict:
     jump_forward, *opts = mode.split(":")
     engine = Engine(args.model, jump_forward=jump_forward, grammar_mask="always" if "always" in opts else "on_demand",
                     disable_mixed_prefill="nomix" in opts, random_seed=0, device=args.device, dtype=args.dtype,
-                    max_running_requests=args.max_running, max_total_tokens=args.max_total_tokens)
+                    max_running_requests=args.max_running, max_total_tokens=args.max_total_tokens,
+                    load_format=getattr(args, "load_format", "auto"))
     try:
         prompts = prompts_for(engine, texts)
         sp = {"temperature": 0, "max_new_tokens": 256}
@@ -172,6 +173,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=1, help="rounds of all modes; each mode's fastest is kept")
     p.add_argument("--modes", default="off,fast,exact", help="comma-separated; the first is the baseline")
+    p.add_argument("--load-format", default="auto", help="dummy: random weights (a model directory with no weights)")
     p.add_argument("--phases", action="store_true", help="time the scheduler's phases (benchmarks/phases.py)")
     p.add_argument("--save-ids", default=None, help="write the first mode's output token ids here (JSON list)")
     p.add_argument("--out", default="benchmarks/results/json_decoding_cpu.json")
