@@ -31,7 +31,10 @@ class XGrammarMatcher(GrammarMatcher):
         return self.matcher.is_terminated()
 
     def jump_forward_string(self) -> str:
-        return self.matcher.find_jump_forward_string()
+        try:
+            return self.matcher.find_jump_forward_string()
+        except UnicodeDecodeError:
+            return ""  # the forced bytes finish a character an earlier token began: no jump here, decode on
 
 
 class XGrammarBackend(GrammarBackend):
