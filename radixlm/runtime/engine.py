@@ -76,6 +76,7 @@ class Engine:
         self.tokenizer = get_tokenizer(args.tokenizer_path or self.model_config.model_path)
         self.runner = ModelRunner(args, self.model_config, device)
         self.scheduler = Scheduler(args, self.runner, self.tokenizer, self.model_config.eos_token_ids)
+        self.scheduler.output_sink = self._deliver
         self.context_len = self.model_config.context_len
         self.vocab_size = self.model_config.vocab_size
         self.builder = RequestBuilder(self.tokenizer, FrontLimits(
@@ -114,20 +115,24 @@ class Engine:
                         sched.add_request(msg)
                 if sched.is_idle():
                     continue
-                for out in sched.step():
-                    p = self._states.get(out.rid)
-                    if p is None:
-                        continue
-                    snapshot = p.state.update(out, p.decode.update(out.new_output_ids, out.finished_reason))
-                    if p.state.finished:
-                        self._states.pop(out.rid, None)
-                    p.listener(snapshot)
+                self._deliver(sched.step())
         except BaseException as e:  # noqa: BLE001 - surfaced to every waiting caller
             logger.exception("scheduler failed")
             self._error = e
             for p in list(self._states.values()):
                 p.listener(e)
             self._states.clear()
+
+    def _deliver(self, outputs) -> None:
+        """Scheduler outputs -> snapshots for the callers (the scheduler's output sink: called while a pass runs)."""
+        for out in outputs:
+            p = self._states.get(out.rid)
+            if p is None:
+                continue
+            snapshot = p.state.update(out, p.decode.update(out.new_output_ids, out.finished_reason))
+            if p.state.finished:
+                self._states.pop(out.rid, None)
+            p.listener(snapshot)
 
     def _submit(self, msg: TokenizedGenerateReqInput, listener, return_text: bool) -> None:
         if self._error is not None:

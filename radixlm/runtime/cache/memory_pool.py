@@ -145,6 +145,8 @@ class TokenToKVPoolAllocator:
         return pages
 
     def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
+        if self.page_size == 1:
+            return pages  # a page is a slot (no device work)
         offsets = torch.arange(self.page_size, dtype=torch.int64, device=self.device)
         return (pages[:, None] * self.page_size + offsets).reshape(-1)
 

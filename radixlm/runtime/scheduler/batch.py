@@ -12,8 +12,10 @@ from radixlm.runtime.scheduler.req import Req
 # Decode growth is estimated with at most this many future tokens per request (SGLang's clip).
 CLIP_MAX_NEW_TOKENS = 4096
 RETRACT_DECODE_STEPS = 20
-# Up to this many tokens, a batch's req_to_token entries are written with one scatter built on the host.
+# Up to this many tokens, a batch's req_to_token entries are written with one scatter built on the host...
 TABLE_SCATTER_MAX_TOKENS = 2048
+# ...unless there are at most this many spans (a prefill's few prompts): a device copy per span costs less.
+TABLE_SLICE_MAX_SPANS = 4
 
 
 def pages_needed(prefix_len: int, seq_len: int, page_size: int) -> int:
@@ -135,12 +137,12 @@ class ScheduleBatch:
 
     def _write_table(self, spans: list[tuple[int, int, int]], slots: torch.Tensor) -> None:
         """req_to_token[row, start:end] = the next end - start slots, for each (row, start, end) in order: one
-        device write for a few tokens per request (decode, drafts, short prompts), else one per request (long
-        prompts: no per-token work on the host)."""
+        device write for a few tokens per request (decode, drafts), else one per request (a few prompts, or long
+        ones: no per-token work on the host)."""
         table = self.req_to_token_pool.req_to_token
         slots = slots.to(table.device)
         total = sum(end - start for _, start, end in spans)
-        if total > TABLE_SCATTER_MAX_TOKENS:
+        if total > TABLE_SCATTER_MAX_TOKENS or len(spans) <= TABLE_SLICE_MAX_SPANS:
             offset = 0
             for row, start, end in spans:
                 table[row, start:end] = slots[offset : offset + end - start]

@@ -72,6 +72,13 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs, ready_pipe) -> None
     ))
     watch = ParentWatch()
     new_reqs: list[DetokenizeInfo] = []
+
+    def send(outputs) -> None:
+        # NOTE: the infos go with (and before) the outputs, so the detokenizer knows every rid it sees.
+        to_detok.send_pyobj(BatchTokenOutput(list(new_reqs), outputs))
+        new_reqs.clear()
+
+    sched.output_sink = send  # outputs go out while the device runs the next pass
     last_check = time.monotonic()
     while True:
         if sched.is_idle() and not recv.poll(IDLE_POLL_MS):
@@ -99,9 +106,7 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs, ready_pipe) -> None
         if not sched.is_idle():
             outputs = sched.step()
             if outputs:
-                # NOTE: the infos go with (and before) the outputs, so the detokenizer knows every rid it sees.
-                to_detok.send_pyobj(BatchTokenOutput(new_reqs, outputs))
-                new_reqs = []
+                send(outputs)
         if time.monotonic() - last_check > 1.0:
             last_check = time.monotonic()
             if not watch.parent_alive():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import torch
 
@@ -86,6 +87,9 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.chunked_req: Req | None = None
         self.round_id = 0
         self.outputs: list[ReqOutput] = []
+        # Set by the owner of the loop: where outputs go while the device runs a pass just launched (else step
+        # returns them). Delivering them there takes detokenizing and sending off the critical path.
+        self.output_sink: Callable[[list[ReqOutput]], None] | None = None
         # Counters for tests, benchmarks and (later) metrics.
         self.stats = {"prefill_batches": 0, "decode_batches": 0, "prefill_tokens": 0, "retractions": 0, "cached_tokens": 0,
                       "prompt_tokens": 0, "flushes": 0, "jump_decode_batches": 0, "jump_row_batches": 0,
@@ -176,6 +180,9 @@ class Scheduler(SchedulerOutputProcessorMixin):
             self.inflight = self.launch_batch(batch)
             # New requests decode from the next step on (their first token may be pending).
             self.running_batch.merge_batch([r for r in self.inflight.prefill_reqs if not r.is_chunked and not r.finished()])
+            if self.output_sink is not None and self.outputs:
+                out, self.outputs = self.outputs, []
+                self.output_sink(out)
         if previous is not None:
             self.stats["overlapped_batches"] += batch is not None
             self.process_batch_result(previous)  # while the device runs the batch just launched
@@ -183,6 +190,10 @@ class Scheduler(SchedulerOutputProcessorMixin):
             self.sync_inflight()
         if self.args.enable_integrity_check or self.is_idle():
             self.check_memory()
+        if self.output_sink is not None and batch is not None and self.inflight is None:
+            # The device is idle (the pass was processed in this step): the sink gets them once the next pass is
+            # launched, or the next step returns them. (With a pass in flight, returning them now overlaps it.)
+            return []
         out, self.outputs = self.outputs, []
         return out
 

@@ -45,9 +45,14 @@ def test_same_greedy_outputs_across_scheduling_modes(tiny_model_dir, baseline, k
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_req_to_token_written_request_by_request_keeps_outputs(tiny_model_dir, baseline, monkeypatch, page_size):
-    # Batches of more than TABLE_SCATTER_MAX_TOKENS tokens write the table one request at a time.
-    monkeypatch.setattr(batch_module, "TABLE_SCATTER_MAX_TOKENS", 0)
+@pytest.mark.parametrize("path", ["request_by_request", "one_scatter"])
+def test_req_to_token_write_paths_keep_outputs(tiny_model_dir, baseline, monkeypatch, page_size, path):
+    # Every table write one request at a time, or every one (prefills included) as one scatter.
+    if path == "request_by_request":
+        monkeypatch.setattr(batch_module, "TABLE_SCATTER_MAX_TOKENS", 0)
+    else:
+        monkeypatch.setattr(batch_module, "TABLE_SCATTER_MAX_TOKENS", 10**9)
+        monkeypatch.setattr(batch_module, "TABLE_SLICE_MAX_SPANS", 0)
     got, _res, sched = outputs(tiny_model_dir, prompts(0, 8), page_size=page_size)
     assert got == baseline
     sched.check_memory()
@@ -195,3 +200,32 @@ def test_prompt_logprobs_computed_in_row_chunks_are_unchanged(tiny_model_dir, mo
     assert [t for _, t in got_in] == [t for _, t in base_in] == p
     assert max(abs(a[0] - b[0]) for a, b in zip(got_in[1:], base_in[1:])) < 1e-6
     assert got_out == base_out
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_output_sink_gets_outputs_while_a_pass_runs_and_loses_none(tiny_model_dir, overlap):
+    """With an output sink, outputs of a processed pass go out after the next launch (while the device runs it);
+    every request's stream of outputs is the one step() returns without a sink."""
+    def streams(use_sink: bool):
+        sched = make_scheduler(tiny_model_dir, enable_overlap_schedule=overlap, chunked_prefill_size=16)
+        got: dict[str, list] = {}
+        in_flight_at_sink = []
+
+        def deliver(outs):
+            for o in outs:
+                got.setdefault(o.rid, []).append((o.new_output_ids, o.finished_reason))
+
+        if use_sink:
+            sched.output_sink = lambda outs: (in_flight_at_sink.append(sched.inflight is not None), deliver(outs))
+        for i, p in enumerate(prompts(3, 6)):
+            sched.add_request(request(f"r{i}", p, max_new_tokens=7, stream=True))
+        for _ in range(10_000):
+            if sched.is_idle():
+                break
+            deliver(sched.step())
+        return got, in_flight_at_sink
+
+    plain, _ = streams(False)
+    sunk, flags = streams(True)
+    assert sunk == plain and len(plain) == 6
+    assert flags and all(flags)  # the sink only ever ran with a pass on the device
