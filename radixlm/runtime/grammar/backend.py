@@ -27,6 +27,10 @@ class GrammarMatcher(ABC):
         """Write the tokens allowed next into row `row` of a bitmask from GrammarBackend.allocate_bitmask."""
 
     @abstractmethod
+    def is_completed(self) -> bool:
+        """What was accepted is a complete string of the grammar: a stop token is allowed next."""
+
+    @abstractmethod
     def is_terminated(self) -> bool:
         """The grammar is complete and its stop token accepted: the request ends."""
 

@@ -19,6 +19,7 @@ class XGrammarMatcher(GrammarMatcher):
         # Called per token: xgrammar's own bound methods, one Python call fewer than the wrappers below.
         self.accept_token = matcher.accept_token
         self.is_terminated = matcher.is_terminated
+        self.is_completed = matcher.is_completed
 
     def accept_token(self, token_id: int) -> bool:
         return self.matcher.accept_token(token_id)
@@ -32,6 +33,9 @@ class XGrammarMatcher(GrammarMatcher):
 
     def is_terminated(self) -> bool:
         return self.matcher.is_terminated()
+
+    def is_completed(self) -> bool:
+        return self.matcher.is_completed()
 
     def jump_forward_string(self) -> str:
         try:

@@ -41,6 +41,7 @@ class ConstrainedDecoding:
         self.mask_on_demand = mask_on_demand
         self.cache = GrammarCache(lambda: _make_backend(grammar_backend, tokenizer, vocab_size, eos_token_ids))
         self.jump_forward = jump_forward
+        self.stop_ids = sorted(eos_token_ids)
         self.queue: list[Req] = []  # waiting for their grammar to compile
         self.stats: Counter = Counter()
         self._forced_memo: dict[tuple[int, str], tuple[list[int], bool]] = {}
@@ -180,6 +181,8 @@ class ConstrainedDecoding:
             return  # forced tokens have no logprobs in fast mode
         forced = req.grammar.jump_forward_string()
         if not forced:
+            if not req.stop_checked and not req.return_logprob:
+                self._take_forced_stop(req)
             return
         tokens, replaces_last = self._forced_tokens(req.output_ids[-1], forced)
         if self.jump_forward == "exact":
@@ -191,6 +194,32 @@ class ConstrainedDecoding:
         if not tokens:
             return
         self._take_forced(req, tokens, replaces_last)
+
+    def _take_forced_stop(self, req: Req) -> None:
+        """When the grammar is complete and allows one token only, a stop token: end the request with it, with no pass
+        for it (its probability under the grammar is 1, so exact keeps the output of off). Looked at once per request,
+        the first time the grammar accepts a stop token (a mask fill; for structured output, at its end)."""
+        grammar, sp = req.grammar, req.sampling_params
+        if not grammar.is_completed():
+            return
+        req.stop_checked = True
+        if len(self.stop_ids) != 1 or len(req.output_ids) < sp.min_new_tokens:
+            return  # (several stop tokens: the model chooses; under min_new_tokens the stop token is masked)
+        stop = self.stop_ids[0]
+        if not self._only_allowed(grammar, stop):
+            return
+        grammar.accept_token(stop)
+        req.output_ids.append(stop)
+        req.finished_reason = FinishReason("stop", matched=stop)
+        self.stats["stop_jumps"] += 1
+
+    def _only_allowed(self, grammar, token: int) -> bool:
+        backend = self.cache.backend
+        bitmask = backend.allocate_bitmask(1)
+        grammar.fill_bitmask(bitmask, 0)
+        self.stats["masks_filled"] += 1
+        words = [(i, w & 0xFFFFFFFF) for i, w in enumerate(bitmask[0].tolist()) if w]
+        return words == [(token // 32, 1 << (token % 32))]
 
     def _forced_tokens(self, last_token: int, forced: str) -> tuple[list[int], bool]:
         """forced_tokens, remembered: many requests of one grammar reach the same forced text after the same token.

@@ -68,7 +68,7 @@ def test_exact_jump_forward_equals_off_token_for_token(run):
     stats = engine.scheduler.constrained.stats
     if mode == "off":
         _off["ids"] = ids
-        assert not stats["exact_jumps"] and not stats["fast_jumps"]
+        assert not stats["exact_jumps"] and not stats["fast_jumps"] and not stats["stop_jumps"]
         # Masks on demand: most greedy rows were decided by the model's own (allowed) argmax.
         assert stats["masks_filled"] < sum(map(len, ids)) / 4
         return
@@ -78,6 +78,8 @@ def test_exact_jump_forward_equals_off_token_for_token(run):
     assert (engine.scheduler.stats["jump_row_batches"] > 0) == (engine.runner.graph_runner is not None)
     if engine.runner.max_running_requests == 8:
         assert engine.scheduler.stats["mixed_batches"] > 0
+    # Complete outputs take their stop token without a pass (included in the comparisons with off).
+    assert stats["stop_jumps"] > 0
     if mode == "exact":
         # off decides greedy rows with masks on demand: exact-always (every mask filled) checks that against masks.
         assert ids == _off["ids"]

@@ -28,3 +28,52 @@ def test_forced_text_inside_a_character_is_no_jump(backend_and_tokenizer):
     assert matcher.jump_forward_string() == ""
     whole = backend.new_matcher(backend.compile(GrammarSpec("regex", '"\u00e4bc"')))
     assert whole.jump_forward_string() == '"\u00e4bc"'  # whole characters still jump
+
+
+def _constrained_req(tok, cfg_vocab, pattern: str, text: str, mode: str = "exact", **sp_kwargs):
+    from radixlm.runtime.sampling.sampling_params import SamplingParams
+    from radixlm.runtime.scheduler.constrained import ConstrainedDecoding
+    from radixlm.runtime.scheduler.req import Req
+
+    cd = ConstrainedDecoding("xgrammar", mode, tok, cfg_vocab, frozenset({2}))
+    sp = SamplingParams(max_new_tokens=32, temperature=0.0, regex=pattern, **sp_kwargs)
+    sp.normalize()
+    req = Req("r", [1, 2, 3], sp, eos_token_ids=frozenset({2}))
+    cd.add(req)
+    req.grammar_future.result(timeout=60)
+    cd.start(req)
+    for t in tok.encode(text, add_special_tokens=False):
+        assert req.grammar.accept_token(t)
+        req.output_ids.append(t)
+    return cd, req
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_complete_grammar_allowing_only_stop_ends_without_a_pass(backend_and_tokenizer, mode):
+    backend, tok = backend_and_tokenizer
+    cd, req = _constrained_req(tok, backend.vocab_size, '\\{"a": [0-9]\\}', '{"a": 7}', mode)
+    cd.plan_jump(req)
+    assert req.output_ids[-1] == 2 and req.finished_reason.type == "stop" and req.grammar.is_terminated()
+    assert cd.stats["stop_jumps"] == 1
+
+
+@pytest.mark.parametrize("pattern, text, sp", [
+    ("ab|abc", "ab", {}),  # complete, but "c" is allowed too: the model decides
+    ('\\{"a": [0-9]\\}', '{"a": 7}', {"min_new_tokens": 20}),  # the stop token is masked until 20 tokens
+    ('\\{"a": [0-9]\\}', '{"a": 7}', {"return_logprob": True}),  # the stop token's logprob comes from a pass
+])
+def test_no_stop_jump_when_the_model_still_chooses(backend_and_tokenizer, pattern, text, sp):
+    backend, tok = backend_and_tokenizer
+    logprob = sp.pop("return_logprob", False)
+    cd, req = _constrained_req(tok, backend.vocab_size, pattern, text, **sp)
+    req.return_logprob = logprob
+    n = len(req.output_ids)
+    cd.plan_jump(req)
+    assert len(req.output_ids) == n and req.finished_reason is None and cd.stats["stop_jumps"] == 0
+
+
+def test_off_mode_never_jumps_to_stop(backend_and_tokenizer):
+    backend, tok = backend_and_tokenizer
+    cd, req = _constrained_req(tok, backend.vocab_size, '\\{"a": [0-9]\\}', '{"a": 7}', "off")
+    cd.plan_jump(req)
+    assert req.finished_reason is None
