@@ -255,6 +255,8 @@ class ConstrainedDecoding:
             req.finished_reason = FinishReason("stop", matched=req.output_ids[-1])
         elif len(req.output_ids) >= req.sampling_params.max_new_tokens:
             req.finished_reason = FinishReason("length", length=req.sampling_params.max_new_tokens)
+        elif not req.stop_checked:
+            self._take_forced_stop(req)  # the forced text may have completed the grammar
 
     def shutdown(self) -> None:
         self.cache.shutdown()
