@@ -6,9 +6,10 @@ methods with perf_counter timers (a wrapper costs about a microsecond; the phase
     timer.detach(); timer.table(passes)
 
 Times are inclusive (a phase contains the phases it calls); `wait for device` is the time spent waiting for a
-pass's results to reach the host."""
+pass's results to reach the host; garbage collections are timed too (they may run inside any phase)."""
 from __future__ import annotations
 
+import gc
 import time
 from collections import defaultdict
 
@@ -50,7 +51,17 @@ class PhaseTimer:
                 obj = getattr(obj, part)
             timer._wrap(obj, name, label, instance=True)
         timer._wrap(host_to_device.HostCopy, "get", "  wait for device", instance=False)
+        gc.callbacks.append(timer._gc)
         return timer
+
+    def _gc(self, phase: str, info: dict) -> None:
+        """Time in the garbage collector (any thread), by generation."""
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            label = f"garbage collection gen {info['generation']}"
+            self.seconds[label] += time.perf_counter() - self._gc_start
+            self.calls[label] += 1
 
     def _wrap(self, obj, name: str, label: str, instance: bool) -> None:
         fn = getattr(obj, name)
@@ -69,6 +80,7 @@ class PhaseTimer:
         self._undo.append((obj, name, fn, own or not instance))
 
     def detach(self) -> None:
+        gc.callbacks.remove(self._gc)
         for obj, name, fn, restore in reversed(self._undo):
             if restore:
                 setattr(obj, name, fn)
@@ -78,11 +90,11 @@ class PhaseTimer:
 
     def as_dict(self) -> dict[str, dict]:
         return {label.strip(): {"calls": self.calls[label], "seconds": self.seconds[label]}
-                for label in [p[0] for p in PHASES] + ["  wait for device"] if self.calls[label]}
+                for label in list(self.calls) if self.calls[label]}
 
     def table(self, wall_s: float, passes: int, tokens: int) -> str:
         lines = [f"{'phase':32} {'calls':>7} {'total s':>8} {'% wall':>7} {'us/pass':>8} {'us/token':>9}"]
-        order = [p[0] for p in PHASES]
+        order = [p[0] for p in PHASES] + [f"garbage collection gen {g}" for g in range(3)]
         order.insert(order.index("  process results") + 1, "  wait for device")
         for label in order:
             if not self.calls[label]:

@@ -81,6 +81,10 @@ class Engine:
         self.vocab_size = self.model_config.vocab_size
         self.builder = RequestBuilder(self.tokenizer, FrontLimits(
             self.vocab_size, self.context_len, self.runner.max_total_num_tokens, args.disable_radix_cache))
+        # The model, tokenizer and graphs are hundreds of thousands of long-lived objects: out of the collector's
+        # sight, a full collection no longer stalls the scheduler for ~0.2 s (unfrozen at shutdown).
+        gc.collect()
+        gc.freeze()
         logger.info("engine ready in %.1fs", time.perf_counter() - t0)
 
     def _run(self, ready: threading.Event) -> None:
@@ -250,6 +254,7 @@ class Engine:
             self.scheduler = self.runner = None
             import torch  # not at module level: `import radixlm` stays free of torch
 
+            gc.unfreeze()
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
