@@ -81,7 +81,8 @@ class ScheduleBatch:
                     raise RuntimeError("req_to_token pool exhausted; max_running_requests is too large for it")
                 req.req_pool_idx = idx
         self.prefix_lens = [r.prefix_len for r in self.reqs]
-        self.extend_lens = [r.extend_input_len for r in self.reqs]
+        # A new request's exact jump-forward draft (Scheduler._plan_first_jumps) follows its prompt.
+        self.extend_lens = [r.extend_input_len + len(r.jump_draft) for r in self.reqs]
         self.seq_lens = [p + e for p, e in zip(self.prefix_lens, self.extend_lens)]
         cached = [r for r in self.reqs if r.prefix_len]
         if cached:  # first: with pages, _alloc_kv reads each request's last cached slot from the table
@@ -92,7 +93,7 @@ class ScheduleBatch:
         self._write_table(self._new_spans(), out)
         self.input_ids, self.positions = [], []
         for req, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
-            self.input_ids.extend(req.fill_ids[p:s])
+            self.input_ids.extend((req.fill_ids + req.jump_draft)[p:s] if req.jump_draft else req.fill_ids[p:s])
             self.positions.extend(range(p, s))
         if len(self.input_ids) <= max_decode_rows and not any(r.wants_input_logprobs() for r in self.reqs):
             self.forward_mode = ForwardMode.DECODE

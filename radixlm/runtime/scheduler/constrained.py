@@ -195,6 +195,20 @@ class ConstrainedDecoding:
             return
         self._take_forced(req, tokens, replaces_last)
 
+    def plan_first_jump(self, req: Req) -> None:
+        """At admission (exact): text the grammar forces before any output token becomes a draft that the prefill
+        verifies (its tokens follow the prompt as they are), so the first pass already yields the forced text and
+        the token after it."""
+        if (self.jump_forward != "exact" or req.grammar is None or req.output_ids or req.jump_draft
+                or req.return_logprob):
+            return
+        forced = req.grammar.jump_forward_string()
+        if forced:
+            tokens, _ = self._forced_tokens(req.origin_input_ids[-1], forced)
+            req.jump_draft = tokens[: max(req.sampling_params.max_new_tokens, 0)]
+            self.stats["exact_jumps"] += bool(req.jump_draft)
+            self.stats["first_jumps"] += bool(req.jump_draft)
+
     def _take_forced_stop(self, req: Req) -> None:
         """When the grammar is complete and allows one token only, a stop token: end the request with it, with no pass
         for it (its probability under the grammar is 1, so exact keeps the output of off). Looked at once per request,

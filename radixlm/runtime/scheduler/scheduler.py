@@ -278,6 +278,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
             admitted = set(map(id, adder.can_run_list))
             self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
         self.chunked_req = adder.new_chunked_req
+        self._plan_first_jumps(adder.can_run_list)
         batch = self._new_batch(adder.can_run_list, ForwardMode.EXTEND)
         graphs = self.runner.graph_runner
         batch.prepare_for_extend(graphs.max_bs if graphs is not None else 0)
@@ -285,6 +286,20 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.stats["prefill_row_batches"] += batch.forward_mode.is_decode()
         self.stats["prefill_tokens"] += sum(batch.extend_lens)
         return batch
+
+    def _plan_first_jumps(self, reqs: list[Req]) -> None:
+        """Exact jump-forward drafts for new requests whose grammar forces their first tokens, verified by the prefill
+        (not for a prompt cut into chunks: its logits come with the last chunk). The drafts are dropped when the pool
+        cannot hold them next to the prompts (admission reserved the prompts, not the drafts, for a request alone)."""
+        whole = [r for r in reqs if not r.is_chunked]
+        for req in whole:
+            self.constrained.plan_first_jump(req)
+        drafted = sum(len(r.jump_draft) for r in whole)
+        if drafted:
+            need = sum(r.extend_input_len for r in reqs) + drafted + self.page_size * (2 * len(reqs) + 1)
+            if self.allocator.available_size() + self.tree_cache.evictable_size() < need:
+                for req in whole:
+                    req.jump_draft = []
 
     def update_running_batch(self) -> None:
         batch = self.running_batch

@@ -84,6 +84,7 @@ def test_exact_jump_forward_equals_off_token_for_token(run):
         # off decides greedy rows with masks on demand: exact-always (every mask filled) checks that against masks.
         assert ids == _off["ids"]
         assert stats["exact_jumps"] > 0 and 0 < stats["accepted_draft_tokens"] <= stats["draft_tokens"]
+        assert stats["first_jumps"] > 0  # drafts verified by the prefill (the regexes' forced openings)
     else:
         assert stats["fast_jumps"] > 0 and stats["forced_tokens"] > 0
 
