@@ -168,8 +168,32 @@ class ConstrainedDecoding:
             result = settle(pg.verification, pg.eager_index[id(req)], generator)
         self.stats["draft_tokens"] += len(req.jump_draft)
         self.stats["accepted_draft_tokens"] += result.accepted
+        if result.accepted < len(req.jump_draft) and not result.violated:
+            self._learn(req.jump_key, req.jump_draft, result)
         req.jump_draft = []
         return result
+
+    def _learn(self, key: tuple[int, str], draft: list[int], result: VerifyResult) -> None:
+        """The model split the forced text otherwise than the draft (say `{` then `"name`, not `{"`): later drafts for
+        the same forced text after the same token follow its split up to where it left the draft, then the canonical
+        tokens of the rest; a model token reaching past the forced text (it merged forced and free text) ends the
+        draft before it. Drafts only propose: verification keeps outputs exact whatever they are."""
+        last_token, forced = key
+        kept, token = result.accepted, result.tokens[result.accepted]
+        decode = self.tokenizer.decode
+        before = decode(draft[:kept]) if kept else ""
+        through = decode(draft[:kept] + [token])
+        if not forced.startswith(before) or not through.startswith(before):
+            return  # a character split across tokens: the texts do not line up
+        rest = forced[len(before):]
+        piece = through[len(before):]
+        if piece and rest.startswith(piece):
+            tail = rest[len(piece):]
+            learned = draft[:kept] + [token] + (self.tokenizer.encode(tail, add_special_tokens=False) if tail else [])
+        else:
+            learned = draft[:kept]
+        self._forced_memo[(last_token, forced)] = (learned, False)
+        self.stats["learned_drafts"] += 1
 
     # ------------------------------------------------------------------ jump-forward
     def plan_jump(self, req: Req) -> None:
@@ -187,6 +211,7 @@ class ConstrainedDecoding:
         tokens, replaces_last = self._forced_tokens(req.output_ids[-1], forced)
         if self.jump_forward == "exact":
             req.jump_draft = tokens[: max(req.sampling_params.max_new_tokens - len(req.output_ids), 0)]
+            req.jump_key = (req.output_ids[-1], forced)
             self.stats["exact_jumps"] += bool(req.jump_draft)
             return
         room = req.sampling_params.max_new_tokens - len(req.output_ids) + (1 if replaces_last else 0)
@@ -206,6 +231,7 @@ class ConstrainedDecoding:
         if forced:
             tokens, _ = self._forced_tokens(req.origin_input_ids[-1], forced)
             req.jump_draft = tokens[: max(req.sampling_params.max_new_tokens, 0)]
+            req.jump_key = (req.origin_input_ids[-1], forced)
             self.stats["exact_jumps"] += bool(req.jump_draft)
             self.stats["first_jumps"] += bool(req.jump_draft)
 

@@ -71,6 +71,7 @@ class Req:
     grammar: Any = None  # GrammarMatcher, advanced over every output token; None when unconstrained
     grammar_future: Any = None  # the compiled grammar's Future while the request waits for it
     jump_draft: list[int] = field(default_factory=list)  # exact jump-forward: forced tokens the next pass verifies
+    jump_key: Any = None  # (token before it, forced text): what the draft was made for
     stop_checked: bool = False  # jump-forward looked once whether its grammar allows nothing but a stop token
     # Overlap scheduling: tokens sampled by launched passes whose ids the host has not read yet (0 or 1).
     num_pending: int = 0

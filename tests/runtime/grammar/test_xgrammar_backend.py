@@ -77,3 +77,34 @@ def test_off_mode_never_jumps_to_stop(backend_and_tokenizer):
     cd, req = _constrained_req(tok, backend.vocab_size, '\\{"a": [0-9]\\}', '{"a": 7}', "off")
     cd.plan_jump(req)
     assert req.finished_reason is None
+
+
+def _settle_with(cd, req, draft, key, tokens, accepted):
+    from radixlm.runtime.grammar.jump_forward import VerifyResult
+    from radixlm.runtime.scheduler.constrained import PassGrammar
+
+    req.jump_draft, req.jump_key = list(draft), key
+    cd.settle(PassGrammar(verdicts={id(req): VerifyResult(tokens, accepted)}), req, None)
+
+
+def test_drafts_learn_the_models_split_of_forced_text(backend_and_tokenizer):
+    backend, tok = backend_and_tokenizer
+    cd, req = _constrained_req(tok, backend.vocab_size, "x", "")
+    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    forced, last = '{"name": "', 198
+    canonical, _ = cd._forced_tokens(last, forced)
+    assert canonical == enc(forced) and enc("{")[0] != canonical[0]  # the canonical split starts with `{"`
+    # The model took `{` where the draft had `{"`: later drafts start with `{`, then the rest's own tokens.
+    _settle_with(cd, req, canonical, (last, forced), enc("{"), 0)
+    assert cd._forced_tokens(last, forced)[0] == enc("{") + enc('"name": "')
+    # The model's token reaches past the forced text (forced ` "` then free text merged into one token): the draft
+    # ends before it.
+    learned = cd._forced_tokens(last, forced)[0]
+    beyond = tok.convert_tokens_to_ids('\u0120"$')  # ` "$`: the forced ` "` and the string's first character
+    assert tok.decode([beyond]) == ' "$'
+    _settle_with(cd, req, learned, (last, forced), learned[:-1] + [beyond], len(learned) - 1)
+    assert cd._forced_tokens(last, forced)[0] == learned[:-1]
+    assert cd.stats["learned_drafts"] == 2
+    # Drafts the model keeps whole teach nothing.
+    _settle_with(cd, req, learned[:-1], (last, forced), learned[:-1] + [5], len(learned) - 1)
+    assert cd.stats["learned_drafts"] == 2
