@@ -63,7 +63,7 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs, ready_pipe) -> None
         ready_pipe.send(SchedulerReady(error=f"{type(e).__name__}: {e}"))
         return
     gc.collect()
-    gc.freeze()  # the model's long-lived objects out of the collector's sight: no ~0.2 s full collections
+    gc.freeze()  # the model's long-lived objects: later collections skip them (see Engine._setup)
     ctx = zmq.Context()
     recv = bind_pull(ctx, ports.scheduler_input)
     to_detok = connect_push(ctx, ports.detokenizer_input)

@@ -157,24 +157,12 @@ class Req:
         return self.finished_reason is not None
 
     def extend_output(self, tokens: list[int], tokenizer, stop_str_max_len: int) -> int:
-        """Appends tokens, checking after each one as check_finished does, up to the first that finishes the request;
-        returns how many were appended."""
-        sp, out = self.sampling_params, self.output_ids
-        if sp.stop or self.finished():  # stop strings: the decoded tail is checked after each token
-            for n, tok in enumerate(tokens, 1):
-                out.append(tok)
-                self.check_finished(tokenizer, stop_str_max_len)
-                if self.finished():
-                    return n
-            return len(tokens)
-        ends = set(sp.stop_token_ids or ()) if sp.ignore_eos else self.eos_token_ids.union(sp.stop_token_ids or ())
+        """Appends tokens, with check_finished after each one, up to the first that finishes the request; returns how
+        many were appended."""
         for n, tok in enumerate(tokens, 1):
-            out.append(tok)
-            if len(out) >= sp.max_new_tokens:
-                self.finished_reason = FinishReason("length", length=sp.max_new_tokens)
-                return n
-            if tok in ends and len(out) >= sp.min_new_tokens:
-                self.finished_reason = FinishReason("stop", matched=tok)
+            self.output_ids.append(tok)
+            self.check_finished(tokenizer, stop_str_max_len)
+            if self.finished():
                 return n
         return len(tokens)
 

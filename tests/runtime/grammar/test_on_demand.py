@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 
 from radixlm.runtime.grammar.jump_forward import verify_draft
@@ -82,30 +83,20 @@ def _on_demand(reqs, drafts, logits, backend):
     return out, filled
 
 
-def test_an_allowed_argmax_needs_no_mask():
-    logits = torch.zeros(1, V)
-    logits[0, 9] = 3.0
-    backend = BoolMaskBackend()
-    [v], filled = _on_demand([FakeReq(StepMatcher({0: {9, 10}}))], [[]], logits, backend)
-    assert (v.tokens, filled, backend.filled) == ([9], 0, 0)
-
-
-def test_a_refused_argmax_is_replaced_by_the_best_allowed_candidate():
-    logits = torch.zeros(1, V)
-    logits[0, 9], logits[0, 4], logits[0, 12] = 3.0, 2.0, 2.5
-    backend = BoolMaskBackend()
-    [v], filled = _on_demand([FakeReq(StepMatcher({0: {4, 12}}))], [[]], logits, backend)
-    assert (v.tokens, filled) == ([12], 0)
-
-
-def test_candidates_tied_with_the_last_one_fall_back_to_the_mask():
+@pytest.mark.parametrize("scores, allowed, token, masks", [
+    ({9: 3.0}, {9, 10}, 9, 0),  # an allowed argmax needs no mask
+    ({9: 3.0, 4: 2.0, 12: 2.5}, {4, 12}, 12, 0),  # a refused argmax: the best allowed candidate
     # Every token but the refused argmax scores 0: a tie that reaches beyond the candidates, so the mask decides
     # (the lowest allowed id among the tied tokens, as argmax over the masked row gives).
+    ({9: 3.0}, {50, 40}, 40, 1),
+])
+def test_one_row_is_decided_as_the_masked_argmax(scores, allowed, token, masks):
     logits = torch.zeros(1, V)
-    logits[0, 9] = 3.0
+    for t, score in scores.items():
+        logits[0, t] = score
     backend = BoolMaskBackend()
-    [v], filled = _on_demand([FakeReq(StepMatcher({0: {50, 40}}))], [[]], logits, backend)
-    assert (v.tokens, filled, backend.filled) == ([40], 1, 1)
+    [v], filled = _on_demand([FakeReq(StepMatcher({0: allowed}))], [[]], logits, backend)
+    assert (v.tokens, filled, backend.filled) == ([token], masks, masks)
 
 
 def test_a_draft_continues_while_the_constrained_choice_agrees():
