@@ -13,7 +13,9 @@ import gc
 import time
 from collections import defaultdict
 
-from radixlm.runtime.executor import host_to_device
+import torch
+
+from radixlm.runtime.executor import host_to_device, model_runner
 
 # (label, path from the engine to the object, method); in call order, outer phases first.
 PHASES = [
@@ -26,6 +28,9 @@ PHASES = [
     ("    update running batch", "scheduler", "update_running_batch"),
     ("  launch", "scheduler", "launch_batch"),
     ("    model forward (enqueue)", "runner", "forward"),
+    ("      graph replay", "runner.graph_runner", "replay"),
+    ("      eager model", "runner.model", "forward"),
+    ("      host to device", "runner_module", "host_to_device"),
     ("    grammar prepare_pass", "scheduler.constrained", "prepare_pass"),
     ("    sampler", "scheduler", "sampler"),
     ("  process results", "scheduler", "process_batch_result"),
@@ -41,6 +46,8 @@ class PhaseTimer:
         self.calls: dict[str, int] = defaultdict(int)
         self.seconds: dict[str, float] = defaultdict(float)
         self._undo: list = []
+        self._allocator0: dict[str, int] = {}
+        self._allocator1: dict[str, int] = {}
 
     @classmethod
     def attach(cls, engine) -> "PhaseTimer":
@@ -48,8 +55,13 @@ class PhaseTimer:
         for label, path, name in PHASES:
             obj = engine
             for part in path.split("."):
-                obj = getattr(obj, part)
-            timer._wrap(obj, name, label, instance=True)
+                obj = model_runner if part == "runner_module" else getattr(obj, part, None)
+            if obj is not None:  # (no graph runner on the CPU)
+                timer._wrap(obj, name, label, instance=True)
+        graphs = engine.runner.graph_runner.graphs if engine.runner.graph_runner is not None else {}
+        for graph in graphs.values():  # a graph's first launch uploads it to the device
+            timer._wrap_launch(graph)
+        timer._allocator0 = _allocator_counts()
         timer._wrap(host_to_device.HostCopy, "get", "  wait for device", instance=False)
         gc.callbacks.append(timer._gc)
         return timer
@@ -79,7 +91,28 @@ class PhaseTimer:
         setattr(obj, name, timed)
         self._undo.append((obj, name, fn, own or not instance))
 
+    def _wrap_launch(self, graph) -> None:
+        fn, calls, seconds, clock = graph.replay, self.calls, self.seconds, time.perf_counter
+
+        def timed():
+            label = "        graph launch" if calls[id(graph)] else "        graph launch (first)"
+            calls[id(graph)] += 1
+            t0 = clock()
+            fn()
+            seconds[label] += clock() - t0
+            calls[label] += 1
+
+        graph.replay = timed
+        self._undo.append((graph, "replay", fn, False))
+
+    def allocator_counts(self) -> dict[str, int]:
+        """CUDA caching-allocator events between attach and detach: new segments (cudaMalloc), retries after freeing
+        the cache, segments given back (cudaFree)."""
+        now = self._allocator1 or _allocator_counts()
+        return {k: now[k] - self._allocator0.get(k, 0) for k in now}
+
     def detach(self) -> None:
+        self._allocator1 = _allocator_counts()
         gc.callbacks.remove(self._gc)
         for obj, name, fn, restore in reversed(self._undo):
             if restore:
@@ -89,12 +122,14 @@ class PhaseTimer:
         self._undo.clear()
 
     def as_dict(self) -> dict[str, dict]:
-        return {label.strip(): {"calls": self.calls[label], "seconds": self.seconds[label]}
-                for label in list(self.calls) if self.calls[label]}
+        out = {label.strip(): {"calls": self.calls[label], "seconds": self.seconds[label]}
+               for label in list(self.calls) if isinstance(label, str) and self.calls[label]}
+        return {**out, "cuda allocator": self.allocator_counts()} if self._allocator0 else out
 
     def table(self, wall_s: float, passes: int, tokens: int) -> str:
         lines = [f"{'phase':32} {'calls':>7} {'total s':>8} {'% wall':>7} {'us/pass':>8} {'us/token':>9}"]
         order = [p[0] for p in PHASES] + [f"garbage collection gen {g}" for g in range(3)]
+        order[order.index("      graph replay") + 1 : 0] = ["        graph launch (first)", "        graph launch"]
         order.insert(order.index("  process results") + 1, "  wait for device")
         for label in order:
             if not self.calls[label]:
@@ -102,4 +137,14 @@ class PhaseTimer:
             s = self.seconds[label]
             lines.append(f"{label:32} {self.calls[label]:7d} {s:8.3f} {100 * s / wall_s:6.1f}% "
                          f"{1e6 * s / max(passes, 1):8.0f} {1e6 * s / max(tokens, 1):9.1f}")
+        if self._allocator0:
+            lines.append("cuda allocator: " + ", ".join(f"{k} {v}" for k, v in self.allocator_counts().items()))
         return "\n".join(lines)
+
+
+def _allocator_counts() -> dict[str, int]:
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {"cudaMalloc": stats.get("segment.all.allocated", 0), "alloc retries": stats.get("num_alloc_retries", 0),
+            "cudaFree": stats.get("segment.all.freed", 0)}

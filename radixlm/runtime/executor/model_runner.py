@@ -9,7 +9,7 @@ import torch
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
-from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.host_to_device import host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor, split_rows
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
@@ -72,6 +72,8 @@ class ModelRunner:
             self.max_total_num_tokens, self.token_to_kv_pool.mem_bytes() / 2**20, self.max_running_requests,
         )
         self.graph_runner: CudaGraphRunner | None = None
+        if self.is_cuda:
+            self.warm_up_extend()
         if self.is_cuda and not server_args.disable_cuda_graph and self.attn_backend.supports_cuda_graph:
             rows = self.max_running_requests * DECODE_ROWS_PER_REQ
             max_bs = min(server_args.cuda_graph_max_bs or CUDA_GRAPH_DEFAULT_MAX_BS, rows)
@@ -111,6 +113,28 @@ class ModelRunner:
         if n < self.page_size * 2:
             raise ValueError(f"not enough memory for a KV pool: {n} tokens (raise mem_fraction_static or max_total_tokens)")
         return n
+
+    @torch.inference_mode()
+    def warm_up_extend(self) -> None:
+        """Builds the kernels of eager (extend) passes before the first request: extend attention's two tile shapes
+        (at most and over 16 new tokens per request). Otherwise the first pass that needs one waits for the Triton
+        compiler (measured: 0.6 s on an H100, in the middle of a benchmark run). Dummy passes: request row 0 and KV
+        slot 0, as padded CUDA-graph rows use them, before anything real is in the pool."""
+        for extend_lens in ([16, 16], [17]):
+            n, bs = sum(extend_lens), len(extend_lens)
+            zeros = torch.zeros(n, dtype=torch.int64, device=self.device)
+            starts = [sum(extend_lens[:i]) for i in range(bs)]
+            fb = ForwardBatch(
+                forward_mode=ForwardMode.EXTEND, batch_size=bs, input_ids=zeros,
+                positions=torch.cat([torch.arange(e, device=self.device) for e in extend_lens]),
+                req_pool_indices=torch.zeros(bs, dtype=torch.int64, device=self.device),
+                seq_lens=torch.tensor(extend_lens, device=self.device), seq_lens_cpu=list(extend_lens),
+                out_cache_loc=zeros, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.token_to_kv_pool,
+                attn_backend=self.attn_backend, extend_prefix_lens_cpu=[0] * bs, extend_seq_lens_cpu=list(extend_lens),
+                extend_start_loc=torch.tensor(starts, device=self.device))
+            self.forward(fb, LogitsPlan(sample_rows=[n - 1]))
+        if self.is_cuda:
+            torch.cuda.synchronize()
 
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch, plan: LogitsPlan) -> LogitsOutput:
