@@ -16,6 +16,10 @@ from collections import defaultdict
 import torch
 
 from radixlm.runtime.executor import host_to_device, model_runner
+from radixlm.runtime.grammar import on_demand
+
+# Path heads naming a module or class rather than an attribute of the engine.
+MODULES = {"runner_module": model_runner, "on_demand_module": on_demand, "OnDemandRows": on_demand.OnDemandRows}
 
 # (label, path from the engine to the object, method); in call order, outer phases first.
 PHASES = [
@@ -35,6 +39,9 @@ PHASES = [
     ("    sampler", "scheduler", "sampler"),
     ("  process results", "scheduler", "process_batch_result"),
     ("    grammar resolve", "scheduler.constrained", "resolve"),
+    ("      top-k to host lists", "OnDemandRows", "host_lists"),
+    ("      masked argmax (device)", "on_demand_module", "_masked_argmax"),
+    ("        fill masks", "scheduler.constrained.cache.backend", "fill_bitmasks"),
     ("    verify drafts", "scheduler", "_process_verified"),
     ("    plan jump", "scheduler.constrained", "plan_jump"),
     ("    cache finished", "scheduler.tree_cache", "cache_finished_req"),
@@ -55,9 +62,9 @@ class PhaseTimer:
         for label, path, name in PHASES:
             obj = engine
             for part in path.split("."):
-                obj = model_runner if part == "runner_module" else getattr(obj, part, None)
+                obj = MODULES[part] if part in MODULES else getattr(obj, part, None)
             if obj is not None:  # (no graph runner on the CPU)
-                timer._wrap(obj, name, label, instance=True)
+                timer._wrap(obj, name, label, instance=not isinstance(obj, type))
         graphs = engine.runner.graph_runner.graphs if engine.runner.graph_runner is not None else {}
         for graph in graphs.values():  # a graph's first launch uploads it to the device
             timer._wrap_launch(graph)

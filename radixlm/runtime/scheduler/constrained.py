@@ -45,6 +45,7 @@ class ConstrainedDecoding:
         self.queue: list[Req] = []  # waiting for their grammar to compile
         self.stats: Counter = Counter()
         self._forced_memo: dict[tuple[int, str], tuple[list[int], bool]] = {}
+        self._splits: dict[tuple[str, tuple[int, ...], int], list[int] | None] = {}  # see _learn
 
     # ------------------------------------------------------------------ compilation
     def add(self, req: Req) -> bool:
@@ -180,20 +181,32 @@ class ConstrainedDecoding:
         draft before it. Drafts only propose: verification keeps outputs exact whatever they are."""
         last_token, forced = key
         kept, token = result.accepted, result.tokens[result.accepted]
+        # Remembered: where the model's choice varies between requests, the drafts for one text alternate between
+        # the same few splits (measured: 689 lessons, 21 distinct, on the JSON-schema benchmark's 512 requests).
+        split_key = (forced, tuple(draft[:kept]), token)
+        learned = self._splits.get(split_key, ())
+        if learned == ():
+            if len(self._splits) >= FORCED_MEMO_ENTRIES:
+                self._splits.clear()
+            learned = self._splits[split_key] = self._model_split(forced, draft[:kept], token)
+        if learned is not None:
+            self._forced_memo[key] = (learned, False)
+            self.stats["learned_drafts"] += 1
+
+    def _model_split(self, forced: str, kept: list[int], token: int) -> list[int] | None:
+        """The draft for `forced` that follows the model's tokens `kept` then `token`; None when a character split
+        across tokens keeps the texts from lining up."""
         decode = self.tokenizer.decode
-        before = decode(draft[:kept]) if kept else ""
-        through = decode(draft[:kept] + [token])
+        before = decode(kept) if kept else ""
+        through = decode(kept + [token])
         if not forced.startswith(before) or not through.startswith(before):
-            return  # a character split across tokens: the texts do not line up
+            return None
         rest = forced[len(before):]
         piece = through[len(before):]
         if piece and rest.startswith(piece):
             tail = rest[len(piece):]
-            learned = draft[:kept] + [token] + (self.tokenizer.encode(tail, add_special_tokens=False) if tail else [])
-        else:
-            learned = draft[:kept]
-        self._forced_memo[(last_token, forced)] = (learned, False)
-        self.stats["learned_drafts"] += 1
+            return kept + [token] + (self.tokenizer.encode(tail, add_special_tokens=False) if tail else [])
+        return kept
 
     # ------------------------------------------------------------------ jump-forward
     def plan_jump(self, req: Req) -> None:

@@ -108,3 +108,24 @@ def test_drafts_learn_the_models_split_of_forced_text(backend_and_tokenizer):
     # Drafts the model keeps whole teach nothing.
     _settle_with(cd, req, learned[:-1], (last, forced), learned[:-1] + [5], len(learned) - 1)
     assert cd.stats["learned_drafts"] == 2
+
+
+def test_drafts_alternating_between_two_splits_relearn_without_retokenizing(backend_and_tokenizer, monkeypatch):
+    """Requests whose model splits one forced text two ways flip the draft back and forth; each split is worked out
+    (decoded and re-encoded) once."""
+    backend, tok = backend_and_tokenizer
+    cd, req = _constrained_req(tok, backend.vocab_size, "x", "")
+    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    forced, last = '{"name": "', 198
+    canonical = cd._forced_tokens(last, forced)[0]
+    by_brace = enc("{") + enc('"name": "')
+    calls = []
+    real_decode = cd.tokenizer.decode
+    monkeypatch.setattr(cd.tokenizer, "decode", lambda ids, **kw: calls.append(ids) or real_decode(ids, **kw))
+    for _ in range(3):  # the model takes `{`, then `{"` in the next request, and so on
+        _settle_with(cd, req, cd._forced_tokens(last, forced)[0], (last, forced), enc("{"), 0)
+        assert cd._forced_tokens(last, forced)[0] == by_brace
+        _settle_with(cd, req, by_brace, (last, forced), canonical[:1], 0)
+        assert cd._forced_tokens(last, forced)[0][0] == canonical[0]
+    assert cd.stats["learned_drafts"] == 6
+    assert len(calls) == 2  # one decode for each of the two lessons (the model left the draft at its first token)
