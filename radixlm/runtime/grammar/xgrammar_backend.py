@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
+from radixlm.runtime.executor.host_to_device import host_to_device
 from radixlm.runtime.grammar.backend import GrammarBackend, GrammarMatcher
 from radixlm.runtime.grammar.spec import GrammarSpec, InvalidGrammar, compiler_message
 
@@ -77,7 +78,32 @@ class XGrammarBackend(GrammarBackend):
         return xgr.allocate_token_bitmask(batch_size, self.vocab_size)
 
     def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
-        # On a GPU, xgrammar's Triton kernel (its "auto" choice may JIT-compile CUDA code at first use).
-        backend = "triton" if logits.is_cuda else "cpu"
-        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), indices=rows,
-                                        backend=backend)
+        if logits.is_cuda:
+            apply_bitmask(logits, bitmask, rows)
+        else:
+            xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows, backend="cpu")
+
+
+_BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """In place: for each i in rows, the tokens that bitmask[i] (xgrammar's layout: bit j of word w is token 32w + j)
+    leaves out get -inf in logits[i]. Used on CUDA, as plain tensor operations: xgrammar's GPU kernel is a Triton
+    kernel specialized on the row count, so it was compiled in the middle of serving for each new kind of count.
+    (On the CPU xgrammar's own kernel is faster.)"""
+    if not rows:
+        return
+    dev = logits.device
+    vocab = min(logits.shape[-1], bitmask.shape[-1] * 32)
+    shifts = _BIT_SHIFTS.get(dev)
+    if shifts is None:
+        shifts = _BIT_SHIFTS[dev] = torch.arange(32, dtype=torch.int32, device=dev)
+    whole = rows == list(range(len(rows)))
+    words = host_to_device(bitmask[: len(rows)] if whole else bitmask[rows], torch.int32, dev)
+    refused = ((words.unsqueeze(-1) >> shifts) & 1 == 0).flatten(1)[:, :vocab]
+    if whole:
+        logits[: len(rows), :vocab].masked_fill_(refused, float("-inf"))
+        return
+    index = host_to_device(rows, torch.int64, dev)
+    logits[index, :vocab] = logits[index, :vocab].masked_fill(refused, float("-inf"))

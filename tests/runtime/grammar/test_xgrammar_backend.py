@@ -129,3 +129,28 @@ def test_drafts_alternating_between_two_splits_relearn_without_retokenizing(back
         assert cd._forced_tokens(last, forced)[0][0] == canonical[0]
     assert cd.stats["learned_drafts"] == 6
     assert len(calls) == 2  # one decode for each of the two lessons (the model left the draft at its first token)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tensor_bitmask_apply_equals_xgrammars(seed):
+    """The CUDA path's bitmask apply (plain tensor operations), run on the CPU against xgrammar's CPU kernel: random
+    words, some rows or all, logits wider than the bitmask (padded vocabularies) or not."""
+    import random
+
+    import torch
+    import xgrammar as xgr
+
+    from radixlm.runtime.grammar.xgrammar_backend import apply_bitmask
+
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(25):
+        n, vocab = rng.randint(1, 6), rng.choice([33, 100, 49152])
+        logits = torch.randn(n, vocab + rng.choice([0, 64]), generator=gen)
+        bitmask = torch.randint(-2**31, 2**31 - 1, (n, (vocab + 31) // 32), dtype=torch.int32, generator=gen)
+        rows = rng.sample(range(n), rng.randint(1, n)) if rng.random() < 0.5 else list(range(rng.randint(1, n)))
+        expected, got = logits.clone(), logits.clone()
+        xgr.apply_token_bitmask_inplace(expected, bitmask, indices=rows, backend="cpu",
+                                        vocab_size=min(logits.shape[-1], bitmask.shape[-1] * 32))
+        apply_bitmask(got, bitmask, rows)
+        assert torch.equal(got, expected)
