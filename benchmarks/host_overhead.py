@@ -14,7 +14,6 @@ launches): those phases ("model forward", "grammar prepare_pass", "sampler") are
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
 import pstats
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 import json_decoding
+from phases import profile_steps
 from radixlm.runtime.executor.logits import LogitsOutput
 
 HIGH = 10.0  # the scripted token's logit; every other token has 0
@@ -70,18 +70,8 @@ def scripted(ids_path: str, profiles: dict | None = None, mode: str = ""):
         scripts = {tuple(m.input_ids): ids for m, ids in zip(msgs, recorded)}
         eos = min(engine.model_config.eos_token_ids)
         engine.runner.forward = ScriptedForward(engine.scheduler, scripts, engine.vocab_size, eos)
-        if profiles is not None:  # cProfile of the scheduler's steps (on the engine's thread)
-            prof = profiles[mode] = cProfile.Profile()
-            step = engine.scheduler.step
-
-            def profiled_step():
-                prof.enable()
-                try:
-                    return step()
-                finally:
-                    prof.disable()
-
-            engine.scheduler.step = profiled_step
+        if profiles is not None:
+            profiles[mode] = profile_steps(engine)
 
     return prepare
 
@@ -102,7 +92,7 @@ def main() -> None:
                             device="cpu", dtype="float32", max_total_tokens=131072, phases=True)  # as on the GPU
     texts = json_decoding.passages(n, 0)
     runs: dict[str, dict] = {}
-    profiles: dict[str, cProfile.Profile] | None = {} if args.profile else None
+    profiles: dict | None = {} if args.profile else None
     for _ in range(args.repeat):
         for mode in args.modes.split(","):
             r = json_decoding.run_mode(mode, ns, texts, prepare=scripted(args.ids, profiles, mode))

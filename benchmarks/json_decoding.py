@@ -18,6 +18,7 @@ import gc
 import json
 import os
 import platform
+import pstats
 import random
 import statistics
 import sys
@@ -28,7 +29,7 @@ import torch
 
 from radixlm import Engine
 
-from phases import PhaseTimer
+from phases import PhaseTimer, profile_steps
 
 CITIES = ["Paris", "Tokyo", "Lagos", "Lima", "Oslo", "Cairo", "Quito", "Hanoi", "Perth", "Turin", "Accra", "Dakar"]
 COUNTRIES = ["France", "Japan", "Nigeria", "Peru", "Norway", "Egypt", "Ecuador", "Vietnam", "Australia", "Italy",
@@ -91,6 +92,7 @@ def run_mode(mode: str, args, texts: list[str], prepare=None) -> dict:
         stats0 = dict(engine.scheduler.stats)
         masks0 = engine.scheduler.constrained.stats["masks_filled"]
         timer = PhaseTimer.attach(engine) if args.phases else None
+        prof = profile_steps(engine) if getattr(args, "profile", 0) else None
         t0 = time.perf_counter()
         outs = engine.generate(prompts, sp)
         wall = time.perf_counter() - t0
@@ -110,7 +112,7 @@ def run_mode(mode: str, args, texts: list[str], prepare=None) -> dict:
             "exact_acceptance_rate": c["accepted_draft_tokens"] / c["draft_tokens"] if c["draft_tokens"] else None,
             "fast_forced_tokens": c["forced_tokens"], "jump_passes": sched.stats["jump_decode_batches"] - stats0["jump_decode_batches"],
             "_ids": [o["output_ids"] for o in outs], "_texts": [o["text"] for o in outs],
-            "phases": timer.as_dict() if timer is not None else None, "_timer": timer,
+            "phases": timer.as_dict() if timer is not None else None, "_timer": timer, "_profile": prof,
         }
     finally:
         engine.shutdown()
@@ -175,6 +177,8 @@ def main() -> None:
     p.add_argument("--modes", default="off,fast,exact", help="comma-separated; the first is the baseline")
     p.add_argument("--load-format", default="auto", help="dummy: random weights (a model directory with no weights)")
     p.add_argument("--phases", action="store_true", help="time the scheduler's phases (benchmarks/phases.py)")
+    p.add_argument("--profile", type=int, default=0,
+                   help="also print each mode's N functions of most own time (cProfile of the measured run)")
     p.add_argument("--save-ids", default=None, help="write the first mode's output token ids here (JSON list)")
     p.add_argument("--out", default="benchmarks/results/json_decoding_cpu.json")
     args = p.parse_args()
@@ -202,7 +206,10 @@ def main() -> None:
     for m, r in runs.items():
         r.pop("_ids")
         r.pop("_texts")
-        timer = r.pop("_timer")
+        timer, prof = r.pop("_timer"), r.pop("_profile")
+        if prof is not None:
+            print(f"cProfile of {m} (its fastest round):")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
         if timer is not None:
             print(f"phases of {m} (its fastest round; {r['wall_s']:.2f} s wall):")
             print(timer.table(r["wall_s"], r["forward_passes"], r["output_tokens"]))

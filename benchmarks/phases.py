@@ -9,6 +9,7 @@ Times are inclusive (a phase contains the phases it calls); `wait for device` is
 pass's results to reach the host; garbage collections are timed too (they may run inside any phase)."""
 from __future__ import annotations
 
+import cProfile
 import gc
 import time
 from collections import defaultdict
@@ -155,3 +156,19 @@ def _allocator_counts() -> dict[str, int]:
     stats = torch.cuda.memory_stats()
     return {"cudaMalloc": stats.get("segment.all.allocated", 0), "alloc retries": stats.get("num_alloc_retries", 0),
             "cudaFree": stats.get("segment.all.freed", 0)}
+
+
+def profile_steps(engine) -> cProfile.Profile:
+    """cProfile of the scheduler's steps from now on (on the engine's thread, where they run)."""
+    prof = cProfile.Profile()
+    step = engine.scheduler.step
+
+    def profiled_step():
+        prof.enable()
+        try:
+            return step()
+        finally:
+            prof.disable()
+
+    engine.scheduler.step = profiled_step
+    return prof
