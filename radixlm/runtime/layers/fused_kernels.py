@@ -63,7 +63,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@triton.jit
+# Positions and slots are often views at any offset (rows of one host-to-device copy, slices of the allocator's free list).
+# Specialized on their 16-byte alignment, a kernel was compiled again in the middle of serving for misaligned ones.
+@triton.jit(do_not_specialize_on_alignment=["Pos"])
 def _rotary_kernel(Pos, CosSin, Q, K, stride_q, stride_k, stride_cs, num_q_heads, num_k_heads,
                    HEAD_SIZE: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr):
     tok = tl.program_id(0)
@@ -115,7 +117,7 @@ def rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_c
                          enable_fp_fusion=False)  # a fused multiply-add would skip the reference's roundings
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["Loc"])  # (see _rotary_kernel)
 def _store_kv_kernel(K, V, Loc, KBuf, VBuf, stride_k, stride_v, stride_kb, stride_vb, width,
                      BLOCK: tl.constexpr):
     tok = tl.program_id(0)

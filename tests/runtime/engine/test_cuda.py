@@ -125,3 +125,30 @@ def test_cuda_graphs_and_overlap_match_eager_synchronous(tiny_cuda_model, dtype)
             # may flip late in a sequence, not more.
             same = sum(a == b for a, b in zip(outs, runs["eager-sync"]))
             assert same >= 0.75 * len(outs), (name, same)
+
+
+def _compiled_variants() -> dict[str, int]:
+    """How many variants of each of our Triton kernels are compiled (Triton's per-device kernel caches)."""
+    from radixlm.runtime.layers import fused_kernels
+    from radixlm.runtime.layers.attention.triton_ops import extend_attention
+
+    kernels = {"extend": extend_attention._extend_kernel, "rotary": fused_kernels._rotary_kernel,
+               "store_kv": fused_kernels._store_kv_kernel, "rmsnorm": fused_kernels._rmsnorm_kernel}
+    return {name: sum(len(cache[0]) for cache in k.device_caches.values()) for name, k in kernels.items()}
+
+
+def test_cuda_serving_compiles_no_kernel_after_start_up(tiny_cuda_model):
+    """Start-up builds the kernels of eager passes; batches of any size and shape then reuse them, whatever the
+    alignment of their index vectors (odd request and token counts put them at odd offsets)."""
+    import radixlm
+
+    engine = radixlm.Engine(tiny_cuda_model, device="cuda", dtype="bfloat16", max_total_tokens=8192,
+                            cuda_graph_max_bs=8, disable_overlap_schedule=True)
+    try:
+        before = _compiled_variants()
+        for n in (1, 2, 3, 5, 8):  # prefills of more tokens than the largest graph run eagerly
+            prompts = _prompts(n, seed=n)
+            engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 3})
+        assert _compiled_variants() == before
+    finally:
+        engine.shutdown()

@@ -11,7 +11,12 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# Index vectors are often views at any offset (rows of one host-to-device copy, slices of the allocator's free list).
+# Specialized on their 16-byte alignment, a kernel was compiled again in the middle of serving for misaligned ones.
+INDEX_ARGS = ["Req_pool_indices", "Seq_lens"]
+
+
+@triton.jit(do_not_specialize_on_alignment=INDEX_ARGS)
 def _decode_stage1(
     Q, K_buf, V_buf, Req_to_token, Req_pool_indices, Seq_lens, Mid_o, Mid_lse, sm_scale,
     stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
