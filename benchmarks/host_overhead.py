@@ -23,6 +23,7 @@ import torch
 
 import json_decoding
 from phases import profile_steps
+from radixlm.runtime.executor.host_to_device import host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput
 
 HIGH = 10.0  # the scripted token's logit; every other token has 0
@@ -32,8 +33,12 @@ class ScriptedForward:
     """Stands in for ModelRunner.forward: each sampling row's logits pick the request's recorded next token, each
     draft-verification row the recorded token at its position."""
 
-    def __init__(self, scheduler, scripts: dict[tuple[int, ...], list[int]], vocab_size: int, eos: int):
+    def __init__(self, scheduler, scripts: dict[tuple[int, ...], list[int]], vocab_size: int, eos: int,
+                 model_forward=None):
+        """model_forward: the model's own pass, run first and its logits replaced (the device does a real pass's
+        work; json_decoding.py --script-ids)."""
         self.scheduler, self.scripts, self.vocab_size, self.eos = scheduler, scripts, vocab_size, eos
+        self.model_forward, self.device = model_forward, torch.device("cpu")
         self._plan_rows = None
         inner = scheduler._logits_plan
 
@@ -49,18 +54,23 @@ class ScriptedForward:
         return script[index] if index < len(script) else self.eos
 
     def _logits(self, targets: list[int]) -> torch.Tensor:
-        logits = torch.zeros(len(targets), self.vocab_size)
-        logits[torch.arange(len(targets)), torch.tensor(targets, dtype=torch.int64)] = HIGH
+        logits = torch.zeros(len(targets), self.vocab_size, device=self.device)
+        # (indices staged without a sync: on a GPU the pass is still running)
+        rows = host_to_device(list(range(len(targets))), torch.int64, self.device)
+        logits[rows, host_to_device(targets, torch.int64, self.device)] = HIGH
         return logits
 
     def __call__(self, forward_batch, plan) -> LogitsOutput:
+        if self.model_forward is not None:
+            self.device = self.model_forward(forward_batch, plan).next_token_logits.device
         samplers, verifiers = self._plan_rows
         sample = [self._token(r, len(r.output_ids)) for r in samplers]
         verify = [self._token(r, len(r.output_ids) + j) for r in verifiers for j in range(len(r.jump_draft) + 1)]
         return LogitsOutput(self._logits(sample), [], [], self._logits(verify) if verify else None)
 
 
-def scripted(ids_path: str, profiles: dict | None = None, mode: str = ""):
+def scripted(ids_path: str, profiles: dict | None = None, mode: str = "", keep_model: bool = False):
+    """A run_mode `prepare` replaying the outputs recorded in ids_path; keep_model: the model's passes still run."""
     recorded = json.loads(Path(ids_path).read_text())
 
     def prepare(engine, prompts, sp):
@@ -69,7 +79,8 @@ def scripted(ids_path: str, profiles: dict | None = None, mode: str = ""):
             raise SystemExit(f"{ids_path} holds {len(recorded)} outputs for {len(msgs)} prompts")
         scripts = {tuple(m.input_ids): ids for m, ids in zip(msgs, recorded)}
         eos = min(engine.model_config.eos_token_ids)
-        engine.runner.forward = ScriptedForward(engine.scheduler, scripts, engine.vocab_size, eos)
+        engine.runner.forward = ScriptedForward(engine.scheduler, scripts, engine.vocab_size, eos,
+                                                engine.runner.forward if keep_model else None)
         if profiles is not None:
             profiles[mode] = profile_steps(engine)
 

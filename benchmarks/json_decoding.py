@@ -76,6 +76,10 @@ def prompts_for(engine: Engine, texts: list[str]) -> list[str]:
 
 def run_mode(mode: str, args, texts: list[str], prepare=None) -> dict:
     """prepare(engine, prompts, sampling_params), when given, runs before the warm-up (host_overhead.py)."""
+    if prepare is None and getattr(args, "script_ids", None):
+        import host_overhead
+
+        prepare = host_overhead.scripted(args.script_ids, keep_model=True)
     jump_forward, *opts = mode.split(":")
     engine = Engine(args.model, jump_forward=jump_forward, grammar_mask="always" if "always" in opts else "on_demand",
                     disable_mixed_prefill="nomix" in opts, random_seed=0, device=args.device, dtype=args.dtype,
@@ -179,6 +183,9 @@ def main() -> None:
     p.add_argument("--phases", action="store_true", help="time the scheduler's phases (benchmarks/phases.py)")
     p.add_argument("--profile", type=int, default=0,
                    help="also print each mode's N functions of most own time (cProfile of the measured run)")
+    p.add_argument("--script-ids", default=None,
+                   help="replay these recorded outputs (--save-ids of another run, same tokenizer and prompts): the "
+                        "model's passes run, their logits are replaced (benchmarks/host_overhead.py)")
     p.add_argument("--save-ids", default=None, help="write the first mode's output token ids here (JSON list)")
     p.add_argument("--out", default="benchmarks/results/json_decoding_cpu.json")
     args = p.parse_args()

@@ -21,3 +21,24 @@ def model_dir(dst: str | None = None) -> str:
             shutil.copyfileobj(src, f)
         os.replace(out / "tokenizer.json.tmp", out / "tokenizer.json")
     return str(out)
+
+
+def shaped_like_8b(tokenizer_model: str, dst: str) -> str:
+    """A model directory with Llama-3.1-8B's shapes (dummy weights) and another model's tokenizer, vocabulary and
+    stop tokens (tokenizer_model: an alias, GGUF file or directory): benchmarks that replay that model's outputs
+    (json_decoding.py --script-ids) then pay an 8B model's passes."""
+    import json
+
+    from radixlm.runtime.model_loader.config import resolve_model_dir
+
+    src = Path(resolve_model_dir(tokenizer_model))
+    out = Path(dst)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name not in ("config.json", "radixlm_source.json") and not f.name.endswith((".safetensors", ".bin", ".gguf")):
+            shutil.copyfile(f, out / f.name)
+    own = json.loads((src / "config.json").read_text())
+    config = json.loads((FILES / "config.json").read_text())
+    config.update({k: own[k] for k in ("vocab_size", "bos_token_id", "eos_token_id") if k in own})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return str(out)

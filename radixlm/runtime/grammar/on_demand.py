@@ -102,9 +102,12 @@ def _continues(draft: list[int], level: int, token: int) -> bool:
 
 
 def _masked_argmax(rows: OnDemandRows, need: list[int], level: int, backend) -> list[int]:
+    """On the host: the rows come over (the device is idle by now) and the mask is applied where it was filled.
+    Fewer device operations than applying it there, each of which costs the host more than this copy (measured on
+    the H100 machine: 690 us a call with the mask applied on the device, of which 160 us filling it)."""
     bitmask = backend.allocate_bitmask(len(need))
     backend.fill_bitmasks([rows.reqs[i].grammar for i in need], bitmask, list(range(len(need))))
     index = host_to_device([rows.starts[i] + level for i in need], torch.int64, rows.logits.device)
-    picked = rows.logits.index_select(0, index)
+    picked = rows.logits.index_select(0, index).to("cpu")
     backend.apply_bitmask(picked, bitmask, list(range(len(need))))
     return torch.argmax(picked, dim=-1).tolist()
