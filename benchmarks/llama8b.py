@@ -34,8 +34,9 @@ def shaped_like_8b(tokenizer_model: str, dst: str) -> str:
     src = Path(resolve_model_dir(tokenizer_model))
     out = Path(dst)
     out.mkdir(parents=True, exist_ok=True)
+    skip = ("config.json", "radixlm_source.json")
     for f in src.iterdir():
-        if f.is_file() and f.name not in ("config.json", "radixlm_source.json") and not f.name.endswith((".safetensors", ".bin", ".gguf")):
+        if f.is_file() and f.name not in skip and not f.name.endswith((".safetensors", ".bin", ".gguf")):
             shutil.copyfile(f, out / f.name)
     own = json.loads((src / "config.json").read_text())
     config = json.loads((FILES / "config.json").read_text())

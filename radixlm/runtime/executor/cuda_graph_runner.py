@@ -42,10 +42,12 @@ class CudaGraphRunner:
         self.max_bs = self.capture_bs[-1]
         dev = model_runner.device
         n = self.max_bs
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.req_pool_indices = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.seq_lens = torch.ones(n, dtype=torch.int64, device=dev)
+        # The rows of ForwardBatch.decode_rows: input ids, positions, request rows, sequence lengths (an even row
+        # length keeps every row 16-byte aligned). Padded rows take self.pad's values: 0, 0, 0 and 1.
+        self.rows = torch.zeros(4, n + n % 2, dtype=torch.int64, device=dev)[:, :n]
+        self.rows[3].fill_(1)
+        self.pad = self.rows.clone()
+        self.input_ids, self.positions, self.req_pool_indices, self.seq_lens = self.rows
         self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -103,15 +105,15 @@ class CudaGraphRunner:
         same size overwrites: callers consume them (in stream order) before that."""
         bs = fb.batch_size
         padded = self.capture_bs[bisect.bisect_left(self.capture_bs, bs)]
-        self.input_ids[:bs].copy_(fb.input_ids, non_blocking=True)
-        self.positions[:bs].copy_(fb.positions, non_blocking=True)
-        self.req_pool_indices[:bs].copy_(fb.req_pool_indices, non_blocking=True)
-        self.seq_lens[:bs].copy_(fb.seq_lens, non_blocking=True)
-        self.out_cache_loc[:bs].copy_(fb.out_cache_loc, non_blocking=True)
+        if fb.decode_rows is not None:
+            self.rows[:, :bs].copy_(fb.decode_rows)
+        else:
+            for buf, src in zip(self.rows, (fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens)):
+                buf[:bs].copy_(src)
+        self.out_cache_loc[:bs].copy_(fb.out_cache_loc)
         if padded > bs:
-            for buf, value in ((self.input_ids, 0), (self.positions, 0), (self.req_pool_indices, 0),
-                               (self.seq_lens, 1), (self.out_cache_loc, 0)):
-                buf[bs:padded].fill_(value)
+            self.rows[:, bs:padded].copy_(self.pad[:, : padded - bs])
+            self.out_cache_loc[bs:padded].zero_()
         if self.use_graphs:
             self.graphs[padded].replay()
             return self.outputs[padded][:bs]

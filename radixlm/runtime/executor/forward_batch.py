@@ -50,6 +50,9 @@ class ForwardBatch:
     extend_prefix_lens_cpu: list[int] = field(default_factory=list)
     extend_seq_lens_cpu: list[int] = field(default_factory=list)
     extend_start_loc: torch.Tensor | None = None  # (bs,) int64 exclusive cumsum of extend_seq_lens
+    # Decode (when built by ScheduleBatch): (4, bs) int64 whose rows are input_ids, positions, req_pool_indices and
+    # seq_lens (those four are its views): a CUDA-graph replay takes them in one copy.
+    decode_rows: torch.Tensor | None = None
     # Set by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: object = None
 

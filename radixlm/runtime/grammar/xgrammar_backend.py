@@ -52,6 +52,7 @@ class XGrammarBackend(GrammarBackend):
         self.compiler = xgr.GrammarCompiler(info, max_threads=max_threads)
         # A batch's masks are filled on several threads (one matcher per thread at a time).
         self.batch_matcher = xgr.BatchGrammarMatcher(max_threads=max(1, min(8, (os.cpu_count() or 2) // 2)))
+        self._bit_shifts: dict[torch.device, torch.Tensor] = {}  # apply_bitmask's constant, per device
 
     def compile(self, spec: GrammarSpec) -> Any:
         try:
@@ -78,27 +79,25 @@ class XGrammarBackend(GrammarBackend):
         return xgr.allocate_token_bitmask(batch_size, self.vocab_size)
 
     def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
-        if logits.is_cuda:
-            apply_bitmask(logits, bitmask, rows)
-        else:
+        if not logits.is_cuda:
             xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows, backend="cpu")
+            return
+        shifts = self._bit_shifts.get(logits.device)
+        if shifts is None:
+            shifts = self._bit_shifts[logits.device] = torch.arange(32, dtype=torch.int32, device=logits.device)
+        apply_bitmask_with_tensor_ops(logits, bitmask, rows, shifts)
 
 
-_BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
-
-
-def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+def apply_bitmask_with_tensor_ops(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int],
+                                  shifts: torch.Tensor) -> None:
     """In place: for each i in rows, the tokens that bitmask[i] (xgrammar's layout: bit j of word w is token 32w + j)
-    leaves out get -inf in logits[i]. Used on CUDA, as plain tensor operations: xgrammar's GPU kernel is a Triton
-    kernel specialized on the row count, so it was compiled in the middle of serving for each new kind of count.
-    (On the CPU xgrammar's own kernel is faster.)"""
+    leaves out get -inf in logits[i]; shifts: arange(32) int32 on logits' device. Used on CUDA: xgrammar's GPU kernel
+    is a Triton kernel specialized on the row count, so it was compiled in the middle of serving for each new kind of
+    count. (On the CPU xgrammar's own kernel is faster.)"""
     if not rows:
         return
     dev = logits.device
     vocab = min(logits.shape[-1], bitmask.shape[-1] * 32)
-    shifts = _BIT_SHIFTS.get(dev)
-    if shifts is None:
-        shifts = _BIT_SHIFTS[dev] = torch.arange(32, dtype=torch.int32, device=dev)
     whole = rows == list(range(len(rows)))
     words = host_to_device(bitmask[: len(rows)] if whole else bitmask[rows], torch.int32, dev)
     refused = ((words.unsqueeze(-1) >> shifts) & 1 == 0).flatten(1)[:, :vocab]

@@ -156,26 +156,33 @@ class ScheduleBatch:
     def get_forward_batch(self, token_to_kv_pool, attn_backend, next_token_buf: torch.Tensor | None = None) -> ForwardBatch:
         """next_token_buf: the last sampled token of each req_to_token row, on the device (overlap scheduling)."""
         dev = self.device
-        extend_start = [0]
-        for e in self.extend_lens[:-1]:
-            extend_start.append(extend_start[-1] + e)
         pool_rows, seq_rows = [r.req_pool_idx for r in self.reqs], self.seq_lens
         if len(self.input_ids) > len(self.reqs) and self.forward_mode.is_decode():  # one row per token
             pool_rows = [i for i, e in zip(pool_rows, self.extend_lens) for _ in range(e)]
             seq_rows = [pos + 1 for pos in self.positions]
-        one_per_req = len(pool_rows) == len(self.reqs)
-        per_row = rows_to_device([pool_rows, seq_rows] + ([extend_start] if one_per_req else []), dev)
-        per_token = rows_to_device([self.input_ids, self.positions], dev)
-        input_ids = per_token[0]
+        decode_rows = extend_start_loc = None
+        if self.forward_mode.is_decode():  # a row per token: the four vectors in one copy (and one graph input copy)
+            decode_rows = rows_to_device([self.input_ids, self.positions, pool_rows, seq_rows], dev)
+            input_ids, positions, req_pool_indices, seq_lens = decode_rows
+        else:
+            extend_start = [0]
+            for e in self.extend_lens[:-1]:
+                extend_start.append(extend_start[-1] + e)
+            one_per_req = len(pool_rows) == len(self.reqs)
+            per_row = rows_to_device([pool_rows, seq_rows] + ([extend_start] if one_per_req else []), dev)
+            per_token = rows_to_device([self.input_ids, self.positions], dev)
+            input_ids, positions, req_pool_indices, seq_lens = per_token[0], per_token[1], per_row[0], per_row[1]
+            extend_start_loc = per_row[2] if one_per_req else None
         if next_token_buf is not None and any(t < 0 for t in self.input_ids):
-            input_ids = torch.where(input_ids >= 0, input_ids, next_token_buf[per_row[0]])
+            # In place: input_ids stays a row of decode_rows.
+            torch.where(input_ids >= 0, input_ids, next_token_buf[req_pool_indices], out=input_ids)
         return ForwardBatch(
             forward_mode=self.forward_mode,
             batch_size=len(pool_rows),
             input_ids=input_ids,
-            positions=per_token[1],
-            req_pool_indices=per_row[0],
-            seq_lens=per_row[1],
+            positions=positions,
+            req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens,
             seq_lens_cpu=list(seq_rows),
             out_cache_loc=self.out_cache_loc.to(dev),
             req_to_token_pool=self.req_to_token_pool,
@@ -183,7 +190,8 @@ class ScheduleBatch:
             attn_backend=attn_backend,
             extend_prefix_lens_cpu=list(self.prefix_lens),
             extend_seq_lens_cpu=list(self.extend_lens),
-            extend_start_loc=per_row[2] if one_per_req else None,
+            extend_start_loc=extend_start_loc,
+            decode_rows=decode_rows,
         )
 
     # ------------------------------------------------------------------ membership
