@@ -167,6 +167,20 @@ def grammar_costs(args, sample_ids: list[list[int]]) -> dict:
             "mask_apply_us_per_row_cpu": apply_us, "tokens_replayed": len(fill_times)}
 
 
+MAX_DIFFERENCES_KEPT = 8
+
+
+def _differences(base: list[list[int]], other: list[list[int]]) -> list[dict]:
+    """Per request whose output differs: where it first differs, and both outputs (benchmarks/divergence.py reads
+    them)."""
+    out = []
+    for i, (a, b) in enumerate(zip(base, other)):
+        if a != b:
+            at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            out.append({"request": i, "at": at, "base_ids": a, "ids": b})
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="default")
@@ -206,6 +220,7 @@ def main() -> None:
         runs[m]["throughput_vs_off"] = runs[m]["output_tokens_per_s"] / off["output_tokens_per_s"]
         runs[m]["speedup_wall_vs_off"] = off["wall_s"] / runs[m]["wall_s"]
         runs[m]["identical_to_off"] = sum(a == b for a, b in zip(runs[m]["_ids"], off["_ids"]))
+        runs[m]["differs_from_off"] = _differences(off["_ids"], runs[m]["_ids"])[:MAX_DIFFERENCES_KEPT]
     if args.save_ids:
         Path(args.save_ids).write_text(json.dumps(off["_ids"]))
     costs = grammar_costs(args, off["_ids"][:8])

@@ -56,7 +56,7 @@ class CudaGraphRunner:
             self._capture_all()
 
     def can_run(self, fb: ForwardBatch) -> bool:
-        return fb.forward_mode.is_decode() and 0 < fb.batch_size <= self.max_bs
+        return fb.forward_mode.is_decode() and fb.decode_rows is not None and 0 < fb.batch_size <= self.max_bs
 
     def _static_batch(self, bs: int, seq_lens_cpu: list[int] | None) -> ForwardBatch:
         """seq_lens_cpu: the real lengths (eager runs); None while capturing, where nothing may depend on them."""
@@ -105,11 +105,7 @@ class CudaGraphRunner:
         same size overwrites: callers consume them (in stream order) before that."""
         bs = fb.batch_size
         padded = self.capture_bs[bisect.bisect_left(self.capture_bs, bs)]
-        if fb.decode_rows is not None:
-            self.rows[:, :bs].copy_(fb.decode_rows)
-        else:
-            for buf, src in zip(self.rows, (fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens)):
-                buf[:bs].copy_(src)
+        self.rows[:, :bs].copy_(fb.decode_rows)
         self.out_cache_loc[:bs].copy_(fb.out_cache_loc)
         if padded > bs:
             self.rows[:, bs:padded].copy_(self.pad[:, : padded - bs])
