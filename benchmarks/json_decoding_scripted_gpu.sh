@@ -9,7 +9,8 @@ set -euo pipefail
 source "$(dirname "$0")/gpu_stage.sh"
 COMMON="--device cuda --dtype bfloat16 --num-prompts 512 --max-running 32 --max-total-tokens 131072 --repeat 1"
 quiet() { grep -v "safetensors\|Warn\|dequantiz\|clean_up\|^{\|^ \"\|^}" || true; }
-if [ "$1" = record ]; then
+MODE=${1:?usage: json_decoding_scripted_gpu.sh record|json_schema|regex}
+if [ "$MODE" = record ]; then
   for c in json_schema regex; do
     python3 benchmarks/json_decoding.py --model "$GGUF" $COMMON --constraint $c --modes off \
       --save-ids /tmp/smol_ids_$c.json --out /tmp/smol_record_$c.json 2>&1 | quiet
@@ -17,5 +18,5 @@ if [ "$1" = record ]; then
   python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import llama8b; llama8b.shaped_like_8b('$GGUF', '/tmp/smol8b')"
   exit 0
 fi
-python3 benchmarks/json_decoding.py --model /tmp/smol8b --load-format dummy $COMMON --constraint $1 \
-  --modes off,fast,exact --script-ids /tmp/smol_ids_$1.json --out "$OUT"/json_decoding_gpu_scripted8b_$1.json 2>&1 | quiet
+python3 benchmarks/json_decoding.py --model /tmp/smol8b --load-format dummy $COMMON --constraint $MODE \
+  --modes off,fast,exact --script-ids /tmp/smol_ids_$MODE.json --out "$OUT"/json_decoding_gpu_scripted8b_$MODE.json 2>&1 | quiet
