@@ -114,6 +114,7 @@ def run_mode(mode: str, args, texts: list[str], prepare=None) -> dict:
             "masks_filled_per_token": (c["masks_filled"] - masks0) / out_tokens,
             "exact_draft_tokens": c["draft_tokens"], "exact_accepted_tokens": c["accepted_draft_tokens"],
             "exact_acceptance_rate": c["accepted_draft_tokens"] / c["draft_tokens"] if c["draft_tokens"] else None,
+            "learned_drafts": c["learned_drafts"], "distinct_lessons": c["distinct_lessons"],
             "fast_forced_tokens": c["forced_tokens"], "jump_passes": sched.stats["jump_decode_batches"] - stats0["jump_decode_batches"],
             "_ids": [o["output_ids"] for o in outs], "_texts": [o["text"] for o in outs],
             "phases": timer.as_dict() if timer is not None else None, "_timer": timer, "_profile": prof,

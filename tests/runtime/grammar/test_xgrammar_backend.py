@@ -127,7 +127,7 @@ def test_drafts_alternating_between_two_splits_relearn_without_retokenizing(back
         assert cd._forced_tokens(last, forced)[0] == by_brace
         _settle_with(cd, req, by_brace, (last, forced), canonical[:1], 0)
         assert cd._forced_tokens(last, forced)[0][0] == canonical[0]
-    assert cd.stats["learned_drafts"] == 6
+    assert cd.stats["learned_drafts"] == 6 and cd.stats["distinct_lessons"] == 2
     assert len(calls) == 2  # one decode for each of the two lessons (the model left the draft at its first token)
 
 
