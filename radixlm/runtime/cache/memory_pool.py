@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.runtime.executor.host_to_device import host_to_device
+
 
 class ReqToTokenPool:
     """One row per running request; row[p] is the KV slot of the token at position p."""
@@ -28,6 +30,14 @@ class ReqToTokenPool:
         idx = self.free_slots.pop(0)
         self._is_free[idx] = False
         return idx
+
+    def flat_index(self, spans: list[tuple[int, int, int]]) -> torch.Tensor:
+        """The entries req_to_token[row, start:end] of each (row, start, end), in order, as positions in
+        req_to_token.view(-1) on its device: one index copy, where a (rows, columns) pair would take more device
+        operations."""
+        width = self.req_to_token.stride(0)
+        flat = [row * width + c for row, start, end in spans for c in range(start, end)]
+        return host_to_device(flat, torch.int64, self.device)
 
     def free(self, idx: int) -> None:
         if self._is_free[idx]:

@@ -63,8 +63,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# Positions and slots are often views at any offset (rows of one host-to-device copy, slices of the allocator's free list).
-# Specialized on their 16-byte alignment, a kernel was compiled again in the middle of serving for misaligned ones.
+# Positions and slots are index vectors: not specialized on their alignment (see decode_attention.INDEX_ARGS).
 @triton.jit(do_not_specialize_on_alignment=["Pos"])
 def _rotary_kernel(Pos, CosSin, Q, K, stride_q, stride_k, stride_cs, num_q_heads, num_k_heads,
                    HEAD_SIZE: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr):

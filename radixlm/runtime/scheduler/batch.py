@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.executor.host_to_device import host_to_device, rows_to_device
+from radixlm.runtime.executor.host_to_device import rows_to_device
 from radixlm.runtime.scheduler.req import Req
 
 # Decode growth is estimated with at most this many future tokens per request (SGLang's clip).
@@ -149,9 +149,7 @@ class ScheduleBatch:
                 table[row, start:end] = slots[offset : offset + end - start]
                 offset += end - start
         elif total:
-            width = table.stride(0)  # flat positions: fewer device operations than a (rows, cols) index
-            flat = [row * width + c for row, start, end in spans for c in range(start, end)]
-            table.view(-1).index_copy_(0, host_to_device(flat, torch.int64, table.device), slots)
+            table.view(-1).index_copy_(0, self.req_to_token_pool.flat_index(spans), slots)
 
     def get_forward_batch(self, token_to_kv_pool, attn_backend, next_token_buf: torch.Tensor | None = None) -> ForwardBatch:
         """next_token_buf: the last sampled token of each req_to_token row, on the device (overlap scheduling)."""

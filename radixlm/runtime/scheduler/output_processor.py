@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.executor.forward_batch import ForwardMode
-from radixlm.runtime.executor.host_to_device import HostCopy, host_to_device
+from radixlm.runtime.executor.host_to_device import HostCopy
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, top_logprobs
 from radixlm.runtime.messages import ReqOutput
 from radixlm.runtime.scheduler.constrained import GRAMMAR_VIOLATION, PassGrammar
@@ -144,10 +144,8 @@ class SchedulerOutputProcessorMixin:
         if rejected:
             # One gather for the batch. The rows are read before any later pass rewrites them (stream order), even
             # where a finished request's row was released above.
-            table = self.req_to_token_pool.req_to_token
-            width = table.stride(0)
-            flat = [r * width + p for r, first, end in rejected for p in range(first, end)]
-            self.allocator.free(table.view(-1).index_select(0, host_to_device(flat, torch.int64, table.device)))
+            pool = self.req_to_token_pool
+            self.allocator.free(pool.req_to_token.view(-1).index_select(0, pool.flat_index(rejected)))
 
     def _stream_due(self, req: Req) -> bool:
         """The first token goes out at once (time to first token); later ones every stream_interval tokens."""

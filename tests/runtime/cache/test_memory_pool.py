@@ -18,6 +18,16 @@ def test_req_to_token_pool_alloc_free():
         pool.free(rows[0])
 
 
+def test_flat_index_reads_and_writes_the_spans_entries():
+    pool = ReqToTokenPool(size=3, max_context_len=8)
+    pool.req_to_token.copy_(torch.arange(24).reshape(3, 8) * 10)
+    spans = [(2, 5, 8), (0, 0, 2), (1, 3, 3)]  # the last one is empty
+    index = pool.flat_index(spans)
+    assert pool.req_to_token.view(-1)[index].tolist() == [210, 220, 230, 0, 10]
+    pool.req_to_token.view(-1).index_copy_(0, index, torch.tensor([-1, -2, -3, -4, -5]))
+    assert pool.req_to_token[2, 5:].tolist() == [-1, -2, -3] and pool.req_to_token[0, :2].tolist() == [-4, -5]
+
+
 def test_token_to_kv_pool_shapes_and_set():
     pool = TokenToKVPool(size=8, page_size=4, dtype=torch.float16, num_layers=2, num_kv_heads=2, head_dim=3,
                          device="cpu")

@@ -11,8 +11,7 @@ import triton
 import triton.language as tl
 
 
-# Index vectors are often views at any offset (rows of one host-to-device copy, slices of the allocator's free list).
-# Specialized on their 16-byte alignment, a kernel was compiled again in the middle of serving for misaligned ones.
+# Not specialized on the alignment of index vectors (see decode_attention.INDEX_ARGS).
 INDEX_ARGS = ["Req_pool_indices", "Prefix_lens", "Extend_lens", "Extend_starts"]
 
 
