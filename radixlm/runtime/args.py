@@ -59,6 +59,7 @@ class ServerArgs:
     tool_call_parser: str = field(default="auto", metadata={"choices": TOOL_CALL_PARSERS, "help": "format of tool calls in the model's text; auto: from the chat template"})
     api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' (except /health*, /metrics)"})
     max_queued_requests: int | None = field(default=None, metadata={"help": "reject (503) generation requests beyond max_running_requests + this"})
+    max_logprobs: int = field(default=20, metadata={"help": "the most top logprobs a request may ask for per position (top_logprobs_num, logprobs, top_logprobs); -1: the vocabulary size"})
     watchdog_timeout: float = field(default=300.0, metadata={"help": "seconds without scheduler progress (requests pending) before failing them"})
 
     # Debugging
@@ -92,6 +93,7 @@ class ServerArgs:
         check(self.tool_call_parser in TOOL_CALL_PARSERS, f"unknown tool_call_parser {self.tool_call_parser!r}; choose from {TOOL_CALL_PARSERS}")
         check(self.stream_interval >= 1, "stream_interval must be >= 1")
         check(self.watchdog_timeout > 0, "watchdog_timeout must be > 0")
+        check(self.max_logprobs >= -1, "max_logprobs must be -1 (the vocabulary size) or >= 0")
         check(self.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")
         check(self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs must be >= 1")
 

@@ -41,7 +41,13 @@ class DetokenizerManager:
             if state is None:  # evicted from the bounded map: decode without prompt context
                 state = DecodeState(self.tokenizer, DetokenizeInfo(out.rid, []))
                 self.states[out.rid] = state
-            texts.append(state.update(out.new_output_ids, out.finished_reason))
+            try:
+                texts.append(state.update(out.new_output_ids, out.finished_reason))
+            except Exception as e:  # noqa: BLE001 - one request's text must not stop the others'
+                logger.exception("detokenizing request %s failed", out.rid)
+                texts.append("")
+                out.finished_reason = {"type": "abort", "message": f"internal error while detokenizing: "
+                                       f"{type(e).__name__}: {e}", "status_code": 500}
             if out.finished_reason is not None:
                 self.states.pop(out.rid, None)
         return BatchStrOutput(batch.outputs, texts)

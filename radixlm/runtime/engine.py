@@ -15,6 +15,7 @@ from typing import Any
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.front import DecodeState, FrontLimits, ReqState, RequestBuilder, prefix_request
 from radixlm.runtime.messages import AbortReq, DetokenizeInfo, TokenizedGenerateReqInput
+from radixlm.runtime.scheduler.fault import StepGuard
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,8 @@ class Engine:
         self.context_len = self.model_config.context_len
         self.vocab_size = self.model_config.vocab_size
         self.builder = RequestBuilder(self.tokenizer, FrontLimits(
-            self.vocab_size, self.context_len, self.runner.max_total_num_tokens, args.disable_radix_cache))
+            self.vocab_size, self.context_len, self.runner.max_total_num_tokens, args.disable_radix_cache,
+            args.max_logprobs))
         # The model, tokenizer and graphs are ~340k long-lived objects (a full collection of them took ~0.2 s on the
         # 2-core dev machine): frozen, later collections skip them (unfrozen at shutdown).
         gc.collect()
@@ -100,6 +102,7 @@ class Engine:
     # ------------------------------------------------------------------ scheduler thread
     def _loop(self) -> None:
         sched = self.scheduler
+        guard = StepGuard(sched)
         try:
             while not self._stopped.is_set():
                 block = sched.nothing_to_run()
@@ -111,7 +114,7 @@ class Engine:
                         break
                     block = False
                     if isinstance(msg, AbortReq):
-                        sched.abort_request(msg.rid)
+                        sched.abort_requests(msg.rids)
                     elif isinstance(msg, _FlushCache):
                         msg.success = sched.flush_cache()
                         msg.done.set()
@@ -119,7 +122,7 @@ class Engine:
                         sched.add_request(msg)
                 if sched.is_idle():
                     continue
-                self._deliver(sched.step())
+                self._deliver(guard.step())
         except BaseException as e:  # noqa: BLE001 - surfaced to every waiting caller
             logger.exception("scheduler failed")
             self._error = e
@@ -236,7 +239,7 @@ class Engine:
                 self.abort_request(msg.rid)
 
     def abort_request(self, rid: str) -> None:
-        self._inbox.put(AbortReq(rid))
+        self._inbox.put(AbortReq([rid]))
 
     def flush_cache(self) -> bool:
         """Empties the radix cache; False (nothing done) while requests are queued or running."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,13 @@ from radixlm.runtime.grammar.spec import GrammarSpec, validate as validate_gramm
 from radixlm.runtime.detokenizer import IncrementalDecoder, hold_back_stop_prefix, trim_stop
 from radixlm.runtime.messages import DetokenizeInfo, ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampling_params import SamplingParams
+
+
+MAX_N = 128  # samples per prompt: OpenAI's cap
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024  # per stop string: every new token re-decodes a window four times the longest one
+MAX_GRAMMAR_CHARS = 1 << 20  # a regex, EBNF or JSON schema (as text)
+TOKENIZE_CHUNK = 256  # text prompts of a batch encoded in one tokenizer call
 
 
 @dataclass(frozen=True)
@@ -23,6 +31,11 @@ class FrontLimits:
     context_len: int
     max_total_num_tokens: int
     disable_radix_cache: bool = False
+    max_logprobs: int = 20  # ServerArgs.max_logprobs; -1: the vocabulary size
+
+    @property
+    def max_top_logprobs(self) -> int:
+        return self.vocab_size if self.max_logprobs < 0 else min(self.max_logprobs, self.vocab_size)
 
 
 @dataclass
@@ -63,6 +76,7 @@ class RequestBuilder:
         sp = sp_dict if isinstance(sp_dict, SamplingParams) else SamplingParams.from_dict(dict(sp_dict or {}))
         sp.normalize()
         sp.verify(self.limits.vocab_size)
+        _check_sizes(sp)
         spec = GrammarSpec.from_sampling_params(sp)
         if spec is not None:
             validate_grammar(spec)
@@ -80,8 +94,13 @@ class RequestBuilder:
             raise ValueError("logprob_start_len and top_logprobs_num must be integers") from None
         if return_logprob and start >= len(ids):
             raise ValueError(f"logprob_start_len ({start}) must be smaller than the prompt length ({len(ids)})")
+        if start < -1:
+            raise ValueError(f"logprob_start_len must be -1 (output tokens only) or >= 0, got {start}")
         if top < 0:
             raise ValueError("top_logprobs_num must be >= 0")
+        if return_logprob and top > self.limits.max_top_logprobs:
+            raise ValueError(f"top_logprobs_num ({top}) must be at most {self.limits.max_top_logprobs} "
+                             f"(the server's --max-logprobs)")
         if rid is not None and not isinstance(rid, str):
             raise ValueError("rid must be a string")
         return TokenizedGenerateReqInput(
@@ -92,6 +111,19 @@ class RequestBuilder:
 
     def build(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
               top_logprobs_num=None, rid=None, extra_key=None, stream=False) -> BuiltRequests:
+        steps = self.build_steps(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+                                 top_logprobs_num, rid, extra_key, stream)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def build_steps(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
+                    logprob_start_len=None, top_logprobs_num=None, rid=None, extra_key=None,
+                    stream=False) -> Generator[None, None, BuiltRequests]:
+        """build, yielding after each request it makes, so that an event loop can serve others during a large
+        batch (TokenizerManager.build_async); returns the BuiltRequests."""
         batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list))
         prompts = prompt if isinstance(prompt, list) else [prompt] * (len(input_ids) if batched else 1)
         id_lists = input_ids if batched and input_ids is not None else [input_ids] * len(prompts)
@@ -103,20 +135,16 @@ class RequestBuilder:
             _per_prompt(name, value, len(prompts)) for name, value in (
                 ("sampling_params", sampling_params), ("rid", rid), ("return_logprob", return_logprob),
                 ("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num)))
+        encode_batches = len(prompts) > 1 and all(isinstance(p, str) for p in prompts) and input_ids is None
         msgs, warm = [], []
-        if len(prompts) > 1 and all(isinstance(p, str) for p in prompts) and input_ids is None:
-            # One call for the batch: the fast tokenizer encodes it in parallel.
-            id_lists, prompts = self.tokenizer(prompts)["input_ids"], [None] * len(prompts)
         for i, (p, ids, sp) in enumerate(zip(prompts, id_lists, sps)):
+            if encode_batches and i % TOKENIZE_CHUNK == 0:
+                # One call per chunk of the batch: the fast tokenizer encodes it in parallel.
+                encoded = self.tokenizer(prompts[i : i + TOKENIZE_CHUNK])["input_ids"]
+            if encode_batches:
+                p, ids = None, encoded[i % TOKENIZE_CHUNK]
             tokens = self.tokenize(p, ids)
-            if sp is not None and not isinstance(sp, (dict, SamplingParams)):
-                raise ValueError("sampling_params must be an object (dict) or a list of them")
-            try:
-                n = int((sp or {}).get("n", 1)) if isinstance(sp, dict) else sp.n if sp else 1
-            except (TypeError, ValueError):
-                raise ValueError("n must be an integer") from None
-            if n < 1:
-                raise ValueError("n must be >= 1")
+            n = _sample_count(sp)
             base = rids[i] if rids[i] else uuid.uuid4().hex
             for j in range(n):
                 m = self.make_request(tokens, sp, lps[i], starts[i], tops[i], base if n == 1 else f"{base}-{j}",
@@ -126,11 +154,38 @@ class RequestBuilder:
                     m.sampling_params = dataclasses.replace(
                         m.sampling_params, sampling_seed=(m.sampling_params.sampling_seed * 1_000_003 + j) % (1 << 63))
                 msgs.append(m)
+                yield
             if n > 1:
                 warm.append(len(msgs) - n)
-        if stream and len(msgs) > 1:
-            raise ValueError("streaming supports one prompt with n=1")
+            if stream and len(msgs) > 1:
+                raise ValueError("streaming supports one prompt with n=1")
         return BuiltRequests(msgs, batched or len(msgs) > 1, warm if not self.limits.disable_radix_cache else [])
+
+
+def _sample_count(sp) -> int:
+    if sp is not None and not isinstance(sp, (dict, SamplingParams)):
+        raise ValueError("sampling_params must be an object (dict) or a list of them")
+    n = (sp or {}).get("n", 1) if isinstance(sp, dict) else sp.n if sp else 1
+    if n is None:
+        n = 1
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise ValueError(f"n must be an integer, got {n!r}")
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"n must be in [1, {MAX_N}], got {n}")
+    return n
+
+
+def _check_sizes(sp: SamplingParams) -> None:
+    """Bounds on the sizes of a request's strings: checked before any of them reaches a compiler or the scheduler."""
+    if len(sp.stop) > MAX_STOP_STRINGS:
+        raise ValueError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(sp.stop)}")
+    longest = max((len(s) for s in sp.stop), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise ValueError(f"stop: a stop string may have at most {MAX_STOP_CHARS} characters, got {longest}")
+    for name in ("regex", "ebnf", "json_schema"):
+        value = getattr(sp, name)
+        if isinstance(value, str) and len(value) > MAX_GRAMMAR_CHARS:
+            raise ValueError(f"{name}: at most {MAX_GRAMMAR_CHARS} characters, got {len(value)}")
 
 
 def _per_prompt(name: str, value, count: int) -> list:

@@ -24,7 +24,7 @@ class TokenizedGenerateReqInput:
 
 @dataclass
 class AbortReq:
-    rid: str
+    rids: list[str]  # one message for many (a client that leaves a large batch aborts all of it at once)
 
 
 @dataclass

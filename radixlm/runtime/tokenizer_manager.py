@@ -8,7 +8,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,14 +21,31 @@ from radixlm.runtime.messages import (
     AbortReq, BatchStrOutput, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput,
     ShutdownReq, TokenizedGenerateReqInput,
 )
+from radixlm.runtime.server.errors import ApiError
 from radixlm.runtime.server.ipc import bind_pull, connect_push
 from radixlm.runtime.server.metrics import ReqTiming, ServerMetrics
 
 logger = logging.getLogger(__name__)
 
+YIELD_EVERY = 64  # requests built or sent between turns of the event loop (a large batch must not starve /health)
+
 
 class RuntimeDead(RuntimeError):
     """A child process died or the scheduler stalled: the server cannot serve any more."""
+
+
+class RequestFailed(ApiError):
+    """The scheduler ended a request with an error (an abort carrying a status code): answered with that status."""
+
+    def __init__(self, message: str, status_code: int):
+        super().__init__(message)
+        self.status_code = status_code
+
+
+def _raise_if_failed(snap: dict) -> None:
+    fr = snap["meta_info"]["finish_reason"]
+    if fr is not None and fr.get("type") == "abort" and (fr.get("status_code") or 0) >= 400:
+        raise RequestFailed(fr.get("message") or "the request failed", fr["status_code"])
 
 
 @dataclass
@@ -48,7 +65,8 @@ class TokenizerManager:
         self.tokenizer = tokenizer
         info = runtime.info
         self.builder = RequestBuilder(tokenizer, FrontLimits(
-            info.vocab_size, info.context_len, info.max_total_num_tokens, self.server_args.disable_radix_cache))
+            info.vocab_size, info.context_len, info.max_total_num_tokens, self.server_args.disable_radix_cache,
+            self.server_args.max_logprobs))
         self.rid_to_state: dict[str, _ReqEntry] = {}
         self.dead: str | None = None
         self.ready = False  # set after the warm-up generation succeeded
@@ -59,6 +77,10 @@ class TokenizerManager:
         # Last message from the pipeline, or the moment work became pending after an idle spell.
         self.last_progress = time.monotonic()
         self.in_flight_http = 0  # generation HTTP requests admitted and not yet answered (set by the app)
+        # Called once when the pipeline is found dead (set by serve(): the server then exits non-zero).
+        self.on_dead: Callable[[str], None] | None = None
+        self._last_state: dict | None = None  # the scheduler's last reported internal state (set by get_internal_state)
+        self._last_state_at = 0.0
 
     async def start(self) -> None:
         """Call from the serving event loop."""
@@ -94,6 +116,8 @@ class TokenizerManager:
                     if entry.state.finished:
                         entry.finished = True
                         del self.rid_to_state[out.rid]
+                        if (out.finished_reason or {}).get("status_code"):
+                            self._send_aborts([out.rid])  # failed outside the scheduler (detokenizing): stop it there
                         if entry.timing is not None:
                             self.metrics.on_finish(entry.timing, now, out.prompt_tokens, out.cached_tokens)
                     entry.queue.put_nowait(snap)
@@ -127,6 +151,8 @@ class TokenizerManager:
                 f = waiting.popleft()
                 if not f.done():
                     f.set_exception(RuntimeDead(reason))
+        if self.on_dead is not None:
+            self.on_dead(reason)
 
     def _mark_pending(self) -> None:
         # The stall clock starts when work arrives at an idle pipeline, not at its last output.
@@ -153,6 +179,19 @@ class TokenizerManager:
         """Raises ValueError for invalid input: nothing reaches the scheduler then."""
         return self.builder.build(**kwargs)
 
+    async def build_async(self, **kwargs) -> BuiltRequests:
+        """build, letting other requests run between chunks of a large batch."""
+        steps = self.builder.build_steps(**kwargs)
+        made = 0
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            made += 1
+            if made % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+
     def _check_alive(self) -> None:
         if self.dead is not None:
             raise RuntimeDead(self.dead)
@@ -174,7 +213,19 @@ class TokenizerManager:
             if isinstance(snap, BaseException):
                 raise snap
             if snap["meta_info"]["finish_reason"] is not None:
+                _raise_if_failed(snap)
                 return snap
+
+    async def _submit_all(self, msgs, return_text: bool, log_metrics: bool, entries: list[_ReqEntry]) -> list[_ReqEntry]:
+        """Submits msgs (appending each entry to `entries` at once, so a cancellation aborts what was sent)."""
+        mine = []
+        for i, m in enumerate(msgs):
+            e = self._submit(m, return_text, log_metrics)
+            mine.append(e)
+            entries.append(e)
+            if (i + 1) % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+        return mine
 
     async def generate(self, built: BuiltRequests, return_text: bool, log_metrics: bool = True) -> dict | list[dict]:
         """Runs non-streaming requests; aborts the unfinished ones if cancelled (client disconnect)."""
@@ -184,11 +235,9 @@ class TokenizerManager:
         entries: list[_ReqEntry] = []
         try:
             if built.warm:
-                pres = [self._submit(prefix_request(built.msgs[i]), False, log_metrics=False) for i in built.warm]
-                entries += pres
+                pres = await self._submit_all([prefix_request(built.msgs[i]) for i in built.warm], False, False, entries)
                 await asyncio.gather(*(self._final(e) for e in pres))
-            mine = [self._submit(m, return_text, log_metrics) for m in built.msgs]
-            entries += mine
+            mine = await self._submit_all(built.msgs, return_text, log_metrics, entries)
             results = await asyncio.gather(*(self._final(e) for e in mine))
         finally:
             self._abort_unfinished(entries)
@@ -201,16 +250,17 @@ class TokenizerManager:
                 snap = await entry.queue.get()
                 if isinstance(snap, BaseException):
                     raise snap
-                yield snap
                 if snap["meta_info"]["finish_reason"] is not None:
+                    _raise_if_failed(snap)
+                    yield snap
                     return
+                yield snap
         finally:
             self._abort_unfinished([entry])
 
     def _abort_unfinished(self, entries: list[_ReqEntry]) -> None:
-        for e in entries:
-            if not e.finished and self.rid_to_state.get(e.state.rid) is e:
-                self.abort_request(e.state.rid)
+        self._send_aborts([e.state.rid for e in entries
+                           if not e.finished and self.rid_to_state.get(e.state.rid) is e])
 
     def abort_request(self, rid: str | None = None, abort_all: bool = False) -> list[str]:
         """Aborts rid (and its n > 1 samples rid-0, rid-1, ...) or everything; returns the rids aborted."""
@@ -220,10 +270,12 @@ class TokenizerManager:
             rids = [r for r in self.rid_to_state if r == rid or (rid and r.startswith(f"{rid}-"))]
             if rid and rid not in rids:
                 rids.append(rid)  # it may still be in the scheduler's queue
-        if self.dead is None:
-            for r in rids:
-                self.to_scheduler.send_pyobj(AbortReq(r))
+        self._send_aborts(rids)
         return rids
+
+    def _send_aborts(self, rids: list[str]) -> None:
+        if self.dead is None and rids:
+            self.to_scheduler.send_pyobj(AbortReq(rids))
 
     async def _ask(self, req: Any, reply_type: type, timeout: float = 30.0):
         self._check_alive()
@@ -236,5 +288,14 @@ class TokenizerManager:
     async def flush_cache(self) -> bool:
         return (await self._ask(FlushCacheReq(), FlushCacheReqOutput)).success
 
-    async def get_internal_state(self, timeout: float = 30.0) -> dict:
-        return (await self._ask(GetInternalStateReq(), GetInternalStateReqOutput, timeout)).state
+    async def get_internal_state(self, timeout: float = 30.0, allow_stale: bool = False) -> dict:
+        """The scheduler's state. allow_stale: if it does not answer within timeout (a long pass), the last state
+        it reported, with `stale_s` saying how old (raises asyncio.TimeoutError when there is none)."""
+        try:
+            state = (await self._ask(GetInternalStateReq(), GetInternalStateReqOutput, timeout)).state
+        except asyncio.TimeoutError:
+            if not allow_stale or self._last_state is None:
+                raise
+            return {**self._last_state, "stale_s": time.monotonic() - self._last_state_at}
+        self._last_state, self._last_state_at = state, time.monotonic()
+        return state

@@ -73,7 +73,7 @@ class ConstrainedDecoding:
             return
         if fut.exception() is not None:
             # The API layer validates specs, so this is a spec its parser accepted but the compiler did not.
-            req.finished_reason = FinishReason("abort", message=str(fut.exception()))
+            req.finished_reason = FinishReason("abort", message=str(fut.exception()), status_code=400)
             return
         req.grammar = self.cache.backend.new_matcher(fut.result())
 

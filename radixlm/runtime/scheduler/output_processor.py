@@ -3,6 +3,7 @@ exact jump-forward verification, finishing, and the ReqOutputs the front receive
 owns the state these methods read and write."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,8 @@ from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, top_logpro
 from radixlm.runtime.messages import ReqOutput
 from radixlm.runtime.scheduler.constrained import GRAMMAR_VIOLATION, PassGrammar
 from radixlm.runtime.scheduler.req import FinishReason, Req
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,18 +65,12 @@ class SchedulerOutputProcessorMixin:
         for i, (req, tok) in enumerate(zip(samplers, next_ids)):
             if req.finished():  # finished (or aborted) while this pass was in flight: its token is dropped
                 continue
-            if req.sampling_params.max_new_tokens == 0:
-                req.finished_reason = FinishReason("length", length=0)
-            else:
-                verdict = verdicts.get(id(req))
-                decided = verdict is not None and bool(verdict.tokens)  # mask on demand: the constrained argmax
-                if tok is None and not decided:  # no sampler ran and nothing is allowed: the grammar is violated
-                    req.finished_reason = FinishReason("abort", message=GRAMMAR_VIOLATION)
-                    self._after_tokens(req, result.is_prefill)
-                    continue
-                self._append_token(req, verdict.tokens[0] if decided else tok,
-                                   None if out_lp is None else out_lp[i : i + 1], "accepted" if decided else "advance")
-                self.constrained.plan_jump(req)
+            try:
+                self._take_token(req, tok, verdicts.get(id(req)), None if out_lp is None else out_lp[i : i + 1])
+            except Exception as e:  # noqa: BLE001 - one request's data (logprobs, grammar, stops) fails that request
+                logger.exception("request %s failed while taking its token", req.rid)
+                req.finished_reason = FinishReason(
+                    "abort", message=f"internal error: {type(e).__name__}: {e}", status_code=500)
             self._after_tokens(req, result.is_prefill)
         if verifiers:
             self._process_verified(result)
@@ -82,6 +79,17 @@ class SchedulerOutputProcessorMixin:
             for req in result.prefill_reqs:
                 if not req.finished():
                     self.tree_cache.cache_unfinished_req(req)
+
+    def _take_token(self, req: Req, tok: int | None, verdict, logprobs: torch.Tensor | None) -> None:
+        if req.sampling_params.max_new_tokens == 0:
+            req.finished_reason = FinishReason("length", length=0)
+            return
+        decided = verdict is not None and bool(verdict.tokens)  # mask on demand: the constrained argmax
+        if tok is None and not decided:  # no sampler ran and nothing is allowed: the grammar is violated
+            req.finished_reason = FinishReason("abort", message=GRAMMAR_VIOLATION)
+            return
+        self._append_token(req, verdict.tokens[0] if decided else tok, logprobs, "accepted" if decided else "advance")
+        self.constrained.plan_jump(req)
 
     def _append_token(self, req: Req, tok: int, logprobs: torch.Tensor | None, grammar: str = "advance") -> None:
         """grammar: "advance" (accept the token now), "accepted" (a verdict's only token, already accepted), or

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import sys
 import time
 
 import zmq
@@ -15,6 +16,7 @@ from radixlm.runtime.messages import (
     AbortReq, BatchTokenOutput, DetokenizeInfo, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq,
     GetInternalStateReqOutput, SchedulerReady, ShutdownReq, TokenizedGenerateReqInput,
 )
+from radixlm.runtime.scheduler.fault import FatalSchedulerError, StepGuard
 from radixlm.runtime.server.ipc import ParentWatch, PortArgs, bind_pull, connect_push, die_with_parent
 
 logger = logging.getLogger(__name__)
@@ -73,7 +75,6 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs, ready_pipe) -> None
         vocab_size=cfg.vocab_size, context_len=cfg.context_len, model_path=cfg.model_path, architecture=cfg.architecture,
         model_type=getattr(cfg.hf_config, "model_type", ""),
     ))
-    watch = ParentWatch()
     new_reqs: list[DetokenizeInfo] = []
 
     def send(outputs) -> None:
@@ -82,6 +83,16 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs, ready_pipe) -> None
         new_reqs.clear()
 
     sched.output_sink = send  # outputs go out while the device runs the next pass
+    try:
+        _serve(sched, recv, to_tokenizer, new_reqs, send)
+    except FatalSchedulerError:
+        logger.exception("the scheduler cannot go on; exiting (the server exits too)")
+        sys.exit(1)
+
+
+def _serve(sched, recv, to_tokenizer, new_reqs: list[DetokenizeInfo], send) -> None:
+    watch = ParentWatch()
+    guard = StepGuard(sched)
     last_check = time.monotonic()
     while True:
         if sched.is_idle() and not recv.poll(IDLE_POLL_MS):
@@ -90,6 +101,7 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs, ready_pipe) -> None
             continue
         if sched.nothing_to_run():
             recv.poll(GRAMMAR_POLL_MS)  # only grammars compiling: wait a little for them or for new messages
+        aborts: list[str] = []
         while True:
             try:
                 msg = recv.recv_pyobj(zmq.NOBLOCK)
@@ -99,15 +111,17 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs, ready_pipe) -> None
                 new_reqs.append(DetokenizeInfo.from_req(msg))
                 sched.add_request(msg)
             elif isinstance(msg, AbortReq):
-                sched.abort_request(msg.rid)
+                aborts += msg.rids
             elif isinstance(msg, FlushCacheReq):
                 to_tokenizer.send_pyobj(FlushCacheReqOutput(sched.flush_cache()))
             elif isinstance(msg, GetInternalStateReq):
                 to_tokenizer.send_pyobj(GetInternalStateReqOutput(internal_state(sched)))
             elif isinstance(msg, ShutdownReq):
                 return
+        if aborts:
+            sched.abort_requests(aborts)
         if not sched.is_idle():
-            outputs = sched.step()
+            outputs = guard.step()
             if outputs:
                 send(outputs)
         if time.monotonic() - last_check > 1.0:

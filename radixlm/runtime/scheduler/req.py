@@ -23,12 +23,15 @@ class FinishReason:
     matched: int | str | None = None  # stop: the token id or string that matched
     length: int | None = None  # length: max_new_tokens
     message: str | None = None  # abort: why
+    status_code: int | None = None  # abort: the request failed (the client gets this status); None: aborted on request
 
     def to_json(self) -> dict[str, Any]:
         if self.type == "stop":
             return {"type": "stop", "matched": self.matched}
         if self.type == "length":
             return {"type": "length", "length": self.length}
+        if self.status_code is not None:
+            return {"type": "abort", "message": self.message, "status_code": self.status_code}
         return {"type": "abort", "message": self.message}
 
 

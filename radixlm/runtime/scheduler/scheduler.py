@@ -85,6 +85,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.waiting_queue: list[Req] = []
         self.running_batch = self._new_batch([], ForwardMode.DECODE)
         self.chunked_req: Req | None = None
+        self.launching: ScheduleBatch | None = None  # the batch step() picked last (set by step)
         self.round_id = 0
         self.outputs: list[ReqOutput] = []
         # Set by the owner of the loop: where outputs go while the device runs a pass just launched (else step
@@ -100,9 +101,15 @@ class Scheduler(SchedulerOutputProcessorMixin):
 
     # ------------------------------------------------------------------ input
     def add_request(self, msg: TokenizedGenerateReqInput) -> None:
-        req = Req.from_input(msg, self.eos_token_ids)
-        if not self.constrained.add(req):  # else it waits for its grammar to compile
-            self._enter_waiting(req)
+        try:
+            req = Req.from_input(msg, self.eos_token_ids)
+            if not self.constrained.add(req):  # else it waits for its grammar to compile
+                self._enter_waiting(req)
+        except Exception as e:  # noqa: BLE001 - one request's data must not stop the scheduler
+            logger.exception("request %s failed on arrival", msg.rid)
+            self.outputs.append(ReqOutput(msg.rid, [], FinishReason(
+                "abort", message=f"internal error: {type(e).__name__}: {e}", status_code=500).to_json(),
+                prompt_tokens=len(msg.input_ids), completion_tokens=0, cached_tokens=0))
 
     def _enter_waiting(self, req: Req) -> None:
         self.constrained.start(req)
@@ -112,20 +119,51 @@ class Scheduler(SchedulerOutputProcessorMixin):
             self.waiting_queue.append(req)
 
     def abort_request(self, rid: str, message: str = "aborted by the client") -> None:
-        req = self.constrained.remove(rid)
-        if req is not None:
+        self.abort_requests([rid], message)
+
+    def abort_requests(self, rids: list[str], message: str = "aborted by the client") -> None:
+        """One pass over the queues however many rids (a client leaving a batch of thousands aborts them all)."""
+        wanted = set(rids)
+        queued = [r for r in self.constrained.queue if r.rid in wanted]
+        self.constrained.queue = [r for r in self.constrained.queue if r.rid not in wanted]
+        kept = []
+        for req in self.waiting_queue:
+            (queued if req.rid in wanted and req.req_pool_idx is None else kept).append(req)
+        self.waiting_queue = kept
+        for req in queued:
             req.finished_reason = FinishReason("abort", message=message)
             self._emit(req)
-            return
-        for req in self.waiting_queue:
-            if req.rid == rid and req.req_pool_idx is None:
-                self.waiting_queue.remove(req)
-                req.finished_reason = FinishReason("abort", message=message)
-                self._emit(req)
-                return
         for req in self._active_reqs():
-            if req.rid == rid:
+            if req.rid in wanted:
                 req.to_abort = message
+
+    def fail_after_error(self, message: str, fail_waiting: bool) -> None:
+        """After a step raised: ends every request holding KV (and, if fail_waiting, every queued one) with a 500 and
+        starts the pools afresh, the tree's cached prefixes included, so that the accounting holds again whatever
+        the failed step left half done."""
+        held = self.running_batch.reqs + (self.inflight.reqs if self.inflight is not None else [])
+        held += self.launching.reqs if self.launching is not None else []
+        self.inflight, self.launching = None, None
+        failed = list({id(r): r for r in held if not r.finished()}.values())
+        if self.chunked_req is not None and not self.chunked_req.finished() and self.chunked_req not in failed:
+            failed.append(self.chunked_req)
+        queued = self.waiting_queue + (self.constrained.queue if fail_waiting else [])
+        failed += [r for r in queued if fail_waiting or r.req_pool_idx is not None]
+        self.waiting_queue = [r for r in self.waiting_queue if not fail_waiting and r.req_pool_idx is None]
+        if fail_waiting:
+            self.constrained.queue = []
+        for req in failed:
+            req.finished_reason = FinishReason("abort", message=message, status_code=500)
+            self._emit(req)
+        for req in self.waiting_queue:
+            req.reset_kv_state()
+            req.match_round = -1
+        self.running_batch = self._new_batch([], ForwardMode.DECODE)
+        self.chunked_req = None
+        self.tree_cache.reset()
+        self.req_to_token_pool.clear()
+        self.allocator.clear()
+        self.check_memory()
 
     def _active_reqs(self) -> list[Req]:
         reqs = [r for r in self.running_batch.reqs if not r.finished()]
@@ -175,11 +213,13 @@ class Scheduler(SchedulerOutputProcessorMixin):
         if self.inflight is not None and not self._can_launch_ahead():
             self.sync_inflight()
         batch = self.get_next_batch_to_run()
+        self.launching = batch
         previous, self.inflight = self.inflight, None
         if batch is not None:
             self.inflight = self.launch_batch(batch)
             # New requests decode from the next step on (their first token may be pending).
             self.running_batch.merge_batch([r for r in self.inflight.prefill_reqs if not r.is_chunked and not r.finished()])
+            self.launching = None
             if self.output_sink is not None and self.outputs:
                 out, self.outputs = self.outputs, []
                 self.output_sink(out)

@@ -1,5 +1,6 @@
 """Anthropic Messages API: POST /v1/messages (plain and SSE-streamed) and /v1/messages/count_tokens.
-Errors answer in Anthropic's shape {type: "error", error: {type, message}}."""
+Errors answer in Anthropic's shape {type: "error", error: {type, message}} (the app's handlers pick it by path);
+an operator's abort is a normal end with stop_reason "abort", as the other APIs finish with "abort"."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -9,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from radixlm.runtime.server import anthropic_protocol as proto
-from radixlm.runtime.server.errors import BadRequest
+from radixlm.runtime.server.errors import ApiError, BadRequest, ApiFlavor, error_body
 from radixlm.runtime.server.native import ClientDisconnected, generate_or_abort, json_response
 from radixlm.runtime.server.openapi import request_body
 from radixlm.runtime.tokenizer_manager import RuntimeDead
@@ -17,22 +18,14 @@ from radixlm.runtime.tokenizer_manager import RuntimeDead
 router = APIRouter()
 
 
-def _error(message: str, status_code: int = 400) -> Response:
-    return json_response(proto.error_body(message, proto.error_type(status_code)), status_code)
-
-
-def _abort_error(finish_reason: dict) -> Response:
-    return _error(finish_reason.get("message") or "the request was aborted", finish_reason.get("status_code") or 500)
-
-
 @router.post("/v1/messages/count_tokens", openapi_extra=request_body(proto.Conversation))
 async def count_tokens(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
+    conv = proto.parse(proto.Conversation, await request.body())
     try:
-        conv = proto.parse(proto.Conversation, await request.body())
         ids = tm.builder.tokenize(proto.build_prompt(tm.tokenizer, conv), None)
-    except (BadRequest, ValueError) as e:
-        return _error(str(e))
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
     return json_response({"input_tokens": len(ids)})
 
 
@@ -40,27 +33,23 @@ async def count_tokens(request: Request) -> Response:
 async def messages(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
     msg_id = proto.new_message_id()
+    req: proto.MessagesRequest = proto.parse(proto.MessagesRequest, await request.body())
+    prompt = proto.build_prompt(tm.tokenizer, req)
     try:
-        req: proto.MessagesRequest = proto.parse(proto.MessagesRequest, await request.body())
-        prompt = proto.build_prompt(tm.tokenizer, req)
-        built = tm.build(prompt=prompt, sampling_params=req.sampling_params(), stream=req.stream, rid=msg_id)
-    except (BadRequest, ValueError, TypeError) as e:
-        return _error(str(e))
+        built = await tm.build_async(prompt=prompt, sampling_params=req.sampling_params(), stream=req.stream, rid=msg_id)
+    except (ValueError, TypeError) as e:
+        raise BadRequest(str(e)) from None
     if tm.dead is not None:
-        return _error(tm.dead, 503)
+        raise RuntimeDead(tm.dead)
     if req.stream:
         return StreamingResponse(_events(tm, built.msgs[0], req, msg_id), media_type="text/event-stream")
     try:
         out = await generate_or_abort(request, tm, built, False)
     except ClientDisconnected:
         return Response(status_code=499)
-    except RuntimeDead as e:
-        return _error(str(e), 503)
     except ValueError as e:
-        return _error(str(e))
+        raise BadRequest(str(e)) from None
     meta = out["meta_info"]
-    if meta["finish_reason"]["type"] == "abort":
-        return _abort_error(meta["finish_reason"])
     stop_reason, stop_sequence = proto.stop_info(meta["finish_reason"], req.stop_sequences)
     return json_response(proto.message_body(msg_id, req.model, [{"type": "text", "text": out["text"]}],
                                             stop_reason, stop_sequence, proto.usage(meta)))
@@ -77,11 +66,6 @@ async def _events(tm, msg, req: proto.MessagesRequest, msg_id: str) -> AsyncIter
         async for snap in tm.generate_stream(msg, False):
             meta = snap["meta_info"]
             finish = meta["finish_reason"]
-            if finish is not None and finish["type"] == "abort":
-                err = proto.error_body(finish.get("message") or "the request was aborted",
-                                       proto.error_type(finish.get("status_code") or 500))
-                yield _event("error", err)
-                return
             if not started:
                 # Sent with the first snapshot, so its usage counts the cached prompt tokens correctly.
                 start_usage = dict(proto.usage(meta), output_tokens=0)
@@ -105,4 +89,6 @@ async def _events(tm, msg, req: proto.MessagesRequest, msg_id: str) -> AsyncIter
                                                "usage": proto.usage(meta)})
                 yield _event("message_stop", {"type": "message_stop"})
     except RuntimeDead as e:
-        yield _event("error", proto.error_body(str(e), "api_error"))
+        yield _event("error", error_body(str(e), 503, ApiFlavor.ANTHROPIC))
+    except ApiError as e:
+        yield _event("error", error_body(str(e), e.status_code, ApiFlavor.ANTHROPIC))

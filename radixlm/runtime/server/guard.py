@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hmac
 
-from radixlm.runtime.server.errors import error_response
+from radixlm.runtime.server.errors import error_response, flavor_of
 
 OPEN_PREFIXES = ("/health", "/metrics")
 GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages"})
@@ -36,12 +36,14 @@ class GuardMiddleware:
         if key is not None and not path.startswith(OPEN_PREFIXES):
             given = _presented_key(scope)
             if given is None or not hmac.compare_digest(given.encode(), key.encode()):
-                resp = error_response("invalid or missing API key (send 'Authorization: Bearer <key>')", 401, "AuthenticationError")
+                resp = error_response("invalid or missing API key (send 'Authorization: Bearer <key>')", 401,
+                                      flavor_of(path))
                 await resp(scope, receive, send)
                 return
         if scope["method"] in ("POST", "PUT") and path in GENERATION_PATHS:
             if not self.tm.admit():
-                resp = error_response(f"queue full: {self.tm.in_flight()} requests in flight; retry later", 503, "ServiceUnavailable")
+                resp = error_response(f"queue full: {self.tm.in_flight()} requests in flight; retry later", 503,
+                                      flavor_of(path))
                 await resp(scope, receive, send)
                 return
             try:

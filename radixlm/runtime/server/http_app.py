@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import sys
 import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import radixlm
 from radixlm.runtime.args import ServerArgs
-from radixlm.runtime.server.errors import BadRequest, error_response, parse
+from radixlm.runtime.server.errors import ApiError, BadRequest, error_response, flavor_of, parse
 from radixlm.runtime.server.guard import GuardMiddleware
 from radixlm.runtime.server.anthropic import router as anthropic_router
 from radixlm.runtime.server.metrics import router as metrics_router
@@ -30,6 +32,7 @@ logger = logging.getLogger(__name__)
 HEALTH_CHECK_TIMEOUT_S = 20.0
 WARMUP_TIMEOUT_S = 300.0
 GRACEFUL_SHUTDOWN_S = 30
+SERVER_INFO_TIMEOUT_S = 5.0  # then /server_info shows the scheduler's last reported state (a long pass is running)
 
 
 async def _warm_up(tm: TokenizerManager, started: float) -> None:
@@ -62,40 +65,53 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
     for router in (native_router, openai_router, anthropic_router, tokens_router, metrics_router):
         app.include_router(router)
 
-    @app.exception_handler(BadRequest)
-    async def _bad_request(_req: Request, e: BadRequest) -> Response:
-        return error_response(str(e))
+    def _answer(req: Request, message: str, status_code: int) -> Response:
+        return error_response(message, status_code, flavor_of(req.url.path))
+
+    @app.exception_handler(ApiError)
+    async def _api_error(req: Request, e: ApiError) -> Response:
+        return _answer(req, str(e), e.status_code)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_req: Request, e: RequestValidationError) -> Response:
-        return error_response(str(e))
+    async def _validation(req: Request, e: RequestValidationError) -> Response:
+        return _answer(req, str(e), 400)
 
     @app.exception_handler(RuntimeDead)
-    async def _dead(_req: Request, e: RuntimeDead) -> Response:
-        return error_response(str(e), 503, "ServiceUnavailable")
+    async def _dead(req: Request, e: RuntimeDead) -> Response:
+        return _answer(req, str(e), 503)
 
-    def _unhealthy() -> Response | None:
+    @app.exception_handler(asyncio.TimeoutError)
+    async def _timeout(req: Request, e: asyncio.TimeoutError) -> Response:
+        return _answer(req, "the scheduler did not answer in time (busy); retry later", 503)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(req: Request, e: StarletteHTTPException) -> Response:
+        resp = _answer(req, str(e.detail), e.status_code)
+        resp.headers.update(e.headers or {})
+        return resp
+
+    def _unhealthy(req: Request) -> Response | None:
         if tm.dead is not None:
-            return error_response(tm.dead, 503, "ServiceUnavailable")
+            return _answer(req, tm.dead, 503)
         if not tm.ready:
-            return error_response("the server is starting", 503, "ServiceUnavailable")
+            return _answer(req, "the server is starting", 503)
         return None
 
     # Plain-text routes say so in the OpenAPI document (schemathesis checks responses against it).
     @app.get("/health", response_class=PlainTextResponse)
-    async def health() -> Response:
-        return _unhealthy() or PlainTextResponse("")
+    async def health(request: Request) -> Response:
+        return _unhealthy(request) or PlainTextResponse("")
 
     @app.get("/health_generate", response_class=PlainTextResponse)
-    async def health_generate() -> Response:
-        bad = _unhealthy()
+    async def health_generate(request: Request) -> Response:
+        bad = _unhealthy(request)
         if bad is not None:
             return bad
         built = tm.build(input_ids=[0], sampling_params={"temperature": 0, "max_new_tokens": 1}, prompt=None)
         try:
             await asyncio.wait_for(tm.generate(built, False, log_metrics=False), HEALTH_CHECK_TIMEOUT_S)
         except (asyncio.TimeoutError, RuntimeDead) as e:
-            return error_response(f"health check generation failed: {e!r}", 503, "ServiceUnavailable")
+            return _answer(request, f"health check generation failed: {e!r}", 503)
         return PlainTextResponse("")
 
     @app.get("/model_info")
@@ -118,7 +134,7 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
             **dataclasses.asdict(tm.server_args), "api_key": None if tm.server_args.api_key is None else "<set>",
             "max_total_num_tokens": info.max_total_num_tokens, "max_running_requests": info.max_running_requests,
             "max_req_input_len": min(info.context_len, info.max_total_num_tokens) - 1, "context_len": info.context_len,
-            "internal_states": [await tm.get_internal_state()], "version": radixlm.__version__,
+            "internal_states": [await tm.get_internal_state(SERVER_INFO_TIMEOUT_S, allow_stale=True)], "version": radixlm.__version__,
             "load_time_s": tm.runtime.load_time_s, "process_pids": {n: p.pid for n, p in tm.runtime.procs.items()},
         })
 
@@ -148,6 +164,7 @@ def serve(server_args: ServerArgs, host: str = "127.0.0.1", port: int = 30000) -
 
     started = time.perf_counter()
     runtime = launch_subprocesses(server_args)
+    tm: TokenizerManager | None = None
     try:
         info = runtime.info
         logger.info("model loaded in %.1fs: KV pool %d tokens, max running requests %d, context %d",
@@ -155,7 +172,18 @@ def serve(server_args: ServerArgs, host: str = "127.0.0.1", port: int = 30000) -
         tm = TokenizerManager(runtime, get_tokenizer(server_args.tokenizer_path or info.model_path))
         config = uvicorn.Config(create_app(tm, started), host=host, port=port, log_level=server_args.log_level.lower(),
                                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=5)
+        server = uvicorn.Server(config)
+
+        def exit_when_dead(reason: str) -> None:
+            # A dead pipeline is not restarted in place: its pending requests were failed, and the server exits
+            # non-zero so that its supervisor (systemd, Kubernetes, a router's health checks) sees it go.
+            logger.error("the pipeline is dead (%s); shutting down", reason)
+            server.should_exit = True
+
+        tm.on_dead = exit_when_dead
         # uvicorn handles SIGTERM/SIGINT: stop accepting, let in-flight requests finish (bounded), run the lifespan exit.
-        uvicorn.Server(config).run()
+        server.run()
     finally:
         runtime.shutdown()
+    if tm is not None and tm.dead is not None:
+        sys.exit(1)

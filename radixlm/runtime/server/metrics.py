@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 import radixlm
-from radixlm.runtime.server.errors import error_body
+from radixlm.runtime.server.errors import error_response
 
 logger = logging.getLogger(__name__)
 
@@ -106,14 +106,13 @@ async def metrics(request: Request) -> Response:
 async def _state_or_none(tm) -> dict | None:
     """The scheduler's state, or None when it does not answer in time (a busy or stalled scheduler)."""
     try:
-        return await tm.get_internal_state(timeout=SCRAPE_STATE_TIMEOUT_S)
+        return await tm.get_internal_state(timeout=SCRAPE_STATE_TIMEOUT_S, allow_stale=True)
     except asyncio.TimeoutError:
         return None
 
 
 def _busy() -> Response:
-    return Response(orjson.dumps(error_body("the scheduler did not report its state in time", "ServiceUnavailable", 503)),
-                    status_code=503, media_type="application/json")
+    return error_response("the scheduler did not report its state in time", 503)
 
 
 @router.get("/v1/loads")

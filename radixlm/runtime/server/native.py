@@ -40,7 +40,7 @@ async def generate(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
     req: GenerateReqInput = parse(GenerateReqInput, await read_json_object(request))
     try:
-        built = tm.build(prompt=req.text, sampling_params=req.sampling_dicts(), input_ids=req.input_ids,
+        built = await tm.build_async(prompt=req.text, sampling_params=req.sampling_dicts(), input_ids=req.input_ids,
                          return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
                          top_logprobs_num=req.top_logprobs_num, rid=req.rid, extra_key=req.extra_key, stream=req.stream)
     except (ValueError, TypeError) as e:
@@ -100,5 +100,5 @@ async def _sse(tm, msg, return_text: bool, incremental: bool):
         async for snap in tm.generate_stream(msg, return_text):
             yield b"data: " + orjson.dumps(delta(snap) if delta else snap) + b"\n\n"
     except RuntimeDead as e:
-        yield b"data: " + orjson.dumps({"error": error_body(str(e), "ServiceUnavailable", 503)}) + b"\n\n"
+        yield b"data: " + orjson.dumps({"error": error_body(str(e), 503)}) + b"\n\n"
     yield b"data: [DONE]\n\n"

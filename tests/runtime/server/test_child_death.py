@@ -1,4 +1,5 @@
-"""A dead child process fails pending requests with a clear error and turns /health to 503."""
+"""A dead child process fails pending requests with a clear error, and the server exits non-zero (never a server that
+answers 503 forever)."""
 from __future__ import annotations
 
 import asyncio
@@ -26,10 +27,8 @@ def test_scheduler_death_fails_pending_requests():
                 return await pending
 
         r = asyncio.run(main())
-        assert r.status_code == 503
+        assert r.status_code == 503 and r.headers["retry-after"]
         assert "scheduler process exited" in r.json()["message"]
-        assert h.client.get("/health").status_code == 503
-        after = h.client.post("/generate", json={"text": "hi"})
-        assert after.status_code == 503 and "scheduler" in after.json()["message"]
+        assert h.proc.wait(timeout=60) == 1
     finally:
         stop_server(h)

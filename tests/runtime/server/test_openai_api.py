@@ -56,7 +56,7 @@ def test_models(client, server, model):
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
     body = server.client.get("/v1/models/no-such-model").json()
-    assert body["code"] == "model_not_found" and body["object"] == "error"
+    assert body["error"]["code"] == "model_not_found" and body["error"]["param"] == "model"
 
 
 def test_completion_usage_and_batch(client, model, tok, greedy):

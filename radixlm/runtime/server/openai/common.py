@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from radixlm.runtime.front import BuiltRequests
-from radixlm.runtime.server.errors import BadRequest, error_body
+from radixlm.runtime.server.errors import ApiError, ApiFlavor, BadRequest, error_body
 from radixlm.runtime.server.native import ClientDisconnected, generate_or_abort
 from radixlm.runtime.tokenizer_manager import RuntimeDead
 
@@ -34,9 +34,9 @@ def check_lengths(tm, prompts: list[list[int]], max_new_tokens: int) -> None:
                              f"and the model's context length is {context} tokens.")
 
 
-def build(tm, **kwargs) -> BuiltRequests:
+async def build(tm, **kwargs) -> BuiltRequests:
     try:
-        return tm.build(**kwargs)
+        return await tm.build_async(**kwargs)
     except (ValueError, TypeError) as e:
         raise BadRequest(str(e)) from None
 
@@ -101,9 +101,11 @@ async def sse_body(events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
         async for ev in events:
             yield sse(ev)
     except RuntimeDead as e:
-        yield sse({"error": error_body(str(e), "ServiceUnavailable", 503)})
+        yield sse(error_body(str(e), 503, ApiFlavor.OPENAI))
+    except ApiError as e:
+        yield sse(error_body(str(e), e.status_code, ApiFlavor.OPENAI))
     except ValueError as e:
-        yield sse({"error": error_body(str(e))})
+        yield sse(error_body(str(e), 400, ApiFlavor.OPENAI))
     yield b"data: [DONE]\n\n"
 
 

@@ -72,7 +72,7 @@ async def create_completion(request: Request, req: CompletionRequest) -> Respons
         raise BadRequest(f"logprobs must be >= 0, got {req.logprobs}")
     check_lengths(tm, ids, max_new)
     want_lp = req.logprobs is not None
-    built = build(tm, input_ids=ids if len(ids) > 1 else ids[0], sampling_params=req.sampling_params(max_new),
+    built = await build(tm, input_ids=ids if len(ids) > 1 else ids[0], sampling_params=req.sampling_params(max_new),
                   return_logprob=want_lp, logprob_start_len=0 if (want_lp and req.echo) else None,
                   top_logprobs_num=req.logprobs or 0, rid=req.rid, extra_key=req.extra_key)
     cid, created, model = new_id("cmpl"), int(time.time()), req.model or tm.server_args.model_path

@@ -6,7 +6,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from radixlm.runtime.server.errors import error_body, parse
+from radixlm.runtime.server.errors import ApiFlavor, error_response, parse
 from radixlm.runtime.server.native import json_response, read_json_object
 from radixlm.runtime.server.openai.chat import create_chat_completion
 from radixlm.runtime.server.openai.completions import create_completion
@@ -32,9 +32,8 @@ async def list_models(request: Request) -> Response:
 async def retrieve_model(model: str, request: Request) -> Response:
     card = _card(request.app.state.tokenizer_manager)
     if model != card["id"]:
-        body = {**error_body(f"The model '{model}' does not exist", "NotFoundError", 404), "param": "model",
-                "code": "model_not_found"}
-        return json_response(body, 404)
+        return error_response(f"The model '{model}' does not exist", 404, ApiFlavor.OPENAI, param="model",
+                              code="model_not_found")
     return json_response(card)
 
 
