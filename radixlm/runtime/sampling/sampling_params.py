@@ -12,6 +12,8 @@ from typing import Any
 
 # 0 <= temperature < this is greedy decoding.
 GREEDY_TEMPERATURE_EPS = 1e-6
+# OpenAI's range; far beyond it a float32 logit overflows to inf and the row's probabilities become NaN.
+MAX_LOGIT_BIAS = 100.0
 
 _ALIASES = {"seed": "sampling_seed"}
 
@@ -188,7 +190,8 @@ class SamplingParams:
             tid = _token_id("logit_bias", key)
             if not 0 <= tid < vocab_size:
                 raise ValueError(f"logit_bias: token id {key!r} is outside the vocabulary [0, {vocab_size})")
-            _number(f"logit_bias[{key!r}]", bias)
+            if not -MAX_LOGIT_BIAS <= _number(f"logit_bias[{key!r}]", bias) <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias: bias {bias!r} of token {key!r} is outside [-100, 100]")
 
     def _verify_constraints(self) -> None:
         n_set = sum(x is not None for x in (self.json_schema, self.regex, self.ebnf))

@@ -117,8 +117,8 @@ def test_logit_bias_validation(normalized):
             p.normalize()
         p.verify(V)
 
-    check({"0": 1.0, str(V - 1): -1})
-    for bad in ({str(V): 1.0}, {"-1": 1.0}, {"5": "big"}, {"5": math.nan}):
+    check({"0": 100.0, str(V - 1): -100})
+    for bad in ({str(V): 1.0}, {"-1": 1.0}, {"5": "big"}, {"5": math.nan}, {"5": 1e300}, {"5": -100.5}):
         with pytest.raises(ValueError, match="logit_bias"):
             check(bad)
 
