@@ -10,7 +10,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from radixlm.runtime.server.errors import BadRequest, error_body, parse
+from radixlm.runtime.server.errors import ApiError, BadRequest, error_body, parse
 from radixlm.runtime.server.native_protocol import GenerateReqInput
 from radixlm.runtime.server.openapi import request_body
 from radixlm.runtime.tokenizer_manager import RuntimeDead
@@ -40,9 +40,10 @@ async def generate(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
     req: GenerateReqInput = parse(GenerateReqInput, await read_json_object(request))
     try:
-        built = await tm.build_async(prompt=req.text, sampling_params=req.sampling_dicts(), input_ids=req.input_ids,
-                         return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
-                         top_logprobs_num=req.top_logprobs_num, rid=req.rid, extra_key=req.extra_key, stream=req.stream)
+        built = await tm.build_async(
+            prompt=req.text, sampling_params=req.sampling_dicts(), input_ids=req.input_ids,
+            return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
+            top_logprobs_num=req.top_logprobs_num, rid=req.rid, extra_key=req.extra_key, stream=req.stream)
     except (ValueError, TypeError) as e:
         raise BadRequest(str(e)) from None
     if req.stream:
@@ -101,4 +102,6 @@ async def _sse(tm, msg, return_text: bool, incremental: bool):
             yield b"data: " + orjson.dumps(delta(snap) if delta else snap) + b"\n\n"
     except RuntimeDead as e:
         yield b"data: " + orjson.dumps({"error": error_body(str(e), 503)}) + b"\n\n"
+    except ApiError as e:
+        yield b"data: " + orjson.dumps({"error": error_body(str(e), e.status_code)}) + b"\n\n"
     yield b"data: [DONE]\n\n"

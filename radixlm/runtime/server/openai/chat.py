@@ -72,7 +72,7 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
     if plan.json_schema is not None:
         sampling["json_schema"] = plan.json_schema
     built = await build(tm, input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs,
-                  top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key)
+                        top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": req.model or tm.server_args.model_path}
     if req.stream:
         return StreamingResponse(sse_body(_stream(tm, built, req, head, plan)), media_type="text/event-stream")
