@@ -34,7 +34,7 @@ class RouterArgs:
     cb_success_threshold: int = 3
     cb_timeout_duration_secs: float = 60.0
     disable_circuit_breaker: bool = False
-    retry_max_retries: int = field(default=5, metadata={"help": "further workers tried for a request that failed before its first byte"})
+    retry_max_retries: int = field(default=5, metadata={"help": "further workers tried for a request its worker never accepted (no connection, or HTTP 503)"})
     disable_retries: bool = False
     request_timeout_secs: float = 1800.0
     log_level: str = "info"

@@ -7,6 +7,7 @@ import logging
 import httpx
 
 from radixlm.router.args import RouterArgs
+from radixlm.router.failures import Effect, Failure
 from radixlm.router.feedback import CacheFeedback, CacheState, FeedbackConfig
 from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policies import CacheAwareConfig, RoutingRequest, make_policy
@@ -84,6 +85,15 @@ class Router:
         beyond what it held before, so a retry elsewhere leaves no phantom affinity behind."""
         if held < len(req.text):
             self.tree.remove_prefix(req.text[: held + 1], w.url)
+
+    def worker_failed(self, w: Worker, failure: Failure) -> None:
+        """An attempt on `w` failed: counts it, and passes the failure's verdict on to the worker's health."""
+        self.metrics.worker_errors.labels(w.url).inc()
+        if failure.effect is Effect.EJECT:
+            if self.registry.eject(w, failure.message):
+                self.metrics.ejections.labels(w.url).inc()
+        elif failure.effect is Effect.COUNT:
+            w.breaker.record(False)
 
     def observe_response(self, w: Worker, req: RoutingRequest, held: int, usage: Usage | None) -> None:
         """A response from `w` finished; `usage` is what the worker reported hitting its cache (if it did)."""

@@ -22,8 +22,10 @@ class RouterMetrics:
         self.requests = Counter(PREFIX + "requests", "Proxied requests by route and final HTTP status",
                                 ["route", "status"], registry=r)
         self.retries = Counter(PREFIX + "retries", "Attempts moved to another worker after a failure before "
-                               "the first byte reached the client", ["worker"], registry=r)
+                               "the worker accepted the request", ["worker"], registry=r)
         self.worker_errors = Counter(PREFIX + "worker_errors", "Failed attempts by worker", ["worker"], registry=r)
+        self.ejections = Counter(PREFIX + "worker_ejections", "Times a healthy worker was marked down at once "
+                                 "because it failed a request (passive health check)", ["worker"], registry=r)
         self.est_cached_chars = Counter(PREFIX + "estimated_cached_chars",
                                         "Request characters the tree believed the chosen worker held", registry=r)
         self.est_input_chars = Counter(PREFIX + "estimated_input_chars", "Request characters routed", registry=r)

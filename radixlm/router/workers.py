@@ -1,5 +1,7 @@
 """Workers as the router sees them: health with hysteresis, a circuit breaker, and the router's own in-flight
-count (its only notion of load for cache_aware). The registry runs the periodic health checks."""
+count (its only notion of load for cache_aware). The registry runs the periodic (active) health checks and takes
+the proxy's passive verdicts: a worker that failed a request it had accepted is ejected at once (marked down, its
+circuit opened) and comes back only through the active checks, which also close its circuit."""
 from __future__ import annotations
 
 import asyncio
@@ -22,6 +24,9 @@ class HealthConfig:
     timeout_s: float = 5.0
     interval_s: float = 60.0
     endpoint: str = "/health"
+    # A down worker is also checked every min(interval_s, down_interval_s): with success_threshold 2, a restarted
+    # worker takes traffic about 2 s after it answers /health, even with the default 60 s interval.
+    down_interval_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,10 @@ class CircuitBreaker:
         if self.state == CircuitState.HALF_OPEN or self.failures >= self.config.failure_threshold:
             self.state, self.opened_at, self.failures = CircuitState.OPEN, self.clock(), 0
 
+    def trip(self) -> None:
+        """Opens the circuit at once (an ejected worker)."""
+        self.state, self.opened_at, self.failures, self.successes = CircuitState.OPEN, self.clock(), 0, 0
+
     def reset(self) -> None:
         self.state, self.failures, self.successes = CircuitState.CLOSED, 0, 0
 
@@ -87,6 +96,7 @@ class Worker:
     healthy: bool = False  # set by the registry's health checks (hysteresis)
     check_failures: int = 0  # consecutive failed health checks (set by the registry)
     check_successes: int = 0  # consecutive passed health checks (set by the registry)
+    ejections: int = 0  # failed requests it had accepted (set by the registry's eject(), which marks it down)
     in_flight: int = 0  # requests proxied to it whose response has not ended (set by LoadGuard)
     selections: int = 0  # times a policy chose it (set by the Router)
 
@@ -96,7 +106,8 @@ class Worker:
 
     def describe(self) -> dict:
         return {"url": self.url, "healthy": self.healthy, "in_flight": self.in_flight,
-                "circuit": self.breaker.state.name.lower(), "selections": self.selections}
+                "circuit": self.breaker.state.name.lower(), "selections": self.selections,
+                "ejections": self.ejections}
 
 
 class LoadGuard:
@@ -161,10 +172,27 @@ class WorkerRegistry:
             return
         w.check_successes, w.check_failures = 0, w.check_failures + 1
         if w.healthy and w.check_failures >= self.health.failure_threshold:
-            w.healthy, w.check_failures = False, 0
-            logger.warning("worker %s is down", w.url)
-            for lis in self.listeners:
-                lis.worker_down(w.url)
+            w.check_failures = 0
+            self._mark_down(w, "failed health checks")
+
+    def eject(self, w: Worker, why: str) -> bool:
+        """Passive health check: `w` failed a request it had accepted. It is down at once with its circuit open
+        until `success_threshold` active checks in a row pass. Returns whether it was up until now."""
+        if self.workers.get(w.url) is not w:
+            return False  # removed while the request ran
+        was_up = w.healthy
+        w.ejections += 1
+        w.breaker.trip()
+        w.check_failures = w.check_successes = 0
+        if was_up:
+            self._mark_down(w, why)
+        return was_up
+
+    def _mark_down(self, w: Worker, why: str) -> None:
+        w.healthy = False
+        logger.warning("worker %s is down: %s", w.url, why)
+        for lis in self.listeners:
+            lis.worker_down(w.url)
 
     async def probe(self, w: Worker) -> bool:
         try:
@@ -174,14 +202,23 @@ class WorkerRegistry:
             return False
 
     async def check(self, w: Worker, first: bool = False) -> None:
+        ejections = w.ejections
         ok = await self.probe(w)
-        if self.workers.get(w.url) is w:  # it may have been removed while we waited
+        # It may have been removed while we waited; and a probe sent before an ejection predates the failure.
+        if self.workers.get(w.url) is w and w.ejections == ejections:
             self.record_check(w, ok, first)
 
-    async def check_all(self, first: bool = False) -> None:
-        await asyncio.gather(*(self.check(w, first) for w in list(self.workers.values())))
+    async def check_all(self, first: bool = False, down_only: bool = False) -> None:
+        await asyncio.gather(*(self.check(w, first) for w in list(self.workers.values())
+                               if not (down_only and w.healthy)))
 
     async def run_health_checks(self) -> None:
+        """Every worker each `interval_s`; the down ones also every `down_interval_s` in between."""
+        tick = min(self.health.interval_s, self.health.down_interval_s)
+        next_full = self.clock() + self.health.interval_s
         while True:
-            await asyncio.sleep(self.health.interval_s)
-            await self.check_all()
+            await asyncio.sleep(tick)
+            full = self.clock() >= next_full
+            if full:
+                next_full = self.clock() + self.health.interval_s
+            await self.check_all(down_only=not full)

@@ -144,7 +144,9 @@ class TokenizerManager:
         logger.error("%s; failing %d pending request(s)", reason, len(self.rid_to_state))
         for entry in self.rid_to_state.values():
             entry.finished = True
-            entry.queue.put_nowait(RuntimeDead(reason))
+            # A 500, not a 503: the request was accepted and may be what killed the pipeline, so a router must not
+            # resend it to another worker (a 503 means "not taken, try elsewhere").
+            entry.queue.put_nowait(RequestFailed(f"{reason} while this request was running", 500))
         self.rid_to_state.clear()
         for waiting in self._replies.values():
             while waiting:

@@ -1,64 +1,15 @@
 """The proxy app against fake workers behind an httpx.MockTransport (no model, no sockets), driven through
-ASGITransport with the app's lifespan running."""
+ASGITransport with the app's lifespan running (failures and retries: test_failures.py)."""
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 import pytest
 
 from radixlm.router.app import create_app
 from radixlm.router.args import RouterArgs
-
-
-class FakeFleet:
-    """Workers by host name. mode[host]: "ok", "refuse" (connection refused on /generate), "503", "down"."""
-
-    def __init__(self, *hosts: str) -> None:
-        self.mode = {h: "ok" for h in hosts}
-        self.generate_calls: dict[str, int] = {h: 0 for h in hosts}
-        self.flushed: list[str] = []
-
-    def __call__(self, req: httpx.Request) -> httpx.Response:
-        host, path, mode = req.url.host, req.url.path, self.mode.get(req.url.host, "down")
-        if mode == "down":
-            raise httpx.ConnectError("connection refused")
-        if path == "/health":
-            return httpx.Response(200)
-        if path == "/v1/models":
-            return httpx.Response(200, json={"object": "list", "data": [{"id": "default", "object": "model"}]})
-        if path == "/flush_cache":
-            self.flushed.append(host)
-            return httpx.Response(200, text="Cache flushed.\n")
-        if path == "/v1/loads":
-            return httpx.Response(200, json={"loads": [{"dp_rank": 0, "num_running_reqs": 0}]})
-        if path == "/generate":
-            if mode == "refuse":
-                raise httpx.ConnectError("connection refused")
-            if mode == "503":
-                return httpx.Response(503, json={"object": "error", "message": "overloaded", "code": 503})
-            self.generate_calls[host] += 1
-            body = json.loads(req.content)
-            if body.get("stream"):
-                async def events():
-                    yield b'data: {"text": "a"}\n\n'
-                    yield b"data: [DONE]\n\n"
-                return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=events())
-            return httpx.Response(200, json={"text": f"from {host}", "meta_info": {"id": "x"}})
-        return httpx.Response(404)
-
-
-async def with_router(fleet: FakeFleet, fn, **kw) -> None:
-    args = RouterArgs(worker_urls=[f"http://{h}:1" for h in fleet.mode], **kw)
-    app = create_app(args, transport=httpx.MockTransport(fleet))
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://router") as client:
-            await fn(client, app.state.router)
-
-
-def run(fleet: FakeFleet, fn, **kw) -> None:
-    asyncio.run(with_router(fleet, fn, **kw))
+from tests.router.fakes import FakeFleet, Mode, run
 
 
 def test_proxies_and_counts_selections():
@@ -68,7 +19,7 @@ def test_proxies_and_counts_selections():
         for i in range(4):
             r = await c.post("/generate", json={"text": f"prompt {i}", "sampling_params": {"max_new_tokens": 1}})
             assert r.status_code == 200 and r.json()["text"].startswith("from ")
-        assert fleet.generate_calls == {"a": 2, "b": 2}
+        assert dict(fleet.generate_calls) == {"a": 2, "b": 2}
         metrics = (await c.get("/metrics")).text
         assert 'radixlm_router:worker_selection_total{policy="round_robin",worker="http://a:1"} 2.0' in metrics
         assert all(w.in_flight == 0 for w in router.registry.workers.values())
@@ -80,7 +31,7 @@ def test_retry_on_refused_connection_and_no_phantom_affinity():
     fleet = FakeFleet("a", "b")
 
     async def go(c, router):
-        fleet.mode["a"] = "refuse"  # passes /health, fails every request
+        fleet.mode["a"] = Mode.REFUSE  # passes /health, refuses every request
         for i in range(3):
             r = await c.post("/generate", json={"text": f"group {i} long shared prompt text"})
             assert r.status_code == 200 and r.json()["text"] == "from b"
@@ -91,32 +42,34 @@ def test_retry_on_refused_connection_and_no_phantom_affinity():
     run(fleet, go, policy="cache_aware")
 
 
-def test_503_from_worker_is_retried_then_returned_when_all_fail():
+def test_503_from_worker_is_retried_then_passed_on_when_all_are_busy():
     fleet = FakeFleet("a", "b")
 
     async def go(c, router):
-        fleet.mode["a"] = "503"
+        fleet.mode["a"] = Mode.BUSY
         r = await c.post("/generate", json={"text": "x"})
         assert r.status_code == 200 and fleet.generate_calls["b"] == 1
-        fleet.mode["b"] = "503"
+        fleet.mode["b"] = Mode.BUSY
         r = await c.post("/generate", json={"text": "y"})
-        assert r.status_code == 503 and r.json()["message"] == "overloaded"
-        fleet.mode["a"] = fleet.mode["b"] = "refuse"
+        assert r.status_code == 503 and r.json()["message"] == "overloaded" and r.headers["retry-after"] == "1"
+        assert all(w["healthy"] for w in router.describe_workers()), "a 503 comes from a live worker"
+        fleet.mode["a"] = fleet.mode["b"] = Mode.REFUSE
         r = await c.post("/generate", json={"text": "z"})
         assert r.status_code == 502 and r.json()["object"] == "error"
+        assert "no worker accepted the request (2 tried" in r.json()["message"]
 
-    run(fleet, go, policy="round_robin", cb_failure_threshold=100)
+    run(fleet, go, policy="round_robin")
 
 
 def test_no_healthy_worker_is_a_503_in_the_openai_shape():
     fleet = FakeFleet("a")
-    fleet.mode["a"] = "down"
+    fleet.mode["a"] = Mode.DOWN
 
     async def go(c, router):
         r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
-        assert r.status_code == 503
-        assert r.json() == {"object": "error", "message": "no healthy worker available",
-                            "type": "ServiceUnavailableError", "param": None, "code": 503}
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json() == {"error": {"message": "no healthy worker available", "type": "ServiceUnavailableError",
+                                      "param": None, "code": 503}}
         h = await c.get("/health")
         assert h.status_code == 503 and h.json()["workers"][0]["healthy"] is False
 
@@ -170,7 +123,7 @@ def test_models_loads_and_worker_admin():
         r = await c.delete("/workers/http://b:1")
         assert r.status_code == 200 and "http://b:1" not in router.tree.tenants()
         assert (await c.delete("/workers/http://b:1")).status_code == 404
-        fleet.mode["c"] = "ok"
+        fleet.mode["c"] = Mode.OK
         r = await c.post("/workers", json={"url": "http://c:1"})
         assert r.status_code == 202
         assert (await c.post("/workers", json={"url": "http://c:1"})).status_code == 409

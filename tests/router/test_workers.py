@@ -132,3 +132,73 @@ def test_probe_marks_down_and_up_over_http():
         await reg.client.aclose()
 
     asyncio.run(go())
+
+
+def test_ejection_opens_the_circuit_and_only_active_checks_bring_the_worker_back():
+    clock = Clock()
+    reg = registry(clock=clock)
+    rec = Recorder()
+    reg.listeners.append(rec)
+    w = reg.add("http://w1:1")
+    reg.record_check(w, True, first=True)
+    reg.record_check(w, True)  # a streak of passes from before the failure must not count
+    assert reg.eject(w, "connection reset") is True
+    assert not w.healthy and w.breaker.state == CircuitState.OPEN and w.ejections == 1
+    assert reg.eject(w, "a second request in flight failed too") is False
+    assert rec.events.count(("down", "http://w1:1")) == 1 and w.ejections == 2
+    clock.t = 1000  # far past the circuit's timeout: time alone brings nothing back
+    assert reg.eligible() == []
+    reg.record_check(w, True)
+    assert reg.eligible() == []
+    reg.record_check(w, True)
+    assert reg.eligible() == [w] and w.breaker.state == CircuitState.CLOSED
+
+
+def test_a_probe_sent_before_an_ejection_does_not_count():
+    release = asyncio.Event()
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        await release.wait()
+        return httpx.Response(200)
+
+    async def go():
+        reg = registry(handler)
+        w = reg.add("http://w1:1")
+        w.healthy = True
+        probe = asyncio.create_task(reg.check(w))
+        await asyncio.sleep(0)  # the probe is on its way
+        reg.eject(w, "read error")
+        release.set()
+        await probe
+        assert not w.healthy and w.check_successes == 0
+        await reg.client.aclose()
+
+    asyncio.run(go())
+
+
+def test_down_workers_are_checked_every_down_interval():
+    checks: dict[str, int] = {"up": 0, "down": 0}
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        checks[req.url.host] += 1
+        return httpx.Response(200)
+
+    async def go():
+        reg = WorkerRegistry(HealthConfig(interval_s=60.0, down_interval_s=0.01), CircuitConfig(),
+                             httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+        up, down = reg.add("http://up:1"), reg.add("http://down:1")
+        await reg.check_all(first=True)
+        reg.eject(down, "worker died")
+        task = asyncio.create_task(reg.run_health_checks())
+        try:
+            async with asyncio.timeout(30):
+                while not down.healthy:
+                    await asyncio.sleep(0.01)
+        finally:
+            task.cancel()
+        assert down.breaker.state == CircuitState.CLOSED and reg.eligible() == [up, down]
+        assert checks["up"] == 1, "a healthy worker waits for the full interval"
+        assert checks["down"] >= 1 + reg.health.success_threshold
+        await reg.client.aclose()
+
+    asyncio.run(go())

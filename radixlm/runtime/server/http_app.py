@@ -25,7 +25,7 @@ from radixlm.runtime.server.native_protocol import AbortReq
 from radixlm.runtime.server.openai.routes import router as openai_router
 from radixlm.runtime.server.openapi import install_openapi, request_body
 from radixlm.runtime.server.tokens import router as tokens_router
-from radixlm.runtime.tokenizer_manager import RuntimeDead, TokenizerManager
+from radixlm.runtime.tokenizer_manager import RequestFailed, RuntimeDead, TokenizerManager
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
         built = tm.build(input_ids=[0], sampling_params={"temperature": 0, "max_new_tokens": 1}, prompt=None)
         try:
             await asyncio.wait_for(tm.generate(built, False, log_metrics=False), HEALTH_CHECK_TIMEOUT_S)
-        except (asyncio.TimeoutError, RuntimeDead) as e:
+        except (asyncio.TimeoutError, RuntimeDead, RequestFailed) as e:
             return _answer(request, f"health check generation failed: {e!r}", 503)
         return PlainTextResponse("")
 

@@ -27,7 +27,8 @@ def test_scheduler_death_fails_pending_requests():
                 return await pending
 
         r = asyncio.run(main())
-        assert r.status_code == 503 and r.headers["retry-after"]
+        # A 500: the request was accepted (a router must not resend it: it may be what killed the pipeline).
+        assert r.status_code == 500 and "retry-after" not in r.headers
         assert "scheduler process exited" in r.json()["message"]
         assert h.proc.wait(timeout=60) == 1
     finally:
