@@ -43,13 +43,13 @@ def request(rid: str, ids: list[int], max_new_tokens: int = 4, **kw) -> Tokenize
     return TokenizedGenerateReqInput(rid=rid, input_ids=ids, sampling_params=sp, **kw)
 
 
-def run_all(sched: Scheduler, max_steps: int = 10_000) -> dict:
-    """Steps until idle; returns rid -> {'output_ids', 'cached_tokens', 'finish_reason', ...}."""
+def run_all(sched: Scheduler, max_steps: int = 10_000, step=None) -> dict:
+    """Steps (sched.step, or `step`) until idle; returns rid -> {'output_ids', 'cached_tokens', 'finish_reason', ...}."""
     results: dict = {}
     for _ in range(max_steps):
         if sched.is_idle():
             return results
-        for out in sched.step():
+        for out in (step or sched.step)():
             r = results.setdefault(out.rid, {"output_ids": []})
             r["output_ids"] += out.new_output_ids
             r.update(cached_tokens=out.cached_tokens, finish_reason=out.finished_reason,

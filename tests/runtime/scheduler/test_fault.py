@@ -6,19 +6,11 @@ import pytest
 
 from radixlm.runtime.scheduler.fault import MAX_FAILED_STEPS, FatalSchedulerError, StepGuard, is_device_fault
 from radixlm.runtime.scheduler.scheduler import Scheduler
-from tests.runtime.scheduler.conftest import make_scheduler, request
+from tests.runtime.scheduler.conftest import make_scheduler, request, run_all
 
 
-def run_guarded(sched: Scheduler, guard: StepGuard, max_steps: int = 2_000) -> dict:
-    results: dict = {}
-    for _ in range(max_steps):
-        if sched.is_idle():
-            return results
-        for out in guard.step():
-            r = results.setdefault(out.rid, {"output_ids": []})
-            r["output_ids"] += out.new_output_ids
-            r["finish_reason"] = out.finished_reason
-    raise AssertionError("scheduler did not become idle")
+def run_guarded(sched: Scheduler, guard: StepGuard) -> dict:
+    return run_all(sched, 2_000, step=guard.step)
 
 
 def test_error_in_one_requests_token_fails_only_that_request(tiny_model_dir, monkeypatch):
