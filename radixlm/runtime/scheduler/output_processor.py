@@ -82,6 +82,9 @@ class SchedulerOutputProcessorMixin:
 
     def _take_token(self, req: Req, tok: int | None, verdict, logprobs: torch.Tensor | None) -> None:
         if req.sampling_params.max_new_tokens == 0:
+            if req.top_logprobs_num and logprobs is not None:
+                # No token, but the next token's top candidates: programs read them (SGLang reports them too).
+                req.output_top_logprobs.append(top_logprobs(logprobs, req.top_logprobs_num)[0])
             req.finished_reason = FinishReason("length", length=0)
             return
         decided = verdict is not None and bool(verdict.tokens)  # mask on demand: the constrained argmax

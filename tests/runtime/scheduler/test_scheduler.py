@@ -181,6 +181,22 @@ def test_prompt_logprobs_identical_with_chunked_prefill_and_pages(tiny_model_dir
         assert [t for _, t in got_out] == [t for _, t in base_out]
 
 
+def test_zero_new_tokens_still_reports_the_next_tokens_top_logprobs(tiny_model_dir):
+    sched = make_scheduler(tiny_model_dir)
+    sched.add_request(request("next", [5, 6, 7, 8], max_new_tokens=0, return_logprob=True, top_logprobs_num=3))
+    sched.add_request(request("one", [5, 6, 7, 8], max_new_tokens=1, return_logprob=True, top_logprobs_num=3))
+    tops: dict = {}
+    for _ in range(20):
+        if sched.is_idle():
+            break
+        for o in sched.step():
+            tops.setdefault(o.rid, []).extend(o.output_top_logprobs)
+            if o.rid == "next" and o.finished_reason is not None:
+                assert o.new_output_ids == [] and o.finished_reason["type"] == "length"
+    assert len(tops["next"]) == 1 and len(tops["next"][0]) == 3
+    assert tops["next"] == tops["one"]  # the same distribution: the one after the prompt
+
+
 def test_chunked_prefill_under_memory_pressure_with_running_decodes(tiny_model_dir):
     ps = prompts(10, 5, lo=10, hi=20) + prompts(11, 1, lo=150, hi=151)
     base, _, _ = outputs(tiny_model_dir, ps, max_new_tokens=40, chunked_prefill_size=-1)
