@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from radixlm.lang.api import (assistant, assistant_begin, assistant_end, flush_cache, function, gen, gen_int,
-                              gen_string, get_server_info, image, select, set_default_backend, system, system_begin,
-                              system_end, user, user_begin, user_end, video)
+                              gen_string, get_server_info, image, select, separate_reasoning, set_default_backend,
+                              system, system_begin, system_end, user, user_begin, user_end, video)
 from radixlm.lang.choices import greedy_token_selection, token_length_normalized, unconditional_likelihood_normalized
 from radixlm.lang.global_config import global_config
 from radixlm.lang.interpreter import ProgramError

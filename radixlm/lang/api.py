@@ -8,7 +8,8 @@ from radixlm.lang.choices import ChoicesSamplingMethod, token_length_normalized
 from radixlm.lang.program import SglFunction, resolve_backend
 from radixlm.lang.global_config import global_config
 from radixlm.lang.ir import (SglExpr, SglExprList, SglGen, SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams,
-                             SglSelect, SglVideo, as_expr, normalize_dtype)
+                             SglSelect, SglSeparateReasoning, SglVideo, as_expr, normalize_dtype)
+from radixlm.lang.reasoning import think_format
 
 
 def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int] = None):
@@ -22,11 +23,18 @@ def set_default_backend(backend: Any) -> None:
     global_config.default_backend = backend
 
 
-def flush_cache(backend: Any = None) -> Any:
+def flush_cache(backend: Any = None, empty_cache: bool = True) -> Any:
+    """Flushes the backend's prefix cache; False when there is no backend (as SGLang). `empty_cache` is taken for
+    SGLang's signature: radixlm's /flush_cache has no such option."""
+    if backend is None and global_config.default_backend is None:
+        return False
     return resolve_backend(backend).flush_cache()
 
 
 def get_server_info(backend: Any = None) -> Any:
+    """The server's info; None when there is no backend (as SGLang)."""
+    if backend is None and global_config.default_backend is None:
+        return None
     return resolve_backend(backend).get_server_info()
 
 
@@ -108,6 +116,16 @@ def select(name: Optional[str] = None, choices: Optional[list[str]] = None, temp
         raise TypeError(f"choices_method must be a ChoicesSamplingMethod such as sgl.token_length_normalized, "
                         f"got {choices_method!r}")
     return SglSelect(name, list(choices), temperature, choices_method)
+
+
+def separate_reasoning(expr: Any = None, model_type: Optional[str] = None) -> SglExpr:
+    """`expr` (a named gen or select), then split its output: the answer stays under its name, the reasoning
+    goes to `<name>_reasoning_content`. `model_type` names the think format ("deepseek-r1", "qwen3", ...)."""
+    if expr is None:
+        raise ValueError("separate_reasoning needs the gen (or select) whose output it splits")
+    think_format(model_type)
+    expr = as_expr(expr)
+    return SglExprList([expr, SglSeparateReasoning(model_type, expr)])
 
 
 def image(expr: Union[str, bytes]) -> SglExpr:

@@ -8,7 +8,13 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from enum import Enum, auto
+from typing import Callable, Optional, Union
+
+
+class ChatTemplateStyle(Enum):
+    PLAIN = auto()
+    LLAMA2 = auto()  # the first system message goes inside the first user turn ([INST] <<SYS>>...<</SYS>> ...)
 
 
 @dataclass(frozen=True)
@@ -18,12 +24,20 @@ class ChatTemplate:
     role_prefix_and_suffix: dict[str, tuple[str, str]]
     stop_str: tuple[str, ...] = ()
     image_token: str = "<image>"
+    audio_token: str = "<audio>"
+    style: ChatTemplateStyle = ChatTemplateStyle.PLAIN
 
     def get_prefix_and_suffix(self, role: str, hist_messages: list[dict]) -> tuple[str, str]:
         try:
-            return self.role_prefix_and_suffix[role]
+            prefix, suffix = self.role_prefix_and_suffix[role]
         except KeyError:
             raise ValueError(f"chat template {self.name!r} has no role {role!r}") from None
+        if self.style == ChatTemplateStyle.LLAMA2:
+            if role == "system" and not hist_messages:
+                return self.role_prefix_and_suffix["user"][0] + prefix, suffix
+            if role == "user" and len(hist_messages) == 1 and hist_messages[0]["role"] == "system":
+                return "", suffix  # the user turn was opened by the system message
+        return prefix, suffix
 
     def get_prompt(self, messages: list[dict]) -> str:
         """The whole prompt for a list of OpenAI-style messages, ending with the assistant's prefix."""
@@ -43,12 +57,13 @@ class ChatTemplateRegistry:
     holds the built-ins; register your own on it or build a fresh registry."""
 
     templates: dict[str, ChatTemplate] = field(default_factory=dict)
-    matchers: list[Callable[[str], Optional[str]]] = field(default_factory=list)
+    matchers: list[Callable[[str], Union[str, ChatTemplate, None]]] = field(default_factory=list)
 
     def register(self, template: ChatTemplate) -> None:
         self.templates[template.name] = template
 
-    def register_matcher(self, fn: Callable[[str], Optional[str]]) -> None:
+    def register_matcher(self, fn: Callable[[str], Union[str, ChatTemplate, None]]) -> None:
+        """`fn(model_path)` gives a template, or its name, or None when the path is not its model's."""
         self.matchers.append(fn)
 
     def get(self, name: str) -> ChatTemplate:
@@ -59,15 +74,21 @@ class ChatTemplateRegistry:
 
     def by_model_path(self, model_path: str) -> ChatTemplate:
         for fn in self.matchers:
-            name = fn(model_path)
-            if name is not None:
-                return self.get(name)
+            found = fn(model_path)
+            if isinstance(found, ChatTemplate):
+                return found
+            if found is not None:
+                return self.get(found)
         return self.get("default")
 
 
 def _chatml(name: str, system: Optional[str]) -> ChatTemplate:
     roles = {r: (f"<|im_start|>{r}\n", "<|im_end|>\n") for r in ("system", "user", "assistant")}
     return ChatTemplate(name, system, roles, stop_str=("<|im_end|>",))
+
+
+VICUNA_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives "
+                 "helpful, detailed, and polite answers to the user's questions.")
 
 
 def builtin_registry() -> ChatTemplateRegistry:
@@ -82,6 +103,15 @@ def builtin_registry() -> ChatTemplateRegistry:
     reg.register(ChatTemplate("llama-3-instruct", None, {
         r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>") for r in ("system", "user", "assistant")
     }, stop_str=("<|eot_id|>",)))
+    reg.register(ChatTemplate("llama-2-chat", None, {"system": ("<<SYS>>\n", "\n<</SYS>>\n\n"),
+                                                    "user": ("[INST] ", " [/INST]"), "assistant": ("", " </s><s>")},
+                              style=ChatTemplateStyle.LLAMA2))
+    reg.register(ChatTemplate("vicuna_v1.1", VICUNA_SYSTEM, {"system": ("", " "), "user": ("USER:", " "),
+                                                            "assistant": ("ASSISTANT:", "</s>")},
+                              image_token=" <image>\n"))
+    reg.register(ChatTemplate("gemma-it", None, {"system": ("", ""),
+                                                "user": ("<start_of_turn>user\n", "<end_of_turn>\n"),
+                                                "assistant": ("<start_of_turn>model\n", "<end_of_turn>\n")}))
     reg.register_matcher(_match_builtin)
     return reg
 
@@ -95,6 +125,12 @@ def _match_builtin(model_path: str) -> Optional[str]:
         return "qwen"
     if "llama-3" in p or "llama3" in p:
         return "llama-3-instruct"
+    if ("llama-2" in p and "chat" in p) or (("mistral" in p or "mixtral" in p) and "instruct" in p):
+        return "llama-2-chat"
+    if "vicuna" in p or "llava-v1.5" in p:
+        return "vicuna_v1.1"
+    if "gemma" in p and "it" in p.split("-"):
+        return "gemma-it"
     if "claude" in p:
         return "claude"
     return None
@@ -141,3 +177,13 @@ def get_chat_template(name: str) -> ChatTemplate:
 
 def get_chat_template_by_model_path(model_path: str) -> ChatTemplate:
     return chat_template_registry.by_model_path(model_path)
+
+
+def register_chat_template(template: ChatTemplate) -> None:
+    chat_template_registry.register(template)
+
+
+def register_chat_template_matching_function(fn: Callable[[str], Union[str, ChatTemplate, None]]) -> Callable:
+    """Usable as a decorator, as in SGLang. Functions registered later are asked after the built-in ones."""
+    chat_template_registry.register_matcher(fn)
+    return fn

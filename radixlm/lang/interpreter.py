@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, Optional
 from radixlm.lang.chat_template import ChatTemplate
 from radixlm.lang.global_config import GlobalConfig, global_config
 from radixlm.lang.ir import (SglCommitLazy, SglConcateAndAppend, SglConstantText, SglExpr, SglExprList, SglGen,
-                             SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, SglVariable,
-                             SglVarScopeBegin, SglVarScopeEnd, SglVideo, _as_list, as_expr)
+                             SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, SglSeparateReasoning,
+                             SglVariable, SglVarScopeBegin, SglVarScopeEnd, SglVideo, _as_list, as_expr)
+from radixlm.lang.reasoning import execute_separate_reasoning
 from radixlm.lang.speculative import ApiSpeculation
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ class StreamExecutor:
         # `cond` followed by notify_all, so waiting with cond.wait_for never misses an update.
         self.cond = threading.Condition()
         self.variable_event: dict[str, threading.Event] = {}
+        # Outputs a separate_reasoning will rewrite: their waiters are released by it, not by the gen.
+        self.deferred_vars: set[str] = set()
         self.stream_chunks: dict[str, list[tuple[str, dict]]] = {}  # var -> streamed (text, meta delta) pieces
         self._ended = False
         self.use_thread = use_thread
@@ -99,6 +102,12 @@ class StreamExecutor:
         if self.use_thread:
             self.queue.join()
         self.raise_if_error()
+
+    def wait_error(self) -> Optional[BaseException]:
+        """Waits like sync(), but returns the stream's error (None if there is none) instead of raising it."""
+        if self.use_thread:
+            self.queue.join()
+        return self.error_
 
     def raise_if_error(self) -> None:
         if self.error_ is not None:
@@ -191,10 +200,18 @@ class StreamExecutor:
             for e in expr.expr_list:
                 self._init_var_events(e)
         elif isinstance(expr, (SglGen, SglSelect, SglVarScopeBegin)) and expr.name is not None:
+            self._new_var_event(expr.name)
+        elif isinstance(expr, SglSeparateReasoning) and not self.stream:
+            for name in expr.names:
+                self._new_var_event(expr.reasoning_name(name))
             with self.cond:
-                self.variable_event[expr.name] = threading.Event()
-                self.stream_chunks.pop(expr.name, None)
-                self.cond.notify_all()
+                self.deferred_vars.update(expr.names)
+
+    def _new_var_event(self, name: str) -> None:
+        with self.cond:
+            self.variable_event[name] = threading.Event()
+            self.stream_chunks.pop(name, None)
+            self.cond.notify_all()
 
     def _thread_worker_func(self) -> None:
         while True:
@@ -241,7 +258,20 @@ class StreamExecutor:
             if meta is not None:
                 self.meta_info[name] = meta
             ev = self.variable_event.setdefault(name, threading.Event())
-            ev.set()
+            if name not in self.deferred_vars:
+                ev.set()
+            self.cond.notify_all()
+
+    def finish_deferred_var(self, name: str, value: Any) -> None:
+        with self.cond:
+            self.deferred_vars.discard(name)
+        self._set_var_done(name, value)
+
+    def replace_last_text(self, old: str, new: str) -> None:
+        with self.cond:
+            i = self.text_.rfind(old)
+            if i >= 0:
+                self.text_ = self.text_[:i] + new + self.text_[i + len(old):]
             self.cond.notify_all()
 
     def _execute(self, expr: SglExpr) -> None:
@@ -276,6 +306,8 @@ class StreamExecutor:
             self.backend.commit_lazy_operations(self)
         elif isinstance(expr, SglConcateAndAppend):
             self._execute_concatenate_and_append(expr)
+        elif isinstance(expr, SglSeparateReasoning):
+            execute_separate_reasoning(self, expr)
         else:
             raise TypeError(f"the interpreter cannot execute {expr!r}")
 
@@ -320,7 +352,7 @@ class StreamExecutor:
     def _execute_role_begin(self, expr: SglRoleBegin) -> None:
         if self.cur_role is not None:
             raise ValueError(f"role {expr.role!r} begins inside role {self.cur_role!r}: roles cannot nest")
-        if not self.messages_ and expr.role != "system" and self.chat_template.default_system_prompt is not None:
+        if not self.messages_ and expr.role != "system" and self.chat_template.default_system_prompt:
             self._execute_role_begin(SglRoleBegin("system"))
             self._append_text(self.chat_template.default_system_prompt)
             self._execute_role_end(SglRoleEnd("system"))

@@ -14,11 +14,13 @@ if TYPE_CHECKING:
     from radixlm.lang.choices import ChoicesSamplingMethod
     from radixlm.lang.state import ProgramState
 
-# The regexes a `dtype` becomes on backends that constrain decoding (SGLang's values).
+# The regexes a `dtype` becomes on backends that constrain decoding. INT, FLOAT and BOOL are SGLang's values.
 REGEX_INT = r"[-+]?[0-9]+[ \n]*"
 REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
 REGEX_BOOL = r"(True|False)"
-REGEX_STR = r"[\w\d\s]*"
+# A JSON string literal, quotes included, so that programs can build JSON around it ('"name": ' + gen_string()).
+# SGLang's `"[\w\d\s]*"` is quoted too, but admits no punctuation and does admit raw newlines, which JSON forbids.
+REGEX_STR = r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"'
 
 _DTYPE_NAMES = {int: "int", float: "float", bool: "bool", str: "str",
                 "int": "int", "float": "float", "bool": "bool", "str": "str"}
@@ -278,6 +280,36 @@ class SglConcateAndAppend(SglExpr):
     def __init__(self, states: list["ProgramState"]) -> None:
         super().__init__()
         self.states = states
+
+
+class SglSeparateReasoning(SglExpr):
+    """Follows `expr` (gens/selects): splits each one's output into its answer (kept under its name) and its
+    reasoning (variable `<name>_reasoning_content`)."""
+
+    def __init__(self, model_type: Optional[str], expr: SglExpr) -> None:
+        super().__init__()
+        self.model_type = model_type
+        self.expr = expr
+        self.names = _output_names(expr)
+        self.name = self.reasoning_name(self.names[-1]) if self.names else None  # SGLang's attribute
+
+    @staticmethod
+    def reasoning_name(name: str) -> str:
+        return f"{name}_reasoning_content"
+
+    def __repr__(self) -> str:
+        return f"SglSeparateReasoning({self.model_type!r}, {self.names!r})"
+
+
+def _output_names(expr: SglExpr) -> list[str]:
+    items = expr.expr_list if isinstance(expr, SglExprList) else [expr]
+    names = []
+    for e in items:
+        if isinstance(e, (SglGen, SglSelect)):
+            if not e.name:
+                raise ValueError("separate_reasoning needs a named gen or select (its output is split by name)")
+            names.append(e.name)
+    return names
 
 
 class SglFork(SglExpr):

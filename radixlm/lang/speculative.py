@@ -8,18 +8,25 @@ mismatch, or any other primitive, drops what is pending.
 
 Chat models cannot continue a partial assistant message, so the whole assistant turn is buffered: its constant
 text and gens are collected, one call is made at the end of the turn, and the reply is matched against the
-turn's template to fill in every gen."""
+turn's template to fill in every gen. A reply that does not follow the template is asked again (SGLang's three
+tries in all); after that the gens that matched keep their values, the others are left empty, and the program
+goes on."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Union
 
 from radixlm.lang.backend.base_backend import BackendError
 from radixlm.lang.ir import (SglConstantText, SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd,
-                             SglSamplingParams, SglVariable, _as_list)
+                             SglSamplingParams, SglSeparateReasoning, SglVariable, _as_list)
 
 if TYPE_CHECKING:
     from radixlm.lang.interpreter import StreamExecutor
+
+logger = logging.getLogger(__name__)
+
+SPEC_MAX_NUM_TRIES = 3  # SGLang's spec_max_num_tries
 
 
 def first_stop(text: str, stops: list[str], start: int = 0) -> int:
@@ -28,9 +35,10 @@ def first_stop(text: str, stops: list[str], start: int = 0) -> int:
     return min(hits) if hits else -1
 
 
-def match_turn(parts: list[Union[str, SglGen]], reply: str) -> Optional[list[str]]:
-    """The gens' values if `reply` follows the template `parts` (constant strings and gens), else None.
-    A gen ends at its first stop string, else where the next constant begins, else at the end of the reply."""
+def match_turn_prefix(parts: list[Union[str, SglGen]], reply: str) -> tuple[list[str], bool]:
+    """How far `reply` follows the template `parts` (constant strings and gens): the values of the gens matched
+    before the first mismatch, and whether the whole template matched. A gen ends at its first stop string, else
+    where the next constant begins, else at the end of the reply."""
     values: list[str] = []
     pos = 0
     for i, part in enumerate(parts):
@@ -38,7 +46,7 @@ def match_turn(parts: list[Union[str, SglGen]], reply: str) -> Optional[list[str
             if pos == 0 and not reply.startswith(part):
                 part = part.lstrip()  # chat replies come without the leading whitespace of the turn
             if not reply.startswith(part, pos):
-                return None
+                return values, False
             pos += len(part)
             continue
         nxt = parts[i + 1] if i + 1 < len(parts) else None
@@ -47,11 +55,17 @@ def match_turn(parts: list[Union[str, SglGen]], reply: str) -> Optional[list[str
             ends.append(reply.find(nxt, pos))
         found = [e for e in ends if e >= 0]
         if not found and isinstance(nxt, str) and nxt:
-            return None
+            return values, False
         end = min(found) if found else len(reply)
         values.append(reply[pos:end])
         pos = end
-    return values
+    return values, True
+
+
+def match_turn(parts: list[Union[str, SglGen]], reply: str) -> Optional[list[str]]:
+    """The gens' values if `reply` follows the template `parts` all through, else None."""
+    values, complete = match_turn_prefix(parts, reply)
+    return values if complete else None
 
 
 @dataclass
@@ -62,8 +76,10 @@ class ApiSpeculation:
     is_chat: bool
     pending: str = ""  # completion models: speculated text not yet consumed by the program
     turn: Optional[list[Union[str, SglGen]]] = None  # chat models: the assistant turn being buffered
+    max_tries: int = SPEC_MAX_NUM_TRIES  # chat models: calls per assistant turn until a reply follows its template
     served: int = 0  # gens served from speculated text (calls saved)
     dropped: int = 0  # pending texts thrown away on a mismatch
+    unmatched: int = 0  # chat turns whose replies never followed the template
     log: list[str] = field(default_factory=list)
 
     def intercept(self, exe: "StreamExecutor", expr: SglExpr) -> bool:
@@ -139,9 +155,14 @@ class ApiSpeculation:
             turn, self.turn = self.turn, None
             self._finish_turn(exe, turn)
             return False
+        elif isinstance(expr, SglSeparateReasoning):
+            # As SGLang: what the turn holds so far is generated first, so that there is output to split.
+            turn, self.turn = self.turn, []
+            self._finish_turn(exe, turn)
+            return False
         else:
             raise BackendError(f"{expr!r} cannot appear inside an assistant turn under API speculative "
-                               f"execution (only text, variables and gen)")
+                               f"execution (only text, variables, gen and separate_reasoning)")
         return True
 
     def _finish_turn(self, exe: "StreamExecutor", turn: list[Union[str, SglGen]]) -> None:
@@ -153,13 +174,11 @@ class ApiSpeculation:
         if len(turn) > 1:  # a turn that is one gen is an ordinary call
             sp.max_new_tokens = max(self.num_tokens, sp.max_new_tokens)
             sp.stop = list(exe.chat_template.stop_str)
-        reply, meta = exe.backend.generate(exe, sampling_params=sp)
-        values = match_turn(turn, reply)
-        if values is None:
-            raise BackendError(f"API speculative execution: the assistant's reply {reply!r} does not follow the "
-                               f"turn's template; make the prompt show the format, or drop num_api_spec_tokens")
-        it = iter(values)
+        values, meta = self._ask_turn(exe, turn, sp)
         self.served += len(gens) - 1
+        # As SGLang: the turn's text follows its template; gens the replies did not reach are left empty.
+        values += [""] * (len(gens) - len(values))
+        it = iter(values)
         for p in turn:
             if isinstance(p, str):
                 exe._append_text(p)
@@ -167,3 +186,21 @@ class ApiSpeculation:
                 value = next(it)
                 exe._append_text(value)
                 exe._set_var_done(p.name, value, {**meta, "speculative": True})
+
+    def _ask_turn(self, exe: "StreamExecutor", turn: list[Union[str, SglGen]],
+                  sp: SglSamplingParams) -> tuple[list[str], dict]:
+        """Asks for the turn up to `max_tries` times until a reply follows its template; returns the values of
+        the reply that matched furthest (the first such) and its meta_info."""
+        best: tuple[list[str], dict] = ([], {})
+        for attempt in range(self.max_tries):
+            reply, meta = exe.backend.generate(exe, sampling_params=sp)
+            values, complete = match_turn_prefix(turn, reply)
+            if complete:
+                return values, meta
+            if attempt == 0 or len(values) > len(best[0]):
+                best = (values, meta)
+        self.unmatched += 1
+        logger.warning("API speculative execution: after %d tries the assistant's replies do not follow the "
+                       "turn's template; keeping the %d of %d gens that matched", self.max_tries, len(best[0]),
+                       sum(isinstance(p, SglGen) for p in turn))
+        return best

@@ -94,7 +94,8 @@ class ProgramState(RoleMethods):
         self.stream_executor.sync()
 
     def error(self) -> Optional[BaseException]:
-        return self.stream_executor.error_
+        """The stream's error once everything submitted so far has run (None if it succeeded)."""
+        return self.stream_executor.wait_error()
 
     # ---- streaming
     def text_iter(self, var_name: Optional[str] = None) -> Iterator[str]:
@@ -170,31 +171,21 @@ class ProgramState(RoleMethods):
         return f"ProgramState(text={exe.text_!r}, error={exe.error_!r})"
 
 
-class ProgramStateGroup:
-    def __init__(self, states: list[ProgramState], src_state: ProgramState) -> None:
-        self.states = states
-        self.src_state = src_state
+class BranchGroup:
+    """What `fork` returns, in the interpreter and in the tracer: `forks[i] += expr` appends to one branch and
+    `forks += x` to all of them (a callable gets each branch's index, a list or tuple gives one item per branch,
+    anything else goes to every branch). Subclasses hold the branches in `states` and define join."""
 
-    def join(self, mode: str = "gather_variable") -> None:
-        if mode == "gather_variable":
-            # Variables created in the branches come back to the parent as lists, one entry per branch.
-            parent = self.src_state.stream_executor
-            known = set(parent.variables)
-            for st in self.states:
-                st.stream_executor.sync()
-            for st in self.states:
-                for k, v in st.stream_executor.variables.items():
-                    if k in known:
-                        continue
-                    cur = parent.variables.get(k)
-                    parent.set_var(k, (cur if isinstance(cur, list) else []) + [v])
-        elif mode == "concate_and_append":
-            self.src_state += SglConcateAndAppend(self.states)
-        else:
-            raise ValueError(f"join mode must be 'gather_variable' or 'concate_and_append', got {mode!r}")
+    states: list
 
-    def __iadd__(self, other: Union[Callable[[int], Any], SglExpr, str, list]) -> "ProgramStateGroup":
-        if callable(other) and not isinstance(other, SglExpr):
+    def __iadd__(self, other: Union[Callable[[int], Any], SglExpr, str, list, tuple]) -> "BranchGroup":
+        if isinstance(other, (list, tuple)):
+            if len(other) != len(self.states):
+                raise ValueError(f"forks += a list needs one item per branch: {len(other)} items for "
+                                 f"{len(self.states)} branches")
+            for st, item in zip(self.states, other):
+                st += item
+        elif callable(other) and not isinstance(other, SglExpr):
             for i, st in enumerate(self.states):
                 st += other(i)
         else:
@@ -202,11 +193,49 @@ class ProgramStateGroup:
                 st += other
         return self
 
-    def __getitem__(self, i: int) -> ProgramState:
+    def __getitem__(self, i: int) -> Any:
         return self.states[i]
+
+    def __setitem__(self, i: int, value: Any) -> None:
+        # `forks[i] += expr` appends through the branch's own __iadd__, then stores the branch back here.
+        if value is not self.states[i]:
+            raise ValueError("a fork's branch cannot be replaced; append to it with `forks[i] += ...`")
 
     def __len__(self) -> int:
         return len(self.states)
 
-    def __iter__(self) -> Iterator[ProgramState]:
+    def __iter__(self) -> Iterator[Any]:
         return iter(self.states)
+
+
+class ProgramStateGroup(BranchGroup):
+    def __init__(self, states: list[ProgramState], src_state: Optional[ProgramState] = None) -> None:
+        self.states = states
+        self.src_state = src_state
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """Brings the branches back into the parent, then ends their streams (their variables and text stay
+        readable; nothing more can be appended to them)."""
+        if self.src_state is None:
+            raise ValueError("this group has no parent state to join into")
+        if mode == "gather_variable":
+            self._gather_variables()
+        elif mode == "concate_and_append":
+            self.src_state += SglConcateAndAppend(self.states)
+        else:
+            raise ValueError(f"join mode must be 'gather_variable' or 'concate_and_append', got {mode!r}")
+        for st in self.states:
+            st.stream_executor.end()
+
+    def _gather_variables(self) -> None:
+        # Variables created in the branches come back to the parent as lists, one entry per branch.
+        parent = self.src_state.stream_executor
+        known = set(parent.variables)
+        for st in self.states:
+            st.stream_executor.sync()
+        for st in self.states:
+            for k, v in st.stream_executor.variables.items():
+                if k in known:
+                    continue
+                cur = parent.variables.get(k)
+                parent.set_var(k, (cur if isinstance(cur, list) else []) + [v])

@@ -15,10 +15,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-from radixlm.lang.state import RoleMethods
+from radixlm.lang.state import BranchGroup, RoleMethods
 from radixlm.lang.ir import (SglArgument, SglConstantText, SglExpr, SglExprList, SglFork, SglGen, SglGetForkItem,
-                             SglJoin, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, SglVariable,
-                             SglVarScopeBegin, SglVarScopeEnd, _node_ids, as_expr)
+                             SglJoin, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, SglSeparateReasoning,
+                             SglVariable, SglVarScopeBegin, SglVarScopeEnd, _node_ids, as_expr)
 
 if TYPE_CHECKING:
     from radixlm.lang.backend.base_backend import BaseBackend
@@ -113,6 +113,10 @@ class TracerProgramState(RoleMethods):
         name = getattr(node, "name", None)
         if isinstance(node, (SglGen, SglSelect, SglVarScopeEnd)) and name is not None:
             self._define(name)
+        elif isinstance(node, SglSeparateReasoning):
+            for n in node.names:
+                self._define(n)
+                self._define(node.reasoning_name(n))
 
     def _define(self, name: str) -> None:
         self.defined[name] = self.pid
@@ -188,20 +192,11 @@ class TracerProgramState(RoleMethods):
         raise self._unknown("`name in s`")
 
 
-class TracerStateGroup:
+class TracerStateGroup(BranchGroup):
     def __init__(self, branches: list[TracerProgramState], parent: TracerProgramState, fork: SglFork) -> None:
         self.states = branches
         self.parent = parent
         self.fork_node = fork
-
-    def __iadd__(self, other: Any) -> "TracerStateGroup":
-        if callable(other) and not isinstance(other, SglExpr):
-            for i, st in enumerate(self.states):
-                st += other(i)
-        else:
-            for st in self.states:
-                st += other
-        return self
 
     def join(self, mode: str = "gather_variable") -> None:
         if mode not in ("gather_variable", "concate_and_append"):
@@ -214,15 +209,6 @@ class TracerStateGroup:
         self.parent._record(SglJoin(self.fork_node, list(self.states), mode, names))
         for n in names:
             self.parent._define(n)
-
-    def __getitem__(self, i: int) -> TracerProgramState:
-        return self.states[i]
-
-    def __len__(self) -> int:
-        return len(self.states)
-
-    def __iter__(self) -> Iterator[TracerProgramState]:
-        return iter(self.states)
 
 
 @dataclass
@@ -312,6 +298,8 @@ def _defining_node(stream: TracerProgramState, name: str, before: SglExpr) -> Op
         if isinstance(n, (SglGen, SglSelect, SglVarScopeEnd)) and n.name == name:
             found = n
         elif isinstance(n, SglJoin) and name in n.var_names:
+            found = n
+        elif isinstance(n, SglSeparateReasoning) and name in n.names + [n.reasoning_name(x) for x in n.names]:
             found = n
     return found
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 from radixlm.lang.backend.base_backend import BaseBackend
@@ -78,3 +79,22 @@ class FakeBackend(BaseBackend):
         self._enter("select", s.text_)
         self._leave()
         return ChoicesDecision(max(choices, key=len), {"normalized_prompt_logprobs": [0.0] * len(choices)})
+
+
+def scripted_chat(*replies: str):
+    """An OpenAI chat backend (no network) whose calls answer `replies` in turn (the last one repeats); returns
+    it and the list of request kwargs it records."""
+    from radixlm.lang.backend.openai import OpenAI
+
+    be = OpenAI("fake", is_chat_model=True, base_url="http://127.0.0.1:9/v1", api_key="unused")
+    requests: list[dict] = []
+
+    def create(**kw):
+        requests.append(kw)
+        text = replies[min(len(requests), len(replies)) - 1]
+        return SimpleNamespace(id="x", choices=[SimpleNamespace(message=SimpleNamespace(content=text),
+                                                                finish_reason="stop", index=0)],
+                               usage=SimpleNamespace(prompt_tokens=10, completion_tokens=len(text)))
+
+    be.client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+    return be, requests

@@ -207,6 +207,24 @@ def test_streaming_text_and_logprobs(backend):
     assert final["completion_tokens"] == len(final["output_token_logprobs"]) == 8
 
 
+def test_zero_token_gen_reports_the_next_tokens_top_logprobs(backend):
+    # Chain-of-thought decoding reads the top-k next tokens from a max_tokens=0 gen (as in SGLang).
+    @sgl.function
+    def prog(s, budget):
+        s += "The capital of France is" + sgl.gen("next", max_tokens=budget, return_logprob=True, top_logprobs_num=3,
+                                                   return_text_in_logprobs=True)
+
+    meta = prog.run(budget=0, temperature=0, backend=backend).get_meta_info("next")
+    assert meta["completion_tokens"] == 0 and meta["output_token_logprobs"] == []
+    top = meta["output_top_logprobs"]
+    assert len(top) == 1 and len(top[0]) == 3 and all(isinstance(t[2], str) for t in top[0])
+    one = prog.run(budget=1, temperature=0, backend=backend).get_meta_info("next")
+    # The same distribution: the one after the prompt, whose argmax the greedy one-token gen picked.
+    assert [t[1] for t in top[0]] == [t[1] for t in one["output_top_logprobs"][0]]
+    assert [t[0] for t in top[0]] == pytest.approx([t[0] for t in one["output_top_logprobs"][0]], abs=1e-3)
+    assert one["output_token_logprobs"][0][1] == top[0][0][1]
+
+
 def test_min_tokens(backend):
     @sgl.function
     def prog(s):
@@ -314,9 +332,11 @@ def test_decode_json(backend):
     def prog(s):
         s += "A city as JSON:\n"
         with s.var_scope("json_output"):
-            s += '{\n  "name": "' + sgl.gen_string("name", max_tokens=6) + '",\n'
+            # As in SGLang, gen_string writes the string's quotes itself.
+            s += '{\n  "name": ' + sgl.gen_string("name", max_tokens=24) + ',\n'
             s += '  "population": ' + sgl.gen("population", dtype=int, max_tokens=6) + "\n}"
 
     state = prog.run(temperature=0, backend=backend)
     obj = json.loads(state["json_output"])
+    assert isinstance(obj["name"], str) and json.loads(state["name"]) == obj["name"]
     assert isinstance(obj["population"], int)

@@ -1,11 +1,10 @@
 """API speculative execution against a deterministic fake OpenAI client (no server, no network)."""
 from types import SimpleNamespace
 
-import pytest
-
 import radixlm as sgl
 from radixlm.lang.ir import SglGen, SglSamplingParams
-from radixlm.lang.speculative import first_stop, match_turn
+from radixlm.lang.speculative import first_stop, match_turn, match_turn_prefix
+from tests.lang.fake_backend import scripted_chat
 
 DESCRIPTION = "Alice Smith was born on 3 May 1990 and works as a baker in Lyon."
 TRUTH = " Alice Smith\nBirthday: 3 May 1990\nJob: baker\n\nDescription:"
@@ -123,9 +122,38 @@ def test_chat_speculation_one_call_per_assistant_turn():
                                     "content": "Name: Alice Smith\nBirthday: 3 May 1990\nJob: baker"}
     assert model.requests[0]["messages"] == [{"role": "user", "content": "Extract the fields from: " + DESCRIPTION}]
 
-    bad, _ = fake_openai("Alice Smith, born 1990, baker", chat=True)
-    with pytest.raises(sgl.ProgramError, match="does not follow the turn's template"):
-        prog.run(description=DESCRIPTION, backend=bad)["name"]
+
+@sgl.function(num_api_spec_tokens=128)
+def planet(s):
+    # The shape of SGLang's chat speculation test: an example turn, then one assistant turn of three gens.
+    s += sgl.system("You answer in the format you are shown.")
+    s += sgl.user("Describe a planet.")
+    s += sgl.assistant("Planet: Mars\nMoons: 2\nColor: red\n")
+    s += sgl.user("Now another one.")
+    s += sgl.assistant("Planet:" + sgl.gen("planet", stop="\n") + "\nMoons:" + sgl.gen("moons", stop="\n")
+                       + "\nColor:" + sgl.gen("color", stop="\n"))
+    s += sgl.user("Thanks.")
+
+
+def test_chat_speculation_asks_again_when_the_reply_does_not_follow_the_template():
+    be, requests = scripted_chat("Sure! Jupiter has 95 moons and is beige.",
+                                 "Planet: Jupiter\nMoons: 95\nColor: beige")
+    state = planet.run(backend=be)
+    assert [state[k] for k in ("planet", "moons", "color")] == [" Jupiter", " 95", " beige"]
+    assert len(requests) == 2 and requests[0]["messages"] == requests[1]["messages"]
+    assert state.stream_executor.spec.unmatched == 0
+
+
+def test_chat_speculation_keeps_what_matched_after_three_tries_and_goes_on():
+    be, requests = scripted_chat("Planet: Jupiter\nIt has 95 moons.", "I cannot help with that.")
+    state = planet.run(backend=be)
+    assert state.error() is None  # waits for the program's primitives
+    assert len(requests) == 3  # SGLang's spec_max_num_tries
+    # The reply that matched furthest fills what it reached; the other gens are left empty.
+    assert [state[k] for k in ("planet", "moons", "color")] == [" Jupiter", "", ""]
+    assert state.stream_executor.spec.unmatched == 1
+    assert [m["role"] for m in state.messages()][-2:] == ["assistant", "user"]  # the program went on
+    assert state.messages()[-2]["content"] == "Planet: Jupiter\nMoons:\nColor:"
 
 
 def test_match_turn():
@@ -137,4 +165,7 @@ def test_match_turn():
     assert match_turn(parts, " Name: Bo\nJob: cook") is None
     assert match_turn(["  Name: ", g("a"), ", age ", g("b")], "Name: Bo, age 3") == ["Bo", "3"]  # no stops
     assert match_turn(parts, "Name: Bo\nWork: cook") is None
+    assert match_turn_prefix(parts, "Name: Bo\nWork: cook") == (["Bo"], False)
+    assert match_turn_prefix(parts, "Nom: Bo") == ([], False)
+    assert match_turn_prefix(parts, "Name: Bo\nJob: cook") == (["Bo", "cook"], True)
     assert first_stop("abc\ndef", ["\n", "c"]) == 2 and first_stop("abc", ["x"]) == -1

@@ -64,7 +64,7 @@ class OpenAI(BaseBackend):
     def _check_constraints(self, sp: SglSamplingParams) -> None:
         if sp.regex is not None or sp.json_schema is not None or sp.dtype is not None:
             raise BackendError("regex/json_schema/dtype constraints need RuntimeEndpoint; the OpenAI backend "
-                               "cannot constrain decoding")
+                               "cannot constrain decoding (except dtype=str on completion models)")
 
     def _chat_messages(self, s: "StreamExecutor") -> list[dict]:
         prefix = self.chat_template.get_prefix_and_suffix("assistant", s.messages_)[0]
@@ -96,12 +96,19 @@ class OpenAI(BaseBackend):
             raise BackendError(f"OpenAI request failed: {e}") from e
 
     def generate(self, s: "StreamExecutor", sampling_params: SglSamplingParams) -> GenResult:
-        res = self._create(**self._request_kwargs(s, sampling_params))
+        # dtype=str on a completion model (as SGLang): the prompt opens a quote, the reply ends at the closing one.
+        quoted = sampling_params.dtype == "str" and not self.is_chat_model
+        kw = self._request_kwargs(s, _json_string_params(sampling_params) if quoted else sampling_params)
+        if quoted:
+            kw["prompt"] += '"'
+        res = self._create(**kw)
         self._count(res.usage)
         if self.is_chat_model:
             texts = [c.message.content or "" for c in res.choices]
         else:
             texts = [c.text for c in res.choices]
+        if quoted:
+            texts = [f'"{t}"' for t in texts]
         metas = [{"id": res.id, "finish_reason": c.finish_reason,
                   "prompt_tokens": getattr(res.usage, "prompt_tokens", None),
                   "completion_tokens": getattr(res.usage, "completion_tokens", None)} for c in res.choices]
@@ -157,3 +164,12 @@ class OpenAI(BaseBackend):
                 raise BackendError("the endpoint returned no logprobs for an echo request")
             out[c.index] = [[v, i, t] for i, (v, t) in enumerate(zip(lp.token_logprobs, lp.tokens))]
         return out
+
+
+def _json_string_params(sp: SglSamplingParams) -> SglSamplingParams:
+    """The request for the inside of a JSON string: it stops at the closing quote, or at a newline, which a JSON
+    string cannot hold raw."""
+    out = sp.clone()
+    out.dtype = None
+    out.stop = ['"', "\n"]
+    return out

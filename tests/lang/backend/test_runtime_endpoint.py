@@ -99,6 +99,36 @@ def test_generate_stream_turns_cumulative_chunks_into_deltas():
     assert srv.bodies[0]["stream"] is True
 
 
+def test_zero_token_gen_reads_the_next_tokens_top_logprobs():
+    # Chain-of-thought decoding (an SGLang example): a max_tokens=0 gen asks for the k likeliest next tokens, then
+    # one branch continues from each. The server reports them in output_top_logprobs though it generates nothing.
+    top3 = [[-0.1, 11, " Yes"], [-1.2, 12, " No"], [-3.0, 13, " Maybe"]]
+    srv = Server([{"text": "", "meta_info": {"completion_tokens": 0, "output_token_logprobs": [],
+                                             "output_top_logprobs": [top3]}},
+                  {"text": "", "meta_info": {}}]  # the fork's prefix hint
+                 + [{"text": ", since", "meta_info": {}}] * 3)
+
+    @sgl.function
+    def branch_on_first_token(s, question, k):
+        s += "Q: " + question + "\nA:"
+        probe = s.fork(1)[0]
+        probe += sgl.gen("next", max_tokens=0, return_logprob=True, top_logprobs_num=k,
+                         return_text_in_logprobs=True)
+        candidates = probe.get_meta_info("next")["output_top_logprobs"][0]
+        branches = s.fork(k)
+        for i, (_, _, token_text) in enumerate(candidates):
+            branches[i] += token_text + sgl.gen("rest", max_tokens=4)
+        branches.join()
+
+    state = run(branch_on_first_token, srv.endpoint(), question="Is snow cold?", k=3)
+    body = srv.bodies[0]
+    assert body["sampling_params"]["max_new_tokens"] == 0
+    assert (body["return_logprob"], body["top_logprobs_num"], body["return_text_in_logprobs"]) == (True, 3, True)
+    assert state["rest"] == [", since"] * 3
+    assert sorted(b["text"] for b in srv.bodies[2:]) == sorted(
+        f"Q: Is snow cold?\nA:{t}" for t in (" Yes", " No", " Maybe"))
+
+
 def _lp_answer(*per_choice):
     return [{"text": "", "meta_info": {"input_token_logprobs": lps, "output_token_logprobs": []}}
             for lps in per_choice]

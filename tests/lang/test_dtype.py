@@ -1,0 +1,139 @@
+"""`gen(dtype=...)`, gen_int and gen_string: the constraint each becomes, and SGLang's JSON-building programs."""
+import json
+import re
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+import radixlm as sgl
+from radixlm.lang.backend.runtime_endpoint import RuntimeEndpoint
+from radixlm.lang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
+
+JSON_STRINGS = ['"Paris"', '""', '"St. Louis, MO (USA)"', '"say \\"hi\\""', '"a\\\\b"', '"tab\\there"',
+                '"caf\\u00e9"', '"café"', '"UTC+01:00"']
+NOT_JSON_STRINGS = ["Paris", '"Paris', 'Paris"', '"a"b"', '"line\nbreak"', '"bad \\x escape"', '"\\u12"']
+
+
+def test_sglangs_number_and_bool_regexes():
+    assert REGEX_INT == r"[-+]?[0-9]+[ \n]*"
+    assert REGEX_FLOAT == r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+    assert REGEX_BOOL == r"(True|False)"
+
+
+@pytest.mark.parametrize("text", JSON_STRINGS)
+def test_str_regex_accepts_json_string_literals(text):
+    assert re.fullmatch(REGEX_STR, text)
+    assert isinstance(json.loads(text), str)
+
+
+@pytest.mark.parametrize("text", NOT_JSON_STRINGS)
+def test_str_regex_rejects_what_is_not_a_json_string(text):
+    assert not re.fullmatch(REGEX_STR, text)
+
+
+def test_the_runtimes_grammar_engine_reads_the_str_regex_the_same_way():
+    xgr = pytest.importorskip("xgrammar")
+    from xgrammar.testing import _is_grammar_accept_string
+
+    grammar = xgr.Grammar.from_regex(REGEX_STR)
+    assert all(_is_grammar_accept_string(grammar, t) for t in JSON_STRINGS)
+    assert not any(_is_grammar_accept_string(grammar, t) for t in NOT_JSON_STRINGS)
+
+
+class ConstrainedServer:
+    """A /generate that answers each request with the first candidate its regex admits (as constrained
+    decoding would); the request bodies are kept."""
+
+    CANDIDATES = ['"Lyon"', "522000", "48", "45.76"]
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/get_model_info":
+            return httpx.Response(200, json={"model_path": "default", "tokenizer_path": "/nonexistent"})
+        body = json.loads(request.content)
+        self.bodies.append(body)
+        regex = body["sampling_params"].get("regex")
+        text = next(c for c in self.CANDIDATES if regex is None or re.fullmatch(regex, c))
+        return httpx.Response(200, json={"text": text, "meta_info": {}})
+
+
+def constrained_endpoint() -> tuple[RuntimeEndpoint, ConstrainedServer]:
+    srv = ConstrainedServer()
+    return RuntimeEndpoint("http://test", transport=httpx.MockTransport(srv)), srv
+
+
+def test_typed_gens_build_valid_json():
+    # As in SGLang's JSON-decoding test: the quotes around string values come from gen_string itself.
+    @sgl.function
+    def city(s):
+        s += "A French city as JSON:\n"
+        with s.var_scope("record"):
+            s += "{"
+            s += '"city": ' + sgl.gen_string() + ", "
+            s += '"inhabitants": ' + sgl.gen_int() + ", "
+            s += '"area_km2": ' + sgl.gen(dtype=int) + ", "
+            s += '"region": ' + sgl.gen(dtype=str)
+            s += "}"
+
+    be, srv = constrained_endpoint()
+    state = city.run(max_new_tokens=32, backend=be)
+    assert json.loads(state["record"]) == {"city": "Lyon", "inhabitants": 522000, "area_km2": 522000,
+                                           "region": "Lyon"}
+    params = [b["sampling_params"] for b in srv.bodies]
+    assert [p["regex"] for p in params] == [REGEX_STR, REGEX_INT, REGEX_INT, REGEX_STR]
+    # int (and float) also stop at a space or newline; str ends at its closing quote.
+    assert [" " in p["stop"] and "\n" in p["stop"] for p in params] == [False, True, True, False]
+
+
+def test_the_regex_constants_build_valid_json():
+    @sgl.function
+    def city(s):
+        with s.var_scope("record"):
+            s += '{"city": ' + sgl.gen(regex=REGEX_STR) + ", "
+            s += '"inhabitants": ' + sgl.gen(regex=REGEX_INT, stop=[" ", "\n"]) + ", "
+            s += '"latitude": ' + sgl.gen(regex=REGEX_FLOAT, stop=[" ", "\n"]) + "}"
+
+    be, _ = constrained_endpoint()
+    obj = json.loads(city.run(temperature=0, backend=be)["record"])
+    assert obj == {"city": "Lyon", "inhabitants": 522000, "latitude": 522000}
+
+
+def fake_completion_model(reply: str):
+    be = sgl.OpenAI("fake", is_chat_model=False, base_url="http://127.0.0.1:9/v1", api_key="unused")
+    requests = []
+
+    def create(**kw):
+        requests.append(kw)
+        return SimpleNamespace(id="x", choices=[SimpleNamespace(text=reply, finish_reason="stop", index=0)],
+                               usage=SimpleNamespace(prompt_tokens=1, completion_tokens=1))
+
+    be.client = SimpleNamespace(completions=SimpleNamespace(create=create))
+    return be, requests
+
+
+def test_openai_completion_model_gen_string_is_quoted():
+    # As SGLang's OpenAI backend: the prompt opens the quote and the reply is closed with one.
+    be, requests = fake_completion_model("Paris")
+
+    @sgl.function
+    def prog(s):
+        s += '{"name": ' + sgl.gen_string("name", max_tokens=8, stop="}") + "}"
+
+    state = prog.run(backend=be)
+    assert state["name"] == '"Paris"' and json.loads(state.text()) == {"name": "Paris"}
+    assert requests[0]["prompt"] == '{"name": "' and requests[0]["stop"] == ['"', "\n"]
+    assert requests[0]["max_tokens"] == 8
+
+
+def test_openai_backend_refuses_other_constraints():
+    be, _ = fake_completion_model("1")
+
+    @sgl.function
+    def prog(s):
+        s += sgl.gen_int("n")
+
+    with pytest.raises(sgl.ProgramError, match="cannot constrain decoding"):
+        prog.run(backend=be)["n"]

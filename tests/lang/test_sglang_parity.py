@@ -1,0 +1,79 @@
+"""Smaller points where radixlm.lang follows SGLang's frontend (scripted backend, no server)."""
+import radixlm as sgl
+from radixlm.lang.chat_template import ChatTemplate
+from radixlm.lang.global_config import global_config
+from tests.lang.fake_backend import FakeBackend
+
+
+class FlushCounter(FakeBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def flush_cache(self) -> str:
+        self.flushes += 1
+        return "Cache flushed."
+
+    def get_server_info(self) -> dict:
+        return {"version": "test"}
+
+
+def test_flush_cache_and_server_info_without_a_backend(monkeypatch):
+    monkeypatch.setattr(global_config, "default_backend", None)
+    assert sgl.flush_cache() is False
+    assert sgl.get_server_info() is None
+    be = FlushCounter()
+    assert sgl.flush_cache(be, empty_cache=False) == "Cache flushed." and be.flushes == 1
+    monkeypatch.setattr(global_config, "default_backend", be)
+    assert sgl.get_server_info() == {"version": "test"}
+
+
+def test_an_empty_default_system_prompt_adds_no_system_turn():
+    roles = {r: (f"<{r}>", f"</{r}>") for r in ("system", "user", "assistant")}
+    be = FakeBackend(chat_template=ChatTemplate("empty-system", "", roles))
+
+    @sgl.function
+    def prog(s):
+        s += sgl.user("hi")
+
+    state = prog.run(backend=be)
+    assert [m["role"] for m in state.messages()] == ["user"]
+    assert state.text() == "<user>hi</user>"
+
+
+def test_llama2_style_puts_the_system_message_inside_the_first_user_turn():
+    from radixlm.lang.chat_template import ChatTemplateStyle, get_chat_template
+
+    tpl = get_chat_template("llama-2-chat")
+    assert tpl.style == ChatTemplateStyle.LLAMA2
+    be = FakeBackend(chat_template=tpl, reply=lambda prompt, sp: "Hello!")
+
+    @sgl.function
+    def chat(s):
+        s += sgl.system("Be kind.")
+        s += sgl.user("Hi")
+        s += sgl.assistant(sgl.gen("a"))
+        s += sgl.user("Bye")
+
+    state = chat.run(backend=be)
+    assert state.text() == ("[INST] <<SYS>>\nBe kind.\n<</SYS>>\n\nHi [/INST]Hello! </s><s>"
+                            "[INST] Bye [/INST]")
+
+
+def test_registering_templates_and_model_path_matchers():
+    from radixlm.lang.chat_template import (get_chat_template, get_chat_template_by_model_path,
+                                            register_chat_template, register_chat_template_matching_function)
+
+    mine = ChatTemplate("parity-test", None, {r: (f"[{r}]", "\n") for r in ("system", "user", "assistant")},
+                        audio_token="<aud>")
+    register_chat_template(mine)
+    assert get_chat_template("parity-test") is mine
+
+    @register_chat_template_matching_function  # as in SGLang, a matcher returns the template itself
+    def match_parity(model_path):
+        return mine if "parity-model" in model_path else None
+
+    assert get_chat_template_by_model_path("org/parity-model-7b") is mine
+    assert get_chat_template_by_model_path("meta-llama/Llama-2-7b-chat-hf").name == "llama-2-chat"
+    assert get_chat_template_by_model_path("lmsys/vicuna-7b-v1.5").name == "vicuna_v1.1"
+    assert get_chat_template_by_model_path("google/gemma-2-2b-it").name == "gemma-it"
