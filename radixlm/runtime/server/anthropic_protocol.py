@@ -6,12 +6,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from radixlm.runtime.front import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from radixlm.runtime.server.errors import BadRequest
+from radixlm.runtime.server.openapi import Doc, integer
 
 # Anthropic's documented ranges; the sampler itself accepts wider ones (e.g. temperature up to 2).
 Temperature = Annotated[float, Field(ge=0.0, le=1.0)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
-TopK = Annotated[int, Field(ge=1)]
+TopK = integer(ge=1)
+MaxTokens = integer(ge=1)
+# The front's limits on stop strings (checked there, with its messages).
+StopSequence = Annotated[str, Field(min_length=1), Doc(maxLength=MAX_STOP_CHARS)]
 
 
 class TextBlock(BaseModel):
@@ -35,19 +40,28 @@ class Metadata(BaseModel):
     user_id: str | None = None
 
 
+def _first_from_user(schema: dict) -> None:
+    # build_prompt refuses a conversation that does not open with the user.
+    schema["prefixItems"] = [{**schema["items"], "properties": {"role": {"const": "user"}}}]
+
+
 class Conversation(BaseModel):
     """The fields /v1/messages/count_tokens takes."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "default", "messages": [{"role": "user", "content": "Say hello."}]}]})
 
     model: str
-    messages: list[InputMessage] = Field(min_length=1)
+    messages: list[InputMessage] = Field(min_length=1, json_schema_extra=_first_from_user)
     system: str | list[TextBlock] | None = None
 
 
 class MessagesRequest(Conversation):
-    max_tokens: Annotated[int, Field(ge=1)]
-    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = None
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "default", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}]})
+
+    max_tokens: MaxTokens
+    stop_sequences: Annotated[list[StopSequence], Doc(maxItems=MAX_STOP_STRINGS)] | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: TopK | None = None
@@ -119,6 +133,8 @@ def stop_info(finish_reason: dict, stop_sequences: list[str] | None) -> tuple[st
     """(stop_reason, stop_sequence) for a finished request's finish_reason."""
     if finish_reason["type"] == "length":
         return "max_tokens", None
+    if finish_reason["type"] == "abort":
+        return "abort", None
     matched = finish_reason.get("matched")
     if isinstance(matched, str) and matched in (stop_sequences or []):
         return "stop_sequence", matched
@@ -136,12 +152,3 @@ def message_body(msg_id: str, model: str, content: list[dict], stop_reason: str 
                  usage_: dict[str, int]) -> dict[str, Any]:
     return {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": usage_}
-
-
-def error_body(message: str, err_type: str = "invalid_request_error") -> dict[str, Any]:
-    return {"type": "error", "error": {"type": err_type, "message": message}}
-
-
-def error_type(status_code: int) -> str:
-    return {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error",
-            529: "overloaded_error"}.get(status_code, "api_error")

@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 import radixlm
-from radixlm.runtime.server.errors import error_response
+from radixlm.runtime.server.errors import error_response, flavor_of
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +111,8 @@ async def _state_or_none(tm) -> dict | None:
         return None
 
 
-def _busy() -> Response:
-    return error_response("the scheduler did not report its state in time", 503)
+def _busy(request: Request) -> Response:
+    return error_response("the scheduler did not report its state in time", 503, flavor_of(request.url.path))
 
 
 @router.get("/v1/loads")
@@ -122,7 +122,7 @@ async def loads(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
     state = await _state_or_none(tm)
     if state is None:
-        return _busy()
+        return _busy(request)
     total = state["max_total_num_tokens"]
     used = total - state["available_tokens"] - state["evictable_tokens"]
     stats = state["stats"]
@@ -144,7 +144,7 @@ async def cache_state(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
     state = await _state_or_none(tm)
     if state is None:
-        return _busy()
+        return _busy(request)
     return Response(orjson.dumps({
         "instance_id": tm.instance_id, "flush_count": state["stats"].get("flushes", 0),
         "evicted_tokens_total": state["evicted_tokens_total"],

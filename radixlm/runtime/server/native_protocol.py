@@ -1,58 +1,81 @@
 """Request models of the native API (SGLang's field names). They type-check the request and document it in
 the OpenAPI schema; value ranges are left to SamplingParams.verify and RequestBuilder, which the offline
-Engine shares, so both reject the same values with the same messages."""
+Engine shares, so both reject the same values with the same messages (the schema states those ranges: Doc)."""
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-Number = Union[StrictInt, StrictFloat]
+from radixlm.runtime.front import MAX_GRAMMAR_CHARS, MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS
+from radixlm.runtime.server.openapi import LOGPROBS_MAX, Doc, Int, Number, TokenId, at_most_one, present
+
+# The ranges SamplingParams.verify and RequestBuilder enforce (test_openapi_schema.py holds the two together).
+NonNegative = Annotated[Int, Doc(minimum=0)]
+Temperature = Annotated[Number, Doc(minimum=0)]
+TopP = Annotated[Number, Doc(exclusiveMinimum=0, maximum=1)]
+TopK = Annotated[Int, Doc(minimum=-1, **{"not": {"const": 0}})]  # -1: the whole vocabulary
+MinP = Annotated[Number, Doc(minimum=0, maximum=1)]
+Penalty = Annotated[Number, Doc(minimum=-2, maximum=2)]  # frequency_penalty, presence_penalty
+RepetitionPenalty = Annotated[Number, Doc(exclusiveMinimum=0, maximum=2)]
+SampleCount = Annotated[Int, Doc(minimum=1, maximum=MAX_N)]
+TopLogprobs = Annotated[Int, Doc(minimum=0, maximum=LOGPROBS_MAX)]
+LogprobStart = Annotated[Int, Doc(minimum=-1)]  # -1: output tokens only
+StopString = Annotated[StrictStr, Doc(maxLength=MAX_STOP_CHARS)]
+Stop = StopString | Annotated[list[StopString], Doc(maxItems=MAX_STOP_STRINGS)]
+Grammar = Annotated[StrictStr, Doc(maxLength=MAX_GRAMMAR_CHARS)]
+# JSON object keys are strings: a token id in decimal (SamplingParams accepts a few more spellings).
+LogitBias = Annotated[dict[StrictStr, Number], Doc(propertyNames={"pattern": "^[0-9]+$"})]
+Prompt = Annotated[StrictStr, Doc(minLength=1)]  # a prompt that tokenizes to nothing is refused
+TokenIds = Annotated[list[TokenId], Doc(minItems=1)]
 
 
 class SamplingParamsInput(BaseModel):
     """The fields of radixlm.runtime.sampling.SamplingParams (a test keeps the two in step); `seed` is an alias
     of `sampling_seed`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "allOf": [at_most_one("regex", "json_schema", "ebnf"), at_most_one("seed", "sampling_seed")]})
 
-    max_new_tokens: StrictInt | None = None
-    min_new_tokens: StrictInt | None = None
-    stop: StrictStr | list[StrictStr] | None = None
-    stop_token_ids: list[StrictInt] | None = None
-    temperature: Number | None = None
-    top_p: Number | None = None
-    top_k: StrictInt | None = None
-    min_p: Number | None = None
-    frequency_penalty: Number | None = None
-    presence_penalty: Number | None = None
-    repetition_penalty: Number | None = None
-    n: StrictInt | None = None
+    max_new_tokens: NonNegative | None = None
+    min_new_tokens: NonNegative | None = None
+    stop: Stop | None = None
+    stop_token_ids: list[TokenId] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    n: SampleCount | None = None
     ignore_eos: StrictBool | None = None
     skip_special_tokens: StrictBool | None = None
     spaces_between_special_tokens: StrictBool | None = None
     no_stop_trim: StrictBool | None = None
-    logit_bias: dict[StrictStr, Number] | None = None
-    sampling_seed: StrictInt | None = None
-    seed: StrictInt | None = None
-    json_schema: StrictStr | dict[str, Any] | None = None
-    regex: StrictStr | None = None
-    ebnf: StrictStr | None = None
-    stream_interval: StrictInt | None = None
+    logit_bias: LogitBias | None = None
+    sampling_seed: Int | None = None
+    seed: Int | None = None
+    json_schema: Grammar | dict[str, Any] | None = None
+    regex: Grammar | None = None
+    ebnf: Grammar | None = None
+    stream_interval: Annotated[Int, Doc(minimum=1)] | None = None
 
 
 class GenerateReqInput(BaseModel):
     """POST /generate. A list in `text` or `input_ids` is a batch; the per-request fields then take either one
     value for all prompts or a list with one entry per prompt."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "oneOf": [present("text"), present("input_ids")],
+        "examples": [{"text": "The capital of France is", "sampling_params": {"temperature": 0, "max_new_tokens": 8}}]})
 
-    text: StrictStr | list[StrictStr] | None = None
-    input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
+    text: Prompt | Annotated[list[Prompt], Doc(minItems=1)] | None = None
+    input_ids: TokenIds | Annotated[list[TokenIds], Doc(minItems=1)] | None = None
     sampling_params: SamplingParamsInput | list[SamplingParamsInput] | None = None
     return_logprob: StrictBool | list[StrictBool] = False
-    logprob_start_len: StrictInt | list[StrictInt] | None = None
-    top_logprobs_num: StrictInt | list[StrictInt] | None = None
+    logprob_start_len: LogprobStart | list[LogprobStart] | None = None
+    top_logprobs_num: TopLogprobs | list[TopLogprobs] | None = None
     return_text_in_logprobs: StrictBool = False
     stream: StrictBool = False
     rid: StrictStr | list[StrictStr] | None = None
@@ -69,7 +92,10 @@ class GenerateReqInput(BaseModel):
 class AbortReq(BaseModel):
     """POST /abort_request: one request by rid, or every request."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": ["rid"], "properties": {"rid": {"type": "string", "minLength": 1}}},
+        {"required": ["abort_all"], "properties": {"abort_all": {"const": True}}}],
+        "examples": [{"rid": "0123456789abcdef"}]})
 
     rid: StrictStr | None = None
     abort_all: StrictBool = False

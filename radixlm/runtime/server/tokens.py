@@ -1,15 +1,17 @@
 """POST /tokenize and /detokenize (and their /v1/ names), as SGLang serves them."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+from typing import Annotated
+
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
 from fastapi.responses import Response
 
 from radixlm.runtime.server.errors import BadRequest, parse
 from radixlm.runtime.server.native import json_response, read_json_object
 from radixlm.runtime.server.openai.chat import chat_prompt_ids
 from radixlm.runtime.server.openai.protocol import ChatMessage
-from radixlm.runtime.server.openapi import request_body
+from radixlm.runtime.server.openapi import Doc, TokenId, present, request_body
 
 router = APIRouter()
 
@@ -17,11 +19,11 @@ router = APIRouter()
 class TokenizeRequest(BaseModel):
     """Exactly one of `prompt` (a string or a batch of them) and `messages` (through the chat template)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [present("prompt"), present("messages")]})
 
     model: StrictStr | None = None
     prompt: StrictStr | list[StrictStr] | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Doc(minItems=1)] | None = None
     add_special_tokens: StrictBool = True
 
 
@@ -29,7 +31,7 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: StrictStr | None = None
-    tokens: list[StrictInt] | list[list[StrictInt]]
+    tokens: list[TokenId] | list[list[TokenId]]
     skip_special_tokens: StrictBool = True
 
 

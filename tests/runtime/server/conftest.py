@@ -53,7 +53,10 @@ def start_server(*extra: str) -> ServerHandle:
     port = free_port()
     cmd = [sys.executable, "-m", "radixlm.launch_server", "--port", str(port), "--max-total-tokens", "4096",
            "--random-seed", "0", "--enable-integrity-check", "--log-level", "warning", *extra]
-    return wait_healthy(subprocess.Popen(cmd), f"http://127.0.0.1:{port}")
+    # One torch thread: on a loaded 2-core machine more threads oversubscribe it (a 16-token completion took 2-19 s
+    # with the default, a steady 1.2 s with one).
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return wait_healthy(subprocess.Popen(cmd, env=env), f"http://127.0.0.1:{port}")
 
 
 def wait_healthy(proc: subprocess.Popen, base: str, timeout: float = STARTUP_TIMEOUT_S,

@@ -219,7 +219,7 @@ def test_watchdog_fails_stalled_requests():
     from radixlm.runtime.messages import TokenizedGenerateReqInput
     from radixlm.runtime.sampling.sampling_params import SamplingParams
     from radixlm.runtime.server.ipc import PortArgs
-    from radixlm.runtime.tokenizer_manager import RuntimeDead, TokenizerManager
+    from radixlm.runtime.tokenizer_manager import RequestFailed, TokenizerManager
 
     ports = PortArgs.new()
     info = SimpleNamespace(vocab_size=100, context_len=64, max_total_num_tokens=64, max_running_requests=4)
@@ -233,10 +233,11 @@ def test_watchdog_fails_stalled_requests():
             assert tm.dead is None  # idle (nothing pending) for longer than the timeout: not a stall
             msg = TokenizedGenerateReqInput("r1", [1, 2, 3], SamplingParams())
             t0 = time.monotonic()
-            with pytest.raises(RuntimeDead, match="watchdog"):
+            with pytest.raises(RequestFailed, match="watchdog") as failed:
                 async for _ in tm.generate_stream(msg, False):
                     pass
             assert 0.4 <= time.monotonic() - t0 < 3 and tm.dead and not tm.rid_to_state
+            assert failed.value.status_code == 500  # accepted, then failed: a router must not resend it
         finally:
             await tm.stop()
     asyncio.run(main())

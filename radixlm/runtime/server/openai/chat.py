@@ -14,8 +14,6 @@ from radixlm.runtime.server.openai.common import (
 from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, ChatMessage
 from radixlm.runtime.server.openai.tool_calls import StreamedTools, ToolPlan, finish_reason, plan_tools, tool_message
 
-MAX_TOP_LOGPROBS = 20
-
 
 def chat_prompt_ids(tm, messages: list[ChatMessage], continue_final_message: bool = False,
                     chat_template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[int]:
@@ -59,8 +57,9 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
     if req.top_logprobs is not None:
         if not req.logprobs:
             raise BadRequest("top_logprobs: requires logprobs=true")
-        if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise BadRequest(f"top_logprobs: must be in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}")
+        most = tm.builder.limits.max_top_logprobs  # --max-logprobs
+        if not 0 <= req.top_logprobs <= most:
+            raise BadRequest(f"top_logprobs: must be in [0, {most}], got {req.top_logprobs}")
     max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if max_new is not None and max_new < 1:
         raise BadRequest(f"max_completion_tokens must be positive, got {max_new}")

@@ -1,17 +1,22 @@
 """Request models of the OpenAI-compatible API (SGLang's field names, defaults and extras).
 
 Types are checked here (pydantic); value ranges are left to the core's SamplingParams.verify so the
-native and OpenAI APIs reject the same values with the same messages."""
+native and OpenAI APIs reject the same values with the same messages (the schema states them: Doc)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from radixlm.runtime.server.errors import BadRequest
+from radixlm.runtime.server.native_protocol import (
+    Grammar, LogitBias, MinP, NonNegative, Penalty, Prompt, RepetitionPenalty, SampleCount, Stop, Temperature, TokenId,
+    TokenIds, TopK, TopLogprobs, TopP,
+)
+from radixlm.runtime.server.openapi import Doc, Int, at_most_one
 
-Number = Union[StrictInt, StrictFloat]
+Positive = Annotated[Int, Doc(minimum=1)]
 
 
 class StreamOptions(BaseModel):
@@ -27,6 +32,10 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"properties": {"type": {"enum": ["text", "json_object"]}}},
+        {"required": ["json_schema"], "properties": {"json_schema": {"not": {"type": "null"}}}}]})
+
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -41,36 +50,39 @@ class ResponseFormat(BaseModel):
         return None
 
 
+_ONE_GRAMMAR = at_most_one("regex", "json_schema", "ebnf")
+
+
 class _Sampling(BaseModel):
     """Fields shared by completions and chat; unknown fields are ignored, as OpenAI clients send extras."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_ONE_GRAMMAR)
 
     model: StrictStr | None = None
-    n: StrictInt = 1
-    stop: StrictStr | list[StrictStr] | None = None
+    n: SampleCount = 1
+    stop: Stop | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    seed: StrictInt | None = None
-    temperature: Number | None = None
-    top_p: Number | None = None
-    frequency_penalty: Number = 0.0
-    presence_penalty: Number = 0.0
-    logit_bias: dict[StrictStr, Number] | None = None
+    seed: Int | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    logit_bias: LogitBias | None = None
     user: StrictStr | None = None
     # SGLang extras
-    top_k: StrictInt | None = None
-    min_p: Number | None = None
-    repetition_penalty: Number | None = None
-    min_tokens: StrictInt = 0
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    min_tokens: NonNegative = 0
     ignore_eos: StrictBool = False
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: list[TokenId] | None = None
     no_stop_trim: StrictBool = False
     skip_special_tokens: StrictBool = True
-    regex: StrictStr | None = None
-    json_schema: StrictStr | dict[str, Any] | None = None
+    regex: Grammar | None = None
+    json_schema: Grammar | dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
-    ebnf: StrictStr | None = None
+    ebnf: Grammar | None = None
     rid: StrictStr | None = None
     extra_key: StrictStr | None = None
 
@@ -96,11 +108,15 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
-    max_tokens: StrictInt | None = 16
+    model_config = ConfigDict(json_schema_extra={**_ONE_GRAMMAR, "examples": [
+        {"prompt": "Once upon a time", "max_tokens": 8}]})
+
+    prompt: (Prompt | Annotated[list[Prompt], Doc(minItems=1)] | TokenIds
+             | Annotated[list[TokenIds], Doc(minItems=1)])
+    max_tokens: NonNegative | None = 16  # 0 only with echo
     echo: StrictBool = False
-    logprobs: StrictInt | None = None
-    best_of: StrictInt | None = None
+    logprobs: TopLogprobs | None = None
+    best_of: Int | None = None
     suffix: StrictStr | None = None
 
 
@@ -139,7 +155,7 @@ def _template_call(call: Any) -> Any:
 
 
 class FunctionDefinition(BaseModel):
-    name: StrictStr
+    name: Annotated[StrictStr, Doc(pattern="^[A-Za-z0-9_-]{1,64}$")]  # tool_calls checks it
     description: StrictStr | None = None
     parameters: dict[str, Any] | None = None
     strict: StrictBool | None = None
@@ -160,11 +176,17 @@ class NamedToolChoice(BaseModel):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage]
-    max_tokens: StrictInt | None = None  # deprecated by OpenAI in favour of max_completion_tokens
-    max_completion_tokens: StrictInt | None = None
+    model_config = ConfigDict(json_schema_extra={
+        **_ONE_GRAMMAR,
+        "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+        "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+        "examples": [{"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}]})
+
+    messages: Annotated[list[ChatMessage], Doc(minItems=1)]
+    max_tokens: Positive | None = None  # deprecated by OpenAI in favour of max_completion_tokens
+    max_completion_tokens: Positive | None = None
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
+    top_logprobs: TopLogprobs | None = None  # only with logprobs=true
     continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Tool] | None = None
