@@ -7,6 +7,8 @@ import time
 
 import httpx
 
+from radixlm.runtime.server.ipc import die_with_parent
+
 READY_TIMEOUT_S = 600
 
 
@@ -33,7 +35,7 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout: float = READY_TIMEOUT_
 
 
 def start(cmd: list[str], url: str, timeout: float = READY_TIMEOUT_S) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)  # no server outlives a killed benchmark
     wait_ready(proc, url, timeout)
     return proc
 

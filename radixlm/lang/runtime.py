@@ -12,6 +12,7 @@ from typing import Any, Optional
 import httpx
 
 from radixlm.lang.backend.runtime_endpoint import RuntimeEndpoint
+from radixlm.runtime.server.ipc import die_with_parent
 
 
 def _free_port() -> int:
@@ -48,7 +49,7 @@ class Runtime:
         cmd = [sys.executable, "-m", "radixlm.launch_server", "--host", host, "--port", str(port),
                *server_flags(kwargs)]
         # Its own process group, so that shutdown reaches the scheduler and detokenizer children too.
-        self.proc = subprocess.Popen(cmd, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent)
         try:
             self._wait_ready(launch_timeout)
             self.endpoint = RuntimeEndpoint(self.url, api_key=kwargs.get("api_key"))

@@ -15,6 +15,7 @@ import httpx
 
 from radixlm.router.args import RouterArgs
 from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.server.ipc import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def serve_data_parallel(server_args: ServerArgs, dp_size: int, router_args: Rout
             env, args = _device_env(rank, dp_size, server_args)
             cmd = [sys.executable, "-m", "radixlm.launch_server", "--host", "127.0.0.1", "--port", str(port),
                    *worker_argv(args)]
-            procs.append(subprocess.Popen(cmd, env=env))
+            procs.append(subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent))  # no orphan workers
             urls.append(f"http://127.0.0.1:{port}")
         _wait_healthy(procs, urls)
         logger.info("%d workers ready: %s", dp_size, " ".join(urls))

@@ -10,13 +10,15 @@ from dataclasses import dataclass
 
 import pytest
 
+from radixlm.runtime.server.ipc import die_with_parent
 from tests.runtime.server.conftest import ServerHandle, child_pids, free_port, stop_server, wait_healthy
 
 WORKER_FLAGS = ("--max-total-tokens", "4096", "--random-seed", "0", "--log-level", "warning")
 
 
 def start_worker_proc(port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "radixlm.launch_server", "--port", str(port), *WORKER_FLAGS])
+    return subprocess.Popen([sys.executable, "-m", "radixlm.launch_server", "--port", str(port), *WORKER_FLAGS],
+                            preexec_fn=die_with_parent)
 
 
 def kill_hard(h: ServerHandle) -> None:
@@ -66,7 +68,7 @@ RouterHandle = ServerHandle
 def start_router(urls: list[str], *flags: str) -> RouterHandle:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "radixlm.router", "--worker-urls", *urls, "--port", str(port),
-                             "--log-level", "warning", *flags])
+                             "--log-level", "warning", *flags], preexec_fn=die_with_parent)
     return wait_healthy(proc, f"http://127.0.0.1:{port}", timeout=60, client_timeout=120)
 
 

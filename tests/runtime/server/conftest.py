@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from radixlm.runtime.server.ipc import die_with_parent
+
 STARTUP_TIMEOUT_S = 180
 
 
@@ -56,7 +58,7 @@ def start_server(*extra: str) -> ServerHandle:
     # One torch thread: on a loaded 2-core machine more threads oversubscribe it (a 16-token completion took 2-19 s
     # with the default, a steady 1.2 s with one).
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return wait_healthy(subprocess.Popen(cmd, env=env), f"http://127.0.0.1:{port}")
+    return wait_healthy(subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent), f"http://127.0.0.1:{port}")
 
 
 def wait_healthy(proc: subprocess.Popen, base: str, timeout: float = STARTUP_TIMEOUT_S,
