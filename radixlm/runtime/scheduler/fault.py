@@ -1,7 +1,7 @@
 """What a scheduler loop does when a step raises. Errors in one request's own data are caught where that data is
 handled (Scheduler.add_request, the output processor) and fail only that request. An exception that escapes a step
 cannot be pinned on one request: the requests holding KV are failed with a 500 and the pools start afresh
-(Scheduler.fail_after_error). If the next step fails too, the queued requests go as well (the cause may be
+(fail_after_error). If the next step fails too, the queued requests go as well (the cause may be
 among them); a third failure in a row, or a device fault, is fatal: the loop's owner fails everything and the
 process exits non-zero, so that a supervisor restarts it instead of a server that answers 503 forever."""
 from __future__ import annotations
@@ -10,7 +10,11 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
+from radixlm.runtime.executor.forward_batch import ForwardMode
 from radixlm.runtime.messages import ReqOutput
+from radixlm.runtime.scheduler.req import FinishReason
 
 if TYPE_CHECKING:
     from radixlm.runtime.scheduler.scheduler import Scheduler
@@ -26,8 +30,6 @@ class FatalSchedulerError(RuntimeError):
 
 def is_device_fault(e: BaseException) -> bool:
     """A CUDA fault leaves the context unusable: no later step can succeed."""
-    import torch  # not at module level: `import radixlm` stays free of torch
-
     accelerator_error = getattr(torch, "AcceleratorError", None)
     if accelerator_error is not None and isinstance(e, accelerator_error):
         return True
@@ -50,11 +52,40 @@ class StepGuard:
                                           f"{type(e).__name__}: {e}") from e
             logger.exception("scheduler step failed (%d in a row); failing the running requests", self.failed_steps)
             try:
-                self.sched.fail_after_error(f"internal error in the scheduler: {type(e).__name__}: {e}",
-                                            fail_waiting=self.failed_steps > 1)
+                fail_after_error(self.sched, f"internal error in the scheduler: {type(e).__name__}: {e}",
+                                 fail_waiting=self.failed_steps > 1)
             except Exception as again:  # noqa: BLE001 - the pools cannot be put right
                 raise FatalSchedulerError(f"cannot recover from a failed step: {type(again).__name__}: {again}") from e
             out, self.sched.outputs = self.sched.outputs, []
             return out
         self.failed_steps = 0
         return out
+
+
+def fail_after_error(sched: Scheduler, message: str, fail_waiting: bool) -> None:
+    """After a step raised: ends every request holding KV (and, if fail_waiting, every queued one) with a 500 and
+    starts the pools afresh, the tree's cached prefixes included, so that the accounting holds again whatever
+    the failed step left half done."""
+    held = sched.running_batch.reqs + (sched.inflight.reqs if sched.inflight is not None else [])
+    held += sched.launching.reqs if sched.launching is not None else []
+    sched.inflight, sched.launching = None, None
+    failed = list({id(r): r for r in held if not r.finished()}.values())
+    if sched.chunked_req is not None and not sched.chunked_req.finished() and sched.chunked_req not in failed:
+        failed.append(sched.chunked_req)
+    queued = sched.waiting_queue + (sched.constrained.queue if fail_waiting else [])
+    failed += [r for r in queued if fail_waiting or r.req_pool_idx is not None]
+    sched.waiting_queue = [r for r in sched.waiting_queue if not fail_waiting and r.req_pool_idx is None]
+    if fail_waiting:
+        sched.constrained.queue = []
+    for req in failed:
+        req.finished_reason = FinishReason("abort", message=message, status_code=500)
+        sched._emit(req)
+    for req in sched.waiting_queue:
+        req.reset_kv_state()
+        req.match_round = -1
+    sched.running_batch = sched._new_batch([], ForwardMode.DECODE)
+    sched.chunked_req = None
+    sched.tree_cache.reset()
+    sched.req_to_token_pool.clear()
+    sched.allocator.clear()
+    sched.check_memory()

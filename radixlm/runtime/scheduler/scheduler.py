@@ -137,34 +137,6 @@ class Scheduler(SchedulerOutputProcessorMixin):
             if req.rid in wanted:
                 req.to_abort = message
 
-    def fail_after_error(self, message: str, fail_waiting: bool) -> None:
-        """After a step raised: ends every request holding KV (and, if fail_waiting, every queued one) with a 500 and
-        starts the pools afresh, the tree's cached prefixes included, so that the accounting holds again whatever
-        the failed step left half done."""
-        held = self.running_batch.reqs + (self.inflight.reqs if self.inflight is not None else [])
-        held += self.launching.reqs if self.launching is not None else []
-        self.inflight, self.launching = None, None
-        failed = list({id(r): r for r in held if not r.finished()}.values())
-        if self.chunked_req is not None and not self.chunked_req.finished() and self.chunked_req not in failed:
-            failed.append(self.chunked_req)
-        queued = self.waiting_queue + (self.constrained.queue if fail_waiting else [])
-        failed += [r for r in queued if fail_waiting or r.req_pool_idx is not None]
-        self.waiting_queue = [r for r in self.waiting_queue if not fail_waiting and r.req_pool_idx is None]
-        if fail_waiting:
-            self.constrained.queue = []
-        for req in failed:
-            req.finished_reason = FinishReason("abort", message=message, status_code=500)
-            self._emit(req)
-        for req in self.waiting_queue:
-            req.reset_kv_state()
-            req.match_round = -1
-        self.running_batch = self._new_batch([], ForwardMode.DECODE)
-        self.chunked_req = None
-        self.tree_cache.reset()
-        self.req_to_token_pool.clear()
-        self.allocator.clear()
-        self.check_memory()
-
     def _active_reqs(self) -> list[Req]:
         reqs = [r for r in self.running_batch.reqs if not r.finished()]
         if self.chunked_req is not None and not self.chunked_req.finished():

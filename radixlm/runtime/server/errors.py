@@ -76,7 +76,7 @@ def error_response(message: str, status_code: int = 400, flavor: ApiFlavor = Api
 
 # Union members add their type to an error's location (`str`, `list[int]`, `SamplingParamsInput`); field names
 # are snake_case.
-_TYPE_TAG = re.compile(r"^(str|int|float|bool|dict|list|none)$|[\[\]]|^[A-Z]\w*$|^function-")
+_TYPE_TAG = re.compile(r"^(str|int|float|bool|dict|list|none)$|[\[\]]|^[A-Z]\w*$")
 
 
 def parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
