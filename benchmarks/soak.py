@@ -92,11 +92,13 @@ def _stat(pid: int) -> list[str]:
         return []
 
 
-def start_target(name: str, cmd: list[str], port: int, log_dir: Path, is_server: bool) -> Target:
+def start_target(name: str, cmd: list[str], port: int, log_dir: Path, is_server: bool, threads: int = 0) -> Target:
+    """threads: torch threads of a server (0: torch's default, one per core)."""
     log_path = log_dir / f"{name}.log"
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
     with open(log_path, "wb") as log:
         popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, cwd=REPO)
+                                 start_new_session=True, cwd=REPO, env=env)
     return Target(name, f"http://{HOST}:{port}", popen, log_path, is_server)
 
 
@@ -143,9 +145,12 @@ def launch(kind: str, args: argparse.Namespace, log_dir: Path) -> tuple[list[Tar
             port = free_port()
             targets.append(start_target("server", [*serve, "--port", str(port)], port, log_dir, True))
         else:
+            # Two workers share the cores: with a thread per core each, their threads would oversubscribe them
+            # (the first router soak, with the default, served 403 requests in 10 min against the server's 5,595).
+            threads = max(1, (os.cpu_count() or 2) // 2)
             for i in range(2):
                 port = free_port()
-                targets.append(start_target(f"worker{i}", [*serve, "--port", str(port)], port, log_dir, True))
+                targets.append(start_target(f"worker{i}", [*serve, "--port", str(port)], port, log_dir, True, threads))
             wait_ready(targets)
             port = free_port()
             router = [sys.executable, "-m", "radixlm.cli", "router", "--host", HOST, "--port", str(port),
