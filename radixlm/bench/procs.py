@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from radixlm.runtime.server.ipc import die_with_parent
+from radixlm.runtime.ipc import die_with_parent
 
 READY_TIMEOUT_S = 600
 

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import httpx
 
 from radixlm.lang.backend.runtime_endpoint import RuntimeEndpoint
-from radixlm.runtime.server.ipc import die_with_parent
+from radixlm.runtime.ipc import die_with_parent
 
 
 def _free_port() -> int:

@@ -15,7 +15,7 @@ import httpx
 
 from radixlm.router.args import RouterArgs
 from radixlm.runtime.args import ServerArgs
-from radixlm.runtime.server.ipc import die_with_parent
+from radixlm.runtime.ipc import die_with_parent
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import zmq
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.front import DecodeState
 from radixlm.runtime.messages import BatchStrOutput, BatchTokenOutput, DetokenizeInfo, ShutdownReq
-from radixlm.runtime.server.ipc import ParentWatch, PortArgs, bind_pull, connect_push, die_with_parent
+from radixlm.runtime.ipc import ParentWatch, PortArgs, bind_pull, connect_push, die_with_parent
 
 logger = logging.getLogger(__name__)
 

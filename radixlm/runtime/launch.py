@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.messages import SchedulerReady
-from radixlm.runtime.server.ipc import PortArgs
+from radixlm.runtime.ipc import PortArgs
 
 logger = logging.getLogger(__name__)
 

@@ -15,15 +15,15 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from radixlm.runtime.errors import ApiError
 from radixlm.runtime.front import BuiltRequests, FrontLimits, ReqState, RequestBuilder, prefix_request
+from radixlm.runtime.ipc import bind_pull, connect_push
 from radixlm.runtime.launch import LaunchedRuntime
 from radixlm.runtime.messages import (
     AbortReq, BatchStrOutput, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput,
     ShutdownReq, TokenizedGenerateReqInput,
 )
-from radixlm.runtime.server.errors import ApiError
-from radixlm.runtime.server.ipc import bind_pull, connect_push
-from radixlm.runtime.server.metrics import ReqTiming, ServerMetrics
+from radixlm.runtime.metrics import ReqTiming, ServerMetrics
 
 logger = logging.getLogger(__name__)
 

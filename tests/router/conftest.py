@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from radixlm.runtime.server.ipc import die_with_parent
+from radixlm.runtime.ipc import die_with_parent
 from tests.runtime.server.conftest import ServerHandle, child_pids, free_port, stop_server, wait_healthy
 
 WORKER_FLAGS = ("--max-total-tokens", "4096", "--random-seed", "0", "--log-level", "warning")

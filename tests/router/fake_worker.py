@@ -10,7 +10,7 @@ import os
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from radixlm.runtime.server.ipc import die_with_parent
+from radixlm.runtime.ipc import die_with_parent
 
 POISON = "<poison-pill>"
 

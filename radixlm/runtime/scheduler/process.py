@@ -17,7 +17,7 @@ from radixlm.runtime.messages import (
     GetInternalStateReqOutput, SchedulerReady, ShutdownReq, TokenizedGenerateReqInput,
 )
 from radixlm.runtime.scheduler.fault import FatalSchedulerError, StepGuard
-from radixlm.runtime.server.ipc import ParentWatch, PortArgs, bind_pull, connect_push, die_with_parent
+from radixlm.runtime.ipc import ParentWatch, PortArgs, bind_pull, connect_push, die_with_parent
 
 logger = logging.getLogger(__name__)
 

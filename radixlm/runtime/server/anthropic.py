@@ -10,7 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from radixlm.runtime.server import anthropic_protocol as proto
-from radixlm.runtime.server.errors import ApiError, BadRequest, ApiFlavor, error_body
+from radixlm.runtime.errors import ApiError
+from radixlm.runtime.server.errors import BadRequest, ApiFlavor, error_body
 from radixlm.runtime.server.native import ClientDisconnected, generate_or_abort, json_response
 from radixlm.runtime.server.openapi import request_body
 from radixlm.runtime.tokenizer_manager import RuntimeDead

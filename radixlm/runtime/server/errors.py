@@ -12,6 +12,8 @@ import orjson
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
+from radixlm.runtime.errors import ApiError
+
 RETRY_AFTER_S = 1  # what a 503 asks clients to wait before they try again
 
 
@@ -27,12 +29,6 @@ def flavor_of(path: str) -> ApiFlavor:
     if path.startswith("/v1/"):
         return ApiFlavor.OPENAI
     return ApiFlavor.NATIVE
-
-
-class ApiError(Exception):
-    """An error answered to the client in its API's shape (the app's exception handler picks the shape)."""
-
-    status_code = 500
 
 
 class BadRequest(ApiError):

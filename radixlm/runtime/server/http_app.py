@@ -16,7 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import radixlm
 from radixlm.runtime.args import ServerArgs
-from radixlm.runtime.server.errors import ApiError, BadRequest, error_response, flavor_of, parse
+from radixlm.runtime.errors import ApiError
+from radixlm.runtime.server.errors import BadRequest, error_response, flavor_of, parse
 from radixlm.runtime.server.guard import GuardMiddleware
 from radixlm.runtime.server.anthropic import router as anthropic_router
 from radixlm.runtime.server.metrics import router as metrics_router

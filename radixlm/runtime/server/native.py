@@ -10,7 +10,8 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from radixlm.runtime.server.errors import ApiError, BadRequest, error_body, parse
+from radixlm.runtime.errors import ApiError
+from radixlm.runtime.server.errors import BadRequest, error_body, parse
 from radixlm.runtime.server.native_protocol import GenerateReqInput
 from radixlm.runtime.server.openapi import request_body
 from radixlm.runtime.tokenizer_manager import RuntimeDead

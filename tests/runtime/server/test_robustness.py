@@ -218,7 +218,7 @@ def test_watchdog_fails_stalled_requests():
     from radixlm.runtime.args import ServerArgs
     from radixlm.runtime.messages import TokenizedGenerateReqInput
     from radixlm.runtime.sampling.sampling_params import SamplingParams
-    from radixlm.runtime.server.ipc import PortArgs
+    from radixlm.runtime.ipc import PortArgs
     from radixlm.runtime.tokenizer_manager import RequestFailed, TokenizerManager
 
     ports = PortArgs.new()

@@ -13,7 +13,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from radixlm.runtime.front import BuiltRequests
-from radixlm.runtime.server.errors import ApiError, ApiFlavor, BadRequest, error_body
+from radixlm.runtime.errors import ApiError
+from radixlm.runtime.server.errors import ApiFlavor, BadRequest, error_body
 from radixlm.runtime.server.native import ClientDisconnected, generate_or_abort
 from radixlm.runtime.tokenizer_manager import RuntimeDead
 

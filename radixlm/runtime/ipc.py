@@ -1,4 +1,4 @@
-"""ZMQ plumbing shared by the server's processes: socket names and a parent watchdog for children."""
+"""ZMQ plumbing shared by the runtime's processes: socket names and a parent watchdog for children."""
 from __future__ import annotations
 
 import ctypes
