@@ -23,7 +23,7 @@ import torch
 
 import json_decoding
 from phases import profile_steps
-from radixlm.runtime.executor.host_to_device import host_to_device
+from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput
 
 HIGH = 10.0  # the scripted token's logit; every other token has 0

@@ -16,7 +16,8 @@ from collections import defaultdict
 
 import torch
 
-from radixlm.runtime.executor import host_to_device, model_runner
+from radixlm.runtime import host_to_device
+from radixlm.runtime.executor import model_runner
 from radixlm.runtime.grammar import on_demand
 
 # Path heads naming a module or class rather than an attribute of the engine.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.runtime.executor.host_to_device import host_to_device
+from radixlm.runtime.host_to_device import host_to_device
 
 
 class ReqToTokenPool:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixlm.runtime.executor.host_to_device import host_to_device
+from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.layers import cpu_gemm, gemm
 
 

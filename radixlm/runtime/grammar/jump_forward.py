@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from radixlm.runtime.executor.host_to_device import HostCopy, host_to_device
+from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.sampling.penalties import apply_penalties_and_bias
 from radixlm.runtime.sampling.sampler import top_k_top_p_min_p_filter
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo, derive_seed

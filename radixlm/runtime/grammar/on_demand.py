@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.runtime.executor.host_to_device import HostCopy, host_to_device
+from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.grammar.jump_forward import VerifyResult, draft_layout
 
 # The model's top-k tried, in order, when the grammar refuses its argmax. 32, not 16: where SmolLM2 wants whitespace

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
-from radixlm.runtime.executor.host_to_device import host_to_device
+from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.grammar.backend import GrammarBackend, GrammarMatcher
 from radixlm.runtime.grammar.spec import GrammarSpec, InvalidGrammar, compiler_message
 

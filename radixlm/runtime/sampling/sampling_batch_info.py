@@ -6,7 +6,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from radixlm.runtime.executor.host_to_device import host_to_device
+from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.executor.host_to_device import rows_to_device
+from radixlm.runtime.host_to_device import rows_to_device
 from radixlm.runtime.scheduler.req import Req
 
 # Decode growth is estimated with at most this many future tokens per request (SGLang's clip).

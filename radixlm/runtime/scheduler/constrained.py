@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixlm.runtime.executor.host_to_device import host_to_device
+from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.grammar.backend import GrammarCache
 from radixlm.runtime.grammar.jump_forward import (DraftVerification, VerifyResult, build_verification, draft_layout,
                                                   fill_draft_masks, forced_tokens, plain_greedy, settle)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.executor.forward_batch import ForwardMode
-from radixlm.runtime.executor.host_to_device import HostCopy
+from radixlm.runtime.host_to_device import HostCopy
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, top_logprobs
 from radixlm.runtime.messages import ReqOutput
 from radixlm.runtime.scheduler.constrained import GRAMMAR_VIOLATION, PassGrammar

@@ -22,7 +22,7 @@ import torch
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.executor.forward_batch import ForwardMode
-from radixlm.runtime.executor.host_to_device import HostCopy, host_to_device
+from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan
 from radixlm.runtime.messages import ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampler import Sampler

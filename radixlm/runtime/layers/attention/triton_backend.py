@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.runtime.executor.host_to_device import rows_to_device
+from radixlm.runtime.host_to_device import rows_to_device
 from radixlm.runtime.layers.attention.base import AttentionBackend
 
 if TYPE_CHECKING:
