@@ -5,8 +5,8 @@ import re
 from typing import Any, Callable, Optional, Union
 
 from radixlm.lang.choices import ChoicesSamplingMethod, token_length_normalized
-from radixlm.lang.program import SglFunction, resolve_backend
-from radixlm.lang.global_config import global_config
+from radixlm.lang.global_config import global_config, resolve_backend
+from radixlm.lang.program import SglFunction
 from radixlm.lang.ir import (SglExpr, SglExprList, SglGen, SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams,
                              SglSelect, SglSeparateReasoning, SglVideo, as_expr, normalize_dtype)
 from radixlm.lang.reasoning import think_format

@@ -11,15 +11,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from radixlm.lang.global_config import GlobalConfig, global_config
+from radixlm.lang.global_config import GlobalConfig, global_config, resolve_backend
 from radixlm.lang.interpreter import ProgramError, StreamExecutor
 from radixlm.lang.ir import (SglArgument, SglExpr, SglFork, SglGetForkItem, SglJoin, SglSamplingParams,
                              SglVariable, as_expr)
 from radixlm.lang.state import ProgramState
+from radixlm.lang.tracer import TracedProgram
 
 if TYPE_CHECKING:
     from radixlm.lang.backend.base_backend import BaseBackend
-    from radixlm.lang.tracer import TracedProgram
 
 _SAMPLING_FIELDS = set(SglSamplingParams.__dataclass_fields__) | {"max_tokens"}
 
@@ -144,7 +144,7 @@ def split_run_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], SglSamplin
 class CompiledFunction:
     """What `SglFunction.compile()` returns: `run(**arguments, temperature=..., backend=...)` and `run_batch`."""
 
-    def __init__(self, graph: "TracedProgram", backend: Optional["BaseBackend"] = None,
+    def __init__(self, graph: TracedProgram, backend: Optional["BaseBackend"] = None,
                  config: GlobalConfig = global_config) -> None:
         self.graph = graph
         self.order = graph.topological_order()
@@ -159,8 +159,6 @@ class CompiledFunction:
         self.graph.print()
 
     def run(self, *, backend: Optional["BaseBackend"] = None, **kwargs: Any) -> ProgramState:
-        from radixlm.lang.program import resolve_backend
-
         arguments, sp = split_run_kwargs(kwargs)
         bound = {**(self.graph.program.bind_arguments if self.graph.program else {}), **arguments}
         missing = [n for n in self.graph.arg_names if n not in bound and self._uses_argument(n)]

@@ -1,5 +1,5 @@
 """Process-wide frontend settings, as in SGLang (`sgl.global_config`). Programs may also pass a backend
-explicitly (`run(backend=...)`), which is preferred over the default set here."""
+explicitly (`run(backend=...)`), which is preferred over the default set here (resolve_backend)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,3 +20,11 @@ class GlobalConfig:
 
 
 global_config = GlobalConfig()
+
+
+def resolve_backend(backend: Optional[Any], config: GlobalConfig = global_config) -> Any:
+    """The backend a program runs on: the one passed, else the default (a Runtime stands for its endpoint)."""
+    backend = backend if backend is not None else config.default_backend
+    if backend is None:
+        raise ValueError("no backend: call sgl.set_default_backend(...) or pass backend=")
+    return getattr(backend, "endpoint", backend)

@@ -8,10 +8,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
-from radixlm.lang.global_config import GlobalConfig, global_config
+from radixlm.lang.compiler import CompiledFunction
+from radixlm.lang.global_config import GlobalConfig, global_config, resolve_backend
 from radixlm.lang.interpreter import StreamExecutor
 from radixlm.lang.ir import SglSamplingParams
 from radixlm.lang.state import ProgramState
+from radixlm.lang.tracer import TracedProgram, extract_prefix_by_tracing, trace_program
 
 if TYPE_CHECKING:
     from radixlm.lang.backend.base_backend import BaseBackend
@@ -81,15 +83,13 @@ class SglFunction:
             return dict(zip(self.arg_names, item))
         raise TypeError(f"batch item {i} must be a dict or a tuple, got {type(item).__name__}")
 
-    def trace(self, *, backend: Optional["BaseBackend"] = None, **kwargs: Any):
-        """The program's IR graph (a TracedProgram); kwargs bind parameters, the others stay abstract."""
-        from radixlm.lang.tracer import trace_program
-
+    def trace(self, *, backend: Optional["BaseBackend"] = None, **kwargs: Any) -> TracedProgram:
+        """The program's IR graph; kwargs bind parameters, the others stay abstract."""
         return trace_program(self, kwargs, backend)
 
-    def compile(self, *, backend: Optional["BaseBackend"] = None, **kwargs: Any):
-        """A CompiledFunction: the traced graph, run by the graph executor."""
-        return self.trace(backend=backend, **kwargs).compile(backend)
+    def compile(self, *, backend: Optional["BaseBackend"] = None, **kwargs: Any) -> CompiledFunction:
+        """The traced graph, run by the graph executor."""
+        return CompiledFunction(self.trace(backend=backend, **kwargs), backend)
 
     def cache(self, backend: Optional["BaseBackend"] = None) -> Optional[str]:
         """Prefills the program's constant prefix on the backend; returns it (None if it is too short)."""
@@ -106,14 +106,6 @@ def _default_sampling_params(scope: dict) -> SglSamplingParams:
     vals["stop_token_ids"] = [] if vals["stop_token_ids"] is None else vals["stop_token_ids"]
     vals["stop_regex"] = [] if vals["stop_regex"] is None else vals["stop_regex"]
     return SglSamplingParams(**vals)
-
-
-def resolve_backend(backend: Optional[Any], config: GlobalConfig = global_config) -> "BaseBackend":
-    backend = backend if backend is not None else config.default_backend
-    if backend is None:
-        raise ValueError("no backend: call sgl.set_default_backend(...) or pass backend=")
-    # A Runtime stands for its endpoint.
-    return getattr(backend, "endpoint", backend)
 
 
 def run_program(program: SglFunction, backend: "BaseBackend", func_args: tuple, func_kwargs: dict,
@@ -200,8 +192,6 @@ def precache_constant_prefix(program: SglFunction, backend: "BaseBackend", force
                              config: GlobalConfig = global_config) -> Optional[str]:
     """The run_batch prefix hint: trace the program's constant prefix and prefill it once, so that the batch's
     first items already find it cached instead of all prefilling it at the same time."""
-    from radixlm.lang.tracer import extract_prefix_by_tracing
-
     prefix = extract_prefix_by_tracing(program, backend)
     if prefix and (force or len(prefix) > config.precache_min_chars):
         backend.cache_prefix(prefix)

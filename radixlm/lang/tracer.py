@@ -8,28 +8,37 @@ program's line."""
 from __future__ import annotations
 
 import copy
+import heapq
 import linecache
 import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
 
-from radixlm.lang.state import BranchGroup, RoleMethods
+from radixlm.lang.interpreter import StreamExecutor
 from radixlm.lang.ir import (SglArgument, SglConstantText, SglExpr, SglExprList, SglFork, SglGen, SglGetForkItem,
                              SglJoin, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, SglSeparateReasoning,
                              SglVariable, SglVarScopeBegin, SglVarScopeEnd, _node_ids, as_expr)
+from radixlm.lang.state import BranchGroup, RoleMethods
 
 if TYPE_CHECKING:
     from radixlm.lang.backend.base_backend import BaseBackend
-    from radixlm.lang.compiler import CompiledFunction
-    from radixlm.lang.program import SglFunction
 
 _LANG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 class TracingError(RuntimeError):
     """The program cannot be traced (data-dependent control flow, formatting a traced value, ...)."""
+
+
+class Traceable(Protocol):
+    """What tracing and the graph executor read of an SglFunction (program.py, which imports this module)."""
+
+    func: Callable[..., Any]
+    arg_names: list[str]
+    bind_arguments: dict[str, Any]
+    num_api_spec_tokens: Optional[int]
 
 
 def _user_location() -> str:
@@ -224,7 +233,7 @@ class TracedProgram:
 
     name: str
     arg_names: list[str]
-    program: Optional["SglFunction"] = None
+    program: Optional[Traceable] = None
     streams: list[TracerProgramState] = field(default_factory=list)
     nodes: list[SglExpr] = field(default_factory=list)
 
@@ -250,8 +259,6 @@ class TracedProgram:
     def topological_order(self) -> list[SglExpr]:
         """Kahn's algorithm over edges(); ties go to the earlier traced node, so trace order is kept where the
         graph allows it."""
-        import heapq
-
         indeg = {id(n): 0 for n in self.nodes}
         succ: dict[int, list[SglExpr]] = {id(n): [] for n in self.nodes}
         for e in self.edges():
@@ -270,11 +277,6 @@ class TracedProgram:
         if len(order) != len(self.nodes):
             raise TracingError("the traced graph has a cycle")
         return order
-
-    def compile(self, backend: Optional["BaseBackend"] = None) -> "CompiledFunction":
-        from radixlm.lang.compiler import CompiledFunction
-
-        return CompiledFunction(self, backend)
 
     def pretty(self) -> str:
         lines = [f"program {self.name}({', '.join(self.arg_names)})"]
@@ -332,7 +334,7 @@ def describe_node(n: SglExpr) -> str:
     return type(n).__name__[3:] if type(n).__name__.startswith("Sgl") else type(n).__name__
 
 
-def _trace(program: "SglFunction", arguments: dict[str, Any]) -> tuple[TracedProgram, Optional[BaseException]]:
+def _trace(program: Traceable, arguments: dict[str, Any]) -> tuple[TracedProgram, Optional[BaseException]]:
     kwargs = {**program.bind_arguments, **arguments}
     unknown = sorted(set(kwargs) - set(program.arg_names))
     if unknown:
@@ -347,7 +349,7 @@ def _trace(program: "SglFunction", arguments: dict[str, Any]) -> tuple[TracedPro
     return graph, None
 
 
-def trace_program(program: "SglFunction", arguments: dict[str, Any],
+def trace_program(program: Traceable, arguments: dict[str, Any],
                   backend: Optional["BaseBackend"] = None) -> TracedProgram:
     """The program's graph; `arguments` binds some parameters to concrete values, the rest stay abstract."""
     graph, err = _trace(program, arguments)
@@ -356,11 +358,9 @@ def trace_program(program: "SglFunction", arguments: dict[str, Any],
     return graph
 
 
-def extract_prefix_by_tracing(program: "SglFunction", backend: "BaseBackend") -> str:
+def extract_prefix_by_tracing(program: Traceable, backend: "BaseBackend") -> str:
     """The text every run of the program starts with: the main stream's leading constant text and role markers
     (rendered with the backend's chat template), up to the first argument, gen or anything else."""
-    from radixlm.lang.interpreter import StreamExecutor
-
     graph, _ = _trace(program, {})
     exe = StreamExecutor(backend, {}, SglSamplingParams(), None, stream=False, use_thread=False)
     try:
