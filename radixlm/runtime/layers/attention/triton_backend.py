@@ -9,14 +9,10 @@ import torch
 
 from radixlm.runtime.host_to_device import rows_to_device
 from radixlm.runtime.layers.attention.base import AttentionBackend
+from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.forward_batch import ForwardBatch
-
-
-def decode_num_splits(max_seq_len: int, bs: int, num_kv_heads: int, block_n: int = 64) -> int:
-    """Enough programs to fill the GPU at small batch sizes, never splits shorter than a few blocks."""
-    return max(1, min(16, -(-max_seq_len // (4 * block_n)), -(-256 // max(1, bs * num_kv_heads))))
 
 
 @dataclass

@@ -1,1 +1,1 @@
-"""Triton kernels over the paged KV pool (CUDA only; imported lazily by the Triton attention backend)."""
+"""Triton kernels over the paged KV pool (CUDA only; the Triton attention backend imports the kernels lazily)."""

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.runtime.layers.attention.triton_ops.decode_splits import DECODE_BLOCK_N, decode_num_splits
+
 
 # Index vectors are often views at any offset (rows of one host-to-device copy, slices of the allocator's free list).
 # Specialized on their 16-byte alignment, a kernel was compiled again in the middle of serving for misaligned ones.
@@ -96,10 +98,8 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads
-    block_n = 64
+    block_n = DECODE_BLOCK_N
     if num_splits is None:
-        from radixlm.runtime.layers.attention.triton_backend import decode_num_splits
-
         num_splits = decode_num_splits(max_seq_len, bs, num_kv_heads, block_n)
     mid_o = torch.empty(bs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(bs, num_heads, num_splits, dtype=torch.float32, device=q.device)
