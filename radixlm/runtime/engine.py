@@ -14,15 +14,19 @@ from typing import Any
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.front import DecodeState, FrontLimits, ReqState, RequestBuilder, prefix_request
-from radixlm.runtime.messages import AbortReq, DetokenizeInfo, TokenizedGenerateReqInput
-from radixlm.runtime.scheduler.fault import StepGuard
+from radixlm.runtime.messages import (
+    AbortReq, DetokenizeInfo, FlushCacheReq, FlushCacheReqOutput, ShutdownReq, TokenizedGenerateReqInput,
+)
+from radixlm.runtime.scheduler.event_loop import QueueInbox, SchedulerLoop, build_scheduler
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class _FlushCache:
-    success: bool = False
+class _FlushCache(FlushCacheReq):
+    """A flush request that carries its caller's wait (set by Engine._reply)."""
+
+    answer: FlushCacheReqOutput | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -48,7 +52,7 @@ def _unwrap(snap) -> dict:
 class Engine:
     def __init__(self, model_path: str = "default", **kwargs):
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox = QueueInbox()
         self._states: dict[str, _Pending] = {}
         self._error: BaseException | None = None
         self._stopped = threading.Event()
@@ -63,30 +67,16 @@ class Engine:
             raise self._error
 
     def _setup(self) -> None:
-        from radixlm.runtime.executor.model_runner import ModelRunner
-        from radixlm.runtime.model_loader.config import ModelConfig
-        from radixlm.runtime.model_loader.tokenizer import get_tokenizer
-        from radixlm.runtime.scheduler.scheduler import Scheduler
-
         args = self.server_args
-        device = args.resolved_device()
         t0 = time.perf_counter()
-        self.model_config = ModelConfig.from_path(
-            args.model_path, dtype=args.dtype, device=device, context_length=args.context_length, load_format=args.load_format
-        )
-        self.tokenizer = get_tokenizer(args.tokenizer_path or self.model_config.model_path)
-        self.runner = ModelRunner(args, self.model_config, device)
-        self.scheduler = Scheduler(args, self.runner, self.tokenizer, self.model_config.eos_token_ids)
-        self.scheduler.output_sink = self._deliver
+        built = build_scheduler(args)
+        self.model_config, self.tokenizer = built.model_config, built.tokenizer
+        self.runner, self.scheduler = built.runner, built.scheduler
         self.context_len = self.model_config.context_len
         self.vocab_size = self.model_config.vocab_size
         self.builder = RequestBuilder(self.tokenizer, FrontLimits(
             self.vocab_size, self.context_len, self.runner.max_total_num_tokens, args.disable_radix_cache,
             args.max_logprobs))
-        # The model, tokenizer and graphs are ~340k long-lived objects (a full collection of them took ~0.2 s on the
-        # 2-core dev machine): frozen, later collections skip them (unfrozen at shutdown).
-        gc.collect()
-        gc.freeze()
         logger.info("engine ready in %.1fs", time.perf_counter() - t0)
 
     def _run(self, ready: threading.Event) -> None:
@@ -101,28 +91,10 @@ class Engine:
 
     # ------------------------------------------------------------------ scheduler thread
     def _loop(self) -> None:
-        sched = self.scheduler
-        guard = StepGuard(sched)
+        loop = SchedulerLoop(self.scheduler, self._inbox, deliver=self._deliver, reply=self._reply,
+                             keep_going=lambda: not self._stopped.is_set())
         try:
-            while not self._stopped.is_set():
-                block = sched.nothing_to_run()
-                wait_s = 0.05 if sched.is_idle() else 0.002  # 0.002: only grammars compiling
-                while True:
-                    try:
-                        msg = self._inbox.get(timeout=wait_s) if block else self._inbox.get_nowait()
-                    except queue.Empty:
-                        break
-                    block = False
-                    if isinstance(msg, AbortReq):
-                        sched.abort_requests(msg.rids)
-                    elif isinstance(msg, _FlushCache):
-                        msg.success = sched.flush_cache()
-                        msg.done.set()
-                    else:
-                        sched.add_request(msg)
-                if sched.is_idle():
-                    continue
-                self._deliver(guard.step())
+            loop.run()
         except BaseException as e:  # noqa: BLE001 - surfaced to every waiting caller
             logger.exception("scheduler failed")
             self._error = e
@@ -140,6 +112,11 @@ class Engine:
             if p.state.finished:
                 self._states.pop(out.rid, None)
             p.listener(snapshot)
+
+    @staticmethod
+    def _reply(req: _FlushCache, answer: FlushCacheReqOutput) -> None:
+        req.answer = answer
+        req.done.set()
 
     def _submit(self, msg: TokenizedGenerateReqInput, listener, return_text: bool) -> None:
         if self._error is not None:
@@ -246,11 +223,12 @@ class Engine:
         msg = _FlushCache()
         self._inbox.put(msg)
         msg.done.wait()
-        return msg.success
+        return msg.answer.success
 
     def shutdown(self) -> None:
         """Stops the scheduler thread and lets go of the model, the KV pools and the CUDA graphs."""
         self._stopped.set()
+        self._inbox.put(ShutdownReq())
         self._thread.join(timeout=30)
         if not self._thread.is_alive() and getattr(self, "runner", None) is not None:
             self.scheduler.constrained.shutdown()

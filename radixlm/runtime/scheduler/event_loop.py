@@ -1,0 +1,156 @@
+"""What the scheduler process and the offline Engine share: building the model and the Scheduler, and the loop that
+feeds the Scheduler its messages and steps it. The process receives from ZMQ, the Engine from a queue.Queue in its
+scheduler thread; an Inbox hides which, and callbacks do what differs (where outputs and replies go)."""
+from __future__ import annotations
+
+import gc
+import logging
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.messages import (
+    AbortReq, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput, ReqOutput,
+    ShutdownReq, TokenizedGenerateReqInput,
+)
+from radixlm.runtime.scheduler.fault import StepGuard
+
+if TYPE_CHECKING:
+    from radixlm.runtime.executor.model_runner import ModelRunner
+    from radixlm.runtime.model_loader.config import ModelConfig
+    from radixlm.runtime.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.05
+GRAMMAR_WAIT_S = 0.002  # nothing runnable, but grammars are compiling: look at them again soon
+CHECK_EVERY_S = 1.0  # keep_going() is asked at least this often while busy
+
+
+@dataclass
+class BuiltScheduler:
+    model_config: ModelConfig
+    tokenizer: Any
+    runner: ModelRunner
+    scheduler: Scheduler
+
+
+def build_scheduler(args: ServerArgs) -> BuiltScheduler:
+    """Loads the model and tokenizer and makes the Scheduler over them; call on the thread that runs the loop."""
+    # Imported here: the server's main process imports this module (to spawn the scheduler process) and must not
+    # load the model code.
+    from radixlm.runtime.executor.model_runner import ModelRunner
+    from radixlm.runtime.model_loader.config import ModelConfig
+    from radixlm.runtime.model_loader.tokenizer import get_tokenizer
+    from radixlm.runtime.scheduler.scheduler import Scheduler
+
+    device = args.resolved_device()
+    cfg = ModelConfig.from_path(args.model_path, dtype=args.dtype, device=device, context_length=args.context_length,
+                                load_format=args.load_format)
+    tokenizer = get_tokenizer(args.tokenizer_path or cfg.model_path)
+    runner = ModelRunner(args, cfg, device)
+    scheduler = Scheduler(args, runner, tokenizer, cfg.eos_token_ids)
+    # The model, tokenizer and graphs are ~340k long-lived objects (a full collection of them took ~0.2 s on the
+    # 2-core dev machine): frozen, later collections skip them (the Engine unfreezes them at shutdown).
+    gc.collect()
+    gc.freeze()
+    return BuiltScheduler(cfg, tokenizer, runner, scheduler)
+
+
+def internal_state(sched: Scheduler) -> dict:
+    tc = sched.tree_cache
+    return {
+        "max_total_num_tokens": sched.allocator.size,
+        "available_tokens": sched.allocator.available_size(),
+        "evictable_tokens": tc.evictable_size(),
+        "protected_tokens": tc.protected_size(),
+        "evicted_tokens_total": tc.evicted_tokens_total,
+        "num_running_reqs": len(sched._active_reqs()),
+        "num_waiting_reqs": len(sched.waiting_queue),
+        "is_idle": sched.is_idle(),
+        "stats": {**sched.stats, **sched.constrained.stats},
+    }
+
+
+class Inbox(Protocol):
+    def recv(self, timeout_s: float) -> Any | None:
+        """The next message, waiting up to timeout_s for one (0: only one already there); None when none came."""
+
+
+class QueueInbox:
+    """An Inbox over a queue.Queue: callers put from any thread, the loop's thread receives."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+
+    def put(self, msg: Any) -> None:
+        self._queue.put(msg)
+
+    def recv(self, timeout_s: float) -> Any | None:
+        try:
+            return self._queue.get(timeout=timeout_s) if timeout_s > 0 else self._queue.get_nowait()
+        except queue.Empty:
+            return None
+
+
+@dataclass
+class SchedulerLoop:
+    """Receives messages without waiting while there is work, waits briefly when idle, steps the scheduler through
+    a StepGuard and delivers its outputs; returns on a ShutdownReq or when keep_going() says no. A step that cannot
+    go on raises FatalSchedulerError (the owner decides what that means)."""
+
+    sched: Scheduler
+    inbox: Inbox
+    # Also the scheduler's output sink: outputs go out while the device runs the next pass.
+    deliver: Callable[[list[ReqOutput]], None]
+    reply: Callable[[Any, Any], None]  # (a FlushCacheReq or GetInternalStateReq, its answer)
+    keep_going: Callable[[], bool]  # asked after an idle wait that brought nothing, and every CHECK_EVERY_S
+    on_request: Callable[[TokenizedGenerateReqInput], None] | None = None  # each request, before the scheduler
+
+    def __post_init__(self) -> None:
+        self.sched.output_sink = self.deliver
+
+    def run(self) -> None:
+        sched, guard = self.sched, StepGuard(self.sched)
+        last_check = time.monotonic()
+        while True:
+            idle = sched.is_idle()
+            wait_s = IDLE_WAIT_S if idle else GRAMMAR_WAIT_S if sched.nothing_to_run() else 0.0
+            msg = self.inbox.recv(wait_s)
+            if msg is None and idle:
+                if not self.keep_going():
+                    return
+                continue
+            aborts: list[str] = []
+            while msg is not None:
+                if isinstance(msg, ShutdownReq):
+                    return
+                self._handle(msg, aborts)
+                msg = self.inbox.recv(0.0)
+            if aborts:
+                sched.abort_requests(aborts)  # one pass over the queues for all of them
+            if not sched.is_idle():
+                outputs = guard.step()
+                if outputs:
+                    self.deliver(outputs)
+            if time.monotonic() - last_check > CHECK_EVERY_S:
+                last_check = time.monotonic()
+                if not self.keep_going():
+                    return
+
+    def _handle(self, msg: Any, aborts: list[str]) -> None:
+        if isinstance(msg, TokenizedGenerateReqInput):
+            if self.on_request is not None:
+                self.on_request(msg)
+            self.sched.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            aborts += msg.rids
+        elif isinstance(msg, FlushCacheReq):
+            self.reply(msg, FlushCacheReqOutput(self.sched.flush_cache()))
+        elif isinstance(msg, GetInternalStateReq):
+            self.reply(msg, GetInternalStateReqOutput(internal_state(self.sched)))
+        else:
+            logger.warning("scheduler loop: ignoring a message of type %s", type(msg).__name__)
