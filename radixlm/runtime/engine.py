@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.args import ServerArgs
-from radixlm.runtime.front import DecodeState, FrontLimits, ReqState, RequestBuilder, prefix_request
+from radixlm.runtime.front import BuiltRequests, DecodeState, FrontLimits, ReqState, RequestBuilder
 from radixlm.runtime.messages import (
     AbortReq, DetokenizeInfo, FlushCacheReq, FlushCacheReqOutput, ShutdownReq, TokenizedGenerateReqInput,
 )
@@ -128,30 +128,24 @@ class Engine:
         self._inbox.put(msg)
 
     # ------------------------------------------------------------------ public API
-    def _build(self, prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num,
-               rid, extra_key, stream) -> tuple[list[TokenizedGenerateReqInput], bool, list[int]]:
-        """Returns the requests to run, whether the caller gets a list, and prefill-only warm-ups for n > 1."""
-        built = self.builder.build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                   top_logprobs_num, rid, extra_key, stream)
-        return built.msgs, built.as_list, built.warm
-
-    def _warm_prefix(self, msgs, warm) -> None:
-        """n > 1: prefill the shared prompt once (max_new_tokens=0) so the n samples hit the cache."""
+    def _run_prefixes(self, built: BuiltRequests) -> None:
+        """Submits built's prefix requests and waits until they finish."""
         waits = []
-        for i in warm:
+        for m in built.prefix_requests():
             done = threading.Event()
-            self._submit(prefix_request(msgs[i]), lambda _s, d=done: d.set(), False)
+            self._submit(m, lambda snap, d=done: _is_final(snap) and d.set(), False)
             waits.append(done)
         for d in waits:
             d.wait()
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
                  top_logprobs_num=None, return_text_in_logprobs=False, stream=False, rid=None, extra_key=None):
-        msgs, as_list, warm = self._build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                          top_logprobs_num, rid, extra_key, stream)
+        built = self.builder.build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+                                   top_logprobs_num, rid, extra_key, stream)
+        msgs = built.msgs
         if stream:
             return self._stream(msgs[0], return_text_in_logprobs)
-        self._warm_prefix(msgs, warm)
+        self._run_prefixes(built)
         results: list[Any] = [None] * len(msgs)
         done = threading.Semaphore(0)
 
@@ -167,7 +161,7 @@ class Engine:
         for _ in msgs:
             done.acquire()
         results = [_unwrap(r) for r in results]
-        return results if as_list else results[0]
+        return results if built.as_list else results[0]
 
     def _stream(self, msg, return_text) -> Iterator[dict]:
         q: queue.Queue = queue.Queue()
@@ -185,12 +179,13 @@ class Engine:
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                              logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=False,
                              stream=False, rid=None, extra_key=None):
-        msgs, as_list, warm = self._build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                          top_logprobs_num, rid, extra_key, stream)
+        built = self.builder.build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+                                   top_logprobs_num, rid, extra_key, stream)
+        msgs = built.msgs
         if stream:
             return self._astream(msgs[0], return_text_in_logprobs)
-        if warm:
-            await asyncio.to_thread(self._warm_prefix, msgs, warm)
+        if built.warm:
+            await asyncio.to_thread(self._run_prefixes, built)
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in msgs]
         for fut, m in zip(futures, msgs):
@@ -199,7 +194,7 @@ class Engine:
                     loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(snap))
             self._submit(m, listener, return_text_in_logprobs)
         results = [_unwrap(r) for r in await asyncio.gather(*futures)]
-        return results if as_list else results[0]
+        return results if built.as_list else results[0]
 
     async def _astream(self, msg, return_text) -> AsyncIterator[dict]:
         loop = asyncio.get_running_loop()

@@ -40,11 +40,16 @@ class FrontLimits:
 
 @dataclass
 class BuiltRequests:
-    """Set by RequestBuilder.build."""
+    """Set by RequestBuilder.build. A caller submits prefix_requests() and waits until they finish, then submits
+    msgs: the n > 1 samples of a prompt then find it cached instead of all prefilling it."""
 
     msgs: list[TokenizedGenerateReqInput]
     as_list: bool  # the caller gets a list (batch input or n > 1)
     warm: list[int]  # indices of the first of each group of n > 1 samples (prefilled once beforehand)
+
+    def prefix_requests(self) -> list[TokenizedGenerateReqInput]:
+        """Prefill-only (max_new_tokens=0) copies of each n > 1 group's prompt; none without a radix cache."""
+        return [prefix_request(self.msgs[i]) for i in self.warm]
 
 
 class RequestBuilder:

@@ -16,7 +16,7 @@ import zmq
 import zmq.asyncio
 
 from radixlm.runtime.errors import ApiError
-from radixlm.runtime.front import BuiltRequests, FrontLimits, ReqState, RequestBuilder, prefix_request
+from radixlm.runtime.front import BuiltRequests, FrontLimits, ReqState, RequestBuilder
 from radixlm.runtime.ipc import bind_pull, connect_push
 from radixlm.runtime.launch import LaunchedRuntime
 from radixlm.runtime.messages import (
@@ -236,9 +236,8 @@ class TokenizerManager:
                 raise ValueError(f"duplicate request id {rid!r}")
         entries: list[_ReqEntry] = []
         try:
-            if built.warm:
-                pres = await self._submit_all([prefix_request(built.msgs[i]) for i in built.warm], False, False, entries)
-                await asyncio.gather(*(self._final(e) for e in pres))
+            prefixes = await self._submit_all(built.prefix_requests(), False, False, entries)
+            await asyncio.gather(*(self._final(e) for e in prefixes))
             mine = await self._submit_all(built.msgs, return_text, log_metrics, entries)
             results = await asyncio.gather(*(self._final(e) for e in mine))
         finally:

@@ -65,7 +65,7 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs, ready_pipe) -> None
         to_detok.send_pyobj(BatchTokenOutput(list(new_reqs), outputs))
         new_reqs.clear()
 
-    loop = SchedulerLoop(sched, ZmqInbox(recv), deliver=send, reply=lambda _req, answer: to_tokenizer.send_pyobj(answer),
+    loop = SchedulerLoop(sched, ZmqInbox(recv), deliver=send, reply=lambda _req, out: to_tokenizer.send_pyobj(out),
                          keep_going=ParentWatch().parent_alive, on_request=on_request)
     try:
         loop.run()
