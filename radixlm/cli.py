@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import json
 import logging
 import sys
@@ -13,19 +14,19 @@ from radixlm.runtime.args import ServerArgs
 
 
 def _base_type(tp):
-    if isinstance(tp, str):
-        tp = eval(tp, {"int": int, "float": float, "str": str, "bool": bool, "None": None})  # noqa: S307 - our own annotations
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return args[0]
-    return tp
+        tp = [a for a in typing.get_args(tp) if a is not type(None)][0]
+    return str if isinstance(tp, type) and issubclass(tp, enum.Enum) else tp  # ServerArgs makes members of them
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
+    hints = typing.get_type_hints(ServerArgs)
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")
-        tp = _base_type(f.type)
-        kw = {"default": f.default, "help": f.metadata.get("help", "")}
+        tp = _base_type(hints[f.name])
+        # An enum default goes in as its value: argparse would pass a str-mixin member through str() (the name).
+        default = f.default.value if isinstance(f.default, enum.Enum) else f.default
+        kw = {"default": default, "help": f.metadata.get("help", "")}
         if tp is bool:
             parser.add_argument(flag, action="store_true", **kw)
         else:

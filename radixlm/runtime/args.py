@@ -2,16 +2,39 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 
-SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
+
+class SchedulePolicyName(str, enum.Enum):
+    LPM = "lpm"  # longest prefix match first (the paper's cache-aware order)
+    DFS_WEIGHT = "dfs-weight"  # depth-first over the radix tree, heavier subtrees first
+    FCFS = "fcfs"
+    LOF = "lof"  # longest output first
+    RANDOM = "random"
+
+
+class JumpForwardMode(str, enum.Enum):
+    OFF = "off"
+    FAST = "fast"  # the paper's: forced text appended as retokenized (its tokenization may differ)
+    EXACT = "exact"  # forced text drafted and verified: greedy output identical to off
+
+
+class GrammarMaskMode(str, enum.Enum):
+    ON_DEMAND = "on_demand"  # a greedy row's mask is filled only when the grammar refuses the model's argmax
+    ALWAYS = "always"
+
+
+# ServerArgs fields whose values are enums: a string given for them becomes the member.
+ENUM_FIELDS = {"schedule_policy": SchedulePolicyName, "jump_forward": JumpForwardMode, "grammar_mask": GrammarMaskMode}
+SCHEDULE_POLICIES = tuple(m.value for m in SchedulePolicyName)
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch_native", "triton")
 GRAMMAR_BACKENDS = ("xgrammar",)
-JUMP_FORWARD_MODES = ("off", "fast", "exact")
-GRAMMAR_MASK_MODES = ("on_demand", "always")
+JUMP_FORWARD_MODES = tuple(m.value for m in JumpForwardMode)
+GRAMMAR_MASK_MODES = tuple(m.value for m in GrammarMaskMode)
 TOOL_CALL_PARSERS = ("auto", "qwen25", "hermes", "llama3")
 
 
@@ -33,7 +56,7 @@ class ServerArgs:
     page_size: int = 1
 
     # Scheduling
-    schedule_policy: str = field(default="lpm", metadata={"choices": SCHEDULE_POLICIES})
+    schedule_policy: SchedulePolicyName = field(default=SchedulePolicyName.LPM, metadata={"choices": SCHEDULE_POLICIES})
     schedule_conservativeness: float = 1.0
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int | None = field(default=None, metadata={"help": "-1 disables chunking; default 8192 on CUDA, 2048 on CPU"})
@@ -52,8 +75,8 @@ class ServerArgs:
 
     # Serving
     grammar_backend: str = field(default="xgrammar", metadata={"choices": GRAMMAR_BACKENDS, "help": "compiles regex / json_schema / ebnf constraints"})
-    jump_forward: str = field(default="off", metadata={"choices": JUMP_FORWARD_MODES, "help": "fast: the paper's (may change tokenization); exact: verified, greedy output identical to off"})
-    grammar_mask: str = field(default="on_demand", metadata={"choices": GRAMMAR_MASK_MODES, "help": "on_demand: a greedy request's grammar mask is filled only when the grammar refuses the model's own argmax (same tokens as always); always: at every step"})
+    jump_forward: JumpForwardMode = field(default=JumpForwardMode.OFF, metadata={"choices": JUMP_FORWARD_MODES, "help": "fast: the paper's (may change tokenization); exact: verified, greedy output identical to off"})
+    grammar_mask: GrammarMaskMode = field(default=GrammarMaskMode.ON_DEMAND, metadata={"choices": GRAMMAR_MASK_MODES, "help": "on_demand: a greedy request's grammar mask is filled only when the grammar refuses the model's own argmax (same tokens as always); always: at every step"})
     stream_interval: int = field(default=1, metadata={"help": "a streaming request reports every this many new tokens (its sampling_params.stream_interval overrides)"})
     incremental_streaming_output: bool = field(default=False, metadata={"help": "streamed /generate chunks carry only what is new (default: cumulative, as SGLang)"})
     tool_call_parser: str = field(default="auto", metadata={"choices": TOOL_CALL_PARSERS, "help": "format of tool calls in the model's text; auto: from the chat template"})
@@ -67,6 +90,10 @@ class ServerArgs:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
+        for name, kind in ENUM_FIELDS.items():
+            value = getattr(self, name)
+            if not isinstance(value, kind) and value in {m.value for m in kind}:
+                setattr(self, name, kind(value))
         self.validate()
 
     def validate(self) -> None:
@@ -74,7 +101,7 @@ class ServerArgs:
             if not cond:
                 raise ValueError(msg)
 
-        check(self.schedule_policy in SCHEDULE_POLICIES, f"unknown schedule_policy {self.schedule_policy!r}; choose from {SCHEDULE_POLICIES}")
+        check(isinstance(self.schedule_policy, SchedulePolicyName), f"unknown schedule_policy {self.schedule_policy!r}; choose from {SCHEDULE_POLICIES}")
         check(self.radix_eviction_policy in EVICTION_POLICIES, f"unknown radix_eviction_policy {self.radix_eviction_policy!r}; choose from {EVICTION_POLICIES}")
         check(self.load_format in LOAD_FORMATS, f"unknown load_format {self.load_format!r}; choose from {LOAD_FORMATS}")
         check(self.dtype in DTYPES, f"unknown dtype {self.dtype!r}; choose from {DTYPES}")
@@ -88,8 +115,8 @@ class ServerArgs:
               "chunked_prefill_size must be -1 (off) or >= page_size")
         check(self.max_queued_requests is None or self.max_queued_requests >= 0, "max_queued_requests must be >= 0")
         check(self.grammar_backend in GRAMMAR_BACKENDS, f"unknown grammar_backend {self.grammar_backend!r}; choose from {GRAMMAR_BACKENDS}")
-        check(self.grammar_mask in GRAMMAR_MASK_MODES, f"unknown grammar_mask {self.grammar_mask!r}; choose from {GRAMMAR_MASK_MODES}")
-        check(self.jump_forward in JUMP_FORWARD_MODES, f"unknown jump_forward {self.jump_forward!r}; choose from {JUMP_FORWARD_MODES}")
+        check(isinstance(self.grammar_mask, GrammarMaskMode), f"unknown grammar_mask {self.grammar_mask!r}; choose from {GRAMMAR_MASK_MODES}")
+        check(isinstance(self.jump_forward, JumpForwardMode), f"unknown jump_forward {self.jump_forward!r}; choose from {JUMP_FORWARD_MODES}")
         check(self.tool_call_parser in TOOL_CALL_PARSERS, f"unknown tool_call_parser {self.tool_call_parser!r}; choose from {TOOL_CALL_PARSERS}")
         check(self.stream_interval >= 1, "stream_interval must be >= 1")
         check(self.watchdog_timeout > 0, "watchdog_timeout must be > 0")

@@ -226,7 +226,7 @@ class Engine:
         self._inbox.put(ShutdownReq())
         self._thread.join(timeout=30)
         if not self._thread.is_alive() and getattr(self, "runner", None) is not None:
-            self.scheduler.constrained.shutdown()
+            self.scheduler.grammar_queue.shutdown()
             self.scheduler = self.runner = None
             import torch  # not at module level: `import radixlm` stays free of torch
 

@@ -123,3 +123,8 @@ class SchedulerReady:
 @dataclass
 class ShutdownReq:
     pass
+
+
+# What the scheduler's inbox carries (from the front), and what it answers a control message with.
+SchedulerInput = TokenizedGenerateReqInput | AbortReq | FlushCacheReq | GetInternalStateReq | ShutdownReq
+ControlReply = FlushCacheReqOutput | GetInternalStateReqOutput

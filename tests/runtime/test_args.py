@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from radixlm.cli import add_server_args, server_args_from
-from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.args import GrammarMaskMode, JumpForwardMode, SchedulePolicyName, ServerArgs
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -39,6 +39,10 @@ def test_cli_flags_cover_every_field_with_types():
     assert args.disable_radix_cache is True and args.schedule_policy == "fcfs" and args.chunked_prefill_size == -1
     defaults = ServerArgs(**server_args_from(parser.parse_args([])))
     assert defaults == ServerArgs()
+    assert defaults.schedule_policy is SchedulePolicyName.LPM and defaults.jump_forward is JumpForwardMode.OFF
+    assert defaults.grammar_mask is GrammarMaskMode.ON_DEMAND
+    assert ServerArgs(**server_args_from(parser.parse_args(["--jump-forward", "exact"]))).jump_forward is (
+        JumpForwardMode.EXACT)
     assert {f.name for f in dataclasses.fields(ServerArgs)} == set(vars(ns))
     with pytest.raises(SystemExit):
         parser.parse_args(["--schedule-policy", "sjf"])

@@ -5,7 +5,7 @@ import heapq
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from radixlm.runtime.cache.radix_cache import TreeNode
+    from radixlm.runtime.cache.radix_node import TreeNode
 
 EvictionStrategy = Callable[["TreeNode"], tuple]
 

@@ -5,103 +5,15 @@ the pages of every value in it; a running request pins its matched path with loc
 Requests with different extra_key (LoRA id, cache salt, ...) live in disjoint subtrees."""
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixlm.runtime.cache.eviction import EvictionQueue, get_eviction_strategy
+from radixlm.runtime.cache.radix_node import CacheLock, MatchResult, RadixKey, TreeNode
 
 if TYPE_CHECKING:
     from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-
-ChildKey = tuple  # (extra_key, first page of tokens as a tuple)
-
-
-@dataclass
-class RadixKey:
-    token_ids: list[int]
-    extra_key: str | None = None
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
-
-    def __getitem__(self, s: slice) -> "RadixKey":
-        return RadixKey(self.token_ids[s], self.extra_key)
-
-    def page_aligned(self, page_size: int) -> "RadixKey":
-        n = len(self) // page_size * page_size
-        return self if n == len(self) else self[:n]
-
-    def child_key(self, page_size: int) -> ChildKey:
-        return (self.extra_key, tuple(self.token_ids[:page_size]))
-
-    def match(self, other: "RadixKey", page_size: int) -> int:
-        """Common-prefix length, rounded down to a page."""
-        if self.extra_key != other.extra_key:
-            raise ValueError("cannot match keys of different extra_key namespaces")
-        a, b = self.token_ids, other.token_ids
-        n = min(len(a), len(b))
-        if a[:n] != b[:n]:  # else the whole shorter key matches (one C-level comparison)
-            n = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-        return n // page_size * page_size
-
-
-_node_ids = itertools.count()
-
-
-@dataclass(eq=False)
-class TreeNode:
-    key: RadixKey = field(default_factory=lambda: RadixKey([]))
-    value: torch.Tensor | None = None  # int64 KV slots, len(value) == len(key)
-    parent: "TreeNode | None" = None
-    children: dict[ChildKey, "TreeNode"] = field(default_factory=dict)
-    # lock_ref counts running requests whose matched path passes through (or ends at) this node.
-    lock_ref: int = 0
-    last_access_time: int = 0  # logical clock of the cache, strictly increasing per operation
-    hit_count: int = 0
-    creation_time: int = 0
-    id: int = field(default_factory=lambda: next(_node_ids))
-    deleted: bool = False  # evicted (stale references, e.g. in the eviction queue, must not use it)
-
-    def is_leaf(self) -> bool:
-        return not self.children
-
-
-@dataclass
-class MatchResult:
-    values: list[torch.Tensor]  # the matched nodes' KV slots, in order (at least one tensor, maybe empty)
-    last_node: TreeNode  # deepest matched node (the root when nothing matched)
-    length: int  # tokens matched
-    _indices: torch.Tensor | None = None
-
-    @property
-    def device_indices(self) -> torch.Tensor:
-        """int64 KV slots of the matched prefix, concatenated at first use (ordering the waiting queue needs only
-        `length`; on a GPU the concatenation is a device operation)."""
-        if self._indices is None:
-            self._indices = torch.cat(self.values)
-        return self._indices
-
-
-class CacheableReq(Protocol):
-    """What the cache reads and writes on a scheduler request.
-
-    req_to_token[req_pool_idx, :kv_committed_len] holds the KV slots of (origin_input_ids + output_ids)[:n];
-    slots [0, cache_protected_len) are the tree's (pinned via last_node), the rest the request's own pages.
-    The request must own no page beyond the one holding position kv_committed_len - 1: the cache frees
-    only the pages of positions [cache_protected_len, kv_committed_len)."""
-
-    req_pool_idx: int
-    origin_input_ids: list[int]
-    output_ids: list[int]
-    kv_committed_len: int
-    extra_key: str | None
-    prefix_indices: torch.Tensor
-    last_node: TreeNode
-    cache_protected_len: int
-
 
 class RadixCache:
     def __init__(
@@ -380,52 +292,54 @@ class RadixCache:
         return text
 
     # ------------------------------------------------------------------ request hooks (scheduler)
-    def _committed(self, req: CacheableReq) -> tuple[list[int], torch.Tensor]:
-        n = req.kv_committed_len
-        token_ids = (list(req.origin_input_ids) + list(req.output_ids))[:n]
-        kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, :n].clone()
-        return token_ids, kv_indices
+    # A request's row req_to_token[row, :len(key)] holds the KV slots of `key`'s tokens; the request owns no page
+    # beyond the one holding its last position: the hooks free only the pages of [protected_len, len(key)).
+    def lock(self, node: TreeNode, protected_len: int) -> tuple[CacheLock, int]:
+        """Pins a matched path for a request admitted with its first protected_len slots from the tree. Also returns
+        the change of evictable_size() (<= 0)."""
+        return CacheLock(node, protected_len), self.inc_lock_ref(node)
 
-    def cache_finished_req(self, req: CacheableReq, is_insert: bool = True) -> None:
-        """Hands every slot of a finished (is_insert) or aborted/retracted (not is_insert) request to the tree
-        or back to the allocator, unpins its path and frees its req_to_token row."""
-        token_ids, kv_indices = self._committed(req)
+    def unlock(self, lock: CacheLock) -> int:
+        """Undoes lock (an admission that did not happen); returns the change of evictable_size() (>= 0)."""
+        return self.dec_lock_ref(lock.node)
+
+    def _row_slots(self, row: int, n: int) -> torch.Tensor:
+        return self.req_to_token_pool.req_to_token[row, :n].clone()
+
+    def cache_finished(self, lock: CacheLock, row: int, key: RadixKey, insert: bool = True) -> None:
+        """Hands every slot of a finished (insert) or aborted/retracted (not insert) request to the tree or back to
+        the allocator, unpins its path and frees its req_to_token row."""
+        kv_indices = self._row_slots(row, len(key))
         free = self.token_to_kv_pool_allocator.free
-        if is_insert and not self.disable:
-            aligned = len(token_ids) // self.page_size * self.page_size
-            present, _ = self._insert(RadixKey(token_ids[:aligned], req.extra_key), kv_indices[:aligned], owned=True)
-            assert present >= req.cache_protected_len, "the request's locked prefix left the tree"
-            # [0, cache_protected_len) already are the tree's slots; the rest up to `present` are duplicates.
-            free(kv_indices[req.cache_protected_len : present])
+        if insert and not self.disable:
+            aligned = len(key) // self.page_size * self.page_size
+            present, _ = self._insert(key[:aligned], kv_indices[:aligned], owned=True)
+            assert present >= lock.protected_len, "the request's locked prefix left the tree"
+            # [0, protected_len) already are the tree's slots; the rest up to `present` are duplicates.
+            free(kv_indices[lock.protected_len : present])
             free(kv_indices[aligned:])
         else:
-            free(kv_indices[req.cache_protected_len :])
-        self.dec_lock_ref(req.last_node)
-        self.req_to_token_pool.free(req.req_pool_idx)
+            free(kv_indices[lock.protected_len :])
+        self.dec_lock_ref(lock.node)
+        self.req_to_token_pool.free(row)
 
-    def cache_unfinished_req(self, req: CacheableReq) -> None:
-        """After a prefill chunk: makes the committed aligned tokens shareable, then points the request at the
-        tree's slots and moves its lock to the deeper node."""
-        token_ids, kv_indices = self._committed(req)
+    def cache_unfinished(self, lock: CacheLock, row: int, key: RadixKey) -> CacheLock:
+        """After a prefill chunk: makes the aligned part of `key` shareable, points the request's row at the tree's
+        slots and moves its lock to the deeper node."""
         if self.disable:
-            req.prefix_indices = kv_indices
-            return
-        aligned = len(token_ids) // self.page_size * self.page_size
-        key = RadixKey(token_ids[:aligned], req.extra_key)
-        present, new_last_node = self._insert(key, kv_indices[:aligned], owned=True)
-        assert present >= req.cache_protected_len, "the request's locked prefix left the tree"
-        start = req.cache_protected_len
+            return lock
+        kv_indices = self._row_slots(row, len(key))
+        aligned = len(key) // self.page_size * self.page_size
+        present, new_last_node = self._insert(key[:aligned], kv_indices[:aligned], owned=True)
+        assert present >= lock.protected_len, "the request's locked prefix left the tree"
+        start = lock.protected_len
         if present > start:
             # Another request cached [start, present) meanwhile: use the tree's slots, free ours.
             self.token_to_kv_pool_allocator.free(kv_indices[start:present])
-            match = self.match_prefix(key)
+            match = self.match_prefix(key[:aligned])
             new_indices, new_last_node = match.device_indices, match.last_node
             assert len(new_indices) == aligned, "re-match after insert must cover the inserted key"
-            self.req_to_token_pool.req_to_token[req.req_pool_idx, start:aligned] = new_indices[start:]
-        else:  # the tree now holds exactly the request's own slots
-            new_indices = kv_indices[:aligned]
+            self.req_to_token_pool.req_to_token[row, start:aligned] = new_indices[start:]
         self.inc_lock_ref(new_last_node)
-        self.dec_lock_ref(req.last_node)
-        req.prefix_indices = new_indices if aligned == len(kv_indices) else torch.cat([new_indices, kv_indices[aligned:]])
-        req.cache_protected_len = aligned
-        req.last_node = new_last_node
+        self.dec_lock_ref(lock.node)
+        return CacheLock(new_last_node, aligned)

@@ -56,13 +56,13 @@ class CudaGraphRunner:
             self._capture_all()
 
     def can_run(self, fb: ForwardBatch) -> bool:
-        return fb.forward_mode.is_decode() and fb.decode_rows is not None and 0 < fb.batch_size <= self.max_bs
+        return fb.forward_mode.is_token_rows() and fb.decode_rows is not None and 0 < fb.batch_size <= self.max_bs
 
     def _static_batch(self, bs: int, seq_lens_cpu: list[int] | None) -> ForwardBatch:
         """seq_lens_cpu: the real lengths (eager runs); None while capturing, where nothing may depend on them."""
         r = self.runner
         fb = ForwardBatch(
-            forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.input_ids[:bs],
+            forward_mode=ForwardMode.TOKEN_ROWS, batch_size=bs, input_ids=self.input_ids[:bs],
             positions=self.positions[:bs], req_pool_indices=self.req_pool_indices[:bs], seq_lens=self.seq_lens[:bs],
             seq_lens_cpu=seq_lens_cpu or [1] * bs, out_cache_loc=self.out_cache_loc[:bs],
             req_to_token_pool=r.req_to_token_pool, token_to_kv_pool=r.token_to_kv_pool, attn_backend=r.attn_backend,

@@ -1,5 +1,6 @@
-"""The tensors one forward pass needs, built by the scheduler's ScheduleBatch and read by models and
-attention backends. Nothing here knows about requests or the radix tree."""
+"""One forward pass: its rows on the host as the scheduler plans them (ModelWorkerBatch), and the tensors models
+and attention backends read (ForwardBatch), in the layout the executor chooses. Nothing here knows about requests
+or the radix tree."""
 from __future__ import annotations
 
 import enum
@@ -10,24 +11,54 @@ import torch
 
 if TYPE_CHECKING:
     from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixlm.runtime.executor.logits import LogitsPlan
     from radixlm.runtime.layers.attention.base import AttentionBackend
 
 
+from radixlm.runtime.host_to_device import rows_to_device
+
+# ModelWorkerBatch.input_ids: the token was sampled by a pass whose result the host has not read yet (overlap).
+IN_FLIGHT = -1
+
+
 class ForwardMode(enum.IntEnum):
-    EXTEND = 1  # prefill of new tokens, possibly after a cached prefix (chunked prefill included)
-    DECODE = 2  # exactly one new token per request
+    """The attention layout of a pass (chosen by the ModelRunner). Both compute the same thing for any rows."""
+
+    REQUEST_SPANS = 1  # each request's rows as one span after its cached prefix (ragged extend kernels)
+    TOKEN_ROWS = 2  # one row per token, attending to its request's KV up to its own position (decode kernels)
     IDLE = 3  # nothing to run
 
-    def is_extend(self) -> bool:
-        return self == ForwardMode.EXTEND
+    def is_request_spans(self) -> bool:
+        return self == ForwardMode.REQUEST_SPANS
 
-    def is_decode(self) -> bool:
-        return self == ForwardMode.DECODE
+    def is_token_rows(self) -> bool:
+        return self == ForwardMode.TOKEN_ROWS
+
+
+@dataclass
+class ModelWorkerBatch:
+    """A pass's rows on the host, set by the scheduler's planner; read by the ModelRunner. A row is one token;
+    each request's rows are consecutive, requests in order."""
+
+    input_ids: list[int]  # per row; IN_FLIGHT where the token is on the device (token_buf[its req_to_token row])
+    positions: list[int]  # per row
+    req_pool_indices: list[int]  # per request
+    prefix_lens: list[int]  # per request: the position of its first row
+    extend_lens: list[int]  # per request: its rows
+    seq_lens: list[int]  # per request: prefix + rows
+    out_cache_loc: torch.Tensor  # per row: the KV slot its token is written to
+    logits: "LogitsPlan"
+    has_in_flight: bool = False  # some row is IN_FLIGHT
+    token_buf: torch.Tensor | None = None  # the last token sampled for each req_to_token row, on the device
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.input_ids)
 
 
 @dataclass
 class ForwardBatch:
-    """Set by ScheduleBatch.get_forward_batch (scheduler); read-only for everything below.
+    """Set by ForwardBatch.build (executor); read-only for everything below.
 
     Token-major tensors have one row per new token, requests laid out one after another in batch order.
     For request i the new tokens sit at positions [extend_prefix_lens_cpu[i], seq_lens_cpu[i]); their KV
@@ -50,8 +81,8 @@ class ForwardBatch:
     extend_prefix_lens_cpu: list[int] = field(default_factory=list)
     extend_seq_lens_cpu: list[int] = field(default_factory=list)
     extend_start_loc: torch.Tensor | None = None  # (bs,) int64 exclusive cumsum of extend_seq_lens
-    # Decode (when built by ScheduleBatch): (4, bs) int64 whose rows are input_ids, positions, req_pool_indices and
-    # seq_lens (those four are its views): a CUDA-graph replay takes them in one copy.
+    # TOKEN_ROWS (when built from a ModelWorkerBatch): (4, bs) int64 whose rows are input_ids, positions,
+    # req_pool_indices and seq_lens (those four are its views): a CUDA-graph replay takes them in one copy.
     decode_rows: torch.Tensor | None = None
     # Set by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: object = None
@@ -59,3 +90,47 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @classmethod
+    def build(cls, wb: ModelWorkerBatch, mode: ForwardMode, req_to_token_pool: "ReqToTokenPool",
+              token_to_kv_pool: "TokenToKVPool", attn_backend: "AttentionBackend", device: str) -> "ForwardBatch":
+        """The device tensors of a pass in `mode`, in as few host-to-device copies as the layout allows."""
+        pool_rows, seq_rows = wb.req_pool_indices, wb.seq_lens
+        token_rows = mode.is_token_rows()
+        if token_rows and wb.num_rows > len(pool_rows):  # a request with several rows: a row per token
+            pool_rows = [i for i, e in zip(pool_rows, wb.extend_lens) for _ in range(e)]
+            seq_rows = [pos + 1 for pos in wb.positions]
+        decode_rows = extend_start_loc = None
+        if token_rows:  # the four vectors in one copy (and one graph input copy)
+            decode_rows = rows_to_device([wb.input_ids, wb.positions, pool_rows, seq_rows], device)
+            input_ids, positions, req_pool_indices, seq_lens = decode_rows
+        else:
+            extend_start = [0]
+            for e in wb.extend_lens[:-1]:
+                extend_start.append(extend_start[-1] + e)
+            per_row = rows_to_device([pool_rows, seq_rows, extend_start], device)
+            per_token = rows_to_device([wb.input_ids, wb.positions], device)
+            input_ids, positions, req_pool_indices, seq_lens = per_token[0], per_token[1], per_row[0], per_row[1]
+            extend_start_loc = per_row[2]
+        if wb.has_in_flight and wb.token_buf is not None:
+            token_pool_rows = req_pool_indices if token_rows else torch.repeat_interleave(
+                req_pool_indices, rows_to_device([wb.extend_lens], device)[0])
+            # In place: in TOKEN_ROWS, input_ids stays a row of decode_rows.
+            torch.where(input_ids >= 0, input_ids, wb.token_buf[token_pool_rows], out=input_ids)
+        return cls(
+            forward_mode=mode,
+            batch_size=len(pool_rows),
+            input_ids=input_ids,
+            positions=positions,
+            req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens,
+            seq_lens_cpu=list(seq_rows),
+            out_cache_loc=wb.out_cache_loc.to(device),
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool=token_to_kv_pool,
+            attn_backend=attn_backend,
+            extend_prefix_lens_cpu=list(wb.prefix_lens),
+            extend_seq_lens_cpu=list(wb.extend_lens),
+            extend_start_loc=extend_start_loc,
+            decode_rows=decode_rows,
+        )

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.runtime.executor.forward_batch import ForwardMode
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.layers import cpu_gemm, gemm
 
@@ -16,7 +17,7 @@ INPUT_LOGPROB_CHUNK_ROWS = 1024
 
 @dataclass
 class LogitsPlan:
-    """Built by the scheduler for one forward pass (row = index into the token-major hidden states)."""
+    """Built by the scheduler's planner for one forward pass (row = index into the pass's rows)."""
 
     sample_rows: list[int] = field(default_factory=list)
     input_rows: list[int] = field(default_factory=list)
@@ -34,12 +35,15 @@ class LogitsOutput:
     # Both at once, sample rows first, when they are views of one tensor of this pass's own (not a buffer that the
     # next pass overwrites): readers after the pass may keep it without a copy.
     rows: torch.Tensor | None = None
+    forward_mode: ForwardMode = ForwardMode.IDLE  # the layout the pass ran in (set by the ModelRunner)
+    req_pool_indices: torch.Tensor | None = None  # the pass's ForwardBatch.req_pool_indices (set by the ModelRunner)
 
 
-def split_rows(rows: torch.Tensor, plan: LogitsPlan, input_lp: list[float], input_top: list) -> LogitsOutput:
+def split_rows(rows: torch.Tensor, plan: LogitsPlan, input_lp: list[float], input_top: list,
+               mode: ForwardMode) -> LogitsOutput:
     """The LogitsOutput of logits computed for plan.sample_rows + plan.verify_rows, in that order."""
     n = len(plan.sample_rows)
-    return LogitsOutput(rows[:n], input_lp, input_top, rows[n:] if plan.verify_rows else None, rows)
+    return LogitsOutput(rows[:n], input_lp, input_top, rows[n:] if plan.verify_rows else None, rows, mode)
 
 
 def top_logprobs(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
@@ -60,7 +64,7 @@ class LogitsProcessor:
         out = gemm.linear(hidden, self.lm_head.weight, None, self.packed_weight, self.gemm_choices)
         return out[:, : self.vocab_size].float()
 
-    def __call__(self, hidden: torch.Tensor, plan: LogitsPlan) -> LogitsOutput:
+    def __call__(self, hidden: torch.Tensor, plan: LogitsPlan, mode: ForwardMode) -> LogitsOutput:
         dev = hidden.device
         picked = self.logits(hidden[host_to_device(plan.sample_rows + plan.verify_rows, torch.long, dev)])
         input_lp: list[float] = []
@@ -74,4 +78,4 @@ class LogitsProcessor:
             input_lp += lp.gather(1, targets[:, None]).squeeze(1).tolist()
             if plan.input_top_k:
                 input_top += top_logprobs(lp, plan.input_top_k)
-        return split_rows(picked, plan, input_lp, input_top)
+        return split_rows(picked, plan, input_lp, input_top, mode)

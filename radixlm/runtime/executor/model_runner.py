@@ -9,7 +9,7 @@ import torch
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
-from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor, split_rows
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
@@ -25,8 +25,8 @@ CPU_KV_MEM_FRACTION = 0.05
 CPU_MAX_TOTAL_TOKENS = 1 << 17
 GPU_DEFAULT_MEM_FRACTION = 0.85
 CUDA_GRAPH_DEFAULT_MAX_BS = 512
-# Decode graphs hold this many rows per running request: a pass can carry a row per jump-forward draft token, and a
-# small prefill runs as a decode batch with a row per token (ScheduleBatch.prepare_for_extend).
+# Graphs hold this many rows per running request: a pass can carry a row per draft token, and a small prefill runs as
+# TOKEN_ROWS with a row per token.
 DECODE_ROWS_PER_REQ = 16
 ATTENTION_BACKENDS = {"torch_native": TorchNativeAttnBackend, "triton": TritonAttnBackend}
 
@@ -125,27 +125,48 @@ class ModelRunner:
             zeros = torch.zeros(n, dtype=torch.int64, device=self.device)
             starts = [sum(extend_lens[:i]) for i in range(bs)]
             fb = ForwardBatch(
-                forward_mode=ForwardMode.EXTEND, batch_size=bs, input_ids=zeros,
+                forward_mode=ForwardMode.REQUEST_SPANS, batch_size=bs, input_ids=zeros,
                 positions=torch.cat([torch.arange(e, device=self.device) for e in extend_lens]),
                 req_pool_indices=torch.zeros(bs, dtype=torch.int64, device=self.device),
                 seq_lens=torch.tensor(extend_lens, device=self.device), seq_lens_cpu=list(extend_lens),
                 out_cache_loc=zeros, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.token_to_kv_pool,
                 attn_backend=self.attn_backend, extend_prefix_lens_cpu=[0] * bs, extend_seq_lens_cpu=list(extend_lens),
                 extend_start_loc=torch.tensor(starts, device=self.device))
-            self.forward(fb, LogitsPlan(sample_rows=[n - 1]))
+            self._run(fb, LogitsPlan(sample_rows=[n - 1]))
         if self.is_cuda:
             torch.cuda.synchronize()
 
+    def can_replay(self, num_rows: int, input_logprobs: bool = False) -> bool:
+        """Whether a pass of `num_rows` rows runs as one CUDA-graph replay (prompt logprobs need an eager pass)."""
+        return self.graph_runner is not None and 0 < num_rows <= self.graph_runner.max_bs and not input_logprobs
+
+    def choose_mode(self, wb: ModelWorkerBatch) -> ForwardMode:
+        """TOKEN_ROWS when the pass replays a graph, or when each request has one row (a decode pass: the decode
+        kernels); otherwise REQUEST_SPANS (the extend kernels, one call for a request's rows)."""
+        input_logprobs = bool(wb.logits.input_rows)
+        one_each = wb.num_rows == len(wb.req_pool_indices) and not input_logprobs
+        if one_each or self.can_replay(wb.num_rows, input_logprobs):
+            return ForwardMode.TOKEN_ROWS
+        return ForwardMode.REQUEST_SPANS
+
     @torch.inference_mode()
-    def forward(self, forward_batch: ForwardBatch, plan: LogitsPlan) -> LogitsOutput:
+    def forward(self, wb: ModelWorkerBatch) -> LogitsOutput:
+        """Logits for the plan's rows of a pass (enqueued: nothing here waits for the device)."""
+        fb = ForwardBatch.build(wb, self.choose_mode(wb), self.req_to_token_pool, self.token_to_kv_pool,
+                                self.attn_backend, self.device)
+        out = self._run(fb, wb.logits)
+        out.req_pool_indices = fb.req_pool_indices
+        return out
+
+    def _run(self, forward_batch: ForwardBatch, plan: LogitsPlan) -> LogitsOutput:
         if self.graph_runner is not None and self.graph_runner.can_run(forward_batch):
             logits = self.graph_runner.replay(forward_batch)
             if not plan.verify_rows and len(plan.sample_rows) == forward_batch.batch_size:
                 # The usual decode batch: sample rows are ascending and distinct, so this is every row in order.
-                return LogitsOutput(logits, [], [])
-            # Jump-forward rows in a decode batch (ScheduleBatch.prepare_for_decode): pick the plan's rows.
+                return LogitsOutput(logits, [], [], forward_mode=ForwardMode.TOKEN_ROWS)
+            # Several rows for some request (drafts, a small prefill): pick the plan's rows.
             picked = logits[host_to_device(plan.sample_rows + plan.verify_rows, torch.long, logits.device)]
-            return split_rows(picked, plan, [], [])
+            return split_rows(picked, plan, [], [], ForwardMode.TOKEN_ROWS)
         self.attn_backend.init_forward_metadata(forward_batch)
         hidden = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
-        return self.logits_processor(hidden, plan)
+        return self.logits_processor(hidden, plan, forward_batch.forward_mode)

@@ -4,23 +4,19 @@ take it without sampling it token by token.
 - fast (the paper): the last sampled token and the forced text are retokenized together and appended as they
   are; the next forward pass prefills them at once. Outputs satisfy the grammar but may be tokenized
   differently from token-by-token decoding (what made SGLang drop the feature).
-- exact (ours): the forced text's tokens are only a draft. The next forward pass computes logits at the last
-  token and at every draft token; a draft token is kept while the model's own constrained choice agrees: equal
-  to the constrained argmax (greedy) or accepted with probability p(token) (sampling; the draft is a point
-  mass, so this is speculative sampling's rule, and on rejection the token is drawn from p without the draft
-  token). Output is the same as without jump-forward under greedy decoding and has the same distribution
-  under sampling."""
+- exact (ours): the forced text's tokens are only a draft, verified by the next pass
+  (radixlm.runtime.sampling.verification) with each row's grammar mask: greedy output is the same as without
+  jump-forward, and sampled output has the same distribution.
+
+This module holds the grammar's side: the forced text's tokens and the draft rows' masks."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
-from radixlm.runtime.host_to_device import HostCopy, host_to_device
-from radixlm.runtime.sampling.penalties import apply_penalties_and_bias
-from radixlm.runtime.sampling.sampler import top_k_top_p_min_p_filter
-from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo, derive_seed
+from radixlm.runtime.sampling.verification import (DraftVerification, VerifyResult, build_verification, draft_layout,
+                                                   settle)
 
 
 def forced_tokens(tokenizer, last_token: int, forced: str) -> tuple[list[int], bool]:
@@ -35,55 +31,14 @@ def forced_tokens(tokenizer, last_token: int, forced: str) -> tuple[list[int], b
     return tokenizer.encode(forced, add_special_tokens=False), False
 
 
-@dataclass
-class _Virtual:
-    """The request as it would be after `accepted` more tokens: what SamplingBatchInfo reads."""
-
-    sampling_params: object
-    origin_input_ids: list[int]
-    output_ids: list[int]
-    eos_token_ids: frozenset[int] = field(default_factory=frozenset)
-
-
-@dataclass
-class VerifyResult:
-    tokens: list[int]  # accepted draft tokens, then the model's own token
-    accepted: int  # how many of `tokens` came from the draft
-    violated: bool = False  # no allowed token at the end (conflicting constraints): the request must abort
-
-
-@dataclass
-class DraftVerification:
-    """A batch's drafts checked against the logits of the pass that carried them. Built when the pass is launched
-    (the masks are filled while the device runs it); each request is then settled in order."""
-
-    reqs: list
-    drafts: list[list[int]]  # cut before the first token its grammar refuses
-    starts: list[int]  # first row of each request in `processed`
-    processed: torch.Tensor  # rows after penalties, logit bias and the grammar mask
-    choices: HostCopy  # constrained argmax per row
-    probs: torch.Tensor | None  # sampling distribution per row, when some request samples
-
-    def choice_list(self) -> list[int]:
-        return self.choices.get()[0].tolist()
-
-
-def draft_layout(drafts: list[list[int]], first_row: int = 0) -> list[int]:
-    """Each request's first row: len(draft) + 1 rows per request (its last token, then each draft token)."""
-    layout, n = [], first_row
-    for d in drafts:
-        layout.append(n)
-        n += len(d) + 1
-    return layout
-
-
 def fill_draft_masks(reqs, drafts, layout, bitmask, backend, also: Sequence[tuple[object, int]] = ()) -> list[int]:
     """Walk each grammar along its draft, filling the mask row of every position; returns how many draft tokens each
-    grammar accepted, and leaves the grammars as they were. Inside forced text a mask takes microseconds: those
-    are filled one matcher at a time. Where a walk went through its whole draft the text is usually free again
-    and the mask costly: those rows, with the (matcher, row) pairs in `also`, are filled in one batched call."""
-    walked = [0] * len(reqs)
-    active = [i for i, d in enumerate(drafts) if d]
+    grammar accepted (a request without a grammar: its whole draft, its rows left all allowed), and leaves the
+    grammars as they were. Inside forced text a mask takes microseconds: those are filled one matcher at a time.
+    Where a walk went through its whole draft the text is usually free again and the mask costly: those rows, with
+    the (matcher, row) pairs in `also`, are filled in one batched call."""
+    walked = [0 if r.grammar is not None else len(d) for r, d in zip(reqs, drafts)]
+    active = [i for i, d in enumerate(drafts) if d and reqs[i].grammar is not None]
     level = 0
     while active:
         for i in active:
@@ -95,48 +50,15 @@ def fill_draft_masks(reqs, drafts, layout, bitmask, backend, also: Sequence[tupl
                 if walked[i] < len(drafts[i]):
                     still.append(i)
         active, level = still, level + 1
-    fills = [(reqs[i].grammar, layout[i] + walked[i]) for i, d in enumerate(drafts) if walked[i] == len(d)]
+    fills = [(r.grammar, layout[i] + walked[i]) for i, (r, d) in enumerate(zip(reqs, drafts))
+             if r.grammar is not None and walked[i] == len(d)]
     fills += also
     if fills:
         backend.fill_bitmasks([m for m, _ in fills], bitmask, [row for _, row in fills])
     for r, w in zip(reqs, walked):
-        r.grammar.rollback(w)
+        if r.grammar is not None:
+            r.grammar.rollback(w)
     return walked
-
-
-def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout: list[int], bitmask: torch.Tensor,
-                       logits: torch.Tensor, backend) -> DraftVerification:
-    """`logits`: for each request in order, len(draft) + 1 rows (at its last token and at each draft token); the
-    bitmask rows from fill_draft_masks at `layout`. Row j of a request is processed as the sampler would process it
-    for the request with its first j draft tokens appended (penalties, min_new_tokens, grammar mask,
-    temperature, top-k/p, min-p)."""
-    drafts = [d[:w] for d, w in zip(drafts, walked)]
-    mask_rows = [o + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
-    logit_rows = [o - layout[0] + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
-    starts = draft_layout(drafts)
-    masked_rows = bitmask[mask_rows]
-    gathered = logit_rows != list(range(logits.shape[0]))
-    if gathered:
-        logits = logits[host_to_device(logit_rows, torch.int64, logits.device)]
-    if all(plain_greedy(r) for r in reqs):
-        # Nothing but the grammar mask shapes these rows: no per-row sampling state to build. (The caller's
-        # logits stay raw: logprobs are read from them.)
-        info, processed = None, logits if gathered else logits.clone()
-        backend.apply_bitmask(processed, masked_rows, list(range(len(mask_rows))))
-    else:
-        virtuals = [_Virtual(r.sampling_params, r.origin_input_ids, r.output_ids + d[:j], r.eos_token_ids)
-                    for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
-        info = SamplingBatchInfo.from_reqs(virtuals, logits.shape[-1], logits.device)
-        info.vocab_mask, info.vocab_mask_rows, info.apply_vocab_mask = (masked_rows, list(range(len(mask_rows))),
-                                                                        backend.apply_bitmask)
-        processed = apply_penalties_and_bias(logits, info)
-    choices = torch.argmax(processed, dim=-1)
-    probs = None
-    if info is not None and not info.is_all_greedy:
-        probs = torch.softmax(processed.float() / info.temperatures, dim=-1)
-        probs = top_k_top_p_min_p_filter(probs, info)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return DraftVerification(reqs, drafts, starts, processed, HostCopy(choices), probs)
 
 
 def prepare_verification(reqs: list, drafts: list[list[int]], logits: torch.Tensor, backend) -> DraftVerification:
@@ -144,55 +66,9 @@ def prepare_verification(reqs: list, drafts: list[list[int]], logits: torch.Tens
     layout = draft_layout(drafts)
     bitmask = backend.allocate_bitmask(sum(len(d) + 1 for d in drafts))
     walked = fill_draft_masks(reqs, drafts, layout, bitmask, backend)
-    return build_verification(reqs, drafts, walked, layout, bitmask, logits, backend)
-
-
-def plain_greedy(req) -> bool:
-    """Greedy with nothing but the grammar shaping the logits (no penalty, bias or min_new_tokens mask)."""
-    p = req.sampling_params
-    return (p.is_greedy and not p.logit_bias and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
-            and p.presence_penalty == 0.0 and len(req.output_ids) >= p.min_new_tokens)
-
-
-def settle(v: DraftVerification, i: int, generator: torch.Generator | None) -> VerifyResult:
-    """Request i's verdict; advances its grammar over the returned tokens."""
-    req, draft, start = v.reqs[i], v.drafts[i], v.starts[i]
-    if req.sampling_params.is_greedy:
-        choices = v.choice_list()[start : start + len(draft) + 1]
-        kept = 0
-        while kept < len(draft) and choices[kept] == draft[kept]:
-            kept += 1
-        token = choices[kept]
-    else:
-        kept, token = _settle_sampled(v.probs[start : start + len(draft) + 1], draft, req, generator)
-    grammar = req.grammar
-    for t in draft[:kept]:
-        grammar.accept_token(t)
-    if not grammar.accept_token(token):
-        return VerifyResult(draft[:kept], kept, violated=True)  # every token was masked
-    return VerifyResult(draft[:kept] + [token], kept)
+    return build_verification(reqs, drafts, walked, layout, bitmask, logits, backend.apply_bitmask)
 
 
 def verify_draft(req, draft: list[int], logits: torch.Tensor, backend, generator: torch.Generator | None) -> VerifyResult:
     """One request's draft against its len(draft) + 1 logits rows."""
     return settle(prepare_verification([req], [draft], logits, backend), 0, generator)
-
-
-def _settle_sampled(probs: torch.Tensor, draft: list[int], req, generator) -> tuple[int, int]:
-    """Speculative acceptance against a point-mass draft: how many draft tokens are kept, and the token after
-    them (drawn from p, without the rejected draft token)."""
-    g = generator
-    if req.sampling_params.sampling_seed is not None:
-        g = torch.Generator(device=probs.device)
-        g.manual_seed(derive_seed(req.sampling_params.sampling_seed, len(req.output_ids)) ^ 0x5BD1E995)
-    uniforms = torch.rand(len(draft), generator=g, device=probs.device).tolist()
-    dev = probs.device
-    p_draft = probs[torch.arange(len(draft), device=dev), torch.tensor(draft, dtype=torch.long, device=dev)].tolist()
-    kept = 0
-    while kept < len(draft) and uniforms[kept] < p_draft[kept]:
-        kept += 1
-    row = probs[kept : kept + 1].clone()
-    if kept < len(draft):
-        row[0, draft[kept]] = 0.0  # rejected: draw from p without the draft token
-    noise = torch.empty_like(row).exponential_(generator=g).clamp_min_(torch.finfo(torch.float32).tiny)
-    return kept, int(torch.argmax(row / noise, dim=-1))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
-from radixlm.runtime.grammar.jump_forward import VerifyResult, draft_layout
+from radixlm.runtime.sampling.verification import VerifyResult, draft_layout
 
 # The model's top-k tried, in order, when the grammar refuses its argmax. 32, not 16: where SmolLM2 wants whitespace
 # that a compact JSON schema refuses (after `{`), the allowed token ranks just below 16; masks filled per token went
@@ -50,8 +50,8 @@ def launch_on_demand(reqs: list, drafts: list[list[int]], logits: torch.Tensor) 
     return OnDemandRows(reqs, drafts, draft_layout(drafts), logits, HostCopy(top.values.float(), top.indices))
 
 
-def resolve(rows: OnDemandRows, backend) -> tuple[dict[int, VerifyResult], int]:
-    """Each request's verdict, keyed by id(req): the draft tokens kept, then the constrained choice
+def resolve(rows: OnDemandRows, backend) -> tuple[list[VerifyResult], int]:
+    """Each request's verdict, in the order of rows.reqs: the draft tokens kept, then the constrained choice
     after them (tokens == [] when nothing is allowed: violated). Walks all requests a row at a time, so that the
     masks a row needs are filled in one batched call and applied in one device step. Each grammar is left advanced
     over its verdict's tokens. Also returns how many masks were filled."""
@@ -84,8 +84,7 @@ def resolve(rows: OnDemandRows, backend) -> tuple[dict[int, VerifyResult], int]:
                 if _continues(rows.drafts[i], level, token):
                     still.append(i)
         active, level = still, level + 1
-    verdicts = {id(req): VerifyResult(t, len(t) if bad else len(t) - 1, violated=bad)
-                for req, t, bad in zip(rows.reqs, tokens, violated)}
+    verdicts = [VerifyResult(t, len(t) if bad else len(t) - 1, violated=bad) for t, bad in zip(tokens, violated)]
     return verdicts, filled
 
 

@@ -13,8 +13,7 @@ _MASK64 = (1 << 64) - 1
 
 
 class SamplingReq(Protocol):
-    """What from_reqs reads from a request (the scheduler's Req satisfies this). It also reads `num_pending` (tokens
-    sampled by a pass still in flight, overlap scheduling) where a request has it, else 0."""
+    """What from_reqs reads from a request (the scheduler's Req satisfies this)."""
 
     sampling_params: SamplingParams  # normalized
     origin_input_ids: list[int]
@@ -116,8 +115,11 @@ class SamplingBatchInfo:
 
     @classmethod
     def from_reqs(
-        cls, reqs: Sequence[SamplingReq], vocab_size: int, device: torch.device | str = "cpu"
+        cls, reqs: Sequence[SamplingReq], vocab_size: int, device: torch.device | str = "cpu",
+        num_out: Sequence[int] | None = None,
     ) -> "SamplingBatchInfo":
+        """num_out: each request's output tokens so far, counting any sampled by passes still in flight (overlap
+        scheduling); default len(output_ids). min_new_tokens and per-request seeds depend on it."""
         device = torch.device(device)
         params = [r.sampling_params for r in reqs]
         greedy = [p.is_greedy for p in params]
@@ -170,8 +172,8 @@ class SamplingBatchInfo:
             info.logit_bias_rows, info.logit_bias_cols = _sparse(bias_pairs, device)
             info.logit_bias_values = f32(bias_values)
 
-        # Output tokens so far, counting one still in flight (overlap scheduling).
-        num_out = [len(r.output_ids) + getattr(r, "num_pending", 0) for r in reqs]
+        if num_out is None:
+            num_out = [len(r.output_ids) for r in reqs]
         banned: list[tuple[int, int]] = []
         for i, (r, p) in enumerate(zip(reqs, params)):
             if num_out[i] < p.min_new_tokens:

@@ -9,16 +9,18 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.messages import (
-    AbortReq, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput, ReqOutput,
-    ShutdownReq, TokenizedGenerateReqInput,
+    AbortReq, ControlReply, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput,
+    ReqOutput, SchedulerInput, ShutdownReq, TokenizedGenerateReqInput,
 )
 from radixlm.runtime.scheduler.fault import StepGuard
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from radixlm.runtime.executor.model_runner import ModelRunner
     from radixlm.runtime.model_loader.config import ModelConfig
     from radixlm.runtime.scheduler.scheduler import Scheduler
@@ -33,7 +35,7 @@ CHECK_EVERY_S = 1.0  # keep_going() is asked at least this often while busy
 @dataclass
 class BuiltScheduler:
     model_config: ModelConfig
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase | None
     runner: ModelRunner
     scheduler: Scheduler
 
@@ -71,12 +73,12 @@ def internal_state(sched: Scheduler) -> dict:
         "num_running_reqs": len(sched._active_reqs()),
         "num_waiting_reqs": len(sched.waiting_queue),
         "is_idle": sched.is_idle(),
-        "stats": {**sched.stats, **sched.constrained.stats},
+        "stats": sched.stats_snapshot(),
     }
 
 
 class Inbox(Protocol):
-    def recv(self, timeout_s: float) -> Any | None:
+    def recv(self, timeout_s: float) -> SchedulerInput | None:
         """The next message, waiting up to timeout_s for one (0: only one already there); None when none came."""
 
 
@@ -86,10 +88,10 @@ class QueueInbox:
     def __init__(self) -> None:
         self._queue: queue.Queue = queue.Queue()
 
-    def put(self, msg: Any) -> None:
+    def put(self, msg: SchedulerInput) -> None:
         self._queue.put(msg)
 
-    def recv(self, timeout_s: float) -> Any | None:
+    def recv(self, timeout_s: float) -> SchedulerInput | None:
         try:
             return self._queue.get(timeout=timeout_s) if timeout_s > 0 else self._queue.get_nowait()
         except queue.Empty:
@@ -106,7 +108,7 @@ class SchedulerLoop:
     inbox: Inbox
     # Also the scheduler's output sink: outputs go out while the device runs the next pass.
     deliver: Callable[[list[ReqOutput]], None]
-    reply: Callable[[Any, Any], None]  # (a FlushCacheReq or GetInternalStateReq, its answer)
+    reply: Callable[[FlushCacheReq | GetInternalStateReq, ControlReply], None]
     keep_going: Callable[[], bool]  # asked after an idle wait that brought nothing, and every CHECK_EVERY_S
     on_request: Callable[[TokenizedGenerateReqInput], None] | None = None  # each request, before the scheduler
 
@@ -141,7 +143,7 @@ class SchedulerLoop:
                 if not self.keep_going():
                     return
 
-    def _handle(self, msg: Any, aborts: list[str]) -> None:
+    def _handle(self, msg: SchedulerInput, aborts: list[str]) -> None:
         if isinstance(msg, TokenizedGenerateReqInput):
             if self.on_request is not None:
                 self.on_request(msg)

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.runtime.executor.forward_batch import ForwardMode
 from radixlm.runtime.messages import ReqOutput
 from radixlm.runtime.scheduler.req import FinishReason
 
@@ -66,24 +65,24 @@ def fail_after_error(sched: Scheduler, message: str, fail_waiting: bool) -> None
     """After a step raised: ends every request holding KV (and, if fail_waiting, every queued one) with a 500 and
     starts the pools afresh, the tree's cached prefixes included, so that the accounting holds again whatever
     the failed step left half done."""
-    held = sched.running_batch.reqs + (sched.inflight.reqs if sched.inflight is not None else [])
+    held = sched.running + (sched.inflight.batch.reqs if sched.inflight is not None else [])
     held += sched.launching.reqs if sched.launching is not None else []
     sched.inflight, sched.launching = None, None
     failed = list({id(r): r for r in held if not r.finished()}.values())
     if sched.chunked_req is not None and not sched.chunked_req.finished() and sched.chunked_req not in failed:
         failed.append(sched.chunked_req)
-    queued = sched.waiting_queue + (sched.constrained.queue if fail_waiting else [])
+    queued = sched.waiting_queue + (sched.grammar_queue.queue if fail_waiting else [])
     failed += [r for r in queued if fail_waiting or r.req_pool_idx is not None]
     sched.waiting_queue = [r for r in sched.waiting_queue if not fail_waiting and r.req_pool_idx is None]
     if fail_waiting:
-        sched.constrained.queue = []
+        sched.grammar_queue.queue = []
     for req in failed:
-        req.finished_reason = FinishReason("abort", message=message, status_code=500)
+        req.finished_reason = FinishReason.aborted(message, status_code=500)
         sched._emit(req)
     for req in sched.waiting_queue:
         req.reset_kv_state()
         req.match_round = -1
-    sched.running_batch = sched._new_batch([], ForwardMode.DECODE)
+    sched.running = []
     sched.chunked_req = None
     sched.tree_cache.reset()
     sched.req_to_token_pool.clear()

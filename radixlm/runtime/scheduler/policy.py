@@ -6,10 +6,12 @@ from collections import defaultdict
 
 import torch
 
-from radixlm.runtime.cache.radix_cache import RadixCache, RadixKey
+from radixlm.runtime.args import SchedulePolicyName
+from radixlm.runtime.cache.radix_cache import RadixCache
+from radixlm.runtime.cache.radix_node import RadixKey, TreeNode
 from radixlm.runtime.scheduler.req import Req
 
-CACHE_AWARE = ("lpm", "dfs-weight")
+CACHE_AWARE = (SchedulePolicyName.LPM, SchedulePolicyName.DFS_WEIGHT)
 # Above this many waiting requests LPM degrades to FCFS for the round, to bound the sorting cost.
 LPM_FALLBACK_QUEUE_LEN = 128
 # In-batch prefix caching: a request whose cached prefix is this short is checked against the other
@@ -20,36 +22,36 @@ IN_BATCH_DEPRIORITIZE_THRESHOLD = 32
 
 
 class SchedulePolicy:
-    def __init__(self, policy: str, tree_cache: RadixCache, disabled_cache: bool, seed: int = 0):
-        self.policy = policy
+    def __init__(self, policy: SchedulePolicyName, tree_cache: RadixCache, disabled_cache: bool, seed: int = 0):
+        self.policy = SchedulePolicyName(policy)
         self.tree_cache = tree_cache
         self.disabled_cache = disabled_cache
         self.rng = random.Random(seed)
         # Set by calc_priority: requests that wait this round for a sibling to cache their shared prefix.
         self.deprioritized: set[Req] = set()
 
-    def active_policy(self, queue_len: int) -> str:
+    def active_policy(self, queue_len: int) -> SchedulePolicyName:
         if self.policy in CACHE_AWARE and self.disabled_cache:
-            return "fcfs"
-        if self.policy == "lpm" and queue_len > LPM_FALLBACK_QUEUE_LEN:
-            return "fcfs"
+            return SchedulePolicyName.FCFS
+        if self.policy is SchedulePolicyName.LPM and queue_len > LPM_FALLBACK_QUEUE_LEN:
+            return SchedulePolicyName.FCFS
         return self.policy
 
-    def calc_priority(self, waiting: list[Req], round_id: int) -> str:
+    def calc_priority(self, waiting: list[Req], round_id: int) -> SchedulePolicyName:
         """Sorts `waiting` in place; returns the policy applied this round."""
         policy = self.active_policy(len(waiting))
         self.deprioritized = set()
         if policy in CACHE_AWARE:
             for req in waiting:
                 req.init_next_round_input(self.tree_cache, round_id)
-        if policy == "lpm":
+        if policy is SchedulePolicyName.LPM:
             self.deprioritized = self._in_batch_deprioritized(waiting)
             waiting.sort(key=lambda r: float("inf") if r in self.deprioritized else -r.prefix_len)
-        elif policy == "dfs-weight":
+        elif policy is SchedulePolicyName.DFS_WEIGHT:
             waiting[:] = self._dfs_weight_order(waiting)
-        elif policy == "lof":
+        elif policy is SchedulePolicyName.LOF:
             waiting.sort(key=lambda r: -r.sampling_params.max_new_tokens)
-        elif policy == "random":
+        elif policy is SchedulePolicyName.RANDOM:
             self.rng.shuffle(waiting)
         # fcfs: arrival order (retracted requests are re-queued at the front).
         return policy
@@ -81,7 +83,7 @@ class SchedulePolicy:
                 node = node.parent
         # Post-order: a node's heavier child subtrees first, then the requests that end at the node.
         order: list[Req] = []
-        stack: list[tuple[object, bool]] = [(self.tree_cache.root_node, False)]
+        stack: list[tuple[TreeNode, bool]] = [(self.tree_cache.root_node, False)]
         while stack:
             node, expanded = stack.pop()
             if expanded:

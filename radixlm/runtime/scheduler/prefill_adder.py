@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import enum
 
-from radixlm.runtime.scheduler.batch import CLIP_MAX_NEW_TOKENS
+from radixlm.runtime.cache.memory_pool import TokenToKVPoolAllocator
+from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.scheduler.req import Req
+
+# Decode growth is estimated with at most this many future tokens per request (SGLang's clip).
+CLIP_MAX_NEW_TOKENS = 4096
 
 
 class AddReqResult(enum.Enum):
@@ -19,15 +23,15 @@ class AddReqResult(enum.Enum):
 
 
 def _reserved_decode(req: Req) -> int:
-    return min(req.sampling_params.max_new_tokens - len(req.output_ids), CLIP_MAX_NEW_TOKENS)
+    return min(req.tokens_left(), CLIP_MAX_NEW_TOKENS)
 
 
 class PrefillAdder:
     def __init__(
         self,
         page_size: int,
-        tree_cache,
-        allocator,
+        tree_cache: RadixCache,
+        allocator: TokenToKVPoolAllocator,
         running_reqs: list[Req],
         new_token_ratio: float,
         max_prefill_tokens: int,
@@ -66,7 +70,7 @@ class PrefillAdder:
     def add_chunked_req(self, req: Req) -> bool:
         """The request being prefilled in chunks continues first; it already holds its lock and KV.
         Returns False when not even one page of it fits now (running requests hold the pool)."""
-        req.extend_input_len = len(req.fill_ids) - req.prefix_len
+        req.extend_input_len = req.seqlen - req.kv.committed
         take = max(self._chunk_len(req.extend_input_len), min(self.page_size, req.extend_input_len))
         room = (self.rem_total_tokens - self.page_size) // self.page_size * self.page_size
         take = min(take, room)
@@ -81,15 +85,16 @@ class PrefillAdder:
         if self.can_run_list and (self.rem_input_tokens <= 0 or self.rem_chunk_tokens == 0):
             return AddReqResult.OTHER
         alone = not self.can_run_list and not self.running_reqs
-        delta = self.tree_cache.inc_lock_ref(req.last_node)
+        lock, delta = self.tree_cache.lock(req.last_node, req.prefix_len)
         self.rem_total_tokens += delta  # the matched prefix is no longer evictable
         take = self._chunk_len(req.extend_input_len)
         # Nothing else running: the prompt alone must fit; decode growth is handled by retraction.
         need = take + self.page_size + (0 if alone or take < req.extend_input_len else _reserved_decode(req))
         if take <= 0 or need > self.rem_total_tokens:
-            self.rem_total_tokens += self.tree_cache.dec_lock_ref(req.last_node)
+            self.rem_total_tokens += self.tree_cache.unlock(lock)
             return AddReqResult.NO_TOKEN if take > 0 else AddReqResult.OTHER
-        req.cache_protected_len = req.prefix_len
+        req.cache_lock = lock
+        req.kv.committed = req.prefix_len
         if not req.started:
             req.started = True
             req.cached_tokens = req.prefix_len

@@ -7,13 +7,13 @@ import logging
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 import zmq
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.ipc import ParentWatch, PortArgs, bind_pull, connect_push, die_with_parent
-from radixlm.runtime.messages import BatchTokenOutput, DetokenizeInfo, SchedulerReady, TokenizedGenerateReqInput
+from radixlm.runtime.messages import (BatchTokenOutput, DetokenizeInfo, SchedulerInput, SchedulerReady,
+                                     TokenizedGenerateReqInput)
 from radixlm.runtime.scheduler.event_loop import SchedulerLoop, build_scheduler
 from radixlm.runtime.scheduler.fault import FatalSchedulerError
 
@@ -26,7 +26,7 @@ class ZmqInbox:
 
     sock: zmq.Socket
 
-    def recv(self, timeout_s: float) -> Any | None:
+    def recv(self, timeout_s: float) -> SchedulerInput | None:
         if timeout_s > 0 and not self.sock.poll(round(timeout_s * 1000)):
             return None
         try:

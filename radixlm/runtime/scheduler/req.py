@@ -2,37 +2,77 @@
 
 Lifecycle: waiting -> prefill (maybe in chunks) -> decode -> finished -> its tokens inserted into the tree.
 A retraction sends it back to waiting with its KV freed; it keeps its output and re-matches the tree later.
-An abort or retraction at any step frees exactly what the request holds (cache_finished_req)."""
+An abort or retraction at any step frees exactly what the request holds (RadixCache.cache_finished)."""
 from __future__ import annotations
 
+import enum
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixlm.runtime.cache.radix_node import CacheLock, MatchResult, RadixKey, TreeNode
+from radixlm.runtime.executor.logits import top_logprobs
+from radixlm.runtime.grammar.backend import GrammarMatcher
 from radixlm.runtime.messages import TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.scheduler.cursor import DraftSource, KVCursor
+
+if TYPE_CHECKING:
+    from radixlm.runtime.cache.radix_cache import RadixCache
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
+GRAMMAR_VIOLATION = "no token satisfies the grammar together with the other constraints (e.g. min_new_tokens)"
+
+
+class FinishType(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
 
 
 @dataclass
 class FinishReason:
-    type: str  # "stop" | "length" | "abort"
+    type: FinishType
     matched: int | str | None = None  # stop: the token id or string that matched
     length: int | None = None  # length: max_new_tokens
     message: str | None = None  # abort: why
     status_code: int | None = None  # abort: the request failed (the client gets this status); None: aborted on request
 
+    @classmethod
+    def stopped(cls, matched: int | str) -> "FinishReason":
+        return cls(FinishType.STOP, matched=matched)
+
+    @classmethod
+    def at_length(cls, max_new_tokens: int) -> "FinishReason":
+        return cls(FinishType.LENGTH, length=max_new_tokens)
+
+    @classmethod
+    def aborted(cls, message: str, status_code: int | None = None) -> "FinishReason":
+        return cls(FinishType.ABORT, message=message, status_code=status_code)
+
+    @classmethod
+    def failed(cls, error: BaseException, status_code: int = 500) -> "FinishReason":
+        """An internal error while handling the request's own data."""
+        return cls.aborted(f"internal error: {type(error).__name__}: {error}", status_code)
+
     def to_json(self) -> dict[str, Any]:
-        if self.type == "stop":
+        if self.type is FinishType.STOP:
             return {"type": "stop", "matched": self.matched}
-        if self.type == "length":
+        if self.type is FinishType.LENGTH:
             return {"type": "length", "length": self.length}
         if self.status_code is not None:
             return {"type": "abort", "message": self.message, "status_code": self.status_code}
         return {"type": "abort", "message": self.message}
+
+
+class GrammarAdvance(enum.Enum):
+    """How append_tokens treats the request's grammar."""
+
+    ACCEPT = "accept"  # the grammar accepts each token as it is appended
+    DONE = "done"  # the grammar already accepted the tokens (a verdict chose them under it)
 
 
 @dataclass(eq=False)
@@ -48,20 +88,24 @@ class Req:
     extra_key: str | None = None
     stream: bool = False
 
-    # Set by the scheduler.
+    # Set by the scheduler: tokens and KV.
     output_ids: list[int] = field(default_factory=list)
+    kv: KVCursor = field(default_factory=KVCursor)
+    req_pool_idx: int | None = None
+    cache_lock: CacheLock | None = None  # what it holds in the radix tree (set by admission and by the cache)
+    finished_reason: FinishReason | None = None
+    to_abort: str | None = None  # abort requested (message); handled at the next safe point
+    # Set by the scheduler's matching (waiting requests).
     fill_ids: list[int] = field(default_factory=list)  # origin_input_ids + output_ids at (re)admission
     prefix_len: int = 0  # tokens of the matched prefix (see prefix_indices)
-    _prefix: Any = field(default_factory=lambda: _EMPTY, repr=False)  # a tensor, or a MatchResult not yet concatenated
-    last_node: Any = None  # locked radix node at the end of the prefix
-    cache_protected_len: int = 0  # slots [0, cache_protected_len) belong to the tree
-    req_pool_idx: int | None = None
-    kv_committed_len: int = 0  # tokens of fill_ids whose KV is written
-    extend_input_len: int = 0  # new tokens in the current extend (the chunk size when chunked)
-    is_chunked: bool = False  # mid chunked prefill: no token is sampled until the last chunk
+    _prefix: torch.Tensor | MatchResult = field(default_factory=lambda: _EMPTY, repr=False)
+    last_node: TreeNode | None = None  # the node the match ends at
     match_round: int = -1  # scheduler round of the last match_prefix
     match_generation: int = -1  # the radix tree's generation at that match
-    finished_reason: FinishReason | None = None
+    # Set by admission (PrefillAdder) for the pass it admits the request to.
+    extend_input_len: int = 0  # rows admitted (the chunk size when chunked)
+    is_chunked: bool = False  # mid chunked prefill: no token is sampled until the last chunk
+    # Set by the scheduler: accounting.
     cached_tokens: int = 0
     started: bool = False  # its first prefill has been admitted (cached_tokens is final)
     arrived: float = field(default_factory=time.monotonic)  # when the scheduler received it
@@ -69,21 +113,18 @@ class Req:
     num_retractions: int = 0
     input_logprobs_done: bool = False
     sent_len: int = 0  # output_ids already reported to the front
-    to_abort: str | None = None  # abort requested (message); handled at the next safe point
-    # Constrained decoding (set by the scheduler).
-    grammar: Any = None  # GrammarMatcher, advanced over every output token; None when unconstrained
-    grammar_future: Any = None  # the compiled grammar's Future while the request waits for it
-    jump_draft: list[int] = field(default_factory=list)  # exact jump-forward: forced tokens the next pass verifies
-    jump_key: Any = None  # (token before it, forced text): what the draft was made for
-    stop_checked: bool = False  # jump-forward looked once whether its grammar allows nothing but a stop token
-    # Overlap scheduling: tokens sampled by launched passes whose ids the host has not read yet (0 or 1).
-    num_pending: int = 0
+    # Constrained decoding (set by the grammar queue).
+    grammar: GrammarMatcher | None = None  # advanced over every output token; None when unconstrained
+    grammar_future: Future | None = None  # the compiled grammar's Future while the request waits for it
+    # Draft sources that propose tokens for it (set when it enters the waiting queue).
+    draft_sources: tuple[DraftSource, ...] = ()
+    stop_checked: bool = False  # the jump-forward source looked once whether its grammar allows only a stop token
 
     # Logprob results not yet reported (set by the scheduler, drained into ReqOutput).
-    input_token_logprobs: list = field(default_factory=list)
-    input_top_logprobs: list = field(default_factory=list)
-    output_token_logprobs: list = field(default_factory=list)
-    output_top_logprobs: list = field(default_factory=list)
+    input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
     @classmethod
     def from_input(cls, msg: TokenizedGenerateReqInput, eos_token_ids: frozenset[int]) -> "Req":
@@ -102,7 +143,12 @@ class Req:
     # ------------------------------------------------------------------ matching
     @property
     def seqlen(self) -> int:
+        """Tokens on the host: the prompt and the output ids."""
         return len(self.origin_input_ids) + len(self.output_ids)
+
+    def num_output_tokens(self) -> int:
+        """Output tokens so far, counting those sampled by passes still in flight."""
+        return len(self.output_ids) + self.kv.in_flight
 
     @property
     def prefix_indices(self) -> torch.Tensor:
@@ -110,10 +156,6 @@ class Req:
         if not isinstance(self._prefix, torch.Tensor):
             self._prefix = self._prefix.device_indices
         return self._prefix
-
-    @prefix_indices.setter
-    def prefix_indices(self, value: torch.Tensor) -> None:
-        self._prefix, self.prefix_len = value, len(value)
 
     def wants_input_logprobs(self) -> bool:
         return self.return_logprob and self.logprob_start_len >= 0 and not self.input_logprobs_done
@@ -126,9 +168,7 @@ class Req:
             limit = min(limit, max(self.logprob_start_len - 1, 0))
         return max(limit, 0)
 
-    def init_next_round_input(self, tree_cache, round_id: int) -> None:
-        from radixlm.runtime.cache.radix_cache import RadixKey
-
+    def init_next_round_input(self, tree_cache: "RadixCache", round_id: int) -> None:
         self.match_round = round_id
         if (self.last_node is not None and len(self.fill_ids) == self.seqlen and tree_cache.match_unchanged(
                 self.last_node, self.fill_ids, self.max_prefix_len(), self.extra_key, self.prefix_len,
@@ -141,55 +181,85 @@ class Req:
         self.extend_input_len = len(self.fill_ids) - self.prefix_len
         self.match_generation = tree_cache.generation
 
-    def decode_end(self) -> int:
-        """End (exclusive) of the positions the next decode pass writes: the last output token (or the one still in
-        flight), plus the forced tokens a fast jump appended (also output tokens without KV) or an exact jump's draft."""
-        return self.seqlen + self.num_pending + len(self.jump_draft)
+    def committed_key(self) -> RadixKey:
+        """The tokens whose KV the request holds (req_to_token[req_pool_idx, :kv.committed])."""
+        n = self.kv.committed
+        n_in = len(self.origin_input_ids)
+        ids = self.origin_input_ids[:n] if n <= n_in else self.origin_input_ids + self.output_ids[: n - n_in]
+        return RadixKey(ids, self.extra_key)
+
+    def token_at(self, pos: int) -> int:
+        """The token at a position on the host or in the draft (not one in flight)."""
+        n_in, known = len(self.origin_input_ids), self.seqlen
+        if pos < n_in:
+            return self.origin_input_ids[pos]
+        if pos < known:
+            return self.output_ids[pos - n_in]
+        return self.kv.draft.tokens[pos - known - self.kv.in_flight]
 
     def reset_kv_state(self) -> None:
-        """After its slots went back to the tree or the allocator (retraction)."""
-        self.prefix_indices = _EMPTY
+        """After its slots went back to the tree or the allocator (retraction, failure)."""
+        self._prefix, self.prefix_len = _EMPTY, 0
         self.last_node = None
-        self.cache_protected_len = 0
+        self.cache_lock = None
         self.req_pool_idx = None
-        self.kv_committed_len = 0
+        self.kv.reset()
         self.is_chunked = False
 
-    # ------------------------------------------------------------------ finishing
+    # ------------------------------------------------------------------ tokens and finishing
     def finished(self) -> bool:
         return self.finished_reason is not None
 
-    def extend_output(self, tokens: list[int], tokenizer, stop_str_max_len: int) -> int:
-        """Appends tokens, with check_finished after each one, up to the first that finishes the request; returns how
-        many were appended."""
+    def tokens_left(self) -> int:
+        """Output tokens max_new_tokens still allows."""
+        return max(self.sampling_params.max_new_tokens - len(self.output_ids), 0)
+
+    def stop_window(self) -> int:
+        """Output tokens whose text can hold a stop string (each token decodes to at least one character, or an
+        incomplete byte)."""
+        stops = self.sampling_params.stop
+        return 4 * max((len(s) for s in stops), default=0) + 2 if stops else 0
+
+    def append_tokens(self, tokens: list[int], tokenizer, advance: GrammarAdvance = GrammarAdvance.ACCEPT,
+                      logprobs: torch.Tensor | None = None) -> int:
+        """Appends tokens up to the first that finishes the request; returns how many were appended. The grammar is
+        advanced over each (ACCEPT) or already was (DONE). logprobs: a row per token, when the request asked for
+        them. Finish rules in order: grammar violation, length, grammar termination, then (from min_new_tokens on)
+        stop token ids, EOS and stop strings. A finished request takes none (e.g. aborted while its pass ran)."""
+        if self.finished_reason is not None:
+            return 0
         for n, tok in enumerate(tokens, 1):
             self.output_ids.append(tok)
-            self.check_finished(tokenizer, stop_str_max_len)
-            if self.finished():
+            if self.return_logprob and logprobs is not None:
+                row = logprobs[n - 1 : n]
+                self.output_token_logprobs.append((float(row[0, tok]), tok))
+                if self.top_logprobs_num:
+                    self.output_top_logprobs.append(top_logprobs(row, self.top_logprobs_num)[0])
+            if advance is GrammarAdvance.ACCEPT and self.grammar is not None and not self.grammar.accept_token(tok):
+                self.finished_reason = FinishReason.aborted(GRAMMAR_VIOLATION)
+            else:
+                # DONE: the grammar is past every token, so its state is this token's only at the last one.
+                in_step = advance is GrammarAdvance.ACCEPT or n == len(tokens)
+                self.finished_reason = self._finish_after(tok, tokenizer, in_step)
+            if self.finished_reason is not None:
                 return n
         return len(tokens)
 
-    def check_finished(self, tokenizer, stop_str_max_len: int) -> None:
-        """Order: length -> EOS / stop_token_ids -> stop strings on the decoded tail."""
-        if self.finished():
-            return
+    def _finish_after(self, last: int, tokenizer, grammar_in_step: bool) -> FinishReason | None:
         sp = self.sampling_params
         if len(self.output_ids) >= sp.max_new_tokens:
-            self.finished_reason = FinishReason("length", length=sp.max_new_tokens)
-            return
-        last = self.output_ids[-1]
+            return FinishReason.at_length(sp.max_new_tokens)
+        if grammar_in_step and self.grammar is not None and self.grammar.is_terminated():
+            return FinishReason.stopped(last)
         if len(self.output_ids) < sp.min_new_tokens:
-            return
+            return None
         if sp.stop_token_ids and last in sp.stop_token_ids:
-            self.finished_reason = FinishReason("stop", matched=last)
-            return
+            return FinishReason.stopped(last)
         if not sp.ignore_eos and last in self.eos_token_ids:
-            self.finished_reason = FinishReason("stop", matched=last)
-            return
+            return FinishReason.stopped(last)
         if sp.stop and tokenizer is not None:
-            # Each token decodes to at least one character (or an incomplete byte), so this tail suffices.
-            tail = tokenizer.decode(self.output_ids[-(stop_str_max_len + 1):], skip_special_tokens=False)
+            tail = tokenizer.decode(self.output_ids[-(self.stop_window() + 1):], skip_special_tokens=False)
             for stop in sp.stop:
                 if stop and stop in tail:
-                    self.finished_reason = FinishReason("stop", matched=stop)
-                    return
+                    return FinishReason.stopped(stop)
+        return None

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from radixlm.runtime.cache.radix_cache import RadixCache, RadixKey, TreeNode
+from radixlm.runtime.cache.radix_cache import CacheLock, RadixCache, RadixKey, TreeNode
 
 
 @dataclass
@@ -17,9 +17,18 @@ class FakeReq:
     extra_key: str | None = None
     req_pool_idx: int = -1
     kv_committed_len: int = 0
-    prefix_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
-    last_node: TreeNode | None = None
-    cache_protected_len: int = 0
+    lock: CacheLock | None = None
+
+    @property
+    def cache_protected_len(self) -> int:
+        return self.lock.protected_len
+
+    @property
+    def last_node(self) -> TreeNode:
+        return self.lock.node
+
+    def key(self) -> RadixKey:
+        return RadixKey((self.origin_input_ids + self.output_ids)[: self.kv_committed_len], self.extra_key)
 
 
 class Sim:
@@ -35,9 +44,7 @@ class Sim:
     def admit(self, req: FakeReq) -> FakeReq:
         req.req_pool_idx = self.req_pool.alloc()
         m = self.cache.match_prefix(RadixKey(req.origin_input_ids[:-1], req.extra_key))
-        self.cache.inc_lock_ref(m.last_node)
-        req.prefix_indices, req.last_node = m.device_indices, m.last_node
-        req.cache_protected_len = len(m.device_indices)
+        req.lock, _ = self.cache.lock(m.last_node, len(m.device_indices))
         self.req_pool.req_to_token[req.req_pool_idx, : req.cache_protected_len] = m.device_indices
         req.kv_committed_len = req.cache_protected_len
         self.live.append(req)
@@ -63,8 +70,15 @@ class Sim:
             self.extend(req, req.kv_committed_len + 1)
         req.output_ids.append(token)
 
+    def slots(self, req: FakeReq) -> torch.Tensor:
+        """The request's KV slots, as its req_to_token row lists them."""
+        return self.req_pool.req_to_token[req.req_pool_idx, : req.kv_committed_len]
+
+    def cache_unfinished(self, req: FakeReq) -> None:
+        req.lock = self.cache.cache_unfinished(req.lock, req.req_pool_idx, req.key())
+
     def finish(self, req: FakeReq, is_insert: bool = True) -> None:
-        self.cache.cache_finished_req(req, is_insert=is_insert)
+        self.cache.cache_finished(req.lock, req.req_pool_idx, req.key(), insert=is_insert)
         self.live.remove(req)
 
     def owned_tokens(self) -> int:

@@ -1,4 +1,4 @@
-"""cache_finished_req / cache_unfinished_req driven by a fake scheduler, with exact slot accounting."""
+"""cache_finished / cache_unfinished driven by a fake scheduler, with exact slot accounting."""
 import os
 import sys
 
@@ -77,11 +77,10 @@ def test_chunked_prefill_becomes_shareable(ps):
     for end in (6, 12, 18, 23):
         slots_before = sim.req_pool.req_to_token[a.req_pool_idx, : a.kv_committed_len].clone()
         sim.extend(a, end)
-        sim.cache.cache_unfinished_req(a)
+        sim.cache_unfinished(a)
         aligned = end // ps * ps
-        assert a.cache_protected_len == aligned and len(a.prefix_indices) == end
-        row = sim.req_pool.req_to_token[a.req_pool_idx, :end]
-        assert torch.equal(a.prefix_indices, row)
+        assert a.cache_protected_len == aligned and len(sim.slots(a)) == end
+        row = sim.slots(a)
         assert torch.equal(row[: len(slots_before)], slots_before)  # no duplicates for a single request
         assert sim.cache.protected_size() >= aligned
         sim.check()
@@ -106,18 +105,18 @@ def test_unfinished_req_rematches_onto_tree_slots(ps):
     a, b = sim.admit(FakeReq(prompt)), sim.admit(FakeReq(prompt))
     sim.extend(a, 9)
     sim.extend(b, 9)
-    sim.cache.cache_unfinished_req(a)
+    sim.cache_unfinished(a)
     sim.check()
     free_before = sim.alloc.available_size()
-    sim.cache.cache_unfinished_req(b)  # b's first aligned(9) slots are duplicates of a's
+    sim.cache_unfinished(b)  # b's first aligned(9) slots are duplicates of a's
     sim.check()
     aligned = 9 // ps * ps
     assert sim.alloc.available_size() == free_before + aligned
-    assert torch.equal(b.prefix_indices[:aligned], a.prefix_indices[:aligned])
+    assert torch.equal(sim.slots(b)[:aligned], sim.slots(a)[:aligned])
     assert b.last_node is a.last_node and b.last_node.lock_ref == 2
     for r in (a, b):
         sim.extend(r, 17)
-        sim.cache.cache_unfinished_req(r)
+        sim.cache_unfinished(r)
         sim.check()
     sim.decode(a, 5)
     sim.finish(a)
@@ -148,12 +147,12 @@ def test_disable_mode_keeps_exact_accounting(ps):
     a = sim.admit(FakeReq(prompt))
     assert a.cache_protected_len == 0
     sim.extend(a, 6)
-    sim.cache.cache_unfinished_req(a)
-    assert torch.equal(a.prefix_indices, sim.req_pool.req_to_token[a.req_pool_idx, :6])
+    sim.cache_unfinished(a)
+    assert len(sim.slots(a)) == 6 and sim.cache.total_size() == 0
     assert a.cache_protected_len == 0
     sim.check()
     sim.extend(a, 14)
-    sim.cache.cache_unfinished_req(a)
+    sim.cache_unfinished(a)
     sim.decode(a, 1)
     sim.decode(a, 2)
     sim.check()

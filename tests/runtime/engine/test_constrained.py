@@ -65,7 +65,7 @@ def test_every_regex_output_full_matches(run):
 def test_exact_jump_forward_equals_off_token_for_token(run):
     mode, engine, json_outs, regex_outs = run
     ids = [o["output_ids"] for o in json_outs + regex_outs]
-    stats = engine.scheduler.constrained.stats
+    stats = engine.scheduler.grammar_stats
     if mode == "off":
         _off["ids"] = ids
         assert not stats["exact_jumps"] and not stats["fast_jumps"] and not stats["stop_jumps"]

@@ -78,7 +78,7 @@ def _greedy() -> SamplingParams:
 
 def _on_demand(reqs, drafts, logits, backend):
     verdicts, filled = resolve(launch_on_demand(reqs, drafts, logits), backend)
-    out = [verdicts[id(r)] for r in reqs]
+    out = list(verdicts)
     assert [r.grammar.accepted for r in reqs] == [v.tokens for v in out], "grammars advanced over their verdicts"
     return out, filled
 

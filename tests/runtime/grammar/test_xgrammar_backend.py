@@ -31,17 +31,25 @@ def test_forced_text_inside_a_character_is_no_jump(backend_and_tokenizer):
 
 
 def _constrained_req(tok, cfg_vocab, pattern: str, text: str, mode: str = "exact", **sp_kwargs):
+    """A jump-forward draft source (its stats in cd.stats) and a request whose grammar accepted `text`."""
+    from collections import Counter
+
+    from radixlm.runtime.args import JumpForwardMode
+    from radixlm.runtime.grammar.backend import GrammarCache
+    from radixlm.runtime.grammar.xgrammar_backend import XGrammarBackend
     from radixlm.runtime.sampling.sampling_params import SamplingParams
-    from radixlm.runtime.scheduler.constrained import ConstrainedDecoding
+    from radixlm.runtime.scheduler.drafts.jump_forward import JumpForwardSource
+    from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
     from radixlm.runtime.scheduler.req import Req
 
-    cd = ConstrainedDecoding("xgrammar", mode, tok, cfg_vocab, frozenset({2}))
+    grammars = GrammarQueue(GrammarCache(lambda: XGrammarBackend(tok, cfg_vocab, [2])))
+    cd = JumpForwardSource(JumpForwardMode(mode), tok, frozenset({2}), lambda: grammars.backend, Counter())
     sp = SamplingParams(max_new_tokens=32, temperature=0.0, regex=pattern, **sp_kwargs)
     sp.normalize()
     req = Req("r", [1, 2, 3], sp, eos_token_ids=frozenset({2}))
-    cd.add(req)
+    grammars.add(req)
     req.grammar_future.result(timeout=60)
-    cd.start(req)
+    grammars.start(req)
     for t in tok.encode(text, add_special_tokens=False):
         assert req.grammar.accept_token(t)
         req.output_ids.append(t)
@@ -52,7 +60,7 @@ def _constrained_req(tok, cfg_vocab, pattern: str, text: str, mode: str = "exact
 def test_complete_grammar_allowing_only_stop_ends_without_a_pass(backend_and_tokenizer, mode):
     backend, tok = backend_and_tokenizer
     cd, req = _constrained_req(tok, backend.vocab_size, '\\{"a": [0-9]\\}', '{"a": 7}', mode)
-    cd.plan_jump(req)
+    cd.propose(req)
     assert req.output_ids[-1] == 2 and req.finished_reason.type == "stop" and req.grammar.is_terminated()
     assert cd.stats["stop_jumps"] == 1
 
@@ -68,23 +76,22 @@ def test_no_stop_jump_when_the_model_still_chooses(backend_and_tokenizer, patter
     cd, req = _constrained_req(tok, backend.vocab_size, pattern, text, **sp)
     req.return_logprob = logprob
     n = len(req.output_ids)
-    cd.plan_jump(req)
+    cd.propose(req)
     assert len(req.output_ids) == n and req.finished_reason is None and cd.stats["stop_jumps"] == 0
 
 
 def test_off_mode_never_jumps_to_stop(backend_and_tokenizer):
     backend, tok = backend_and_tokenizer
     cd, req = _constrained_req(tok, backend.vocab_size, '\\{"a": [0-9]\\}', '{"a": 7}', "off")
-    cd.plan_jump(req)
+    cd.propose(req)
     assert req.finished_reason is None
 
 
 def _settle_with(cd, req, draft, key, tokens, accepted):
-    from radixlm.runtime.grammar.jump_forward import VerifyResult
-    from radixlm.runtime.scheduler.constrained import PassGrammar
+    """The verdict on a draft of `cd`'s: `tokens`, the first `accepted` of them the draft's."""
+    from radixlm.runtime.scheduler.cursor import Draft
 
-    req.jump_draft, req.jump_key = list(draft), key
-    cd.settle(PassGrammar(verdicts={id(req): VerifyResult(tokens, accepted)}), req, None)
+    cd.learn(req, Draft(list(draft), cd, key), accepted, tokens[accepted])
 
 
 def test_drafts_learn_the_models_split_of_forced_text(backend_and_tokenizer):

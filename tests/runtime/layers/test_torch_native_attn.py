@@ -123,7 +123,7 @@ HEADS = [(4, 4), (4, 2), (6, 1)]
 )
 @pytest.mark.parametrize("batched_extend_max", [0, 64], ids=["per-request", "padded"])
 def test_extend_matches_dense(lens, heads, kv_heads, ps, batched_extend_max):
-    check_against_reference(lens, heads, kv_heads, ps, ForwardMode.EXTEND, seed=len(lens) * 7 + ps,
+    check_against_reference(lens, heads, kv_heads, ps, ForwardMode.REQUEST_SPANS, seed=len(lens) * 7 + ps,
                             batched_extend_max=batched_extend_max)
 
 
@@ -131,7 +131,7 @@ def test_extend_matches_dense(lens, heads, kv_heads, ps, batched_extend_max):
 def test_mixed_decode_pass_with_jump_tokens(ps):
     """A decode pass carrying jump-forward tokens: most requests add one token, some several."""
     lens = [(7, 1), (12, 5), (3, 1), (20, 9), (9, 1)]
-    check_against_reference(lens, 4, 2, ps, ForwardMode.EXTEND, seed=5 + ps)
+    check_against_reference(lens, 4, 2, ps, ForwardMode.REQUEST_SPANS, seed=5 + ps)
 
 
 @pytest.mark.parametrize("ps", [1, 4])
@@ -139,25 +139,25 @@ def test_mixed_decode_pass_with_jump_tokens(ps):
 @pytest.mark.parametrize("seq_lens", [[1], [9], [1, 17, 4, 8, 3], [12, 12]])
 def test_decode_matches_dense(seq_lens, heads, kv_heads, ps):
     lens = [(s - 1, 1) for s in seq_lens]
-    check_against_reference(lens, heads, kv_heads, ps, ForwardMode.DECODE, seed=sum(seq_lens) + ps)
+    check_against_reference(lens, heads, kv_heads, ps, ForwardMode.TOKEN_ROWS, seed=sum(seq_lens) + ps)
 
 
 @pytest.mark.parametrize("ps", [1, 4])
 def test_extend_with_shared_prefix_slots(ps):
     lens = [(8, 3), (8, 5), (4, 1)]
-    check_against_reference(lens, 4, 2, ps, ForwardMode.EXTEND, seed=3, shared_prefix=True)
+    check_against_reference(lens, 4, 2, ps, ForwardMode.REQUEST_SPANS, seed=3, shared_prefix=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.DECODE])
+@pytest.mark.parametrize("mode", [ForwardMode.REQUEST_SPANS, ForwardMode.TOKEN_ROWS])
 def test_half_precision(dtype, mode):
-    lens = [(6, 5), (0, 7)] if mode == ForwardMode.EXTEND else [(6, 1), (0, 1), (10, 1)]
+    lens = [(6, 5), (0, 7)] if mode == ForwardMode.REQUEST_SPANS else [(6, 1), (0, 1), (10, 1)]
     check_against_reference(lens, 4, 2, 4, mode, dtype=dtype, atol=3e-2, seed=11)
 
 
 def test_lazy_metadata_and_no_save():
     lens = [(3, 2), (0, 4)]
-    fb, layer, q, k, v, fulls = build_batch(lens, 4, 2, 1, ForwardMode.EXTEND, torch.float32, seed=5)
+    fb, layer, q, k, v, fulls = build_batch(lens, 4, 2, 1, ForwardMode.REQUEST_SPANS, torch.float32, seed=5)
     first = layer(q, k, v, fb)  # no init_forward_metadata: the backend builds it on first use
     second = fb.attn_backend.forward(q, None, None, layer, fb, save_kv_cache=False)  # KV already in pool
     torch.testing.assert_close(first, second)
@@ -168,7 +168,7 @@ def test_lazy_metadata_and_no_save():
 def test_decode_reads_a_shared_prefix_once(ps, heads, kv_heads):
     """Requests sharing their first prefix slots (as after radix matches) take the shared-prefix path."""
     lens = [(24, 1), (24, 1), (24, 1)]
-    fb, layer, q, k, v, fulls = build_batch(lens, heads, kv_heads, ps, ForwardMode.DECODE, torch.float32, 5, shared_prefix=True)
+    fb, layer, q, k, v, fulls = build_batch(lens, heads, kv_heads, ps, ForwardMode.TOKEN_ROWS, torch.float32, 5, shared_prefix=True)
     fb.attn_backend = TorchNativeAttnBackend(shared_prefix_min=4)
     fb.attn_backend.init_forward_metadata(fb)
     assert fb.attn_metadata.shared_slots is not None and len(fb.attn_metadata.shared_slots) == 24

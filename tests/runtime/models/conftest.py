@@ -32,7 +32,7 @@ def dense_forward_batch(input_ids: torch.Tensor, positions: torch.Tensor | None 
     if positions is None:
         positions = torch.arange(t, device=dev)
     return ForwardBatch(
-        forward_mode=ForwardMode.EXTEND,
+        forward_mode=ForwardMode.REQUEST_SPANS,
         batch_size=1,
         input_ids=input_ids,
         positions=positions,

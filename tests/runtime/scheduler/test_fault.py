@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from radixlm.runtime.scheduler.req import Req
 from radixlm.runtime.scheduler.fault import MAX_FAILED_STEPS, FatalSchedulerError, StepGuard, is_device_fault
 from radixlm.runtime.scheduler.scheduler import Scheduler
 from tests.runtime.scheduler.conftest import make_scheduler, request, run_all
@@ -15,14 +16,14 @@ def run_guarded(sched: Scheduler, guard: StepGuard) -> dict:
 
 def test_error_in_one_requests_token_fails_only_that_request(tiny_model_dir, monkeypatch):
     sched = make_scheduler(tiny_model_dir)
-    original = Scheduler._append_token
+    original = Req.append_tokens
 
-    def flaky(self, req, tok, *args, **kwargs):
+    def flaky(req, tokens, *args, **kwargs):
         if req.rid == "bad" and len(req.output_ids) == 2:
             raise ValueError("broken logprob data")
-        return original(self, req, tok, *args, **kwargs)
+        return original(req, tokens, *args, **kwargs)
 
-    monkeypatch.setattr(Scheduler, "_append_token", flaky)
+    monkeypatch.setattr(Req, "append_tokens", flaky)
     for rid in ("a", "bad", "b"):
         sched.add_request(request(rid, [5, 6, 7, 8, 9 + len(rid)], max_new_tokens=6))
     guard = StepGuard(sched)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from radixlm.runtime.scheduler import batch as batch_module
+from radixlm.runtime.scheduler import planner as batch_module
 
 from .conftest import make_scheduler, request, run_all
 
@@ -108,7 +108,7 @@ def test_abort_mid_decode_frees_what_it_held(tiny_model_dir):
     sched.abort_request("drop")
     outs = sched.step()
     assert [o.finished_reason["type"] for o in outs if o.rid == "drop"] == ["abort"]
-    assert [r.rid for r in sched.running_batch.reqs] == ["keep"]
+    assert [r.rid for r in sched.running] == ["keep"]
     res = run_all(sched)
     assert len(res["keep"]["output_ids"]) == 30
     assert _held_slots(sched) == 0 and sched.tree_cache.protected_size() == 0
@@ -120,7 +120,7 @@ def test_abort_mid_chunked_prefill_frees_what_it_held(tiny_model_dir):
     sched.add_request(request("long", prompts(5, 1, lo=100, hi=101)[0]))
     sched.step()
     sched.step()
-    assert sched.chunked_req is not None and sched.chunked_req.kv_committed_len == 32
+    assert sched.chunked_req is not None and sched.chunked_req.kv.committed == 32
     sched.abort_request("long")
     outs = sched.step()
     assert outs[0].finished_reason["type"] == "abort" and outs[0].new_output_ids == []

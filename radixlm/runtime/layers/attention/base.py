@@ -33,7 +33,7 @@ class AttentionBackend(ABC):
         """q: (num_tokens, num_heads * head_dim); k, v: (num_tokens, num_kv_heads * head_dim).
         Writes k, v into the pool at out_cache_loc (if save_kv_cache), then attends each new token to its
         request's whole sequence so far (causal). Returns (num_tokens, num_heads * head_dim)."""
-        if forward_batch.forward_mode.is_decode():
+        if forward_batch.forward_mode.is_token_rows():
             return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
         return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
 

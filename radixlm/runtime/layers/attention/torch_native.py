@@ -51,7 +51,7 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _build_metadata(self, fb: "ForwardBatch") -> TorchNativeMetadata:
         seq_lens = fb.seq_lens_cpu
         max_len = max(seq_lens, default=0)
-        if fb.forward_mode.is_decode():
+        if fb.forward_mode.is_token_rows():
             starts = list(range(fb.batch_size))
             rows = fb.req_to_token_pool.req_to_token[fb.req_pool_indices, :max_len]
             pos = torch.arange(max_len, device=rows.device)

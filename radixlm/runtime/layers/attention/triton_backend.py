@@ -40,7 +40,7 @@ class TritonAttnBackend(AttentionBackend):
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
         max_len = max(fb.seq_lens_cpu, default=0)
-        if fb.forward_mode.is_decode():
+        if fb.forward_mode.is_token_rows():
             fb.attn_metadata = TritonMetadata(max_len)
             return
         lens = rows_to_device([fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu], fb.input_ids.device)

@@ -1,0 +1,86 @@
+"""The radix tree's data: keys (token ids in an extra_key namespace), nodes, match results, and the lock a request
+holds on a matched path."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+ChildKey = tuple  # (extra_key, first page of tokens as a tuple)
+
+
+@dataclass
+class RadixKey:
+    token_ids: list[int]
+    extra_key: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __getitem__(self, s: slice) -> "RadixKey":
+        return RadixKey(self.token_ids[s], self.extra_key)
+
+    def page_aligned(self, page_size: int) -> "RadixKey":
+        n = len(self) // page_size * page_size
+        return self if n == len(self) else self[:n]
+
+    def child_key(self, page_size: int) -> ChildKey:
+        return (self.extra_key, tuple(self.token_ids[:page_size]))
+
+    def match(self, other: "RadixKey", page_size: int) -> int:
+        """Common-prefix length, rounded down to a page."""
+        if self.extra_key != other.extra_key:
+            raise ValueError("cannot match keys of different extra_key namespaces")
+        a, b = self.token_ids, other.token_ids
+        n = min(len(a), len(b))
+        if a[:n] != b[:n]:  # else the whole shorter key matches (one C-level comparison)
+            n = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        return n // page_size * page_size
+
+
+_node_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class TreeNode:
+    key: RadixKey = field(default_factory=lambda: RadixKey([]))
+    value: torch.Tensor | None = None  # int64 KV slots, len(value) == len(key)
+    parent: "TreeNode | None" = None
+    children: dict[ChildKey, "TreeNode"] = field(default_factory=dict)
+    # lock_ref counts running requests whose matched path passes through (or ends at) this node.
+    lock_ref: int = 0
+    last_access_time: int = 0  # logical clock of the cache, strictly increasing per operation
+    hit_count: int = 0
+    creation_time: int = 0
+    id: int = field(default_factory=lambda: next(_node_ids))
+    deleted: bool = False  # evicted (stale references, e.g. in the eviction queue, must not use it)
+
+    def is_leaf(self) -> bool:
+        return not self.children
+
+
+@dataclass
+class MatchResult:
+    values: list[torch.Tensor]  # the matched nodes' KV slots, in order (at least one tensor, maybe empty)
+    last_node: TreeNode  # deepest matched node (the root when nothing matched)
+    length: int  # tokens matched
+    _indices: torch.Tensor | None = None
+
+    @property
+    def device_indices(self) -> torch.Tensor:
+        """int64 KV slots of the matched prefix, concatenated at first use (ordering the waiting queue needs only
+        `length`; on a GPU the concatenation is a device operation)."""
+        if self._indices is None:
+            self._indices = torch.cat(self.values)
+        return self._indices
+
+
+@dataclass(frozen=True)
+class CacheLock:
+    """What one request holds in the tree: handed out by RadixCache.lock and cache_unfinished, given back to
+    cache_finished. The pinned path ends at `node`; slots [0, protected_len) of the request's req_to_token row are
+    the tree's, the rest are the request's own pages."""
+
+    node: TreeNode
+    protected_len: int

@@ -1,0 +1,148 @@
+"""Draft verification: a pass computed logits at a request's last token and at each of its draft tokens; keep the
+draft's tokens while the model's own choice agrees, then take the model's token.
+
+- greedy: a draft token is kept while it equals the argmax of its row, processed as the sampler would process it
+  (penalties, logit bias, min_new_tokens, the grammar mask): the output is the same as without the draft.
+- sampling: a draft token is kept with probability p(token) (the draft is a point mass, so this is speculative
+  sampling's rule), and on rejection the token is drawn from p without the draft token: the output has the same
+  distribution as without the draft."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from radixlm.runtime.host_to_device import HostCopy, host_to_device
+from radixlm.runtime.sampling.penalties import apply_penalties_and_bias
+from radixlm.runtime.sampling.sampler import top_k_top_p_min_p_filter
+from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo, derive_seed
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+
+
+@dataclass
+class _Virtual:
+    """The request as it would be after `accepted` more tokens: what SamplingBatchInfo reads."""
+
+    sampling_params: SamplingParams
+    origin_input_ids: list[int]
+    output_ids: list[int]
+    eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+
+
+@dataclass
+class VerifyResult:
+    tokens: list[int]  # accepted draft tokens, then the model's own token
+    accepted: int  # how many of `tokens` came from the draft
+    violated: bool = False  # no allowed token at the end (conflicting constraints): the request must abort
+
+
+@dataclass
+class DraftVerification:
+    """A pass's drafts checked against its logits. Built when the pass is launched (the masks are filled while the
+    device runs it); each request is then settled in order."""
+
+    reqs: list
+    drafts: list[list[int]]  # cut before the first token its grammar refuses
+    starts: list[int]  # first row of each request in `processed`
+    processed: torch.Tensor  # rows after penalties, logit bias and the grammar mask
+    choices: HostCopy  # processed argmax per row
+    probs: torch.Tensor | None  # sampling distribution per row, when some request samples
+
+    def choice_list(self) -> list[int]:
+        return self.choices.get()[0].tolist()
+
+
+def draft_layout(drafts: list[list[int]], first_row: int = 0) -> list[int]:
+    """Each request's first row: len(draft) + 1 rows per request (its last token, then each draft token)."""
+    layout, n = [], first_row
+    for d in drafts:
+        layout.append(n)
+        n += len(d) + 1
+    return layout
+
+
+def plain_greedy(req) -> bool:
+    """Greedy with nothing but a grammar shaping the logits (no penalty, bias or min_new_tokens mask)."""
+    p = req.sampling_params
+    return (p.is_greedy and not p.logit_bias and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
+            and p.presence_penalty == 0.0 and len(req.output_ids) >= p.min_new_tokens)
+
+
+def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout: list[int],
+                       bitmask: torch.Tensor | None, logits: torch.Tensor,
+                       apply_bitmask: Callable[[torch.Tensor, torch.Tensor, list[int]], None] | None
+                       ) -> DraftVerification:
+    """`logits`: for each request in order, len(draft) + 1 rows (at its last token and at each draft token). Drafts
+    are cut to `walked` tokens (what their grammar accepts); `bitmask` (rows at `layout`, None without grammars)
+    holds their masks. Row j of a request is processed as the sampler would process it for the request with its
+    first j draft tokens appended (penalties, min_new_tokens, grammar mask, temperature, top-k/p, min-p)."""
+    drafts = [d[:w] for d, w in zip(drafts, walked)]
+    mask_rows = [o + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
+    logit_rows = [o - layout[0] + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
+    starts = draft_layout(drafts)
+    masked_rows = bitmask[mask_rows] if bitmask is not None else None
+    gathered = logit_rows != list(range(logits.shape[0]))
+    if gathered:
+        logits = logits[host_to_device(logit_rows, torch.int64, logits.device)]
+    if all(plain_greedy(r) for r in reqs):
+        # Nothing but the grammar mask shapes these rows: no per-row sampling state to build. (The caller's
+        # logits stay raw: logprobs are read from them.)
+        info, processed = None, logits if gathered else logits.clone()
+        if masked_rows is not None:
+            apply_bitmask(processed, masked_rows, list(range(len(mask_rows))))
+    else:
+        virtuals = [_Virtual(r.sampling_params, r.origin_input_ids, r.output_ids + d[:j], r.eos_token_ids)
+                    for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
+        info = SamplingBatchInfo.from_reqs(virtuals, logits.shape[-1], logits.device)
+        if masked_rows is not None:
+            info.vocab_mask, info.vocab_mask_rows, info.apply_vocab_mask = (masked_rows, list(range(len(mask_rows))),
+                                                                            apply_bitmask)
+        processed = apply_penalties_and_bias(logits, info)
+    choices = torch.argmax(processed, dim=-1)
+    probs = None
+    if info is not None and not info.is_all_greedy:
+        probs = torch.softmax(processed.float() / info.temperatures, dim=-1)
+        probs = top_k_top_p_min_p_filter(probs, info)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return DraftVerification(reqs, drafts, starts, processed, HostCopy(choices), probs)
+
+
+def settle(v: DraftVerification, i: int, generator: torch.Generator | None) -> VerifyResult:
+    """Request i's verdict; advances its grammar (if it has one) over the returned tokens."""
+    req, draft, start = v.reqs[i], v.drafts[i], v.starts[i]
+    if req.sampling_params.is_greedy:
+        choices = v.choice_list()[start : start + len(draft) + 1]
+        kept = 0
+        while kept < len(draft) and choices[kept] == draft[kept]:
+            kept += 1
+        token = choices[kept]
+    else:
+        kept, token = _settle_sampled(v.probs[start : start + len(draft) + 1], draft, req, generator)
+    grammar = req.grammar
+    if grammar is not None:
+        for t in draft[:kept]:
+            grammar.accept_token(t)
+        if not grammar.accept_token(token):
+            return VerifyResult(draft[:kept], kept, violated=True)  # every token was masked
+    return VerifyResult(draft[:kept] + [token], kept)
+
+
+def _settle_sampled(probs: torch.Tensor, draft: list[int], req, generator) -> tuple[int, int]:
+    """Speculative acceptance against a point-mass draft: how many draft tokens are kept, and the token after
+    them (drawn from p, without the rejected draft token)."""
+    g = generator
+    if req.sampling_params.sampling_seed is not None:
+        g = torch.Generator(device=probs.device)
+        g.manual_seed(derive_seed(req.sampling_params.sampling_seed, len(req.output_ids)) ^ 0x5BD1E995)
+    uniforms = torch.rand(len(draft), generator=g, device=probs.device).tolist()
+    dev = probs.device
+    p_draft = probs[torch.arange(len(draft), device=dev), torch.tensor(draft, dtype=torch.long, device=dev)].tolist()
+    kept = 0
+    while kept < len(draft) and uniforms[kept] < p_draft[kept]:
+        kept += 1
+    row = probs[kept : kept + 1].clone()
+    if kept < len(draft):
+        row[0, draft[kept]] = 0.0  # rejected: draw from p without the draft token
+    noise = torch.empty_like(row).exponential_(generator=g).clamp_min_(torch.finfo(torch.float32).tiny)
+    return kept, int(torch.argmax(row / noise, dim=-1))

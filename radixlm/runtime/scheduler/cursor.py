@@ -1,0 +1,81 @@
+"""KVCursor: where one request's KV stands against its tokens (vLLM v1's `num_computed_tokens`, with the overlap
+scheduler's tokens in flight and drafts).
+
+A request's positions, in order:
+    [0, known)                         tokens on the host: the prompt, then the output ids
+    [known, known + in_flight)         tokens sampled by launched passes that the host has not read yet
+    [.., end)                          the draft's tokens, proposed by a draft source, verified by the next pass
+KV is written (or being written by a launched pass) for positions [0, committed). Every pass computes positions
+[committed, end) of each of its requests -- or a prefix of them, a chunk -- and, when it reaches `end`, yields
+logits at its last 1 + len(draft) rows: the token after the last known one, then the token after each draft token.
+Prefill, chunked prefill, decode, a decode carrying jump-forward tokens and draft verification are this one rule."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Protocol
+
+if TYPE_CHECKING:
+    from radixlm.runtime.scheduler.req import Req
+
+
+class DraftSource(Protocol):
+    """Proposes tokens for a request; the pass after verifies them (scheduler/drafts)."""
+
+    def learn(self, req: "Req", draft: "Draft", accepted: int, token: int) -> None:
+        """The verdict on a draft: its first `accepted` tokens were kept, then the model chose `token`."""
+
+
+@dataclass
+class Draft:
+    """Set by a draft source; read by the planner (rows) and by verification."""
+
+    tokens: list[int]
+    source: DraftSource
+    key: object = None  # what the source made the draft from (its own, opaque to everyone else)
+
+
+@dataclass
+class KVCursor:
+    committed: int = 0  # set by the planner at launch (to the end of the rows launched) and lowered after tokens
+    in_flight: int = 0  # set by the planner at launch (+1 per sampled row), lowered when the pass is processed
+    draft: Draft | None = None  # set by a draft source; taken by verification
+
+    def end(self, known: int) -> int:
+        """End (exclusive) of the positions the next pass may compute."""
+        return known + self.in_flight + (len(self.draft.tokens) if self.draft is not None else 0)
+
+    def draft_len(self) -> int:
+        return len(self.draft.tokens) if self.draft is not None else 0
+
+    def launched(self, end: int, samples: bool) -> None:
+        """A pass computing positions up to `end` was launched; `samples`: it yields this request's next token."""
+        self.committed = end
+        self.in_flight += samples
+
+    def taken(self, known: int, appended: int) -> None:
+        """The host appended `appended` tokens of a processed pass (it now knows `known`). KV is valid only for
+        positions whose tokens are final and were rows of a launched pass: not the newest token, if this pass chose
+        it, nor the rejected tokens of a draft."""
+        self.committed = min(self.committed, known + self.in_flight - (1 if appended else 0))
+
+    def reset(self) -> None:
+        """Its KV went back to the tree or the allocator (retraction, failure)."""
+        self.committed, self.in_flight, self.draft = 0, 0, None
+
+
+def can_plan_ahead(req: "Req") -> bool:
+    """NOTE invariant (the overlap rule): a request's next pass may be planned while its last pass is in flight --
+    before the host has read that pass's token -- only when the next pass needs nothing from the host but lengths:
+    no grammar (its mask follows the accepted tokens), no draft (a draft continues the last token, and its
+    verification decides `committed`), no penalty counted over the output tokens. Everything else the planner needs
+    (committed, in_flight, the draft) is known at launch."""
+    sp = req.sampling_params
+    return (req.grammar is None and req.kv.draft is None and not req.draft_sources
+            and sp.repetition_penalty == 1.0 and sp.frequency_penalty == 0.0 and sp.presence_penalty == 0.0)
+
+
+def can_launch_ahead(chunk_in_flight: bool, running: Iterable["Req"]) -> bool:
+    """The next pass may be launched before the pass in flight is processed when every running request can be
+    planned ahead and no chunk of a prompt is in flight: the next chunk starts from the tree that processing the
+    chunk updates (its pages become the tree's)."""
+    return not chunk_in_flight and all(can_plan_ahead(r) for r in running)

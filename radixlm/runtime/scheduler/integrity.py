@@ -1,0 +1,42 @@
+"""The KV accounting invariant, checked when the scheduler is idle (and after every step with
+enable_integrity_check)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from radixlm.runtime.scheduler.scheduler import Scheduler
+
+
+def check_kv_accounting(sched: "Scheduler") -> None:
+    """NOTE invariant: free + evictable + protected + slots owned by live requests == pool size, and every live
+    request's own slots are allocated (not free)."""
+    tree, alloc, pool = sched.tree_cache, sched.allocator, sched.req_to_token_pool
+    tree.check_consistency()
+    alloc.check_no_double_free()
+    ps = sched.page_size
+    owned = 0
+    in_use = [tree.all_values_flatten()]
+    active = sched._active_reqs()
+    for req in active:
+        if req.req_pool_idx is None:
+            continue
+        committed = req.kv.committed
+        owned += (-(-committed // ps) - req.cache_lock.protected_len // ps) * ps
+        in_use.append(pool.req_to_token[req.req_pool_idx, :committed])
+    pages = torch.cat(in_use) // ps
+    if pages.numel() and bool(alloc.page_is_free[pages].any()):
+        raise AssertionError("a KV slot held by the tree or a running request is on the free list")
+    total = alloc.available_size() + tree.evictable_size() + tree.protected_size() + owned
+    if total != alloc.size:
+        raise AssertionError(
+            f"KV accounting broken: free {alloc.available_size()} + evictable {tree.evictable_size()} "
+            f"+ protected {tree.protected_size()} + owned {owned} != {alloc.size}"
+        )
+    if sched.is_idle() and tree.protected_size() != 0:
+        raise AssertionError(f"idle scheduler still protects {tree.protected_size()} tokens")
+    rows_in_use = sum(1 for r in active if r.req_pool_idx is not None)
+    if pool.available_size() + rows_in_use != pool.size:
+        raise AssertionError("req_to_token rows leaked")
