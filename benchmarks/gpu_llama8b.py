@@ -10,6 +10,9 @@ issue's benchmark table, parts chosen with --parts:
   overhead (d) radix-tree time (match, insert, evict, lock, cache_*_req) as a share of wall time, zero reuse
                (the random 1024/512 workload again, its tree operations timed)
   modes    (f) overlap on/off x CUDA graphs on/off: step time at batch 1 and 64
+  ab           one engine for the decode table (--decode-steps), ShareGPT-like, random 1024/512 and
+               generated-shared-prefix (--prefix-groups x 32, radix cache on): the workloads of an A/B of two
+               trees (benchmarks/ab_gpu.sh runs this script under each tree's radixlm)
 
     python benchmarks/gpu_llama8b.py --parts decode modes --out $OUT/llama8b_a_f.json
 
@@ -267,6 +270,31 @@ def part_prefix(path: str, src: PromptSource) -> dict:
     return rows
 
 
+def part_ab(path: str, src: PromptSource, batches: list[int], steps: int, sharegpt_n: int, random_n: int,
+            prefix_groups: int) -> dict:
+    engine = make_engine(path, max_running_requests=max(batches))
+    try:
+        decode_steps(engine, src, 8, steps=16)  # warm-up
+        decode = []
+        for b in batches:
+            step = decode_steps(engine, src, b, steps=steps)
+            decode.append({"batch": b, "step_ms": step * 1e3, "output_tokens_per_s": b / step})
+            log(f"decode batch {b:4d}: {step * 1e3:7.2f} ms/step")
+        result = {"decode": decode,
+                  "sharegpt_like": offline_run(engine, sharegpt_like_dataset(src, sharegpt_n, seed=1), "sharegpt-like"),
+                  "random_1024_512": offline_run(engine, random_dataset(src, random_n, 1024, 512, 1.0),
+                                                 "random-1024-512")}
+        reqs = generated_shared_prefix_dataset(src, prefix_groups, 32, 2048, 128, 64, seed=2)
+        stats0 = dict(engine.scheduler.stats)
+        row = offline_run(engine, reqs, "generated-shared-prefix")
+        st = engine.scheduler.stats
+        row["hit_rate"] = (st["cached_tokens"] - stats0["cached_tokens"]) / max(st["prompt_tokens"] - stats0["prompt_tokens"], 1)
+        result["shared_prefix"] = row
+        return result
+    finally:
+        close(engine)
+
+
 def part_modes(path: str, src: PromptSource) -> list[dict]:
     rows = []
     for graphs in (True, False):
@@ -288,10 +316,12 @@ def part_modes(path: str, src: PromptSource) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--parts", nargs="+", default=["decode", "modes", "offline", "overhead", "prefix"],
-                   choices=["decode", "modes", "offline", "overhead", "prefix"])
+                   choices=["decode", "modes", "offline", "overhead", "prefix", "ab"])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
     p.add_argument("--sharegpt-requests", type=int, default=1000)
     p.add_argument("--random-requests", type=int, default=500)
+    p.add_argument("--decode-steps", type=int, default=256, help="ab: measured decode steps per batch size")
+    p.add_argument("--prefix-groups", type=int, default=32, help="ab: shared-prefix groups of 32 requests")
     p.add_argument("--engine-args", default="{}", help="JSON of extra server arguments, e.g. '{\"cuda_graph_max_bs\": 512}'")
     p.add_argument("--out", default="benchmarks/results/llama8b_gpu.json")
     args = p.parse_args()
@@ -301,14 +331,17 @@ def main() -> None:
 
     src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
     result = {"benchmark": "gpu_llama8b", "model": "Llama-3.1-8B architecture, bf16, dummy weights", "engine_args": ENGINE_ARGS,
-              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "context_length": CONTEXT_LEN,
+              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "radixlm": sys.modules["radixlm"].__file__, "context_length": CONTEXT_LEN,
               "command": " ".join(["python", *sys.argv])}
     t0 = time.perf_counter()
     parts = {"decode": ("decode", lambda: part_decode(path, src, args.batches)),
              "modes": ("modes", lambda: part_modes(path, src)),
              "offline": ("offline", lambda: part_offline(path, src, args.sharegpt_requests, args.random_requests)),
              "overhead": ("radix_overhead", lambda: part_overhead(path, src, args.random_requests)),
-             "prefix": ("shared_prefix", lambda: part_prefix(path, src))}
+             "prefix": ("shared_prefix", lambda: part_prefix(path, src)),
+             "ab": ("ab", lambda: part_ab(path, src, args.batches, args.decode_steps, args.sharegpt_requests,
+                                          args.random_requests, args.prefix_groups))}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for name in args.parts:  # each part's result is written as soon as it is measured
         key, run = parts[name]

@@ -10,7 +10,7 @@ small model's throughput (benchmarks/results/json_decoding_gpu_log.txt).
 
 Prints json_decoding's table and the phase timings (benchmarks/phases.py). Scripted logits cost a memset of
 (rows, vocab) floats; the grammar's top-k and argmax over them run on the CPU too (on a GPU they are kernel
-launches): those phases ("model forward", "grammar prepare_pass", "sampler") are not host overhead here."""
+launches): those phases ("model forward", "grammar masks prepare", "sampler") are not host overhead here."""
 from __future__ import annotations
 
 import argparse

