@@ -1,7 +1,7 @@
-"""Medians and ratios of an A/B of two trees (benchmarks/ab_gpu.sh): reads each run's JSON, prints a table and
+"""Medians and ratios of an A/B of two trees (benchmarks/ab_trees.sh): reads each run's JSON, prints a table and
 writes one JSON holding the summary and every run.
 
-    python benchmarks/ab_report.py llama8b|json RUN_DIR OUT.json
+    python benchmarks/ab_report.py llama8b|json|host RUN_DIR OUT.json
 
 A ratio is new / base of a throughput (above 1: the new tree is faster) or base / new of a time (likewise)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import statistics
 import sys
 from pathlib import Path
 
-NAME = re.compile(r"(?P<kind>llama8b|json)_(?:(?P<constraint>regex|json_schema)_)?(?P<tree>base|new)_r(?P<round>\d+)$")
+NAME = re.compile(r"(?P<kind>llama8b|json|host)_(?:(?P<constraint>regex|json_schema)_)?(?P<tree>base|new)_r(?P<round>\d+)$")
 
 
 def load(run_dir: Path) -> list[dict]:

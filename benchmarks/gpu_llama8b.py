@@ -12,7 +12,7 @@ issue's benchmark table, parts chosen with --parts:
   modes    (f) overlap on/off x CUDA graphs on/off: step time at batch 1 and 64
   ab           one engine for the decode table (--decode-steps), ShareGPT-like, random 1024/512 and
                generated-shared-prefix (--prefix-groups x 32, radix cache on): the workloads of an A/B of two
-               trees (benchmarks/ab_gpu.sh runs this script under each tree's radixlm)
+               trees (benchmarks/ab_trees.sh runs this script under each tree's radixlm)
 
     python benchmarks/gpu_llama8b.py --parts decode modes --out $OUT/llama8b_a_f.json
 

@@ -24,6 +24,7 @@ import torch
 import json_decoding
 from phases import profile_steps
 from radixlm.runtime.host_to_device import host_to_device
+from radixlm.runtime.executor.forward_batch import ForwardMode
 from radixlm.runtime.executor.logits import LogitsOutput
 
 HIGH = 10.0  # the scripted token's logit; every other token has 0
@@ -39,15 +40,6 @@ class ScriptedForward:
         work; json_decoding.py --script-ids)."""
         self.scheduler, self.scripts, self.vocab_size, self.eos = scheduler, scripts, vocab_size, eos
         self.model_forward, self.device = model_forward, torch.device("cpu")
-        self._plan_rows = None
-        inner = scheduler._logits_plan
-
-        def logits_plan(batch):
-            plan, samplers, verifiers, spans = inner(batch)
-            self._plan_rows = (samplers, verifiers)
-            return plan, samplers, verifiers, spans
-
-        scheduler._logits_plan = logits_plan
 
     def _token(self, req, index: int) -> int:
         script = self.scripts[tuple(req.origin_input_ids)]
@@ -60,13 +52,15 @@ class ScriptedForward:
         logits[rows, host_to_device(targets, torch.int64, self.device)] = HIGH
         return logits
 
-    def __call__(self, forward_batch, plan) -> LogitsOutput:
+    def __call__(self, wb) -> LogitsOutput:
+        mode = ForwardMode.REQUEST_SPANS
         if self.model_forward is not None:
-            self.device = self.model_forward(forward_batch, plan).next_token_logits.device
-        samplers, verifiers = self._plan_rows
-        sample = [self._token(r, len(r.output_ids)) for r in samplers]
-        verify = [self._token(r, len(r.output_ids) + j) for r in verifiers for j in range(len(r.jump_draft) + 1)]
-        return LogitsOutput(self._logits(sample), [], [], self._logits(verify) if verify else None)
+            out = self.model_forward(wb)
+            self.device, mode = out.next_token_logits.device, out.forward_mode
+        batch = self.scheduler.launching  # the pass being launched: its samplers and verifiers, in row order
+        sample = [self._token(r, r.num_output_tokens()) for r in batch.samplers]
+        verify = [self._token(r, r.num_output_tokens() + j) for r in batch.verifiers for j in range(r.kv.draft_len() + 1)]
+        return LogitsOutput(self._logits(sample), [], [], self._logits(verify) if verify else None, forward_mode=mode)
 
 
 def scripted(ids_path: str, profiles: dict | None = None, mode: str = "", keep_model: bool = False):

@@ -34,7 +34,7 @@ class Draft:
     key: object = None  # what the source made the draft from (its own, opaque to everyone else)
 
 
-@dataclass
+@dataclass(slots=True)
 class KVCursor:
     committed: int = 0  # set by the planner at launch (to the end of the rows launched) and lowered after tokens
     in_flight: int = 0  # set by the planner at launch (+1 per sampled row), lowered when the pass is processed

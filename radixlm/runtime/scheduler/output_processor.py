@@ -46,12 +46,16 @@ class SchedulerOutputProcessorMixin:
             req.kv.in_flight -= 1
         self._take_input_logprobs(result)
         out_lp = result.logprobs
+        verdicts = masks.sampler_verdicts(result.masks, len(next_ids))
+        is_prefill = batch.is_prefill
         for i, (req, tok) in enumerate(zip(batch.samplers, next_ids)):
-            if req.finished():  # finished (or aborted) while this pass was in flight: its token is dropped
+            if req.finished_reason is not None:  # finished (or aborted) while this pass was in flight: no token
                 continue
-            lp = None if out_lp is None else out_lp[i : i + 1]
-            self._guarded(req, self._take_token, req, tok, masks.sampler_verdict(result.masks, i), lp)
-            self._after_tokens(req, batch.is_prefill)
+            try:
+                self._take_token(req, tok, verdicts[i], None if out_lp is None else out_lp[i : i + 1])
+            except Exception as e:  # noqa: BLE001 - one request's data fails that request only
+                self._failed(req, e)
+            self._after_tokens(req, is_prefill)
         if batch.verifiers:
             self._process_verified(result)
         if batch.is_prefill:
@@ -60,13 +64,11 @@ class SchedulerOutputProcessorMixin:
                 if not req.finished():
                     self.planner.cache_chunk(req)
 
-    def _guarded(self, req: Req, fn, *args) -> None:
+    @staticmethod
+    def _failed(req: Req, error: Exception) -> None:
         """One request's data (logprobs, grammar, stops, drafts) failing fails that request only."""
-        try:
-            fn(*args)
-        except Exception as e:  # noqa: BLE001
-            logger.exception("request %s failed while taking its tokens", req.rid)
-            req.finished_reason = FinishReason.failed(e)
+        logger.exception("request %s failed while taking its tokens", req.rid)
+        req.finished_reason = FinishReason.failed(error)
 
     def _take_input_logprobs(self, result: BatchResult) -> None:
         out, plan = result.out, result.batch.worker.logits
@@ -97,7 +99,8 @@ class SchedulerOutputProcessorMixin:
         else:
             appended = req.append_tokens([tok], self.tokenizer, GrammarAdvance.ACCEPT, lp)
         req.kv.taken(req.seqlen, appended)
-        self.drafts.propose(req)
+        if req.draft_sources:
+            self.drafts.propose(req)
 
     def _after_tokens(self, req: Req, is_prefill: bool) -> None:
         if is_prefill:
@@ -118,7 +121,10 @@ class SchedulerOutputProcessorMixin:
             n_rows = req.kv.draft_len() + 1
             lps = torch.log_softmax(logits[row : row + n_rows], dim=-1) if req.return_logprob else None
             row += n_rows
-            self._guarded(req, self._take_verdict, req, result.masks, k, lps, rejected)
+            try:
+                self._take_verdict(req, result.masks, k, lps, rejected)
+            except Exception as e:  # noqa: BLE001
+                self._failed(req, e)
             self._after_tokens(req, result.batch.is_prefill)
         if rejected:
             # The rows are read before any later pass rewrites them (stream order), even where a finished request's

@@ -50,21 +50,24 @@ class MaskPlanner:
     def on_demand(self, req: Req) -> bool:
         return self.mask_on_demand and req.grammar is not None and plain_greedy(req)
 
-    def decides_all(self, samplers: list[Req]) -> bool:
-        """Every sampling row's token will be decided by a verdict (its grammar's mask on demand): the pass needs no
-        sampler."""
-        return all(self.on_demand(r) for r in samplers)
+    def on_demand_rows(self, samplers: list[Req]) -> list[bool]:
+        """Per sampling row: its token will be decided by a verdict (its grammar's mask on demand). When all are, the
+        pass needs no sampler."""
+        if not self.mask_on_demand:
+            return [False] * len(samplers)
+        return [self.on_demand(r) for r in samplers]
 
-    def prepare(self, samplers: list[Req], logits: torch.Tensor | None, info: SamplingBatchInfo | None,
-                verifiers: list[Req], verify_logits: torch.Tensor | None,
+    def prepare(self, samplers: list[Req], lazy: list[bool], logits: torch.Tensor | None,
+                info: SamplingBatchInfo | None, verifiers: list[Req], verify_logits: torch.Tensor | None,
                 both: torch.Tensor | None = None) -> PassMasks | None:
-        """both: `logits` then `verify_logits` in one tensor of the pass's own (LogitsOutput.rows), if there is one."""
+        """lazy: on_demand_rows(samplers). both: `logits` then `verify_logits` in one tensor of the pass's own
+        (LogitsOutput.rows), if there is one."""
         sampled = [i for i, r in enumerate(samplers) if r.grammar is not None]
         if not sampled and not verifiers:
             return None
         drafts = [r.kv.draft.tokens for r in verifiers]
         verify_rows = [list(range(o, o + len(d) + 1)) for o, d in zip(draft_layout(drafts), drafts)]
-        lazy_s, eager_s = _split(sampled, [self.on_demand(samplers[i]) for i in sampled])
+        lazy_s, eager_s = _split(sampled, [lazy[i] for i in sampled])
         lazy_v, eager_v = _split(range(len(verifiers)), [self.on_demand(r) for r in verifiers])
         pm = PassMasks()
         if lazy_s or lazy_v:
@@ -120,12 +123,13 @@ class MaskPlanner:
             self.stats["masks_filled"] += filled
 
     @staticmethod
-    def sampler_verdict(pm: PassMasks | None, i: int) -> VerifyResult | None:
-        """The on-demand verdict of sampler i (its grammar already advanced over it), if its row had one."""
-        if pm is None:
-            return None
-        n = pm.sampler_verdict.get(i)
-        return None if n is None else pm.verdicts[n]
+    def sampler_verdicts(pm: PassMasks | None, num_samplers: int) -> list[VerifyResult | None]:
+        """Each sampler's on-demand verdict (its grammar already advanced over it), where its row had one."""
+        out: list[VerifyResult | None] = [None] * num_samplers
+        if pm is not None:
+            for i, n in pm.sampler_verdict.items():
+                out[i] = pm.verdicts[n]
+        return out
 
     def verifier_verdict(self, pm: PassMasks, k: int, generator: torch.Generator | None) -> VerifyResult:
         """Verifier k's draft tokens kept and its next token; its grammar (if any) is advanced over them."""

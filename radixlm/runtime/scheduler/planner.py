@@ -73,7 +73,8 @@ class Planner:
     @staticmethod
     def row_end(req: Req) -> int:
         """End of the rows the next pass computes for `req`: its chunk's end, else all it knows (kv.end)."""
-        return req.kv.committed + req.extend_input_len if req.is_chunked else req.kv.end(req.seqlen)
+        kv = req.kv
+        return kv.committed + req.extend_input_len if req.is_chunked else kv.end(len(req.origin_input_ids) + len(req.output_ids))
 
     def kv_needed(self, reqs: list[Req]) -> int:
         """Slots to allocate for the next pass's rows of `reqs`."""
@@ -113,11 +114,12 @@ class Planner:
         wb = batch.worker
         ids = []
         for r, pos in zip(batch.reqs, wb.prefix_lens):
+            out = r.output_ids
             if r.kv.in_flight:
                 ids.append(IN_FLIGHT)
                 wb.has_in_flight = True
-            elif r.output_ids and pos == r.seqlen - 1:
-                ids.append(r.output_ids[-1])
+            elif out and pos == len(r.origin_input_ids) + len(out) - 1:
+                ids.append(out[-1])
             else:
                 ids.append(r.token_at(pos))
         wb.input_ids, wb.positions = ids, list(wb.prefix_lens)

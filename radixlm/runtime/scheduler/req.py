@@ -228,30 +228,34 @@ class Req:
         stop token ids, EOS and stop strings. A finished request takes none (e.g. aborted while its pass ran)."""
         if self.finished_reason is not None:
             return 0
+        grammar, output = self.grammar, self.output_ids
+        accept = advance is GrammarAdvance.ACCEPT
+        want_lp = self.return_logprob and logprobs is not None
+        last = len(tokens)
         for n, tok in enumerate(tokens, 1):
-            self.output_ids.append(tok)
-            if self.return_logprob and logprobs is not None:
+            output.append(tok)
+            if want_lp:
                 row = logprobs[n - 1 : n]
                 self.output_token_logprobs.append((float(row[0, tok]), tok))
                 if self.top_logprobs_num:
                     self.output_top_logprobs.append(top_logprobs(row, self.top_logprobs_num)[0])
-            if advance is GrammarAdvance.ACCEPT and self.grammar is not None and not self.grammar.accept_token(tok):
+            if accept and grammar is not None and not grammar.accept_token(tok):
                 self.finished_reason = FinishReason.aborted(GRAMMAR_VIOLATION)
-            else:
-                # DONE: the grammar is past every token, so its state is this token's only at the last one.
-                in_step = advance is GrammarAdvance.ACCEPT or n == len(tokens)
-                self.finished_reason = self._finish_after(tok, tokenizer, in_step)
-            if self.finished_reason is not None:
                 return n
-        return len(tokens)
+            # DONE: the grammar is past every token, so its state is this token's only at the last one.
+            reason = self._finish_after(tok, tokenizer, accept or n == last)
+            if reason is not None:
+                self.finished_reason = reason
+                return n
+        return last
 
     def _finish_after(self, last: int, tokenizer, grammar_in_step: bool) -> FinishReason | None:
-        sp = self.sampling_params
-        if len(self.output_ids) >= sp.max_new_tokens:
+        sp, n_out = self.sampling_params, len(self.output_ids)
+        if n_out >= sp.max_new_tokens:
             return FinishReason.at_length(sp.max_new_tokens)
         if grammar_in_step and self.grammar is not None and self.grammar.is_terminated():
             return FinishReason.stopped(last)
-        if len(self.output_ids) < sp.min_new_tokens:
+        if n_out < sp.min_new_tokens:
             return None
         if sp.stop_token_ids and last in sp.stop_token_ids:
             return FinishReason.stopped(last)

@@ -86,6 +86,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         self.waiting_queue: list[Req] = []
         self.running: list[Req] = []  # decoding (or about to: admitted whole, launched)
         self.chunked_req: Req | None = None
+        self.aborts_pending = False  # some running request has to_abort set (set by abort_requests)
         self.launching: ScheduleBatch | None = None  # the pass step() planned last (set by step)
         self.outputs: list[ReqOutput] = []
         # Set by the owner of the loop: where outputs go while the device runs a pass just launched (else step
@@ -129,6 +130,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         for req in self._active_reqs():
             if req.rid in wanted:
                 req.to_abort = message
+                self.aborts_pending = True
 
     def _active_reqs(self) -> list[Req]:
         reqs = [r for r in self.running if not r.finished()]
@@ -137,15 +139,16 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         return reqs
 
     def _process_aborts(self) -> None:
-        if self.inflight is not None and any(r.to_abort is not None for r in self._active_reqs()):
-            self.sync_inflight()
-        for req in self._active_reqs():
-            if req.to_abort is not None and not req.finished():
-                req.finished_reason = FinishReason.aborted(req.to_abort)
-                self.planner.release(req)
-                if req is self.chunked_req:
-                    self.chunked_req = None
-                self._emit(req)
+        if self.aborts_pending:
+            self.aborts_pending = False
+            self.sync_inflight()  # an aborted request's KV is released with its tokens on the host
+            for req in self._active_reqs():
+                if req.to_abort is not None and not req.finished():
+                    req.finished_reason = FinishReason.aborted(req.to_abort)
+                    self.planner.release(req)
+                    if req is self.chunked_req:
+                        self.chunked_req = None
+                    self._emit(req)
         self._drop_finished()
 
     def _drop_finished(self) -> None:
@@ -237,12 +240,13 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         samplers = batch.samplers
         logits = out.next_token_logits  # with CUDA graphs a static buffer: everything reading it is enqueued now
         # Rows whose grammar decides their token on demand need no sampler (nor its parameters on the device).
-        sample = bool(samplers) and not self.masks.decides_all(samplers)
+        lazy = self.masks.on_demand_rows(samplers)
+        sample = bool(samplers) and not all(lazy)
         info = None
         if sample:
             info = SamplingBatchInfo.from_reqs(samplers, logits.shape[-1], self.device,
                                                [r.num_output_tokens() for r in samplers])
-        result.masks = self.masks.prepare(samplers, logits, info, batch.verifiers, out.verify_logits, out.rows)
+        result.masks = self.masks.prepare(samplers, lazy, logits, info, batch.verifiers, out.verify_logits, out.rows)
         if samplers and any(r.return_logprob for r in samplers):
             result.logprobs = torch.log_softmax(logits, dim=-1)
         launched(batch)

@@ -6,6 +6,7 @@ radix-cache or draft-model source plugs in as another DraftSource given to Draft
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import Protocol
 
 import torch
@@ -36,11 +37,16 @@ class DraftPath:
 
     def propose(self, req: Req) -> None:
         """After the request's tokens were taken (and before its first pass): the first source with something to
-        propose proposes it."""
+        propose proposes it. A draft is cut to the tokens the request may still take: its tokens are outputs once
+        kept, and max_new_tokens binds them as any other (with none left, e.g. max_new_tokens=0, no draft)."""
         for source in req.draft_sources:
             if req.finished() or req.kv.draft is not None:
-                return
+                break
             source.propose(req)
+        draft = req.kv.draft
+        if draft is not None and len(draft.tokens) > req.tokens_left():
+            left = req.tokens_left()
+            req.kv.draft = replace(draft, tokens=draft.tokens[:left]) if left else None
 
     def propose_admitted(self, reqs: list[Req], room: int) -> None:
         """Drafts for newly admitted requests, verified by their prefill (not for a prompt cut into chunks: its logits

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# A/B of two radixlm trees on the GPU machine, side by side in one lease: BASE (an earlier commit's radixlm and
-# benchmarks, unpacked here) against this checkout, runs alternating between the trees; medians and ratios by
-# benchmarks/ab_report.py into $OUT.
-#   bash benchmarks/ab_gpu.sh prepare REV        # here: ab/base <- REV's radixlm and benchmarks; gpu_llama8b.py from
-#                                                # this tree (the same instrument for both); .stage/ <- the GGUF in
-#                                                # two parts (a call carries at most 64 MiB)
-#   bash benchmarks/ab_gpu.sh llama8b [ROUNDS]   # device (carry .whl .stage ab): gpu_llama8b.py --parts ab per
-#                                                # tree and round; stages the wheels, part 1 and the base tree in /tmp
-#   bash benchmarks/ab_gpu.sh json [ROUNDS]      # device, right after (carry .stage): json_decoding.py, regex and
-#                                                # json_schema, jump-forward off/fast/exact, per tree and round
+# A/B of two radixlm trees, side by side on one machine: BASE (an earlier commit's radixlm and benchmarks, unpacked
+# here) against this checkout, runs alternating between the trees; medians and ratios by benchmarks/ab_report.py
+# into $OUT.
+#   bash benchmarks/ab_trees.sh prepare REV        # here: ab/base <- REV's radixlm and benchmarks; gpu_llama8b.py
+#                                                  # from this tree (the same instrument for both); .stage/ <- the
+#                                                  # GGUF in two parts (a device call carries at most 64 MiB)
+#   bash benchmarks/ab_trees.sh llama8b [ROUNDS]   # GPU (carry .whl ab .stage/smol.part0 .stage/smol.sha256):
+#                                                  # gpu_llama8b.py --parts ab per tree and round; stages the wheels,
+#                                                  # GGUF part 0 and the base tree in /tmp
+#   bash benchmarks/ab_trees.sh json [ROUNDS]      # GPU, right after (carry .stage/smol.part1): json_decoding.py,
+#                                                  # regex and json_schema, jump-forward off/fast/exact
+#   IDS=ids.json bash benchmarks/ab_trees.sh host [ROUNDS]   # CPU: host_overhead.py (the scheduler's host work
+#                                                  # on scripted logits; IDS from json_decoding.py --save-ids)
 set -euo pipefail
-cmd=${1:?usage: ab_gpu.sh prepare REV | llama8b [ROUNDS] | json [ROUNDS]}
+cmd=${1:?usage: ab_trees.sh prepare REV | llama8b [ROUNDS] | json [ROUNDS] | host [ROUNDS]}
 OUT=${OUT:-/tmp/out}
 AB=/tmp/ab  # each run's JSON (only the report goes to $OUT: it holds them all)
 case $cmd in
@@ -31,6 +34,8 @@ llama8b)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   mkdir -p /tmp/stage && cp .stage/smol.part0 .stage/smol.sha256 /tmp/stage/
   rm -rf /tmp/ab_base && cp -r ab/base /tmp/ab_base ;;
+host)
+  rm -rf /tmp/ab_base && cp -r ab/base /tmp/ab_base ;;
 json)
   cat /tmp/stage/smol.part0 .stage/smol.part1 > /tmp/stage/smol.gguf
   echo "$(cat /tmp/stage/smol.sha256)  /tmp/stage/smol.gguf" | sha256sum -c - ;;
@@ -39,13 +44,14 @@ esac
 export PYTHONUNBUFFERED=1
 rounds=${2:-3}
 mkdir -p "$AB" "$OUT"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+[ "$cmd" = host ] || nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 deadline=$((SECONDS + ${AB_BUDGET_S:-540}))
+PY=${PY:-python3}
 run() {  # run TREE NAME ARGS...: one benchmark under TREE's radixlm (the base tree's own scripts, else ours)
   local tree=$1 name=$2; shift 2
   local root=$PWD; [ "$tree" = base ] && root=/tmp/ab_base
   if [ $SECONDS -ge $deadline ]; then echo "skipped $name (budget)"; return 0; fi
-  (cd "$root" && PYTHONPATH=/tmp/site:$root python3 "$@" --out "$AB/$name.json") 2>&1 \
+  (cd "$root" && PYTHONPATH=/tmp/site:$root $PY "$@" --out "$AB/$name.json") 2>&1 \
     | grep -v "safetensors\|Warn\|dequantiz\|clean_up" || echo "FAILED $name"
 }
 for r in $(seq 1 "$rounds"); do
@@ -55,6 +61,9 @@ for r in $(seq 1 "$rounds"); do
     if [ "$cmd" = llama8b ]; then
       run $t "llama8b_${t}_r$r" benchmarks/gpu_llama8b.py --parts ab --batches 1 8 32 64 128 256 \
         --decode-steps 128 --sharegpt-requests 400 --random-requests 200 --prefix-groups 16
+    elif [ "$cmd" = host ]; then
+      run $t "host_regex_${t}_r$r" benchmarks/host_overhead.py --ids "${IDS:?IDS}" --constraint regex \
+        --modes off,exact --repeat 2
     else
       for c in regex json_schema; do
         run $t "json_${c}_${t}_r$r" benchmarks/json_decoding.py --model /tmp/stage/smol.gguf --device cuda \
@@ -64,4 +73,4 @@ for r in $(seq 1 "$rounds"); do
     fi
   done
 done
-python3 benchmarks/ab_report.py "$cmd" "$AB" "$OUT/ab_$cmd.json"
+$PY benchmarks/ab_report.py "$cmd" "$AB" "$OUT/ab_$cmd.json"
