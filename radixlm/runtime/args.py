@@ -25,8 +25,13 @@ class GrammarMaskMode(str, enum.Enum):
     ALWAYS = "always"
 
 
+class SpeculativeAlgorithm(str, enum.Enum):
+    NGRAM = "NGRAM"  # prompt lookup: the request's own earlier tokens continue its latest ones
+
+
 # ServerArgs fields whose values are enums: a string given for them becomes the member.
-ENUM_FIELDS = {"schedule_policy": SchedulePolicyName, "jump_forward": JumpForwardMode, "grammar_mask": GrammarMaskMode}
+ENUM_FIELDS = {"schedule_policy": SchedulePolicyName, "jump_forward": JumpForwardMode, "grammar_mask": GrammarMaskMode,
+               "speculative_algorithm": SpeculativeAlgorithm}
 SCHEDULE_POLICIES = tuple(m.value for m in SchedulePolicyName)
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -60,6 +65,12 @@ class ServerArgs:
     schedule_conservativeness: float = 1.0
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int | None = field(default=None, metadata={"help": "-1 disables chunking; default 8192 on CUDA, 2048 on CPU"})
+
+    # Speculative decoding (drafts verified by the next pass: greedy outputs are unchanged)
+    speculative_algorithm: SpeculativeAlgorithm | None = field(default=None, metadata={"choices": tuple(m.value for m in SpeculativeAlgorithm), "help": "NGRAM: draft from the request's own prompt and output (prompt lookup)"})
+    speculative_num_draft_tokens: int = field(default=4, metadata={"help": "draft tokens proposed per request and step"})
+    speculative_ngram_min_match_window_size: int = field(default=1, metadata={"help": "NGRAM: shortest run of latest tokens looked up"})
+    speculative_ngram_max_match_window_size: int = field(default=4, metadata={"help": "NGRAM: longest run of latest tokens looked up (longest match first)"})
 
     # Radix cache
     disable_radix_cache: bool = False
@@ -119,6 +130,12 @@ class ServerArgs:
         check(isinstance(self.jump_forward, JumpForwardMode), f"unknown jump_forward {self.jump_forward!r}; choose from {JUMP_FORWARD_MODES}")
         check(self.tool_call_parser in TOOL_CALL_PARSERS, f"unknown tool_call_parser {self.tool_call_parser!r}; choose from {TOOL_CALL_PARSERS}")
         check(self.stream_interval >= 1, "stream_interval must be >= 1")
+        check(self.speculative_algorithm is None or isinstance(self.speculative_algorithm, SpeculativeAlgorithm),
+              f"unknown speculative_algorithm {self.speculative_algorithm!r}; choose from "
+              f"{tuple(m.value for m in SpeculativeAlgorithm)}")
+        check(self.speculative_num_draft_tokens >= 1, "speculative_num_draft_tokens must be >= 1")
+        check(1 <= self.speculative_ngram_min_match_window_size <= self.speculative_ngram_max_match_window_size,
+              "need 1 <= speculative_ngram_min_match_window_size <= speculative_ngram_max_match_window_size")
         check(self.watchdog_timeout > 0, "watchdog_timeout must be > 0")
         check(self.max_logprobs >= -1, "max_logprobs must be -1 (the vocabulary size) or >= 0")
         check(self.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")

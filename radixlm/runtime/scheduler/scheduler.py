@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from radixlm.runtime.args import GrammarMaskMode, ServerArgs
+from radixlm.runtime.args import GrammarMaskMode, ServerArgs, SpeculativeAlgorithm
 from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.executor.logits import LogitsOutput
 from radixlm.runtime.grammar.backend import GrammarCache
@@ -27,8 +27,9 @@ from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 from radixlm.runtime.scheduler.admission import AdmissionMixin
 from radixlm.runtime.scheduler.cursor import can_launch_ahead
-from radixlm.runtime.scheduler.drafts import DraftPath
+from radixlm.runtime.scheduler.drafts import DraftPath, Proposer
 from radixlm.runtime.scheduler.drafts.jump_forward import JumpForwardSource
+from radixlm.runtime.scheduler.drafts.ngram import NGramSource
 from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
 from radixlm.runtime.scheduler.integrity import check_kv_accounting
 from radixlm.runtime.scheduler.output_processor import BatchResult, SchedulerOutputProcessorMixin
@@ -70,7 +71,12 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
                                  self.grammar_stats)
         jump = JumpForwardSource(server_args.jump_forward, tokenizer, eos_token_ids,
                                  lambda: grammars.backend, self.grammar_stats)
-        self.drafts = DraftPath([jump], tokenizer, self.page_size, self.grammar_stats)
+        sources: list[Proposer] = [jump]
+        if server_args.speculative_algorithm is SpeculativeAlgorithm.NGRAM:
+            sources.append(NGramSource(server_args.speculative_num_draft_tokens,
+                                       server_args.speculative_ngram_min_match_window_size,
+                                       server_args.speculative_ngram_max_match_window_size, self.grammar_stats))
+        self.drafts = DraftPath(sources, tokenizer, self.page_size, self.grammar_stats)
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed)
         self.sampler = Sampler()
         self.generator = torch.Generator(device=self.device)

@@ -1,0 +1,73 @@
+"""Prompt lookup as a draft source (SGLang's NGRAM, vLLM's ngram): the request's latest tokens, found earlier in its
+own prompt or output, continue as they did there. Quoting, summarizing, editing code and restating earlier turns
+repeat long runs of the prompt; verification keeps greedy outputs exact whatever is proposed.
+
+Per request the source keeps its tokens and, for each run length n in [min_window, max_window], where each run of n
+tokens last ended; both grow with the request, so a step costs max_window lookups, not a scan."""
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field
+
+from radixlm.runtime.scheduler.cursor import Draft
+from radixlm.runtime.scheduler.req import Req
+
+
+@dataclass
+class _Lookup:
+    """One request's tokens and the end of each run's latest occurrence (before the last position)."""
+
+    tokens: list[int]
+    indexed: int = 0  # runs ending at positions (exclusive ends) up to this one are in `ends`
+    ends: dict[tuple[int, ...], int] = field(default_factory=dict)
+
+
+class NGramSource:
+    def __init__(self, num_draft_tokens: int, min_window: int, max_window: int, stats: Counter):
+        self.num_draft_tokens = num_draft_tokens
+        self.min_window, self.max_window = min_window, max_window
+        self.stats = stats
+        self._lookups: weakref.WeakKeyDictionary[Req, _Lookup] = weakref.WeakKeyDictionary()
+
+    def applies_to(self, req: Req) -> bool:
+        return req.grammar is None  # a grammar's requests draft what it forces (jump-forward)
+
+    def propose(self, req: Req) -> None:
+        k = min(self.num_draft_tokens, req.tokens_left())
+        if k <= 0:
+            return
+        tokens = self._lookup(req).tokens
+        start = self._match(req)
+        if start is not None:
+            req.kv.draft = Draft(tokens[start : start + k], self)
+            self.stats["ngram_drafts"] += 1
+
+    def learn(self, req: Req, draft: Draft, accepted: int, token: int) -> None:
+        """Nothing to learn: the next lookup sees the model's token like any other."""
+
+    def _lookup(self, req: Req) -> _Lookup:
+        """The request's lookup, brought up to date with its output (which only grows: no grammar rewrites it)."""
+        n_in, out = len(req.origin_input_ids), req.output_ids
+        lk = self._lookups.get(req)
+        if lk is None or len(lk.tokens) - n_in > len(out):
+            lk = self._lookups[req] = _Lookup(req.origin_input_ids + out)
+        else:
+            lk.tokens.extend(out[len(lk.tokens) - n_in :])
+        return lk
+
+    def _match(self, req: Req) -> int | None:
+        """Where the tokens after the latest earlier occurrence of the longest matching run start, if any."""
+        lk = self._lookups[req]
+        toks, ends, lo, hi = lk.tokens, lk.ends, self.min_window, self.max_window
+        last = len(toks)
+        # Index the runs ending before the last position (the run ending there is the one looked up).
+        for end in range(max(lk.indexed, 1), last):
+            for n in range(lo, min(hi, end) + 1):
+                ends[tuple(toks[end - n : end])] = end
+        lk.indexed = max(lk.indexed, last)
+        for n in range(min(hi, last - 1), lo - 1, -1):
+            end = ends.get(tuple(toks[last - n :]))
+            if end is not None:
+                return end
+        return None
