@@ -55,6 +55,30 @@ def test_lookup_follows_the_growing_output_and_tokens_left():
     assert _drafted(source, other) == [12, 13, 14, 10]
 
 
+def test_drafts_back_off_while_rejected_outright():
+    from radixlm.runtime.scheduler.drafts.ngram import MAX_BACKOFF
+
+    source = NGramSource(2, 1, 2, Counter())
+    req = _req([1, 2, 3, 1, 2, 3, 1, 2], max_new_tokens=1000)
+
+    def reject():
+        draft = req.kv.draft
+        source.learn(req, draft, 0, 99)
+
+    waits = []
+    for _ in range(6):
+        assert _drafted(source, req) == [3, 1]
+        reject()
+        skipped = 0
+        while _drafted(source, req) is None:
+            skipped += 1
+        waits.append(skipped)
+    assert waits == [1, 2, 4, 8, 16, 16] and MAX_BACKOFF == 16
+    source.learn(req, req.kv.draft, 1, 99)  # a token kept: the next rejection waits one step again
+    reject()
+    assert _drafted(source, req) is None and _drafted(source, req) == [3, 1]
+
+
 @pytest.mark.parametrize("kwargs, every", [
     ({}, 0), ({"page_size": 4}, 0), ({"chunked_prefill_size": 16}, 2), ({"enable_overlap_schedule": True}, 1),
     ({"graph_rows": 64}, 2), ({"max_total_tokens": 240, "schedule_conservativeness": 0.05}, 0),

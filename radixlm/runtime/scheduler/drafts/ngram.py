@@ -3,7 +3,8 @@ own prompt or output, continue as they did there. Quoting, summarizing, editing 
 repeat long runs of the prompt; verification keeps greedy outputs exact whatever is proposed.
 
 Per request the source keeps its tokens and, for each run length n in [min_window, max_window], where each run of n
-tokens last ended; both grow with the request, so a step costs max_window lookups, not a scan."""
+tokens last ended; both grow with the request, so a step costs max_window lookups, not a scan. Where the model keeps
+rejecting its drafts outright (free text), the request drafts less and less often (learn)."""
 from __future__ import annotations
 
 import weakref
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field
 from radixlm.runtime.scheduler.cursor import Draft
 from radixlm.runtime.scheduler.req import Req
 
+MAX_BACKOFF = 16
+
 
 @dataclass
 class _Lookup:
@@ -21,6 +24,8 @@ class _Lookup:
     tokens: list[int]
     indexed: int = 0  # runs ending at positions (exclusive ends) up to this one are in `ends`
     ends: dict[tuple[int, ...], int] = field(default_factory=dict)
+    backoff: int = 0  # steps without a draft after the next wholly rejected one (doubles while they keep failing)
+    skip: int = 0  # steps left without a draft
 
 
 class NGramSource:
@@ -37,14 +42,28 @@ class NGramSource:
         k = min(self.num_draft_tokens, req.tokens_left())
         if k <= 0:
             return
-        tokens = self._lookup(req).tokens
+        lk = self._lookup(req)
+        if lk.skip:
+            lk.skip -= 1
+            return
+        tokens = lk.tokens
         start = self._match(req)
         if start is not None:
             req.kv.draft = Draft(tokens[start : start + k], self)
             self.stats["ngram_drafts"] += 1
 
     def learn(self, req: Req, draft: Draft, accepted: int, token: int) -> None:
-        """Nothing to learn: the next lookup sees the model's token like any other."""
+        """A draft the model rejected outright costs its verification rows for nothing: the request drafts again only
+        after 1, 2, 4, ... MAX_BACKOFF steps while that repeats (a draft with any token kept resets the wait)."""
+        lk = self._lookups.get(req)
+        if lk is None:
+            return
+        if accepted:
+            lk.backoff = 0
+        else:
+            lk.backoff = min(max(1, 2 * lk.backoff), MAX_BACKOFF)
+            lk.skip = lk.backoff
+            self.stats["ngram_backoffs"] += 1
 
     def _lookup(self, req: Req) -> _Lookup:
         """The request's lookup, brought up to date with its output (which only grows: no grammar rewrites it)."""
