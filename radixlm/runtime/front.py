@@ -251,6 +251,9 @@ class ReqState:
         self.meta.update(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
                          cached_tokens=out.cached_tokens, num_retractions=out.num_retractions,
                          finish_reason=out.finished_reason)
+        if out.spec_verify_ct:
+            self.meta.update(spec_verify_ct=out.spec_verify_ct, spec_draft_tokens=out.spec_draft_tokens,
+                             spec_accepted_tokens=out.spec_accepted_tokens)
         if self.return_logprob:
             lp = self.logprobs
             lp["input_token_logprobs"] += self._triples(out.input_token_logprobs)

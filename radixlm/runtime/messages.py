@@ -38,6 +38,10 @@ class ReqOutput:
     completion_tokens: int
     cached_tokens: int
     num_retractions: int = 0
+    # Drafts verified for the request so far, their tokens, and those kept (speculative decoding, jump-forward).
+    spec_verify_ct: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
     # Seconds from the scheduler receiving the request to its first admission into a prefill batch.
     queue_time: float | None = None
     # Logprob increments, each entry (logprob, token_id); top entries are lists of such pairs.

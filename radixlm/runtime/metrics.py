@@ -38,6 +38,9 @@ class ServerMetrics:
         self.num_queue_reqs = Gauge(PREFIX + "num_queue_reqs", "Requests waiting in the scheduler", registry=r)
         self.token_usage = Gauge(PREFIX + "token_usage", "Share of KV slots held by requests (not free, not evictable)", registry=r)
         self.cache_hit_rate = Gauge(PREFIX + "cache_hit_rate", "Cached prompt tokens / prompt tokens since start", registry=r)
+        self.spec_draft_tokens = Gauge(PREFIX + "spec_draft_tokens", "Draft tokens verified since start", registry=r)
+        self.spec_accepted_tokens = Gauge(PREFIX + "spec_accepted_tokens", "Draft tokens kept since start", registry=r)
+        self.spec_accept_rate = Gauge(PREFIX + "spec_accept_rate", "Kept / verified draft tokens since start", registry=r)
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Submit to first output token (streamed requests)", buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(PREFIX + "inter_token_latency_seconds",
                              "Gap between outputs / tokens they carry (streamed requests)", buckets=_ITL_BUCKETS, registry=r)
@@ -74,6 +77,10 @@ class ServerMetrics:
         stats = state.get("stats", {})
         prompt = stats.get("prompt_tokens", 0)
         self.cache_hit_rate.set(stats.get("cached_tokens", 0) / prompt if prompt else 0.0)
+        drafted, kept = stats.get("draft_tokens", 0), stats.get("accepted_draft_tokens", 0)
+        self.spec_draft_tokens.set(drafted)
+        self.spec_accepted_tokens.set(kept)
+        self.spec_accept_rate.set(kept / drafted if drafted else 0.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

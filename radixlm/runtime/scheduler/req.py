@@ -111,6 +111,10 @@ class Req:
     arrived: float = field(default_factory=time.monotonic)  # when the scheduler received it
     queue_time: float | None = None  # arrival -> first admission (a retraction does not reset it)
     num_retractions: int = 0
+    # Drafts verified for it, their tokens and those kept (set by DraftPath; reported in meta_info).
+    spec_verify_ct: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
     input_logprobs_done: bool = False
     sent_len: int = 0  # output_ids already reported to the front
     # Constrained decoding (set by the grammar queue).

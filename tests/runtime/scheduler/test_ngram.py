@@ -107,3 +107,21 @@ def test_a_real_model_that_repeats_itself_accepts_drafts(tiny_model_dir):
         stats = sched.grammar_stats
     assert outs["NGRAM"] == outs[None]
     assert stats["accepted_draft_tokens"] > 0
+
+
+def test_each_request_reports_its_drafts():
+    """ReqOutput carries each request's verification passes, draft tokens and kept tokens; they add up to the
+    scheduler's totals (and reach meta_info and /metrics: tests/runtime/test_speculative_reporting.py)."""
+    sched = make_fake_scheduler(speculative_algorithm="NGRAM", speculative_num_draft_tokens=3)
+    reqs = requests([p + p for p in make_prompts(32, 4, lo=6, hi=20)])
+    last = {}
+    for req in reqs:
+        sched.add_request(req)
+    while not sched.is_idle():
+        for out in sched.step():
+            last[out.rid] = out
+    stats = sched.grammar_stats
+    assert sum(o.spec_draft_tokens for o in last.values()) == stats["draft_tokens"] > 0
+    assert sum(o.spec_accepted_tokens for o in last.values()) == stats["accepted_draft_tokens"]
+    assert all(o.spec_verify_ct <= o.completion_tokens for o in last.values())
+    assert any(o.spec_verify_ct for o in last.values())

@@ -68,6 +68,9 @@ class DraftPath:
         draft, req.kv.draft = req.kv.draft, None
         self.stats["draft_tokens"] += len(draft.tokens)
         self.stats["accepted_draft_tokens"] += verdict.accepted
+        req.spec_verify_ct += 1
+        req.spec_draft_tokens += len(draft.tokens)
+        req.spec_accepted_tokens += verdict.accepted
         if verdict.accepted < len(draft.tokens) and not verdict.violated:
             draft.source.learn(req, draft, verdict.accepted, verdict.tokens[verdict.accepted])
         drafted_end = req.kv.committed  # the pass wrote KV up to the last draft token
