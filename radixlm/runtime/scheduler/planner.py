@@ -84,10 +84,15 @@ class Planner:
 
     def fits(self, reqs: list[Req]) -> bool:
         """Whether the next pass's rows of `reqs` fit the pool, evicting cached prefixes to make room."""
-        need = self.kv_needed(reqs)
-        if self.allocator.available_size() < need:
-            self.tree_cache.evict(need - self.allocator.available_size())
-        return self.allocator.available_size() >= need
+        return self._make_room(self.kv_needed(reqs))
+
+    def _make_room(self, need: int) -> bool:
+        """Evicts cached prefixes until `need` slots are free, if it can; whether they are."""
+        free = self.allocator.available_size()
+        if free < need:
+            self.tree_cache.evict(need - free)
+            free = self.allocator.available_size()
+        return free >= need
 
     def plan(self, running: list[Req], new_reqs: list[Req], token_buf: torch.Tensor | None = None) -> ScheduleBatch:
         """Rows for the running requests, then the newly admitted ones. Allocates their KV slots and request rows
@@ -203,8 +208,7 @@ class Planner:
     def _alloc_kv(self, reqs: list[Req], starts: list[int], ends: list[int]) -> torch.Tensor:
         alloc = self.allocator
         need = sum(pages_needed(p, s, self.page_size) for p, s in zip(starts, ends))
-        if alloc.available_size() < need:
-            self.tree_cache.evict(need - alloc.available_size())
+        self._make_room(need)
         last_locs = [-1] * len(reqs)
         if self.page_size > 1:  # the slot of each request's last written position (one device read)
             rows = [(r.req_pool_idx, p - 1) for r, p in zip(reqs, starts) if p > 0]
