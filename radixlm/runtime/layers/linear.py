@@ -1,16 +1,56 @@
-"""Linear and embedding layers whose parameters start uninitialised: the loader fills every one of
-them (real weights or dummy init), so skipping torch's default init saves seconds on big models.
-No tensor parallelism yet; `output_sizes` records the shards of a fused projection (qkv, gate_up)."""
+"""Linear and embedding layers, tensor-parallel when the rank's `Parallel` says so, whose parameters start
+uninitialised: the loader fills every one of them (real weights or dummy init), so skipping torch's default init
+saves seconds on big models.
+
+Loading is the layer's job: `load_weight(pname, param, w, shard_id)` takes a full checkpoint tensor and copies this
+rank's slice of it; `weight_shards(pname)` lists the shard ids a complete load must have seen (the model checks)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.runtime.distributed.parallel import SINGLE, Parallel, divide
 from radixlm.runtime.layers import cpu_gemm, gemm
 
 
+def copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
+    if tuple(src.shape) != tuple(dst.shape):
+        raise ValueError(f"weight {what} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+    dst.copy_(src)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One projection of a (merged) column-parallel linear: its full output size in the checkpoint, and the rows of
+    it this rank holds."""
+
+    full: int
+    local: int
+    start: int
+
+    @staticmethod
+    def split(full: int, parallel: Parallel, what: str) -> "Shard":
+        local = divide(full, parallel.tp_size, what)
+        return Shard(full, local, parallel.tp_rank * local)
+
+    @staticmethod
+    def heads(num_heads: int, head_dim: int, parallel: Parallel, what: str) -> "Shard":
+        """Whole heads per rank; with fewer heads than ranks, each head is replicated on tp_size / num_heads ranks."""
+        tp = parallel.tp_size
+        if num_heads >= tp:
+            n = divide(num_heads, tp, what)
+            return Shard(num_heads * head_dim, n * head_dim, parallel.tp_rank * n * head_dim)
+        if tp % num_heads:
+            raise ValueError(f"the tensor-parallel size {tp} is not a multiple of {what} ({num_heads})")
+        return Shard(num_heads * head_dim, head_dim, parallel.tp_rank * num_heads // tp * head_dim)
+
+
 class Linear(nn.Module):
+    """Replicated: every rank holds the whole weight."""
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.in_features = in_features
@@ -26,31 +66,94 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gemm.linear(x, self.weight, self.bias, self.packed_weight, self.gemm_choices)
 
+    def weight_shards(self, pname: str) -> list:
+        return [None]
+
+    def load_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:
+        copy_checked(param.data, w, pname)
+
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"
 
 
-class MergedLinear(Linear):
-    """Several projections of the same input stacked along the output dim, e.g. q|k|v or gate|up."""
+class ColumnParallelLinear(Linear):
+    """Several projections of the same input stacked along the output dim (q|k|v, gate|up, or just one), each split
+    across ranks by rows; the output stays split (the next layer is row-parallel or reads its own heads)."""
 
-    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
-        super().__init__(in_features, sum(output_sizes), bias)
-        self.output_sizes = list(output_sizes)
+    def __init__(self, in_features: int, shards: list[Shard], bias: bool = False):
+        super().__init__(in_features, sum(s.local for s in shards), bias)
+        self.shards = list(shards)
+        self.output_sizes = [s.local for s in shards]
 
     def shard_range(self, shard_id: int) -> tuple[int, int]:
         start = sum(self.output_sizes[:shard_id])
         return start, start + self.output_sizes[shard_id]
 
+    def weight_shards(self, pname: str) -> list:
+        return list(range(len(self.shards))) if len(self.shards) > 1 else [None]
+
+    def load_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:
+        s = self.shards[shard_id or 0]
+        lo, hi = self.shard_range(shard_id or 0)
+        if w.shape[0] != s.full:
+            raise ValueError(f"weight {pname} has {w.shape[0]} rows, expected {s.full}")
+        copy_checked(param.data[lo:hi], w[s.start : s.start + s.local], pname)
+
+
+class RowParallelLinear(Linear):
+    """The input dim split across ranks; the partial products are summed over ranks (bias added once, after)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, parallel: Parallel = SINGLE):
+        self.parallel = parallel
+        self.full_in = in_features
+        super().__init__(divide(in_features, parallel.tp_size, "a row-parallel input size"), out_features, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.parallel.tp_size == 1:
+            return super().forward(x)
+        out = self.parallel.all_reduce(gemm.linear(x, self.weight, None, self.packed_weight, self.gemm_choices))
+        return out if self.bias is None else out + self.bias
+
+    def load_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:
+        if pname == "bias":
+            return copy_checked(param.data, w, pname)
+        if w.dim() != 2 or w.shape[1] != self.full_in:
+            raise ValueError(f"weight {pname} has shape {tuple(w.shape)}, expected ({self.out_features}, {self.full_in})")
+        start = self.parallel.tp_rank * self.in_features
+        copy_checked(param.data, w[:, start : start + self.in_features], pname)
+
 
 class VocabEmbedding(nn.Module):
-    def __init__(self, num_embeddings: int, embedding_dim: int):
+    """Rows split across ranks (the vocabulary padded to a multiple of tp_size); as an embedding each rank looks up
+    its own ids and the ranks' rows are summed; as the LM head (`lm_head.weight`) each rank yields its vocab slice."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, parallel: Parallel = SINGLE):
         super().__init__()
+        self.parallel = parallel
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
-        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
+        self.rows_per_rank = -(-num_embeddings // parallel.tp_size)
+        self.start = parallel.tp_rank * self.rows_per_rank
+        self.weight = nn.Parameter(torch.empty(self.rows_per_rank, embedding_dim), requires_grad=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.weight)
+        if self.parallel.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.start
+        outside = (local < 0) | (local >= self.rows_per_rank)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.parallel.all_reduce(out.masked_fill(outside[:, None], 0))
+
+    def weight_shards(self, pname: str) -> list:
+        return [None]
+
+    def load_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:
+        if tuple(w.shape) != (self.num_embeddings, self.embedding_dim):
+            raise ValueError(f"weight {pname} has shape {tuple(w.shape)}, "
+                             f"expected {(self.num_embeddings, self.embedding_dim)}")
+        rows = w[self.start : self.start + self.rows_per_rank]
+        param.data[: rows.shape[0]].copy_(rows)
+        param.data[rows.shape[0] :].zero_()
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, rows {self.start}..{self.start + self.rows_per_rank}"

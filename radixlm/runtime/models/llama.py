@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from radixlm.runtime.layers.activation import SiluAndMul
-from radixlm.runtime.layers.linear import Linear, MergedLinear, VocabEmbedding
+from radixlm.runtime.distributed.parallel import SINGLE, Parallel
+from radixlm.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear, Shard, VocabEmbedding, copy_checked
 from radixlm.runtime.layers.norm import RMSNorm
 from radixlm.runtime.layers.radix_attention import RadixAttention
 from radixlm.runtime.layers.rotary import get_rope, rope_params_from_config
@@ -29,10 +30,11 @@ def head_dim_of(config: "PretrainedConfig") -> int:
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, parallel: Parallel = SINGLE):
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, bias=bias)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
+        part = Shard.split(intermediate_size, parallel, "intermediate_size")
+        self.gate_up_proj = ColumnParallelLinear(hidden_size, [part, part], bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, parallel=parallel)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -42,16 +44,18 @@ class LlamaMLP(nn.Module):
 class LlamaAttention(nn.Module):
     def __init__(
         self, config: "PretrainedConfig", layer_id: int, rotary_emb: nn.Module, qkv_bias: bool, o_bias: bool,
-        qk_norm: bool,
+        qk_norm: bool, parallel: Parallel,
     ):
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
         self.head_dim = head_dim_of(config)
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(config.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=qkv_bias)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_bias)
+        q = Shard.heads(total_heads, self.head_dim, parallel, "num_attention_heads")
+        kv = Shard.heads(total_kv_heads, self.head_dim, parallel, "num_key_value_heads")
+        self.num_heads, self.num_kv_heads = q.local // self.head_dim, kv.local // self.head_dim
+        self.q_size, self.kv_size = q.local, kv.local
+        self.qkv_proj = ColumnParallelLinear(config.hidden_size, [q, kv, kv], bias=qkv_bias)
+        self.o_proj = RowParallelLinear(q.full, config.hidden_size, bias=o_bias, parallel=parallel)
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -73,11 +77,11 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     def __init__(
         self, config: "PretrainedConfig", layer_id: int, rotary_emb: nn.Module, qkv_bias: bool, o_bias: bool,
-        qk_norm: bool,
+        qk_norm: bool, mlp: nn.Module, parallel: Parallel,
     ):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_id, rotary_emb, qkv_bias, o_bias, qk_norm)
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False))
+        self.self_attn = LlamaAttention(config, layer_id, rotary_emb, qkv_bias, o_bias, qk_norm, parallel)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -100,14 +104,15 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: "PretrainedConfig", qkv_bias: bool, o_bias: bool, qk_norm: bool):
+    def __init__(self, config: "PretrainedConfig", qkv_bias: bool, o_bias: bool, qk_norm: bool, build_mlp,
+                 parallel: Parallel):
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, parallel)
         theta, scaling = rope_params_from_config(config)
         # One cos/sin cache for all layers (it holds no parameters).
         rotary_emb = get_rope(head_dim_of(config), config.max_position_embeddings, theta, scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, o_bias, qk_norm)
+            LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, o_bias, qk_norm, build_mlp(config, i, parallel), parallel)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -140,53 +145,58 @@ class LlamaForCausalLM(nn.Module):
     o_bias_follows_attention_bias = True
     qk_norm = False
 
-    def __init__(self, config: "PretrainedConfig"):
+    def __init__(self, config: "PretrainedConfig", parallel: Parallel = SINGLE):
         super().__init__()
         self.config = config
+        self.parallel = parallel
         attention_bias = bool(getattr(config, "attention_bias", self.qkv_bias_default))
         qkv_bias = self.qkv_bias_default or attention_bias
         o_bias = attention_bias and self.o_bias_follows_attention_bias
-        self.model = LlamaModel(config, qkv_bias, o_bias, self.qk_norm)
+        self.model = LlamaModel(config, qkv_bias, o_bias, self.qk_norm, self.build_mlp, parallel)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens  # same Parameter: one copy, loaded once
         else:
-            self.lm_head = VocabEmbedding(config.vocab_size, config.hidden_size)
+            self.lm_head = VocabEmbedding(config.vocab_size, config.hidden_size, parallel)
+
+    @staticmethod
+    def build_mlp(config: "PretrainedConfig", layer_id: int, parallel: Parallel) -> nn.Module:
+        """The feed-forward block of layer `layer_id` (MoE models override this)."""
+        return LlamaMLP(config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False), parallel)
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
         """Returns the final-normed hidden states (T, hidden_size); the caller applies lm_head."""
         return self.model(input_ids, positions, forward_batch)
 
+    def map_weight_name(self, name: str) -> tuple[str, object]:
+        """A checkpoint tensor's name -> (our parameter's name, shard id for its module's load_weight)."""
+        for hf_frag, our_frag, shard_id in STACKED_PARAMS:
+            if hf_frag in name:
+                return name.replace(hf_frag, our_frag), shard_id
+        return name, None
+
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
-        loaded: set[tuple[str, int]] = set()
+        loaded: set[tuple[str, object]] = set()
         unexpected: list[str] = []
         for name, w in weights:
             if name.endswith(IGNORED_SUFFIXES):
                 continue
             if self.tie_word_embeddings and name == "lm_head.weight":
                 continue  # some tied checkpoints store the head too; it equals the embedding
-            for hf_frag, our_frag, shard_id in STACKED_PARAMS:
-                if hf_frag in name:
-                    target = name.replace(hf_frag, our_frag)
-                    break
-            else:
-                target, shard_id = name, -1
+            target, shard_id = self.map_weight_name(name)
             param = params.get(target)
             if param is None:
                 unexpected.append(name)
                 continue
-            if shard_id >= 0:
-                module = self.get_submodule(target.rsplit(".", 1)[0])
-                start, end = module.shard_range(shard_id)
-                dst = param.data[start:end]
+            module_name, pname = target.rsplit(".", 1)
+            module = self.get_submodule(module_name)
+            if hasattr(module, "load_weight"):
+                module.load_weight(pname, param, w, shard_id)
             else:
-                dst = param.data
-            if tuple(w.shape) != tuple(dst.shape):
-                raise ValueError(f"weight {name!r} has shape {tuple(w.shape)}, expected {tuple(dst.shape)}")
-            dst.copy_(w)
+                copy_checked(param.data, w, name)
             loaded.add((target, shard_id))
         missing = self._missing(params, loaded)
         if missing:
@@ -195,12 +205,11 @@ class LlamaForCausalLM(nn.Module):
         if unexpected:
             logger.warning("ignored %d unexpected checkpoint tensors, e.g. %s", len(unexpected), unexpected[:4])
 
-    def _missing(self, params: dict[str, nn.Parameter], loaded: set[tuple[str, int]]) -> list[str]:
+    def _missing(self, params: dict[str, nn.Parameter], loaded: set[tuple[str, object]]) -> list[str]:
         missing = []
-        for pname in params:
-            module = self.get_submodule(pname.rsplit(".", 1)[0])
-            if isinstance(module, MergedLinear):
-                missing += [f"{pname}[shard {i}]" for i in range(len(module.output_sizes)) if (pname, i) not in loaded]
-            elif (pname, -1) not in loaded:
-                missing.append(pname)
+        for target in params:
+            module_name, pname = target.rsplit(".", 1)
+            module = self.get_submodule(module_name)
+            shards = module.weight_shards(pname) if hasattr(module, "weight_shards") else [None]
+            missing += [target if s is None else f"{target}[shard {s}]" for s in shards if (target, s) not in loaded]
         return missing

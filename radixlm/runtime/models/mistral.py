@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 
+from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.models.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    def __init__(self, config):
-        super().__init__(config)
+    def __init__(self, config, parallel: Parallel = SINGLE):
+        super().__init__(config, parallel)
         window = getattr(config, "sliding_window", None)
         if window and window < config.max_position_embeddings:
             logger.warning(

@@ -1,0 +1,58 @@
+"""The tensor- and expert-parallel layout of one rank, and the collectives its layers call.
+
+One object per scheduler process, built by the launcher's rank setup and passed to the model's constructor: layers
+read `tp_rank`/`tp_size` to take their shard and call `all_reduce` / `all_gather` where a sharded result must be
+combined. With `tp_size == 1` every collective is the identity, so single-GPU code pays nothing."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+def divide(total: int, parts: int, what: str) -> int:
+    if total % parts:
+        raise ValueError(f"{what} ({total}) is not divisible by the tensor-parallel size {parts}")
+    return total // parts
+
+
+@dataclass
+class Parallel:
+    """Set by the rank setup (`radixlm.runtime.distributed.setup`); read-only afterwards."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    # Expert parallelism reuses the tensor-parallel ranks: with ep_size == tp_size each rank holds whole experts
+    # (num_experts / ep_size of them); with ep_size == 1 every rank holds a slice of every expert.
+    ep_size: int = 1
+    group: object | None = field(default=None, repr=False)  # torch.distributed group of the TP ranks
+
+    def __post_init__(self) -> None:
+        if self.ep_size not in (1, self.tp_size):
+            raise ValueError(f"--ep-size must be 1 or equal to --tp-size ({self.tp_size}); got {self.ep_size}")
+
+    @property
+    def ep_rank(self) -> int:
+        return self.tp_rank if self.ep_size > 1 else 0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks of x, in place."""
+        if self.tp_size == 1:
+            return x
+        import torch.distributed as dist
+
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """The ranks' x concatenated along dim, rank order."""
+        if self.tp_size == 1:
+            return x
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(x) for _ in range(self.tp_size)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts, dim=dim)
+
+
+SINGLE = Parallel()  # the layout of a one-rank server (immutable in use: nothing assigns to its fields)
