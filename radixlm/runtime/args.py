@@ -27,6 +27,8 @@ class GrammarMaskMode(str, enum.Enum):
 
 class SpeculativeAlgorithm(str, enum.Enum):
     NGRAM = "NGRAM"  # prompt lookup: the request's own earlier tokens continue its latest ones
+    RADIX = "RADIX"  # what the radix cache holds after the request's tokens (scheduler/drafts/radix.py)
+    NGRAM_RADIX = "NGRAM_RADIX"  # both: the cache's continuation of the whole sequence, prompt lookup, the cache's k-gram
 
 
 # ServerArgs fields whose values are enums: a string given for them becomes the member.
@@ -71,6 +73,8 @@ class ServerArgs:
     speculative_num_draft_tokens: int = field(default=4, metadata={"help": "draft tokens proposed per request and step"})
     speculative_ngram_min_match_window_size: int = field(default=1, metadata={"help": "NGRAM: shortest run of latest tokens looked up"})
     speculative_ngram_max_match_window_size: int = field(default=4, metadata={"help": "NGRAM: longest run of latest tokens looked up (longest match first)"})
+    speculative_radix_match_window_size: int = field(default=4, metadata={"help": "RADIX: latest tokens looked up in the cache's k-gram index when the request's whole sequence is not cached"})
+    speculative_max_batch_rows: int = field(default=64, metadata={"help": "rows a decode pass may reach with its drafts: each request drafts at most (rows - batch) // batch tokens, none from this batch size on (jump-forward excepted); 0: no limit"})
 
     # Radix cache
     disable_radix_cache: bool = False
@@ -136,6 +140,8 @@ class ServerArgs:
         check(self.speculative_num_draft_tokens >= 1, "speculative_num_draft_tokens must be >= 1")
         check(1 <= self.speculative_ngram_min_match_window_size <= self.speculative_ngram_max_match_window_size,
               "need 1 <= speculative_ngram_min_match_window_size <= speculative_ngram_max_match_window_size")
+        check(self.speculative_radix_match_window_size >= 1, "speculative_radix_match_window_size must be >= 1")
+        check(self.speculative_max_batch_rows >= 0, "speculative_max_batch_rows must be >= 0 (0: no limit)")
         check(self.watchdog_timeout > 0, "watchdog_timeout must be > 0")
         check(self.max_logprobs >= -1, "max_logprobs must be -1 (the vocabulary size) or >= 0")
         check(self.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")
