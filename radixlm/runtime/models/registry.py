@@ -5,14 +5,19 @@ from torch import nn
 
 from radixlm.runtime.models.llama import LlamaForCausalLM
 from radixlm.runtime.models.mistral import MistralForCausalLM
+from radixlm.runtime.models.mixtral import MixtralForCausalLM
 from radixlm.runtime.models.qwen2 import Qwen2ForCausalLM
 from radixlm.runtime.models.qwen3 import Qwen3ForCausalLM
+from radixlm.runtime.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 

@@ -1,0 +1,39 @@
+"""Mixtral: Mistral's attention with a sparse MoE block in every layer (router `gate`, experts w1 = gate, w3 = up,
+w2 = down; the top-k routing weights always renormalised)."""
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from radixlm.runtime.distributed.parallel import Parallel
+from radixlm.runtime.layers.linear import Linear
+from radixlm.runtime.layers.moe import FusedMoE
+from radixlm.runtime.layers.moe.layer import expert_weight_name
+from radixlm.runtime.models.mistral import MistralForCausalLM
+
+# Checkpoint: model.layers.{i}.block_sparse_moe.experts.{e}.w{1,2,3}.weight
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
+_PARTS = {"w1": "gate", "w3": "up", "w2": "down"}
+
+
+class MixtralMoE(nn.Module):
+    def __init__(self, config, parallel: Parallel):
+        super().__init__()
+        self.gate = Linear(config.hidden_size, config.num_local_experts)  # the router, replicated
+        self.experts = FusedMoE(config.num_local_experts, config.num_experts_per_tok, config.hidden_size,
+                                config.intermediate_size, renormalize=True, parallel=parallel)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.experts(hidden, self.gate(hidden))
+
+
+class MixtralForCausalLM(MistralForCausalLM):
+    @staticmethod
+    def build_mlp(config, layer_id: int, parallel: Parallel) -> nn.Module:
+        return MixtralMoE(config, parallel)
+
+    def map_weight_name(self, name: str) -> tuple[str, object]:
+        name = name.replace(".block_sparse_moe.", ".mlp.")
+        return expert_weight_name(name, _EXPERT, _PARTS) or super().map_weight_name(name)
