@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.runtime.cache.eviction import EvictionQueue, get_eviction_strategy
+from radixlm.runtime.cache.radix_lookup import KGramIndex
 from radixlm.runtime.cache.radix_node import CacheLock, MatchResult, RadixKey, TreeNode
 
 if TYPE_CHECKING:
@@ -37,7 +38,20 @@ class RadixCache:
         # Bumped by reset (a flush forgets every node at once); see match_unchanged.
         self.generation = 0
         self._empty_indices = torch.empty((0,), dtype=torch.int64, device=self.device)
+        # Where each run of k cached tokens ends (radix_lookup.py); kept only once a draft source asks for it.
+        self.kgram_index: KGramIndex | None = None
         self.reset()
+
+    def enable_kgram_index(self, k: int) -> KGramIndex:
+        """The k-gram index of the cached tokens, kept from now on (one per tree: a second k is refused)."""
+        if self.kgram_index is None:
+            self.kgram_index = KGramIndex(k)
+            for node in self._nodes():  # parents before children: older text first, as inserts would have
+                if node is not self.root_node:
+                    self.kgram_index.add(node)
+        elif self.kgram_index.k != k:
+            raise ValueError(f"the tree already keeps a {self.kgram_index.k}-gram index")
+        return self.kgram_index
 
     # ------------------------------------------------------------------ basic tree operations
     def reset(self) -> None:
@@ -47,6 +61,8 @@ class RadixCache:
         self.evictable_size_ = 0
         self.protected_size_ = 0
         self.generation += 1
+        if self.kgram_index is not None:
+            self.kgram_index.clear()
 
     def _tick(self) -> int:
         self._clock += 1
@@ -157,6 +173,8 @@ class RadixCache:
             node.children[key.child_key(self.page_size)] = leaf
             self.evictable_size_ += len(key)
             node = leaf
+            if self.kgram_index is not None:
+                self.kgram_index.add(leaf)
         self.evict_queue.offer(node)
         return present, node
 
@@ -223,6 +241,8 @@ class RadixCache:
         return evicted
 
     def _delete_leaf(self, node: TreeNode) -> None:
+        if self.kgram_index is not None:
+            self.kgram_index.remove(node)
         del node.parent.children[node.key.child_key(self.page_size)]
         node.deleted = True
         self.evictable_size_ -= len(node.key)
