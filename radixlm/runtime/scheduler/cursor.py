@@ -63,19 +63,21 @@ class KVCursor:
         self.committed, self.in_flight, self.draft = 0, 0, None
 
 
-def can_plan_ahead(req: "Req") -> bool:
+def can_plan_ahead(req: "Req", drafting: bool = True) -> bool:
     """NOTE invariant (the overlap rule): a request's next pass may be planned while its last pass is in flight --
     before the host has read that pass's token -- only when the next pass needs nothing from the host but lengths:
     no grammar (its mask follows the accepted tokens), no draft (a draft continues the last token, and its
-    verification decides `committed`), no penalty counted over the output tokens. Everything else the planner needs
-    (committed, in_flight, the draft) is known at launch."""
+    verification decides `committed`) nor a source that would propose one (`drafting`: the batch rule lets
+    guessing sources draft, DraftPath.drafting; a grammar-free request has only such sources, and DraftPath
+    proposes nothing while a pass of the request is in flight), no penalty counted over the output tokens.
+    Everything else the planner needs (committed, in_flight, the draft) is known at launch."""
     sp = req.sampling_params
-    return (req.grammar is None and req.kv.draft is None and not req.draft_sources
+    return (req.grammar is None and req.kv.draft is None and not (drafting and req.draft_sources)
             and sp.repetition_penalty == 1.0 and sp.frequency_penalty == 0.0 and sp.presence_penalty == 0.0)
 
 
-def can_launch_ahead(chunk_in_flight: bool, running: Iterable["Req"]) -> bool:
+def can_launch_ahead(chunk_in_flight: bool, running: Iterable["Req"], drafting: bool = True) -> bool:
     """The next pass may be launched before the pass in flight is processed when every running request can be
     planned ahead and no chunk of a prompt is in flight: the next chunk starts from the tree that processing the
     chunk updates (its pages become the tree's)."""
-    return not chunk_in_flight and all(can_plan_ahead(r) for r in running)
+    return not chunk_in_flight and all(can_plan_ahead(r, drafting) for r in running)

@@ -30,6 +30,7 @@ from radixlm.runtime.scheduler.cursor import can_launch_ahead
 from radixlm.runtime.scheduler.drafts import DraftPath, Proposer
 from radixlm.runtime.scheduler.drafts.jump_forward import JumpForwardSource
 from radixlm.runtime.scheduler.drafts.ngram import NGramSource
+from radixlm.runtime.scheduler.drafts.radix import RadixSource
 from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
 from radixlm.runtime.scheduler.integrity import check_kv_accounting
 from radixlm.runtime.scheduler.output_processor import BatchResult, SchedulerOutputProcessorMixin
@@ -71,12 +72,8 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
                                  self.grammar_stats)
         jump = JumpForwardSource(server_args.jump_forward, tokenizer, eos_token_ids,
                                  lambda: grammars.backend, self.grammar_stats)
-        sources: list[Proposer] = [jump]
-        if server_args.speculative_algorithm is SpeculativeAlgorithm.NGRAM:
-            sources.append(NGramSource(server_args.speculative_num_draft_tokens,
-                                       server_args.speculative_ngram_min_match_window_size,
-                                       server_args.speculative_ngram_max_match_window_size, self.grammar_stats))
-        self.drafts = DraftPath(sources, tokenizer, self.page_size, self.grammar_stats)
+        self.drafts = DraftPath([jump, *self._speculative_sources(server_args)], tokenizer, self.page_size,
+                                self.grammar_stats, server_args.speculative_max_batch_rows, lambda: len(self.running))
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed)
         self.sampler = Sampler()
         self.generator = torch.Generator(device=self.device)
@@ -99,6 +96,28 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         # returns them). Delivering them there takes detokenizing and sending off the critical path.
         self.output_sink: Callable[[list[ReqOutput]], None] | None = None
         self.stats: Counter = Counter({k: 0 for k in STAT_KEYS})  # for tests, benchmarks and metrics
+
+    def _speculative_sources(self, args: ServerArgs) -> list[Proposer]:
+        """--speculative-algorithm's draft sources, in the order they are asked (the first with a draft wins).
+        NGRAM_RADIX: the cache's continuation of the whole sequence (same context), then prompt lookup (the
+        request's own text), then the cache's latest k tokens (another context)."""
+        algo = args.speculative_algorithm
+        n, stats = args.speculative_num_draft_tokens, self.grammar_stats
+
+        def ngram() -> NGramSource:
+            return NGramSource(n, args.speculative_ngram_min_match_window_size,
+                               args.speculative_ngram_max_match_window_size, stats)
+
+        def radix(path: bool = True, kgram: bool = True) -> RadixSource:
+            return RadixSource(self.tree_cache, n, args.speculative_radix_match_window_size, stats, path, kgram)
+
+        if algo is SpeculativeAlgorithm.NGRAM:
+            return [ngram()]
+        if algo is SpeculativeAlgorithm.RADIX:
+            return [radix()]
+        if algo is SpeculativeAlgorithm.NGRAM_RADIX:
+            return [radix(kgram=False), ngram(), radix(path=False)]
+        return []
 
     # ------------------------------------------------------------------ input
     def add_request(self, msg: TokenizedGenerateReqInput) -> None:
@@ -189,8 +208,8 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         self._process_aborts()
         for req in self.grammar_queue.pop_ready():
             self._enter_waiting(req)
-        if self.inflight is not None and not (self.overlap and can_launch_ahead(self.inflight.batch.has_chunk,
-                                                                                self.running)):
+        if self.inflight is not None and not (self.overlap and can_launch_ahead(
+                self.inflight.batch.has_chunk, self.running, self.drafts.drafting(len(self.running)))):
             self.sync_inflight()
         batch = self.get_next_batch_to_run()
         self.launching = batch
@@ -226,12 +245,15 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
         admitted = self.admit_new()
         if admitted:
-            batch = self.planner.plan(self._mixed_in(admitted), admitted, self.next_token_buf)
+            mixed = self._mixed_in(admitted)
+            self.drafts.fit_batch(mixed + admitted)
+            batch = self.planner.plan(mixed, admitted, self.next_token_buf)
             self.stats["prefill_batches"] += 1
             self.stats["prefill_tokens"] += sum(batch.worker.extend_lens[len(batch.reqs) - len(admitted):])
             return batch
         if not self.update_running():
             return None
+        self.drafts.fit_batch(self.running)
         batch = self.planner.plan(self.running, [], self.next_token_buf)
         self.stats["decode_batches"] += 1
         self.stats["jump_decode_batches"] += batch.num_rows > len(batch.reqs)  # draft or forced tokens rode along

@@ -1,13 +1,23 @@
 """The draft path: a request's draft sources propose tokens (req.kv.draft), the planner gives the next pass a row per
 draft token, and the verdict is taken here the same way whatever proposed the draft: the tokens kept, their
 logprobs, the finish rules among them (Req.append_tokens), the cursor rolled back over rejected tokens and their KV
-freed, the source told what happened. Grammar jump-forward (drafts/jump_forward.py) is the source today; an n-gram,
-radix-cache or draft-model source plugs in as another DraftSource given to DraftPath."""
+freed, the source told what happened. Sources: grammar jump-forward (drafts/jump_forward.py), prompt lookup
+(drafts/ngram.py), the radix cache (drafts/radix.py); a draft-model source plugs in as another Proposer.
+
+The batch rule (draft_cap): verification rows are nearly free while a decode pass is bound by reading the weights,
+and cost as much as any row once the pass is bound by compute; so a decode pass of n requests may reach
+--speculative-max-batch-rows (B) rows with its drafts: each request drafts at most (B - n) // n tokens (also
+within --speculative-num-draft-tokens), none once n > B/2, so a pass has at most max(B, n) rows. It binds the
+sources whose drafts are guesses (batch_adaptive: NGRAM, RADIX), not grammar jump-forward, whose exact drafts are
+forced text the request would take anyway. It is applied twice: when a draft is proposed (n: the running
+requests; with a cap of 0 no lookup is made) and when the pass is planned (fit_batch: n is then the pass's own).
+With drafts off for the batch, requests whose only sources follow the rule may be planned ahead by the overlap
+scheduler (cursor.can_plan_ahead): large batches lose nothing to speculation being configured."""
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -16,7 +26,8 @@ from radixlm.runtime.scheduler.req import GRAMMAR_VIOLATION, FinishReason, Gramm
 
 
 class Proposer(Protocol):
-    """A draft source as DraftPath drives it (also cursor.DraftSource: learn)."""
+    """A draft source as DraftPath drives it (also cursor.DraftSource: learn). A source may set batch_adaptive =
+    False (exact drafts: the batch rule does not bind them); the default is True."""
 
     def applies_to(self, req: Req) -> bool: ...
 
@@ -24,28 +35,72 @@ class Proposer(Protocol):
         """Sets req.kv.draft (tokens for the next pass to verify), or takes tokens it trusts (appends them)."""
 
 
+def batch_adaptive(source) -> bool:
+    return getattr(source, "batch_adaptive", True)
+
+
 class DraftPath:
-    def __init__(self, sources: list[Proposer], tokenizer, page_size: int, stats: Counter):
+    def __init__(self, sources: list[Proposer], tokenizer, page_size: int, stats: Counter, max_batch_rows: int = 0,
+                 batch_size: Callable[[], int] = lambda: 1):
+        """max_batch_rows: the batch rule's B (0: no rule); batch_size: the running requests now."""
         self.sources = sources
         self.tokenizer = tokenizer
         self.page_size = page_size
         self.stats = stats
+        self.max_batch_rows = max_batch_rows
+        self.batch_size = batch_size
+
+    # ------------------------------------------------------------------ the batch rule
+    def draft_cap(self, n: int) -> int | None:
+        """Draft tokens a request of a decode pass of n requests may have from a batch_adaptive source (None: no
+        cap)."""
+        rows = self.max_batch_rows
+        if not rows:
+            return None
+        n = max(n, 1)
+        return max(rows - n, 0) // n
+
+    def drafting(self, n: int) -> bool:
+        """Whether batch_adaptive sources draft for a batch of n requests."""
+        return self.draft_cap(n) != 0
+
+    def fit_batch(self, reqs: list[Req]) -> None:
+        """Before a pass of `reqs` is planned: cuts their batch_adaptive drafts to the cap for this many requests."""
+        cap = self.draft_cap(len(reqs))
+        if cap is None:
+            return
+        for req in reqs:
+            draft = req.kv.draft
+            if draft is not None and len(draft.tokens) > cap and batch_adaptive(draft.source):
+                self.stats["draft_tokens_cut"] += len(draft.tokens) - cap
+                req.kv.draft = replace(draft, tokens=draft.tokens[:cap]) if cap else None
 
     def attach(self, req: Req) -> None:
         """When the request enters the waiting queue (its grammar, if any, is ready)."""
         req.draft_sources = tuple(s for s in self.sources if s.applies_to(req))
 
-    def propose(self, req: Req) -> None:
+    def propose(self, req: Req, batch: int | None = None) -> None:
         """After the request's tokens were taken (and before its first pass): the first source with something to
         propose proposes it. A draft is cut to the tokens the request may still take: its tokens are outputs once
-        kept, and max_new_tokens binds them as any other (with none left, e.g. max_new_tokens=0, no draft)."""
+        kept, and max_new_tokens binds them as any other (with none left, e.g. max_new_tokens=0, no draft); and
+        to the batch rule's cap for `batch` requests (default: those running). Not while a pass of the request is
+        in flight (planned ahead by the overlap scheduler): a draft continues the last token, not yet known."""
+        if req.kv.in_flight:
+            return
+        cap = self.draft_cap(self.batch_size() if batch is None else batch)
         for source in req.draft_sources:
             if req.finished() or req.kv.draft is not None:
                 break
+            if cap == 0 and batch_adaptive(source):
+                continue
             source.propose(req)
         draft = req.kv.draft
-        if draft is not None and len(draft.tokens) > req.tokens_left():
-            left = req.tokens_left()
+        if draft is None:
+            return
+        left = req.tokens_left()
+        if cap is not None and batch_adaptive(draft.source):
+            left = min(left, cap)
+        if len(draft.tokens) > left:
             req.kv.draft = replace(draft, tokens=draft.tokens[:left]) if left else None
 
     def propose_admitted(self, reqs: list[Req], room: int) -> None:
@@ -53,8 +108,9 @@ class DraftPath:
         come with the last chunk). Admission reserved the prompts, not the drafts: they are dropped when `room`
         (free + evictable slots) cannot hold them next to the prompts."""
         whole = [r for r in reqs if not r.is_chunked and r.draft_sources]
+        batch = self.batch_size() + len(reqs)
         for req in whole:
-            self.propose(req)
+            self.propose(req, batch)
         drafted = sum(req.kv.draft_len() for req in whole)
         if drafted and room < sum(r.extend_input_len for r in reqs) + drafted + self.page_size * (2 * len(reqs) + 1):
             for req in whole:

@@ -19,6 +19,8 @@ FORCED_MEMO_ENTRIES = 4096
 
 
 class JumpForwardSource:
+    batch_adaptive = False  # exact drafts of forced text: not cut by the batch rule (DraftPath.draft_cap)
+
     def __init__(self, mode: JumpForwardMode, tokenizer, eos_token_ids: frozenset[int], backend, stats: Counter):
         """backend: returns the grammar backend (built at the first compilation)."""
         self.mode = mode

@@ -12,9 +12,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from radixlm.runtime.scheduler.cursor import Draft
+from radixlm.runtime.scheduler.drafts.backoff import MAX_BACKOFF, Backoff
 from radixlm.runtime.scheduler.req import Req
 
-MAX_BACKOFF = 16
+__all__ = ["MAX_BACKOFF", "NGramSource"]
 
 
 @dataclass
@@ -24,11 +25,12 @@ class _Lookup:
     tokens: list[int]
     indexed: int = 0  # runs ending at positions (exclusive ends) up to this one are in `ends`
     ends: dict[tuple[int, ...], int] = field(default_factory=dict)
-    backoff: int = 0  # steps without a draft after the next wholly rejected one (doubles while they keep failing)
-    skip: int = 0  # steps left without a draft
+    backoff: Backoff = field(default_factory=Backoff)
 
 
 class NGramSource:
+    batch_adaptive = True  # its drafts shrink as the batch grows (DraftPath.draft_cap)
+
     def __init__(self, num_draft_tokens: int, min_window: int, max_window: int, stats: Counter):
         self.num_draft_tokens = num_draft_tokens
         self.min_window, self.max_window = min_window, max_window
@@ -43,8 +45,7 @@ class NGramSource:
         if k <= 0:
             return
         lk = self._lookup(req)
-        if lk.skip:
-            lk.skip -= 1
+        if lk.backoff.waiting():
             return
         tokens = lk.tokens
         start = self._match(req)
@@ -56,13 +57,7 @@ class NGramSource:
         """A draft the model rejected outright costs its verification rows for nothing: the request drafts again only
         after 1, 2, 4, ... MAX_BACKOFF steps while that repeats (a draft with any token kept resets the wait)."""
         lk = self._lookups.get(req)
-        if lk is None:
-            return
-        if accepted:
-            lk.backoff = 0
-        else:
-            lk.backoff = min(max(1, 2 * lk.backoff), MAX_BACKOFF)
-            lk.skip = lk.backoff
+        if lk is not None and lk.backoff.learn(accepted):
             self.stats["ngram_backoffs"] += 1
 
     def _lookup(self, req: Req) -> _Lookup:
