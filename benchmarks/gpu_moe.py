@@ -1,0 +1,352 @@
+"""Qwen3-30B-A3B (bf16, dummy weights) on one GPU through the offline Engine: the MoE table of issue 22, parts chosen
+with --parts:
+
+  kernel   one layer's experts (128 experts, top-8, hidden 2048, moe_intermediate 768): the fused Triton path against
+           the torch path at several token counts; time, the bytes of the experts the tokens touch / copy bandwidth
+           as the floor, and the largest difference between the two paths
+  decode   decode step time at batch 1, 32, 256 ((t_{steps+1} - t_1) / steps, fresh random prompts) against the floor:
+           the bytes read per step (every weight but the embedding table, but of each layer's experts only those
+           the batch is expected to touch under uniform routing, E * (1 - (1 - k/E)^batch), plus the KV cache read)
+           / the device-to-device copy bandwidth measured in this run
+  offline  offline throughput: ShareGPT-like and random prompts (token ids), output and total tokens/s
+
+    python benchmarks/gpu_moe.py --out $OUT/moe_gpu.json
+    python benchmarks/gpu_moe.py --tiny --out /tmp/moe_tiny.json     # the same logic on the CPU, a tiny config
+
+The model directory (config written with transformers' Qwen3MoeConfig, a word-level tokenizer t0..t{V-1}: prompts
+are token ids, nothing is downloaded) is made under $RADIXLM_CACHE_DIR or ~/.cache/radixlm. Greedy, EOS ignored.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from radixlm import Engine  # noqa: E402
+from radixlm.bench.datasets import PromptSource, random_dataset, sharegpt_like_dataset  # noqa: E402
+from radixlm.runtime.layers.moe import FusedMoE, fused_experts, select_experts  # noqa: E402
+from radixlm.runtime.layers.moe.fused_moe import fused_experts_torch  # noqa: E402
+
+QWEN3_30B_A3B = dict(
+    vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+    num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+    norm_topk_prob=True, max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    bos_token_id=151643, eos_token_id=151645,
+)
+TINY = dict(
+    vocab_size=1024, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=16, num_experts_per_tok=4,
+    norm_topk_prob=True, max_position_embeddings=4096, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    bos_token_id=0, eos_token_id=1,
+)
+H100_BF16_DENSE_TFLOPS = 989.4
+
+
+def log(*a) -> None:
+    print(*a, flush=True)
+
+
+def model_dir(tiny: bool) -> str:
+    """The config and a word-level tokenizer of the model's vocabulary (the engine wants a tokenizer)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig
+
+    shapes = TINY if tiny else QWEN3_30B_A3B
+    root = os.environ.get("RADIXLM_CACHE_DIR", os.path.expanduser("~/.cache/radixlm"))
+    out = Path(root) / ("qwen3-moe-tiny-dummy" if tiny else "qwen3-30b-a3b-dummy")
+    out.mkdir(parents=True, exist_ok=True)
+    config = Qwen3MoeConfig(**shapes)
+    config.architectures = ["Qwen3MoeForCausalLM"]
+    config.dtype = "bfloat16"
+    config.save_pretrained(out)
+    if not (out / "tokenizer.json").exists():
+        tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(shapes["vocab_size"])}, unk_token="t0"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token=f"t{shapes['eos_token_id']}",
+                                bos_token=f"t{shapes['bos_token_id']}").save_pretrained(out)
+    return str(out)
+
+
+class Clock:
+    """Wall time of fn on the device: CUDA events on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def per_call_s(self, fn, reps: int, warmup: int = 3) -> float:
+        for _ in range(warmup):
+            fn()
+        self.sync()
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3 / reps
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) / reps
+
+
+def measure_copy_bandwidth(device: str, nbytes: int) -> float:
+    """Copy bandwidth in bytes/s, counting the bytes read and the bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    sec = Clock(device).per_call_s(lambda: dst.copy_(src), reps=20)
+    del src, dst
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return 2 * nbytes / sec
+
+
+def expected_experts(num_experts: int, top_k: int, batch: int) -> float:
+    """Distinct experts a layer reads for `batch` tokens that each pick top_k of num_experts uniformly."""
+    return num_experts * (1 - (1 - top_k / num_experts) ** batch)
+
+
+# ------------------------------------------------------------------------------------------------------------ kernel
+def part_kernel(shapes: dict, device: str, dtype: torch.dtype, bw: float, token_counts: list[int],
+                triton_ok: bool) -> dict:
+    e, k, h, i = shapes["num_experts"], shapes["num_experts_per_tok"], shapes["hidden_size"], shapes["moe_intermediate_size"]
+    g = torch.Generator(device=device).manual_seed(0)
+    w13 = (torch.randn(e, 2 * i, h, device=device, generator=g) * h**-0.5).to(dtype)
+    w2 = (torch.randn(e, h, i, device=device, generator=g) * i**-0.5).to(dtype)
+    expert_bytes = (w13[0].numel() + w2[0].numel()) * w13.element_size()
+    clock = Clock(device)
+    rows = []
+    for t in token_counts:
+        x = torch.randn(t, h, device=device, generator=g).to(dtype)
+        weights, ids = select_experts(torch.randn(t, e, device=device, generator=g), k, renormalize=True)
+        touched = int(torch.unique(ids).numel())
+        reps = max(3, min(200, 4000 // max(t, 1))) if device == "cuda" else 3
+        row = {"tokens": t, "experts_touched": touched, "floor_us": touched * expert_bytes / bw * 1e6,
+               "gflop": 2 * t * k * 3 * h * i / 1e9}
+        row["torch_us"] = clock.per_call_s(lambda: fused_experts_torch(x, w13, w2, weights, ids), reps) * 1e6
+        if triton_ok:
+            row["fused_us"] = clock.per_call_s(lambda: fused_experts(x, w13, w2, weights, ids, use_triton=True), reps) * 1e6
+            ref = fused_experts_torch(x, w13, w2, weights, ids).float()
+            got = fused_experts(x, w13, w2, weights, ids, use_triton=True).float()
+            row["max_abs_diff"] = float((got - ref).abs().max())
+            row["ref_max_abs"] = float(ref.abs().max())
+            row["speedup"] = row["torch_us"] / row["fused_us"]
+            row["fused_over_floor"] = row["fused_us"] / row["floor_us"]
+            row["fused_tflops"] = row["gflop"] / row["fused_us"] * 1e-3
+        rows.append(row)
+        fused = (f"fused {row['fused_us']:9.1f} us ({row['fused_over_floor']:5.2f}x floor, "
+                 f"{row['fused_tflops']:6.1f} TFLOP/s, diff {row['max_abs_diff']:.2e})  " if triton_ok else "")
+        log(f"experts, {t:5d} tokens ({touched:3d} experts): {fused}torch {row['torch_us']:9.1f} us, "
+            f"floor {row['floor_us']:8.1f} us")
+    del w13, w2
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return {"experts": e, "top_k": k, "hidden": h, "moe_intermediate": i, "dtype": str(dtype),
+            "expert_bytes": expert_bytes, "triton": triton_ok, "rows": rows}
+
+
+# ------------------------------------------------------------------------------------------------------------ engine
+ENGINE_ARGS: dict = {}
+
+
+def make_engine(path: str, device: str, dtype: str, context_len: int, **kw) -> Engine:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        kw.setdefault("mem_fraction_static", 0.88)
+    kw = {**kw, **ENGINE_ARGS}
+    return Engine(path, load_format="dummy", dtype=dtype, device=device, context_length=context_len, random_seed=0, **kw)
+
+
+def greedy(n_out: int) -> dict:
+    return {"temperature": 0, "max_new_tokens": n_out, "ignore_eos": True}
+
+
+def timed(engine: Engine, prompts: list[list[int]], params) -> tuple[float, list[dict]]:
+    t0 = time.perf_counter()
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    return time.perf_counter() - t0, outs
+
+
+def decode_steps(engine: Engine, src: PromptSource, batch: int, prompt_len: int, steps: int) -> float:
+    """Seconds per decode step at `batch`: fresh prompts each run (no radix-cache hits)."""
+    timed(engine, [src.ids(prompt_len) for _ in range(batch)], greedy(2))  # a new prefill shape compiles untimed
+    t1, _ = timed(engine, [src.ids(prompt_len) for _ in range(batch)], greedy(1))
+    tn, _ = timed(engine, [src.ids(prompt_len) for _ in range(batch)], greedy(steps + 1))
+    return (tn - t1) / steps
+
+
+def weight_bytes(model) -> dict:
+    """Bytes of the weights a decode step reads, split: dense (all but the embedding table and the experts), and per
+    expert of each MoE layer."""
+    moes = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    expert_params = {id(p) for m in moes for p in (m.w13_weight, m.w2_weight)}
+    embed = model.model.embed_tokens.weight
+    dense = sum(p.numel() * p.element_size() for p in model.parameters()
+                if id(p) not in expert_params and p is not embed)
+    m = moes[0]
+    per_expert = (m.w13_weight[0].numel() + m.w2_weight[0].numel()) * m.w13_weight.element_size()
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"dense": dense, "per_expert": per_expert, "moe_layers": len(moes), "num_experts": m.num_experts,
+            "top_k": m.top_k, "total": total}
+
+
+def part_decode(path: str, device: str, dtype: str, context_len: int, src: PromptSource, bw: float,
+                batches: list[int], prompt_len: int, steps: int) -> dict:
+    engine = make_engine(path, device, dtype, context_len, max_running_requests=max(batches),
+                         **({"cuda_graph_max_bs": max(batches)} if device == "cuda" else {}))
+    try:
+        wb = weight_bytes(engine.runner.model)
+        kv_per_token = engine.runner.kv_bytes_per_token()
+        decode_steps(engine, src, min(8, max(batches)), prompt_len, steps=min(16, steps))  # warm-up
+        rows = []
+        for b in batches:
+            step = decode_steps(engine, src, b, prompt_len, steps)
+            touched = expected_experts(wb["num_experts"], wb["top_k"], b)
+            active = wb["dense"] + wb["moe_layers"] * touched * wb["per_expert"]
+            # The measured steps read on average prompt_len + steps / 2 positions of KV per request.
+            kv = b * (prompt_len + steps / 2) * kv_per_token
+            floor = (active + kv) / bw
+            rows.append({"batch": b, "step_ms": step * 1e3, "floor_ms": floor * 1e3, "ratio_to_floor": step / floor,
+                         "expected_experts_per_layer": touched, "active_weight_bytes": active, "kv_bytes": kv,
+                         "output_tokens_per_s": b / step})
+            log(f"decode batch {b:4d}: {step * 1e3:8.2f} ms/step, floor {floor * 1e3:7.2f} ms "
+                f"({active / 1e9:6.2f} GB weights, {touched:5.1f} experts/layer, {kv / 1e9:5.2f} GB KV), "
+                f"{step / floor:5.2f}x floor, {b / step:8.0f} tok/s")
+        return {"weights": wb, "kv_bytes_per_token": kv_per_token, "prompt_len": prompt_len, "steps": steps,
+                "rows": rows}
+    finally:
+        engine.shutdown()
+
+
+def offline_run(engine: Engine, reqs, name: str) -> dict:
+    prompts = [r.input_ids for r in reqs]
+    params = [greedy(r.output_len) for r in reqs]
+    before = dict(engine.scheduler.stats)
+    wall, outs = timed(engine, prompts, params)
+    steps = {k: engine.scheduler.stats[k] - before[k] for k in ("prefill_batches", "decode_batches", "retractions")}
+    n_out = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    n_in = sum(len(p) for p in prompts)
+    row = {"workload": name, "requests": len(reqs), "input_tokens": n_in, "output_tokens": n_out, "wall_s": wall,
+           "output_tokens_per_s": n_out / wall, "total_tokens_per_s": (n_in + n_out) / wall,
+           "request_per_s": len(reqs) / wall, **steps}
+    log(f"{name}: {len(reqs)} requests in {wall:7.1f} s, {row['output_tokens_per_s']:8.0f} out tok/s, "
+        f"{row['total_tokens_per_s']:8.0f} total tok/s, {steps}")
+    return row
+
+
+def part_offline(path: str, device: str, dtype: str, context_len: int, src: PromptSource, sharegpt_n: int,
+                 random_n: int, random_in: int, random_out: int) -> dict:
+    engine = make_engine(path, device, dtype, context_len)
+    try:
+        offline_run(engine, random_dataset(src, 16, 64, 8, 1.0), "warm-up")
+        result = {}
+        if sharegpt_n:
+            reqs = sharegpt_like_dataset(src, sharegpt_n, seed=1, max_input_len=min(2048, context_len // 2),
+                                         max_output_len=min(1024, context_len // 2))
+            result["sharegpt_like"] = offline_run(engine, reqs, "sharegpt-like")
+        if random_n:
+            result[f"random_{random_in}_{random_out}"] = offline_run(
+                engine, random_dataset(src, random_n, random_in, random_out, 1.0), f"random-{random_in}-{random_out}")
+        return result
+    finally:
+        engine.shutdown()
+
+
+def print_table(result: dict) -> None:
+    log("\n| part | setting | ours | floor / reference | ratio |")
+    log("| --- | --- | --- | --- | --- |")
+    log(f"| bandwidth | copy, read + write | {result['copy_bandwidth_GBps']:.0f} GB/s | | |")
+    for r in result.get("kernel", {}).get("rows", []):
+        if "fused_us" in r:
+            log(f"| experts | {r['tokens']} tokens, fused vs torch | {r['fused_us']:.1f} us | torch {r['torch_us']:.1f} us, "
+                f"floor {r['floor_us']:.1f} us | {r['speedup']:.2f}x faster, {r['fused_over_floor']:.2f}x floor |")
+        else:
+            log(f"| experts | {r['tokens']} tokens, torch | {r['torch_us']:.1f} us | floor {r['floor_us']:.1f} us | |")
+    for r in result.get("decode", {}).get("rows", []):
+        log(f"| decode | batch {r['batch']} | {r['step_ms']:.2f} ms/step | floor {r['floor_ms']:.2f} ms | "
+            f"{r['ratio_to_floor']:.2f}x floor |")
+    for name, r in result.get("offline", {}).items():
+        log(f"| offline | {name}, {r['requests']} requests | {r['output_tokens_per_s']:.0f} out tok/s | "
+            f"{r['total_tokens_per_s']:.0f} total tok/s | |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", nargs="+", default=["kernel", "decode", "offline"], choices=["kernel", "decode", "offline"])
+    p.add_argument("--tiny", action="store_true", help="a tiny Qwen3-MoE config on the CPU (float32): checks the logic")
+    p.add_argument("--batches", type=int, nargs="+", default=None, help="decode batch sizes (default 1 32 256)")
+    p.add_argument("--prompt-len", type=int, default=None, help="decode: prompt tokens per request (default 256)")
+    p.add_argument("--decode-steps", type=int, default=None, help="decode: measured steps (default 128)")
+    p.add_argument("--kernel-tokens", type=int, nargs="+", default=None,
+                   help="kernel: token counts (default 1 8 32 64 128 256 512 1024 4096)")
+    p.add_argument("--sharegpt-requests", type=int, default=None, help="offline: ShareGPT-like requests (default 500)")
+    p.add_argument("--random-requests", type=int, default=None, help="offline: random requests (default 256)")
+    p.add_argument("--random-input", type=int, default=1024)
+    p.add_argument("--random-output", type=int, default=256)
+    p.add_argument("--context-length", type=int, default=4096)
+    p.add_argument("--engine-args", default="{}", help="JSON of extra server arguments")
+    p.add_argument("--out", default="benchmarks/results/moe_gpu.json")
+    args = p.parse_args()
+    ENGINE_ARGS.update(json.loads(args.engine_args))
+    tiny = args.tiny
+    device = "cpu" if tiny else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        p.error("no CUDA device: run with --tiny on the CPU")
+    dtype_name, dtype = ("float32", torch.float32) if tiny else ("bfloat16", torch.bfloat16)
+    batches = args.batches or ([1, 4, 16] if tiny else [1, 32, 256])
+    prompt_len = args.prompt_len or (32 if tiny else 256)
+    steps = args.decode_steps or (8 if tiny else 128)
+    kernel_tokens = args.kernel_tokens or ([1, 4, 16, 64] if tiny else [1, 8, 32, 64, 128, 256, 512, 1024, 4096])
+    sharegpt_n = args.sharegpt_requests if args.sharegpt_requests is not None else (16 if tiny else 500)
+    random_n = args.random_requests if args.random_requests is not None else (8 if tiny else 256)
+    random_in, random_out = (64, 16) if tiny and args.random_input == 1024 else (args.random_input, args.random_output)
+    context_len = min(args.context_length, 1024) if tiny else args.context_length
+    shapes = TINY if tiny else QWEN3_30B_A3B
+    # The fused kernel needs CUDA, or Triton's interpreter (TRITON_INTERPRET=1, slow) on the CPU.
+    triton_ok = device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+    path = model_dir(tiny)
+    from transformers import AutoTokenizer
+
+    src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
+    result = {"benchmark": "gpu_moe", "model": f"Qwen3-MoE {'tiny' if tiny else '30B-A3B'} shapes, {dtype_name}, dummy weights",
+              "shapes": shapes, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+              "torch": torch.__version__, "radixlm": sys.modules["radixlm"].__file__, "engine_args": ENGINE_ARGS,
+              "command": " ".join(["python", *sys.argv])}
+    t0 = time.perf_counter()
+    bw = measure_copy_bandwidth(device, (2 << 30) if device == "cuda" else (64 << 20))
+    result["copy_bandwidth_GBps"] = bw / 1e9
+    log(f"copy bandwidth {bw / 1e9:.0f} GB/s (read + write)")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    parts = {
+        "kernel": lambda: part_kernel(shapes, device, dtype, bw, kernel_tokens, triton_ok),
+        "decode": lambda: part_decode(path, device, dtype_name, context_len, src, bw, batches, prompt_len, steps),
+        "offline": lambda: part_offline(path, device, dtype_name, context_len, src, sharegpt_n, random_n, random_in,
+                                        random_out),
+    }
+    for name in args.parts:  # each part's result is written as soon as it is measured
+        result[name] = parts[name]()
+        result["bench_seconds"] = time.perf_counter() - t0
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    print_table(result)
+    log(f"wrote {out} after {result['bench_seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
