@@ -135,6 +135,8 @@ class RadixCache:
         child.parent = new
         new.children[child.key.child_key(self.page_size)] = child
         parent.children[new.key.child_key(self.page_size)] = new
+        if self.kgram_index is not None:
+            self.kgram_index.split(new, child)
         return new
 
     def insert(self, key: RadixKey, value: torch.Tensor) -> int:

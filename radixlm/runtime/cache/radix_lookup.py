@@ -14,23 +14,22 @@ Two lookups:
 - `KGramIndex` (the latest k tokens, anywhere): for every cached position, the k tokens ending there (within one
   extra_key namespace) -> where they end in the tree, the latest inserted occurrence winning. It finds text that
   earlier requests produced in another context (a quoted answer, the same question under another system prompt).
-  Maintained by the tree only when a source asked for it (enable_kgram_index): a new leaf adds its positions,
-  an evicted node removes its own, a flush clears it. Splits cost nothing: an entry names the node that held the
-  position when it was indexed and how many of that node's tokens follow it; a split keeps the old node as the
-  lower part (the end of its key does not move), so an entry whose position moved into the new upper node is
-  found by walking up parents while the count reaches past the node's key (`_resolve`). An evicted node keeps its
-  parent pointer, so entries naming it still resolve to live ancestors (they are removed with those ancestors).
-  One entry per k-gram: when its latest occurrence is evicted, the k-gram is forgotten until it is inserted
-  again, even where an older occurrence survives (under LRU the latest text rarely goes first; a multi-entry
-  index would cost memory for every repetition). Memory: at most one dict entry per cached token (about 150
-  bytes in CPython), only with a RADIX source on.
+  A lookup is one dict lookup and a check of the k tokens (keys are hashes). Maintained by the tree only when a
+  source asked for it (enable_kgram_index): a new leaf adds its positions, a split moves the positions of the new
+  upper node to it, an evicted node removes its own, a flush clears it; so every entry names the node that holds
+  its position. Keys and values are ints (hash of the k tokens; node id << 32 | tokens of the node after them),
+  which the garbage collector does not track: a full collection does not walk the index (tuples per cached token
+  made a full collection take ~90 ms per million cached tokens, ints ~8 ms). One entry per k-gram: when its
+  latest occurrence is evicted, the k-gram is forgotten until it is inserted again, even where an older
+  occurrence survives (under LRU the latest text rarely goes first; a multi-entry index would cost memory for
+  every repetition). Costs: at most one dict entry per cached token (~100 bytes); ~0.4 us of host time per token
+  inserted, split (the upper part) or evicted.
 
 Continuations go down the most recently used child (read, not updated), at most MAX_FANOUT children looked at per
 node; a draft costs O(draft length + nodes entered x fan-out)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import repeat
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
 # A continuation (or a partial page) choosing among more children than this stops there: no choice is evidence.
 MAX_FANOUT = 16
 
-Entry = tuple["TreeNode", int]  # (node that held the position when indexed, tokens of it after the k-gram)
+_LOW = (1 << 32) - 1  # an entry: node id << 32 | how many of the node's tokens follow the k-gram
 
 
 def tokens_after(node: "TreeNode", offset: int, n: int) -> list[int]:
@@ -130,79 +129,107 @@ def _partial_child(node: "TreeNode", rest: list[int], extra_key: str | None) -> 
 
 # ---------------------------------------------------------------------------------------------- the latest k tokens
 class KGramIndex:
-    """(extra_key, the k tokens ending at a cached position) -> where they end in the tree (see the module
-    docstring). Kept by RadixCache: add(leaf) when a leaf is inserted, remove(node) before a node is evicted,
-    clear() on a flush."""
+    """hash(k tokens ending at a cached position) -> where they end in the tree, per extra_key namespace (see the
+    module docstring). Kept by RadixCache: add(leaf) when a leaf is inserted, split(upper, lower) when a node is
+    cut, remove(node) before a node is evicted, clear() on a flush."""
 
     def __init__(self, k: int):
         self.k = k
-        self._maps: dict[str | None, dict[tuple[int, ...], Entry]] = {}
+        self._maps: dict[str | None, dict[int, int]] = {}
+        self._nodes: dict[int, "TreeNode"] = {}  # id -> node, for the nodes entries may name
 
     def __len__(self) -> int:
         return sum(len(m) for m in self._maps.values())
 
     def clear(self) -> None:
         self._maps.clear()
+        self._nodes.clear()
 
     def add(self, leaf: "TreeNode") -> None:
-        grams, first = self._grams(leaf)
+        keys, first = self._keys(leaf)
         if first >= 0:
-            m = self._maps.setdefault(leaf.key.extra_key, {})
-            m.update(zip(grams, zip(repeat(leaf), range(first, -1, -1))))
+            base = leaf.id << 32
+            self._maps.setdefault(leaf.key.extra_key, {}).update(zip(keys, range(base + first, base - 1, -1)))
+        self._nodes[leaf.id] = leaf
+
+    def split(self, upper: "TreeNode", lower: "TreeNode") -> None:
+        """`lower` (the node that was cut, now its end) lost its first tokens to the new `upper`: entries of those
+        positions now name `upper`."""
+        self._nodes[upper.id] = upper
+        m = self._maps.get(upper.key.extra_key)
+        if m is None:
+            return
+        keys, first = self._keys(upper)
+        if first < 0:
+            return
+        old, new, get = (lower.id << 32) + len(lower.key), upper.id << 32, m.get
+        for key, after in zip(keys, range(first, -1, -1)):
+            if get(key) == old + after:
+                m[key] = new + after
 
     def remove(self, node: "TreeNode") -> None:
-        """Before node is evicted (its parent chain still in place): drops the entries that resolve into it."""
+        """Before node is evicted: drops the entries that name it."""
+        self._nodes.pop(node.id, None)
         m = self._maps.get(node.key.extra_key)
         if m is None:
             return
-        grams, first = self._grams(node)
-        for gram in grams if first >= 0 else ():
-            entry = m.get(gram)
-            if entry is not None and self._resolve(entry)[0] is node:
-                del m[gram]
+        keys, first = self._keys(node)
+        if first >= 0:
+            base, get = node.id << 32, m.get
+            for key, after in zip(keys, range(first, -1, -1)):
+                if get(key) == base + after:
+                    del m[key]
         if not m:
             del self._maps[node.key.extra_key]
 
     def find(self, extra_key: str | None, token_ids: list[int]) -> tuple["TreeNode", int] | None:
         """Where the latest cached occurrence of token_ids[-k:] ends, as (node, offset): its continuation is
         node.key[offset:] and below."""
+        k = self.k
         m = self._maps.get(extra_key)
-        if m is None or len(token_ids) < self.k:
+        if m is None or len(token_ids) < k:
             return None
-        gram = tuple(token_ids[-self.k :])
-        entry = m.get(gram)
+        gram = token_ids[-k:]
+        entry = m.get(hash(tuple(gram)))
         if entry is None:
             return None
-        node, after = self._resolve(entry)
-        if node.deleted:  # not reached while remove runs before every eviction; never read a freed node
-            del m[gram]
+        node = self._nodes.get(entry >> 32)
+        if node is None or node.deleted:  # not reached while remove runs before every eviction
             return None
-        return node, len(node.key) - after
+        offset = len(node.key) - (entry & _LOW)
+        if _tokens_before(node, offset, k) != gram:
+            return None  # another k-gram with the same hash
+        return node, offset
 
-    @staticmethod
-    def _resolve(entry: Entry) -> Entry:
-        """The node holding the entry's position now: splits since it was indexed moved it into upper nodes."""
-        node, after = entry
-        while after >= len(node.key) and node.parent is not None:
-            after -= len(node.key)
-            node = node.parent
-        return node, after
+    def entries(self):
+        """(extra_key, key, node, offset) of every entry (for checks)."""
+        for ns, m in self._maps.items():
+            for key, entry in m.items():
+                node = self._nodes.get(entry >> 32)
+                yield ns, key, node, None if node is None else len(node.key) - (entry & _LOW)
 
-    def _grams(self, node: "TreeNode"):
-        """The k-grams ending inside node's key (their first tokens may lie in ancestors), in order, and how many of
-        node's tokens follow the first of them (the next ones: one fewer each, down to 0); -1 when none."""
+    def _keys(self, node: "TreeNode"):
+        """Hashes of the k-grams ending inside node's key (their first tokens may lie in ancestors), in order, and
+        how many of node's tokens follow the first of them (the next ones: one fewer each, down to 0); -1 when
+        none."""
         k = self.k
         key = node.key.token_ids
-        ctx: list[int] = []
-        need, p = k - 1, node.parent
-        while need > 0 and p is not None and p.parent is not None:
-            toks = p.key.token_ids
-            part = toks[-need:] if need < len(toks) else toks
-            ctx = part + ctx
-            need -= len(part)
-            p = p.parent
+        ctx = _tokens_before(node, 0, k - 1) if k > 1 else []
         seq = ctx + key if ctx else key
         count = len(seq) - k + 1
         if count <= 0:
             return iter(()), -1
-        return zip(*(seq[i : i + count] for i in range(k))), count - 1
+        return map(hash, zip(*(seq[i : i + count] for i in range(k)))), count - 1
+
+
+def _tokens_before(node: "TreeNode", offset: int, n: int) -> list[int]:
+    """The (up to) n tokens on node's path that end at position `offset` of its key."""
+    toks = node.key.token_ids
+    out = toks[max(offset - n, 0) : offset]
+    p = node.parent
+    while len(out) < n and p is not None and p.parent is not None:
+        toks = p.key.token_ids
+        need = n - len(out)
+        out = (toks[-need:] if need < len(toks) else toks) + out
+        p = p.parent
+    return out

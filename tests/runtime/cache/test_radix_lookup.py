@@ -43,9 +43,9 @@ def path_tokens(node) -> list[int]:
 
 
 def check_index(sim: Sim, complete: bool = True) -> None:
-    """Every entry resolves to a live node of the tree where its k tokens end; `complete`: every k tokens the tree
-    holds (per namespace) have an entry (not after evictions: an entry names the latest occurrence, and goes with
-    it even where an older one survives)."""
+    """Every entry names a live node of the tree where its k tokens end; `complete`: every k tokens the tree holds
+    (per namespace) have an entry (not after evictions: an entry names the latest occurrence, and goes with it even
+    where an older one survives)."""
     cache, index = sim.cache, sim.cache.kgram_index
     k = index.k
     expected: dict = {}
@@ -55,20 +55,20 @@ def check_index(sim: Sim, complete: bool = True) -> None:
         seq = path_tokens(node)
         start = len(seq) - len(node.key)
         for end in range(max(start + 1, k), len(seq) + 1):
-            expected.setdefault(node.key.extra_key, set()).add(tuple(seq[end - k : end]))
-    got = {ns: set(m) for ns, m in index._maps.items()}
+            expected.setdefault(node.key.extra_key, set()).add(hash(tuple(seq[end - k : end])))
+    got: dict = {}
+    live = set(map(id, cache._nodes()))
+    for ns, key, node, offset in index.entries():
+        got.setdefault(ns, set()).add(key)
+        assert node is not None and id(node) in live and not node.deleted and node.key.extra_key == ns
+        assert 0 < offset <= len(node.key)
+        seq = path_tokens(node)[: len(path_tokens(node)) - len(node.key) + offset]
+        assert hash(tuple(seq[-k:])) == key
     extra = {ns: g - expected.get(ns, set()) for ns, g in got.items()}
     assert not any(extra.values()), extra
     missing = {ns: g - got.get(ns, set()) for ns, g in expected.items()}
     assert not complete or not any(missing.values()), missing
-    live = set(map(id, cache._nodes()))
-    for ns, m in index._maps.items():
-        for gram, entry in m.items():
-            node, after = index._resolve(entry)
-            assert id(node) in live and not node.deleted
-            assert 0 <= after < len(node.key)
-            seq = path_tokens(node)
-            assert tuple(seq[len(seq) - after - k : len(seq) - after]) == gram
+    assert set(index._nodes) <= {n.id for n in cache._nodes()}
 
 
 def snapshot(sim: Sim):
@@ -116,20 +116,28 @@ def test_eviction_removes_the_evicted_tokens_only():
     assert draft(sim, [2, 3]) == [7, 8, 9]  # the live branch
     check_index(sim)
     sim.cache.evict(100)
-    assert len(index) == 0 and sim.cache.total_size() == 0
+    assert len(index) == 0 and sim.cache.total_size() == 0 and not index._nodes
     check_index(sim)
 
 
-def test_entries_naming_an_evicted_lower_node_resolve_to_its_live_ancestors():
+def test_a_split_moves_entries_to_the_upper_node_and_they_outlive_the_lower_one():
     """A leaf indexed whole, split, then its lower part evicted: its upper part's positions are still found."""
     sim, index = indexed(size=64, k=2)
     ins(sim, [1, 2, 3, 4, 5, 6])
     leaf = next(iter(sim.cache.root_node.children.values()))
-    ins(sim, [1, 2, 3, 9])  # split after 3: `leaf` is now [4, 5, 6], its entries for (1, 2), (2, 3) reach up
+    ins(sim, [1, 2, 3, 9])  # split after 3: `leaf` is now [4, 5, 6]; the entries of (1, 2), (2, 3) name [1, 2, 3]
     sim.cache.match_prefix(RadixKey([1, 2, 3, 9]))  # [9] becomes more recently used than [4, 5, 6]
     assert sim.cache.evict(1) == 3 and leaf.deleted
     assert draft(sim, [1, 2]) == [3, 9]
     check_index(sim)
+
+
+def test_a_hash_collision_drafts_nothing():
+    sim, index = indexed(k=2)
+    ins(sim, [1, 2, 3, 4])
+    m = index._maps[None]
+    m[hash((7, 8))] = m[hash((1, 2))]  # (7, 8) as if it hashed like (1, 2)
+    assert draft(sim, [7, 8]) is None and draft(sim, [1, 2]) == [3, 4]
 
 
 def test_locked_nodes_are_read_and_stay_locked():
