@@ -121,42 +121,86 @@ def expected_experts(num_experts: int, top_k: int, batch: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------------------------ kernel
+# Candidate tiles for --tune: (block_m, block_n, block_k, num_warps, num_stages).
+TUNE_CONFIGS = [(16, 32, 128, 4, 4), (16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 128, 128, 4, 4),
+                (32, 64, 128, 4, 4), (32, 128, 64, 4, 4), (64, 64, 64, 4, 4), (64, 128, 64, 4, 3),
+                (64, 128, 64, 8, 4), (128, 128, 64, 8, 3), (64, 256, 64, 8, 3), (128, 256, 64, 8, 3)]
+
+
+def graph_time_s(fn, clock: "Clock", reps: int) -> float:
+    """Device time of fn replayed from a CUDA graph (as decode runs it): no host launch overhead. Capturing also
+    checks that fn never syncs with the host."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return clock.per_call_s(graph.replay, reps)
+
+
 def part_kernel(shapes: dict, device: str, dtype: torch.dtype, bw: float, token_counts: list[int],
-                triton_ok: bool) -> dict:
+                triton_ok: bool, tune: bool) -> dict:
+    from radixlm.runtime.layers.moe.fused_moe import GemmConfig, fused_experts_triton, pick_config
+
     e, k, h, i = shapes["num_experts"], shapes["num_experts_per_tok"], shapes["hidden_size"], shapes["moe_intermediate_size"]
     g = torch.Generator(device=device).manual_seed(0)
     w13 = (torch.randn(e, 2 * i, h, device=device, generator=g) * h**-0.5).to(dtype)
     w2 = (torch.randn(e, h, i, device=device, generator=g) * i**-0.5).to(dtype)
     expert_bytes = (w13[0].numel() + w2[0].numel()) * w13.element_size()
     clock = Clock(device)
+    cuda = device == "cuda"
     rows = []
     for t in token_counts:
         x = torch.randn(t, h, device=device, generator=g).to(dtype)
         weights, ids = select_experts(torch.randn(t, e, device=device, generator=g), k, renormalize=True)
         touched = int(torch.unique(ids).numel())
-        reps = max(3, min(200, 4000 // max(t, 1))) if device == "cuda" else 3
+        reps = max(5, min(200, 8000 // max(t, 1))) if cuda else 3
         row = {"tokens": t, "experts_touched": touched, "floor_us": touched * expert_bytes / bw * 1e6,
                "gflop": 2 * t * k * 3 * h * i / 1e9}
         row["torch_us"] = clock.per_call_s(lambda: fused_experts_torch(x, w13, w2, weights, ids), reps) * 1e6
         if triton_ok:
-            row["fused_us"] = clock.per_call_s(lambda: fused_experts(x, w13, w2, weights, ids, use_triton=True), reps) * 1e6
+            cfg = pick_config(t * k, e, dtype)
+            row["config"] = list(vars(cfg).values())
+            fused = lambda: fused_experts(x, w13, w2, weights, ids, use_triton=True)  # noqa: E731
+            row["fused_eager_us"] = clock.per_call_s(fused, reps) * 1e6
+            # The engine replays decode from CUDA graphs: the kernel's own time is the graph's.
+            row["fused_us"] = graph_time_s(fused, clock, reps) * 1e6 if cuda else row["fused_eager_us"]
             ref = fused_experts_torch(x, w13, w2, weights, ids).float()
-            got = fused_experts(x, w13, w2, weights, ids, use_triton=True).float()
+            got = fused().float()
             row["max_abs_diff"] = float((got - ref).abs().max())
             row["ref_max_abs"] = float(ref.abs().max())
             row["speedup"] = row["torch_us"] / row["fused_us"]
             row["fused_over_floor"] = row["fused_us"] / row["floor_us"]
-            row["fused_tflops"] = row["gflop"] / row["fused_us"] * 1e-3
+            row["fused_tflops"] = row["gflop"] / row["fused_us"] * 1e3  # GFLOP per us -> TFLOP/s
+            if tune and cuda:
+                tuned = {}
+                for c in TUNE_CONFIGS:
+                    gc_ = GemmConfig(*c)
+                    try:
+                        tuned[str(c)] = graph_time_s(
+                            lambda: fused_experts_triton(x, w13, w2, weights, ids, config=gc_), clock, reps) * 1e6
+                    except Exception as ex:  # noqa: BLE001 - a tile that does not fit (shared memory) is skipped
+                        tuned[str(c)] = f"failed: {type(ex).__name__}"
+                row["tuned_us"] = tuned
+                best = min((v, c) for c, v in tuned.items() if isinstance(v, float))
+                row["best_config"], row["best_us"] = best[1], best[0]
+                log(f"   tune {t} tokens: best {best[1]} {best[0]:.1f} us; "
+                    + ", ".join(f"{c} {v:.0f}" if isinstance(v, float) else f"{c} {v}" for c, v in tuned.items()))
         rows.append(row)
-        fused = (f"fused {row['fused_us']:9.1f} us ({row['fused_over_floor']:5.2f}x floor, "
-                 f"{row['fused_tflops']:6.1f} TFLOP/s, diff {row['max_abs_diff']:.2e})  " if triton_ok else "")
-        log(f"experts, {t:5d} tokens ({touched:3d} experts): {fused}torch {row['torch_us']:9.1f} us, "
+        fused_txt = (f"fused {row['fused_us']:8.1f} us (eager {row['fused_eager_us']:8.1f}; {row['fused_over_floor']:5.2f}x "
+                     f"floor, {row['fused_tflops']:6.1f} TFLOP/s, diff {row['max_abs_diff']:.1e})  " if triton_ok else "")
+        log(f"experts, {t:5d} tokens ({touched:3d} experts): {fused_txt}torch {row['torch_us']:9.1f} us, "
             f"floor {row['floor_us']:8.1f} us")
     del w13, w2
-    if device == "cuda":
+    if cuda:
         torch.cuda.empty_cache()
     return {"experts": e, "top_k": k, "hidden": h, "moe_intermediate": i, "dtype": str(dtype),
-            "expert_bytes": expert_bytes, "triton": triton_ok, "rows": rows}
+            "expert_bytes": expert_bytes, "triton": triton_ok, "rows": rows,
+            "fused_us_is": "CUDA-graph replay (device time)" if cuda else "eager"}
 
 
 # ------------------------------------------------------------------------------------------------------------ engine
@@ -294,6 +338,7 @@ def main() -> None:
     p.add_argument("--decode-steps", type=int, default=None, help="decode: measured steps (default 128)")
     p.add_argument("--kernel-tokens", type=int, nargs="+", default=None,
                    help="kernel: token counts (default 1 8 32 64 128 256 512 1024 4096)")
+    p.add_argument("--tune", action="store_true", help="kernel: also time every tile of TUNE_CONFIGS")
     p.add_argument("--sharegpt-requests", type=int, default=None, help="offline: ShareGPT-like requests (default 500)")
     p.add_argument("--random-requests", type=int, default=None, help="offline: random requests (default 256)")
     p.add_argument("--random-input", type=int, default=1024)
@@ -335,7 +380,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     parts = {
-        "kernel": lambda: part_kernel(shapes, device, dtype, bw, kernel_tokens, triton_ok),
+        "kernel": lambda: part_kernel(shapes, device, dtype, bw, kernel_tokens, triton_ok, args.tune),
         "decode": lambda: part_decode(path, device, dtype_name, context_len, src, bw, batches, prompt_len, steps),
         "offline": lambda: part_offline(path, device, dtype_name, context_len, src, sharegpt_n, random_n, random_in,
                                         random_out),

@@ -86,17 +86,17 @@ def test_torch_path_half_precision_and_empty():
         fused_experts(x, w13, w2[:, :, :8], weights, ids)
 
 
-@pytest.mark.parametrize("block_m", [1, 4, 16])
-@pytest.mark.parametrize("expert_start, n_local", [(0, 8), (3, 3)])
-def test_align_pairs_layout(block_m, expert_start, n_local):
-    g = torch.Generator().manual_seed(block_m)
-    ids = torch.randint(0, 8, (21, 3), generator=g, dtype=torch.int32)
-    blocks = align_pairs(ids, n_local, expert_start, block_m)
+def check_layout(blocks, ids: torch.Tensor, expert_start: int, n_local: int) -> None:
+    """Every block's pairs are its expert's; each pair of a local expert appears exactly once, no other pair does;
+    used blocks come first, in expert order."""
+    ids = ids.cpu()
+    block_m = blocks.block_m
     num_pairs = ids.numel()
-    rows = blocks.sorted_pairs.view(-1, block_m)
-    assert rows.shape[0] == blocks.block_expert.numel()
+    rows = blocks.sorted_pairs.cpu().view(-1, block_m)
+    experts = blocks.block_expert.cpu().tolist()
+    assert rows.shape[0] == len(experts)
     seen = []
-    for b, e in enumerate(blocks.block_expert.tolist()):
+    for b, e in enumerate(experts):
         pairs = [p for p in rows[b].tolist() if p < num_pairs]
         if e < 0:
             assert not pairs  # unused blocks hold only padding
@@ -105,14 +105,28 @@ def test_align_pairs_layout(block_m, expert_start, n_local):
         assert all(int(ids.view(-1)[p]) - expert_start == e for p in pairs)
         seen += pairs
     local = [p for p in range(num_pairs) if 0 <= int(ids.view(-1)[p]) - expert_start < n_local]
-    assert sorted(seen) == local  # every local pair exactly once, no other
-    assert blocks.block_expert.tolist() == sorted(blocks.block_expert.tolist(), key=lambda e: (e < 0, e))
+    assert sorted(seen) == local
+    assert experts == sorted(experts, key=lambda e: (e < 0, e))
+
+
+LAYOUT_CASES = [(block_m, start, n_local) for block_m in (1, 4, 16) for start, n_local in ((0, 8), (3, 3))]
+
+
+@pytest.mark.parametrize("block_m, expert_start, n_local", LAYOUT_CASES)
+def test_align_pairs_layout(block_m, expert_start, n_local):
+    ids = torch.randint(0, 8, (21, 3), generator=torch.Generator().manual_seed(block_m), dtype=torch.int32)
+    check_layout(align_pairs(ids, n_local, expert_start, block_m), ids, expert_start, n_local)
 
 
 def _triton_cases(device: str) -> None:
     """The Triton path against the torch path (run on CUDA, or on CPU under TRITON_INTERPRET=1)."""
     from radixlm.runtime.layers.moe import fused_moe
-    from radixlm.runtime.layers.moe.fused_moe import fused_experts_triton
+    from radixlm.runtime.layers.moe.fused_moe import align_pairs_triton, fused_experts_triton
+
+    for block_m, start, n_local in LAYOUT_CASES + [(16, 0, 128), (64, 32, 32)]:
+        ids = torch.randint(0, max(8, start + n_local), (100, 4), generator=torch.Generator().manual_seed(block_m),
+                            dtype=torch.int32)
+        check_layout(align_pairs_triton(ids.to(device), n_local, start, block_m), ids, start, n_local)
 
     dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if device == "cuda" else [])
     cases = [  # t, e, k, h, i, expert_start, n_local, num_experts

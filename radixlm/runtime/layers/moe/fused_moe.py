@@ -6,10 +6,10 @@ expert lives elsewhere contributes zero here (expert parallelism: another rank a
 
 Two paths behind `fused_experts`, picked by device:
   - CUDA: a Triton grouped GEMM. The (token, slot) pairs are sorted by expert and each expert's run padded to a whole
-    number of row blocks, so that every block of rows belongs to one expert; one launch computes gate|up for every
-    block, SiLU-and-mul runs over the result, a second launch computes down (times the routing weight). The sort and
-    padding are tensor ops sized by the token count alone (no host sync), so a decode pass can be captured in a CUDA
-    graph.
+    number of row blocks, so that every block of rows belongs to one expert (three small kernels: count, offsets,
+    scatter); one launch computes gate|up for every block, SiLU-and-mul runs over the result, a second launch
+    computes down (times the routing weight). Sizes depend on the token count alone and nothing syncs with the host,
+    so a decode pass can be captured in a CUDA graph.
   - CPU (and the reference for tests): a loop over the experts that received tokens, torch matmuls for each."""
 from __future__ import annotations
 
@@ -125,6 +125,65 @@ def align_pairs(topk_ids: torch.Tensor, n_local: int, expert_start: int, block_m
 
 
 @triton.jit
+def _count_kernel(Ids, Counts, num_pairs, expert_start, n_local, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_range = offs < num_pairs
+    e = tl.load(Ids + offs, mask=in_range, other=0) - expert_start
+    held = in_range & (e >= 0) & (e < n_local)
+    tl.atomic_add(Counts + e, 1, mask=held)
+
+
+@triton.jit
+def _offsets_kernel(Counts, Cursor, BlockExpert, n_local, num_blocks, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
+                    BLOCK_B: tl.constexpr):
+    """One program: each expert's padded start (the scatter's cursor) and each row block's expert."""
+    offs_e = tl.arange(0, BLOCK_E)
+    e_ok = offs_e < n_local
+    c = tl.load(Counts + offs_e, mask=e_ok, other=0)
+    padded = (c + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    end = tl.cumsum(padded, 0)
+    tl.store(Cursor + offs_e, end - padded, mask=e_ok)
+    end_block = end // BLOCK_M
+    for b0 in range(0, num_blocks, BLOCK_B):
+        offs_b = b0 + tl.arange(0, BLOCK_B)
+        # A block's expert: how many experts end at or before it.
+        before = (end_block[None, :] <= offs_b[:, None]) & e_ok[None, :]
+        e_of_b = tl.sum(before.to(tl.int32), axis=1)
+        tl.store(BlockExpert + offs_b, tl.where(e_of_b < n_local, e_of_b, -1), mask=offs_b < num_blocks)
+
+
+@triton.jit
+def _scatter_kernel(Ids, Cursor, SortedPairs, num_pairs, expert_start, n_local, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_range = offs < num_pairs
+    e = tl.load(Ids + offs, mask=in_range, other=0) - expert_start
+    held = in_range & (e >= 0) & (e < n_local)
+    pos = tl.atomic_add(Cursor + e, 1, mask=held)
+    tl.store(SortedPairs + pos, offs, mask=held)
+
+
+def align_pairs_triton(topk_ids: torch.Tensor, n_local: int, expert_start: int, block_m: int) -> ExpertBlocks:
+    """align_pairs in three small kernels (the torch version is some forty launches, which at decode cost more than
+    the experts' GEMMs). Within an expert the pairs' order depends on the atomics' (each pair's row is computed the
+    same wherever it sits)."""
+    device = topk_ids.device
+    num_pairs = topk_ids.numel()
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    rows = -(-(num_pairs + min(n_local, num_pairs) * (block_m - 1)) // block_m) * block_m
+    counts = torch.zeros(n_local, dtype=torch.int32, device=device)
+    cursor = torch.empty(n_local, dtype=torch.int32, device=device)
+    sorted_pairs = torch.full((rows,), num_pairs, dtype=torch.int32, device=device)
+    block_expert = torch.empty(rows // block_m, dtype=torch.int32, device=device)
+    block = 256
+    grid = (triton.cdiv(num_pairs, block),)
+    _count_kernel[grid](ids, counts, num_pairs, expert_start, n_local, BLOCK=block)
+    _offsets_kernel[(1,)](counts, cursor, block_expert, n_local, rows // block_m, BLOCK_M=block_m,
+                          BLOCK_E=max(16, triton.next_power_of_2(n_local)), BLOCK_B=64)
+    _scatter_kernel[grid](ids, cursor, sorted_pairs, num_pairs, expert_start, n_local, BLOCK=block)
+    return ExpertBlocks(sorted_pairs, block_expert, num_pairs, block_m)
+
+
+@triton.jit
 def _grouped_gemm_kernel(A, B, C, SortedPairs, BlockExpert, PairWeights, N, K, num_pairs,
                          stride_am, stride_be, stride_bn, stride_bk, stride_cm,
                          A_ROW_DIV: tl.constexpr, MUL_WEIGHT: tl.constexpr, IEEE_FP32: tl.constexpr,
@@ -172,15 +231,18 @@ class GemmConfig:
 
 
 def pick_config(num_pairs: int, n_local: int, dtype: torch.dtype) -> GemmConfig:
-    """Few rows per expert (decode): short row blocks, long K tiles (the weights' bytes dominate); many: square-ish
-    tiles for tensor-core reuse."""
+    """By the mean rows per expert. Few (decode): 16-row blocks, long K tiles (the weights' bytes dominate); many:
+    large tiles for tensor-core reuse. From a sweep of Qwen3-30B-A3B's layer (128 experts, top-8, 2048 x 768, bf16)
+    on an H100 (benchmarks/gpu_moe.py --tune)."""
     per_expert = num_pairs / max(n_local, 1)
-    stages = 2 if dtype == torch.float32 else 4
+    fp32 = dtype == torch.float32
     if per_expert <= 16:
-        return GemmConfig(16, 64, 128, 4, stages)
-    if per_expert <= 64:
-        return GemmConfig(32, 64, 128, 4, stages)
-    return GemmConfig(64, 128, 64, 4, 2 if dtype == torch.float32 else 3)
+        return GemmConfig(16, 64, 128, 4, 2 if fp32 else 4)
+    if per_expert <= 48:
+        return GemmConfig(32, 64, 128, 4, 2 if fp32 else 4)
+    if per_expert <= 128 or fp32:
+        return GemmConfig(64, 128, 64, 4, 2 if fp32 else 3)
+    return GemmConfig(128, 256, 64, 8, 3)
 
 
 def _launch(a, b, c, blocks: ExpertBlocks, weights, a_row_div: int, cfg: GemmConfig) -> None:
@@ -209,7 +271,7 @@ def fused_experts_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
     num_pairs = t * k
     hidden = hidden.contiguous()
     cfg = config or pick_config(num_pairs, n_local, hidden.dtype)
-    blocks = align_pairs(topk_ids, n_local, expert_start, cfg.block_m)
+    blocks = align_pairs_triton(topk_ids, n_local, expert_start, cfg.block_m)
     gate_up = torch.empty(num_pairs, two_i, dtype=hidden.dtype, device=hidden.device)
     _launch(hidden, w13, gate_up, blocks, None, k, cfg)
     act = _silu_and_mul(gate_up)
