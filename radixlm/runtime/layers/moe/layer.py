@@ -71,7 +71,8 @@ class FusedMoE(nn.Module):
         try:
             expert, part = shard_id
         except (TypeError, ValueError):
-            raise ValueError(f"expert weight {pname} needs a shard id (expert, 'gate'|'up'|'down'), got {shard_id!r}") from None
+            raise ValueError(f"expert weight {pname} needs a shard id (expert, 'gate'|'up'|'down'), "
+                             f"got {shard_id!r}") from None
         if PARTS.get(part) != pname:
             raise ValueError(f"expert weight part {part!r} does not belong to {pname}")
         if not 0 <= expert < self.num_experts:
