@@ -1,0 +1,53 @@
+"""The offline Engine with --speculative-algorithm RADIX on a tiny random-weight Llama (a word-level tokenizer:
+prompts are token ids): a second request asking what an earlier one was answered drafts that answer from the radix
+cache, keeps it, and reports it in meta_info; outputs are those of the same engine without speculation."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import radixlm
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "bos_token_id": 1, "eos_token_id": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> str:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    d = tmp_path_factory.mktemp("tiny-llama-tok")
+    (d / "config.json").write_text(json.dumps(TINY_LLAMA))
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(TINY_LLAMA["vocab_size"])}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0").save_pretrained(d)
+    return str(d)
+
+
+def test_asked_again_the_engine_drafts_the_cached_answer(tiny_dir):
+    torch.set_num_threads(1)
+    prompt = [(13 * j) % 500 + 3 for j in range(20)]
+    sp = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+    runs = {}
+    for algo in (None, "RADIX"):
+        engine = radixlm.Engine(tiny_dir, load_format="dummy", dtype="float32", device="cpu", random_seed=0,
+                                max_total_tokens=2048, enable_integrity_check=True, speculative_algorithm=algo)
+        try:
+            runs[algo] = [engine.generate(input_ids=prompt, sampling_params=sp) for _ in range(2)]
+        finally:
+            engine.shutdown()
+    first, again = runs["RADIX"]
+    assert [r["output_ids"] for r in runs["RADIX"]] == [r["output_ids"] for r in runs[None]]
+    assert again["output_ids"] == first["output_ids"] and len(first["output_ids"]) == 16
+    assert "spec_verify_ct" not in first["meta_info"]  # nothing cached to draft from the first time
+    meta = again["meta_info"]
+    # The prefill verifies a draft of 4 cached tokens, each decode pass 4 more: 16 tokens, all kept but the sampled.
+    assert meta["spec_accepted_tokens"] == meta["spec_draft_tokens"] >= 12
+    assert meta["spec_verify_ct"] <= 4 and meta["cached_tokens"] > 0
