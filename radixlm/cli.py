@@ -73,11 +73,25 @@ def cmd_serve(ns: argparse.Namespace) -> None:
             router_args = RouterArgs(host=ns.host, port=ns.port, policy=ns.router_policy, log_level=ns.log_level)
         except ValueError as e:
             sys.exit(f"radixlm serve: error: --router-policy: {e}")
-        serve_data_parallel(ServerArgs(**server_args_from(ns)), ns.dp_size, router_args)
+        serve_data_parallel(_server_args(ns), ns.dp_size, router_args)
         return
     from radixlm.runtime.server.http_app import serve
 
-    serve(ServerArgs(**server_args_from(ns)), host=ns.host, port=ns.port)
+    args = _server_args(ns)
+    if args.node_rank > 0:
+        from radixlm.runtime.launch import serve_worker_node
+
+        serve_worker_node(args)  # this host's ranks only: requests arrive on node 0
+        return
+    serve(args, host=ns.host, port=ns.port)
+
+
+def _server_args(ns: argparse.Namespace) -> ServerArgs:
+    try:
+        return ServerArgs(**server_args_from(ns))
+    except ValueError as e:
+        print(f"radixlm {ns.command}: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def cmd_router(ns: argparse.Namespace) -> None:
@@ -105,15 +119,12 @@ def main(argv: list[str] | None = None) -> None:
     srv = sub.add_parser("serve", help="serve the native HTTP API (also: python -m radixlm.launch_server)")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=30000)
-    srv.add_argument("--dp-size", type=int, default=1, help="start this many workers behind a router on --port")
     srv.add_argument("--router-policy", default="cache_aware", help="the router's policy when --dp-size > 1")
     add_server_args(srv)
     from radixlm.router.args import add_router_args
 
     add_router_args(sub.add_parser("router", help="route requests over several workers (cache-aware by default)"))
     ns = parser.parse_args(argv)
-    if ns.command == "serve" and ns.dp_size < 1:
-        parser.error("--dp-size must be >= 1")
     logging.basicConfig(level=getattr(logging, ns.log_level.upper(), logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if ns.command == "generate":
         cmd_generate(ns)

@@ -51,8 +51,8 @@ def _free_port() -> int:
 
 
 def _device_env(rank: int, dp_size: int, server_args: ServerArgs) -> tuple[dict[str, str], ServerArgs]:
-    """One GPU per worker when there are enough GPUs; otherwise they share the device, each with 1/N of
-    the memory fraction (CPU workers need nothing)."""
+    """Its own tp_size GPUs per worker (from --base-gpu-id on) when there are enough GPUs; otherwise they share the
+    device, each with 1/N of the memory fraction (CPU workers need nothing). Each worker is one replica (dp_size 1)."""
     env = dict(os.environ)
     try:
         import torch
@@ -60,8 +60,11 @@ def _device_env(rank: int, dp_size: int, server_args: ServerArgs) -> tuple[dict[
         gpus = torch.cuda.device_count()
     except Exception:  # noqa: BLE001 - no torch / no CUDA: CPU workers
         gpus = 0
-    if gpus >= dp_size:
-        env["CUDA_VISIBLE_DEVICES"] = str(rank)
+    tp = server_args.tp_size
+    first = server_args.base_gpu_id + rank * tp
+    server_args = dataclasses.replace(server_args, dp_size=1, base_gpu_id=0)
+    if gpus >= first + tp:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(first, first + tp))
     elif gpus and server_args.max_total_tokens is None:
         share = (server_args.mem_fraction_static or 0.8) / dp_size
         server_args = dataclasses.replace(server_args, mem_fraction_static=round(share, 3))

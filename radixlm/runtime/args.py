@@ -45,6 +45,11 @@ GRAMMAR_MASK_MODES = tuple(m.value for m in GrammarMaskMode)
 TOOL_CALL_PARSERS = ("auto", "qwen25", "hermes", "llama3")
 
 
+def _is_host_port(addr: str) -> bool:
+    host, _, port = addr.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
 @dataclass
 class ServerArgs:
     # Model
@@ -55,6 +60,16 @@ class ServerArgs:
     context_length: int | None = field(default=None, metadata={"help": "defaults to the model config's"})
     device: str = field(default="auto", metadata={"help": "auto: cuda when available, else cpu"})
     random_seed: int | None = None
+
+    # Parallelism (SGLang's names): one scheduler process per tensor-parallel rank, ranks spread over --nnodes hosts
+    tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks (one process and one GPU each; gloo on CPU)"})
+    ep_size: int = field(default=1, metadata={"help": "expert-parallel ranks for MoE models: 1 (experts sliced over the TP ranks) or --tp-size (whole experts per rank)"})
+    dp_size: int = field(default=1, metadata={"help": "data-parallel replicas behind a router (radixlm serve)"})
+    nnodes: int = field(default=1, metadata={"help": "hosts the tensor-parallel ranks span"})
+    node_rank: int = field(default=0, metadata={"help": "this host's index; the HTTP server runs on node 0"})
+    dist_init_addr: str | None = field(default=None, metadata={"help": "host:port of node 0 where the ranks meet (required with --nnodes > 1)"})
+    base_gpu_id: int = field(default=0, metadata={"help": "the first GPU this server's ranks use"})
+    dist_timeout: float = field(default=300.0, metadata={"help": "seconds a collective may wait for the other ranks before the server fails"})
 
     # Memory
     mem_fraction_static: float | None = field(default=None, metadata={"help": "share of device memory for weights + KV pool"})
@@ -143,6 +158,15 @@ class ServerArgs:
         check(self.speculative_radix_match_window_size >= 1, "speculative_radix_match_window_size must be >= 1")
         check(self.speculative_max_batch_rows >= 0, "speculative_max_batch_rows must be >= 0 (0: no limit)")
         check(self.watchdog_timeout > 0, "watchdog_timeout must be > 0")
+        check(self.tp_size >= 1, "tp_size must be >= 1")
+        check(self.ep_size in (1, self.tp_size), f"ep_size must be 1 or equal to tp_size ({self.tp_size})")
+        check(self.dp_size >= 1, "dp_size must be >= 1")
+        check(self.nnodes >= 1 and self.tp_size % self.nnodes == 0, "tp_size must be a multiple of nnodes")
+        check(0 <= self.node_rank < self.nnodes, "node_rank must be in [0, nnodes)")
+        check(self.nnodes == 1 or self.dist_init_addr is not None, "--nnodes > 1 needs --dist-init-addr host:port")
+        check(self.dist_init_addr is None or _is_host_port(self.dist_init_addr), "dist_init_addr must be host:port")
+        check(self.base_gpu_id >= 0, "base_gpu_id must be >= 0")
+        check(self.dist_timeout > 0, "dist_timeout must be > 0")
         check(self.max_logprobs >= -1, "max_logprobs must be -1 (the vocabulary size) or >= 0")
         check(self.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")
         check(self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs must be >= 1")

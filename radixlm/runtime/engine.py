@@ -29,6 +29,9 @@ class _FlushCache(FlushCacheReq):
     answer: FlushCacheReqOutput | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
+    def __reduce__(self):
+        return FlushCacheReq, ()  # what other tensor-parallel ranks receive: the request without the caller's wait
+
 
 @dataclass
 class _Pending:
@@ -56,6 +59,7 @@ class Engine:
         self._states: dict[str, _Pending] = {}
         self._error: BaseException | None = None
         self._stopped = threading.Event()
+        self._rank_procs: list = []  # tensor parallel: ranks 1.. (set by _join_ranks)
         ready = threading.Event()
         # NOTE: every torch op of the engine (loading included) runs on this one thread. Once a thread has
         # run an OpenMP region, libgomp throttles the thread teams of all other threads, which halves the
@@ -69,7 +73,12 @@ class Engine:
     def _setup(self) -> None:
         args = self.server_args
         t0 = time.perf_counter()
-        built = build_scheduler(args)
+        parallel, device = self._join_ranks(args)
+        built = build_scheduler(args, parallel, device)
+        if self._rank_procs:
+            from radixlm.runtime.launch import READY_TIMEOUT_S, wait_ranks
+
+            wait_ranks(self._rank_procs, time.monotonic() + READY_TIMEOUT_S)
         self.model_config, self.tokenizer = built.model_config, built.tokenizer
         self.runner, self.scheduler = built.runner, built.scheduler
         self.context_len = self.model_config.context_len
@@ -78,6 +87,22 @@ class Engine:
             self.vocab_size, self.context_len, self.runner.max_total_num_tokens, args.disable_radix_cache,
             args.max_logprobs))
         logger.info("engine ready in %.1fs", time.perf_counter() - t0)
+
+    def _join_ranks(self, args: ServerArgs):
+        """Tensor parallel: ranks 1.. in processes of their own, rank 0 on this thread; (Parallel, device)."""
+        from radixlm.runtime.distributed.setup import RankPlacement, init_distributed
+
+        if args.tp_size == 1:
+            return init_distributed(args, None)
+        if args.nnodes > 1:
+            raise ValueError("the offline Engine runs on one node: use `radixlm serve` with --nnodes")
+        import multiprocessing as mp
+
+        from radixlm.runtime.launch import rank_init_method, start_ranks
+
+        init_method = rank_init_method(args)
+        self._rank_procs = start_ranks(args, None, mp.get_context("spawn"), init_method, skip_rank0=True)
+        return init_distributed(args, RankPlacement(0, init_method))
 
     def _run(self, ready: threading.Event) -> None:
         try:
@@ -92,7 +117,7 @@ class Engine:
     # ------------------------------------------------------------------ scheduler thread
     def _loop(self) -> None:
         loop = SchedulerLoop(self.scheduler, self._inbox, deliver=self._deliver, reply=self._reply,
-                             keep_going=lambda: not self._stopped.is_set())
+                             keep_going=lambda: not self._stopped.is_set(), parallel=self.runner.parallel)
         try:
             loop.run()
         except BaseException as e:  # noqa: BLE001 - surfaced to every waiting caller
@@ -225,6 +250,7 @@ class Engine:
         self._stopped.set()
         self._inbox.put(ShutdownReq())
         self._thread.join(timeout=30)
+        self._stop_ranks()
         if not self._thread.is_alive() and getattr(self, "runner", None) is not None:
             self.scheduler.grammar_queue.shutdown()
             self.scheduler = self.runner = None
@@ -234,6 +260,19 @@ class Engine:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+
+    def _stop_ranks(self) -> None:
+        """The other ranks leave their loop with rank 0's (a stop goes to all); any still there after that is killed."""
+        from radixlm.runtime.distributed.setup import shutdown_distributed
+
+        for _name, proc, _pipe in self._rank_procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        self._rank_procs = []
+        if not self._thread.is_alive():
+            shutdown_distributed()
 
     def __enter__(self) -> "Engine":
         return self

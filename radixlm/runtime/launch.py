@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import socket
 import time
 from dataclasses import dataclass
 
@@ -56,27 +57,76 @@ def _wait_ready(conn, proc, name: str, deadline: float):
     raise TimeoutError(f"the {name} process did not become ready in {READY_TIMEOUT_S:.0f}s")
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_init_method(server_args: ServerArgs) -> str:
+    """Where the tensor-parallel ranks meet: node 0's --dist-init-addr, or a free local port."""
+    return f"tcp://{server_args.dist_init_addr or f'127.0.0.1:{_free_port()}'}"
+
+
+def start_ranks(server_args: ServerArgs, ports: PortArgs | None, ctx, init_method: str,
+                skip_rank0: bool = False) -> list[tuple[str, mp.process.BaseProcess, object]]:
+    """This node's scheduler ranks, started: (name, process, ready pipe). Rank 0 (node 0) gets the ZMQ ports;
+    skip_rank0: the caller runs rank 0 itself (the offline Engine)."""
+    from radixlm.runtime.distributed.setup import RankPlacement
+    from radixlm.runtime.scheduler.process import run_scheduler_process
+
+    tp, per_node = server_args.tp_size, server_args.tp_size // server_args.nnodes
+    started = []
+    for rank in range(server_args.node_rank * per_node, (server_args.node_rank + 1) * per_node):
+        if rank == 0 and skip_rank0:
+            continue
+        placement = RankPlacement(rank, init_method) if tp > 1 else None
+        name = "scheduler" if rank == 0 else f"scheduler-rank{rank}"
+        r, w = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=run_scheduler_process, args=(server_args, ports if rank == 0 else None, w, placement),
+                        name=f"radixlm-{name}", daemon=True)
+        p.start()
+        started.append((name, p, r))
+    return started
+
+
+def wait_ranks(started, deadline: float) -> SchedulerReady | None:
+    """Rank 0's report (else the first rank's started here) once every rank here is ready; the first rank to fail
+    or die fails the start (its peers would otherwise wait in a collective until dist_timeout)."""
+    infos: dict[str, SchedulerReady] = {}
+    while len(infos) < len(started):
+        for name, proc, conn in started:
+            if name in infos:
+                continue
+            if conn.poll(0.05):
+                info: SchedulerReady = conn.recv()
+                if info.error:
+                    raise RuntimeError(f"the {name} process failed to start: {info.error}")
+                infos[name] = info
+            elif not proc.is_alive():
+                raise RuntimeError(f"the {name} process died while starting (exit code {proc.exitcode})")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the scheduler ranks did not become ready in {READY_TIMEOUT_S:.0f}s")
+    return infos[started[0][0]] if started else None
+
+
 def launch_subprocesses(server_args: ServerArgs) -> LaunchedRuntime:
     from radixlm.runtime.detokenizer_manager import run_detokenizer_process
-    from radixlm.runtime.scheduler.process import run_scheduler_process
 
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")
     ports = PortArgs.new()
-    sched_r, sched_w = ctx.Pipe(duplex=False)
     detok_r, detok_w = ctx.Pipe(duplex=False)
-    procs = {
-        "scheduler": ctx.Process(target=run_scheduler_process, args=(server_args, ports, sched_w), name="radixlm-scheduler", daemon=True),
-        "detokenizer": ctx.Process(target=run_detokenizer_process, args=(server_args, ports, detok_w), name="radixlm-detokenizer", daemon=True),
-    }
-    for p in procs.values():
-        p.start()
+    procs: dict[str, mp.process.BaseProcess] = {}
     runtime = LaunchedRuntime(server_args, ports, procs, SchedulerReady(), 0.0)
     try:
+        started = start_ranks(server_args, ports, ctx, rank_init_method(server_args))
+        procs.update((name, p) for name, p, _ in started)
+        procs["detokenizer"] = ctx.Process(target=run_detokenizer_process, args=(server_args, ports, detok_w),
+                                           name="radixlm-detokenizer", daemon=True)
+        procs["detokenizer"].start()
         deadline = time.monotonic() + READY_TIMEOUT_S
-        info: SchedulerReady = _wait_ready(sched_r, procs["scheduler"], "scheduler", deadline)
-        if info.error:
-            raise RuntimeError(f"the scheduler failed to start: {info.error}")
+        info = wait_ranks(started, deadline)
         err = _wait_ready(detok_r, procs["detokenizer"], "detokenizer", deadline)
         if err:
             raise RuntimeError(f"the detokenizer failed to start: {err}")
@@ -86,3 +136,27 @@ def launch_subprocesses(server_args: ServerArgs) -> LaunchedRuntime:
     runtime.info = info
     runtime.load_time_s = time.perf_counter() - t0
     return runtime
+
+
+def serve_worker_node(server_args: ServerArgs) -> None:
+    """A node other than 0 (--node-rank > 0): runs its scheduler ranks until one exits (rank 0's loop stops them
+    all), then stops the rest and exits non-zero if any failed."""
+    ctx = mp.get_context("spawn")
+    started = start_ranks(server_args, None, ctx, rank_init_method(server_args))
+    procs = {name: p for name, p, _ in started}
+    try:
+        wait_ranks(started, time.monotonic() + READY_TIMEOUT_S)
+        logger.info("node %d: ranks %s ready", server_args.node_rank, ", ".join(procs))
+        while all(p.is_alive() for p in procs.values()):
+            time.sleep(1.0)
+    finally:
+        for p in procs.values():
+            if p.is_alive():
+                p.terminate()
+        for p in procs.values():
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    codes = [p.exitcode for p in procs.values()]
+    if any(codes):
+        raise SystemExit(f"node {server_args.node_rank}: a scheduler rank exited with {codes}")

@@ -53,4 +53,4 @@ def test_serve_rejects_bad_dp_size(capsys):
 
     with pytest.raises(SystemExit):
         main(["serve", "--dp-size", "0"])
-    assert "--dp-size must be >= 1" in capsys.readouterr().err
+    assert "dp_size must be >= 1" in capsys.readouterr().err

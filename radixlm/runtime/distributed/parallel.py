@@ -16,7 +16,7 @@ def divide(total: int, parts: int, what: str) -> int:
     return total // parts
 
 
-@dataclass
+@dataclass(frozen=True)
 class Parallel:
     """Set by the rank setup (`radixlm.runtime.distributed.setup`); read-only afterwards."""
 
@@ -26,6 +26,7 @@ class Parallel:
     # (num_experts / ep_size of them); with ep_size == 1 every rank holds a slice of every expert.
     ep_size: int = 1
     group: object | None = field(default=None, repr=False)  # torch.distributed group of the TP ranks
+    cpu_group: object | None = field(default=None, repr=False)  # a gloo group of the same ranks, for host data
 
     def __post_init__(self) -> None:
         if self.ep_size not in (1, self.tp_size):
@@ -55,4 +56,35 @@ class Parallel:
         return torch.cat(parts, dim=dim)
 
 
-SINGLE = Parallel()  # the layout of a one-rank server (immutable in use: nothing assigns to its fields)
+    def broadcast_object(self, obj: object) -> object:
+        """Rank 0's obj on every rank (picklable host data: the scheduler's inputs)."""
+        if self.tp_size == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.cpu_group)
+        return box[0]
+
+    def all_true(self, flags: list[bool]) -> list[bool]:
+        """Position-wise AND of every rank's flags (same length on all ranks): what all ranks agree is done."""
+        if self.tp_size == 1 or not flags:
+            return flags
+        import torch.distributed as dist
+
+        t = torch.tensor(flags, dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.cpu_group)
+        return [bool(v) for v in t.tolist()]
+
+    def min_int(self, value: int) -> int:
+        """The smallest of the ranks' values (e.g. the KV pool size every rank can hold)."""
+        if self.tp_size == 1:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.cpu_group)
+        return int(t.item())
+
+
+SINGLE = Parallel()  # the layout of a one-rank server

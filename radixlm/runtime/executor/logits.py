@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.executor.forward_batch import ForwardMode
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.layers import cpu_gemm, gemm
@@ -54,15 +55,17 @@ def top_logprobs(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]
 
 
 class LogitsProcessor:
-    def __init__(self, lm_head: torch.nn.Module, vocab_size: int):
+    def __init__(self, lm_head: torch.nn.Module, vocab_size: int, parallel: Parallel = SINGLE):
         self.lm_head = lm_head
+        self.parallel = parallel
         self.vocab_size = vocab_size
         self.packed_weight = cpu_gemm.pack_weight(lm_head.weight)
         self.gemm_choices: dict[int, bool] = {}
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         out = gemm.linear(hidden, self.lm_head.weight, None, self.packed_weight, self.gemm_choices)
-        return out[:, : self.vocab_size].float()
+        # Tensor parallel: each rank holds a slice of the vocabulary; every rank gets all of it (and samples alike).
+        return self.parallel.all_gather(out)[:, : self.vocab_size].float()
 
     def __call__(self, hidden: torch.Tensor, plan: LogitsPlan, mode: ForwardMode) -> LogitsOutput:
         dev = hidden.device

@@ -7,6 +7,7 @@ import os
 import torch
 
 from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch
@@ -14,6 +15,7 @@ from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor, split_rows
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
 from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
+from radixlm.runtime.layers.linear import Shard
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import load_model
 
@@ -36,18 +38,21 @@ def _physical_memory_bytes() -> int:
 
 
 class ModelRunner:
-    def __init__(self, server_args: ServerArgs, model_config: ModelConfig, device: str):
+    def __init__(self, server_args: ServerArgs, model_config: ModelConfig, device: str, parallel: Parallel = SINGLE):
         self.server_args = server_args
         self.model_config = model_config
         self.device = device
+        self.parallel = parallel
         self.page_size = server_args.page_size
-        self.model = load_model(model_config, server_args.load_format, device)
+        self.model = load_model(model_config, server_args.load_format, device, parallel)
+        # This rank's KV heads (all of them without tensor parallelism).
+        self.num_kv_heads = Shard.heads(model_config.num_kv_heads, 1, parallel, "num_key_value_heads").local
         self.model.eval()
         if torch.device(device).type == "cpu":
             for module in self.model.modules():
                 if hasattr(module, "pack_for_cpu"):
                     module.pack_for_cpu()
-        self.logits_processor = LogitsProcessor(self.model.lm_head, model_config.vocab_size)
+        self.logits_processor = LogitsProcessor(self.model.lm_head, model_config.vocab_size, parallel)
 
         # The request table comes first so that the KV pool's budget sees its memory.
         max_running = server_args.max_running_requests or (4096 if self.is_cuda else 256)
@@ -57,7 +62,7 @@ class ModelRunner:
             1, min(self.max_total_num_tokens // 2, max_running))
         self.token_to_kv_pool = TokenToKVPool(
             self.max_total_num_tokens, self.page_size, model_config.dtype, model_config.num_layers,
-            model_config.num_kv_heads, model_config.head_dim, device,
+            self.num_kv_heads, model_config.head_dim, device,
         )
         # On CUDA the allocator's double-free check would read device memory back on every free (a sync).
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
@@ -89,7 +94,7 @@ class ModelRunner:
 
     def kv_bytes_per_token(self) -> int:
         cfg = self.model_config
-        return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=cfg.dtype).element_size()
+        return cfg.num_layers * 2 * self.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=cfg.dtype).element_size()
 
     def _profile_max_num_tokens(self) -> int:
         args = self.server_args
@@ -109,7 +114,8 @@ class ModelRunner:
         else:
             budget = _physical_memory_bytes() * (args.mem_fraction_static or CPU_KV_MEM_FRACTION)
             n = min(int(budget // self.kv_bytes_per_token()), CPU_MAX_TOTAL_TOKENS)
-        n = n // self.page_size * self.page_size
+        # Every rank must hold the same pool: the ranks' schedulers make the same decisions only over the same pool.
+        n = self.parallel.min_int(n) // self.page_size * self.page_size
         if n < self.page_size * 2:
             raise ValueError(f"not enough memory for a KV pool: {n} tokens (raise mem_fraction_static or max_total_tokens)")
         return n

@@ -11,6 +11,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.files import ModelLoadError
 
@@ -76,7 +77,9 @@ def initialize_dummy_weights(model: nn.Module, seed: int = DUMMY_SEED, std: floa
             p.normal_(0.0, std, generator=generators[p.device])
 
 
-def load_model(model_config: ModelConfig, load_format: str = "auto", device: str | torch.device = "cpu") -> nn.Module:
+def load_model(model_config: ModelConfig, load_format: str = "auto", device: str | torch.device = "cpu",
+               parallel: Parallel = SINGLE) -> nn.Module:
+    """The model on `device`, holding this rank's shard of every weight."""
     from radixlm.runtime.models.registry import get_model_class
 
     if load_format not in ("auto", "safetensors", "dummy"):
@@ -88,7 +91,7 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: str
     t0 = time.perf_counter()
     # Parameters are created empty, directly on the target device and dtype; the loader fills them all.
     with torch.device(device), _default_dtype(model_config.dtype):
-        model = model_cls(model_config.hf_config)
+        model = model_cls(model_config.hf_config, parallel)
     if load_format == "dummy":
         initialize_dummy_weights(model)
     else:

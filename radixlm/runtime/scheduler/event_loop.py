@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.messages import (
     AbortReq, ControlReply, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput,
     ReqOutput, SchedulerInput, ShutdownReq, TokenizedGenerateReqInput,
@@ -40,8 +41,9 @@ class BuiltScheduler:
     scheduler: Scheduler
 
 
-def build_scheduler(args: ServerArgs) -> BuiltScheduler:
-    """Loads the model and tokenizer and makes the Scheduler over them; call on the thread that runs the loop."""
+def build_scheduler(args: ServerArgs, parallel: Parallel = SINGLE, device: str | None = None) -> BuiltScheduler:
+    """Loads the model (this rank's shard of it) and the tokenizer and makes the Scheduler over them; call on the
+    thread that runs the loop."""
     # Imported here: the server's main process imports this module (to spawn the scheduler process) and must not
     # load the model code.
     from radixlm.runtime.executor.model_runner import ModelRunner
@@ -49,11 +51,11 @@ def build_scheduler(args: ServerArgs) -> BuiltScheduler:
     from radixlm.runtime.model_loader.tokenizer import get_tokenizer
     from radixlm.runtime.scheduler.scheduler import Scheduler
 
-    device = args.resolved_device()
+    device = device or args.resolved_device()
     cfg = ModelConfig.from_path(args.model_path, dtype=args.dtype, device=device, context_length=args.context_length,
                                 load_format=args.load_format)
     tokenizer = get_tokenizer(args.tokenizer_path or cfg.model_path)
-    runner = ModelRunner(args, cfg, device)
+    runner = ModelRunner(args, cfg, device, parallel)
     scheduler = Scheduler(args, runner, tokenizer, cfg.eos_token_ids)
     # The model, tokenizer and graphs are ~340k long-lived objects (a full collection of them took ~0.2 s on the
     # 2-core dev machine): frozen, later collections skip them (the Engine unfreezes them at shutdown).
@@ -102,46 +104,58 @@ class QueueInbox:
 class SchedulerLoop:
     """Receives messages without waiting while there is work, waits briefly when idle, steps the scheduler through
     a StepGuard and delivers its outputs; returns on a ShutdownReq or when keep_going() says no. A step that cannot
-    go on raises FatalSchedulerError (the owner decides what that means)."""
+    go on raises FatalSchedulerError (the owner decides what that means).
+
+    Tensor parallel: every rank runs this loop over its own Scheduler. Only rank 0 has an inbox; each turn it sends
+    what it received (and whether to stop) to the other ranks, so that all ranks see the same inputs at the same
+    step and make the same decisions. A failed step is then fatal: the ranks could not recover alike."""
 
     sched: Scheduler
-    inbox: Inbox
+    inbox: Inbox | None  # None on ranks other than 0
     # Also the scheduler's output sink: outputs go out while the device runs the next pass.
     deliver: Callable[[list[ReqOutput]], None]
     reply: Callable[[FlushCacheReq | GetInternalStateReq, ControlReply], None]
     keep_going: Callable[[], bool]  # asked after an idle wait that brought nothing, and every CHECK_EVERY_S
     on_request: Callable[[TokenizedGenerateReqInput], None] | None = None  # each request, before the scheduler
+    parallel: Parallel = SINGLE
 
     def __post_init__(self) -> None:
         self.sched.output_sink = self.deliver
+        self._last_check = time.monotonic()
 
     def run(self) -> None:
-        sched, guard = self.sched, StepGuard(self.sched)
-        last_check = time.monotonic()
+        sched, guard = self.sched, StepGuard(self.sched, fatal=self.parallel.tp_size > 1)
         while True:
             idle = sched.is_idle()
             wait_s = IDLE_WAIT_S if idle else GRAMMAR_WAIT_S if sched.nothing_to_run() else 0.0
-            msg = self.inbox.recv(wait_s)
-            if msg is None and idle:
-                if not self.keep_going():
-                    return
-                continue
+            msgs, stop = self.parallel.broadcast_object(self._receive(wait_s, idle) if self.inbox else None)
             aborts: list[str] = []
-            while msg is not None:
-                if isinstance(msg, ShutdownReq):
-                    return
+            for msg in msgs:
                 self._handle(msg, aborts)
-                msg = self.inbox.recv(0.0)
             if aborts:
                 sched.abort_requests(aborts)  # one pass over the queues for all of them
+            if stop:
+                return
             if not sched.is_idle():
                 outputs = guard.step()
                 if outputs:
                     self.deliver(outputs)
-            if time.monotonic() - last_check > CHECK_EVERY_S:
-                last_check = time.monotonic()
-                if not self.keep_going():
-                    return
+
+    def _receive(self, wait_s: float, idle: bool) -> tuple[list[SchedulerInput], bool]:
+        """(the messages waiting, up to wait_s for the first; whether to stop once they are handled): a ShutdownReq,
+        or keep_going() saying no after an idle wait that brought nothing or CHECK_EVERY_S after the last question."""
+        msgs: list[SchedulerInput] = []
+        msg = self.inbox.recv(wait_s)
+        while msg is not None:
+            if isinstance(msg, ShutdownReq):
+                return msgs, True
+            msgs.append(msg)
+            msg = self.inbox.recv(0.0)
+        if (not msgs and idle) or time.monotonic() - self._last_check > CHECK_EVERY_S:
+            self._last_check = time.monotonic()
+            if not self.keep_going():
+                return msgs, True
+        return msgs, False
 
     def _handle(self, msg: SchedulerInput, aborts: list[str]) -> None:
         if isinstance(msg, TokenizedGenerateReqInput):

@@ -39,6 +39,7 @@ def is_device_fault(e: BaseException) -> bool:
 @dataclass
 class StepGuard:
     sched: Scheduler
+    fatal: bool = False  # every failure is fatal (tensor parallel: ranks cannot recover alike)
     failed_steps: int = 0  # consecutive steps that raised (set by step)
 
     def step(self) -> list[ReqOutput]:
@@ -46,7 +47,7 @@ class StepGuard:
             out = self.sched.step()
         except Exception as e:  # noqa: BLE001 - classified below
             self.failed_steps += 1
-            if is_device_fault(e) or self.failed_steps >= MAX_FAILED_STEPS:
+            if self.fatal or is_device_fault(e) or self.failed_steps >= MAX_FAILED_STEPS:
                 raise FatalSchedulerError(f"scheduler step failed ({self.failed_steps} in a row): "
                                           f"{type(e).__name__}: {e}") from e
             logger.exception("scheduler step failed (%d in a row); failing the running requests", self.failed_steps)

@@ -3,15 +3,20 @@
 A request with a grammar lives: grammar queue (compiling) -> waiting -> prefill -> decode."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from radixlm.runtime.grammar.backend import GrammarBackend, GrammarCache
 from radixlm.runtime.grammar.spec import GrammarSpec
 from radixlm.runtime.scheduler.req import FinishReason, Req
 
 
 class GrammarQueue:
-    def __init__(self, cache: GrammarCache):
+    def __init__(self, cache: GrammarCache, agree: Callable[[list[bool]], list[bool]] | None = None):
         self.cache = cache
         self.queue: list[Req] = []  # waiting for their grammar to compile
+        # Tensor parallel: each rank compiles on its own threads, so "done" is what all ranks say is done
+        # (Parallel.all_true); a request then always passes through the queue, even when its grammar is cached.
+        self.agree = agree
 
     @property
     def backend(self) -> GrammarBackend:
@@ -24,16 +29,19 @@ class GrammarQueue:
         if spec is None:
             return False
         req.grammar_future = self.cache.get(spec)
-        if req.grammar_future.done():
+        if req.grammar_future.done() and self.agree is None:
             return False
         self.queue.append(req)
         return True
 
     def pop_ready(self) -> list[Req]:
         """Requests whose grammar finished compiling (failed ones come back finished with an abort)."""
-        ready = [r for r in self.queue if r.grammar_future.done()]
+        done = [r.grammar_future.done() for r in self.queue]
+        if self.agree is not None:
+            done = self.agree(done)
+        ready = [r for r, d in zip(self.queue, done) if d]
         if ready:
-            self.queue = [r for r in self.queue if not r.grammar_future.done()]
+            self.queue = [r for r, d in zip(self.queue, done) if not d]
         return ready
 
     def start(self, req: Req) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import zmq
 
 from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.distributed.setup import RankPlacement, init_distributed, shutdown_distributed
 from radixlm.runtime.ipc import ParentWatch, PortArgs, bind_pull, connect_push, die_with_parent
 from radixlm.runtime.messages import (BatchTokenOutput, DetokenizeInfo, SchedulerInput, SchedulerReady,
                                      TokenizedGenerateReqInput)
@@ -35,26 +36,46 @@ class ZmqInbox:
             return None
 
 
-def run_scheduler_process(args: ServerArgs, ports: PortArgs, ready_pipe) -> None:
+def run_scheduler_process(args: ServerArgs, ports: PortArgs | None, ready_pipe,
+                          placement: RankPlacement | None = None) -> None:
+    """One scheduler rank (the only one without tensor parallelism). Rank 0 talks to the other processes over
+    ZMQ; other ranks (ports None) get rank 0's inputs through the loop and send nothing."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    rank = placement.rank if placement is not None else 0
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s scheduler: %(message)s")
+                        format=f"%(asctime)s %(levelname)s scheduler{rank or ''}: %(message)s")
     try:
-        built = build_scheduler(args)
+        parallel, device = init_distributed(args, placement)
+        built = build_scheduler(args, parallel, device)
     except BaseException as e:  # noqa: BLE001 - reported to the launcher
         ready_pipe.send(SchedulerReady(error=f"{type(e).__name__}: {e}"))
         return
     cfg, sched = built.model_config, built.scheduler
-    ctx = zmq.Context()
-    recv = bind_pull(ctx, ports.scheduler_input)
-    to_detok = connect_push(ctx, ports.detokenizer_input)
-    to_tokenizer = connect_push(ctx, ports.tokenizer_input)
     ready_pipe.send(SchedulerReady(
         max_total_num_tokens=sched.allocator.size, max_running_requests=sched.max_running_requests,
         vocab_size=cfg.vocab_size, context_len=cfg.context_len, model_path=cfg.model_path, architecture=cfg.architecture,
         model_type=getattr(cfg.hf_config, "model_type", ""),
     ))
+    if ports is None:
+        loop = SchedulerLoop(sched, None, deliver=lambda _outputs: None, reply=lambda _req, _out: None,
+                             keep_going=ParentWatch().parent_alive, parallel=parallel)
+    else:
+        loop = _rank0_loop(sched, ports, parallel)
+    try:
+        loop.run()
+    except FatalSchedulerError:
+        logger.exception("the scheduler cannot go on; exiting (the server exits too)")
+        sys.exit(1)
+    finally:
+        shutdown_distributed()
+
+
+def _rank0_loop(sched, ports: PortArgs, parallel) -> SchedulerLoop:
+    ctx = zmq.Context()
+    recv = bind_pull(ctx, ports.scheduler_input)
+    to_detok = connect_push(ctx, ports.detokenizer_input)
+    to_tokenizer = connect_push(ctx, ports.tokenizer_input)
     new_reqs: list[DetokenizeInfo] = []
 
     def on_request(msg: TokenizedGenerateReqInput) -> None:
@@ -65,10 +86,5 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs, ready_pipe) -> None
         to_detok.send_pyobj(BatchTokenOutput(list(new_reqs), outputs))
         new_reqs.clear()
 
-    loop = SchedulerLoop(sched, ZmqInbox(recv), deliver=send, reply=lambda _req, out: to_tokenizer.send_pyobj(out),
-                         keep_going=ParentWatch().parent_alive, on_request=on_request)
-    try:
-        loop.run()
-    except FatalSchedulerError:
-        logger.exception("the scheduler cannot go on; exiting (the server exits too)")
-        sys.exit(1)
+    return SchedulerLoop(sched, ZmqInbox(recv), deliver=send, reply=lambda _req, out: to_tokenizer.send_pyobj(out),
+                         keep_going=ParentWatch().parent_alive, on_request=on_request, parallel=parallel)

@@ -67,7 +67,8 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         vocab_size = model_runner.model_config.vocab_size
         grammars = GrammarCache(lambda: _make_backend(server_args.grammar_backend, tokenizer, vocab_size,
                                                       eos_token_ids))
-        self.grammar_queue = GrammarQueue(grammars)
+        parallel = model_runner.parallel
+        self.grammar_queue = GrammarQueue(grammars, parallel.all_true if parallel.tp_size > 1 else None)
         self.masks = MaskPlanner(lambda: grammars.backend, server_args.grammar_mask is GrammarMaskMode.ON_DEMAND,
                                  self.grammar_stats)
         jump = JumpForwardSource(server_args.jump_forward, tokenizer, eos_token_ids,
@@ -77,7 +78,9 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed)
         self.sampler = Sampler()
         self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(seed if server_args.random_seed is not None else torch.seed())
+        # Tensor-parallel ranks sample alike from the same logits only with the same generator: rank 0's seed.
+        self.generator.manual_seed(parallel.broadcast_object(
+            seed if server_args.random_seed is not None else torch.seed()))
         self.init_admission(server_args, model_runner.max_running_requests)
 
         self.overlap = server_args.enable_overlap_schedule or (

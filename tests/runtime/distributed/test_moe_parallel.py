@@ -3,18 +3,16 @@ ranks (ep_size 1) and with whole experts per rank (ep_size 2): the FusedMoE laye
 Qwen2-MoE models (shared expert, a dense layer) loaded from safetensors by each rank."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from radixlm.runtime.distributed.parallel import SINGLE
 from radixlm.runtime.layers.moe import FusedMoE
 from tests.runtime.distributed.harness import run_ranks
+from tests.runtime.models.test_moe_parity import COMMON
+from tests.runtime.models.tiny import save_tiny
 
 NUM_EXPERTS, TOP_K, HIDDEN, INTER, TOKENS = 8, 3, 32, 24, 13
-MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 
 
 def _layer_weights():
@@ -38,10 +36,9 @@ def _layer(parallel, w):
 
 
 def _dense_helpers():
-    """tests/runtime/models/conftest.py's dense attention, imported by path (the ranks are fresh processes)."""
-    spec = importlib.util.spec_from_file_location("moe_parallel_dense_helpers", MODELS_DIR / "conftest.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    """tests/runtime/models/conftest.py's dense attention (the ranks are fresh processes: no fixtures there)."""
+    import tests.runtime.models.conftest as mod
+
     return mod
 
 
@@ -71,10 +68,7 @@ def _rank(parallel, w, model_dirs, ids):
 def tiny_models(tmp_path_factory):
     from transformers import MixtralConfig, Qwen2MoeConfig
 
-    spec = importlib.util.spec_from_file_location("moe_parity_for_parallel", MODELS_DIR / "test_moe_parity.py")
-    parity = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(parity)
-    common = {**parity.COMMON, "hidden_size": HIDDEN, "num_hidden_layers": 2}
+    common = {**COMMON, "hidden_size": HIDDEN, "num_hidden_layers": 2}
     configs = {
         "mixtral": MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2),
         "qwen2-moe": Qwen2MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
@@ -83,7 +77,7 @@ def tiny_models(tmp_path_factory):
     dirs = {}
     for name, config in configs.items():
         path = tmp_path_factory.mktemp(name)
-        parity.save_tiny_moe(config, path, seed=3)
+        save_tiny(config, path, seed=3)
         dirs[name] = str(path)
     return dirs
 

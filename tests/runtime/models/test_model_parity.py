@@ -7,6 +7,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import load_model
+from tests.runtime.models.tiny import save_tiny
 
 COMMON = dict(
     vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -29,28 +30,8 @@ def _configs():
     }
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() > 1:
-                p.copy_(noise * 0.08)
-            elif name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * noise)  # non-trivial norm weights, and q/k-norm weights for Qwen3
-            else:
-                p.copy_(0.1 * noise)  # biases: HF inits them to zero, which would hide a mis-load
-
-
 def save_tiny_hf_model(config, path, seed: int = 0):
-    torch.manual_seed(seed)
-    config.architectures = [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[config.model_type]]
-    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
-    _randomize(hf, seed)
-    hf.eval()
-    hf.save_pretrained(path, safe_serialization=True)
-    return hf
+    return save_tiny(config, path, seed)
 
 
 @pytest.mark.parametrize("name", list(_configs()))

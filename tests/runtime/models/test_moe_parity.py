@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, MixtralConfig, PreTrainedTokenizerFast, Qwen2MoeConfig, Qwen3MoeConfig
+from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
 import radixlm
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import load_model
+from tests.runtime.models.tiny import hf_greedy, random_prompts, save_tiny
 
 VOCAB = 211
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
               max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False)
-ARCH = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 PROMPT_LENS = [3, 17, 9, 30]
 NEW_TOKENS = 12
 
@@ -33,55 +33,16 @@ def _configs():
     }
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() > 1:
-                p.copy_(noise * 0.08)
-            elif name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * noise)
-            else:
-                p.copy_(0.1 * noise)  # biases (HF's zero init would hide a mis-load)
-
-
-def _word_tokenizer(path, vocab_size: int) -> None:
-    """A word-level tokenizer t0 .. t{n-1}: the engine needs one; prompts are token ids."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0").save_pretrained(path)
-
-
 def save_tiny_moe(config, path, seed: int = 0):
-    config.architectures = [ARCH[config.model_type]]
-    torch.manual_seed(seed)
-    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
-    _randomize(hf, seed)
-    hf.eval()
-    hf.save_pretrained(path, safe_serialization=True)
-    _word_tokenizer(path, config.vocab_size)
-    return hf
+    return save_tiny(config, path, seed)
 
 
 def _prompts(seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in PROMPT_LENS]
+    return random_prompts(seed, PROMPT_LENS, VOCAB)
 
 
 def _hf_greedy(hf, prompts, eos_ids) -> list[tuple[list[int], list[float]]]:
-    eos = sorted(eos_ids) or None
-    out = []
-    with torch.inference_mode():
-        for ids in prompts:
-            gen = hf.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos,
-                              pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-            new = gen.sequences[0, len(ids):].tolist()
-            lps = [torch.log_softmax(lg[0].float(), -1)[t].item() for lg, t in zip(gen.logits, new)]
-            out.append((new, lps))
-    return out
+    return hf_greedy(hf, prompts, eos_ids, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("name", list(_configs()))

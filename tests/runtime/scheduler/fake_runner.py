@@ -16,6 +16,7 @@ import torch
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from radixlm.runtime.distributed.parallel import SINGLE
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsOutput, top_logprobs
 from radixlm.runtime.executor.model_runner import ModelRunner
@@ -79,8 +80,11 @@ def fake_logits(hashes: list[int], vocab_size: int = VOCAB) -> torch.Tensor:
 
 # ---------------------------------------------------------------------- the runner
 class FakeRunner:
-    """What the Scheduler reads from a ModelRunner: device, is_cuda, req_to_token_pool, token_to_kv_pool_allocator,
-    model_config.vocab_size, max_running_requests, forward(wb) and can_replay(num_rows, input_logprobs)."""
+    """What the Scheduler reads from a ModelRunner: device, is_cuda, parallel, req_to_token_pool,
+    token_to_kv_pool_allocator, model_config.vocab_size, max_running_requests, forward(wb) and
+    can_replay(num_rows, input_logprobs)."""
+
+    parallel = SINGLE
 
     def __init__(self, size: int = 4096, page_size: int = 1, max_running_requests: int = 32, graph_rows: int = 0,
                  vocab_size: int = VOCAB, context_len: int = 2048):
