@@ -89,7 +89,7 @@ class ServerArgs:
     speculative_ngram_min_match_window_size: int = field(default=1, metadata={"help": "NGRAM: shortest run of latest tokens looked up"})
     speculative_ngram_max_match_window_size: int = field(default=4, metadata={"help": "NGRAM: longest run of latest tokens looked up (longest match first)"})
     speculative_radix_match_window_size: int = field(default=4, metadata={"help": "RADIX: latest tokens looked up in the cache's k-gram index when the request's whole sequence is not cached"})
-    speculative_max_batch_rows: int = field(default=64, metadata={"help": "rows a decode pass may reach with its drafts: each request drafts at most (rows - batch) // batch tokens, none from this batch size on (jump-forward excepted); 0: no limit"})
+    speculative_max_batch_rows: int = field(default=64, metadata={"help": "rows a decode pass may reach with its drafts: each request drafts at most (rows - batch) // batch tokens, none once the batch exceeds rows / 2 (jump-forward excepted); 0: no limit"})
 
     # Radix cache
     disable_radix_cache: bool = False
