@@ -62,9 +62,10 @@ def _device_env(rank: int, dp_size: int, server_args: ServerArgs) -> tuple[dict[
         gpus = 0
     tp = server_args.tp_size
     first = server_args.base_gpu_id + rank * tp
-    server_args = dataclasses.replace(server_args, dp_size=1, base_gpu_id=0)
-    if gpus >= first + tp:
+    server_args = dataclasses.replace(server_args, dp_size=1)
+    if gpus >= server_args.base_gpu_id + dp_size * tp:  # every replica fits on GPUs of its own
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(first, first + tp))
+        server_args = dataclasses.replace(server_args, base_gpu_id=0)
     elif gpus and server_args.max_total_tokens is None:
         share = (server_args.mem_fraction_static or 0.8) / dp_size
         server_args = dataclasses.replace(server_args, mem_fraction_static=round(share, 3))

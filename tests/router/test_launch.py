@@ -54,3 +54,26 @@ def test_serve_rejects_bad_dp_size(capsys):
     with pytest.raises(SystemExit):
         main(["serve", "--dp-size", "0"])
     assert "dp_size must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpus, tp, base, want", [
+    (4, 2, 0, ["0,1", "2,3"]),   # each replica on its own tp GPUs
+    (8, 2, 4, ["4,5", "6,7"]),   # from --base-gpu-id on
+    (1, 1, 0, [None, None]),     # too few GPUs: they share the device
+    (0, 1, 0, [None, None]),     # CPU workers
+])
+def test_each_replica_gets_its_own_gpus(monkeypatch, gpus, tp, base, want):
+    import torch
+
+    from radixlm.router.launch import _device_env
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    sa = ServerArgs(tp_size=tp, base_gpu_id=base, dp_size=2)
+    for rank, visible in enumerate(want):
+        env, args = _device_env(rank, 2, sa)
+        assert env.get("CUDA_VISIBLE_DEVICES") == visible
+        assert (args.dp_size, args.tp_size) == (1, tp)  # each worker is one replica
+        assert args.base_gpu_id == (0 if visible else base)
+        if gpus and visible is None:
+            assert args.mem_fraction_static == 0.4  # half of 0.8 each
