@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.gpu_llama8b import decode_steps, greedy, timed  # noqa: E402
 from radixlm import Engine  # noqa: E402
 from radixlm.bench.datasets import PromptSource, random_dataset, sharegpt_like_dataset  # noqa: E402
 from radixlm.runtime.layers.moe import FusedMoE, fused_experts, select_experts  # noqa: E402
@@ -214,24 +215,6 @@ def make_engine(path: str, device: str, dtype: str, context_len: int, **kw) -> E
         kw.setdefault("mem_fraction_static", 0.88)
     kw = {**kw, **ENGINE_ARGS}
     return Engine(path, load_format="dummy", dtype=dtype, device=device, context_length=context_len, random_seed=0, **kw)
-
-
-def greedy(n_out: int) -> dict:
-    return {"temperature": 0, "max_new_tokens": n_out, "ignore_eos": True}
-
-
-def timed(engine: Engine, prompts: list[list[int]], params) -> tuple[float, list[dict]]:
-    t0 = time.perf_counter()
-    outs = engine.generate(input_ids=prompts, sampling_params=params)
-    return time.perf_counter() - t0, outs
-
-
-def decode_steps(engine: Engine, src: PromptSource, batch: int, prompt_len: int, steps: int) -> float:
-    """Seconds per decode step at `batch`: fresh prompts each run (no radix-cache hits)."""
-    timed(engine, [src.ids(prompt_len) for _ in range(batch)], greedy(2))  # a new prefill shape compiles untimed
-    t1, _ = timed(engine, [src.ids(prompt_len) for _ in range(batch)], greedy(1))
-    tn, _ = timed(engine, [src.ids(prompt_len) for _ in range(batch)], greedy(steps + 1))
-    return (tn - t1) / steps
 
 
 def weight_bytes(model) -> dict:

@@ -13,10 +13,11 @@ import httpx
 import pytest
 from transformers import Qwen2Config
 
+from radixlm.bench.procs import stop
 from radixlm.runtime.ipc import die_with_parent
 from tests.runtime.distributed.test_tensor_parallel import COMMON, NEW_TOKENS, PROMPT_LENS, VOCAB, _engine
 from tests.runtime.models.tiny import random_prompts, save_tiny, word_tokenizer
-from tests.runtime.server.conftest import child_pids, free_port, start_server, stop_server, wait_healthy
+from tests.runtime.server.conftest import child_pids, free_port, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -108,9 +109,4 @@ def test_two_nodes_on_localhost_and_a_hung_rank(tiny):
     finally:
         if h is not None:
             stop_server(h)
-        node1.terminate()
-        try:
-            node1.wait(30)
-        except subprocess.TimeoutExpired:
-            node1.kill()
-            node1.wait()
+        stop(node1)
