@@ -1,21 +1,14 @@
 """Server processes for benchmark scripts: a free port, start-and-wait-until-healthy, and a clean stop."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 
 import httpx
 
-from radixlm.runtime.ipc import die_with_parent
+from radixlm.runtime.ipc import die_with_parent, free_port  # noqa: F401 - free_port: for the benchmarks
 
 READY_TIMEOUT_S = 600
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_ready(proc: subprocess.Popen, url: str, timeout: float = READY_TIMEOUT_S) -> float:

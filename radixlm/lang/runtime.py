@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,13 +11,7 @@ from typing import Any, Optional
 import httpx
 
 from radixlm.lang.backend.runtime_endpoint import RuntimeEndpoint
-from radixlm.runtime.ipc import die_with_parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from radixlm.runtime.ipc import die_with_parent, free_port
 
 
 def server_flags(kwargs: dict[str, Any]) -> list[str]:
@@ -41,7 +34,7 @@ class Runtime:
     def __init__(self, log_level: str = "error", launch_timeout: float = 300.0, host: str = "127.0.0.1",
                  port: Optional[int] = None, **kwargs: Any) -> None:
         """kwargs are ServerArgs fields (model_path, max_total_tokens, ...)."""
-        port = _free_port() if port is None else port
+        port = free_port() if port is None else port
         kwargs["log_level"] = log_level
         self.url = f"http://{host}:{port}"
         self.proc: Optional[subprocess.Popen] = None

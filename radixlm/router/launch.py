@@ -5,7 +5,6 @@ import dataclasses
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import httpx
 
 from radixlm.router.args import RouterArgs
 from radixlm.runtime.args import ServerArgs
-from radixlm.runtime.ipc import die_with_parent
+from radixlm.runtime.ipc import die_with_parent, free_port
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +41,6 @@ def worker_argv(server_args: ServerArgs) -> list[str]:
         flag = "--" + f.name.replace("_", "-")
         out += [flag] if value is True else [flag, str(value)]
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _device_env(rank: int, dp_size: int, server_args: ServerArgs) -> tuple[dict[str, str], ServerArgs]:
@@ -94,7 +87,7 @@ def serve_data_parallel(server_args: ServerArgs, dp_size: int, router_args: Rout
     urls: list[str] = []
     try:
         for rank in range(dp_size):
-            port = _free_port()
+            port = free_port()
             env, args = _device_env(rank, dp_size, server_args)
             cmd = [sys.executable, "-m", "radixlm.launch_server", "--host", "127.0.0.1", "--port", str(port),
                    *worker_argv(args)]

@@ -4,10 +4,18 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import tempfile
 from dataclasses import dataclass
 
 import zmq
+
+
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)

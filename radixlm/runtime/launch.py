@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import socket
 import time
 from dataclasses import dataclass
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.messages import SchedulerReady
-from radixlm.runtime.ipc import PortArgs
+from radixlm.runtime.ipc import PortArgs, free_port
 
 logger = logging.getLogger(__name__)
 
@@ -57,15 +56,9 @@ def _wait_ready(conn, proc, name: str, deadline: float):
     raise TimeoutError(f"the {name} process did not become ready in {READY_TIMEOUT_S:.0f}s")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rank_init_method(server_args: ServerArgs) -> str:
     """Where the tensor-parallel ranks meet: node 0's --dist-init-addr, or a free local port."""
-    return f"tcp://{server_args.dist_init_addr or f'127.0.0.1:{_free_port()}'}"
+    return f"tcp://{server_args.dist_init_addr or f'127.0.0.1:{free_port()}'}"
 
 
 def start_ranks(server_args: ServerArgs, ports: PortArgs | None, ctx, init_method: str,
