@@ -1,0 +1,152 @@
+"""python -m radixlm.bench.programs: the paper's LM programs against a server, with its ablations.
+
+    # against a running radixlm server
+    python -m radixlm.bench.programs --base-url http://127.0.0.1:30000 --num-programs 32
+    # start `radixlm serve` for the run (one server per distinct server configuration), every ablation
+    python -m radixlm.bench.programs --launch-server --model-path default --ablations --scale 0.1 \\
+        --num-programs 4 --output-file benchmarks/results/programs_cpu.json
+    # any OpenAI-compatible completions endpoint (regex workloads are skipped)
+    python -m radixlm.bench.programs --backend openai --base-url http://host:8000/v1 --model NAME --tokenizer PATH
+
+Single-variant switches: --disable-radix-cache, --schedule-policy (server; need --launch-server),
+--no-frontend-parallelism, --no-fork-hint (client), --all-off (all of them).
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import Any, Optional
+
+from radixlm.bench import procs
+from radixlm.bench.programs import report
+from radixlm.bench.programs.runner import (ALL_OFF_SERVER, VARIANTS, BackendSpec, RunOptions, Variant, run_variant,
+                                           warm_up)
+from radixlm.bench.programs.workloads import WORKLOADS
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workloads", default="all", help=f"comma-separated, from: {', '.join(WORKLOADS)}")
+    p.add_argument("--num-programs", type=int, default=16, help="program instances per workload")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", type=float, default=1.0, help="multiplies every input length and output budget")
+    p.add_argument("--num-threads", type=int, default=64, help="run_batch threads (programs in flight)")
+    p.add_argument("--backend", choices=["runtime", "openai"], default="runtime")
+    p.add_argument("--base-url", default=None, help="server URL (OpenAI: up to /v1)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--launch-server", action="store_true", help="start `radixlm serve` for the run (runtime backend)")
+    p.add_argument("--model-path", default="default", help="the launched server's model")
+    p.add_argument("--server-args", default="", help="more arguments for the launched server, one string")
+    p.add_argument("--server-timeout", type=float, default=procs.READY_TIMEOUT_S)
+    p.add_argument("--model", default="default", help="model name sent to an OpenAI endpoint")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--tokenizer", default=None, help="tokenizer for the optimal hit rate (default: the server's)")
+    p.add_argument("--no-optimal", action="store_true", help="skip the optimal hit rate (no tokenizer needed)")
+    p.add_argument("--no-flush", action="store_true", help="do not flush the server's cache before each workload")
+    p.add_argument("--disable-radix-cache", action="store_true")
+    p.add_argument("--schedule-policy", default=None, help="passed to the launched server (lpm, fcfs, random ...)")
+    p.add_argument("--no-frontend-parallelism", action="store_true",
+                   help="one program at a time, forks run sequentially")
+    p.add_argument("--no-fork-hint", action="store_true",
+                   help="no frontend prefix hints (fork's shared-prefix prefill, run_batch's prefix cache)")
+    p.add_argument("--all-off", action="store_true", help="every optimization off (the baseline)")
+    p.add_argument("--ablations", action="store_true", help="run every variant: " + ", ".join(v.name for v in VARIANTS))
+    p.add_argument("--variants", default=None, help="with --ablations: a comma-separated subset")
+    p.add_argument("--output-file", default=None, help="JSON path; the markdown (and PNG) go next to it")
+    return p.parse_args(argv)
+
+
+def single_variant(args: argparse.Namespace) -> Variant:
+    if args.all_off:
+        return Variant("all_off", ALL_OFF_SERVER, parallel=False, hints=False)
+    server: list[str] = []
+    if args.disable_radix_cache:
+        server.append("--disable-radix-cache")
+    if args.schedule_policy:
+        server += ["--schedule-policy", args.schedule_policy]
+    parts = [x for x, on in (("no_radix_cache", args.disable_radix_cache),
+                             (f"{args.schedule_policy}", bool(args.schedule_policy)),
+                             ("no_frontend_parallelism", args.no_frontend_parallelism),
+                             ("no_frontend_hint", args.no_fork_hint)) if on]
+    return Variant("+".join(parts) or "full", tuple(server), not args.no_frontend_parallelism, not args.no_fork_hint)
+
+
+def chosen_variants(args: argparse.Namespace) -> list[Variant]:
+    if not args.ablations:
+        return [single_variant(args)]
+    if args.variants:
+        names = args.variants.split(",")
+        unknown = sorted(set(names) - {v.name for v in VARIANTS})
+        if unknown:
+            raise SystemExit(f"unknown variants {unknown}")
+        return [v for v in VARIANTS if v.name in names]
+    return list(VARIANTS)
+
+
+def load_tokenizer(args: argparse.Namespace, base_url: str) -> Any:
+    if args.no_optimal:
+        return None
+    from radixlm.bench.serving import load_tokenizer as load
+
+    name = args.tokenizer or (None if args.backend == "runtime" else args.model)
+    return load(name, base_url if args.backend == "runtime" else "http://invalid")
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    args = parse_args(argv)
+    names = list(WORKLOADS) if args.workloads == "all" else args.workloads.split(",")
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        raise SystemExit(f"unknown workloads {unknown}; choose from {list(WORKLOADS)}")
+    workloads = [WORKLOADS[n] for n in names]
+    variants = chosen_variants(args)
+    if args.launch_server and args.backend != "runtime":
+        raise SystemExit("--launch-server starts a radixlm server: use it with --backend runtime")
+    opt = RunOptions(args.num_programs, args.seed, args.scale, args.num_threads, flush=not args.no_flush)
+    spec_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+    results: dict[str, dict] = {}
+    proc, running_args = None, None
+    try:
+        for v in variants:
+            if args.launch_server:
+                want = v.server_args + tuple(shlex.split(args.server_args))
+                if proc is None or want != running_args:
+                    if proc is not None:
+                        procs.stop(proc)
+                    port = procs.free_port()
+                    spec_url = f"http://127.0.0.1:{port}"
+                    cmd = [sys.executable, "-m", "radixlm.launch_server", "--model-path", args.model_path,
+                           "--port", str(port), *want]
+                    print("starting:", " ".join(cmd), flush=True)
+                    proc, running_args = procs.start(cmd, spec_url, args.server_timeout), want
+                    warm_up(spec_url)
+            elif v.server_args and args.backend == "runtime":
+                print(f"[{v.name}] skipped: it changes the server's arguments ({' '.join(v.server_args)}); "
+                      "use --launch-server", flush=True)
+                results[v.name] = {w.name: {"skipped": "needs --launch-server"} for w in workloads}
+                continue
+            if opt.tokenizer is None and not args.no_optimal:
+                opt.tokenizer = load_tokenizer(args, spec_url)
+            spec = BackendSpec(args.backend, spec_url, args.model, args.api_key)
+            results[v.name] = run_variant(workloads, spec, v, opt, log=lambda m: print(m, flush=True))
+    finally:
+        if proc is not None:
+            procs.stop(proc)
+    out = {"config": {"command": " ".join(["python -m radixlm.bench.programs",
+                                           *(argv if argv is not None else sys.argv[1:])]),
+                      "backend": args.backend, "model": args.model_path if args.launch_server else args.model,
+                      "num_programs": args.num_programs, "seed": args.seed, "scale": args.scale,
+                      "num_threads": args.num_threads, "workloads": names,
+                      "variants": {v.name: {"server_args": list(v.server_args), "parallel": v.parallel,
+                                            "hints": v.hints} for v in variants}},
+           "variants": results}
+    print(report.markdown(out))
+    for kind, path in report.write(out, args.output_file).items():
+        print(f"wrote {kind}: {path}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

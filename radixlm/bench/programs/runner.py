@@ -1,0 +1,175 @@
+"""Runs workloads against a backend under one variant (full radixlm or an ablation) and measures them."""
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import httpx
+
+from radixlm.bench.programs.optimal import optimal_hit_rate
+from radixlm.bench.programs.record import Recorder, RecordingTransport, token_requests
+from radixlm.bench.programs.workloads import Workload
+from radixlm.lang.global_config import global_config
+from radixlm.lang.program import SglFunction, precache_constant_prefix
+from radixlm.lang.state import ProgramState
+
+
+@dataclass(frozen=True)
+class Variant:
+    """server_args go to `radixlm serve`; parallel: run_batch on threads with forks in parallel (else one program
+    at a time, every primitive in the program's thread, forks sequential); hints: the frontend's prefix hints
+    (fork prefills the shared prefix once; run_batch prefills the traced constant prefix)."""
+    name: str
+    server_args: tuple[str, ...] = ()
+    parallel: bool = True
+    hints: bool = True
+
+
+ALL_OFF_SERVER = ("--disable-radix-cache", "--schedule-policy", "fcfs")
+# Ordered so that variants sharing a server run one after another (one server start each).
+VARIANTS = [
+    Variant("full"),
+    Variant("no_frontend_parallelism", parallel=False),
+    Variant("no_frontend_hint", hints=False),
+    Variant("no_radix_cache", ("--disable-radix-cache",)),
+    Variant("fcfs", ("--schedule-policy", "fcfs")),
+    Variant("random", ("--schedule-policy", "random")),
+    Variant("all_off", ALL_OFF_SERVER, parallel=False, hints=False),
+]
+
+
+@dataclass
+class BackendSpec:
+    kind: str  # "runtime" or "openai"
+    base_url: str
+    model: str = "default"
+    api_key: Optional[str] = None
+    openai_chat: bool = False
+
+    def make(self, recorder: Recorder) -> Any:
+        transport = RecordingTransport(recorder)
+        if self.kind == "runtime":
+            from radixlm.lang.backend.runtime_endpoint import RuntimeEndpoint
+
+            return RuntimeEndpoint(self.base_url, api_key=self.api_key, transport=transport)
+        from radixlm.lang.backend.openai import OpenAI
+
+        return OpenAI(self.model, is_chat_model=self.openai_chat, base_url=self.base_url,
+                      api_key=self.api_key or "EMPTY", http_client=httpx.Client(transport=transport, timeout=600))
+
+
+def timed(program: SglFunction, sink: list[float]) -> SglFunction:
+    """The program with each real run's wall time (body plus its queued primitives) appended to sink."""
+    func = program.func
+
+    @functools.wraps(func)
+    def wrapper(s, *args, **kwargs):
+        if not isinstance(s, ProgramState):  # tracing (the run_batch prefix hint)
+            return func(s, *args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return func(s, *args, **kwargs)
+        finally:
+            s.stream_executor.wait_error()
+            sink.append(time.perf_counter() - t0)
+
+    return SglFunction(wrapper, program.num_api_spec_tokens, program.bind_arguments)
+
+
+def unsupported(w: Workload, spec: BackendSpec) -> Optional[str]:
+    if spec.kind == "openai" and "regex" in w.needs:
+        return "the OpenAI backend cannot constrain decoding with a regex"
+    if spec.kind == "openai" and spec.openai_chat:
+        return "programs are written for completion models (pass no --openai-chat)"
+    return None
+
+
+@dataclass
+class RunOptions:
+    num_programs: int = 16
+    seed: int = 0
+    scale: float = 1.0
+    num_threads: int = 64
+    tokenizer: Any = None  # for the optimal hit rate; None skips it
+    flush: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def run_workload(w: Workload, backend: Any, recorder: Recorder, variant: Variant, opt: RunOptions) -> dict:
+    items, labels = w.instances(opt.num_programs, opt.seed, opt.scale)
+    if opt.flush:
+        try:
+            backend.flush_cache()
+        except NotImplementedError:
+            pass
+    recorder.clear()
+    latencies: list[float] = []
+    prog = timed(w.program, latencies)
+    saved = (global_config.enable_fork_prefix_hint, global_config.enable_precache_with_tracing)
+    global_config.enable_fork_prefix_hint = global_config.enable_precache_with_tracing = variant.hints
+    try:
+        t0 = time.perf_counter()
+        if variant.parallel:
+            states = prog.run_batch(items, backend=backend, num_threads=opt.num_threads, temperature=0.0)
+        else:
+            if variant.hints and len(items) > 1:
+                precache_constant_prefix(prog, backend)
+            states = [prog.run(**it, backend=backend, use_thread=False, temperature=0.0) for it in items]
+        duration = time.perf_counter() - t0
+    finally:
+        global_config.enable_fork_prefix_hint, global_config.enable_precache_with_tracing = saved
+    errors = [st.error() for st in states]
+    ok = sum(e is None for e in errors)
+    rec = recorder.summary()
+    res: dict[str, Any] = {
+        "programs": len(items), "completed": ok, "failed": len(items) - ok, "duration_s": duration,
+        "programs_per_s": ok / duration if duration > 0 else 0.0,
+        "mean_latency_s": statistics.fmean(latencies) if latencies else None,
+        "output_tokens": rec["output_tokens"], "output_tokens_per_s": rec["output_tokens"] / duration,
+        "requests": rec["requests"], "prompt_tokens": rec["prompt_tokens"],
+        "cache_hit_rate": rec["cache_hit_rate"], "http_errors": rec["http_errors"],
+    }
+    first_error = next((e for e in errors if e is not None), None)
+    if first_error is not None:
+        res["error"] = f"{type(first_error).__name__}: {first_error}"[:300]
+    judged = [w.correct(st, lab) for st, lab, e in zip(states, labels, errors) if e is None]
+    judged = [j for j in judged if j is not None]
+    res["accuracy"] = sum(judged) / len(judged) if judged else None
+    if opt.tokenizer is not None:
+        reqs, mismatched = token_requests(recorder.sent, opt.tokenizer)
+        res.update(optimal_hit_rate(reqs))
+        res["tokenize_mismatches"] = mismatched
+        if res["cache_hit_rate"] is not None and res["optimal_hit_rate"] > 0:
+            res["achieved_over_optimal"] = res["cache_hit_rate"] / res["optimal_hit_rate"]
+    return res
+
+
+def run_variant(workloads: list[Workload], spec: BackendSpec, variant: Variant, opt: RunOptions,
+                log: Any = print) -> dict[str, dict]:
+    recorder = Recorder()
+    backend = spec.make(recorder)
+    out = {}
+    try:
+        for w in workloads:
+            why = unsupported(w, spec)
+            if why:
+                out[w.name] = {"skipped": why}
+                continue
+            out[w.name] = r = run_workload(w, backend, recorder, variant, opt)
+            hit = r["cache_hit_rate"]
+            log(f"[{variant.name}] {w.name}: {r['completed']}/{r['programs']} programs in {r['duration_s']:.2f} s, "
+                f"{r['programs_per_s']:.2f} p/s, hit rate {'-' if hit is None else f'{hit:.1%}'}, "
+                f"optimal {r.get('optimal_hit_rate', float('nan')):.1%}"
+                + (f"  ERROR {r['error']}" if "error" in r else ""))
+    finally:
+        backend.shutdown()
+    return out
+
+
+def warm_up(base_url: str) -> None:
+    """One tiny request: the first one on a fresh server pays one-off costs."""
+    httpx.post(base_url + "/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 2}},
+               timeout=300).raise_for_status()

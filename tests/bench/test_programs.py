@@ -1,0 +1,210 @@
+"""radixlm.bench.programs: the optimal hit rate on hand-made request sets, every workload's programs on a scripted
+backend (parallel and sequential), the recorder, the report, the CLI switches, and one run against a real server."""
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import httpx
+import pytest
+
+from radixlm.bench.programs import __main__ as cli
+from radixlm.bench.programs import report
+from radixlm.bench.programs.optimal import Request, optimal_hit_rate, simulate_dfs
+from radixlm.bench.programs.record import Recorder, RecordingTransport, parse_exchange, token_requests
+from radixlm.bench.programs.runner import VARIANTS, RunOptions, Variant, run_workload
+from radixlm.bench.programs.workloads import WORKLOADS
+from tests.lang.fake_backend import FakeBackend
+
+
+# ---- the optimal hit rate
+def rate(reqs):
+    return optimal_hit_rate([Request(*r) if isinstance(r, tuple) else Request(r) for r in reqs])
+
+
+def test_optimal_single_and_disjoint_requests_hit_nothing():
+    assert rate([[1, 2, 3]])["optimal_hit_rate"] == 0.0
+    assert rate([[1, 2], [3, 4], [5]])["optimal_hit_rate"] == 0.0
+    assert rate([])["optimal_hit_rate"] == 0.0
+
+
+def test_optimal_shared_prefixes_are_computed_once():
+    r = rate([[1, 2, 3], [1, 2, 3]])
+    assert (r["total_prompt_tokens"], r["unique_prompt_tokens"]) == (6, 3) and r["optimal_hit_rate"] == 0.5
+    assert rate([[1, 2, 3, 4], [1, 2, 5]])["optimal_hit_rate"] == pytest.approx(2 / 7)
+    # a few-shot shape: a 10-token prefix shared by 4 questions of 2 tokens
+    r = rate([list(range(10)) + [100 + q, 200 + q] for q in range(4)])
+    assert r["optimal_hit_rate"] == pytest.approx(1 - (10 + 8) / 48)
+    # a prompt that is a prefix of another one
+    assert rate([[1, 2], [1, 2, 3, 4]])["optimal_hit_rate"] == pytest.approx(2 / 6)
+
+
+def test_optimal_counts_decoded_tokens_as_computed():
+    # turn 2 carries turn 1's answer (3, 4): decoding computed it already
+    r = rate([([1, 2], [3, 4]), ([1, 2, 3, 4, 5], [6])])
+    assert r["optimal_hit_rate"] == pytest.approx(1 - 3 / 7)
+    assert r["optimal_hit_rate_prompts_only"] == pytest.approx(1 - 5 / 7)
+
+
+def test_optimal_equals_a_dfs_simulation_on_random_trees():
+    rng = random.Random(0)
+    for _ in range(50):
+        prefixes = [[rng.randrange(5) for _ in range(rng.randint(0, 6))] for _ in range(rng.randint(1, 4))]
+        reqs = [Request(rng.choice(prefixes) + [rng.randrange(5) for _ in range(rng.randint(1, 5))])
+                for _ in range(rng.randint(1, 12))]
+        assert optimal_hit_rate(reqs)["optimal_hit_rate"] == pytest.approx(simulate_dfs(reqs))
+
+
+# ---- the workloads on a scripted backend
+def test_workload_data_is_seeded_and_shaped():
+    for w in WORKLOADS.values():
+        a, la = w.instances(3, seed=5, scale=0.2)
+        b, lb = w.instances(3, seed=5, scale=0.2)
+        c, _ = w.instances(3, seed=6, scale=0.2)
+        assert a == b and la == lb and a != c and len(a) == 3, w.name
+        assert all(set(it) <= set(w.program.arg_names) for it in a), w.name
+    mmlu, _ = WORKLOADS["mmlu"].instances(8, 0, 1.0)
+    assert mmlu[0]["examples"] == mmlu[4]["examples"] != mmlu[1]["examples"]
+    assert mmlu[0]["examples"].count("Answer:") == 5
+    hs, labels = WORKLOADS["hellaswag"].instances(4, 0, 1.0)
+    assert len({h["few_shot"] for h in hs}) == 1 and hs[0]["few_shot"].count("\n\n") == 20
+    assert all(len(h["choices"]) == 4 for h in hs) and all(0 <= x < 4 for x in labels)
+    chat, _ = WORKLOADS["chat_long"].instances(2, 0, 1.0)
+    assert all(len(c["questions"]) == 4 and all(256 <= n <= 512 for n in c["output_lens"]) for c in chat)
+    assert all(256 <= len(q.split()) <= 512 for q in chat[0]["questions"])
+    short, _ = WORKLOADS["chat_short"].instances(2, 0, 1.0)
+    assert all(4 <= n <= 8 for c in short for n in c["output_lens"])
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_every_workload_runs_on_a_scripted_backend(parallel):
+    be = FakeBackend(delay=0.002)
+    expected_gens = {"mmlu": 1, "react": 8, "tree_of_thought": 9, "skeleton_of_thought": 6, "llm_judge": 6,
+                     "json_decode": 1, "chat_short": 4, "chat_long": 4, "rag": 2, "hellaswag": 0}
+    for w in WORKLOADS.values():
+        be.calls.clear()
+        be.max_active = 0
+        r = run_workload(w, be, Recorder(), Variant("v", parallel=parallel), RunOptions(3, 0, 0.1, num_threads=3))
+        assert r["completed"] == 3 and r["failed"] == 0 and "error" not in r, (w.name, r)
+        assert r["programs_per_s"] > 0 and r["mean_latency_s"] > 0
+        gens = sum(k == "gen" for k, _ in be.calls)
+        assert gens == 3 * expected_gens[w.name], w.name
+        if w.name in ("hellaswag", "tree_of_thought"):
+            assert any(k == "select" for k, _ in be.calls)
+        if w.label_key:
+            assert r["accuracy"] is not None
+        if not parallel:
+            assert be.max_active == 1, w.name
+
+
+def test_fork_hint_switch_controls_the_shared_prefix_prefill():
+    w = WORKLOADS["skeleton_of_thought"]
+    commits = {}
+    for hints in (True, False):
+        be = FakeBackend()
+        run_workload(w, be, Recorder(), Variant("v", hints=hints), RunOptions(2, 0, 0.1, num_threads=2))
+        commits[hints] = sum(k == "commit" for k, _ in be.calls)
+    assert commits == {True: 2, False: 0}
+
+
+# ---- recording
+def test_recorder_parses_native_and_openai_exchanges():
+    native = parse_exchange("/generate", {"text": ["ab", "abc"]}, [
+        {"text": "x", "output_ids": [7], "meta_info": {"prompt_tokens": 2, "cached_tokens": 1, "completion_tokens": 1}},
+        {"text": "y", "output_ids": [8],
+         "meta_info": {"prompt_tokens": 3, "cached_tokens": 2, "completion_tokens": 1}}])
+    assert [(s.prompt_text, s.output_ids, s.cached_tokens) for s in native] == [("ab", [7], 1), ("abc", [8], 2)]
+    ids = parse_exchange("/generate", {"input_ids": [1, 2]}, {"text": "", "meta_info": {"prompt_tokens": 2}})
+    assert ids[0].prompt_ids == [1, 2]
+    oa = parse_exchange("/v1/completions", {"prompt": ["p", "q"]}, {
+        "choices": [{"index": 1, "text": "Q"}, {"index": 0, "text": "P"}],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 1}}})
+    assert [(s.prompt_text, s.output_text, s.prompt_tokens) for s in oa] == [("p", "P", 4), ("q", "Q", None)]
+    rec = Recorder()
+    rec.add(native + oa)
+    assert rec.summary()["cache_hit_rate"] == pytest.approx((1 + 2 + 1) / (2 + 3 + 4))
+
+    class Tok:
+        def encode(self, text, add_special_tokens=True):
+            return [ord(c) for c in text]
+
+    reqs, mismatched = token_requests(native, Tok())
+    assert reqs[1].prompt == [97, 98, 99] and reqs[1].output == [8] and mismatched == 0
+
+
+def test_recording_transport_passes_responses_through():
+    def handler(request):
+        if request.url.path != "/generate":
+            return httpx.Response(200, text="ok")
+        body = json.loads(request.content)
+        return httpx.Response(200, json={"text": body["text"] + "!", "output_ids": [1],
+                                         "meta_info": {"prompt_tokens": 1, "cached_tokens": 0, "completion_tokens": 1}})
+
+    rec = Recorder()
+    client = httpx.Client(base_url="http://x", transport=RecordingTransport(rec, httpx.MockTransport(handler)))
+    assert client.post("/generate", json={"text": "hi"}).json()["text"] == "hi!"
+    assert client.post("/flush_cache").status_code == 200
+    assert len(rec.sent) == 1 and rec.sent[0].prompt_text == "hi"
+
+
+# ---- report and CLI
+def fake_result(pps, hit=0.5, opt=0.6):
+    return {"programs": 2, "completed": 2, "failed": 0, "duration_s": 1.0, "programs_per_s": pps,
+            "mean_latency_s": 1 / pps, "output_tokens": 10, "output_tokens_per_s": 10.0, "requests": 4,
+            "prompt_tokens": 100, "cache_hit_rate": hit, "optimal_hit_rate": opt, "achieved_over_optimal": hit / opt,
+            "accuracy": None}
+
+
+def test_report_tables_and_files(tmp_path):
+    out = {"config": {"command": "python -m radixlm.bench.programs --ablations", "backend": "runtime",
+                      "model": "default", "num_programs": 2, "seed": 0, "scale": 0.1, "num_threads": 4},
+           "variants": {"full": {"mmlu": fake_result(4.0), "json_decode": {"skipped": "no regex"}},
+                        "all_off": {"mmlu": fake_result(1.0, 0.0), "json_decode": {"skipped": "no regex"}}}}
+    md = report.markdown(out)
+    assert "| mmlu | 4.00 (4.00x) | 1.00 |" in md and "skipped" in md and "83.3%" in md
+    written = report.write(out, str(tmp_path / "r.json"))
+    assert json.loads((tmp_path / "r.json").read_text()) == out
+    assert (tmp_path / "r.md").read_text() == md
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "png" not in written
+    else:
+        assert "png" in written
+
+
+def test_cli_switches_map_to_variants():
+    v = cli.single_variant(cli.parse_args([]))
+    assert (v.name, v.server_args, v.parallel, v.hints) == ("full", (), True, True)
+    v = cli.single_variant(cli.parse_args(["--disable-radix-cache", "--schedule-policy", "random",
+                                           "--no-frontend-parallelism", "--no-fork-hint"]))
+    assert v.server_args == ("--disable-radix-cache", "--schedule-policy", "random")
+    assert not v.parallel and not v.hints
+    v = cli.single_variant(cli.parse_args(["--all-off"]))
+    assert v.name == "all_off" and "--disable-radix-cache" in v.server_args and not v.parallel and not v.hints
+    assert [x.name for x in cli.chosen_variants(cli.parse_args(["--ablations"]))] == [x.name for x in VARIANTS]
+    assert [x.name for x in cli.chosen_variants(cli.parse_args(["--ablations", "--variants", "all_off,full"]))] == \
+        ["full", "all_off"]
+
+
+# ---- end to end: a real SmolLM2 server started by the command, two variants (two servers)
+def test_end_to_end_against_a_launched_server(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    t0 = time.monotonic()
+    out = cli.main(["--launch-server", "--workloads", "mmlu,skeleton_of_thought", "--num-programs", "3",
+                    "--scale", "0.05", "--num-threads", "4", "--ablations", "--variants", "full,all_off",
+                    "--server-args", "--max-total-tokens 4096 --random-seed 0", "--server-timeout", "180",
+                    "--output-file", str(tmp_path / "p.json")])
+    elapsed = time.monotonic() - t0
+    full, off = out["variants"]["full"], out["variants"]["all_off"]
+    for res in (full, off):
+        for r in res.values():
+            assert r["completed"] == 3 and r["failed"] == 0 and r["http_errors"] == 0, r
+            assert r["tokenize_mismatches"] == 0 and r["output_tokens"] > 0
+    # mmlu: 3 questions over 3 subjects share the header; skeleton: the forks share the skeleton
+    assert 0 < full["skeleton_of_thought"]["cache_hit_rate"] <= full["skeleton_of_thought"]["optimal_hit_rate"] + 1e-9
+    assert full["skeleton_of_thought"]["achieved_over_optimal"] > 0.8
+    assert all(r["cache_hit_rate"] == 0 for r in off.values())  # --disable-radix-cache reached the server
+    assert (tmp_path / "p.md").exists() and json.loads((tmp_path / "p.json").read_text())["variants"]
+    assert elapsed < 120
