@@ -27,11 +27,11 @@ class LaunchedRuntime:
     load_time_s: float
 
     def dead_child(self) -> str | None:
-        """A description of the first child that has exited, or None while all run."""
-        for name, p in self.procs.items():
-            if not p.is_alive():
-                return f"the {name} process exited (exit code {p.exitcode})"
-        return None
+        """What has exited, or None while all children run. Every dead child is named: one rank's death takes the
+        others down within moments, and the first to die is the cause."""
+        dead = [f"the {name} process exited (exit code {p.exitcode})" for name, p in self.procs.items()
+                if not p.is_alive()]
+        return "; ".join(dead) or None
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Idempotent."""

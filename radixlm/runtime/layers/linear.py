@@ -2,8 +2,9 @@
 uninitialised: the loader fills every one of them (real weights or dummy init), so skipping torch's default init
 saves seconds on big models.
 
-Loading is the layer's job: `load_weight(pname, param, w, shard_id)` takes a full checkpoint tensor and copies this
-rank's slice of it; `weight_shards(pname)` lists the shard ids a complete load must have seen (the model checks)."""
+Loading is the layer's job: `load_weight(pname, param, w, shard_id)` takes a whole checkpoint tensor (read lazily: only
+the part it indexes leaves the file) and copies this rank's slice of it; `weight_shards(pname)` lists the shard ids a
+complete load must have seen (the model checks)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,10 +17,11 @@ from radixlm.runtime.distributed.parallel import SINGLE, Parallel, divide
 from radixlm.runtime.layers import cpu_gemm, gemm
 
 
-def copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
+def copy_checked(dst: torch.Tensor, src, what: str) -> None:
+    """src: a tensor, or a checkpoint's lazily read one (anything indexable with shape: read here, whole)."""
     if tuple(src.shape) != tuple(dst.shape):
         raise ValueError(f"weight {what} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
-    dst.copy_(src)
+    dst.copy_(src if isinstance(src, torch.Tensor) else src[...])
 
 
 @dataclass(frozen=True)

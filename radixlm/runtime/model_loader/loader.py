@@ -40,7 +40,26 @@ def safetensors_files(model_path: str) -> list[str]:
     return files
 
 
-def safetensors_weights_iterator(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
+
+
+class CheckpointTensor:
+    """A tensor of a safetensors file, read only where it is indexed: a tensor-parallel rank reads its own slice of
+    each weight (`w[a:b]`, `w[:, a:b]`); `w[...]` reads all of it. Valid while the iterator that yielded it is at it."""
+
+    def __init__(self, safe_slice) -> None:
+        self._slice = safe_slice
+        self.shape = torch.Size(safe_slice.get_shape())
+        self.nbytes = self.shape.numel() * _DTYPE_BYTES.get(safe_slice.get_dtype(), 1)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return self._slice[index]
+
+
+def safetensors_weights_iterator(files: list[str]) -> Iterator[tuple[str, CheckpointTensor]]:
     from safetensors import safe_open
     from tqdm import tqdm
 
@@ -52,9 +71,9 @@ def safetensors_weights_iterator(files: list[str]) -> Iterator[tuple[str, torch.
             try:
                 with safe_open(f, framework="pt", device="cpu") as st:
                     for name in st.keys():
-                        t = st.get_tensor(name)
+                        t = CheckpointTensor(st.get_slice(name))
                         yield name, t
-                        bar.update(t.numel() * t.element_size())
+                        bar.update(t.nbytes)
             except ModelLoadError:
                 raise
             except Exception as e:  # safetensors' own errors (truncated header, bad offsets, ...)
