@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 import httpx
 import pytest
@@ -40,6 +39,12 @@ def test_optimal_shared_prefixes_are_computed_once():
     assert rate([[1, 2], [1, 2, 3, 4]])["optimal_hit_rate"] == pytest.approx(2 / 6)
 
 
+def test_optimal_takes_a_joint_tokenization_of_text_outputs():
+    # prompt [1, 2, 3]; prompt + output text tokenized jointly: [1, 2, 9, 4] (3 merged with the output into 9)
+    r = optimal_hit_rate([Request([1, 2, 3], full=[1, 2, 9, 4], gen_from=2), Request([1, 2, 9, 4, 5])])
+    assert r["must_compute_tokens"] == 4 and r["optimal_hit_rate"] == pytest.approx(1 - 4 / 8)
+
+
 def test_optimal_counts_decoded_tokens_as_computed():
     # turn 2 carries turn 1's answer (3, 4): decoding computed it already
     r = rate([([1, 2], [3, 4]), ([1, 2, 3, 4, 5], [6])])
@@ -64,8 +69,9 @@ def test_workload_data_is_seeded_and_shaped():
         c, _ = w.instances(3, seed=6, scale=0.2)
         assert a == b and la == lb and a != c and len(a) == 3, w.name
         assert all(set(it) <= set(w.program.arg_names) for it in a), w.name
-    mmlu, _ = WORKLOADS["mmlu"].instances(8, 0, 1.0)
-    assert mmlu[0]["examples"] == mmlu[4]["examples"] != mmlu[1]["examples"]
+    mmlu, _ = WORKLOADS["mmlu"].instances(40, 0, 1.0)
+    assert len({m["examples"] for m in mmlu}) == 3
+    assert mmlu[0]["examples"] == mmlu[3]["examples"] != mmlu[1]["examples"]
     assert mmlu[0]["examples"].count("Answer:") == 5
     hs, labels = WORKLOADS["hellaswag"].instances(4, 0, 1.0)
     assert len({h["few_shot"] for h in hs}) == 1 and hs[0]["few_shot"].count("\n\n") == 20
@@ -131,6 +137,8 @@ def test_recorder_parses_native_and_openai_exchanges():
 
     reqs, mismatched = token_requests(native, Tok())
     assert reqs[1].prompt == [97, 98, 99] and reqs[1].output == [8] and mismatched == 0
+    reqs, mismatched = token_requests(oa, Tok())  # output text: tokenized together with its prompt
+    assert reqs[0].sequence() == ([ord("p"), ord("P")], 1) and mismatched == 1
 
 
 def test_recording_transport_passes_responses_through():
@@ -188,23 +196,55 @@ def test_cli_switches_map_to_variants():
         ["full", "all_off"]
 
 
-# ---- end to end: a real SmolLM2 server started by the command, two variants (two servers)
-def test_end_to_end_against_a_launched_server(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    t0 = time.monotonic()
-    out = cli.main(["--launch-server", "--workloads", "mmlu,skeleton_of_thought", "--num-programs", "3",
-                    "--scale", "0.05", "--num-threads", "4", "--ablations", "--variants", "full,all_off",
-                    "--server-args", "--max-total-tokens 4096 --random-seed 0", "--server-timeout", "180",
+# ---- end to end against real SmolLM2 servers
+@pytest.fixture(scope="module")
+def server():
+    from tests.runtime.server.conftest import start_server, stop_server
+
+    h = start_server()
+    yield h
+    stop_server(h)
+
+
+SMALL = ["--workloads", "mmlu,skeleton_of_thought", "--num-programs", "3", "--scale", "0.05", "--num-threads", "4"]
+
+
+def check_ran(res: dict) -> None:
+    for r in res.values():
+        assert r["completed"] == 3 and r["failed"] == 0 and r["http_errors"] == 0, r
+        assert r["tokenize_mismatches"] == 0 and r["output_tokens"] > 0 and r["cache_flushed"]
+
+
+@pytest.mark.slow
+def test_end_to_end_runtime_client_ablations(server, tmp_path):
+    out = cli.main(["--base-url", server.base_url, *SMALL, "--ablations", "--variants",
+                    "full,no_frontend_parallelism,no_frontend_hint,no_radix_cache",
                     "--output-file", str(tmp_path / "p.json")])
-    elapsed = time.monotonic() - t0
-    full, off = out["variants"]["full"], out["variants"]["all_off"]
-    for res in (full, off):
-        for r in res.values():
-            assert r["completed"] == 3 and r["failed"] == 0 and r["http_errors"] == 0, r
-            assert r["tokenize_mismatches"] == 0 and r["output_tokens"] > 0
-    # mmlu: 3 questions over 3 subjects share the header; skeleton: the forks share the skeleton
-    assert 0 < full["skeleton_of_thought"]["cache_hit_rate"] <= full["skeleton_of_thought"]["optimal_hit_rate"] + 1e-9
-    assert full["skeleton_of_thought"]["achieved_over_optimal"] > 0.8
-    assert all(r["cache_hit_rate"] == 0 for r in off.values())  # --disable-radix-cache reached the server
-    assert (tmp_path / "p.md").exists() and json.loads((tmp_path / "p.json").read_text())["variants"]
-    assert elapsed < 120
+    runs = out["variants"]
+    assert runs["no_radix_cache"]["mmlu"] == {"skipped": "needs --launch-server"}  # a server it did not start
+    for v in ("full", "no_frontend_parallelism", "no_frontend_hint"):
+        check_ran(runs[v])
+        sot = runs[v]["skeleton_of_thought"]
+        # the 3 branches share the question and the skeleton; mmlu's 3 questions share one subject's 5 shots
+        assert 0 < sot["cache_hit_rate"] <= sot["optimal_hit_rate"] + 1e-9
+        assert sot["achieved_over_optimal"] > 0.8 and runs[v]["mmlu"]["achieved_over_optimal"] > 0.8
+    assert "no_frontend_hint" in (tmp_path / "p.md").read_text()
+    assert json.loads((tmp_path / "p.json").read_text())["variants"].keys() == runs.keys()
+
+
+@pytest.mark.slow
+def test_end_to_end_openai_endpoint(server):
+    out = cli.main(["--backend", "openai", "--base-url", server.base_url + "/v1", "--tokenizer", "default", *SMALL])
+    res = out["variants"]["full"]
+    check_ran(res)
+    assert res["mmlu"]["achieved_over_optimal"] > 0.8
+
+
+@pytest.mark.slow
+def test_end_to_end_all_off_launches_its_own_server(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = cli.main(["--launch-server", *SMALL, "--all-off", "--server-timeout", "180",
+                    "--server-args", "--max-total-tokens 4096 --random-seed 0"])
+    res = out["variants"]["all_off"]
+    check_ran(res)
+    assert all(r["cache_hit_rate"] == 0 for r in res.values())  # --disable-radix-cache reached the server

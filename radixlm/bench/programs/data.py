@@ -51,8 +51,11 @@ def format_mc(item: MultipleChoice, with_answer: bool) -> str:
     return "\n".join(lines) + "\nAnswer:" + (f" {item.answer}\n\n" if with_answer else "")
 
 
-def mmlu_data(n: int, seed: int, scale: float, num_subjects: int = 4, shots: int = 5) -> list[dict]:
+def mmlu_data(n: int, seed: int, scale: float, num_subjects: int | None = None, shots: int = 5) -> list[dict]:
+    """By default one subject per 16 questions (MMLU: 57 subjects, about 250 questions each), at most 57."""
     g = TextGen(seed, scale)
+    if num_subjects is None:
+        num_subjects = min(57, max(1, -(-n // 16)))
     subjects = []
     for k in range(num_subjects):
         name = f"subject {k}"

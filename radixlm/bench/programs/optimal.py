@@ -12,13 +12,23 @@ contains the previous answer, and a runtime that caches decoded tokens hits them
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 
 @dataclass
 class Request:
+    """A request's prompt and what it decoded. Where the output is known only as text, `full` is the joint
+    tokenization of prompt + output and `full[gen_from:]` is what was decoded (full may differ from the prompt
+    near the boundary)."""
     prompt: Sequence[int]
     output: Sequence[int] = ()
+    full: Optional[Sequence[int]] = None
+    gen_from: int = 0
+
+    def sequence(self) -> tuple[list[int], int]:
+        if self.full is not None:
+            return list(self.full), self.gen_from
+        return list(self.prompt) + list(self.output), len(self.prompt)
 
 
 class PrefixTree:
@@ -51,7 +61,8 @@ class PrefixTree:
 def optimal_hit_rate(requests: Sequence[Request]) -> dict:
     tree = PrefixTree()
     for r in requests:
-        tree.walk(list(r.prompt) + list(r.output), generated_from=len(r.prompt))
+        seq, gen_from = r.sequence()
+        tree.walk(seq, generated_from=gen_from)
     prompt_nodes: set[int] = set()
     for r in requests:
         prompt_nodes.update(tree.walk(r.prompt))
@@ -82,5 +93,5 @@ def simulate_dfs(requests: Sequence[Request]) -> float:
             node, matched = nxt, matched + 1
         hits += matched
         total += len(r.prompt)
-        cache.walk(list(r.prompt) + list(r.output))
+        cache.walk(r.sequence()[0])
     return hits / total if total else 0.0

@@ -145,9 +145,19 @@ def token_requests(sent: list[Sent], tokenizer: Any) -> tuple[list[Request], int
             prompt = list(tokenizer.apply_chat_template(s.messages, add_generation_prompt=True, tokenize=True))
         else:
             continue
-        output = s.output_ids if s.output_ids is not None else tokenizer.encode(s.output_text,
-                                                                               add_special_tokens=False)
         if s.prompt_tokens is not None and s.prompt_tokens != len(prompt):
             mismatched += 1
-        out.append(Request(list(prompt), list(output)))
+        if s.output_ids is not None:
+            out.append(Request(list(prompt), list(s.output_ids)))
+            continue
+        # Output known as text only: tokenize it with its prompt, as the next prompt that carries it will be.
+        if s.messages is not None:
+            full = list(tokenizer.apply_chat_template(
+                s.messages + [{"role": "assistant", "content": s.output_text}], tokenize=True))
+        else:
+            full = tokenizer.encode(s.prompt_text + s.output_text)
+        k = 0
+        while k < min(len(full), len(prompt)) and full[k] == prompt[k]:
+            k += 1
+        out.append(Request(list(prompt), full=full, gen_from=k))
     return out, mismatched

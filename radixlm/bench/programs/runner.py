@@ -5,7 +5,7 @@ import functools
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import httpx
 
@@ -60,6 +60,18 @@ class BackendSpec:
         return OpenAI(self.model, is_chat_model=self.openai_chat, base_url=self.base_url,
                       api_key=self.api_key or "EMPTY", http_client=httpx.Client(transport=transport, timeout=600))
 
+    def flush(self, backend: Any) -> bool:
+        """Empties the server's prefix cache: the runtime's /flush_cache, or for an OpenAI endpoint the same path
+        beside /v1 (radixlm and SGLang have it); False where the server has none."""
+        if self.kind == "runtime":
+            backend.flush_cache()
+            return True
+        root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+        try:
+            return httpx.post(root + "/flush_cache", timeout=60).status_code == 200
+        except httpx.HTTPError:
+            return False
+
 
 def timed(program: SglFunction, sink: list[float]) -> SglFunction:
     """The program with each real run's wall time (body plus its queued primitives) appended to sink."""
@@ -98,13 +110,10 @@ class RunOptions:
     extra: dict = field(default_factory=dict)
 
 
-def run_workload(w: Workload, backend: Any, recorder: Recorder, variant: Variant, opt: RunOptions) -> dict:
+def run_workload(w: Workload, backend: Any, recorder: Recorder, variant: Variant, opt: RunOptions,
+                 flush: Optional[Callable[[], bool]] = None) -> dict:
     items, labels = w.instances(opt.num_programs, opt.seed, opt.scale)
-    if opt.flush:
-        try:
-            backend.flush_cache()
-        except NotImplementedError:
-            pass
+    flushed = bool(flush()) if (opt.flush and flush is not None) else False
     recorder.clear()
     latencies: list[float] = []
     prog = timed(w.program, latencies)
@@ -130,7 +139,7 @@ def run_workload(w: Workload, backend: Any, recorder: Recorder, variant: Variant
         "mean_latency_s": statistics.fmean(latencies) if latencies else None,
         "output_tokens": rec["output_tokens"], "output_tokens_per_s": rec["output_tokens"] / duration,
         "requests": rec["requests"], "prompt_tokens": rec["prompt_tokens"],
-        "cache_hit_rate": rec["cache_hit_rate"], "http_errors": rec["http_errors"],
+        "cache_hit_rate": rec["cache_hit_rate"], "http_errors": rec["http_errors"], "cache_flushed": flushed,
     }
     first_error = next((e for e in errors if e is not None), None)
     if first_error is not None:
@@ -158,7 +167,7 @@ def run_variant(workloads: list[Workload], spec: BackendSpec, variant: Variant, 
             if why:
                 out[w.name] = {"skipped": why}
                 continue
-            out[w.name] = r = run_workload(w, backend, recorder, variant, opt)
+            out[w.name] = r = run_workload(w, backend, recorder, variant, opt, lambda: spec.flush(backend))
             hit = r["cache_hit_rate"]
             log(f"[{variant.name}] {w.name}: {r['completed']}/{r['programs']} programs in {r['duration_s']:.2f} s, "
                 f"{r['programs_per_s']:.2f} p/s, hit rate {'-' if hit is None else f'{hit:.1%}'}, "
