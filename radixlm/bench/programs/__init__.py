@@ -5,8 +5,8 @@ token each; `--scale` multiplies every length and output budget (CPU runs use 0.
 
 | workload            | shape                                                                                   |
 |---------------------|-----------------------------------------------------------------------------------------|
-| mmlu                | a subject per 16 questions, 5 shots (question 20-60 words, 4 choices of 2-10, the answer letter);     |
-|                     | a question after its subject's shared 5-shot prefix; gen of 1 token                     |
+| mmlu                | a subject per 16 questions, 5 shots each (question 20-60 words, 4 choices of 2-10,      |
+|                     | the letter); a question after its subject's shared 5-shot prefix; gen of 1 token        |
 | hellaswag           | one 20-shot prefix (context 20-40 + ending 8-20 words per shot) shared by every question; |
 |                     | context 20-40 words; select among 4 endings of 8-20 words (two-level sharing)             |
 | react               | shared instruction + a 3-step example trajectory; question; 4 steps of Thought (gen 32,  |

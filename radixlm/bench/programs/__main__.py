@@ -14,6 +14,8 @@ Single-variant switches: --disable-radix-cache, --schedule-policy (server; need 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import shlex
 import sys
 from typing import Any, Optional
@@ -23,6 +25,9 @@ from radixlm.bench.programs import report
 from radixlm.bench.programs.runner import (ALL_OFF_SERVER, VARIANTS, BackendSpec, RunOptions, Variant, run_variant,
                                            warm_up)
 from radixlm.bench.programs.workloads import WORKLOADS
+
+
+ENV_KEYS = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -134,11 +139,14 @@ def main(argv: Optional[list[str]] = None) -> dict:
     finally:
         if proc is not None:
             procs.stop(proc)
-    out = {"config": {"command": " ".join(["python -m radixlm.bench.programs",
-                                           *(argv if argv is not None else sys.argv[1:])]),
+    out = {"config": {"command": shlex.join(["python", "-m", "radixlm.bench.programs",
+                                             *(argv if argv is not None else sys.argv[1:])]),
                       "backend": args.backend, "model": args.model_path if args.launch_server else args.model,
                       "num_programs": args.num_programs, "seed": args.seed, "scale": args.scale,
                       "num_threads": args.num_threads, "workloads": names,
+                      "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
+                      "host": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                               "load_avg_at_end": list(os.getloadavg())},
                       "variants": {v.name: {"server_args": list(v.server_args), "parallel": v.parallel,
                                             "hints": v.hints} for v in variants}},
            "variants": results}

@@ -33,7 +33,7 @@ def workload_table(results: dict[str, dict]) -> str:
 
 
 def ablation_table(by_variant: dict[str, dict[str, dict]], metric: str = "programs_per_s") -> str:
-    """A row per workload, a column per variant: the metric, and the speedup over all_off where it ran."""
+    """A row per workload, a column per variant: the metric, and its ratio to all_off's where that ran."""
     variants = list(by_variant)
     workloads = list(next(iter(by_variant.values()))) if by_variant else []
     rows = ["| workload | " + " | ".join(variants) + " |",
@@ -76,13 +76,20 @@ def hit_rate_table(results: dict[str, dict]) -> str:
 
 def markdown(out: dict) -> str:
     cfg = out["config"]
-    parts = [f"# LM programs benchmark\n\nCommand: `{cfg['command']}`\n\n"
+    env = " ".join(f"{k}={v}" for k, v in cfg.get("env", {}).items())
+    parts = [f"# LM programs benchmark\n\nCommand: `{(env + ' ') if env else ''}{cfg['command']}`\n\n"
              f"Backend: {cfg['backend']} ({cfg.get('model', '')}); {cfg['num_programs']} programs per workload, "
              f"scale {cfg['scale']}, seed {cfg['seed']}, {cfg['num_threads']} threads.\n"]
+    parts += [f"- {n}" for n in cfg.get("notes", [])]
+    if cfg.get("notes"):
+        parts.append("")
     runs = out["variants"]
     if len(runs) > 1:
-        parts.append("## Throughput (programs/s; speedup over all_off)\n\n" + ablation_table(runs) + "\n")
-        parts.append("## Mean latency per program (s)\n\n" + ablation_table(runs, "mean_latency_s") + "\n")
+        parts.append("## Throughput (programs/s; in brackets: speedup over all_off)\n\n" + ablation_table(runs) + "\n")
+        parts.append("## Mean latency per program (s; in brackets: ratio to all_off's, lower is better)\n\n"
+                     "Variants with frontend parallelism run the whole batch at once, so their latency is under "
+                     "load; sequential variants (no_frontend_parallelism, all_off) give one-program-at-a-time "
+                     "latency, the paper's latency setting.\n\n" + ablation_table(runs, "mean_latency_s") + "\n")
     for v, res in runs.items():
         parts.append(f"## {v}\n\n" + workload_table(res) + "\n")
     first = runs.get("full") or next(iter(runs.values()))
