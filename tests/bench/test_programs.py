@@ -79,6 +79,8 @@ def test_workload_data_is_seeded_and_shaped():
     chat, _ = WORKLOADS["chat_long"].instances(2, 0, 1.0)
     assert all(len(c["questions"]) == 4 and all(256 <= n <= 512 for n in c["output_lens"]) for c in chat)
     assert all(256 <= len(q.split()) <= 512 for q in chat[0]["questions"])
+    agents, _ = WORKLOADS["generative_agents"].instances(8, 0, 1.0)
+    assert len({a["agent"] for a in agents}) == 2 and agents[0]["agent"].count("\n- ") == 12
     short, _ = WORKLOADS["chat_short"].instances(2, 0, 1.0)
     assert all(4 <= n <= 8 for c in short for n in c["output_lens"])
 
@@ -87,7 +89,8 @@ def test_workload_data_is_seeded_and_shaped():
 def test_every_workload_runs_on_a_scripted_backend(parallel):
     be = FakeBackend(delay=0.002)
     expected_gens = {"mmlu": 1, "react": 8, "tree_of_thought": 9, "skeleton_of_thought": 6, "llm_judge": 6,
-                     "json_decode": 1, "chat_short": 4, "chat_long": 4, "rag": 2, "hellaswag": 0}
+                     "json_decode": 1, "chat_short": 4, "chat_long": 4, "rag": 2, "hellaswag": 0,
+                     "generative_agents": 2}
     for w in WORKLOADS.values():
         be.calls.clear()
         be.max_active = 0
@@ -96,7 +99,7 @@ def test_every_workload_runs_on_a_scripted_backend(parallel):
         assert r["programs_per_s"] > 0 and r["mean_latency_s"] > 0
         gens = sum(k == "gen" for k, _ in be.calls)
         assert gens == 3 * expected_gens[w.name], w.name
-        if w.name in ("hellaswag", "tree_of_thought"):
+        if "select" in w.needs:
             assert any(k == "select" for k, _ in be.calls)
         if w.label_key:
             assert r["accuracy"] is not None

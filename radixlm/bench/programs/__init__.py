@@ -11,6 +11,8 @@ token each; `--scale` multiplies every length and output budget (CPU runs use 0.
 |                     | context 20-40 words; select among 4 endings of 8-20 words (two-level sharing)             |
 | react               | shared instruction + a 3-step example trajectory; question; 4 steps of Thought (gen 32,  |
 |                     | stop \\n) / Action (gen 12) / replayed Observation (30-60 words)                          |
+| generative_agents   | an agent (persona 60-100 words + 12 memories of 10-25) per 4 programs; an observation;   |
+|                     | plan (gen 32), react? (select yes/no), utterance (gen 32)                                |
 | tree_of_thought     | 2-shot GSM-style header, question 30-60 words; fork 3 plans (gen 48), each fork 2        |
 |                     | solutions (gen 96), each judged with select yes/no: 3 + 6 branches                        |
 | skeleton_of_thought | tip question; skeleton of 3 points (gen 16 each); fork 3 expansions (gen 128); join      |

@@ -93,6 +93,18 @@ def react_data(n: int, seed: int, scale: float, steps: int = 4) -> list[dict]:
              "observations": [g.sentence(30, 60) for _ in range(steps)]} for _ in range(n)]
 
 
+# ---- generative agents: an agent's persona and memories shared by its calls; one agent per 4 programs
+def agents_data(n: int, seed: int, scale: float) -> list[dict]:
+    g = TextGen(seed, scale)
+    agents = []
+    for k in range(max(1, -(-n // 4))):
+        name = g.words(1, False).title() + f" {k}"
+        memories = "".join(f"- {g.sentence(10, 25)}\n" for _ in range(12))
+        agents.append(f"Name: {name}\nInnate traits: {g.words(3, False)}\n{g.sentence(60, 100)}\n"
+                      f"Memories:\n{memories}")
+    return [{"agent": agents[i % len(agents)], "observation": g.sentence(15, 30)} for i in range(n)]
+
+
 # ---- tree-of-thought (GSM-8K-like): a question, branch plans, solutions, judgements
 def tot_data(n: int, seed: int, scale: float) -> list[dict]:
     g = TextGen(seed, scale)

@@ -41,6 +41,15 @@ def react(s, instruction, question, observations, budget):
 
 
 @sgl.function
+def generative_agent(s, agent, observation, budget):
+    """One step of a generative agent: plan, decide whether to react to an observation, then speak."""
+    s += agent + f"\nCurrent observation: {observation}\n"
+    s += "Plan for the next hour:" + sgl.gen("plan", max_tokens=budget["plan"], stop="\n")
+    s += "\nShould the agent react to the observation? Answer:" + sgl.select("react", choices=[" yes", " no"])
+    s += "\nWhat does the agent say?" + sgl.gen("utterance", max_tokens=budget["utterance"], stop="\n")
+
+
+@sgl.function
 def tree_of_thought(s, header, question, budget, num_plans=3, num_solutions=2):
     """Plans in branches; each plan's solutions in branches of the branch; each solution judged with select."""
     s += header + "Question: " + question + "\n"
@@ -150,6 +159,11 @@ def _react(n: int, seed: int, scale: float) -> list[dict]:
     return [{**d, "budget": budget} for d in D.react_data(n, seed, scale)]
 
 
+def _agents(n: int, seed: int, scale: float) -> list[dict]:
+    budget = {"plan": tok(32, scale), "utterance": tok(32, scale)}
+    return [{**d, "budget": budget} for d in D.agents_data(n, seed, scale)]
+
+
 def _tot(n: int, seed: int, scale: float) -> list[dict]:
     return [{**d, "budget": {"plan": tok(48, scale), "solution": tok(96, scale)}} for d in D.tot_data(n, seed, scale)]
 
@@ -187,6 +201,8 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
              "context shared by the 4 choices)", label_key="label", answer_var="answer", needs=("select",)),
     Workload("react", react, _react, "ReAct agent: shared instruction + example trajectory, 4 Thought/Action steps "
              "with replayed observations"),
+    Workload("generative_agents", generative_agent, _agents, "an agent's persona and 12 memories shared by 4 "
+             "programs; plan (gen 32), react? (select), utterance (gen 32)", needs=("select",)),
     Workload("tree_of_thought", tree_of_thought, _tot, "3 plans in branches, 2 solutions per plan in sub-branches, "
              "each judged with select", needs=("select",)),
     Workload("skeleton_of_thought", skeleton_of_thought, _sot, "a 3-point skeleton, points expanded in 3 branches"),
