@@ -137,7 +137,8 @@ def flops(n_params: int, lm_head: int, layers: int, q_width: int, lens: list[tup
     return float(dense + attn)
 
 
-def offline_run(engine: Engine, reqs, name: str, tree_timer=None) -> dict:
+def offline_run(engine: Engine, reqs, name: str, mfu: bool = True) -> dict:
+    """One offline workload: throughput and pass counts (and MFU by the dense-model formula, unless mfu=False)."""
     prompts = [r.input_ids for r in reqs]
     params = [greedy(r.output_len) for r in reqs]
     before = dict(engine.scheduler.stats)
@@ -145,15 +146,20 @@ def offline_run(engine: Engine, reqs, name: str, tree_timer=None) -> dict:
     steps = {k: engine.scheduler.stats[k] - before[k] for k in ("prefill_batches", "decode_batches", "retractions")}
     n_out = sum(o["meta_info"]["completion_tokens"] for o in outs)
     n_in = sum(len(p) for p in prompts)
-    _, n_params, lm_head = model_bytes(engine)
-    cfg = engine.model_config
-    f = flops(n_params, lm_head, cfg.num_layers, cfg.num_heads * cfg.head_dim,
-              [(len(p), o["meta_info"]["cached_tokens"], o["meta_info"]["completion_tokens"]) for p, o in zip(prompts, outs)])
     row = {"workload": name, "requests": len(reqs), "input_tokens": n_in, "output_tokens": n_out, "wall_s": wall,
            "output_tokens_per_s": n_out / wall, "total_tokens_per_s": (n_in + n_out) / wall,
-           "request_per_s": len(reqs) / wall, "mfu": f / wall / (H100_BF16_DENSE_TFLOPS * 1e12), **steps}
+           "request_per_s": len(reqs) / wall, **steps}
+    shown = ""
+    if mfu:
+        _, n_params, lm_head = model_bytes(engine)
+        cfg = engine.model_config
+        f = flops(n_params, lm_head, cfg.num_layers, cfg.num_heads * cfg.head_dim,
+                  [(len(p), o["meta_info"]["cached_tokens"], o["meta_info"]["completion_tokens"])
+                   for p, o in zip(prompts, outs)])
+        row["mfu"] = f / wall / (H100_BF16_DENSE_TFLOPS * 1e12)
+        shown = f", MFU {row['mfu']:.1%}"
     log(f"{name}: {len(reqs)} requests in {wall:6.1f} s, {row['output_tokens_per_s']:8.0f} out tok/s, "
-        f"{row['total_tokens_per_s']:8.0f} total tok/s, MFU {row['mfu']:.1%}, {steps}")
+        f"{row['total_tokens_per_s']:8.0f} total tok/s{shown}, {steps}")
     return row
 
 

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_llama8b import decode_steps, greedy, timed  # noqa: E402
+from benchmarks.gpu_llama8b import decode_steps, offline_run  # noqa: E402
 from radixlm import Engine  # noqa: E402
 from radixlm.bench.datasets import PromptSource, random_dataset, sharegpt_like_dataset  # noqa: E402
 from radixlm.runtime.layers.moe import FusedMoE, fused_experts, select_experts  # noqa: E402
@@ -260,35 +260,20 @@ def part_decode(path: str, device: str, dtype: str, context_len: int, src: Promp
         engine.shutdown()
 
 
-def offline_run(engine: Engine, reqs, name: str) -> dict:
-    prompts = [r.input_ids for r in reqs]
-    params = [greedy(r.output_len) for r in reqs]
-    before = dict(engine.scheduler.stats)
-    wall, outs = timed(engine, prompts, params)
-    steps = {k: engine.scheduler.stats[k] - before[k] for k in ("prefill_batches", "decode_batches", "retractions")}
-    n_out = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    n_in = sum(len(p) for p in prompts)
-    row = {"workload": name, "requests": len(reqs), "input_tokens": n_in, "output_tokens": n_out, "wall_s": wall,
-           "output_tokens_per_s": n_out / wall, "total_tokens_per_s": (n_in + n_out) / wall,
-           "request_per_s": len(reqs) / wall, **steps}
-    log(f"{name}: {len(reqs)} requests in {wall:7.1f} s, {row['output_tokens_per_s']:8.0f} out tok/s, "
-        f"{row['total_tokens_per_s']:8.0f} total tok/s, {steps}")
-    return row
-
-
 def part_offline(path: str, device: str, dtype: str, context_len: int, src: PromptSource, sharegpt_n: int,
                  random_n: int, random_in: int, random_out: int) -> dict:
     engine = make_engine(path, device, dtype, context_len)
     try:
-        offline_run(engine, random_dataset(src, 16, 64, 8, 1.0), "warm-up")
+        offline_run(engine, random_dataset(src, 16, 64, 8, 1.0), "warm-up", mfu=False)
         result = {}
         if sharegpt_n:
             reqs = sharegpt_like_dataset(src, sharegpt_n, seed=1, max_input_len=min(2048, context_len // 2),
                                          max_output_len=min(1024, context_len // 2))
-            result["sharegpt_like"] = offline_run(engine, reqs, "sharegpt-like")
+            result["sharegpt_like"] = offline_run(engine, reqs, "sharegpt-like", mfu=False)
         if random_n:
             result[f"random_{random_in}_{random_out}"] = offline_run(
-                engine, random_dataset(src, random_n, random_in, random_out, 1.0), f"random-{random_in}-{random_out}")
+                engine, random_dataset(src, random_n, random_in, random_out, 1.0), f"random-{random_in}-{random_out}",
+                mfu=False)
         return result
     finally:
         engine.shutdown()

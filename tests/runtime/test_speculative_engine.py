@@ -9,25 +9,14 @@ import pytest
 import torch
 
 import radixlm
-
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
-    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
-    "bos_token_id": 1, "eos_token_id": 2,
-}
-
+from tests.runtime.models.tiny import word_tokenizer
+from tests.runtime.scheduler.conftest import TINY_LLAMA
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> str:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     d = tmp_path_factory.mktemp("tiny-llama-tok")
     (d / "config.json").write_text(json.dumps(TINY_LLAMA))
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(TINY_LLAMA["vocab_size"])}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0").save_pretrained(d)
+    word_tokenizer(d, TINY_LLAMA["vocab_size"])
     return str(d)
 
 
