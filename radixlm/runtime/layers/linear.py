@@ -4,7 +4,8 @@ saves seconds on big models.
 
 Loading is the layer's job: `load_weight(pname, param, w, shard_id)` takes a whole checkpoint tensor (read lazily: only
 the part it indexes leaves the file) and copies this rank's slice of it; `weight_shards(pname)` lists the shard ids a
-complete load must have seen (the model checks)."""
+complete load must have seen (the model checks); `checkpoint_shape(pname, shard_id)` is the whole tensor's shape (the
+dummy loader draws whole tensors, so every tensor-parallel layout holds the same model)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -74,6 +75,9 @@ class Linear(nn.Module):
     def load_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:
         copy_checked(param.data, w, pname)
 
+    def checkpoint_shape(self, pname: str, shard_id) -> tuple[int, ...]:
+        return tuple(getattr(self, pname).shape)
+
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"
 
@@ -101,6 +105,10 @@ class ColumnParallelLinear(Linear):
             raise ValueError(f"weight {pname} has {w.shape[0]} rows, expected {s.full}")
         copy_checked(param.data[lo:hi], w[s.start : s.start + s.local], pname)
 
+    def checkpoint_shape(self, pname: str, shard_id) -> tuple[int, ...]:
+        full = self.shards[shard_id or 0].full
+        return (full, self.in_features) if pname == "weight" else (full,)
+
 
 class RowParallelLinear(Linear):
     """The input dim split across ranks; the partial products are summed over ranks (bias added once, after)."""
@@ -123,6 +131,9 @@ class RowParallelLinear(Linear):
             raise ValueError(f"weight {pname} has shape {tuple(w.shape)}, expected ({self.out_features}, {self.full_in})")
         start = self.parallel.tp_rank * self.in_features
         copy_checked(param.data, w[:, start : start + self.in_features], pname)
+
+    def checkpoint_shape(self, pname: str, shard_id) -> tuple[int, ...]:
+        return (self.out_features, self.full_in) if pname == "weight" else (self.out_features,)
 
 
 class VocabEmbedding(nn.Module):
@@ -156,6 +167,9 @@ class VocabEmbedding(nn.Module):
         rows = w[self.start : self.start + self.rows_per_rank]
         param.data[: rows.shape[0]].copy_(rows)
         param.data[rows.shape[0] :].zero_()
+
+    def checkpoint_shape(self, pname: str, shard_id) -> tuple[int, ...]:
+        return (self.num_embeddings, self.embedding_dim)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, rows {self.start}..{self.start + self.rows_per_rank}"

@@ -6,6 +6,7 @@ import glob
 import logging
 import os
 import time
+import zlib
 from typing import Iterator
 
 import torch
@@ -82,18 +83,28 @@ def safetensors_weights_iterator(files: list[str]) -> Iterator[tuple[str, Checkp
 
 @torch.no_grad()
 def initialize_dummy_weights(model: nn.Module, seed: int = DUMMY_SEED, std: float = DUMMY_STD) -> None:
-    """Deterministic random weights: norms 1, biases 0, everything else N(0, std). Generated on the
-    parameter's own device (no CPU round trip)."""
-    generators: dict[torch.device, torch.Generator] = {}
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            p.fill_(1.0)
-        elif name.endswith(".bias"):
-            p.zero_()
-        else:
-            if p.device not in generators:
-                generators[p.device] = torch.Generator(device=p.device).manual_seed(seed)
-            p.normal_(0.0, std, generator=generators[p.device])
+    """Deterministic random weights: norms 1, biases 0, everything else N(0, std). Each checkpoint tensor is drawn
+    whole from a generator seeded by its name and sliced by its layer's `load_weight`, so every tensor-parallel and
+    expert-parallel layout holds the same model. Generated on the parameter's own device (no CPU round trip)."""
+    for module_name, module in model.named_modules():
+        for pname, param in module.named_parameters(recurse=False):
+            name = f"{module_name}.{pname}" if module_name else pname
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif pname.endswith("bias"):
+                param.zero_()
+            elif not hasattr(module, "checkpoint_shape"):
+                param.normal_(0.0, std, generator=_generator(param.device, seed, name, None))
+            else:
+                for shard_id in module.weight_shards(pname):
+                    whole = torch.empty(module.checkpoint_shape(pname, shard_id), dtype=param.dtype,
+                                        device=param.device)
+                    whole.normal_(0.0, std, generator=_generator(param.device, seed, name, shard_id))
+                    module.load_weight(pname, param, whole, shard_id)
+
+
+def _generator(device: torch.device, seed: int, name: str, shard_id) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed ^ zlib.crc32(f"{name}:{shard_id!r}".encode()))
 
 
 def load_model(model_config: ModelConfig, load_format: str = "auto", device: str | torch.device = "cpu",

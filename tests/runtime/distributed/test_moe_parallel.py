@@ -1,6 +1,7 @@
 """Mixture-of-experts on 2 gloo ranks equals 1 rank (float32, to rounding), with the intermediate dim split over the
 ranks (ep_size 1) and with whole experts per rank (ep_size 2): the FusedMoE layer alone, and tiny Mixtral and
-Qwen2-MoE models (shared expert, a dense layer) loaded from safetensors by each rank."""
+Qwen2-MoE models (shared expert, a dense layer) loaded from safetensors by each rank, and the same models with dummy
+weights (drawn whole and sliced by each rank: every layout holds the same model)."""
 from __future__ import annotations
 
 import pytest
@@ -45,18 +46,21 @@ def _dense_helpers():
 def _models(parallel, model_dirs, ids):
     from transformers import AutoConfig
 
-    from radixlm.runtime.model_loader.loader import safetensors_files, safetensors_weights_iterator
+    from radixlm.runtime.model_loader.loader import (initialize_dummy_weights, safetensors_files,
+                                                     safetensors_weights_iterator)
     from radixlm.runtime.models.registry import get_model_class
 
     dense = _dense_helpers()
     out = {}
     for name, path in model_dirs.items():
         config = AutoConfig.from_pretrained(path)
-        model = get_model_class(config.architectures[0])(config, parallel).eval()
-        model.load_weights(safetensors_weights_iterator(safetensors_files(path)))
-        fb = dense.dense_forward_batch(ids)
-        with torch.inference_mode():
-            out[name] = model(fb.input_ids, fb.positions, fb)
+        for key, load in ((name, lambda m: m.load_weights(safetensors_weights_iterator(safetensors_files(path)))),
+                          (f"{name}, dummy weights", initialize_dummy_weights)):
+            model = get_model_class(config.architectures[0])(config, parallel).eval()
+            load(model)
+            fb = dense.dense_forward_batch(ids)
+            with torch.inference_mode():
+                out[key] = model(fb.input_ids, fb.positions, fb)
     return out
 
 

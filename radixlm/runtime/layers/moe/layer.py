@@ -94,6 +94,10 @@ class FusedMoE(nn.Module):
         rows = slice(0, i) if part == "gate" else slice(i, 2 * i)
         copy_checked(param.data[local, rows], w[lo : lo + i], what)
 
+    def checkpoint_shape(self, pname: str, shard_id) -> tuple[int, ...]:
+        _, part = shard_id
+        return (self.hidden_size, self.intermediate_size) if part == "down" else (self.intermediate_size, self.hidden_size)
+
     def extra_repr(self) -> str:
         return (f"experts {self.expert_start}..{self.expert_start + self.num_local_experts} of {self.num_experts}, "
                 f"top_k={self.top_k}, hidden={self.hidden_size}, intermediate={self.local_intermediate} of "
