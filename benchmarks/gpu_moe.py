@@ -57,23 +57,30 @@ def log(*a) -> None:
 
 
 def model_dir(tiny: bool) -> str:
-    """The config and a word-level tokenizer of the model's vocabulary (the engine wants a tokenizer)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig
+    from transformers import Qwen3MoeConfig
 
     shapes = TINY if tiny else QWEN3_30B_A3B
-    root = os.environ.get("RADIXLM_CACHE_DIR", os.path.expanduser("~/.cache/radixlm"))
-    out = Path(root) / ("qwen3-moe-tiny-dummy" if tiny else "qwen3-30b-a3b-dummy")
-    out.mkdir(parents=True, exist_ok=True)
     config = Qwen3MoeConfig(**shapes)
     config.architectures = ["Qwen3MoeForCausalLM"]
+    return dummy_model_dir("qwen3-moe-tiny-dummy" if tiny else "qwen3-30b-a3b-dummy", config)
+
+
+def dummy_model_dir(name: str, config) -> str:
+    """A transformers config and a word-level tokenizer t0..t{V-1} of its vocabulary (the engine wants a tokenizer;
+    prompts are token ids) in $RADIXLM_CACHE_DIR/name."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    root = os.environ.get("RADIXLM_CACHE_DIR", os.path.expanduser("~/.cache/radixlm"))
+    out = Path(root) / name
+    out.mkdir(parents=True, exist_ok=True)
     config.dtype = "bfloat16"
     config.save_pretrained(out)
     if not (out / "tokenizer.json").exists():
-        tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(shapes["vocab_size"])}, unk_token="t0"))
+        tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(config.vocab_size)}, unk_token="t0"))
         tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token=f"t{shapes['eos_token_id']}",
-                                bos_token=f"t{shapes['bos_token_id']}").save_pretrained(out)
+        PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token=f"t{config.eos_token_id}",
+                                bos_token=f"t{config.bos_token_id}").save_pretrained(out)
     return str(out)
 
 
@@ -229,7 +236,7 @@ def weight_bytes(model) -> dict:
     per_expert = (m.w13_weight[0].numel() + m.w2_weight[0].numel()) * m.w13_weight.element_size()
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"dense": dense, "per_expert": per_expert, "moe_layers": len(moes), "num_experts": m.num_experts,
-            "top_k": m.top_k, "total": total}
+            "local_experts": m.num_local_experts, "top_k": m.top_k, "total": total}
 
 
 def part_decode(path: str, device: str, dtype: str, context_len: int, src: PromptSource, bw: float,
@@ -243,7 +250,8 @@ def part_decode(path: str, device: str, dtype: str, context_len: int, src: Promp
         rows = []
         for b in batches:
             step = decode_steps(engine, src, b, prompt_len, steps)
-            touched = expected_experts(wb["num_experts"], wb["top_k"], b)
+            # Under expert parallelism this rank holds local_experts of them (an even share of the touched ones).
+            touched = expected_experts(wb["num_experts"], wb["top_k"], b) * wb["local_experts"] / wb["num_experts"]
             active = wb["dense"] + wb["moe_layers"] * touched * wb["per_expert"]
             # The measured steps read on average prompt_len + steps / 2 positions of KV per request.
             kv = b * (prompt_len + steps / 2) * kv_per_token

@@ -32,6 +32,20 @@ def worker_stats(urls: list[str]) -> list[dict]:
     return [httpx.get(u + "/v1/loads", timeout=30).json()["loads"][0] for u in urls]
 
 
+def run_single(worker: str, bench_args: list[str]) -> dict:
+    """The same workload sent to one worker directly: what one replica does alone."""
+    port = worker.rsplit(":", 1)[1]
+    httpx.post(worker + "/flush_cache", timeout=60)
+    before = worker_stats([worker])[0]
+    report = bench_main(["--port", port, *bench_args])
+    after = worker_stats([worker])[0]
+    report.pop("config", None)
+    cached = after["cached_tokens_total"] - before["cached_tokens_total"]
+    prompt = after["prompt_tokens_total"] - before["prompt_tokens_total"]
+    return {"policy": "one replica, no router", "worker_cached_tokens": [cached], "worker_prompt_tokens": [prompt],
+            "worker_hit_rate": cached / max(1, prompt), **report}
+
+
 def run_policy(policy: str, workers: list[str], args, bench_args: list[str]) -> dict:
     port = free_port()
     router = subprocess.Popen([sys.executable, "-m", "radixlm.router", "--worker-urls", *workers, "--port", str(port),
@@ -68,6 +82,9 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--max-concurrency", type=int, default=64)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--worker-gpus", nargs="+", default=None,
+                   help="one CUDA_VISIBLE_DEVICES value per worker (one replica per GPU); default: all share the device")
+    p.add_argument("--single-replica", action="store_true", help="also send the workload to one worker alone")
     p.add_argument("--out", default="benchmarks/results/router_dp.json")
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -79,7 +96,9 @@ def main() -> None:
     workers = [f"http://127.0.0.1:{q}" for q in ports]
     flags = ["--model-path", args.model, "--device", args.device, "--dtype", args.dtype, "--max-total-tokens",
              str(args.max_total_tokens), "--load-format", args.load_format, "--random-seed", "0", "--log-level", "warning"]
-    procs = [subprocess.Popen([sys.executable, "-m", "radixlm.launch_server", "--port", str(q), *flags]) for q in ports]
+    envs = [dict(os.environ, CUDA_VISIBLE_DEVICES=g) for g in args.worker_gpus] if args.worker_gpus else [None] * 2
+    procs = [subprocess.Popen([sys.executable, "-m", "radixlm.launch_server", "--port", str(q), *flags], env=env)
+             for q, env in zip(ports, envs)]
     bench_args = ["--backend", "radixlm", "--tokenizer", args.model, "--dataset-name", "generated-shared-prefix",
                   "--gsp-num-groups", str(args.num_groups), "--gsp-prompts-per-group", str(args.prompts_per_group),
                   "--gsp-system-prompt-len", str(args.system_prompt_len), "--gsp-question-len", str(args.question_len),
@@ -90,10 +109,12 @@ def main() -> None:
         for proc, url in zip(procs, workers):
             wait_ready(proc, url)
         runs = [run_policy(policy, workers, args, bench_args) for policy in ("cache_aware", "round_robin")]
+        if args.single_replica:
+            runs.append(run_single(workers[0], bench_args))
     finally:
         for proc in procs:
             stop(proc)
-    ca, rr = runs
+    ca, rr = runs[:2]
     result = {
         "benchmark": "router_dp", "workers": 2, "model": args.model, "device": args.device,
         "workload": {k: getattr(args, k) for k in ("num_groups", "prompts_per_group", "system_prompt_len",
@@ -106,13 +127,19 @@ def main() -> None:
             "output_throughput": ca["output_throughput"] / rr["output_throughput"],
             "worker_hit_rate": ca["worker_hit_rate"] / max(rr["worker_hit_rate"], 1e-9),
         },
+        "ratios_cache_aware_over_one_replica": {
+            "request_throughput": ca["request_throughput"] / runs[2]["request_throughput"],
+            "output_throughput": ca["output_throughput"] / runs[2]["output_throughput"],
+        } if args.single_replica else None,
+        "worker_gpus": args.worker_gpus,
         "runs": runs,
     }
-    print(f"{'policy':12} {'req/s':>7} {'out tok/s':>10} {'hit rate':>9} {'mean TTFT ms':>13}")
+    print(f"{'policy':24} {'req/s':>7} {'out tok/s':>10} {'hit rate':>9} {'mean TTFT ms':>13}")
     for r in runs:
-        print(f"{r['policy']:12} {r['request_throughput']:7.2f} {r['output_throughput']:10.1f} "
+        print(f"{r['policy']:24} {r['request_throughput']:7.2f} {r['output_throughput']:10.1f} "
               f"{r['worker_hit_rate']:9.3f} {r['ttft_ms']['mean']:13.1f}")
     print(json.dumps(result["ratios_cache_aware_over_round_robin"], indent=1))
+    print(json.dumps(result["ratios_cache_aware_over_one_replica"], indent=1))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

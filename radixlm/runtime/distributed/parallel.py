@@ -27,6 +27,8 @@ class Parallel:
     ep_size: int = 1
     group: object | None = field(default=None, repr=False)  # torch.distributed group of the TP ranks
     cpu_group: object | None = field(default=None, repr=False)  # a gloo group of the same ranks, for host data
+    # Small GPU tensors' all-reduce over NVLink (symm_all_reduce.SymmMemAllReduce); None: NCCL for all.
+    device_comm: object | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.ep_size not in (1, self.tp_size):
@@ -37,9 +39,11 @@ class Parallel:
         return self.tp_rank if self.ep_size > 1 else 0
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """The sum over ranks of x, in place."""
+        """The sum over ranks of x: x itself, summed in place, or a new tensor."""
         if self.tp_size == 1:
             return x
+        if self.device_comm is not None and self.device_comm.accepts(x):
+            return self.device_comm.all_reduce(x)
         import torch.distributed as dist
 
         dist.all_reduce(x, group=self.group)

@@ -2,12 +2,14 @@
 its device, and the `Parallel` its model and scheduler use."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 from dataclasses import dataclass
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
+from radixlm.runtime.distributed.symm_all_reduce import ONE_SHOT_MAX_BYTES, build_symm_all_reduce
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +49,14 @@ def init_distributed(args: ServerArgs, placement: RankPlacement | None) -> tuple
     group = dist.group.WORLD
     cpu_group = dist.new_group(backend="gloo", timeout=timeout) if cuda else group
     logger.info("rank %d of %d joined at %s on %s", placement.rank, args.tp_size, placement.init_method, device)
-    return Parallel(tp_rank=placement.rank, tp_size=args.tp_size, ep_size=args.ep_size, group=group,
-                    cpu_group=cpu_group), device
+    parallel = Parallel(tp_rank=placement.rank, tp_size=args.tp_size, ep_size=args.ep_size, group=group,
+                        cpu_group=cpu_group)
+    if cuda and args.nnodes == 1 and not args.disable_custom_all_reduce:
+        comm = build_symm_all_reduce(group, device, ONE_SHOT_MAX_BYTES)
+        if parallel.all_true([comm is not None])[0]:  # every rank must take the same path for every tensor
+            parallel = dataclasses.replace(parallel, device_comm=comm)
+            logger.info("all-reduce up to %d KiB through symmetric memory", ONE_SHOT_MAX_BYTES >> 10)
+    return parallel, device
 
 
 def shutdown_distributed() -> None:

@@ -1,0 +1,247 @@
+"""Tensor, expert and pipeline-free parallelism on the GPUs of one host: issue 24's table, parts chosen with --parts.
+
+  correctness  Llama-3.1-8B shapes (dummy weights, the Llama-3.1 tokenizer, text prompts), float32 and bf16: TP=2
+               greedy outputs against TP=1 (dummy weights are the same model under every layout); the first
+               divergence with both layouts' top-2 logit gaps there
+  tp           Llama-3.1-8B bf16: TP=1, TP=2 with NCCL only, TP=2 with the symmetric-memory all-reduce: decode step at
+               each --batches size against the per-GPU floor (weight bytes + KV read / copy bandwidth measured in this
+               run), the ShareGPT-like offline workload, and a kernel profile of the decode step (communication,
+               other kernels, idle = host time)
+  big          Llama-3.1-70B shapes, bf16, TP=2: decode step against the floor, ShareGPT-like offline throughput
+  moe          Mixtral-8x7B shapes, bf16, TP=2 and EP=2: decode step against the floor, ShareGPT-like offline
+
+Every engine is the offline Engine (rank 0 on its thread, rank 1 in a process). Greedy; EOS ignored.
+
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    python benchmarks/gpu_multi.py --parts correctness tp --out $OUT/multi.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import gpu_moe  # noqa: E402
+from benchmarks.gpu_llama8b import close, decode_steps, greedy, log, make_engine, measure_copy_bandwidth  # noqa: E402
+from benchmarks.gpu_llama8b import model_bytes, offline_run  # noqa: E402
+from benchmarks.llama8b import model_dir  # noqa: E402
+from benchmarks.profile_gpu_step import kernel_times  # noqa: E402
+from radixlm.bench.datasets import PromptSource, sharegpt_like_dataset  # noqa: E402
+
+LLAMA_70B = dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                 num_key_value_heads=8)
+MIXTRAL_8X7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+                    max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    bos_token_id=1, eos_token_id=2)
+PROMPTS = [
+    "The history of the printing press begins",
+    "Write a short poem about the sea at night.",
+    "def fibonacci(n):",
+    "Explain why the sky is blue in two sentences.",
+    "List three uses of a paperclip:",
+    "In 1969, the first humans",
+    "Translate to French: I would like a cup of coffee.",
+    "The quick brown fox",
+]
+
+
+def llama70b_dir(path8b: str) -> str:
+    out = Path(path8b).parent / "llama-3.1-70b-dummy"
+    out.mkdir(parents=True, exist_ok=True)
+    for f in Path(path8b).iterdir():
+        if f.is_file() and f.name != "config.json":
+            shutil.copyfile(f, out / f.name)
+    config = json.loads((Path(path8b) / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, **LLAMA_70B}, indent=2))
+    return str(out)
+
+
+def mixtral_dir() -> str:
+    from transformers import MixtralConfig
+
+    config = MixtralConfig(**MIXTRAL_8X7B)
+    config.architectures = ["MixtralForCausalLM"]
+    return gpu_moe.dummy_model_dir("mixtral-8x7b-dummy", config)
+
+
+# ------------------------------------------------------------------------------------------------------ correctness
+def greedy_run(path: str, dtype: str, tp: int, n_out: int) -> list[dict]:
+    from radixlm import Engine
+
+    engine = Engine(path, load_format="dummy", dtype=dtype, device="cuda", context_length=1024, random_seed=0,
+                    tp_size=tp, cuda_graph_max_bs=8, mem_fraction_static=0.8)
+    try:
+        outs = engine.generate(PROMPTS, sampling_params=greedy(n_out), return_logprob=True, top_logprobs_num=2)
+    finally:
+        close(engine)
+    return [{"ids": o["output_ids"], "top2": [[t[0] for t in pos[:2]] for pos in o["meta_info"]["output_top_logprobs"]]}
+            for o in outs]
+
+
+def part_correctness(path: str, n_out: int) -> dict:
+    result = {}
+    for dtype in ("float32", "bfloat16"):
+        ref, tp2 = greedy_run(path, dtype, 1, n_out), greedy_run(path, dtype, 2, n_out)
+        rows = []
+        for prompt, a, b in zip(PROMPTS, ref, tp2):
+            first = next((i for i, (x, y) in enumerate(zip(a["ids"], b["ids"])) if x != y), None)
+            row = {"prompt": prompt, "identical": first is None, "tokens": len(a["ids"])}
+            if first is not None:
+                row.update({"first_divergence": first, "tp1_token": a["ids"][first], "tp2_token": b["ids"][first],
+                            "tp1_top2_logit_gap": a["top2"][first][0] - a["top2"][first][1],
+                            "tp2_top2_logit_gap": b["top2"][first][0] - b["top2"][first][1]})
+            rows.append(row)
+        same = sum(r["identical"] for r in rows)
+        tokens_same = sum(r.get("first_divergence", r["tokens"]) for r in rows)
+        result[dtype] = {"identical_sequences": same, "sequences": len(rows),
+                         "tokens_before_first_divergence": tokens_same, "tokens": sum(r["tokens"] for r in rows),
+                         "rows": rows}
+        log(f"correctness {dtype}: {same}/{len(rows)} sequences identical, "
+            f"{tokens_same}/{sum(r['tokens'] for r in rows)} tokens before the first divergence")
+        for r in rows:
+            if not r["identical"]:
+                log(f"   diverges at {r['first_divergence']}: top-2 logit gap TP1 {r['tp1_top2_logit_gap']:.4f}, "
+                    f"TP2 {r['tp2_top2_logit_gap']:.4f}  ({r['prompt'][:40]!r})")
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------------- speed
+def step_profile(engine, src: PromptSource, batch: int, steps: int = 32) -> dict:
+    """Per decode step on rank 0: communication kernels, other kernels, idle (host) time, microseconds."""
+    w1, k1, _ = kernel_times(engine, [src.ids(512) for _ in range(batch)], 1)
+    w2, k2, _ = kernel_times(engine, [src.ids(512) for _ in range(batch)], 1 + steps)
+    per_step = {n: (k2[n] - k1.get(n, 0)) / steps for n in k2}
+    comm = sum(v for n, v in per_step.items() if "nccl" in n.lower() or "all_reduce" in n.lower())
+    busy = sum(v for v in per_step.values() if v > 0)
+    wall = (w2 - w1) / steps * 1e6
+    top = sorted(per_step.items(), key=lambda kv: -kv[1])[:8]
+    return {"batch": batch, "wall_us": wall, "communication_us": comm, "other_kernels_us": busy - comm,
+            "idle_us": wall - busy, "top_kernels": [{"name": n[:100], "us": v} for n, v in top]}
+
+
+def decode_table(engine, src: PromptSource, bw: float, batches: list[int], steps: int) -> list[dict]:
+    weight_bytes, _, _ = model_bytes(engine)  # this rank's
+    kv_per_token = engine.runner.kv_bytes_per_token()
+    decode_steps(engine, src, 8, steps=16)  # warm-up
+    rows = []
+    for b in batches:
+        step = decode_steps(engine, src, b, steps=steps)
+        floor = (weight_bytes + b * (512 + steps / 2) * kv_per_token) / bw
+        rows.append({"batch": b, "step_ms": step * 1e3, "floor_ms": floor * 1e3, "ratio_to_floor": step / floor,
+                     "output_tokens_per_s": b / step})
+        log(f"   decode batch {b:4d}: {step * 1e3:7.2f} ms/step, floor {floor * 1e3:6.2f} ms, {step / floor:5.2f}x floor")
+    return rows
+
+
+def speed_run(path: str, src: PromptSource, bw: float, name: str, batches: list[int], steps: int, sharegpt_n: int,
+              profile_batches: list[int], **kw) -> dict:
+    log(f"{name}: {kw}")
+    t0 = time.perf_counter()
+    engine = make_engine(path, max_running_requests=max(batches), **kw)
+    row = {"engine_args": kw, "startup_s": time.perf_counter() - t0}
+    try:
+        row["decode"] = decode_table(engine, src, bw, batches, steps)
+        if sharegpt_n:
+            row["sharegpt_like"] = offline_run(engine, sharegpt_like_dataset(src, sharegpt_n, seed=1), name,
+                                               mfu=False)
+        row["profile"] = [step_profile(engine, src, b) for b in profile_batches]
+        for p in row["profile"]:
+            log(f"   profile batch {p['batch']}: wall {p['wall_us']:.0f} us = comm {p['communication_us']:.0f} + "
+                f"other kernels {p['other_kernels_us']:.0f} + idle {p['idle_us']:.0f}")
+    finally:
+        close(engine)
+    return row
+
+
+def part_tp(path: str, src: PromptSource, bw: float, batches: list[int], steps: int, sharegpt_n: int) -> dict:
+    runs = {}
+    for name, kw in (("tp1", {}), ("tp2_nccl", {"tp_size": 2, "disable_custom_all_reduce": True}),
+                     ("tp2", {"tp_size": 2})):
+        runs[name] = speed_run(path, src, bw, name, batches, steps, sharegpt_n, [1, max(batches)], **kw)
+    ratios = {}
+    for name in ("tp2_nccl", "tp2"):
+        ratios[name] = {
+            "step_over_tp1": {str(b["batch"]): b["step_ms"] / a["step_ms"]
+                              for a, b in zip(runs["tp1"]["decode"], runs[name]["decode"])},
+            "sharegpt_throughput_over_tp1": (runs[name]["sharegpt_like"]["output_tokens_per_s"]
+                                             / runs["tp1"]["sharegpt_like"]["output_tokens_per_s"]) if sharegpt_n else None,
+        }
+        log(f"{name} / tp1: step {ratios[name]['step_over_tp1']}, sharegpt {ratios[name]['sharegpt_throughput_over_tp1']}")
+    return {"runs": runs, "ratios": ratios,
+            "targets": "batch-1 step <= 0.65x TP=1; batch-256 decode throughput >= 1.6x TP=1 (step <= 0.625x)"}
+
+
+def part_big(path8b: str, src: PromptSource, bw: float, sharegpt_n: int) -> dict:
+    path = llama70b_dir(path8b)
+    return speed_run(path, src, bw, "llama-70b tp2", [1, 32], 64, sharegpt_n, [1], tp_size=2,
+                     cuda_graph_max_bs=64, mem_fraction_static=0.92)
+
+
+def part_moe(bw: float, batches: list[int], sharegpt_n: int) -> dict:
+    from transformers import AutoTokenizer
+
+    path = mixtral_dir()
+    src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
+    result = {}
+    for name, kw in (("tp2", {"tp_size": 2}), ("ep2", {"tp_size": 2, "ep_size": 2})):
+        log(f"mixtral {name}")
+        gpu_moe.ENGINE_ARGS.clear()
+        gpu_moe.ENGINE_ARGS.update(kw)
+        result[name] = {
+            "decode": gpu_moe.part_decode(path, "cuda", "bfloat16", 4096, src, bw, batches, 256, 64),
+            "offline": gpu_moe.part_offline(path, "cuda", "bfloat16", 4096, src, sharegpt_n, 0, 0, 0)}
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", nargs="+", default=["correctness", "tp"], choices=["correctness", "tp", "big", "moe"])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
+    p.add_argument("--decode-steps", type=int, default=128)
+    p.add_argument("--correctness-tokens", type=int, default=48)
+    p.add_argument("--sharegpt-requests", type=int, default=500)
+    p.add_argument("--big-sharegpt-requests", type=int, default=200)
+    p.add_argument("--out", default="benchmarks/results/multi_gpu.json")
+    args = p.parse_args()
+    path = model_dir()
+    from transformers import AutoTokenizer
+
+    src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
+    bw = measure_copy_bandwidth()
+    log(f"copy bandwidth {bw / 1e12:.2f} TB/s (read + write), {torch.cuda.device_count()} x "
+        f"{torch.cuda.get_device_name()}")
+    result = {"benchmark": "gpu_multi", "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+              "torch": torch.__version__, "copy_bandwidth_TBps": bw / 1e12, "command": " ".join(["python", *sys.argv])}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    parts = {
+        "correctness": lambda: part_correctness(path, args.correctness_tokens),
+        "tp": lambda: part_tp(path, src, bw, args.batches, args.decode_steps, args.sharegpt_requests),
+        "big": lambda: part_big(path, src, bw, args.big_sharegpt_requests),
+        "moe": lambda: part_moe(bw, args.batches, args.sharegpt_requests),
+    }
+    t0 = time.perf_counter()
+    for name in args.parts:  # each part is written as soon as it is measured; a failed part does not stop the rest
+        try:
+            result[name] = parts[name]()
+        except Exception as e:  # noqa: BLE001 - recorded in the results
+            import traceback
+
+            traceback.print_exc()
+            result[name] = {"error": f"{type(e).__name__}: {e}"}
+        result["bench_seconds"] = time.perf_counter() - t0
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {out} after {result['bench_seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The symmetric-memory all-reduce: which tensors `Parallel.all_reduce` routes to it (CPU), and its sums on 2 GPUs
+(skipped without them)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.runtime.distributed.parallel import Parallel
+from radixlm.runtime.distributed.symm_all_reduce import SymmMemAllReduce
+
+
+class CountingComm:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.calls = 0
+
+    def accepts(self, x: torch.Tensor) -> bool:
+        return x.nbytes <= self.max_bytes
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x * 2
+
+
+def test_small_tensors_go_to_the_device_comm_and_large_ones_to_the_group():
+    comm = CountingComm(max_bytes=64)
+    parallel = Parallel(tp_rank=0, tp_size=2, device_comm=comm)
+    assert torch.equal(parallel.all_reduce(torch.ones(16)), torch.full((16,), 2.0))
+    assert comm.calls == 1
+    with pytest.raises(Exception):  # 17 floats: past the comm's limit, so NCCL/gloo, and no group here
+        parallel.all_reduce(torch.ones(17))
+    assert comm.calls == 1
+
+
+def test_accepts_only_aligned_contiguous_cuda_tensors_under_the_limit():
+    comm = SymmMemAllReduce(group_name="g", buffer=torch.empty(0), one_shot_max_bytes=1024)
+    assert not comm.accepts(torch.ones(8))  # CPU tensors never
+
+
+def _sums(rank: int, world: int, port: int, results) -> None:
+    import torch.distributed as dist
+
+    from radixlm.runtime.distributed.symm_all_reduce import build_symm_all_reduce
+
+    device = f"cuda:{rank}"
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            device_id=torch.device(device))
+    try:
+        comm = build_symm_all_reduce(dist.group.WORLD, device, 1 << 20)
+        assert comm is not None
+        g = torch.Generator(device=device).manual_seed(rank)
+        out = []
+        for dtype in (torch.bfloat16, torch.float32):
+            for n in (8, 4096, (1 << 20) // dtype.itemsize):
+                x = torch.randn(n, generator=g, device=device).to(dtype)
+                want = x.clone()
+                dist.all_reduce(want)
+                assert comm.accepts(x)
+                out.append(bool(torch.allclose(comm.all_reduce(x).float(), want.float(), rtol=1e-2, atol=1e-2)))
+        results[rank] = out
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_gpus_sum_like_nccl():
+    import torch.multiprocessing as mp
+
+    from tests.runtime.distributed.harness import free_port
+
+    results = mp.Manager().dict()
+    mp.spawn(_sums, args=(2, free_port(), results), nprocs=2)
+    assert all(all(v) for v in results.values()) and len(results) == 2
