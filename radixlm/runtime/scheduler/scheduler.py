@@ -19,6 +19,7 @@ import torch
 
 from radixlm.runtime.args import GrammarMaskMode, ServerArgs, SpeculativeAlgorithm
 from radixlm.runtime.cache.radix_cache import RadixCache
+from radixlm.runtime.executor.draft_runner import DraftModelRunner
 from radixlm.runtime.executor.logits import LogitsOutput
 from radixlm.runtime.grammar.backend import GrammarCache
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
@@ -29,6 +30,7 @@ from radixlm.runtime.scheduler.admission import AdmissionMixin
 from radixlm.runtime.scheduler.cursor import can_launch_ahead
 from radixlm.runtime.scheduler.drafts import DraftPath, Proposer
 from radixlm.runtime.scheduler.drafts.jump_forward import JumpForwardSource
+from radixlm.runtime.scheduler.drafts.model import DraftModelSource
 from radixlm.runtime.scheduler.drafts.ngram import NGramSource
 from radixlm.runtime.scheduler.drafts.radix import RadixSource
 from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
@@ -120,6 +122,9 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
             return [radix()]
         if algo is SpeculativeAlgorithm.NGRAM_RADIX:
             return [radix(kgram=False), ngram(), radix(path=False)]
+        if algo is SpeculativeAlgorithm.STANDALONE:
+            steps = args.speculative_num_steps or n
+            return [DraftModelSource(DraftModelRunner(args, self.runner, steps), stats)]
         return []
 
     # ------------------------------------------------------------------ input
@@ -266,6 +271,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
     def launch_batch(self, batch: ScheduleBatch) -> BatchResult:
         """Enqueue the forward pass and sampling; nothing here waits for the device."""
         out: LogitsOutput = self.runner.forward(batch.worker)
+        self.drafts.on_launch(batch.worker)
         result = BatchResult(batch, out)
         self._count_layout(batch, out)
         samplers = batch.samplers

@@ -2,7 +2,13 @@
 draft token, and the verdict is taken here the same way whatever proposed the draft: the tokens kept, their
 logprobs, the finish rules among them (Req.append_tokens), the cursor rolled back over rejected tokens and their KV
 freed, the source told what happened. Sources: grammar jump-forward (drafts/jump_forward.py), prompt lookup
-(drafts/ngram.py), the radix cache (drafts/radix.py); a draft-model source plugs in as another Proposer.
+(drafts/ngram.py), the radix cache (drafts/radix.py), a draft model (drafts/model.py).
+
+Optional source attributes: `deferred` sources propose for all the requests of a processed pass at once (a draft
+model runs one batched pass per draft token): propose() queues the requests they are `ready` for, and flush() --
+after the pass's verdicts, once rejected KV is freed -- hands them to propose_batch. `adaptive_length` sources draft
+as many tokens as each request's acceptance history suggests (drafts/adaptive.py). Sources with `on_launch` see
+the rows of every pass launched (a draft model writes its own KV for them).
 
 The batch rule (draft_cap): verification rows are nearly free while a decode pass is bound by reading the weights,
 and cost as much as any row once the pass is bound by compute; so a decode pass of n requests may reach
@@ -15,13 +21,16 @@ With drafts off for the batch, requests whose only sources follow the rule may b
 scheduler (cursor.can_plan_ahead): large batches lose nothing to speculation being configured."""
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from dataclasses import replace
 from typing import Callable, Protocol
 
 import torch
 
+from radixlm.runtime.executor.forward_batch import ModelWorkerBatch
 from radixlm.runtime.sampling.verification import VerifyResult
+from radixlm.runtime.scheduler.drafts.adaptive import DraftLength
 from radixlm.runtime.scheduler.req import GRAMMAR_VIOLATION, FinishReason, GrammarAdvance, Req
 
 
@@ -39,6 +48,10 @@ def batch_adaptive(source) -> bool:
     return getattr(source, "batch_adaptive", True)
 
 
+def _min(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
 class DraftPath:
     def __init__(self, sources: list[Proposer], tokenizer, page_size: int, stats: Counter, max_batch_rows: int = 0,
                  batch_size: Callable[[], int] = lambda: 1):
@@ -49,6 +62,9 @@ class DraftPath:
         self.stats = stats
         self.max_batch_rows = max_batch_rows
         self.batch_size = batch_size
+        self.watchers = [s for s in sources if hasattr(s, "on_launch")]
+        self._lengths: weakref.WeakKeyDictionary[Req, DraftLength] = weakref.WeakKeyDictionary()
+        self._pending: list[tuple[Proposer, Req, int | None]] = []  # deferred sources' requests, until flush
 
     # ------------------------------------------------------------------ the batch rule
     def draft_cap(self, n: int) -> int | None:
@@ -93,13 +109,50 @@ class DraftPath:
                 break
             if cap == 0 and batch_adaptive(source):
                 continue
+            limit = self._limit(req, source, cap)
+            if getattr(source, "deferred", False):
+                if source.ready(req):
+                    self._pending.append((source, req, limit))
+                    break
+                continue
             source.propose(req)
         draft = req.kv.draft
-        if draft is None:
-            return
-        left = req.tokens_left()
-        if cap is not None and batch_adaptive(draft.source):
-            left = min(left, cap)
+        if draft is not None:
+            self._cut(req, self._limit(req, draft.source, cap))
+
+    def flush(self) -> None:
+        """Deferred sources propose for the requests queued since the last flush (batched per source)."""
+        pending, self._pending = self._pending, []
+        for source in dict.fromkeys(s for s, _, _ in pending):
+            mine = [(req, limit) for s, req, limit in pending if s is source]
+            source.propose_batch([req for req, _ in mine], [limit for _, limit in mine])
+            for req, limit in mine:
+                if req.kv.draft is not None:
+                    self._cut(req, limit)
+
+    def on_launch(self, wb: ModelWorkerBatch) -> None:
+        """A pass was launched (before its sampler ran): sources that keep per-pass state see its rows."""
+        for source in self.watchers:
+            source.on_launch(wb)
+
+    def _limit(self, req: Req, source: Proposer, cap: int | None) -> int | None:
+        """Draft tokens `source` may propose for `req`: the batch rule's cap and the request's adaptive length."""
+        limit = cap if batch_adaptive(source) else None
+        if getattr(source, "adaptive_length", False):
+            limit = _min(limit, self._length(req, source).next_len())
+        return limit
+
+    def _length(self, req: Req, source: Proposer) -> DraftLength:
+        length = self._lengths.get(req)
+        if length is None:
+            length = self._lengths[req] = DraftLength(getattr(source, "max_len", 1 << 30))
+        return length
+
+    def _cut(self, req: Req, limit: int | None) -> None:
+        """To the tokens the request may still take (its draft tokens are outputs once kept, and max_new_tokens
+        binds them as any other: with none left, no draft) and to `limit`."""
+        draft = req.kv.draft
+        left = _min(req.tokens_left(), limit)
         if len(draft.tokens) > left:
             req.kv.draft = replace(draft, tokens=draft.tokens[:left]) if left else None
 
@@ -127,6 +180,8 @@ class DraftPath:
         req.spec_verify_ct += 1
         req.spec_draft_tokens += len(draft.tokens)
         req.spec_accepted_tokens += verdict.accepted
+        if getattr(draft.source, "adaptive_length", False):
+            self._length(req, draft.source).update(len(draft.tokens), verdict.accepted)
         if verdict.accepted < len(draft.tokens) and not verdict.violated:
             draft.source.learn(req, draft, verdict.accepted, verdict.tokens[verdict.accepted])
         drafted_end = req.kv.committed  # the pass wrote KV up to the last draft token

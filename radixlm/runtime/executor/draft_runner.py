@@ -1,0 +1,131 @@
+"""The draft model of --speculative-algorithm STANDALONE: a second, small model on the target's device, with its own
+KV pool over the target's slot indices (SGLang's layout): the target's request table and allocator address both
+pools, so a slot the target writes, caches, shares through the radix tree or frees is the same slot of the draft
+pool.
+
+NOTE invariant: the draft pool holds, at every slot, the draft model's KV of the token the target pool holds there.
+write_kv runs every target pass's rows through the draft model (prefill, chunks, decode, verification rows), so a
+radix-cache hit finds the prefix's draft KV too, and freeing a slot (rejected draft tokens, retraction, abort,
+eviction) frees it in both pools at once. The draft model's own guesses go to scratch slots past the shared range,
+which the allocator never hands out: the verification pass that follows writes their positions' real slots.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ForwardBatch, ForwardMode, ModelWorkerBatch
+from radixlm.runtime.executor.logits import LogitsPlan, LogitsProcessor
+from radixlm.runtime.executor.model_runner import ATTENTION_BACKENDS, ModelRunner
+from radixlm.runtime.cache.memory_pool import TokenToKVPool
+from radixlm.runtime.host_to_device import HostCopy, host_to_device
+from radixlm.runtime.model_loader.config import ModelConfig
+from radixlm.runtime.model_loader.loader import load_model
+
+logger = logging.getLogger(__name__)
+
+
+class DraftModelRunner(ModelRunner):
+    """ModelRunner's forward over the draft model, the target's request table and a pool of the target's size plus
+    `max_steps` scratch slots per request row. No CUDA graphs (eager passes)."""
+
+    def __init__(self, server_args: ServerArgs, target: ModelRunner, max_steps: int):
+        path = server_args.speculative_draft_model_path
+        if target.parallel.tp_size > 1:
+            raise ValueError("a STANDALONE draft model runs with tp_size 1 only")
+        self.server_args = server_args
+        self.device = target.device
+        self.parallel = target.parallel
+        self.page_size = target.page_size
+        self.model_config = ModelConfig.from_path(path, dtype=target.model_config.dtype, device=target.device,
+                                                  context_length=target.model_config.context_len,
+                                                  load_format=server_args.load_format)
+        self.model = load_model(self.model_config, server_args.load_format, target.device, target.parallel)
+        self.model.eval()
+        if not self.is_cuda:
+            for module in self.model.modules():
+                if hasattr(module, "pack_for_cpu"):
+                    module.pack_for_cpu()
+        cfg = self.model_config
+        self.num_kv_heads = cfg.num_kv_heads
+        self.logits_processor = LogitsProcessor(self.model.lm_head, cfg.vocab_size, target.parallel)
+        # The draft may pad its vocabulary past the target's: tokens the target cannot take are never proposed.
+        self.vocab_size = min(cfg.vocab_size, target.model_config.vocab_size)
+        self.req_to_token_pool = target.req_to_token_pool
+        self.token_to_kv_pool_allocator = target.token_to_kv_pool_allocator
+        self.max_total_num_tokens = target.max_total_num_tokens
+        self.max_running_requests = target.max_running_requests
+        self.max_steps = max_steps
+        rows = self.req_to_token_pool.size
+        scratch = -(-rows * max_steps // self.page_size) * self.page_size
+        # Scratch slot of (request row r, draft step i): scratch_base + r * max_steps + i.
+        self.scratch_base = self.max_total_num_tokens + self.page_size
+        self.token_to_kv_pool = TokenToKVPool(self.max_total_num_tokens + scratch, self.page_size, cfg.dtype,
+                                              cfg.num_layers, self.num_kv_heads, cfg.head_dim, self.device)
+        backend = server_args.attention_backend
+        if backend == "auto":
+            backend = "triton" if self.is_cuda else "torch_native"
+        self.attn_backend = ATTENTION_BACKENDS[backend](self)
+        self.graph_runner = None
+        # The token each request row's last draft pass chose, read by its next pass on the device.
+        self._token_buf = torch.zeros(rows, dtype=torch.int64, device=self.device)
+        logger.info("draft model %s: KV pool %.1f MiB (%d scratch slots)", path,
+                    self.token_to_kv_pool.mem_bytes() / 2**20, scratch)
+
+    @torch.inference_mode()
+    def write_kv(self, wb: ModelWorkerBatch) -> None:
+        """The draft model's KV for a target pass's rows (launched right after the target's, before its sampler
+        updates wb.token_buf: IN_FLIGHT rows read the same tokens the target's did)."""
+        if not wb.num_rows:
+            return
+        mode = ForwardMode.TOKEN_ROWS if wb.num_rows == len(wb.req_pool_indices) else ForwardMode.REQUEST_SPANS
+        fb = ForwardBatch.build(wb, mode, self.req_to_token_pool, self.token_to_kv_pool, self.attn_backend,
+                                self.device)
+        self.attn_backend.init_forward_metadata(fb)
+        self.model(fb.input_ids, fb.positions, fb)
+
+    @torch.inference_mode()
+    def propose(self, rows: list[int], last_tokens: list[int], positions: list[int], steps: list[int]
+                ) -> list[list[int]]:
+        """Greedy chains: for request row rows[i], whose KV is written below positions[i] (the position of its last
+        token, last_tokens[i]), up to steps[i] tokens, one draft pass per step over the requests still drafting.
+        The passes are enqueued back to back (each reads the previous one's tokens on the device); the host reads
+        the chains once."""
+        table = self.req_to_token_pool.req_to_token
+        n_steps = max(steps, default=0)
+        # Positions [p, p + steps) of each request point at its scratch slots until the planner writes the
+        # verification pass's real ones: nothing reads a request's table past its committed KV meanwhile.
+        spans = [(r, p, p + k) for r, p, k in zip(rows, positions, steps)]
+        scratch = [self.scratch_base + r * self.max_steps + i for r, _, k in zip(rows, positions, steps)
+                   for i in range(k)]
+        slots = host_to_device(scratch, torch.int64, self.device)
+        table.view(-1).index_copy_(0, self.req_to_token_pool.flat_index(spans), slots)
+        chosen = []
+        active = list(range(len(rows)))
+        for step in range(n_steps):
+            active = [i for i in active if steps[i] > step]
+            ids = [last_tokens[i] if step == 0 else IN_FLIGHT for i in active]
+            pos = [positions[i] + step for i in active]
+            wb = ModelWorkerBatch(
+                input_ids=ids, positions=pos, req_pool_indices=[rows[i] for i in active], prefix_lens=pos,
+                extend_lens=[1] * len(active), seq_lens=[p + 1 for p in pos],
+                out_cache_loc=host_to_device([self.scratch_base + rows[i] * self.max_steps + step for i in active],
+                                             torch.int64, self.device),
+                logits=LogitsPlan(sample_rows=list(range(len(active)))), has_in_flight=step > 0,
+                token_buf=self._token_buf)
+            fb = ForwardBatch.build(wb, ForwardMode.TOKEN_ROWS, self.req_to_token_pool, self.token_to_kv_pool,
+                                    self.attn_backend, self.device)
+            out = self._run(fb, wb.logits)
+            tokens = torch.argmax(out.next_token_logits[:, : self.vocab_size], dim=-1)
+            self._token_buf[fb.req_pool_indices] = tokens
+            chosen.append((active, tokens))
+        if not chosen:
+            return [[] for _ in rows]
+        # One host read: every step's tokens, padded to the batch.
+        flat = torch.full((n_steps, len(rows)), -1, dtype=torch.int64, device=self.device)
+        for step, (active, tokens) in enumerate(chosen):
+            flat[step, host_to_device(active, torch.int64, self.device)] = tokens
+        table_host = HostCopy(flat).get()[0].tolist()
+        return [[table_host[s][i] for s in range(steps[i])] for i in range(len(rows))]

@@ -1,0 +1,83 @@
+"""A draft model as a draft source (--speculative-algorithm STANDALONE, SGLang's name): a small model with the
+target's tokenizer proposes its greedy continuation, one draft pass per token, for every drafting request of a
+processed pass at once (DraftPath collects them: `deferred`, then propose_batch).
+
+Its KV lives in its own pool over the target's slots (executor/draft_runner.py has the invariant): every target pass
+is also a draft pass over the same rows (write_kv, via DraftPath.on_launch), so after a pass the draft model has the
+KV of every position but the request's newest token, exactly as the target does; a draft starts from that token.
+Draft lengths follow each request's acceptance history (adaptive_length, drafts/adaptive.py) within
+--speculative-num-steps, and shrink with the batch (batch_adaptive, DraftPath.draft_cap)."""
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+
+from radixlm.runtime.executor.draft_runner import DraftModelRunner
+from radixlm.runtime.executor.forward_batch import ModelWorkerBatch
+from radixlm.runtime.scheduler.cursor import Draft
+from radixlm.runtime.scheduler.drafts.backoff import Backoff
+from radixlm.runtime.scheduler.req import Req
+
+
+class DraftModelSource:
+    batch_adaptive = True  # its drafts shrink as the batch grows (DraftPath.draft_cap)
+    adaptive_length = True  # and follow the request's acceptance (DraftPath: drafts/adaptive.py)
+    deferred = True  # proposes for a pass's requests together (ready, then propose_batch)
+
+    def __init__(self, runner: DraftModelRunner, stats: Counter):
+        self.runner = runner
+        self.max_len = runner.max_steps
+        self.stats = stats
+        self._backoffs: weakref.WeakKeyDictionary[Req, Backoff] = weakref.WeakKeyDictionary()
+
+    def applies_to(self, req: Req) -> bool:
+        return req.grammar is None  # a grammar's requests draft what it forces (jump-forward)
+
+    def on_launch(self, wb: ModelWorkerBatch) -> None:
+        self.runner.write_kv(wb)
+
+    @staticmethod
+    def _has_kv(req: Req) -> bool:
+        """Both models hold the KV of every position but the newest token's, and no pass of it is in flight."""
+        kv = req.kv
+        return (req.req_pool_idx is not None and not req.finished() and kv.in_flight == 0 and kv.draft is None
+                and bool(req.output_ids) and kv.committed == req.seqlen - 1)
+
+    def ready(self, req: Req) -> bool:
+        """Whether the request drafts in this step (counts a step of its back-off)."""
+        if not self._has_kv(req):
+            return False
+        backoff = self._backoffs.get(req)
+        return backoff is None or not backoff.waiting()
+
+    def propose(self, req: Req) -> None:
+        self.propose_batch([req], [None])
+
+    def propose_batch(self, reqs: list[Req], limits: list[int | None]) -> None:
+        """Drafts of up to min(limit, --speculative-num-steps, tokens left) tokens for each request."""
+        todo, steps = [], []
+        context = self.runner.model_config.context_len
+        for req, limit in zip(reqs, limits):
+            k = min(self.max_len, req.tokens_left(), context - req.seqlen)
+            if limit is not None:
+                k = min(k, limit)
+            if k > 0 and self._has_kv(req):
+                todo.append(req)
+                steps.append(k)
+        if not todo:
+            return
+        chains = self.runner.propose([r.req_pool_idx for r in todo], [r.output_ids[-1] for r in todo],
+                                     [r.seqlen - 1 for r in todo], steps)
+        for req, tokens in zip(todo, chains):
+            req.kv.draft = Draft(tokens, self)
+        self.stats["model_drafts"] += len(todo)
+        self.stats["draft_model_passes"] += max(steps)
+
+    def learn(self, req: Req, draft: Draft, accepted: int, token: int) -> None:
+        """A draft rejected outright makes the request back off (1, 2, 4, ... steps without drafts) as lookups do:
+        a draft model that keeps missing a request costs its passes for nothing."""
+        backoff = self._backoffs.get(req)
+        if backoff is None:
+            backoff = self._backoffs[req] = Backoff()
+        if backoff.learn(accepted):
+            self.stats["model_backoffs"] += 1

@@ -1,0 +1,167 @@
+"""--speculative-algorithm STANDALONE through the real Scheduler on tiny random-weight Llamas (float32, CPU): a draft
+model with the target's own weights (its greedy chain is the target's: nearly every draft token is kept) and a
+different, smaller random model (its drafts are mostly rejected). Greedy outputs equal those without speculation in
+every scheduling mode -- chunked prefill, pages, overlap, retraction, radix-cache hits of earlier prompts and
+answers, the same prompt twice, max_new_tokens, stop tokens and strings inside a draft, an abort -- and the KV
+accounting holds after every step (enable_integrity_check)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.executor.draft_runner import DraftModelRunner
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.model_loader.config import ModelConfig
+from radixlm.runtime.model_loader.tokenizer import get_tokenizer
+from radixlm.runtime.scheduler.scheduler import Scheduler
+from tests.runtime.models.tiny import save_tiny
+
+from .conftest import TINY_LLAMA, request, run_all
+from .fake_runner import make_prompts
+from .fake_serving import serve
+
+SMALL = {**TINY_LLAMA, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+         "num_key_value_heads": 1}
+
+MODES = [
+    pytest.param({}, 0, id="default"),
+    pytest.param({"page_size": 4}, 0, id="page4"),
+    pytest.param({"chunked_prefill_size": 16}, 2, id="chunked16"),
+    pytest.param({"page_size": 4, "chunked_prefill_size": 8}, 2, id="page4-chunked8"),
+    pytest.param({"enable_overlap_schedule": True}, 1, id="overlap"),
+    pytest.param({"max_total_tokens": 128, "schedule_conservativeness": 0.05}, 0, id="retraction"),
+]
+
+
+def _config(d: dict) -> LlamaConfig:
+    return LlamaConfig(**{k: v for k, v in d.items() if k != "architectures"})
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+    torch.set_num_threads(1)
+    target, other = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("draft-small")
+    save_tiny(_config(TINY_LLAMA), target, seed=0)
+    save_tiny(_config(SMALL), other, seed=1)
+    return {"target": str(target), "other": str(other)}
+
+
+def make(models: dict[str, str], draft: str | None, tokenizer: bool = False, **kw) -> Scheduler:
+    """draft: None (speculation off), "same" (the target's checkpoint) or "other"."""
+    kw.setdefault("max_total_tokens", 2048)
+    if draft is not None:
+        kw.update(speculative_algorithm="STANDALONE", speculative_num_draft_tokens=4,
+                  speculative_draft_model_path=models["target" if draft == "same" else draft])
+    path = models["target"]
+    args = ServerArgs(model_path=path, dtype="float32", device="cpu", enable_integrity_check=True, random_seed=0, **kw)
+    config = ModelConfig.from_path(path, dtype="float32", device="cpu")
+    return Scheduler(args, ModelRunner(args, config, "cpu"), tokenizer=get_tokenizer(path) if tokenizer else None,
+                     eos_token_ids=frozenset())
+
+
+def _waves(seed: int):
+    """A first wave (one prompt twice, as n > 1 sends it; max_new_tokens 9..14, mostly inside a 4-token draft),
+    then cache hits: the same prompts again with room for more tokens, and with a new tail."""
+    prompts = make_prompts(seed, 5, lo=10, hi=30)
+    prompts.append(prompts[0])
+    first = [request(f"a{i}", p, max_new_tokens=9 + i) for i, p in enumerate(prompts)]
+    again = [request(f"b{i}", p if i % 2 else p + [7, 8, 9], max_new_tokens=15) for i, p in enumerate(prompts[:5])]
+    return first, again
+
+
+def _serve_waves(sched: Scheduler, every: int) -> dict:
+    first, again = _waves(51)
+    res = serve(sched, first, every)
+    res.update(serve(sched, again, every))
+    sched.check_memory()
+    assert sched.is_idle() and sched.tree_cache.protected_size() == 0
+    assert sched.req_to_token_pool.available_size() == sched.req_to_token_pool.size
+    return {rid: (r["output_ids"], r["finish_reason"]) for rid, r in res.items()}
+
+
+def _kept(sched: Scheduler) -> tuple[int, int]:
+    return sched.grammar_stats["accepted_draft_tokens"], sched.grammar_stats["draft_tokens"]
+
+
+@pytest.mark.parametrize("kwargs, every", MODES)
+def test_outputs_unchanged_with_a_draft_model(models, kwargs, every):
+    off = make(models, None, **kwargs)
+    expected = _serve_waves(off, every)
+    for draft in ("same", "other"):
+        sched = make(models, draft, **kwargs)
+        assert _serve_waves(sched, every) == expected, draft
+        kept, drafted = _kept(sched)
+        assert sched.grammar_stats["model_drafts"] > 0
+        if draft == "same":
+            # The target's own greedy chain: every draft token is kept (float32; rows computed in other layouts may
+            # differ in the last bits, hence not strictly all).
+            assert kept > 0 and kept >= 0.9 * drafted, (kept, drafted)
+        if "max_total_tokens" in kwargs:
+            assert sched.stats["retractions"] > 0
+    if "max_total_tokens" in kwargs:
+        assert off.stats["retractions"] > 0
+
+
+def test_draft_kv_not_written_for_target_passes_loses_acceptance(models, monkeypatch):
+    """Mutation: the draft model does not run the target's passes (no draft KV for prompts, cache hits and kept
+    tokens); its drafts then continue from garbage and are mostly rejected. Outputs stay exact (verification), but
+    acceptance falls: the test above shows the draft pool is kept in step with the target's."""
+    monkeypatch.setattr(DraftModelRunner, "write_kv", lambda self, wb: None)
+    sched = make(models, "same")
+    expected = _serve_waves(make(models, None), 0)
+    assert _serve_waves(sched, 0) == expected
+    kept, drafted = _kept(sched)
+    assert kept < 0.5 * drafted, (kept, drafted)
+
+
+def test_stops_inside_drafts(models):
+    """Stop tokens and stop strings met inside a draft end the request there, as without speculation."""
+    prompts = make_prompts(52, 4, lo=10, hi=20)
+    plain = serve(make(models, None), [request(f"p{i}", p, max_new_tokens=12) for i, p in enumerate(prompts)])
+    outs = [plain[f"p{i}"]["output_ids"] for i in range(4)]
+
+    def reqs():
+        made = []
+        for i, (p, out) in enumerate(zip(prompts, outs)):
+            r = request(f"s{i}", p, max_new_tokens=12)
+            if i % 2:
+                r.sampling_params.stop = [f"t{out[6]}"]
+            else:
+                r.sampling_params.stop_token_ids = {out[5]}
+            made.append(r)
+        return made
+
+    expected = serve(make(models, None, tokenizer=True), reqs())
+    assert all(r["finish_reason"]["type"] == "stop" for r in expected.values())
+    for draft in ("same", "other"):
+        sched = make(models, draft, tokenizer=True)
+        got = serve(sched, reqs())
+        assert {k: (v["output_ids"], v["finish_reason"]) for k, v in got.items()} == \
+            {k: (v["output_ids"], v["finish_reason"]) for k, v in expected.items()}, draft
+        assert _kept(sched)[1] > 0
+
+
+def test_abort_mid_draft(models):
+    """A request aborted while it holds a draft: its KV (and the draft's scratch) goes nowhere it should not; the
+    others finish as without speculation."""
+    prompts = make_prompts(53, 3, lo=10, hi=20)
+    reqs = [request(f"r{i}", p, max_new_tokens=16) for i, p in enumerate(prompts)]
+    expected = serve(make(models, None), reqs)
+    sched = make(models, "same")
+    for r in reqs:
+        sched.add_request(r)
+    early: dict[str, list[int]] = {}
+    for _ in range(3):
+        for out in sched.step():
+            early.setdefault(out.rid, []).extend(out.new_output_ids)
+    victim = next(r for r in sched.running if r.rid == "r1")
+    assert victim.kv.draft is not None
+    sched.abort_request("r1")
+    got = run_all(sched)
+    assert got["r1"]["finish_reason"]["type"] == "abort"
+    for rid in ("r0", "r2"):
+        assert early.get(rid, []) + got[rid]["output_ids"] == expected[rid]["output_ids"]
+    sched.check_memory()
+    assert sched.is_idle()
