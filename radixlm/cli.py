@@ -29,6 +29,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         kw = {"default": default, "help": f.metadata.get("help", "")}
         if tp is bool:
             parser.add_argument(flag, action="store_true", **kw)
+        elif typing.get_origin(tp) is list:
+            parser.add_argument(flag, nargs="+", type=typing.get_args(tp)[0], **kw)
         else:
             parser.add_argument(flag, type=tp, choices=f.metadata.get("choices"), **kw)
 

@@ -119,6 +119,13 @@ class ServerArgs:
     max_logprobs: int = field(default=20, metadata={"help": "the most top logprobs a request may ask for per position (top_logprobs_num, logprobs, top_logprobs); -1: the vocabulary size"})
     watchdog_timeout: float = field(default=300.0, metadata={"help": "seconds without scheduler progress (requests pending) before failing them"})
 
+    # Multimodal models (LLaVA): media inputs
+    mm_encoder_cache_mb: int = field(default=1024, metadata={"help": "encoder outputs kept by content hash (MiB), so a chunked prefill encodes an image once"})
+    allowed_local_media_path: str | None = field(default=None, metadata={"help": "media may be read from files under this directory (file paths and file:// URLs); refused without it"})
+    allowed_media_domains: list[str] | None = field(default=None, metadata={"help": "http(s) media URLs only from these hosts (and their subdomains); default: any host"})
+    media_fetch_timeout: float = field(default=10.0, metadata={"help": "seconds to fetch one http(s) media URL"})
+    max_media_bytes: int = field(default=20 << 20, metadata={"help": "largest media item accepted (bytes, after base64 decoding)"})
+
     # Debugging
     enable_integrity_check: bool = field(default=False, metadata={"help": "check KV accounting after every scheduler step"})
     log_level: str = "info"
@@ -178,6 +185,9 @@ class ServerArgs:
         check(self.dist_timeout > 0, "dist_timeout must be > 0")
         check(self.max_logprobs >= -1, "max_logprobs must be -1 (the vocabulary size) or >= 0")
         check(self.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")
+        check(self.mm_encoder_cache_mb >= 0, "mm_encoder_cache_mb must be >= 0")
+        check(self.media_fetch_timeout > 0, "media_fetch_timeout must be > 0")
+        check(self.max_media_bytes >= 1, "max_media_bytes must be >= 1")
         check(self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs must be >= 1")
 
     def resolved_device(self) -> str:

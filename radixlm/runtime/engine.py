@@ -14,6 +14,8 @@ from typing import Any
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.front import BuiltRequests, DecodeState, FrontLimits, ReqState, RequestBuilder
+from radixlm.runtime.multimodal.media import MediaLoader, MediaPolicy
+from radixlm.runtime.multimodal.processor import MultimodalProcessor
 from radixlm.runtime.messages import (
     AbortReq, DetokenizeInfo, FlushCacheReq, FlushCacheReqOutput, ShutdownReq, TokenizedGenerateReqInput,
 )
@@ -85,7 +87,8 @@ class Engine:
         self.vocab_size = self.model_config.vocab_size
         self.builder = RequestBuilder(self.tokenizer, FrontLimits(
             self.vocab_size, self.context_len, self.runner.max_total_num_tokens, args.disable_radix_cache,
-            args.max_logprobs))
+            args.max_logprobs), MultimodalProcessor.for_model(self.model_config.model_path, self.tokenizer,
+                                                              MediaLoader(MediaPolicy.from_args(args))))
         logger.info("engine ready in %.1fs", time.perf_counter() - t0)
 
     def _join_ranks(self, args: ServerArgs):
@@ -164,9 +167,10 @@ class Engine:
             d.wait()
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
-                 top_logprobs_num=None, return_text_in_logprobs=False, stream=False, rid=None, extra_key=None):
+                 top_logprobs_num=None, return_text_in_logprobs=False, stream=False, rid=None, extra_key=None,
+                 image_data=None):
         built = self.builder.build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                   top_logprobs_num, rid, extra_key, stream)
+                                   top_logprobs_num, rid, extra_key, stream, image_data)
         msgs = built.msgs
         if stream:
             return self._stream(msgs[0], return_text_in_logprobs)
@@ -203,9 +207,9 @@ class Engine:
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                              logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=False,
-                             stream=False, rid=None, extra_key=None):
+                             stream=False, rid=None, extra_key=None, image_data=None):
         built = self.builder.build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                   top_logprobs_num, rid, extra_key, stream)
+                                   top_logprobs_num, rid, extra_key, stream, image_data)
         msgs = built.msgs
         if stream:
             return self._astream(msgs[0], return_text_in_logprobs)

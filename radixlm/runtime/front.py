@@ -8,12 +8,16 @@ import time
 import uuid
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlm.runtime.grammar.spec import GrammarSpec, validate as validate_grammar
 from radixlm.runtime.detokenizer import IncrementalDecoder, hold_back_stop_prefix, trim_stop
 from radixlm.runtime.messages import DetokenizeInfo, ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixlm.runtime.multimodal.inputs import MultimodalInputs
+    from radixlm.runtime.multimodal.processor import MultimodalProcessor
 
 
 MAX_N = 128  # samples per prompt: OpenAI's cap
@@ -55,9 +59,18 @@ class BuiltRequests:
 class RequestBuilder:
     """Turns user input into validated requests; raises ValueError naming the problem."""
 
-    def __init__(self, tokenizer, limits: FrontLimits):
+    def __init__(self, tokenizer, limits: FrontLimits, mm: "MultimodalProcessor | None" = None):
         self.tokenizer = tokenizer
         self.limits = limits
+        self.mm = mm  # a vision-language model's processor; None: media inputs are refused
+
+    def expand_media(self, ids: list[int], images) -> tuple[list[int], "MultimodalInputs | None"]:
+        """The prompt with its image placeholders expanded, and its media (None without images)."""
+        if images is None or images == []:
+            return ids, None
+        if self.mm is None:
+            raise ValueError("this model does not take images (image_data was given)")
+        return self.mm.expand(ids, images if isinstance(images, list) else [images])
 
     def tokenize(self, prompt: str | None, input_ids: list[int] | None) -> list[int]:
         if (prompt is None) == (input_ids is None):
@@ -77,7 +90,8 @@ class RequestBuilder:
             raise ValueError("the prompt is empty")
         return ids
 
-    def make_request(self, ids, sp_dict, return_logprob, logprob_start_len, top_logprobs_num, rid, extra_key, stream):
+    def make_request(self, ids, sp_dict, return_logprob, logprob_start_len, top_logprobs_num, rid, extra_key, stream,
+                     mm_inputs: "MultimodalInputs | None" = None):
         sp = sp_dict if isinstance(sp_dict, SamplingParams) else SamplingParams.from_dict(dict(sp_dict or {}))
         sp.normalize()
         sp.verify(self.limits.vocab_size)
@@ -101,6 +115,10 @@ class RequestBuilder:
             raise ValueError(f"logprob_start_len ({start}) must be smaller than the prompt length ({len(ids)})")
         if start < -1:
             raise ValueError(f"logprob_start_len must be -1 (output tokens only) or >= 0, got {start}")
+        if return_logprob and start >= 0 and mm_inputs is not None and any(
+                it.end > start + 1 for it in mm_inputs.items):
+            raise ValueError("prompt logprobs cannot cover image tokens: logprob_start_len must be at or after the "
+                             "last image's last token")
         if top < 0:
             raise ValueError("top_logprobs_num must be >= 0")
         if return_logprob and top > self.limits.max_top_logprobs:
@@ -111,13 +129,13 @@ class RequestBuilder:
         return TokenizedGenerateReqInput(
             rid=rid or uuid.uuid4().hex, input_ids=ids, sampling_params=sp, return_logprob=bool(return_logprob),
             logprob_start_len=start if return_logprob else -1, top_logprobs_num=top if return_logprob else 0,
-            extra_key=extra_key, stream=stream,
+            extra_key=extra_key, stream=stream, mm_inputs=mm_inputs,
         )
 
     def build(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
-              top_logprobs_num=None, rid=None, extra_key=None, stream=False) -> BuiltRequests:
+              top_logprobs_num=None, rid=None, extra_key=None, stream=False, image_data=None) -> BuiltRequests:
         steps = self.build_steps(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                 top_logprobs_num, rid, extra_key, stream)
+                                 top_logprobs_num, rid, extra_key, stream, image_data)
         while True:
             try:
                 next(steps)
@@ -126,7 +144,7 @@ class RequestBuilder:
 
     def build_steps(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                     logprob_start_len=None, top_logprobs_num=None, rid=None, extra_key=None,
-                    stream=False) -> Generator[None, None, BuiltRequests]:
+                    stream=False, image_data=None) -> Generator[None, None, BuiltRequests]:
         """build, yielding after each request it makes, so that an event loop can serve others during a large
         batch (TokenizerManager.build_async); returns the BuiltRequests."""
         batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list))
@@ -140,6 +158,8 @@ class RequestBuilder:
             _per_prompt(name, value, len(prompts)) for name, value in (
                 ("sampling_params", sampling_params), ("rid", rid), ("return_logprob", return_logprob),
                 ("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num)))
+        # image_data: one prompt's images (an item or a list), or for a batch a list with an entry per prompt.
+        images = _per_prompt("image_data", image_data, len(prompts)) if batched else [image_data]
         encode_batches = len(prompts) > 1 and all(isinstance(p, str) for p in prompts) and input_ids is None
         msgs, warm = [], []
         for i, (p, ids, sp) in enumerate(zip(prompts, id_lists, sps)):
@@ -148,12 +168,12 @@ class RequestBuilder:
                 encoded = self.tokenizer(prompts[i : i + TOKENIZE_CHUNK])["input_ids"]
             if encode_batches:
                 p, ids = None, encoded[i % TOKENIZE_CHUNK]
-            tokens = self.tokenize(p, ids)
+            tokens, mm_inputs = self.expand_media(self.tokenize(p, ids), images[i])
             n = _sample_count(sp)
             base = rids[i] if rids[i] else uuid.uuid4().hex
             for j in range(n):
                 m = self.make_request(tokens, sp, lps[i], starts[i], tops[i], base if n == 1 else f"{base}-{j}",
-                                      extra_key, stream)
+                                      extra_key, stream, mm_inputs)
                 if n > 1 and m.sampling_params.sampling_seed is not None:
                     # The n samples of a seeded request differ from each other, and repeat as a set.
                     m.sampling_params = dataclasses.replace(
@@ -206,7 +226,8 @@ def prefix_request(m: TokenizedGenerateReqInput) -> TokenizedGenerateReqInput:
     """n > 1: a prefill-only (max_new_tokens=0) copy of the shared prompt, so the n samples hit the cache."""
     sp = SamplingParams(max_new_tokens=0)
     sp.normalize()
-    return TokenizedGenerateReqInput(rid=f"{m.rid}-prefix", input_ids=m.input_ids, sampling_params=sp, extra_key=m.extra_key)
+    return TokenizedGenerateReqInput(rid=f"{m.rid}-prefix", input_ids=m.input_ids, sampling_params=sp, extra_key=m.extra_key,
+                                     mm_inputs=m.mm_inputs)
 
 
 class DecodeState:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.runtime.multimodal.inputs import MultimodalInputs
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 
 
@@ -20,6 +21,8 @@ class TokenizedGenerateReqInput:
     top_logprobs_num: int = 0
     extra_key: str | None = None  # cache namespace: different keys never share KV
     stream: bool = False
+    # Media (preprocessed and hashed by the front); their positions in input_ids hold pad ids >= the vocabulary size.
+    mm_inputs: MultimodalInputs | None = None
 
 
 @dataclass
@@ -69,7 +72,11 @@ class DetokenizeInfo:
     @classmethod
     def from_req(cls, msg: TokenizedGenerateReqInput, tail: int = 5) -> "DetokenizeInfo":
         sp = msg.sampling_params
-        return cls(msg.rid, list(msg.input_ids[-tail:]), sp.skip_special_tokens, list(sp.stop), sp.no_stop_trim)
+        ids = msg.input_ids
+        if msg.mm_inputs is not None:  # pad ids are no tokens: the tail is the text before them
+            media = {p for r in msg.mm_inputs.positions() for p in r if p >= len(ids) - tail}
+            ids = [t for p, t in enumerate(ids) if p >= len(ids) - tail and p not in media]
+        return cls(msg.rid, list(ids[-tail:]), sp.skip_special_tokens, list(sp.stop), sp.no_stop_trim)
 
 
 @dataclass

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixlm.runtime.executor.logits import LogitsPlan
     from radixlm.runtime.layers.attention.base import AttentionBackend
+    from radixlm.runtime.multimodal.inputs import MultimodalSpan
 
 
 from radixlm.runtime.host_to_device import rows_to_device
@@ -50,6 +51,7 @@ class ModelWorkerBatch:
     logits: "LogitsPlan"
     has_in_flight: bool = False  # some row is IN_FLIGHT
     token_buf: torch.Tensor | None = None  # the last token sampled for each req_to_token row, on the device
+    mm_spans: list["MultimodalSpan"] = field(default_factory=list)  # rows that take an item's encoder output
 
     @property
     def num_rows(self) -> int:
@@ -84,6 +86,10 @@ class ForwardBatch:
     # TOKEN_ROWS (when built from a ModelWorkerBatch): (4, bs) int64 whose rows are input_ids, positions,
     # req_pool_indices and seq_lens (those four are its views): a CUDA-graph replay takes them in one copy.
     decode_rows: torch.Tensor | None = None
+    # Rows that take an encoder's output instead of a token embedding, and the embeddings of all rows when there are
+    # any (set by the ModelRunner before the model runs).
+    mm_spans: list["MultimodalSpan"] = field(default_factory=list)
+    input_embeds: torch.Tensor | None = None
     # Set by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: object = None
 
@@ -133,4 +139,5 @@ class ForwardBatch:
             extend_seq_lens_cpu=list(wb.extend_lens),
             extend_start_loc=extend_start_loc,
             decode_rows=decode_rows,
+            mm_spans=wb.mm_spans,
         )

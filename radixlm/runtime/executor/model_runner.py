@@ -18,6 +18,7 @@ from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
 from radixlm.runtime.layers.linear import Shard
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import load_model
+from radixlm.runtime.multimodal.embedder import EncoderCache, MultimodalEmbedder
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class ModelRunner:
                 if hasattr(module, "pack_for_cpu"):
                     module.pack_for_cpu()
         self.logits_processor = LogitsProcessor(self.model.lm_head, model_config.vocab_size, parallel)
+        self.mm_embedder = (MultimodalEmbedder(self.model, EncoderCache(server_args.mm_encoder_cache_mb << 20))
+                            if hasattr(self.model, "encode_items") else None)
 
         # The request table comes first so that the KV pool's budget sees its memory.
         max_running = server_args.max_running_requests or (4096 if self.is_cuda else 256)
@@ -165,7 +168,9 @@ class ModelRunner:
         return out
 
     def _run(self, forward_batch: ForwardBatch, plan: LogitsPlan) -> LogitsOutput:
-        if self.graph_runner is not None and self.graph_runner.can_run(forward_batch):
+        if forward_batch.mm_spans:  # eager: the graphs embed token ids
+            forward_batch.input_embeds = self.mm_embedder.embed(forward_batch.input_ids, forward_batch.mm_spans)
+        elif self.graph_runner is not None and self.graph_runner.can_run(forward_batch):
             logits = self.graph_runner.replay(forward_batch)
             if not plan.verify_rows and len(plan.sample_rows) == forward_batch.batch_size:
                 # The usual decode batch: sample rows are ascending and distinct, so this is every row in order.

@@ -121,7 +121,9 @@ class ModelConfig:
         except ValueError as e:
             raise ModelLoadError(f"{model_dir}: {e}") from None
 
-        derived = _derived_context_len(hf_config)
+        # A multimodal config keeps the language model's fields in its text config.
+        text_config = hf_config.get_text_config()
+        derived = _derived_context_len(text_config)
         context_len = derived
         if context_length is not None:
             if context_length > derived:
@@ -129,18 +131,19 @@ class ModelConfig:
                     f"context_length {context_length} exceeds the model's max_position_embeddings {derived}"
                 )
             context_len = context_length
-        num_heads = hf_config.num_attention_heads
+        tc = text_config
+        num_heads = tc.num_attention_heads
         return cls(
             model_path=model_dir,
             hf_config=hf_config,
             architecture=archs[0],
             dtype=resolve_dtype(dtype, hf_config, device),
             context_len=context_len,
-            num_layers=hf_config.num_hidden_layers,
+            num_layers=tc.num_hidden_layers,
             num_heads=num_heads,
-            num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
-            head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads,
-            hidden_size=hf_config.hidden_size,
-            vocab_size=hf_config.vocab_size,
-            eos_token_ids=_eos_token_ids(hf_config, model_dir),
+            num_kv_heads=getattr(tc, "num_key_value_heads", None) or num_heads,
+            head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // num_heads,
+            hidden_size=tc.hidden_size,
+            vocab_size=tc.vocab_size,
+            eos_token_ids=_eos_token_ids(hf_config, model_dir) | _eos_token_ids(tc, model_dir),
         )

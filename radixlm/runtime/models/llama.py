@@ -118,7 +118,8 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        # A pass with media rows comes with its input embeddings (the executor's MultimodalEmbedder).
+        hidden = self.embed_tokens(input_ids) if forward_batch.input_embeds is None else forward_batch.input_embeds
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, forward_batch, residual)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from torch import nn
 
 from radixlm.runtime.models.llama import LlamaForCausalLM
+from radixlm.runtime.models.llava import LlavaForConditionalGeneration
 from radixlm.runtime.models.mistral import MistralForCausalLM
 from radixlm.runtime.models.mixtral import MixtralForCausalLM
 from radixlm.runtime.models.qwen2 import Qwen2ForCausalLM
@@ -12,6 +13,7 @@ from radixlm.runtime.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCaus
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
+    "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "MistralForCausalLM": MistralForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,

@@ -38,7 +38,8 @@ def token_id_matrix(id_lists: Sequence[Sequence[int]], pad: int, device: torch.d
 
 def token_counts(id_lists: Sequence[Sequence[int]], vocab_size: int, device: torch.device | str) -> torch.Tensor:
     """(bs, vocab_size) float32: how often each token occurs in each row's list (scatter_add, no vocab loop)."""
-    ids = token_id_matrix(id_lists, vocab_size, device)  # pad lands in an extra column, dropped below
+    # Pad (and a media item's pad ids, which are >= vocab_size) land in an extra column, dropped below.
+    ids = token_id_matrix(id_lists, vocab_size, device).clamp_(max=vocab_size)
     counts = torch.zeros(len(id_lists), vocab_size + 1, dtype=torch.float32, device=device)
     counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
     return counts[:, :vocab_size]

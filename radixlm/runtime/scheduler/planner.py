@@ -112,7 +112,17 @@ class Planner:
             self._one_row_each(batch)
         else:
             self._rows(batch)
+        self._media_rows(batch)
         return batch
+
+    @staticmethod
+    def _media_rows(batch: ScheduleBatch) -> None:
+        """The rows whose embeddings come from an encoder: the planned positions that media items fill."""
+        wb, row = batch.worker, 0
+        for r, start, n in zip(batch.reqs, wb.prefix_lens, wb.extend_lens):
+            if r.mm_inputs is not None:
+                wb.mm_spans.extend(r.mm_inputs.spans(row, start, start + n))
+            row += n
 
     def _one_row_each(self, batch: ScheduleBatch) -> None:
         """The usual decode pass: one row per request, each yielding its next token."""

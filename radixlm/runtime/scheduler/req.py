@@ -17,6 +17,7 @@ from radixlm.runtime.cache.radix_node import CacheLock, MatchResult, RadixKey, T
 from radixlm.runtime.executor.logits import top_logprobs
 from radixlm.runtime.grammar.backend import GrammarMatcher
 from radixlm.runtime.messages import TokenizedGenerateReqInput
+from radixlm.runtime.multimodal.inputs import MultimodalInputs
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.cursor import DraftSource, KVCursor
 
@@ -87,6 +88,7 @@ class Req:
     top_logprobs_num: int = 0
     extra_key: str | None = None
     stream: bool = False
+    mm_inputs: MultimodalInputs | None = None  # media whose encoder outputs fill some prompt positions
 
     # Set by the scheduler: tokens and KV.
     output_ids: list[int] = field(default_factory=list)
@@ -142,6 +144,7 @@ class Req:
             top_logprobs_num=msg.top_logprobs_num,
             extra_key=msg.extra_key,
             stream=msg.stream,
+            mm_inputs=msg.mm_inputs,
         )
 
     # ------------------------------------------------------------------ matching

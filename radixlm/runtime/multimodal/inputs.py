@@ -1,0 +1,82 @@
+"""A request's media as the runtime carries it: items (one image each) with their content hash, the prompt positions
+their placeholder tokens fill, and the pad ids those positions hold.
+
+Pad ids are at or above the language model's vocabulary size, so they never equal a real token; they are derived from
+the item's hash, so the radix tree matches an image's positions exactly when the same image sits there (the
+RadixAttention rule for images). Token i of an item is vocab + (h0 + i * h1) mod 2**30: two different images share
+all their pad ids only if two 30-bit halves of their hashes both collide."""
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+PAD_RANGE = 1 << 30  # pad ids lie in [vocab_size, vocab_size + PAD_RANGE): below 2**31 for any real vocabulary
+
+
+class Modality(str, enum.Enum):
+    IMAGE = "image"
+
+
+def content_hash(pixel_values: "torch.Tensor") -> str:
+    """sha256 of the preprocessed pixels (the same picture in two encodings hashes the same)."""
+    import torch
+
+    t = pixel_values.detach().to("cpu").contiguous()
+    h = hashlib.sha256(str((tuple(t.shape), str(t.dtype))).encode())
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def pad_ids(hash_hex: str, count: int, vocab_size: int) -> list[int]:
+    h0, h1 = int(hash_hex[:15], 16) % PAD_RANGE, int(hash_hex[15:30], 16) % PAD_RANGE | 1
+    return [vocab_size + (h0 + i * h1) % PAD_RANGE for i in range(count)]
+
+
+@dataclass
+class MultimodalItem:
+    """One image: its encoder input and where its tokens sit in the prompt (set by the front)."""
+
+    modality: Modality
+    hash: str  # content_hash of `pixel_values`
+    pixel_values: "torch.Tensor"  # the model's processor output for this item, float32 on the host
+    offset: int  # prompt position of its first token
+    num_tokens: int  # placeholder tokens it fills (= rows of its encoder output)
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.num_tokens
+
+
+@dataclass
+class MultimodalSpan:
+    """Rows of a pass that take an item's encoder output: pass rows [row, row + end - start) get the item's output
+    rows [start, end) (set by the planner; read by the executor's embedder)."""
+
+    row: int
+    item: MultimodalItem
+    start: int
+    end: int
+
+
+@dataclass
+class MultimodalInputs:
+    """A request's items in prompt order (non-overlapping)."""
+
+    items: list[MultimodalItem] = field(default_factory=list)
+
+    def spans(self, row: int, start: int, end: int) -> list[MultimodalSpan]:
+        """The spans of prompt positions [start, end), whose first position is pass row `row`."""
+        out = []
+        for item in self.items:
+            lo, hi = max(start, item.offset), min(end, item.end)
+            if lo < hi:
+                out.append(MultimodalSpan(row + lo - start, item, lo - item.offset, hi - item.offset))
+        return out
+
+    def positions(self) -> list[range]:
+        return [range(it.offset, it.end) for it in self.items]

@@ -1,0 +1,148 @@
+"""Media sources -> bytes -> PIL images, under the operator's policy: http(s) URLs (allowed domains, a timeout, a size
+limit, no redirects), data URLs, raw base64, and local files only under the allowed directory. Every refusal is a
+MediaError (a ValueError: the APIs answer it with a 400)."""
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlparse
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+    from radixlm.runtime.args import ServerArgs
+
+_BASE64 = re.compile(r"[A-Za-z0-9+/\s]+={0,2}")
+_DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w-]+=[^;,]*)*)(?P<b64>;base64)?,(?P<data>.*)", re.S)
+
+
+class MediaError(ValueError):
+    """The media input is refused, unreachable or not decodable."""
+
+
+@dataclass(frozen=True)
+class MediaPolicy:
+    allowed_local_media_path: str | None = None  # None: no local files
+    allowed_media_domains: tuple[str, ...] | None = None  # None: any host
+    fetch_timeout: float = 10.0
+    max_bytes: int = 20 << 20
+
+    @classmethod
+    def from_args(cls, args: "ServerArgs") -> "MediaPolicy":
+        domains = args.allowed_media_domains
+        return cls(args.allowed_local_media_path, tuple(d.lower().strip(".") for d in domains) if domains else None,
+                   args.media_fetch_timeout, args.max_media_bytes)
+
+
+class MediaLoader:
+    def __init__(self, policy: MediaPolicy):
+        self.policy = policy
+
+    def load_bytes(self, source: str | bytes) -> bytes:
+        if isinstance(source, (bytes, bytearray)):
+            return self._sized(bytes(source))
+        if not isinstance(source, str) or not source:
+            raise MediaError("a media item must be a URL, a data URL, base64 data or a file path (a non-empty string)")
+        low = source[:16].lower()
+        if low.startswith("data:"):
+            return self._data_url(source)
+        if low.startswith(("http://", "https://")):
+            return self._fetch(source)
+        if low.startswith("file://"):
+            return self._local(unquote(urlparse(source).path))
+        if len(source) % 4 == 0 and _BASE64.fullmatch(source):
+            return self._b64(source)
+        if "://" in source[:16]:
+            raise MediaError(f"unsupported media URL scheme in {source[:32]!r} (use http, https, data or file)")
+        return self._local(source)
+
+    def load_image(self, source: str | bytes) -> "Image":
+        from PIL import Image, UnidentifiedImageError
+
+        data = self.load_bytes(source)
+        try:
+            img = Image.open(io.BytesIO(data))
+            img.load()
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+            raise MediaError(f"cannot decode the image ({len(data)} bytes): {e}") from None
+        return img.convert("RGB")
+
+    # ------------------------------------------------------------------ sources
+    def _sized(self, data: bytes) -> bytes:
+        if len(data) > self.policy.max_bytes:
+            raise MediaError(f"media item of {len(data)} bytes exceeds the limit of {self.policy.max_bytes} bytes")
+        if not data:
+            raise MediaError("empty media item")
+        return data
+
+    def _b64(self, text: str) -> bytes:
+        if len(text) * 3 // 4 > self.policy.max_bytes + 3:
+            raise MediaError(f"media item exceeds the limit of {self.policy.max_bytes} bytes")
+        try:
+            return self._sized(base64.b64decode("".join(text.split()), validate=True))
+        except (binascii.Error, ValueError) as e:
+            if isinstance(e, MediaError):
+                raise
+            raise MediaError(f"invalid base64 media data: {e}") from None
+
+    def _data_url(self, url: str) -> bytes:
+        m = _DATA_URL.fullmatch(url)
+        if m is None:
+            raise MediaError("malformed data URL (expected data:<mime>;base64,<data>)")
+        if not m.group("b64"):
+            return self._sized(unquote(m.group("data")).encode("latin-1", "replace"))
+        return self._b64(m.group("data"))
+
+    def _local(self, path: str) -> bytes:
+        root = self.policy.allowed_local_media_path
+        if root is None:
+            raise MediaError("local media files are not allowed (the server was started without "
+                             "--allowed-local-media-path)")
+        real, real_root = os.path.realpath(path), os.path.realpath(root)
+        if os.path.commonpath([real, real_root]) != real_root:
+            raise MediaError(f"media file {path!r} is outside the allowed directory")
+        try:
+            size = os.path.getsize(real)
+            if size > self.policy.max_bytes:
+                raise MediaError(f"media file of {size} bytes exceeds the limit of {self.policy.max_bytes} bytes")
+            with open(real, "rb") as f:
+                return self._sized(f.read())
+        except OSError as e:
+            raise MediaError(f"cannot read media file {path!r}: {e.strerror or e}") from None
+
+    def _host_allowed(self, host: str) -> bool:
+        allowed = self.policy.allowed_media_domains
+        host = host.lower().strip(".")
+        return allowed is None or any(host == d or host.endswith("." + d) for d in allowed)
+
+    def _fetch(self, url: str) -> bytes:
+        import httpx
+
+        host = urlparse(url).hostname or ""
+        if not self._host_allowed(host):
+            raise MediaError(f"media URL host {host!r} is not in the allowed media domains")
+        limit = self.policy.max_bytes
+        try:
+            # No redirects: a redirect could leave the allowed domains.
+            with httpx.stream("GET", url, timeout=self.policy.fetch_timeout, follow_redirects=False) as r:
+                if r.status_code != 200:
+                    raise MediaError(f"fetching {url} failed: HTTP {r.status_code}")
+                declared = r.headers.get("content-length")
+                if declared and declared.isdigit() and int(declared) > limit:
+                    raise MediaError(f"media at {url} is {declared} bytes, over the limit of {limit} bytes")
+                chunks, total = [], 0
+                for chunk in r.iter_bytes():
+                    total += len(chunk)
+                    if total > limit:
+                        raise MediaError(f"media at {url} exceeds the limit of {limit} bytes")
+                    chunks.append(chunk)
+        except httpx.TimeoutException:
+            raise MediaError(f"fetching {url} timed out after {self.policy.fetch_timeout:g}s") from None
+        except httpx.HTTPError as e:
+            raise MediaError(f"cannot fetch {url} (network unreachable or refused): {type(e).__name__}: {e}") from None
+        return self._sized(b"".join(chunks))
