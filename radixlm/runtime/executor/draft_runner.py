@@ -35,6 +35,9 @@ class DraftModelRunner(ModelRunner):
         path = server_args.speculative_draft_model_path
         if target.parallel.tp_size > 1:
             raise ValueError("a STANDALONE draft model runs with tp_size 1 only")
+        if getattr(target, "mm_embedder", None) is not None:
+            raise ValueError("a STANDALONE draft model needs a text-only target (its passes take media embeddings)")
+        self.mm_embedder = None
         self.server_args = server_args
         self.device = target.device
         self.parallel = target.parallel

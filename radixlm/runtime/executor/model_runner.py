@@ -10,6 +10,7 @@ from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
+from radixlm.runtime.executor.draft_budget import draft_budget
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor, split_rows
@@ -101,22 +102,24 @@ class ModelRunner:
 
     def _profile_max_num_tokens(self) -> int:
         args = self.server_args
+        draft = draft_budget(args, self.model_config)  # a draft model's weights, and KV beside every pooled token
+        per_token = self.kv_bytes_per_token() + draft.kv_bytes_per_token
         if args.max_total_tokens is not None:
             n = args.max_total_tokens
         elif self.is_cuda:
             # mem_fraction_static covers weights + KV pool; the rest stays for activations, graphs and logits.
             free, total = torch.cuda.mem_get_info()
             frac = args.mem_fraction_static or GPU_DEFAULT_MEM_FRACTION
-            used = total - free
-            n = int((total * frac - used) // self.kv_bytes_per_token())
+            used = total - free + draft.weight_bytes
+            n = int((total * frac - used) // per_token)
             logger.info(
                 "memory budget: %.2f GiB total x %.2f static = %.2f GiB; weights and runtime %.2f GiB; KV pool %.2f GiB "
                 "(%d bytes/token); %.2f GiB left for activations and CUDA graphs", total / 2**30, frac,
-                total * frac / 2**30, used / 2**30, max(n, 0) * self.kv_bytes_per_token() / 2**30,
-                self.kv_bytes_per_token(), total * (1 - frac) / 2**30)
+                total * frac / 2**30, used / 2**30, max(n, 0) * per_token / 2**30,
+                per_token, total * (1 - frac) / 2**30)
         else:
             budget = _physical_memory_bytes() * (args.mem_fraction_static or CPU_KV_MEM_FRACTION)
-            n = min(int(budget // self.kv_bytes_per_token()), CPU_MAX_TOTAL_TOKENS)
+            n = min(int(budget // per_token), CPU_MAX_TOTAL_TOKENS)
         # Every rank must hold the same pool: the ranks' schedulers make the same decisions only over the same pool.
         n = self.parallel.min_int(n) // self.page_size * self.page_size
         if n < self.page_size * 2:

@@ -1,0 +1,31 @@
+"""The memory a STANDALONE draft model will take, known before it is loaded: the target's KV budget leaves room for
+it (its pool has one slot per target slot, so every pooled token costs both models' KV)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.args import ServerArgs, SpeculativeAlgorithm
+from radixlm.runtime.model_loader.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class DraftBudget:
+    weight_bytes: int = 0
+    kv_bytes_per_token: int = 0
+
+
+def draft_budget(args: ServerArgs, target: ModelConfig) -> DraftBudget:
+    """Zero without a draft model. Weights are counted from the config as a dense decoder's (attention, gated MLP,
+    embeddings; norms left out)."""
+    if args.speculative_algorithm is not SpeculativeAlgorithm.STANDALONE:
+        return DraftBudget()
+    cfg = ModelConfig.from_path(args.speculative_draft_model_path, dtype=target.dtype, device="cpu",
+                                context_length=target.context_len, load_format=args.load_format)
+    tc = getattr(cfg.hf_config, "text_config", None) or cfg.hf_config
+    h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    per_layer = h * (2 * q + 2 * kv) + 3 * h * getattr(tc, "intermediate_size", 4 * h)
+    embeddings = cfg.vocab_size * h * (1 if getattr(tc, "tie_word_embeddings", False) else 2)
+    size = torch.tensor([], dtype=cfg.dtype).element_size()
+    return DraftBudget((cfg.num_layers * per_layer + embeddings) * size, cfg.num_layers * 2 * kv * size)
