@@ -16,6 +16,7 @@ import logging
 import torch
 
 from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ForwardBatch, ForwardMode, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan, LogitsProcessor
 from radixlm.runtime.executor.model_runner import ATTENTION_BACKENDS, ModelRunner
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 class DraftModelRunner(ModelRunner):
     """ModelRunner's forward over the draft model, the target's request table and a pool of the target's size plus
-    `max_steps` scratch slots per request row. No CUDA graphs (eager passes)."""
+    `max_steps` scratch slots per request row. CUDA graphs where the target has them."""
 
     def __init__(self, server_args: ServerArgs, target: ModelRunner, max_steps: int):
         path = server_args.speculative_draft_model_path
@@ -72,6 +73,8 @@ class DraftModelRunner(ModelRunner):
             backend = "triton" if self.is_cuda else "torch_native"
         self.attn_backend = ATTENTION_BACKENDS[backend](self)
         self.graph_runner = None
+        if target.graph_runner is not None:  # the target's decode and verification passes, and every draft pass
+            self.graph_runner = CudaGraphRunner(self, target.graph_runner.max_bs)
         # The token each request row's last draft pass chose, read by its next pass on the device.
         self._token_buf = torch.zeros(rows, dtype=torch.int64, device=self.device)
         logger.info("draft model %s: KV pool %.1f MiB (%d scratch slots)", path,
@@ -83,9 +86,11 @@ class DraftModelRunner(ModelRunner):
         updates wb.token_buf: IN_FLIGHT rows read the same tokens the target's did)."""
         if not wb.num_rows:
             return
-        mode = ForwardMode.TOKEN_ROWS if wb.num_rows == len(wb.req_pool_indices) else ForwardMode.REQUEST_SPANS
-        fb = ForwardBatch.build(wb, mode, self.req_to_token_pool, self.token_to_kv_pool, self.attn_backend,
-                                self.device)
+        fb = ForwardBatch.build(wb, self.choose_mode(wb), self.req_to_token_pool, self.token_to_kv_pool,
+                                self.attn_backend, self.device)
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            self.graph_runner.replay(fb)
+            return
         self.attn_backend.init_forward_metadata(fb)
         self.model(fb.input_ids, fb.positions, fb)
 

@@ -11,10 +11,12 @@ import torch
 from transformers import LlamaConfig
 
 from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.draft_runner import DraftModelRunner
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.tokenizer import get_tokenizer
+from radixlm.runtime.scheduler.drafts.model import DraftModelSource
 from radixlm.runtime.scheduler.scheduler import Scheduler
 from tests.runtime.models.tiny import save_tiny
 
@@ -102,6 +104,28 @@ def test_outputs_unchanged_with_a_draft_model(models, kwargs, every):
             assert sched.stats["retractions"] > 0
     if "max_total_tokens" in kwargs:
         assert off.stats["retractions"] > 0
+
+
+def test_graph_rows(models):
+    """As on CUDA: the target's and the draft model's one-row-per-token passes replay (padded) graphs -- here their
+    eager stand-ins (use_graphs=False) -- the draft model's mirrored target passes and its own draft passes alike."""
+    replays = []
+
+    def with_graphs(sched: Scheduler) -> Scheduler:
+        runners = [sched.runner] + [s.runner for s in sched.drafts.sources if isinstance(s, DraftModelSource)]
+        for runner in runners:
+            runner.graph_runner = graph = CudaGraphRunner(runner, 32, use_graphs=False)
+            replay = graph.replay
+            graph.replay = lambda fb, replay=replay, runner=runner: (replays.append(runner), replay(fb))[1]
+        return sched
+
+    expected = _serve_waves(with_graphs(make(models, None)), 0)
+    sched = with_graphs(make(models, "same"))
+    assert _serve_waves(sched, 0) == expected
+    draft = next(s.runner for s in sched.drafts.sources if isinstance(s, DraftModelSource))
+    assert replays.count(draft) > sched.grammar_stats["draft_model_passes"]  # its own passes and the target's
+    kept, drafted = _kept(sched)
+    assert kept > 0 and kept >= 0.9 * drafted, (kept, drafted)
 
 
 def test_draft_kv_not_written_for_target_passes_loses_acceptance(models, monkeypatch):
