@@ -41,6 +41,10 @@ class ServerMetrics:
         self.spec_draft_tokens = Gauge(PREFIX + "spec_draft_tokens", "Draft tokens verified since start", registry=r)
         self.spec_accepted_tokens = Gauge(PREFIX + "spec_accepted_tokens", "Draft tokens kept since start", registry=r)
         self.spec_accept_rate = Gauge(PREFIX + "spec_accept_rate", "Kept / verified draft tokens since start", registry=r)
+        self.spec_verifications = Gauge(PREFIX + "spec_verifications", "Drafts verified since start", registry=r)
+        self.spec_accept_length = Gauge(PREFIX + "spec_accept_length",
+                                        "Tokens a verified draft's pass yields on average (kept draft tokens + 1)",
+                                        registry=r)
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Submit to first output token (streamed requests)", buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(PREFIX + "inter_token_latency_seconds",
                              "Gap between outputs / tokens they carry (streamed requests)", buckets=_ITL_BUCKETS, registry=r)
@@ -81,6 +85,9 @@ class ServerMetrics:
         self.spec_draft_tokens.set(drafted)
         self.spec_accepted_tokens.set(kept)
         self.spec_accept_rate.set(kept / drafted if drafted else 0.0)
+        verified = stats.get("draft_verifications", 0)
+        self.spec_verifications.set(verified)
+        self.spec_accept_length.set((kept + verified) / verified if verified else 0.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -177,6 +177,7 @@ class DraftPath:
         draft, req.kv.draft = req.kv.draft, None
         self.stats["draft_tokens"] += len(draft.tokens)
         self.stats["accepted_draft_tokens"] += verdict.accepted
+        self.stats["draft_verifications"] += 1
         req.spec_verify_ct += 1
         req.spec_draft_tokens += len(draft.tokens)
         req.spec_accepted_tokens += verdict.accepted
