@@ -64,6 +64,10 @@ class RequestBuilder:
         self.limits = limits
         self.mm = mm  # a vision-language model's processor; None: media inputs are refused
 
+    def media_token_count(self, num_images: int) -> int:
+        """Tokens a prompt gains when its image placeholders (one token each) are expanded."""
+        return num_images * (self.mm.num_image_tokens - 1) if self.mm is not None else 0
+
     def expand_media(self, ids: list[int], images) -> tuple[list[int], "MultimodalInputs | None"]:
         """The prompt with its image placeholders expanded, and its media (None without images)."""
         if images is None or images == []:

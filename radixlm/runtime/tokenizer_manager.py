@@ -24,6 +24,8 @@ from radixlm.runtime.messages import (
     ShutdownReq, TokenizedGenerateReqInput,
 )
 from radixlm.runtime.metrics import ReqTiming, ServerMetrics
+from radixlm.runtime.multimodal.media import MediaLoader, MediaPolicy
+from radixlm.runtime.multimodal.processor import MultimodalProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,8 @@ class TokenizerManager:
         info = runtime.info
         self.builder = RequestBuilder(tokenizer, FrontLimits(
             info.vocab_size, info.context_len, info.max_total_num_tokens, self.server_args.disable_radix_cache,
-            self.server_args.max_logprobs))
+            self.server_args.max_logprobs), MultimodalProcessor.for_model(
+                info.model_path, tokenizer, MediaLoader(MediaPolicy.from_args(self.server_args))))
         self.rid_to_state: dict[str, _ReqEntry] = {}
         self.dead: str | None = None
         self.ready = False  # set after the warm-up generation succeeded
@@ -183,6 +186,8 @@ class TokenizerManager:
 
     async def build_async(self, **kwargs) -> BuiltRequests:
         """build, letting other requests run between chunks of a large batch."""
+        if kwargs.get("image_data") is not None:  # fetching, decoding and preprocessing media: off the event loop
+            return await asyncio.to_thread(self.builder.build, **kwargs)
         steps = self.builder.build_steps(**kwargs)
         made = 0
         while True:

@@ -24,10 +24,14 @@ async def count_tokens(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
     conv = proto.parse(proto.Conversation, await request.body())
     try:
-        ids = tm.builder.tokenize(proto.build_prompt(tm.tokenizer, conv), None)
+        ids = tm.builder.tokenize(proto.build_prompt(tm.tokenizer, conv, _image_token(tm)), None)
     except ValueError as e:
         raise BadRequest(str(e)) from None
-    return json_response({"input_tokens": len(ids)})
+    return json_response({"input_tokens": len(ids) + tm.builder.media_token_count(len(proto.images(conv)))})
+
+
+def _image_token(tm) -> str | None:
+    return tm.builder.mm.image_token if tm.builder.mm is not None else None
 
 
 @router.post("/v1/messages", openapi_extra=request_body(proto.MessagesRequest))
@@ -35,9 +39,10 @@ async def messages(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
     msg_id = proto.new_message_id()
     req: proto.MessagesRequest = proto.parse(proto.MessagesRequest, await request.body())
-    prompt = proto.build_prompt(tm.tokenizer, req)
+    prompt = proto.build_prompt(tm.tokenizer, req, _image_token(tm))
     try:
-        built = await tm.build_async(prompt=prompt, sampling_params=req.sampling_params(), stream=req.stream, rid=msg_id)
+        built = await tm.build_async(prompt=prompt, sampling_params=req.sampling_params(), stream=req.stream, rid=msg_id,
+                                     image_data=proto.images(req) or None)
     except (ValueError, TypeError) as e:
         raise BadRequest(str(e)) from None
     if tm.dead is not None:

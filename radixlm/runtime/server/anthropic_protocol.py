@@ -27,11 +27,37 @@ class TextBlock(BaseModel):
     text: str
 
 
+class Base64ImageSource(BaseModel):
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: Annotated[str, Field(min_length=1)]
+
+
+class URLImageSource(BaseModel):
+    type: Literal["url"]
+    url: Annotated[str, Field(min_length=1)]
+
+
+class ImageBlock(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # cache_control
+
+    type: Literal["image"]
+    source: Annotated[Base64ImageSource | URLImageSource, Field(discriminator="type")]
+
+    def media(self) -> str:
+        """The source as the front's media loader takes it."""
+        src = self.source
+        return f"data:{src.media_type};base64,{src.data}" if isinstance(src, Base64ImageSource) else src.url
+
+
+ContentBlock = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
+
+
 class InputMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["user", "assistant"]
-    content: str | list[TextBlock]
+    content: str | list[ContentBlock]
 
 
 class Metadata(BaseModel):
@@ -94,15 +120,26 @@ def _describe(err: dict) -> str:
     return f"{loc}: {err['msg']}" if loc else err["msg"]
 
 
-def _text(content: str | list[TextBlock]) -> str:
-    return content if isinstance(content, str) else "\n".join(b.text for b in content)
+def _text(content: str | list[TextBlock | ImageBlock], image_token: str | None = None) -> str:
+    if isinstance(content, str):
+        return content
+    if image_token is None and any(isinstance(b, ImageBlock) for b in content):
+        raise BadRequest("messages: this model does not take images (image content block)")
+    return "\n".join(b.text if isinstance(b, TextBlock) else image_token for b in content)
 
 
-def build_prompt(tokenizer, conv: Conversation) -> str:
-    """The templated prompt. A final assistant message is a prefill: generation continues its text."""
+def images(conv: Conversation) -> list[str]:
+    """The conversation's images in prompt order, as media sources."""
+    return [b.media() for m in conv.messages if isinstance(m.content, list) for b in m.content
+            if isinstance(b, ImageBlock)]
+
+
+def build_prompt(tokenizer, conv: Conversation, image_token: str | None = None) -> str:
+    """The templated prompt (an image block becomes the model's image token). A final assistant message is a prefill:
+    generation continues its text."""
     turns: list[dict[str, str]] = []
     for m in conv.messages:
-        text = _text(m.content)
+        text = _text(m.content, image_token)
         if turns and turns[-1]["role"] == m.role:
             # Anthropic merges consecutive turns of the same role.
             turns[-1]["content"] += "\n\n" + text

@@ -28,6 +28,7 @@ Grammar = Annotated[StrictStr, Doc(maxLength=MAX_GRAMMAR_CHARS)]
 LogitBias = Annotated[dict[StrictStr, Number], Doc(propertyNames={"pattern": "^[0-9]+$"})]
 Prompt = Annotated[StrictStr, Doc(minLength=1)]  # a prompt that tokenizes to nothing is refused
 TokenIds = Annotated[list[TokenId], Doc(minItems=1)]
+ImageItem = Annotated[StrictStr, Doc(minLength=1)]
 
 
 class SamplingParamsInput(BaseModel):
@@ -78,6 +79,9 @@ class GenerateReqInput(BaseModel):
     top_logprobs_num: TopLogprobs | list[TopLogprobs] | None = None
     return_text_in_logprobs: StrictBool = False
     stream: StrictBool = False
+    # An image: an http(s) URL, a data URL, base64 data or a file path (under --allowed-local-media-path). One prompt
+    # takes an image or a list of them; a batch a list with an entry per prompt. Each fills an image token of the prompt.
+    image_data: ImageItem | list[ImageItem | list[ImageItem] | None] | None = None
     rid: StrictStr | list[StrictStr] | None = None
     extra_key: StrictStr | None = Field(None, description="a namespace for the radix cache: only requests with "
                                                           "the same extra_key share cached prefixes")

@@ -78,6 +78,7 @@ def hf_greedy_with_image(hf, path, ids: list[int], images: list[bytes], new_toke
     pixels = AutoImageProcessor.from_pretrained(path)(
         images=[Image.open(io.BytesIO(b)).convert("RGB") for b in images], return_tensors="pt")["pixel_values"]
     with torch.inference_mode():
-        out = hf.generate(torch.tensor([expanded]), pixel_values=pixels, max_new_tokens=new_tokens, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)
+        ids_t = torch.tensor([expanded])  # an explicit mask: generate would take t0 (the pad id) for padding
+        out = hf.generate(ids_t, attention_mask=torch.ones_like(ids_t), pixel_values=pixels, max_new_tokens=new_tokens,
+                          do_sample=False, eos_token_id=None, pad_token_id=0)
     return out[0, len(expanded):].tolist()

@@ -23,7 +23,8 @@ def chat_prompt_ids(tm, messages: list[ChatMessage], continue_final_message: boo
     cont = continue_final_message
     if cont and messages[-1].role != "assistant":
         raise BadRequest("continue_final_message needs the last message to be from the assistant")
-    msgs = [m.for_template() for m in messages]
+    mm = tm.builder.mm
+    msgs = [m.for_template(mm.image_token if mm is not None else None) for m in messages]
     kwargs = {**(chat_template_kwargs or {}), **({"tools": tools} if tools else {})}
     try:
         text = tm.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=not cont,
@@ -54,6 +55,9 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
     tm = request.app.state.tokenizer_manager
     plan = plan_tools(req, tm.server_args.tool_call_parser, getattr(tm.tokenizer, "chat_template", None))
     ids = chat_prompt_ids(tm, req.messages, req.continue_final_message, req.chat_template_kwargs, plan.template_tools)
+    images = [url for m in req.messages for url in m.image_urls()]
+    # The image tokens the front will expand each image placeholder to count toward the lengths checked here.
+    image_rows = tm.builder.media_token_count(len(images))
     if req.top_logprobs is not None:
         if not req.logprobs:
             raise BadRequest("top_logprobs: requires logprobs=true")
@@ -63,15 +67,17 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
     max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if max_new is not None and max_new < 1:
         raise BadRequest(f"max_completion_tokens must be positive, got {max_new}")
-    check_lengths(tm, [ids], max_new or 0)
+    n_prompt = len(ids) + image_rows
+    check_lengths(tm, [ids], max_new or 0, image_rows)
     if max_new is None:
         info = tm.runtime.info  # until the context or the KV pool is full, whichever comes first
-        max_new = min(info.context_len - len(ids), info.max_total_num_tokens - len(ids) - 1)
+        max_new = min(info.context_len - n_prompt, info.max_total_num_tokens - n_prompt - 1)
     sampling = req.sampling_params(max_new)
     if plan.json_schema is not None:
         sampling["json_schema"] = plan.json_schema
     built = await build(tm, input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs,
-                        top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key)
+                        top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key,
+                        image_data=images or None)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": req.model or tm.server_args.model_path}
     if req.stream:
         return StreamingResponse(sse_body(_stream(tm, built, req, head, plan)), media_type="text/event-stream")

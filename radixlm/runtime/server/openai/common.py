@@ -24,14 +24,16 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def check_lengths(tm, prompts: list[list[int]], max_new_tokens: int) -> None:
-    """OpenAI's messages for a prompt, or prompt + max_tokens, beyond the context (checked before the core's)."""
+def check_lengths(tm, prompts: list[list[int]], max_new_tokens: int, extra_tokens: int = 0) -> None:
+    """OpenAI's messages for a prompt, or prompt + max_tokens, beyond the context (checked before the core's).
+    extra_tokens: what each prompt gains in the front (its images' tokens)."""
     context = tm.runtime.info.context_len
     for ids in prompts:
-        if len(ids) >= context:
-            raise BadRequest(f"The input ({len(ids)} tokens) is longer than the model's context length ({context} tokens).")
-        if len(ids) + max_new_tokens > context:
-            raise BadRequest(f"max_completion_tokens is too large: {max_new_tokens}. The input has {len(ids)} tokens "
+        n = len(ids) + extra_tokens
+        if n >= context:
+            raise BadRequest(f"The input ({n} tokens) is longer than the model's context length ({context} tokens).")
+        if n + max_new_tokens > context:
+            raise BadRequest(f"max_completion_tokens is too large: {max_new_tokens}. The input has {n} tokens "
                              f"and the model's context length is {context} tokens.")
 
 

@@ -125,16 +125,37 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
+class ImageURL(BaseModel):
+    url: Annotated[StrictStr, Doc(minLength=1)]  # a data URL or an http(s) URL (see --allowed-media-domains)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageURLPart(BaseModel):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[TextPart | ImageURLPart, Field(discriminator="type")]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # tool_calls, tool_call_id, name ... reach the chat template
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | list[TextPart] | None = None
+    content: StrictStr | list[ContentPart] | None = None
 
-    def for_template(self) -> dict[str, Any]:
+    def image_urls(self) -> list[str]:
+        parts = self.content if isinstance(self.content, list) else []
+        return [p.image_url.url for p in parts if isinstance(p, ImageURLPart)]
+
+    def for_template(self, image_token: str | None = None) -> dict[str, Any]:
+        """The message as the chat template takes it: an image part becomes the model's image token (on a line of
+        its own, as LLaVA prompts put it)."""
         d = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
-            d["content"] = "".join(p.text for p in self.content)
+            if image_token is None and self.image_urls():
+                raise BadRequest("messages: this model does not take images (image_url content part)")
+            d["content"] = "".join(p.text if isinstance(p, TextPart) else f"{image_token}\n" for p in self.content)
         elif self.content is None:
             d["content"] = ""
         if isinstance(calls := d.get("tool_calls"), list):
