@@ -189,3 +189,44 @@ def test_abort_mid_draft(models):
         assert early.get(rid, []) + got[rid]["output_ids"] == expected[rid]["output_ids"]
     sched.check_memory()
     assert sched.is_idle()
+
+
+def _collect(sched: Scheduler, reqs) -> dict:
+    for r in reqs:
+        sched.add_request(r)
+    got: dict = {}
+    while not sched.is_idle():
+        for out in sched.step():
+            g = got.setdefault(out.rid, {"ids": [], "lps": [], "top": []})
+            g["ids"] += out.new_output_ids
+            g["lps"] += [lp for lp, _ in out.output_token_logprobs]
+            g["top"] += [[t for _, t in top] for top in out.output_top_logprobs]
+    return got
+
+
+def test_logprobs_of_kept_tokens_and_sampled_requests_beside_greedy_ones(models):
+    """Kept draft tokens carry the logprobs and top candidates the target gives them without speculation; seeded
+    sampled requests share the verification passes (their tokens follow speculative sampling, not the same draws,
+    but their lengths and the KV accounting hold)."""
+    prompts = make_prompts(54, 4, lo=10, hi=20)
+
+    def reqs():
+        made = [request(f"g{i}", p, max_new_tokens=12, return_logprob=True, top_logprobs_num=2)
+                for i, p in enumerate(prompts)]
+        for i, p in enumerate(prompts[:2]):
+            r = request(f"s{i}", p, max_new_tokens=12)
+            r.sampling_params.temperature, r.sampling_params.sampling_seed = 0.7, 10 + i
+            made.append(r)
+        return made
+
+    expected = _collect(make(models, None), reqs())
+    sched = make(models, "same")
+    got = _collect(sched, reqs())
+    for rid, e in expected.items():
+        g = got[rid]
+        assert len(g["ids"]) == 12, rid
+        if rid.startswith("g"):
+            assert g["ids"] == e["ids"] and g["top"] == e["top"], rid
+            assert g["lps"] == pytest.approx(e["lps"], abs=1e-4), rid
+    assert _kept(sched)[0] > 0
+    sched.check_memory()
