@@ -12,13 +12,18 @@ from radixlm.runtime.model_loader.config import ModelConfig
 
 @dataclass(frozen=True)
 class DraftBudget:
-    weight_bytes: int = 0
+    weight_bytes: int = 0  # and the scratch slots'
     kv_bytes_per_token: int = 0
 
 
-def draft_budget(args: ServerArgs, target: ModelConfig) -> DraftBudget:
+def draft_steps(args: ServerArgs) -> int:
+    """Draft tokens a request's draft model chain may have (its scratch slots per request row)."""
+    return args.speculative_num_steps or args.speculative_num_draft_tokens
+
+
+def draft_budget(args: ServerArgs, target: ModelConfig, rows: int = 0) -> DraftBudget:
     """Zero without a draft model. Weights are counted from the config as a dense decoder's (attention, gated MLP,
-    embeddings; norms left out)."""
+    embeddings; norms left out); `rows` request rows' scratch slots (DraftModelRunner) count with them."""
     if args.speculative_algorithm is not SpeculativeAlgorithm.STANDALONE:
         return DraftBudget()
     cfg = ModelConfig.from_path(args.speculative_draft_model_path, dtype=target.dtype, device="cpu",
@@ -28,4 +33,5 @@ def draft_budget(args: ServerArgs, target: ModelConfig) -> DraftBudget:
     per_layer = h * (2 * q + 2 * kv) + 3 * h * getattr(tc, "intermediate_size", 4 * h)
     embeddings = cfg.vocab_size * h * (1 if getattr(tc, "tie_word_embeddings", False) else 2)
     size = torch.tensor([], dtype=cfg.dtype).element_size()
-    return DraftBudget((cfg.num_layers * per_layer + embeddings) * size, cfg.num_layers * 2 * kv * size)
+    kv_bytes = cfg.num_layers * 2 * kv * size
+    return DraftBudget((cfg.num_layers * per_layer + embeddings) * size + rows * draft_steps(args) * kv_bytes, kv_bytes)

@@ -102,7 +102,8 @@ class ModelRunner:
 
     def _profile_max_num_tokens(self) -> int:
         args = self.server_args
-        draft = draft_budget(args, self.model_config)  # a draft model's weights, and KV beside every pooled token
+        # A draft model's weights and scratch KV, and its KV beside every pooled token.
+        draft = draft_budget(args, self.model_config, self.req_to_token_pool.size)
         per_token = self.kv_bytes_per_token() + draft.kv_bytes_per_token
         if args.max_total_tokens is not None:
             n = args.max_total_tokens

@@ -19,6 +19,7 @@ import torch
 
 from radixlm.runtime.args import GrammarMaskMode, ServerArgs, SpeculativeAlgorithm
 from radixlm.runtime.cache.radix_cache import RadixCache
+from radixlm.runtime.executor.draft_budget import draft_steps
 from radixlm.runtime.executor.draft_runner import DraftModelRunner
 from radixlm.runtime.executor.logits import LogitsOutput
 from radixlm.runtime.grammar.backend import GrammarCache
@@ -123,8 +124,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         if algo is SpeculativeAlgorithm.NGRAM_RADIX:
             return [radix(kgram=False), ngram(), radix(path=False)]
         if algo is SpeculativeAlgorithm.STANDALONE:
-            steps = args.speculative_num_steps or n
-            return [DraftModelSource(DraftModelRunner(args, self.runner, steps), stats)]
+            return [DraftModelSource(DraftModelRunner(args, self.runner, draft_steps(args)), stats)]
         return []
 
     # ------------------------------------------------------------------ input

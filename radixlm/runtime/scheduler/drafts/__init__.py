@@ -95,12 +95,13 @@ class DraftPath:
         """When the request enters the waiting queue (its grammar, if any, is ready)."""
         req.draft_sources = tuple(s for s in self.sources if s.applies_to(req))
 
-    def propose(self, req: Req, batch: int | None = None) -> None:
+    def propose(self, req: Req, batch: int | None = None, defer: bool = True) -> None:
         """After the request's tokens were taken (and before its first pass): the first source with something to
         propose proposes it. A draft is cut to the tokens the request may still take: its tokens are outputs once
         kept, and max_new_tokens binds them as any other (with none left, e.g. max_new_tokens=0, no draft); and
         to the batch rule's cap for `batch` requests (default: those running). Not while a pass of the request is
-        in flight (planned ahead by the overlap scheduler): a draft continues the last token, not yet known."""
+        in flight (planned ahead by the overlap scheduler): a draft continues the last token, not yet known.
+        defer=False skips deferred sources (their drafts come at flush: too late for a pass being planned)."""
         if req.kv.in_flight:
             return
         cap = self.draft_cap(self.batch_size() if batch is None else batch)
@@ -111,7 +112,7 @@ class DraftPath:
                 continue
             limit = self._limit(req, source, cap)
             if getattr(source, "deferred", False):
-                if source.ready(req):
+                if defer and source.ready(req):
                     self._pending.append((source, req, limit))
                     break
                 continue
@@ -122,7 +123,7 @@ class DraftPath:
 
     def flush(self) -> None:
         """Deferred sources propose for the requests queued since the last flush (batched per source)."""
-        pending, self._pending = self._pending, []
+        pending, self._pending = list({id(req): (s, req, limit) for s, req, limit in self._pending}.values()), []
         for source in dict.fromkeys(s for s, _, _ in pending):
             mine = [(req, limit) for s, req, limit in pending if s is source]
             source.propose_batch([req for req, _ in mine], [limit for _, limit in mine])
@@ -163,7 +164,7 @@ class DraftPath:
         whole = [r for r in reqs if not r.is_chunked and r.draft_sources]
         batch = self.batch_size() + len(reqs)
         for req in whole:
-            self.propose(req, batch)
+            self.propose(req, batch, defer=False)  # a deferred draft would come after the prefill is launched
         drafted = sum(req.kv.draft_len() for req in whole)
         if drafted and room < sum(r.extend_input_len for r in reqs) + drafted + self.page_size * (2 * len(reqs) + 1):
             for req in whole:
