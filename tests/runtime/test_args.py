@@ -18,6 +18,9 @@ from radixlm.runtime.args import GrammarMaskMode, JumpForwardMode, SchedulePolic
     ({"mem_fraction_static": 1.5}, "mem_fraction_static"),
     ({"load_format": "pickle"}, "load_format"),
     ({"attention_backend": "flashinfer"}, "attention_backend"),
+    ({"speculative_algorithm": "STANDALONE"}, "speculative-draft-model-path"),
+    ({"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "d", "tp_size": 2}, "tp_size 1"),
+    ({"speculative_num_steps": 0}, "speculative_num_steps"),
 ])
 def test_invalid_server_args_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):
