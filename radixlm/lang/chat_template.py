@@ -51,6 +51,24 @@ class ChatTemplate:
         return out + self.get_prefix_and_suffix("assistant", messages)[0]
 
 
+def message_content(text: str, begin: int, images: list[tuple[int, str]], image_token: str) -> Union[str, list[dict]]:
+    """A role's message from the program's text from `begin` on: the text, or with images OpenAI's content parts in
+    order, each image (whose token the text holds at its recorded position) an image_url part in its token's place."""
+    if not images:
+        return text[begin:].lstrip()
+    parts: list[dict] = []
+    pos = begin
+    for at, b64 in images:
+        piece = text[pos:at] if parts else text[pos:at].lstrip()
+        if piece:
+            parts.append({"type": "text", "text": piece})
+        parts.append({"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64}"}})
+        pos = at + len(image_token)
+    if text[pos:]:
+        parts.append({"type": "text", "text": text[pos:]})
+    return parts
+
+
 @dataclass
 class ChatTemplateRegistry:
     """Named templates plus model-path matchers (first match wins). One instance, `chat_template_registry`,

@@ -11,7 +11,7 @@ import threading
 import uuid
 from typing import TYPE_CHECKING, Any, Optional
 
-from radixlm.lang.chat_template import ChatTemplate
+from radixlm.lang.chat_template import ChatTemplate, message_content
 from radixlm.lang.global_config import GlobalConfig, global_config
 from radixlm.lang.ir import (SglCommitLazy, SglConcateAndAppend, SglConstantText, SglExpr, SglExprList, SglGen,
                              SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, SglSeparateReasoning,
@@ -64,7 +64,7 @@ class StreamExecutor:
         self.images_: list[tuple[Any, str]] = []  # (source, base64 data)
         self.cur_role: Optional[str] = None
         self.cur_role_begin_pos: Optional[int] = None
-        self.cur_role_images: list[str] = []
+        self.cur_role_images: list[tuple[int, str]] = []  # (text position of its image token, base64 data)
         self.variables_scope_start: dict[str, int] = {}
         self.fork_start_text_pos: int = 0  # set by fork: where a child's own text begins
         self.error_: Optional[BaseException] = None
@@ -365,11 +365,8 @@ class StreamExecutor:
     def _execute_role_end(self, expr: SglRoleEnd) -> None:
         if self.cur_role != expr.role:
             raise ValueError(f"role {expr.role!r} ends but the open role is {self.cur_role!r}")
-        content: Any = self.text_[self.cur_role_begin_pos:].lstrip()
-        if self.cur_role_images:
-            content = [{"type": "text", "text": content}] + [
-                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64}"}}
-                for b64 in self.cur_role_images]
+        content = message_content(self.text_, self.cur_role_begin_pos, self.cur_role_images,
+                                  self.chat_template.image_token)
         _, suffix = self.chat_template.get_prefix_and_suffix(expr.role, self.messages_)
         self._append_text(suffix)
         self.messages_.append({"role": expr.role, "content": content})
@@ -385,7 +382,7 @@ class StreamExecutor:
                 data = f.read()
         b64 = base64.b64encode(data).decode()
         self.images_.append((src, b64))
-        self.cur_role_images.append(b64)
+        self.cur_role_images.append((len(self.text_), b64))
         self._append_text(self.chat_template.image_token)
 
     def _execute_concatenate_and_append(self, expr: SglConcateAndAppend) -> None:

@@ -25,6 +25,8 @@ def server_flags(kwargs: dict[str, Any]) -> list[str]:
         if isinstance(v, bool):
             if v:
                 flags.append(flag)
+        elif isinstance(v, (list, tuple)):
+            flags += [flag, *map(str, v)]
         elif v is not None:
             flags += [flag, str(v)]
     return flags

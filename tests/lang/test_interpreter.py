@@ -307,8 +307,8 @@ def test_images_become_template_tokens_and_message_parts(tmp_path):
     state = prog.run(backend=FakeBackend())
     assert "<image>What is this?" in state.text()
     content = state.messages()[0]["content"]
-    assert content[0] == {"type": "text", "text": "<image>What is this?"}
-    assert content[1]["image_url"]["url"].startswith("data:image/png;base64,")
+    assert content[0]["image_url"]["url"].startswith("data:image/png;base64,")  # in its token's place
+    assert content[1] == {"type": "text", "text": "What is this?"}  # the token itself is not sent
 
 
 def test_missing_image_file_is_a_program_error(tmp_path):

@@ -1,6 +1,7 @@
 """RuntimeEndpoint: a radixlm (or SGLang) server reached over its native HTTP API."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import warnings
@@ -42,6 +43,12 @@ class RuntimeEndpoint(BaseBackend):
         self.chat_template = self._pick_chat_template(chat_template_name)
 
     def _pick_chat_template(self, name: Optional[str]) -> ChatTemplate:
+        tpl = self._named_or_model_template(name)
+        token = self.model_info.get("image_token")
+        # sgl.image writes the server's own image placeholder, on a line of its own as LLaVA prompts have it.
+        return dataclasses.replace(tpl, image_token=f" {token}\n") if token else tpl
+
+    def _named_or_model_template(self, name: Optional[str]) -> ChatTemplate:
         if name is not None:
             return get_chat_template(name)
         # The model's own template when the server returns it (or its tokenizer lies on this machine).
@@ -109,14 +116,14 @@ class RuntimeEndpoint(BaseBackend):
             body["stream"] = True
         return self._add_images(s, body)
 
-    def _add_images(self, s: "StreamExecutor", body: dict) -> dict:
+    def _add_images(self, s: "StreamExecutor", body: dict, copies: Optional[int] = None) -> dict:
+        """The state's images (each fills one image placeholder of its text, in order); `copies`: a batch of that
+        many prompts that all hold them."""
         if s.images_:
             if not self.model_info.get("has_image_understanding", False):
                 raise BackendError(f"the model {self.get_model_name()!r} does not accept images")
-            if len(s.images_) > 1:
-                raise BackendError("RuntimeEndpoint sends one image per request; this state holds "
-                                   f"{len(s.images_)}")
-            body["image_data"] = s.images_[0][1]
+            images = [b64 for _src, b64 in s.images_]
+            body["image_data"] = images if copies is None else [images] * copies
         return body
 
     def generate(self, s: "StreamExecutor", sampling_params: SglSamplingParams) -> GenResult:
@@ -171,11 +178,11 @@ class RuntimeEndpoint(BaseBackend):
         # Two tokens early: joining context and choice may merge the context's last token with the choice's
         # first piece (token healing); that merged token must be scored.
         start = max(prompt_len - 2, 0)
-        obj = self._generate({
+        obj = self._generate(self._add_images(s, {
             "text": [s.text_ + c for c in choices],
             "sampling_params": {"max_new_tokens": 0, "temperature": 0},
             "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start,
-        })
+        }, copies=len(choices)))
         input_lps = [choice_token_logprobs(s.text_, c, o["meta_info"]["input_token_logprobs"])
                      for c, o in zip(choices, obj)]
         output_lps = [o["meta_info"].get("output_token_logprobs", []) for o in obj]
