@@ -2,8 +2,9 @@
 model with the target's own weights (its greedy chain is the target's: nearly every draft token is kept) and a
 different, smaller random model (its drafts are mostly rejected). Greedy outputs equal those without speculation in
 every scheduling mode -- chunked prefill, pages, overlap, retraction, radix-cache hits of earlier prompts and
-answers, the same prompt twice, max_new_tokens, stop tokens and strings inside a draft, an abort -- and the KV
-accounting holds after every step (enable_integrity_check)."""
+answers, the same prompt twice, max_new_tokens, stop tokens and strings inside a draft, an abort -- the KV
+accounting holds after every step (enable_integrity_check), and every slot the radix tree holds has the draft
+model's own KV for its token in the draft pool (recomputed from scratch)."""
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,11 @@ import torch
 from transformers import LlamaConfig
 
 from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.draft_runner import DraftModelRunner
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch
+from radixlm.runtime.executor.logits import LogitsPlan
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.tokenizer import get_tokenizer
@@ -83,6 +87,41 @@ def _serve_waves(sched: Scheduler, every: int) -> dict:
     return {rid: (r["output_ids"], r["finish_reason"]) for rid, r in res.items()}
 
 
+def _draft_runner(sched: Scheduler) -> DraftModelRunner:
+    return next(s.runner for s in sched.drafts.sources if isinstance(s, DraftModelSource))
+
+
+def assert_draft_kv_matches_the_tree(sched: Scheduler) -> None:
+    """The draft pool's invariant: every slot the radix tree holds has the draft model's KV of its token after its
+    path's tokens -- recomputed here, one prefill per leaf into a pool of its own."""
+    runner, tree = _draft_runner(sched), sched.tree_cache
+    pool, ps = runner.token_to_kv_pool, sched.page_size
+    checked = 0
+    for leaf in (n for n in tree._nodes() if n.is_leaf() and n is not tree.root_node):
+        path, node = [], leaf
+        while node is not tree.root_node:
+            path.append(node)
+            node = node.parent
+        tokens = [t for n in reversed(path) for t in n.key.token_ids]
+        slots = torch.cat([n.value for n in reversed(path)])
+        n = len(tokens)
+        fresh = TokenToKVPool(n + ps, ps, pool.dtype, pool.num_layers, pool.num_kv_heads, pool.head_dim)
+        table = ReqToTokenPool(1, n + 4)
+        table.req_to_token[0, :n] = torch.arange(ps, ps + n)
+        wb = ModelWorkerBatch(input_ids=tokens, positions=list(range(n)), req_pool_indices=[0], prefix_lens=[0],
+                              extend_lens=[n], seq_lens=[n], out_cache_loc=torch.arange(ps, ps + n),
+                              logits=LogitsPlan())
+        fb = ForwardBatch.build(wb, ForwardMode.REQUEST_SPANS, table, fresh, runner.attn_backend, "cpu")
+        with torch.inference_mode():
+            runner.attn_backend.init_forward_metadata(fb)
+            runner.model(fb.input_ids, fb.positions, fb)
+        for layer in range(pool.num_layers):
+            for got, want in zip(pool.get_kv_buffer(layer), fresh.get_kv_buffer(layer)):
+                torch.testing.assert_close(got[slots], want[ps : ps + n], atol=1e-4, rtol=1e-4)
+        checked += n
+    assert checked > 0
+
+
 def _kept(sched: Scheduler) -> tuple[int, int]:
     return sched.grammar_stats["accepted_draft_tokens"], sched.grammar_stats["draft_tokens"]
 
@@ -94,6 +133,7 @@ def test_outputs_unchanged_with_a_draft_model(models, kwargs, every):
     for draft in ("same", "other"):
         sched = make(models, draft, **kwargs)
         assert _serve_waves(sched, every) == expected, draft
+        assert_draft_kv_matches_the_tree(sched)
         kept, drafted = _kept(sched)
         assert sched.grammar_stats["model_drafts"] > 0
         if draft == "same":
@@ -122,7 +162,8 @@ def test_graph_rows(models):
     expected = _serve_waves(with_graphs(make(models, None)), 0)
     sched = with_graphs(make(models, "same"))
     assert _serve_waves(sched, 0) == expected
-    draft = next(s.runner for s in sched.drafts.sources if isinstance(s, DraftModelSource))
+    assert_draft_kv_matches_the_tree(sched)
+    draft = _draft_runner(sched)
     assert replays.count(draft) > sched.grammar_stats["draft_model_passes"]  # its own passes and the target's
     kept, drafted = _kept(sched)
     assert kept > 0 and kept >= 0.9 * drafted, (kept, drafted)
@@ -138,6 +179,8 @@ def test_draft_kv_not_written_for_target_passes_loses_acceptance(models, monkeyp
     assert _serve_waves(sched, 0) == expected
     kept, drafted = _kept(sched)
     assert kept < 0.5 * drafted, (kept, drafted)
+    with pytest.raises(AssertionError):
+        assert_draft_kv_matches_the_tree(sched)
 
 
 def test_stops_inside_drafts(models):
