@@ -120,9 +120,9 @@ class RequestBuilder:
         if start < -1:
             raise ValueError(f"logprob_start_len must be -1 (output tokens only) or >= 0, got {start}")
         if return_logprob and start >= 0 and mm_inputs is not None and any(
-                it.end > start + 1 for it in mm_inputs.items):
-            raise ValueError("prompt logprobs cannot cover image tokens: logprob_start_len must be at or after the "
-                             "last image's last token")
+                it.end > start for it in mm_inputs.items):
+            raise ValueError("prompt logprobs cannot cover image tokens: logprob_start_len must be after the last "
+                             "image's last token")
         if top < 0:
             raise ValueError("top_logprobs_num must be >= 0")
         if return_logprob and top > self.limits.max_top_logprobs:
