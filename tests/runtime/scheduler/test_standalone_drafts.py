@@ -37,6 +37,8 @@ MODES = [
     pytest.param({"chunked_prefill_size": 16}, 2, id="chunked16"),
     pytest.param({"page_size": 4, "chunked_prefill_size": 8}, 2, id="page4-chunked8"),
     pytest.param({"enable_overlap_schedule": True}, 1, id="overlap"),
+    # Drafts only while at most 2 requests run: with more, passes launch ahead (IN_FLIGHT rows mirrored too).
+    pytest.param({"enable_overlap_schedule": True, "speculative_max_batch_rows": 5}, 1, id="overlap-batch-rule"),
     pytest.param({"max_total_tokens": 128, "schedule_conservativeness": 0.05}, 0, id="retraction"),
 ]
 
@@ -142,6 +144,8 @@ def test_outputs_unchanged_with_a_draft_model(models, kwargs, every):
             assert kept > 0 and kept >= 0.9 * drafted, (kept, drafted)
         if "max_total_tokens" in kwargs:
             assert sched.stats["retractions"] > 0
+        if "speculative_max_batch_rows" in kwargs:
+            assert sched.stats["overlapped_batches"] > 0
     if "max_total_tokens" in kwargs:
         assert off.stats["retractions"] > 0
 
