@@ -65,7 +65,8 @@ class RequestBuilder:
         self.mm = mm  # a vision-language model's processor; None: media inputs are refused
 
     def media_token_count(self, num_images: int) -> int:
-        """Tokens a prompt gains when its image placeholders (one token each) are expanded."""
+        """Tokens a prompt gains when its image placeholders (one token each) are expanded (at most, for models whose
+        image token count depends on the image's size)."""
         return num_images * (self.mm.num_image_tokens - 1) if self.mm is not None else 0
 
     def expand_media(self, ids: list[int], images) -> tuple[list[int], "MultimodalInputs | None"]:

@@ -75,10 +75,6 @@ class LlavaForConditionalGeneration(nn.Module):
             config.vision_config.hidden_size * len(self.feature_layers), text_config.hidden_size,
             config.projector_hidden_act, getattr(config, "multimodal_projector_bias", True))
 
-    def num_image_tokens(self) -> int:
-        vc = self.config.vision_config
-        return (vc.image_size // vc.patch_size) ** 2 + (0 if self.drop_cls else 1)
-
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.language_model.model.embed_tokens(input_ids)
 

@@ -5,6 +5,7 @@ from torch import nn
 
 from radixlm.runtime.models.llama import LlamaForCausalLM
 from radixlm.runtime.models.llava import LlavaForConditionalGeneration
+from radixlm.runtime.models.llava_next import LlavaNextForConditionalGeneration
 from radixlm.runtime.models.mistral import MistralForCausalLM
 from radixlm.runtime.models.mixtral import MixtralForCausalLM
 from radixlm.runtime.models.qwen2 import Qwen2ForCausalLM
@@ -14,6 +15,7 @@ from radixlm.runtime.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCaus
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
+    "LlavaNextForConditionalGeneration": LlavaNextForConditionalGeneration,
     "MistralForCausalLM": MistralForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,

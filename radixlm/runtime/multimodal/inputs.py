@@ -22,12 +22,13 @@ class Modality(str, enum.Enum):
     IMAGE = "image"
 
 
-def content_hash(pixel_values: "torch.Tensor") -> str:
-    """sha256 of the preprocessed pixels (the same picture in two encodings hashes the same)."""
+def content_hash(pixel_values: "torch.Tensor", extra: str = "") -> str:
+    """sha256 of the preprocessed pixels and `extra` (what else the encoder reads: the image size of a tiled image);
+    the same picture in two encodings hashes the same."""
     import torch
 
     t = pixel_values.detach().to("cpu").contiguous()
-    h = hashlib.sha256(str((tuple(t.shape), str(t.dtype))).encode())
+    h = hashlib.sha256(str((tuple(t.shape), str(t.dtype), extra)).encode())
     h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 
@@ -46,6 +47,7 @@ class MultimodalItem:
     pixel_values: "torch.Tensor"  # the model's processor output for this item, float32 on the host
     offset: int  # prompt position of its first token
     num_tokens: int  # placeholder tokens it fills (= rows of its encoder output)
+    image_size: tuple[int, int] | None = None  # (height, width) before preprocessing, where the layout depends on it
 
     @property
     def end(self) -> int:

@@ -6,6 +6,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from radixlm.runtime.multimodal import anyres
 from radixlm.runtime.multimodal.inputs import Modality, MultimodalInputs, MultimodalItem, content_hash, pad_ids
 from radixlm.runtime.multimodal.media import MediaError, MediaLoader
 
@@ -18,19 +19,24 @@ MAX_IMAGES_PER_REQUEST = 64
 
 
 def image_token_count(hf_config) -> int:
-    """LLaVA-1.5: one token per patch of the vision tower (its CLS token too under the 'full' strategy)."""
+    """LLaVA-1.5: one token per patch of the vision tower (its CLS token too under the 'full' strategy); LLaVA-NeXT:
+    the most an image can take (its own count depends on its size)."""
+    if getattr(hf_config, "image_grid_pinpoints", None):
+        return anyres.max_token_count(hf_config)
     vc = hf_config.vision_config
     full = getattr(hf_config, "vision_feature_select_strategy", "default") == "full"
     return (vc.image_size // vc.patch_size) ** 2 + (1 if full else 0)
 
 
 class MultimodalProcessor:
-    def __init__(self, image_processor, image_token_id: int, image_token: str, num_image_tokens: int, vocab_size: int,
+    def __init__(self, hf_config, image_processor, image_token_id: int, image_token: str, vocab_size: int,
                  loader: MediaLoader):
+        self.hf_config = hf_config
+        self.anyres = bool(getattr(hf_config, "image_grid_pinpoints", None))  # LLaVA-NeXT tiling
         self.image_processor = image_processor
         self.image_token_id = image_token_id
         self.image_token = image_token  # the placeholder's text, for prompts built from text (chat templates, programs)
-        self.num_image_tokens = num_image_tokens
+        self.num_image_tokens = image_token_count(hf_config)  # per image (at most, with tiling)
         self.vocab_size = vocab_size
         self.loader = loader
 
@@ -47,15 +53,21 @@ class MultimodalProcessor:
         token_id = hf_config.image_token_index
         image_processor = AutoImageProcessor.from_pretrained(model_dir)
         token = tokenizer.convert_ids_to_tokens(token_id)
-        return cls(image_processor, token_id, token, image_token_count(hf_config),
-                   hf_config.get_text_config().vocab_size, loader)
+        return cls(hf_config, image_processor, token_id, token, hf_config.get_text_config().vocab_size, loader)
 
-    def preprocess(self, images: list["Image"]) -> list:
+    def preprocess(self, images: list["Image"]) -> list[tuple]:
+        """(pixel values, image size or None, token count) per image."""
         try:
             out = self.image_processor(images=images, return_tensors="pt")
         except Exception as e:  # noqa: BLE001 - the processor's own errors on odd images (sizes, modes)
             raise MediaError(f"the image processor refused the image: {type(e).__name__}: {e}") from None
-        return list(out["pixel_values"].float().unbind(0))
+        pixels = out["pixel_values"].float()
+        if not self.anyres:
+            return [(pv, None, self.num_image_tokens) for pv in pixels]
+        sizes = [tuple(int(x) for x in s) for s in out["image_sizes"].tolist()]
+        # The batch pads each image's views to the most any image has: keep an image's own.
+        return [(pv[: anyres.num_patches(s, self.hf_config)], s, anyres.token_count(s, self.hf_config))
+                for pv, s in zip(pixels, sizes)]
 
     def expand(self, ids: list[int], sources: list) -> tuple[list[int], MultimodalInputs]:
         """Loads and preprocesses the images; replaces the k-th placeholder token of `ids` with the k-th image's pad
@@ -68,11 +80,10 @@ class MultimodalProcessor:
                              f"{len(sources)} image(s) were given")
         pixels = self.preprocess([self.loader.load_image(s) for s in sources])
         out, items, prev = [], [], 0
-        n = self.num_image_tokens
-        for slot, pv in zip(slots, pixels):
+        for slot, (pv, size, n) in zip(slots, pixels):
             out += ids[prev:slot]
-            h = content_hash(pv)
-            items.append(MultimodalItem(Modality.IMAGE, h, pv, len(out), n))
+            h = content_hash(pv, str(size))
+            items.append(MultimodalItem(Modality.IMAGE, h, pv, len(out), n, size))
             out += pad_ids(h, n, self.vocab_size)
             prev = slot + 1
         out += ids[prev:]

@@ -7,7 +7,10 @@ import io
 
 import numpy as np
 import torch
-from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, Qwen2Config
+from transformers import (
+    CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaNextConfig,
+    LlavaNextForConditionalGeneration, Qwen2Config,
+)
 
 from tests.runtime.models.tiny import randomize
 
@@ -16,16 +19,22 @@ IMAGE_TOKEN = "<image>"
 IMAGE_TOKEN_ID = VOCAB - 1
 IMAGE_SIZE, PATCH = 28, 7
 NUM_IMAGE_TOKENS = (IMAGE_SIZE // PATCH) ** 2  # the 'default' strategy drops CLS
+GRID_PINPOINTS = [[28, 56], [56, 28], [56, 56], [28, 84]]  # LLaVA-NeXT: tile grids of 1x2, 2x1, 2x2, 1x3
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
                  "{% if add_generation_prompt %}t1 {% endif %}")
 
 
-def llava_config(text: str = "llama") -> LlavaConfig:
+def llava_config(text: str = "llama", next_: bool = False) -> LlavaConfig:
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=512)
+                  num_key_value_heads=2, max_position_embeddings=1024)
     text_config = LlamaConfig(**common) if text == "llama" else Qwen2Config(**common)
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
                               image_size=IMAGE_SIZE, patch_size=PATCH)
+    if next_:
+        cfg = LlavaNextConfig(vision_config=vision, text_config=text_config, image_token_index=IMAGE_TOKEN_ID,
+                              image_grid_pinpoints=GRID_PINPOINTS)
+        cfg.architectures = ["LlavaNextForConditionalGeneration"]
+        return cfg
     cfg = LlavaConfig(vision_config=vision, text_config=text_config, image_token_index=IMAGE_TOKEN_ID)
     cfg.architectures = ["LlavaForConditionalGeneration"]
     return cfg
@@ -43,20 +52,26 @@ def save_tokenizer(path) -> None:
     fast.save_pretrained(path)
 
 
-def save_tiny_llava(path, text: str = "llama", seed: int = 0) -> LlavaForConditionalGeneration:
-    """Writes the checkpoint, tokenizer and image processor to path; returns transformers' model (float32, eval)."""
+def save_tiny_llava(path, text: str = "llama", seed: int = 0, next_: bool = False):
+    """Writes the checkpoint, tokenizer and image processor to path; returns transformers' model (float32, eval).
+    next_: LLaVA-NeXT (any-resolution tiling) instead of LLaVA-1.5."""
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
 
     torch.manual_seed(seed)
-    hf = LlavaForConditionalGeneration(llava_config(text)).float()
+    model_cls = LlavaNextForConditionalGeneration if next_ else LlavaForConditionalGeneration
+    hf = model_cls(llava_config(text, next_)).float()
     randomize(hf, seed)
     with torch.no_grad():  # image rows loud enough that the answer depends on the image
         hf.model.multi_modal_projector.linear_2.weight.mul_(10.0)
     hf.eval()
     hf.save_pretrained(path, safe_serialization=True)
     save_tokenizer(path)
-    CLIPImageProcessorPil(size={"shortest_edge": IMAGE_SIZE},
-                          crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}).save_pretrained(path)
+    sizes = dict(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    if next_:
+        LlavaNextImageProcessorPil(image_grid_pinpoints=GRID_PINPOINTS, **sizes).save_pretrained(path)
+    else:
+        CLIPImageProcessorPil(**sizes).save_pretrained(path)
     return hf
 
 
@@ -74,11 +89,17 @@ def hf_greedy_with_image(hf, path, ids: list[int], images: list[bytes], new_toke
     from PIL import Image
     from transformers import AutoImageProcessor
 
-    expanded = [t for tok in ids for t in ([tok] * NUM_IMAGE_TOKENS if tok == IMAGE_TOKEN_ID else [tok])]
-    pixels = AutoImageProcessor.from_pretrained(path)(
-        images=[Image.open(io.BytesIO(b)).convert("RGB") for b in images], return_tensors="pt")["pixel_values"]
+    processed = AutoImageProcessor.from_pretrained(path)(
+        images=[Image.open(io.BytesIO(b)).convert("RGB") for b in images], return_tensors="pt")
+    extra = {"image_sizes": processed["image_sizes"]} if "image_sizes" in processed else {}
     with torch.inference_mode():
+        if extra:  # LLaVA-NeXT: each image's token count is transformers' own packed feature length
+            feats = hf.model.get_image_features(processed["pixel_values"], **extra).pooler_output
+            counts = iter([f.shape[0] for f in feats])
+        else:
+            counts = iter([NUM_IMAGE_TOKENS] * len(images))
+        expanded = [t for tok in ids for t in ([tok] * next(counts) if tok == IMAGE_TOKEN_ID else [tok])]
         ids_t = torch.tensor([expanded])  # an explicit mask: generate would take t0 (the pad id) for padding
-        out = hf.generate(ids_t, attention_mask=torch.ones_like(ids_t), pixel_values=pixels, max_new_tokens=new_tokens,
-                          do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = hf.generate(ids_t, attention_mask=torch.ones_like(ids_t), pixel_values=processed["pixel_values"],
+                          max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0, **extra)
     return out[0, len(expanded):].tolist()

@@ -1,0 +1,53 @@
+"""LLaVA-NeXT (1.6): LLaVA with any-resolution tiling. Each image is encoded as its base view plus grid tiles; the tiles'
+features are stitched, unpadded and closed row by row with the learned `image_newline` (runtime/multimodal/anyres.py
+holds the layout the front counts tokens with)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from radixlm.runtime.distributed.parallel import SINGLE, Parallel
+from radixlm.runtime.models.llava import LlavaForConditionalGeneration
+from radixlm.runtime.multimodal import anyres
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from radixlm.runtime.multimodal.inputs import MultimodalItem
+
+
+class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
+    def __init__(self, config: "PretrainedConfig", parallel: Parallel = SINGLE):
+        super().__init__(config, parallel)
+        self.image_newline = nn.Parameter(torch.empty(config.text_config.hidden_size))
+
+    @torch.no_grad()
+    def encode_items(self, items: list["MultimodalItem"]) -> list[torch.Tensor]:
+        param = self.multi_modal_projector.linear_1.weight
+        views = torch.cat([it.pixel_values for it in items]).to(param.device, param.dtype)
+        out = self.vision_tower(views, output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i] for i in self.feature_layers], dim=-1)
+        if self.drop_cls:
+            feats = feats[:, 1:]
+        projected = self.multi_modal_projector(feats).split([it.pixel_values.shape[0] for it in items])
+        return [self._pack(p, it.image_size) for p, it in zip(projected, items)]
+
+    def _pack(self, feats: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
+        """(views, side * side, hidden) -> (tokens, hidden): the base view's rows, then the unpadded tile map row by
+        row, each row closed by image_newline."""
+        side = anyres.tile_side(self.config)
+        base, tiles = feats[0], feats[1:]
+        rows, cols = anyres.grid_shape(image_size, self.config)
+        hidden = feats.shape[-1]
+        # (rows, cols, side, side, hidden) -> (hidden, rows * side, cols * side): tiles stitched into one map
+        grid = tiles.reshape(rows, cols, side, side, hidden).permute(4, 0, 2, 1, 3).reshape(hidden, rows * side,
+                                                                                             cols * side)
+        grid = anyres.unpad(grid, image_size)
+        newline = self.image_newline.to(grid.dtype)[:, None, None].expand(hidden, grid.shape[1], 1)
+        grid = torch.cat([grid, newline], dim=2).flatten(1).transpose(0, 1)
+        return torch.cat([base, grid])
+
+    def _our_name(self, name: str, params: dict[str, nn.Parameter]) -> str:
+        return "image_newline" if name == "model.image_newline" else super()._our_name(name, params)
