@@ -18,14 +18,18 @@ logger = logging.getLogger(__name__)
 MAX_IMAGES_PER_REQUEST = 64
 
 
+# Vision towers whose output starts with a CLS token (SigLIP's does not).
+TOWERS_WITH_CLS = ("clip_vision_model",)
+
+
 def image_token_count(hf_config) -> int:
-    """LLaVA-1.5: one token per patch of the vision tower (its CLS token too under the 'full' strategy); LLaVA-NeXT:
-    the most an image can take (its own count depends on its size)."""
+    """LLaVA-1.5: the tower's outputs (a token per patch, and CLS for CLIP), less the first under the 'default'
+    strategy; LLaVA-NeXT: the most an image can take (its own count depends on its size)."""
     if getattr(hf_config, "image_grid_pinpoints", None):
         return anyres.max_token_count(hf_config)
     vc = hf_config.vision_config
-    full = getattr(hf_config, "vision_feature_select_strategy", "default") == "full"
-    return (vc.image_size // vc.patch_size) ** 2 + (1 if full else 0)
+    default = getattr(hf_config, "vision_feature_select_strategy", "default") == "default"
+    return (vc.image_size // vc.patch_size) ** 2 + (vc.model_type in TOWERS_WITH_CLS) - default
 
 
 class MultimodalProcessor:

@@ -1,4 +1,5 @@
-"""LLaVA-1.5 (CLIP tower, our Llama / Qwen2 on the paged KV cache): greedy tokens identical to transformers' generate
+"""LLaVA-1.5 (CLIP tower, or SigLIP with the full strategy; our Llama / Qwen2 on the paged KV cache): greedy tokens
+identical to transformers' generate
 on the same images, float32 on CPU."""
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from tests.runtime.models.tiny_llava import IMAGE_TOKEN, hf_greedy_with_image, p
 NEW = 8
 
 
-@pytest.mark.parametrize("text", ["llama", "qwen2"])
-def test_greedy_matches_transformers(tmp_path, text):
-    hf = save_tiny_llava(tmp_path, text, seed=3)
+@pytest.mark.parametrize("text, tower", [("llama", "clip"), ("qwen2", "clip"), ("qwen2", "siglip")])
+def test_greedy_matches_transformers(tmp_path, text, tower):
+    hf = save_tiny_llava(tmp_path, text, seed=3, tower=tower)
     images = [png(1), png(2, (30, 50))]
     prompts = [f"t5 t9 {IMAGE_TOKEN} t7 t8 t11", f"{IMAGE_TOKEN} t3 t4", f"t6 {IMAGE_TOKEN} t12 {IMAGE_TOKEN} t13"]
     image_sets = [[images[0]], [images[1]], images]

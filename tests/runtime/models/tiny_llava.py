@@ -8,7 +8,7 @@ import io
 import numpy as np
 import torch
 from transformers import (
-    CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaNextConfig,
+    CLIPVisionConfig, SiglipVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaNextConfig,
     LlavaNextForConditionalGeneration, Qwen2Config,
 )
 
@@ -24,18 +24,21 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% e
                  "{% if add_generation_prompt %}t1 {% endif %}")
 
 
-def llava_config(text: str = "llama", next_: bool = False) -> LlavaConfig:
+def llava_config(text: str = "llama", next_: bool = False, tower: str = "clip") -> LlavaConfig:
+    """tower: clip, or siglip (no CLS token; the 'full' feature strategy, as LLaVA-OneVision)."""
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=1024)
     text_config = LlamaConfig(**common) if text == "llama" else Qwen2Config(**common)
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                              image_size=IMAGE_SIZE, patch_size=PATCH)
+    vision_cls = SiglipVisionConfig if tower == "siglip" else CLIPVisionConfig
+    vision = vision_cls(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                        image_size=IMAGE_SIZE, patch_size=PATCH)
     if next_:
         cfg = LlavaNextConfig(vision_config=vision, text_config=text_config, image_token_index=IMAGE_TOKEN_ID,
                               image_grid_pinpoints=GRID_PINPOINTS)
         cfg.architectures = ["LlavaNextForConditionalGeneration"]
         return cfg
-    cfg = LlavaConfig(vision_config=vision, text_config=text_config, image_token_index=IMAGE_TOKEN_ID)
+    cfg = LlavaConfig(vision_config=vision, text_config=text_config, image_token_index=IMAGE_TOKEN_ID,
+                      vision_feature_select_strategy="full" if tower == "siglip" else "default")
     cfg.architectures = ["LlavaForConditionalGeneration"]
     return cfg
 
@@ -52,7 +55,7 @@ def save_tokenizer(path) -> None:
     fast.save_pretrained(path)
 
 
-def save_tiny_llava(path, text: str = "llama", seed: int = 0, next_: bool = False):
+def save_tiny_llava(path, text: str = "llama", seed: int = 0, next_: bool = False, tower: str = "clip"):
     """Writes the checkpoint, tokenizer and image processor to path; returns transformers' model (float32, eval).
     next_: LLaVA-NeXT (any-resolution tiling) instead of LLaVA-1.5."""
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
@@ -60,7 +63,7 @@ def save_tiny_llava(path, text: str = "llama", seed: int = 0, next_: bool = Fals
 
     torch.manual_seed(seed)
     model_cls = LlavaNextForConditionalGeneration if next_ else LlavaForConditionalGeneration
-    hf = model_cls(llava_config(text, next_)).float()
+    hf = model_cls(llava_config(text, next_, tower)).float()
     randomize(hf, seed)
     with torch.no_grad():  # image rows loud enough that the answer depends on the image
         hf.model.multi_modal_projector.linear_2.weight.mul_(10.0)
@@ -96,7 +99,7 @@ def hf_greedy_with_image(hf, path, ids: list[int], images: list[bytes], new_toke
         if extra:  # LLaVA-NeXT: each image's token count is transformers' own packed feature length
             feats = hf.model.get_image_features(processed["pixel_values"], **extra).pooler_output
             counts = iter([f.shape[0] for f in feats])
-        else:
+        else:  # LLaVA-1.5: the tower's output rows (SigLIP under 'full' has as many as CLIP under 'default')
             counts = iter([NUM_IMAGE_TOKENS] * len(images))
         expanded = [t for tok in ids for t in ([tok] * next(counts) if tok == IMAGE_TOKEN_ID else [tok])]
         ids_t = torch.tensor([expanded])  # an explicit mask: generate would take t0 (the pad id) for padding
