@@ -1,6 +1,5 @@
 """LLaVA-1.5 (CLIP tower, or SigLIP with the full strategy; our Llama / Qwen2 on the paged KV cache): greedy tokens
-identical to transformers' generate
-on the same images, float32 on CPU."""
+identical to transformers' generate on the same images, float32 on CPU."""
 from __future__ import annotations
 
 import base64
