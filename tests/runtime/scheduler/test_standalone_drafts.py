@@ -56,7 +56,8 @@ def models(tmp_path_factory) -> dict[str, str]:
     return {"target": str(target), "other": str(other)}
 
 
-def make(models: dict[str, str], draft: str | None, tokenizer: bool = False, **kw) -> Scheduler:
+def make(models: dict[str, str], draft: str | None, tokenizer: bool = False, eos: frozenset[int] = frozenset(),
+         **kw) -> Scheduler:
     """draft: None (speculation off), "same" (the target's checkpoint) or "other"."""
     kw.setdefault("max_total_tokens", 2048)
     if draft is not None:
@@ -66,7 +67,7 @@ def make(models: dict[str, str], draft: str | None, tokenizer: bool = False, **k
     args = ServerArgs(model_path=path, dtype="float32", device="cpu", enable_integrity_check=True, random_seed=0, **kw)
     config = ModelConfig.from_path(path, dtype="float32", device="cpu")
     return Scheduler(args, ModelRunner(args, config, "cpu"), tokenizer=get_tokenizer(path) if tokenizer else None,
-                     eos_token_ids=frozenset())
+                     eos_token_ids=eos)
 
 
 def _waves(seed: int):

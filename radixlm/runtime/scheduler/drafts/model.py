@@ -31,7 +31,7 @@ class DraftModelSource:
         self._backoffs: weakref.WeakKeyDictionary[Req, Backoff] = weakref.WeakKeyDictionary()
 
     def applies_to(self, req: Req) -> bool:
-        return req.grammar is None  # a grammar's requests draft what it forces (jump-forward)
+        return True  # a grammar's request drafts too where jump-forward forces nothing (cut where it refuses)
 
     def on_launch(self, wb: ModelWorkerBatch) -> None:
         self.runner.write_kv(wb)

@@ -38,7 +38,7 @@ class NGramSource:
         self._lookups: weakref.WeakKeyDictionary[Req, _Lookup] = weakref.WeakKeyDictionary()
 
     def applies_to(self, req: Req) -> bool:
-        return req.grammar is None  # a grammar's requests draft what it forces (jump-forward)
+        return True  # a grammar's request drafts too where jump-forward forces nothing (cut where it refuses)
 
     def propose(self, req: Req) -> None:
         k = min(self.num_draft_tokens, req.tokens_left())
@@ -61,10 +61,11 @@ class NGramSource:
             self.stats["ngram_backoffs"] += 1
 
     def _lookup(self, req: Req) -> _Lookup:
-        """The request's lookup, brought up to date with its output (which only grows: no grammar rewrites it)."""
+        """The request's lookup, brought up to date with its output (which grows; fast jump-forward may replace its
+        last token: then it is built again)."""
         n_in, out = len(req.origin_input_ids), req.output_ids
         lk = self._lookups.get(req)
-        if lk is None or len(lk.tokens) - n_in > len(out):
+        if lk is None or len(lk.tokens) - n_in > len(out) or _replaced(lk.tokens, n_in, out):
             lk = self._lookups[req] = _Lookup(req.origin_input_ids + out)
         else:
             lk.tokens.extend(out[len(lk.tokens) - n_in :])
@@ -85,3 +86,9 @@ class NGramSource:
             if end is not None:
                 return end
         return None
+
+
+def _replaced(tokens: list[int], n_in: int, out: list[int]) -> bool:
+    """Whether the last output token `tokens` holds is no longer the output's."""
+    last = len(tokens) - n_in - 1
+    return last >= 0 and out[last] != tokens[-1]

@@ -41,7 +41,7 @@ from radixlm.runtime.scheduler.req import Req
 
 @dataclass
 class _State:
-    tokens: list[int]  # the request's prompt and output, grown with the output (it only grows: no grammar)
+    tokens: list[int]  # the request's prompt and output, grown with the output
     cursor: PathCursor | None = None
     backoff: Backoff = field(default_factory=Backoff)
 
@@ -66,14 +66,15 @@ class RadixSource:
         self._states: weakref.WeakKeyDictionary[Req, _State] = weakref.WeakKeyDictionary()
 
     def applies_to(self, req: Req) -> bool:
-        return req.grammar is None and not self.tree.disable  # a grammar's requests draft what it forces
+        # A grammar's request drafts too where jump-forward forces nothing (its draft is cut where the grammar refuses).
+        return not self.tree.disable
 
     def propose(self, req: Req) -> None:
         n = min(self.num_draft_tokens, req.tokens_left())
         if n <= 0:
             return
         state = self._states.get(req)
-        if state is None or len(state.tokens) > req.seqlen:
+        if state is None or len(state.tokens) > req.seqlen or _replaced(state.tokens, req):
             state = self._states[req] = _State(req.origin_input_ids + req.output_ids)
         if state.backoff.waiting():
             return
@@ -100,3 +101,9 @@ class RadixSource:
         state = self._states.get(req)
         if state is not None and state.backoff.learn(accepted):
             self.stats["radix_backoffs"] += 1
+
+
+def _replaced(tokens: list[int], req: Req) -> bool:
+    """Whether fast jump-forward replaced the last output token `tokens` holds (its output then is rebuilt)."""
+    last = len(tokens) - len(req.origin_input_ids) - 1
+    return last >= 0 and req.output_ids[last] != tokens[-1]
