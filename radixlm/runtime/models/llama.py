@@ -105,12 +105,13 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, config: "PretrainedConfig", qkv_bias: bool, o_bias: bool, qk_norm: bool, build_mlp,
-                 parallel: Parallel):
+                 parallel: Parallel, rotary_emb: nn.Module | None = None):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, parallel)
-        theta, scaling = rope_params_from_config(config)
-        # One cos/sin cache for all layers (it holds no parameters).
-        rotary_emb = get_rope(head_dim_of(config), config.max_position_embeddings, theta, scaling)
+        if rotary_emb is None:
+            theta, scaling = rope_params_from_config(config)
+            # One cos/sin cache for all layers (it holds no parameters).
+            rotary_emb = get_rope(head_dim_of(config), config.max_position_embeddings, theta, scaling)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, o_bias, qk_norm, build_mlp(config, i, parallel), parallel)
             for i in range(config.num_hidden_layers)
@@ -153,12 +154,17 @@ class LlamaForCausalLM(nn.Module):
         attention_bias = bool(getattr(config, "attention_bias", self.qkv_bias_default))
         qkv_bias = self.qkv_bias_default or attention_bias
         o_bias = attention_bias and self.o_bias_follows_attention_bias
-        self.model = LlamaModel(config, qkv_bias, o_bias, self.qk_norm, self.build_mlp, parallel)
+        self.model = LlamaModel(config, qkv_bias, o_bias, self.qk_norm, self.build_mlp, parallel, self.build_rope(config))
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens  # same Parameter: one copy, loaded once
         else:
             self.lm_head = VocabEmbedding(config.vocab_size, config.hidden_size, parallel)
+
+    @staticmethod
+    def build_rope(config: "PretrainedConfig") -> nn.Module | None:
+        """The rotary embedding (None: the config's standard one; Qwen2-VL overrides this)."""
+        return None
 
     @staticmethod
     def build_mlp(config: "PretrainedConfig", layer_id: int, parallel: Parallel) -> nn.Module:

@@ -3,36 +3,18 @@ language model on the paged KV cache. The image rows of a pass get their embeddi
 executor's MultimodalEmbedder); everything after the embedding is the language model's."""
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
-from radixlm.runtime.layers.linear import copy_checked
-from radixlm.runtime.models.llama import LlamaForCausalLM
-from radixlm.runtime.models.mistral import MistralForCausalLM
-from radixlm.runtime.models.qwen2 import Qwen2ForCausalLM
+from radixlm.runtime.models.vlm import VisionLanguageModel
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-    from radixlm.runtime.executor.forward_batch import ForwardBatch
     from radixlm.runtime.multimodal.inputs import MultimodalItem
-
-logger = logging.getLogger(__name__)
-
-LANGUAGE_MODELS: dict[str, type[LlamaForCausalLM]] = {
-    "llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
-}
-# Checkpoint name prefixes -> ours. llava-hf checkpoints use the first form; transformers 5 saves the second.
-_PREFIXES = [
-    ("model.language_model.", "language_model.model."),
-    ("model.vision_tower.", "vision_tower."),
-    ("model.multi_modal_projector.", "multi_modal_projector."),
-    ("lm_head.", "language_model.lm_head."),
-]
 
 
 def _activation(name: str) -> nn.Module:
@@ -52,52 +34,43 @@ class LlavaMultiModalProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(x)))
 
 
-class LlavaForConditionalGeneration(nn.Module):
+class LlavaForConditionalGeneration(VisionLanguageModel):
+    # llava-hf checkpoints use our names; transformers 5 saves these.
+    PREFIXES = [
+        ("model.language_model.", "language_model.model."),
+        ("model.vision_tower.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+        ("lm_head.", "language_model.lm_head."),
+    ]
+
     def __init__(self, config: "PretrainedConfig", parallel: Parallel = SINGLE):
-        super().__init__()
+        super().__init__(config, parallel)
         from transformers import AutoModel
 
-        self.config = config
-        text_config = config.text_config
-        lm_cls = LANGUAGE_MODELS.get(text_config.model_type)
-        if lm_cls is None:
-            raise ValueError(f"LLaVA with a {text_config.model_type!r} language model is not supported; "
-                             f"supported: {', '.join(sorted(LANGUAGE_MODELS))}")
-        self.language_model = lm_cls(text_config, parallel)
-        self.lm_head = self.language_model.lm_head
-        self.vocab_size = text_config.vocab_size
         # The tower is replicated on every tensor-parallel rank (it is small beside the language model).
         self.vision_tower = AutoModel.from_config(config.vision_config, dtype=torch.get_default_dtype())
         layers = config.vision_feature_layer
         self.feature_layers = [layers] if isinstance(layers, int) else list(layers)
         self.drop_cls = config.vision_feature_select_strategy == "default"
         self.multi_modal_projector = LlavaMultiModalProjector(
-            config.vision_config.hidden_size * len(self.feature_layers), text_config.hidden_size,
+            config.vision_config.hidden_size * len(self.feature_layers), config.text_config.hidden_size,
             config.projector_hidden_act, getattr(config, "multimodal_projector_bias", True))
 
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.model.embed_tokens(input_ids)
+    def _features(self, views: torch.Tensor) -> torch.Tensor:
+        """(views, 3, H, W) -> (views, tokens per view, hidden): the selected tower layers, projected."""
+        param = self.multi_modal_projector.linear_1.weight
+        out = self.vision_tower(views.to(param.device, param.dtype), output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i] for i in self.feature_layers], dim=-1)
+        return self.multi_modal_projector(feats[:, 1:] if self.drop_cls else feats)
 
     @torch.no_grad()
     def encode_items(self, items: list["MultimodalItem"]) -> list[torch.Tensor]:
-        param = self.multi_modal_projector.linear_1.weight
-        pixels = torch.cat([it.pixel_values.reshape(-1, *it.pixel_values.shape[-3:]) for it in items])
-        out = self.vision_tower(pixels.to(param.device, param.dtype), output_hidden_states=True)
-        feats = torch.cat([out.hidden_states[i] for i in self.feature_layers], dim=-1)
-        if self.drop_cls:
-            feats = feats[:, 1:]
-        projected = self.multi_modal_projector(feats)
+        views = torch.cat([it.pixel_values.reshape(-1, *it.pixel_values.shape[-3:]) for it in items])
+        projected = self._features(views)
         return list(projected.reshape(len(items), -1, projected.shape[-1]).unbind(0))
 
-    @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
-        return self.language_model(input_ids, positions, forward_batch)
-
     def _our_name(self, name: str, params: dict[str, nn.Parameter]) -> str:
-        for theirs, ours in _PREFIXES:
-            if name.startswith(theirs):
-                name = ours + name[len(theirs):]
-                break
+        name = super()._our_name(name, params)
         if name.startswith("vision_tower.") and name not in params:
             # transformers 4 nests the tower's weights under vision_model., transformers 5 does not.
             inner = name[len("vision_tower."):]
@@ -105,25 +78,3 @@ class LlavaForConditionalGeneration(nn.Module):
             if "vision_tower." + alt in params:
                 return "vision_tower." + alt
         return name
-
-    @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.named_parameters())
-        own = {n: p for n, p in params.items() if not n.startswith("language_model.")}
-        loaded: set[str] = set()
-
-        def language_weights() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, w in weights:
-                ours = self._our_name(name, params)
-                if ours.startswith("language_model."):
-                    yield ours[len("language_model."):], w
-                elif ours in own:
-                    copy_checked(own[ours].data, w, name)
-                    loaded.add(ours)
-                elif not ours.endswith("position_ids"):
-                    logger.warning("ignored unexpected checkpoint tensor %s", name)
-
-        self.language_model.load_weights(language_weights())
-        missing = sorted(set(own) - loaded)
-        if missing:
-            raise ValueError(f"checkpoint is missing weights for {type(self).__name__}: {', '.join(missing[:8])}")

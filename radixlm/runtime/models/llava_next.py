@@ -25,14 +25,9 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
 
     @torch.no_grad()
     def encode_items(self, items: list["MultimodalItem"]) -> list[torch.Tensor]:
-        param = self.multi_modal_projector.linear_1.weight
-        views = torch.cat([it.pixel_values for it in items]).to(param.device, param.dtype)
-        out = self.vision_tower(views, output_hidden_states=True)
-        feats = torch.cat([out.hidden_states[i] for i in self.feature_layers], dim=-1)
-        if self.drop_cls:
-            feats = feats[:, 1:]
-        projected = self.multi_modal_projector(feats).split([it.pixel_values.shape[0] for it in items])
-        return [self._pack(p, it.image_size) for p, it in zip(projected, items)]
+        projected = self._features(torch.cat([it.pixel_values for it in items]))
+        return [self._pack(p, it.image_size) for p, it in zip(projected.split([len(it.pixel_values) for it in items]),
+                                                              items)]
 
     def _pack(self, feats: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
         """(views, side * side, hidden) -> (tokens, hidden): the base view's rows, then the unpadded tile map row by
