@@ -153,7 +153,8 @@ def test_outputs_unchanged_with_a_draft_model(models, kwargs, every):
 
 def test_graph_rows(models):
     """As on CUDA: the target's and the draft model's one-row-per-token passes replay (padded) graphs -- here their
-    eager stand-ins (use_graphs=False) -- the draft model's mirrored target passes and its own draft passes alike."""
+    eager stand-ins (use_graphs=False) -- the draft model's mirrored target passes (mixed prefill and verification
+    rows among them) and its own draft passes alike."""
     replays = []
 
     def with_graphs(sched: Scheduler) -> Scheduler:
@@ -164,10 +165,11 @@ def test_graph_rows(models):
             graph.replay = lambda fb, replay=replay, runner=runner: (replays.append(runner), replay(fb))[1]
         return sched
 
-    expected = _serve_waves(with_graphs(make(models, None)), 0)
+    expected = _serve_waves(with_graphs(make(models, None)), 1)
     sched = with_graphs(make(models, "same"))
-    assert _serve_waves(sched, 0) == expected
+    assert _serve_waves(sched, 1) == expected
     assert_draft_kv_matches_the_tree(sched)
+    assert sched.stats["mixed_batches"] > 0  # prompts prefilled beside running drafts, in one replay
     draft = _draft_runner(sched)
     assert replays.count(draft) > sched.grammar_stats["draft_model_passes"]  # its own passes and the target's
     kept, drafted = _kept(sched)
