@@ -52,6 +52,7 @@ class ModelWorkerBatch:
     has_in_flight: bool = False  # some row is IN_FLIGHT
     token_buf: torch.Tensor | None = None  # the last token sampled for each req_to_token row, on the device
     mm_spans: list["MultimodalSpan"] = field(default_factory=list)  # rows that take an item's encoder output
+    mrope_positions: list[list[int]] | None = None  # per row, three positions (Qwen2-VL), when a request has them
 
     @property
     def num_rows(self) -> int:
@@ -90,6 +91,7 @@ class ForwardBatch:
     # any (set by the ModelRunner before the model runs).
     mm_spans: list["MultimodalSpan"] = field(default_factory=list)
     input_embeds: torch.Tensor | None = None
+    mrope_positions: torch.Tensor | None = None  # (3, num_tokens) int64: multimodal rotary positions (Qwen2-VL)
     # Set by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: object = None
 
@@ -140,4 +142,5 @@ class ForwardBatch:
             extend_start_loc=extend_start_loc,
             decode_rows=decode_rows,
             mm_spans=wb.mm_spans,
+            mrope_positions=None if wb.mrope_positions is None else rows_to_device(wb.mrope_positions, device),
         )

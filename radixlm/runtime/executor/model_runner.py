@@ -172,9 +172,11 @@ class ModelRunner:
         return out
 
     def _run(self, forward_batch: ForwardBatch, plan: LogitsPlan) -> LogitsOutput:
-        if forward_batch.mm_spans:  # eager: the graphs embed token ids
+        if forward_batch.mm_spans:
             forward_batch.input_embeds = self.mm_embedder.embed(forward_batch.input_ids, forward_batch.mm_spans)
-        elif self.graph_runner is not None and self.graph_runner.can_run(forward_batch):
+        # Media rows and multimodal positions run eagerly: the graphs embed token ids and take a position per row.
+        plain = not forward_batch.mm_spans and forward_batch.mrope_positions is None
+        if plain and self.graph_runner is not None and self.graph_runner.can_run(forward_batch):
             logits = self.graph_runner.replay(forward_batch)
             if not plan.verify_rows and len(plan.sample_rows) == forward_batch.batch_size:
                 # The usual decode batch: sample rows are ascending and distinct, so this is every row in order.

@@ -48,6 +48,7 @@ class MultimodalItem:
     offset: int  # prompt position of its first token
     num_tokens: int  # placeholder tokens it fills (= rows of its encoder output)
     image_size: tuple[int, int] | None = None  # (height, width) before preprocessing, where the layout depends on it
+    grid_thw: tuple[int, int, int] | None = None  # Qwen2-VL: the encoder's patch grid (time, height, width)
 
     @property
     def end(self) -> int:
@@ -66,10 +67,49 @@ class MultimodalSpan:
 
 
 @dataclass
+class MRopePositions:
+    """Qwen2-VL's rotary positions of a prompt: three rows (time, height, width) with a column per prompt token (an
+    image's tokens take its grid's coordinates, text counts on from the largest position so far); a position p past
+    the prompt is p + delta on all three axes."""
+
+    rows: tuple[list[int], list[int], list[int]]
+    delta: int
+
+    def axis(self, a: int, start: int, end: int) -> list[int]:
+        n = len(self.rows[a])
+        return self.rows[a][start:min(end, n)] + [p + self.delta for p in range(max(start, n), end)]
+
+
+def mrope_positions(num_tokens: int, items: list[MultimodalItem], merge: int) -> MRopePositions:
+    """Qwen2-VL's positions for a prompt of `num_tokens` whose images are `items`: text counts on by one on all three
+    axes; an image's merged grid (t, h, w) takes start + (t, h, w) coordinates, and the text after it starts at
+    start + max(h, w)."""
+    rows: tuple[list[int], list[int], list[int]] = ([], [], [])
+    nxt, pos = 0, 0
+    for it in items:
+        for axis in rows:
+            axis.extend(range(nxt, nxt + it.offset - pos))
+        nxt += it.offset - pos
+        t, h, w = it.grid_thw[0], it.grid_thw[1] // merge, it.grid_thw[2] // merge
+        for ti in range(t):
+            for hi in range(h):
+                rows[0].extend([nxt + ti] * w)
+                rows[1].extend([nxt + hi] * w)
+                rows[2].extend(range(nxt, nxt + w))
+        nxt += max(h, w)
+        pos = it.end
+    for axis in rows:
+        axis.extend(range(nxt, nxt + num_tokens - pos))
+    nxt += num_tokens - pos
+    return MRopePositions(rows, nxt - num_tokens)
+
+
+@dataclass
 class MultimodalInputs:
     """A request's items in prompt order (non-overlapping)."""
 
     items: list[MultimodalItem] = field(default_factory=list)
+    mrope: MRopePositions | None = None  # set for models with multimodal rotary positions
 
     def spans(self, row: int, start: int, end: int) -> list[MultimodalSpan]:
         """The spans of prompt positions [start, end), whose first position is pass row `row`."""

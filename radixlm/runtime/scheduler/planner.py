@@ -117,12 +117,22 @@ class Planner:
 
     @staticmethod
     def _media_rows(batch: ScheduleBatch) -> None:
-        """The rows whose embeddings come from an encoder: the planned positions that media items fill."""
+        """The rows whose embeddings come from an encoder: the planned positions that media items fill; and with
+        multimodal rotary positions (Qwen2-VL), every row's three positions."""
         wb, row = batch.worker, 0
+        mrope = False
         for r, start, n in zip(batch.reqs, wb.prefix_lens, wb.extend_lens):
             if r.mm_inputs is not None:
                 wb.mm_spans.extend(r.mm_inputs.spans(row, start, start + n))
+                mrope = mrope or r.mm_inputs.mrope is not None
             row += n
+        if mrope:
+            axes: list[list[int]] = [[], [], []]
+            for r, start, n in zip(batch.reqs, wb.prefix_lens, wb.extend_lens):
+                m = r.mm_inputs.mrope if r.mm_inputs is not None else None
+                for a in range(3):
+                    axes[a] += m.axis(a, start, start + n) if m is not None else range(start, start + n)
+            wb.mrope_positions = axes
 
     def _one_row_each(self, batch: ScheduleBatch) -> None:
         """The usual decode pass: one row per request, each yielding its next token."""

@@ -40,3 +40,30 @@ def test_spans_cover_the_planned_positions_of_each_item():
     assert mm.spans(row=0, start=4, end=11) == [MultimodalSpan(0, one, 2, 4), MultimodalSpan(6, two, 0, 1)]
     assert mm.spans(row=0, start=6, end=10) == []  # text between them
     assert mm.spans(row=3, start=13, end=14) == []  # after both (the output)
+
+
+def test_mrope_positions_equal_transformers_rope_index():
+    from transformers import Qwen2VLConfig, Qwen2VLModel
+
+    from radixlm.runtime.multimodal.inputs import mrope_positions
+
+    cfg = Qwen2VLConfig(text_config=dict(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1, intermediate_size=32),
+                        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, spatial_merge_size=2),
+                        image_token_id=97)
+    grids = [(1, 4, 6), (1, 8, 2)]
+    items = [MultimodalItem(Modality.IMAGE, "a", torch.zeros(1), 3, 6, grid_thw=grids[0]),
+             MultimodalItem(Modality.IMAGE, "b", torch.zeros(1), 11, 4, grid_thw=grids[1])]
+    n = 18
+    ids = torch.ones(1, n, dtype=torch.long)
+    types = torch.zeros(1, n, dtype=torch.int)
+    for it in items:
+        ids[0, it.offset : it.end] = 97
+        types[0, it.offset : it.end] = 1
+    model = Qwen2VLModel.__new__(Qwen2VLModel)  # get_rope_index reads only the config
+    model.config = cfg
+    ref, delta = Qwen2VLModel.get_rope_index(model, ids, types, image_grid_thw=torch.tensor(grids))
+    ours = mrope_positions(n, items, merge=2)
+    assert [list(r) for r in ours.rows] == ref[:, 0].tolist()
+    assert ours.delta == int(delta[0, 0])
+    assert ours.axis(1, n - 2, n + 2) == ref[1, 0, -2:].tolist() + [n + ours.delta, n + 1 + ours.delta]
