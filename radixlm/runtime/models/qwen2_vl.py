@@ -1,4 +1,4 @@
-"""Qwen2-VL: transformers' own vision transformer (dynamic resolution: an image is as many 14-pixel patches as its
+"""Qwen2-VL and Qwen2.5-VL: transformers' own vision transformer (dynamic resolution: an image is as many 14-pixel patches as its
 resized size holds, and 2x2 neighbours merge into one token) and our Qwen2 with multimodal rotary positions (M-RoPE)
 on the paged KV cache. The front computes each prompt's three position rows (MultimodalInputs.mrope); the planner
 hands the rows of a pass to the executor as ForwardBatch.mrope_positions."""
@@ -47,10 +47,12 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
 
     def __init__(self, config: "PretrainedConfig", parallel: Parallel = SINGLE):
         super().__init__(config, parallel)
+        self.visual = self._build_visual(config.vision_config)
+
+    def _build_visual(self, vision_config) -> nn.Module:
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
-        self.visual = Qwen2VisionTransformerPretrainedModel._from_config(config.vision_config,
-                                                                        dtype=torch.get_default_dtype())
+        return Qwen2VisionTransformerPretrainedModel._from_config(vision_config, dtype=torch.get_default_dtype())
 
     @torch.no_grad()
     def encode_items(self, items: list["MultimodalItem"]) -> list[torch.Tensor]:
@@ -65,3 +67,14 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
         # Rows of requests with images carry three positions; a text-only pass the usual one (the same rotation).
         mrope = forward_batch.mrope_positions
         return self.language_model(input_ids, positions if mrope is None else mrope, forward_batch)
+
+
+class Qwen2_5_VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
+    """Qwen2.5-VL: the same language model and image positions; a vision transformer with windowed attention."""
+
+    LANGUAGE_MODELS = {"qwen2_5_vl_text": Qwen2VLTextForCausalLM, "qwen2": Qwen2VLTextForCausalLM}
+
+    def _build_visual(self, vision_config) -> nn.Module:
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+        return Qwen2_5_VisionTransformerPretrainedModel._from_config(vision_config, dtype=torch.get_default_dtype())

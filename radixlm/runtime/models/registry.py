@@ -9,7 +9,7 @@ from radixlm.runtime.models.llava_next import LlavaNextForConditionalGeneration
 from radixlm.runtime.models.mistral import MistralForCausalLM
 from radixlm.runtime.models.mixtral import MixtralForCausalLM
 from radixlm.runtime.models.qwen2 import Qwen2ForCausalLM
-from radixlm.runtime.models.qwen2_vl import Qwen2VLForConditionalGeneration
+from radixlm.runtime.models.qwen2_vl import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 from radixlm.runtime.models.qwen3 import Qwen3ForCausalLM
 from radixlm.runtime.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
@@ -21,6 +21,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,

@@ -1,4 +1,4 @@
-"""Qwen2-VL (transformers' vision transformer, our Qwen2 with M-RoPE on the paged KV cache): greedy tokens identical to
+"""Qwen2-VL and Qwen2.5-VL (transformers' vision transformers, our Qwen2 with M-RoPE on the paged KV cache): greedy tokens identical to
 transformers' generate on images of different sizes (their own patch grids), float32 on CPU, through chunked prefill;
 the same image hits the cache."""
 from __future__ import annotations
@@ -13,10 +13,10 @@ NEW = 8
 GREEDY = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+@pytest.fixture(scope="module", params=["2", "2.5"])
+def tiny(tmp_path_factory, request):
     path = tmp_path_factory.mktemp("qwen2_vl")
-    return path, save_tiny_qwen2_vl(path, seed=7)
+    return path, save_tiny_qwen2_vl(path, seed=7, v2_5=request.param == "2.5")
 
 
 def test_greedy_matches_transformers(tiny):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 
 import torch
-from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+from transformers import (
+    Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
+)
 
 from tests.runtime.models.tiny import randomize
 from tests.runtime.models.tiny_llava import CHAT_TEMPLATE
@@ -18,15 +20,22 @@ IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"  # an image in a prompt
 PATCH, MERGE = 4, 2
 
 
-def qwen2_vl_config() -> Qwen2VLConfig:
-    cfg = Qwen2VLConfig(
-        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=PATCH,
-                           spatial_merge_size=MERGE, temporal_patch_size=2, in_channels=3),
-        image_token_id=IMAGE_PAD, video_token_id=VIDEO_PAD, vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END)
+def qwen2_vl_config(v2_5: bool = False) -> Qwen2VLConfig:
+    """Qwen2-VL, or Qwen2.5-VL (windowed attention in the vision transformer, its last block global)."""
+    text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=2048,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+    tokens = dict(image_token_id=IMAGE_PAD, video_token_id=VIDEO_PAD, vision_start_token_id=VISION_START,
+                  vision_end_token_id=VISION_END)
+    if v2_5:
+        vision = dict(depth=2, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=4, patch_size=PATCH,
+                      spatial_merge_size=MERGE, temporal_patch_size=2, window_size=16, fullatt_block_indexes=[1])
+        cfg = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **tokens)
+        cfg.architectures = ["Qwen2_5_VLForConditionalGeneration"]
+        return cfg
+    vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=PATCH,
+                  spatial_merge_size=MERGE, temporal_patch_size=2, in_channels=3)
+    cfg = Qwen2VLConfig(text_config=text, vision_config=vision, **tokens)
     cfg.architectures = ["Qwen2VLForConditionalGeneration"]
     return cfg
 
@@ -43,11 +52,12 @@ def save_tokenizer(path) -> None:
     fast.save_pretrained(path)
 
 
-def save_tiny_qwen2_vl(path, seed: int = 0) -> Qwen2VLForConditionalGeneration:
+def save_tiny_qwen2_vl(path, seed: int = 0, v2_5: bool = False):
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
     torch.manual_seed(seed)
-    hf = Qwen2VLForConditionalGeneration(qwen2_vl_config()).float()
+    model_cls = Qwen2_5_VLForConditionalGeneration if v2_5 else Qwen2VLForConditionalGeneration
+    hf = model_cls(qwen2_vl_config(v2_5)).float()
     randomize(hf, seed)
     with torch.no_grad():  # image rows loud enough that the answer depends on the image
         hf.model.visual.merger.mlp[2].weight.mul_(10.0)
