@@ -133,3 +133,37 @@ def hf_text(hf, model, ids, image, eos: int | None = None) -> str:
     if eos in toks:
         toks = toks[: toks.index(eos)]
     return " ".join(f"t{t}" for t in toks)
+
+
+def test_qwen2_vl_through_openai_and_a_program(tmp_path_factory):
+    """Qwen2-VL's image text (<|vision_start|><|image_pad|><|vision_end|>) through the chat template and sgl.image."""
+    import radixlm as sgl
+    from tests.runtime.models.tiny_qwen2_vl import hf_greedy, save_tiny_qwen2_vl
+
+    model = tmp_path_factory.mktemp("qwen2_vl")
+    hf = save_tiny_qwen2_vl(model, seed=7)
+    h = start_server("--model-path", str(model))
+    try:
+        client = openai.OpenAI(base_url=f"{h.base_url}/v1", api_key="x", max_retries=0, timeout=60)
+        out = client.chat.completions.create(
+            model="m", max_tokens=NEW, temperature=0, extra_body={"ignore_eos": True},
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": DATA_URL}},
+                                                   {"type": "text", "text": "t5 t6"}]}])
+        # "user <|vision_start|><|image_pad|><|vision_end|>\nt5 t6 t1 "
+        ref, _ = hf_greedy(hf, model, [0, 96, 97, 99, 5, 6, 1], [png(1)], NEW)
+        assert out.choices[0].message.content == " ".join(f"t{t}" for t in ref)
+
+        @sgl.function
+        def describe(s):
+            s += sgl.user(sgl.image(png(1)) + "t5 t6")
+            s += sgl.assistant(sgl.gen("answer", max_tokens=NEW, temperature=0, ignore_eos=True))
+
+        backend = sgl.RuntimeEndpoint(h.base_url)
+        try:
+            state = describe.run(backend=backend)
+            state.text()
+        finally:
+            backend.shutdown()
+        assert "<|vision_start|><|image_pad|><|vision_end|>" in state.text() and state["answer"]
+    finally:
+        stop_server(h)
