@@ -3,8 +3,12 @@ generate on images of different shapes (each picks its own tile grid and token c
 token count equals transformers' packed feature length."""
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
+from PIL import Image
+from transformers import AutoImageProcessor
 
 import radixlm
 from radixlm.runtime.multimodal import anyres
@@ -22,12 +26,8 @@ def tiny(tmp_path_factory):
 
 
 def test_token_count_matches_transformers(tiny):
-    _, hf = tiny
-    from transformers import AutoImageProcessor
-    from PIL import Image
-    import io
-
-    proc = AutoImageProcessor.from_pretrained(tiny[0])
+    path, hf = tiny
+    proc = AutoImageProcessor.from_pretrained(path)
     cfg = llava_config(next_=True)
     for i, size in enumerate(SHAPES):
         out = proc(images=[Image.open(io.BytesIO(png(i, size))).convert("RGB")], return_tensors="pt")
