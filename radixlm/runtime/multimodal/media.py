@@ -21,6 +21,9 @@ _BASE64 = re.compile(r"[A-Za-z0-9+/\s]+={0,2}")
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w-]+=[^;,]*)*)(?P<b64>;base64)?,(?P<data>.*)", re.S)
 
 
+MAX_IMAGE_PIXELS = 50_000_000  # refused before decoding: a small compressed file can expand to gigabytes
+
+
 class MediaError(ValueError):
     """The media input is refused, unreachable or not decodable."""
 
@@ -66,11 +69,16 @@ class MediaLoader:
 
         data = self.load_bytes(source)
         try:
-            img = Image.open(io.BytesIO(data))
-            img.load()
+            img = Image.open(io.BytesIO(data))  # reads the header only
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
             raise MediaError(f"cannot decode the image ({len(data)} bytes): {e}") from None
-        return img.convert("RGB")
+        if img.width * img.height > MAX_IMAGE_PIXELS:
+            raise MediaError(f"image of {img.width}x{img.height} pixels exceeds the limit of {MAX_IMAGE_PIXELS}")
+        try:
+            img.load()
+            return img.convert("RGB")
+        except (OSError, ValueError, Image.DecompressionBombError) as e:
+            raise MediaError(f"cannot decode the image ({len(data)} bytes): {e}") from None
 
     # ------------------------------------------------------------------ sources
     def _sized(self, data: bytes) -> bytes:

@@ -58,6 +58,18 @@ def test_inline_sources():
         MediaLoader(MediaPolicy(max_bytes=100)).load_bytes(b64)
 
 
+def test_huge_images_are_refused_before_decoding():
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("1", (10_000, 6_000)).save(buf, format="PNG")  # 60 megapixels in a few kilobytes
+    assert len(buf.getvalue()) < 100_000
+    with pytest.raises(MediaError, match="^image of 10000x6000 pixels exceeds the limit"):
+        MediaLoader(MediaPolicy()).load_image(buf.getvalue())
+
+
 def test_local_files_only_under_the_allowed_directory(tmp_path):
     allowed = tmp_path / "media"
     allowed.mkdir()
