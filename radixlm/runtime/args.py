@@ -30,6 +30,7 @@ class SpeculativeAlgorithm(str, enum.Enum):
     RADIX = "RADIX"  # what the radix cache holds after the request's tokens (scheduler/drafts/radix.py)
     NGRAM_RADIX = "NGRAM_RADIX"  # both: the cache's continuation of the whole sequence, prompt lookup, the cache's k-gram
     STANDALONE = "STANDALONE"  # a small draft model with the same tokenizer (scheduler/drafts/model.py)
+    EAGLE = "EAGLE"  # an EAGLE head over the target's hidden states (executor/eagle_runner.py)
 
 
 # ServerArgs fields whose values are enums: a string given for them becomes the member.
@@ -89,7 +90,8 @@ class ServerArgs:
     speculative_algorithm: SpeculativeAlgorithm | None = field(default=None, metadata={"choices": tuple(m.value for m in SpeculativeAlgorithm), "help": "NGRAM: draft from the request's own prompt and output (prompt lookup)"})
     speculative_num_draft_tokens: int = field(default=4, metadata={"help": "draft tokens proposed per request and step"})
     speculative_num_steps: int | None = field(default=None, metadata={"help": "STANDALONE: draft model passes (draft tokens) per request and step at most; default --speculative-num-draft-tokens"})
-    speculative_draft_model_path: str | None = field(default=None, metadata={"help": "STANDALONE: the draft model (HF directory; the target's tokenizer)"})
+    speculative_draft_model_path: str | None = field(default=None, metadata={"help": "STANDALONE: the draft model (HF directory; the target's tokenizer); EAGLE: the head's directory (config.json, weights)"})
+    speculative_eagle_topk: int = field(default=1, metadata={"help": "EAGLE: branches per draft step (1: chain drafts, the only kind so far)"})
     speculative_ngram_min_match_window_size: int = field(default=1, metadata={"help": "NGRAM: shortest run of latest tokens looked up"})
     speculative_ngram_max_match_window_size: int = field(default=4, metadata={"help": "NGRAM: longest run of latest tokens looked up (longest match first)"})
     speculative_radix_match_window_size: int = field(default=4, metadata={"help": "RADIX: latest tokens looked up in the cache's k-gram index when the request's whole sequence is not cached"})
@@ -169,10 +171,12 @@ class ServerArgs:
         check(self.speculative_radix_match_window_size >= 1, "speculative_radix_match_window_size must be >= 1")
         check(self.speculative_max_batch_rows >= 0, "speculative_max_batch_rows must be >= 0 (0: no limit)")
         check(self.speculative_num_steps is None or self.speculative_num_steps >= 1, "speculative_num_steps must be >= 1")
-        standalone = self.speculative_algorithm is SpeculativeAlgorithm.STANDALONE
-        check(not standalone or self.speculative_draft_model_path is not None,
-              "--speculative-algorithm STANDALONE needs --speculative-draft-model-path")
-        check(not standalone or self.tp_size == 1, "STANDALONE runs with tp_size 1 only")
+        model = self.speculative_algorithm in (SpeculativeAlgorithm.STANDALONE, SpeculativeAlgorithm.EAGLE)
+        check(not model or self.speculative_draft_model_path is not None,
+              f"--speculative-algorithm {getattr(self.speculative_algorithm, 'value', '')} needs "
+              "--speculative-draft-model-path")
+        check(not model or self.tp_size == 1, "a draft model (STANDALONE, EAGLE) runs with tp_size 1 only")
+        check(self.speculative_eagle_topk == 1, "speculative_eagle_topk: only chain drafts (1) so far")
         check(self.watchdog_timeout > 0, "watchdog_timeout must be > 0")
         check(self.tp_size >= 1, "tp_size must be >= 1")
         check(self.ep_size in (1, self.tp_size), f"ep_size must be 1 or equal to tp_size ({self.tp_size})")

@@ -51,6 +51,7 @@ class CudaGraphRunner:
         self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.hidden: dict[int, torch.Tensor] = {}  # final hidden states of each size's pass (an EAGLE head's input)
         self.capture_seconds = 0.0
         if use_graphs:
             self._capture_all()
@@ -76,6 +77,7 @@ class CudaGraphRunner:
     def _run(self, bs: int, seq_lens_cpu: list[int] | None = None) -> torch.Tensor:
         fb = self._static_batch(bs, seq_lens_cpu)
         hidden = self.runner.model(fb.input_ids, fb.positions, fb)
+        self.hidden[bs] = hidden  # captured: a static buffer each replay of bs rows refills
         return self.runner.logits_processor.logits(hidden)
 
     @torch.inference_mode()
@@ -112,6 +114,9 @@ class CudaGraphRunner:
             self.out_cache_loc[bs:padded].zero_()
         if self.use_graphs:
             self.graphs[padded].replay()
-            return self.outputs[padded][:bs]
-        with torch.inference_mode():
-            return self._run(padded, fb.seq_lens_cpu + [1] * (padded - bs))[:bs]
+            logits = self.outputs[padded][:bs]
+        else:
+            with torch.inference_mode():
+                logits = self._run(padded, fb.seq_lens_cpu + [1] * (padded - bs))[:bs]
+        self.runner.last_hidden = self.hidden[padded][:bs]
+        return logits

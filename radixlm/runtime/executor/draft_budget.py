@@ -1,4 +1,4 @@
-"""The memory a STANDALONE draft model will take, known before it is loaded: the target's KV budget leaves room for
+"""The memory a draft model (STANDALONE, an EAGLE head) will take, known before it is loaded: the target's KV budget leaves room for
 it (its pool has one slot per target slot, so every pooled token costs both models' KV)."""
 from __future__ import annotations
 
@@ -24,14 +24,16 @@ def draft_steps(args: ServerArgs) -> int:
 def draft_budget(args: ServerArgs, target: ModelConfig, rows: int = 0) -> DraftBudget:
     """Zero without a draft model. Weights are counted from the config as a dense decoder's (attention, gated MLP,
     embeddings; norms left out); `rows` request rows' scratch slots (DraftModelRunner) count with them."""
-    if args.speculative_algorithm is not SpeculativeAlgorithm.STANDALONE:
+    eagle = args.speculative_algorithm is SpeculativeAlgorithm.EAGLE
+    if args.speculative_algorithm is not SpeculativeAlgorithm.STANDALONE and not eagle:
         return DraftBudget()
     cfg = ModelConfig.from_path(args.speculative_draft_model_path, dtype=target.dtype, device="cpu",
                                 context_length=target.context_len, load_format=args.load_format)
     tc = getattr(cfg.hf_config, "text_config", None) or cfg.hf_config
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     per_layer = h * (2 * q + 2 * kv) + 3 * h * getattr(tc, "intermediate_size", 4 * h)
-    embeddings = cfg.vocab_size * h * (1 if getattr(tc, "tie_word_embeddings", False) else 2)
+    # An EAGLE head uses the target's embeddings and lm_head; its fc takes 2h inputs.
+    embeddings = 2 * h * h if eagle else cfg.vocab_size * h * (1 if getattr(tc, "tie_word_embeddings", False) else 2)
     size = torch.tensor([], dtype=cfg.dtype).element_size()
     kv_bytes = cfg.num_layers * 2 * kv * size
     return DraftBudget((cfg.num_layers * per_layer + embeddings) * size + rows * draft_steps(args) * kv_bytes, kv_bytes)

@@ -35,26 +35,17 @@ class DraftModelRunner(ModelRunner):
     def __init__(self, server_args: ServerArgs, target: ModelRunner, max_steps: int):
         path = server_args.speculative_draft_model_path
         if target.parallel.tp_size > 1:
-            raise ValueError("a STANDALONE draft model runs with tp_size 1 only")
+            raise ValueError("a draft model (STANDALONE, EAGLE) runs with tp_size 1 only")
         if getattr(target, "mm_embedder", None) is not None:
-            raise ValueError("a STANDALONE draft model needs a text-only target (its passes take media embeddings)")
+            raise ValueError("a draft model needs a text-only target (its passes take media embeddings)")
         self.mm_embedder = None
         self.server_args = server_args
         self.device = target.device
         self.parallel = target.parallel
         self.page_size = target.page_size
-        self.model_config = ModelConfig.from_path(path, dtype=target.model_config.dtype, device=target.device,
-                                                  context_length=target.model_config.context_len,
-                                                  load_format=server_args.load_format)
-        self.model = load_model(self.model_config, server_args.load_format, target.device, target.parallel)
-        self.model.eval()
-        if not self.is_cuda:
-            for module in self.model.modules():
-                if hasattr(module, "pack_for_cpu"):
-                    module.pack_for_cpu()
+        self._load(server_args, target)
         cfg = self.model_config
         self.num_kv_heads = cfg.num_kv_heads
-        self.logits_processor = LogitsProcessor(self.model.lm_head, cfg.vocab_size, target.parallel)
         # The draft may pad its vocabulary past the target's: tokens the target cannot take are never proposed.
         self.vocab_size = min(cfg.vocab_size, target.model_config.vocab_size)
         self.req_to_token_pool = target.req_to_token_pool
@@ -73,12 +64,40 @@ class DraftModelRunner(ModelRunner):
             backend = "triton" if self.is_cuda else "torch_native"
         self.attn_backend = ATTENTION_BACKENDS[backend](self)
         self.graph_runner = None
-        if target.graph_runner is not None:  # the target's decode and verification passes, and every draft pass
-            self.graph_runner = CudaGraphRunner(self, target.graph_runner.max_bs)
+        if target.graph_runner is not None and self.graphs:  # the target's decode and verification passes, and
+            self.graph_runner = CudaGraphRunner(self, target.graph_runner.max_bs)  # every draft pass
         # The token each request row's last draft pass chose, read by its next pass on the device.
         self._token_buf = torch.zeros(rows, dtype=torch.int64, device=self.device)
         logger.info("draft model %s: KV pool %.1f MiB (%d scratch slots)", path,
                     self.token_to_kv_pool.mem_bytes() / 2**20, scratch)
+
+    graphs = True  # its passes replay CUDA graphs where the target's do
+
+    def _load(self, server_args: ServerArgs, target: ModelRunner) -> None:
+        """Sets model_config, model and logits_processor."""
+        self.model_config = ModelConfig.from_path(
+            server_args.speculative_draft_model_path, dtype=target.model_config.dtype, device=target.device,
+            context_length=target.model_config.context_len, load_format=server_args.load_format)
+        self.model = load_model(self.model_config, server_args.load_format, target.device, target.parallel)
+        self.model.eval()
+        if not self.is_cuda:
+            for module in self.model.modules():
+                if hasattr(module, "pack_for_cpu"):
+                    module.pack_for_cpu()
+        self.logits_processor = LogitsProcessor(self.model.lm_head, self.model_config.vocab_size, target.parallel)
+
+    def scratch_slot(self, row: int, step: int) -> int:
+        return self.scratch_base + row * self.max_steps + step
+
+    def point_at_scratch(self, rows: list[int], positions: list[int], steps: list[int]) -> None:
+        """Positions [p, p + steps) of each request row point at its scratch slots until the planner writes the
+        verification pass's real ones: nothing reads a request's table past its committed KV meanwhile."""
+        spans = [(r, p, p + k) for r, p, k in zip(rows, positions, steps)]
+        scratch = [self.scratch_slot(r, i) for r, k in zip(rows, steps) for i in range(k)]
+        if scratch:
+            table = self.req_to_token_pool.req_to_token
+            table.view(-1).index_copy_(0, self.req_to_token_pool.flat_index(spans),
+                                       host_to_device(scratch, torch.int64, self.device))
 
     @torch.inference_mode()
     def write_kv(self, wb: ModelWorkerBatch) -> None:
@@ -101,15 +120,8 @@ class DraftModelRunner(ModelRunner):
         token, last_tokens[i]), up to steps[i] tokens, one draft pass per step over the requests still drafting.
         The passes are enqueued back to back (each reads the previous one's tokens on the device); the host reads
         the chains once."""
-        table = self.req_to_token_pool.req_to_token
         n_steps = max(steps, default=0)
-        # Positions [p, p + steps) of each request point at its scratch slots until the planner writes the
-        # verification pass's real ones: nothing reads a request's table past its committed KV meanwhile.
-        spans = [(r, p, p + k) for r, p, k in zip(rows, positions, steps)]
-        scratch = [self.scratch_base + r * self.max_steps + i for r, _, k in zip(rows, positions, steps)
-                   for i in range(k)]
-        slots = host_to_device(scratch, torch.int64, self.device)
-        table.view(-1).index_copy_(0, self.req_to_token_pool.flat_index(spans), slots)
+        self.point_at_scratch(rows, positions, steps)
         chosen = []
         active = list(range(len(rows)))
         for step in range(n_steps):
@@ -119,8 +131,8 @@ class DraftModelRunner(ModelRunner):
             wb = ModelWorkerBatch(
                 input_ids=ids, positions=pos, req_pool_indices=[rows[i] for i in active], prefix_lens=pos,
                 extend_lens=[1] * len(active), seq_lens=[p + 1 for p in pos],
-                out_cache_loc=host_to_device([self.scratch_base + rows[i] * self.max_steps + step for i in active],
-                                             torch.int64, self.device),
+                out_cache_loc=host_to_device([self.scratch_slot(rows[i], step) for i in active], torch.int64,
+                                             self.device),
                 logits=LogitsPlan(sample_rows=list(range(len(active)))), has_in_flight=step > 0,
                 token_buf=self._token_buf)
             fb = ForwardBatch.build(wb, ForwardMode.TOKEN_ROWS, self.req_to_token_pool, self.token_to_kv_pool,

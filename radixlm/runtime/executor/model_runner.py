@@ -186,4 +186,5 @@ class ModelRunner:
             return split_rows(picked, plan, [], [], ForwardMode.TOKEN_ROWS)
         self.attn_backend.init_forward_metadata(forward_batch)
         hidden = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+        self.last_hidden = hidden  # every row's final hidden state (an EAGLE head reads them)
         return self.logits_processor(hidden, plan, forward_batch.forward_mode)

@@ -58,7 +58,7 @@ class SchedulerOutputProcessorMixin:
             self._after_tokens(req, is_prefill)
         if batch.verifiers:
             self._process_verified(result)
-        self.drafts.flush()  # deferred sources' drafts, after the rejected KV is freed
+        self.drafts.flush(batch)  # deferred sources' drafts, after the rejected KV is freed
         if batch.is_prefill:
             # The prompt becomes shareable right after its prefill (chunk by chunk when chunked).
             for req in batch.new_reqs:

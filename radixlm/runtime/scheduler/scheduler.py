@@ -21,6 +21,7 @@ from radixlm.runtime.args import GrammarMaskMode, ServerArgs, SpeculativeAlgorit
 from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.executor.draft_budget import draft_steps
 from radixlm.runtime.executor.draft_runner import DraftModelRunner
+from radixlm.runtime.executor.eagle_runner import EagleRunner
 from radixlm.runtime.executor.logits import LogitsOutput
 from radixlm.runtime.grammar.backend import GrammarCache
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
@@ -31,7 +32,7 @@ from radixlm.runtime.scheduler.admission import AdmissionMixin
 from radixlm.runtime.scheduler.cursor import can_launch_ahead
 from radixlm.runtime.scheduler.drafts import DraftPath, Proposer
 from radixlm.runtime.scheduler.drafts.jump_forward import JumpForwardSource
-from radixlm.runtime.scheduler.drafts.model import DraftModelSource
+from radixlm.runtime.scheduler.drafts.model import DraftModelSource, EagleSource
 from radixlm.runtime.scheduler.drafts.ngram import NGramSource
 from radixlm.runtime.scheduler.drafts.radix import RadixSource
 from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
@@ -125,6 +126,8 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
             return [radix(kgram=False), ngram(), radix(path=False)]
         if algo is SpeculativeAlgorithm.STANDALONE:
             return [DraftModelSource(DraftModelRunner(args, self.runner, draft_steps(args)), stats)]
+        if algo is SpeculativeAlgorithm.EAGLE:
+            return [EagleSource(EagleRunner(args, self.runner, draft_steps(args)), stats)]
         return []
 
     # ------------------------------------------------------------------ input

@@ -8,7 +8,8 @@ Optional source attributes: `deferred` sources propose for all the requests of a
 model runs one batched pass per draft token): propose() queues the requests they are `ready` for, and flush() --
 after the pass's verdicts, once rejected KV is freed -- hands them to propose_batch. `adaptive_length` sources draft
 as many tokens as each request's acceptance history suggests (drafts/adaptive.py). Sources with `on_launch` see
-the rows of every pass launched (a draft model writes its own KV for them).
+the rows of every pass launched (a draft model writes its own KV for them), those with `on_processed` every pass
+processed (an EAGLE head writes its KV once the pass's tokens are known).
 
 The batch rule (draft_cap): verification rows are nearly free while a decode pass is bound by reading the weights,
 and cost as much as any row once the pass is bound by compute; so a decode pass of n requests may reach
@@ -63,6 +64,7 @@ class DraftPath:
         self.max_batch_rows = max_batch_rows
         self.batch_size = batch_size
         self.watchers = [s for s in sources if hasattr(s, "on_launch")]
+        self.processors = [s for s in sources if hasattr(s, "on_processed")]
         self._lengths: weakref.WeakKeyDictionary[Req, DraftLength] = weakref.WeakKeyDictionary()
         self._pending: list[tuple[Proposer, Req, int | None]] = []  # deferred sources' requests, until flush
 
@@ -121,8 +123,12 @@ class DraftPath:
         if draft is not None:
             self._cut(req, self._limit(req, draft.source, cap))
 
-    def flush(self) -> None:
-        """Deferred sources propose for the requests queued since the last flush (batched per source)."""
+    def flush(self, batch=None) -> None:
+        """After pass `batch` was processed (its verdicts taken, rejected KV freed): sources with on_processed see
+        it, then deferred sources propose for the requests queued since the last flush (batched per source)."""
+        if batch is not None:
+            for source in self.processors:
+                source.on_processed(batch)
         pending, self._pending = list({id(req): (s, req, limit) for s, req, limit in self._pending}.values()), []
         for source in dict.fromkeys(s for s, _, _ in pending):
             mine = [(req, limit) for s, req, limit in pending if s is source]

@@ -13,6 +13,7 @@ import weakref
 from collections import Counter
 
 from radixlm.runtime.executor.draft_runner import DraftModelRunner
+from radixlm.runtime.executor.eagle_runner import PairSpan
 from radixlm.runtime.executor.forward_batch import ModelWorkerBatch
 from radixlm.runtime.scheduler.cursor import Draft
 from radixlm.runtime.scheduler.drafts.backoff import Backoff
@@ -81,3 +82,18 @@ class DraftModelSource:
             backoff = self._backoffs[req] = Backoff()
         if backoff.learn(accepted):
             self.stats["model_backoffs"] += 1
+
+
+class EagleSource(DraftModelSource):
+    """An EAGLE head (--speculative-algorithm EAGLE, executor/eagle_runner.py): its KV is written after each pass is
+    processed, for every request of the pass (on_processed), before the drafts of those that draft."""
+
+    def on_processed(self, batch) -> None:
+        wb, spans, row = batch.worker, [], 0
+        for req, idx, start, n in zip(batch.reqs, wb.req_pool_indices, wb.prefix_lens, wb.extend_lens):
+            tokens = req.origin_input_ids + req.output_ids
+            # Pair i needs token i + 1: up to the newest token (a chunk: its rows, the next prompt token known).
+            end = min(start + n, len(tokens) - 1)
+            spans.append(PairSpan(idx, start, end, tokens[start + 1 : end + 1], row))
+            row += n
+        self.runner.catch_up(wb, spans)

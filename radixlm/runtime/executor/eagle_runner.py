@@ -1,0 +1,150 @@
+"""An EAGLE head as the draft model (--speculative-algorithm EAGLE): models/eagle.py's head over the target's final
+hidden states, with its one layer's KV in a pool over the target's slots (as STANDALONE's, draft_runner.py).
+
+The head's KV at the slot of position i is its pair (h_i, t_{i+1}) -- SGLang's layout. A pair needs the token after
+its position, so it is written once that token is known: after each target pass is processed (catch_up), for the
+positions of the pass's rows up to the request's newest token; the last pair's output is the first draft token.
+The target's hidden states of a pass are copied when it is launched (write_kv): a CUDA-graph replay reuses its
+buffer. NOTE (caveat, as in SGLang): a radix-cache hit of P tokens reuses the pair at position P - 1, which the
+writer of that prefix made with its own token P; where the new request continues otherwise, that one pair differs
+from the request's own, which only lowers acceptance (verification keeps outputs exact)."""
+from __future__ import annotations
+
+import glob
+import os
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.executor.draft_runner import DraftModelRunner
+from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ForwardBatch, ForwardMode, ModelWorkerBatch
+from radixlm.runtime.executor.logits import LogitsPlan
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.host_to_device import HostCopy, host_to_device
+from radixlm.runtime.model_loader.config import ModelConfig
+from radixlm.runtime.model_loader.loader import _default_dtype, initialize_dummy_weights, safetensors_weights_iterator
+from radixlm.runtime.models.eagle import EagleHead
+
+
+@dataclass
+class PairSpan:
+    """A request's pairs to write after a pass: positions [start, end), their tokens t_{start+1} .. t_end, the
+    target's hidden states from the pass's row `first_row` on."""
+
+    row: int  # req_to_token row
+    start: int
+    end: int
+    tokens: list[int]
+    first_row: int
+
+
+class EagleRunner(DraftModelRunner):
+    graphs = False  # the head's passes take features beside token ids: eager
+
+    def _load(self, server_args: ServerArgs, target: ModelRunner) -> None:
+        path = server_args.speculative_draft_model_path
+        self.model_config = ModelConfig.from_path(path, dtype=target.model_config.dtype, device=target.device,
+                                                  context_length=target.model_config.context_len,
+                                                  load_format=server_args.load_format)
+        with torch.device(target.device), _default_dtype(self.model_config.dtype):
+            self.model = EagleHead(self.model_config.hf_config, target.model.model.embed_tokens).eval()
+        if server_args.load_format == "dummy":
+            initialize_dummy_weights(self.model)
+        else:
+            self.model.load_weights(_checkpoint(path))
+        if not self.is_cuda:
+            for module in self.model.modules():
+                if hasattr(module, "pack_for_cpu"):
+                    module.pack_for_cpu()
+        self.logits_processor = target.logits_processor  # the target's lm_head
+        self.target = target
+        # Each launched target pass's hidden states, until it is processed (passes are processed in launch order).
+        self._passes: deque[tuple[ModelWorkerBatch, torch.Tensor]] = deque()
+        rows, hidden = target.req_to_token_pool.size, self.model_config.hidden_size
+        self._last_out = torch.zeros(rows, hidden, dtype=self.model_config.dtype, device=target.device)
+
+    @torch.inference_mode()
+    def write_kv(self, wb: ModelWorkerBatch) -> None:
+        """At launch: the target's hidden states of the pass (its pairs are written once its tokens are known)."""
+        self._passes.append((wb, self.target.last_hidden[: wb.num_rows].clone()))
+
+    @torch.inference_mode()
+    def catch_up(self, wb: ModelWorkerBatch, spans: list[PairSpan]) -> None:
+        """After pass `wb` was processed: the head's pairs of its requests' new positions, in one pass; each
+        request's last output is kept (the first draft token, when the last pair is at its newest token)."""
+        while self._passes and self._passes[0][0] is not wb:
+            self._passes.popleft()  # a pass whose results were dropped (a failed step)
+        if not self._passes:
+            return
+        _, hidden = self._passes.popleft()
+        spans = [s for s in spans if s.end > s.start]
+        if not spans:
+            return
+        pool = self.req_to_token_pool
+        lens = [s.end - s.start for s in spans]
+        pos = [p for s in spans for p in range(s.start, s.end)]
+        slots = pool.req_to_token.view(-1)[pool.flat_index([(s.row, s.start, s.end) for s in spans])]
+        pairs = ModelWorkerBatch(
+            input_ids=[t for s in spans for t in s.tokens], positions=pos, req_pool_indices=[s.row for s in spans],
+            prefix_lens=[s.start for s in spans], extend_lens=lens, seq_lens=[s.end for s in spans],
+            out_cache_loc=slots, logits=LogitsPlan())
+        mode = ForwardMode.TOKEN_ROWS if all(n == 1 for n in lens) else ForwardMode.REQUEST_SPANS
+        feature_rows = [s.first_row + i for s, n in zip(spans, lens) for i in range(n)]
+        out = self._head(pairs, mode, hidden[host_to_device(feature_rows, torch.int64, self.device)])
+        last = [sum(lens[: i + 1]) - 1 for i in range(len(spans))]
+        self._last_out[host_to_device([s.row for s in spans], torch.int64, self.device)] = \
+            out[host_to_device(last, torch.int64, self.device)]
+
+    def _head(self, wb: ModelWorkerBatch, mode: ForwardMode, features: torch.Tensor) -> torch.Tensor:
+        fb = ForwardBatch.build(wb, mode, self.req_to_token_pool, self.token_to_kv_pool, self.attn_backend,
+                                self.device)
+        self.attn_backend.init_forward_metadata(fb)
+        return self.model(fb.input_ids, fb.positions, fb, features)
+
+    def _tokens(self, out: torch.Tensor) -> torch.Tensor:
+        return torch.argmax(self.logits_processor.logits(out)[:, : self.vocab_size], dim=-1)
+
+    @torch.inference_mode()
+    def propose(self, rows: list[int], last_tokens: list[int], positions: list[int], steps: list[int]
+                ) -> list[list[int]]:
+        """Greedy chains from each request row's last catch-up output (its newest token is at positions[i]): the
+        first token from that output, each next one from a head pass over (previous output, previous token) at
+        the next position (its KV in a scratch slot)."""
+        n_steps = max(steps, default=0)
+        if not n_steps:
+            return [[] for _ in rows]
+        self.point_at_scratch(rows, positions, [k - 1 for k in steps])
+        rows_t = host_to_device(rows, torch.int64, self.device)
+        out = self._last_out[rows_t]
+        tokens = self._tokens(out)
+        chosen = [tokens]
+        for step in range(1, n_steps):
+            active = [i for i in range(len(rows)) if steps[i] > step]
+            self._token_buf[rows_t] = tokens
+            pos = [positions[i] + step - 1 for i in active]
+            wb = ModelWorkerBatch(
+                input_ids=[IN_FLIGHT] * len(active), positions=pos, req_pool_indices=[rows[i] for i in active],
+                prefix_lens=pos, extend_lens=[1] * len(active), seq_lens=[p + 1 for p in pos],
+                out_cache_loc=host_to_device([self.scratch_slot(rows[i], step - 1) for i in active], torch.int64,
+                                             self.device),
+                logits=LogitsPlan(), has_in_flight=True, token_buf=self._token_buf)
+            idx = host_to_device(active, torch.int64, self.device)
+            new = self._head(wb, ForwardMode.TOKEN_ROWS, out[idx])
+            out, tokens = out.clone(), tokens.clone()
+            out[idx] = new
+            tokens[idx] = self._tokens(new)
+            chosen.append(tokens)
+        got = HostCopy(torch.stack(chosen)).get()[0].tolist()
+        return [[got[s][i] for s in range(steps[i])] for i in range(len(rows))]
+
+
+def _checkpoint(path: str):
+    """The head's tensors: safetensors files, else PyTorch .bin files (as the EAGLE authors publish them)."""
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if files:
+        yield from safetensors_weights_iterator(files)
+        return
+    for f in sorted(glob.glob(os.path.join(path, "*.bin"))):
+        yield from torch.load(f, map_location="cpu", weights_only=True).items()
