@@ -6,7 +6,8 @@ Its KV lives in its own pool over the target's slots (executor/draft_runner.py h
 is also a draft pass over the same rows (write_kv, via DraftPath.on_launch), so after a pass the draft model has the
 KV of every position but the request's newest token, exactly as the target does; a draft starts from that token.
 Draft lengths follow each request's acceptance history (adaptive_length, drafts/adaptive.py) within
---speculative-num-steps, and shrink with the batch (batch_adaptive, DraftPath.draft_cap)."""
+--speculative-num-steps, and shrink with the batch (batch_adaptive, DraftPath.draft_cap). An EAGLE head
+(EagleSource) drafts the same way; only its KV is written differently (after each pass, executor/eagle_runner.py)."""
 from __future__ import annotations
 
 import weakref
@@ -91,9 +92,16 @@ class EagleSource(DraftModelSource):
     def on_processed(self, batch) -> None:
         wb, spans, row = batch.worker, [], 0
         for req, idx, start, n in zip(batch.reqs, wb.req_pool_indices, wb.prefix_lens, wb.extend_lens):
-            tokens = req.origin_input_ids + req.output_ids
             # Pair i needs token i + 1: up to the newest token (a chunk: its rows, the next prompt token known).
-            end = min(start + n, len(tokens) - 1)
-            spans.append(PairSpan(idx, start, end, tokens[start + 1 : end + 1], row))
+            end = min(start + n, req.seqlen - 1)
+            spans.append(PairSpan(idx, start, end, _tokens(req, start + 1, end + 1), row))
             row += n
         self.runner.catch_up(wb, spans)
+
+
+def _tokens(req: Req, start: int, end: int) -> list[int]:
+    """The request's tokens at positions [start, end) (all on the host)."""
+    origin, n_in = req.origin_input_ids, len(req.origin_input_ids)
+    if start >= n_in:
+        return req.output_ids[start - n_in : end - n_in]
+    return origin[start:end] + req.output_ids[: max(end - n_in, 0)]
