@@ -69,13 +69,14 @@ class RequestBuilder:
         image token count depends on the image's size)."""
         return num_images * (self.mm.num_image_tokens - 1) if self.mm is not None else 0
 
-    def expand_media(self, ids: list[int], images) -> tuple[list[int], "MultimodalInputs | None"]:
-        """The prompt with its image placeholders expanded, and its media (None without images)."""
-        if images is None or images == []:
+    def expand_media(self, ids: list[int], images, videos=None) -> tuple[list[int], "MultimodalInputs | None"]:
+        """The prompt with its image and video placeholders expanded, and its media (None without any)."""
+        images, videos = _items(images), _items(videos)
+        if not images and not videos:
             return ids, None
         if self.mm is None:
-            raise ValueError("this model does not take images (image_data was given)")
-        return self.mm.expand(ids, images if isinstance(images, list) else [images])
+            raise ValueError(f"this model does not take {'images' if images else 'videos'}")
+        return self.mm.expand(ids, images, videos)
 
     def tokenize(self, prompt: str | None, input_ids: list[int] | None) -> list[int]:
         if (prompt is None) == (input_ids is None):
@@ -138,9 +139,10 @@ class RequestBuilder:
         )
 
     def build(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
-              top_logprobs_num=None, rid=None, extra_key=None, stream=False, image_data=None) -> BuiltRequests:
+              top_logprobs_num=None, rid=None, extra_key=None, stream=False, image_data=None,
+              video_data=None) -> BuiltRequests:
         steps = self.build_steps(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                 top_logprobs_num, rid, extra_key, stream, image_data)
+                                 top_logprobs_num, rid, extra_key, stream, image_data, video_data)
         while True:
             try:
                 next(steps)
@@ -149,7 +151,7 @@ class RequestBuilder:
 
     def build_steps(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                     logprob_start_len=None, top_logprobs_num=None, rid=None, extra_key=None,
-                    stream=False, image_data=None) -> Generator[None, None, BuiltRequests]:
+                    stream=False, image_data=None, video_data=None) -> Generator[None, None, BuiltRequests]:
         """build, yielding after each request it makes, so that an event loop can serve others during a large
         batch (TokenizerManager.build_async); returns the BuiltRequests."""
         batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list))
@@ -163,8 +165,9 @@ class RequestBuilder:
             _per_prompt(name, value, len(prompts)) for name, value in (
                 ("sampling_params", sampling_params), ("rid", rid), ("return_logprob", return_logprob),
                 ("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num)))
-        # image_data: one prompt's images (an item or a list), or for a batch a list with an entry per prompt.
+        # image_data, video_data: one prompt's items (an item or a list), or for a batch a list with an entry per prompt.
         images = _per_prompt("image_data", image_data, len(prompts)) if batched else [image_data]
+        videos = _per_prompt("video_data", video_data, len(prompts)) if batched else [video_data]
         encode_batches = len(prompts) > 1 and all(isinstance(p, str) for p in prompts) and input_ids is None
         msgs, warm = [], []
         for i, (p, ids, sp) in enumerate(zip(prompts, id_lists, sps)):
@@ -173,7 +176,7 @@ class RequestBuilder:
                 encoded = self.tokenizer(prompts[i : i + TOKENIZE_CHUNK])["input_ids"]
             if encode_batches:
                 p, ids = None, encoded[i % TOKENIZE_CHUNK]
-            tokens, mm_inputs = self.expand_media(self.tokenize(p, ids), images[i])
+            tokens, mm_inputs = self.expand_media(self.tokenize(p, ids), images[i], videos[i])
             n = _sample_count(sp)
             base = rids[i] if rids[i] else uuid.uuid4().hex
             for j in range(n):
@@ -190,6 +193,11 @@ class RequestBuilder:
             if stream and len(msgs) > 1:
                 raise ValueError("streaming supports one prompt with n=1")
         return BuiltRequests(msgs, batched or len(msgs) > 1, warm if not self.limits.disable_radix_cache else [])
+
+
+def _items(media) -> list:
+    """A prompt's media field: None, one item, or a list of items."""
+    return [] if media is None else media if isinstance(media, list) else [media]
 
 
 def _sample_count(sp) -> int:

@@ -20,6 +20,7 @@ PAD_RANGE = 1 << 30  # pad ids lie in [vocab_size, vocab_size + PAD_RANGE): belo
 
 class Modality(str, enum.Enum):
     IMAGE = "image"
+    VIDEO = "video"
 
 
 def content_hash(pixel_values: "torch.Tensor", extra: str = "") -> str:
@@ -40,7 +41,7 @@ def pad_ids(hash_hex: str, count: int, vocab_size: int) -> list[int]:
 
 @dataclass
 class MultimodalItem:
-    """One image: its encoder input and where its tokens sit in the prompt (set by the front)."""
+    """One image or video: its encoder input and where its tokens sit in the prompt (set by the front)."""
 
     modality: Modality
     hash: str  # content_hash of `pixel_values`

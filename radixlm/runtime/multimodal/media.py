@@ -1,4 +1,4 @@
-"""Media sources -> bytes -> PIL images, under the operator's policy: http(s) URLs (allowed domains, a timeout, a size
+"""Media sources -> bytes -> PIL images (a video: its sampled frames, decoded with PyAV), under the operator's policy: http(s) URLs (allowed domains, a timeout, a size
 limit, no redirects), data URLs, raw base64, and local files only under the allowed directory. Every refusal is a
 MediaError (a ValueError: the APIs answer it with a 400)."""
 from __future__ import annotations
@@ -79,6 +79,33 @@ class MediaLoader:
             return img.convert("RGB")
         except (OSError, ValueError, Image.DecompressionBombError) as e:
             raise MediaError(f"cannot decode the image ({len(data)} bytes): {e}") from None
+
+    def load_video(self, source: str | bytes, num_frames: int) -> list["Image"]:
+        """`num_frames` frames spread evenly over the video's first video stream (all of them if it has fewer)."""
+        import av
+
+        data = self.load_bytes(source)
+        try:
+            with av.open(io.BytesIO(data)) as container:
+                if not container.streams.video:
+                    raise MediaError("the video has no video stream")
+                stream = container.streams.video[0]
+                width, height = stream.codec_context.width, stream.codec_context.height
+                if width * height > MAX_IMAGE_PIXELS:
+                    raise MediaError(f"video frames of {width}x{height} pixels exceed the limit of {MAX_IMAGE_PIXELS}")
+                total = stream.frames
+                if not total:  # the container does not say: count them
+                    total = sum(1 for _ in container.decode(stream))
+                    container.seek(0)
+                count = min(num_frames, total)
+                step = (total - 1) / max(count - 1, 1)
+                wanted = {round(i * step) for i in range(count)}
+                frames = [f.to_image() for i, f in enumerate(container.decode(stream)) if i in wanted]
+        except av.error.FFmpegError as e:
+            raise MediaError(f"cannot decode the video ({len(data)} bytes): {e}") from None
+        if not frames:
+            raise MediaError("the video has no frames")
+        return [f.convert("RGB") for f in frames]
 
     # ------------------------------------------------------------------ sources
     def _sized(self, data: bytes) -> bytes:

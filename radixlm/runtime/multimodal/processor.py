@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_IMAGES_PER_REQUEST = 64
+DEFAULT_VIDEO_FRAMES = 8  # frames sampled from a video, evenly over its length
 
 
 # Vision towers whose output starts with a CLS token (SigLIP's does not).
@@ -64,13 +65,15 @@ class ProcessedImage:
 
 class MultimodalProcessor:
     def __init__(self, hf_config, image_processor, image_token_id: int, image_token: str, vocab_size: int,
-                 loader: MediaLoader):
+                 loader: MediaLoader, video_token_id: int | None = None, video_token: str | None = None):
         self.hf_config = hf_config
         self.layout = layout_of(hf_config)
         self.image_processor = image_processor
         self.image_token_id = image_token_id
         self.image_token = image_token  # an image's text in prompts built from text (chat templates, programs)
         self.num_image_tokens = image_token_count(hf_config, image_processor)  # per image (at most, by size)
+        self.video_token_id = video_token_id  # None: the model takes no video
+        self.video_token = video_token
         self.vocab_size = vocab_size
         self.loader = loader
 
@@ -87,11 +90,14 @@ class MultimodalProcessor:
         token_id = getattr(hf_config, "image_token_index", None)
         token_id = hf_config.image_token_id if token_id is None else token_id
         image_processor = AutoImageProcessor.from_pretrained(model_dir)
-        token = tokenizer.convert_ids_to_tokens(token_id)
+        text = tokenizer.convert_ids_to_tokens
         start, end = getattr(hf_config, "vision_start_token_id", None), getattr(hf_config, "vision_end_token_id", None)
-        if start is not None and end is not None:  # Qwen2-VL writes an image as <|vision_start|><|image_pad|><|vision_end|>
-            token = tokenizer.convert_ids_to_tokens(start) + token + tokenizer.convert_ids_to_tokens(end)
-        return cls(hf_config, image_processor, token_id, token, hf_config.get_text_config().vocab_size, loader)
+        # Qwen2-VL writes an image as <|vision_start|><|image_pad|><|vision_end|>, a video with <|video_pad|>.
+        wrap = (lambda t: text(start) + text(t) + text(end)) if start is not None and end is not None else text
+        # Qwen2.5-VL spaces a video's time positions by its frame rate: its videos are not supported yet.
+        video_id = getattr(hf_config, "video_token_id", None) if hf_config.model_type == "qwen2_vl" else None
+        return cls(hf_config, image_processor, token_id, wrap(token_id), hf_config.get_text_config().vocab_size, loader,
+                   video_id, None if video_id is None else wrap(video_id))
 
     def preprocess(self, images: list["Image"]) -> list[ProcessedImage]:
         try:
@@ -111,22 +117,53 @@ class MultimodalProcessor:
         rows = pixels.split([t * h * w for t, h, w in grids])  # the batch's patches, image after image
         return [ProcessedImage(pv, t * h * w // merge, grid_thw=(t, h, w)) for pv, (t, h, w) in zip(rows, grids)]
 
-    def expand(self, ids: list[int], sources: list) -> tuple[list[int], MultimodalInputs]:
-        """Loads and preprocesses the images; replaces the k-th placeholder token of `ids` with the k-th image's pad
-        ids. Raises MediaError (a ValueError) for bad media or a placeholder count that does not match."""
-        if len(sources) > MAX_IMAGES_PER_REQUEST:
-            raise MediaError(f"at most {MAX_IMAGES_PER_REQUEST} images per request, got {len(sources)}")
-        slots = [i for i, t in enumerate(ids) if t == self.image_token_id]
-        if len(slots) != len(sources):
-            raise MediaError(f"the prompt has {len(slots)} image placeholder(s) ({self.image_token}) but "
-                             f"{len(sources)} image(s) were given")
-        images = self.preprocess([self.loader.load_image(s) for s in sources])
+    def preprocess_video(self, frames: list["Image"]) -> ProcessedImage:
+        """Qwen2-VL: each frame through the image processor (which repeats a still image over the temporal patch),
+        then consecutive frames stacked into the temporal patches (the last frame repeated to fill the last one)."""
+        import torch
+
+        t_patch, patch = self.image_processor.temporal_patch_size, self.hf_config.vision_config.patch_size
+        frames = frames + frames[-1:] * (-len(frames) % t_patch)
+        per_frame = self.preprocess(frames)
+        _, gh, gw = per_frame[0].grid_thw
+        n = gh * gw
+        # A frame's patch rows are (C, t_patch, P, P) with every temporal slice equal: keep one.
+        x = torch.stack([im.pixel_values.view(n, -1, t_patch, patch, patch)[:, :, 0] for im in per_frame])
+        t = len(frames) // t_patch
+        x = x.view(t, t_patch, n, -1, patch, patch).permute(0, 2, 3, 1, 4, 5)  # (t, rows, C, t_patch, P, P)
+        merge = self.hf_config.vision_config.spatial_merge_size ** 2
+        return ProcessedImage(x.reshape(t * n, -1).contiguous(), t * n // merge, grid_thw=(t, gh, gw))
+
+    def expand(self, ids: list[int], images: list, videos: list = (), num_frames: int = DEFAULT_VIDEO_FRAMES
+               ) -> tuple[list[int], MultimodalInputs]:
+        """Loads and preprocesses the media; replaces the k-th image (video) placeholder token of `ids` with the
+        k-th image's (video's) pad ids. Raises MediaError (a ValueError) for bad media or placeholder counts that do
+        not match."""
+        if len(images) + len(videos) > MAX_IMAGES_PER_REQUEST:
+            raise MediaError(f"at most {MAX_IMAGES_PER_REQUEST} media items per request, got {len(images) + len(videos)}")
+        if videos and self.video_token_id is None:
+            raise MediaError("this model does not take videos")
+        kinds = {self.image_token_id: (Modality.IMAGE, images, self.image_token)}
+        if self.video_token_id is not None:
+            kinds[self.video_token_id] = (Modality.VIDEO, videos, self.video_token)
+        slots = [i for i, t in enumerate(ids) if t in kinds]
+        for token_id, (modality, sources, text) in kinds.items():
+            found = sum(ids[i] == token_id for i in slots)
+            if found != len(sources):
+                raise MediaError(f"the prompt has {found} {modality.value} placeholder(s) ({text}) but "
+                                 f"{len(sources)} {modality.value}(s) were given")
+        processed = {self.image_token_id: iter(self.preprocess([self.loader.load_image(s) for s in images]))
+                     if images else iter(())}
+        if videos:
+            processed[self.video_token_id] = iter([self.preprocess_video(self.loader.load_video(s, num_frames))
+                                                   for s in videos])
         out, items, prev = [], [], 0
-        for slot, im in zip(slots, images):
+        for slot in slots:
+            im = next(processed[ids[slot]])
             out += ids[prev:slot]
             h = content_hash(im.pixel_values, str((im.image_size, im.grid_thw)))
-            items.append(MultimodalItem(Modality.IMAGE, h, im.pixel_values, len(out), im.num_tokens, im.image_size,
-                                        im.grid_thw))
+            items.append(MultimodalItem(kinds[ids[slot]][0], h, im.pixel_values, len(out), im.num_tokens,
+                                        im.image_size, im.grid_thw))
             out += pad_ids(h, im.num_tokens, self.vocab_size)
             prev = slot + 1
         out += ids[prev:]

@@ -17,6 +17,7 @@ VISION_START, IMAGE_PAD, VIDEO_PAD, VISION_END = 96, 97, 98, 99
 SPECIAL = {"<|vision_start|>": VISION_START, "<|image_pad|>": IMAGE_PAD, "<|video_pad|>": VIDEO_PAD,
            "<|vision_end|>": VISION_END}
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"  # an image in a prompt
+VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
 PATCH, MERGE = 4, 2
 
 
@@ -88,3 +89,35 @@ def hf_greedy(hf, path, ids: list[int], images: list[bytes], new_tokens: int) ->
                           eos_token_id=None, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
     new = gen.sequences[0, len(expanded):].tolist()
     return new, [torch.log_softmax(lg[0].float(), -1)[t].item() for lg, t in zip(gen.logits, new)]
+
+
+def mp4(seed: int, frames: int = 5, size: tuple[int, int] = (40, 32)) -> bytes:
+    """A short MPEG-4 video of random frames (width, height), written with PyAV."""
+    import av
+    import numpy as np
+
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as out:
+        stream = out.add_stream("mpeg4", rate=4)
+        stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
+        rng = np.random.default_rng(seed)
+        for _ in range(frames):
+            frame = av.VideoFrame.from_ndarray((rng.random((size[1], size[0], 3)) * 255).astype("uint8"), format="rgb24")
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def hf_greedy_video(hf, ids: list[int], pixel_values_videos, video_grid_thw, new_tokens: int) -> list[int]:
+    """transformers' greedy tokens for a prompt with one video, given its preprocessed patches (transformers' own
+    video processor needs torchvision, which radixlm does not install)."""
+    count = int(video_grid_thw.prod()) // MERGE**2
+    expanded = [t for tok in ids for t in ([tok] * count if tok == VIDEO_PAD else [tok])]
+    ids_t = torch.tensor([expanded])
+    with torch.inference_mode():
+        gen = hf.generate(ids_t, attention_mask=torch.ones_like(ids_t), mm_token_type_ids=2 * (ids_t == VIDEO_PAD).int(),
+                          pixel_values_videos=pixel_values_videos, video_grid_thw=video_grid_thw.view(1, 3),
+                          max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return gen[0, len(expanded):].tolist()
