@@ -64,10 +64,12 @@ class RequestBuilder:
         self.limits = limits
         self.mm = mm  # a vision-language model's processor; None: media inputs are refused
 
-    def media_token_count(self, num_images: int) -> int:
-        """Tokens a prompt gains when its image placeholders (one token each) are expanded (at most, for models whose
-        image token count depends on the image's size)."""
-        return num_images * (self.mm.num_image_tokens - 1) if self.mm is not None else 0
+    def media_token_count(self, num_images: int, num_videos: int = 0) -> int:
+        """Tokens a prompt gains when its image and video placeholders (one token each) are expanded (at most, for
+        models whose token count depends on the image's size)."""
+        if self.mm is None:
+            return 0
+        return num_images * (self.mm.num_image_tokens - 1) + num_videos * (self.mm.max_video_tokens() - 1)
 
     def expand_media(self, ids: list[int], images, videos=None) -> tuple[list[int], "MultimodalInputs | None"]:
         """The prompt with its image and video placeholders expanded, and its media (None without any)."""

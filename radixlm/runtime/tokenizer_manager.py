@@ -186,7 +186,8 @@ class TokenizerManager:
 
     async def build_async(self, **kwargs) -> BuiltRequests:
         """build, letting other requests run between chunks of a large batch."""
-        if kwargs.get("image_data") is not None:  # fetching, decoding and preprocessing media: off the event loop
+        if kwargs.get("image_data") is not None or kwargs.get("video_data") is not None:
+            # Fetching, decoding and preprocessing media: off the event loop.
             return await asyncio.to_thread(self.builder.build, **kwargs)
         steps = self.builder.build_steps(**kwargs)
         made = 0

@@ -1,7 +1,7 @@
-"""Qwen2-VL and Qwen2.5-VL: transformers' own vision transformer (dynamic resolution: an image is as many 14-pixel patches as its
-resized size holds, and 2x2 neighbours merge into one token) and our Qwen2 with multimodal rotary positions (M-RoPE)
-on the paged KV cache. The front computes each prompt's three position rows (MultimodalInputs.mrope); the planner
-hands the rows of a pass to the executor as ForwardBatch.mrope_positions."""
+"""Qwen2-VL and Qwen2.5-VL: transformers' own vision transformers (dynamic resolution: an image is as many 14-pixel
+patches as its resized size holds, and 2x2 neighbours merge into one token) and our Qwen2 with multimodal rotary
+positions (M-RoPE) on the paged KV cache. The front computes each prompt's three position rows
+(MultimodalInputs.mrope); the planner hands the rows of a pass to the executor as ForwardBatch.mrope_positions."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -1,6 +1,6 @@
-"""Media sources -> bytes -> PIL images (a video: its sampled frames, decoded with PyAV), under the operator's policy: http(s) URLs (allowed domains, a timeout, a size
-limit, no redirects), data URLs, raw base64, and local files only under the allowed directory. Every refusal is a
-MediaError (a ValueError: the APIs answer it with a 400)."""
+"""Media sources -> bytes -> PIL images (a video: its sampled frames, decoded with PyAV), under the operator's policy:
+http(s) URLs (allowed domains, a timeout, a size limit, no redirects), data URLs, raw base64, and local files only
+under the allowed directory. Every refusal is a MediaError (a ValueError: the APIs answer it with a 400)."""
 from __future__ import annotations
 
 import base64

@@ -99,6 +99,11 @@ class MultimodalProcessor:
         return cls(hf_config, image_processor, token_id, wrap(token_id), hf_config.get_text_config().vocab_size, loader,
                    video_id, None if video_id is None else wrap(video_id))
 
+    def max_video_tokens(self) -> int:
+        if self.video_token_id is None:
+            return 0
+        return -(-DEFAULT_VIDEO_FRAMES // self.image_processor.temporal_patch_size) * self.num_image_tokens
+
     def preprocess(self, images: list["Image"]) -> list[ProcessedImage]:
         try:
             out = self.image_processor(images=images, return_tensors="pt")

@@ -82,6 +82,8 @@ class GenerateReqInput(BaseModel):
     # An image: an http(s) URL, a data URL, base64 data or a file path (under --allowed-local-media-path). One prompt
     # takes an image or a list of them; a batch a list with an entry per prompt. Each fills an image token of the prompt.
     image_data: ImageItem | list[ImageItem | list[ImageItem] | None] | None = None
+    # Videos, as image_data (models that take video: Qwen2-VL); each fills a video token of the prompt.
+    video_data: ImageItem | list[ImageItem | list[ImageItem] | None] | None = None
     rid: StrictStr | list[StrictStr] | None = None
     extra_key: StrictStr | None = Field(None, description="a namespace for the radix cache: only requests with "
                                                           "the same extra_key share cached prefixes")

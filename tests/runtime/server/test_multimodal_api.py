@@ -167,3 +167,44 @@ def test_qwen2_vl_through_openai_and_a_program(tmp_path_factory):
         assert "<|vision_start|><|image_pad|><|vision_end|>" in state.text() and state["answer"]
     finally:
         stop_server(h)
+
+
+def test_qwen2_vl_video_through_native_and_openai(tmp_path_factory):
+    """video_data on /generate and video_url content parts (data URLs); a text-only model refuses videos."""
+    from radixlm.runtime.model_loader.tokenizer import get_tokenizer
+    from radixlm.runtime.multimodal.media import MediaLoader, MediaPolicy
+    from radixlm.runtime.multimodal.processor import MultimodalProcessor
+    from tests.runtime.models.tiny_qwen2_vl import VIDEO, hf_greedy_video, mp4, save_tiny_qwen2_vl
+
+    model = tmp_path_factory.mktemp("qwen2_vl_video")
+    hf = save_tiny_qwen2_vl(model, seed=7)
+    video = mp4(3, frames=4)
+    mm = MultimodalProcessor.for_model(str(model), get_tokenizer(str(model)), MediaLoader(MediaPolicy()))
+    processed = mm.preprocess_video(mm.loader.load_video(video, 8))
+    h = start_server("--model-path", str(model))
+    try:
+        native = h.client.post("/generate", json={
+            "text": f"t5 {VIDEO} t7", "video_data": base64.b64encode(video).decode(),
+            "sampling_params": {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}}).json()
+        import torch
+
+        assert native["output_ids"] == hf_greedy_video(hf, [5, 96, 98, 99, 7], processed.pixel_values,
+                                                       torch.tensor(processed.grid_thw), NEW)
+        client = openai.OpenAI(base_url=f"{h.base_url}/v1", api_key="x", max_retries=0, timeout=60)
+        url = "data:video/mp4;base64," + base64.b64encode(video).decode()
+        chat = client.chat.completions.create(
+            model="m", max_tokens=NEW, temperature=0, extra_body={"ignore_eos": True},
+            messages=[{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
+                                                   {"type": "text", "text": "t5"}]}])
+        # "user <|vision_start|><|video_pad|><|vision_end|>\nt5 t1 "
+        ref = hf_greedy_video(hf, [0, 96, 98, 99, 5, 1], processed.pixel_values, torch.tensor(processed.grid_thw), NEW)
+        assert chat.choices[0].message.content == " ".join(f"t{t}" for t in ref)
+        bad = h.client.post("/generate", json={"text": f"t5 {VIDEO}", "video_data": CORRUPT})
+        assert bad.status_code == 400 and "cannot decode the video" in bad.json()["message"]
+    finally:
+        stop_server(h)
+
+
+def test_llava_refuses_videos(setup):
+    r = _generate(setup[0], text=f"t5 {IMAGE_TOKEN}", video_data=B64)
+    assert r.status_code == 400 and "does not take videos" in r.json()["message"]

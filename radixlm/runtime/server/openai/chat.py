@@ -24,7 +24,8 @@ def chat_prompt_ids(tm, messages: list[ChatMessage], continue_final_message: boo
     if cont and messages[-1].role != "assistant":
         raise BadRequest("continue_final_message needs the last message to be from the assistant")
     mm = tm.builder.mm
-    msgs = [m.for_template(mm.image_token if mm is not None else None) for m in messages]
+    msgs = [m.for_template(mm.image_token if mm is not None else None, mm.video_token if mm is not None else None)
+            for m in messages]
     kwargs = {**(chat_template_kwargs or {}), **({"tools": tools} if tools else {})}
     try:
         text = tm.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=not cont,
@@ -56,8 +57,9 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
     plan = plan_tools(req, tm.server_args.tool_call_parser, getattr(tm.tokenizer, "chat_template", None))
     ids = chat_prompt_ids(tm, req.messages, req.continue_final_message, req.chat_template_kwargs, plan.template_tools)
     images = [url for m in req.messages for url in m.image_urls()]
-    # The image tokens the front will expand each image placeholder to count toward the lengths checked here.
-    image_rows = tm.builder.media_token_count(len(images))
+    videos = [url for m in req.messages for url in m.video_urls()]
+    # The tokens the front will expand each image or video placeholder to count toward the lengths checked here.
+    image_rows = tm.builder.media_token_count(len(images), len(videos))
     if req.top_logprobs is not None:
         if not req.logprobs:
             raise BadRequest("top_logprobs: requires logprobs=true")
@@ -77,7 +79,7 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
         sampling["json_schema"] = plan.json_schema
     built = await build(tm, input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs,
                         top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key,
-                        image_data=images or None)
+                        image_data=images or None, video_data=videos or None)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": req.model or tm.server_args.model_path}
     if req.stream:
         return StreamingResponse(sse_body(_stream(tm, built, req, head, plan)), media_type="text/event-stream")

@@ -135,7 +135,18 @@ class ImageURLPart(BaseModel):
     image_url: ImageURL
 
 
-ContentPart = Annotated[TextPart | ImageURLPart, Field(discriminator="type")]
+class VideoURL(BaseModel):
+    url: Annotated[StrictStr, Doc(minLength=1)]  # as ImageURL.url
+
+
+class VideoURLPart(BaseModel):
+    """A video (vLLM's and SGLang's extension of OpenAI's content parts)."""
+
+    type: Literal["video_url"]
+    video_url: VideoURL
+
+
+ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart, Field(discriminator="type")]
 
 
 class ChatMessage(BaseModel):
@@ -148,14 +159,22 @@ class ChatMessage(BaseModel):
         parts = self.content if isinstance(self.content, list) else []
         return [p.image_url.url for p in parts if isinstance(p, ImageURLPart)]
 
-    def for_template(self, image_token: str | None = None) -> dict[str, Any]:
-        """The message as the chat template takes it: an image part becomes the model's image token (on a line of
-        its own, as LLaVA prompts put it)."""
+    def video_urls(self) -> list[str]:
+        parts = self.content if isinstance(self.content, list) else []
+        return [p.video_url.url for p in parts if isinstance(p, VideoURLPart)]
+
+    def for_template(self, image_token: str | None = None, video_token: str | None = None) -> dict[str, Any]:
+        """The message as the chat template takes it: an image (video) part becomes the model's image (video) token,
+        on a line of its own, as LLaVA prompts put it."""
         d = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
-            if image_token is None and self.image_urls():
-                raise BadRequest("messages: this model does not take images (image_url content part)")
-            d["content"] = "".join(p.text if isinstance(p, TextPart) else f"{image_token}\n" for p in self.content)
+            for token, urls, kind in ((image_token, self.image_urls(), "images"),
+                                      (video_token, self.video_urls(), "videos")):
+                if token is None and urls:
+                    raise BadRequest(f"messages: this model does not take {kind}")
+            d["content"] = "".join(p.text if isinstance(p, TextPart) else
+                                   f"{image_token if isinstance(p, ImageURLPart) else video_token}\n"
+                                   for p in self.content)
         elif self.content is None:
             d["content"] = ""
         if isinstance(calls := d.get("tool_calls"), list):
