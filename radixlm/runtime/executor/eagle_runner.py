@@ -1,11 +1,12 @@
 """An EAGLE head as the draft model (--speculative-algorithm EAGLE): models/eagle.py's head over the target's final
-hidden states, with its one layer's KV in a pool over the target's slots (as STANDALONE's, draft_runner.py).
+hidden states (EAGLE-1) or three of its layers' states (EAGLE-3, eagle_aux.py), with its one layer's KV in a pool
+over the target's slots (as STANDALONE's, draft_runner.py).
 
 The head's KV at the slot of position i is its pair (h_i, t_{i+1}) -- SGLang's layout. A pair needs the token after
 its position, so it is written once that token is known: after each target pass is processed (catch_up), for the
 positions of the pass's rows up to the request's newest token; the last pair's output is the first draft token.
-The target's hidden states of a pass are copied when it is launched (write_kv): a CUDA-graph replay reuses its
-buffer. NOTE (caveat, as in SGLang): a radix-cache hit of P tokens reuses the pair at position P - 1, which the
+The target's features of a pass are copied when it is launched (write_kv): a CUDA-graph replay reuses its
+buffers. NOTE (caveat, as in SGLang): a radix-cache hit of P tokens reuses the pair at position P - 1, which the
 writer of that prefix made with its own token P; where the new request continues otherwise, that one pair differs
 from the request's own, which only lowers acceptance (verification keeps outputs exact)."""
 from __future__ import annotations
@@ -18,14 +19,15 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.executor.draft_budget import head_config
 from radixlm.runtime.executor.draft_runner import DraftModelRunner
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ForwardBatch, ForwardMode, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
-from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import _default_dtype, initialize_dummy_weights, safetensors_weights_iterator
-from radixlm.runtime.models.eagle import EagleHead
+from radixlm.runtime.executor.eagle_aux import AuxStates, aux_layers, is_eagle3
+from radixlm.runtime.models.eagle import Eagle3Head, EagleHead
 
 
 @dataclass
@@ -45,11 +47,12 @@ class EagleRunner(DraftModelRunner):
 
     def _load(self, server_args: ServerArgs, target: ModelRunner) -> None:
         path = server_args.speculative_draft_model_path
-        self.model_config = ModelConfig.from_path(path, dtype=target.model_config.dtype, device=target.device,
-                                                  context_length=target.model_config.context_len,
-                                                  load_format=server_args.load_format)
-        with torch.device(target.device), _default_dtype(self.model_config.dtype):
-            self.model = EagleHead(self.model_config.hf_config, target.model.model.embed_tokens).eval()
+        self.model_config = cfg = head_config(path, target.model_config)
+        eagle3 = is_eagle3(cfg.hf_config)
+        with torch.device(target.device), _default_dtype(cfg.dtype):
+            embed = target.model.model.embed_tokens
+            self.model = (Eagle3Head(cfg.hf_config, embed, target.model_config.hidden_size) if eagle3
+                          else EagleHead(cfg.hf_config, embed)).eval()
         if server_args.load_format == "dummy":
             initialize_dummy_weights(self.model)
         else:
@@ -60,15 +63,18 @@ class EagleRunner(DraftModelRunner):
                     module.pack_for_cpu()
         self.logits_processor = target.logits_processor  # the target's lm_head
         self.target = target
-        # Each launched target pass's hidden states, until it is processed (passes are processed in launch order).
+        self.aux = AuxStates(target, aux_layers(cfg.hf_config, target.model_config.num_layers)) if eagle3 else None
+        # Each launched target pass's features, until it is processed (passes are processed in launch order).
         self._passes: deque[tuple[ModelWorkerBatch, torch.Tensor]] = deque()
-        rows, hidden = target.req_to_token_pool.size, self.model_config.hidden_size
-        self._last_out = torch.zeros(rows, hidden, dtype=self.model_config.dtype, device=target.device)
+        rows, hidden = target.req_to_token_pool.size, cfg.hidden_size
+        self._last_out = torch.zeros(rows, hidden, dtype=cfg.dtype, device=target.device)
 
     @torch.inference_mode()
     def write_kv(self, wb: ModelWorkerBatch) -> None:
-        """At launch: the target's hidden states of the pass (its pairs are written once its tokens are known)."""
-        self._passes.append((wb, self.target.last_hidden[: wb.num_rows].clone()))
+        """At launch: the target's features of the pass (its pairs are written once its tokens are known)."""
+        n = wb.num_rows
+        features = self.aux.of_pass(n) if self.aux is not None else self.target.last_hidden[:n].clone()
+        self._passes.append((wb, features))
 
     @torch.inference_mode()
     def catch_up(self, wb: ModelWorkerBatch, spans: list[PairSpan]) -> None:
@@ -104,7 +110,7 @@ class EagleRunner(DraftModelRunner):
         return self.model(fb.input_ids, fb.positions, fb, features)
 
     def _tokens(self, out: torch.Tensor) -> torch.Tensor:
-        return torch.argmax(self.logits_processor.logits(out)[:, : self.vocab_size], dim=-1)
+        return self.model.draft_tokens(out, self.logits_processor.logits)
 
     @torch.inference_mode()
     def propose(self, rows: list[int], last_tokens: list[int], positions: list[int], steps: list[int]
@@ -148,3 +154,4 @@ def _checkpoint(path: str):
         return
     for f in sorted(glob.glob(os.path.join(path, "*.bin"))):
         yield from torch.load(f, map_location="cpu", weights_only=True).items()
+

@@ -1,10 +1,14 @@
-"""EAGLE draft head (Li et al., 2024; EAGLE-1/2 layout) over a Llama-family target: `fc` (2h -> h, its bias
-optional), one decoder layer `layers.0.*` without an input norm, and the target's embeddings and lm_head (a
-checkpoint's own copies of those are not used).
+"""EAGLE draft heads (Li et al.) over a Llama-family target, in their published checkpoint layouts.
 
-The head continues the target's feature sequence: at position i it reads the embedding of token t_{i+1} and the
-target's final hidden state h_i (the lm_head input), and outputs its guess of h_{i+1}, which the target's lm_head
-turns into a guess of t_{i+2}; a draft chain feeds its own output back as the next feature."""
+EAGLE-1/2 (EagleHead): `fc` (2h -> h, its bias optional), one decoder layer `layers.0.*` without an input norm, and
+the target's embeddings and lm_head (a checkpoint's own copies of those are not used). At position i it reads the
+embedding of token t_{i+1} and the target's final hidden state h_i (the lm_head input), and outputs its guess of
+h_{i+1}, which the target's lm_head turns into a guess of t_{i+2}; a draft chain feeds its own output back.
+
+EAGLE-3 (Eagle3Head): the feature is three of the target's layers' hidden states (`fc`: 3h -> h, no bias); the one
+layer `midlayer.*` normalizes the embedding (input_layernorm) and the feature (hidden_norm) and attends over both
+(q, k, v from 2h); its output goes through its own `norm` and `lm_head` over a smaller draft vocabulary, whose ids
+map to the target's by `d2t` (target id = draft id + d2t[draft id])."""
 from __future__ import annotations
 
 import logging
@@ -14,9 +18,10 @@ import torch
 from torch import nn
 
 from radixlm.runtime.distributed.parallel import SINGLE
-from radixlm.runtime.layers.linear import Linear, copy_checked
+from radixlm.runtime.layers.linear import ColumnParallelLinear, Linear, VocabEmbedding, copy_checked
+from radixlm.runtime.layers.norm import RMSNorm
 from radixlm.runtime.layers.rotary import get_rope, rope_params_from_config
-from radixlm.runtime.models.llama import STACKED_PARAMS, LlamaDecoderLayer, LlamaMLP, head_dim_of
+from radixlm.runtime.models.llama import STACKED_PARAMS, LlamaAttention, LlamaDecoderLayer, LlamaMLP, head_dim_of
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -57,38 +62,94 @@ class EagleHead(nn.Module):
         out, residual = self.layers[0](positions, x, forward_batch, None)
         return out + residual
 
-    @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.named_parameters())
-        loaded: set[tuple[str, object]] = set()
-        for name, w in weights:
-            if name.startswith("model."):  # some exports nest the head under `model.`
-                name = name[len("model."):]
-            if name in SHARED_WITH_TARGET:
-                continue
-            target, shard_id = name, None
-            for hf_frag, our_frag, sid in STACKED_PARAMS:
-                if hf_frag in name:
-                    target, shard_id = name.replace(hf_frag, our_frag), sid
-                    break
-            param = params.get(target)
-            if param is None:
-                logger.warning("EAGLE head: ignored checkpoint tensor %s", name)
-                continue
-            module_name, pname = target.rsplit(".", 1)
-            module = self.get_submodule(module_name)
-            if hasattr(module, "load_weight"):
-                module.load_weight(pname, param, w, shard_id)
-            else:
-                copy_checked(param.data, w, name)
-            loaded.add((target, shard_id))
-        if ("fc.bias", None) not in loaded:
-            self.fc.bias.zero_()  # a checkpoint without fc.bias: a bias-free fc
-            loaded.add(("fc.bias", None))
-        missing = []
-        for target in params:
-            module = self.get_submodule(target.rsplit(".", 1)[0])
-            shards = module.weight_shards(target.rsplit(".", 1)[1]) if hasattr(module, "weight_shards") else [None]
-            missing += [target for s in shards if (target, s) not in loaded]
-        if missing:
-            raise ValueError(f"EAGLE head checkpoint is missing {sorted(set(missing))}")
+        load_head_weights(self, weights)
+
+    def draft_tokens(self, out: torch.Tensor, target_logits) -> torch.Tensor:
+        return torch.argmax(target_logits(out), dim=-1)
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, config: "PretrainedConfig", embed_tokens: nn.Module, target_hidden: int):
+        super().__init__()
+        h = config.hidden_size
+        self._embed = [embed_tokens]
+        self.fc = Linear(3 * target_hidden, h, bias=False)
+        theta, scaling = rope_params_from_config(config)
+        rope = get_rope(head_dim_of(config), config.max_position_embeddings, theta, scaling)
+        self.midlayer = nn.Module()
+        attn = LlamaAttention(config, 0, rope, False, False, False, SINGLE)
+        attn.qkv_proj = ColumnParallelLinear(2 * h, attn.qkv_proj.shards)  # over [embedding, feature]
+        self.midlayer.self_attn = attn
+        self.midlayer.mlp = LlamaMLP(h, config.intermediate_size, False, SINGLE)
+        self.midlayer.input_layernorm = RMSNorm(h, config.rms_norm_eps)
+        self.midlayer.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        self.midlayer.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps)
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.draft_vocab_size = getattr(config, "draft_vocab_size", None) or config.vocab_size
+        self.lm_head = VocabEmbedding(self.draft_vocab_size, h, SINGLE)
+        self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.int64))
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: "ForwardBatch",
+                features: torch.Tensor) -> torch.Tensor:
+        """features: the target's three layers' states (3h, projected by fc) or the head's own outputs (h)."""
+        layer = self.midlayer
+        hidden = features.to(self.fc.weight.dtype)
+        if hidden.shape[-1] != self.fc.out_features:
+            hidden = self.fc(hidden)
+        x = torch.cat([layer.input_layernorm(self._embed[0](input_ids)), layer.hidden_norm(hidden)], dim=-1)
+        attn = layer.self_attn(positions, x, forward_batch)
+        normed, residual = layer.post_attention_layernorm(attn, hidden)
+        return layer.mlp(normed) + residual
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_head_weights(self, ((n, w) for n, w in weights if n != "t2d"))
+
+    def draft_tokens(self, out: torch.Tensor, target_logits) -> torch.Tensor:
+        logits = torch.nn.functional.linear(self.norm(out), self.lm_head.weight)
+        d = torch.argmax(logits.float(), dim=-1)
+        return d + self.d2t[d]
+
+
+@torch.no_grad()
+def load_head_weights(head: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """A head's checkpoint tensors; the target's embeddings (and, for EAGLE-1, its lm_head) are not the head's."""
+    params = dict(head.named_parameters())
+    if hasattr(head, "d2t"):
+        params["d2t"] = head.d2t
+    own = set(params)
+    loaded: set[tuple[str, object]] = set()
+    for name, w in weights:
+        if name.startswith("model."):  # some exports nest the head under `model.`
+            name = name[len("model."):]
+        if name in SHARED_WITH_TARGET and name not in own:
+            continue
+        target, shard_id = name, None
+        for hf_frag, our_frag, sid in STACKED_PARAMS:
+            if hf_frag in name:
+                target, shard_id = name.replace(hf_frag, our_frag), sid
+                break
+        param = params.get(target)
+        if param is None:
+            logger.warning("EAGLE head: ignored checkpoint tensor %s", name)
+            continue
+        module_name, pname = target.rsplit(".", 1) if "." in target else ("", target)
+        module = head.get_submodule(module_name) if module_name else head
+        if hasattr(module, "load_weight"):
+            module.load_weight(pname, param, w, shard_id)
+        else:
+            copy_checked(param.data, w, name)
+        loaded.add((target, shard_id))
+    fc = getattr(head, "fc", None)
+    if fc is not None and fc.bias is not None and ("fc.bias", None) not in loaded:
+        fc.bias.zero_()  # a checkpoint without fc.bias: a bias-free fc
+        loaded.add(("fc.bias", None))
+    missing = []
+    for target in params:
+        module_name, pname = target.rsplit(".", 1) if "." in target else ("", target)
+        module = head.get_submodule(module_name) if module_name else head
+        shards = module.weight_shards(pname) if hasattr(module, "weight_shards") else [None]
+        missing += [target for s in shards if (target, s) not in loaded]
+    if missing:
+        raise ValueError(f"EAGLE head checkpoint is missing {sorted(set(missing))}")

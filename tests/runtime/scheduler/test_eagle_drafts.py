@@ -173,3 +173,14 @@ def test_pairs_written_with_wrong_tokens_are_caught(setup, monkeypatch):
     seen = _record(sched)
     serve(sched, _requests(82))
     assert any(draft != reference_chain(hf, weights, tokens, len(draft)) for tokens, draft in seen)
+
+
+def test_kv_budget_counts_the_head(setup):
+    from radixlm.runtime.executor.draft_budget import draft_budget
+
+    paths, _, _ = setup
+    sched = _eagle(paths)
+    runner = next(s.runner for s in sched.drafts.sources if isinstance(s, EagleSource))
+    budget = draft_budget(sched.args, sched.runner.model_config)
+    assert budget.weight_bytes == 4 * sum(p.numel() for p in runner.model.parameters() if p.dim() > 1)
+    assert budget.kv_bytes_per_token == runner.kv_bytes_per_token() == 2 * KV_HEADS * HD * 4  # one layer
