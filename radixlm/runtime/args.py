@@ -31,6 +31,11 @@ class SpeculativeAlgorithm(str, enum.Enum):
     NGRAM_RADIX = "NGRAM_RADIX"  # both: the cache's continuation of the whole sequence, prompt lookup, the cache's k-gram
     STANDALONE = "STANDALONE"  # a small draft model with the same tokenizer (scheduler/drafts/model.py)
     EAGLE = "EAGLE"  # an EAGLE head over the target's hidden states (executor/eagle_runner.py)
+    EAGLE3 = "EAGLE3"  # the same: the head's config tells EAGLE-1 from EAGLE-3 (SGLang's name for the latter)
+
+    @property
+    def is_eagle(self) -> bool:
+        return self in (SpeculativeAlgorithm.EAGLE, SpeculativeAlgorithm.EAGLE3)
 
 
 # ServerArgs fields whose values are enums: a string given for them becomes the member.
@@ -171,7 +176,8 @@ class ServerArgs:
         check(self.speculative_radix_match_window_size >= 1, "speculative_radix_match_window_size must be >= 1")
         check(self.speculative_max_batch_rows >= 0, "speculative_max_batch_rows must be >= 0 (0: no limit)")
         check(self.speculative_num_steps is None or self.speculative_num_steps >= 1, "speculative_num_steps must be >= 1")
-        model = self.speculative_algorithm in (SpeculativeAlgorithm.STANDALONE, SpeculativeAlgorithm.EAGLE)
+        algo = self.speculative_algorithm
+        model = algo is SpeculativeAlgorithm.STANDALONE or (algo is not None and algo.is_eagle)
         check(not model or self.speculative_draft_model_path is not None,
               f"--speculative-algorithm {getattr(self.speculative_algorithm, 'value', '')} needs "
               "--speculative-draft-model-path")

@@ -24,8 +24,9 @@ def draft_steps(args: ServerArgs) -> int:
 def draft_budget(args: ServerArgs, target: ModelConfig, rows: int = 0) -> DraftBudget:
     """Zero without a draft model. Weights are counted from the config as a dense decoder's (attention, gated MLP,
     embeddings; norms left out); `rows` request rows' scratch slots (DraftModelRunner) count with them."""
-    eagle = args.speculative_algorithm is SpeculativeAlgorithm.EAGLE
-    if args.speculative_algorithm is not SpeculativeAlgorithm.STANDALONE and not eagle:
+    algo = args.speculative_algorithm
+    eagle = algo is not None and algo.is_eagle
+    if algo is not SpeculativeAlgorithm.STANDALONE and not eagle:
         return DraftBudget()
     path = args.speculative_draft_model_path
     cfg = head_config(path, target) if eagle else ModelConfig.from_path(

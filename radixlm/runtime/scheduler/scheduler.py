@@ -126,7 +126,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
             return [radix(kgram=False), ngram(), radix(path=False)]
         if algo is SpeculativeAlgorithm.STANDALONE:
             return [DraftModelSource(DraftModelRunner(args, self.runner, draft_steps(args)), stats)]
-        if algo is SpeculativeAlgorithm.EAGLE:
+        if algo is not None and algo.is_eagle:
             return [EagleSource(EagleRunner(args, self.runner, draft_steps(args)), stats)]
         return []
 

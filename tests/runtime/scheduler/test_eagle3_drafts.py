@@ -96,7 +96,7 @@ def reference_chain(hf, w, tokens: list[int], k: int) -> list[int]:
 def test_eagle3_drafts_equal_the_reference_chain(setup, kwargs, every, graphs):
     paths, hf, weights = setup
     expected = serve(make({"target": paths["target"]}, None, **kwargs), _requests(91), every)
-    sched = make({"target": paths["target"]}, None, speculative_algorithm="EAGLE", speculative_num_draft_tokens=3,
+    sched = make({"target": paths["target"]}, None, speculative_algorithm="EAGLE3", speculative_num_draft_tokens=3,
                  speculative_draft_model_path=paths["head"], **kwargs)
     if graphs:  # the graph runner's eager stand-in: the hooks run in its padded passes
         sched.runner.graph_runner = CudaGraphRunner(sched.runner, 32, use_graphs=False)
