@@ -24,6 +24,7 @@ class ChatTemplate:
     role_prefix_and_suffix: dict[str, tuple[str, str]]
     stop_str: tuple[str, ...] = ()
     image_token: str = "<image>"
+    video_token: str = "<video>"
     audio_token: str = "<audio>"
     style: ChatTemplateStyle = ChatTemplateStyle.PLAIN
 
@@ -51,19 +52,21 @@ class ChatTemplate:
         return out + self.get_prefix_and_suffix("assistant", messages)[0]
 
 
-def message_content(text: str, begin: int, images: list[tuple[int, str]], image_token: str) -> Union[str, list[dict]]:
-    """A role's message from the program's text from `begin` on: the text, or with images OpenAI's content parts in
-    order, each image (whose token the text holds at its recorded position) an image_url part in its token's place."""
-    if not images:
+def message_content(text: str, begin: int, media: list[tuple[int, str, str]],
+                    template: "ChatTemplate") -> Union[str, list[dict]]:
+    """A role's message from the program's text from `begin` on: the text, or with media OpenAI's content parts in
+    order, each image or video (whose token the text holds at its recorded position) an image_url or video_url part
+    in its token's place."""
+    if not media:
         return text[begin:].lstrip()
     parts: list[dict] = []
     pos = begin
-    for at, b64 in images:
+    for at, kind, url in media:
         piece = text[pos:at] if parts else text[pos:at].lstrip()
         if piece:
             parts.append({"type": "text", "text": piece})
-        parts.append({"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64}"}})
-        pos = at + len(image_token)
+        parts.append({"type": kind, kind: {"url": url}})
+        pos = at + len(template.image_token if kind == "image_url" else template.video_token)
     if text[pos:]:
         parts.append({"type": "text", "text": text[pos:]})
     return parts

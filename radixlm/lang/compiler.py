@@ -96,7 +96,7 @@ class GraphStreamExecutor(StreamExecutor):
                 self.backend.commit_lazy_operations(self)
             point.snapshot = {"variables": dict(self.variables), "meta_info": dict(self.meta_info),
                               "text_": self.text_, "messages_": list(self.messages_),
-                              "images_": list(self.images_), "cur_role": self.cur_role,
+                              "images_": list(self.images_), "videos_": list(self.videos_), "cur_role": self.cur_role,
                               "cur_role_begin_pos": self.cur_role_begin_pos}
         except Exception as e:
             point.error = e

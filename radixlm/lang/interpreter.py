@@ -62,9 +62,10 @@ class StreamExecutor:
         self.variables: dict[str, Any] = {}
         self.meta_info: dict[str, Any] = {}
         self.images_: list[tuple[Any, str]] = []  # (source, base64 data)
+        self.videos_: list[tuple[Any, str]] = []  # (source, data URL with its num_frames)
         self.cur_role: Optional[str] = None
         self.cur_role_begin_pos: Optional[int] = None
-        self.cur_role_images: list[tuple[int, str]] = []  # (text position of its image token, base64 data)
+        self.cur_role_images: list[tuple[int, str, str]] = []  # (text position of its token, part type, data URL)
         self.variables_scope_start: dict[str, int] = {}
         self.fork_start_text_pos: int = 0  # set by fork: where a child's own text begins
         self.error_: Optional[BaseException] = None
@@ -164,7 +165,7 @@ class StreamExecutor:
             child.meta_info = dict(self.meta_info)
             child.text_ = self.text_
             child.messages_ = list(self.messages_)
-            child.images_ = list(self.images_)
+            child.images_, child.videos_ = list(self.images_), list(self.videos_)
             child.cur_role = self.cur_role
             child.cur_role_begin_pos = self.cur_role_begin_pos
             child.fork_start_text_pos = len(self.text_)
@@ -293,7 +294,7 @@ class StreamExecutor:
         elif isinstance(expr, SglImage):
             self._execute_image(expr)
         elif isinstance(expr, SglVideo):
-            raise NotImplementedError("video inputs are not supported by radixlm yet")
+            self._execute_video(expr)
         elif isinstance(expr, SglVariable):
             self._append_text(str(expr.source.get_var(expr.name)))
         elif isinstance(expr, SglVarScopeBegin):
@@ -365,8 +366,7 @@ class StreamExecutor:
     def _execute_role_end(self, expr: SglRoleEnd) -> None:
         if self.cur_role != expr.role:
             raise ValueError(f"role {expr.role!r} ends but the open role is {self.cur_role!r}")
-        content = message_content(self.text_, self.cur_role_begin_pos, self.cur_role_images,
-                                  self.chat_template.image_token)
+        content = message_content(self.text_, self.cur_role_begin_pos, self.cur_role_images, self.chat_template)
         _, suffix = self.chat_template.get_prefix_and_suffix(expr.role, self.messages_)
         self._append_text(suffix)
         self.messages_.append({"role": expr.role, "content": content})
@@ -374,16 +374,17 @@ class StreamExecutor:
         self.cur_role_begin_pos = None
 
     def _execute_image(self, expr: SglImage) -> None:
-        src = expr.path
-        if isinstance(src, bytes):
-            data = src
-        else:
-            with open(src, "rb") as f:
-                data = f.read()
-        b64 = base64.b64encode(data).decode()
-        self.images_.append((src, b64))
-        self.cur_role_images.append((len(self.text_), b64))
+        b64 = base64.b64encode(_read(expr.path)).decode()
+        self.images_.append((expr.path, b64))
+        self.cur_role_images.append((len(self.text_), "image_url", f"data:image/png;base64,{b64}"))
         self._append_text(self.chat_template.image_token)
+
+    def _execute_video(self, expr: SglVideo) -> None:
+        # The frame count travels as a data URL parameter, which the server's media loader reads.
+        url = f"data:video/mp4;num_frames={int(expr.num_frames)};base64,{base64.b64encode(_read(expr.path)).decode()}"
+        self.videos_.append((expr.path, url))
+        self.cur_role_images.append((len(self.text_), "video_url", url))
+        self._append_text(self.chat_template.video_token)
 
     def _execute_concatenate_and_append(self, expr: SglConcateAndAppend) -> None:
         exes = [st.stream_executor for st in expr.states]
@@ -392,3 +393,10 @@ class StreamExecutor:
         if self.backend.support_concate_and_append and self.config.enable_parallel_encoding:
             self.backend.concatenate_and_append([e.sid for e in exes], self.sid)
         self._append_text("".join(e.text_[e.fork_start_text_pos:] for e in exes))
+
+
+def _read(src: Any) -> bytes:
+    if isinstance(src, bytes):
+        return src
+    with open(src, "rb") as f:
+        return f.read()

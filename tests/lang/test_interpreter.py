@@ -311,6 +311,22 @@ def test_images_become_template_tokens_and_message_parts(tmp_path):
     assert content[1] == {"type": "text", "text": "What is this?"}  # the token itself is not sent
 
 
+def test_videos_become_template_tokens_and_video_url_parts(tmp_path):
+    clip = tmp_path / "x.mp4"
+    clip.write_bytes(b"fake video")
+
+    @sgl.function
+    def prog(s):
+        s += sgl.user("Look: " + sgl.video(str(clip), num_frames=4) + "What happens?")
+
+    state = prog.run(backend=FakeBackend())
+    assert "Look: <video>What happens?" in state.text()
+    content = state.messages()[0]["content"]
+    assert content[0] == {"type": "text", "text": "Look: "}
+    assert content[1]["video_url"]["url"].startswith("data:video/mp4;num_frames=4;base64,")
+    assert content[2] == {"type": "text", "text": "What happens?"}
+
+
 def test_missing_image_file_is_a_program_error(tmp_path):
     @sgl.function
     def prog(s):

@@ -91,3 +91,31 @@ def test_openai_backend_sends_content_parts(served):
             {"type": "text", "text": "t5 t6"}]}]}).json()
     assert state["answer"] == chat["choices"][0]["message"]["content"] and state["answer"]
     assert chat["usage"]["prompt_tokens"] > NUM_IMAGE_TOKENS
+
+
+def test_video_through_runtime_endpoint(tmp_path_factory):
+    """sgl.video(path, num_frames) on a Qwen2-VL server: the server's video placeholder, the frame count honoured."""
+    from tests.runtime.models.tiny_qwen2_vl import mp4, save_tiny_qwen2_vl
+
+    model = tmp_path_factory.mktemp("qwen2_vl")
+    save_tiny_qwen2_vl(model, seed=7)
+    clip = model / "clip.mp4"
+    clip.write_bytes(mp4(3, frames=8))
+
+    @sgl.function
+    def watch(s, frames):
+        s += sgl.user(sgl.video(str(clip), num_frames=frames) + "t5")
+        s += sgl.assistant(sgl.gen("answer", **GEN))
+
+    h = start_server("--model-path", str(model))
+    backend = sgl.RuntimeEndpoint(h.base_url)
+    try:
+        two, eight = watch.run(frames=2, backend=backend), watch.run(frames=8, backend=backend)
+        two.text(), eight.text()
+    finally:
+        backend.shutdown()
+        stop_server(h)
+    assert "<|vision_start|><|video_pad|><|vision_end|>" in two.text()
+    # 2 frames make one temporal patch, 8 make four; a 40x32 frame is 10x8 patches, 20 tokens after 2x2 merging
+    n2, n8 = two.get_meta_info("answer")["prompt_tokens"], eight.get_meta_info("answer")["prompt_tokens"]
+    assert n8 - n2 == 3 * 20

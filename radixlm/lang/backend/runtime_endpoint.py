@@ -44,9 +44,9 @@ class RuntimeEndpoint(BaseBackend):
 
     def _pick_chat_template(self, name: Optional[str]) -> ChatTemplate:
         tpl = self._named_or_model_template(name)
-        token = self.model_info.get("image_token")
-        # sgl.image writes the server's own image placeholder, on a line of its own as LLaVA prompts have it.
-        return dataclasses.replace(tpl, image_token=f" {token}\n") if token else tpl
+        # sgl.image (sgl.video) writes the server's own placeholder, on a line of its own as LLaVA prompts have it.
+        tokens = {f: f" {self.model_info[f]}\n" for f in ("image_token", "video_token") if self.model_info.get(f)}
+        return dataclasses.replace(tpl, **tokens) if tokens else tpl
 
     def _named_or_model_template(self, name: Optional[str]) -> ChatTemplate:
         if name is not None:
@@ -119,11 +119,12 @@ class RuntimeEndpoint(BaseBackend):
     def _add_images(self, s: "StreamExecutor", body: dict, copies: Optional[int] = None) -> dict:
         """The state's images (each fills one image placeholder of its text, in order); `copies`: a batch of that
         many prompts that all hold them."""
-        if s.images_:
+        if s.images_ or s.videos_:
             if not self.model_info.get("has_image_understanding", False):
                 raise BackendError(f"the model {self.get_model_name()!r} does not accept images")
-            images = [b64 for _src, b64 in s.images_]
-            body["image_data"] = images if copies is None else [images] * copies
+        for field, items in (("image_data", [b64 for _src, b64 in s.images_]), ("video_data", [u for _s, u in s.videos_])):
+            if items:
+                body[field] = items if copies is None else [items] * copies
         return body
 
     def generate(self, s: "StreamExecutor", sampling_params: SglSamplingParams) -> GenResult:

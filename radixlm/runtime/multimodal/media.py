@@ -22,6 +22,7 @@ _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w-]+=[^
 
 
 MAX_IMAGE_PIXELS = 50_000_000  # refused before decoding: a small compressed file can expand to gigabytes
+MAX_VIDEO_FRAMES = 128
 
 
 class MediaError(ValueError):
@@ -81,9 +82,16 @@ class MediaLoader:
             raise MediaError(f"cannot decode the image ({len(data)} bytes): {e}") from None
 
     def load_video(self, source: str | bytes, num_frames: int) -> list["Image"]:
-        """`num_frames` frames spread evenly over the video's first video stream (all of them if it has fewer)."""
+        """`num_frames` frames spread evenly over the video's first video stream (all of them if it has fewer); a
+        data URL may say how many with a num_frames parameter (data:video/mp4;num_frames=16;base64,...)."""
         import av
 
+        m = _DATA_URL.fullmatch(source) if isinstance(source, str) and source[:5].lower() == "data:" else None
+        asked = re.search(r";num_frames=(\d+)", m.group("params")) if m else None
+        if asked:
+            num_frames = int(asked.group(1))
+            if not 1 <= num_frames <= MAX_VIDEO_FRAMES:
+                raise MediaError(f"num_frames must be in [1, {MAX_VIDEO_FRAMES}], got {num_frames}")
         data = self.load_bytes(source)
         try:
             with av.open(io.BytesIO(data)) as container:

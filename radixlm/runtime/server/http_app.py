@@ -124,6 +124,7 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
             "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
             "has_image_understanding": tm.builder.mm is not None, "has_audio_understanding": False,
             "image_token": tm.builder.mm.image_token if tm.builder.mm is not None else None,
+            "video_token": tm.builder.mm.video_token if tm.builder.mm is not None else None,
             "model_type": info.model_type, "architectures": [info.architecture],
             "chat_template": getattr(tm.tokenizer, "chat_template", None),
         })

@@ -3,6 +3,7 @@ repeated is exactly that frame as an image); greedy tokens equal transformers' o
 hits the cache; bad videos and models without video are refused."""
 from __future__ import annotations
 
+import base64
 import io
 
 import pytest
@@ -33,6 +34,10 @@ def test_frames_are_sampled_evenly():
     assert len(loader.load_video(mp4(0, frames=2), num_frames=8)) == 2  # all of a short one
     with pytest.raises(MediaError, match="cannot decode the video"):
         loader.load_video(b"\x00not a video" * 10, num_frames=4)
+    url = "data:video/mp4;num_frames={};base64," + base64.b64encode(mp4(0, frames=9)).decode()
+    assert len(loader.load_video(url.format(5), num_frames=8)) == 5  # the data URL's own count
+    with pytest.raises(MediaError, match="num_frames must be in"):
+        loader.load_video(url.format(0), num_frames=8)
 
 
 def test_a_still_video_is_its_frame_as_an_image(tiny):
