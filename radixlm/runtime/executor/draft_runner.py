@@ -64,14 +64,15 @@ class DraftModelRunner(ModelRunner):
             backend = "triton" if self.is_cuda else "torch_native"
         self.attn_backend = ATTENTION_BACKENDS[backend](self)
         self.graph_runner = None
-        if target.graph_runner is not None and self.graphs:  # the target's decode and verification passes, and
-            self.graph_runner = CudaGraphRunner(self, target.graph_runner.max_bs)  # every draft pass
+        if target.graph_runner is not None:  # the target's decode and verification passes, and every draft pass
+            self._capture_graphs(target.graph_runner.max_bs)
         # The token each request row's last draft pass chose, read by its next pass on the device.
         self._token_buf = torch.zeros(rows, dtype=torch.int64, device=self.device)
         logger.info("draft model %s: KV pool %.1f MiB (%d scratch slots)", path,
                     self.token_to_kv_pool.mem_bytes() / 2**20, scratch)
 
-    graphs = True  # its passes replay CUDA graphs where the target's do
+    def _capture_graphs(self, max_bs: int) -> None:
+        self.graph_runner = CudaGraphRunner(self, max_bs)
 
     def _load(self, server_args: ServerArgs, target: ModelRunner) -> None:
         """Sets model_config, model and logits_processor."""

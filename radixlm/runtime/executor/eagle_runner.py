@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.draft_budget import head_config
 from radixlm.runtime.executor.draft_runner import DraftModelRunner
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ForwardBatch, ForwardMode, ModelWorkerBatch
@@ -43,7 +44,9 @@ class PairSpan:
 
 
 class EagleRunner(DraftModelRunner):
-    graphs = False  # the head's passes take features beside token ids: eager
+    def _capture_graphs(self, max_bs: int) -> None:
+        """Chain steps replay graphs; catch-up passes (target features, many rows a request) run eagerly."""
+        self.capture_chain_graphs(max_bs)
 
     def _load(self, server_args: ServerArgs, target: ModelRunner) -> None:
         path = server_args.speculative_draft_model_path
@@ -63,6 +66,7 @@ class EagleRunner(DraftModelRunner):
                     module.pack_for_cpu()
         self.logits_processor = target.logits_processor  # the target's lm_head
         self.target = target
+        self.chain_graphs: CudaGraphRunner | None = None  # set by capture_chain_graphs (the runner's __init__)
         self.aux = AuxStates(target, aux_layers(cfg.hf_config, target.model_config.num_layers)) if eagle3 else None
         # Each launched target pass's features, until it is processed (passes are processed in launch order).
         self._passes: deque[tuple[ModelWorkerBatch, torch.Tensor]] = deque()
@@ -112,6 +116,27 @@ class EagleRunner(DraftModelRunner):
     def _tokens(self, out: torch.Tensor) -> torch.Tensor:
         return self.model.draft_tokens(out, self.logits_processor.logits)
 
+    def _chain_step(self, wb: ModelWorkerBatch, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chain step's outputs and tokens: one graph replay where the step's rows fit one, else eager."""
+        graphs = self.chain_graphs
+        fb = ForwardBatch.build(wb, ForwardMode.TOKEN_ROWS, self.req_to_token_pool, self.token_to_kv_pool,
+                                self.attn_backend, self.device)
+        if graphs is None or not graphs.can_run(fb):
+            self.attn_backend.init_forward_metadata(fb)
+            out = self.model(fb.input_ids, fb.positions, fb, features)
+            return out, self._tokens(out)
+        view = graphs.runner
+        view.model.features[: features.shape[0]].copy_(features)
+        logits = graphs.replay(fb)
+        out = view.last_hidden
+        return out, self.model.draft_tokens(out, lambda _: logits)  # EAGLE-1: the replay's target logits
+
+    def capture_chain_graphs(self, max_bs: int, use_graphs: bool = True) -> None:
+        """CUDA graphs of chain steps (one row per request, features the head's own outputs) for up to max_bs
+        requests (use_graphs=False: their padded passes run eagerly, as tests on the CPU do)."""
+        view = _GraphView(self, _HeadWithFeatureBuffer(self.model, max_bs, self.model_config.hidden_size))
+        self.chain_graphs = CudaGraphRunner(view, max_bs, use_graphs)
+
     @torch.inference_mode()
     def propose(self, rows: list[int], last_tokens: list[int], positions: list[int], steps: list[int]
                 ) -> list[list[int]]:
@@ -137,13 +162,35 @@ class EagleRunner(DraftModelRunner):
                                              self.device),
                 logits=LogitsPlan(), has_in_flight=True, token_buf=self._token_buf)
             idx = host_to_device(active, torch.int64, self.device)
-            new = self._head(wb, ForwardMode.TOKEN_ROWS, out[idx])
+            new, new_tokens = self._chain_step(wb, out[idx])
             out, tokens = out.clone(), tokens.clone()
             out[idx] = new
-            tokens[idx] = self._tokens(new)
+            tokens[idx] = new_tokens
             chosen.append(tokens)
         got = HostCopy(torch.stack(chosen)).get()[0].tolist()
         return [[got[s][i] for s in range(steps[i])] for i in range(len(rows))]
+
+
+class _HeadWithFeatureBuffer(torch.nn.Module):
+    """The head with its features in a static buffer, called as CudaGraphRunner calls a model."""
+
+    def __init__(self, head: torch.nn.Module, max_rows: int, dim: int):
+        super().__init__()
+        self.head = head
+        self.features = torch.zeros(max_rows, dim, dtype=head.fc.weight.dtype, device=head.fc.weight.device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
+        return self.head(input_ids, positions, forward_batch, self.features[: input_ids.shape[0]])
+
+
+class _GraphView:
+    """What CudaGraphRunner reads from a runner, for the head's chain steps."""
+
+    def __init__(self, runner: "EagleRunner", model: torch.nn.Module):
+        self.device, self.model, self.logits_processor = runner.device, model, runner.logits_processor
+        self.req_to_token_pool, self.token_to_kv_pool = runner.req_to_token_pool, runner.token_to_kv_pool
+        self.attn_backend = runner.attn_backend
+        self.last_hidden: torch.Tensor | None = None  # set by each replay
 
 
 def _checkpoint(path: str):

@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig
 
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
+from radixlm.runtime.scheduler.drafts.model import EagleSource
 from tests.runtime.models.tiny import save_tiny
 
 from .conftest import TINY_LLAMA
@@ -98,8 +99,9 @@ def test_eagle3_drafts_equal_the_reference_chain(setup, kwargs, every, graphs):
     expected = serve(make({"target": paths["target"]}, None, **kwargs), _requests(91), every)
     sched = make({"target": paths["target"]}, None, speculative_algorithm="EAGLE3", speculative_num_draft_tokens=3,
                  speculative_draft_model_path=paths["head"], **kwargs)
-    if graphs:  # the graph runner's eager stand-in: the hooks run in its padded passes
+    if graphs:  # the graph runners' eager stand-ins: the hooks run in the target's padded passes
         sched.runner.graph_runner = CudaGraphRunner(sched.runner, 32, use_graphs=False)
+        next(s.runner for s in sched.drafts.sources if isinstance(s, EagleSource)).capture_chain_graphs(32, False)
     seen = _record(sched)
     got = serve(sched, _requests(91), every)
     assert {k: v["output_ids"] for k, v in got.items()} == {k: v["output_ids"] for k, v in expected.items()}
@@ -126,7 +128,6 @@ def test_features_from_other_layers_are_caught(setup, monkeypatch):
 
 def test_kv_budget_counts_the_head(setup):
     from radixlm.runtime.executor.draft_budget import draft_budget
-    from radixlm.runtime.scheduler.drafts.model import EagleSource
 
     paths, _, _ = setup
     sched = make({"target": paths["target"]}, None, speculative_algorithm="EAGLE",

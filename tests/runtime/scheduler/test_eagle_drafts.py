@@ -140,18 +140,23 @@ def test_drafts_equal_the_reference_chain_and_outputs_are_unchanged(setup, kwarg
 
 
 def test_target_passes_replayed_as_graphs(setup):
-    """The target's one-row-per-token passes (mixed prefill and verification rows among them) replay graphs -- here
-    their eager stand-in: the head reads the hidden states the replay left in its buffer."""
+    """The target's one-row-per-token passes (mixed prefill and verification rows among them) and the head's chain
+    steps replay graphs -- here their eager stand-ins: the head reads the hidden states the target's replay left in
+    its buffer, and its chain steps take their features from a static buffer."""
     from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 
     paths, hf, weights = setup
     expected = serve(make({"target": paths["target"]}, None), _requests(83), 1)
     sched = _eagle(paths)
     sched.runner.graph_runner = CudaGraphRunner(sched.runner, 32, use_graphs=False)
+    head = next(s.runner for s in sched.drafts.sources if isinstance(s, EagleSource))
+    head.capture_chain_graphs(32, use_graphs=False)
+    replays, replay = [], head.chain_graphs.replay
+    head.chain_graphs.replay = lambda fb: (replays.append(fb.batch_size), replay(fb))[1]
     seen = _record(sched)
     got = serve(sched, _requests(83), 1)
     assert {k: v["output_ids"] for k, v in got.items()} == {k: v["output_ids"] for k, v in expected.items()}
-    assert sched.stats["mixed_batches"] > 0 and len(seen) >= 6
+    assert sched.stats["mixed_batches"] > 0 and len(seen) >= 6 and replays
     for tokens, draft in seen:
         assert draft == reference_chain(hf, weights, tokens, len(draft)), tokens
 
