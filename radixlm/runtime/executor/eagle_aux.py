@@ -40,6 +40,8 @@ class AuxStates:
         graphs = target.graph_runner
         if graphs is not None and graphs.use_graphs:
             target.graph_runner = CudaGraphRunner(target, graphs.max_bs)  # captured again, now with the hooks
+        # The capture's warm-up passes ran the hooks eagerly: the next pass read is the first real one.
+        self._read_passes = self._eager_passes
 
     def _hook(self, k: int, is_layer: bool):
         def hook(module, args):
