@@ -12,6 +12,7 @@ from the request's own, which only lowers acceptance (verification keeps outputs
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 from collections import deque
 from dataclasses import dataclass
@@ -103,7 +104,7 @@ class EagleRunner(DraftModelRunner):
         mode = ForwardMode.TOKEN_ROWS if all(n == 1 for n in lens) else ForwardMode.REQUEST_SPANS
         feature_rows = [s.first_row + i for s, n in zip(spans, lens) for i in range(n)]
         out = self._head(pairs, mode, hidden[host_to_device(feature_rows, torch.int64, self.device)])
-        last = [sum(lens[: i + 1]) - 1 for i in range(len(spans))]
+        last = [end - 1 for end in itertools.accumulate(lens)]
         self._last_out[host_to_device([s.row for s in spans], torch.int64, self.device)] = \
             out[host_to_device(last, torch.int64, self.device)]
 
