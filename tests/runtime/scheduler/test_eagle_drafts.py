@@ -189,3 +189,19 @@ def test_kv_budget_counts_the_head(setup):
     budget = draft_budget(sched.args, sched.runner.model_config)
     assert budget.weight_bytes == 4 * sum(p.numel() for p in runner.model.parameters() if p.dim() > 1)
     assert budget.kv_bytes_per_token == runner.kv_bytes_per_token() == 2 * KV_HEADS * HD * 4  # one layer
+
+
+def test_cache_hits_that_continue_otherwise_keep_outputs(setup):
+    """Requests whose cached prefix another request continued otherwise (the caveat in eagle_runner.py: one pair
+    at the prefix's end is the writer's) and answers asked again: outputs equal those without speculation."""
+    from .test_standalone_drafts import _waves
+
+    paths, _, _ = setup
+    runs = []
+    for sched in (make({"target": paths["target"]}, None), _eagle(paths)):
+        first, again = _waves(84)
+        res = serve(sched, first)
+        res.update(serve(sched, again))
+        sched.check_memory()
+        runs.append({k: v["output_ids"] for k, v in res.items()})
+    assert runs[0] == runs[1]
