@@ -62,3 +62,11 @@ def test_refused_requests(tiny):
     with pytest.raises(ValueError, match="context length"):
         engine.generate(four, GREEDY, image_data=[png(i) for i in range(4)])
     assert engine.generate(f"t5 {IMAGE_TOKEN}", GREEDY, image_data=png(1))["output_ids"]  # still serving
+
+
+def test_n_samples_share_the_prefilled_image(tiny):
+    engine = tiny[0]
+    outs = engine.generate(f"t5 {IMAGE_TOKEN} t6", {"temperature": 0.8, "max_new_tokens": 3, "n": 3,
+                                                    "sampling_seed": 1}, image_data=png(5))
+    # the prompt (image included) was prefilled once beforehand: every sample finds all of it but the last token
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == [1 + NUM_IMAGE_TOKENS] * 3  # t5 and the image
