@@ -64,6 +64,8 @@ class DraftModelRunner(ModelRunner):
             backend = "triton" if self.is_cuda else "torch_native"
         self.attn_backend = ATTENTION_BACKENDS[backend](self)
         self.graph_runner = None
+        if self.is_cuda:
+            self._warm_up()
         if target.graph_runner is not None:  # the target's decode and verification passes, and every draft pass
             self._capture_graphs(target.graph_runner.max_bs)
         # The token each request row's last draft pass chose, read by its next pass on the device.
@@ -73,6 +75,9 @@ class DraftModelRunner(ModelRunner):
 
     def _capture_graphs(self, max_bs: int) -> None:
         self.graph_runner = CudaGraphRunner(self, max_bs)
+
+    def _warm_up(self) -> None:
+        self.warm_up_extend()  # the extend kernels built now, not in the middle of a request
 
     def _load(self, server_args: ServerArgs, target: ModelRunner) -> None:
         """Sets model_config, model and logits_processor."""

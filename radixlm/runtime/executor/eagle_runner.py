@@ -45,6 +45,9 @@ class PairSpan:
 
 
 class EagleRunner(DraftModelRunner):
+    def _warm_up(self) -> None:
+        pass  # the head's passes take features: its first catch-up builds its kernels
+
     def _capture_graphs(self, max_bs: int) -> None:
         """Chain steps replay graphs; catch-up passes (target features, many rows a request) run eagerly."""
         self.capture_chain_graphs(max_bs)
