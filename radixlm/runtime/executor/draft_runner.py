@@ -8,6 +8,7 @@ write_kv runs every target pass's rows through the draft model (prefill, chunks,
 radix-cache hit finds the prefix's draft KV too, and freeing a slot (rejected draft tokens, retraction, abort,
 eviction) frees it in both pools at once. The draft model's own guesses go to scratch slots past the shared range,
 which the allocator never hands out: the verification pass that follows writes their positions' real slots.
+(An EAGLE head, eagle_runner.py, shares the pool and scratch layout but writes its KV after each pass.)
 """
 from __future__ import annotations
 
@@ -153,5 +154,5 @@ class DraftModelRunner(ModelRunner):
         flat = torch.full((n_steps, len(rows)), -1, dtype=torch.int64, device=self.device)
         for step, (active, tokens) in enumerate(chosen):
             flat[step, host_to_device(active, torch.int64, self.device)] = tokens
-        table_host = HostCopy(flat).get()[0].tolist()
-        return [[table_host[s][i] for s in range(steps[i])] for i in range(len(rows))]
+        got = HostCopy(flat).get()[0].tolist()
+        return [[got[s][i] for s in range(steps[i])] for i in range(len(rows))]
