@@ -3,8 +3,8 @@ to 8 MiB, each path replayed from a CUDA graph of REPS calls (and NCCL once eage
 
   nccl_eager   dist.all_reduce outside graphs
   nccl_graph   dist.all_reduce captured in a CUDA graph
-  one_shot     radixlm's SymmMemAllReduce path (symmetric memory, PyTorch's one_shot_all_reduce_copy_out), in a graph
-  two_shot     copy into symmetric memory + PyTorch's two_shot_all_reduce_out, in a graph
+  one_shot     symmetric memory, PyTorch's one_shot_all_reduce_copy_out (radixlm's path up to 1 MiB), in a graph
+  two_shot     copy into symmetric memory + PyTorch's two_shot_all_reduce_out (radixlm's path above), in a graph
 
 Every path's sum is checked. NVLink multicast stays off (the caller exports NCCL_NVLS_ENABLE=0 and
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
@@ -71,8 +71,9 @@ def rank_main(rank: int, world: int, port: int, sizes: list[int], out: str) -> N
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             device_id=torch.device(device))
     group = dist.group.WORLD
-    comm = build_symm_all_reduce(group, device, max(sizes))
-    import torch.distributed._symmetric_memory  # noqa: F401 - registers torch.ops.symm_mem
+    comm = build_symm_all_reduce(group, device, max(sizes))  # also registers torch.ops.symm_mem
+    if comm is not None:
+        comm.one_shot_max_bytes = max(sizes)  # time one-shot at every size
 
     rows = []
     for nbytes in sizes:

@@ -74,8 +74,16 @@ def make_engine(path: str, **kw) -> Engine:
                   random_seed=0, **kw)
 
 
-def close(engine: Engine) -> None:
-    engine.shutdown()  # releases the model, the KV pool and the graphs
+def close(engine: Engine, timeout_s: float = 120.0) -> None:
+    """engine.shutdown() (releases the model, the KV pool and the graphs), given up on after timeout_s: a
+    tensor-parallel shutdown hung on GPUs (2026-11-25), and a benchmark must still report what it measured."""
+    import threading
+
+    t = threading.Thread(target=engine.shutdown, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        log(f"engine shutdown still running after {timeout_s:.0f} s: left behind")
 
 
 def greedy(n_out: int) -> dict:

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_llama8b import decode_steps, offline_run  # noqa: E402
+from benchmarks.gpu_llama8b import close, decode_steps, offline_run  # noqa: E402
 from radixlm import Engine  # noqa: E402
 from radixlm.bench.datasets import PromptSource, random_dataset, sharegpt_like_dataset  # noqa: E402
 from radixlm.runtime.layers.moe import FusedMoE, fused_experts, select_experts  # noqa: E402
@@ -265,7 +265,7 @@ def part_decode(path: str, device: str, dtype: str, context_len: int, src: Promp
         return {"weights": wb, "kv_bytes_per_token": kv_per_token, "prompt_len": prompt_len, "steps": steps,
                 "rows": rows}
     finally:
-        engine.shutdown()
+        close(engine)
 
 
 def part_offline(path: str, device: str, dtype: str, context_len: int, src: PromptSource, sharegpt_n: int,
@@ -284,7 +284,7 @@ def part_offline(path: str, device: str, dtype: str, context_len: int, src: Prom
                 mfu=False)
         return result
     finally:
-        engine.shutdown()
+        close(engine)
 
 
 def print_table(result: dict) -> None:

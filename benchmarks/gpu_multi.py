@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
+import os
 import random
 import shutil
 import sys
@@ -74,11 +76,11 @@ def mixtral_dir() -> str:
 
 
 # ------------------------------------------------------------------------------------------------------ correctness
-def greedy_run(path: str, dtype: str, tp: int, n_out: int) -> list[dict]:
+def greedy_run(path: str, dtype: str, tp: int, n_out: int, kw: dict) -> list[dict]:
     from radixlm import Engine
 
     engine = Engine(path, load_format="dummy", dtype=dtype, device="cuda", context_length=1024, random_seed=0,
-                    tp_size=tp, cuda_graph_max_bs=8, mem_fraction_static=0.8)
+                    tp_size=tp, cuda_graph_max_bs=8, mem_fraction_static=0.8, **kw)
     try:
         outs = engine.generate(PROMPTS, sampling_params=greedy(n_out), return_logprob=True, top_logprobs_num=2)
     finally:
@@ -87,10 +89,11 @@ def greedy_run(path: str, dtype: str, tp: int, n_out: int) -> list[dict]:
             for o in outs]
 
 
-def part_correctness(path: str, n_out: int) -> dict:
-    result = {}
+def part_correctness(path: str, n_out: int, engine_args: dict) -> dict:
+    result = {"engine_args": engine_args}
     for dtype in ("float32", "bfloat16"):
-        ref, tp2 = greedy_run(path, dtype, 1, n_out), greedy_run(path, dtype, 2, n_out)
+        ref = isolated(greedy_run, path, dtype, 1, n_out, {})
+        tp2 = isolated(greedy_run, path, dtype, 2, n_out, engine_args)
         rows = []
         for prompt, a, b in zip(PROMPTS, ref, tp2):
             first = next((i for i, (x, y) in enumerate(zip(a["ids"], b["ids"])) if x != y), None)
@@ -142,9 +145,47 @@ def decode_table(engine, src: PromptSource, bw: float, batches: list[int], steps
     return rows
 
 
-def speed_run(path: str, src: PromptSource, bw: float, name: str, batches: list[int], steps: int, sharegpt_n: int,
-              profile_batches: list[int], **kw) -> dict:
+def prompt_source(path: str) -> PromptSource:
+    from transformers import AutoTokenizer
+
+    return PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
+
+
+def _child(fn, queue, args) -> None:
+    try:
+        queue.put(("ok", fn(*args)))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        import traceback
+
+        queue.put(("error", traceback.format_exc()))
+    queue.close()
+    queue.join_thread()  # the result is in the pipe
+    os._exit(0)  # no interpreter shutdown: a process-group teardown left behind must not keep us
+
+
+def isolated(fn, *args, timeout_s: float = 1200.0):
+    """fn(*args) in a fresh process (one engine per process: a hung shutdown of one does not stop the next)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(fn, queue, args))
+    proc.start()
+    try:
+        status, value = queue.get(timeout=timeout_s)
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            log("the child process did not exit: killed")
+            proc.kill()
+            proc.join()
+    if status != "ok":
+        raise RuntimeError(value)
+    return value
+
+
+def speed_run(path: str, bw: float, name: str, batches: list[int], steps: int, sharegpt_n: int,
+              profile_batches: list[int], kw: dict) -> dict:
     log(f"{name}: {kw}")
+    src = prompt_source(path)
     t0 = time.perf_counter()
     engine = make_engine(path, max_running_requests=max(batches), **kw)
     row = {"engine_args": kw, "startup_s": time.perf_counter() - t0}
@@ -153,22 +194,28 @@ def speed_run(path: str, src: PromptSource, bw: float, name: str, batches: list[
         if sharegpt_n:
             row["sharegpt_like"] = offline_run(engine, sharegpt_like_dataset(src, sharegpt_n, seed=1), name,
                                                mfu=False)
-        row["profile"] = [step_profile(engine, src, b) for b in profile_batches]
-        for p in row["profile"]:
-            log(f"   profile batch {p['batch']}: wall {p['wall_us']:.0f} us = comm {p['communication_us']:.0f} + "
-                f"other kernels {p['other_kernels_us']:.0f} + idle {p['idle_us']:.0f}")
+        if profile_batches:
+            row["profile"] = [step_profile(engine, src, b) for b in profile_batches]
+            for p in row["profile"]:
+                log(f"   profile batch {p['batch']}: wall {p['wall_us']:.0f} us = comm {p['communication_us']:.0f} + "
+                    f"other kernels {p['other_kernels_us']:.0f} + idle {p['idle_us']:.0f}")
     finally:
         close(engine)
     return row
 
 
-def part_tp(path: str, src: PromptSource, bw: float, batches: list[int], steps: int, sharegpt_n: int) -> dict:
+TP_CONFIGS = {"tp1": {}, "tp2_nccl": {"tp_size": 2, "disable_custom_all_reduce": True}, "tp2": {"tp_size": 2}}
+
+
+def part_tp(path: str, bw: float, batches: list[int], steps: int, sharegpt_n: int,
+            profile_batches: list[int], configs: list[str]) -> dict:
     runs = {}
-    for name, kw in (("tp1", {}), ("tp2_nccl", {"tp_size": 2, "disable_custom_all_reduce": True}),
-                     ("tp2", {"tp_size": 2})):
-        runs[name] = speed_run(path, src, bw, name, batches, steps, sharegpt_n, [1, max(batches)], **kw)
+    for name, kw in TP_CONFIGS.items():
+        if name not in configs:
+            continue
+        runs[name] = isolated(speed_run, path, bw, name, batches, steps, sharegpt_n, profile_batches, kw)
     ratios = {}
-    for name in ("tp2_nccl", "tp2"):
+    for name in [c for c in ("tp2_nccl", "tp2") if c in runs and "tp1" in runs]:
         ratios[name] = {
             "step_over_tp1": {str(b["batch"]): b["step_ms"] / a["step_ms"]
                               for a, b in zip(runs["tp1"]["decode"], runs[name]["decode"])},
@@ -180,25 +227,25 @@ def part_tp(path: str, src: PromptSource, bw: float, batches: list[int], steps: 
             "targets": "batch-1 step <= 0.65x TP=1; batch-256 decode throughput >= 1.6x TP=1 (step <= 0.625x)"}
 
 
-def part_big(path8b: str, src: PromptSource, bw: float, sharegpt_n: int) -> dict:
+def part_big(path8b: str, bw: float, sharegpt_n: int) -> dict:
     path = llama70b_dir(path8b)
-    return speed_run(path, src, bw, "llama-70b tp2", [1, 32], 64, sharegpt_n, [1], tp_size=2,
-                     cuda_graph_max_bs=64, mem_fraction_static=0.92)
+    return isolated(speed_run, path, bw, "llama-70b tp2", [1, 32], 64, sharegpt_n, [],
+                    {"tp_size": 2, "cuda_graph_max_bs": 64, "mem_fraction_static": 0.92})
+
+
+def moe_run(path: str, kw: dict, bw: float, batches: list[int], sharegpt_n: int) -> dict:
+    src = prompt_source(path)
+    gpu_moe.ENGINE_ARGS.update(kw)
+    return {"decode": gpu_moe.part_decode(path, "cuda", "bfloat16", 4096, src, bw, batches, 256, 64),
+            "offline": gpu_moe.part_offline(path, "cuda", "bfloat16", 4096, src, sharegpt_n, 0, 0, 0)}
 
 
 def part_moe(bw: float, batches: list[int], sharegpt_n: int) -> dict:
-    from transformers import AutoTokenizer
-
     path = mixtral_dir()
-    src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
     result = {}
     for name, kw in (("tp2", {"tp_size": 2}), ("ep2", {"tp_size": 2, "ep_size": 2})):
         log(f"mixtral {name}")
-        gpu_moe.ENGINE_ARGS.clear()
-        gpu_moe.ENGINE_ARGS.update(kw)
-        result[name] = {
-            "decode": gpu_moe.part_decode(path, "cuda", "bfloat16", 4096, src, bw, batches, 256, 64),
-            "offline": gpu_moe.part_offline(path, "cuda", "bfloat16", 4096, src, sharegpt_n, 0, 0, 0)}
+        result[name] = isolated(moe_run, path, kw, bw, batches, sharegpt_n)
     return result
 
 
@@ -210,12 +257,13 @@ def main() -> None:
     p.add_argument("--correctness-tokens", type=int, default=48)
     p.add_argument("--sharegpt-requests", type=int, default=500)
     p.add_argument("--big-sharegpt-requests", type=int, default=200)
+    p.add_argument("--tp-configs", nargs="+", default=list(TP_CONFIGS), choices=list(TP_CONFIGS))
+    p.add_argument("--profile-batches", type=int, nargs="*", default=[],
+                   help="tp: torch.profiler kernel breakdown at these batch sizes (it crashed on nvidia-h200-x2)")
+    p.add_argument("--correctness-engine-args", default="{}", help="JSON of extra server arguments for correctness")
     p.add_argument("--out", default="benchmarks/results/multi_gpu.json")
     args = p.parse_args()
     path = model_dir()
-    from transformers import AutoTokenizer
-
-    src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
     bw = measure_copy_bandwidth()
     log(f"copy bandwidth {bw / 1e12:.2f} TB/s (read + write), {torch.cuda.device_count()} x "
         f"{torch.cuda.get_device_name()}")
@@ -224,9 +272,11 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     parts = {
-        "correctness": lambda: part_correctness(path, args.correctness_tokens),
-        "tp": lambda: part_tp(path, src, bw, args.batches, args.decode_steps, args.sharegpt_requests),
-        "big": lambda: part_big(path, src, bw, args.big_sharegpt_requests),
+        "correctness": lambda: part_correctness(path, args.correctness_tokens,
+                                                json.loads(args.correctness_engine_args)),
+        "tp": lambda: part_tp(path, bw, args.batches, args.decode_steps, args.sharegpt_requests,
+                              args.profile_batches, args.tp_configs),
+        "big": lambda: part_big(path, bw, args.big_sharegpt_requests),
         "moe": lambda: part_moe(bw, args.batches, args.sharegpt_requests),
     }
     t0 = time.perf_counter()

@@ -77,8 +77,8 @@ class ServerArgs:
     dist_init_addr: str | None = field(default=None, metadata={"help": "host:port of node 0 where the ranks meet (required with --nnodes > 1)"})
     base_gpu_id: int = field(default=0, metadata={"help": "the first GPU this server's ranks use"})
     dist_timeout: float = field(default=300.0, metadata={"help": "seconds a collective may wait for the other ranks before the server fails"})
+    disable_custom_all_reduce: bool = field(default=False, metadata={"help": "all-reduce through NCCL only (otherwise tensors up to 8 MiB go through symmetric memory over NVLink, where available)"})
 
-    disable_custom_all_reduce: bool = field(default=False, metadata={"help": "all-reduce through NCCL only (otherwise tensors up to 512 KiB go through symmetric memory over NVLink, where available)"})
     # Memory
     mem_fraction_static: float | None = field(default=None, metadata={"help": "share of device memory for weights + KV pool"})
     max_total_tokens: int | None = field(default=None, metadata={"help": "KV pool size in tokens (overrides the memory fraction)"})

@@ -254,6 +254,8 @@ class Engine:
         self._stopped.set()
         self._inbox.put(ShutdownReq())
         self._thread.join(timeout=30)
+        if not self._thread.is_alive() and getattr(self, "runner", None) is not None:
+            self.runner.release_cuda_graphs()  # before the process group goes: see release_cuda_graphs
         self._stop_ranks()
         if not self._thread.is_alive() and getattr(self, "runner", None) is not None:
             self.scheduler.grammar_queue.shutdown()

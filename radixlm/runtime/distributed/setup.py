@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
-from radixlm.runtime.distributed.symm_all_reduce import ONE_SHOT_MAX_BYTES, build_symm_all_reduce
+from radixlm.runtime.distributed.symm_all_reduce import build_symm_all_reduce
 
 logger = logging.getLogger(__name__)
 
@@ -52,15 +52,23 @@ def init_distributed(args: ServerArgs, placement: RankPlacement | None) -> tuple
     parallel = Parallel(tp_rank=placement.rank, tp_size=args.tp_size, ep_size=args.ep_size, group=group,
                         cpu_group=cpu_group)
     if cuda and args.nnodes == 1 and not args.disable_custom_all_reduce:
-        comm = build_symm_all_reduce(group, device, ONE_SHOT_MAX_BYTES)
+        comm = build_symm_all_reduce(group, device)
         if parallel.all_true([comm is not None])[0]:  # every rank must take the same path for every tensor
             parallel = dataclasses.replace(parallel, device_comm=comm)
-            logger.info("all-reduce up to %d KiB through symmetric memory", ONE_SHOT_MAX_BYTES >> 10)
+            logger.info("all-reduce up to %d MiB through symmetric memory", comm.buffer.nbytes >> 20)
     return parallel, device
 
 
 def shutdown_distributed() -> None:
+    """Leaves the process groups. NCCL's are aborted, not destroyed: a destroy waits for the peers' destroys, and
+    the peers leave at different times (rank 0 of the offline Engine waits for the others to exit first), which
+    hung the Engine's shutdown on GPUs."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if dist.get_backend() == "nccl" and abort is not None:
+        abort()
+    else:
         dist.destroy_process_group()

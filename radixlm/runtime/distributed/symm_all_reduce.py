@@ -1,10 +1,19 @@
 """All-reduce of small tensors through symmetric memory: the ranks of one host read each other's buffers over NVLink.
 
-NCCL's all-reduce of a decode step's few KiB costs its launch and protocol latency, 65 times a step for an 8B model at
-TP=2. Here each rank copies its input into its own symmetric buffer, the ranks meet at a barrier held in the same
-memory, and each sums every rank's buffer (PyTorch's `one_shot_all_reduce_copy_out`: one kernel, capturable in CUDA
-graphs). Above `one_shot_max_bytes` the one-shot read of every peer's whole tensor loses to NCCL's ring, so larger
-tensors go to NCCL. Multicast (NVLink SHARP) is never used: it is off on the machines we run on."""
+NCCL's all-reduce pays its protocol latency 65 times a decode step of an 8B model at TP=2. Here each rank copies its
+input into its own symmetric buffer, the ranks meet at a barrier held in the same memory, and then either each sums
+every rank's whole buffer (one-shot: PyTorch's `one_shot_all_reduce_copy_out`, one kernel) or each sums its 1/world
+share and the shares are gathered (two-shot: `two_shot_all_reduce_out`, less traffic for larger tensors). Both are
+capturable in CUDA graphs. Measured on 2 x H200 (benchmarks/gpu_allreduce.py, inside CUDA graphs, microseconds):
+
+    size      NCCL   one-shot   two-shot
+    8 KiB      8.0      6.7       10.1
+    1 MiB     15.8     14.8       15.7
+    2 MiB     28.8     21.4       19.2
+    8 MiB     49.7     62.4       40.9
+
+so one-shot up to ONE_SHOT_MAX_BYTES, two-shot up to the buffer's size, NCCL above. Multicast (NVLink SHARP) is never
+used: it is off on the machines we run on."""
 from __future__ import annotations
 
 import logging
@@ -14,9 +23,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-ALIGN_BYTES = 16  # the kernel moves 16-byte vectors
-# Measured on 2 x H100 (benchmarks/gpu_allreduce.py): below this one-shot beats NCCL's all-reduce inside CUDA graphs.
-ONE_SHOT_MAX_BYTES = 512 << 10
+ALIGN_BYTES = 16  # the kernels move 16-byte vectors
+ONE_SHOT_MAX_BYTES = 1 << 20
+BUFFER_BYTES = 8 << 20
 
 
 @dataclass
@@ -25,20 +34,27 @@ class SymmMemAllReduce:
 
     group_name: str
     buffer: torch.Tensor  # symmetric memory, rendezvoused over the group
-    one_shot_max_bytes: int
+    world_size: int
+    one_shot_max_bytes: int = ONE_SHOT_MAX_BYTES
 
     def accepts(self, x: torch.Tensor) -> bool:
-        return (x.is_cuda and x.is_contiguous() and x.nbytes <= self.one_shot_max_bytes
-                and x.nbytes % ALIGN_BYTES == 0 and x.dtype in (torch.bfloat16, torch.float16, torch.float32))
+        if not (x.is_cuda and x.is_contiguous() and x.dtype in (torch.bfloat16, torch.float16, torch.float32)):
+            return False
+        if x.nbytes <= self.one_shot_max_bytes:
+            return x.nbytes % ALIGN_BYTES == 0
+        return x.nbytes <= self.buffer.nbytes and x.nbytes % (ALIGN_BYTES * self.world_size) == 0
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of x, as a new tensor (x is left as it was)."""
         slot = self.buffer.view(x.dtype)[: x.numel()].view_as(x)  # starts at the allocation's base
         out = torch.empty_like(x)
-        return torch.ops.symm_mem.one_shot_all_reduce_copy_out(slot, x, "sum", self.group_name, out)
+        if x.nbytes <= self.one_shot_max_bytes:
+            return torch.ops.symm_mem.one_shot_all_reduce_copy_out(slot, x, "sum", self.group_name, out)
+        slot.copy_(x)
+        return torch.ops.symm_mem.two_shot_all_reduce_out(slot, "sum", self.group_name, out)
 
 
-def build_symm_all_reduce(group, device: str, one_shot_max_bytes: int) -> SymmMemAllReduce | None:
+def build_symm_all_reduce(group, device: str, buffer_bytes: int = BUFFER_BYTES) -> SymmMemAllReduce | None:
     """The communicator, or None where symmetric memory is unavailable or its self-check fails on this rank (the
     caller makes the ranks agree before using it: every rank must take the same path for every tensor)."""
     try:
@@ -47,14 +63,16 @@ def build_symm_all_reduce(group, device: str, one_shot_max_bytes: int) -> SymmMe
         group_name = group.group_name
         if hasattr(symm_mem, "enable_symm_mem_for_group"):
             symm_mem.enable_symm_mem_for_group(group_name)
-        buffer = symm_mem.empty(one_shot_max_bytes, dtype=torch.uint8, device=device)
+        buffer = symm_mem.empty(buffer_bytes, dtype=torch.uint8, device=device)
         symm_mem.rendezvous(buffer, group_name)
-        comm = SymmMemAllReduce(group_name, buffer, one_shot_max_bytes)
         rank, world = group.rank(), group.size()
-        probe = torch.full((4096,), float(rank + 1), dtype=torch.bfloat16, device=device)
-        got = comm.all_reduce(probe)
+        comm = SymmMemAllReduce(group_name, buffer, world)
+        ok = True
+        for n in (4096, buffer_bytes // 2):  # a one-shot size and the largest two-shot size
+            probe = torch.full((n,), float(rank + 1), dtype=torch.bfloat16, device=device)
+            ok &= comm.accepts(probe) and bool((comm.all_reduce(probe) == world * (world + 1) / 2).all())
         torch.cuda.synchronize(device)
-        if not bool((got == world * (world + 1) / 2).all()):
+        if not ok:
             logger.warning("symmetric-memory all-reduce gave a wrong sum: using NCCL")
             return None
         return comm

@@ -96,6 +96,14 @@ class ModelRunner:
     def is_cuda(self) -> bool:
         return torch.device(self.device).type == "cuda"
 
+    def release_cuda_graphs(self) -> None:
+        """Frees the captured decode graphs. Before a rank leaves its process group: a graph that captured NCCL
+        kernels keeps the communicator in use, and destroying it then waits forever (pytorch/pytorch#115388)."""
+        if self.graph_runner is not None:
+            for graph in self.graph_runner.graphs.values():
+                graph.reset()
+            self.graph_runner = None
+
     def kv_bytes_per_token(self) -> int:
         cfg = self.model_config
         return cfg.num_layers * 2 * self.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=cfg.dtype).element_size()

@@ -68,6 +68,7 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs | None, ready_pipe,
         logger.exception("the scheduler cannot go on; exiting (the server exits too)")
         sys.exit(1)
     finally:
+        built.runner.release_cuda_graphs()
         shutdown_distributed()
 
 

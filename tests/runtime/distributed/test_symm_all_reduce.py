@@ -1,5 +1,5 @@
-"""The symmetric-memory all-reduce: which tensors `Parallel.all_reduce` routes to it (CPU), and its sums on 2 GPUs
-(skipped without them)."""
+"""The symmetric-memory all-reduce: which tensors `Parallel.all_reduce` routes to it (CPU), and its one-shot and
+two-shot sums on 2 GPUs against NCCL's (skipped without them)."""
 from __future__ import annotations
 
 import pytest
@@ -32,9 +32,9 @@ def test_small_tensors_go_to_the_device_comm_and_large_ones_to_the_group():
     assert comm.calls == 1
 
 
-def test_accepts_only_aligned_contiguous_cuda_tensors_under_the_limit():
-    comm = SymmMemAllReduce(group_name="g", buffer=torch.empty(0), one_shot_max_bytes=1024)
-    assert not comm.accepts(torch.ones(8))  # CPU tensors never
+def test_cpu_tensors_are_never_accepted():
+    comm = SymmMemAllReduce(group_name="g", buffer=torch.empty(1 << 20, dtype=torch.uint8), world_size=2)
+    assert not comm.accepts(torch.ones(8))
 
 
 def _sums(rank: int, world: int, port: int, results) -> None:
@@ -47,12 +47,16 @@ def _sums(rank: int, world: int, port: int, results) -> None:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             device_id=torch.device(device))
     try:
-        comm = build_symm_all_reduce(dist.group.WORLD, device, 1 << 20)
+        comm = build_symm_all_reduce(dist.group.WORLD, device, 8 << 20)
         assert comm is not None
         g = torch.Generator(device=device).manual_seed(rank)
-        out = []
+        out = [not comm.accepts(torch.ones((9 << 20) // 4, device=device)),  # past the buffer
+               # two-shot needs world x 16-byte shares
+               not comm.accepts(torch.ones((1 << 20) + 8, dtype=torch.bfloat16, device=device)),
+               not comm.accepts(torch.ones(3, device=device))]  # 12 bytes: not 16-byte vectors
         for dtype in (torch.bfloat16, torch.float32):
-            for n in (8, 4096, (1 << 20) // dtype.itemsize):
+            # one-shot sizes, then two-shot sizes (past 1 MiB)
+            for n in (8, 4096, (1 << 20) // dtype.itemsize, (2 << 20) // dtype.itemsize, (8 << 20) // dtype.itemsize):
                 x = torch.randn(n, generator=g, device=device).to(dtype)
                 want = x.clone()
                 dist.all_reduce(want)
