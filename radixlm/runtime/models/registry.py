@@ -5,7 +5,7 @@ from torch import nn
 
 from radixlm.runtime.models.llama import LlamaForCausalLM
 from radixlm.runtime.models.llava import LlavaForConditionalGeneration
-from radixlm.runtime.models.llava_next import LlavaNextForConditionalGeneration
+from radixlm.runtime.models.llava_next import LlavaNextForConditionalGeneration, LlavaOnevisionForConditionalGeneration
 from radixlm.runtime.models.mistral import MistralForCausalLM
 from radixlm.runtime.models.mixtral import MixtralForCausalLM
 from radixlm.runtime.models.qwen2 import Qwen2ForCausalLM
@@ -17,6 +17,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "LlavaNextForConditionalGeneration": LlavaNextForConditionalGeneration,
+    "LlavaOnevisionForConditionalGeneration": LlavaOnevisionForConditionalGeneration,
     "MistralForCausalLM": MistralForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,

@@ -4,6 +4,8 @@ each row. The front needs the token count before any encoder runs, the model the
 built on transformers' own grid and unpadding functions, so the count always equals the packed features' rows."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -34,11 +36,33 @@ def unpad(feature_map: torch.Tensor, image_size: tuple[int, int]) -> torch.Tenso
     return _hf().unpad_image(feature_map, list(image_size))
 
 
+def max_tiles(config) -> int | None:
+    """LLaVA-OneVision's cap ('anyres_max_9': the stitched map is shrunk to about 9 tiles' worth); None: no cap."""
+    ratio = getattr(config, "vision_aspect_ratio", None)
+    return int(ratio[len("anyres_max_"):]) if ratio and ratio.startswith("anyres_max_") else None
+
+
+def capped_shape(height: int, width: int, config) -> tuple[int, int]:
+    """The unpadded map's (rows, columns) after the cap: shrunk (bilinearly, by the model) when over 1.1x of it."""
+    cap = max_tiles(config)
+    if cap is None:
+        return height, width
+    ratio = math.sqrt(height * width / (cap * tile_side(config) ** 2))
+    return (int(height // ratio), int(width // ratio)) if ratio > 1.1 else (height, width)
+
+
 def token_count(image_size: tuple[int, int], config) -> int:
     side = tile_side(config)
     rows, cols = grid_shape(image_size, config)
     shape = unpad(torch.empty((1, rows * side, cols * side), device="meta"), image_size).shape
-    return side * side + shape[1] * (shape[2] + 1)  # the base view, then each unpadded row and its newline
+    height, width = capped_shape(shape[1], shape[2], config)
+    return side * side + height * (width + 1)  # the base view, then each unpadded row and its newline
+
+
+def single_view_token_count(config) -> int:
+    """An image encoded as its base view only (LLaVA-OneVision, several images in a prompt): its tokens and a
+    newline."""
+    return tile_side(config) ** 2 + 1
 
 
 def max_token_count(config) -> int:

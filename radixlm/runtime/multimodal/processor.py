@@ -114,6 +114,9 @@ class MultimodalProcessor:
             return [ProcessedImage(pv, self.num_image_tokens) for pv in pixels]
         if self.layout is ImageLayout.TILED:
             sizes = [tuple(int(x) for x in s) for s in out["image_sizes"].tolist()]
+            if len(images) > 1 and anyres.max_tiles(self.hf_config) is not None:  # OneVision: base views only
+                return [ProcessedImage(pv[:1], anyres.single_view_token_count(self.hf_config), s)
+                        for pv, s in zip(pixels, sizes)]
             # The batch pads each image's views to the most any image has: keep an image's own.
             return [ProcessedImage(pv[: anyres.num_patches(s, self.hf_config)], anyres.token_count(s, self.hf_config), s)
                     for pv, s in zip(pixels, sizes)]

@@ -1,0 +1,91 @@
+"""LLaVA-OneVision (images; SigLIP tower, our Qwen2 on the paged KV cache): LLaVA-NeXT's tiling with the tile map
+capped (a tiny cap, anyres_max_1, so that it shrinks), and several images in one prompt encoded as base views alone;
+greedy tokens identical to transformers' generate, float32 on CPU; the front's token counts equal transformers'."""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from PIL import Image
+from transformers import (
+    AutoImageProcessor, LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration, Qwen2Config, SiglipVisionConfig,
+)
+
+import radixlm
+from radixlm.runtime.multimodal import anyres
+from tests.runtime.models.tiny import randomize
+from tests.runtime.models.tiny_llava import (
+    GRID_PINPOINTS, IMAGE_SIZE, IMAGE_TOKEN, IMAGE_TOKEN_ID, PATCH, VOCAB, png, save_tokenizer,
+)
+
+NEW = 8
+SHAPES = [(90, 40), (50, 50), (30, 70), (20, 16)]  # (width, height)
+
+
+def onevision_config() -> LlavaOnevisionConfig:
+    text = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                image_size=IMAGE_SIZE, patch_size=PATCH)
+    cfg = LlavaOnevisionConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN_ID,
+                               image_grid_pinpoints=GRID_PINPOINTS, vision_aspect_ratio="anyres_max_1",
+                               vision_feature_select_strategy="full", vision_feature_layer=-1)
+    cfg.architectures = ["LlavaOnevisionForConditionalGeneration"]
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
+
+    path = tmp_path_factory.mktemp("llava_onevision")
+    torch.manual_seed(4)
+    hf = LlavaOnevisionForConditionalGeneration(onevision_config()).float()
+    randomize(hf, 4)
+    with torch.no_grad():
+        hf.model.multi_modal_projector.linear_2.weight.mul_(10.0)
+    hf.eval()
+    hf.save_pretrained(path, safe_serialization=True)
+    save_tokenizer(path)
+    LlavaOnevisionImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+                                    image_grid_pinpoints=GRID_PINPOINTS).save_pretrained(path)
+    return path, hf
+
+
+def _hf(hf, path, ids, images):
+    processed = AutoImageProcessor.from_pretrained(path)(
+        images=[Image.open(io.BytesIO(b)).convert("RGB") for b in images], return_tensors="pt")
+    extra = {"image_sizes": processed["image_sizes"], "batch_num_images": torch.tensor([len(images)])}
+    with torch.inference_mode():
+        feats = hf.model.get_image_features(processed["pixel_values"], **extra).pooler_output
+        counts = iter([f.shape[0] for f in feats])
+        expanded = [t for tok in ids for t in ([tok] * next(counts) if tok == IMAGE_TOKEN_ID else [tok])]
+        ids_t = torch.tensor([expanded])
+        out = hf.generate(ids_t, attention_mask=torch.ones_like(ids_t), pixel_values=processed["pixel_values"],
+                          max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0, **extra)
+    return out[0, len(expanded):].tolist(), [f.shape[0] for f in feats]
+
+
+def test_greedy_and_token_counts_match_transformers(tiny):
+    path, hf = tiny
+    images = [png(i, size) for i, size in enumerate(SHAPES)]
+    prompts = [f"t5 {IMAGE_TOKEN} t7" for _ in images] + [f"{IMAGE_TOKEN} t3 {IMAGE_TOKEN} t4"]
+    image_sets = [[im] for im in images] + [[images[0], images[1]]]
+    engine = radixlm.Engine(model_path=str(path), dtype="float32", enable_integrity_check=True)
+    try:
+        outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True},
+                               image_data=image_sets)
+        tok = engine.tokenizer
+    finally:
+        engine.shutdown()
+    all_counts = []
+    for prompt, imgs, out in zip(prompts, image_sets, outs):
+        ids = tok.encode(prompt)
+        ref, counts = _hf(hf, path, ids, imgs)
+        assert out["output_ids"] == ref
+        assert out["meta_info"]["prompt_tokens"] == len(ids) - len(imgs) + sum(counts)
+        all_counts.append(counts)
+    # 50x50: 2x2 tiles, an 8x8 map over the cap of 1 tile (4x4 = 16 cells), shrunk to 4x4: 16 base + 4 rows of 4 + 1
+    assert all_counts[1] == [16 + 4 * 5] == [anyres.token_count((50, 50), onevision_config())]
+    assert all_counts[-1] == [17, 17]  # two images in a prompt: base views (16 tokens) and a newline each
