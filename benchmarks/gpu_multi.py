@@ -5,12 +5,13 @@
                divergence with both layouts' top-2 logit gaps there
   tp           Llama-3.1-8B bf16: TP=1, TP=2 with NCCL only, TP=2 with the symmetric-memory all-reduce: decode step at
                each --batches size against the per-GPU floor (weight bytes + KV read / copy bandwidth measured in this
-               run), the ShareGPT-like offline workload, and a kernel profile of the decode step (communication,
-               other kernels, idle = host time)
+               run), the ShareGPT-like offline workload, and a host-timer profile of rank 0's decode step (its
+               scheduler work and its wait for the device: which of the two bounds the step)
   big          Llama-3.1-70B shapes, bf16, TP=2: decode step against the floor, ShareGPT-like offline throughput
   moe          Mixtral-8x7B shapes, bf16, TP=2 and EP=2: decode step against the floor, ShareGPT-like offline
 
-Every engine is the offline Engine (rank 0 on its thread, rank 1 in a process). Greedy; EOS ignored.
+Every engine is the offline Engine (rank 0 on its thread, rank 1 in a process), each in a process of its own (a hung
+teardown cannot stop the run). Greedy; EOS ignored. The all-reduce latency table is benchmarks/gpu_allreduce.py.
 
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     python benchmarks/gpu_multi.py --parts correctness tp --out $OUT/multi.json
@@ -35,7 +36,6 @@ from benchmarks import gpu_moe  # noqa: E402
 from benchmarks.gpu_llama8b import close, decode_steps, greedy, log, make_engine, measure_copy_bandwidth  # noqa: E402
 from benchmarks.gpu_llama8b import model_bytes, offline_run  # noqa: E402
 from benchmarks.llama8b import model_dir  # noqa: E402
-from benchmarks.profile_gpu_step import kernel_times  # noqa: E402
 from radixlm.bench.datasets import PromptSource, sharegpt_like_dataset  # noqa: E402
 
 LLAMA_70B = dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
@@ -119,16 +119,31 @@ def part_correctness(path: str, n_out: int, engine_args: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------------------------- speed
 def step_profile(engine, src: PromptSource, batch: int, steps: int = 32) -> dict:
-    """Per decode step on rank 0: communication kernels, other kernels, idle (host) time, microseconds."""
-    w1, k1, _ = kernel_times(engine, [src.ids(512) for _ in range(batch)], 1)
-    w2, k2, _ = kernel_times(engine, [src.ids(512) for _ in range(batch)], 1 + steps)
-    per_step = {n: (k2[n] - k1.get(n, 0)) / steps for n in k2}
-    comm = sum(v for n, v in per_step.items() if "nccl" in n.lower() or "all_reduce" in n.lower())
-    busy = sum(v for v in per_step.values() if v > 0)
-    wall = (w2 - w1) / steps * 1e6
-    top = sorted(per_step.items(), key=lambda kv: -kv[1])[:8]
-    return {"batch": batch, "wall_us": wall, "communication_us": comm, "other_kernels_us": busy - comm,
-            "idle_us": wall - busy, "top_kernels": [{"name": n[:100], "us": v} for n, v in top]}
+    """Where rank 0's decode step goes, by host timers (torch.profiler crashed the process on nvidia-h200-x2): the
+    scheduler's own work per step, and the part of it spent waiting for the device's results. Waiting near zero: the
+    host bounds the step; otherwise the device does (kernels and communication)."""
+    from benchmarks.phases import PhaseTimer
+
+    def run(n_out: int) -> tuple[float, dict]:
+        prompts = [src.ids(512) for _ in range(batch)]
+        timer = PhaseTimer.attach(engine)
+        t0 = time.perf_counter()
+        try:
+            engine.generate(input_ids=prompts, sampling_params=greedy(n_out))
+        finally:
+            timer.detach()
+        return time.perf_counter() - t0, timer.as_dict()
+
+    w1, p1 = run(1)
+    w2, p2 = run(1 + steps)
+
+    def per_step(label: str) -> float:
+        return (p2.get(label, {}).get("seconds", 0.0) - p1.get(label, {}).get("seconds", 0.0)) / steps * 1e6
+
+    wall, step, wait = (w2 - w1) / steps * 1e6, per_step("scheduler step"), per_step("wait for device")
+    phases = {k: per_step(k) for k in p2 if k != "cuda allocator"}
+    return {"batch": batch, "wall_us": wall, "scheduler_step_us": step, "wait_for_device_us": wait,
+            "host_busy_us": step - wait, "phases_us_per_step": phases}
 
 
 def decode_table(engine, src: PromptSource, bw: float, batches: list[int], steps: int) -> list[dict]:
@@ -197,8 +212,8 @@ def speed_run(path: str, bw: float, name: str, batches: list[int], steps: int, s
         if profile_batches:
             row["profile"] = [step_profile(engine, src, b) for b in profile_batches]
             for p in row["profile"]:
-                log(f"   profile batch {p['batch']}: wall {p['wall_us']:.0f} us = comm {p['communication_us']:.0f} + "
-                    f"other kernels {p['other_kernels_us']:.0f} + idle {p['idle_us']:.0f}")
+                log(f"   host profile batch {p['batch']}: wall {p['wall_us']:.0f} us/step, scheduler host work "
+                    f"{p['host_busy_us']:.0f} us, waiting for the device {p['wait_for_device_us']:.0f} us")
     finally:
         close(engine)
     return row
@@ -258,8 +273,8 @@ def main() -> None:
     p.add_argument("--sharegpt-requests", type=int, default=500)
     p.add_argument("--big-sharegpt-requests", type=int, default=200)
     p.add_argument("--tp-configs", nargs="+", default=list(TP_CONFIGS), choices=list(TP_CONFIGS))
-    p.add_argument("--profile-batches", type=int, nargs="*", default=[],
-                   help="tp: torch.profiler kernel breakdown at these batch sizes (it crashed on nvidia-h200-x2)")
+    p.add_argument("--profile-batches", type=int, nargs="*", default=[1, 256],
+                   help="tp: host-timer profile of the decode step at these batch sizes")
     p.add_argument("--correctness-engine-args", default="{}", help="JSON of extra server arguments for correctness")
     p.add_argument("--out", default="benchmarks/results/multi_gpu.json")
     args = p.parse_args()
