@@ -3,7 +3,9 @@ encoder output. The encoder runs only for items some row of the pass needs (posi
 rows) and its outputs are kept by content hash, so the chunks of a prefill that splits an image encode it once."""
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -53,10 +55,48 @@ class EncoderCache:
         self.bytes = 0
 
 
+@dataclass
+class EncoderTimer:
+    """Time spent in the encoder. On CUDA each run is bracketed by events and counted once its end event has
+    completed (reading the timer never waits for the device)."""
+
+    items: int = 0
+    seconds: float = 0.0
+    pending: list[tuple["torch.cuda.Event", "torch.cuda.Event"]] = field(default_factory=list)
+
+    def start(self, device: torch.device) -> "torch.cuda.Event | float":
+        if device.type == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def stop(self, started: "torch.cuda.Event | float", items: int) -> None:
+        self.items += items
+        if isinstance(started, float):
+            self.seconds += time.perf_counter() - started
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.pending.append((started, end))
+
+    def snapshot(self) -> dict[str, float]:
+        ended = [end.query() for _, end in self.pending]
+        self.seconds += sum(s.elapsed_time(e) for (s, e), d in zip(self.pending, ended) if d) / 1e3
+        self.pending = [p for p, d in zip(self.pending, ended) if not d]
+        return {"mm_encoded_items": self.items, "mm_encoder_seconds": self.seconds}
+
+
 class MultimodalEmbedder:
     def __init__(self, model: MultimodalModel, cache: EncoderCache):
         self.model = model
         self.cache = cache
+        self.timer = EncoderTimer()
+        first = next(model.parameters(), None) if hasattr(model, "parameters") else None
+        self.device = first.device if first is not None else torch.device("cpu")
+
+    def stats(self) -> dict[str, float]:
+        return {**self.timer.snapshot(), "mm_encoder_cache_hits": self.cache.hits}
 
     def features(self, spans: list[MultimodalSpan]) -> dict[str, torch.Tensor]:
         """Encoder outputs of the spans' items by hash; the missing ones encoded together."""
@@ -73,7 +113,10 @@ class MultimodalEmbedder:
                 found[h] = cached
         if todo:
             self.cache.misses += len(todo)
-            for h, out in zip(todo, self.model.encode_items(list(todo.values()))):
+            started = self.timer.start(self.device)
+            outs = self.model.encode_items(list(todo.values()))
+            self.timer.stop(started, len(todo))
+            for h, out in zip(todo, outs):
                 if out.shape[0] != todo[h].num_tokens:
                     raise ValueError(f"the encoder gave {out.shape[0]} rows for an item of {todo[h].num_tokens} tokens")
                 self.cache.put(h, out)

@@ -212,7 +212,8 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         return not self.waiting_queue and not self.running and self.chunked_req is None and self.inflight is None
 
     def stats_snapshot(self) -> dict:
-        return {**self.stats, **self.grammar_stats}
+        embedder = getattr(self.runner, "mm_embedder", None)
+        return {**self.stats, **self.grammar_stats, **(embedder.stats() if embedder is not None else {})}
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[ReqOutput]:
