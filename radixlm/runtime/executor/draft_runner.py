@@ -121,25 +121,35 @@ class DraftModelRunner(ModelRunner):
         self.model(fb.input_ids, fb.positions, fb)
 
     @torch.inference_mode()
-    def propose(self, rows: list[int], last_tokens: list[int], positions: list[int], steps: list[int]
-                ) -> list[list[int]]:
+    def propose(self, rows: list[int], last_tokens: list[int], positions: list[int], steps: list[int],
+                written: list[bool] | None = None) -> list[list[int]]:
         """Greedy chains: for request row rows[i], whose KV is written below positions[i] (the position of its last
         token, last_tokens[i]), up to steps[i] tokens, one draft pass per step over the requests still drafting.
-        The passes are enqueued back to back (each reads the previous one's tokens on the device); the host reads
-        the chains once."""
+        written[i]: the KV at positions[i] is written too (by a target pass in flight, enqueued before): the first
+        step reads it through the table and writes its own copy of it over it (the same token at the same
+        position), so the chain's scratch starts a position later. The passes are enqueued back to back (each
+        reads the previous one's tokens on the device); the host reads the chains once."""
         n_steps = max(steps, default=0)
-        self.point_at_scratch(rows, positions, steps)
+        written = written or [False] * len(rows)
+        self.point_at_scratch(rows, [p + w for p, w in zip(positions, written)],
+                              [k - w for k, w in zip(steps, written)])
+        table = self.req_to_token_pool.req_to_token
         chosen = []
         active = list(range(len(rows)))
         for step in range(n_steps):
             active = [i for i in active if steps[i] > step]
             ids = [last_tokens[i] if step == 0 else IN_FLIGHT for i in active]
             pos = [positions[i] + step for i in active]
+            locs = host_to_device([self.scratch_slot(rows[i], max(step - written[i], 0)) for i in active], torch.int64,
+                                  self.device)
+            if step == 0 and any(written):
+                own = [n for n, i in enumerate(active) if written[i]]
+                at = host_to_device([(rows[active[n]], pos[n]) for n in own], torch.int64, self.device)
+                locs[host_to_device(own, torch.int64, self.device)] = table[at[:, 0], at[:, 1]]
             wb = ModelWorkerBatch(
                 input_ids=ids, positions=pos, req_pool_indices=[rows[i] for i in active], prefix_lens=pos,
                 extend_lens=[1] * len(active), seq_lens=[p + 1 for p in pos],
-                out_cache_loc=host_to_device([self.scratch_slot(rows[i], step) for i in active], torch.int64,
-                                             self.device),
+                out_cache_loc=locs,
                 logits=LogitsPlan(sample_rows=list(range(len(active)))), has_in_flight=step > 0,
                 token_buf=self._token_buf)
             fb = ForwardBatch.build(wb, ForwardMode.TOKEN_ROWS, self.req_to_token_pool, self.token_to_kv_pool,

@@ -142,11 +142,13 @@ class EagleRunner(DraftModelRunner):
         self.chain_graphs = CudaGraphRunner(view, max_bs, use_graphs)
 
     @torch.inference_mode()
-    def propose(self, rows: list[int], last_tokens: list[int], positions: list[int], steps: list[int]
-                ) -> list[list[int]]:
+    def propose(self, rows: list[int], last_tokens: list[int], positions: list[int], steps: list[int],
+                written: list[bool] | None = None) -> list[list[int]]:
         """Greedy chains from each request row's last catch-up output (its newest token is at positions[i]): the
         first token from that output, each next one from a head pass over (previous output, previous token) at
-        the next position (its KV in a scratch slot)."""
+        the next position (its KV in a scratch slot). `written` must be unset: a head never drafts with a pass in
+        flight (EagleSource.guesses)."""
+        assert not any(written or ()), "an EAGLE head drafts only from processed passes"
         n_steps = max(steps, default=0)
         if not n_steps:
             return [[] for _ in rows]

@@ -5,7 +5,10 @@ draft's tokens while the model's own choice agrees, then take the model's token.
   (penalties, logit bias, min_new_tokens, the grammar mask): the output is the same as without the draft.
 - sampling: a draft token is kept with probability p(token) (the draft is a point mass, so this is speculative
   sampling's rule), and on rejection the token is drawn from p without the draft token: the output has the same
-  distribution as without the draft."""
+  distribution as without the draft.
+- a draft made while the token before it was in flight (overlap) continues a guess of that token: where the guess
+  was wrong, none of its tokens is kept and the model's token at the in-flight position is taken as without a
+  draft (sampled from p whole: nothing was rejected by the rule)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -48,6 +51,7 @@ class DraftVerification:
     processed: torch.Tensor  # rows after penalties, logit bias and the grammar mask
     choices: HostCopy  # processed argmax per row
     probs: torch.Tensor | None  # sampling distribution per row, when some request samples
+    guesses: list[tuple[int, int] | None] = field(default_factory=list)  # Draft.guess per request, if any
 
     def choice_list(self) -> list[int]:
         return self.choices.get()[0].tolist()
@@ -71,13 +75,16 @@ def plain_greedy(req) -> bool:
 
 def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout: list[int],
                        bitmask: torch.Tensor | None, logits: torch.Tensor,
-                       apply_bitmask: Callable[[torch.Tensor, torch.Tensor, list[int]], None] | None
-                       ) -> DraftVerification:
+                       apply_bitmask: Callable[[torch.Tensor, torch.Tensor, list[int]], None] | None,
+                       guesses: list[tuple[int, int] | None] | None = None) -> DraftVerification:
     """`logits`: for each request in order, len(draft) + 1 rows (at its last token and at each draft token). Drafts
     are cut to `walked` tokens (what their grammar accepts); `bitmask` (rows at `layout`, None without grammars)
     holds their masks. Row j of a request is processed as the sampler would process it for the request with its
-    first j draft tokens appended (penalties, min_new_tokens, grammar mask, temperature, top-k/p, min-p)."""
+    first j draft tokens appended (penalties, min_new_tokens, grammar mask, temperature, top-k/p, min-p), after the
+    token in flight where a draft continues one (`guesses`: (position, guessed token) or None per request; only the
+    output's length is read where a pass was in flight: such requests have no penalty)."""
     drafts = [d[:w] for d, w in zip(drafts, walked)]
+    guesses = guesses or [None] * len(drafts)
     mask_rows = [o + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
     logit_rows = [o - layout[0] + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
     starts = draft_layout(drafts)
@@ -92,8 +99,9 @@ def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout:
         if masked_rows is not None:
             apply_bitmask(processed, masked_rows, list(range(len(mask_rows))))
     else:
-        virtuals = [_Virtual(r.sampling_params, r.origin_input_ids, r.output_ids + d[:j], r.eos_token_ids)
-                    for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
+        virtuals = [_Virtual(r.sampling_params, r.origin_input_ids, r.output_ids + ([g[1]] if g else []) + d[:j],
+                             r.eos_token_ids)
+                    for r, d, g in zip(reqs, drafts, guesses) for j in range(len(d) + 1)]
         info = SamplingBatchInfo.from_reqs(virtuals, logits.shape[-1], logits.device)
         if masked_rows is not None:
             info.vocab_mask, info.vocab_mask_rows, info.apply_vocab_mask = (masked_rows, list(range(len(mask_rows))),
@@ -105,12 +113,15 @@ def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout:
         probs = torch.softmax(processed.float() / info.temperatures, dim=-1)
         probs = top_k_top_p_min_p_filter(probs, info)
         probs = probs / probs.sum(dim=-1, keepdim=True)
-    return DraftVerification(reqs, drafts, starts, processed, HostCopy(choices), probs)
+    return DraftVerification(reqs, drafts, starts, processed, HostCopy(choices), probs, guesses)
 
 
 def settle(v: DraftVerification, i: int, generator: torch.Generator | None) -> VerifyResult:
     """Request i's verdict; advances its grammar (if it has one) over the returned tokens."""
     req, draft, start = v.reqs[i], v.drafts[i], v.starts[i]
+    guess = v.guesses[i] if v.guesses else None
+    if guess is not None and req.token_at(guess[0]) != guess[1]:
+        draft = []  # it continued another token than the one the pass read: only the in-flight row's logits count
     if req.sampling_params.is_greedy:
         choices = v.choice_list()[start : start + len(draft) + 1]
         kept = 0

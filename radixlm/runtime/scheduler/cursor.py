@@ -5,6 +5,9 @@ A request's positions, in order:
     [0, known)                         tokens on the host: the prompt, then the output ids
     [known, known + in_flight)         tokens sampled by launched passes that the host has not read yet
     [.., end)                          the draft's tokens, proposed by a draft source, verified by the next pass
+A draft proposed while a pass of the request is in flight continues the tokens known so far: its source's first
+token is a guess of the token in flight (Draft.guess), kept out of the rows (the pass reads the real one on the
+device) and checked when the draft is verified.
 KV is written (or being written by a launched pass) for positions [0, committed). Every pass computes positions
 [committed, end) of each of its requests -- or a prefix of them, a chunk -- and, when it reaches `end`, yields
 logits at its last 1 + len(draft) rows: the token after the last known one, then the token after each draft token.
@@ -32,6 +35,9 @@ class Draft:
     tokens: list[int]
     source: DraftSource
     key: object = None  # what the source made the draft from (its own, opaque to everyone else)
+    # (position, token): the token in flight at that position that the draft continues, as its source guessed it;
+    # a draft whose guess turns out wrong keeps none of its tokens.
+    guess: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -39,6 +45,7 @@ class KVCursor:
     committed: int = 0  # set by the planner at launch (to the end of the rows launched) and lowered after tokens
     in_flight: int = 0  # set by the planner at launch (+1 per sampled row), lowered when the pass is processed
     draft: Draft | None = None  # set by a draft source; taken by verification
+    verifying: bool = False  # the draft is in a launched pass (its verdict decides `committed`)
 
     def end(self, known: int) -> int:
         """End (exclusive) of the positions the next pass may compute."""
@@ -51,28 +58,41 @@ class KVCursor:
         """A pass computing positions up to `end` was launched; `samples`: it yields this request's next token."""
         self.committed = end
         self.in_flight += samples
+        self.verifying = samples and self.draft is not None
+
+    def take_draft(self) -> Draft:
+        """The verified draft, off the cursor (its verdict is being taken)."""
+        draft, self.draft, self.verifying = self.draft, None, False
+        return draft
 
     def taken(self, known: int, appended: int) -> None:
         """The host appended `appended` tokens of a processed pass (it now knows `known`). KV is valid only for
         positions whose tokens are final and were rows of a launched pass: not the newest token, if this pass chose
-        it, nor the rejected tokens of a draft."""
-        self.committed = min(self.committed, known + self.in_flight - (1 if appended else 0))
+        it, nor the rejected tokens of a draft. (A draft being verified keeps its rows until its verdict.)"""
+        launched_draft = len(self.draft.tokens) if self.verifying else 0
+        self.committed = min(self.committed, known + self.in_flight - (1 if appended else 0) + launched_draft)
 
     def reset(self) -> None:
         """Its KV went back to the tree or the allocator (retraction, failure)."""
-        self.committed, self.in_flight, self.draft = 0, 0, None
+        self.committed, self.in_flight, self.draft, self.verifying = 0, 0, None, False
+
+
+def guesses(source) -> bool:
+    """Whether a draft source drafts while a pass of the request is in flight (from the tokens known so far)."""
+    return getattr(source, "guesses", False)
 
 
 def can_plan_ahead(req: "Req", drafting: bool = True) -> bool:
     """NOTE invariant (the overlap rule): a request's next pass may be planned while its last pass is in flight --
     before the host has read that pass's token -- only when the next pass needs nothing from the host but lengths:
-    no grammar (its mask follows the accepted tokens), no draft (a draft continues the last token, and its
-    verification decides `committed`) nor a source that would propose one (`drafting`: the batch rule lets
-    guessing sources draft, DraftPath.drafting; a grammar-free request has only such sources, and DraftPath
-    proposes nothing while a pass of the request is in flight), no penalty counted over the output tokens.
-    Everything else the planner needs (committed, in_flight, the draft) is known at launch."""
+    no grammar (its mask follows the accepted tokens), no draft being verified (its verdict decides where the next
+    rows start), no penalty counted over the output tokens, and no source that would draft once the token in flight
+    is known but cannot draft before (`drafting`: the batch rule lets guessing sources draft, DraftPath.drafting;
+    sources that `guesses` draft from the known tokens, the token in flight guessed, Draft.guess). Everything
+    else the planner needs (committed, in_flight, a draft not yet launched) is known at launch."""
     sp = req.sampling_params
-    return (req.grammar is None and req.kv.draft is None and not (drafting and req.draft_sources)
+    return (req.grammar is None and not req.kv.verifying
+            and not (drafting and any(not guesses(s) for s in req.draft_sources))
             and sp.repetition_penalty == 1.0 and sp.frequency_penalty == 0.0 and sp.presence_penalty == 0.0)
 
 

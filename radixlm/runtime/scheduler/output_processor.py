@@ -120,6 +120,9 @@ class SchedulerOutputProcessorMixin:
         rejected: list[tuple[int, int, int]] = []
         for k, req in enumerate(result.batch.verifiers):
             n_rows = req.kv.draft_len() + 1
+            if req.finished_reason is not None:  # finished by the pass before (its draft was a guess): no verdict
+                row += n_rows
+                continue
             lps = torch.log_softmax(logits[row : row + n_rows], dim=-1) if req.return_logprob else None
             row += n_rows
             try:

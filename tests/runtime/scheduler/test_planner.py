@@ -148,7 +148,8 @@ def test_a_draft_gets_verify_rows_at_the_end_of_its_requests_rows(drafted):
     draft = [truth[0], truth[1] + 1, truth[2]]  # the second token is wrong
     req.kv.draft = Draft(draft, NoSource())
     known = req.seqlen
-    assert req.kv.end(known) == known + 3 and not can_plan_ahead(req)
+    # Its rows need nothing but lengths: a pass may be planned with them while another is in flight.
+    assert req.kv.end(known) == known + 3 and can_plan_ahead(req)
     batch = planner.plan(reqs, [])
     wb = batch.worker
     first = 0 if drafted == 0 else 1  # the drafted request's first row
@@ -166,11 +167,12 @@ def test_a_draft_gets_verify_rows_at_the_end_of_its_requests_rows(drafted):
     assert choices[:2] == truth[:2]
     launched(batch)
     assert (req.kv.committed, req.kv.in_flight) == (known + 3, 1)
+    assert not can_plan_ahead(req)  # where its next rows start is the verdict's
     take_sampled(batch, out)
 
     # The verdict: draft[0] kept, then the model's token; the KV of the rejected draft positions is invalid.
     req.kv.in_flight -= 1
-    req.kv.draft = None
+    req.kv.take_draft()
     appended = req.append_tokens([draft[0], choices[1]], None)
     req.kv.taken(req.seqlen, appended)
     assert req.kv.committed == known + 1 == req.seqlen - 1
@@ -259,10 +261,17 @@ def test_can_plan_ahead_and_can_launch_ahead():
     _, tree, _ = setup()
     plain = new_req(tree, "p", [5, 6, 7])
     assert can_plan_ahead(plain)
+    pending = new_req(tree, "q", [5, 6, 7])
+    pending.kv.draft = Draft([8], NoSource())
+    assert can_plan_ahead(pending)  # a draft not yet launched: its rows are known
     drafted = new_req(tree, "d", [5, 6, 7])
     drafted.kv.draft = Draft([8], NoSource())
+    drafted.kv.launched(3, samples=True)  # being verified: its verdict decides where the next rows start
     sourced = new_req(tree, "s", [5, 6, 7])
-    sourced.draft_sources = (object(),)
+    sourced.draft_sources = (object(),)  # a source that cannot draft with a pass in flight
+    guessing = new_req(tree, "n", [5, 6, 7])
+    guessing.draft_sources = (type("Guessing", (), {"guesses": True})(),)
+    assert can_plan_ahead(guessing) and not can_plan_ahead(sourced) and can_plan_ahead(sourced, drafting=False)
     grammar = new_req(tree, "g", [5, 6, 7])
     grammar.grammar = object()
     penalized = [new_req(tree, "r", [5], repetition_penalty=1.2), new_req(tree, "f", [5], frequency_penalty=0.5),

@@ -19,7 +19,16 @@ sources whose drafts are guesses (batch_adaptive: NGRAM, RADIX), not grammar jum
 forced text the request would take anyway. It is applied twice: when a draft is proposed (n: the running
 requests; with a cap of 0 no lookup is made) and when the pass is planned (fit_batch: n is then the pass's own).
 With drafts off for the batch, requests whose only sources follow the rule may be planned ahead by the overlap
-scheduler (cursor.can_plan_ahead): large batches lose nothing to speculation being configured."""
+scheduler (cursor.can_plan_ahead): large batches lose nothing to speculation being configured.
+
+The overlap scheduler: a pass is planned while the previous one is in flight, so a request's newest token is not
+yet on the host when its next draft is wanted. Sources that `guesses` (NGRAM, RADIX, STANDALONE) then draft from
+the tokens known so far, one token longer: the first is their guess of the token in flight (Draft.guess), which
+the pass reads on the device; verification keeps the draft's tokens only where the guess was right, and takes the
+model's token at the in-flight position otherwise (a guess seen wrong before launch drops the draft). The pass
+after a verification is not planned ahead for its request (where its rows start is the verdict's): the
+scheduler waits for it. So drafting requests alternate a pass launched ahead (drafted on a guess) and one planned
+after its verdict (drafted on known tokens), and requests without a draft keep launching ahead."""
 from __future__ import annotations
 
 import weakref
@@ -31,6 +40,7 @@ import torch
 
 from radixlm.runtime.executor.forward_batch import ModelWorkerBatch
 from radixlm.runtime.sampling.verification import VerifyResult
+from radixlm.runtime.scheduler.cursor import guesses
 from radixlm.runtime.scheduler.drafts.adaptive import DraftLength
 from radixlm.runtime.scheduler.req import GRAMMAR_VIOLATION, FinishReason, GrammarAdvance, Req
 
@@ -103,14 +113,19 @@ class DraftPath:
         kept, and max_new_tokens binds them as any other (with none left, e.g. max_new_tokens=0, no draft); and
         to the batch rule's cap for `batch` requests (default: those running). Not while a pass of the request is
         in flight (planned ahead by the overlap scheduler): a draft continues the last token, not yet known.
-        defer=False skips deferred sources (their drafts come at flush: too late for a pass being planned)."""
-        if req.kv.in_flight:
+        defer=False skips deferred sources (their drafts come at flush: too late for a pass being planned).
+        With one pass in flight, only sources that guess its token draft (the module's note)."""
+        if req.kv.verifying:
+            return
+        self._check_guess(req)
+        flying = req.kv.in_flight
+        if flying > 1 or (flying and req.grammar is not None):
             return
         cap = self.draft_cap(self.batch_size() if batch is None else batch)
         for source in req.draft_sources:
             if req.finished() or req.kv.draft is not None:
                 break
-            if cap == 0 and batch_adaptive(source):
+            if (cap == 0 and batch_adaptive(source)) or (flying and not guesses(source)):
                 continue
             limit = self._limit(req, source, cap)
             if getattr(source, "deferred", False):
@@ -119,9 +134,29 @@ class DraftPath:
                     break
                 continue
             source.propose(req)
+        self._split_guess(req)
+        if req.kv.draft is not None:
+            self._cut(req, self._limit(req, req.kv.draft.source, cap))
+
+    def _split_guess(self, req: Req) -> None:
+        """A draft made with a pass in flight continues the known tokens: its first token, the guess of the token
+        in flight, leaves the rows (the draft is dropped when nothing follows it)."""
+        draft, kv = req.kv.draft, req.kv
+        if draft is None or not kv.in_flight or draft.guess is not None:
+            return
+        rest = draft.tokens[kv.in_flight :]
+        kv.draft = replace(draft, tokens=rest, guess=(req.seqlen, draft.tokens[0])) if rest else None
+
+    def _check_guess(self, req: Req) -> None:
+        """Once the guessed token is on the host (the pass in flight was processed before the draft was
+        launched), the draft stays only where the guess was right."""
         draft = req.kv.draft
-        if draft is not None:
-            self._cut(req, self._limit(req, draft.source, cap))
+        if draft is not None and draft.guess is not None:
+            pos, token = draft.guess
+            if pos < req.seqlen:
+                right = req.token_at(pos) == token
+                self.stats["draft_guesses_right" if right else "draft_guesses_wrong"] += 1
+                req.kv.draft = replace(draft, guess=None) if right else None
 
     def flush(self, batch=None) -> None:
         """After pass `batch` was processed (its verdicts taken, rejected KV freed): sources with on_processed see
@@ -134,6 +169,7 @@ class DraftPath:
             mine = [(req, limit) for s, req, limit in pending if s is source]
             source.propose_batch([req for req, _ in mine], [limit for _, limit in mine])
             for req, limit in mine:
+                self._split_guess(req)
                 if req.kv.draft is not None:
                     self._cut(req, limit)
 
@@ -157,9 +193,9 @@ class DraftPath:
 
     def _cut(self, req: Req, limit: int | None) -> None:
         """To the tokens the request may still take (its draft tokens are outputs once kept, and max_new_tokens
-        binds them as any other: with none left, no draft) and to `limit`."""
+        binds them as any other: with none left, no draft; a token in flight takes one) and to `limit`."""
         draft = req.kv.draft
-        left = _min(req.tokens_left(), limit)
+        left = max(_min(req.tokens_left() - req.kv.in_flight, limit), 0)
         if len(draft.tokens) > left:
             req.kv.draft = replace(draft, tokens=draft.tokens[:left]) if left else None
 
@@ -181,8 +217,11 @@ class DraftPath:
         accepted them) and rolls the cursor back over rejected draft tokens. Returns the (req_to_token row, first
         position, end) of the KV slots to free, if any: the pages past the last valid position that the pass
         wrote."""
-        draft, req.kv.draft = req.kv.draft, None
+        draft = req.kv.take_draft()
         self.stats["draft_tokens"] += len(draft.tokens)
+        if draft.guess is not None:  # launched ahead, on a guess of the token before it
+            self.stats["guessed_drafts"] += 1
+            self.stats["guessed_drafts_accepted_tokens"] += verdict.accepted
         self.stats["accepted_draft_tokens"] += verdict.accepted
         self.stats["draft_verifications"] += 1
         req.spec_verify_ct += 1

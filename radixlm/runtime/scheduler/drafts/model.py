@@ -25,6 +25,9 @@ class DraftModelSource:
     batch_adaptive = True  # its drafts shrink as the batch grows (DraftPath.draft_cap)
     adaptive_length = True  # and follow the request's acceptance (DraftPath: drafts/adaptive.py)
     deferred = True  # proposes for a pass's requests together (ready, then propose_batch)
+    # With a pass of the request in flight, its chain starts at the newest known token, whose KV that pass writes
+    # (in both pools): the first token guesses the one in flight (DraftPath's note).
+    guesses = True
 
     def __init__(self, runner: DraftModelRunner, stats: Counter):
         self.runner = runner
@@ -38,12 +41,13 @@ class DraftModelSource:
     def on_launch(self, wb: ModelWorkerBatch) -> None:
         self.runner.write_kv(wb)
 
-    @staticmethod
-    def _has_kv(req: Req) -> bool:
-        """Both models hold the KV of every position but the newest token's, and no pass of it is in flight."""
+    def _has_kv(self, req: Req) -> bool:
+        """Both models hold the KV of every position but the newest token's and no pass of it is in flight; or, for
+        a source that guesses, one plain pass is in flight, which writes the newest token's."""
         kv = req.kv
-        return (req.req_pool_idx is not None and not req.finished() and kv.in_flight == 0 and kv.draft is None
-                and bool(req.output_ids) and kv.committed == req.seqlen - 1)
+        flying = kv.in_flight if self.guesses else 0
+        return (req.req_pool_idx is not None and not req.finished() and kv.in_flight == flying <= 1
+                and kv.draft is None and bool(req.output_ids) and kv.committed == req.seqlen - 1 + flying)
 
     def ready(self, req: Req) -> bool:
         """Whether the request drafts in this step (counts a step of its back-off)."""
@@ -56,20 +60,22 @@ class DraftModelSource:
         self.propose_batch([req], [None])
 
     def propose_batch(self, reqs: list[Req], limits: list[int | None]) -> None:
-        """Drafts of up to min(limit, --speculative-num-steps, tokens left) tokens for each request."""
+        """Drafts of up to min(limit, --speculative-num-steps, tokens left) tokens for each request (after the guess
+        of its token in flight, if one is)."""
         todo, steps = [], []
         context = self.runner.model_config.context_len
         for req, limit in zip(reqs, limits):
-            k = min(self.max_len, req.tokens_left(), context - req.seqlen)
+            flying = req.kv.in_flight
+            k = min(self.max_len, req.tokens_left() - flying, context - req.seqlen - flying)
             if limit is not None:
                 k = min(k, limit)
             if k > 0 and self._has_kv(req):
                 todo.append(req)
-                steps.append(k)
+                steps.append(k + flying)
         if not todo:
             return
         chains = self.runner.propose([r.req_pool_idx for r in todo], [r.output_ids[-1] for r in todo],
-                                     [r.seqlen - 1 for r in todo], steps)
+                                     [r.seqlen - 1 for r in todo], steps, [r.kv.in_flight == 1 for r in todo])
         for req, tokens in zip(todo, chains):
             req.kv.draft = Draft(tokens, self)
         self.stats["model_drafts"] += len(todo)
@@ -88,6 +94,8 @@ class DraftModelSource:
 class EagleSource(DraftModelSource):
     """An EAGLE head (--speculative-algorithm EAGLE, executor/eagle_runner.py): its KV is written after each pass is
     processed, for every request of the pass (on_processed), before the drafts of those that draft."""
+
+    guesses = False  # its KV of a pass is written once the pass is processed: never with one in flight
 
     def on_processed(self, batch) -> None:
         wb, spans, row = batch.worker, [], 0

@@ -30,6 +30,7 @@ class _Lookup:
 
 class NGramSource:
     batch_adaptive = True  # its drafts shrink as the batch grows (DraftPath.draft_cap)
+    guesses = True  # drafts continue the known tokens: with a pass in flight, the first guesses its token
 
     def __init__(self, num_draft_tokens: int, min_window: int, max_window: int, stats: Counter):
         self.num_draft_tokens = num_draft_tokens
@@ -41,7 +42,7 @@ class NGramSource:
         return True  # a grammar's request drafts too where jump-forward forces nothing (cut where it refuses)
 
     def propose(self, req: Req) -> None:
-        k = min(self.num_draft_tokens, req.tokens_left())
+        k = min(self.num_draft_tokens + req.kv.in_flight, req.tokens_left())
         if k <= 0:
             return
         lk = self._lookup(req)

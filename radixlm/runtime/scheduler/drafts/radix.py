@@ -54,6 +54,7 @@ class _State:
 
 class RadixSource:
     batch_adaptive = True  # its drafts shrink as the batch grows (DraftPath.draft_cap)
+    guesses = True  # drafts continue the known tokens: with a pass in flight, the first guesses its token
 
     def __init__(self, tree: RadixCache, num_draft_tokens: int, window: int, stats: Counter, path: bool = True,
                  kgram: bool = True):
@@ -70,7 +71,7 @@ class RadixSource:
         return not self.tree.disable
 
     def propose(self, req: Req) -> None:
-        n = min(self.num_draft_tokens, req.tokens_left())
+        n = min(self.num_draft_tokens + req.kv.in_flight, req.tokens_left())
         if n <= 0:
             return
         state = self._states.get(req)
