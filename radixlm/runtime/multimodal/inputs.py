@@ -50,6 +50,7 @@ class MultimodalItem:
     num_tokens: int  # placeholder tokens it fills (= rows of its encoder output)
     image_size: tuple[int, int] | None = None  # (height, width) before preprocessing, where the layout depends on it
     grid_thw: tuple[int, int, int] | None = None  # Qwen2-VL: the encoder's patch grid (time, height, width)
+    second_per_grid_t: float | None = None  # Qwen2.5-VL videos: seconds a temporal patch spans (spaces time positions)
 
     @property
     def end(self) -> int:
@@ -81,10 +82,24 @@ class MRopePositions:
         return self.rows[a][start:min(end, n)] + [p + self.delta for p in range(max(start, n), end)]
 
 
-def mrope_positions(num_tokens: int, items: list[MultimodalItem], merge: int) -> MRopePositions:
+def _time_positions(t: int, item: MultimodalItem, tokens_per_second: float | None) -> list[int]:
+    """A grid's temporal coordinates: 0 .. t-1, or for a Qwen2.5-VL video its patches' start times in units of
+    1 / tokens_per_second seconds, truncated (float32, as transformers computes them)."""
+    if tokens_per_second is None or item.modality is not Modality.VIDEO or item.second_per_grid_t is None:
+        return list(range(t))
+    import torch
+
+    interval = torch.tensor(tokens_per_second, dtype=torch.float32) * torch.tensor(item.second_per_grid_t,
+                                                                                   dtype=torch.float32)
+    return (torch.arange(t) * interval).long().tolist()
+
+
+def mrope_positions(num_tokens: int, items: list[MultimodalItem], merge: int,
+                    tokens_per_second: float | None = None) -> MRopePositions:
     """Qwen2-VL's positions for a prompt of `num_tokens` whose images are `items`: text counts on by one on all three
-    axes; an image's merged grid (t, h, w) takes start + (t, h, w) coordinates, and the text after it starts at
-    start + max(h, w)."""
+    axes; an image's merged grid (t, h, w) takes start + (t, h, w) coordinates (Qwen2.5-VL videos: t spaced by time,
+    `tokens_per_second` set), and the text after it starts at start + max(h, w). Positions past the prompt continue
+    from the largest position of all (a video's time coordinates may pass the text after it)."""
     rows: tuple[list[int], list[int], list[int]] = ([], [], [])
     nxt, pos = 0, 0
     for it in items:
@@ -92,7 +107,7 @@ def mrope_positions(num_tokens: int, items: list[MultimodalItem], merge: int) ->
             axis.extend(range(nxt, nxt + it.offset - pos))
         nxt += it.offset - pos
         t, h, w = it.grid_thw[0], it.grid_thw[1] // merge, it.grid_thw[2] // merge
-        for ti in range(t):
+        for ti in _time_positions(t, it, tokens_per_second):
             for hi in range(h):
                 rows[0].extend([nxt + ti] * w)
                 rows[1].extend([nxt + hi] * w)
@@ -101,8 +116,8 @@ def mrope_positions(num_tokens: int, items: list[MultimodalItem], merge: int) ->
         pos = it.end
     for axis in rows:
         axis.extend(range(nxt, nxt + num_tokens - pos))
-    nxt += num_tokens - pos
-    return MRopePositions(rows, nxt - num_tokens)
+    top = max((max(axis) for axis in rows if axis), default=-1)
+    return MRopePositions(rows, top + 1 - num_tokens)
 
 
 @dataclass

@@ -43,6 +43,12 @@ class MediaPolicy:
                    args.media_fetch_timeout, args.max_media_bytes)
 
 
+@dataclass
+class VideoClip:
+    frames: list["Image"]
+    frame_interval_s: float  # seconds between consecutive sampled frames (one frame: the video's frame period)
+
+
 class MediaLoader:
     def __init__(self, policy: MediaPolicy):
         self.policy = policy
@@ -82,6 +88,9 @@ class MediaLoader:
             raise MediaError(f"cannot decode the image ({len(data)} bytes): {e}") from None
 
     def load_video(self, source: str | bytes, num_frames: int) -> list["Image"]:
+        return self.load_clip(source, num_frames).frames
+
+    def load_clip(self, source: str | bytes, num_frames: int) -> VideoClip:
         """`num_frames` frames spread evenly over the video's first video stream (all of them if it has fewer); a
         data URL may say how many with a num_frames parameter (data:video/mp4;num_frames=16;base64,...)."""
         import av
@@ -109,11 +118,13 @@ class MediaLoader:
                 step = (total - 1) / max(count - 1, 1)
                 wanted = {round(i * step) for i in range(count)}
                 frames = [f.to_image() for i, f in enumerate(container.decode(stream)) if i in wanted]
+                rate = stream.average_rate or stream.guessed_rate
+                period = 1.0 / float(rate) if rate else 1.0
         except av.error.FFmpegError as e:
             raise MediaError(f"cannot decode the video ({len(data)} bytes): {e}") from None
         if not frames:
             raise MediaError("the video has no frames")
-        return [f.convert("RGB") for f in frames]
+        return VideoClip([f.convert("RGB") for f in frames], (step if count > 1 else 1) * period)
 
     # ------------------------------------------------------------------ sources
     def _sized(self, data: bytes) -> bytes:

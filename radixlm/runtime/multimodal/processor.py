@@ -61,6 +61,7 @@ class ProcessedImage:
     num_tokens: int
     image_size: tuple[int, int] | None = None  # TILED
     grid_thw: tuple[int, int, int] | None = None  # DYNAMIC
+    second_per_grid_t: float | None = None  # Qwen2.5-VL videos: seconds a temporal patch spans
 
 
 class MultimodalProcessor:
@@ -94,8 +95,7 @@ class MultimodalProcessor:
         start, end = getattr(hf_config, "vision_start_token_id", None), getattr(hf_config, "vision_end_token_id", None)
         # Qwen2-VL writes an image as <|vision_start|><|image_pad|><|vision_end|>, a video with <|video_pad|>.
         wrap = (lambda t: text(start) + text(t) + text(end)) if start is not None and end is not None else text
-        # Qwen2.5-VL spaces a video's time positions by its frame rate: its videos are not supported yet.
-        video_id = getattr(hf_config, "video_token_id", None) if hf_config.model_type == "qwen2_vl" else None
+        video_id = getattr(hf_config, "video_token_id", None) if layout_of(hf_config) is ImageLayout.DYNAMIC else None
         return cls(hf_config, image_processor, token_id, wrap(token_id), hf_config.get_text_config().vocab_size, loader,
                    video_id, None if video_id is None else wrap(video_id))
 
@@ -125,9 +125,14 @@ class MultimodalProcessor:
         rows = pixels.split([t * h * w for t, h, w in grids])  # the batch's patches, image after image
         return [ProcessedImage(pv, t * h * w // merge, grid_thw=(t, h, w)) for pv, (t, h, w) in zip(rows, grids)]
 
-    def preprocess_video(self, frames: list["Image"]) -> ProcessedImage:
+    def tokens_per_second(self) -> float | None:
+        """Qwen2.5-VL: time positions per second of video (None: a video's time positions count temporal patches)."""
+        return getattr(self.hf_config.vision_config, "tokens_per_second", None)
+
+    def preprocess_video(self, frames: list["Image"], frame_interval_s: float | None = None) -> ProcessedImage:
         """Qwen2-VL: each frame through the image processor (which repeats a still image over the temporal patch),
-        then consecutive frames stacked into the temporal patches (the last frame repeated to fill the last one)."""
+        then consecutive frames stacked into the temporal patches (the last frame repeated to fill the last one).
+        Qwen2.5-VL also records the seconds a temporal patch spans (its frames' interval: the time positions)."""
         import torch
 
         t_patch, patch = self.image_processor.temporal_patch_size, self.hf_config.vision_config.patch_size
@@ -140,7 +145,9 @@ class MultimodalProcessor:
         t = len(frames) // t_patch
         x = x.view(t, t_patch, n, -1, patch, patch).permute(0, 2, 3, 1, 4, 5)  # (t, rows, C, t_patch, P, P)
         merge = self.hf_config.vision_config.spatial_merge_size ** 2
-        return ProcessedImage(x.reshape(t * n, -1).contiguous(), t * n // merge, grid_thw=(t, gh, gw))
+        span = t_patch * frame_interval_s if frame_interval_s is not None and self.tokens_per_second() else None
+        return ProcessedImage(x.reshape(t * n, -1).contiguous(), t * n // merge, grid_thw=(t, gh, gw),
+                              second_per_grid_t=span)
 
     def expand(self, ids: list[int], images: list, videos: list = (), num_frames: int = DEFAULT_VIDEO_FRAMES
                ) -> tuple[list[int], MultimodalInputs]:
@@ -163,19 +170,21 @@ class MultimodalProcessor:
         processed = {self.image_token_id: iter(self.preprocess([self.loader.load_image(s) for s in images]))
                      if images else iter(())}
         if videos:
-            processed[self.video_token_id] = iter([self.preprocess_video(self.loader.load_video(s, num_frames))
-                                                   for s in videos])
+            clips = [self.loader.load_clip(s, num_frames) for s in videos]
+            processed[self.video_token_id] = iter([self.preprocess_video(c.frames, c.frame_interval_s) for c in clips])
         out, items, prev = [], [], 0
         for slot in slots:
             im = next(processed[ids[slot]])
             out += ids[prev:slot]
-            h = content_hash(im.pixel_values, str((im.image_size, im.grid_thw)))
+            # The frame interval is in the hash: the same frames at another rate take other positions (other KV).
+            h = content_hash(im.pixel_values, str((im.image_size, im.grid_thw, im.second_per_grid_t)))
             items.append(MultimodalItem(kinds[ids[slot]][0], h, im.pixel_values, len(out), im.num_tokens,
-                                        im.image_size, im.grid_thw))
+                                        im.image_size, im.grid_thw, im.second_per_grid_t))
             out += pad_ids(h, im.num_tokens, self.vocab_size)
             prev = slot + 1
         out += ids[prev:]
         mm = MultimodalInputs(items)
         if self.layout is ImageLayout.DYNAMIC:
-            mm.mrope = mrope_positions(len(out), items, self.hf_config.vision_config.spatial_merge_size)
+            mm.mrope = mrope_positions(len(out), items, self.hf_config.vision_config.spatial_merge_size,
+                                       self.tokens_per_second())
         return out, mm

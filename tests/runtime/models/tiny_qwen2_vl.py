@@ -91,14 +91,14 @@ def hf_greedy(hf, path, ids: list[int], images: list[bytes], new_tokens: int) ->
     return new, [torch.log_softmax(lg[0].float(), -1)[t].item() for lg, t in zip(gen.logits, new)]
 
 
-def mp4(seed: int, frames: int = 5, size: tuple[int, int] = (40, 32)) -> bytes:
-    """A short MPEG-4 video of random frames (width, height), written with PyAV."""
+def mp4(seed: int, frames: int = 5, size: tuple[int, int] = (40, 32), rate: int = 4) -> bytes:
+    """A short MPEG-4 video of random frames (width, height) at `rate` frames per second, written with PyAV."""
     import av
     import numpy as np
 
     buf = io.BytesIO()
     with av.open(buf, mode="w", format="mp4") as out:
-        stream = out.add_stream("mpeg4", rate=4)
+        stream = out.add_stream("mpeg4", rate=rate)
         stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
         rng = np.random.default_rng(seed)
         for _ in range(frames):
@@ -110,14 +110,17 @@ def mp4(seed: int, frames: int = 5, size: tuple[int, int] = (40, 32)) -> bytes:
     return buf.getvalue()
 
 
-def hf_greedy_video(hf, ids: list[int], pixel_values_videos, video_grid_thw, new_tokens: int) -> list[int]:
+def hf_greedy_video(hf, ids: list[int], pixel_values_videos, video_grid_thw, new_tokens: int,
+                    second_per_grid_t: float | None = None) -> list[int]:
     """transformers' greedy tokens for a prompt with one video, given its preprocessed patches (transformers' own
-    video processor needs torchvision, which radixlm does not install)."""
+    video processor needs torchvision, which radixlm does not install); Qwen2.5-VL: the seconds a temporal patch
+    spans."""
     count = int(video_grid_thw.prod()) // MERGE**2
     expanded = [t for tok in ids for t in ([tok] * count if tok == VIDEO_PAD else [tok])]
     ids_t = torch.tensor([expanded])
     with torch.inference_mode():
         gen = hf.generate(ids_t, attention_mask=torch.ones_like(ids_t), mm_token_type_ids=2 * (ids_t == VIDEO_PAD).int(),
                           pixel_values_videos=pixel_values_videos, video_grid_thw=video_grid_thw.view(1, 3),
-                          max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+                          max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
+                          **({} if second_per_grid_t is None else {"second_per_grid_ts": torch.tensor([second_per_grid_t])}))
     return gen[0, len(expanded):].tolist()

@@ -1,6 +1,7 @@
-"""Pad ids and the spans the planner hands the embedder."""
+"""Pad ids, the spans the planner hands the embedder, and M-RoPE positions (Qwen2-VL images, Qwen2.5-VL videos)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from radixlm.runtime.multimodal.inputs import (
@@ -67,3 +68,31 @@ def test_mrope_positions_equal_transformers_rope_index():
     assert [list(r) for r in ours.rows] == ref[:, 0].tolist()
     assert ours.delta == int(delta[0, 0])
     assert ours.axis(1, n - 2, n + 2) == ref[1, 0, -2:].tolist() + [n + ours.delta, n + 1 + ours.delta]
+
+
+@pytest.mark.parametrize("grid, span", [((3, 4, 6), 0.5), ((8, 2, 2), 0.25), ((2, 4, 4), 1.0)])
+def test_qwen2_5_vl_video_positions_equal_transformers_rope_index(grid, span):
+    """A video's time coordinates spaced by tokens_per_second * second_per_grid_t; the second grid's time positions
+    pass the text after it, so the positions past the prompt continue from their largest."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel
+
+    from radixlm.runtime.multimodal.inputs import mrope_positions
+
+    cfg = Qwen2_5_VLConfig(text_config=dict(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                            num_key_value_heads=1, intermediate_size=32),
+                           vision_config=dict(depth=1, hidden_size=16, out_hidden_size=32, num_heads=2,
+                                              spatial_merge_size=2, tokens_per_second=4), video_token_id=98)
+    count = grid[0] * grid[1] * grid[2] // 4
+    item = MultimodalItem(Modality.VIDEO, "v", torch.zeros(1), 2, count, grid_thw=grid, second_per_grid_t=span)
+    n = item.end + 2
+    ids = torch.ones(1, n, dtype=torch.long)
+    types = torch.zeros(1, n, dtype=torch.int)
+    ids[0, item.offset : item.end] = 98
+    types[0, item.offset : item.end] = 2
+    model = Qwen2_5_VLModel.__new__(Qwen2_5_VLModel)  # get_rope_index reads only the config
+    model.config = cfg
+    ref, delta = Qwen2_5_VLModel.get_rope_index(model, ids, types, video_grid_thw=torch.tensor([grid]),
+                                                second_per_grid_ts=torch.tensor([span]))
+    ours = mrope_positions(n, [item], merge=2, tokens_per_second=4)
+    assert [list(r) for r in ours.rows] == ref[:, 0].tolist()
+    assert ours.delta == int(delta[0, 0])

@@ -73,3 +73,31 @@ def test_refused_videos(tiny):
         engine.generate("t5 t6", GREEDY, video_data=mp4(1))
     with pytest.raises(ValueError, match="cannot decode the video"):
         engine.generate(f"t5 {VIDEO}", GREEDY, video_data=b"\x00not a video" * 10)
+
+
+def test_qwen2_5_vl_video_positions_follow_the_frame_rate(tmp_path):
+    """Qwen2.5-VL spaces a video's time positions by the seconds its temporal patches span: greedy tokens equal
+    transformers' given the same seconds; the same frames at another rate are another item (no cache hit past it)."""
+    hf = save_tiny_qwen2_vl(tmp_path, seed=7, v2_5=True)
+    engine = radixlm.Engine(model_path=str(tmp_path), dtype="float32", enable_integrity_check=True)
+    try:
+        prompt = f"t5 {VIDEO} t7 t8"
+        fast, slow = mp4(1, frames=5, rate=4), mp4(1, frames=5, rate=1)
+        out = engine.generate(prompt, GREEDY, video_data=fast)
+        other = engine.generate(prompt, GREEDY, video_data=slow)
+        mm = engine.builder.mm
+        clip = mm.loader.load_clip(fast, 8)
+        processed = mm.preprocess_video(clip.frames, clip.frame_interval_s)
+        slow_clip = mm.loader.load_clip(slow, 8)
+        ids = engine.tokenizer.encode(prompt)
+    finally:
+        engine.shutdown()
+    assert processed.second_per_grid_t == pytest.approx(0.5)  # 2 frames a patch, 4 frames a second
+    assert torch.equal(mm.preprocess_video(slow_clip.frames).pixel_values, processed.pixel_values)  # the same frames
+    ref = hf_greedy_video(hf, ids, processed.pixel_values, torch.tensor(processed.grid_thw),
+                          GREEDY["max_new_tokens"], processed.second_per_grid_t)
+    assert out["output_ids"] == ref
+    assert other["meta_info"]["cached_tokens"] == 2  # 't5 <|vision_start|>': the slower video's positions differ
+    again = hf_greedy_video(hf, ids, processed.pixel_values, torch.tensor(processed.grid_thw),
+                            GREEDY["max_new_tokens"], 2.0)  # the rate of `slow`
+    assert other["output_ids"] == again
