@@ -11,6 +11,7 @@ from torch import nn
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.models.llava import LlavaForConditionalGeneration
 from radixlm.runtime.multimodal import anyres
+from radixlm.runtime.multimodal.inputs import Modality
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -26,8 +27,10 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
     @torch.no_grad()
     def encode_items(self, items: list["MultimodalItem"]) -> list[torch.Tensor]:
         projected = self._features(torch.cat([it.pixel_values for it in items]))
-        return [self._pack(p, it.image_size) for p, it in zip(projected.split([len(it.pixel_values) for it in items]),
-                                                              items)]
+        return [self._pack_item(p, it) for p, it in zip(projected.split([len(it.pixel_values) for it in items]), items)]
+
+    def _pack_item(self, feats: torch.Tensor, item: "MultimodalItem") -> torch.Tensor:
+        return self._pack(feats, item.image_size)
 
     def _pack(self, feats: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
         """(views, side * side, hidden) -> (tokens, hidden): the base view's rows, then the unpadded tile map row by
@@ -54,5 +57,15 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
 
 
 class LlavaOnevisionForConditionalGeneration(LlavaNextForConditionalGeneration):
-    """LLaVA-OneVision (images): LLaVA-NeXT's tiling with the tile map capped (anyres_max_9), a SigLIP tower and Qwen2;
-    several images in one prompt are encoded as their base views alone."""
+    """LLaVA-OneVision: LLaVA-NeXT's tiling with the tile map capped (anyres_max_9), a SigLIP tower and Qwen2; several
+    images in one prompt are encoded as their base views alone; a video's frames as base views whose feature maps are
+    pooled 2x2 (bilinearly), frame after frame, and one newline after the last."""
+
+    def _pack_item(self, feats: torch.Tensor, item: "MultimodalItem") -> torch.Tensor:
+        if item.modality is not Modality.VIDEO:
+            return super()._pack_item(feats, item)
+        side, pooled = anyres.tile_side(self.config), anyres.pooled_side(self.config)
+        grid = feats.reshape(len(feats), side, side, -1).permute(0, 3, 1, 2)
+        grid = nn.functional.interpolate(grid, size=[pooled, pooled], mode="bilinear")
+        rows = grid.permute(0, 2, 3, 1).reshape(-1, feats.shape[-1])
+        return torch.cat([rows, self.image_newline.to(rows.dtype)[None]])

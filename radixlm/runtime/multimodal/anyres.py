@@ -70,3 +70,13 @@ def max_token_count(config) -> int:
     side = tile_side(config)
     patch = config.vision_config.image_size
     return side * side + max((h // patch * side) * (w // patch * side + 1) for h, w in config.image_grid_pinpoints)
+
+
+def pooled_side(config) -> int:
+    """LLaVA-OneVision videos: a frame's feature map is pooled (bilinearly) to this many rows and columns."""
+    return math.ceil(tile_side(config) / 2)
+
+
+def video_token_count(num_frames: int, config) -> int:
+    """LLaVA-OneVision: each frame's pooled map, then one newline for the whole video."""
+    return num_frames * pooled_side(config) ** 2 + 1

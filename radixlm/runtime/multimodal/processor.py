@@ -36,6 +36,25 @@ class ImageLayout(str, enum.Enum):
     DYNAMIC = "dynamic"  # Qwen2-VL: patches at the image's own (resized) resolution, merged; M-RoPE positions
 
 
+class VideoLayout(str, enum.Enum):
+    """How a model turns a video's frames into tokens."""
+
+    NONE = "none"  # no videos
+    TEMPORAL_PATCHES = "temporal_patches"  # Qwen2-VL: consecutive frames stacked into the encoder's temporal patches
+    POOLED_FRAMES = "pooled_frames"  # LLaVA-OneVision: each frame's base view, its features pooled 2x2; one newline
+
+
+def video_layout_of(hf_config) -> VideoLayout:
+    if getattr(hf_config, "video_token_id", None) is None:
+        return VideoLayout.NONE
+    layout = layout_of(hf_config)
+    if layout is ImageLayout.DYNAMIC:
+        return VideoLayout.TEMPORAL_PATCHES
+    if layout is ImageLayout.TILED and anyres.max_tiles(hf_config) is not None:
+        return VideoLayout.POOLED_FRAMES
+    return VideoLayout.NONE
+
+
 def layout_of(hf_config) -> ImageLayout:
     if getattr(hf_config.vision_config, "spatial_merge_size", None):
         return ImageLayout.DYNAMIC
@@ -95,13 +114,17 @@ class MultimodalProcessor:
         start, end = getattr(hf_config, "vision_start_token_id", None), getattr(hf_config, "vision_end_token_id", None)
         # Qwen2-VL writes an image as <|vision_start|><|image_pad|><|vision_end|>, a video with <|video_pad|>.
         wrap = (lambda t: text(start) + text(t) + text(end)) if start is not None and end is not None else text
-        video_id = getattr(hf_config, "video_token_id", None) if layout_of(hf_config) is ImageLayout.DYNAMIC else None
+        video_id = hf_config.video_token_id if video_layout_of(hf_config) is not VideoLayout.NONE else None
+        if video_id is not None and video_id >= len(tokenizer):
+            video_id = None  # the tokenizer has no such token: no prompt can hold a video
         return cls(hf_config, image_processor, token_id, wrap(token_id), hf_config.get_text_config().vocab_size, loader,
                    video_id, None if video_id is None else wrap(video_id))
 
     def max_video_tokens(self) -> int:
         if self.video_token_id is None:
             return 0
+        if video_layout_of(self.hf_config) is VideoLayout.POOLED_FRAMES:
+            return anyres.video_token_count(DEFAULT_VIDEO_FRAMES, self.hf_config)
         return -(-DEFAULT_VIDEO_FRAMES // self.image_processor.temporal_patch_size) * self.num_image_tokens
 
     def preprocess(self, images: list["Image"]) -> list[ProcessedImage]:
@@ -135,6 +158,8 @@ class MultimodalProcessor:
         Qwen2.5-VL also records the seconds a temporal patch spans (its frames' interval: the time positions)."""
         import torch
 
+        if video_layout_of(self.hf_config) is VideoLayout.POOLED_FRAMES:
+            return self._pooled_frames(frames)
         t_patch, patch = self.image_processor.temporal_patch_size, self.hf_config.vision_config.patch_size
         frames = frames + frames[-1:] * (-len(frames) % t_patch)
         per_frame = self.preprocess(frames)
@@ -148,6 +173,17 @@ class MultimodalProcessor:
         span = t_patch * frame_interval_s if frame_interval_s is not None and self.tokens_per_second() else None
         return ProcessedImage(x.reshape(t * n, -1).contiguous(), t * n // merge, grid_thw=(t, gh, gw),
                               second_per_grid_t=span)
+
+    def _pooled_frames(self, frames: list["Image"]) -> ProcessedImage:
+        """LLaVA-OneVision: each frame's base view (the frame resized to the tower's input) through the image
+        processor; a grid of one tile keeps it from tiling frames it would drop."""
+        side = self.hf_config.vision_config.image_size
+        try:
+            out = self.image_processor(images=frames, image_grid_pinpoints=[[side, side]], return_tensors="pt")
+        except Exception as e:  # noqa: BLE001 - the processor's own errors on odd frames
+            raise MediaError(f"the image processor refused a video frame: {type(e).__name__}: {e}") from None
+        views = out["pixel_values"][:, 0].float().contiguous()
+        return ProcessedImage(views, anyres.video_token_count(len(frames), self.hf_config))
 
     def expand(self, ids: list[int], images: list, videos: list = (), num_frames: int = DEFAULT_VIDEO_FRAMES
                ) -> tuple[list[int], MultimodalInputs]:
@@ -177,7 +213,8 @@ class MultimodalProcessor:
             im = next(processed[ids[slot]])
             out += ids[prev:slot]
             # The frame interval is in the hash: the same frames at another rate take other positions (other KV).
-            h = content_hash(im.pixel_values, str((im.image_size, im.grid_thw, im.second_per_grid_t)))
+            h = content_hash(im.pixel_values, str((kinds[ids[slot]][0].value, im.image_size, im.grid_thw,
+                                                   im.second_per_grid_t)))
             items.append(MultimodalItem(kinds[ids[slot]][0], h, im.pixel_values, len(out), im.num_tokens,
                                         im.image_size, im.grid_thw, im.second_per_grid_t))
             out += pad_ids(h, im.num_tokens, self.vocab_size)

@@ -1,6 +1,7 @@
-"""LLaVA-OneVision (images; SigLIP tower, our Qwen2 on the paged KV cache): LLaVA-NeXT's tiling with the tile map
-capped (a tiny cap, anyres_max_1, so that it shrinks), and several images in one prompt encoded as base views alone;
-greedy tokens identical to transformers' generate, float32 on CPU; the front's token counts equal transformers'."""
+"""LLaVA-OneVision (SigLIP tower, our Qwen2 on the paged KV cache): LLaVA-NeXT's tiling with the tile map capped (a
+tiny cap, anyres_max_1, so that it shrinks), several images in one prompt encoded as base views alone, and videos
+(frames' base views, features pooled 2x2, one newline); greedy tokens identical to transformers' generate, float32 on
+CPU; the front's token counts equal transformers'."""
 from __future__ import annotations
 
 import io
@@ -20,6 +21,7 @@ from tests.runtime.models.tiny_llava import (
 )
 
 NEW = 8
+VIDEO_TOKEN_ID = 94  # the word t94 stands for <video> (the tiny tokenizer has no such token)
 SHAPES = [(90, 40), (50, 50), (30, 70), (20, 16)]  # (width, height)
 
 
@@ -29,6 +31,7 @@ def onevision_config() -> LlavaOnevisionConfig:
     vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
                                 image_size=IMAGE_SIZE, patch_size=PATCH)
     cfg = LlavaOnevisionConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN_ID,
+                               video_token_index=VIDEO_TOKEN_ID,
                                image_grid_pinpoints=GRID_PINPOINTS, vision_aspect_ratio="anyres_max_1",
                                vision_feature_select_strategy="full", vision_feature_layer=-1)
     cfg.architectures = ["LlavaOnevisionForConditionalGeneration"]
@@ -89,3 +92,42 @@ def test_greedy_and_token_counts_match_transformers(tiny):
     # 50x50: 2x2 tiles, an 8x8 map over the cap of 1 tile (4x4 = 16 cells), shrunk to 4x4: 16 base + 4 rows of 4 + 1
     assert all_counts[1] == [16 + 4 * 5] == [anyres.token_count((50, 50), onevision_config())]
     assert all_counts[-1] == [17, 17]  # two images in a prompt: base views (16 tokens) and a newline each
+
+
+def test_video_greedy_matches_transformers(tiny):
+    """A video's frames (PyAV, sampled evenly) as base views, each 4x4 feature map pooled to 2x2, one newline after
+    the last; greedy tokens equal transformers' on the same frames; the same video hits the cache, another does
+    not and answers otherwise."""
+    from tests.runtime.models.tiny_qwen2_vl import mp4
+
+    path, hf = tiny
+    prompt = "t5 t94 t7 t8"
+    video = mp4(1, frames=5, size=(40, 32))
+    engine = radixlm.Engine(model_path=str(path), dtype="float32", enable_integrity_check=True, chunked_prefill_size=16)
+    try:
+        greedy = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
+        out = engine.generate(prompt, greedy, video_data=video, return_logprob=True)
+        again = engine.generate(prompt, greedy, video_data=video)
+        other = engine.generate(prompt, greedy, video_data=mp4(2, frames=5, size=(40, 32)), return_logprob=True)
+        mm = engine.builder.mm
+        frames = mm.preprocess_video(mm.loader.load_video(video, 8)).pixel_values
+        ids = engine.tokenizer.encode(prompt)
+    finally:
+        engine.shutdown()
+    assert frames.shape == (5, 3, IMAGE_SIZE, IMAGE_SIZE)
+    count = 5 * 2 * 2 + 1  # a 4x4 feature map pooled to 2x2 per frame, one newline
+    assert out["meta_info"]["prompt_tokens"] == len(ids) - 1 + count
+    expanded = [t for tok in ids for t in ([tok] * count if tok == VIDEO_TOKEN_ID else [tok])]
+    ids_t = torch.tensor([expanded])
+    with torch.inference_mode():
+        ref = hf.generate(ids_t, attention_mask=torch.ones_like(ids_t), pixel_values_videos=frames[None],
+                          max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0, output_logits=True,
+                          return_dict_in_generate=True)
+    new = ref.sequences[0, len(expanded):].tolist()
+    assert out["output_ids"] == new
+    # logprobs too: this random model's argmax hardly depends on the video
+    lps = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+    assert lps == pytest.approx([torch.log_softmax(lg[0], -1)[t].item() for lg, t in zip(ref.logits, new)], abs=1e-4)
+    assert again["meta_info"]["cached_tokens"] == out["meta_info"]["prompt_tokens"] - 1
+    assert other["meta_info"]["cached_tokens"] == 1
+    assert [lp for lp, _, _ in other["meta_info"]["output_token_logprobs"]] != pytest.approx(lps, abs=1e-3)
