@@ -42,12 +42,15 @@ class CudaGraphRunner:
         self.max_bs = self.capture_bs[-1]
         dev = model_runner.device
         n = self.max_bs
-        # The rows of ForwardBatch.decode_rows: input ids, positions, request rows, sequence lengths (an even row
-        # length keeps every row 16-byte aligned). Padded rows take self.pad's values: 0, 0, 0 and 1.
-        self.rows = torch.zeros(4, n + n % 2, dtype=torch.int64, device=dev)[:, :n]
+        # The rows of ForwardBatch.decode_rows: input ids, positions, request rows, sequence lengths, and for a model
+        # that takes them rotary offsets (an even row length keeps every row 16-byte aligned). Padded rows take
+        # self.pad's values: 0, 0, 0, 1 (and 0).
+        offsets = getattr(model_runner.model, "takes_rope_offsets", False)
+        self.rows = torch.zeros(5 if offsets else 4, n + n % 2, dtype=torch.int64, device=dev)[:, :n]
         self.rows[3].fill_(1)
         self.pad = self.rows.clone()
-        self.input_ids, self.positions, self.req_pool_indices, self.seq_lens = self.rows
+        self.input_ids, self.positions, self.req_pool_indices, self.seq_lens = self.rows[:4]
+        self.rope_offsets = self.rows[4] if offsets else None
         self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -57,7 +60,8 @@ class CudaGraphRunner:
             self._capture_all()
 
     def can_run(self, fb: ForwardBatch) -> bool:
-        return fb.forward_mode.is_token_rows() and fb.decode_rows is not None and 0 < fb.batch_size <= self.max_bs
+        return (fb.forward_mode.is_token_rows() and fb.decode_rows is not None and 0 < fb.batch_size <= self.max_bs
+                and (fb.rope_offsets is None or self.rope_offsets is not None))
 
     def _static_batch(self, bs: int, seq_lens_cpu: list[int] | None) -> ForwardBatch:
         """seq_lens_cpu: the real lengths (eager runs); None while capturing, where nothing may depend on them."""
@@ -67,6 +71,7 @@ class CudaGraphRunner:
             positions=self.positions[:bs], req_pool_indices=self.req_pool_indices[:bs], seq_lens=self.seq_lens[:bs],
             seq_lens_cpu=seq_lens_cpu or [1] * bs, out_cache_loc=self.out_cache_loc[:bs],
             req_to_token_pool=r.req_to_token_pool, token_to_kv_pool=r.token_to_kv_pool, attn_backend=r.attn_backend,
+            rope_offsets=None if self.rope_offsets is None else self.rope_offsets[:bs],
         )
         if seq_lens_cpu is None:
             r.attn_backend.init_forward_metadata_static(fb)
@@ -107,7 +112,9 @@ class CudaGraphRunner:
         same size overwrites: callers consume them (in stream order) before that."""
         bs = fb.batch_size
         padded = self.capture_bs[bisect.bisect_left(self.capture_bs, bs)]
-        self.rows[:, :bs].copy_(fb.decode_rows)
+        self.rows[: len(fb.decode_rows), :bs].copy_(fb.decode_rows)
+        if self.rope_offsets is not None and fb.rope_offsets is None:
+            self.rope_offsets[:bs].zero_()
         self.out_cache_loc[:bs].copy_(fb.out_cache_loc)
         if padded > bs:
             self.rows[:, bs:padded].copy_(self.pad[:, : padded - bs])

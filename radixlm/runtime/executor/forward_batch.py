@@ -53,6 +53,7 @@ class ModelWorkerBatch:
     token_buf: torch.Tensor | None = None  # the last token sampled for each req_to_token row, on the device
     mm_spans: list["MultimodalSpan"] = field(default_factory=list)  # rows that take an item's encoder output
     mrope_positions: list[list[int]] | None = None  # per row, three positions (Qwen2-VL), when a request has them
+    rope_offsets: list[int] | None = None  # per row, added to its position for the rotary only (see ForwardBatch)
 
     @property
     def num_rows(self) -> int:
@@ -92,6 +93,10 @@ class ForwardBatch:
     mm_spans: list["MultimodalSpan"] = field(default_factory=list)
     input_embeds: torch.Tensor | None = None
     mrope_positions: torch.Tensor | None = None  # (3, num_tokens) int64: multimodal rotary positions (Qwen2-VL)
+    # (num_tokens,) int64: Qwen2-VL rows past their prompt, whose three positions are equal: M-RoPE there is RoPE at
+    # position + offset (the request's delta). Kept apart from `positions`, which also gives the sequence lengths.
+    # In TOKEN_ROWS it is the fifth row of decode_rows, so a CUDA graph takes it as one more input.
+    rope_offsets: torch.Tensor | None = None
     # Set by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: object = None
 
@@ -108,17 +113,20 @@ class ForwardBatch:
         if token_rows and wb.num_rows > len(pool_rows):  # a request with several rows: a row per token
             pool_rows = [i for i, e in zip(pool_rows, wb.extend_lens) for _ in range(e)]
             seq_rows = [pos + 1 for pos in wb.positions]
-        decode_rows = extend_start_loc = None
-        if token_rows:  # the four vectors in one copy (and one graph input copy)
-            decode_rows = rows_to_device([wb.input_ids, wb.positions, pool_rows, seq_rows], device)
-            input_ids, positions, req_pool_indices, seq_lens = decode_rows
+        decode_rows = extend_start_loc = rope_offsets = None
+        offsets = [] if wb.rope_offsets is None else [wb.rope_offsets]
+        if token_rows:  # the four (five) vectors in one copy (and one graph input copy)
+            decode_rows = rows_to_device([wb.input_ids, wb.positions, pool_rows, seq_rows, *offsets], device)
+            input_ids, positions, req_pool_indices, seq_lens = decode_rows[:4]
+            rope_offsets = decode_rows[4] if offsets else None
         else:
             extend_start = [0]
             for e in wb.extend_lens[:-1]:
                 extend_start.append(extend_start[-1] + e)
             per_row = rows_to_device([pool_rows, seq_rows, extend_start], device)
-            per_token = rows_to_device([wb.input_ids, wb.positions], device)
+            per_token = rows_to_device([wb.input_ids, wb.positions, *offsets], device)
             input_ids, positions, req_pool_indices, seq_lens = per_token[0], per_token[1], per_row[0], per_row[1]
+            rope_offsets = per_token[2] if offsets else None
             extend_start_loc = per_row[2]
         if wb.has_in_flight and wb.token_buf is not None:
             token_pool_rows = req_pool_indices if token_rows else torch.repeat_interleave(
@@ -143,4 +151,5 @@ class ForwardBatch:
             decode_rows=decode_rows,
             mm_spans=wb.mm_spans,
             mrope_positions=None if wb.mrope_positions is None else rows_to_device(wb.mrope_positions, device),
+            rope_offsets=rope_offsets,
         )

@@ -34,6 +34,7 @@ class Qwen2VLTextForCausalLM(Qwen2ForCausalLM):
 
 
 class Qwen2VLForConditionalGeneration(VisionLanguageModel):
+    takes_rope_offsets = True  # decode rows: positions + ForwardBatch.rope_offsets (CUDA graphs keep a row for it)
     LANGUAGE_MODELS = {"qwen2_vl_text": Qwen2VLTextForCausalLM, "qwen2": Qwen2VLTextForCausalLM}
     # transformers 4 and original checkpoints: visual.*, model.* (the language model), lm_head; transformers 5 nests
     # both under model.
@@ -64,8 +65,11 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
-        # Rows of requests with images carry three positions; a text-only pass the usual one (the same rotation).
-        mrope = forward_batch.mrope_positions
+        # Prompt rows of requests with images carry three positions; rows past the prompts one and an offset; a
+        # text-only pass the usual one (the same rotation).
+        mrope, offsets = forward_batch.mrope_positions, forward_batch.rope_offsets
+        if mrope is None and offsets is not None:
+            mrope = positions + offsets
         return self.language_model(input_ids, positions if mrope is None else mrope, forward_batch)
 
 

@@ -118,7 +118,8 @@ class Planner:
     @staticmethod
     def _media_rows(batch: ScheduleBatch) -> None:
         """The rows whose embeddings come from an encoder: the planned positions that media items fill; and with
-        multimodal rotary positions (Qwen2-VL), every row's three positions."""
+        multimodal rotary positions (Qwen2-VL), every row's three positions, or where all rows are past their prompts,
+        each row's offset to its position."""
         wb, row = batch.worker, 0
         mrope = False
         for r, start, n in zip(batch.reqs, wb.prefix_lens, wb.extend_lens):
@@ -126,7 +127,12 @@ class Planner:
                 wb.mm_spans.extend(r.mm_inputs.spans(row, start, start + n))
                 mrope = mrope or r.mm_inputs.mrope is not None
             row += n
-        if mrope:
+        if mrope and all(r.mm_inputs is None or r.mm_inputs.mrope is None or start >= len(r.mm_inputs.mrope.rows[0])
+                         for r, start in zip(batch.reqs, wb.prefix_lens)):
+            # Every row is past its prompt (decode): one position each, offset by its request's delta.
+            wb.rope_offsets = [r.mm_inputs.mrope.delta if r.mm_inputs is not None and r.mm_inputs.mrope is not None
+                               else 0 for r, n in zip(batch.reqs, wb.extend_lens) for _ in range(n)]
+        elif mrope:
             axes: list[list[int]] = [[], [], []]
             for r, start, n in zip(batch.reqs, wb.prefix_lens, wb.extend_lens):
                 m = r.mm_inputs.mrope if r.mm_inputs is not None else None
