@@ -131,3 +131,22 @@ def test_video_greedy_matches_transformers(tiny):
     assert again["meta_info"]["cached_tokens"] == out["meta_info"]["prompt_tokens"] - 1
     assert other["meta_info"]["cached_tokens"] == 1
     assert [lp for lp, _, _ in other["meta_info"]["output_token_logprobs"]] != pytest.approx(lps, abs=1e-3)
+
+
+@pytest.mark.parametrize("side", [4, 5, 27])  # 27: the 7B model's 384 / 14 (pooled to 14, not an even halving)
+def test_video_pooling_equals_transformers(side):
+    from types import SimpleNamespace
+
+    from transformers.models.llava_onevision.modeling_llava_onevision import LlavaOnevisionModel
+
+    from radixlm.runtime.models.llava_next import LlavaOnevisionForConditionalGeneration as Ours
+    from radixlm.runtime.multimodal.inputs import Modality, MultimodalItem
+
+    cfg = SimpleNamespace(vision_config=SimpleNamespace(image_size=side * 7, patch_size=7))
+    feats = torch.randn(3, side * side, 8, generator=torch.Generator().manual_seed(side))
+    newline = torch.randn(8)
+    ours = Ours._pack_item(SimpleNamespace(config=cfg, image_newline=newline), feats,
+                           MultimodalItem(Modality.VIDEO, "v", feats, 0, 0))
+    theirs = LlavaOnevisionModel.apply_pooling(SimpleNamespace(config=cfg), feats).reshape(-1, 8)
+    assert torch.equal(ours, torch.cat([theirs, newline[None]]))
+    assert len(ours) == anyres.video_token_count(3, cfg)
