@@ -25,6 +25,7 @@ from radixlm.runtime.cache.memory_pool import TokenToKVPool
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import load_model
+from radixlm.runtime.sampling.draft_sampling import DRAFT_SEED_SALT, DraftSampling
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class DraftModelRunner(ModelRunner):
             self._capture_graphs(target.graph_runner.max_bs)
         # The token each request row's last draft pass chose, read by its next pass on the device.
         self._token_buf = torch.zeros(rows, dtype=torch.int64, device=self.device)
+        self._generator = torch.Generator(device=self.device)  # sampled drafts of requests without a seed
+        self._generator.manual_seed((server_args.random_seed or 0) ^ DRAFT_SEED_SALT)
         logger.info("draft model %s: KV pool %.1f MiB (%d scratch slots)", path,
                     self.token_to_kv_pool.mem_bytes() / 2**20, scratch)
 
@@ -122,9 +125,11 @@ class DraftModelRunner(ModelRunner):
 
     @torch.inference_mode()
     def propose(self, rows: list[int], last_tokens: list[int], positions: list[int], steps: list[int],
-                written: list[bool] | None = None) -> list[list[int]]:
-        """Greedy chains: for request row rows[i], whose KV is written below positions[i] (the position of its last
-        token, last_tokens[i]), up to steps[i] tokens, one draft pass per step over the requests still drafting.
+                written: list[bool] | None = None, sampling: DraftSampling | None = None
+                ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """Chains: for request row rows[i], whose KV is written below positions[i] (the position of its last
+        token, last_tokens[i]), up to steps[i] tokens, one draft pass per step over the requests still drafting;
+        greedy, or drawn as `sampling` says (then with each chain's (steps[i], vocab) distributions q, else None).
         written[i]: the KV at positions[i] is written too (by a target pass in flight, enqueued before): the first
         step reads it through the table and writes its own copy of it over it (the same token at the same
         position), so the chain's scratch starts a position later. The passes are enqueued back to back (each
@@ -155,14 +160,33 @@ class DraftModelRunner(ModelRunner):
             fb = ForwardBatch.build(wb, ForwardMode.TOKEN_ROWS, self.req_to_token_pool, self.token_to_kv_pool,
                                     self.attn_backend, self.device)
             out = self._run(fb, wb.logits)
-            tokens = torch.argmax(out.next_token_logits[:, : self.vocab_size], dim=-1)
+            logits = out.next_token_logits[:, : self.vocab_size]
+            if sampling is None:
+                tokens, q = torch.argmax(logits, dim=-1), None
+            else:
+                tokens, q = sampling.sample(logits, active, step, self._generator)
             self._token_buf[fb.req_pool_indices] = tokens
-            chosen.append((active, tokens))
+            chosen.append((active, tokens, q))
         if not chosen:
-            return [[] for _ in rows]
+            return [[] for _ in rows], [None] * len(rows)
         # One host read: every step's tokens, padded to the batch.
         flat = torch.full((n_steps, len(rows)), -1, dtype=torch.int64, device=self.device)
-        for step, (active, tokens) in enumerate(chosen):
+        for step, (active, tokens, _) in enumerate(chosen):
             flat[step, host_to_device(active, torch.int64, self.device)] = tokens
         got = HostCopy(flat).get()[0].tolist()
-        return [[got[s][i] for s in range(steps[i])] for i in range(len(rows))]
+        chains = [[got[s][i] for s in range(steps[i])] for i in range(len(rows))]
+        return chains, self._chain_probs(chosen, steps, sampling)
+
+    @staticmethod
+    def _chain_probs(chosen: list, steps: list[int], sampling: DraftSampling | None) -> list[torch.Tensor | None]:
+        """Each sampled request's (steps[i], vocab) q rows; None for greedy requests (their drafts are point
+        masses at the argmax)."""
+        if sampling is None:
+            return [None] * len(steps)
+        sampled = sampling.sampled
+        per_req: list[list[torch.Tensor]] = [[] for _ in steps]
+        for active, _, q in chosen:
+            for n, i in enumerate(active):
+                if sampled[i]:
+                    per_req[i].append(q[n])
+        return [torch.stack(rows) if rows else None for rows in per_req]

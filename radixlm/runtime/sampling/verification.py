@@ -3,9 +3,10 @@ draft's tokens while the model's own choice agrees, then take the model's token.
 
 - greedy: a draft token is kept while it equals the argmax of its row, processed as the sampler would process it
   (penalties, logit bias, min_new_tokens, the grammar mask): the output is the same as without the draft.
-- sampling: a draft token is kept with probability p(token) (the draft is a point mass, so this is speculative
-  sampling's rule), and on rejection the token is drawn from p without the draft token: the output has the same
-  distribution as without the draft.
+- sampling: speculative sampling's rule. A draft token x drawn from a distribution q (a draft model sampling
+  with the request's parameters) is kept with probability min(1, p(x) / q(x)), and on rejection the token is drawn
+  from max(0, p - q) normalized; a draft without q is a point mass (lookups, greedy chains): kept with probability
+  p(x), else drawn from p without x. Either way each output token has the distribution it has without the draft.
 - a draft made while the token before it was in flight (overlap) continues a guess of that token: where the guess
   was wrong, none of its tokens is kept and the model's token at the in-flight position is taken as without a
   draft (sampled from p whole: nothing was rejected by the rule)."""
@@ -52,6 +53,7 @@ class DraftVerification:
     choices: HostCopy  # processed argmax per row
     probs: torch.Tensor | None  # sampling distribution per row, when some request samples
     guesses: list[tuple[int, int] | None] = field(default_factory=list)  # Draft.guess per request, if any
+    draft_probs: list[torch.Tensor | None] = field(default_factory=list)  # Draft.q per request, if any
 
     def choice_list(self) -> list[int]:
         return self.choices.get()[0].tolist()
@@ -76,13 +78,15 @@ def plain_greedy(req) -> bool:
 def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout: list[int],
                        bitmask: torch.Tensor | None, logits: torch.Tensor,
                        apply_bitmask: Callable[[torch.Tensor, torch.Tensor, list[int]], None] | None,
-                       guesses: list[tuple[int, int] | None] | None = None) -> DraftVerification:
+                       guesses: list[tuple[int, int] | None] | None = None,
+                       draft_probs: list[torch.Tensor | None] | None = None) -> DraftVerification:
     """`logits`: for each request in order, len(draft) + 1 rows (at its last token and at each draft token). Drafts
     are cut to `walked` tokens (what their grammar accepts); `bitmask` (rows at `layout`, None without grammars)
     holds their masks. Row j of a request is processed as the sampler would process it for the request with its
     first j draft tokens appended (penalties, min_new_tokens, grammar mask, temperature, top-k/p, min-p), after the
     token in flight where a draft continues one (`guesses`: (position, guessed token) or None per request; only the
-    output's length is read where a pass was in flight: such requests have no penalty)."""
+    output's length is read where a pass was in flight: such requests have no penalty). draft_probs: each draft's
+    q rows (Draft.q), or None."""
     drafts = [d[:w] for d, w in zip(drafts, walked)]
     guesses = guesses or [None] * len(drafts)
     mask_rows = [o + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
@@ -113,7 +117,8 @@ def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout:
         probs = torch.softmax(processed.float() / info.temperatures, dim=-1)
         probs = top_k_top_p_min_p_filter(probs, info)
         probs = probs / probs.sum(dim=-1, keepdim=True)
-    return DraftVerification(reqs, drafts, starts, processed, HostCopy(choices), probs, guesses)
+    return DraftVerification(reqs, drafts, starts, processed, HostCopy(choices), probs, guesses,
+                             draft_probs or [None] * len(drafts))
 
 
 def settle(v: DraftVerification, i: int, generator: torch.Generator | None) -> VerifyResult:
@@ -129,7 +134,8 @@ def settle(v: DraftVerification, i: int, generator: torch.Generator | None) -> V
             kept += 1
         token = choices[kept]
     else:
-        kept, token = _settle_sampled(v.probs[start : start + len(draft) + 1], draft, req, generator)
+        q = v.draft_probs[i] if v.draft_probs and draft else None
+        kept, token = _settle_sampled(v.probs[start : start + len(draft) + 1], draft, req, generator, q)
     grammar = req.grammar
     if grammar is not None:
         for t in draft[:kept]:
@@ -139,21 +145,33 @@ def settle(v: DraftVerification, i: int, generator: torch.Generator | None) -> V
     return VerifyResult(draft[:kept] + [token], kept)
 
 
-def _settle_sampled(probs: torch.Tensor, draft: list[int], req, generator) -> tuple[int, int]:
-    """Speculative acceptance against a point-mass draft: how many draft tokens are kept, and the token after
-    them (drawn from p, without the rejected draft token)."""
+def _settle_sampled(probs: torch.Tensor, draft: list[int], req, generator,
+                    q: torch.Tensor | None = None) -> tuple[int, int]:
+    """Speculative sampling: how many draft tokens are kept, and the token after them. q: the distributions the
+    draft tokens were drawn from (rows aligned with `draft`, over at most p's vocabulary); None: point masses."""
     g = generator
     if req.sampling_params.sampling_seed is not None:
         g = torch.Generator(device=probs.device)
         g.manual_seed(derive_seed(req.sampling_params.sampling_seed, len(req.output_ids)) ^ 0x5BD1E995)
     uniforms = torch.rand(len(draft), generator=g, device=probs.device).tolist()
     dev = probs.device
-    p_draft = probs[torch.arange(len(draft), device=dev), torch.tensor(draft, dtype=torch.long, device=dev)].tolist()
+    rows = torch.arange(len(draft), device=dev)
+    ids = torch.tensor(draft, dtype=torch.long, device=dev)
+    if q is not None:
+        q = torch.nn.functional.pad(q[: len(draft)].to(probs.dtype), (0, probs.shape[-1] - q.shape[-1]))
+        ratios = (probs[rows, ids] / q[rows, ids].clamp_min(torch.finfo(torch.float32).tiny)).tolist()
+    else:
+        ratios = probs[rows, ids].tolist()
     kept = 0
-    while kept < len(draft) and uniforms[kept] < p_draft[kept]:
+    while kept < len(draft) and uniforms[kept] < ratios[kept]:
         kept += 1
     row = probs[kept : kept + 1].clone()
-    if kept < len(draft):
-        row[0, draft[kept]] = 0.0  # rejected: draw from p without the draft token
+    if kept < len(draft):  # rejected: draw from the residual max(0, p - q)
+        if q is None:
+            row[0, draft[kept]] = 0.0
+        else:
+            residual = (row - q[kept : kept + 1]).clamp_min_(0.0)
+            if float(residual.sum()) > 0.0:  # else p <= q everywhere (p == q up to rounding): p itself
+                row = residual
     noise = torch.empty_like(row).exponential_(generator=g).clamp_min_(torch.finfo(torch.float32).tiny)
     return kept, int(torch.argmax(row / noise, dim=-1))

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Protocol
 
 if TYPE_CHECKING:
+    import torch
+
     from radixlm.runtime.scheduler.req import Req
 
 
@@ -38,6 +40,9 @@ class Draft:
     # (position, token): the token in flight at that position that the draft continues, as its source guessed it;
     # a draft whose guess turns out wrong keeps none of its tokens.
     guess: tuple[int, int] | None = None
+    # For a sampled request, the distribution each token was drawn from (len(tokens), vocab) on the device; None:
+    # point masses (verification's rule then keeps a token with probability p(token)).
+    q: torch.Tensor | None = None
 
 
 @dataclass(slots=True)

@@ -57,7 +57,7 @@ def _sample_runs(prompt: list[int]) -> dict[str, list[int]]:
 def test_sampled_tokens_keep_their_distribution_under_drafts(monkeypatch, keep_all):
     if keep_all:
         monkeypatch.setattr(verification, "_settle_sampled",
-                            lambda probs, draft, req, g: (len(draft), int(torch.argmax(probs[len(draft)]))))
+                            lambda probs, draft, req, g, q=None: (len(draft), int(torch.argmax(probs[len(draft)]))))
     prompt = make_prompts(41, 1, lo=12, hi=13)[0]
     outs = _sample_runs(prompt)
     first = [o[0] for o in outs.values()]

@@ -144,8 +144,9 @@ class DraftPath:
         draft, kv = req.kv.draft, req.kv
         if draft is None or not kv.in_flight or draft.guess is not None:
             return
-        rest = draft.tokens[kv.in_flight :]
-        kv.draft = replace(draft, tokens=rest, guess=(req.seqlen, draft.tokens[0])) if rest else None
+        n = kv.in_flight
+        rest, q = draft.tokens[n:], draft.q[n:] if draft.q is not None else None
+        kv.draft = replace(draft, tokens=rest, guess=(req.seqlen, draft.tokens[0]), q=q) if rest else None
 
     def _check_guess(self, req: Req) -> None:
         """Once the guessed token is on the host (the pass in flight was processed before the draft was

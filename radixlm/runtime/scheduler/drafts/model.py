@@ -1,5 +1,7 @@
 """A draft model as a draft source (--speculative-algorithm STANDALONE, SGLang's name): a small model with the
-target's tokenizer proposes its greedy continuation, one draft pass per token, for every drafting request of a
+target's tokenizer proposes its continuation (greedy; for a sampled request drawn from its own distribution with the
+request's sampling parameters, that distribution kept for verification's rejection sampling), one draft pass per
+token, for every drafting request of a
 processed pass at once (DraftPath collects them: `deferred`, then propose_batch).
 
 Its KV lives in its own pool over the target's slots (executor/draft_runner.py has the invariant): every target pass
@@ -13,9 +15,12 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 
+import torch
+
 from radixlm.runtime.executor.draft_runner import DraftModelRunner
 from radixlm.runtime.executor.eagle_runner import PairSpan
 from radixlm.runtime.executor.forward_batch import ModelWorkerBatch
+from radixlm.runtime.sampling.draft_sampling import DraftSampling
 from radixlm.runtime.scheduler.cursor import Draft
 from radixlm.runtime.scheduler.drafts.backoff import Backoff
 from radixlm.runtime.scheduler.req import Req
@@ -74,12 +79,21 @@ class DraftModelSource:
                 steps.append(k + flying)
         if not todo:
             return
-        chains = self.runner.propose([r.req_pool_idx for r in todo], [r.output_ids[-1] for r in todo],
-                                     [r.seqlen - 1 for r in todo], steps, [r.kv.in_flight == 1 for r in todo])
-        for req, tokens in zip(todo, chains):
-            req.kv.draft = Draft(tokens, self)
+        chains, probs = self._chains(todo, steps)
+        for req, tokens, q in zip(todo, chains, probs):
+            req.kv.draft = Draft(tokens, self, q=q)
         self.stats["model_drafts"] += len(todo)
         self.stats["draft_model_passes"] += max(steps)
+
+    def _chains(self, todo: list[Req], steps: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """Each request's chain from its newest known token, and for a sampled request the distribution q each of
+        its tokens was drawn from (the request's temperature, top-k/p, min-p over the draft model's logits)."""
+        sampling = None
+        if any(not r.sampling_params.is_greedy for r in todo):
+            sampling = DraftSampling.build([r.sampling_params for r in todo], [r.num_output_tokens() for r in todo],
+                                           self.runner.vocab_size, self.runner.device)
+        return self.runner.propose([r.req_pool_idx for r in todo], [r.output_ids[-1] for r in todo],
+                                   [r.seqlen - 1 for r in todo], steps, [r.kv.in_flight == 1 for r in todo], sampling)
 
     def learn(self, req: Req, draft: Draft, accepted: int, token: int) -> None:
         """A draft rejected outright makes the request back off (1, 2, 4, ... steps without drafts) as lookups do:
@@ -96,6 +110,12 @@ class EagleSource(DraftModelSource):
     processed, for every request of the pass (on_processed), before the drafts of those that draft."""
 
     guesses = False  # its KV of a pass is written once the pass is processed: never with one in flight
+
+    def _chains(self, todo: list[Req], steps: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """Greedy chains (a sampled request's draft is a point mass, verified by speculative sampling's rule)."""
+        chains = self.runner.propose([r.req_pool_idx for r in todo], [r.output_ids[-1] for r in todo],
+                                     [r.seqlen - 1 for r in todo], steps)
+        return chains, [None] * len(todo)
 
     def on_processed(self, batch) -> None:
         wb, spans, row = batch.worker, [], 0
