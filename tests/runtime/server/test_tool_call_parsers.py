@@ -202,7 +202,7 @@ def test_resolve_format():
 
 def test_template_that_ignores_tools_still_renders():
     tok = get_tokenizer("default")  # SmolLM2: its template has no tools section
-    tm = SimpleNamespace(tokenizer=tok)
+    tm = SimpleNamespace(tokenizer=tok, builder=SimpleNamespace(mm=None))  # a text-only front
     msgs = [ChatMessage(role="user", content="hi")]
     assert chat_prompt_ids(tm, msgs, tools=[WEATHER]) == chat_prompt_ids(tm, msgs)
 
