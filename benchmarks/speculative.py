@@ -12,7 +12,20 @@ answered, untimed; the RADIX source drafts from what they left in the tree): `as
 whose next turn asks for the assistant's earlier answer again: the answer is in the prompt, and in the tree), and
 `other_system` (the same question under another system prompt: the earlier answer is in the tree, in another
 context). Reports per workload, batch and algorithm: output tokens/s (the fastest of --repeat runs), its ratio to
-off, drafts proposed, draft tokens and those accepted per draft, and how many outputs equal off's."""
+off, drafts proposed, draft tokens and those accepted per draft, and how many outputs equal off's.
+
+STANDALONE on an 8B model's passes (GPU; benchmarks/speculative_replay.py), replaying SmolLM2's recorded outputs:
+
+    python benchmarks/speculative.py --model default --device cuda --batches 1 --workloads quote edit restate story \
+        --algorithms --save-ids /tmp/smol_spec_ids.json --out /tmp/smol_spec_record.json   # record (off only)
+    python -c "import sys; sys.path.insert(0, 'benchmarks'); import speculative_replay as r; \
+        r.shaped('default', '/tmp/t8b', r.ModelShape.LLAMA_3_1_8B); r.shaped('default', '/tmp/d1b', r.ModelShape.LLAMA_3_2_1B)"
+    python benchmarks/speculative.py --model /tmp/t8b --draft-model /tmp/d1b --load-format dummy --device cuda \
+        --dtype bfloat16 --algorithms STANDALONE --batches 1 8 64 256 --workloads quote edit restate story \
+        --script-ids /tmp/smol_spec_ids.json --draft-acceptance 0.8 --out benchmarks/results/speculative_gpu.json
+
+    python benchmarks/speculative.py --tiny                  # the same path with tiny shapes on the CPU (records first)
+"""
 from __future__ import annotations
 
 import argparse
@@ -26,6 +39,9 @@ from pathlib import Path
 import torch
 
 from radixlm import Engine
+
+import speculative_replay
+from speculative_replay import ModelShape
 
 PASSAGE = ("The old lighthouse stood at the end of the pier for more than a century. Every evening the keeper climbed "
            "the one hundred and twelve steps, trimmed the wick, polished the lens and watched the ships pass.")
@@ -54,8 +70,8 @@ HISTORY_WORKLOADS = {
                      lambda answers: [{"role": "system", "content": "You are a knowledgeable, patient teacher."},
                                       user(QUESTION)]),
 }
-STAT_KEYS = ("ngram_drafts", "radix_drafts", "radix_path_drafts", "radix_kgram_drafts", "draft_tokens",
-             "accepted_draft_tokens", "draft_tokens_cut")
+STAT_KEYS = ("ngram_drafts", "radix_drafts", "radix_path_drafts", "radix_kgram_drafts", "model_drafts", "draft_tokens",
+             "accepted_draft_tokens", "draft_tokens_cut", "guessed_drafts")
 
 
 def run(engine: Engine, prompts: list[str], max_new: int) -> tuple[float, list[list[int]], dict]:
@@ -83,28 +99,83 @@ def start(engine: Engine, name: str, max_new: int) -> str:
     return template(engine, timed([o["text"] for o in outs]))
 
 
-def main() -> None:
+def engine_for(args, algo: str | None) -> Engine:
+    draft = {"speculative_draft_model_path": args.draft_model} if algo == "STANDALONE" else {}
+    return Engine(args.model, device=args.device, dtype=args.dtype, random_seed=0, load_format=args.load_format,
+                  speculative_algorithm=algo, speculative_num_draft_tokens=args.num_draft_tokens, **draft)
+
+
+def record(args) -> dict[str, list[int]]:
+    """The target's own greedy outputs of each workload's prompt (--tiny: what the replay then plays)."""
+    engine = engine_for(args, None)
+    try:
+        prompts = [template(engine, [user(WORKLOADS[name][0])]) for name in args.workloads]
+        outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": args.max_new_tokens})
+        return {name: o["output_ids"] for name, o in zip(args.workloads, outs)}
+    finally:
+        engine.shutdown()
+
+
+def replay(engine: Engine, args, recorded: dict[str, list[int]]) -> None:
+    names = [n for n in args.workloads if n in recorded]
+    speculative_replay.install(engine, [template(engine, [user(WORKLOADS[n][0])]) for n in names],
+                               [recorded[n] for n in names], args.draft_acceptance)
+
+
+def tiny(args) -> None:
+    """--tiny: a tiny random target and draft model with the default model's tokenizer, on the CPU."""
+    import tempfile
+
+    root = tempfile.mkdtemp(prefix="speculative-tiny-")
+    args.model = speculative_replay.shaped("default", f"{root}/target", ModelShape.TINY)
+    args.draft_model = speculative_replay.shaped("default", f"{root}/draft", ModelShape.TINY_DRAFT)
+    args.load_format, args.device, args.dtype = "dummy", "cpu", "float32"
+    args.algorithms = args.algorithms or ["STANDALONE"]
+    args.workloads = [n for n in args.workloads if n in WORKLOADS]
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="default")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--algorithms", nargs="+", default=["NGRAM"])
+    p.add_argument("--algorithms", nargs="*", default=None, help="default: NGRAM (--tiny: STANDALONE); none: off only")
+    p.add_argument("--draft-model", default=None, help="STANDALONE's draft model (speculative_draft_model_path)")
+    p.add_argument("--load-format", default="auto", help="dummy: random weights (a model directory with no weights)")
+    p.add_argument("--save-ids", default=None, help="write off's first output per workload here (JSON)")
+    p.add_argument("--script-ids", default=None,
+                   help="replay these outputs (--save-ids of a run with the same tokenizer; workloads without a "
+                        "history): the passes run, their tokens are the recording's (speculative_replay.py)")
+    p.add_argument("--draft-acceptance", type=float, default=0.8,
+                   help="with a replay: each draft model token is the recorded one with this probability")
+    p.add_argument("--tiny", action="store_true", help="tiny random target and draft, CPU (records, then replays)")
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HISTORY_WORKLOADS])
     p.add_argument("--num-draft-tokens", type=int, default=4)
     p.add_argument("--repeat", type=int, default=2, help="timed runs in a row per engine and round")
     p.add_argument("--rounds", type=int, default=1,
                    help="passes over every algorithm (an engine each), the fastest run of all kept: on a shared "
                         "machine, another load then rarely covers every run of one algorithm")
-    p.add_argument("--out", default="benchmarks/results/speculative_cpu.json")
-    args = p.parse_args()
+    p.add_argument("--out", default=None,
+                   help="default: benchmarks/results/speculative_cpu.json (--tiny: speculative_tiny_cpu.json)")
+    args = p.parse_args(argv)
+    recorded = json.loads(Path(args.script_ids).read_text()) if args.script_ids else None
+    args.out = args.out or f"benchmarks/results/speculative{'_tiny' if args.tiny else ''}_cpu.json"
+    if args.tiny:
+        tiny(args)
+        recorded = record(args)
+    if args.algorithms is None:
+        args.algorithms = ["NGRAM"]
+    if recorded is not None and any(n not in recorded for n in args.workloads):
+        raise SystemExit(f"no recorded output for {[n for n in args.workloads if n not in recorded]}")
     best: dict[tuple[str, int, str], tuple[float, list[list[int]], dict]] = {}
     timed_prompts: dict[str, str] = {}  # (greedy: the earlier answers are the same for every algorithm)
     for _ in range(args.rounds):
         for algo in [None, *args.algorithms]:
-            engine = Engine(args.model, device=args.device, dtype=args.dtype, random_seed=0,
-                            speculative_algorithm=algo, speculative_num_draft_tokens=args.num_draft_tokens)
+            engine = engine_for(args, algo)
+            if recorded is not None:
+                replay(engine, args, recorded)
             try:
                 for name in args.workloads:
                     for b in args.batches:
@@ -134,7 +205,7 @@ def main() -> None:
         base = off[(r["workload"], r["batch"])]
         r["speedup_vs_off"] = r["output_tokens_per_s"] / base["output_tokens_per_s"]
         r["identical_to_off"] = sum(a == b for a, b in zip(r["_ids"], base["_ids"]))
-        drafts = r["ngram_drafts"] + r["radix_drafts"]
+        drafts = r["ngram_drafts"] + r["radix_drafts"] + r["model_drafts"]
         r["accepted_per_draft"] = r["accepted_draft_tokens"] / drafts if drafts else None
         acc = f"{r['accepted_per_draft']:.2f}" if drafts else ""
         print(f"{r['workload']:12} {r['batch']:5d} {r['algorithm']:11} {r['output_tokens_per_s']:8.1f} "
@@ -145,10 +216,17 @@ def main() -> None:
               "settings": {"max_new_tokens": args.max_new_tokens, "num_draft_tokens": args.num_draft_tokens,
                            "repeat": args.repeat, "rounds": args.rounds, "defaults": "speculative_max_batch_rows=64, "
                            "speculative_radix_match_window_size=4, ngram windows 1..4"},
+              "draft_model": args.draft_model, "load_format": args.load_format,
+              "replay": None if recorded is None else {"script_ids": args.script_ids or "recorded (--tiny)",
+                                                       "draft_acceptance": args.draft_acceptance},
               "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]}
+    if args.save_ids:
+        first = {name: best[(name, args.batches[0], "off")][1][0] for name in args.workloads}
+        Path(args.save_ids).write_text(json.dumps(first))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
+    return result["rows"]
 
 
 if __name__ == "__main__":
