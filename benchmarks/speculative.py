@@ -18,8 +18,7 @@ STANDALONE on an 8B model's passes (GPU; benchmarks/speculative_replay.py), repl
 
     python benchmarks/speculative.py --model default --device cuda --batches 1 --workloads quote edit restate story \
         --algorithms --save-ids /tmp/smol_spec_ids.json --out /tmp/smol_spec_record.json   # record (off only)
-    python -c "import sys; sys.path.insert(0, 'benchmarks'); import speculative_replay as r; \
-        r.shaped('default', '/tmp/t8b', r.ModelShape.LLAMA_3_1_8B); r.shaped('default', '/tmp/d1b', r.ModelShape.LLAMA_3_2_1B)"
+    python benchmarks/speculative_replay.py default /tmp/t8b /tmp/d1b        # 8B and 1B shapes, SmolLM2's tokenizer
     python benchmarks/speculative.py --model /tmp/t8b --draft-model /tmp/d1b --load-format dummy --device cuda \
         --dtype bfloat16 --algorithms STANDALONE --batches 1 8 64 256 --workloads quote edit restate story \
         --script-ids /tmp/smol_spec_ids.json --draft-acceptance 0.8 --out benchmarks/results/speculative_gpu.json

@@ -107,3 +107,19 @@ def install(engine, prompts: list[str], recorded: list[list[int]], acceptance: f
                         for w in wanted], probs
 
             source._chains = scripted
+
+
+def main() -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description="writes the target (8B shapes) and draft (1B shapes) model directories")
+    p.add_argument("tokenizer_model", help="the recording model (alias, GGUF or directory): its tokenizer and vocabulary")
+    p.add_argument("target_dir")
+    p.add_argument("draft_dir")
+    args = p.parse_args()
+    print(shaped(args.tokenizer_model, args.target_dir, ModelShape.LLAMA_3_1_8B),
+          shaped(args.tokenizer_model, args.draft_dir, ModelShape.LLAMA_3_2_1B))
+
+
+if __name__ == "__main__":
+    main()
