@@ -128,7 +128,7 @@ class SchedulerLoop:
         while True:
             idle = sched.is_idle()
             wait_s = IDLE_WAIT_S if idle else GRAMMAR_WAIT_S if sched.nothing_to_run() else 0.0
-            msgs, stop = self.parallel.broadcast_object(self._receive(wait_s, idle) if self.inbox else None)
+            msgs, stop = self._inputs(wait_s, idle)
             aborts: list[str] = []
             for msg in msgs:
                 self._handle(msg, aborts)
@@ -140,6 +140,13 @@ class SchedulerLoop:
                 outputs = guard.step()
                 if outputs:
                     self.deliver(outputs)
+
+    def _inputs(self, wait_s: float, idle: bool) -> tuple[list[SchedulerInput], bool]:
+        """This turn's messages and whether to stop: rank 0's, on every rank (None on the wire: nothing new)."""
+        got = self._receive(wait_s, idle) if self.inbox else None
+        if self.parallel.tp_size > 1:
+            got = self.parallel.broadcast_object(got if got is not None and (got[0] or got[1]) else None)
+        return got if got is not None else ([], False)
 
     def _receive(self, wait_s: float, idle: bool) -> tuple[list[SchedulerInput], bool]:
         """(the messages waiting, up to wait_s for the first; whether to stop once they are handled): a ShutdownReq,

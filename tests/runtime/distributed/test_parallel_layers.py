@@ -40,6 +40,16 @@ def test_two_ranks_equal_one():
         torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
 
 
+def _broadcasts(parallel):
+    sent = [None, ("abort", 3), list(range(5000))]  # nothing, a small object, one past the first collective
+    return [parallel.broadcast_object(x if parallel.tp_rank == 0 else "not rank 0's") for x in sent]
+
+
+def test_broadcast_object_gives_every_rank_rank0s_object():
+    for got in run_ranks(2, _broadcasts):
+        assert got == [None, ("abort", 3), list(range(5000))]
+
+
 def test_indivisible_sizes_are_refused():
     import pytest
 
