@@ -1,4 +1,4 @@
-"""Tensor, expert and pipeline-free parallelism on the GPUs of one host: issue 24's table, parts chosen with --parts.
+"""Tensor and expert parallelism on the GPUs of one host: issue 24's table, parts chosen with --parts.
 
   correctness  Llama-3.1-8B shapes (dummy weights, the Llama-3.1 tokenizer, text prompts), float32 and bf16: TP=2
                greedy outputs against TP=1 (dummy weights are the same model under every layout); the first
@@ -92,8 +92,8 @@ def greedy_run(path: str, dtype: str, tp: int, n_out: int, kw: dict) -> list[dic
 def part_correctness(path: str, n_out: int, engine_args: dict) -> dict:
     result = {"engine_args": engine_args}
     for dtype in ("float32", "bfloat16"):
-        ref = isolated(greedy_run, path, dtype, 1, n_out, {})
-        tp2 = isolated(greedy_run, path, dtype, 2, n_out, engine_args)
+        ref = isolated(greedy_run, path, dtype, 1, n_out, {}, timeout_s=240)
+        tp2 = isolated(greedy_run, path, dtype, 2, n_out, engine_args, timeout_s=240)
         rows = []
         for prompt, a, b in zip(PROMPTS, ref, tp2):
             first = next((i for i, (x, y) in enumerate(zip(a["ids"], b["ids"])) if x != y), None)
@@ -228,9 +228,15 @@ def part_tp(path: str, bw: float, batches: list[int], steps: int, sharegpt_n: in
     for name, kw in TP_CONFIGS.items():
         if name not in configs:
             continue
-        runs[name] = isolated(speed_run, path, bw, name, batches, steps, sharegpt_n, profile_batches, kw)
+        try:  # a config that fails or hangs loses only its own row
+            runs[name] = isolated(speed_run, path, bw, name, batches, steps, sharegpt_n, profile_batches, kw,
+                                  timeout_s=300)
+        except Exception as e:  # noqa: BLE001 - recorded in the results
+            log(f"{name} failed: {e}")
+            runs[name] = {"error": str(e)[-2000:]}
+    ok = [c for c in runs if "error" not in runs[c]]
     ratios = {}
-    for name in [c for c in ("tp2_nccl", "tp2") if c in runs and "tp1" in runs]:
+    for name in [c for c in ("tp2_nccl", "tp2") if c in ok and "tp1" in ok]:
         ratios[name] = {
             "step_over_tp1": {str(b["batch"]): b["step_ms"] / a["step_ms"]
                               for a, b in zip(runs["tp1"]["decode"], runs[name]["decode"])},
@@ -245,7 +251,7 @@ def part_tp(path: str, bw: float, batches: list[int], steps: int, sharegpt_n: in
 def part_big(path8b: str, bw: float, sharegpt_n: int) -> dict:
     path = llama70b_dir(path8b)
     return isolated(speed_run, path, bw, "llama-70b tp2", [1, 32], 64, sharegpt_n, [],
-                    {"tp_size": 2, "cuda_graph_max_bs": 64, "mem_fraction_static": 0.92})
+                    {"tp_size": 2, "cuda_graph_max_bs": 64, "mem_fraction_static": 0.92}, timeout_s=360)
 
 
 def moe_run(path: str, kw: dict, bw: float, batches: list[int], sharegpt_n: int) -> dict:
@@ -260,7 +266,11 @@ def part_moe(bw: float, batches: list[int], sharegpt_n: int) -> dict:
     result = {}
     for name, kw in (("tp2", {"tp_size": 2}), ("ep2", {"tp_size": 2, "ep_size": 2})):
         log(f"mixtral {name}")
-        result[name] = isolated(moe_run, path, kw, bw, batches, sharegpt_n)
+        try:
+            result[name] = isolated(moe_run, path, kw, bw, batches, sharegpt_n, timeout_s=240)
+        except Exception as e:  # noqa: BLE001 - recorded in the results
+            log(f"mixtral {name} failed: {e}")
+            result[name] = {"error": str(e)[-2000:]}
     return result
 
 
