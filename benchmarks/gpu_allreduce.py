@@ -71,7 +71,7 @@ def rank_main(rank: int, world: int, port: int, sizes: list[int], out: str) -> N
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             device_id=torch.device(device))
     group = dist.group.WORLD
-    comm = build_symm_all_reduce(group, device, max(sizes))  # also registers torch.ops.symm_mem
+    comm = build_symm_all_reduce(group, device, lambda flags: flags, max(sizes))  # also registers torch.ops.symm_mem
     if comm is not None:
         comm.one_shot_max_bytes = max(sizes)  # time one-shot at every size
 

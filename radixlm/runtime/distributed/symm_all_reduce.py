@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -54,9 +55,12 @@ class SymmMemAllReduce:
         return torch.ops.symm_mem.two_shot_all_reduce_out(slot, "sum", self.group_name, out)
 
 
-def build_symm_all_reduce(group, device: str, buffer_bytes: int = BUFFER_BYTES) -> SymmMemAllReduce | None:
-    """The communicator, or None where symmetric memory is unavailable or its self-check fails on this rank (the
-    caller makes the ranks agree before using it: every rank must take the same path for every tensor)."""
+def build_symm_all_reduce(group, device: str, agree: Callable[[list[bool]], list[bool]],
+                          buffer_bytes: int = BUFFER_BYTES) -> SymmMemAllReduce | None:
+    """The communicator, or None on every rank where symmetric memory is unavailable or its self-check fails on any.
+    agree: the position-wise AND over ranks (on host data). The ranks agree that each set up its buffer before any
+    probe runs (a rank alone in a one-shot kernel waits for its peers forever), then on the probes' sums."""
+    comm = None
     try:
         import torch.distributed._symmetric_memory as symm_mem
 
@@ -65,17 +69,22 @@ def build_symm_all_reduce(group, device: str, buffer_bytes: int = BUFFER_BYTES) 
             symm_mem.enable_symm_mem_for_group(group_name)
         buffer = symm_mem.empty(buffer_bytes, dtype=torch.uint8, device=device)
         symm_mem.rendezvous(buffer, group_name)
+        comm = SymmMemAllReduce(group_name, buffer, group.size())
+    except Exception as e:  # noqa: BLE001 - an optional fast path: NCCL serves without it
+        logger.warning("symmetric-memory all-reduce unavailable (%s: %s): using NCCL", type(e).__name__, e)
+    if not agree([comm is not None])[0]:
+        return None
+    ok = True
+    try:
         rank, world = group.rank(), group.size()
-        comm = SymmMemAllReduce(group_name, buffer, world)
-        ok = True
         for n in (4096, buffer_bytes // 2):  # a one-shot size and the largest two-shot size
             probe = torch.full((n,), float(rank + 1), dtype=torch.bfloat16, device=device)
             ok &= comm.accepts(probe) and bool((comm.all_reduce(probe) == world * (world + 1) / 2).all())
         torch.cuda.synchronize(device)
-        if not ok:
-            logger.warning("symmetric-memory all-reduce gave a wrong sum: using NCCL")
-            return None
-        return comm
-    except Exception as e:  # noqa: BLE001 - an optional fast path: NCCL serves without it
-        logger.warning("symmetric-memory all-reduce unavailable (%s: %s): using NCCL", type(e).__name__, e)
+    except Exception as e:  # noqa: BLE001 - as above
+        logger.warning("symmetric-memory all-reduce failed its self-check (%s: %s)", type(e).__name__, e)
+        ok = False
+    if not agree([ok])[0]:
+        logger.warning("symmetric-memory all-reduce gave a wrong sum on some rank: using NCCL")
         return None
+    return comm

@@ -37,6 +37,22 @@ def test_cpu_tensors_are_never_accepted():
     assert not comm.accepts(torch.ones(8))
 
 
+def test_a_rank_that_cannot_set_up_says_so_before_any_probe():
+    from types import SimpleNamespace
+
+    from radixlm.runtime.distributed.symm_all_reduce import build_symm_all_reduce
+
+    said = []
+
+    def agree(flags):
+        said.append(flags)
+        return flags
+
+    group = SimpleNamespace(group_name="none", rank=lambda: 0, size=lambda: 2)
+    assert build_symm_all_reduce(group, "cpu", agree) is None  # no symmetric memory on the CPU
+    assert said == [[False]]
+
+
 def _sums(rank: int, world: int, port: int, results) -> None:
     import torch.distributed as dist
 
@@ -47,7 +63,7 @@ def _sums(rank: int, world: int, port: int, results) -> None:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             device_id=torch.device(device))
     try:
-        comm = build_symm_all_reduce(dist.group.WORLD, device, 8 << 20)
+        comm = build_symm_all_reduce(dist.group.WORLD, device, lambda flags: flags, 8 << 20)
         assert comm is not None
         g = torch.Generator(device=device).manual_seed(rank)
         out = [not comm.accepts(torch.ones((9 << 20) // 4, device=device)),  # past the buffer
