@@ -4,11 +4,9 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
-import torch
-
 from radixlm.runtime.args import SchedulePolicyName
 from radixlm.runtime.cache.radix_cache import RadixCache
-from radixlm.runtime.cache.radix_node import RadixKey, TreeNode
+from radixlm.runtime.cache.radix_node import TreeNode
 from radixlm.runtime.scheduler.req import Req
 
 CACHE_AWARE = (SchedulePolicyName.LPM, SchedulePolicyName.DFS_WEIGHT)
@@ -57,18 +55,20 @@ class SchedulePolicy:
         return policy
 
     def _in_batch_deprioritized(self, waiting: list[Req]) -> set[Req]:
-        sim = None  # built at the first request to check (usually none: their prefixes are cached)
+        # Two keys share at least DEPRIORITIZE tokens exactly when their first DEPRIORITIZE tokens (and extra keys)
+        # are equal, so the set of those heads answers what a radix tree of the checked requests would, at a cost
+        # per request that does not grow with its prompt.
+        n = IN_BATCH_DEPRIORITIZE_THRESHOLD
+        heads: set[tuple[str | None, tuple[int, ...]]] = set()
         out: set[Req] = set()
         for req in waiting:
-            if req.prefix_len > IN_BATCH_CHECK_THRESHOLD:
+            if req.prefix_len > IN_BATCH_CHECK_THRESHOLD or req.max_prefix_len() < n:
                 continue
-            sim = sim or RadixCache(None, None, page_size=1)
-            key = RadixKey(req.fill_ids[: req.max_prefix_len()], req.extra_key)
-            shared = sim.match_prefix(key).length
-            if shared >= IN_BATCH_DEPRIORITIZE_THRESHOLD:
+            head = (req.extra_key, tuple(req.fill_ids[:n]))
+            if head in heads:
                 out.add(req)
             else:
-                sim.insert(key, torch.zeros(len(key.token_ids), dtype=torch.int64))
+                heads.add(head)
         return out
 
     def _dfs_weight_order(self, waiting: list[Req]) -> list[Req]:

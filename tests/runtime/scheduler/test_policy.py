@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from radixlm.runtime.scheduler.policy import LPM_FALLBACK_QUEUE_LEN
+from radixlm.runtime.scheduler.policy import IN_BATCH_DEPRIORITIZE_THRESHOLD, LPM_FALLBACK_QUEUE_LEN
 from radixlm.runtime.scheduler.req import Req
 
 from .conftest import make_scheduler, request, run_all
@@ -74,6 +74,25 @@ def test_in_batch_prefix_dedupe_prefills_shared_prefix_once(tiny_model_dir):
     results = run_all(sched)
     assert results["s1"]["cached_tokens"] == 0
     assert results["s2"]["cached_tokens"] >= 48 and results["s3"]["cached_tokens"] >= 48
+
+
+def test_in_batch_dedupe_needs_the_threshold_of_shared_tokens_under_one_extra_key(tiny_model_dir):
+    rng = random.Random(5)
+    sched = make_scheduler(tiny_model_dir)
+    n = IN_BATCH_DEPRIORITIZE_THRESHOLD
+    head = seq(rng, n + 8)
+    first = head + seq(rng, 6)
+
+    def diverging_at(k: int) -> list[int]:  # shares exactly k tokens with `first`
+        return head[:k] + [first[k] % 496 + 4] + seq(rng, 8)
+
+    queue = waiting_reqs(sched, {"first": first, "short": head[: n // 2], "at_n-1": diverging_at(n - 1),
+                                 "at_n": diverging_at(n), "whole": first[:-1] + seq(rng, 3)})
+    sched.add_request(request("salted", head + seq(rng, 4), extra_key="salt"))
+    sched.add_request(request("salted_too", head + seq(rng, 4), extra_key="salt"))
+    sched.policy.calc_priority(queue, 1)
+    assert {r.rid for r in sched.policy.deprioritized} == {"at_n", "whole", "salted_too"}
+    assert [r.rid for r in queue[-3:]] == ["at_n", "whole", "salted_too"]  # sorted last, in arrival order
 
 
 def _tree_workload(rng: random.Random) -> tuple[list[list[int]], int]:
