@@ -40,6 +40,7 @@ class RadixCache:
         self._empty_indices = torch.empty((0,), dtype=torch.int64, device=self.device)
         # Where each run of k cached tokens ends (radix_lookup.py); kept only once a draft source asks for it.
         self.kgram_index: KGramIndex | None = None
+        self.track_draft_kv = False  # nodes keep draft_kv_len (set by a STANDALONE draft model)
         self.reset()
 
     def enable_kgram_index(self, k: int) -> KGramIndex:
@@ -129,7 +130,9 @@ class RadixCache:
             last_access_time=child.last_access_time,
             hit_count=child.hit_count,
             creation_time=child.creation_time,
+            draft_kv_len=min(child.draft_kv_len, n),
         )
+        child.draft_kv_len = max(child.draft_kv_len - n, 0)
         child.key = child.key[n:]
         child.value = child.value[n:]
         child.parent = new
@@ -146,9 +149,11 @@ class RadixCache:
         caller frees its duplicates value[already_owned_by_caller:returned]."""
         return self._insert(key, value)[0]
 
-    def _insert(self, key: RadixKey, value: torch.Tensor, owned: bool = False) -> tuple[int, TreeNode]:
+    def _insert(self, key: RadixKey, value: torch.Tensor, owned: bool = False,
+                draft_kv_len: int = 0) -> tuple[int, TreeNode]:
         """insert(), also returning the node where the inserted key ends. owned: value is the caller's private copy,
-        never written again, so the tree may keep a view of it instead of cloning."""
+        never written again, so the tree may keep a view of it instead of cloning. draft_kv_len: the key's first
+        tokens whose draft KV `value`'s slots hold (a new leaf's draft_kv_len; nodes present keep theirs)."""
         if self.disable:
             return 0, self.root_node
         key = key.page_aligned(self.page_size)
@@ -171,7 +176,7 @@ class RadixCache:
             node = child
         if len(key) > 0:
             leaf = TreeNode(key=key, value=value if owned else value.clone(), parent=node, last_access_time=now,
-                            creation_time=now)
+                            creation_time=now, draft_kv_len=min(max(draft_kv_len - present, 0), len(key)))
             node.children[key.child_key(self.page_size)] = leaf
             self.evictable_size_ += len(key)
             node = leaf
@@ -328,14 +333,15 @@ class RadixCache:
     def _row_slots(self, row: int, n: int) -> torch.Tensor:
         return self.req_to_token_pool.req_to_token[row, :n].clone()
 
-    def cache_finished(self, lock: CacheLock, row: int, key: RadixKey, insert: bool = True) -> None:
+    def cache_finished(self, lock: CacheLock, row: int, key: RadixKey, insert: bool = True,
+                       draft_kv_len: int = 0) -> None:
         """Hands every slot of a finished (insert) or aborted/retracted (not insert) request to the tree or back to
-        the allocator, unpins its path and frees its req_to_token row."""
+        the allocator, unpins its path and frees its req_to_token row. draft_kv_len: as _insert's."""
         kv_indices = self._row_slots(row, len(key))
         free = self.token_to_kv_pool_allocator.free
         if insert and not self.disable:
             aligned = len(key) // self.page_size * self.page_size
-            present, _ = self._insert(key[:aligned], kv_indices[:aligned], owned=True)
+            present, _ = self._insert(key[:aligned], kv_indices[:aligned], owned=True, draft_kv_len=draft_kv_len)
             assert present >= lock.protected_len, "the request's locked prefix left the tree"
             # [0, protected_len) already are the tree's slots; the rest up to `present` are duplicates.
             free(kv_indices[lock.protected_len : present])
@@ -345,14 +351,15 @@ class RadixCache:
         self.dec_lock_ref(lock.node)
         self.req_to_token_pool.free(row)
 
-    def cache_unfinished(self, lock: CacheLock, row: int, key: RadixKey) -> CacheLock:
+    def cache_unfinished(self, lock: CacheLock, row: int, key: RadixKey, draft_kv_len: int = 0) -> CacheLock:
         """After a prefill chunk: makes the aligned part of `key` shareable, points the request's row at the tree's
-        slots and moves its lock to the deeper node."""
+        slots and moves its lock to the deeper node. draft_kv_len: as _insert's."""
         if self.disable:
             return lock
         kv_indices = self._row_slots(row, len(key))
         aligned = len(key) // self.page_size * self.page_size
-        present, new_last_node = self._insert(key[:aligned], kv_indices[:aligned], owned=True)
+        present, new_last_node = self._insert(key[:aligned], kv_indices[:aligned], owned=True,
+                                              draft_kv_len=draft_kv_len)
         assert present >= lock.protected_len, "the request's locked prefix left the tree"
         start = lock.protected_len
         if present > start:

@@ -55,9 +55,41 @@ class TreeNode:
     creation_time: int = 0
     id: int = field(default_factory=lambda: next(_node_ids))
     deleted: bool = False  # evicted (stale references, e.g. in the eviction queue, must not use it)
+    # NOTE invariant (STANDALONE, RadixCache.track_draft_kv): the draft model's pool holds the draft KV of this
+    # node's first draft_kv_len tokens at their slots; the rest were written while its passes were skipped.
+    draft_kv_len: int = 0
 
     def is_leaf(self) -> bool:
         return not self.children
+
+
+def path_to(node: TreeNode) -> list[TreeNode]:
+    """The nodes from below the root down to `node`."""
+    path = []
+    while node.parent is not None:
+        path.append(node)
+        node = node.parent
+    return path[::-1]
+
+
+def draft_kv_prefix(node: TreeNode) -> int:
+    """Tokens of the path to `node` from its start whose draft KV is valid (up to its first node lacking some)."""
+    n = 0
+    for step in path_to(node):
+        n += step.draft_kv_len
+        if step.draft_kv_len < len(step.key):
+            break
+    return n
+
+
+def mark_draft_kv(node: TreeNode, n: int) -> None:
+    """The draft KV of the path's first n tokens was written (a request caught up over the tree's slots)."""
+    start = 0
+    for step in path_to(node):
+        if start >= n:
+            break
+        step.draft_kv_len = max(step.draft_kv_len, min(n - start, len(step.key)))
+        start += len(step.key)
 
 
 @dataclass

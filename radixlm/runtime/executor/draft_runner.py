@@ -3,16 +3,21 @@ KV pool over the target's slot indices (SGLang's layout): the target's request t
 pools, so a slot the target writes, caches, shares through the radix tree or frees is the same slot of the draft
 pool.
 
-NOTE invariant: the draft pool holds, at every slot, the draft model's KV of the token the target pool holds there.
-write_kv runs every target pass's rows through the draft model (prefill, chunks, decode, verification rows), so a
-radix-cache hit finds the prefix's draft KV too, and freeing a slot (rejected draft tokens, retraction, abort,
-eviction) frees it in both pools at once. The draft model's own guesses go to scratch slots past the shared range,
-which the allocator never hands out: the verification pass that follows writes their positions' real slots.
+NOTE invariant: at every slot of a request's positions [0, kv.draft_kv_len), and of a radix-tree node's first
+draft_kv_len tokens, the draft pool holds the draft model's KV of the token the target pool holds there. write_kv
+runs a target pass's rows through the draft model (prefill, chunks, decode, verification rows) while a request of
+the pass may draft soon; while none may (the batch rule turned drafts off) the draft model skips them, and
+extend_kv catches a request up over the positions it missed before it drafts (scheduler/drafts/model.py). Freeing a
+slot (rejected draft tokens, retraction, abort, eviction) frees it in both pools at once. The draft model's own
+guesses go to scratch slots past the shared range, which the allocator never hands out: the verification pass that
+follows writes their positions' real slots.
 (An EAGLE head, eagle_runner.py, shares the pool and scratch layout but writes its KV after each pass.)
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -28,6 +33,39 @@ from radixlm.runtime.model_loader.loader import load_model
 from radixlm.runtime.sampling.draft_sampling import DRAFT_SEED_SALT, DraftSampling
 
 logger = logging.getLogger(__name__)
+
+# Rows of one catch-up pass (extend_kv): a long catch-up runs as several, as a long prompt runs as chunks.
+CATCH_UP_MAX_TOKENS = 8192
+
+
+@dataclass
+class KVSpan:
+    """A request row's positions [start, start + len(tokens)) whose draft KV is missing, and their tokens."""
+
+    row: int
+    start: int
+    tokens: list[int]
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+def split_spans(spans: list[KVSpan], limit: int) -> Iterator[list[KVSpan]]:
+    """The spans in passes of at most `limit` rows (a span cut across passes continues in the next one)."""
+    part: list[KVSpan] = []
+    rows = 0
+    for span in spans:
+        at = 0
+        while at < len(span.tokens):
+            k = min(len(span.tokens) - at, limit - rows)
+            part.append(KVSpan(span.row, span.start + at, span.tokens[at : at + k]))
+            at, rows = at + k, rows + k
+            if rows == limit:
+                yield part
+                part, rows = [], 0
+    if part:
+        yield part
 
 
 class DraftModelRunner(ModelRunner):
@@ -122,6 +160,18 @@ class DraftModelRunner(ModelRunner):
             return
         self.attn_backend.init_forward_metadata(fb)
         self.model(fb.input_ids, fb.positions, fb)
+
+    def extend_kv(self, spans: list[KVSpan]) -> None:
+        """The draft model's KV of each span's positions, at the slots the request table holds for them, over the
+        draft KV below its start (valid: the catch-up starts where it stops being so)."""
+        pool = self.req_to_token_pool
+        for part in split_spans(spans, CATCH_UP_MAX_TOKENS):
+            at = [(s.row, s.start, s.end) for s in part]
+            self.write_kv(ModelWorkerBatch(
+                input_ids=[t for s in part for t in s.tokens],
+                positions=[p for s in part for p in range(s.start, s.end)], req_pool_indices=[s.row for s in part], prefix_lens=[s.start for s in part],
+                extend_lens=[len(s.tokens) for s in part], seq_lens=[s.end for s in part],
+                out_cache_loc=pool.req_to_token.view(-1)[pool.flat_index(at)], logits=LogitsPlan()))
 
     @torch.inference_mode()
     def propose(self, rows: list[int], last_tokens: list[int], positions: list[int], steps: list[int],

@@ -11,7 +11,9 @@ device) and checked when the draft is verified.
 KV is written (or being written by a launched pass) for positions [0, committed). Every pass computes positions
 [committed, end) of each of its requests -- or a prefix of them, a chunk -- and, when it reaches `end`, yields
 logits at its last 1 + len(draft) rows: the token after the last known one, then the token after each draft token.
-Prefill, chunked prefill, decode, a decode carrying jump-forward tokens and draft verification are this one rule."""
+Prefill, chunked prefill, decode, a decode carrying jump-forward tokens and draft verification are this one rule.
+A draft model (STANDALONE) holds its own KV of positions [0, draft_kv_len) <= committed: it lags while the draft
+model's passes are skipped, and catches up before the request drafts (drafts/model.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,6 +53,7 @@ class KVCursor:
     in_flight: int = 0  # set by the planner at launch (+1 per sampled row), lowered when the pass is processed
     draft: Draft | None = None  # set by a draft source; taken by verification
     verifying: bool = False  # the draft is in a launched pass (its verdict decides `committed`)
+    draft_kv_len: int = 0  # set by the draft model's source and the planner; lowered with `committed`
 
     def end(self, known: int) -> int:
         """End (exclusive) of the positions the next pass may compute."""
@@ -76,10 +79,11 @@ class KVCursor:
         it, nor the rejected tokens of a draft. (A draft being verified keeps its rows until its verdict.)"""
         launched_draft = len(self.draft.tokens) if self.verifying else 0
         self.committed = min(self.committed, known + self.in_flight - (1 if appended else 0) + launched_draft)
+        self.draft_kv_len = min(self.draft_kv_len, self.committed)
 
     def reset(self) -> None:
         """Its KV went back to the tree or the allocator (retraction, failure)."""
-        self.committed, self.in_flight, self.draft, self.verifying = 0, 0, None, False
+        self.committed, self.in_flight, self.draft, self.verifying, self.draft_kv_len = 0, 0, None, False, 0
 
 
 def guesses(source) -> bool:

@@ -13,6 +13,7 @@ import torch
 
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from radixlm.runtime.cache.radix_cache import RadixCache
+from radixlm.runtime.cache.radix_node import draft_kv_prefix
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan
 from radixlm.runtime.scheduler.req import Req
@@ -227,6 +228,8 @@ class Planner:
                 req.req_pool_idx = idx
                 if req.prefix_len:
                     cached.append(req)
+                    if self.tree_cache.track_draft_kv:
+                        req.kv.draft_kv_len = draft_kv_prefix(req.cache_lock.node)
         if cached:
             self._write_table([(r.req_pool_idx, 0, r.prefix_len) for r in cached],
                               torch.cat([r.prefix_indices for r in cached]))
@@ -275,11 +278,20 @@ class Planner:
                 row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
                 self.allocator.free(row[first : req.kv.committed].clone())
             req.kv.committed = known
-        self.tree_cache.cache_finished(req.cache_lock, req.req_pool_idx, req.committed_key(), insert=insert)
+        self.tree_cache.cache_finished(req.cache_lock, req.req_pool_idx, req.committed_key(), insert=insert,
+                                       draft_kv_len=min(req.kv.draft_kv_len, req.kv.committed))
 
     def cache_chunk(self, req: Req) -> None:
         """After a prompt's chunk: its tokens so far become shareable."""
-        req.cache_lock = self.tree_cache.cache_unfinished(req.cache_lock, req.req_pool_idx, req.committed_key())
+        tree = self.tree_cache
+        req.cache_lock = lock = tree.cache_unfinished(req.cache_lock, req.req_pool_idx, req.committed_key(),
+                                                      draft_kv_len=req.kv.draft_kv_len)
+        if tree.track_draft_kv:
+            # The row may now point at the tree's slots of a prefix another request cached meanwhile: their
+            # draft KV is the tree's.
+            valid = draft_kv_prefix(lock.node)
+            if valid < lock.protected_len:
+                req.kv.draft_kv_len = min(req.kv.draft_kv_len, valid)
 
 
 def launched(batch: ScheduleBatch) -> None:

@@ -125,7 +125,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         if algo is SpeculativeAlgorithm.NGRAM_RADIX:
             return [radix(kgram=False), ngram(), radix(path=False)]
         if algo is SpeculativeAlgorithm.STANDALONE:
-            return [DraftModelSource(DraftModelRunner(args, self.runner, draft_steps(args)), stats)]
+            return [DraftModelSource(DraftModelRunner(args, self.runner, draft_steps(args)), stats, self.tree_cache)]
         if algo is not None and algo.is_eagle:
             return [EagleSource(EagleRunner(args, self.runner, draft_steps(args)), stats)]
         return []
@@ -275,7 +275,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
     def launch_batch(self, batch: ScheduleBatch) -> BatchResult:
         """Enqueue the forward pass and sampling; nothing here waits for the device."""
         out: LogitsOutput = self.runner.forward(batch.worker)
-        self.drafts.on_launch(batch.worker)
+        self.drafts.on_launch(batch)
         result = BatchResult(batch, out)
         self._count_layout(batch, out)
         samplers = batch.samplers

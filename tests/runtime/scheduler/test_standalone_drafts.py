@@ -7,12 +7,15 @@ accounting holds after every step (enable_integrity_check), and every slot the r
 model's own KV for its token in the draft pool (recomputed from scratch)."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from transformers import LlamaConfig
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixlm.runtime.cache.radix_node import path_to
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.draft_runner import DraftModelRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch
@@ -95,35 +98,56 @@ def _draft_runner(sched: Scheduler) -> DraftModelRunner:
     return next(s.runner for s in sched.drafts.sources if isinstance(s, DraftModelSource))
 
 
-def assert_draft_kv_matches_the_tree(sched: Scheduler) -> None:
-    """The draft pool's invariant: every slot the radix tree holds has the draft model's KV of its token after its
-    path's tokens -- recomputed here, one prefill per leaf into a pool of its own."""
-    runner, tree = _draft_runner(sched), sched.tree_cache
-    pool, ps = runner.token_to_kv_pool, sched.page_size
-    checked = 0
+def _recomputed(runner: DraftModelRunner, tokens: list[int], ps: int) -> TokenToKVPool:
+    """The draft model's KV of `tokens` at positions 0.., from scratch: one prefill into a pool of its own (slots
+    ps..ps + len(tokens))."""
+    pool, n = runner.token_to_kv_pool, len(tokens)
+    fresh = TokenToKVPool(n + ps, ps, pool.dtype, pool.num_layers, pool.num_kv_heads, pool.head_dim)
+    table = ReqToTokenPool(1, n + 4)
+    table.req_to_token[0, :n] = torch.arange(ps, ps + n)
+    wb = ModelWorkerBatch(input_ids=tokens, positions=list(range(n)), req_pool_indices=[0], prefix_lens=[0],
+                          extend_lens=[n], seq_lens=[n], out_cache_loc=torch.arange(ps, ps + n), logits=LogitsPlan())
+    fb = ForwardBatch.build(wb, ForwardMode.REQUEST_SPANS, table, fresh, runner.attn_backend, "cpu")
+    with torch.inference_mode():
+        runner.attn_backend.init_forward_metadata(fb)
+        runner.model(fb.input_ids, fb.positions, fb)
+    return fresh
+
+
+def _assert_slots(runner: DraftModelRunner, tokens: list[int], slots: torch.Tensor, positions: list[int],
+                  ps: int) -> None:
+    """The draft pool at slots[i] holds the draft model's KV of tokens[positions[i]] after tokens[:positions[i]]."""
+    pool, fresh = runner.token_to_kv_pool, _recomputed(runner, tokens, ps)
+    at = torch.tensor(positions, dtype=torch.int64)
+    for layer in range(pool.num_layers):
+        for got, want in zip(pool.get_kv_buffer(layer), fresh.get_kv_buffer(layer)):
+            torch.testing.assert_close(got[slots[at]], want[ps + at], atol=1e-4, rtol=1e-4)
+
+
+def assert_draft_kv_matches_the_tree(sched: Scheduler) -> tuple[int, int]:
+    """The draft pool's invariant: every slot the radix tree says has draft KV (a node's first draft_kv_len tokens)
+    holds the draft model's KV of its token after its path's tokens -- recomputed here, one prefill per leaf; and
+    so does every running request's row below its kv.draft_kv_len. Returns the tree's tokens with draft KV and all
+    its tokens."""
+    runner, tree, ps = _draft_runner(sched), sched.tree_cache, sched.page_size
+    checked = total = 0
     for leaf in (n for n in tree._nodes() if n.is_leaf() and n is not tree.root_node):
-        path, node = [], leaf
-        while node is not tree.root_node:
-            path.append(node)
-            node = node.parent
-        tokens = [t for n in reversed(path) for t in n.key.token_ids]
-        slots = torch.cat([n.value for n in reversed(path)])
-        n = len(tokens)
-        fresh = TokenToKVPool(n + ps, ps, pool.dtype, pool.num_layers, pool.num_kv_heads, pool.head_dim)
-        table = ReqToTokenPool(1, n + 4)
-        table.req_to_token[0, :n] = torch.arange(ps, ps + n)
-        wb = ModelWorkerBatch(input_ids=tokens, positions=list(range(n)), req_pool_indices=[0], prefix_lens=[0],
-                              extend_lens=[n], seq_lens=[n], out_cache_loc=torch.arange(ps, ps + n),
-                              logits=LogitsPlan())
-        fb = ForwardBatch.build(wb, ForwardMode.REQUEST_SPANS, table, fresh, runner.attn_backend, "cpu")
-        with torch.inference_mode():
-            runner.attn_backend.init_forward_metadata(fb)
-            runner.model(fb.input_ids, fb.positions, fb)
-        for layer in range(pool.num_layers):
-            for got, want in zip(pool.get_kv_buffer(layer), fresh.get_kv_buffer(layer)):
-                torch.testing.assert_close(got[slots], want[ps : ps + n], atol=1e-4, rtol=1e-4)
-        checked += n
-    assert checked > 0
+        path = path_to(leaf)
+        tokens = [t for n in path for t in n.key.token_ids]
+        slots = torch.cat([n.value for n in path])
+        starts = [0, *itertools.accumulate(len(n.key) for n in path)]
+        positions = [p for n, a in zip(path, starts) for p in range(a, a + n.draft_kv_len)]
+        if positions:
+            _assert_slots(runner, tokens, slots, positions, ps)
+    for node in tree._nodes():
+        checked, total = checked + node.draft_kv_len, total + len(node.key)
+    for req in sched.running:
+        n = req.kv.draft_kv_len
+        if n and req.req_pool_idx is not None:
+            tokens = (req.origin_input_ids + req.output_ids)[:n]
+            _assert_slots(runner, tokens, sched.req_to_token_pool.req_to_token[req.req_pool_idx, :n].clone(),
+                          list(range(n)), ps)
+    return checked, total
 
 
 def _kept(sched: Scheduler) -> tuple[int, int]:
@@ -137,9 +161,12 @@ def test_outputs_unchanged_with_a_draft_model(models, kwargs, every):
     for draft in ("same", "other"):
         sched = make(models, draft, **kwargs)
         assert _serve_waves(sched, every) == expected, draft
-        assert_draft_kv_matches_the_tree(sched)
+        checked, total = assert_draft_kv_matches_the_tree(sched)
         kept, drafted = _kept(sched)
-        assert sched.grammar_stats["model_drafts"] > 0
+        stats = sched.grammar_stats
+        assert stats["model_drafts"] > 0
+        if "speculative_max_batch_rows" not in kwargs:  # no batch rule: the draft model runs every pass
+            assert checked == total > 0 and stats["draft_model_skipped_passes"] == 0, (checked, total)
         if draft == "same":
             # The target's own greedy chain: every draft token is kept (float32; rows computed in other layouts may
             # differ in the last bits, hence not strictly all).

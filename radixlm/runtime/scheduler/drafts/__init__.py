@@ -34,15 +34,17 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 from dataclasses import replace
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 
-from radixlm.runtime.executor.forward_batch import ModelWorkerBatch
 from radixlm.runtime.sampling.verification import VerifyResult
 from radixlm.runtime.scheduler.cursor import guesses
 from radixlm.runtime.scheduler.drafts.adaptive import DraftLength
 from radixlm.runtime.scheduler.req import GRAMMAR_VIOLATION, FinishReason, GrammarAdvance, Req
+
+if TYPE_CHECKING:
+    from radixlm.runtime.scheduler.planner import ScheduleBatch
 
 
 class Proposer(Protocol):
@@ -174,10 +176,15 @@ class DraftPath:
                 if req.kv.draft is not None:
                     self._cut(req, limit)
 
-    def on_launch(self, wb: ModelWorkerBatch) -> None:
-        """A pass was launched (before its sampler ran): sources that keep per-pass state see its rows."""
+    def on_launch(self, batch: "ScheduleBatch") -> None:
+        """A pass was launched (before its sampler ran): sources that keep per-pass state see it, and whether a
+        request of it may draft soon: it verifies drafts, or the batch rule lets the next pass's batch (the
+        running requests and those it admits) draft."""
+        if not self.watchers:
+            return
+        drafting = bool(batch.verifiers) or self.drafting(self.batch_size() + len(batch.new_reqs))
         for source in self.watchers:
-            source.on_launch(wb)
+            source.on_launch(batch, drafting)
 
     def _limit(self, req: Req, source: Proposer, cap: int | None) -> int | None:
         """Draft tokens `source` may propose for `req`: the batch rule's cap and the request's adaptive length."""

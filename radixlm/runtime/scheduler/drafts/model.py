@@ -4,9 +4,15 @@ request's sampling parameters, that distribution kept for verification's rejecti
 token, for every drafting request of a
 processed pass at once (DraftPath collects them: `deferred`, then propose_batch).
 
-Its KV lives in its own pool over the target's slots (executor/draft_runner.py has the invariant): every target pass
-is also a draft pass over the same rows (write_kv, via DraftPath.on_launch), so after a pass the draft model has the
-KV of every position but the request's newest token, exactly as the target does; a draft starts from that token.
+Its KV lives in its own pool over the target's slots (executor/draft_runner.py has the invariant). A target pass is
+also a draft pass over the same rows (write_kv, via DraftPath.on_launch) when a request of it may draft soon, so
+the draft model keeps the KV of every position but the request's newest token, as the target does; a draft starts
+from that token. While the batch rule keeps every request from drafting, the draft model runs no pass at all (large
+batches pay nothing for it): each request's kv.draft_kv_len stays where its draft KV stops, and before it drafts
+again, one extend pass over the positions it lacks catches it up (_catch_up; as SGLang's draft extend after a
+prefill, over every missed position). A radix-tree node knows how much of it has draft KV (TreeNode.draft_kv_len,
+from the inserting request's cursor): a cache hit on a prefix written while the draft model was skipped starts
+its cursor there (Planner), so the catch-up covers the cached positions too, and marks the tree's nodes it wrote.
 Draft lengths follow each request's acceptance history (adaptive_length, drafts/adaptive.py) within
 --speculative-num-steps, and shrink with the batch (batch_adaptive, DraftPath.draft_cap). An EAGLE head
 (EagleSource) drafts the same way; only its KV is written differently (after each pass, executor/eagle_runner.py)."""
@@ -17,12 +23,14 @@ from collections import Counter
 
 import torch
 
-from radixlm.runtime.executor.draft_runner import DraftModelRunner
+from radixlm.runtime.cache.radix_cache import RadixCache
+from radixlm.runtime.cache.radix_node import mark_draft_kv
+from radixlm.runtime.executor.draft_runner import DraftModelRunner, KVSpan
 from radixlm.runtime.executor.eagle_runner import PairSpan
-from radixlm.runtime.executor.forward_batch import ModelWorkerBatch
 from radixlm.runtime.sampling.draft_sampling import DraftSampling
 from radixlm.runtime.scheduler.cursor import Draft
 from radixlm.runtime.scheduler.drafts.backoff import Backoff
+from radixlm.runtime.scheduler.planner import ScheduleBatch
 from radixlm.runtime.scheduler.req import Req
 
 
@@ -33,18 +41,34 @@ class DraftModelSource:
     # With a pass of the request in flight, its chain starts at the newest known token, whose KV that pass writes
     # (in both pools): the first token guesses the one in flight (DraftPath's note).
     guesses = True
+    lazy_kv = True  # skips the target's passes while none of their requests may draft, and catches up later
 
-    def __init__(self, runner: DraftModelRunner, stats: Counter):
+    def __init__(self, runner: DraftModelRunner, stats: Counter, tree: RadixCache | None = None):
         self.runner = runner
         self.max_len = runner.max_steps
         self.stats = stats
+        self.tree = tree if self.lazy_kv else None
+        if self.tree is not None:
+            self.tree.track_draft_kv = True
         self._backoffs: weakref.WeakKeyDictionary[Req, Backoff] = weakref.WeakKeyDictionary()
 
     def applies_to(self, req: Req) -> bool:
         return True  # a grammar's request drafts too where jump-forward forces nothing (cut where it refuses)
 
-    def on_launch(self, wb: ModelWorkerBatch) -> None:
+    def on_launch(self, batch: ScheduleBatch, drafting: bool) -> None:
+        """The draft model runs the pass's rows when a request of it may draft soon (`drafting`: DraftPath's rule)
+        and some request's draft KV reaches the pass's rows (a request behind them gains nothing from its rows:
+        they would read KV that is not there; it catches up before it drafts)."""
+        wb = batch.worker
+        reached = [req for req, start in zip(batch.reqs, wb.prefix_lens) if req.kv.draft_kv_len >= start]
+        if not (drafting and reached):
+            self.stats["draft_model_skipped_passes"] += 1
+            return
         self.runner.write_kv(wb)
+        self.stats["draft_model_kv_passes"] += 1
+        for req, start, end in zip(batch.reqs, wb.prefix_lens, wb.seq_lens):
+            if req.kv.draft_kv_len >= start:
+                req.kv.draft_kv_len = end
 
     def _has_kv(self, req: Req) -> bool:
         """Both models hold the KV of every position but the newest token's and no pass of it is in flight; or, for
@@ -79,11 +103,34 @@ class DraftModelSource:
                 steps.append(k + flying)
         if not todo:
             return
+        self._catch_up(todo)
         chains, probs = self._chains(todo, steps)
         for req, tokens, q in zip(todo, chains, probs):
             req.kv.draft = Draft(tokens, self, q=q)
+            if req.kv.in_flight:  # the chain's first step wrote the newest token's draft KV at its slot
+                req.kv.draft_kv_len = max(req.kv.draft_kv_len, req.seqlen)
         self.stats["model_drafts"] += len(todo)
         self.stats["draft_model_passes"] += max(steps)
+
+    def _catch_up(self, reqs: list[Req]) -> None:
+        """Each request's missing draft KV below its newest token (positions [kv.draft_kv_len, seqlen - 1), whose
+        tokens are on the host and whose slots the target wrote), in one extend pass; the tree's nodes on its
+        locked path learn that their slots have it now."""
+        if not self.lazy_kv:
+            return
+        behind = [req for req in reqs if req.kv.draft_kv_len < req.seqlen - 1]
+        if not behind:
+            return
+        spans = [KVSpan(req.req_pool_idx, req.kv.draft_kv_len, _tokens(req, req.kv.draft_kv_len, req.seqlen - 1))
+                 for req in behind]
+        self.runner.extend_kv(spans)
+        self.stats["draft_model_catch_ups"] += len(spans)
+        self.stats["draft_model_catch_up_tokens"] += sum(len(s.tokens) for s in spans)
+        for req in behind:
+            req.kv.draft_kv_len = req.seqlen - 1
+            lock = req.cache_lock
+            if self.tree is not None and lock is not None and lock.protected_len:
+                mark_draft_kv(lock.node, min(req.kv.draft_kv_len, lock.protected_len))
 
     def _chains(self, todo: list[Req], steps: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Each request's chain from its newest known token, and for a sampled request the distribution q each of
@@ -110,6 +157,32 @@ class EagleSource(DraftModelSource):
     processed, for every request of the pass (on_processed), before the drafts of those that draft."""
 
     guesses = False  # its KV of a pass is written once the pass is processed: never with one in flight
+    # Its KV of a position is a pair with the target's hidden state there, which only that target pass has: a
+    # skipped pass could not be caught up later, so the head writes every pass's.
+    lazy_kv = False
+
+    def on_launch(self, batch: ScheduleBatch, drafting: bool) -> None:
+        self.runner.write_kv(batch.worker)
+
+    def _catch_up(self, reqs: list[Req]) -> None:
+        """Each request's missing draft KV below its newest token (positions [kv.draft_kv_len, seqlen - 1), whose
+        tokens are on the host and whose slots the target wrote), in one extend pass; the tree's nodes on its
+        locked path learn that their slots have it now."""
+        if not self.lazy_kv:
+            return
+        behind = [req for req in reqs if req.kv.draft_kv_len < req.seqlen - 1]
+        if not behind:
+            return
+        spans = [KVSpan(req.req_pool_idx, req.kv.draft_kv_len, _tokens(req, req.kv.draft_kv_len, req.seqlen - 1))
+                 for req in behind]
+        self.runner.extend_kv(spans)
+        self.stats["draft_model_catch_ups"] += len(spans)
+        self.stats["draft_model_catch_up_tokens"] += sum(len(s.tokens) for s in spans)
+        for req in behind:
+            req.kv.draft_kv_len = req.seqlen - 1
+            lock = req.cache_lock
+            if self.tree is not None and lock is not None and lock.protected_len:
+                mark_draft_kv(lock.node, min(req.kv.draft_kv_len, lock.protected_len))
 
     def _chains(self, todo: list[Req], steps: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Greedy chains (a sampled request's draft is a point mass, verified by speculative sampling's rule)."""
