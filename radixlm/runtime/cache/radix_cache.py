@@ -284,6 +284,7 @@ class RadixCache:
                 continue
             assert len(node.key) > 0 and len(node.key) % self.page_size == 0, "node key not page aligned"
             assert node.value is not None and len(node.value) == len(node.key), "value/key length mismatch"
+            assert 0 <= node.draft_kv_len <= len(node.key), "draft KV marked past the node's tokens"
             assert node.lock_ref >= child_locks, "lock_ref smaller than the locks below it"
             if node.lock_ref == 0:
                 evictable += len(node.key)
