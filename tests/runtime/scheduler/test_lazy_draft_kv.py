@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from radixlm.runtime.cache.radix_node import RadixKey, draft_kv_prefix
-from radixlm.runtime.executor.draft_runner import DraftModelRunner
+from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
+from radixlm.runtime.executor.draft_runner import DraftModelRunner, KVSpan
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
 from .conftest import request
@@ -159,6 +160,40 @@ def test_cache_hits_on_prefixes_written_while_skipped_catch_up(models):  # noqa:
     _run(sched, rec.step)
     assert seen and seen[0] > 0
     assert _stale_hits(sched) < seen[0]
+
+
+def test_graph_rows(models):  # noqa: F811 - the fixture
+    """As on CUDA, passes of one row per token replay (padded) graphs -- here their eager stand-ins -- short
+    catch-ups among them."""
+    def with_graphs(sched: Scheduler) -> Scheduler:
+        runners = [sched.runner] + ([_draft_runner(sched)] if sched.args.speculative_algorithm else [])
+        for runner in runners:
+            runner.graph_runner = CudaGraphRunner(runner, 32, use_graphs=False)
+        return sched
+
+    off = with_graphs(make(models, None, **RULE))
+    expected = _run(off, off.step)
+    sched = with_graphs(make(models, "same", **RULE))
+    draft = _draft_runner(sched)
+    replays, replay = [], draft.graph_runner.replay
+    extend_kv = draft.extend_kv
+    catching_up = []
+
+    def counted(fb):
+        replays.append(bool(catching_up))
+        return replay(fb)
+
+    def marked(spans: list[KVSpan]):
+        catching_up.append(True)
+        extend_kv(spans)
+        catching_up.pop()
+
+    draft.graph_runner.replay, draft.extend_kv = counted, marked
+    assert _run(sched, Recorder(sched).step) == expected
+    assert any(replays) and sched.grammar_stats["draft_model_catch_ups"] > 0
+    assert_draft_kv_matches_the_tree(sched)
+    kept, drafted = sched.grammar_stats["accepted_draft_tokens"], sched.grammar_stats["draft_tokens"]
+    assert kept >= 0.9 * drafted > 0, (kept, drafted)
 
 
 def test_abort_while_skipped(models):  # noqa: F811 - the fixture
