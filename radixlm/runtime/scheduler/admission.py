@@ -7,6 +7,7 @@ import logging
 import time
 
 from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.scheduler.policy import PrefillHead, uncached_head
 from radixlm.runtime.scheduler.prefill_adder import AddReqResult, PrefillAdder
 from radixlm.runtime.scheduler.req import FinishReason, Req
 from radixlm.runtime.scheduler.retract import retract_decode
@@ -16,6 +17,9 @@ logger = logging.getLogger(__name__)
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
+# Waiting requests passed over in one round because a prompt being computed covers their next tokens; past this many
+# the round admits no more (bounds the scan of a long queue of siblings).
+MAX_PASSED_OVER = 128
 
 
 class AdmissionMixin:
@@ -56,13 +60,24 @@ class AdmissionMixin:
                 self.planner.release(req, insert=False)
                 self._emit(req)
             return []  # decode goes on (and retracts if it must) until the next chunk fits
+        pending, passed = self._pending_heads(), 0
         for req in self.waiting_queue:
             if req in self.policy.deprioritized:
                 break  # sorted last; admitted next round, when the prefix they share is cached
             if req.match_round != self.round_id:
                 req.init_next_round_input(self.tree_cache, self.round_id)
+            head = uncached_head(req, req.prefix_len)
+            if head is not None and head in pending:
+                # A request admitted this round, or in the prefill pass in flight, computes these tokens; the tree
+                # holds them once that pass is processed, and this one waits (in place) to match them.
+                passed += 1
+                if passed > MAX_PASSED_OVER:
+                    break
+                continue
             if adder.add_one_req(req) != AddReqResult.CONTINUE:
                 break
+            if head is not None:
+                pending.add(head)
         admitted = adder.can_run_list
         if not admitted:
             return []
@@ -79,6 +94,15 @@ class AdmissionMixin:
         self.chunked_req = adder.new_chunked_req
         self.drafts.propose_admitted(admitted, self.allocator.available_size() + self.tree_cache.evictable_size())
         return admitted
+
+    def _pending_heads(self) -> set[PrefillHead]:
+        """Heads of the prompt tokens being computed that the tree does not hold yet: the chunked request's next
+        chunk, and the new requests of a prefill pass in flight (the tree takes their prompts when it is processed)."""
+        reqs = self.inflight.batch.new_reqs if self.inflight is not None else []
+        heads = [uncached_head(r, r.prefix_len) for r in reqs]
+        if self.chunked_req is not None:
+            heads.append(uncached_head(self.chunked_req, self.chunked_req.kv.committed))
+        return {h for h in heads if h is not None}
 
     def _mixed_in(self, admitted: list[Req]) -> list[Req]:
         """The running requests whose decode rows ride along with a prefill: all of them, when the prefill is whole

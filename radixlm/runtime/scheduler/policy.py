@@ -18,6 +18,19 @@ LPM_FALLBACK_QUEUE_LEN = 128
 IN_BATCH_CHECK_THRESHOLD = 32
 IN_BATCH_DEPRIORITIZE_THRESHOLD = 32
 
+# Where a request's uncached tokens start, under its extra key, and the first DEPRIORITIZE of them: two requests with
+# the same head would compute the same KV for those tokens.
+PrefillHead = tuple[str | None, int, tuple[int, ...]]
+
+
+def uncached_head(req: Req, start: int) -> PrefillHead | None:
+    """The head of req's tokens from `start` (the end of its cached prefix); None when fewer than DEPRIORITIZE of
+    them can be matched."""
+    n = IN_BATCH_DEPRIORITIZE_THRESHOLD
+    if req.max_prefix_len() - start < n:
+        return None
+    return req.extra_key, start, tuple(req.fill_ids[start : start + n])
+
 
 class SchedulePolicy:
     def __init__(self, policy: SchedulePolicyName, tree_cache: RadixCache, disabled_cache: bool, seed: int = 0):

@@ -8,6 +8,7 @@ from radixlm.runtime.scheduler.policy import IN_BATCH_DEPRIORITIZE_THRESHOLD, LP
 from radixlm.runtime.scheduler.req import Req
 
 from .conftest import make_scheduler, request, run_all
+from .fake_runner import record_plans
 
 
 def seq(rng: random.Random, n: int) -> list[int]:
@@ -128,3 +129,30 @@ def test_lpm_reaches_theorem_3_1_optimum_with_a_small_cache(tiny_model_dir):
     assert abs(_hit_rate(tiny_model_dir, "lpm", prompts, pool) - optimum) < 1e-9
     assert abs(_hit_rate(tiny_model_dir, "dfs-weight", prompts, pool) - optimum) < 1e-9
     assert _hit_rate(tiny_model_dir, "fcfs", prompts, pool) < optimum - 0.1
+
+
+def test_fcfs_admits_one_of_requests_sharing_an_uncached_prefix_per_round(tiny_model_dir):
+    rng = random.Random(6)
+    sched = make_scheduler(tiny_model_dir, schedule_policy="fcfs")
+    shared = seq(rng, 48)
+    queue = waiting_reqs(sched, {"s1": shared + seq(rng, 6), "s2": shared + seq(rng, 6), "other": seq(rng, 20)})
+    assert [r.rid for r in queue] == ["s1", "s2", "other"]
+    plans = record_plans(sched)
+    results = run_all(sched)
+    assert [[r.rid for r in b.new_reqs] for b in plans if b.new_reqs] == [["s1", "other"], ["s2"]]
+    assert results["s2"]["cached_tokens"] >= 48 and results["s1"]["cached_tokens"] == 0
+
+
+def test_a_prompt_in_the_prefill_pass_in_flight_holds_back_its_siblings(tiny_model_dir):
+    rng = random.Random(7)
+    sched = make_scheduler(tiny_model_dir, enable_overlap_schedule=True)
+    shared = seq(rng, 48)
+    sched.add_request(request("s1", shared + seq(rng, 6), max_new_tokens=8))
+    sched.step()
+    assert sched.inflight is not None and [r.rid for r in sched.inflight.batch.new_reqs] == ["s1"]
+    sched.add_request(request("s2", shared + seq(rng, 6)))
+    sched.add_request(request("other", seq(rng, 20)))
+    sched.step()  # launched before s1's prompt is in the tree
+    assert [r.rid for r in sched.waiting_queue] == ["s2"]
+    results = run_all(sched)
+    assert results["s2"]["cached_tokens"] >= 48
