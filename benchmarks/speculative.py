@@ -70,7 +70,8 @@ HISTORY_WORKLOADS = {
                                       user(QUESTION)]),
 }
 STAT_KEYS = ("ngram_drafts", "radix_drafts", "radix_path_drafts", "radix_kgram_drafts", "model_drafts", "draft_tokens",
-             "accepted_draft_tokens", "draft_tokens_cut", "guessed_drafts")
+             "accepted_draft_tokens", "draft_tokens_cut", "guessed_drafts", "draft_model_kv_passes",
+             "draft_model_skipped_passes", "draft_model_catch_up_tokens")
 
 
 def run(engine: Engine, prompts: list[str], max_new: int) -> tuple[float, list[list[int]], dict]:

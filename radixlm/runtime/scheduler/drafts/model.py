@@ -60,8 +60,7 @@ class DraftModelSource:
         and some request's draft KV reaches the pass's rows (a request behind them gains nothing from its rows:
         they would read KV that is not there; it catches up before it drafts)."""
         wb = batch.worker
-        reached = [req for req, start in zip(batch.reqs, wb.prefix_lens) if req.kv.draft_kv_len >= start]
-        if not (drafting and reached):
+        if not (drafting and any(req.kv.draft_kv_len >= start for req, start in zip(batch.reqs, wb.prefix_lens))):
             self.stats["draft_model_skipped_passes"] += 1
             return
         self.runner.write_kv(wb)
