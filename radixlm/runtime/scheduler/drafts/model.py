@@ -113,7 +113,7 @@ class DraftModelSource:
 
     def _catch_up(self, reqs: list[Req]) -> None:
         """Each request's missing draft KV below its newest token (positions [kv.draft_kv_len, seqlen - 1), whose
-        tokens are on the host and whose slots the target wrote), in one extend pass; the tree's nodes on its
+        tokens are on the host and whose slots the target wrote), in extend passes; the tree's nodes on its
         locked path learn that their slots have it now."""
         if not self.lazy_kv:
             return
@@ -162,26 +162,6 @@ class EagleSource(DraftModelSource):
 
     def on_launch(self, batch: ScheduleBatch, drafting: bool) -> None:
         self.runner.write_kv(batch.worker)
-
-    def _catch_up(self, reqs: list[Req]) -> None:
-        """Each request's missing draft KV below its newest token (positions [kv.draft_kv_len, seqlen - 1), whose
-        tokens are on the host and whose slots the target wrote), in one extend pass; the tree's nodes on its
-        locked path learn that their slots have it now."""
-        if not self.lazy_kv:
-            return
-        behind = [req for req in reqs if req.kv.draft_kv_len < req.seqlen - 1]
-        if not behind:
-            return
-        spans = [KVSpan(req.req_pool_idx, req.kv.draft_kv_len, _tokens(req, req.kv.draft_kv_len, req.seqlen - 1))
-                 for req in behind]
-        self.runner.extend_kv(spans)
-        self.stats["draft_model_catch_ups"] += len(spans)
-        self.stats["draft_model_catch_up_tokens"] += sum(len(s.tokens) for s in spans)
-        for req in behind:
-            req.kv.draft_kv_len = req.seqlen - 1
-            lock = req.cache_lock
-            if self.tree is not None and lock is not None and lock.protected_len:
-                mark_draft_kv(lock.node, min(req.kv.draft_kv_len, lock.protected_len))
 
     def _chains(self, todo: list[Req], steps: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Greedy chains (a sampled request's draft is a point mass, verified by speculative sampling's rule)."""
