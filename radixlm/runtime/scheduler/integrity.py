@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
 def check_kv_accounting(sched: "Scheduler") -> None:
     """NOTE invariant: free + evictable + protected + slots owned by live requests == pool size, and every live
-    request's own slots are allocated (not free)."""
+    request's own slots are allocated (not free); a draft model's KV of a request (kv.draft_kv_len) is within its
+    KV."""
     tree, alloc, pool = sched.tree_cache, sched.allocator, sched.req_to_token_pool
     tree.check_consistency()
     alloc.check_no_double_free()
@@ -24,6 +25,8 @@ def check_kv_accounting(sched: "Scheduler") -> None:
         if req.req_pool_idx is None:
             continue
         committed = req.kv.committed
+        if req.kv.draft_kv_len > committed:
+            raise AssertionError(f"request {req.rid}: draft KV past its KV ({req.kv.draft_kv_len} > {committed})")
         owned += (-(-committed // ps) - req.cache_lock.protected_len // ps) * ps
         in_use.append(pool.req_to_token[req.req_pool_idx, :committed])
     pages = torch.cat(in_use) // ps
