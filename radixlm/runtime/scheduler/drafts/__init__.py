@@ -177,12 +177,11 @@ class DraftPath:
                     self._cut(req, limit)
 
     def on_launch(self, batch: "ScheduleBatch") -> None:
-        """A pass was launched (before its sampler ran): sources that keep per-pass state see it, and whether a
-        request of it may draft soon: it verifies drafts, or the batch rule lets the next pass's batch (the
-        running requests and those it admits) draft."""
+        """A pass was launched (before its sampler ran): sources that keep per-pass state see it, and whether the
+        batch rule lets the next pass's batch (the running requests and those it admits) draft."""
         if not self.watchers:
             return
-        drafting = bool(batch.verifiers) or self.drafting(self.batch_size() + len(batch.new_reqs))
+        drafting = self.drafting(self.batch_size() + len(batch.new_reqs))
         for source in self.watchers:
             source.on_launch(batch, drafting)
 

@@ -8,11 +8,12 @@ Its KV lives in its own pool over the target's slots (executor/draft_runner.py h
 also a draft pass over the same rows (write_kv, via DraftPath.on_launch) when a request of it may draft soon, so
 the draft model keeps the KV of every position but the request's newest token, as the target does; a draft starts
 from that token. While the batch rule keeps every request from drafting, the draft model runs no pass at all (large
-batches pay nothing for it): each request's kv.draft_kv_len stays where its draft KV stops, and before it drafts
-again, one extend pass over the positions it lacks catches it up (_catch_up; as SGLang's draft extend after a
-prefill, over every missed position). A radix-tree node knows how much of it has draft KV (TreeNode.draft_kv_len,
-from the inserting request's cursor): a cache hit on a prefix written while the draft model was skipped starts
-its cursor there (Planner), so the catch-up covers the cached positions too, and marks the tree's nodes it wrote.
+batches pay nothing for it): each request's kv.draft_kv_len stays where its draft KV stops, and before the draft
+model runs its rows again, or before it drafts, an extend pass over the positions it lacks catches it up
+(_catch_up; as SGLang's draft extend after a prefill, over every missed position). A radix-tree node knows how
+much of it has draft KV (TreeNode.draft_kv_len, from the inserting request's cursor): a cache hit on a prefix
+written while the draft model was skipped starts its cursor there (Planner), so the catch-up covers the cached
+positions too, and marks the tree's nodes it wrote.
 Draft lengths follow each request's acceptance history (adaptive_length, drafts/adaptive.py) within
 --speculative-num-steps, and shrink with the batch (batch_adaptive, DraftPath.draft_cap). An EAGLE head
 (EagleSource) drafts the same way; only its KV is written differently (after each pass, executor/eagle_runner.py)."""
@@ -56,17 +57,17 @@ class DraftModelSource:
         return True  # a grammar's request drafts too where jump-forward forces nothing (cut where it refuses)
 
     def on_launch(self, batch: ScheduleBatch, drafting: bool) -> None:
-        """The draft model runs the pass's rows when a request of it may draft soon (`drafting`: DraftPath's rule)
-        and some request's draft KV reaches the pass's rows (a request behind them gains nothing from its rows:
-        they would read KV that is not there; it catches up before it drafts)."""
+        """The draft model runs the pass's rows when a request of it may draft soon (`drafting`: the batch rule) or
+        the pass verifies a draft of its own; requests whose draft KV stops short of their rows catch up first."""
         wb = batch.worker
-        if not (drafting and any(req.kv.draft_kv_len >= start for req, start in zip(batch.reqs, wb.prefix_lens))):
+        if not (drafting or any(r.kv.draft is not None and r.kv.draft.source is self for r in batch.verifiers)):
             self.stats["draft_model_skipped_passes"] += 1
             return
+        self._catch_up(batch.reqs, [min(start, req.seqlen) for req, start in zip(batch.reqs, wb.prefix_lens)])
         self.runner.write_kv(wb)
         self.stats["draft_model_kv_passes"] += 1
         for req, start, end in zip(batch.reqs, wb.prefix_lens, wb.seq_lens):
-            if req.kv.draft_kv_len >= start:
+            if req.kv.draft_kv_len >= start:  # rows start at most at seqlen (a token in flight), where it caught up
                 req.kv.draft_kv_len = end
 
     def _has_kv(self, req: Req) -> bool:
@@ -102,7 +103,7 @@ class DraftModelSource:
                 steps.append(k + flying)
         if not todo:
             return
-        self._catch_up(todo)
+        self._catch_up(todo, [req.seqlen - 1 for req in todo])
         chains, probs = self._chains(todo, steps)
         for req, tokens, q in zip(todo, chains, probs):
             req.kv.draft = Draft(tokens, self, q=q)
@@ -111,25 +112,25 @@ class DraftModelSource:
         self.stats["model_drafts"] += len(todo)
         self.stats["draft_model_passes"] += max(steps)
 
-    def _catch_up(self, reqs: list[Req]) -> None:
-        """Each request's missing draft KV below its newest token (positions [kv.draft_kv_len, seqlen - 1), whose
-        tokens are on the host and whose slots the target wrote), in extend passes; the tree's nodes on its
-        locked path learn that their slots have it now."""
+    def _catch_up(self, reqs: list[Req], ends: list[int]) -> None:
+        """Each request's missing draft KV below ends[i] (positions [kv.draft_kv_len, ends[i]): tokens on the host,
+        slots the target wrote or is writing), in extend passes; the tree's nodes on the request's locked path
+        learn that their slots have it now."""
         if not self.lazy_kv:
             return
-        behind = [req for req in reqs if req.kv.draft_kv_len < req.seqlen - 1]
+        behind = [(req, end) for req, end in zip(reqs, ends) if req.kv.draft_kv_len < end]
         if not behind:
             return
-        spans = [KVSpan(req.req_pool_idx, req.kv.draft_kv_len, _tokens(req, req.kv.draft_kv_len, req.seqlen - 1))
-                 for req in behind]
+        spans = [KVSpan(req.req_pool_idx, req.kv.draft_kv_len, _tokens(req, req.kv.draft_kv_len, end))
+                 for req, end in behind]
         self.runner.extend_kv(spans)
         self.stats["draft_model_catch_ups"] += len(spans)
         self.stats["draft_model_catch_up_tokens"] += sum(len(s.tokens) for s in spans)
-        for req in behind:
-            req.kv.draft_kv_len = req.seqlen - 1
+        for req, end in behind:
+            req.kv.draft_kv_len = end
             lock = req.cache_lock
             if self.tree is not None and lock is not None and lock.protected_len:
-                mark_draft_kv(lock.node, min(req.kv.draft_kv_len, lock.protected_len))
+                mark_draft_kv(lock.node, min(end, lock.protected_len))
 
     def _chains(self, todo: list[Req], steps: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Each request's chain from its newest known token, and for a sampled request the distribution q each of
