@@ -60,7 +60,8 @@ class AdmissionMixin:
                 self.planner.release(req, insert=False)
                 self._emit(req)
             return []  # decode goes on (and retracts if it must) until the next chunk fits
-        pending, passed = self._pending_heads(), 0
+        # Without a radix cache nothing is shared, so nobody waits for another's prompt.
+        pending, passed = (set() if self.policy.disabled_cache else self._pending_heads()), 0
         for req in self.waiting_queue:
             if req in self.policy.deprioritized:
                 break  # sorted last; admitted next round, when the prefix they share is cached
@@ -76,7 +77,7 @@ class AdmissionMixin:
                 continue
             if adder.add_one_req(req) != AddReqResult.CONTINUE:
                 break
-            if head is not None:
+            if head is not None and not self.policy.disabled_cache:
                 pending.add(head)
         admitted = adder.can_run_list
         if not admitted:

@@ -143,6 +143,16 @@ def test_fcfs_admits_one_of_requests_sharing_an_uncached_prefix_per_round(tiny_m
     assert results["s2"]["cached_tokens"] >= 48 and results["s1"]["cached_tokens"] == 0
 
 
+def test_without_a_radix_cache_siblings_are_admitted_together(tiny_model_dir):
+    rng = random.Random(6)
+    sched = make_scheduler(tiny_model_dir, schedule_policy="fcfs", disable_radix_cache=True)
+    shared = seq(rng, 48)
+    waiting_reqs(sched, {"s1": shared + seq(rng, 6), "s2": shared + seq(rng, 6), "other": seq(rng, 20)})
+    plans = record_plans(sched)
+    run_all(sched)
+    assert [[r.rid for r in b.new_reqs] for b in plans if b.new_reqs] == [["s1", "s2", "other"]]
+
+
 def test_a_prompt_in_the_prefill_pass_in_flight_holds_back_its_siblings(tiny_model_dir):
     rng = random.Random(7)
     sched = make_scheduler(tiny_model_dir, enable_overlap_schedule=True)
