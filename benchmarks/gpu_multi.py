@@ -19,6 +19,7 @@ teardown cannot stop the run). Greedy; EOS ignored. The all-reduce latency table
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import multiprocessing as mp
 import os
@@ -27,6 +28,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -89,7 +91,7 @@ def greedy_run(path: str, dtype: str, tp: int, n_out: int, kw: dict) -> list[dic
             for o in outs]
 
 
-def part_correctness(path: str, n_out: int, engine_args: dict) -> dict:
+def part_correctness(path: str, n_out: int, engine_args: dict, save: Callable[[dict], None]) -> dict:
     result = {"engine_args": engine_args}
     for dtype in ("float32", "bfloat16"):
         ref = isolated(greedy_run, path, dtype, 1, n_out, {}, timeout_s=240)
@@ -114,6 +116,7 @@ def part_correctness(path: str, n_out: int, engine_args: dict) -> dict:
             if not r["identical"]:
                 log(f"   diverges at {r['first_divergence']}: top-2 logit gap TP1 {r['tp1_top2_logit_gap']:.4f}, "
                     f"TP2 {r['tp2_top2_logit_gap']:.4f}  ({r['prompt'][:40]!r})")
+        save(result)
     return result
 
 
@@ -166,39 +169,64 @@ def prompt_source(path: str) -> PromptSource:
     return PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
 
 
-def _child(fn, queue, args) -> None:
+def _child(fn, conn, args) -> None:
     try:
-        queue.put(("ok", fn(*args)))
+        value = fn(*args)
+        if inspect.isgenerator(value):  # each yield is a partial result; the last one is the result
+            for value in value:
+                conn.send(("partial", value))  # written to the pipe before the child goes on
+        conn.send(("ok", value))
     except BaseException:  # noqa: BLE001 - reported to the parent
         import traceback
 
-        queue.put(("error", traceback.format_exc()))
-    queue.close()
-    queue.join_thread()  # the result is in the pipe
+        conn.send(("error", traceback.format_exc()))
+    conn.close()
     os._exit(0)  # no interpreter shutdown: a process-group teardown left behind must not keep us
 
 
 def isolated(fn, *args, timeout_s: float = 1200.0):
-    """fn(*args) in a fresh process (one engine per process: a hung shutdown of one does not stop the next)."""
+    """fn(*args) in a fresh process (one engine per process: a hung shutdown of one does not stop the next). A child
+    that dies or runs out of time after a partial result gives that result, marked with the reason."""
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(fn, queue, args))
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(fn, send, args))
     proc.start()
+    send.close()  # the child holds the only writer: EOF when it dies
+    deadline = time.monotonic() + timeout_s
+    status, value, partial = "error", f"no result within {timeout_s:.0f} s", None
     try:
-        status, value = queue.get(timeout=timeout_s)
+        while recv.poll(max(0.0, deadline - time.monotonic())):
+            try:
+                kind, got = recv.recv()
+            except EOFError:
+                proc.join(5)
+                value = f"the child process died (exit code {proc.exitcode})"
+                break
+            if kind == "partial":
+                partial = got
+                continue
+            status, value = kind, got
+            break
     finally:
-        proc.join(30)
+        proc.join(30 if status == "ok" else 2)
         if proc.is_alive():
             log("the child process did not exit: killed")
             proc.kill()
             proc.join()
-    if status != "ok":
-        raise RuntimeError(value)
-    return value
+    if status == "ok":
+        return value
+    if partial is not None:
+        log(f"partial result kept: {value[-300:]}")
+        return {**partial, "cut_short": value[-2000:]}
+    raise RuntimeError(value)
 
 
 def speed_run(path: str, bw: float, name: str, batches: list[int], steps: int, sharegpt_n: int,
-              profile_batches: list[int], kw: dict) -> dict:
+              profile_batches: list[int], kw: dict):
+    """Yields its row after the measurements and again with rank 0's kernel profile (torch.profiler has crashed
+    this process on nvidia-h200-x2 before: the row measured so far survives that)."""
+    from benchmarks.profile_gpu_step import step_kernels
+
     log(f"{name}: {kw}")
     src = prompt_source(path)
     t0 = time.perf_counter()
@@ -214,26 +242,38 @@ def speed_run(path: str, bw: float, name: str, batches: list[int], steps: int, s
             for p in row["profile"]:
                 log(f"   host profile batch {p['batch']}: wall {p['wall_us']:.0f} us/step, scheduler host work "
                     f"{p['host_busy_us']:.0f} us, waiting for the device {p['wait_for_device_us']:.0f} us")
+            yield dict(row)
+            row["kernels"] = []
+            for b in profile_batches:
+                k = step_kernels(engine, src, b, 32, top=12)
+                row["kernels"].append(k)
+                log(f"   kernels batch {b}: wall {k['wall_us_per_step']:.0f} us/step, rank 0 device busy "
+                    f"{k['gpu_busy_us_per_step']:.0f} us in {k['launches_per_step']:.0f} launches")
+                for kk in k["kernels"][:8]:
+                    log(f"      {kk['us_per_step']:8.1f} us  x{kk['launches_per_step']:5.1f}  {kk['name'][:90]}")
     finally:
         close(engine)
-    return row
+    yield row
 
 
 TP_CONFIGS = {"tp1": {}, "tp2_nccl": {"tp_size": 2, "disable_custom_all_reduce": True}, "tp2": {"tp_size": 2}}
 
 
 def part_tp(path: str, bw: float, batches: list[int], steps: int, sharegpt_n: int,
-            profile_batches: list[int], configs: list[str]) -> dict:
+            profile_batches: list[int], configs: list[str], save: Callable[[dict], None]) -> dict:
     runs = {}
     for name, kw in TP_CONFIGS.items():
         if name not in configs:
             continue
+        t0 = time.perf_counter()
         try:  # a config that fails or hangs loses only its own row
             runs[name] = isolated(speed_run, path, bw, name, batches, steps, sharegpt_n, profile_batches, kw,
                                   timeout_s=300)
         except Exception as e:  # noqa: BLE001 - recorded in the results
             log(f"{name} failed: {e}")
             runs[name] = {"error": str(e)[-2000:]}
+        runs[name]["wall_s"] = time.perf_counter() - t0
+        save({"runs": runs})  # a run cut short by its caller's timeout keeps the configs measured so far
     ok = [c for c in runs if "error" not in runs[c]]
     ratios = {}
     for name in [c for c in ("tp2_nccl", "tp2") if c in ok and "tp1" in ok]:
@@ -261,16 +301,19 @@ def moe_run(path: str, kw: dict, bw: float, batches: list[int], sharegpt_n: int)
             "offline": gpu_moe.part_offline(path, "cuda", "bfloat16", 4096, src, sharegpt_n, 0, 0, 0)}
 
 
-def part_moe(bw: float, batches: list[int], sharegpt_n: int) -> dict:
+def part_moe(bw: float, batches: list[int], sharegpt_n: int, save: Callable[[dict], None]) -> dict:
     path = mixtral_dir()
     result = {}
     for name, kw in (("tp2", {"tp_size": 2}), ("ep2", {"tp_size": 2, "ep_size": 2})):
         log(f"mixtral {name}")
+        t0 = time.perf_counter()
         try:
             result[name] = isolated(moe_run, path, kw, bw, batches, sharegpt_n, timeout_s=240)
         except Exception as e:  # noqa: BLE001 - recorded in the results
             log(f"mixtral {name} failed: {e}")
             result[name] = {"error": str(e)[-2000:]}
+        result[name]["wall_s"] = time.perf_counter() - t0
+        save(result)
     return result
 
 
@@ -296,16 +339,24 @@ def main() -> None:
               "torch": torch.__version__, "copy_bandwidth_TBps": bw / 1e12, "command": " ".join(["python", *sys.argv])}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+
+    def saver(name: str) -> Callable[[dict], None]:
+        def save(partial: dict) -> None:
+            result[name] = {**partial, "partial": True}
+            out.write_text(json.dumps(result, indent=2) + "\n")
+        return save
+
     parts = {
         "correctness": lambda: part_correctness(path, args.correctness_tokens,
-                                                json.loads(args.correctness_engine_args)),
+                                                json.loads(args.correctness_engine_args), saver("correctness")),
         "tp": lambda: part_tp(path, bw, args.batches, args.decode_steps, args.sharegpt_requests,
-                              args.profile_batches, args.tp_configs),
+                              args.profile_batches, args.tp_configs, saver("tp")),
         "big": lambda: part_big(path, bw, args.big_sharegpt_requests),
-        "moe": lambda: part_moe(bw, args.batches, args.sharegpt_requests),
+        "moe": lambda: part_moe(bw, args.batches, args.sharegpt_requests, saver("moe")),
     }
     t0 = time.perf_counter()
     for name in args.parts:  # each part is written as soon as it is measured; a failed part does not stop the rest
+        log(f"part {name}")
         try:
             result[name] = parts[name]()
         except Exception as e:  # noqa: BLE001 - recorded in the results

@@ -2,13 +2,17 @@
 # Issue 24's runs on a two-GPU machine, in three calls of under ten minutes each (send them back to back: the machine
 # stays warm 30 s). Run from a git archive of the commit under test (carry it with the wheels):
 #   git archive HEAD | tar -x -C .stage/tree          # here, then on the device, carry [".whl", ".stage/tree"]:
-#   bash .stage/tree/benchmarks/multi_gpu_lease.sh a  # all-reduce table, TP correctness, TP=1 vs TP=2 speed
+#   bash .stage/tree/benchmarks/multi_gpu_lease.sh a  # symmetric-memory all-reduce test, TP=1 vs TP=2 speed
 #   bash .stage/tree/benchmarks/multi_gpu_lease.sh b  # Llama-3.1-70B at TP=2, Mixtral-8x7B at TP=2 and EP=2
-#   bash .stage/tree/benchmarks/multi_gpu_lease.sh c  # two replicas behind the router vs round robin vs one replica
+#   bash .stage/tree/benchmarks/multi_gpu_lease.sh c  # TP correctness; two replicas behind the router vs round robin
+#                                                     # vs one replica (the all-reduce table: benchmarks/gpu_allreduce.py)
 # Results land in $OUT (JSON and logs).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+if [ ! -f /tmp/site/.installed ]; then  # once per machine
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && touch /tmp/site/.installed || exit 1
+fi
 TREE=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH=/tmp/site:$TREE PYTHONUNBUFFERED=1
 cd "$TREE" || exit 1
@@ -16,19 +20,21 @@ OUT=${OUT:-/tmp/out}
 quiet() { grep -v "safetensors\|Warn\|warn\|fix_mistral\|clean_up\| INFO " ; }
 case "${1:-a}" in
   a)
-    timeout 60 python3 benchmarks/gpu_allreduce.py --out "$OUT"/allreduce.json 2>&1 | quiet | tail -12
     timeout 60 python3 -m pytest -q -p no:cacheprovider tests/runtime/distributed/test_symm_all_reduce.py 2>&1 | tail -2
-    timeout 420 python3 benchmarks/gpu_multi.py --parts tp correctness --decode-steps 64 --sharegpt-requests 300 \
+    timeout 470 python3 benchmarks/gpu_multi.py --parts tp --decode-steps 64 --sharegpt-requests 300 \
       --out "$OUT"/multi_tp.json > "$OUT"/a.log 2>&1
-    echo "gpu_multi rc=$?"; quiet < "$OUT"/a.log | tail -40 ;;
+    echo "gpu_multi rc=$?"; quiet < "$OUT"/a.log | tail -60 ;;
   b)
     timeout 560 python3 benchmarks/gpu_multi.py --parts big moe --sharegpt-requests 300 --big-sharegpt-requests 200 \
       --out "$OUT"/multi_big_moe.json > "$OUT"/b.log 2>&1
     echo "gpu_multi rc=$?"; quiet < "$OUT"/b.log | tail -40 ;;
   c)
-    timeout 560 python3 benchmarks/router_dp.py --model llama-3.1-8b --load-format dummy --device cuda \
+    timeout 230 python3 benchmarks/gpu_multi.py --parts correctness --out "$OUT"/multi_correctness.json \
+      > "$OUT"/c1.log 2>&1
+    echo "gpu_multi rc=$?"; quiet < "$OUT"/c1.log | tail -14
+    timeout 330 python3 benchmarks/router_dp.py --model llama-3.1-8b --load-format dummy --device cuda \
       --dtype bfloat16 --max-total-tokens 70000 --num-groups 32 --prompts-per-group 8 --system-prompt-len 4096 \
       --question-len 64 --output-len 16 --max-concurrency 32 --order rounds --worker-gpus 0 1 --single-replica \
-      --out "$OUT"/router_dp_2gpu.json > "$OUT"/c.log 2>&1
-    echo "router_dp rc=$?"; quiet < "$OUT"/c.log | tail -20 ;;
+      --out "$OUT"/router_dp_2gpu.json > "$OUT"/c2.log 2>&1
+    echo "router_dp rc=$?"; quiet < "$OUT"/c2.log | tail -20 ;;
 esac

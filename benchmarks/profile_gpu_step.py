@@ -40,6 +40,20 @@ def kernel_times(engine, prompts, n_out: int) -> tuple[float, Counter, Counter]:
     return wall, us, calls
 
 
+def step_kernels(engine, src: PromptSource, batch: int, steps: int, top: int = 14) -> dict:
+    """One decode step at this batch size: wall and device-busy microseconds, and the top kernels by device time."""
+    w1, k1, c1 = kernel_times(engine, [src.ids(512) for _ in range(batch)], 1)
+    w2, k2, c2 = kernel_times(engine, [src.ids(512) for _ in range(batch)], 1 + steps)
+    per_step = {n: (k2[n] - k1.get(n, 0)) / steps for n in k2}
+    launches = {n: (c2[n] - c1.get(n, 0)) / steps for n in c2}
+    busy = sum(v for v in per_step.values() if v > 0)
+    wall = (w2 - w1) / steps * 1e6
+    ranked = sorted(per_step.items(), key=lambda kv: -kv[1])[:top]
+    return {"batch": batch, "wall_us_per_step": wall, "gpu_busy_us_per_step": busy, "idle_us_per_step": wall - busy,
+            "launches_per_step": sum(v for v in launches.values() if v > 0),
+            "kernels": [{"name": n[:120], "us_per_step": v, "launches_per_step": launches[n]} for n, v in ranked]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", type=int, nargs="+", default=[1, 64])
@@ -57,19 +71,12 @@ def main() -> None:
     try:
         engine.generate(input_ids=[src.ids(512) for _ in range(8)], sampling_params=greedy(8))
         for b in args.batches:
-            w1, k1, c1 = kernel_times(engine, [src.ids(512) for _ in range(b)], 1)
-            w2, k2, c2 = kernel_times(engine, [src.ids(512) for _ in range(b)], 1 + args.steps)
-            per_step = {n: (k2[n] - k1.get(n, 0)) / args.steps for n in k2}
-            launches = {n: (c2[n] - c1.get(n, 0)) / args.steps for n in c2}
-            busy = sum(v for v in per_step.values() if v > 0)
-            wall = (w2 - w1) / args.steps * 1e6
-            top = sorted(per_step.items(), key=lambda kv: -kv[1])[: args.top]
-            row = {"batch": b, "wall_us_per_step": wall, "gpu_busy_us_per_step": busy, "idle_us_per_step": wall - busy,
-                   "kernels": [{"name": n[:120], "us_per_step": v, "launches_per_step": launches[n]} for n, v in top]}
+            row = step_kernels(engine, src, b, args.steps, args.top)
             result["batches"].append(row)
-            print(f"batch {b}: wall {wall:8.1f} us/step, GPU busy {busy:8.1f} us, idle {wall - busy:7.1f} us")
-            for n, v in top:
-                print(f"   {v:8.1f} us  x{launches[n]:5.1f}  {n[:100]}")
+            print(f"batch {b}: wall {row['wall_us_per_step']:8.1f} us/step, GPU busy "
+                  f"{row['gpu_busy_us_per_step']:8.1f} us, idle {row['idle_us_per_step']:7.1f} us")
+            for k in row["kernels"]:
+                print(f"   {k['us_per_step']:8.1f} us  x{k['launches_per_step']:5.1f}  {k['name'][:100]}")
     finally:
         close(engine)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
