@@ -58,20 +58,31 @@ class SymmMemAllReduce:
 def build_symm_all_reduce(group, device: str, agree: Callable[[list[bool]], list[bool]],
                           buffer_bytes: int = BUFFER_BYTES) -> SymmMemAllReduce | None:
     """The communicator, or None on every rank where symmetric memory is unavailable or its self-check fails on any.
-    agree: the position-wise AND over ranks (on host data). The ranks agree that each set up its buffer before any
-    probe runs (a rank alone in a one-shot kernel waits for its peers forever), then on the probes' sums."""
-    comm = None
-    try:
-        import torch.distributed._symmetric_memory as symm_mem
+    agree: the position-wise AND over ranks (on host data). The rendezvous and the probes are collective (a rank
+    alone in one waits for its peers forever), so the ranks agree before each: that every rank set up its buffer,
+    that every rendezvous succeeded, then that every probe summed right."""
+    import torch.distributed._symmetric_memory as symm_mem
 
-        group_name = group.group_name
+    group_name = group.group_name
+    buffer = None
+    try:
+        if group_name in getattr(symm_mem, "_group_name_to_store", {}):
+            # PyTorch keeps the first registration of a group name for the life of the process: a later group of
+            # the same name (a second engine in this process) would meet its peers through the first one's store.
+            raise RuntimeError(f"symmetric memory was set up in this process for an earlier group named {group_name}")
         if hasattr(symm_mem, "enable_symm_mem_for_group"):
             symm_mem.enable_symm_mem_for_group(group_name)
         buffer = symm_mem.empty(buffer_bytes, dtype=torch.uint8, device=device)
-        symm_mem.rendezvous(buffer, group_name)
-        comm = SymmMemAllReduce(group_name, buffer, group.size())
     except Exception as e:  # noqa: BLE001 - an optional fast path: NCCL serves without it
         logger.warning("symmetric-memory all-reduce unavailable (%s: %s): using NCCL", type(e).__name__, e)
+    if not agree([buffer is not None])[0]:
+        return None
+    comm = None
+    try:
+        symm_mem.rendezvous(buffer, group_name)
+        comm = SymmMemAllReduce(group_name, buffer, group.size())
+    except Exception as e:  # noqa: BLE001 - as above
+        logger.warning("symmetric-memory rendezvous failed (%s: %s): using NCCL", type(e).__name__, e)
     if not agree([comm is not None])[0]:
         return None
     ok = True

@@ -54,6 +54,30 @@ def test_a_rank_that_cannot_set_up_says_so_before_any_probe():
     assert said == [[False]]
 
 
+def test_a_group_name_registered_earlier_in_this_process_is_not_reused(monkeypatch):
+    """PyTorch keeps a group name's first registration (and its store) for the life of the process; a second engine's
+    group of the same name must not rendezvous through the first one's dead store (it hung there on 2 x H200)."""
+    from types import SimpleNamespace
+
+    import torch.distributed._symmetric_memory as symm_mem
+
+    from radixlm.runtime.distributed.symm_all_reduce import build_symm_all_reduce
+
+    monkeypatch.setattr(symm_mem, "_group_name_to_store", {"0": object()}, raising=False)
+    touched = []
+    monkeypatch.setattr(symm_mem, "empty", lambda *a, **k: touched.append("empty"))
+    monkeypatch.setattr(symm_mem, "rendezvous", lambda *a, **k: touched.append("rendezvous"))
+    said = []
+
+    def agree(flags):
+        said.append(flags)
+        return flags
+
+    group = SimpleNamespace(group_name="0", rank=lambda: 0, size=lambda: 2)
+    assert build_symm_all_reduce(group, "cpu", agree) is None
+    assert said == [[False]] and touched == []
+
+
 def _sums(rank: int, world: int, port: int, results) -> None:
     import torch.distributed as dist
 
