@@ -93,10 +93,10 @@ class ServerArgs:
 
     # Speculative decoding (drafts verified by the next pass: greedy outputs are unchanged)
     speculative_algorithm: SpeculativeAlgorithm | None = field(default=None, metadata={"choices": tuple(m.value for m in SpeculativeAlgorithm), "help": "NGRAM: draft from the request's own prompt and output (prompt lookup)"})
-    speculative_num_draft_tokens: int = field(default=4, metadata={"help": "draft tokens proposed per request and step"})
-    speculative_num_steps: int | None = field(default=None, metadata={"help": "STANDALONE: draft model passes (draft tokens) per request and step at most; default --speculative-num-draft-tokens"})
+    speculative_num_draft_tokens: int = field(default=4, metadata={"help": "draft tokens proposed per request and step (EAGLE with --speculative-eagle-topk > 1: the tree's nodes, its root -- the newest token -- not counted)"})
+    speculative_num_steps: int | None = field(default=None, metadata={"help": "STANDALONE, EAGLE: draft model passes per request and step at most (a chain's tokens, a tree's depth); default --speculative-num-draft-tokens"})
     speculative_draft_model_path: str | None = field(default=None, metadata={"help": "STANDALONE: the draft model (HF directory; the target's tokenizer); EAGLE: the head's directory (config.json, weights)"})
-    speculative_eagle_topk: int = field(default=1, metadata={"help": "EAGLE: branches per draft step (1: chain drafts, the only kind so far)"})
+    speculative_eagle_topk: int = field(default=1, metadata={"help": "EAGLE: branches per draft step (1: chain drafts; K > 1: each step expands the K best children of the K best nodes, the --speculative-num-draft-tokens best nodes are verified in one pass with a tree mask; greedy requests only, others draft chains; the torch_native attention backend only, chains on Triton)"})
     speculative_ngram_min_match_window_size: int = field(default=1, metadata={"help": "NGRAM: shortest run of latest tokens looked up"})
     speculative_ngram_max_match_window_size: int = field(default=4, metadata={"help": "NGRAM: longest run of latest tokens looked up (longest match first)"})
     speculative_radix_match_window_size: int = field(default=4, metadata={"help": "RADIX: latest tokens looked up in the cache's k-gram index when the request's whole sequence is not cached"})
@@ -182,7 +182,9 @@ class ServerArgs:
               f"--speculative-algorithm {getattr(self.speculative_algorithm, 'value', '')} needs "
               "--speculative-draft-model-path")
         check(not model or self.tp_size == 1, "a draft model (STANDALONE, EAGLE) runs with tp_size 1 only")
-        check(self.speculative_eagle_topk == 1, "speculative_eagle_topk: only chain drafts (1) so far")
+        check(self.speculative_eagle_topk >= 1, "speculative_eagle_topk must be >= 1")
+        check(self.speculative_eagle_topk == 1 or (algo is not None and algo.is_eagle),
+              "speculative_eagle_topk > 1 (tree drafts) needs --speculative-algorithm EAGLE or EAGLE3")
         check(self.watchdog_timeout > 0, "watchdog_timeout must be > 0")
         check(self.tp_size >= 1, "tp_size must be >= 1")
         check(self.ep_size in (1, self.tp_size), f"ep_size must be 1 or equal to tp_size ({self.tp_size})")

@@ -22,6 +22,9 @@ from radixlm.runtime.args import GrammarMaskMode, JumpForwardMode, SchedulePolic
     ({"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "d", "tp_size": 2}, "tp_size 1"),
     ({"speculative_algorithm": "EAGLE"}, "speculative-draft-model-path"),
     ({"speculative_eagle_topk": 4}, "speculative_eagle_topk"),
+    ({"speculative_eagle_topk": 4, "speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "d"},
+     "EAGLE or EAGLE3"),
+    ({"speculative_eagle_topk": 0}, "speculative_eagle_topk"),
     ({"speculative_num_steps": 0}, "speculative_num_steps"),
 ])
 def test_invalid_server_args_raise(kwargs, message):

@@ -17,8 +17,14 @@ class DraftBudget:
 
 
 def draft_steps(args: ServerArgs) -> int:
-    """Draft tokens a request's draft model chain may have (its scratch slots per request row)."""
+    """Draft tokens a request's draft model chain may have (an EAGLE tree's depth)."""
     return args.speculative_num_steps or args.speculative_num_draft_tokens
+
+
+def draft_scratch(args: ServerArgs) -> int:
+    """Scratch slots per request row: a chain's steps, or an EAGLE tree's frontiers (executor/eagle_tree.py)."""
+    steps = draft_steps(args)
+    return max(steps, (steps - 1) * args.speculative_eagle_topk)
 
 
 def draft_budget(args: ServerArgs, target: ModelConfig, rows: int = 0) -> DraftBudget:
@@ -42,7 +48,7 @@ def draft_budget(args: ServerArgs, target: ModelConfig, rows: int = 0) -> DraftB
         embeddings = 2 * h * h
     size = torch.tensor([], dtype=cfg.dtype).element_size()
     kv_bytes = cfg.num_layers * 2 * kv * size
-    return DraftBudget((cfg.num_layers * per_layer + embeddings) * size + rows * draft_steps(args) * kv_bytes, kv_bytes)
+    return DraftBudget((cfg.num_layers * per_layer + embeddings) * size + rows * draft_scratch(args) * kv_bytes, kv_bytes)
 
 
 def head_config(path: str, target: ModelConfig) -> ModelConfig:

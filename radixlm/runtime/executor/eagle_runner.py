@@ -35,13 +35,13 @@ from radixlm.runtime.models.eagle import Eagle3Head, EagleHead
 @dataclass
 class PairSpan:
     """A request's pairs to write after a pass: positions [start, end), their tokens t_{start+1} .. t_end, the
-    target's hidden states from the pass's row `first_row` on."""
+    target's hidden states at the pass's rows `feature_rows` (consecutive, but for a tree draft's accepted path)."""
 
     row: int  # req_to_token row
     start: int
     end: int
     tokens: list[int]
-    first_row: int
+    feature_rows: list[int]
 
 
 class EagleRunner(DraftModelRunner):
@@ -105,7 +105,7 @@ class EagleRunner(DraftModelRunner):
             prefix_lens=[s.start for s in spans], extend_lens=lens, seq_lens=[s.end for s in spans],
             out_cache_loc=slots, logits=LogitsPlan())
         mode = ForwardMode.TOKEN_ROWS if all(n == 1 for n in lens) else ForwardMode.REQUEST_SPANS
-        feature_rows = [s.first_row + i for s, n in zip(spans, lens) for i in range(n)]
+        feature_rows = [r for s in spans for r in s.feature_rows]
         out = self._head(pairs, mode, hidden[host_to_device(feature_rows, torch.int64, self.device)])
         last = [end - 1 for end in itertools.accumulate(lens)]
         self._last_out[host_to_device([s.row for s in spans], torch.int64, self.device)] = \

@@ -12,6 +12,7 @@ import torch
 if TYPE_CHECKING:
     from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixlm.runtime.executor.logits import LogitsPlan
+    from radixlm.runtime.executor.spec_tree import TreeMask
     from radixlm.runtime.layers.attention.base import AttentionBackend
     from radixlm.runtime.multimodal.inputs import MultimodalSpan
 
@@ -54,6 +55,9 @@ class ModelWorkerBatch:
     mm_spans: list["MultimodalSpan"] = field(default_factory=list)  # rows that take an item's encoder output
     mrope_positions: list[list[int]] | None = None  # per row, three positions (Qwen2-VL), when a request has them
     rope_offsets: list[int] | None = None  # per row, added to its position for the rotary only (see ForwardBatch)
+    # Per request, where its rows attend otherwise than causally (tree drafts, executor/spec_tree.py), else None;
+    # such a pass runs in REQUEST_SPANS on a backend that supports_tree_mask.
+    tree_masks: list["TreeMask | None"] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -97,6 +101,7 @@ class ForwardBatch:
     # position + offset (the request's delta). Kept apart from `positions`, which also gives the sequence lengths.
     # In TOKEN_ROWS it is the fifth row of decode_rows, so a CUDA graph takes it as one more input.
     rope_offsets: torch.Tensor | None = None
+    tree_masks: list["TreeMask | None"] | None = None  # ModelWorkerBatch.tree_masks
     # Set by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: object = None
 
@@ -152,4 +157,5 @@ class ForwardBatch:
             mm_spans=wb.mm_spans,
             mrope_positions=None if wb.mrope_positions is None else rows_to_device(wb.mrope_positions, device),
             rope_offsets=rope_offsets,
+            tree_masks=wb.tree_masks,
         )

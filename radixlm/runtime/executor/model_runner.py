@@ -164,6 +164,8 @@ class ModelRunner:
     def choose_mode(self, wb: ModelWorkerBatch) -> ForwardMode:
         """TOKEN_ROWS when the pass replays a graph, or when each request has one row (a decode pass: the decode
         kernels); otherwise REQUEST_SPANS (the extend kernels, one call for a request's rows)."""
+        if wb.tree_masks is not None:
+            return ForwardMode.REQUEST_SPANS  # tree drafts' masks: the extend path
         input_logprobs = bool(wb.logits.input_rows)
         one_each = wb.num_rows == len(wb.req_pool_indices) and not input_logprobs
         if one_each or self.can_replay(wb.num_rows, input_logprobs):

@@ -68,6 +68,10 @@ class EagleHead(nn.Module):
     def draft_tokens(self, out: torch.Tensor, target_logits) -> torch.Tensor:
         return torch.argmax(target_logits(out), dim=-1)
 
+    def draft_topk(self, out: torch.Tensor, target_logits, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probabilities, tokens) of each row's k likeliest next tokens, best first (tree drafts)."""
+        return torch.log_softmax(target_logits(out).float(), dim=-1).topk(k, dim=-1)
+
 
 class Eagle3Head(nn.Module):
     def __init__(self, config: "PretrainedConfig", embed_tokens: nn.Module, target_hidden: int):
@@ -110,6 +114,12 @@ class Eagle3Head(nn.Module):
         logits = torch.nn.functional.linear(self.norm(out), self.lm_head.weight)
         d = torch.argmax(logits.float(), dim=-1)
         return d + self.d2t[d]
+
+    def draft_topk(self, out: torch.Tensor, target_logits, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probabilities, tokens) of each row's k likeliest next tokens over the draft vocabulary, best first."""
+        logits = torch.nn.functional.linear(self.norm(out), self.lm_head.weight)
+        logp, d = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+        return logp, d + self.d2t[d]
 
 
 @torch.no_grad()

@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from radixlm.runtime.executor.spec_tree import accept_greedy, path_rows
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.sampling.penalties import apply_penalties_and_bias
 from radixlm.runtime.sampling.sampler import top_k_top_p_min_p_filter
@@ -39,6 +40,7 @@ class VerifyResult:
     tokens: list[int]  # accepted draft tokens, then the model's own token
     accepted: int  # how many of `tokens` came from the draft
     violated: bool = False  # no allowed token at the end (conflicting constraints): the request must abort
+    path: list[int] | None = None  # a tree draft's accepted nodes (executor/spec_tree.py), root to leaf
 
 
 @dataclass
@@ -54,6 +56,7 @@ class DraftVerification:
     probs: torch.Tensor | None  # sampling distribution per row, when some request samples
     guesses: list[tuple[int, int] | None] = field(default_factory=list)  # Draft.guess per request, if any
     draft_probs: list[torch.Tensor | None] = field(default_factory=list)  # Draft.q per request, if any
+    parents: list[list[int] | None] = field(default_factory=list)  # Draft.parents per request (trees), if any
 
     def choice_list(self) -> list[int]:
         return self.choices.get()[0].tolist()
@@ -79,14 +82,16 @@ def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout:
                        bitmask: torch.Tensor | None, logits: torch.Tensor,
                        apply_bitmask: Callable[[torch.Tensor, torch.Tensor, list[int]], None] | None,
                        guesses: list[tuple[int, int] | None] | None = None,
-                       draft_probs: list[torch.Tensor | None] | None = None) -> DraftVerification:
+                       draft_probs: list[torch.Tensor | None] | None = None,
+                       parents: list[list[int] | None] | None = None) -> DraftVerification:
     """`logits`: for each request in order, len(draft) + 1 rows (at its last token and at each draft token). Drafts
     are cut to `walked` tokens (what their grammar accepts); `bitmask` (rows at `layout`, None without grammars)
     holds their masks. Row j of a request is processed as the sampler would process it for the request with its
     first j draft tokens appended (penalties, min_new_tokens, grammar mask, temperature, top-k/p, min-p), after the
     token in flight where a draft continues one (`guesses`: (position, guessed token) or None per request; only the
     output's length is read where a pass was in flight: such requests have no penalty). draft_probs: each draft's
-    q rows (Draft.q), or None."""
+    q rows (Draft.q), or None. parents: each draft's Draft.parents (a tree: greedy, no grammar or penalty, so its
+    rows need no per-row state), or None."""
     drafts = [d[:w] for d, w in zip(drafts, walked)]
     guesses = guesses or [None] * len(drafts)
     mask_rows = [o + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
@@ -118,7 +123,7 @@ def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout:
         probs = top_k_top_p_min_p_filter(probs, info)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return DraftVerification(reqs, drafts, starts, processed, HostCopy(choices), probs, guesses,
-                             draft_probs or [None] * len(drafts))
+                             draft_probs or [None] * len(drafts), parents or [None] * len(drafts))
 
 
 def settle(v: DraftVerification, i: int, generator: torch.Generator | None) -> VerifyResult:
@@ -127,6 +132,11 @@ def settle(v: DraftVerification, i: int, generator: torch.Generator | None) -> V
     guess = v.guesses[i] if v.guesses else None
     if guess is not None and req.token_at(guess[0]) != guess[1]:
         draft = []  # it continued another token than the one the pass read: only the in-flight row's logits count
+    parents = v.parents[i] if v.parents else None
+    if parents is not None:
+        choices = v.choice_list()[start : start + len(draft) + 1]
+        path = accept_greedy(parents, draft, choices)
+        return VerifyResult([draft[n] for n in path] + [choices[path_rows(path)[-1]]], len(path), path=path)
     if req.sampling_params.is_greedy:
         choices = v.choice_list()[start : start + len(draft) + 1]
         kept = 0

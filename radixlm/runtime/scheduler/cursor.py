@@ -16,7 +16,7 @@ A draft model (STANDALONE) holds its own KV of positions [0, draft_kv_len) <= co
 model's passes are skipped, and catches up before the request drafts (drafts/model.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable, Protocol
 
 if TYPE_CHECKING:
@@ -45,6 +45,18 @@ class Draft:
     # For a sampled request, the distribution each token was drawn from (len(tokens), vocab) on the device; None:
     # point masses (verification's rule then keeps a token with probability p(token)).
     q: torch.Tensor | None = None
+    # A tree draft (executor/spec_tree.py): each token's parent (-1: the request's newest token), nodes in order of
+    # depth; None: a chain. Only greedy requests without a grammar, penalties or logit bias get trees.
+    parents: list[int] | None = None
+
+    def cut(self, n: int) -> "Draft | None":
+        """The draft's first n tokens (for a tree: its first n nodes, a tree too), or None when n is 0."""
+        if n >= len(self.tokens):
+            return self
+        if n <= 0:
+            return None
+        return replace(self, tokens=self.tokens[:n], q=None if self.q is None else self.q[:n],
+                       parents=None if self.parents is None else self.parents[:n])
 
 
 @dataclass(slots=True)

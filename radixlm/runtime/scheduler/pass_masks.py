@@ -113,7 +113,8 @@ class MaskPlanner:
                 verify_logits = _rows(verify_logits, [j for k in eager_v for j in verify_rows[k]])
             pm.verification = build_verification(reqs, drafts, walked, layout, bitmask, verify_logits,
                                                  backend.apply_bitmask if backend is not None else None,
-                                                 [r.kv.draft.guess for r in reqs], [r.kv.draft.q for r in reqs])
+                                                 [r.kv.draft.guess for r in reqs], [r.kv.draft.q for r in reqs],
+                                                 [r.kv.draft.parents for r in reqs])
             pm.verifier_eager = {k: n for n, k in enumerate(eager_v)}
 
     def resolve(self, pm: PassMasks | None) -> None:

@@ -16,6 +16,7 @@ from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.cache.radix_node import draft_kv_prefix
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan
+from radixlm.runtime.executor.spec_tree import TreeMask, depths, verify_mask
 from radixlm.runtime.scheduler.req import Req
 
 # Up to this many tokens, a pass's req_to_token entries are written with one scatter built on the host...
@@ -52,6 +53,9 @@ class ScheduleBatch:
     verifiers: list[Req]  # requests whose draft this pass verifies (1 + len(draft) logits rows each)
     input_spans: list[InputSpan] = field(default_factory=list)
     has_chunk: bool = False  # a prompt's chunk that is not its last
+    # Tree drafts' (nodes, accepted path) by request id: set when the pass is processed, before the sources'
+    # on_processed reads them (an EAGLE head pairs the accepted nodes' hidden states).
+    accepted_paths: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
 
     @property
     def is_prefill(self) -> bool:
@@ -159,9 +163,19 @@ class Planner:
 
     def _rows(self, batch: ScheduleBatch) -> None:
         wb = batch.worker
-        for r, start, end in zip(batch.reqs, wb.prefix_lens, wb.seq_lens):
+        for i, (r, start, end) in enumerate(zip(batch.reqs, wb.prefix_lens, wb.seq_lens)):
             wb.input_ids.extend(self._tokens(r, start, end))
-            wb.positions.extend(range(start, end))
+            draft = r.kv.draft
+            if draft is None or draft.parents is None or r.is_chunked:
+                wb.positions.extend(range(start, end))
+                continue
+            # A tree draft's nodes: a row each at table index first + i, at position (the root's) + depth.
+            first = end - len(draft.tokens)
+            wb.positions.extend(range(start, first))
+            wb.positions.extend(first - 1 + d for d in depths(draft.parents))
+            if wb.tree_masks is None:
+                wb.tree_masks = [None] * len(batch.reqs)
+            wb.tree_masks[i] = TreeMask(start, verify_mask(draft.parents, first - start))
         wb.has_in_flight = IN_FLIGHT in wb.input_ids
         self._logits_rows(batch)
 

@@ -19,7 +19,7 @@ import torch
 
 from radixlm.runtime.args import GrammarMaskMode, ServerArgs, SpeculativeAlgorithm
 from radixlm.runtime.cache.radix_cache import RadixCache
-from radixlm.runtime.executor.draft_budget import draft_steps
+from radixlm.runtime.executor.draft_budget import draft_scratch, draft_steps
 from radixlm.runtime.executor.draft_runner import DraftModelRunner
 from radixlm.runtime.executor.eagle_runner import EagleRunner
 from radixlm.runtime.executor.logits import LogitsOutput
@@ -127,7 +127,8 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         if algo is SpeculativeAlgorithm.STANDALONE:
             return [DraftModelSource(DraftModelRunner(args, self.runner, draft_steps(args)), stats, self.tree_cache)]
         if algo is not None and algo.is_eagle:
-            return [EagleSource(EagleRunner(args, self.runner, draft_steps(args)), stats)]
+            return [EagleSource(EagleRunner(args, self.runner, draft_scratch(args)), stats, draft_steps(args),
+                                args.speculative_eagle_topk, args.speculative_num_draft_tokens)]
         return []
 
     # ------------------------------------------------------------------ input

@@ -36,6 +36,7 @@ def gather_kv(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 
 class TorchNativeAttnBackend(AttentionBackend):
+    supports_tree_mask = True  # ForwardBatch.tree_masks, in forward_extend
     def __init__(self, model_runner: object | None = None, shared_prefix_min: int = 64, batched_extend_max: int = 64):
         # model_runner is accepted for a uniform backend constructor; nothing is read from it.
         self.model_runner = model_runner
@@ -93,7 +94,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         v_buf = fb.token_to_kv_pool.get_value_buffer(layer.layer_id)
         req_to_token = fb.req_to_token_pool.req_to_token
         gqa = layer.num_heads != layer.num_kv_heads
-        if fb.batch_size > 1 and max(fb.extend_seq_lens_cpu) <= self.batched_extend_max:
+        trees = fb.tree_masks
+        if trees is None and fb.batch_size > 1 and max(fb.extend_seq_lens_cpu) <= self.batched_extend_max:
             return self._extend_padded(q, k_buf, v_buf, layer, fb, meta)
         for i in range(fb.batch_size):
             seq_len = fb.seq_lens_cpu[i]
@@ -106,7 +108,12 @@ class TorchNativeAttnBackend(AttentionBackend):
             qi = q[start : start + ext].transpose(0, 1)  # (H, ext, D)
             ki = gather_kv(k_buf, slots).to(q.dtype).transpose(0, 1)  # (Hkv, seq, D)
             vi = gather_kv(v_buf, slots).to(q.dtype).transpose(0, 1)
-            if prefix == 0:
+            tree = trees[i] if trees is not None else None
+            if tree is not None:
+                mask = torch.ones(ext, seq_len, dtype=torch.bool, device=q.device)
+                mask[:, tree.start :] = tree.mask.to(q.device)
+                causal = False
+            elif prefix == 0:
                 mask, causal = None, True
             else:
                 # New token j (position prefix + j) sees keys at positions <= prefix + j.

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 
+from radixlm.runtime.executor.spec_tree import depths, nodes_within, path_rows
 from radixlm.runtime.sampling.verification import VerifyResult
 from radixlm.runtime.scheduler.cursor import guesses
 from radixlm.runtime.scheduler.drafts.adaptive import DraftLength
@@ -103,7 +104,7 @@ class DraftPath:
             draft = req.kv.draft
             if draft is not None and len(draft.tokens) > cap and batch_adaptive(draft.source):
                 self.stats["draft_tokens_cut"] += len(draft.tokens) - cap
-                req.kv.draft = replace(draft, tokens=draft.tokens[:cap]) if cap else None
+                req.kv.draft = draft.cut(cap)  # a tree keeps its first (shallowest) nodes
 
     def attach(self, req: Req) -> None:
         """When the request enters the waiting queue (its grammar, if any, is ready)."""
@@ -203,8 +204,8 @@ class DraftPath:
         binds them as any other: with none left, no draft; a token in flight takes one) and to `limit`."""
         draft = req.kv.draft
         left = max(_min(req.tokens_left() - req.kv.in_flight, limit), 0)
-        if len(draft.tokens) > left:
-            req.kv.draft = replace(draft, tokens=draft.tokens[:left]) if left else None
+        # A tree's accepted path is at most its depth: the bounds cut its depth.
+        req.kv.draft = draft.cut(left if draft.parents is None else nodes_within(draft.parents, left))
 
     def propose_admitted(self, reqs: list[Req], room: int) -> None:
         """Drafts for newly admitted requests, verified by their prefill (not for a prompt cut into chunks: its logits
@@ -235,10 +236,13 @@ class DraftPath:
         req.spec_draft_tokens += len(draft.tokens)
         req.spec_accepted_tokens += verdict.accepted
         if getattr(draft.source, "adaptive_length", False):
-            self._length(req, draft.source).update(len(draft.tokens), verdict.accepted)
+            longest = len(draft.tokens) if draft.parents is None else max(depths(draft.parents))
+            self._length(req, draft.source).update(longest, verdict.accepted)
         if verdict.accepted < len(draft.tokens) and not verdict.violated:
             draft.source.learn(req, draft, verdict.accepted, verdict.tokens[verdict.accepted])
         drafted_end = req.kv.committed  # the pass wrote KV up to the last draft token
+        if verdict.path is not None and logprobs is not None:  # a tree: the rows of the accepted path
+            logprobs = logprobs[path_rows(verdict.path)[: len(verdict.tokens)]]
         appended = req.append_tokens(verdict.tokens, self.tokenizer, GrammarAdvance.DONE, logprobs)
         if verdict.violated and not req.finished():
             req.finished_reason = FinishReason.aborted(GRAMMAR_VIOLATION)

@@ -28,7 +28,10 @@ from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.cache.radix_node import mark_draft_kv
 from radixlm.runtime.executor.draft_runner import DraftModelRunner, KVSpan
 from radixlm.runtime.executor.eagle_runner import PairSpan
+from radixlm.runtime.executor.eagle_tree import propose_tree, table_width
+from radixlm.runtime.executor.spec_tree import path_rows
 from radixlm.runtime.sampling.draft_sampling import DraftSampling
+from radixlm.runtime.sampling.verification import plain_greedy
 from radixlm.runtime.scheduler.cursor import Draft
 from radixlm.runtime.scheduler.drafts.backoff import Backoff
 from radixlm.runtime.scheduler.planner import ScheduleBatch
@@ -104,9 +107,8 @@ class DraftModelSource:
         if not todo:
             return
         self._catch_up(todo, [req.seqlen - 1 for req in todo])
-        chains, probs = self._chains(todo, steps)
-        for req, tokens, q in zip(todo, chains, probs):
-            req.kv.draft = Draft(tokens, self, q=q)
+        for req, draft in zip(todo, self._drafts(todo, steps)):
+            req.kv.draft = draft
             if req.kv.in_flight:  # the chain's first step wrote the newest token's draft KV at its slot
                 req.kv.draft_kv_len = max(req.kv.draft_kv_len, req.seqlen)
         self.stats["model_drafts"] += len(todo)
@@ -132,6 +134,10 @@ class DraftModelSource:
             if self.tree is not None and lock is not None and lock.protected_len:
                 mark_draft_kv(lock.node, min(end, lock.protected_len))
 
+    def _drafts(self, todo: list[Req], steps: list[int]) -> list[Draft]:
+        chains, probs = self._chains(todo, steps)
+        return [Draft(tokens, self, q=q) for tokens, q in zip(chains, probs)]
+
     def _chains(self, todo: list[Req], steps: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Each request's chain from its newest known token, and for a sampled request the distribution q each of
         its tokens was drawn from (the request's temperature, top-k/p, min-p over the draft model's logits)."""
@@ -154,12 +160,48 @@ class DraftModelSource:
 
 class EagleSource(DraftModelSource):
     """An EAGLE head (--speculative-algorithm EAGLE, executor/eagle_runner.py): its KV is written after each pass is
-    processed, for every request of the pass (on_processed), before the drafts of those that draft."""
+    processed, for every request of the pass (on_processed), before the drafts of those that draft.
+
+    With topk > 1 a request drafts a tree (executor/eagle_tree.py) of at most `num_nodes` nodes, verified in one
+    pass with a tree mask, where it is greedy with nothing but its logits deciding (plain_greedy, no grammar: a
+    tree's rows have no per-row sampling state or grammar walk), the context has room for the tree, and both
+    models' attention backends support tree masks (the Triton backend does not: chains there). Other requests --
+    sampled ones included, verified by speculative sampling's rule for chains -- draft chains."""
 
     guesses = False  # its KV of a pass is written once the pass is processed: never with one in flight
     # Its KV of a position is a pair with the target's hidden state there, which only that target pass has: a
     # skipped pass could not be caught up later, so the head writes every pass's.
     lazy_kv = False
+
+    def __init__(self, runner: DraftModelRunner, stats: Counter, steps: int, topk: int = 1, num_nodes: int = 0):
+        super().__init__(runner, stats)
+        self.max_len = steps
+        trees = runner.attn_backend.supports_tree_mask and runner.target.attn_backend.supports_tree_mask
+        self.topk = topk if trees else 1
+        self.num_nodes = num_nodes
+        if topk > 1 and not trees:
+            stats["tree_drafts_unsupported"] += 1
+
+    def _tree_ok(self, req: Req, steps: int) -> bool:
+        room = max(table_width(steps, self.topk), self.num_nodes) + 1
+        return (self.topk > 1 and req.grammar is None and plain_greedy(req)
+                and req.seqlen + room <= self.runner.model_config.context_len)
+
+    def _drafts(self, todo: list[Req], steps: list[int]) -> list[Draft]:
+        tree = [i for i, (r, k) in enumerate(zip(todo, steps)) if self._tree_ok(r, k)]
+        chain = [i for i in range(len(todo)) if i not in set(tree)]
+        out: list[Draft | None] = [None] * len(todo)
+        if chain:
+            for i, d in zip(chain, super()._drafts([todo[i] for i in chain], [steps[i] for i in chain])):
+                out[i] = d
+        if tree:
+            trees = propose_tree(self.runner, [todo[i].req_pool_idx for i in tree],
+                                 [todo[i].seqlen - 1 for i in tree], [steps[i] for i in tree], self.topk,
+                                 self.num_nodes)
+            for i, (tokens, parents) in zip(tree, trees):
+                out[i] = Draft(tokens, self, parents=parents)
+            self.stats["tree_drafts"] += len(tree)
+        return out
 
     def on_launch(self, batch: ScheduleBatch, drafting: bool) -> None:
         self.runner.write_kv(batch.worker)
@@ -175,7 +217,12 @@ class EagleSource(DraftModelSource):
         for req, idx, start, n in zip(batch.reqs, wb.req_pool_indices, wb.prefix_lens, wb.extend_lens):
             # Pair i needs token i + 1: up to the newest token (a chunk: its rows, the next prompt token known).
             end = min(start + n, req.seqlen - 1)
-            spans.append(PairSpan(idx, start, end, _tokens(req, start + 1, end + 1), row))
+            rows = list(range(row, row + n))
+            if req.rid in batch.accepted_paths:  # a tree: the rows before it, then the root's and the path's
+                nodes, path = batch.accepted_paths[req.rid]
+                root = row + n - nodes - 1
+                rows = list(range(row, root)) + [root + r for r in path_rows(path)]
+            spans.append(PairSpan(idx, start, end, _tokens(req, start + 1, end + 1), rows[: max(end - start, 0)]))
             row += n
         self.runner.catch_up(wb, spans)
 
