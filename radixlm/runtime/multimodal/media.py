@@ -9,7 +9,7 @@ import io
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 from urllib.parse import unquote, urlparse
 
 if TYPE_CHECKING:
@@ -46,7 +46,23 @@ class MediaPolicy:
 @dataclass
 class VideoClip:
     frames: list["Image"]
-    frame_interval_s: float  # seconds between consecutive sampled frames (one frame: the video's frame period)
+    frame_interval_s: float  # the sampled frames' mean spacing in seconds: duration / frames (transformers' sampled_fps)
+    indices: tuple[int, ...] = ()  # the sampled frames' positions in the decoded stream
+
+
+def even_indices(total: int, count: int) -> list[int]:
+    """transformers' default frame sampler (its video processors' `sample_frames` given `num_frames`): `count` frames
+    at floor(i * total / count), from the first frame on; all of them when the video has no more than `count`."""
+    if count >= total:
+        return list(range(total))
+    return [i * total // count for i in range(count)]
+
+
+def temporal_patch_indices(total: int, count: int, temporal_patch_size: int) -> list[int]:
+    """Qwen2-VL's video processor sampler: the count rounded to whole temporal patches (a single frame stays one),
+    then spread as transformers' default sampler does. (transformers steps by total / count in float32, which now and
+    then lands a frame one off, or adds a frame past the end; this takes the exact positions.)"""
+    return even_indices(total, round(count / temporal_patch_size) * temporal_patch_size or count)
 
 
 class MediaLoader:
@@ -90,9 +106,11 @@ class MediaLoader:
     def load_video(self, source: str | bytes, num_frames: int) -> list["Image"]:
         return self.load_clip(source, num_frames).frames
 
-    def load_clip(self, source: str | bytes, num_frames: int) -> VideoClip:
-        """`num_frames` frames spread evenly over the video's first video stream (all of them if it has fewer); a
-        data URL may say how many with a num_frames parameter (data:video/mp4;num_frames=16;base64,...)."""
+    def load_clip(self, source: str | bytes, num_frames: int,
+                  sample: "Callable[[int, int], list[int]]" = even_indices) -> VideoClip:
+        """`num_frames` frames of the video's first video stream, at the positions `sample(total, num_frames)` picks
+        (the model's processor's rule; transformers' default: evenly from the first frame; all frames of a shorter
+        video); a data URL may say how many with a num_frames parameter (data:video/mp4;num_frames=16;base64,...)."""
         import av
 
         m = _DATA_URL.fullmatch(source) if isinstance(source, str) and source[:5].lower() == "data:" else None
@@ -114,17 +132,23 @@ class MediaLoader:
                 if not total:  # the container does not say: count them
                     total = sum(1 for _ in container.decode(stream))
                     container.seek(0)
-                count = min(num_frames, total)
-                step = (total - 1) / max(count - 1, 1)
-                wanted = {round(i * step) for i in range(count)}
-                frames = [f.to_image() for i, f in enumerate(container.decode(stream)) if i in wanted]
+                if not total:
+                    raise MediaError("the video has no frames")
+                indices = sorted(set(sample(total, num_frames)))
+                wanted, frames = set(indices), []
+                for i, f in enumerate(container.decode(stream)):
+                    if i in wanted:
+                        frames.append(f.to_image())
+                    if i >= indices[-1]:
+                        break
                 rate = stream.average_rate or stream.guessed_rate
                 period = 1.0 / float(rate) if rate else 1.0
         except av.error.FFmpegError as e:
             raise MediaError(f"cannot decode the video ({len(data)} bytes): {e}") from None
         if not frames:
             raise MediaError("the video has no frames")
-        return VideoClip([f.convert("RGB") for f in frames], (step if count > 1 else 1) * period)
+        # transformers' sampled fps: frames taken over the video's duration (Qwen2.5-VL's time positions follow it).
+        return VideoClip([f.convert("RGB") for f in frames], total * period / len(frames), tuple(indices[:len(frames)]))
 
     # ------------------------------------------------------------------ sources
     def _sized(self, data: bytes) -> bytes:

@@ -12,7 +12,7 @@ from radixlm.runtime.multimodal import anyres
 from radixlm.runtime.multimodal.inputs import (
     Modality, MultimodalInputs, MultimodalItem, content_hash, mrope_positions, pad_ids,
 )
-from radixlm.runtime.multimodal.media import MediaError, MediaLoader
+from radixlm.runtime.multimodal.media import MediaError, MediaLoader, even_indices, temporal_patch_indices
 
 if TYPE_CHECKING:
     import torch
@@ -26,6 +26,24 @@ DEFAULT_VIDEO_FRAMES = 8  # frames sampled from a video, evenly over its length
 
 # Vision towers whose output starts with a CLS token (SigLIP's does not).
 TOWERS_WITH_CLS = ("clip_vision_model",)
+
+
+def load_video_processor(model_dir: str):
+    """transformers' own video processor of the model, or None where it cannot load: it needs torchvision, which
+    radixlm does not install (PyPI's Linux torchvision is a CUDA build that cannot import beside the CPU torch)."""
+    from transformers.utils import is_torchvision_available
+
+    if not is_torchvision_available():
+        return None
+    try:
+        import torchvision  # noqa: F401 - a torchvision that is installed but cannot import (a mismatched build)
+        from transformers import AutoVideoProcessor
+
+        return AutoVideoProcessor.from_pretrained(model_dir)
+    except (ImportError, OSError, RuntimeError, ValueError) as e:
+        logger.warning("transformers' video processor did not load (%s: %s); videos go through the image processor",
+                       type(e).__name__, e)
+        return None
 
 
 class ImageLayout(str, enum.Enum):
@@ -85,7 +103,8 @@ class ProcessedImage:
 
 class MultimodalProcessor:
     def __init__(self, hf_config, image_processor, image_token_id: int, image_token: str, vocab_size: int,
-                 loader: MediaLoader, video_token_id: int | None = None, video_token: str | None = None):
+                 loader: MediaLoader, video_token_id: int | None = None, video_token: str | None = None,
+                 video_processor=None):
         self.hf_config = hf_config
         self.layout = layout_of(hf_config)
         self.image_processor = image_processor
@@ -96,6 +115,9 @@ class MultimodalProcessor:
         self.video_token = video_token
         self.vocab_size = vocab_size
         self.loader = loader
+        # transformers' own video processor where it loads (it needs torchvision); None: frames through the image
+        # processor (see preprocess_video).
+        self.video_processor = video_processor
 
     @classmethod
     def for_model(cls, model_dir: str, tokenizer, loader: MediaLoader) -> "MultimodalProcessor | None":
@@ -118,14 +140,20 @@ class MultimodalProcessor:
         if video_id is not None and video_id >= len(tokenizer):
             video_id = None  # the tokenizer has no such token: no prompt can hold a video
         return cls(hf_config, image_processor, token_id, wrap(token_id), hf_config.get_text_config().vocab_size, loader,
-                   video_id, None if video_id is None else wrap(video_id))
+                   video_id, None if video_id is None else wrap(video_id),
+                   None if video_id is None else load_video_processor(model_dir))
 
     def max_video_tokens(self) -> int:
         if self.video_token_id is None:
             return 0
         if video_layout_of(self.hf_config) is VideoLayout.POOLED_FRAMES:
             return anyres.video_token_count(DEFAULT_VIDEO_FRAMES, self.hf_config)
-        return -(-DEFAULT_VIDEO_FRAMES // self.image_processor.temporal_patch_size) * self.num_image_tokens
+        per_frame = self.num_image_tokens
+        size = getattr(self.video_processor, "size", None)  # its own pixel cap where it loaded
+        if size is not None and getattr(size, "longest_edge", None):
+            vc = self.hf_config.vision_config
+            per_frame = size.longest_edge // (vc.patch_size * vc.spatial_merge_size) ** 2
+        return -(-DEFAULT_VIDEO_FRAMES // self.image_processor.temporal_patch_size) * per_frame
 
     def preprocess(self, images: list["Image"]) -> list[ProcessedImage]:
         try:
@@ -152,12 +180,23 @@ class MultimodalProcessor:
         """Qwen2.5-VL: time positions per second of video (None: a video's time positions count temporal patches)."""
         return getattr(self.hf_config.vision_config, "tokens_per_second", None)
 
+    def sample_frames(self, total: int, count: int) -> list[int]:
+        """The positions of the frames to take from a video of `total` frames when `count` are asked for, as the
+        model's transformers video processor samples them given `num_frames`."""
+        if video_layout_of(self.hf_config) is VideoLayout.TEMPORAL_PATCHES:
+            return temporal_patch_indices(total, count, self.hf_config.vision_config.temporal_patch_size)
+        return even_indices(total, count)
+
     def preprocess_video(self, frames: list["Image"], frame_interval_s: float | None = None) -> ProcessedImage:
-        """Qwen2-VL: each frame through the image processor (which repeats a still image over the temporal patch),
-        then consecutive frames stacked into the temporal patches (the last frame repeated to fill the last one).
-        Qwen2.5-VL also records the seconds a temporal patch spans (its frames' interval: the time positions)."""
+        """The sampled frames through transformers' video processor of the model where it loads, else the fallback:
+        Qwen2-VL: each frame through the image processor (which repeats a still image over the temporal patch),
+        then consecutive frames stacked into the temporal patches (the last frame repeated to fill the last one);
+        LLaVA-OneVision: each frame's base view. Qwen2.5-VL also records the seconds a temporal patch spans (the
+        temporal patch size over the sampled frames' rate: the time positions)."""
         import torch
 
+        if self.video_processor is not None:
+            return self._with_video_processor(frames, frame_interval_s)
         if video_layout_of(self.hf_config) is VideoLayout.POOLED_FRAMES:
             return self._pooled_frames(frames)
         t_patch, patch = self.image_processor.temporal_patch_size, self.hf_config.vision_config.patch_size
@@ -173,6 +212,24 @@ class MultimodalProcessor:
         span = t_patch * frame_interval_s if frame_interval_s is not None and self.tokens_per_second() else None
         return ProcessedImage(x.reshape(t * n, -1).contiguous(), t * n // merge, grid_thw=(t, gh, gw),
                               second_per_grid_t=span)
+
+    def _with_video_processor(self, frames: list["Image"], frame_interval_s: float | None) -> ProcessedImage:
+        import numpy as np
+
+        video = np.stack([np.asarray(f.convert("RGB")) for f in frames])  # (frames, H, W, 3): one video
+        try:  # the frames are already sampled (the loader asked sample_frames)
+            out = self.video_processor(videos=[video], do_sample_frames=False, return_tensors="pt")
+        except Exception as e:  # noqa: BLE001 - the processor's own errors on odd frames
+            raise MediaError(f"the video processor refused the video: {type(e).__name__}: {e}") from None
+        pixels = out["pixel_values_videos"].float()
+        if video_layout_of(self.hf_config) is VideoLayout.POOLED_FRAMES:
+            views = pixels[0].contiguous()  # (frames, C, H, W)
+            return ProcessedImage(views, anyres.video_token_count(len(views), self.hf_config))
+        t, gh, gw = (int(x) for x in out["video_grid_thw"][0].tolist())
+        merge = self.hf_config.vision_config.spatial_merge_size ** 2
+        t_patch = self.video_processor.temporal_patch_size
+        span = t_patch * frame_interval_s if frame_interval_s is not None and self.tokens_per_second() else None
+        return ProcessedImage(pixels.contiguous(), t * gh * gw // merge, grid_thw=(t, gh, gw), second_per_grid_t=span)
 
     def _pooled_frames(self, frames: list["Image"]) -> ProcessedImage:
         """LLaVA-OneVision: each frame's base view (the frame resized to the tower's input) through the image
@@ -206,7 +263,7 @@ class MultimodalProcessor:
         processed = {self.image_token_id: iter(self.preprocess([self.loader.load_image(s) for s in images]))
                      if images else iter(())}
         if videos:
-            clips = [self.loader.load_clip(s, num_frames) for s in videos]
+            clips = [self.loader.load_clip(s, num_frames, self.sample_frames) for s in videos]
             processed[self.video_token_id] = iter([self.preprocess_video(c.frames, c.frame_interval_s) for c in clips])
         out, items, prev = [], [], 0
         for slot in slots:
