@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import torch
 
@@ -16,6 +17,9 @@ from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor, split_rows
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
 from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
+from radixlm.runtime.layers.attention.triton_ops.decode_splits import DECODE_BLOCK_N
+from radixlm.runtime.layers.kernel_variants import EXTEND_WARMUP_LENS, WarmupPlan, warmup_plan
+from radixlm.runtime.layers.moe.layer import FusedMoE
 from radixlm.runtime.layers.linear import Shard
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import load_model
@@ -81,12 +85,11 @@ class ModelRunner:
             self.max_total_num_tokens, self.token_to_kv_pool.mem_bytes() / 2**20, self.max_running_requests,
         )
         self.graph_runner: CudaGraphRunner | None = None
+        graph_max_bs = self.graph_max_bs()
         if self.is_cuda:
-            self.warm_up_extend()
-        if self.is_cuda and not server_args.disable_cuda_graph and self.attn_backend.supports_cuda_graph:
-            rows = self.max_running_requests * DECODE_ROWS_PER_REQ
-            max_bs = min(server_args.cuda_graph_max_bs or CUDA_GRAPH_DEFAULT_MAX_BS, rows)
-            self.graph_runner = CudaGraphRunner(self, max_bs)
+            self.warm_up_kernels(graph_max_bs)
+        if graph_max_bs:
+            self.graph_runner = CudaGraphRunner(self, graph_max_bs)
         if self.is_cuda:
             free, total = torch.cuda.mem_get_info()
             logger.info("GPU memory after start-up: %.2f GiB in use of %.2f GiB (%.2f GiB free)",
@@ -135,13 +138,76 @@ class ModelRunner:
             raise ValueError(f"not enough memory for a KV pool: {n} tokens (raise mem_fraction_static or max_total_tokens)")
         return n
 
+    def graph_max_bs(self) -> int:
+        """The largest batch a CUDA graph is captured for (0: no graphs)."""
+        args = self.server_args
+        if not (self.is_cuda and not args.disable_cuda_graph and self.attn_backend.supports_cuda_graph):
+            return 0
+        return min(args.cuda_graph_max_bs or CUDA_GRAPH_DEFAULT_MAX_BS, self.max_running_requests * DECODE_ROWS_PER_REQ)
+
+    def warmup_plan(self, graph_max_bs: int) -> WarmupPlan:
+        has_moe = any(isinstance(m, FusedMoE) for m in self.model.modules())
+        return warmup_plan(self.model_config.context_len, self.num_kv_heads, graph_max_bs,
+                           eager_token_rows_any_size=self.mm_embedder is not None, has_moe=has_moe)
+
+    @torch.inference_mode()
+    def warm_up_kernels(self, graph_max_bs: int) -> None:
+        """Builds, before the first request, every Triton kernel variant that eager passes can meet (CUDA-graph
+        capture builds those of the captured passes); layers/kernel_variants.py lists them and why. Otherwise the
+        first pass that needs one waits for the compiler (0.1-0.6 s each on an H100) in the middle of serving."""
+        t0 = time.perf_counter()
+        plan = self.warmup_plan(graph_max_bs)
+        self.warm_up_extend()
+        # Every row count up to the skinny GEMM's limit (the layers' skinny-vs-cuBLAS choices), then one request at
+        # each split count an eager decode pass can meet: seq_len 256 * (s - 1) + 1 gives s splits for one request.
+        passes = [(bs, 1) for bs in plan.token_row_batches]
+        if isinstance(self.attn_backend, TritonAttnBackend):
+            passes += [(1, DECODE_BLOCK_N * 4 * (s - 1) + 1) for s in plan.decode_splits if s > 1]
+        for bs, seq_len in passes:
+            self._warm_up_token_rows(bs, seq_len)
+        if plan.moe and self.is_cuda:
+            self._warm_up_moe()
+        if self.is_cuda:
+            torch.cuda.synchronize()
+        logger.info("kernel warm-up (eager passes of %s rows, decode splits %s%s) in %.2f s",
+                    list(plan.token_row_batches), plan.decode_splits, ", MoE configs" if plan.moe else "",
+                    time.perf_counter() - t0)
+
+    def _warm_up_token_rows(self, bs: int, seq_len: int) -> None:
+        """An eager TOKEN_ROWS pass of bs requests, each at position seq_len - 1 of request row 0 (KV slot 0)."""
+        z = torch.zeros(bs, dtype=torch.int64, device=self.device)
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.TOKEN_ROWS, batch_size=bs, input_ids=z, positions=z + (seq_len - 1),
+            req_pool_indices=z, seq_lens=z + seq_len, seq_lens_cpu=[seq_len] * bs, out_cache_loc=z,
+            req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.token_to_kv_pool,
+            attn_backend=self.attn_backend)
+        self._run(fb, LogitsPlan(sample_rows=list(range(bs))))
+
+    def _warm_up_moe(self) -> None:
+        """Each MoE layer shape once per GEMM config a pass can reach (one token: the config is forced)."""
+        from radixlm.runtime.layers.moe.fused_moe import TRITON_CHUNK_TOKENS, fused_experts_triton, reachable_configs
+
+        seen = set()
+        for m in self.model.modules():
+            if not isinstance(m, FusedMoE):
+                continue
+            w13, w2 = m.w13_weight, m.w2_weight
+            key = (tuple(w13.shape), tuple(w2.shape), w13.dtype, m.top_k, m.expert_start, m.num_experts)
+            if key in seen:
+                continue
+            seen.add(key)
+            hidden = torch.zeros(1, w13.shape[2], dtype=w13.dtype, device=self.device)
+            ids = (torch.arange(m.top_k, dtype=torch.int32, device=self.device) % m.num_experts).reshape(1, -1)
+            weights = torch.ones(1, m.top_k, dtype=torch.float32, device=self.device)
+            for cfg in reachable_configs(TRITON_CHUNK_TOKENS, m.top_k, w13.shape[0], w13.dtype):
+                fused_experts_triton(hidden, w13, w2, weights, ids, m.expert_start, m.num_experts, config=cfg)
+
     @torch.inference_mode()
     def warm_up_extend(self) -> None:
-        """Builds the kernels of eager (extend) passes before the first request: extend attention's two tile shapes
-        (at most and over 16 new tokens per request). Otherwise the first pass that needs one waits for the Triton
-        compiler (measured: 0.6 s on an H100, in the middle of a benchmark run). Dummy passes: request row 0 and KV
-        slot 0, as padded CUDA-graph rows use them, before anything real is in the pool."""
-        for extend_lens in ([16, 16], [17]):
+        """Builds the kernels of eager (extend) passes: extend attention's two tile shapes (at most and over 16 new
+        tokens per request). Dummy passes: request row 0 and KV slot 0, as padded CUDA-graph rows use them, before
+        anything real is in the pool."""
+        for extend_lens in EXTEND_WARMUP_LENS:
             n, bs = sum(extend_lens), len(extend_lens)
             zeros = torch.zeros(n, dtype=torch.int64, device=self.device)
             starts = [sum(extend_lens[:i]) for i in range(bs)]

@@ -3,7 +3,11 @@
 At batch 1-4 a decode step is a stream of weight reads; cuBLAS' kernels for these shapes reach ~88% of the copy
 bandwidth. Here each program reads a [BLOCK_N, K] band of W once, in BLOCK_K steps, and reduces it against every
 row of x; accumulation is in float32 and the result is rounded once, as F.linear does. Tile sizes are autotuned per
-(N, K, M) during the warm-up runs that precede CUDA-graph capture."""
+(N, K, M) during the warm-up runs that precede CUDA-graph capture.
+
+M is a constexpr: each row count is its own set of compiled kernels. CUDA graphs pad decode batches to 1, 2, 4, 8, ...
+rows, so 3 rows arise only in eager passes (a prefill pass sampling three requests); they run the 4-row kernel on
+a padded copy (each row's sum is computed alike whatever M is), and no kernel is built for them."""
 from __future__ import annotations
 
 import torch
@@ -11,6 +15,7 @@ import triton
 import triton.language as tl
 
 SKINNY_MAX_M = 4
+SKINNY_ROWS = (1, 2, 4)  # the kernel's row counts (M); other row counts up to SKINNY_MAX_M pad to the next one
 
 _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
             for bn, bk, w, s in ((8, 512, 4, 3), (16, 256, 4, 4), (16, 512, 4, 3), (32, 256, 8, 3),
@@ -69,6 +74,11 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: (M, K) with M <= SKINNY_MAX_M; weight: (N, K); returns (M, N) in x's dtype."""
     m, k = x.shape
+    rows = next(r for r in SKINNY_ROWS if r >= m)
+    if rows != m:
+        padded = x.new_zeros(rows, k)
+        padded[:m] = x
+        return skinny_linear(padded, weight, bias)[:m]
     n = weight.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731

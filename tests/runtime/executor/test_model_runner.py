@@ -19,3 +19,39 @@ def test_warm_up_extend_leaves_no_trace(tiny_model_dir):
     assert (sched.allocator.available_size(), sched.req_to_token_pool.available_size()) == (free_slots, free_rows)
     assert _run(sched) == reference
     sched.check_memory()
+
+
+def test_warm_up_kernels_leaves_no_trace(tiny_model_dir):
+    """The whole start-up warm-up (extend passes, eager passes of 1..4 rows) on CPU: outputs and pools unchanged."""
+    reference = _run(make_scheduler(tiny_model_dir))
+    sched = make_scheduler(tiny_model_dir)
+    free_slots, free_rows = sched.allocator.available_size(), sched.req_to_token_pool.available_size()
+    sched.runner.warm_up_kernels(graph_max_bs=0)
+    assert (sched.allocator.available_size(), sched.req_to_token_pool.available_size()) == (free_slots, free_rows)
+    assert _run(sched) == reference
+    sched.check_memory()
+
+
+def test_warm_up_kernels_runs_every_planned_variant(tiny_model_dir, monkeypatch):
+    """With the Triton backend the warm-up's eager passes meet every split count of the plan, every row count up to
+    the skinny GEMM's, and both extend tiles (the passes recorded, not run: there is no GPU here)."""
+    from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
+    from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits
+    from radixlm.runtime.layers.kernel_variants import decode_eager_splits
+    from radixlm.runtime.layers.skinny_gemm import SKINNY_MAX_M
+
+    runner = make_scheduler(tiny_model_dir).runner
+    runner.attn_backend = TritonAttnBackend(runner)
+    passes = []
+    monkeypatch.setattr(runner, "_run", lambda fb, plan: passes.append((fb.forward_mode, fb.batch_size,
+                                                                         list(fb.seq_lens_cpu), fb.extend_seq_lens_cpu)))
+    context, kv_heads = runner.model_config.context_len, runner.num_kv_heads
+    for graph_max_bs in (0, 8, 512):
+        passes.clear()
+        runner.warm_up_kernels(graph_max_bs)
+        token_rows = [(bs, lens) for mode, bs, lens, _ in passes if mode.is_token_rows()]
+        assert {decode_num_splits(max(lens), bs, kv_heads) for bs, lens in token_rows} == set(
+            decode_eager_splits(context, kv_heads, graph_max_bs))
+        assert {bs for bs, _ in token_rows} >= set(range(1, SKINNY_MAX_M + 1))
+        extend = [max(ext) for mode, _, _, ext in passes if mode.is_request_spans()]
+        assert min(extend) <= 16 < max(extend)

@@ -124,7 +124,9 @@ def align_pairs(topk_ids: torch.Tensor, n_local: int, expert_start: int, block_m
     return ExpertBlocks(sorted_pairs[:rows], block_expert, num_pairs, block_m)
 
 
-@triton.jit
+# Counts that follow the pass's token count are not specialized (a count of 1 would become a constant, a multiple of
+# 16 a divisibility hint: new kernels in the middle of serving); they only bound loops and masks.
+@triton.jit(do_not_specialize=["num_pairs"])
 def _count_kernel(Ids, Counts, num_pairs, expert_start, n_local, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_range = offs < num_pairs
@@ -133,7 +135,7 @@ def _count_kernel(Ids, Counts, num_pairs, expert_start, n_local, BLOCK: tl.const
     tl.atomic_add(Counts + e, 1, mask=held)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_blocks"])
 def _offsets_kernel(Counts, Cursor, BlockExpert, n_local, num_blocks, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
                     BLOCK_B: tl.constexpr):
     """One program: each expert's padded start (the scatter's cursor) and each row block's expert."""
@@ -152,7 +154,7 @@ def _offsets_kernel(Counts, Cursor, BlockExpert, n_local, num_blocks, BLOCK_M: t
         tl.store(BlockExpert + offs_b, tl.where(e_of_b < n_local, e_of_b, -1), mask=offs_b < num_blocks)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _scatter_kernel(Ids, Cursor, SortedPairs, num_pairs, expert_start, n_local, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_range = offs < num_pairs
@@ -183,7 +185,7 @@ def align_pairs_triton(topk_ids: torch.Tensor, n_local: int, expert_start: int, 
     return ExpertBlocks(sorted_pairs, block_expert, num_pairs, block_m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _grouped_gemm_kernel(A, B, C, SortedPairs, BlockExpert, PairWeights, N, K, num_pairs,
                          stride_am, stride_be, stride_bn, stride_bk, stride_cm,
                          A_ROW_DIV: tl.constexpr, MUL_WEIGHT: tl.constexpr, IEEE_FP32: tl.constexpr,
@@ -221,6 +223,9 @@ def _grouped_gemm_kernel(A, B, C, SortedPairs, BlockExpert, PairWeights, N, K, n
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
+CONFIG_BOUNDS = (16, 48, 128)  # pick_config's steps, in (token, expert) pairs per local expert
+
+
 @dataclass(frozen=True)
 class GemmConfig:
     block_m: int
@@ -236,13 +241,27 @@ def pick_config(num_pairs: int, n_local: int, dtype: torch.dtype) -> GemmConfig:
     on an H100 (benchmarks/gpu_moe.py --tune)."""
     per_expert = num_pairs / max(n_local, 1)
     fp32 = dtype == torch.float32
-    if per_expert <= 16:
+    if per_expert <= CONFIG_BOUNDS[0]:
         return GemmConfig(16, 64, 128, 4, 2 if fp32 else 4)
-    if per_expert <= 48:
+    if per_expert <= CONFIG_BOUNDS[1]:
         return GemmConfig(32, 64, 128, 4, 2 if fp32 else 4)
-    if per_expert <= 128 or fp32:
+    if per_expert <= CONFIG_BOUNDS[2] or fp32:
         return GemmConfig(64, 128, 64, 4, 2 if fp32 else 3)
     return GemmConfig(128, 256, 64, 8, 3)
+
+
+def reachable_configs(max_tokens: int, top_k: int, n_local: int, dtype: torch.dtype) -> list[GemmConfig]:
+    """Every config pick_config gives a launch of 1..max_tokens tokens (at most TRITON_CHUNK_TOKENS a launch): the
+    kernels start-up builds. pick_config steps up at CONFIG_BOUNDS rows per expert, so the pair counts just past
+    each bound, and the first, stand for all."""
+    max_pairs = min(max_tokens, TRITON_CHUNK_TOKENS) * top_k
+    counts = [top_k] + [int(b * n_local) + 1 for b in CONFIG_BOUNDS]
+    out: list[GemmConfig] = []
+    for pairs in counts:
+        cfg = pick_config(min(pairs, max_pairs), n_local, dtype)
+        if cfg not in out:
+            out.append(cfg)
+    return out
 
 
 def _launch(a, b, c, blocks: ExpertBlocks, weights, a_row_div: int, cfg: GemmConfig) -> None:

@@ -16,22 +16,27 @@ from radixlm.runtime.layers.attention.triton_ops.decode_splits import DECODE_BLO
 # Index vectors are often views at any offset (rows of one host-to-device copy, slices of the allocator's free list).
 # Specialized on their 16-byte alignment, a kernel was compiled again in the middle of serving for misaligned ones.
 INDEX_ARGS = ["Req_pool_indices", "Seq_lens"]
+# The split count varies with the batch and the longest sequence (eager passes) or the captured batch size (graphs):
+# a runtime argument, not specialized (1 would become a constant, 16 a divisibility hint), nor are the partial
+# log-sum-exps' strides that follow it. The partial outputs' strides (splits x head_dim) keep their hint: every head
+# dim served is a multiple of 16. See radixlm/runtime/layers/kernel_variants.py.
+SPLIT_ARGS = ["num_splits", "stride_mlb", "stride_mlh"]
 
 
-@triton.jit(do_not_specialize_on_alignment=INDEX_ARGS)
+@triton.jit(do_not_specialize=SPLIT_ARGS, do_not_specialize_on_alignment=INDEX_ARGS)
 def _decode_stage1(
     Q, K_buf, V_buf, Req_to_token, Req_pool_indices, Seq_lens, Mid_o, Mid_lse, sm_scale,
     stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
-    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(Seq_lens + b)
     row = tl.load(Req_pool_indices + b)
-    per_split = tl.cdiv(seq_len, NUM_SPLITS)
+    per_split = tl.cdiv(seq_len, num_splits)
     start = split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
@@ -71,16 +76,16 @@ def _decode_stage1(
     tl.store(Mid_lse + b * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SPLIT_ARGS)
 def _decode_stage2(
-    Mid_o, Mid_lse, O, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    Mid_o, Mid_lse, O, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < NUM_SPLITS
+    s_mask = offs_s < num_splits
     d_mask = offs_d < HEAD_DIM
     lse = tl.load(Mid_lse + b * stride_mlb + h * stride_mlh + offs_s, mask=s_mask, other=float("-inf"))
     m = tl.max(lse, 0)
@@ -109,13 +114,13 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, sm_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=block_n, NUM_SPLITS=num_splits, num_warps=4, num_stages=2,
+        num_splits, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n, num_warps=4, num_stages=2,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays exact (no TF32 rounding)
     )
     _decode_stage2[(bs, num_heads)](
         mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1), HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
+        out.stride(0), out.stride(1), num_splits, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4,
     )
     return out

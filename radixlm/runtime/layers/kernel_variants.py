@@ -1,0 +1,88 @@
+"""The Triton kernel variants serving can meet, so that start-up builds every one of them (issue 20). Imports no
+Triton: the model runner plans its warm-up with it on any device, and CPU tests check the plan.
+
+How Triton decides to compile (Triton 3.4 to 3.9: the rule is `native_specialize_impl`, python/src/specialize.cc,
+called by the binder that `JITFunction.run` builds; 3.6 runs on the GPU machine, 3.9 on the CPU venv). A kernel's
+in-memory cache key (and, hashed, its on-disk cache key) is the launch's specialization of every argument plus its
+options (num_warps, num_stages, enable_fp_fusion, ...). Per argument:
+  - `tl.constexpr`: its value;
+  - int: its type, i32 / i64 / u64 by range; unless the kernel lists it in `do_not_specialize`, the value 1 becomes
+    the constant 1, and a multiple of 16 gets a divisibility hint (not with `do_not_specialize_on_alignment`);
+  - tensor: its dtype (a pointer type), and unless listed in either option, whether data_ptr() % 16 == 0;
+  - float and bool: the type alone.
+So a value that changes between passes builds a new kernel when it is a constexpr, an int that can be 1 or
+both a multiple of 16 and not, or a tensor whose alignment changes (views at any offset). Each build costs
+0.1-0.6 s on an H100 with an empty cache (issue 20 measured 0.83x SGLang's throughput on a cold machine).
+
+Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and rank, met by the first pass):
+
+  decode_attention.py  _decode_stage1, _decode_stage2 (split-K decode over the paged pool)
+      num_splits: 1..16, from the batch size and the longest sequence (eager passes) or the captured batch size
+        (graphs) -> a runtime int in do_not_specialize, with the log-sum-exp strides it sets (stride_mlb, stride_mlh);
+        the partial outputs' strides (splits x head_dim) stay specialized: a multiple of 16 for every head dim
+        served, whatever the split count.
+      BLOCK_S = next_power_of_2(num_splits) (stage 2's tile): 1, 2, 4, 8, 16 -> built at start-up for every split
+        count eager passes can meet (decode_eager_splits) and, for graphs, by capture.
+      Req_pool_indices, Seq_lens: views at any offset -> do_not_specialize_on_alignment.
+      GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, BLOCK_N, PRECISION (dtype), strides of q and the pools: fixed.
+  extend_attention.py  _extend_kernel (ragged extend over a cached prefix)
+      BLOCK_M: 16 when the longest extend of the pass is <= 16 tokens, else 64 -> both built at start-up
+        (EXTEND_WARMUP_LENS). Prefix, extend and start vectors: no alignment. GROUP, HEAD_DIM, BLOCK_D, BLOCK_N,
+        PRECISION and every stride: fixed. Token, prefix and batch counts enter through the grid and device vectors.
+  fused_kernels.py  _rmsnorm_kernel, _silu_and_mul_kernel, _rotary_kernel, _store_kv_kernel
+      rmsnorm: HAS_RESIDUAL (both in every pass), BLOCK, n_cols, strides: fixed per call site (hidden size, the
+        q/k norms' head dim). silu_and_mul: d, strides fixed. rotary: Pos views -> no alignment; heads, strides
+        fixed (q, k are views of the qkv rows at fixed offsets). store_kv: Loc (slices of the allocator's free
+        list) -> no alignment; width, strides fixed. Row counts enter through the grid only.
+  skinny_gemm.py  _skinny_kernel (autotuned; key N, K, M)
+      M (rows, constexpr) 1..4: graphs pad decode batches to 1, 2, 4 rows; 3 rows (eager passes: a prefill
+        sampling three requests) run the 4-row kernel on a padded copy. gemm.linear times skinny vs cuBLAS once per
+        layer and row count: start-up runs eager passes of 1..SKINNY_MAX_M rows (TOKEN_ROW_WARMUP) so that no
+        timing (nor autotuning) happens while serving. N, K, strides: fixed per layer.
+  moe/fused_moe.py  _count_kernel, _offsets_kernel, _scatter_kernel, _grouped_gemm_kernel
+      num_pairs (tokens x top_k), num_blocks -> do_not_specialize (they bound masks and loops only).
+      The GEMM config (BLOCK_M/N/K, num_warps, num_stages; BLOCK_M also in _offsets_kernel) follows the rows per
+        expert: up to 4 configs (3 in float32) -> start-up runs every one a pass can reach (reachable_configs).
+      A_ROW_DIV, MUL_WEIGHT (the two launches), IEEE_FP32 (dtype), N, K, expert_start, n_local, strides: fixed.
+
+Not covered here: a vision tower's first image (its norms and activations at the tower's widths; multimodal
+models' encoders) and the draft and EAGLE runners beyond their extend kernels (they call warm_up_extend).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits
+
+# Extend passes of these per-request new-token counts build both of the extend kernel's tiles (BLOCK_M 16, 64).
+EXTEND_WARMUP_LENS = ([16, 16], [17])
+# Eager passes of one row per request at these batch sizes set every layer's skinny-vs-cuBLAS choice
+# (skinny_gemm.SKINNY_MAX_M rows at most use the skinny kernel).
+TOKEN_ROW_WARMUP = (1, 2, 3, 4)
+
+
+def decode_eager_splits(context_len: int, num_kv_heads: int, graph_max_bs: int) -> list[int]:
+    """The split counts of decode passes run without a CUDA graph: decode_num_splits over every longest sequence up
+    to context_len and every batch of more than graph_max_bs rows (0: passes of any size run eagerly). The count is
+    non-increasing in the batch size and non-decreasing in the length, and the length reaches every count up to
+    the longest's, so the set is 1..decode_num_splits(context_len, graph_max_bs + 1)."""
+    top = decode_num_splits(max(context_len, 1), graph_max_bs + 1, num_kv_heads)
+    return list(range(1, top + 1))
+
+
+@dataclass
+class WarmupPlan:
+    """What ModelRunner.warm_up_kernels runs before CUDA-graph capture."""
+
+    extend_lens: tuple = EXTEND_WARMUP_LENS
+    token_row_batches: tuple = TOKEN_ROW_WARMUP
+    decode_splits: list[int] = field(default_factory=list)
+    moe: bool = False  # every reachable GEMM config of each MoE layer shape (fused_moe.reachable_configs)
+
+
+def warmup_plan(context_len: int, num_kv_heads: int, graph_max_bs: int, eager_token_rows_any_size: bool,
+                has_moe: bool) -> WarmupPlan:
+    """graph_max_bs: the largest captured batch (0 without graphs); eager_token_rows_any_size: passes of any row
+    count may run without a graph (media or multimodal positions)."""
+    eager_from = 0 if eager_token_rows_any_size else graph_max_bs
+    return WarmupPlan(decode_splits=decode_eager_splits(context_len, num_kv_heads, eager_from), moe=has_moe)

@@ -1,0 +1,234 @@
+"""Start-up builds every Triton kernel variant serving can meet (issue 20), checked on the CPU.
+
+The launchers run on CPU tensors with each kernel's `run` replaced by a recorder that computes the launch's cache key
+with the installed Triton's own binder (`create_function_from_signature` + `native_specialize_impl`, the code
+`JITFunction.run` uses to decide whether to compile): the keys of launches shaped as serving makes them (any batch
+size, sequence, prefix and token count, index vectors at any offset) must be among the keys of the launches the
+warm-up plan makes. The enumerations behind the plan are checked against brute force. The GPU test
+(tests/runtime/engine/test_cuda.py) counts real compilations."""
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from triton.backends.compiler import BaseBackend  # noqa: E402
+from triton.runtime.autotuner import Autotuner  # noqa: E402
+from triton.runtime.jit import create_function_from_signature  # noqa: E402
+
+from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits  # noqa: E402
+from radixlm.runtime.layers.kernel_variants import (  # noqa: E402
+    EXTEND_WARMUP_LENS, TOKEN_ROW_WARMUP, decode_eager_splits, warmup_plan)
+
+
+class Recorder:
+    """kernel name -> the set of cache keys its launches would use (specialization of every argument + options)."""
+
+    def __init__(self, monkeypatch, kernels: dict):
+        self.keys: dict[str, set] = defaultdict(set)
+        for name, kernel in kernels.items():
+            if isinstance(kernel, Autotuner):  # its configs add their constexprs: record the launch's own ones
+                def run(*args, grid, warmup, _name=name, **kwargs):
+                    self.keys[_name].add(tuple(sorted(kwargs.items())))
+            else:
+                binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
+
+                def run(*args, grid, warmup, _name=name, _binder=binder, **kwargs):
+                    _, spec, options = _binder(*args, **kwargs)
+                    self.keys[_name].add((tuple(spec), tuple(sorted(options.items()))))
+            monkeypatch.setattr(kernel, "run", run)
+
+    def take(self) -> dict[str, set]:
+        out, self.keys = dict(self.keys), defaultdict(set)
+        return out
+
+
+def _assert_covered(warm: dict[str, set], serving: dict[str, set]) -> None:
+    for name, keys in serving.items():
+        missing = keys - warm.get(name, set())
+        assert not missing, f"{name}: {len(missing)} variant(s) built only while serving, e.g. {next(iter(missing))}"
+
+
+# ------------------------------------------------------------------------------------------------ enumerations
+@pytest.mark.parametrize("context_len", [1, 200, 256, 257, 2048, 4100])
+@pytest.mark.parametrize("kv_heads", [1, 2, 8, 32])
+@pytest.mark.parametrize("graph_max_bs", [0, 1, 8, 24, 512])
+def test_decode_eager_splits_is_every_split_count_of_an_eager_pass(context_len, kv_heads, graph_max_bs):
+    lengths = sorted({1, context_len, *range(1, context_len + 1, 97), *range(255, context_len + 1, 256),
+                      *range(256, context_len + 1, 256), *range(257, context_len + 1, 256)})
+    seen = {decode_num_splits(n, bs, kv_heads) for n in lengths if n <= context_len
+            for bs in range(graph_max_bs + 1, graph_max_bs + 300)}
+    assert decode_eager_splits(context_len, kv_heads, graph_max_bs) == sorted(seen)
+
+
+def test_warmup_plan_follows_graphs_and_media():
+    # Llama-3.1-8B shapes, default graphs (512 rows): eager decode passes have more than 512 rows, one split.
+    assert warmup_plan(4096, 8, 512, False, False).decode_splits == [1]
+    # No graphs, or a model whose prompt passes run eagerly at any size: every split count up to the cap.
+    assert warmup_plan(4096, 8, 0, False, False).decode_splits == list(range(1, 17))
+    assert warmup_plan(4096, 8, 512, True, False).decode_splits == list(range(1, 17))
+    assert warmup_plan(2048, 2, 8, False, True).decode_splits == list(range(1, 9))
+    assert warmup_plan(2048, 2, 8, False, True).moe
+    assert warmup_plan(4096, 8, 512, False, False).token_row_batches == TOKEN_ROW_WARMUP == (1, 2, 3, 4)
+
+
+@pytest.mark.parametrize("top_k, n_local", [(8, 128), (2, 8), (4, 60), (1, 4), (8, 16)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("max_tokens", [1, 40, 8192, 20000])
+def test_reachable_moe_configs_are_every_config_of_a_pass(top_k, n_local, dtype, max_tokens):
+    from radixlm.runtime.layers.moe.fused_moe import TRITON_CHUNK_TOKENS, pick_config, reachable_configs
+
+    seen = {pick_config(t * top_k, n_local, dtype) for t in range(1, min(max_tokens, TRITON_CHUNK_TOKENS) + 1)}
+    assert set(reachable_configs(max_tokens, top_k, n_local, dtype)) == seen
+
+
+# ------------------------------------------------------------------------------------------------ attention
+def _pools(slots=600, kv_heads=2, head_dim=16, rows=9, width=4100):
+    k_buf = torch.zeros(slots, kv_heads, head_dim)
+    return k_buf, k_buf.clone(), torch.zeros(rows, width, dtype=torch.int64)
+
+
+def _qkv_q(bs, heads, kv_heads, head_dim):
+    """q as the model hands it over: the first part of the fused qkv rows, reshaped to (bs, heads, head_dim)."""
+    qkv = torch.zeros(bs, (heads + 2 * kv_heads) * head_dim)
+    return qkv[:, : heads * head_dim].reshape(bs, heads, head_dim)
+
+
+def _index(values, offset):
+    """An int64 index vector starting `offset` elements into a larger one (views of host-copied rows)."""
+    buf = torch.zeros(offset + len(values), dtype=torch.int64)
+    buf[offset:] = torch.tensor(values)
+    return buf[offset:]
+
+
+@pytest.mark.parametrize("kv_heads, graph_max_bs", [(2, 8), (2, 0), (8, 512), (1, 4)])
+def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_heads, graph_max_bs):
+    from radixlm.runtime.layers.attention.triton_ops import decode_attention as da
+
+    heads, head_dim, context_len = 4 * kv_heads, 16, 4096
+    rec = Recorder(monkeypatch, {"stage1": da._decode_stage1, "stage2": da._decode_stage2})
+    k_buf, v_buf, req_to_token = _pools(kv_heads=kv_heads)
+
+    def launch(bs, seq_lens, offset=0, num_splits=None):
+        rows = _index([0] * bs, offset)
+        lens = _index(seq_lens, offset + 1)
+        da.decode_attention(_qkv_q(bs, heads, kv_heads, head_dim), k_buf, v_buf, req_to_token, rows, lens, 0.25,
+                            max(seq_lens), num_splits)
+
+    # The warm-up's eager passes (ModelRunner.warm_up_kernels) and the captured graphs' fixed split counts.
+    plan = warmup_plan(context_len, kv_heads, graph_max_bs, False, False)
+    for bs in plan.token_row_batches:
+        launch(bs, [1] * bs)
+    for s in plan.decode_splits:
+        launch(1, [256 * (s - 1) + 1])
+    if graph_max_bs:
+        from radixlm.runtime.executor.cuda_graph_runner import capture_batch_sizes
+
+        for bs in capture_batch_sizes(graph_max_bs):
+            launch(bs, [1] * bs, num_splits=decode_num_splits(context_len, bs, kv_heads))
+    warm = rec.take()
+    assert len(warm["stage1"]) == 1  # the split count builds no stage-1 variant
+    # Serving: eager passes of more rows than the largest graph, any lengths, index vectors at any offset.
+    rng = random.Random(0)
+    for _ in range(60):
+        bs = rng.randrange(graph_max_bs + 1, graph_max_bs + 40)
+        lens = [rng.randrange(1, context_len + 1) for _ in range(bs)]
+        if rng.random() < 0.3:
+            lens = [rng.randrange(1, 300) for _ in range(bs)]
+        launch(bs, lens, offset=rng.randrange(0, 5))
+    _assert_covered(warm, rec.take())
+
+
+def test_extend_launches_while_serving_are_built_by_the_warm_up(monkeypatch):
+    from radixlm.runtime.layers.attention.triton_ops import extend_attention as ea
+
+    heads, kv_heads, head_dim = 8, 2, 16
+    rec = Recorder(monkeypatch, {"extend": ea._extend_kernel})
+    k_buf, v_buf, req_to_token = _pools(kv_heads=kv_heads)
+
+    def launch(prefix, extend, offset=0):
+        n, bs = sum(extend), len(extend)
+        qkv = torch.zeros(n, (heads + 2 * kv_heads) * head_dim)
+        q = qkv[:, : heads * head_dim].reshape(n, heads, head_dim)
+        starts = [sum(extend[:i]) for i in range(bs)]
+        ea.extend_attention(q, k_buf, v_buf, req_to_token, _index([0] * bs, offset), _index(prefix, offset + 1),
+                            _index(extend, offset + 2), _index(starts, offset + 3), 0.25, max(extend))
+
+    for lens in EXTEND_WARMUP_LENS:
+        launch([0] * len(lens), list(lens))
+    warm = rec.take()
+    rng = random.Random(1)
+    for _ in range(60):
+        bs = rng.randrange(1, 12)
+        launch([rng.choice([0, 1, 16, 2048, rng.randrange(0, 3000)]) for _ in range(bs)],
+               [rng.choice([1, 2, 15, 16, 17, 64, rng.randrange(1, 600)]) for _ in range(bs)], rng.randrange(0, 5))
+    _assert_covered(warm, rec.take())
+
+
+# ------------------------------------------------------------------------------------------------ elementwise
+def test_fused_elementwise_launches_depend_on_nothing_that_varies(monkeypatch):
+    from radixlm.runtime.layers import fused_kernels as fk
+
+    rec = Recorder(monkeypatch, {"rmsnorm": fk._rmsnorm_kernel, "silu": fk._silu_and_mul_kernel,
+                                 "rotary": fk._rotary_kernel, "store_kv": fk._store_kv_kernel})
+    hidden, heads, kv_heads, head_dim, inter = 128, 8, 2, 16, 256
+    w, cos_sin = torch.ones(hidden), torch.zeros(4096, head_dim)
+    k_buf = torch.zeros(600, kv_heads, head_dim)
+
+    def one_pass(n, offset):
+        x = torch.zeros(n, hidden)
+        out, res = fk.rmsnorm(x, w, 1e-6, x.clone())
+        fk.rmsnorm(x, w, 1e-6)
+        qkv = torch.zeros(n, (heads + 2 * kv_heads) * head_dim)
+        q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+        fk.rotary_(_index(list(range(n)), offset), q, k, cos_sin, head_dim)
+        fk.store_kv(k, v, _index(list(range(1, n + 1)), offset + 1), k_buf, k_buf)
+        fk.silu_and_mul(torch.zeros(n, 2 * inter))
+
+    one_pass(17, 0)  # the warm-up's first pass
+    warm = rec.take()
+    rng = random.Random(2)
+    for n in [1, 2, 3, 4, 5, 16, 32, 333] + [rng.randrange(1, 500) for _ in range(20)]:
+        one_pass(n, rng.randrange(0, 5))
+    _assert_covered(warm, rec.take())
+
+
+def test_skinny_gemm_three_rows_run_the_four_row_kernel(monkeypatch):
+    from radixlm.runtime.layers import skinny_gemm
+
+    rec = Recorder(monkeypatch, {"skinny": skinny_gemm._skinny_kernel})
+    w = torch.zeros(64, 32, dtype=torch.bfloat16)
+    for m in (1, 2, 3, 4):
+        y = skinny_gemm.skinny_linear(torch.ones(m, 32, dtype=torch.bfloat16), w)
+        assert y.shape == (m, 64)
+    assert {dict(k)["M"] for k in rec.take()["skinny"]} == set(skinny_gemm.SKINNY_ROWS) == {1, 2, 4}
+
+
+# ------------------------------------------------------------------------------------------------ MoE
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_moe_launches_while_serving_are_built_by_the_warm_up(monkeypatch, dtype):
+    from radixlm.runtime.layers import fused_kernels as fk
+    from radixlm.runtime.layers.moe import fused_moe as fm
+
+    rec = Recorder(monkeypatch, {"count": fm._count_kernel, "offsets": fm._offsets_kernel,
+                                 "scatter": fm._scatter_kernel, "gemm": fm._grouped_gemm_kernel,
+                                 "silu": fk._silu_and_mul_kernel})
+    e, k, h, i = 8, 2, 64, 32
+    w13, w2 = torch.zeros(e, 2 * i, h, dtype=dtype), torch.zeros(e, h, i, dtype=dtype)
+
+    def launch(t, rng, config=None):
+        ids = torch.tensor([rng.sample(range(e), k) for _ in range(t)], dtype=torch.int32)
+        fm.fused_experts_triton(torch.zeros(t, h, dtype=dtype), w13, w2, torch.ones(t, k), ids, 0, e, config=config)
+
+    rng = random.Random(3)
+    # ModelRunner._warm_up_moe: one token per reachable config.
+    for cfg in fm.reachable_configs(fm.TRITON_CHUNK_TOKENS, k, e, dtype):
+        launch(1, rng, cfg)
+    warm = rec.take()
+    for t in [1, 2, 3, 7, 8, 16, 64, 65, 200, 511, 512, 513, 1000] + [rng.randrange(1, 1200) for _ in range(10)]:
+        launch(t, rng)
+    _assert_covered(warm, rec.take())
