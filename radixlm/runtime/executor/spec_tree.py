@@ -2,11 +2,13 @@
 order of depth so that parents[i] < i (-1: a child of the root, the request's newest token). Any prefix of the nodes
 is a tree, and the nodes up to a depth are a prefix. The verification pass gives the root one row and each node one
 row at position (root's position + depth), attending to the request's KV before the tree and to its own ancestors
-only (TreeMask); the longest path whose every token is the target's choice at its parent is accepted, and the
-accepted nodes' KV is moved into the positions they now hold (compaction, no recomputation)."""
+only (TreeMask); the longest path whose every token is the target's choice at its parent (argmax, or a draw for a
+sampled request: walk) is accepted, and the accepted nodes' KV is moved into the positions they now hold
+(compaction, no recomputation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -54,16 +56,28 @@ def path_rows(path: list[int]) -> list[int]:
     return [0] + [1 + node for node in path]
 
 
-def accept_greedy(parents: list[int], tokens: list[int], choices: list[int]) -> list[int]:
-    """The accepted path (node indices, root to leaf): from the root, the child whose token is the target's choice
-    at the current node (choices[0]: at the root, choices[1 + i]: at node i), while there is one."""
+def row_tokens(tokens: list[int], parents: list[int], row: int) -> list[int]:
+    """The draft tokens before verification row `row` (0: the root, none; 1 + i: node i's path, node i included)."""
+    out, at = [], row - 1
+    while at >= 0:
+        out.append(tokens[at])
+        at = parents[at]
+    return out[::-1]
+
+
+def walk(parents: list[int], tokens: list[int], choose: Callable[[int], int]) -> tuple[list[int], int]:
+    """(accepted path, the token after it): from the root, the target chooses a token at the current node's row
+    (choose(0): at the root, choose(1 + i): at node i) and the walk moves to the child holding it, while one does.
+    Greedy: the argmax. Sampled: a draw from the row's distribution -- the multi-candidate rule (SpecInfer) for
+    point-mass drafts, since trying distinct candidates one by one, each kept with its probability left after the
+    rejected ones, picks exactly as one draw does; each token is distributed as without the draft."""
     path: list[int] = []
     at = -1
     while True:
-        want = choices[0 if at < 0 else 1 + at]
+        want = choose(0 if at < 0 else 1 + at)
         nxt = next((i for i, (p, t) in enumerate(zip(parents, tokens)) if p == at and t == want), None)
         if nxt is None:
-            return path
+            return path, want
         path.append(nxt)
         at = nxt
 

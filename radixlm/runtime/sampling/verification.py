@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from radixlm.runtime.executor.spec_tree import accept_greedy, path_rows
+from radixlm.runtime.executor.spec_tree import row_tokens, walk
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.sampling.penalties import apply_penalties_and_bias
 from radixlm.runtime.sampling.sampler import top_k_top_p_min_p_filter
@@ -90,8 +90,8 @@ def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout:
     first j draft tokens appended (penalties, min_new_tokens, grammar mask, temperature, top-k/p, min-p), after the
     token in flight where a draft continues one (`guesses`: (position, guessed token) or None per request; only the
     output's length is read where a pass was in flight: such requests have no penalty). draft_probs: each draft's
-    q rows (Draft.q), or None. parents: each draft's Draft.parents (a tree: greedy, no grammar or penalty, so its
-    rows need no per-row state), or None."""
+    q rows (Draft.q), or None. parents: each draft's Draft.parents (a tree, without a grammar: a row's request is
+    the one with the node's path appended), or None."""
     drafts = [d[:w] for d, w in zip(drafts, walked)]
     guesses = guesses or [None] * len(drafts)
     mask_rows = [o + j for o, d in zip(layout, drafts) for j in range(len(d) + 1)]
@@ -108,9 +108,10 @@ def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout:
         if masked_rows is not None:
             apply_bitmask(processed, masked_rows, list(range(len(mask_rows))))
     else:
-        virtuals = [_Virtual(r.sampling_params, r.origin_input_ids, r.output_ids + ([g[1]] if g else []) + d[:j],
-                             r.eos_token_ids)
-                    for r, d, g in zip(reqs, drafts, guesses) for j in range(len(d) + 1)]
+        parents_of = parents or [None] * len(drafts)
+        virtuals = [_Virtual(r.sampling_params, r.origin_input_ids, r.output_ids + ([g[1]] if g else [])
+                             + (d[:j] if ps is None else row_tokens(d, ps, j)), r.eos_token_ids)
+                    for r, d, g, ps in zip(reqs, drafts, guesses, parents_of) for j in range(len(d) + 1)]
         info = SamplingBatchInfo.from_reqs(virtuals, logits.shape[-1], logits.device)
         if masked_rows is not None:
             info.vocab_mask, info.vocab_mask_rows, info.apply_vocab_mask = (masked_rows, list(range(len(mask_rows))),
@@ -134,9 +135,13 @@ def settle(v: DraftVerification, i: int, generator: torch.Generator | None) -> V
         draft = []  # it continued another token than the one the pass read: only the in-flight row's logits count
     parents = v.parents[i] if v.parents else None
     if parents is not None:
-        choices = v.choice_list()[start : start + len(draft) + 1]
-        path = accept_greedy(parents, draft, choices)
-        return VerifyResult([draft[n] for n in path] + [choices[path_rows(path)[-1]]], len(path), path=path)
+        if req.sampling_params.is_greedy:
+            choose = v.choice_list()[start : start + len(draft) + 1].__getitem__
+        else:
+            rows, g = v.probs[start : start + len(draft) + 1], _generator(req, generator, v.probs.device)
+            choose = lambda row: _draw(rows[row : row + 1], g)  # noqa: E731 - drawn only at the nodes reached
+        path, token = walk(parents, draft, choose)
+        return VerifyResult([draft[n] for n in path] + [token], len(path), path=path)
     if req.sampling_params.is_greedy:
         choices = v.choice_list()[start : start + len(draft) + 1]
         kept = 0
@@ -159,10 +164,7 @@ def _settle_sampled(probs: torch.Tensor, draft: list[int], req, generator,
                     q: torch.Tensor | None = None) -> tuple[int, int]:
     """Speculative sampling: how many draft tokens are kept, and the token after them. q: the distributions the
     draft tokens were drawn from (rows aligned with `draft`, over at most p's vocabulary); None: point masses."""
-    g = generator
-    if req.sampling_params.sampling_seed is not None:
-        g = torch.Generator(device=probs.device)
-        g.manual_seed(derive_seed(req.sampling_params.sampling_seed, len(req.output_ids)) ^ 0x5BD1E995)
+    g = _generator(req, generator, probs.device)
     uniforms = torch.rand(len(draft), generator=g, device=probs.device).tolist()
     dev = probs.device
     rows = torch.arange(len(draft), device=dev)
@@ -183,5 +185,19 @@ def _settle_sampled(probs: torch.Tensor, draft: list[int], req, generator,
             residual = (row - q[kept : kept + 1]).clamp_min_(0.0)
             if float(residual.sum()) > 0.0:  # else p <= q everywhere (p == q up to rounding): p itself
                 row = residual
+    return kept, _draw(row, g)
+
+
+def _generator(req, generator: torch.Generator | None, device) -> torch.Generator | None:
+    """A seeded request's own generator for this verdict (its seed and output length), else the scheduler's."""
+    if req.sampling_params.sampling_seed is None:
+        return generator
+    g = torch.Generator(device=device)
+    g.manual_seed(derive_seed(req.sampling_params.sampling_seed, len(req.output_ids)) ^ 0x5BD1E995)
+    return g
+
+
+def _draw(row: torch.Tensor, g: torch.Generator | None) -> int:
+    """A token drawn from the (1, vocab) distribution `row` (exponential race)."""
     noise = torch.empty_like(row).exponential_(generator=g).clamp_min_(torch.finfo(torch.float32).tiny)
-    return kept, int(torch.argmax(row / noise, dim=-1))
+    return int(torch.argmax(row / noise, dim=-1))

@@ -46,7 +46,7 @@ class Draft:
     # point masses (verification's rule then keeps a token with probability p(token)).
     q: torch.Tensor | None = None
     # A tree draft (executor/spec_tree.py): each token's parent (-1: the request's newest token), nodes in order of
-    # depth; None: a chain. Only greedy requests without a grammar, penalties or logit bias get trees.
+    # depth; None: a chain. Requests with a grammar get no trees (its masks are walked along chains).
     parents: list[int] | None = None
 
     def cut(self, n: int) -> "Draft | None":

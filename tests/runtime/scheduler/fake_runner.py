@@ -100,6 +100,8 @@ class FakeRunner:
         # The "KV cache": per slot, the token id and the position written there (slot 0.. page_size-1: dummy page).
         self.kv_token = torch.full((size + page_size,), EMPTY, dtype=torch.int64)
         self.kv_pos = torch.full((size + page_size,), EMPTY, dtype=torch.int64)
+        # What moving KV between slots reads (tree drafts' compaction: spec_tree.move_kv).
+        self.token_to_kv_pool = SimpleNamespace(k_buffer=[self.kv_token], v_buffer=[self.kv_pos])
         self.passes: list[ModelWorkerBatch] = []  # every pass seen, as planned (IN_FLIGHT ids left as they were)
         self.resolved_ids: list[list[int]] = []  # the row tokens of each pass, IN_FLIGHT resolved
 
@@ -121,8 +123,18 @@ class FakeRunner:
             if start + ext != end:
                 raise FakeKVError(f"prefix {start} + rows {ext} != seq_len {end}")
             row_req += [idx] * ext
+        trees = wb.tree_masks or [None] * len(wb.req_pool_indices)
+        row_tree: dict[int, tuple[int, list[int]]] = {}  # a tree request's row: (tree start, table columns it sees)
         for i, (idx, start, ext) in enumerate(zip(wb.req_pool_indices, wb.prefix_lens, wb.extend_lens)):
-            pos = wb.positions[sum(wb.extend_lens[:i]) : sum(wb.extend_lens[:i]) + ext]
+            first = sum(wb.extend_lens[:i])
+            pos = wb.positions[first : first + ext]
+            if trees[i] is not None:
+                for j in range(ext):
+                    cols = trees[i].mask[j].nonzero().flatten().tolist()
+                    row_tree[first + j] = (trees[i].start, cols)
+                    if pos[j] != trees[i].start + len(cols) - 1:
+                        raise FakeKVError(f"request row {idx}: tree row {j} at position {pos[j]} sees {cols}")
+                continue
             if pos != list(range(start, start + ext)):
                 raise FakeKVError(f"request row {idx}: positions {pos} are not {start}..{start + ext - 1}")
         ids = list(wb.input_ids)
@@ -140,7 +152,7 @@ class FakeRunner:
 
         plan = wb.logits
         wanted = plan.sample_rows + plan.verify_rows + plan.input_rows
-        hashes = {r: seq_hash(self.read_prefix(row_req[r], wb.positions[r])) for r in set(wanted)}
+        hashes = {r: seq_hash(self.read_prefix(row_req[r], wb.positions[r], row_tree.get(r))) for r in set(wanted)}
         vocab = self.model_config.vocab_size
         rows = fake_logits([hashes[r] for r in plan.sample_rows + plan.verify_rows], vocab)
         input_lp: list[float] = []
@@ -157,10 +169,15 @@ class FakeRunner:
             verify_logits=rows[k:] if plan.verify_rows else None, rows=rows, forward_mode=self.choose_mode(wb),
             req_pool_indices=torch.tensor(wb.req_pool_indices, dtype=torch.int64))
 
-    def read_prefix(self, req_row: int, pos: int) -> list[int]:
+    def read_prefix(self, req_row: int, pos: int, tree: tuple[int, list[int]] | None = None) -> list[int]:
         """The tokens at positions [0, pos] of a request, read back through req_to_token from the KV store; each slot
-        must hold its position (and be allocated)."""
-        slots = self.req_to_token_pool.req_to_token[req_row, : pos + 1].to("cpu")
+        must hold its position (and be allocated). tree: (start, columns) -- a tree row sees the table up to `start`,
+        then the columns past it that its mask sets (its ancestors and itself)."""
+        table = self.req_to_token_pool.req_to_token[req_row].to("cpu")
+        if tree is None:
+            slots = table[: pos + 1]
+        else:
+            slots = torch.cat([table[: tree[0]], table[[tree[0] + c for c in tree[1]]]])
         self._check_allocated(slots, f"request row {req_row} reads")
         got = self.kv_pos[slots]
         bad = (got != torch.arange(pos + 1)).nonzero().flatten().tolist()

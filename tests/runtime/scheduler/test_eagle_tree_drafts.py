@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from radixlm.runtime.executor.spec_tree import TreeBuild, accept_greedy, depths, nodes_within, verify_mask
+from radixlm.runtime.executor.spec_tree import TreeBuild, depths, nodes_within, row_tokens, verify_mask, walk
 from radixlm.runtime.scheduler.cursor import Draft
 from radixlm.runtime.scheduler.drafts import DraftPath
 from radixlm.runtime.scheduler.drafts.model import EagleSource
@@ -35,12 +35,13 @@ def test_verify_mask_rows_see_their_ancestors_only():
     assert depths(parents) == [1, 1, 2, 2, 2, 3] and nodes_within(parents, 2) == 5
 
 
-def test_accept_greedy_follows_the_targets_choice_at_each_node():
+def test_walk_follows_the_targets_choice_at_each_node():
     tokens, parents = [5, 6, 7, 8, 9], [-1, -1, 1, 1, 3]
-    # choices: at the root, then at each node
-    assert accept_greedy(parents, tokens, [6, 0, 8, 0, 9, 0]) == [1, 3, 4]
-    assert accept_greedy(parents, tokens, [6, 0, 7, 0, 9, 0]) == [1, 2]
-    assert accept_greedy(parents, tokens, [4, 0, 7, 0, 9, 0]) == []
+    # the target's choice at the root, then at each node
+    assert walk(parents, tokens, [6, 0, 8, 0, 9, 1].__getitem__) == ([1, 3, 4], 1)
+    assert walk(parents, tokens, [6, 0, 7, 0, 9, 0].__getitem__) == ([1, 2], 0)
+    assert walk(parents, tokens, [4, 0, 7, 0, 9, 0].__getitem__) == ([], 4)
+    assert [row_tokens(tokens, parents, r) for r in (0, 1, 5)] == [[], [5], [6, 8, 9]]
 
 
 def test_select_keeps_the_best_nodes_as_a_tree_in_depth_order():
@@ -197,20 +198,21 @@ def test_eagle_trees_match_the_reference_and_keep_outputs(setup, kwargs, every):
     sched.check_memory()
 
 
-def test_sampled_requests_draft_chains(setup):
-    """Tree verification is greedy only: a sampled request of a topk > 1 server drafts chains (speculative
-    sampling's rule verifies them); a greedy one in the same batch drafts trees."""
+def test_sampled_and_greedy_requests_draft_trees_together(setup):
+    """Sampled requests (temperature, a repetition penalty: their rows read the node's path) draft trees beside
+    greedy ones in the same passes; the greedy outputs equal those without speculation."""
     paths, _, _ = setup
+    expected = _off(paths, {}, 0)
     sched = _eagle_tree(paths)
     rids: list[str] = []
     seen = _record_trees(sched, rids)
     reqs = _requests()
     for r in reqs[::2]:
         r.sampling_params.temperature = 0.8
-    serve(sched, reqs)
-    kinds = {(rid, d.parents is None) for rid, (_, d) in zip(rids, seen)}
-    assert ("r0", True) in kinds and ("r1", False) in kinds
-    assert all(chain == (int(rid[1:]) % 2 == 0) for rid, chain in kinds)
+        r.sampling_params.repetition_penalty = 1.3
+    got = serve(sched, reqs)
+    assert {rid for rid, (_, d) in zip(rids, seen) if d.parents is not None} == {r.rid for r in reqs}
+    assert all(got[r.rid]["output_ids"] == expected[r.rid] for r in reqs[1::2])
     sched.check_memory()
 
 

@@ -31,7 +31,6 @@ from radixlm.runtime.executor.eagle_runner import PairSpan
 from radixlm.runtime.executor.eagle_tree import propose_tree, table_width
 from radixlm.runtime.executor.spec_tree import path_rows
 from radixlm.runtime.sampling.draft_sampling import DraftSampling
-from radixlm.runtime.sampling.verification import plain_greedy
 from radixlm.runtime.scheduler.cursor import Draft
 from radixlm.runtime.scheduler.drafts.backoff import Backoff
 from radixlm.runtime.scheduler.planner import ScheduleBatch
@@ -163,10 +162,9 @@ class EagleSource(DraftModelSource):
     processed, for every request of the pass (on_processed), before the drafts of those that draft.
 
     With topk > 1 a request drafts a tree (executor/eagle_tree.py) of at most `num_nodes` nodes, verified in one
-    pass with a tree mask, where it is greedy with nothing but its logits deciding (plain_greedy, no grammar: a
-    tree's rows have no per-row sampling state or grammar walk), the context has room for the tree, and both
-    models' attention backends support tree masks (the Triton backend does not: chains there). Other requests --
-    sampled ones included, verified by speculative sampling's rule for chains -- draft chains."""
+    pass with a tree mask (greedy: the target's argmax walks it; sampled: its draws do, spec_tree.walk), where it
+    has no grammar (masks are walked along chains), the context has room for the tree, and both models' attention
+    backends support tree masks (the Triton backend does not: chains there). Other requests draft chains."""
 
     guesses = False  # its KV of a pass is written once the pass is processed: never with one in flight
     # Its KV of a position is a pair with the target's hidden state there, which only that target pass has: a
@@ -182,13 +180,14 @@ class EagleSource(DraftModelSource):
         if topk > 1 and not trees:
             stats["tree_drafts_unsupported"] += 1
 
-    def _tree_ok(self, req: Req, steps: int) -> bool:
-        room = max(table_width(steps, self.topk), self.num_nodes) + 1
-        return (self.topk > 1 and req.grammar is None and plain_greedy(req)
+    def _tree_ok(self, req: Req) -> bool:
+        # propose_tree points the table at scratch for the deepest tree of the batch: room for the deepest allowed.
+        room = max(table_width(self.max_len, self.topk), self.num_nodes) + 1
+        return (self.topk > 1 and req.grammar is None
                 and req.seqlen + room <= self.runner.model_config.context_len)
 
     def _drafts(self, todo: list[Req], steps: list[int]) -> list[Draft]:
-        tree = [i for i, (r, k) in enumerate(zip(todo, steps)) if self._tree_ok(r, k)]
+        tree = [i for i, r in enumerate(todo) if self._tree_ok(r)]
         chain = [i for i in range(len(todo)) if i not in set(tree)]
         out: list[Draft | None] = [None] * len(todo)
         if chain:
