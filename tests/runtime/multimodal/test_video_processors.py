@@ -7,6 +7,8 @@ image processor) gives the same grid and nearly the same pixels. Without torchvi
 from __future__ import annotations
 
 import base64
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -17,6 +19,9 @@ import radixlm
 from radixlm.runtime.multimodal.media import MediaLoader, MediaPolicy, even_indices, temporal_patch_indices
 from radixlm.runtime.multimodal.processor import load_video_processor
 from tests.runtime.models.tiny_qwen2_vl import VIDEO, hf_greedy_video, mp4, save_tiny_qwen2_vl
+
+if TYPE_CHECKING:
+    from radixlm.runtime.multimodal.processor import MultimodalProcessor
 
 
 def _has_video_processors() -> bool:
@@ -86,6 +91,28 @@ def _reference(model_dir, path, num_frames: int, **kw):
                                                          num_frames=num_frames, return_tensors="pt", **kw)
 
 
+def _save_onevision(path):
+    """The tiny LLaVA-OneVision of test_llava_onevision, written to `path`."""
+    from transformers import LlavaOnevisionForConditionalGeneration
+    from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
+
+    from tests.runtime.models.test_llava_onevision import onevision_config
+    from tests.runtime.models.tiny import randomize
+    from tests.runtime.models.tiny_llava import GRID_PINPOINTS, IMAGE_SIZE, save_tokenizer
+
+    torch.manual_seed(4)
+    hf = LlavaOnevisionForConditionalGeneration(onevision_config()).float()
+    randomize(hf, 4)
+    with torch.no_grad():
+        hf.model.multi_modal_projector.linear_2.weight.mul_(10.0)
+    hf.eval()
+    hf.save_pretrained(path, safe_serialization=True)
+    save_tokenizer(path)
+    LlavaOnevisionImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+                                    image_grid_pinpoints=GRID_PINPOINTS).save_pretrained(path)
+    return hf
+
+
 def _qwen(tmp_path, v2_5: bool):
     hf = save_tiny_qwen2_vl(tmp_path, seed=7, v2_5=v2_5)
     return hf, radixlm.Engine(model_path=str(tmp_path), dtype="float32", enable_integrity_check=True)
@@ -141,23 +168,9 @@ def test_qwen2_vl_fallback_is_close_to_the_video_processor(tmp_path):
 
 @needs_video_processors
 def test_llava_onevision_video_equals_transformers_processor_and_generate(tmp_path):
-    from transformers import LlavaOnevisionForConditionalGeneration
-    from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
+    from tests.runtime.models.test_llava_onevision import NEW, VIDEO_TOKEN_ID
 
-    from tests.runtime.models.test_llava_onevision import NEW, VIDEO_TOKEN_ID, onevision_config
-    from tests.runtime.models.tiny import randomize
-    from tests.runtime.models.tiny_llava import GRID_PINPOINTS, IMAGE_SIZE, save_tokenizer
-
-    torch.manual_seed(4)
-    hf = LlavaOnevisionForConditionalGeneration(onevision_config()).float()
-    randomize(hf, 4)
-    with torch.no_grad():
-        hf.model.multi_modal_projector.linear_2.weight.mul_(10.0)
-    hf.eval()
-    hf.save_pretrained(tmp_path, safe_serialization=True)
-    save_tokenizer(tmp_path)
-    LlavaOnevisionImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
-                                    image_grid_pinpoints=GRID_PINPOINTS).save_pretrained(tmp_path)
+    hf = _save_onevision(tmp_path)
     path = tmp_path / "clip.mp4"
     path.write_bytes(mp4(8, frames=10, size=(40, 32)))
     prompt = "t5 t94 t7 t8"
@@ -183,3 +196,69 @@ def test_llava_onevision_video_equals_transformers_processor_and_generate(tmp_pa
 def test_video_processor_is_none_without_torchvision(tmp_path):
     save_tiny_qwen2_vl(tmp_path, seed=1)
     assert (load_video_processor(str(tmp_path)) is None) == (not _has_video_processors())
+
+
+# transformers' video processors' output for frames that need no resize (their sides already what the processor
+# wants), where the fallback must agree exactly: it checks the fallback's layout (temporal patches, channel order,
+# padding of the last patch, base views) against transformers without torchvision. Regenerate where torchvision
+# imports: python -m tests.runtime.multimodal.test_video_processors
+REFERENCE = Path(__file__).parent / "data" / "video_processor_reference.pt"
+REFERENCE_SHAPES = {"qwen2_vl": (5, 16, 24), "llava_onevision": (3, 28, 28)}  # frames, height, width
+
+
+def _processor(name: str, path) -> "MultimodalProcessor":
+    from transformers import AutoTokenizer
+
+    from radixlm.runtime.multimodal.processor import MultimodalProcessor
+
+    save_tiny_qwen2_vl(path, seed=1) if name == "qwen2_vl" else _save_onevision(path)
+    return MultimodalProcessor.for_model(str(path), AutoTokenizer.from_pretrained(path), MediaLoader(MediaPolicy()))
+
+
+def _reference_from_transformers(tmp_path) -> dict:
+    out = {}
+    for i, (name, (n, h, w)) in enumerate(REFERENCE_SHAPES.items()):
+        frames = torch.from_numpy(np.random.default_rng(i).integers(0, 256, (n, h, w, 3), dtype=np.uint8))
+        mm = _processor(name, tmp_path / name)
+        got = mm.video_processor(videos=[frames.numpy()], do_sample_frames=False, return_tensors="pt")
+        out[name] = {"frames": frames, "pixel_values_videos": got["pixel_values_videos"].float()}
+        if "video_grid_thw" in got:
+            out[name]["video_grid_thw"] = got["video_grid_thw"]
+    return out
+
+
+@pytest.mark.parametrize("name", list(REFERENCE_SHAPES))
+def test_fallback_equals_transformers_video_processor_reference(tmp_path, name):
+    from PIL import Image
+
+    ref = torch.load(REFERENCE, weights_only=True)[name]
+    mm = _processor(name, tmp_path)
+    mm.video_processor = None  # the path taken without torchvision
+    got = mm.preprocess_video([Image.fromarray(f) for f in ref["frames"].numpy()])
+    expected = ref["pixel_values_videos"]
+    if name == "qwen2_vl":
+        assert got.grid_thw == tuple(ref["video_grid_thw"][0].tolist()) == (3, 4, 6)  # 5 frames: the last repeated
+        assert got.num_tokens == 3 * 4 * 6 // 4
+    else:
+        expected = expected[0]  # (frames, C, H, W)
+        assert got.num_tokens == 3 * 2 * 2 + 1
+    assert got.pixel_values.shape == expected.shape
+    torch.testing.assert_close(got.pixel_values, expected, rtol=0, atol=1e-5)
+
+
+@needs_video_processors
+def test_reference_is_transformers_output(tmp_path):
+    stored, fresh = torch.load(REFERENCE, weights_only=True), _reference_from_transformers(tmp_path)
+    assert stored.keys() == fresh.keys()
+    for name in fresh:
+        for key, value in fresh[name].items():
+            torch.testing.assert_close(stored[name][key], value, rtol=0, atol=0)
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        REFERENCE.parent.mkdir(exist_ok=True)
+        torch.save(_reference_from_transformers(Path(d)), REFERENCE)
+    print(f"wrote {REFERENCE} ({REFERENCE.stat().st_size} bytes)")
