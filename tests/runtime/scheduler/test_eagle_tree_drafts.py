@@ -56,14 +56,18 @@ class TreeOracle:
     """Proposes trees around the greedy outputs `truth`: a level's siblings are distinct tokens, the true one (if the
     level has it) at a random index; a level breaks the true path one time in five."""
 
-    def __init__(self, truth: dict[str, list[int]], depth: int = 4, seed: int = 0):
-        self.truth, self.depth, self.rng = truth, depth, random.Random(seed)
+    def __init__(self, truth: dict[str, list[int]], depth: int = 4, seed: int = 0, every: int = 1):
+        self.truth, self.depth, self.rng, self.every = truth, depth, random.Random(seed), every
         self.proposed = 0
+        self.asked = 0
 
     def applies_to(self, req) -> bool:
         return True
 
     def propose(self, req) -> None:
+        self.asked += 1
+        if self.asked % self.every:
+            return
         truth = self.truth[req.rid][len(req.output_ids):][: self.depth]
         tokens, parents, level = [], [], [(-1, True)]
         for t in truth:
@@ -228,3 +232,83 @@ def test_backend_without_tree_masks_drafts_chains(setup, monkeypatch):
     assert {k: v["output_ids"] for k, v in got.items()} == expected
     assert seen and all(d.parents is None for _, d in seen)
     assert sched.grammar_stats["tree_drafts_unsupported"] == 1
+
+
+def test_head_tree_steps_without_their_mask_are_caught(setup, monkeypatch):
+    """Mutation: the head's tree steps attending to every frontier so far (not only their ancestors) -- the
+    reference tells."""
+    from radixlm.runtime.executor import eagle_tree
+    from radixlm.runtime.executor.spec_tree import TreeMask
+
+    paths, hf, weights = setup
+    monkeypatch.setattr(eagle_tree, "TreeMask", lambda start, mask: TreeMask(start, torch.ones_like(mask)))
+    sched = _eagle_tree(paths)
+    seen = _record_trees(sched)
+    serve(sched, _requests())
+
+    def agrees(tokens, draft) -> bool:
+        for i, parent in enumerate(draft.parents):
+            path, at = [], parent
+            while at >= 0:
+                path.insert(0, draft.tokens[at])
+                at = draft.parents[at]
+            if draft.tokens[i] not in _reference_topk(hf, weights, tokens, path, 3):
+                return False
+        return True
+
+    assert not all(agrees(t, d) for t, d in seen[:6] if d.parents is not None)
+
+
+def test_head_pairs_follow_accepted_tree_paths(setup):
+    """Oracle trees and the head's drafts by turns: after a verification that kept a path through later siblings,
+    the head's pairs were written from the path's rows (the target's hidden states of the accepted nodes), so its
+    next trees still equal the reference's."""
+    paths, hf, weights = setup
+    expected = _off(paths, {}, 0)
+    sched = _eagle_tree(paths)
+    head = next(s for s in sched.drafts.sources if isinstance(s, EagleSource))
+    seen = _record_trees(sched)
+    oracle = TreeOracle(expected, every=2)
+    sched.drafts = DraftPath([oracle, head], None, sched.page_size, sched.grammar_stats)
+    got = serve(sched, _requests())
+    assert {k: v["output_ids"] for k, v in got.items()} == expected
+    assert sched.stats["tree_kv_moves"] > 0 and len(seen) >= 6
+    for tokens, draft in seen:
+        for i, parent in enumerate(draft.parents):
+            path, at = [], parent
+            while at >= 0:
+                path.insert(0, draft.tokens[at])
+                at = draft.parents[at]
+            assert draft.tokens[i] in _reference_topk(hf, weights, tokens, path, 3), (tokens, draft)
+    sched.check_memory()
+
+
+def _logprobs(sched, reqs) -> dict[str, list]:
+    for r in reqs:
+        sched.add_request(r)
+    got: dict[str, list] = {}
+    while not sched.is_idle():
+        for out in sched.step():
+            got.setdefault(out.rid, []).extend(out.output_token_logprobs)
+    return got
+
+
+def test_logprobs_of_accepted_paths_equal_those_without_drafts(setup):
+    paths, _, _ = setup
+    expected = _off(paths, {}, 0)
+
+    def reqs():
+        out = _requests()
+        for r in out:
+            r.return_logprob, r.top_logprobs_num = True, 2
+        return out
+
+    off = _logprobs(make({"target": paths["target"]}, None), reqs())
+    sched = make({"target": paths["target"]}, None)
+    _with_oracle(sched, expected)
+    on = _logprobs(sched, reqs())
+    assert sched.stats["tree_kv_moves"] > 0 and on.keys() == off.keys()
+    for rid in off:
+        assert [t for _, t in on[rid]] == [t for _, t in off[rid]] == expected[rid]
+        assert torch.allclose(torch.tensor([lp for lp, _ in on[rid]]), torch.tensor([lp for lp, _ in off[rid]]),
+                              atol=1e-4)
