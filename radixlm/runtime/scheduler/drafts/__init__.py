@@ -2,7 +2,10 @@
 draft token, and the verdict is taken here the same way whatever proposed the draft: the tokens kept, their
 logprobs, the finish rules among them (Req.append_tokens), the cursor rolled back over rejected tokens and their KV
 freed, the source told what happened. Sources: grammar jump-forward (drafts/jump_forward.py), prompt lookup
-(drafts/ngram.py), the radix cache (drafts/radix.py), a draft model (drafts/model.py).
+(drafts/ngram.py), the radix cache (drafts/radix.py), a draft model (drafts/model.py). A draft may be a tree
+(Draft.parents: an EAGLE head with topk > 1): its rows carry a tree mask, its verdict a path, whose KV is moved into
+place before the rest is freed (executor/spec_tree.py); the bounds below cut a tree's depth, the batch rule its
+nodes.
 
 Optional source attributes: `deferred` sources propose for all the requests of a processed pass at once (a draft
 model runs one batched pass per draft token): propose() queues the requests they are `ready` for, and flush() --
