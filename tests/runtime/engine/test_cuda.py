@@ -152,3 +152,56 @@ def test_cuda_serving_compiles_no_kernel_after_start_up(tiny_cuda_model):
         assert _compiled_variants() == before
     finally:
         engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_cuda_moe_model(tiny_cuda_model, tmp_path_factory) -> str:
+    """A tiny random Mixtral (4 experts, top-2) with the dense model's tokenizer."""
+    import shutil
+    from pathlib import Path
+
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    d = tmp_path_factory.mktemp("tiny-cuda-mixtral")
+    for f in Path(tiny_cuda_model).iterdir():
+        if f.is_file() and f.name not in ("config.json", "generation_config.json") and not f.name.endswith(".safetensors"):
+            shutil.copyfile(f, d / f.name)
+    config = MixtralConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                           num_attention_heads=8, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                           max_position_embeddings=2048, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    MixtralForCausalLM(config).save_pretrained(d, safe_serialization=True)
+    return str(d)
+
+
+@pytest.mark.parametrize("which, configs", [
+    ("dense", ["default", "page16", "chunked", "fcfs_nomixed", "small_graphs", "nograph", "sync"]),
+    ("moe", ["default", "page16", "nograph"]),
+])
+def test_cuda_no_triton_compile_after_start_up(tiny_cuda_model, tiny_cuda_moe_model, tmp_path, which, configs):
+    """Issue 20: each engine configuration in a fresh process (nothing compiled in memory), bf16 (the skinny GEMMs
+    too), a varied workload after start-up -- shared prefixes, batches of 1..33 requests with random prompt and
+    output lengths, 1-token and longer-than-a-chunk prompts, prefix hits extended by 1..40 tokens, prompt logprobs,
+    page sizes 1, 4 and 16, chunked prefill, graphs off or capped at 8 rows -- and Triton's JIT cache-miss hook
+    counts no kernel built after start-up (benchmarks/compile_count_gpu.py; it names any that is)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    model = tiny_cuda_model if which == "dense" else tiny_cuda_moe_model
+    out = tmp_path / "compile_count.json"
+    proc = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / "compile_count_gpu.py"), "--model", model, "--dtype", "bfloat16",
+         "--scale", "tiny", "--shared-cache", "--engine-args", json.dumps({"max_total_tokens": 30000}),
+         "--out", str(out), "--configs", *configs],
+        cwd=repo, capture_output=True, text=True, timeout=1800)
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["config"] for r in rows] == configs
+    for r in rows:
+        assert "error" not in r, r.get("error")
+        assert r["compiles_at_startup"] > 0, r  # a fresh process builds (or loads) its kernels: the hook counts
+        assert r["compiles_after_startup"] == 0, (r["config"], r["compiled_after_startup"])
+        assert r["cache_dir_kernels_after_startup"] == 0, r["config"]
