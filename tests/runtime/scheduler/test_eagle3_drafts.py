@@ -113,6 +113,49 @@ def test_eagle3_drafts_equal_the_reference_chain(setup, kwargs, every, graphs):
         assert sched.stats["mixed_batches"] > 0
 
 
+def reference_topk(hf, w, tokens: list[int], path: list[int], k: int) -> list[int]:
+    """The k likeliest tokens the head gives after `tokens` and then the draft tokens `path` (mapped by d2t)."""
+    with torch.no_grad():
+        states = hf.model(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
+        hidden = torch.cat([states[2][0], states[3][0], states[3][0]], dim=-1) @ w["fc.weight"].T
+        embed, pair_tokens = hf.model.embed_tokens.weight, list(tokens[1:])
+        out = _reference_head(w, embed, hidden, pair_tokens)[-1]
+        for t in path:
+            hidden, pair_tokens = torch.cat([hidden, out[None]]), pair_tokens + [t]
+            out = _reference_head(w, embed, hidden, pair_tokens)[-1]
+        top = torch.topk(_rms(out, w["norm.weight"]) @ w["lm_head.weight"].T, k).indices.tolist()
+    return [d + int(w["d2t"][d]) for d in top]
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["default", "graph-rows"])
+def test_eagle3_trees_equal_the_reference_and_keep_outputs(setup, graphs):
+    """--speculative-eagle-topk 3: every node is among the reference's top 3 after its path; tree passes run
+    eagerly beside the graph runners' padded passes; outputs equal those without speculation."""
+    paths, hf, weights = setup
+    expected = serve(make({"target": paths["target"]}, None), _requests(93), 1)
+    sched = make({"target": paths["target"]}, None, speculative_algorithm="EAGLE3", speculative_num_draft_tokens=5,
+                 speculative_num_steps=3, speculative_eagle_topk=3, speculative_draft_model_path=paths["head"])
+    if graphs:
+        sched.runner.graph_runner = CudaGraphRunner(sched.runner, 32, use_graphs=False)
+        next(s.runner for s in sched.drafts.sources if isinstance(s, EagleSource)).capture_chain_graphs(32, False)
+    seen = []
+    source = next(s for s in sched.drafts.sources if isinstance(s, EagleSource))
+    propose = source.propose_batch
+    source.propose_batch = lambda reqs, limits: (propose(reqs, limits), seen.extend(
+        (r.origin_input_ids + r.output_ids, r.kv.draft) for r in reqs if r.kv.draft is not None))
+    got = serve(sched, _requests(93), 1)
+    assert {k: v["output_ids"] for k, v in got.items()} == {k: v["output_ids"] for k, v in expected.items()}
+    assert len(seen) >= 6 and all(d.parents is not None for _, d in seen)
+    for tokens, draft in seen[:6]:
+        for i, parent in enumerate(draft.parents):
+            path, at = [], parent
+            while at >= 0:
+                path.insert(0, draft.tokens[at])
+                at = draft.parents[at]
+            assert draft.tokens[i] in reference_topk(hf, weights, tokens, path, 3), (tokens, draft)
+    sched.check_memory()
+
+
 def test_features_from_other_layers_are_caught(setup, monkeypatch):
     """Mutation: the head fed the states entering layers 1, 3, 3 instead of 2, 3, 3 -- the reference tells."""
     from radixlm.runtime.executor import eagle_runner
