@@ -19,6 +19,7 @@ Draft lengths follow each request's acceptance history (adaptive_length, drafts/
 (EagleSource) drafts the same way; only its KV is written differently (after each pass, executor/eagle_runner.py)."""
 from __future__ import annotations
 
+import logging
 import weakref
 from collections import Counter
 
@@ -35,6 +36,8 @@ from radixlm.runtime.scheduler.cursor import Draft
 from radixlm.runtime.scheduler.drafts.backoff import Backoff
 from radixlm.runtime.scheduler.planner import ScheduleBatch
 from radixlm.runtime.scheduler.req import Req
+
+logger = logging.getLogger(__name__)
 
 
 class DraftModelSource:
@@ -179,6 +182,8 @@ class EagleSource(DraftModelSource):
         self.num_nodes = num_nodes
         if topk > 1 and not trees:
             stats["tree_drafts_unsupported"] += 1
+            logger.warning("--speculative-eagle-topk %d: the attention backend has no tree masks (torch_native has "
+                           "them); the EAGLE head drafts chains", topk)
 
     def _tree_ok(self, req: Req) -> bool:
         # propose_tree points the table at scratch for the deepest tree of the batch: room for the deepest allowed.
@@ -187,8 +192,9 @@ class EagleSource(DraftModelSource):
                 and req.seqlen + room <= self.runner.model_config.context_len)
 
     def _drafts(self, todo: list[Req], steps: list[int]) -> list[Draft]:
-        tree = [i for i, r in enumerate(todo) if self._tree_ok(r)]
-        chain = [i for i in range(len(todo)) if i not in set(tree)]
+        flags = [self._tree_ok(r) for r in todo]
+        tree = [i for i, f in enumerate(flags) if f]
+        chain = [i for i, f in enumerate(flags) if not f]
         out: list[Draft | None] = [None] * len(todo)
         if chain:
             for i, d in zip(chain, super()._drafts([todo[i] for i in chain], [steps[i] for i in chain])):
