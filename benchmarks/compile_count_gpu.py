@@ -11,11 +11,13 @@ process had to build or load) and by the kernels the cache directory gains; both
 
     python benchmarks/compile_count_gpu.py --out $OUT/compile_count_llama8b.json          # Llama-3.1-8B, bf16, dummy
     python benchmarks/compile_count_gpu.py --configs default page16 nograph --out ...
-    python benchmarks/compile_count_gpu.py --model DIR --dtype float32 --scale tiny ...   # tests/runtime/engine/test_cuda.py
+    python benchmarks/compile_count_gpu.py --model DIR --scale tiny ...   # as tests/runtime/engine/test_cuda.py does
 
 Prints one line per configuration (start-up seconds, compilations during start-up and after it, the kernels
 compiled after start-up if any) and writes them as JSON. --shared-cache runs every configuration over one cache
-directory (faster; start-up then is warm after the first configuration)."""
+directory (faster; start-up then is warm after the first configuration). The start-up cost of building every variant:
+the same command with RADIXLM_TREE=DIR, DIR holding the radixlm of the commit before (`git archive REV radixlm
+benchmarks | tar -x -C DIR`), on the same machine."""
 from __future__ import annotations
 
 import argparse
@@ -30,6 +32,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# RADIXLM_TREE=DIR measures another tree's radixlm (an earlier commit's, unpacked by `git archive REV radixlm
+# benchmarks`) with this script: the start-up cost and compile counts before and after a change, on one machine.
+sys.path.insert(0, os.environ.get("RADIXLM_TREE", str(REPO)))
 
 # Engine configurations: server arguments on top of the run's.
 CONFIGS: dict[str, dict] = {
@@ -153,7 +158,8 @@ def run_one(config: str, model: str, dtype: str, scale: str, load_format: str, c
             "compiles_at_startup": at_start, "compiles_after_startup": len(after), "compiled_after_startup": after,
             "cache_dir_kernels_at_startup": disk_start,
             "cache_dir_kernels_after_startup": cache_entries(cache_dir) - disk_start,
-            "workload": work, "triton": triton.__version__, "torch": torch.__version__,
+            "workload": work, "radixlm": str(Path(radixlm.__file__).parent), "triton": triton.__version__,
+            "torch": torch.__version__,
             "device": torch.cuda.get_device_name() if device == "cuda" else device}
 
 
@@ -184,8 +190,8 @@ def main() -> None:
         return
     rows, shared = [], tempfile.mkdtemp(prefix="triton-cache-")
     for config in args.configs:
-        env = dict(os.environ, TRITON_CACHE_DIR=shared if args.shared_cache else tempfile.mkdtemp(prefix="triton-cache-"),
-                   PYTHONUNBUFFERED="1")
+        cache = shared if args.shared_cache else tempfile.mkdtemp(prefix="triton-cache-")
+        env = dict(os.environ, TRITON_CACHE_DIR=cache, PYTHONUNBUFFERED="1")
         cmd = [sys.executable, __file__, "--one", config, "--model", model, "--dtype", args.dtype, "--scale",
                args.scale, "--load-format", load_format, "--engine-args", args.engine_args, "--device", args.device]
         cmd += ["--context-length", str(context)] if context else []

@@ -164,7 +164,8 @@ def tiny_cuda_moe_model(tiny_cuda_model, tmp_path_factory) -> str:
 
     d = tmp_path_factory.mktemp("tiny-cuda-mixtral")
     for f in Path(tiny_cuda_model).iterdir():
-        if f.is_file() and f.name not in ("config.json", "generation_config.json") and not f.name.endswith(".safetensors"):
+        weights = f.name.endswith(".safetensors")
+        if f.is_file() and not weights and f.name not in ("config.json", "generation_config.json"):
             shutil.copyfile(f, d / f.name)
     config = MixtralConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                            num_attention_heads=8, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
