@@ -8,6 +8,10 @@
 #                                              # counts, default and page size 16 -> $OUT/compile_count_llama8b.json
 #   bash benchmarks/compile_count_lease.sh c   # the kernels against their references, the engine against
 #                                              # transformers (the decode kernel's split count is a runtime argument)
+#   bash benchmarks/compile_count_lease.sh d   # b under the tree before the change (the start-up cost it adds, the
+#                                              # compiles it removes); prepare here first, then carry .stage/base20 too:
+#                                              #   mkdir -p .stage/base20 && git archive c263624 radixlm benchmarks \
+#                                              #     ':!benchmarks/results' | tar -x -C .stage/base20
 # Results land in $OUT (JSON and logs).
 set -uo pipefail
 if [ ! -f /tmp/site/.installed ]; then  # once per machine
@@ -35,4 +39,8 @@ case "${1:-a}" in
       tests/runtime/layers/test_kernel_variants.py tests/runtime/engine/test_cuda.py -k "not no_triton_compile" \
       > "$OUT"/c.log 2>&1
     echo "pytest rc=$?"; tail -30 "$OUT"/c.log ;;
+  d)
+    RADIXLM_TREE=$TREE/.stage/base20 timeout 570 python3 benchmarks/compile_count_gpu.py --configs default page16 \
+      --out "$OUT"/compile_count_llama8b_base.json > "$OUT"/d.log 2>&1
+    echo "compile_count (base tree) rc=$?"; grep -v "safetensors\|Warn\|warn\| INFO " "$OUT"/d.log | tail -30 ;;
 esac
