@@ -36,7 +36,7 @@ def _decode_stage1(
     split = tl.program_id(2)
     seq_len = tl.load(Seq_lens + b)
     row = tl.load(Req_pool_indices + b)
-    per_split = tl.cdiv(seq_len, num_splits)
+    per_split = tl.cdiv(seq_len.to(tl.int32), num_splits).to(seq_len.dtype)  # a 32-bit division (lengths < 2^31)
     start = split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
