@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="with a replay: each draft model token is the recorded one with this probability")
     p.add_argument("--tiny", action="store_true", help="tiny random target and draft, CPU (records, then replays)")
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HISTORY_WORKLOADS])
-    p.add_argument("--num-draft-tokens", type=int, default=4)
+    p.add_argument("--num-draft-tokens", type=int, default=5,
+                   help="--speculative-num-draft-tokens as SGLang counts it: the verified root token included, so up "
+                        "to N - 1 drafted tokens per step (default 5: 4 drafted, as the earlier results ran)")
     p.add_argument("--repeat", type=int, default=2, help="timed runs in a row per engine and round")
     p.add_argument("--rounds", type=int, default=1,
                    help="passes over every algorithm (an engine each), the fastest run of all kept: on a shared "
@@ -214,6 +216,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
               "machine": {"cpu_count": torch.get_num_threads(), "platform": platform.platform()},
               "command": " ".join(["python", *sys.argv]),
               "settings": {"max_new_tokens": args.max_new_tokens, "num_draft_tokens": args.num_draft_tokens,
+                           "num_draft_tokens_counts": "the verified root token too (SGLang's convention)",
                            "repeat": args.repeat, "rounds": args.rounds, "defaults": "speculative_max_batch_rows=64, "
                            "speculative_radix_match_window_size=4, ngram windows 1..4"},
               "draft_model": args.draft_model, "load_format": args.load_format,

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
 
 
 class SchedulePolicyName(str, enum.Enum):
@@ -37,6 +40,10 @@ class SpeculativeAlgorithm(str, enum.Enum):
     def is_eagle(self) -> bool:
         return self in (SpeculativeAlgorithm.EAGLE, SpeculativeAlgorithm.EAGLE3)
 
+
+# Tokens drafted per step where neither --speculative-num-draft-tokens nor --speculative-num-steps says (radixlm's
+# default so far): --speculative-num-draft-tokens DEFAULT_DRAFT_STEPS + 1, as SGLang counts it.
+DEFAULT_DRAFT_STEPS = 4
 
 # ServerArgs fields whose values are enums: a string given for them becomes the member.
 ENUM_FIELDS = {"schedule_policy": SchedulePolicyName, "jump_forward": JumpForwardMode, "grammar_mask": GrammarMaskMode,
@@ -93,10 +100,10 @@ class ServerArgs:
 
     # Speculative decoding (drafts verified by the next pass: greedy outputs are unchanged)
     speculative_algorithm: SpeculativeAlgorithm | None = field(default=None, metadata={"choices": tuple(m.value for m in SpeculativeAlgorithm), "help": "NGRAM: draft from the request's own prompt and output (prompt lookup)"})
-    speculative_num_draft_tokens: int = field(default=4, metadata={"help": "draft tokens proposed per request and step (EAGLE with --speculative-eagle-topk > 1: the tree's nodes, its root -- the newest token -- not counted)"})
-    speculative_num_steps: int | None = field(default=None, metadata={"help": "STANDALONE, EAGLE: draft model passes per request and step at most (a chain's tokens, a tree's depth); default --speculative-num-draft-tokens"})
+    speculative_num_draft_tokens: int | None = field(default=None, metadata={"help": "SGLang's convention: the tokens one verify pass holds per request, counting the root (the newest accepted token), so at most N - 1 are drafted per step (>= 2). With --speculative-eagle-topk 1 (chains: STANDALONE, EAGLE) it is --speculative-num-steps + 1, as SGLang sets it (a warning when another value is given); with K > 1 the tree has N nodes, its root among them. Default: --speculative-num-steps + 1 for STANDALONE / EAGLE (SGLang's), 5 for NGRAM / RADIX (radixlm's default of 4 drafted tokens)"})
+    speculative_num_steps: int | None = field(default=None, metadata={"help": "STANDALONE, EAGLE: draft model passes per request and step at most (a chain's tokens, a tree's depth); default --speculative-num-draft-tokens - 1 where that is given, else 4 (radixlm's default: 4 drafted tokens)"})
     speculative_draft_model_path: str | None = field(default=None, metadata={"help": "STANDALONE: the draft model (HF directory; the target's tokenizer); EAGLE: the head's directory (config.json, weights)"})
-    speculative_eagle_topk: int = field(default=1, metadata={"help": "EAGLE: branches per draft step (1: chain drafts; K > 1: each step expands the K best children of the K best nodes, the --speculative-num-draft-tokens best nodes are verified in one pass with a tree mask; not for requests with a grammar; the torch_native attention backend only, chains on Triton)"})
+    speculative_eagle_topk: int = field(default=1, metadata={"help": "EAGLE: branches per draft step (1: chain drafts; K > 1: each step expands the K best children of the K best nodes, the --speculative-num-draft-tokens - 1 best nodes and the root are verified in one pass with a tree mask; not for requests with a grammar; the torch_native attention backend only, chains on Triton)"})
     speculative_ngram_min_match_window_size: int = field(default=1, metadata={"help": "NGRAM: shortest run of latest tokens looked up"})
     speculative_ngram_max_match_window_size: int = field(default=4, metadata={"help": "NGRAM: longest run of latest tokens looked up (longest match first)"})
     speculative_radix_match_window_size: int = field(default=4, metadata={"help": "RADIX: latest tokens looked up in the cache's k-gram index when the request's whole sequence is not cached"})
@@ -144,6 +151,34 @@ class ServerArgs:
                 setattr(self, name, kind(value))
         self.validate()
 
+    def _resolve_draft_tokens(self, model: bool) -> None:
+        """SGLang's --speculative-num-draft-tokens: the verify pass's tokens per request, the root (the newest accepted
+        token) counted, so a step drafts at most N - 1. A draft model's chain (topk 1) has N = steps + 1, as SGLang
+        forces it; unset, N is steps + 1 (steps: N - 1 where N is given, else DEFAULT_DRAFT_STEPS)."""
+        n, steps = self.speculative_num_draft_tokens, self.speculative_num_steps
+        # A value of 1 drafts nothing; where SGLang's topk 1 rule replaces it by steps + 1, it is adjusted below.
+        if n is not None and n < 2 and not (model and self.speculative_eagle_topk == 1 and steps is not None):
+            raise ValueError(f"speculative_num_draft_tokens must be >= 2 (got {n}): it counts the verified root "
+                             "token too, as SGLang's does, so a step drafts at most speculative_num_draft_tokens - 1 "
+                             "tokens")
+        if model and steps is None:
+            steps = self.speculative_num_steps = DEFAULT_DRAFT_STEPS if n is None else n - 1
+        if n is None:
+            n = DEFAULT_DRAFT_STEPS + 1 if steps is None else steps + 1
+        elif model and self.speculative_eagle_topk == 1 and n != steps + 1:
+            logger.warning("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 = %d (was %d): "
+                           "with speculative_eagle_topk 1 a chain of speculative_num_steps drafted tokens and its "
+                           "root are verified", steps + 1, n)
+            n = steps + 1
+        self.speculative_num_draft_tokens = n
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """Tokens a request drafts per step at most (SGLang's --speculative-num-draft-tokens less the root); 0 without
+        speculation. A tree's drafted nodes."""
+        n = self.speculative_num_draft_tokens
+        return 0 if self.speculative_algorithm is None or n is None else n - 1
+
     def validate(self) -> None:
         def check(cond: bool, msg: str) -> None:
             if not cond:
@@ -170,7 +205,6 @@ class ServerArgs:
         check(self.speculative_algorithm is None or isinstance(self.speculative_algorithm, SpeculativeAlgorithm),
               f"unknown speculative_algorithm {self.speculative_algorithm!r}; choose from "
               f"{tuple(m.value for m in SpeculativeAlgorithm)}")
-        check(self.speculative_num_draft_tokens >= 1, "speculative_num_draft_tokens must be >= 1")
         check(1 <= self.speculative_ngram_min_match_window_size <= self.speculative_ngram_max_match_window_size,
               "need 1 <= speculative_ngram_min_match_window_size <= speculative_ngram_max_match_window_size")
         check(self.speculative_radix_match_window_size >= 1, "speculative_radix_match_window_size must be >= 1")
@@ -185,6 +219,8 @@ class ServerArgs:
         check(self.speculative_eagle_topk >= 1, "speculative_eagle_topk must be >= 1")
         check(self.speculative_eagle_topk == 1 or (algo is not None and algo.is_eagle),
               "speculative_eagle_topk > 1 (tree drafts) needs --speculative-algorithm EAGLE or EAGLE3")
+        if algo is not None:
+            self._resolve_draft_tokens(model)
         check(self.watchdog_timeout > 0, "watchdog_timeout must be > 0")
         check(self.tp_size >= 1, "tp_size must be >= 1")
         check(self.ep_size in (1, self.tp_size), f"ep_size must be 1 or equal to tp_size ({self.tp_size})")

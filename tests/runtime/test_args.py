@@ -54,3 +54,80 @@ def test_cli_flags_cover_every_field_with_types():
     assert {f.name for f in dataclasses.fields(ServerArgs)} == set(vars(ns))
     with pytest.raises(SystemExit):
         parser.parse_args(["--schedule-policy", "sjf"])
+
+
+# ---------------------------------------------------------------------- --speculative-num-draft-tokens, SGLang's count
+EAGLE_HEAD = {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": "d"}
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 1},
+    {"speculative_algorithm": "RADIX", "speculative_num_draft_tokens": 1},
+    {**EAGLE_HEAD, "speculative_num_draft_tokens": 1},  # no steps: a chain of 0 tokens
+    {**EAGLE_HEAD, "speculative_num_draft_tokens": 1, "speculative_num_steps": 3, "speculative_eagle_topk": 3},
+    {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "d", "speculative_num_draft_tokens": 0},
+])
+def test_num_draft_tokens_below_two_drafts_nothing_and_is_refused(kwargs):
+    """The value counts the verified root token (SGLang's convention): 1 would draft nothing."""
+    with pytest.raises(ValueError, match="speculative_num_draft_tokens must be >= 2"):
+        ServerArgs(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, num_draft_tokens, steps", [
+    ({"speculative_algorithm": "NGRAM"}, 5, None),  # radixlm's default so far: 4 drafted tokens
+    ({"speculative_algorithm": "NGRAM_RADIX", "speculative_num_draft_tokens": 2}, 2, None),
+    (EAGLE_HEAD, 5, 4),
+    ({**EAGLE_HEAD, "speculative_num_steps": 3}, 4, 3),  # unset: steps + 1, SGLang's default
+    ({**EAGLE_HEAD, "speculative_num_draft_tokens": 4}, 4, 3),  # steps unset: a chain of N - 1
+    ({**EAGLE_HEAD, "speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}, 4, 3),
+    ({**EAGLE_HEAD, "speculative_num_steps": 2, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8}, 8, 2),
+    ({**EAGLE_HEAD, "speculative_eagle_topk": 4}, 5, 4),
+    ({"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "d", "speculative_num_draft_tokens": 6},
+     6, 5),
+])
+def test_num_draft_tokens_counts_the_root(kwargs, num_draft_tokens, steps):
+    args = ServerArgs(**kwargs)
+    assert args.speculative_num_draft_tokens == num_draft_tokens
+    assert args.max_draft_tokens == num_draft_tokens - 1
+    assert args.speculative_num_steps == steps
+    if steps is not None:  # a draft model's chain / a tree's depth
+        from radixlm.runtime.executor.draft_budget import draft_steps
+
+        assert draft_steps(args) == steps
+    assert dataclasses.replace(args) == args  # resolving again changes nothing
+    off = ServerArgs()
+    assert off.speculative_num_draft_tokens is None and off.max_draft_tokens == 0
+
+
+def test_topk_one_sets_num_draft_tokens_to_steps_plus_one_with_a_warning(caplog):
+    """SGLang's rule: with --speculative-eagle-topk 1 a chain of --speculative-num-steps tokens and its root are
+    verified, whatever --speculative-num-draft-tokens says (a warning when it says otherwise)."""
+    with caplog.at_level("WARNING", logger="radixlm.runtime.args"):
+        args = ServerArgs(**EAGLE_HEAD, speculative_num_steps=3, speculative_eagle_topk=1,
+                          speculative_num_draft_tokens=8)
+    assert args.speculative_num_draft_tokens == 4 and args.max_draft_tokens == 3
+    assert any("adjusted to speculative_num_steps + 1" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="radixlm.runtime.args"):
+        args = ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path="d",
+                          speculative_num_steps=2, speculative_num_draft_tokens=1)  # replaced, as SGLang does
+        assert args.speculative_num_draft_tokens == 3
+        assert ServerArgs(**EAGLE_HEAD, speculative_num_steps=3, speculative_num_draft_tokens=4).max_draft_tokens == 3
+    assert len(caplog.records) == 1  # the matching value: no warning
+    with caplog.at_level("WARNING", logger="radixlm.runtime.args"):  # trees keep the value
+        assert ServerArgs(**EAGLE_HEAD, speculative_num_steps=3, speculative_eagle_topk=2,
+                          speculative_num_draft_tokens=6).speculative_num_draft_tokens == 6
+    assert len(caplog.records) == 1
+
+
+def test_num_draft_tokens_from_the_command_line():
+    """A user's SGLang command line: 3 drafted tokens per step."""
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    ns = parser.parse_args(["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "d",
+                            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                            "--speculative-num-draft-tokens", "4"])
+    args = ServerArgs(**server_args_from(ns))
+    assert args.speculative_num_draft_tokens == 4 and args.max_draft_tokens == 3 and args.speculative_num_steps == 3
+    ngram = ServerArgs(**server_args_from(parser.parse_args(["--speculative-algorithm", "NGRAM"])))
+    assert ngram.speculative_num_draft_tokens == 5 and ngram.max_draft_tokens == 4

@@ -17,8 +17,9 @@ class DraftBudget:
 
 
 def draft_steps(args: ServerArgs) -> int:
-    """Draft tokens a request's draft model chain may have (an EAGLE tree's depth)."""
-    return args.speculative_num_steps or args.speculative_num_draft_tokens
+    """Draft tokens a request's draft model chain may have (an EAGLE tree's depth): --speculative-num-steps, which
+    ServerArgs sets for a draft model (--speculative-num-draft-tokens - 1 where only that is given)."""
+    return args.speculative_num_steps or args.max_draft_tokens
 
 
 def draft_scratch(args: ServerArgs) -> int:

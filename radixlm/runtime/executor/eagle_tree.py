@@ -1,8 +1,8 @@
 """EAGLE tree drafts (--speculative-eagle-topk K > 1, SGLang's expansion): the head's last output gives the root's K
 likeliest children; each later step runs the head over the frontier (K nodes a request, one head pass for all
 requests) and scores the K children of every frontier node by cumulative log-probability: all K * K become
-candidates, the best K the next frontier. The best --speculative-num-draft-tokens candidates form the draft
-(spec_tree.TreeBuild.select).
+candidates, the best K the next frontier. The best --speculative-num-draft-tokens - 1 candidates form the draft
+(spec_tree.TreeBuild.select): SGLang's count of the verified tree's nodes includes the root, the newest token.
 
 A frontier node's pair is (its parent's output, its token) at position (newest token's) + depth - 1, as a chain
 step's; its KV goes to the request row's scratch slot (step - 1) * K + f, which the table points at from index

@@ -109,7 +109,8 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         NGRAM_RADIX: the cache's continuation of the whole sequence (same context), then prompt lookup (the
         request's own text), then the cache's latest k tokens (another context)."""
         algo = args.speculative_algorithm
-        n, stats = args.speculative_num_draft_tokens, self.grammar_stats
+        # --speculative-num-draft-tokens counts the verified root token (SGLang's): a step drafts one token fewer.
+        n, stats = args.max_draft_tokens, self.grammar_stats
 
         def ngram() -> NGramSource:
             return NGramSource(n, args.speculative_ngram_min_match_window_size,
@@ -128,7 +129,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
             return [DraftModelSource(DraftModelRunner(args, self.runner, draft_steps(args)), stats, self.tree_cache)]
         if algo is not None and algo.is_eagle:
             return [EagleSource(EagleRunner(args, self.runner, draft_scratch(args)), stats, draft_steps(args),
-                                args.speculative_eagle_topk, args.speculative_num_draft_tokens)]
+                                args.speculative_eagle_topk, args.max_draft_tokens)]
         return []
 
     # ------------------------------------------------------------------ input

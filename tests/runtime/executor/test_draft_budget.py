@@ -43,7 +43,8 @@ def test_budget_counts_the_draft_weights_and_kv(dirs):
     matrices = sum(p.numel() for n, p in hf.named_parameters() if p.dim() > 1)
     assert budget.weight_bytes == 4 * matrices
     assert budget.kv_bytes_per_token == SMALL["num_hidden_layers"] * 2 * 1 * 16 * 4
-    # With 10 request rows, their scratch slots: 4 (speculative_num_draft_tokens) each.
+    # With 10 request rows, their scratch slots: 4 each (speculative_num_steps by default: 4 drafted tokens, so
+    # speculative_num_draft_tokens 5, the verified root counted).
     assert draft_budget(_args(target, draft), cfg, 10).weight_bytes == budget.weight_bytes + 40 * budget.kv_bytes_per_token
     runner = DraftModelRunner(_args(target, draft, max_total_tokens=64),
                               ModelRunner(_args(target, None, max_total_tokens=64), cfg, "cpu"), 4)

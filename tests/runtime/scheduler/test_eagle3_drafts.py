@@ -97,7 +97,7 @@ def reference_chain(hf, w, tokens: list[int], k: int) -> list[int]:
 def test_eagle3_drafts_equal_the_reference_chain(setup, kwargs, every, graphs):
     paths, hf, weights = setup
     expected = serve(make({"target": paths["target"]}, None, **kwargs), _requests(91), every)
-    sched = make({"target": paths["target"]}, None, speculative_algorithm="EAGLE3", speculative_num_draft_tokens=3,
+    sched = make({"target": paths["target"]}, None, speculative_algorithm="EAGLE3", speculative_num_draft_tokens=4,
                  speculative_draft_model_path=paths["head"], **kwargs)
     if graphs:  # the graph runners' eager stand-ins: the hooks run in the target's padded passes
         sched.runner.graph_runner = CudaGraphRunner(sched.runner, 32, use_graphs=False)
@@ -133,7 +133,7 @@ def test_eagle3_trees_equal_the_reference_and_keep_outputs(setup, graphs):
     eagerly beside the graph runners' padded passes; outputs equal those without speculation."""
     paths, hf, weights = setup
     expected = serve(make({"target": paths["target"]}, None), _requests(93), 1)
-    sched = make({"target": paths["target"]}, None, speculative_algorithm="EAGLE3", speculative_num_draft_tokens=5,
+    sched = make({"target": paths["target"]}, None, speculative_algorithm="EAGLE3", speculative_num_draft_tokens=6,
                  speculative_num_steps=3, speculative_eagle_topk=3, speculative_draft_model_path=paths["head"])
     if graphs:
         sched.runner.graph_runner = CudaGraphRunner(sched.runner, 32, use_graphs=False)
@@ -162,7 +162,7 @@ def test_features_from_other_layers_are_caught(setup, monkeypatch):
 
     paths, hf, weights = setup
     monkeypatch.setattr(eagle_runner, "aux_layers", lambda cfg, n: [1, 3, 3])
-    sched = make({"target": paths["target"]}, None, speculative_algorithm="EAGLE", speculative_num_draft_tokens=3,
+    sched = make({"target": paths["target"]}, None, speculative_algorithm="EAGLE", speculative_num_draft_tokens=4,
                  speculative_draft_model_path=paths["head"])
     seen = _record(sched)
     serve(sched, _requests(92))

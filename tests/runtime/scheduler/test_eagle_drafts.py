@@ -114,7 +114,7 @@ def _record(sched) -> list[tuple[list[int], list[int]]]:
 
 def _eagle(paths, **kw):
     return make({"target": paths["target"]}, None, speculative_algorithm="EAGLE",
-                speculative_draft_model_path=paths["head"], speculative_num_draft_tokens=3, **kw)
+                speculative_draft_model_path=paths["head"], speculative_num_draft_tokens=4, **kw)
 
 
 def _requests(seed: int):
@@ -205,3 +205,26 @@ def test_cache_hits_that_continue_otherwise_keep_outputs(setup):
         sched.check_memory()
         runs.append({k: v["output_ids"] for k, v in res.items()})
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("kw, drafted", [
+    pytest.param({"speculative_num_draft_tokens": 3}, 2, id="N3"),
+    # A user's SGLang command line: --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
+    pytest.param({"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}, 3,
+                 id="sglang-command"),
+    pytest.param({"speculative_num_steps": 2, "speculative_num_draft_tokens": 6}, 2, id="topk1-adjusted"),
+    pytest.param({}, 4, id="default"),
+])
+def test_num_draft_tokens_counts_the_verified_token(setup, kw, drafted):
+    """SGLang's --speculative-num-draft-tokens N: the verify pass holds N tokens of a request, the root (its newest)
+    among them, so the head's chain is N - 1 tokens; with topk 1, N is --speculative-num-steps + 1; unset, 5."""
+    paths, hf, weights = setup
+    sched = make({"target": paths["target"]}, None, speculative_algorithm="EAGLE",
+                 speculative_draft_model_path=paths["head"], **kw)
+    assert sched.args.speculative_num_draft_tokens == drafted + 1
+    seen = _record(sched)
+    serve(sched, _requests(84))
+    assert seen and max(len(draft) for _, draft in seen) == drafted
+    tokens, draft = seen[0]
+    assert draft == reference_chain(hf, weights, tokens, len(draft))
+    sched.check_memory()

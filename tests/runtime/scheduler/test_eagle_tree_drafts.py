@@ -148,7 +148,7 @@ def test_mutations_change_outputs(setup, monkeypatch, mutation):
 # ---------------------------------------------------------------------- the EAGLE head's trees
 def _eagle_tree(paths, **kw):
     return make({"target": paths["target"]}, None, speculative_algorithm="EAGLE",
-                speculative_draft_model_path=paths["head"], speculative_num_draft_tokens=6, speculative_num_steps=3,
+                speculative_draft_model_path=paths["head"], speculative_num_draft_tokens=7, speculative_num_steps=3,
                 speculative_eagle_topk=3, **kw)
 
 
@@ -312,3 +312,20 @@ def test_logprobs_of_accepted_paths_equal_those_without_drafts(setup):
         assert [t for _, t in on[rid]] == [t for _, t in off[rid]] == expected[rid]
         assert torch.allclose(torch.tensor([lp for lp, _ in on[rid]]), torch.tensor([lp for lp, _ in off[rid]]),
                               atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [3, 6])
+def test_a_tree_has_num_draft_tokens_nodes_with_its_root(setup, n):
+    """SGLang's count: --speculative-num-draft-tokens N is the verified tree's nodes, the root (the newest token)
+    among them, so the head drafts N - 1 nodes (radixlm's old count drafted N)."""
+    paths, _, _ = setup
+    expected = _off(paths, {}, 0)
+    sched = make({"target": paths["target"]}, None, speculative_algorithm="EAGLE",
+                 speculative_draft_model_path=paths["head"], speculative_num_draft_tokens=n, speculative_num_steps=3,
+                 speculative_eagle_topk=3)
+    seen = _record_trees(sched)
+    got = serve(sched, _requests())
+    assert {k: v["output_ids"] for k, v in got.items()} == expected
+    trees = [d for _, d in seen if d.parents is not None]
+    assert trees and max(len(d.tokens) for d in trees) == n - 1
+    sched.check_memory()

@@ -84,7 +84,7 @@ def test_drafts_back_off_while_rejected_outright():
     ({"graph_rows": 64}, 2), ({"max_total_tokens": 240, "schedule_conservativeness": 0.05}, 0),
 ])
 def test_outputs_unchanged_with_ngram_drafts(kwargs, every):
-    sched = make_fake_scheduler(speculative_algorithm="NGRAM", speculative_num_draft_tokens=3, **kwargs)
+    sched = make_fake_scheduler(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4, **kwargs)
     # Prompts that repeat themselves: the source proposes from the first copy (the fake model rarely agrees).
     reqs = requests([p + p[: len(p) // 2] for p in make_prompts(31, 6, lo=8, hi=30)],
                     max_new=24 if "max_total_tokens" in kwargs else 10)
@@ -112,7 +112,7 @@ def test_a_real_model_that_repeats_itself_accepts_drafts(tiny_model_dir):
 def test_each_request_reports_its_drafts():
     """ReqOutput carries each request's verification passes, draft tokens and kept tokens; they add up to the
     scheduler's totals (and reach meta_info and /metrics: tests/runtime/test_speculative_reporting.py)."""
-    sched = make_fake_scheduler(speculative_algorithm="NGRAM", speculative_num_draft_tokens=3)
+    sched = make_fake_scheduler(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)
     reqs = requests([p + p for p in make_prompts(32, 4, lo=6, hi=20)])
     last = {}
     for req in reqs:
@@ -125,3 +125,31 @@ def test_each_request_reports_its_drafts():
     assert sum(o.spec_accepted_tokens for o in last.values()) == stats["accepted_draft_tokens"]
     assert all(o.spec_verify_ct <= o.completion_tokens for o in last.values())
     assert any(o.spec_verify_ct for o in last.values())
+
+
+def draft_lengths(source) -> list[int]:
+    """Lengths of the drafts `source` proposes from now on (no pass in flight here: no guessed token among them)."""
+    lengths, propose = [], source.propose
+
+    def recording(req: Req) -> None:
+        propose(req)
+        if req.kv.draft is not None and req.kv.draft.source is source:
+            lengths.append(len(req.kv.draft.tokens))
+
+    source.propose = recording
+    return lengths
+
+
+@pytest.mark.parametrize("n", [2, 4, 7])
+def test_num_draft_tokens_counts_the_verified_token(n):
+    """--speculative-num-draft-tokens N as SGLang counts it: a request's verify pass holds N tokens, its newest
+    (the root) among them, so a step drafts at most N - 1 tokens (radixlm's old count drafted N)."""
+    sched = make_fake_scheduler(speculative_algorithm="NGRAM", speculative_num_draft_tokens=n)
+    source = next(s for s in sched.drafts.sources if isinstance(s, NGramSource))
+    assert _drafted(source, _req([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2])) == [3, 4, 5, 6, 7, 8, 9, 10][: n - 1]
+    lengths = draft_lengths(source)
+    reqs = requests([p + p + p for p in make_prompts(33, 4, lo=10, hi=16)], max_new=12)
+    res = serve(sched, reqs)
+    assert_reference(res, reqs)
+    assert lengths and max(lengths) == n - 1
+    assert_all_free(sched)

@@ -39,7 +39,7 @@ def _asked_again(seed: int, n: int, max_new: int):
 @pytest.mark.parametrize("algorithm", ["RADIX", "NGRAM_RADIX"])
 @pytest.mark.parametrize("kwargs, every", MODES)
 def test_outputs_unchanged_and_repeated_answers_drafted(kwargs, every, algorithm):
-    sched = make_fake_scheduler(speculative_algorithm=algorithm, speculative_num_draft_tokens=4, **kwargs)
+    sched = make_fake_scheduler(speculative_algorithm=algorithm, speculative_num_draft_tokens=5, **kwargs)
     small = "max_total_tokens" in kwargs
     first, again = _asked_again(41, 8 if small else 6, 24 if small else 10)
     res = serve(sched, first, every)  # the KV accounting is checked after every step
@@ -87,7 +87,7 @@ def test_rejected_draft_kv_left_allocated_breaks_the_accounting(monkeypatch):
 def test_drafts_from_another_request_in_the_same_context():
     """Fork branches: a request whose sequence runs into text another request cached (the other one's prompt extends
     its own) drafts the rest of that text; the kgram lookup finds the other's prompt text from a new context."""
-    sched = make_fake_scheduler(speculative_algorithm="RADIX", speculative_num_draft_tokens=5)
+    sched = make_fake_scheduler(speculative_algorithm="RADIX", speculative_num_draft_tokens=6)
     base = make_prompts(44, 1, lo=12, hi=13)[0]
     longer = base + reference(base, 20)  # someone already continued `base` (as the model would)
     serve(sched, [request("long", longer, max_new_tokens=1)])
@@ -102,7 +102,7 @@ def test_drafts_from_another_request_in_the_same_context():
 
 
 def test_lookups_leave_lru_state_and_locks_alone():
-    sched = make_fake_scheduler(speculative_algorithm="RADIX", speculative_num_draft_tokens=4)
+    sched = make_fake_scheduler(speculative_algorithm="RADIX", speculative_num_draft_tokens=5)
     p = make_prompts(45, 1, lo=12, hi=13)[0]
     serve(sched, [request("a", p, max_new_tokens=10)])
     tree = sched.tree_cache
@@ -240,3 +240,20 @@ def test_a_real_model_asked_again_keeps_its_earlier_answer_as_drafts(tiny_model_
     assert ids[:20] == first and len(ids) == 24
     assert last.spec_verify_ct > 0 and last.spec_accepted_tokens >= 16  # the 20 cached tokens, less the sampled
     assert passes <= runs[None][2] - 12  # 24 tokens in far fewer passes
+
+
+@pytest.mark.parametrize("n", [3, 6])
+def test_num_draft_tokens_counts_the_verified_token(n):
+    """SGLang's --speculative-num-draft-tokens N: the cache's continuation is drafted N - 1 tokens at a time (the
+    verify pass's N-th token is the request's newest, the root)."""
+    from .test_ngram import draft_lengths
+
+    sched = make_fake_scheduler(speculative_algorithm="RADIX", speculative_num_draft_tokens=n)
+    base = make_prompts(44, 1, lo=12, hi=13)[0]
+    serve(sched, [request("long", base + reference(base, 20), max_new_tokens=1)])
+    lengths = draft_lengths(next(s for s in sched.drafts.sources if isinstance(s, RadixSource)))
+    res = serve(sched, [request("fork", base, max_new_tokens=15)])
+    assert res["fork"]["output_ids"] == reference(base, 15)
+    assert lengths and max(lengths) == n - 1
+    assert sched.grammar_stats["accepted_draft_tokens"] == sum(lengths)  # every draft kept
+    assert_all_free(sched)

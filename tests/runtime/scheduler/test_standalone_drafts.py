@@ -65,7 +65,7 @@ def make(models: dict[str, str], draft: str | None, tokenizer: bool = False, eos
     """draft: None (speculation off), "same" (the target's checkpoint) or "other"."""
     kw.setdefault("max_total_tokens", 2048)
     if draft is not None:
-        kw.update(speculative_algorithm="STANDALONE", speculative_num_draft_tokens=4,
+        kw.update(speculative_algorithm="STANDALONE", speculative_num_draft_tokens=5,
                   speculative_draft_model_path=models["target" if draft == "same" else draft])
     path = models["target"]
     args = ServerArgs(model_path=path, dtype="float32", device="cpu", enable_integrity_check=True, random_seed=0, **kw)

@@ -1,5 +1,7 @@
 """Attention on CUDA with Triton kernels over the paged KV pool: split-K decode, and extend (prefill chunks over a
-cached prefix, and decode passes carrying jump-forward tokens) in one ragged launch."""
+cached prefix, and decode passes carrying jump-forward tokens) in one ragged launch. Tree drafts' passes
+(ForwardBatch.tree_masks, REQUEST_SPANS, run eagerly) give the extend kernel their masks (extend_attention's custom
+mask: each TreeMask flattened, concatenated, with per-request starts and offsets)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.runtime.host_to_device import rows_to_device
+from radixlm.runtime.host_to_device import host_to_device, rows_to_device
 from radixlm.runtime.layers.attention.base import AttentionBackend
 from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits
 
@@ -22,10 +24,44 @@ class TritonMetadata:
     max_extend_len: int = 0
     prefix_lens: torch.Tensor | None = None  # extend, on the device
     extend_lens: torch.Tensor | None = None
+    # Tree masks (extend passes with ForwardBatch.tree_masks): the masks flattened and concatenated (uint8), and per
+    # request the mask's start (table index) and its offset in custom_mask (-1: causal).
+    custom_mask: torch.Tensor | None = None
+    mask_starts: torch.Tensor | None = None
+    mask_offsets: torch.Tensor | None = None
+
+
+def tree_mask_inputs(fb: "ForwardBatch", device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(custom_mask, mask_starts, mask_offsets) of extend_attention from fb.tree_masks: request i's TreeMask (ext_i
+    rows, seq_len_i - start columns) flattened row-major at its offset. Masks built on the host (verification) go in
+    one copy; masks on the device (the EAGLE head's tree steps) are concatenated there, with no sync."""
+    parts, starts, offsets, at = [], [], [], 0
+    for i, tree in enumerate(fb.tree_masks):
+        if tree is None:
+            starts.append(0)
+            offsets.append(-1)
+            continue
+        rows, cols = fb.extend_seq_lens_cpu[i], fb.seq_lens_cpu[i] - tree.start
+        if tuple(tree.mask.shape) != (rows, cols) or tree.start < 0:
+            raise ValueError(f"tree mask of request {i}: shape {tuple(tree.mask.shape)} from index {tree.start}, "
+                             f"expected ({rows}, {cols}) for {rows} new tokens of a sequence of {fb.seq_lens_cpu[i]}")
+        parts.append(tree.mask.reshape(-1))
+        starts.append(tree.start)
+        offsets.append(at)
+        at += rows * cols
+    if not parts:
+        mask = torch.zeros(1, dtype=torch.uint8, device=device)
+    elif all(p.device.type == "cpu" for p in parts):
+        mask = host_to_device(torch.cat(parts).view(torch.uint8), torch.uint8, device)
+    else:
+        mask = torch.cat([p.to(device, non_blocking=True) for p in parts]).view(torch.uint8)
+    lens = rows_to_device([starts, offsets], device)
+    return mask, lens[0], lens[1]
 
 
 class TritonAttnBackend(AttentionBackend):
     supports_cuda_graph = True
+    supports_tree_mask = True  # ForwardBatch.tree_masks, in forward_extend (extend_attention's custom mask)
 
     def __init__(self, model_runner):
         self.model_runner = model_runner
@@ -43,9 +79,12 @@ class TritonAttnBackend(AttentionBackend):
         if fb.forward_mode.is_token_rows():
             fb.attn_metadata = TritonMetadata(max_len)
             return
-        lens = rows_to_device([fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu], fb.input_ids.device)
-        fb.attn_metadata = TritonMetadata(max_len, max_extend_len=max(fb.extend_seq_lens_cpu, default=0),
-                                          prefix_lens=lens[0], extend_lens=lens[1])
+        dev = fb.input_ids.device
+        lens = rows_to_device([fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu], dev)
+        fb.attn_metadata = meta = TritonMetadata(max_len, max_extend_len=max(fb.extend_seq_lens_cpu, default=0),
+                                                 prefix_lens=lens[0], extend_lens=lens[1])
+        if fb.tree_masks is not None:
+            meta.custom_mask, meta.mask_starts, meta.mask_offsets = tree_mask_inputs(fb, dev)
 
     def _metadata(self, fb: "ForwardBatch") -> TritonMetadata:
         if not isinstance(fb.attn_metadata, TritonMetadata):
@@ -68,7 +107,7 @@ class TritonAttnBackend(AttentionBackend):
             q.reshape(-1, layer.num_heads, layer.head_dim), fb.token_to_kv_pool.get_key_buffer(layer.layer_id),
             fb.token_to_kv_pool.get_value_buffer(layer.layer_id), fb.req_to_token_pool.req_to_token,
             fb.req_pool_indices, meta.prefix_lens, meta.extend_lens, fb.extend_start_loc, layer.scaling,
-            meta.max_extend_len)
+            meta.max_extend_len, meta.custom_mask, meta.mask_starts, meta.mask_offsets)
         return o.reshape(-1, layer.num_heads * layer.head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):

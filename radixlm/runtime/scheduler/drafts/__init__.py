@@ -17,8 +17,8 @@ processed (an EAGLE head writes its KV once the pass's tokens are known).
 The batch rule (draft_cap): verification rows are nearly free while a decode pass is bound by reading the weights,
 and cost as much as any row once the pass is bound by compute; so a decode pass of n requests may reach
 --speculative-max-batch-rows (B) rows with its drafts: each request drafts at most (B - n) // n tokens (also
-within --speculative-num-draft-tokens), none once n > B/2, so a pass has at most max(B, n) rows. It binds the
-sources whose drafts are guesses (batch_adaptive: NGRAM, RADIX), not grammar jump-forward, whose exact drafts are
+within --speculative-num-draft-tokens - 1: SGLang's count, the verified root token included), none once n > B/2,
+so a pass has at most max(B, n) rows. It binds the sources whose drafts are guesses (batch_adaptive: NGRAM, RADIX), not grammar jump-forward, whose exact drafts are
 forced text the request would take anyway. It is applied twice: when a draft is proposed (n: the running
 requests; with a cap of 0 no lookup is made) and when the pass is planned (fit_batch: n is then the pass's own).
 With drafts off for the batch, requests whose only sources follow the rule may be planned ahead by the overlap

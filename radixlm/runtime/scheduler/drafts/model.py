@@ -164,7 +164,8 @@ class EagleSource(DraftModelSource):
     """An EAGLE head (--speculative-algorithm EAGLE, executor/eagle_runner.py): its KV is written after each pass is
     processed, for every request of the pass (on_processed), before the drafts of those that draft.
 
-    With topk > 1 a request drafts a tree (executor/eagle_tree.py) of at most `num_nodes` nodes, verified in one
+    With topk > 1 a request drafts a tree (executor/eagle_tree.py) of at most `num_nodes` drafted nodes (ServerArgs.
+    max_draft_tokens: --speculative-num-draft-tokens counts the root too, as SGLang's does), verified in one
     pass with a tree mask (greedy: the target's argmax walks it; sampled: its draws do, spec_tree.walk), where it
     has no grammar (masks are walked along chains), the context has room for the tree, and both models' attention
     backends support tree masks (the Triton backend does not: chains there). Other requests draft chains."""

@@ -32,8 +32,10 @@ class NGramSource:
     batch_adaptive = True  # its drafts shrink as the batch grows (DraftPath.draft_cap)
     guesses = True  # drafts continue the known tokens: with a pass in flight, the first guesses its token
 
-    def __init__(self, num_draft_tokens: int, min_window: int, max_window: int, stats: Counter):
-        self.num_draft_tokens = num_draft_tokens
+    def __init__(self, max_draft: int, min_window: int, max_window: int, stats: Counter):
+        """max_draft: tokens drafted per step at most (ServerArgs.max_draft_tokens: --speculative-num-draft-tokens,
+        which counts the verified root token as SGLang's does, less one)."""
+        self.max_draft = max_draft
         self.min_window, self.max_window = min_window, max_window
         self.stats = stats
         self._lookups: weakref.WeakKeyDictionary[Req, _Lookup] = weakref.WeakKeyDictionary()
@@ -42,7 +44,7 @@ class NGramSource:
         return True  # a grammar's request drafts too where jump-forward forces nothing (cut where it refuses)
 
     def propose(self, req: Req) -> None:
-        k = min(self.num_draft_tokens + req.kv.in_flight, req.tokens_left())
+        k = min(self.max_draft + req.kv.in_flight, req.tokens_left())
         if k <= 0:
             return
         lk = self._lookup(req)

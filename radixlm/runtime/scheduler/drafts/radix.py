@@ -23,7 +23,8 @@ Why not only one: the index alone drafts poorly where many cached sequences shar
 answer starts after the same template tokens: the latest cached answer wins, whatever the question), which is
 where the whole-sequence walk is exact; the walk alone finds nothing once the context differs.
 
-Both are cut to --speculative-num-draft-tokens and the tokens left (and by the batch rule, DraftPath.draft_cap).
+Both are cut to --speculative-num-draft-tokens - 1 (SGLang's count includes the verified root token) and the
+tokens left (and by the batch rule, DraftPath.draft_cap).
 Drafts that the model rejects outright make the request back off (drafts/backoff.py), as NGRAM does. The lookups
 read the tree only: no copy, no lock, no LRU timestamp, hit count or eviction-queue change."""
 from __future__ import annotations
@@ -56,11 +57,12 @@ class RadixSource:
     batch_adaptive = True  # its drafts shrink as the batch grows (DraftPath.draft_cap)
     guesses = True  # drafts continue the known tokens: with a pass in flight, the first guesses its token
 
-    def __init__(self, tree: RadixCache, num_draft_tokens: int, window: int, stats: Counter, path: bool = True,
+    def __init__(self, tree: RadixCache, max_draft: int, window: int, stats: Counter, path: bool = True,
                  kgram: bool = True):
-        """path / kgram: which lookups this source makes (NGRAM_RADIX puts prompt lookup between them)."""
+        """max_draft: tokens drafted per step at most (ServerArgs.max_draft_tokens); path / kgram: which lookups this
+        source makes (NGRAM_RADIX puts prompt lookup between them)."""
         self.tree = tree
-        self.num_draft_tokens = num_draft_tokens
+        self.max_draft = max_draft
         self.path, self.kgram = path, kgram
         self.index = tree.enable_kgram_index(window) if kgram and not tree.disable else None
         self.stats = stats
@@ -71,7 +73,7 @@ class RadixSource:
         return not self.tree.disable
 
     def propose(self, req: Req) -> None:
-        n = min(self.num_draft_tokens + req.kv.in_flight, req.tokens_left())
+        n = min(self.max_draft + req.kv.in_flight, req.tokens_left())
         if n <= 0:
             return
         state = self._states.get(req)

@@ -3,7 +3,14 @@ to each other. The new tokens' K/V are already in the pool, so every key is read
 
 Program (request, block of BLOCK_M new tokens, query head): walks key positions [0, last query position] in blocks
 of BLOCK_N with an online softmax; new token j of a request sits at position prefix + j and sees positions
-<= prefix + j."""
+<= prefix + j.
+
+Custom masks (tree drafts, executor/spec_tree.TreeMask; USE_CUSTOM_MASK, a constexpr: passes without masks build
+the kernel without this path): a request with mask offset o >= 0 and mask start s replaces the causal rule. Its new
+token j sees every key at table index < s, and index s + c (c < seq_len - s) where Mask[o + j * (seq_len - s) + c]
+is nonzero: the request's TreeMask.mask flattened row-major, all such requests' masks concatenated (uint8), each
+request's offset into it and its start in two device vectors. A request with offset -1 stays causal. The key loop of
+a masked request runs to seq_len (a mask may let an earlier row see a later key)."""
 from __future__ import annotations
 
 import torch
@@ -12,15 +19,17 @@ import triton.language as tl
 
 
 # Not specialized on the alignment of index vectors (see decode_attention.INDEX_ARGS).
-INDEX_ARGS = ["Req_pool_indices", "Prefix_lens", "Extend_lens", "Extend_starts"]
+INDEX_ARGS = ["Req_pool_indices", "Prefix_lens", "Extend_lens", "Extend_starts", "Mask", "Mask_starts",
+              "Mask_offsets"]
 
 
 @triton.jit(do_not_specialize_on_alignment=INDEX_ARGS)
 def _extend_kernel(
     Q, K_buf, V_buf, O, Req_to_token, Req_pool_indices, Prefix_lens, Extend_lens, Extend_starts, sm_scale,
     stride_qt, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_ot, stride_oh, stride_rt,
+    Mask, Mask_starts, Mask_offsets,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr,
 ):
     b = tl.program_id(0)
     mblock = tl.program_id(1)
@@ -45,6 +54,13 @@ def _extend_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     key_end = prefix + tl.minimum((mblock + 1) * BLOCK_M, ext)
+    if USE_CUSTOM_MASK:
+        mask_off = tl.load(Mask_offsets + b)
+        mask_start = tl.load(Mask_starts + b)
+        has_mask = mask_off >= 0
+        mask_start = tl.where(has_mask, mask_start, prefix + ext)  # causal rows: no key in the mask's columns
+        mask_width = prefix + ext - mask_start
+        key_end = tl.where(has_mask, prefix + ext, key_end)
     for n0 in range(0, key_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < key_end
@@ -52,7 +68,14 @@ def _extend_kernel(
         k = tl.load(K_buf + slots[:, None] * stride_kbs + kvh * stride_kh + offs_d[None, :],
                     mask=n_mask[:, None] & d_mask[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=PRECISION).to(tl.float32) * sm_scale
-        visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        visible = offs_n[None, :] <= q_pos[:, None]
+        if USE_CUSTOM_MASK:
+            col = offs_n - mask_start
+            in_mask = (col >= 0) & n_mask
+            bits = tl.load(Mask + mask_off + offs_m[:, None] * mask_width + col[None, :],
+                           mask=m_mask[:, None] & in_mask[None, :], other=0)
+            visible = tl.where(has_mask, (col[None, :] < 0) | (bits != 0), visible)
+        visible = n_mask[None, :] & visible
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
@@ -70,18 +93,28 @@ def _extend_kernel(
 
 def extend_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
                      req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
-                     extend_starts: torch.Tensor, sm_scale: float, max_extend: int) -> torch.Tensor:
-    """q: (num_new_tokens, H, D), request-major; returns (num_new_tokens, H, D) in q's dtype."""
+                     extend_starts: torch.Tensor, sm_scale: float, max_extend: int,
+                     custom_mask: torch.Tensor | None = None, mask_starts: torch.Tensor | None = None,
+                     mask_offsets: torch.Tensor | None = None) -> torch.Tensor:
+    """q: (num_new_tokens, H, D), request-major; returns (num_new_tokens, H, D) in q's dtype. With custom_mask
+    (uint8 or bool, flattened per request), mask_starts and mask_offsets (per request; offset -1: causal), the
+    masked requests' new tokens see keys as the module's docstring says."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     group = num_heads // k_buf.shape[1]
     out = torch.empty_like(q)
     block_m = 64 if max_extend > 16 else 16
     grid = (req_pool_indices.shape[0], triton.cdiv(max(max_extend, 1), block_m), num_heads)
+    use_mask = custom_mask is not None
+    if use_mask and custom_mask.dtype == torch.bool:
+        custom_mask = custom_mask.view(torch.uint8)
+    # Without a mask its three arguments are None (constexpr None in the launch's key): the kernel is the plain one.
     _extend_kernel[grid](
         q, k_buf, v_buf, out, req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_starts, sm_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         out.stride(0), out.stride(1), req_to_token.stride(0),
+        custom_mask, mask_starts if use_mask else None, mask_offsets if use_mask else None,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m, BLOCK_N=64,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_CUSTOM_MASK=use_mask, num_warps=4,
+        num_stages=2,
     )
     return out
