@@ -68,7 +68,7 @@ class CompileCounter:
 
         def hook(*args, **kwargs):
             fn = kwargs.get("fn")
-            name = f"{fn.module}.{fn.name}" if fn is not None else "?"
+            name = f"{getattr(fn, 'module', '?')}.{getattr(fn, 'name', '?')}"
             self.events.append(f"{name}: {str(kwargs.get('repr', ''))[:400]}")
             return self._prev(*args, **kwargs) if self._prev is not None else False
 
