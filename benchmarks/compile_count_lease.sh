@@ -14,15 +14,7 @@
 #                                              #     ':!benchmarks/results' | tar -x -C .stage/base20
 # Results land in $OUT (JSON and logs).
 set -uo pipefail
-if [ ! -f /tmp/site/.installed ]; then  # once per machine
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && touch /tmp/site/.installed || exit 1
-fi
-TREE=$(cd "$(dirname "$0")/.." && pwd)
-export PYTHONPATH=/tmp/site:$TREE PYTHONUNBUFFERED=1
-cd "$TREE" || exit 1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+. "$(dirname "$0")/device_env.sh"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 case "${1:-a}" in
   a)

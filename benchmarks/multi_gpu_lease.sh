@@ -8,15 +8,7 @@
 #                                                     # vs one replica (the all-reduce table: benchmarks/gpu_allreduce.py)
 # Results land in $OUT (JSON and logs).
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
-if [ ! -f /tmp/site/.installed ]; then  # once per machine
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && touch /tmp/site/.installed || exit 1
-fi
-TREE=$(cd "$(dirname "$0")/.." && pwd)
-export PYTHONPATH=/tmp/site:$TREE PYTHONUNBUFFERED=1
-cd "$TREE" || exit 1
-OUT=${OUT:-/tmp/out}
+. "$(dirname "$0")/device_env.sh"
 quiet() { grep -v "safetensors\|Warn\|warn\|fix_mistral\|clean_up\| INFO " ; }
 case "${1:-a}" in
   a)
