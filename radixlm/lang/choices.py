@@ -38,6 +38,14 @@ def _argmax(values: Sequence[float]) -> int:
     return best
 
 
+def _common_meta(normalized_prompt_logprobs: list[float], input_token_logprobs: list,
+                 output_token_logprobs: list, **extra: Any) -> dict[str, Any]:
+    """Every method's meta_info carries the scores it was given (what `s.get_meta_info(name)` shows for a select),
+    plus the method's own."""
+    return {"normalized_prompt_logprobs": normalized_prompt_logprobs, "input_token_logprobs": input_token_logprobs,
+            "output_token_logprobs": output_token_logprobs, **extra}
+
+
 def _check_lengths(choices: list[str], **lists: Optional[list]) -> None:
     if not choices:
         raise ValueError("select needs at least one choice")
@@ -53,7 +61,8 @@ class TokenLengthNormalized(ChoicesSamplingMethod):
                  unconditional_token_logprobs=None) -> ChoicesDecision:
         _check_lengths(choices, normalized_prompt_logprobs=normalized_prompt_logprobs)
         best = _argmax(normalized_prompt_logprobs)
-        return ChoicesDecision(choices[best])
+        return ChoicesDecision(choices[best], _common_meta(normalized_prompt_logprobs, input_token_logprobs,
+                                                           output_token_logprobs))
 
     def __repr__(self) -> str:
         return "token_length_normalized"
@@ -79,7 +88,8 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
             alive = [i for i in alive if matrix[i][col] == top]
             if len(alive) == 1:
                 break
-        return ChoicesDecision(choices[alive[0]], {"greedy_logprob_matrix": matrix})
+        return ChoicesDecision(choices[alive[0]], _common_meta(normalized_prompt_logprobs, input_token_logprobs,
+                                                               output_token_logprobs, greedy_logprob_matrix=matrix))
 
     def __repr__(self) -> str:
         return "greedy_token_selection"
@@ -106,10 +116,10 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
             diffs = [_value(c) - _value(u) for c, u in zip(cond, uncond)]
             scores.append(sum(diffs) / len(diffs) if diffs else float("-inf"))
         best = _argmax(scores)
-        return ChoicesDecision(choices[best], {
-            "unconditional_token_logprobs": unconditional_token_logprobs,
-            "normalized_unconditional_prompt_logprobs": scores,
-        })
+        return ChoicesDecision(choices[best], _common_meta(
+            normalized_prompt_logprobs, input_token_logprobs, output_token_logprobs,
+            unconditional_token_logprobs=unconditional_token_logprobs,
+            normalized_unconditional_prompt_logprobs=scores))
 
     def __repr__(self) -> str:
         return "unconditional_likelihood_normalized"

@@ -77,3 +77,15 @@ def test_bad_inputs_give_clear_errors():
     k["normalized_prompt_logprobs"] = [0.0]
     with pytest.raises(ValueError, match="3 choices"):
         token_length_normalized(**k)
+
+
+@pytest.mark.parametrize("method", [token_length_normalized, greedy_token_selection,
+                                    unconditional_likelihood_normalized])
+def test_every_method_reports_the_scores_it_was_given(method):
+    # SGLang's methods each put the prompt scores they ranked into the decision's meta_info (what
+    # s.get_meta_info(name) shows for a select), whichever backend called them.
+    k = kwargs()
+    meta = method(**k).meta_info
+    assert meta["normalized_prompt_logprobs"] == k["normalized_prompt_logprobs"]
+    assert meta["input_token_logprobs"] == k["input_token_logprobs"]
+    assert meta["output_token_logprobs"] == k["output_token_logprobs"]
