@@ -1,12 +1,13 @@
 """`sgl.Runtime`: starts a radixlm server in a subprocess and exposes it as a RuntimeEndpoint."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Optional, Union
 
 import httpx
 
@@ -39,6 +40,8 @@ class Runtime:
         port = free_port() if port is None else port
         kwargs["log_level"] = log_level
         self.url = f"http://{host}:{port}"
+        self.generate_url = self.url + "/generate"
+        self.transport: Optional[httpx.AsyncBaseTransport] = None  # async_generate's (tests script it)
         self.proc: Optional[subprocess.Popen] = None
         self.endpoint: Optional[RuntimeEndpoint] = None
         cmd = [sys.executable, "-m", "radixlm.launch_server", "--host", host, "--port", str(port),
@@ -94,15 +97,47 @@ class Runtime:
 
         return AutoTokenizer.from_pretrained(self.endpoint.model_info["tokenizer_path"])
 
-    def generate(self, prompt: Any, sampling_params: Optional[dict] = None, **kwargs: Any) -> Any:
+    @staticmethod
+    def _body(prompt: Any, sampling_params: Optional[dict], **kwargs: Any) -> dict:
         key = "input_ids" if isinstance(prompt, list) and prompt and isinstance(prompt[0], int) else "text"
-        body = {key: prompt, "sampling_params": sampling_params or {}, **kwargs}
-        return self.endpoint._generate(body)
+        body = {key: prompt, "sampling_params": sampling_params or {}}
+        body.update((k, v) for k, v in kwargs.items() if v is not None)
+        return body
 
-    async def async_generate(self, prompt: Any, sampling_params: Optional[dict] = None, **kwargs: Any) -> Any:
-        import asyncio
+    def generate(self, prompt: Any, sampling_params: Optional[dict] = None, return_logprob: Any = False,
+                 logprob_start_len: Any = None, top_logprobs_num: Any = None, **kwargs: Any) -> str:
+        """/generate's answer as a JSON string, as SGLang's Runtime returns it (`json.loads(rt.generate(...))`)."""
+        body = self._body(prompt, sampling_params, return_logprob=return_logprob,
+                          logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, **kwargs)
+        return json.dumps(self.endpoint._generate(body))
 
-        return await asyncio.to_thread(self.generate, prompt, sampling_params, **kwargs)
+    async def async_generate(self, prompt: Any, sampling_params: Optional[dict] = None,
+                             **kwargs: Any) -> AsyncIterator[Union[str, dict]]:
+        """Streams one request: yields each new piece of its text as it comes (a chunk without text as its dict),
+        as SGLang's Runtime does; `add_request` is the same."""
+        body = {**self._body(prompt, sampling_params, **kwargs), "stream": True}
+        pos = 0
+        async with httpx.AsyncClient(base_url=self.url, timeout=3 * 3600, transport=self.transport) as client:
+            async with client.stream("POST", "/generate", json=body) as res:
+                if res.status_code >= 400:
+                    await res.aread()
+                    raise RuntimeError(f"/generate answered HTTP {res.status_code}: {res.text}")
+                async for line in res.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[len("data:"):].strip()
+                    if payload == "[DONE]":
+                        break
+                    data = json.loads(payload)
+                    if "text" not in data:
+                        yield data
+                        continue
+                    piece = data["text"][pos:]
+                    pos += len(piece)
+                    if piece:
+                        yield piece
+
+    add_request = async_generate
 
     def __enter__(self) -> "Runtime":
         return self
