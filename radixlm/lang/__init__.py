@@ -14,6 +14,7 @@ _LAZY = {
     "RuntimeEndpoint": "radixlm.lang.backend.runtime_endpoint",
     "OpenAI": "radixlm.lang.backend.openai",
     "Anthropic": "radixlm.lang.backend.anthropic",
+    "LiteLLM": "radixlm.lang.backend.litellm",
     "Runtime": "radixlm.lang.runtime",
 }
 
