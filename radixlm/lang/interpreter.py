@@ -5,12 +5,12 @@ Fetching a variable blocks until the primitive that sets it has run. An error in
 releases every waiter, skips the rest of the queue, and is raised (as ProgramError) by every later fetch."""
 from __future__ import annotations
 
-import base64
 import queue
 import threading
 import uuid
 from typing import TYPE_CHECKING, Any, Optional
 
+from radixlm.lang.media import b64encode, image_bytes, media_bytes
 from radixlm.lang.chat_template import ChatTemplate, message_content
 from radixlm.lang.global_config import GlobalConfig, global_config
 from radixlm.lang.ir import (SglCommitLazy, SglConcateAndAppend, SglConstantText, SglExpr, SglExprList, SglGen,
@@ -374,14 +374,14 @@ class StreamExecutor:
         self.cur_role_begin_pos = None
 
     def _execute_image(self, expr: SglImage) -> None:
-        b64 = base64.b64encode(_read(expr.path)).decode()
+        b64 = b64encode(image_bytes(expr.path))
         self.images_.append((expr.path, b64))
         self.cur_role_images.append((len(self.text_), "image_url", f"data:image/png;base64,{b64}"))
         self._append_text(self.chat_template.image_token)
 
     def _execute_video(self, expr: SglVideo) -> None:
         # The frame count travels as a data URL parameter, which the server's media loader reads.
-        url = f"data:video/mp4;num_frames={int(expr.num_frames)};base64,{base64.b64encode(_read(expr.path)).decode()}"
+        url = f"data:video/mp4;num_frames={int(expr.num_frames)};base64,{b64encode(media_bytes(expr.path))}"
         self.videos_.append((expr.path, url))
         self.cur_role_images.append((len(self.text_), "video_url", url))
         self._append_text(self.chat_template.video_token)
@@ -394,9 +394,3 @@ class StreamExecutor:
             self.backend.concatenate_and_append([e.sid for e in exes], self.sid)
         self._append_text("".join(e.text_[e.fork_start_text_pos:] for e in exes))
 
-
-def _read(src: Any) -> bytes:
-    if isinstance(src, bytes):
-        return src
-    with open(src, "rb") as f:
-        return f.read()
