@@ -13,7 +13,7 @@ _LANG_NAMES = (
     "system_begin", "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end",
     "set_default_backend", "flush_cache", "get_server_info", "global_config", "token_length_normalized",
     "greedy_token_selection", "unconditional_likelihood_normalized", "ProgramState", "ProgramStateGroup",
-    "ProgramError", "TracingError", "RuntimeEndpoint", "OpenAI", "Anthropic", "LiteLLM", "Runtime",
+    "ProgramError", "TracingError", "RuntimeEndpoint", "OpenAI", "Anthropic", "LiteLLM", "VertexAI", "Runtime",
     "separate_reasoning",
 )
 _LAZY = {

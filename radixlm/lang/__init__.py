@@ -15,6 +15,7 @@ _LAZY = {
     "OpenAI": "radixlm.lang.backend.openai",
     "Anthropic": "radixlm.lang.backend.anthropic",
     "LiteLLM": "radixlm.lang.backend.litellm",
+    "VertexAI": "radixlm.lang.backend.vertexai",
     "Runtime": "radixlm.lang.runtime",
 }
 
