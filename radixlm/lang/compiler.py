@@ -190,6 +190,10 @@ class CompiledFunction:
         try:
             for node in self.order:
                 exe = exes.get(node.pid)
+                if exe is None and not isinstance(node, SglGetForkItem):
+                    # The stream of an sgl.function the program called: it starts empty, as its run would.
+                    exe = exes[node.pid] = GraphStreamExecutor(backend, arguments, sp, chat_template=None,
+                                                               stream=False, config=self.config)
                 if isinstance(node, SglFork):
                     points[node.node_id] = _ForkPoint(node.number)
                     exe.submit(_RunFork(points[node.node_id]))

@@ -13,7 +13,7 @@ from radixlm.lang.global_config import GlobalConfig, global_config, resolve_back
 from radixlm.lang.interpreter import StreamExecutor
 from radixlm.lang.ir import SglSamplingParams
 from radixlm.lang.state import ProgramState
-from radixlm.lang.tracer import TracedProgram, extract_prefix_by_tracing, trace_program
+from radixlm.lang.tracer import TracedProgram, extract_prefix_by_tracing, trace_call, trace_program, tracing
 
 if TYPE_CHECKING:
     from radixlm.lang.backend.base_backend import BaseBackend
@@ -95,8 +95,11 @@ class SglFunction:
         """Prefills the program's constant prefix on the backend; returns it (None if it is too short)."""
         return precache_constant_prefix(self, resolve_backend(backend), force=True)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
-        # A program called inside another runs as its own program (its own stream), as in SGLang.
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # A program called inside another runs as its own program (its own stream), as in SGLang; while the caller
+        # is traced (trace/compile), the callee is traced into the caller's graph as a stream of its own.
+        if tracing():
+            return trace_call(self, args, kwargs)
         return self.run(*args, **kwargs)
 
 

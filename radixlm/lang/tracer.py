@@ -1,14 +1,17 @@
 """Tracing (paper Appendix D): run a program once with abstract arguments and record the IR graph it builds.
 
-Every `s += ...` records nodes on the stream of `s`; `fork` opens one stream per branch; `s["x"]` records a
-reference to the stream that defines `x` (an inter-stream edge when that is another stream). Python control flow
+Every `s += ...` records nodes on the stream of `s`; `fork` opens one stream per branch, and so does a call of
+another sgl.function; `s["x"]` records a reference to the stream that defines `x` (an inter-stream edge when that is
+another stream). Python control flow
 runs at trace time, so only programs whose control flow does not depend on arguments or generated values can be
 traced: using a traced value as a bool, comparing, iterating or formatting it raises TracingError naming the
 program's line."""
 from __future__ import annotations
 
+import contextvars
 import copy
 import heapq
+import inspect
 import linecache
 import os
 import sys
@@ -28,8 +31,11 @@ if TYPE_CHECKING:
 _LANG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-class TracingError(RuntimeError):
-    """The program cannot be traced (data-dependent control flow, formatting a traced value, ...)."""
+class TracingError(TypeError, RuntimeError):
+    """The program cannot be traced (data-dependent control flow, formatting a traced value ...); a TypeError."""
+
+
+_TRACING: contextvars.ContextVar[Optional["TracedProgram"]] = contextvars.ContextVar("radixlm_tracing", default=None)
 
 
 class Traceable(Protocol):
@@ -342,11 +348,35 @@ def _trace(program: Traceable, arguments: dict[str, Any]) -> tuple[TracedProgram
     graph = TracedProgram(program.func.__name__, list(program.arg_names), program)
     state = TracerProgramState(graph, {}, "main")
     call_kwargs = {name: kwargs[name] if name in kwargs else TracedArgument(name) for name in program.arg_names}
+    token = _TRACING.set(graph)
     try:
         state.ret_value = program.func(state, **call_kwargs)
     except Exception as e:  # the partial graph is still useful (the constant prefix)
         return graph, e
+    finally:
+        _TRACING.reset(token)
     return graph, None
+
+
+def tracing() -> bool:
+    """Whether a program is being traced on this thread (an sgl.function called now is traced into its graph)."""
+    return _TRACING.get() is not None
+
+
+def trace_call(program: Traceable, args: tuple, kwargs: dict[str, Any]) -> TracerProgramState:
+    """An sgl.function called by a traced program, as SGLang traces it: a stream of its own in the caller's graph
+    (starting empty, as its run would) whose arguments may be the caller's traced values."""
+    graph = _TRACING.get()
+    name = program.func.__name__
+    try:
+        bound = inspect.signature(program.func).bind(None, *args, **{**program.bind_arguments, **kwargs})
+    except TypeError as e:
+        raise TracingError(f"{name}() called while tracing: {e} (run-level options such as temperature or "
+                           f"backend cannot be given to a nested call)\n  at {_user_location()}") from None
+    bound.apply_defaults()
+    state = TracerProgramState(graph, {}, f"call of {name}")
+    state.ret_value = program.func(state, *bound.args[1:], **bound.kwargs)
+    return state
 
 
 def trace_program(program: Traceable, arguments: dict[str, Any],
