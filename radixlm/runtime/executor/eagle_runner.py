@@ -26,6 +26,7 @@ from radixlm.runtime.executor.draft_runner import DraftModelRunner
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ForwardBatch, ForwardMode, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan
 from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.layers.kernel_variants import EXTEND_WARMUP_LENS, uses_tree_masks
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.model_loader.loader import _default_dtype, initialize_dummy_weights, safetensors_weights_iterator
 from radixlm.runtime.executor.eagle_aux import AuxStates, aux_layers, is_eagle3
@@ -45,8 +46,22 @@ class PairSpan:
 
 
 class EagleRunner(DraftModelRunner):
+    @torch.inference_mode()
     def _warm_up(self) -> None:
-        pass  # the head's passes take features: its first catch-up builds its kernels
+        """Catch-up passes take the target's features: the first one builds their kernels. Tree steps
+        (--speculative-eagle-topk > 1, eagle_tree.py) take the head's own outputs: their masked extend kernels (both
+        tiles, layers/kernel_variants.py) are built here, with dummy passes as the target's warm_up_extend."""
+        if not uses_tree_masks(self.server_args, self.attn_backend.supports_tree_mask
+                               and self.target.attn_backend.supports_tree_mask):
+            return
+        cfg = self.model_config
+        for extend_lens in EXTEND_WARMUP_LENS:
+            fb = self.warmup_extend_batch(extend_lens, tree_masks=True)
+            self.attn_backend.init_forward_metadata(fb)
+            features = torch.zeros(fb.num_tokens, cfg.hidden_size, dtype=cfg.dtype, device=self.device)
+            self.model(fb.input_ids, fb.positions, fb, features)
+        if self.is_cuda:
+            torch.cuda.synchronize()
 
     def _capture_graphs(self, max_bs: int) -> None:
         """Chain steps replay graphs; catch-up passes (target features, many rows a request) run eagerly."""

@@ -15,10 +15,11 @@ from radixlm.runtime.executor.draft_budget import draft_budget
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor, split_rows
+from radixlm.runtime.executor.spec_tree import TreeMask
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
 from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
 from radixlm.runtime.layers.attention.triton_ops.decode_splits import DECODE_BLOCK_N
-from radixlm.runtime.layers.kernel_variants import EXTEND_WARMUP_LENS, WarmupPlan, warmup_plan
+from radixlm.runtime.layers.kernel_variants import EXTEND_WARMUP_LENS, WarmupPlan, uses_tree_masks, warmup_plan
 from radixlm.runtime.layers.moe.layer import FusedMoE
 from radixlm.runtime.layers.linear import Shard
 from radixlm.runtime.model_loader.config import ModelConfig
@@ -148,7 +149,8 @@ class ModelRunner:
     def warmup_plan(self, graph_max_bs: int) -> WarmupPlan:
         has_moe = any(isinstance(m, FusedMoE) for m in self.model.modules())
         return warmup_plan(self.model_config.context_len, self.num_kv_heads, graph_max_bs,
-                           eager_token_rows_any_size=self.mm_embedder is not None, has_moe=has_moe)
+                           eager_token_rows_any_size=self.mm_embedder is not None, has_moe=has_moe,
+                           tree_masks=uses_tree_masks(self.server_args, self.attn_backend.supports_tree_mask))
 
     @torch.inference_mode()
     def warm_up_kernels(self, graph_max_bs: int) -> None:
@@ -157,7 +159,7 @@ class ModelRunner:
         first pass that needs one waits for the compiler (0.1-0.6 s each on an H100) in the middle of serving."""
         t0 = time.perf_counter()
         plan = self.warmup_plan(graph_max_bs)
-        self.warm_up_extend()
+        self.warm_up_extend(tree_masks=plan.tree_masks)
         # Every row count up to the skinny GEMM's limit (the layers' skinny-vs-cuBLAS choices), then one request at
         # each split count an eager decode pass can meet: seq_len 256 * (s - 1) + 1 gives s splits for one request.
         passes = [(bs, 1) for bs in plan.token_row_batches]
@@ -169,9 +171,9 @@ class ModelRunner:
             self._warm_up_moe()
         if self.is_cuda:
             torch.cuda.synchronize()
-        logger.info("kernel warm-up (eager passes of %s rows, decode splits %s%s) in %.2f s",
+        logger.info("kernel warm-up (eager passes of %s rows, decode splits %s%s%s) in %.2f s",
                     list(plan.token_row_batches), plan.decode_splits, ", MoE configs" if plan.moe else "",
-                    time.perf_counter() - t0)
+                    ", tree masks" if plan.tree_masks else "", time.perf_counter() - t0)
 
     def _warm_up_token_rows(self, bs: int, seq_len: int) -> None:
         """An eager TOKEN_ROWS pass of bs requests, each at position seq_len - 1 of request row 0 (KV slot 0)."""
@@ -203,25 +205,33 @@ class ModelRunner:
                 fused_experts_triton(hidden, w13, w2, weights, ids, m.expert_start, m.num_experts, config=cfg)
 
     @torch.inference_mode()
-    def warm_up_extend(self) -> None:
+    def warm_up_extend(self, tree_masks: bool = False) -> None:
         """Builds the kernels of eager (extend) passes: extend attention's two tile shapes (at most and over 16 new
-        tokens per request). Dummy passes: request row 0 and KV slot 0, as padded CUDA-graph rows use them, before
-        anything real is in the pool."""
-        for extend_lens in EXTEND_WARMUP_LENS:
-            n, bs = sum(extend_lens), len(extend_lens)
-            zeros = torch.zeros(n, dtype=torch.int64, device=self.device)
-            starts = [sum(extend_lens[:i]) for i in range(bs)]
-            fb = ForwardBatch(
-                forward_mode=ForwardMode.REQUEST_SPANS, batch_size=bs, input_ids=zeros,
-                positions=torch.cat([torch.arange(e, device=self.device) for e in extend_lens]),
-                req_pool_indices=torch.zeros(bs, dtype=torch.int64, device=self.device),
-                seq_lens=torch.tensor(extend_lens, device=self.device), seq_lens_cpu=list(extend_lens),
-                out_cache_loc=zeros, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.token_to_kv_pool,
-                attn_backend=self.attn_backend, extend_prefix_lens_cpu=[0] * bs, extend_seq_lens_cpu=list(extend_lens),
-                extend_start_loc=torch.tensor(starts, device=self.device))
-            self._run(fb, LogitsPlan(sample_rows=[n - 1]))
+        tokens per request), and with tree_masks the same with tree drafts' masks (USE_CUSTOM_MASK). Dummy passes:
+        request row 0 and KV slot 0, as padded CUDA-graph rows use them, before anything real is in the pool."""
+        for masked in (False, True) if tree_masks else (False,):
+            for extend_lens in EXTEND_WARMUP_LENS:
+                fb = self.warmup_extend_batch(extend_lens, masked)
+                self._run(fb, LogitsPlan(sample_rows=[fb.num_tokens - 1]))
         if self.is_cuda:
             torch.cuda.synchronize()
+
+    def warmup_extend_batch(self, extend_lens, tree_masks: bool = False) -> ForwardBatch:
+        """A dummy REQUEST_SPANS pass of len(extend_lens) requests with no prefix, all on request row 0 and KV slot
+        0; with tree_masks each request carries a (causal) TreeMask, as tree drafts' passes do."""
+        n, bs = sum(extend_lens), len(extend_lens)
+        zeros = torch.zeros(n, dtype=torch.int64, device=self.device)
+        starts = [sum(extend_lens[:i]) for i in range(bs)]
+        return ForwardBatch(
+            forward_mode=ForwardMode.REQUEST_SPANS, batch_size=bs, input_ids=zeros,
+            positions=torch.cat([torch.arange(e, device=self.device) for e in extend_lens]),
+            req_pool_indices=torch.zeros(bs, dtype=torch.int64, device=self.device),
+            seq_lens=torch.tensor(extend_lens, device=self.device), seq_lens_cpu=list(extend_lens),
+            out_cache_loc=zeros, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.token_to_kv_pool,
+            attn_backend=self.attn_backend, extend_prefix_lens_cpu=[0] * bs, extend_seq_lens_cpu=list(extend_lens),
+            extend_start_loc=torch.tensor(starts, device=self.device),
+            tree_masks=[TreeMask(0, torch.ones(e, e, dtype=torch.bool).tril()) for e in extend_lens] if tree_masks
+            else None)
 
     def can_replay(self, num_rows: int, input_logprobs: bool = False) -> bool:
         """Whether a pass of `num_rows` rows runs as one CUDA-graph replay (prompt logprobs need an eager pass)."""

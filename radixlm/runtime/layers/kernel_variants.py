@@ -29,6 +29,12 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
       BLOCK_M: 16 when the longest extend of the pass is <= 16 tokens, else 64 -> both built at start-up
         (EXTEND_WARMUP_LENS). Prefix, extend and start vectors: no alignment. GROUP, HEAD_DIM, BLOCK_D, BLOCK_N,
         PRECISION and every stride: fixed. Token, prefix and batch counts enter through the grid and device vectors.
+      USE_CUSTOM_MASK: True only in tree drafts' passes (ForwardBatch.tree_masks: EAGLE with
+        --speculative-eagle-topk > 1, on a backend that supports_tree_mask): the target's verification passes and
+        the EAGLE head's tree steps. Without masks the three mask arguments are None (constexpr None): passes without
+        tree drafts build the same two variants as before. With tree drafts configured, start-up also builds both
+        tiles with masks (WarmupPlan.tree_masks: the target's warm_up_extend; the head's in EagleRunner._warm_up).
+        The mask (uint8, any length) and its start/offset vectors: no alignment.
   fused_kernels.py  _rmsnorm_kernel, _silu_and_mul_kernel, _rotary_kernel, _store_kv_kernel
       rmsnorm: HAS_RESIDUAL (both in every pass), BLOCK, n_cols, strides: fixed per call site (hidden size, the
         q/k norms' head dim). silu_and_mul: d, strides fixed. rotary: Pos views -> no alignment; heads, strides
@@ -46,7 +52,9 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
       A_ROW_DIV, MUL_WEIGHT (the two launches), IEEE_FP32 (dtype), N, K, expert_start, n_local, strides: fixed.
 
 Not covered here: a vision tower's first image (its norms and activations at the tower's widths; multimodal
-models' encoders) and the draft and EAGLE runners beyond their extend kernels (they call warm_up_extend).
+models' encoders) and the draft and EAGLE runners beyond their extend kernels (the draft model calls
+warm_up_extend; the EAGLE head builds its tree steps' masked extend kernels, its catch-up passes build theirs at the
+first one).
 """
 from __future__ import annotations
 
@@ -78,11 +86,22 @@ class WarmupPlan:
     token_row_batches: tuple = TOKEN_ROW_WARMUP
     decode_splits: list[int] = field(default_factory=list)
     moe: bool = False  # every reachable GEMM config of each MoE layer shape (fused_moe.reachable_configs)
+    tree_masks: bool = False  # extend_lens passes again with tree masks (the extend kernel's USE_CUSTOM_MASK)
 
 
 def warmup_plan(context_len: int, num_kv_heads: int, graph_max_bs: int, eager_token_rows_any_size: bool,
-                has_moe: bool) -> WarmupPlan:
+                has_moe: bool, tree_masks: bool = False) -> WarmupPlan:
     """graph_max_bs: the largest captured batch (0 without graphs); eager_token_rows_any_size: passes of any row
-    count may run without a graph (media or multimodal positions)."""
+    count may run without a graph (media or multimodal positions); tree_masks: tree drafts are configured and the
+    attention backend takes their masks (uses_tree_masks)."""
     eager_from = 0 if eager_token_rows_any_size else graph_max_bs
-    return WarmupPlan(decode_splits=decode_eager_splits(context_len, num_kv_heads, eager_from), moe=has_moe)
+    return WarmupPlan(decode_splits=decode_eager_splits(context_len, num_kv_heads, eager_from), moe=has_moe,
+                      tree_masks=tree_masks)
+
+
+def uses_tree_masks(server_args, supports_tree_mask: bool) -> bool:
+    """Whether serving runs tree drafts' masked passes: EAGLE / EAGLE3 with --speculative-eagle-topk > 1 on a
+    backend that supports_tree_mask (otherwise the head drafts chains)."""
+    algo = getattr(server_args, "speculative_algorithm", None)
+    return (supports_tree_mask and algo is not None and getattr(algo, "is_eagle", False)
+            and getattr(server_args, "speculative_eagle_topk", 1) > 1)

@@ -207,3 +207,58 @@ def test_cuda_no_triton_compile_after_start_up(tiny_cuda_model, tiny_cuda_moe_mo
         assert r["compiles_at_startup"] > 0, r  # a fresh process builds (or loads) its kernels: the hook counts
         assert r["compiles_after_startup"] == 0, (r["config"], r["compiled_after_startup"])
         assert r["cache_dir_kernels_after_startup"] == 0, r["config"]
+
+
+def _eagle_head(model_dir: str, out_dir) -> str:
+    """A random EAGLE-1 head (published checkpoint layout) for the tiny model: one decoder layer over [embedding,
+    feature]."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    h, inter = config["hidden_size"], config["intermediate_size"]
+    kv = config["num_key_value_heads"] * h // config["num_attention_heads"]
+    g = torch.Generator().manual_seed(5)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g) * 0.1
+
+    weights = {"fc.weight": r(h, 2 * h), "fc.bias": r(h), "layers.0.post_attention_layernorm.weight": 1 + r(h),
+               **{f"layers.0.self_attn.{k}.weight": v for k, v in
+                  {"q_proj": r(h, h), "k_proj": r(kv, h), "v_proj": r(kv, h), "o_proj": r(h, h)}.items()},
+               **{f"layers.0.mlp.{k}.weight": v for k, v in
+                  {"gate_proj": r(inter, h), "up_proj": r(inter, h), "down_proj": r(h, inter)}.items()}}
+    out = Path(out_dir)
+    save_file(weights, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    return str(out)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_cuda_eagle_tree_drafts_on_triton(tiny_cuda_model, tmp_path, page_size):
+    """EAGLE tree drafts (--speculative-eagle-topk 3) on the Triton backend (its extend kernel's tree masks, in the
+    target's verification passes and the head's tree steps; graphs and overlap on): trees drafted, not chains, greedy
+    outputs equal speculation off, and no extend-kernel variant built after start-up (the masked ones included)."""
+    import radixlm
+
+    head = _eagle_head(tiny_cuda_model, tmp_path)
+    prompts = _prompts(6, seed=11)
+    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    runs = {}
+    for name, kw in {"off": {}, "tree": dict(speculative_algorithm="EAGLE", speculative_draft_model_path=head,
+                                             speculative_num_draft_tokens=8, speculative_num_steps=3,
+                                             speculative_eagle_topk=3)}.items():
+        engine = radixlm.Engine(tiny_cuda_model, device="cuda", dtype="float32", max_total_tokens=8192,
+                                page_size=page_size, enable_integrity_check=True, **kw)
+        try:
+            before = _compiled_variants()
+            runs[name] = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)]
+            if name == "tree":
+                stats = engine.scheduler.grammar_stats
+                assert stats["tree_drafts"] > 0 and not stats.get("tree_drafts_unsupported"), dict(stats)
+                assert _compiled_variants()["extend"] == before["extend"]
+        finally:
+            engine.shutdown()
+    assert runs["tree"] == runs["off"]

@@ -169,6 +169,85 @@ def test_extend_launches_while_serving_are_built_by_the_warm_up(monkeypatch):
     _assert_covered(warm, rec.take())
 
 
+def test_tree_mask_launches_while_serving_are_built_by_the_warm_up(monkeypatch):
+    """Tree drafts' passes (the extend kernel's USE_CUSTOM_MASK) through TritonAttnBackend, as ForwardBatch.build
+    makes them: built by the warm-up's masked passes (ModelRunner.warmup_extend_batch) when tree drafts are
+    configured; passes without masks build the same variants as without tree drafts."""
+    from types import SimpleNamespace
+
+    from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch
+    from radixlm.runtime.executor.logits import LogitsPlan
+    from radixlm.runtime.executor.model_runner import ModelRunner
+    from radixlm.runtime.executor.spec_tree import TreeMask, verify_mask
+    from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
+    from radixlm.runtime.layers.attention.triton_ops import extend_attention as ea
+    from radixlm.runtime.layers.kernel_variants import uses_tree_masks
+
+    heads, kv_heads, head_dim = 8, 2, 16
+    rec = Recorder(monkeypatch, {"extend": ea._extend_kernel})
+    backend = TritonAttnBackend(SimpleNamespace(model_config=SimpleNamespace(context_len=4096, num_kv_heads=kv_heads)))
+    runner = SimpleNamespace(device="cpu", req_to_token_pool=ReqToTokenPool(9, 4100),
+                             token_to_kv_pool=TokenToKVPool(600, 1, torch.float32, 1, kv_heads, head_dim, "cpu"),
+                             attn_backend=backend)
+    layer = SimpleNamespace(layer_id=0, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, scaling=0.25)
+
+    def run(fb):
+        qkv = torch.zeros(fb.num_tokens, (heads + 2 * kv_heads) * head_dim)
+        backend.init_forward_metadata(fb)
+        backend.forward_extend(qkv[:, : heads * head_dim], None, None, layer, fb, save_kv_cache=False)
+
+    def warm_up(tree_masks):
+        for masked in (False, True) if tree_masks else (False,):
+            for lens in EXTEND_WARMUP_LENS:
+                run(ModelRunner.warmup_extend_batch(runner, list(lens), masked))
+        return rec.take()
+
+    plain, warm = warm_up(False), warm_up(True)
+    assert plain["extend"] < warm["extend"] and len(warm["extend"]) == 2 * len(plain["extend"]) == 4
+    rng = random.Random(4)
+    for _ in range(40):
+        bs = rng.randrange(1, 8)
+        prefix, ext, trees = [], [], []
+        for i in range(bs):
+            p = rng.choice([0, 1, 16, rng.randrange(0, 3000)])
+            kind = rng.choice(["tree", "tree", "head", "none"])
+            if kind == "none":  # a prefill chunk or a chain draft beside the trees
+                e, tree = rng.choice([1, 2, 17, rng.randrange(1, 300)]), None
+            elif kind == "tree":  # a verification pass: rows before the root, the root, the nodes
+                nodes = rng.randrange(1, 70)
+                parents = [rng.randrange(-1, j) if rng.random() < 0.5 else j - 1 for j in range(nodes)]
+                parents = sorted(parents)  # a tree in depth order whatever it is: parents[j] < j stays true
+                before = rng.randrange(1, 4)
+                e, tree = before + nodes, TreeMask(p, verify_mask(parents, before))
+            else:  # an EAGLE head's tree step: the mask starts inside the prefix
+                e, gap = rng.randrange(1, 9), min(p, rng.randrange(0, 40))
+                tree = TreeMask(p - gap, torch.ones(e, gap + e, dtype=torch.bool))
+            prefix.append(p)
+            ext.append(e)
+            trees.append(tree)
+        if all(t is None for t in trees):
+            continue
+        n = sum(ext)
+        wb = ModelWorkerBatch(input_ids=[0] * n, positions=[0] * n, req_pool_indices=[0] * bs, prefix_lens=prefix,
+                              extend_lens=ext, seq_lens=[p + e for p, e in zip(prefix, ext)],
+                              out_cache_loc=torch.zeros(n, dtype=torch.int64), logits=LogitsPlan(), tree_masks=trees)
+        run(ForwardBatch.build(wb, ForwardMode.REQUEST_SPANS, runner.req_to_token_pool, runner.token_to_kv_pool,
+                               backend, "cpu"))
+    serving = rec.take()
+    assert serving["extend"] - plain["extend"]  # the masked variants were met
+    _assert_covered(warm, serving)
+    # The warm-up plans the masked passes only where serving meets them.
+    eagle = SimpleNamespace(speculative_algorithm=SimpleNamespace(is_eagle=True), speculative_eagle_topk=4)
+    assert uses_tree_masks(eagle, True)
+    assert not uses_tree_masks(eagle, False)  # a backend without masks: chains
+    assert not uses_tree_masks(SimpleNamespace(speculative_algorithm=SimpleNamespace(is_eagle=True),
+                                               speculative_eagle_topk=1), True)
+    assert not uses_tree_masks(SimpleNamespace(speculative_algorithm=None, speculative_eagle_topk=1), True)
+    assert warmup_plan(4096, 8, 512, False, False, tree_masks=True).tree_masks
+    assert not warmup_plan(4096, 8, 512, False, False).tree_masks
+
+
 # ------------------------------------------------------------------------------------------------ elementwise
 def test_fused_elementwise_launches_depend_on_nothing_that_varies(monkeypatch):
     from radixlm.runtime.layers import fused_kernels as fk
