@@ -128,6 +128,9 @@ def run_program(program: SglFunction, backend: "BaseBackend", func_args: tuple, 
             state.ret_value = program.func(state, *func_args, **kwargs)
         finally:
             executor.end()
+        if global_config.verbosity >= 2:  # as SGLang: each finished run prints its text
+            executor.wait_error()
+            print(executor.text_)
 
     if stream:
         def body_in_thread() -> None:

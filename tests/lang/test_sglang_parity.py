@@ -77,3 +77,17 @@ def test_registering_templates_and_model_path_matchers():
     assert get_chat_template_by_model_path("meta-llama/Llama-2-7b-chat-hf").name == "llama-2-chat"
     assert get_chat_template_by_model_path("lmsys/vicuna-7b-v1.5").name == "vicuna_v1.1"
     assert get_chat_template_by_model_path("google/gemma-2-2b-it").name == "gemma-it"
+
+
+def test_verbosity_2_prints_each_runs_text(monkeypatch, capsys):
+    @sgl.function
+    def prog(s, x):
+        s += "Q: " + x + "\nA:" + sgl.gen("a")
+
+    prog.run(x="hi", backend=FakeBackend())
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(global_config, "verbosity", 2)
+    states = prog.run_batch([{"x": "one"}, {"x": "two"}], backend=FakeBackend(reply=lambda p, sp: " ok"))
+    out = capsys.readouterr().out
+    assert "Q: one\nA: ok\n" in out and "Q: two\nA: ok\n" in out
+    assert [st.text() for st in states] == ["Q: one\nA: ok", "Q: two\nA: ok"]
