@@ -45,7 +45,8 @@ def head_mask(rng: random.Random, gap: int, ext: int) -> torch.Tensor:
 
 def make_pass(rng: random.Random, specs, page_size: int, heads: int, kv_heads: int, head_dim: int, dtype, device):
     """specs: per request (prefix, kind, size): "causal" (size new tokens), "tree" (size nodes after 1..3 rows, the
-    root last: verify_mask), "dense" (size rows, a random mask over them), "head" (size frontier rows, the mask starting size * 2 + 1 indices into the prefix).
+    root last: verify_mask), "dense" (size rows, a random mask over them), "head" (size frontier rows, the mask
+    starting up to size * 2 + 1 indices into the prefix).
     Returns the pools, the per-request (prefix, extend, TreeMask | None) and the request-major q."""
     reqs = []
     for prefix, kind, size in specs:

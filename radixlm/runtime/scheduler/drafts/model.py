@@ -168,7 +168,8 @@ class EagleSource(DraftModelSource):
     max_draft_tokens: --speculative-num-draft-tokens counts the root too, as SGLang's does), verified in one
     pass with a tree mask (greedy: the target's argmax walks it; sampled: its draws do, spec_tree.walk), where it
     has no grammar (masks are walked along chains), the context has room for the tree, and both models' attention
-    backends support tree masks (the Triton backend does not: chains there). Other requests draft chains."""
+    backends support tree masks (torch_native and Triton do; a backend without them: chains). Other requests draft
+    chains."""
 
     guesses = False  # its KV of a pass is written once the pass is processed: never with one in flight
     # Its KV of a position is a pair with the target's hidden state there, which only that target pass has: a
@@ -183,8 +184,8 @@ class EagleSource(DraftModelSource):
         self.num_nodes = num_nodes
         if topk > 1 and not trees:
             stats["tree_drafts_unsupported"] += 1
-            logger.warning("--speculative-eagle-topk %d: the attention backend has no tree masks (torch_native has "
-                           "them); the EAGLE head drafts chains", topk)
+            logger.warning("--speculative-eagle-topk %d: the attention backend has no tree masks (torch_native and "
+                           "triton have them); the EAGLE head drafts chains", topk)
 
     def _tree_ok(self, req: Req) -> bool:
         # propose_tree points the table at scratch for the deepest tree of the batch: room for the deepest allowed.
