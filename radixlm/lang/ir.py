@@ -144,6 +144,26 @@ class SglExpr:
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
+    def print_graph_dfs(self) -> str:
+        """The traced graph up to this node, as SGLang prints it for `f.trace().last_node`: every node this one
+        depends on (its stream's earlier nodes, the fork a branch starts from, the branches a join waits for, the
+        node that sets a variable read from another stream) before it, one `%id = %prev + node` line each."""
+        lines: list[str] = []
+        done: set[int] = set()
+        stack: list[tuple[SglExpr, bool]] = [(self, False)]
+        while stack:  # iterative post-order: long programs have long chains
+            node, expanded = stack.pop()
+            if id(node) in done:
+                continue
+            if expanded:
+                done.add(id(node))
+                prev = f"%{node.prev_node.node_id} + " if node.prev_node is not None else ""
+                lines.append(f"%{node.node_id} = {prev}{node!r}")
+                continue
+            stack.append((node, True))
+            stack += [(d, False) for d in reversed(_graph_deps(node)) if id(d) not in done]
+        return "\n".join(lines) + "\n"
+
 
 def as_expr(x: Any) -> SglExpr:
     """Coerces what `s += x` accepts: a node, a string, or a list/tuple of those."""
@@ -330,7 +350,8 @@ class SglGetForkItem(SglExpr):
         self.fork = fork
 
     def __repr__(self) -> str:
-        return f"SglGetForkItem({self.index})"
+        return f"SglGetForkItem(%{self.fork.node_id}, {self.index})" if self.fork is not None else \
+            f"SglGetForkItem({self.index})"
 
 
 
@@ -347,3 +368,16 @@ class SglJoin(SglExpr):
 
     def __repr__(self) -> str:
         return f"SglJoin(mode={self.mode!r}, vars={self.var_names!r})"
+
+
+def _graph_deps(node: SglExpr) -> list[SglExpr]:
+    deps = [node.prev_node] if node.prev_node is not None else []
+    if isinstance(node, SglGetForkItem) and node.fork is not None:
+        deps.append(node.fork)
+    elif isinstance(node, SglJoin):
+        deps += [b.nodes[-1] for b in node.branches if getattr(b, "nodes", None)]
+    elif isinstance(node, SglVariable) and getattr(node.source, "pid", node.pid) != node.pid:
+        find = getattr(node.source, "defining_node", None)  # a traced stream finds the node that sets the name
+        setter = find(node.name, node) if find is not None else None
+        deps += [setter] if setter is not None else []
+    return deps

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
 
+from radixlm.lang.graph_text import describe_node
 from radixlm.lang.interpreter import StreamExecutor
 from radixlm.lang.ir import (SglArgument, SglConstantText, SglExpr, SglExprList, SglFork, SglGen, SglGetForkItem,
                              SglJoin, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, SglSeparateReasoning,
@@ -184,6 +185,9 @@ class TracerProgramState(RoleMethods):
 
     get_var = __getitem__
 
+    def defining_node(self, name: str, before: SglExpr) -> Optional[SglExpr]:
+        return _defining_node(self, name, before)
+
     def sync(self) -> None:
         pass
 
@@ -246,6 +250,11 @@ class TracedProgram:
     @property
     def main(self) -> TracerProgramState:
         return self.streams[0]
+
+    @property
+    def last_node(self) -> Optional[SglExpr]:
+        """The main stream's last node (`.print_graph_dfs()` prints the graph up to it, as in SGLang)."""
+        return self.main.nodes[-1] if self.main.nodes else None
 
     def edges(self) -> list[Edge]:
         out: list[Edge] = []
@@ -310,34 +319,6 @@ def _defining_node(stream: TracerProgramState, name: str, before: SglExpr) -> Op
         elif isinstance(n, SglSeparateReasoning) and name in n.names + [n.reasoning_name(x) for x in n.names]:
             found = n
     return found
-
-
-def describe_node(n: SglExpr) -> str:
-    if isinstance(n, SglConstantText):
-        text = n.value if len(n.value) <= 60 else n.value[:57] + "..."
-        return f"ConstantText {text!r}"
-    if isinstance(n, SglArgument):
-        return f"Argument {n.name}"
-    if isinstance(n, SglGen):
-        sp = n.sampling_params
-        opts = {k: getattr(sp, k) for k in ("max_new_tokens", "stop", "temperature", "regex", "dtype")
-                if getattr(sp, k) not in (None, (), [])}
-        return f"Gen {n.name} {opts}" if opts else f"Gen {n.name}"
-    if isinstance(n, SglSelect):
-        return f"Select {n.name} {n.choices!r}"
-    if isinstance(n, SglVariable):
-        return f"Variable {n.name} <- stream {n.source.pid}"
-    if isinstance(n, SglFork):
-        return f"Fork {n.number}"
-    if isinstance(n, SglGetForkItem):
-        return f"GetForkItem {n.index} <- %{n.fork.node_id}"
-    if isinstance(n, SglJoin):
-        return f"Join {n.mode} {n.var_names} <- streams {[b.pid for b in n.branches]}"
-    if isinstance(n, (SglRoleBegin, SglRoleEnd)):
-        return f"{type(n).__name__[3:]} {n.role}"
-    if isinstance(n, (SglVarScopeBegin, SglVarScopeEnd)):
-        return f"{type(n).__name__[3:]} {n.name}"
-    return type(n).__name__[3:] if type(n).__name__.startswith("Sgl") else type(n).__name__
 
 
 def _trace(program: Traceable, arguments: dict[str, Any]) -> tuple[TracedProgram, Optional[BaseException]]:

@@ -74,3 +74,34 @@ def test_run_level_options_on_a_nested_call_are_refused_while_tracing():
 
     with pytest.raises(sgl.TracingError, match="expand\\(\\) called while tracing"):
         caller.trace()
+
+
+def test_trace_last_node_prints_the_graph_up_to_it():
+    # SGLang's test_bind_cache: print(f.bind(...).trace().last_node.print_graph_dfs())
+    @sgl.function
+    def few_shot_qa(s, prompt, question):
+        s += prompt
+        s += "Q: What is the capital of France?\nA: Paris\n"
+        s += "Q: " + question + "\n"
+        s += "A:" + sgl.gen("answer", stop="\n")
+
+    text = few_shot_qa.bind(prompt="The following are questions.\n").trace().last_node.print_graph_dfs()
+    lines = text.splitlines()
+    assert "The following are questions." in lines[0] and "SglGen('answer')" in lines[-1]
+    assert any("SglArgument(name='question')" in ln for ln in lines)
+    ids = [ln.split(" = ")[0] for ln in lines]
+    assert all(f"= {prev} + " in ln for prev, ln in zip(ids, lines[1:]))  # one chain, in stream order
+
+    @sgl.function
+    def tips(s):
+        s += "Tips: "
+        forks = s.fork(2)
+        for i in range(2):
+            forks[i] += "tip: " + sgl.gen("t")
+        s += "First:" + forks[0]["t"] + sgl.gen("sum")
+
+    lines = tips.trace().last_node.print_graph_dfs().splitlines()
+    order = [next(i for i, ln in enumerate(lines) if key in ln)
+             for key in ("SglFork(2)", "SglGetForkItem(", "SglGen('t')", "SglVariable('t')", "SglGen('sum')")]
+    assert order == sorted(order)  # dependencies first: the fork, the branch that sets t, then its reader
+    assert not any("'tip: '" in ln and lines.index(ln) > order[3] for ln in lines)
