@@ -1,6 +1,7 @@
 """`gen(dtype=...)`, gen_int and gen_string: the constraint each becomes, and SGLang's JSON-building programs."""
 import json
 import re
+import sys
 from types import SimpleNamespace
 
 import httpx
@@ -133,7 +134,50 @@ def test_openai_backend_refuses_other_constraints():
 
     @sgl.function
     def prog(s):
-        s += sgl.gen_int("n")
+        s += sgl.gen("n", regex=REGEX_INT)
 
     with pytest.raises(sgl.ProgramError, match="cannot constrain decoding"):
+        prog.run(backend=be)["n"]
+
+
+class FakeEncoding:
+    """tiktoken's Encoding as far as the int logit bias reads it: ranks of byte tokens and the end of text."""
+
+    eot_token = 100257
+    _mergeable_ranks = {b"a": 0, b"1": 1, b" ": 2, b"23": 3, b"x9": 4, b" 4": 5, b"\xc2": 6,
+                        **{str(k).encode() * 3: 10 + k for k in range(400)}}
+
+
+def test_openai_completion_model_gen_int_biases_digit_tokens(monkeypatch):
+    # As SGLang's OpenAI backend: a +100 logit bias on (at most 299) digit-only or space tokens and the end of
+    # text, the reply ending at a space.
+    encodings = []
+    monkeypatch.setitem(sys.modules, "tiktoken", SimpleNamespace(
+        encoding_for_model=lambda name: encodings.append(name) or FakeEncoding(), get_encoding=None))
+    be, requests = fake_completion_model("1969")
+
+    @sgl.function
+    def prog(s):
+        s += "Landing year: " + sgl.gen_int("year", max_tokens=6, stop="\n") + "\n"
+        s += "Again: " + sgl.gen("again", dtype=int)
+
+    state = prog.run(backend=be)
+    assert state["year"] == "1969" and state.text() == "Landing year: 1969\nAgain: 1969"
+    bias = requests[0]["logit_bias"]
+    assert len(bias) == 300 and set(bias.values()) == {100}
+    assert {1, 2, 3, FakeEncoding.eot_token} <= set(bias) and not {0, 4, 5, 6} & set(bias)
+    assert requests[0]["stop"] == [" "] and requests[0]["max_tokens"] == 6
+    assert requests[0]["prompt"] == "Landing year: " and requests[1]["logit_bias"] == bias
+    assert encodings == ["fake"]  # built once per backend
+
+
+def test_openai_gen_int_without_tiktoken_says_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tiktoken", None)
+    be, _ = fake_completion_model("1")
+
+    @sgl.function
+    def prog(s):
+        s += sgl.gen_int("n")
+
+    with pytest.raises(sgl.ProgramError, match="tiktoken"):
         prog.run(backend=be)["n"]

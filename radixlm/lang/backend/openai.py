@@ -5,6 +5,7 @@ state's text. `select` scores each choice on completion models from echoed promp
 chat endpoints return no prompt logprobs, so chat models cannot select."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Optional
@@ -51,6 +52,7 @@ class OpenAI(BaseBackend):
         self.chat_template = chat_template or get_chat_template("default")
         self.token_usage = TokenUsage()
         self._usage_lock = threading.Lock()
+        self._logit_bias_int: Optional[dict[int, int]] = None
 
     def get_model_name(self) -> str:
         return self.model_name
@@ -64,7 +66,7 @@ class OpenAI(BaseBackend):
     def _check_constraints(self, sp: SglSamplingParams) -> None:
         if sp.regex is not None or sp.json_schema is not None or sp.dtype is not None:
             raise BackendError("regex/json_schema/dtype constraints need RuntimeEndpoint; the OpenAI backend "
-                               "cannot constrain decoding (except dtype=str on completion models)")
+                               "cannot constrain decoding (except dtype=str and dtype=int on completion models)")
 
     def _chat_messages(self, s: "StreamExecutor") -> list[dict]:
         prefix = self.chat_template.get_prefix_and_suffix("assistant", s.messages_)[0]
@@ -98,9 +100,16 @@ class OpenAI(BaseBackend):
     def generate(self, s: "StreamExecutor", sampling_params: SglSamplingParams) -> GenResult:
         # dtype=str on a completion model (as SGLang): the prompt opens a quote, the reply ends at the closing one.
         quoted = sampling_params.dtype == "str" and not self.is_chat_model
-        kw = self._request_kwargs(s, _json_string_params(sampling_params) if quoted else sampling_params)
+        # dtype=int on a completion model (as SGLang): only digit tokens, a space (which ends it) or end of text.
+        as_int = sampling_params.dtype == "int" and not self.is_chat_model
         if quoted:
+            kw = self._request_kwargs(s, _json_string_params(sampling_params))
             kw["prompt"] += '"'
+        elif as_int:
+            kw = self._request_kwargs(s, dataclasses.replace(sampling_params.clone(), dtype=None, stop=[" "]))
+            kw["logit_bias"] = self._int_logit_bias()
+        else:
+            kw = self._request_kwargs(s, sampling_params)
         res = self._create(**kw)
         self._count(res.usage)
         if self.is_chat_model:
@@ -115,6 +124,29 @@ class OpenAI(BaseBackend):
         if sampling_params.n > 1:
             return texts, metas
         return texts[0], metas[0]
+
+    def _int_logit_bias(self) -> dict[int, int]:
+        """+100 on up to 299 tokens of the model (tiktoken's) made of digits only or a space, and on its end of
+        text: SGLang's logit bias for dtype=int (the API takes at most 300 entries)."""
+        if self._logit_bias_int is None:
+            try:
+                import tiktoken
+            except ImportError as e:
+                raise BackendError("dtype=int on an OpenAI completion model needs the tiktoken package (the "
+                                   "model's token ids for the digit logit bias)") from e
+            try:
+                enc = tiktoken.encoding_for_model(self.model_name)
+            except KeyError:
+                enc = tiktoken.get_encoding("cl100k_base")
+            ids = []
+            for token, token_id in enc._mergeable_ranks.items():
+                text = token.decode("utf-8", errors="replace")
+                if text == " " or (text and all(c.isdigit() for c in text)):
+                    ids.append(token_id)
+                    if len(ids) == 299:
+                        break
+            self._logit_bias_int = {**{i: 100 for i in ids}, enc.eot_token: 100}
+        return self._logit_bias_int
 
     def generate_stream(self, s: "StreamExecutor", sampling_params: SglSamplingParams) -> Iterator[tuple[str, dict]]:
         if sampling_params.n != 1:
