@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum, auto
 from typing import Callable, Optional, Union
 
@@ -36,20 +36,31 @@ class ChatTemplate:
         if self.style == ChatTemplateStyle.LLAMA2:
             if role == "system" and not hist_messages:
                 return self.role_prefix_and_suffix["user"][0] + prefix, suffix
-            if role == "user" and len(hist_messages) == 1 and hist_messages[0]["role"] == "system":
-                return "", suffix  # the user turn was opened by the system message
+            if role == "user" and len(hist_messages) == 1 and hist_messages[0]["role"] == "system" \
+                    and hist_messages[0]["content"] is not None:
+                return "", suffix  # the user turn was opened by the system message (None: a skipped default)
         return prefix, suffix
 
     def get_prompt(self, messages: list[dict]) -> str:
-        """The whole prompt for a list of OpenAI-style messages, ending with the assistant's prefix."""
+        """The messages rendered as given, as SGLang's get_prompt: a system message whose content is None stands
+        for the default system prompt (skipped when there is none); nothing is added."""
         out = ""
-        if self.default_system_prompt is not None and (not messages or messages[0]["role"] != "system"):
-            pre, suf = self.get_prefix_and_suffix("system", [])
-            out += pre + self.default_system_prompt + suf
         for i, m in enumerate(messages):
+            content = m["content"]
+            if m["role"] == "system" and content is None:
+                content = self.default_system_prompt
+                if content is None:
+                    continue
             pre, suf = self.get_prefix_and_suffix(m["role"], messages[:i])
-            out += pre + m["content"] + suf
-        return out + self.get_prefix_and_suffix("assistant", messages)[0]
+            out += pre + content + suf
+        return out
+
+    def get_generation_prompt(self, messages: list[dict]) -> str:
+        """What a model's chat template gives with add_generation_prompt: the default system prompt first where the
+        messages have no system message, then the messages, then the assistant's prefix."""
+        if self.default_system_prompt is not None and (not messages or messages[0]["role"] != "system"):
+            messages = [{"role": "system", "content": None}, *messages]
+        return self.get_prompt(messages) + self.get_prefix_and_suffix("assistant", messages)[0]
 
 
 def message_content(text: str, begin: int, media: list[tuple[int, str, str]],
@@ -103,8 +114,11 @@ class ChatTemplateRegistry:
         return self.get("default")
 
 
+ROLES = ("system", "user", "assistant")
+
+
 def _chatml(name: str, system: Optional[str]) -> ChatTemplate:
-    roles = {r: (f"<|im_start|>{r}\n", "<|im_end|>\n") for r in ("system", "user", "assistant")}
+    roles = {r: (f"<|im_start|>{r}\n", "<|im_end|>\n") for r in ROLES}
     return ChatTemplate(name, system, roles, stop_str=("<|im_end|>",))
 
 
@@ -120,19 +134,51 @@ def builtin_registry() -> ChatTemplateRegistry:
                                               "assistant": ("\n\nAssistant:", "")}))
     reg.register(_chatml("chatml", None))
     reg.register(_chatml("smollm2", "You are a helpful AI assistant named SmolLM, trained by Hugging Face"))
-    reg.register(_chatml("qwen", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."))
-    reg.register(ChatTemplate("llama-3-instruct", None, {
-        r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>") for r in ("system", "user", "assistant")
-    }, stop_str=("<|eot_id|>",)))
+    reg.register(_chatml("qwen", "You are a helpful assistant."))
+    reg.register(_chatml("qwen2.5", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."))
+    reg.register(replace(_chatml("qwen2-vl", "You are a helpful assistant."),
+                         image_token="<|vision_start|><|image_pad|><|vision_end|>"))
+    reg.register(replace(_chatml("chatml-llava", "You are a helpful assistant."), image_token="<image>\n"))
+    llama3 = {r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>") for r in ROLES}
+    for name, image_token in (("llama-3-instruct", "<|image|>"), ("llama-3-instruct-llava", "<image>\n")):
+        reg.register(ChatTemplate(name, None, llama3, stop_str=("<|eot_id|>",), image_token=image_token))
+    reg.register(ChatTemplate("llama-4", None, {
+        r: (f"<|header_start|>{r}<|header_end|>\n\n", "<|eot|>") for r in ROLES
+    }, stop_str=("<|eot|>",), image_token="<|image|>"))
     reg.register(ChatTemplate("llama-2-chat", None, {"system": ("<<SYS>>\n", "\n<</SYS>>\n\n"),
                                                     "user": ("[INST] ", " [/INST]"), "assistant": ("", " </s><s>")},
                               style=ChatTemplateStyle.LLAMA2))
+    reg.register(ChatTemplate("mistral", None, {"system": ("[SYSTEM_PROMPT] ", " [/SYSTEM_PROMPT]"),
+                                               "user": ("[INST] ", " [/INST]"), "assistant": ("", " </s><s>")},
+                              stop_str=("</s>",), image_token="[IMG]"))
     reg.register(ChatTemplate("vicuna_v1.1", VICUNA_SYSTEM, {"system": ("", " "), "user": ("USER:", " "),
                                                             "assistant": ("ASSISTANT:", "</s>")},
                               image_token=" <image>\n"))
     reg.register(ChatTemplate("gemma-it", None, {"system": ("", ""),
                                                 "user": ("<start_of_turn>user\n", "<end_of_turn>\n"),
                                                 "assistant": ("<start_of_turn>model\n", "<end_of_turn>\n")}))
+    minicpm = {"system": ("", " "), "user": ("user:", " "), "assistant": ("assistant:", "</s>")}
+    reg.register(ChatTemplate("minicpmv", None, minicpm, stop_str=("<|im_end|>", "<|endoftext|>"),
+                              image_token="(<image>./</image>)"))
+    reg.register(ChatTemplate("minicpmo", None, minicpm, stop_str=("<|im_end|>", "<|endoftext|>"),
+                              image_token="(<image>./</image>)", audio_token="(<audio>./</audio>)"))
+    deepseek = {"system": ("", ""), "user": ("<｜User｜>", ""),
+                "assistant": ("<｜Assistant｜>", "<｜end▁of▁sentence｜>")}
+    reg.register(ChatTemplate("deepseek-v3", None, deepseek, stop_str=("<｜end▁of▁sentence｜>",)))
+    for name in ("janus", "janus-pro"):
+        reg.register(ChatTemplate(name, None, deepseek, stop_str=("<｜end▁of▁sentence｜>",),
+                                  image_token="<image_placeholder>\n"))
+    reg.register(ChatTemplate("yi-1.5", None, {"system": ("", ""),
+                                              "user": ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"),
+                                              "assistant": ("", "<|im_end|>\n")}, stop_str=("<|im_end|>",)))
+    reg.register(ChatTemplate("c4ai-command-r", None, {
+        r: (f"<|START_OF_TURN_TOKEN|><|{t}_TOKEN|>", "<|END_OF_TURN_TOKEN|>")
+        for r, t in (("system", "SYSTEM"), ("user", "USER"), ("assistant", "CHATBOT"))}))
+    reg.register(ChatTemplate("granite-3-instruct", None, {
+        r: (f"<|start_of_role|>{r}<|end_of_role|>", "<|end_of_text|>") for r in ROLES
+    }, stop_str=("<|end_of_text|>",)))
+    reg.register(ChatTemplate("glm-4v", None, {r: (f"<|{r}|>\n", "\n") for r in ROLES},
+                              stop_str=("<|user|>", "<|endoftext|>", "<|observation|>"), image_token="<|image|>"))
     reg.register_matcher(_match_builtin)
     return reg
 
@@ -143,7 +189,9 @@ def _match_builtin(model_path: str) -> Optional[str]:
     if p == "default" or "smollm" in p:
         return "smollm2"
     if "qwen" in p:
-        return "qwen"
+        if "vl" in p:
+            return "qwen2-vl"
+        return "qwen2.5" if "qwen2.5" in p or "qwen2_5" in p else "qwen"
     if "llama-3" in p or "llama3" in p:
         return "llama-3-instruct"
     if ("llama-2" in p and "chat" in p) or (("mistral" in p or "mixtral" in p) and "instruct" in p):

@@ -102,7 +102,7 @@ SMOLLM_JINJA = ("{% for message in messages %}{% if loop.first and messages[0]['
 def test_chat_template_from_the_models_jinja():
     tpl = template_from_jinja(SMOLLM_JINJA)
     assert tpl.default_system_prompt == "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-    assert tpl.get_prompt([{"role": "user", "content": "Hi"}]) == (
+    assert tpl.get_generation_prompt([{"role": "user", "content": "Hi"}]) == (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     plain = template_from_jinja("{{'<|im_start|>' + message['role'] + '\n' + message['content']}}")
@@ -112,7 +112,7 @@ def test_chat_template_from_the_models_jinja():
 
 def test_chat_template_registry():
     assert get_chat_template_by_model_path("HuggingFaceTB/SmolLM2-135M-Instruct").name == "smollm2"
-    assert get_chat_template_by_model_path("Qwen/Qwen2.5-0.5B-Instruct").name == "qwen"
+    assert get_chat_template_by_model_path("Qwen/Qwen2.5-0.5B-Instruct").name == "qwen2.5"
     assert get_chat_template_by_model_path("something-else").name == "default"
     with pytest.raises(ValueError, match="no role"):
         get_chat_template("chatml").get_prefix_and_suffix("tool", [])

@@ -28,7 +28,7 @@ def test_runtime_endpoint_picks_the_models_chat_template(backend):
     assert tpl.default_system_prompt.startswith("You are a helpful AI assistant named SmolLM")
     # The frontend renders a conversation exactly as the server's own template does.
     msgs = [{"role": "user", "content": "Hello there"}]
-    ours = backend.client.post("/tokenize", json={"prompt": tpl.get_prompt(msgs)}).json()["tokens"]
+    ours = backend.client.post("/tokenize", json={"prompt": tpl.get_generation_prompt(msgs)}).json()["tokens"]
     theirs = backend.client.post("/tokenize", json={"messages": msgs}).json()["tokens"]
     assert ours == theirs
 

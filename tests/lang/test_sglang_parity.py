@@ -91,3 +91,44 @@ def test_verbosity_2_prints_each_runs_text(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "Q: one\nA: ok\n" in out and "Q: two\nA: ok\n" in out
     assert [st.text() for st in states] == ["Q: one\nA: ok", "Q: two\nA: ok"]
+
+
+def test_get_prompt_renders_the_messages_as_given():
+    # SGLang's ChatTemplate.get_prompt: a system message with content None stands for the default system prompt
+    # (skipped without one); no system turn and no assistant prefix are added.
+    from radixlm.lang.chat_template import get_chat_template
+
+    msgs = [{"role": "system", "content": None}, {"role": "user", "content": "Hello!"},
+            {"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "What can you do?"}]
+    assert get_chat_template("llama-2-chat").get_prompt(msgs) == (
+        "[INST] Hello! [/INST]Hi! </s><s>[INST] What can you do? [/INST]")
+    vicuna = get_chat_template("vicuna_v1.1")
+    assert vicuna.get_prompt(msgs[:2]) == vicuna.default_system_prompt + " USER:Hello! "
+    assert vicuna.get_prompt(msgs[1:2]) == "USER:Hello! "
+    # radixlm's rendering with a generation prompt is the model template's add_generation_prompt.
+    assert vicuna.get_generation_prompt(msgs[1:2]) == vicuna.default_system_prompt + " USER:Hello! ASSISTANT:"
+
+
+def test_sglangs_named_chat_templates_exist():
+    from radixlm.lang.chat_template import get_chat_template, get_chat_template_by_model_path
+
+    for name in ("default", "claude", "chatml", "chatml-llava", "qwen", "qwen2-vl", "vicuna_v1.1", "llama-2-chat",
+                 "mistral", "llama-3-instruct", "llama-3-instruct-llava", "llama-4", "minicpmv", "minicpmo",
+                 "janus-pro", "janus", "yi-1.5", "gemma-it", "c4ai-command-r", "granite-3-instruct", "deepseek-v3",
+                 "glm-4v"):
+        tpl = get_chat_template(name)
+        assert set(tpl.role_prefix_and_suffix) >= {"system", "user", "assistant"}, name
+    assert get_chat_template("qwen").default_system_prompt == "You are a helpful assistant."
+    assert get_chat_template("qwen2-vl").image_token == "<|vision_start|><|image_pad|><|vision_end|>"
+    assert get_chat_template("llama-3-instruct").image_token == "<|image|>"
+    assert get_chat_template("deepseek-v3").get_prompt([{"role": "user", "content": "1+1?"}]) == "<｜User｜>1+1?"
+    assert get_chat_template_by_model_path("Qwen/Qwen2-VL-7B-Instruct").name == "qwen2-vl"
+    # With a named template, a program's text follows it.
+    tpl = get_chat_template("mistral")
+
+    @sgl.function
+    def prog(s):
+        s += sgl.system("Be brief.") + sgl.user("Hi") + sgl.assistant(sgl.gen("a"))
+
+    state = prog.run(backend=FakeBackend(chat_template=tpl, reply=lambda p, sp: "Hello"))
+    assert state.text() == "[SYSTEM_PROMPT] Be brief. [/SYSTEM_PROMPT][INST] Hi [/INST]Hello </s><s>"
