@@ -181,3 +181,22 @@ def test_openai_gen_int_without_tiktoken_says_so(monkeypatch):
 
     with pytest.raises(sgl.ProgramError, match="tiktoken"):
         prog.run(backend=be)["n"]
+
+
+def test_openai_backend_picks_the_chat_template_by_model_name():
+    # As SGLang's OpenAI backend: the template follows the model name, so a completion model served through an
+    # OpenAI-compatible API gets its own chat format for a program's roles.
+    assert sgl.OpenAI("gpt-4o-mini", api_key="unused").get_chat_template().name == "default"
+    be = sgl.OpenAI("meta-llama/Meta-Llama-3-8B-Instruct", is_chat_model=False, base_url="http://127.0.0.1:9/v1",
+                    api_key="unused")
+    fake, requests = fake_completion_model("Hi")
+    be.client = fake.client
+
+    @sgl.function
+    def prog(s):
+        s += sgl.user("Hello") + sgl.assistant(sgl.gen("a", max_tokens=4))
+
+    assert prog.run(backend=be)["a"] == "Hi"
+    assert requests[0]["prompt"] == ("<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+                                     "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert "<|eot_id|>" in requests[0]["stop"]

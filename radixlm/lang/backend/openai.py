@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from radixlm.lang.backend.base_backend import BackendError, BaseBackend, GenResult
 from radixlm.lang.backend.runtime_endpoint import choice_token_logprobs
-from radixlm.lang.chat_template import ChatTemplate, get_chat_template
+from radixlm.lang.chat_template import ChatTemplate, get_chat_template_by_model_path
 from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod, normalized_logprob
 from radixlm.lang.ir import SglSamplingParams
 
@@ -48,8 +48,9 @@ class OpenAI(BaseBackend):
         self.client = openai.AzureOpenAI(*args, **kwargs) if is_azure else openai.OpenAI(*args, **kwargs)
         self.model_name = model_name
         self.is_chat_model = model_name not in COMPLETION_MODELS if is_chat_model is None else is_chat_model
-        # Chat models receive structured messages; the template only shapes the state's text for display.
-        self.chat_template = chat_template or get_chat_template("default")
+        # As SGLang: the template follows the model name ("default" where none matches). Chat models receive
+        # structured messages, so for them it only shapes the state's text; completion models get that text.
+        self.chat_template = chat_template or get_chat_template_by_model_path(model_name)
         self.token_usage = TokenUsage()
         self._usage_lock = threading.Lock()
         self._logit_bias_int: Optional[dict[int, int]] = None
