@@ -167,8 +167,10 @@ class ProgramState(RoleMethods):
             pass
 
     def __repr__(self) -> str:
+        # As SGLang: the whole text, once what was submitted has run (an error is shown, not raised).
         exe = self.stream_executor
-        return f"ProgramState(text={exe.text_!r}, error={exe.error_!r})"
+        err = exe.wait_error()
+        return f"ProgramState({exe.text_})" if err is None else f"ProgramState({exe.text_}, error={err!r})"
 
 
 class BranchGroup:

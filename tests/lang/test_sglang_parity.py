@@ -132,3 +132,15 @@ def test_sglangs_named_chat_templates_exist():
 
     state = prog.run(backend=FakeBackend(chat_template=tpl, reply=lambda p, sp: "Hello"))
     assert state.text() == "[SYSTEM_PROMPT] Be brief. [/SYSTEM_PROMPT][INST] Hi [/INST]Hello </s><s>"
+
+
+def test_printing_a_state_shows_its_whole_text():
+    # SGLang's ProgramState repr waits for the program and shows its text: print(state) right after run().
+    @sgl.function
+    def prog(s):
+        s += "Q: 2+2?\nA:" + sgl.gen("a")
+
+    state = prog.run(backend=FakeBackend(reply=lambda p, sp: " 4", delay=0.2))
+    assert repr(state) == "ProgramState(Q: 2+2?\nA: 4)"
+    failed = prog.run(backend=FakeBackend(fail_on="A:"))
+    assert repr(failed).startswith("ProgramState(Q: 2+2?\nA:, error=RuntimeError(")
