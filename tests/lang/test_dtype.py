@@ -200,3 +200,22 @@ def test_openai_backend_picks_the_chat_template_by_model_name():
     assert requests[0]["prompt"] == ("<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
                                      "<|start_header_id|>assistant<|end_header_id|>\n\n")
     assert "<|eot_id|>" in requests[0]["stop"]
+
+
+@pytest.mark.parametrize("model, field", [("o1-mini", "max_completion_tokens"), ("o3-mini", "max_completion_tokens"),
+                                          ("gpt-4o", "max_tokens")])
+def test_openai_reasoning_models_get_max_completion_tokens(model, field):
+    # As SGLang's OpenAI backend: o1/o3 models are sent max_completion_tokens instead of max_tokens.
+    be = sgl.OpenAI(model, base_url="http://127.0.0.1:9/v1", api_key="unused")
+    requests = []
+    be.client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(
+        create=lambda **kw: requests.append(kw) or SimpleNamespace(
+            id="x", choices=[SimpleNamespace(message=SimpleNamespace(content="4"), finish_reason="stop", index=0)],
+            usage=SimpleNamespace(prompt_tokens=1, completion_tokens=1)))))
+
+    @sgl.function
+    def prog(s):
+        s += sgl.user("2+2?") + sgl.assistant(sgl.gen("a", max_tokens=16))
+
+    assert prog.run(backend=be)["a"] == "4"
+    assert requests[0][field] == 16 and len({"max_tokens", "max_completion_tokens"} & set(requests[0])) == 1

@@ -80,6 +80,8 @@ class OpenAI(BaseBackend):
         self._check_constraints(sp)
         kw = sp.to_openai_kwargs()
         kw = {k: v for k, v in kw.items() if v is not None}
+        if is_reasoning_model(self.model_name):  # as SGLang: o1/o3 models take max_completion_tokens only
+            kw["max_completion_tokens"] = kw.pop("max_tokens")
         if self.is_chat_model:
             kw["messages"] = self._chat_messages(s)
         else:
@@ -197,6 +199,11 @@ class OpenAI(BaseBackend):
                 raise BackendError("the endpoint returned no logprobs for an echo request")
             out[c.index] = [[v, i, t] for i, (v, t) in enumerate(zip(lp.token_logprobs, lp.tokens))]
         return out
+
+
+def is_reasoning_model(model_name: str) -> bool:
+    """OpenAI's reasoning models (o1, o3, o4-mini ...), which refuse max_tokens for max_completion_tokens."""
+    return model_name.startswith(("o1", "o3", "o4")) or "o1" in model_name
 
 
 def _json_string_params(sp: SglSamplingParams) -> SglSamplingParams:
