@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from radixlm.lang.backend.base_backend import BackendError, BaseBackend, GenResult
+from radixlm.lang.backend.openai_tokens import int_logit_bias, select_by_logit_bias, tiktoken_encoding
 from radixlm.lang.backend.runtime_endpoint import choice_token_logprobs
 from radixlm.lang.chat_template import ChatTemplate, get_chat_template_by_model_path
 from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod, normalized_logprob
@@ -129,26 +130,8 @@ class OpenAI(BaseBackend):
         return texts[0], metas[0]
 
     def _int_logit_bias(self) -> dict[int, int]:
-        """+100 on up to 299 tokens of the model (tiktoken's) made of digits only or a space, and on its end of
-        text: SGLang's logit bias for dtype=int (the API takes at most 300 entries)."""
         if self._logit_bias_int is None:
-            try:
-                import tiktoken
-            except ImportError as e:
-                raise BackendError("dtype=int on an OpenAI completion model needs the tiktoken package (the "
-                                   "model's token ids for the digit logit bias)") from e
-            try:
-                enc = tiktoken.encoding_for_model(self.model_name)
-            except KeyError:
-                enc = tiktoken.get_encoding("cl100k_base")
-            ids = []
-            for token, token_id in enc._mergeable_ranks.items():
-                text = token.decode("utf-8", errors="replace")
-                if text == " " or (text and all(c.isdigit() for c in text)):
-                    ids.append(token_id)
-                    if len(ids) == 299:
-                        break
-            self._logit_bias_int = {**{i: 100 for i in ids}, enc.eot_token: 100}
+            self._logit_bias_int = int_logit_bias(tiktoken_encoding(self.model_name, "dtype=int"))
         return self._logit_bias_int
 
     def generate_stream(self, s: "StreamExecutor", sampling_params: SglSamplingParams) -> Iterator[tuple[str, dict]]:
@@ -172,8 +155,18 @@ class OpenAI(BaseBackend):
         if self.is_chat_model:
             raise BackendError("select needs prompt logprobs, which chat endpoints do not return; use a "
                                "completion model (is_chat_model=False)")
-        input_lps = [choice_token_logprobs(s.text_, c, lp)
-                     for c, lp in zip(choices, self._echo_logprobs([s.text_ + c for c in choices]))]
+        try:
+            echoed = self._echo_logprobs([s.text_ + c for c in choices])
+        except BackendError as e:
+            import openai
+
+            if not isinstance(e.__cause__, openai.BadRequestError):
+                raise
+            # An endpoint without echoed prompt logprobs (OpenAI's own instruct models): SGLang's biased steps.
+            enc = tiktoken_encoding(self.model_name, "select without echoed logprobs")
+            return select_by_logit_bias(enc, s.text_, choices,
+                                        lambda ids, bias: self._biased_token(ids, bias, temperature))
+        input_lps = [choice_token_logprobs(s.text_, c, lp) for c, lp in zip(choices, echoed)]
         normalized = [normalized_logprob(lp) for lp in input_lps]
         unconditional = None
         if choices_method.requires_unconditional_logprobs:
@@ -186,6 +179,12 @@ class OpenAI(BaseBackend):
                                   unconditional_token_logprobs=unconditional)
         decision.meta_info.update(normalized_prompt_logprobs=normalized, input_token_logprobs=input_lps)
         return decision
+
+    def _biased_token(self, prompt_ids: list[int], logit_bias: dict[int, int], temperature: float) -> str:
+        res = self._create(model=self.model_name, prompt=prompt_ids, logit_bias=logit_bias, max_tokens=1,
+                           temperature=temperature)
+        self._count(res.usage)
+        return res.choices[0].text
 
     def _echo_logprobs(self, prompts: list[str]) -> list[list[list]]:
         """Per prompt, its tokens as [logprob, index, text] (the first logprob is None), via echo."""
