@@ -101,7 +101,7 @@ class ProgramState(RoleMethods):
     def text_iter(self, var_name: Optional[str] = None) -> Iterator[str]:
         exe = self.stream_executor
         if not exe.stream:
-            yield self.text() if var_name is None else str(self.get_var(var_name))
+            yield self.text() if var_name is None else self.get_var(var_name)  # the value as it is (a list for n > 1)
             return
         if var_name is None:
             pos = 0
@@ -133,7 +133,7 @@ class ProgramState(RoleMethods):
             if var_name is None:
                 yield await asyncio.to_thread(self.text)
             else:
-                val = str(await asyncio.to_thread(self.get_var, var_name))
+                val = await asyncio.to_thread(self.get_var, var_name)
                 yield (val, exe.meta_info.get(var_name) or {}) if return_meta_data else val
             return
         if var_name is None:

@@ -144,3 +144,20 @@ def test_printing_a_state_shows_its_whole_text():
     assert repr(state) == "ProgramState(Q: 2+2?\nA: 4)"
     failed = prog.run(backend=FakeBackend(fail_on="A:"))
     assert repr(failed).startswith("ProgramState(Q: 2+2?\nA:, error=RuntimeError(")
+
+
+def test_text_iter_of_a_variable_without_streaming_yields_its_value():
+    # SGLang: a state run without stream=True yields the variable's value once, as it is (n > 1: the list).
+    import asyncio
+
+    @sgl.function
+    def prog(s):
+        s += "Pick: " + sgl.gen("x", n=2)
+
+    state = prog.run(backend=FakeBackend(reply=lambda p, sp: "v"))
+    assert list(state.text_iter("x")) == [["v#0", "v#1"]]
+
+    async def collect():
+        return [v async for v in state.text_async_iter("x")]
+
+    assert asyncio.run(collect()) == [["v#0", "v#1"]]
