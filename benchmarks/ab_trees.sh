@@ -9,7 +9,8 @@
 #                                                  # gpu_llama8b.py --parts ab per tree and round; stages the wheels,
 #                                                  # GGUF part 0 and the base tree in /tmp
 #   bash benchmarks/ab_trees.sh json [ROUNDS]      # GPU, right after (carry .stage/smol.part1): json_decoding.py,
-#                                                  # regex and json_schema, jump-forward off/fast/exact
+#                                                  # regex and json_schema, jump-forward off/fast/exact (AB_MODES:
+#                                                  # another list, e.g. off,fast for more rounds in one call)
 #   IDS=ids.json bash benchmarks/ab_trees.sh host [ROUNDS]   # CPU: host_overhead.py (the scheduler's host work
 #                                                  # on scripted logits; IDS from json_decoding.py --save-ids)
 set -euo pipefail
@@ -68,7 +69,7 @@ for r in $(seq 1 "$rounds"); do
       for c in regex json_schema; do
         run $t "json_${c}_${t}_r$r" benchmarks/json_decoding.py --model /tmp/stage/smol.gguf --device cuda \
           --dtype bfloat16 --num-prompts 512 --max-running 32 --max-total-tokens 131072 --constraint $c \
-          --modes off,fast,exact --repeat 1
+          --modes "${AB_MODES:-off,fast,exact}" --repeat 1
       done
     fi
   done

@@ -134,6 +134,32 @@ def tiny(args) -> None:
     args.workloads = [n for n in args.workloads if n in WORKLOADS]
 
 
+def copy_bandwidth(device: str) -> float | None:
+    """Device-to-device copy bandwidth (bytes/s, read + written; benchmarks/gpu_llama8b.py's measure), taken before
+    any engine holds the memory; None on a CPU."""
+    if not device.startswith("cuda"):
+        return None
+    from gpu_llama8b import measure_copy_bandwidth
+
+    return measure_copy_bandwidth()
+
+
+def bandwidth_floor(engine: Engine, bw: float | None) -> dict:
+    """Batch-1 plain decoding's ceiling: every weight but the embedding table read once per token, at the copy
+    bandwidth bw (None on a CPU: no floor)."""
+    model = engine.runner.model
+    embed = model.model.embed_tokens.weight
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) - embed.numel() * embed.element_size()
+    floor = {"weight_bytes_per_step": weight_bytes, "copy_bandwidth_TBps": None if bw is None else bw / 1e12,
+             "floor_ms_batch1": None if bw is None else weight_bytes / bw * 1e3,
+             "floor_tokens_per_s_batch1": None if bw is None else bw / weight_bytes}
+    if bw is not None:
+        print(f"batch-1 floor: {weight_bytes / 1e9:.2f} GB of weights at {bw / 1e12:.2f} TB/s: "
+              f"{floor['floor_ms_batch1']:.2f} ms/token, {floor['floor_tokens_per_s_batch1']:.1f} tokens/s",
+              flush=True)
+    return floor
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="default")
@@ -159,6 +185,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--rounds", type=int, default=1,
                    help="passes over every algorithm (an engine each), the fastest run of all kept: on a shared "
                         "machine, another load then rarely covers every run of one algorithm")
+    p.add_argument("--floor", action="store_true",
+                   help="the batch-1 bandwidth floor in the same run (CUDA): the target's weight bytes read per step "
+                        "over the device-to-device copy bandwidth measured here, as tokens/s; batch-1 rows get "
+                        "their ratio to it")
     p.add_argument("--out", default=None,
                    help="default: benchmarks/results/speculative_cpu.json (--tiny: speculative_tiny_cpu.json)")
     args = p.parse_args(argv)
@@ -171,6 +201,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         args.algorithms = ["NGRAM"]
     if recorded is not None and any(n not in recorded for n in args.workloads):
         raise SystemExit(f"no recorded output for {[n for n in args.workloads if n not in recorded]}")
+    floor, bw = None, copy_bandwidth(args.device) if args.floor else None
     best: dict[tuple[str, int, str], tuple[float, list[list[int]], dict]] = {}
     timed_prompts: dict[str, str] = {}  # (greedy: the earlier answers are the same for every algorithm)
     for _ in range(args.rounds):
@@ -178,6 +209,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             engine = engine_for(args, algo)
             if recorded is not None:
                 replay(engine, args, recorded)
+            if args.floor and floor is None:
+                floor = bandwidth_floor(engine, bw)
             try:
                 for name in args.workloads:
                     for b in args.batches:
@@ -209,6 +242,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         r["identical_to_off"] = sum(a == b for a, b in zip(r["_ids"], base["_ids"]))
         drafts = r["ngram_drafts"] + r["radix_drafts"] + r["model_drafts"]
         r["accepted_per_draft"] = r["accepted_draft_tokens"] / drafts if drafts else None
+        if floor is not None and floor["floor_tokens_per_s_batch1"] and r["batch"] == 1:
+            r["ratio_to_floor_tokens_per_s"] = r["output_tokens_per_s"] / floor["floor_tokens_per_s_batch1"]
         acc = f"{r['accepted_per_draft']:.2f}" if drafts else ""
         print(f"{r['workload']:12} {r['batch']:5d} {r['algorithm']:11} {r['output_tokens_per_s']:8.1f} "
               f"{r['speedup_vs_off']:7.2f} {drafts:7d} {acc:>12} {r['identical_to_off']:5d}")
@@ -219,7 +254,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                            "num_draft_tokens_counts": "the verified root token too (SGLang's convention)",
                            "repeat": args.repeat, "rounds": args.rounds, "defaults": "speculative_max_batch_rows=64, "
                            "speculative_radix_match_window_size=4, ngram windows 1..4"},
-              "draft_model": args.draft_model, "load_format": args.load_format,
+              "draft_model": args.draft_model, "load_format": args.load_format, "bandwidth_floor": floor,
               "replay": None if recorded is None else {"script_ids": args.script_ids or "recorded (--tiny)",
                                                        "draft_acceptance": args.draft_acceptance},
               "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]}

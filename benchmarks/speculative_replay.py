@@ -116,9 +116,11 @@ def main() -> None:
     p.add_argument("tokenizer_model", help="the recording model (alias, GGUF or directory): its tokenizer and vocabulary")
     p.add_argument("target_dir")
     p.add_argument("draft_dir")
+    p.add_argument("--tiny", action="store_true", help="tiny target and draft shapes instead (a CPU dry run)")
     args = p.parse_args()
-    print(shaped(args.tokenizer_model, args.target_dir, ModelShape.LLAMA_3_1_8B),
-          shaped(args.tokenizer_model, args.draft_dir, ModelShape.LLAMA_3_2_1B))
+    target, draft = ((ModelShape.TINY, ModelShape.TINY_DRAFT) if args.tiny
+                     else (ModelShape.LLAMA_3_1_8B, ModelShape.LLAMA_3_2_1B))
+    print(shaped(args.tokenizer_model, args.target_dir, target), shaped(args.tokenizer_model, args.draft_dir, draft))
 
 
 if __name__ == "__main__":

@@ -136,10 +136,21 @@ def main(argv: Optional[list[str]] = None) -> dict:
                 opt.tokenizer = load_tokenizer(args, spec_url)
             spec = BackendSpec(args.backend, spec_url, args.model, args.api_key)
             results[v.name] = run_variant(workloads, spec, v, opt, log=lambda m: print(m, flush=True))
+            if args.output_file:  # what is measured so far survives a run killed before its end
+                report.write(summary(args, argv, names, variants, results), args.output_file)
     finally:
         if proc is not None:
             procs.stop(proc)
-    out = {"config": {"command": shlex.join(["python", "-m", "radixlm.bench.programs",
+    out = summary(args, argv, names, variants, results)
+    print(report.markdown(out))
+    for kind, path in report.write(out, args.output_file).items():
+        print(f"wrote {kind}: {path}")
+    return out
+
+
+def summary(args: argparse.Namespace, argv: Optional[list[str]], names: list[str], variants: list[Variant],
+            results: dict[str, dict]) -> dict:
+    return {"config": {"command": shlex.join(["python", "-m", "radixlm.bench.programs",
                                              *(argv if argv is not None else sys.argv[1:])]),
                       "backend": args.backend, "model": args.model_path if args.launch_server else args.model,
                       "num_programs": args.num_programs, "seed": args.seed, "scale": args.scale,
@@ -150,10 +161,6 @@ def main(argv: Optional[list[str]] = None) -> dict:
                       "variants": {v.name: {"server_args": list(v.server_args), "parallel": v.parallel,
                                             "hints": v.hints} for v in variants}},
            "variants": results}
-    print(report.markdown(out))
-    for kind, path in report.write(out, args.output_file).items():
-        print(f"wrote {kind}: {path}")
-    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# The single-GPU runs that issues 19, 21 and 23 wait on, one part per device call (each part's steps run under
+# `timeout`s that sum to < 570 s; every step writes its JSON and its whole log under $OUT first, then prints a
+# filtered tail). Every part is self-contained (a fresh machine may come between two calls): carry .whl in each.
+#
+#   bash benchmarks/single_gpu_lease.sh prepare   # HERE, once before the lease: .stage/spec/{t8b,d1b} (Llama-3.1-8B
+#                                                 # target and Llama-3.2-1B draft shapes with SmolLM2's tokenizer,
+#                                                 # config only: 7 MB) for part spec
+#   bash benchmarks/single_gpu_lease.sh p1        # issue 19: LM programs, variants full, no_frontend_parallelism,
+#                                                 # no_frontend_hint, no_radix_cache (2 server starts)
+#   bash benchmarks/single_gpu_lease.sh p2        # issue 19: fcfs, random, all_off (3 server starts); merges with
+#                                                 # p1's JSON when the machine is still the same one (else merge here:
+#                                                 # python benchmarks/programs_merge.py P1 P2 --out ...)
+#   bash benchmarks/single_gpu_lease.sh spec      # issue 21: speculative decoding GPU table (off, NGRAM, RADIX,
+#                                                 # STANDALONE x batch 1/8/64/256, replaying SmolLM2's outputs) and
+#                                                 # the batch-1 bandwidth floor measured in the same run
+#   bash benchmarks/single_gpu_lease.sh vlm       # issue 23: LLaVA-bench with Qwen2.5-VL-7B shapes (radix / no_radix /
+#                                                 # no_cache), then LLaVA-OneVision-7B shapes (12 images, 2 repeats)
+#   DRY=1 bash benchmarks/single_gpu_lease.sh prepare|p1|p2|spec|vlm|all   # HERE, on the CPU: the same scripts
+#                                                 # and arguments with tiny random-weight shapes (see "Dry run")
+#
+# Recommended order for one 30-minute session (a one-GPU machine may count 50% of its held time: about 55 minutes of
+# calls over two machines, each given back after 30 minutes held; send the calls back to back, the machine stays warm
+# only 30 s). Before the lease, here: `bash benchmarks/single_gpu_lease.sh prepare` and, for the issue 18 A/B,
+# `bash benchmarks/ab_trees.sh prepare bcf4a2f`. Estimates (see "Estimates" below) include engine/server starts.
+#   call  command (run from the repo root on the device)                      carry                         est.
+#   1     bash benchmarks/single_gpu_lease.sh p1                              [".whl"]                      6 min
+#   2     bash benchmarks/single_gpu_lease.sh p2                              [".whl"]                      6 min
+#   3     bash benchmarks/single_gpu_lease.sh spec                            [".whl", ".stage/spec"]       5-6 min
+#   4     bash benchmarks/single_gpu_lease.sh vlm                             [".whl"]                      7-8 min
+#         (about 27 minutes held: the first machine goes back; the next call starts a fresh one, 1-2 min)
+#   5     bash benchmarks/compile_count_lease.sh b                            [".whl"]                      5-8 min
+#         (issue 20 deliverable 1: Llama-8B cold start-up and compile counts; must run on a cold Triton cache,
+#         which that script makes per engine)
+#   6     bash benchmarks/compile_count_lease.sh a                            [".whl"]                      up to 9.5
+#   --- the budget is spent about here; next session, or instead of 5/6 if issue 20 is not the priority:
+#   7     bash benchmarks/compile_count_lease.sh c                            [".whl"]                      up to 9.5
+#   8     bash benchmarks/compile_count_lease.sh d                            [".whl", ".stage/base20"]     5-8 min
+#   9     AB_BUDGET_S=540 bash benchmarks/ab_trees.sh llama8b 3               [".whl", "ab",                10 min
+#                                                                              ".stage/smol.part0",
+#                                                                              ".stage/smol.sha256"]
+#   10    AB_MODES=off,fast AB_BUDGET_S=540 bash benchmarks/ab_trees.sh json 4 [".stage/smol.part1"]        10 min
+#         (issue 18: 9 and 10 back to back on the SAME machine: 10 reads /tmp/stage and /tmp/site left by 9)
+# Knobs (env): P19_PROGRAMS (16), P19_SCALE (0.5), SPEC_REPEAT (2), VLM_IMAGES (24), OV_IMAGES (12).
+#
+# Estimates, from earlier GPU results in benchmarks/results (H100, Llama-3.1-8B dummy bf16):
+#   - a server/engine start: 39 s to ready on a fresh machine (online_llama8b_gpu.json ready_seconds 39.4), less once
+#     Triton's cache holds the kernels; counted as 40 s each.
+#   - decode step 5.97 ms at batch 1, 6.6 ms at 8, 8.5 ms at 64, 16.7 ms at 256 (ab_planner_llama8b_gpu.json).
+#   - issue 19 at --scale 0.5, 16 programs: a sequential variant (no_frontend_parallelism, all_off) decodes every
+#     program's output one request at a time: the workloads' budgets (workloads.py) sum to about 3,460 tokens per
+#     program at scale 1 (chat_long 1,536, tree_of_thought 720, skeleton 432, judge 323, react 176, ...; dummy weights
+#     never hit the stop strings), so about 1,730 x 6 ms + request overheads ~ 11.5 s per program, ~185 s per
+#     sequential variant; a parallel variant (16 programs at once) ~20-30 s. p1: 2 starts + 185 + 3 x 25 ~ 340 s;
+#     p2: 3 starts + 185 + 2 x 25 ~ 355 s. At --scale 1.0 a sequential variant takes ~370 s: then run p1 without
+#     no_frontend_parallelism (P1_VARIANTS) and that variant in a call of its own.
+#   - issue 21: 4 engines (off, NGRAM, RADIX, STANDALONE with its 1B draft) ~150 s; 4 workloads x 4 batches x 4
+#     algorithms x (warm-up + 2 runs) of <= 96 tokens, 0.6 s (batch 1) to 1.6 s (batch 256) a run: ~160 s; ~5-6 min.
+#   - issue 23: per mode a start + a warm-up + 3 runs of 24 images x 3 questions x 256 tokens (256 steps at batch 72,
+#     ~2.5 s, plus ~24k-72k prompt tokens); Qwen2.5-VL ~3.5 min; OneVision's any-resolution tiles give ~7k tokens an
+#     image, so 12 images and 2 repeats (no_radix / no_cache prefill every question's image again): ~4 min.
+#   - issue 20 (compile_count_lease.sh) and issue 18 (ab_trees.sh): their own headers; ab_trees llama8b 3 was killed
+#     at 600 s after 5 of 6 runs before AB_BUDGET_S existed (ab_planner_llama8b_gpu.json), so each is a full call.
+#
+# Dry run (DRY=1, here on the CPU; also `DRY=1 ... all`): the same commands with a tiny random-weight Llama (the
+# Llama-3.1 tokenizer: benchmarks/llama8b.py's directory, config shrunk), the tiny target/draft shapes with SmolLM2's
+# tokenizer (speculative_replay.py --tiny), llava_bench.py --tiny plus both 7B VLM checkpoints written and read back;
+# 2 programs per workload at scale 0.05, batches 1 and 2, float32, --device cpu; timeouts x DRY_TIMEOUT_X (4).
+# Results land in $OUT (JSON, markdown, PNG and each step's whole log).
+set -uo pipefail
+part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|spec|vlm (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
+DRY=${DRY:-0}
+HERE=$(cd "$(dirname "$0")" && pwd)
+if [ "$DRY" = 1 ]; then
+  TREE=$(cd "$HERE/.." && pwd)
+  cd "$TREE" || exit 1
+  OUT=${OUT:-/tmp/lease_dry/out}
+  LEASE=/tmp/lease_dry
+  PY=${PY:-$TREE/.venv/bin/python}
+  export PYTHONPATH=$TREE${DRY_PYTHONPATH:+:$DRY_PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  X=${DRY_TIMEOUT_X:-4}
+  SPEC=$LEASE/spec
+  mkdir -p "$OUT" "$LEASE"
+else
+  [ "$part" = prepare ] || . "$HERE/device_env.sh"
+  TREE=${TREE:-$(cd "$HERE/.." && pwd)}
+  cd "$TREE" || exit 1
+  OUT=${OUT:-/tmp/out}
+  LEASE=/tmp/lease  # kept between calls while the machine stays warm
+  PY=${PY:-python3}
+  X=1
+  SPEC=.stage/spec
+  mkdir -p "$OUT" "$LEASE"
+fi
+quiet() { grep -v "safetensors\|Warn\|warn\|fix_mistral\|clean_up\| INFO \|it/s\]\|s/it\]" ; }
+
+# step NAME SECONDS CMD...: CMD under a timeout (SIGTERM to its process group, KILL 30 s later), its whole output in
+# $OUT/NAME.log; prints rc and wall time, then the log's filtered tail.
+step() {
+  local name=$1 secs=$(( $2 * X )); shift 2
+  local t0=$SECONDS
+  echo "== $name (timeout ${secs}s): $*" | tee -a "$OUT/$name.log"
+  timeout -k 30 "$secs" "$@" >> "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/$name.log"
+  grep -v "^== " "$OUT/$name.log" | quiet | tail -"${TAIL:-40}"
+  return 0
+}
+
+banner() {
+  [ "$DRY" = 1 ] && { echo "DRY RUN on the CPU: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"; return; }
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  git -C "$TREE" rev-parse --short HEAD 2>/dev/null || true
+}
+
+# The Llama-3.1-8B directory (config + the Llama-3.1 tokenizer; dummy weights); DRY: the same, shapes shrunk.
+llama_dir() {
+  local dst=$LEASE/llama8b
+  [ "$DRY" = 1 ] && dst=$LEASE/llama8b_tiny
+  $PY - "$dst" "$DRY" <<'EOF' >&2
+import json, sys
+sys.path.insert(0, "benchmarks")
+from llama8b import model_dir
+from speculative_replay import ModelShape
+d = model_dir(sys.argv[1])
+if sys.argv[2] == "1":
+    p = f"{d}/config.json"
+    c = json.load(open(p))
+    c.update(ModelShape.TINY.overrides)
+    json.dump(c, open(p, "w"), indent=2)
+EOF
+  echo "$dst"
+}
+
+# python -m radixlm.bench.programs with the paper's ablations (issue 19), one subset of the variants.
+programs() {  # programs NAME VARIANTS SECONDS
+  local name=$1 variants=$2 secs=$3 model nprog scale sargs
+  model=$(llama_dir) || return 1
+  if [ "$DRY" = 1 ]; then
+    nprog=2; scale=0.05
+    sargs="--load-format dummy --dtype float32 --device cpu --context-length 4096 --max-total-tokens 16384 --random-seed 0 --log-level warning"
+  else
+    nprog=${P19_PROGRAMS:-16}; scale=${P19_SCALE:-0.5}
+    sargs="--load-format dummy --dtype bfloat16 --context-length 8192 --random-seed 0 --log-level warning"
+  fi
+  step "$name" "$secs" $PY -m radixlm.bench.programs --launch-server --model-path "$model" \
+    --server-args "$sargs" --ablations --variants "$variants" --num-programs "$nprog" --scale "$scale" \
+    --num-threads 64 --output-file "$OUT/programs_gpu_$name.json"
+  [ -f "$OUT/programs_gpu_$name.json" ] && cp "$OUT/programs_gpu_$name.json" "$LEASE/"
+}
+
+case $part in
+prepare)
+  if [ "$DRY" = 1 ]; then
+    $PY benchmarks/speculative_replay.py default "$SPEC/t8b" "$SPEC/d1b" --tiny
+  else
+    for d in .stage; do grep -qx "/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude; done
+    $PY benchmarks/speculative_replay.py default "$SPEC/t8b" "$SPEC/d1b"
+    du -sh "$SPEC" .whl
+  fi ;;
+p1)
+  banner
+  programs p1 "${P1_VARIANTS:-full,no_frontend_parallelism,no_frontend_hint,no_radix_cache}" 550 ;;
+p2)
+  banner
+  programs p2 "${P2_VARIANTS:-fcfs,random,all_off}" 530
+  if [ -f "$LEASE/programs_gpu_p1.json" ]; then  # p1 ran on this machine: the whole table now
+    timeout 20 $PY benchmarks/programs_merge.py "$LEASE/programs_gpu_p1.json" "$OUT/programs_gpu_p2.json" \
+      --out "$OUT/programs_gpu.json" 2>&1 | tee -a "$OUT/p2.log"  # (7 files back: the limit is 8)
+  else
+    echo "p1's JSON is not on this machine: merge here (python benchmarks/programs_merge.py P1 P2 --out ...)"
+  fi ;;
+spec)
+  banner
+  if [ "$DRY" = 1 ]; then
+    dev=(--device cpu --dtype float32); batches=(1 2); extra=(--max-new-tokens 24 --repeat 1)
+  else
+    dev=(--device cuda --dtype bfloat16); batches=(1 8 64 256); extra=(--repeat "${SPEC_REPEAT:-2}")
+  fi
+  step spec 550 $PY benchmarks/speculative.py --model "$SPEC/t8b" --draft-model "$SPEC/d1b" --load-format dummy \
+    "${dev[@]}" --algorithms NGRAM RADIX STANDALONE --batches "${batches[@]}" \
+    --workloads quote edit restate story --script-ids benchmarks/results/speculative_smol_ids_cpu.json \
+    --draft-acceptance 0.8 --floor "${extra[@]}" --out "$OUT/speculative_gpu.json" ;;
+vlm)
+  banner
+  if [ "$DRY" = 1 ]; then
+    step vlm_qwen 230 $PY benchmarks/llava_bench.py --tiny --images 2 --repeat 1 --max-new-tokens 4 \
+      --out "$OUT/llava_bench_qwen2_5_vl_7b.json"
+    # The 7B shapes the GPU runs: their checkpoints (config, tokenizer, processor) written and read back.
+    step vlm_ckpt 150 $PY benchmarks/vlm_shapes_check.py "$LEASE/vlm"  # the two 7B shapes, written and read back
+  else
+    step vlm_qwen 250 $PY benchmarks/llava_bench.py --model qwen2.5-vl-7b --images "${VLM_IMAGES:-24}" \
+      --out "$OUT/llava_bench_qwen2_5_vl_7b.json"
+    step vlm_onevision 300 $PY benchmarks/llava_bench.py --model llava-onevision-7b --images "${OV_IMAGES:-12}" \
+      --repeat 2 --out "$OUT/llava_bench_llava_onevision_7b.json"
+  fi ;;
+all)
+  [ "$DRY" = 1 ] || { echo "'all' is the CPU dry run only (DRY=1): one part per device call" >&2; exit 2; }
+  for p in prepare p1 p2 spec vlm; do echo "######## $p"; bash "$0" "$p"; done ;;
+*) echo "unknown part $part" >&2; exit 2 ;;
+esac
+ls -la "$OUT"
