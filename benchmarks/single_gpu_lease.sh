@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The single-GPU runs that issues 19, 21 and 23 wait on, one part per device call (each part's steps run under
-# `timeout`s that sum to < 570 s; every step writes its JSON and its whole log under $OUT first, then prints a
+# `timeout`s that sum to < 570 s, kill grace included; every step writes its JSON and its whole log under $OUT first, then prints a
 # filtered tail). Every part is self-contained (a fresh machine may come between two calls): carry .whl in each.
 #
 #   bash benchmarks/single_gpu_lease.sh prepare   # HERE, once before the lease: .stage/spec/{t8b,d1b} (Llama-3.1-8B
@@ -29,19 +29,27 @@
 #   3     bash benchmarks/single_gpu_lease.sh spec                            [".whl", ".stage/spec"]       5-6 min
 #   4     bash benchmarks/single_gpu_lease.sh vlm                             [".whl"]                      7-8 min
 #         (about 27 minutes held: the first machine goes back; the next call starts a fresh one, 1-2 min)
-#   5     bash benchmarks/compile_count_lease.sh b                            [".whl"]                      5-8 min
-#         (issue 20 deliverable 1: Llama-8B cold start-up and compile counts; must run on a cold Triton cache,
-#         which that script makes per engine)
-#   6     bash benchmarks/compile_count_lease.sh a                            [".whl"]                      up to 9.5
-#   --- the budget is spent about here; next session, or instead of 5/6 if issue 20 is not the priority:
-#   7     bash benchmarks/compile_count_lease.sh c                            [".whl"]                      up to 9.5
-#   8     bash benchmarks/compile_count_lease.sh d                            [".whl", ".stage/base20"]     5-8 min
+#   5     bash benchmarks/compile_count_lease.sh b                            [".whl"]                      5-9.5 min
+#         (issue 20 deliverable 1: Llama-8B cold start-up and compile counts, default and page 16; each engine gets
+#         an empty Triton cache from that script, so the order does not matter)
+#   6     bash benchmarks/compile_count_lease.sh a                            [".whl"]                      <= 9.5 min
+#   --- a 30-minute budget is spent about here (status's budget_left_s decides); next session, or instead of 5/6:
+#   7     bash benchmarks/compile_count_lease.sh c                            [".whl"]                      <= 9.5 min
+#   8     bash benchmarks/compile_count_lease.sh d                            [".whl", ".stage/base20"]     5-9.5 min
+#         (prepare here first: see compile_count_lease.sh's header)
 #   9     AB_BUDGET_S=540 bash benchmarks/ab_trees.sh llama8b 3               [".whl", "ab",                10 min
 #                                                                              ".stage/smol.part0",
 #                                                                              ".stage/smol.sha256"]
+#         (62 of the 64 MiB a call may carry: the tree 6, .whl 14, ab 3.3, part0 38)
 #   10    AB_MODES=off,fast AB_BUDGET_S=540 bash benchmarks/ab_trees.sh json 4 [".stage/smol.part1"]        10 min
-#         (issue 18: 9 and 10 back to back on the SAME machine: 10 reads /tmp/stage and /tmp/site left by 9)
-# Knobs (env): P19_PROGRAMS (16), P19_SCALE (0.5), SPEC_REPEAT (2), VLM_IMAGES (24), OV_IMAGES (12).
+#         (issue 18, stop 27's "next": 9 and 10 back to back on the SAME machine: 10 reads /tmp/stage and /tmp/site
+#         that 9 left; ab/ holds bcf4a2f's tree, the base the issue starts from)
+# Knobs (env): P19_PROGRAMS (16), P19_SCALE (0.5), P1_VARIANTS, P2_VARIANTS (comma lists of radixlm.bench.programs
+# variants), SPEC_REPEAT (2), VLM_IMAGES (24), OV_IMAGES (12).
+# After the lease, here: copy what came back into benchmarks/results/ (programs_gpu.{json,md,png} -- or
+# `python benchmarks/programs_merge.py programs_gpu_p1.json programs_gpu_p2.json --out benchmarks/results/
+# programs_gpu.json --note "..."` when p1 and p2 ran on different machines --, speculative_gpu.json,
+# llava_bench_qwen2_5_vl_7b_gpu.json, llava_bench_llava_onevision_7b_gpu.json), with the card that ran them.
 #
 # Estimates, from earlier GPU results in benchmarks/results (H100, Llama-3.1-8B dummy bf16):
 #   - a server/engine start: 39 s to ready on a fresh machine (online_llama8b_gpu.json ready_seconds 39.4), less once
@@ -56,11 +64,18 @@
 #     no_frontend_parallelism (P1_VARIANTS) and that variant in a call of its own.
 #   - issue 21: 4 engines (off, NGRAM, RADIX, STANDALONE with its 1B draft) ~150 s; 4 workloads x 4 batches x 4
 #     algorithms x (warm-up + 2 runs) of <= 96 tokens, 0.6 s (batch 1) to 1.6 s (batch 256) a run: ~160 s; ~5-6 min.
+#     The replayed outputs are SmolLM2's greedy answers recorded on the CPU (benchmarks/results/
+#     speculative_smol_ids_cpu.json: quote 42, edit 96, restate 43, story 96 tokens; speculative.py --model default
+#     --device cpu --batches 1 --algorithms --repeat 1 --save-ids ...); the target has SmolLM2's vocabulary (49,152),
+#     so its floor (weights read per token / copy bandwidth, speculative.py --floor) is that of the replay model.
 #   - issue 23: per mode a start + a warm-up + 3 runs of 24 images x 3 questions x 256 tokens (256 steps at batch 72,
-#     ~2.5 s, plus ~24k-72k prompt tokens); Qwen2.5-VL ~3.5 min; OneVision's any-resolution tiles give ~7k tokens an
-#     image, so 12 images and 2 repeats (no_radix / no_cache prefill every question's image again): ~4 min.
-#   - issue 20 (compile_count_lease.sh) and issue 18 (ab_trees.sh): their own headers; ab_trees llama8b 3 was killed
-#     at 600 s after 5 of 6 runs before AB_BUDGET_S existed (ab_planner_llama8b_gpu.json), so each is a full call.
+#     ~2.5 s, plus the prompts); Qwen2.5-VL-7B: 999-1,564 tokens an image at llava_bench's sizes (read by the dry
+#     run's vlm_shapes_check.py), ~30k prompt tokens a run (x3 without the radix cache): ~3 min; OneVision-7B's
+#     any-resolution tiles give 4,725-7,309 tokens an image, so 12 images and 2 repeats (no_radix / no_cache prefill
+#     every question's image again, ~200k tokens a run): ~4 min.
+#   - issue 20 (compile_count_lease.sh): never run on a GPU yet, so only its timeouts bound it (570 s a part).
+#     Issue 18 (ab_trees.sh): ab_trees llama8b 3 was killed at 600 s after 5 of 6 runs before AB_BUDGET_S existed
+#     (ab_planner_llama8b_gpu.json: ~100 s a run), json 2 took ~330 s (stop 27), so each is a full call.
 #
 # Dry run (DRY=1, here on the CPU; also `DRY=1 ... all`): the same commands with a tiny random-weight Llama (the
 # Llama-3.1 tokenizer: benchmarks/llama8b.py's directory, config shrunk), the tiny target/draft shapes with SmolLM2's
@@ -88,21 +103,23 @@ else
   OUT=${OUT:-/tmp/out}
   LEASE=/tmp/lease  # kept between calls while the machine stays warm
   PY=${PY:-python3}
+  [ "$part" = prepare ] && PY=$TREE/.venv/bin/python  # here: the venv with SmolLM2 (its tokenizer)
   X=1
   SPEC=.stage/spec
   mkdir -p "$OUT" "$LEASE"
 fi
 quiet() { grep -v "safetensors\|Warn\|warn\|fix_mistral\|clean_up\| INFO \|it/s\]\|s/it\]" ; }
 
-# step NAME SECONDS CMD...: CMD under a timeout (SIGTERM to its process group, KILL 30 s later), its whole output in
+# step NAME SECONDS CMD...: CMD under a timeout (SIGTERM to its process group, KILL 15 s later), its whole output in
 # $OUT/NAME.log; prints rc and wall time, then the log's filtered tail.
 step() {
   local name=$1 secs=$(( $2 * X )); shift 2
   local t0=$SECONDS
   echo "== $name (timeout ${secs}s): $*" | tee -a "$OUT/$name.log"
-  timeout -k 30 "$secs" "$@" >> "$OUT/$name.log" 2>&1
+  timeout -k 15 "$secs" "$@" >> "$OUT/$name.log" 2>&1
   local rc=$?
   echo "== $name rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/$name.log"
+  [ $rc -eq 0 ] || sleep 5  # a killed step's servers (they die with it) give the GPU memory back first
   grep -v "^== " "$OUT/$name.log" | quiet | tail -"${TAIL:-40}"
   return 0
 }
@@ -161,10 +178,10 @@ prepare)
   fi ;;
 p1)
   banner
-  programs p1 "${P1_VARIANTS:-full,no_frontend_parallelism,no_frontend_hint,no_radix_cache}" 550 ;;
+  programs p1 "${P1_VARIANTS:-full,no_frontend_parallelism,no_frontend_hint,no_radix_cache}" 530 ;;
 p2)
   banner
-  programs p2 "${P2_VARIANTS:-fcfs,random,all_off}" 530
+  programs p2 "${P2_VARIANTS:-fcfs,random,all_off}" 510
   if [ -f "$LEASE/programs_gpu_p1.json" ]; then  # p1 ran on this machine: the whole table now
     timeout 20 $PY benchmarks/programs_merge.py "$LEASE/programs_gpu_p1.json" "$OUT/programs_gpu_p2.json" \
       --out "$OUT/programs_gpu.json" 2>&1 | tee -a "$OUT/p2.log"  # (7 files back: the limit is 8)
@@ -178,7 +195,7 @@ spec)
   else
     dev=(--device cuda --dtype bfloat16); batches=(1 8 64 256); extra=(--repeat "${SPEC_REPEAT:-2}")
   fi
-  step spec 550 $PY benchmarks/speculative.py --model "$SPEC/t8b" --draft-model "$SPEC/d1b" --load-format dummy \
+  step spec 530 $PY benchmarks/speculative.py --model "$SPEC/t8b" --draft-model "$SPEC/d1b" --load-format dummy \
     "${dev[@]}" --algorithms NGRAM RADIX STANDALONE --batches "${batches[@]}" \
     --workloads quote edit restate story --script-ids benchmarks/results/speculative_smol_ids_cpu.json \
     --draft-acceptance 0.8 --floor "${extra[@]}" --out "$OUT/speculative_gpu.json" ;;
@@ -190,9 +207,9 @@ vlm)
     # The 7B shapes the GPU runs: their checkpoints (config, tokenizer, processor) written and read back.
     step vlm_ckpt 150 $PY benchmarks/vlm_shapes_check.py "$LEASE/vlm"  # the two 7B shapes, written and read back
   else
-    step vlm_qwen 250 $PY benchmarks/llava_bench.py --model qwen2.5-vl-7b --images "${VLM_IMAGES:-24}" \
+    step vlm_qwen 240 $PY benchmarks/llava_bench.py --model qwen2.5-vl-7b --images "${VLM_IMAGES:-24}" \
       --out "$OUT/llava_bench_qwen2_5_vl_7b.json"
-    step vlm_onevision 300 $PY benchmarks/llava_bench.py --model llava-onevision-7b --images "${OV_IMAGES:-12}" \
+    step vlm_onevision 290 $PY benchmarks/llava_bench.py --model llava-onevision-7b --images "${OV_IMAGES:-12}" \
       --repeat 2 --out "$OUT/llava_bench_llava_onevision_7b.json"
   fi ;;
 all)
@@ -200,4 +217,4 @@ all)
   for p in prepare p1 p2 spec vlm; do echo "######## $p"; bash "$0" "$p"; done ;;
 *) echo "unknown part $part" >&2; exit 2 ;;
 esac
-ls -la "$OUT"
+[ "$part" = prepare ] || ls -la "$OUT"

@@ -228,6 +228,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 engine.shutdown()
                 del engine
                 gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()  # the next engine sizes its KV pool from the free memory
     rows = []
     for (name, b, algo), (wall, ids, stats) in best.items():
         n_out = sum(len(x) for x in ids)
