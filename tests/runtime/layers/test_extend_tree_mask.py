@@ -10,19 +10,14 @@ chosen when the kernels are defined, as in test_fused_moe.py), float32 and float
 tl.dot multiplies raw bits)."""
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from radixlm.runtime.executor.spec_tree import TreeMask, depths, verify_mask
-
-REPO = Path(__file__).resolve().parents[3]
+from tests.triton_interpret import interpreter_works, run_under_interpreter
 
 
 def random_parents(rng: random.Random, n: int) -> list[int]:
@@ -242,23 +237,10 @@ def test_tree_masks_on_cuda():
     backend_cases("cuda")
 
 
-def _interpreter_works() -> bool:
-    try:
-        import triton  # noqa: F401
-        from triton.runtime.interpreter import InterpretedFunction  # noqa: F401
-    except Exception:  # noqa: BLE001 - no triton, or one without an interpreter
-        return False
-    return True
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: test_tree_masks_on_cuda runs the kernel")
-@pytest.mark.skipif(not _interpreter_works(), reason="no Triton interpreter")
+@pytest.mark.skipif(not interpreter_works(), reason="no Triton interpreter")
 def test_tree_masks_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, __file__], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "tree mask cases ok" in proc.stdout
+    run_under_interpreter(__file__, "tree mask cases ok")
 
 
 def test_random_parents_are_trees_in_depth_order():

@@ -4,11 +4,6 @@ is one, else under TRITON_INTERPRET=1 in a subprocess: the interpreter is chosen
 FusedMoE's weight loading under tensor and expert parallelism."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,8 +11,7 @@ import torch.nn.functional as F
 from radixlm.runtime.distributed.parallel import Parallel
 from radixlm.runtime.layers.moe import FusedMoE, fused_experts, select_experts
 from radixlm.runtime.layers.moe.fused_moe import align_pairs, fused_experts_torch
-
-REPO = Path(__file__).resolve().parents[3]
+from tests.triton_interpret import interpreter_works, run_under_interpreter
 
 
 def _problem(t, e, k, h, i, dtype=torch.float32, num_experts=None, seed=0, device="cpu"):
@@ -164,24 +158,11 @@ def test_triton_path_on_cuda():
     _triton_cases("cuda")
 
 
-def _interpreter_works() -> bool:
-    try:
-        import triton  # noqa: F401
-        from triton.runtime.interpreter import InterpretedFunction  # noqa: F401
-    except Exception:  # noqa: BLE001 - no triton, or one without an interpreter
-        return False
-    return True
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: test_triton_path_on_cuda runs the kernel")
-@pytest.mark.skipif(not _interpreter_works(), reason="no Triton interpreter")
+@pytest.mark.skipif(not interpreter_works(), reason="no Triton interpreter")
 def test_triton_path_under_interpreter():
     """float32 and float16 (the 3.9 interpreter's bfloat16 tl.dot multiplies raw bits: bfloat16 is tested on CUDA)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, __file__], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "triton cases ok" in proc.stdout
+    run_under_interpreter(__file__, "triton cases ok")
 
 
 def _load_experts(moe: FusedMoE, gate, up, down) -> None:

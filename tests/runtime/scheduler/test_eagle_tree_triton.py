@@ -11,16 +11,13 @@ kernels are defined), GPUs hidden; the GPU run is tests/runtime/engine/test_cuda
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.triton_interpret import interpreter_works, run_under_interpreter
 
 
 def run_cases(device: str) -> None:
@@ -103,22 +100,9 @@ def run_cases(device: str) -> None:
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
-def _interpreter_works() -> bool:
-    try:
-        import triton  # noqa: F401
-        from triton.runtime.interpreter import InterpretedFunction  # noqa: F401
-    except Exception:  # noqa: BLE001 - no triton, or one without an interpreter
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _interpreter_works(), reason="no Triton interpreter")
+@pytest.mark.skipif(not interpreter_works(), reason="no Triton interpreter")
 def test_tree_drafts_with_triton_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, __file__], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "triton tree drafts ok" in proc.stdout
+    run_under_interpreter(__file__, "triton tree drafts ok", hide_cuda=True)
 
 
 if __name__ == "__main__":  # the interpreter run of test_tree_drafts_with_triton_under_interpreter
