@@ -13,6 +13,9 @@ from tests.router.conftest import kill_hard, start_router, start_worker_proc, st
 pytestmark = pytest.mark.slow
 
 GROUP_A = "You are a ship's navigator. Plot every course by the stars and explain your reasoning. " * 4
+# A loaded 2-core machine can keep a worker from answering a /cache_state poll within the default 5 s: the tests
+# check what the polls do, not how fast the workers answer them.
+PATIENT = ("--health-check-timeout-secs", "30")
 GROUP_B = "You are a baker. Describe each loaf you make, its crust, its crumb and its rising time. " * 4
 
 
@@ -27,7 +30,7 @@ def feedback(router) -> dict:
     return router.client.get("/cache_feedback").json()
 
 
-def wait_for(pred, timeout: float = 15.0) -> bool:
+def wait_for(pred, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
@@ -80,7 +83,7 @@ def test_without_feedback_the_flushed_worker_keeps_phantom_affinity(router_for, 
 
 
 def test_with_feedback_the_poll_clears_the_flushed_worker(router_for, fleet):
-    router = router_for("--cache-feedback", "--cache-feedback-interval", "0.2")
+    router = router_for("--cache-feedback", "--cache-feedback-interval", "0.2", *PATIENT)
     a = flush_behind_the_routers_back(router, fleet)
     assert wait_for(lambda: feedback(router)["clears"] >= 1), feedback(router)
     assert feedback(router)["tree_chars"][a] == 0
@@ -96,7 +99,7 @@ def test_with_feedback_the_poll_clears_the_flushed_worker(router_for, fleet):
 
 def test_with_feedback_a_response_reveals_the_phantom_before_the_poll(router_for, fleet):
     # The first poll (at start) takes a baseline; the next one is far off, so only the response can tell.
-    router = router_for("--cache-feedback", "--cache-feedback-interval", "60")
+    router = router_for("--cache-feedback", "--cache-feedback-interval", "60", *PATIENT)
     a = flush_behind_the_routers_back(router, fleet)
     before, after, r = next_of_group_a(router)
     assert r.headers["x-radixlm-worker"] == a and after["clears"] == 0
@@ -109,7 +112,7 @@ def test_with_feedback_a_response_reveals_the_phantom_before_the_poll(router_for
 
 def test_with_feedback_a_restarted_worker_is_cleared(router_for, fleet):
     # Health checks are left at their 60 s default: only the new instance_id can reveal the restart.
-    router = router_for("--cache-feedback", "--cache-feedback-interval", "0.2")
+    router = router_for("--cache-feedback", "--cache-feedback-interval", "0.2", *PATIENT)
     a = flush_behind_the_routers_back(router, fleet)
     i = fleet.urls.index(a)
     kill_hard(fleet.workers[i])
