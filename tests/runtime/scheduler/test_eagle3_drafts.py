@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig
 
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
+from radixlm.runtime.executor.spec_tree import row_tokens
 from radixlm.runtime.scheduler.drafts.model import EagleSource
 from tests.runtime.models.tiny import save_tiny
 
@@ -147,11 +148,8 @@ def test_eagle3_trees_equal_the_reference_and_keep_outputs(setup, graphs):
     assert {k: v["output_ids"] for k, v in got.items()} == {k: v["output_ids"] for k, v in expected.items()}
     assert len(seen) >= 6 and all(d.parents is not None for _, d in seen)
     for tokens, draft in seen[:6]:
-        for i, parent in enumerate(draft.parents):
-            path, at = [], parent
-            while at >= 0:
-                path.insert(0, draft.tokens[at])
-                at = draft.parents[at]
+        for i, parent in enumerate(draft.parents):  # each node is among the head's top 3 after its path
+            path = row_tokens(draft.tokens, draft.parents, parent + 1)
             assert draft.tokens[i] in reference_topk(hf, weights, tokens, path, 3), (tokens, draft)
     sched.check_memory()
 

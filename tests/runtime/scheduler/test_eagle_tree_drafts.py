@@ -193,11 +193,8 @@ def test_eagle_trees_match_the_reference_and_keep_outputs(setup, kwargs, every):
     assert trees and sched.grammar_stats["tree_drafts"] == len(trees)
     for tokens, draft in trees[:4]:
         assert max(depths(draft.parents)) <= 3 and len(draft.tokens) <= 6
-        for i, parent in enumerate(draft.parents):
-            path, at = [], parent
-            while at >= 0:
-                path.insert(0, draft.tokens[at])
-                at = draft.parents[at]
+        for i, parent in enumerate(draft.parents):  # each node is among the head's top 3 after its path
+            path = row_tokens(draft.tokens, draft.parents, parent + 1)
             assert draft.tokens[i] in _reference_topk(hf, weights, tokens, path, 3), (tokens, draft)
     sched.check_memory()
 
@@ -274,11 +271,8 @@ def test_head_pairs_follow_accepted_tree_paths(setup):
     assert {k: v["output_ids"] for k, v in got.items()} == expected
     assert sched.stats["tree_kv_moves"] > 0 and len(seen) >= 6
     for tokens, draft in seen:
-        for i, parent in enumerate(draft.parents):
-            path, at = [], parent
-            while at >= 0:
-                path.insert(0, draft.tokens[at])
-                at = draft.parents[at]
+        for i, parent in enumerate(draft.parents):  # each node is among the head's top 3 after its path
+            path = row_tokens(draft.tokens, draft.parents, parent + 1)
             assert draft.tokens[i] in _reference_topk(hf, weights, tokens, path, 3), (tokens, draft)
     sched.check_memory()
 
