@@ -40,9 +40,15 @@ def onevision_config() -> LlavaOnevisionConfig:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llava_onevision")
+    return path, save_tiny_onevision(path)
+
+
+def save_tiny_onevision(path):
+    """The tiny LLaVA-OneVision (random weights, a stronger projector), its tokenizer and image processor, written
+    to `path`; returns the transformers model."""
     from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
 
-    path = tmp_path_factory.mktemp("llava_onevision")
     torch.manual_seed(4)
     hf = LlavaOnevisionForConditionalGeneration(onevision_config()).float()
     randomize(hf, 4)
@@ -53,7 +59,7 @@ def tiny(tmp_path_factory):
     save_tokenizer(path)
     LlavaOnevisionImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
                                     image_grid_pinpoints=GRID_PINPOINTS).save_pretrained(path)
-    return path, hf
+    return hf
 
 
 def _hf(hf, path, ids, images):

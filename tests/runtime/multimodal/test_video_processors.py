@@ -93,24 +93,9 @@ def _reference(model_dir, path, num_frames: int, **kw):
 
 def _save_onevision(path):
     """The tiny LLaVA-OneVision of test_llava_onevision, written to `path`."""
-    from transformers import LlavaOnevisionForConditionalGeneration
-    from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
+    from tests.runtime.models.test_llava_onevision import save_tiny_onevision
 
-    from tests.runtime.models.test_llava_onevision import onevision_config
-    from tests.runtime.models.tiny import randomize
-    from tests.runtime.models.tiny_llava import GRID_PINPOINTS, IMAGE_SIZE, save_tokenizer
-
-    torch.manual_seed(4)
-    hf = LlavaOnevisionForConditionalGeneration(onevision_config()).float()
-    randomize(hf, 4)
-    with torch.no_grad():
-        hf.model.multi_modal_projector.linear_2.weight.mul_(10.0)
-    hf.eval()
-    hf.save_pretrained(path, safe_serialization=True)
-    save_tokenizer(path)
-    LlavaOnevisionImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
-                                    image_grid_pinpoints=GRID_PINPOINTS).save_pretrained(path)
-    return hf
+    return save_tiny_onevision(path)
 
 
 def _qwen(tmp_path, v2_5: bool):
