@@ -1,5 +1,5 @@
 """Merges `python -m radixlm.bench.programs` results of several runs (the variants of one table split across device
-calls, each a --variants subset with the same workloads, --num-programs, --scale and seed) into one JSON, with its
+calls, each a --variants subset with the same workloads, program counts, --scale and seed) into one JSON, with its
 markdown table and PNG next to it (radixlm.bench.programs.report).
 
     python benchmarks/programs_merge.py $OUT/programs_gpu_p1.json $OUT/programs_gpu_p2.json \
@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from radixlm.bench.programs import report  # noqa: E402
 from radixlm.bench.programs.runner import VARIANTS  # noqa: E402
 
-SAME = ("backend", "model", "num_programs", "seed", "scale", "workloads")
+SAME = ("backend", "model", "num_programs", "num_programs_per_workload", "seed", "scale", "workloads")
 
 
 def merge(runs: list[dict], notes: list[str] | None = None) -> dict:

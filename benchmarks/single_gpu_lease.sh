@@ -7,7 +7,9 @@
 #                                                 # target and Llama-3.2-1B draft shapes with SmolLM2's tokenizer,
 #                                                 # config only: 7 MB) for part spec
 #   bash benchmarks/single_gpu_lease.sh p1        # issue 19: LM programs, variants full, no_frontend_parallelism,
-#                                                 # no_frontend_hint, no_radix_cache (2 server starts)
+#                                                 # no_frontend_hint, no_radix_cache (2 server starts); mmlu and
+#                                                 # hellaswag 128 programs (P19_COUNTS), the others 16; every
+#                                                 # variant warms each workload up first (4 programs, unmeasured)
 #   bash benchmarks/single_gpu_lease.sh p2        # issue 19: fcfs, random, all_off (3 server starts); merges with
 #                                                 # p1's JSON when the machine is still the same one (else merge here:
 #                                                 # python benchmarks/programs_merge.py P1 P2 --out ...)
@@ -24,8 +26,8 @@
 # only 30 s). Before the lease, here: `bash benchmarks/single_gpu_lease.sh prepare` and, for the issue 18 A/B,
 # `bash benchmarks/ab_trees.sh prepare bcf4a2f`. Estimates (see "Estimates" below) include engine/server starts.
 #   call  command (run from the repo root on the device)                      carry                         est.
-#   1     bash benchmarks/single_gpu_lease.sh p1                              [".whl"]                      6 min
-#   2     bash benchmarks/single_gpu_lease.sh p2                              [".whl"]                      6 min
+#   1     bash benchmarks/single_gpu_lease.sh p1                              [".whl"]                      6.5-7 min
+#   2     bash benchmarks/single_gpu_lease.sh p2                              [".whl"]                      6.5-7 min
 #   3     bash benchmarks/single_gpu_lease.sh spec                            [".whl", ".stage/spec"]       5-6 min
 #   4     bash benchmarks/single_gpu_lease.sh vlm                             [".whl"]                      7-8 min
 #         (about 27 minutes held: the first machine goes back; the next call starts a fresh one, 1-2 min)
@@ -44,8 +46,9 @@
 #   10    AB_MODES=off,fast AB_BUDGET_S=540 bash benchmarks/ab_trees.sh json 4 [".stage/smol.part1"]        10 min
 #         (issue 18, stop 27's "next": 9 and 10 back to back on the SAME machine: 10 reads /tmp/stage and /tmp/site
 #         that 9 left; ab/ holds bcf4a2f's tree, the base the issue starts from)
-# Knobs (env): P19_PROGRAMS (16), P19_SCALE (0.5), P1_VARIANTS, P2_VARIANTS (comma lists of radixlm.bench.programs
-# variants), SPEC_REPEAT (2), VLM_IMAGES (24), OV_IMAGES (12).
+# Knobs (env): P19_PROGRAMS (16), P19_COUNTS (mmlu=128,hellaswag=128: --num-programs-per-workload), P19_SCALE (0.5),
+# P1_VARIANTS, P2_VARIANTS (comma lists of radixlm.bench.programs variants), SPEC_REPEAT (2), VLM_IMAGES (24),
+# OV_IMAGES (12).
 # After the lease, here: copy what came back into benchmarks/results/ (programs_gpu.{json,md,png} -- or
 # `python benchmarks/programs_merge.py programs_gpu_p1.json programs_gpu_p2.json --out benchmarks/results/
 # programs_gpu.json --note "..."` when p1 and p2 ran on different machines --, speculative_gpu.json,
@@ -62,6 +65,13 @@
 #     sequential variant; a parallel variant (16 programs at once) ~20-30 s. p1: 2 starts + 185 + 3 x 25 ~ 340 s;
 #     p2: 3 starts + 185 + 2 x 25 ~ 355 s. At --scale 1.0 a sequential variant takes ~370 s: then run p1 without
 #     no_frontend_parallelism (P1_VARIANTS) and that variant in a call of its own.
+#     Measured on an H200 (benchmarks/results/programs_gpu.json, 16 programs everywhere, no warm-up): p1 300 s wall
+#     (variants' runs 14 + 136 + 13 + 19 s), p2 317 s (14 + 15 + 139 s); the rest is server starts, tokenizing and
+#     the optimal hit rate. Added since: (a) a warm-up of min(4, n) programs per variant and workload, in parallel
+#     even for sequential variants: decode-bound like a 16-program parallel run, so <= that variant's parallel
+#     time, ~14 s (no_radix_cache and all_off's server ~19 s): p1 +60 s, p2 +48 s; (b) mmlu and hellaswag at 128
+#     programs: +112 programs x the per-program times measured (sequential 12-16 ms + 46-77 ms, parallel 3-9 ms +
+#     9-72 ms) plus ~2 s a variant of tokenizing: p1 +28 s, p2 +23 s. So p1 ~390 s of its 530 s, p2 ~390 s of 510 s.
 #   - issue 21: 4 engines (off, NGRAM, RADIX, STANDALONE with its 1B draft) ~150 s; 4 workloads x 4 batches x 4
 #     algorithms x (warm-up + 2 runs) of <= 96 tokens, 0.6 s (batch 1) to 1.6 s (batch 256) a run: ~160 s; ~5-6 min.
 #     The replayed outputs are SmolLM2's greedy answers recorded on the CPU (benchmarks/results/
@@ -80,11 +90,14 @@
 # Dry run (DRY=1, here on the CPU; also `DRY=1 ... all`): the same commands with a tiny random-weight Llama (the
 # Llama-3.1 tokenizer: benchmarks/llama8b.py's directory, config shrunk), the tiny target/draft shapes with SmolLM2's
 # tokenizer (speculative_replay.py --tiny), llava_bench.py --tiny plus both 7B VLM checkpoints written and read back;
-# 2 programs per workload at scale 0.05, batches 1 and 2, float32, --device cpu; timeouts x DRY_TIMEOUT_X (4).
+# 2 programs per workload (mmlu and hellaswag 3) at scale 0.05, batches 1 and 2, float32, --device cpu; timeouts x
+# DRY_TIMEOUT_X (4).
 # Proven here on 81abbc0 (`DRY=1 DRY_PYTHONPATH=/tmp/mpl bash benchmarks/single_gpu_lease.sh all`, matplotlib from
 # `pip install --target /tmp/mpl matplotlib`; the device image has it): every step rc=0 (p1 52 s, p2 57 s, spec 11 s,
 # vlm 42 s on 2 shared cores), all 7 variants x 11 workloads with no failed program, the merged table and PNGs, the
 # speculative JSON with its floor fields, LLaVA-bench's three modes, the 7B VLM checkpoints read back.
+# With the warm-ups and per-workload counts (p1 and p2 again): rc=0, p1 160 s (beside a pytest run), p2 72 s,
+# every warm-up and measured run with no failed program, p1 and p2 merged into 7 variants x 11 workloads.
 # Results land in $OUT (JSON, markdown, PNG and each step's whole log).
 set -uo pipefail
 part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|spec|vlm (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
@@ -156,17 +169,18 @@ EOF
 
 # python -m radixlm.bench.programs with the paper's ablations (issue 19), one subset of the variants.
 programs() {  # programs NAME VARIANTS SECONDS
-  local name=$1 variants=$2 secs=$3 model nprog scale sargs
+  local name=$1 variants=$2 secs=$3 model nprog scale counts sargs
   model=$(llama_dir) || return 1
   if [ "$DRY" = 1 ]; then
-    nprog=2; scale=0.05
+    nprog=2; scale=0.05; counts=mmlu=3,hellaswag=3
     sargs="--load-format dummy --dtype float32 --device cpu --context-length 4096 --max-total-tokens 16384 --random-seed 0 --log-level warning"
   else
-    nprog=${P19_PROGRAMS:-16}; scale=${P19_SCALE:-0.5}
+    nprog=${P19_PROGRAMS:-16}; scale=${P19_SCALE:-0.5}; counts=${P19_COUNTS:-mmlu=128,hellaswag=128}
     sargs="--load-format dummy --dtype bfloat16 --context-length 8192 --random-seed 0 --log-level warning"
   fi
   step "$name" "$secs" $PY -m radixlm.bench.programs --launch-server --model-path "$model" \
-    --server-args "$sargs" --ablations --variants "$variants" --num-programs "$nprog" --scale "$scale" \
+    --server-args "$sargs" --ablations --variants "$variants" --num-programs "$nprog" \
+    --num-programs-per-workload "$counts" --scale "$scale" \
     --num-threads 64 --output-file "$OUT/programs_gpu_$name.json"
   [ -f "$OUT/programs_gpu_$name.json" ] && cp "$OUT/programs_gpu_$name.json" "$LEASE/"
 }

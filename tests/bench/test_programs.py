@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import httpx
 import pytest
@@ -11,8 +12,9 @@ import pytest
 from radixlm.bench.programs import __main__ as cli
 from radixlm.bench.programs import report
 from radixlm.bench.programs.optimal import Request, optimal_hit_rate, simulate_dfs
-from radixlm.bench.programs.record import Recorder, RecordingTransport, parse_exchange, token_requests
-from radixlm.bench.programs.runner import VARIANTS, RunOptions, Variant, run_workload
+from radixlm.bench.programs import runner
+from radixlm.bench.programs.record import Recorder, RecordingTransport, Sent, parse_exchange, token_requests
+from radixlm.bench.programs.runner import VARIANTS, BackendSpec, RunOptions, Variant, run_workload
 from radixlm.bench.programs.workloads import WORKLOADS
 from tests.lang.fake_backend import FakeBackend
 
@@ -197,6 +199,84 @@ def test_cli_switches_map_to_variants():
     assert [x.name for x in cli.chosen_variants(cli.parse_args(["--ablations"]))] == [x.name for x in VARIANTS]
     assert [x.name for x in cli.chosen_variants(cli.parse_args(["--ablations", "--variants", "all_off,full"]))] == \
         ["full", "all_off"]
+
+
+def test_num_programs_per_workload_is_parsed_and_validated():
+    assert cli.parse_counts("") == {}
+    assert cli.parse_counts("mmlu=128, hellaswag=64") == {"mmlu": 128, "hellaswag": 64}
+    for bad, why in (("nosuch=3", "unknown workload 'nosuch'"), ("mmlu=0", "must be positive"),
+                     ("mmlu=-2", "must be positive"), ("mmlu", "WORKLOAD=COUNT"), ("mmlu=x", "WORKLOAD=COUNT"),
+                     ("mmlu=2,mmlu=3", "given twice")):
+        with pytest.raises(SystemExit, match=why):
+            cli.parse_counts(bad)
+    with pytest.raises(SystemExit, match="unknown workload"):  # checked before anything runs
+        cli.main(["--base-url", "http://127.0.0.1:9", "--no-optimal", "--num-programs-per-workload", "mmmlu=8"])
+
+
+class CountingSpec(BackendSpec):
+    """run_variant's backend: a FakeBackend that records each gen as a request; the first `slow` gens (the
+    warm-up's) take 0.3 s each."""
+
+    def __init__(self, slow=0):
+        super().__init__("runtime", "http://unused")
+        self.slow, self.flushes, self.backend = slow, 0, None
+
+    def make(self, recorder):
+        spec = self
+
+        class Backend(FakeBackend):
+            def generate(self, s, sampling_params):
+                out = super().generate(s, sampling_params)
+                if self.counter <= spec.slow:
+                    time.sleep(0.3)
+                recorder.add([Sent(prompt_text=s.text_, prompt_tokens=10, cached_tokens=0, completion_tokens=1)])
+                return out
+
+        self.backend = Backend()
+        return self.backend
+
+    def flush(self, backend):
+        self.flushes += 1
+        return True
+
+
+def test_run_variant_warms_each_workload_up_unmeasured_with_its_own_counts():
+    w = [WORKLOADS["mmlu"], WORKLOADS["rag"]]
+    opt = RunOptions(3, 0, 0.1, num_threads=8, counts={"mmlu": 6}, warm_up=4)
+    spec = CountingSpec(slow=4)  # mmlu's warm-up: 4 programs, one gen each
+    out = runner.run_variant(w, spec, Variant("full"), opt, log=lambda m: None)
+    assert (out["mmlu"]["programs"], out["rag"]["programs"]) == (6, 3) and spec.flushes == 2
+    assert out["mmlu"]["warm_up"]["programs"] == 4 and out["rag"]["warm_up"]["programs"] == 3
+    assert out["mmlu"]["warm_up"]["duration_s"] >= 0.3 > out["mmlu"]["duration_s"]
+    assert out["mmlu"]["requests"] == 6 and out["rag"]["requests"] == 3 * 2  # the warm-up's are not counted
+    prompts = [p for k, p in spec.backend.calls if k == "gen"]
+    assert len(prompts) == (4 + 6) + (3 + 3) * 2
+    assert not set(prompts[:4]) & set(prompts[4:10])  # the warm-up ran other programs than the measured ones
+    spec = CountingSpec()
+    runner.run_variant(w, spec, Variant("all_off", parallel=False), RunOptions(2, 0, 0.1, warm_up=0),
+                       log=lambda m: None)
+    assert len([k for k, _ in spec.backend.calls if k == "gen"]) == 2 + 2 * 2 and spec.backend.max_active == 1
+
+
+def test_cli_passes_counts_and_warm_up_and_records_them(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_run_variant(workloads, spec, variant, opt, log=print):
+        seen.append({w.name: opt.programs_for(w.name) for w in workloads} | {"warm_up": opt.warm_up})
+        return {w.name: dict(fake_result(2.0), programs=opt.programs_for(w.name)) for w in workloads}
+
+    monkeypatch.setattr(cli, "run_variant", fake_run_variant)
+    out = cli.main(["--base-url", "http://127.0.0.1:9", "--no-optimal", "--workloads", "mmlu,hellaswag,rag",
+                    "--ablations", "--variants", "full,no_frontend_hint", "--num-programs", "5",
+                    "--num-programs-per-workload", "mmlu=128,hellaswag=64", "--output-file", str(tmp_path / "r.json")])
+    assert seen == [{"mmlu": 128, "hellaswag": 64, "rag": 5, "warm_up": 4}] * 2
+    cfg = json.loads((tmp_path / "r.json").read_text())["config"]
+    assert cfg == out["config"] and cfg["num_programs_per_workload"] == {"mmlu": 128, "hellaswag": 64, "rag": 5}
+    assert cfg["warm_up"]["max_programs"] == 4 and cfg["warm_up"]["measured"] is False
+    md = (tmp_path / "r.md").read_text()
+    assert "5 programs per workload (mmlu 128, hellaswag 64)" in md and "Warm-up: " in md
+    cli.main(["--base-url", "http://127.0.0.1:9", "--no-optimal", "--workloads", "rag", "--warm-up-programs", "0"])
+    assert seen[-1]["warm_up"] == 0
 
 
 # ---- end to end against real SmolLM2 servers

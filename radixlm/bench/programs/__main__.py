@@ -8,6 +8,10 @@
     # any OpenAI-compatible completions endpoint (regex workloads are skipped)
     python -m radixlm.bench.programs --backend openai --base-url http://host:8000/v1 --model NAME --tokenizer PATH
 
+Few-shot workloads finish in milliseconds at 16 programs: give them more with
+--num-programs-per-workload mmlu=128,hellaswag=128. Each variant warms every workload up first (--warm-up-programs,
+unmeasured), so that one-off server costs do not land in whichever variant runs first.
+
 Single-variant switches: --disable-radix-cache, --schedule-policy (server; need --launch-server),
 --no-frontend-parallelism, --no-fork-hint (client), --all-off (all of them).
 """
@@ -22,8 +26,8 @@ from typing import Any, Optional
 
 from radixlm.bench import procs
 from radixlm.bench.programs import report
-from radixlm.bench.programs.runner import (ALL_OFF_SERVER, VARIANTS, BackendSpec, RunOptions, Variant, run_variant,
-                                           warm_up)
+from radixlm.bench.programs.runner import (ALL_OFF_SERVER, VARIANTS, WARM_UP_SEED_OFFSET, BackendSpec, RunOptions,
+                                           Variant, run_variant, warm_up)
 from radixlm.bench.programs.workloads import WORKLOADS
 
 
@@ -34,6 +38,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", default="all", help=f"comma-separated, from: {', '.join(WORKLOADS)}")
     p.add_argument("--num-programs", type=int, default=16, help="program instances per workload")
+    p.add_argument("--num-programs-per-workload", default="",
+                   help="overrides --num-programs for the named workloads, e.g. mmlu=128,hellaswag=128")
+    p.add_argument("--warm-up-programs", type=int, default=4,
+                   help="before each variant's measured run of a workload, up to this many programs of it run "
+                        "unmeasured (other prompts; 0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scale", type=float, default=1.0, help="multiplies every input length and output budget")
     p.add_argument("--num-threads", type=int, default=64, help="run_batch threads (programs in flight)")
@@ -90,6 +99,24 @@ def chosen_variants(args: argparse.Namespace) -> list[Variant]:
     return list(VARIANTS)
 
 
+def parse_counts(text: str) -> dict[str, int]:
+    """'mmlu=128,hellaswag=64' -> {"mmlu": 128, "hellaswag": 64}; SystemExit on anything else."""
+    counts: dict[str, int] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not value.strip().lstrip("-").isdigit():
+            raise SystemExit(f"--num-programs-per-workload: {item!r} is not WORKLOAD=COUNT")
+        if name not in WORKLOADS:
+            raise SystemExit(f"--num-programs-per-workload: unknown workload {name!r}; choose from {list(WORKLOADS)}")
+        if name in counts:
+            raise SystemExit(f"--num-programs-per-workload: {name!r} given twice")
+        if int(value) <= 0:
+            raise SystemExit(f"--num-programs-per-workload: {name}={value.strip()}: the count must be positive")
+        counts[name] = int(value)
+    return counts
+
+
 def load_tokenizer(args: argparse.Namespace, base_url: str) -> Any:
     if args.no_optimal:
         return None
@@ -106,10 +133,16 @@ def main(argv: Optional[list[str]] = None) -> dict:
     if unknown:
         raise SystemExit(f"unknown workloads {unknown}; choose from {list(WORKLOADS)}")
     workloads = [WORKLOADS[n] for n in names]
+    counts = parse_counts(args.num_programs_per_workload)
+    if args.num_programs <= 0:
+        raise SystemExit("--num-programs must be positive")
+    if args.warm_up_programs < 0:
+        raise SystemExit("--warm-up-programs must be 0 or more")
     variants = chosen_variants(args)
     if args.launch_server and args.backend != "runtime":
         raise SystemExit("--launch-server starts a radixlm server: use it with --backend runtime")
-    opt = RunOptions(args.num_programs, args.seed, args.scale, args.num_threads, flush=not args.no_flush)
+    opt = RunOptions(args.num_programs, args.seed, args.scale, args.num_threads, flush=not args.no_flush,
+                     counts=counts, warm_up=args.warm_up_programs)
     spec_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     results: dict[str, dict] = {}
     proc, running_args = None, None
@@ -137,24 +170,29 @@ def main(argv: Optional[list[str]] = None) -> dict:
             spec = BackendSpec(args.backend, spec_url, args.model, args.api_key)
             results[v.name] = run_variant(workloads, spec, v, opt, log=lambda m: print(m, flush=True))
             if args.output_file:  # what is measured so far survives a run killed before its end
-                report.write(summary(args, argv, names, variants, results), args.output_file)
+                report.write(summary(args, argv, names, opt, variants, results), args.output_file)
     finally:
         if proc is not None:
             procs.stop(proc)
-    out = summary(args, argv, names, variants, results)
+    out = summary(args, argv, names, opt, variants, results)
     print(report.markdown(out))
     for kind, path in report.write(out, args.output_file).items():
         print(f"wrote {kind}: {path}")
     return out
 
 
-def summary(args: argparse.Namespace, argv: Optional[list[str]], names: list[str], variants: list[Variant],
-            results: dict[str, dict]) -> dict:
+def summary(args: argparse.Namespace, argv: Optional[list[str]], names: list[str], opt: RunOptions,
+            variants: list[Variant], results: dict[str, dict]) -> dict:
     return {"config": {"command": shlex.join(["python", "-m", "radixlm.bench.programs",
                                              *(argv if argv is not None else sys.argv[1:])]),
                       "backend": args.backend, "model": args.model_path if args.launch_server else args.model,
                       "num_programs": args.num_programs, "seed": args.seed, "scale": args.scale,
                       "num_threads": args.num_threads, "workloads": names,
+                      "num_programs_per_workload": {n: opt.programs_for(n) for n in names},
+                      "flush": opt.flush,
+                      "warm_up": {"max_programs": opt.warm_up, "seed": opt.seed + WARM_UP_SEED_OFFSET,
+                                  "parallel": True, "measured": False,
+                                  "when": "before every variant's measured run of every workload"},
                       "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
                       "host": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                                "load_avg_at_end": list(os.getloadavg())},

@@ -77,9 +77,17 @@ def hit_rate_table(results: dict[str, dict]) -> str:
 def markdown(out: dict) -> str:
     cfg = out["config"]
     env = " ".join(f"{k}={v}" for k, v in cfg.get("env", {}).items())
+    counts = {w: n for w, n in cfg.get("num_programs_per_workload", {}).items() if n != cfg["num_programs"]}
+    per = f" ({', '.join(f'{w} {n}' for w, n in counts.items())})" if counts else ""
     parts = [f"# LM programs benchmark\n\nCommand: `{(env + ' ') if env else ''}{cfg['command']}`\n\n"
-             f"Backend: {cfg['backend']} ({cfg.get('model', '')}); {cfg['num_programs']} programs per workload, "
+             f"Backend: {cfg['backend']} ({cfg.get('model', '')}); {cfg['num_programs']} programs per workload{per}, "
              f"scale {cfg['scale']}, seed {cfg['seed']}, {cfg['num_threads']} threads.\n"]
+    warm = cfg.get("warm_up") or {}
+    if warm.get("max_programs"):
+        parts.append(f"Warm-up: before each variant's measured run of a workload, up to {warm['max_programs']} "
+                     f"programs of it (seed {warm['seed']}, in parallel) ran unmeasured"
+                     + ("; the cache was flushed before the measured run" if cfg.get("flush", True) else "")
+                     + ".\n")
     parts += [f"- {n}" for n in cfg.get("notes", [])]
     if cfg.get("notes"):
         parts.append("")

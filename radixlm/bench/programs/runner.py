@@ -1,6 +1,7 @@
 """Runs workloads against a backend under one variant (full radixlm or an ablation) and measures them."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 import time
@@ -99,6 +100,10 @@ def unsupported(w: Workload, spec: BackendSpec) -> Optional[str]:
     return None
 
 
+# Warm-up programs are drawn with this seed offset: other prompts than the measured ones.
+WARM_UP_SEED_OFFSET = 1_000_003
+
+
 @dataclass
 class RunOptions:
     num_programs: int = 16
@@ -108,11 +113,16 @@ class RunOptions:
     tokenizer: Any = None  # for the optimal hit rate; None skips it
     flush: bool = True
     extra: dict = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # per-workload num_programs overrides
+    warm_up: int = 0  # before each measured run: up to this many programs of the workload, unmeasured
+
+    def programs_for(self, workload: str) -> int:
+        return self.counts.get(workload, self.num_programs)
 
 
 def run_workload(w: Workload, backend: Any, recorder: Recorder, variant: Variant, opt: RunOptions,
                  flush: Optional[Callable[[], bool]] = None) -> dict:
-    items, labels = w.instances(opt.num_programs, opt.seed, opt.scale)
+    items, labels = w.instances(opt.programs_for(w.name), opt.seed, opt.scale)
     flushed = bool(flush()) if (opt.flush and flush is not None) else False
     recorder.clear()
     latencies: list[float] = []
@@ -167,7 +177,13 @@ def run_variant(workloads: list[Workload], spec: BackendSpec, variant: Variant, 
             if why:
                 out[w.name] = {"skipped": why}
                 continue
+            warm = warm_up_workload(w, backend, recorder, variant, opt)
+            if warm is not None:
+                log(f"[{variant.name}] {w.name}: warm-up {warm['programs'] - warm['failed']}/{warm['programs']} "
+                    f"programs in {warm['duration_s']:.2f} s (not measured)")
             out[w.name] = r = run_workload(w, backend, recorder, variant, opt, lambda: spec.flush(backend))
+            if warm is not None:
+                r["warm_up"] = warm
             hit = r["cache_hit_rate"]
             log(f"[{variant.name}] {w.name}: {r['completed']}/{r['programs']} programs in {r['duration_s']:.2f} s, "
                 f"{r['programs_per_s']:.2f} p/s, hit rate {'-' if hit is None else f'{hit:.1%}'}, "
@@ -176,6 +192,22 @@ def run_variant(workloads: list[Workload], spec: BackendSpec, variant: Variant, 
     finally:
         backend.shutdown()
     return out
+
+
+def warm_up_workload(w: Workload, backend: Any, recorder: Recorder, variant: Variant,
+                     opt: RunOptions) -> Optional[dict]:
+    """Runs min(opt.warm_up, n) programs of the workload before its measured run, so that one-off server costs
+    (grammar compiles, first select/logprob requests) do not land in whichever variant runs first. In parallel even
+    for sequential variants (a sequential chat_long warm-up alone would take seconds on a GPU); the measured run
+    clears the recorder and flushes the cache (unless --no-flush) after it."""
+    k = min(opt.warm_up, opt.programs_for(w.name))
+    if k <= 0:
+        return None
+    wopt = dataclasses.replace(opt, num_programs=k, counts={}, seed=opt.seed + WARM_UP_SEED_OFFSET, tokenizer=None,
+                               flush=False, warm_up=0)
+    r = run_workload(w, backend, recorder, dataclasses.replace(variant, parallel=True), wopt)
+    recorder.clear()
+    return {"programs": r["programs"], "failed": r["failed"], "duration_s": r["duration_s"]}
 
 
 def warm_up(base_url: str) -> None:
