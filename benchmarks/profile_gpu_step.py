@@ -27,8 +27,10 @@ from radixlm.bench.datasets import PromptSource  # noqa: E402
 
 
 def kernel_times(engine, prompts, n_out: int) -> tuple[float, Counter, Counter]:
-    """(wall seconds, device microseconds per kernel name, launches per kernel name)."""
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    """(wall seconds, device microseconds per kernel name, launches per kernel name); without CUDA (a CPU dry run)
+    the aten ops' own CPU time instead."""
+    cuda = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
         engine.generate(input_ids=prompts, sampling_params=greedy(n_out))
         wall = time.perf_counter() - t0
@@ -36,6 +38,9 @@ def kernel_times(engine, prompts, n_out: int) -> tuple[float, Counter, Counter]:
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             us[e.name] += e.device_time
+            calls[e.name] += 1
+        elif not cuda and e.name.startswith("aten::") and e.self_cpu_time_total > 0:
+            us[e.name] += e.self_cpu_time_total
             calls[e.name] += 1
     return wall, us, calls
 

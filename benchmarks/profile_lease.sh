@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 20, deliverable 2 (where the time goes on the workloads radixlm loses to SGLang) on one GPU, in calls of
+# under ten minutes each (send them back to back: the machine stays warm 30 s). Carry [".whl"] (device_env.sh
+# installs the wheels the image lacks). benchmarks/profile_workloads.py: one engine (defaults, Llama-3.1-8B shapes,
+# dummy bf16 weights) per part; each workload measured (wall, tok/s, passes by kind, host phases) then run again with
+# torch.profiler over two 40-pass windows (start, steady): device time per kernel per pass kind, GPU idle share.
+#   bash benchmarks/profile_lease.sh a   # generated-shared-prefix 32x32 + the decode step at batch 256
+#                                        # -> $OUT/profile_a.json; estimate ~150 s (start ~40 s, 2 x ~15 s runs,
+#                                        # decode ~30 s), 540 s limit
+#   bash benchmarks/profile_lease.sh b   # ShareGPT-like (1000) + random 1024/512 (500) -> $OUT/profile_b.json;
+#                                        # estimate ~250 s (start ~40 s, 2 x ~20 s + 2 x ~45 s runs), 540 s limit
+#   DRY=1 bash benchmarks/profile_lease.sh a|b|all   # here, on the CPU: the same with --tiny (tiny random Llama)
+# Results land in $OUT (one JSON per part, its log with the printed tables).
+set -uo pipefail
+part=${1:?usage: profile_lease.sh a|b (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
+HERE=$(cd "$(dirname "$0")" && pwd)
+if [ "${DRY:-0}" = 1 ]; then
+  TREE=$(cd "$HERE/.." && pwd)
+  cd "$TREE" || exit 1
+  OUT=${OUT:-/tmp/profile_dry/out}
+  PY=${PY:-$TREE/.venv/bin/python}
+  export PYTHONPATH=$TREE PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  TINY=--tiny
+  mkdir -p "$OUT"
+  echo "DRY RUN on the CPU: $(nproc) cores"
+else
+  . "$HERE/device_env.sh"
+  PY=python3
+  TINY=
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+fi
+run() {  # run NAME PARTS...
+  local name=$1 t0=$SECONDS; shift
+  timeout -k 15 540 $PY benchmarks/profile_workloads.py $TINY --parts "$@" --out "$OUT/profile_$name.json" \
+    > "$OUT/profile_$name.log" 2>&1
+  echo "== profile $name rc=$? in $((SECONDS - t0)) s"
+  grep -v "safetensors\|Warn\|warn\| INFO \|USDT" "$OUT/profile_$name.log" | tail -"${TAIL:-150}"
+}
+case "$part" in
+  a) run a shared_prefix decode256 ;;
+  b) run b sharegpt random ;;
+  all) [ "${DRY:-0}" = 1 ] || { echo "'all' is the CPU dry run only (DRY=1)" >&2; exit 2; }
+       run a shared_prefix decode256; run b sharegpt random ;;
+  *) echo "unknown part $part" >&2; exit 2 ;;
+esac
