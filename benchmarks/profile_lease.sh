@@ -10,6 +10,7 @@
 #   bash benchmarks/profile_lease.sh b   # ShareGPT-like (1000) + random 1024/512 (500) -> $OUT/profile_b.json;
 #                                        # estimate ~250 s (start ~40 s, 2 x ~20 s + 2 x ~45 s runs), 540 s limit
 #   DRY=1 bash benchmarks/profile_lease.sh a|b|all   # here, on the CPU: the same with --tiny (tiny random Llama)
+#   ENGINE_ARGS='{"disable_mixed_prefill": true}' NAME=nomix bash benchmarks/profile_lease.sh b   # a variant (A/B)
 # Results land in $OUT (one JSON per part, its log with the printed tables).
 set -uo pipefail
 part=${1:?usage: profile_lease.sh a|b (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
@@ -31,8 +32,9 @@ else
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 fi
 run() {  # run NAME PARTS...
-  local name=$1 t0=$SECONDS; shift
-  timeout -k 15 540 $PY benchmarks/profile_workloads.py $TINY --parts "$@" --out "$OUT/profile_$name.json" \
+  local name=$1${NAME:+_$NAME} t0=$SECONDS; shift
+  timeout -k 15 540 $PY benchmarks/profile_workloads.py $TINY --parts "$@" --engine-args "${ENGINE_ARGS:-{\}}" \
+    --out "$OUT/profile_$name.json" \
     > "$OUT/profile_$name.log" 2>&1
   echo "== profile $name rc=$? in $((SECONDS - t0)) s"
   grep -v "safetensors\|Warn\|warn\| INFO \|USDT" "$OUT/profile_$name.log" | tail -"${TAIL:-150}"

@@ -167,21 +167,30 @@ def summarize(events, cuda: bool, passes: dict, wall_us: float, top: int = 15) -
             us[kind][e.name] += e.self_cpu_time_total
             calls[kind][e.name] += 1
     if cuda:
-        spans = sorted((e.time_range.start, e.time_range.end) for e in events
-                       if e.device_type != cpu and not e.name.startswith(TAG))
+        device = [e for e in events if e.device_type != cpu and not e.name.startswith(TAG)]
+        spans = sorted((e.time_range.start, e.time_range.end) for e in device)
         total = sum(b - a for a, b in spans)
+        linked_us, linked_calls = Counter(), Counter()
+        for kind in list(us):
+            linked_us.update(us[kind])
+            linked_calls.update(calls[kind])
+        for e in device:  # kernels no op of a pass claims (no launching op on record) still get a table
+            us["unlinked"][e.name] += e.time_range.end - e.time_range.start
+            calls["unlinked"][e.name] += 1
+        us["unlinked"] = Counter({n: v for n, v in (us["unlinked"] - linked_us).items() if v > 1e-3})
+        calls["unlinked"] = Counter({n: max(calls["unlinked"][n] - linked_calls[n], 1) for n in us["unlinked"]})
         busy, reach = 0.0, float("-inf")
         for a, b in spans:  # union: kernels of two streams may overlap
             busy += max(0.0, b - max(a, reach))
             reach = max(reach, b)
     else:
         busy = total = float(sum(sum(c.values()) for c in us.values()))
-    attributed = sum(sum(c.values()) for c in us.values())
+    attributed = sum(sum(c.values()) for k, c in us.items() if k != "unlinked")
     by_kind = {}
-    for kind in KINDS:
+    for kind in (*KINDS, "unlinked"):
         if not us[kind]:
             continue
-        n = max(passes.get(kind, 0), 1)
+        n = max(passes.get(kind, 0) if kind in KINDS[:3] else sum(passes.values()), 1)
         kind_us = sum(us[kind].values())
         by_kind[kind] = {"device_us": kind_us, "device_us_per_pass": kind_us / n, "kernels": [
             {"name": name[:160], "us": v, "us_per_pass": v / n, "calls": calls[kind][name], "share": v / kind_us}
@@ -301,7 +310,8 @@ def report(name: str, r: dict) -> None:
         windows = r["profiled"]["windows"]
     for label, w in windows.items():
         log(f"  window {label} (from pass {w['first_pass']}, {w['passes']}): wall {w['wall_us'] / 1e3:.1f} ms, "
-            f"busy {w['device_busy_us'] / 1e3:.1f} ms, idle {w['gpu_idle_share']:.1%}")
+            f"busy {w['device_busy_us'] / 1e3:.1f} ms, idle {w['gpu_idle_share']:.1%}, kernels no pass claims "
+            f"{w['unlinked_kernel_us'] / 1e3:.1f} ms")
         for kind, d in w["by_kind"].items():
             log(f"    {kind}: {d['device_us_per_pass']:.0f} us/pass")
             for kk in d["kernels"][:6]:
@@ -322,6 +332,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--window", type=int, default=None, help="passes per profiled window (default 40; tiny 4)")
     p.add_argument("--decode-batch", type=int, default=None, help="default 256 (tiny 4)")
     p.add_argument("--decode-steps", type=int, default=None, help="default 64 (tiny 4)")
+    p.add_argument("--engine-args", default="{}", help="JSON of extra server arguments, e.g. '{\"page_size\": 16}'")
     p.add_argument("--tiny", action="store_true", help="CPU dry run: tiny random Llama, float32, small workloads")
     p.add_argument("--out", default="benchmarks/results/profile_workloads.json")
     args = p.parse_args(argv)
@@ -340,10 +351,11 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     if tiny:
         engine = Engine(path, load_format="dummy", dtype="float32", device="cpu", context_length=4096, random_seed=0,
-                        max_total_tokens=16384, max_running_requests=64)
+                        max_total_tokens=16384, **{"max_running_requests": 64, **json.loads(args.engine_args)})
     else:
-        engine = make_engine(path)
-    result = {"benchmark": "profile_workloads", "tiny": tiny, "window": window, "torch": torch.__version__,
+        engine = make_engine(path, **json.loads(args.engine_args))
+    result = {"benchmark": "profile_workloads", "tiny": tiny, "window": window, "engine_args": json.loads(args.engine_args),
+              "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
               "engine_start_s": time.perf_counter() - t0,
               "command": " ".join(["python", *sys.argv[:1], *(argv if argv is not None else sys.argv[1:])])}

@@ -44,7 +44,7 @@ def test_tiny_profile(tmp_path):
 
 def test_summarize_counts_only_kernels_under_a_pass():
     """Kernels attributed by their launching op's enclosing pass annotation; the annotation's own device span is
-    neither a kernel nor busy time."""
+    neither a kernel nor busy time; a kernel no op claims is listed as unlinked."""
     from types import SimpleNamespace as NS
 
     import torch
@@ -55,8 +55,9 @@ def test_summarize_counts_only_kernels_under_a_pass():
     op = NS(name="aten::mm", cpu_parent=pass_ev, device_type=cpu, kernels=[NS(name="gemm", duration=30)])
     stray = NS(name="aten::copy_", cpu_parent=None, device_type=cpu, kernels=[NS(name="memcpy", duration=5)])
     dev = [NS(name=n, device_type=cuda, time_range=NS(start=a, end=b))
-           for n, a, b in ((tag + "decode", 0, 50), ("gemm", 10, 40), ("memcpy", 60, 65))]
+           for n, a, b in ((tag + "decode", 0, 50), ("gemm", 10, 40), ("memcpy", 60, 65), ("gemm", 70, 72))]
     s = profile_workloads.summarize([pass_ev, op, stray, *dev], True, {"decode": 1}, 100.0)
-    assert s["device_busy_us"] == 35 and s["device_kernel_us"] == 35 and s["unlinked_kernel_us"] == 0
+    assert s["device_busy_us"] == 37 and s["device_kernel_us"] == 37 and s["unlinked_kernel_us"] == 2
     assert s["by_kind"]["decode"]["kernels"][0]["name"] == "gemm" and s["by_kind"]["decode"]["device_us"] == 30
-    assert s["by_kind"]["other"]["device_us"] == 5 and s["gpu_idle_share"] == 0.65
+    assert s["by_kind"]["other"]["device_us"] == 5 and s["gpu_idle_share"] == 0.63
+    assert s["by_kind"]["unlinked"]["kernels"] == [{"name": "gemm", "us": 2, "us_per_pass": 2, "calls": 1, "share": 1}]
