@@ -4,6 +4,8 @@ zero logits at once (greedy picks token 0; EOS is ignored, so every request runs
 workload's requests are submitted before the first step, as the offline runs of peer-anchors.md do.
 
     python benchmarks/host_queue.py --queues 1000,128 --repeat 3 --out benchmarks/results/host_queue_cpu.json
+    python benchmarks/host_queue.py --workloads random --queues 64,256 --repeat 5 [--speculative NGRAM]
+                                     # speculation configured at batches the batch rule keeps from drafting
 
 Workloads (../shared/reference/peer-anchors.md shapes, random token ids from a 128,256-id vocabulary), each with
 `queue` requests: sharegpt-like (lognormal lengths, seed 1), random 1024/512, generated-shared-prefix (32 groups,
@@ -80,8 +82,9 @@ class NullRunner:
 
     def forward(self, wb: ModelWorkerBatch) -> LogitsOutput:
         self.passes += 1
-        n = len(wb.logits.sample_rows)
-        return LogitsOutput(torch.zeros(n, LOGITS_VOCAB), [], [], forward_mode=self.choose_mode(wb),
+        n, v = len(wb.logits.sample_rows), len(wb.logits.verify_rows)
+        return LogitsOutput(torch.zeros(n, LOGITS_VOCAB), [], [], torch.zeros(v, LOGITS_VOCAB) if v else None,
+                            forward_mode=self.choose_mode(wb),
                             req_pool_indices=torch.tensor(wb.req_pool_indices, dtype=torch.int64))
 
 
@@ -102,7 +105,8 @@ def workload(name: str, n: int) -> list[tuple[list[int], int]]:
 def make_scheduler(args: argparse.Namespace) -> Scheduler:
     sargs = ServerArgs(model_path="null-model", device="cpu", random_seed=0, max_total_tokens=args.max_total_tokens,
                        max_running_requests=args.max_running, chunked_prefill_size=8192, enable_overlap_schedule=True,
-                       schedule_policy=args.policy, page_size=args.page_size)
+                       schedule_policy=args.policy, page_size=args.page_size,
+                       speculative_algorithm=getattr(args, "speculative", None))
     runner = NullRunner(args.max_total_tokens, args.page_size, args.max_running)
     return Scheduler(sargs, runner, tokenizer=None, eos_token_ids=frozenset())
 
@@ -121,6 +125,10 @@ def phases(s: Scheduler) -> list[tuple[str, object, str, bool]]:
         ("  launch (batch + sampling)", s, "launch_batch", True),
         ("    null forward", s.runner, "forward", True),
         ("  result processing", s, "process_batch_result", True),
+        ("drafts: propose", s.drafts, "propose", True),
+        ("drafts: fit_batch + flush + on_launch", s.drafts, "fit_batch", True),
+        ("drafts: fit_batch + flush + on_launch", s.drafts, "flush", True),
+        ("drafts: fit_batch + flush + on_launch", s.drafts, "on_launch", True),
         ("tree: match_prefix", tree, "match_prefix", True),
         ("tree: match_unchanged", tree, "match_unchanged", True),
         ("tree: insert", tree, "_insert", True),
@@ -211,6 +219,9 @@ def main() -> None:
     p.add_argument("--policy", default="lpm")
     p.add_argument("--lpm-fallback", type=int, default=policy_module.LPM_FALLBACK_QUEUE_LEN,
                    help="waiting requests above which LPM orders as FCFS (SGLang's 128)")
+    p.add_argument("--speculative", default=None, choices=["NGRAM", "RADIX", "NGRAM_RADIX"],
+                   help="--speculative-algorithm (sources without a model); batches over --speculative-max-batch-rows "
+                        "/ 2 draft nothing, so their host time should be off's")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     torch.set_num_threads(1)

@@ -49,11 +49,12 @@ class SchedulerOutputProcessorMixin:
         out_lp = result.logprobs
         verdicts = masks.sampler_verdicts(result.masks, len(next_ids))
         is_prefill = batch.is_prefill
+        drafting = self.drafts.drafting(len(self.running))  # the running requests do not change while processing
         for i, (req, tok) in enumerate(zip(batch.samplers, next_ids)):
             if req.finished_reason is not None:  # finished (or aborted) while this pass was in flight: no token
                 continue
             try:
-                self._take_token(req, tok, verdicts[i], None if out_lp is None else out_lp[i : i + 1])
+                self._take_token(req, tok, verdicts[i], None if out_lp is None else out_lp[i : i + 1], drafting)
             except Exception as e:  # noqa: BLE001 - one request's data fails that request only
                 self._failed(req, e)
             self._after_tokens(req, is_prefill)
@@ -85,7 +86,8 @@ class SchedulerOutputProcessorMixin:
                 if req.top_logprobs_num:
                     req.input_top_logprobs.append(out.input_top[j][: req.top_logprobs_num])
 
-    def _take_token(self, req: Req, tok: int | None, verdict: VerifyResult | None, lp: torch.Tensor | None) -> None:
+    def _take_token(self, req: Req, tok: int | None, verdict: VerifyResult | None, lp: torch.Tensor | None,
+                    drafting: bool = True) -> None:
         if req.sampling_params.max_new_tokens == 0:
             if req.top_logprobs_num and lp is not None:
                 # No token, but the next token's top candidates: programs read them (SGLang reports them too).
@@ -101,7 +103,7 @@ class SchedulerOutputProcessorMixin:
         else:
             appended = req.append_tokens([tok], self.tokenizer, GrammarAdvance.ACCEPT, lp)
         req.kv.taken(req.seqlen, appended)
-        if req.draft_sources:
+        if self.drafts.may_propose(req, drafting):
             self.drafts.propose(req)
 
     def _after_tokens(self, req: Req, is_prefill: bool) -> None:

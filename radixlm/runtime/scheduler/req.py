@@ -124,6 +124,7 @@ class Req:
     grammar_future: Future | None = None  # the compiled grammar's Future while the request waits for it
     # Draft sources that propose tokens for it (set when it enters the waiting queue).
     draft_sources: tuple[DraftSource, ...] = ()
+    draft_unbounded: bool = False  # one of them is not bound by the batch rule (set with them: DraftPath.attach)
     stop_checked: bool = False  # the jump-forward source looked once whether its grammar allows only a stop token
 
     # Logprob results not yet reported (set by the scheduler, drained into ReqOutput).

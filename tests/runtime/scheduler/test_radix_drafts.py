@@ -257,3 +257,24 @@ def test_num_draft_tokens_counts_the_verified_token(n):
     assert lengths and max(lengths) == n - 1
     assert sched.grammar_stats["accepted_draft_tokens"] == sum(lengths)  # every draft kept
     assert_all_free(sched)
+
+
+@pytest.mark.parametrize("algorithm", ["NGRAM", "RADIX"])
+def test_large_batches_do_no_per_request_draft_work(algorithm, monkeypatch):
+    """While the batch rule stops every source of the running requests (more than B/2 run), taking a pass's tokens
+    makes no per-request draft call: speculation configured costs large batches no host time per token."""
+    calls = []
+    propose = DraftPath.propose
+
+    def counted(self, req, batch=None, defer=True):
+        if batch is None and len(sched.running) > 2:
+            calls.append(req.rid)
+        propose(self, req, batch, defer)
+
+    monkeypatch.setattr(DraftPath, "propose", counted)
+    sched = make_fake_scheduler(speculative_algorithm=algorithm, speculative_max_batch_rows=4,
+                                enable_overlap_schedule=True)
+    reqs = [request(f"r{i}", p, max_new_tokens=8) for i, p in enumerate(make_prompts(49, 6, lo=6, hi=12))]
+    res = serve(sched, reqs)
+    assert_reference(res, reqs)
+    assert sched.stats["decode_batches"] > 0 and calls == []

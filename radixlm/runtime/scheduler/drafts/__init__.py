@@ -20,7 +20,8 @@ and cost as much as any row once the pass is bound by compute; so a decode pass 
 within --speculative-num-draft-tokens - 1: SGLang's count, the verified root token included), none once n > B/2,
 so a pass has at most max(B, n) rows. It binds the sources whose drafts are guesses (batch_adaptive: NGRAM, RADIX), not grammar jump-forward, whose exact drafts are
 forced text the request would take anyway. It is applied twice: when a draft is proposed (n: the running
-requests; with a cap of 0 no lookup is made) and when the pass is planned (fit_batch: n is then the pass's own).
+requests; with a cap of 0 no lookup is made, and taking a request's tokens makes no draft call: may_propose)
+and when the pass is planned (fit_batch: n is then the pass's own).
 With drafts off for the batch, requests whose only sources follow the rule may be planned ahead by the overlap
 scheduler (cursor.can_plan_ahead): large batches lose nothing to speculation being configured.
 
@@ -112,6 +113,12 @@ class DraftPath:
     def attach(self, req: Req) -> None:
         """When the request enters the waiting queue (its grammar, if any, is ready)."""
         req.draft_sources = tuple(s for s in self.sources if s.applies_to(req))
+        req.draft_unbounded = not all(batch_adaptive(s) for s in req.draft_sources)
+
+    def may_propose(self, req: Req, drafting: bool) -> bool:
+        """Whether propose(req) may do anything, `drafting` being self.drafting(the running requests): while the
+        batch rule stops all of a request's sources and it holds no draft, taking its tokens makes no draft call."""
+        return bool(req.draft_sources) and (drafting or req.draft_unbounded or req.kv.draft is not None)
 
     def propose(self, req: Req, batch: int | None = None, defer: bool = True) -> None:
         """After the request's tokens were taken (and before its first pass): the first source with something to
