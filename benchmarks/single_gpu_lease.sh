@@ -28,7 +28,7 @@
 #   call  command (run from the repo root on the device)                      carry                         est.
 #   1     bash benchmarks/single_gpu_lease.sh p1                              [".whl"]                      6.5-7 min
 #   2     bash benchmarks/single_gpu_lease.sh p2                              [".whl"]                      6.5-7 min
-#   3     bash benchmarks/single_gpu_lease.sh spec                            [".whl", ".stage/spec"]       5-6 min
+#   3     bash benchmarks/single_gpu_lease.sh spec                            [".whl", ".stage/spec"]       5.5-6 min
 #   4     bash benchmarks/single_gpu_lease.sh vlm                             [".whl"]                      7-8 min
 #         (about 27 minutes held: the first machine goes back; the next call starts a fresh one, 1-2 min)
 #   5     bash benchmarks/compile_count_lease.sh b                            [".whl"]                      5-9.5 min
@@ -47,8 +47,8 @@
 #         (issue 18, stop 27's "next": 9 and 10 back to back on the SAME machine: 10 reads /tmp/stage and /tmp/site
 #         that 9 left; ab/ holds bcf4a2f's tree, the base the issue starts from)
 # Knobs (env): P19_PROGRAMS (16), P19_COUNTS (mmlu=128,hellaswag=128: --num-programs-per-workload), P19_SCALE (0.5),
-# P1_VARIANTS, P2_VARIANTS (comma lists of radixlm.bench.programs variants), SPEC_REPEAT (2), VLM_IMAGES (24),
-# OV_IMAGES (12).
+# P1_VARIANTS, P2_VARIANTS (comma lists of radixlm.bench.programs variants), SPEC_ROUNDS (2), SPEC_REPEAT (3),
+# VLM_IMAGES (24), OV_IMAGES (12).
 # After the lease, here: copy what came back into benchmarks/results/ (programs_gpu.{json,md,png} -- or
 # `python benchmarks/programs_merge.py programs_gpu_p1.json programs_gpu_p2.json --out benchmarks/results/
 # programs_gpu.json --note "..."` when p1 and p2 ran on different machines --, speculative_gpu.json,
@@ -72,8 +72,11 @@
 #     time, ~14 s (no_radix_cache and all_off's server ~19 s): p1 +60 s, p2 +48 s; (b) mmlu and hellaswag at 128
 #     programs: +112 programs x the per-program times measured (sequential 12-16 ms + 46-77 ms, parallel 3-9 ms +
 #     9-72 ms) plus ~2 s a variant of tokenizing: p1 +28 s, p2 +23 s. So p1 ~390 s of its 530 s, p2 ~390 s of 510 s.
-#   - issue 21: 4 engines (off, NGRAM, RADIX, STANDALONE with its 1B draft) ~150 s; 4 workloads x 4 batches x 4
-#     algorithms x (warm-up + 2 runs) of <= 96 tokens, 0.6 s (batch 1) to 1.6 s (batch 256) a run: ~160 s; ~5-6 min.
+#   - issue 21: 2 rounds (engines interleaved: off, NGRAM, RADIX, STANDALONE, then again) x 4 workloads x 4 batches x
+#     (warm-up + 3 runs); each key's row is the median of its 6 runs (--stat median; the best too). Measured on an
+#     H200 with 1 round x (warm-up + 2 runs): 126 s in all, the 64 keys' runs 0.2-1.2 s (sum of the fastest 31 s),
+#     so ~1.1 s a key and ~14 s an engine start (Triton's cache warm after the first). Now: 8 starts ~115 s + 128
+#     key-rounds x (warm-up + 3 runs) ~1.6 s ~205 s: ~320 s of the step's 530 s.
 #     The replayed outputs are SmolLM2's greedy answers recorded on the CPU (benchmarks/results/
 #     speculative_smol_ids_cpu.json: quote 42, edit 96, restate 43, story 96 tokens; speculative.py --model default
 #     --device cpu --batches 1 --algorithms --repeat 1 --save-ids ...); the target has SmolLM2's vocabulary (49,152),
@@ -209,14 +212,15 @@ p2)
 spec)
   banner
   if [ "$DRY" = 1 ]; then
-    dev=(--device cpu --dtype float32); batches=(1 2); extra=(--max-new-tokens 24 --repeat 1)
+    dev=(--device cpu --dtype float32); batches=(1 2); extra=(--max-new-tokens 24 --rounds 2 --repeat 1)
   else
-    dev=(--device cuda --dtype bfloat16); batches=(1 8 64 256); extra=(--repeat "${SPEC_REPEAT:-2}")
+    dev=(--device cuda --dtype bfloat16); batches=(1 8 64 256)
+    extra=(--rounds "${SPEC_ROUNDS:-2}" --repeat "${SPEC_REPEAT:-3}")
   fi
   step spec 530 $PY benchmarks/speculative.py --model "$SPEC/t8b" --draft-model "$SPEC/d1b" --load-format dummy \
     "${dev[@]}" --algorithms NGRAM RADIX STANDALONE --batches "${batches[@]}" \
     --workloads quote edit restate story --script-ids benchmarks/results/speculative_smol_ids_cpu.json \
-    --draft-acceptance 0.8 --floor "${extra[@]}" --out "$OUT/speculative_gpu.json" ;;
+    --draft-acceptance 0.8 --floor --stat median "${extra[@]}" --out "$OUT/speculative_gpu.json" ;;
 vlm)
   banner
   if [ "$DRY" = 1 ]; then

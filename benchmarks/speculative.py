@@ -11,8 +11,9 @@ source to copy). Workloads with a history (before each timed run, the cache is f
 answered, untimed; the RADIX source drafts from what they left in the tree): `ask_again` (the same question asked again), `recall` (a chat
 whose next turn asks for the assistant's earlier answer again: the answer is in the prompt, and in the tree), and
 `other_system` (the same question under another system prompt: the earlier answer is in the tree, in another
-context). Reports per workload, batch and algorithm: output tokens/s (the fastest of --repeat runs), its ratio to
-off, drafts proposed, draft tokens and those accepted per draft, and how many outputs equal off's.
+context). Reports per workload, batch and algorithm: output tokens/s (--stat: the median or the fastest of the
+--rounds x --repeat runs; rounds interleave the engines), its ratio to off (and the fastest runs' ratio), drafts
+proposed, draft tokens and those accepted per draft, and how many outputs equal off's.
 
 STANDALONE on an 8B model's passes (GPU; benchmarks/speculative_replay.py), replaying SmolLM2's recorded outputs:
 
@@ -31,6 +32,7 @@ import argparse
 import gc
 import json
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -183,8 +185,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "to N - 1 drafted tokens per step (default 5: 4 drafted, as the earlier results ran)")
     p.add_argument("--repeat", type=int, default=2, help="timed runs in a row per engine and round")
     p.add_argument("--rounds", type=int, default=1,
-                   help="passes over every algorithm (an engine each), the fastest run of all kept: on a shared "
-                        "machine, another load then rarely covers every run of one algorithm")
+                   help="passes over every algorithm (an engine each): on a shared machine, another load (or an "
+                        "engine's own state) then rarely covers every run of one algorithm")
+    p.add_argument("--stat", choices=["median", "best"], default="best",
+                   help="which of a key's --rounds x --repeat runs gives its row (median: by wall time)")
     p.add_argument("--floor", action="store_true",
                    help="the batch-1 bandwidth floor in the same run (CUDA): the target's weight bytes read per step "
                         "over the device-to-device copy bandwidth measured here, as tokens/s; batch-1 rows get "
@@ -202,7 +206,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if recorded is not None and any(n not in recorded for n in args.workloads):
         raise SystemExit(f"no recorded output for {[n for n in args.workloads if n not in recorded]}")
     floor, bw = None, copy_bandwidth(args.device) if args.floor else None
-    best: dict[tuple[str, int, str], tuple[float, list[list[int]], dict]] = {}
+    runs: dict[tuple[str, int, str], list[tuple[float, list[list[int]], dict]]] = {}
     timed_prompts: dict[str, str] = {}  # (greedy: the earlier answers are the same for every algorithm)
     for _ in range(args.rounds):
         for algo in [None, *args.algorithms]:
@@ -220,10 +224,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         run(engine, [timed_prompts[name]] * b, 8)  # warm-up of this shape
                         for _ in range(args.repeat):
                             prompts = [start(engine, name, args.max_new_tokens)] * b
-                            got = run(engine, prompts, args.max_new_tokens)
-                            key = (name, b, algo or "off")
-                            if key not in best or got[0] < best[key][0]:
-                                best[key] = got
+                            runs.setdefault((name, b, algo or "off"), []).append(
+                                run(engine, prompts, args.max_new_tokens))
             finally:
                 engine.shutdown()
                 del engine
@@ -231,16 +233,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()  # the next engine sizes its KV pool from the free memory
     rows = []
-    for (name, b, algo), (wall, ids, stats) in best.items():
+    for (name, b, algo), got in runs.items():
+        got = sorted(got, key=lambda g: g[0])
+        wall, ids, stats = got[(len(got) - 1) // 2] if args.stat == "median" else got[0]
         n_out = sum(len(x) for x in ids)
         rows.append({"workload": name, "batch": b, "algorithm": algo, "wall_s": wall, "output_tokens": n_out,
-                     "output_tokens_per_s": n_out / wall, **stats, "_ids": ids})
+                     "output_tokens_per_s": n_out / wall, "best_output_tokens_per_s": n_out / got[0][0],
+                     "runs_wall_s": [g[0] for g in got], **stats, "_ids": ids})
     off = {(r["workload"], r["batch"]): r for r in rows if r["algorithm"] == "off"}
-    print(f"{'workload':12} {'batch':>5} {'algorithm':11} {'tok/s':>8} {'vs off':>7} {'drafts':>7} {'accept/draft':>12} "
-          f"{'same':>5}")
+    print(f"{'workload':12} {'batch':>5} {'algorithm':11} {'tok/s':>8} {'vs off':>7} {'best':>5} {'spread':>6} "
+          f"{'drafts':>7} {'accept/draft':>12} {'same':>5}")
     for r in rows:
         base = off[(r["workload"], r["batch"])]
         r["speedup_vs_off"] = r["output_tokens_per_s"] / base["output_tokens_per_s"]
+        r["best_speedup_vs_off"] = r["best_output_tokens_per_s"] / base["best_output_tokens_per_s"]
+        r["wall_spread"] = (max(r["runs_wall_s"]) - min(r["runs_wall_s"])) / statistics.median(r["runs_wall_s"])
         r["identical_to_off"] = sum(a == b for a, b in zip(r["_ids"], base["_ids"]))
         drafts = r["ngram_drafts"] + r["radix_drafts"] + r["model_drafts"]
         r["accepted_per_draft"] = r["accepted_draft_tokens"] / drafts if drafts else None
@@ -248,20 +255,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
             r["ratio_to_floor_tokens_per_s"] = r["output_tokens_per_s"] / floor["floor_tokens_per_s_batch1"]
         acc = f"{r['accepted_per_draft']:.2f}" if drafts else ""
         print(f"{r['workload']:12} {r['batch']:5d} {r['algorithm']:11} {r['output_tokens_per_s']:8.1f} "
-              f"{r['speedup_vs_off']:7.2f} {drafts:7d} {acc:>12} {r['identical_to_off']:5d}")
+              f"{r['speedup_vs_off']:7.2f} {r['best_speedup_vs_off']:5.2f} {r['wall_spread']:6.2f} {drafts:7d} "
+              f"{acc:>12} {r['identical_to_off']:5d}")
     result = {"benchmark": "speculative", "model": args.model, "device": args.device,
               "machine": {"cpu_count": torch.get_num_threads(), "platform": platform.platform()},
               "command": " ".join(["python", *sys.argv]),
               "settings": {"max_new_tokens": args.max_new_tokens, "num_draft_tokens": args.num_draft_tokens,
                            "num_draft_tokens_counts": "the verified root token too (SGLang's convention)",
-                           "repeat": args.repeat, "rounds": args.rounds, "defaults": "speculative_max_batch_rows=64, "
+                           "repeat": args.repeat, "rounds": args.rounds, "stat": args.stat, "defaults": "speculative_max_batch_rows=64, "
                            "speculative_radix_match_window_size=4, ngram windows 1..4"},
               "draft_model": args.draft_model, "load_format": args.load_format, "bandwidth_floor": floor,
               "replay": None if recorded is None else {"script_ids": args.script_ids or "recorded (--tiny)",
                                                        "draft_acceptance": args.draft_acceptance},
               "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]}
     if args.save_ids:
-        first = {name: best[(name, args.batches[0], "off")][1][0] for name in args.workloads}
+        first = {name: runs[(name, args.batches[0], "off")][0][1][0] for name in args.workloads}
         Path(args.save_ids).write_text(json.dumps(first))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

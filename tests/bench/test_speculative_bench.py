@@ -15,17 +15,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import speculative  # noqa: E402
 
 
-@pytest.mark.parametrize("acceptance", [1.0, 0.0])
-def test_tiny_standalone_replay(tmp_path, acceptance):
+@pytest.mark.parametrize("acceptance, rounds", [(1.0, 2), (0.0, 1)])
+def test_tiny_standalone_replay(tmp_path, acceptance, rounds):
+    """rounds 2: each key's row is the median of its runs over both rounds (engines interleaved)."""
     out = tmp_path / "spec.json"
     ids = tmp_path / "ids.json"
     rows = speculative.main(["--tiny", "--workloads", "quote", "edit", "--batches", "1", "2", "--max-new-tokens", "16",
-                             "--repeat", "1", "--draft-acceptance", str(acceptance), "--save-ids", str(ids),
+                             "--repeat", "1", "--rounds", str(rounds), "--stat", "median",
+                             "--draft-acceptance", str(acceptance), "--save-ids", str(ids),
                              "--out", str(out)])
     result = json.loads(out.read_text())
     assert result["replay"]["draft_acceptance"] == acceptance and result["draft_model"]
     spec = [r for r in rows if r["algorithm"] == "STANDALONE"]
     assert len(spec) == 4 and len(rows) == 8
+    assert result["settings"]["stat"] == "median" and all(len(r["runs_wall_s"]) == rounds for r in rows)
     for r in spec:
         assert r["identical_to_off"] == r["batch"]  # the recording, whatever the drafts
         assert r["model_drafts"] > 0 and r["draft_tokens"] > 0
