@@ -79,6 +79,19 @@ def test_drafts_back_off_while_rejected_outright():
     assert _drafted(source, req) is None and _drafted(source, req) == [3, 1]
 
 
+def test_a_full_run_drafts_while_shorter_runs_back_off():
+    """Drafts from a run of max_window tokens and from shorter ones back off apart: single-token matches rejected
+    outright (free text) wait, while the output starting to repeat a passage (a full run) drafts at once."""
+    source = NGramSource(2, 1, 2, Counter())
+    req = _req([1, 5, 6, 2, 7, 8, 1], max_new_tokens=100)
+    assert _drafted(source, req) == [5, 6] and req.kv.draft.key is False  # (8, 1) never occurred: (1,) did
+    source.learn(req, req.kv.draft, 0, 99)
+    assert _drafted(source, req) is None and _drafted(source, req) == [5, 6]
+    source.learn(req, req.kv.draft, 0, 99)  # the shorter runs now wait 2 steps
+    req.output_ids += [5, 6]
+    assert _drafted(source, req) == [2, 7] and req.kv.draft.key is True  # (5, 6) ended at 3
+
+
 @pytest.mark.parametrize("kwargs, every", [
     ({}, 0), ({"page_size": 4}, 0), ({"chunked_prefill_size": 16}, 2), ({"enable_overlap_schedule": True}, 1),
     ({"graph_rows": 64}, 2), ({"max_total_tokens": 240, "schedule_conservativeness": 0.05}, 0),
