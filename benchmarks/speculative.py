@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
               "settings": {"max_new_tokens": args.max_new_tokens, "num_draft_tokens": args.num_draft_tokens,
                            "num_draft_tokens_counts": "the verified root token too (SGLang's convention)",
                            "repeat": args.repeat, "rounds": args.rounds, "stat": args.stat, "defaults": "speculative_max_batch_rows=64, "
-                           "speculative_radix_match_window_size=4, ngram windows 1..4"},
+                           "speculative_radix_match_window_size=4, ngram windows 2..4"},
               "draft_model": args.draft_model, "load_format": args.load_format, "bandwidth_floor": floor,
               "replay": None if recorded is None else {"script_ids": args.script_ids or "recorded (--tiny)",
                                                        "draft_acceptance": args.draft_acceptance},

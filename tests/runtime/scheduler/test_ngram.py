@@ -92,6 +92,18 @@ def test_a_full_run_drafts_while_shorter_runs_back_off():
     assert _drafted(source, req) == [2, 7] and req.kv.draft.key is True  # (5, 6) ended at 3
 
 
+def test_a_single_token_match_does_not_draft_by_default():
+    """--speculative-ngram-min-match-window-size defaults to 2: the latest token alone found earlier (a chat
+    template's newline, a common word) drafts nothing."""
+    from radixlm.runtime.args import ServerArgs
+
+    args = ServerArgs(speculative_algorithm="NGRAM")
+    source = NGramSource(args.max_draft_tokens, args.speculative_ngram_min_match_window_size,
+                         args.speculative_ngram_max_match_window_size, Counter())
+    assert _drafted(source, _req([1, 5, 6, 2, 7, 8, 1])) is None
+    assert _drafted(source, _req([1, 5, 6, 2, 7, 8, 1, 5])) == [6, 2, 7, 8]
+
+
 @pytest.mark.parametrize("kwargs, every", [
     ({}, 0), ({"page_size": 4}, 0), ({"chunked_prefill_size": 16}, 2), ({"enable_overlap_schedule": True}, 1),
     ({"graph_rows": 64}, 2), ({"max_total_tokens": 240, "schedule_conservativeness": 0.05}, 0),

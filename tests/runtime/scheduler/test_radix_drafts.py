@@ -202,7 +202,7 @@ def test_large_batches_overlap_and_small_ones_draft(algorithm):
     """With drafts off for the batch (more than B/2 requests), requests of a guessing source are planned ahead by the
     overlap scheduler as if no speculation were configured; once few remain they draft again."""
     sched = make_fake_scheduler(speculative_algorithm=algorithm, speculative_max_batch_rows=4,
-                                enable_overlap_schedule=True)
+                                enable_overlap_schedule=True, speculative_ngram_min_match_window_size=1)
     ps = [p + p for p in make_prompts(48, 6, lo=6, hi=12)]
     serve(sched, [request(f"r{i}", p, max_new_tokens=30 if i == 0 else 6) for i, p in enumerate(ps)])
     batches = record_plans(sched)
