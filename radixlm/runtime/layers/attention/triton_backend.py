@@ -11,10 +11,44 @@ import torch
 
 from radixlm.runtime.host_to_device import host_to_device, rows_to_device
 from radixlm.runtime.layers.attention.base import AttentionBackend
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits
+from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
+    decode_num_splits, shared_prefix_num_splits, shared_prefix_rows_per_tile)
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.forward_batch import ForwardBatch
+
+
+@dataclass
+class SharedPrefixes:
+    """Decode rows grouped by a shared KV prefix, as the shared-prefix kernel reads them (views of one copy).
+    Invariant (ForwardBatch.shared_prefixes, set by scheduler/shared_prefix.py): the rows of a group have identical
+    req_to_token slots over [0, prefix_len), prefix_len >= SHARED_PREFIX_MIN_LEN, and a group has >= 2 rows; a row is
+    in one group at most."""
+
+    row_starts: torch.Tensor  # (bs,): a grouped row's prefix_len (where its decode stage 1 starts), else 0
+    tile_rows: torch.Tensor  # batch rows, group after group
+    tiles: torch.Tensor  # (3 * num_tiles,): per tile its first index into tile_rows, its row count, its prefix_len
+    num_tiles: int
+    num_splits: int  # prefix splits: partial slots after the decode kernel's
+
+
+def shared_prefixes(groups: list[tuple[int, list[int]]], bs: int, group: int, num_kv_heads: int,
+                    device) -> SharedPrefixes:
+    """groups: (prefix_len, batch rows) each; group: query heads per kv head (the tile's rows per request)."""
+    per_tile = shared_prefix_rows_per_tile(group)
+    starts, tile_rows, firsts, counts, lens = [0] * bs, [], [], [], []
+    for prefix_len, rows in groups:
+        for i in range(0, len(rows), per_tile):
+            firsts.append(len(tile_rows) + i)
+            counts.append(min(per_tile, len(rows) - i))
+            lens.append(prefix_len)
+        for r in rows:
+            starts[r] = prefix_len
+        tile_rows += rows
+    flat = host_to_device(starts + tile_rows + firsts + counts + lens, torch.int64, device)
+    n = len(tile_rows)
+    return SharedPrefixes(flat[:bs], flat[bs : bs + n], flat[bs + n :], len(firsts),
+                          shared_prefix_num_splits(max(lens), len(firsts), num_kv_heads))
 
 
 @dataclass
@@ -29,6 +63,10 @@ class TritonMetadata:
     custom_mask: torch.Tensor | None = None
     mask_starts: torch.Tensor | None = None
     mask_offsets: torch.Tensor | None = None
+    # Eager decode passes with ForwardBatch.shared_prefixes: the groups, and their device form (built at the first
+    # layer, whose GQA group sets the tiles). CUDA-graph passes keep the plain kernel.
+    shared_groups: list | None = None
+    shared: SharedPrefixes | None = None
 
 
 def tree_mask_inputs(fb: "ForwardBatch", device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -77,7 +115,7 @@ class TritonAttnBackend(AttentionBackend):
         fb = forward_batch
         max_len = max(fb.seq_lens_cpu, default=0)
         if fb.forward_mode.is_token_rows():
-            fb.attn_metadata = TritonMetadata(max_len)
+            fb.attn_metadata = TritonMetadata(max_len, shared_groups=fb.shared_prefixes or None)
             return
         dev = fb.input_ids.device
         lens = rows_to_device([fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu], dev)
@@ -119,8 +157,12 @@ class TritonAttnBackend(AttentionBackend):
         meta = self._metadata(fb)
         if bs == 0:
             return q.reshape(0, layer.num_heads * layer.head_dim)
+        k_buf = fb.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        if meta.shared_groups and meta.shared is None:
+            meta.shared = shared_prefixes(meta.shared_groups, bs, layer.num_heads // k_buf.shape[1], k_buf.shape[1],
+                                          q.device)
         o = decode_attention(
-            q.reshape(bs, layer.num_heads, layer.head_dim), fb.token_to_kv_pool.get_key_buffer(layer.layer_id),
-            fb.token_to_kv_pool.get_value_buffer(layer.layer_id), fb.req_to_token_pool.req_to_token,
-            fb.req_pool_indices, fb.seq_lens, layer.scaling, meta.max_seq_len, meta.num_splits)
+            q.reshape(bs, layer.num_heads, layer.head_dim), k_buf, fb.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            fb.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens, layer.scaling, meta.max_seq_len,
+            meta.num_splits, meta.shared)
         return o.reshape(bs, layer.num_heads * layer.head_dim)

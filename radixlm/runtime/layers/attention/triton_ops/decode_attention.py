@@ -3,7 +3,11 @@
 Split-K in two stages. Stage 1: program (request, kv head, split) walks its share of the sequence in blocks of
 BLOCK_N positions, gathers their K/V rows through req_to_token (so any page size works), and keeps an online
 softmax for the GQA group of query heads that share the kv head (padded to BLOCK_H rows for tl.dot). It writes a
-partial output and its log-sum-exp. Stage 2: program (request, head) merges the splits."""
+partial output and its log-sum-exp. Stage 2: program (request, head) merges the splits.
+
+With shared prefixes (SharedPrefixes, shared_prefix_attention.py) a grouped row's stage 1 covers [prefix_len,
+seq_len) only (Row_starts), the prefix kernel writes its prefix partials into extra slots after the splits, and
+stage 2 merges those too; slots nobody wrote keep a log-sum-exp of -inf and are not read."""
 from __future__ import annotations
 
 import torch
@@ -11,11 +15,12 @@ import triton
 import triton.language as tl
 
 from radixlm.runtime.layers.attention.triton_ops.decode_splits import DECODE_BLOCK_N, decode_num_splits
+from radixlm.runtime.layers.attention.triton_ops.shared_prefix_attention import shared_prefix_stage1
 
 
 # Index vectors are often views at any offset (rows of one host-to-device copy, slices of the allocator's free list).
 # Specialized on their 16-byte alignment, a kernel was compiled again in the middle of serving for misaligned ones.
-INDEX_ARGS = ["Req_pool_indices", "Seq_lens"]
+INDEX_ARGS = ["Req_pool_indices", "Seq_lens", "Row_starts"]
 # The split count varies with the batch and the longest sequence (eager passes) or the captured batch size (graphs):
 # a runtime argument, not specialized (1 would become a constant, 16 a divisibility hint), nor are the partial
 # log-sum-exps' strides that follow it. The partial outputs' strides (splits x head_dim) keep their hint: every head
@@ -25,19 +30,23 @@ SPLIT_ARGS = ["num_splits", "stride_mlb", "stride_mlh"]
 
 @triton.jit(do_not_specialize=SPLIT_ARGS, do_not_specialize_on_alignment=INDEX_ARGS)
 def _decode_stage1(
-    Q, K_buf, V_buf, Req_to_token, Req_pool_indices, Seq_lens, Mid_o, Mid_lse, sm_scale,
+    Q, K_buf, V_buf, Req_to_token, Req_pool_indices, Seq_lens, Row_starts, Mid_o, Mid_lse, sm_scale,
     stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, HAS_ROW_STARTS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(Seq_lens + b)
     row = tl.load(Req_pool_indices + b)
-    per_split = tl.cdiv(seq_len.to(tl.int32), num_splits).to(seq_len.dtype)  # a 32-bit division (lengths < 2^31)
-    start = split * per_split
+    if HAS_ROW_STARTS:
+        first = tl.load(Row_starts + b)
+    else:
+        first = seq_len * 0
+    per_split = tl.cdiv((seq_len - first).to(tl.int32), num_splits).to(seq_len.dtype)  # 32-bit (lengths < 2^31)
+    start = first + split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -91,36 +100,43 @@ def _decode_stage2(
     m = tl.max(lse, 0)
     w = tl.where(s_mask & (lse > float("-inf")), tl.exp(lse - m), 0.0)
     parts = tl.load(Mid_o + b * stride_mob + h * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :],
-                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+                    mask=(s_mask & (lse > float("-inf")))[:, None] & d_mask[None, :], other=0.0)
     out = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
     tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
 
 
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
                      req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, max_seq_len: int,
-                     num_splits: int | None = None) -> torch.Tensor:
-    """q: (bs, H, D); k_buf, v_buf: (slots, Hkv, D); returns (bs, H, D) in q's dtype."""
+                     num_splits: int | None = None, shared=None) -> torch.Tensor:
+    """q: (bs, H, D); k_buf, v_buf: (slots, Hkv, D); returns (bs, H, D) in q's dtype. shared: the pass's
+    SharedPrefixes (triton_backend.py), or None."""
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads
     block_n = DECODE_BLOCK_N
     if num_splits is None:
         num_splits = decode_num_splits(max_seq_len, bs, num_kv_heads, block_n)
-    mid_o = torch.empty(bs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty(bs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    slots = num_splits + (shared.num_splits if shared is not None else 0)
+    mid_o = torch.empty(bs, num_heads, slots, head_dim, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(bs, num_heads, slots, dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)
     block_d = triton.next_power_of_2(head_dim)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # float32 stays exact (no TF32 rounding)
+    if shared is not None:
+        mid_lse[:, :, num_splits:].fill_(float("-inf"))  # ungrouped rows' prefix slots
+        shared_prefix_stage1(q, k_buf, v_buf, req_to_token, req_pool_indices, shared, mid_o, mid_lse, sm_scale,
+                             num_splits, precision)
     _decode_stage1[(bs, num_kv_heads, num_splits)](
-        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, sm_scale,
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, shared.row_starts if shared is not None else None,
+        mid_o, mid_lse, sm_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         num_splits, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=block_n, num_warps=4, num_stages=2,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays exact (no TF32 rounding)
+        BLOCK_N=block_n, num_warps=4, num_stages=2, PRECISION=precision, HAS_ROW_STARTS=shared is not None,
     )
     _decode_stage2[(bs, num_heads)](
         mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1), num_splits, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4,
+        out.stride(0), out.stride(1), slots, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_S=triton.next_power_of_2(slots), num_warps=4,
     )
     return out

@@ -7,3 +7,23 @@ DECODE_BLOCK_N = 64  # sequence positions per block of the decode kernel's stage
 def decode_num_splits(max_seq_len: int, bs: int, num_kv_heads: int, block_n: int = DECODE_BLOCK_N) -> int:
     """Enough programs to fill the GPU at small batch sizes, never splits shorter than a few blocks."""
     return max(1, min(16, -(-max_seq_len // (4 * block_n)), -(-256 // max(1, bs * num_kv_heads))))
+
+# Query rows (request x GQA head of one kv head) per tile of the shared-prefix kernel: one tl.dot operand.
+SHARED_PREFIX_BLOCK_M = 64
+# Shortest prefix read once per group in a decode pass; shorter ones are not worth a third launch.
+SHARED_PREFIX_MIN_LEN = 256
+
+
+def shared_prefix_block_m(group: int) -> int:
+    return max(SHARED_PREFIX_BLOCK_M, 1 << max(group - 1, 0).bit_length())
+
+
+def shared_prefix_rows_per_tile(group: int) -> int:
+    """Requests per tile: all of a tile's requests' query heads of one kv head fill one BLOCK_M operand."""
+    return shared_prefix_block_m(group) // group
+
+
+def shared_prefix_num_splits(max_prefix_len: int, num_tiles: int, num_kv_heads: int,
+                             block_n: int = DECODE_BLOCK_N) -> int:
+    """As decode_num_splits, over the (tile, kv head) programs of the prefix kernel."""
+    return max(1, min(16, -(-max_prefix_len // (4 * block_n)), -(-256 // max(1, num_tiles * num_kv_heads))))
