@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from radixlm.bench.programs import report  # noqa: E402
 from radixlm.bench.programs.runner import VARIANTS  # noqa: E402
 
-SAME = ("backend", "model", "num_programs", "num_programs_per_workload", "seed", "scale", "workloads")
+SAME = ("backend", "model", "num_programs", "num_programs_per_workload", "seed", "scale", "workloads", "repeat")
 
 
 def merge(runs: list[dict], notes: list[str] | None = None) -> dict:

@@ -9,7 +9,9 @@
 #   bash benchmarks/single_gpu_lease.sh p1        # issue 19: LM programs, variants full, no_frontend_parallelism,
 #                                                 # no_frontend_hint, no_radix_cache (2 server starts); mmlu and
 #                                                 # hellaswag 128 programs (P19_COUNTS), the others 16; every
-#                                                 # variant warms each workload up first (4 programs, unmeasured)
+#                                                 # variant warms each workload up first (4 programs, unmeasured);
+#                                                 # a variant's workload whose first run took < 5 s runs 3 times
+#                                                 # (medians reported; P19_REPEAT, P19_REPEAT_MAX_S)
 #   bash benchmarks/single_gpu_lease.sh p2        # issue 19: fcfs, random, all_off (3 server starts); merges with
 #                                                 # p1's JSON when the machine is still the same one (else merge here:
 #                                                 # python benchmarks/programs_merge.py P1 P2 --out ...)
@@ -26,7 +28,7 @@
 # only 30 s). Before the lease, here: `bash benchmarks/single_gpu_lease.sh prepare` and, for the issue 18 A/B,
 # `bash benchmarks/ab_trees.sh prepare bcf4a2f`. Estimates (see "Estimates" below) include engine/server starts.
 #   call  command (run from the repo root on the device)                      carry                         est.
-#   1     bash benchmarks/single_gpu_lease.sh p1                              [".whl"]                      6.5-7 min
+#   1     bash benchmarks/single_gpu_lease.sh p1                              [".whl"]                      7.5-8 min
 #   2     bash benchmarks/single_gpu_lease.sh p2                              [".whl"]                      6.5-7 min
 #   3     bash benchmarks/single_gpu_lease.sh spec                            [".whl", ".stage/spec"]       5.5-6 min
 #   4     bash benchmarks/single_gpu_lease.sh vlm                             [".whl"]                      7-8 min
@@ -47,6 +49,7 @@
 #         (issue 18, stop 27's "next": 9 and 10 back to back on the SAME machine: 10 reads /tmp/stage and /tmp/site
 #         that 9 left; ab/ holds bcf4a2f's tree, the base the issue starts from)
 # Knobs (env): P19_PROGRAMS (16), P19_COUNTS (mmlu=128,hellaswag=128: --num-programs-per-workload), P19_SCALE (0.5),
+# P19_REPEAT (3: --repeat), P19_REPEAT_MAX_S (5: --repeat-max-seconds),
 # P1_VARIANTS, P2_VARIANTS (comma lists of radixlm.bench.programs variants), SPEC_ROUNDS (2), SPEC_REPEAT (3),
 # VLM_IMAGES (24), OV_IMAGES (12).
 # After the lease, here: copy what came back into benchmarks/results/ (programs_gpu.{json,md,png} -- or
@@ -72,6 +75,15 @@
 #     time, ~14 s (no_radix_cache and all_off's server ~19 s): p1 +60 s, p2 +48 s; (b) mmlu and hellaswag at 128
 #     programs: +112 programs x the per-program times measured (sequential 12-16 ms + 46-77 ms, parallel 3-9 ms +
 #     9-72 ms) plus ~2 s a variant of tokenizing: p1 +28 s, p2 +23 s. So p1 ~390 s of its 530 s, p2 ~390 s of 510 s.
+#     Measured with (a) and (b) on an H200 (benchmarks/results/programs_gpu.json): p1 347 s, p2 332 s; mmlu's full
+#     and no_frontend_hint (the same configuration for mmlu) gave 240 and 396 programs/s on 0.3-0.5 s runs. Added
+#     since: (c) --repeat 3 --repeat-max-seconds 5: a variant's workload whose first run took under 5 s runs twice
+#     more (the cache flushed before each, the same programs), medians reported; at that run's durations every
+#     workload but chat_long (6-7 s) in the parallel variants (and no_radix_cache's hellaswag, 7.4 s), and mmlu,
+#     hellaswag (not all_off's, 9.6 s), generative_agents, chat_short and rag in the sequential ones (the others
+#     take 6.7-59 s there: one run). Repeated runs' sum: full 7.1 s, no_frontend_parallelism 13.2, no_frontend_hint
+#     7.1, no_radix_cache 10.3, fcfs 7.0, random 7.4, all_off 9.6; twice more plus ~1.5 s a variant of tokenizing and
+#     the optimal per run: p1 +90 s, p2 +57 s. So p1 ~440 s of its 530 s, p2 ~390 s of 510 s.
 #   - issue 21: 2 rounds (engines interleaved: off, NGRAM, RADIX, STANDALONE, then again) x 4 workloads x 4 batches x
 #     (warm-up + 3 runs); each key's row is the median of its 6 runs (--stat median; the best too). Measured on an
 #     H200 with 1 round x (warm-up + 2 runs): 126 s in all, the 64 keys' runs 0.2-1.2 s (sum of the fastest 31 s),
@@ -101,6 +113,8 @@
 # speculative JSON with its floor fields, LLaVA-bench's three modes, the 7B VLM checkpoints read back.
 # With the warm-ups and per-workload counts (p1 and p2 again): rc=0, p1 160 s (beside a pytest run), p2 72 s,
 # every warm-up and measured run with no failed program, p1 and p2 merged into 7 variants x 11 workloads.
+# With --repeat 3 --repeat-max-seconds 1 (p1 again, beside a pytest run): rc=0 in 141 s, 37 of the 44 cells
+# measured 3 times and 7 once (their first run took 1 s or more), no failed program, the spread table written.
 # Results land in $OUT (JSON, markdown, PNG and each step's whole log).
 set -uo pipefail
 part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|spec|vlm (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
@@ -172,18 +186,19 @@ EOF
 
 # python -m radixlm.bench.programs with the paper's ablations (issue 19), one subset of the variants.
 programs() {  # programs NAME VARIANTS SECONDS
-  local name=$1 variants=$2 secs=$3 model nprog scale counts sargs
+  local name=$1 variants=$2 secs=$3 model nprog scale counts sargs repeat maxs
   model=$(llama_dir) || return 1
   if [ "$DRY" = 1 ]; then
-    nprog=2; scale=0.05; counts=mmlu=3,hellaswag=3
+    nprog=2; scale=0.05; counts=mmlu=3,hellaswag=3; repeat=3; maxs=1  # some runs here take over 1 s: both cases
     sargs="--load-format dummy --dtype float32 --device cpu --context-length 4096 --max-total-tokens 16384 --random-seed 0 --log-level warning"
   else
     nprog=${P19_PROGRAMS:-16}; scale=${P19_SCALE:-0.5}; counts=${P19_COUNTS:-mmlu=128,hellaswag=128}
+    repeat=${P19_REPEAT:-3}; maxs=${P19_REPEAT_MAX_S:-5}
     sargs="--load-format dummy --dtype bfloat16 --context-length 8192 --random-seed 0 --log-level warning"
   fi
   step "$name" "$secs" $PY -m radixlm.bench.programs --launch-server --model-path "$model" \
     --server-args "$sargs" --ablations --variants "$variants" --num-programs "$nprog" \
-    --num-programs-per-workload "$counts" --scale "$scale" \
+    --num-programs-per-workload "$counts" --scale "$scale" --repeat "$repeat" --repeat-max-seconds "$maxs" \
     --num-threads 64 --output-file "$OUT/programs_gpu_$name.json"
   [ -f "$OUT/programs_gpu_$name.json" ] && cp "$OUT/programs_gpu_$name.json" "$LEASE/"
 }

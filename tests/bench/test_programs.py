@@ -279,6 +279,84 @@ def test_cli_passes_counts_and_warm_up_and_records_them(tmp_path, monkeypatch):
     assert seen[-1]["warm_up"] == 0
 
 
+# ---- --repeat: medians over identical runs
+def test_combine_runs_takes_per_figure_medians_and_keeps_every_run():
+    runs = [dict(fake_result(p), duration_s=2 / p, cache_hit_rate=h, cache_flushed=True, http_errors=e)
+            for p, h, e in ((4.0, 0.2, 0), (1.0, 0.6, 2), (2.0, 0.4, 0))]
+    runs[1].update(failed=1, completed=1, error="RuntimeError: x")
+    r = runner.combine_runs(runs)
+    assert r["programs_per_s"] == 2.0 and r["duration_s"] == 1.0 and r["mean_latency_s"] == 0.5
+    assert r["cache_hit_rate"] == 0.4 and r["achieved_over_optimal"] == pytest.approx(0.5 / 0.6)
+    assert (r["completed"], r["failed"], r["http_errors"], r["error"]) == (1, 1, 2, "RuntimeError: x")
+    assert [x["programs_per_s"] for x in r["runs"]] == [4.0, 1.0, 2.0]
+    assert [x["duration_s"] for x in r["runs"]] == [0.5, 2.0, 1.0]
+    assert r["programs_per_s_spread"] == 4.0 and r["accuracy"] is None
+    even = runner.combine_runs([dict(fake_result(p), cache_flushed=True) for p in (1.0, 3.0)])
+    assert even["programs_per_s"] == 2.0 and even["programs_per_s_spread"] == 3.0
+
+
+def test_run_variant_repeats_identical_flushed_runs():
+    w = [WORKLOADS["mmlu"]]
+    spec = CountingSpec()
+    out = runner.run_variant(w, spec, Variant("full"), RunOptions(3, 0, 0.1, num_threads=1, repeat=3),
+                             log=lambda m: None)
+    r = out["mmlu"]
+    assert spec.flushes == 3 and len(r["runs"]) == 3 and r["requests"] == 3 and r["completed"] == 3
+    prompts = [p for k, p in spec.backend.calls if k == "gen"]
+    assert len(prompts) == 9 and prompts[:3] == prompts[3:6] == prompts[6:]
+    assert r["programs_per_s"] == sorted(x["programs_per_s"] for x in r["runs"])[1]
+    single = runner.run_variant(w, CountingSpec(), Variant("full"), RunOptions(3, 0, 0.1), log=lambda m: None)
+    assert "runs" not in single["mmlu"] and "programs_per_s_spread" not in single["mmlu"]
+
+
+def test_repeat_max_seconds_repeats_only_short_first_runs(monkeypatch):
+    durations = {"mmlu": [0.5, 0.25, 1.0], "rag": [5.0], "react": [1.0]}
+    calls = []
+
+    def fake_run_workload(w, backend, recorder, variant, opt, flush=None):
+        d = durations[w.name][sum(c == w.name for c in calls)]
+        calls.append(w.name)
+        return dict(fake_result(2 / d), duration_s=d, cache_flushed=True)
+
+    monkeypatch.setattr(runner, "run_workload", fake_run_workload)
+    opt = RunOptions(2, 0, 0.1, repeat=3, repeat_max_seconds=1.0)
+    out = runner.run_variant([WORKLOADS[n] for n in durations], CountingSpec(), Variant("full"), opt,
+                             log=lambda m: None)
+    assert calls == ["mmlu"] * 3 + ["rag", "react"]  # react's 1.0 s is not under 1.0 s
+    assert out["mmlu"]["duration_s"] == 0.5 and out["mmlu"]["programs_per_s"] == 4.0
+    assert out["mmlu"]["programs_per_s_spread"] == 4.0
+    assert [x["duration_s"] for x in out["rag"]["runs"]] == [5.0] and out["rag"]["programs_per_s_spread"] == 1.0
+    assert runner.repeats_for({"duration_s": 0.9}, opt) == 3 and runner.repeats_for({"duration_s": 1.0}, opt) == 1
+    assert runner.repeats_for({"duration_s": 1e9}, RunOptions(repeat=2)) == 2
+
+
+def test_cli_repeat_is_validated_passed_and_reported(tmp_path, monkeypatch):
+    for bad, why in ((["--repeat", "0"], "--repeat must be 1 or more"),
+                     (["--repeat", "2", "--repeat-max-seconds", "0"], "--repeat-max-seconds must be positive")):
+        with pytest.raises(SystemExit, match=why):
+            cli.main(["--base-url", "http://127.0.0.1:9", "--no-optimal", *bad])
+    seen = []
+
+    def fake_run_variant(workloads, spec, variant, opt, log=print):
+        seen.append((opt.repeat, opt.repeat_max_seconds))
+        runs = [dict(fake_result(p), cache_flushed=True) for p in (2.0, 3.0, 1.5)]
+        return {w.name: runner.combine_runs(runs) for w in workloads}
+
+    monkeypatch.setattr(cli, "run_variant", fake_run_variant)
+    out = cli.main(["--base-url", "http://127.0.0.1:9", "--no-optimal", "--workloads", "mmlu", "--repeat", "3",
+                    "--repeat-max-seconds", "5", "--output-file", str(tmp_path / "r.json")])
+    assert seen == [(3, 5.0)]
+    rep = json.loads((tmp_path / "r.json").read_text())["config"]["repeat"]
+    assert rep["runs"] == 3 and rep["max_seconds"] == 5.0 and rep["stat"] == "median" and "under 5 s" in rep["rule"]
+    assert out["variants"]["full"]["mmlu"]["programs_per_s"] == 2.0
+    md = (tmp_path / "r.md").read_text()
+    assert "Repeats: 3 measured runs where a variant's first run of a workload took under 5 s" in md
+    assert "## Run-to-run spread" in md and "| mmlu | 2.00 (3 runs) |" in md
+    assert cli.main(["--base-url", "http://127.0.0.1:9", "--no-optimal", "--workloads", "mmlu"])[
+        "config"]["repeat"]["runs"] == 1
+    assert seen[-1] == (1, None)
+
+
 # ---- end to end against real SmolLM2 servers
 @pytest.fixture(scope="module")
 def server():

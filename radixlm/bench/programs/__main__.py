@@ -11,6 +11,9 @@
 Few-shot workloads finish in milliseconds at 16 programs: give them more with
 --num-programs-per-workload mmlu=128,hellaswag=128. Each variant warms every workload up first (--warm-up-programs,
 unmeasured), so that one-off server costs do not land in whichever variant runs first.
+--repeat N measures each variant x workload N times (the same programs, the cache flushed before each) and reports
+medians; --repeat-max-seconds S repeats only the workloads whose first run took under S s (short runs are the noisy
+ones; long sequential runs stay single).
 
 Single-variant switches: --disable-radix-cache, --schedule-policy (server; need --launch-server),
 --no-frontend-parallelism, --no-fork-hint (client), --all-off (all of them).
@@ -43,6 +46,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--warm-up-programs", type=int, default=4,
                    help="before each variant's measured run of a workload, up to this many programs of it run "
                         "unmeasured (other prompts; 0: none)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="measured runs per variant and workload (each flushed unless --no-flush, the same programs); "
+                        "the figures reported are their medians, every run's programs/s and duration kept")
+    p.add_argument("--repeat-max-seconds", type=float, default=None,
+                   help="with --repeat: repeat a workload only where its first run took less than this (one run "
+                        "otherwise), so that only short, noisy runs pay for the repeats")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scale", type=float, default=1.0, help="multiplies every input length and output budget")
     p.add_argument("--num-threads", type=int, default=64, help="run_batch threads (programs in flight)")
@@ -138,11 +147,16 @@ def main(argv: Optional[list[str]] = None) -> dict:
         raise SystemExit("--num-programs must be positive")
     if args.warm_up_programs < 0:
         raise SystemExit("--warm-up-programs must be 0 or more")
+    if args.repeat < 1:
+        raise SystemExit("--repeat must be 1 or more")
+    if args.repeat_max_seconds is not None and args.repeat_max_seconds <= 0:
+        raise SystemExit("--repeat-max-seconds must be positive")
     variants = chosen_variants(args)
     if args.launch_server and args.backend != "runtime":
         raise SystemExit("--launch-server starts a radixlm server: use it with --backend runtime")
     opt = RunOptions(args.num_programs, args.seed, args.scale, args.num_threads, flush=not args.no_flush,
-                     counts=counts, warm_up=args.warm_up_programs)
+                     counts=counts, warm_up=args.warm_up_programs, repeat=args.repeat,
+                     repeat_max_seconds=args.repeat_max_seconds)
     spec_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     results: dict[str, dict] = {}
     proc, running_args = None, None
@@ -193,12 +207,25 @@ def summary(args: argparse.Namespace, argv: Optional[list[str]], names: list[str
                       "warm_up": {"max_programs": opt.warm_up, "seed": opt.seed + WARM_UP_SEED_OFFSET,
                                   "parallel": True, "measured": False,
                                   "when": "before every variant's measured run of every workload"},
+                      "repeat": repeat_config(opt),
                       "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
                       "host": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                                "load_avg_at_end": list(os.getloadavg())},
                       "variants": {v.name: {"server_args": list(v.server_args), "parallel": v.parallel,
                                             "hints": v.hints} for v in variants}},
            "variants": results}
+
+
+def repeat_config(opt: RunOptions) -> dict:
+    if opt.repeat == 1:
+        rule = "one measured run per variant and workload"
+    elif opt.repeat_max_seconds is None:
+        rule = f"{opt.repeat} measured runs per variant and workload"
+    else:
+        rule = (f"{opt.repeat} measured runs where a variant's first run of a workload took under "
+                f"{opt.repeat_max_seconds:g} s, one run otherwise")
+    return {"runs": opt.repeat, "max_seconds": opt.repeat_max_seconds, "stat": "median", "rule": rule,
+            "flushed_before_each": opt.flush}
 
 
 if __name__ == "__main__":

@@ -57,6 +57,25 @@ def ablation_table(by_variant: dict[str, dict[str, dict]], metric: str = "progra
     return "\n".join(rows)
 
 
+def spread_table(by_variant: dict[str, dict[str, dict]]) -> str:
+    """A row per workload, a column per variant: max/min of programs/s over the runs, and how many ran."""
+    variants = list(by_variant)
+    workloads = list(next(iter(by_variant.values()))) if by_variant else []
+    rows = ["| workload | " + " | ".join(variants) + " |",
+            "|" + "|".join("---" for _ in range(len(variants) + 1)) + "|"]
+    for w in workloads:
+        cells = []
+        for v in variants:
+            r = by_variant[v].get(w, {})
+            if "runs" not in r:
+                cells.append("skipped" if "skipped" in r else "-")
+                continue
+            spread = r.get("programs_per_s_spread")
+            cells.append(f"{_num(spread)} ({len(r['runs'])} run{'s' if len(r['runs']) > 1 else ''})")
+        rows.append(f"| {w} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def hit_rate_table(results: dict[str, dict]) -> str:
     rows = ["| workload | achieved | optimal | achieved/optimal | optimal (prompt tokens only) |",
             "|---|---|---|---|---|"]
@@ -88,12 +107,21 @@ def markdown(out: dict) -> str:
                      f"programs of it (seed {warm['seed']}, in parallel) ran unmeasured"
                      + ("; the cache was flushed before the measured run" if cfg.get("flush", True) else "")
                      + ".\n")
+    rep = cfg.get("repeat") or {}
+    if rep.get("runs", 1) > 1:
+        parts.append(f"Repeats: {rep['rule']}"
+                     + ("; the cache flushed before each" if rep.get("flushed_before_each", True) else "")
+                     + f"; every figure is the {rep.get('stat', 'median')} over a cell's runs.\n")
     parts += [f"- {n}" for n in cfg.get("notes", [])]
     if cfg.get("notes"):
         parts.append("")
     runs = out["variants"]
     if len(runs) > 1:
         parts.append("## Throughput (programs/s; in brackets: speedup over all_off)\n\n" + ablation_table(runs) + "\n")
+    if any("runs" in r for res in runs.values() for r in res.values()):
+        parts.append("## Run-to-run spread (max/min of programs/s over a cell's runs; in brackets: how many)\n\n"
+                     + spread_table(runs) + "\n")
+    if len(runs) > 1:
         parts.append("## Mean latency per program (s; in brackets: ratio to all_off's, lower is better)\n\n"
                      "Variants with frontend parallelism run the whole batch at once, so their latency is under "
                      "load; sequential variants (no_frontend_parallelism, all_off) give one-program-at-a-time "

@@ -115,6 +115,8 @@ class RunOptions:
     extra: dict = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)  # per-workload num_programs overrides
     warm_up: int = 0  # before each measured run: up to this many programs of the workload, unmeasured
+    repeat: int = 1  # measured runs per workload (each flushed unless flush=False; same seed: identical work)
+    repeat_max_seconds: Optional[float] = None  # repeat only where the first run took less than this; None: always
 
     def programs_for(self, workload: str) -> int:
         return self.counts.get(workload, self.num_programs)
@@ -181,17 +183,70 @@ def run_variant(workloads: list[Workload], spec: BackendSpec, variant: Variant, 
             if warm is not None:
                 log(f"[{variant.name}] {w.name}: warm-up {warm['programs'] - warm['failed']}/{warm['programs']} "
                     f"programs in {warm['duration_s']:.2f} s (not measured)")
-            out[w.name] = r = run_workload(w, backend, recorder, variant, opt, lambda: spec.flush(backend))
+            out[w.name] = r = measure_workload(w, backend, recorder, variant, opt, lambda: spec.flush(backend))
             if warm is not None:
                 r["warm_up"] = warm
             hit = r["cache_hit_rate"]
+            runs = ""
+            if "runs" in r:
+                runs = f" (median of {len(r['runs'])} runs: {', '.join(f'{x:.2f}' for x in run_pps(r))} p/s)"
             log(f"[{variant.name}] {w.name}: {r['completed']}/{r['programs']} programs in {r['duration_s']:.2f} s, "
-                f"{r['programs_per_s']:.2f} p/s, hit rate {'-' if hit is None else f'{hit:.1%}'}, "
+                f"{r['programs_per_s']:.2f} p/s{runs}, hit rate {'-' if hit is None else f'{hit:.1%}'}, "
                 f"optimal {r.get('optimal_hit_rate', float('nan')):.1%}"
                 + (f"  ERROR {r['error']}" if "error" in r else ""))
     finally:
         backend.shutdown()
     return out
+
+
+def run_pps(r: dict) -> list[float]:
+    return [x["programs_per_s"] for x in r["runs"]]
+
+
+def repeats_for(first: dict, opt: RunOptions) -> int:
+    """How many measured runs a workload gets in all, given its first run."""
+    if opt.repeat_max_seconds is not None and first["duration_s"] >= opt.repeat_max_seconds:
+        return 1
+    return opt.repeat
+
+
+def measure_workload(w: Workload, backend: Any, recorder: Recorder, variant: Variant, opt: RunOptions,
+                     flush: Optional[Callable[[], bool]] = None) -> dict:
+    """run_workload once, or (opt.repeat > 1) up to opt.repeat times per repeats_for, combined by combine_runs."""
+    runs = [run_workload(w, backend, recorder, variant, opt, flush)]
+    if opt.repeat == 1:
+        return runs[0]
+    runs += [run_workload(w, backend, recorder, variant, opt, flush) for _ in range(repeats_for(runs[0], opt) - 1)]
+    return combine_runs(runs)
+
+
+MEDIAN_KEYS = ("duration_s", "programs_per_s", "mean_latency_s", "output_tokens", "output_tokens_per_s", "requests",
+               "prompt_tokens", "cache_hit_rate", "accuracy", "optimal_hit_rate", "optimal_hit_rate_prompts_only",
+               "total_prompt_tokens", "unique_prompt_tokens", "must_compute_tokens", "achieved_over_optimal")
+RUN_KEYS = ("programs_per_s", "duration_s", "completed", "cache_hit_rate", "mean_latency_s")
+
+
+def combine_runs(runs: list[dict]) -> dict:
+    """One result from runs of the same work: each figure the median over the runs that have it (per figure, so
+    they need not come from one run), failures and errors the worst run's, and every run's figures under "runs"."""
+    res = dict(runs[0])
+    for k in MEDIAN_KEYS:
+        xs = [r[k] for r in runs if r.get(k) is not None]
+        if k in res or xs:
+            res[k] = statistics.median(xs) if xs else None
+    res["completed"] = min(r["completed"] for r in runs)
+    res["failed"] = max(r["failed"] for r in runs)
+    for k in ("http_errors", "tokenize_mismatches"):
+        if k in res:
+            res[k] = max(r[k] for r in runs)
+    res["cache_flushed"] = all(r["cache_flushed"] for r in runs)
+    error = next((r["error"] for r in runs if "error" in r), None)
+    if error is not None:
+        res["error"] = error
+    res["runs"] = [{k: r.get(k) for k in RUN_KEYS} for r in runs]
+    pps = run_pps(res)
+    res["programs_per_s_spread"] = max(pps) / min(pps) if min(pps) > 0 else None
+    return res
 
 
 def warm_up_workload(w: Workload, backend: Any, recorder: Recorder, variant: Variant,
