@@ -58,6 +58,9 @@ class ModelWorkerBatch:
     # Per request, where its rows attend otherwise than causally (tree drafts, executor/spec_tree.py), else None;
     # such a pass runs in REQUEST_SPANS on a backend that supports_tree_mask.
     tree_masks: list["TreeMask | None"] | None = None
+    # Decode passes (one row per request): (prefix_len, request indices) per group of requests whose
+    # req_to_token rows hold the same slots over [0, prefix_len) (scheduler/shared_prefix.py), else None.
+    shared_prefixes: list[tuple[int, list[int]]] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -102,6 +105,8 @@ class ForwardBatch:
     # In TOKEN_ROWS it is the fifth row of decode_rows, so a CUDA graph takes it as one more input.
     rope_offsets: torch.Tensor | None = None
     tree_masks: list["TreeMask | None"] | None = None  # ModelWorkerBatch.tree_masks
+    # ModelWorkerBatch.shared_prefixes in TOKEN_ROWS passes of one row per request (batch rows = requests).
+    shared_prefixes: list[tuple[int, list[int]]] | None = None
     # Set by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: object = None
 
@@ -158,4 +163,5 @@ class ForwardBatch:
             mrope_positions=None if wb.mrope_positions is None else rows_to_device(wb.mrope_positions, device),
             rope_offsets=rope_offsets,
             tree_masks=wb.tree_masks,
+            shared_prefixes=wb.shared_prefixes if token_rows and len(pool_rows) == len(wb.req_pool_indices) else None,
         )

@@ -22,6 +22,7 @@ from radixlm.runtime.layers.attention.triton_ops.decode_splits import DECODE_BLO
 from radixlm.runtime.layers.kernel_variants import EXTEND_WARMUP_LENS, WarmupPlan, uses_tree_masks, warmup_plan
 from radixlm.runtime.layers.moe.layer import FusedMoE
 from radixlm.runtime.layers.linear import Shard
+from radixlm.runtime.layers.radix_attention import RadixAttention
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import load_model
 from radixlm.runtime.multimodal.embedder import EncoderCache, MultimodalEmbedder
@@ -150,7 +151,9 @@ class ModelRunner:
         has_moe = any(isinstance(m, FusedMoE) for m in self.model.modules())
         return warmup_plan(self.model_config.context_len, self.num_kv_heads, graph_max_bs,
                            eager_token_rows_any_size=self.mm_embedder is not None, has_moe=has_moe,
-                           tree_masks=uses_tree_masks(self.server_args, self.attn_backend.supports_tree_mask))
+                           tree_masks=uses_tree_masks(self.server_args, self.attn_backend.supports_tree_mask),
+                           shared_prefix=self.server_args.enable_shared_prefix_decode
+                           and self.attn_backend.supports_shared_prefix)
 
     @torch.inference_mode()
     def warm_up_kernels(self, graph_max_bs: int) -> None:
@@ -167,13 +170,17 @@ class ModelRunner:
             passes += [(1, DECODE_BLOCK_N * 4 * (s - 1) + 1) for s in plan.decode_splits if s > 1]
         for bs, seq_len in passes:
             self._warm_up_token_rows(bs, seq_len)
+        if plan.shared_prefix:
+            self.attn_backend.warm_up_shared_prefix(
+                next(m for m in self.model.modules() if isinstance(m, RadixAttention)), plan.shared_prefix)
         if plan.moe and self.is_cuda:
             self._warm_up_moe()
         if self.is_cuda:
             torch.cuda.synchronize()
-        logger.info("kernel warm-up (eager passes of %s rows, decode splits %s%s%s) in %.2f s",
+        logger.info("kernel warm-up (eager passes of %s rows, decode splits %s%s%s%s) in %.2f s",
                     list(plan.token_row_batches), plan.decode_splits, ", MoE configs" if plan.moe else "",
-                    ", tree masks" if plan.tree_masks else "", time.perf_counter() - t0)
+                    ", tree masks" if plan.tree_masks else "",
+                    f", shared prefixes {plan.shared_prefix}" if plan.shared_prefix else "", time.perf_counter() - t0)
 
     def _warm_up_token_rows(self, bs: int, seq_len: int) -> None:
         """An eager TOKEN_ROWS pass of bs requests, each at position seq_len - 1 of request row 0 (KV slot 0)."""

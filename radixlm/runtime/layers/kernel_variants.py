@@ -25,6 +25,14 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         count eager passes can meet (decode_eager_splits) and, for graphs, by capture.
       Req_pool_indices, Seq_lens: views at any offset -> do_not_specialize_on_alignment.
       GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, BLOCK_N, PRECISION (dtype), strides of q and the pools: fixed.
+      Row_starts / HAS_ROW_STARTS: None / False, except in eager passes with shared prefixes (below).
+  shared_prefix_attention.py  _shared_prefix_stage1 (--enable-shared-prefix-decode, eager decode passes with groups)
+      num_tiles, num_splits (its prefix splits, 1..16), slot0 (the decode split count) and the log-sum-exp strides:
+        do_not_specialize. Req_pool_indices, Tile_rows, Tiles (views of one copy): no alignment. GROUP, HEAD_DIM,
+        BLOCK_D, BLOCK_M, BLOCK_N, PRECISION, strides: fixed. With it, decode stage 1 takes Row_starts
+        (HAS_ROW_STARTS True: one more variant) and stage 2 merges splits + prefix splits slots: BLOCK_S up to 32.
+        Start-up runs the kernels directly (TritonAttnBackend.warm_up_shared_prefix) at one (decode splits, prefix
+        splits) pair per stage-2 tile that such passes can meet (shared_prefix_warmup).
   extend_attention.py  _extend_kernel (ragged extend over a cached prefix)
       BLOCK_M: 16 when the longest extend of the pass is <= 16 tokens, else 64 -> both built at start-up
         (EXTEND_WARMUP_LENS). Prefix, extend and start vectors: no alignment. GROUP, HEAD_DIM, BLOCK_D, BLOCK_N,
@@ -60,7 +68,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits
+from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits, shared_prefix_num_splits
 
 # Extend passes of these per-request new-token counts build both of the extend kernel's tiles (BLOCK_M 16, 64).
 EXTEND_WARMUP_LENS = ([16, 16], [17])
@@ -87,16 +95,31 @@ class WarmupPlan:
     decode_splits: list[int] = field(default_factory=list)
     moe: bool = False  # every reachable GEMM config of each MoE layer shape (fused_moe.reachable_configs)
     tree_masks: bool = False  # extend_lens passes again with tree masks (the extend kernel's USE_CUSTOM_MASK)
+    shared_prefix: list[tuple[int, int]] = field(default_factory=list)  # shared_prefix_warmup's pairs
+
+
+def shared_prefix_warmup(context_len: int, num_kv_heads: int, splits: list[int]) -> list[tuple[int, int]]:
+    """(decode splits, prefix splits) pairs, one per stage-2 tile (next_power_of_2 of their sum) that an eager
+    decode pass with shared prefixes can meet: decode splits among `splits` (decode_eager_splits), prefix splits
+    1..shared_prefix_num_splits of the longest prefix in one tile."""
+    top = shared_prefix_num_splits(max(context_len, 1), 1, num_kv_heads)
+    pairs: dict[int, tuple[int, int]] = {}
+    for s in splits:
+        for p in range(1, top + 1):
+            pairs.setdefault(1 << (s + p - 1).bit_length(), (s, p))
+    return sorted(pairs.values())
 
 
 def warmup_plan(context_len: int, num_kv_heads: int, graph_max_bs: int, eager_token_rows_any_size: bool,
-                has_moe: bool, tree_masks: bool = False) -> WarmupPlan:
+                has_moe: bool, tree_masks: bool = False, shared_prefix: bool = False) -> WarmupPlan:
     """graph_max_bs: the largest captured batch (0 without graphs); eager_token_rows_any_size: passes of any row
     count may run without a graph (media or multimodal positions); tree_masks: tree drafts are configured and the
-    attention backend takes their masks (uses_tree_masks)."""
+    attention backend takes their masks (uses_tree_masks); shared_prefix: eager decode passes may carry shared
+    prefixes (--enable-shared-prefix-decode on a backend that supports_shared_prefix)."""
     eager_from = 0 if eager_token_rows_any_size else graph_max_bs
-    return WarmupPlan(decode_splits=decode_eager_splits(context_len, num_kv_heads, eager_from), moe=has_moe,
-                      tree_masks=tree_masks)
+    splits = decode_eager_splits(context_len, num_kv_heads, eager_from)
+    return WarmupPlan(decode_splits=splits, moe=has_moe, tree_masks=tree_masks,
+                      shared_prefix=shared_prefix_warmup(context_len, num_kv_heads, splits) if shared_prefix else [])
 
 
 def uses_tree_masks(server_args, supports_tree_mask: bool) -> bool:

@@ -18,6 +18,7 @@ from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan
 from radixlm.runtime.executor.spec_tree import TreeMask, depths, verify_mask
 from radixlm.runtime.scheduler.req import Req
+from radixlm.runtime.scheduler.shared_prefix import shared_prefix_groups
 
 # Up to this many tokens, a pass's req_to_token entries are written with one scatter built on the host...
 TABLE_SCATTER_MAX_TOKENS = 2048
@@ -68,11 +69,12 @@ class ScheduleBatch:
 
 class Planner:
     def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, tree_cache: RadixCache,
-                 page_size: int):
+                 page_size: int, shared_prefix_min_len: int = 0):
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
         self.tree_cache = tree_cache
         self.page_size = page_size
+        self.shared_prefix_min_len = shared_prefix_min_len  # 0: decode passes carry no shared prefixes
 
     # ------------------------------------------------------------------ rows
     @staticmethod
@@ -115,6 +117,8 @@ class Planner:
             samplers=[], verifiers=[])
         if all(n == 1 for n in lens):
             self._one_row_each(batch)
+            if self.shared_prefix_min_len:
+                batch.worker.shared_prefixes = shared_prefix_groups(reqs, self.shared_prefix_min_len)
         else:
             self._rows(batch)
         self._media_rows(batch)

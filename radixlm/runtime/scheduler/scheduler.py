@@ -25,6 +25,7 @@ from radixlm.runtime.executor.eagle_runner import EagleRunner
 from radixlm.runtime.executor.logits import LogitsOutput
 from radixlm.runtime.grammar.backend import GrammarCache
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
+from radixlm.runtime.layers.attention.triton_ops.decode_splits import SHARED_PREFIX_MIN_LEN
 from radixlm.runtime.messages import ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
@@ -64,7 +65,10 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
             self.req_to_token_pool, self.allocator, page_size=self.page_size,
             disable=server_args.disable_radix_cache, eviction_policy=server_args.radix_eviction_policy,
         )
-        self.planner = Planner(self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size)
+        shared = server_args.enable_shared_prefix_decode and getattr(model_runner.attn_backend,
+                                                                      "supports_shared_prefix", False)
+        self.planner = Planner(self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size,
+                               SHARED_PREFIX_MIN_LEN if shared else 0)
         seed = server_args.random_seed if server_args.random_seed is not None else 0
         # Constrained decoding and drafts: one counter for their stats (masks filled, jumps, drafts kept, ...).
         self.grammar_stats: Counter = Counter()

@@ -311,3 +311,55 @@ def test_moe_launches_while_serving_are_built_by_the_warm_up(monkeypatch, dtype)
     for t in [1, 2, 3, 7, 8, 16, 64, 65, 200, 511, 512, 513, 1000] + [rng.randrange(1, 1200) for _ in range(10)]:
         launch(t, rng)
     _assert_covered(warm, rec.take())
+
+
+@pytest.mark.parametrize("kv_heads, graph_max_bs, context_len", [(2, 8, 4096), (8, 512, 131072), (1, 0, 600),
+                                                                 (8, 0, 8192)])
+def test_shared_prefix_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_heads, graph_max_bs,
+                                                                       context_len):
+    """Eager decode passes with shared prefixes (--enable-shared-prefix-decode): the prefix kernel, decode stage 1
+    with row starts and stage 2 over splits + prefix splits, built by TritonAttnBackend.warm_up_shared_prefix."""
+    from types import SimpleNamespace
+
+    from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend, shared_prefixes
+    from radixlm.runtime.layers.attention.triton_ops import decode_attention as da
+    from radixlm.runtime.layers.attention.triton_ops import shared_prefix_attention as spa
+
+    heads, head_dim = 4 * kv_heads, 16
+    rec = Recorder(monkeypatch, {"stage1": da._decode_stage1, "stage2": da._decode_stage2,
+                                 "prefix": spa._shared_prefix_stage1})
+    k_buf, v_buf, req_to_token = _pools(kv_heads=kv_heads)
+    plan = warmup_plan(context_len, kv_heads, graph_max_bs, False, False, shared_prefix=True)
+    assert plan.shared_prefix and warmup_plan(context_len, kv_heads, graph_max_bs, False, False).shared_prefix == []
+    backend = TritonAttnBackend.__new__(TritonAttnBackend)
+    backend.model_runner = SimpleNamespace(
+        token_to_kv_pool=SimpleNamespace(get_key_buffer=lambda i: k_buf, get_value_buffer=lambda i: v_buf),
+        req_to_token_pool=SimpleNamespace(req_to_token=req_to_token))
+    backend.warm_up_shared_prefix(SimpleNamespace(layer_id=0, num_heads=heads, head_dim=head_dim, scaling=0.25),
+                                  plan.shared_prefix)
+    for s in plan.decode_splits:  # the plain passes' stage 2 (ModelRunner.warm_up_kernels' eager passes)
+        da.decode_attention(_qkv_q(1, heads, kv_heads, head_dim), k_buf, v_buf, req_to_token, _index([0], 0),
+                            _index([256 * (s - 1) + 1], 1), 0.25, 256 * (s - 1) + 1)
+    warm = rec.take()
+    rng = random.Random(2)
+    for _ in range(80):
+        bs = rng.randrange(max(graph_max_bs + 1, 2), graph_max_bs + 300)
+        lens = [rng.randrange(2, context_len + 1) for _ in range(bs)]
+        rows = list(range(bs))
+        rng.shuffle(rows)
+        groups, at = [], 0
+        while at < bs - 1 and rng.random() < 0.8:
+            n = rng.randrange(2, min(bs - at, 70) + 1)
+            member = rows[at : at + n]
+            prefix = rng.randrange(1, min(lens[r] for r in member))
+            groups.append((prefix, member))
+            at += n
+        if not groups:
+            continue
+        offset = rng.randrange(0, 5)
+        da.decode_attention(_qkv_q(bs, heads, kv_heads, head_dim), k_buf, v_buf, req_to_token,
+                            _index([0] * bs, offset), _index(lens, offset + 1), 0.25, max(lens), None,
+                            shared_prefixes(groups, bs, heads // kv_heads, kv_heads, "cpu"))
+    serving = rec.take()
+    assert serving["prefix"] and serving["stage1"]
+    _assert_covered(warm, serving)

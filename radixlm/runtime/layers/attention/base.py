@@ -15,6 +15,8 @@ class AttentionBackend(ABC):
     supports_cuda_graph = False  # decode metadata that depends on nothing but device tensors
     # ForwardBatch.tree_masks honoured in REQUEST_SPANS (tree drafts); without it EAGLE drafts chains.
     supports_tree_mask = False
+    # ForwardBatch.shared_prefixes honoured in eager decode passes (each group's prefix KV read once).
+    supports_shared_prefix = False
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         """Called once per batch, before the model's forward; may set forward_batch.attn_metadata."""

@@ -4,7 +4,7 @@ cached prefix, and decode passes carrying jump-forward tokens) in one ragged lau
 mask: each TreeMask flattened, concatenated, with per-request starts and offsets)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -100,6 +100,7 @@ def tree_mask_inputs(fb: "ForwardBatch", device) -> tuple[torch.Tensor, torch.Te
 class TritonAttnBackend(AttentionBackend):
     supports_cuda_graph = True
     supports_tree_mask = True  # ForwardBatch.tree_masks, in forward_extend (extend_attention's custom mask)
+    supports_shared_prefix = True  # ForwardBatch.shared_prefixes, in eager decode passes
 
     def __init__(self, model_runner):
         self.model_runner = model_runner
@@ -123,6 +124,23 @@ class TritonAttnBackend(AttentionBackend):
                                                  prefix_lens=lens[0], extend_lens=lens[1])
         if fb.tree_masks is not None:
             meta.custom_mask, meta.mask_starts, meta.mask_offsets = tree_mask_inputs(fb, dev)
+
+    def warm_up_shared_prefix(self, layer, pairs: list[tuple[int, int]]) -> None:
+        """Builds the kernels of decode passes with shared prefixes (kernel_variants.shared_prefix_warmup's pairs of
+        decode and prefix split counts): two rows on request row 0 sharing a one-token prefix, layer's shapes."""
+        from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention
+
+        runner = self.model_runner
+        k_buf = runner.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        v_buf = runner.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        dev = k_buf.device
+        q = torch.zeros(2, layer.num_heads, layer.head_dim, dtype=k_buf.dtype, device=dev)
+        rows = torch.zeros(2, dtype=torch.int64, device=dev)
+        lens = torch.full((2,), 2, dtype=torch.int64, device=dev)
+        shared = shared_prefixes([(1, [0, 1])], 2, layer.num_heads // k_buf.shape[1], k_buf.shape[1], dev)
+        for splits, prefix_splits in pairs:
+            decode_attention(q, k_buf, v_buf, runner.req_to_token_pool.req_to_token, rows, lens, layer.scaling, 2,
+                             splits, replace(shared, num_splits=prefix_splits))
 
     def _metadata(self, fb: "ForwardBatch") -> TritonMetadata:
         if not isinstance(fb.attn_metadata, TritonMetadata):

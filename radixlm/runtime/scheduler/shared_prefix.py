@@ -1,0 +1,27 @@
+"""Decode requests grouped by a shared cached prefix, so that attention reads each group's prefix KV once
+(ModelWorkerBatch.shared_prefixes; layers/attention/triton_ops/shared_prefix_attention.py).
+
+Invariant: the requests of a group have identical req_to_token slots over [0, prefix_len); prefix_len >= min_len;
+a group has >= 2 requests; a request is in one group at most. Why it holds: a group is the requests whose last
+match ended at the same radix node (req.last_node, the same object, alive while they run) with the same length
+(req.prefix_len). Planner._admit_rows wrote the match's slots (the node's path) into [0, prefix_len) of their rows,
+and nothing rewrites that span while they run: cache_unfinished rewrites a row only from its locked length on, the
+locked path is never evicted, and a node split keeps the deeper part as the same object at the same depth. A
+request that computed the prefix itself (a sibling admitted with the first) holds the same slots once they are
+cached but is not grouped with those that matched them: missed sharing, never a wrong group."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixlm.runtime.scheduler.req import Req
+
+
+def shared_prefix_groups(reqs: list["Req"], min_len: int) -> list[tuple[int, list[int]]] | None:
+    """(prefix_len, indices into reqs) per group of the invariant's, or None when there is none."""
+    by_match: dict[tuple[int, int], list[int]] = {}
+    for i, r in enumerate(reqs):
+        if r.prefix_len >= min_len and r.last_node is not None:
+            by_match.setdefault((id(r.last_node), r.prefix_len), []).append(i)
+    groups = [(key[1], rows) for key, rows in by_match.items() if len(rows) > 1]
+    return groups or None

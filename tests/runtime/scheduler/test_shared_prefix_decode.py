@@ -1,0 +1,112 @@
+"""Shared-prefix decode (--enable-shared-prefix-decode): the planner's groups (scheduler/shared_prefix.py) hold
+identical req_to_token slots over their prefix, through the real Scheduler (torch_native, pages of 1 and 4,
+siblings admitted together and requests arriving while others decode); and greedy tokens with the Triton backend
+are the same with the flag on and off (the tiny model on the CPU, kernels under TRITON_INTERPRET=1)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from radixlm.runtime.scheduler.shared_prefix import shared_prefix_groups
+from tests.triton_interpret import interpreter_works, run_under_interpreter
+
+MARKER = "shared-prefix decode greedy cases passed"
+MIN_LEN = 16  # the tests' prompts are short: groups from 16 cached tokens on
+
+
+def test_groups_by_matched_node_and_length():
+    a, b = object(), object()
+    reqs = [SimpleNamespace(prefix_len=p, last_node=n) for p, n in [
+        (300, a), (300, a), (300, b), (0, None), (300, a), (100, a), (300, b), (255, a), (255, a), (300, None)]]
+    assert shared_prefix_groups(reqs, 256) == [(300, [0, 1, 4]), (300, [2, 6])]
+    assert shared_prefix_groups(reqs, 100) == [(300, [0, 1, 4]), (300, [2, 6]), (255, [7, 8])]
+    assert shared_prefix_groups(reqs[1:4], 256) is None  # a group needs two requests
+    assert shared_prefix_groups(reqs, 400) is None
+
+
+def prompts(groups=3, per_group=4, prefix=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(groups):
+        head = torch.randint(3, 500, (prefix,), generator=g).tolist()
+        out += [head + torch.randint(3, 500, (3 + j,), generator=g).tolist() for j in range(per_group)]
+    return out
+
+
+def record_groups(sched):
+    """Wraps the planner: every decode pass's groups are checked against the request table and kept."""
+    seen = []
+    plan = sched.planner.plan
+
+    def checked(*a, **kw):
+        batch = plan(*a, **kw)
+        wb = batch.worker
+        for prefix_len, rows in wb.shared_prefixes or []:
+            assert len(rows) >= 2 and prefix_len >= sched.planner.shared_prefix_min_len
+            table = sched.req_to_token_pool.req_to_token[[wb.req_pool_indices[i] for i in rows], :prefix_len]
+            assert bool((table == table[:1]).all()), f"group of {len(rows)} rows with different slots"
+            assert all(wb.seq_lens[i] > prefix_len for i in rows)
+            seen.append((prefix_len, len(rows)))
+        return batch
+
+    sched.planner.plan = checked
+    return seen
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("every", [0, 3])
+def test_groups_hold_identical_slots(tiny_model_dir, page_size, every):
+    from tests.runtime.scheduler.conftest import make_scheduler, request
+    from tests.runtime.scheduler.fake_serving import serve
+
+    sched = make_scheduler(tiny_model_dir, page_size=page_size, enable_shared_prefix_decode=True)
+    assert sched.planner.shared_prefix_min_len == 0  # torch_native does not take them
+    sched.planner.shared_prefix_min_len = MIN_LEN
+    seen = record_groups(sched)
+    reqs = [request(f"r{i}", p, max_new_tokens=6) for i, p in enumerate(prompts())]
+    serve(sched, reqs, every=every)
+    assert seen and max(n for _, n in seen) >= 3, seen
+    assert all(p >= 40 // page_size * page_size for p, _ in seen)
+    sched.check_memory()
+
+
+def run_cases(device: str) -> None:
+    from radixlm.runtime.layers.attention import triton_backend
+    from tests.runtime.scheduler.conftest import TINY_LLAMA, make_scheduler, request
+    from tests.runtime.scheduler.fake_serving import serve
+    import json
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp())
+    (d / "config.json").write_text(json.dumps(TINY_LLAMA))
+    built = []
+    orig = triton_backend.shared_prefixes
+    triton_backend.shared_prefixes = lambda groups, *a: built.append(len(groups)) or orig(groups, *a)
+    for page_size in (1, 4):
+        outs = {}
+        for on in (False, True):
+            sched = make_scheduler(str(d), page_size=page_size, attention_backend="triton",
+                                   enable_shared_prefix_decode=on, max_total_tokens=2048)
+            assert sched.planner.shared_prefix_min_len == (256 if on else 0)
+            if on:
+                sched.planner.shared_prefix_min_len = MIN_LEN
+                seen = record_groups(sched)
+            reqs = [request(f"r{i}", p, max_new_tokens=8) for i, p in enumerate(prompts(2, 3, 70, seed=page_size))]
+            outs[on] = {k: v["output_ids"] for k, v in serve(sched, reqs, every=2).items()}
+            sched.check_memory()
+        assert outs[True] == outs[False], f"page size {page_size}"
+        assert seen and built, "no decode pass had groups"
+    print(MARKER)
+
+
+@pytest.mark.skipif(not interpreter_works(), reason="needs triton with its interpreter")
+def test_greedy_tokens_same_with_shared_prefix_decode_interpreted():
+    run_under_interpreter(__file__, MARKER, hide_cuda=True, timeout=1200)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    run_cases("cpu")
