@@ -51,7 +51,7 @@
 # Knobs (env): P19_PROGRAMS (16), P19_COUNTS (mmlu=128,hellaswag=128: --num-programs-per-workload), P19_SCALE (0.5),
 # P19_REPEAT (3: --repeat), P19_REPEAT_MAX_S (5: --repeat-max-seconds),
 # P1_VARIANTS, P2_VARIANTS (comma lists of radixlm.bench.programs variants), SPEC_ROUNDS (2), SPEC_REPEAT (3),
-# VLM_IMAGES (24), OV_IMAGES (12).
+# VLM_IMAGES (16: 24 ran past its 240 s step on an H200, three server starts and 4 runs a mode), OV_IMAGES (12).
 # After the lease, here: copy what came back into benchmarks/results/ (programs_gpu.{json,md,png} -- or
 # `python benchmarks/programs_merge.py programs_gpu_p1.json programs_gpu_p2.json --out benchmarks/results/
 # programs_gpu.json --note "..."` when p1 and p2 ran on different machines --, speculative_gpu.json,
@@ -244,7 +244,7 @@ vlm)
     # The 7B shapes the GPU runs: their checkpoints (config, tokenizer, processor) written and read back.
     step vlm_ckpt 150 $PY benchmarks/vlm_shapes_check.py "$LEASE/vlm"  # the two 7B shapes, written and read back
   else
-    step vlm_qwen 240 $PY benchmarks/llava_bench.py --model qwen2.5-vl-7b --images "${VLM_IMAGES:-24}" \
+    step vlm_qwen 240 $PY benchmarks/llava_bench.py --model qwen2.5-vl-7b --images "${VLM_IMAGES:-16}" \
       --out "$OUT/llava_bench_qwen2_5_vl_7b.json"
     step vlm_onevision 290 $PY benchmarks/llava_bench.py --model llava-onevision-7b --images "${OV_IMAGES:-12}" \
       --repeat 2 --out "$OUT/llava_bench_llava_onevision_7b.json"
