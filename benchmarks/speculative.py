@@ -73,7 +73,8 @@ HISTORY_WORKLOADS = {
 }
 STAT_KEYS = ("ngram_drafts", "radix_drafts", "radix_path_drafts", "radix_kgram_drafts", "model_drafts", "draft_tokens",
              "accepted_draft_tokens", "draft_tokens_cut", "guessed_drafts", "draft_model_kv_passes",
-             "draft_model_skipped_passes", "draft_model_catch_up_tokens")
+             "draft_model_skipped_passes", "draft_model_catch_up_tokens", "spec_controller_off_steps",
+             "spec_controller_on_steps", "spec_controller_explorations")
 
 
 def run(engine: Engine, prompts: list[str], max_new: int) -> tuple[float, list[list[int]], dict]:
@@ -103,6 +104,8 @@ def start(engine: Engine, name: str, max_new: int) -> str:
 
 def engine_for(args, algo: str | None) -> Engine:
     draft = {"speculative_draft_model_path": args.draft_model} if algo == "STANDALONE" else {}
+    if args.measure_window is not None:
+        draft["speculative_measure_window"] = args.measure_window
     return Engine(args.model, device=args.device, dtype=args.dtype, random_seed=0, load_format=args.load_format,
                   speculative_algorithm=algo, speculative_num_draft_tokens=args.num_draft_tokens, **draft)
 
@@ -183,6 +186,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--num-draft-tokens", type=int, default=5,
                    help="--speculative-num-draft-tokens as SGLang counts it: the verified root token included, so up "
                         "to N - 1 drafted tokens per step (default 5: 4 drafted, as the earlier results ran)")
+    p.add_argument("--measure-window", type=int, default=None,
+                   help="--speculative-measure-window of every engine (default: the server's; 0: no draft controller)")
     p.add_argument("--repeat", type=int, default=2, help="timed runs in a row per engine and round")
     p.add_argument("--rounds", type=int, default=1,
                    help="passes over every algorithm (an engine each): on a shared machine, another load (or an "
@@ -262,7 +267,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
               "command": " ".join(["python", *sys.argv]),
               "settings": {"max_new_tokens": args.max_new_tokens, "num_draft_tokens": args.num_draft_tokens,
                            "num_draft_tokens_counts": "the verified root token too (SGLang's convention)",
-                           "repeat": args.repeat, "rounds": args.rounds, "stat": args.stat, "defaults": "speculative_max_batch_rows=64, "
+                           "repeat": args.repeat, "rounds": args.rounds, "measure_window": args.measure_window,
+                           "stat": args.stat, "defaults": "speculative_max_batch_rows=64, "
                            "speculative_radix_match_window_size=4, ngram windows 2..4"},
               "draft_model": args.draft_model, "load_format": args.load_format, "bandwidth_floor": floor,
               "replay": None if recorded is None else {"script_ids": args.script_ids or "recorded (--tiny)",

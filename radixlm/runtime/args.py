@@ -108,6 +108,7 @@ class ServerArgs:
     speculative_ngram_max_match_window_size: int = field(default=4, metadata={"help": "NGRAM: longest run of latest tokens looked up (longest match first)"})
     speculative_radix_match_window_size: int = field(default=4, metadata={"help": "RADIX: latest tokens looked up in the cache's k-gram index when the request's whole sequence is not cached"})
     speculative_max_batch_rows: int = field(default=64, metadata={"help": "rows a decode pass may reach with its drafts: each request drafts at most (rows - batch) // batch tokens, none once the batch exceeds rows / 2 (jump-forward excepted); 0: no limit"})
+    speculative_measure_window: int = field(default=8, metadata={"help": "the scheduler measures output tokens per request and second of its steps with drafting on and off, per batch-size bucket (powers of two), in windows of this many decode steps, and turns drafting (NGRAM, RADIX, STANDALONE, EAGLE; not grammar jump-forward) off where off is faster by 2%, exploring the other regime now and then (drafts/controller.py); 0: no measuring, drafting wherever the batch rule allows"})
 
     # Radix cache
     disable_radix_cache: bool = False
@@ -210,6 +211,7 @@ class ServerArgs:
               "need 1 <= speculative_ngram_min_match_window_size <= speculative_ngram_max_match_window_size")
         check(self.speculative_radix_match_window_size >= 1, "speculative_radix_match_window_size must be >= 1")
         check(self.speculative_max_batch_rows >= 0, "speculative_max_batch_rows must be >= 0 (0: no limit)")
+        check(self.speculative_measure_window >= 0, "speculative_measure_window must be >= 0 (0: no measuring)")
         check(self.speculative_num_steps is None or self.speculative_num_steps >= 1, "speculative_num_steps must be >= 1")
         algo = self.speculative_algorithm
         model = algo is SpeculativeAlgorithm.STANDALONE or (algo is not None and algo.is_eagle)

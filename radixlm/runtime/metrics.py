@@ -45,6 +45,9 @@ class ServerMetrics:
         self.spec_accept_length = Gauge(PREFIX + "spec_accept_length",
                                         "Tokens a verified draft's pass yields on average (kept draft tokens + 1)",
                                         registry=r)
+        self.spec_controller_off_steps = Gauge(PREFIX + "spec_controller_off_steps",
+                                               "Scheduler steps the draft controller kept drafting off since start",
+                                               registry=r)
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Submit to first output token (streamed requests)", buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(PREFIX + "inter_token_latency_seconds",
                              "Gap between outputs / tokens they carry (streamed requests)", buckets=_ITL_BUCKETS, registry=r)
@@ -88,6 +91,7 @@ class ServerMetrics:
         verified = stats.get("draft_verifications", 0)
         self.spec_verifications.set(verified)
         self.spec_accept_length.set((kept + verified) / verified if verified else 0.0)
+        self.spec_controller_off_steps.set(stats.get("spec_controller_off_steps", 0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

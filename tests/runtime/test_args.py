@@ -26,6 +26,7 @@ from radixlm.runtime.args import GrammarMaskMode, JumpForwardMode, SchedulePolic
      "EAGLE or EAGLE3"),
     ({"speculative_eagle_topk": 0}, "speculative_eagle_topk"),
     ({"speculative_num_steps": 0}, "speculative_num_steps"),
+    ({"speculative_measure_window": -1}, "speculative_measure_window"),
 ])
 def test_invalid_server_args_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -131,3 +132,12 @@ def test_num_draft_tokens_from_the_command_line():
     assert args.speculative_num_draft_tokens == 4 and args.max_draft_tokens == 3 and args.speculative_num_steps == 3
     ngram = ServerArgs(**server_args_from(parser.parse_args(["--speculative-algorithm", "NGRAM"])))
     assert ngram.speculative_num_draft_tokens == 5 and ngram.max_draft_tokens == 4
+
+
+def test_measure_window_from_the_command_line():
+    """The draft controller measures in 8-step windows unless told otherwise; 0 turns it off."""
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    assert ServerArgs(**server_args_from(parser.parse_args([]))).speculative_measure_window == 8
+    ns = parser.parse_args(["--speculative-algorithm", "NGRAM", "--speculative-measure-window", "0"])
+    assert ServerArgs(**server_args_from(ns)).speculative_measure_window == 0

@@ -29,8 +29,10 @@ def test_metrics_report_draft_totals_and_accept_rate():
     m = ServerMetrics()
     m.set_state({"max_total_num_tokens": 100, "num_running_reqs": 0, "num_waiting_reqs": 0, "available_tokens": 100,
                  "evictable_tokens": 0, "stats": {"draft_tokens": 40, "accepted_draft_tokens": 30,
-                                                                 "draft_verifications": 12}})
+                                                                 "draft_verifications": 12,
+                                                                 "spec_controller_off_steps": 7}})
     text = m.render().decode()
     assert "radixlm:spec_draft_tokens 40.0" in text and "radixlm:spec_accepted_tokens 30.0" in text
     assert "radixlm:spec_accept_rate 0.75" in text
     assert "radixlm:spec_verifications 12.0" in text and "radixlm:spec_accept_length 3.5" in text  # (30 + 12) / 12
+    assert "radixlm:spec_controller_off_steps 7.0" in text

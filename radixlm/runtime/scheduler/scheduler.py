@@ -31,7 +31,8 @@ from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 from radixlm.runtime.scheduler.admission import AdmissionMixin
 from radixlm.runtime.scheduler.cursor import can_launch_ahead
-from radixlm.runtime.scheduler.drafts import DraftPath, Proposer
+from radixlm.runtime.scheduler.drafts import DraftPath, Proposer, batch_adaptive
+from radixlm.runtime.scheduler.drafts.controller import DraftController
 from radixlm.runtime.scheduler.drafts.jump_forward import JumpForwardSource
 from radixlm.runtime.scheduler.drafts.model import DraftModelSource, EagleSource
 from radixlm.runtime.scheduler.drafts.ngram import NGramSource
@@ -82,8 +83,12 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
                                  self.grammar_stats)
         jump = JumpForwardSource(server_args.jump_forward, tokenizer, eos_token_ids,
                                  lambda: grammars.backend, self.grammar_stats)
-        self.drafts = DraftPath([jump, *self._speculative_sources(server_args)], tokenizer, self.page_size,
-                                self.grammar_stats, server_args.speculative_max_batch_rows, lambda: len(self.running))
+        speculative = self._speculative_sources(server_args)
+        window = server_args.speculative_measure_window
+        controller = DraftController(window, stats=self.grammar_stats) if window and any(
+            batch_adaptive(s) for s in speculative) else None
+        self.drafts = DraftPath([jump, *speculative], tokenizer, self.page_size, self.grammar_stats,
+                                server_args.speculative_max_batch_rows, lambda: len(self.running), controller)
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed)
         self.sampler = Sampler()
         self.generator = torch.Generator(device=self.device)
@@ -225,6 +230,14 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[ReqOutput]:
         self._process_aborts()
+        # Whether guessing sources draft in this step (the controller, if any); with none running, those admitted
+        # draft for their prefill.
+        self.drafts.begin_step(len(self.running) or len(self.waiting_queue))
+        out = self._step()
+        self.drafts.end_step()
+        return out
+
+    def _step(self) -> list[ReqOutput]:
         for req in self.grammar_queue.pop_ready():
             self._enter_waiting(req)
         if self.inflight is not None and not (self.overlap and can_launch_ahead(

@@ -31,6 +31,8 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 def make_scheduler(model_dir: str, **kwargs) -> Scheduler:
     kwargs.setdefault("max_total_tokens", 4096)
+    # Drafting where the sources propose (the tests count drafts): the controller, timing steps, would vary it.
+    kwargs.setdefault("speculative_measure_window", 0)
     args = ServerArgs(model_path=model_dir, load_format="dummy", dtype="float32", device="cpu",
                       enable_integrity_check=True, random_seed=0, **kwargs)
     config = ModelConfig.from_path(model_dir, dtype="float32", device="cpu", load_format="dummy")

@@ -207,6 +207,8 @@ def make_fake_scheduler(graph_rows: int = 0, vocab_size: int = VOCAB, **kwargs) 
     """A real Scheduler over a FakeRunner whose pool and request table follow the ServerArgs (max_total_tokens,
     page_size, max_running_requests). Nothing loads model_path."""
     kwargs.setdefault("max_total_tokens", 1024)  # small: the integrity check after every step is O(pool)
+    # Drafting where the sources propose (the tests count drafts): the controller, timing steps, would vary it.
+    kwargs.setdefault("speculative_measure_window", 0)
     args = ServerArgs(model_path="fake-model", device="cpu", enable_integrity_check=True, random_seed=0, **kwargs)
     runner = FakeRunner(args.max_total_tokens, args.page_size, args.max_running_requests or 32, graph_rows,
                         vocab_size)

@@ -64,6 +64,7 @@ def make(models: dict[str, str], draft: str | None, tokenizer: bool = False, eos
          **kw) -> Scheduler:
     """draft: None (speculation off), "same" (the target's checkpoint) or "other"."""
     kw.setdefault("max_total_tokens", 2048)
+    kw.setdefault("speculative_measure_window", 0)  # drafting wherever the source drafts (the tests count it)
     if draft is not None:
         kw.update(speculative_algorithm="STANDALONE", speculative_num_draft_tokens=5,
                   speculative_draft_model_path=models["target" if draft == "same" else draft])

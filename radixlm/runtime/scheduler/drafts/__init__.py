@@ -25,6 +25,13 @@ and when the pass is planned (fit_batch: n is then the pass's own).
 With drafts off for the batch, requests whose only sources follow the rule may be planned ahead by the overlap
 scheduler (cursor.can_plan_ahead): large batches lose nothing to speculation being configured.
 
+The controller (drafts/controller.py, --speculative-measure-window): what a draft costs depends on the hardware
+(draft model passes, verification rows, the pass after a verification not planned ahead), so the scheduler
+measures what drafting buys: per batch-size bucket, output tokens per request and second of its steps with
+batch_adaptive sources drafting and not, each regime explored now and then. At the start of each step (begin_step)
+it decides whether they draft; where not, the step runs as under a batch-rule cap of 0 (draft_cap: no lookups, no
+draft model passes, planned ahead). Exact drafts are never turned off.
+
 The overlap scheduler: a pass is planned while the previous one is in flight, so a request's newest token is not
 yet on the host when its next draft is wanted. Sources that `guesses` (NGRAM, RADIX, STANDALONE) then draft from
 the tokens known so far, one token longer: the first is their guess of the token in flight (Draft.guess), which
@@ -46,6 +53,7 @@ from radixlm.runtime.executor.spec_tree import depths, nodes_within, path_rows
 from radixlm.runtime.sampling.verification import VerifyResult
 from radixlm.runtime.scheduler.cursor import guesses
 from radixlm.runtime.scheduler.drafts.adaptive import DraftLength
+from radixlm.runtime.scheduler.drafts.controller import DraftController
 from radixlm.runtime.scheduler.req import GRAMMAR_VIOLATION, FinishReason, GrammarAdvance, Req
 
 if TYPE_CHECKING:
@@ -72,8 +80,9 @@ def _min(a: int | None, b: int | None) -> int | None:
 
 class DraftPath:
     def __init__(self, sources: list[Proposer], tokenizer, page_size: int, stats: Counter, max_batch_rows: int = 0,
-                 batch_size: Callable[[], int] = lambda: 1):
-        """max_batch_rows: the batch rule's B (0: no rule); batch_size: the running requests now."""
+                 batch_size: Callable[[], int] = lambda: 1, controller: DraftController | None = None):
+        """max_batch_rows: the batch rule's B (0: no rule); batch_size: the running requests now; controller: turns
+        batch_adaptive sources off for a step where drafting was measured not to pay (begin_step)."""
         self.sources = sources
         self.tokenizer = tokenizer
         self.page_size = page_size
@@ -84,11 +93,48 @@ class DraftPath:
         self.processors = [s for s in sources if hasattr(s, "on_processed")]
         self._lengths: weakref.WeakKeyDictionary[Req, DraftLength] = weakref.WeakKeyDictionary()
         self._pending: list[tuple[Proposer, Req, int | None]] = []  # deferred sources' requests, until flush
+        self.controller = controller
+        self.gate = True  # the controller lets batch_adaptive sources draft in this step
+        self._accepted = self._drafted = 0  # draft tokens kept, and batch_adaptive ones verified, in the pass processed
+        self._tokens = self._requests = self._step_drafted = 0  # this step's decode passes' tokens, requests, drafts
+        self._clean = True  # no prefill pass processed in this step
+
+    # ------------------------------------------------------------------ the controller
+    def begin_step(self, n: int) -> None:
+        """At the start of a scheduler step of about n requests (those running, else those waiting): the controller
+        decides for it where the batch rule lets them draft."""
+        ctl = self.controller
+        if ctl is None:
+            return
+        if n and self._rule_cap(n) != 0:
+            self.gate = ctl.decide(n)
+        else:
+            self.gate = True
+            ctl.skip()
+        self._tokens = self._requests = self._step_drafted = 0
+        self._clean = True
+
+    def end_step(self) -> None:
+        if self.controller is not None:
+            self.controller.observe(self._tokens, self._requests if self._clean else 0, self._step_drafted)
+
+    def _tally(self, batch) -> None:
+        if batch.is_prefill:
+            self._clean = False
+        else:
+            rows = len(batch.samplers) + len(batch.verifiers)
+            self._tokens += rows + self._accepted
+            self._requests += rows
+            self._step_drafted += self._drafted
+        self._accepted = self._drafted = 0
 
     # ------------------------------------------------------------------ the batch rule
     def draft_cap(self, n: int) -> int | None:
         """Draft tokens a request of a decode pass of n requests may have from a batch_adaptive source (None: no
         cap)."""
+        return self._rule_cap(n) if self.gate else 0
+
+    def _rule_cap(self, n: int) -> int | None:
         rows = self.max_batch_rows
         if not rows:
             return None
@@ -176,6 +222,8 @@ class DraftPath:
         """After pass `batch` was processed (its verdicts taken, rejected KV freed): sources with on_processed see
         it, then deferred sources propose for the requests queued since the last flush (batched per source)."""
         if batch is not None:
+            if self.controller is not None:
+                self._tally(batch)
             for source in self.processors:
                 source.on_processed(batch)
         pending, self._pending = list({id(req): (s, req, limit) for s, req, limit in self._pending}.values()), []
@@ -241,6 +289,9 @@ class DraftPath:
             self.stats["guessed_drafts"] += 1
             self.stats["guessed_drafts_accepted_tokens"] += verdict.accepted
         self.stats["accepted_draft_tokens"] += verdict.accepted
+        self._accepted += verdict.accepted
+        if batch_adaptive(draft.source):
+            self._drafted += len(draft.tokens)
         self.stats["draft_verifications"] += 1
         req.spec_verify_ct += 1
         req.spec_draft_tokens += len(draft.tokens)
