@@ -74,12 +74,13 @@ def test_groups_hold_identical_slots(tiny_model_dir, page_size, every):
 
 
 def run_cases(device: str) -> None:
-    from radixlm.runtime.layers.attention import triton_backend
-    from tests.runtime.scheduler.conftest import TINY_LLAMA, make_scheduler, request
-    from tests.runtime.scheduler.fake_serving import serve
     import json
     import tempfile
     from pathlib import Path
+
+    from radixlm.runtime.layers.attention import triton_backend
+    from tests.runtime.scheduler.conftest import TINY_LLAMA, make_scheduler, request
+    from tests.runtime.scheduler.fake_serving import serve
 
     d = Path(tempfile.mkdtemp())
     (d / "config.json").write_text(json.dumps(TINY_LLAMA))
