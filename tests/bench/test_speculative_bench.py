@@ -23,7 +23,7 @@ def test_tiny_standalone_replay(tmp_path, acceptance, rounds):
     rows = speculative.main(["--tiny", "--workloads", "quote", "edit", "--batches", "1", "2", "--max-new-tokens", "16",
                              "--repeat", "1", "--rounds", str(rounds), "--stat", "median",
                              "--draft-acceptance", str(acceptance), "--save-ids", str(ids),
-                             "--out", str(out)])
+                             "--measure-window", "0", "--out", str(out)])
     result = json.loads(out.read_text())
     assert result["replay"]["draft_acceptance"] == acceptance and result["draft_model"]
     spec = [r for r in rows if r["algorithm"] == "STANDALONE"]
@@ -31,7 +31,8 @@ def test_tiny_standalone_replay(tmp_path, acceptance, rounds):
     assert result["settings"]["stat"] == "median" and all(len(r["runs_wall_s"]) == rounds for r in rows)
     for r in spec:
         assert r["identical_to_off"] == r["batch"]  # the recording, whatever the drafts
-        assert r["model_drafts"] > 0 and r["draft_tokens"] > 0
+        assert r["model_drafts"] > 0 and r["draft_tokens"] > 0  # no draft controller (--measure-window 0)
+        assert r["spec_controller_off_steps"] == r["spec_controller_on_steps"] == 0
         if acceptance == 1.0:
             assert r["accepted_draft_tokens"] == r["draft_tokens"]
         else:

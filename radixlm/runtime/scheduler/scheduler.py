@@ -85,7 +85,8 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
                                  lambda: grammars.backend, self.grammar_stats)
         speculative = self._speculative_sources(server_args)
         window = server_args.speculative_measure_window
-        controller = DraftController(window, stats=self.grammar_stats) if window and any(
+        # Its decisions follow this rank's clock: tensor-parallel ranks, which must decide alike, go without it.
+        controller = DraftController(window, stats=self.grammar_stats) if window and parallel.tp_size == 1 and any(
             batch_adaptive(s) for s in speculative) else None
         self.drafts = DraftPath([jump, *speculative], tokenizer, self.page_size, self.grammar_stats,
                                 server_args.speculative_max_batch_rows, lambda: len(self.running), controller)

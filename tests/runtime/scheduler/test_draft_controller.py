@@ -5,14 +5,17 @@ outputs stay those without speculation while it switches drafting on and off."""
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 
+from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.scheduler.drafts.controller import MAX_PERIOD_FACTOR, DraftController, _Bucket, bucket
+from radixlm.runtime.scheduler.scheduler import Scheduler
 
-from .fake_runner import make_fake_scheduler, make_prompts, record_plans
-from .fake_serving import assert_all_free, assert_reference, serve
 from .conftest import request
+from .fake_runner import FakeRunner, make_fake_scheduler, make_prompts, record_plans
+from .fake_serving import assert_all_free, assert_reference, serve
 from .test_standalone_drafts import _serve_waves, assert_draft_kv_matches_the_tree, models  # noqa: F401 - fixture
 from .test_standalone_drafts import make as make_standalone
 
@@ -232,3 +235,12 @@ def test_draft_model_outputs_and_kv_unchanged_while_the_controller_switches(mode
     stats = sched.grammar_stats
     assert stats["spec_controller_on_steps"] > 0 and stats["spec_controller_off_steps"] > 0
     assert stats["model_drafts"] > 0 and stats["draft_model_skipped_passes"] > 0
+
+
+def test_tensor_parallel_ranks_go_without_it():
+    """Its decisions follow one rank's clock; tensor-parallel ranks must decide alike."""
+    runner = FakeRunner(1024, 1, 32, 0, 512)
+    runner.parallel = SimpleNamespace(tp_size=2, broadcast_object=lambda x: x, all_true=lambda x: x)
+    args = ServerArgs(model_path="fake-model", device="cpu", random_seed=0, max_total_tokens=1024,
+                      speculative_algorithm="NGRAM", speculative_measure_window=8)
+    assert Scheduler(args, runner, tokenizer=None, eos_token_ids=frozenset()).drafts.controller is None
