@@ -69,13 +69,12 @@ class ScheduleBatch:
 
 class Planner:
     def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, tree_cache: RadixCache,
-                 page_size: int, shared_prefix_min_len: int = 0, shared_prefix_min_batch: int = 2):
+                 page_size: int, shared_prefix_min_len: int = 0):
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
         self.tree_cache = tree_cache
         self.page_size = page_size
         self.shared_prefix_min_len = shared_prefix_min_len  # 0: decode passes carry no shared prefixes
-        self.shared_prefix_min_batch = shared_prefix_min_batch  # smaller passes replay CUDA graphs (plain kernel)
 
     # ------------------------------------------------------------------ rows
     @staticmethod
@@ -118,7 +117,7 @@ class Planner:
             samplers=[], verifiers=[])
         if all(n == 1 for n in lens):
             self._one_row_each(batch)
-            if self.shared_prefix_min_len and len(reqs) >= self.shared_prefix_min_batch:
+            if self.shared_prefix_min_len:
                 batch.worker.shared_prefixes = shared_prefix_groups(reqs, self.shared_prefix_min_len)
         else:
             self._rows(batch)

@@ -68,9 +68,8 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         )
         shared = server_args.enable_shared_prefix_decode and getattr(model_runner.attn_backend,
                                                                       "supports_shared_prefix", False)
-        graphs = getattr(model_runner, "graph_runner", None)
         self.planner = Planner(self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size,
-                               SHARED_PREFIX_MIN_LEN if shared else 0, graphs.max_bs + 1 if graphs is not None else 2)
+                               SHARED_PREFIX_MIN_LEN if shared else 0)
         seed = server_args.random_seed if server_args.random_seed is not None else 0
         # Constrained decoding and drafts: one counter for their stats (masks filled, jumps, drafts kept, ...).
         self.grammar_stats: Counter = Counter()
