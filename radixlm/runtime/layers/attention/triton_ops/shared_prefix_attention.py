@@ -12,6 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from radixlm.runtime.layers.attention.triton_ops.span_attention import attend_span
 from radixlm.runtime.layers.attention.triton_ops.decode_splits import DECODE_BLOCK_N, shared_prefix_block_m
 
 # Views of one host-to-device copy at any offset (see decode_attention.INDEX_ARGS).
@@ -49,29 +50,9 @@ def _shared_prefix_stage1(
     q = tl.load(Q + b[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        slots = tl.load(Req_to_token + table_row * stride_rt + offs_n, mask=n_mask, other=0)
-        k = tl.load(K_buf + slots[:, None] * stride_kbs + kvh * stride_kh + offs_d[None, :],
-                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=PRECISION).to(tl.float32) * sm_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        v = tl.load(V_buf + slots[:, None] * stride_vbs + kvh * stride_vh + offs_d[None, :],
-                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
-
-    has_keys = end > start
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    lse = tl.where(has_keys, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+    out, lse = attend_span(q, K_buf, V_buf, Req_to_token + table_row * stride_rt, start, end, kvh, sm_scale,
+                           stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
+                           BLOCK_ROWS=BLOCK_M, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
     slot = slot0 + split
     tl.store(Mid_o + b[:, None] * stride_mob + heads[:, None] * stride_moh + slot * stride_mos + offs_d[None, :], out,
              mask=m_mask[:, None] & d_mask[None, :])
