@@ -13,6 +13,7 @@ issue's benchmark table, parts chosen with --parts:
   ab           one engine for the decode table (--decode-steps), ShareGPT-like, random 1024/512 and
                generated-shared-prefix (--prefix-groups x 32, radix cache on): the workloads of an A/B of two
                trees (benchmarks/ab_trees.sh runs this script under each tree's radixlm)
+               (its workloads, ab_workloads, at the peers' full sizes: benchmarks/peer_side_by_side.py)
 
     python benchmarks/gpu_llama8b.py --parts decode modes --out $OUT/llama8b_a_f.json
 
@@ -284,27 +285,47 @@ def part_prefix(path: str, src: PromptSource) -> dict:
     return rows
 
 
+# The peer-anchors.md workloads: decode prompt length; ShareGPT-like (requests, max input, max output); random
+# (requests, input, output); generated-shared-prefix (groups, per group, prefix, question, output).
+PEER_SIZES = {"prompt_len": 512, "sharegpt": (1000, 2048, 1024), "random": (500, 1024, 512),
+              "prefix": (32, 32, 2048, 128, 64)}
+
+
+def ab_workloads(engine: Engine, src: PromptSource, batches: list[int], steps: int, sizes: dict, mfu: bool = True,
+                 result: dict | None = None, checkpoint=lambda: None) -> dict:
+    """The decode table, ShareGPT-like, random and generated-shared-prefix on one engine, in that order (datasets
+    drawn from src as each starts); each into `result` as measured, checkpoint() after each."""
+    result = {} if result is None else result
+    decode_steps(engine, src, 8, sizes["prompt_len"], steps=16)  # warm-up
+    result["decode"] = []
+    for b in batches:
+        step = decode_steps(engine, src, b, sizes["prompt_len"], steps=steps)
+        result["decode"].append({"batch": b, "step_ms": step * 1e3, "output_tokens_per_s": b / step})
+        log(f"decode batch {b:4d}: {step * 1e3:7.2f} ms/step")
+    checkpoint()
+    n, max_in, max_out = sizes["sharegpt"]
+    result["sharegpt_like"] = offline_run(engine, sharegpt_like_dataset(src, n, seed=1, max_input_len=max_in,
+                                                                        max_output_len=max_out), "sharegpt-like", mfu)
+    checkpoint()
+    result["random_1024_512"] = offline_run(engine, random_dataset(src, *sizes["random"], 1.0), "random-1024-512", mfu)
+    checkpoint()
+    reqs = generated_shared_prefix_dataset(src, *sizes["prefix"], seed=2)
+    stats0 = dict(engine.scheduler.stats)
+    row = offline_run(engine, reqs, "generated-shared-prefix", mfu)
+    st = engine.scheduler.stats
+    row["hit_rate"] = (st["cached_tokens"] - stats0["cached_tokens"]) / max(st["prompt_tokens"] - stats0["prompt_tokens"], 1)
+    result["shared_prefix"] = row
+    checkpoint()
+    return result
+
+
 def part_ab(path: str, src: PromptSource, batches: list[int], steps: int, sharegpt_n: int, random_n: int,
             prefix_groups: int) -> dict:
     engine = make_engine(path, max_running_requests=max(batches))
+    sizes = {**PEER_SIZES, "sharegpt": (sharegpt_n, 2048, 1024), "random": (random_n, 1024, 512),
+             "prefix": (prefix_groups, 32, 2048, 128, 64)}
     try:
-        decode_steps(engine, src, 8, steps=16)  # warm-up
-        decode = []
-        for b in batches:
-            step = decode_steps(engine, src, b, steps=steps)
-            decode.append({"batch": b, "step_ms": step * 1e3, "output_tokens_per_s": b / step})
-            log(f"decode batch {b:4d}: {step * 1e3:7.2f} ms/step")
-        result = {"decode": decode,
-                  "sharegpt_like": offline_run(engine, sharegpt_like_dataset(src, sharegpt_n, seed=1), "sharegpt-like"),
-                  "random_1024_512": offline_run(engine, random_dataset(src, random_n, 1024, 512, 1.0),
-                                                 "random-1024-512")}
-        reqs = generated_shared_prefix_dataset(src, prefix_groups, 32, 2048, 128, 64, seed=2)
-        stats0 = dict(engine.scheduler.stats)
-        row = offline_run(engine, reqs, "generated-shared-prefix")
-        st = engine.scheduler.stats
-        row["hit_rate"] = (st["cached_tokens"] - stats0["cached_tokens"]) / max(st["prompt_tokens"] - stats0["prompt_tokens"], 1)
-        result["shared_prefix"] = row
-        return result
+        return ab_workloads(engine, src, batches, steps, sizes)
     finally:
         close(engine)
 
