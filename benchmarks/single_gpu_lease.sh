@@ -5,7 +5,8 @@
 #
 #   bash benchmarks/single_gpu_lease.sh prepare   # HERE, once before the lease: .stage/spec/{t8b,d1b} (Llama-3.1-8B
 #                                                 # target and Llama-3.2-1B draft shapes with SmolLM2's tokenizer,
-#                                                 # config only: 7 MB) for part spec
+#                                                 # config only: 7 MB) and .stage/spec/qt8b (the target with
+#                                                 # Qwen2.5-Coder's tokenizer and vocabulary: 11 MB) for part spec
 #   bash benchmarks/single_gpu_lease.sh p1        # issue 19: LM programs, variants full, no_frontend_parallelism,
 #                                                 # no_frontend_hint, no_radix_cache (2 server starts); mmlu and
 #                                                 # hellaswag 128 programs (P19_COUNTS), the others 16; every
@@ -17,7 +18,9 @@
 #                                                 # python benchmarks/programs_merge.py P1 P2 --out ...)
 #   bash benchmarks/single_gpu_lease.sh spec      # issue 21: speculative decoding GPU table (off, NGRAM, RADIX,
 #                                                 # STANDALONE x batch 1/8/64/256, replaying SmolLM2's outputs) and
-#                                                 # the batch-1 bandwidth floor measured in the same run
+#                                                 # the batch-1 bandwidth floor measured in the same run; then
+#                                                 # spec_qwen: quote and edit replaying Qwen2.5-Coder-0.5B's outputs
+#                                                 # (it performs the edit), off/NGRAM/RADIX x batch 1/8
 #   bash benchmarks/single_gpu_lease.sh vlm       # issue 23: LLaVA-bench with Qwen2.5-VL-7B shapes (radix / no_radix /
 #                                                 # no_cache), then LLaVA-OneVision-7B shapes (12 images, 2 repeats)
 #   DRY=1 bash benchmarks/single_gpu_lease.sh prepare|p1|p2|spec|vlm|all   # HERE, on the CPU: the same scripts
@@ -30,7 +33,7 @@
 #   call  command (run from the repo root on the device)                      carry                         est.
 #   1     bash benchmarks/single_gpu_lease.sh p1                              [".whl"]                      7.5-8 min
 #   2     bash benchmarks/single_gpu_lease.sh p2                              [".whl"]                      6.5-7 min
-#   3     bash benchmarks/single_gpu_lease.sh spec                            [".whl", ".stage/spec"]       5.5-6 min
+#   3     bash benchmarks/single_gpu_lease.sh spec                            [".whl", ".stage/spec"]       6-6.5 min
 #   4     bash benchmarks/single_gpu_lease.sh vlm                             [".whl"]                      7-8 min
 #         (about 27 minutes held: the first machine goes back; the next call starts a fresh one, 1-2 min)
 #   5     bash benchmarks/compile_count_lease.sh b                            [".whl"]                      5-9.5 min
@@ -51,10 +54,12 @@
 # Knobs (env): P19_PROGRAMS (16), P19_COUNTS (mmlu=128,hellaswag=128: --num-programs-per-workload), P19_SCALE (0.5),
 # P19_REPEAT (3: --repeat), P19_REPEAT_MAX_S (5: --repeat-max-seconds),
 # P1_VARIANTS, P2_VARIANTS (comma lists of radixlm.bench.programs variants), SPEC_ROUNDS (2), SPEC_REPEAT (3),
+# SPEC_QWEN_ROUNDS (1),
 # VLM_IMAGES (16: 24 ran past its 240 s step on an H200, three server starts and 4 runs a mode), OV_IMAGES (12).
 # After the lease, here: copy what came back into benchmarks/results/ (programs_gpu.{json,md,png} -- or
 # `python benchmarks/programs_merge.py programs_gpu_p1.json programs_gpu_p2.json --out benchmarks/results/
 # programs_gpu.json --note "..."` when p1 and p2 ran on different machines --, speculative_gpu.json,
+# speculative_gpu_qwen_coder.json,
 # llava_bench_qwen2_5_vl_7b_gpu.json, llava_bench_llava_onevision_7b_gpu.json), with the card that ran them.
 #
 # Estimates, from earlier GPU results in benchmarks/results (H100, Llama-3.1-8B dummy bf16):
@@ -88,11 +93,18 @@
 #     (warm-up + 3 runs); each key's row is the median of its 6 runs (--stat median; the best too). Measured on an
 #     H200 with 1 round x (warm-up + 2 runs): 126 s in all, the 64 keys' runs 0.2-1.2 s (sum of the fastest 31 s),
 #     so ~1.1 s a key and ~14 s an engine start (Triton's cache warm after the first). Now: 8 starts ~115 s + 128
-#     key-rounds x (warm-up + 3 runs) ~1.6 s ~205 s: ~320 s of the step's 530 s.
+#     key-rounds x (warm-up + 3 runs) ~1.6 s ~205 s: ~320 s. Measured so on an H100 (benchmarks/results/
+#     speculative_gpu_log.txt): 257 s; its timeout is now 390 s. spec_qwen (140 s): 1 round (SPEC_QWEN_ROUNDS) x 3
+#     engines ~45 s + 12 keys x (warm-up + 3 runs) of quote and edit at batch 1 and 8 (the SmolLM2 step's runs of
+#     those keys took ~1-1.5 s a key-round; Qwen's edit answer is longer) ~20 s, the floor ~5 s: ~75 s.
 #     The replayed outputs are SmolLM2's greedy answers recorded on the CPU (benchmarks/results/
 #     speculative_smol_ids_cpu.json: quote 42, edit 96, restate 43, story 96 tokens; speculative.py --model default
 #     --device cpu --batches 1 --algorithms --repeat 1 --save-ids ...); the target has SmolLM2's vocabulary (49,152),
 #     so its floor (weights read per token / copy bandwidth, speculative.py --floor) is that of the replay model.
+#     SmolLM2 does not perform `edit` (it rewrites the body, then repeats an invented output block), so spec_qwen
+#     replays Qwen2.5-Coder-0.5B-Instruct's answers (benchmarks/results/speculative_qwen_coder_ids_cpu.json, the same
+#     record command with --model qwen2.5-coder-0.5b-instruct) on Llama-3.1-8B shapes with Qwen's vocabulary
+#     (151,936: the lm_head is 1.2 GB, Llama-3.1's 128,256 is 1.05 GB).
 #   - issue 23: per mode a start + a warm-up + 3 runs of 24 images x 3 questions x 256 tokens (256 steps at batch 72,
 #     ~2.5 s, plus the prompts); Qwen2.5-VL-7B: 999-1,564 tokens an image at llava_bench's sizes (read by the dry
 #     run's vlm_shapes_check.py), ~30k prompt tokens a run (x3 without the radix cache): ~3 min; OneVision-7B's
@@ -115,6 +127,7 @@
 # every warm-up and measured run with no failed program, p1 and p2 merged into 7 variants x 11 workloads.
 # With --repeat 3 --repeat-max-seconds 1 (p1 again, beside a pytest run): rc=0 in 141 s, 37 of the 44 cells
 # measured 3 times and 7 once (their first run took 1 s or more), no failed program, the spread table written.
+# With spec_qwen (prepare and spec again): rc=0, spec 16 s, spec_qwen 18 s, every output identical to off's.
 # Results land in $OUT (JSON, markdown, PNG and each step's whole log).
 set -uo pipefail
 part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|spec|vlm (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
@@ -207,9 +220,11 @@ case $part in
 prepare)
   if [ "$DRY" = 1 ]; then
     $PY benchmarks/speculative_replay.py default "$SPEC/t8b" "$SPEC/d1b" --tiny
+    $PY benchmarks/speculative_replay.py qwen2.5-coder-0.5b-instruct "$SPEC/qt8b" --tiny
   else
     for d in .stage; do grep -qx "/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude; done
     $PY benchmarks/speculative_replay.py default "$SPEC/t8b" "$SPEC/d1b"
+    $PY benchmarks/speculative_replay.py qwen2.5-coder-0.5b-instruct "$SPEC/qt8b"
     du -sh "$SPEC" .whl
   fi ;;
 p1)
@@ -232,10 +247,15 @@ spec)
     dev=(--device cuda --dtype bfloat16); batches=(1 8 64 256)
     extra=(--rounds "${SPEC_ROUNDS:-2}" --repeat "${SPEC_REPEAT:-3}")
   fi
-  step spec 530 $PY benchmarks/speculative.py --model "$SPEC/t8b" --draft-model "$SPEC/d1b" --load-format dummy \
+  step spec 390 $PY benchmarks/speculative.py --model "$SPEC/t8b" --draft-model "$SPEC/d1b" --load-format dummy \
     "${dev[@]}" --algorithms NGRAM RADIX STANDALONE --batches "${batches[@]}" \
     --workloads quote edit restate story --script-ids benchmarks/results/speculative_smol_ids_cpu.json \
-    --draft-acceptance 0.8 --floor --stat median "${extra[@]}" --out "$OUT/speculative_gpu.json" ;;
+    --draft-acceptance 0.8 --floor --stat median "${extra[@]}" --out "$OUT/speculative_gpu.json"
+  [ "$DRY" = 1 ] || extra=(--rounds "${SPEC_QWEN_ROUNDS:-1}" --repeat "${SPEC_REPEAT:-3}")
+  step spec_qwen 140 $PY benchmarks/speculative.py --model "$SPEC/qt8b" --load-format dummy "${dev[@]}" \
+    --algorithms NGRAM RADIX --batches "${batches[0]}" "${batches[1]}" --workloads quote edit \
+    --script-ids benchmarks/results/speculative_qwen_coder_ids_cpu.json --floor --stat median "${extra[@]}" \
+    --out "$OUT/speculative_gpu_qwen_coder.json" ;;
 vlm)
   banner
   if [ "$DRY" = 1 ]; then

@@ -24,7 +24,18 @@ STANDALONE on an 8B model's passes (GPU; benchmarks/speculative_replay.py), repl
         --dtype bfloat16 --algorithms STANDALONE --batches 1 8 64 256 --workloads quote edit restate story \
         --script-ids /tmp/smol_spec_ids.json --draft-acceptance 0.8 --out benchmarks/results/speculative_gpu.json
 
-    python benchmarks/speculative.py --tiny                  # the same path with tiny shapes on the CPU (records first)
+    python benchmarks/speculative.py --tiny [--model M]      # the same path with tiny shapes on the CPU (records first)
+
+The same with Qwen2.5-Coder-0.5B-Instruct's outputs (it performs `edit`; SmolLM2 rewrites the body and goes on):
+Llama-3.1-8B shapes with Qwen's vocabulary (speculative_replay.RECORDINGS), NGRAM and RADIX need no draft model:
+
+    python benchmarks/speculative.py --model qwen2.5-coder-0.5b-instruct --device cpu --batches 1 --algorithms NGRAM \
+        --repeat 1 --save-ids benchmarks/results/speculative_qwen_coder_ids_cpu.json \
+        --out benchmarks/results/speculative_qwen_coder_cpu.json    # record (off's outputs) and the CPU figures
+    python benchmarks/speculative_replay.py qwen2.5-coder-0.5b-instruct /tmp/qt8b
+    python benchmarks/speculative.py --model /tmp/qt8b --load-format dummy --device cuda --dtype bfloat16 \
+        --algorithms NGRAM RADIX --batches 1 8 --workloads quote edit \
+        --script-ids benchmarks/results/speculative_qwen_coder_ids_cpu.json --out speculative_gpu_qwen_coder.json
 """
 from __future__ import annotations
 
@@ -128,12 +139,13 @@ def replay(engine: Engine, args, recorded: dict[str, list[int]]) -> None:
 
 
 def tiny(args) -> None:
-    """--tiny: a tiny random target and draft model with the default model's tokenizer, on the CPU."""
+    """--tiny: a tiny random target and draft model with --model's tokenizer (the recording model's), on the CPU."""
     import tempfile
 
     root = tempfile.mkdtemp(prefix="speculative-tiny-")
-    args.model = speculative_replay.shaped("default", f"{root}/target", ModelShape.TINY)
-    args.draft_model = speculative_replay.shaped("default", f"{root}/draft", ModelShape.TINY_DRAFT)
+    recording_model = args.model
+    args.model = speculative_replay.shaped(recording_model, f"{root}/target", ModelShape.TINY)
+    args.draft_model = speculative_replay.shaped(recording_model, f"{root}/draft", ModelShape.TINY_DRAFT)
     args.load_format, args.device, args.dtype = "dummy", "cpu", "float32"
     args.algorithms = args.algorithms or ["STANDALONE"]
     args.workloads = [n for n in args.workloads if n in WORKLOADS]

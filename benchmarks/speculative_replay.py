@@ -1,9 +1,16 @@
 """STANDALONE on an 8B model's passes without its weights (benchmarks/speculative.py --script-ids): a target with
 Llama-3.1-8B's shapes and a draft model with Llama-3.2-1B's (the same vocabulary), both with dummy weights and the
 recording model's tokenizer, run every pass for real; the target's logits are replaced by a recorded run's tokens
-(SmolLM2's greedy outputs, as json_decoding.py --script-ids does), and each draft token is the recorded one with
+(a small model's greedy outputs, as json_decoding.py --script-ids does), and each draft token is the recorded one with
 probability --draft-acceptance (else another token), so acceptance is set, not learned: random weights would
-reject every draft. Outputs are the recording in every mode. --tiny: the same with tiny shapes, on the CPU."""
+reject every draft. Outputs are the recording in every mode. --tiny: the same with tiny shapes, on the CPU.
+
+Recording models (RECORDINGS): SmolLM2-135M-Instruct (`default`, vocabulary 49,152) and Qwen2.5-Coder-0.5B-Instruct
+(vocabulary 151,936: it performs the `edit` workload, which SmolLM2 does not). Either way the shapes are
+Llama-3.1-8B's and Llama-3.2-1B's with the recording model's vocabulary, tokenizer and stop tokens:
+
+    python benchmarks/speculative_replay.py qwen2.5-coder-0.5b-instruct /tmp/qt8b [/tmp/qd1b]  # no draft: target
+"""
 from __future__ import annotations
 
 import json
@@ -16,9 +23,14 @@ import torch
 from llama8b import shaped_like_8b
 from radixlm.runtime.executor.logits import LogitsOutput
 from radixlm.runtime.host_to_device import host_to_device
+from radixlm.runtime.model_loader.tokenizer import get_tokenizer
 from radixlm.runtime.scheduler.drafts.model import DraftModelSource
 
 HIGH = 10.0  # a replayed token's logit; every other token has 0
+# recording model (alias) -> its recorded greedy outputs (speculative.py --save-ids on the CPU)
+RESULTS = Path(__file__).resolve().parent / "results"
+RECORDINGS = {"default": RESULTS / "speculative_smol_ids_cpu.json",
+              "qwen2.5-coder-0.5b-instruct": RESULTS / "speculative_qwen_coder_ids_cpu.json"}
 
 
 class ModelShape(Enum):
@@ -50,6 +62,10 @@ def shaped(tokenizer_model: str, dst: str, shape: ModelShape) -> str:
     config = json.loads(config_path.read_text())
     config.update(shape.overrides)
     config_path.write_text(json.dumps(config, indent=2))
+    # A replayed token must be a row of the target's logits, and a tokenizer token a row of its embedding.
+    n_tokens = len(get_tokenizer(out))
+    if n_tokens > config["vocab_size"]:
+        raise ValueError(f"{tokenizer_model}: {n_tokens} tokenizer tokens > vocab_size {config['vocab_size']}")
     return out
 
 
@@ -115,12 +131,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description="writes the target (8B shapes) and draft (1B shapes) model directories")
     p.add_argument("tokenizer_model", help="the recording model (alias, GGUF or directory): its tokenizer and vocabulary")
     p.add_argument("target_dir")
-    p.add_argument("draft_dir")
+    p.add_argument("draft_dir", nargs="?", help="none: the target only (NGRAM and RADIX need no draft model)")
     p.add_argument("--tiny", action="store_true", help="tiny target and draft shapes instead (a CPU dry run)")
     args = p.parse_args()
     target, draft = ((ModelShape.TINY, ModelShape.TINY_DRAFT) if args.tiny
                      else (ModelShape.LLAMA_3_1_8B, ModelShape.LLAMA_3_2_1B))
-    print(shaped(args.tokenizer_model, args.target_dir, target), shaped(args.tokenizer_model, args.draft_dir, draft))
+    print(shaped(args.tokenizer_model, args.target_dir, target),
+          shaped(args.tokenizer_model, args.draft_dir, draft) if args.draft_dir else "")
 
 
 if __name__ == "__main__":

@@ -39,3 +39,37 @@ def test_tiny_standalone_replay(tmp_path, acceptance, rounds):
             assert r["accepted_draft_tokens"] == 0
     recorded = json.loads(ids.read_text())
     assert sorted(recorded) == ["edit", "quote"] and all(len(v) == 16 for v in recorded.values())
+
+
+QWEN_CODER = "qwen2.5-coder-0.5b-instruct"
+
+
+def test_replay_shapes_of_another_recording_model(tmp_path, monkeypatch, capsys):
+    """speculative_replay.py with a non-default recording model: 8B shapes with its vocabulary, tokenizer and stop
+    tokens; without a draft directory, the target only."""
+    import speculative_replay
+    from radixlm.runtime.model_loader.tokenizer import get_tokenizer
+
+    monkeypatch.setattr(sys, "argv", ["speculative_replay.py", QWEN_CODER, str(tmp_path / "t8b")])
+    speculative_replay.main()
+    assert not (tmp_path / "d1b").exists() and str(tmp_path / "t8b") in capsys.readouterr().out
+    config = json.loads((tmp_path / "t8b" / "config.json").read_text())
+    tok = get_tokenizer(str(tmp_path / "t8b"))
+    assert config["vocab_size"] == 151936 >= len(tok) > 151000 and config["hidden_size"] == 4096
+    assert 151645 in config["eos_token_id"] and tok.convert_tokens_to_ids("<|im_end|>") == 151645
+    recorded = json.loads(Path(speculative_replay.RECORDINGS[QWEN_CODER]).read_text())
+    assert sorted(recorded) == ["edit", "quote", "restate", "story"]
+    assert all(0 <= t < config["vocab_size"] for ids in recorded.values() for t in ids)
+    assert "average" in tok.decode(recorded["edit"])  # the coder model performs the rename
+
+
+def test_tiny_replay_with_another_recording_model(tmp_path):
+    """--tiny --model M: the tiny target and draft carry M's tokenizer and vocabulary."""
+    out = tmp_path / "spec.json"
+    rows = speculative.main(["--tiny", "--model", QWEN_CODER, "--workloads", "edit", "--batches", "1",
+                             "--max-new-tokens", "8", "--repeat", "1", "--measure-window", "0",
+                             "--out", str(out)])
+    result = json.loads(out.read_text())
+    for model in (result["model"], result["draft_model"]):
+        assert json.loads((Path(model) / "config.json").read_text())["vocab_size"] == 151936
+    assert all(r["identical_to_off"] == 1 for r in rows) and len(rows) == 2
