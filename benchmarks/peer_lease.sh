@@ -14,21 +14,8 @@
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: peer_lease.sh RUN_INDEX... (DRY=1 ...: the CPU dry run)" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
-if [ "${DRY:-0}" = 1 ]; then
-  cd "$HERE/.." || exit 1
-  OUT=${OUT:-/tmp/peer_dry}
-  PY=${PY:-$PWD/.venv/bin/python}
-  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-  TINY=--tiny
-  mkdir -p "$OUT"
-  echo "DRY RUN on the CPU: $(nproc) cores"
-else
-  . "$HERE/device_env.sh"
-  PY=python3
-  TINY=
-  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
-  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-fi
+DRY_OUT=/tmp/peer_dry
+. "$HERE/lease_env.sh"
 git rev-parse --short HEAD 2>/dev/null | sed 's/^/tree /'
 $PY benchmarks/peer_side_by_side.py run "$@" $TINY --out-dir "$OUT" --name "${NAME:-default}" \
   --engine-args "${ENGINE_ARGS:-{\}}" --budget-s "${BUDGET_S:-540}" 2>&1 | grep -v "safetensors\|Warn\|warn\| INFO \|USDT"

@@ -15,22 +15,8 @@
 set -uo pipefail
 part=${1:?usage: profile_lease.sh a|b (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
 HERE=$(cd "$(dirname "$0")" && pwd)
-if [ "${DRY:-0}" = 1 ]; then
-  TREE=$(cd "$HERE/.." && pwd)
-  cd "$TREE" || exit 1
-  OUT=${OUT:-/tmp/profile_dry/out}
-  PY=${PY:-$TREE/.venv/bin/python}
-  export PYTHONPATH=$TREE PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-  TINY=--tiny
-  mkdir -p "$OUT"
-  echo "DRY RUN on the CPU: $(nproc) cores"
-else
-  . "$HERE/device_env.sh"
-  PY=python3
-  TINY=
-  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
-  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-fi
+DRY_OUT=/tmp/profile_dry/out
+. "$HERE/lease_env.sh"
 run() {  # run NAME PARTS...
   local name=$1${NAME:+_$NAME} t0=$SECONDS; shift
   timeout -k 15 540 $PY benchmarks/profile_workloads.py $TINY --parts "$@" --engine-args "${ENGINE_ARGS:-{\}}" \
