@@ -25,5 +25,5 @@ def shared_prefix_rows_per_tile(group: int) -> int:
 
 def shared_prefix_num_splits(max_prefix_len: int, num_tiles: int, num_kv_heads: int,
                              block_n: int = DECODE_BLOCK_N) -> int:
-    """As decode_num_splits, over the (tile, kv head) programs of the prefix kernel."""
-    return max(1, min(16, -(-max_prefix_len // (4 * block_n)), -(-256 // max(1, num_tiles * num_kv_heads))))
+    """decode_num_splits' rule over the prefix kernel's (tile, kv head) programs: a tile stands where a request does."""
+    return decode_num_splits(max_prefix_len, num_tiles, num_kv_heads, block_n)
