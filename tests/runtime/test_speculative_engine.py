@@ -27,7 +27,8 @@ def test_asked_again_the_engine_drafts_the_cached_answer(tiny_dir):
     runs = {}
     for algo in (None, "RADIX"):
         engine = radixlm.Engine(tiny_dir, load_format="dummy", dtype="float32", device="cpu", random_seed=0,
-                                max_total_tokens=2048, enable_integrity_check=True, speculative_algorithm=algo)
+                                max_total_tokens=2048, enable_integrity_check=True, speculative_algorithm=algo,
+                                speculative_measure_window=0)  # drafting wherever the source drafts (counted)
         try:
             runs[algo] = [engine.generate(input_ids=prompt, sampling_params=sp) for _ in range(2)]
         finally:
@@ -58,7 +59,8 @@ def test_standalone_draft_model_through_the_engine(tmp_path):
     for algo in (None, "STANDALONE"):
         engine = radixlm.Engine(str(tmp_path), dtype="float32", device="cpu", random_seed=0, max_total_tokens=2048,
                                 enable_integrity_check=True, speculative_algorithm=algo,
-                                speculative_draft_model_path=str(tmp_path) if algo else None)
+                                speculative_draft_model_path=str(tmp_path) if algo else None,
+                                speculative_measure_window=0)  # drafting wherever the source drafts (counted)
         try:
             runs[algo] = engine.generate(input_ids=prompts, sampling_params=sp)
         finally:
