@@ -27,10 +27,12 @@ def load(run_dir: Path) -> list[dict]:
 def llama8b_metrics(result: dict) -> dict[str, tuple[float, str]]:
     """metric -> (value, 'time' | 'rate')."""
     ab = result["ab"]
-    out = {f"decode step ms, batch {row['batch']}": (row["step_ms"], "time") for row in ab["decode"]}
+    out = {f"decode step ms, batch {row['batch']}": (row["step_ms"], "time") for row in ab.get("decode", [])}
     for key in ("sharegpt_like", "random_1024_512", "shared_prefix"):
-        out[f"{key} output tok/s"] = (ab[key]["output_tokens_per_s"], "rate")
-    out["shared_prefix hit rate"] = (ab["shared_prefix"]["hit_rate"], "rate")
+        if key in ab:
+            out[f"{key} output tok/s"] = (ab[key]["output_tokens_per_s"], "rate")
+    if "shared_prefix" in ab:
+        out["shared_prefix hit rate"] = (ab["shared_prefix"]["hit_rate"], "rate")
     return out
 
 

@@ -10,7 +10,10 @@
 #                                                  # GGUF part 0 and the base tree in /tmp
 #   bash benchmarks/ab_trees.sh json [ROUNDS]      # GPU, right after (carry .stage/smol.part1): json_decoding.py,
 #                                                  # regex and json_schema, jump-forward off/fast/exact (AB_MODES:
-#                                                  # another list, e.g. off,fast for more rounds in one call)
+#                                                  # another list, e.g. off,fast for more rounds in one call;
+#                                                  # AB_CONSTRAINTS: e.g. regex)
+#   AB_LLAMA_ARGS='--batches --sharegpt-requests 1000 --random-requests 0 --prefix-groups 0' ... llama8b 5
+#                                                  # one workload only (a size 0 skips one), more rounds a call
 #   IDS=ids.json bash benchmarks/ab_trees.sh host [ROUNDS]   # CPU: host_overhead.py (the scheduler's host work
 #                                                  # on scripted logits; IDS from json_decoding.py --save-ids)
 set -euo pipefail
@@ -60,13 +63,14 @@ for r in $(seq 1 "$rounds"); do
   trees="base new"; [ $((r % 2)) -eq 0 ] && trees="new base"
   for t in $trees; do
     if [ "$cmd" = llama8b ]; then
-      run $t "llama8b_${t}_r$r" benchmarks/gpu_llama8b.py --parts ab --batches 1 8 32 64 128 256 \
-        --decode-steps 128 --sharegpt-requests 400 --random-requests 200 --prefix-groups 16
+      # shellcheck disable=SC2086
+      run $t "llama8b_${t}_r$r" benchmarks/gpu_llama8b.py --parts ab ${AB_LLAMA_ARGS:---batches 1 8 32 64 128 256 \
+        --decode-steps 128 --sharegpt-requests 400 --random-requests 200 --prefix-groups 16}
     elif [ "$cmd" = host ]; then
       run $t "host_regex_${t}_r$r" benchmarks/host_overhead.py --ids "${IDS:?IDS}" --constraint regex \
         --modes off,exact --repeat 2
     else
-      for c in regex json_schema; do
+      for c in ${AB_CONSTRAINTS:-regex json_schema}; do
         run $t "json_${c}_${t}_r$r" benchmarks/json_decoding.py --model /tmp/stage/smol.gguf --device cuda \
           --dtype bfloat16 --num-prompts 512 --max-running 32 --max-total-tokens 131072 --constraint $c \
           --modes "${AB_MODES:-off,fast,exact}" --repeat 1

@@ -118,7 +118,7 @@ def decode_steps(engine: Engine, src: PromptSource, batch: int, prompt_len: int 
 
 def part_decode(path: str, src: PromptSource, batches: list[int]) -> dict:
     bw = measure_copy_bandwidth()
-    engine = make_engine(path, max_running_requests=max(batches))
+    engine = make_engine(path, max_running_requests=max(batches, default=256))
     try:
         weight_bytes, _, _ = model_bytes(engine)
         kv_per_token = engine.runner.kv_bytes_per_token()
@@ -294,21 +294,28 @@ PEER_SIZES = {"prompt_len": 512, "sharegpt": (1000, 2048, 1024), "random": (500,
 def ab_workloads(engine: Engine, src: PromptSource, batches: list[int], steps: int, sizes: dict, mfu: bool = True,
                  result: dict | None = None, checkpoint=lambda: None) -> dict:
     """The decode table, ShareGPT-like, random and generated-shared-prefix on one engine, in that order (datasets
-    drawn from src as each starts); each into `result` as measured, checkpoint() after each."""
+    drawn from src as each starts); each into `result` as measured, checkpoint() after each. A workload sized 0 (no
+    batches, no requests, no groups) is skipped: an A/B may measure one workload many times."""
     result = {} if result is None else result
     decode_steps(engine, src, 8, sizes["prompt_len"], steps=16)  # warm-up
-    result["decode"] = []
+    if batches:
+        result["decode"] = []
     for b in batches:
         step = decode_steps(engine, src, b, sizes["prompt_len"], steps=steps)
         result["decode"].append({"batch": b, "step_ms": step * 1e3, "output_tokens_per_s": b / step})
         log(f"decode batch {b:4d}: {step * 1e3:7.2f} ms/step")
     checkpoint()
     n, max_in, max_out = sizes["sharegpt"]
-    result["sharegpt_like"] = offline_run(engine, sharegpt_like_dataset(src, n, seed=1, max_input_len=max_in,
-                                                                        max_output_len=max_out), "sharegpt-like", mfu)
-    checkpoint()
-    result["random_1024_512"] = offline_run(engine, random_dataset(src, *sizes["random"], 1.0), "random-1024-512", mfu)
-    checkpoint()
+    if n:
+        result["sharegpt_like"] = offline_run(engine, sharegpt_like_dataset(src, n, seed=1, max_input_len=max_in,
+                                                                            max_output_len=max_out), "sharegpt-like", mfu)
+        checkpoint()
+    if sizes["random"][0]:
+        result["random_1024_512"] = offline_run(engine, random_dataset(src, *sizes["random"], 1.0), "random-1024-512",
+                                                mfu)
+        checkpoint()
+    if not sizes["prefix"][0]:
+        return result
     reqs = generated_shared_prefix_dataset(src, *sizes["prefix"], seed=2)
     stats0 = dict(engine.scheduler.stats)
     row = offline_run(engine, reqs, "generated-shared-prefix", mfu)
@@ -321,7 +328,7 @@ def ab_workloads(engine: Engine, src: PromptSource, batches: list[int], steps: i
 
 def part_ab(path: str, src: PromptSource, batches: list[int], steps: int, sharegpt_n: int, random_n: int,
             prefix_groups: int) -> dict:
-    engine = make_engine(path, max_running_requests=max(batches))
+    engine = make_engine(path, max_running_requests=max(batches, default=256))
     sizes = {**PEER_SIZES, "sharegpt": (sharegpt_n, 2048, 1024), "random": (random_n, 1024, 512),
              "prefix": (prefix_groups, 32, 2048, 128, 64)}
     try:
@@ -352,7 +359,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--parts", nargs="+", default=["decode", "modes", "offline", "overhead", "prefix"],
                    choices=["decode", "modes", "offline", "overhead", "prefix", "ab"])
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
+    p.add_argument("--batches", type=int, nargs="*", default=[1, 8, 32, 64, 128, 256])
     p.add_argument("--sharegpt-requests", type=int, default=1000)
     p.add_argument("--random-requests", type=int, default=500)
     p.add_argument("--decode-steps", type=int, default=256, help="ab: measured decode steps per batch size")
