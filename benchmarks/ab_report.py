@@ -1,9 +1,10 @@
 """Medians and ratios of an A/B of two trees (benchmarks/ab_trees.sh): reads each run's JSON, prints a table and
 writes one JSON holding the summary and every run.
 
-    python benchmarks/ab_report.py llama8b|json|host RUN_DIR OUT.json
+    python benchmarks/ab_report.py llama8b|json|host|spec RUN_DIR OUT.json
 
-A ratio is new / base of a throughput (above 1: the new tree is faster) or base / new of a time (likewise)."""
+A ratio is new / base of a throughput (above 1: the new tree is faster) or base / new of a time (likewise); a tree
+named new_* (a variant of the new tree, e.g. new_w0) is compared with base too."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,8 @@ import statistics
 import sys
 from pathlib import Path
 
-NAME = re.compile(r"(?P<kind>llama8b|json|host)_(?:(?P<constraint>regex|json_schema)_)?(?P<tree>base|new)_r(?P<round>\d+)$")
+NAME = re.compile(r"(?P<kind>llama8b|json|host|spec)_(?:(?P<constraint>regex|json_schema)_)?(?P<tree>base|new\w*)"
+                  r"_r(?P<round>\d+)$")
 
 
 def load(run_dir: Path) -> list[dict]:
@@ -40,24 +42,36 @@ def json_metrics(result: dict, constraint: str) -> dict[str, tuple[float, str]]:
     return {f"{constraint} {mode} wall s": (run["wall_s"], "time") for mode, run in result["runs"].items()}
 
 
+def spec_metrics(result: dict) -> dict[str, tuple[float, str]]:
+    """Per (workload, batch, algorithm): tokens/s, and the speed-up over off measured in the same run."""
+    out = {}
+    for row in result["rows"]:
+        cell = f"{row['workload']} b{row['batch']} {row['algorithm']}"
+        out[f"{cell} tok/s"] = (row["output_tokens_per_s"], "rate")
+        if row["algorithm"] != "off":
+            out[f"{cell} vs off"] = (row["speedup_vs_off"], "rate")
+    return out
+
+
 def summarize(kind: str, runs: list[dict]) -> dict:
     values: dict[str, dict[str, list[float]]] = {}
     sense: dict[str, str] = {}
     for run in runs:
-        metrics = (llama8b_metrics(run["result"]) if kind == "llama8b"
-                   else json_metrics(run["result"], run["constraint"]))
+        metrics = (llama8b_metrics(run["result"]) if kind == "llama8b" else spec_metrics(run["result"])
+                   if kind == "spec" else json_metrics(run["result"], run["constraint"]))
         for name, (v, s) in metrics.items():
-            values.setdefault(name, {"base": [], "new": []})[run["tree"]].append(v)
+            values.setdefault(name, {}).setdefault(run["tree"], []).append(v)
             sense[name] = s
     rows = []
     for name, by_tree in values.items():
-        base, new = by_tree["base"], by_tree["new"]
-        if not base or not new:
-            continue
-        mb, mn = statistics.median(base), statistics.median(new)
-        ratio = mn / mb if sense[name] == "rate" else mb / mn
-        rows.append({"metric": name, "base_median": mb, "new_median": mn, "new_vs_base": ratio,
-                     "base_runs": base, "new_runs": new})
+        base = by_tree.get("base", [])
+        for tree, new in sorted(by_tree.items()):
+            if tree == "base" or not base or not new:
+                continue
+            mb, mn = statistics.median(base), statistics.median(new)
+            ratio = mn / mb if sense[name] == "rate" else mb / mn
+            rows.append({"metric": name if tree == "new" else f"{name} [{tree}]", "base_median": mb, "new_median": mn,
+                         "new_vs_base": ratio, "base_runs": base, "new_runs": new})
     return {"rows": rows}
 
 
