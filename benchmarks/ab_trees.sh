@@ -21,7 +21,8 @@
 #   AB_BASE=spec bash benchmarks/ab_trees.sh spec [ROUNDS] # GPU (carry .whl ab/spec .stage/spec): speculative.py
 #                                                  # (replayed SmolLM2 outputs, Llama-8B shapes; AB_SPEC_ARGS) per
 #                                                  # tree, and this tree again without the draft controller
-#                                                  # (tree new_w0: --measure-window 0); each run measures its own off
+#                                                  # (tree new_w0: --measure-window 0); each run measures its own
+#                                                  # off (estimate, not measured: ~3 min a round of three trees)
 AB_BASE=${AB_BASE:-base}  # ab/$AB_BASE holds the base tree
 set -euo pipefail
 cmd=${1:?usage: ab_trees.sh prepare REV | llama8b [ROUNDS] | json [ROUNDS] | host [ROUNDS] | spec [ROUNDS]}
@@ -84,7 +85,7 @@ for r in $(seq $((1 + ${AB_ROUND0:-0})) $((rounds + ${AB_ROUND0:-0}))); do  # AB
       run $t "spec_${t}_r$r" benchmarks/speculative.py --model "$PWD/.stage/spec/t8b" --load-format dummy \
         --device cuda --dtype bfloat16 --script-ids "$PWD/benchmarks/results/speculative_smol_ids_cpu.json" \
         --draft-acceptance 0.8 --stat median --rounds 1 "${w0[@]}" \
-        ${AB_SPEC_ARGS:---algorithms NGRAM RADIX --batches 1 8 64 256 --workloads quote restate story --repeat 3}
+        ${AB_SPEC_ARGS:---algorithms NGRAM --batches 1 64 256 --workloads quote restate story --repeat 3}
     elif [ "$cmd" = host ]; then
       run $t "host_regex_${t}_r$r" benchmarks/host_overhead.py --ids "${IDS:?IDS}" --constraint regex \
         --modes off,exact --repeat 2
