@@ -57,7 +57,33 @@ from speculative_replay import ModelShape
 
 PASSAGE = ("The old lighthouse stood at the end of the pier for more than a century. Every evening the keeper climbed "
            "the one hundred and twelve steps, trimmed the wick, polished the lens and watched the ships pass.")
-CODE = ("def mean(values):\n    total = 0\n    for v in values:\n        total += v\n    return total / len(values)\n")
+CODE = '''class Inventory:
+    def __init__(self):
+        self.items = {}
+
+    def add(self, name, count=1):
+        if count <= 0:
+            raise ValueError("count must be positive")
+        self.items[name] = self.items.get(name, 0) + count
+
+    def remove(self, name, count=1):
+        if name not in self.items:
+            raise KeyError(name)
+        if self.items[name] < count:
+            raise ValueError("not enough " + name)
+        self.items[name] -= count
+        if self.items[name] == 0:
+            del self.items[name]
+
+    def total(self):
+        return sum(self.items.values())
+
+    def report(self):
+        lines = []
+        for name in sorted(self.items):
+            lines.append(f"{name}: {self.items[name]}")
+        return "\\n".join(lines)
+'''
 
 QUESTION = "Explain in a few sentences how a lighthouse helps ships at night."
 
@@ -68,7 +94,8 @@ def user(text: str) -> dict:
 
 WORKLOADS = {
     "quote": [f"Repeat the following text exactly, word for word:\n\n{PASSAGE}"],
-    "edit": [f"Rename the function `mean` to `average` in this code and output the whole code:\n\n{CODE}"],
+    "edit": ["Rename `items` to `stock` everywhere in this code. Keep everything else exactly as it is and output "
+             f"the whole code.\n\n```python\n{CODE}```"],
     "restate": [f"Earlier you told me: \"{PASSAGE}\" Please say that again, exactly as before."],
     "story": ["Write a short story about a fox who learns to sail."],
 }
