@@ -20,7 +20,7 @@
 #                                                 # STANDALONE x batch 1/8/64/256, replaying SmolLM2's outputs) and
 #                                                 # the batch-1 bandwidth floor measured in the same run; then
 #                                                 # spec_qwen: quote and edit replaying Qwen2.5-Coder-0.5B's outputs
-#                                                 # (it performs the edit), off/NGRAM/RADIX x batch 1/8
+#                                                 # (it does the edit's rename), off/NGRAM/RADIX x batch 1/8
 #   bash benchmarks/single_gpu_lease.sh vlm       # issue 23: LLaVA-bench with Qwen2.5-VL-7B shapes (radix / no_radix /
 #                                                 # no_cache), then LLaVA-OneVision-7B shapes (12 images, 2 repeats)
 #   DRY=1 bash benchmarks/single_gpu_lease.sh prepare|p1|p2|spec|vlm|all   # HERE, on the CPU: the same scripts
@@ -96,15 +96,16 @@
 #     key-rounds x (warm-up + 3 runs) ~1.6 s ~205 s: ~320 s. Measured so on an H100 (benchmarks/results/
 #     speculative_gpu_log.txt): 257 s; its timeout is now 390 s. spec_qwen (140 s): 1 round (SPEC_QWEN_ROUNDS) x 3
 #     engines ~45 s + 12 keys x (warm-up + 3 runs) of quote and edit at batch 1 and 8 (the SmolLM2 step's runs of
-#     those keys took ~1-1.5 s a key-round; Qwen's edit answer is longer) ~20 s, the floor ~5 s: ~75 s.
+#     those keys took ~1-1.5 s a key-round; Qwen's answers are as long) ~20 s, the floor ~5 s: ~75 s.
 #     The replayed outputs are SmolLM2's greedy answers recorded on the CPU (benchmarks/results/
 #     speculative_smol_ids_cpu.json: quote 42, edit 96, restate 43, story 96 tokens; speculative.py --model default
 #     --device cpu --batches 1 --algorithms --repeat 1 --save-ids ...); the target has SmolLM2's vocabulary (49,152),
 #     so its floor (weights read per token / copy bandwidth, speculative.py --floor) is that of the replay model.
-#     SmolLM2 does not perform `edit` (it rewrites the body, then repeats an invented output block), so spec_qwen
-#     replays Qwen2.5-Coder-0.5B-Instruct's answers (benchmarks/results/speculative_qwen_coder_ids_cpu.json, the same
-#     record command with --model qwen2.5-coder-0.5b-instruct) on Llama-3.1-8B shapes with Qwen's vocabulary
-#     (151,936: the lm_head is 1.2 GB, Llama-3.1's 128,256 is 1.05 GB).
+#     SmolLM2 does not perform `edit`'s rename (it copies the class unchanged: all 96 tokens lie in runs of >= 4
+#     tokens found in the prompt), so spec_qwen replays Qwen2.5-Coder-0.5B-Instruct's answers, which rename (91 of
+#     96 in such runs; benchmarks/results/speculative_qwen_coder_ids_cpu.json: quote 45, edit 96, restate 45, story
+#     96 tokens; the same record command with --model qwen2.5-coder-0.5b-instruct) on Llama-3.1-8B shapes with
+#     Qwen's vocabulary (151,936: the lm_head is 1.2 GB, Llama-3.1's 128,256 is 1.05 GB).
 #   - issue 23: per mode a start + a warm-up + 3 runs of 24 images x 3 questions x 256 tokens (256 steps at batch 72,
 #     ~2.5 s, plus the prompts); Qwen2.5-VL-7B: 999-1,564 tokens an image at llava_bench's sizes (read by the dry
 #     run's vlm_shapes_check.py), ~30k prompt tokens a run (x3 without the radix cache): ~3 min; OneVision-7B's

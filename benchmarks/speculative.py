@@ -5,11 +5,12 @@ against speculation off, at a few batch sizes, greedy.
                                      [--algorithms NGRAM] [--workloads ...] [--repeat 2]
                                      [--out benchmarks/results/speculative_cpu.json]
 
-Workloads (chat prompts, the model's own answers): `quote` (repeat a passage word for word), `edit` (rewrite a
-snippet of code with one change), `restate` (restate an earlier turn of a conversation), and `story` (free text, no
-source to copy). Workloads with a history (before each timed run, the cache is flushed and earlier requests are
-answered, untimed; the RADIX source drafts from what they left in the tree): `ask_again` (the same question asked again), `recall` (a chat
-whose next turn asks for the assistant's earlier answer again: the answer is in the prompt, and in the tree), and
+Workloads (chat prompts, the model's own answers): `quote` (repeat a passage word for word), `edit` (rename an
+attribute everywhere in a 26-line class and output the whole code), `restate` (restate an earlier turn of a
+conversation), and `story` (free text, no source to copy). Workloads with a history (before each timed run, the
+cache is flushed and earlier requests are answered, untimed; the RADIX source drafts from what they left in the
+tree): `ask_again` (the same question asked again), `recall` (a chat whose next turn asks for the assistant's earlier
+answer again: the answer is in the prompt, and in the tree), and
 `other_system` (the same question under another system prompt: the earlier answer is in the tree, in another
 context). Reports per workload, batch and algorithm: output tokens/s (--stat: the median or the fastest of the
 --rounds x --repeat runs; rounds interleave the engines), its ratio to off (and the fastest runs' ratio), drafts
@@ -26,7 +27,7 @@ STANDALONE on an 8B model's passes (GPU; benchmarks/speculative_replay.py), repl
 
     python benchmarks/speculative.py --tiny [--model M]      # the same path with tiny shapes on the CPU (records first)
 
-The same with Qwen2.5-Coder-0.5B-Instruct's outputs (it performs `edit`; SmolLM2 rewrites the body and goes on):
+The same with Qwen2.5-Coder-0.5B-Instruct's outputs (it performs `edit`'s rename; SmolLM2 copies the code as it is):
 Llama-3.1-8B shapes with Qwen's vocabulary (speculative_replay.RECORDINGS), NGRAM and RADIX need no draft model:
 
     python benchmarks/speculative.py --model qwen2.5-coder-0.5b-instruct --device cpu --batches 1 --algorithms NGRAM \

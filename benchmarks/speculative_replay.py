@@ -6,8 +6,8 @@ probability --draft-acceptance (else another token), so acceptance is set, not l
 reject every draft. Outputs are the recording in every mode. --tiny: the same with tiny shapes, on the CPU.
 
 Recording models (RECORDINGS): SmolLM2-135M-Instruct (`default`, vocabulary 49,152) and Qwen2.5-Coder-0.5B-Instruct
-(vocabulary 151,936: it performs the `edit` workload, which SmolLM2 does not). Either way the shapes are
-Llama-3.1-8B's and Llama-3.2-1B's with the recording model's vocabulary, tokenizer and stop tokens:
+(vocabulary 151,936: it performs the `edit` workload's rename, which SmolLM2 leaves out). Either way the shapes
+are Llama-3.1-8B's and Llama-3.2-1B's with the recording model's vocabulary, tokenizer and stop tokens:
 
     python benchmarks/speculative_replay.py qwen2.5-coder-0.5b-instruct /tmp/qt8b [/tmp/qd1b]  # no draft: target
 """
