@@ -87,8 +87,9 @@ for r in $(seq $((1 + ${AB_ROUND0:-0})) $((rounds + ${AB_ROUND0:-0}))); do  # AB
         --draft-acceptance 0.8 --stat median --rounds 1 "${w0[@]}" \
         ${AB_SPEC_ARGS:---algorithms NGRAM --batches 1 64 256 --workloads quote restate story --repeat 3}
     elif [ "$cmd" = host ]; then
-      run $t "host_regex_${t}_r$r" benchmarks/host_overhead.py --ids "${IDS:?IDS}" --constraint regex \
-        --modes off,exact --repeat 2
+      c=${AB_CONSTRAINTS:-regex}  # one: IDS were recorded with it
+      run $t "host_${c}_${t}_r$r" benchmarks/host_overhead.py --ids "${IDS:?IDS}" --constraint "$c" \
+        --modes "${AB_MODES:-off,exact}" --repeat 2
     else
       for c in ${AB_CONSTRAINTS:-regex json_schema}; do
         run $t "json_${c}_${t}_r$r" benchmarks/json_decoding.py --model /tmp/stage/smol.gguf --device cuda \

@@ -174,17 +174,26 @@ class DraftPath:
         in flight (planned ahead by the overlap scheduler): a draft continues the last token, not yet known.
         defer=False skips deferred sources (their drafts come at flush: too late for a pass being planned).
         With one pass in flight, only sources that guess its token draft (the module's note)."""
-        if req.kv.verifying:
+        kv = req.kv
+        if kv.verifying:
             return
-        self._check_guess(req)
-        flying = req.kv.in_flight
+        if kv.draft is not None:
+            self._check_guess(req)
+        flying = kv.in_flight
         if flying > 1 or (flying and req.grammar is not None):
             return
-        cap = self.draft_cap(self.batch_size() if batch is None else batch)
+        # (This runs for every token a grammar's request takes: the batch rule's cap is worked out only for a
+        # source it binds.)
+        cap: int | None = None
         for source in req.draft_sources:
-            if req.finished() or req.kv.draft is not None:
+            if req.finished_reason is not None or kv.draft is not None:
                 break
-            if (cap == 0 and batch_adaptive(source)) or (flying and not guesses(source)):
+            adaptive = batch_adaptive(source)
+            if adaptive:
+                cap = self.draft_cap(self.batch_size() if batch is None else batch)
+                if cap == 0:
+                    continue
+            if flying and not guesses(source):
                 continue
             limit = self._limit(req, source, cap)
             if getattr(source, "deferred", False):
@@ -193,9 +202,14 @@ class DraftPath:
                     break
                 continue
             source.propose(req)
+        if kv.draft is None:
+            return
         self._split_guess(req)
-        if req.kv.draft is not None:
-            self._cut(req, self._limit(req, req.kv.draft.source, cap))
+        if kv.draft is not None:
+            source = kv.draft.source
+            if batch_adaptive(source):
+                cap = self.draft_cap(self.batch_size() if batch is None else batch)
+            self._cut(req, self._limit(req, source, cap))
 
     def _split_guess(self, req: Req) -> None:
         """A draft made with a pass in flight continues the known tokens: its first token, the guess of the token
@@ -245,7 +259,8 @@ class DraftPath:
             source.on_launch(batch, drafting)
 
     def _limit(self, req: Req, source: Proposer, cap: int | None) -> int | None:
-        """Draft tokens `source` may propose for `req`: the batch rule's cap and the request's adaptive length."""
+        """Draft tokens `source` may propose for `req`: the batch rule's cap (for a source it binds) and the
+        request's adaptive length."""
         limit = cap if batch_adaptive(source) else None
         if getattr(source, "adaptive_length", False):
             limit = _min(limit, self._length(req, source).next_len())
