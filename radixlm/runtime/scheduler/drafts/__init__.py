@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
@@ -74,6 +74,27 @@ def batch_adaptive(source) -> bool:
     return getattr(source, "batch_adaptive", True)
 
 
+@dataclass(frozen=True, slots=True)
+class _Traits:
+    """A source's optional attributes (the module's note), read once: propose runs for every token a request
+    with a source takes."""
+
+    adaptive: bool  # batch_adaptive
+    guesses: bool
+    deferred: bool
+    adaptive_length: bool
+
+    @classmethod
+    def of(cls, source) -> "_Traits":
+        return cls(batch_adaptive(source), guesses(source), getattr(source, "deferred", False),
+                   getattr(source, "adaptive_length", False))
+
+    @property
+    def limited(self) -> bool:
+        """Whether _limit may bound its drafts (else they are bounded by the tokens left only)."""
+        return self.adaptive or self.adaptive_length
+
+
 def _min(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
 
@@ -91,6 +112,7 @@ class DraftPath:
         self.batch_size = batch_size
         self.watchers = [s for s in sources if hasattr(s, "on_launch")]
         self.processors = [s for s in sources if hasattr(s, "on_processed")]
+        self._traits = {id(s): _Traits.of(s) for s in sources}
         self._lengths: weakref.WeakKeyDictionary[Req, DraftLength] = weakref.WeakKeyDictionary()
         self._pending: list[tuple[Proposer, Req, int | None]] = []  # deferred sources' requests, until flush
         self.controller = controller
@@ -188,15 +210,15 @@ class DraftPath:
         for source in req.draft_sources:
             if req.finished_reason is not None or kv.draft is not None:
                 break
-            adaptive = batch_adaptive(source)
-            if adaptive:
+            traits = self._traits_of(source)
+            if traits.adaptive:
                 cap = self.draft_cap(self.batch_size() if batch is None else batch)
                 if cap == 0:
                     continue
-            if flying and not guesses(source):
+            if flying and not traits.guesses:
                 continue
-            limit = self._limit(req, source, cap)
-            if getattr(source, "deferred", False):
+            limit = self._limit(req, source, cap) if traits.limited else None
+            if traits.deferred:
                 if defer and source.ready(req):
                     self._pending.append((source, req, limit))
                     break
@@ -207,9 +229,14 @@ class DraftPath:
         self._split_guess(req)
         if kv.draft is not None:
             source = kv.draft.source
-            if batch_adaptive(source):
+            traits = self._traits_of(source)
+            if traits.adaptive:
                 cap = self.draft_cap(self.batch_size() if batch is None else batch)
-            self._cut(req, self._limit(req, source, cap))
+            self._cut(req, self._limit(req, source, cap) if traits.limited else None)
+
+    def _traits_of(self, source: Proposer) -> _Traits:
+        traits = self._traits.get(id(source))
+        return traits if traits is not None else _Traits.of(source)
 
     def _split_guess(self, req: Req) -> None:
         """A draft made with a pass in flight continues the known tokens: its first token, the guess of the token
