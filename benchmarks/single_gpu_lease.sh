@@ -8,8 +8,8 @@
 #                                                 # config only: 7 MB) and .stage/spec/qt8b (the target with
 #                                                 # Qwen2.5-Coder's tokenizer and vocabulary: 11 MB) for part spec
 #   bash benchmarks/single_gpu_lease.sh p1        # issue 19: LM programs, variants full, no_frontend_parallelism,
-#                                                 # no_frontend_hint, no_radix_cache (2 server starts); mmlu and
-#                                                 # hellaswag 128 programs (P19_COUNTS), the others 16; every
+#                                                 # no_frontend_hint, no_radix_cache (2 server starts); mmlu 512
+#                                                 # and hellaswag 128 programs (P19_COUNTS), the others 16; every
 #                                                 # variant warms each workload up first (4 programs, unmeasured);
 #                                                 # a variant's workload whose first run took < 5 s runs 3 times
 #                                                 # (medians reported; P19_REPEAT, P19_REPEAT_MAX_S)
@@ -51,7 +51,7 @@
 #   10    AB_MODES=off,fast AB_BUDGET_S=540 bash benchmarks/ab_trees.sh json 4 [".stage/smol.part1"]        10 min
 #         (issue 18, stop 27's "next": 9 and 10 back to back on the SAME machine: 10 reads /tmp/stage and /tmp/site
 #         that 9 left; ab/ holds bcf4a2f's tree, the base the issue starts from)
-# Knobs (env): P19_PROGRAMS (16), P19_COUNTS (mmlu=128,hellaswag=128: --num-programs-per-workload), P19_SCALE (0.5),
+# Knobs (env): P19_PROGRAMS (16), P19_COUNTS (mmlu=512,hellaswag=128: --num-programs-per-workload), P19_SCALE (0.5),
 # P19_REPEAT (3: --repeat), P19_REPEAT_MAX_S (5: --repeat-max-seconds),
 # P1_VARIANTS, P2_VARIANTS (comma lists of radixlm.bench.programs variants), SPEC_ROUNDS (2), SPEC_REPEAT (3),
 # SPEC_QWEN_ROUNDS (1),
@@ -89,6 +89,9 @@
 #     take 6.7-59 s there: one run). Repeated runs' sum: full 7.1 s, no_frontend_parallelism 13.2, no_frontend_hint
 #     7.1, no_radix_cache 10.3, fcfs 7.0, random 7.4, all_off 9.6; twice more plus ~1.5 s a variant of tokenizing and
 #     the optimal per run: p1 +90 s, p2 +57 s. So p1 ~440 s of its 530 s, p2 ~390 s of 510 s.
+#     (d) mmlu 512 programs instead of 128 (its 128-program runs lasted 0.3-2 s: full and no_frontend_hint, the same
+#     configuration for mmlu, gave 240 and 396 programs/s): at those rates ~2 s a parallel run (3 runs), ~8 s
+#     all_off's (1 run): p1 ~+25 s, p2 ~+15 s (estimates).
 #   - issue 21: 2 rounds (engines interleaved: off, NGRAM, RADIX, STANDALONE, then again) x 4 workloads x 4 batches x
 #     (warm-up + 3 runs); each key's row is the median of its 6 runs (--stat median; the best too). Measured on an
 #     H200 with 1 round x (warm-up + 2 runs): 126 s in all, the 64 keys' runs 0.2-1.2 s (sum of the fastest 31 s),
@@ -206,7 +209,7 @@ programs() {  # programs NAME VARIANTS SECONDS
     nprog=2; scale=0.05; counts=mmlu=3,hellaswag=3; repeat=3; maxs=1  # some runs here take over 1 s: both cases
     sargs="--load-format dummy --dtype float32 --device cpu --context-length 4096 --max-total-tokens 16384 --random-seed 0 --log-level warning"
   else
-    nprog=${P19_PROGRAMS:-16}; scale=${P19_SCALE:-0.5}; counts=${P19_COUNTS:-mmlu=128,hellaswag=128}
+    nprog=${P19_PROGRAMS:-16}; scale=${P19_SCALE:-0.5}; counts=${P19_COUNTS:-mmlu=512,hellaswag=128}
     repeat=${P19_REPEAT:-3}; maxs=${P19_REPEAT_MAX_S:-5}
     sargs="--load-format dummy --dtype bfloat16 --context-length 8192 --random-seed 0 --log-level warning"
   fi
