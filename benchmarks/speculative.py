@@ -141,6 +141,13 @@ def start(engine: Engine, name: str, max_new: int) -> str:
     return template(engine, timed([o["text"] for o in outs]))
 
 
+def engine_facts(engine: Engine) -> dict:
+    """What an engine sized at start-up (a round's engine that runs slower than its twin: same sizes?)."""
+    runner, graphs = engine.runner, engine.runner.graph_runner
+    return {"kv_tokens": runner.max_total_num_tokens, "cuda_graph_max_bs": graphs.max_bs if graphs else 0,
+            "max_running_requests": runner.max_running_requests}
+
+
 def engine_for(args, algo: str | None) -> Engine:
     draft = {"speculative_draft_model_path": args.draft_model} if algo == "STANDALONE" else {}
     if args.measure_window is not None:
@@ -253,9 +260,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     floor, bw = None, copy_bandwidth(args.device) if args.floor else None
     runs: dict[tuple[str, int, str], list[tuple[float, list[list[int]], dict]]] = {}
     timed_prompts: dict[str, str] = {}  # (greedy: the earlier answers are the same for every algorithm)
-    for _ in range(args.rounds):
+    engines: list[dict] = []  # per engine (round, algorithm): what it sized at start-up
+    for rnd in range(args.rounds):
         for algo in [None, *args.algorithms]:
             engine = engine_for(args, algo)
+            engines.append({"round": rnd + 1, "algorithm": algo or "off", **engine_facts(engine)})
             if recorded is not None:
                 replay(engine, args, recorded)
             if args.floor and floor is None:
@@ -278,13 +287,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()  # the next engine sizes its KV pool from the free memory
     rows = []
-    for (name, b, algo), got in runs.items():
-        got = sorted(got, key=lambda g: g[0])
+    for (name, b, algo), measured in runs.items():
+        got = sorted(measured, key=lambda g: g[0])
         wall, ids, stats = got[(len(got) - 1) // 2] if args.stat == "median" else got[0]
         n_out = sum(len(x) for x in ids)
+        # runs_wall_s in the order measured: round 1's repeats, then round 2's, ... (each round a fresh engine)
         rows.append({"workload": name, "batch": b, "algorithm": algo, "wall_s": wall, "output_tokens": n_out,
                      "output_tokens_per_s": n_out / wall, "best_output_tokens_per_s": n_out / got[0][0],
-                     "runs_wall_s": [g[0] for g in got], **stats, "_ids": ids})
+                     "runs_wall_s": [g[0] for g in measured], **stats, "_ids": ids})
     off = {(r["workload"], r["batch"]): r for r in rows if r["algorithm"] == "off"}
     print(f"{'workload':12} {'batch':>5} {'algorithm':11} {'tok/s':>8} {'vs off':>7} {'best':>5} {'spread':>6} "
           f"{'drafts':>7} {'accept/draft':>12} {'same':>5}")
@@ -311,6 +321,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                            "stat": args.stat, "defaults": "speculative_max_batch_rows=64, "
                            "speculative_radix_match_window_size=4, ngram windows 2..4"},
               "draft_model": args.draft_model, "load_format": args.load_format, "bandwidth_floor": floor,
+              "engines": engines,
               "replay": None if recorded is None else {"script_ids": args.script_ids or "recorded (--tiny)",
                                                        "draft_acceptance": args.draft_acceptance},
               "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]}
