@@ -89,11 +89,6 @@ class _Traits:
         return cls(batch_adaptive(source), guesses(source), getattr(source, "deferred", False),
                    getattr(source, "adaptive_length", False))
 
-    @property
-    def limited(self) -> bool:
-        """Whether _limit may bound its drafts (else they are bounded by the tokens left only)."""
-        return self.adaptive or self.adaptive_length
-
 
 def _min(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
@@ -217,7 +212,7 @@ class DraftPath:
                     continue
             if flying and not traits.guesses:
                 continue
-            limit = self._limit(req, source, cap) if traits.limited else None
+            limit = self._limit(req, source, cap)
             if traits.deferred:
                 if defer and source.ready(req):
                     self._pending.append((source, req, limit))
@@ -232,7 +227,7 @@ class DraftPath:
             traits = self._traits_of(source)
             if traits.adaptive:
                 cap = self.draft_cap(self.batch_size() if batch is None else batch)
-            self._cut(req, self._limit(req, source, cap) if traits.limited else None)
+            self._cut(req, self._limit(req, source, cap))
 
     def _traits_of(self, source: Proposer) -> _Traits:
         traits = self._traits.get(id(source))
@@ -288,8 +283,9 @@ class DraftPath:
     def _limit(self, req: Req, source: Proposer, cap: int | None) -> int | None:
         """Draft tokens `source` may propose for `req`: the batch rule's cap (for a source it binds) and the
         request's adaptive length."""
-        limit = cap if batch_adaptive(source) else None
-        if getattr(source, "adaptive_length", False):
+        traits = self._traits_of(source)
+        limit = cap if traits.adaptive else None
+        if traits.adaptive_length:
             limit = _min(limit, self._length(req, source).next_len())
         return limit
 
