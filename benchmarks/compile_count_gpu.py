@@ -42,11 +42,11 @@ CONFIGS: dict[str, dict] = {
     "page16": {"page_size": 16},
     "chunked": {"chunked_prefill_size": 256},
     "fcfs_nomixed": {"schedule_policy": "fcfs", "disable_mixed_prefill": True},
-    "small_graphs": {"cuda_graph_max_bs": 8},  # decode batches past 8 rows run eagerly
+    # Decode batches past 8 rows run eagerly, and those with groups read each group's prefix once (the prefix
+    # kernel, row starts, more slots).
+    "small_graphs": {"cuda_graph_max_bs": 8},
     "nograph": {"disable_cuda_graph": True},
     "sync": {"disable_overlap_schedule": True, "page_size": 4},
-    # Eager decode passes past 8 rows read each group's prefix once (the prefix kernel, row starts, more slots).
-    "shared_prefix": {"enable_shared_prefix_decode": True, "cuda_graph_max_bs": 8},
 }
 SCALES = {
     # groups x prompts of (prefix + question), outputs; largest sweep batch; longest random prompt; huge batch

@@ -6,7 +6,7 @@
 # inside 540 s (then send it in the next call).
 #   bash benchmarks/peer_lease.sh 1 2     # call 1: cold run + warm run (~330 s)
 #   bash benchmarks/peer_lease.sh 3       # call 2: warm run (~150 s)
-#   NAME=spd ENGINE_ARGS='{"enable_shared_prefix_decode": true}' bash benchmarks/peer_lease.sh 1 2   # another
+#   NAME=nospd ENGINE_ARGS='{"disable_shared_prefix_decode": true}' bash benchmarks/peer_lease.sh 1 2   # another
 #                                         # configuration (its run 1 wipes the cache again: cold)
 # Then here, all runs of one configuration:
 #   python benchmarks/peer_side_by_side.py merge FILES_AT/*/peer_NAME_r*.json --out benchmarks/results/peer_side_by_side_NAME.json

@@ -152,7 +152,7 @@ class ModelRunner:
         return warmup_plan(self.model_config.context_len, self.num_kv_heads, graph_max_bs,
                            eager_token_rows_any_size=self.mm_embedder is not None, has_moe=has_moe,
                            tree_masks=uses_tree_masks(self.server_args, self.attn_backend.supports_tree_mask),
-                           shared_prefix=self.server_args.enable_shared_prefix_decode
+                           shared_prefix=not self.server_args.disable_shared_prefix_decode
                            and self.attn_backend.supports_shared_prefix)
 
     @torch.inference_mode()

@@ -26,7 +26,7 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
       Req_pool_indices, Seq_lens: views at any offset -> do_not_specialize_on_alignment.
       GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, BLOCK_N, PRECISION (dtype), strides of q and the pools: fixed.
       Row_starts / HAS_ROW_STARTS: None / False, except in eager passes with shared prefixes (below).
-  shared_prefix_attention.py  _shared_prefix_stage1 (--enable-shared-prefix-decode, eager decode passes with groups)
+  shared_prefix_attention.py  _shared_prefix_stage1 (shared-prefix decode, eager decode passes with groups)
       num_tiles, num_splits (its prefix splits, 1..16), slot0 (the decode split count) and the log-sum-exp strides:
         do_not_specialize. Req_pool_indices, Tile_rows, Tiles (views of one copy): no alignment. GROUP, HEAD_DIM,
         BLOCK_D, BLOCK_M, BLOCK_N, PRECISION, strides: fixed. With it, decode stage 1 takes Row_starts
@@ -115,7 +115,7 @@ def warmup_plan(context_len: int, num_kv_heads: int, graph_max_bs: int, eager_to
     """graph_max_bs: the largest captured batch (0 without graphs); eager_token_rows_any_size: passes of any row
     count may run without a graph (media or multimodal positions); tree_masks: tree drafts are configured and the
     attention backend takes their masks (uses_tree_masks); shared_prefix: eager decode passes may carry shared
-    prefixes (--enable-shared-prefix-decode on a backend that supports_shared_prefix)."""
+    prefixes (shared-prefix decode, not --disable-shared-prefix-decode, on a backend that supports_shared_prefix)."""
     eager_from = 0 if eager_token_rows_any_size else graph_max_bs
     splits = decode_eager_splits(context_len, num_kv_heads, eager_from)
     return WarmupPlan(decode_splits=splits, moe=has_moe, tree_masks=tree_masks,

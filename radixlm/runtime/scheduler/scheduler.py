@@ -66,7 +66,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
             self.req_to_token_pool, self.allocator, page_size=self.page_size,
             disable=server_args.disable_radix_cache, eviction_policy=server_args.radix_eviction_policy,
         )
-        shared = server_args.enable_shared_prefix_decode and getattr(model_runner.attn_backend,
+        shared = not server_args.disable_shared_prefix_decode and getattr(model_runner.attn_backend,
                                                                       "supports_shared_prefix", False)
         self.planner = Planner(self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size,
                                SHARED_PREFIX_MIN_LEN if shared else 0)

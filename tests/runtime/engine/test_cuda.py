@@ -58,7 +58,7 @@ def _hf_greedy(model_dir: str, prompts: list[list[int]], max_new: int) -> list[l
     ({"max_total_tokens": 400, "schedule_conservativeness": 0.05}, 0),
     ({"chunked_prefill_size": 16, "page_size": 4}, 0),
     ({}, 96),
-    ({"enable_shared_prefix_decode": True, "disable_cuda_graph": True}, 300),  # groups over a 300-token prefix
+    ({"disable_cuda_graph": True}, 300),  # groups over a 300-token prefix
 ], ids=["plain", "retraction", "chunked-pages", "shared-prefix", "shared-prefix-decode"])
 def test_cuda_greedy_matches_transformers(tiny_cuda_model, kwargs, shared):
     import radixlm
@@ -177,7 +177,7 @@ def tiny_cuda_moe_model(tiny_cuda_model, tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("which, configs", [
-    ("dense", ["default", "page16", "chunked", "fcfs_nomixed", "small_graphs", "nograph", "sync", "shared_prefix"]),
+    ("dense", ["default", "page16", "chunked", "fcfs_nomixed", "small_graphs", "nograph", "sync"]),
     ("moe", ["default", "page16", "nograph"]),
 ])
 def test_cuda_no_triton_compile_after_start_up(tiny_cuda_model, tiny_cuda_moe_model, tmp_path, which, configs):

@@ -317,7 +317,7 @@ def test_moe_launches_while_serving_are_built_by_the_warm_up(monkeypatch, dtype)
                                                                  (8, 0, 8192)])
 def test_shared_prefix_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_heads, graph_max_bs,
                                                                        context_len):
-    """Eager decode passes with shared prefixes (--enable-shared-prefix-decode): the prefix kernel, decode stage 1
+    """Eager decode passes with shared prefixes (shared-prefix decode): the prefix kernel, decode stage 1
     with row starts and stage 2 over splits + prefix splits, built by TritonAttnBackend.warm_up_shared_prefix."""
     from types import SimpleNamespace
 

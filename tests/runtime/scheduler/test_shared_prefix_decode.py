@@ -1,4 +1,4 @@
-"""Shared-prefix decode (--enable-shared-prefix-decode): the planner's groups (scheduler/shared_prefix.py) hold
+"""Shared-prefix decode (on unless --disable-shared-prefix-decode): the planner's groups (scheduler/shared_prefix.py) hold
 identical req_to_token slots over their prefix, through the real Scheduler (torch_native, pages of 1 and 4,
 siblings admitted together and requests arriving while others decode); and greedy tokens with the Triton backend
 are the same with the flag on and off (the tiny model on the CPU, kernels under TRITON_INTERPRET=1)."""
@@ -61,7 +61,7 @@ def test_groups_hold_identical_slots(tiny_model_dir, page_size, every):
     from tests.runtime.scheduler.conftest import make_scheduler, request
     from tests.runtime.scheduler.fake_serving import serve
 
-    sched = make_scheduler(tiny_model_dir, page_size=page_size, enable_shared_prefix_decode=True)
+    sched = make_scheduler(tiny_model_dir, page_size=page_size)
     assert sched.planner.shared_prefix_min_len == 0  # torch_native does not take them
     sched.planner.shared_prefix_min_len = MIN_LEN
     seen = record_groups(sched)
@@ -90,7 +90,7 @@ def run_cases(device: str) -> None:
         outs = {}
         for on in (False, True):
             sched = make_scheduler(str(d), page_size=page_size, attention_backend="triton",
-                                   enable_shared_prefix_decode=on, max_total_tokens=2048)
+                                   disable_shared_prefix_decode=not on, max_total_tokens=2048)
             assert sched.planner.shared_prefix_min_len == (256 if on else 0)
             if on:
                 sched.planner.shared_prefix_min_len = MIN_LEN
