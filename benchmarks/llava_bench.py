@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import enum
-import io
 import json
 import platform
 import random
@@ -30,6 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import radixlm as sgl  # noqa: E402
+from radixlm.bench.programs.data import png  # noqa: E402
+from radixlm.bench.programs.workloads import image_qa  # noqa: E402
 from benchmarks.vlm_checkpoints import VlmCheckpoint, VlmShape, write_checkpoint  # noqa: E402
 
 STAT_KEYS = ("prompt_tokens", "cached_tokens", "prefill_tokens", "mm_encoded_items", "mm_encoder_seconds",
@@ -53,9 +54,9 @@ class Workload:
     system: str
     max_new_tokens: int
 
-    def batch(self, metas: list, answers: dict) -> list[dict]:
-        return [{"image": im, "questions": qs, "metas": metas, "answers": answers, "max_tokens": self.max_new_tokens,
-                 "system": self.system} for im, qs in zip(self.images, self.questions)]
+    def batch(self, sink: dict) -> list[dict]:
+        return [{"image": im, "questions": qs, "system": self.system, "max_tokens": self.max_new_tokens,
+                 "sink": sink} for im, qs in zip(self.images, self.questions)]
 
 
 @dataclass
@@ -76,28 +77,6 @@ class ModeResult:
     encoder_share: float  # of the wall time
     answers_equal_first_mode: int
     answers: list[str] = field(default_factory=list, repr=False)
-
-
-@sgl.function
-def image_qa(s, image, questions, metas, answers, max_tokens, system):
-    s += sgl.system(system)
-    s += sgl.user_begin() + sgl.image(image)
-    forks = s.fork(len(questions))
-    for f, q in zip(forks, questions):
-        f += q + sgl.user_end()
-        f += sgl.assistant(sgl.gen("answer", max_tokens=max_tokens, temperature=0, ignore_eos=True))
-    forks.join()
-    metas.extend(f.get_meta_info("answer") for f in forks)
-    answers[image] = [f["answer"] for f in forks]
-
-
-def png(rng: random.Random, size: tuple[int, int]) -> bytes:
-    from PIL import Image
-
-    pixels = bytes(rng.getrandbits(8) for _ in range(size[0] * size[1] * 3))
-    buf = io.BytesIO()
-    Image.frombytes("RGB", size, pixels).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def words(rng: random.Random, vocab: int, n: int) -> str:
@@ -125,21 +104,21 @@ def server_stats(backend: sgl.RuntimeEndpoint) -> dict:
 def run_once(backend: sgl.RuntimeEndpoint, work: Workload) -> tuple[float, dict, list[dict], list[str]]:
     backend.flush_cache()
     before = server_stats(backend)
-    metas: list[dict] = []
-    by_image: dict[str, list[str]] = {}
+    by_image: dict[str, list[tuple[dict, str]]] = {}
     t0 = time.perf_counter()
-    states = image_qa.run_batch(work.batch(metas, by_image), backend=backend, num_threads=len(work.images))
+    states = image_qa.run_batch(work.batch(by_image), backend=backend, num_threads=len(work.images), temperature=0.0)
     for st in states:
         st.text()  # finished (and any error raised) before the clock stops
     wall = time.perf_counter() - t0
     after = server_stats(backend)
-    return wall, {k: after[k] - before[k] for k in STAT_KEYS}, metas, [a for im in work.images for a in by_image[im]]
+    qa = [pair for im in work.images for pair in by_image[im]]
+    return wall, {k: after[k] - before[k] for k in STAT_KEYS}, [m for m, _ in qa], [a for _, a in qa]
 
 
 def run_mode(backend: sgl.RuntimeEndpoint, mode: str, works: list[Workload], warmup: Workload,
              first: list[str] | None) -> ModeResult:
     """Each workload once (their images differ, so none is in the encoder cache yet); the fastest one's figures."""
-    image_qa.run_batch(warmup.batch([], {}), backend=backend, num_threads=len(warmup.images))
+    image_qa.run_batch(warmup.batch({}), backend=backend, num_threads=len(warmup.images), temperature=0.0)
     runs = [run_once(backend, w) for w in works]
     answers = [a for run in runs for a in run[3]]
     wall, d, metas, _ = min(runs, key=lambda r: r[0])

@@ -16,6 +16,9 @@
 #   bash benchmarks/single_gpu_lease.sh p2        # issue 19: fcfs, random, all_off (3 server starts); merges with
 #                                                 # p1's JSON when the machine is still the same one (else merge here:
 #                                                 # python benchmarks/programs_merge.py P1 P2 --out ...)
+#   bash benchmarks/single_gpu_lease.sh p19vlm    # issue 19: the llava_bench workload of radixlm.bench.programs on
+#                                                 # Qwen2.5-VL-7B shapes (dummy bf16), all 7 variants (5 server
+#                                                 # starts), 16 programs at scale 0.5 (estimate ~400 s, not measured)
 #   bash benchmarks/single_gpu_lease.sh spec      # issue 21: speculative decoding GPU table (off, NGRAM, RADIX,
 #                                                 # STANDALONE x batch 1/8/64/256, replaying SmolLM2's outputs) and
 #                                                 # the batch-1 bandwidth floor measured in the same run; then
@@ -134,7 +137,7 @@
 # With spec_qwen (prepare and spec again): rc=0, spec 16 s, spec_qwen 18 s, every output identical to off's.
 # Results land in $OUT (JSON, markdown, PNG and each step's whole log).
 set -uo pipefail
-part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|spec|vlm (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
+part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|p19vlm|spec|vlm (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
 DRY=${DRY:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 if [ "$DRY" = 1 ]; then
@@ -202,9 +205,9 @@ EOF
 }
 
 # python -m radixlm.bench.programs with the paper's ablations (issue 19), one subset of the variants.
-programs() {  # programs NAME VARIANTS SECONDS
-  local name=$1 variants=$2 secs=$3 model nprog scale counts sargs repeat maxs
-  model=$(llama_dir) || return 1
+programs() {  # programs NAME VARIANTS SECONDS [MODEL_DIR WORKLOADS]
+  local name=$1 variants=$2 secs=$3 model=${4:-} workloads=${5:-all} nprog scale counts sargs repeat maxs
+  [ -n "$model" ] || model=$(llama_dir) || return 1
   if [ "$DRY" = 1 ]; then
     nprog=2; scale=0.05; counts=mmlu=3,hellaswag=3; repeat=3; maxs=1  # some runs here take over 1 s: both cases
     sargs="--load-format dummy --dtype float32 --device cpu --context-length 4096 --max-total-tokens 16384 --random-seed 0 --log-level warning"
@@ -214,7 +217,7 @@ programs() {  # programs NAME VARIANTS SECONDS
     sargs="--load-format dummy --dtype bfloat16 --context-length 8192 --random-seed 0 --log-level warning"
   fi
   step "$name" "$secs" $PY -m radixlm.bench.programs --launch-server --model-path "$model" \
-    --server-args "$sargs" --ablations --variants "$variants" --num-programs "$nprog" \
+    --server-args "$sargs" --ablations --variants "$variants" --workloads "$workloads" --num-programs "$nprog" \
     --num-programs-per-workload "$counts" --scale "$scale" --repeat "$repeat" --repeat-max-seconds "$maxs" \
     --num-threads 64 --output-file "$OUT/programs_gpu_$name.json"
   [ -f "$OUT/programs_gpu_$name.json" ] && cp "$OUT/programs_gpu_$name.json" "$LEASE/"
@@ -260,6 +263,18 @@ spec)
     --algorithms NGRAM RADIX --batches "${batches[0]}" "${batches[1]}" --workloads quote edit \
     --script-ids benchmarks/results/speculative_qwen_coder_ids_cpu.json --floor --stat median "${extra[@]}" \
     --out "$OUT/speculative_gpu_qwen_coder.json" ;;
+p19vlm)
+  banner
+  shape=qwen2.5-vl-7b; [ "$DRY" = 1 ] && shape=tiny-qwen2-vl
+  $PY - "$LEASE/p19vlm" "$shape" <<'EOF' >&2
+import sys
+from pathlib import Path
+sys.path.insert(0, "benchmarks")
+from vlm_checkpoints import VlmShape, write_checkpoint
+write_checkpoint(VlmShape(sys.argv[2]), Path(sys.argv[1]))
+EOF
+  programs p19vlm "${P19V_VARIANTS:-full,no_frontend_parallelism,no_frontend_hint,no_radix_cache,fcfs,random,all_off}" \
+    540 "$LEASE/p19vlm" llava_bench ;;
 vlm)
   banner
   if [ "$DRY" = 1 ]; then

@@ -92,7 +92,7 @@ def test_every_workload_runs_on_a_scripted_backend(parallel):
     be = FakeBackend(delay=0.002)
     expected_gens = {"mmlu": 1, "react": 8, "tree_of_thought": 9, "skeleton_of_thought": 6, "llm_judge": 6,
                      "json_decode": 1, "chat_short": 4, "chat_long": 4, "rag": 2, "hellaswag": 0,
-                     "generative_agents": 2}
+                     "generative_agents": 2, "llava_bench": 3}
     for w in WORKLOADS.values():
         be.calls.clear()
         be.max_active = 0
@@ -144,6 +144,39 @@ def test_recorder_parses_native_and_openai_exchanges():
     assert reqs[1].prompt == [97, 98, 99] and reqs[1].output == [8] and mismatched == 0
     reqs, mismatched = token_requests(oa, Tok())  # output text: tokenized together with its prompt
     assert reqs[0].sequence() == ([ord("p"), ord("P")], 1) and mismatched == 1
+
+
+def test_image_prompts_get_a_run_per_image_as_long_as_the_servers_count():
+    class Tok:
+        def encode(self, text, add_special_tokens=True):
+            return [ord(c) for c in text]
+
+    def sent(text, image, prompt_tokens):
+        body = {"text": text, "image_data": [image]}
+        return parse_exchange("/generate", body, {"output_ids": [1], "meta_info": {"prompt_tokens": prompt_tokens}})[0]
+
+    # "<i>" stands for an image that the server expands to 3 + 4 tokens; the questions after it differ
+    a, b, c = sent("s<i>q1", "A", 10), sent("s<i>q2", "A", 10), sent("s<i>q1", "B", 10)
+    assert a.images == b.images != c.images and len(a.images) == 1
+    reqs, mismatched = token_requests([a, b, c], Tok(), image_token="<i>")
+    assert mismatched == 0 and all(len(r.prompt) == 10 for r in reqs)
+    head = [ord(x) for x in "s<i>"]
+    assert reqs[0].prompt[:4] == head and len(set(reqs[0].prompt[4:8])) == 1 and reqs[0].prompt[4] < 0
+    assert reqs[0].prompt[:8] == reqs[1].prompt[:8] and reqs[0].prompt[4] != reqs[2].prompt[4]
+    # the two questions of image A share its 8 tokens and "q"; B shares only "s<i>" with them
+    assert optimal_hit_rate(reqs)["optimal_hit_rate"] == pytest.approx((9 + 4) / 30)
+    assert token_requests([a], Tok())[0][0].prompt == [ord(x) for x in "s<i>q1"]  # no image token: text only
+
+
+def test_image_workloads_need_a_vision_model_on_the_runtime_backend():
+    w = WORKLOADS["llava_bench"]
+    runtime, openai = BackendSpec("runtime", "http://x"), BackendSpec("openai", "http://x/v1")
+    assert runner.unsupported(w, runtime, {"has_image_understanding": True}) is None
+    assert "images" in runner.unsupported(w, runtime, {"has_image_understanding": False})
+    assert "images" in runner.unsupported(w, openai, None)
+    assert runner.unsupported(WORKLOADS["mmlu"], runtime, {"has_image_understanding": False}) is None
+    items, _ = w.instances(2, 0, 0.05)
+    assert all(it["image"][:8] == b"\x89PNG\r\n\x1a\n" and len(it["questions"]) == 3 for it in items)
 
 
 def test_recording_transport_passes_responses_through():

@@ -23,9 +23,13 @@ token each; `--scale` multiplies every length and output budget (CPU runs use 0.
 | chat_long           | 4 chat turns, user input 256-512 words, output 256-512 tokens (EOS ignored)              |
 | rag                 | DSPy RAG: signature header + 3 demos shared; 3 retrieved passages (40-80 words) from a   |
 |                     | 40-passage corpus; chain-of-thought reasoning (gen 48) and answer (gen 8)                |
+| llava_bench         | a system prompt (30 words) shared by all; an image of random pixels at LLaVA-bench's      |
+|                     | sizes (1024x768, 1280x960, 768x1024; sides x scale, >= 112), then 3 questions of 10-30    |
+|                     | words in branches (gen 256 each); only where the server's model takes images             |
 
 Metrics per workload (runner.py): programs/s, mean program latency, output tokens/s, the achieved cache hit rate
 (server meta_info cached_tokens / prompt_tokens over every request, record.py) and the optimal hit rate of the
-same requests (optimal.py), with achieved/optimal. Ablations (runner.VARIANTS): no radix cache, FCFS or random
+same requests (optimal.py; an image counts as the tokens the server expands it to, record.with_images), with
+achieved/optimal. Ablations (runner.VARIANTS): no radix cache, FCFS or random
 scheduling, no frontend parallelism, no frontend hints, and all of them off. Report: report.py.
 """

@@ -166,3 +166,31 @@ def rag_data(n: int, seed: int, scale: float) -> list[dict]:
     corpus = rag_corpus(seed, scale)
     demos = "".join(f"Question: {g.sentence(8, 15)}\nAnswer: {g.words(3, False)}\n\n" for _ in range(3))
     return [{"demos": demos, "question": g.sentence(8, 20).rstrip(".") + "?", "corpus": corpus} for _ in range(n)]
+
+
+# ---- LLaVA-bench: photos of ~1 megapixel, 3 questions of 10-30 words each about one image, one system prompt
+LLAVA_SIZES = ((1024, 768), (1280, 960), (768, 1024))
+LLAVA_MIN_SIDE = 112
+
+
+def png(rng: random.Random, size: tuple[int, int]) -> bytes:
+    """An image of random pixels (no cache can tell two apart), PNG-encoded."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.frombytes("RGB", size, rng.randbytes(size[0] * size[1] * 3)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def llava_data(n: int, seed: int, scale: float, questions: int = 3) -> list[dict]:
+    """Image sides shrink with `scale` (to LLAVA_MIN_SIDE at least), so a CPU run encodes small images."""
+    g = TextGen(seed, scale)
+    system = g.sentence(30, 30)
+    out = []
+    for i in range(n):
+        w, h = (max(LLAVA_MIN_SIDE, round(side * min(1.0, scale))) for side in LLAVA_SIZES[i % len(LLAVA_SIZES)])
+        out.append({"image": png(g.rng, (w, h)), "questions": [g.sentence(10, 30) for _ in range(questions)],
+                    "system": system})
+    return out

@@ -7,6 +7,7 @@ into token ids afterwards with the model's tokenizer (`token_requests`). Streami
 unrecorded (the workloads do not stream)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ class Sent:
     prompt_tokens: Optional[int] = None  # server-reported
     cached_tokens: Optional[int] = None
     completion_tokens: int = 0
+    images: tuple[str, ...] = ()  # a digest per image_data item, in prompt order
 
 
 @dataclass
@@ -103,6 +105,10 @@ def parse_exchange(path: str, body: dict, resp: Any) -> list[Sent]:
             prompts = [Sent(prompt_ids=list(x)) for x in (ids if ids and isinstance(ids[0], list) else [ids])]
         else:
             prompts = [Sent(prompt_text=t) for t in _as_list(body.get("text"))]
+        images = body.get("image_data") or []
+        per_prompt = images if len(prompts) > 1 and images and isinstance(images[0], list) else [images] * len(prompts)
+        for p, items in zip(prompts, per_prompt):
+            p.images = tuple(hashlib.sha256(str(x).encode()).hexdigest()[:15] for x in _as_list(items or []))
         outs = _as_list(resp)
         # n > 1 gives n outputs per prompt, prompt-major.
         per = max(1, len(outs) // max(1, len(prompts)))
@@ -112,7 +118,7 @@ def parse_exchange(path: str, body: dict, resp: Any) -> list[Sent]:
             meta = o.get("meta_info", {})
             result.append(Sent(base.prompt_text, base.prompt_ids, None, list(o.get("output_ids") or []),
                                o.get("text", ""), meta.get("prompt_tokens"), meta.get("cached_tokens"),
-                               meta.get("completion_tokens", 0)))
+                               meta.get("completion_tokens", 0), base.images))
         return result
     usage = resp.get("usage") or {}
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
@@ -133,14 +139,37 @@ def parse_exchange(path: str, body: dict, resp: Any) -> list[Sent]:
     return sents
 
 
-def token_requests(sent: list[Sent], tokenizer: Any) -> tuple[list[Request], int]:
-    """The recorded requests as token ids; also how many prompt lengths differ from the server's count."""
+def with_images(text: str, ids: list[int], s: Sent, tokenizer: Any, image_token: Optional[str]) -> list[int]:
+    """The prompt as the server caches it: each image's placeholder followed by a run of tokens that stand for the
+    image (negative ids from its digest: equal images match, different ones do not), the runs together as long as
+    the server's prompt_tokens exceed the text's (an even share per image)."""
+    if not s.images or not image_token or s.prompt_tokens is None or s.prompt_tokens <= len(ids):
+        return ids
+    extra, k = s.prompt_tokens - len(ids), len(s.images)
+    ends, at = [], 0
+    for _ in s.images:
+        at = text.find(image_token, at)
+        if at < 0:
+            return ids
+        at += len(image_token)
+        ends.append(len(tokenizer.encode(text[:at])))
+    out = list(ids)
+    for i in reversed(range(k)):
+        run = extra // k + (extra % k if i == k - 1 else 0)
+        out[ends[i]:ends[i]] = [-1 - int(s.images[i], 16)] * run
+    return out
+
+
+def token_requests(sent: list[Sent], tokenizer: Any,
+                   image_token: Optional[str] = None) -> tuple[list[Request], int]:
+    """The recorded requests as token ids (images per with_images); also how many prompt lengths differ from the
+    server's count."""
     out, mismatched = [], 0
     for s in sent:
         if s.prompt_ids is not None:
             prompt = s.prompt_ids
         elif s.prompt_text is not None:
-            prompt = tokenizer.encode(s.prompt_text)
+            prompt = with_images(s.prompt_text, tokenizer.encode(s.prompt_text), s, tokenizer, image_token)
         elif s.messages is not None:
             prompt = list(tokenizer.apply_chat_template(s.messages, add_generation_prompt=True, tokenize=True))
         else:

@@ -92,7 +92,10 @@ def timed(program: SglFunction, sink: list[float]) -> SglFunction:
     return SglFunction(wrapper, program.num_api_spec_tokens, program.bind_arguments)
 
 
-def unsupported(w: Workload, spec: BackendSpec) -> Optional[str]:
+def unsupported(w: Workload, spec: BackendSpec, model_info: Optional[dict] = None) -> Optional[str]:
+    """Why the backend cannot run the workload, or None. model_info: the runtime server's /get_model_info."""
+    if "image" in w.needs and not (spec.kind == "runtime" and (model_info or {}).get("has_image_understanding")):
+        return "the model takes no images (a vision-language model on the runtime backend runs it)"
     if spec.kind == "openai" and "regex" in w.needs:
         return "the OpenAI backend cannot constrain decoding with a regex"
     if spec.kind == "openai" and spec.openai_chat:
@@ -160,7 +163,7 @@ def run_workload(w: Workload, backend: Any, recorder: Recorder, variant: Variant
     judged = [j for j in judged if j is not None]
     res["accuracy"] = sum(judged) / len(judged) if judged else None
     if opt.tokenizer is not None:
-        reqs, mismatched = token_requests(recorder.sent, opt.tokenizer)
+        reqs, mismatched = token_requests(recorder.sent, opt.tokenizer, model_info(backend).get("image_token"))
         res.update(optimal_hit_rate(reqs))
         res["tokenize_mismatches"] = mismatched
         if res["cache_hit_rate"] is not None and res["optimal_hit_rate"] > 0:
@@ -175,7 +178,7 @@ def run_variant(workloads: list[Workload], spec: BackendSpec, variant: Variant, 
     out = {}
     try:
         for w in workloads:
-            why = unsupported(w, spec)
+            why = unsupported(w, spec, model_info(backend))
             if why:
                 out[w.name] = {"skipped": why}
                 continue
@@ -197,6 +200,10 @@ def run_variant(workloads: list[Workload], spec: BackendSpec, variant: Variant, 
     finally:
         backend.shutdown()
     return out
+
+
+def model_info(backend: Any) -> dict:
+    return getattr(backend, "model_info", None) or {}
 
 
 def run_pps(r: dict) -> list[float]:

@@ -121,6 +121,21 @@ def rag(s, demos, context, question, budget):
     s += "\n\nAnswer:" + sgl.gen("answer", max_tokens=budget["answer"], stop="\n")
 
 
+@sgl.function
+def image_qa(s, image, questions, system, max_tokens, sink=None):
+    """LLaVA-bench: one image, then each question in a branch (the fork's hint prefills the image prefix once).
+    sink: a dict that gets image -> [(meta_info, answer)] in question order (benchmarks/llava_bench.py)."""
+    s += sgl.system(system)
+    s += sgl.user_begin() + sgl.image(image)
+    forks = s.fork(len(questions))
+    for f, q in zip(forks, questions):
+        f += q + sgl.user_end()
+        f += sgl.assistant(sgl.gen("answer", max_tokens=max_tokens, ignore_eos=True))
+    forks.join()
+    if sink is not None:
+        sink[image] = [(f.get_meta_info("answer"), f["answer"]) for f in forks]
+
+
 @dataclass
 class Workload:
     name: str
@@ -129,7 +144,7 @@ class Workload:
     description: str
     label_key: Optional[str] = None  # an argument that is the label (removed before running; used for accuracy)
     answer_var: Optional[str] = None
-    needs: tuple[str, ...] = field(default_factory=tuple)  # "regex", "select": backend features the program uses
+    needs: tuple[str, ...] = field(default_factory=tuple)  # "regex", "select", "image": what the program uses
 
     def instances(self, n: int, seed: int, scale: float) -> tuple[list[dict], list[Any]]:
         """The argument dicts to run, and the labels (None where the workload has none)."""
@@ -194,6 +209,10 @@ def _rag(n: int, seed: int, scale: float) -> list[dict]:
     return out
 
 
+def _llava(n: int, seed: int, scale: float) -> list[dict]:
+    return [{**d, "max_tokens": tok(256, scale)} for d in D.llava_data(n, seed, scale)]
+
+
 WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("mmlu", mmlu, _mmlu, "5-shot multiple choice; one answer token after a subject's shared 5-shot prefix",
              label_key="answer", answer_var="answer"),
@@ -212,4 +231,6 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("chat_short", multi_turn_chat, _chat(False), "4 turns, user inputs 256-512 tokens, outputs 4-8 tokens"),
     Workload("chat_long", multi_turn_chat, _chat(True), "4 turns, user inputs 256-512 tokens, outputs 256-512 tokens"),
     Workload("rag", rag, _rag, "DSPy-style RAG: retrieve 3 passages, chain-of-thought reasoning, short answer"),
+    Workload("llava_bench", image_qa, _llava, "an image of ~1 megapixel (sides x scale), 3 questions in branches, "
+             "256 tokens each; runs where the server's model takes images", needs=("image",)),
 ]}
