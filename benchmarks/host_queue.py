@@ -24,21 +24,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.null_runner import NullRunner  # noqa: E402
 from benchmarks.phases import PhaseTimer  # noqa: E402
 from radixlm.bench.datasets import PromptSource, generated_shared_prefix_dataset, random_dataset  # noqa: E402
 from radixlm.bench.datasets import sharegpt_like_dataset  # noqa: E402
 from radixlm.runtime.args import ServerArgs  # noqa: E402
-from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator  # noqa: E402
-from radixlm.runtime.distributed.parallel import SINGLE  # noqa: E402
-from radixlm.runtime.executor.forward_batch import ModelWorkerBatch  # noqa: E402
-from radixlm.runtime.executor.logits import LogitsOutput  # noqa: E402
-from radixlm.runtime.executor.model_runner import ModelRunner  # noqa: E402
 from radixlm.runtime.messages import TokenizedGenerateReqInput  # noqa: E402
 from radixlm.runtime.sampling.sampling_params import SamplingParams  # noqa: E402
 from radixlm.runtime.scheduler import policy as policy_module  # noqa: E402
@@ -47,7 +42,6 @@ from radixlm.runtime.scheduler.scheduler import Scheduler  # noqa: E402
 
 LOGITS_VOCAB = 256  # the null pass's logits width (the sampler's cost is not the subject)
 PROMPT_VOCAB = 128_256  # Llama-3's vocabulary: prompts' ids, so that random prompts rarely share a first token
-GRAPH_ROWS = 512  # CUDA_GRAPH_DEFAULT_MAX_BS: the largest pass that mixes decode rows into a prefill
 CONTEXT_LEN = 4096
 
 
@@ -59,33 +53,6 @@ class IdTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return ""
-
-
-class NullRunner:
-    """A ModelRunner's scheduler-facing surface (the real request table and KV allocator) whose pass costs only
-    a zero logits tensor."""
-
-    parallel = SINGLE
-    graph_runner = None
-    choose_mode = ModelRunner.choose_mode
-
-    def __init__(self, size: int, page_size: int, max_running: int):
-        self.device, self.is_cuda, self.page_size = "cpu", False, page_size
-        self.model_config = SimpleNamespace(vocab_size=LOGITS_VOCAB, context_len=CONTEXT_LEN)
-        self.max_running_requests, self.max_total_num_tokens = max_running, size
-        self.req_to_token_pool = ReqToTokenPool(max_running + 1, CONTEXT_LEN + 4, "cpu")
-        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(size, page_size, "cpu", debug=False)
-        self.passes = 0
-
-    def can_replay(self, num_rows: int, input_logprobs: bool = False) -> bool:
-        return 0 < num_rows <= GRAPH_ROWS and not input_logprobs
-
-    def forward(self, wb: ModelWorkerBatch) -> LogitsOutput:
-        self.passes += 1
-        n, v = len(wb.logits.sample_rows), len(wb.logits.verify_rows)
-        return LogitsOutput(torch.zeros(n, LOGITS_VOCAB), [], [], torch.zeros(v, LOGITS_VOCAB) if v else None,
-                            forward_mode=self.choose_mode(wb),
-                            req_pool_indices=torch.tensor(wb.req_pool_indices, dtype=torch.int64))
 
 
 def workload(name: str, n: int) -> list[tuple[list[int], int]]:
@@ -107,7 +74,7 @@ def make_scheduler(args: argparse.Namespace) -> Scheduler:
                        max_running_requests=args.max_running, chunked_prefill_size=8192, enable_overlap_schedule=True,
                        schedule_policy=args.policy, page_size=args.page_size,
                        speculative_algorithm=getattr(args, "speculative", None))
-    runner = NullRunner(args.max_total_tokens, args.page_size, args.max_running)
+    runner = NullRunner(args.max_total_tokens, args.page_size, args.max_running, CONTEXT_LEN, LOGITS_VOCAB)
     return Scheduler(sargs, runner, tokenizer=None, eos_token_ids=frozenset())
 
 

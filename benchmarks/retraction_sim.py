@@ -3,12 +3,12 @@
 Replays the GPU "random 1024/512" workload at full scale (500 requests submitted at once, 1024 random prompt tokens,
 512 output tokens, greedy, EOS ignored; a 400k-token KV pool, the H100's for Llama-3.1-8B) and counts what the
 scheduler does: passes by kind, retractions, tokens prefilled and recomputed, decode batch sizes. The runner
-(CheapRunner) computes nothing -- every row's next token is one constant -- so a run takes seconds. CUDA's defaults
+(benchmarks/null_runner.py) computes nothing -- every row's next token is one constant -- so a run takes seconds. CUDA's defaults
 are set where the CPU's differ (chunked_prefill_size 8192, overlap on, CUDA-graph rows 512, max_running_requests
 min(pool // 2, 4096)). A setting (--sweep) is 'knob=value,...' over the existing ServerArgs in KNOBS, plus
 start_ratio: new_token_ratio at the first step -- 'init' (a fresh engine, the default), 'min' (the floor: an engine
-that ran a long workload before, as benchmarks/gpu_llama8b.py's ab_workloads does; nothing resets it on idle)
-or a number.
+that ran a long workload before, as benchmarks/gpu_llama8b.py's ab_workloads does; until the scheduler
+reset it on idle, nothing did) or a number.
 
     .venv/bin/python benchmarks/retraction_sim.py
     .venv/bin/python benchmarks/retraction_sim.py --sweep "" start_ratio=min start_ratio=min,max_running_requests=250
@@ -23,60 +23,24 @@ import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from types import SimpleNamespace
+from pathlib import Path
 from typing import Any
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import radixlm.runtime.scheduler.admission as admission
-from radixlm.runtime.args import ServerArgs
-from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from radixlm.runtime.distributed.parallel import SINGLE
-from radixlm.runtime.executor.forward_batch import ModelWorkerBatch
-from radixlm.runtime.executor.logits import LogitsOutput
-from radixlm.runtime.executor.model_runner import ModelRunner
-from radixlm.runtime.messages import TokenizedGenerateReqInput
-from radixlm.runtime.sampling.sampling_params import SamplingParams
-from radixlm.runtime.scheduler.planner import ScheduleBatch
-from radixlm.runtime.scheduler.scheduler import Scheduler
+import radixlm.runtime.scheduler.admission as admission  # noqa: E402
+from benchmarks.null_runner import NullRunner  # noqa: E402
+from radixlm.runtime.args import ServerArgs  # noqa: E402
+from radixlm.runtime.messages import TokenizedGenerateReqInput  # noqa: E402
+from radixlm.runtime.sampling.sampling_params import SamplingParams  # noqa: E402
+from radixlm.runtime.scheduler.planner import ScheduleBatch  # noqa: E402
+from radixlm.runtime.scheduler.scheduler import Scheduler  # noqa: E402
 
 VOCAB = 1024  # prompt ids start with 8 + the request index: no two of the first 1016 share a prefix
 TOKEN = 7  # every row's greedy next token
 KNOBS = {"schedule_conservativeness": float, "max_running_requests": int, "chunked_prefill_size": int,
          "max_prefill_tokens": int, "disable_mixed_prefill": bool, "enable_overlap_schedule": bool,
          "start_ratio": str}
-
-
-class CheapRunner:
-    """What the Scheduler reads from a ModelRunner (as tests/runtime/scheduler/fake_runner.py's FakeRunner), with a
-    forward that checks the row counts and returns constant logits: no KV is read or written."""
-
-    parallel = SINGLE
-    attn_backend = None  # no shared-prefix decode kernels
-
-    def __init__(self, size: int, max_running: int, context_len: int, graph_rows: int):
-        self.device, self.is_cuda, self.page_size, self.graph_rows = "cpu", False, 1, graph_rows
-        self.model_config = SimpleNamespace(vocab_size=VOCAB, context_len=context_len)
-        self.max_running_requests = max_running
-        self.max_total_num_tokens = size
-        self.req_to_token_pool = ReqToTokenPool(max_running + 1, context_len + 4, "cpu")
-        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(size, 1, "cpu")
-        self.token_to_kv_pool = None
-        self.logits = torch.zeros((max_running + 1, VOCAB), dtype=torch.float32)
-        self.logits[:, TOKEN] = 1.0
-
-    def can_replay(self, num_rows: int, input_logprobs: bool = False) -> bool:
-        return 0 < num_rows <= self.graph_rows and not input_logprobs
-
-    choose_mode = ModelRunner.choose_mode
-
-    def forward(self, wb: ModelWorkerBatch) -> LogitsOutput:
-        assert sum(wb.extend_lens) == wb.num_rows == wb.out_cache_loc.numel()
-        k = len(wb.logits.sample_rows)
-        rows = self.logits[:k].clone()
-        return LogitsOutput(next_token_logits=rows, input_logprobs=[], input_top=[], rows=rows,
-                            forward_mode=self.choose_mode(wb),
-                            req_pool_indices=torch.tensor(wb.req_pool_indices, dtype=torch.int64))
 
 
 @dataclass
@@ -97,10 +61,11 @@ def build(cfg: SimConfig) -> Scheduler:
                       speculative_measure_window=0, **kw)
     # ModelRunner's default on CUDA: max_running_requests or min(pool // 2, 4096).
     max_running = args.max_running_requests or max(1, min(cfg.pool_tokens // 2, 4096))
-    runner = CheapRunner(cfg.pool_tokens, max_running, cfg.input_len + cfg.output_len + 8, cfg.graph_rows)
+    runner = NullRunner(cfg.pool_tokens, 1, max_running, cfg.input_len + cfg.output_len + 8, VOCAB, TOKEN,
+                        cfg.graph_rows)
     sched = Scheduler(args, runner, tokenizer=None, eos_token_ids=frozenset())
-    # start_ratio: 'init' (a fresh engine), 'min' (an engine that ran a long workload before: nothing resets the
-    # ratio when the scheduler goes idle, so it starts at the floor it decayed to), or a number.
+    # start_ratio: 'init' (a fresh engine, or any engine once idle: the scheduler resets the ratio then), 'min' (the
+    # floor an earlier workload decayed it to, where nothing reset it on idle, as before), or a number.
     start = str(cfg.knobs.get("start_ratio", "init"))
     named = {"init": sched.init_new_token_ratio, "min": sched.min_new_token_ratio}
     sched.new_token_ratio = named[start] if start in named else float(start)

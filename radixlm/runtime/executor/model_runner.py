@@ -152,8 +152,12 @@ class ModelRunner:
         return warmup_plan(self.model_config.context_len, self.num_kv_heads, graph_max_bs,
                            eager_token_rows_any_size=self.mm_embedder is not None, has_moe=has_moe,
                            tree_masks=uses_tree_masks(self.server_args, self.attn_backend.supports_tree_mask),
-                           shared_prefix=not self.server_args.disable_shared_prefix_decode
-                           and self.attn_backend.supports_shared_prefix)
+                           shared_prefix=self.takes_shared_prefixes)
+
+    @property
+    def takes_shared_prefixes(self) -> bool:
+        """Whether eager decode passes read ModelWorkerBatch.shared_prefixes (the planner forms groups only then)."""
+        return not self.server_args.disable_shared_prefix_decode and self.attn_backend.supports_shared_prefix
 
     @torch.inference_mode()
     def warm_up_kernels(self, graph_max_bs: int) -> None:

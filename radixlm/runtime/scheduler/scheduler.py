@@ -66,10 +66,8 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
             self.req_to_token_pool, self.allocator, page_size=self.page_size,
             disable=server_args.disable_radix_cache, eviction_policy=server_args.radix_eviction_policy,
         )
-        shared = not server_args.disable_shared_prefix_decode and getattr(model_runner.attn_backend,
-                                                                      "supports_shared_prefix", False)
         self.planner = Planner(self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size,
-                               SHARED_PREFIX_MIN_LEN if shared else 0)
+                               SHARED_PREFIX_MIN_LEN if model_runner.takes_shared_prefixes else 0)
         seed = server_args.random_seed if server_args.random_seed is not None else 0
         # Constrained decoding and drafts: one counter for their stats (masks filled, jumps, drafts kept, ...).
         self.grammar_stats: Counter = Counter()
@@ -284,6 +282,9 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
             self.stats["prefill_tokens"] += sum(batch.worker.extend_lens[len(batch.reqs) - len(admitted):])
             return batch
         if not self.update_running():
+            # Idle: the next requests are admitted afresh. A ratio decayed (or raised) by an earlier wave would
+            # over-commit the pool and retract, as SGLang's idle check also resets it (benchmarks/retraction_sim.py).
+            self.new_token_ratio = self.init_new_token_ratio
             return None
         self.drafts.fit_batch(self.running)
         batch = self.planner.plan(self.running, [], self.next_token_buf)

@@ -90,6 +90,7 @@ class FakeRunner:
                  vocab_size: int = VOCAB, context_len: int = 2048):
         self.device = "cpu"
         self.is_cuda = False
+        self.takes_shared_prefixes = False
         self.page_size = page_size
         self.graph_rows = graph_rows
         self.model_config = SimpleNamespace(vocab_size=vocab_size, context_len=context_len)

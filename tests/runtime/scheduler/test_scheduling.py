@@ -127,6 +127,17 @@ def test_retraction_under_a_tiny_pool_keeps_outputs(kwargs):
     assert_all_free(sched)
 
 
+def test_the_new_token_ratio_starts_afresh_after_idle():
+    sched = make_fake_scheduler(max_total_tokens=2048)
+    init = sched.init_new_token_ratio
+    serve(sched, requests(make_prompts(1, 4, lo=10, hi=20), max_new=40))
+    assert sched.stats["decode_batches"] >= 40 and sched.new_token_ratio == init  # decayed while decoding, reset
+    sched.add_request(request("late", make_prompts(2, 1, lo=10, hi=20)[0], max_new_tokens=40))
+    for _ in range(20):
+        sched.step()
+    assert sched.running and sched.new_token_ratio < init  # a wave in progress keeps decaying it
+
+
 def test_a_request_that_cannot_fit_is_aborted_and_frees_everything():
     sched = make_fake_scheduler(max_total_tokens=64, chunked_prefill_size=-1)
     reqs = [request("big", make_prompts(2, 1, lo=50, hi=51)[0], max_new_tokens=40)]
