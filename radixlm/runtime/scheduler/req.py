@@ -240,8 +240,15 @@ class Req:
         accept = advance is GrammarAdvance.ACCEPT
         want_lp = self.return_logprob and logprobs is not None
         last = len(tokens)
+        # The finish rules' inputs, read once for all the tokens (a jump appends many).
+        sp = self.sampling_params
+        max_new, min_new, stop_ids = sp.max_new_tokens, sp.min_new_tokens, sp.stop_token_ids
+        eos = None if sp.ignore_eos else self.eos_token_ids
+        strings = sp.stop if tokenizer is not None else None
+        n_out = len(output)
         for n, tok in enumerate(tokens, 1):
             output.append(tok)
+            n_out += 1
             if want_lp:
                 row = logprobs[n - 1 : n]
                 self.output_token_logprobs.append((float(row[0, tok]), tok))
@@ -251,27 +258,28 @@ class Req:
                 self.finished_reason = FinishReason.aborted(GRAMMAR_VIOLATION)
                 return n
             # DONE: the grammar is past every token, so its state is this token's only at the last one.
-            reason = self._finish_after(tok, tokenizer, accept or n == last)
-            if reason is not None:
-                self.finished_reason = reason
-                return n
+            if n_out >= max_new:
+                reason = FinishReason.at_length(max_new)
+            elif (accept or n == last) and grammar is not None and grammar.is_terminated():
+                reason = FinishReason.stopped(tok)
+            elif n_out < min_new:
+                continue
+            elif (stop_ids and tok in stop_ids) or (eos is not None and tok in eos):
+                reason = FinishReason.stopped(tok)
+            elif strings:
+                reason = self._stop_string(tokenizer)
+                if reason is None:
+                    continue
+            else:
+                continue
+            self.finished_reason = reason
+            return n
         return last
 
-    def _finish_after(self, last: int, tokenizer, grammar_in_step: bool) -> FinishReason | None:
-        sp, n_out = self.sampling_params, len(self.output_ids)
-        if n_out >= sp.max_new_tokens:
-            return FinishReason.at_length(sp.max_new_tokens)
-        if grammar_in_step and self.grammar is not None and self.grammar.is_terminated():
-            return FinishReason.stopped(last)
-        if n_out < sp.min_new_tokens:
-            return None
-        if sp.stop_token_ids and last in sp.stop_token_ids:
-            return FinishReason.stopped(last)
-        if not sp.ignore_eos and last in self.eos_token_ids:
-            return FinishReason.stopped(last)
-        if sp.stop and tokenizer is not None:
-            tail = tokenizer.decode(self.output_ids[-(self.stop_window() + 1):], skip_special_tokens=False)
-            for stop in sp.stop:
-                if stop and stop in tail:
-                    return FinishReason.stopped(stop)
+    def _stop_string(self, tokenizer) -> FinishReason | None:
+        """The first stop string in the decoded tail of the output (append_tokens' last rule)."""
+        tail = tokenizer.decode(self.output_ids[-(self.stop_window() + 1):], skip_special_tokens=False)
+        for stop in self.sampling_params.stop:
+            if stop and stop in tail:
+                return FinishReason.stopped(stop)
         return None
