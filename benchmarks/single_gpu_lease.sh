@@ -24,6 +24,10 @@
 #                                                 # the batch-1 bandwidth floor measured in the same run; then
 #                                                 # spec_qwen: quote and edit replaying Qwen2.5-Coder-0.5B's outputs
 #                                                 # (it does the edit's rename), off/NGRAM/RADIX x batch 1/8
+#   bash benchmarks/single_gpu_lease.sh specpair  # issue 21: NGRAM x batch 1/64/256 x the 4 workloads, each run
+#                                                 # followed by drafting-off on the same engine (--paired-off: fresh
+#                                                 # engines differ by up to +-10% at batch 64-256), 2 rounds
+#                                                 # (estimate ~250 s, not measured)
 #   bash benchmarks/single_gpu_lease.sh vlm       # issue 23: LLaVA-bench with Qwen2.5-VL-7B shapes (radix / no_radix /
 #                                                 # no_cache), then LLaVA-OneVision-7B shapes (12 images, 2 repeats)
 #   DRY=1 bash benchmarks/single_gpu_lease.sh prepare|p1|p2|spec|vlm|all   # HERE, on the CPU: the same scripts
@@ -137,7 +141,7 @@
 # With spec_qwen (prepare and spec again): rc=0, spec 16 s, spec_qwen 18 s, every output identical to off's.
 # Results land in $OUT (JSON, markdown, PNG and each step's whole log).
 set -uo pipefail
-part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|p19vlm|spec|vlm (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
+part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|p19vlm|spec|specpair|vlm (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
 DRY=${DRY:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 if [ "$DRY" = 1 ]; then
@@ -263,6 +267,17 @@ spec)
     --algorithms NGRAM RADIX --batches "${batches[0]}" "${batches[1]}" --workloads quote edit \
     --script-ids benchmarks/results/speculative_qwen_coder_ids_cpu.json --floor --stat median "${extra[@]}" \
     --out "$OUT/speculative_gpu_qwen_coder.json" ;;
+specpair)
+  banner
+  if [ "$DRY" = 1 ]; then
+    dev=(--device cpu --dtype float32); batches=(1 2); extra=(--max-new-tokens 24 --rounds 1 --repeat 2)
+  else
+    dev=(--device cuda --dtype bfloat16); batches=(1 64 256); extra=(--rounds 2 --repeat "${SPEC_REPEAT:-3}")
+  fi
+  step specpair 420 $PY benchmarks/speculative.py --model "$SPEC/t8b" --load-format dummy "${dev[@]}" \
+    --algorithms NGRAM --batches "${batches[@]}" --workloads quote edit restate story \
+    --script-ids benchmarks/results/speculative_smol_ids_cpu.json --stat median --paired-off "${extra[@]}" \
+    --out "$OUT/speculative_gpu_paired.json" ;;
 p19vlm)
   banner
   shape=qwen2.5-vl-7b; [ "$DRY" = 1 ] && shape=tiny-qwen2-vl

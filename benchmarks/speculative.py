@@ -41,6 +41,7 @@ Llama-3.1-8B shapes with Qwen's vocabulary (speculative_replay.RECORDINGS), NGRA
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import platform
@@ -52,6 +53,7 @@ from pathlib import Path
 import torch
 
 from radixlm import Engine
+from radixlm.runtime.scheduler.drafts import batch_adaptive
 
 import speculative_replay
 from speculative_replay import ModelShape
@@ -116,6 +118,20 @@ STAT_KEYS = ("ngram_drafts", "radix_drafts", "radix_path_drafts", "radix_kgram_d
              "spec_controller_on_steps", "spec_controller_explorations")
 
 
+@contextlib.contextmanager
+def drafting_off(engine: Engine):
+    """Requests admitted meanwhile get none of the engine's speculative sources (grammar jump-forward stays): off
+    measured on the speculative engine itself, its KV pool, graphs and kernels (--paired-off). Swapped between
+    generate calls, while the scheduler is idle."""
+    drafts = engine.scheduler.drafts
+    saved = drafts.sources
+    drafts.sources = [s for s in saved if not batch_adaptive(s)]
+    try:
+        yield
+    finally:
+        drafts.sources = saved
+
+
 def run(engine: Engine, prompts: list[str], max_new: int) -> tuple[float, list[list[int]], dict]:
     sp = {"temperature": 0, "max_new_tokens": max_new}
     before = dict(engine.scheduler.grammar_stats)
@@ -146,6 +162,11 @@ def engine_facts(engine: Engine) -> dict:
     runner, graphs = engine.runner, engine.runner.graph_runner
     return {"kv_tokens": runner.max_total_num_tokens, "cuda_graph_max_bs": graphs.max_bs if graphs else 0,
             "max_running_requests": runner.max_running_requests}
+
+
+def paired(args: argparse.Namespace, algo: str | None) -> bool:
+    """--paired-off for a source without state of its own beside the requests' (a draft model's KV would lag)."""
+    return args.paired_off and algo in ("NGRAM", "RADIX")
 
 
 def engine_for(args, algo: str | None) -> Engine:
@@ -241,6 +262,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "engine's own state) then rarely covers every run of one algorithm")
     p.add_argument("--stat", choices=["median", "best"], default="best",
                    help="which of a key's --rounds x --repeat runs gives its row (median: by wall time)")
+    p.add_argument("--paired-off", action="store_true",
+                   help="NGRAM / RADIX engines also time each run with drafting off on the same engine, right after "
+                        "it (rows 'off@ALGO'; column 'paired': the algorithm over them): fresh engines' speeds "
+                        "differ by up to +-10%% at batch 64-256 on a GPU, more than the effect measured there")
     p.add_argument("--floor", action="store_true",
                    help="the batch-1 bandwidth floor in the same run (CUDA): the target's weight bytes read per step "
                         "over the device-to-device copy bandwidth measured here, as tokens/s; batch-1 rows get "
@@ -280,6 +305,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                             prompts = [start(engine, name, args.max_new_tokens)] * b
                             runs.setdefault((name, b, algo or "off"), []).append(
                                 run(engine, prompts, args.max_new_tokens))
+                            if paired(args, algo):
+                                with drafting_off(engine):
+                                    runs.setdefault((name, b, f"off@{algo}"), []).append(
+                                        run(engine, prompts, args.max_new_tokens))
             finally:
                 engine.shutdown()
                 del engine
@@ -296,11 +325,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
                      "output_tokens_per_s": n_out / wall, "best_output_tokens_per_s": n_out / got[0][0],
                      "runs_wall_s": [g[0] for g in measured], **stats, "_ids": ids})
     off = {(r["workload"], r["batch"]): r for r in rows if r["algorithm"] == "off"}
+    by_key = {(r["workload"], r["batch"], r["algorithm"]): r for r in rows}
     print(f"{'workload':12} {'batch':>5} {'algorithm':11} {'tok/s':>8} {'vs off':>7} {'best':>5} {'spread':>6} "
-          f"{'drafts':>7} {'accept/draft':>12} {'same':>5}")
+          f"{'drafts':>7} {'accept/draft':>12} {'same':>5} {'paired':>6}")
     for r in rows:
         base = off[(r["workload"], r["batch"])]
         r["speedup_vs_off"] = r["output_tokens_per_s"] / base["output_tokens_per_s"]
+        twin = by_key.get((r["workload"], r["batch"], f"off@{r['algorithm']}"))
+        # Runs paired one to one on one engine: the median of the per-pair ratios.
+        r["speedup_vs_paired_off"] = statistics.median(
+            t / w for t, w in zip(twin["runs_wall_s"], r["runs_wall_s"])) if twin else None
         r["best_speedup_vs_off"] = r["best_output_tokens_per_s"] / base["best_output_tokens_per_s"]
         r["wall_spread"] = (max(r["runs_wall_s"]) - min(r["runs_wall_s"])) / statistics.median(r["runs_wall_s"])
         r["identical_to_off"] = sum(a == b for a, b in zip(r["_ids"], base["_ids"]))
@@ -309,15 +343,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if floor is not None and floor["floor_tokens_per_s_batch1"] and r["batch"] == 1:
             r["ratio_to_floor_tokens_per_s"] = r["output_tokens_per_s"] / floor["floor_tokens_per_s_batch1"]
         acc = f"{r['accepted_per_draft']:.2f}" if drafts else ""
+        pair = f"{r['speedup_vs_paired_off']:.2f}" if r["speedup_vs_paired_off"] else ""
         print(f"{r['workload']:12} {r['batch']:5d} {r['algorithm']:11} {r['output_tokens_per_s']:8.1f} "
               f"{r['speedup_vs_off']:7.2f} {r['best_speedup_vs_off']:5.2f} {r['wall_spread']:6.2f} {drafts:7d} "
-              f"{acc:>12} {r['identical_to_off']:5d}")
+              f"{acc:>12} {r['identical_to_off']:5d} {pair:>6}")
     result = {"benchmark": "speculative", "model": args.model, "device": args.device,
               "machine": {"cpu_count": torch.get_num_threads(), "platform": platform.platform()},
               "command": " ".join(["python", *sys.argv]),
               "settings": {"max_new_tokens": args.max_new_tokens, "num_draft_tokens": args.num_draft_tokens,
                            "num_draft_tokens_counts": "the verified root token too (SGLang's convention)",
                            "repeat": args.repeat, "rounds": args.rounds, "measure_window": args.measure_window,
+                           "paired_off": args.paired_off,
                            "stat": args.stat, "defaults": "speculative_max_batch_rows=64, "
                            "speculative_radix_match_window_size=4, ngram windows 2..4"},
               "draft_model": args.draft_model, "load_format": args.load_format, "bandwidth_floor": floor,

@@ -41,6 +41,29 @@ def test_tiny_standalone_replay(tmp_path, acceptance, rounds):
     assert sorted(recorded) == ["edit", "quote"] and all(len(v) == 16 for v in recorded.values())
 
 
+def test_paired_off_times_drafting_off_on_the_speculative_engine(tmp_path, monkeypatch):
+    """--paired-off: each NGRAM run is followed by one on the same engine with the n-gram source left out (rows
+    'off@NGRAM': no drafts, the recording's tokens); 'paired' is the median of the per-pair speed ratios. The tiny
+    target replays SmolLM2's recorded quote, which the n-gram source drafts from the prompt (the GPU path's run)."""
+    import speculative_replay
+
+    monkeypatch.setattr(sys, "argv", ["speculative_replay.py", "default", str(tmp_path / "t"), "--tiny"])
+    speculative_replay.main()
+    ids = Path(speculative.__file__).parent / "results" / "speculative_smol_ids_cpu.json"
+    rows = speculative.main(["--model", str(tmp_path / "t"), "--load-format", "dummy", "--device", "cpu",
+                             "--dtype", "float32", "--script-ids", str(ids), "--algorithms", "NGRAM",
+                             "--workloads", "quote", "--batches", "1", "--max-new-tokens", "16", "--repeat", "2",
+                             "--measure-window", "0", "--paired-off", "--out", str(tmp_path / "spec.json")])
+    by = {r["algorithm"]: r for r in rows}
+    assert set(by) == {"off", "NGRAM", "off@NGRAM"}
+    ngram, twin = by["NGRAM"], by["off@NGRAM"]
+    assert ngram["ngram_drafts"] > 0 and twin["ngram_drafts"] == twin["draft_tokens"] == 0
+    assert twin["identical_to_off"] == ngram["identical_to_off"] == 1 and len(twin["runs_wall_s"]) == 2
+    ratios = [t / w for t, w in zip(twin["runs_wall_s"], ngram["runs_wall_s"])]
+    assert ngram["speedup_vs_paired_off"] == pytest.approx(sum(ratios) / 2)  # the median of two
+    assert by["off"]["speedup_vs_paired_off"] is None
+
+
 QWEN_CODER = "qwen2.5-coder-0.5b-instruct"
 
 
