@@ -69,12 +69,13 @@ class ScheduleBatch:
 
 class Planner:
     def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, tree_cache: RadixCache,
-                 page_size: int, shared_prefix_min_len: int = 0):
+                 page_size: int, shared_prefix_min_len: int = 0, media: bool = True):
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
         self.tree_cache = tree_cache
         self.page_size = page_size
         self.shared_prefix_min_len = shared_prefix_min_len  # 0: decode passes carry no shared prefixes
+        self.media = media  # False: no request carries media (a text-only model): passes have no media rows
 
     # ------------------------------------------------------------------ rows
     @staticmethod
@@ -121,7 +122,8 @@ class Planner:
                 batch.worker.shared_prefixes = shared_prefix_groups(reqs, self.shared_prefix_min_len)
         else:
             self._rows(batch)
-        self._media_rows(batch)
+        if self.media:
+            self._media_rows(batch)
         return batch
 
     @staticmethod
@@ -209,7 +211,7 @@ class Planner:
         plan, wb = batch.worker.logits, batch.worker
         row = 0
         for req, start, n in zip(batch.reqs, wb.prefix_lens, wb.extend_lens):
-            if req.wants_input_logprobs() and start < len(req.origin_input_ids):
+            if req.return_logprob and req.wants_input_logprobs() and start < len(req.origin_input_ids):
                 self._input_rows(batch, req, row, start, n)
             if req.is_chunked:
                 batch.has_chunk = True
@@ -254,7 +256,10 @@ class Planner:
 
     def _alloc_kv(self, reqs: list[Req], starts: list[int], ends: list[int]) -> torch.Tensor:
         alloc = self.allocator
-        need = sum(pages_needed(p, s, self.page_size) for p, s in zip(starts, ends))
+        if self.page_size == 1:
+            need = sum(ends) - sum(starts)
+        else:
+            need = sum(pages_needed(p, s, self.page_size) for p, s in zip(starts, ends))
         self._make_room(need)
         last_locs = [-1] * len(reqs)
         if self.page_size > 1:  # the slot of each request's last written position (one device read)

@@ -67,7 +67,8 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
             disable=server_args.disable_radix_cache, eviction_policy=server_args.radix_eviction_policy,
         )
         self.planner = Planner(self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size,
-                               SHARED_PREFIX_MIN_LEN if model_runner.takes_shared_prefixes else 0)
+                               SHARED_PREFIX_MIN_LEN if model_runner.takes_shared_prefixes else 0,
+                               media=getattr(model_runner, "mm_embedder", None) is not None)
         seed = server_args.random_seed if server_args.random_seed is not None else 0
         # Constrained decoding and drafts: one counter for their stats (masks filled, jumps, drafts kept, ...).
         self.grammar_stats: Counter = Counter()
