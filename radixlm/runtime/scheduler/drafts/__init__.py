@@ -108,6 +108,7 @@ class DraftPath:
         self.watchers = [s for s in sources if hasattr(s, "on_launch")]
         self.processors = [s for s in sources if hasattr(s, "on_processed")]
         self._traits = {id(s): _Traits.of(s) for s in sources}
+        self._any_adaptive = any(t.adaptive for t in self._traits.values())  # a source the batch rule binds
         self._lengths: weakref.WeakKeyDictionary[Req, DraftLength] = weakref.WeakKeyDictionary()
         self._pending: list[tuple[Proposer, Req, int | None]] = []  # deferred sources' requests, until flush
         self.controller = controller
@@ -164,6 +165,8 @@ class DraftPath:
 
     def fit_batch(self, reqs: list[Req]) -> None:
         """Before a pass of `reqs` is planned: cuts their batch_adaptive drafts to the cap for this many requests."""
+        if not self._any_adaptive:
+            return  # (drafts come from the sources: none is cut)
         cap = self.draft_cap(len(reqs))
         if cap is None:
             return
@@ -212,7 +215,7 @@ class DraftPath:
                     continue
             if flying and not traits.guesses:
                 continue
-            limit = self._limit(req, source, cap)
+            limit = self._limit(req, source, cap, traits)
             if traits.deferred:
                 if defer and source.ready(req):
                     self._pending.append((source, req, limit))
@@ -227,7 +230,7 @@ class DraftPath:
             traits = self._traits_of(source)
             if traits.adaptive:
                 cap = self.draft_cap(self.batch_size() if batch is None else batch)
-            self._cut(req, self._limit(req, source, cap))
+            self._cut(req, self._limit(req, source, cap, traits))
 
     def _traits_of(self, source: Proposer) -> _Traits:
         traits = self._traits.get(id(source))
@@ -280,10 +283,11 @@ class DraftPath:
         for source in self.watchers:
             source.on_launch(batch, drafting)
 
-    def _limit(self, req: Req, source: Proposer, cap: int | None) -> int | None:
+    def _limit(self, req: Req, source: Proposer, cap: int | None, traits: _Traits | None = None) -> int | None:
         """Draft tokens `source` may propose for `req`: the batch rule's cap (for a source it binds) and the
-        request's adaptive length."""
-        traits = self._traits_of(source)
+        request's adaptive length. traits: the source's, when the caller has them."""
+        if traits is None:
+            traits = self._traits_of(source)
         limit = cap if traits.adaptive else None
         if traits.adaptive_length:
             limit = _min(limit, self._length(req, source).next_len())
