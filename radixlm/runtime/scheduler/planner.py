@@ -8,6 +8,7 @@ running requests' decode rows and draft verification are all this; the executor 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -69,13 +70,16 @@ class ScheduleBatch:
 
 class Planner:
     def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, tree_cache: RadixCache,
-                 page_size: int, shared_prefix_min_len: int = 0, media: bool = True):
+                 page_size: int, shared_prefix_min_len: int = 0, media: bool = True,
+                 replays: Callable[[int], bool] = lambda rows: False):
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
         self.tree_cache = tree_cache
         self.page_size = page_size
         self.shared_prefix_min_len = shared_prefix_min_len  # 0: decode passes carry no shared prefixes
         self.media = media  # False: no request carries media (a text-only model): passes have no media rows
+        # Whether a pass of this many rows replays a CUDA graph (the executor's rule): graphs read no shared prefixes.
+        self.replays = replays
 
     # ------------------------------------------------------------------ rows
     @staticmethod
@@ -118,7 +122,7 @@ class Planner:
             samplers=[], verifiers=[])
         if all(n == 1 for n in lens):
             self._one_row_each(batch)
-            if self.shared_prefix_min_len:
+            if self.shared_prefix_min_len and not self.replays(len(reqs)):
                 batch.worker.shared_prefixes = shared_prefix_groups(reqs, self.shared_prefix_min_len)
         else:
             self._rows(batch)

@@ -11,7 +11,6 @@ prepares and post-processes while the device computes; when that is allowed is c
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from typing import Callable
 
@@ -66,9 +65,11 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
             self.req_to_token_pool, self.allocator, page_size=self.page_size,
             disable=server_args.disable_radix_cache, eviction_policy=server_args.radix_eviction_policy,
         )
+        media = getattr(model_runner, "mm_embedder", None) is not None
+        # Multimodal positions run eagerly whatever the batch (ModelRunner._run): groups in every decode pass there.
         self.planner = Planner(self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size,
-                               SHARED_PREFIX_MIN_LEN if model_runner.takes_shared_prefixes else 0,
-                               media=getattr(model_runner, "mm_embedder", None) is not None)
+                               SHARED_PREFIX_MIN_LEN if model_runner.takes_shared_prefixes else 0, media=media,
+                               replays=(lambda rows: False) if media else model_runner.can_replay)
         seed = server_args.random_seed if server_args.random_seed is not None else 0
         # Constrained decoding and drafts: one counter for their stats (masks filled, jumps, drafts kept, ...).
         self.grammar_stats: Counter = Counter()

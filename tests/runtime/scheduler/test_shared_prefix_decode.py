@@ -72,6 +72,23 @@ def test_groups_hold_identical_slots(tiny_model_dir, page_size, every):
     sched.check_memory()
 
 
+def test_passes_that_replay_a_graph_carry_no_groups(tiny_model_dir):
+    """CUDA graphs read no shared prefixes (the executor replays them for small batches): the planner does not scan
+    for groups in a pass the runner says it replays; it does in the others."""
+    from tests.runtime.scheduler.conftest import make_scheduler, request
+    from tests.runtime.scheduler.fake_serving import serve
+
+    found = {}
+    for graph_rows in (0, 64):
+        sched = make_scheduler(tiny_model_dir)
+        sched.planner.shared_prefix_min_len = MIN_LEN
+        sched.planner.replays = lambda rows, g=graph_rows: 0 < rows <= g
+        seen = record_groups(sched)
+        serve(sched, [request(f"r{i}", p, max_new_tokens=6) for i, p in enumerate(prompts())])
+        found[graph_rows] = len(seen)
+    assert found[0] > 0 and found[64] == 0
+
+
 def run_cases(device: str) -> None:
     import json
     import tempfile
