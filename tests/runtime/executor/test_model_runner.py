@@ -42,13 +42,17 @@ def test_warm_up_kernels_runs_every_planned_variant(tiny_model_dir, monkeypatch)
 
     runner = make_scheduler(tiny_model_dir).runner
     runner.attn_backend = TritonAttnBackend(runner)
-    passes = []
+    passes, prefix_pairs = [], []
     monkeypatch.setattr(runner, "_run", lambda fb, plan: passes.append((fb.forward_mode, fb.batch_size,
                                                                          list(fb.seq_lens_cpu), fb.extend_seq_lens_cpu)))
+    # The prefix kernel's warm-up launches it directly (shared-prefix decode is on by default): recorded too.
+    monkeypatch.setattr(runner.attn_backend, "warm_up_shared_prefix", lambda layer, pairs: prefix_pairs.append(pairs))
     context, kv_heads = runner.model_config.context_len, runner.num_kv_heads
     for graph_max_bs in (0, 8, 512):
         passes.clear()
+        prefix_pairs.clear()
         runner.warm_up_kernels(graph_max_bs)
+        assert prefix_pairs == [runner.warmup_plan(graph_max_bs).shared_prefix] and prefix_pairs[0]
         token_rows = [(bs, lens) for mode, bs, lens, _ in passes if mode.is_token_rows()]
         assert {decode_num_splits(max(lens), bs, kv_heads) for bs, lens in token_rows} == set(
             decode_eager_splits(context, kv_heads, graph_max_bs))
