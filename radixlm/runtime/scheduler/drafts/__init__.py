@@ -204,13 +204,14 @@ class DraftPath:
             return
         # (This runs for every token a grammar's request takes: the batch rule's cap is worked out only for a
         # source it binds.)
+        n = self.batch_size() if batch is None else batch
         cap: int | None = None
         for source in req.draft_sources:
             if req.finished_reason is not None or kv.draft is not None:
                 break
             traits = self._traits_of(source)
             if traits.adaptive:
-                cap = self.draft_cap(self.batch_size() if batch is None else batch)
+                cap = self.draft_cap(n)
                 if cap == 0:
                     continue
             if flying and not traits.guesses:
@@ -229,7 +230,7 @@ class DraftPath:
             source = kv.draft.source
             traits = self._traits_of(source)
             if traits.adaptive:
-                cap = self.draft_cap(self.batch_size() if batch is None else batch)
+                cap = self.draft_cap(n)
             self._cut(req, self._limit(req, source, cap, traits))
 
     def _traits_of(self, source: Proposer) -> _Traits:
