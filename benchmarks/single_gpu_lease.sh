@@ -27,7 +27,8 @@
 #   bash benchmarks/single_gpu_lease.sh specpair  # issue 21: NGRAM x batch 1/64/256 x the 4 workloads, each run
 #                                                 # followed by drafting-off on the same engine (--paired-off: fresh
 #                                                 # engines differ by up to +-10% at batch 64-256), 2 rounds
-#                                                 # (estimate ~250 s, not measured)
+#                                                 # (222 s measured; SPEC_BATCHES="64 256" SPEC_REPEAT=6: the
+#                                                 # large batches alone, 12 runs a cell)
 #   bash benchmarks/single_gpu_lease.sh vlm       # issue 23: LLaVA-bench with Qwen2.5-VL-7B shapes (radix / no_radix /
 #                                                 # no_cache), then LLaVA-OneVision-7B shapes (12 images, 2 repeats)
 #   DRY=1 bash benchmarks/single_gpu_lease.sh prepare|p1|p2|spec|vlm|all   # HERE, on the CPU: the same scripts
@@ -272,7 +273,8 @@ specpair)
   if [ "$DRY" = 1 ]; then
     dev=(--device cpu --dtype float32); batches=(1 2); extra=(--max-new-tokens 24 --rounds 1 --repeat 2)
   else
-    dev=(--device cuda --dtype bfloat16); batches=(1 64 256); extra=(--rounds 2 --repeat "${SPEC_REPEAT:-3}")
+    dev=(--device cuda --dtype bfloat16); read -ra batches <<< "${SPEC_BATCHES:-1 64 256}"
+    extra=(--rounds 2 --repeat "${SPEC_REPEAT:-3}")
   fi
   step specpair 420 $PY benchmarks/speculative.py --model "$SPEC/t8b" --load-format dummy "${dev[@]}" \
     --algorithms NGRAM --batches "${batches[@]}" --workloads quote edit restate story \

@@ -135,10 +135,12 @@ def drafting_off(engine: Engine):
 def run(engine: Engine, prompts: list[str], max_new: int) -> tuple[float, list[list[int]], dict]:
     sp = {"temperature": 0, "max_new_tokens": max_new}
     before = dict(engine.scheduler.grammar_stats)
+    prefilled = engine.scheduler.stats["prefill_tokens"]
     t0 = time.perf_counter()
     outs = engine.generate(prompts, sp)
     wall = time.perf_counter() - t0
     stats = {k: engine.scheduler.grammar_stats[k] - before.get(k, 0) for k in STAT_KEYS}
+    stats["prefill_tokens"] = engine.scheduler.stats["prefill_tokens"] - prefilled
     return wall, [o["output_ids"] for o in outs], stats
 
 
@@ -307,6 +309,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                 run(engine, prompts, args.max_new_tokens))
                             if paired(args, algo):
                                 with drafting_off(engine):
+                                    # start() again: else the off run's prompt is a cache hit that its speculative
+                                    # twin had to prefill
+                                    prompts = [start(engine, name, args.max_new_tokens)] * b
                                     runs.setdefault((name, b, f"off@{algo}"), []).append(
                                         run(engine, prompts, args.max_new_tokens))
             finally:
@@ -323,7 +328,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         # runs_wall_s in the order measured: round 1's repeats, then round 2's, ... (each round a fresh engine)
         rows.append({"workload": name, "batch": b, "algorithm": algo, "wall_s": wall, "output_tokens": n_out,
                      "output_tokens_per_s": n_out / wall, "best_output_tokens_per_s": n_out / got[0][0],
-                     "runs_wall_s": [g[0] for g in measured], **stats, "_ids": ids})
+                     "runs_wall_s": [g[0] for g in measured],
+                     "runs_prefill_tokens": [g[2]["prefill_tokens"] for g in measured], **stats, "_ids": ids})
     off = {(r["workload"], r["batch"]): r for r in rows if r["algorithm"] == "off"}
     by_key = {(r["workload"], r["batch"], r["algorithm"]): r for r in rows}
     print(f"{'workload':12} {'batch':>5} {'algorithm':11} {'tok/s':>8} {'vs off':>7} {'best':>5} {'spread':>6} "

@@ -59,6 +59,8 @@ def test_paired_off_times_drafting_off_on_the_speculative_engine(tmp_path, monke
     ngram, twin = by["NGRAM"], by["off@NGRAM"]
     assert ngram["ngram_drafts"] > 0 and twin["ngram_drafts"] == twin["draft_tokens"] == 0
     assert twin["identical_to_off"] == ngram["identical_to_off"] == 1 and len(twin["runs_wall_s"]) == 2
+    # each off run prefills the prompt its NGRAM twin prefilled (not a hit on what the twin left in the cache)
+    assert twin["runs_prefill_tokens"] == ngram["runs_prefill_tokens"] and min(ngram["runs_prefill_tokens"]) > 0
     ratios = [t / w for t, w in zip(twin["runs_wall_s"], ngram["runs_wall_s"])]
     assert ngram["speedup_vs_paired_off"] == pytest.approx(sum(ratios) / 2)  # the median of two
     assert by["off"]["speedup_vs_paired_off"] is None
