@@ -98,6 +98,7 @@ def child(args) -> None:
     from radixlm import Engine
     from radixlm.bench.datasets import PromptSource
 
+    imported_at = time.time()
     engine_args = json.loads(args.engine_args)
     cache_dir = os.environ.get("TRITON_CACHE_DIR", "")
     kernels0 = cache_entries(cache_dir)
@@ -107,6 +108,8 @@ def child(args) -> None:
            "engine_args": engine_args, "kernel_cache": "warm" if kernels0 else "cold",
            "triton_cache_kernels_at_start": kernels0, "host": os.uname().nodename, "torch": torch.__version__,
            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    run["imports_s"] = imported_at - args.spawned_at  # interpreter start and imports (start-up's share outside Engine)
+    run["before_engine_s"] = time.time() - args.spawned_at
     t0 = time.perf_counter()
     if args.tiny:
         engine = Engine(path, load_format="dummy", dtype="float32", device="cpu", context_length=4096, random_seed=0,
@@ -119,7 +122,8 @@ def child(args) -> None:
     run["engine_init_s"] = time.perf_counter() - t0
     run["startup_s"] = time.time() - args.spawned_at
     run["triton_cache_kernels_after_startup"] = cache_entries(cache_dir)
-    log(f"run {args.run_index}: ready {run['startup_s']:.1f} s after spawn (Engine() {run['engine_init_s']:.1f} s), "
+    log(f"run {args.run_index}: ready {run['startup_s']:.1f} s after spawn (imports {run['imports_s']:.1f} s, "
+        f"Engine() {run['engine_init_s']:.1f} s), "
         f"kernel cache {run['kernel_cache']} ({kernels0} kernels)")
     raw: dict = {}
 
