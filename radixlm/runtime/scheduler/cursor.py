@@ -89,9 +89,13 @@ class KVCursor:
         """The host appended `appended` tokens of a processed pass (it now knows `known`). KV is valid only for
         positions whose tokens are final and were rows of a launched pass: not the newest token, if this pass chose
         it, nor the rejected tokens of a draft. (A draft being verified keeps its rows until its verdict.)"""
-        launched_draft = len(self.draft.tokens) if self.verifying else 0
-        self.committed = min(self.committed, known + self.in_flight - (1 if appended else 0) + launched_draft)
-        self.draft_kv_len = min(self.draft_kv_len, self.committed)
+        valid = known + self.in_flight - (1 if appended else 0)
+        if self.verifying:
+            valid += len(self.draft.tokens)
+        if valid < self.committed:
+            self.committed = valid
+        if self.draft_kv_len > self.committed:
+            self.draft_kv_len = self.committed
 
     def reset(self) -> None:
         """Its KV went back to the tree or the allocator (retraction, failure)."""

@@ -94,12 +94,12 @@ class SchedulerOutputProcessorMixin:
                 req.output_top_logprobs.append(top_logprobs(lp, req.top_logprobs_num)[0])
             req.finished_reason = FinishReason.at_length(0)
             return
-        decided = verdict is not None and bool(verdict.tokens)  # mask on demand: the constrained argmax
-        if tok is None and not decided:  # no sampler ran and nothing is allowed: the grammar is violated
+        decided = verdict.tokens[:1] if verdict is not None else None  # mask on demand: the constrained argmax
+        if decided:
+            appended = req.append_tokens(decided, self.tokenizer, GrammarAdvance.DONE, lp)
+        elif tok is None:  # no sampler ran and nothing is allowed: the grammar is violated
             req.finished_reason = FinishReason.aborted(GRAMMAR_VIOLATION)
             return
-        if decided:
-            appended = req.append_tokens(verdict.tokens[:1], self.tokenizer, GrammarAdvance.DONE, lp)
         else:
             appended = req.append_tokens([tok], self.tokenizer, GrammarAdvance.ACCEPT, lp)
         req.kv.taken(req.seqlen, appended)

@@ -246,6 +246,18 @@ class Req:
         eos = None if sp.ignore_eos else self.eos_token_ids
         strings = sp.stop if tokenizer is not None else None
         n_out = len(output)
+        if last > 1 and not (accept or want_lp or strings):
+            seen = set(tokens)
+            if seen.isdisjoint(stop_ids or ()) and (eos is None or seen.isdisjoint(eos)):
+                # (Several tokens, a jump's:) no stop token among them: only the length, then the grammar at the
+                # last token, can finish the request.
+                n = min(last, max(max_new - n_out, 1))
+                output.extend(tokens if n == last else tokens[:n])
+                if n_out + n >= max_new:
+                    self.finished_reason = FinishReason.at_length(max_new)
+                elif n == last and grammar is not None and grammar.is_terminated():
+                    self.finished_reason = FinishReason.stopped(tokens[-1])
+                return n
         for n, tok in enumerate(tokens, 1):
             output.append(tok)
             n_out += 1

@@ -203,23 +203,22 @@ class DraftPath:
         if flying > 1 or (flying and req.grammar is not None):
             return
         # (This runs for every token a grammar's request takes: the batch rule's cap is worked out only for a
-        # source it binds.)
-        n = self.batch_size() if batch is None else batch
+        # source it binds, a deferred source's limit only when it queues the request.)
         cap: int | None = None
+        traits_of = self._traits
         for source in req.draft_sources:
             if req.finished_reason is not None or kv.draft is not None:
                 break
-            traits = self._traits_of(source)
+            traits = traits_of.get(id(source)) or _Traits.of(source)
             if traits.adaptive:
-                cap = self.draft_cap(n)
+                cap = self._cap(batch)
                 if cap == 0:
                     continue
             if flying and not traits.guesses:
                 continue
-            limit = self._limit(req, source, cap, traits)
             if traits.deferred:
                 if defer and source.ready(req):
-                    self._pending.append((source, req, limit))
+                    self._pending.append((source, req, self._limit(req, source, cap, traits)))
                     break
                 continue
             source.propose(req)
@@ -230,8 +229,12 @@ class DraftPath:
             source = kv.draft.source
             traits = self._traits_of(source)
             if traits.adaptive:
-                cap = self.draft_cap(n)
+                cap = self._cap(batch)
             self._cut(req, self._limit(req, source, cap, traits))
+
+    def _cap(self, batch: int | None) -> int | None:
+        """The batch rule's cap for `batch` requests (default: those running)."""
+        return self.draft_cap(self.batch_size() if batch is None else batch)
 
     def _traits_of(self, source: Proposer) -> _Traits:
         traits = self._traits.get(id(source))

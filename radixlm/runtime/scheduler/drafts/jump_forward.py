@@ -38,23 +38,25 @@ class JumpForwardSource:
     def propose(self, req: Req) -> None:
         """Right after a token was accepted, or at admission before any: when the grammar forces text from here,
         draft it (exact: req.kv.draft) or take it (fast: appended to the output)."""
-        if not self.applies_to(req) or req.finished() or req.kv.draft is not None:
+        grammar, mode, output = req.grammar, self.mode, req.output_ids
+        if (grammar is None or mode is JumpForwardMode.OFF or req.finished_reason is not None
+                or req.kv.draft is not None):
             return
-        if not req.output_ids:
+        if not output:
             self._propose_first(req)
             return
-        if self.mode is JumpForwardMode.FAST and req.return_logprob:
+        if mode is JumpForwardMode.FAST and req.return_logprob:
             return  # forced tokens have no logprobs in fast mode
-        forced = req.grammar.jump_forward_string()
+        forced = grammar.jump_forward_string()
         if not forced:
             if not req.stop_checked and not req.return_logprob:
                 self._take_forced_stop(req)
             return
-        if self.mode is JumpForwardMode.EXACT:
-            self._draft(req, req.output_ids[-1], forced)
+        if mode is JumpForwardMode.EXACT:
+            self._draft(req, output[-1], forced)
             return
-        tokens, replaces_last = self._forced_tokens(req.output_ids[-1], forced)
-        tokens = tokens[: req.tokens_left() + (1 if replaces_last else 0)]
+        tokens, replaces_last = self._forced_tokens(output[-1], forced)
+        tokens = tokens[: req.tokens_left() + replaces_last]
         if tokens:
             self._take_forced(req, tokens, replaces_last)
 
@@ -98,8 +100,9 @@ class JumpForwardSource:
         bitmask = backend.allocate_bitmask(1)
         grammar.fill_bitmask(bitmask, 0)
         self.stats["masks_filled"] += 1
-        words = [(i, w & 0xFFFFFFFF) for i, w in enumerate(bitmask[0].tolist()) if w]
-        return words == [(token // 32, 1 << (token % 32))]
+        # The token's bit alone: its word holds only that bit and every other word is 0 (no per-word Python loop).
+        words, i = bitmask[0].tolist(), token // 32
+        return i < len(words) and words[i] & 0xFFFFFFFF == 1 << (token % 32) and words.count(0) == len(words) - 1
 
     def _forced_tokens(self, last_token: int, forced: str) -> tuple[list[int], bool]:
         """forced_tokens, remembered: many requests of one grammar reach the same forced text after the same token.
