@@ -1,6 +1,7 @@
 """Where start-up time goes (issue 20: start-up to ready <= 45 s): the imports one by one in a fresh interpreter, then
-Engine() for Llama-3.1-8B shapes (dummy bf16, the side-by-side's engine) under cProfile, with an empty Triton cache
-unless --warm. Prints the imports and the slowest radixlm/torch/triton functions by cumulative time, writes JSON.
+Engine() for Llama-3.1-8B shapes (dummy bf16, the side-by-side's engine) under cProfile (the Triton cache as
+TRITON_CACHE_DIR finds it), then the decode step at batch 1, 2, 4 and 64 (the few-row GEMMs chosen at start-up).
+Prints the imports and the slowest radixlm/torch/triton functions by cumulative time, writes JSON.
 
     bash benchmarks/startup_lease.sh                       # on the device (carry .whl): cold, then warm
     python benchmarks/startup_profile.py --tiny --out F    # here, on the CPU: the same with tiny shapes
@@ -91,6 +92,18 @@ def main(argv: list[str] | None = None) -> dict:
               "interpreter_s": round(interpreter_s, 3), "imports": imports,
               "imports_s": round(sum(r["s"] for r in imports), 3), "engine_init_s": round(engine_s, 3),
               "ready_s": round(time.time() - SPAWNED, 3), "top_cumulative": top_functions(prof, args.top)}
+    if not args.tiny:  # the GEMM choices made at start-up, seen from a decode step (the side-by-side's measure)
+        import random
+
+        from transformers import AutoTokenizer
+
+        from benchmarks.gpu_llama8b import decode_steps
+        from radixlm.bench.datasets import PromptSource
+
+        src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
+        decode_steps(engine, src, 8, steps=16)  # warm-up
+        result["decode_step_ms"] = {b: round(decode_steps(engine, src, b) * 1e3, 3) for b in (1, 2, 4, 64)}
+        print(f"decode step ms by batch: {result['decode_step_ms']}")
     engine.shutdown()
     print(f"interpreter {result['interpreter_s']:.2f} s, imports {result['imports_s']:.2f} s, Engine() "
           f"{engine_s:.2f} s (kernel cache entries at start: {kernels}), ready {result['ready_s']:.2f} s")

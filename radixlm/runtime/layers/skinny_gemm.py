@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+import triton.testing
 
 SKINNY_MAX_M = 4
 SKINNY_ROWS = (1, 2, 4)  # the kernel's row counts (M); other row counts up to SKINNY_MAX_M pad to the next one
@@ -22,7 +23,14 @@ _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stage
                                  (8, 1024, 8, 2), (16, 1024, 8, 2), (4, 1024, 4, 3))]
 
 
-@triton.autotune(configs=_CONFIGS, key=["N", "K", "M"])
+def _bench(kernel_call, quantiles):
+    # A skinny GEMM takes 5-50 us: 20 ms is hundreds of runs a config. Triton's default (25 + 100 ms a config) cost
+    # 12 s of every start-up of an 8B model (15 shapes x 7 configs; benchmarks/startup_profile.py on the H100).
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
+
+
+# cache_results: the choices persist beside the compiled kernels (Triton's cache), so a warm start-up skips them.
+@triton.autotune(configs=_CONFIGS, key=["N", "K", "M"], do_bench=_bench, cache_results=True)
 @triton.jit
 def _skinny_kernel(X, W, B, Y, N, K, stride_xm, stride_wn, stride_ym,
                    M: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
