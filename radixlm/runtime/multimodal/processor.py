@@ -124,11 +124,13 @@ class MultimodalProcessor:
         """The processor of a vision-language model directory; None for a text-only model."""
         if not os.path.isfile(os.path.join(model_dir, "config.json")):
             return None
-        from transformers import AutoConfig, AutoImageProcessor
+        from transformers import AutoConfig
 
         hf_config = AutoConfig.from_pretrained(model_dir)
         if getattr(hf_config, "vision_config", None) is None:
             return None
+        from transformers import AutoImageProcessor  # (after the check: its import costs a text model's start-up ~0.5 s)
+
         token_id = getattr(hf_config, "image_token_index", None)
         token_id = hf_config.image_token_id if token_id is None else token_id
         image_processor = AutoImageProcessor.from_pretrained(model_dir)
