@@ -215,7 +215,7 @@ class Planner:
         plan, wb = batch.worker.logits, batch.worker
         row = 0
         for req, start, n in zip(batch.reqs, wb.prefix_lens, wb.extend_lens):
-            if req.return_logprob and req.wants_input_logprobs() and start < len(req.origin_input_ids):
+            if req.wants_input_logprobs() and start < len(req.origin_input_ids):
                 self._input_rows(batch, req, row, start, n)
             if req.is_chunked:
                 batch.has_chunk = True

@@ -205,11 +205,10 @@ class DraftPath:
         # (This runs for every token a grammar's request takes: the batch rule's cap is worked out only for a
         # source it binds, a deferred source's limit only when it queues the request.)
         cap: int | None = None
-        traits_of = self._traits
         for source in req.draft_sources:
             if req.finished_reason is not None or kv.draft is not None:
                 break
-            traits = traits_of.get(id(source)) or _Traits.of(source)
+            traits = self._traits_of(source)
             if traits.adaptive:
                 cap = self._cap(batch)
                 if cap == 0:
