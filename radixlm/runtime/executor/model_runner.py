@@ -152,7 +152,8 @@ class ModelRunner:
         return warmup_plan(self.model_config.context_len, self.num_kv_heads, graph_max_bs,
                            eager_token_rows_any_size=self.mm_embedder is not None, has_moe=has_moe,
                            tree_masks=uses_tree_masks(self.server_args, self.attn_backend.supports_tree_mask),
-                           shared_prefix=self.takes_shared_prefixes)
+                           shared_prefix=self.takes_shared_prefixes,
+                           max_rows=self.max_running_requests * DECODE_ROWS_PER_REQ)
 
     @property
     def takes_shared_prefixes(self) -> bool:

@@ -23,6 +23,10 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         served, whatever the split count.
       BLOCK_S = next_power_of_2(num_splits) (stage 2's tile): 1, 2, 4, 8, 16 -> built at start-up for every split
         count eager passes can meet (decode_eager_splits) and, for graphs, by capture.
+      DIRECT (one split, no shared prefixes: stage 1 writes the output, no stage 2) follows the split count: the
+        same passes build it.
+      BLOCK_N: 128 in wide passes (decode_wide_rows rows or more, no shared prefixes; one split), else 64 -> one
+        eager pass of decode_wide_rows rows at start-up where eager passes can be that wide (token_row_batches).
       Req_pool_indices, Seq_lens: views at any offset -> do_not_specialize_on_alignment.
       GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, BLOCK_N, PRECISION (dtype), strides of q and the pools: fixed.
       Row_starts / HAS_ROW_STARTS: None / False, except in eager passes with shared prefixes (below).
@@ -68,7 +72,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits, shared_prefix_num_splits
+from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
+    decode_num_splits, decode_wide_rows, shared_prefix_num_splits)
 
 # Extend passes of these per-request new-token counts build both of the extend kernel's tiles (BLOCK_M 16, 64).
 EXTEND_WARMUP_LENS = ([16, 16], [17])
@@ -111,14 +116,20 @@ def shared_prefix_warmup(context_len: int, num_kv_heads: int, splits: list[int])
 
 
 def warmup_plan(context_len: int, num_kv_heads: int, graph_max_bs: int, eager_token_rows_any_size: bool,
-                has_moe: bool, tree_masks: bool = False, shared_prefix: bool = False) -> WarmupPlan:
+                has_moe: bool, tree_masks: bool = False, shared_prefix: bool = False,
+                max_rows: int | None = None) -> WarmupPlan:
     """graph_max_bs: the largest captured batch (0 without graphs); eager_token_rows_any_size: passes of any row
     count may run without a graph (media or multimodal positions); tree_masks: tree drafts are configured and the
     attention backend takes their masks (uses_tree_masks); shared_prefix: eager decode passes may carry shared
-    prefixes (shared-prefix decode, not --disable-shared-prefix-decode, on a backend that supports_shared_prefix)."""
+    prefixes (shared-prefix decode, not --disable-shared-prefix-decode, on a backend that supports_shared_prefix);
+    max_rows: the most rows a decode pass can have (None: no bound)."""
     eager_from = 0 if eager_token_rows_any_size else graph_max_bs
     splits = decode_eager_splits(context_len, num_kv_heads, eager_from)
-    return WarmupPlan(decode_splits=splits, moe=has_moe, tree_masks=tree_masks,
+    wide = decode_wide_rows(num_kv_heads)
+    rows = TOKEN_ROW_WARMUP
+    if max_rows is None or max_rows >= max(wide, eager_from + 1):
+        rows += (wide,)
+    return WarmupPlan(token_row_batches=rows, decode_splits=splits, moe=has_moe, tree_masks=tree_masks,
                       shared_prefix=shared_prefix_warmup(context_len, num_kv_heads, splits) if shared_prefix else [])
 
 

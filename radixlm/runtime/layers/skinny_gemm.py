@@ -20,7 +20,7 @@ SKINNY_ROWS = (1, 2, 4)  # the kernel's row counts (M); other row counts up to S
 
 _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
             for bn, bk, w, s in ((8, 512, 4, 3), (16, 256, 4, 4), (16, 512, 4, 3), (32, 256, 8, 3),
-                                 (8, 1024, 8, 2), (16, 1024, 8, 2), (4, 1024, 4, 3))]
+                                 (8, 1024, 8, 2), (16, 1024, 8, 2), (4, 1024, 4, 3), (4, 1024, 8, 3))]
 
 
 def _bench(kernel_call, quantiles):

@@ -20,7 +20,7 @@ from triton.backends.compiler import BaseBackend  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits  # noqa: E402
+from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits, decode_wide_rows  # noqa: E402
 from radixlm.runtime.layers.kernel_variants import (  # noqa: E402
     EXTEND_WARMUP_LENS, TOKEN_ROW_WARMUP, decode_eager_splits, warmup_plan)
 
@@ -73,7 +73,14 @@ def test_warmup_plan_follows_graphs_and_media():
     assert warmup_plan(4096, 8, 512, True, False).decode_splits == list(range(1, 17))
     assert warmup_plan(2048, 2, 8, False, True).decode_splits == list(range(1, 9))
     assert warmup_plan(2048, 2, 8, False, True).moe
-    assert warmup_plan(4096, 8, 512, False, False).token_row_batches == TOKEN_ROW_WARMUP == (1, 2, 3, 4)
+    assert TOKEN_ROW_WARMUP == (1, 2, 3, 4)
+    # One wide eager pass (decode_wide_rows: 128 rows at 8 kv heads) where eager decode passes can be that wide.
+    assert warmup_plan(4096, 8, 512, False, False).token_row_batches == TOKEN_ROW_WARMUP + (128,)
+    assert warmup_plan(4096, 8, 512, False, False, max_rows=2048).token_row_batches == TOKEN_ROW_WARMUP + (128,)
+    assert warmup_plan(4096, 8, 512, False, False, max_rows=512).token_row_batches == TOKEN_ROW_WARMUP  # all graphs
+    assert warmup_plan(4096, 8, 0, False, False, max_rows=127).token_row_batches == TOKEN_ROW_WARMUP
+    assert warmup_plan(4096, 8, 0, False, False, max_rows=128).token_row_batches == TOKEN_ROW_WARMUP + (128,)
+    assert warmup_plan(4096, 2, 8, False, False, max_rows=600).token_row_batches == TOKEN_ROW_WARMUP + (512,)
 
 
 @pytest.mark.parametrize("top_k, n_local", [(8, 128), (2, 8), (4, 60), (1, 4), (8, 16)])
@@ -107,6 +114,7 @@ def _index(values, offset):
 
 @pytest.mark.parametrize("kv_heads, graph_max_bs", [(2, 8), (2, 0), (8, 512), (1, 4)])
 def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_heads, graph_max_bs):
+    from radixlm.runtime.executor.cuda_graph_runner import capture_batch_sizes
     from radixlm.runtime.layers.attention.triton_ops import decode_attention as da
 
     heads, head_dim, context_len = 4 * kv_heads, 16, 4096
@@ -126,16 +134,19 @@ def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_
     for s in plan.decode_splits:
         launch(1, [256 * (s - 1) + 1])
     if graph_max_bs:
-        from radixlm.runtime.executor.cuda_graph_runner import capture_batch_sizes
-
         for bs in capture_batch_sizes(graph_max_bs):
             launch(bs, [1] * bs, num_splits=decode_num_splits(context_len, bs, kv_heads))
     warm = rec.take()
-    assert len(warm["stage1"]) == 1  # the split count builds no stage-1 variant
+    # Stage 1's variants: split (partials for stage 2), DIRECT (one split), and wide (DIRECT, 128-position blocks)
+    # where a pass reaches decode_wide_rows; the split count itself builds none.
+    launched = list(plan.token_row_batches) + (capture_batch_sizes(graph_max_bs) if graph_max_bs else [])
+    assert len(warm["stage1"]) == 2 + any(bs >= decode_wide_rows(kv_heads) for bs in launched)
     # Serving: eager passes of more rows than the largest graph, any lengths, index vectors at any offset.
     rng = random.Random(0)
-    for _ in range(60):
+    for i in range(60):
         bs = rng.randrange(graph_max_bs + 1, graph_max_bs + 40)
+        if i % 4 == 0:  # wide passes
+            bs = max(graph_max_bs + 1, decode_wide_rows(kv_heads)) + rng.randrange(0, 20)
         lens = [rng.randrange(1, context_len + 1) for _ in range(bs)]
         if rng.random() < 0.3:
             lens = [rng.randrange(1, 300) for _ in range(bs)]

@@ -1,9 +1,12 @@
 """Decode attention over the paged KV pool: one new query token per request attends to its whole sequence.
 
-Split-K in two stages. Stage 1: program (request, kv head, split) walks its share of the sequence in blocks of
+Split-K in two stages. Stage 1: program (kv head, request, split) walks its share of the sequence in blocks of
 BLOCK_N positions, gathers their K/V rows through req_to_token (so any page size works), and keeps an online
 softmax for the GQA group of query heads that share the kv head (padded to BLOCK_H rows for tl.dot). It writes a
-partial output and its log-sum-exp. Stage 2: program (request, head) merges the splits.
+partial output and its log-sum-exp. Stage 2: program (request, head) merges the splits. With one split and no
+shared prefixes stage 1 writes the output itself (DIRECT) and stage 2 does not run. The kv head is the grid's
+fastest axis: programs that run together read neighbouring kv heads of the same pool rows (one row holds all of a
+slot's kv heads).
 
 With shared prefixes (SharedPrefixes, shared_prefix_attention.py) a grouped row's stage 1 covers [prefix_len,
 seq_len) only (Row_starts), the prefix kernel writes its prefix partials into extra slots after the splits, and
@@ -14,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import DECODE_BLOCK_N, decode_num_splits
+from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_block_n, decode_num_splits
 from radixlm.runtime.layers.attention.triton_ops.shared_prefix_attention import shared_prefix_stage1
 from radixlm.runtime.layers.attention.triton_ops.span_attention import attend_span
 
@@ -31,14 +34,14 @@ SPLIT_ARGS = ["num_splits", "stride_mlb", "stride_mlh"]
 
 @triton.jit(do_not_specialize=SPLIT_ARGS, do_not_specialize_on_alignment=INDEX_ARGS)
 def _decode_stage1(
-    Q, K_buf, V_buf, Req_to_token, Req_pool_indices, Seq_lens, Row_starts, Mid_o, Mid_lse, sm_scale,
+    Q, K_buf, V_buf, Req_to_token, Req_pool_indices, Seq_lens, Row_starts, Mid_o, Mid_lse, O, sm_scale,
     stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
-    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_splits,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, HAS_ROW_STARTS: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, HAS_ROW_STARTS: tl.constexpr, DIRECT: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(0)
+    b = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(Seq_lens + b)
     row = tl.load(Req_pool_indices + b)
@@ -61,9 +64,13 @@ def _decode_stage1(
     out, lse = attend_span(q, K_buf, V_buf, Req_to_token + row * stride_rt, start, end, kvh, sm_scale,
                            stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
                            BLOCK_ROWS=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
-    tl.store(Mid_o + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :], out,
-             mask=h_mask[:, None] & d_mask[None, :])
-    tl.store(Mid_lse + b * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
+    if DIRECT:
+        tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
+                 mask=h_mask[:, None] & d_mask[None, :])
+    else:
+        tl.store(Mid_o + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :], out,
+                 mask=h_mask[:, None] & d_mask[None, :])
+        tl.store(Mid_lse + b * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
 
 
 @triton.jit(do_not_specialize=SPLIT_ARGS)
@@ -94,30 +101,37 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads
-    block_n = DECODE_BLOCK_N
     if num_splits is None:
-        num_splits = decode_num_splits(max_seq_len, bs, num_kv_heads, block_n)
-    slots = num_splits + (shared.num_splits if shared is not None else 0)
-    mid_o = torch.empty(bs, num_heads, slots, head_dim, dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty(bs, num_heads, slots, dtype=torch.float32, device=q.device)
+        num_splits = decode_num_splits(max_seq_len, bs, num_kv_heads)
     out = torch.empty_like(q)
+    direct = num_splits == 1 and shared is None
+    if direct:  # no partials: the output stands in for their pointers (DIRECT never reads them)
+        mid_o, mid_lse, slots = out, out, 1
+        mid_strides = (0, 0, 0, 0, 0)
+    else:
+        slots = num_splits + (shared.num_splits if shared is not None else 0)
+        mid_o = torch.empty(bs, num_heads, slots, head_dim, dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty(bs, num_heads, slots, dtype=torch.float32, device=q.device)
+        mid_strides = (mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1))
     block_d = triton.next_power_of_2(head_dim)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # float32 stays exact (no TF32 rounding)
     if shared is not None:
         mid_lse[:, :, num_splits:].fill_(float("-inf"))  # ungrouped rows' prefix slots
         shared_prefix_stage1(q, k_buf, v_buf, req_to_token, req_pool_indices, shared, mid_o, mid_lse, sm_scale,
                              num_splits, precision)
-    _decode_stage1[(bs, num_kv_heads, num_splits)](
+    _decode_stage1[(num_kv_heads, bs, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, shared.row_starts if shared is not None else None,
-        mid_o, mid_lse, sm_scale,
+        mid_o, mid_lse, out, sm_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
-        req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        req_to_token.stride(0), *mid_strides, out.stride(0), out.stride(1),
         num_splits, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=block_n, num_warps=4, num_stages=2, PRECISION=precision, HAS_ROW_STARTS=shared is not None,
+        BLOCK_N=decode_block_n(bs, num_kv_heads, shared is not None), num_warps=4, num_stages=2, PRECISION=precision,
+        HAS_ROW_STARTS=shared is not None, DIRECT=direct,
     )
+    if direct:
+        return out
     _decode_stage2[(bs, num_heads)](
-        mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1), slots, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        mid_o, mid_lse, out, *mid_strides, out.stride(0), out.stride(1), slots, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_S=triton.next_power_of_2(slots), num_warps=4,
     )
     return out

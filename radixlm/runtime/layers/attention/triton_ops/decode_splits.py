@@ -2,11 +2,27 @@
 from __future__ import annotations
 
 DECODE_BLOCK_N = 64  # sequence positions per block of the decode kernel's stage 1
+# Wide passes (at least this many (request, kv head) programs, no shared prefixes) walk 128 positions per block: on an
+# H100 at batch 256 (8 kv heads, 640 positions) 5% faster than 64, at batch 64 7% slower
+# (benchmarks/results/kernels_h100/decode_attention_sweep_before.json).
+DECODE_WIDE_PROGRAMS = 1024
+DECODE_WIDE_BLOCK_N = 128
 
 
 def decode_num_splits(max_seq_len: int, bs: int, num_kv_heads: int, block_n: int = DECODE_BLOCK_N) -> int:
     """Enough programs to fill the GPU at small batch sizes, never splits shorter than a few blocks."""
     return max(1, min(16, -(-max_seq_len // (4 * block_n)), -(-256 // max(1, bs * num_kv_heads))))
+
+
+def decode_wide_rows(num_kv_heads: int) -> int:
+    """The fewest rows of a wide decode pass."""
+    return -(-DECODE_WIDE_PROGRAMS // max(1, num_kv_heads))
+
+
+def decode_block_n(bs: int, num_kv_heads: int, shared: bool) -> int:
+    """Stage 1's positions per block. A wide pass has one split (decode_num_splits), so its variant is one."""
+    return DECODE_WIDE_BLOCK_N if not shared and bs >= decode_wide_rows(num_kv_heads) else DECODE_BLOCK_N
+
 
 # Query rows (request x GQA head of one kv head) per tile of the shared-prefix kernel: one tl.dot operand.
 SHARED_PREFIX_BLOCK_M = 64
