@@ -2,7 +2,8 @@
 the serving kernel against launch and loop variants, Llama-3.1-8B attention shapes (32 query heads, 8 kv heads, head
 dim 128, bfloat16), keys gathered through req_to_token as served.
 
-Variants (this file's kernel; no tree masks):
+Variants (this file's kernel over the package's _attend_block step, so only the launch and the loop differ; no tree
+masks):
   order  "req": grid (request, query block, head) as served; "head": (head, query block, request), so the query
          heads of one kv head run together and share its K/V blocks in L2;
   split  the key loop in two: blocks wholly before the query block's first position without the causal mask, then
@@ -29,7 +30,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from radixlm.runtime.layers.attention.triton_ops.extend_attention import extend_attention  # noqa: E402
+from radixlm.runtime.layers.attention.triton_ops.extend_attention import _attend_block, extend_attention  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 
@@ -66,42 +67,23 @@ def _extend_variant(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     key_end = prefix + tl.minimum((mblock + 1) * BLOCK_M, ext)
     table = Req_to_token + row * stride_rt
-    if SPLIT:
-        # Keys before the block's first query position: every query row sees all of them.
-        free_end = (prefix + mblock * BLOCK_M) // BLOCK_N * BLOCK_N
-        for n0 in range(0, free_end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            slots = tl.load(table + offs_n)
-            k = tl.load(K_buf + slots[:, None] * stride_kbs + kvh * stride_kh + offs_d[None, :])
-            s = tl.dot(q, tl.trans(k)).to(tl.float32) * sm_scale
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            v = tl.load(V_buf + slots[:, None] * stride_vbs + kvh * stride_vh + offs_d[None, :])
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
-        first = free_end
-    else:
-        first = key_end * 0
+    d_all = offs_d < HEAD_DIM
+    first = key_end * 0
+    if SPLIT:  # keys before the block's first query position: every query row sees all of them
+        first = (prefix + mblock * BLOCK_M) // BLOCK_N * BLOCK_N
+        for n0 in range(0, first, BLOCK_N):
+            slots = tl.load(table + n0 + tl.arange(0, BLOCK_N))
+            acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, K_buf, V_buf, slots, d_all[None, :], None, kvh, sm_scale,
+                                          stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, PRECISION="tf32",
+                                          MASKED=False)
     for n0 in range(first, key_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < key_end
         slots = tl.load(table + offs_n, mask=n_mask, other=0)
-        k = tl.load(K_buf + slots[:, None] * stride_kbs + kvh * stride_kh + offs_d[None, :], mask=n_mask[:, None],
-                    other=0.0)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * sm_scale
-        visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        v = tl.load(V_buf + slots[:, None] * stride_vbs + kvh * stride_vh + offs_d[None, :], mask=n_mask[:, None],
-                    other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, K_buf, V_buf, slots, n_mask[:, None] & d_all[None, :],
+                                      n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None]), kvh, sm_scale,
+                                      stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, PRECISION="tf32",
+                                      MASKED=True)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(O + (start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
              mask=m_mask[:, None])
