@@ -1,0 +1,115 @@
+"""The decode GEMMs at mid batch alone (issue 20: at batch 256 cuBLAS's GEMMs take 7.4 ms of a 15.8 ms step, ~1.4x
+what the weight reads or the tensor cores need): cuBLAS (F.linear) against a Triton GEMM (y = x @ W.T, W row-major
+(N, K) as the model holds it; tiles grouped along M so that programs that run together share W's tiles) at every
+tile config of a grid, Llama-3.1-8B's shapes, bf16, M = 64-512 rows.
+
+Every figure is a CUDA-graph replay over COPIES distinct weights in turn (no L2 hits, no launch overhead), divided by
+COPIES; TFLOP/s and the weight-read bandwidth follow.
+
+    python benchmarks/gemm_sweep.py --out $OUT/gemm_sweep.json
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.gemv_sweep import SHAPES, graph_us  # noqa: E402
+
+
+@triton.jit
+def _gemm_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    # Programs run a group of GROUP_N column tiles for every M tile together: each W tile is read by all its M tiles
+    # while it is in L2.
+    per_group = GROUP_N * num_m
+    group = pid // per_group
+    first_n = group * GROUP_N
+    size_n = tl.minimum(num_n - first_n, GROUP_N)
+    pid_m = (pid % per_group) // size_n
+    pid_n = first_n + (pid % per_group) % size_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = X + offs_m[:, None] * stride_xm + offs_k[None, :]
+    w_ptrs = W + offs_n[:, None] * stride_wn + offs_k[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptrs, mask=offs_m[:, None] < M, other=0.0)
+        w = tl.load(w_ptrs, mask=offs_n[:, None] < N, other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(Y.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", nargs="+", default=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
+    p.add_argument("--rows", type=int, nargs="+", default=[64, 128, 256, 512])
+    p.add_argument("--budget-s", type=float, default=300)
+    p.add_argument("--out", default="gemm_sweep.json")
+    args = p.parse_args()
+    t0 = time.perf_counter()
+    configs = [c for c in itertools.product([64, 128], [64, 128, 256], [64], [3, 4, 5], [4, 8], [8])
+               if not (c[0] == 128 and c[1] == 256 and c[3] > 3) and not (c[1] == 256 and c[4] == 4)]
+    cells = []
+    for name, m in itertools.product(args.shapes, args.rows):
+        if time.perf_counter() - t0 > args.budget_s:
+            print("budget spent: stopping", flush=True)
+            break
+        n, k = SHAPES[name]
+        copies = max(2, min(16, -(-600_000_000 // (n * k * 2))))
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        ref = F.linear(x, ws[0]).float()
+        flop, gbytes = 2 * m * n * k, n * k * 2 / 1e9
+        cublas = graph_us(lambda i: torch.matmul(x, ws[i].t(), out=ys[i]), copies)
+        cell = {"shape": name, "m": m, "n": n, "k": k, "cublas_us": cublas, "cublas_tflops": flop / cublas / 1e6,
+                "weight_read_us_at_3tbps": gbytes / 3.0 * 1e3, "triton": []}
+        for bm, bn, bk, stages, warps, group in configs:
+            def run(i, bm=bm, bn=bn, bk=bk, stages=stages, warps=warps, group=group):
+                grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+                _gemm_kernel[grid](x, ws[i], ys[i], m, n, k, x.stride(0), ws[i].stride(0), ys[i].stride(0),
+                                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_N=group, num_warps=warps,
+                                   num_stages=stages)
+            row = {"block_m": bm, "block_n": bn, "block_k": bk, "stages": stages, "warps": warps}
+            try:
+                run(0)
+                row["max_abs_diff"] = (ys[0].float() - ref).abs().max().item()
+                row["us"] = graph_us(run, copies)
+                row["vs_cublas"] = cublas / row["us"]
+            except Exception as exc:
+                row["error"] = repr(exc)[:160]
+            cell["triton"].append(row)
+        best = sorted((r for r in cell["triton"] if "us" in r), key=lambda r: r["us"])[:3]
+        print(f"{name:13s} M={m:4d}: cuBLAS {cublas:7.1f} us ({cell['cublas_tflops']:.0f} TFLOP/s, weights alone "
+              f"{cell['weight_read_us_at_3tbps']:.1f} us)", flush=True)
+        for r in best:
+            print(f"    M{r['block_m']} N{r['block_n']} K{r['block_k']} s{r['stages']} w{r['warps']}: {r['us']:7.1f} us "
+                  f"x{r['vs_cublas']:.3f} (diff {r['max_abs_diff']:.1e})", flush=True)
+        cells.append(cell)
+        del ws, ys
+        torch.cuda.empty_cache()
+        Path(args.out).write_text(json.dumps({"benchmark": "gemm_sweep", "gpu": torch.cuda.get_device_name(),
+                                              "triton": triton.__version__, "cells": cells}, indent=1))
+    print(f"wrote {args.out} after {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
