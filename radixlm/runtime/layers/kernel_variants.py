@@ -28,7 +28,7 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
       BLOCK_N: 128 in wide passes (decode_wide_rows rows or more, no shared prefixes; one split), else 64 -> one
         eager pass of decode_wide_rows rows at start-up where eager passes can be that wide (token_row_batches).
       Req_pool_indices, Seq_lens: views at any offset -> do_not_specialize_on_alignment.
-      GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, BLOCK_N, PRECISION (dtype), strides of q and the pools: fixed.
+      GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, PRECISION (dtype), strides of q and the pools: fixed.
       Row_starts / HAS_ROW_STARTS: None / False, except in eager passes with shared prefixes (below).
   shared_prefix_attention.py  _shared_prefix_stage1 (shared-prefix decode, eager decode passes with groups)
       num_tiles, num_splits (its prefix splits, 1..16), slot0 (the decode split count) and the log-sum-exp strides:

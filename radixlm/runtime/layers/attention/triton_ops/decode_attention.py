@@ -106,7 +106,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     out = torch.empty_like(q)
     direct = num_splits == 1 and shared is None
     if direct:  # no partials: the output stands in for their pointers (DIRECT never reads them)
-        mid_o, mid_lse, slots = out, out, 1
+        mid_o, mid_lse = out, out
         mid_strides = (0, 0, 0, 0, 0)
     else:
         slots = num_splits + (shared.num_splits if shared is not None else 0)
