@@ -44,6 +44,8 @@ class SpeculativeAlgorithm(str, enum.Enum):
 # Tokens drafted per step where neither --speculative-num-draft-tokens nor --speculative-num-steps says (radixlm's
 # default so far): --speculative-num-draft-tokens DEFAULT_DRAFT_STEPS + 1, as SGLang counts it.
 DEFAULT_DRAFT_STEPS = 4
+# A pass's requests index a CUDA grid axis of the attention kernels, which holds at most 65535.
+MAX_RUNNING_REQUESTS = 65535
 
 # ServerArgs fields whose values are enums: a string given for them becomes the member.
 ENUM_FIELDS = {"schedule_policy": SchedulePolicyName, "jump_forward": JumpForwardMode, "grammar_mask": GrammarMaskMode,
@@ -194,7 +196,8 @@ class ServerArgs:
         check(self.page_size >= 1, "page_size must be >= 1")
         check(self.max_prefill_tokens >= 1, "max_prefill_tokens must be >= 1")
         check(self.max_total_tokens is None or self.max_total_tokens >= 1, "max_total_tokens must be >= 1")
-        check(self.max_running_requests is None or self.max_running_requests >= 1, "max_running_requests must be >= 1")
+        check(self.max_running_requests is None or 1 <= self.max_running_requests <= MAX_RUNNING_REQUESTS,
+              f"max_running_requests must be in [1, {MAX_RUNNING_REQUESTS}]")
         check(self.mem_fraction_static is None or 0 < self.mem_fraction_static < 1, "mem_fraction_static must be in (0, 1)")
         check(self.chunked_prefill_size is None or self.chunked_prefill_size == -1 or self.chunked_prefill_size >= self.page_size,
               "chunked_prefill_size must be -1 (off) or >= page_size")

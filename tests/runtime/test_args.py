@@ -14,6 +14,8 @@ from radixlm.runtime.args import GrammarMaskMode, JumpForwardMode, SchedulePolic
     ({"schedule_policy": "sjf"}, "schedule_policy"),
     ({"radix_eviction_policy": "mru"}, "radix_eviction_policy"),
     ({"page_size": 0}, "page_size"),
+    ({"max_running_requests": 0}, "max_running_requests"),
+    ({"max_running_requests": 65536}, "max_running_requests"),
     ({"chunked_prefill_size": 0}, "chunked_prefill_size"),
     ({"mem_fraction_static": 1.5}, "mem_fraction_static"),
     ({"load_format": "pickle"}, "load_format"),
