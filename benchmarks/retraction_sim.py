@@ -8,7 +8,8 @@ are set where the CPU's differ (chunked_prefill_size 8192, overlap on, CUDA-grap
 min(pool // 2, 4096)). A setting (--sweep) is 'knob=value,...' over the existing ServerArgs in KNOBS, plus
 start_ratio: new_token_ratio at the first step -- 'init' (a fresh engine, the default), 'min' (the floor: an engine
 that ran a long workload before, as benchmarks/gpu_llama8b.py's ab_workloads does; until the scheduler
-reset it on idle, nothing did) or a number.
+reset it on idle, nothing did) or a number; budget_use: the share of max_new_tokens that earlier workloads' requests
+used, as admission learned it (an engine that ran the side-by-side's ShareGPT-like workload first: 1.0).
 
     .venv/bin/python benchmarks/retraction_sim.py
     .venv/bin/python benchmarks/retraction_sim.py --sweep "" start_ratio=min start_ratio=min,max_running_requests=250
@@ -40,7 +41,8 @@ VOCAB = 1024  # prompt ids start with 8 + the request index: no two of the first
 TOKEN = 7  # every row's greedy next token
 KNOBS = {"schedule_conservativeness": float, "max_running_requests": int, "chunked_prefill_size": int,
          "max_prefill_tokens": int, "disable_mixed_prefill": bool, "enable_overlap_schedule": bool,
-         "start_ratio": str}
+         "start_ratio": str, "budget_use": float}
+SIM_ONLY = ("start_ratio", "budget_use")
 
 
 @dataclass
@@ -56,7 +58,7 @@ class SimConfig:
 
 def build(cfg: SimConfig) -> Scheduler:
     kw: dict[str, Any] = {"chunked_prefill_size": 8192, "enable_overlap_schedule": True}  # CUDA's defaults
-    kw.update({k: v for k, v in cfg.knobs.items() if k != "start_ratio"})
+    kw.update({k: v for k, v in cfg.knobs.items() if k not in SIM_ONLY})
     args = ServerArgs(model_path="fake-model", device="cpu", random_seed=cfg.seed, max_total_tokens=cfg.pool_tokens,
                       speculative_measure_window=0, **kw)
     # ModelRunner's default on CUDA: max_running_requests or min(pool // 2, 4096).
@@ -66,8 +68,13 @@ def build(cfg: SimConfig) -> Scheduler:
     sched = Scheduler(args, runner, tokenizer=None, eos_token_ids=frozenset())
     # start_ratio: 'init' (a fresh engine, or any engine once idle: the scheduler resets the ratio then), 'min' (the
     # floor an earlier workload decayed it to, where nothing reset it on idle, as before), or a number.
+    # budget_use: what earlier workloads taught admission (AdmissionMixin.note_finished): the share of max_new_tokens
+    # their requests used (1.0: they ran to it, as every workload of the side-by-side does); it holds across idle.
+    if "budget_use" in cfg.knobs:
+        sched.budget_use = float(cfg.knobs["budget_use"])
+        sched.reset_new_token_ratio()
     start = str(cfg.knobs.get("start_ratio", "init"))
-    named = {"init": sched.init_new_token_ratio, "min": sched.min_new_token_ratio}
+    named = {"init": sched.new_token_ratio, "min": sched.min_new_token_ratio}
     sched.new_token_ratio = named[start] if start in named else float(start)
     return sched
 

@@ -1,6 +1,7 @@
 """benchmarks/retraction_sim.py on a tiny shape (seconds): every request finishes with its full output whatever the
 admission knobs; prefill covers every prompt once and recomputes exactly what retractions dropped (less what the
-tree kept); no retraction when the pool holds the whole workload or max_running_requests keeps within it."""
+tree kept); no retraction when the pool holds the whole workload, max_running_requests keeps within it, or admission
+has learned that requests run to their budgets."""
 from __future__ import annotations
 
 import json
@@ -33,7 +34,7 @@ def _check(r: dict) -> None:
 def test_small_pool_retracts_and_finishes(tmp_path: Path) -> None:
     out = tmp_path / "sim.json"
     sweep = ["", "start_ratio=min", "start_ratio=min,schedule_conservativeness=2", "max_running_requests=4",
-             "chunked_prefill_size=16,enable_overlap_schedule=0"]
+             "chunked_prefill_size=16,enable_overlap_schedule=0", "budget_use=1.0"]
     results = dict(rs.main([*SHAPE, "--pool-tokens", "300", "--out", str(out), "--sweep", *sweep]))
     for r in results.values():
         _check(r)
@@ -42,6 +43,9 @@ def test_small_pool_retracts_and_finishes(tmp_path: Path) -> None:
     assert results["start_ratio=min"]["recomputed_tokens"] > 0
     assert results["max_running_requests=4"]["retractions"] == 0
     assert results["max_running_requests=4"]["decode_batch_max"] == 4
+    # An engine that learned from earlier requests that they run to max_new_tokens admits no more than fit them.
+    assert results["budget_use=1.0"]["retractions"] == 0
+    assert results["budget_use=1.0"]["admission"]["start_new_token_ratio"] == 1.0
     assert results["start_ratio=min"]["admission"]["start_new_token_ratio"] == results["start_ratio=min"][
         "admission"]["min_new_token_ratio"]
     saved = json.loads(out.read_text())

@@ -9,7 +9,7 @@ import time
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.scheduler.policy import PrefillHead, uncached_head
 from radixlm.runtime.scheduler.prefill_adder import AddReqResult, PrefillAdder
-from radixlm.runtime.scheduler.req import FinishReason, Req
+from radixlm.runtime.scheduler.req import FinishReason, FinishType, Req
 from radixlm.runtime.scheduler.retract import retract_decode
 
 logger = logging.getLogger(__name__)
@@ -17,6 +17,9 @@ logger = logging.getLogger(__name__)
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
+# Weight of each finished request in the running mean of the share of max_new_tokens that requests use (the last
+# ~20 requests count most).
+BUDGET_USE_WEIGHT = 0.05
 # Waiting requests passed over in one round because a prompt being computed covers their next tokens; past this many
 # the round admits no more (bounds the scan of a long queue of siblings).
 MAX_PASSED_OVER = 128
@@ -33,10 +36,34 @@ class AdmissionMixin:
         self.min_new_token_ratio = self.init_new_token_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
         self.new_token_ratio_decay = (self.init_new_token_ratio - self.min_new_token_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = self.init_new_token_ratio
+        self.budget_use: float | None = None  # note_finished's running mean; None until a request finishes
         self.round_id = 0
 
+    def note_finished(self, req: Req) -> None:
+        """Learns from a request that stopped or reached its length what share of max_new_tokens requests use."""
+        reason = req.finished_reason
+        budget = req.sampling_params.max_new_tokens
+        if reason is None or reason.type is FinishType.ABORT or not budget:
+            return
+        used = min(1.0, len(req.output_ids) / budget)
+        prev = self.budget_use
+        self.budget_use = used if prev is None else prev + BUDGET_USE_WEIGHT * (used - prev)
+
+    def _ratio_floor(self) -> float:
+        """The decay's floor: the configured minimum, or the share of their budgets that requests have been using
+        (scaled by schedule_conservativeness, as the ratio's start and minimum are). A workload whose requests run
+        to max_new_tokens (EOS ignored, or no EOS in reach) would otherwise admit on a ratio decayed far below what
+        they take, then retract and recompute them (random 1024/512 after another workload: 31 retractions, 45k of
+        557k prefilled tokens recomputed, against none; benchmarks/retraction_sim.py budget_use=1.0)."""
+        learned = (self.budget_use or 0.0) * self.args.schedule_conservativeness
+        return max(self.min_new_token_ratio, min(learned, 1.0))
+
+    def reset_new_token_ratio(self) -> None:
+        """Idle: the next requests are admitted afresh (not on a ratio decayed or raised by an earlier wave)."""
+        self.new_token_ratio = max(self.init_new_token_ratio, self._ratio_floor())
+
     def _decay_new_token_ratio(self) -> None:
-        self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio)
+        self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay, self._ratio_floor())
 
     def admit_new(self) -> list[Req]:
         """Waiting requests admitted to the next pass (the request being prefilled in chunks first), in the

@@ -111,6 +111,7 @@ class SchedulerOutputProcessorMixin:
             req.input_logprobs_done = True
         if req.finished():
             self.planner.release(req)
+            self.note_finished(req)
             self.stats["prompt_tokens"] += len(req.origin_input_ids)
             self.stats["cached_tokens"] += req.cached_tokens
         if req.finished() or (req.stream and self._stream_due(req)):

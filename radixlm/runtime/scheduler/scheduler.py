@@ -286,7 +286,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         if not self.update_running():
             # Idle: the next requests are admitted afresh. A ratio decayed (or raised) by an earlier wave would
             # over-commit the pool and retract, as SGLang's idle check also resets it (benchmarks/retraction_sim.py).
-            self.new_token_ratio = self.init_new_token_ratio
+            self.reset_new_token_ratio()
             return None
         self.drafts.fit_batch(self.running)
         batch = self.planner.plan(self.running, [], self.next_token_buf)

@@ -128,14 +128,44 @@ def test_retraction_under_a_tiny_pool_keeps_outputs(kwargs):
 
 
 def test_the_new_token_ratio_starts_afresh_after_idle():
+    """Requests that stop early (a tenth of their budget) teach admission little: after idle the ratio starts at
+    init again and decays while a wave decodes."""
     sched = make_fake_scheduler(max_total_tokens=2048)
     init = sched.init_new_token_ratio
-    serve(sched, requests(make_prompts(1, 4, lo=10, hi=20), max_new=40))
-    assert sched.stats["decode_batches"] >= 40 and sched.new_token_ratio == init  # decayed while decoding, reset
+    prompts = make_prompts(1, 4, lo=10, hi=20)
+    early = []
+    for i, p in enumerate(prompts):
+        early.append(req := request(f"r{i}", p, max_new_tokens=40))
+        req.sampling_params.stop_token_ids = {reference(p, 4)[3]}  # the fourth output token stops it
+    res = serve(sched, early)
+    assert all(len(r["output_ids"]) == 4 for r in res.values())
+    assert sched.budget_use == pytest.approx(0.1)
+    assert sched.new_token_ratio == init  # reset on idle
     sched.add_request(request("late", make_prompts(2, 1, lo=10, hi=20)[0], max_new_tokens=40))
     for _ in range(20):
         sched.step()
-    assert sched.running and sched.new_token_ratio < init  # a wave in progress keeps decaying it
+    assert sched.running and max(0.1, sched.min_new_token_ratio) <= sched.new_token_ratio < init  # decaying
+
+
+@pytest.mark.parametrize("conservativeness", [1.0, 0.5])
+def test_admission_learns_that_requests_run_to_their_budgets(conservativeness):
+    """Requests that ran to max_new_tokens raise the ratio's floor to what they used (times
+    schedule_conservativeness): after idle admission starts there and a wave's decode does not decay below it, so a
+    pool sized for the whole budgets is not over-committed (retraction_sim.py budget_use=1.0: no retraction)."""
+    sched = make_fake_scheduler(max_total_tokens=2048, schedule_conservativeness=conservativeness)
+    assert sched.budget_use is None
+    serve(sched, requests(make_prompts(1, 4, lo=10, hi=20), max_new=40))
+    assert sched.budget_use == 1.0
+    floor = min(1.0, conservativeness)
+    assert sched.new_token_ratio == pytest.approx(max(sched.init_new_token_ratio, floor))
+    sched.add_request(request("late", make_prompts(2, 1, lo=10, hi=20)[0], max_new_tokens=40))
+    for _ in range(20):
+        sched.step()
+    assert sched.running and sched.new_token_ratio == pytest.approx(floor)
+    # An aborted request teaches nothing.
+    sched.abort_request("late")
+    run_all(sched)
+    assert sched.budget_use == 1.0
 
 
 def test_a_request_that_cannot_fit_is_aborted_and_frees_everything():
