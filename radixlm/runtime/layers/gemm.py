@@ -19,7 +19,7 @@ def _time_us(fn, flush: torch.Tensor, reps: int = MEASURE_REPS) -> float:
     write of `flush` (larger than the L2 cache), which evicts the weight as the other layers would and keeps the
     device busy while the host launches fn. Back-to-back calls instead measured the launch's host cost, larger for a
     Triton kernel than for cuBLAS (on an H100 that picked cuBLAS for the 8B model's qkv, o and down projections at
-    batch 1, 7-19% slower there in graphs: benchmarks/results/kernels_h100/gemv_sweep.json)."""
+    batch 1, where the skinny kernel is 8-19% faster in graphs: benchmarks/results/kernels_h100/gemv_sweep.json)."""
     for _ in range(3):
         fn()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]

@@ -41,9 +41,8 @@ class AdmissionMixin:
 
     def note_finished(self, req: Req) -> None:
         """Learns from a request that stopped or reached its length what share of max_new_tokens requests use."""
-        reason = req.finished_reason
         budget = req.sampling_params.max_new_tokens
-        if reason is None or reason.type is FinishType.ABORT or not budget:
+        if req.finished_reason.type is FinishType.ABORT or not budget:
             return
         used = min(1.0, len(req.output_ids) / budget)
         prev = self.budget_use
