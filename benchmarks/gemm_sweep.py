@@ -1,7 +1,7 @@
 """The decode GEMMs at mid batch alone (issue 20: at batch 256 cuBLAS's GEMMs take 7.4 ms of a 15.8 ms step, ~1.4x
 what the weight reads or the tensor cores need): cuBLAS (F.linear) against a Triton GEMM (y = x @ W.T, W row-major
 (N, K) as the model holds it; tiles grouped along M so that programs that run together share W's tiles) at every
-tile config of a grid, Llama-3.1-8B's shapes, bf16, M = 64-512 rows.
+tile config of a grid, Llama-3.1-8B's shapes, bf16, M = 64-512 rows (and 8-48: one 16- or 32-row tile, `--rows 8 16 32 48`).
 
 Every figure is a CUDA-graph replay over COPIES distinct weights in turn (no L2 hits, no launch overhead), divided by
 COPIES; TFLOP/s and the weight-read bandwidth follow.
@@ -67,8 +67,15 @@ def main() -> None:
     t0 = time.perf_counter()
     configs = [c for c in itertools.product([64, 128], [64, 128, 256], [64], [3, 4, 5], [4, 8], [8])
                if not (c[0] == 128 and c[1] == 256 and c[3] > 3) and not (c[1] == 256 and c[4] == 4)]
+    # Under 64 rows (the decode tail of ShareGPT-like): one M tile of 16 or 32 rows, the weight stream pipelined.
+    small = list(itertools.product([32, 64, 128, 256], [64, 128, 256], [3, 4, 6], [4]))
     cells = []
     for name, m in itertools.product(args.shapes, args.rows):
+        if m < 64:
+            bm = max(16, triton.next_power_of_2(m))
+            configs_m = [(bm, bn, bk, st, w, 1) for bn, bk, st, w in small if bn * bk <= 128 * 128 or st <= 4]
+        else:
+            configs_m = configs
         if time.perf_counter() - t0 > args.budget_s:
             print("budget spent: stopping", flush=True)
             break
@@ -82,7 +89,7 @@ def main() -> None:
         cublas = graph_us(lambda i: torch.matmul(x, ws[i].t(), out=ys[i]), copies)
         cell = {"shape": name, "m": m, "n": n, "k": k, "cublas_us": cublas, "cublas_tflops": flop / cublas / 1e6,
                 "weight_read_us_at_3tbps": gbytes / 3.0 * 1e3, "triton": []}
-        for bm, bn, bk, stages, warps, group in configs:
+        for bm, bn, bk, stages, warps, group in configs_m:
             def run(i, bm=bm, bn=bn, bk=bk, stages=stages, warps=warps, group=group):
                 grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
                 _gemm_kernel[grid](x, ws[i], ys[i], m, n, k, x.stride(0), ws[i].stride(0), ys[i].stride(0),

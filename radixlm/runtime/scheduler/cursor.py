@@ -121,8 +121,7 @@ def can_plan_ahead(req: "Req", drafting: bool = True) -> bool:
             and sp.repetition_penalty == 1.0 and sp.frequency_penalty == 0.0 and sp.presence_penalty == 0.0)
 
 
-def can_launch_ahead(chunk_in_flight: bool, running: Iterable["Req"], drafting: bool = True) -> bool:
+def can_launch_ahead(running: Iterable["Req"], drafting: bool = True) -> bool:
     """The next pass may be launched before the pass in flight is processed when every running request can be
-    planned ahead and no chunk of a prompt is in flight: the next chunk starts from the tree that processing the
-    chunk updates (its pages become the tree's)."""
-    return not chunk_in_flight and all(can_plan_ahead(r, drafting) for r in running)
+    planned ahead. (A prompt's chunk in flight needs nothing from the host: the scheduler caches it at launch.)"""
+    return all(can_plan_ahead(r, drafting) for r in running)

@@ -62,9 +62,9 @@ class SchedulerOutputProcessorMixin:
             self._process_verified(result)
         self.drafts.flush(batch)  # deferred sources' drafts, after the rejected KV is freed
         if batch.is_prefill:
-            # The prompt becomes shareable right after its prefill (chunk by chunk when chunked).
+            # The prompt becomes shareable right after its prefill (a chunk that is not the last: at launch).
             for req in batch.new_reqs:
-                if not req.finished():
+                if not req.finished() and req is not batch.chunk:
                     self.planner.cache_chunk(req)
 
     @staticmethod

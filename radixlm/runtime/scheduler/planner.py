@@ -54,10 +54,16 @@ class ScheduleBatch:
     samplers: list[Req]  # requests whose next token this pass yields
     verifiers: list[Req]  # requests whose draft this pass verifies (1 + len(draft) logits rows each)
     input_spans: list[InputSpan] = field(default_factory=list)
-    has_chunk: bool = False  # a prompt's chunk that is not its last
+    # The request whose prompt this pass computes a chunk of, not the last (set by plan): the scheduler caches the
+    # chunk in the tree at launch (later passes read its KV after this one, in stream order).
+    chunk: Req | None = None
     # Tree drafts' (nodes, accepted path) by request id: set when the pass is processed, before the sources'
     # on_processed reads them (an EAGLE head pairs the accepted nodes' hidden states).
     accepted_paths: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
+
+    @property
+    def has_chunk(self) -> bool:
+        return self.chunk is not None
 
     @property
     def is_prefill(self) -> bool:
@@ -218,7 +224,7 @@ class Planner:
             if req.wants_input_logprobs() and start < len(req.origin_input_ids):
                 self._input_rows(batch, req, row, start, n)
             if req.is_chunked:
-                batch.has_chunk = True
+                batch.chunk = req
             elif req.kv.draft is not None:
                 plan.verify_rows.extend(range(row + n - 1 - len(req.kv.draft.tokens), row + n))
                 batch.verifiers.append(req)

@@ -241,7 +241,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         for req in self.grammar_queue.pop_ready():
             self._enter_waiting(req)
         if self.inflight is not None and not (self.overlap and can_launch_ahead(
-                self.inflight.batch.has_chunk, self.running, self.drafts.drafting(len(self.running)))):
+                self.running, self.drafts.drafting(len(self.running)))):
             self.sync_inflight()
         batch = self.get_next_batch_to_run()
         self.launching = batch
@@ -314,6 +314,10 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         if samplers and any(r.return_logprob for r in samplers):
             result.logprobs = torch.log_softmax(logits, dim=-1)
         launched(batch)
+        if batch.chunk is not None:
+            # Shareable at once, and the next chunk can be planned while this one is in flight: whatever reads
+            # these slots runs after this pass on the stream.
+            self.planner.cache_chunk(batch.chunk)
         if sample:
             next_ids = self.sampler(logits, info, self.generator)
             if self.overlap:

@@ -278,10 +278,9 @@ def test_can_plan_ahead_and_can_launch_ahead():
                  new_req(tree, "pp", [5], presence_penalty=0.5)]
     for req in [drafted, sourced, grammar] + penalized:
         assert not can_plan_ahead(req), req.rid
-    assert can_launch_ahead(False, [plain, plain]) and can_launch_ahead(False, [])
-    assert not can_launch_ahead(True, [plain])  # a chunk in flight
-    assert not can_launch_ahead(False, [plain, drafted])
-    assert not can_launch_ahead(False, [plain, penalized[0]])
+    assert can_launch_ahead([plain, plain]) and can_launch_ahead([])
+    assert not can_launch_ahead([plain, drafted])
+    assert not can_launch_ahead([plain, penalized[0]])
 
 
 # ---------------------------------------------------------------------- pages

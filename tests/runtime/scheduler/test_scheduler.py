@@ -244,4 +244,6 @@ def test_output_sink_gets_outputs_while_a_pass_runs_and_loses_none(tiny_model_di
     plain, _ = streams(False)
     sunk, flags = streams(True)
     assert sunk == plain and len(plain) == 6
-    assert flags and all(flags)  # the sink only ever ran with a pass on the device
+    assert all(flags)  # the sink only ever ran with a pass on the device
+    # Without overlap the sink carries outputs; with it, step() returns them while the next pass runs.
+    assert flags or overlap

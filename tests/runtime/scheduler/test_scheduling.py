@@ -16,6 +16,19 @@ from .fake_runner import FakeKVError, make_fake_scheduler, make_prompts, record_
 from .fake_serving import MAX_NEW, assert_all_free, assert_reference, new_rows, requests, serve, with_oracle
 
 
+def planned_over_chunk(sched) -> list[bool]:
+    """For each pass planned from now on: whether a prompt's chunk (not its last) was in flight meanwhile."""
+    seen: list[bool] = []
+    plan = sched.planner.plan
+
+    def watching(*args, **kwargs):
+        seen.append(sched.inflight is not None and sched.inflight.batch.has_chunk)
+        return plan(*args, **kwargs)
+
+    sched.planner.plan = watching
+    return seen
+
+
 # ---------------------------------------------------------------------- modes
 MODES = [
     pytest.param({}, 0, id="default"),
@@ -44,6 +57,7 @@ MODES = [
 def test_greedy_outputs_equal_reference(kwargs, every):
     sched = make_fake_scheduler(**kwargs)
     batches = record_plans(sched)
+    over_chunk = planned_over_chunk(sched)
     reqs = requests(make_prompts(0, 10))
     res = serve(sched, reqs, every)
     assert_reference(res, reqs)
@@ -71,6 +85,8 @@ def test_greedy_outputs_equal_reference(kwargs, every):
         assert sched.stats["prefill_batches"] > 1 and any(len(b.new_reqs) > 1 for b in batches)
     if kwargs.get("enable_overlap_schedule"):
         assert sched.stats["overlapped_batches"] > 0
+        # A prompt's chunk in flight does not hold the next pass back (it is cached in the tree at launch).
+        assert any(over_chunk) == bool(chunk)
         assert any(wb.has_in_flight and IN_FLIGHT in wb.input_ids for wb in passes)
     else:
         assert not any(wb.has_in_flight for wb in passes)
