@@ -23,12 +23,13 @@ logger = logging.getLogger(__name__)
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
-    """1, 2, 4, 8, then every 8 up to 64, every 16 up to 256, every 32 beyond; always ending at max_bs."""
+    """1, 2, 4, 8, then every 8 up to 64, every 16 up to 256, every 32 up to 512, every 64 beyond; always ending at
+    max_bs."""
     sizes = [b for b in (1, 2, 4) if b < max_bs]
     b = 8
     while b < max_bs:
         sizes.append(b)
-        b += 8 if b < 64 else 16 if b < 256 else 32
+        b += 8 if b < 64 else 16 if b < 256 else 32 if b < 512 else 64
     sizes.append(max_bs)
     return sizes
 

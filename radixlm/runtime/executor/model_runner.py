@@ -34,7 +34,12 @@ logger = logging.getLogger(__name__)
 CPU_KV_MEM_FRACTION = 0.05
 CPU_MAX_TOTAL_TOKENS = 1 << 17
 GPU_DEFAULT_MEM_FRACTION = 0.85
-CUDA_GRAPH_DEFAULT_MAX_BS = 512
+# Eager decode passes of 512-1024 rows (the first ~120 steps of ShareGPT-like, 1000 requests at once) cost the host
+# about as long as the device takes: replayed, the host keeps ahead.
+CUDA_GRAPH_DEFAULT_MAX_BS = 1024
+# Passes with several rows for some request (a prompt's, drafts) replay up to this many rows: each row reads its
+# whole context through the decode kernel, which past this costs more than the extend kernels' one walk.
+MULTI_ROW_REPLAY_MAX_ROWS = 512
 # Graphs hold this many rows per running request: a pass can carry a row per draft token, and a small prefill runs as
 # TOKEN_ROWS with a row per token.
 DECODE_ROWS_PER_REQ = 16
@@ -245,9 +250,13 @@ class ModelRunner:
             tree_masks=[TreeMask(0, torch.ones(e, e, dtype=torch.bool).tril()) for e in extend_lens] if tree_masks
             else None)
 
-    def can_replay(self, num_rows: int, input_logprobs: bool = False) -> bool:
-        """Whether a pass of `num_rows` rows runs as one CUDA-graph replay (prompt logprobs need an eager pass)."""
-        return self.graph_runner is not None and 0 < num_rows <= self.graph_runner.max_bs and not input_logprobs
+    def can_replay(self, num_rows: int, input_logprobs: bool = False, multi_row: bool = False) -> bool:
+        """Whether a pass of `num_rows` rows runs as one CUDA-graph replay (prompt logprobs need an eager pass).
+        multi_row: some request has several rows (MULTI_ROW_REPLAY_MAX_ROWS)."""
+        if self.graph_runner is None or input_logprobs:
+            return False
+        return 0 < num_rows <= (min(self.graph_runner.max_bs, MULTI_ROW_REPLAY_MAX_ROWS) if multi_row
+                                else self.graph_runner.max_bs)
 
     def choose_mode(self, wb: ModelWorkerBatch) -> ForwardMode:
         """TOKEN_ROWS when the pass replays a graph, or when each request has one row (a decode pass: the decode
@@ -256,7 +265,7 @@ class ModelRunner:
             return ForwardMode.REQUEST_SPANS  # tree drafts' masks: the extend path
         input_logprobs = bool(wb.logits.input_rows)
         one_each = wb.num_rows == len(wb.req_pool_indices) and not input_logprobs
-        if one_each or self.can_replay(wb.num_rows, input_logprobs):
+        if one_each or self.can_replay(wb.num_rows, input_logprobs, multi_row=True):
             return ForwardMode.TOKEN_ROWS
         return ForwardMode.REQUEST_SPANS
 

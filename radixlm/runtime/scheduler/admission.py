@@ -143,7 +143,7 @@ class AdmissionMixin:
             return []
         planner = self.planner
         rows = sum(planner.row_end(r) - r.kv.committed for r in running + admitted)
-        if not self.runner.can_replay(rows, any(r.wants_input_logprobs() for r in admitted)):
+        if not self.runner.can_replay(rows, any(r.wants_input_logprobs() for r in admitted), multi_row=True):
             return []
         if not planner.fits(running + admitted):
             return []

@@ -14,9 +14,25 @@ from tests.runtime.scheduler.conftest import make_scheduler, request, run_all, t
 @pytest.mark.parametrize("max_bs, expected", [
     (1, [1]), (3, [1, 2, 3]), (8, [1, 2, 4, 8]), (20, [1, 2, 4, 8, 16, 20]),
     (100, [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 100]),
+    (700, [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, *range(80, 256, 16), *range(256, 512, 32), 512, 576, 640, 700]),
 ])
 def test_capture_batch_sizes(max_bs, expected):
     assert capture_batch_sizes(max_bs) == expected
+
+
+def test_passes_with_several_rows_per_request_replay_up_to_their_own_bound():
+    from types import SimpleNamespace
+
+    from radixlm.runtime.executor.model_runner import MULTI_ROW_REPLAY_MAX_ROWS, ModelRunner
+
+    runner = SimpleNamespace(graph_runner=SimpleNamespace(max_bs=1024))
+    assert ModelRunner.can_replay(runner, 1024) and not ModelRunner.can_replay(runner, 1025)
+    assert ModelRunner.can_replay(runner, MULTI_ROW_REPLAY_MAX_ROWS, multi_row=True)
+    assert not ModelRunner.can_replay(runner, MULTI_ROW_REPLAY_MAX_ROWS + 1, multi_row=True)
+    assert not ModelRunner.can_replay(runner, 8, input_logprobs=True)
+    small = SimpleNamespace(graph_runner=SimpleNamespace(max_bs=64))
+    assert ModelRunner.can_replay(small, 64, multi_row=True) and not ModelRunner.can_replay(small, 65, multi_row=True)
+    assert not ModelRunner.can_replay(SimpleNamespace(graph_runner=None), 1)
 
 
 def _outputs(model_dir: str, graph_max_bs: int | None, page_size: int = 1, **kwargs) -> tuple[dict, object]:

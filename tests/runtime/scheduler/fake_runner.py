@@ -106,7 +106,7 @@ class FakeRunner:
         self.passes: list[ModelWorkerBatch] = []  # every pass seen, as planned (IN_FLIGHT ids left as they were)
         self.resolved_ids: list[list[int]] = []  # the row tokens of each pass, IN_FLIGHT resolved
 
-    def can_replay(self, num_rows: int, input_logprobs: bool = False) -> bool:
+    def can_replay(self, num_rows: int, input_logprobs: bool = False, multi_row: bool = False) -> bool:
         return 0 < num_rows <= self.graph_rows and not input_logprobs
 
     choose_mode = ModelRunner.choose_mode  # the executor's own rule, over can_replay above
