@@ -61,8 +61,9 @@ class CudaGraphRunner:
             self._capture_all()
 
     def can_run(self, fb: ForwardBatch) -> bool:
+        # A pass with shared prefixes runs eagerly: the graphs read every row's whole sequence.
         return (fb.forward_mode.is_token_rows() and fb.decode_rows is not None and 0 < fb.batch_size <= self.max_bs
-                and (fb.rope_offsets is None or self.rope_offsets is not None))
+                and (fb.rope_offsets is None or self.rope_offsets is not None) and not fb.shared_prefixes)
 
     def _static_batch(self, bs: int, seq_lens_cpu: list[int] | None) -> ForwardBatch:
         """seq_lens_cpu: the real lengths (eager runs); None while capturing, where nothing may depend on them."""

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from radixlm.runtime.scheduler.shared_prefix import shared_prefix_groups
+from radixlm.runtime.scheduler.shared_prefix import eager_pays, shared_prefix_groups
 from tests.triton_interpret import interpreter_works, run_under_interpreter
 
 MARKER = "shared-prefix decode greedy cases passed"
@@ -72,21 +72,37 @@ def test_groups_hold_identical_slots(tiny_model_dir, page_size, every):
     sched.check_memory()
 
 
-def test_passes_that_replay_a_graph_carry_no_groups(tiny_model_dir):
-    """CUDA graphs read no shared prefixes (the executor replays them for small batches): the planner does not scan
-    for groups in a pass the runner says it replays; it does in the others."""
+def test_groups_that_spare_enough_reads_take_a_pass_off_its_graph():
+    assert eager_pays([(2048, list(range(33)))]) and eager_pays([(1024, [0, 1]), (1 << 15, [3, 4, 5])])
+    assert not eager_pays([(300, list(range(8)))]) and not eager_pays([(1 << 15, [0, 1])])
+
+
+def test_passes_that_replay_a_graph_carry_groups_only_when_eager_pays(tiny_model_dir, monkeypatch):
+    """CUDA graphs read no shared prefixes (the executor replays them for small batches): a pass the runner would
+    replay carries its groups (and then runs eagerly) only when they spare enough KV reads; the others always do."""
+    from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
+    from radixlm.runtime.scheduler import shared_prefix
     from tests.runtime.scheduler.conftest import make_scheduler, request
     from tests.runtime.scheduler.fake_serving import serve
 
-    found = {}
-    for graph_rows in (0, 64):
+    found, default = {}, shared_prefix.EAGER_MIN_SHARED_READS
+    for graph_rows, min_reads in ((0, default), (64, default), (64, 80)):
+        monkeypatch.setattr(shared_prefix, "EAGER_MIN_SHARED_READS", min_reads)
         sched = make_scheduler(tiny_model_dir)
         sched.planner.shared_prefix_min_len = MIN_LEN
         sched.planner.replays = lambda rows, g=graph_rows: 0 < rows <= g
         seen = record_groups(sched)
         serve(sched, [request(f"r{i}", p, max_new_tokens=6) for i, p in enumerate(prompts())])
-        found[graph_rows] = len(seen)
-    assert found[0] > 0 and found[64] == 0
+        found[graph_rows, min_reads] = len(seen)
+    assert found[0, default] > 0 and found[64, default] == 0
+    assert found[64, 80] > 0  # 3 rows x 40 tokens spare 80 reads
+    # The graph runner leaves a pass with groups to the eager path.
+    graphs = SimpleNamespace(max_bs=64, rope_offsets=None)
+    fb = SimpleNamespace(forward_mode=SimpleNamespace(is_token_rows=lambda: True), decode_rows=object(), batch_size=8,
+                         rope_offsets=None, shared_prefixes=None)
+    assert CudaGraphRunner.can_run(graphs, fb)
+    fb.shared_prefixes = [(40, [0, 1])]
+    assert not CudaGraphRunner.can_run(graphs, fb)
 
 
 def run_cases(device: str) -> None:
