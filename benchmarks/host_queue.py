@@ -10,7 +10,7 @@ workload's requests are submitted before the first step, as the offline runs of 
 Workloads (../shared/reference/peer-anchors.md shapes, random token ids from a 128,256-id vocabulary), each with
 `queue` requests: sharegpt-like (lognormal lengths, seed 1), random 1024/512, generated-shared-prefix (32 groups,
 2048-token prefix + 128-token question, 64 out, shuffled; queue / 32 questions per group). Batch up to 256 requests,
-chunked prefill 8192 and mixed decode rows up to 512 graph rows as on CUDA, overlap on, a 400,000-token pool
+chunked prefill 8192 and mixed decode rows up to 512 rows as on CUDA, overlap on, a 400,000-token pool
 (about Llama-3.1-8B's on an H100). Phases are inclusive (a phase contains those it calls); the table gives
 microseconds per step, medians over --repeat runs; `host` is the step minus the null forward."""
 from __future__ import annotations

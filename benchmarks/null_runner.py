@@ -11,20 +11,21 @@ from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAlloc
 from radixlm.runtime.distributed.parallel import SINGLE
 from radixlm.runtime.executor.forward_batch import ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsOutput
-from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.executor.model_runner import CUDA_GRAPH_DEFAULT_MAX_BS, ModelRunner
 
-GRAPH_ROWS = 512  # CUDA_GRAPH_DEFAULT_MAX_BS: the largest pass that mixes decode rows into a prefill
+GRAPH_ROWS = CUDA_GRAPH_DEFAULT_MAX_BS
 
 
 class NullRunner:
     parallel = SINGLE
-    graph_runner = None
     takes_shared_prefixes = False
     choose_mode = ModelRunner.choose_mode
+    can_replay = ModelRunner.can_replay  # the executor's own rule, over graph_runner.max_bs below
 
     def __init__(self, size: int, page_size: int, max_running: int, context_len: int, vocab: int = 256,
                  token: int = 0, graph_rows: int = GRAPH_ROWS):
-        self.device, self.is_cuda, self.page_size, self.graph_rows = "cpu", False, page_size, graph_rows
+        self.device, self.is_cuda, self.page_size = "cpu", False, page_size
+        self.graph_runner = SimpleNamespace(max_bs=graph_rows) if graph_rows else None
         self.model_config = SimpleNamespace(vocab_size=vocab, context_len=context_len)
         self.max_running_requests, self.max_total_num_tokens = max_running, size
         self.req_to_token_pool = ReqToTokenPool(max_running + 1, context_len + 4, "cpu")
@@ -32,9 +33,6 @@ class NullRunner:
         self.token_to_kv_pool = None
         self.vocab, self.token = vocab, token
         self.passes = 0
-
-    def can_replay(self, num_rows: int, input_logprobs: bool = False) -> bool:
-        return 0 < num_rows <= self.graph_rows and not input_logprobs
 
     def _logits(self, n: int) -> torch.Tensor:
         x = torch.zeros(n, self.vocab)

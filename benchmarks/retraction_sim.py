@@ -4,7 +4,7 @@ Replays the GPU "random 1024/512" workload at full scale (500 requests submitted
 512 output tokens, greedy, EOS ignored; a 400k-token KV pool, the H100's for Llama-3.1-8B) and counts what the
 scheduler does: passes by kind, retractions, tokens prefilled and recomputed, decode batch sizes. The runner
 (benchmarks/null_runner.py) computes nothing -- every row's next token is one constant -- so a run takes seconds. CUDA's defaults
-are set where the CPU's differ (chunked_prefill_size 8192, overlap on, CUDA-graph rows 512, max_running_requests
+are set where the CPU's differ (chunked_prefill_size 8192, overlap on, CUDA-graph rows 1024, max_running_requests
 min(pool // 2, 4096)). A setting (--sweep) is 'knob=value,...' over the existing ServerArgs in KNOBS, plus
 start_ratio: new_token_ratio at the first step -- 'init' (a fresh engine, the default), 'min' (the floor: an engine
 that ran a long workload before, as benchmarks/gpu_llama8b.py's ab_workloads does; until the scheduler
@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import radixlm.runtime.scheduler.admission as admission  # noqa: E402
-from benchmarks.null_runner import NullRunner  # noqa: E402
+from benchmarks.null_runner import GRAPH_ROWS, NullRunner  # noqa: E402
 from radixlm.runtime.args import ServerArgs  # noqa: E402
 from radixlm.runtime.messages import TokenizedGenerateReqInput  # noqa: E402
 from radixlm.runtime.sampling.sampling_params import SamplingParams  # noqa: E402
@@ -51,7 +51,7 @@ class SimConfig:
     input_len: int = 1024
     output_len: int = 512
     pool_tokens: int = 400_000
-    graph_rows: int = 512  # CUDA-graph replay limit (mixed prefill needs one); CUDA's default cuda_graph_max_bs
+    graph_rows: int = GRAPH_ROWS  # CUDA-graph replay limit (mixed prefill: up to 512 rows)
     seed: int = 0
     knobs: dict[str, Any] = field(default_factory=dict)  # ServerArgs overrides, and start_ratio (below)
 
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=512)
     ap.add_argument("--pool-tokens", type=int, default=400_000)
-    ap.add_argument("--graph-rows", type=int, default=512)
+    ap.add_argument("--graph-rows", type=int, default=GRAPH_ROWS)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sweep", nargs="*", default=[""],
                     help="settings to run, each 'knob=value,knob=value' ('' = defaults); knobs: " + ", ".join(KNOBS))

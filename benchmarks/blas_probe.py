@@ -1,0 +1,59 @@
+"""Which BLAS path torch should take for the decode GEMMs (issue 20: at batch 256 cuBLAS's GEMMs take 7.4 ms of a
+15.8 ms step, ~1.4x what the weight reads or the tensor cores need): F.linear graph-timed under
+torch.backends.cuda.preferred_blas_library "cublas" (torch's default for plain matmuls) and "cublaslt" (cuBLASLt's
+heuristic), Llama-3.1-8B's shapes, bf16, the decode row counts.
+
+    python benchmarks/blas_probe.py --out $OUT/blas_probe.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.gemv_sweep import SHAPES, graph_us  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256, 512, 1024])
+    p.add_argument("--out", default="blas_probe.json")
+    args = p.parse_args()
+    t0 = time.perf_counter()
+    cells = []
+    libs = ("cublas", "cublaslt")
+    for name, (n, k) in SHAPES.items():
+        copies = max(2, min(16, -(-600_000_000 // (n * k * 2))))
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        for m in args.rows:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+            cell = {"shape": name, "m": m, "n": n, "k": k, "weight_read_us_at_3tbps": n * k * 2 / 3e6}
+            ref = None
+            for lib in libs:
+                torch.backends.cuda.preferred_blas_library(lib)
+                out = F.linear(x, ws[0]).float()
+                ref = out if ref is None else ref
+                cell[lib] = {"us": graph_us(lambda i: torch.matmul(x, ws[i].t(), out=ys[i]), copies),
+                             "max_abs_diff": (out - ref).abs().max().item()}
+            cell["lt_speedup"] = cell["cublas"]["us"] / cell["cublaslt"]["us"]
+            print(f"{name:13s} M={m:5d}: cublas {cell['cublas']['us']:8.1f} us  cublaslt {cell['cublaslt']['us']:8.1f} us"
+                  f"  x{cell['lt_speedup']:.3f}  (weights {cell['weight_read_us_at_3tbps']:.1f} us)", flush=True)
+            cells.append(cell)
+        del ws
+        torch.cuda.empty_cache()
+    torch.backends.cuda.preferred_blas_library("cublas")
+    Path(args.out).write_text(json.dumps({"benchmark": "blas_probe", "gpu": torch.cuda.get_device_name(),
+                                          "torch": torch.__version__, "cells": cells}, indent=1))
+    print(f"wrote {args.out} after {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
