@@ -19,7 +19,7 @@ from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan
 from radixlm.runtime.executor.spec_tree import TreeMask, depths, verify_mask
 from radixlm.runtime.scheduler.req import Req
-from radixlm.runtime.scheduler.shared_prefix import eager_pays, shared_prefix_groups
+from radixlm.runtime.scheduler.shared_prefix import decode_groups
 
 # Up to this many tokens, a pass's req_to_token entries are written with one scatter built on the host...
 TABLE_SCATTER_MAX_TOKENS = 2048
@@ -129,9 +129,7 @@ class Planner:
         if all(n == 1 for n in lens):
             self._one_row_each(batch)
             if self.shared_prefix_min_len:
-                groups = shared_prefix_groups(reqs, self.shared_prefix_min_len)
-                if groups is not None and (not self.replays(len(reqs)) or eager_pays(groups)):
-                    batch.worker.shared_prefixes = groups  # the pass then runs eagerly
+                batch.worker.shared_prefixes = decode_groups(reqs, self.shared_prefix_min_len, self.replays(len(reqs)))
         else:
             self._rows(batch)
         if self.media:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-# A decode pass that a CUDA graph could replay runs eagerly with its groups when they spare at least this many
-# positions of KV reads (Llama-3.1-8B: 64k positions are 8.6 GB, ~2.8 ms on an H100, more than an eager pass costs
-# the host): 32 requests over a 2048-token prefix do, 8 over a 300-token system prompt do not.
-EAGER_MIN_SHARED_READS = 1 << 16
+# A decode pass that a CUDA graph could replay runs eagerly with its groups when it has at least EAGER_MIN_ROWS rows
+# and they spare at least EAGER_MIN_SHARED_READS positions of KV reads. An eager pass of an 8B model costs the host
+# 15-25 ms: a smaller pass replayed ends sooner even when it reads every request's prefix (64 requests over a
+# 2048-token prefix: 17 GB, ~6 ms on an H100); a larger one keeps the device busy while the host enqueues it.
+EAGER_MIN_ROWS = 512
+EAGER_MIN_SHARED_READS = 1 << 15
 
 if TYPE_CHECKING:
     from radixlm.runtime.scheduler.req import Req
@@ -32,7 +34,17 @@ def shared_prefix_groups(reqs: list["Req"], min_len: int) -> list[tuple[int, lis
     return groups or None
 
 
-def eager_pays(groups: list[tuple[int, list[int]]]) -> bool:
-    """Whether the groups spare enough KV reads (each group's prefix read once, not once per request) to run their
-    pass eagerly rather than replay a graph that reads every request's prefix."""
-    return sum(prefix_len * (len(rows) - 1) for prefix_len, rows in groups) >= EAGER_MIN_SHARED_READS
+def eager_pays(groups: list[tuple[int, list[int]]], num_rows: int) -> bool:
+    """Whether a pass of num_rows rows should run eagerly with its groups (each group's prefix read once) rather than
+    replay a graph that reads every request's prefix."""
+    return num_rows >= EAGER_MIN_ROWS and sum(
+        prefix_len * (len(rows) - 1) for prefix_len, rows in groups) >= EAGER_MIN_SHARED_READS
+
+
+def decode_groups(reqs: list["Req"], min_len: int, replayable: bool) -> list[tuple[int, list[int]]] | None:
+    """The groups a decode pass carries (a pass with groups runs eagerly): all of them when no graph could replay
+    it; else only where eager_pays (small replayable passes are not even scanned)."""
+    if replayable and len(reqs) < EAGER_MIN_ROWS:
+        return None
+    groups = shared_prefix_groups(reqs, min_len)
+    return groups if groups is not None and (not replayable or eager_pays(groups, len(reqs))) else None

@@ -72,9 +72,12 @@ def test_groups_hold_identical_slots(tiny_model_dir, page_size, every):
     sched.check_memory()
 
 
-def test_groups_that_spare_enough_reads_take_a_pass_off_its_graph():
-    assert eager_pays([(2048, list(range(33)))]) and eager_pays([(1024, [0, 1]), (1 << 15, [3, 4, 5])])
-    assert not eager_pays([(300, list(range(8)))]) and not eager_pays([(1 << 15, [0, 1])])
+def test_groups_that_spare_enough_reads_take_a_large_pass_off_its_graph():
+    groups = [(2048, list(range(i * 32, i * 32 + 32))) for i in range(32)]
+    assert eager_pays(groups, 1024) and eager_pays(groups[:1], 512)
+    assert not eager_pays(groups, 511)  # a small pass replays (its eager enqueue would cost more)
+    assert eager_pays([(300, list(range(600)))], 600)  # a system prompt over a large batch
+    assert not eager_pays([(300, list(range(8)))], 600) and not eager_pays([(1 << 14, [0, 1])], 600)
 
 
 def test_passes_that_replay_a_graph_carry_groups_only_when_eager_pays(tiny_model_dir, monkeypatch):
@@ -86,6 +89,7 @@ def test_passes_that_replay_a_graph_carry_groups_only_when_eager_pays(tiny_model
     from tests.runtime.scheduler.fake_serving import serve
 
     found, default = {}, shared_prefix.EAGER_MIN_SHARED_READS
+    monkeypatch.setattr(shared_prefix, "EAGER_MIN_ROWS", 1)
     for graph_rows, min_reads in ((0, default), (64, default), (64, 80)):
         monkeypatch.setattr(shared_prefix, "EAGER_MIN_SHARED_READS", min_reads)
         sched = make_scheduler(tiny_model_dir)
