@@ -24,12 +24,14 @@ from benchmarks.gemv_sweep import SHAPES, graph_us  # noqa: E402
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256, 512, 1024])
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES))
     p.add_argument("--out", default="blas_probe.json")
     args = p.parse_args()
     t0 = time.perf_counter()
     cells = []
     libs = ("cublas", "cublaslt")
-    for name, (n, k) in SHAPES.items():
+    for name in args.shapes:
+        n, k = SHAPES[name]
         copies = max(2, min(16, -(-600_000_000 // (n * k * 2))))
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         for m in args.rows:
