@@ -5,7 +5,6 @@ replay runs no hooks: the target's graphs are captured again with them, and each
 size's buffers, which its replays refill."""
 from __future__ import annotations
 
-import bisect
 
 import torch
 
@@ -63,7 +62,6 @@ class AuxStates:
             self._read_passes = self._eager_passes
             states = [self._eager[k][:num_rows] for k in range(self.n)]
         else:  # replayed: no hook ran
-            sizes = self.target.graph_runner.capture_bs
-            size = sizes[bisect.bisect_left(sizes, num_rows)]
+            size = self.target.graph_runner.padded_size(num_rows)
             states = [self._graph[(k, size)][:num_rows] for k in range(self.n)]
         return torch.cat(states, dim=-1)

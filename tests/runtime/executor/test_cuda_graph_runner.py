@@ -7,17 +7,28 @@ import random
 
 import pytest
 
-from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
+from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes, choose_padding
 from tests.runtime.scheduler.conftest import make_scheduler, request, run_all, tiny_model_dir  # noqa: F401 - fixture
 
 
 @pytest.mark.parametrize("max_bs, expected", [
     (1, [1]), (3, [1, 2, 3]), (8, [1, 2, 4, 8]), (20, [1, 2, 4, 8, 16, 20]),
     (100, [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 100]),
-    (700, [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, *range(80, 256, 16), *range(256, 512, 32), 512, 576, 640, 700]),
+    (700, [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, *range(80, 384, 16), *range(384, 512, 32), 512, 576, 640, 700]),
 ])
 def test_capture_batch_sizes(max_bs, expected):
     assert capture_batch_sizes(max_bs) == expected
+
+
+def test_each_size_replays_the_cheapest_timed_graph_at_or_above_it():
+    sizes = [128, 256, 272, 288, 304, 320, 352]
+    # Untimed sizes keep their own graph; 288 is slower than 304, 272 than 304 by under the margin.
+    times = {256: 10.0, 272: 10.5, 288: 11.6, 304: 10.4, 320: 10.9, 352: 11.5}
+    assert choose_padding(sizes, times) == {128: 128, 256: 256, 272: 272, 288: 304, 304: 304, 320: 320, 352: 352}
+    assert choose_padding(sizes, {}) == {s: s for s in sizes}
+    runner = CudaGraphRunner.__new__(CudaGraphRunner)
+    runner.capture_bs, runner.pad_to = sizes, choose_padding(sizes, times)
+    assert [runner.padded_size(b) for b in (1, 128, 129, 273, 288, 289, 305)] == [128, 128, 256, 304, 304, 304, 320]
 
 
 def test_passes_with_several_rows_per_request_replay_up_to_their_own_bound():
