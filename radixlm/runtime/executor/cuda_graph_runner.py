@@ -1,8 +1,8 @@
 """CUDA-graph decode: the decode forward pass (model and lm_head over every row) captured once per batch size at
 startup and replayed for any decode batch up to the largest size, padded to the next captured size -- or to a
 larger one that replays faster: cuBLAS's cost is not monotonic in the row count (on an H100, Llama-3.1-8B's
-gate_up and down take 211 us at 288 rows, 186 us at 304), so start-up times the larger graphs' replays and pads each
-size to the cheapest graph at or above it (choose_padding).
+gate_up and down take 211 us at 288 rows, 186 us at 304), so start-up times the replays of the graphs of 192-512
+rows and pads each size to the cheapest graph at or above it (choose_padding).
 
 A replay copies the batch's inputs into static buffers; padded rows decode token 0 at position 0 of request row 0
 and write their K/V to the pool's dummy slot 0, so they touch nothing real. The attention backend gives captured
@@ -25,8 +25,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-# Graphs of at least this many rows are timed at start-up (below, the weight reads dominate and padding is cheap).
+# Graphs of PAD_TIMING_MIN_BS to PAD_TIMING_MAX_BS rows are timed at start-up (below, the weight reads dominate and
+# padding is cheap; above, the few passes that large cost more start-up than they would save).
 PAD_TIMING_MIN_BS = 192
+PAD_TIMING_MAX_BS = 512
 # A larger graph is chosen only when it replays at least this much faster (timing noise picks nothing).
 PAD_TIMING_MARGIN = 0.03
 
@@ -90,21 +92,20 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def _time_replays(self) -> None:
-        """Replays each graph of PAD_TIMING_MIN_BS rows or more (on its capture's padding inputs, which touch only
-        the dummy slot) and sets pad_to from the times."""
+        """Replays each graph of PAD_TIMING_MIN_BS to PAD_TIMING_MAX_BS rows twice (on its capture's padding inputs,
+        which touch only the dummy slot; the first replay also uploads the graph) and sets pad_to from the faster."""
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for bs in self.capture_bs:
-            if bs < PAD_TIMING_MIN_BS:
+            if not PAD_TIMING_MIN_BS <= bs <= PAD_TIMING_MAX_BS:
                 continue
-            self.graphs[bs].replay()  # warm (first replay uploads the graph)
             times = []
-            for _ in range(3):
+            for _ in range(2):
                 start.record()
                 self.graphs[bs].replay()
                 end.record()
                 end.synchronize()
                 times.append(start.elapsed_time(end) / 1e3)
-            self.replay_seconds[bs] = sorted(times)[1]
+            self.replay_seconds[bs] = min(times)
         self.pad_to = choose_padding(self.capture_bs, self.replay_seconds)
         moved = {s: p for s, p in self.pad_to.items() if p != s}
         if moved:
