@@ -8,7 +8,6 @@ heuristic), Llama-3.1-8B's shapes, bf16, the decode row counts.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemv_sweep import SHAPES, graph_us  # noqa: E402
+from benchmarks.gemv_sweep import SHAPES, graph_us, write_cells  # noqa: E402
 
 
 def main() -> None:
@@ -52,8 +51,7 @@ def main() -> None:
         del ws
         torch.cuda.empty_cache()
     torch.backends.cuda.preferred_blas_library("cublas")
-    Path(args.out).write_text(json.dumps({"benchmark": "blas_probe", "gpu": torch.cuda.get_device_name(),
-                                          "torch": torch.__version__, "cells": cells}, indent=1))
+    write_cells(args.out, "blas_probe", cells)
     print(f"wrote {args.out} after {time.perf_counter() - t0:.0f} s")
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.gemv_sweep import write_cells  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.span_attention import attend_span  # noqa: E402
@@ -179,9 +179,7 @@ def main() -> None:
         rows_out.append(cell)
         del q, k_buf, v_buf
         torch.cuda.empty_cache()
-        with open(args.out, "w") as f:
-            json.dump({"benchmark": "decode_attention_sweep", "gpu": torch.cuda.get_device_name(),
-                       "triton": triton.__version__, "cells": rows_out}, f, indent=1)
+        write_cells(args.out, "decode_attention_sweep", rows_out)
     print(f"wrote {args.out} after {time.perf_counter() - t_start:.0f} s")
 
 

@@ -15,7 +15,6 @@ report which count wins per batch, and the serving rule's choice beside it.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -26,6 +25,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.gemv_sweep import write_cells  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits  # noqa: E402
 
@@ -97,8 +97,7 @@ def main() -> None:
         cells.append(cell)
         del q, k_buf, v_buf
         torch.cuda.empty_cache()
-        Path(args.out).write_text(json.dumps({"benchmark": "decode_splits_sweep", "gpu": torch.cuda.get_device_name(),
-                                              "triton": triton.__version__, "cells": cells}, indent=1))
+        write_cells(args.out, "decode_splits_sweep", cells)
     print(f"wrote {args.out} after {time.perf_counter() - t0:.0f} s")
 
 

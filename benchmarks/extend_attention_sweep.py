@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import random
 import sys
 import time
@@ -30,6 +29,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.gemv_sweep import write_cells  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.extend_attention import _attend_block, extend_attention  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
@@ -175,9 +175,7 @@ def main() -> None:
                   f"s{v['stages']}: {v['us']:8.1f} us {v['tflops']:4.0f} TFLOP/s x{v['vs_serving']:.3f} "
                   f"(diff {v['max_abs_diff']:.1e})", flush=True)
         cells.append(cell)
-        with open(args.out, "w") as f:
-            json.dump({"benchmark": "extend_attention_sweep", "gpu": torch.cuda.get_device_name(),
-                       "triton": triton.__version__, "cells": cells}, f, indent=1)
+        write_cells(args.out, "extend_attention_sweep", cells)
     print(f"wrote {args.out} after {time.perf_counter() - t_start:.0f} s")
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemv_sweep import SHAPES, graph_us  # noqa: E402
+from benchmarks.gemv_sweep import SHAPES, graph_us, write_cells  # noqa: E402
 
 
 @triton.jit
@@ -113,8 +112,7 @@ def main() -> None:
         cells.append(cell)
         del ws, ys
         torch.cuda.empty_cache()
-        Path(args.out).write_text(json.dumps({"benchmark": "gemm_sweep", "gpu": torch.cuda.get_device_name(),
-                                              "triton": triton.__version__, "cells": cells}, indent=1))
+        write_cells(args.out, "gemm_sweep", cells)
     print(f"wrote {args.out} after {time.perf_counter() - t0:.0f} s")
 
 

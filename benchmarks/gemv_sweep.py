@@ -47,6 +47,13 @@ def _splitk_kernel(X, W, Y32, N, K, stride_wn, K_PART: tl.constexpr, BLOCK_N: tl
     tl.atomic_add(Y32 + offs_n, acc, mask=n_mask, sem="relaxed")
 
 
+def write_cells(path: str, benchmark: str, cells: list) -> None:
+    """A kernel probe's results so far (every probe rewrites its file after each cell: a stopped run keeps them)."""
+    Path(path).write_text(json.dumps({"benchmark": benchmark, "gpu": torch.cuda.get_device_name(),
+                                      "torch": torch.__version__, "triton": triton.__version__, "cells": cells},
+                                     indent=1))
+
+
 def graph_us(fn, copies: int) -> float:
     """Microseconds per call: a graph of `copies` calls (fn(i) uses weight copy i) replayed."""
     s = torch.cuda.Stream()
@@ -132,8 +139,7 @@ def main() -> None:
         cells.append(cell)
         del ws, ys, y32
         torch.cuda.empty_cache()
-        Path(args.out).write_text(json.dumps({"benchmark": "gemv_sweep", "gpu": torch.cuda.get_device_name(),
-                                              "cells": cells}, indent=1))
+        write_cells(args.out, "gemv_sweep", cells)
     print(f"wrote {args.out} after {time.perf_counter() - t0:.0f} s")
 
 
