@@ -5,7 +5,6 @@ replay runs no hooks: the target's graphs are captured again with them, and each
 size's buffers, which its replays refill."""
 from __future__ import annotations
 
-
 import torch
 
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
