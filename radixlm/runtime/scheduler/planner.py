@@ -62,10 +62,6 @@ class ScheduleBatch:
     accepted_paths: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
 
     @property
-    def has_chunk(self) -> bool:
-        return self.chunk is not None
-
-    @property
     def is_prefill(self) -> bool:
         return bool(self.new_reqs)
 

@@ -34,17 +34,16 @@ def shared_prefix_groups(reqs: list["Req"], min_len: int) -> list[tuple[int, lis
     return groups or None
 
 
-def eager_pays(groups: list[tuple[int, list[int]]], num_rows: int) -> bool:
-    """Whether a pass of num_rows rows should run eagerly with its groups (each group's prefix read once) rather than
-    replay a graph that reads every request's prefix."""
-    return num_rows >= EAGER_MIN_ROWS and sum(
-        prefix_len * (len(rows) - 1) for prefix_len, rows in groups) >= EAGER_MIN_SHARED_READS
+def eager_pays(groups: list[tuple[int, list[int]]]) -> bool:
+    """Whether the groups spare enough KV reads (each group's prefix read once) for a large replayable pass to run
+    eagerly with them rather than replay a graph that reads every request's prefix."""
+    return sum(prefix_len * (len(rows) - 1) for prefix_len, rows in groups) >= EAGER_MIN_SHARED_READS
 
 
 def decode_groups(reqs: list["Req"], min_len: int, replayable: bool) -> list[tuple[int, list[int]]] | None:
     """The groups a decode pass carries (a pass with groups runs eagerly): all of them when no graph could replay
-    it; else only where eager_pays (small replayable passes are not even scanned)."""
+    it; else only for a pass of EAGER_MIN_ROWS or more whose groups eager_pays (smaller ones are not even scanned)."""
     if replayable and len(reqs) < EAGER_MIN_ROWS:
         return None
     groups = shared_prefix_groups(reqs, min_len)
-    return groups if groups is not None and (not replayable or eager_pays(groups, len(reqs))) else None
+    return groups if groups is not None and (not replayable or eager_pays(groups)) else None

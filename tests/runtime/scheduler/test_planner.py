@@ -64,7 +64,7 @@ def test_prefill_rows_then_one_row_per_request_each_decode():
     r1, r2 = new_req(tree, "a", p1), new_req(tree, "b", p2)
     batch = planner.plan([], [r1, r2])
     wb = batch.worker
-    assert batch.is_prefill and not batch.has_chunk and batch.reqs == [r1, r2] and batch.new_reqs == [r1, r2]
+    assert batch.is_prefill and batch.chunk is None and batch.reqs == [r1, r2] and batch.new_reqs == [r1, r2]
     assert wb.input_ids == p1 + p2
     assert wb.positions == list(range(len(p1))) + list(range(len(p2)))
     assert (wb.prefix_lens, wb.extend_lens, wb.seq_lens) == ([0, 0], [len(p1), len(p2)], [len(p1), len(p2)])
@@ -100,14 +100,14 @@ def test_prompt_chunk_has_rows_and_no_sampler_then_the_last_chunk_samples():
     req = new_req(tree, "c", p, chunk=8)
     batch, out = run(runner, planner, [], [req])
     wb = batch.worker
-    assert batch.has_chunk and batch.samplers == [] and wb.logits.sample_rows == []
+    assert batch.chunk is req and batch.samplers == [] and wb.logits.sample_rows == []
     assert wb.input_ids == p[:8] and wb.positions == list(range(8)) and wb.seq_lens == [8]
     assert out.next_token_logits.shape[0] == 0
     assert (req.kv.committed, req.kv.in_flight) == (8, 0)  # launched, but it yields no token
 
     req.extend_input_len, req.is_chunked = len(p) - 8, False
     batch, out = run(runner, planner, [], [req])
-    assert not batch.has_chunk and batch.worker.positions == list(range(8, len(p)))
+    assert batch.chunk is None and batch.worker.positions == list(range(8, len(p)))
     assert batch.worker.logits.sample_rows == [len(p) - 9] and batch.samplers == [req]
     assert take_sampled(batch, out) == reference(p, 1)  # read back through the first chunk's slots
 

@@ -22,7 +22,7 @@ def planned_over_chunk(sched) -> list[bool]:
     plan = sched.planner.plan
 
     def watching(*args, **kwargs):
-        seen.append(sched.inflight is not None and sched.inflight.batch.has_chunk)
+        seen.append(sched.inflight is not None and sched.inflight.batch.chunk is not None)
         return plan(*args, **kwargs)
 
     sched.planner.plan = watching
@@ -77,7 +77,7 @@ def test_greedy_outputs_equal_reference(kwargs, every):
     # What each mode is for happened.
     chunk = kwargs.get("chunked_prefill_size")
     if chunk:
-        assert any(b.has_chunk for b in batches)
+        assert any(b.chunk is not None for b in batches)
         assert any(sum(new_rows(b)) == chunk for b in batches)
     if "max_running_requests" in kwargs:
         assert max(len(b.reqs) for b in batches) == kwargs["max_running_requests"]
@@ -327,7 +327,7 @@ def test_long_chunked_prompt_under_memory_pressure_with_running_decodes(kwargs):
     batches = record_plans(sched)
     res = serve(sched, reqs)
     assert_reference(res, reqs)
-    assert any(b.has_chunk and len(b.reqs) == 1 for b in batches)
+    assert any(b.chunk is not None and len(b.reqs) == 1 for b in batches)
     assert_all_free(sched)
 
 

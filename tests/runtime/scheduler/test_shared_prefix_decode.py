@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from radixlm.runtime.scheduler.shared_prefix import eager_pays, shared_prefix_groups
+from radixlm.runtime.scheduler.shared_prefix import decode_groups, eager_pays, shared_prefix_groups
 from tests.triton_interpret import interpreter_works, run_under_interpreter
 
 MARKER = "shared-prefix decode greedy cases passed"
@@ -74,10 +74,15 @@ def test_groups_hold_identical_slots(tiny_model_dir, page_size, every):
 
 def test_groups_that_spare_enough_reads_take_a_large_pass_off_its_graph():
     groups = [(2048, list(range(i * 32, i * 32 + 32))) for i in range(32)]
-    assert eager_pays(groups, 1024) and eager_pays(groups[:1], 512)
-    assert not eager_pays(groups, 511)  # a small pass replays (its eager enqueue would cost more)
-    assert eager_pays([(300, list(range(600)))], 600)  # a system prompt over a large batch
-    assert not eager_pays([(300, list(range(8)))], 600) and not eager_pays([(1 << 14, [0, 1])], 600)
+    assert eager_pays(groups) and eager_pays(groups[:1])
+    assert eager_pays([(300, list(range(600)))])  # a system prompt over a large batch
+    assert not eager_pays([(300, list(range(8)))]) and not eager_pays([(1 << 14, [0, 1])])
+    reqs = [SimpleNamespace(prefix_len=2048, last_node=node) for node in (object(), object()) for _ in range(256)]
+    assert decode_groups(reqs, 256, replayable=False) == decode_groups(reqs, 256, replayable=True)
+    assert len(decode_groups(reqs, 256, replayable=True)) == 2
+    # A small pass replays (its eager enqueue would cost more than the prefix reads it spares).
+    assert decode_groups(reqs[:511], 256, replayable=True) is None
+    assert decode_groups(reqs[:511], 256, replayable=False) is not None
 
 
 def test_passes_that_replay_a_graph_carry_groups_only_when_eager_pays(tiny_model_dir, monkeypatch):
