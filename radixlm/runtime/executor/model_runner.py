@@ -21,7 +21,7 @@ from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
 from radixlm.runtime.layers.attention.triton_ops.decode_splits import DECODE_BLOCK_N
 from radixlm.runtime.layers.kernel_variants import EXTEND_WARMUP_LENS, WarmupPlan, uses_tree_masks, warmup_plan
 from radixlm.runtime.layers.moe.layer import FusedMoE
-from radixlm.runtime.layers.linear import Shard
+from radixlm.runtime.layers.linear import Linear, Shard
 from radixlm.runtime.layers.radix_attention import RadixAttention
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import load_model
@@ -172,6 +172,8 @@ class ModelRunner:
         first pass that needs one waits for the compiler (0.1-0.6 s each on an H100) in the middle of serving."""
         t0 = time.perf_counter()
         plan = self.warmup_plan(graph_max_bs)
+        if self.is_cuda:
+            self._prebuild_skinny()
         self.warm_up_extend(tree_masks=plan.tree_masks)
         # Every row count up to the skinny GEMM's limit (the layers' skinny-vs-cuBLAS choices), then one request at
         # each split count an eager decode pass can meet: seq_len 256 * (s - 1) + 1 gives s splits for one request.
@@ -191,6 +193,18 @@ class ModelRunner:
                     list(plan.token_row_batches), plan.decode_splits, ", MoE configs" if plan.moe else "",
                     ", tree masks" if plan.tree_masks else "",
                     f", shared prefixes {plan.shared_prefix}" if plan.shared_prefix else "", time.perf_counter() - t0)
+
+    def _prebuild_skinny(self) -> None:
+        """The skinny GEMM's autotune configs, built in parallel before the passes below autotune them one by one."""
+        from radixlm.runtime.layers import skinny_gemm
+
+        dtype = self.model_config.dtype
+        if dtype not in (torch.bfloat16, torch.float16):
+            return
+        biases = tuple(sorted({False} | {m.bias is not None for m in self.model.modules() if isinstance(m, Linear)}))
+        t0 = time.perf_counter()
+        n = skinny_gemm.prebuild(dtype, self.device, biases)
+        logger.info("skinny GEMM: %d kernels built or found in %.2f s", n, time.perf_counter() - t0)
 
     def _warm_up_token_rows(self, bs: int, seq_len: int) -> None:
         """An eager TOKEN_ROWS pass of bs requests, each at position seq_len - 1 of request row 0 (KV slot 0)."""

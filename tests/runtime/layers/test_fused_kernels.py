@@ -124,3 +124,27 @@ def test_gemm_dispatch_measures_once_per_row_count_and_matches_cublas():
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         torch.testing.assert_close(gemm.linear(x, w, None, None, choices), F.linear(x, w), rtol=2e-2, atol=2e-2)
     assert set(choices) == {1, 2, 4}  # 9 rows: never the skinny kernel
+
+
+def test_skinny_prebuild_builds_every_kernel_the_autotuner_launches():
+    """After prebuild, autotuning new shapes (every config, each row count, with and without bias) builds nothing."""
+    from triton import knobs
+
+    from radixlm.runtime.layers import skinny_gemm
+
+    assert skinny_gemm.prebuild(torch.bfloat16, "cuda", (False, True)) == 2 * len(skinny_gemm.SKINNY_ROWS) * len(
+        skinny_gemm._CONFIGS)
+    misses: list[str] = []
+    prev = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = lambda *a, **kw: misses.append(str(kw.get("repr"))) or False
+    try:
+        for m in (1, 2, 3, 4):
+            for n, k, bias in ((6160, 4112, False), (912, 4880, True)):  # shapes no other test autotunes
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+                b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if bias else None
+                skinny_gemm.skinny_linear(x, w, b)
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.jit_cache_hook = prev
+    assert misses == [], misses[:3]

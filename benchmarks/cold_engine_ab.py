@@ -1,0 +1,66 @@
+"""Cold Engine() with and without the skinny GEMM's parallel prebuild (issue 20: start-up to ready <= 45 s, met at
+44.5 s with ~20 s of it kernel builds). Each run is a fresh process with an empty Triton cache, alternating the two
+variants; prints and writes each run's Engine() seconds and the medians.
+
+    python benchmarks/cold_engine_ab.py --runs 2 --out $OUT/cold_engine_ab.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = """
+import sys, time
+sys.path.insert(0, {root!r})
+from benchmarks.gpu_llama8b import close, make_engine
+from benchmarks.llama8b import model_dir
+from radixlm.runtime.executor.model_runner import ModelRunner
+if {off}:
+    ModelRunner._prebuild_skinny = lambda self: None
+path = model_dir()
+t0 = time.perf_counter()
+engine = make_engine(path)
+print("ENGINE_S", time.perf_counter() - t0, flush=True)
+close(engine)
+"""
+
+
+def run(prebuild: bool) -> float:
+    env = {**os.environ, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton_cold_")}
+    out = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT), off=not prebuild)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    for line in out.stdout.splitlines():
+        if line.startswith("ENGINE_S"):
+            return float(line.split()[1])
+    raise RuntimeError(out.stderr[-3000:])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--out", default="/tmp/cold_engine_ab.json")
+    args = p.parse_args()
+    rows = []
+    for i in range(args.runs):
+        for prebuild in (True, False):
+            t0 = time.time()
+            s = run(prebuild)
+            rows.append({"run": i, "prebuild": prebuild, "engine_init_s": s})
+            print(f"run {i} prebuild {prebuild}: Engine() {s:.2f} s (process {time.time() - t0:.1f} s)", flush=True)
+    med = {str(v): statistics.median(r["engine_init_s"] for r in rows if r["prebuild"] == v) for v in (True, False)}
+    print(f"median Engine(): prebuild {med['True']:.2f} s, without {med['False']:.2f} s", flush=True)
+    Path(args.out).write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "rows": rows,
+                                          "median_engine_init_s": med}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
