@@ -174,6 +174,39 @@ class ModelRunner:
         plan = self.warmup_plan(graph_max_bs)
         if self.is_cuda:
             self._prebuild_skinny()
+            if not plan.moe:
+                self._build_in_parallel(plan)
+        self._warm_up_passes(plan)
+        if self.is_cuda:
+            torch.cuda.synchronize()
+        logger.info("kernel warm-up (eager passes of %s rows, decode splits %s%s%s%s) in %.2f s",
+                    list(plan.token_row_batches), plan.decode_splits, ", MoE configs" if plan.moe else "",
+                    ", tree masks" if plan.tree_masks else "",
+                    f", shared prefixes {plan.shared_prefix}" if plan.shared_prefix else "", time.perf_counter() - t0)
+
+    def _build_in_parallel(self, plan: WarmupPlan) -> None:
+        """A discovery run of the warm-up passes: it skips the launches of kernels not yet built and builds those in
+        parallel (layers/kernel_builds.py). Its few-row GEMMs take cuBLAS, unmeasured (the builds load the host):
+        the real run measures them."""
+        from radixlm.runtime.layers.kernel_builds import ParallelBuilds
+        from radixlm.runtime.layers.skinny_gemm import SKINNY_MAX_M, _skinny_kernel
+
+        t0 = time.perf_counter()
+        builds = ParallelBuilds(self.device, inline=(_skinny_kernel.fn,))
+        holders = [m for m in self.model.modules() if hasattr(m, "gemm_choices")] + [self.logits_processor]
+        measured = [h.gemm_choices for h in holders]
+        try:
+            for h in holders:
+                h.gemm_choices = dict.fromkeys(range(1, SKINNY_MAX_M + 1), False)
+            with builds.discover():
+                self._warm_up_passes(plan)
+        finally:
+            for h, choices in zip(holders, measured):
+                h.gemm_choices = choices
+        n = builds.finish()
+        logger.info("kernel warm-up: %d kernels built or loaded in parallel in %.2f s", n, time.perf_counter() - t0)
+
+    def _warm_up_passes(self, plan: WarmupPlan) -> None:
         self.warm_up_extend(tree_masks=plan.tree_masks)
         # Every row count up to the skinny GEMM's limit (the layers' skinny-vs-cuBLAS choices), then one request at
         # each split count an eager decode pass can meet: seq_len 256 * (s - 1) + 1 gives s splits for one request.
@@ -187,12 +220,6 @@ class ModelRunner:
                 next(m for m in self.model.modules() if isinstance(m, RadixAttention)), plan.shared_prefix)
         if plan.moe and self.is_cuda:
             self._warm_up_moe()
-        if self.is_cuda:
-            torch.cuda.synchronize()
-        logger.info("kernel warm-up (eager passes of %s rows, decode splits %s%s%s%s) in %.2f s",
-                    list(plan.token_row_batches), plan.decode_splits, ", MoE configs" if plan.moe else "",
-                    ", tree masks" if plan.tree_masks else "",
-                    f", shared prefixes {plan.shared_prefix}" if plan.shared_prefix else "", time.perf_counter() - t0)
 
     def _prebuild_skinny(self) -> None:
         """The skinny GEMM's autotune configs, built in parallel before the passes below autotune them one by one."""
