@@ -1,8 +1,11 @@
-"""Cold Engine() with and without the skinny GEMM's parallel prebuild (issue 20: start-up to ready <= 45 s, met at
-44.5 s with ~20 s of it kernel builds). Each run is a fresh process with an empty Triton cache, alternating the two
-variants; prints and writes each run's Engine() seconds and the medians.
+"""Cold Engine() with and without the parallel kernel builds of start-up (issue 20: start-up to ready <= 45 s, met at
+44.5 s with ~20 s of it kernel builds). Variants: "both" (the default engine), "prebuild" (the skinny GEMM's configs
+built in threads, no discovery run), "none" (every kernel built at its first launch, as before). Each run is a fresh
+process with an empty Triton cache, the variants in turn; prints and writes each run's Engine() seconds and the
+medians.
 
     python benchmarks/cold_engine_ab.py --runs 2 --out $OUT/cold_engine_ab.json
+    python benchmarks/cold_engine_ab.py --runs 1 --variants prebuild none   # the 2026-11-26 A/B (before discovery)
 """
 from __future__ import annotations
 
@@ -24,7 +27,9 @@ sys.path.insert(0, {root!r})
 from benchmarks.gpu_llama8b import close, make_engine
 from benchmarks.llama8b import model_dir
 from radixlm.runtime.executor.model_runner import ModelRunner
-if {off}:
+if {variant!r} in ("prebuild", "none"):
+    ModelRunner._build_in_parallel = lambda self, plan: None
+if {variant!r} == "none":
     ModelRunner._prebuild_skinny = lambda self: None
 path = model_dir()
 t0 = time.perf_counter()
@@ -34,9 +39,12 @@ close(engine)
 """
 
 
-def run(prebuild: bool) -> float:
+VARIANTS = ("both", "prebuild", "none")
+
+
+def run(variant: str) -> float:
     env = {**os.environ, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton_cold_")}
-    out = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT), off=not prebuild)], env=env,
+    out = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT), variant=variant)], env=env,
                          capture_output=True, text=True, timeout=300)
     for line in out.stdout.splitlines():
         if line.startswith("ENGINE_S"):
@@ -47,17 +55,18 @@ def run(prebuild: bool) -> float:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     p.add_argument("--out", default="/tmp/cold_engine_ab.json")
     args = p.parse_args()
     rows = []
     for i in range(args.runs):
-        for prebuild in (True, False):
+        for variant in args.variants:
             t0 = time.time()
-            s = run(prebuild)
-            rows.append({"run": i, "prebuild": prebuild, "engine_init_s": s})
-            print(f"run {i} prebuild {prebuild}: Engine() {s:.2f} s (process {time.time() - t0:.1f} s)", flush=True)
-    med = {str(v): statistics.median(r["engine_init_s"] for r in rows if r["prebuild"] == v) for v in (True, False)}
-    print(f"median Engine(): prebuild {med['True']:.2f} s, without {med['False']:.2f} s", flush=True)
+            s = run(variant)
+            rows.append({"run": i, "variant": variant, "engine_init_s": s})
+            print(f"run {i} {variant}: Engine() {s:.2f} s (process {time.time() - t0:.1f} s)", flush=True)
+    med = {v: statistics.median(r["engine_init_s"] for r in rows if r["variant"] == v) for v in args.variants}
+    print("median Engine(): " + ", ".join(f"{v} {s:.2f} s" for v, s in med.items()), flush=True)
     Path(args.out).write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "rows": rows,
                                           "median_engine_init_s": med}, indent=1) + "\n")
 
