@@ -27,10 +27,10 @@ sys.path.insert(0, {root!r})
 from benchmarks.gpu_llama8b import close, make_engine
 from benchmarks.llama8b import model_dir
 from radixlm.runtime.executor.model_runner import ModelRunner
-if {variant!r} in ("prebuild", "none"):
-    ModelRunner._build_in_parallel = lambda self, plan: None
+if {variant!r} == "prebuild":
+    ModelRunner._discover_kernels = lambda self, plan, builds: None
 if {variant!r} == "none":
-    ModelRunner._prebuild_skinny = lambda self: None
+    ModelRunner._build_in_parallel = lambda self, plan: None
 path = model_dir()
 t0 = time.perf_counter()
 engine = make_engine(path)

@@ -173,9 +173,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         plan = self.warmup_plan(graph_max_bs)
         if self.is_cuda:
-            self._prebuild_skinny()
-            if not plan.moe:
-                self._build_in_parallel(plan)
+            self._build_in_parallel(plan)
         self._warm_up_passes(plan)
         if self.is_cuda:
             torch.cuda.synchronize()
@@ -185,14 +183,28 @@ class ModelRunner:
                     f", shared prefixes {plan.shared_prefix}" if plan.shared_prefix else "", time.perf_counter() - t0)
 
     def _build_in_parallel(self, plan: WarmupPlan) -> None:
-        """A discovery run of the warm-up passes: it skips the launches of kernels not yet built and builds those in
-        parallel (layers/kernel_builds.py). Its few-row GEMMs take cuBLAS, unmeasured (the builds load the host):
-        the real run measures them."""
+        """Builds in threads (layers/kernel_builds.py) what the warm-up passes would build one kernel after another:
+        the skinny GEMM's autotune configs, and (but for MoE models) what a discovery run of the passes launches
+        unbuilt."""
+        from radixlm.runtime.layers import skinny_gemm
         from radixlm.runtime.layers.kernel_builds import ParallelBuilds
-        from radixlm.runtime.layers.skinny_gemm import SKINNY_MAX_M, _skinny_kernel
 
         t0 = time.perf_counter()
-        builds = ParallelBuilds(self.device, inline=(_skinny_kernel.fn,))
+        builds = ParallelBuilds(self.device, inline=(skinny_gemm._skinny_kernel.fn,))
+        dtype = self.model_config.dtype
+        if dtype in (torch.bfloat16, torch.float16):
+            biases = {False} | {m.bias is not None for m in self.model.modules() if isinstance(m, Linear)}
+            skinny_gemm.prebuild(builds, dtype, self.device, tuple(sorted(biases)))
+        if not plan.moe:
+            self._discover_kernels(plan, builds)
+        n = builds.finish()
+        logger.info("kernel warm-up: %d kernels built or loaded in parallel in %.2f s", n, time.perf_counter() - t0)
+
+    def _discover_kernels(self, plan: WarmupPlan, builds) -> None:
+        """The warm-up passes with unbuilt kernels' launches skipped and their builds handed to `builds`. Their few-row
+        GEMMs take cuBLAS, unmeasured (the builds load the host): the real run measures them."""
+        from radixlm.runtime.layers.skinny_gemm import SKINNY_MAX_M
+
         holders = [m for m in self.model.modules() if hasattr(m, "gemm_choices")] + [self.logits_processor]
         measured = [h.gemm_choices for h in holders]
         try:
@@ -203,8 +215,6 @@ class ModelRunner:
         finally:
             for h, choices in zip(holders, measured):
                 h.gemm_choices = choices
-        n = builds.finish()
-        logger.info("kernel warm-up: %d kernels built or loaded in parallel in %.2f s", n, time.perf_counter() - t0)
 
     def _warm_up_passes(self, plan: WarmupPlan) -> None:
         self.warm_up_extend(tree_masks=plan.tree_masks)
@@ -220,18 +230,6 @@ class ModelRunner:
                 next(m for m in self.model.modules() if isinstance(m, RadixAttention)), plan.shared_prefix)
         if plan.moe and self.is_cuda:
             self._warm_up_moe()
-
-    def _prebuild_skinny(self) -> None:
-        """The skinny GEMM's autotune configs, built in parallel before the passes below autotune them one by one."""
-        from radixlm.runtime.layers import skinny_gemm
-
-        dtype = self.model_config.dtype
-        if dtype not in (torch.bfloat16, torch.float16):
-            return
-        biases = tuple(sorted({False} | {m.bias is not None for m in self.model.modules() if isinstance(m, Linear)}))
-        t0 = time.perf_counter()
-        n = skinny_gemm.prebuild(dtype, self.device, biases)
-        logger.info("skinny GEMM: %d kernels built or found in %.2f s", n, time.perf_counter() - t0)
 
     def _warm_up_token_rows(self, bs: int, seq_len: int) -> None:
         """An eager TOKEN_ROWS pass of bs requests, each at position seq_len - 1 of request row 0 (KV slot 0)."""

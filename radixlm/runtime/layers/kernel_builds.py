@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -29,7 +29,8 @@ def _build(fn, specialization_data: str) -> None:
 
 
 class ParallelBuilds:
-    """Collects the builds of one discovery run (discover()) and waits for them (finish()).
+    """Builds kernels in a thread pool: those a caller submits (submit()) and those a discovery run finds unbuilt
+    (discover()); finish() waits for them all.
 
     NOTE invariant: inside discover(), a skipped launch leaves its outputs unwritten, so what runs there must not let
     a value a Triton kernel computes steer the host or index memory. A dense model's warm-up passes qualify (every
@@ -40,10 +41,18 @@ class ParallelBuilds:
     def __init__(self, device: torch.device | str, inline: tuple = (), threads: int = BUILD_THREADS):
         self.inline = set(inline)
         index = torch.device(device).index
-        index = torch.cuda.current_device() if index is None else index
+        if torch.cuda.is_available():  # the builds run on the engine's device (a tensor-parallel rank's own)
+            index = torch.cuda.current_device() if index is None else index
+            init = dict(initializer=torch.cuda.set_device, initargs=(index,))
+        else:
+            init = {}  # (the unit tests of the discovery rule, on a CPU)
         self._pool = ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1)), thread_name_prefix="kernel-build",
-                                        initializer=torch.cuda.set_device, initargs=(index,))
+                                        **init)
         self._builds: dict[str, Future] = {}
+
+    def submit(self, build: Callable[..., object], *args) -> None:
+        """build(*args) in the pool: a kernel's JITFunction.warmup, say (it builds without launching)."""
+        self._builds[f"{getattr(build, '__qualname__', 'build')} #{len(self._builds)}"] = self._pool.submit(build, *args)
 
     @contextmanager
     def discover(self) -> Iterator[ParallelBuilds]:

@@ -10,17 +10,18 @@ rows, so 3 rows arise only in eager passes (a prefill pass sampling three reques
 a padded copy (each row's sum is computed alike whatever M is), and no kernel is built for them."""
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 import triton.testing
 
+if TYPE_CHECKING:
+    from radixlm.runtime.layers.kernel_builds import ParallelBuilds
+
 SKINNY_MAX_M = 4
 SKINNY_ROWS = (1, 2, 4)  # the kernel's row counts (M); other row counts up to SKINNY_MAX_M pad to the next one
-PREBUILD_THREADS = 8
 
 _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
             for bn, bk, w, s in ((8, 512, 4, 3), (16, 256, 4, 4), (16, 512, 4, 3), (32, 256, 8, 3),
@@ -99,13 +100,11 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return y
 
 
-def prebuild(dtype: torch.dtype, device: torch.device | str, biases: tuple[bool, ...] = (False,),
-             threads: int = PREBUILD_THREADS) -> int:
-    """Builds the kernel of every autotune config for each row count (and bias flag) at once, in a thread pool, so that
-    the warm-up's autotuning finds them built; returns how many were asked for. The autotuner builds its configs one
-    after another (24 kernels at ~0.16 s each with an empty cache); Triton's builds leave the GIL for most of their
-    time: 7 builds took 1.14 s serially and 0.43 s in 8 threads on the H100 machine
-    (benchmarks/parallel_build_probe.py). A kernel already built, in memory or on disk, costs only its lookup.
+def prebuild(builds: ParallelBuilds, dtype: torch.dtype, device: torch.device | str,
+             biases: tuple[bool, ...] = (False,)) -> int:
+    """Hands `builds` the kernel of every autotune config for each row count (and bias flag), so that the warm-up's
+    autotuning finds them built (the autotuner builds its configs one after another: 24 kernels at ~0.16 s each with
+    an empty cache); returns how many. A kernel already built, in memory or on disk, costs only its lookup.
 
     NOTE: the launch must specialize as skinny_linear's does (Triton keys a kernel on each argument's dtype, on
     whether an int is 1 or a multiple of 16 and on a pointer's 16-byte alignment): N, K and the row strides are
@@ -115,14 +114,13 @@ def prebuild(dtype: torch.dtype, device: torch.device | str, biases: tuple[bool,
     xs = {m: torch.empty(m, k, dtype=dtype, device=device) for m in SKINNY_ROWS}
     y = torch.empty(SKINNY_MAX_M, n, dtype=dtype, device=device)
 
-    def build(job) -> None:
-        m, bias, cfg = job
+    def build(m: int, bias: bool, cfg: triton.Config) -> None:
         # Options in the autotuner's order (Triton's in-memory key lists them as passed): M, HAS_BIAS, then the config.
         _skinny_kernel.fn.warmup(xs[m], w, w, y, n, k, xs[m].stride(0), w.stride(0), y.stride(0), M=m, HAS_BIAS=bias,
                                  grid=(1,), **cfg.all_kwargs())
 
     jobs = [(m, bias, cfg) for m in SKINNY_ROWS for bias in biases for cfg in _CONFIGS]
-    build(jobs[0])  # the first build sets up the kernel's per-device state, which the threads then share
-    with ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1))) as pool:
-        list(pool.map(build, jobs[1:]))
+    build(*jobs[0])  # here: the first build sets up the kernel's per-device state, which the threads then share
+    for job in jobs[1:]:
+        builds.submit(build, *job)
     return len(jobs)

@@ -131,9 +131,12 @@ def test_skinny_prebuild_builds_every_kernel_the_autotuner_launches():
     from triton import knobs
 
     from radixlm.runtime.layers import skinny_gemm
+    from radixlm.runtime.layers.kernel_builds import ParallelBuilds
 
-    assert skinny_gemm.prebuild(torch.bfloat16, "cuda", (False, True)) == 2 * len(skinny_gemm.SKINNY_ROWS) * len(
-        skinny_gemm._CONFIGS)
+    builds = ParallelBuilds("cuda")
+    n = skinny_gemm.prebuild(builds, torch.bfloat16, "cuda", (False, True))
+    assert n == 2 * len(skinny_gemm.SKINNY_ROWS) * len(skinny_gemm._CONFIGS)
+    assert builds.finish() == n - 1  # the first one is built in place
     misses: list[str] = []
     prev = knobs.runtime.jit_cache_hook
     knobs.runtime.jit_cache_hook = lambda *a, **kw: misses.append(str(kw.get("repr"))) or False

@@ -1,11 +1,79 @@
 """ParallelBuilds (layers/kernel_builds.py): a discovery run skips the launches of unbuilt kernels and builds them
-in a thread pool; the next run finds them built (run on the GPU machine; skipped without CUDA)."""
+in a thread pool; the next run finds them built. The rule through Triton's JIT cache hook as Triton calls it
+(keywords only) with stand-in JIT functions, on any machine; real kernels on the GPU machine."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+triton = pytest.importorskip("triton")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+class FakeJit:
+    def __init__(self, fail: bool = False):
+        self.preloaded: list[str] = []
+        self.fail = fail
+
+    def preload(self, data: str):
+        if self.fail:
+            raise RuntimeError("no such target")
+        self.preloaded.append(data)
+        return SimpleNamespace()  # no _init_handles: left to the first launch
+
+
+def _call(fn, key, manual=False, data="spec"):
+    return triton.knobs.runtime.jit_cache_hook(
+        key=key, repr=f"k[{key}]", fn=SimpleNamespace(module="m", name="k", jit_function=fn),
+        compile={"key": key, "specialization_data": data}, is_manual_warmup=manual, already_compiled=False)
+
+
+def test_discovery_skips_unbuilt_launches_once_each_and_builds_them():
+    from radixlm.runtime.layers.kernel_builds import ParallelBuilds
+
+    kernel, autotuned = FakeJit(), FakeJit()
+    builds = ParallelBuilds("cpu", inline=(autotuned,))
+    before = triton.knobs.runtime.jit_cache_hook
+    with builds.discover():
+        assert _call(kernel, "a", data="A") is True  # skipped: built in the pool
+        assert _call(kernel, "a", data="A") is True  # the same variant again: one build
+        assert _call(kernel, "b", data="B") is True
+        assert _call(kernel, "c", manual=True) is False  # a warm-up (our own preload): builds where it is
+        assert _call(autotuned, "a") is False  # inline: its launch builds it and runs
+    assert triton.knobs.runtime.jit_cache_hook is before
+    assert builds.finish() == 2
+    assert sorted(kernel.preloaded) == ["A", "B"] and autotuned.preloaded == []
+
+
+def test_a_hook_already_set_is_asked_first_and_its_skip_holds():
+    from radixlm.runtime.layers.kernel_builds import ParallelBuilds
+
+    seen = []
+    prev = triton.knobs.runtime.jit_cache_hook
+    triton.knobs.runtime.jit_cache_hook = lambda **kw: seen.append(kw["key"]) or kw["key"] == "skip"
+    try:
+        kernel = FakeJit()
+        builds = ParallelBuilds("cpu")
+        with builds.discover():
+            assert _call(kernel, "skip") is True
+            assert _call(kernel, "x") is True
+        assert builds.finish() == 1 and kernel.preloaded == ["spec"]
+        assert seen == ["skip", "x"]
+    finally:
+        triton.knobs.runtime.jit_cache_hook = prev
+
+
+def test_failed_builds_are_counted_out_and_submitted_ones_run():
+    from radixlm.runtime.layers.kernel_builds import ParallelBuilds
+
+    builds = ParallelBuilds("cpu")
+    with builds.discover():
+        _call(FakeJit(fail=True), "a")
+    ran = []
+    builds.submit(ran.append, 7)
+    assert builds.finish() == 1 and ran == [7]
 
 
 def _kernels():
@@ -27,6 +95,7 @@ def _kernels():
     return add_const, times_two
 
 
+@needs_cuda
 def test_discovery_skips_unbuilt_launches_and_builds_them_in_parallel():
     from triton import knobs
 
@@ -67,9 +136,13 @@ def test_discovery_skips_unbuilt_launches_and_builds_them_in_parallel():
         assert torch.equal(y, x + c)
 
 
-def test_a_build_that_fails_is_left_to_its_launch():
+@needs_cuda
+def test_submitted_builds_run_in_the_pool_on_the_engines_device():
     from radixlm.runtime.layers.kernel_builds import ParallelBuilds
 
-    builds = ParallelBuilds("cuda")
-    builds._builds["bad"] = builds._pool.submit(lambda: 1 / 0)
-    assert builds.finish() == 0
+    seen = []
+    builds = ParallelBuilds(torch.device("cuda", torch.cuda.device_count() - 1))
+    for i in range(3):
+        builds.submit(lambda i: seen.append((i, torch.cuda.current_device())), i)
+    assert builds.finish() == 3
+    assert sorted(seen) == [(i, torch.cuda.device_count() - 1) for i in range(3)]
