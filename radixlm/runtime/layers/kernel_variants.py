@@ -63,6 +63,10 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         expert: up to 4 configs (3 in float32) -> start-up runs every one a pass can reach (reachable_configs).
       A_ROW_DIV, MUL_WEIGHT (the two launches), IEEE_FP32 (dtype), N, K, expert_start, n_local, strides: fixed.
 
+How they are built: ModelRunner.warm_up_kernels hands the skinny GEMM's configs and, but for MoE models, what a
+discovery run of the warm-up passes launches unbuilt to a thread pool (kernel_builds.py), then runs the passes; CUDA
+graph capture builds its own variants one after another, as before.
+
 Not covered here: a vision tower's first image (its norms and activations at the tower's widths; multimodal
 models' encoders) and the draft and EAGLE runners beyond their extend kernels (the draft model calls
 warm_up_extend; the EAGLE head builds its tree steps' masked extend kernels, its catch-up passes build theirs at the
