@@ -5,7 +5,8 @@ CUDA event recorded on the stream before and after each pass's launch (Scheduler
 around the scheduler's phases. Per decode pass it reports:
   pass_us   device time from the pass's first enqueued work to its last (inputs, graph, sampling, copies)
   gap_us    device time between one pass's end and the next pass's start (the device waiting for the host)
-  host_us   the scheduler thread's time per step in: launch, processing results, delivering outputs, the loop rest
+  host_us   the scheduler thread's time per step in: planning, launch, processing results (with its wait for the
+            device: the host is ahead when it dominates)
 and the wall-clock share neither explains (the run's start and end, spread over the steps).
 
     python benchmarks/decode_gaps_gpu.py --batches 1 64 256 --out $OUT/decode_gaps.json
@@ -29,18 +30,17 @@ from benchmarks.gpu_llama8b import close, decode_steps, greedy, make_engine, tim
 
 
 class PassClock:
-    """Wraps the scheduler's launch and processing and the engine's delivery; records events and host time."""
+    """Wraps the scheduler's planning, launch and processing; records events and host time."""
 
     def __init__(self, engine):
         self.engine, self.sched = engine, engine.scheduler
         self.cuda = torch.cuda.is_available() and torch.device(engine.runner.device).type == "cuda"
         self.events: list[tuple] = []
-        self.host = {"launch": 0.0, "process": 0.0, "deliver": 0.0, "plan": 0.0}
+        self.host = {"launch": 0.0, "process": 0.0, "plan": 0.0}
         self._orig = {}
         self._wrap(self.sched, "launch_batch", "launch", events=True)
         self._wrap(self.sched, "process_batch_result", "process")
         self._wrap(self.sched, "get_next_batch_to_run", "plan")
-        self._wrap(self.sched, "output_sink", "deliver")
 
     def _wrap(self, obj, attr: str, key: str, events: bool = False) -> None:
         fn = getattr(obj, attr)

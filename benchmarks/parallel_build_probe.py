@@ -1,9 +1,10 @@
 """Do Triton kernel builds run in parallel threads? (issue 20: a cold start-up spends ~20 s building kernels one after
 another, and the 45 s target is met with under 1 s to spare.)
 
-Builds the skinny GEMM's autotune configs (8 configs) for one row count each way, into an empty cache directory:
-serially, then in a thread pool, each through JITFunction.warmup (compile, no launch) -- three row counts, so that no
-build finds another's kernel in Triton's in-memory cache. Prints the seconds each way.
+Builds 7 of the skinny GEMM's 8 autotune configs each way, into an empty cache directory, through
+JITFunction.warmup (compile, no launch): serially for one row, then in a thread pool for two rows (another row count,
+so that no build finds the other's kernel in Triton's in-memory cache; config 0 at one row is built first, untimed).
+Prints the seconds each way.
 
     python benchmarks/parallel_build_probe.py --out $OUT/parallel_build_probe.json
 """
