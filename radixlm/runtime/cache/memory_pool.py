@@ -81,9 +81,23 @@ class TokenToKVPool:
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]
 
+    @staticmethod
+    def _stores_rows(k: torch.Tensor, v: torch.Tensor) -> bool:
+        """Whether one kernel launch stores these k and v rows (CUDA, (n, num_kv_heads * head_dim), any row stride)."""
+        return k.is_cuda and k.dim() == 2 and k.stride(1) == 1 and v.stride(1) == 1
+
+    def set_rotated_kv_buffer(self, layer_id: int, loc: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                              v: torch.Tensor, rope, positions: torch.Tensor) -> bool:
+        """rope's rotation of q and k (in place) and the store of the rotated k and of v, in one launch; False, with
+        nothing done, where that kernel does not apply (the caller rotates, then calls set_kv_buffer)."""
+        if not (self._stores_rows(k, v) and rope.fused(positions, q)):
+            return False
+        rope.rotate_and_store_(positions, q, k, v, loc, self.k_buffer[layer_id], self.v_buffer[layer_id])
+        return True
+
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: (n, num_kv_heads, head_dim) or (n, num_kv_heads * head_dim); loc: (n,) slot indices."""
-        if k.is_cuda and k.dim() == 2 and k.stride(1) == 1 and v.stride(1) == 1:
+        if self._stores_rows(k, v):
             from radixlm.runtime.layers.fused_kernels import store_kv
 
             store_kv(k, v, loc, self.k_buffer[layer_id], self.v_buffer[layer_id])

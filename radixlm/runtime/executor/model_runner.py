@@ -239,7 +239,11 @@ class ModelRunner:
             req_pool_indices=z, seq_lens=z + seq_len, seq_lens_cpu=[seq_len] * bs, out_cache_loc=z,
             req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.token_to_kv_pool,
             attn_backend=self.attn_backend)
-        self._run(fb, LogitsPlan(sample_rows=list(range(bs))))
+        out = self._run(fb, LogitsPlan(sample_rows=list(range(bs))))
+        if self.is_cuda:
+            from radixlm.runtime.layers.argmax import argmax_rows
+
+            argmax_rows(out.next_token_logits)  # the sampler's greedy kernels (a Triton pair on CUDA)
 
     def _warm_up_moe(self) -> None:
         """Each MoE layer shape once per GEMM config a pass can reach (one token: the config is forced)."""

@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.runtime.layers.prologue import Prologue, PrologueKind
+
 
 class SiluAndMul(nn.Module):
     """x = [gate | up] along the last dim; returns silu(gate) * up."""
@@ -16,3 +18,7 @@ class SiluAndMul(nn.Module):
             return silu_and_mul(x)
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
+
+    def prologue(self) -> Prologue:
+        """This activation as the step before a GEMM (the down projection's)."""
+        return Prologue(PrologueKind.SILU_MUL, self)

@@ -64,9 +64,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 # Positions and slots are index vectors: not specialized on their alignment (see decode_attention.INDEX_ARGS).
-@triton.jit(do_not_specialize_on_alignment=["Pos"])
-def _rotary_kernel(Pos, CosSin, Q, K, stride_q, stride_k, stride_cs, num_q_heads, num_k_heads,
-                   HEAD_SIZE: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+@triton.jit(do_not_specialize_on_alignment=["Pos", "Loc"])
+def _rotary_kernel(Pos, CosSin, Q, K, V, Loc, KBuf, VBuf, stride_q, stride_k, stride_v, stride_cs, stride_kb,
+                   stride_vb, num_q_heads, num_k_heads, HEAD_SIZE: tl.constexpr, HALF: tl.constexpr,
+                   BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr, STORE: tl.constexpr):
     tok = tl.program_id(0)
     pos = tl.load(Pos + tok)
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -74,6 +75,8 @@ def _rotary_kernel(Pos, CosSin, Q, K, stride_q, stride_k, stride_cs, num_q_heads
     cos = tl.load(CosSin + pos * stride_cs + offs_d, mask=d_mask, other=0.0)
     sin = tl.load(CosSin + pos * stride_cs + HALF + offs_d, mask=d_mask, other=0.0)
     offs_h = tl.arange(0, BLOCK_H)
+    if STORE:
+        slot = tl.load(Loc + tok).to(tl.int64)
     for which in tl.static_range(2):
         if which == 0:
             base = Q + tok * stride_q
@@ -84,7 +87,8 @@ def _rotary_kernel(Pos, CosSin, Q, K, stride_q, stride_k, stride_cs, num_q_heads
         for h0 in range(0, heads, BLOCK_H):
             h = h0 + offs_h
             m = (h < heads)[:, None] & d_mask[None, :]
-            ptr = base + h[:, None] * HEAD_SIZE + offs_d[None, :]
+            within = h[:, None] * HEAD_SIZE + offs_d[None, :]
+            ptr = base + within
             x1 = tl.load(ptr, mask=m, other=0.0)
             x2 = tl.load(ptr + HALF, mask=m, other=0.0)
             dt = x1.dtype
@@ -97,22 +101,37 @@ def _rotary_kernel(Pos, CosSin, Q, K, stride_q, stride_k, stride_cs, num_q_heads
             o2 = ((a2 * c).to(dt).to(tl.float32) + (a1 * s).to(dt).to(tl.float32)).to(dt)
             tl.store(ptr, o1, mask=m)
             tl.store(ptr + HALF, o2, mask=m)
+            if STORE and which == 1:
+                kb = KBuf + slot * stride_kb + within
+                tl.store(kb, o1.to(KBuf.dtype.element_ty), mask=m)
+                tl.store(kb + HALF, o2.to(KBuf.dtype.element_ty), mask=m)
+    if STORE:  # v: whole heads, as _store_kv_kernel copies them
+        offs_full = tl.arange(0, 2 * BLOCK_HALF)
+        for h0 in range(0, num_k_heads, BLOCK_H):
+            h = h0 + offs_h
+            within = h[:, None] * HEAD_SIZE + offs_full[None, :]
+            m = (h < num_k_heads)[:, None] & (offs_full < HEAD_SIZE)[None, :]
+            v = tl.load(V + tok * stride_v + within, mask=m)
+            tl.store(VBuf + slot * stride_vb + within, v.to(VBuf.dtype.element_ty), mask=m)
 
 
 def rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
-            head_size: int) -> None:
+            head_size: int, store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
     """In place, neox layout over the whole head (rotary_dim == head_size). q: (T, Hq * head_size), k likewise;
-    cos_sin_cache: (max_pos, head_size) float32 [cos | sin]."""
+    cos_sin_cache: (max_pos, head_size) float32 [cos | sin]. store: (v, loc, k_buf, v_buf): also k_buf[loc] = the
+    rotated k and v_buf[loc] = v, in the same launch (as store_kv would after it)."""
     n = positions.shape[0]
     if n == 0:
         return
     half = head_size // 2
     q_heads, k_heads = q.shape[1] // head_size, k.shape[1] // head_size
+    v, loc, k_buf, v_buf = store if store is not None else (k, positions, k, k)
     # All heads of a token in one or two iterations: the launch, not the arithmetic, is what costs here.
     block_h = min(triton.next_power_of_2(max(q_heads, k_heads)), max(1, 4096 // triton.next_power_of_2(half)))
-    _rotary_kernel[(n,)](positions, cos_sin_cache, q, k, q.stride(0), k.stride(0), cos_sin_cache.stride(0),
-                         q_heads, k_heads, HEAD_SIZE=head_size, HALF=half,
-                         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_H=block_h, num_warps=4,
+    _rotary_kernel[(n,)](positions, cos_sin_cache, q, k, v, loc, k_buf, v_buf, q.stride(0), k.stride(0), v.stride(0),
+                         cos_sin_cache.stride(0), k_buf.stride(0), v_buf.stride(0), q_heads, k_heads,
+                         HEAD_SIZE=head_size, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_H=block_h,
+                         STORE=store is not None, num_warps=4,
                          enable_fp_fusion=False)  # a fused multiply-add would skip the reference's roundings
 
 

@@ -1,17 +1,23 @@
 """The one GEMM entry point of the model's linear layers and the lm_head: oneDNN-prepacked weights on CPU; on CUDA,
 for the few-row GEMMs of small decode batches, whichever of the skinny Triton kernel and cuBLAS is faster for that
-weight and row count, measured once per layer and row count (in the warm-up runs before CUDA-graph capture)."""
+weight and row count, measured once per layer and row count (in the warm-up runs before CUDA-graph capture).
+A GEMM may take its input's element-wise step as a Prologue: the skinny kernel fuses it, other paths run it first."""
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import torch
 import torch.nn.functional as F
 
 from radixlm.runtime.layers import cpu_gemm
+from radixlm.runtime.layers.prologue import Prologue, apply
 
 MEASURE_REPS = 10
-SKINNY_MARGIN = 0.97  # the skinny kernel must win by 3% to be used
+# The skinny kernel is taken unless cuBLAS wins by 3%: in CUDA-graph replays it beat cuBLAS on every batch-1 shape of
+# an 8B model by 5-19% (benchmarks/results/kernels_h100/gemv_sweep.json), yet this eager measurement's noise gave
+# cuBLAS 22 of the 129 GEMMs of one start-up (profile_gpu_step_b1_b8_after.json; still 1-6 in fusions_ab/).
+SKINNY_MARGIN = 1.03
 
 
 def _time_us(fn, flush: torch.Tensor, reps: int = MEASURE_REPS) -> float:
@@ -32,29 +38,32 @@ def _time_us(fn, flush: torch.Tensor, reps: int = MEASURE_REPS) -> float:
     return statistics.median(start.elapsed_time(end) for start, end in events) * 1e3
 
 
-def _prefer_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+def _prefer_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | None) -> bool:
     from radixlm.runtime.layers.skinny_gemm import skinny_linear
 
     l2 = torch.cuda.get_device_properties(x.device).L2_cache_size
     flush = torch.empty(max(4 * l2, 64 << 20), dtype=torch.uint8, device=x.device)
-    skinny = _time_us(lambda: skinny_linear(x, weight, bias), flush)
-    cublas = _time_us(lambda: F.linear(x, weight, bias), flush)
+    # Each run gets its own copy of the prologue: a run sets its residual_out.
+    fresh = lambda: dataclasses.replace(prologue) if prologue is not None else None  # noqa: E731
+    skinny = _time_us(lambda: skinny_linear(x, weight, bias, fresh()), flush)
+    cublas = _time_us(lambda: F.linear(apply(fresh(), x), weight, bias), flush)
     return skinny < SKINNY_MARGIN * cublas
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None,
-           choices: dict[int, bool] | None = None) -> torch.Tensor:
-    """choices: the calling layer's memo, row count -> use the skinny kernel (None: always cuBLAS on CUDA)."""
+           choices: dict[int, bool] | None = None, prologue: Prologue | None = None) -> torch.Tensor:
+    """choices: the calling layer's memo, row count -> use the skinny kernel (None: always cuBLAS on CUDA).
+    prologue: x is the input before that step (layers/prologue.py)."""
     if not x.is_cuda:
-        return cpu_gemm.linear(x, weight, bias, packed)
+        return cpu_gemm.linear(apply(prologue, x), weight, bias, packed)
     if choices is not None and x.dim() == 2:
         from radixlm.runtime.layers import skinny_gemm
 
         m = x.shape[0]
-        if skinny_gemm.usable(x, weight):
+        if skinny_gemm.usable(x, weight, prologue):
             use = choices.get(m)
             if use is None and not torch.cuda.is_current_stream_capturing():
-                use = choices[m] = _prefer_skinny(x, weight, bias)
+                use = choices[m] = _prefer_skinny(x, weight, bias, prologue)
             if use:
-                return skinny_gemm.skinny_linear(x, weight, bias)
-    return F.linear(x, weight, bias)
+                return skinny_gemm.skinny_linear(x, weight, bias, prologue)
+    return F.linear(apply(prologue, x), weight, bias)

@@ -49,14 +49,20 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         The mask (uint8, any length) and its start/offset vectors: no alignment.
   fused_kernels.py  _rmsnorm_kernel, _silu_and_mul_kernel, _rotary_kernel, _store_kv_kernel
       rmsnorm: HAS_RESIDUAL (both in every pass), BLOCK, n_cols, strides: fixed per call site (hidden size, the
-        q/k norms' head dim). silu_and_mul: d, strides fixed. rotary: Pos views -> no alignment; heads, strides
-        fixed (q, k are views of the qkv rows at fixed offsets). store_kv: Loc (slices of the allocator's free
-        list) -> no alignment; width, strides fixed. Row counts enter through the grid only.
-  skinny_gemm.py  _skinny_kernel (autotuned; key N, K, M)
+        q/k norms' head dim). silu_and_mul: d, strides fixed. rotary: Pos and Loc views -> no alignment; heads,
+        strides fixed (q, k, v are views of the qkv rows at fixed offsets); STORE (the KV store in the same launch,
+        TokenToKVPool.set_rotated_kv_buffer) True in every pass of a model. store_kv: Loc (slices of the
+        allocator's free list) -> no alignment; width, strides fixed. Row counts enter through the grid only.
+  skinny_gemm.py  _skinny_kernel (autotuned; key N, K, M, PRO)
       M (rows, constexpr) 1..4: graphs pad decode batches to 1, 2, 4 rows; 3 rows (eager passes: a prefill
-        sampling three requests) run the 4-row kernel on a padded copy. gemm.linear times skinny vs cuBLAS once per
-        layer and row count: start-up runs eager passes of 1..SKINNY_MAX_M rows (TOKEN_ROW_WARMUP) so that no
-        timing (nor autotuning) happens while serving. N, K, strides: fixed per layer.
+        sampling three requests) run the 4-row kernel on a padded copy. PRO (the fused prologue: none, RMSNorm,
+        RMSNorm of x + residual, SiLU-and-mul) and HAS_BIAS: fixed per layer; prebuild builds every combination.
+        gemm.linear times skinny vs cuBLAS once per layer and row count: start-up runs eager passes of
+        1..SKINNY_MAX_M rows (TOKEN_ROW_WARMUP) so that no timing (nor autotuning) happens while serving. N, K,
+        strides: fixed per layer.
+  argmax.py  _block_max_kernel, _pick_block_kernel (the sampler's greedy choice)
+      vocab width, row stride, block count: do_not_specialize (logits after penalties and verify rows' views
+        differ); logits: no alignment. Built by the eager warm-up passes (ModelRunner._warm_up_token_rows).
   moe/fused_moe.py  _count_kernel, _offsets_kernel, _scatter_kernel, _grouped_gemm_kernel
       num_pairs (tokens x top_k), num_blocks -> do_not_specialize (they bound masks and loops only).
       The GEMM config (BLOCK_M/N/K, num_warps, num_stages; BLOCK_M also in _offsets_kernel) follows the rows per

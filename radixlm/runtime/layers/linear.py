@@ -16,6 +16,7 @@ from torch import nn
 
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel, divide
 from radixlm.runtime.layers import cpu_gemm, gemm
+from radixlm.runtime.layers.prologue import Prologue
 
 
 def copy_checked(dst: torch.Tensor, src, what: str) -> None:
@@ -66,8 +67,8 @@ class Linear(nn.Module):
     def pack_for_cpu(self) -> None:
         self.packed_weight = cpu_gemm.pack_weight(self.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gemm.linear(x, self.weight, self.bias, self.packed_weight, self.gemm_choices)
+    def forward(self, x: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
+        return gemm.linear(x, self.weight, self.bias, self.packed_weight, self.gemm_choices, prologue)
 
     def weight_shards(self, pname: str) -> list:
         return [None]
@@ -118,10 +119,11 @@ class RowParallelLinear(Linear):
         self.full_in = in_features
         super().__init__(divide(in_features, parallel.tp_size, "a row-parallel input size"), out_features, bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
         if self.parallel.tp_size == 1:
-            return super().forward(x)
-        out = self.parallel.all_reduce(gemm.linear(x, self.weight, None, self.packed_weight, self.gemm_choices))
+            return super().forward(x, prologue)
+        out = self.parallel.all_reduce(gemm.linear(x, self.weight, None, self.packed_weight, self.gemm_choices,
+                                                   prologue))
         return out if self.bias is None else out + self.bias
 
     def load_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:

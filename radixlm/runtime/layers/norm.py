@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from radixlm.runtime.layers.prologue import Prologue, PrologueKind
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6):
@@ -31,6 +33,10 @@ class RMSNorm(nn.Module):
         # The sum is taken in the activation dtype (as HF does), so bf16 runs round like the reference.
         x = x + residual
         return self._norm(x), x
+
+    def prologue(self, residual: torch.Tensor | None = None) -> Prologue:
+        """This norm (of x + residual, with a residual) as the step before a GEMM (the GEMM sets residual_out)."""
+        return Prologue(PrologueKind.RMSNORM if residual is None else PrologueKind.ADD_RMSNORM, self, residual)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.variance_epsilon}"

@@ -8,6 +8,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.forward_batch import ForwardBatch
+    from radixlm.runtime.layers.rotary import RotaryEmbedding
 
 
 class RadixAttention(nn.Module):
@@ -19,5 +20,7 @@ class RadixAttention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.layer_id = layer_id
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
-        return forward_batch.attn_backend.forward(q, k, v, self, forward_batch)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch: "ForwardBatch",
+                rotary: tuple["RotaryEmbedding", torch.Tensor] | None = None) -> torch.Tensor:
+        """rotary: (rope, positions): q and k before their rotary embedding (see AttentionBackend.forward)."""
+        return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, rotary=rotary)

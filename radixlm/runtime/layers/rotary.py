@@ -59,7 +59,7 @@ class RotaryEmbedding(nn.Module):
         """positions: (T,); query: (T, Hq * head_size); key: (T, Hk * head_size)."""
         if self.cos_sin_cache.device != positions.device:
             self.cos_sin_cache = self.cos_sin_cache.to(positions.device)
-        if query.is_cuda and self.rotary_dim == self.head_size and query.dim() == 2:
+        if self.fused(positions, query):
             from radixlm.runtime.layers.fused_kernels import rotary_
 
             rotary_(positions, query, key, self.cos_sin_cache, self.head_size)  # in place, same rounding
@@ -71,6 +71,20 @@ class RotaryEmbedding(nn.Module):
         q = self._rotate(query.view(q_shape[0], q_shape[-1] // self.head_size, self.head_size), cos, sin)
         k = self._rotate(key.view(k_shape[0], k_shape[-1] // self.head_size, self.head_size), cos, sin)
         return q.reshape(q_shape), k.reshape(k_shape)
+
+    def fused(self, positions: torch.Tensor, query: torch.Tensor) -> bool:
+        """Whether the rotation is CUDA's one in-place kernel, which can also store the KV (rotate_and_store_)."""
+        return query.is_cuda and self.rotary_dim == self.head_size and query.dim() == 2 and positions.dim() == 1
+
+    def rotate_and_store_(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          loc: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor) -> None:
+        """forward's rotation in place, with k_buf[loc] = the rotated key and v_buf[loc] = value in the same launch
+        (only where fused())."""
+        from radixlm.runtime.layers.fused_kernels import rotary_
+
+        if self.cos_sin_cache.device != positions.device:
+            self.cos_sin_cache = self.cos_sin_cache.to(positions.device)
+        rotary_(positions, query, key, self.cos_sin_cache, self.head_size, (value, loc, k_buf, v_buf))
 
     def extra_repr(self) -> str:
         return f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, max_position={self.max_position}"

@@ -3,7 +3,12 @@
 At batch 1-4 a decode step is a stream of weight reads; cuBLAS' kernels for these shapes reach ~88% of the copy
 bandwidth. Here each program reads a [BLOCK_N, K] band of W once, in BLOCK_K steps, and reduces it against every
 row of x; accumulation is in float32 and the result is rounded once, as F.linear does. Tile sizes are autotuned per
-(N, K, M) during the warm-up runs that precede CUDA-graph capture.
+(N, K, M, prologue) during the warm-up runs that precede CUDA-graph capture.
+
+A prologue (layers/prologue.py) is the input's last element-wise step, done on the loads: every program computes the
+rows' RMS norms (of x + residual) from L2 before its loop, and program 0 writes the residual sum; SiLU-and-mul reads
+[gate | up]. At one row this saves ~1-2 us a GEMM over the step's own kernel (benchmarks/prologue_probe.py); at 2-4
+rows it loses, and the layer's measured choice takes cuBLAS after the unfused step.
 
 M is a constexpr: each row count is its own set of compiled kernels. CUDA graphs pad decode batches to 1, 2, 4, 8, ...
 rows, so 3 rows arise only in eager passes (a prefill pass sampling three requests); they run the 4-row kernel on
@@ -16,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 import triton.testing
+
+from radixlm.runtime.layers.prologue import Prologue, PrologueKind
 
 if TYPE_CHECKING:
     from radixlm.runtime.layers.kernel_builds import ParallelBuilds
@@ -34,15 +41,61 @@ def _bench(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 
-# cache_results: the choices persist beside the compiled kernels (Triton's cache), so a warm start-up skips them.
-@triton.autotune(configs=_CONFIGS, key=["N", "K", "M"], do_bench=_bench, cache_results=True)
 @triton.jit
-def _skinny_kernel(X, W, B, Y, N, K, stride_xm, stride_wn, stride_ym,
-                   M: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _inv_rms(X, R, K, eps, PRO: tl.constexpr, BLOCK_K: tl.constexpr):
+    acc = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(X + k, mask=k < K, other=0.0)
+        if PRO == 2:
+            x = (x.to(tl.float32) + tl.load(R + k, mask=k < K, other=0.0).to(tl.float32)).to(x.dtype)
+        h = x.to(tl.float32)
+        acc += h * h
+    return 1.0 / tl.sqrt(tl.sum(acc, axis=0) / K + eps)
+
+
+@triton.jit
+def _input_block(X, R, NW, RO, k, k_mask, K, inv, res_end, PRO: tl.constexpr):
+    """One row's inputs at columns k, after the prologue, rounded to the activation dtype where the unfused kernels
+    round (fused_kernels.rmsnorm / silu_and_mul), in float32."""
+    x = tl.load(X + k, mask=k_mask, other=0.0)
+    if PRO == 3:
+        u = tl.load(X + K + k, mask=k_mask, other=0.0).to(tl.float32)
+        g = x.to(tl.float32)
+        s = (g / (1.0 + tl.exp(-g))).to(x.dtype).to(tl.float32)
+        x = (s * u).to(x.dtype)
+    elif PRO != 0:
+        if PRO == 2:
+            x = (x.to(tl.float32) + tl.load(R + k, mask=k_mask, other=0.0).to(tl.float32)).to(x.dtype)
+            tl.store(RO + k, x, mask=k < res_end)  # res_end: K in program 0, else 0
+        normed = (x.to(tl.float32) * inv).to(x.dtype).to(tl.float32)
+        x = (tl.load(NW + k, mask=k_mask, other=0.0).to(tl.float32) * normed).to(x.dtype)
+    return x.to(tl.float32)
+
+
+# cache_results: the choices persist beside the compiled kernels (Triton's cache), so a warm start-up skips them.
+@triton.autotune(configs=_CONFIGS, key=["N", "K", "M", "PRO"], do_bench=_bench, cache_results=True)
+@triton.jit
+def _skinny_kernel(X, W, B, Y, NW, R, RO, N, K, stride_xm, stride_wn, stride_ym, stride_rm, eps,
+                   M: tl.constexpr, HAS_BIAS: tl.constexpr, PRO: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
+    res_end = tl.where(pid == 0, K, 0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
+    inv0 = 1.0
+    inv1 = 1.0
+    inv2 = 1.0
+    inv3 = 1.0
+    if PRO == 1 or PRO == 2:  # every program computes the rows' norms (a few KiB each, from L2)
+        inv0 = _inv_rms(X, R, K, eps, PRO, BLOCK_K)
+        if M > 1:
+            inv1 = _inv_rms(X + stride_xm, R + stride_rm, K, eps, PRO, BLOCK_K)
+        if M > 2:
+            inv2 = _inv_rms(X + 2 * stride_xm, R + 2 * stride_rm, K, eps, PRO, BLOCK_K)
+        if M > 3:
+            inv3 = _inv_rms(X + 3 * stride_xm, R + 3 * stride_rm, K, eps, PRO, BLOCK_K)
     acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -52,16 +105,16 @@ def _skinny_kernel(X, W, B, Y, N, K, stride_xm, stride_wn, stride_ym,
         k_mask = k < K
         w = tl.load(W + offs_n[:, None] * stride_wn + k[None, :], mask=n_mask[:, None] & k_mask[None, :],
                     other=0.0).to(tl.float32)
-        x0 = tl.load(X + k, mask=k_mask, other=0.0).to(tl.float32)
+        x0 = _input_block(X, R, NW, RO, k, k_mask, K, inv0, res_end, PRO)
         acc0 += tl.sum(w * x0[None, :], axis=1)
         if M > 1:
-            x1 = tl.load(X + stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
+            x1 = _input_block(X + stride_xm, R + stride_rm, NW, RO + K, k, k_mask, K, inv1, res_end, PRO)
             acc1 += tl.sum(w * x1[None, :], axis=1)
         if M > 2:
-            x2 = tl.load(X + 2 * stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
+            x2 = _input_block(X + 2 * stride_xm, R + 2 * stride_rm, NW, RO + 2 * K, k, k_mask, K, inv2, res_end, PRO)
             acc2 += tl.sum(w * x2[None, :], axis=1)
         if M > 3:
-            x3 = tl.load(X + 3 * stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
+            x3 = _input_block(X + 3 * stride_xm, R + 3 * stride_rm, NW, RO + 3 * K, k, k_mask, K, inv3, res_end, PRO)
             acc3 += tl.sum(w * x3[None, :], axis=1)
     if HAS_BIAS:
         b = tl.load(B + offs_n, mask=n_mask, other=0.0).to(tl.float32)
@@ -79,47 +132,81 @@ def _skinny_kernel(X, W, B, Y, N, K, stride_xm, stride_wn, stride_ym,
         tl.store(Y + 3 * stride_ym + offs_n, acc3.to(out_ty), mask=n_mask)
 
 
-def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= SKINNY_MAX_M and x.dtype in (torch.bfloat16, torch.float16)
-            and weight.dtype == x.dtype and x.stride(1) == 1 and weight.stride(1) == 1)
+def usable(x: torch.Tensor, weight: torch.Tensor, prologue: Prologue | None = None) -> bool:
+    if not (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= SKINNY_MAX_M and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and x.stride(1) == 1 and weight.stride(1) == 1):
+        return False
+    if prologue is None:
+        return True
+    if prologue.in_features(x) != weight.shape[1]:
+        return False
+    if prologue.kind is PrologueKind.SILU_MUL:
+        return True
+    r = prologue.residual
+    return (prologue.norm_weight.dtype == x.dtype and prologue.norm_weight.is_contiguous()
+            and (r is None or (r.shape == x.shape and r.dtype == x.dtype and r.stride(1) == 1)))
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x: (M, K) with M <= SKINNY_MAX_M; weight: (N, K); returns (M, N) in x's dtype."""
-    m, k = x.shape
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  prologue: Prologue | None = None) -> torch.Tensor:
+    """x: (M, K) with M <= SKINNY_MAX_M, or (M, 2K) = [gate | up] with a SILU_MUL prologue; weight: (N, K); returns
+    (M, N) in x's dtype. An ADD_RMSNORM prologue gets its residual_out (M, K)."""
+    m = x.shape[0]
     rows = next(r for r in SKINNY_ROWS if r >= m)
     if rows != m:
-        padded = x.new_zeros(rows, k)
+        padded = x.new_zeros(rows, x.shape[1])
         padded[:m] = x
-        return skinny_linear(padded, weight, bias)[:m]
-    n = weight.shape[0]
+        pro = prologue
+        if prologue is not None and prologue.residual is not None:
+            pro = Prologue(prologue.kind, prologue.module, prologue.residual.new_zeros(rows, x.shape[1]))
+            pro.residual[:m] = prologue.residual
+        y = skinny_linear(padded, weight, bias, pro)[:m]
+        if pro is not prologue:
+            prologue.residual_out = pro.residual_out[:m]
+        return y
+    n, k = weight.shape
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    kind = 0 if prologue is None else int(prologue.kind)
+    nw = r = r_out = weight
+    eps, stride_r = 0.0, 0
+    if prologue is not None and prologue.kind is not PrologueKind.SILU_MUL:
+        nw, eps = prologue.norm_weight, prologue.eps
+        if prologue.residual is not None:
+            r, stride_r = prologue.residual, prologue.residual.stride(0)
+            r_out = prologue.residual_out = torch.empty(m, k, dtype=x.dtype, device=x.device)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    _skinny_kernel[grid](x, weight, bias if bias is not None else weight, y, n, k, x.stride(0), weight.stride(0),
-                         y.stride(0), M=m, HAS_BIAS=bias is not None)
+    _skinny_kernel[grid](x, weight, bias if bias is not None else weight, y, nw, r, r_out, n, k, x.stride(0),
+                         weight.stride(0), y.stride(0), stride_r, eps, M=m, HAS_BIAS=bias is not None, PRO=kind)
     return y
 
 
 def prebuild(builds: ParallelBuilds, dtype: torch.dtype, device: torch.device | str,
              biases: tuple[bool, ...] = (False,)) -> int:
-    """Hands `builds` the kernel of every autotune config for each row count (and bias flag), so that the warm-up's
-    autotuning finds them built (the autotuner builds its configs one after another: 24 kernels at ~0.16 s each with
-    an empty cache); returns how many. A kernel already built, in memory or on disk, costs only its lookup.
+    """Hands `builds` the kernel of every autotune config for each row count, prologue kind (or none) and bias flag,
+    so that the warm-up's autotuning finds them built (the autotuner builds its configs one after another: ~0.16 s
+    each with an empty cache); returns how many. A kernel already built, in memory or on disk, costs only its lookup.
 
     NOTE: the launch must specialize as skinny_linear's does (Triton keys a kernel on each argument's dtype, on
     whether an int is 1 or a multiple of 16 and on a pointer's 16-byte alignment): N, K and the row strides are
     multiples of 16 here, as the models' widths are; a width that is not costs one build in the warm-up, as before."""
     n, k = 64, 64
     w = torch.empty(n, k, dtype=dtype, device=device)
-    xs = {m: torch.empty(m, k, dtype=dtype, device=device) for m in SKINNY_ROWS}
+    xs = {m: torch.empty(m, 2 * k, dtype=dtype, device=device) for m in SKINNY_ROWS}
+    r = torch.empty(SKINNY_MAX_M, k, dtype=dtype, device=device)
+    nw = torch.empty(k, dtype=dtype, device=device)
     y = torch.empty(SKINNY_MAX_M, n, dtype=dtype, device=device)
 
-    def build(m: int, bias: bool, cfg: triton.Config) -> None:
-        # Options in the autotuner's order (Triton's in-memory key lists them as passed): M, HAS_BIAS, then the config.
-        _skinny_kernel.fn.warmup(xs[m], w, w, y, n, k, xs[m].stride(0), w.stride(0), y.stride(0), M=m, HAS_BIAS=bias,
-                                 grid=(1,), **cfg.all_kwargs())
+    def build(m: int, pro: int, bias: bool, cfg: triton.Config) -> None:
+        norm = pro in (PrologueKind.RMSNORM, PrologueKind.ADD_RMSNORM)
+        add = pro == PrologueKind.ADD_RMSNORM
+        # As skinny_linear passes them; options in the autotuner's order (Triton's in-memory key lists them as
+        # passed): M, HAS_BIAS, PRO, then the config.
+        _skinny_kernel.fn.warmup(xs[m], w, w, y, nw if norm else w, r if add else w, r if add else w, n, k,
+                                 xs[m].stride(0), w.stride(0), y.stride(0), r.stride(0) if add else 0,
+                                 1e-5 if norm else 0.0, M=m, HAS_BIAS=bias, PRO=pro, grid=(1,), **cfg.all_kwargs())
 
-    jobs = [(m, bias, cfg) for m in SKINNY_ROWS for bias in biases for cfg in _CONFIGS]
+    pros = [0] + [int(kind) for kind in PrologueKind]
+    jobs = [(m, pro, bias, cfg) for m in SKINNY_ROWS for pro in pros for bias in biases for cfg in _CONFIGS]
     build(*jobs[0])  # here: the first build sets up the kernel's per-device state, which the threads then share
     for job in jobs[1:]:
         builds.submit(build, *job)

@@ -39,6 +39,10 @@ class _NoNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
+    def prologue(self, residual: torch.Tensor | None = None) -> None:
+        assert residual is None, "the EAGLE head's only layer starts the residual stream"
+        return None
+
 
 class EagleHead(nn.Module):
     def __init__(self, config: "PretrainedConfig", embed_tokens: nn.Module):

@@ -14,6 +14,7 @@ from radixlm.runtime.layers.activation import SiluAndMul
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear, Shard, VocabEmbedding, copy_checked
 from radixlm.runtime.layers.norm import RMSNorm
+from radixlm.runtime.layers.prologue import Prologue
 from radixlm.runtime.layers.radix_attention import RadixAttention
 from radixlm.runtime.layers.rotary import get_rope, rope_params_from_config
 
@@ -37,8 +38,9 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, parallel=parallel)
         self.act_fn = SiluAndMul()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
+        """prologue: x before its norm (the GEMMs fuse the norm, and the activation, where they can)."""
+        return self.down_proj(self.gate_up_proj(x, prologue), self.act_fn.prologue())
 
 
 class LlamaAttention(nn.Module):
@@ -64,14 +66,16 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = rotary_emb
         self.attn = RadixAttention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: "ForwardBatch",
+                prologue: Prologue | None = None) -> torch.Tensor:
+        """prologue: hidden before its norm (see LlamaMLP.forward)."""
+        q, k, v = self.qkv_proj(hidden, prologue).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
-        q, k = self.rotary_emb(positions, q, k)
         # The CUDA KV store reads strided rows; the CPU path wants v contiguous.
-        return self.o_proj(self.attn(q, k, v if v.is_cuda else v.contiguous(), forward_batch))
+        o = self.attn(q, k, v if v.is_cuda else v.contiguous(), forward_batch, (self.rotary_emb, positions))
+        return self.o_proj(o)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -92,15 +96,13 @@ class LlamaDecoderLayer(nn.Module):
         forward_batch: "ForwardBatch",
         residual: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Invariant: on return, the layer's output is hidden + residual (the add is fused into the next norm).
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, forward_batch)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        # Invariant: on return, the layer's output is hidden + residual (the add is fused into the next norm). Each
+        # norm is handed to the GEMM after it, which fuses it where it can and sets the new residual.
+        pro = self.input_layernorm.prologue(residual)
+        attn = self.self_attn(positions, hidden, forward_batch, pro)
+        residual = hidden if residual is None else pro.residual_out
+        pro = self.post_attention_layernorm.prologue(residual)
+        return self.mlp(attn, pro), pro.residual_out
 
 
 class LlamaModel(nn.Module):

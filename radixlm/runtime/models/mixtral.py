@@ -11,6 +11,7 @@ from radixlm.runtime.distributed.parallel import Parallel
 from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.layers.moe import FusedMoE
 from radixlm.runtime.layers.moe.layer import expert_weight_name
+from radixlm.runtime.layers.prologue import Prologue, apply
 from radixlm.runtime.models.mistral import MistralForCausalLM
 
 # Checkpoint: model.layers.{i}.block_sparse_moe.experts.{e}.w{1,2,3}.weight
@@ -25,7 +26,8 @@ class MixtralMoE(nn.Module):
         self.experts = FusedMoE(config.num_local_experts, config.num_experts_per_tok, config.hidden_size,
                                 config.intermediate_size, renormalize=True, parallel=parallel)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
+        hidden = apply(prologue, hidden)
         return self.experts(hidden, self.gate(hidden))
 
 

@@ -18,6 +18,7 @@ from radixlm.runtime.layers.activation import SiluAndMul
 from radixlm.runtime.layers.linear import ColumnParallelLinear, Linear, RowParallelLinear, Shard
 from radixlm.runtime.layers.moe import FusedMoE
 from radixlm.runtime.layers.moe.layer import expert_weight_name
+from radixlm.runtime.layers.prologue import Prologue, apply
 from radixlm.runtime.models.llama import LlamaForCausalLM, LlamaMLP
 
 # Checkpoint: model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight
@@ -28,8 +29,8 @@ _PARTS = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 class PartialRowParallelLinear(RowParallelLinear):
     """A row-parallel linear that leaves its partial sum to the caller's all-reduce (no bias)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gemm.linear(x, self.weight, None, self.packed_weight, self.gemm_choices)
+    def forward(self, x: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
+        return gemm.linear(x, self.weight, None, self.packed_weight, self.gemm_choices, prologue)
 
 
 class SharedExpertMLP(nn.Module):
@@ -43,7 +44,7 @@ class SharedExpertMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj(x), self.act_fn.prologue())
 
 
 class QwenSparseMoeBlock(nn.Module):
@@ -61,7 +62,8 @@ class QwenSparseMoeBlock(nn.Module):
         else:
             self.shared_expert = self.shared_expert_gate = None
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
+        hidden = apply(prologue, hidden)
         out = self.experts(hidden, self.gate(hidden))
         if self.shared_expert is None:
             return out

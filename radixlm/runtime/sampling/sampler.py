@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.runtime.layers.argmax import argmax_rows
 from radixlm.runtime.sampling.penalties import apply_penalties_and_bias
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 
@@ -61,9 +62,9 @@ class Sampler:
                 f"logits shape {tuple(logits.shape)} does not match batch ({info.batch_size}, {info.vocab_size})"
             )
         if info.use_greedy_fast_path:
-            return torch.argmax(logits, dim=-1)
+            return argmax_rows(logits)
         logits = apply_penalties_and_bias(logits, info)
-        greedy_ids = torch.argmax(logits, dim=-1)
+        greedy_ids = argmax_rows(logits)
         if info.is_all_greedy:
             return greedy_ids
         probs = torch.softmax(logits.float() / info.temperatures, dim=-1)

@@ -96,6 +96,49 @@ def test_store_kv_from_strided_qkv_rows(dtype, tokens, kv_heads, head_dim):
     assert not pool.k_buffer[0][untouched].any() and not pool.v_buffer[0][untouched].any()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tokens, q_heads, kv_heads, head_dim", [(1, 32, 8, 128), (70, 9, 3, 64), (0, 4, 2, 64)])
+def test_rotated_kv_store_equals_rotation_then_store(dtype, tokens, q_heads, kv_heads, head_dim):
+    """The pool's one-launch rotation and store: q and k rotated in place, and the pool's slots, bit-identical to the
+    rotary module followed by set_kv_buffer."""
+    from radixlm.runtime.cache.memory_pool import TokenToKVPool
+    from radixlm.runtime.layers.rotary import get_rope
+
+    rope = get_rope(head_dim, 4096, 500000.0)
+    pools = [TokenToKVPool(256, 1, dtype, 2, kv_heads, head_dim, "cuda") for _ in range(2)]
+    width = kv_heads * head_dim
+    qkv = torch.randn(tokens, q_heads * head_dim + 2 * width, device="cuda", dtype=dtype)
+    pos = torch.randint(0, 4096, (tokens,), device="cuda")
+    loc = torch.randperm(255, device="cuda")[:tokens] + 1
+    outs = []
+    for fused, pool in zip((True, False), pools):
+        q, k, v = qkv.clone().split([q_heads * head_dim, width, width], dim=-1)
+        if fused:
+            assert pool.set_rotated_kv_buffer(1, loc, q, k, v, rope, pos)
+        else:
+            q, k = rope(pos, q, k)
+            pool.set_kv_buffer(1, loc, k, v)
+        outs.append((q, k))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert torch.equal(pools[0].k_buffer[1], pools[1].k_buffer[1])
+    assert torch.equal(pools[0].v_buffer[1], pools[1].v_buffer[1])
+    assert not pools[0].k_buffer[0].any()
+
+
+@pytest.mark.parametrize("rows, vocab", [(1, 128256), (3, 151936), (256, 32000), (2, 100)])
+def test_argmax_rows_equals_torch_argmax(rows, vocab):
+    from radixlm.runtime.layers.argmax import argmax_rows
+
+    torch.manual_seed(rows)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(rows, vocab, device="cuda").to(dtype)
+        x[0, vocab // 3] = x[0, vocab - 1] = 100.0  # ties across blocks: the first index
+        if rows > 1:
+            x[1] = float("-inf")
+        assert torch.equal(argmax_rows(x), torch.argmax(x, dim=-1))
+        assert torch.equal(argmax_rows(x[:, : vocab - 7]), torch.argmax(x[:, : vocab - 7], dim=-1))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m, n, k, bias", [(1, 4096, 14336, False), (2, 1000, 576, True), (3, 77, 64, True),
                                            (4, 28672, 4096, False), (2, 6144, 4100, False)])
@@ -126,16 +169,82 @@ def test_gemm_dispatch_measures_once_per_row_count_and_matches_cublas():
     assert set(choices) == {1, 2, 4}  # 9 rows: never the skinny kernel
 
 
+def _prologue_case(kind, m: int, k: int, dtype):
+    from radixlm.runtime.layers.activation import SiluAndMul
+    from radixlm.runtime.layers.norm import RMSNorm
+    from radixlm.runtime.layers.prologue import Prologue, PrologueKind
+
+    if kind is PrologueKind.SILU_MUL:
+        return Prologue(kind, SiluAndMul()), torch.randn(m, 2 * k, device="cuda", dtype=dtype) * 3
+    norm = RMSNorm(k, 1e-5).cuda().to(dtype)
+    norm.weight.data.normal_(1.0, 0.1)
+    x = torch.randn(m, k, device="cuda", dtype=dtype) * 3
+    res = torch.randn(m, k, device="cuda", dtype=dtype) if kind is PrologueKind.ADD_RMSNORM else None
+    return Prologue(kind, norm, res), x
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("kind_name", ["RMSNORM", "ADD_RMSNORM", "SILU_MUL"])
+def test_skinny_prologue_matches_the_unfused_step(dtype, m, kind_name):
+    """The fused step rounds where its own kernel does: SiLU-and-mul and the residual sum are bit-identical; a norm's
+    float32 sum of squares is taken in another order, which may move a rare input by one unit in the last place."""
+    import dataclasses
+
+    from radixlm.runtime.layers.prologue import PrologueKind
+    from radixlm.runtime.layers.skinny_gemm import skinny_linear, usable
+
+    kind = PrologueKind[kind_name]
+    torch.manual_seed(m)
+    n, k = 3072, 4096
+    pro, x = _prologue_case(kind, m, k, dtype)
+    w = torch.randn(n, k, device="cuda", dtype=dtype) * k**-0.5
+    unfused = dataclasses.replace(pro)
+    ref = skinny_linear(unfused.apply(x), w)
+    assert usable(x, w, pro)
+    got = skinny_linear(x, w, None, pro)
+    assert got.shape == (m, n) and got.dtype == dtype
+    if kind is PrologueKind.ADD_RMSNORM:
+        assert torch.equal(pro.residual_out, unfused.residual_out)
+    if kind is PrologueKind.SILU_MUL:
+        assert torch.equal(got, ref)
+    else:
+        assert (got != ref).float().mean() < 0.01
+        torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_gemm_dispatch_with_a_prologue_sets_the_residual_either_way():
+    """gemm.linear with an ADD_RMSNORM prologue, on the skinny kernel (fused) and on cuBLAS (unfused): the output and
+    the new residual match the norm's module followed by F.linear."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from radixlm.runtime.layers import gemm
+    from radixlm.runtime.layers.prologue import PrologueKind
+
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
+    for m in (1, 4, 9):
+        pro, x = _prologue_case(PrologueKind.ADD_RMSNORM, m, 4096, torch.bfloat16)
+        normed, res = pro.module(x, pro.residual)
+        for use_skinny in (True, False):
+            p = dataclasses.replace(pro)
+            got = gemm.linear(x, w, None, None, {m: use_skinny}, p)
+            assert torch.equal(p.residual_out, res)
+            torch.testing.assert_close(got, F.linear(normed, w), rtol=2e-2, atol=2e-2)
+
+
 def test_skinny_prebuild_builds_every_kernel_the_autotuner_launches():
-    """After prebuild, autotuning new shapes (every config, each row count, with and without bias) builds nothing."""
+    """After prebuild, autotuning new shapes (every config, each row count, prologue and bias flag) builds nothing."""
     from triton import knobs
 
     from radixlm.runtime.layers import skinny_gemm
     from radixlm.runtime.layers.kernel_builds import ParallelBuilds
+    from radixlm.runtime.layers.prologue import PrologueKind
 
     builds = ParallelBuilds("cuda")
     n = skinny_gemm.prebuild(builds, torch.bfloat16, "cuda", (False, True))
-    assert n == 2 * len(skinny_gemm.SKINNY_ROWS) * len(skinny_gemm._CONFIGS)
+    assert n == 2 * len(skinny_gemm.SKINNY_ROWS) * (1 + len(PrologueKind)) * len(skinny_gemm._CONFIGS)
     assert builds.finish() == n - 1  # the first one is built in place
     misses: list[str] = []
     prev = knobs.runtime.jit_cache_hook
@@ -143,10 +252,12 @@ def test_skinny_prebuild_builds_every_kernel_the_autotuner_launches():
     try:
         for m in (1, 2, 3, 4):
             for n, k, bias in ((6160, 4112, False), (912, 4880, True)):  # shapes no other test autotunes
-                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
                 b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if bias else None
-                skinny_gemm.skinny_linear(x, w, b)
+                skinny_gemm.skinny_linear(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), w, b)
+                for kind in PrologueKind:
+                    pro, x = _prologue_case(kind, m, k, torch.bfloat16)
+                    skinny_gemm.skinny_linear(x, w, b, pro)
         torch.cuda.synchronize()
     finally:
         knobs.runtime.jit_cache_hook = prev

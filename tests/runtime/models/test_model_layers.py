@@ -100,7 +100,7 @@ def test_empty_batch_forward():
     initialize_dummy_weights(model)
 
     class EchoBackend:
-        def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, rotary=None):
             return q
 
     class Batch:

@@ -9,6 +9,7 @@ import torch
 if TYPE_CHECKING:
     from radixlm.runtime.executor.forward_batch import ForwardBatch
     from radixlm.runtime.layers.radix_attention import RadixAttention
+    from radixlm.runtime.layers.rotary import RotaryEmbedding
 
 
 class AttentionBackend(ABC):
@@ -33,10 +34,21 @@ class AttentionBackend(ABC):
         layer: "RadixAttention",
         forward_batch: "ForwardBatch",
         save_kv_cache: bool = True,
+        rotary: tuple["RotaryEmbedding", torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """q: (num_tokens, num_heads * head_dim); k, v: (num_tokens, num_kv_heads * head_dim).
+        rotary: (rope, positions) to rotate q and k with first (with the KV store in one kernel where the pool can).
         Writes k, v into the pool at out_cache_loc (if save_kv_cache), then attends each new token to its
         request's whole sequence so far (causal). Returns (num_tokens, num_heads * head_dim)."""
+        if rotary is not None:
+            rope, positions = rotary
+            fb = forward_batch
+            pool = fb.token_to_kv_pool
+            if save_kv_cache and pool is not None and pool.set_rotated_kv_buffer(layer.layer_id, fb.out_cache_loc, q, k,
+                                                                                 v, rope, positions):
+                save_kv_cache = False
+            else:
+                q, k = rope(positions, q, k)
         if forward_batch.forward_mode.is_token_rows():
             return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
         return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)

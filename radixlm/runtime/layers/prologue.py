@@ -1,0 +1,51 @@
+"""The element-wise step before a GEMM (an RMSNorm, with or without the residual add, or SiLU-and-mul), handed to
+the GEMM as data: the skinny kernel of small decode batches fuses it into its input loads (one launch fewer, the
+activations read from L2); every other path runs the step's own module first."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class PrologueKind(enum.IntEnum):
+    """Values are the skinny kernel's PRO constexpr (0 there: no prologue)."""
+
+    RMSNORM = 1  # x -> weight * norm(x)
+    ADD_RMSNORM = 2  # x, residual -> weight * norm(x + residual), and x + residual
+    SILU_MUL = 3  # x = [gate | up] -> silu(gate) * up
+
+
+@dataclass
+class Prologue:
+    """Built per call by the module that owns the step (RMSNorm.prologue, SiluAndMul.prologue)."""
+
+    kind: PrologueKind
+    module: nn.Module  # runs the step unfused: module(x), or module(x, residual) -> (out, x + residual)
+    residual: torch.Tensor | None = None  # ADD_RMSNORM
+    residual_out: torch.Tensor | None = None  # set by the GEMM that applied it (ADD_RMSNORM): x + residual
+
+    @property
+    def norm_weight(self) -> torch.Tensor:
+        return self.module.weight
+
+    @property
+    def eps(self) -> float:
+        return self.module.variance_epsilon
+
+    def in_features(self, x: torch.Tensor) -> int:
+        """The GEMM's K for input x."""
+        return x.shape[-1] // 2 if self.kind is PrologueKind.SILU_MUL else x.shape[-1]
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """The step unfused; returns the GEMM's input."""
+        if self.kind is PrologueKind.ADD_RMSNORM:
+            out, self.residual_out = self.module(x, self.residual)
+            return out
+        return self.module(x)
+
+
+def apply(prologue: Prologue | None, x: torch.Tensor) -> torch.Tensor:
+    return x if prologue is None else prologue.apply(x)
