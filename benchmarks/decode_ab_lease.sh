@@ -3,11 +3,11 @@
 # after this tree's GPU tests (TESTS: kernels = the layers' kernel tests, engine = the CUDA engine tests, none), a
 # probe (PROBE: profile = benchmarks/profile_gpu_step.py, device time per kernel under the profiler; gaps =
 # benchmarks/decode_gaps_gpu.py, CUDA events around each pass) on Llama-3.1-8B shapes with dummy bf16 weights, for
-# each tree in turn, ROUNDS times. Logs and JSON land in $OUT (through tee: kept if the call is cut short).
+# each tree in turn, ROUNDS times. JSON and one log (probe.log) land in $OUT (through tee: kept if the call is cut short).
 # Make the base tree first, here:
 #   rm -rf ab_base && mkdir ab_base && git archive REV radixlm benchmarks | tar -x -C ab_base
 #   bash benchmarks/decode_ab_lease.sh    # on the device; BATCHES (default "1 256"), ROUNDS (default 2); STARTUP=1
-#                                         # first times one cold Engine() start-up per tree (cold_engine_ab.py)
+#                                         # then times one cold Engine() start-up per tree (cold_engine_ab.py)
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -18,13 +18,6 @@ case "${TESTS:-kernels}" in
   engine) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/runtime/engine/test_cuda.py -rA 2>&1 \
             | tee "$OUT/tests_engine_cuda.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -16 ;;
 esac
-if [ -n "${STARTUP:-}" ]; then  # cold Engine() (fresh process, empty kernel cache) with both start-up builds, per tree
-  for tree in ab_base .; do
-    name=$([ "$tree" = . ] && echo new || echo base)
-    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout 200 python3 benchmarks/cold_engine_ab.py --runs 1 --variants both \
-      --out "$OUT/startup_${name}.json" 2>&1 | tee "$OUT/startup_${name}.log" | grep -E "^run" | sed "s/^/$name /")
-  done
-fi
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for tree in ab_base .; do
     name=$([ "$tree" = . ] && echo new || echo base)
@@ -34,7 +27,14 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       script="profile_gpu_step.py --steps 32"
     fi
     (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout 300 python3 benchmarks/$script --batches ${BATCHES:-1 256} \
-      --out "$OUT/${PROBE:-profile}_${name}_r$round.json" 2>&1 | tee "$OUT/${PROBE:-profile}_${name}_r$round.log" \
+      --out "$OUT/${PROBE:-profile}_${name}_r$round.json" 2>&1 | tee -a "$OUT/probe.log" \
       | grep -E "^batch|step" | tail -4)
   done
 done
+if [ -n "${STARTUP:-}" ]; then  # cold Engine() (fresh process, empty kernel cache) with both start-up builds, per tree
+  for tree in ab_base .; do
+    name=$([ "$tree" = . ] && echo new || echo base)
+    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout 200 python3 benchmarks/cold_engine_ab.py --runs 1 --variants both \
+      --out "/tmp/startup_${name}.json" 2>&1 | tee -a "$OUT/probe.log" | grep -E "^run" | sed "s/^/$name /")
+  done
+fi
