@@ -12,6 +12,9 @@ from radixlm.runtime.layers.attention.base import AttentionBackend
 class DenseCausalBackend(AttentionBackend):
     """Ignores the KV pool: causal SDPA over one whole sequence, GQA by repeating KV heads."""
 
+    def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, rotary=None):
+        return super().forward(q, k, v, layer, forward_batch, save_kv_cache=False, rotary=rotary)  # no pool here
+
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         t = q.shape[0]
         q = q.view(t, layer.num_heads, layer.head_dim).transpose(0, 1)

@@ -43,9 +43,8 @@ class AttentionBackend(ABC):
         if rotary is not None:
             rope, positions = rotary
             fb = forward_batch
-            pool = fb.token_to_kv_pool
-            if save_kv_cache and pool is not None and pool.set_rotated_kv_buffer(layer.layer_id, fb.out_cache_loc, q, k,
-                                                                                 v, rope, positions):
+            if save_kv_cache and fb.token_to_kv_pool.set_rotated_kv_buffer(layer.layer_id, fb.out_cache_loc, q, k, v,
+                                                                           rope, positions):
                 save_kv_cache = False
             else:
                 q, k = rope(positions, q, k)
