@@ -60,6 +60,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
         from radixlm.runtime.layers import skinny_gemm
 
         m = x.shape[0]
+        if prologue is not None and m > skinny_gemm.PROLOGUE_MAX_M:
+            x, prologue = prologue.apply(x), None  # fused, it would lose here
         if skinny_gemm.usable(x, weight, prologue):
             use = choices.get(m)
             if use is None and not torch.cuda.is_current_stream_capturing():

@@ -7,8 +7,8 @@ row of x; accumulation is in float32 and the result is rounded once, as F.linear
 
 A prologue (layers/prologue.py) is the input's last element-wise step, done on the loads: every program computes the
 rows' RMS norms (of x + residual) from L2 before its loop, and program 0 writes the residual sum; SiLU-and-mul reads
-[gate | up]. At one row this saves ~1-2 us a GEMM over the step's own kernel (benchmarks/prologue_probe.py); at 2-4
-rows it loses, and the layer's measured choice takes cuBLAS after the unfused step.
+[gate | up]. At one row this saves ~0.4-1.7 us a GEMM over the step's own kernel (benchmarks/prologue_probe.py); at
+2-4 rows it loses, so gemm.linear fuses only at PROLOGUE_MAX_M rows (the kernel takes a prologue at any M).
 
 M is a constexpr: each row count is its own set of compiled kernels. CUDA graphs pad decode batches to 1, 2, 4, 8, ...
 rows, so 3 rows arise only in eager passes (a prefill pass sampling three requests); they run the 4-row kernel on
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 SKINNY_MAX_M = 4
 SKINNY_ROWS = (1, 2, 4)  # the kernel's row counts (M); other row counts up to SKINNY_MAX_M pad to the next one
+# gemm.linear fuses a prologue up to this many rows only: at 2 and 4 rows the fused kernel lost to the step's own
+# kernel followed by the skinny kernel or cuBLAS (gate_up at 2 rows: 93.6 us against 85.3; prologue_probe.json).
+PROLOGUE_MAX_M = 1
 
 _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
             for bn, bk, w, s in ((8, 512, 4, 3), (16, 256, 4, 4), (16, 512, 4, 3), (32, 256, 8, 3),
@@ -182,8 +185,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def prebuild(builds: ParallelBuilds, dtype: torch.dtype, device: torch.device | str,
              biases: tuple[bool, ...] = (False,)) -> int:
-    """Hands `builds` the kernel of every autotune config for each row count, prologue kind (or none) and bias flag,
-    so that the warm-up's autotuning finds them built (the autotuner builds its configs one after another: ~0.16 s
+    """Hands `builds` the kernel of every autotune config for each row count, prologue kind (or none; up to
+    PROLOGUE_MAX_M rows) and bias flag, so that the warm-up's autotuning finds them built (the autotuner builds its configs one after another: ~0.16 s
     each with an empty cache); returns how many. A kernel already built, in memory or on disk, costs only its lookup.
 
     NOTE: the launch must specialize as skinny_linear's does (Triton keys a kernel on each argument's dtype, on
@@ -206,7 +209,8 @@ def prebuild(builds: ParallelBuilds, dtype: torch.dtype, device: torch.device | 
                                  1e-5 if norm else 0.0, M=m, HAS_BIAS=bias, PRO=pro, grid=(1,), **cfg.all_kwargs())
 
     pros = [0] + [int(kind) for kind in PrologueKind]
-    jobs = [(m, pro, bias, cfg) for m in SKINNY_ROWS for pro in pros for bias in biases for cfg in _CONFIGS]
+    jobs = [(m, pro, bias, cfg) for m in SKINNY_ROWS for pro in (pros if m <= PROLOGUE_MAX_M else [0])
+            for bias in biases for cfg in _CONFIGS]
     build(*jobs[0])  # here: the first build sets up the kernel's per-device state, which the threads then share
     for job in jobs[1:]:
         builds.submit(build, *job)
