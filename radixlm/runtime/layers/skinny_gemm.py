@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from radixlm.runtime.layers.prologue import Prologue, PrologueKind
+from radixlm.runtime.layers.prologue import Prologue, PrologueKind, apply
 
 if TYPE_CHECKING:
     from radixlm.runtime.layers.kernel_builds import ParallelBuilds
@@ -156,17 +156,11 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     (M, N) in x's dtype. An ADD_RMSNORM prologue gets its residual_out (M, K)."""
     m = x.shape[0]
     rows = next(r for r in SKINNY_ROWS if r >= m)
-    if rows != m:
+    if rows != m:  # (gemm.linear fuses no prologue at these rows: one here runs unfused)
+        x = apply(prologue, x)
         padded = x.new_zeros(rows, x.shape[1])
         padded[:m] = x
-        pro = prologue
-        if prologue is not None and prologue.residual is not None:
-            pro = Prologue(prologue.kind, prologue.module, prologue.residual.new_zeros(rows, x.shape[1]))
-            pro.residual[:m] = prologue.residual
-        y = skinny_linear(padded, weight, bias, pro)[:m]
-        if pro is not prologue:
-            prologue.residual_out = pro.residual_out[:m]
-        return y
+        return skinny_linear(padded, weight, bias)[:m]
     n, k = weight.shape
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     kind = 0 if prologue is None else int(prologue.kind)
