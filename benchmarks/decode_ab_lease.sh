@@ -13,7 +13,8 @@ set -uo pipefail
 nvidia-smi --query-gpu=name --format=csv,noheader
 git rev-parse --short HEAD 2>/dev/null | sed 's/^/tree /'
 case "${TESTS:-kernels}" in
-  kernels) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/runtime/layers/test_fused_kernels.py 2>&1 \
+  kernels) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/runtime/layers/test_fused_kernels.py \
+             tests/runtime/layers/test_skinny_epilogue.py 2>&1 \
              | tee "$OUT/tests_fused_kernels.log" | tail -4 ;;
   engine) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/runtime/engine/test_cuda.py -rA 2>&1 \
             | tee "$OUT/tests_engine_cuda.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -16 ;;

@@ -187,6 +187,7 @@ class ModelRunner:
         the skinny GEMM's autotune configs, and (but for MoE models) what a discovery run of the passes launches
         unbuilt."""
         from radixlm.runtime.layers import skinny_gemm
+        from radixlm.runtime.layers.epilogue import kernel_head_dim
         from radixlm.runtime.layers.kernel_builds import ParallelBuilds
 
         t0 = time.perf_counter()
@@ -194,7 +195,10 @@ class ModelRunner:
         dtype = self.model_config.dtype
         if dtype in (torch.bfloat16, torch.float16):
             biases = {False} | {m.bias is not None for m in self.model.modules() if isinstance(m, Linear)}
-            skinny_gemm.prebuild(builds, dtype, self.device, tuple(sorted(biases)))
+            head_dim = self.model_config.head_dim
+            epilogue = kernel_head_dim(head_dim) and any(getattr(m, "takes_rotary_epilogue", False)
+                                                         for m in self.model.modules())
+            skinny_gemm.prebuild(builds, dtype, self.device, tuple(sorted(biases)), head_dim if epilogue else 0)
         if not plan.moe:
             self._discover_kernels(plan, builds)
         n = builds.finish()

@@ -1,7 +1,9 @@
 """The one GEMM entry point of the model's linear layers and the lm_head: oneDNN-prepacked weights on CPU; on CUDA,
 for the few-row GEMMs of small decode batches, whichever of the skinny Triton kernel and cuBLAS is faster for that
 weight and row count, measured once per layer and row count (in the warm-up runs before CUDA-graph capture).
-A GEMM may take its input's element-wise step as a Prologue: the skinny kernel fuses it, other paths run it first."""
+A GEMM may take its input's element-wise step as a Prologue: the skinny kernel fuses it, other paths run it first.
+The qkv GEMM may take the rotary embedding and KV store after it as an epilogue (layers/epilogue.py): the skinny kernel
+applies it at one row and marks it applied; otherwise the caller's attention does that step."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.runtime.layers import cpu_gemm
+from radixlm.runtime.layers.epilogue import RotaryStore
 from radixlm.runtime.layers.prologue import Prologue, apply
 
 MEASURE_REPS = 10
@@ -20,40 +23,55 @@ MEASURE_REPS = 10
 SKINNY_MARGIN = 1.03
 
 
-def _time_us(fn, flush: torch.Tensor, reps: int = MEASURE_REPS) -> float:
-    """Median device time of one call of fn, as a CUDA-graph replay in a model's forward pays it: each call follows a
-    write of `flush` (larger than the L2 cache), which evicts the weight as the other layers would and keeps the
+def _time_us(fns: list, flush: torch.Tensor, reps: int = MEASURE_REPS) -> list[float]:
+    """Median device time of one call of each fn, as a CUDA-graph replay in a model's forward pays it: each call follows
+    a write of `flush` (larger than the L2 cache), which evicts the weight as the other layers would and keeps the
     device busy while the host launches fn. Back-to-back calls instead measured the launch's host cost, larger for a
     Triton kernel than for cuBLAS (on an H100 that picked cuBLAS for the 8B model's qkv, o and down projections at
-    batch 1, where the skinny kernel is 8-19% faster in graphs: benchmarks/results/kernels_h100/gemv_sweep.json)."""
+    batch 1, where the skinny kernel is 8-19% faster in graphs: benchmarks/results/kernels_h100/gemv_sweep.json).
+    The candidates alternate, so that a drift of the device's clocks during the warm-up moves both alike (timed one
+    after the other, a start-up on an H100 gave cuBLAS 11 of the 129 batch-1 GEMMs:
+    benchmarks/results/kernels_h100/epilogue/call3_profile_base_b1.json)."""
     for _ in range(3):
-        fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        flush.zero_()
-        start.record()
-        fn()
-        end.record()
-    events[-1][1].synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events) * 1e3
+        for fn in fns:
+            fn()
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
+              for _ in range(reps)]
+    for rep in events:
+        for fn, (start, end) in zip(fns, rep):
+            flush.zero_()
+            start.record()
+            fn()
+            end.record()
+    events[-1][-1][1].synchronize()
+    return [statistics.median(rep[i][0].elapsed_time(rep[i][1]) for rep in events) * 1e3 for i in range(len(fns))]
 
 
-def _prefer_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | None) -> bool:
+def _prefer_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | None,
+                   epilogue: RotaryStore | None) -> bool:
     from radixlm.runtime.layers.skinny_gemm import skinny_linear
 
     l2 = torch.cuda.get_device_properties(x.device).L2_cache_size
     flush = torch.empty(max(4 * l2, 64 << 20), dtype=torch.uint8, device=x.device)
-    # Each run gets its own copy of the prologue: a run sets its residual_out.
+    # Each run gets its own copy of the prologue: a run sets its residual_out. The epilogue's stores repeat (the same
+    # values at the same slots); after cuBLAS it runs unfused, as attention then runs it.
     fresh = lambda: dataclasses.replace(prologue) if prologue is not None else None  # noqa: E731
-    skinny = _time_us(lambda: skinny_linear(x, weight, bias, fresh()), flush)
-    cublas = _time_us(lambda: F.linear(apply(fresh(), x), weight, bias), flush)
-    return skinny < SKINNY_MARGIN * cublas
+
+    def cublas():
+        y = F.linear(apply(fresh(), x), weight, bias)
+        if epilogue is not None:
+            epilogue.unfused(y)
+
+    skinny, cublas_us = _time_us([lambda: skinny_linear(x, weight, bias, fresh(), epilogue), cublas], flush)
+    return skinny < SKINNY_MARGIN * cublas_us
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None,
-           choices: dict[int, bool] | None = None, prologue: Prologue | None = None) -> torch.Tensor:
+           choices: dict[int, bool] | None = None, prologue: Prologue | None = None,
+           epilogue: RotaryStore | None = None) -> torch.Tensor:
     """choices: the calling layer's memo, row count -> use the skinny kernel (None: always cuBLAS on CUDA).
-    prologue: x is the input before that step (layers/prologue.py)."""
+    prologue: x is the input before that step (layers/prologue.py). epilogue: applied (and marked) where the skinny
+    kernel runs and takes it; left to the caller otherwise."""
     if not x.is_cuda:
         return cpu_gemm.linear(apply(prologue, x), weight, bias, packed)
     if choices is not None and x.dim() == 2:
@@ -62,10 +80,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
         m = x.shape[0]
         if prologue is not None and m > skinny_gemm.PROLOGUE_MAX_M:
             x, prologue = prologue.apply(x), None  # fused, it would lose here
+        if epilogue is not None and not skinny_gemm.takes_epilogue(x, weight, epilogue):
+            epilogue = None
         if skinny_gemm.usable(x, weight, prologue):
             use = choices.get(m)
             if use is None and not torch.cuda.is_current_stream_capturing():
-                use = choices[m] = _prefer_skinny(x, weight, bias, prologue)
+                use = choices[m] = _prefer_skinny(x, weight, bias, prologue, epilogue)
             if use:
-                return skinny_gemm.skinny_linear(x, weight, bias, prologue)
+                return skinny_gemm.skinny_linear(x, weight, bias, prologue, epilogue)
     return F.linear(apply(prologue, x), weight, bias)

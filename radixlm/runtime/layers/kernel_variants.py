@@ -57,7 +57,9 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
       M (rows, constexpr) 1..4: graphs pad decode batches to 1, 2, 4 rows; 3 rows (eager passes: a prefill
         sampling three requests) run the 4-row kernel on a padded copy. PRO (the fused prologue: none, RMSNorm,
         RMSNorm of x + residual, SiLU-and-mul; fused at PROLOGUE_MAX_M rows only) and HAS_BIAS: fixed per layer;
-        prebuild builds every combination that gemm.linear launches.
+        EPI with HEAD_DIM (the qkv GEMM's rotary embedding and KV store, layers/epilogue.py; one row, one config,
+        not autotuned): fixed per layer, its Pos and Loc (views of a pass's rows) not specialized on alignment, its
+        widths and strides fixed; prebuild builds every combination that gemm.linear launches.
         gemm.linear times skinny vs cuBLAS once per layer and row count: start-up runs eager passes of
         1..SKINNY_MAX_M rows (TOKEN_ROW_WARMUP) so that no timing (nor autotuning) happens while serving. N, K,
         strides: fixed per layer.

@@ -16,6 +16,7 @@ from torch import nn
 
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel, divide
 from radixlm.runtime.layers import cpu_gemm, gemm
+from radixlm.runtime.layers.epilogue import RotaryStore
 from radixlm.runtime.layers.prologue import Prologue
 
 
@@ -67,8 +68,9 @@ class Linear(nn.Module):
     def pack_for_cpu(self) -> None:
         self.packed_weight = cpu_gemm.pack_weight(self.weight)
 
-    def forward(self, x: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
-        return gemm.linear(x, self.weight, self.bias, self.packed_weight, self.gemm_choices, prologue)
+    def forward(self, x: torch.Tensor, prologue: Prologue | None = None,
+                epilogue: RotaryStore | None = None) -> torch.Tensor:
+        return gemm.linear(x, self.weight, self.bias, self.packed_weight, self.gemm_choices, prologue, epilogue)
 
     def weight_shards(self, pname: str) -> list:
         return [None]

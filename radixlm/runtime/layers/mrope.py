@@ -23,7 +23,7 @@ class MRotaryEmbedding(RotaryEmbedding):
         """positions: (T,) or (3, T)."""
         if positions.dim() == 1:
             return super().forward(positions, query, key)
-        self._cache_on(positions.device)
+        self.cos_sin_on(positions.device)
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
         cos = self._bands(cos).to(query.dtype).unsqueeze(1)
         sin = self._bands(sin).to(query.dtype).unsqueeze(1)

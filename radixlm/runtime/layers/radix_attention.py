@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from radixlm.runtime.layers.epilogue import RotaryStore
+
 if TYPE_CHECKING:
     from radixlm.runtime.executor.forward_batch import ForwardBatch
     from radixlm.runtime.layers.rotary import RotaryEmbedding
@@ -20,7 +22,23 @@ class RadixAttention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.layer_id = layer_id
 
+    def qkv_epilogue(self, forward_batch: "ForwardBatch",
+                     rotary: tuple["RotaryEmbedding", torch.Tensor]) -> RotaryStore | None:
+        """The rotation and KV store of this pass, for the qkv GEMM to apply (layers/epilogue.py); None where no
+        kernel can (not on CUDA) or the pass stores no KV."""
+        rope, positions = rotary
+        pool = forward_batch.token_to_kv_pool
+        if not positions.is_cuda or pool is None or forward_batch.out_cache_loc is None:
+            return None
+        return RotaryStore(rope, positions, forward_batch.out_cache_loc, pool.get_key_buffer(self.layer_id),
+                           pool.get_value_buffer(self.layer_id), self.num_heads * self.head_dim,
+                           self.num_kv_heads * self.head_dim)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch: "ForwardBatch",
-                rotary: tuple["RotaryEmbedding", torch.Tensor] | None = None) -> torch.Tensor:
-        """rotary: (rope, positions): q and k before their rotary embedding (see AttentionBackend.forward)."""
+                rotary: tuple["RotaryEmbedding", torch.Tensor] | None = None,
+                epilogue: RotaryStore | None = None) -> torch.Tensor:
+        """rotary: (rope, positions): q and k before their rotary embedding (see AttentionBackend.forward), unless
+        the qkv GEMM applied `epilogue` (q and k rotated, the KV stored)."""
+        if epilogue is not None and epilogue.applied:
+            return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache=False)
         return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, rotary=rotary)

@@ -57,7 +57,7 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: (T,); query: (T, Hq * head_size); key: (T, Hk * head_size)."""
-        self._cache_on(positions.device)
+        self.cos_sin_on(positions.device)
         if self.fused(positions, query):
             from radixlm.runtime.layers.fused_kernels import rotary_
 
@@ -71,9 +71,11 @@ class RotaryEmbedding(nn.Module):
         k = self._rotate(key.view(k_shape[0], k_shape[-1] // self.head_size, self.head_size), cos, sin)
         return q.reshape(q_shape), k.reshape(k_shape)
 
-    def _cache_on(self, device: torch.device) -> None:
+    def cos_sin_on(self, device: torch.device) -> torch.Tensor:
+        """The cos/sin cache, moved to device (once)."""
         if self.cos_sin_cache.device != device:
             self.cos_sin_cache = self.cos_sin_cache.to(device)
+        return self.cos_sin_cache
 
     def fused(self, positions: torch.Tensor, query: torch.Tensor) -> bool:
         """Whether the rotation is CUDA's one in-place kernel, which can also store the KV (rotate_and_store_)."""
@@ -85,7 +87,7 @@ class RotaryEmbedding(nn.Module):
         (only where fused())."""
         from radixlm.runtime.layers.fused_kernels import rotary_
 
-        self._cache_on(positions.device)
+        self.cos_sin_on(positions.device)
         rotary_(positions, query, key, self.cos_sin_cache, self.head_size, (value, loc, k_buf, v_buf))
 
     def extra_repr(self) -> str:

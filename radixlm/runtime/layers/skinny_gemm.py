@@ -10,18 +10,27 @@ rows' RMS norms (of x + residual) from L2 before its loop, and program 0 writes 
 [gate | up]. At one row this saves ~0.4-1.7 us a GEMM over the step's own kernel (benchmarks/prologue_probe.py); at
 2-4 rows it loses, so gemm.linear fuses only at PROLOGUE_MAX_M rows (the kernel takes a prologue at any M).
 
+An epilogue (layers/epilogue.py, at one row: EPILOGUE_MAX_M) is the qkv projection's rotary embedding and KV store:
+each program then computes BLOCK_N // 2 dims of one head and the same dims of the head's second half (the rotation's
+pairs), rotates q and k as fused_kernels.rotary_ does, with its roundings, and stores k and v at the token's slot. On
+the 8B model's qkv shape that took 21.7 us against 25.1 for this GEMM followed by the rotary kernel with its store
+(benchmarks/epilogue_probe.py).
+
 M is a constexpr: each row count is its own set of compiled kernels. CUDA graphs pad decode batches to 1, 2, 4, 8, ...
 rows, so 3 rows arise only in eager passes (a prefill pass sampling three requests); they run the 4-row kernel on
 a padded copy (each row's sum is computed alike whatever M is), and no kernel is built for them."""
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 import triton.testing
+from triton.language.extra import libdevice
 
+from radixlm.runtime.layers.epilogue import RotaryStore
 from radixlm.runtime.layers.prologue import Prologue, PrologueKind, apply
 
 if TYPE_CHECKING:
@@ -32,6 +41,12 @@ SKINNY_ROWS = (1, 2, 4)  # the kernel's row counts (M); other row counts up to S
 # gemm.linear fuses a prologue up to this many rows only: at 2 and 4 rows the fused kernel lost to the step's own
 # kernel followed by the skinny kernel or cuBLAS (gate_up at 2 rows: 93.6 us against 85.3; prologue_probe.json).
 PROLOGUE_MAX_M = 1
+EPILOGUE_MAX_M = 1  # (the kernel's epilogue reads row 0 alone)
+
+# The epilogue's kernels run one config, not autotuned: autotuning them at start-up built 24 more kernels, and a cold
+# Engine() of the 8B model took 34.6 s against 25.2 (one run each, an H100). This config ran the epilogue's qkv GEMM in
+# 21.9 us, the autotuned one in 21.7, the other configs in 21.8-26.4 (kernels_h100/epilogue/epilogue_probe.json).
+EPILOGUE_CONFIG = triton.Config({"BLOCK_N": 8, "BLOCK_K": 512}, num_warps=4, num_stages=3)
 
 _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
             for bn, bk, w, s in ((8, 512, 4, 3), (16, 256, 4, 4), (16, 512, 4, 3), (32, 256, 8, 3),
@@ -76,15 +91,63 @@ def _input_block(X, R, NW, RO, k, k_mask, K, inv, res_end, PRO: tl.constexpr):
     return x.to(tl.float32)
 
 
-# cache_results: the choices persist beside the compiled kernels (Triton's cache), so a warm start-up skips them.
-@triton.autotune(configs=_CONFIGS, key=["N", "K", "M", "PRO"], do_bench=_bench, cache_results=True)
+# The epilogue's products are rounded on their own (libdevice's mul_rn, which is never fused into an add): compiled,
+# a bf16 product and sum became one fused multiply-add, which rounds once where the rotary kernel rounds twice
+# (fused_kernels.rotary_ turns fusion off for its whole kernel; here that would change the GEMM's own arithmetic).
+# Triton's interpreter (CPU tests) has no libdevice and no fusion: a plain product there.
+_ROUNDED_MUL = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+
+
 @triton.jit
-def _skinny_kernel(X, W, B, Y, NW, R, RO, N, K, stride_xm, stride_wn, stride_ym, stride_rm, eps,
-                   M: tl.constexpr, HAS_BIAS: tl.constexpr, PRO: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
+def _mul(a, b):
+    if _ROUNDED_MUL:
+        return libdevice.mul_rn(a, b)
+    else:
+        return a * b
+
+
+@triton.jit
+def _rotary_store(y, Y, offs_n, head0, j0, Pos, CosSin, Loc, KBuf, VBuf, n_q, n_kv, stride_cs, stride_kb, stride_vb,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The epilogue on one row's outputs y (columns offs_n: dims j0.. of head0's halves, see _skinny_kernel)."""
+    if head0 < n_q + n_kv:  # q or k: rotated
+        dt = y.dtype
+        y1, y2 = tl.split(tl.permute(tl.reshape(y, [2, BLOCK_N // 2]), (1, 0)))
+        cs = CosSin + tl.load(Pos) * stride_cs + j0 + tl.arange(0, BLOCK_N // 2)
+        c = tl.load(cs).to(dt).to(tl.float32)
+        s = tl.load(cs + HEAD_DIM // 2).to(dt).to(tl.float32)
+        a1 = y1.to(tl.float32)
+        a2 = y2.to(tl.float32)
+        # fused_kernels._rotary_kernel's order: every product and the sum rounded to the dtype.
+        o1 = (_mul(a1, c).to(dt).to(tl.float32) + _mul(-a2, s).to(dt).to(tl.float32)).to(dt)
+        o2 = (_mul(a2, c).to(dt).to(tl.float32) + _mul(a1, s).to(dt).to(tl.float32)).to(dt)
+        y = tl.reshape(tl.permute(tl.join(o1, o2), (1, 0)), [BLOCK_N])
+    tl.store(Y + offs_n, y)
+    slot = tl.load(Loc).to(tl.int64)
+    if head0 >= n_q + n_kv:
+        tl.store(VBuf + slot * stride_vb + offs_n - n_q - n_kv, y.to(VBuf.dtype.element_ty))
+    elif head0 >= n_q:
+        tl.store(KBuf + slot * stride_kb + offs_n - n_q, y.to(KBuf.dtype.element_ty))
+
+
+# cache_results: the choices persist beside the compiled kernels (Triton's cache), so a warm start-up skips them.
+# Pos and Loc are views of a pass's rows at any offset (see kernel_variants.py).
+@triton.autotune(configs=_CONFIGS, key=["N", "K", "M", "PRO"], do_bench=_bench, cache_results=True)
+@triton.jit(do_not_specialize_on_alignment=["Pos", "Loc"])
+def _skinny_kernel(X, W, B, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, N, K, stride_xm, stride_wn, stride_ym,
+                   stride_rm, eps, n_q, n_kv, stride_cs, stride_kb, stride_vb,
+                   M: tl.constexpr, HAS_BIAS: tl.constexpr, PRO: tl.constexpr, EPI: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     res_end = tl.where(pid == 0, K, 0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    if EPI:  # BLOCK_N // 2 dims of a head's first half and the same dims of its second half
+        per_head = HEAD_DIM // BLOCK_N
+        head0 = (pid // per_head) * HEAD_DIM
+        j0 = (pid % per_head) * (BLOCK_N // 2)
+        i = tl.arange(0, BLOCK_N)
+        offs_n = head0 + tl.where(i < BLOCK_N // 2, j0 + i, HEAD_DIM // 2 + j0 + i - BLOCK_N // 2)
+    else:
+        offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     inv0 = 1.0
@@ -126,7 +189,11 @@ def _skinny_kernel(X, W, B, Y, NW, R, RO, N, K, stride_xm, stride_wn, stride_ym,
         acc2 += b
         acc3 += b
     out_ty = Y.dtype.element_ty
-    tl.store(Y + offs_n, acc0.to(out_ty), mask=n_mask)
+    if EPI:
+        _rotary_store(acc0.to(out_ty), Y, offs_n, head0, j0, Pos, CosSin, Loc, KBuf, VBuf, n_q, n_kv, stride_cs,
+                      stride_kb, stride_vb, HEAD_DIM, BLOCK_N)
+    else:
+        tl.store(Y + offs_n, acc0.to(out_ty), mask=n_mask)
     if M > 1:
         tl.store(Y + stride_ym + offs_n, acc1.to(out_ty), mask=n_mask)
     if M > 2:
@@ -150,11 +217,17 @@ def usable(x: torch.Tensor, weight: torch.Tensor, prologue: Prologue | None = No
             and (r is None or (r.shape == x.shape and r.dtype == x.dtype and r.stride(1) == 1)))
 
 
+def takes_epilogue(x: torch.Tensor, weight: torch.Tensor, epilogue: RotaryStore) -> bool:
+    return x.shape[0] <= EPILOGUE_MAX_M and x.dtype == weight.dtype and epilogue.fits(x, weight)
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  prologue: Prologue | None = None) -> torch.Tensor:
+                  prologue: Prologue | None = None, epilogue: RotaryStore | None = None) -> torch.Tensor:
     """x: (M, K) with M <= SKINNY_MAX_M, or (M, 2K) = [gate | up] with a SILU_MUL prologue; weight: (N, K); returns
-    (M, N) in x's dtype. An ADD_RMSNORM prologue gets its residual_out (M, K)."""
+    (M, N) in x's dtype. An ADD_RMSNORM prologue gets its residual_out (M, K); an epilogue (takes_epilogue) is
+    applied and marked so."""
     m = x.shape[0]
+    assert epilogue is None or m <= EPILOGUE_MAX_M
     rows = next(r for r in SKINNY_ROWS if r >= m)
     if rows != m:  # (gemm.linear fuses no prologue at these rows: one here runs unfused)
         x = apply(prologue, x)
@@ -171,40 +244,64 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         if prologue.residual is not None:
             r, stride_r = prologue.residual, prologue.residual.stride(0)
             r_out = prologue.residual_out = torch.empty(m, k, dtype=x.dtype, device=x.device)
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    _skinny_kernel[grid](x, weight, bias if bias is not None else weight, y, nw, r, r_out, n, k, x.stride(0),
-                         weight.stride(0), y.stride(0), stride_r, eps, M=m, HAS_BIAS=bias is not None, PRO=kind)
+    pos = cos_sin = loc = k_buf = v_buf = weight
+    n_q = n_kv = stride_cs = stride_kb = stride_vb = head_dim = 0
+    if epilogue is not None:
+        e = epilogue
+        pos, cos_sin, loc, k_buf, v_buf = e.positions, e.rope.cos_sin_on(x.device), e.loc, e.k_buf, e.v_buf
+        n_q, n_kv, head_dim = e.q_size, e.kv_size, e.head_dim
+        stride_cs, stride_kb, stride_vb = cos_sin.stride(0), k_buf.stride(0), v_buf.stride(0)
+    args = (x, weight, bias if bias is not None else weight, y, nw, r, r_out, pos, cos_sin, loc, k_buf, v_buf, n, k,
+            x.stride(0), weight.stride(0), y.stride(0), stride_r, eps, n_q, n_kv, stride_cs, stride_kb, stride_vb)
+    flags = dict(M=m, HAS_BIAS=bias is not None, PRO=kind, EPI=epilogue is not None, HEAD_DIM=head_dim)
+    if epilogue is None:
+        _skinny_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
+        return y
+    _skinny_kernel.fn[(n // EPILOGUE_CONFIG.kwargs["BLOCK_N"],)](*args, **flags, **EPILOGUE_CONFIG.all_kwargs())
+    epilogue.applied = True
     return y
 
 
 def prebuild(builds: ParallelBuilds, dtype: torch.dtype, device: torch.device | str,
-             biases: tuple[bool, ...] = (False,)) -> int:
+             biases: tuple[bool, ...] = (False,), epilogue_head_dim: int = 0) -> int:
     """Hands `builds` the kernel of every autotune config for each row count, prologue kind (or none; up to
-    PROLOGUE_MAX_M rows) and bias flag, so that the warm-up's autotuning finds them built (the autotuner builds its configs one after another: ~0.16 s
-    each with an empty cache); returns how many. A kernel already built, in memory or on disk, costs only its lookup.
+    PROLOGUE_MAX_M rows) and bias flag, and with epilogue_head_dim (a model whose qkv GEMM takes a RotaryStore) the
+    epilogue's at one row (EPILOGUE_CONFIG alone; after any prologue a qkv GEMM gets: none, RMSNORM, ADD_RMSNORM), so
+    that the warm-up's autotuning and launches find them built (the autotuner builds its configs one after another:
+    ~0.16 s each with an empty cache); returns how many. A kernel already built, in memory or on disk, costs only its
+    lookup.
 
     NOTE: the launch must specialize as skinny_linear's does (Triton keys a kernel on each argument's dtype, on
-    whether an int is 1 or a multiple of 16 and on a pointer's 16-byte alignment): N, K and the row strides are
-    multiples of 16 here, as the models' widths are; a width that is not costs one build in the warm-up, as before."""
+    whether an int is 1 or a multiple of 16 and on a pointer's 16-byte alignment): N, K, the row strides and the
+    epilogue's widths are multiples of 16 here, as the models' are; a width that is not costs one build in the
+    warm-up, as before."""
     n, k = 64, 64
     w = torch.empty(n, k, dtype=dtype, device=device)
     xs = {m: torch.empty(m, 2 * k, dtype=dtype, device=device) for m in SKINNY_ROWS}
     r = torch.empty(SKINNY_MAX_M, k, dtype=dtype, device=device)
     nw = torch.empty(k, dtype=dtype, device=device)
     y = torch.empty(SKINNY_MAX_M, n, dtype=dtype, device=device)
+    rows = torch.empty(1, dtype=torch.int64, device=device)  # positions, KV slots
+    cos_sin = torch.empty(1, 64, dtype=torch.float32, device=device)
 
-    def build(m: int, pro: int, bias: bool, cfg: triton.Config) -> None:
+    def build(m: int, pro: int, bias: bool, head_dim: int, cfg: triton.Config) -> None:
         norm = pro in (PrologueKind.RMSNORM, PrologueKind.ADD_RMSNORM)
         add = pro == PrologueKind.ADD_RMSNORM
+        epi = (rows, cos_sin, rows, w, w, 64, 64, 64, 64, 64) if head_dim else (w, w, w, w, w, 0, 0, 0, 0, 0)
         # As skinny_linear passes them; options in the autotuner's order (Triton's in-memory key lists them as
-        # passed): M, HAS_BIAS, PRO, then the config.
-        _skinny_kernel.fn.warmup(xs[m], w, w, y, nw if norm else w, r if add else w, r if add else w, n, k,
+        # passed): M, HAS_BIAS, PRO, EPI, HEAD_DIM, then the config.
+        _skinny_kernel.fn.warmup(xs[m], w, w, y, nw if norm else w, r if add else w, r if add else w, *epi[:5], n, k,
                                  xs[m].stride(0), w.stride(0), y.stride(0), r.stride(0) if add else 0,
-                                 1e-5 if norm else 0.0, M=m, HAS_BIAS=bias, PRO=pro, grid=(1,), **cfg.all_kwargs())
+                                 1e-5 if norm else 0.0, *epi[5:], M=m, HAS_BIAS=bias, PRO=pro, EPI=bool(head_dim),
+                                 HEAD_DIM=head_dim, grid=(1,), **cfg.all_kwargs())
 
     pros = [0] + [int(kind) for kind in PrologueKind]
-    jobs = [(m, pro, bias, cfg) for m in SKINNY_ROWS for pro in (pros if m <= PROLOGUE_MAX_M else [0])
+    jobs = [(m, pro, bias, 0, cfg) for m in SKINNY_ROWS for pro in (pros if m <= PROLOGUE_MAX_M else [0])
             for bias in biases for cfg in _CONFIGS]
+    if epilogue_head_dim:
+        qkv_pros = (0, int(PrologueKind.RMSNORM), int(PrologueKind.ADD_RMSNORM))
+        jobs += [(m, pro, bias, epilogue_head_dim, EPILOGUE_CONFIG) for m in SKINNY_ROWS if m <= EPILOGUE_MAX_M
+                 for pro in qkv_pros if m <= PROLOGUE_MAX_M or not pro for bias in biases]
     build(*jobs[0])  # here: the first build sets up the kernel's per-device state, which the threads then share
     for job in jobs[1:]:
         builds.submit(build, *job)

@@ -64,17 +64,21 @@ class LlamaAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.rotary_emb = rotary_emb
+        self.takes_rotary_epilogue = not qk_norm  # read by the model runner's start-up builds too
         self.attn = RadixAttention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: "ForwardBatch",
                 prologue: Prologue | None = None) -> torch.Tensor:
         """prologue: hidden before its norm (see LlamaMLP.forward)."""
-        q, k, v = self.qkv_proj(hidden, prologue).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        rotary = (self.rotary_emb, positions)
+        # Without q/k norms the qkv GEMM may rotate q and k and store the KV itself.
+        epilogue = self.attn.qkv_epilogue(forward_batch, rotary) if self.takes_rotary_epilogue else None
+        q, k, v = self.qkv_proj(hidden, prologue, epilogue).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
         # The CUDA KV store reads strided rows; the CPU path wants v contiguous.
-        o = self.attn(q, k, v if v.is_cuda else v.contiguous(), forward_batch, (self.rotary_emb, positions))
+        o = self.attn(q, k, v if v.is_cuda else v.contiguous(), forward_batch, rotary, epilogue)
         return self.o_proj(o)
 
 

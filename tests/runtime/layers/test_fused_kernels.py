@@ -183,6 +183,42 @@ def _prologue_case(kind, m: int, k: int, dtype):
     return Prologue(kind, norm, res), x
 
 
+def _epilogue_case(hq: int, hkv: int, head_dim: int, dtype):
+    """A RotaryStore of one token (position 3000, KV slot 5) into a fresh one-layer pool."""
+    from radixlm.runtime.cache.memory_pool import TokenToKVPool
+    from radixlm.runtime.layers.epilogue import RotaryStore
+    from radixlm.runtime.layers.rotary import get_rope
+
+    pool = TokenToKVPool(16, 1, dtype, 1, hkv, head_dim, "cuda")
+    return RotaryStore(get_rope(head_dim, 8192, 500000.0), torch.tensor([3000], device="cuda"),
+                       torch.tensor([5], device="cuda"), pool.k_buffer[0], pool.v_buffer[0], hq * head_dim,
+                       hkv * head_dim)
+
+
+def test_gemm_dispatch_applies_the_epilogue_on_the_skinny_kernel_only():
+    """gemm.linear at one row with a RotaryStore: on the skinny kernel q and k come back rotated and the KV is stored
+    (applied); on cuBLAS, or at two rows, the plain GEMM and nothing stored."""
+    import torch.nn.functional as F
+
+    from radixlm.runtime.layers import gemm
+
+    hq, hkv, d = 32, 8, 128
+    w = torch.randn((hq + 2 * hkv) * d, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
+    for m, use_skinny in ((1, True), (1, False), (2, True)):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        epi = _epilogue_case(hq, hkv, d, torch.bfloat16)
+        got = gemm.linear(x, w, None, None, {m: use_skinny}, None, epi)
+        q, k, v = F.linear(x, w).split([hq * d, hkv * d, hkv * d], dim=-1)
+        assert epi.applied == (m == 1 and use_skinny)
+        if epi.applied:
+            q, k = epi.rope(epi.positions, q.clone(), k.clone())
+            torch.testing.assert_close(epi.k_buf[5], k.view(hkv, d), rtol=2e-2, atol=2e-2)
+            torch.testing.assert_close(epi.v_buf[5], v.view(hkv, d), rtol=2e-2, atol=2e-2)
+        else:
+            assert not epi.k_buf.any() and not epi.v_buf.any()
+        torch.testing.assert_close(got, torch.cat([q, k, v], dim=-1), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 @pytest.mark.parametrize("kind_name", ["RMSNORM", "ADD_RMSNORM", "SILU_MUL"])
@@ -244,9 +280,11 @@ def test_skinny_prebuild_builds_every_kernel_the_autotuner_launches():
     from radixlm.runtime.layers.prologue import PrologueKind
 
     builds = ParallelBuilds("cuda")
-    n = skinny_gemm.prebuild(builds, torch.bfloat16, "cuda", (False, True))
+    n = skinny_gemm.prebuild(builds, torch.bfloat16, "cuda", (False, True), epilogue_head_dim=128)
     fused_rows = sum(m <= skinny_gemm.PROLOGUE_MAX_M for m in skinny_gemm.SKINNY_ROWS)
-    assert n == 2 * (len(skinny_gemm.SKINNY_ROWS) + fused_rows * len(PrologueKind)) * len(skinny_gemm._CONFIGS)
+    epilogue_kernels = 2 * 3  # one row, one config; bias or not; no prologue, RMSNORM, ADD_RMSNORM
+    assert n == 2 * (len(skinny_gemm.SKINNY_ROWS) + fused_rows * len(PrologueKind)) * len(skinny_gemm._CONFIGS) + \
+        epilogue_kernels
     assert builds.finish() == n - 1  # the first one is built in place
     misses: list[str] = []
     prev = knobs.runtime.jit_cache_hook
@@ -260,6 +298,15 @@ def test_skinny_prebuild_builds_every_kernel_the_autotuner_launches():
                 for kind in PrologueKind if m <= skinny_gemm.PROLOGUE_MAX_M else ():
                     pro, x = _prologue_case(kind, m, k, torch.bfloat16)
                     skinny_gemm.skinny_linear(x, w, b, pro)
+            for bias in (False, True) if m <= skinny_gemm.EPILOGUE_MAX_M else ():  # q, k, v of 5, 2, 2 heads
+                w = torch.randn(9 * 128, 4112, device="cuda", dtype=torch.bfloat16) * 0.02
+                b = torch.randn(9 * 128, device="cuda", dtype=torch.bfloat16) if bias else None
+                for kind in (None, PrologueKind.RMSNORM, PrologueKind.ADD_RMSNORM):
+                    pro, x = _prologue_case(kind, m, 4112, torch.bfloat16) if kind else (None, None)
+                    x = torch.randn(m, 4112, device="cuda", dtype=torch.bfloat16) if x is None else x
+                    epi = _epilogue_case(5, 2, 128, torch.bfloat16)
+                    assert skinny_gemm.takes_epilogue(x, w, epi)
+                    skinny_gemm.skinny_linear(x, w, b, pro, epi)
         torch.cuda.synchronize()
     finally:
         knobs.runtime.jit_cache_hook = prev

@@ -1,0 +1,51 @@
+"""The step after the qkv GEMM (the rotary embedding of q and k, and the KV store of the rotated k and of v), handed
+to the GEMM as data: the skinny kernel of one-row passes applies it to its output (one launch fewer a layer);
+otherwise attention rotates and stores as before (AttentionBackend.forward)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from radixlm.runtime.layers.rotary import RotaryEmbedding
+
+
+def kernel_head_dim(head_dim: int) -> bool:
+    """Whether the skinny kernel's column blocks (4-32 columns, half of them in each half of a head) tile the head."""
+    return head_dim % 64 == 0
+
+
+@dataclass
+class RotaryStore:
+    """Built per pass and layer by RadixAttention.qkv_epilogue."""
+
+    rope: "RotaryEmbedding"
+    positions: torch.Tensor  # (rows,)
+    loc: torch.Tensor  # (rows,) the new tokens' KV slots
+    k_buf: torch.Tensor  # (slots, num_kv_heads, head_dim): the layer's pool buffers
+    v_buf: torch.Tensor
+    q_size: int  # q's columns in the GEMM's output, then kv_size of k and kv_size of v
+    kv_size: int
+    applied: bool = False  # set by the GEMM that applied it: its q and k are rotated and the KV is stored
+
+    @property
+    def head_dim(self) -> int:
+        return self.rope.head_size
+
+    def fits(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether a kernel can apply it to x @ weight.T: CUDA, neox rotation over whole heads of a width that splits
+        into the kernel's column blocks, the GEMM's output is [q | k | v], the pool holds contiguous rows."""
+        d = self.head_dim
+        return (x.is_cuda and self.loc is not None and self.rope.fused(self.positions, x) and kernel_head_dim(d)
+                and weight.shape[0] == self.q_size + 2 * self.kv_size and self.q_size % d == 0
+                and self.positions.shape == self.loc.shape == x.shape[:1]
+                and all(b.is_contiguous() and b.shape[1] * b.shape[2] == self.kv_size
+                        for b in (self.k_buf, self.v_buf)))
+
+    def unfused(self, y: torch.Tensor) -> None:
+        """The step on the GEMM's output y (rows, q_size + 2 * kv_size) by the rotary kernel (where fits()), in place:
+        what attention runs when the GEMM did not apply it."""
+        q, k, v = y.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        self.rope.rotate_and_store_(self.positions, q, k, v, self.loc, self.k_buf, self.v_buf)
