@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from radixlm.runtime.layers.rotary import RotaryEmbedding
 
 
+MAX_ROWS = 1  # the skinny kernel's epilogue reads row 0 alone
+
+
 def kernel_head_dim(head_dim: int) -> bool:
     """Whether the skinny kernel's column blocks (4-32 columns, half of them in each half of a head) tile the head."""
     return head_dim % 64 == 0

@@ -4,9 +4,12 @@ the normalised value, silu(gate), each product of the rotation), so bf16 outputs
 except for the order of the float32 sum in the norm's mean. Imported only on CUDA."""
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 
 @triton.jit
@@ -63,6 +66,38 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+# Triton's interpreter (CPU tests) has no libdevice (and fuses nothing): a plain product there.
+_COMPILED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+
+
+@triton.jit
+def _product(a, b, ROUNDED: tl.constexpr):
+    if ROUNDED:
+        if _COMPILED:
+            p = libdevice.mul_rn(a, b)  # rounded on its own: never fused into the add that follows
+        else:
+            p = a * b
+    else:
+        p = a * b
+    return p
+
+
+@triton.jit
+def rotate_halves(x1, x2, cos, sin, ROUNDED: tl.constexpr):
+    """The neox rotation of a head's halves (x1, x2) in their dtype, in the reference's order: rot * cos +
+    rotate_half(rot) * sin, every product and the sum rounded to the dtype. ROUNDED: the products are rounded on
+    their own, for kernels compiled with fp fusion (which would turn a product and sum into one fused multiply-add);
+    a kernel compiled without fusion passes False."""
+    dt = x1.dtype
+    c = cos.to(dt).to(tl.float32)
+    s = sin.to(dt).to(tl.float32)
+    a1 = x1.to(tl.float32)
+    a2 = x2.to(tl.float32)
+    o1 = (_product(a1, c, ROUNDED).to(dt).to(tl.float32) + _product(-a2, s, ROUNDED).to(dt).to(tl.float32)).to(dt)
+    o2 = (_product(a2, c, ROUNDED).to(dt).to(tl.float32) + _product(a1, s, ROUNDED).to(dt).to(tl.float32)).to(dt)
+    return o1, o2
+
+
 # Positions and slots are index vectors: not specialized on their alignment (see decode_attention.INDEX_ARGS).
 @triton.jit(do_not_specialize_on_alignment=["Pos", "Loc"])
 def _rotary_kernel(Pos, CosSin, Q, K, V, Loc, KBuf, VBuf, stride_q, stride_k, stride_v, stride_cs, stride_kb,
@@ -91,14 +126,7 @@ def _rotary_kernel(Pos, CosSin, Q, K, V, Loc, KBuf, VBuf, stride_q, stride_k, st
             ptr = base + within
             x1 = tl.load(ptr, mask=m, other=0.0)
             x2 = tl.load(ptr + HALF, mask=m, other=0.0)
-            dt = x1.dtype
-            c = cos.to(dt).to(tl.float32)[None, :]
-            s = sin.to(dt).to(tl.float32)[None, :]
-            a1 = x1.to(tl.float32)
-            a2 = x2.to(tl.float32)
-            # Reference order: rot * cos + rotate_half(rot) * sin, every product and the sum rounded to the dtype.
-            o1 = ((a1 * c).to(dt).to(tl.float32) + (-a2 * s).to(dt).to(tl.float32)).to(dt)
-            o2 = ((a2 * c).to(dt).to(tl.float32) + (a1 * s).to(dt).to(tl.float32)).to(dt)
+            o1, o2 = rotate_halves(x1, x2, cos[None, :], sin[None, :], False)  # (launched without fp fusion)
             tl.store(ptr, o1, mask=m)
             tl.store(ptr + HALF, o2, mask=m)
             if STORE and which == 1:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from radixlm.runtime.layers.epilogue import RotaryStore
+from radixlm.runtime.layers.epilogue import MAX_ROWS, RotaryStore
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.forward_batch import ForwardBatch
@@ -25,10 +25,12 @@ class RadixAttention(nn.Module):
     def qkv_epilogue(self, forward_batch: "ForwardBatch",
                      rotary: tuple["RotaryEmbedding", torch.Tensor]) -> RotaryStore | None:
         """The rotation and KV store of this pass, for the qkv GEMM to apply (layers/epilogue.py); None where no
-        kernel can (not on CUDA) or the pass stores no KV."""
+        kernel can (not on CUDA, more rows than epilogue.MAX_ROWS) or the pass stores no KV."""
         rope, positions = rotary
         pool = forward_batch.token_to_kv_pool
-        if not positions.is_cuda or pool is None or forward_batch.out_cache_loc is None:
+        if not positions.is_cuda or positions.shape[-1] > MAX_ROWS or pool is None:
+            return None
+        if forward_batch.out_cache_loc is None:
             return None
         return RotaryStore(rope, positions, forward_batch.out_cache_loc, pool.get_key_buffer(self.layer_id),
                            pool.get_value_buffer(self.layer_id), self.num_heads * self.head_dim,

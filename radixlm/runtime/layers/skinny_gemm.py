@@ -21,16 +21,15 @@ rows, so 3 rows arise only in eager passes (a prefill pass sampling three reques
 a padded copy (each row's sum is computed alike whatever M is), and no kernel is built for them."""
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 import triton.testing
-from triton.language.extra import libdevice
 
-from radixlm.runtime.layers.epilogue import RotaryStore
+from radixlm.runtime.layers.epilogue import MAX_ROWS as EPILOGUE_MAX_M, RotaryStore
+from radixlm.runtime.layers.fused_kernels import rotate_halves
 from radixlm.runtime.layers.prologue import Prologue, PrologueKind, apply
 
 if TYPE_CHECKING:
@@ -41,7 +40,6 @@ SKINNY_ROWS = (1, 2, 4)  # the kernel's row counts (M); other row counts up to S
 # gemm.linear fuses a prologue up to this many rows only: at 2 and 4 rows the fused kernel lost to the step's own
 # kernel followed by the skinny kernel or cuBLAS (gate_up at 2 rows: 93.6 us against 85.3; prologue_probe.json).
 PROLOGUE_MAX_M = 1
-EPILOGUE_MAX_M = 1  # (the kernel's epilogue reads row 0 alone)
 
 # The epilogue's kernels run one config, not autotuned: autotuning them at start-up built 24 more kernels, and a cold
 # Engine() of the 8B model took 34.6 s against 25.2 (one run each, an H100). This config ran the epilogue's qkv GEMM in
@@ -91,36 +89,14 @@ def _input_block(X, R, NW, RO, k, k_mask, K, inv, res_end, PRO: tl.constexpr):
     return x.to(tl.float32)
 
 
-# The epilogue's products are rounded on their own (libdevice's mul_rn, which is never fused into an add): compiled,
-# a bf16 product and sum became one fused multiply-add, which rounds once where the rotary kernel rounds twice
-# (fused_kernels.rotary_ turns fusion off for its whole kernel; here that would change the GEMM's own arithmetic).
-# Triton's interpreter (CPU tests) has no libdevice and no fusion: a plain product there.
-_ROUNDED_MUL = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
-
-
-@triton.jit
-def _mul(a, b):
-    if _ROUNDED_MUL:
-        return libdevice.mul_rn(a, b)
-    else:
-        return a * b
-
-
 @triton.jit
 def _rotary_store(y, Y, offs_n, head0, j0, Pos, CosSin, Loc, KBuf, VBuf, n_q, n_kv, stride_cs, stride_kb, stride_vb,
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
     """The epilogue on one row's outputs y (columns offs_n: dims j0.. of head0's halves, see _skinny_kernel)."""
-    if head0 < n_q + n_kv:  # q or k: rotated
-        dt = y.dtype
+    if head0 < n_q + n_kv:  # q or k: rotated as the rotary kernel rotates them (this kernel keeps fp fusion)
         y1, y2 = tl.split(tl.permute(tl.reshape(y, [2, BLOCK_N // 2]), (1, 0)))
         cs = CosSin + tl.load(Pos) * stride_cs + j0 + tl.arange(0, BLOCK_N // 2)
-        c = tl.load(cs).to(dt).to(tl.float32)
-        s = tl.load(cs + HEAD_DIM // 2).to(dt).to(tl.float32)
-        a1 = y1.to(tl.float32)
-        a2 = y2.to(tl.float32)
-        # fused_kernels._rotary_kernel's order: every product and the sum rounded to the dtype.
-        o1 = (_mul(a1, c).to(dt).to(tl.float32) + _mul(-a2, s).to(dt).to(tl.float32)).to(dt)
-        o2 = (_mul(a2, c).to(dt).to(tl.float32) + _mul(a1, s).to(dt).to(tl.float32)).to(dt)
+        o1, o2 = rotate_halves(y1, y2, tl.load(cs), tl.load(cs + HEAD_DIM // 2), True)
         y = tl.reshape(tl.permute(tl.join(o1, o2), (1, 0)), [BLOCK_N])
     tl.store(Y + offs_n, y)
     slot = tl.load(Loc).to(tl.int64)
