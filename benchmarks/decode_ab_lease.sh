@@ -33,7 +33,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     fi
     (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout 300 python3 benchmarks/$script --batches ${BATCHES:-1 256} \
       --out "$OUT/${PROBE:-profile}_${name}_r$round.json" 2>&1 | tee -a "$OUT/probe.log" \
-      | grep -E "^batch|step" | tail -4)
+      | grep -E "^batch|step|^few-row" | tail -5)
   done
 done
 if [ -n "${STARTUP:-}" ]; then  # cold Engine() (fresh process, empty kernel cache) with both start-up builds, per tree

@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gpu_llama8b import close, decode_steps, greedy, make_engine, timed  # noqa: E402
+from radixlm.runtime.executor.model_runner import format_gemm_choices  # noqa: E402
 
 
 class PassClock:
@@ -126,6 +127,8 @@ def main() -> None:
               "command": " ".join(["python", *sys.argv]), "rows": []}
     try:
         decode_steps(engine, src, 8, prompt_len, steps=16)  # warm-up
+        result["gemm_choices"] = engine.runner.gemm_choice_counts()
+        print("few-row GEMMs (rows: skinny/cuBLAS layers):", format_gemm_choices(result["gemm_choices"]), flush=True)
         for b in args.batches:
             row = measure(engine, src, b, steps, prompt_len)
             result["rows"].append(row)

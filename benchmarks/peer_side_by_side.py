@@ -97,6 +97,7 @@ def child(args) -> None:
     from benchmarks.profile_workloads import tiny_model_dir
     from radixlm import Engine
     from radixlm.bench.datasets import PromptSource
+    from radixlm.runtime.executor.model_runner import format_gemm_choices
 
     imported_at = time.time()
     engine_args = json.loads(args.engine_args)
@@ -122,6 +123,10 @@ def child(args) -> None:
     run["engine_init_s"] = time.perf_counter() - t0
     run["startup_s"] = time.time() - args.spawned_at
     run["triton_cache_kernels_after_startup"] = cache_entries(cache_dir)
+    run["gemm_choices"] = engine.runner.gemm_choice_counts()  # few-row GEMMs: [skinny, cuBLAS] layers by row count
+    if run["gemm_choices"]:
+        log(f"run {args.run_index}: few-row GEMMs (rows: skinny/cuBLAS layers): "
+            + format_gemm_choices(run["gemm_choices"]))
     log(f"run {args.run_index}: ready {run['startup_s']:.1f} s after spawn (imports {run['imports_s']:.1f} s, "
         f"Engine() {run['engine_init_s']:.1f} s), "
         f"kernel cache {run['kernel_cache']} ({kernels0} kernels)")

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.gpu_llama8b import close, greedy, make_engine  # noqa: E402
 from benchmarks.llama8b import model_dir  # noqa: E402
 from radixlm.bench.datasets import PromptSource  # noqa: E402
+from radixlm.runtime.executor.model_runner import format_gemm_choices  # noqa: E402
 
 
 def kernel_times(engine, prompts, n_out: int) -> tuple[float, Counter, Counter]:
@@ -75,6 +76,8 @@ def main() -> None:
               "command": " ".join(["python", *sys.argv]), "batches": []}
     try:
         engine.generate(input_ids=[src.ids(512) for _ in range(8)], sampling_params=greedy(8))
+        result["gemm_choices"] = engine.runner.gemm_choice_counts()
+        print("few-row GEMMs (rows: skinny/cuBLAS layers):", format_gemm_choices(result["gemm_choices"]))
         for b in args.batches:
             row = step_kernels(engine, src, b, args.steps, args.top)
             result["batches"].append(row)

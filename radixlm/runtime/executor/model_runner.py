@@ -50,6 +50,12 @@ def _physical_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def format_gemm_choices(counts: dict[str, dict[int, list[int]]]) -> str:
+    """ModelRunner.gemm_choice_counts on one line: `qkv_proj 1: 32/0, 2: 30/2; o_proj ...` (rows: skinny/cuBLAS)."""
+    return "; ".join(f"{name} " + ", ".join(f"{rows}: {s}/{c}" for rows, (s, c) in by_rows.items())
+                     for name, by_rows in counts.items())
+
+
 class ModelRunner:
     def __init__(self, server_args: ServerArgs, model_config: ModelConfig, device: str, parallel: Parallel = SINGLE):
         self.server_args = server_args
@@ -181,6 +187,9 @@ class ModelRunner:
                     list(plan.token_row_batches), plan.decode_splits, ", MoE configs" if plan.moe else "",
                     ", tree masks" if plan.tree_masks else "",
                     f", shared prefixes {plan.shared_prefix}" if plan.shared_prefix else "", time.perf_counter() - t0)
+        choices = self.gemm_choice_counts()
+        if choices:
+            logger.info("few-row GEMMs, layers on the skinny kernel / cuBLAS: %s", format_gemm_choices(choices))
 
     def _build_in_parallel(self, plan: WarmupPlan) -> None:
         """Builds in threads (layers/kernel_builds.py) what the warm-up passes would build one kernel after another:
@@ -209,7 +218,7 @@ class ModelRunner:
         GEMMs take cuBLAS, unmeasured (the builds load the host): the real run measures them."""
         from radixlm.runtime.layers.skinny_gemm import SKINNY_MAX_M
 
-        holders = [m for m in self.model.modules() if hasattr(m, "gemm_choices")] + [self.logits_processor]
+        holders = [h for _, h in self.gemm_holders()]
         measured = [h.gemm_choices for h in holders]
         try:
             for h in holders:
@@ -219,6 +228,20 @@ class ModelRunner:
         finally:
             for h, choices in zip(holders, measured):
                 h.gemm_choices = choices
+
+    def gemm_holders(self) -> list[tuple[str, object]]:
+        """(name, holder) of every few-row GEMM choice memo (gemm.linear's): the model's layers, then the lm_head."""
+        layers = [(n, m) for n, m in self.model.named_modules() if hasattr(m, "gemm_choices")]
+        return layers + [("lm_head", self.logits_processor)]
+
+    def gemm_choice_counts(self) -> dict[str, dict[int, list[int]]]:
+        """Per GEMM (the layer's attribute name: qkv_proj, o_proj, ..., lm_head) and row count: how many layers took
+        [the skinny kernel, cuBLAS] by gemm.linear's measurement (empty off CUDA)."""
+        counts: dict[str, dict[int, list[int]]] = {}
+        for name, holder in self.gemm_holders():
+            for rows, skinny in sorted(holder.gemm_choices.items()):
+                counts.setdefault(name.rsplit(".", 1)[-1], {}).setdefault(rows, [0, 0])[0 if skinny else 1] += 1
+        return counts
 
     def _warm_up_passes(self, plan: WarmupPlan) -> None:
         self.warm_up_extend(tree_masks=plan.tree_masks)

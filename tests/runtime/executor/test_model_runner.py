@@ -59,3 +59,20 @@ def test_warm_up_kernels_runs_every_planned_variant(tiny_model_dir, monkeypatch)
         assert {bs for bs, _ in token_rows} >= set(range(1, SKINNY_MAX_M + 1))
         extend = [max(ext) for mode, _, _, ext in passes if mode.is_request_spans()]
         assert min(extend) <= 16 < max(extend)
+
+
+def test_gemm_choice_counts_by_layer_kind_and_rows(tiny_model_dir):
+    """The few-row GEMM choices (set by gemm.linear on CUDA, empty on CPU) counted per layer kind and row count."""
+    from radixlm.runtime.executor.model_runner import format_gemm_choices
+
+    runner = make_scheduler(tiny_model_dir).runner
+    assert runner.gemm_choice_counts() == {}
+    holders = dict(runner.gemm_holders())
+    qkv = [n for n in holders if n.endswith("qkv_proj")]
+    assert len(qkv) == runner.model_config.num_layers and list(holders)[-1] == "lm_head"
+    for i, name in enumerate(qkv):
+        holders[name].gemm_choices.update({1: i > 0, 2: True})
+    holders["lm_head"].gemm_choices[1] = False
+    counts = runner.gemm_choice_counts()
+    assert counts == {"qkv_proj": {1: [len(qkv) - 1, 1], 2: [len(qkv), 0]}, "lm_head": {1: [0, 1]}}
+    assert format_gemm_choices(counts) == f"qkv_proj 1: {len(qkv) - 1}/1, 2: {len(qkv)}/0; lm_head 1: 0/1"
