@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +24,10 @@ MEASURE_REPS = 10
 SKINNY_MARGIN = 1.03
 
 
-def _time_us(fns: list, flush: torch.Tensor, reps: int = MEASURE_REPS) -> list[float]:
+def _time_us(fns: list, evict: Callable[[], object], reps: int = MEASURE_REPS) -> list[float]:
     """Median device time of one call of each fn, as a CUDA-graph replay in a model's forward pays it: each call follows
-    a write of `flush` (larger than the L2 cache), which evicts the weight as the other layers would and keeps the
-    device busy while the host launches fn. Back-to-back calls instead measured the launch's host cost, larger for a
+    evict() (a write of a buffer larger than the L2 cache), which evicts the weight as the other layers would and keeps
+    the device busy while the host launches fn. Back-to-back calls instead measured the launch's host cost, larger for a
     Triton kernel than for cuBLAS (on an H100 that picked cuBLAS for the 8B model's qkv, o and down projections at
     batch 1, where the skinny kernel is 8-19% faster in graphs: benchmarks/results/kernels_h100/gemv_sweep.json).
     The candidates alternate, so that a drift of the device's clocks during the warm-up moves both alike (timed one
@@ -39,7 +40,7 @@ def _time_us(fns: list, flush: torch.Tensor, reps: int = MEASURE_REPS) -> list[f
               for _ in range(reps)]
     for rep in events:
         for fn, (start, end) in zip(fns, rep):
-            flush.zero_()
+            evict()
             start.record()
             fn()
             end.record()
@@ -62,7 +63,7 @@ def _prefer_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         if epilogue is not None:
             epilogue.unfused(y)
 
-    skinny, cublas_us = _time_us([lambda: skinny_linear(x, weight, bias, fresh(), epilogue), cublas], flush)
+    skinny, cublas_us = _time_us([lambda: skinny_linear(x, weight, bias, fresh(), epilogue), cublas], flush.zero_)
     return skinny < SKINNY_MARGIN * cublas_us
 
 
