@@ -15,6 +15,7 @@ eager picks agree with the replay's.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -65,21 +66,16 @@ def main() -> None:
                 rounds = [_time_us([lambda: fns[0](0), lambda: fns[1](0)], evict) for _ in range(args.rounds)]
                 cell[f"{kind}_us"] = rounds
                 cell[f"{kind}_picks_skinny"] = sum(picks_skinny(*r) for r in rounds)
+                cell[f"{kind}_median_us"] = [statistics.median(r[i] for r in rounds) for i in (0, 1)]
             cells.append(cell)
-            eager = " | ".join(f"{cell[f'{kind}_picks_skinny']}/{args.rounds} (median "
-                               f"{_median(cell[f'{kind}_us'], 0):.1f} / {_median(cell[f'{kind}_us'], 1):.1f})"
-                               for kind in evictions)
+            eager = " | ".join("{}/{} (median {:.1f} / {:.1f})".format(
+                cell[f"{kind}_picks_skinny"], args.rounds, *cell[f"{kind}_median_us"]) for kind in evictions)
             winner = "skinny" if cell["replay_picks_skinny"] else "cuBLAS"
             print(f"{name:13s} {m:4d} | {replay[0]:7.1f} / {replay[1]:7.1f} ({winner}) | {eager}", flush=True)
             write_cells(args.out, "gemm_choice_probe", cells)
         del ws
         torch.cuda.empty_cache()
     print(f"wrote {args.out} after {time.perf_counter() - t0:.0f} s")
-
-
-def _median(rounds: list[list[float]], i: int) -> float:
-    values = sorted(r[i] for r in rounds)
-    return values[len(values) // 2]
 
 
 if __name__ == "__main__":
