@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemv_sweep import SHAPES, graph_us, write_cells  # noqa: E402
+from benchmarks.gemv_sweep import SHAPES, graph_us, weight_copies, write_cells  # noqa: E402
 
 
 def main() -> None:
@@ -31,8 +31,8 @@ def main() -> None:
     libs = ("cublas", "cublaslt")
     for name in args.shapes:
         n, k = SHAPES[name]
-        copies = max(2, min(16, -(-600_000_000 // (n * k * 2))))
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        ws = weight_copies(n, k)
+        copies = len(ws)
         for m in args.rows:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]

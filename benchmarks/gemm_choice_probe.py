@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemv_sweep import SHAPES, graph_us, write_cells  # noqa: E402
+from benchmarks.gemv_sweep import SHAPES, graph_us, weight_copies, write_cells  # noqa: E402
 from radixlm.runtime.layers.gemm import SKINNY_MARGIN, _time_us  # noqa: E402
 from radixlm.runtime.layers.skinny_gemm import skinny_linear  # noqa: E402
 
@@ -54,8 +54,8 @@ def main() -> None:
             print("budget spent: stopping", flush=True)
             break
         n, k = SHAPES[name]
-        copies = max(2, min(16, -(-600_000_000 // (n * k * 2))))
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        ws = weight_copies(n, k)
+        copies = len(ws)
         for m in args.rows:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             fns = [lambda i: skinny_linear(x, ws[i]), lambda i: F.linear(x, ws[i])]

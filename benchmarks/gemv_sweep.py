@@ -54,6 +54,13 @@ def write_cells(path: str, benchmark: str, cells: list) -> None:
                                      indent=1))
 
 
+def weight_copies(n: int, k: int, scale: float = 0.02, dtype=torch.bfloat16, device="cuda") -> list[torch.Tensor]:
+    """Distinct random (n, k) weights, enough of them (2-16, ~600 MB) that a graph replaying one GEMM per copy reads
+    each from HBM, as a model's forward does (no L2 hits)."""
+    copies = max(2, min(16, -(-600_000_000 // (n * k * 2))))
+    return [torch.randn(n, k, device=device, dtype=dtype) * scale for _ in range(copies)]
+
+
 def graph_us(fn, copies: int) -> float:
     """Microseconds per call: a graph of `copies` calls (fn(i) uses weight copy i) replayed."""
     s = torch.cuda.Stream()
@@ -82,8 +89,8 @@ def main() -> None:
     cells = []
     for name in args.shapes:
         n, k = SHAPES[name]
-        copies = max(2, min(16, -(-600_000_000 // (n * k * 2))))
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        ws = weight_copies(n, k)
+        copies = len(ws)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         ys = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
         ref = F.linear(x, ws[0])

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemv_sweep import graph_us, write_cells  # noqa: E402
+from benchmarks.gemv_sweep import graph_us, weight_copies, write_cells  # noqa: E402
 from radixlm.runtime.layers.activation import SiluAndMul  # noqa: E402
 from radixlm.runtime.layers.norm import RMSNorm  # noqa: E402
 from radixlm.runtime.layers.prologue import Prologue, PrologueKind  # noqa: E402
@@ -43,8 +43,8 @@ def main() -> None:
     act = SiluAndMul()
     cells = []
     for name, (n, k, kind) in CASES.items():
-        copies = max(2, min(16, -(-600_000_000 // (n * k * 2))))
-        ws = [torch.randn(n, k, device=dev, dtype=dt) * k**-0.5 for _ in range(copies)]
+        ws = weight_copies(n, k, k**-0.5, dt, dev)
+        copies = len(ws)
         for m in args.rows:
             width = 2 * k if kind is PrologueKind.SILU_MUL else k
             x = torch.randn(m, width, device=dev, dtype=dt) * 2
