@@ -41,7 +41,7 @@ class RotaryStore:
         """Whether a kernel can apply it to x @ weight.T: CUDA, neox rotation over whole heads of a width that splits
         into the kernel's column blocks, the GEMM's output is [q | k | v], the pool holds contiguous rows."""
         d = self.head_dim
-        return (x.is_cuda and self.loc is not None and self.rope.fused(self.positions, x) and kernel_head_dim(d)
+        return (x.is_cuda and self.rope.fused(self.positions, x) and kernel_head_dim(d)
                 and weight.shape[0] == self.q_size + 2 * self.kv_size and self.q_size % d == 0
                 and self.positions.shape == self.loc.shape == x.shape[:1]
                 and all(b.is_contiguous() and b.shape[1] * b.shape[2] == self.kv_size

@@ -28,9 +28,8 @@ class RadixAttention(nn.Module):
         kernel can (not on CUDA, more rows than epilogue.MAX_ROWS) or the pass stores no KV."""
         rope, positions = rotary
         pool = forward_batch.token_to_kv_pool
-        if not positions.is_cuda or positions.shape[-1] > MAX_ROWS or pool is None:
-            return None
-        if forward_batch.out_cache_loc is None:
+        if (not positions.is_cuda or positions.shape[-1] > MAX_ROWS or pool is None
+                or forward_batch.out_cache_loc is None):
             return None
         return RotaryStore(rope, positions, forward_batch.out_cache_loc, pool.get_key_buffer(self.layer_id),
                            pool.get_value_buffer(self.layer_id), self.num_heads * self.head_dim,
