@@ -4,11 +4,14 @@
 
 Per Llama-3.1-8B GEMM shape (no prologue or epilogue) and row count:
   replay  a CUDA-graph replay over COPIES weight copies (no L2 hits, no launch cost), skinny kernel and cuBLAS;
-  write   `gemm._time_us` as start-up runs it: each call after a write of 4x the L2 cache (its dirty lines are written
-          back while the GEMM reads its weight), ROUNDS times;
-  read    the same after a read of that buffer (clean lines, as another layer's weight reads leave them).
+  write   `gemm._time_us`, each call after a write of 4x the L2 cache (its dirty lines are written back while the GEMM
+          reads its weight), ROUNDS times;
+  read    the same after a read of that buffer (clean lines, as another layer's weight reads leave them): start-up's way.
+Until 2026-11-27 `_time_us` called each candidate eagerly, where the host's launch cost showed through
+(kernels_h100/gemm_choice_probe.json and _order.json); _lead.json had the device sleep first while the host queued every
+call (right picks, but 5 s more start-up); since then it replays each candidate's own CUDA graph.
 Each measurement's pick is the skinny kernel where it is below SKINNY_MARGIN x cuBLAS; the table says how often the
-eager picks agree with the replay's.
+start-up measurement's picks agree with the replay's.
 
     python benchmarks/gemm_choice_probe.py --out $OUT/gemm_choice_probe.json
 """
@@ -48,7 +51,7 @@ def main() -> None:
     words = buf.view(torch.int32)
     evictions = {"write": buf.zero_, "read": lambda: torch.amax(words)}
     cells = []
-    print(f"{'shape':13s} rows | replay skinny / cuBLAS us | eager-write picks skinny | eager-read picks skinny")
+    print(f"{'shape':13s} rows | replay skinny / cuBLAS us | " + " | ".join(f"{m} picks skinny" for m in evictions))
     for name in args.shapes:
         if time.perf_counter() - t0 > args.budget_s:
             print("budget spent: stopping", flush=True)

@@ -25,24 +25,35 @@ SKINNY_MARGIN = 1.03
 
 
 def _time_us(fns: list, evict: Callable[[], object], reps: int = MEASURE_REPS) -> list[float]:
-    """Median device time of one call of each fn, as a CUDA-graph replay in a model's forward pays it: each call follows
-    evict() (a write of a buffer larger than the L2 cache), which evicts the weight as the other layers would and keeps
-    the device busy while the host launches fn. Back-to-back calls instead measured the launch's host cost, larger for a
-    Triton kernel than for cuBLAS (on an H100 that picked cuBLAS for the 8B model's qkv, o and down projections at
-    batch 1, where the skinny kernel is 8-19% faster in graphs: benchmarks/results/kernels_h100/gemv_sweep.json).
-    The candidates alternate, so that a drift of the device's clocks during the warm-up moves both alike (timed one
-    after the other, a start-up on an H100 gave cuBLAS 11 of the 129 batch-1 GEMMs:
-    benchmarks/results/kernels_h100/epilogue/call3_profile_base_b1.json)."""
-    for _ in range(3):
+    """Median device time of one call of each fn, as a CUDA-graph replay in a model's forward pays it: each fn is
+    captured in a graph of its own and each replay follows evict() (a pass over a buffer larger than the L2 cache),
+    which evicts the weight as the other layers would. Called eagerly instead, the host's launch cost, larger for a
+    Triton kernel than for cuBLAS, showed through whenever it outran evict(): on an H100 the skinny qkv GEMM at one row
+    measured 28-145 us against 20 us in graph replays, and start-ups picked cuBLAS for up to 64 of the 8B model's 129
+    batch-1 GEMMs (benchmarks/results/kernels_h100/gemm_choice_probe*.json). A replay's launch is short enough for the
+    host to stay ahead. The candidates alternate, so that a drift of the device's clocks moves both alike."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    pool = torch.cuda.graph_pool_handle()
+    graphs = []
+    with torch.cuda.stream(side):
         for fn in fns:
+            fn()  # compiles, and allocates what a first call on this stream allocates (cuBLAS's workspace), uncaptured
+            graph = torch.cuda.CUDAGraph()
+            graph.capture_begin(pool=pool)
             fn()
+            graph.capture_end()
+            graphs.append(graph)
+    torch.cuda.current_stream().wait_stream(side)
+    for graph in graphs:
+        graph.replay()
     events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
               for _ in range(reps)]
     for rep in events:
-        for fn, (start, end) in zip(fns, rep):
+        for graph, (start, end) in zip(graphs, rep):
             evict()
             start.record()
-            fn()
+            graph.replay()
             end.record()
     events[-1][-1][1].synchronize()
     return [statistics.median(rep[i][0].elapsed_time(rep[i][1]) for rep in events) * 1e3 for i in range(len(fns))]
@@ -53,6 +64,8 @@ def _prefer_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     from radixlm.runtime.layers.skinny_gemm import skinny_linear
 
     l2 = torch.cuda.get_device_properties(x.device).L2_cache_size
+    # A read, not a write: dirty lines would be written back during the GEMM, adding 5-10 us to both candidates that a
+    # model's forward, whose other kernels write little, does not pay.
     flush = torch.empty(max(4 * l2, 64 << 20), dtype=torch.uint8, device=x.device)
     # Each run gets its own copy of the prologue: a run sets its residual_out. The epilogue's stores repeat (the same
     # values at the same slots); after cuBLAS it runs unfused, as attention then runs it.
@@ -63,7 +76,9 @@ def _prefer_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         if epilogue is not None:
             epilogue.unfused(y)
 
-    skinny, cublas_us = _time_us([lambda: skinny_linear(x, weight, bias, fresh(), epilogue), cublas], flush.zero_)
+    words = flush.view(torch.int32)
+    skinny, cublas_us = _time_us([lambda: skinny_linear(x, weight, bias, fresh(), epilogue), cublas],
+                                 lambda: torch.amax(words))
     return skinny < SKINNY_MARGIN * cublas_us
 
 

@@ -169,6 +169,29 @@ def test_gemm_dispatch_measures_once_per_row_count_and_matches_cublas():
     assert set(choices) == {1, 2, 4}  # 9 rows: never the skinny kernel
 
 
+
+def test_gemm_timing_replays_each_candidate_and_ranks_a_heavier_one_slower():
+    """gemm._time_us times each candidate's CUDA-graph replay: the calls' effects land (here: eight matmuls against
+    one), the heavier candidate measures slower, and no capture is left open on the caller's stream."""
+    from radixlm.runtime.layers import gemm
+
+    a = torch.randn(1024, 1024, device="cuda")
+    outs = torch.zeros(2, device="cuda")
+
+    def light():
+        outs[0] += 1
+        return a @ a
+
+    def heavy():
+        outs[1] += 1
+        return [a @ a for _ in range(8)]
+
+    light_us, heavy_us = gemm._time_us([light, heavy], lambda: None, reps=5)
+    assert 0 < light_us < heavy_us
+    assert not torch.cuda.is_current_stream_capturing()
+    torch.cuda.synchronize()
+    assert outs.tolist() == [1 + 1 + 5, 1 + 1 + 5]  # the uncaptured first call, the first replay, one per rep
+
 def _prologue_case(kind, m: int, k: int, dtype):
     from radixlm.runtime.layers.activation import SiluAndMul
     from radixlm.runtime.layers.norm import RMSNorm
