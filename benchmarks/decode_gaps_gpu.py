@@ -10,6 +10,7 @@ around the scheduler's phases. Per decode pass it reports:
 and the wall-clock share neither explains (the run's start and end, spread over the steps).
 
     python benchmarks/decode_gaps_gpu.py --batches 1 64 256 --out $OUT/decode_gaps.json
+    python benchmarks/decode_gaps_gpu.py --batches 4 8 --force o_proj=cublas down_proj=cublas   # choices as given
     python benchmarks/decode_gaps_gpu.py --tiny --batches 1 4   # here, on the CPU (no device events: host only)
 """
 from __future__ import annotations
@@ -99,13 +100,33 @@ def measure(engine, src, batch: int, steps: int, prompt_len: int) -> dict:
     return row
 
 
+def force_choices(forced: dict[str, str]) -> None:
+    """Start-up takes the given choice for these GEMMs' weight shapes instead of measuring (what a choice at one or two
+    rows costs the other batch sizes' steps)."""
+    from benchmarks.gemv_sweep import SHAPES
+    from radixlm.runtime.layers import gemm
+
+    by_shape = {SHAPES[name]: kind == "skinny" for name, kind in forced.items()}
+    measure = gemm._prefer_skinny
+
+    def prefer(x, weight, *rest):
+        use = by_shape.get(tuple(weight.shape))
+        return measure(x, weight, *rest) if use is None else use
+
+    gemm._prefer_skinny = prefer
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
     p.add_argument("--steps", type=int, default=256)
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--out", default="/tmp/decode_gaps.json")
+    p.add_argument("--force", nargs="*", default=[], metavar="GEMM=skinny|cublas",
+                   help="8B GEMM (gemv_sweep.SHAPES) whose few-row choice start-up takes as given, at all row counts")
     args = p.parse_args()
+    if args.force:
+        force_choices(dict(f.split("=") for f in args.force))
     from transformers import AutoTokenizer
 
     from radixlm import Engine
@@ -124,7 +145,7 @@ def main() -> None:
         prompt_len, steps = 512, args.steps
     src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
     result = {"benchmark": "decode_gaps", "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-              "command": " ".join(["python", *sys.argv]), "rows": []}
+              "command": " ".join(["python", *sys.argv]), "forced": args.force, "rows": []}
     try:
         decode_steps(engine, src, 8, prompt_len, steps=16)  # warm-up
         result["gemm_choices"] = engine.runner.gemm_choice_counts()

@@ -7,6 +7,7 @@ applies it at one row and marks it applied; otherwise the caller's attention doe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 from collections.abc import Callable
 
@@ -32,7 +33,7 @@ def _time_us(fns: list, evict: Callable[[], object], reps: int = MEASURE_REPS) -
     measured 28-145 us against 20 us in graph replays, and start-ups picked cuBLAS for up to 64 of the 8B model's 129
     batch-1 GEMMs (benchmarks/results/kernels_h100/gemm_choice_probe*.json). A replay's launch is short enough for the
     host to stay ahead. The candidates alternate, so that a drift of the device's clocks moves both alike."""
-    side = torch.cuda.Stream()
+    side = _capture_stream(torch.cuda.current_device())
     side.wait_stream(torch.cuda.current_stream())
     pool = torch.cuda.graph_pool_handle()
     graphs = []
@@ -57,6 +58,13 @@ def _time_us(fns: list, evict: Callable[[], object], reps: int = MEASURE_REPS) -
             end.record()
     events[-1][-1][1].synchronize()
     return [statistics.median(rep[i][0].elapsed_time(rep[i][1]) for rep in events) * 1e3 for i in range(len(fns))]
+
+
+@functools.cache
+def _capture_stream(device: int) -> torch.cuda.Stream:
+    """The side stream of _time_us's captures, one per device: torch keeps a cuBLAS workspace, for the process's life,
+    for each stream that runs a GEMM (a new stream per measurement would hold up to 32 of them)."""
+    return torch.cuda.Stream(device)
 
 
 def _prefer_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | None,

@@ -192,6 +192,23 @@ def test_gemm_timing_replays_each_candidate_and_ranks_a_heavier_one_slower():
     torch.cuda.synchronize()
     assert outs.tolist() == [1 + 1 + 5, 1 + 1 + 5]  # the uncaptured first call, the first replay, one per rep
 
+
+def test_gemm_timing_holds_no_memory_past_its_measurements():
+    """Start-up times hundreds of GEMMs: once the allocator's cache is emptied (as the decode graphs' capture does),
+    the measurements' graphs and streams leave no memory reserved (a cuBLAS workspace per stream would)."""
+    from radixlm.runtime.layers import gemm
+
+    w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16)
+    fns = [lambda: x @ w.t(), lambda: torch.nn.functional.linear(x, w)]
+    gemm._time_us(fns, lambda: None, reps=2)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    for _ in range(40):
+        gemm._time_us(fns, lambda: None, reps=2)
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() - before < 16 << 20
+
 def _prologue_case(kind, m: int, k: int, dtype):
     from radixlm.runtime.layers.activation import SiluAndMul
     from radixlm.runtime.layers.norm import RMSNorm
