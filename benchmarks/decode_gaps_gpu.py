@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_llama8b import close, decode_steps, greedy, make_engine, timed  # noqa: E402
+from benchmarks.gpu_llama8b import close, decode_steps, force_choices, greedy, make_engine, timed  # noqa: E402
 from radixlm.runtime.executor.model_runner import format_gemm_choices  # noqa: E402
 
 
@@ -98,22 +98,6 @@ def measure(engine, src, batch: int, steps: int, prompt_len: int) -> dict:
     if decode:
         row["device_share_of_step"] = (mean("pass_us") + mean("gap_us")) / (step_s * 1e6)
     return row
-
-
-def force_choices(forced: dict[str, str]) -> None:
-    """Start-up takes the given choice for these GEMMs' weight shapes instead of measuring (what a choice at one or two
-    rows costs the other batch sizes' steps)."""
-    from benchmarks.gemv_sweep import SHAPES
-    from radixlm.runtime.layers import gemm
-
-    by_shape = {SHAPES[name]: kind == "skinny" for name, kind in forced.items()}
-    measure = gemm._prefer_skinny
-
-    def prefer(x, weight, *rest):
-        use = by_shape.get(tuple(weight.shape))
-        return measure(x, weight, *rest) if use is None else use
-
-    gemm._prefer_skinny = prefer
 
 
 def main() -> None:

@@ -75,6 +75,22 @@ def make_engine(path: str, **kw) -> Engine:
                   random_seed=0, **kw)
 
 
+def force_choices(forced: dict[str, str]) -> None:
+    """Start-up takes the given choice (skinny or cublas) for these 8B GEMMs' weight shapes (gemv_sweep.SHAPES) at every
+    row count instead of measuring it: what a choice at one or two rows costs the other batch sizes' steps."""
+    from benchmarks.gemv_sweep import SHAPES
+    from radixlm.runtime.layers import gemm
+
+    by_shape = {SHAPES[name]: kind == "skinny" for name, kind in forced.items()}
+    measure = gemm._prefer_skinny
+
+    def prefer(x, weight, *rest):
+        use = by_shape.get(tuple(weight.shape))
+        return measure(x, weight, *rest) if use is None else use
+
+    gemm._prefer_skinny = prefer
+
+
 def close(engine: Engine, timeout_s: float = 120.0) -> None:
     """engine.shutdown() (releases the model, the KV pool and the graphs), given up on after timeout_s: a
     tensor-parallel shutdown hung on GPUs (2026-11-25), and a benchmark must still report what it measured."""

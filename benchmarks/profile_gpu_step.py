@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_llama8b import close, greedy, make_engine  # noqa: E402
+from benchmarks.gpu_llama8b import close, force_choices, greedy, make_engine  # noqa: E402
 from benchmarks.llama8b import model_dir  # noqa: E402
 from radixlm.bench.datasets import PromptSource  # noqa: E402
 from radixlm.runtime.executor.model_runner import format_gemm_choices  # noqa: E402
@@ -66,14 +66,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--top", type=int, default=14)
     p.add_argument("--out", default="benchmarks/results/profile_gpu_step.json")
+    p.add_argument("--force", nargs="*", default=[], metavar="GEMM=skinny|cublas", help="as decode_gaps_gpu.py's")
     args = p.parse_args()
+    if args.force:
+        force_choices(dict(f.split("=") for f in args.force))
     path = model_dir()
     from transformers import AutoTokenizer
 
     src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
     engine = make_engine(path, max_running_requests=max(args.batches))
     result = {"model": "Llama-3.1-8B bf16 dummy", "gpu": torch.cuda.get_device_name(), "steps": args.steps,
-              "command": " ".join(["python", *sys.argv]), "batches": []}
+              "command": " ".join(["python", *sys.argv]), "forced": args.force, "batches": []}
     try:
         engine.generate(input_ids=[src.ids(512) for _ in range(8)], sampling_params=greedy(8))
         result["gemm_choices"] = engine.runner.gemm_choice_counts()
