@@ -169,7 +169,6 @@ def test_gemm_dispatch_measures_once_per_row_count_and_matches_cublas():
     assert set(choices) == {1, 2, 4}  # 9 rows: never the skinny kernel
 
 
-
 def test_gemm_timing_replays_each_candidate_and_ranks_a_heavier_one_slower():
     """gemm._time_us times each candidate's CUDA-graph replay: the calls' effects land (here: eight matmuls against
     one), the heavier candidate measures slower, and no capture is left open on the caller's stream."""
@@ -208,6 +207,7 @@ def test_gemm_timing_holds_no_memory_past_its_measurements():
         gemm._time_us(fns, lambda: None, reps=2)
     torch.cuda.empty_cache()
     assert torch.cuda.memory_reserved() - before < 16 << 20
+
 
 def _prologue_case(kind, m: int, k: int, dtype):
     from radixlm.runtime.layers.activation import SiluAndMul
