@@ -27,7 +27,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemv_sweep import write_cells  # noqa: E402
+from benchmarks.gemv_sweep import within_budget, write_cells  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.span_attention import attend_span  # noqa: E402
@@ -138,10 +138,8 @@ def main() -> None:
     if args.quick:
         configs = [c for c in configs if c[1] == 64 and c[2] == 4]
     rows_out = []
-    for layout, ctx, bs in itertools.product(args.layouts, args.ctx, args.batches):
-        if time.perf_counter() - t_start > args.budget_s:
-            print("budget spent: stopping", flush=True)
-            break
+    for layout, ctx, bs in within_budget(itertools.product(args.layouts, args.ctx, args.batches), t_start,
+                                         args.budget_s):
         q, k_buf, v_buf, table, rows, lens = make_inputs(bs, ctx, layout, 512)
         kv_bytes = bs * ctx * KV_HEADS * HEAD_DIM * 2 * k_buf.element_size()
         graph_splits = decode_num_splits(131072, bs, KV_HEADS)  # CUDA graphs size splits for the context length

@@ -25,7 +25,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemv_sweep import write_cells  # noqa: E402
+from benchmarks.gemv_sweep import within_budget, write_cells  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits  # noqa: E402
 
@@ -72,10 +72,7 @@ def main() -> None:
     cells_in += [("sharegpt", s, sharegpt_lengths(s)) for s in args.sharegpt_steps]
     cells = []
     scale = HEAD_DIM ** -0.5
-    for kind, arg, lens in cells_in:
-        if time.perf_counter() - t0 > args.budget_s:
-            print("budget spent: stopping", flush=True)
-            break
+    for kind, arg, lens in within_budget(cells_in, t0, args.budget_s):
         q, k_buf, v_buf, table, rows, seq = make_inputs(lens)
         bs, maxlen = len(lens), max(lens)
         kv_bytes = sum(lens) * KV_HEADS * HEAD_DIM * 2 * k_buf.element_size()

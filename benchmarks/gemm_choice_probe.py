@@ -6,7 +6,7 @@ Per Llama-3.1-8B GEMM shape (no prologue or epilogue) and row count:
   replay  a CUDA-graph replay over COPIES weight copies (no L2 hits, no launch cost), skinny kernel and cuBLAS;
   write   `gemm._time_us`, each call after a write of 4x the L2 cache (its dirty lines are written back while the GEMM
           reads its weight), ROUNDS times;
-  read    the same after a read of that buffer (clean lines, as another layer's weight reads leave them): start-up's way.
+  read    the same after a read of that buffer (clean lines, as other layers' weight reads leave them): start-up's way.
 Until 2026-11-27 `_time_us` called each candidate eagerly, where the host's launch cost showed through
 (kernels_h100/gemm_choice_probe.json and _order.json); _lead.json had the device sleep first while the host queued every
 call (right picks, but 5 s more start-up); since then it replays each candidate's own CUDA graph.
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemv_sweep import SHAPES, graph_us, weight_copies, write_cells  # noqa: E402
+from benchmarks.gemv_sweep import SHAPES, graph_us, weight_copies, within_budget, write_cells  # noqa: E402
 from radixlm.runtime.layers.gemm import SKINNY_MARGIN, _time_us  # noqa: E402
 from radixlm.runtime.layers.skinny_gemm import skinny_linear  # noqa: E402
 
@@ -52,10 +52,7 @@ def main() -> None:
     evictions = {"write": buf.zero_, "read": lambda: torch.amax(words)}
     cells = []
     print(f"{'shape':13s} rows | replay skinny / cuBLAS us | " + " | ".join(f"{m} picks skinny" for m in evictions))
-    for name in args.shapes:
-        if time.perf_counter() - t0 > args.budget_s:
-            print("budget spent: stopping", flush=True)
-            break
+    for name in within_budget(args.shapes, t0, args.budget_s):
         n, k = SHAPES[name]
         ws = weight_copies(n, k)
         copies = len(ws)

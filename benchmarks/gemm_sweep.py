@@ -23,7 +23,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemv_sweep import SHAPES, graph_us, weight_copies, write_cells  # noqa: E402
+from benchmarks.gemv_sweep import SHAPES, graph_us, weight_copies, within_budget, write_cells  # noqa: E402
 
 
 @triton.jit
@@ -56,6 +56,37 @@ def _gemm_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
+def cublas_cell(name: str, x: torch.Tensor, ws: list[torch.Tensor], ys: list[torch.Tensor]) -> dict:
+    """A probe's cell for one shape and row count, with cuBLAS's graph-replayed time (out= ys[i]) as the baseline;
+    the probe appends its Triton rows to cell["triton"]."""
+    (m, k), n = x.shape, ws[0].shape[0]
+    us = graph_us(lambda i: torch.matmul(x, ws[i].t(), out=ys[i]), len(ws))
+    return {"shape": name, "m": m, "n": n, "k": k, "copies": len(ws), "cublas_us": us,
+            "cublas_tflops": 2 * m * n * k / us / 1e6, "weight_read_us_at_3tbps": n * k * 2 / 3e12 * 1e6, "triton": []}
+
+
+def add_triton_row(cell: dict, row: dict, run, ref: torch.Tensor, y: torch.Tensor) -> None:
+    """Times run(i) (a Triton GEMM into ys[i] over weight copy i) by graph replay and appends row to cell["triton"]
+    with its time, its speed against cuBLAS and its largest difference from ref (y: run(0)'s output); a config
+    this Triton or GPU does not build gets its error instead."""
+    try:
+        run(0)
+        row["max_abs_diff"] = (y.float() - ref.float()).abs().max().item()
+        row["us"] = graph_us(run, cell["copies"])
+        row["vs_cublas"] = cell["cublas_us"] / row["us"]
+    except Exception as exc:
+        row["error"] = repr(exc)[:200]
+    cell["triton"].append(row)
+
+
+def print_best(cell: dict, describe, note: str = "") -> None:
+    """cuBLAS's line, then the 3 fastest Triton rows, each named by describe(row)."""
+    print(f"{cell['shape']:13s} M={cell['m']:4d}: cuBLAS {cell['cublas_us']:7.1f} us ({cell['cublas_tflops']:.0f} "
+          f"TFLOP/s, weights alone {cell['weight_read_us_at_3tbps']:.1f} us){note}", flush=True)
+    for r in sorted((r for r in cell["triton"] if "us" in r), key=lambda r: r["us"])[:3]:
+        print(f"    {describe(r)}: {r['us']:7.1f} us x{r['vs_cublas']:.3f} (diff {r['max_abs_diff']:.1e})", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", nargs="+", default=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
@@ -69,46 +100,27 @@ def main() -> None:
     # Under 64 rows (the decode tail of ShareGPT-like): one M tile of 16 or 32 rows, the weight stream pipelined.
     small = list(itertools.product([32, 64, 128, 256], [64, 128, 256], [3, 4, 6], [4]))
     cells = []
-    for name, m in itertools.product(args.shapes, args.rows):
+    for name, m in within_budget(itertools.product(args.shapes, args.rows), t0, args.budget_s):
         if m < 64:
             bm = max(16, triton.next_power_of_2(m))
             configs_m = [(bm, bn, bk, st, w, 1) for bn, bk, st, w in small if bn * bk <= 128 * 128 or st <= 4]
         else:
             configs_m = configs
-        if time.perf_counter() - t0 > args.budget_s:
-            print("budget spent: stopping", flush=True)
-            break
         n, k = SHAPES[name]
         ws = weight_copies(n, k)
-        copies = len(ws)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-        ref = F.linear(x, ws[0]).float()
-        flop, gbytes = 2 * m * n * k, n * k * 2 / 1e9
-        cublas = graph_us(lambda i: torch.matmul(x, ws[i].t(), out=ys[i]), copies)
-        cell = {"shape": name, "m": m, "n": n, "k": k, "cublas_us": cublas, "cublas_tflops": flop / cublas / 1e6,
-                "weight_read_us_at_3tbps": gbytes / 3.0 * 1e3, "triton": []}
+        ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
+        ref = F.linear(x, ws[0])
+        cell = cublas_cell(name, x, ws, ys)
         for bm, bn, bk, stages, warps, group in configs_m:
             def run(i, bm=bm, bn=bn, bk=bk, stages=stages, warps=warps, group=group):
                 grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
                 _gemm_kernel[grid](x, ws[i], ys[i], m, n, k, x.stride(0), ws[i].stride(0), ys[i].stride(0),
                                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_N=group, num_warps=warps,
                                    num_stages=stages)
-            row = {"block_m": bm, "block_n": bn, "block_k": bk, "stages": stages, "warps": warps}
-            try:
-                run(0)
-                row["max_abs_diff"] = (ys[0].float() - ref).abs().max().item()
-                row["us"] = graph_us(run, copies)
-                row["vs_cublas"] = cublas / row["us"]
-            except Exception as exc:
-                row["error"] = repr(exc)[:160]
-            cell["triton"].append(row)
-        best = sorted((r for r in cell["triton"] if "us" in r), key=lambda r: r["us"])[:3]
-        print(f"{name:13s} M={m:4d}: cuBLAS {cublas:7.1f} us ({cell['cublas_tflops']:.0f} TFLOP/s, weights alone "
-              f"{cell['weight_read_us_at_3tbps']:.1f} us)", flush=True)
-        for r in best:
-            print(f"    M{r['block_m']} N{r['block_n']} K{r['block_k']} s{r['stages']} w{r['warps']}: {r['us']:7.1f} us "
-                  f"x{r['vs_cublas']:.3f} (diff {r['max_abs_diff']:.1e})", flush=True)
+            add_triton_row(cell, {"block_m": bm, "block_n": bn, "block_k": bk, "stages": stages, "warps": warps}, run,
+                           ref, ys[0])
+        print_best(cell, lambda r: f"M{r['block_m']} N{r['block_n']} K{r['block_k']} s{r['stages']} w{r['warps']}")
         cells.append(cell)
         del ws, ys
         torch.cuda.empty_cache()

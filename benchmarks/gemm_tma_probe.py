@@ -27,7 +27,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemv_sweep import SHAPES, graph_us, weight_copies, write_cells  # noqa: E402
+from benchmarks.gemm_sweep import add_triton_row, cublas_cell, print_best  # noqa: E402
+from benchmarks.gemv_sweep import SHAPES, weight_copies, within_budget, write_cells  # noqa: E402
 
 
 @triton.jit
@@ -106,38 +107,19 @@ def main() -> None:
     t0 = time.perf_counter()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     cells = []
-    for m, name in itertools.product(args.rows, args.shapes):
-        if time.perf_counter() - t0 > args.budget_s:
-            print("budget spent: stopping", flush=True)
-            break
+    for m, name in within_budget(itertools.product(args.rows, args.shapes), t0, args.budget_s):
         n, k = SHAPES[name]
         ws = weight_copies(n, k)
-        copies = len(ws)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
         ref = F.linear(x, ws[0])
-        flop = 2 * m * n * k
-        cublas = graph_us(lambda i: torch.matmul(x, ws[i].t(), out=ys[i]), copies)
-        cell = {"shape": name, "m": m, "n": n, "k": k, "cublas_us": cublas, "cublas_tflops": flop / cublas / 1e6,
-                "weight_read_us_at_3tbps": n * k * 2 / 3e12 * 1e6, "triton": []}
-        for cfg in configs():
-            row = dict(cfg)
-            try:
-                descs = [descriptors(x, ws[i], ys[i], cfg) for i in range(copies)]
-                launch(*descs[0], m, n, k, cfg, num_sms)
-                row["max_abs_diff"] = (ys[0].float() - ref.float()).abs().max().item()
-                row["us"] = graph_us(lambda i, cfg=cfg, descs=descs: launch(*descs[i], m, n, k, cfg, num_sms), copies)
-                row["vs_cublas"] = cublas / row["us"]
-            except Exception as exc:  # a config this Triton or GPU does not build (warp specialization on Hopper)
-                row["error"] = repr(exc)[:200]
-            cell["triton"].append(row)
-        best = sorted((r for r in cell["triton"] if "us" in r), key=lambda r: r["us"])[:3]
+        cell = cublas_cell(name, x, ws, ys)
+        for cfg in configs():  # (descriptors are built on the host at capture: the replays time the kernel alone)
+            add_triton_row(cell, dict(cfg), lambda i, cfg=cfg: launch(*descriptors(x, ws[i], ys[i], cfg), m, n, k, cfg,
+                                                                       num_sms), ref, ys[0])
         errors = sum("error" in r for r in cell["triton"])
-        print(f"{name:13s} M={m:4d}: cuBLAS {cublas:7.1f} us ({cell['cublas_tflops']:.0f} TFLOP/s, weights alone "
-              f"{cell['weight_read_us_at_3tbps']:.1f} us), {errors} configs failed", flush=True)
-        for r in best:
-            print(f"    {r['form']:13s} M{r['block_m']} N{r['block_n']} s{r['stages']} w{r['warps']}: {r['us']:7.1f} us "
-                  f"x{r['vs_cublas']:.3f} (diff {r['max_abs_diff']:.1e})", flush=True)
+        print_best(cell, lambda r: f"{r['form']:13s} M{r['block_m']} N{r['block_n']} s{r['stages']} w{r['warps']}",
+                   f", {errors} configs failed")
         if errors:
             print("    e.g. " + next(r["error"] for r in cell["triton"] if "error" in r), flush=True)
         cells.append(cell)

@@ -47,6 +47,15 @@ def _splitk_kernel(X, W, Y32, N, K, stride_wn, K_PART: tl.constexpr, BLOCK_N: tl
     tl.atomic_add(Y32 + offs_n, acc, mask=n_mask, sem="relaxed")
 
 
+def within_budget(items, t0: float, budget_s: float):
+    """items, until budget_s seconds since t0 are spent (a probe's device call must end inside its limit)."""
+    for item in items:
+        if time.perf_counter() - t0 > budget_s:
+            print("budget spent: stopping", flush=True)
+            return
+        yield item
+
+
 def write_cells(path: str, benchmark: str, cells: list) -> None:
     """A kernel probe's results so far (every probe rewrites its file after each cell: a stopped run keeps them)."""
     Path(path).write_text(json.dumps({"benchmark": benchmark, "gpu": torch.cuda.get_device_name(),
