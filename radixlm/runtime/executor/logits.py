@@ -3,7 +3,7 @@ prompt logprobs were asked for. Logprobs are those of the model's raw distributi
 logits before penalties, temperature and filtering), as OpenAI and vLLM report them."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -29,15 +29,29 @@ class LogitsPlan:
 
 @dataclass
 class LogitsOutput:
-    next_token_logits: torch.Tensor  # (len(sample_rows), vocab) float32
+    next_token_logits: torch.Tensor  # (len(sample_rows), vocab) in the model's dtype (as_float for arithmetic)
     input_logprobs: list[float]  # one per input row
     input_top: list[list[tuple[float, int]]]  # one per input row when input_top_k > 0
-    verify_logits: torch.Tensor | None = None  # (len(verify_rows), vocab) float32
+    verify_logits: torch.Tensor | None = None  # (len(verify_rows), vocab), next_token_logits' dtype
     # Both at once, sample rows first, when they are views of one tensor of this pass's own (not a buffer that the
     # next pass overwrites): readers after the pass may keep it without a copy.
     rows: torch.Tensor | None = None
     forward_mode: ForwardMode = ForwardMode.IDLE  # the layout the pass ran in (set by the ModelRunner)
     req_pool_indices: torch.Tensor | None = None  # the pass's ForwardBatch.req_pool_indices (set by the ModelRunner)
+
+    def as_float(self) -> LogitsOutput:
+        """The logits in float32, for whatever computes with them (penalties, temperature, logprobs, masks, draft
+        verification). A plain argmax reads the model's dtype as it is: the cast is exact, so it picks the same
+        token, and a batch of 256 rows skips writing and re-reading 131 MB of float32."""
+        if self.next_token_logits.dtype == torch.float32:
+            return self
+        if self.rows is not None:
+            rows = self.rows.float()
+            n = self.next_token_logits.shape[0]
+            return replace(self, next_token_logits=rows[:n], rows=rows,
+                           verify_logits=rows[n:] if self.verify_logits is not None else None)
+        return replace(self, next_token_logits=self.next_token_logits.float(),
+                       verify_logits=None if self.verify_logits is None else self.verify_logits.float())
 
 
 def split_rows(rows: torch.Tensor, plan: LogitsPlan, input_lp: list[float], input_top: list,
@@ -65,7 +79,7 @@ class LogitsProcessor:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         out = gemm.linear(hidden, self.lm_head.weight, None, self.packed_weight, self.gemm_choices)
         # Tensor parallel: each rank holds a slice of the vocabulary; every rank gets all of it (and samples alike).
-        return self.parallel.all_gather(out)[:, : self.vocab_size].float()
+        return self.parallel.all_gather(out)[:, : self.vocab_size]
 
     def __call__(self, hidden: torch.Tensor, plan: LogitsPlan, mode: ForwardMode) -> LogitsOutput:
         dev = hidden.device
@@ -76,7 +90,7 @@ class LogitsProcessor:
         # log_softmax, could exceed the memory left beside the KV pool.
         for i in range(0, len(plan.input_rows), INPUT_LOGPROB_CHUNK_ROWS):
             rows = plan.input_rows[i : i + INPUT_LOGPROB_CHUNK_ROWS]
-            lp = torch.log_softmax(self.logits(hidden[host_to_device(rows, torch.long, dev)]), dim=-1)
+            lp = torch.log_softmax(self.logits(hidden[host_to_device(rows, torch.long, dev)]).float(), dim=-1)
             targets = host_to_device(plan.input_targets[i : i + len(rows)], torch.long, dev)
             input_lp += lp.gather(1, targets[:, None]).squeeze(1).tolist()
             if plan.input_top_k:

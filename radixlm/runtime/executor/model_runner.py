@@ -270,7 +270,10 @@ class ModelRunner:
         if self.is_cuda:
             from radixlm.runtime.layers.argmax import argmax_rows
 
-            argmax_rows(out.next_token_logits)  # the sampler's greedy kernels (a Triton pair on CUDA)
+            # The sampler's greedy kernels (a Triton pair on CUDA): on the model's dtype in a plain greedy pass, on
+            # float32 after penalties or a grammar's mask.
+            argmax_rows(out.next_token_logits)
+            argmax_rows(out.as_float().next_token_logits)
 
     def _warm_up_moe(self) -> None:
         """Each MoE layer shape once per GEMM config a pass can reach (one token: the config is forced)."""

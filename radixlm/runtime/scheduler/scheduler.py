@@ -299,17 +299,21 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         """Enqueue the forward pass and sampling; nothing here waits for the device."""
         out: LogitsOutput = self.runner.forward(batch.worker)
         self.drafts.on_launch(batch)
-        result = BatchResult(batch, out)
         self._count_layout(batch, out)
         samplers = batch.samplers
-        logits = out.next_token_logits  # with CUDA graphs a static buffer: everything reading it is enqueued now
         # Rows whose grammar decides their token on demand need no sampler (nor its parameters on the device).
         lazy = self.masks.on_demand_rows(samplers)
         sample = bool(samplers) and not all(lazy)
         info = None
         if sample:
-            info = SamplingBatchInfo.from_reqs(samplers, logits.shape[-1], self.device,
+            info = SamplingBatchInfo.from_reqs(samplers, out.next_token_logits.shape[-1], self.device,
                                                [r.num_output_tokens() for r in samplers])
+        argmax_only = sample and info.use_greedy_fast_path and not batch.verifiers and not any(
+            r.grammar is not None or r.return_logprob for r in samplers)
+        if not argmax_only:
+            out = out.as_float()
+        result = BatchResult(batch, out)
+        logits = out.next_token_logits  # with CUDA graphs a static buffer: everything reading it is enqueued now
         result.masks = self.masks.prepare(samplers, lazy, logits, info, batch.verifiers, out.verify_logits, out.rows)
         if samplers and any(r.return_logprob for r in samplers):
             result.logprobs = torch.log_softmax(logits, dim=-1)

@@ -105,6 +105,7 @@ class FakeRunner:
         self.token_to_kv_pool = SimpleNamespace(k_buffer=[self.kv_token], v_buffer=[self.kv_pos])
         self.passes: list[ModelWorkerBatch] = []  # every pass seen, as planned (IN_FLIGHT ids left as they were)
         self.resolved_ids: list[list[int]] = []  # the row tokens of each pass, IN_FLIGHT resolved
+        self.logits_dtype = torch.float32  # the model's dtype: what a ModelRunner's logits come in
 
     def can_replay(self, num_rows: int, input_logprobs: bool = False, multi_row: bool = False) -> bool:
         return 0 < num_rows <= self.graph_rows and not input_logprobs
@@ -155,7 +156,7 @@ class FakeRunner:
         wanted = plan.sample_rows + plan.verify_rows + plan.input_rows
         hashes = {r: seq_hash(self.read_prefix(row_req[r], wb.positions[r], row_tree.get(r))) for r in set(wanted)}
         vocab = self.model_config.vocab_size
-        rows = fake_logits([hashes[r] for r in plan.sample_rows + plan.verify_rows], vocab)
+        rows = fake_logits([hashes[r] for r in plan.sample_rows + plan.verify_rows], vocab).to(self.logits_dtype)
         input_lp: list[float] = []
         input_top: list[list[tuple[float, int]]] = []
         if plan.input_rows:

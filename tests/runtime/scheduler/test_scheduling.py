@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT
 
@@ -97,6 +98,25 @@ def test_greedy_outputs_equal_reference(kwargs, every):
             assert any(b.new_reqs and IN_FLIGHT in b.worker.input_ids for b in batches)
     else:
         assert sched.stats["mixed_batches"] == 0
+
+
+@pytest.mark.parametrize("logprob", [False, True])
+def test_only_a_pass_of_plain_argmaxes_samples_the_models_dtype(logprob):
+    """A pass whose sampling is an argmax alone reads the logits in the model's dtype (no float32 copy); a request
+    asking for logprobs makes its passes float32. Outputs equal the reference either way."""
+    sched = make_fake_scheduler(graph_rows=64)
+    sched.runner.logits_dtype = torch.bfloat16
+    dtypes = []
+    sample = sched.sampler
+
+    def spy(logits, info, generator=None):
+        dtypes.append(logits.dtype)
+        return sample(logits, info, generator)
+
+    sched.sampler = spy
+    reqs = requests(make_prompts(3, 6), return_logprob=logprob)
+    assert_reference(serve(sched, reqs), reqs)
+    assert dtypes and set(dtypes) == {torch.float32 if logprob else torch.bfloat16}
 
 
 # ---------------------------------------------------------------------- prefixes
