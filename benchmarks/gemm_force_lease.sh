@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 git rev-parse --short HEAD 2>/dev/null | sed 's/^/tree /'
 FORCES=${FORCES:-none;o_proj=cublas;o_proj=cublas down_proj=cublas}
 IFS=';' read -ra settings <<< "$FORCES"
-tag() { [ "$1" = none ] && echo none || echo "$1" | tr ' =' '+-'; }
+tag() { [ "$1" = none ] && echo none || echo "$1" | tr ' =' '_-'; }
 force() { [ "$1" = none ] || echo "--force $1"; }
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for s in "${settings[@]}"; do
