@@ -7,9 +7,12 @@ that only reads. This probe measures, graph-timed, with no math beyond a running
   gather      the decode kernel's access: program (kv head, request) walks its table's slots BLOCK_N at a time and
               reads the 256-byte K row and V row of its kv head at each slot (Llama-3.1-8B: 8 kv heads, head dim 128)
   copy        torch's device-to-device copy (bytes read + written), the reference the README quotes
-and the serving decode kernel on the same pool, so the three sit side by side.
+and the serving decode kernel on the same pool, so the three sit side by side. `--pools slot head` also times the
+gather and the serving kernel over a head-major pool ((kv heads, slots, head dim) memory, passed to the kernels as a
+(slots, kv heads, head dim) view): a kv head's rows of a request's contiguous slots are then contiguous too.
 
-    python benchmarks/read_bandwidth_probe.py --out $OUT/read_bandwidth_probe.json      # on a GPU, ~1 min
+    python benchmarks/read_bandwidth_probe.py --out $OUT/read_bandwidth_probe.json      # on a GPU, ~2.5 min
+    python benchmarks/read_bandwidth_probe.py --skip-contiguous --layouts fresh --pools slot head --budget-s 120
 """
 from __future__ import annotations
 
@@ -86,8 +89,12 @@ def contiguous_cells(gib: float, t0: float, budget_s: float) -> list[dict]:
     return cells
 
 
-def gather_cells(bs: int, ctx: int, layout: str, t0: float, budget_s: float) -> list[dict]:
+def gather_cells(bs: int, ctx: int, layout: str, pool: str, t0: float, budget_s: float) -> list[dict]:
     q, k_buf, v_buf, table, rows, lens = make_inputs(bs, ctx, layout, 512)
+    if pool == "head":  # the same values, each kv head's slots contiguous; the kernels see (slots, heads, dim) views
+        k_buf = k_buf.permute(1, 0, 2).contiguous().permute(1, 0, 2)
+        v_buf = v_buf.permute(1, 0, 2).contiguous().permute(1, 0, 2)
+    layout = layout if pool == "slot" else f"{layout}/head-major"
     nbytes = bs * ctx * KV_HEADS * HEAD_DIM * 2 * k_buf.element_size()
     us = bench_us(lambda: decode_attention(q, k_buf, v_buf, table, rows, lens, HEAD_DIM ** -0.5, ctx, 1))
     cells = [{"kind": "serving_decode", "layout": layout, "batch": bs, "ctx": ctx, "us": us,
@@ -114,15 +121,17 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--ctx", type=int, default=640)
     p.add_argument("--layouts", nargs="+", default=["fresh", "shuffled"])
+    p.add_argument("--pools", nargs="+", choices=["slot", "head"], default=["slot"])
+    p.add_argument("--skip-contiguous", action="store_true")
     p.add_argument("--budget-s", type=float, default=200)
     p.add_argument("--out", default="read_bandwidth_probe.json")
     args = p.parse_args()
     t0 = time.perf_counter()
     assert HEADS % KV_HEADS == 0
-    cells = contiguous_cells(args.gib, t0, args.budget_s / 3)
+    cells = [] if args.skip_contiguous else contiguous_cells(args.gib, t0, args.budget_s / 3)
     torch.cuda.empty_cache()
-    for layout in args.layouts:
-        cells += gather_cells(args.batch, args.ctx, layout, t0, args.budget_s)
+    for layout, pool in itertools.product(args.layouts, args.pools):
+        cells += gather_cells(args.batch, args.ctx, layout, pool, t0, args.budget_s)
         torch.cuda.empty_cache()
         write_cells(args.out, "read_bandwidth_probe", cells)
     for kind in ["copy", "torch.amax", "contiguous", "serving_decode", "gather"]:
