@@ -6,7 +6,7 @@
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-git rev-parse --short HEAD 2>/dev/null | sed 's/^/tree /'
+bash benchmarks/tree_id.sh
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/runtime/layers/test_decode_attn_variants.py \
   tests/runtime/layers/test_triton_attn.py tests/runtime/layers/test_shared_prefix_attn.py -k "not interpreted" \
   > "$OUT"/tests.log 2>&1; echo "pytest rc=$?"; tail -3 "$OUT"/tests.log

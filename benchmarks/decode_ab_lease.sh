@@ -12,7 +12,7 @@
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name --format=csv,noheader
-git rev-parse --short HEAD 2>/dev/null | sed 's/^/tree /'
+bash benchmarks/tree_id.sh
 case "${TESTS:-kernels}" in
   kernels) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/runtime/layers/test_fused_kernels.py \
              tests/runtime/layers/test_skinny_epilogue.py 2>&1 \

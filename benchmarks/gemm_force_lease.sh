@@ -9,7 +9,7 @@
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name --format=csv,noheader
-git rev-parse --short HEAD 2>/dev/null | sed 's/^/tree /'
+bash benchmarks/tree_id.sh
 FORCES=${FORCES:-none;o_proj=cublas;o_proj=cublas down_proj=cublas}
 IFS=';' read -ra settings <<< "$FORCES"
 tag() { [ "$1" = none ] && echo none || echo "$1" | tr ' =' '_-'; }

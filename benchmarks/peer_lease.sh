@@ -16,7 +16,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 DRY_OUT=/tmp/peer_dry
 . "$HERE/lease_env.sh"
-git rev-parse --short HEAD 2>/dev/null | sed 's/^/tree /'
+bash benchmarks/tree_id.sh
 $PY benchmarks/peer_side_by_side.py run "$@" $TINY --out-dir "$OUT" --name "${NAME:-default}" \
   --engine-args "${ENGINE_ARGS:-{\}}" --budget-s "${BUDGET_S:-540}" 2>&1 \
   | awk '/larger graphs|captured CUDA graphs/ || !/safetensors|Warn|warn| INFO |USDT/'

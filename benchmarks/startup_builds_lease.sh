@@ -13,7 +13,7 @@ set -uo pipefail
 part=${1:?usage: startup_builds_lease.sh tests|ab}
 . "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name --format=csv,noheader
-git rev-parse --short HEAD 2>/dev/null | sed 's/^/tree /'
+bash benchmarks/tree_id.sh
 case "$part" in
   tests)
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/runtime/layers/test_kernel_builds.py \
