@@ -65,6 +65,23 @@ def cublas_cell(name: str, x: torch.Tensor, ws: list[torch.Tensor], ys: list[tor
             "cublas_tflops": 2 * m * n * k / us / 1e6, "weight_read_us_at_3tbps": n * k * 2 / 3e12 * 1e6, "triton": []}
 
 
+def shape_cells(pairs, t0: float, budget_s: float, cells: list, out: str, benchmark: str):
+    """The GEMM probes' loop over (shape name, rows) pairs until budget_s is spent. Yields (cell, x, ws, ys, ref): the
+    cuBLAS-timed cell (cublas_cell), the input, distinct weight copies, their outputs and F.linear's reference, for the
+    probe to add its Triton rows to; then appends the cell to `cells`, rewrites `out` and frees the copies."""
+    for name, m in within_budget(pairs, t0, budget_s):
+        n, k = SHAPES[name]
+        ws = weight_copies(n, k)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
+        cell = cublas_cell(name, x, ws, ys)
+        yield cell, x, ws, ys, F.linear(x, ws[0])
+        cells.append(cell)
+        write_cells(out, benchmark, cells)
+        del ws, ys
+        torch.cuda.empty_cache()
+
+
 def add_triton_row(cell: dict, row: dict, run, ref: torch.Tensor, y: torch.Tensor) -> None:
     """Times run(i) (a Triton GEMM into ys[i] over weight copy i) by graph replay and appends row to cell["triton"]
     with its time, its speed against cuBLAS and its largest difference from ref (y: run(0)'s output); a config
@@ -100,18 +117,14 @@ def main() -> None:
     # Under 64 rows (the decode tail of ShareGPT-like): one M tile of 16 or 32 rows, the weight stream pipelined.
     small = list(itertools.product([32, 64, 128, 256], [64, 128, 256], [3, 4, 6], [4]))
     cells = []
-    for name, m in within_budget(itertools.product(args.shapes, args.rows), t0, args.budget_s):
+    for cell, x, ws, ys, ref in shape_cells(itertools.product(args.shapes, args.rows), t0, args.budget_s, cells,
+                                            args.out, "gemm_sweep"):
+        m, n, k = cell["m"], cell["n"], cell["k"]
         if m < 64:
             bm = max(16, triton.next_power_of_2(m))
             configs_m = [(bm, bn, bk, st, w, 1) for bn, bk, st, w in small if bn * bk <= 128 * 128 or st <= 4]
         else:
             configs_m = configs
-        n, k = SHAPES[name]
-        ws = weight_copies(n, k)
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
-        ref = F.linear(x, ws[0])
-        cell = cublas_cell(name, x, ws, ys)
         for bm, bn, bk, stages, warps, group in configs_m:
             def run(i, bm=bm, bn=bn, bk=bk, stages=stages, warps=warps, group=group):
                 grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
@@ -121,10 +134,6 @@ def main() -> None:
             add_triton_row(cell, {"block_m": bm, "block_n": bn, "block_k": bk, "stages": stages, "warps": warps}, run,
                            ref, ys[0])
         print_best(cell, lambda r: f"M{r['block_m']} N{r['block_n']} K{r['block_k']} s{r['stages']} w{r['warps']}")
-        cells.append(cell)
-        del ws, ys
-        torch.cuda.empty_cache()
-        write_cells(args.out, "gemm_sweep", cells)
     print(f"wrote {args.out} after {time.perf_counter() - t0:.0f} s")
 
 

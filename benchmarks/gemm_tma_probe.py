@@ -20,15 +20,13 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemm_sweep import add_triton_row, cublas_cell, print_best  # noqa: E402
-from benchmarks.gemv_sweep import SHAPES, weight_copies, within_budget, write_cells  # noqa: E402
+from benchmarks.gemm_sweep import add_triton_row, print_best, shape_cells  # noqa: E402
 
 
 @triton.jit
@@ -107,13 +105,9 @@ def main() -> None:
     t0 = time.perf_counter()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     cells = []
-    for m, name in within_budget(itertools.product(args.rows, args.shapes), t0, args.budget_s):
-        n, k = SHAPES[name]
-        ws = weight_copies(n, k)
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
-        ref = F.linear(x, ws[0])
-        cell = cublas_cell(name, x, ws, ys)
+    pairs = ((name, m) for m, name in itertools.product(args.rows, args.shapes))
+    for cell, x, ws, ys, ref in shape_cells(pairs, t0, args.budget_s, cells, args.out, "gemm_tma_probe"):
+        m, n, k = cell["m"], cell["n"], cell["k"]
         for cfg in configs():  # (descriptors are built on the host at capture: the replays time the kernel alone)
             add_triton_row(cell, dict(cfg), lambda i, cfg=cfg: launch(*descriptors(x, ws[i], ys[i], cfg), m, n, k, cfg,
                                                                        num_sms), ref, ys[0])
@@ -122,10 +116,6 @@ def main() -> None:
                    f", {errors} configs failed")
         if errors:
             print("    e.g. " + next(r["error"] for r in cell["triton"] if "error" in r), flush=True)
-        cells.append(cell)
-        del ws, ys
-        torch.cuda.empty_cache()
-        write_cells(args.out, "gemm_tma_probe", cells)
     print(f"wrote {args.out} after {time.perf_counter() - t0:.0f} s")
 
 

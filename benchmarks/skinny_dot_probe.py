@@ -28,8 +28,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemm_sweep import add_triton_row, cublas_cell, print_best  # noqa: E402
-from benchmarks.gemv_sweep import SHAPES, weight_copies, within_budget, write_cells  # noqa: E402
+from benchmarks.gemm_sweep import add_triton_row, print_best, shape_cells  # noqa: E402
 
 LAYER_SHAPES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 LAYERS = 32
@@ -99,21 +98,12 @@ def main() -> None:
         return
     t0 = time.perf_counter()
     cells = []
-    for m, name in within_budget(itertools.product(args.rows, args.shapes), t0, args.budget_s):
-        n, k = SHAPES[name]
-        ws = weight_copies(n, k)
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
-        cell = cublas_cell(name, x, ws, ys)
-        ref = F.linear(x, ws[0])
+    pairs = ((name, m) for m, name in itertools.product(args.rows, args.shapes))
+    for cell, x, ws, ys, ref in shape_cells(pairs, t0, args.budget_s, cells, args.out, "skinny_dot_probe"):
         for bn, bk, warps, stages in CONFIGS:
             add_triton_row(cell, {"block_n": bn, "block_k": bk, "warps": warps, "stages": stages},
                            lambda i: skinny_dot(x, ws[i], ys[i], bn, bk, warps, stages), ref, ys[0])
         print_best(cell, lambda r: f"N{r['block_n']:<3d} K{r['block_k']:<4d} w{r['warps']} s{r['stages']}")
-        cells.append(cell)
-        write_cells(args.out, "skinny_dot_probe", cells)
-        del ws, ys
-        torch.cuda.empty_cache()
     # A decode step's four GEMMs a layer, x LAYERS: cuBLAS against the best of cuBLAS and this kernel per shape.
     for m in args.rows:
         row = [c for c in cells if c["m"] == m]
@@ -123,7 +113,6 @@ def main() -> None:
         best = sum(min([c["cublas_us"]] + [r["us"] for r in c["triton"] if "us" in r]) for c in row)
         print(f"M={m:3d}: four GEMMs a layer cuBLAS {blas:6.1f} us, best {best:6.1f} us: "
               f"{(blas - best) * LAYERS / 1000:.2f} ms a step")
-    write_cells(args.out, "skinny_dot_probe", cells)
     print(f"wrote {args.out} after {time.perf_counter() - t0:.0f} s")
 
 
