@@ -65,6 +65,23 @@ def cublas_cell(name: str, x: torch.Tensor, ws: list[torch.Tensor], ys: list[tor
             "cublas_tflops": 2 * m * n * k / us / 1e6, "weight_read_us_at_3tbps": n * k * 2 / 3e12 * 1e6, "triton": []}
 
 
+def probe_args(rows: list[int], budget_s: float, out: str, check_cpu=None) -> argparse.Namespace:
+    """The GEMM probes' command line: --shapes (the four of a layer), --rows, --budget-s, --out; with check_cpu, also
+    --check-cpu, which runs it here (under TRITON_INTERPRET=1) and exits."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", nargs="+", default=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
+    p.add_argument("--rows", type=int, nargs="+", default=rows)
+    p.add_argument("--budget-s", type=float, default=budget_s)
+    p.add_argument("--out", default=out)
+    if check_cpu is not None:
+        p.add_argument("--check-cpu", action="store_true")
+    args = p.parse_args()
+    if check_cpu is not None and args.check_cpu:
+        check_cpu()
+        sys.exit(0)
+    return args
+
+
 def shape_cells(pairs, t0: float, budget_s: float, cells: list, out: str, benchmark: str):
     """The GEMM probes' loop over (shape name, rows) pairs until budget_s is spent. Yields (cell, x, ws, ys, ref): the
     cuBLAS-timed cell (cublas_cell), the input, distinct weight copies, their outputs and F.linear's reference, for the
@@ -105,12 +122,7 @@ def print_best(cell: dict, describe, note: str = "") -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--shapes", nargs="+", default=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
-    p.add_argument("--rows", type=int, nargs="+", default=[64, 128, 256, 512])
-    p.add_argument("--budget-s", type=float, default=300)
-    p.add_argument("--out", default="gemm_sweep.json")
-    args = p.parse_args()
+    args = probe_args([64, 128, 256, 512], 300, "gemm_sweep.json")
     t0 = time.perf_counter()
     configs = [c for c in itertools.product([64, 128], [64, 128, 256], [64], [3, 4, 5], [4, 8], [8])
                if not (c[0] == 128 and c[1] == 256 and c[3] > 3) and not (c[1] == 256 and c[4] == 4)]

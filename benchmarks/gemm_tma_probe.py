@@ -13,7 +13,6 @@ COPIES, against cuBLAS (F.linear's matmul) timed the same way; each config is ch
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 import time
@@ -26,7 +25,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemm_sweep import add_triton_row, print_best, shape_cells  # noqa: E402
+from benchmarks.gemm_sweep import add_triton_row, print_best, probe_args, shape_cells  # noqa: E402
 
 
 @triton.jit
@@ -92,16 +91,7 @@ def check_cpu() -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--shapes", nargs="+", default=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
-    p.add_argument("--rows", type=int, nargs="+", default=[256, 128])
-    p.add_argument("--budget-s", type=float, default=200)
-    p.add_argument("--check-cpu", action="store_true")
-    p.add_argument("--out", default="gemm_tma_probe.json")
-    args = p.parse_args()
-    if args.check_cpu:
-        check_cpu()
-        return
+    args = probe_args([256, 128], 200, "gemm_tma_probe.json", check_cpu)
     t0 = time.perf_counter()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     cells = []

@@ -15,7 +15,6 @@ Every figure is a CUDA-graph replay over distinct weight copies (no L2 hits), as
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 import time
@@ -28,7 +27,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gemm_sweep import add_triton_row, print_best, shape_cells  # noqa: E402
+from benchmarks.gemm_sweep import add_triton_row, print_best, probe_args, shape_cells  # noqa: E402
 
 LAYER_SHAPES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 LAYERS = 32
@@ -86,16 +85,7 @@ def check_cpu() -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--shapes", nargs="+", default=list(LAYER_SHAPES))
-    p.add_argument("--rows", type=int, nargs="+", default=[4, 8, 16, 32, 48, 64])
-    p.add_argument("--budget-s", type=float, default=240)
-    p.add_argument("--check-cpu", action="store_true")
-    p.add_argument("--out", default="skinny_dot_probe.json")
-    args = p.parse_args()
-    if args.check_cpu:
-        check_cpu()
-        return
+    args = probe_args([4, 8, 16, 32, 48, 64], 240, "skinny_dot_probe.json", check_cpu)
     t0 = time.perf_counter()
     cells = []
     pairs = ((name, m) for m, name in itertools.product(args.rows, args.shapes))

@@ -308,14 +308,14 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         if sample:
             info = SamplingBatchInfo.from_reqs(samplers, out.next_token_logits.shape[-1], self.device,
                                                [r.num_output_tokens() for r in samplers])
-        argmax_only = sample and info.use_greedy_fast_path and not batch.verifiers and not any(
-            r.grammar is not None or r.return_logprob for r in samplers)
-        if not argmax_only:
-            out = out.as_float()
+        logprobs = any(r.return_logprob for r in samplers)
+        if not (sample and info.use_greedy_fast_path and not batch.verifiers and not logprobs
+                and all(r.grammar is None for r in samplers)):
+            out = out.as_float()  # more than an argmax reads these logits
         result = BatchResult(batch, out)
         logits = out.next_token_logits  # with CUDA graphs a static buffer: everything reading it is enqueued now
         result.masks = self.masks.prepare(samplers, lazy, logits, info, batch.verifiers, out.verify_logits, out.rows)
-        if samplers and any(r.return_logprob for r in samplers):
+        if logprobs:
             result.logprobs = torch.log_softmax(logits, dim=-1)
         launched(batch)
         if batch.chunk is not None:
