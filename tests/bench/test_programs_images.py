@@ -22,7 +22,7 @@ def test_llava_bench_runs_on_a_vision_model_server(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     ckpt = write_checkpoint(VlmShape.TINY_QWEN2_VL, tmp_path / "model")
     out = cli.main(["--launch-server", "--model-path", str(ckpt.path), "--workloads", "llava_bench,mmlu",
-                    "--num-programs", str(PROGRAMS), "--scale", "0.05", "--num-threads", "2", "--warm-up-programs",
+                    "--num-programs", str(PROGRAMS), "--scale", "0.05", "--num-threads", "1", "--warm-up-programs",
                     "0", "--server-timeout", "240", "--server-args",
                     "--dtype float32 --max-total-tokens 8192 --random-seed 0", "--port", "30817"])
     res = out["variants"]["full"]
@@ -31,7 +31,8 @@ def test_llava_bench_runs_on_a_vision_model_server(tmp_path, monkeypatch):
         assert r["tokenize_mismatches"] == 0, r
     llava = res["llava_bench"]
     # per program: the fork's hint prefills system + image, then 3 questions: 4 requests, 3 of them hitting the
-    # image prefix; the images differ, so programs share only the system prompt
+    # image prefix; the images differ, so programs share only the system prompt. One thread: two programs at once
+    # could prefill the shared system prompt in one pass, neither hitting it (achieved/optimal 0.900 on a busy CI)
     assert llava["requests"] == 4 * PROGRAMS
     assert 0.4 < llava["cache_hit_rate"] <= llava["optimal_hit_rate"] + 1e-9
     assert llava["achieved_over_optimal"] > 0.9
