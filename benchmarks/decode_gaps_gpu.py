@@ -133,7 +133,7 @@ def main() -> None:
     try:
         decode_steps(engine, src, 8, prompt_len, steps=16)  # warm-up
         result["gemm_choices"] = engine.runner.gemm_choice_counts()
-        print("few-row GEMMs (rows: skinny/cuBLAS layers):", format_gemm_choices(result["gemm_choices"]), flush=True)
+        print("few-row GEMMs (key: Triton/cuBLAS layers):", format_gemm_choices(result["gemm_choices"]), flush=True)
         for b in args.batches:
             row = measure(engine, src, b, steps, prompt_len)
             result["rows"].append(row)

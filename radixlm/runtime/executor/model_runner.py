@@ -51,7 +51,8 @@ def _physical_memory_bytes() -> int:
 
 
 def format_gemm_choices(counts: dict[str, dict[int, list[int]]]) -> str:
-    """ModelRunner.gemm_choice_counts on one line: `qkv_proj 1: 32/0, 2: 30/2; o_proj ...` (rows: skinny/cuBLAS)."""
+    """ModelRunner.gemm_choice_counts on one line: `qkv_proj 1: 32/0, 2: 30/2; o_proj ...` (choice key: Triton/cuBLAS;
+    keys past 4 are the tensor-core kernel's padded row counts)."""
     return "; ".join(f"{name} " + ", ".join(f"{rows}: {s}/{c}" for rows, (s, c) in by_rows.items())
                      for name, by_rows in counts.items())
 
@@ -72,6 +73,7 @@ class ModelRunner:
                 if hasattr(module, "pack_for_cpu"):
                     module.pack_for_cpu()
         self.logits_processor = LogitsProcessor(self.model.lm_head, model_config.vocab_size, parallel)
+        self._share_gemm_choices()
         self.mm_embedder = (MultimodalEmbedder(self.model, EncoderCache(server_args.mm_encoder_cache_mb << 20))
                             if hasattr(self.model, "encode_items") else None)
 
@@ -189,13 +191,13 @@ class ModelRunner:
                     f", shared prefixes {plan.shared_prefix}" if plan.shared_prefix else "", time.perf_counter() - t0)
         choices = self.gemm_choice_counts()
         if choices:
-            logger.info("few-row GEMMs, layers on the skinny kernel / cuBLAS: %s", format_gemm_choices(choices))
+            logger.info("few-row GEMMs, layers on a Triton kernel / cuBLAS: %s", format_gemm_choices(choices))
 
     def _build_in_parallel(self, plan: WarmupPlan) -> None:
         """Builds in threads (layers/kernel_builds.py) what the warm-up passes would build one kernel after another:
-        the skinny GEMM's autotune configs, and (but for MoE models) what a discovery run of the passes launches
-        unbuilt."""
-        from radixlm.runtime.layers import skinny_gemm
+        the skinny GEMM's autotune configs, the tensor-core GEMM's variants, and (but for MoE models) what a discovery
+        run of the passes launches unbuilt."""
+        from radixlm.runtime.layers import skinny_gemm, skinny_mma
         from radixlm.runtime.layers.epilogue import kernel_head_dim
         from radixlm.runtime.layers.kernel_builds import ParallelBuilds
 
@@ -208,6 +210,7 @@ class ModelRunner:
             epilogue = kernel_head_dim(head_dim) and any(getattr(m, "takes_rotary_epilogue", False)
                                                          for m in self.model.modules())
             skinny_gemm.prebuild(builds, dtype, self.device, tuple(sorted(biases)), head_dim if epilogue else 0)
+            skinny_mma.prebuild(builds, dtype, self.device, tuple(sorted(biases)))
         if not plan.moe:
             self._discover_kernels(plan, builds)
         n = builds.finish()
@@ -216,13 +219,13 @@ class ModelRunner:
     def _discover_kernels(self, plan: WarmupPlan, builds) -> None:
         """The warm-up passes with unbuilt kernels' launches skipped and their builds handed to `builds`. Their few-row
         GEMMs take cuBLAS, unmeasured (the builds load the host): the real run measures them."""
-        from radixlm.runtime.layers.skinny_gemm import SKINNY_MAX_M
+        from radixlm.runtime.layers.gemm import choice_keys
 
         holders = [h for _, h in self.gemm_holders()]
         measured = [h.gemm_choices for h in holders]
         try:
             for h in holders:
-                h.gemm_choices = dict.fromkeys(range(1, SKINNY_MAX_M + 1), False)
+                h.gemm_choices = dict.fromkeys(choice_keys(), False)
             with builds.discover():
                 self._warm_up_passes(plan)
         finally:
@@ -234,9 +237,21 @@ class ModelRunner:
         layers = [(n, m) for n, m in self.model.named_modules() if hasattr(m, "gemm_choices")]
         return layers + [("lm_head", self.logits_processor)]
 
+    def _share_gemm_choices(self) -> None:
+        """Layers of one kind and weight shape share one few-row GEMM choice memo, which gemm.linear then measures once
+        for them all: measured per layer, an 8B model's start-up timed each choice 32 times over, and the layers'
+        choices differed only where the two candidates were within the timing's noise (qkv_proj at two rows: 1/31 and
+        2/30 layers on the skinny kernel in two start-ups, kernels_h100/skinny_mma_ab/probe.log)."""
+        memos: dict[tuple, dict[int, bool]] = {}
+        for name, holder in self.gemm_holders():
+            weight = getattr(holder, "weight", None)
+            if weight is not None:
+                kind = (name.rsplit(".", 1)[-1], tuple(weight.shape), weight.dtype, getattr(holder, "bias", None) is None)
+                holder.gemm_choices = memos.setdefault(kind, holder.gemm_choices)
+
     def gemm_choice_counts(self) -> dict[str, dict[int, list[int]]]:
         """Per GEMM (the layer's attribute name: qkv_proj, o_proj, ..., lm_head) and row count: how many layers took
-        [the skinny kernel, cuBLAS] by gemm.linear's measurement (empty off CUDA)."""
+        [a Triton kernel, cuBLAS] by gemm.linear's measurement (empty off CUDA)."""
         counts: dict[str, dict[int, list[int]]] = {}
         for name, holder in self.gemm_holders():
             for rows, skinny in sorted(holder.gemm_choices.items()):
@@ -245,8 +260,9 @@ class ModelRunner:
 
     def _warm_up_passes(self, plan: WarmupPlan) -> None:
         self.warm_up_extend(tree_masks=plan.tree_masks)
-        # Every row count up to the skinny GEMM's limit (the layers' skinny-vs-cuBLAS choices), then one request at
-        # each split count an eager decode pass can meet: seq_len 256 * (s - 1) + 1 gives s splits for one request.
+        # Every row count up to the skinny GEMM's limit and one per tensor-core BLOCK_M (the layers' Triton-vs-cuBLAS
+        # choices), then one request at each split count an eager decode pass can meet: seq_len 256 * (s - 1) + 1
+        # gives s splits for one request.
         passes = [(bs, 1) for bs in plan.token_row_batches]
         if isinstance(self.attn_backend, TritonAttnBackend):
             passes += [(1, DECODE_BLOCK_N * 4 * (s - 1) + 1) for s in plan.decode_splits if s > 1]

@@ -1,6 +1,8 @@
 """The one GEMM entry point of the model's linear layers and the lm_head: oneDNN-prepacked weights on CPU; on CUDA,
-for the few-row GEMMs of small decode batches, whichever of the skinny Triton kernel and cuBLAS is faster for that
-weight and row count, measured once per layer and row count (in the warm-up runs before CUDA-graph capture).
+for the few-row GEMMs of small decode batches, whichever of a Triton kernel and cuBLAS is faster for that weight and
+row count, measured once per layer and choice key (in the warm-up runs before CUDA-graph capture). The Triton kernel
+is the skinny one (layers/skinny_gemm.py) up to SKINNY_MAX_M rows, keyed by the row count, and the tensor-core one
+(layers/skinny_mma.py) from MMA_MIN_M to MMA_MAX_M rows, keyed by its padded row count (skinny_mma.block_rows).
 A GEMM may take its input's element-wise step as a Prologue: the skinny kernel fuses it, other paths run it first.
 The qkv GEMM may take the rotary embedding and KV store after it as an epilogue (layers/epilogue.py): the skinny kernel
 applies it at one row and marks it applied; otherwise the caller's attention does that step."""
@@ -19,9 +21,10 @@ from radixlm.runtime.layers.epilogue import RotaryStore
 from radixlm.runtime.layers.prologue import Prologue, apply
 
 MEASURE_REPS = 10
-# The skinny kernel is taken unless cuBLAS wins by 3%: in CUDA-graph replays it beat cuBLAS on every batch-1 shape of
-# an 8B model by 5-19% (benchmarks/results/kernels_h100/gemv_sweep.json), yet this eager measurement's noise gave
-# cuBLAS 22 of the 129 GEMMs of one start-up (profile_gpu_step_b1_b8_after.json; still 1-6 in fusions_ab/).
+# A Triton kernel is taken unless cuBLAS wins by 3%. In CUDA-graph replays the skinny kernel beat cuBLAS on every
+# batch-1 shape of an 8B model by 5-19% (benchmarks/results/kernels_h100/gemv_sweep.json), yet this eager
+# measurement's noise gave cuBLAS 22 of the 129 GEMMs of one start-up (profile_gpu_step_b1_b8_after.json; still 1-6 in
+# fusions_ab/).
 SKINNY_MARGIN = 1.03
 
 
@@ -67,10 +70,8 @@ def _capture_stream(device: int) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
 
 
-def _prefer_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | None,
-                   epilogue: RotaryStore | None) -> bool:
-    from radixlm.runtime.layers.skinny_gemm import skinny_linear
-
+def _prefer_triton(kernel: Callable[..., torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
+                   bias: torch.Tensor | None, prologue: Prologue | None, epilogue: RotaryStore | None) -> bool:
     l2 = torch.cuda.get_device_properties(x.device).L2_cache_size
     # A read, not a write: dirty lines would be written back during the GEMM, adding 5-10 us to both candidates that a
     # model's forward, whose other kernels write little, does not pay.
@@ -85,31 +86,60 @@ def _prefer_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
             epilogue.unfused(y)
 
     words = flush.view(torch.int32)
-    skinny, cublas_us = _time_us([lambda: skinny_linear(x, weight, bias, fresh(), epilogue), cublas],
-                                 lambda: torch.amax(words))
-    return skinny < SKINNY_MARGIN * cublas_us
+    triton_us, cublas_us = _time_us([lambda: kernel(x, weight, bias, fresh(), epilogue), cublas],
+                                    lambda: torch.amax(words))
+    return triton_us < SKINNY_MARGIN * cublas_us
+
+
+def _skinny_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: None,
+                epilogue: None) -> torch.Tensor:
+    from radixlm.runtime.layers.skinny_mma import skinny_mma_linear
+
+    return skinny_mma_linear(x, weight, bias)
+
+
+def few_row_kernel(x: torch.Tensor, weight: torch.Tensor, prologue: Prologue | None
+                   ) -> tuple[int, Callable[..., torch.Tensor]] | None:
+    """(choice key, Triton kernel) of a CUDA GEMM that a Triton kernel may run, else None. The kernel takes
+    (x, weight, bias, prologue, epilogue); a prologue here is one the skinny kernel fuses (at most PROLOGUE_MAX_M
+    rows)."""
+    from radixlm.runtime.layers import skinny_gemm, skinny_mma
+
+    if skinny_gemm.usable(x, weight, prologue):
+        return x.shape[0], skinny_gemm.skinny_linear
+    if prologue is None and skinny_mma.usable(x, weight):
+        return skinny_mma.block_rows(x.shape[0]), _skinny_mma
+    return None
+
+
+def choice_keys() -> tuple[int, ...]:
+    """Every key of a layer's choice memo: the skinny kernel's row counts, then the tensor-core kernel's."""
+    from radixlm.runtime.layers import skinny_gemm, skinny_mma
+
+    return tuple(range(1, skinny_gemm.SKINNY_MAX_M + 1)) + skinny_mma.MMA_ROWS
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None,
            choices: dict[int, bool] | None = None, prologue: Prologue | None = None,
            epilogue: RotaryStore | None = None) -> torch.Tensor:
-    """choices: the calling layer's memo, row count -> use the skinny kernel (None: always cuBLAS on CUDA).
-    prologue: x is the input before that step (layers/prologue.py). epilogue: applied (and marked) where the skinny
-    kernel runs and takes it; left to the caller otherwise."""
+    """choices: the calling layer's memo, choice key (few_row_kernel) -> use the Triton kernel (None: always cuBLAS on
+    CUDA). prologue: x is the input before that step (layers/prologue.py). epilogue: applied (and marked) where the
+    skinny kernel runs and takes it; left to the caller otherwise."""
     if not x.is_cuda:
         return cpu_gemm.linear(apply(prologue, x), weight, bias, packed)
     if choices is not None and x.dim() == 2:
         from radixlm.runtime.layers import skinny_gemm
 
-        m = x.shape[0]
-        if prologue is not None and m > skinny_gemm.PROLOGUE_MAX_M:
+        if prologue is not None and x.shape[0] > skinny_gemm.PROLOGUE_MAX_M:
             x, prologue = prologue.apply(x), None  # fused, it would lose here
         if epilogue is not None and not skinny_gemm.takes_epilogue(x, weight, epilogue):
             epilogue = None
-        if skinny_gemm.usable(x, weight, prologue):
-            use = choices.get(m)
+        found = few_row_kernel(x, weight, prologue)
+        if found is not None:
+            key, kernel = found
+            use = choices.get(key)
             if use is None and not torch.cuda.is_current_stream_capturing():
-                use = choices[m] = _prefer_skinny(x, weight, bias, prologue, epilogue)
+                use = choices[key] = _prefer_triton(kernel, x, weight, bias, prologue, epilogue)
             if use:
-                return skinny_gemm.skinny_linear(x, weight, bias, prologue, epilogue)
+                return kernel(x, weight, bias, prologue, epilogue)
     return F.linear(apply(prologue, x), weight, bias)

@@ -63,6 +63,11 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         gemm.linear times skinny vs cuBLAS once per layer and row count: start-up runs eager passes of
         1..SKINNY_MAX_M rows (TOKEN_ROW_WARMUP) so that no timing (nor autotuning) happens while serving. N, K,
         strides: fixed per layer.
+  skinny_mma.py  _skinny_mma_kernel (the tensor-core kernel of MMA_MIN_M..MMA_MAX_M rows; one config)
+      M: do_not_specialize; BLOCK_M (MMA_ROWS: 16, 32, the padded row count) the only shape rows reach. HAS_BIAS
+        fixed per layer, EVEN_K (K a multiple of BLOCK_K) per shape: prebuild builds both BLOCK_Ms x bias flags x
+        EVEN_K. gemm.linear times it against cuBLAS once per layer and BLOCK_M: start-up runs an eager pass per
+        BLOCK_M (mma_warmup_rows, at most max_rows rows). N, K, strides: fixed per layer.
   argmax.py  _block_max_kernel, _pick_block_kernel (the sampler's greedy choice)
       vocab width, row stride, block count: do_not_specialize (logits after penalties and verify rows' views
         differ); logits: no alignment. Built by the eager warm-up passes (ModelRunner._warm_up_token_rows).
@@ -87,12 +92,26 @@ from dataclasses import dataclass, field
 
 from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
     decode_num_splits, decode_wide_rows, shared_prefix_num_splits)
+from radixlm.runtime.layers.skinny_mma import MMA_MIN_M, MMA_ROWS
 
 # Extend passes of these per-request new-token counts build both of the extend kernel's tiles (BLOCK_M 16, 64).
 EXTEND_WARMUP_LENS = ([16, 16], [17])
 # Eager passes of one row per request at these batch sizes set every layer's skinny-vs-cuBLAS choice
-# (skinny_gemm.SKINNY_MAX_M rows at most use the skinny kernel).
+# (skinny_gemm.SKINNY_MAX_M rows at most use the skinny kernel); mma_warmup_rows adds the tensor-core kernel's.
 TOKEN_ROW_WARMUP = (1, 2, 3, 4)
+
+
+def mma_warmup_rows(max_rows: int | None) -> tuple[int, ...]:
+    """One eager pass's row count per BLOCK_M of the tensor-core kernel (skinny_mma.MMA_ROWS: gemm.linear's choice
+    keys from MMA_MIN_M rows) that a decode pass of at most max_rows rows can reach: the BLOCK_M itself, or max_rows
+    where that is fewer."""
+    rows, low = [], MMA_MIN_M
+    for block_m in MMA_ROWS:
+        if max_rows is not None and max_rows < low:
+            break
+        rows.append(block_m if max_rows is None else min(block_m, max_rows))
+        low = block_m + 1
+    return tuple(rows)
 
 
 def decode_eager_splits(context_len: int, num_kv_heads: int, graph_max_bs: int) -> list[int]:
@@ -139,7 +158,7 @@ def warmup_plan(context_len: int, num_kv_heads: int, graph_max_bs: int, eager_to
     eager_from = 0 if eager_token_rows_any_size else graph_max_bs
     splits = decode_eager_splits(context_len, num_kv_heads, eager_from)
     wide = decode_wide_rows(num_kv_heads)
-    rows = TOKEN_ROW_WARMUP
+    rows = TOKEN_ROW_WARMUP + mma_warmup_rows(max_rows)
     if max_rows is None or max_rows >= max(wide, eager_from + 1):
         rows += (wide,)
     return WarmupPlan(token_row_batches=rows, decode_splits=splits, moe=has_moe, tree_masks=tree_masks,

@@ -34,10 +34,11 @@ def test_warm_up_kernels_leaves_no_trace(tiny_model_dir):
 
 def test_warm_up_kernels_runs_every_planned_variant(tiny_model_dir, monkeypatch):
     """With the Triton backend the warm-up's eager passes meet every split count of the plan, every row count up to
-    the skinny GEMM's, and both extend tiles (the passes recorded, not run: there is no GPU here)."""
+    the skinny GEMM's and each tensor-core GEMM's BLOCK_M, and both extend tiles (the passes recorded, not run: there
+    is no GPU here)."""
     from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
     from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits
-    from radixlm.runtime.layers.kernel_variants import decode_eager_splits
+    from radixlm.runtime.layers.kernel_variants import decode_eager_splits, mma_warmup_rows
     from radixlm.runtime.layers.skinny_gemm import SKINNY_MAX_M
 
     runner = make_scheduler(tiny_model_dir).runner
@@ -56,23 +57,27 @@ def test_warm_up_kernels_runs_every_planned_variant(tiny_model_dir, monkeypatch)
         token_rows = [(bs, lens) for mode, bs, lens, _ in passes if mode.is_token_rows()]
         assert {decode_num_splits(max(lens), bs, kv_heads) for bs, lens in token_rows} == set(
             decode_eager_splits(context, kv_heads, graph_max_bs))
-        assert {bs for bs, _ in token_rows} >= set(range(1, SKINNY_MAX_M + 1))
+        assert {bs for bs, _ in token_rows} >= set(range(1, SKINNY_MAX_M + 1)) | set(mma_warmup_rows(None))
         extend = [max(ext) for mode, _, _, ext in passes if mode.is_request_spans()]
         assert min(extend) <= 16 < max(extend)
 
 
 def test_gemm_choice_counts_by_layer_kind_and_rows(tiny_model_dir):
-    """The few-row GEMM choices (set by gemm.linear on CUDA, empty on CPU) counted per layer kind and row count."""
+    """The few-row GEMM choices (set by gemm.linear on CUDA, empty on CPU) counted per layer kind and row count; the
+    layers of one kind share one memo (measured once for them all)."""
     from radixlm.runtime.executor.model_runner import format_gemm_choices
 
     runner = make_scheduler(tiny_model_dir).runner
     assert runner.gemm_choice_counts() == {}
     holders = dict(runner.gemm_holders())
     qkv = [n for n in holders if n.endswith("qkv_proj")]
-    assert len(qkv) == runner.model_config.num_layers and list(holders)[-1] == "lm_head"
-    for i, name in enumerate(qkv):
-        holders[name].gemm_choices.update({1: i > 0, 2: True})
+    assert len(qkv) == runner.model_config.num_layers > 1 and list(holders)[-1] == "lm_head"
+    memos = {name.rsplit(".", 1)[-1]: {id(h.gemm_choices) for n, h in holders.items() if n.endswith(name)}
+             for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
+    assert all(len(ids) == 1 for ids in memos.values()) and len(set.union(*memos.values())) == 4
+    holders[qkv[0]].gemm_choices.update({1: False, 2: True, 16: True})
     holders["lm_head"].gemm_choices[1] = False
     counts = runner.gemm_choice_counts()
-    assert counts == {"qkv_proj": {1: [len(qkv) - 1, 1], 2: [len(qkv), 0]}, "lm_head": {1: [0, 1]}}
-    assert format_gemm_choices(counts) == f"qkv_proj 1: {len(qkv) - 1}/1, 2: {len(qkv)}/0; lm_head 1: 0/1"
+    n = len(qkv)
+    assert counts == {"qkv_proj": {1: [0, n], 2: [n, 0], 16: [n, 0]}, "lm_head": {1: [0, 1]}}
+    assert format_gemm_choices(counts) == f"qkv_proj 1: 0/{n}, 2: {n}/0, 16: {n}/0; lm_head 1: 0/1"

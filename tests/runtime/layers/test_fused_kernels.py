@@ -163,10 +163,10 @@ def test_gemm_dispatch_measures_once_per_row_count_and_matches_cublas():
 
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
     choices: dict[int, bool] = {}
-    for m in (1, 2, 4, 9):
+    for m in (1, 2, 4, 40):
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         torch.testing.assert_close(gemm.linear(x, w, None, None, choices), F.linear(x, w), rtol=2e-2, atol=2e-2)
-    assert set(choices) == {1, 2, 4}  # 9 rows: never the skinny kernel
+    assert set(choices) == {1, 2, 4}  # 40 rows: past both Triton kernels (test_skinny_mma.py: 5-32 rows)
 
 
 def test_gemm_timing_replays_each_candidate_and_ranks_a_heavier_one_slower():

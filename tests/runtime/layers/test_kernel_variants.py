@@ -74,13 +74,16 @@ def test_warmup_plan_follows_graphs_and_media():
     assert warmup_plan(2048, 2, 8, False, True).decode_splits == list(range(1, 9))
     assert warmup_plan(2048, 2, 8, False, True).moe
     assert TOKEN_ROW_WARMUP == (1, 2, 3, 4)
-    # One wide eager pass (decode_wide_rows: 128 rows at 8 kv heads) where eager decode passes can be that wide.
-    assert warmup_plan(4096, 8, 512, False, False).token_row_batches == TOKEN_ROW_WARMUP + (128,)
-    assert warmup_plan(4096, 8, 512, False, False, max_rows=2048).token_row_batches == TOKEN_ROW_WARMUP + (128,)
-    assert warmup_plan(4096, 8, 512, False, False, max_rows=512).token_row_batches == TOKEN_ROW_WARMUP  # all graphs
-    assert warmup_plan(4096, 8, 0, False, False, max_rows=127).token_row_batches == TOKEN_ROW_WARMUP
-    assert warmup_plan(4096, 8, 0, False, False, max_rows=128).token_row_batches == TOKEN_ROW_WARMUP + (128,)
-    assert warmup_plan(4096, 2, 8, False, False, max_rows=600).token_row_batches == TOKEN_ROW_WARMUP + (512,)
+    # The tensor-core GEMM's BLOCK_Ms (16, 32 rows), then one wide eager pass (decode_wide_rows: 128 rows at 8 kv
+    # heads) where eager decode passes can be that wide.
+    rows = TOKEN_ROW_WARMUP + (16, 32)
+    assert warmup_plan(4096, 8, 512, False, False).token_row_batches == rows + (128,)
+    assert warmup_plan(4096, 8, 512, False, False, max_rows=2048).token_row_batches == rows + (128,)
+    assert warmup_plan(4096, 8, 512, False, False, max_rows=512).token_row_batches == rows  # all graphs
+    assert warmup_plan(4096, 8, 0, False, False, max_rows=127).token_row_batches == rows
+    assert warmup_plan(4096, 8, 0, False, False, max_rows=128).token_row_batches == rows + (128,)
+    assert warmup_plan(4096, 2, 8, False, False, max_rows=600).token_row_batches == rows + (512,)
+    assert warmup_plan(4096, 8, 0, False, False, max_rows=12).token_row_batches == TOKEN_ROW_WARMUP + (12,)
 
 
 @pytest.mark.parametrize("top_k, n_local", [(8, 128), (2, 8), (4, 60), (1, 4), (8, 16)])
