@@ -106,7 +106,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=256)
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--out", default="/tmp/decode_gaps.json")
-    p.add_argument("--force", nargs="*", default=[], metavar="GEMM=skinny|cublas",
+    p.add_argument("--force", nargs="*", default=[], metavar="GEMM=skinny|skinny_mma|cublas",
                    help="8B GEMM (gemv_sweep.SHAPES) whose few-row choice start-up takes as given, at all row counts")
     args = p.parse_args()
     if args.force:
@@ -133,7 +133,7 @@ def main() -> None:
     try:
         decode_steps(engine, src, 8, prompt_len, steps=16)  # warm-up
         result["gemm_choices"] = engine.runner.gemm_choice_counts()
-        print("few-row GEMMs (key: Triton/cuBLAS layers):", format_gemm_choices(result["gemm_choices"]), flush=True)
+        print("few-row GEMMs (rows or padded rows: kernel layers):", format_gemm_choices(result["gemm_choices"]), flush=True)
         for b in args.batches:
             row = measure(engine, src, b, steps, prompt_len)
             result["rows"].append(row)

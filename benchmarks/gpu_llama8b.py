@@ -76,19 +76,22 @@ def make_engine(path: str, **kw) -> Engine:
 
 
 def force_choices(forced: dict[str, str]) -> None:
-    """Start-up takes the given choice (skinny or cublas) for these 8B GEMMs' weight shapes (gemv_sweep.SHAPES) at every
-    row count instead of measuring it: what a choice at one or two rows costs the other batch sizes' steps."""
+    """Start-up takes the given kernel (a gemm.GemmKernel name: skinny, skinny_mma, cublas) for these 8B GEMMs' weight
+    shapes (gemv_sweep.SHAPES) at every choice key where it may run, instead of measuring: what a choice at one or two
+    rows costs the other batch sizes' steps."""
     from benchmarks.gemv_sweep import SHAPES
     from radixlm.runtime.layers import gemm
 
-    by_shape = {SHAPES[name]: kind == "skinny" for name, kind in forced.items()}
-    measure = gemm._prefer_skinny
+    by_shape = {SHAPES[name]: gemm.GemmKernel[kind.upper()] for name, kind in forced.items()}
+    measure = gemm._fastest
 
-    def prefer(x, weight, *rest):
-        use = by_shape.get(tuple(weight.shape))
-        return measure(x, weight, *rest) if use is None else use
+    def fastest(kernels, x, weight, *rest):
+        kernel = by_shape.get(tuple(weight.shape))
+        if kernel is None or (kernel not in kernels and kernel is not gemm.GemmKernel.CUBLAS):
+            return measure(kernels, x, weight, *rest)
+        return kernel
 
-    gemm._prefer_skinny = prefer
+    gemm._fastest = fastest
 
 
 def close(engine: Engine, timeout_s: float = 120.0) -> None:

@@ -125,7 +125,7 @@ def child(args) -> None:
     run["triton_cache_kernels_after_startup"] = cache_entries(cache_dir)
     run["gemm_choices"] = engine.runner.gemm_choice_counts()  # few-row GEMMs: [skinny, cuBLAS] layers by row count
     if run["gemm_choices"]:
-        log(f"run {args.run_index}: few-row GEMMs (key: Triton/cuBLAS layers): "
+        log(f"run {args.run_index}: few-row GEMMs (rows or padded rows: kernel layers): "
             + format_gemm_choices(run["gemm_choices"]))
     log(f"run {args.run_index}: ready {run['startup_s']:.1f} s after spawn (imports {run['imports_s']:.1f} s, "
         f"Engine() {run['engine_init_s']:.1f} s), "

@@ -80,7 +80,7 @@ def main() -> None:
     try:
         engine.generate(input_ids=[src.ids(512) for _ in range(8)], sampling_params=greedy(8))
         result["gemm_choices"] = engine.runner.gemm_choice_counts()
-        print("few-row GEMMs (key: Triton/cuBLAS layers):", format_gemm_choices(result["gemm_choices"]))
+        print("few-row GEMMs (rows or padded rows: kernel layers):", format_gemm_choices(result["gemm_choices"]))
         for b in args.batches:
             row = step_kernels(engine, src, b, args.steps, args.top)
             result["batches"].append(row)

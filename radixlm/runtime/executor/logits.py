@@ -74,7 +74,7 @@ class LogitsProcessor:
         self.parallel = parallel
         self.vocab_size = vocab_size
         self.packed_weight = cpu_gemm.pack_weight(lm_head.weight)
-        self.gemm_choices: dict[int, bool] = {}
+        self.gemm_choices: dict[int, gemm.GemmKernel] = {}
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         out = gemm.linear(hidden, self.lm_head.weight, None, self.packed_weight, self.gemm_choices)

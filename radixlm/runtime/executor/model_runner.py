@@ -50,11 +50,12 @@ def _physical_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def format_gemm_choices(counts: dict[str, dict[int, list[int]]]) -> str:
-    """ModelRunner.gemm_choice_counts on one line: `qkv_proj 1: 32/0, 2: 30/2; o_proj ...` (choice key: Triton/cuBLAS;
-    keys past 4 are the tensor-core kernel's padded row counts)."""
-    return "; ".join(f"{name} " + ", ".join(f"{rows}: {s}/{c}" for rows, (s, c) in by_rows.items())
-                     for name, by_rows in counts.items())
+def format_gemm_choices(counts: dict[str, dict[int, dict[str, int]]]) -> str:
+    """ModelRunner.gemm_choice_counts on one line: `qkv_proj 1: skinny 32, 2: cublas 30 + skinny_mma 2; o_proj ...`
+    (choice key: kernel and layers; keys past 4 are the tensor-core kernel's padded row counts)."""
+    return "; ".join(f"{name} " + ", ".join(f"{key}: " + " + ".join(f"{kernel} {n}" for kernel, n in kernels.items())
+                                            for key, kernels in by_key.items())
+                     for name, by_key in counts.items())
 
 
 class ModelRunner:
@@ -191,7 +192,7 @@ class ModelRunner:
                     f", shared prefixes {plan.shared_prefix}" if plan.shared_prefix else "", time.perf_counter() - t0)
         choices = self.gemm_choice_counts()
         if choices:
-            logger.info("few-row GEMMs, layers on a Triton kernel / cuBLAS: %s", format_gemm_choices(choices))
+            logger.info("few-row GEMMs' kernels (rows or padded rows: kernel layers): %s", format_gemm_choices(choices))
 
     def _build_in_parallel(self, plan: WarmupPlan) -> None:
         """Builds in threads (layers/kernel_builds.py) what the warm-up passes would build one kernel after another:
@@ -219,13 +220,13 @@ class ModelRunner:
     def _discover_kernels(self, plan: WarmupPlan, builds) -> None:
         """The warm-up passes with unbuilt kernels' launches skipped and their builds handed to `builds`. Their few-row
         GEMMs take cuBLAS, unmeasured (the builds load the host): the real run measures them."""
-        from radixlm.runtime.layers.gemm import choice_keys
+        from radixlm.runtime.layers.gemm import GemmKernel, choice_keys
 
         holders = [h for _, h in self.gemm_holders()]
         measured = [h.gemm_choices for h in holders]
         try:
             for h in holders:
-                h.gemm_choices = dict.fromkeys(choice_keys(), False)
+                h.gemm_choices = dict.fromkeys(choice_keys(), GemmKernel.CUBLAS)
             with builds.discover():
                 self._warm_up_passes(plan)
         finally:
@@ -242,20 +243,25 @@ class ModelRunner:
         for them all: measured per layer, an 8B model's start-up timed each choice 32 times over, and the layers'
         choices differed only where the two candidates were within the timing's noise (qkv_proj at two rows: 1/31 and
         2/30 layers on the skinny kernel in two start-ups, kernels_h100/skinny_mma_ab/probe.log)."""
-        memos: dict[tuple, dict[int, bool]] = {}
+        memos: dict[tuple, dict] = {}
         for name, holder in self.gemm_holders():
             weight = getattr(holder, "weight", None)
             if weight is not None:
-                kind = (name.rsplit(".", 1)[-1], tuple(weight.shape), weight.dtype, getattr(holder, "bias", None) is None)
+                has_bias = getattr(holder, "bias", None) is not None
+                kind = (name.rsplit(".", 1)[-1], tuple(weight.shape), weight.dtype, has_bias)
                 holder.gemm_choices = memos.setdefault(kind, holder.gemm_choices)
 
-    def gemm_choice_counts(self) -> dict[str, dict[int, list[int]]]:
-        """Per GEMM (the layer's attribute name: qkv_proj, o_proj, ..., lm_head) and row count: how many layers took
-        [a Triton kernel, cuBLAS] by gemm.linear's measurement (empty off CUDA)."""
-        counts: dict[str, dict[int, list[int]]] = {}
+    def gemm_choice_counts(self) -> dict[str, dict[int, dict[str, int]]]:
+        """Per GEMM (the layer's attribute name: qkv_proj, o_proj, ..., lm_head) and choice key: how many layers take
+        each kernel (gemm.GemmKernel, lower case) by gemm.linear's measurement (empty off CUDA)."""
+        from radixlm.runtime.layers.gemm import GemmKernel
+
+        counts: dict[str, dict[int, dict[str, int]]] = {}
         for name, holder in self.gemm_holders():
-            for rows, skinny in sorted(holder.gemm_choices.items()):
-                counts.setdefault(name.rsplit(".", 1)[-1], {}).setdefault(rows, [0, 0])[0 if skinny else 1] += 1
+            for key, kernel in sorted(holder.gemm_choices.items()):
+                by_kernel = counts.setdefault(name.rsplit(".", 1)[-1], {}).setdefault(key, {})
+                kernel = GemmKernel(kernel).name.lower()
+                by_kernel[kernel] = by_kernel.get(kernel, 0) + 1
         return counts
 
     def _warm_up_passes(self, plan: WarmupPlan) -> None:

@@ -1,8 +1,9 @@
 """The one GEMM entry point of the model's linear layers and the lm_head: oneDNN-prepacked weights on CPU; on CUDA,
-for the few-row GEMMs of small decode batches, whichever of a Triton kernel and cuBLAS is faster for that weight and
-row count, measured once per layer and choice key (in the warm-up runs before CUDA-graph capture). The Triton kernel
-is the skinny one (layers/skinny_gemm.py) up to SKINNY_MAX_M rows, keyed by the row count, and the tensor-core one
-(layers/skinny_mma.py) from MMA_MIN_M to MMA_MAX_M rows, keyed by its padded row count (skinny_mma.block_rows).
+for the few-row GEMMs of small decode batches, whichever of the Triton kernels and cuBLAS is fastest for that weight,
+measured once per layer kind (the layers of one kind share a memo: ModelRunner) and choice key, in the warm-up runs
+before CUDA-graph capture. The Triton kernels: the skinny one (layers/skinny_gemm.py) up to SKINNY_MAX_M rows and the
+tensor-core one (layers/skinny_mma.py) from MMA_MIN_M to MMA_MAX_M rows. The key is the row count up to SKINNY_MAX_M,
+past it the tensor-core kernel's padded row count (skinny_mma.block_rows), which alone shapes its work.
 A GEMM may take its input's element-wise step as a Prologue: the skinny kernel fuses it, other paths run it first.
 The qkv GEMM may take the rotary embedding and KV store after it as an epilogue (layers/epilogue.py): the skinny kernel
 applies it at one row and marks it applied; otherwise the caller's attention does that step."""
@@ -12,6 +13,7 @@ import dataclasses
 import functools
 import statistics
 from collections.abc import Callable
+from enum import IntEnum
 
 import torch
 import torch.nn.functional as F
@@ -70,8 +72,17 @@ def _capture_stream(device: int) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
 
 
-def _prefer_triton(kernel: Callable[..., torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
-                   bias: torch.Tensor | None, prologue: Prologue | None, epilogue: RotaryStore | None) -> bool:
+class GemmKernel(IntEnum):
+    """The kernel a layer's choice memo names for a few-row GEMM."""
+
+    CUBLAS = 0
+    SKINNY = 1  # layers/skinny_gemm.py
+    SKINNY_MMA = 2  # layers/skinny_mma.py
+
+
+def _fastest(kernels: dict[GemmKernel, Callable[..., torch.Tensor]], x: torch.Tensor, weight: torch.Tensor,
+             bias: torch.Tensor | None, prologue: Prologue | None, epilogue: RotaryStore | None) -> GemmKernel:
+    """The fastest of the Triton kernels, unless cuBLAS beats it by SKINNY_MARGIN."""
     l2 = torch.cuda.get_device_properties(x.device).L2_cache_size
     # A read, not a write: dirty lines would be written back during the GEMM, adding 5-10 us to both candidates that a
     # model's forward, whose other kernels write little, does not pay.
@@ -86,9 +97,10 @@ def _prefer_triton(kernel: Callable[..., torch.Tensor], x: torch.Tensor, weight:
             epilogue.unfused(y)
 
     words = flush.view(torch.int32)
-    triton_us, cublas_us = _time_us([lambda: kernel(x, weight, bias, fresh(), epilogue), cublas],
-                                    lambda: torch.amax(words))
-    return triton_us < SKINNY_MARGIN * cublas_us
+    runs = [lambda k=k: k(x, weight, bias, fresh(), epilogue) for k in kernels.values()]
+    *triton_us, cublas_us = _time_us(runs + [cublas], lambda: torch.amax(words))
+    best_us, best = min(zip(triton_us, kernels))
+    return best if best_us < SKINNY_MARGIN * cublas_us else GemmKernel.CUBLAS
 
 
 def _skinny_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: None,
@@ -98,33 +110,36 @@ def _skinny_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return skinny_mma_linear(x, weight, bias)
 
 
-def few_row_kernel(x: torch.Tensor, weight: torch.Tensor, prologue: Prologue | None
-                   ) -> tuple[int, Callable[..., torch.Tensor]] | None:
-    """(choice key, Triton kernel) of a CUDA GEMM that a Triton kernel may run, else None. The kernel takes
-    (x, weight, bias, prologue, epilogue); a prologue here is one the skinny kernel fuses (at most PROLOGUE_MAX_M
-    rows)."""
+def few_row_kernels(x: torch.Tensor, weight: torch.Tensor, prologue: Prologue | None
+                    ) -> tuple[int, dict[GemmKernel, Callable[..., torch.Tensor]]]:
+    """(choice key, the Triton kernels that may run this CUDA GEMM). The key is the row count up to SKINNY_MAX_M, past
+    it the tensor-core kernel's BLOCK_M. Each kernel takes (x, weight, bias, prologue, epilogue); a prologue here is
+    one the skinny kernel fuses (at most PROLOGUE_MAX_M rows), which the tensor-core kernel does not take."""
     from radixlm.runtime.layers import skinny_gemm, skinny_mma
 
+    m = x.shape[0]
+    kernels = {}
     if skinny_gemm.usable(x, weight, prologue):
-        return x.shape[0], skinny_gemm.skinny_linear
+        kernels[GemmKernel.SKINNY] = skinny_gemm.skinny_linear
     if prologue is None and skinny_mma.usable(x, weight):
-        return skinny_mma.block_rows(x.shape[0]), _skinny_mma
-    return None
+        kernels[GemmKernel.SKINNY_MMA] = _skinny_mma
+    return (m if m <= skinny_gemm.SKINNY_MAX_M else skinny_mma.block_rows(m)), kernels
 
 
 def choice_keys() -> tuple[int, ...]:
-    """Every key of a layer's choice memo: the skinny kernel's row counts, then the tensor-core kernel's."""
+    """Every key of a layer's choice memo: the row counts up to SKINNY_MAX_M, then the tensor-core kernel's
+    BLOCK_Ms."""
     from radixlm.runtime.layers import skinny_gemm, skinny_mma
 
     return tuple(range(1, skinny_gemm.SKINNY_MAX_M + 1)) + skinny_mma.MMA_ROWS
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None,
-           choices: dict[int, bool] | None = None, prologue: Prologue | None = None,
+           choices: dict[int, GemmKernel] | None = None, prologue: Prologue | None = None,
            epilogue: RotaryStore | None = None) -> torch.Tensor:
-    """choices: the calling layer's memo, choice key (few_row_kernel) -> use the Triton kernel (None: always cuBLAS on
-    CUDA). prologue: x is the input before that step (layers/prologue.py). epilogue: applied (and marked) where the
-    skinny kernel runs and takes it; left to the caller otherwise."""
+    """choices: the calling layer's memo, choice key (few_row_kernels) -> the kernel measured fastest (None: always
+    cuBLAS on CUDA). prologue: x is the input before that step (layers/prologue.py). epilogue: applied (and marked)
+    where the skinny kernel runs and takes it; left to the caller otherwise."""
     if not x.is_cuda:
         return cpu_gemm.linear(apply(prologue, x), weight, bias, packed)
     if choices is not None and x.dim() == 2:
@@ -134,12 +149,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
             x, prologue = prologue.apply(x), None  # fused, it would lose here
         if epilogue is not None and not skinny_gemm.takes_epilogue(x, weight, epilogue):
             epilogue = None
-        found = few_row_kernel(x, weight, prologue)
-        if found is not None:
-            key, kernel = found
-            use = choices.get(key)
-            if use is None and not torch.cuda.is_current_stream_capturing():
-                use = choices[key] = _prefer_triton(kernel, x, weight, bias, prologue, epilogue)
-            if use:
+        key, kernels = few_row_kernels(x, weight, prologue)
+        if kernels:
+            choice = choices.get(key)
+            if choice is None and not torch.cuda.is_current_stream_capturing():
+                choice = choices[key] = _fastest(kernels, x, weight, bias, prologue, epilogue)
+            kernel = kernels.get(choice)
+            if kernel is not None:
                 return kernel(x, weight, bias, prologue, epilogue)
     return F.linear(apply(prologue, x), weight, bias)

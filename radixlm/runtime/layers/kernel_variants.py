@@ -66,8 +66,9 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
   skinny_mma.py  _skinny_mma_kernel (the tensor-core kernel of MMA_MIN_M..MMA_MAX_M rows; one config)
       M: do_not_specialize; BLOCK_M (MMA_ROWS: 16, 32, the padded row count) the only shape rows reach. HAS_BIAS
         fixed per layer, EVEN_K (K a multiple of BLOCK_K) per shape: prebuild builds both BLOCK_Ms x bias flags x
-        EVEN_K. gemm.linear times it against cuBLAS once per layer and BLOCK_M: start-up runs an eager pass per
-        BLOCK_M (mma_warmup_rows, at most max_rows rows). N, K, strides: fixed per layer.
+        EVEN_K. gemm.linear times it with the skinny kernel and cuBLAS once per layer kind and choice key (the row
+        count up to SKINNY_MAX_M, then BLOCK_M): start-up runs an eager pass per BLOCK_M too (mma_warmup_rows, at most
+        max_rows rows). N, K, strides: fixed per layer.
   argmax.py  _block_max_kernel, _pick_block_kernel (the sampler's greedy choice)
       vocab width, row stride, block count: do_not_specialize (logits after penalties and verify rows' views
         differ); logits: no alignment. Built by the eager warm-up passes (ModelRunner._warm_up_token_rows).
@@ -92,7 +93,8 @@ from dataclasses import dataclass, field
 
 from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
     decode_num_splits, decode_wide_rows, shared_prefix_num_splits)
-from radixlm.runtime.layers.skinny_mma import MMA_MIN_M, MMA_ROWS
+from radixlm.runtime.layers.skinny_gemm import SKINNY_MAX_M
+from radixlm.runtime.layers.skinny_mma import MMA_ROWS
 
 # Extend passes of these per-request new-token counts build both of the extend kernel's tiles (BLOCK_M 16, 64).
 EXTEND_WARMUP_LENS = ([16, 16], [17])
@@ -103,9 +105,9 @@ TOKEN_ROW_WARMUP = (1, 2, 3, 4)
 
 def mma_warmup_rows(max_rows: int | None) -> tuple[int, ...]:
     """One eager pass's row count per BLOCK_M of the tensor-core kernel (skinny_mma.MMA_ROWS: gemm.linear's choice
-    keys from MMA_MIN_M rows) that a decode pass of at most max_rows rows can reach: the BLOCK_M itself, or max_rows
-    where that is fewer."""
-    rows, low = [], MMA_MIN_M
+    keys past SKINNY_MAX_M rows) that a decode pass of at most max_rows rows can reach: the BLOCK_M itself, or
+    max_rows where that is fewer."""
+    rows, low = [], SKINNY_MAX_M + 1
     for block_m in MMA_ROWS:
         if max_rows is not None and max_rows < low:
             break

@@ -63,7 +63,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.packed_weight: torch.Tensor | None = None  # set by pack_for_cpu() once weights are final
-        self.gemm_choices: dict[int, bool] = {}  # CUDA: choice key -> Triton kernel faster (set by gemm.linear)
+        self.gemm_choices: dict[int, gemm.GemmKernel] = {}  # CUDA: choice key -> fastest (set by gemm.linear)
 
     def pack_for_cpu(self) -> None:
         self.packed_weight = cpu_gemm.pack_weight(self.weight)

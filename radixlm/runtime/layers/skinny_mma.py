@@ -8,8 +8,9 @@ and the few rows its short one. One config ran all four of the model's shapes in
 8 / 16 / 32 rows (cuBLAS 175.1 / 177.3 / 177.5); gemm.linear still times it against cuBLAS per layer.
 
 A row's sum does not depend on the other rows nor on how many there are: BLOCK_M (the padded row count, MMA_ROWS)
-is the only shape the row count reaches, and gemm.linear keys its choice on it, so start-up measures two row counts
-(kernel_variants.MMA_WARMUP) however many rows a pass has. M itself is not specialized on (do_not_specialize)."""
+is the only shape the row count reaches, and past skinny_gemm.SKINNY_MAX_M rows gemm.linear keys its choice on it, so
+start-up measures two more row counts (kernel_variants.mma_warmup_rows) however many rows a pass has. M itself is not
+specialized on (do_not_specialize)."""
 from __future__ import annotations
 
 import functools
@@ -22,7 +23,9 @@ import triton.language as tl
 if TYPE_CHECKING:
     from radixlm.runtime.layers.kernel_builds import ParallelBuilds
 
-MMA_MIN_M = 5  # fewer rows take the skinny kernel's choice (skinny_gemm.SKINNY_MAX_M)
+# At one row the skinny kernel (which also fuses the input's norm there) ran the 8B model's four GEMMs in 157.6 us a
+# layer (gemv_sweep.json), this kernel in 163.8 at four rows (skinny_dot_probe.json).
+MMA_MIN_M = 2
 MMA_ROWS = (16, 32)  # BLOCK_M: the row counts the kernel is built for; MMA_MAX_M = the last
 MMA_MAX_M = MMA_ROWS[-1]
 BLOCK_N, BLOCK_K, NUM_WARPS, MAX_STAGES = 64, 256, 4, 4

@@ -75,9 +75,16 @@ def test_gemm_choice_counts_by_layer_kind_and_rows(tiny_model_dir):
     memos = {name.rsplit(".", 1)[-1]: {id(h.gemm_choices) for n, h in holders.items() if n.endswith(name)}
              for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
     assert all(len(ids) == 1 for ids in memos.values()) and len(set.union(*memos.values())) == 4
-    holders[qkv[0]].gemm_choices.update({1: False, 2: True, 16: True})
-    holders["lm_head"].gemm_choices[1] = False
+    from radixlm.runtime.layers.gemm import GemmKernel
+
+    holders[qkv[0]].gemm_choices.update({1: GemmKernel.SKINNY, 2: GemmKernel.CUBLAS, 16: GemmKernel.SKINNY_MMA})
+    holders["lm_head"].gemm_choices[1] = GemmKernel.CUBLAS
     counts = runner.gemm_choice_counts()
     n = len(qkv)
-    assert counts == {"qkv_proj": {1: [0, n], 2: [n, 0], 16: [n, 0]}, "lm_head": {1: [0, 1]}}
-    assert format_gemm_choices(counts) == f"qkv_proj 1: 0/{n}, 2: {n}/0, 16: {n}/0; lm_head 1: 0/1"
+    assert counts == {"qkv_proj": {1: {"skinny": n}, 2: {"cublas": n}, 16: {"skinny_mma": n}},
+                      "lm_head": {1: {"cublas": 1}}}
+    assert format_gemm_choices(counts) == (f"qkv_proj 1: skinny {n}, 2: cublas {n}, 16: skinny_mma {n}; "
+                                           "lm_head 1: cublas 1")
+    # Layers of one kind measured apart (before the memo was shared) may differ: each kernel is counted.
+    holders[qkv[1]].gemm_choices = {1: GemmKernel.CUBLAS}
+    assert runner.gemm_choice_counts()["qkv_proj"][1] == {"skinny": n - 1, "cublas": 1}

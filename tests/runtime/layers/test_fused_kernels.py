@@ -166,7 +166,7 @@ def test_gemm_dispatch_measures_once_per_row_count_and_matches_cublas():
     for m in (1, 2, 4, 40):
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         torch.testing.assert_close(gemm.linear(x, w, None, None, choices), F.linear(x, w), rtol=2e-2, atol=2e-2)
-    assert set(choices) == {1, 2, 4}  # 40 rows: past both Triton kernels (test_skinny_mma.py: 5-32 rows)
+    assert set(choices) == {1, 2, 4}  # 40 rows: past both Triton kernels (test_skinny_mma.py: up to 32 rows)
 
 
 def test_gemm_timing_replays_each_candidate_and_ranks_a_heavier_one_slower():
@@ -237,19 +237,21 @@ def _epilogue_case(hq: int, hkv: int, head_dim: int, dtype):
 
 def test_gemm_dispatch_applies_the_epilogue_on_the_skinny_kernel_only():
     """gemm.linear at one row with a RotaryStore: on the skinny kernel q and k come back rotated and the KV is stored
-    (applied); on cuBLAS, or at two rows, the plain GEMM and nothing stored."""
+    (applied); on cuBLAS or the tensor-core kernel, or at two rows, the plain GEMM and nothing stored."""
+    import itertools
+
     import torch.nn.functional as F
 
     from radixlm.runtime.layers import gemm
 
     hq, hkv, d = 32, 8, 128
     w = torch.randn((hq + 2 * hkv) * d, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
-    for m, use_skinny in ((1, True), (1, False), (2, True)):
+    for m, kernel in itertools.product((1, 2), gemm.GemmKernel):
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         epi = _epilogue_case(hq, hkv, d, torch.bfloat16)
-        got = gemm.linear(x, w, None, None, {m: use_skinny}, None, epi)
+        got = gemm.linear(x, w, None, None, {m: kernel}, None, epi)
         q, k, v = F.linear(x, w).split([hq * d, hkv * d, hkv * d], dim=-1)
-        assert epi.applied == (m == 1 and use_skinny)
+        assert epi.applied == (m == 1 and kernel is gemm.GemmKernel.SKINNY)
         if epi.applied:
             q, k = epi.rope(epi.positions, q.clone(), k.clone())
             torch.testing.assert_close(epi.k_buf[5], k.view(hkv, d), rtol=2e-2, atol=2e-2)
@@ -291,7 +293,8 @@ def test_skinny_prologue_matches_the_unfused_step(dtype, m, kind_name):
 
 def test_gemm_dispatch_with_a_prologue_sets_the_residual_either_way():
     """gemm.linear with an ADD_RMSNORM prologue, on the skinny kernel (fused at one row, after the norm's own kernel
-    at four) and on cuBLAS: the output and the new residual match the norm's module followed by F.linear."""
+    at four), the tensor-core kernel (after it, from two rows) and cuBLAS: the output and the new residual match the
+    norm's module followed by F.linear."""
     import dataclasses
 
     import torch.nn.functional as F
@@ -300,12 +303,12 @@ def test_gemm_dispatch_with_a_prologue_sets_the_residual_either_way():
     from radixlm.runtime.layers.prologue import PrologueKind
 
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
-    for m in (1, 4, 9):
+    for m, key in ((1, 1), (4, 4), (9, 16)):
         pro, x = _prologue_case(PrologueKind.ADD_RMSNORM, m, 4096, torch.bfloat16)
         normed, res = pro.module(x, pro.residual)
-        for use_skinny in (True, False):
+        for kernel in gemm.GemmKernel:
             p = dataclasses.replace(pro)
-            got = gemm.linear(x, w, None, None, {m: use_skinny}, p)
+            got = gemm.linear(x, w, None, None, {key: kernel}, p)
             assert torch.equal(p.residual_out, res)
             torch.testing.assert_close(got, F.linear(normed, w), rtol=2e-2, atol=2e-2)
 

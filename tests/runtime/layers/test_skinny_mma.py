@@ -1,6 +1,6 @@
 """The tensor-core few-row GEMM (layers/skinny_mma.py): each row's sum against a float32 reference, and bit-identical
 whatever the other rows are and however many share its BLOCK_M (on the CPU under TRITON_INTERPRET=1 in a subprocess,
-in float32 and float16; on CUDA in bfloat16 and float16); gemm.linear's choice keys for it, and the warm-up's row
+in float32 and float16; on CUDA in bfloat16 and float16); gemm.linear's choice keys and kernels, and the warm-up's row
 counts that set them."""
 from __future__ import annotations
 
@@ -35,13 +35,14 @@ def run_cases(device: str, dtypes: tuple[torch.dtype, ...], launch=_launch) -> N
             b = torch.randn(n, generator=g).to(device, dtype) if bias else None
             x = torch.randn(32, k, generator=g).to(device, dtype)
             ref = x.float() @ w.float().T + (b.float() if bias else 0)
-            for m in (5, 9, 16, 17, 32):
+            for m in (2, 5, 9, 16, 17, 32):
                 got = launch(x[:m].contiguous(), w, b)
                 assert got.shape == (m, n) and got.dtype == dtype
                 tol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
                 torch.testing.assert_close(got.float(), ref[:m], rtol=tol, atol=tol)
-            # A row's result depends on that row alone: the same at 5 and 16 rows (BLOCK_M 16), and with other rows.
+            # A row's result depends on that row alone: the same at 2, 5 and 16 rows (BLOCK_M 16), and with other rows.
             at16, at32 = launch(x[:16].contiguous(), w, b), launch(x[:32].contiguous(), w, b)
+            assert torch.equal(launch(x[:2].contiguous(), w, b), at16[:2])
             assert torch.equal(launch(x[:5].contiguous(), w, b), at16[:5])
             other = torch.cat([x[:3], torch.randn(13, k, generator=g).to(device, dtype)])
             assert torch.equal(launch(other, w, b)[:3], at16[:3])
@@ -62,7 +63,7 @@ def test_rows_match_a_float32_reference_and_each_other_cuda(capsys):
 
     x = torch.randn(8, 512, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16)
-    assert usable(x, w) and not usable(x[:4], w) and not usable(torch.cat([x] * 5), w)
+    assert usable(x, w) and usable(x[:2], w) and not usable(x[:1], w) and not usable(torch.cat([x] * 5), w)
     assert not usable(x.float(), w.float())
     run_cases("cuda", (torch.bfloat16, torch.float16), launch=skinny_mma_linear)
     assert MARKER in capsys.readouterr().out
@@ -70,22 +71,30 @@ def test_rows_match_a_float32_reference_and_each_other_cuda(capsys):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gemm_dispatch_keys_the_tensor_core_kernel_by_block_rows():
-    """gemm.linear measures the tensor-core kernel once per BLOCK_M: 5..16 rows share key 16, 17..32 key 32; either
-    choice gives F.linear's values within a rounding, and a forced choice runs the kernel it names."""
+    """gemm.linear measures once per choice key: the row count up to 4 rows (the skinny kernel, the tensor-core one
+    from 2 rows, cuBLAS), then 5..16 rows share key 16 and 17..32 key 32; each choice gives F.linear's values within
+    a rounding, and a memo's choice runs the kernel it names (cuBLAS where that kernel cannot take the rows)."""
     import torch.nn.functional as F
 
     from radixlm.runtime.layers import gemm
+    from radixlm.runtime.layers.gemm import GemmKernel
+    from radixlm.runtime.layers.skinny_gemm import skinny_linear
     from radixlm.runtime.layers.skinny_mma import skinny_mma_linear
 
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
-    choices: dict[int, bool] = {}
-    for m in (5, 8, 16, 24, 32, 33):
+    choices: dict[int, GemmKernel] = {}
+    for m in (1, 3, 5, 8, 16, 24, 32, 33):
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         torch.testing.assert_close(gemm.linear(x, w, None, None, choices), F.linear(x, w), rtol=2e-2, atol=2e-2)
-    assert set(choices) == {16, 32}  # 33 rows: always cuBLAS
+    assert set(choices) == {1, 3, 16, 32}  # 33 rows: always cuBLAS
+    assert choices[1] in (GemmKernel.SKINNY, GemmKernel.CUBLAS)  # one row: never the tensor-core kernel
     x = torch.randn(12, 4096, device="cuda", dtype=torch.bfloat16)
-    assert torch.equal(gemm.linear(x, w, None, None, {16: True}), skinny_mma_linear(x, w))
-    assert torch.equal(gemm.linear(x, w, None, None, {16: False}), F.linear(x, w))
+    assert torch.equal(gemm.linear(x, w, None, None, {16: GemmKernel.SKINNY_MMA}), skinny_mma_linear(x, w))
+    assert torch.equal(gemm.linear(x, w, None, None, {16: GemmKernel.CUBLAS}), F.linear(x, w))
+    assert torch.equal(gemm.linear(x, w, None, None, {16: GemmKernel.SKINNY}), F.linear(x, w))
+    x = x[:3]
+    assert torch.equal(gemm.linear(x, w, None, None, {3: GemmKernel.SKINNY_MMA}), skinny_mma_linear(x, w))
+    assert torch.equal(gemm.linear(x, w, None, None, {3: GemmKernel.SKINNY}), skinny_linear(x, w))
 
 
 def test_choice_keys_and_the_warm_up_rows_that_set_them():
