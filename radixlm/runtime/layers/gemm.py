@@ -111,18 +111,21 @@ def _skinny_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 def few_row_kernels(x: torch.Tensor, weight: torch.Tensor, prologue: Prologue | None
-                    ) -> tuple[int, dict[GemmKernel, Callable[..., torch.Tensor]]]:
-    """(choice key, the Triton kernels that may run this CUDA GEMM). The key is the row count up to SKINNY_MAX_M, past
-    it the tensor-core kernel's BLOCK_M. Each kernel takes (x, weight, bias, prologue, epilogue); a prologue here is
-    one the skinny kernel fuses (at most PROLOGUE_MAX_M rows), which the tensor-core kernel does not take."""
+                    ) -> tuple[int, dict[GemmKernel, Callable[..., torch.Tensor]]] | None:
+    """(choice key, the Triton kernels that may run this GEMM), or None where none may. The key is the row count up to
+    SKINNY_MAX_M, past it the tensor-core kernel's BLOCK_M. Each kernel takes (x, weight, bias, prologue, epilogue); a
+    prologue here is one the skinny kernel fuses (at most PROLOGUE_MAX_M rows), which the tensor-core kernel does not
+    take."""
     from radixlm.runtime.layers import skinny_gemm, skinny_mma
 
-    m = x.shape[0]
     kernels = {}
     if skinny_gemm.usable(x, weight, prologue):
         kernels[GemmKernel.SKINNY] = skinny_gemm.skinny_linear
     if prologue is None and skinny_mma.usable(x, weight):
         kernels[GemmKernel.SKINNY_MMA] = _skinny_mma
+    if not kernels:
+        return None
+    m = x.shape[0]
     return (m if m <= skinny_gemm.SKINNY_MAX_M else skinny_mma.block_rows(m)), kernels
 
 
@@ -149,8 +152,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
             x, prologue = prologue.apply(x), None  # fused, it would lose here
         if epilogue is not None and not skinny_gemm.takes_epilogue(x, weight, epilogue):
             epilogue = None
-        key, kernels = few_row_kernels(x, weight, prologue)
-        if kernels:
+        found = few_row_kernels(x, weight, prologue)
+        if found is not None:
+            key, kernels = found
             choice = choices.get(key)
             if choice is None and not torch.cuda.is_current_stream_capturing():
                 choice = choices[key] = _fastest(kernels, x, weight, bias, prologue, epilogue)

@@ -99,7 +99,7 @@ def test_gemm_dispatch_keys_the_tensor_core_kernel_by_block_rows():
 
 def test_choice_keys_and_the_warm_up_rows_that_set_them():
     from radixlm.runtime.layers import skinny_mma
-    from radixlm.runtime.layers.gemm import choice_keys
+    from radixlm.runtime.layers.gemm import choice_keys, few_row_kernels
     from radixlm.runtime.layers.kernel_variants import mma_warmup_rows
 
     assert choice_keys() == (1, 2, 3, 4, 16, 32)
@@ -108,6 +108,10 @@ def test_choice_keys_and_the_warm_up_rows_that_set_them():
     assert mma_warmup_rows(20) == (16, 20)  # a 20-row pass is the most that key 32 can meet
     assert mma_warmup_rows(16) == (16,) and mma_warmup_rows(8) == (8,)
     assert mma_warmup_rows(4) == ()
+    # No Triton kernel takes these GEMMs (CPU tensors; past MMA_MAX_M rows on any device): no key either.
+    w = torch.zeros(64, 256, dtype=torch.bfloat16)
+    for m in (1, 3, 16, 33, 512):
+        assert few_row_kernels(torch.zeros(m, 256, dtype=torch.bfloat16), w, None) is None
 
 
 if __name__ == "__main__":
