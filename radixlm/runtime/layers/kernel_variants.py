@@ -60,7 +60,7 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         EPI with HEAD_DIM (the qkv GEMM's rotary embedding and KV store, layers/epilogue.py; one row, one config,
         not autotuned): fixed per layer, its Pos and Loc (views of a pass's rows) not specialized on alignment, its
         widths and strides fixed; prebuild builds every combination that gemm.linear launches.
-        gemm.linear times skinny vs cuBLAS once per layer and row count: start-up runs eager passes of
+        gemm.linear times its kernels once per layer kind and row count: start-up runs eager passes of
         1..SKINNY_MAX_M rows (TOKEN_ROW_WARMUP) so that no timing (nor autotuning) happens while serving. N, K,
         strides: fixed per layer.
   skinny_mma.py  _skinny_mma_kernel (the tensor-core kernel of MMA_MIN_M..MMA_MAX_M rows; one config)
@@ -98,8 +98,8 @@ from radixlm.runtime.layers.skinny_mma import MMA_ROWS
 
 # Extend passes of these per-request new-token counts build both of the extend kernel's tiles (BLOCK_M 16, 64).
 EXTEND_WARMUP_LENS = ([16, 16], [17])
-# Eager passes of one row per request at these batch sizes set every layer's skinny-vs-cuBLAS choice
-# (skinny_gemm.SKINNY_MAX_M rows at most use the skinny kernel); mma_warmup_rows adds the tensor-core kernel's.
+# Eager passes of one row per request at these batch sizes set every layer kind's few-row GEMM choice at each row
+# count up to skinny_gemm.SKINNY_MAX_M (gemm.linear); mma_warmup_rows adds one per tensor-core BLOCK_M past it.
 TOKEN_ROW_WARMUP = (1, 2, 3, 4)
 
 

@@ -5,7 +5,7 @@ CUDA-graph replays, benchmarks/results/kernels_h100/skinny_dot_probe.json). This
 shape of work (layers/skinny_gemm.py), many programs each streaming a narrow [BLOCK_N, K] band of W, and swaps the
 product's operands, acc[BLOCK_N, BLOCK_M] += W_tile @ x_tile^T, so that the band's columns are the MMA's long side
 and the few rows its short one. One config ran all four of the model's shapes in 164.7 / 165.9 / 169.3 us a layer at
-8 / 16 / 32 rows (cuBLAS 175.1 / 177.3 / 177.5); gemm.linear still times it against cuBLAS per layer.
+8 / 16 / 32 rows (cuBLAS 175.1 / 177.3 / 177.5); gemm.linear still times it against cuBLAS per layer kind.
 
 A row's sum does not depend on the other rows nor on how many there are: BLOCK_M (the padded row count, MMA_ROWS)
 is the only shape the row count reaches, and past skinny_gemm.SKINNY_MAX_M rows gemm.linear keys its choice on it, so
