@@ -4,9 +4,10 @@ a skinny kernel that reduces on the tensor cores, against cuBLAS, Llama-3.1-8B's
 At 8-48 rows cuBLAS's GEMMs run 15-20% over their weight reads (qkv 21.9 us at 8 rows against 16.8; all four 172.8
 us a layer against 145.4), where the skinny kernel (layers/skinny_gemm.py) runs one row 8% over them (157.6 us);
 a plain Triton GEMM with one 16- or 32-row M tile and 32-256-column N tiles gained 0-12% over cuBLAS
-(`kernels_h100/gemm_sweep_small.json`). The kernel here keeps the skinny kernel's shape of work, many programs each
-streaming a narrow [BLOCK_N, K] band of W, and swaps the operands of the product: acc[BLOCK_N, BLOCK_M] +=
-W_tile @ x_tile^T, so the band's BLOCK_N (16-64) columns are the MMA's M side and the few rows its N side.
+(`kernels_h100/gemm_sweep_small.json`). The kernel swept here (layers/skinny_mma.py since this probe's run, 2026-11-27,
+`kernels_h100/skinny_dot_probe.json`) keeps the skinny kernel's shape of work, many programs each streaming a narrow
+[BLOCK_N, K] band of W, and swaps the operands of the product: acc[BLOCK_N, BLOCK_M] += W_tile @ x_tile^T, so the
+band's BLOCK_N (16-64) columns are the MMA's M side and the few rows its N side.
 
 Every figure is a CUDA-graph replay over distinct weight copies (no L2 hits), as in gemv_sweep.py.
 
@@ -23,50 +24,26 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gemm_sweep import add_triton_row, print_best, probe_args, shape_cells  # noqa: E402
+from radixlm.runtime.layers.skinny_mma import _skinny_mma_kernel  # noqa: E402
 
 LAYER_SHAPES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 LAYERS = 32
 
 
-@triton.jit
-def _skinny_dot_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    n_mask = offs_n < N
-    m_mask = offs_m < M
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + offs_k
-        if EVEN_K:
-            w = tl.load(W + offs_n[:, None] * stride_wn + k[None, :], mask=n_mask[:, None], other=0.0)
-            x = tl.load(X + offs_m[:, None] * stride_xm + k[None, :], mask=m_mask[:, None], other=0.0)
-        else:
-            k_mask = k < K
-            w = tl.load(W + offs_n[:, None] * stride_wn + k[None, :], mask=n_mask[:, None] & k_mask[None, :],
-                        other=0.0)
-            x = tl.load(X + offs_m[:, None] * stride_xm + k[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                        other=0.0)
-        acc = tl.dot(w, tl.trans(x), acc)
-    tl.store(Y + offs_m[None, :] * stride_ym + offs_n[:, None], acc.to(Y.dtype.element_ty),
-             mask=n_mask[:, None] & m_mask[None, :])
-
-
 def skinny_dot(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, block_n: int, block_k: int, warps: int,
                stages: int) -> torch.Tensor:
-    """y = x @ w.T; x (M, K) with M <= 64, w (N, K), both K-contiguous."""
+    """y = x @ w.T; x (M, K) with M <= 64, w (N, K), both K-contiguous: the serving kernel (layers/skinny_mma.py) at
+    the given config."""
     m, k = x.shape
     n = w.shape[0]
-    _skinny_dot_kernel[(triton.cdiv(n, block_n),)](
-        x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0), BLOCK_M=max(16, triton.next_power_of_2(m)),
-        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, num_warps=warps, num_stages=stages)
+    _skinny_mma_kernel[(triton.cdiv(n, block_n),)](
+        x, w, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0), HAS_BIAS=False, EVEN_K=k % block_k == 0,
+        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        num_stages=stages)
     return y
 
 
