@@ -12,6 +12,7 @@ band's BLOCK_N (16-64) columns are the MMA's M side and the few rows its N side.
 Every figure is a CUDA-graph replay over distinct weight copies (no L2 hits), as in gemv_sweep.py.
 
     python benchmarks/skinny_dot_probe.py --out $OUT/skinny_dot_probe.json        # on a GPU, ~3 min
+    python benchmarks/skinny_dot_probe.py --rows 48 64 --out $OUT/skinny_dot_64.json   # BLOCK_M 64 (33-64 rows)
     TRITON_INTERPRET=1 python benchmarks/skinny_dot_probe.py --check-cpu           # the kernel's sums, on the CPU
 """
 from __future__ import annotations
@@ -47,9 +48,12 @@ def skinny_dot(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, block_n: int, 
     return y
 
 
-# (BLOCK_N, BLOCK_K, warps, stages); each compiles once per BLOCK_M (16, 32, 64).
-CONFIGS = [c for c in itertools.product([16, 32, 64], [256, 512], [2, 4], [3, 4])
-           if (c[0] + 32) * c[1] * 2 * c[3] <= 220_000]  # the stages' W and x tiles in shared memory (more M fails)
+# (BLOCK_N, BLOCK_K, warps, stages) that fit the stages' W and x tiles in shared memory at a BLOCK_M (16, 32, 64);
+# BLOCK_K 128 only at 64 rows (the 2026-11-27 run swept 256 and 512 at every row count; none fit well at 64 rows).
+def configs(block_m: int) -> list[tuple[int, int, int, int]]:
+    block_ks = [128, 256] if block_m >= 64 else [256, 512]
+    return [c for c in itertools.product([16, 32, 64], block_ks, [2, 4], [3, 4])
+            if (c[0] + block_m) * c[1] * 2 * c[3] <= 220_000]
 
 
 def check_cpu() -> None:
@@ -67,7 +71,7 @@ def main() -> None:
     cells = []
     pairs = ((name, m) for m, name in itertools.product(args.rows, args.shapes))
     for cell, x, ws, ys, ref in shape_cells(pairs, t0, args.budget_s, cells, args.out, "skinny_dot_probe"):
-        for bn, bk, warps, stages in CONFIGS:
+        for bn, bk, warps, stages in configs(max(16, triton.next_power_of_2(cell["m"]))):
             add_triton_row(cell, {"block_n": bn, "block_k": bk, "warps": warps, "stages": stages},
                            lambda i: skinny_dot(x, ws[i], ys[i], bn, bk, warps, stages), ref, ys[0])
         print_best(cell, lambda r: f"N{r['block_n']:<3d} K{r['block_k']:<4d} w{r['warps']} s{r['stages']}")
