@@ -123,7 +123,7 @@ def child(args) -> None:
     run["engine_init_s"] = time.perf_counter() - t0
     run["startup_s"] = time.time() - args.spawned_at
     run["triton_cache_kernels_after_startup"] = cache_entries(cache_dir)
-    run["gemm_choices"] = engine.runner.gemm_choice_counts()  # few-row GEMMs: [skinny, cuBLAS] layers by row count
+    run["gemm_choices"] = engine.runner.gemm_choice_counts()  # few-row GEMMs: layers per kernel by choice key
     if run["gemm_choices"]:
         log(f"run {args.run_index}: few-row GEMMs (rows or padded rows: kernel layers): "
             + format_gemm_choices(run["gemm_choices"]))
