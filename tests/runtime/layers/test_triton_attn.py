@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -129,3 +130,23 @@ def test_extend_matches_reference(lens, heads, kv_heads, head_dim, page_size, dt
     want = _extend_reference(q, k_buf, v_buf, rt, rows, lens, scale)
     tol = 2e-2 if dtype == torch.bfloat16 else 2e-4
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
+def test_extend_work_list_order_changes_nothing():
+    """Entries of the work list in any order (and one naming a block past its prompt) give the same output."""
+    from radixlm.runtime.layers.attention.triton_ops.extend_attention import extend_attention
+    from radixlm.runtime.layers.attention.triton_ops.extend_blocks import extend_block_m, extend_blocks
+
+    lens = [(0, 200), (5, 1), (64, 64), (130, 17), (0, 2048), (9, 40)]
+    q, k_buf, v_buf, rt, rows = _extend_case(lens, 32, 8, 128, 1, torch.bfloat16, seed=3)
+    dev = "cuda"
+    ext = torch.tensor([e for _, e in lens], device=dev)
+    prefix = torch.tensor([p for p, _ in lens], device=dev)
+    starts = torch.cumsum(ext, 0) - ext
+    bm = extend_block_m(int(ext.max()))
+    pairs = list(zip(*[iter(extend_blocks(ext.tolist(), bm))] * 2))
+    random.Random(0).shuffle(pairs)
+    pairs.append((1, 5))  # request 1 has one new token: block 5 holds none and must write nothing
+    blocks = torch.tensor([x for pair in pairs for x in pair], dtype=torch.int64, device=dev)
+    args = (q, k_buf, v_buf, rt, rows, prefix, ext, starts, 0.125, int(ext.max()))
+    torch.testing.assert_close(extend_attention(*args, blocks=blocks), extend_attention(*args), atol=0, rtol=0)

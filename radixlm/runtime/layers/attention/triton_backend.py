@@ -13,6 +13,7 @@ from radixlm.runtime.host_to_device import host_to_device, rows_to_device
 from radixlm.runtime.layers.attention.base import AttentionBackend
 from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
     decode_num_splits, shared_prefix_num_splits, shared_prefix_rows_per_tile)
+from radixlm.runtime.layers.attention.triton_ops.extend_blocks import extend_block_m, extend_blocks
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.forward_batch import ForwardBatch
@@ -58,6 +59,7 @@ class TritonMetadata:
     max_extend_len: int = 0
     prefix_lens: torch.Tensor | None = None  # extend, on the device
     extend_lens: torch.Tensor | None = None
+    extend_blocks: torch.Tensor | None = None  # extend: the kernel's work list (extend_blocks.py), on the device
     # Tree masks (extend passes with ForwardBatch.tree_masks): the masks flattened and concatenated (uint8), and per
     # request the mask's start (table index) and its offset in custom_mask (-1: causal).
     custom_mask: torch.Tensor | None = None
@@ -119,9 +121,14 @@ class TritonAttnBackend(AttentionBackend):
             fb.attn_metadata = TritonMetadata(max_len, shared_groups=fb.shared_prefixes or None)
             return
         dev = fb.input_ids.device
-        lens = rows_to_device([fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu], dev)
-        fb.attn_metadata = meta = TritonMetadata(max_len, max_extend_len=max(fb.extend_seq_lens_cpu, default=0),
-                                                 prefix_lens=lens[0], extend_lens=lens[1])
+        prefix, ext = fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu
+        max_extend = max(ext, default=0)
+        bs = len(ext)
+        # One copy: the two length vectors, then the work list.
+        flat = host_to_device(list(prefix) + list(ext) + extend_blocks(ext, extend_block_m(max_extend)),
+                              torch.int64, dev)
+        fb.attn_metadata = meta = TritonMetadata(max_len, max_extend_len=max_extend, prefix_lens=flat[:bs],
+                                                 extend_lens=flat[bs : 2 * bs], extend_blocks=flat[2 * bs :])
         if fb.tree_masks is not None:
             meta.custom_mask, meta.mask_starts, meta.mask_offsets = tree_mask_inputs(fb, dev)
 
@@ -163,7 +170,7 @@ class TritonAttnBackend(AttentionBackend):
             q.reshape(-1, layer.num_heads, layer.head_dim), fb.token_to_kv_pool.get_key_buffer(layer.layer_id),
             fb.token_to_kv_pool.get_value_buffer(layer.layer_id), fb.req_to_token_pool.req_to_token,
             fb.req_pool_indices, meta.prefix_lens, meta.extend_lens, fb.extend_start_loc, layer.scaling,
-            meta.max_extend_len, meta.custom_mask, meta.mask_starts, meta.mask_offsets)
+            meta.max_extend_len, meta.custom_mask, meta.mask_starts, meta.mask_offsets, meta.extend_blocks)
         return o.reshape(-1, layer.num_heads * layer.head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):

@@ -1,7 +1,8 @@
 """Extend attention over the paged KV pool: each request's new tokens attend to its cached prefix and, causally,
 to each other. The new tokens' K/V are already in the pool, so every key is read through req_to_token.
 
-Program (query head, block of BLOCK_M new tokens, request): walks key positions [0, last query position] in blocks
+Program (query head, entry of the work list): an entry names a request and a block of BLOCK_M of its new tokens
+(extend_blocks.py: only blocks that hold new tokens). It walks key positions [0, last query position] in blocks
 of BLOCK_N with an online softmax; new token j of a request sits at position prefix + j and sees positions
 <= prefix + j. The blocks wholly before the query block's first position are walked without the causal mask, then
 the rest with it. The query head is the grid's fastest axis, so the heads of one kv head run together and share its
@@ -20,9 +21,11 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.runtime.layers.attention.triton_ops.extend_blocks import extend_block_m, extend_blocks
+
 
 # Not specialized on the alignment of index vectors (see decode_attention.INDEX_ARGS).
-INDEX_ARGS = ["Req_pool_indices", "Prefix_lens", "Extend_lens", "Extend_starts", "Mask", "Mask_starts",
+INDEX_ARGS = ["Req_pool_indices", "Prefix_lens", "Extend_lens", "Extend_starts", "Blocks", "Mask", "Mask_starts",
               "Mask_offsets"]
 
 
@@ -49,17 +52,18 @@ def _attend_block(q, acc, m_i, l_i, K_buf, V_buf, slots, kv_mask, visible, kvh, 
 
 @triton.jit(do_not_specialize_on_alignment=INDEX_ARGS)
 def _extend_kernel(
-    Q, K_buf, V_buf, O, Req_to_token, Req_pool_indices, Prefix_lens, Extend_lens, Extend_starts, sm_scale,
+    Q, K_buf, V_buf, O, Req_to_token, Req_pool_indices, Prefix_lens, Extend_lens, Extend_starts, Blocks, sm_scale,
     stride_qt, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_ot, stride_oh, stride_rt,
     Mask, Mask_starts, Mask_offsets,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr,
 ):
     h = tl.program_id(0)
-    mblock = tl.program_id(1)
-    b = tl.program_id(2)
+    entry = tl.program_id(1)
+    b = tl.load(Blocks + 2 * entry)
+    mblock = tl.load(Blocks + 2 * entry + 1)
     ext = tl.load(Extend_lens + b)
-    if mblock * BLOCK_M >= ext:
+    if mblock * BLOCK_M >= ext:  # an entry past the request's new tokens (extend_blocks lists none) writes nothing
         return
     prefix = tl.load(Prefix_lens + b)
     start = tl.load(Extend_starts + b)
@@ -118,21 +122,27 @@ def extend_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
                      req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
                      extend_starts: torch.Tensor, sm_scale: float, max_extend: int,
                      custom_mask: torch.Tensor | None = None, mask_starts: torch.Tensor | None = None,
-                     mask_offsets: torch.Tensor | None = None) -> torch.Tensor:
+                     mask_offsets: torch.Tensor | None = None, blocks: torch.Tensor | None = None) -> torch.Tensor:
     """q: (num_new_tokens, H, D), request-major; returns (num_new_tokens, H, D) in q's dtype. With custom_mask
     (uint8 or bool, flattened per request), mask_starts and mask_offsets (per request; offset -1: causal), the
-    masked requests' new tokens see keys as the module's docstring says."""
+    masked requests' new tokens see keys as the module's docstring says. blocks: the work list on the device
+    (extend_blocks with extend_block_m(max_extend)); without it, built here from the lengths (a device sync)."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     group = num_heads // k_buf.shape[1]
     out = torch.empty_like(q)
-    block_m = 64 if max_extend > 16 else 16
-    grid = (num_heads, triton.cdiv(max(max_extend, 1), block_m), req_pool_indices.shape[0])
+    block_m = extend_block_m(max_extend)
+    if blocks is None:
+        flat = extend_blocks(extend_lens.tolist(), block_m)
+        blocks = torch.tensor(flat, dtype=torch.int64, device=q.device)  # as the backend's
+    if blocks.numel() == 0:
+        return out
+    grid = (num_heads, blocks.numel() // 2)
     use_mask = custom_mask is not None
     if use_mask and custom_mask.dtype == torch.bool:
         custom_mask = custom_mask.view(torch.uint8)
     # Without a mask its three arguments are None (constexpr None in the launch's key): the kernel is the plain one.
     _extend_kernel[grid](
-        q, k_buf, v_buf, out, req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_starts, sm_scale,
+        q, k_buf, v_buf, out, req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_starts, blocks, sm_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         out.stride(0), out.stride(1), req_to_token.stride(0),
         custom_mask, mask_starts if use_mask else None, mask_offsets if use_mask else None,
