@@ -12,6 +12,7 @@ attention over ShareGPT-like contexts or a uniform one), --layers layers, CUDA-g
            attention (their attention and MLP alternate).
 
     python benchmarks/overlap_probe.py --out $OUT/overlap_probe.json
+    python benchmarks/overlap_probe.py --carveouts 0 16 32 48 --out $OUT/overlap_carveout.json
 """
 from __future__ import annotations
 
@@ -99,6 +100,8 @@ def main() -> None:
                    help="ShareGPT-like's running requests after this many decode steps")
     p.add_argument("--uniform", type=int, nargs="*", default=[256], help="batches of 640-position contexts")
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--carveouts", type=int, nargs="+", default=[0],
+                   help="SMs cuBLAS leaves free (torch._C._set_sm_carveout_experimental), for the other stream")
     p.add_argument("--out", default="overlap_probe.json")
     args = p.parse_args()
     t0 = time.perf_counter()
@@ -119,19 +122,23 @@ def main() -> None:
                               max(ctx[lo:hi]))
 
         whole, a, b = mb(0, bs), mb(0, half), mb(half, bs)
-        cell = {"case": name, "batch": bs, "mean_ctx": sum(ctx) / bs, "layers": args.layers}
-        cell["serial_us"] = bench_us(lambda: run_serial([whole], layers))
-        cell["halves_us"] = bench_us(lambda: run_serial([a, b], layers))
-        cell["streams_us"] = bench_us(lambda: run_streams(a, b, layers, side, False))
-        cell["stagger_us"] = bench_us(lambda: run_streams(a, b, layers, side, True))
-        # The two parts alone (whole batch): what perfect overlap would approach.
-        cell["attn_part_us"] = bench_us(lambda: [whole.attn_part(layer) for layer in layers])
-        cell["mlp_part_us"] = bench_us(lambda: [whole.mlp_part(layer) for layer in layers])
-        print(f"{name:22s} bs {bs:4d}: serial {cell['serial_us'] / args.layers:7.1f} us/layer, halves "
-              f"{cell['halves_us'] / args.layers:7.1f}, streams {cell['streams_us'] / args.layers:7.1f}, stagger "
-              f"{cell['stagger_us'] / args.layers:7.1f} (attn part {cell['attn_part_us'] / args.layers:7.1f}, mlp "
-              f"part {cell['mlp_part_us'] / args.layers:7.1f})", flush=True)
-        cells.append(cell)
+        for carveout in args.carveouts:
+            torch._C._set_sm_carveout_experimental(carveout or None)
+            cell = {"case": name, "batch": bs, "mean_ctx": sum(ctx) / bs, "layers": args.layers, "carveout": carveout}
+            cell["serial_us"] = bench_us(lambda: run_serial([whole], layers))
+            cell["halves_us"] = bench_us(lambda: run_serial([a, b], layers))
+            cell["streams_us"] = bench_us(lambda: run_streams(a, b, layers, side, False))
+            cell["stagger_us"] = bench_us(lambda: run_streams(a, b, layers, side, True))
+            # The two parts alone (whole batch): what perfect overlap would approach.
+            cell["attn_part_us"] = bench_us(lambda: [whole.attn_part(layer) for layer in layers])
+            cell["mlp_part_us"] = bench_us(lambda: [whole.mlp_part(layer) for layer in layers])
+            print(f"{name:22s} bs {bs:4d} carveout {carveout:3d}: serial {cell['serial_us'] / args.layers:7.1f} "
+                  f"us/layer, halves {cell['halves_us'] / args.layers:7.1f}, streams "
+                  f"{cell['streams_us'] / args.layers:7.1f}, stagger {cell['stagger_us'] / args.layers:7.1f} (attn "
+                  f"part {cell['attn_part_us'] / args.layers:7.1f}, mlp part {cell['mlp_part_us'] / args.layers:7.1f})",
+                  flush=True)
+            cells.append(cell)
+        torch._C._set_sm_carveout_experimental(None)
         Path(args.out).write_text(json.dumps({"benchmark": "overlap_probe", "gpu": torch.cuda.get_device_name(),
                                               "cells": cells}, indent=1))
         del q, k_buf, v_buf
