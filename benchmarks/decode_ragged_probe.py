@@ -8,6 +8,7 @@ Timed with CUDA graphs, one layer's attention (Llama-3.1-8B: 32 query heads, 8 k
   serving   decode_attention as served (graph splits);
   grid      decode_attention_sweep's stage-1 variant over BLOCK_N, warps, stages (one split, direct);
   sorted    the same with the requests ordered longest first (programs of long contexts start first);
+  splits    the serving kernel at 1-32 splits;
   chunks    a work list: program (kv head, chunk) over chunks of at most CHUNK positions of one request, partials
             merged per request by a second stage (every program does about the same work).
 
@@ -160,8 +161,11 @@ def main() -> None:
             fn = lambda: chunked(q, k_buf, v_buf, table, rows, plan, scale, block_n, warps, stages)  # noqa: E731
             cell["variants"].append(measure(fn, ref, kv_bytes, base, kind="chunks", chunk=chunk, block_n=block_n,
                                             warps=warps, stages=stages, programs=plan[0].shape[0] * KV_HEADS))
+        for n in (1, 2, 4, 8, 16, 32):  # the serving kernel at other split counts (a tail of few long requests)
+            fn = lambda: decode_attention(q, k_buf, v_buf, table, rows, lens, scale, max(ctx), n)  # noqa: E731
+            cell["variants"].append(measure(fn, ref, kv_bytes, base, kind="splits", splits=n))
         ok = sorted((v for v in cell["variants"] if "us" in v), key=lambda v: v["us"])
-        for kind in ("grid", "sorted", "chunks"):
+        for kind in ("grid", "sorted", "chunks", "splits"):
             for v in [v for v in ok if v["kind"] == kind][:3]:
                 print("    " + " ".join(f"{k} {v[k]}" for k in v if k not in ("us", "tb_s", "vs_serving", "diff"))
                       + f": {v['us']:8.1f} us {v['tb_s']:.2f} TB/s x{v['vs_serving']:.3f} (diff {v['diff']:.1e})",
