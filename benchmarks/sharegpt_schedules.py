@@ -22,9 +22,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sharegpt_model import lengths  # noqa: E402
+from benchmarks.sharegpt_model import lengths  # noqa: E402
 
 WEIGHT_READ_S = 4.98e-3  # 15 GB over 3.01 TB/s
 ROW_S = 2 * 6.98e9 / 700e12
