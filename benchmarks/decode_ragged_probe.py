@@ -106,21 +106,26 @@ def chunked(q, k_buf, v_buf, table, rows, plan, scale, block_n: int, warps: int,
     return out
 
 
-def make_inputs(ctx: list[int], dev: str = "cuda"):
-    """Each request's prompt contiguous (the decoded positions too: close enough for the read pattern)."""
-    total = sum(ctx)
-    width = max(ctx)
-    table = torch.zeros(len(ctx), width, dtype=torch.int32)
+def kv_pools(lens: list[int], dev: str = "cuda"):
+    """(k_buf, v_buf, req_to_token): request b's positions in slots of its own, contiguous, after request b - 1's."""
+    width = max(lens)
+    table = torch.zeros(len(lens), width, dtype=torch.int32)
     off = 0
-    for b, n in enumerate(ctx):
+    for b, n in enumerate(lens):
         table[b, :n] = torch.arange(off, off + n, dtype=torch.int32)
         off += n
-    k_buf = torch.randn(total, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=dev)
-    v_buf = torch.randn(total, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=dev)
+    k_buf = torch.randn(off, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=dev)
+    v_buf = torch.randn(off, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=dev)
+    return k_buf, v_buf, table.to(dev)
+
+
+def make_inputs(ctx: list[int], dev: str = "cuda"):
+    """Each request's prompt contiguous (the decoded positions too: close enough for the read pattern)."""
+    k_buf, v_buf, table = kv_pools(ctx, dev)
     q = torch.randn(len(ctx), HEADS, HEAD_DIM, dtype=torch.bfloat16, device=dev)
     rows = torch.arange(len(ctx), device=dev)
     lens = torch.tensor(ctx, dtype=torch.int64, device=dev)
-    return q, k_buf, v_buf, table.to(dev), rows, lens
+    return q, k_buf, v_buf, table, rows, lens
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.decode_ragged_probe import kv_pools  # noqa: E402
 from benchmarks.sharegpt_model import lengths  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.extend_attention import extend_attention  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.extend_blocks import extend_block_m, extend_blocks  # noqa: E402
@@ -55,17 +56,7 @@ def lists(prefix: list[int], ext: list[int]) -> dict[str, list[int]]:
 def run(name: str, prefix: list[int], ext: list[int]) -> dict:
     dev = "cuda"
     bs, total = len(ext), sum(ext)
-    seq = [p + e for p, e in zip(prefix, ext)]
-    width = max(seq)
-    slots = sum(seq)
-    table = torch.zeros(bs, width, dtype=torch.int32)
-    off = 0
-    for b, n in enumerate(seq):
-        table[b, :n] = torch.arange(off, off + n, dtype=torch.int32)
-        off += n
-    table = table.to(dev)
-    k_buf = torch.randn(slots, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=dev)
-    v_buf = torch.randn(slots, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=dev)
+    k_buf, v_buf, table = kv_pools([p + e for p, e in zip(prefix, ext)], dev)
     q = torch.randn(total, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=dev)
     rows = torch.arange(bs, device=dev)
     pl = torch.tensor(prefix, device=dev)
