@@ -123,6 +123,7 @@ class ServerArgs:
     disable_shared_prefix_decode: bool = field(default=False, metadata={"help": "eager decode passes (batches past the CUDA graphs, and those of 512+ rows whose groups spare 32k+ positions of reads) read each cached prefix of at least 256 tokens that several running requests matched once for all of them (cascade attention, triton backend) unless this is set (benchmarks/results/peer_side_by_side_spd.json: generated-shared-prefix 1.31x, the other workloads unchanged)"})
     disable_overlap_schedule: bool = field(default=False, metadata={"help": "process each batch's results before launching the next (overlap is the default on CUDA)"})
     disable_mixed_prefill: bool = field(default=False, metadata={"help": "run a small prefill (one CUDA-graph row per token) in a pass of its own instead of with the running requests' decode rows"})
+    enable_mixed_chunk: bool = field(default=False, metadata={"help": "every prefill pass (a prompt's chunk, a pass too large for a CUDA graph) carries the running requests' decode rows, which then take that many tokens of the pass's chunk and prefill budgets (SGLang's --enable-mixed-chunk); without it only a small prefill does"})
     enable_overlap_schedule: bool = field(default=False, metadata={"help": "overlap on CPU too (for tests: same outputs, no speed-up)"})
 
     # Serving

@@ -1,6 +1,6 @@
 """Which requests the next pass carries: admission of waiting requests (PrefillAdder, the queue's policy order),
-mixing the running requests' decode rows into a small prefill, and keeping the running requests' next pass within
-the KV pool (retraction). A mixin of Scheduler, which owns the queues these methods read and write."""
+mixing the running requests' decode rows into a small prefill (any prefill with enable_mixed_chunk), and keeping
+the running requests' next pass within the KV pool (retraction). A mixin of Scheduler, which owns the queues these methods read and write."""
 from __future__ import annotations
 
 import logging
@@ -78,6 +78,7 @@ class AdmissionMixin:
             self.page_size, self.tree_cache, self.allocator, running, self.new_token_ratio,
             self.args.max_prefill_tokens, self.chunked_prefill_size,
             self.max_running_requests - len(running) - (self.chunked_req is not None),
+            mixed_rows=len(running) if self.args.enable_mixed_chunk else 0,
         )
         if self.chunked_req is not None and not adder.add_chunked_req(self.chunked_req):
             if not running:  # nothing will free memory for it: fail it rather than spin
@@ -132,10 +133,11 @@ class AdmissionMixin:
         return {h for h in heads if h is not None}
 
     def _mixed_in(self, admitted: list[Req]) -> list[Req]:
-        """The running requests whose decode rows ride along with a prefill: all of them, when the prefill is whole
-        and the pass then still runs as one CUDA-graph replay and fits the pool (the running requests do not wait
-        a pass for the new ones); else none."""
-        if self.args.disable_mixed_prefill or any(r.is_chunked for r in admitted):
+        """The running requests whose decode rows ride along with a prefill: all of them, when the pass fits the
+        pool and, unless enable_mixed_chunk, the prefill is whole and the pass still runs as one CUDA-graph replay
+        (the running requests do not wait a pass for the new ones); else none."""
+        mix_all = self.args.enable_mixed_chunk
+        if not mix_all and (self.args.disable_mixed_prefill or any(r.is_chunked for r in admitted)):
             return []
         self._drop_finished()
         running = self.running
@@ -143,7 +145,8 @@ class AdmissionMixin:
             return []
         planner = self.planner
         rows = sum(planner.row_end(r) - r.kv.committed for r in running + admitted)
-        if not self.runner.can_replay(rows, any(r.wants_input_logprobs() for r in admitted), multi_row=True):
+        if not mix_all and not self.runner.can_replay(rows, any(r.wants_input_logprobs() for r in admitted),
+                                                      multi_row=True):
             return []
         if not planner.fits(running + admitted):
             return []

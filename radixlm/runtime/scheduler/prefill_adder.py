@@ -3,7 +3,8 @@
 Budgets: `rem_total_tokens` (free + evictable KV, minus what running requests are expected to still
 decode: min(max_new - generated, 4096) * new_token_ratio each), `rem_input_tokens` (max_prefill_tokens per
 batch; the first request is always admitted) and `rem_chunk_tokens` (chunked_prefill_size; a prompt
-that does not fit is cut to a page-aligned chunk and continues in the next rounds)."""
+that does not fit is cut to a page-aligned chunk and continues in the next rounds). With mixed_rows decode rows
+riding along, both of the last two are that much smaller (a chunk keeps at least a page)."""
 from __future__ import annotations
 
 import enum
@@ -37,6 +38,7 @@ class PrefillAdder:
         max_prefill_tokens: int,
         chunked_prefill_size: int | None,
         max_new_reqs: int,
+        mixed_rows: int = 0,
     ):
         self.page_size = page_size
         self.tree_cache = tree_cache
@@ -44,8 +46,10 @@ class PrefillAdder:
         self.rem_total_tokens = allocator.available_size() + tree_cache.evictable_size() - sum(
             int(max(_reserved_decode(r), 0) * new_token_ratio) for r in running_reqs
         )
-        self.rem_input_tokens = max_prefill_tokens
-        self.rem_chunk_tokens = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else None
+        # The running requests' decode rows that will ride along (enable_mixed_chunk) take their share of the pass.
+        self.rem_input_tokens = max_prefill_tokens - mixed_rows
+        self.rem_chunk_tokens = (max(chunked_prefill_size - mixed_rows, page_size)
+                                 if chunked_prefill_size and chunked_prefill_size > 0 else None)
         self.max_new_reqs = max_new_reqs
         self.can_run_list: list[Req] = []
         self.new_chunked_req: Req | None = None

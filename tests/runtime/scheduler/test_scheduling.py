@@ -51,6 +51,9 @@ MODES = [
     pytest.param({"graph_rows": 64, "page_size": 4}, 3, id="mixed-page4"),
     pytest.param({"graph_rows": 64, "enable_overlap_schedule": True}, 3, id="mixed-overlap"),
     pytest.param({"radix_eviction_policy": "lfu", "max_total_tokens": 400}, 2, id="lfu-small-pool"),
+    pytest.param({"enable_mixed_chunk": True, "chunked_prefill_size": 16}, 2, id="mixed-chunk16"),
+    pytest.param({"enable_mixed_chunk": True, "chunked_prefill_size": 8, "page_size": 4,
+                  "enable_overlap_schedule": True}, 3, id="mixed-chunk8-page4-overlap"),
 ]
 
 
@@ -67,13 +70,17 @@ def test_greedy_outputs_equal_reference(kwargs, every):
     assert len(passes) == len(batches) == sched.stats["prefill_batches"] + sched.stats["decode_batches"]
 
     # Admission bounds, in every mode.
+    mix_all = kwargs.get("enable_mixed_chunk", False)
     for b in batches:
         assert len(b.reqs) <= sched.max_running_requests
         rows = new_rows(b)
+        mixed = len(b.reqs) - len(b.new_reqs) if b.new_reqs else 0
         if sched.chunked_prefill_size is not None:
-            assert sum(rows) <= sched.chunked_prefill_size
+            # With enable_mixed_chunk the decode rows riding along take their share of the chunk (a chunk keeps a
+            # page).
+            assert sum(rows) + (mixed if mix_all else 0) <= max(sched.chunked_prefill_size, mixed + sched.page_size)
         assert sum(rows[:-1]) < sched.args.max_prefill_tokens  # the last one admitted may go past it
-        if b.new_reqs and len(b.reqs) > len(b.new_reqs):  # a mixed pass: one graph replay
+        if mixed and not mix_all:  # a mixed pass: one graph replay
             assert b.num_rows <= sched.runner.graph_rows
     # What each mode is for happened.
     chunk = kwargs.get("chunked_prefill_size")
@@ -91,7 +98,9 @@ def test_greedy_outputs_equal_reference(kwargs, every):
         assert any(wb.has_in_flight and IN_FLIGHT in wb.input_ids for wb in passes)
     else:
         assert not any(wb.has_in_flight for wb in passes)
-    if kwargs.get("graph_rows"):
+    if mix_all:  # a prompt's chunk, not its last, carried decode rows
+        assert any(b.chunk is not None and len(b.reqs) > len(b.new_reqs) for b in batches)
+    if kwargs.get("graph_rows") or mix_all:
         assert sched.stats["mixed_batches"] > 0
         assert sum(1 for b in batches if b.new_reqs and len(b.reqs) > len(b.new_reqs)) == sched.stats["mixed_batches"]
         if kwargs.get("enable_overlap_schedule"):  # a running request's token in flight in a mixed pass
