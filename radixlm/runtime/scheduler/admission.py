@@ -1,6 +1,7 @@
 """Which requests the next pass carries: admission of waiting requests (PrefillAdder, the queue's policy order),
 mixing the running requests' decode rows into a small prefill (any prefill with enable_mixed_chunk), and keeping
-the running requests' next pass within the KV pool (retraction). A mixin of Scheduler, which owns the queues these methods read and write."""
+the running requests' next pass within the KV pool (retraction). A mixin of Scheduler, which owns the queues these
+methods read and write."""
 from __future__ import annotations
 
 import logging
