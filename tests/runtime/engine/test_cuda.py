@@ -59,7 +59,8 @@ def _hf_greedy(model_dir: str, prompts: list[list[int]], max_new: int) -> list[l
     ({"chunked_prefill_size": 16, "page_size": 4}, 0),
     ({}, 96),
     ({"disable_cuda_graph": True}, 300),  # groups over a 300-token prefix
-], ids=["plain", "retraction", "chunked-pages", "shared-prefix", "shared-prefix-decode"])
+    ({"enable_mixed_chunk": True, "chunked_prefill_size": 16, "page_size": 4}, 0),
+], ids=["plain", "retraction", "chunked-pages", "shared-prefix", "shared-prefix-decode", "mixed-chunk"])
 def test_cuda_greedy_matches_transformers(tiny_cuda_model, kwargs, shared):
     import radixlm
 
@@ -74,6 +75,8 @@ def test_cuda_greedy_matches_transformers(tiny_cuda_model, kwargs, shared):
         assert [o["output_ids"] for o in outs] == reference
         if "schedule_conservativeness" in kwargs:
             assert engine.scheduler.stats["retractions"] > 0
+        if kwargs.get("enable_mixed_chunk"):  # eager passes of chunks and decode rows, through the extend kernel
+            assert engine.scheduler.stats["mixed_batches"] > 0
     finally:
         engine.shutdown()
 
