@@ -26,6 +26,8 @@ DRAFT_MODES = [
     pytest.param({"disable_radix_cache": True, "page_size": 4}, 0, id="no-radix-page4"),
     pytest.param({"enable_overlap_schedule": True}, 1, id="overlap"),
     pytest.param({"graph_rows": 64}, 2, id="mixed"),
+    pytest.param({"enable_mixed_chunk": True, "chunked_prefill_size": 16, "enable_overlap_schedule": True}, 2,
+                 id="mixed-chunk16-overlap"),
     pytest.param({"max_total_tokens": 240, "schedule_conservativeness": 0.05}, 0, id="retraction"),
     pytest.param({"max_total_tokens": 240, "schedule_conservativeness": 0.05, "page_size": 4}, 0,
                  id="retraction-page4"),
@@ -58,8 +60,10 @@ def test_drafts_keep_outputs_and_kv_accounting(kwargs, every, past_max_new):
         assert oracle.drafts_past_max_new > 0
     if small_pool:
         assert sched.stats["retractions"] > 0
-    if kwargs.get("graph_rows"):
+    if kwargs.get("graph_rows") or kwargs.get("enable_mixed_chunk"):
         assert sched.stats["mixed_batches"] > 0
+    if kwargs.get("enable_mixed_chunk"):  # drafted decode rows rode along with a prompt's chunk
+        assert any(b.chunk is not None and set(b.verifiers) - set(b.new_reqs) for b in batches)
 
 
 def test_drafts_for_some_requests_only_with_overlap():
