@@ -40,7 +40,8 @@ from radixlm.runtime.scheduler.scheduler import Scheduler  # noqa: E402
 VOCAB = 1024  # prompt ids start with 8 + the request index: no two of the first 1016 share a prefix
 TOKEN = 7  # every row's greedy next token
 KNOBS = {"schedule_conservativeness": float, "max_running_requests": int, "chunked_prefill_size": int,
-         "max_prefill_tokens": int, "disable_mixed_prefill": bool, "enable_overlap_schedule": bool,
+         "max_prefill_tokens": int, "disable_mixed_prefill": bool, "enable_mixed_chunk": bool,
+         "enable_overlap_schedule": bool,
          "start_ratio": str, "budget_use": float}
 SIM_ONLY = ("start_ratio", "budget_use")
 
