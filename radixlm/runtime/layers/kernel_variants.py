@@ -39,7 +39,8 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         splits) pair per stage-2 tile that such passes can meet (shared_prefix_warmup).
   extend_attention.py  _extend_kernel (ragged extend over a cached prefix)
       BLOCK_M: 16 when the longest extend of the pass is <= 16 tokens, else 64 -> both built at start-up
-        (EXTEND_WARMUP_LENS). Prefix, extend and start vectors: no alignment. GROUP, HEAD_DIM, BLOCK_D, BLOCK_N,
+        (EXTEND_WARMUP_LENS). Prefix, extend and start vectors and the work list (always int64, extend_blocks.py):
+        no alignment. GROUP, HEAD_DIM, BLOCK_D, BLOCK_N,
         PRECISION and every stride: fixed. Token, prefix and batch counts enter through the grid and device vectors.
       USE_CUSTOM_MASK: True only in tree drafts' passes (ForwardBatch.tree_masks: EAGLE with
         --speculative-eagle-topk > 1, on a backend that supports_tree_mask): the target's verification passes and
