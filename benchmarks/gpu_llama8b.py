@@ -171,7 +171,8 @@ def offline_run(engine: Engine, reqs, name: str, mfu: bool = True) -> dict:
     params = [greedy(r.output_len) for r in reqs]
     before = dict(engine.scheduler.stats)
     wall, outs = timed(engine, prompts, params)
-    steps = {k: engine.scheduler.stats[k] - before[k] for k in ("prefill_batches", "decode_batches", "retractions")}
+    steps = {k: engine.scheduler.stats[k] - before[k]
+             for k in ("prefill_batches", "decode_batches", "mixed_batches", "retractions")}
     n_out = sum(o["meta_info"]["completion_tokens"] for o in outs)
     n_in = sum(len(p) for p in prompts)
     row = {"workload": name, "requests": len(reqs), "input_tokens": n_in, "output_tokens": n_out, "wall_s": wall,

@@ -11,6 +11,8 @@ gaps; one dearer than the decode curve, as pass time. --exclude leaves GEMM kern
 
     python benchmarks/sharegpt_passes.py --runs 2 --out $OUT/sharegpt_passes_default.json
     python benchmarks/sharegpt_passes.py --runs 2 --exclude skinny_mma --out $OUT/sharegpt_passes_nomma.json
+    python benchmarks/sharegpt_passes.py --runs 2 --engine-args '{"enable_mixed_chunk": true}' --out $OUT/sp_mixed.json
+    python benchmarks/sharegpt_passes.py --runs 2 --no-chunked --out $OUT/sp_split.json   # decode attention splits
     python benchmarks/sharegpt_passes.py --tiny --runs 1   # here, on the CPU (no device events: walls only)
 """
 from __future__ import annotations
@@ -72,27 +74,35 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--exclude", nargs="*", default=[], metavar="KERNEL", help="skinny, skinny_mma")
     p.add_argument("--tiny", action="store_true", help="CPU dry run: tiny random Llama, float32, 24 requests")
+    p.add_argument("--engine-args", default="{}", help="JSON: server arguments on top of the defaults")
+    p.add_argument("--no-chunked", action="store_true", help="decode attention splits at every batch size (A/B)")
     p.add_argument("--out", default="/tmp/sharegpt_passes.json")
     args = p.parse_args()
+    engine_args = json.loads(args.engine_args)
     from transformers import AutoTokenizer
 
     if args.exclude:
         exclude_kernels(args.exclude)
+    if args.no_chunked:
+        from radixlm.runtime.layers.attention.triton_ops import decode_splits
+
+        decode_splits.DECODE_CHUNK_MAX_ROWS = 0  # decode_chunk_capacity: 0 at every batch size
     if args.tiny:
         from benchmarks.profile_workloads import tiny_model_dir
         from radixlm import Engine
 
         path = tiny_model_dir()
         engine = Engine(path, load_format="dummy", dtype="float32", device="cpu", context_length=4096,
-                        random_seed=0, max_total_tokens=16384)
+                        random_seed=0, max_total_tokens=16384, **engine_args)
         n, max_in, max_out = 24, 96, 12
     else:
         from benchmarks.llama8b import model_dir
 
         path = model_dir()
-        engine = make_engine(path)
+        engine = make_engine(path, **engine_args)
         n, max_in, max_out = PEER_SIZES["sharegpt"]
     result = {"benchmark": "sharegpt_passes", "command": " ".join(["python", *sys.argv]), "excluded": args.exclude,
+              "chunked": not args.no_chunked, "engine_args": engine_args,
               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
               "gemm_choices": engine.runner.gemm_choice_counts(), "runs": []}
     try:
