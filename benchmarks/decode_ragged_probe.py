@@ -13,6 +13,13 @@ Timed with CUDA graphs, one layer's attention (Llama-3.1-8B: 32 query heads, 8 k
             merged per request by a second stage (every program does about the same work).
 
     python benchmarks/decode_ragged_probe.py --out $OUT/decode_ragged.json
+
+--chunked-ab times the serving kernel as it launches now (chunked passes at small batches: decode_chunk_capacity, the
+work list built once beforehand, as a pass builds it once for its layers) against its split launch (chunked=False,
+the graphs' split count) over the workload's tail and over uniform batches (2-31 requests x 640 positions, the decode
+step's):
+
+    python benchmarks/decode_ragged_probe.py --chunked-ab --steps 500 600 700 800 900 950 --out $OUT/chunked_ab.json
 """
 from __future__ import annotations
 
@@ -32,7 +39,9 @@ from benchmarks.decode_attention_sweep import HEAD_DIM, HEADS, KV_HEADS, bench_u
 from benchmarks.gemv_sweep import within_budget, write_cells  # noqa: E402
 from benchmarks.sharegpt_model import lengths  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention  # noqa: E402
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits  # noqa: E402
+from radixlm.runtime.layers.attention.triton_ops.decode_splits import (  # noqa: E402
+    decode_chunk_capacity, decode_num_splits)
+from radixlm.runtime.layers.attention.triton_ops.decode_work import decode_work_list  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.span_attention import attend_span  # noqa: E402
 
 
@@ -133,10 +142,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, nargs="+", default=[1, 60, 150])
     p.add_argument("--budget-s", type=float, default=200)
     p.add_argument("--out", default="decode_ragged.json")
+    p.add_argument("--chunked-ab", action="store_true", help="the chunked launch against the split launch")
     args = p.parse_args()
     t0 = time.perf_counter()
     ins, outs = lengths()
     scale = HEAD_DIM ** -0.5
+    if args.chunked_ab:
+        chunked_ab(args, ins, outs, scale, t0)
+        return
     cells = []
     for t in within_budget(args.steps, t0, args.budget_s):
         ctx = [i + t for i, o in zip(ins, outs) if o > t]
@@ -180,6 +193,50 @@ def main() -> None:
         torch.cuda.empty_cache()
         write_cells(args.out, "decode_ragged_probe", cells)
     print(f"wrote {args.out} after {time.perf_counter() - t0:.0f} s")
+
+
+def chunked_ab(args, ins: list[int], outs: list[int], scale: float, t0: float) -> None:
+    cases = [(f"sharegpt step {t}", [i + t for i, o in zip(ins, outs) if o > t]) for t in args.steps]
+    cases += [(f"uniform {bs} x 640", [640] * bs) for bs in (2, 4, 8, 16, 24, 31)]
+    cells = []
+    for name, ctx in within_budget(cases, t0, args.budget_s):
+        bs = len(ctx)
+        q, k_buf, v_buf, table, rows, lens = make_inputs(ctx)
+        kv_bytes = sum(ctx) * KV_HEADS * HEAD_DIM * 2 * k_buf.element_size()
+        splits = decode_num_splits(131072, bs, KV_HEADS)
+        ref = reference_bf16(q, k_buf, v_buf, table, rows, lens, scale)
+        split_fn = lambda: decode_attention(q, k_buf, v_buf, table, rows, lens, scale, max(ctx), splits,  # noqa: E731
+                                            chunked=False)
+        capacity = decode_chunk_capacity(bs, KV_HEADS)
+        work = decode_work_list(lens, rows, bs, capacity) if capacity else None  # built once a pass, as served
+        chunk_fn = lambda: decode_attention(q, k_buf, v_buf, table, rows, lens, scale, max(ctx), splits,  # noqa: E731
+                                            work=work)
+        base = bench_us(split_fn)
+        cell = {"case": name, "batch": bs, "mean_ctx": sum(ctx) / bs, "max_ctx": max(ctx), "kv_bytes": kv_bytes,
+                "chunks": capacity, "split": measure(split_fn, ref, kv_bytes, base),
+                "chunked": measure(chunk_fn, ref, kv_bytes, base)}
+        a, b = cell["split"], cell["chunked"]
+        print(f"{name:22s} {bs:3d} requests, mean ctx {cell['mean_ctx']:6.0f}, max {max(ctx):5d}, list "
+              f"{cell['chunks']:3d}: split {a['us']:7.1f} us {a['tb_s']:.2f} TB/s (diff {a['diff']:.1e}), chunked "
+              f"{b['us']:7.1f} us {b['tb_s']:.2f} TB/s (diff {b['diff']:.1e}) x{b['vs_serving']:.3f}", flush=True)
+        cells.append(cell)
+        del q, k_buf, v_buf
+        torch.cuda.empty_cache()
+        write_cells(args.out, "decode_chunked_ab", cells)
+    print(f"wrote {args.out} after {time.perf_counter() - t0:.0f} s")
+
+
+def reference_bf16(q, k_buf, v_buf, table, rows, lens, scale):
+    """Dense float32 attention per request (the accuracy both launches are held to)."""
+    out = []
+    group = HEADS // KV_HEADS
+    for i in range(q.shape[0]):
+        slots = table[rows[i], : int(lens[i])].long()
+        k = k_buf[slots].float().repeat_interleave(group, dim=1)
+        v = v_buf[slots].float().repeat_interleave(group, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[i].float(), k) * scale
+        out.append(torch.einsum("hn,nhd->hd", s.softmax(-1), v))
+    return torch.stack(out)
 
 
 def measure(fn, ref, kv_bytes: int, base: float, **desc) -> dict:

@@ -199,11 +199,13 @@ class ModelRunner:
         the skinny GEMM's autotune configs, the tensor-core GEMM's variants, and (but for MoE models) what a discovery
         run of the passes launches unbuilt."""
         from radixlm.runtime.layers import skinny_gemm, skinny_mma
+        from radixlm.runtime.layers.attention.triton_ops.decode_work import _decode_work
         from radixlm.runtime.layers.epilogue import kernel_head_dim
         from radixlm.runtime.layers.kernel_builds import ParallelBuilds
 
         t0 = time.perf_counter()
-        builds = ParallelBuilds(self.device, inline=(skinny_gemm._skinny_kernel.fn,))
+        # Inline: the autotuned skinny GEMM, and the decode work list (its table indexes the decode kernels' reads).
+        builds = ParallelBuilds(self.device, inline=(skinny_gemm._skinny_kernel.fn, _decode_work))
         dtype = self.model_config.dtype
         if dtype in (torch.bfloat16, torch.float16):
             biases = {False} | {m.bias is not None for m in self.model.modules() if isinstance(m, Linear)}

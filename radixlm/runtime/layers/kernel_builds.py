@@ -34,9 +34,10 @@ class ParallelBuilds:
 
     NOTE invariant: inside discover(), a skipped launch leaves its outputs unwritten, so what runs there must not let
     a value a Triton kernel computes steer the host or index memory. A dense model's warm-up passes qualify (every
-    index and length comes from the host); MoE layers do not (their routing kernels compute the offsets that later
-    kernels and copies index with), nor do autotuned kernels (their timing would time nothing): pass those in
-    `inline`, to build as before."""
+    index and length comes from the host) but for the chunked decode's work list (decode_work.py: its table indexes
+    the decode kernels' reads); MoE layers do not (their routing kernels compute the offsets that later kernels and
+    copies index with), nor do autotuned kernels (their timing would time nothing): pass those in `inline`, to build
+    as before."""
 
     def __init__(self, device: torch.device | str, inline: tuple = (), threads: int = BUILD_THREADS):
         self.inline = set(inline)

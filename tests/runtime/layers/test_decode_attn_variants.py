@@ -1,6 +1,8 @@
 """The decode kernel's launch variants against a dense float32 reference: several splits (stage 2 merges them), one
-split (stage 1 writes the output: DIRECT), and a wide pass (decode_wide_rows rows: 128-position blocks); pages of 1
-and 16 in shuffled order. On the CPU under TRITON_INTERPRET=1 (a subprocess), or on CUDA."""
+split (stage 1 writes the output: DIRECT), a wide pass (decode_wide_rows rows: 128-position blocks), and chunked passes
+(small batches: a work list of chunks, ragged lengths up to a request with the most entries the list allows); pages of
+1 and 16 in shuffled order; and the chunked passes' work lists against their host mirror. On the CPU under
+TRITON_INTERPRET=1 (a subprocess), or on CUDA. The host mirror itself is checked here directly."""
 from __future__ import annotations
 
 import math
@@ -13,9 +15,10 @@ from tests.triton_interpret import interpreter_works, run_under_interpreter
 MARKER = "decode variants passed"
 
 
-def make_case(bs, heads, kv_heads, head_dim, max_len, page_size, dtype, device, seed):
+def make_case(bs, heads, kv_heads, head_dim, max_len, page_size, dtype, device, seed, lens=None):
     g = torch.Generator().manual_seed(seed)
-    seq_lens = torch.randint(1, max_len + 1, (bs,), generator=g)
+    seq_lens = torch.randint(1, max_len + 1, (bs,), generator=g) if lens is None else torch.tensor(lens)
+    max_len = int(seq_lens.max())
     pages_needed = int((-(-seq_lens // page_size)).sum()) + 2
     k_buf = torch.randn(pages_needed * page_size, kv_heads, head_dim, generator=g).to(dtype)
     v_buf = torch.randn(pages_needed * page_size, kv_heads, head_dim, generator=g).to(dtype)
@@ -43,31 +46,71 @@ def reference(q, k_buf, v_buf, req_to_token, pool_rows, seq_lens, scale):
     return torch.stack(out)
 
 
+def check_work_lists(device: str) -> None:
+    """decode_work_list's table against the host mirror (decode_chunk_layout): entries request after request, equal
+    parts covering each request, -1 past the list, and each request's first entry and count."""
+    import random
+
+    from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
+        DECODE_BLOCK_N, DECODE_CHUNK_MAX_ROWS, decode_chunk_capacity, decode_chunk_layout)
+    from radixlm.runtime.layers.attention.triton_ops.decode_work import decode_work_list
+
+    rng = random.Random(3)
+    for trial in range(12):
+        bs = rng.choice([2, 3, 7, DECODE_CHUNK_MAX_ROWS])
+        lens = [rng.choice([1, rng.randrange(1, 200), rng.randrange(1, 20000)]) for _ in range(bs)]
+        capacity = decode_chunk_capacity(bs, 1)
+        padded = torch.tensor(lens + [7] * 3, dtype=torch.int64, device=device)[:bs]  # rows past bs are not read
+        pool_rows = [rng.randrange(0, 1000) for _ in range(bs)]
+        table = decode_work_list(padded, torch.tensor(pool_rows, device=device), bs, capacity).table.cpu().tolist()
+        _, counts = decode_chunk_layout(lens, capacity)
+        want, firsts = [], []
+        for b, (n, c) in enumerate(zip(lens, counts)):
+            part = -(-(-(-n // DECODE_BLOCK_N)) // c) * DECODE_BLOCK_N
+            firsts.append(len(want))
+            want += [(b, pool_rows[b], j * part, min((j + 1) * part, n)) for j in range(c)]
+        want += [(-1, None, None, None)] * (capacity - len(want))
+        got = list(zip(*(table[i * capacity : (i + 1) * capacity] for i in range(4))))
+        assert [g if w[0] >= 0 else (g[0], None, None, None) for g, w in zip(got, want)] == want, (trial, lens)
+        per_row = table[4 * capacity :]
+        assert per_row[:bs] == firsts and per_row[DECODE_CHUNK_MAX_ROWS : DECODE_CHUNK_MAX_ROWS + bs] == counts
+
+
 def run_cases(device: str) -> None:
     from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention
-    from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
-        DECODE_WIDE_BLOCK_N, decode_block_n, decode_num_splits, decode_wide_rows)
 
-    cases = [  # (heads, kv_heads, head_dim, bs, max_len, splits)
-        (8, 2, 32, 3, 700, None),  # several splits
-        (8, 2, 32, 5, 300, 1),  # one split: DIRECT
-        (8, 2, 32, 5, 300, 3),
-        (32, 32, 16, decode_wide_rows(32), 300, None),  # a wide pass: 128-position blocks, one split
-        (12, 4, 16, decode_wide_rows(4), 200, None),  # wide with a GQA group of 3 (padded rows)
+    check_work_lists(device)
+    from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
+        DECODE_CHUNK_MAX_ROWS, DECODE_WIDE_BLOCK_N, decode_block_n, decode_chunk_capacity, decode_chunk_layout,
+        decode_num_splits, decode_wide_rows)
+
+    most = [48 * 4 * 64 - 64, 1]  # one request with the most entries a list of two rows gives it: 48 of 4 blocks
+    assert decode_chunk_layout(most, decode_chunk_capacity(2, 1)) == (4, [48, 1])
+    cases = [  # (heads, kv_heads, head_dim, bs, max_len, splits, chunked, lens)
+        (8, 2, 32, 3, 700, None, False, None),  # several splits
+        (8, 2, 32, 5, 300, 1, False, None),  # one split: DIRECT
+        (8, 2, 32, 5, 300, 3, False, None),
+        (32, 32, 16, decode_wide_rows(32), 300, None, True, None),  # a wide pass: 128-position blocks, one split
+        (12, 4, 16, decode_wide_rows(4), 200, None, True, None),  # wide with a GQA group of 3 (padded rows)
+        (8, 2, 32, 5, 900, 3, True, None),  # chunked (the split count unused)
+        (8, 1, 16, 2, 0, None, True, most),
+        (12, 4, 16, DECODE_CHUNK_MAX_ROWS, 300, None, True, None),  # every row of the kernels' request tile
     ]
-    for i, (heads, kv_heads, head_dim, bs, max_len, splits) in enumerate(cases):
+    for i, (heads, kv_heads, head_dim, bs, max_len, splits, chunked, lens) in enumerate(cases):
+        assert not chunked or bool(decode_chunk_capacity(bs, kv_heads)) == (i >= 5), i  # the chunked cases
         # The interpreter's time: on the CPU each case runs one page size, alternating (both on CUDA).
         for page_size in (1, 16) if device != "cpu" else ((1, 16)[i % 2],):
             # The interpreter computes bfloat16 wrongly (also the unchanged kernels): bfloat16 on CUDA only.
             for dtype in (torch.float32,) if device == "cpu" else (torch.float32, torch.bfloat16):
-                q, k, v, rt, rows, lens = make_case(bs, heads, kv_heads, head_dim, max_len, page_size, dtype, device,
-                                                    seed=i * 13 + page_size)
+                q, k, v, rt, rows, seq_lens = make_case(bs, heads, kv_heads, head_dim, max_len, page_size, dtype,
+                                                        device, seed=i * 13 + page_size, lens=lens)
                 if splits is None and bs >= decode_wide_rows(kv_heads):
                     assert decode_num_splits(max_len, bs, kv_heads) == 1
                     assert decode_block_n(bs, kv_heads, False) == DECODE_WIDE_BLOCK_N
                 scale = 1 / math.sqrt(head_dim)
-                got = decode_attention(q, k, v, rt, rows, lens, scale, int(lens.max()), splits)
-                want = reference(q, k, v, rt, rows, lens, scale)
+                got = decode_attention(q, k, v, rt, rows, seq_lens, scale, int(seq_lens.max()), splits,
+                                       chunked=chunked)
+                want = reference(q, k, v, rt, rows, seq_lens, scale)
                 tol = 2e-4 if dtype == torch.float32 else 2e-2
                 assert got.dtype == dtype and got.shape == q.shape
                 torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol,
@@ -87,3 +130,26 @@ def test_decode_variants_match_reference_cuda():
 
 if __name__ == "__main__":
     run_cases("cpu")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_chunk_layout_fits_its_capacity_and_covers_every_position(seed):
+    import random
+
+    from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
+        DECODE_BLOCK_N, DECODE_CHUNK_MAX_ROWS, decode_chunk_capacity, decode_chunk_layout)
+
+    rng = random.Random(seed)
+    kv_heads = rng.choice([1, 2, 4, 8])
+    bs = rng.randrange(2, DECODE_CHUNK_MAX_ROWS + 1)
+    capacity = decode_chunk_capacity(bs, kv_heads)
+    if not capacity:
+        assert bs * kv_heads >= 256
+        return
+    lens = [rng.choice([1, rng.randrange(1, 300), rng.randrange(1, 40000)]) for _ in range(bs)]
+    chunk, counts = decode_chunk_layout(lens, capacity, DECODE_BLOCK_N)
+    assert sum(counts) <= capacity and max(counts) <= capacity - bs + 1
+    for n, c in zip(lens, counts):
+        blocks = -(-n // DECODE_BLOCK_N)
+        part = -(-blocks // c)  # the kernel's equal parts (blocks): every one holds positions, none past the chunk
+        assert (c - 1) * part < blocks <= c * part and part <= chunk

@@ -20,7 +20,8 @@ from triton.backends.compiler import BaseBackend  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits, decode_wide_rows  # noqa: E402
+from radixlm.runtime.layers.attention.triton_ops.decode_splits import (  # noqa: E402
+    decode_chunk_capacity, decode_num_splits, decode_wide_rows)
 from radixlm.runtime.layers.kernel_variants import (  # noqa: E402
     EXTEND_WARMUP_LENS, TOKEN_ROW_WARMUP, decode_eager_splits, warmup_plan)
 
@@ -119,9 +120,10 @@ def _index(values, offset):
 def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_heads, graph_max_bs):
     from radixlm.runtime.executor.cuda_graph_runner import capture_batch_sizes
     from radixlm.runtime.layers.attention.triton_ops import decode_attention as da
+    from radixlm.runtime.layers.attention.triton_ops import decode_work as dw
 
     heads, head_dim, context_len = 4 * kv_heads, 16, 4096
-    rec = Recorder(monkeypatch, {"stage1": da._decode_stage1, "stage2": da._decode_stage2})
+    rec = Recorder(monkeypatch, {"stage1": da._decode_stage1, "stage2": da._decode_stage2, "work": dw._decode_work})
     k_buf, v_buf, req_to_token = _pools(kv_heads=kv_heads)
 
     def launch(bs, seq_lens, offset=0, num_splits=None):
@@ -140,10 +142,11 @@ def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_
         for bs in capture_batch_sizes(graph_max_bs):
             launch(bs, [1] * bs, num_splits=decode_num_splits(context_len, bs, kv_heads))
     warm = rec.take()
-    # Stage 1's variants: split (partials for stage 2), DIRECT (one split), and wide (DIRECT, 128-position blocks)
-    # where a pass reaches decode_wide_rows; the split count itself builds none.
+    # Stage 1's variants: split (partials for stage 2), DIRECT (one split), wide (DIRECT, 128-position blocks)
+    # where a pass reaches decode_wide_rows, and chunked where one is chunked; the split count itself builds none.
     launched = list(plan.token_row_batches) + (capture_batch_sizes(graph_max_bs) if graph_max_bs else [])
-    assert len(warm["stage1"]) == 2 + any(bs >= decode_wide_rows(kv_heads) for bs in launched)
+    assert len(warm["stage1"]) == (2 + any(bs >= decode_wide_rows(kv_heads) for bs in launched)
+                                   + any(decode_chunk_capacity(bs, kv_heads) for bs in launched))
     # Serving: eager passes of more rows than the largest graph, any lengths, index vectors at any offset.
     rng = random.Random(0)
     for i in range(60):

@@ -62,13 +62,15 @@ def test_decode_matches_reference(bs, max_len, heads, kv_heads, head_dim, page_s
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("num_splits", [1, 3, 16])
+@pytest.mark.parametrize("num_splits", [1, 3, 16, "chunked"])
 def test_split_counts_agree(num_splits):
     from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention
 
     q, k_buf, v_buf, rt, rows, lens = _case(5, 8, 2, 64, 500, 4, torch.float32, seed=7)
     want = _reference(q, k_buf, v_buf, rt, rows, lens, 0.125)
-    got = decode_attention(q, k_buf, v_buf, rt, rows, lens, 0.125, int(lens.max()), num_splits=num_splits)
+    chunked = num_splits == "chunked"
+    got = decode_attention(q, k_buf, v_buf, rt, rows, lens, 0.125, int(lens.max()),
+                           num_splits=None if chunked else num_splits, chunked=chunked)
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
 
 

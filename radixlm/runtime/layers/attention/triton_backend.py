@@ -12,11 +12,12 @@ import torch
 from radixlm.runtime.host_to_device import host_to_device, rows_to_device
 from radixlm.runtime.layers.attention.base import AttentionBackend
 from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
-    decode_num_splits, shared_prefix_num_splits, shared_prefix_rows_per_tile)
+    decode_chunk_capacity, decode_num_splits, shared_prefix_num_splits, shared_prefix_rows_per_tile)
 from radixlm.runtime.layers.attention.triton_ops.extend_blocks import extend_block_m, extend_blocks
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.forward_batch import ForwardBatch
+    from radixlm.runtime.layers.attention.triton_ops.decode_work import DecodeWork
 
 
 @dataclass
@@ -55,7 +56,10 @@ def shared_prefixes(groups: list[tuple[int, list[int]]], bs: int, group: int, nu
 @dataclass
 class TritonMetadata:
     max_seq_len: int  # decode: the split-K sizing
-    num_splits: int | None = None  # decode: a fixed split count (CUDA graphs); None derives it from max_seq_len
+    # decode: a fixed split count (CUDA graphs); None derives it from max_seq_len. Chunked batch sizes
+    # (decode_chunk_capacity) take no split count: their work list, built once for the pass's layers.
+    num_splits: int | None = None
+    decode_work: "DecodeWork | None" = None
     max_extend_len: int = 0
     prefix_lens: torch.Tensor | None = None  # extend, on the device
     extend_lens: torch.Tensor | None = None
@@ -111,14 +115,24 @@ class TritonAttnBackend(AttentionBackend):
         self.num_kv_heads = model_runner.model_config.num_kv_heads
 
     def init_forward_metadata_static(self, forward_batch: "ForwardBatch") -> None:
+        """A CUDA graph's decode pass: the work list's launch is captured with it, and rebuilds it every replay."""
+        bs = forward_batch.batch_size
         forward_batch.attn_metadata = TritonMetadata(
-            self.context_len, num_splits=decode_num_splits(self.context_len, forward_batch.batch_size, self.num_kv_heads))
+            self.context_len, num_splits=decode_num_splits(self.context_len, bs, self.num_kv_heads),
+            decode_work=self._decode_work(forward_batch))
+
+    def _decode_work(self, fb: "ForwardBatch") -> "DecodeWork | None":
+        from radixlm.runtime.layers.attention.triton_ops.decode_work import decode_work_list
+
+        capacity = decode_chunk_capacity(fb.batch_size, self.num_kv_heads)
+        return decode_work_list(fb.seq_lens, fb.req_pool_indices, fb.batch_size, capacity) if capacity else None
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
         max_len = max(fb.seq_lens_cpu, default=0)
         if fb.forward_mode.is_token_rows():
-            fb.attn_metadata = TritonMetadata(max_len, shared_groups=fb.shared_prefixes or None)
+            fb.attn_metadata = TritonMetadata(max_len, shared_groups=fb.shared_prefixes or None,
+                                              decode_work=None if fb.shared_prefixes else self._decode_work(fb))
             return
         dev = fb.input_ids.device
         prefix, ext = fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu
@@ -189,5 +203,5 @@ class TritonAttnBackend(AttentionBackend):
         o = decode_attention(
             q.reshape(bs, layer.num_heads, layer.head_dim), k_buf, fb.token_to_kv_pool.get_value_buffer(layer.layer_id),
             fb.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens, layer.scaling, meta.max_seq_len,
-            meta.num_splits, meta.shared)
+            meta.num_splits, meta.shared, meta.decode_work)
         return o.reshape(bs, layer.num_heads * layer.head_dim)

@@ -4,9 +4,11 @@ Split-K in two stages. Stage 1: program (kv head, request, split) walks its shar
 BLOCK_N positions, gathers their K/V rows through req_to_token (so any page size works), and keeps an online
 softmax for the GQA group of query heads that share the kv head (padded to BLOCK_H rows for tl.dot). It writes a
 partial output and its log-sum-exp. Stage 2: program (request, head) merges the splits. With one split and no
-shared prefixes stage 1 writes the output itself (DIRECT) and stage 2 does not run. The kv head is the grid's
-fastest axis: programs that run together read neighbouring kv heads of the same pool rows (one row holds all of a
-slot's kv heads).
+shared prefixes stage 1 writes the output itself (DIRECT) and stage 2 does not run. Chunked passes (CHUNKED, small
+batches: decode_splits.decode_chunk_capacity) replace the splits by a work list (decode_work.py, built on the device
+once a pass): stage 1's program (kv head, entry) walks one equal part of one request, and stage 2 merges a request's
+entries. The kv head is the grid's fastest axis: programs that run together read neighbouring kv heads of the same
+pool rows (one row holds all of a slot's kv heads).
 
 With shared prefixes (SharedPrefixes, shared_prefix_attention.py) a grouped row's stage 1 covers [prefix_len,
 seq_len) only (Row_starts), the prefix kernel writes its prefix partials into extra slots after the splits, and
@@ -17,7 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_block_n, decode_num_splits
+from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
+    DECODE_CHUNK_BLOCK_S, DECODE_CHUNK_MAX_ROWS, decode_block_n, decode_chunk_capacity, decode_num_splits)
+from radixlm.runtime.layers.attention.triton_ops.decode_work import DecodeWork, decode_work_list
 from radixlm.runtime.layers.attention.triton_ops.shared_prefix_attention import shared_prefix_stage1
 from radixlm.runtime.layers.attention.triton_ops.span_attention import attend_span
 
@@ -27,31 +31,42 @@ from radixlm.runtime.layers.attention.triton_ops.span_attention import attend_sp
 INDEX_ARGS = ["Req_pool_indices", "Seq_lens", "Row_starts"]
 # The split count varies with the batch and the longest sequence (eager passes) or the captured batch size (graphs):
 # a runtime argument, not specialized (1 would become a constant, 16 a divisibility hint), nor are the partial
-# log-sum-exps' strides that follow it. The partial outputs' strides (splits x head_dim) keep their hint: every head
-# dim served is a multiple of 16. See radixlm/runtime/layers/kernel_variants.py.
+# log-sum-exps' strides that follow it (a chunked pass's list capacity enters as the split count). The partial
+# outputs' strides (splits x head_dim, 0 for a chunked pass's one row) keep their hint: every head dim served is a
+# multiple of 16. See radixlm/runtime/layers/kernel_variants.py.
 SPLIT_ARGS = ["num_splits", "stride_mlb", "stride_mlh"]
 
 
 @triton.jit(do_not_specialize=SPLIT_ARGS, do_not_specialize_on_alignment=INDEX_ARGS)
 def _decode_stage1(
-    Q, K_buf, V_buf, Req_to_token, Req_pool_indices, Seq_lens, Row_starts, Mid_o, Mid_lse, O, sm_scale,
+    Q, K_buf, V_buf, Req_to_token, Req_pool_indices, Seq_lens, Row_starts, Work, Mid_o, Mid_lse, O, sm_scale,
     stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, HAS_ROW_STARTS: tl.constexpr, DIRECT: tl.constexpr,
+    CHUNKED: tl.constexpr,
 ):
     kvh = tl.program_id(0)
-    b = tl.program_id(1)
-    split = tl.program_id(2)
-    seq_len = tl.load(Seq_lens + b)
-    row = tl.load(Req_pool_indices + b)
-    if HAS_ROW_STARTS:
-        first = tl.load(Row_starts + b)
+    if CHUNKED:  # num_splits: the list's capacity (decode_work.py); the partials are one row of entries
+        split = tl.program_id(1)
+        b = tl.load(Work + split)
+        row = tl.load(Work + num_splits + split).to(tl.int64)
+        start = tl.load(Work + 2 * num_splits + split)
+        end = tl.load(Work + 3 * num_splits + split)
+        if b < 0:
+            return
     else:
-        first = seq_len * 0
-    per_split = tl.cdiv((seq_len - first).to(tl.int32), num_splits).to(seq_len.dtype)  # 32-bit (lengths < 2^31)
-    start = first + split * per_split
-    end = tl.minimum(start + per_split, seq_len)
+        b = tl.program_id(1)
+        split = tl.program_id(2)
+        seq_len = tl.load(Seq_lens + b)
+        if HAS_ROW_STARTS:
+            first = tl.load(Row_starts + b)
+        else:
+            first = seq_len * 0
+        per_split = tl.cdiv((seq_len - first).to(tl.int32), num_splits).to(seq_len.dtype)  # 32-bit (lengths < 2^31)
+        start = first + split * per_split
+        end = tl.minimum(start + per_split, seq_len)
+        row = tl.load(Req_pool_indices + b)
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -75,63 +90,92 @@ def _decode_stage1(
 
 @triton.jit(do_not_specialize=SPLIT_ARGS)
 def _decode_stage2(
-    Mid_o, Mid_lse, O, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    Mid_o, Mid_lse, O, Work, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
+    num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNKED: tl.constexpr,
+    BLOCK_B: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < num_splits
     d_mask = offs_d < HEAD_DIM
-    lse = tl.load(Mid_lse + b * stride_mlb + h * stride_mlh + offs_s, mask=s_mask, other=float("-inf"))
-    m = tl.max(lse, 0)
-    w = tl.where(s_mask & (lse > float("-inf")), tl.exp(lse - m), 0.0)
-    parts = tl.load(Mid_o + b * stride_mob + h * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :],
-                    mask=(s_mask & (lse > float("-inf")))[:, None] & d_mask[None, :], other=0.0)
-    out = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
-    tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
+    if CHUNKED:  # the request's entries: a window of the one row of partials
+        first = tl.load(Work + 4 * num_splits + b)
+        count = tl.load(Work + 4 * num_splits + BLOCK_B + b)
+    else:
+        first = 0
+        count = num_splits
+    # An online merge, BLOCK_S slots at a time (one tile where BLOCK_S covers every split). Slot `first` always holds
+    # a partial of positions (a request's first split or entry is never empty), so m is finite after the first tile.
+    m = float("-inf")
+    den = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, count, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        s_mask = offs_s < count
+        lse = tl.load(Mid_lse + b * stride_mlb + h * stride_mlh + first + offs_s, mask=s_mask, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        kept = s_mask & (lse > float("-inf"))
+        w = tl.where(kept, tl.exp(lse - m_new), 0.0)
+        parts = tl.load(Mid_o + b * stride_mob + h * stride_moh + (first + offs_s)[:, None] * stride_mos
+                        + offs_d[None, :], mask=kept[:, None] & d_mask[None, :], other=0.0)
+        scale = tl.exp(m - m_new)
+        acc = acc * scale + tl.sum(parts * w[:, None], 0)
+        den = den * scale + tl.sum(w, 0)
+        m = m_new
+    tl.store(O + b * stride_ob + h * stride_oh + offs_d, (acc / den).to(O.dtype.element_ty), mask=d_mask)
 
 
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
                      req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, max_seq_len: int,
-                     num_splits: int | None = None, shared=None) -> torch.Tensor:
+                     num_splits: int | None = None, shared=None, work: DecodeWork | None = None,
+                     chunked: bool = True) -> torch.Tensor:
     """q: (bs, H, D); k_buf, v_buf: (slots, Hkv, D); returns (bs, H, D) in q's dtype. shared: the pass's
-    SharedPrefixes (triton_backend.py), or None."""
+    SharedPrefixes (triton_backend.py), or None. A pass without shared prefixes of a batch size that
+    decode_chunk_capacity chunks launches its work list (`work`, built here when not given) and ignores num_splits
+    (a CUDA graph's split count too), unless not `chunked` (probes and tests of the split kernel)."""
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads
-    if num_splits is None:
+    chunks = decode_chunk_capacity(bs, num_kv_heads) if chunked and shared is None else 0
+    if chunks:
+        if work is None or work.capacity != chunks:
+            work = decode_work_list(seq_lens, req_pool_indices, bs, chunks)
+        num_splits = chunks
+    elif num_splits is None:
         num_splits = decode_num_splits(max_seq_len, bs, num_kv_heads)
     out = torch.empty_like(q)
     direct = num_splits == 1 and shared is None
+    slots = num_splits + (shared.num_splits if shared is not None else 0)
     if direct:  # no partials: the output stands in for their pointers (DIRECT never reads them)
         mid_o, mid_lse = out, out
         mid_strides = (0, 0, 0, 0, 0)
     else:
-        slots = num_splits + (shared.num_splits if shared is not None else 0)
-        mid_o = torch.empty(bs, num_heads, slots, head_dim, dtype=torch.float32, device=q.device)
-        mid_lse = torch.empty(bs, num_heads, slots, dtype=torch.float32, device=q.device)
-        mid_strides = (mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1))
+        rows = 1 if chunks else bs  # chunked: one row of entries, which every request indexes at 0
+        mid_o = torch.empty(rows, num_heads, slots, head_dim, dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty(rows, num_heads, slots, dtype=torch.float32, device=q.device)
+        mid_strides = (0 if chunks else mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+                       0 if chunks else mid_lse.stride(0), mid_lse.stride(1))
     block_d = triton.next_power_of_2(head_dim)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # float32 stays exact (no TF32 rounding)
     if shared is not None:
         mid_lse[:, :, num_splits:].fill_(float("-inf"))  # ungrouped rows' prefix slots
         shared_prefix_stage1(q, k_buf, v_buf, req_to_token, req_pool_indices, shared, mid_o, mid_lse, sm_scale,
                              num_splits, precision)
-    _decode_stage1[(num_kv_heads, bs, num_splits)](
+    table = work.table if chunks else None
+    _decode_stage1[(num_kv_heads, chunks) if chunks else (num_kv_heads, bs, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, shared.row_starts if shared is not None else None,
-        mid_o, mid_lse, out, sm_scale,
+        table, mid_o, mid_lse, out, sm_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0), *mid_strides, out.stride(0), out.stride(1),
         num_splits, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=decode_block_n(bs, num_kv_heads, shared is not None), num_warps=4, num_stages=2, PRECISION=precision,
-        HAS_ROW_STARTS=shared is not None, DIRECT=direct,
+        HAS_ROW_STARTS=shared is not None, DIRECT=direct, CHUNKED=bool(chunks),
     )
     if direct:
         return out
     _decode_stage2[(bs, num_heads)](
-        mid_o, mid_lse, out, *mid_strides, out.stride(0), out.stride(1), slots, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_S=triton.next_power_of_2(slots), num_warps=4,
+        mid_o, mid_lse, out, table, *mid_strides, out.stride(0), out.stride(1), slots, HEAD_DIM=head_dim,
+        BLOCK_D=block_d, BLOCK_S=DECODE_CHUNK_BLOCK_S if chunks else triton.next_power_of_2(slots), num_warps=4,
+        CHUNKED=bool(chunks), BLOCK_B=DECODE_CHUNK_MAX_ROWS,
     )
     return out

@@ -9,9 +9,12 @@ DECODE_WIDE_PROGRAMS = 1024
 DECODE_WIDE_BLOCK_N = 128
 
 
+DECODE_TARGET_PROGRAMS = 256  # stage-1 programs that fill the GPU (splits multiply the (kv head, request) programs)
+
+
 def decode_num_splits(max_seq_len: int, bs: int, num_kv_heads: int, block_n: int = DECODE_BLOCK_N) -> int:
     """Enough programs to fill the GPU at small batch sizes, never splits shorter than a few blocks."""
-    return max(1, min(16, -(-max_seq_len // (4 * block_n)), -(-256 // max(1, bs * num_kv_heads))))
+    return max(1, min(16, -(-max_seq_len // (4 * block_n)), -(-DECODE_TARGET_PROGRAMS // max(1, bs * num_kv_heads))))
 
 
 def decode_wide_rows(num_kv_heads: int) -> int:
@@ -22,6 +25,34 @@ def decode_wide_rows(num_kv_heads: int) -> int:
 def decode_block_n(bs: int, num_kv_heads: int, shared: bool) -> int:
     """Stage 1's positions per block. A wide pass has one split (decode_num_splits), so its variant is one."""
     return DECODE_WIDE_BLOCK_N if not shared and bs >= decode_wide_rows(num_kv_heads) else DECODE_BLOCK_N
+
+
+# Chunked decode (small batches, where splits would multiply the programs): stage 1's program (kv head, entry) walks
+# one of a request's equal parts of whole BLOCK_N-position blocks, at most `chunk` blocks, so no program does much
+# more than the others however ragged the lengths (or however many padded rows a CUDA graph carries). The work list
+# is built on the device (decode_work.py) once a pass, so a graph replays it for any lengths; the host mirror is
+# decode_chunk_layout.
+DECODE_CHUNK_MAX_ROWS = 32  # the work list builder's request tile: every row of a chunked pass in one vector
+DECODE_CHUNK_SPARE = 48  # entries per kv head beyond one per request
+DECODE_CHUNK_BLOCK_S = 8  # stage 2's tile: it merges a request's entries (at most DECODE_CHUNK_SPARE + 1) in tiles
+
+
+def decode_chunk_capacity(bs: int, num_kv_heads: int) -> int:
+    """Work-list entries per kv head of a chunked decode pass of bs rows (its stage-1 grid); 0 where the pass splits
+    instead: one row (nothing to balance), or enough (kv head, request) programs to fill the GPU unsplit."""
+    if 2 <= bs <= DECODE_CHUNK_MAX_ROWS and bs * num_kv_heads < DECODE_TARGET_PROGRAMS:
+        return bs + DECODE_CHUNK_SPARE
+    return 0
+
+
+def decode_chunk_layout(seq_lens: list[int], capacity: int, block_n: int = DECODE_BLOCK_N) -> tuple[int, list[int]]:
+    """(chunk, entries per request) as decode_work.py derives them, in blocks of block_n positions: chunk =
+    ceil(all blocks / (capacity - bs)), and a request of n blocks takes ceil(n / chunk) entries of ceil(n / entries)
+    blocks each (the last one shorter). Entries are at most n / chunk + 1 a request: the list fits its capacity and
+    no request has more than capacity - bs + 1."""
+    blocks = [-(-n // block_n) for n in seq_lens]
+    chunk = max(1, -(-sum(blocks) // (capacity - len(seq_lens))))
+    return chunk, [-(-n // chunk) for n in blocks]
 
 
 # Query rows (request x GQA head of one kv head) per tile of the shared-prefix kernel: one tl.dot operand.
