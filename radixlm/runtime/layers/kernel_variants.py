@@ -34,7 +34,8 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         BLOCK_S and BLOCK_B fixed; Work a fresh int32 table): one more variant of each stage, built by the warm-up's
         eager passes of 2-4 rows (token_row_batches) and by capture; the work list's capacity enters as num_splits.
   decode_work.py  _decode_work (a chunked pass's work list, once a pass): num_rows, capacity: do_not_specialize;
-      Seq_lens: no alignment; BLOCK_B, BLOCK_E, MIN_CHUNK: fixed -> one variant, built with the chunked passes.
+      Seq_lens, Req_pool_indices: no alignment; BLOCK_B, BLOCK_E, BLOCK_N: fixed -> one variant, built with the
+      chunked passes. It runs inline in start-up's discovery run (kernel_builds.py: its table indexes memory).
   shared_prefix_attention.py  _shared_prefix_stage1 (shared-prefix decode, eager decode passes with groups)
       num_tiles, num_splits (its prefix splits, 1..16), slot0 (the decode split count) and the log-sum-exp strides:
         do_not_specialize. Req_pool_indices, Tile_rows, Tiles (views of one copy): no alignment. GROUP, HEAD_DIM,
