@@ -204,7 +204,7 @@ def chunked_ab(args, ins: list[int], outs: list[int], scale: float, t0: float) -
         q, k_buf, v_buf, table, rows, lens = make_inputs(ctx)
         kv_bytes = sum(ctx) * KV_HEADS * HEAD_DIM * 2 * k_buf.element_size()
         splits = decode_num_splits(131072, bs, KV_HEADS)
-        ref = reference_bf16(q, k_buf, v_buf, table, rows, lens, scale)
+        ref = dense_reference(q, k_buf, v_buf, table, rows, lens, scale)
         split_fn = lambda: decode_attention(q, k_buf, v_buf, table, rows, lens, scale, max(ctx), splits,  # noqa: E731
                                             chunked=False)
         capacity = decode_chunk_capacity(bs, KV_HEADS)
@@ -226,7 +226,7 @@ def chunked_ab(args, ins: list[int], outs: list[int], scale: float, t0: float) -
     print(f"wrote {args.out} after {time.perf_counter() - t0:.0f} s")
 
 
-def reference_bf16(q, k_buf, v_buf, table, rows, lens, scale):
+def dense_reference(q, k_buf, v_buf, table, rows, lens, scale):
     """Dense float32 attention per request (the accuracy both launches are held to)."""
     out = []
     group = HEADS // KV_HEADS
