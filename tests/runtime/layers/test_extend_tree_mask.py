@@ -208,7 +208,7 @@ def backend_cases(device: str) -> None:
         ext = [e for _, e, _ in reqs]
         trees = [t for _, _, t in reqs]
         trees = [t if t is None or i % 2 else TreeMask(t.start, t.mask.to(device)) for i, t in enumerate(trees)]
-        runner = SimpleNamespace(model_config=SimpleNamespace(context_len=4096, num_kv_heads=kv_heads))
+        runner = SimpleNamespace(model_config=SimpleNamespace(context_len=4096), num_kv_heads=kv_heads)
         layer = SimpleNamespace(layer_id=0, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
                                 scaling=head_dim ** -0.5)
         outs = []

@@ -203,7 +203,7 @@ def test_tree_mask_launches_while_serving_are_built_by_the_warm_up(monkeypatch):
 
     heads, kv_heads, head_dim = 8, 2, 16
     rec = Recorder(monkeypatch, {"extend": ea._extend_kernel})
-    backend = TritonAttnBackend(SimpleNamespace(model_config=SimpleNamespace(context_len=4096, num_kv_heads=kv_heads)))
+    backend = TritonAttnBackend(SimpleNamespace(model_config=SimpleNamespace(context_len=4096), num_kv_heads=kv_heads))
     runner = SimpleNamespace(device="cpu", req_to_token_pool=ReqToTokenPool(9, 4100),
                              token_to_kv_pool=TokenToKVPool(600, 1, torch.float32, 1, kv_heads, head_dim, "cpu"),
                              attn_backend=backend)

@@ -112,7 +112,7 @@ class TritonAttnBackend(AttentionBackend):
         self.model_runner = model_runner
         # CUDA graphs size their split count for the longest sequence the model takes.
         self.context_len = model_runner.model_config.context_len
-        self.num_kv_heads = model_runner.model_config.num_kv_heads
+        self.num_kv_heads = model_runner.num_kv_heads  # this rank's: the pools' and the kernels' kv heads
 
     def init_forward_metadata_static(self, forward_batch: "ForwardBatch") -> None:
         """A CUDA graph's decode pass: the work list's launch is captured with it, and rebuilds it every replay."""
