@@ -241,7 +241,7 @@ def test_tree_masks_on_cuda():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: test_tree_masks_on_cuda runs the kernel")
-@pytest.mark.skipif(not interpreter_works(), reason="no Triton interpreter")
+@pytest.mark.skipif(not interpreter_works(), reason="needs Triton's interpreter, 3.7 or later")
 def test_tree_masks_under_interpreter():
     run_under_interpreter(__file__, "tree mask cases ok")
 

@@ -159,7 +159,7 @@ def test_triton_path_on_cuda():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: test_triton_path_on_cuda runs the kernel")
-@pytest.mark.skipif(not interpreter_works(), reason="no Triton interpreter")
+@pytest.mark.skipif(not interpreter_works(), reason="needs Triton's interpreter, 3.7 or later")
 def test_triton_path_under_interpreter():
     """float32 and float16 (the 3.9 interpreter's bfloat16 tl.dot multiplies raw bits: bfloat16 is tested on CUDA)."""
     run_under_interpreter(__file__, "triton cases ok")

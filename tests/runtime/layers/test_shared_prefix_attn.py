@@ -89,7 +89,7 @@ def run_cases(device: str) -> None:
     print(MARKER)
 
 
-@pytest.mark.skipif(not interpreter_works(), reason="needs triton with its interpreter")
+@pytest.mark.skipif(not interpreter_works(), reason="needs Triton's interpreter, 3.7 or later")
 def test_shared_prefix_decode_equals_plain_decode_interpreted():
     run_under_interpreter(__file__, MARKER, hide_cuda=True, timeout=900)
 

@@ -100,7 +100,7 @@ def run_cases(device: str) -> None:
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.skipif(not interpreter_works(), reason="no Triton interpreter")
+@pytest.mark.skipif(not interpreter_works(), reason="needs Triton's interpreter, 3.7 or later")
 def test_tree_drafts_with_triton_under_interpreter():
     run_under_interpreter(__file__, "triton tree drafts ok", hide_cuda=True)
 
