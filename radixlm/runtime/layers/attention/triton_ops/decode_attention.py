@@ -138,8 +138,9 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     group = num_heads // num_kv_heads
     chunks = decode_chunk_capacity(bs, num_kv_heads) if chunked and shared is None else 0
     if chunks:
-        if work is None or work.capacity != chunks:
+        if work is None:
             work = decode_work_list(seq_lens, req_pool_indices, bs, chunks)
+        assert work.capacity == chunks, (work.capacity, chunks)  # the backend sized it by the same kv heads
         num_splits = chunks
     elif num_splits is None:
         num_splits = decode_num_splits(max_seq_len, bs, num_kv_heads)
