@@ -119,6 +119,7 @@ class ServerArgs:
     # Kernels
     attention_backend: str = field(default="auto", metadata={"choices": ATTENTION_BACKENDS, "help": "auto: triton on CUDA, torch_native elsewhere"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode eagerly instead of replaying CUDA graphs"})
+    disable_tuned_gemm: bool = field(default=False, metadata={"help": "run every decode GEMM past the few-row kernels through torch's cuBLAS call instead of the tuned cuBLASLt configuration this GPU model's table names for its shape (layers/tuned/; each is bit-identical to cuBLAS's, checked at start-up)"})
     cuda_graph_max_bs: int | None = field(default=None, metadata={"help": "largest decode batch replayed from a CUDA graph (default: min(16 x max_running_requests, 1024): a row per jump-forward draft token or per token of a small prefill, those passes up to 512 rows)"})
     disable_shared_prefix_decode: bool = field(default=False, metadata={"help": "eager decode passes (batches past the CUDA graphs, and those of 512+ rows whose groups spare 32k+ positions of reads) read each cached prefix of at least 256 tokens that several running requests matched once for all of them (cascade attention, triton backend) unless this is set (benchmarks/results/peer_side_by_side_spd.json: generated-shared-prefix 1.31x, the other workloads unchanged)"})
     disable_overlap_schedule: bool = field(default=False, metadata={"help": "process each batch's results before launching the next (overlap is the default on CUDA)"})

@@ -74,7 +74,11 @@ class LogitsProcessor:
         self.parallel = parallel
         self.vocab_size = vocab_size
         self.packed_weight = cpu_gemm.pack_weight(lm_head.weight)
-        self.gemm_choices: dict[int, gemm.GemmKernel] = {}
+        self.gemm_choices: dict[int, object] = {}  # as Linear's
+
+    @property
+    def weight(self) -> torch.Tensor:  # the GEMM's weight, as a Linear holder's (layers/tuned_gemm.py)
+        return self.lm_head.weight
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         out = gemm.linear(hidden, self.lm_head.weight, None, self.packed_weight, self.gemm_choices)

@@ -75,6 +75,11 @@ class ModelRunner:
                     module.pack_for_cpu()
         self.logits_processor = LogitsProcessor(self.model.lm_head, model_config.vocab_size, parallel)
         self._share_gemm_choices()
+        sixteen_bit = model_config.dtype in (torch.bfloat16, torch.float16)
+        if self.is_cuda and sixteen_bit and not server_args.disable_tuned_gemm:
+            from radixlm.runtime.layers import tuned_gemm
+
+            logger.info("tuned cuBLASLt GEMMs installed: %d", tuned_gemm.install(self.gemm_holders(), self.device))
         self.mm_embedder = (MultimodalEmbedder(self.model, EncoderCache(server_args.mm_encoder_cache_mb << 20))
                             if hasattr(self.model, "encode_items") else None)
 
@@ -256,13 +261,13 @@ class ModelRunner:
     def gemm_choice_counts(self) -> dict[str, dict[int, dict[str, int]]]:
         """Per GEMM (the layer's attribute name: qkv_proj, o_proj, ..., lm_head) and choice key: how many layers take
         each kernel (gemm.GemmKernel, lower case) by gemm.linear's measurement (empty off CUDA)."""
-        from radixlm.runtime.layers.gemm import GemmKernel
+        from radixlm.runtime.layers.gemm import kernel_of
 
         counts: dict[str, dict[int, dict[str, int]]] = {}
         for name, holder in self.gemm_holders():
             for key, kernel in sorted(holder.gemm_choices.items()):
                 by_kernel = counts.setdefault(name.rsplit(".", 1)[-1], {}).setdefault(key, {})
-                kernel = GemmKernel(kernel).name.lower()
+                kernel = kernel_of(kernel).name.lower()
                 by_kernel[kernel] = by_kernel.get(kernel, 0) + 1
         return counts
 

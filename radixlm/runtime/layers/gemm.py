@@ -78,6 +78,12 @@ class GemmKernel(IntEnum):
     CUBLAS = 0
     SKINNY = 1  # layers/skinny_gemm.py
     SKINNY_MMA = 2  # layers/skinny_mma.py
+    CUBLASLT = 3  # a tuned cuBLASLt configuration (layers/cublaslt.py): the memo holds its LtGemm
+
+
+def kernel_of(choice) -> GemmKernel:
+    """The kernel a memo entry names (an LtGemm entry is a tuned cuBLASLt configuration)."""
+    return choice if isinstance(choice, GemmKernel) else GemmKernel.CUBLASLT
 
 
 def _fastest(kernels: dict[GemmKernel, Callable[..., torch.Tensor]], x: torch.Tensor, weight: torch.Tensor,
@@ -138,11 +144,13 @@ def choice_keys() -> tuple[int, ...]:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None,
-           choices: dict[int, GemmKernel] | None = None, prologue: Prologue | None = None,
+           choices: dict | None = None, prologue: Prologue | None = None,
            epilogue: RotaryStore | None = None) -> torch.Tensor:
-    """choices: the calling layer's memo, choice key (few_row_kernels) -> the kernel measured fastest (None: always
-    cuBLAS on CUDA). prologue: x is the input before that step (layers/prologue.py). epilogue: applied (and marked)
-    where the skinny kernel runs and takes it; left to the caller otherwise."""
+    """choices: the calling layer's memo (None: always cuBLAS on CUDA): choice key (few_row_kernels) -> the kernel
+    measured fastest, and past the few-row kernels' rows, row count -> a tuned cuBLASLt GEMM (an LtGemm, bit-identical
+    to cuBLAS's; ModelRunner loads them) where the tuned table has one. prologue: x is the input before that step
+    (layers/prologue.py). epilogue: applied (and marked) where the skinny kernel runs and takes it; left to the caller
+    otherwise."""
     if not x.is_cuda:
         return cpu_gemm.linear(apply(prologue, x), weight, bias, packed)
     if choices is not None and x.dim() == 2:
@@ -161,4 +169,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
             kernel = kernels.get(choice)
             if kernel is not None:
                 return kernel(x, weight, bias, prologue, epilogue)
+        elif bias is None and prologue is None and x.is_contiguous():
+            tuned = choices.get(x.shape[0])
+            if tuned is not None and not isinstance(tuned, GemmKernel):
+                return tuned(x, weight)
     return F.linear(apply(prologue, x), weight, bias)

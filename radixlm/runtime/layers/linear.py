@@ -63,7 +63,8 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.packed_weight: torch.Tensor | None = None  # set by pack_for_cpu() once weights are final
-        self.gemm_choices: dict[int, gemm.GemmKernel] = {}  # CUDA: choice key -> fastest (set by gemm.linear)
+        # CUDA: choice key -> fastest kernel (set by gemm.linear), or row count -> a tuned LtGemm (layers/tuned_gemm.py)
+        self.gemm_choices: dict[int, object] = {}
 
     def pack_for_cpu(self) -> None:
         self.packed_weight = cpu_gemm.pack_weight(self.weight)

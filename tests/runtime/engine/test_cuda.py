@@ -266,3 +266,41 @@ def test_cuda_eagle_tree_drafts_on_triton(tiny_cuda_model, tmp_path, page_size):
         finally:
             engine.shutdown()
     assert runs["tree"] == runs["off"]
+
+
+def test_cuda_tuned_gemms_change_no_token(tiny_cuda_model, monkeypatch):
+    """A tuned cuBLASLt table (here for the tiny model's shapes at the 48-row graph: configurations from the
+    heuristic's list that reproduce torch's GEMM) is installed at start-up, runs in the decode graphs, and changes no
+    token against torch's GEMMs."""
+    import torch.nn.functional as F
+
+    import radixlm
+    from radixlm.runtime.layers import cublaslt
+
+    lt, m, table = cublaslt.CublasLt(), 48, []
+    for n, k in [(192, 128), (128, 128), (512, 128), (128, 256), (VOCAB, 128)]:  # qkv, o, gate_up, down, lm_head
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        gemm = cublaslt.LtGemm(lt, m, n, k, torch.bfloat16)
+        for found in gemm.heuristic():
+            gemm.candidates = [found]
+            if torch.equal(gemm(x, w), F.linear(x, w)):
+                table.append({"n": n, "k": k, "m": m, "dtype": "bfloat16", "us": 1.0, "cublas_us": 1.0,
+                              "config": cublaslt.algo_config(lt, found.algo)})
+                break
+    assert table
+    monkeypatch.setattr(cublaslt, "load_table", lambda device_name: table)
+    prompts = _prompts(m, seed=3)
+    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    runs = {}
+    for disable in (False, True):
+        engine = radixlm.Engine(tiny_cuda_model, device="cuda", dtype="bfloat16", max_total_tokens=8192,
+                                disable_tuned_gemm=disable)
+        try:
+            counts = engine.scheduler.runner.gemm_choice_counts()
+            tuned = sum(by_kernel.get("cublaslt", 0) for keys in counts.values() for by_kernel in keys.values())
+            assert (tuned > 0) != disable, counts
+            runs[disable] = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)]
+        finally:
+            engine.shutdown()
+    assert runs[False] == runs[True]

@@ -1,0 +1,280 @@
+"""cuBLASLt through ctypes: one GEMM shape's descriptors, the algorithms cuBLASLt offers or accepts for it, a call
+that runs a chosen one, and the per-GPU-model table of tuned configurations.
+
+torch's matmul runs the first algorithm cuBLAS's heuristic picks for a shape. At the decode GEMMs' row counts other
+configurations of the same kernel family (tile, cluster shape, custom option) run 3-24% faster on an H100 and give
+the same bits (benchmarks/results/kernels_h100/cublaslt/). benchmarks/cublaslt_tune.py finds them and writes the table
+(tuned/); start-up installs its entries (layers/tuned_gemm.py). The library is the one torch already loaded (found in
+the process's mappings), so nothing is imported or linked here on a machine without CUDA.
+
+Layout: y[m, n] = x[m, k] @ w[n, k]^T with all three row-major and contiguous, which in cuBLAS's column-major terms is
+D[n, m] = op_T(A[k, n]) @ B[k, m]: the same "TN" GEMM torch issues for F.linear.
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import json
+import re
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+_COMPUTE_32F = 68
+_R_32F, _R_16F, _R_16BF = 0, 2, 14
+_OP_N, _OP_T = 0, 1
+_DESC_TRANSA, _DESC_TRANSB = 3, 4
+_PREF_MAX_WORKSPACE_BYTES = 1
+_DTYPES = {torch.bfloat16: _R_16BF, torch.float16: _R_16F}
+
+
+class _Algo(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_uint64 * 8)]
+
+
+class _Heuristic(ctypes.Structure):
+    _fields_ = [("algo", _Algo), ("workspace_size", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("waves_count", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+def _loaded_library() -> str:
+    """Path of the libcublasLt torch loaded (after a CUDA matmul has run in this process)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split()[-1]
+        if "libcublasLt.so" in Path(path).name:
+            return path
+    raise RuntimeError("libcublasLt is not loaded in this process: run a CUDA matmul first")
+
+
+class CublasLtError(RuntimeError):
+    pass
+
+
+class CublasLt:
+    """A cuBLASLt handle (destroyed with this object) and the library's entry points."""
+
+    def __init__(self, device: torch.device | str = "cuda") -> None:
+        one = torch.ones(8, 8, device=device, dtype=torch.bfloat16)
+        torch.matmul(one, one)  # loads the library, if nothing has yet
+        self.lib = ctypes.CDLL(_loaded_library())
+        ptr, vp, i32, size = ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+        for name, args in (("cublasLtCreate", [ptr]), ("cublasLtMatmulDescCreate", [ptr, i32, i32]),
+                           ("cublasLtMatmulDescSetAttribute", [vp, i32, vp, size]),
+                           ("cublasLtMatrixLayoutCreate", [ptr, i32, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64]),
+                           ("cublasLtMatmulPreferenceCreate", [ptr]),
+                           ("cublasLtMatmulPreferenceSetAttribute", [vp, i32, vp, size]),
+                           ("cublasLtMatmulAlgoGetHeuristic", [vp] * 7 + [i32, ctypes.POINTER(_Heuristic),
+                                                                          ctypes.POINTER(i32)]),
+                           ("cublasLtMatmul", [vp] * 12 + [ctypes.POINTER(_Algo), vp, size, vp]),
+                           ("cublasLtMatmulAlgoGetIds", [vp] + [i32] * 7 + [ctypes.POINTER(i32), ctypes.POINTER(i32)]),
+                           ("cublasLtMatmulAlgoInit", [vp] + [i32] * 7 + [ctypes.POINTER(_Algo)]),
+                           ("cublasLtMatmulAlgoCapGetAttribute", [ctypes.POINTER(_Algo), i32, vp, size,
+                                                                  ctypes.POINTER(size)]),
+                           ("cublasLtMatmulAlgoConfigSetAttribute", [ctypes.POINTER(_Algo), i32, vp, size]),
+                           ("cublasLtMatmulAlgoConfigGetAttribute", [ctypes.POINTER(_Algo), i32, vp, size,
+                                                                     ctypes.POINTER(size)]),
+                           ("cublasLtMatmulAlgoCheck", [vp] * 6 + [ctypes.POINTER(_Algo), ctypes.POINTER(_Heuristic)]),
+                           ("cublasLtDestroy", [vp]), ("cublasLtMatmulDescDestroy", [vp]),
+                           ("cublasLtMatrixLayoutDestroy", [vp]), ("cublasLtMatmulPreferenceDestroy", [vp])):
+            fn = getattr(self.lib, name)
+            fn.restype, fn.argtypes = i32, args
+        self.handle = ctypes.c_void_p()
+        with torch.cuda.device(torch.device(device)):
+            self.check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
+        weakref.finalize(self, self.lib.cublasLtDestroy, self.handle)
+
+    @staticmethod
+    def check(status: int, what: str) -> None:
+        if status != 0:
+            raise CublasLtError(f"{what} returned cuBLAS status {status}")
+
+
+def _destroy(lib, desc, layouts) -> None:
+    lib.cublasLtMatmulDescDestroy(desc)
+    for layout in layouts:
+        lib.cublasLtMatrixLayoutDestroy(layout)
+
+
+@dataclass
+class LtGemm:
+    """y[m, n] = x[m, k] @ w[n, k]^T for one (m, n, k, dtype): descriptors made once; `candidates` (the heuristic's
+    list, `enumerate_algos`'s, or one tuned configuration: set by the caller) and `algo_index` choose what runs."""
+
+    lt: CublasLt
+    m: int
+    n: int
+    k: int
+    dtype: torch.dtype
+    workspace: torch.Tensor | None = None  # None: only algorithms that need no workspace
+    candidates: list = field(default_factory=list)
+    algo_index: int = 0
+
+    def __post_init__(self) -> None:
+        lib, check, kind = self.lt.lib, self.lt.check, _DTYPES[self.dtype]
+        self.desc = ctypes.c_void_p()
+        check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), _COMPUTE_32F, _R_32F), "MatmulDescCreate")
+        for attr, op in ((_DESC_TRANSA, _OP_T), (_DESC_TRANSB, _OP_N)):
+            value = ctypes.c_int32(op)
+            check(lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(value), 4), "MatmulDescSetAttr")
+        self.a_layout, self.b_layout, self.d_layout = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+        for layout, rows, cols, ld in ((self.a_layout, self.k, self.n, self.k), (self.b_layout, self.k, self.m, self.k),
+                                       (self.d_layout, self.n, self.m, self.n)):
+            check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), kind, rows, cols, ld), "MatrixLayoutCreate")
+        weakref.finalize(self, _destroy, lib, self.desc, (self.a_layout, self.b_layout, self.d_layout))
+        self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 0 if self.workspace is None else self.workspace.numel() * self.workspace.element_size()
+
+    def heuristic(self, max_algos: int = 32) -> list:
+        """The algorithms cuBLASLt's heuristic offers for this GEMM, best first by its own estimate."""
+        lib, check = self.lt.lib, self.lt.check
+        pref = ctypes.c_void_p()
+        check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "MatmulPreferenceCreate")
+        ws_bytes = ctypes.c_uint64(self.workspace_bytes)
+        check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws_bytes), 8),
+              "MatmulPreferenceSetAttribute")
+        results = (_Heuristic * max_algos)()
+        count = ctypes.c_int(0)
+        status = lib.cublasLtMatmulAlgoGetHeuristic(self.lt.handle, self.desc, self.a_layout, self.b_layout,
+                                                    self.d_layout, self.d_layout, pref, max_algos, results,
+                                                    ctypes.byref(count))
+        lib.cublasLtMatmulPreferenceDestroy(pref)
+        check(status, "MatmulAlgoGetHeuristic")
+        return [results[i] for i in range(count.value) if results[i].state == 0]
+
+    def checked(self, algo: _Algo) -> _Heuristic | None:
+        """algo with the workspace it needs, if cuBLASLt accepts it for this GEMM within this workspace."""
+        result = _Heuristic()
+        if self.lt.lib.cublasLtMatmulAlgoCheck(self.lt.handle, self.desc, self.a_layout, self.b_layout,
+                                               self.d_layout, self.d_layout, ctypes.byref(algo),
+                                               ctypes.byref(result)) != 0:
+            return None
+        if result.state != 0 or result.workspace_size > self.workspace_bytes:
+            return None
+        result.algo = algo
+        return result
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        assert x.shape == (self.m, self.k) and w.shape == (self.n, self.k)
+        assert x.dtype == w.dtype == self.dtype and x.is_contiguous() and w.is_contiguous()
+        if out is None:
+            out = torch.empty((self.m, self.n), dtype=self.dtype, device=x.device)
+        assert out.shape == (self.m, self.n) and out.is_contiguous()
+        choice = self.candidates[self.algo_index]
+        workspace = 0 if self.workspace is None else self.workspace.data_ptr()
+        self.lt.check(self.lt.lib.cublasLtMatmul(
+            self.lt.handle, self.desc, ctypes.addressof(self._alpha), w.data_ptr(), self.a_layout, x.data_ptr(),
+            self.b_layout, ctypes.addressof(self._beta), out.data_ptr(), self.d_layout, out.data_ptr(),
+            self.d_layout, ctypes.byref(choice.algo), workspace, choice.workspace_size,
+            torch.cuda.current_stream().cuda_stream), "cublasLtMatmul")
+        return out
+
+
+# cublasLtMatmulAlgoConfigAttributes_t (an algorithm's configuration, by name) and cublasLtMatmulAlgoCapAttributes_t
+_CONFIG = {"id": 0, "tile": 1, "splitk": 2, "reduction": 3, "swizzle": 4, "custom": 5, "stages": 6, "inner": 7,
+           "cluster": 8}
+_CONFIG_WIDTH = {"inner": ctypes.c_uint16, "cluster": ctypes.c_uint16}
+_CAP_SPLITK, _CAP_REDUCTION_MASK, _CAP_SWIZZLE, _CAP_TILES, _CAP_CUSTOM_MAX, _CAP_STAGES = 0, 1, 2, 6, 7, 13
+
+
+def algo_config(lt: CublasLt, algo: _Algo) -> dict[str, int]:
+    """An algorithm's configuration (id, tile, split-K, ...), as cuBLASLt reports it."""
+    out = {}
+    for name, attr in _CONFIG.items():
+        value, written = _CONFIG_WIDTH.get(name, ctypes.c_uint32)(0), ctypes.c_size_t(0)
+        lt.check(lt.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), attr, ctypes.byref(value),
+                                                             ctypes.sizeof(value), ctypes.byref(written)),
+                 "AlgoConfigGetAttribute")
+        out[name] = value.value
+    return out
+
+
+def _init_algo(gemm: LtGemm, algo_id: int) -> _Algo | None:
+    kind, algo = _DTYPES[gemm.dtype], _Algo()
+    status = gemm.lt.lib.cublasLtMatmulAlgoInit(gemm.lt.handle, _COMPUTE_32F, _R_32F, kind, kind, kind, kind, algo_id,
+                                                ctypes.byref(algo))
+    return algo if status == 0 else None
+
+
+def configured(gemm: LtGemm, config: dict[str, int], base: _Algo | None = None) -> _Heuristic | None:
+    """The algorithm `config` names (algo_config's fields; the id's defaults for those missing), if cuBLASLt accepts
+    it for this GEMM within its workspace."""
+    base = base if base is not None else _init_algo(gemm, config["id"])
+    if base is None:
+        return None
+    algo = _Algo()
+    ctypes.memmove(ctypes.byref(algo), ctypes.byref(base), ctypes.sizeof(_Algo))
+    for name, value in config.items():
+        if name != "id":
+            v = _CONFIG_WIDTH.get(name, ctypes.c_uint32)(value)
+            if gemm.lt.lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(algo), _CONFIG[name], ctypes.byref(v),
+                                                                ctypes.sizeof(v)) != 0:
+                return None
+    return gemm.checked(algo)
+
+
+def _cap_array(lt: CublasLt, algo: _Algo, attr: int) -> list[int]:
+    written = ctypes.c_size_t(0)
+    lt.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, None, 0, ctypes.byref(written))
+    count = written.value // 4
+    if count == 0:
+        return []
+    values = (ctypes.c_uint32 * count)()
+    lt.check(lt.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, values, 4 * count,
+                                                      ctypes.byref(written)), "AlgoCapGetAttribute")
+    return list(values)
+
+
+def _cap_int(lt: CublasLt, algo: _Algo, attr: int) -> int:
+    value, written = ctypes.c_uint32(0), ctypes.c_size_t(0)
+    lt.check(lt.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, ctypes.byref(value), 4,
+                                                      ctypes.byref(written)), "AlgoCapGetAttribute")
+    return value.value
+
+
+def enumerate_algos(gemm: LtGemm, splitks=(1, 2, 3, 4, 6, 8), max_custom: int = 2, limit: int = 4000,
+                    only_ids: tuple = (), clusters: tuple = (0,)) -> list:
+    """Every (algorithm id, tile, stages, split-K, reduction, swizzle, custom option, cluster shape) cuBLASLt accepts
+    for this GEMM, beyond the heuristic's short list: candidates for a timed search (benchmarks/cublaslt_tune.py)."""
+    lt, kind = gemm.lt, _DTYPES[gemm.dtype]
+    ids, count = (ctypes.c_int * 256)(), ctypes.c_int(0)
+    lt.check(lt.lib.cublasLtMatmulAlgoGetIds(lt.handle, _COMPUTE_32F, _R_32F, kind, kind, kind, kind, 256, ids,
+                                             ctypes.byref(count)), "AlgoGetIds")
+    found = []
+    for algo_id in [i for i in list(ids)[:count.value] if not only_ids or i in only_ids]:
+        base = _init_algo(gemm, algo_id)
+        if base is None:
+            continue
+        tiles = _cap_array(lt, base, _CAP_TILES) or [0]
+        stages = _cap_array(lt, base, _CAP_STAGES) or [0]
+        splitk_ok = _cap_int(lt, base, _CAP_SPLITK)
+        red_mask = _cap_int(lt, base, _CAP_REDUCTION_MASK)
+        swizzles = [0, 1] if _cap_int(lt, base, _CAP_SWIZZLE) else [0]
+        customs = range(min(_cap_int(lt, base, _CAP_CUSTOM_MAX), max_custom) + 1)
+        splits = [(1, 0)] + [(s, r) for s in splitks if s > 1 and splitk_ok for r in (1, 2, 4) if red_mask & r]
+        for tile, stage, (split, red), swz, custom, cluster in itertools.product(tiles, stages, splits, swizzles,
+                                                                                 customs, clusters):
+            config = {"tile": tile, "stages": stage, "splitk": split, "reduction": red, "swizzle": swz,
+                      "custom": custom, "cluster": cluster}
+            result = configured(gemm, config, base)
+            if result is not None:
+                found.append(result)
+                if len(found) >= limit:
+                    return found
+    return found
+
+
+def table_path(device_name: str) -> Path:
+    """The tuned table of one GPU model (benchmarks/cublaslt_tune.py writes it)."""
+    return Path(__file__).parent / "tuned" / f"cublaslt_{re.sub(r'[^A-Za-z0-9]+', '_', device_name).strip('_')}.json"
+
+
+def load_table(device_name: str) -> list[dict]:
+    """The tuned table's entries for this GPU model ({n, k, m, dtype, config, us, cublas_us}), none if it has no
+    table."""
+    path = table_path(device_name)
+    return json.loads(path.read_text())["entries"] if path.exists() else []
