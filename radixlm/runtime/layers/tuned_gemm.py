@@ -26,7 +26,7 @@ def install(holders: list[tuple[str, object]], device: torch.device, table: list
     lt, installed, rejected = None, 0, []
     for _, holder in holders:
         weight, choices = getattr(holder, "weight", None), holder.gemm_choices
-        if weight is None or getattr(holder, "bias", None) is not None:
+        if weight is None or getattr(holder, "bias", None) is not None or not weight.is_contiguous():
             continue
         n, k = weight.shape
         for entry in entries.get((n, k, str(weight.dtype).removeprefix("torch.")), []):
