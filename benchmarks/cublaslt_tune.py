@@ -10,6 +10,7 @@ fastest graph-timed as `gemv_sweep.graph_us` times cuBLAS (over weight copies: n
 the best beats torch's matmul by MARGIN.
 
     python benchmarks/cublaslt_tune.py --log $OUT/cublaslt_tune.json   # then commit the table it names
+    python benchmarks/cublaslt_tune.py --merge --graph-sizes --budget-s 540   # every graph size, kept entries merged
 """
 from __future__ import annotations
 
@@ -85,12 +86,20 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", nargs="+", default=["gate_up_proj", "down_proj", "qkv_proj", "o_proj"])
     p.add_argument("--rows", type=int, nargs="+", default=ROWS)
+    p.add_argument("--graph-sizes", action="store_true",
+                   help="tune every CUDA-graph size past the few-row kernels (default max) instead of --rows")
     p.add_argument("--cell-budget-s", type=float, default=6)
     p.add_argument("--budget-s", type=float, default=420)
     p.add_argument("--table", default=None, help="where to write the table (default: the runtime's path for this GPU)")
     p.add_argument("--merge", action="store_true", help="keep the table's entries for cells this run does not tune")
     p.add_argument("--log", default="cublaslt_tune.json")
     args = p.parse_args()
+    if args.graph_sizes:
+        from radixlm.runtime.executor.cuda_graph_runner import capture_batch_sizes
+        from radixlm.runtime.executor.model_runner import CUDA_GRAPH_DEFAULT_MAX_BS
+        from radixlm.runtime.layers.skinny_mma import MMA_MAX_M
+
+        args.rows = [b for b in capture_batch_sizes(CUDA_GRAPH_DEFAULT_MAX_BS) if b > MMA_MAX_M]
     t0 = time.perf_counter()
     lt = CublasLt()
     device = torch.cuda.get_device_name()
