@@ -3,7 +3,13 @@ the GEMMs take ~6.7 ms of the step, ~1.3x max(weight read, 700 TFLOP/s))? For ea
 torch.matmul (cuBLAS's heuristic pick) and every algorithm cuBLASLt's heuristic lists (`layers/cublaslt.LtGemm`),
 graph-timed over weight copies (no L2 hits, as a model's layers), each candidate's output checked against torch's.
 
+With --exhaustive, instead of the heuristic's list: every configuration `enumerate_algos` finds (optionally one
+algorithm id, with cluster shapes and custom options), in random order, quick-timed for a budget per cell, the fastest
+eight graph-timed (outputs within bf16 rounding of torch's; benchmarks/cublaslt_tune.py keeps bit-identical ones only).
+
     python benchmarks/cublaslt_probe.py --out $OUT/cublaslt_probe.json
+    python benchmarks/cublaslt_probe.py --exhaustive --algo-ids 66 --clusters 0 2 3 4 5 6 7 8 9 --max-custom 7 \
+        --rows 256 128 --shapes gate_up_proj down_proj qkv_proj o_proj --cell-budget-s 25 --budget-s 280
 """
 from __future__ import annotations
 
