@@ -36,9 +36,9 @@ def install(holders: list[tuple[str, object]], device: torch.device, table: list
             lt = lt or cublaslt.CublasLt(device)
             gemm = cublaslt.LtGemm(lt, m, n, k, weight.dtype)
             algo = cublaslt.configured(gemm, entry["config"])
-            x = torch.randn(m, k, device=device, dtype=weight.dtype)
             if algo is not None:
                 gemm.candidates = [algo]
+                x = torch.randn(m, k, device=device, dtype=weight.dtype)
                 if torch.equal(gemm(x, weight), F.linear(x, weight)):
                     choices[m] = gemm
                     installed += 1
