@@ -60,6 +60,8 @@ PEERS = {
         "sharegpt_like_output_tok_s": 9045, "random_1024_512_output_tok_s": 6035, "shared_prefix_output_tok_s": 4393,
         "startup_s_cold": 44.6},
 }
+# Every PEERS figure and issue 20's targets were measured on this GPU model: runs on another get no ratio or verdict.
+PEERS_GPU = "NVIDIA H100 80GB HBM3"
 # Issue 20, "Done when": (metric, "min" = at least | "max" = at most, bound).
 TARGETS = [("shared_prefix_output_tok_s", "min", 6320), ("sharegpt_like_output_tok_s", "min", 10460),
            ("random_1024_512_output_tok_s", "min", 7120), ("decode_step_ms.256", "max", 15.0),
@@ -197,13 +199,18 @@ def summarize(runs: list[dict]) -> dict:
         med[field] = _median([r.get(field) for r in runs])
     for state in ("cold", "warm"):
         med[f"startup_s_{state}"] = _median([r.get("startup_s") for r in runs if r.get("kernel_cache") == state])
+    gpus = {r.get("gpu") for r in runs}
+    if len(gpus) > 1:
+        raise SystemExit(f"runs on several GPU models: {sorted(map(str, gpus))}")
+    gpu = gpus.pop() if gpus else None
+    comparable = gpu is None or gpu == PEERS_GPU  # None: the CPU dry run (--tiny) or a run that did not record it
     verdicts = []
     for metric, sense, bound in TARGETS:
         v = _get(med, metric)
-        met = None if v is None else (v >= bound if sense == "min" else v <= bound)
+        met = None if v is None or not comparable else (v >= bound if sense == "min" else v <= bound)
         verdicts.append({"metric": metric, "target": f"{'>=' if sense == 'min' else '<='} {bound}", "bound": bound,
                          "value": v, "met": met})
-    return {"medians": med, "targets": verdicts}
+    return {"medians": med, "comparable_to_peers": comparable, "targets": verdicts}
 
 
 def table(summary: dict, runs: list[dict]) -> str:
@@ -227,9 +234,13 @@ def table(summary: dict, runs: list[dict]) -> str:
         peer = _get(sg, metric) if _get(sg, metric) is not None else _get(PEERS[SGLANG_COLD_WARM], metric)
         ratio = None if v is None or peer is None else (v / peer if sense == "rate" else peer / v)
         t, vllm = verdict.get(metric), _get(PEERS["vllm_0.26.0_2026-11-22"], metric)
+        shown = "-" if ratio is None else f"{ratio:.2f}x" if summary["comparable_to_peers"] else "n/a"
         lines.append(f"| {label} | {fmt(v)} | {each or '-'} | {fmt(peer)} | {fmt(vllm)} "
-                     f"| {'-' if ratio is None else f'{ratio:.2f}x'} | {t['target'] if t else ''} "
+                     f"| {shown} | {t['target'] if t else ''} "
                      f"| {'' if not t else {True: 'yes', False: 'NO', None: '-'}[t['met']]} |")
+    if not summary["comparable_to_peers"]:
+        lines.append(f"\nradixlm ran on {runs[0]['gpu']}; the peers' figures and the targets are for {PEERS_GPU}: "
+                     "no ratio or verdict across GPU models.")
     return "\n".join(lines)
 
 

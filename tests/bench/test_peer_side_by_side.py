@@ -82,6 +82,19 @@ def test_targets_match_issue_20():
         assert set(peer["decode_step_ms"]) == {str(b) for b in pss.BATCHES} and peer["source"]
 
 
+def test_another_gpu_model_gets_no_ratio_or_verdict(tmp_path):
+    runs = [{**_run(i, "warm", 4.2, 12.7, 8000, 11300, 9000, 20.0), "gpu": "NVIDIA H200"} for i in (1, 2)]
+    res = _merge(tmp_path, runs)
+    assert res["comparable_to_peers"] is False and all(t["met"] is None for t in res["targets"])
+    assert "| decode step, batch 256 (ms) | 12.70 | 12.70 / 12.70 | 16.31 | 16.49 | n/a | <= 15.0 | - |" in res["table"]
+    assert "ran on NVIDIA H200" in res["table"] and "yes" not in res["table"]
+    same = _merge(tmp_path, [{**r, "gpu": pss.PEERS_GPU} for r in runs])
+    assert same["comparable_to_peers"] is True  # no cold run: start-up alone has no verdict
+    assert [t["met"] for t in same["targets"]] == [True] * 5 + [None]
+    with pytest.raises(SystemExit):
+        _merge(tmp_path, [runs[0], {**runs[1], "gpu": pss.PEERS_GPU}])
+
+
 def test_one_configuration_per_merge(tmp_path):
     other = {**_run(2, "warm", 5.6, 14.9, 6330, 11000, 7150, 20.0), "name": "other"}
     with pytest.raises(SystemExit):
