@@ -11,6 +11,9 @@ the best beats torch's matmul by MARGIN.
 
     python benchmarks/cublaslt_tune.py --log $OUT/cublaslt_tune.json   # then commit the table it names
     python benchmarks/cublaslt_tune.py --merge --graph-sizes --budget-s 540   # every graph size, kept entries merged
+
+With no workspace, lm_head and gate_up past 384 rows have no configuration (their kernels all need one; 4 bytes on an
+H200): --workspace-mib (default 1) offers one, and an entry records the bytes its configuration needs.
 """
 from __future__ import annotations
 
@@ -34,13 +37,14 @@ MARGIN = 1.03
 ROWS = [48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 512, 640, 768, 1024]
 
 
-def tune_cell(lt: CublasLt, n: int, k: int, m: int, ws: list, budget_s: float) -> dict:
+def tune_cell(lt: CublasLt, n: int, k: int, m: int, ws: list, budget_s: float, workspace_mib: int = 0) -> dict:
     copies = len(ws)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     x2 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     ref, ref2 = torch.matmul(x, ws[0].t()), torch.matmul(x2, ws[0].t())
-    gemm = LtGemm(lt, m, n, k, torch.bfloat16)
+    workspace = torch.empty(workspace_mib << 20, dtype=torch.uint8, device="cuda") if workspace_mib else None
+    gemm = LtGemm(lt, m, n, k, torch.bfloat16, workspace)
     families = tuple(sorted({algo_config(lt, h.algo)["id"] for h in gemm.heuristic()}))
     gemm.candidates = enumerate_algos(gemm, splitks=(1,), max_custom=7, limit=60000, only_ids=families,
                                       clusters=tuple(range(0, 10)))
@@ -78,7 +82,8 @@ def tune_cell(lt: CublasLt, n: int, k: int, m: int, ws: list, budget_s: float) -
             "accepted": len(gemm.candidates), "timed": len(timed), "search_s": time.perf_counter() - t0}
     if finalists:
         best_us, index = finalists[0]
-        cell.update(us=best_us, config=configs[index], speedup=cublas_us / best_us)
+        cell.update(us=best_us, config=configs[index], speedup=cublas_us / best_us,
+                    workspace=gemm.candidates[index].workspace_size)
     return cell
 
 
@@ -90,6 +95,8 @@ def main() -> None:
                    help="tune every CUDA-graph size past the few-row kernels (default max) instead of --rows")
     p.add_argument("--cell-budget-s", type=float, default=6)
     p.add_argument("--budget-s", type=float, default=420)
+    p.add_argument("--workspace-mib", type=int, default=1,
+                   help="configurations that need a workspace up to this size too (0: none; entries record their need)")
     p.add_argument("--table", default=None, help="where to write the table (default: the runtime's path for this GPU)")
     p.add_argument("--merge", action="store_true", help="keep the table's entries for cells this run does not tune")
     p.add_argument("--log", default="cublaslt_tune.json")
@@ -117,14 +124,16 @@ def main() -> None:
             if time.perf_counter() - t0 > args.budget_s:
                 print("budget spent: stopping", flush=True)
                 break
-            cell = tune_cell(lt, n, k, m, ws, args.cell_budget_s) | {"shape": name}
+            cell = tune_cell(lt, n, k, m, ws, args.cell_budget_s, args.workspace_mib) | {"shape": name}
             cells.append(cell)
             won = cell.get("speedup", 0) >= MARGIN
             if won:
-                entries.append({key: cell[key] for key in ("n", "k", "m", "dtype", "config", "us", "cublas_us")})
+                entries.append({key: cell[key] for key in ("n", "k", "m", "dtype", "config", "us", "cublas_us")}
+                               | ({"workspace": cell["workspace"]} if cell["workspace"] else {}))
             print(f"{name:13s} M={m:5d}: cuBLAS {cell['cublas_us']:7.1f} us  best {cell.get('us', 0):7.1f} "
                   f"x{cell.get('speedup', 0):.3f} {'TABLE' if won else '     '} ({cell['timed']} timed of "
-                  f"{cell['accepted']} in {cell['search_s']:.1f} s) {cell.get('config')}", flush=True)
+                  f"{cell['accepted']} in {cell['search_s']:.1f} s) {cell.get('config')} "
+                  f"workspace {cell.get('workspace')}", flush=True)
             table.parent.mkdir(parents=True, exist_ok=True)
             table.write_text(json.dumps({"gpu": device, "torch": torch.__version__, "margin": MARGIN,
                                          "commands": commands, "entries": entries}, indent=1) + "\n")

@@ -34,7 +34,9 @@ def install(holders: list[tuple[str, object]], device: torch.device, table: list
             if m <= MMA_MAX_M or isinstance(choices.get(m), cublaslt.LtGemm):
                 continue
             lt = lt or cublaslt.CublasLt(device)
-            gemm = cublaslt.LtGemm(lt, m, n, k, weight.dtype)
+            workspace = entry.get("workspace", 0)  # bytes this configuration needs (own buffer: graphs replay it)
+            gemm = cublaslt.LtGemm(lt, m, n, k, weight.dtype,
+                                   torch.empty(workspace, dtype=torch.uint8, device=device) if workspace else None)
             algo = cublaslt.configured(gemm, entry["config"])
             if algo is not None:
                 gemm.candidates = [algo]

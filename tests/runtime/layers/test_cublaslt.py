@@ -33,6 +33,8 @@ def test_committed_tables_are_well_formed(path):
         assert e["dtype"] in ("bfloat16", "float16")
         assert set(e["config"]) == set(cublaslt._CONFIG) and e["config"]["splitk"] == 1
         assert e["us"] * table["margin"] <= e["cublas_us"]
+        assert set(e) <= {"n", "k", "m", "dtype", "config", "us", "cublas_us", "workspace"}
+        assert e.get("workspace", 1) > 0  # absent when the configuration needs none
 
 
 def test_kernel_of_names_memo_entries():
@@ -113,6 +115,10 @@ def test_install_takes_identical_entries_and_gemm_linear_runs_them(monkeypatch):
     layer(torch.randn(128, k, device="cuda", dtype=torch.bfloat16))  # no entry: torch's GEMM
     assert calls == [m]
     assert tuned_gemm.install([("layer", layer)], torch.device("cuda"), table) == 0  # the memo has it already
+    layer.gemm_choices.clear()
+    assert tuned_gemm.install([("layer", layer)], torch.device("cuda"), [{**entry, "workspace": 1 << 20}]) == 1
+    assert layer.gemm_choices[m].workspace_bytes == 1 << 20  # its own buffer, the size the entry names
+    assert torch.equal(layer(x), F.linear(x, layer.weight))
 
 
 class _FakeLib:
