@@ -37,7 +37,7 @@ MARGIN = 1.03
 ROWS = [48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 512, 640, 768, 1024]
 
 
-def tune_cell(lt: CublasLt, n: int, k: int, m: int, ws: list, budget_s: float, workspace_mib: int = 0) -> dict:
+def tune_cell(lt: CublasLt, n: int, k: int, m: int, ws: list, budget_s: float, workspace_mib: int = 1) -> dict:
     copies = len(ws)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     x2 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
