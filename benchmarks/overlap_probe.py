@@ -13,6 +13,11 @@ attention over ShareGPT-like contexts or a uniform one), --layers layers, CUDA-g
 
     python benchmarks/overlap_probe.py --out $OUT/overlap_probe.json
     python benchmarks/overlap_probe.py --carveouts 0 16 32 48 --out $OUT/overlap_carveout.json
+
+--sm-targets runs the GEMMs through cuBLASLt (layers/cublaslt.py, the heuristic's first algorithm) with its SM count
+target at each value (0: the device's count), a kernel that leaves the other SMs to the other stream's attention:
+
+    python benchmarks/overlap_probe.py --steps 1 60 150 --uniform 256 --sm-targets 0 120 104 88 66 --out $OUT/overlap_sm_targets.json
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.decode_ragged_probe import make_inputs  # noqa: E402
 from benchmarks.sharegpt_model import lengths  # noqa: E402
 from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention  # noqa: E402
+from radixlm.runtime.layers.cublaslt import CublasLt, LtGemm  # noqa: E402
 from radixlm.runtime.layers.fused_kernels import rmsnorm, silu_and_mul  # noqa: E402
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 32, 8, 128
@@ -44,22 +50,40 @@ class Layer:
         self.norm = torch.ones(HIDDEN, dtype=torch.bfloat16, device=dev)
 
 
+class LtLinear:
+    """F.linear through cuBLASLt with an SM count target: one LtGemm per (rows, weight shape), with no workspace (the
+    two streams share them)."""
+
+    def __init__(self, lt: CublasLt, sm_count: int):
+        self.lt, self.sm_count, self.gemms = lt, sm_count, {}
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        key = (x.shape[0], *w.shape)
+        gemm = self.gemms.get(key)
+        if gemm is None:
+            gemm = LtGemm(self.lt, x.shape[0], w.shape[0], w.shape[1], w.dtype, sm_count=self.sm_count)
+            self.gemms[key] = gemm
+            gemm.candidates = gemm.heuristic()
+        return gemm(x.contiguous(), w)
+
+
 class MicroBatch:
     """One micro-batch's rows: hidden states and its attention inputs (rows [lo, hi) of the batch)."""
 
     def __init__(self, x, q, k_buf, v_buf, table, rows, lens, max_len):
         self.x, self.q, self.kv = x, q, (k_buf, v_buf, table, rows, lens, max_len)
+        self.linear = F.linear
 
     def attn_part(self, layer: Layer):
         h = rmsnorm(self.x, layer.norm, 1e-5)
-        F.linear(h, layer.qkv)  # the projection's cost; the probe's q is fixed
+        self.linear(h, layer.qkv)  # the projection's cost; the probe's q is fixed
         k_buf, v_buf, table, rows, lens, max_len = self.kv
         o = decode_attention(self.q, k_buf, v_buf, table, rows, lens, HEAD_DIM ** -0.5, max_len, 1)
-        self.x = self.x + F.linear(o.view(o.shape[0], -1), layer.o)
+        self.x = self.x + self.linear(o.view(o.shape[0], -1), layer.o)
 
     def mlp_part(self, layer: Layer):
         h = rmsnorm(self.x, layer.norm, 1e-5)
-        self.x = self.x + F.linear(silu_and_mul(F.linear(h, layer.gate_up)), layer.down)
+        self.x = self.x + self.linear(silu_and_mul(self.linear(h, layer.gate_up)), layer.down)
 
 
 def run_serial(parts: list[MicroBatch], layers: list[Layer]):
@@ -102,9 +126,13 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--carveouts", type=int, nargs="+", default=[0],
                    help="SMs cuBLAS leaves free (torch._C._set_sm_carveout_experimental), for the other stream")
+    p.add_argument("--sm-targets", type=int, nargs="*", default=[],
+                   help="GEMMs through cuBLASLt with this SM count target (0: the device's), instead of carveouts")
     p.add_argument("--out", default="overlap_probe.json")
     args = p.parse_args()
     t0 = time.perf_counter()
+    lt = CublasLt("cuda") if args.sm_targets else None
+    modes = [("lt", t) for t in args.sm_targets] or [("torch", c) for c in args.carveouts]
     ins, outs = lengths()
     layers = [Layer("cuda") for _ in range(args.layers)]
     side = torch.cuda.Stream()
@@ -122,9 +150,17 @@ def main() -> None:
                               max(ctx[lo:hi]))
 
         whole, a, b = mb(0, bs), mb(0, half), mb(half, bs)
-        for carveout in args.carveouts:
+        for kind, value in modes:
+            linear = F.linear if kind == "torch" else LtLinear(lt, value)
+            for part in (whole, a, b):
+                part.linear = linear
+            carveout = value if kind == "torch" else 0
             torch._C._set_sm_carveout_experimental(carveout or None)
-            cell = {"case": name, "batch": bs, "mean_ctx": sum(ctx) / bs, "layers": args.layers, "carveout": carveout}
+            cell = {"case": name, "batch": bs, "mean_ctx": sum(ctx) / bs, "layers": args.layers, "carveout": carveout,
+                    "sm_target": value if kind == "lt" else None}
+            run_serial([whole, a, b], layers)  # descriptors and heuristics before any capture
+            run_streams(a, b, layers, side, True)
+            torch.cuda.synchronize()
             cell["serial_us"] = bench_us(lambda: run_serial([whole], layers))
             cell["halves_us"] = bench_us(lambda: run_serial([a, b], layers))
             cell["streams_us"] = bench_us(lambda: run_streams(a, b, layers, side, False))
@@ -132,7 +168,7 @@ def main() -> None:
             # The two parts alone (whole batch): what perfect overlap would approach.
             cell["attn_part_us"] = bench_us(lambda: [whole.attn_part(layer) for layer in layers])
             cell["mlp_part_us"] = bench_us(lambda: [whole.mlp_part(layer) for layer in layers])
-            print(f"{name:22s} bs {bs:4d} carveout {carveout:3d}: serial {cell['serial_us'] / args.layers:7.1f} "
+            print(f"{name:22s} bs {bs:4d} {kind} {value:3d}: serial {cell['serial_us'] / args.layers:7.1f} "
                   f"us/layer, halves {cell['halves_us'] / args.layers:7.1f}, streams "
                   f"{cell['streams_us'] / args.layers:7.1f}, stagger {cell['stagger_us'] / args.layers:7.1f} (attn "
                   f"part {cell['attn_part_us'] / args.layers:7.1f}, mlp part {cell['mlp_part_us'] / args.layers:7.1f})",

@@ -25,7 +25,7 @@ import torch
 _COMPUTE_32F = 68
 _R_32F, _R_16F, _R_16BF = 0, 2, 14
 _OP_N, _OP_T = 0, 1
-_DESC_TRANSA, _DESC_TRANSB = 3, 4
+_DESC_TRANSA, _DESC_TRANSB, _DESC_SM_COUNT_TARGET = 3, 4, 15
 _PREF_MAX_WORKSPACE_BYTES = 1
 _DTYPES = {torch.bfloat16: _R_16BF, torch.float16: _R_16F}
 
@@ -108,6 +108,7 @@ class LtGemm:
     k: int
     dtype: torch.dtype
     workspace: torch.Tensor | None = None  # None: only algorithms that need no workspace
+    sm_count: int = 0  # SMs the heuristic and the kernel may count on (0: the device's); fewer leave room beside it
     candidates: list = field(default_factory=list)
     algo_index: int = 0
 
@@ -115,7 +116,7 @@ class LtGemm:
         lib, check, kind = self.lt.lib, self.lt.check, _DTYPES[self.dtype]
         self.desc = ctypes.c_void_p()
         check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), _COMPUTE_32F, _R_32F), "MatmulDescCreate")
-        for attr, op in ((_DESC_TRANSA, _OP_T), (_DESC_TRANSB, _OP_N)):
+        for attr, op in ((_DESC_TRANSA, _OP_T), (_DESC_TRANSB, _OP_N), (_DESC_SM_COUNT_TARGET, self.sm_count)):
             value = ctypes.c_int32(op)
             check(lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(value), 4), "MatmulDescSetAttr")
         self.a_layout, self.b_layout, self.d_layout = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()

@@ -72,6 +72,20 @@ def test_heuristic_algorithms_compute_the_gemm():
 
 
 @needs_cuda
+def test_sm_count_target_still_computes_the_gemm():
+    lt = cublaslt.CublasLt()
+    m, n, k = 256, 1024, 512
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    g = cublaslt.LtGemm(lt, m, n, k, torch.bfloat16, sm_count=max(1, sms // 2))
+    g.candidates = g.heuristic()
+    assert g.candidates
+    ref = x.double() @ w.double().t()
+    assert ((g(x, w).double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@needs_cuda
 def test_configured_reproduces_an_algorithm():
     lt = cublaslt.CublasLt()
     m, n, k = 64, 256, 1024
