@@ -17,7 +17,8 @@ attention over ShareGPT-like contexts or a uniform one), --layers layers, CUDA-g
 --sm-targets runs the GEMMs through cuBLASLt (layers/cublaslt.py, the heuristic's first algorithm) with its SM count
 target at each value (0: the device's count), a kernel that leaves the other SMs to the other stream's attention:
 
-    python benchmarks/overlap_probe.py --steps 1 60 150 --uniform 256 --sm-targets 0 120 104 88 66 --out $OUT/overlap_sm_targets.json
+    python benchmarks/overlap_probe.py --steps 1 60 150 --uniform 256 --sm-targets 0 120 104 88 66 \
+        --out $OUT/overlap_sm_targets.json
 """
 from __future__ import annotations
 
