@@ -22,7 +22,7 @@ def test_buckets_split_prefill_and_decode_by_rows_with_busy_and_idle_time():
 
 
 def test_exclude_kernels_leaves_them_out_of_the_measured_choice(monkeypatch):
-    from radixlm.runtime.layers import gemm
+    from radixlm.runtime.kernels.gemm import dispatch as gemm
 
     seen = []
 

@@ -98,7 +98,7 @@ class TokenToKVPool:
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: (n, num_kv_heads, head_dim) or (n, num_kv_heads * head_dim); loc: (n,) slot indices."""
         if self._stores_rows(k, v):
-            from radixlm.runtime.layers.fused_kernels import store_kv
+            from radixlm.runtime.kernels.elementwise import store_kv
 
             store_kv(k, v, loc, self.k_buffer[layer_id], self.v_buffer[layer_id])
             return

@@ -26,7 +26,7 @@ from radixlm.runtime.executor.draft_runner import DraftModelRunner
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ForwardBatch, ForwardMode, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan
 from radixlm.runtime.executor.model_runner import ModelRunner
-from radixlm.runtime.layers.kernel_variants import EXTEND_WARMUP_LENS, uses_tree_masks
+from radixlm.runtime.kernels.startup import EXTEND_WARMUP_LENS, uses_tree_masks
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.model_loader.loader import _default_dtype, initialize_dummy_weights, safetensors_weights_iterator
 from radixlm.runtime.executor.eagle_aux import AuxStates, aux_layers, is_eagle3

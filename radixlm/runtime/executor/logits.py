@@ -10,7 +10,7 @@ import torch
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.executor.forward_batch import ForwardMode
 from radixlm.runtime.host_to_device import host_to_device
-from radixlm.runtime.layers import cpu_gemm, gemm
+from radixlm.runtime.kernels import gemm
 
 
 INPUT_LOGPROB_CHUNK_ROWS = 1024
@@ -73,11 +73,11 @@ class LogitsProcessor:
         self.lm_head = lm_head
         self.parallel = parallel
         self.vocab_size = vocab_size
-        self.packed_weight = cpu_gemm.pack_weight(lm_head.weight)
+        self.packed_weight = gemm.pack_weight(lm_head.weight)
         self.gemm_choices: dict[int, object] = {}  # as Linear's
 
     @property
-    def weight(self) -> torch.Tensor:  # the GEMM's weight, as a Linear holder's (layers/tuned_gemm.py)
+    def weight(self) -> torch.Tensor:  # the GEMM's weight, as a Linear holder's (kernels/gemm/tuned_gemm.py)
         return self.lm_head.weight
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 import torch
 
@@ -16,13 +15,11 @@ from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, Mo
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor, split_rows
 from radixlm.runtime.executor.spec_tree import TreeMask
+from radixlm.runtime.kernels import gemm
+from radixlm.runtime.kernels.startup import EXTEND_WARMUP_LENS, prepare_gemms, warm_up_kernels
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
 from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import DECODE_BLOCK_N
-from radixlm.runtime.layers.kernel_variants import EXTEND_WARMUP_LENS, WarmupPlan, uses_tree_masks, warmup_plan
-from radixlm.runtime.layers.moe.layer import FusedMoE
-from radixlm.runtime.layers.linear import Linear, Shard
-from radixlm.runtime.layers.radix_attention import RadixAttention
+from radixlm.runtime.layers.linear import Shard
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import load_model
 from radixlm.runtime.multimodal.embedder import EncoderCache, MultimodalEmbedder
@@ -50,14 +47,6 @@ def _physical_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def format_gemm_choices(counts: dict[str, dict[int, dict[str, int]]]) -> str:
-    """ModelRunner.gemm_choice_counts on one line: `qkv_proj 1: skinny 32, 2: cublas 30 + skinny_mma 2; o_proj ...`
-    (choice key: kernel and layers; keys past 4 are the tensor-core kernel's padded row counts)."""
-    return "; ".join(f"{name} " + ", ".join(f"{key}: " + " + ".join(f"{kernel} {n}" for kernel, n in kernels.items())
-                                            for key, kernels in by_key.items())
-                     for name, by_key in counts.items())
-
-
 class ModelRunner:
     def __init__(self, server_args: ServerArgs, model_config: ModelConfig, device: str, parallel: Parallel = SINGLE):
         self.server_args = server_args
@@ -69,17 +58,8 @@ class ModelRunner:
         # This rank's KV heads (all of them without tensor parallelism).
         self.num_kv_heads = Shard.heads(model_config.num_kv_heads, 1, parallel, "num_key_value_heads").local
         self.model.eval()
-        if torch.device(device).type == "cpu":
-            for module in self.model.modules():
-                if hasattr(module, "pack_for_cpu"):
-                    module.pack_for_cpu()
         self.logits_processor = LogitsProcessor(self.model.lm_head, model_config.vocab_size, parallel)
-        self._share_gemm_choices()
-        sixteen_bit = model_config.dtype in (torch.bfloat16, torch.float16)
-        if self.is_cuda and sixteen_bit and not server_args.disable_tuned_gemm:
-            from radixlm.runtime.layers import tuned_gemm
-
-            logger.info("tuned cuBLASLt GEMMs installed: %d", tuned_gemm.install(self.gemm_holders(), self.device))
+        prepare_gemms(self, tuned=not server_args.disable_tuned_gemm)
         self.mm_embedder = (MultimodalEmbedder(self.model, EncoderCache(server_args.mm_encoder_cache_mb << 20))
                             if hasattr(self.model, "encode_items") else None)
 
@@ -101,14 +81,12 @@ class ModelRunner:
         if backend == "auto":
             backend = "triton" if self.is_cuda else "torch_native"
         self.attn_backend = ATTENTION_BACKENDS[backend](self)
-        logger.info(
-            "KV pool: %d tokens (%.1f MiB), max running requests %d",
-            self.max_total_num_tokens, self.token_to_kv_pool.mem_bytes() / 2**20, self.max_running_requests,
-        )
+        logger.info("KV pool: %d tokens (%.1f MiB), max running requests %d", self.max_total_num_tokens,
+                    self.token_to_kv_pool.mem_bytes() / 2**20, self.max_running_requests)
         self.graph_runner: CudaGraphRunner | None = None
         graph_max_bs = self.graph_max_bs()
         if self.is_cuda:
-            self.warm_up_kernels(graph_max_bs)
+            warm_up_kernels(self, graph_max_bs)
         if graph_max_bs:
             self.graph_runner = CudaGraphRunner(self, graph_max_bs)
         if self.is_cuda:
@@ -164,130 +142,27 @@ class ModelRunner:
         args = self.server_args
         if not (self.is_cuda and not args.disable_cuda_graph and self.attn_backend.supports_cuda_graph):
             return 0
-        return min(args.cuda_graph_max_bs or CUDA_GRAPH_DEFAULT_MAX_BS, self.max_running_requests * DECODE_ROWS_PER_REQ)
+        return min(args.cuda_graph_max_bs or CUDA_GRAPH_DEFAULT_MAX_BS, self.max_pass_rows)
 
-    def warmup_plan(self, graph_max_bs: int) -> WarmupPlan:
-        has_moe = any(isinstance(m, FusedMoE) for m in self.model.modules())
-        return warmup_plan(self.model_config.context_len, self.num_kv_heads, graph_max_bs,
-                           eager_token_rows_any_size=self.mm_embedder is not None, has_moe=has_moe,
-                           tree_masks=uses_tree_masks(self.server_args, self.attn_backend.supports_tree_mask),
-                           shared_prefix=self.takes_shared_prefixes,
-                           max_rows=self.max_running_requests * DECODE_ROWS_PER_REQ)
+    @property
+    def max_pass_rows(self) -> int:
+        """The most rows a decode pass can have."""
+        return self.max_running_requests * DECODE_ROWS_PER_REQ
 
     @property
     def takes_shared_prefixes(self) -> bool:
         """Whether eager decode passes read ModelWorkerBatch.shared_prefixes (the planner forms groups only then)."""
         return not self.server_args.disable_shared_prefix_decode and self.attn_backend.supports_shared_prefix
 
-    @torch.inference_mode()
-    def warm_up_kernels(self, graph_max_bs: int) -> None:
-        """Builds, before the first request, every Triton kernel variant that eager passes can meet (CUDA-graph
-        capture builds those of the captured passes); layers/kernel_variants.py lists them and why. Otherwise the
-        first pass that needs one waits for the compiler (0.1-0.6 s each on an H100) in the middle of serving."""
-        t0 = time.perf_counter()
-        plan = self.warmup_plan(graph_max_bs)
-        if self.is_cuda:
-            self._build_in_parallel(plan)
-        self._warm_up_passes(plan)
-        if self.is_cuda:
-            torch.cuda.synchronize()
-        logger.info("kernel warm-up (eager passes of %s rows, decode splits %s%s%s%s) in %.2f s",
-                    list(plan.token_row_batches), plan.decode_splits, ", MoE configs" if plan.moe else "",
-                    ", tree masks" if plan.tree_masks else "",
-                    f", shared prefixes {plan.shared_prefix}" if plan.shared_prefix else "", time.perf_counter() - t0)
-        choices = self.gemm_choice_counts()
-        if choices:
-            logger.info("few-row GEMMs' kernels (rows or padded rows: kernel layers): %s", format_gemm_choices(choices))
-
-    def _build_in_parallel(self, plan: WarmupPlan) -> None:
-        """Builds in threads (layers/kernel_builds.py) what the warm-up passes would build one kernel after another:
-        the skinny GEMM's autotune configs, the tensor-core GEMM's variants, and (but for MoE models) what a discovery
-        run of the passes launches unbuilt."""
-        from radixlm.runtime.layers import skinny_gemm, skinny_mma
-        from radixlm.runtime.layers.attention.triton_ops.decode_work import _decode_work
-        from radixlm.runtime.layers.epilogue import kernel_head_dim
-        from radixlm.runtime.layers.kernel_builds import ParallelBuilds
-
-        t0 = time.perf_counter()
-        # Inline: the autotuned skinny GEMM, and the decode work list (its table indexes the decode kernels' reads).
-        builds = ParallelBuilds(self.device, inline=(skinny_gemm._skinny_kernel.fn, _decode_work))
-        dtype = self.model_config.dtype
-        if dtype in (torch.bfloat16, torch.float16):
-            biases = {False} | {m.bias is not None for m in self.model.modules() if isinstance(m, Linear)}
-            head_dim = self.model_config.head_dim
-            epilogue = kernel_head_dim(head_dim) and any(getattr(m, "takes_rotary_epilogue", False)
-                                                         for m in self.model.modules())
-            skinny_gemm.prebuild(builds, dtype, self.device, tuple(sorted(biases)), head_dim if epilogue else 0)
-            skinny_mma.prebuild(builds, dtype, self.device, tuple(sorted(biases)))
-        if not plan.moe:
-            self._discover_kernels(plan, builds)
-        n = builds.finish()
-        logger.info("kernel warm-up: %d kernels built or loaded in parallel in %.2f s", n, time.perf_counter() - t0)
-
-    def _discover_kernels(self, plan: WarmupPlan, builds) -> None:
-        """The warm-up passes with unbuilt kernels' launches skipped and their builds handed to `builds`. Their few-row
-        GEMMs take cuBLAS, unmeasured (the builds load the host): the real run measures them."""
-        from radixlm.runtime.layers.gemm import GemmKernel, choice_keys
-
-        holders = [h for _, h in self.gemm_holders()]
-        measured = [h.gemm_choices for h in holders]
-        try:
-            for h in holders:
-                h.gemm_choices = dict.fromkeys(choice_keys(), GemmKernel.CUBLAS)
-            with builds.discover():
-                self._warm_up_passes(plan)
-        finally:
-            for h, choices in zip(holders, measured):
-                h.gemm_choices = choices
-
-    def gemm_holders(self) -> list[tuple[str, object]]:
+    def gemm_holders(self) -> list[tuple[str, gemm.GemmHolder]]:
         """(name, holder) of every few-row GEMM choice memo (gemm.linear's): the model's layers, then the lm_head."""
         layers = [(n, m) for n, m in self.model.named_modules() if hasattr(m, "gemm_choices")]
         return layers + [("lm_head", self.logits_processor)]
 
-    def _share_gemm_choices(self) -> None:
-        """Layers of one kind and weight shape share one few-row GEMM choice memo, which gemm.linear then measures once
-        for them all: measured per layer, an 8B model's start-up timed each choice 32 times over, and the layers'
-        choices differed only where the two candidates were within the timing's noise (qkv_proj at two rows: 1/31 and
-        2/30 layers on the skinny kernel in two start-ups, kernels_h100/skinny_mma_ab/probe.log)."""
-        memos: dict[tuple, dict] = {}
-        for name, holder in self.gemm_holders():
-            weight = getattr(holder, "weight", None)
-            if weight is not None:
-                has_bias = getattr(holder, "bias", None) is not None
-                kind = (name.rsplit(".", 1)[-1], tuple(weight.shape), weight.dtype, has_bias)
-                holder.gemm_choices = memos.setdefault(kind, holder.gemm_choices)
-
     def gemm_choice_counts(self) -> dict[str, dict[int, dict[str, int]]]:
-        """Per GEMM (the layer's attribute name: qkv_proj, o_proj, ..., lm_head) and choice key: how many layers take
-        each kernel (gemm.GemmKernel, lower case) by gemm.linear's measurement (empty off CUDA)."""
-        from radixlm.runtime.layers.gemm import kernel_of
+        return gemm.gemm_choice_counts(self.gemm_holders())
 
-        counts: dict[str, dict[int, dict[str, int]]] = {}
-        for name, holder in self.gemm_holders():
-            for key, kernel in sorted(holder.gemm_choices.items()):
-                by_kernel = counts.setdefault(name.rsplit(".", 1)[-1], {}).setdefault(key, {})
-                kernel = kernel_of(kernel).name.lower()
-                by_kernel[kernel] = by_kernel.get(kernel, 0) + 1
-        return counts
-
-    def _warm_up_passes(self, plan: WarmupPlan) -> None:
-        self.warm_up_extend(tree_masks=plan.tree_masks)
-        # Every row count up to the skinny GEMM's limit and one per tensor-core BLOCK_M (the layers' Triton-vs-cuBLAS
-        # choices), then one request at each split count an eager decode pass can meet: seq_len 256 * (s - 1) + 1
-        # gives s splits for one request.
-        passes = [(bs, 1) for bs in plan.token_row_batches]
-        if isinstance(self.attn_backend, TritonAttnBackend):
-            passes += [(1, DECODE_BLOCK_N * 4 * (s - 1) + 1) for s in plan.decode_splits if s > 1]
-        for bs, seq_len in passes:
-            self._warm_up_token_rows(bs, seq_len)
-        if plan.shared_prefix:
-            self.attn_backend.warm_up_shared_prefix(
-                next(m for m in self.model.modules() if isinstance(m, RadixAttention)), plan.shared_prefix)
-        if plan.moe and self.is_cuda:
-            self._warm_up_moe()
-
-    def _warm_up_token_rows(self, bs: int, seq_len: int) -> None:
+    def warm_up_token_rows(self, bs: int, seq_len: int) -> LogitsOutput:
         """An eager TOKEN_ROWS pass of bs requests, each at position seq_len - 1 of request row 0 (KV slot 0)."""
         z = torch.zeros(bs, dtype=torch.int64, device=self.device)
         fb = ForwardBatch(
@@ -295,33 +170,7 @@ class ModelRunner:
             req_pool_indices=z, seq_lens=z + seq_len, seq_lens_cpu=[seq_len] * bs, out_cache_loc=z,
             req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.token_to_kv_pool,
             attn_backend=self.attn_backend)
-        out = self._run(fb, LogitsPlan(sample_rows=list(range(bs))))
-        if self.is_cuda:
-            from radixlm.runtime.layers.argmax import argmax_rows
-
-            # The sampler's greedy kernels (a Triton pair on CUDA): on the model's dtype in a plain greedy pass, on
-            # float32 after penalties or a grammar's mask.
-            argmax_rows(out.next_token_logits)
-            argmax_rows(out.as_float().next_token_logits)
-
-    def _warm_up_moe(self) -> None:
-        """Each MoE layer shape once per GEMM config a pass can reach (one token: the config is forced)."""
-        from radixlm.runtime.layers.moe.fused_moe import TRITON_CHUNK_TOKENS, fused_experts_triton, reachable_configs
-
-        seen = set()
-        for m in self.model.modules():
-            if not isinstance(m, FusedMoE):
-                continue
-            w13, w2 = m.w13_weight, m.w2_weight
-            key = (tuple(w13.shape), tuple(w2.shape), w13.dtype, m.top_k, m.expert_start, m.num_experts)
-            if key in seen:
-                continue
-            seen.add(key)
-            hidden = torch.zeros(1, w13.shape[2], dtype=w13.dtype, device=self.device)
-            ids = (torch.arange(m.top_k, dtype=torch.int32, device=self.device) % m.num_experts).reshape(1, -1)
-            weights = torch.ones(1, m.top_k, dtype=torch.float32, device=self.device)
-            for cfg in reachable_configs(TRITON_CHUNK_TOKENS, m.top_k, w13.shape[0], w13.dtype):
-                fused_experts_triton(hidden, w13, w2, weights, ids, m.expert_start, m.num_experts, config=cfg)
+        return self._run(fb, LogitsPlan(sample_rows=list(range(bs))))
 
     @torch.inference_mode()
     def warm_up_extend(self, tree_masks: bool = False) -> None:

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.runtime.layers.prologue import Prologue, PrologueKind
+from radixlm.runtime.kernels.gemm import Prologue, PrologueKind
 
 
 class SiluAndMul(nn.Module):
@@ -13,7 +13,7 @@ class SiluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and x.dim() == 2:
-            from radixlm.runtime.layers.fused_kernels import silu_and_mul
+            from radixlm.runtime.kernels.elementwise import silu_and_mul
 
             return silu_and_mul(x)
         d = x.shape[-1] // 2

@@ -15,9 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel, divide
-from radixlm.runtime.layers import cpu_gemm, gemm
-from radixlm.runtime.layers.epilogue import RotaryStore
-from radixlm.runtime.layers.prologue import Prologue
+from radixlm.runtime.kernels import gemm
+from radixlm.runtime.kernels.gemm import Prologue, RotaryStore
 
 
 def copy_checked(dst: torch.Tensor, src, what: str) -> None:
@@ -67,7 +66,7 @@ class Linear(nn.Module):
         self.gemm_choices: dict[int, object] = {}
 
     def pack_for_cpu(self) -> None:
-        self.packed_weight = cpu_gemm.pack_weight(self.weight)
+        self.packed_weight = gemm.pack_weight(self.weight)
 
     def forward(self, x: torch.Tensor, prologue: Prologue | None = None,
                 epilogue: RotaryStore | None = None) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixlm.runtime.layers.prologue import Prologue, PrologueKind
+from radixlm.runtime.kernels.gemm import Prologue, PrologueKind
 
 
 class RMSNorm(nn.Module):
@@ -25,7 +25,7 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if x.is_cuda and x.dim() == 2:
-            from radixlm.runtime.layers.fused_kernels import rmsnorm
+            from radixlm.runtime.kernels.elementwise import rmsnorm
 
             return rmsnorm(x, self.weight, self.variance_epsilon, residual)
         if residual is None:

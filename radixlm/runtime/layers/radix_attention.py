@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from radixlm.runtime.layers.epilogue import MAX_ROWS, RotaryStore
+from radixlm.runtime.kernels.gemm import EPILOGUE_MAX_ROWS, RotaryStore
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.forward_batch import ForwardBatch
@@ -28,7 +28,7 @@ class RadixAttention(nn.Module):
         kernel can (not on CUDA, more rows than epilogue.MAX_ROWS) or the pass stores no KV."""
         rope, positions = rotary
         pool = forward_batch.token_to_kv_pool
-        if (not positions.is_cuda or positions.shape[-1] > MAX_ROWS or pool is None
+        if (not positions.is_cuda or positions.shape[-1] > EPILOGUE_MAX_ROWS or pool is None
                 or forward_batch.out_cache_loc is None):
             return None
         return RotaryStore(rope, positions, forward_batch.out_cache_loc, pool.get_key_buffer(self.layer_id),

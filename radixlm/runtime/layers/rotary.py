@@ -59,7 +59,7 @@ class RotaryEmbedding(nn.Module):
         """positions: (T,); query: (T, Hq * head_size); key: (T, Hk * head_size)."""
         self.cos_sin_on(positions.device)
         if self.fused(positions, query):
-            from radixlm.runtime.layers.fused_kernels import rotary_
+            from radixlm.runtime.kernels.elementwise import rotary_
 
             rotary_(positions, query, key, self.cos_sin_cache, self.head_size)  # in place, same rounding
             return query, key
@@ -85,7 +85,7 @@ class RotaryEmbedding(nn.Module):
                           loc: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor) -> None:
         """forward's rotation in place, with k_buf[loc] = the rotated key and v_buf[loc] = value in the same launch
         (only where fused())."""
-        from radixlm.runtime.layers.fused_kernels import rotary_
+        from radixlm.runtime.kernels.elementwise import rotary_
 
         self.cos_sin_on(positions.device)
         rotary_(positions, query, key, self.cos_sin_cache, self.head_size, (value, loc, k_buf, v_buf))

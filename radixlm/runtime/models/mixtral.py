@@ -10,8 +10,8 @@ from torch import nn
 from radixlm.runtime.distributed.parallel import Parallel
 from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.layers.moe import FusedMoE
-from radixlm.runtime.layers.moe.layer import expert_weight_name
-from radixlm.runtime.layers.prologue import Prologue, apply
+from radixlm.runtime.layers.moe import expert_weight_name
+from radixlm.runtime.kernels.gemm import Prologue, apply_prologue
 from radixlm.runtime.models.mistral import MistralForCausalLM
 
 # Checkpoint: model.layers.{i}.block_sparse_moe.experts.{e}.w{1,2,3}.weight
@@ -27,7 +27,7 @@ class MixtralMoE(nn.Module):
                                 config.intermediate_size, renormalize=True, parallel=parallel)
 
     def forward(self, hidden: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
-        hidden = apply(prologue, hidden)
+        hidden = apply_prologue(prologue, hidden)
         return self.experts(hidden, self.gate(hidden))
 
 

@@ -13,12 +13,12 @@ import torch
 from torch import nn
 
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
-from radixlm.runtime.layers import gemm
+from radixlm.runtime.kernels import gemm
 from radixlm.runtime.layers.activation import SiluAndMul
 from radixlm.runtime.layers.linear import ColumnParallelLinear, Linear, RowParallelLinear, Shard
 from radixlm.runtime.layers.moe import FusedMoE
-from radixlm.runtime.layers.moe.layer import expert_weight_name
-from radixlm.runtime.layers.prologue import Prologue, apply
+from radixlm.runtime.layers.moe import expert_weight_name
+from radixlm.runtime.kernels.gemm import Prologue, apply_prologue
 from radixlm.runtime.models.llama import LlamaForCausalLM, LlamaMLP
 
 # Checkpoint: model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight
@@ -63,7 +63,7 @@ class QwenSparseMoeBlock(nn.Module):
             self.shared_expert = self.shared_expert_gate = None
 
     def forward(self, hidden: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
-        hidden = apply(prologue, hidden)
+        hidden = apply_prologue(prologue, hidden)
         out = self.experts(hidden, self.gate(hidden))
         if self.shared_expert is None:
             return out

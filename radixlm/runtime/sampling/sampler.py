@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.runtime.layers.argmax import argmax_rows
+from radixlm.runtime.kernels.elementwise import argmax_rows
 from radixlm.runtime.sampling.penalties import apply_penalties_and_bias
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 

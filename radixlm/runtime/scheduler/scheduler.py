@@ -24,7 +24,7 @@ from radixlm.runtime.executor.eagle_runner import EagleRunner
 from radixlm.runtime.executor.logits import LogitsOutput
 from radixlm.runtime.grammar.backend import GrammarCache
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import SHARED_PREFIX_MIN_LEN
+from radixlm.runtime.kernels.attention import SHARED_PREFIX_MIN_LEN
 from radixlm.runtime.messages import ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo

@@ -133,8 +133,8 @@ def test_cuda_graphs_and_overlap_match_eager_synchronous(tiny_cuda_model, dtype)
 
 def _compiled_variants() -> dict[str, int]:
     """How many variants of each of our Triton kernels are compiled (Triton's per-device kernel caches)."""
-    from radixlm.runtime.layers import fused_kernels
-    from radixlm.runtime.layers.attention.triton_ops import extend_attention
+    from radixlm.runtime.kernels.elementwise import fused_kernels
+    from radixlm.runtime.kernels.attention import extend_attention
 
     kernels = {"extend": extend_attention._extend_kernel, "rotary": fused_kernels._rotary_kernel,
                "store_kv": fused_kernels._store_kv_kernel, "rmsnorm": fused_kernels._rmsnorm_kernel}
@@ -275,7 +275,7 @@ def test_cuda_tuned_gemms_change_no_token(tiny_cuda_model, monkeypatch):
     import torch.nn.functional as F
 
     import radixlm
-    from radixlm.runtime.layers import cublaslt
+    from radixlm.runtime.kernels.gemm import cublaslt
 
     lt, m, table = cublaslt.CublasLt(), 48, []
     for n, k in [(192, 128), (128, 128), (512, 128), (128, 256), (VOCAB, 128)]:  # qkv, o, gate_up, down, lm_head

@@ -37,9 +37,9 @@ def test_warm_up_kernels_runs_every_planned_variant(tiny_model_dir, monkeypatch)
     the skinny GEMM's and each tensor-core GEMM's BLOCK_M, and both extend tiles (the passes recorded, not run: there
     is no GPU here)."""
     from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
-    from radixlm.runtime.layers.attention.triton_ops.decode_splits import decode_num_splits
-    from radixlm.runtime.layers.kernel_variants import decode_eager_splits, mma_warmup_rows
-    from radixlm.runtime.layers.skinny_gemm import SKINNY_MAX_M
+    from radixlm.runtime.kernels.attention.decode_splits import decode_num_splits
+    from radixlm.runtime.kernels.startup.kernel_variants import decode_eager_splits, mma_warmup_rows
+    from radixlm.runtime.kernels.gemm.skinny_gemm import SKINNY_MAX_M
 
     runner = make_scheduler(tiny_model_dir).runner
     runner.attn_backend = TritonAttnBackend(runner)
@@ -75,7 +75,7 @@ def test_gemm_choice_counts_by_layer_kind_and_rows(tiny_model_dir):
     memos = {name.rsplit(".", 1)[-1]: {id(h.gemm_choices) for n, h in holders.items() if n.endswith(name)}
              for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
     assert all(len(ids) == 1 for ids in memos.values()) and len(set.union(*memos.values())) == 4
-    from radixlm.runtime.layers.gemm import GemmKernel
+    from radixlm.runtime.kernels.gemm.dispatch import GemmKernel
 
     holders[qkv[0]].gemm_choices.update({1: GemmKernel.SKINNY, 2: GemmKernel.CUBLAS, 16: GemmKernel.SKINNY_MMA})
     holders["lm_head"].gemm_choices[1] = GemmKernel.CUBLAS

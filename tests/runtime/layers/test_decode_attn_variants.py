@@ -51,9 +51,9 @@ def check_work_lists(device: str) -> None:
     parts covering each request, -1 past the list, and each request's first entry and count."""
     import random
 
-    from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
+    from radixlm.runtime.kernels.attention.decode_splits import (
         DECODE_BLOCK_N, DECODE_CHUNK_MAX_ROWS, decode_chunk_capacity, decode_chunk_layout)
-    from radixlm.runtime.layers.attention.triton_ops.decode_work import decode_work_list
+    from radixlm.runtime.kernels.attention.decode_work import decode_work_list
 
     rng = random.Random(3)
     for trial in range(12):
@@ -77,10 +77,10 @@ def check_work_lists(device: str) -> None:
 
 
 def run_cases(device: str) -> None:
-    from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention
+    from radixlm.runtime.kernels.attention.decode import decode_attention
 
     check_work_lists(device)
-    from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
+    from radixlm.runtime.kernels.attention.decode_splits import (
         DECODE_CHUNK_MAX_ROWS, DECODE_WIDE_BLOCK_N, decode_block_n, decode_chunk_capacity, decode_chunk_layout,
         decode_num_splits, decode_wide_rows)
 
@@ -136,7 +136,7 @@ if __name__ == "__main__":
 def test_chunk_layout_fits_its_capacity_and_covers_every_position(seed):
     import random
 
-    from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
+    from radixlm.runtime.kernels.attention.decode_splits import (
         DECODE_BLOCK_N, DECODE_CHUNK_MAX_ROWS, decode_chunk_capacity, decode_chunk_layout)
 
     rng = random.Random(seed)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 
-from radixlm.runtime.layers.attention.triton_ops.extend_blocks import extend_block_m, extend_blocks
+from radixlm.runtime.kernels.attention.extend_blocks import extend_block_m, extend_blocks
 
 
 def test_block_m_follows_the_longest_extend():

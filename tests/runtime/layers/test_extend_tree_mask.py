@@ -101,7 +101,7 @@ def reference(q, k_buf, v_buf, req_to_token, rows, reqs, scale) -> torch.Tensor:
 
 
 def launch(q, k_buf, v_buf, req_to_token, rows, reqs, scale, masks: bool):
-    from radixlm.runtime.layers.attention.triton_ops.extend_attention import extend_attention
+    from radixlm.runtime.kernels.attention.extend import extend_attention
 
     dev = q.device
     prefix = torch.tensor([p for p, _, _ in reqs], device=dev)
@@ -136,7 +136,7 @@ PASSES = [
 
 
 def kernel_cases(device: str) -> None:
-    from radixlm.runtime.layers.attention.triton_ops.extend_attention import extend_attention
+    from radixlm.runtime.kernels.attention.extend import extend_attention
 
     dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if device == "cuda" else [])
     rng = random.Random(0)

@@ -26,7 +26,7 @@ def _close(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, exact_bf16:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens, hidden", [(1, 576), (7, 4096), (300, 896), (0, 64)])
 def test_rmsnorm_with_and_without_residual(dtype, tokens, hidden):
-    from radixlm.runtime.layers.fused_kernels import rmsnorm
+    from radixlm.runtime.kernels.elementwise.fused_kernels import rmsnorm
     from radixlm.runtime.layers.norm import RMSNorm
 
     torch.manual_seed(tokens + hidden)
@@ -46,7 +46,7 @@ def test_rmsnorm_with_and_without_residual(dtype, tokens, hidden):
 def test_silu_and_mul(dtype, tokens, d):
     import torch.nn.functional as F
 
-    from radixlm.runtime.layers.fused_kernels import silu_and_mul
+    from radixlm.runtime.kernels.elementwise.fused_kernels import silu_and_mul
 
     x = torch.randn(tokens, 2 * d, device="cuda", dtype=dtype) * 4
     _close(silu_and_mul(x), F.silu(x[:, :d]) * x[:, d:], dtype)
@@ -127,7 +127,7 @@ def test_rotated_kv_store_equals_rotation_then_store(dtype, tokens, q_heads, kv_
 
 @pytest.mark.parametrize("rows, vocab", [(1, 128256), (3, 151936), (256, 32000), (2, 100)])
 def test_argmax_rows_equals_torch_argmax(rows, vocab):
-    from radixlm.runtime.layers.argmax import argmax_rows
+    from radixlm.runtime.kernels.elementwise.argmax import argmax_rows
 
     torch.manual_seed(rows)
     for dtype in (torch.float32, torch.bfloat16):
@@ -143,7 +143,7 @@ def test_argmax_rows_equals_torch_argmax(rows, vocab):
 @pytest.mark.parametrize("m, n, k, bias", [(1, 4096, 14336, False), (2, 1000, 576, True), (3, 77, 64, True),
                                            (4, 28672, 4096, False), (2, 6144, 4100, False)])
 def test_skinny_linear_matches_a_float32_reference(dtype, m, n, k, bias):
-    from radixlm.runtime.layers.skinny_gemm import skinny_linear, usable
+    from radixlm.runtime.kernels.gemm.skinny_gemm import skinny_linear, usable
 
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     w = torch.randn(n, k, device="cuda", dtype=dtype) * k**-0.5
@@ -159,7 +159,7 @@ def test_skinny_linear_matches_a_float32_reference(dtype, m, n, k, bias):
 def test_gemm_dispatch_measures_once_per_row_count_and_matches_cublas():
     import torch.nn.functional as F
 
-    from radixlm.runtime.layers import gemm
+    from radixlm.runtime.kernels.gemm import dispatch as gemm
 
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
     choices: dict[int, bool] = {}
@@ -172,7 +172,7 @@ def test_gemm_dispatch_measures_once_per_row_count_and_matches_cublas():
 def test_gemm_timing_replays_each_candidate_and_ranks_a_heavier_one_slower():
     """gemm._time_us times each candidate's CUDA-graph replay: the calls' effects land (here: eight matmuls against
     one), the heavier candidate measures slower, and no capture is left open on the caller's stream."""
-    from radixlm.runtime.layers import gemm
+    from radixlm.runtime.kernels.gemm import dispatch as gemm
 
     a = torch.randn(1024, 1024, device="cuda")
     outs = torch.zeros(2, device="cuda")
@@ -195,7 +195,7 @@ def test_gemm_timing_replays_each_candidate_and_ranks_a_heavier_one_slower():
 def test_gemm_timing_holds_no_memory_past_its_measurements():
     """Start-up times hundreds of GEMMs: once the allocator's cache is emptied (as the decode graphs' capture does),
     the measurements' graphs and streams leave no memory reserved (a cuBLAS workspace per stream would)."""
-    from radixlm.runtime.layers import gemm
+    from radixlm.runtime.kernels.gemm import dispatch as gemm
 
     w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16)
@@ -212,7 +212,7 @@ def test_gemm_timing_holds_no_memory_past_its_measurements():
 def _prologue_case(kind, m: int, k: int, dtype):
     from radixlm.runtime.layers.activation import SiluAndMul
     from radixlm.runtime.layers.norm import RMSNorm
-    from radixlm.runtime.layers.prologue import Prologue, PrologueKind
+    from radixlm.runtime.kernels.gemm.prologue import Prologue, PrologueKind
 
     if kind is PrologueKind.SILU_MUL:
         return Prologue(kind, SiluAndMul()), torch.randn(m, 2 * k, device="cuda", dtype=dtype) * 3
@@ -226,7 +226,7 @@ def _prologue_case(kind, m: int, k: int, dtype):
 def _epilogue_case(hq: int, hkv: int, head_dim: int, dtype):
     """A RotaryStore of one token (position 3000, KV slot 5) into a fresh one-layer pool."""
     from radixlm.runtime.cache.memory_pool import TokenToKVPool
-    from radixlm.runtime.layers.epilogue import RotaryStore
+    from radixlm.runtime.kernels.gemm.epilogue import RotaryStore
     from radixlm.runtime.layers.rotary import get_rope
 
     pool = TokenToKVPool(16, 1, dtype, 1, hkv, head_dim, "cuda")
@@ -242,7 +242,7 @@ def test_gemm_dispatch_applies_the_epilogue_on_the_skinny_kernel_only():
 
     import torch.nn.functional as F
 
-    from radixlm.runtime.layers import gemm
+    from radixlm.runtime.kernels.gemm import dispatch as gemm
 
     hq, hkv, d = 32, 8, 128
     w = torch.randn((hq + 2 * hkv) * d, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -269,8 +269,8 @@ def test_skinny_prologue_matches_the_unfused_step(dtype, m, kind_name):
     float32 sum of squares is taken in another order, which may move a rare input by one unit in the last place."""
     import dataclasses
 
-    from radixlm.runtime.layers.prologue import PrologueKind
-    from radixlm.runtime.layers.skinny_gemm import skinny_linear, usable
+    from radixlm.runtime.kernels.gemm.prologue import PrologueKind
+    from radixlm.runtime.kernels.gemm.skinny_gemm import skinny_linear, usable
 
     kind = PrologueKind[kind_name]
     torch.manual_seed(m)
@@ -299,8 +299,8 @@ def test_gemm_dispatch_with_a_prologue_sets_the_residual_either_way():
 
     import torch.nn.functional as F
 
-    from radixlm.runtime.layers import gemm
-    from radixlm.runtime.layers.prologue import PrologueKind
+    from radixlm.runtime.kernels.gemm import dispatch as gemm
+    from radixlm.runtime.kernels.gemm.prologue import PrologueKind
 
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
     for m, key in ((1, 1), (4, 4), (9, 16)):
@@ -318,9 +318,9 @@ def test_skinny_prebuild_builds_every_kernel_the_autotuner_launches():
     fuses them, prologue) builds nothing."""
     from triton import knobs
 
-    from radixlm.runtime.layers import skinny_gemm
-    from radixlm.runtime.layers.kernel_builds import ParallelBuilds
-    from radixlm.runtime.layers.prologue import PrologueKind
+    from radixlm.runtime.kernels.gemm import skinny_gemm
+    from radixlm.runtime.kernels.startup.kernel_builds import ParallelBuilds
+    from radixlm.runtime.kernels.gemm.prologue import PrologueKind
 
     builds = ParallelBuilds("cuda")
     n = skinny_gemm.prebuild(builds, torch.bfloat16, "cuda", (False, True), epilogue_head_dim=128)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from radixlm.runtime.distributed.parallel import Parallel
 from radixlm.runtime.layers.moe import FusedMoE, fused_experts, select_experts
-from radixlm.runtime.layers.moe.fused_moe import align_pairs, fused_experts_torch
+from radixlm.runtime.kernels.moe.fused_moe import align_pairs, fused_experts_torch
 from tests.triton_interpret import interpreter_works, run_under_interpreter
 
 
@@ -114,8 +114,8 @@ def test_align_pairs_layout(block_m, expert_start, n_local):
 
 def _triton_cases(device: str) -> None:
     """The Triton path against the torch path (run on CUDA, or on CPU under TRITON_INTERPRET=1)."""
-    from radixlm.runtime.layers.moe import fused_moe
-    from radixlm.runtime.layers.moe.fused_moe import align_pairs_triton, fused_experts_triton
+    from radixlm.runtime.kernels.moe import fused_moe
+    from radixlm.runtime.kernels.moe.fused_moe import align_pairs_triton, fused_experts_triton
 
     for block_m, start, n_local in LAYOUT_CASES + [(16, 0, 128), (64, 32, 32)]:
         ids = torch.randint(0, max(8, start + n_local), (100, 4), generator=torch.Generator().manual_seed(block_m),

@@ -31,7 +31,7 @@ def _call(fn, key, manual=False, data="spec"):
 
 
 def test_discovery_skips_unbuilt_launches_once_each_and_builds_them():
-    from radixlm.runtime.layers.kernel_builds import ParallelBuilds
+    from radixlm.runtime.kernels.startup.kernel_builds import ParallelBuilds
 
     kernel, autotuned = FakeJit(), FakeJit()
     builds = ParallelBuilds("cpu", inline=(autotuned,))
@@ -48,7 +48,7 @@ def test_discovery_skips_unbuilt_launches_once_each_and_builds_them():
 
 
 def test_a_hook_already_set_is_asked_first_and_its_skip_holds():
-    from radixlm.runtime.layers.kernel_builds import ParallelBuilds
+    from radixlm.runtime.kernels.startup.kernel_builds import ParallelBuilds
 
     seen = []
     prev = triton.knobs.runtime.jit_cache_hook
@@ -66,7 +66,7 @@ def test_a_hook_already_set_is_asked_first_and_its_skip_holds():
 
 
 def test_failed_builds_are_counted_out_and_submitted_ones_run():
-    from radixlm.runtime.layers.kernel_builds import ParallelBuilds
+    from radixlm.runtime.kernels.startup.kernel_builds import ParallelBuilds
 
     builds = ParallelBuilds("cpu")
     with builds.discover():
@@ -99,7 +99,7 @@ def _kernels():
 def test_discovery_skips_unbuilt_launches_and_builds_them_in_parallel():
     from triton import knobs
 
-    from radixlm.runtime.layers.kernel_builds import ParallelBuilds
+    from radixlm.runtime.kernels.startup.kernel_builds import ParallelBuilds
 
     add_const, times_two = _kernels()
     x = torch.arange(1000, device="cuda", dtype=torch.float32)
@@ -138,7 +138,7 @@ def test_discovery_skips_unbuilt_launches_and_builds_them_in_parallel():
 
 @needs_cuda
 def test_submitted_builds_run_in_the_pool_on_the_engines_device():
-    from radixlm.runtime.layers.kernel_builds import ParallelBuilds
+    from radixlm.runtime.kernels.startup.kernel_builds import ParallelBuilds
 
     seen = []
     builds = ParallelBuilds(torch.device("cuda", torch.cuda.device_count() - 1))

@@ -20,9 +20,9 @@ from triton.backends.compiler import BaseBackend  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import (  # noqa: E402
+from radixlm.runtime.kernels.attention.decode_splits import (  # noqa: E402
     decode_chunk_capacity, decode_num_splits, decode_wide_rows)
-from radixlm.runtime.layers.kernel_variants import (  # noqa: E402
+from radixlm.runtime.kernels.startup.kernel_variants import (  # noqa: E402
     EXTEND_WARMUP_LENS, TOKEN_ROW_WARMUP, decode_eager_splits, warmup_plan)
 
 
@@ -91,7 +91,7 @@ def test_warmup_plan_follows_graphs_and_media():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("max_tokens", [1, 40, 8192, 20000])
 def test_reachable_moe_configs_are_every_config_of_a_pass(top_k, n_local, dtype, max_tokens):
-    from radixlm.runtime.layers.moe.fused_moe import TRITON_CHUNK_TOKENS, pick_config, reachable_configs
+    from radixlm.runtime.kernels.moe.fused_moe import TRITON_CHUNK_TOKENS, pick_config, reachable_configs
 
     seen = {pick_config(t * top_k, n_local, dtype) for t in range(1, min(max_tokens, TRITON_CHUNK_TOKENS) + 1)}
     assert set(reachable_configs(max_tokens, top_k, n_local, dtype)) == seen
@@ -119,8 +119,8 @@ def _index(values, offset):
 @pytest.mark.parametrize("kv_heads, graph_max_bs", [(2, 8), (2, 0), (8, 512), (1, 4)])
 def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_heads, graph_max_bs):
     from radixlm.runtime.executor.cuda_graph_runner import capture_batch_sizes
-    from radixlm.runtime.layers.attention.triton_ops import decode_attention as da
-    from radixlm.runtime.layers.attention.triton_ops import decode_work as dw
+    from radixlm.runtime.kernels.attention import decode as da
+    from radixlm.runtime.kernels.attention import decode_work as dw
 
     heads, head_dim, context_len = 4 * kv_heads, 16, 4096
     rec = Recorder(monkeypatch, {"stage1": da._decode_stage1, "stage2": da._decode_stage2, "work": dw._decode_work})
@@ -161,7 +161,7 @@ def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_
 
 
 def test_extend_launches_while_serving_are_built_by_the_warm_up(monkeypatch):
-    from radixlm.runtime.layers.attention.triton_ops import extend_attention as ea
+    from radixlm.runtime.kernels.attention import extend as ea
 
     heads, kv_heads, head_dim = 8, 2, 16
     rec = Recorder(monkeypatch, {"extend": ea._extend_kernel})
@@ -198,8 +198,8 @@ def test_tree_mask_launches_while_serving_are_built_by_the_warm_up(monkeypatch):
     from radixlm.runtime.executor.model_runner import ModelRunner
     from radixlm.runtime.executor.spec_tree import TreeMask, verify_mask
     from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
-    from radixlm.runtime.layers.attention.triton_ops import extend_attention as ea
-    from radixlm.runtime.layers.kernel_variants import uses_tree_masks
+    from radixlm.runtime.kernels.attention import extend as ea
+    from radixlm.runtime.kernels.startup.kernel_variants import uses_tree_masks
 
     heads, kv_heads, head_dim = 8, 2, 16
     rec = Recorder(monkeypatch, {"extend": ea._extend_kernel})
@@ -267,7 +267,7 @@ def test_tree_mask_launches_while_serving_are_built_by_the_warm_up(monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ elementwise
 def test_fused_elementwise_launches_depend_on_nothing_that_varies(monkeypatch):
-    from radixlm.runtime.layers import fused_kernels as fk
+    from radixlm.runtime.kernels.elementwise import fused_kernels as fk
 
     rec = Recorder(monkeypatch, {"rmsnorm": fk._rmsnorm_kernel, "silu": fk._silu_and_mul_kernel,
                                  "rotary": fk._rotary_kernel, "store_kv": fk._store_kv_kernel})
@@ -294,7 +294,7 @@ def test_fused_elementwise_launches_depend_on_nothing_that_varies(monkeypatch):
 
 
 def test_skinny_gemm_three_rows_run_the_four_row_kernel(monkeypatch):
-    from radixlm.runtime.layers import skinny_gemm
+    from radixlm.runtime.kernels.gemm import skinny_gemm
 
     rec = Recorder(monkeypatch, {"skinny": skinny_gemm._skinny_kernel})
     w = torch.zeros(64, 32, dtype=torch.bfloat16)
@@ -307,8 +307,8 @@ def test_skinny_gemm_three_rows_run_the_four_row_kernel(monkeypatch):
 # ------------------------------------------------------------------------------------------------ MoE
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_moe_launches_while_serving_are_built_by_the_warm_up(monkeypatch, dtype):
-    from radixlm.runtime.layers import fused_kernels as fk
-    from radixlm.runtime.layers.moe import fused_moe as fm
+    from radixlm.runtime.kernels.elementwise import fused_kernels as fk
+    from radixlm.runtime.kernels.moe import fused_moe as fm
 
     rec = Recorder(monkeypatch, {"count": fm._count_kernel, "offsets": fm._offsets_kernel,
                                  "scatter": fm._scatter_kernel, "gemm": fm._grouped_gemm_kernel,
@@ -339,8 +339,8 @@ def test_shared_prefix_launches_while_serving_are_built_by_the_warm_up(monkeypat
     from types import SimpleNamespace
 
     from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend, shared_prefixes
-    from radixlm.runtime.layers.attention.triton_ops import decode_attention as da
-    from radixlm.runtime.layers.attention.triton_ops import shared_prefix_attention as spa
+    from radixlm.runtime.kernels.attention import decode as da
+    from radixlm.runtime.kernels.attention import shared_prefix as spa
 
     heads, head_dim = 4 * kv_heads, 16
     rec = Recorder(monkeypatch, {"stage1": da._decode_stage1, "stage2": da._decode_stage2,

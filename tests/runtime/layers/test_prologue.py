@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from radixlm.runtime.layers.activation import SiluAndMul
 from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.layers.norm import RMSNorm
-from radixlm.runtime.layers.prologue import PrologueKind
+from radixlm.runtime.kernels.gemm.prologue import PrologueKind
 
 
 def _linear(k: int, n: int) -> Linear:

@@ -61,7 +61,7 @@ CASES = [
 
 def run_cases(device: str) -> None:
     from radixlm.runtime.layers.attention.triton_backend import shared_prefixes
-    from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention
+    from radixlm.runtime.kernels.attention.decode import decode_attention
 
     for i, (groups, ungrouped, heads, kv_heads, head_dim) in enumerate(CASES):
         # The interpreter's time: on the CPU each case runs one page size (1, 1, 16, 16, 1, 1) and bfloat16 on even

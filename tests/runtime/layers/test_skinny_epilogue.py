@@ -16,7 +16,7 @@ MARKER = "epilogue cases passed"
 
 def _launch(x, w, bias, pro, epi, cfg, dtype, prologue_args):
     """One launch of the skinny kernel at a fixed config (no autotuning), as skinny_linear passes its arguments."""
-    from radixlm.runtime.layers import skinny_gemm
+    from radixlm.runtime.kernels.gemm import skinny_gemm
 
     n, k = w.shape
     y = torch.empty(1, n, dtype=dtype, device=x.device)
@@ -36,8 +36,8 @@ def _launch(x, w, bias, pro, epi, cfg, dtype, prologue_args):
 
 def run_cases(device: str) -> None:
     from radixlm.runtime.cache.memory_pool import TokenToKVPool
-    from radixlm.runtime.layers import skinny_gemm
-    from radixlm.runtime.layers.epilogue import RotaryStore
+    from radixlm.runtime.kernels.gemm import skinny_gemm
+    from radixlm.runtime.kernels.gemm.epilogue import RotaryStore
     from radixlm.runtime.layers.rotary import get_rope
 
     cfgs = [dict(c.all_kwargs()) for c in skinny_gemm._CONFIGS]
@@ -97,7 +97,7 @@ class _Recorder:
 
 
 def test_attention_skips_rotation_and_store_only_where_the_gemm_applied_the_epilogue():
-    from radixlm.runtime.layers.epilogue import RotaryStore
+    from radixlm.runtime.kernels.gemm.epilogue import RotaryStore
     from radixlm.runtime.layers.radix_attention import RadixAttention
     from radixlm.runtime.layers.rotary import get_rope
 
@@ -115,7 +115,7 @@ def test_attention_skips_rotation_and_store_only_where_the_gemm_applied_the_epil
 
 
 def test_linear_on_cpu_leaves_the_epilogue_to_attention():
-    from radixlm.runtime.layers.epilogue import RotaryStore
+    from radixlm.runtime.kernels.gemm.epilogue import RotaryStore
     from radixlm.runtime.layers.linear import Linear
     from radixlm.runtime.layers.rotary import get_rope
 

@@ -14,7 +14,7 @@ MARKER = "skinny mma cases passed"
 
 def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """One launch as skinny_mma_linear makes it, at two stages (the interpreter has no device to size them by)."""
-    from radixlm.runtime.layers import skinny_mma
+    from radixlm.runtime.kernels.gemm import skinny_mma
 
     m, k = x.shape
     n = w.shape[0]
@@ -59,7 +59,7 @@ def test_rows_match_a_float32_reference_and_each_other_interpreted():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_rows_match_a_float32_reference_and_each_other_cuda(capsys):
-    from radixlm.runtime.layers.skinny_mma import skinny_mma_linear, usable
+    from radixlm.runtime.kernels.gemm.skinny_mma import skinny_mma_linear, usable
 
     x = torch.randn(8, 512, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16)
@@ -76,10 +76,10 @@ def test_gemm_dispatch_keys_the_tensor_core_kernel_by_block_rows():
     a rounding, and a memo's choice runs the kernel it names (cuBLAS where that kernel cannot take the rows)."""
     import torch.nn.functional as F
 
-    from radixlm.runtime.layers import gemm
-    from radixlm.runtime.layers.gemm import GemmKernel
-    from radixlm.runtime.layers.skinny_gemm import skinny_linear
-    from radixlm.runtime.layers.skinny_mma import skinny_mma_linear
+    from radixlm.runtime.kernels.gemm import dispatch as gemm
+    from radixlm.runtime.kernels.gemm.dispatch import GemmKernel
+    from radixlm.runtime.kernels.gemm.skinny_gemm import skinny_linear
+    from radixlm.runtime.kernels.gemm.skinny_mma import skinny_mma_linear
 
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
     choices: dict[int, GemmKernel] = {}
@@ -98,9 +98,9 @@ def test_gemm_dispatch_keys_the_tensor_core_kernel_by_block_rows():
 
 
 def test_choice_keys_and_the_warm_up_rows_that_set_them():
-    from radixlm.runtime.layers import skinny_mma
-    from radixlm.runtime.layers.gemm import choice_keys, few_row_kernels
-    from radixlm.runtime.layers.kernel_variants import mma_warmup_rows
+    from radixlm.runtime.kernels.gemm import skinny_mma
+    from radixlm.runtime.kernels.gemm.dispatch import choice_keys, few_row_kernels
+    from radixlm.runtime.kernels.startup.kernel_variants import mma_warmup_rows
 
     assert choice_keys() == (1, 2, 3, 4, 16, 32)
     assert [skinny_mma.block_rows(m) for m in (5, 16, 17, 32)] == [16, 16, 32, 32]

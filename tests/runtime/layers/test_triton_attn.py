@@ -51,7 +51,7 @@ def _reference(q, k_buf, v_buf, req_to_token, pool_rows, seq_lens, scale):
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (9, 3, 64), (32, 8, 128), (14, 2, 64)])
 @pytest.mark.parametrize("bs,max_len", [(1, 1), (1, 3000), (7, 300), (64, 700)])
 def test_decode_matches_reference(bs, max_len, heads, kv_heads, head_dim, page_size, dtype):
-    from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention
+    from radixlm.runtime.kernels.attention.decode import decode_attention
 
     q, k_buf, v_buf, rt, rows, lens = _case(bs, heads, kv_heads, head_dim, max_len, page_size, dtype,
                                             seed=bs * 31 + max_len + heads)
@@ -64,7 +64,7 @@ def test_decode_matches_reference(bs, max_len, heads, kv_heads, head_dim, page_s
 
 @pytest.mark.parametrize("num_splits", [1, 3, 16, "chunked"])
 def test_split_counts_agree(num_splits):
-    from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention
+    from radixlm.runtime.kernels.attention.decode import decode_attention
 
     q, k_buf, v_buf, rt, rows, lens = _case(5, 8, 2, 64, 500, 4, torch.float32, seed=7)
     want = _reference(q, k_buf, v_buf, rt, rows, lens, 0.125)
@@ -120,7 +120,7 @@ def _extend_reference(q, k_buf, v_buf, req_to_token, rows, lens, scale):
     [(1000, 3), (0, 1), (7, 300), (63, 65), (2, 2)],  # prefill chunks next to decode-like and jump-forward rows
 ])
 def test_extend_matches_reference(lens, heads, kv_heads, head_dim, page_size, dtype):
-    from radixlm.runtime.layers.attention.triton_ops.extend_attention import extend_attention
+    from radixlm.runtime.kernels.attention.extend import extend_attention
 
     q, k_buf, v_buf, rt, rows = _extend_case(lens, heads, kv_heads, head_dim, page_size, dtype, seed=len(lens) + heads)
     dev = "cuda"
@@ -136,8 +136,8 @@ def test_extend_matches_reference(lens, heads, kv_heads, head_dim, page_size, dt
 
 def test_extend_work_list_order_changes_nothing():
     """Entries of the work list in any order (and one naming a block past its prompt) give the same output."""
-    from radixlm.runtime.layers.attention.triton_ops.extend_attention import extend_attention
-    from radixlm.runtime.layers.attention.triton_ops.extend_blocks import extend_block_m, extend_blocks
+    from radixlm.runtime.kernels.attention.extend import extend_attention
+    from radixlm.runtime.kernels.attention.extend_blocks import extend_block_m, extend_blocks
 
     lens = [(0, 200), (5, 1), (64, 64), (130, 17), (0, 2048), (9, 40)]
     q, k_buf, v_buf, rt, rows = _extend_case(lens, 32, 8, 128, 1, torch.bfloat16, seed=3)

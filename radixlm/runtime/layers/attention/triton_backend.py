@@ -11,13 +11,13 @@ import torch
 
 from radixlm.runtime.host_to_device import host_to_device, rows_to_device
 from radixlm.runtime.layers.attention.base import AttentionBackend
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
+from radixlm.runtime.kernels.attention import (
     decode_chunk_capacity, decode_num_splits, shared_prefix_num_splits, shared_prefix_rows_per_tile)
-from radixlm.runtime.layers.attention.triton_ops.extend_blocks import extend_block_m, extend_blocks
+from radixlm.runtime.kernels.attention import extend_block_m, extend_blocks
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.forward_batch import ForwardBatch
-    from radixlm.runtime.layers.attention.triton_ops.decode_work import DecodeWork
+    from radixlm.runtime.kernels.attention import DecodeWork
 
 
 @dataclass
@@ -122,7 +122,7 @@ class TritonAttnBackend(AttentionBackend):
             decode_work=self._decode_work(forward_batch))
 
     def _decode_work(self, fb: "ForwardBatch") -> "DecodeWork | None":
-        from radixlm.runtime.layers.attention.triton_ops.decode_work import decode_work_list
+        from radixlm.runtime.kernels.attention import decode_work_list
 
         capacity = decode_chunk_capacity(fb.batch_size, self.num_kv_heads)
         return decode_work_list(fb.seq_lens, fb.req_pool_indices, fb.batch_size, capacity) if capacity else None
@@ -149,7 +149,7 @@ class TritonAttnBackend(AttentionBackend):
     def warm_up_shared_prefix(self, layer, pairs: list[tuple[int, int]]) -> None:
         """Builds the kernels of decode passes with shared prefixes (kernel_variants.shared_prefix_warmup's pairs of
         decode and prefix split counts): two rows on request row 0 sharing a one-token prefix, layer's shapes."""
-        from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention
+        from radixlm.runtime.kernels.attention import decode_attention
 
         runner = self.model_runner
         k_buf = runner.token_to_kv_pool.get_key_buffer(layer.layer_id)
@@ -174,7 +174,7 @@ class TritonAttnBackend(AttentionBackend):
             fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
-        from radixlm.runtime.layers.attention.triton_ops.extend_attention import extend_attention
+        from radixlm.runtime.kernels.attention import extend_attention
 
         fb = forward_batch
         # NOTE: the new tokens' K/V go to the pool first; the kernel reads every key through req_to_token.
@@ -188,7 +188,7 @@ class TritonAttnBackend(AttentionBackend):
         return o.reshape(-1, layer.num_heads * layer.head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
-        from radixlm.runtime.layers.attention.triton_ops.decode_attention import decode_attention
+        from radixlm.runtime.kernels.attention import decode_attention
 
         fb = forward_batch
         self._save_kv(k, v, layer, fb, save_kv_cache)

@@ -98,10 +98,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
+from radixlm.runtime.kernels.attention import (
     decode_num_splits, decode_wide_rows, shared_prefix_num_splits)
-from radixlm.runtime.layers.skinny_gemm import SKINNY_MAX_M
-from radixlm.runtime.layers.skinny_mma import MMA_ROWS
+from radixlm.runtime.kernels.gemm import MMA_ROWS, SKINNY_MAX_M
 
 # Extend passes of these per-request new-token counts build both of the extend kernel's tiles (BLOCK_M 16, 64).
 EXTEND_WARMUP_LENS = ([16, 16], [17])

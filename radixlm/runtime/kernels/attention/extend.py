@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.runtime.layers.attention.triton_ops.extend_blocks import extend_block_m, extend_blocks
+from radixlm.runtime.kernels.attention.extend_blocks import extend_block_m, extend_blocks
 
 
 # Not specialized on the alignment of index vectors (see decode_attention.INDEX_ARGS).

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
+from radixlm.runtime.kernels.attention.decode_splits import (
     DECODE_BLOCK_N, DECODE_CHUNK_MAX_ROWS, DECODE_CHUNK_SPARE)
 
 # Entries the builder's one program lays out: every capacity decode_chunk_capacity gives.
@@ -67,3 +67,9 @@ def decode_work_list(seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, num
     _decode_work[(1,)](seq_lens, req_pool_indices, table, num_rows, capacity, BLOCK_B=DECODE_CHUNK_MAX_ROWS,
                        BLOCK_E=WORK_BLOCK_E, BLOCK_N=DECODE_BLOCK_N, num_warps=4)
     return DecodeWork(capacity, table)
+
+
+def inline_builds() -> tuple:
+    """The kernels a discovery run (kernel_builds.ParallelBuilds) must build inline: the work list's builder (its
+    table indexes the decode kernels' reads)."""
+    return (_decode_work,)

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 if TYPE_CHECKING:
-    from radixlm.runtime.layers.kernel_builds import ParallelBuilds
+    from radixlm.runtime.kernels.startup import ParallelBuilds
 
 # At one row the skinny kernel (which also fuses the input's norm there) ran the 8B model's four GEMMs in 157.6 us a
 # layer (gemv_sweep.json), this kernel in 163.8 at four rows (skinny_dot_probe.json).

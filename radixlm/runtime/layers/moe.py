@@ -19,8 +19,7 @@ from torch import nn
 
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel, divide
 from radixlm.runtime.layers.linear import copy_checked
-from radixlm.runtime.layers.moe.fused_moe import fused_experts
-from radixlm.runtime.layers.moe.topk import select_experts
+from radixlm.runtime.kernels.moe import fused_experts, select_experts
 
 PARTS = {"gate": "w13_weight", "up": "w13_weight", "down": "w2_weight"}
 

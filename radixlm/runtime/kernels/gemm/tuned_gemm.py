@@ -8,8 +8,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from radixlm.runtime.layers import cublaslt
-from radixlm.runtime.layers.skinny_mma import MMA_MAX_M
+from radixlm.runtime.kernels.gemm import cublaslt
+from radixlm.runtime.kernels.gemm.skinny_mma import MMA_MAX_M
 
 logger = logging.getLogger(__name__)
 

@@ -277,7 +277,7 @@ def _launch(a, b, c, blocks: ExpertBlocks, weights, a_row_div: int, cfg: GemmCon
 
 
 def _silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    from radixlm.runtime.layers.fused_kernels import silu_and_mul
+    from radixlm.runtime.kernels.elementwise import silu_and_mul
 
     return silu_and_mul(x)
 

@@ -18,9 +18,9 @@ from enum import IntEnum
 import torch
 import torch.nn.functional as F
 
-from radixlm.runtime.layers import cpu_gemm
-from radixlm.runtime.layers.epilogue import RotaryStore
-from radixlm.runtime.layers.prologue import Prologue, apply
+from radixlm.runtime.kernels.gemm import cpu_gemm
+from radixlm.runtime.kernels.gemm.epilogue import RotaryStore
+from radixlm.runtime.kernels.gemm.prologue import Prologue, apply
 
 MEASURE_REPS = 10
 # A Triton kernel is taken unless cuBLAS wins by 3%. In CUDA-graph replays the skinny kernel beat cuBLAS on every
@@ -111,7 +111,7 @@ def _fastest(kernels: dict[GemmKernel, Callable[..., torch.Tensor]], x: torch.Te
 
 def _skinny_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: None,
                 epilogue: None) -> torch.Tensor:
-    from radixlm.runtime.layers.skinny_mma import skinny_mma_linear
+    from radixlm.runtime.kernels.gemm.skinny_mma import skinny_mma_linear
 
     return skinny_mma_linear(x, weight, bias)
 
@@ -122,7 +122,8 @@ def few_row_kernels(x: torch.Tensor, weight: torch.Tensor, prologue: Prologue | 
     SKINNY_MAX_M, past it the tensor-core kernel's BLOCK_M. Each kernel takes (x, weight, bias, prologue, epilogue); a
     prologue here is one the skinny kernel fuses (at most PROLOGUE_MAX_M rows), which the tensor-core kernel does not
     take."""
-    from radixlm.runtime.layers import skinny_gemm, skinny_mma
+    from radixlm.runtime.kernels.gemm import skinny_gemm
+    from radixlm.runtime.kernels.gemm import skinny_mma
 
     kernels = {}
     if skinny_gemm.usable(x, weight, prologue):
@@ -138,7 +139,8 @@ def few_row_kernels(x: torch.Tensor, weight: torch.Tensor, prologue: Prologue | 
 def choice_keys() -> tuple[int, ...]:
     """Every key of a layer's choice memo: the row counts up to SKINNY_MAX_M, then the tensor-core kernel's
     BLOCK_Ms."""
-    from radixlm.runtime.layers import skinny_gemm, skinny_mma
+    from radixlm.runtime.kernels.gemm import skinny_gemm
+    from radixlm.runtime.kernels.gemm import skinny_mma
 
     return tuple(range(1, skinny_gemm.SKINNY_MAX_M + 1)) + skinny_mma.MMA_ROWS
 
@@ -154,7 +156,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
     if not x.is_cuda:
         return cpu_gemm.linear(apply(prologue, x), weight, bias, packed)
     if choices is not None and x.dim() == 2:
-        from radixlm.runtime.layers import skinny_gemm
+        from radixlm.runtime.kernels.gemm import skinny_gemm
 
         if prologue is not None and x.shape[0] > skinny_gemm.PROLOGUE_MAX_M:
             x, prologue = prologue.apply(x), None  # fused, it would lose here

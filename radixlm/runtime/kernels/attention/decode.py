@@ -19,11 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import (
+from radixlm.runtime.kernels.attention.decode_splits import (
     DECODE_CHUNK_BLOCK_S, DECODE_CHUNK_MAX_ROWS, decode_block_n, decode_chunk_capacity, decode_num_splits)
-from radixlm.runtime.layers.attention.triton_ops.decode_work import DecodeWork, decode_work_list
-from radixlm.runtime.layers.attention.triton_ops.shared_prefix_attention import shared_prefix_stage1
-from radixlm.runtime.layers.attention.triton_ops.span_attention import attend_span
+from radixlm.runtime.kernels.attention.decode_work import DecodeWork, decode_work_list
+from radixlm.runtime.kernels.attention.shared_prefix import shared_prefix_stage1
+from radixlm.runtime.kernels.attention.span import attend_span
 
 
 # Index vectors are often views at any offset (rows of one host-to-device copy, slices of the allocator's free list).

@@ -1,0 +1,173 @@
+"""Start-up's kernel warm-up of one model runner: before the first request, every Triton kernel variant that eager
+passes can meet is built (CUDA-graph capture builds those of the captured passes; kernel_variants.py lists them and
+why). Otherwise the first pass that needs one waits for the compiler (0.1-0.6 s each on an H100) in the middle of
+serving. The runner supplies the passes (WarmupRunner); the layers tell which kernels its model launches."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import nn
+
+from radixlm.runtime.kernels import attention, gemm
+from radixlm.runtime.kernels.elementwise import argmax_rows
+from radixlm.runtime.kernels.moe import TRITON_CHUNK_TOKENS, fused_experts_triton, reachable_configs
+from radixlm.runtime.kernels.startup.kernel_builds import ParallelBuilds
+from radixlm.runtime.kernels.startup.kernel_variants import WarmupPlan, uses_tree_masks, warmup_plan
+from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
+from radixlm.runtime.layers.linear import Linear
+from radixlm.runtime.layers.moe import FusedMoE
+from radixlm.runtime.layers.radix_attention import RadixAttention
+
+if TYPE_CHECKING:
+    from radixlm.runtime.executor.logits import LogitsOutput
+    from radixlm.runtime.layers.attention.base import AttentionBackend
+
+logger = logging.getLogger(__name__)
+
+
+class WarmupRunner(Protocol):
+    """What the warm-up reads of a model runner (executor.ModelRunner)."""
+
+    device: str
+    model: nn.Module
+    model_config: Any  # context_len, dtype, head_dim
+    server_args: Any  # the speculative settings (uses_tree_masks)
+    num_kv_heads: int
+    attn_backend: AttentionBackend
+    mm_embedder: object | None
+
+    @property
+    def is_cuda(self) -> bool: ...
+
+    @property
+    def max_pass_rows(self) -> int: ...  # the most rows a decode pass can have
+
+    @property
+    def takes_shared_prefixes(self) -> bool: ...
+
+    def gemm_holders(self) -> list[tuple[str, gemm.GemmHolder]]: ...
+
+    def warm_up_extend(self, tree_masks: bool = False) -> None: ...
+
+    def warm_up_token_rows(self, bs: int, seq_len: int) -> LogitsOutput: ...
+
+
+def prepare_gemms(runner: WarmupRunner, tuned: bool) -> None:
+    """At load: on CPU the layers pack their weights for oneDNN; the layers of one kind share their GEMM choice memo;
+    with `tuned` (not --disable-tuned-gemm), a 16-bit model on CUDA takes the tuned cuBLASLt GEMMs of this GPU
+    model's table into the memos."""
+    if torch.device(runner.device).type == "cpu":
+        for module in runner.model.modules():
+            if hasattr(module, "pack_for_cpu"):
+                module.pack_for_cpu()
+    gemm.share_gemm_choices(runner.gemm_holders())
+    if tuned and runner.is_cuda and runner.model_config.dtype in (torch.bfloat16, torch.float16):
+        logger.info("tuned cuBLASLt GEMMs installed: %d", gemm.install_tuned(runner.gemm_holders(), runner.device))
+
+
+def plan_warmup(runner: WarmupRunner, graph_max_bs: int) -> WarmupPlan:
+    has_moe = any(isinstance(m, FusedMoE) for m in runner.model.modules())
+    return warmup_plan(runner.model_config.context_len, runner.num_kv_heads, graph_max_bs,
+                       eager_token_rows_any_size=runner.mm_embedder is not None, has_moe=has_moe,
+                       tree_masks=uses_tree_masks(runner.server_args, runner.attn_backend.supports_tree_mask),
+                       shared_prefix=runner.takes_shared_prefixes, max_rows=runner.max_pass_rows)
+
+
+@torch.inference_mode()
+def warm_up_kernels(runner: WarmupRunner, graph_max_bs: int) -> None:
+    """Builds (in parallel on CUDA) and runs every kernel variant the plan lists, with dummy passes that leave the
+    pools as they were."""
+    t0 = time.perf_counter()
+    plan = plan_warmup(runner, graph_max_bs)
+    if runner.is_cuda:
+        build_in_parallel(runner, plan)
+    warm_up_passes(runner, plan)
+    if runner.is_cuda:
+        torch.cuda.synchronize()
+    logger.info("kernel warm-up (eager passes of %s rows, decode splits %s%s%s%s) in %.2f s",
+                list(plan.token_row_batches), plan.decode_splits, ", MoE configs" if plan.moe else "",
+                ", tree masks" if plan.tree_masks else "",
+                f", shared prefixes {plan.shared_prefix}" if plan.shared_prefix else "", time.perf_counter() - t0)
+    choices = gemm.gemm_choice_counts(runner.gemm_holders())
+    if choices:
+        logger.info("few-row GEMMs' kernels (rows or padded rows: kernel layers): %s", gemm.format_gemm_choices(choices))
+
+
+def build_in_parallel(runner: WarmupRunner, plan: WarmupPlan) -> None:
+    """Builds in threads (kernel_builds.py) what the warm-up passes would build one kernel after another: the skinny
+    GEMM's autotune configs, the tensor-core GEMM's variants, and (but for MoE models) what a discovery run of the
+    passes launches unbuilt."""
+    t0 = time.perf_counter()
+    # Inline: the autotuned skinny GEMM, and the decode work list (its table indexes the decode kernels' reads).
+    builds = ParallelBuilds(runner.device, inline=gemm.inline_builds() + attention.inline_builds())
+    dtype = runner.model_config.dtype
+    if dtype in (torch.bfloat16, torch.float16):
+        modules = list(runner.model.modules())
+        biases = tuple(sorted({False} | {m.bias is not None for m in modules if isinstance(m, Linear)}))
+        head_dim = runner.model_config.head_dim
+        epilogue = gemm.kernel_head_dim(head_dim) and any(getattr(m, "takes_rotary_epilogue", False)
+                                                          for m in modules)
+        gemm.prebuild_skinny(builds, dtype, runner.device, biases, head_dim if epilogue else 0)
+        gemm.prebuild_mma(builds, dtype, runner.device, biases)
+    if not plan.moe:
+        discover_kernels(runner, plan, builds)
+    n = builds.finish()
+    logger.info("kernel warm-up: %d kernels built or loaded in parallel in %.2f s", n, time.perf_counter() - t0)
+
+
+def discover_kernels(runner: WarmupRunner, plan: WarmupPlan, builds: ParallelBuilds) -> None:
+    """The warm-up passes with unbuilt kernels' launches skipped and their builds handed to `builds`. Their few-row
+    GEMMs take cuBLAS, unmeasured (the builds load the host): the real run measures them."""
+    holders = [h for _, h in runner.gemm_holders()]
+    measured = [h.gemm_choices for h in holders]
+    try:
+        for h in holders:
+            h.gemm_choices = dict.fromkeys(gemm.choice_keys(), gemm.GemmKernel.CUBLAS)
+        with builds.discover():
+            warm_up_passes(runner, plan)
+    finally:
+        for h, choices in zip(holders, measured):
+            h.gemm_choices = choices
+
+
+def warm_up_passes(runner: WarmupRunner, plan: WarmupPlan) -> None:
+    runner.warm_up_extend(tree_masks=plan.tree_masks)
+    # Every row count up to the skinny GEMM's limit and one per tensor-core BLOCK_M (the layers' Triton-vs-cuBLAS
+    # choices), then one request at each split count an eager decode pass can meet: seq_len 256 * (s - 1) + 1
+    # gives s splits for one request.
+    passes = [(bs, 1) for bs in plan.token_row_batches]
+    if isinstance(runner.attn_backend, TritonAttnBackend):
+        passes += [(1, attention.DECODE_BLOCK_N * 4 * (s - 1) + 1) for s in plan.decode_splits if s > 1]
+    for bs, seq_len in passes:
+        out = runner.warm_up_token_rows(bs, seq_len)
+        if runner.is_cuda:
+            # The sampler's greedy kernels (a Triton pair on CUDA): on the model's dtype in a plain greedy pass, on
+            # float32 after penalties or a grammar's mask.
+            argmax_rows(out.next_token_logits)
+            argmax_rows(out.as_float().next_token_logits)
+    if plan.shared_prefix:
+        runner.attn_backend.warm_up_shared_prefix(
+            next(m for m in runner.model.modules() if isinstance(m, RadixAttention)), plan.shared_prefix)
+    if plan.moe and runner.is_cuda:
+        warm_up_moe(runner)
+
+
+def warm_up_moe(runner: WarmupRunner) -> None:
+    """Each MoE layer shape once per GEMM config a pass can reach (one token: the config is forced)."""
+    seen = set()
+    for m in runner.model.modules():
+        if not isinstance(m, FusedMoE):
+            continue
+        w13, w2 = m.w13_weight, m.w2_weight
+        key = (tuple(w13.shape), tuple(w2.shape), w13.dtype, m.top_k, m.expert_start, m.num_experts)
+        if key in seen:
+            continue
+        seen.add(key)
+        hidden = torch.zeros(1, w13.shape[2], dtype=w13.dtype, device=runner.device)
+        ids = (torch.arange(m.top_k, dtype=torch.int32, device=runner.device) % m.num_experts).reshape(1, -1)
+        weights = torch.ones(1, m.top_k, dtype=torch.float32, device=runner.device)
+        for cfg in reachable_configs(TRITON_CHUNK_TOKENS, m.top_k, w13.shape[0], w13.dtype):
+            fused_experts_triton(hidden, w13, w2, weights, ids, m.expert_start, m.num_experts, config=cfg)
