@@ -50,7 +50,7 @@ class EagleRunner(DraftModelRunner):
     def _warm_up(self) -> None:
         """Catch-up passes take the target's features: the first one builds their kernels. Tree steps
         (--speculative-eagle-topk > 1, eagle_tree.py) take the head's own outputs: their masked extend kernels (both
-        tiles, layers/kernel_variants.py) are built here, with dummy passes as the target's warm_up_extend."""
+        tiles, kernels/startup/kernel_variants.py) are built here, with dummy passes as the target's warm_up_extend."""
         if not uses_tree_masks(self.server_args, self.attn_backend.supports_tree_mask
                                and self.target.attn_backend.supports_tree_mask):
             return

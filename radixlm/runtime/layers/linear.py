@@ -62,7 +62,8 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.packed_weight: torch.Tensor | None = None  # set by pack_for_cpu() once weights are final
-        # CUDA: choice key -> fastest kernel (set by gemm.linear), or row count -> a tuned LtGemm (layers/tuned_gemm.py)
+        # CUDA: choice key -> fastest kernel (set by gemm.linear), or row count -> a tuned LtGemm
+        # (kernels/gemm/tuned_gemm.py)
         self.gemm_choices: dict[int, object] = {}
 
     def pack_for_cpu(self) -> None:

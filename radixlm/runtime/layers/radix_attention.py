@@ -24,7 +24,7 @@ class RadixAttention(nn.Module):
 
     def qkv_epilogue(self, forward_batch: "ForwardBatch",
                      rotary: tuple["RotaryEmbedding", torch.Tensor]) -> RotaryStore | None:
-        """The rotation and KV store of this pass, for the qkv GEMM to apply (layers/epilogue.py); None where no
+        """The rotation and KV store of this pass, for the qkv GEMM to apply (kernels/gemm/epilogue.py); None where no
         kernel can (not on CUDA, more rows than epilogue.MAX_ROWS) or the pass stores no KV."""
         rope, positions = rotary
         pool = forward_batch.token_to_kv_pool

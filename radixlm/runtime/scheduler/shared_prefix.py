@@ -1,5 +1,5 @@
 """Decode requests grouped by a shared cached prefix, so that attention reads each group's prefix KV once
-(ModelWorkerBatch.shared_prefixes; layers/attention/triton_ops/shared_prefix_attention.py).
+(ModelWorkerBatch.shared_prefixes; kernels/attention/shared_prefix.py).
 
 Invariant: the requests of a group have identical req_to_token slots over [0, prefix_len); prefix_len >= min_len;
 a group has >= 2 requests; a request is in one group at most. Why it holds: a group is the requests whose last

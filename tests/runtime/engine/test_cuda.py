@@ -134,7 +134,7 @@ def test_cuda_graphs_and_overlap_match_eager_synchronous(tiny_cuda_model, dtype)
 def _compiled_variants() -> dict[str, int]:
     """How many variants of each of our Triton kernels are compiled (Triton's per-device kernel caches)."""
     from radixlm.runtime.kernels.elementwise import fused_kernels
-    from radixlm.runtime.kernels.attention import extend_attention
+    from radixlm.runtime.kernels.attention import extend as extend_attention
 
     kernels = {"extend": extend_attention._extend_kernel, "rotary": fused_kernels._rotary_kernel,
                "store_kv": fused_kernels._store_kv_kernel, "rmsnorm": fused_kernels._rmsnorm_kernel}

@@ -2,6 +2,7 @@
 behind that a request could see."""
 from __future__ import annotations
 
+from radixlm.runtime.kernels.startup import warm_up_kernels
 from tests.runtime.scheduler.conftest import make_scheduler, request, run_all, tiny_model_dir  # noqa: F401 - fixture
 
 
@@ -26,7 +27,7 @@ def test_warm_up_kernels_leaves_no_trace(tiny_model_dir):
     reference = _run(make_scheduler(tiny_model_dir))
     sched = make_scheduler(tiny_model_dir)
     free_slots, free_rows = sched.allocator.available_size(), sched.req_to_token_pool.available_size()
-    sched.runner.warm_up_kernels(graph_max_bs=0)
+    warm_up_kernels(sched.runner, graph_max_bs=0)
     assert (sched.allocator.available_size(), sched.req_to_token_pool.available_size()) == (free_slots, free_rows)
     assert _run(sched) == reference
     sched.check_memory()
@@ -37,9 +38,9 @@ def test_warm_up_kernels_runs_every_planned_variant(tiny_model_dir, monkeypatch)
     the skinny GEMM's and each tensor-core GEMM's BLOCK_M, and both extend tiles (the passes recorded, not run: there
     is no GPU here)."""
     from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
-    from radixlm.runtime.kernels.attention.decode_splits import decode_num_splits
-    from radixlm.runtime.kernels.startup.kernel_variants import decode_eager_splits, mma_warmup_rows
-    from radixlm.runtime.kernels.gemm.skinny_gemm import SKINNY_MAX_M
+    from radixlm.runtime.kernels.attention import decode_num_splits
+    from radixlm.runtime.kernels.gemm import SKINNY_MAX_M
+    from radixlm.runtime.kernels.startup import decode_eager_splits, mma_warmup_rows, plan_warmup
 
     runner = make_scheduler(tiny_model_dir).runner
     runner.attn_backend = TritonAttnBackend(runner)
@@ -52,8 +53,8 @@ def test_warm_up_kernels_runs_every_planned_variant(tiny_model_dir, monkeypatch)
     for graph_max_bs in (0, 8, 512):
         passes.clear()
         prefix_pairs.clear()
-        runner.warm_up_kernels(graph_max_bs)
-        assert prefix_pairs == [runner.warmup_plan(graph_max_bs).shared_prefix] and prefix_pairs[0]
+        warm_up_kernels(runner, graph_max_bs)
+        assert prefix_pairs == [plan_warmup(runner, graph_max_bs).shared_prefix] and prefix_pairs[0]
         token_rows = [(bs, lens) for mode, bs, lens, _ in passes if mode.is_token_rows()]
         assert {decode_num_splits(max(lens), bs, kv_heads) for bs, lens in token_rows} == set(
             decode_eager_splits(context, kv_heads, graph_max_bs))
@@ -65,7 +66,7 @@ def test_warm_up_kernels_runs_every_planned_variant(tiny_model_dir, monkeypatch)
 def test_gemm_choice_counts_by_layer_kind_and_rows(tiny_model_dir):
     """The few-row GEMM choices (set by gemm.linear on CUDA, empty on CPU) counted per layer kind and row count; the
     layers of one kind share one memo (measured once for them all)."""
-    from radixlm.runtime.executor.model_runner import format_gemm_choices
+    from radixlm.runtime.kernels.gemm import format_gemm_choices
 
     runner = make_scheduler(tiny_model_dir).runner
     assert runner.gemm_choice_counts() == {}
@@ -75,7 +76,7 @@ def test_gemm_choice_counts_by_layer_kind_and_rows(tiny_model_dir):
     memos = {name.rsplit(".", 1)[-1]: {id(h.gemm_choices) for n, h in holders.items() if n.endswith(name)}
              for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
     assert all(len(ids) == 1 for ids in memos.values()) and len(set.union(*memos.values())) == 4
-    from radixlm.runtime.kernels.gemm.dispatch import GemmKernel
+    from radixlm.runtime.kernels.gemm import GemmKernel
 
     holders[qkv[0]].gemm_choices.update({1: GemmKernel.SKINNY, 2: GemmKernel.CUBLAS, 16: GemmKernel.SKINNY_MMA})
     holders["lm_head"].gemm_choices[1] = GemmKernel.CUBLAS

@@ -25,6 +25,7 @@ def run_cases(device: str) -> None:
     from transformers import LlamaConfig
 
     from radixlm.runtime.executor.eagle_runner import EagleRunner
+    from radixlm.runtime.kernels.startup import plan_warmup
     from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
     from radixlm.runtime.scheduler.drafts.model import EagleSource
     from tests.runtime.models.tiny import save_tiny
@@ -82,7 +83,7 @@ def run_cases(device: str) -> None:
         try:
             sched = make(models, None, attention_backend=backend, **eagle)
             if backend == "triton":  # start-up's masked passes (run on CUDA only) on the target and the head
-                assert sched.runner.warmup_plan(0).tree_masks
+                assert plan_warmup(sched.runner, 0).tree_masks
                 sched.runner.warm_up_extend(tree_masks=True)
                 next(s for s in sched.drafts.sources if isinstance(s, EagleSource)).runner._warm_up()
             seen = _record_trees(sched)

@@ -1,6 +1,6 @@
-"""Triton attention over the paged KV pool (CUDA): split-K decode (decode_attention.py, with the chunked passes' work
-list, decode_work.py, and shared-prefix groups, shared_prefix_attention.py) and ragged extend over a cached prefix
-(extend_attention.py); the host-side sizing both read (decode_splits.py, extend_blocks.py: no Triton, any device)."""
+"""Triton attention over the paged KV pool (CUDA): split-K decode (decode.py, with the chunked passes' work
+list, decode_work.py, and shared-prefix groups, shared_prefix.py) and ragged extend over a cached prefix
+(extend.py); the host-side sizing both read (decode_splits.py, extend_blocks.py: no Triton, any device)."""
 from radixlm.runtime.kernels.attention.decode_splits import (
     DECODE_BLOCK_N, SHARED_PREFIX_MIN_LEN, decode_chunk_capacity, decode_num_splits, decode_wide_rows,
     shared_prefix_num_splits, shared_prefix_rows_per_tile)

@@ -10,7 +10,7 @@ once a pass): stage 1's program (kv head, entry) walks one equal part of one req
 entries. The kv head is the grid's fastest axis: programs that run together read neighbouring kv heads of the same
 pool rows (one row holds all of a slot's kv heads).
 
-With shared prefixes (SharedPrefixes, shared_prefix_attention.py) a grouped row's stage 1 covers [prefix_len,
+With shared prefixes (SharedPrefixes, shared_prefix.py) a grouped row's stage 1 covers [prefix_len,
 seq_len) only (Row_starts), the prefix kernel writes its prefix partials into extra slots after the splits, and
 stage 2 merges those too; slots nobody wrote keep a log-sum-exp of -inf and are not read."""
 from __future__ import annotations
@@ -33,7 +33,7 @@ INDEX_ARGS = ["Req_pool_indices", "Seq_lens", "Row_starts"]
 # a runtime argument, not specialized (1 would become a constant, 16 a divisibility hint), nor are the partial
 # log-sum-exps' strides that follow it (a chunked pass's list capacity enters as the split count). The partial
 # outputs' strides (splits x head_dim, 0 for a chunked pass's one row) keep their hint: every head dim served is a
-# multiple of 16. See radixlm/runtime/layers/kernel_variants.py.
+# multiple of 16. See radixlm/runtime/kernels/startup/kernel_variants.py.
 SPLIT_ARGS = ["num_splits", "stride_mlb", "stride_mlh"]
 
 

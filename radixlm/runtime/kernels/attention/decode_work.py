@@ -1,6 +1,6 @@
 """The work list of a chunked decode pass (decode_splits.decode_chunk_capacity), built on the device from Seq_lens by
 one small launch before the pass's layers, so that a CUDA graph replays it for whatever lengths its rows have. Every
-layer's decode kernels read it (decode_attention.py, CHUNKED).
+layer's decode kernels read it (decode.py, CHUNKED).
 
 Layout (int32): entries [0, capacity): the entry's request (-1 past the list), then its request's pool row, then its
 first position, then its end (four vectors of `capacity`: stage 1 loads them at once); then per request

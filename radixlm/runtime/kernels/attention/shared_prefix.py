@@ -18,7 +18,7 @@ from radixlm.runtime.kernels.attention.decode_splits import DECODE_BLOCK_N, shar
 # Views of one host-to-device copy at any offset (see decode_attention.INDEX_ARGS).
 INDEX_ARGS = ["Req_pool_indices", "Tile_rows", "Tiles"]
 # Vary per pass: the tile count, the prefix split count, the decode kernel's split count (the first prefix slot) and
-# the log-sum-exp strides that follow the slot count (see layers/kernel_variants.py).
+# the log-sum-exp strides that follow the slot count (see kernels/startup/kernel_variants.py).
 STEP_ARGS = ["num_tiles", "num_splits", "slot0", "stride_mlb", "stride_mlh"]
 
 

@@ -1,5 +1,5 @@
-"""The online-softmax walk over a span of one request's KV that the decode kernels share (decode_attention.py's stage 1,
-shared_prefix_attention.py's prefix stage)."""
+"""The online-softmax walk over a span of one request's KV that the decode kernels share (decode.py's stage 1,
+shared_prefix.py's prefix stage)."""
 from __future__ import annotations
 
 import triton

@@ -4,7 +4,7 @@ that runs a chosen one, and the per-GPU-model table of tuned configurations.
 torch's matmul runs the first algorithm cuBLAS's heuristic picks for a shape. At the decode GEMMs' row counts other
 configurations of the same kernel family (tile, cluster shape, custom option) run 3-24% faster on an H100 and give
 the same bits (benchmarks/results/kernels_h100/cublaslt/). benchmarks/cublaslt_tune.py finds them and writes the table
-(tuned/); start-up installs its entries (layers/tuned_gemm.py). The library is the one torch already loaded (found in
+(tuned/); start-up installs its entries (tuned_gemm.py). The library is the one torch already loaded (found in
 the process's mappings), so nothing is imported or linked here on a machine without CUDA.
 
 Layout: y[m, n] = x[m, k] @ w[n, k]^T with all three row-major and contiguous, which in cuBLAS's column-major terms is

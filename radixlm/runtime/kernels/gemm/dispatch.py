@@ -1,11 +1,11 @@
 """The one GEMM entry point of the model's linear layers and the lm_head: oneDNN-prepacked weights on CPU; on CUDA,
 for the few-row GEMMs of small decode batches, whichever of the Triton kernels and cuBLAS is fastest for that weight,
 measured once per layer kind (the layers of one kind share a memo: ModelRunner) and choice key, in the warm-up runs
-before CUDA-graph capture. The Triton kernels: the skinny one (layers/skinny_gemm.py) up to SKINNY_MAX_M rows and the
-tensor-core one (layers/skinny_mma.py) from MMA_MIN_M to MMA_MAX_M rows. The key is the row count up to SKINNY_MAX_M,
+before CUDA-graph capture. The Triton kernels: the skinny one (skinny_gemm.py) up to SKINNY_MAX_M rows and the
+tensor-core one (skinny_mma.py) from MMA_MIN_M to MMA_MAX_M rows. The key is the row count up to SKINNY_MAX_M,
 past it the tensor-core kernel's padded row count (skinny_mma.block_rows), which alone shapes its work.
 A GEMM may take its input's element-wise step as a Prologue: the skinny kernel fuses it, other paths run it first.
-The qkv GEMM may take the rotary embedding and KV store after it as an epilogue (layers/epilogue.py): the skinny kernel
+The qkv GEMM may take the rotary embedding and KV store after it as an epilogue (epilogue.py): the skinny kernel
 applies it at one row and marks it applied; otherwise the caller's attention does that step."""
 from __future__ import annotations
 
@@ -76,9 +76,9 @@ class GemmKernel(IntEnum):
     """The kernel a layer's choice memo names for a few-row GEMM."""
 
     CUBLAS = 0
-    SKINNY = 1  # layers/skinny_gemm.py
-    SKINNY_MMA = 2  # layers/skinny_mma.py
-    CUBLASLT = 3  # a tuned cuBLASLt configuration (layers/cublaslt.py): the memo holds its LtGemm
+    SKINNY = 1  # skinny_gemm.py
+    SKINNY_MMA = 2  # skinny_mma.py
+    CUBLASLT = 3  # a tuned cuBLASLt configuration (cublaslt.py): the memo holds its LtGemm
 
 
 def kernel_of(choice) -> GemmKernel:
@@ -151,7 +151,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
     """choices: the calling layer's memo (None: always cuBLAS on CUDA): choice key (few_row_kernels) -> the kernel
     measured fastest, and past the few-row kernels' rows, row count -> a tuned cuBLASLt GEMM (an LtGemm, bit-identical
     to cuBLAS's; ModelRunner loads them) where the tuned table has one. prologue: x is the input before that step
-    (layers/prologue.py). epilogue: applied (and marked) where the skinny kernel runs and takes it; left to the caller
+    (prologue.py). epilogue: applied (and marked) where the skinny kernel runs and takes it; left to the caller
     otherwise."""
     if not x.is_cuda:
         return cpu_gemm.linear(apply(prologue, x), weight, bias, packed)

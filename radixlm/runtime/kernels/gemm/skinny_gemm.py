@@ -5,12 +5,12 @@ bandwidth. Here each program reads a [BLOCK_N, K] band of W once, in BLOCK_K ste
 row of x; accumulation is in float32 and the result is rounded once, as F.linear does. Tile sizes are autotuned per
 (N, K, M, prologue) during the warm-up runs that precede CUDA-graph capture.
 
-A prologue (layers/prologue.py) is the input's last element-wise step, done on the loads: every program computes the
+A prologue (prologue.py) is the input's last element-wise step, done on the loads: every program computes the
 rows' RMS norms (of x + residual) from L2 before its loop, and program 0 writes the residual sum; SiLU-and-mul reads
 [gate | up]. At one row this saves ~0.4-1.7 us a GEMM over the step's own kernel (benchmarks/prologue_probe.py); at
 2-4 rows it loses, so gemm.linear fuses only at PROLOGUE_MAX_M rows (the kernel takes a prologue at any M).
 
-An epilogue (layers/epilogue.py, at one row: EPILOGUE_MAX_M) is the qkv projection's rotary embedding and KV store:
+An epilogue (epilogue.py, at one row: EPILOGUE_MAX_M) is the qkv projection's rotary embedding and KV store:
 each program then computes BLOCK_N // 2 dims of one head and the same dims of the head's second half (the rotation's
 pairs), rotates q and k as fused_kernels.rotary_ does, with its roundings, and stores k and v at the token's slot. On
 the 8B model's qkv shape that took 21.7 us against 25.1 for this GEMM followed by the rotary kernel with its store

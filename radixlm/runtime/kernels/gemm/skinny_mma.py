@@ -2,7 +2,7 @@
 
 At 8-32 rows cuBLAS's GEMMs of an 8B model ran 15-20% over their weight reads (175-178 us a layer against 145; H100,
 CUDA-graph replays, benchmarks/results/kernels_h100/skinny_dot_probe.json). This kernel keeps the skinny kernel's
-shape of work (layers/skinny_gemm.py), many programs each streaming a narrow [BLOCK_N, K] band of W, and swaps the
+shape of work (skinny_gemm.py), many programs each streaming a narrow [BLOCK_N, K] band of W, and swaps the
 product's operands, acc[BLOCK_N, BLOCK_M] += W_tile @ x_tile^T, so that the band's columns are the MMA's long side
 and the few rows its short one. One config ran all four of the model's shapes in 164.7 / 165.9 / 169.3 us a layer at
 8 / 16 / 32 rows (cuBLAS 175.1 / 177.3 / 177.5); gemm.linear still times it against cuBLAS per layer kind.

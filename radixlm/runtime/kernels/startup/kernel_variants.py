@@ -16,7 +16,7 @@ both a multiple of 16 and not, or a tensor whose alignment changes (views at any
 
 Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and rank, met by the first pass):
 
-  decode_attention.py  _decode_stage1, _decode_stage2 (split-K decode over the paged pool)
+  decode.py  _decode_stage1, _decode_stage2 (split-K decode over the paged pool)
       num_splits: 1..16, from the batch size and the longest sequence (eager passes) or the captured batch size
         (graphs) -> a runtime int in do_not_specialize, with the log-sum-exp strides it sets (stride_mlb, stride_mlh);
         the partial outputs' strides (splits x head_dim) stay specialized: a multiple of 16 for every head dim
@@ -36,14 +36,14 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
   decode_work.py  _decode_work (a chunked pass's work list, once a pass): num_rows, capacity: do_not_specialize;
       Seq_lens, Req_pool_indices: no alignment; BLOCK_B, BLOCK_E, BLOCK_N: fixed -> one variant, built with the
       chunked passes. It runs inline in start-up's discovery run (kernel_builds.py: its table indexes memory).
-  shared_prefix_attention.py  _shared_prefix_stage1 (shared-prefix decode, eager decode passes with groups)
+  shared_prefix.py  _shared_prefix_stage1 (shared-prefix decode, eager decode passes with groups)
       num_tiles, num_splits (its prefix splits, 1..16), slot0 (the decode split count) and the log-sum-exp strides:
         do_not_specialize. Req_pool_indices, Tile_rows, Tiles (views of one copy): no alignment. GROUP, HEAD_DIM,
         BLOCK_D, BLOCK_M, BLOCK_N, PRECISION, strides: fixed. With it, decode stage 1 takes Row_starts
         (HAS_ROW_STARTS True: one more variant) and stage 2 merges splits + prefix splits slots: BLOCK_S up to 32.
         Start-up runs the kernels directly (TritonAttnBackend.warm_up_shared_prefix) at one (decode splits, prefix
         splits) pair per stage-2 tile that such passes can meet (shared_prefix_warmup).
-  extend_attention.py  _extend_kernel (ragged extend over a cached prefix)
+  extend.py  _extend_kernel (ragged extend over a cached prefix)
       BLOCK_M: 16 when the longest extend of the pass is <= 16 tokens, else 64 -> both built at start-up
         (EXTEND_WARMUP_LENS). Prefix, extend and start vectors and the work list (always int64, extend_blocks.py):
         no alignment. GROUP, HEAD_DIM, BLOCK_D, BLOCK_N,
@@ -64,7 +64,7 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
       M (rows, constexpr) 1..4: graphs pad decode batches to 1, 2, 4 rows; 3 rows (eager passes: a prefill
         sampling three requests) run the 4-row kernel on a padded copy. PRO (the fused prologue: none, RMSNorm,
         RMSNorm of x + residual, SiLU-and-mul; fused at PROLOGUE_MAX_M rows only) and HAS_BIAS: fixed per layer;
-        EPI with HEAD_DIM (the qkv GEMM's rotary embedding and KV store, layers/epilogue.py; one row, one config,
+        EPI with HEAD_DIM (the qkv GEMM's rotary embedding and KV store, kernels/gemm/epilogue.py; one row, one config,
         not autotuned): fixed per layer, its Pos and Loc (views of a pass's rows) not specialized on alignment, its
         widths and strides fixed; prebuild builds every combination that gemm.linear launches.
         gemm.linear times its kernels once per layer kind and row count: start-up runs eager passes of
@@ -78,14 +78,14 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         max_rows rows). N, K, strides: fixed per layer.
   argmax.py  _block_max_kernel, _pick_block_kernel (the sampler's greedy choice)
       vocab width, row stride, block count: do_not_specialize (logits after penalties and verify rows' views
-        differ); logits: no alignment. Built by the eager warm-up passes (ModelRunner._warm_up_token_rows).
+        differ); logits: no alignment. Built by the eager warm-up passes (warmup.warm_up_passes).
   moe/fused_moe.py  _count_kernel, _offsets_kernel, _scatter_kernel, _grouped_gemm_kernel
       num_pairs (tokens x top_k), num_blocks -> do_not_specialize (they bound masks and loops only).
       The GEMM config (BLOCK_M/N/K, num_warps, num_stages; BLOCK_M also in _offsets_kernel) follows the rows per
         expert: up to 4 configs (3 in float32) -> start-up runs every one a pass can reach (reachable_configs).
       A_ROW_DIV, MUL_WEIGHT (the two launches), IEEE_FP32 (dtype), N, K, expert_start, n_local, strides: fixed.
 
-How they are built: ModelRunner.warm_up_kernels hands the skinny GEMM's configs and, but for MoE models, what a
+How they are built: warmup.warm_up_kernels hands the skinny GEMM's configs and, but for MoE models, what a
 discovery run of the warm-up passes launches unbuilt to a thread pool (kernel_builds.py), then runs the passes; CUDA
 graph capture builds its own variants one after another, as before.
 
@@ -133,7 +133,7 @@ def decode_eager_splits(context_len: int, num_kv_heads: int, graph_max_bs: int) 
 
 @dataclass
 class WarmupPlan:
-    """What ModelRunner.warm_up_kernels runs before CUDA-graph capture."""
+    """What warmup.warm_up_kernels runs before CUDA-graph capture."""
 
     extend_lens: tuple = EXTEND_WARMUP_LENS
     token_row_batches: tuple = TOKEN_ROW_WARMUP

@@ -93,7 +93,8 @@ def warm_up_kernels(runner: WarmupRunner, graph_max_bs: int) -> None:
                 f", shared prefixes {plan.shared_prefix}" if plan.shared_prefix else "", time.perf_counter() - t0)
     choices = gemm.gemm_choice_counts(runner.gemm_holders())
     if choices:
-        logger.info("few-row GEMMs' kernels (rows or padded rows: kernel layers): %s", gemm.format_gemm_choices(choices))
+        logger.info("few-row GEMMs' kernels (rows or padded rows: kernel layers): %s",
+                    gemm.format_gemm_choices(choices))
 
 
 def build_in_parallel(runner: WarmupRunner, plan: WarmupPlan) -> None:

@@ -132,7 +132,7 @@ def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_
         da.decode_attention(_qkv_q(bs, heads, kv_heads, head_dim), k_buf, v_buf, req_to_token, rows, lens, 0.25,
                             max(seq_lens), num_splits)
 
-    # The warm-up's eager passes (ModelRunner.warm_up_kernels) and the captured graphs' fixed split counts.
+    # The warm-up's eager passes (kernels.startup.warm_up_kernels) and the captured graphs' fixed split counts.
     plan = warmup_plan(context_len, kv_heads, graph_max_bs, False, False)
     for bs in plan.token_row_batches:
         launch(bs, [1] * bs)
@@ -321,7 +321,7 @@ def test_moe_launches_while_serving_are_built_by_the_warm_up(monkeypatch, dtype)
         fm.fused_experts_triton(torch.zeros(t, h, dtype=dtype), w13, w2, torch.ones(t, k), ids, 0, e, config=config)
 
     rng = random.Random(3)
-    # ModelRunner._warm_up_moe: one token per reachable config.
+    # warmup.warm_up_moe: one token per reachable config.
     for cfg in fm.reachable_configs(fm.TRITON_CHUNK_TOKENS, k, e, dtype):
         launch(1, rng, cfg)
     warm = rec.take()
@@ -354,7 +354,7 @@ def test_shared_prefix_launches_while_serving_are_built_by_the_warm_up(monkeypat
         req_to_token_pool=SimpleNamespace(req_to_token=req_to_token))
     backend.warm_up_shared_prefix(SimpleNamespace(layer_id=0, num_heads=heads, head_dim=head_dim, scaling=0.25),
                                   plan.shared_prefix)
-    for s in plan.decode_splits:  # the plain passes' stage 2 (ModelRunner.warm_up_kernels' eager passes)
+    for s in plan.decode_splits:  # the plain passes' stage 2 (warm_up_kernels' eager passes)
         da.decode_attention(_qkv_q(1, heads, kv_heads, head_dim), k_buf, v_buf, req_to_token, _index([0], 0),
                             _index([256 * (s - 1) + 1], 1), 0.25, 256 * (s - 1) + 1)
     warm = rec.take()

@@ -1,4 +1,4 @@
-"""The tuned cuBLASLt GEMMs (layers/cublaslt.py, layers/tuned_gemm.py, gemm.linear's memo entries): the committed
+"""The tuned cuBLASLt GEMMs (kernels/gemm: cublaslt.py, tuned_gemm.py, gemm.linear's memo entries): the committed
 tables' form on any machine; on CUDA, the ctypes binding against torch's GEMM and start-up's install-and-dispatch."""
 import json
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""ParallelBuilds (layers/kernel_builds.py): a discovery run skips the launches of unbuilt kernels and builds them
+"""ParallelBuilds (startup/kernel_builds.py): a discovery run skips the launches of unbuilt kernels and builds them
 in a thread pool; the next run finds them built. The rule through Triton's JIT cache hook as Triton calls it
 (keywords only) with stand-in JIT functions, on any machine; real kernels on the GPU machine."""
 from __future__ import annotations

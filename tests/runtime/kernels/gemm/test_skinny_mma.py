@@ -1,4 +1,4 @@
-"""The tensor-core few-row GEMM (layers/skinny_mma.py): each row's sum against a float32 reference, and bit-identical
+"""The tensor-core few-row GEMM (gemm/skinny_mma.py): each row's sum against a float32 reference, and bit-identical
 whatever the other rows are and however many share its BLOCK_M (on the CPU under TRITON_INTERPRET=1 in a subprocess,
 in float32 and float16; on CUDA in bfloat16 and float16); gemm.linear's choice keys and kernels, and the warm-up's row
 counts that set them."""

@@ -1,4 +1,4 @@
-"""A GEMM's prologue (layers/prologue.py) on the paths that run it unfused: the linear layer's output and the new
+"""A GEMM's prologue (kernels/gemm/prologue.py) on the paths that run it unfused: the linear layer's output and the new
 residual are those of the step's module followed by the plain GEMM."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shared-prefix decode attention (triton_ops/shared_prefix_attention.py through decode_attention's `shared`) equals
+"""Shared-prefix decode attention (kernels/attention/shared_prefix.py through decode_attention's `shared`) equals
 plain decode attention: groups of rows with identical prefix slots, of various sizes (more rows than a tile),
 prefixes not a multiple of the block, pages of 1 and 16, GQA groups of 1, 3, 4 and 8, rows one token past their
 prefix, grouped and ungrouped rows interleaved. On the CPU under TRITON_INTERPRET=1 (a subprocess), or on CUDA."""

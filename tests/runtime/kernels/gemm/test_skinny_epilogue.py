@@ -1,4 +1,4 @@
-"""The qkv GEMM's epilogue (layers/epilogue.py): the skinny kernel's rotation and KV store, bit-identical to the same
+"""The qkv GEMM's epilogue (gemm/epilogue.py): the skinny kernel's rotation and KV store, bit-identical to the same
 kernel config without it followed by the rotary embedding and the store (on the CPU under TRITON_INTERPRET=1 in a
 subprocess, in float32 and float16; on CUDA in bfloat16 and float16 at every autotune config); and the paths around
 it: attention skips its rotation and store only where the GEMM applied the epilogue."""
