@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel, divide
-from radixlm.runtime.layers.linear import copy_checked
 from radixlm.runtime.kernels.moe import fused_experts, select_experts
+from radixlm.runtime.layers.linear import copy_checked
 
 PARTS = {"gate": "w13_weight", "up": "w13_weight", "down": "w2_weight"}
 

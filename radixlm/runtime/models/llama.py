@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Iterable
 import torch
 from torch import nn
 
-from radixlm.runtime.layers.activation import SiluAndMul
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
+from radixlm.runtime.kernels.gemm import Prologue
+from radixlm.runtime.layers.activation import SiluAndMul
 from radixlm.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear, Shard, VocabEmbedding, copy_checked
 from radixlm.runtime.layers.norm import RMSNorm
-from radixlm.runtime.kernels.gemm import Prologue
 from radixlm.runtime.layers.radix_attention import RadixAttention
 from radixlm.runtime.layers.rotary import get_rope, rope_params_from_config
 

@@ -8,10 +8,9 @@ import torch
 from torch import nn
 
 from radixlm.runtime.distributed.parallel import Parallel
-from radixlm.runtime.layers.linear import Linear
-from radixlm.runtime.layers.moe import FusedMoE
-from radixlm.runtime.layers.moe import expert_weight_name
 from radixlm.runtime.kernels.gemm import Prologue, apply_prologue
+from radixlm.runtime.layers.linear import Linear
+from radixlm.runtime.layers.moe import FusedMoE, expert_weight_name
 from radixlm.runtime.models.mistral import MistralForCausalLM
 
 # Checkpoint: model.layers.{i}.block_sparse_moe.experts.{e}.w{1,2,3}.weight

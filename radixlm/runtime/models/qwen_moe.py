@@ -14,11 +14,10 @@ from torch import nn
 
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.kernels import gemm
+from radixlm.runtime.kernels.gemm import Prologue, apply_prologue
 from radixlm.runtime.layers.activation import SiluAndMul
 from radixlm.runtime.layers.linear import ColumnParallelLinear, Linear, RowParallelLinear, Shard
-from radixlm.runtime.layers.moe import FusedMoE
-from radixlm.runtime.layers.moe import expert_weight_name
-from radixlm.runtime.kernels.gemm import Prologue, apply_prologue
+from radixlm.runtime.layers.moe import FusedMoE, expert_weight_name
 from radixlm.runtime.models.llama import LlamaForCausalLM, LlamaMLP
 
 # Checkpoint: model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight

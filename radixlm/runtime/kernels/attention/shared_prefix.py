@@ -12,8 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from radixlm.runtime.kernels.attention.span import attend_span
 from radixlm.runtime.kernels.attention.decode_splits import DECODE_BLOCK_N, shared_prefix_block_m
+from radixlm.runtime.kernels.attention.span import attend_span
 
 # Views of one host-to-device copy at any offset (see decode_attention.INDEX_ARGS).
 INDEX_ARGS = ["Req_pool_indices", "Tile_rows", "Tiles"]

@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from radixlm.runtime.kernels.gemm.epilogue import MAX_ROWS as EPILOGUE_MAX_M, RotaryStore
 from radixlm.runtime.kernels.elementwise import rotate_halves
+from radixlm.runtime.kernels.gemm.epilogue import MAX_ROWS as EPILOGUE_MAX_M, RotaryStore
 from radixlm.runtime.kernels.gemm.prologue import Prologue, PrologueKind, apply
 
 if TYPE_CHECKING:

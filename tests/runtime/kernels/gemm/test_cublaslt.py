@@ -7,11 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixlm.runtime.kernels.gemm import cublaslt
-from radixlm.runtime.kernels.gemm import dispatch as gemm
-from radixlm.runtime.kernels.gemm import tuned_gemm
-from radixlm.runtime.layers.linear import Linear
+from radixlm.runtime.kernels.gemm import cublaslt, dispatch as gemm, tuned_gemm
 from radixlm.runtime.kernels.gemm.skinny_mma import MMA_MAX_M
+from radixlm.runtime.layers.linear import Linear
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 TABLES = sorted((Path(cublaslt.__file__).parent / "tuned").glob("cublaslt_*.json"))

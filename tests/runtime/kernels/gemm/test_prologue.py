@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from radixlm.runtime.kernels.gemm.prologue import PrologueKind
 from radixlm.runtime.layers.activation import SiluAndMul
 from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.layers.norm import RMSNorm
-from radixlm.runtime.kernels.gemm.prologue import PrologueKind
 
 
 def _linear(k: int, n: int) -> Linear:

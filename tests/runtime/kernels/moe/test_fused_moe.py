@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from radixlm.runtime.distributed.parallel import Parallel
 from radixlm.runtime.kernels.moe import fused_experts, select_experts
-from radixlm.runtime.layers.moe import FusedMoE
 from radixlm.runtime.kernels.moe.fused_moe import align_pairs, fused_experts_torch
+from radixlm.runtime.layers.moe import FusedMoE
 from tests.triton_interpret import interpreter_works, run_under_interpreter
 
 
