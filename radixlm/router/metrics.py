@@ -21,8 +21,8 @@ class RouterMetrics:
                                   ["worker", "policy"], registry=r)
         self.requests = Counter(PREFIX + "requests", "Proxied requests by route and final HTTP status",
                                 ["route", "status"], registry=r)
-        self.retries = Counter(PREFIX + "retries", "Attempts moved to another worker after a failure before "
-                               "the worker accepted the request", ["worker"], registry=r)
+        self.retries = Counter(PREFIX + "retries", "Attempts sent to a worker after an attempt on another one "
+                               "failed (by kind: resends)", ["worker"], registry=r)
         self.resends = Counter(PREFIX + "resends", "Requests sent to another worker after a failed attempt, by "
                                "what the failed worker can have seen: not_sent (it never got the request), "
                                "maybe_read (it broke after the request was sent)", ["kind"], registry=r)

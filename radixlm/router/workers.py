@@ -98,7 +98,7 @@ class Worker:
     healthy: bool = False  # set by the registry's health checks (hysteresis)
     check_failures: int = 0  # consecutive failed health checks (set by the registry)
     check_successes: int = 0  # consecutive passed health checks (set by the registry)
-    ejections: int = 0  # failed requests it had accepted (set by the registry's eject(), which marks it down)
+    ejections: int = 0  # failed attempts that ejected it (set by the registry's eject(), which marks it down)
     refused: bool = False  # down since a connection to it was refused: one passed check brings it back
     in_flight: int = 0  # requests proxied to it whose response has not ended (set by LoadGuard)
     selections: int = 0  # times a policy chose it (set by the Router)
