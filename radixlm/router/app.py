@@ -100,7 +100,11 @@ class Proxy:
                 self.router.metrics.resends.labels(failure.delivery.value).inc()
             tried.add(w.url)
             tracked = q.sent(call.fp, w.url)
-            result = await self._attempt(call, w, held)
+            try:
+                result = await self._attempt(call, w, held)
+            except BaseException:  # the client went away: the attempt counts for nothing
+                q.untrack(call.fp, w.url, tracked)
+                raise
             if isinstance(result, Response):
                 q.ended(call.fp, w.url, tracked, None)
                 return self._count(path, result)

@@ -90,12 +90,17 @@ class QuarantineStore:
         e.in_flight += 1
         return True
 
-    def ended(self, fp: bytes, url: str, tracked: bool, delivery: Delivery | None) -> bool:
-        """An attempt with `fp` on `url` ended: `delivery` None for an answer that is no failure. Returns whether
-        this ended it in quarantine."""
+    def untrack(self, fp: bytes, url: str, tracked: bool) -> Suspect | None:
+        """An attempt that sent() counted is over, whatever became of it. Returns the entry, if any."""
         e = self._get(fp)
         if e is not None and tracked and e.pinned == url and e.in_flight:
             e.in_flight -= 1
+        return e
+
+    def ended(self, fp: bytes, url: str, tracked: bool, delivery: Delivery | None) -> bool:
+        """An attempt with `fp` on `url` ended: `delivery` None for an answer that is no failure. Returns whether
+        this ended it in quarantine."""
+        e = self.untrack(fp, url, tracked)
         if delivery is None:
             if e is not None and not e.quarantined:
                 del self._entries[fp]

@@ -22,6 +22,7 @@ from radixlm.runtime.ipc import die_with_parent
 from tests.runtime.server.conftest import ServerHandle, child_pids, free_port, stop_server, wait_healthy
 
 WORKER_FLAGS = ("--max-total-tokens", "4096", "--random-seed", "0", "--log-level", "warning")
+WORKER_STARTUP_S = 600.0  # two model loads at once on a loaded 2-core machine can take minutes
 
 
 def start_worker_proc(port: int) -> subprocess.Popen:
@@ -57,7 +58,7 @@ def fleet():
     handles: list[ServerHandle] = []
     try:
         for proc, port in zip(procs, ports):
-            handles.append(wait_healthy(proc, f"http://127.0.0.1:{port}"))
+            handles.append(wait_healthy(proc, f"http://127.0.0.1:{port}", timeout=WORKER_STARTUP_S))
         f = Fleet(handles)
         yield f
         handles = f.workers  # a test may have restarted one

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from radixlm.router.app import WORKER_HEADER
-from tests.router.conftest import kill_hard, start_router, start_worker_proc, stop_router, wait_healthy
+from tests.router.conftest import (WORKER_STARTUP_S, kill_hard, start_router, start_worker_proc, stop_router,
+                                   wait_healthy)
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +93,7 @@ def test_kill_worker_mid_run_then_restart(fleet):
         assert r.status_code == 200 and r.headers[WORKER_HEADER] == survivor.base_url
 
         port = int(victim.base_url.rsplit(":", 1)[1])
-        fleet.workers[1] = wait_healthy(start_worker_proc(port), victim.base_url)
+        fleet.workers[1] = wait_healthy(start_worker_proc(port), victim.base_url, timeout=WORKER_STARTUP_S)
         healthy_at = time.monotonic()
         # A down worker is checked every second even with the default 60 s interval; one that refused
         # connections is back after one passed check, which also closes its circuit.

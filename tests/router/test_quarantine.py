@@ -63,6 +63,9 @@ def test_a_new_pin_only_once_nothing_is_in_flight_on_the_old_one():
     q.sent(FP, C)
     q.ended(FP, C, True, ANSWERED)  # C answered a 500: alive, not a second death
     assert q.verdict(FP) is Verdict.SUSPECT and q.candidates(FP, [B, C, D]) == [C]
+    q.sent(FP, C)
+    q.untrack(FP, C, True)  # its client went away
+    assert q.candidates(FP, [B, D]) == [B, D]
 
 
 def test_entries_expire_after_the_ttl_of_their_last_death():
