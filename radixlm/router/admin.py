@@ -113,8 +113,14 @@ def install_admin_routes(app: FastAPI, router: Router) -> None:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        body = router.metrics.render(list(router.registry.workers.values()), router.tree.char_count)
+        body = router.metrics.render(list(router.registry.workers.values()), router.tree.char_count,
+                                     router.quarantine.counts()["quarantined"])
         return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/quarantine")
+    async def quarantine() -> Response:
+        """How many request fingerprints are quarantined (copies refused) or suspected (one worker broke)."""
+        return json_response({**router.quarantine.counts(), "quarantine_secs": args.quarantine_secs})
 
     _install_worker_routes(app, router)
 

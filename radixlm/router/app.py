@@ -1,18 +1,25 @@
 """The router's HTTP face: a streaming proxy for the generation endpoints (the admin endpoints are admin.py's).
 
-NOTE retry rule: a request moves to another worker only when its worker never accepted it: no connection could
-be set up (refused, connect timeout, no free connection in the router's pool), or the worker answered 503 (queue
-full, not ready: alive, and saying so). Once the request may have reached a worker (the connection broke or timed
-out after it was sent, or the worker answered another 5xx) it is never resent, since a request that killed its
-worker would kill the next one too: the client gets the worker's own 5xx, or a 502 (504 for a timeout) in the
-route's error shape, and the worker is ejected until the active health checks pass it (failures.py, workers.py).
+NOTE retry rule, by what the failed worker can have seen of the request (failures.Delivery):
+- NOT_SENT (no connection: refused, connect timeout, no free connection in the router's pool; the connection broke
+  before the request was fully written; or the worker answered 503, alive and saying so): always sent to another
+  worker, within --retry-max-retries.
+- MAYBE_READ (the connection broke after the request was sent, before an answer): the worker may have read it and
+  died of it, or died of something else. It is resent once, to one other worker; if that worker breaks too, the
+  request is quarantined (quarantine.py): the client gets a 502 saying so, and copies of it are refused at the
+  router (422) for --quarantine-secs. Every attempt with the same bytes after a death goes to that same one other
+  worker, so one poison request takes down at most two workers.
+- ANSWERED (the worker answered another 5xx, or did not answer within the request timeout): final; the client
+  gets the worker's own 5xx, or a 504 in the route's error shape.
+Resends wait SGLang's retry backoff. A worker that failed this way is ejected until the active health checks pass
+it (failures.py, workers.py); --disable-retries sends every request to one worker only.
 A stream is committed once its first chunk reached the client; a failure after that ends it with an error event."""
 from __future__ import annotations
 
 import asyncio
 import logging
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 import httpx
@@ -23,8 +30,10 @@ from fastapi.responses import Response, StreamingResponse
 from radixlm.router.admin import install_admin_routes, json_response
 from radixlm.router.args import RouterArgs
 from radixlm.router.core import Router
-from radixlm.router.failures import Failure, failure_of_exception, failure_of_status, stream_error_event
+from radixlm.router.failures import (Backoff, Delivery, Failure, failure_of_exception, failure_of_status,
+                                    stream_error_event)
 from radixlm.router.policies import RoutingRequest
+from radixlm.router.quarantine import Verdict, fingerprint
 from radixlm.router.request_text import routing_text
 from radixlm.router.usage import SseUsageScanner, usage_of_body
 from radixlm.router.workers import LoadGuard, Worker
@@ -38,7 +47,7 @@ DROP_REQUEST_HEADERS = {"host", "content-length", "connection", "keep-alive", "t
 DROP_RESPONSE_HEADERS = {"content-length", "connection", "keep-alive", "transfer-encoding", "date", "server"}
 CONNECT_TIMEOUT_S = 5.0
 # Below the workers' 5 s keep-alive, so the router never reuses a connection the worker is closing: a request
-# lost that way would look like one its worker failed on, and would not be resent.
+# lost that way would look like one its worker broke on (MAYBE_READ), and would eject a live worker.
 KEEPALIVE_EXPIRY_S = 2.0
 WORKER_HEADER = "x-radixlm-worker"  # which worker served (or failed) a proxied request (debugging, tests)
 
@@ -49,42 +58,68 @@ def _headers(headers: httpx.Headers | Any, drop: set[str]) -> dict[str, str]:
 
 @dataclass
 class Call:
-    """One client request on its way through the proxy (set by Proxy._call, except `busy`)."""
+    """One client request on its way through the proxy (set by Proxy._call, except the last three)."""
     path: str
     flavor: ApiFlavor
     raw: bytes
+    fp: bytes  # quarantine.fingerprint of path and raw
     headers: dict[str, str]
     streaming: bool
     req: RoutingRequest
     timeout: httpx.Timeout
     busy: Response | None = None  # a worker's 503 (set by _failed): the answer when no other worker takes it
+    answer: Response | None = None  # a worker's own final failure answer, e.g. its 500 (set by _failed)
+    deaths: list[tuple[str, Failure]] = field(default_factory=list)  # MAYBE_READ attempts: (worker, failure)
 
 
 class Proxy:
     def __init__(self, router: Router) -> None:
         self.router = router
+        self.backoff = Backoff.of(router.args)
 
     async def forward(self, request: Request, path: str) -> Response:
         call = await self._call(request, path)
         if isinstance(call, Response):
             return self._count(path, call)
+        q = self.router.quarantine
+        if q.verdict(call.fp) is Verdict.QUARANTINED:
+            return self._count(path, self._refused(call))
         args = self.router.args
         attempts = 1 if args.disable_retries else 1 + args.retry_max_retries
         tried: set[str] = set()
         failure: Failure | None = None
         for attempt in range(attempts):
-            picked = self.router.select(call.req, tried)
+            if attempt:
+                await asyncio.sleep(self.backoff.delay_s(attempt - 1))
+            picked = self.router.select(call.req, tried, lambda urls: q.candidates(call.fp, urls))
             if picked is None:
                 break
             w, held = picked
-            if attempt:
+            if failure is not None:
                 self.router.metrics.retries.labels(w.url).inc()
+                self.router.metrics.resends.labels(failure.delivery.value).inc()
             tried.add(w.url)
-            result = await self._attempt(call, w, held)
+            tracked = q.sent(call.fp, w.url)
+            try:
+                result = await self._attempt(call, w, held)
+            except BaseException:  # the client went away: the attempt counts for nothing
+                q.untrack(call.fp, w.url, tracked)
+                raise
             if isinstance(result, Response):
+                q.ended(call.fp, w.url, tracked, None)
                 return self._count(path, result)
             failure = result
-        return self._count(path, self._unserved(call, len(tried), failure))
+            if q.ended(call.fp, w.url, tracked, failure.delivery):
+                self.router.metrics.quarantines.inc()
+            if failure.delivery is Delivery.ANSWERED:
+                final = call.answer or self._error(f"{failure.message}; the request was not resent", failure.status,
+                                                   call, w.url)
+                return self._count(path, final)
+            if failure.delivery is Delivery.MAYBE_READ:
+                call.deaths.append((w.url, failure))
+                if len(call.deaths) > 1:
+                    break
+        return self._count(path, self._unserved(call, tried, failure, attempts))
 
     async def _call(self, request: Request, path: str) -> Call | Response:
         flavor = flavor_of(path)
@@ -96,13 +131,14 @@ class Proxy:
         if not isinstance(body, dict):
             return error_response("request body must be a JSON object", 400, flavor)
         key = request.headers.get("x-smg-routing-key") or body.get("routing_key")
-        return Call(path, flavor, raw, _headers(request.headers, DROP_REQUEST_HEADERS), bool(body.get("stream")),
+        return Call(path, flavor, raw, fingerprint(path, raw), _headers(request.headers, DROP_REQUEST_HEADERS),
+                    bool(body.get("stream")),
                     RoutingRequest(routing_text(path, body), key if isinstance(key, str) else None),
                     httpx.Timeout(self.router.args.request_timeout_secs, connect=CONNECT_TIMEOUT_S))
 
     async def _attempt(self, call: Call, w: Worker, held: int) -> Response | Failure:
-        """One try on `w`. A Response is final (the worker's answer, or an error once `w` accepted the request);
-        a Failure means `w` never accepted it and another worker may."""
+        """One try on `w`. A Response is the worker's answer (a started stream included); a Failure is for
+        forward() to judge (a worker's own failure answer is kept in `call`)."""
         guard = LoadGuard(w)
         client = self.router.client
         try:
@@ -134,7 +170,7 @@ class Proxy:
                       out_headers: dict[str, str]) -> Response | Failure:
         chunks = upstream.aiter_raw()
         try:
-            # Until the first chunk nothing reached the client: a failure is still a plain error response.
+            # Until the first chunk nothing reached the client: a failure is judged like any other.
             first = await anext(chunks, b"")
         except httpx.HTTPError as e:
             await upstream.aclose()
@@ -143,31 +179,54 @@ class Proxy:
         return StreamingResponse(relay, upstream.status_code, out_headers)
 
     def _failed(self, call: Call, w: Worker, held: int, guard: LoadGuard, failure: Failure,
-                answer: Response | None = None) -> Response | Failure:
-        """Records a failed attempt; `answer` is the worker's own, if it answered. Returns the Failure when
-        another worker may take the request, else what the client gets."""
+                answer: Response | None = None) -> Failure:
+        """Records a failed attempt; `answer` is the worker's own, if it answered."""
         guard.release()
         self.router.undo_insert(call.req, w, held)
         self.router.worker_failed(w, failure)
         logger.warning("%s %s", call.path, failure.message)
-        if failure.resend:
-            if answer is not None:
-                call.busy = answer
-            return failure
         if answer is not None:
-            return answer
-        resp = error_response(failure.message, failure.status, call.flavor)
-        resp.headers[WORKER_HEADER] = w.url
+            if failure.delivery is Delivery.NOT_SENT:
+                call.busy = answer
+            else:
+                call.answer = answer
+        return failure
+
+    def _error(self, message: str, status: int, call: Call, worker: str | None = None) -> Response:
+        resp = error_response(message, status, call.flavor)
+        if worker is not None:
+            resp.headers[WORKER_HEADER] = worker
         return resp
 
-    def _unserved(self, call: Call, tried: int, failure: Failure | None) -> Response:
-        """No worker took the request: a worker's own 503 if one answered so, else the router's error."""
+    def _refused(self, call: Call) -> Response:
+        self.router.metrics.quarantine_refusals.inc()
+        dead = self.router.quarantine.dead(call.fp)
+        return self._error(f"request refused: it is quarantined, since workers {' and '.join(dead)} failed while "
+                           f"handling it (or a copy of it); copies of it are refused for up to "
+                           f"{self.router.args.quarantine_secs:g} s after the last failure", 422, call)
+
+    def _unserved(self, call: Call, tried: set[str], failure: Failure | None, attempts: int) -> Response:
+        """No worker served the request: the quarantine's answer, a worker's death, a worker's own 503 if one
+        answered so, else the router's error."""
+        if self.router.quarantine.verdict(call.fp) is Verdict.QUARANTINED:
+            if not call.deaths:
+                return self._refused(call)
+            dead = self.router.quarantine.dead(call.fp)
+            return self._error(f"two workers ({' and '.join(dead)}) failed while handling this request (or a copy "
+                               f"of it; the last: {call.deaths[-1][1].message}); it may be what makes them fail, so it "
+                               f"was not resent, and copies of it will be refused for "
+                               f"{self.router.args.quarantine_secs:g} s", 502, call, dead[-1] if dead else None)
+        if call.deaths:
+            url, death = call.deaths[0]
+            why = "retries are disabled" if attempts == 1 else (
+                "no other worker could take it" if len(tried) < attempts else "out of retries")
+            return self._error(f"{death.message}; the request was not resent ({why})", death.status, call, url)
         if call.busy is not None:
             return call.busy
         if failure is not None:
-            return error_response(f"no worker accepted the request ({tried} tried; the last: {failure.message})",
-                                  failure.status, call.flavor)
-        return error_response("no healthy worker available", 503, call.flavor)
+            return self._error(f"no worker accepted the request ({len(tried)} tried; the last: {failure.message})",
+                               failure.status, call)
+        return self._error("no healthy worker available", 503, call)
 
     async def _relay(self, call: Call, first: bytes, chunks: AsyncIterator[bytes], upstream: httpx.Response,
                      guard: LoadGuard, w: Worker, held: int) -> AsyncIterator[bytes]:
@@ -189,8 +248,11 @@ class Proxy:
             failure = failure_of_exception(e, w.url)
             # Recorded before the client hears of it, so /workers already shows the worker down.
             self.router.worker_failed(w, failure)
-            logger.warning("%s stream broke after its first byte: %s", call.path, failure.message)
-            yield stream_error_event(failure.message, failure.status, call.flavor)
+            if self.router.quarantine.ended(call.fp, w.url, False, failure.delivery):
+                self.router.metrics.quarantines.inc()
+            message = f"{failure.message}; the stream had begun, so the request was not resent"
+            logger.warning("%s stream broke after its first byte: %s", call.path, message)
+            yield stream_error_event(message, failure.status, call.flavor)
         finally:
             guard.release()  # load is held until the stream ends (or the client goes away)
             await upstream.aclose()

@@ -34,8 +34,13 @@ class RouterArgs:
     cb_success_threshold: int = 3
     cb_timeout_duration_secs: float = 60.0
     disable_circuit_breaker: bool = False
-    retry_max_retries: int = field(default=5, metadata={"help": "further workers tried for a request its worker never accepted (no connection, or HTTP 503)"})
+    retry_max_retries: int = field(default=5, metadata={"help": "further workers tried for a request: always for one its worker never got (no connection, or HTTP 503), once for one a worker may have read when it died"})
+    retry_initial_backoff_ms: int = field(default=50, metadata={"help": "delay before the first resend"})
+    retry_max_backoff_ms: int = field(default=30000, metadata={"help": "cap on the delay between resends"})
+    retry_backoff_multiplier: float = field(default=1.5, metadata={"help": "each further resend waits this many times longer"})
+    retry_jitter_factor: float = field(default=0.2, metadata={"help": "delays vary at random by up to this fraction"})
     disable_retries: bool = False
+    quarantine_secs: float = field(default=600.0, metadata={"help": "how long copies of a request that two workers died on are refused (HTTP 422) at the router"})
     request_timeout_secs: float = 1800.0
     log_level: str = "info"
 
@@ -51,6 +56,10 @@ class RouterArgs:
             (self.health_check_interval_secs > 0 and self.health_check_timeout_secs > 0, "health check times must be > 0"),
             (self.cb_failure_threshold >= 1 and self.cb_success_threshold >= 1, "circuit breaker thresholds must be >= 1"),
             (self.retry_max_retries >= 0, "retry_max_retries must be >= 0"),
+            (0 <= self.retry_initial_backoff_ms <= self.retry_max_backoff_ms, "retry backoffs must be 0 <= initial <= max"),
+            (self.retry_backoff_multiplier >= 1.0, "retry_backoff_multiplier must be >= 1"),
+            (0.0 <= self.retry_jitter_factor <= 1.0, "retry_jitter_factor must be in [0, 1]"),
+            (self.quarantine_secs > 0, "quarantine_secs must be > 0"),
             (self.request_timeout_secs > 0, "request_timeout_secs must be > 0"),
             (self.policy in POLICIES or self.policy in POLICY_ALIASES, f"policy must be one of {', '.join(POLICIES)}"),
             (self.prefix_token_count >= 1 and self.prefix_hash_load_factor >= 1.0, "prefix_hash settings out of range"),

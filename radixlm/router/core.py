@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Callable
 
 import httpx
 
@@ -11,6 +12,7 @@ from radixlm.router.failures import Effect, Failure
 from radixlm.router.feedback import CacheFeedback, CacheState, FeedbackConfig
 from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policies import CacheAwareConfig, RoutingRequest, make_policy
+from radixlm.router.quarantine import QuarantineStore
 from radixlm.router.tree import ApproxRadixTree
 from radixlm.router.usage import Usage
 from radixlm.router.workers import CircuitConfig, HealthConfig, Worker, WorkerRegistry
@@ -39,6 +41,7 @@ class Router:
         self.est_cached_chars = 0  # set by select()
         self.est_input_chars = 0  # set by select()
         self.decisions: dict[str, int] = {}  # cache_aware decisions by mode (set by select())
+        self.quarantine = QuarantineStore(args.quarantine_secs)
         self.feedback = CacheFeedback(self.tree, FeedbackConfig(enabled=args.cache_feedback), self.metrics)
         for url in args.worker_urls:
             self.registry.add(url)
@@ -56,10 +59,15 @@ class Router:
         self.tree.clear_tenant(url)
 
     # ---- routing -------------------------------------------------------------------------------
-    def select(self, req: RoutingRequest, exclude: set[str] = frozenset()) -> tuple[Worker, int] | None:
+    def select(self, req: RoutingRequest, exclude: set[str] = frozenset(),
+               allow: Callable[[list[str]], list[str]] | None = None) -> tuple[Worker, int] | None:
         """Picks a worker (None when no eligible one is left) and records the text under it at selection
-        time. Returns the worker and how many characters the tree believed it already held."""
+        time; `allow` narrows the eligible workers (by URL) further. Returns the worker and how many characters
+        the tree believed it already held."""
         candidates = [w for w in self.registry.eligible() if w.url not in exclude]
+        if allow is not None:
+            allowed = set(allow([w.url for w in candidates]))
+            candidates = [w for w in candidates if w.url in allowed]
         if not candidates:
             return None
         w = self.policy.select(candidates, req)
@@ -89,8 +97,8 @@ class Router:
     def worker_failed(self, w: Worker, failure: Failure) -> None:
         """An attempt on `w` failed: counts it, and passes the failure's verdict on to the worker's health."""
         self.metrics.worker_errors.labels(w.url).inc()
-        if failure.effect is Effect.EJECT:
-            if self.registry.eject(w, failure.message):
+        if failure.effect in (Effect.EJECT, Effect.REFUSED):
+            if self.registry.eject(w, failure.message, refused=failure.effect is Effect.REFUSED):
                 self.metrics.ejections.labels(w.url).inc()
         elif failure.effect is Effect.COUNT:
             w.breaker.record(False)

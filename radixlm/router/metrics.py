@@ -21,8 +21,17 @@ class RouterMetrics:
                                   ["worker", "policy"], registry=r)
         self.requests = Counter(PREFIX + "requests", "Proxied requests by route and final HTTP status",
                                 ["route", "status"], registry=r)
-        self.retries = Counter(PREFIX + "retries", "Attempts moved to another worker after a failure before "
-                               "the worker accepted the request", ["worker"], registry=r)
+        self.retries = Counter(PREFIX + "retries", "Attempts sent to a worker after an attempt on another one "
+                               "failed (by kind: resends)", ["worker"], registry=r)
+        self.resends = Counter(PREFIX + "resends", "Requests sent to another worker after a failed attempt, by "
+                               "what the failed worker can have seen: not_sent (it never got the request), "
+                               "maybe_read (it broke after the request was sent)", ["kind"], registry=r)
+        self.quarantines = Counter(PREFIX + "quarantines", "Requests quarantined: a second worker broke while "
+                                   "it had the request (or a copy of it)", registry=r)
+        self.quarantine_refusals = Counter(PREFIX + "quarantine_refusals", "Copies of quarantined requests "
+                                           "refused at the router", registry=r)
+        self.quarantined = Gauge(PREFIX + "quarantined_requests", "Request fingerprints in quarantine now",
+                                 registry=r)
         self.worker_errors = Counter(PREFIX + "worker_errors", "Failed attempts by worker", ["worker"], registry=r)
         self.ejections = Counter(PREFIX + "worker_ejections", "Times a healthy worker was marked down at once "
                                  "because it failed a request (passive health check)", ["worker"], registry=r)
@@ -49,7 +58,8 @@ class RouterMetrics:
         self.tree_chars = Gauge(PREFIX + "tree_chars", "Characters the tree attributes to each worker",
                                 ["worker"], registry=r)
 
-    def render(self, workers: list[Worker], tree_chars: dict[str, int]) -> bytes:
+    def render(self, workers: list[Worker], tree_chars: dict[str, int], quarantined: int = 0) -> bytes:
+        self.quarantined.set(quarantined)
         for g in (self.active, self.health, self.circuit, self.tree_chars):
             g.clear()  # removed workers must disappear from the gauges
         for w in workers:

@@ -1,7 +1,9 @@
 """Workers as the router sees them: health with hysteresis, a circuit breaker, and the router's own in-flight
 count (its only notion of load for cache_aware). The registry runs the periodic (active) health checks and takes
-the proxy's passive verdicts: a worker that failed a request it had accepted is ejected at once (marked down, its
-circuit opened) and comes back only through the active checks, which also close its circuit."""
+the proxy's passive verdicts: a worker that failed a request it had accepted, or whose connection failed, is
+ejected at once (marked down, its circuit opened) and comes back only through the active checks, which also close
+its circuit. A connection refused at the socket (by a request or a health check) means nothing listens: the worker
+is down at once, and its first passed check brings it back (a restarted process), not `success_threshold` of them."""
 from __future__ import annotations
 
 import asyncio
@@ -24,8 +26,8 @@ class HealthConfig:
     timeout_s: float = 5.0
     interval_s: float = 60.0
     endpoint: str = "/health"
-    # A down worker is also checked every min(interval_s, down_interval_s): with success_threshold 2, a restarted
-    # worker takes traffic about 2 s after it answers /health, even with the default 60 s interval.
+    # A down worker is also checked every min(interval_s, down_interval_s): a restarted worker takes traffic about
+    # 1 s after it answers /health (2 s when it was not seen refusing), even with the default 60 s interval.
     down_interval_s: float = 1.0
 
 
@@ -96,7 +98,8 @@ class Worker:
     healthy: bool = False  # set by the registry's health checks (hysteresis)
     check_failures: int = 0  # consecutive failed health checks (set by the registry)
     check_successes: int = 0  # consecutive passed health checks (set by the registry)
-    ejections: int = 0  # failed requests it had accepted (set by the registry's eject(), which marks it down)
+    ejections: int = 0  # failed attempts that ejected it (set by the registry's eject(), which marks it down)
+    refused: bool = False  # down since a connection to it was refused: one passed check brings it back
     in_flight: int = 0  # requests proxied to it whose response has not ended (set by LoadGuard)
     selections: int = 0  # times a policy chose it (set by the Router)
 
@@ -123,6 +126,12 @@ class LoadGuard:
         if self._held:
             self._held = False
             self.worker.in_flight -= 1
+
+
+class Probe(enum.Enum):
+    PASSED = "passed"
+    FAILED = "failed"  # an answer other than 200, or no answer in time
+    REFUSED = "refused"  # no connection: nothing listens at the worker's address
 
 
 class WorkerListener(Protocol):
@@ -160,28 +169,33 @@ class WorkerRegistry:
     def eligible(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.eligible]
 
-    def record_check(self, w: Worker, ok: bool, first: bool = False) -> None:
+    def record_check(self, w: Worker, ok: bool, first: bool = False, refused: bool = False) -> None:
         """Hysteresis: only `failure_threshold` failures in a row mark a worker down, `success_threshold`
-        successes in a row mark it up. The first check of a new worker decides at once."""
+        successes in a row mark it up. The first check of a new worker decides at once, and so do a refused
+        connection (down) and the first pass after one (up)."""
         if ok:
             w.check_failures, w.check_successes = 0, w.check_successes + 1
-            if not w.healthy and (first or w.check_successes >= self.health.success_threshold):
-                w.healthy, w.check_successes = True, 0
+            if not w.healthy and (first or w.refused or w.check_successes >= self.health.success_threshold):
+                w.healthy, w.check_successes, w.refused = True, 0, False
                 w.breaker.reset()  # it answers again: a stale open circuit must not keep it out
                 logger.info("worker %s is up", w.url)
             return
         w.check_successes, w.check_failures = 0, w.check_failures + 1
-        if w.healthy and w.check_failures >= self.health.failure_threshold:
+        if refused:
+            w.refused = True
+        if w.healthy and (refused or w.check_failures >= self.health.failure_threshold):
             w.check_failures = 0
-            self._mark_down(w, "failed health checks")
+            self._mark_down(w, "its health check was refused" if refused else "failed health checks")
 
-    def eject(self, w: Worker, why: str) -> bool:
-        """Passive health check: `w` failed a request it had accepted. It is down at once with its circuit open
-        until `success_threshold` active checks in a row pass. Returns whether it was up until now."""
+    def eject(self, w: Worker, why: str, refused: bool = False) -> bool:
+        """Passive health check: `w` failed a request, or refused its connection. It is down at once with its
+        circuit open until `success_threshold` active checks in a row pass (one, when `refused`). Returns whether
+        it was up until now."""
         if self.workers.get(w.url) is not w:
             return False  # removed while the request ran
         was_up = w.healthy
         w.ejections += 1
+        w.refused = w.refused or refused
         w.breaker.trip()
         w.check_failures = w.check_successes = 0
         if was_up:
@@ -194,19 +208,21 @@ class WorkerRegistry:
         for lis in self.listeners:
             lis.worker_down(w.url)
 
-    async def probe(self, w: Worker) -> bool:
+    async def probe(self, w: Worker) -> Probe:
         try:
             r = await self.client.get(w.url + self.health.endpoint, timeout=self.health.timeout_s)
-            return r.status_code == 200
+            return Probe.PASSED if r.status_code == 200 else Probe.FAILED
+        except httpx.ConnectError:
+            return Probe.REFUSED
         except httpx.HTTPError:
-            return False
+            return Probe.FAILED
 
     async def check(self, w: Worker, first: bool = False) -> None:
         ejections = w.ejections
-        ok = await self.probe(w)
+        result = await self.probe(w)
         # It may have been removed while we waited; and a probe sent before an ejection predates the failure.
         if self.workers.get(w.url) is w and w.ejections == ejections:
-            self.record_check(w, ok, first)
+            self.record_check(w, result is Probe.PASSED, first, refused=result is Probe.REFUSED)
 
     async def check_all(self, first: bool = False, down_only: bool = False) -> None:
         await asyncio.gather(*(self.check(w, first) for w in list(self.workers.values())

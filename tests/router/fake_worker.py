@@ -1,6 +1,7 @@
 """A stand-in worker process for the router's failure tests (stdlib HTTP, no model): GET /health, POST /generate
 (answers which port served it), GET /seen (the texts of the generate requests it got). A generate request whose
-text contains POISON ends the process mid-request, as a crashing scheduler takes its worker down.
+text contains POISON ends the process mid-request, as a crashing scheduler takes its worker down; one with
+"hold": true is answered only once GET /release was called (requests in flight, for as long as a test needs).
 
     python tests/router/fake_worker.py PORT    (0 picks a free port; prints "listening on PORT" once bound)"""
 from __future__ import annotations
@@ -8,15 +9,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from radixlm.runtime.ipc import die_with_parent
 
 POISON = "<poison-pill>"
+HOLD_LIMIT_S = 300.0  # a held request is answered after this anyway: nothing waits forever
 
 
 class Server(ThreadingHTTPServer):
     seen: list[str]  # texts of the generate requests received (set by the handler)
+    released: threading.Event  # set by GET /release: held requests are answered
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -28,6 +32,9 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(200, {"status": "ok"})
         elif self.path == "/seen":
             self.answer(200, {"texts": self.server.seen})
+        elif self.path == "/release":
+            self.server.released.set()
+            self.answer(200, {"released": True})
         else:
             self.answer(404, {"object": "error", "message": "not found", "code": 404})
 
@@ -37,6 +44,8 @@ class Handler(BaseHTTPRequestHandler):
         self.server.seen.append(text)
         if POISON in text:
             os._exit(3)  # the request is read in full: the router sees the connection close with no answer
+        if body.get("hold"):
+            self.server.released.wait(HOLD_LIMIT_S)
         port = self.server.server_address[1]
         self.answer(200, {"text": f"served by {port}", "meta_info": {"id": "fake", "prompt_tokens": len(text)}})
 
@@ -56,6 +65,7 @@ def main(port: int) -> None:
     die_with_parent()  # no orphan if the test process dies
     server = Server(("127.0.0.1", port), Handler)
     server.seen = []
+    server.released = threading.Event()
     print(f"listening on {server.server_address[1]}", flush=True)
     server.serve_forever()
 

@@ -53,6 +53,7 @@ class FakeFleet:
         self.generate_calls: dict[str, int] = defaultdict(int)  # generations each worker served
         self.health_checks: dict[str, int] = defaultdict(int)
         self.flushed: list[str] = []
+        self.poison: str | None = None  # a generation body holding it kills the worker that reads it (set by tests)
 
     def __call__(self, req: httpx.Request) -> httpx.Response:
         host, path, mode = req.url.host, req.url.path, self.mode.get(req.url.host, Mode.DOWN)
@@ -76,6 +77,9 @@ class FakeFleet:
         body = json.loads(req.content)
         if mode.accepts:
             self.received[host].append(body)
+        if mode.accepts and self.poison is not None and self.poison in req.content.decode():
+            self.mode[host] = Mode.DOWN
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=req)
         if mode in RAISES:
             raise RAISES[mode]("fake failure", request=req)
         if mode is Mode.BUSY:

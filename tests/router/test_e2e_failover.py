@@ -1,7 +1,8 @@
-"""A worker SIGKILLed under load. Only requests the victim had accepted when it died may fail (502/504 naming it;
-they are never resent); every request started after the kill succeeds on the other worker; /workers shows the
-victim down at once, and with the router's default health-check and circuit-breaker settings it takes traffic
-again within seconds of being restarted on its port."""
+"""A worker SIGKILLed under load. No request is lost: those the victim had in flight when it died are resent once
+to the other worker (they may have been read, so once only) and succeed there, and every request started after the
+kill succeeds on the other worker; /workers shows the victim down at once, and with the router's default
+health-check and circuit-breaker settings it takes traffic again within 10 s of passing its health check once
+restarted on its port."""
 from __future__ import annotations
 
 import threading
@@ -13,12 +14,14 @@ import httpx
 import pytest
 
 from radixlm.router.app import WORKER_HEADER
-from tests.router.conftest import kill_hard, start_router, start_worker_proc, stop_router, wait_healthy
+from tests.router.conftest import (WORKER_STARTUP_S, kill_hard, start_router, start_worker_proc, stop_router,
+                                   wait_healthy)
 
 pytestmark = pytest.mark.slow
 
 N_REQUESTS = 24
-CONCURRENCY = 4  # at most this many requests can be in flight at the victim when it dies
+CONCURRENCY = 4
+PICKUP_S = 10.0  # the restarted victim serves within this of passing its health check
 
 
 @dataclass(frozen=True)
@@ -76,11 +79,11 @@ def test_kill_worker_mid_run_then_restart(fleet):
     try:
         results, killed_at = run_and_kill(router, victim)
         failed = [o for o in results if o.status != 200]
-        assert len(failed) <= CONCURRENCY, failed
-        for o in failed:
-            assert o.status in (502, 504) and o.worker == victim.base_url and "not resent" in o.body, o
-            assert o.started < killed_at, "only a request in flight at the kill may fail"
+        assert failed == [], failed
         assert {o.worker for o in results if o.started > killed_at} == {survivor.base_url}
+        metrics = router.client.get("/metrics").text
+        resent = [line for line in metrics.splitlines() if line.startswith("radixlm_router:resends_total{")]
+        assert all("maybe_read" in line or "not_sent" in line for line in resent), resent
 
         # Passive health check: the router saw the victim fail, so it is listed down without waiting.
         assert worker_state(router, victim.base_url)["healthy"] is False
@@ -90,10 +93,14 @@ def test_kill_worker_mid_run_then_restart(fleet):
         assert r.status_code == 200 and r.headers[WORKER_HEADER] == survivor.base_url
 
         port = int(victim.base_url.rsplit(":", 1)[1])
-        fleet.workers[1] = wait_healthy(start_worker_proc(port), victim.base_url)
-        # A down worker is checked every second even with the default 60 s interval; passing closes its circuit.
+        fleet.workers[1] = wait_healthy(start_worker_proc(port), victim.base_url, timeout=WORKER_STARTUP_S)
+        healthy_at = time.monotonic()
+        # A down worker is checked every second even with the default 60 s interval; one that refused
+        # connections is back after one passed check, which also closes its circuit.
         assert wait_for(lambda: worker_state(router, victim.base_url)["circuit"] == "closed"
                         and worker_state(router, victim.base_url)["healthy"], 30)
+        took = time.monotonic() - healthy_at
+        assert took < PICKUP_S, f"the restarted worker was listed healthy {took:.1f} s after passing /health"
         served = {router.client.post("/generate", json={"text": f"back {i}", "sampling_params": {
             "max_new_tokens": 1}}).headers[WORKER_HEADER] for i in range(4)}
         assert served == set(fleet.urls)

@@ -31,6 +31,16 @@ def test_router_flags_and_alias():
     assert a.eviction_interval == 5.0 and a.disable_retries
 
 
+def test_retry_backoff_flags_and_defaults_as_sglang():
+    a = parse_router()
+    assert (a.retry_max_retries, a.retry_initial_backoff_ms, a.retry_max_backoff_ms, a.retry_backoff_multiplier,
+            a.retry_jitter_factor) == (5, 50, 30000, 1.5, 0.2)
+    a = parse_router("--retry-initial-backoff-ms", "10", "--retry-max-backoff-ms", "100",
+                     "--retry-backoff-multiplier", "2", "--retry-jitter-factor", "0", "--quarantine-secs", "5")
+    assert (a.retry_initial_backoff_ms, a.retry_max_backoff_ms, a.retry_backoff_multiplier, a.retry_jitter_factor,
+            a.quarantine_secs) == (10, 100, 2.0, 0.0, 5.0)
+
+
 @pytest.mark.parametrize("kw,msg", [({"cache_threshold": 1.5}, "cache_threshold"),
                                     ({"balance_rel_threshold": 0.5}, "balance_rel_threshold"),
                                     ({"policy": "nope"}, "policy")])

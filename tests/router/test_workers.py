@@ -108,11 +108,12 @@ def test_registry_rejects_bad_and_duplicate_urls():
 
 
 def test_probe_marks_down_and_up_over_http():
+    """A health check that gets an answer other than 200 goes through the hysteresis both ways."""
     up = {"w1": True}
 
     def handler(req: httpx.Request) -> httpx.Response:
         if req.url.host == "w1" and not up["w1"]:
-            raise httpx.ConnectError("refused")
+            return httpx.Response(500)
         return httpx.Response(200 if req.url.path == "/health" else 404)
 
     async def go():
@@ -121,8 +122,10 @@ def test_probe_marks_down_and_up_over_http():
         await reg.check_all(first=True)
         assert w.healthy
         up["w1"] = False
-        for _ in range(3):
+        for _ in range(2):
             await reg.check_all()
+        assert w.healthy
+        await reg.check_all()
         assert not w.healthy
         up["w1"] = True
         await reg.check_all()
@@ -132,6 +135,48 @@ def test_probe_marks_down_and_up_over_http():
         await reg.client.aclose()
 
     asyncio.run(go())
+
+
+def test_a_refused_probe_marks_down_at_once_and_one_pass_brings_it_back():
+    up = {"w1": True}
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.host == "w1" and not up["w1"]:
+            raise httpx.ConnectError("refused")
+        return httpx.Response(200 if req.url.path == "/health" else 404)
+
+    async def go():
+        reg = registry(handler)
+        rec = Recorder()
+        reg.listeners.append(rec)
+        w = reg.add("http://w1:1")
+        await reg.check_all(first=True)
+        assert w.healthy
+        up["w1"] = False
+        await reg.check_all()
+        assert not w.healthy and rec.events.count(("down", "http://w1:1")) == 1
+        await reg.check_all()
+        up["w1"] = True  # restarted
+        await reg.check_all()
+        assert w.healthy and not w.refused
+        await reg.client.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_refused_request_ejects_and_one_pass_brings_it_back():
+    reg = registry(clock=Clock())
+    w = reg.add("http://w1:1")
+    reg.record_check(w, True, first=True)
+    assert reg.eject(w, "connection refused", refused=True)
+    assert not w.healthy and w.breaker.state == CircuitState.OPEN
+    reg.record_check(w, True)
+    assert reg.eligible() == [w] and w.breaker.state == CircuitState.CLOSED
+    assert reg.eject(w, "connection reset")  # broke on a request: not known to be a new process
+    reg.record_check(w, True)
+    assert reg.eligible() == []
+    reg.record_check(w, True)
+    assert reg.eligible() == [w]
 
 
 def test_ejection_opens_the_circuit_and_only_active_checks_bring_the_worker_back():
