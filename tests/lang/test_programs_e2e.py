@@ -14,6 +14,7 @@ import pytest
 import radixlm as sgl
 from radixlm.lang.backend.base_backend import BackendError
 from radixlm.lang.global_config import global_config
+from radixlm.lang.ir import REGEX_STR
 
 pytestmark = pytest.mark.slow
 
@@ -325,6 +326,28 @@ def test_decode_int_and_regex(backend):
     state = prog.run(temperature=0, backend=backend)
     int(state["n"].strip())
     assert re.fullmatch(r"(\d+\.){3}\d+", state["ip"])
+
+
+def test_gen_string_values_stay_inside_sglangs_string_contract(backend):
+    # Sampled (temperature 1), so each program draws other tokens: every value is a quoted run of word characters,
+    # digits and whitespace; only a value cut at the token limit may lack its closing quote.
+    @sgl.function
+    def prog(s, topic):
+        s += f"Write a JSON object about {topic}.\n" + '{"name": ' + sgl.gen_string("name", max_tokens=12)
+        s += ', "place": ' + sgl.gen("place", dtype=str, max_tokens=12)
+
+    topics = ["a city", "a river", "a cat", "a song", "a chemist", "a mountain", "a ship", "a tree"]
+    states = prog.run_batch([{"topic": t} for t in topics], temperature=1.0, backend=backend)
+    closed = 0
+    for state in states:
+        for name in ("name", "place"):
+            value = state[name]
+            if state.get_meta_info(name)["finish_reason"]["type"] == "length":
+                assert re.fullmatch(r'"[\w\d\s]*"?', value, re.ASCII), value
+            else:
+                assert re.fullmatch(REGEX_STR, value, re.ASCII), value
+                closed += 1
+    assert closed > 0
 
 
 def test_decode_json(backend):
