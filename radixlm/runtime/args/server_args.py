@@ -108,7 +108,7 @@ class ServerArgs:
         "(a draft model), EAGLE, EAGLE3 (an EAGLE head); unset: no drafting")
     speculative_num_draft_tokens: int | None = arg(
         None, SPEC, "tokens one verify pass holds per request, the newest accepted one counted (>= 2); unset: "
-        "--speculative-num-steps + 1, 5 for NGRAM and RADIX")
+        "--speculative-num-steps + 1 where given, else 5")
     speculative_num_steps: int | None = arg(
         None, SPEC, "STANDALONE, EAGLE: draft passes per step (a chain's length, a tree's depth); unset: "
         "--speculative-num-draft-tokens - 1, else 4")
