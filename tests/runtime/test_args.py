@@ -173,6 +173,8 @@ def test_toggle_keywords_and_sglang_keywords():
         ServerArgs(overlap_schedule="sometimes")
     with pytest.raises(ValueError, match="enable_overlap_schedule"):  # radixlm's old spelling: gone
         ServerArgs.from_kwargs(enable_overlap_schedule=True)
+    with pytest.raises(ValueError, match="not both"):
+        ServerArgs.from_kwargs(disable_overlap_schedule=True, overlap_schedule="on")
 
 
 def test_toggle_resolves_auto_to_the_servers_choice():

@@ -203,9 +203,10 @@ class ServerArgs:
         (disable_overlap_schedule=True, enable_mixed_chunk=True)."""
         names = {f.name for f in dataclasses.fields(cls)}
         for spelling, (name, value) in SGLANG_KWARGS.items():
-            if spelling in kwargs and spelling not in names:
-                if kwargs.pop(spelling):
-                    kwargs[name] = value
+            if kwargs.pop(spelling, False):
+                if name in kwargs:
+                    raise ValueError(f"give {name} or {spelling}, not both")
+                kwargs[name] = value
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise ValueError(f"unknown server argument(s): {', '.join(unknown)}")
