@@ -41,12 +41,12 @@ CONFIGS: dict[str, dict] = {
     "default": {},
     "page16": {"page_size": 16},
     "chunked": {"chunked_prefill_size": 256},
-    "fcfs_nomixed": {"schedule_policy": "fcfs", "disable_mixed_prefill": True},
+    "fcfs_nomixed": {"schedule_policy": "fcfs", "mixed_chunk": "off"},
     # Decode batches past 8 rows run eagerly, and those with groups read each group's prefix once (the prefix
     # kernel, row starts, more slots).
     "small_graphs": {"cuda_graph_max_bs": 8},
     "nograph": {"disable_cuda_graph": True},
-    "sync": {"disable_overlap_schedule": True, "page_size": 4},
+    "sync": {"overlap_schedule": "off", "page_size": 4},
 }
 SCALES = {
     # groups x prompts of (prefix + question), outputs; largest sweep batch; longest random prompt; huge batch

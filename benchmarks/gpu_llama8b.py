@@ -362,7 +362,7 @@ def part_modes(path: str, src: PromptSource) -> list[dict]:
     for graphs in (True, False):
         for overlap in (True, False):
             engine = make_engine(path, max_running_requests=64, cuda_graph_max_bs=64, disable_cuda_graph=not graphs,
-                                 disable_overlap_schedule=not overlap)
+                                 overlap_schedule="auto" if overlap else "off")
             try:
                 decode_steps(engine, src, 8, steps=16)
                 for b in (1, 64):

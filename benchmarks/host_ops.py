@@ -137,7 +137,7 @@ def measure(args) -> dict:
 
     if args.overlap:
         engine_cls = json_decoding.Engine
-        json_decoding.Engine = lambda *a, **k: engine_cls(*a, enable_overlap_schedule=True, **k)
+        json_decoding.Engine = lambda *a, **k: engine_cls(*a, overlap_schedule="on", **k)
     n = len(json.loads(open(args.ids).read()))
     ns = argparse.Namespace(model=args.model, constraint=args.constraint, max_running=args.max_running,
                             device="cpu", dtype="float32", max_total_tokens=131072, phases=False)

@@ -71,7 +71,7 @@ def workload(name: str, n: int) -> list[tuple[list[int], int]]:
 
 def make_scheduler(args: argparse.Namespace) -> Scheduler:
     sargs = ServerArgs(model_path="null-model", device="cpu", random_seed=0, max_total_tokens=args.max_total_tokens,
-                       max_running_requests=args.max_running, chunked_prefill_size=8192, enable_overlap_schedule=True,
+                       max_running_requests=args.max_running, chunked_prefill_size=8192, overlap_schedule="on",
                        schedule_policy=args.policy, page_size=args.page_size,
                        speculative_algorithm=getattr(args, "speculative", None))
     runner = NullRunner(args.max_total_tokens, args.page_size, args.max_running, CONTEXT_LEN, LOGITS_VOCAB)

@@ -7,7 +7,7 @@ regex, with jump-forward off / fast / exact, through the offline Engine (one eng
                                        [--phases] [--out benchmarks/results/json_decoding_cpu.json]
 
 A mode is a jump-forward mode, optionally with ":always" (fill every grammar mask, --grammar-mask always, instead of
-on demand) and ":nomix" (--disable-mixed-prefill).
+on demand) and ":nomix" (--mixed-chunk off).
 Reports per mode: wall time, output tokens/s, requests/s, mean latency, forward passes, grammar masks filled per
 output token, exact-mode draft acceptance, and whether each mode reproduced `off` token for token; plus grammar
 compile time (cold: tokenizer preprocessing + compile; cached) and the bitmask fill time per generated token."""
@@ -82,7 +82,7 @@ def run_mode(mode: str, args, texts: list[str], prepare=None) -> dict:
         prepare = host_overhead.scripted(args.script_ids, keep_model=True)
     jump_forward, *opts = mode.split(":")
     engine = Engine(args.model, jump_forward=jump_forward, grammar_mask="always" if "always" in opts else "on_demand",
-                    disable_mixed_prefill="nomix" in opts, random_seed=0, device=args.device, dtype=args.dtype,
+                    mixed_chunk="off" if "nomix" in opts else "auto", random_seed=0, device=args.device, dtype=args.dtype,
                     max_running_requests=args.max_running, max_total_tokens=args.max_total_tokens,
                     load_format=getattr(args, "load_format", "auto"))
     try:

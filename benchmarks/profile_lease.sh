@@ -10,7 +10,7 @@
 #   bash benchmarks/profile_lease.sh b   # ShareGPT-like (1000) + random 1024/512 (500) -> $OUT/profile_b.json;
 #                                        # estimate ~250 s (start ~40 s, 2 x ~20 s + 2 x ~45 s runs), 540 s limit
 #   DRY=1 bash benchmarks/profile_lease.sh a|b|all   # here, on the CPU: the same with --tiny (tiny random Llama)
-#   ENGINE_ARGS='{"disable_mixed_prefill": true}' NAME=nomix bash benchmarks/profile_lease.sh b   # a variant (A/B)
+#   ENGINE_ARGS='{"mixed_chunk": "off"}' NAME=nomix bash benchmarks/profile_lease.sh b   # a variant (A/B)
 # Results land in $OUT (one JSON per part, its log with the printed tables).
 set -uo pipefail
 part=${1:?usage: profile_lease.sh a|b (DRY=1 ...: the CPU dry run; DRY=1 ... all)}

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import radixlm.runtime.scheduler.admission as admission  # noqa: E402
 from benchmarks.null_runner import GRAPH_ROWS, NullRunner  # noqa: E402
-from radixlm.runtime.args import ServerArgs  # noqa: E402
+from radixlm.runtime.args import ServerArgs, Toggle  # noqa: E402
 from radixlm.runtime.messages import TokenizedGenerateReqInput  # noqa: E402
 from radixlm.runtime.sampling.sampling_params import SamplingParams  # noqa: E402
 from radixlm.runtime.scheduler.planner import ScheduleBatch  # noqa: E402
@@ -40,8 +40,7 @@ from radixlm.runtime.scheduler.scheduler import Scheduler  # noqa: E402
 VOCAB = 1024  # prompt ids start with 8 + the request index: no two of the first 1016 share a prefix
 TOKEN = 7  # every row's greedy next token
 KNOBS = {"schedule_conservativeness": float, "max_running_requests": int, "chunked_prefill_size": int,
-         "max_prefill_tokens": int, "disable_mixed_prefill": bool, "enable_mixed_chunk": bool,
-         "enable_overlap_schedule": bool,
+         "max_prefill_tokens": int, "mixed_chunk": str, "overlap_schedule": str,
          "start_ratio": str, "budget_use": float}
 SIM_ONLY = ("start_ratio", "budget_use")
 
@@ -58,7 +57,7 @@ class SimConfig:
 
 
 def build(cfg: SimConfig) -> Scheduler:
-    kw: dict[str, Any] = {"chunked_prefill_size": 8192, "enable_overlap_schedule": True}  # CUDA's defaults
+    kw: dict[str, Any] = {"chunked_prefill_size": 8192, "overlap_schedule": "on"}  # CUDA's defaults
     kw.update({k: v for k, v in cfg.knobs.items() if k not in SIM_ONLY})
     args = ServerArgs(model_path="fake-model", device="cpu", random_seed=cfg.seed, max_total_tokens=cfg.pool_tokens,
                       speculative_measure_window=0, **kw)
@@ -138,7 +137,7 @@ def run(cfg: SimConfig) -> dict[str, Any]:
                       "max_running_requests": sched.max_running_requests,
                       "chunked_prefill_size": sched.chunked_prefill_size,
                       "max_prefill_tokens": sched.args.max_prefill_tokens, "overlap": sched.overlap,
-                      "mixed_prefill": not sched.args.disable_mixed_prefill},
+                      "mixed_prefill": sched.args.mixed_chunk is not Toggle.OFF},
         "passes": {**kinds, "total": sum(kinds.values())},
         "retractions": st["retractions"],
         "retraction_events": len(retract_log),

@@ -11,7 +11,7 @@ gaps; one dearer than the decode curve, as pass time. --exclude leaves GEMM kern
 
     python benchmarks/sharegpt_passes.py --runs 2 --out $OUT/sharegpt_passes_default.json
     python benchmarks/sharegpt_passes.py --runs 2 --exclude skinny_mma --out $OUT/sharegpt_passes_nomma.json
-    python benchmarks/sharegpt_passes.py --runs 2 --engine-args '{"enable_mixed_chunk": true}' --out $OUT/sp_mixed.json
+    python benchmarks/sharegpt_passes.py --runs 2 --engine-args '{"mixed_chunk": "on"}' --out $OUT/sp_mixed.json
     python benchmarks/sharegpt_passes.py --runs 2 --no-chunked --out $OUT/sp_split.json   # decode attention splits
     python benchmarks/sharegpt_passes.py --tiny --runs 1   # here, on the CPU (no device events: walls only)
 """

@@ -2,41 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import enum
 import json
 import logging
 import sys
-import types
-import typing
 
-from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.args import ServerArgs, add_server_args, server_args_from
 
-
-def _base_type(tp):
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        tp = [a for a in typing.get_args(tp) if a is not type(None)][0]
-    return str if isinstance(tp, type) and issubclass(tp, enum.Enum) else tp  # ServerArgs makes members of them
-
-
-def add_server_args(parser: argparse.ArgumentParser) -> None:
-    hints = typing.get_type_hints(ServerArgs)
-    for f in dataclasses.fields(ServerArgs):
-        flag = "--" + f.name.replace("_", "-")
-        tp = _base_type(hints[f.name])
-        # An enum default goes in as its value: argparse would pass a str-mixin member through str() (the name).
-        default = f.default.value if isinstance(f.default, enum.Enum) else f.default
-        kw = {"default": default, "help": f.metadata.get("help", "")}
-        if tp is bool:
-            parser.add_argument(flag, action="store_true", **kw)
-        elif typing.get_origin(tp) is list:
-            parser.add_argument(flag, nargs="+", type=typing.get_args(tp)[0], **kw)
-        else:
-            parser.add_argument(flag, type=tp, choices=f.metadata.get("choices"), **kw)
-
-
-def server_args_from(ns: argparse.Namespace) -> dict:
-    return {f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerArgs)}
+__all__ = ["add_server_args", "build_parser", "main", "server_args_from"]
 
 
 def cmd_generate(ns: argparse.Namespace) -> None:
@@ -107,25 +79,34 @@ def cmd_router(ns: argparse.Namespace) -> None:
     run_router(args)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="radixlm")
-    sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="run one offline generation and print it")
-    gen.add_argument("prompt", nargs="?", default="What is the capital of France?")
-    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True, help="apply the chat template")
-    gen.add_argument("--max-new-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--stream", action="store_true")
-    gen.add_argument("--verbose", action="store_true")
-    add_server_args(gen)
-    srv = sub.add_parser("serve", help="serve the native HTTP API (also: python -m radixlm.launch_server)")
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=30000)
-    srv.add_argument("--router-policy", default="cache_aware", help="the router's policy when --dp-size > 1")
-    add_server_args(srv)
+def build_parser() -> argparse.ArgumentParser:
     from radixlm.router.args import add_router_args
 
-    add_router_args(sub.add_parser("router", help="route requests over several workers (cache-aware by default)"))
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="radixlm", description="radixlm: an LM-program language, an inference "
+                                     "server with RadixAttention, and a cache-aware router")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="run one offline generation and print it", formatter_class=fmt)
+    gen.add_argument("prompt", nargs="?", default="What is the capital of France?", help="the prompt")
+    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True, help="apply the chat template")
+    gen.add_argument("--max-new-tokens", type=int, default=64, help="most tokens to generate")
+    gen.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0: greedy")
+    gen.add_argument("--stream", action="store_true", help="print the text as it is generated")
+    gen.add_argument("--verbose", action="store_true", help="also print the response's meta_info to stderr")
+    add_server_args(gen)
+    srv = sub.add_parser("serve", help="serve the native and OpenAI-compatible HTTP APIs "
+                         "(also: python -m radixlm.launch_server)", formatter_class=fmt)
+    srv.add_argument("--host", default="127.0.0.1", help="address the HTTP server binds")
+    srv.add_argument("--port", type=int, default=30000, help="port the HTTP server listens on")
+    srv.add_argument("--router-policy", default="cache_aware", help="the router's policy when --dp-size > 1")
+    add_server_args(srv)
+    add_router_args(sub.add_parser("router", help="route requests over several workers (cache-aware by default)",
+                                   formatter_class=fmt))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     ns = parser.parse_args(argv)
     logging.basicConfig(level=getattr(logging, ns.log_level.upper(), logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if ns.command == "generate":

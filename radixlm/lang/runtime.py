@@ -1,6 +1,7 @@
 """`sgl.Runtime`: starts a radixlm server in a subprocess and exposes it as a RuntimeEndpoint."""
 from __future__ import annotations
 
+import enum
 import json
 import os
 import signal
@@ -28,6 +29,8 @@ def server_flags(kwargs: dict[str, Any]) -> list[str]:
                 flags.append(flag)
         elif isinstance(v, (list, tuple)):
             flags += [flag, *map(str, v)]
+        elif isinstance(v, enum.Enum):
+            flags += [flag, v.value]
         elif v is not None:
             flags += [flag, str(v)]
     return flags

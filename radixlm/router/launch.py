@@ -13,7 +13,7 @@ from typing import Callable
 import httpx
 
 from radixlm.router.args import RouterArgs
-from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.args import ServerArgs, server_argv
 from radixlm.runtime.ipc import die_with_parent, free_port
 
 logger = logging.getLogger(__name__)
@@ -33,14 +33,7 @@ def run_router(args: RouterArgs, on_shutdown: Callable[[], None] | None = None) 
 
 def worker_argv(server_args: ServerArgs) -> list[str]:
     """The flags that reproduce `server_args` for a worker process (only those that differ from defaults)."""
-    out: list[str] = []
-    for f in dataclasses.fields(ServerArgs):
-        value, default = getattr(server_args, f.name), f.default
-        if value == default or value is None:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        out += [flag] if value is True else [flag, str(value)]
-    return out
+    return server_argv(server_args)
 
 
 def _device_env(rank: int, dp_size: int, server_args: ServerArgs) -> tuple[dict[str, str], ServerArgs]:

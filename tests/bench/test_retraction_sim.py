@@ -34,7 +34,7 @@ def _check(r: dict) -> None:
 def test_small_pool_retracts_and_finishes(tmp_path: Path) -> None:
     out = tmp_path / "sim.json"
     sweep = ["", "start_ratio=min", "start_ratio=min,schedule_conservativeness=2", "max_running_requests=4",
-             "chunked_prefill_size=16,enable_overlap_schedule=0", "budget_use=1.0"]
+             "chunked_prefill_size=16,overlap_schedule=off", "budget_use=1.0"]
     results = dict(rs.main([*SHAPE, "--pool-tokens", "300", "--out", str(out), "--sweep", *sweep]))
     for r in results.values():
         _check(r)

@@ -58,6 +58,16 @@ def test_worker_argv_round_trips_server_args():
     assert ServerArgs(**server_args_from(p.parse_args(argv))) == sa
 
 
+def test_worker_argv_round_trips_enums_and_lists():
+    sa = ServerArgs(schedule_policy="fcfs", jump_forward="exact", overlap_schedule="off", mixed_chunk="on",
+                    allowed_media_domains=["a.example", "b.example"], speculative_algorithm="NGRAM")
+    argv = worker_argv(sa)
+    assert argv[argv.index("--schedule-policy") + 1] == "fcfs"
+    p = argparse.ArgumentParser()
+    add_server_args(p)
+    assert ServerArgs(**server_args_from(p.parse_args(argv))) == sa
+
+
 def test_serve_rejects_bad_dp_size(capsys):
     from radixlm.cli import main
 

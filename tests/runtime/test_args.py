@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from radixlm.cli import add_server_args, server_args_from
-from radixlm.runtime.args import GrammarMaskMode, JumpForwardMode, SchedulePolicyName, ServerArgs
+from radixlm.runtime.args import GrammarMaskMode, JumpForwardMode, SchedulePolicyName, Section, ServerArgs, Toggle
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -143,3 +143,46 @@ def test_measure_window_from_the_command_line():
     assert ServerArgs(**server_args_from(parser.parse_args([]))).speculative_measure_window == 8
     ns = parser.parse_args(["--speculative-algorithm", "NGRAM", "--speculative-measure-window", "0"])
     assert ServerArgs(**server_args_from(ns)).speculative_measure_window == 0
+
+
+# ---------------------------------------------------------------------- auto|on|off flags and SGLang's spellings
+@pytest.mark.parametrize("argv, overlap, mixed", [
+    ([], Toggle.AUTO, Toggle.AUTO),
+    (["--overlap-schedule", "on", "--mixed-chunk", "off"], Toggle.ON, Toggle.OFF),
+    (["--disable-overlap-schedule"], Toggle.OFF, Toggle.AUTO),  # SGLang's spellings
+    (["--enable-mixed-chunk"], Toggle.AUTO, Toggle.ON),
+])
+def test_toggle_flags_from_the_command_line(argv, overlap, mixed):
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    ns = parser.parse_args(argv)
+    assert {f.name for f in dataclasses.fields(ServerArgs)} == set(vars(ns))
+    args = ServerArgs(**server_args_from(ns))
+    assert args.overlap_schedule is overlap and args.mixed_chunk is mixed
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--overlap-schedule", "yes"])
+
+
+def test_toggle_keywords_and_sglang_keywords():
+    assert ServerArgs(overlap_schedule="off").overlap_schedule is Toggle.OFF
+    args = ServerArgs.from_kwargs(disable_overlap_schedule=True, enable_mixed_chunk=True)
+    assert args.overlap_schedule is Toggle.OFF and args.mixed_chunk is Toggle.ON
+    args = ServerArgs.from_kwargs(disable_overlap_schedule=False, enable_mixed_chunk=False)
+    assert args.overlap_schedule is Toggle.AUTO and args.mixed_chunk is Toggle.AUTO
+    with pytest.raises(ValueError, match="overlap_schedule"):
+        ServerArgs(overlap_schedule="sometimes")
+    with pytest.raises(ValueError, match="enable_overlap_schedule"):  # radixlm's old spelling: gone
+        ServerArgs.from_kwargs(enable_overlap_schedule=True)
+    with pytest.raises(ValueError, match="not both"):
+        ServerArgs.from_kwargs(disable_overlap_schedule=True, overlap_schedule="on")
+
+
+def test_toggle_resolves_auto_to_the_servers_choice():
+    assert [t.resolve(True) for t in Toggle] == [True, True, False]
+    assert [t.resolve(False) for t in Toggle] == [False, True, False]
+
+
+def test_every_field_has_a_section_and_a_help():
+    for f in dataclasses.fields(ServerArgs):
+        assert isinstance(f.metadata["section"], Section), f.name
+        assert f.metadata["help"] and "\n" not in f.metadata["help"], f.name

@@ -1,5 +1,5 @@
 """Which requests the next pass carries: admission of waiting requests (PrefillAdder, the queue's policy order),
-mixing the running requests' decode rows into a small prefill (any prefill with enable_mixed_chunk), and keeping
+mixing the running requests' decode rows into a small prefill (any prefill with --mixed-chunk on), and keeping
 the running requests' next pass within the KV pool (retraction). A mixin of Scheduler, which owns the queues these
 methods read and write."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 
-from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.args import ServerArgs, Toggle
 from radixlm.runtime.scheduler.policy import PrefillHead, uncached_head
 from radixlm.runtime.scheduler.prefill_adder import AddReqResult, PrefillAdder
 from radixlm.runtime.scheduler.req import FinishReason, FinishType, Req
@@ -79,7 +79,7 @@ class AdmissionMixin:
             self.page_size, self.tree_cache, self.allocator, running, self.new_token_ratio,
             self.args.max_prefill_tokens, self.chunked_prefill_size,
             self.max_running_requests - len(running) - (self.chunked_req is not None),
-            mixed_rows=len(running) if self.args.enable_mixed_chunk else 0,
+            mixed_rows=len(running) if self.args.mixed_chunk is Toggle.ON else 0,
         )
         if self.chunked_req is not None and not adder.add_chunked_req(self.chunked_req):
             if not running:  # nothing will free memory for it: fail it rather than spin
@@ -135,10 +135,10 @@ class AdmissionMixin:
 
     def _mixed_in(self, admitted: list[Req]) -> list[Req]:
         """The running requests whose decode rows ride along with a prefill: all of them, when the pass fits the
-        pool and, unless enable_mixed_chunk, the prefill is whole and the pass still runs as one CUDA-graph replay
+        pool and, unless --mixed-chunk on, the prefill is whole and the pass still runs as one CUDA-graph replay
         (the running requests do not wait a pass for the new ones); else none."""
-        mix_all = self.args.enable_mixed_chunk
-        if not mix_all and (self.args.disable_mixed_prefill or any(r.is_chunked for r in admitted)):
+        mix_all = self.args.mixed_chunk is Toggle.ON
+        if not mix_all and (self.args.mixed_chunk is Toggle.OFF or any(r.is_chunked for r in admitted)):
             return []
         self._drop_finished()
         running = self.running

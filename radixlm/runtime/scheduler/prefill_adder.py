@@ -46,7 +46,7 @@ class PrefillAdder:
         self.rem_total_tokens = allocator.available_size() + tree_cache.evictable_size() - sum(
             int(max(_reserved_decode(r), 0) * new_token_ratio) for r in running_reqs
         )
-        # The running requests' decode rows that will ride along (enable_mixed_chunk) take their share of the pass.
+        # The running requests' decode rows that will ride along (--mixed-chunk on) take their share of the pass.
         self.rem_input_tokens = max_prefill_tokens - mixed_rows
         self.rem_chunk_tokens = (max(chunked_prefill_size - mixed_rows, page_size)
                                  if chunked_prefill_size and chunked_prefill_size > 0 else None)

@@ -97,8 +97,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
             seed if server_args.random_seed is not None else torch.seed()))
         self.init_admission(server_args, model_runner.max_running_requests)
 
-        self.overlap = server_args.enable_overlap_schedule or (
-            model_runner.is_cuda and not server_args.disable_overlap_schedule)
+        self.overlap = server_args.overlap_schedule.resolve(model_runner.is_cuda)
         self.inflight: BatchResult | None = None
         # Overlap: the last token sampled for each req_to_token row, read by the next pass on the device.
         self.next_token_buf = torch.zeros(self.req_to_token_pool.size, dtype=torch.int64, device=self.device)

@@ -59,7 +59,7 @@ def _hf_greedy(model_dir: str, prompts: list[list[int]], max_new: int) -> list[l
     ({"chunked_prefill_size": 16, "page_size": 4}, 0),
     ({}, 96),
     ({"disable_cuda_graph": True}, 300),  # groups over a 300-token prefix
-    ({"enable_mixed_chunk": True, "chunked_prefill_size": 16, "page_size": 4}, 0),
+    ({"mixed_chunk": "on", "chunked_prefill_size": 16, "page_size": 4}, 0),
 ], ids=["plain", "retraction", "chunked-pages", "shared-prefix", "shared-prefix-decode", "mixed-chunk"])
 def test_cuda_greedy_matches_transformers(tiny_cuda_model, kwargs, shared):
     import radixlm
@@ -75,7 +75,7 @@ def test_cuda_greedy_matches_transformers(tiny_cuda_model, kwargs, shared):
         assert [o["output_ids"] for o in outs] == reference
         if "schedule_conservativeness" in kwargs:
             assert engine.scheduler.stats["retractions"] > 0
-        if kwargs.get("enable_mixed_chunk"):  # eager passes of chunks and decode rows, through the extend kernel
+        if kwargs.get("mixed_chunk") == "on":  # eager passes of chunks and decode rows, through the extend kernel
             assert engine.scheduler.stats["mixed_batches"] > 0
     finally:
         engine.shutdown()
@@ -103,8 +103,8 @@ def test_cuda_graphs_and_overlap_match_eager_synchronous(tiny_cuda_model, dtype)
     prompts = _prompts(24, seed=7)
     params = [{"temperature": 0, "max_new_tokens": 6 + i % 11, "ignore_eos": True} for i in range(len(prompts))]
     runs = {}
-    for name, kw in {"default": {}, "eager-sync": {"disable_cuda_graph": True, "disable_overlap_schedule": True},
-                     "graphs-sync": {"disable_overlap_schedule": True}, "eager-overlap": {"disable_cuda_graph": True},
+    for name, kw in {"default": {}, "eager-sync": {"disable_cuda_graph": True, "overlap_schedule": "off"},
+                     "graphs-sync": {"overlap_schedule": "off"}, "eager-overlap": {"disable_cuda_graph": True},
                      "pressure": {"max_total_tokens": 900, "schedule_conservativeness": 0.05, "chunked_prefill_size": 32,
                                   "cuda_graph_max_bs": 8}}.items():
         kw.setdefault("max_total_tokens", 8192)
@@ -112,7 +112,7 @@ def test_cuda_graphs_and_overlap_match_eager_synchronous(tiny_cuda_model, dtype)
         try:
             runner = engine.scheduler.runner
             assert (runner.graph_runner is not None) == ("disable_cuda_graph" not in kw)
-            assert engine.scheduler.overlap == ("disable_overlap_schedule" not in kw)
+            assert engine.scheduler.overlap == (kw.get("overlap_schedule") != "off")
             runs[name] = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)]
             stats = engine.scheduler.stats
             if engine.scheduler.overlap:
@@ -147,7 +147,7 @@ def test_cuda_serving_compiles_no_kernel_after_start_up(tiny_cuda_model):
     import radixlm
 
     engine = radixlm.Engine(tiny_cuda_model, device="cuda", dtype="bfloat16", max_total_tokens=8192,
-                            cuda_graph_max_bs=8, disable_overlap_schedule=True)
+                            cuda_graph_max_bs=8, overlap_schedule="off")
     try:
         before = _compiled_variants()
         for n in (1, 2, 3, 5, 8):  # prefills of more tokens than the largest graph run eagerly

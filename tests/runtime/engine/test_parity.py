@@ -1,6 +1,6 @@
 """Greedy parity with transformers (float32, CPU): a batch of prompts of different lengths run together
 must give transformers' tokens (run one prompt at a time) exactly, and logprobs within 1e-3 — also with
-radix-cache hits, the cache disabled, tiny chunked prefill (alone, and carrying decode rows: enable_mixed_chunk),
+radix-cache hits, the cache disabled, tiny chunked prefill (alone, and carrying decode rows: --mixed-chunk on),
 a KV pool small enough to force retraction, and page_size > 1."""
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_smollm2_batch_matches_transformers_and_radix_hits(smol_engine, smol_ref
     {"chunked_prefill_size": 8},
     {"max_total_tokens": 200, "schedule_conservativeness": 0.05},
     {"page_size": 4},
-    {"enable_mixed_chunk": True, "chunked_prefill_size": 16},
+    {"mixed_chunk": "on", "chunked_prefill_size": 16},
 ], ids=["no-radix", "chunked-8", "retraction", "page-4", "mixed-chunk-16"])
 def test_smollm2_same_outputs_under_scheduling_modes(smol_reference, kwargs):
     prompts, ids, reference = smol_reference
@@ -52,7 +52,7 @@ def test_smollm2_same_outputs_under_scheduling_modes(smol_reference, kwargs):
         if "max_total_tokens" in kwargs:
             assert engine.scheduler.stats["retractions"] > 0
             assert sum(r["meta_info"]["num_retractions"] for r in results) > 0
-        if kwargs.get("enable_mixed_chunk"):  # prompts' chunks carried the running requests' decode rows
+        if kwargs.get("mixed_chunk") == "on":  # prompts' chunks carried the running requests' decode rows
             assert engine.scheduler.stats["mixed_batches"] > 0
         if kwargs.get("disable_radix_cache"):
             again = engine.generate(prompts, GREEDY)

@@ -75,12 +75,12 @@ def test_padded_decode_passes_match_unpadded(tiny_model_dir, page_size):
 
 @pytest.mark.parametrize("kwargs", [
     {"max_running_requests": 3},
-    {"max_running_requests": 3, "enable_overlap_schedule": True},
+    {"max_running_requests": 3, "overlap_schedule": "on"},
     {"max_running_requests": 4, "page_size": 4, "chunked_prefill_size": -1},
 ])
 def test_mixed_batches_match_separate_passes(tiny_model_dir, kwargs):
     """New requests admitted while others decode: their prompt rows ride in the running requests' decode pass."""
-    reference, _ = _outputs(tiny_model_dir, 64, disable_mixed_prefill=True, **kwargs)
+    reference, _ = _outputs(tiny_model_dir, 64, mixed_chunk="off", **kwargs)
     got, sched = _outputs(tiny_model_dir, 64, **kwargs)
     assert got == reference
     assert sched.stats["mixed_batches"] > 0

@@ -168,7 +168,7 @@ def _repeating(seed: int, n: int) -> list[list[int]]:
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 def test_controller_off_proposes_no_drafts(overlap):
     sched = make_fake_scheduler(speculative_algorithm="NGRAM", speculative_measure_window=8,
-                                enable_overlap_schedule=overlap, speculative_ngram_min_match_window_size=1)
+                                overlap_schedule="on" if overlap else "auto", speculative_ngram_min_match_window_size=1)
     assert sched.drafts.controller is not None
     _decided(sched, on=False)
     batches = record_plans(sched)
@@ -181,7 +181,7 @@ def test_controller_off_proposes_no_drafts(overlap):
     assert stats["spec_controller_off_steps"] > 0 and stats["spec_controller_on_steps"] == 0
     # The same with the controller's choice on: the lookups draft (the prompts repeat themselves).
     sched = make_fake_scheduler(speculative_algorithm="NGRAM", speculative_measure_window=8,
-                                enable_overlap_schedule=overlap, speculative_ngram_min_match_window_size=1)
+                                overlap_schedule="on" if overlap else "auto", speculative_ngram_min_match_window_size=1)
     _decided(sched, on=True)
     res = serve(sched, reqs)
     assert_reference(res, reqs)
@@ -195,8 +195,8 @@ def test_default_server_args_measure_and_grammar_jump_forward_has_no_controller(
 
 
 @pytest.mark.parametrize("algorithm", ["NGRAM", "RADIX", "NGRAM_RADIX"])
-@pytest.mark.parametrize("kwargs", [{}, {"enable_overlap_schedule": True}, {"page_size": 4},
-                                    {"enable_overlap_schedule": True, "speculative_max_batch_rows": 8}],
+@pytest.mark.parametrize("kwargs", [{}, {"overlap_schedule": "on"}, {"page_size": 4},
+                                    {"overlap_schedule": "on", "speculative_max_batch_rows": 8}],
                          ids=["sync", "overlap", "page4", "overlap-batch-rule"])
 def test_greedy_outputs_unchanged_while_the_controller_switches(algorithm, kwargs):
     """A controller measuring in 1-step windows with no settling and exploring every step flips drafting on and off
@@ -220,7 +220,7 @@ def test_greedy_outputs_unchanged_while_the_controller_switches(algorithm, kwarg
         assert stats["draft_tokens"] > 0
 
 
-@pytest.mark.parametrize("kwargs, every", [({}, 0), ({"enable_overlap_schedule": True}, 1), ({"page_size": 4}, 0)],
+@pytest.mark.parametrize("kwargs, every", [({}, 0), ({"overlap_schedule": "on"}, 1), ({"page_size": 4}, 0)],
                          ids=["sync", "overlap", "page4"])
 def test_draft_model_outputs_and_kv_unchanged_while_the_controller_switches(models, kwargs, every):  # noqa: F811
     """STANDALONE: while drafting is off the draft model skips the target's passes (lazy KV) and catches up when it

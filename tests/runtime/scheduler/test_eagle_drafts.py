@@ -28,7 +28,7 @@ MODES = [
     pytest.param({}, 0, id="default"),
     pytest.param({"page_size": 4}, 0, id="page4"),
     pytest.param({"chunked_prefill_size": 8}, 2, id="chunked8"),
-    pytest.param({"enable_overlap_schedule": True, "speculative_max_batch_rows": 5}, 1, id="overlap-batch-rule"),
+    pytest.param({"overlap_schedule": "on", "speculative_max_batch_rows": 5}, 1, id="overlap-batch-rule"),
     pytest.param({"max_total_tokens": 128, "schedule_conservativeness": 0.05}, 0, id="retraction"),
 ]
 

@@ -26,7 +26,7 @@ MODES = [
     pytest.param({}, id="default"),
     pytest.param({"page_size": 4}, id="page4"),
     pytest.param({"chunked_prefill_size": 16}, id="chunked16"),
-    pytest.param({"enable_overlap_schedule": True}, id="overlap"),
+    pytest.param({"overlap_schedule": "on"}, id="overlap"),
     pytest.param({"max_total_tokens": 200, "schedule_conservativeness": 0.05}, id="retraction"),
 ]
 

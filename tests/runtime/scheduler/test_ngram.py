@@ -105,7 +105,7 @@ def test_a_single_token_match_does_not_draft_by_default():
 
 
 @pytest.mark.parametrize("kwargs, every", [
-    ({}, 0), ({"page_size": 4}, 0), ({"chunked_prefill_size": 16}, 2), ({"enable_overlap_schedule": True}, 1),
+    ({}, 0), ({"page_size": 4}, 0), ({"chunked_prefill_size": 16}, 2), ({"overlap_schedule": "on"}, 1),
     ({"graph_rows": 64}, 2), ({"max_total_tokens": 240, "schedule_conservativeness": 0.05}, 0),
 ])
 def test_outputs_unchanged_with_ngram_drafts(kwargs, every):

@@ -1,4 +1,4 @@
-"""The overlap scheduler on CPU (enable_overlap_schedule): batch N+1 is launched before batch N's results are
+"""The overlap scheduler on CPU (--overlap-schedule on): batch N+1 is launched before batch N's results are
 processed. Outputs must equal those of the synchronous scheduler in every mode, including the tricky ones
 (chunked prefill, pages, retraction, aborts, logprobs, seeded sampling), and no KV may leak."""
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _greedy(n: int, seed: int = 0, max_new_tokens: int = 12, **kw) -> list[Token
 ])
 def test_overlap_outputs_equal_synchronous(tiny_model_dir, kwargs):
     base, _ = _run(tiny_model_dir, _greedy(8), **kwargs)
-    got, sched = _run(tiny_model_dir, _greedy(8), enable_overlap_schedule=True, **kwargs)
+    got, sched = _run(tiny_model_dir, _greedy(8), overlap_schedule="on", **kwargs)
     assert {k: v["output_ids"] for k, v in got.items()} == {k: v["output_ids"] for k, v in base.items()}
     assert {k: v["finish_reason"] for k, v in got.items()} == {k: v["finish_reason"] for k, v in base.items()}
     assert sched.stats["overlapped_batches"] > 0
@@ -57,7 +57,7 @@ def _sampled(n: int) -> list[TokenizedGenerateReqInput]:
 def test_overlap_seeded_sampling_and_logprobs_equal_synchronous(tiny_model_dir):
     # Per-request seeds depend on the output position (pending tokens included), min_new_tokens on the count.
     base, _ = _run(tiny_model_dir, _sampled(6))
-    got, sched = _run(tiny_model_dir, _sampled(6), enable_overlap_schedule=True)
+    got, sched = _run(tiny_model_dir, _sampled(6), overlap_schedule="on")
     for rid in base:
         assert got[rid]["output_ids"] == base[rid]["output_ids"]
         assert got[rid]["finish_reason"] == base[rid]["finish_reason"]
@@ -73,12 +73,12 @@ def test_overlap_penalties_fall_back_to_synchronous_steps(tiny_model_dir):
         return out
 
     base, _ = _run(tiny_model_dir, reqs())
-    got, _ = _run(tiny_model_dir, reqs(), enable_overlap_schedule=True)
+    got, _ = _run(tiny_model_dir, reqs(), overlap_schedule="on")
     assert {k: v["output_ids"] for k, v in got.items()} == {k: v["output_ids"] for k, v in base.items()}
 
 
 def test_overlap_abort_mid_decode_frees_what_it_held(tiny_model_dir):
-    sched = make_scheduler(tiny_model_dir, chunked_prefill_size=-1, enable_overlap_schedule=True)
+    sched = make_scheduler(tiny_model_dir, chunked_prefill_size=-1, overlap_schedule="on")
     sched.add_request(request("keep", prompts(3, 1)[0], max_new_tokens=30))
     sched.add_request(request("drop", prompts(4, 1)[0], max_new_tokens=30))
     for _ in range(5):
@@ -95,7 +95,7 @@ def test_overlap_abort_mid_decode_frees_what_it_held(tiny_model_dir):
 
 
 def test_overlap_flush_right_after_the_last_output(tiny_model_dir):
-    sched = make_scheduler(tiny_model_dir, enable_overlap_schedule=True)
+    sched = make_scheduler(tiny_model_dir, overlap_schedule="on")
     sched.add_request(request("a", prompts(6, 1)[0], max_new_tokens=5))
     done = False
     while not done:
@@ -123,5 +123,5 @@ def test_overlap_requests_arriving_while_others_decode(tiny_model_dir):
         return out, sched
 
     base, _ = run()
-    got, sched = run(enable_overlap_schedule=True)
+    got, sched = run(overlap_schedule="on")
     assert got == base and sched.stats["overlapped_batches"] > 10

@@ -13,7 +13,7 @@ from .conftest import make_scheduler, request
 from .fake_serving import serve
 from .test_standalone_drafts import assert_draft_kv_matches_the_tree, make, models  # noqa: F401 - a fixture
 
-OVERLAP = {"enable_overlap_schedule": True}
+OVERLAP = {"overlap_schedule": "on"}
 
 
 def _prompts() -> list[list[int]]:

@@ -155,7 +155,7 @@ def test_without_a_radix_cache_siblings_are_admitted_together(tiny_model_dir):
 
 def test_a_prompt_in_the_prefill_pass_in_flight_holds_back_its_siblings(tiny_model_dir):
     rng = random.Random(7)
-    sched = make_scheduler(tiny_model_dir, enable_overlap_schedule=True)
+    sched = make_scheduler(tiny_model_dir, overlap_schedule="on")
     shared = seq(rng, 48)
     sched.add_request(request("s1", shared + seq(rng, 6), max_new_tokens=8))
     sched.step()

@@ -21,7 +21,7 @@ MODES = [
     pytest.param({"page_size": 4}, 0, id="page4"),
     pytest.param({"chunked_prefill_size": 16}, 2, id="chunked16"),
     pytest.param({"page_size": 4, "chunked_prefill_size": 8}, 2, id="page4-chunked8"),
-    pytest.param({"enable_overlap_schedule": True}, 1, id="overlap"),
+    pytest.param({"overlap_schedule": "on"}, 1, id="overlap"),
     pytest.param({"graph_rows": 64}, 2, id="mixed"),
     pytest.param({"max_total_tokens": 240, "schedule_conservativeness": 0.05}, 0, id="retraction"),
 ]
@@ -202,7 +202,7 @@ def test_large_batches_overlap_and_small_ones_draft(algorithm):
     """With drafts off for the batch (more than B/2 requests), requests of a guessing source are planned ahead by the
     overlap scheduler as if no speculation were configured; once few remain they draft again."""
     sched = make_fake_scheduler(speculative_algorithm=algorithm, speculative_max_batch_rows=4,
-                                enable_overlap_schedule=True, speculative_ngram_min_match_window_size=1)
+                                overlap_schedule="on", speculative_ngram_min_match_window_size=1)
     ps = [p + p for p in make_prompts(48, 6, lo=6, hi=12)]
     serve(sched, [request(f"r{i}", p, max_new_tokens=30 if i == 0 else 6) for i, p in enumerate(ps)])
     batches = record_plans(sched)
@@ -273,7 +273,7 @@ def test_large_batches_do_no_per_request_draft_work(algorithm, monkeypatch):
 
     monkeypatch.setattr(DraftPath, "propose", counted)
     sched = make_fake_scheduler(speculative_algorithm=algorithm, speculative_max_batch_rows=4,
-                                enable_overlap_schedule=True)
+                                overlap_schedule="on")
     reqs = [request(f"r{i}", p, max_new_tokens=8) for i, p in enumerate(make_prompts(49, 6, lo=6, hi=12))]
     res = serve(sched, reqs)
     assert_reference(res, reqs)

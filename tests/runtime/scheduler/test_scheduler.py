@@ -223,7 +223,7 @@ def test_output_sink_gets_outputs_while_a_pass_runs_and_loses_none(tiny_model_di
     """With an output sink, outputs of a processed pass go out after the next launch (while the device runs it);
     every request's stream of outputs is the one step() returns without a sink."""
     def streams(use_sink: bool):
-        sched = make_scheduler(tiny_model_dir, enable_overlap_schedule=overlap, chunked_prefill_size=16)
+        sched = make_scheduler(tiny_model_dir, overlap_schedule="on" if overlap else "auto", chunked_prefill_size=16)
         got: dict[str, list] = {}
         in_flight_at_sink = []
 

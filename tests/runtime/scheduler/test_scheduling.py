@@ -43,17 +43,17 @@ MODES = [
     pytest.param({"schedule_policy": "fcfs"}, 2, id="fcfs"),
     pytest.param({"max_prefill_tokens": 32}, 0, id="max-prefill-32"),
     pytest.param({"max_running_requests": 3}, 0, id="max-running-3"),
-    pytest.param({"max_running_requests": 3, "enable_overlap_schedule": True}, 1, id="max-running-3-overlap"),
-    pytest.param({"enable_overlap_schedule": True}, 0, id="overlap"),
-    pytest.param({"enable_overlap_schedule": True, "chunked_prefill_size": 8, "page_size": 4}, 2,
+    pytest.param({"max_running_requests": 3, "overlap_schedule": "on"}, 1, id="max-running-3-overlap"),
+    pytest.param({"overlap_schedule": "on"}, 0, id="overlap"),
+    pytest.param({"overlap_schedule": "on", "chunked_prefill_size": 8, "page_size": 4}, 2,
                  id="overlap-page4-chunked8"),
     pytest.param({"graph_rows": 64}, 3, id="mixed"),
     pytest.param({"graph_rows": 64, "page_size": 4}, 3, id="mixed-page4"),
-    pytest.param({"graph_rows": 64, "enable_overlap_schedule": True}, 3, id="mixed-overlap"),
+    pytest.param({"graph_rows": 64, "overlap_schedule": "on"}, 3, id="mixed-overlap"),
     pytest.param({"radix_eviction_policy": "lfu", "max_total_tokens": 400}, 2, id="lfu-small-pool"),
-    pytest.param({"enable_mixed_chunk": True, "chunked_prefill_size": 16}, 2, id="mixed-chunk16"),
-    pytest.param({"enable_mixed_chunk": True, "chunked_prefill_size": 8, "page_size": 4,
-                  "enable_overlap_schedule": True}, 3, id="mixed-chunk8-page4-overlap"),
+    pytest.param({"mixed_chunk": "on", "chunked_prefill_size": 16}, 2, id="mixed-chunk16"),
+    pytest.param({"mixed_chunk": "on", "chunked_prefill_size": 8, "page_size": 4,
+                  "overlap_schedule": "on"}, 3, id="mixed-chunk8-page4-overlap"),
 ]
 
 
@@ -70,13 +70,13 @@ def test_greedy_outputs_equal_reference(kwargs, every):
     assert len(passes) == len(batches) == sched.stats["prefill_batches"] + sched.stats["decode_batches"]
 
     # Admission bounds, in every mode.
-    mix_all = kwargs.get("enable_mixed_chunk", False)
+    mix_all = kwargs.get("mixed_chunk") == "on"
     for b in batches:
         assert len(b.reqs) <= sched.max_running_requests
         rows = new_rows(b)
         mixed = len(b.reqs) - len(b.new_reqs) if b.new_reqs else 0
         if sched.chunked_prefill_size is not None:
-            # With enable_mixed_chunk the decode rows riding along take their share of the chunk (a chunk keeps a
+            # With --mixed-chunk on the decode rows riding along take their share of the chunk (a chunk keeps a
             # page).
             assert sum(rows) + (mixed if mix_all else 0) <= max(sched.chunked_prefill_size, mixed + sched.page_size)
         assert sum(rows[:-1]) < sched.args.max_prefill_tokens  # the last one admitted may go past it
@@ -91,7 +91,7 @@ def test_greedy_outputs_equal_reference(kwargs, every):
         assert max(len(b.reqs) for b in batches) == kwargs["max_running_requests"]
     if "max_prefill_tokens" in kwargs:
         assert sched.stats["prefill_batches"] > 1 and any(len(b.new_reqs) > 1 for b in batches)
-    if kwargs.get("enable_overlap_schedule"):
+    if kwargs.get("overlap_schedule") == "on":
         assert sched.stats["overlapped_batches"] > 0
         # A prompt's chunk in flight does not hold the next pass back (it is cached in the tree at launch).
         assert any(over_chunk) == bool(chunk)
@@ -103,7 +103,7 @@ def test_greedy_outputs_equal_reference(kwargs, every):
     if kwargs.get("graph_rows") or mix_all:
         assert sched.stats["mixed_batches"] > 0
         assert sum(1 for b in batches if b.new_reqs and len(b.reqs) > len(b.new_reqs)) == sched.stats["mixed_batches"]
-        if kwargs.get("enable_overlap_schedule"):  # a running request's token in flight in a mixed pass
+        if kwargs.get("overlap_schedule") == "on":  # a running request's token in flight in a mixed pass
             assert any(b.new_reqs and IN_FLIGHT in b.worker.input_ids for b in batches)
     else:
         assert sched.stats["mixed_batches"] == 0
@@ -129,7 +129,7 @@ def test_only_a_pass_of_plain_argmaxes_samples_the_models_dtype(logprob):
 
 
 # ---------------------------------------------------------------------- prefixes
-@pytest.mark.parametrize("kwargs", [{}, {"page_size": 4}, {"enable_overlap_schedule": True},
+@pytest.mark.parametrize("kwargs", [{}, {"page_size": 4}, {"overlap_schedule": "on"},
                                     {"chunked_prefill_size": 16, "page_size": 4}, {"graph_rows": 64}])
 def test_shared_prefixes_are_cached_and_outputs_unchanged(kwargs):
     ps_ = kwargs.get("page_size", 1)
@@ -160,7 +160,7 @@ def test_extra_key_namespaces_do_not_share():
 
 
 # ---------------------------------------------------------------------- retraction
-@pytest.mark.parametrize("kwargs", [{}, {"page_size": 4}, {"enable_overlap_schedule": True},
+@pytest.mark.parametrize("kwargs", [{}, {"page_size": 4}, {"overlap_schedule": "on"},
                                     {"chunked_prefill_size": 16}, {"graph_rows": 64}])
 def test_retraction_under_a_tiny_pool_keeps_outputs(kwargs):
     sched = make_fake_scheduler(max_total_tokens=240, schedule_conservativeness=0.05, **kwargs)
@@ -224,8 +224,8 @@ def test_a_request_that_cannot_fit_is_aborted_and_frees_everything():
 
 # ---------------------------------------------------------------------- aborts
 @pytest.mark.parametrize("drafts", [False, True], ids=["no-drafts", "drafts"])
-@pytest.mark.parametrize("kwargs", [{}, {"enable_overlap_schedule": True}, {"page_size": 4},
-                                    {"chunked_prefill_size": 8, "page_size": 4, "enable_overlap_schedule": True}])
+@pytest.mark.parametrize("kwargs", [{}, {"overlap_schedule": "on"}, {"page_size": 4},
+                                    {"chunked_prefill_size": 8, "page_size": 4, "overlap_schedule": "on"}])
 def test_aborts_mid_decode_free_everything(kwargs, drafts):
     sched = make_fake_scheduler(**kwargs)
     if drafts:
@@ -267,7 +267,7 @@ def test_aborts_mid_decode_free_everything(kwargs, drafts):
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_abort_mid_chunked_prefill_and_while_waiting(overlap):
-    sched = make_fake_scheduler(chunked_prefill_size=16, max_running_requests=1, enable_overlap_schedule=overlap)
+    sched = make_fake_scheduler(chunked_prefill_size=16, max_running_requests=1, overlap_schedule="on" if overlap else "auto")
     long = make_prompts(4, 1, lo=100, hi=101)[0]
     sched.add_request(request("long", long))
     sched.add_request(request("waiting", make_prompts(5, 1)[0]))
@@ -287,7 +287,7 @@ def test_abort_mid_chunked_prefill_and_while_waiting(overlap):
 
 
 def test_abort_everything_mid_decode_with_overlap():
-    sched = make_fake_scheduler(enable_overlap_schedule=True)
+    sched = make_fake_scheduler(overlap_schedule="on")
     reqs = requests(make_prompts(6, 5), max_new=40)
     for r in reqs:
         sched.add_request(r)
@@ -335,7 +335,7 @@ def test_a_planner_that_loses_the_cached_prefix_is_caught(monkeypatch):
         serve(sched, [request("hit-again", prompts[1])])
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"page_size": 4}, {"enable_overlap_schedule": True},
+@pytest.mark.parametrize("kwargs", [{}, {"page_size": 4}, {"overlap_schedule": "on"},
                                     {"chunked_prefill_size": 16, "page_size": 4}])
 def test_identical_prompts_admitted_together(kwargs):
     """Several requests prefill the same prompt in one pass: the first to be cached keeps its slots, the others'
@@ -348,7 +348,7 @@ def test_identical_prompts_admitted_together(kwargs):
     assert_all_free(sched)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"enable_overlap_schedule": True}, {"page_size": 4}])
+@pytest.mark.parametrize("kwargs", [{}, {"overlap_schedule": "on"}, {"page_size": 4}])
 def test_long_chunked_prompt_under_memory_pressure_with_running_decodes(kwargs):
     reqs = requests(make_prompts(15, 5, lo=10, hi=20) + make_prompts(16, 1, lo=150, hi=151), max_new=40)
     sched = make_fake_scheduler(chunked_prefill_size=16, max_total_tokens=260, schedule_conservativeness=0.05,
@@ -396,7 +396,7 @@ def test_flush_cache_only_when_idle_and_outputs_unchanged():
     assert res["again"]["cached_tokens"] == 0 and res["again"]["output_ids"] == reference(reqs[0].input_ids, 4)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"enable_overlap_schedule": True}])
+@pytest.mark.parametrize("kwargs", [{}, {"overlap_schedule": "on"}])
 def test_streaming_outputs_arrive_token_by_token(kwargs):
     sched = make_fake_scheduler(**kwargs)
     reqs = requests(make_prompts(23, 3), stream=True)
@@ -426,7 +426,7 @@ def test_random_arrivals_aborts_and_modes(seed):
     if rng.random() < 0.5:
         kw["chunked_prefill_size"] = rng.choice([ps * 2, 8, 16])
     if rng.random() < 0.5:
-        kw["enable_overlap_schedule"] = True
+        kw["overlap_schedule"] = "on"
     if rng.random() < 0.5:
         kw["graph_rows"] = rng.choice([16, 64])
     if rng.random() < 0.5:

@@ -24,9 +24,9 @@ DRAFT_MODES = [
     pytest.param({"chunked_prefill_size": 16}, 0, id="chunked16"),
     pytest.param({"page_size": 4, "chunked_prefill_size": 8}, 2, id="page4-chunked8"),
     pytest.param({"disable_radix_cache": True, "page_size": 4}, 0, id="no-radix-page4"),
-    pytest.param({"enable_overlap_schedule": True}, 1, id="overlap"),
+    pytest.param({"overlap_schedule": "on"}, 1, id="overlap"),
     pytest.param({"graph_rows": 64}, 2, id="mixed"),
-    pytest.param({"enable_mixed_chunk": True, "chunked_prefill_size": 16, "enable_overlap_schedule": True}, 2,
+    pytest.param({"mixed_chunk": "on", "chunked_prefill_size": 16, "overlap_schedule": "on"}, 2,
                  id="mixed-chunk16-overlap"),
     pytest.param({"max_total_tokens": 240, "schedule_conservativeness": 0.05}, 0, id="retraction"),
     pytest.param({"max_total_tokens": 240, "schedule_conservativeness": 0.05, "page_size": 4}, 0,
@@ -60,15 +60,15 @@ def test_drafts_keep_outputs_and_kv_accounting(kwargs, every, past_max_new):
         assert oracle.drafts_past_max_new > 0
     if small_pool:
         assert sched.stats["retractions"] > 0
-    if kwargs.get("graph_rows") or kwargs.get("enable_mixed_chunk"):
+    if kwargs.get("graph_rows") or kwargs.get("mixed_chunk") == "on":
         assert sched.stats["mixed_batches"] > 0
-    if kwargs.get("enable_mixed_chunk"):  # drafted decode rows rode along with a prompt's chunk
+    if kwargs.get("mixed_chunk") == "on":  # drafted decode rows rode along with a prompt's chunk
         assert any(b.chunk is not None and set(b.verifiers) - set(b.new_reqs) for b in batches)
 
 
 def test_drafts_for_some_requests_only_with_overlap():
     """Requests without drafts beside requests with them: overlap waits while a drafted request runs."""
-    sched = make_fake_scheduler(enable_overlap_schedule=True, graph_rows=64)
+    sched = make_fake_scheduler(overlap_schedule="on", graph_rows=64)
     oracle = with_oracle(sched, only=lambda rid: rid in ("r0", "r3"))
     reqs = requests(make_prompts(11, 6, lo=10, hi=40), max_new=16)
     res = serve(sched, reqs, every=2)
@@ -101,7 +101,7 @@ def test_a_cursor_keeping_rejected_draft_kv_is_caught(monkeypatch):
 
 @pytest.mark.parametrize("start, warm", [(0, False), (10, True)], ids=["from-0", "from-10-cached"])
 @pytest.mark.parametrize("kwargs", [{}, {"chunked_prefill_size": 8}, {"page_size": 4, "chunked_prefill_size": 8},
-                                    {"enable_overlap_schedule": True}])
+                                    {"overlap_schedule": "on"}])
 @pytest.mark.parametrize("drafts", [False, True], ids=["no-drafts", "drafts"])
 def test_logprobs_are_the_fake_models(kwargs, drafts, start, warm):
     """Prompt logprobs (from logprob_start_len; the cached prefix stops short of it) and output logprobs with their

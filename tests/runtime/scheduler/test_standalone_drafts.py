@@ -39,10 +39,10 @@ MODES = [
     pytest.param({"page_size": 4}, 0, id="page4"),
     pytest.param({"chunked_prefill_size": 16}, 2, id="chunked16"),
     pytest.param({"page_size": 4, "chunked_prefill_size": 8}, 2, id="page4-chunked8"),
-    pytest.param({"enable_overlap_schedule": True}, 1, id="overlap"),
+    pytest.param({"overlap_schedule": "on"}, 1, id="overlap"),
     # Drafts only while at most 4 requests run: with more, passes launch ahead without drafts (IN_FLIGHT rows
     # mirrored too); with fewer, drafts are made with a pass in flight too (tests/.../test_overlap_drafts.py).
-    pytest.param({"enable_overlap_schedule": True, "speculative_max_batch_rows": 8}, 1, id="overlap-batch-rule"),
+    pytest.param({"overlap_schedule": "on", "speculative_max_batch_rows": 8}, 1, id="overlap-batch-rule"),
     pytest.param({"max_total_tokens": 128, "schedule_conservativeness": 0.05}, 0, id="retraction"),
 ]
 

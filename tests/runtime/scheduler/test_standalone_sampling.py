@@ -121,7 +121,7 @@ def test_sampled_drafts_made_with_a_pass_in_flight(models, near, monkeypatch, q_
 
         monkeypatch.setattr(DraftPath, "_split_guess", unshifted)
     prompt = make_prompts(43, 1, lo=12, hi=13)[0]
-    outs, stats = _run(_sched(models, near, enable_overlap_schedule=True), prompt, 3, temperature=0.1)
+    outs, stats = _run(_sched(models, near, overlap_schedule="on"), prompt, 3, temperature=0.1)
     assert stats["guessed_drafts"] >= SAMPLES // 2 and stats["guessed_drafts_accepted_tokens"] > 0, stats
     chi2 = _chi2([o[2] for o in outs.values()], _marginal(models["target"], prompt, 2, temperature=0.1))
     assert (chi2 > CHI2_3DOF_P001) if q_unshifted else (chi2 < CHI2_3DOF_P001), chi2

@@ -1,0 +1,82 @@
+"""The closed sets ServerArgs draws from: modes as enums, value lists as tuples, and the sections of its flags."""
+from __future__ import annotations
+
+import enum
+
+
+class Section(enum.Enum):
+    """The heading a flag appears under in `--help` and docs/server_args.md (definition order is display order)."""
+    MODEL = "Model and tokenizer"
+    SERVER = "Server and HTTP API"
+    MEMORY = "Memory and scheduling"
+    PARALLELISM = "Parallelism"
+    KERNELS = "Kernels and CUDA graphs"
+    SPECULATIVE = "Speculative decoding"
+    CONSTRAINED = "Constrained decoding"
+    MULTIMODAL = "Multimodal inputs"
+    RELIABILITY = "Reliability and observability"
+
+
+class Toggle(str, enum.Enum):
+    """A feature that is on, off, or left to the server to decide (see each flag's help for what auto picks)."""
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+    def resolve(self, auto: bool) -> bool:
+        """Whether the feature is on, `auto` standing for the server's own choice."""
+        return auto if self is Toggle.AUTO else self is Toggle.ON
+
+
+class SchedulePolicyName(str, enum.Enum):
+    LPM = "lpm"  # longest prefix match first (the paper's cache-aware order)
+    DFS_WEIGHT = "dfs-weight"  # depth-first over the radix tree, heavier subtrees first
+    FCFS = "fcfs"
+    LOF = "lof"  # longest output first
+    RANDOM = "random"
+
+
+class JumpForwardMode(str, enum.Enum):
+    OFF = "off"
+    FAST = "fast"  # the paper's: forced text appended as retokenized (its tokenization may differ)
+    EXACT = "exact"  # forced text drafted and verified: greedy output identical to off
+
+
+class GrammarMaskMode(str, enum.Enum):
+    ON_DEMAND = "on_demand"  # a greedy row's mask is filled only when the grammar refuses the model's argmax
+    ALWAYS = "always"
+
+
+class SpeculativeAlgorithm(str, enum.Enum):
+    NGRAM = "NGRAM"  # prompt lookup: the request's own earlier tokens continue its latest ones
+    RADIX = "RADIX"  # what the radix cache holds after the request's tokens (scheduler/drafts/radix.py)
+    NGRAM_RADIX = "NGRAM_RADIX"  # both: the cache's continuation of the whole sequence, prompt lookup, the cache's k-gram
+    STANDALONE = "STANDALONE"  # a small draft model with the same tokenizer (scheduler/drafts/model.py)
+    EAGLE = "EAGLE"  # an EAGLE head over the target's hidden states (executor/eagle_runner.py)
+    EAGLE3 = "EAGLE3"  # the same: the head's config tells EAGLE-1 from EAGLE-3 (SGLang's name for the latter)
+
+    @property
+    def is_eagle(self) -> bool:
+        return self in (SpeculativeAlgorithm.EAGLE, SpeculativeAlgorithm.EAGLE3)
+
+
+def values(kind: type[enum.Enum]) -> tuple[str, ...]:
+    return tuple(m.value for m in kind)
+
+
+# Tokens drafted per step where neither --speculative-num-draft-tokens nor --speculative-num-steps says (radixlm's
+# default so far): --speculative-num-draft-tokens DEFAULT_DRAFT_STEPS + 1, as SGLang counts it.
+DEFAULT_DRAFT_STEPS = 4
+# A pass's requests index a CUDA grid axis of the attention kernels, which holds at most 65535.
+MAX_RUNNING_REQUESTS = 65535
+
+SCHEDULE_POLICIES = values(SchedulePolicyName)
+EVICTION_POLICIES = ("lru", "lfu", "fifo")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "torch_native", "triton")
+GRAMMAR_BACKENDS = ("xgrammar",)
+JUMP_FORWARD_MODES = values(JumpForwardMode)
+GRAMMAR_MASK_MODES = values(GrammarMaskMode)
+TOGGLES = values(Toggle)
+TOOL_CALL_PARSERS = ("auto", "qwen25", "hermes", "llama3")

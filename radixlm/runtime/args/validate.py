@@ -1,0 +1,96 @@
+"""ServerArgs' range and consistency checks: each failure is a ValueError naming the field."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from radixlm.runtime.args.choices import (
+    ATTENTION_BACKENDS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, MAX_RUNNING_REQUESTS,
+    TOOL_CALL_PARSERS, values,
+)
+
+if TYPE_CHECKING:
+    from radixlm.runtime.args.server_args import ServerArgs
+
+
+def _is_host_port(addr: str) -> bool:
+    host, _, port = addr.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _check_choices(a: ServerArgs) -> None:
+    from radixlm.runtime.args.server_args import ENUM_FIELDS
+
+    for name, kind in ENUM_FIELDS.items():
+        value = getattr(a, name)
+        optional = type(a).__dataclass_fields__[name].default is None
+        _check(isinstance(value, kind) or (value is None and optional),
+               f"unknown {name} {value!r}; choose from {values(kind)}")
+    for name, allowed in (("radix_eviction_policy", EVICTION_POLICIES), ("load_format", LOAD_FORMATS),
+                          ("dtype", DTYPES), ("attention_backend", ATTENTION_BACKENDS),
+                          ("grammar_backend", GRAMMAR_BACKENDS), ("tool_call_parser", TOOL_CALL_PARSERS)):
+        value = getattr(a, name)
+        _check(value in allowed, f"unknown {name} {value!r}; choose from {allowed}")
+
+
+def _check_memory_and_scheduling(a: ServerArgs) -> None:
+    _check(a.page_size >= 1, "page_size must be >= 1")
+    _check(a.max_prefill_tokens >= 1, "max_prefill_tokens must be >= 1")
+    _check(a.max_total_tokens is None or a.max_total_tokens >= 1, "max_total_tokens must be >= 1")
+    _check(a.max_running_requests is None or 1 <= a.max_running_requests <= MAX_RUNNING_REQUESTS,
+           f"max_running_requests must be in [1, {MAX_RUNNING_REQUESTS}]")
+    _check(a.mem_fraction_static is None or 0 < a.mem_fraction_static < 1, "mem_fraction_static must be in (0, 1)")
+    _check(a.chunked_prefill_size is None or a.chunked_prefill_size == -1 or a.chunked_prefill_size >= a.page_size,
+           "chunked_prefill_size must be -1 (off) or >= page_size")
+    _check(a.max_queued_requests is None or a.max_queued_requests >= 0, "max_queued_requests must be >= 0")
+    _check(a.stream_interval >= 1, "stream_interval must be >= 1")
+    _check(a.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")
+    _check(a.max_logprobs >= -1, "max_logprobs must be -1 (the vocabulary size) or >= 0")
+    _check(a.cuda_graph_max_bs is None or a.cuda_graph_max_bs >= 1, "cuda_graph_max_bs must be >= 1")
+
+
+def _check_speculative(a: ServerArgs) -> None:
+    _check(1 <= a.speculative_ngram_min_match_window_size <= a.speculative_ngram_max_match_window_size,
+           "need 1 <= speculative_ngram_min_match_window_size <= speculative_ngram_max_match_window_size")
+    _check(a.speculative_radix_match_window_size >= 1, "speculative_radix_match_window_size must be >= 1")
+    _check(a.speculative_max_batch_rows >= 0, "speculative_max_batch_rows must be >= 0 (0: no limit)")
+    _check(a.speculative_measure_window >= 0, "speculative_measure_window must be >= 0 (0: no measuring)")
+    _check(a.speculative_num_steps is None or a.speculative_num_steps >= 1, "speculative_num_steps must be >= 1")
+    algo = a.speculative_algorithm
+    _check(not a.drafts_with_model or a.speculative_draft_model_path is not None,
+           f"--speculative-algorithm {getattr(algo, 'value', '')} needs --speculative-draft-model-path")
+    _check(not a.drafts_with_model or a.tp_size == 1, "a draft model (STANDALONE, EAGLE) runs with tp_size 1 only")
+    _check(a.speculative_eagle_topk >= 1, "speculative_eagle_topk must be >= 1")
+    _check(a.speculative_eagle_topk == 1 or (algo is not None and algo.is_eagle),
+           "speculative_eagle_topk > 1 (tree drafts) needs --speculative-algorithm EAGLE or EAGLE3")
+
+
+def _check_parallelism(a: ServerArgs) -> None:
+    _check(a.tp_size >= 1, "tp_size must be >= 1")
+    _check(a.ep_size in (1, a.tp_size), f"ep_size must be 1 or equal to tp_size ({a.tp_size})")
+    _check(a.dp_size >= 1, "dp_size must be >= 1")
+    _check(a.nnodes >= 1 and a.tp_size % a.nnodes == 0, "tp_size must be a multiple of nnodes")
+    _check(0 <= a.node_rank < a.nnodes, "node_rank must be in [0, nnodes)")
+    _check(a.nnodes == 1 or a.dist_init_addr is not None, "--nnodes > 1 needs --dist-init-addr host:port")
+    _check(a.dist_init_addr is None or _is_host_port(a.dist_init_addr), "dist_init_addr must be host:port")
+    _check(a.base_gpu_id >= 0, "base_gpu_id must be >= 0")
+    _check(a.dist_timeout > 0, "dist_timeout must be > 0")
+
+
+def _check_serving(a: ServerArgs) -> None:
+    _check(a.watchdog_timeout > 0, "watchdog_timeout must be > 0")
+    _check(a.mm_encoder_cache_mb >= 0, "mm_encoder_cache_mb must be >= 0")
+    _check(a.media_fetch_timeout > 0, "media_fetch_timeout must be > 0")
+    _check(a.max_media_bytes >= 1, "max_media_bytes must be >= 1")
+
+
+def validate(a: ServerArgs) -> None:
+    _check_choices(a)
+    _check_memory_and_scheduling(a)
+    _check_speculative(a)
+    _check_parallelism(a)
+    _check_serving(a)
