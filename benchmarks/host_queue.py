@@ -39,6 +39,7 @@ from radixlm.runtime.sampling.sampling_params import SamplingParams  # noqa: E40
 from radixlm.runtime.scheduler import policy as policy_module  # noqa: E402
 from radixlm.runtime.scheduler.req import Req  # noqa: E402
 from radixlm.runtime.scheduler.scheduler import Scheduler  # noqa: E402
+from radixlm.runtime.spec.factory import DraftFactory
 
 LOGITS_VOCAB = 256  # the null pass's logits width (the sampler's cost is not the subject)
 PROMPT_VOCAB = 128_256  # Llama-3's vocabulary: prompts' ids, so that random prompts rarely share a first token
@@ -75,7 +76,7 @@ def make_scheduler(args: argparse.Namespace) -> Scheduler:
                        schedule_policy=args.policy, page_size=args.page_size,
                        speculative_algorithm=getattr(args, "speculative", None))
     runner = NullRunner(args.max_total_tokens, args.page_size, args.max_running, CONTEXT_LEN, LOGITS_VOCAB)
-    return Scheduler(sargs, runner, tokenizer=None, eos_token_ids=frozenset())
+    return Scheduler(sargs, runner, tokenizer=None, eos_token_ids=frozenset(), drafts=DraftFactory.load(sargs, runner))
 
 
 def phases(s: Scheduler) -> list[tuple[str, object, str, bool]]:

@@ -36,6 +36,7 @@ from radixlm.runtime.messages import TokenizedGenerateReqInput  # noqa: E402
 from radixlm.runtime.sampling.sampling_params import SamplingParams  # noqa: E402
 from radixlm.runtime.scheduler.planner import ScheduleBatch  # noqa: E402
 from radixlm.runtime.scheduler.scheduler import Scheduler  # noqa: E402
+from radixlm.runtime.spec.factory import DraftFactory
 
 VOCAB = 1024  # prompt ids start with 8 + the request index: no two of the first 1016 share a prefix
 TOKEN = 7  # every row's greedy next token
@@ -66,7 +67,7 @@ def build(cfg: SimConfig) -> Scheduler:
     max_running = args.max_running_requests or max(1, min(cfg.pool_tokens // 2, 4096))
     runner = NullRunner(cfg.pool_tokens, 1, max_running, cfg.input_len + cfg.output_len + 8, VOCAB, TOKEN,
                         cfg.graph_rows)
-    sched = Scheduler(args, runner, tokenizer=None, eos_token_ids=frozenset())
+    sched = Scheduler(args, runner, tokenizer=None, eos_token_ids=frozenset(), drafts=DraftFactory.load(args, runner))
     # start_ratio: 'init' (a fresh engine, or any engine once idle: the scheduler resets the ratio then), 'min' (the
     # floor an earlier workload decayed it to, where nothing reset it on idle, as before), or a number.
     # budget_use: what earlier workloads taught admission (AdmissionMixin.note_finished): the share of max_new_tokens

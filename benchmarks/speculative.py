@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 
 from radixlm import Engine
-from radixlm.runtime.scheduler.drafts import batch_adaptive
+from radixlm.runtime.spec.path import batch_adaptive
 
 import speculative_replay
 from speculative_replay import ModelShape

@@ -12,7 +12,7 @@ import torch
 if TYPE_CHECKING:
     from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixlm.runtime.executor.logits import LogitsPlan
-    from radixlm.runtime.executor.spec_tree import TreeMask
+    from radixlm.runtime.spec.tree import TreeMask
     from radixlm.runtime.layers.attention.base import AttentionBackend
     from radixlm.runtime.multimodal.inputs import MultimodalSpan
 
@@ -55,7 +55,7 @@ class ModelWorkerBatch:
     mm_spans: list["MultimodalSpan"] = field(default_factory=list)  # rows that take an item's encoder output
     mrope_positions: list[list[int]] | None = None  # per row, three positions (Qwen2-VL), when a request has them
     rope_offsets: list[int] | None = None  # per row, added to its position for the rotary only (see ForwardBatch)
-    # Per request, where its rows attend otherwise than causally (tree drafts, executor/spec_tree.py), else None;
+    # Per request, where its rows attend otherwise than causally (tree drafts, spec/tree.py), else None;
     # such a pass runs in REQUEST_SPANS on a backend that supports_tree_mask.
     tree_masks: list["TreeMask | None"] | None = None
     # Decode passes (one row per request): (prefix_len, request indices) per group of requests whose

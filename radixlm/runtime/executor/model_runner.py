@@ -11,11 +11,11 @@ from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
-from radixlm.runtime.executor.draft_budget import draft_budget
+from radixlm.runtime.spec.budget import draft_budget
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor, split_rows
-from radixlm.runtime.executor.spec_tree import TreeMask
+from radixlm.runtime.spec.tree import TreeMask
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
 from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
 from radixlm.runtime.layers.attention.triton_ops.decode_splits import DECODE_BLOCK_N

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.executor.logits import LogitsOutput, top_logprobs
-from radixlm.runtime.executor.spec_tree import move_kv
 from radixlm.runtime.host_to_device import HostCopy
 from radixlm.runtime.messages import ReqOutput
-from radixlm.runtime.sampling.verification import VerifyResult
+from radixlm.runtime.spec.verification import VerifyResult
 from radixlm.runtime.scheduler.pass_masks import MaskPlanner, PassMasks
 from radixlm.runtime.scheduler.planner import ScheduleBatch
 from radixlm.runtime.scheduler.req import GRAMMAR_VIOLATION, FinishReason, GrammarAdvance, Req
@@ -119,7 +118,7 @@ class SchedulerOutputProcessorMixin:
 
     def _process_verified(self, result: BatchResult) -> None:
         """Each verifier keeps its draft's tokens while the model agrees, then its own token (DraftPath.take_verdict);
-        the KV written for rejected draft tokens goes back to the allocator, in one gather for the pass."""
+        the planner frees the KV written for rejected draft tokens, in one gather for the pass."""
         logits, row = result.out.verify_logits, 0
         rejected: list[tuple[int, int, int]] = []
         for k, req in enumerate(result.batch.verifiers):
@@ -134,34 +133,19 @@ class SchedulerOutputProcessorMixin:
             except Exception as e:  # noqa: BLE001
                 self._failed(req, e)
             self._after_tokens(req, result.batch.is_prefill)
-        if rejected:
-            # The rows are read before any later pass rewrites them (stream order), even where a finished request's
-            # row was released above.
-            pool = self.req_to_token_pool
-            self.allocator.free(pool.req_to_token.view(-1).index_select(0, pool.flat_index(rejected)))
+        self.planner.free_rejected(rejected)
 
     def _take_verdict(self, req: Req, masks: PassMasks, k: int, lps: torch.Tensor | None,
                       rejected: list[tuple[int, int, int]], batch: ScheduleBatch) -> None:
         verdict = self.masks.verifier_verdict(masks, k, self.generator)
         if verdict.path is not None:
-            self._compact_tree(req, verdict.path)
+            self.stats["tree_kv_moves"] += self.planner.compact_tree(req, verdict.path)
             batch.accepted_paths[req.rid] = (req.kv.draft_len(), verdict.path)
-        span = self.drafts.take_verdict(req, verdict, lps)
+        drafted_end = self.drafts.take_verdict(req, verdict, lps)
+        span = None if drafted_end is None else self.planner.rejected_slots(req, drafted_end)
         if span is not None:
             rejected.append(span)
         self.drafts.propose(req)
-
-    def _compact_tree(self, req: Req, path: list[int]) -> None:
-        """A tree draft's accepted nodes take the positions after the newest token: the KV the pass wrote at each
-        node's table index is copied to the index of its depth, before the indices past the path are freed."""
-        first = req.seqlen  # node i was the row at table index first + i
-        moves = [(first + node, first + j) for j, node in enumerate(path) if node != j]
-        if not moves:
-            return
-        table = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        at = torch.tensor(moves, dtype=torch.int64, device=table.device)
-        move_kv(self.runner.token_to_kv_pool, table[at[:, 0]], table[at[:, 1]])
-        self.stats["tree_kv_moves"] += len(moves)
 
     def _stream_due(self, req: Req) -> bool:
         """The first token goes out at once (time to first token); later ones every stream_interval tokens."""

@@ -16,11 +16,8 @@ from typing import Callable
 
 import torch
 
-from radixlm.runtime.args import GrammarMaskMode, ServerArgs, SpeculativeAlgorithm
+from radixlm.runtime.args import GrammarMaskMode, ServerArgs
 from radixlm.runtime.cache.radix_cache import RadixCache
-from radixlm.runtime.executor.draft_budget import draft_scratch, draft_steps
-from radixlm.runtime.executor.draft_runner import DraftModelRunner
-from radixlm.runtime.executor.eagle_runner import EagleRunner
 from radixlm.runtime.executor.logits import LogitsOutput
 from radixlm.runtime.grammar.backend import GrammarCache
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
@@ -30,12 +27,6 @@ from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 from radixlm.runtime.scheduler.admission import AdmissionMixin
 from radixlm.runtime.scheduler.cursor import can_launch_ahead
-from radixlm.runtime.scheduler.drafts import DraftPath, Proposer, batch_adaptive
-from radixlm.runtime.scheduler.drafts.controller import DraftController
-from radixlm.runtime.scheduler.drafts.jump_forward import JumpForwardSource
-from radixlm.runtime.scheduler.drafts.model import DraftModelSource, EagleSource
-from radixlm.runtime.scheduler.drafts.ngram import NGramSource
-from radixlm.runtime.scheduler.drafts.radix import RadixSource
 from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
 from radixlm.runtime.scheduler.integrity import check_kv_accounting
 from radixlm.runtime.scheduler.output_processor import BatchResult, SchedulerOutputProcessorMixin
@@ -43,6 +34,7 @@ from radixlm.runtime.scheduler.pass_masks import MaskPlanner
 from radixlm.runtime.scheduler.planner import Planner, ScheduleBatch, launched
 from radixlm.runtime.scheduler.policy import SchedulePolicy
 from radixlm.runtime.scheduler.req import FinishReason, Req
+from radixlm.runtime.spec.factory import DraftContext, DraftFactory
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +44,8 @@ STAT_KEYS = ("prefill_batches", "decode_batches", "prefill_tokens", "retractions
 
 
 class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
-    def __init__(self, server_args: ServerArgs, model_runner, tokenizer, eos_token_ids: frozenset[int]):
+    def __init__(self, server_args: ServerArgs, model_runner, tokenizer, eos_token_ids: frozenset[int],
+                 drafts: DraftFactory):
         self.args = server_args
         self.runner = model_runner
         self.tokenizer = tokenizer
@@ -69,7 +62,8 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         # Multimodal positions run eagerly whatever the batch (ModelRunner._run): groups in every decode pass there.
         self.planner = Planner(self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size,
                                SHARED_PREFIX_MIN_LEN if model_runner.takes_shared_prefixes else 0, media=media,
-                               replays=(lambda rows: False) if media else model_runner.can_replay)
+                               replays=(lambda rows: False) if media else model_runner.can_replay,
+                               kv_pool=model_runner.token_to_kv_pool)
         seed = server_args.random_seed if server_args.random_seed is not None else 0
         # Constrained decoding and drafts: one counter for their stats (masks filled, jumps, drafts kept, ...).
         self.grammar_stats: Counter = Counter()
@@ -80,15 +74,8 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         self.grammar_queue = GrammarQueue(grammars, parallel.all_true if parallel.tp_size > 1 else None)
         self.masks = MaskPlanner(lambda: grammars.backend, server_args.grammar_mask is GrammarMaskMode.ON_DEMAND,
                                  self.grammar_stats)
-        jump = JumpForwardSource(server_args.jump_forward, tokenizer, eos_token_ids,
-                                 lambda: grammars.backend, self.grammar_stats)
-        speculative = self._speculative_sources(server_args)
-        window = server_args.speculative_measure_window
-        # Its decisions follow this rank's clock: tensor-parallel ranks, which must decide alike, go without it.
-        controller = DraftController(window, stats=self.grammar_stats) if window and parallel.tp_size == 1 and any(
-            batch_adaptive(s) for s in speculative) else None
-        self.drafts = DraftPath([jump, *speculative], tokenizer, self.page_size, self.grammar_stats,
-                                server_args.speculative_max_batch_rows, lambda: len(self.running), controller)
+        self.drafts = drafts.build(DraftContext(self.tree_cache, tokenizer, eos_token_ids, lambda: grammars.backend,
+                                                self.grammar_stats, self.page_size, lambda: len(self.running)))
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed)
         self.sampler = Sampler()
         self.generator = torch.Generator(device=self.device)
@@ -113,34 +100,6 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         # returns them). Delivering them there takes detokenizing and sending off the critical path.
         self.output_sink: Callable[[list[ReqOutput]], None] | None = None
         self.stats: Counter = Counter({k: 0 for k in STAT_KEYS})  # for tests, benchmarks and metrics
-
-    def _speculative_sources(self, args: ServerArgs) -> list[Proposer]:
-        """--speculative-algorithm's draft sources, in the order they are asked (the first with a draft wins).
-        NGRAM_RADIX: the cache's continuation of the whole sequence (same context), then prompt lookup (the
-        request's own text), then the cache's latest k tokens (another context)."""
-        algo = args.speculative_algorithm
-        # --speculative-num-draft-tokens counts the verified root token (SGLang's): a step drafts one token fewer.
-        n, stats = args.max_draft_tokens, self.grammar_stats
-
-        def ngram() -> NGramSource:
-            return NGramSource(n, args.speculative_ngram_min_match_window_size,
-                               args.speculative_ngram_max_match_window_size, stats)
-
-        def radix(path: bool = True, kgram: bool = True) -> RadixSource:
-            return RadixSource(self.tree_cache, n, args.speculative_radix_match_window_size, stats, path, kgram)
-
-        if algo is SpeculativeAlgorithm.NGRAM:
-            return [ngram()]
-        if algo is SpeculativeAlgorithm.RADIX:
-            return [radix()]
-        if algo is SpeculativeAlgorithm.NGRAM_RADIX:
-            return [radix(kgram=False), ngram(), radix(path=False)]
-        if algo is SpeculativeAlgorithm.STANDALONE:
-            return [DraftModelSource(DraftModelRunner(args, self.runner, draft_steps(args)), stats, self.tree_cache)]
-        if algo is not None and algo.is_eagle:
-            return [EagleSource(EagleRunner(args, self.runner, draft_scratch(args)), stats, draft_steps(args),
-                                args.speculative_eagle_topk, args.max_draft_tokens)]
-        return []
 
     # ------------------------------------------------------------------ input
     def add_request(self, msg: TokenizedGenerateReqInput) -> None:

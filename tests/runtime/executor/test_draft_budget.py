@@ -8,8 +8,8 @@ from transformers import LlamaConfig
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.executor import model_runner
-from radixlm.runtime.executor.draft_budget import DraftBudget, draft_budget
-from radixlm.runtime.executor.draft_runner import DraftModelRunner
+from radixlm.runtime.spec.budget import DraftBudget, draft_budget
+from radixlm.runtime.spec.runners.draft_model import DraftModelRunner
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.model_loader.config import ModelConfig
 from tests.runtime.models.tiny import save_tiny

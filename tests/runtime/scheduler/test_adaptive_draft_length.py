@@ -1,11 +1,11 @@
-"""Per-request adaptive draft length (drafts/adaptive.py): the next draft is one token longer than the moving
+"""Per-request adaptive draft length (spec/adaptive.py): the next draft is one token longer than the moving
 average of tokens kept, within [1, max_len]; DraftPath applies it to sources with adaptive_length, per request, on
 top of the batch rule."""
 from __future__ import annotations
 
-from radixlm.runtime.scheduler.cursor import Draft
-from radixlm.runtime.scheduler.drafts import DraftPath
-from radixlm.runtime.scheduler.drafts.adaptive import DraftLength
+from radixlm.runtime.spec.draft import Draft, DraftSource, DraftTraits
+from radixlm.runtime.spec.path import DraftPath
+from radixlm.runtime.spec.adaptive import DraftLength
 
 from .conftest import request
 from .fake_runner import FIRST_TOKEN, VOCAB, make_fake_scheduler, make_prompts, reference
@@ -45,11 +45,10 @@ def test_partial_acceptance_settles_one_past_what_is_kept():
     assert _run(DraftLength(3), lambda n: min(n, 5), 5) == [3] * 5  # never past max_len
 
 
-class _Adaptive:
+class _Adaptive(DraftSource):
     """Proposes 8 tokens: the fake model's own for rids starting with 'hit', wrong ones otherwise."""
 
-    adaptive_length = True
-    max_len = 6
+    traits = DraftTraits(adaptive_length=True, max_len=6)
 
     def __init__(self):
         self.verified: dict[str, list[int]] = {}

@@ -1,4 +1,4 @@
-"""The draft controller (drafts/controller.py, --speculative-measure-window): with a fake clock and scripted step
+"""The draft controller (spec/controller.py, --speculative-measure-window): with a fake clock and scripted step
 costs it drafts where drafting was measured to pay and not elsewhere, per batch-size bucket, exploring the other
 regime at a bounded rate; through the real Scheduler a controller that chose off proposes no drafts, and greedy
 outputs stay those without speculation while it switches drafting on and off."""
@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from radixlm.runtime.args import ServerArgs
-from radixlm.runtime.scheduler.drafts.controller import MAX_PERIOD_FACTOR, DraftController, _Bucket, bucket
+from radixlm.runtime.spec.controller import MAX_PERIOD_FACTOR, DraftController, _Bucket, bucket
 from radixlm.runtime.scheduler.scheduler import Scheduler
+from radixlm.runtime.spec.factory import DraftFactory
 
 from .conftest import request
 from .fake_runner import FakeRunner, make_fake_scheduler, make_prompts, record_plans
@@ -243,4 +244,5 @@ def test_tensor_parallel_ranks_go_without_it():
     runner.parallel = SimpleNamespace(tp_size=2, broadcast_object=lambda x: x, all_true=lambda x: x)
     args = ServerArgs(model_path="fake-model", device="cpu", random_seed=0, max_total_tokens=1024,
                       speculative_algorithm="NGRAM", speculative_measure_window=8)
-    assert Scheduler(args, runner, tokenizer=None, eos_token_ids=frozenset()).drafts.controller is None
+    assert Scheduler(args, runner, tokenizer=None, eos_token_ids=frozenset(),
+                     drafts=DraftFactory.load(args, runner)).drafts.controller is None

@@ -12,8 +12,8 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig
 
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
-from radixlm.runtime.executor.spec_tree import row_tokens
-from radixlm.runtime.scheduler.drafts.model import EagleSource
+from radixlm.runtime.spec.tree import row_tokens
+from radixlm.runtime.spec.sources.model import EagleSource
 from tests.runtime.models.tiny import save_tiny
 
 from .conftest import TINY_LLAMA
@@ -156,7 +156,7 @@ def test_eagle3_trees_equal_the_reference_and_keep_outputs(setup, graphs):
 
 def test_features_from_other_layers_are_caught(setup, monkeypatch):
     """Mutation: the head fed the states entering layers 1, 3, 3 instead of 2, 3, 3 -- the reference tells."""
-    from radixlm.runtime.executor import eagle_runner
+    from radixlm.runtime.spec.runners import eagle as eagle_runner
 
     paths, hf, weights = setup
     monkeypatch.setattr(eagle_runner, "aux_layers", lambda cfg, n: [1, 3, 3])
@@ -168,7 +168,7 @@ def test_features_from_other_layers_are_caught(setup, monkeypatch):
 
 
 def test_kv_budget_counts_the_head(setup):
-    from radixlm.runtime.executor.draft_budget import draft_budget
+    from radixlm.runtime.spec.budget import draft_budget
 
     paths, _, _ = setup
     sched = make({"target": paths["target"]}, None, speculative_algorithm="EAGLE",

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig
 
-from radixlm.runtime.scheduler.drafts.model import EagleSource
+from radixlm.runtime.spec.sources.model import EagleSource
 from tests.runtime.models.tiny import save_tiny
 
 from .conftest import TINY_LLAMA, request
@@ -163,7 +163,7 @@ def test_target_passes_replayed_as_graphs(setup):
 
 def test_pairs_written_with_wrong_tokens_are_caught(setup, monkeypatch):
     """Mutation: the pairs of a pass written with other tokens than the next ones -- the reference tells."""
-    from radixlm.runtime.executor import eagle_runner
+    from radixlm.runtime.spec.runners import eagle as eagle_runner
 
     paths, hf, weights = setup
     catch_up = eagle_runner.EagleRunner.catch_up
@@ -181,7 +181,7 @@ def test_pairs_written_with_wrong_tokens_are_caught(setup, monkeypatch):
 
 
 def test_kv_budget_counts_the_head(setup):
-    from radixlm.runtime.executor.draft_budget import draft_budget
+    from radixlm.runtime.spec.budget import draft_budget
 
     paths, _, _ = setup
     sched = _eagle(paths)

@@ -13,10 +13,10 @@ import random
 import pytest
 import torch
 
-from radixlm.runtime.executor.spec_tree import TreeBuild, depths, nodes_within, row_tokens, verify_mask, walk
-from radixlm.runtime.scheduler.cursor import Draft
-from radixlm.runtime.scheduler.drafts import DraftPath
-from radixlm.runtime.scheduler.drafts.model import EagleSource
+from radixlm.runtime.spec.tree import TreeBuild, depths, nodes_within, row_tokens, verify_mask, walk
+from radixlm.runtime.spec.draft import Draft, DraftSource
+from radixlm.runtime.spec.path import DraftPath
+from radixlm.runtime.spec.sources.model import EagleSource
 
 from .conftest import request
 from .fake_serving import serve
@@ -52,7 +52,7 @@ def test_select_keeps_the_best_nodes_as_a_tree_in_depth_order():
 
 
 # ---------------------------------------------------------------------- an oracle's trees
-class TreeOracle:
+class TreeOracle(DraftSource):
     """Proposes trees around the greedy outputs `truth`: a level's siblings are distinct tokens, the true one (if the
     level has it) at a random index; a level breaks the true path one time in five."""
 
@@ -129,7 +129,6 @@ def test_mutations_change_outputs(setup, monkeypatch, mutation):
     """Without the tree mask (the nodes' rows causal over each other) or without moving the accepted nodes' KV
     into place, outputs differ from those without speculation."""
     from radixlm.runtime.scheduler import planner
-    from radixlm.runtime.scheduler.output_processor import SchedulerOutputProcessorMixin
 
     paths, _, _ = setup
     expected = _off(paths, {}, 0)
@@ -138,7 +137,7 @@ def test_mutations_change_outputs(setup, monkeypatch, mutation):
                             lambda parents, before: torch.ones(before + len(parents), before + len(parents),
                                                                dtype=torch.bool).tril())
     else:
-        monkeypatch.setattr(SchedulerOutputProcessorMixin, "_compact_tree", lambda self, req, path: None)
+        monkeypatch.setattr(planner.Planner, "compact_tree", lambda self, req, path: 0)
     sched = make({"target": paths["target"]}, None)
     _with_oracle(sched, expected)
     got = serve(sched, _requests())
@@ -234,8 +233,8 @@ def test_backend_without_tree_masks_drafts_chains(setup, monkeypatch):
 def test_head_tree_steps_without_their_mask_are_caught(setup, monkeypatch):
     """Mutation: the head's tree steps attending to every frontier so far (not only their ancestors) -- the
     reference tells."""
-    from radixlm.runtime.executor import eagle_tree
-    from radixlm.runtime.executor.spec_tree import TreeMask
+    from radixlm.runtime.spec import eagle_tree
+    from radixlm.runtime.spec.tree import TreeMask
 
     paths, hf, weights = setup
     monkeypatch.setattr(eagle_tree, "TreeMask", lambda start, mask: TreeMask(start, torch.ones_like(mask)))

@@ -24,9 +24,9 @@ def run_cases(device: str) -> None:
     from safetensors.torch import save_file
     from transformers import LlamaConfig
 
-    from radixlm.runtime.executor.eagle_runner import EagleRunner
+    from radixlm.runtime.spec.runners.eagle import EagleRunner
     from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
-    from radixlm.runtime.scheduler.drafts.model import EagleSource
+    from radixlm.runtime.spec.sources.model import EagleSource
     from tests.runtime.models.tiny import save_tiny
     from tests.runtime.scheduler.conftest import TINY_LLAMA, request
     from tests.runtime.scheduler.fake_serving import serve

@@ -1,6 +1,6 @@
 """STANDALONE under the batch rule (--speculative-max-batch-rows 8: drafts while at most 4 requests run): while the
 batch is larger the draft model runs no pass at all, and a request catches its draft KV up before the draft model
-runs its rows again or it drafts (drafts/model.py). A workload crosses the threshold both ways -- two long requests alone, ten short ones joining
+runs its rows again or it drafts (spec/sources/model.py). A workload crosses the threshold both ways -- two long requests alone, ten short ones joining
 them, the two alone again, then requests hitting the short ones' cached prompts and answers (written while the draft
 model was skipped) -- in each scheduling mode. Greedy outputs equal those without speculation; the draft model ran
 no pass in a step that could not draft; every request's draft KV equals a recomputation when it drafts, and so does
@@ -11,7 +11,7 @@ import pytest
 
 from radixlm.runtime.cache.radix_node import RadixKey, draft_kv_prefix
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
-from radixlm.runtime.executor.draft_runner import DraftModelRunner, KVSpan
+from radixlm.runtime.spec.runners.draft_model import DraftModelRunner, KVSpan
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
 from .conftest import request

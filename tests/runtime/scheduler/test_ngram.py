@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from radixlm.runtime.sampling.sampling_params import SamplingParams
-from radixlm.runtime.scheduler.drafts.ngram import NGramSource
+from radixlm.runtime.spec.sources.ngram import NGramSource
 from radixlm.runtime.scheduler.req import Req
 
 from .conftest import make_scheduler, request, run_all
@@ -56,7 +56,7 @@ def test_lookup_follows_the_growing_output_and_tokens_left():
 
 
 def test_drafts_back_off_while_rejected_outright():
-    from radixlm.runtime.scheduler.drafts.ngram import MAX_BACKOFF
+    from radixlm.runtime.spec.sources.ngram import MAX_BACKOFF
 
     source = NGramSource(2, 1, 2, Counter())
     req = _req([1, 2, 3, 1, 2, 3, 1, 2], max_new_tokens=1000)

@@ -1,4 +1,4 @@
-"""The overlap scheduler while drafting (scheduler/drafts/__init__.py has the design): NGRAM, RADIX and STANDALONE
+"""The overlap scheduler while drafting (spec/path.py has the design): NGRAM, RADIX and STANDALONE
 drafts made while a pass of the request is in flight continue a guess of its token, and the passes verifying them
 launch ahead. Greedy outputs equal those without speculation and without overlap, the KV accounting holds after
 every step (enable_integrity_check), and a wrong guess keeps none of its draft."""
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixlm.runtime.scheduler.drafts import DraftPath
+from radixlm.runtime.spec.path import DraftPath
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
 from .conftest import make_scheduler, request

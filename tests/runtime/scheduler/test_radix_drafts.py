@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 
 from radixlm.runtime.cache.radix_node import RadixKey
-from radixlm.runtime.scheduler.cursor import Draft
-from radixlm.runtime.scheduler.drafts import DraftPath
-from radixlm.runtime.scheduler.drafts.radix import RadixSource
+from radixlm.runtime.spec.draft import Draft, DraftSource, DraftTraits
+from radixlm.runtime.spec.path import DraftPath
+from radixlm.runtime.spec.sources.radix import RadixSource
 
 from .conftest import make_scheduler, request, run_all
 from .fake_runner import make_fake_scheduler, make_prompts, record_plans, reference
@@ -175,8 +175,8 @@ def test_drafts_made_for_a_smaller_batch_are_cut_when_it_grows():
 
 
 def test_exact_sources_are_not_cut():
-    class Exact:
-        batch_adaptive = False
+    class Exact(DraftSource):
+        traits = DraftTraits(batch_adaptive=False)
 
         def applies_to(self, req):
             return True

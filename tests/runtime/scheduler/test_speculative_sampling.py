@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlm.runtime.sampling import verification
+from radixlm.runtime.spec import verification
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.messages import TokenizedGenerateReqInput
 

@@ -17,14 +17,15 @@ from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.runtime.cache.radix_node import path_to
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
-from radixlm.runtime.executor.draft_runner import DraftModelRunner
+from radixlm.runtime.spec.runners.draft_model import DraftModelRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.tokenizer import get_tokenizer
-from radixlm.runtime.scheduler.drafts.model import DraftModelSource
+from radixlm.runtime.spec.sources.model import DraftModelSource
 from radixlm.runtime.scheduler.scheduler import Scheduler
+from radixlm.runtime.spec.factory import DraftFactory
 from tests.runtime.models.tiny import save_tiny
 
 from .conftest import TINY_LLAMA, request, run_all
@@ -71,8 +72,9 @@ def make(models: dict[str, str], draft: str | None, tokenizer: bool = False, eos
     path = models["target"]
     args = ServerArgs(model_path=path, dtype="float32", device="cpu", enable_integrity_check=True, random_seed=0, **kw)
     config = ModelConfig.from_path(path, dtype="float32", device="cpu")
-    return Scheduler(args, ModelRunner(args, config, "cpu"), tokenizer=get_tokenizer(path) if tokenizer else None,
-                     eos_token_ids=eos)
+    runner = ModelRunner(args, config, "cpu")
+    return Scheduler(args, runner, tokenizer=get_tokenizer(path) if tokenizer else None, eos_token_ids=eos,
+                     drafts=DraftFactory.load(args, runner))
 
 
 def _waves(seed: int):

@@ -14,9 +14,9 @@ import torch
 from transformers import LlamaForCausalLM
 
 from radixlm.runtime.messages import TokenizedGenerateReqInput
-from radixlm.runtime.sampling import verification
+from radixlm.runtime.spec import verification
 from radixlm.runtime.sampling.sampling_params import SamplingParams
-from radixlm.runtime.scheduler.drafts import DraftPath
+from radixlm.runtime.spec.path import DraftPath
 
 from .conftest import run_all
 from .fake_runner import make_prompts

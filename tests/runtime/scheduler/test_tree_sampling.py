@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from radixlm.runtime.messages import TokenizedGenerateReqInput
-from radixlm.runtime.sampling import verification
+from radixlm.runtime.spec import verification
 from radixlm.runtime.sampling.sampling_params import SamplingParams
-from radixlm.runtime.scheduler.cursor import Draft
-from radixlm.runtime.scheduler.drafts import DraftPath
+from radixlm.runtime.spec.draft import Draft, DraftSource
+from radixlm.runtime.spec.path import DraftPath
 
 from .conftest import run_all
 from .fake_runner import fake_logits, make_fake_scheduler, make_prompts, reference, seq_hash
@@ -24,7 +24,7 @@ def _ranked(tokens: list[int]) -> list[int]:
     return fake_logits([seq_hash(tokens)])[0].argsort(descending=True)[:3].tolist()
 
 
-class ThreeWayTrees:
+class ThreeWayTrees(DraftSource):
     """Two levels of three siblings each, in the order (second, likeliest, third)."""
 
     def __init__(self):

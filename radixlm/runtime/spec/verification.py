@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from radixlm.runtime.executor.spec_tree import row_tokens, walk
+from radixlm.runtime.spec.tree import row_tokens, walk
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.sampling.penalties import apply_penalties_and_bias
 from radixlm.runtime.sampling.sampler import top_k_top_p_min_p_filter
@@ -40,7 +40,7 @@ class VerifyResult:
     tokens: list[int]  # accepted draft tokens, then the model's own token
     accepted: int  # how many of `tokens` came from the draft
     violated: bool = False  # no allowed token at the end (conflicting constraints): the request must abort
-    path: list[int] | None = None  # a tree draft's accepted nodes (executor/spec_tree.py), root to leaf
+    path: list[int] | None = None  # a tree draft's accepted nodes (spec/tree.py), root to leaf
 
 
 @dataclass

@@ -12,14 +12,14 @@ from collections import Counter
 from radixlm.runtime.args import JumpForwardMode
 from radixlm.runtime.grammar.backend import GrammarBackend
 from radixlm.runtime.grammar.jump_forward import forced_tokens
-from radixlm.runtime.scheduler.cursor import Draft
+from radixlm.runtime.spec.draft import Draft, DraftSource, DraftTraits
 from radixlm.runtime.scheduler.req import GrammarAdvance, Req
 
 FORCED_MEMO_ENTRIES = 4096
 
 
-class JumpForwardSource:
-    batch_adaptive = False  # exact drafts of forced text: not cut by the batch rule (DraftPath.draft_cap)
+class JumpForwardSource(DraftSource):
+    traits = DraftTraits(batch_adaptive=False)  # exact drafts of forced text: not cut by the batch rule
 
     def __init__(self, mode: JumpForwardMode, tokenizer, eos_token_ids: frozenset[int], backend, stats: Counter):
         """backend: returns the grammar backend (built at the first compilation)."""

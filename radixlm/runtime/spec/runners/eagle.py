@@ -21,15 +21,15 @@ import torch
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
-from radixlm.runtime.executor.draft_budget import head_config
-from radixlm.runtime.executor.draft_runner import DraftModelRunner
+from radixlm.runtime.spec.budget import head_config
+from radixlm.runtime.spec.runners.draft_model import DraftModelRunner
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ForwardBatch, ForwardMode, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.layers.kernel_variants import EXTEND_WARMUP_LENS, uses_tree_masks
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.model_loader.loader import _default_dtype, initialize_dummy_weights, safetensors_weights_iterator
-from radixlm.runtime.executor.eagle_aux import AuxStates, aux_layers, is_eagle3
+from radixlm.runtime.spec.runners.eagle_aux import AuxStates, aux_layers, is_eagle3
 from radixlm.runtime.models.eagle import Eagle3Head, EagleHead
 
 

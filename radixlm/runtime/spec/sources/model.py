@@ -4,7 +4,7 @@ request's sampling parameters, that distribution kept for verification's rejecti
 token, for every drafting request of a
 processed pass at once (DraftPath collects them: `deferred`, then propose_batch).
 
-Its KV lives in its own pool over the target's slots (executor/draft_runner.py has the invariant). A target pass is
+Its KV lives in its own pool over the target's slots (spec/runners/draft_model.py has the invariant). A target pass is
 also a draft pass over the same rows (write_kv, via DraftPath.on_launch) when a request of it may draft soon, so
 the draft model keeps the KV of every position but the request's newest token, as the target does; a draft starts
 from that token. While the batch rule keeps every request from drafting, the draft model runs no pass at all (large
@@ -14,44 +14,47 @@ model runs its rows again, or before it drafts, an extend pass over the position
 much of it has draft KV (TreeNode.draft_kv_len, from the inserting request's cursor): a cache hit on a prefix
 written while the draft model was skipped starts its cursor there (Planner), so the catch-up covers the cached
 positions too, and marks the tree's nodes it wrote.
-Draft lengths follow each request's acceptance history (adaptive_length, drafts/adaptive.py) within
+Draft lengths follow each request's acceptance history (adaptive_length, spec/adaptive.py) within
 --speculative-num-steps, and shrink with the batch (batch_adaptive, DraftPath.draft_cap). An EAGLE head
-(EagleSource) drafts the same way; only its KV is written differently (after each pass, executor/eagle_runner.py)."""
+(EagleSource) drafts the same way; only its KV is written differently (after each pass, spec/runners/eagle.py)."""
 from __future__ import annotations
 
 import logging
 import weakref
 from collections import Counter
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.cache.radix_node import mark_draft_kv
-from radixlm.runtime.executor.draft_runner import DraftModelRunner, KVSpan
-from radixlm.runtime.executor.eagle_runner import PairSpan
-from radixlm.runtime.executor.eagle_tree import propose_tree, table_width
-from radixlm.runtime.executor.spec_tree import path_rows
-from radixlm.runtime.sampling.draft_sampling import DraftSampling
-from radixlm.runtime.scheduler.cursor import Draft
-from radixlm.runtime.scheduler.drafts.backoff import Backoff
-from radixlm.runtime.scheduler.planner import ScheduleBatch
-from radixlm.runtime.scheduler.req import Req
+from radixlm.runtime.spec.runners.draft_model import DraftModelRunner, KVSpan
+from radixlm.runtime.spec.runners.eagle import PairSpan
+from radixlm.runtime.spec.eagle_tree import propose_tree, table_width
+from radixlm.runtime.spec.tree import path_rows
+from radixlm.runtime.spec.draft_sampling import DraftSampling
+from radixlm.runtime.spec.draft import Draft, DraftSource, DraftTraits
+from radixlm.runtime.spec.backoff import Backoff
+
+if TYPE_CHECKING:
+    from radixlm.runtime.scheduler.planner import ScheduleBatch
+    from radixlm.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
 
 
-class DraftModelSource:
-    batch_adaptive = True  # its drafts shrink as the batch grows (DraftPath.draft_cap)
-    adaptive_length = True  # and follow the request's acceptance (DraftPath: drafts/adaptive.py)
-    deferred = True  # proposes for a pass's requests together (ready, then propose_batch)
-    # With a pass of the request in flight, its chain starts at the newest known token, whose KV that pass writes
-    # (in both pools): the first token guesses the one in flight (DraftPath's note).
-    guesses = True
+class DraftModelSource(DraftSource):
     lazy_kv = True  # skips the target's passes while none of their requests may draft, and catches up later
 
     def __init__(self, runner: DraftModelRunner, stats: Counter, tree: RadixCache | None = None):
         self.runner = runner
         self.max_len = runner.max_steps
+        # Its drafts shrink as the batch grows and follow each request's acceptance; it proposes for a pass's
+        # requests together. With a pass of the request in flight, its chain starts at the newest known token,
+        # whose KV that pass writes (in both pools): the first token guesses the one in flight (DraftPath's note).
+        self.traits = DraftTraits(batch_adaptive=True, guesses=True, deferred=True, adaptive_length=True,
+                                  max_len=self.max_len, sees_launch=True)
         self.stats = stats
         self.tree = tree if self.lazy_kv else None
         if self.tree is not None:
@@ -79,7 +82,7 @@ class DraftModelSource:
         """Both models hold the KV of every position but the newest token's and no pass of it is in flight; or, for
         a source that guesses, one plain pass is in flight, which writes the newest token's."""
         kv = req.kv
-        flying = kv.in_flight if self.guesses else 0
+        flying = kv.in_flight if self.traits.guesses else 0
         return (req.req_pool_idx is not None and not req.finished() and kv.in_flight == flying <= 1
                 and kv.draft is None and bool(req.output_ids) and kv.committed == req.seqlen - 1 + flying)
 
@@ -161,17 +164,16 @@ class DraftModelSource:
 
 
 class EagleSource(DraftModelSource):
-    """An EAGLE head (--speculative-algorithm EAGLE, executor/eagle_runner.py): its KV is written after each pass is
+    """An EAGLE head (--speculative-algorithm EAGLE, spec/runners/eagle.py): its KV is written after each pass is
     processed, for every request of the pass (on_processed), before the drafts of those that draft.
 
-    With topk > 1 a request drafts a tree (executor/eagle_tree.py) of at most `num_nodes` drafted nodes (ServerArgs.
+    With topk > 1 a request drafts a tree (spec/eagle_tree.py) of at most `num_nodes` drafted nodes (ServerArgs.
     max_draft_tokens: --speculative-num-draft-tokens counts the root too, as SGLang's does), verified in one
     pass with a tree mask (greedy: the target's argmax walks it; sampled: its draws do, spec_tree.walk), where it
     has no grammar (masks are walked along chains), the context has room for the tree, and both models' attention
     backends support tree masks (torch_native and Triton do; a backend without them: chains). Other requests draft
     chains."""
 
-    guesses = False  # its KV of a pass is written once the pass is processed: never with one in flight
     # Its KV of a position is a pair with the target's hidden state there, which only that target pass has: a
     # skipped pass could not be caught up later, so the head writes every pass's.
     lazy_kv = False
@@ -179,6 +181,8 @@ class EagleSource(DraftModelSource):
     def __init__(self, runner: DraftModelRunner, stats: Counter, steps: int, topk: int = 1, num_nodes: int = 0):
         super().__init__(runner, stats)
         self.max_len = steps
+        # Its KV of a pass is written once the pass is processed: it never drafts with one in flight.
+        self.traits = replace(self.traits, guesses=False, max_len=steps, sees_processed=True)
         trees = runner.attn_backend.supports_tree_mask and runner.target.attn_backend.supports_tree_mask
         self.topk = topk if trees else 1
         self.num_nodes = num_nodes

@@ -23,7 +23,7 @@ def draft_steps(args: ServerArgs) -> int:
 
 
 def draft_scratch(args: ServerArgs) -> int:
-    """Scratch slots per request row: a chain's steps, or an EAGLE tree's frontiers (executor/eagle_tree.py)."""
+    """Scratch slots per request row: a chain's steps, or an EAGLE tree's frontiers (spec/eagle_tree.py)."""
     steps = draft_steps(args)
     return max(steps, (steps - 1) * args.speculative_eagle_topk)
 

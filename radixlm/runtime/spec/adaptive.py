@@ -13,7 +13,7 @@ class DraftLength:
     """An exponential moving average of the draft tokens a request kept per verdict; the next draft is one token
     longer than that (a probe: a draft kept whole lets the next grow by one), within [1, max_len]. It starts at
     max_len (optimistic): each wholly rejected draft about halves the average, so a request the drafts miss falls
-    to 1-token drafts within a few steps (where lookup sources back off, drafts/backoff.py, this one shortens)."""
+    to 1-token drafts within a few steps (where lookup sources back off, spec/backoff.py, this one shortens)."""
 
     max_len: int
     kept: float = field(default=-1.0)  # the average; -1: no verdict yet

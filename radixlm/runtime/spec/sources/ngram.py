@@ -12,10 +12,13 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from radixlm.runtime.scheduler.cursor import Draft
-from radixlm.runtime.scheduler.drafts.backoff import MAX_BACKOFF, Backoff
-from radixlm.runtime.scheduler.req import Req
+from radixlm.runtime.spec.draft import Draft, DraftSource, DraftTraits
+from radixlm.runtime.spec.backoff import MAX_BACKOFF, Backoff
+
+if TYPE_CHECKING:
+    from radixlm.runtime.scheduler.req import Req
 
 __all__ = ["MAX_BACKOFF", "NGramSource"]
 
@@ -33,9 +36,10 @@ class _Lookup:
     full_backoff: Backoff = field(default_factory=Backoff)
 
 
-class NGramSource:
-    batch_adaptive = True  # its drafts shrink as the batch grows (DraftPath.draft_cap)
-    guesses = True  # drafts continue the known tokens: with a pass in flight, the first guesses its token
+class NGramSource(DraftSource):
+    # Its drafts shrink as the batch grows (DraftPath.draft_cap); they continue the known tokens: with a pass in
+    # flight, the first guesses its token.
+    traits = DraftTraits(batch_adaptive=True, guesses=True)
 
     def __init__(self, max_draft: int, min_window: int, max_window: int, stats: Counter):
         """max_draft: tokens drafted per step at most (ServerArgs.max_draft_tokens: --speculative-num-draft-tokens,

@@ -8,7 +8,7 @@ A frontier node's pair is (its parent's output, its token) at position (newest t
 step's; its KV goes to the request row's scratch slot (step - 1) * K + f, which the table points at from index
 (newest token's position) + (step - 1) * K + f on, and it attends to the request's head KV before that index and to
 its ancestors' scratch slots only (a TreeMask), so no step sees another branch. Head passes run eagerly (REQUEST_SPANS
-with masks; a backend without supports_tree_mask gets chains instead, drafts/model.py); each step reads its frontier's
+with masks; a backend without supports_tree_mask gets chains instead, spec/sources/model.py); each step reads its frontier's
 tokens on the host (a pass's rows are host lists), the tree is assembled from one read of every step's candidates."""
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ import torch
 
 from radixlm.runtime.executor.forward_batch import ForwardMode, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan
-from radixlm.runtime.executor.spec_tree import TreeBuild, TreeMask
+from radixlm.runtime.spec.tree import TreeBuild, TreeMask
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
 
 if TYPE_CHECKING:
-    from radixlm.runtime.executor.eagle_runner import EagleRunner
+    from radixlm.runtime.spec.runners.eagle import EagleRunner
 
 
 def table_width(steps: int, topk: int) -> int:

@@ -7,7 +7,7 @@ NOTE invariant: at every slot of a request's positions [0, kv.draft_kv_len), and
 draft_kv_len tokens, the draft pool holds the draft model's KV of the token the target pool holds there. write_kv
 runs a target pass's rows through the draft model (prefill, chunks, decode, verification rows) while a request of
 the pass may draft soon; while none may (the batch rule turned drafts off) the draft model skips them, and
-extend_kv catches a request up over the positions it missed before it drafts (scheduler/drafts/model.py). Freeing a
+extend_kv catches a request up over the positions it missed before it drafts (spec/sources/model.py). Freeing a
 slot (rejected draft tokens, retraction, abort, eviction) frees it in both pools at once. The draft model's own
 guesses go to scratch slots past the shared range, which the allocator never hands out: the verification pass that
 follows writes their positions' real slots.
@@ -30,7 +30,7 @@ from radixlm.runtime.cache.memory_pool import TokenToKVPool
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import load_model
-from radixlm.runtime.sampling.draft_sampling import DRAFT_SEED_SALT, DraftSampling
+from radixlm.runtime.spec.draft_sampling import DRAFT_SEED_SALT, DraftSampling
 
 logger = logging.getLogger(__name__)
 

@@ -25,19 +25,22 @@ where the whole-sequence walk is exact; the walk alone finds nothing once the co
 
 Both are cut to --speculative-num-draft-tokens - 1 (SGLang's count includes the verified root token) and the
 tokens left (and by the batch rule, DraftPath.draft_cap).
-Drafts that the model rejects outright make the request back off (drafts/backoff.py), as NGRAM does. The lookups
+Drafts that the model rejects outright make the request back off (spec/backoff.py), as NGRAM does. The lookups
 read the tree only: no copy, no lock, no LRU timestamp, hit count or eviction-queue change."""
 from __future__ import annotations
 
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.cache.radix_lookup import PathCursor, follow, start_cursor, tokens_after
-from radixlm.runtime.scheduler.cursor import Draft
-from radixlm.runtime.scheduler.drafts.backoff import Backoff
-from radixlm.runtime.scheduler.req import Req
+from radixlm.runtime.spec.draft import Draft, DraftSource, DraftTraits
+from radixlm.runtime.spec.backoff import Backoff
+
+if TYPE_CHECKING:
+    from radixlm.runtime.scheduler.req import Req
 
 
 @dataclass
@@ -53,9 +56,10 @@ class _State:
         return toks
 
 
-class RadixSource:
-    batch_adaptive = True  # its drafts shrink as the batch grows (DraftPath.draft_cap)
-    guesses = True  # drafts continue the known tokens: with a pass in flight, the first guesses its token
+class RadixSource(DraftSource):
+    # Its drafts shrink as the batch grows (DraftPath.draft_cap); they continue the known tokens: with a pass in
+    # flight, the first guesses its token.
+    traits = DraftTraits(batch_adaptive=True, guesses=True)
 
     def __init__(self, tree: RadixCache, max_draft: int, window: int, stats: Counter, path: bool = True,
                  kgram: bool = True):

@@ -1,16 +1,16 @@
 """The draft path: a request's draft sources propose tokens (req.kv.draft), the planner gives the next pass a row per
 draft token, and the verdict is taken here the same way whatever proposed the draft: the tokens kept, their
 logprobs, the finish rules among them (Req.append_tokens), the cursor rolled back over rejected tokens and their KV
-freed, the source told what happened. Sources: grammar jump-forward (drafts/jump_forward.py), prompt lookup
-(drafts/ngram.py), the radix cache (drafts/radix.py), a draft model (drafts/model.py). A draft may be a tree
+freed, the source told what happened. Sources: grammar jump-forward (spec/sources/jump_forward.py), prompt lookup
+(spec/sources/ngram.py), the radix cache (spec/sources/radix.py), a draft model (spec/sources/model.py). A draft may be a tree
 (Draft.parents: an EAGLE head with topk > 1): its rows carry a tree mask, its verdict a path, whose KV is moved into
-place before the rest is freed (executor/spec_tree.py); the bounds below cut a tree's depth, the batch rule its
+place before the rest is freed (spec/tree.py); the bounds below cut a tree's depth, the batch rule its
 nodes.
 
 Optional source attributes: `deferred` sources propose for all the requests of a processed pass at once (a draft
 model runs one batched pass per draft token): propose() queues the requests they are `ready` for, and flush() --
 after the pass's verdicts, once rejected KV is freed -- hands them to propose_batch. `adaptive_length` sources draft
-as many tokens as each request's acceptance history suggests (drafts/adaptive.py). Sources with `on_launch` see
+as many tokens as each request's acceptance history suggests (spec/adaptive.py). Sources with `on_launch` see
 the rows of every pass launched (a draft model writes its own KV for them), those with `on_processed` every pass
 processed (an EAGLE head writes its KV once the pass's tokens are known).
 
@@ -25,7 +25,7 @@ and when the pass is planned (fit_batch: n is then the pass's own).
 With drafts off for the batch, requests whose only sources follow the rule may be planned ahead by the overlap
 scheduler (cursor.can_plan_ahead): large batches lose nothing to speculation being configured.
 
-The controller (drafts/controller.py, --speculative-measure-window): what a draft costs depends on the hardware
+The controller (spec/controller.py, --speculative-measure-window): what a draft costs depends on the hardware
 (draft model passes, verification rows, the pass after a verification not planned ahead), so the scheduler
 measures what drafting buys: per batch-size bucket, output tokens per request and second of its steps with
 batch_adaptive sources drafting and not, each regime explored now and then. At the start of each step (begin_step)
@@ -45,49 +45,19 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from radixlm.runtime.executor.spec_tree import depths, nodes_within, path_rows
-from radixlm.runtime.sampling.verification import VerifyResult
-from radixlm.runtime.scheduler.cursor import guesses
-from radixlm.runtime.scheduler.drafts.adaptive import DraftLength
-from radixlm.runtime.scheduler.drafts.controller import DraftController
+from radixlm.runtime.spec.tree import depths, nodes_within, path_rows
+from radixlm.runtime.spec.verification import VerifyResult
+from radixlm.runtime.spec.adaptive import DraftLength
+from radixlm.runtime.spec.draft import DraftSource
+from radixlm.runtime.spec.controller import DraftController
 from radixlm.runtime.scheduler.req import GRAMMAR_VIOLATION, FinishReason, GrammarAdvance, Req
 
 if TYPE_CHECKING:
     from radixlm.runtime.scheduler.planner import ScheduleBatch
-
-
-class Proposer(Protocol):
-    """A draft source as DraftPath drives it (also cursor.DraftSource: learn). A source may set batch_adaptive =
-    False (exact drafts: the batch rule does not bind them); the default is True."""
-
-    def applies_to(self, req: Req) -> bool: ...
-
-    def propose(self, req: Req) -> None:
-        """Sets req.kv.draft (tokens for the next pass to verify), or takes tokens it trusts (appends them)."""
-
-
-def batch_adaptive(source) -> bool:
-    return getattr(source, "batch_adaptive", True)
-
-
-@dataclass(frozen=True, slots=True)
-class _Traits:
-    """A source's optional attributes (the module's note), read once: propose runs for every token a request
-    with a source takes."""
-
-    adaptive: bool  # batch_adaptive
-    guesses: bool
-    deferred: bool
-    adaptive_length: bool
-
-    @classmethod
-    def of(cls, source) -> "_Traits":
-        return cls(batch_adaptive(source), guesses(source), getattr(source, "deferred", False),
-                   getattr(source, "adaptive_length", False))
 
 
 def _min(a: int | None, b: int | None) -> int | None:
@@ -95,7 +65,7 @@ def _min(a: int | None, b: int | None) -> int | None:
 
 
 class DraftPath:
-    def __init__(self, sources: list[Proposer], tokenizer, page_size: int, stats: Counter, max_batch_rows: int = 0,
+    def __init__(self, sources: list[DraftSource], tokenizer, page_size: int, stats: Counter, max_batch_rows: int = 0,
                  batch_size: Callable[[], int] = lambda: 1, controller: DraftController | None = None):
         """max_batch_rows: the batch rule's B (0: no rule); batch_size: the running requests now; controller: turns
         batch_adaptive sources off for a step where drafting was measured not to pay (begin_step)."""
@@ -105,12 +75,11 @@ class DraftPath:
         self.stats = stats
         self.max_batch_rows = max_batch_rows
         self.batch_size = batch_size
-        self.watchers = [s for s in sources if hasattr(s, "on_launch")]
-        self.processors = [s for s in sources if hasattr(s, "on_processed")]
-        self._traits = {id(s): _Traits.of(s) for s in sources}
-        self._any_adaptive = any(t.adaptive for t in self._traits.values())  # a source the batch rule binds
+        self.watchers = [s for s in sources if s.traits.sees_launch]
+        self.processors = [s for s in sources if s.traits.sees_processed]
+        self._any_adaptive = any(s.traits.batch_adaptive for s in sources)  # a source the batch rule binds
         self._lengths: weakref.WeakKeyDictionary[Req, DraftLength] = weakref.WeakKeyDictionary()
-        self._pending: list[tuple[Proposer, Req, int | None]] = []  # deferred sources' requests, until flush
+        self._pending: list[tuple[DraftSource, Req, int | None]] = []  # deferred sources' requests, until flush
         self.controller = controller
         self.gate = True  # the controller lets batch_adaptive sources draft in this step
         self._accepted = self._drafted = 0  # draft tokens kept, and batch_adaptive ones verified, in the pass processed
@@ -172,14 +141,14 @@ class DraftPath:
             return
         for req in reqs:
             draft = req.kv.draft
-            if draft is not None and len(draft.tokens) > cap and batch_adaptive(draft.source):
+            if draft is not None and len(draft.tokens) > cap and draft.source.traits.batch_adaptive:
                 self.stats["draft_tokens_cut"] += len(draft.tokens) - cap
                 req.kv.draft = draft.cut(cap)  # a tree keeps its first (shallowest) nodes
 
     def attach(self, req: Req) -> None:
         """When the request enters the waiting queue (its grammar, if any, is ready)."""
         req.draft_sources = tuple(s for s in self.sources if s.applies_to(req))
-        req.draft_unbounded = not all(batch_adaptive(s) for s in req.draft_sources)
+        req.draft_unbounded = not all(s.traits.batch_adaptive for s in req.draft_sources)
 
     def may_propose(self, req: Req, drafting: bool) -> bool:
         """Whether propose(req) may do anything, `drafting` being self.drafting(the running requests): while the
@@ -208,8 +177,8 @@ class DraftPath:
         for source in req.draft_sources:
             if req.finished_reason is not None or kv.draft is not None:
                 break
-            traits = self._traits_of(source)
-            if traits.adaptive:
+            traits = source.traits
+            if traits.batch_adaptive:
                 cap = self._cap(batch)
                 if cap == 0:
                     continue
@@ -217,7 +186,7 @@ class DraftPath:
                 continue
             if traits.deferred:
                 if defer and source.ready(req):
-                    self._pending.append((source, req, self._limit(req, source, cap, traits)))
+                    self._pending.append((source, req, self._limit(req, source, cap)))
                     break
                 continue
             source.propose(req)
@@ -226,18 +195,13 @@ class DraftPath:
         self._split_guess(req)
         if kv.draft is not None:
             source = kv.draft.source
-            traits = self._traits_of(source)
-            if traits.adaptive:
+            if source.traits.batch_adaptive:
                 cap = self._cap(batch)
-            self._cut(req, self._limit(req, source, cap, traits))
+            self._cut(req, self._limit(req, source, cap))
 
     def _cap(self, batch: int | None) -> int | None:
         """The batch rule's cap for `batch` requests (default: those running)."""
         return self.draft_cap(self.batch_size() if batch is None else batch)
-
-    def _traits_of(self, source: Proposer) -> _Traits:
-        traits = self._traits.get(id(source))
-        return traits if traits is not None else _Traits.of(source)
 
     def _split_guess(self, req: Req) -> None:
         """A draft made with a pass in flight continues the known tokens: its first token, the guess of the token
@@ -286,20 +250,19 @@ class DraftPath:
         for source in self.watchers:
             source.on_launch(batch, drafting)
 
-    def _limit(self, req: Req, source: Proposer, cap: int | None, traits: _Traits | None = None) -> int | None:
+    def _limit(self, req: Req, source: DraftSource, cap: int | None) -> int | None:
         """Draft tokens `source` may propose for `req`: the batch rule's cap (for a source it binds) and the
-        request's adaptive length. traits: the source's, when the caller has them."""
-        if traits is None:
-            traits = self._traits_of(source)
-        limit = cap if traits.adaptive else None
+        request's adaptive length."""
+        traits = source.traits
+        limit = cap if traits.batch_adaptive else None
         if traits.adaptive_length:
             limit = _min(limit, self._length(req, source).next_len())
         return limit
 
-    def _length(self, req: Req, source: Proposer) -> DraftLength:
+    def _length(self, req: Req, source: DraftSource) -> DraftLength:
         length = self._lengths.get(req)
         if length is None:
-            length = self._lengths[req] = DraftLength(getattr(source, "max_len", 1 << 30))
+            length = self._lengths[req] = DraftLength(source.traits.max_len)
         return length
 
     def _cut(self, req: Req, limit: int | None) -> None:
@@ -323,11 +286,11 @@ class DraftPath:
             for req in whole:
                 req.kv.draft = None
 
-    def take_verdict(self, req: Req, verdict: VerifyResult, logprobs: torch.Tensor | None) -> tuple[int, int, int] | None:
+    def take_verdict(self, req: Req, verdict: VerifyResult, logprobs: torch.Tensor | None) -> int | None:
         """Appends the verdict's tokens (the kept draft tokens, then the model's own; the grammar, if any, already
-        accepted them) and rolls the cursor back over rejected draft tokens. Returns the (req_to_token row, first
-        position, end) of the KV slots to free, if any: the pages past the last valid position that the pass
-        wrote."""
+        accepted them) and rolls the cursor back over rejected draft tokens. Returns the end of the positions the
+        pass wrote KV for (its last draft token's), whose slots past the valid KV the planner frees
+        (Planner.rejected_slots); None: nothing to free."""
         draft = req.kv.take_draft()
         self.stats["draft_tokens"] += len(draft.tokens)
         if draft.guess is not None:  # launched ahead, on a guess of the token before it
@@ -335,13 +298,13 @@ class DraftPath:
             self.stats["guessed_drafts_accepted_tokens"] += verdict.accepted
         self.stats["accepted_draft_tokens"] += verdict.accepted
         self._accepted += verdict.accepted
-        if batch_adaptive(draft.source):
+        if draft.source.traits.batch_adaptive:
             self._drafted += len(draft.tokens)
         self.stats["draft_verifications"] += 1
         req.spec_verify_ct += 1
         req.spec_draft_tokens += len(draft.tokens)
         req.spec_accepted_tokens += verdict.accepted
-        if getattr(draft.source, "adaptive_length", False):
+        if draft.source.traits.adaptive_length:
             longest = len(draft.tokens) if draft.parents is None else max(depths(draft.parents))
             self._length(req, draft.source).update(longest, verdict.accepted)
         if verdict.accepted < len(draft.tokens) and not verdict.violated:
@@ -353,6 +316,4 @@ class DraftPath:
         if verdict.violated and not req.finished():
             req.finished_reason = FinishReason.aborted(GRAMMAR_VIOLATION)
         req.kv.taken(req.seqlen, appended)
-        # A page keeps its slots while it still holds a position below kv.committed.
-        first = -(-req.kv.committed // self.page_size) * self.page_size
-        return (req.req_pool_idx, first, drafted_end) if drafted_end > first else None
+        return drafted_end
