@@ -12,15 +12,9 @@ from typing import Callable
 
 import torch
 
+from radixlm.runtime.executor.forward_batch import TreeMask
 
-@dataclass(frozen=True)
-class TreeMask:
-    """Attention of one request's rows in a pass (REQUEST_SPANS): every row sees the request's KV at table indices
-    below `start`; at indices [start, seq_len) row j sees index start + c where mask[j, c]. Replaces the causal rule
-    for that request; the rows' own KV is written at their table indices as usual."""
-
-    start: int
-    mask: torch.Tensor  # (rows, seq_len - start) bool
+__all__ = ["TreeMask"]  # the attention backends' input, made by the planner from a draft's parents
 
 
 def depths(parents: list[int]) -> list[int]:

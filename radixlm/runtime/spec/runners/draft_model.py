@@ -25,11 +25,10 @@ from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ForwardBatch, ForwardMode, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan, LogitsProcessor
-from radixlm.runtime.executor.model_runner import ATTENTION_BACKENDS, ModelRunner
-from radixlm.runtime.cache.memory_pool import TokenToKVPool
+from radixlm.runtime.executor.model_runner import ModelRunner, SharedSlots
+from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.model_loader.config import ModelConfig
-from radixlm.runtime.model_loader.loader import load_model
 from radixlm.runtime.spec.draft_sampling import DRAFT_SEED_SALT, DraftSampling
 
 logger = logging.getLogger(__name__)
@@ -68,42 +67,30 @@ def split_spans(spans: list[KVSpan], limit: int) -> Iterator[list[KVSpan]]:
         yield part
 
 
-class DraftModelRunner(ModelRunner):
-    """ModelRunner's forward over the draft model, the target's request table and a pool of the target's size plus
-    `max_steps` scratch slots per request row. CUDA graphs where the target has them."""
+class DraftModelRunner:
+    """A ModelRunner (composed: self.model_runner) over the draft model, the target's request table and a pool of the
+    target's size plus `max_steps` scratch slots per request row; its draft passes. CUDA graphs where the target
+    has them."""
 
     def __init__(self, server_args: ServerArgs, target: ModelRunner, max_steps: int):
         path = server_args.speculative_draft_model_path
         if target.parallel.tp_size > 1:
             raise ValueError("a draft model (STANDALONE, EAGLE) runs with tp_size 1 only")
-        if getattr(target, "mm_embedder", None) is not None:
+        if target.mm_embedder is not None:
             raise ValueError("a draft model needs a text-only target (its passes take media embeddings)")
-        self.mm_embedder = None
         self.server_args = server_args
-        self.device = target.device
-        self.parallel = target.parallel
-        self.page_size = target.page_size
-        self._load(server_args, target)
-        cfg = self.model_config
-        self.num_kv_heads = cfg.num_kv_heads
-        # The draft may pad its vocabulary past the target's: tokens the target cannot take are never proposed.
-        self.vocab_size = min(cfg.vocab_size, target.model_config.vocab_size)
-        self.req_to_token_pool = target.req_to_token_pool
-        self.token_to_kv_pool_allocator = target.token_to_kv_pool_allocator
-        self.max_total_num_tokens = target.max_total_num_tokens
-        self.max_running_requests = target.max_running_requests
+        self.target = target
         self.max_steps = max_steps
-        rows = self.req_to_token_pool.size
-        scratch = -(-rows * max_steps // self.page_size) * self.page_size
+        page = target.page_size
+        rows = target.req_to_token_pool.size
+        scratch = -(-rows * max_steps // page) * page
         # Scratch slot of (request row r, draft step i): scratch_base + r * max_steps + i.
-        self.scratch_base = self.max_total_num_tokens + self.page_size
-        self.token_to_kv_pool = TokenToKVPool(self.max_total_num_tokens + scratch, self.page_size, cfg.dtype,
-                                              cfg.num_layers, self.num_kv_heads, cfg.head_dim, self.device)
-        backend = server_args.attention_backend
-        if backend == "auto":
-            backend = "triton" if self.is_cuda else "torch_native"
-        self.attn_backend = ATTENTION_BACKENDS[backend](self)
-        self.graph_runner = None
+        self.scratch_base = target.max_total_num_tokens + page
+        config, model, logits = self._load(server_args, target)
+        self.model_runner = ModelRunner(server_args, config, target.device, target.parallel,
+                                        SharedSlots(target, scratch, model, logits))
+        # The draft may pad its vocabulary past the target's: tokens the target cannot take are never proposed.
+        self.vocab_size = min(config.vocab_size, target.model_config.vocab_size)
         if self.is_cuda:
             self._warm_up()
         if target.graph_runner is not None:  # the target's decode and verification passes, and every draft pass
@@ -115,24 +102,64 @@ class DraftModelRunner(ModelRunner):
         logger.info("draft model %s: KV pool %.1f MiB (%d scratch slots)", path,
                     self.token_to_kv_pool.mem_bytes() / 2**20, scratch)
 
+    # What CudaGraphRunner and the draft sources read: the composed runner's.
+    @property
+    def device(self) -> str:
+        return self.model_runner.device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.model_runner.is_cuda
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.model_runner.model
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.model_runner.model_config
+
+    @property
+    def logits_processor(self) -> LogitsProcessor:
+        return self.model_runner.logits_processor
+
+    @property
+    def attn_backend(self):
+        return self.model_runner.attn_backend
+
+    @property
+    def req_to_token_pool(self) -> ReqToTokenPool:
+        return self.model_runner.req_to_token_pool
+
+    @property
+    def token_to_kv_pool(self) -> TokenToKVPool:
+        return self.model_runner.token_to_kv_pool
+
+    @property
+    def graph_runner(self) -> CudaGraphRunner | None:
+        return self.model_runner.graph_runner
+
+    @graph_runner.setter
+    def graph_runner(self, graphs: CudaGraphRunner | None) -> None:
+        self.model_runner.graph_runner = graphs
+
+    def kv_bytes_per_token(self) -> int:
+        return self.model_runner.kv_bytes_per_token()
+
     def _capture_graphs(self, max_bs: int) -> None:
-        self.graph_runner = CudaGraphRunner(self, max_bs)
+        self.graph_runner = CudaGraphRunner(self.model_runner, max_bs)
 
     def _warm_up(self) -> None:
-        self.warm_up_extend()  # the extend kernels built now, not in the middle of a request
+        self.model_runner.warm_up_extend()  # the extend kernels built now, not in the middle of a request
 
-    def _load(self, server_args: ServerArgs, target: ModelRunner) -> None:
-        """Sets model_config, model and logits_processor."""
-        self.model_config = ModelConfig.from_path(
+    def _load(self, server_args: ServerArgs, target: ModelRunner
+              ) -> tuple[ModelConfig, torch.nn.Module | None, LogitsProcessor | None]:
+        """The draft model's config, and its model and logits processor where they are not the ModelRunner's own
+        (None: loaded by it)."""
+        config = ModelConfig.from_path(
             server_args.speculative_draft_model_path, dtype=target.model_config.dtype, device=target.device,
             context_length=target.model_config.context_len, load_format=server_args.load_format)
-        self.model = load_model(self.model_config, server_args.load_format, target.device, target.parallel)
-        self.model.eval()
-        if not self.is_cuda:
-            for module in self.model.modules():
-                if hasattr(module, "pack_for_cpu"):
-                    module.pack_for_cpu()
-        self.logits_processor = LogitsProcessor(self.model.lm_head, self.model_config.vocab_size, target.parallel)
+        return config, None, None
 
     def scratch_slot(self, row: int, step: int) -> int:
         return self.scratch_base + row * self.max_steps + step
@@ -153,7 +180,7 @@ class DraftModelRunner(ModelRunner):
         updates wb.token_buf: IN_FLIGHT rows read the same tokens the target's did)."""
         if not wb.num_rows:
             return
-        fb = ForwardBatch.build(wb, self.choose_mode(wb), self.req_to_token_pool, self.token_to_kv_pool,
+        fb = ForwardBatch.build(wb, self.model_runner.choose_mode(wb), self.req_to_token_pool, self.token_to_kv_pool,
                                 self.attn_backend, self.device)
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             self.graph_runner.replay(fb)
@@ -209,7 +236,7 @@ class DraftModelRunner(ModelRunner):
                 token_buf=self._token_buf)
             fb = ForwardBatch.build(wb, ForwardMode.TOKEN_ROWS, self.req_to_token_pool, self.token_to_kv_pool,
                                     self.attn_backend, self.device)
-            out = self._run(fb, wb.logits)
+            out = self.model_runner._run(fb, wb.logits)
             logits = out.next_token_logits[:, : self.vocab_size]
             if sampling is None:
                 tokens, q = torch.argmax(logits, dim=-1), None

@@ -24,10 +24,11 @@ from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.spec.budget import head_config
 from radixlm.runtime.spec.runners.draft_model import DraftModelRunner
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ForwardBatch, ForwardMode, ModelWorkerBatch
-from radixlm.runtime.executor.logits import LogitsPlan
+from radixlm.runtime.executor.logits import LogitsPlan, LogitsProcessor
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.layers.kernel_variants import EXTEND_WARMUP_LENS, uses_tree_masks
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
+from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import _default_dtype, initialize_dummy_weights, safetensors_weights_iterator
 from radixlm.runtime.spec.runners.eagle_aux import AuxStates, aux_layers, is_eagle3
 from radixlm.runtime.models.eagle import Eagle3Head, EagleHead
@@ -56,7 +57,7 @@ class EagleRunner(DraftModelRunner):
             return
         cfg = self.model_config
         for extend_lens in EXTEND_WARMUP_LENS:
-            fb = self.warmup_extend_batch(extend_lens, tree_masks=True)
+            fb = self.model_runner.warmup_extend_batch(extend_lens, tree_masks=True)
             self.attn_backend.init_forward_metadata(fb)
             features = torch.zeros(fb.num_tokens, cfg.hidden_size, dtype=cfg.dtype, device=self.device)
             self.model(fb.input_ids, fb.positions, fb, features)
@@ -67,30 +68,27 @@ class EagleRunner(DraftModelRunner):
         """Chain steps replay graphs; catch-up passes (target features, many rows a request) run eagerly."""
         self.capture_chain_graphs(max_bs)
 
-    def _load(self, server_args: ServerArgs, target: ModelRunner) -> None:
+    def _load(self, server_args: ServerArgs, target: ModelRunner
+              ) -> tuple[ModelConfig, torch.nn.Module, LogitsProcessor]:
+        """The head over the target's embeddings, with the target's lm_head."""
         path = server_args.speculative_draft_model_path
-        self.model_config = cfg = head_config(path, target.model_config)
+        cfg = head_config(path, target.model_config)
         eagle3 = is_eagle3(cfg.hf_config)
         with torch.device(target.device), _default_dtype(cfg.dtype):
             embed = target.model.model.embed_tokens
-            self.model = (Eagle3Head(cfg.hf_config, embed, target.model_config.hidden_size) if eagle3
-                          else EagleHead(cfg.hf_config, embed)).eval()
+            model = (Eagle3Head(cfg.hf_config, embed, target.model_config.hidden_size) if eagle3
+                     else EagleHead(cfg.hf_config, embed)).eval()
         if server_args.load_format == "dummy":
-            initialize_dummy_weights(self.model)
+            initialize_dummy_weights(model)
         else:
-            self.model.load_weights(_checkpoint(path))
-        if not self.is_cuda:
-            for module in self.model.modules():
-                if hasattr(module, "pack_for_cpu"):
-                    module.pack_for_cpu()
-        self.logits_processor = target.logits_processor  # the target's lm_head
-        self.target = target
+            model.load_weights(_checkpoint(path))
         self.chain_graphs: CudaGraphRunner | None = None  # set by capture_chain_graphs (the runner's __init__)
         self.aux = AuxStates(target, aux_layers(cfg.hf_config, target.model_config.num_layers)) if eagle3 else None
         # Each launched target pass's features, until it is processed (passes are processed in launch order).
         self._passes: deque[tuple[ModelWorkerBatch, torch.Tensor]] = deque()
         rows, hidden = target.req_to_token_pool.size, cfg.hidden_size
         self._last_out = torch.zeros(rows, hidden, dtype=cfg.dtype, device=target.device)
+        return cfg, model, target.logits_processor
 
     @torch.inference_mode()
     def write_kv(self, wb: ModelWorkerBatch) -> None:

@@ -14,8 +14,8 @@ from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.spec.draft import Draft, DraftSource
 from radixlm.runtime.spec.path import DraftPath
 
-from .conftest import run_all
-from .fake_runner import fake_logits, make_fake_scheduler, make_prompts, reference, seq_hash
+from tests.runtime.scheduler.conftest import run_all
+from tests.runtime.scheduler.fake_runner import fake_logits, make_fake_scheduler, make_prompts, reference, seq_hash
 from .test_speculative_sampling import CHI2_3DOF_P001, SAMPLES, _chi2, _probs
 
 

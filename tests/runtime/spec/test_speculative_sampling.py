@@ -11,9 +11,9 @@ from radixlm.runtime.spec import verification
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.messages import TokenizedGenerateReqInput
 
-from .conftest import run_all
-from .fake_runner import fake_logits, make_fake_scheduler, make_prompts, reference, seq_hash
-from .fake_serving import with_oracle
+from tests.runtime.scheduler.conftest import run_all
+from tests.runtime.scheduler.fake_runner import fake_logits, make_fake_scheduler, make_prompts, reference, seq_hash
+from tests.runtime.scheduler.fake_serving import with_oracle
 
 SAMPLES = 1500
 CHI2_3DOF_P001 = 16.266  # chi-square critical value, 3 degrees of freedom, p = 0.001

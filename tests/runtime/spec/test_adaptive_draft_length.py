@@ -7,9 +7,9 @@ from radixlm.runtime.spec.draft import Draft, DraftSource, DraftTraits
 from radixlm.runtime.spec.path import DraftPath
 from radixlm.runtime.spec.adaptive import DraftLength
 
-from .conftest import request
-from .fake_runner import FIRST_TOKEN, VOCAB, make_fake_scheduler, make_prompts, reference
-from .fake_serving import assert_reference, serve
+from tests.runtime.scheduler.conftest import request
+from tests.runtime.scheduler.fake_runner import FIRST_TOKEN, VOCAB, make_fake_scheduler, make_prompts, reference
+from tests.runtime.scheduler.fake_serving import assert_reference, serve
 
 
 def _run(length: DraftLength, verdict, steps: int) -> list[int]:

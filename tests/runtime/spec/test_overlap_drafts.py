@@ -9,8 +9,8 @@ import pytest
 from radixlm.runtime.spec.path import DraftPath
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
-from .conftest import make_scheduler, request
-from .fake_serving import serve
+from tests.runtime.scheduler.conftest import make_scheduler, request
+from tests.runtime.scheduler.fake_serving import serve
 from .test_standalone_drafts import assert_draft_kv_matches_the_tree, make, models  # noqa: F401 - a fixture
 
 OVERLAP = {"enable_overlap_schedule": True}

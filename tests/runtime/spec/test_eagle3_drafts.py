@@ -16,8 +16,8 @@ from radixlm.runtime.spec.tree import row_tokens
 from radixlm.runtime.spec.sources.model import EagleSource
 from tests.runtime.models.tiny import save_tiny
 
-from .conftest import TINY_LLAMA
-from .fake_serving import serve
+from tests.runtime.scheduler.conftest import TINY_LLAMA
+from tests.runtime.scheduler.fake_serving import serve
 from .test_eagle_drafts import HD, HEADS, KV_HEADS, _record, _requests, _rope
 from .test_standalone_drafts import make
 

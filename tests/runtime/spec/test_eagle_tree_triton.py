@@ -30,9 +30,9 @@ def run_cases(device: str) -> None:
     from tests.runtime.models.tiny import save_tiny
     from tests.runtime.scheduler.conftest import TINY_LLAMA, request
     from tests.runtime.scheduler.fake_serving import serve
-    from tests.runtime.scheduler.test_eagle_drafts import _head_weights
-    from tests.runtime.scheduler.test_eagle_tree_drafts import _record_trees, _with_oracle
-    from tests.runtime.scheduler.test_standalone_drafts import make
+    from tests.runtime.spec.test_eagle_drafts import _head_weights
+    from tests.runtime.spec.test_eagle_tree_drafts import _record_trees, _with_oracle
+    from tests.runtime.spec.test_standalone_drafts import make
 
     assert device == "cpu" or torch.cuda.is_available()
     root = Path(tempfile.mkdtemp())

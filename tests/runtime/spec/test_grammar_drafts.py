@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import request
-from .fake_runner import make_prompts
-from .fake_serving import serve
+from tests.runtime.scheduler.conftest import request
+from tests.runtime.scheduler.fake_runner import make_prompts
+from tests.runtime.scheduler.fake_serving import serve
 from .test_standalone_drafts import make, models  # noqa: F401 - fixture
 
 # Numbers t1 .. t499 (no dead ends: every prefix of an allowed token is a whole number), each followed by t5: a

@@ -18,8 +18,8 @@ from radixlm.runtime.spec.draft import Draft, DraftSource
 from radixlm.runtime.spec.path import DraftPath
 from radixlm.runtime.spec.sources.model import EagleSource
 
-from .conftest import request
-from .fake_serving import serve
+from tests.runtime.scheduler.conftest import request
+from tests.runtime.scheduler.fake_serving import serve
 from .test_eagle_drafts import MODES, _reference_head, setup  # noqa: F401 - the module's fixture
 from .test_standalone_drafts import make
 

@@ -14,9 +14,9 @@ from radixlm.runtime.spec.controller import MAX_PERIOD_FACTOR, DraftController, 
 from radixlm.runtime.scheduler.scheduler import Scheduler
 from radixlm.runtime.spec.factory import DraftFactory
 
-from .conftest import request
-from .fake_runner import FakeRunner, make_fake_scheduler, make_prompts, record_plans
-from .fake_serving import assert_all_free, assert_reference, serve
+from tests.runtime.scheduler.conftest import request
+from tests.runtime.scheduler.fake_runner import FakeRunner, make_fake_scheduler, make_prompts, record_plans
+from tests.runtime.scheduler.fake_serving import assert_all_free, assert_reference, serve
 from .test_standalone_drafts import _serve_waves, assert_draft_kv_matches_the_tree, models  # noqa: F401 - fixture
 from .test_standalone_drafts import make as make_standalone
 

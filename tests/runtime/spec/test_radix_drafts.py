@@ -12,9 +12,9 @@ from radixlm.runtime.spec.draft import Draft, DraftSource, DraftTraits
 from radixlm.runtime.spec.path import DraftPath
 from radixlm.runtime.spec.sources.radix import RadixSource
 
-from .conftest import make_scheduler, request, run_all
-from .fake_runner import make_fake_scheduler, make_prompts, record_plans, reference
-from .fake_serving import OracleDrafts, assert_all_free, assert_reference, requests, serve
+from tests.runtime.scheduler.conftest import make_scheduler, request, run_all
+from tests.runtime.scheduler.fake_runner import make_fake_scheduler, make_prompts, record_plans, reference
+from tests.runtime.scheduler.fake_serving import OracleDrafts, assert_all_free, assert_reference, requests, serve
 
 MODES = [
     pytest.param({}, 0, id="default"),

@@ -16,9 +16,9 @@ from transformers import LlamaConfig
 from radixlm.runtime.spec.sources.model import EagleSource
 from tests.runtime.models.tiny import save_tiny
 
-from .conftest import TINY_LLAMA, request
-from .fake_runner import make_prompts
-from .fake_serving import serve
+from tests.runtime.scheduler.conftest import TINY_LLAMA, request
+from tests.runtime.scheduler.fake_runner import make_prompts
+from tests.runtime.scheduler.fake_serving import serve
 from .test_standalone_drafts import make
 
 H, INTER, HEADS, KV_HEADS = TINY_LLAMA["hidden_size"], TINY_LLAMA["intermediate_size"], 4, 2

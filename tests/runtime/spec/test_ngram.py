@@ -10,9 +10,9 @@ from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.spec.sources.ngram import NGramSource
 from radixlm.runtime.scheduler.req import Req
 
-from .conftest import make_scheduler, request, run_all
-from .fake_runner import make_fake_scheduler, make_prompts
-from .fake_serving import assert_all_free, assert_reference, requests, serve
+from tests.runtime.scheduler.conftest import make_scheduler, request, run_all
+from tests.runtime.scheduler.fake_runner import make_fake_scheduler, make_prompts
+from tests.runtime.scheduler.fake_serving import assert_all_free, assert_reference, requests, serve
 
 
 def _req(prompt: list[int], output: list[int] = (), max_new_tokens: int = 16) -> Req:

@@ -8,9 +8,9 @@ import torch
 
 from radixlm.runtime.scheduler import cursor as cursor_module
 
-from .conftest import request
-from .fake_runner import fake_logits, make_fake_scheduler, make_prompts, record_plans, reference, seq_hash
-from .fake_serving import MAX_NEW, assert_all_free, assert_reference, requests, serve, with_oracle
+from tests.runtime.scheduler.conftest import request
+from tests.runtime.scheduler.fake_runner import fake_logits, make_fake_scheduler, make_prompts, record_plans, reference, seq_hash
+from tests.runtime.scheduler.fake_serving import MAX_NEW, assert_all_free, assert_reference, requests, serve, with_oracle
 
 
 # ---------------------------------------------------------------------- logprobs

@@ -18,8 +18,8 @@ from radixlm.runtime.spec import verification
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.spec.path import DraftPath
 
-from .conftest import run_all
-from .fake_runner import make_prompts
+from tests.runtime.scheduler.conftest import run_all
+from tests.runtime.scheduler.fake_runner import make_prompts
 from .test_speculative_sampling import CHI2_3DOF_P001, _chi2
 from .test_standalone_drafts import make, models  # noqa: F401 - a fixture
 

@@ -14,8 +14,8 @@ from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.spec.runners.draft_model import DraftModelRunner, KVSpan
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
-from .conftest import request
-from .fake_runner import make_prompts
+from tests.runtime.scheduler.conftest import request
+from tests.runtime.scheduler.fake_runner import make_prompts
 from .test_standalone_drafts import _assert_slots, _draft_runner, assert_draft_kv_matches_the_tree, make
 from .test_standalone_drafts import models  # noqa: F401 - a fixture
 

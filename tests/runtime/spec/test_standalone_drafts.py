@@ -28,9 +28,9 @@ from radixlm.runtime.scheduler.scheduler import Scheduler
 from radixlm.runtime.spec.factory import DraftFactory
 from tests.runtime.models.tiny import save_tiny
 
-from .conftest import TINY_LLAMA, request, run_all
-from .fake_runner import make_prompts
-from .fake_serving import serve
+from tests.runtime.scheduler.conftest import TINY_LLAMA, request, run_all
+from tests.runtime.scheduler.fake_runner import make_prompts
+from tests.runtime.scheduler.fake_serving import serve
 
 SMALL = {**TINY_LLAMA, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
          "num_key_value_heads": 1}
