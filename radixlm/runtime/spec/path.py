@@ -1,18 +1,19 @@
 """The draft path: a request's draft sources propose tokens (req.kv.draft), the planner gives the next pass a row per
 draft token, and the verdict is taken here the same way whatever proposed the draft: the tokens kept, their
-logprobs, the finish rules among them (Req.append_tokens), the cursor rolled back over rejected tokens and their KV
-freed, the source told what happened. Sources: grammar jump-forward (spec/sources/jump_forward.py), prompt lookup
-(spec/sources/ngram.py), the radix cache (spec/sources/radix.py), a draft model (spec/sources/model.py). A draft may be a tree
-(Draft.parents: an EAGLE head with topk > 1): its rows carry a tree mask, its verdict a path, whose KV is moved into
-place before the rest is freed (spec/tree.py); the bounds below cut a tree's depth, the batch rule its
-nodes.
+logprobs, the finish rules among them (Req.append_tokens), the cursor rolled back over rejected tokens (the planner
+frees their KV), the source told what happened. Sources: grammar jump-forward (spec/sources/jump_forward.py),
+prompt lookup (spec/sources/ngram.py), the radix cache (spec/sources/radix.py), a draft model or EAGLE head
+(spec/sources/model.py). A draft may be a tree (Draft.parents: an EAGLE head with topk > 1): its rows carry a tree
+mask, its verdict a path, whose KV the planner moves into place before the rest is freed (spec/tree.py); the bounds
+below cut a tree's depth, the batch rule its nodes.
 
-Optional source attributes: `deferred` sources propose for all the requests of a processed pass at once (a draft
-model runs one batched pass per draft token): propose() queues the requests they are `ready` for, and flush() --
-after the pass's verdicts, once rejected KV is freed -- hands them to propose_batch. `adaptive_length` sources draft
-as many tokens as each request's acceptance history suggests (spec/adaptive.py). Sources with `on_launch` see
-the rows of every pass launched (a draft model writes its own KV for them), those with `on_processed` every pass
-processed (an EAGLE head writes its KV once the pass's tokens are known).
+A source declares what it is in its DraftTraits (spec/draft.py): `deferred` sources propose for all the requests
+of a processed pass at once (a draft model runs one batched pass per draft token): propose() queues the requests
+they are `ready` for, and flush() -- after the pass's verdicts, once rejected KV is freed -- hands them to
+propose_batch. `adaptive_length` sources draft as many tokens as each request's acceptance history suggests
+(spec/adaptive.py). Sources that `sees_launch` see the rows of every pass launched (on_launch: a draft model writes
+its own KV for them), those that `sees_processed` every pass processed (on_processed: an EAGLE head writes its KV
+once the pass's tokens are known).
 
 The batch rule (draft_cap): verification rows are nearly free while a decode pass is bound by reading the weights,
 and cost as much as any row once the pass is bound by compute; so a decode pass of n requests may reach
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -154,6 +155,11 @@ class DraftPath:
         """Whether propose(req) may do anything, `drafting` being self.drafting(the running requests): while the
         batch rule stops all of a request's sources and it holds no draft, taking its tokens makes no draft call."""
         return bool(req.draft_sources) and (drafting or req.draft_unbounded or req.kv.draft is not None)
+
+    def after_token(self, req: Req, drafting: bool) -> None:
+        """A sampled token was taken: the request's next draft, where may_propose."""
+        if self.may_propose(req, drafting):
+            self.propose(req)
 
     def propose(self, req: Req, batch: int | None = None, defer: bool = True) -> None:
         """After the request's tokens were taken (and before its first pass): the first source with something to
