@@ -21,7 +21,6 @@ from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.executor.logits import LogitsOutput
 from radixlm.runtime.grammar.backend import GrammarCache
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
-from radixlm.runtime.layers.attention.triton_ops.decode_splits import SHARED_PREFIX_MIN_LEN
 from radixlm.runtime.messages import ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
@@ -36,7 +35,9 @@ from radixlm.runtime.scheduler.pass_masks import MaskPlanner
 from radixlm.runtime.scheduler.planner import Planner, ScheduleBatch, launched
 from radixlm.runtime.scheduler.policy import SchedulePolicy
 from radixlm.runtime.scheduler.req import FinishReason, Req
+from radixlm.runtime.scheduler.shared_prefix import min_prefix_len
 from radixlm.runtime.spec.factory import DraftContext, DraftFactory
+from radixlm.runtime.spec.path import DraftPath
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class Scheduler:
         media = getattr(model_runner, "mm_embedder", None) is not None
         # Multimodal positions run eagerly whatever the batch (ModelRunner._run): groups in every decode pass there.
         self.planner = Planner(self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size,
-                               SHARED_PREFIX_MIN_LEN if model_runner.takes_shared_prefixes else 0, media=media,
+                               min_prefix_len(model_runner.takes_shared_prefixes), media=media,
                                replays=(lambda rows: False) if media else model_runner.can_replay,
                                kv_pool=model_runner.token_to_kv_pool)
         seed = server_args.random_seed if server_args.random_seed is not None else 0
@@ -78,7 +79,7 @@ class Scheduler:
                                  self.grammar_stats)
         self.queues = ReqQueues()
         self.outbox = Outbox(OutputConfig.from_args(server_args))
-        self.drafts = drafts.build(DraftContext(self.tree_cache, tokenizer, eos_token_ids, lambda: grammars.backend,
+        self._drafts = drafts.build(DraftContext(self.tree_cache, tokenizer, eos_token_ids, lambda: grammars.backend,
                                                 self.grammar_stats, self.page_size, lambda: len(self.queues.running)))
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed)
         self.sampler = Sampler()
@@ -90,9 +91,9 @@ class Scheduler:
         admission = AdmissionConfig.from_args(server_args, self.device, model_runner.max_running_requests)
         self.ratio = NewTokenRatio(admission.schedule_conservativeness)
         self.admission = Admission(admission, self.queues, self.ratio, self.planner, self.policy, self.tree_cache,
-                                   self.allocator, self.drafts, self.outbox, self.stats, model_runner.can_replay,
+                                   self.allocator, self._drafts, self.outbox, self.stats, model_runner.can_replay,
                                    self.sync_inflight, self._inflight_reqs)
-        self.results = ResultProcessor(self.queues, self.planner, self.masks, self.drafts, self.outbox, self.ratio,
+        self.results = ResultProcessor(self.queues, self.planner, self.masks, self._drafts, self.outbox, self.ratio,
                                        self.stats, tokenizer, self.generator)
 
         self.overlap = server_args.enable_overlap_schedule or (
@@ -107,6 +108,15 @@ class Scheduler:
         self.output_sink: Callable[[list[ReqOutput]], None] | None = None
 
     # ------------------------------------------------------------------ the parts' state, as the scheduler's
+    @property
+    def drafts(self) -> DraftPath:
+        """The scheduler's one handle on drafting, shared with admission and result processing."""
+        return self._drafts
+
+    @drafts.setter
+    def drafts(self, path: DraftPath) -> None:
+        self._drafts = self.admission.drafts = self.results.drafts = path
+
     @property
     def waiting_queue(self) -> list[Req]:
         return self.queues.waiting
