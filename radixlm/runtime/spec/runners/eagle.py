@@ -160,7 +160,7 @@ class EagleRunner(DraftModelRunner):
         """Greedy chains from each request row's last catch-up output (its newest token is at positions[i]): the
         first token from that output, each next one from a head pass over (previous output, previous token) at
         the next position (its KV in a scratch slot). `written` must be unset: a head never drafts with a pass in
-        flight (EagleSource.guesses)."""
+        flight (EagleSource.traits.guesses)."""
         assert not any(written or ()), "an EAGLE head drafts only from processed passes"
         n_steps = max(steps, default=0)
         if not n_steps:
