@@ -41,7 +41,7 @@ class PassClock:
         self.host = {"launch": 0.0, "process": 0.0, "plan": 0.0}
         self._orig = {}
         self._wrap(self.sched, "launch_batch", "launch", events=True)
-        self._wrap(self.sched, "process_batch_result", "process")
+        self._wrap(self.sched.results, "process_batch_result", "process")
         self._wrap(self.sched, "get_next_batch_to_run", "plan")
 
     def _wrap(self, obj, attr: str, key: str, events: bool = False) -> None:

@@ -39,6 +39,7 @@ from radixlm.runtime.sampling.sampling_params import SamplingParams  # noqa: E40
 from radixlm.runtime.scheduler import policy as policy_module  # noqa: E402
 from radixlm.runtime.scheduler.req import Req  # noqa: E402
 from radixlm.runtime.scheduler.scheduler import Scheduler  # noqa: E402
+from radixlm.runtime.spec.factory import DraftFactory
 
 LOGITS_VOCAB = 256  # the null pass's logits width (the sampler's cost is not the subject)
 PROMPT_VOCAB = 128_256  # Llama-3's vocabulary: prompts' ids, so that random prompts rarely share a first token
@@ -75,7 +76,7 @@ def make_scheduler(args: argparse.Namespace) -> Scheduler:
                        schedule_policy=args.policy, page_size=args.page_size,
                        speculative_algorithm=getattr(args, "speculative", None))
     runner = NullRunner(args.max_total_tokens, args.page_size, args.max_running, CONTEXT_LEN, LOGITS_VOCAB)
-    return Scheduler(sargs, runner, tokenizer=None, eos_token_ids=frozenset())
+    return Scheduler(sargs, runner, tokenizer=None, eos_token_ids=frozenset(), drafts=DraftFactory.load(sargs, runner))
 
 
 def phases(s: Scheduler) -> list[tuple[str, object, str, bool]]:
@@ -83,15 +84,15 @@ def phases(s: Scheduler) -> list[tuple[str, object, str, bool]]:
     tree = s.tree_cache
     return [
         ("step", s, "step", True),
-        ("  admission (admit_new)", s, "admit_new", True),
+        ("  admission (admit_new)", s.admission, "admit_new", True),
         ("    policy order (calc_priority)", s.policy, "calc_priority", True),
         ("    prefix match (init_next_round_input)", Req, "init_next_round_input", False),
-        ("  mix in running", s, "_mixed_in", True),
-        ("  update running", s, "update_running", True),
+        ("  mix in running", s.admission, "mixed_in", True),
+        ("  update running", s.admission, "update_running", True),
         ("  planning (plan)", s.planner, "plan", True),
         ("  launch (batch + sampling)", s, "launch_batch", True),
         ("    null forward", s.runner, "forward", True),
-        ("  result processing", s, "process_batch_result", True),
+        ("  result processing", s.results, "process_batch_result", True),
         ("drafts: propose", s.drafts, "propose", True),
         ("drafts: fit_batch + flush + on_launch", s.drafts, "fit_batch", True),
         ("drafts: fit_batch + flush + on_launch", s.drafts, "flush", True),

@@ -36,6 +36,7 @@ from radixlm.runtime.messages import TokenizedGenerateReqInput  # noqa: E402
 from radixlm.runtime.sampling.sampling_params import SamplingParams  # noqa: E402
 from radixlm.runtime.scheduler.planner import ScheduleBatch  # noqa: E402
 from radixlm.runtime.scheduler.scheduler import Scheduler  # noqa: E402
+from radixlm.runtime.spec.factory import DraftFactory
 
 VOCAB = 1024  # prompt ids start with 8 + the request index: no two of the first 1016 share a prefix
 TOKEN = 7  # every row's greedy next token
@@ -65,24 +66,24 @@ def build(cfg: SimConfig) -> Scheduler:
     max_running = args.max_running_requests or max(1, min(cfg.pool_tokens // 2, 4096))
     runner = NullRunner(cfg.pool_tokens, 1, max_running, cfg.input_len + cfg.output_len + 8, VOCAB, TOKEN,
                         cfg.graph_rows)
-    sched = Scheduler(args, runner, tokenizer=None, eos_token_ids=frozenset())
+    sched = Scheduler(args, runner, tokenizer=None, eos_token_ids=frozenset(), drafts=DraftFactory.load(args, runner))
     # start_ratio: 'init' (a fresh engine, or any engine once idle: the scheduler resets the ratio then), 'min' (the
     # floor an earlier workload decayed it to, where nothing reset it on idle, as before), or a number.
-    # budget_use: what earlier workloads taught admission (AdmissionMixin.note_finished): the share of max_new_tokens
+    # budget_use: what earlier workloads taught admission (NewTokenRatio.note_finished): the share of max_new_tokens
     # their requests used (1.0: they ran to it, as every workload of the side-by-side does); it holds across idle.
     if "budget_use" in cfg.knobs:
-        sched.budget_use = float(cfg.knobs["budget_use"])
-        sched.reset_new_token_ratio()
+        sched.ratio.budget_use = float(cfg.knobs["budget_use"])
+        sched.ratio.reset()
     start = str(cfg.knobs.get("start_ratio", "init"))
-    named = {"init": sched.new_token_ratio, "min": sched.min_new_token_ratio}
-    sched.new_token_ratio = named[start] if start in named else float(start)
+    named = {"init": sched.ratio.value, "min": sched.ratio.min}
+    sched.ratio.value = named[start] if start in named else float(start)
     return sched
 
 
 def run(cfg: SimConfig) -> dict[str, Any]:
     """Runs the workload to the end; returns the run's counts (see the module docstring)."""
     sched = build(cfg)
-    start_ratio = sched.new_token_ratio
+    start_ratio = sched.ratio.value
     kinds = {"prefill": 0, "decode": 0, "mixed": 0}
     decode_sizes: list[int] = []  # requests per decode pass
     retract_log: list[dict[str, Any]] = []  # one entry per retraction event
@@ -103,7 +104,7 @@ def run(cfg: SimConfig) -> dict[str, Any]:
         retracted_rids.update(r.rid for r in out)
         retract_log.append({"pass": sum(kinds.values()), "running_before": before, "retracted": len(out),
                             "kv_dropped": sum(len(r.origin_input_ids) + len(r.output_ids) for r in out),
-                            "ratio_before": round(sched.new_token_ratio, 4), "ratio_after": round(ratio, 4)})
+                            "ratio_before": round(sched.ratio.value, 4), "ratio_after": round(ratio, 4)})
         return out, ratio
 
     sched.planner.plan = recording_plan
@@ -131,11 +132,11 @@ def run(cfg: SimConfig) -> dict[str, Any]:
     recomputed = st["prefill_tokens"] - (minimum - st["cached_tokens"])
     return {
         "config": asdict(cfg),
-        "admission": {"start_new_token_ratio": start_ratio, "init_new_token_ratio": sched.init_new_token_ratio,
-                      "min_new_token_ratio": sched.min_new_token_ratio,
-                      "new_token_ratio_decay": sched.new_token_ratio_decay,
-                      "max_running_requests": sched.max_running_requests,
-                      "chunked_prefill_size": sched.chunked_prefill_size,
+        "admission": {"start_new_token_ratio": start_ratio, "init_new_token_ratio": sched.ratio.init,
+                      "min_new_token_ratio": sched.ratio.min,
+                      "new_token_ratio_decay": sched.ratio.decay_step,
+                      "max_running_requests": sched.admission.config.max_running_requests,
+                      "chunked_prefill_size": sched.admission.config.chunked_prefill_size,
                       "max_prefill_tokens": sched.args.max_prefill_tokens, "overlap": sched.overlap,
                       "mixed_prefill": sched.args.mixed_chunk is not Toggle.OFF},
         "passes": {**kinds, "total": sum(kinds.values())},

@@ -53,7 +53,6 @@ from pathlib import Path
 import torch
 
 from radixlm import Engine
-from radixlm.runtime.scheduler.drafts import batch_adaptive
 
 import speculative_replay
 from speculative_replay import ModelShape
@@ -125,7 +124,7 @@ def drafting_off(engine: Engine):
     generate calls, while the scheduler is idle."""
     drafts = engine.scheduler.drafts
     saved = drafts.sources
-    drafts.sources = [s for s in saved if not batch_adaptive(s)]
+    drafts.sources = [s for s in saved if not s.traits.batch_adaptive]
     try:
         yield
     finally:

@@ -24,7 +24,7 @@ from llama8b import shaped_like_8b
 from radixlm.runtime.executor.logits import LogitsOutput
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.model_loader.tokenizer import get_tokenizer
-from radixlm.runtime.scheduler.drafts.model import DraftModelSource
+from radixlm.runtime.spec.sources.model import DraftModelSource
 
 HIGH = 10.0  # a replayed token's logit; every other token has 0
 # recording model (alias) -> its recorded greedy outputs (speculative.py --save-ids on the CPU)

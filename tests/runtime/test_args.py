@@ -94,7 +94,7 @@ def test_num_draft_tokens_counts_the_root(kwargs, num_draft_tokens, steps):
     assert args.max_draft_tokens == num_draft_tokens - 1
     assert args.speculative_num_steps == steps
     if steps is not None:  # a draft model's chain / a tree's depth
-        from radixlm.runtime.executor.draft_budget import draft_steps
+        from radixlm.runtime.spec.budget import draft_steps
 
         assert draft_steps(args) == steps
     assert dataclasses.replace(args) == args  # resolving again changes nothing

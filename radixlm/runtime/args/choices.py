@@ -49,10 +49,10 @@ class GrammarMaskMode(str, enum.Enum):
 
 class SpeculativeAlgorithm(str, enum.Enum):
     NGRAM = "NGRAM"  # prompt lookup: the request's own earlier tokens continue its latest ones
-    RADIX = "RADIX"  # what the radix cache holds after the request's tokens (scheduler/drafts/radix.py)
+    RADIX = "RADIX"  # what the radix cache holds after the request's tokens (spec/sources/radix.py)
     NGRAM_RADIX = "NGRAM_RADIX"  # both: the cache's continuation of the whole sequence, prompt lookup, the cache's k-gram
-    STANDALONE = "STANDALONE"  # a small draft model with the same tokenizer (scheduler/drafts/model.py)
-    EAGLE = "EAGLE"  # an EAGLE head over the target's hidden states (executor/eagle_runner.py)
+    STANDALONE = "STANDALONE"  # a small draft model with the same tokenizer (spec/sources/model.py)
+    EAGLE = "EAGLE"  # an EAGLE head over the target's hidden states (spec/runners/eagle.py)
     EAGLE3 = "EAGLE3"  # the same: the head's config tells EAGLE-1 from EAGLE-3 (SGLang's name for the latter)
 
     @property

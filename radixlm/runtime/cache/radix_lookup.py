@@ -1,4 +1,4 @@
-"""Read-only lookups in the radix tree for draft sources (scheduler/drafts/radix.py): what the tree holds after a
+"""Read-only lookups in the radix tree for draft sources (spec/sources/radix.py): what the tree holds after a
 request's tokens. Nothing here copies the tree, takes or releases a lock, or touches what eviction reads
 (last_access_time, hit_count, the eviction queue): a lookup reads keys and children and returns token ids, never a
 node to hold on to. Every lookup runs on the scheduler's thread, between tree operations, so it never sees a node

@@ -12,7 +12,6 @@ import torch
 if TYPE_CHECKING:
     from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixlm.runtime.executor.logits import LogitsPlan
-    from radixlm.runtime.executor.spec_tree import TreeMask
     from radixlm.runtime.layers.attention.base import AttentionBackend
     from radixlm.runtime.multimodal.inputs import MultimodalSpan
 
@@ -21,6 +20,16 @@ from radixlm.runtime.host_to_device import rows_to_device
 
 # ModelWorkerBatch.input_ids: the token was sampled by a pass whose result the host has not read yet (overlap).
 IN_FLIGHT = -1
+
+
+@dataclass(frozen=True)
+class TreeMask:
+    """Attention of one request's rows in a pass (REQUEST_SPANS): every row sees the request's KV at table indices
+    below `start`; at indices [start, seq_len) row j sees index start + c where mask[j, c]. Replaces the causal rule
+    for that request; the rows' own KV is written at their table indices as usual (tree drafts: spec/tree.py)."""
+
+    start: int
+    mask: torch.Tensor  # (rows, seq_len - start) bool
 
 
 class ForwardMode(enum.IntEnum):
@@ -55,9 +64,9 @@ class ModelWorkerBatch:
     mm_spans: list["MultimodalSpan"] = field(default_factory=list)  # rows that take an item's encoder output
     mrope_positions: list[list[int]] | None = None  # per row, three positions (Qwen2-VL), when a request has them
     rope_offsets: list[int] | None = None  # per row, added to its position for the rotary only (see ForwardBatch)
-    # Per request, where its rows attend otherwise than causally (tree drafts, executor/spec_tree.py), else None;
+    # Per request, where its rows attend otherwise than causally (tree drafts, spec/tree.py), else None;
     # such a pass runs in REQUEST_SPANS on a backend that supports_tree_mask.
-    tree_masks: list["TreeMask | None"] | None = None
+    tree_masks: list[TreeMask | None] | None = None
     # Decode passes (one row per request): (prefix_len, request indices) per group of requests whose
     # req_to_token rows hold the same slots over [0, prefix_len) (scheduler/shared_prefix.py), else None.
     shared_prefixes: list[tuple[int, list[int]]] | None = None
@@ -104,7 +113,7 @@ class ForwardBatch:
     # position + offset (the request's delta). Kept apart from `positions`, which also gives the sequence lengths.
     # In TOKEN_ROWS it is the fifth row of decode_rows, so a CUDA graph takes it as one more input.
     rope_offsets: torch.Tensor | None = None
-    tree_masks: list["TreeMask | None"] | None = None  # ModelWorkerBatch.tree_masks
+    tree_masks: list[TreeMask | None] | None = None  # ModelWorkerBatch.tree_masks
     # ModelWorkerBatch.shared_prefixes in TOKEN_ROWS passes of one row per request (batch rows = requests).
     shared_prefixes: list[tuple[int, list[int]]] | None = None
     # Set by the attention backend in init_forward_metadata; opaque to everyone else.

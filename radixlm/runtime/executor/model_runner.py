@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -10,11 +11,10 @@ from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
-from radixlm.runtime.executor.draft_budget import draft_budget
-from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch
+from radixlm.runtime.spec.budget import draft_budget
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch, TreeMask
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor, split_rows
-from radixlm.runtime.executor.spec_tree import TreeMask
 from radixlm.runtime.kernels import gemm
 from radixlm.runtime.kernels.startup import EXTEND_WARMUP_LENS, prepare_gemms, warm_up_kernels
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
@@ -47,19 +47,37 @@ def _physical_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+@dataclass(frozen=True)
+class SharedSlots:
+    """A runner over another runner's slots (a draft model's, an EAGLE head's): the other's request table, allocator
+    and pool size, with a KV pool of its own of that size plus `extra_slots`. Its owner builds its kernels and graphs:
+    it has no tuned GEMMs, media, warm-up or graphs of its own."""
+
+    target: "ModelRunner"
+    extra_slots: int = 0
+    model: torch.nn.Module | None = None  # built by the owner; None: loaded from the runner's model_config
+    logits_processor: LogitsProcessor | None = None  # None: over the model's lm_head
+
+
 class ModelRunner:
-    def __init__(self, server_args: ServerArgs, model_config: ModelConfig, device: str, parallel: Parallel = SINGLE):
+    def __init__(self, server_args: ServerArgs, model_config: ModelConfig, device: str, parallel: Parallel = SINGLE,
+                 shared: SharedSlots | None = None):
         self.server_args = server_args
         self.model_config = model_config
         self.device = device
         self.parallel = parallel
         self.page_size = server_args.page_size
-        self.model = load_model(model_config, server_args.load_format, device, parallel)
+        own = shared is None or shared.model is None
+        self.model = load_model(model_config, server_args.load_format, device, parallel) if own else shared.model
         # This rank's KV heads (all of them without tensor parallelism).
         self.num_kv_heads = Shard.heads(model_config.num_kv_heads, 1, parallel, "num_key_value_heads").local
         self.model.eval()
-        self.logits_processor = LogitsProcessor(self.model.lm_head, model_config.vocab_size, parallel)
-        prepare_gemms(self, tuned=not server_args.disable_tuned_gemm)
+        self.logits_processor = (LogitsProcessor(self.model.lm_head, model_config.vocab_size, parallel)
+                                 if shared is None or shared.logits_processor is None else shared.logits_processor)
+        prepare_gemms(self, tuned=shared is None and not server_args.disable_tuned_gemm, share=shared is None)
+        if shared is not None:
+            self._share_slots(shared)
+            return
         self.mm_embedder = (MultimodalEmbedder(self.model, EncoderCache(server_args.mm_encoder_cache_mb << 20))
                             if hasattr(self.model, "encode_items") else None)
 
@@ -77,10 +95,7 @@ class ModelRunner:
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
             self.max_total_num_tokens, self.page_size, device,
             debug=not self.is_cuda or server_args.enable_integrity_check)
-        backend = server_args.attention_backend
-        if backend == "auto":
-            backend = "triton" if self.is_cuda else "torch_native"
-        self.attn_backend = ATTENTION_BACKENDS[backend](self)
+        self.attn_backend = self._attention_backend()
         logger.info("KV pool: %d tokens (%.1f MiB), max running requests %d", self.max_total_num_tokens,
                     self.token_to_kv_pool.mem_bytes() / 2**20, self.max_running_requests)
         self.graph_runner: CudaGraphRunner | None = None
@@ -93,6 +108,24 @@ class ModelRunner:
             free, total = torch.cuda.mem_get_info()
             logger.info("GPU memory after start-up: %.2f GiB in use of %.2f GiB (%.2f GiB free)",
                         (total - free) / 2**30, total / 2**30, free / 2**30)
+
+    def _share_slots(self, shared: SharedSlots) -> None:
+        target, cfg = shared.target, self.model_config
+        self.mm_embedder = None
+        self.req_to_token_pool = target.req_to_token_pool
+        self.token_to_kv_pool_allocator = target.token_to_kv_pool_allocator
+        self.max_total_num_tokens = target.max_total_num_tokens
+        self.max_running_requests = target.max_running_requests
+        self.token_to_kv_pool = TokenToKVPool(self.max_total_num_tokens + shared.extra_slots, self.page_size, cfg.dtype,
+                                              cfg.num_layers, self.num_kv_heads, cfg.head_dim, self.device)
+        self.attn_backend = self._attention_backend()
+        self.graph_runner: CudaGraphRunner | None = None
+
+    def _attention_backend(self):
+        backend = self.server_args.attention_backend
+        if backend == "auto":
+            backend = "triton" if self.is_cuda else "torch_native"
+        return ATTENTION_BACKENDS[backend](self)
 
     @property
     def is_cuda(self) -> bool:

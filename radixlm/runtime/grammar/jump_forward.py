@@ -5,7 +5,7 @@ take it without sampling it token by token.
   are; the next forward pass prefills them at once. Outputs satisfy the grammar but may be tokenized
   differently from token-by-token decoding (what made SGLang drop the feature).
 - exact (ours): the forced text's tokens are only a draft, verified by the next pass
-  (radixlm.runtime.sampling.verification) with each row's grammar mask: greedy output is the same as without
+  (radixlm.runtime.spec.verification) with each row's grammar mask: greedy output is the same as without
   jump-forward, and sampled output has the same distribution.
 
 This module holds the grammar's side: the forced text's tokens and the draft rows' masks."""
@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from radixlm.runtime.sampling.verification import (DraftVerification, VerifyResult, build_verification, draft_layout,
+from radixlm.runtime.spec.verification import (DraftVerification, VerifyResult, build_verification, draft_layout,
                                                    settle)
 
 

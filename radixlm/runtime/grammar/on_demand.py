@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
-from radixlm.runtime.sampling.verification import VerifyResult, draft_layout
+from radixlm.runtime.spec.verification import VerifyResult, draft_layout
 
 # The model's top-k tried, in order, when the grammar refuses its argmax. 32, not 16: where SmolLM2 wants whitespace
 # that a compact JSON schema refuses (after `{`), the allowed token ranks just below 16; masks filled per token went

@@ -13,50 +13,16 @@ KV is written (or being written by a launched pass) for positions [0, committed)
 logits at its last 1 + len(draft) rows: the token after the last known one, then the token after each draft token.
 Prefill, chunked prefill, decode, a decode carrying jump-forward tokens and draft verification are this one rule.
 A draft model (STANDALONE) holds its own KV of positions [0, draft_kv_len) <= committed: it lags while the draft
-model's passes are skipped, and catches up before the request drafts (drafts/model.py)."""
+model's passes are skipped, and catches up before the request drafts (spec/sources/model.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Iterable, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+from radixlm.runtime.spec.draft import Draft
 
 if TYPE_CHECKING:
-    import torch
-
     from radixlm.runtime.scheduler.req import Req
-
-
-class DraftSource(Protocol):
-    """Proposes tokens for a request; the pass after verifies them (scheduler/drafts)."""
-
-    def learn(self, req: "Req", draft: "Draft", accepted: int, token: int) -> None:
-        """The verdict on a draft: its first `accepted` tokens were kept, then the model chose `token`."""
-
-
-@dataclass
-class Draft:
-    """Set by a draft source; read by the planner (rows) and by verification."""
-
-    tokens: list[int]
-    source: DraftSource
-    key: object = None  # what the source made the draft from (its own, opaque to everyone else)
-    # (position, token): the token in flight at that position that the draft continues, as its source guessed it;
-    # a draft whose guess turns out wrong keeps none of its tokens.
-    guess: tuple[int, int] | None = None
-    # For a sampled request, the distribution each token was drawn from (len(tokens), vocab) on the device; None:
-    # point masses (verification's rule then keeps a token with probability p(token)).
-    q: torch.Tensor | None = None
-    # A tree draft (executor/spec_tree.py): each token's parent (-1: the request's newest token), nodes in order of
-    # depth; None: a chain. Requests with a grammar get no trees (its masks are walked along chains).
-    parents: list[int] | None = None
-
-    def cut(self, n: int) -> "Draft | None":
-        """The draft's first n tokens (for a tree: its first n nodes, a tree too), or None when n is 0."""
-        if n >= len(self.tokens):
-            return self
-        if n <= 0:
-            return None
-        return replace(self, tokens=self.tokens[:n], q=None if self.q is None else self.q[:n],
-                       parents=None if self.parents is None else self.parents[:n])
 
 
 @dataclass(slots=True)
@@ -102,11 +68,6 @@ class KVCursor:
         self.committed, self.in_flight, self.draft, self.verifying, self.draft_kv_len = 0, 0, None, False, 0
 
 
-def guesses(source) -> bool:
-    """Whether a draft source drafts while a pass of the request is in flight (from the tokens known so far)."""
-    return getattr(source, "guesses", False)
-
-
 def can_plan_ahead(req: "Req", drafting: bool = True) -> bool:
     """NOTE invariant (the overlap rule): a request's next pass may be planned while its last pass is in flight --
     before the host has read that pass's token -- only when the next pass needs nothing from the host but lengths:
@@ -117,7 +78,7 @@ def can_plan_ahead(req: "Req", drafting: bool = True) -> bool:
     else the planner needs (committed, in_flight, a draft not yet launched) is known at launch."""
     sp = req.sampling_params
     return (req.grammar is None and not req.kv.verifying
-            and not (drafting and any(not guesses(s) for s in req.draft_sources))
+            and not (drafting and any(not s.traits.guesses for s in req.draft_sources))
             and sp.repetition_penalty == 1.0 and sp.frequency_penalty == 0.0 and sp.presence_penalty == 0.0)
 
 

@@ -79,7 +79,7 @@ def fail_after_error(sched: Scheduler, message: str, fail_waiting: bool) -> None
         sched.grammar_queue.queue = []
     for req in failed:
         req.finished_reason = FinishReason.aborted(message, status_code=500)
-        sched._emit(req)
+        sched.outbox.emit(req)
     for req in sched.waiting_queue:
         req.reset_kv_state()
         req.match_round = -1

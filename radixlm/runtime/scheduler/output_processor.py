@@ -1,21 +1,25 @@
 """Turning a forward pass's results into request state: sampled tokens (and their logprobs), draft verdicts,
-finishing, and the ReqOutputs the front receives. A mixin of Scheduler, which owns the state these methods read
-and write."""
+finishing, and the ReqOutputs the front receives (through the Outbox)."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixlm.runtime.executor.logits import LogitsOutput, top_logprobs
-from radixlm.runtime.executor.spec_tree import move_kv
 from radixlm.runtime.host_to_device import HostCopy
-from radixlm.runtime.messages import ReqOutput
-from radixlm.runtime.sampling.verification import VerifyResult
+from radixlm.runtime.spec.verification import VerifyResult
+from radixlm.runtime.scheduler.admission import NewTokenRatio
+from radixlm.runtime.scheduler.outbox import Outbox, ReqQueues
 from radixlm.runtime.scheduler.pass_masks import MaskPlanner, PassMasks
-from radixlm.runtime.scheduler.planner import ScheduleBatch
+from radixlm.runtime.scheduler.planner import Planner, ScheduleBatch
 from radixlm.runtime.scheduler.req import GRAMMAR_VIOLATION, FinishReason, GrammarAdvance, Req
+
+if TYPE_CHECKING:
+    from radixlm.runtime.spec.path import DraftPath
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +39,24 @@ class BatchResult:
         return [None] * n if self.next_ids is None else self.next_ids.get()[0].tolist()
 
 
-class SchedulerOutputProcessorMixin:
+class ResultProcessor:
+    def __init__(self, queues: ReqQueues, planner: Planner, masks: MaskPlanner, drafts: "DraftPath", outbox: Outbox,
+                 ratio: NewTokenRatio, stats: Counter, tokenizer, generator: torch.Generator):
+        """ratio: learns from each finished request; generator: verification's draws (the sampler's)."""
+        self.queues = queues
+        self.planner = planner
+        self.masks = masks
+        self.drafts = drafts
+        self.outbox = outbox
+        self.ratio = ratio
+        self.stats = stats
+        self.tokenizer = tokenizer
+        self.generator = generator
+
     def process_batch_result(self, result: BatchResult) -> None:
         batch, out = result.batch, result.out
         next_ids = result.token_ids()
-        masks: MaskPlanner = self.masks
+        masks = self.masks
         masks.resolve(result.masks)
         for req in batch.samplers:
             req.kv.in_flight -= 1
@@ -49,7 +66,7 @@ class SchedulerOutputProcessorMixin:
         out_lp = result.logprobs
         verdicts = masks.sampler_verdicts(result.masks, len(next_ids))
         is_prefill = batch.is_prefill
-        drafting = self.drafts.drafting(len(self.running))  # the running requests do not change while processing
+        drafting = self.drafts.drafting(len(self.queues.running))  # the running requests do not change while processing
         for i, (req, tok) in enumerate(zip(batch.samplers, next_ids)):
             if req.finished_reason is not None:  # finished (or aborted) while this pass was in flight: no token
                 continue
@@ -103,23 +120,22 @@ class SchedulerOutputProcessorMixin:
         else:
             appended = req.append_tokens([tok], self.tokenizer, GrammarAdvance.ACCEPT, lp)
         req.kv.taken(req.seqlen, appended)
-        if self.drafts.may_propose(req, drafting):
-            self.drafts.propose(req)
+        self.drafts.after_token(req, drafting)
 
     def _after_tokens(self, req: Req, is_prefill: bool) -> None:
         if is_prefill:
             req.input_logprobs_done = True
         if req.finished():
             self.planner.release(req)
-            self.note_finished(req)
+            self.ratio.note_finished(req)
             self.stats["prompt_tokens"] += len(req.origin_input_ids)
             self.stats["cached_tokens"] += req.cached_tokens
-        if req.finished() or (req.stream and self._stream_due(req)):
-            self._emit(req)
+        if req.finished() or (req.stream and self.outbox.stream_due(req)):
+            self.outbox.emit(req)
 
     def _process_verified(self, result: BatchResult) -> None:
         """Each verifier keeps its draft's tokens while the model agrees, then its own token (DraftPath.take_verdict);
-        the KV written for rejected draft tokens goes back to the allocator, in one gather for the pass."""
+        the planner frees the KV written for rejected draft tokens, in one gather for the pass."""
         logits, row = result.out.verify_logits, 0
         rejected: list[tuple[int, int, int]] = []
         for k, req in enumerate(result.batch.verifiers):
@@ -134,59 +150,16 @@ class SchedulerOutputProcessorMixin:
             except Exception as e:  # noqa: BLE001
                 self._failed(req, e)
             self._after_tokens(req, result.batch.is_prefill)
-        if rejected:
-            # The rows are read before any later pass rewrites them (stream order), even where a finished request's
-            # row was released above.
-            pool = self.req_to_token_pool
-            self.allocator.free(pool.req_to_token.view(-1).index_select(0, pool.flat_index(rejected)))
+        self.planner.free_rejected(rejected)
 
     def _take_verdict(self, req: Req, masks: PassMasks, k: int, lps: torch.Tensor | None,
                       rejected: list[tuple[int, int, int]], batch: ScheduleBatch) -> None:
         verdict = self.masks.verifier_verdict(masks, k, self.generator)
         if verdict.path is not None:
-            self._compact_tree(req, verdict.path)
+            self.stats["tree_kv_moves"] += self.planner.compact_tree(req, verdict.path)
             batch.accepted_paths[req.rid] = (req.kv.draft_len(), verdict.path)
-        span = self.drafts.take_verdict(req, verdict, lps)
+        drafted_end = self.drafts.take_verdict(req, verdict, lps)
+        span = None if drafted_end is None else self.planner.rejected_slots(req, drafted_end)
         if span is not None:
             rejected.append(span)
         self.drafts.propose(req)
-
-    def _compact_tree(self, req: Req, path: list[int]) -> None:
-        """A tree draft's accepted nodes take the positions after the newest token: the KV the pass wrote at each
-        node's table index is copied to the index of its depth, before the indices past the path are freed."""
-        first = req.seqlen  # node i was the row at table index first + i
-        moves = [(first + node, first + j) for j, node in enumerate(path) if node != j]
-        if not moves:
-            return
-        table = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        at = torch.tensor(moves, dtype=torch.int64, device=table.device)
-        move_kv(self.runner.token_to_kv_pool, table[at[:, 0]], table[at[:, 1]])
-        self.stats["tree_kv_moves"] += len(moves)
-
-    def _stream_due(self, req: Req) -> bool:
-        """The first token goes out at once (time to first token); later ones every stream_interval tokens."""
-        interval = req.sampling_params.stream_interval or self.args.stream_interval
-        return req.sent_len == 0 or len(req.output_ids) - req.sent_len >= interval
-
-    def _emit(self, req: Req) -> None:
-        new = req.output_ids[req.sent_len :]
-        req.sent_len = len(req.output_ids)
-        self.outputs.append(ReqOutput(
-            rid=req.rid,
-            new_output_ids=new,
-            finished_reason=req.finished_reason.to_json() if req.finished_reason else None,
-            prompt_tokens=len(req.origin_input_ids),
-            completion_tokens=len(req.output_ids),
-            cached_tokens=req.cached_tokens,
-            num_retractions=req.num_retractions,
-            spec_verify_ct=req.spec_verify_ct,
-            spec_draft_tokens=req.spec_draft_tokens,
-            spec_accepted_tokens=req.spec_accepted_tokens,
-            queue_time=req.queue_time,
-            input_token_logprobs=req.input_token_logprobs,
-            input_top_logprobs=req.input_top_logprobs,
-            output_token_logprobs=req.output_token_logprobs,
-            output_top_logprobs=req.output_top_logprobs,
-        ))
-        req.input_token_logprobs, req.input_top_logprobs = [], []
-        req.output_token_logprobs, req.output_top_logprobs = [], []

@@ -3,7 +3,7 @@
 At launch (while the device runs the pass): a greedy row under a grammar keeps its logits for a verdict on demand
 (radixlm.runtime.grammar.on_demand); other grammar rows get their masks filled now (a sampling row's mask goes to
 the sampler), and drafts that are not decided on demand get their verification built
-(radixlm.runtime.sampling.verification). When the pass is processed: the on-demand rows are resolved, then each
+(radixlm.runtime.spec.verification). When the pass is processed: the on-demand rows are resolved, then each
 request's verdict is read by its index among the pass's samplers or verifiers."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from radixlm.runtime.grammar.jump_forward import fill_draft_masks
 from radixlm.runtime.grammar.on_demand import OnDemandRows, launch_on_demand, resolve
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
-from radixlm.runtime.sampling.verification import (DraftVerification, VerifyResult, build_verification, draft_layout,
+from radixlm.runtime.spec.verification import (DraftVerification, VerifyResult, build_verification, draft_layout,
                                                    plain_greedy, settle)
 from radixlm.runtime.scheduler.req import Req
 

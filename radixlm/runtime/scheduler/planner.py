@@ -12,12 +12,12 @@ from typing import Callable
 
 import torch
 
-from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
 from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.cache.radix_node import draft_kv_prefix
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan
-from radixlm.runtime.executor.spec_tree import TreeMask, depths, verify_mask
+from radixlm.runtime.spec.tree import TreeMask, depths, move_kv, verify_mask
 from radixlm.runtime.scheduler.req import Req
 from radixlm.runtime.scheduler.shared_prefix import decode_groups
 
@@ -73,11 +73,13 @@ class ScheduleBatch:
 class Planner:
     def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, tree_cache: RadixCache,
                  page_size: int, shared_prefix_min_len: int = 0, media: bool = True,
-                 replays: Callable[[int], bool] = lambda rows: False):
+                 replays: Callable[[int], bool] = lambda rows: False, kv_pool: TokenToKVPool | None = None):
+        """kv_pool: the target's KV, where a tree draft's accepted nodes are moved (compact_tree)."""
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
         self.tree_cache = tree_cache
         self.page_size = page_size
+        self.kv_pool = kv_pool
         self.shared_prefix_min_len = shared_prefix_min_len  # 0: decode passes carry no shared prefixes
         self.media = media  # False: no request carries media (a text-only model): passes have no media rows
         # Whether a pass of this many rows replays a CUDA graph (the executor's rule): graphs read no shared prefixes.
@@ -309,6 +311,34 @@ class Planner:
             req.kv.committed = known
         self.tree_cache.cache_finished(req.cache_lock, req.req_pool_idx, req.committed_key(), insert=insert,
                                        draft_kv_len=min(req.kv.draft_kv_len, req.kv.committed))
+
+    # ------------------------------------------------------------------ rollback of rejected draft tokens
+    def compact_tree(self, req: Req, path: list[int]) -> int:
+        """A tree draft's accepted nodes take the positions after the newest token: the KV the pass wrote at each
+        node's table index is copied to the index of its depth, before the indices past the path are freed.
+        Returns the moves made."""
+        first = req.seqlen  # node i was the row at table index first + i
+        moves = [(first + node, first + j) for j, node in enumerate(path) if node != j]
+        if not moves:
+            return 0
+        table = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        at = torch.tensor(moves, dtype=torch.int64, device=table.device)
+        move_kv(self.kv_pool, table[at[:, 0]], table[at[:, 1]])
+        return len(moves)
+
+    def rejected_slots(self, req: Req, drafted_end: int) -> tuple[int, int, int] | None:
+        """Once a verdict was taken (the cursor rolled back over the rejected tokens): the (req_to_token row, first
+        position, end) of the slots the pass wrote up to `drafted_end` that hold no valid KV now. A page keeps its
+        slots while it still holds a position below kv.committed."""
+        first = -(-req.kv.committed // self.page_size) * self.page_size
+        return (req.req_pool_idx, first, drafted_end) if drafted_end > first else None
+
+    def free_rejected(self, spans: list[tuple[int, int, int]]) -> None:
+        """The rejected_slots of a pass's verdicts back to the allocator, in one gather. The rows are read before
+        any later pass rewrites them (stream order), even where a finished request's row was released since."""
+        if spans:
+            pool = self.req_to_token_pool
+            self.allocator.free(pool.req_to_token.view(-1).index_select(0, pool.flat_index(spans)))
 
     def cache_chunk(self, req: Req) -> None:
         """After a prompt's chunk: its tokens so far become shareable."""

@@ -53,7 +53,7 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs | None, ready_pipe,
         return
     cfg, sched = built.model_config, built.scheduler
     ready_pipe.send(SchedulerReady(
-        max_total_num_tokens=sched.allocator.size, max_running_requests=sched.max_running_requests,
+        max_total_num_tokens=sched.allocator.size, max_running_requests=sched.admission.config.max_running_requests,
         vocab_size=cfg.vocab_size, context_len=cfg.context_len, model_path=cfg.model_path, architecture=cfg.architecture,
         model_type=getattr(cfg.hf_config, "model_type", ""),
     ))

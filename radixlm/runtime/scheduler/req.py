@@ -19,7 +19,8 @@ from radixlm.runtime.grammar.backend import GrammarMatcher
 from radixlm.runtime.messages import TokenizedGenerateReqInput
 from radixlm.runtime.multimodal.inputs import MultimodalInputs
 from radixlm.runtime.sampling.sampling_params import SamplingParams
-from radixlm.runtime.scheduler.cursor import DraftSource, KVCursor
+from radixlm.runtime.scheduler.cursor import KVCursor
+from radixlm.runtime.spec.draft import DraftSource
 
 if TYPE_CHECKING:
     from radixlm.runtime.cache.radix_cache import RadixCache

@@ -16,33 +16,28 @@ from typing import Callable
 
 import torch
 
-from radixlm.runtime.args import GrammarMaskMode, ServerArgs, SpeculativeAlgorithm
+from radixlm.runtime.args import GrammarMaskMode, ServerArgs
 from radixlm.runtime.cache.radix_cache import RadixCache
-from radixlm.runtime.executor.draft_budget import draft_scratch, draft_steps
-from radixlm.runtime.executor.draft_runner import DraftModelRunner
-from radixlm.runtime.executor.eagle_runner import EagleRunner
 from radixlm.runtime.executor.logits import LogitsOutput
 from radixlm.runtime.grammar.backend import GrammarCache
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
-from radixlm.runtime.kernels.attention import SHARED_PREFIX_MIN_LEN
 from radixlm.runtime.messages import ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
-from radixlm.runtime.scheduler.admission import AdmissionMixin
+from radixlm.runtime.scheduler.admission import Admission, NewTokenRatio
+from radixlm.runtime.scheduler.config import AdmissionConfig, OutputConfig
 from radixlm.runtime.scheduler.cursor import can_launch_ahead
-from radixlm.runtime.scheduler.drafts import DraftPath, Proposer, batch_adaptive
-from radixlm.runtime.scheduler.drafts.controller import DraftController
-from radixlm.runtime.scheduler.drafts.jump_forward import JumpForwardSource
-from radixlm.runtime.scheduler.drafts.model import DraftModelSource, EagleSource
-from radixlm.runtime.scheduler.drafts.ngram import NGramSource
-from radixlm.runtime.scheduler.drafts.radix import RadixSource
 from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
 from radixlm.runtime.scheduler.integrity import check_kv_accounting
-from radixlm.runtime.scheduler.output_processor import BatchResult, SchedulerOutputProcessorMixin
+from radixlm.runtime.scheduler.outbox import Outbox, ReqQueues
+from radixlm.runtime.scheduler.output_processor import BatchResult, ResultProcessor
 from radixlm.runtime.scheduler.pass_masks import MaskPlanner
 from radixlm.runtime.scheduler.planner import Planner, ScheduleBatch, launched
 from radixlm.runtime.scheduler.policy import SchedulePolicy
 from radixlm.runtime.scheduler.req import FinishReason, Req
+from radixlm.runtime.scheduler.shared_prefix import min_prefix_len
+from radixlm.runtime.spec.factory import DraftContext, DraftFactory
+from radixlm.runtime.spec.path import DraftPath
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +46,9 @@ STAT_KEYS = ("prefill_batches", "decode_batches", "prefill_tokens", "retractions
              "overlapped_batches")
 
 
-class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
-    def __init__(self, server_args: ServerArgs, model_runner, tokenizer, eos_token_ids: frozenset[int]):
+class Scheduler:
+    def __init__(self, server_args: ServerArgs, model_runner, tokenizer, eos_token_ids: frozenset[int],
+                 drafts: DraftFactory):
         self.args = server_args
         self.runner = model_runner
         self.tokenizer = tokenizer
@@ -68,8 +64,9 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         media = getattr(model_runner, "mm_embedder", None) is not None
         # Multimodal positions run eagerly whatever the batch (ModelRunner._run): groups in every decode pass there.
         self.planner = Planner(self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size,
-                               SHARED_PREFIX_MIN_LEN if model_runner.takes_shared_prefixes else 0, media=media,
-                               replays=(lambda rows: False) if media else model_runner.can_replay)
+                               min_prefix_len(model_runner.takes_shared_prefixes), media=media,
+                               replays=(lambda rows: False) if media else model_runner.can_replay,
+                               kv_pool=model_runner.token_to_kv_pool)
         seed = server_args.random_seed if server_args.random_seed is not None else 0
         # Constrained decoding and drafts: one counter for their stats (masks filled, jumps, drafts kept, ...).
         self.grammar_stats: Counter = Counter()
@@ -80,66 +77,79 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         self.grammar_queue = GrammarQueue(grammars, parallel.all_true if parallel.tp_size > 1 else None)
         self.masks = MaskPlanner(lambda: grammars.backend, server_args.grammar_mask is GrammarMaskMode.ON_DEMAND,
                                  self.grammar_stats)
-        jump = JumpForwardSource(server_args.jump_forward, tokenizer, eos_token_ids,
-                                 lambda: grammars.backend, self.grammar_stats)
-        speculative = self._speculative_sources(server_args)
-        window = server_args.speculative_measure_window
-        # Its decisions follow this rank's clock: tensor-parallel ranks, which must decide alike, go without it.
-        controller = DraftController(window, stats=self.grammar_stats) if window and parallel.tp_size == 1 and any(
-            batch_adaptive(s) for s in speculative) else None
-        self.drafts = DraftPath([jump, *speculative], tokenizer, self.page_size, self.grammar_stats,
-                                server_args.speculative_max_batch_rows, lambda: len(self.running), controller)
+        self.queues = ReqQueues()
+        self.outbox = Outbox(OutputConfig.from_args(server_args))
+        self._drafts = drafts.build(DraftContext(self.tree_cache, tokenizer, eos_token_ids, lambda: grammars.backend,
+                                                self.grammar_stats, self.page_size, lambda: len(self.queues.running)))
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed)
         self.sampler = Sampler()
         self.generator = torch.Generator(device=self.device)
         # Tensor-parallel ranks sample alike from the same logits only with the same generator: rank 0's seed.
         self.generator.manual_seed(parallel.broadcast_object(
             seed if server_args.random_seed is not None else torch.seed()))
-        self.init_admission(server_args, model_runner.max_running_requests)
+        self.stats: Counter = Counter({k: 0 for k in STAT_KEYS})  # for tests, benchmarks and metrics
+        admission = AdmissionConfig.from_args(server_args, self.device, model_runner.max_running_requests)
+        self.ratio = NewTokenRatio(admission.schedule_conservativeness)
+        self.admission = Admission(admission, self.queues, self.ratio, self.planner, self.policy, self.tree_cache,
+                                   self.allocator, self._drafts, self.outbox, self.stats, model_runner.can_replay,
+                                   self.sync_inflight, self._inflight_reqs)
+        self.results = ResultProcessor(self.queues, self.planner, self.masks, self._drafts, self.outbox, self.ratio,
+                                       self.stats, tokenizer, self.generator)
 
         self.overlap = server_args.overlap_schedule.resolve(model_runner.is_cuda)
         self.inflight: BatchResult | None = None
         # Overlap: the last token sampled for each req_to_token row, read by the next pass on the device.
         self.next_token_buf = torch.zeros(self.req_to_token_pool.size, dtype=torch.int64, device=self.device)
-
-        self.waiting_queue: list[Req] = []
-        self.running: list[Req] = []  # decoding (or about to: admitted whole, launched)
-        self.chunked_req: Req | None = None
         self.aborts_pending = False  # some running request has to_abort set (set by abort_requests)
         self.launching: ScheduleBatch | None = None  # the pass step() planned last (set by step)
-        self.outputs: list[ReqOutput] = []
         # Set by the owner of the loop: where outputs go while the device runs a pass just launched (else step
         # returns them). Delivering them there takes detokenizing and sending off the critical path.
         self.output_sink: Callable[[list[ReqOutput]], None] | None = None
-        self.stats: Counter = Counter({k: 0 for k in STAT_KEYS})  # for tests, benchmarks and metrics
 
-    def _speculative_sources(self, args: ServerArgs) -> list[Proposer]:
-        """--speculative-algorithm's draft sources, in the order they are asked (the first with a draft wins).
-        NGRAM_RADIX: the cache's continuation of the whole sequence (same context), then prompt lookup (the
-        request's own text), then the cache's latest k tokens (another context)."""
-        algo = args.speculative_algorithm
-        # --speculative-num-draft-tokens counts the verified root token (SGLang's): a step drafts one token fewer.
-        n, stats = args.max_draft_tokens, self.grammar_stats
+    # ------------------------------------------------------------------ the parts' state, as the scheduler's
+    @property
+    def drafts(self) -> DraftPath:
+        """The scheduler's one handle on drafting, shared with admission and result processing."""
+        return self._drafts
 
-        def ngram() -> NGramSource:
-            return NGramSource(n, args.speculative_ngram_min_match_window_size,
-                               args.speculative_ngram_max_match_window_size, stats)
+    @drafts.setter
+    def drafts(self, path: DraftPath) -> None:
+        self._drafts = self.admission.drafts = self.results.drafts = path
 
-        def radix(path: bool = True, kgram: bool = True) -> RadixSource:
-            return RadixSource(self.tree_cache, n, args.speculative_radix_match_window_size, stats, path, kgram)
+    @property
+    def waiting_queue(self) -> list[Req]:
+        return self.queues.waiting
 
-        if algo is SpeculativeAlgorithm.NGRAM:
-            return [ngram()]
-        if algo is SpeculativeAlgorithm.RADIX:
-            return [radix()]
-        if algo is SpeculativeAlgorithm.NGRAM_RADIX:
-            return [radix(kgram=False), ngram(), radix(path=False)]
-        if algo is SpeculativeAlgorithm.STANDALONE:
-            return [DraftModelSource(DraftModelRunner(args, self.runner, draft_steps(args)), stats, self.tree_cache)]
-        if algo is not None and algo.is_eagle:
-            return [EagleSource(EagleRunner(args, self.runner, draft_scratch(args)), stats, draft_steps(args),
-                                args.speculative_eagle_topk, args.max_draft_tokens)]
-        return []
+    @waiting_queue.setter
+    def waiting_queue(self, reqs: list[Req]) -> None:
+        self.queues.waiting = reqs
+
+    @property
+    def running(self) -> list[Req]:
+        return self.queues.running
+
+    @running.setter
+    def running(self, reqs: list[Req]) -> None:
+        self.queues.running = reqs
+
+    @property
+    def chunked_req(self) -> Req | None:
+        return self.queues.chunked
+
+    @chunked_req.setter
+    def chunked_req(self, req: Req | None) -> None:
+        self.queues.chunked = req
+
+    @property
+    def outputs(self) -> list[ReqOutput]:
+        return self.outbox.outputs
+
+    @outputs.setter
+    def outputs(self, outputs: list[ReqOutput]) -> None:
+        self.outbox.outputs = outputs
+
+    def _inflight_reqs(self) -> list[Req] | None:
+        return None if self.inflight is None else self.inflight.batch.new_reqs
 
     # ------------------------------------------------------------------ input
     def add_request(self, msg: TokenizedGenerateReqInput) -> None:
@@ -155,7 +165,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
     def _enter_waiting(self, req: Req) -> None:
         self.grammar_queue.start(req)
         if req.finished():
-            self._emit(req)
+            self.outbox.emit(req)
         else:
             self.drafts.attach(req)
             self.waiting_queue.append(req)
@@ -173,7 +183,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         self.waiting_queue = kept
         for req in queued:
             req.finished_reason = FinishReason.aborted(message)
-            self._emit(req)
+            self.outbox.emit(req)
         for req in self._active_reqs():
             if req.rid in wanted:
                 req.to_abort = message
@@ -195,8 +205,8 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
                     self.planner.release(req)
                     if req is self.chunked_req:
                         self.chunked_req = None
-                    self._emit(req)
-        self._drop_finished()
+                    self.outbox.emit(req)
+        self.queues.drop_finished()
 
     def _drop_finished(self) -> None:
         self.running = [r for r in self.running if not r.finished()]
@@ -205,7 +215,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         # Requests that finished in the last step leave the running batch at the next one: drop them now, so a
         # flush right after the last response succeeds.
         self.sync_inflight()
-        self._drop_finished()
+        self.queues.drop_finished()
         if not self.is_idle():
             return False
         self.tree_cache.reset()
@@ -255,7 +265,7 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
                 self.output_sink(out)
         if previous is not None:
             self.stats["overlapped_batches"] += batch is not None
-            self.process_batch_result(previous)  # while the device runs the pass just launched
+            self.results.process_batch_result(previous)  # while the device runs the pass just launched
         if not self.overlap:
             self.sync_inflight()
         if self.args.enable_integrity_check or self.is_idle():
@@ -271,27 +281,28 @@ class Scheduler(AdmissionMixin, SchedulerOutputProcessorMixin):
         """Process the pass in flight, if any (its results are then on the host)."""
         if self.inflight is not None:
             result, self.inflight = self.inflight, None
-            self.process_batch_result(result)
+            self.results.process_batch_result(result)
 
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
-        admitted = self.admit_new()
+        admitted = self.admission.admit_new()
         if admitted:
-            mixed = self._mixed_in(admitted)
-            self.drafts.fit_batch(mixed + admitted)
-            batch = self.planner.plan(mixed, admitted, self.next_token_buf)
+            batch = self._plan(self.admission.mixed_in(admitted), admitted)
             self.stats["prefill_batches"] += 1
             self.stats["prefill_tokens"] += sum(batch.worker.extend_lens[len(batch.reqs) - len(admitted):])
             return batch
-        if not self.update_running():
+        if not self.admission.update_running():
             # Idle: the next requests are admitted afresh. A ratio decayed (or raised) by an earlier wave would
             # over-commit the pool and retract, as SGLang's idle check also resets it (benchmarks/retraction_sim.py).
-            self.reset_new_token_ratio()
+            self.ratio.reset()
             return None
-        self.drafts.fit_batch(self.running)
-        batch = self.planner.plan(self.running, [], self.next_token_buf)
+        batch = self._plan(self.running, [])
         self.stats["decode_batches"] += 1
         self.stats["jump_decode_batches"] += batch.num_rows > len(batch.reqs)  # draft or forced tokens rode along
         return batch
+
+    def _plan(self, running: list[Req], admitted: list[Req]) -> ScheduleBatch:
+        self.drafts.fit_batch(running + admitted if admitted else running)
+        return self.planner.plan(running, admitted, self.next_token_buf)
 
     # ------------------------------------------------------------------ forward
     def launch_batch(self, batch: ScheduleBatch) -> BatchResult:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from radixlm.runtime.kernels.attention import SHARED_PREFIX_MIN_LEN
+
 # A decode pass that a CUDA graph could replay runs eagerly with its groups when it has at least EAGER_MIN_ROWS rows
 # and they spare at least EAGER_MIN_SHARED_READS positions of KV reads. An eager pass of an 8B model costs the host
 # 15-25 ms: a smaller pass replayed ends sooner even when it reads every request's prefix (64 requests over a
@@ -22,6 +24,12 @@ EAGER_MIN_SHARED_READS = 1 << 15
 
 if TYPE_CHECKING:
     from radixlm.runtime.scheduler.req import Req
+
+
+def min_prefix_len(takes_shared_prefixes: bool) -> int:
+    """Planner.shared_prefix_min_len: the decode kernels' threshold, or 0 (no groups) where the attention backend
+    reads no shared prefixes (ModelRunner.takes_shared_prefixes)."""
+    return SHARED_PREFIX_MIN_LEN if takes_shared_prefixes else 0
 
 
 def shared_prefix_groups(reqs: list["Req"], min_len: int) -> list[tuple[int, list[int]]] | None:

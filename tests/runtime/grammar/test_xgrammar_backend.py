@@ -38,7 +38,7 @@ def _constrained_req(tok, cfg_vocab, pattern: str, text: str, mode: str = "exact
     from radixlm.runtime.grammar.backend import GrammarCache
     from radixlm.runtime.grammar.xgrammar_backend import XGrammarBackend
     from radixlm.runtime.sampling.sampling_params import SamplingParams
-    from radixlm.runtime.scheduler.drafts.jump_forward import JumpForwardSource
+    from radixlm.runtime.spec.sources.jump_forward import JumpForwardSource
     from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
     from radixlm.runtime.scheduler.req import Req
 
@@ -89,7 +89,7 @@ def test_off_mode_never_jumps_to_stop(backend_and_tokenizer):
 
 def _settle_with(cd, req, draft, key, tokens, accepted):
     """The verdict on a draft of `cd`'s: `tokens`, the first `accepted` of them the draft's."""
-    from radixlm.runtime.scheduler.cursor import Draft
+    from radixlm.runtime.spec.draft import Draft
 
     cd.learn(req, Draft(list(draft), cd, key), accepted, tokens[accepted])
 

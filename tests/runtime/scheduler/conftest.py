@@ -12,6 +12,7 @@ from radixlm.runtime.messages import TokenizedGenerateReqInput
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.scheduler import Scheduler
+from radixlm.runtime.spec.factory import DraftFactory
 
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
@@ -36,7 +37,8 @@ def make_scheduler(model_dir: str, **kwargs) -> Scheduler:
     args = ServerArgs(model_path=model_dir, load_format="dummy", dtype="float32", device="cpu",
                       enable_integrity_check=True, random_seed=0, **kwargs)
     config = ModelConfig.from_path(model_dir, dtype="float32", device="cpu", load_format="dummy")
-    return Scheduler(args, ModelRunner(args, config, "cpu"), tokenizer=None, eos_token_ids=frozenset())
+    runner = ModelRunner(args, config, "cpu")
+    return Scheduler(args, runner, tokenizer=None, eos_token_ids=frozenset(), drafts=DraftFactory.load(args, runner))
 
 
 def request(rid: str, ids: list[int], max_new_tokens: int = 4, **kw) -> TokenizedGenerateReqInput:

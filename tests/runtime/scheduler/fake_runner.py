@@ -22,6 +22,7 @@ from radixlm.runtime.executor.logits import LogitsOutput, top_logprobs
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.scheduler.planner import ScheduleBatch
 from radixlm.runtime.scheduler.scheduler import Scheduler
+from radixlm.runtime.spec.factory import DraftFactory
 
 VOCAB = 512
 FIRST_TOKEN = 3  # the model never produces 0..2 (pad, BOS, EOS of the usual tiny configs)
@@ -214,7 +215,7 @@ def make_fake_scheduler(graph_rows: int = 0, vocab_size: int = VOCAB, **kwargs) 
     args = ServerArgs(model_path="fake-model", device="cpu", enable_integrity_check=True, random_seed=0, **kwargs)
     runner = FakeRunner(args.max_total_tokens, args.page_size, args.max_running_requests or 32, graph_rows,
                         vocab_size)
-    return Scheduler(args, runner, tokenizer=None, eos_token_ids=frozenset())
+    return Scheduler(args, runner, tokenizer=None, eos_token_ids=frozenset(), drafts=DraftFactory.load(args, runner))
 
 
 def record_plans(sched: Scheduler) -> list[ScheduleBatch]:

@@ -2,8 +2,8 @@
 a draft source that knows the fake model (an oracle with deliberate mistakes)."""
 from __future__ import annotations
 
-from radixlm.runtime.scheduler.cursor import Draft
-from radixlm.runtime.scheduler.drafts import DraftPath
+from radixlm.runtime.spec.draft import Draft, DraftSource
+from radixlm.runtime.spec.path import DraftPath
 from radixlm.runtime.scheduler.scheduler import Scheduler
 
 from .conftest import request, run_all
@@ -59,7 +59,7 @@ def new_rows(batch) -> list[int]:
     return batch.worker.extend_lens[len(batch.reqs) - len(batch.new_reqs):]
 
 
-class OracleDrafts:
+class OracleDrafts(DraftSource):
     """A draft source that knows the fake model: it proposes its next k tokens, every third draft with a wrong token
     at a varying place and every third with a wrong first token (unless not `mistakes`). `past_max_new`: drafts
     ignore max_new_tokens."""

@@ -10,15 +10,16 @@ import torch
 from radixlm.runtime.cache.radix_cache import RadixCache, RadixKey
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ForwardMode
 from radixlm.runtime.sampling.sampling_params import SamplingParams
-from radixlm.runtime.scheduler.cursor import Draft, KVCursor, can_launch_ahead, can_plan_ahead
+from radixlm.runtime.scheduler.cursor import KVCursor, can_launch_ahead, can_plan_ahead
 from radixlm.runtime.scheduler.planner import Planner, launched, pages_needed
 from radixlm.runtime.scheduler.req import Req
+from radixlm.runtime.spec.draft import Draft, DraftSource, DraftTraits
 
 from .fake_runner import FakeKVError, FakeRunner, fake_logits, make_prompts, next_token, reference, seq_hash
 
 
-class NoSource:
-    def learn(self, req, draft, accepted, token):
+class NoSource(DraftSource):
+    def propose(self, req):
         pass
 
 
@@ -268,9 +269,9 @@ def test_can_plan_ahead_and_can_launch_ahead():
     drafted.kv.draft = Draft([8], NoSource())
     drafted.kv.launched(3, samples=True)  # being verified: its verdict decides where the next rows start
     sourced = new_req(tree, "s", [5, 6, 7])
-    sourced.draft_sources = (object(),)  # a source that cannot draft with a pass in flight
+    sourced.draft_sources = (NoSource(),)  # a source that cannot draft with a pass in flight
     guessing = new_req(tree, "n", [5, 6, 7])
-    guessing.draft_sources = (type("Guessing", (), {"guesses": True})(),)
+    guessing.draft_sources = (type("Guessing", (NoSource,), {"traits": DraftTraits(guesses=True)})(),)
     assert can_plan_ahead(guessing) and not can_plan_ahead(sourced) and can_plan_ahead(sourced, drafting=False)
     grammar = new_req(tree, "g", [5, 6, 7])
     grammar.grammar = object()

@@ -72,13 +72,13 @@ def test_greedy_outputs_equal_reference(kwargs, every):
     # Admission bounds, in every mode.
     mix_all = kwargs.get("mixed_chunk") == "on"
     for b in batches:
-        assert len(b.reqs) <= sched.max_running_requests
+        assert len(b.reqs) <= sched.admission.config.max_running_requests
         rows = new_rows(b)
         mixed = len(b.reqs) - len(b.new_reqs) if b.new_reqs else 0
-        if sched.chunked_prefill_size is not None:
+        if sched.admission.config.chunked_prefill_size is not None:
             # With --mixed-chunk on the decode rows riding along take their share of the chunk (a chunk keeps a
             # page).
-            assert sum(rows) + (mixed if mix_all else 0) <= max(sched.chunked_prefill_size, mixed + sched.page_size)
+            assert sum(rows) + (mixed if mix_all else 0) <= max(sched.admission.config.chunked_prefill_size, mixed + sched.page_size)
         assert sum(rows[:-1]) < sched.args.max_prefill_tokens  # the last one admitted may go past it
         if mixed and not mix_all:  # a mixed pass: one graph replay
             assert b.num_rows <= sched.runner.graph_rows
@@ -176,7 +176,7 @@ def test_the_new_token_ratio_starts_afresh_after_idle():
     """Requests that stop early (a tenth of their budget) teach admission little: after idle the ratio starts at
     init again and decays while a wave decodes."""
     sched = make_fake_scheduler(max_total_tokens=2048)
-    init = sched.init_new_token_ratio
+    init = sched.ratio.init
     prompts = make_prompts(1, 4, lo=10, hi=20)
     early = []
     for i, p in enumerate(prompts):
@@ -184,12 +184,12 @@ def test_the_new_token_ratio_starts_afresh_after_idle():
         req.sampling_params.stop_token_ids = {reference(p, 4)[3]}  # the fourth output token stops it
     res = serve(sched, early)
     assert all(len(r["output_ids"]) == 4 for r in res.values())
-    assert sched.budget_use == pytest.approx(0.1)
-    assert sched.new_token_ratio == init  # reset on idle
+    assert sched.ratio.budget_use == pytest.approx(0.1)
+    assert sched.ratio.value == init  # reset on idle
     sched.add_request(request("late", make_prompts(2, 1, lo=10, hi=20)[0], max_new_tokens=40))
     for _ in range(20):
         sched.step()
-    assert sched.running and max(0.1, sched.min_new_token_ratio) <= sched.new_token_ratio < init  # decaying
+    assert sched.running and max(0.1, sched.ratio.min) <= sched.ratio.value < init  # decaying
 
 
 @pytest.mark.parametrize("conservativeness", [1.0, 0.5])
@@ -198,19 +198,19 @@ def test_admission_learns_that_requests_run_to_their_budgets(conservativeness):
     schedule_conservativeness): after idle admission starts there and a wave's decode does not decay below it, so a
     pool sized for the whole budgets is not over-committed (retraction_sim.py budget_use=1.0: no retraction)."""
     sched = make_fake_scheduler(max_total_tokens=2048, schedule_conservativeness=conservativeness)
-    assert sched.budget_use is None
+    assert sched.ratio.budget_use is None
     serve(sched, requests(make_prompts(1, 4, lo=10, hi=20), max_new=40))
-    assert sched.budget_use == 1.0
+    assert sched.ratio.budget_use == 1.0
     floor = min(1.0, conservativeness)
-    assert sched.new_token_ratio == pytest.approx(max(sched.init_new_token_ratio, floor))
+    assert sched.ratio.value == pytest.approx(max(sched.ratio.init, floor))
     sched.add_request(request("late", make_prompts(2, 1, lo=10, hi=20)[0], max_new_tokens=40))
     for _ in range(20):
         sched.step()
-    assert sched.running and sched.new_token_ratio == pytest.approx(floor)
+    assert sched.running and sched.ratio.value == pytest.approx(floor)
     # An aborted request teaches nothing.
     sched.abort_request("late")
     run_all(sched)
-    assert sched.budget_use == 1.0
+    assert sched.ratio.budget_use == 1.0
 
 
 def test_a_request_that_cannot_fit_is_aborted_and_frees_everything():

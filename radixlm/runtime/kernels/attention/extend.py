@@ -9,7 +9,7 @@ the rest with it. The query head is the grid's fastest axis, so the heads of one
 K/V blocks in L2 (on an H100 both changes together: 1.20x on 1024-token prompts, 1.35x on 128 tokens over a
 2048-token prefix; benchmarks/results/kernels_h100/extend_attention_sweep.json).
 
-Custom masks (tree drafts, executor/spec_tree.TreeMask; USE_CUSTOM_MASK, a constexpr: passes without masks build
+Custom masks (tree drafts, spec/tree.TreeMask; USE_CUSTOM_MASK, a constexpr: passes without masks build
 the kernel without this path): a request with mask offset o >= 0 and mask start s replaces the causal rule. Its new
 token j sees every key at table index < s, and index s + c (c < seq_len - s) where Mask[o + j * (seq_len - s) + c]
 is nonzero: the request's TreeMask.mask flattened row-major, all such requests' masks concatenated (uint8), each

@@ -55,15 +55,16 @@ class WarmupRunner(Protocol):
     def warm_up_token_rows(self, bs: int, seq_len: int) -> LogitsOutput: ...
 
 
-def prepare_gemms(runner: WarmupRunner, tuned: bool) -> None:
-    """At load: on CPU the layers pack their weights for oneDNN; the layers of one kind share their GEMM choice memo;
-    with `tuned` (not --disable-tuned-gemm), a 16-bit model on CUDA takes the tuned cuBLASLt GEMMs of this GPU
-    model's table into the memos."""
+def prepare_gemms(runner: WarmupRunner, tuned: bool, share: bool = True) -> None:
+    """At load: on CPU the layers pack their weights for oneDNN; with `share`, the layers of one kind share their GEMM
+    choice memo; with `tuned` (not --disable-tuned-gemm), a 16-bit model on CUDA takes the tuned cuBLASLt GEMMs of
+    this GPU model's table into the memos."""
     if torch.device(runner.device).type == "cpu":
         for module in runner.model.modules():
             if hasattr(module, "pack_for_cpu"):
                 module.pack_for_cpu()
-    gemm.share_gemm_choices(runner.gemm_holders())
+    if share:
+        gemm.share_gemm_choices(runner.gemm_holders())
     if tuned and runner.is_cuda and runner.model_config.dtype in (torch.bfloat16, torch.float16):
         logger.info("tuned cuBLASLt GEMMs installed: %d", gemm.install_tuned(runner.gemm_holders(), runner.device))
 

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from radixlm.runtime.executor.spec_tree import TreeMask, depths, verify_mask
+from radixlm.runtime.spec.tree import TreeMask, depths, verify_mask
 from tests.triton_interpret import interpreter_works, run_under_interpreter
 
 

@@ -196,7 +196,7 @@ def test_tree_mask_launches_while_serving_are_built_by_the_warm_up(monkeypatch):
     from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch
     from radixlm.runtime.executor.logits import LogitsPlan
     from radixlm.runtime.executor.model_runner import ModelRunner
-    from radixlm.runtime.executor.spec_tree import TreeMask, verify_mask
+    from radixlm.runtime.spec.tree import TreeMask, verify_mask
     from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
     from radixlm.runtime.kernels.attention import extend as ea
     from radixlm.runtime.kernels.startup.kernel_variants import uses_tree_masks

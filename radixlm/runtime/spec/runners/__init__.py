@@ -1,0 +1,1 @@
+"""Runners of draft models over the target's slots."""

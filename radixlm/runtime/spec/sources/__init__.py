@@ -1,0 +1,1 @@
+"""Draft sources: each proposes drafts for a request (spec/draft.py has the contract)."""

@@ -1,0 +1,1 @@
+"""Speculative decoding (radixlm/runtime/spec): sources, the draft path, runners, trees and verification."""
