@@ -1,4 +1,4 @@
-"""benchmarks/soak.py without servers: the request plans, the classification of answers, the summaries and the
+"""benchmarks/serving/soak.py without servers: the request plans, the classification of answers, the summaries and the
 process-group cleanup."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import soak  # noqa: E402
-from soak_traffic import (GENERATION, MALFORMED, MAX_TOKENS, SPECS, Expect, Kind, Mode, Outcome,  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.serving import soak  # noqa: E402
+from benchmarks.lib.soak_traffic import (GENERATION, MALFORMED, MAX_TOKENS, SPECS, Expect, Kind, Mode, Outcome,  # noqa: E402
                           Record, classify, percentiles, pick, plan, report, sse_error, summarize)
 
 
