@@ -1,8 +1,8 @@
 """STANDALONE on an 8B model's passes without its weights (speculative/speculative.py --script-ids): a target with
 Llama-3.1-8B's shapes and a draft model with Llama-3.2-1B's (the same vocabulary), both with dummy weights and the
 recording model's tokenizer, run every pass for real; the target's logits are replaced by a recorded run's tokens
-(a small model's greedy outputs, as grammar/json_decoding.py --script-ids does), and each draft token is the recorded one with
-probability --draft-acceptance (else another token), so acceptance is set, not learned: random weights would
+(a small model's greedy outputs, as grammar/json_decoding.py --script-ids does), and each draft token is the recorded
+one with probability --draft-acceptance (else another token), so acceptance is set, not learned: random weights would
 reject every draft. Outputs are the recording in every mode. --tiny: the same with tiny shapes, on the CPU.
 
 Recording models (RECORDINGS): SmolLM2-135M-Instruct (`default`, vocabulary 49,152) and Qwen2.5-Coder-0.5B-Instruct
@@ -129,7 +129,8 @@ def main() -> None:
     import argparse
 
     p = argparse.ArgumentParser(description="writes the target (8B shapes) and draft (1B shapes) model directories")
-    p.add_argument("tokenizer_model", help="the recording model (alias, GGUF or directory): its tokenizer and vocabulary")
+    p.add_argument("tokenizer_model",
+                   help="the recording model (alias, GGUF or directory): its tokenizer and vocabulary")
     p.add_argument("target_dir")
     p.add_argument("draft_dir", nargs="?", help="none: the target only (NGRAM and RADIX need no draft model)")
     p.add_argument("--tiny", action="store_true", help="tiny target and draft shapes instead (a CPU dry run)")

@@ -11,7 +11,8 @@
   moe          Mixtral-8x7B shapes, bf16, TP=2 and EP=2: decode step against the floor, ShareGPT-like offline
 
 Every engine is the offline Engine (rank 0 on its thread, rank 1 in a process), each in a process of its own (a hung
-teardown cannot stop the run). Greedy; EOS ignored. The all-reduce latency table is benchmarks/multi_gpu/gpu_allreduce.py.
+teardown cannot stop the run). Greedy; EOS ignored. The all-reduce latency table is
+benchmarks/multi_gpu/gpu_allreduce.py.
 
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     python benchmarks/multi_gpu/gpu_multi.py --parts correctness tp --out $OUT/multi.json

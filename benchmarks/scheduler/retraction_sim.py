@@ -3,11 +3,11 @@
 Replays the GPU "random 1024/512" workload at full scale (500 requests submitted at once, 1024 random prompt tokens,
 512 output tokens, greedy, EOS ignored; a 400k-token KV pool, the H100's for Llama-3.1-8B) and counts what the
 scheduler does: passes by kind, retractions, tokens prefilled and recomputed, decode batch sizes. The runner
-(benchmarks/lib/null_runner.py) computes nothing -- every row's next token is one constant -- so a run takes seconds. CUDA's defaults
-are set where the CPU's differ (chunked_prefill_size 8192, overlap on, CUDA-graph rows 1024, max_running_requests
-min(pool // 2, 4096)). A setting (--sweep) is 'knob=value,...' over the existing ServerArgs in KNOBS, plus
-start_ratio: new_token_ratio at the first step -- 'init' (a fresh engine, the default), 'min' (the floor: an engine
-that ran a long workload before, as benchmarks/offline/gpu_llama8b.py's ab_workloads does; until the scheduler
+(benchmarks/lib/null_runner.py) computes nothing -- every row's next token is one constant -- so a run takes seconds.
+CUDA's defaults are set where the CPU's differ (chunked_prefill_size 8192, overlap on, CUDA-graph rows 1024,
+max_running_requests min(pool // 2, 4096)). A setting (--sweep) is 'knob=value,...' over the existing ServerArgs in
+KNOBS, plus start_ratio: new_token_ratio at the first step -- 'init' (a fresh engine, the default), 'min' (the floor: an
+engine that ran a long workload before, as benchmarks/offline/gpu_llama8b.py's ab_workloads does; until the scheduler
 reset it on idle, nothing did) or a number; budget_use: the share of max_new_tokens that earlier workloads' requests
 used, as admission learned it (an engine that ran the side-by-side's ShareGPT-like workload first: 1.0).
 

@@ -28,8 +28,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.lib.soak_traffic import (EXPECTED_OUTCOMES, MALFORMED, SPECS, WARMUP_KINDS, Mode, Outcome, Plan, Record,  # noqa: E402
-                          classify, pick, plan, report, sse_error, summarize)
+from benchmarks.lib.soak_traffic import (EXPECTED_OUTCOMES, MALFORMED, SPECS, WARMUP_KINDS, Mode,  # noqa: E402
+                                         Outcome, Plan, Record, classify, pick, plan, report, sse_error,
+                                         summarize)
 
 from radixlm.bench.procs import free_port  # noqa: E402
 

@@ -1,5 +1,5 @@
-"""benchmarks/ab/ab_report.py: medians and ratios of an A/B of two trees (benchmarks/ab/ab_trees.sh) from each run's JSON,
-including runs that measured one workload only and variants of the new tree (new_w0)."""
+"""benchmarks/ab/ab_report.py: medians and ratios of an A/B of two trees (benchmarks/ab/ab_trees.sh) from each run's
+JSON, including runs that measured one workload only and variants of the new tree (new_w0)."""
 from __future__ import annotations
 
 import json

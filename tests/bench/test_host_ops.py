@@ -1,8 +1,8 @@
-"""benchmarks/grammar/host_ops.py on the CPU: a small recording (json_decoding.py --save-ids's format: one list of output ids
-per prompt of json_workload.passages(n, 0), EOS last) replayed with scripted logits through json_workload.run_mode
-for modes off and fast, the default model's layers stubbed (--keep-model). Checks the per-pass counts (Python calls,
-then bytecodes), that `off` replays the recording token for token, and that --compare of a file with itself reports
-equal outputs and no differences."""
+"""benchmarks/grammar/host_ops.py on the CPU: a small recording (json_decoding.py --save-ids's format: one list of
+output ids per prompt of json_workload.passages(n, 0), EOS last) replayed with scripted logits through
+json_workload.run_mode for modes off and fast, the default model's layers stubbed (--keep-model). Checks the per-pass
+counts (Python calls, then bytecodes), that `off` replays the recording token for token, and that --compare of a file
+with itself reports equal outputs and no differences."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
-"""benchmarks/programs/llava_bench.py's tiny path, shrunk: the LM program through sgl.Runtime with the radix cache on and
-off; the server's counters give the hit rate and the encoder's runs; greedy answers do not depend on the cache."""
+"""benchmarks/programs/llava_bench.py's tiny path, shrunk: the LM program through sgl.Runtime with the radix cache on
+and off; the server's counters give the hit rate and the encoder's runs; greedy answers do not depend on the cache."""
 from __future__ import annotations
 
 import json

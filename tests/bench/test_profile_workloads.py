@@ -1,5 +1,5 @@
-"""benchmarks/profiling/profile_workloads.py --tiny (the CPU dry run of issue 20's profiles): every field the GPU run reports
-is there, and the profiles are not empty (passes of each kind with their ops, host phases, idle shares)."""
+"""benchmarks/profiling/profile_workloads.py --tiny (the CPU dry run of issue 20's profiles): every field the GPU run
+reports is there, and the profiles are not empty (passes of each kind with their ops, host phases, idle shares)."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,7 @@
-"""benchmarks/scheduler/retraction_sim.py on a tiny shape (seconds): every request finishes with its full output whatever the
-admission knobs; prefill covers every prompt once and recomputes exactly what retractions dropped (less what the
-tree kept); no retraction when the pool holds the whole workload, max_running_requests keeps within it, or admission
-has learned that requests run to their budgets."""
+"""benchmarks/scheduler/retraction_sim.py on a tiny shape (seconds): every request finishes with its full output
+whatever the admission knobs; prefill covers every prompt once and recomputes exactly what retractions dropped (less
+what the tree kept); no retraction when the pool holds the whole workload, max_running_requests keeps within it, or
+admission has learned that requests run to their budgets."""
 from __future__ import annotations
 
 import json

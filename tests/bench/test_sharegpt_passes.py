@@ -1,5 +1,5 @@
-"""benchmarks/peers/sharegpt_passes.py without a GPU: passes grouped by row count with their device and idle time, and the
-exclusion of a few-row GEMM kernel from start-up's choice."""
+"""benchmarks/peers/sharegpt_passes.py without a GPU: passes grouped by row count with their device and idle time, and
+the exclusion of a few-row GEMM kernel from start-up's choice."""
 from __future__ import annotations
 
 import pytest

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.lib.soak_traffic import (GENERATION, MALFORMED, MAX_TOKENS, SPECS, Expect, Kind, Mode,  # noqa: E402
+                                         Outcome, Record, classify, percentiles, pick, plan, report, sse_error,
+                                         summarize)
 from benchmarks.serving import soak  # noqa: E402
-from benchmarks.lib.soak_traffic import (GENERATION, MALFORMED, MAX_TOKENS, SPECS, Expect, Kind, Mode, Outcome,  # noqa: E402
-                          Record, classify, percentiles, pick, plan, report, sse_error, summarize)
 
 
 def test_every_kind_has_a_spec_and_a_bounded_plan():
