@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.lib.engine import greedy
-from radixlm.bench.datasets import PromptSource
+if TYPE_CHECKING:
+    from radixlm.bench.datasets import PromptSource
 
 
 class PassClock:
@@ -66,6 +67,8 @@ class PassClock:
 def kernel_times(engine, prompts, n_out: int) -> tuple[float, Counter, Counter]:
     """(wall seconds, device microseconds per kernel name, launches per kernel name); without CUDA (a CPU dry run)
     the aten ops' own CPU time instead."""
+    from benchmarks.lib.engine import greedy  # radixlm imported only where an engine runs (not for cache_entries)
+
     cuda = torch.cuda.is_available()
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
@@ -100,6 +103,7 @@ def step_profile(engine, src: PromptSource, batch: int, steps: int = 32) -> dict
     """Where rank 0's decode step goes, by host timers (torch.profiler crashed the process on nvidia-h200-x2): the
     scheduler's own work per step, and the part of it spent waiting for the device's results. Waiting near zero: the
     host bounds the step; otherwise the device does (kernels and communication)."""
+    from benchmarks.lib.engine import greedy
     from benchmarks.lib.phases import PhaseTimer
 
     def run(n_out: int) -> tuple[float, dict]:
