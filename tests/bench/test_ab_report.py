@@ -1,14 +1,14 @@
-"""benchmarks/ab_report.py: medians and ratios of an A/B of two trees (benchmarks/ab_trees.sh) from each run's JSON,
-including runs that measured one workload only and variants of the new tree (new_w0)."""
+"""benchmarks/ab/ab_report.py: medians and ratios of an A/B of two trees (benchmarks/ab/ab_trees.sh) from each run's
+JSON, including runs that measured one workload only and variants of the new tree (new_w0)."""
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import ab_report  # noqa: E402
+from benchmarks.ab import ab_report  # noqa: E402
 
 
 def _write(run_dir: Path, name: str, result: dict) -> None:

@@ -1,8 +1,8 @@
-"""benchmarks/host_ops.py on the CPU: a small recording (json_decoding.py --save-ids's format: one list of output ids
-per prompt of json_decoding.passages(n, 0), EOS last) replayed with scripted logits through json_decoding.run_mode
-for modes off and fast, the default model's layers stubbed (--keep-model). Checks the per-pass counts (Python calls,
-then bytecodes), that `off` replays the recording token for token, and that --compare of a file with itself reports
-equal outputs and no differences."""
+"""benchmarks/grammar/host_ops.py on the CPU: a small recording (json_decoding.py --save-ids's format: one list of
+output ids per prompt of json_workload.passages(n, 0), EOS last) replayed with scripted logits through
+json_workload.run_mode for modes off and fast, the default model's layers stubbed (--keep-model). Checks the per-pass
+counts (Python calls, then bytecodes), that `off` replays the recording token for token, and that --compare of a file
+with itself reports equal outputs and no differences."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import host_ops  # noqa: E402
+from benchmarks.grammar import host_ops  # noqa: E402
 
 N_PROMPTS = 3
 
@@ -23,14 +23,13 @@ N_PROMPTS = 3
 def _recording(path: Path) -> list[list[int]]:
     """What SmolLM2 writes for these passages under the schema (json.dumps's separators, EOS after the object),
     built from each passage's own fields so that no model has to run."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import json_decoding
+    from benchmarks.lib import json_workload
     from radixlm.runtime.model_loader.tokenizer import get_tokenizer
 
     tok = get_tokenizer("default")
     eos = tok.eos_token_id
     ids = []
-    for text in json_decoding.passages(N_PROMPTS, 0):
+    for text in json_workload.passages(N_PROMPTS, 0):
         city, country = re.match(r"(\w+) is a city in (\w+)", text).groups()
         obj = {"name": city, "country": country,
                "latitude": float(re.search(r"latitude (-?\d+\.\d+)", text).group(1)),
@@ -89,7 +88,7 @@ def test_host_ops_counts_and_compare(tmp_path, monkeypatch, capsys):
     assert codes["total"] == sum(codes["funcs"].values()) and codes["per_pass"] > off["per_pass"]  # many per call
     assert codes["funcs"]["radixlm/runtime/scheduler/scheduler.py:get_next_batch_to_run"] > 0
     # the scripted logits and the model stub are paused; the calls count sees them
-    assert "benchmarks/host_overhead.py:_logits" in off["funcs"]
+    assert "benchmarks/lib/json_workload.py:_logits" in off["funcs"]
     assert not any(k.endswith(":_logits") or "host_ops.py" in k for k in codes["funcs"])
 
     printed = _host_ops(monkeypatch, capsys, "--compare", str(calls_out), str(codes_out))

@@ -1,5 +1,5 @@
-"""benchmarks/llava_bench.py's tiny path, shrunk: the LM program through sgl.Runtime with the radix cache on and
-off; the server's counters give the hit rate and the encoder's runs; greedy answers do not depend on the cache."""
+"""benchmarks/programs/llava_bench.py's tiny path, shrunk: the LM program through sgl.Runtime with the radix cache on
+and off; the server's counters give the hit rate and the encoder's runs; greedy answers do not depend on the cache."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import llava_bench  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.programs import llava_bench  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

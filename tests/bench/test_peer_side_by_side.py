@@ -1,4 +1,4 @@
-"""benchmarks/peer_side_by_side.py: medians over runs (metric by metric), cold and warm start-up apart, issue 20's
+"""benchmarks/peers/peer_side_by_side.py: medians over runs (metric by metric), cold and warm start-up apart, issue 20's
 target verdicts on synthetic runs; and the CPU dry run (--tiny) end to end with every peer field written."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks import peer_side_by_side as pss  # noqa: E402
+from benchmarks.peers import peer_side_by_side as pss  # noqa: E402
 
 FIELDS = ("decode_step_ms", *pss.THROUGHPUT, "startup_s")
 

@@ -1,5 +1,5 @@
-"""benchmarks/profile_workloads.py --tiny (the CPU dry run of issue 20's profiles): every field the GPU run reports
-is there, and the profiles are not empty (passes of each kind with their ops, host phases, idle shares)."""
+"""benchmarks/profiling/profile_workloads.py --tiny (the CPU dry run of issue 20's profiles): every field the GPU run
+reports is there, and the profiles are not empty (passes of each kind with their ops, host phases, idle shares)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks import profile_workloads  # noqa: E402
+from benchmarks.profiling import profile_workloads  # noqa: E402
 
 
 def _check_window(w: dict, kinds: tuple[str, ...]) -> None:

@@ -10,8 +10,8 @@ import pytest
 
 from radixlm.bench.programs import __main__ as cli
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from vlm_checkpoints import VlmShape, write_checkpoint  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.lib.vlm_checkpoints import VlmShape, write_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

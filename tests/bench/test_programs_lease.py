@@ -1,4 +1,4 @@
-"""What the single-GPU lease (benchmarks/single_gpu_lease.sh) relies on in the LM-programs benchmark: the JSON is
+"""What the single-GPU lease (benchmarks/lease/single_gpu_lease.sh) relies on in the LM-programs benchmark: the JSON is
 written after every variant (a call killed at its time limit keeps what it measured), and benchmarks/
 programs_merge.py joins the variants of calls into one table with all_off as the baseline column."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from radixlm.bench.programs import __main__ as cli
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import programs_merge  # noqa: E402
+from benchmarks.programs import programs_merge  # noqa: E402
 
 
 def result(pps: float) -> dict:

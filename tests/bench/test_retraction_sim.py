@@ -1,7 +1,7 @@
-"""benchmarks/retraction_sim.py on a tiny shape (seconds): every request finishes with its full output whatever the
-admission knobs; prefill covers every prompt once and recomputes exactly what retractions dropped (less what the
-tree kept); no retraction when the pool holds the whole workload, max_running_requests keeps within it, or admission
-has learned that requests run to their budgets."""
+"""benchmarks/scheduler/retraction_sim.py on a tiny shape (seconds): every request finishes with its full output
+whatever the admission knobs; prefill covers every prompt once and recomputes exactly what retractions dropped (less
+what the tree kept); no retraction when the pool holds the whole workload, max_running_requests keeps within it, or
+admission has learned that requests run to their budgets."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks import retraction_sim as rs  # noqa: E402
+from benchmarks.scheduler import retraction_sim as rs  # noqa: E402
 
 N, IN, OUT = 12, 32, 16
 SHAPE = ["--num-requests", str(N), "--input-len", str(IN), "--output-len", str(OUT)]

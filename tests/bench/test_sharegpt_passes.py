@@ -1,10 +1,10 @@
-"""benchmarks/sharegpt_passes.py without a GPU: passes grouped by row count with their device and idle time, and the
-exclusion of a few-row GEMM kernel from start-up's choice."""
+"""benchmarks/peers/sharegpt_passes.py without a GPU: passes grouped by row count with their device and idle time, and
+the exclusion of a few-row GEMM kernel from start-up's choice."""
 from __future__ import annotations
 
 import pytest
 
-from benchmarks import sharegpt_passes
+from benchmarks.peers import sharegpt_passes
 
 
 def test_buckets_split_prefill_and_decode_by_rows_with_busy_and_idle_time():

@@ -1,9 +1,9 @@
-"""benchmarks/sharegpt_schedules.py: the pass-by-pass model of ShareGPT-like under other schedules."""
+"""benchmarks/scheduler/sharegpt_schedules.py: the pass-by-pass model of ShareGPT-like under other schedules."""
 from __future__ import annotations
 
 import pytest
 
-from benchmarks import sharegpt_schedules
+from benchmarks.scheduler import sharegpt_schedules
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""benchmarks/soak.py without servers: the request plans, the classification of answers, the summaries and the
+"""benchmarks/serving/soak.py without servers: the request plans, the classification of answers, the summaries and the
 process-group cleanup."""
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import soak  # noqa: E402
-from soak_traffic import (GENERATION, MALFORMED, MAX_TOKENS, SPECS, Expect, Kind, Mode, Outcome,  # noqa: E402
-                          Record, classify, percentiles, pick, plan, report, sse_error, summarize)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.lib.soak_traffic import (GENERATION, MALFORMED, MAX_TOKENS, SPECS, Expect, Kind, Mode,  # noqa: E402
+                                         Outcome, Record, classify, percentiles, pick, plan, report, sse_error,
+                                         summarize)
+from benchmarks.serving import soak  # noqa: E402
 
 
 def test_every_kind_has_a_spec_and_a_bounded_plan():

@@ -1,4 +1,4 @@
-"""benchmarks/speculative.py --tiny: STANDALONE over a tiny random target and draft model (the default model's
+"""benchmarks/speculative/speculative.py --tiny: STANDALONE over a tiny random target and draft model (the default model's
 tokenizer, dummy weights) replaying the target's recorded outputs, as the GPU path replays SmolLM2's on 8B shapes:
 every pass runs, the outputs are the recording's in both modes, and the set draft acceptance is what verification
 keeps."""
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import speculative  # noqa: E402
+from benchmarks.speculative import speculative  # noqa: E402
 
 
 @pytest.mark.parametrize("acceptance, rounds", [(1.0, 2), (0.0, 1)])
@@ -45,11 +45,11 @@ def test_paired_off_times_drafting_off_on_the_speculative_engine(tmp_path, monke
     """--paired-off: each NGRAM run is followed by one on the same engine with the n-gram source left out (rows
     'off@NGRAM': no drafts, the recording's tokens); 'paired' is the median of the per-pair speed ratios. The tiny
     target replays SmolLM2's recorded quote, which the n-gram source drafts from the prompt (the GPU path's run)."""
-    import speculative_replay
+    from benchmarks.lib import speculative_replay
 
     monkeypatch.setattr(sys, "argv", ["speculative_replay.py", "default", str(tmp_path / "t"), "--tiny"])
     speculative_replay.main()
-    ids = Path(speculative.__file__).parent / "results" / "speculative_smol_ids_cpu.json"
+    ids = speculative_replay.RECORDINGS["default"]
     rows = speculative.main(["--model", str(tmp_path / "t"), "--load-format", "dummy", "--device", "cpu",
                              "--dtype", "float32", "--script-ids", str(ids), "--algorithms", "NGRAM",
                              "--workloads", "quote", "--batches", "1", "--max-new-tokens", "16", "--repeat", "2",
@@ -72,7 +72,7 @@ QWEN_CODER = "qwen2.5-coder-0.5b-instruct"
 def test_replay_shapes_of_another_recording_model(tmp_path, monkeypatch, capsys):
     """speculative_replay.py with a non-default recording model: 8B shapes with its vocabulary, tokenizer and stop
     tokens; without a draft directory, the target only."""
-    import speculative_replay
+    from benchmarks.lib import speculative_replay
     from radixlm.runtime.model_loader.tokenizer import get_tokenizer
 
     monkeypatch.setattr(sys, "argv", ["speculative_replay.py", QWEN_CODER, str(tmp_path / "t8b")])

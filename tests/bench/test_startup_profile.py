@@ -1,4 +1,4 @@
-"""benchmarks/startup_profile.py --tiny: the imports timed one by one and the engine's own thread profiled (its
+"""benchmarks/startup/startup_profile.py --tiny: the imports timed one by one and the engine's own thread profiled (its
 build_scheduler, not only the caller's wait), figures that add up to the time to ready."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks import startup_profile  # noqa: E402
+from benchmarks.startup import startup_profile  # noqa: E402
 
 
 def test_tiny_start_up_profile(tmp_path):

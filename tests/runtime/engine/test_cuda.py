@@ -48,7 +48,7 @@ def _prompts(n: int, seed: int = 0, shared: int = 0) -> list[list[int]]:
 
 
 def _hf_greedy(model_dir: str, prompts: list[list[int]], max_new: int) -> list[list[int]]:
-    from benchmarks.gpu_correctness import hf_greedy
+    from benchmarks.offline.gpu_correctness import hf_greedy
 
     return hf_greedy(model_dir, torch.float32, prompts, max_new, pad_token_id=1)
 
@@ -188,7 +188,7 @@ def test_cuda_no_triton_compile_after_start_up(tiny_cuda_model, tiny_cuda_moe_mo
     too), a varied workload after start-up -- shared prefixes, batches of 1..33 requests with random prompt and
     output lengths, 1-token and longer-than-a-chunk prompts, prefix hits extended by 1..40 tokens, prompt logprobs,
     page sizes 1, 4 and 16, chunked prefill, graphs off or capped at 8 rows -- and Triton's JIT cache-miss hook
-    counts no kernel built after start-up (benchmarks/compile_count_gpu.py; it names any that is)."""
+    counts no kernel built after start-up (benchmarks/startup/compile_count_gpu.py; it names any that is)."""
     import json
     import subprocess
     import sys
@@ -198,8 +198,8 @@ def test_cuda_no_triton_compile_after_start_up(tiny_cuda_model, tiny_cuda_moe_mo
     model = tiny_cuda_model if which == "dense" else tiny_cuda_moe_model
     out = tmp_path / "compile_count.json"
     proc = subprocess.run(
-        [sys.executable, str(repo / "benchmarks" / "compile_count_gpu.py"), "--model", model, "--dtype", "bfloat16",
-         "--scale", "tiny", "--shared-cache", "--engine-args",
+        [sys.executable, str(repo / "benchmarks" / "startup" / "compile_count_gpu.py"), "--model", model,
+         "--dtype", "bfloat16", "--scale", "tiny", "--shared-cache", "--engine-args",
          json.dumps({"max_total_tokens": 30000, "cuda_graph_max_bs": 64}),  # fewer graphs to capture: a faster test
          "--out", str(out), "--configs", *configs],
         cwd=repo, capture_output=True, text=True, timeout=1800)

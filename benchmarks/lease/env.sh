@@ -1,0 +1,30 @@
+# Sourced by the lease scripts (benchmarks/lease/*.sh), from the repo root or any directory. Sets TREE (the tree
+# holding this file), OUT, PY and TINY (the flag the Python scripts take for tiny shapes); the caller is left in $TREE.
+#   on the device machine: installs the carried wheels (.whl, from the caller's directory) once per machine, keeps
+#     NVLink multicast off, puts the tree on PYTHONPATH and prints the GPU and the torch/triton versions;
+#   DRY=1 (the scripts with a CPU dry run; the caller sets DRY_OUT): here on the CPU, the tree's .venv, --tiny shapes,
+#     OUT defaults to $DRY_OUT.
+TREE=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+if [ "${DRY:-0}" = 1 ]; then
+  cd "$TREE" || exit 1
+  OUT=${OUT:-$DRY_OUT}
+  PY=${PY:-$TREE/.venv/bin/python}
+  export PYTHONPATH=$TREE PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  TINY=--tiny
+  mkdir -p "$OUT"
+  echo "DRY RUN on the CPU: $(nproc) cores"
+else
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
+  if [ ! -f /tmp/site/.installed ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      && touch /tmp/site/.installed || exit 1
+  fi
+  export PYTHONPATH=/tmp/site:$TREE PYTHONUNBUFFERED=1
+  cd "$TREE" || exit 1
+  OUT=${OUT:-/tmp/out}
+  mkdir -p "$OUT"
+  PY=python3
+  TINY=
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+fi

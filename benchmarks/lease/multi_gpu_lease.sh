@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 24's runs on a two-GPU machine, in three calls of under ten minutes each (send them back to back: the machine
+# stays warm 30 s). Run from a git archive of the commit under test (carry it with the wheels):
+#   git archive HEAD | tar -x -C .stage/tree          # here, then on the device, carry [".whl", ".stage/tree"]:
+#   bash .stage/tree/benchmarks/lease/multi_gpu_lease.sh a  # symmetric-memory all-reduce test, TP=1 vs TP=2 speed
+#   bash .stage/tree/benchmarks/lease/multi_gpu_lease.sh b  # Llama-3.1-70B at TP=2, Mixtral-8x7B at TP=2 and EP=2
+#   bash .stage/tree/benchmarks/lease/multi_gpu_lease.sh c  # TP correctness; two replicas behind the router vs round robin
+#                                                     # vs one replica (the all-reduce table: benchmarks/multi_gpu/gpu_allreduce.py)
+# Results land in $OUT (JSON and logs).
+set -uo pipefail
+. "$(dirname "$0")/env.sh"
+quiet() { grep -v "safetensors\|Warn\|warn\|fix_mistral\|clean_up\| INFO " ; }
+case "${1:-a}" in
+  a)
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/runtime/distributed/test_symm_all_reduce.py 2>&1 | tail -2
+    timeout 470 python3 benchmarks/multi_gpu/gpu_multi.py --parts tp --decode-steps 64 --sharegpt-requests 300 \
+      --out "$OUT"/multi_tp.json > "$OUT"/a.log 2>&1
+    echo "gpu_multi rc=$?"; quiet < "$OUT"/a.log | tail -60 ;;
+  b)
+    timeout 560 python3 benchmarks/multi_gpu/gpu_multi.py --parts big moe --sharegpt-requests 300 --big-sharegpt-requests 200 \
+      --out "$OUT"/multi_big_moe.json > "$OUT"/b.log 2>&1
+    echo "gpu_multi rc=$?"; quiet < "$OUT"/b.log | tail -40 ;;
+  c)
+    timeout 230 python3 benchmarks/multi_gpu/gpu_multi.py --parts correctness --out "$OUT"/multi_correctness.json \
+      > "$OUT"/c1.log 2>&1
+    echo "gpu_multi rc=$?"; quiet < "$OUT"/c1.log | tail -14
+    timeout 330 python3 benchmarks/serving/router_dp.py --model llama-3.1-8b --load-format dummy --device cuda \
+      --dtype bfloat16 --max-total-tokens 70000 --num-groups 32 --prompts-per-group 8 --system-prompt-len 4096 \
+      --question-len 64 --output-len 16 --max-concurrency 32 --order rounds --worker-gpus 0 1 --single-replica \
+      --out "$OUT"/router_dp_2gpu.json > "$OUT"/c2.log 2>&1
+    echo "router_dp rc=$?"; quiet < "$OUT"/c2.log | tail -20 ;;
+  d)  # Mixtral alone (decode and offline, each engine in its own process), then `radixlm serve --dp-size 2` serving
+    timeout 420 python3 benchmarks/multi_gpu/gpu_multi.py --parts moe --sharegpt-requests 300 --out "$OUT"/multi_moe.json \
+      > "$OUT"/d1.log 2>&1
+    echo "gpu_multi rc=$?"; quiet < "$OUT"/d1.log | grep -v "^\s*symm_mem" | tail -16
+    timeout 120 python3 benchmarks/multi_gpu/dp_serve_smoke.py --out "$OUT"/dp_serve.json > "$OUT"/d2.log 2>&1
+    echo "dp_serve_smoke rc=$?"; quiet < "$OUT"/d2.log | tail -8 ;;
+esac
