@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05
 GRAMMAR_WAIT_S = 0.002  # nothing runnable, but grammars are compiling: look at them again soon
 CHECK_EVERY_S = 1.0  # keep_going() is asked at least this often while busy
+PROGRESS_EVERY_S = 1.0  # at most this long between deliveries while passes run (see SchedulerLoop)
 
 
 @dataclass
@@ -120,10 +121,18 @@ class SchedulerLoop:
     keep_going: Callable[[], bool]  # asked after an idle wait that brought nothing, and every CHECK_EVERY_S
     on_request: Callable[[TokenizedGenerateReqInput], None] | None = None  # each request, before the scheduler
     parallel: Parallel = SINGLE
+    progress_every_s: float = PROGRESS_EVERY_S
 
     def __post_init__(self) -> None:
-        self.sched.output_sink = self.deliver
+        self.sched.output_sink = self._deliver
         self._last_check = time.monotonic()
+        self._last_delivery = time.monotonic()
+        self._delivered_progress = self.sched.progress()
+
+    def _deliver(self, outputs: list[ReqOutput]) -> None:
+        self._last_delivery = time.monotonic()
+        self._delivered_progress = self.sched.progress()
+        self.deliver(outputs)
 
     def run(self) -> None:
         sched, guard = self.sched, StepGuard(self.sched, fatal=self.parallel.tp_size > 1)
@@ -140,8 +149,9 @@ class SchedulerLoop:
                 return
             if not sched.is_idle():
                 outputs = guard.step()
-                if outputs:
-                    self.deliver(outputs)
+                if outputs or (sched.progress() != self._delivered_progress
+                               and time.monotonic() - self._last_delivery >= self.progress_every_s):
+                    self._deliver(outputs)
 
     def _inputs(self, wait_s: float, idle: bool) -> tuple[list[SchedulerInput], bool]:
         """This turn's messages and whether to stop: rank 0's, on every rank (None on the wire: nothing new)."""

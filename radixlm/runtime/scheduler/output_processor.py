@@ -55,6 +55,7 @@ class ResultProcessor:
 
     def process_batch_result(self, result: BatchResult) -> None:
         batch, out = result.batch, result.out
+        self.stats["passes_processed"] += 1
         next_ids = result.token_ids()
         masks = self.masks
         masks.resolve(result.masks)

@@ -15,7 +15,7 @@ from radixlm.runtime.distributed.setup import RankPlacement, init_distributed, s
 from radixlm.runtime.ipc import ParentWatch, PortArgs, bind_pull, connect_push, die_with_parent
 from radixlm.runtime.messages import (BatchTokenOutput, DetokenizeInfo, SchedulerInput, SchedulerReady,
                                      TokenizedGenerateReqInput)
-from radixlm.runtime.scheduler.event_loop import SchedulerLoop, build_scheduler
+from radixlm.runtime.scheduler.event_loop import PROGRESS_EVERY_S, SchedulerLoop, build_scheduler
 from radixlm.runtime.scheduler.fault import FatalSchedulerError
 
 logger = logging.getLogger(__name__)
@@ -87,5 +87,8 @@ def _rank0_loop(sched, ports: PortArgs, parallel) -> SchedulerLoop:
         to_detok.send_pyobj(BatchTokenOutput(list(new_reqs), outputs))
         new_reqs.clear()
 
+    # Several deliveries within the watchdog's timeout, so that one late message cannot trip it.
+    every = min(PROGRESS_EVERY_S, sched.args.watchdog_timeout / 4)
     return SchedulerLoop(sched, ZmqInbox(recv), deliver=send, reply=lambda _req, out: to_tokenizer.send_pyobj(out),
-                         keep_going=ParentWatch().parent_alive, on_request=on_request, parallel=parallel)
+                         keep_going=ParentWatch().parent_alive, on_request=on_request, parallel=parallel,
+                         progress_every_s=every)

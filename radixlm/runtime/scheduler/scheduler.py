@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 STAT_KEYS = ("prefill_batches", "decode_batches", "prefill_tokens", "retractions", "cached_tokens", "prompt_tokens",
              "flushes", "jump_decode_batches", "jump_row_batches", "prefill_row_batches", "mixed_batches",
-             "overlapped_batches")
+             "overlapped_batches", "passes_launched", "passes_processed")
 
 
 class Scheduler:
@@ -237,6 +237,10 @@ class Scheduler:
         return {**self.stats, **self.grammar_stats, **(embedder.stats() if embedder is not None else {})}
 
     # ------------------------------------------------------------------ the loop
+    def progress(self) -> int:
+        """Grows with every pass launched or processed: what the watchdog counts as the scheduler working."""
+        return self.stats["passes_launched"] + self.stats["passes_processed"]
+
     def step(self) -> list[ReqOutput]:
         self._process_aborts()
         # Whether guessing sources draft in this step (the controller, if any); with none running, those admitted
@@ -308,6 +312,7 @@ class Scheduler:
     def launch_batch(self, batch: ScheduleBatch) -> BatchResult:
         """Enqueue the forward pass and sampling; nothing here waits for the device."""
         out: LogitsOutput = self.runner.forward(batch.worker)
+        self.stats["passes_launched"] += 1
         self.drafts.on_launch(batch)
         self._count_layout(batch, out)
         samplers = batch.samplers

@@ -1,0 +1,85 @@
+"""The watchdog against a real server: it counts the scheduler's passes, not the replies sent, so a non-streaming
+request (nothing goes back until it ends) several times longer than --watchdog-timeout completes, also beside a
+CPU-heavy process; a scheduler process that stops stepping still trips it. The stopped-scheduler test runs last:
+it ends the server."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import radixlm as sgl
+from tests.runtime.server.conftest import child_pids, pid_alive, start_server, stop_server
+
+WATCHDOG_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def srv():
+    h = start_server("--watchdog-timeout", str(WATCHDOG_S))
+    yield h
+    stop_server(h)
+
+
+@pytest.fixture
+def cpu_hog():
+    """A second CPU-heavy process beside the server (bounded: it exits by itself after 10 minutes)."""
+    hog = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 600\nwhile time.time() < end: pass"])
+    yield hog
+    hog.kill()
+    hog.wait()
+
+
+def rss_pages(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1])
+
+
+def test_long_non_streaming_request_outlives_the_watchdog_timeout(srv):
+    t0 = time.monotonic()
+    r = srv.client.post("/generate", json={"text": "Write a long essay about cats.", "sampling_params": {
+        "max_new_tokens": 600, "ignore_eos": True, "temperature": 0}}, timeout=600)
+    elapsed = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["completion_tokens"] == 600
+    assert elapsed > 3 * WATCHDOG_S, f"the request took {elapsed:.1f} s: too short to show anything"
+    assert srv.client.get("/health").status_code == 200
+
+
+def test_fork_branches_and_join_under_cpu_contention(srv, cpu_hog):
+    # SGLang's parallel-decoding program shape: a shared prefix, forked branches decoded side by side, a join.
+    @sgl.function
+    def parallel_decoding(s, topic):
+        s += "Write an expository essay on the topic of " + topic + ".\nOutline:\n"
+        forks = s.fork(3)
+        for i, f in enumerate(forks):
+            f += f"Point {i + 1}:" + sgl.gen("detail", max_tokens=96, stop="\n\n", ignore_eos=True)
+        s += "".join(f"\nPoint {i + 1}:" + f["detail"] for i, f in enumerate(forks))
+        s += "\nIn summary," + sgl.gen("summary", max_tokens=64, ignore_eos=True)
+
+    state = parallel_decoding.run(topic="the history of tea", temperature=0,
+                                  backend=sgl.RuntimeEndpoint(srv.base_url))
+    assert state.error() is None, state.error()
+    assert state["summary"] and "Point 3:" in state.text() and "In summary," in state.text()
+    assert srv.client.get("/health").status_code == 200
+
+
+def test_a_stopped_scheduler_still_trips_the_watchdog(srv):
+    # The scheduler is the child holding the model: the largest resident set.
+    kids = [k for k in child_pids(srv.proc.pid) if pid_alive(k)]
+    scheduler = max(kids, key=rss_pages)
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = srv.client.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 8}},
+                            timeout=120)
+        assert r.status_code == 500 and "watchdog" in r.text, r.text
+        assert WATCHDOG_S <= time.monotonic() - t0 < 60
+        assert srv.proc.wait(60) != 0  # the server exits for a supervisor to restart it
+    finally:
+        if pid_alive(scheduler):
+            os.kill(scheduler, signal.SIGCONT)
