@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
@@ -11,9 +10,9 @@ from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
-from radixlm.runtime.spec.budget import draft_budget
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch, TreeMask
 from radixlm.runtime.host_to_device import host_to_device
+from radixlm.runtime.executor.memory import MemoryReserve, kv_pool_tokens
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor, split_rows
 from radixlm.runtime.kernels import gemm
 from radixlm.runtime.kernels.startup import EXTEND_WARMUP_LENS, prepare_gemms, warm_up_kernels
@@ -26,11 +25,6 @@ from radixlm.runtime.multimodal.embedder import EncoderCache, MultimodalEmbedder
 
 logger = logging.getLogger(__name__)
 
-# Without a memory fraction, a CPU pool takes this share of physical memory (KV only: weights are
-# already resident), capped so that small test machines stay responsive.
-CPU_KV_MEM_FRACTION = 0.05
-CPU_MAX_TOTAL_TOKENS = 1 << 17
-GPU_DEFAULT_MEM_FRACTION = 0.85
 # Eager decode passes of 512-1024 rows (the first ~120 steps of ShareGPT-like, 1000 requests at once) cost the host
 # about as long as the device takes: replayed, the host keeps ahead.
 CUDA_GRAPH_DEFAULT_MAX_BS = 1024
@@ -41,10 +35,6 @@ MULTI_ROW_REPLAY_MAX_ROWS = 512
 # TOKEN_ROWS with a row per token.
 DECODE_ROWS_PER_REQ = 16
 ATTENTION_BACKENDS = {"torch_native": TorchNativeAttnBackend, "triton": TritonAttnBackend}
-
-
-def _physical_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 @dataclass(frozen=True)
@@ -61,7 +51,7 @@ class SharedSlots:
 
 class ModelRunner:
     def __init__(self, server_args: ServerArgs, model_config: ModelConfig, device: str, parallel: Parallel = SINGLE,
-                 shared: SharedSlots | None = None):
+                 shared: SharedSlots | None = None, reserve: MemoryReserve = MemoryReserve()):
         self.server_args = server_args
         self.model_config = model_config
         self.device = device
@@ -84,7 +74,8 @@ class ModelRunner:
         # The request table comes first so that the KV pool's budget sees its memory.
         max_running = server_args.max_running_requests or (4096 if self.is_cuda else 256)
         self.req_to_token_pool = ReqToTokenPool(max_running + 1, model_config.context_len + 4, device)
-        self.max_total_num_tokens = self._profile_max_num_tokens()
+        self.max_total_num_tokens = kv_pool_tokens(server_args, self.is_cuda, parallel, self.kv_bytes_per_token(),
+                                                   self.req_to_token_pool.size, reserve)
         self.max_running_requests = server_args.max_running_requests or max(
             1, min(self.max_total_num_tokens // 2, max_running))
         self.token_to_kv_pool = TokenToKVPool(
@@ -142,33 +133,6 @@ class ModelRunner:
     def kv_bytes_per_token(self) -> int:
         cfg = self.model_config
         return cfg.num_layers * 2 * self.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=cfg.dtype).element_size()
-
-    def _profile_max_num_tokens(self) -> int:
-        args = self.server_args
-        # A draft model's weights and scratch KV, and its KV beside every pooled token.
-        draft = draft_budget(args, self.model_config, self.req_to_token_pool.size)
-        per_token = self.kv_bytes_per_token() + draft.kv_bytes_per_token
-        if args.max_total_tokens is not None:
-            n = args.max_total_tokens
-        elif self.is_cuda:
-            # mem_fraction_static covers weights + KV pool; the rest stays for activations, graphs and logits.
-            free, total = torch.cuda.mem_get_info()
-            frac = args.mem_fraction_static or GPU_DEFAULT_MEM_FRACTION
-            used = total - free + draft.weight_bytes
-            n = int((total * frac - used) // per_token)
-            logger.info(
-                "memory budget: %.2f GiB total x %.2f static = %.2f GiB; weights and runtime %.2f GiB; KV pool %.2f GiB "
-                "(%d bytes/token); %.2f GiB left for activations and CUDA graphs", total / 2**30, frac,
-                total * frac / 2**30, used / 2**30, max(n, 0) * per_token / 2**30,
-                per_token, total * (1 - frac) / 2**30)
-        else:
-            budget = _physical_memory_bytes() * (args.mem_fraction_static or CPU_KV_MEM_FRACTION)
-            n = min(int(budget // per_token), CPU_MAX_TOTAL_TOKENS)
-        # Every rank must hold the same pool: the ranks' schedulers make the same decisions only over the same pool.
-        n = self.parallel.min_int(n) // self.page_size * self.page_size
-        if n < self.page_size * 2:
-            raise ValueError(f"not enough memory for a KV pool: {n} tokens (raise mem_fraction_static or max_total_tokens)")
-        return n
 
     def graph_max_bs(self) -> int:
         """The largest batch a CUDA graph is captured for (0: no graphs)."""

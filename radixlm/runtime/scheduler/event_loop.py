@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from radixlm.runtime.executor.model_runner import ModelRunner
     from radixlm.runtime.model_loader.config import ModelConfig
     from radixlm.runtime.scheduler.scheduler import Scheduler
+    from radixlm.runtime.spec.budget import draft_reserve
     from radixlm.runtime.spec.factory import DraftFactory
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def build_scheduler(args: ServerArgs, parallel: Parallel = SINGLE, device: str |
     cfg = ModelConfig.from_path(args.model_path, dtype=args.dtype, device=device, context_length=args.context_length,
                                 load_format=args.load_format)
     tokenizer = get_tokenizer(args.tokenizer_path or cfg.model_path)
-    runner = ModelRunner(args, cfg, device, parallel)
+    runner = ModelRunner(args, cfg, device, parallel, reserve=draft_reserve(args, cfg))
     scheduler = Scheduler(args, runner, tokenizer, cfg.eos_token_ids, DraftFactory.load(args, runner))
     # The model, tokenizer and graphs are ~340k long-lived objects (a full collection of them took ~0.2 s on the
     # 2-core dev machine): frozen, later collections skip them (the Engine unfreezes them at shutdown).

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.args import ServerArgs, SpeculativeAlgorithm
+from radixlm.runtime.executor.memory import MemoryReserve
 from radixlm.runtime.model_loader.config import ModelConfig, resolve_dtype
 
 
@@ -50,6 +51,15 @@ def draft_budget(args: ServerArgs, target: ModelConfig, rows: int = 0) -> DraftB
     size = torch.tensor([], dtype=cfg.dtype).element_size()
     kv_bytes = cfg.num_layers * 2 * kv * size
     return DraftBudget((cfg.num_layers * per_layer + embeddings) * size + rows * draft_scratch(args) * kv_bytes, kv_bytes)
+
+
+def draft_reserve(args: ServerArgs, target: ModelConfig) -> MemoryReserve:
+    """What the target's ModelRunner leaves room for: the draft model's weights, its scratch slots per request row
+    and its KV beside every pooled token (nothing without a draft model)."""
+    budget = draft_budget(args, target)
+    if budget == DraftBudget():
+        return MemoryReserve()
+    return MemoryReserve(budget.weight_bytes, draft_scratch(args) * budget.kv_bytes_per_token, budget.kv_bytes_per_token)
 
 
 def head_config(path: str, target: ModelConfig) -> ModelConfig:

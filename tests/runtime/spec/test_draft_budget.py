@@ -7,8 +7,8 @@ import torch
 from transformers import LlamaConfig
 
 from radixlm.runtime.args import ServerArgs
-from radixlm.runtime.executor import model_runner
-from radixlm.runtime.spec.budget import DraftBudget, draft_budget
+from radixlm.runtime.executor import memory
+from radixlm.runtime.spec.budget import DraftBudget, draft_budget, draft_reserve
 from radixlm.runtime.spec.runners.draft_model import DraftModelRunner
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.model_loader.config import ModelConfig
@@ -54,11 +54,12 @@ def test_budget_counts_the_draft_weights_and_kv(dirs):
 
 def test_the_pool_shrinks_to_hold_both_models_kv(dirs, monkeypatch):
     target, draft, _ = dirs
-    monkeypatch.setattr(model_runner, "_physical_memory_bytes", lambda: 1 << 30)
+    monkeypatch.setattr(memory, "physical_memory_bytes", lambda: 1 << 30)
     cfg = ModelConfig.from_path(target, dtype="float32", device="cpu")
     frac = 1e-3  # a 1 MiB budget
     alone = ModelRunner(_args(target, None, mem_fraction_static=frac), cfg, "cpu")
-    both = ModelRunner(_args(target, draft, mem_fraction_static=frac), cfg, "cpu")
+    both = ModelRunner(_args(target, draft, mem_fraction_static=frac), cfg, "cpu",
+                       reserve=draft_reserve(_args(target, draft), cfg))
     per_token = alone.kv_bytes_per_token()
     extra = draft_budget(_args(target, draft), cfg).kv_bytes_per_token
     assert alone.max_total_num_tokens == (1 << 30) * frac // per_token
