@@ -13,11 +13,11 @@ set -uo pipefail
 bash benchmarks/lease/tree_id.sh
 for tests in ${TESTS:-kernels}; do
   case "$tests" in
-    kernels) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/runtime/layers/test_fused_kernels.py \
-               tests/runtime/layers/test_skinny_epilogue.py tests/runtime/layers/test_skinny_mma.py 2>&1 \
+    kernels) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/runtime/kernels/elementwise/test_fused_kernels.py \
+               tests/runtime/kernels/gemm/test_skinny_epilogue.py tests/runtime/kernels/gemm/test_skinny_mma.py 2>&1 \
                | tee "$OUT/tests_fused_kernels.log" | tail -4 ;;
-    attention) timeout 400 python3 -m pytest -q -p no:cacheprovider tests/runtime/layers/test_triton_attn.py \
-                 tests/runtime/layers/test_decode_attn_variants.py tests/runtime/layers/test_shared_prefix_attn.py 2>&1 \
+    attention) timeout 400 python3 -m pytest -q -p no:cacheprovider tests/runtime/kernels/attention/test_triton_attn.py \
+                 tests/runtime/kernels/attention/test_decode_attn_variants.py tests/runtime/kernels/attention/test_shared_prefix_attn.py 2>&1 \
                  | tee "$OUT/tests_attention.log" | tail -4 ;;
     engine) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/runtime/engine/test_cuda.py -rA 2>&1 \
               | tee "$OUT/tests_engine_cuda.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -16 ;;

@@ -43,9 +43,9 @@ case "$part" in
       --out "$OUT"/compile_count_llama8b.json > "$OUT"/b.log 2>&1
     echo "compile_count rc=$?"; quiet < "$OUT"/b.log | tail -30 ;;
   c)
-    timeout 570 $PY -m pytest -q -p no:cacheprovider tests/runtime/layers/test_triton_attn.py \
-      tests/runtime/layers/test_fused_kernels.py tests/runtime/layers/test_fused_moe.py \
-      tests/runtime/layers/test_kernel_variants.py tests/runtime/engine/test_cuda.py -k "not no_triton_compile" \
+    timeout 570 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/attention/test_triton_attn.py \
+      tests/runtime/kernels/elementwise/test_fused_kernels.py tests/runtime/kernels/moe/test_fused_moe.py \
+      tests/runtime/kernels/startup/test_kernel_variants.py tests/runtime/engine/test_cuda.py -k "not no_triton_compile" \
       > "$OUT"/c.log 2>&1
     echo "pytest rc=$?"; tail -30 "$OUT"/c.log ;;
   d)

@@ -4,7 +4,7 @@
     python -m radixlm.bench.programs --base-url http://127.0.0.1:30000 --num-programs 32
     # start `radixlm serve` for the run (one server per distinct server configuration), every ablation
     python -m radixlm.bench.programs --launch-server --model-path default --ablations --scale 0.1 \\
-        --num-programs 4 --output-file benchmarks/results/programs_cpu.json
+        --num-programs 4 --output-file benchmarks/results/programs/programs_cpu.json
     # any OpenAI-compatible completions endpoint (regex workloads are skipped)
     python -m radixlm.bench.programs --backend openai --base-url http://host:8000/v1 --model NAME --tokenizer PATH
 

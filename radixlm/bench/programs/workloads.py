@@ -124,7 +124,7 @@ def rag(s, demos, context, question, budget):
 @sgl.function
 def image_qa(s, image, questions, system, max_tokens, sink=None):
     """LLaVA-bench: one image, then each question in a branch (the fork's hint prefills the image prefix once).
-    sink: a dict that gets image -> [(meta_info, answer)] in question order (benchmarks/llava_bench.py)."""
+    sink: a dict that gets image -> [(meta_info, answer)] in question order (benchmarks/programs/llava_bench.py)."""
     s += sgl.system(system)
     s += sgl.user_begin() + sgl.image(image)
     forks = s.fork(len(questions))

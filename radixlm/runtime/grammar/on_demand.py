@@ -21,7 +21,8 @@ from radixlm.runtime.spec.verification import VerifyResult, draft_layout
 
 # The model's top-k tried, in order, when the grammar refuses its argmax. 32, not 16: where SmolLM2 wants whitespace
 # that a compact JSON schema refuses (after `{`), the allowed token ranks just below 16; masks filled per token went
-# from 0.02 to 0.00 on the H100 (benchmarks/results/json_decoding_gpu_json_schema_ab_*_c4a0435/candidates32.json).
+# from 0.02 to 0.00 on the H100
+# (benchmarks/results/grammar/json_decoding_gpu_json_schema_ab_{base_c4a0435,new_candidates32}.json).
 CANDIDATES = 32
 
 
@@ -109,7 +110,7 @@ def _masked_argmax(rows: OnDemandRows, need: list[int], level: int, backend) -> 
     """On the host: the rows come over (the device is idle by now) and the mask is applied where it was filled.
     Fewer device operations than applying it there, each of which costs the host more than this copy (on the H100
     machine: ~690 us a call with the mask applied on the device, 160-210 us of it filling the mask;
-    benchmarks/results/json_decoding_gpu_json_schema_phases_e7e1c14.json)."""
+    benchmarks/results/grammar/json_decoding_gpu_json_schema_phases_e7e1c14.json)."""
     bitmask = backend.allocate_bitmask(len(need))
     backend.fill_bitmasks([rows.reqs[i].grammar for i in need], bitmask, list(range(len(need))))
     index = host_to_device([rows.starts[i] + level for i in need], torch.int64, rows.logits.device)

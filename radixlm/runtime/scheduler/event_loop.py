@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from radixlm.runtime.executor.model_runner import ModelRunner
     from radixlm.runtime.model_loader.config import ModelConfig
     from radixlm.runtime.scheduler.scheduler import Scheduler
-    from radixlm.runtime.spec.budget import draft_reserve
     from radixlm.runtime.spec.factory import DraftFactory
 
 logger = logging.getLogger(__name__)
@@ -53,6 +52,7 @@ def build_scheduler(args: ServerArgs, parallel: Parallel = SINGLE, device: str |
     from radixlm.runtime.model_loader.config import ModelConfig
     from radixlm.runtime.model_loader.tokenizer import get_tokenizer
     from radixlm.runtime.scheduler.scheduler import Scheduler
+    from radixlm.runtime.spec.budget import draft_reserve
     from radixlm.runtime.spec.factory import DraftFactory
 
     device = device or args.resolved_device()

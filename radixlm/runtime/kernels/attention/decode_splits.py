@@ -4,7 +4,7 @@ from __future__ import annotations
 DECODE_BLOCK_N = 64  # sequence positions per block of the decode kernel's stage 1
 # Wide passes (at least this many (request, kv head) programs, no shared prefixes) walk 128 positions per block: on an
 # H100 at batch 256 (8 kv heads, 640 positions) 5% faster than 64, at batch 64 7% slower
-# (benchmarks/results/kernels_h100/decode_attention_sweep_before.json).
+# (benchmarks/results/kernels/h100/decode_attention_sweep_before.json).
 DECODE_WIDE_PROGRAMS = 1024
 DECODE_WIDE_BLOCK_N = 128
 

@@ -7,7 +7,7 @@ of BLOCK_N with an online softmax; new token j of a request sits at position pre
 <= prefix + j. The blocks wholly before the query block's first position are walked without the causal mask, then
 the rest with it. The query head is the grid's fastest axis, so the heads of one kv head run together and share its
 K/V blocks in L2 (on an H100 both changes together: 1.20x on 1024-token prompts, 1.35x on 128 tokens over a
-2048-token prefix; benchmarks/results/kernels_h100/extend_attention_sweep.json).
+2048-token prefix; benchmarks/results/kernels/h100/extend_attention_sweep.json).
 
 Custom masks (tree drafts, spec/tree.TreeMask; USE_CUSTOM_MASK, a constexpr: passes without masks build
 the kernel without this path): a request with mask offset o >= 0 and mask start s replaces the causal rule. Its new

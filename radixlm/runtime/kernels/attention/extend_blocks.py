@@ -2,9 +2,10 @@
 
 A program per (query head, request, block of BLOCK_M new tokens), only for blocks that hold new tokens: a grid sized
 by the pass's longest prompt for every request left most programs of a pass of many short prompts and one long one
-with nothing to do (ShareGPT-like's prefill passes on an H100: benchmarks/extend_blocks_probe.py). Request by
-request, as the grid ran: a request's blocks next to each other share its keys in L2 (heaviest-first was 2-7%
-slower)."""
+with nothing to do (ShareGPT-like's prefill passes on an H100:
+benchmarks/results/kernels/h100/session_1127b/extend_blocks.json, from a probe since retired: benchmarks/RETIRED.md).
+Request by request, as the grid ran: a request's blocks next to each other share its keys in L2 (heaviest-first was
+2-7% slower)."""
 from __future__ import annotations
 
 

@@ -3,8 +3,8 @@ that runs a chosen one, and the per-GPU-model table of tuned configurations.
 
 torch's matmul runs the first algorithm cuBLAS's heuristic picks for a shape. At the decode GEMMs' row counts other
 configurations of the same kernel family (tile, cluster shape, custom option) run 3-24% faster on an H100 and give
-the same bits (benchmarks/results/kernels_h100/cublaslt/). benchmarks/cublaslt_tune.py finds them and writes the table
-(tuned/); start-up installs its entries (tuned_gemm.py). The library is the one torch already loaded (found in
+the same bits (benchmarks/results/kernels/h100/cublaslt/). benchmarks/kernels/cublaslt_tune.py finds them and writes the
+table (tuned/); start-up installs its entries (tuned_gemm.py). The library is the one torch already loaded (found in
 the process's mappings), so nothing is imported or linked here on a machine without CUDA.
 
 Layout: y[m, n] = x[m, k] @ w[n, k]^T with all three row-major and contiguous, which in cuBLAS's column-major terms is
@@ -240,7 +240,8 @@ def _cap_int(lt: CublasLt, algo: _Algo, attr: int) -> int:
 def enumerate_algos(gemm: LtGemm, splitks=(1, 2, 3, 4, 6, 8), max_custom: int = 2, limit: int = 4000,
                     only_ids: tuple = (), clusters: tuple = (0,)) -> list:
     """Every (algorithm id, tile, stages, split-K, reduction, swizzle, custom option, cluster shape) cuBLASLt accepts
-    for this GEMM, beyond the heuristic's short list: candidates for a timed search (benchmarks/cublaslt_tune.py)."""
+    for this GEMM, beyond the heuristic's short list: candidates for a timed search
+    (benchmarks/kernels/cublaslt_tune.py)."""
     lt, kind = gemm.lt, _DTYPES[gemm.dtype]
     ids, count = (ctypes.c_int * 256)(), ctypes.c_int(0)
     lt.check(lt.lib.cublasLtMatmulAlgoGetIds(lt.handle, _COMPUTE_32F, _R_32F, kind, kind, kind, kind, 256, ids,
@@ -270,7 +271,7 @@ def enumerate_algos(gemm: LtGemm, splitks=(1, 2, 3, 4, 6, 8), max_custom: int = 
 
 
 def table_path(device_name: str) -> Path:
-    """The tuned table of one GPU model (benchmarks/cublaslt_tune.py writes it)."""
+    """The tuned table of one GPU model (benchmarks/kernels/cublaslt_tune.py writes it)."""
     return Path(__file__).parent / "tuned" / f"cublaslt_{re.sub(r'[^A-Za-z0-9]+', '_', device_name).strip('_')}.json"
 
 

@@ -24,9 +24,9 @@ from radixlm.runtime.kernels.gemm.prologue import Prologue, apply
 
 MEASURE_REPS = 10
 # A Triton kernel is taken unless cuBLAS wins by 3%. In CUDA-graph replays the skinny kernel beat cuBLAS on every
-# batch-1 shape of an 8B model by 5-19% (benchmarks/results/kernels_h100/gemv_sweep.json), yet this eager
-# measurement's noise gave cuBLAS 22 of the 129 GEMMs of one start-up (profile_gpu_step_b1_b8_after.json; still 1-6 in
-# fusions_ab/).
+# batch-1 shape of an 8B model by 5-19% (benchmarks/results/kernels/h100/gemv_sweep.json), yet this eager
+# measurement's noise gave cuBLAS 22 of the 129 GEMMs of one start-up
+# (benchmarks/results/kernels/h100/profile_gpu_step_b1_b8_after.json; still 1-6 in fusions_ab/ beside it).
 SKINNY_MARGIN = 1.03
 
 
@@ -36,7 +36,7 @@ def _time_us(fns: list, evict: Callable[[], object], reps: int = MEASURE_REPS) -
     which evicts the weight as the other layers would. Called eagerly instead, the host's launch cost, larger for a
     Triton kernel than for cuBLAS, showed through whenever it outran evict(): on an H100 the skinny qkv GEMM at one row
     measured 28-145 us against 20 us in graph replays, and start-ups picked cuBLAS for up to 64 of the 8B model's 129
-    batch-1 GEMMs (benchmarks/results/kernels_h100/gemm_choice_probe*.json). A replay's launch is short enough for the
+    batch-1 GEMMs (benchmarks/results/kernels/h100/gemm_choice_probe*.json). A replay's launch is short enough for the
     host to stay ahead. The candidates alternate, so that a drift of the device's clocks moves both alike."""
     side = _capture_stream(torch.cuda.current_device())
     side.wait_stream(torch.cuda.current_stream())

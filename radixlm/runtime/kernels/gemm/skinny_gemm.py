@@ -7,14 +7,15 @@ row of x; accumulation is in float32 and the result is rounded once, as F.linear
 
 A prologue (prologue.py) is the input's last element-wise step, done on the loads: every program computes the
 rows' RMS norms (of x + residual) from L2 before its loop, and program 0 writes the residual sum; SiLU-and-mul reads
-[gate | up]. At one row this saves ~0.4-1.7 us a GEMM over the step's own kernel (benchmarks/prologue_probe.py); at
-2-4 rows it loses, so gemm.linear fuses only at PROLOGUE_MAX_M rows (the kernel takes a prologue at any M).
+[gate | up]. At one row this saves ~0.4-1.7 us a GEMM over the step's own kernel
+(benchmarks/results/kernels/h100/prologue_probe.json; the probe is retired, see benchmarks/RETIRED.md); at 2-4 rows
+it loses, so gemm.linear fuses only at PROLOGUE_MAX_M rows (the kernel takes a prologue at any M).
 
 An epilogue (epilogue.py, at one row: EPILOGUE_MAX_M) is the qkv projection's rotary embedding and KV store:
 each program then computes BLOCK_N // 2 dims of one head and the same dims of the head's second half (the rotation's
 pairs), rotates q and k as fused_kernels.rotary_ does, with its roundings, and stores k and v at the token's slot. On
 the 8B model's qkv shape that took 21.7 us against 25.1 for this GEMM followed by the rotary kernel with its store
-(benchmarks/epilogue_probe.py).
+(benchmarks/results/kernels/h100/epilogue/; the probe is retired, see benchmarks/RETIRED.md).
 
 M is a constexpr: each row count is its own set of compiled kernels. CUDA graphs pad decode batches to 1, 2, 4, 8, ...
 rows, so 3 rows arise only in eager passes (a prefill pass sampling three requests); they run the 4-row kernel on
@@ -53,7 +54,7 @@ _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stage
 
 def _bench(kernel_call, quantiles):
     # A skinny GEMM takes 5-50 us: 20 ms is hundreds of runs a config. Triton's default (25 + 100 ms a config) cost
-    # 12 s of every start-up of an 8B model (15 shapes x 7 configs; benchmarks/startup_profile.py on the H100).
+    # 12 s of every start-up of an 8B model (15 shapes x 7 configs; benchmarks/startup/startup_profile.py on the H100).
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 

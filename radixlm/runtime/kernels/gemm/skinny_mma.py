@@ -1,7 +1,7 @@
 """y = x @ W.T for decode batches of MMA_MIN_M..MMA_MAX_M rows, bf16/fp16 on CUDA (Triton), on the tensor cores.
 
 At 8-32 rows cuBLAS's GEMMs of an 8B model ran 15-20% over their weight reads (175-178 us a layer against 145; H100,
-CUDA-graph replays, benchmarks/results/kernels_h100/skinny_dot_probe.json). This kernel keeps the skinny kernel's
+CUDA-graph replays, benchmarks/results/kernels/h100/skinny_dot_probe.json). This kernel keeps the skinny kernel's
 shape of work (skinny_gemm.py), many programs each streaming a narrow [BLOCK_N, K] band of W, and swaps the
 product's operands, acc[BLOCK_N, BLOCK_M] += W_tile @ x_tile^T, so that the band's columns are the MMA's long side
 and the few rows its short one. One config ran all four of the model's shapes in 164.7 / 165.9 / 169.3 us a layer at

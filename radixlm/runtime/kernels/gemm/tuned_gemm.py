@@ -1,6 +1,6 @@
-"""Start-up's tuned cuBLASLt GEMMs: this GPU model's table (kernels/gemm/tuned/, written by benchmarks/cublaslt_tune.py)
-installed in the layers' GEMM choice memos (gemm.linear), each entry first checked on the layer's own weight to give
-the same bits as torch's GEMM, so that no token changes."""
+"""Start-up's tuned cuBLASLt GEMMs: this GPU model's table (kernels/gemm/tuned/, written by
+benchmarks/kernels/cublaslt_tune.py) installed in the layers' GEMM choice memos (gemm.linear), each entry first
+checked on the layer's own weight to give the same bits as torch's GEMM, so that no token changes."""
 from __future__ import annotations
 
 import logging

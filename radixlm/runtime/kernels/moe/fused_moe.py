@@ -238,7 +238,7 @@ class GemmConfig:
 def pick_config(num_pairs: int, n_local: int, dtype: torch.dtype) -> GemmConfig:
     """By the mean rows per expert. Few (decode): 16-row blocks, long K tiles (the weights' bytes dominate); many:
     large tiles for tensor-core reuse. From a sweep of Qwen3-30B-A3B's layer (128 experts, top-8, 2048 x 768, bf16)
-    on an H100 (benchmarks/gpu_moe.py --tune)."""
+    on an H100 (benchmarks/offline/gpu_moe.py --tune)."""
     per_expert = num_pairs / max(n_local, 1)
     fp32 = dtype == torch.float32
     if per_expert <= CONFIG_BOUNDS[0]:

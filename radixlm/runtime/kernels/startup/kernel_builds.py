@@ -5,7 +5,8 @@ A discovery run of the warm-up passes skips every launch whose kernel is not bui
 thread pool: Triton's own preload of the launch's specialization (the data its JIT cache hook receives), then the
 kernel's module load and launcher build. The warm-up then runs for real and finds every kernel in memory. The builds
 spend most of their time outside the GIL (MLIR passes, ptxas, the C compiler): seven builds took 1.14 s one after
-another and 0.43 s in 8 threads on the H100 machine (benchmarks/parallel_build_probe.py). Imported only on CUDA."""
+another and 0.43 s in 8 threads on the H100 machine (benchmarks/results/startup/parallel_build_probe_h100.json; the
+probe is retired, see benchmarks/RETIRED.md). Imported only on CUDA."""
 from __future__ import annotations
 
 import logging

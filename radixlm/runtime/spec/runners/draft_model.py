@@ -11,7 +11,7 @@ extend_kv catches a request up over the positions it missed before it drafts (sp
 slot (rejected draft tokens, retraction, abort, eviction) frees it in both pools at once. The draft model's own
 guesses go to scratch slots past the shared range, which the allocator never hands out: the verification pass that
 follows writes their positions' real slots.
-(An EAGLE head, eagle_runner.py, shares the pool and scratch layout but writes its KV after each pass.)
+(An EAGLE head, eagle.py, shares the pool and scratch layout but writes its KV after each pass.)
 """
 from __future__ import annotations
 

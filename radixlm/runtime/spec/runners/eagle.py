@@ -1,6 +1,6 @@
 """An EAGLE head as the draft model (--speculative-algorithm EAGLE): models/eagle.py's head over the target's final
 hidden states (EAGLE-1) or three of its layers' states (EAGLE-3, eagle_aux.py), with its one layer's KV in a pool
-over the target's slots (as STANDALONE's, draft_runner.py).
+over the target's slots (as STANDALONE's, draft_model.py).
 
 The head's KV at the slot of position i is its pair (h_i, t_{i+1}) -- SGLang's layout. A pair needs the token after
 its position, so it is written once that token is known: after each target pass is processed (catch_up), for the

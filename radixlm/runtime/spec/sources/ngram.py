@@ -5,8 +5,8 @@ repeat long runs of the prompt; verification keeps greedy outputs exact whatever
 Per request the source keeps its tokens and, for each run length n in [min_window, max_window], where each run of n
 tokens last ended; both grow with the request, so a step costs max_window lookups, not a scan. Where the model keeps
 rejecting its drafts outright (free text), the request drafts less and less often (learn); drafts from a run of
-max_window tokens back off apart from those of shorter runs (benchmarks/speculative.py's edit replay at batch 1,
-windows 1..4: 71 passes for 96 tokens with one back-off, 61 with two)."""
+max_window tokens back off apart from those of shorter runs (benchmarks/speculative/speculative.py's edit replay at
+batch 1, windows 1..4: 71 passes for 96 tokens with one back-off, 61 with two)."""
 from __future__ import annotations
 
 import weakref
