@@ -60,24 +60,24 @@ def test_shutdown_stops_the_loop_with_work_pending(tiny_model_dir):
     assert seen == ["a"] and not sched.is_idle()
 
 
-def test_passes_deliver_progress_while_a_non_streaming_request_has_no_output_due(tiny_model_dir):
-    # The tokenizer manager's watchdog counts deliveries: a long non-streaming request must not look like a stall.
-    sched = make_scheduler(tiny_model_dir)
+def run_recording_deliveries(sched, progress_every_s: float) -> list[list]:
+    """One non-streaming request of 12 tokens to its end; returns what each delivery carried."""
     inbox, deliveries = QueueInbox(), []
     loop = SchedulerLoop(sched, inbox, deliver=lambda outs: deliveries.append(list(outs)), reply=lambda *_: None,
-                         keep_going=lambda: False, progress_every_s=0.0)
+                         keep_going=lambda: False, progress_every_s=progress_every_s)
     inbox.put(request("long", [5, 6, 7], max_new_tokens=12))
     loop.run()
+    return deliveries
+
+
+def test_passes_deliver_progress_while_a_non_streaming_request_has_no_output_due(tiny_model_dir):
+    # The tokenizer manager's watchdog counts deliveries: a long non-streaming request must not look like a stall.
+    deliveries = run_recording_deliveries(make_scheduler(tiny_model_dir), progress_every_s=0.0)
     final = [i for i, outs in enumerate(deliveries) if any(o.finished_reason for o in outs)]
     assert final == [len(deliveries) - 1]
     assert len(deliveries) >= 10 and all(outs == [] for outs in deliveries[:-1])
 
 
 def test_no_progress_deliveries_within_the_interval(tiny_model_dir):
-    sched = make_scheduler(tiny_model_dir)
-    inbox, deliveries = QueueInbox(), []
-    loop = SchedulerLoop(sched, inbox, deliver=lambda outs: deliveries.append(list(outs)), reply=lambda *_: None,
-                         keep_going=lambda: False, progress_every_s=3600.0)
-    inbox.put(request("long", [5, 6, 7], max_new_tokens=12))
-    loop.run()
+    deliveries = run_recording_deliveries(make_scheduler(tiny_model_dir), progress_every_s=3600.0)
     assert len(deliveries) == 1 and deliveries[0][0].finished_reason is not None
