@@ -7,12 +7,13 @@ their basenames):
 
 The fast tier is what has none of them: pytest -m "not interpreted_kernel and not real_model and not server".
 A run orders whole modules by their heaviest test, fast tier first (a module's tests stay together, so its fixtures
-are built once), and gives memory back to the system after each expensive teardown."""
+are built once), and hands freed memory back to the system after each test."""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import gc
+import os
 import time
 from pathlib import Path
 
@@ -20,10 +21,8 @@ import pytest
 
 from tests import tiers
 
-TESTS = Path(__file__).resolve().parent
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank: dict[Path, int] = {}
     first: dict[Path, int] = {}
     for i, item in enumerate(items):
@@ -36,12 +35,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: (rank[item.path], first[item.path], order[id(item)]))
 
 
-def _trim() -> None:
-    """Frees cycles, and hands freed heap pages back to the system: glibc keeps them otherwise, and a module's
-    engines (2-3 GB each) would stay in the process's footprint for the rest of the run."""
-    gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except OSError:
+        return 0
 
 
 def _libc():
@@ -54,12 +56,22 @@ def _libc():
 
 
 _LIBC = _libc()
-TRIM_AFTER_TEARDOWN_S = 0.05  # a teardown this long finalized something large (an engine, a server)
+# A teardown this long finalized something large (an engine, a server); so did a test that grew the process this much.
+# gc.collect takes 0.3 s in this process, too long to run after every test.
+COLLECT_AFTER_TEARDOWN_S = 0.05
+COLLECT_AFTER_GROWTH_BYTES = 512 << 20
+_collected_at = {"rss": 0}
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """Hands freed memory back to the system: glibc keeps freed heap pages, and a module's engines (2-3 GB each)
+    would otherwise stay in the process's footprint for the rest of the run."""
     t0 = time.monotonic()
     yield
-    if nextitem is None or nextitem.path != item.path or time.monotonic() - t0 > TRIM_AFTER_TEARDOWN_S:
-        _trim()
+    long_teardown = time.monotonic() - t0 > COLLECT_AFTER_TEARDOWN_S
+    if long_teardown or _rss_bytes() > _collected_at["rss"] + COLLECT_AFTER_GROWTH_BYTES:
+        gc.collect()
+        _collected_at["rss"] = _rss_bytes()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)  # 0.1 ms
