@@ -21,7 +21,7 @@ FIXTURES = {
     "smol_reference": {REAL_MODEL},
     "fleet": {SERVER, REAL_MODEL},
     "runtime": {SERVER, REAL_MODEL},
-    "start_fake_worker": {SERVER},
+    "backend_and_tokenizer": {REAL_MODEL},  # SmolLM2's tokenizer (converted from its GGUF on a fresh machine)
 }
 # Modules, or single tests (module::function), by the end of their path: every test there is in these tiers. They start
 # processes or load a real model in ways the names above do not show (a subprocess of their own, a real model's
@@ -31,8 +31,8 @@ PATHS = {
     "server/test_robustness.py": {SERVER, REAL_MODEL},
     "server/test_tool_call_parsers.py::test_template_that_ignores_tools_still_renders": {REAL_MODEL},
     "distributed/test_tp_server.py": {SERVER},
-    "router/test_poison.py": {SERVER},
     "models/test_model_gguf_parity.py": {REAL_MODEL},
+    "model_loader/test_model_loader.py::test_truncated_gguf_names_file": {REAL_MODEL},
 }
 
 
