@@ -55,9 +55,9 @@ def _threads():
     torch.set_num_threads(2)
 
 
-# A fixed KV pool (the CPU default is a share of the machine's memory, 1.2 GB on 24 GB): the tests' batches use a
-# few thousand tokens, and a run holds an engine or two at a time.
-TEST_MAX_TOTAL_TOKENS = 16384
+# A fixed KV pool of 380 MB (the CPU default is a share of the machine's memory, 1.2 GB on 24 GB): the tests' batches use
+# a few thousand tokens, and a run holds an engine or two at a time.
+TEST_MAX_TOTAL_TOKENS = 8192
 
 
 def make_engine(model: str = "default", **kwargs) -> "radixlm.Engine":
