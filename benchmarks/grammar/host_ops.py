@@ -145,7 +145,7 @@ def measure(args) -> dict:
         workload.Engine = lambda *a, **k: engine_cls(*a, overlap_schedule="on", **k)
     n = len(json.loads(open(args.ids).read()))
     ns = argparse.Namespace(model=args.model, constraint=args.constraint, max_running=args.max_running,
-                            device="cpu", dtype="float32", max_total_tokens=131072, phases=False)
+                            device="cpu", dtype="float32", max_total_tokens=args.max_total_tokens, phases=False)
     texts = workload.passages(n, 0)
     results = {}
     for mode in args.modes.split(","):
@@ -226,6 +226,7 @@ def main() -> None:
     p.add_argument("--modes", default="off,fast")
     p.add_argument("--model", default="default")
     p.add_argument("--max-running", type=int, default=32)
+    p.add_argument("--max-total-tokens", type=int, default=131072, help="the KV pool (float32 SmolLM2: 46 KB a token)")
     p.add_argument("--count", default="bytecodes", choices=["ops", "calls", "bytecodes"])
     p.add_argument("--keep-model", action="store_true")
     p.add_argument("--overlap", action="store_true")

@@ -51,7 +51,7 @@ def test_host_ops_counts_and_compare(tmp_path, monkeypatch, capsys):
     ids_path = tmp_path / "ids.json"
     recorded = _recording(ids_path)
     common = ["--tree", str(ROOT), "--ids", str(ids_path), "--constraint", "json_schema", "--modes", "off,fast",
-              "--keep-model", "--max-running", "4"]
+              "--keep-model", "--max-running", "4", "--max-total-tokens", "4096"]  # 4096: 190 MB of KV, not 6 GB
 
     calls_out = tmp_path / "calls.json"
     printed = _host_ops(monkeypatch, capsys, *common, "--count", "calls", "--out", str(calls_out))

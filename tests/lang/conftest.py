@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped when the run leaves tests/lang
 def runtime():
     import radixlm as sgl
 

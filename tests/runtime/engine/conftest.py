@@ -55,21 +55,27 @@ def _threads():
     torch.set_num_threads(2)
 
 
+# A fixed KV pool of 380 MB (the CPU default is a share of the machine's memory, 1.2 GB on 24 GB): the tests' batches use
+# a few thousand tokens, and a run holds an engine or two at a time.
+TEST_MAX_TOTAL_TOKENS = 8192
+
+
 def make_engine(model: str = "default", **kwargs) -> "radixlm.Engine":
+    kwargs.setdefault("max_total_tokens", TEST_MAX_TOTAL_TOKENS)
     kwargs.setdefault("dtype", "float32")
     kwargs.setdefault("enable_integrity_check", True)
     kwargs.setdefault("random_seed", 0)
     return radixlm.Engine(model, **kwargs)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # gone when the run leaves tests/runtime/engine
 def smol_engine():
     engine = make_engine("default")
     yield engine
     engine.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def smol_reference(smol_engine):
     prompts = chat_prompts(smol_engine.tokenizer)
     ids = [smol_engine.tokenizer.encode(p) for p in prompts]

@@ -1,7 +1,8 @@
 """Shared-prefix decode (on unless --disable-shared-prefix-decode): the planner's groups (scheduler/shared_prefix.py) hold
 identical req_to_token slots over their prefix, through the real Scheduler (torch_native, pages of 1 and 4,
-siblings admitted together and requests arriving while others decode); and greedy tokens with the Triton backend
-are the same with the flag on and off (the tiny model on the CPU, kernels under TRITON_INTERPRET=1)."""
+siblings admitted together and requests arriving while others decode); and the Triton backend's decode pass over such
+groups gives the logits and greedy tokens of the same pass without them (the tiny model's runner on the CPU, kernels
+under TRITON_INTERPRET=1; the kernel's own cases: tests/runtime/layers/test_shared_prefix_attn.py)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -114,14 +115,46 @@ def test_passes_that_replay_a_graph_carry_groups_only_when_eager_pays(tiny_model
     assert not CudaGraphRunner.can_run(graphs, fb)
 
 
+def grouped_decode_pass(page_size: int, seed: int):
+    """A decode pass of 7 requests (two groups of 3 on 68- and 40-token prefixes, one alone) over KV filled with noise:
+    a group's req_to_token rows share their prefix's slots (pages in shuffled order), each row its own after it."""
+    from radixlm.runtime.executor.forward_batch import ModelWorkerBatch
+    from radixlm.runtime.executor.logits import LogitsPlan
+
+    g = torch.Generator().manual_seed(seed)
+    groups, lens = [(68, [0, 2, 5]), (40, [1, 3, 6])], [72, 75, 71, 90, 30, 83, 42]
+    pages = (torch.randperm(2048 // page_size - 1, generator=g) + 1).tolist()
+
+    def take(n):
+        own = [pages.pop() for _ in range(-(-n // page_size))]
+        return [p * page_size + j for p in own for j in range(page_size)][:n]
+
+    table = {}
+    for prefix_len, rows in groups:
+        shared = take(prefix_len)
+        for r in rows:
+            table[r] = shared + take(lens[r] - prefix_len)
+    table[4] = take(lens[4])
+    pool_rows = [9, 3, 7, 1, 12, 5, 10]
+    wb = ModelWorkerBatch(
+        input_ids=torch.randint(3, 500, (7,), generator=g).tolist(), positions=[n - 1 for n in lens],
+        req_pool_indices=pool_rows, prefix_lens=[n - 1 for n in lens], extend_lens=[1] * 7, seq_lens=lens,
+        out_cache_loc=torch.tensor([table[r][-1] for r in range(7)]), logits=LogitsPlan(sample_rows=list(range(7))),
+        shared_prefixes=groups)
+    return wb, table
+
+
 def run_cases(device: str) -> None:
+    """The Triton backend's decode passes with ForwardBatch.shared_prefixes (the shared-prefix kernel fed from the
+    planner's groups, its tiles built once for the pass's layers) give the logits and greedy tokens of the same pass
+    without them; with the flag off the planner forms no groups. Pages of 1 and 4."""
+    import dataclasses
     import json
     import tempfile
     from pathlib import Path
 
     from radixlm.runtime.layers.attention import triton_backend
-    from tests.runtime.scheduler.conftest import TINY_LLAMA, make_scheduler, request
-    from tests.runtime.scheduler.fake_serving import serve
+    from tests.runtime.scheduler.conftest import TINY_LLAMA, make_scheduler
 
     d = Path(tempfile.mkdtemp())
     (d / "config.json").write_text(json.dumps(TINY_LLAMA))
@@ -129,25 +162,37 @@ def run_cases(device: str) -> None:
     orig = triton_backend.shared_prefixes
     triton_backend.shared_prefixes = lambda groups, *a: built.append(len(groups)) or orig(groups, *a)
     for page_size in (1, 4):
-        outs = {}
-        for on in (False, True):
-            sched = make_scheduler(str(d), page_size=page_size, attention_backend="triton",
-                                   disable_shared_prefix_decode=not on, max_total_tokens=2048)
+        scheds = {on: make_scheduler(str(d), page_size=page_size, attention_backend="triton",
+                                     disable_shared_prefix_decode=not on, max_total_tokens=2048)
+                  for on in (False, True)}
+        for on, sched in scheds.items():
             assert sched.planner.shared_prefix_min_len == (256 if on else 0)
-            if on:
-                sched.planner.shared_prefix_min_len = MIN_LEN
-                seen = record_groups(sched)
-            reqs = [request(f"r{i}", p, max_new_tokens=8) for i, p in enumerate(prompts(2, 3, 70, seed=page_size))]
-            outs[on] = {k: v["output_ids"] for k, v in serve(sched, reqs, every=2).items()}
+            assert sched.runner.takes_shared_prefixes == on
+        runner = scheds[True].runner
+        assert isinstance(runner.attn_backend, triton_backend.TritonAttnBackend)
+        wb, table = grouped_decode_pass(page_size, seed=page_size)
+        g = torch.Generator().manual_seed(page_size)
+        pool = runner.token_to_kv_pool
+        for layer in range(pool.num_layers):
+            for buf in (pool.get_key_buffer(layer), pool.get_value_buffer(layer)):
+                buf.copy_(torch.randn(buf.shape, generator=g, dtype=buf.dtype))
+        for r, slots in table.items():
+            runner.req_to_token_pool.req_to_token[wb.req_pool_indices[r], : len(slots)] = torch.tensor(slots)
+        built.clear()
+        plain = runner.forward(dataclasses.replace(wb, shared_prefixes=None)).next_token_logits.float()
+        assert not built
+        grouped = runner.forward(wb).next_token_logits.float()
+        assert built == [2], f"page size {page_size}: the groups' tiles were built {len(built)} times"
+        torch.testing.assert_close(grouped, plain, atol=1e-4, rtol=1e-4, msg=lambda m: f"page size {page_size}: {m}")
+        assert grouped.argmax(-1).tolist() == plain.argmax(-1).tolist(), f"page size {page_size}"
+        for sched in scheds.values():
             sched.check_memory()
-        assert outs[True] == outs[False], f"page size {page_size}"
-        assert seen and built, "no decode pass had groups"
     print(MARKER)
 
 
 @pytest.mark.skipif(not interpreter_works(), reason="needs Triton's interpreter, 3.7 or later")
 def test_greedy_tokens_same_with_shared_prefix_decode_interpreted():
-    run_under_interpreter(__file__, MARKER, hide_cuda=True, timeout=1200)
+    run_under_interpreter(__file__, MARKER, hide_cuda=True, timeout=600)
 
 
 if __name__ == "__main__":

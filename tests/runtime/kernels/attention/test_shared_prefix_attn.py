@@ -62,6 +62,7 @@ CASES = [
 def run_cases(device: str) -> None:
     from radixlm.runtime.layers.attention.triton_backend import shared_prefixes
     from radixlm.runtime.kernels.attention.decode import decode_attention
+    from radixlm.runtime.kernels.attention.decode_splits import decode_chunk_capacity, decode_num_splits
 
     for i, (groups, ungrouped, heads, kv_heads, head_dim) in enumerate(CASES):
         # The interpreter's time: on the CPU each case runs one page size (1, 1, 16, 16, 1, 1) and bfloat16 on even
@@ -73,8 +74,13 @@ def run_cases(device: str) -> None:
                 (q, k, v, rt, pool, lens), shared = make_case(groups, ungrouped, heads, kv_heads, head_dim,
                                                               page_size, dtype, device, seed=i * 7 + page_size)
                 scale = 1 / math.sqrt(head_dim)
-                for num_splits in (None, 1, 3):
-                    want = decode_attention(q, k, v, rt, pool, lens, scale, int(lens.max()), num_splits)
+                # Every case's batch is one decode_attention chunks (decode_chunk_capacity), which ignores the
+                # split count: one reference for all of them.
+                assert decode_chunk_capacity(len(lens), kv_heads)
+                want = decode_attention(q, k, v, rt, pool, lens, scale, int(lens.max()))
+                # None takes decode_num_splits' count: a fixed count equal to it would repeat that launch.
+                derived = decode_num_splits(int(lens.max()), len(lens), kv_heads)
+                for num_splits in (None, *(n for n in (1, 3) if n != derived)):
                     meta = shared_prefixes(shared, len(lens), heads // kv_heads, kv_heads, device)
                     got = decode_attention(q, k, v, rt, pool, lens, scale, int(lens.max()), num_splits, meta)
                     tol = 1e-5 if dtype == torch.float32 else 2e-2

@@ -1,0 +1,77 @@
+"""The suite's tiers, set here from what a test uses rather than in its module (modules move; this table follows
+their basenames):
+
+- interpreted_kernel: runs Triton kernels under the interpreter in a subprocess (tests/triton_interpret.py);
+- real_model: loads SmolLM2 or Qwen2.5-0.5B (their GGUF files), in the test process or in a server it starts;
+- server: starts a `radixlm serve`, `sgl.Runtime` or router process.
+
+The fast tier is what has none of them: pytest -m "not interpreted_kernel and not real_model and not server".
+A run orders whole modules by their heaviest test, fast tier first (a module's tests stay together, so its fixtures
+are built once), and hands freed memory back to the system after each test."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import tiers
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank: dict[Path, int] = {}
+    first: dict[Path, int] = {}
+    for i, item in enumerate(items):
+        names = tiers.tiers_of(item)
+        for name in names:
+            item.add_marker(name)
+        first.setdefault(item.path, i)
+        rank[item.path] = max(rank.get(item.path, 0), max((tiers.ORDER.index(n) + 1 for n in names), default=0))
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (rank[item.path], first[item.path], order[id(item)]))
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except OSError:
+        return 0
+
+
+def _libc():
+    name = ctypes.util.find_library("c")
+    try:
+        lib = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return lib if lib is not None and hasattr(lib, "malloc_trim") else None
+
+
+_LIBC = _libc()
+# A teardown this long finalized something large (an engine, a server); so did a test that grew the process this much.
+# gc.collect takes 0.3 s in this process, too long to run after every test.
+COLLECT_AFTER_TEARDOWN_S = 0.05
+COLLECT_AFTER_GROWTH_BYTES = 512 << 20
+_collected_at = {"rss": 0}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """Hands freed memory back to the system: glibc keeps freed heap pages, and a module's engines (2-3 GB each)
+    would otherwise stay in the process's footprint for the rest of the run."""
+    t0 = time.monotonic()
+    yield
+    long_teardown = time.monotonic() - t0 > COLLECT_AFTER_TEARDOWN_S
+    if long_teardown or _rss_bytes() > _collected_at["rss"] + COLLECT_AFTER_GROWTH_BYTES:
+        gc.collect()
+        _collected_at["rss"] = _rss_bytes()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)  # 0.1 ms

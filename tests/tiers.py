@@ -1,0 +1,77 @@
+"""Which tiers a test is in (tests/conftest.py marks them): from the names its function and its fixtures' functions
+call, the fixtures it uses, the `slow` marker, and a table of paths for the rest (tests/test_tiers.py checks that
+each entry still names a test)."""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+INTERPRETED_KERNEL = "interpreted_kernel"
+REAL_MODEL = "real_model"
+SERVER = "server"
+ORDER = (INTERPRETED_KERNEL, REAL_MODEL, SERVER)  # a run's order after the fast tier
+
+# Called by a test or one of its fixtures: it runs kernels under the interpreter / starts a server or router process.
+INTERPRETER_CALLS = frozenset({"run_under_interpreter"})
+SERVER_CALLS = frozenset({"start_server", "start_router", "start_worker_proc", "Runtime"})
+# Fixtures (by name, anywhere under tests/) that hold a real model or a server.
+FIXTURES = {
+    "smol_engine": {REAL_MODEL},
+    "smol_reference": {REAL_MODEL},
+    "fleet": {SERVER, REAL_MODEL},
+    "runtime": {SERVER, REAL_MODEL},
+    "backend_and_tokenizer": {REAL_MODEL},  # SmolLM2's tokenizer (converted from its GGUF on a fresh machine)
+}
+# Modules, or single tests (module::function), by the end of their path: every test there is in these tiers. They start
+# processes or load a real model in ways the names above do not show (a subprocess of their own, a real model's
+# tokenizer).
+PATHS = {
+    "server/test_child_death.py": {SERVER, REAL_MODEL},
+    "server/test_robustness.py": {SERVER, REAL_MODEL},
+    "server/test_tool_call_parsers.py::test_template_that_ignores_tools_still_renders": {REAL_MODEL},
+    "distributed/test_tp_server.py": {SERVER},
+    "models/test_model_gguf_parity.py": {REAL_MODEL},
+    "model_loader/test_model_loader.py::test_truncated_gguf_names_file": {REAL_MODEL},
+}
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _code(func) -> types.CodeType | None:
+    func = getattr(func, "__wrapped__", func)
+    return getattr(func, "__code__", None)
+
+
+def tiers_of(item: pytest.Item) -> list[str]:
+    path = item.path.as_posix()
+    name = getattr(item, "originalname", item.name)
+    found: set[str] = set()
+    for key, names in PATHS.items():
+        module, _, test = key.partition("::")
+        if path.endswith("/" + module) and test in ("", name):
+            found |= names
+    if item.get_closest_marker("slow") is not None:
+        found.add(REAL_MODEL)
+    funcs = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        found |= FIXTURES.get(name, set())
+        if info is not None:
+            funcs += [fd.func for fd in info.name2fixturedefs.get(name, ())]
+    for func in funcs:
+        code = _code(func) if func is not None else None
+        if code is None:
+            continue
+        names = _names(code)
+        if names & INTERPRETER_CALLS:
+            found.add(INTERPRETED_KERNEL)
+        if names & SERVER_CALLS:
+            found.add(SERVER)
+    return sorted(found, key=ORDER.index)
