@@ -1,10 +1,11 @@
 """The watchdog against a real server: it counts the scheduler's passes, not the replies sent, so a non-streaming
-request (nothing goes back until it ends) several times longer than --watchdog-timeout completes, also beside a
-CPU-heavy process; a scheduler process that stops stepping still trips it. The stopped-scheduler test runs last:
-it ends the server."""
+request (nothing goes back until it ends) several times longer than --watchdog-timeout completes, and so does a
+program with fork, join and gen_string beside a CPU-heavy process; a scheduler process that stops stepping still
+trips it. The stopped-scheduler test runs last: it ends the server."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import time
 import pytest
 
 import radixlm as sgl
+from radixlm.lang.ir import REGEX_STR
 from tests.runtime.server.conftest import child_pids, pid_alive, start_server, stop_server
 
 WATCHDOG_S = 1.5
@@ -60,11 +62,15 @@ def test_fork_branches_and_join_under_cpu_contention(srv, cpu_hog):
             f += f"Point {i + 1}:" + sgl.gen("detail", max_tokens=96, stop="\n\n", ignore_eos=True)
         s += "".join(f"\nPoint {i + 1}:" + f["detail"] for i, f in enumerate(forks))
         s += "\nIn summary," + sgl.gen("summary", max_tokens=64, ignore_eos=True)
+        s += '\nAs JSON: {"title": ' + sgl.gen_string("title", max_tokens=16) + "}"
 
     state = parallel_decoding.run(topic="the history of tea", temperature=0,
                                   backend=sgl.RuntimeEndpoint(srv.base_url))
     assert state.error() is None, state.error()
     assert state["summary"] and "Point 3:" in state.text() and "In summary," in state.text()
+    # SGLang's string contract, closed unless the token limit cut it.
+    closed = state.get_meta_info("title")["finish_reason"]["type"] != "length"
+    assert re.fullmatch(REGEX_STR if closed else r'"[\w\d\s]*"?', state["title"], re.ASCII), state["title"]
     assert srv.client.get("/health").status_code == 200
 
 
