@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 
 
@@ -14,6 +15,9 @@ def lazy_names(package: str, names: dict[str, str]) -> Callable[[str], object]:
         if where is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         module, _, attr = where.partition(":")
-        return getattr(importlib.import_module(f"{package}.{module}"), attr or name)
+        value = getattr(importlib.import_module(f"{package}.{module}"), attr or name)
+        # Kept on the package: later reads (function-level imports on the forward path) find it without this hook.
+        setattr(sys.modules[package], name, value)
+        return value
 
     return __getattr__

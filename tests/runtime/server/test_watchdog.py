@@ -17,7 +17,7 @@ import radixlm as sgl
 from radixlm.lang.ir import REGEX_STR
 from tests.runtime.server.conftest import child_pids, pid_alive, start_server, stop_server
 
-WATCHDOG_S = 1.5
+WATCHDOG_S = 3.0
 
 
 @pytest.fixture(scope="module")
