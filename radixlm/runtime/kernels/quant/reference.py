@@ -1,0 +1,123 @@
+"""The quantized formats' arithmetic in torch: what a quantized weight means (dequantize), how a float weight becomes
+one (quantize: online FP8, the dummy loader, test checkpoints), and the GEMMs as dequantize-then-matmul. The CPU path
+of every quantized layer runs these; the CUDA kernels are checked against them.
+
+Layouts (radixlm's own; every checkpoint format is converted to one of them at load):
+  FP8     weight (N, K) float8_e4m3fn; scale float32: one value (per tensor), (N,) (per output channel) or
+          (ceil(N / bn), ceil(K / bk)) for blocks of bn x bk (`block`); w = weight * scale.
+  INT4    qweight (K // 8, N) int32, eight consecutive input channels per int32, channel k in bits 4 * (k % 8)
+          (GPTQ's packing); scales and zeros (K // group_size, N) in the model's dtype; w[n, k] =
+          (q[k, n] - zeros[k // group_size, n]) * scales[k // group_size, n]. Act-order checkpoints are stored with
+          their input channels sorted by group; `perm` (K,) gathers the input's channels into that order."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8_DTYPE).max
+INT4_PACK = 8
+
+
+def _expand_block_scale(scale: torch.Tensor, n: int, k: int, block: tuple[int, int]) -> torch.Tensor:
+    bn, bk = block
+    return scale.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+
+
+def fp8_scale_shape(n: int, k: int, block: tuple[int, int] | None, per_channel: bool) -> tuple[int, ...]:
+    if block is not None:
+        return (-(-n // block[0]), -(-k // block[1]))
+    return (n,) if per_channel else ()
+
+
+def dequant_fp8(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None,
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(N, K) float weight of an FP8 one (any of the three scale shapes)."""
+    w = weight.to(torch.float32)
+    n, k = w.shape
+    s = scale.to(torch.float32)
+    if block is not None:
+        s = _expand_block_scale(s, n, k, block)
+    elif s.numel() > 1:
+        s = s.reshape(n, 1)
+    return (w * s).to(dtype)
+
+
+def quant_fp8(w: torch.Tensor, block: tuple[int, int] | None = None,
+              per_channel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, scale) with each scale the absolute maximum of its part / FP8_MAX (round to nearest)."""
+    w = w.to(torch.float32)
+    n, k = w.shape
+    if block is not None:
+        bn, bk = block
+        padded = F.pad(w.abs(), (0, -k % bk, 0, -n % bn))
+        amax = padded.reshape(padded.shape[0] // bn, bn, padded.shape[1] // bk, bk).amax(dim=(1, 3))
+        scale = amax.clamp(min=1e-12) / FP8_MAX
+        full = _expand_block_scale(scale, n, k, block)
+    elif per_channel:
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
+        full = scale[:, None]
+    else:
+        scale = w.abs().amax().clamp(min=1e-12) / FP8_MAX
+        full = scale
+    q = (w / full).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q, scale
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ dequant(weight).T + bias in x's dtype (activations are not quantized on this path)."""
+    return F.linear(x, dequant_fp8(weight, scale, block, x.dtype), bias)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """(K, N) integers in [0, 15] -> (K // 8, N) int32."""
+    k, n = q.shape
+    if k % INT4_PACK:
+        raise ValueError(f"an INT4 weight's input size {k} is not a multiple of {INT4_PACK}")
+    q = q.to(torch.int64).reshape(k // INT4_PACK, INT4_PACK, n)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64).reshape(1, INT4_PACK, 1)
+    packed = (q << shifts).sum(dim=1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
+    """(K // 8, N) int32 -> (K, N) uint8 in [0, 15]."""
+    kp, n = qweight.shape
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=qweight.device).reshape(1, INT4_PACK, 1)
+    return ((qweight.unsqueeze(1) >> shifts) & 0xF).reshape(kp * INT4_PACK, n).to(torch.uint8)
+
+
+def dequant_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(N, K) float weight of an INT4 one."""
+    q = unpack_int4(qweight).to(torch.float32)
+    s = scales.to(torch.float32).repeat_interleave(group_size, 0)[: q.shape[0]]
+    z = zeros.to(torch.float32).repeat_interleave(group_size, 0)[: q.shape[0]]
+    return ((q - z) * s).t().contiguous().to(dtype)
+
+
+def quant_int4(w: torch.Tensor, group_size: int, symmetric: bool = False,
+               dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Round-to-nearest INT4 of an (N, K) weight: (qweight, scales, zeros); symmetric puts every zero at 8."""
+    w = w.to(torch.float32)
+    n, k = w.shape
+    if k % group_size:
+        raise ValueError(f"input size {k} is not a multiple of the group size {group_size}")
+    g = w.t().reshape(k // group_size, group_size, n)
+    if symmetric:
+        scales = (g.abs().amax(dim=1) / 7.5).clamp(min=1e-8)  # (q - 8) * s spans [-8 s, 7 s]
+        zeros = torch.full_like(scales, 8.0)
+    else:
+        lo, hi = g.amin(dim=1), g.amax(dim=1)
+        scales = ((hi - lo) / 15).clamp(min=1e-8)
+        zeros = (-lo / scales).round().clamp(0, 15)
+    q = (g / scales[:, None] + zeros[:, None]).round().clamp(0, 15).reshape(k, n)
+    return pack_int4(q), scales.to(dtype), zeros.to(dtype)
+
+
+def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+                perm: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if perm is not None:
+        x = x.index_select(-1, perm)
+    return F.linear(x, dequant_int4(qweight, scales, zeros, group_size, x.dtype), bias)
