@@ -17,6 +17,9 @@
 #                                                  # one workload only (a size 0 skips one), more rounds a call
 #   IDS=ids.json bash benchmarks/ab/ab_trees.sh host [ROUNDS]   # CPU: host_overhead.py (the scheduler's host work
 #                                                  # on scripted logits; IDS from json_decoding.py --save-ids)
+#   bash benchmarks/ab/ab_trees.sh profile [ROUNDS]   # GPU (carry .whl ab): profiling/profile_gpu_step.py per tree
+#                                                  # (AB_PROFILE_BATCHES, default 1): each decode kernel's time
+#                                                  # and the idle gap a step; the JSONs go to $OUT, no report
 #   AB_BASE=spec bash benchmarks/ab/ab_trees.sh prepare REV   # another base beside ab/base: ab/spec
 #   AB_BASE=spec bash benchmarks/ab/ab_trees.sh spec [ROUNDS] # GPU (carry .whl ab/spec .stage/spec): speculative.py
 #                                                  # (replayed SmolLM2 outputs, Llama-8B shapes; AB_SPEC_ARGS) per
@@ -49,6 +52,9 @@ prepare)
 llama8b)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   mkdir -p /tmp/stage && cp .stage/smol.part0 .stage/smol.sha256 /tmp/stage/
+  rm -rf /tmp/ab_base && cp -r ab/base /tmp/ab_base ;;
+profile)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   rm -rf /tmp/ab_base && cp -r ab/base /tmp/ab_base ;;
 spec)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -83,6 +89,9 @@ for r in $(seq $((1 + ${AB_ROUND0:-0})) $((rounds + ${AB_ROUND0:-0}))); do  # AB
       # shellcheck disable=SC2086
       run $t "llama8b_${t}_r$r" benchmarks/offline/gpu_llama8b.py --parts ab ${AB_LLAMA_ARGS:---batches 1 8 32 64 128 256 \
         --decode-steps 128 --sharegpt-requests 400 --random-requests 200 --prefix-groups 16}
+    elif [ "$cmd" = profile ]; then
+      # shellcheck disable=SC2086
+      run $t "profile_${t}_r$r" benchmarks/profiling/profile_gpu_step.py --batches ${AB_PROFILE_BATCHES:-1} --steps 128 --top 40
     elif [ "$cmd" = spec ]; then
       w0=(); [ "$t" = new_w0 ] && w0=(--measure-window 0)
       # shellcheck disable=SC2086
@@ -103,4 +112,5 @@ for r in $(seq $((1 + ${AB_ROUND0:-0})) $((rounds + ${AB_ROUND0:-0}))); do  # AB
     fi
   done
 done
+if [ "$cmd" = profile ]; then cp "$AB"/profile_*.json "$OUT"/ 2>/dev/null || true; exit 0; fi
 $PY benchmarks/ab/ab_report.py "$cmd" "$AB" "$OUT/ab_$cmd.json"
