@@ -48,7 +48,8 @@ def test_fp8_linear_matches_the_reference(mode, n, k, bias):
         static = x.float().abs().max() / ref.FP8_MAX
         _close(quant.fp8_linear(x, q, s, None, b, static), ref.fp8_linear_w8a8(x, q, s, None, b, static), 2e-2)
         xh = x.half()  # float16: row-wise _scaled_mm gives bfloat16 only -> the Triton kernel
-        _close(quant.fp8_linear(xh, q, s, None, b and b.half()), ref.fp8_linear_w8a8(xh, q, s, None, b and b.half()),
+        bh = b.half() if b is not None else None
+        _close(quant.fp8_linear(xh, q, s, None, bh), ref.fp8_linear_w8a8(xh, q, s, None, bh),
                2e-2)
 
 

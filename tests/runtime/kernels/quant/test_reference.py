@@ -147,3 +147,26 @@ def test_cuda_paths_refuse_bad_layouts_before_any_launch():
     with pytest.raises(ValueError, match="static input scale"):
         fp8_gemm.fp8_linear_cuda(torch.randn(2, 64), w, ws, (128, 128), None, torch.tensor(1.0))
     assert fp8_gemm.block_shape_ok((128, 128)) and not fp8_gemm.block_shape_ok((128, 96))
+
+
+def test_startup_warms_each_quantized_linear_at_every_bucket():
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from radixlm.runtime.kernels.startup.warmup import warm_up_quantized
+    from radixlm.runtime.layers.linear import Linear
+
+    calls = []
+
+    class Method:
+        def apply(self, layer, x, bias):
+            calls.append((layer.in_features, tuple(x.shape), x.dtype, bias is layer.bias))
+            return x
+
+    quantized, plain = Linear(32, 16, bias=True), Linear(8, 8)
+    quantized.quant_method = Method()
+    runner = SimpleNamespace(model=nn.Sequential(quantized, plain), device="cpu",
+                             model_config=SimpleNamespace(dtype=torch.bfloat16))
+    warm_up_quantized(runner)
+    assert calls == [(32, (m, 32), torch.bfloat16, True) for m in tiles.warmup_rows()]
