@@ -1,5 +1,6 @@
 """What the quantized GEMM kernels share: the row buckets that pick a tile config (and so the kernel variants start-up
-builds), the split of K across programs for the few rows of decode (the partials' reduction: splitk.py). Imports no Triton.
+builds), the split of K across programs for the few rows of decode (the partials' reduction: splitk.py). Imports no
+Triton.
 
 At a few rows a quantized GEMM only streams its weight: its tiles along N alone are too few to keep every
 multiprocessor reading (Llama-8B's o_proj at BLOCK_N 64: 64 programs on the H200's 132 SMs), so the K loop is split

@@ -1,0 +1,187 @@
+"""The quantized GEMMs (radixlm/runtime/kernels/quant) against bf16 on Llama-3.1-8B's four linear shapes, one device
+call: F.linear (cuBLAS) vs FP8 per-channel (per-token activations, torch._scaled_mm) vs FP8 128x128 blocks (Triton
+w8a8) vs W4A16 (INT4, group 128; Triton) at 1, 8, 32, 64, 256 rows. Each figure is the device time of one whole
+kernels.quant call (activation quantization and split-K reduction included) from CUDA-graph replays over distinct
+weight copies (benchmarks/lib/gpu_timing.py: no L2 hits, no launch gaps), beside its bytes floor (weight with its
+scales + input and output activations, at 4.8 TB/s); then one layer's four GEMMs summed per row count and their ratio
+to bf16's; and each format's output against kernels/quant/reference.py (max |error| / max |reference|).
+
+    python3 benchmarks/kernels/quant_gemm.py --out $OUT            # writes $OUT/quant_gemm.json, ~2-3 min on an H200
+    python benchmarks/kernels/quant_gemm.py --dry --out /tmp       # the script's logic on the CPU: tiny shapes, the
+                                                                   # reference path, wall-clock times
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.lib.gpu_timing import SHAPES, graph_us, within_budget  # noqa: E402
+from radixlm.runtime.kernels import quant  # noqa: E402
+from radixlm.runtime.kernels.quant import reference as ref  # noqa: E402
+
+LAYER = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+FORMATS = ("bf16", "fp8_channel", "fp8_block", "w4a16")
+HBM_TB_S = 4.8  # the H200's HBM3e, by the datasheet
+GROUP = 128
+BLOCK = (128, 128)
+COPY_BYTES = 600_000_000  # weight copies per format and shape: several times the 60 MB L2
+TOLERANCE = 2e-2
+
+
+def weight_bytes(fmt: str, n: int, k: int) -> int:
+    if fmt == "bf16":
+        return 2 * n * k
+    if fmt == "fp8_channel":
+        return n * k + 4 * n
+    if fmt == "fp8_block":
+        return n * k + 4 * -(-n // BLOCK[0]) * -(-k // BLOCK[1])
+    return n * k // 2 + 2 * 2 * (k // GROUP) * n  # packed INT4 + bf16 scales and zeros
+
+
+def floor_us(fmt: str, n: int, k: int, m: int) -> float:
+    return (weight_bytes(fmt, n, k) + 2 * m * (k + n)) / (HBM_TB_S * 1e12) * 1e6
+
+
+def make_formats(n: int, k: int, device: str) -> dict[str, list]:
+    """Distinct copies of one random weight per format: each call of the format's GEMM as a closure over one copy."""
+    copies = max(2, min(16, -(-COPY_BYTES // (2 * n * k)))) if device == "cuda" else 2
+    made: dict[str, list] = {f: [] for f in FORMATS}
+    for _ in range(copies):
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
+        made["bf16"].append(w)
+        made["fp8_channel"].append(ref.quant_fp8(w, per_channel=True))
+        made["fp8_block"].append(ref.quant_fp8(w, block=BLOCK))
+        made["w4a16"].append(ref.quant_int4(w, GROUP, dtype=torch.bfloat16))
+    return made
+
+
+def call(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
+    if fmt == "bf16":
+        return F.linear(x, weight)
+    if fmt == "fp8_channel":
+        return quant.fp8_linear(x, *weight)
+    if fmt == "fp8_block":
+        return quant.fp8_linear(x, *weight, BLOCK)
+    return quant.int4_linear(x, *weight, GROUP)
+
+
+def reference(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
+    """What the format's call computes (on CPU, --dry: activations are not quantized there)."""
+    if fmt.startswith("fp8") and not x.is_cuda:
+        return ref.fp8_linear(x, *weight, BLOCK if fmt == "fp8_block" else None)
+    if fmt == "fp8_channel":
+        return ref.fp8_linear_w8a8(x, *weight)
+    if fmt == "fp8_block":
+        return ref.fp8_linear_w8a8(x, *weight, BLOCK)
+    return ref.int4_linear(x, *weight, GROUP)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+
+
+def shape_of(name: str, dry: bool) -> tuple[int, int]:
+    n, k = SHAPES[name]
+    return (n // 32, -(-k // 32 // GROUP) * GROUP) if dry else (n, k)
+
+
+def wall_us(fn, copies: int) -> float:
+    """--dry's stand-in for graph_us: one call per copy, wall clock."""
+    t = time.perf_counter()
+    for i in range(copies):
+        fn(i)
+    return (time.perf_counter() - t) * 1e6 / copies
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64, 256])
+    p.add_argument("--shapes", nargs="+", default=list(LAYER), choices=list(LAYER))
+    p.add_argument("--budget-s", type=float, default=220.0, help="stop starting shapes after this many seconds")
+    p.add_argument("--out", default=os.environ.get("OUT", "."), help="directory of quant_gemm.json")
+    p.add_argument("--dry", action="store_true", help="on the CPU: tiny shapes, the reference path, wall clock")
+    args = p.parse_args()
+    import triton
+
+    device = "cpu" if args.dry else "cuda"
+    timer = wall_us if args.dry else graph_us
+
+    t0 = time.perf_counter()
+    out = Path(args.out) / "quant_gemm.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": "quant_gemm", "gpu": "cpu (dry)" if args.dry else torch.cuda.get_device_name(),
+              "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv), "hbm_tb_s": HBM_TB_S,
+              "formats": {"fp8_channel": "per-channel weight scales, per-token activations, torch._scaled_mm",
+                          "fp8_block": "128x128 weight blocks, per-token-group activations, Triton",
+                          "w4a16": f"INT4 asymmetric, group {GROUP}, bf16 scales/zeros, Triton"},
+              "cells": [], "correctness": [], "layer": []}
+    torch.manual_seed(0)
+    for name in within_budget(args.shapes, t0, args.budget_s):
+        n, k = shape_of(name, args.dry)
+        made = make_formats(n, k, device)
+        copies = len(made["bf16"])
+        for m in args.rows:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            for fmt in FORMATS:
+                ws = made[fmt]
+                us = timer(lambda i, fmt=fmt, ws=ws: call(fmt, x, ws[i]), copies)
+                cell = {"shape": name, "n": n, "k": k, "rows": m, "format": fmt, "us": us,
+                        "floor_us": floor_us(fmt, n, k, m), "weight_bytes": weight_bytes(fmt, n, k)}
+                cell["of_floor"] = cell["floor_us"] / us
+                result["cells"].append(cell)
+                if fmt != "bf16" and m in (args.rows[0], args.rows[-1]):
+                    got = call(fmt, x, ws[0])
+                    err = rel_err(got, reference(fmt, x, ws[0]))
+                    result["correctness"].append({"shape": name, "rows": m, "format": fmt, "rel_err": err,
+                                                  "vs_bf16_rel_err": rel_err(got, F.linear(x, made["bf16"][0])),
+                                                  "ok": err <= TOLERANCE})
+        del made
+        if not args.dry:
+            torch.cuda.empty_cache()
+        print(f"{name} done at {time.perf_counter() - t0:.0f} s", flush=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    by = {(c["shape"], c["rows"], c["format"]): c for c in result["cells"]}
+    for m in args.rows:
+        if not all((s, m, f) in by for s in LAYER for f in FORMATS):
+            continue
+        row = {"rows": m}
+        for fmt in FORMATS:
+            row[f"{fmt}_us"] = sum(by[(s, m, fmt)]["us"] for s in LAYER)
+            row[f"{fmt}_floor_us"] = sum(by[(s, m, fmt)]["floor_us"] for s in LAYER)
+            row[f"{fmt}_vs_bf16"] = row[f"{fmt}_us"] / row["bf16_us"]
+        result["layer"].append(row)
+    result["wall_s"] = time.perf_counter() - t0
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print_table(result)
+
+
+def print_table(result: dict) -> None:
+    print(f"\n{result['gpu']}: device us per GEMM (floor us at {HBM_TB_S} TB/s)")
+    print(f"{'shape':>13} {'rows':>5} " + " ".join(f"{f:>22}" for f in FORMATS))
+    by = {(c["shape"], c["rows"], c["format"]): c for c in result["cells"]}
+    for shape, m in sorted({(c["shape"], c["rows"]) for c in result["cells"]}, key=lambda t: (LAYER.index(t[0]), t[1])):
+        cells = [by.get((shape, m, f)) for f in FORMATS]
+        print(f"{shape:>13} {m:>5} " + " ".join(f"{c['us']:>10.1f} ({c['floor_us']:>8.1f})" if c else f"{'-':>22}"
+                                                 for c in cells))
+    print("\none layer's four GEMMs: us (ratio to bf16)")
+    for row in result["layer"]:
+        print(f"rows {row['rows']:>4}: " + "  ".join(
+            f"{f} {row[f'{f}_us']:.1f} ({row[f'{f}_vs_bf16']:.2f}x; floor {row[f'{f}_floor_us']:.1f})"
+            for f in FORMATS))
+    bad = [c for c in result["correctness"] if not c["ok"]]
+    print(f"\ncorrectness against the reference: {len(result['correctness']) - len(bad)} of "
+          f"{len(result['correctness'])} within {TOLERANCE}" + "".join(
+              f"\n  FAIL {c['format']} {c['shape']} rows {c['rows']}: {c['rel_err']:.3g}" for c in bad))
+
+
+if __name__ == "__main__":
+    main()
