@@ -29,7 +29,7 @@ from radixlm.runtime.kernels import quant  # noqa: E402
 from radixlm.runtime.kernels.quant import reference as ref  # noqa: E402
 
 LAYER = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-FORMATS = ("bf16", "fp8_channel", "fp8_block", "w4a16")
+FORMATS = ("bf16", "fp8_channel", "fp8_channel_triton", "fp8_block", "w4a16")
 HBM_TB_S = 4.8  # the H200's HBM3e, by the datasheet
 GROUP = 128
 BLOCK = (128, 128)
@@ -40,7 +40,7 @@ TOLERANCE = 2e-2
 def weight_bytes(fmt: str, n: int, k: int) -> int:
     if fmt == "bf16":
         return 2 * n * k
-    if fmt == "fp8_channel":
+    if fmt.startswith("fp8_channel"):
         return n * k + 4 * n
     if fmt == "fp8_block":
         return n * k + 4 * -(-n // BLOCK[0]) * -(-k // BLOCK[1])
@@ -59,6 +59,7 @@ def make_formats(n: int, k: int, device: str) -> dict[str, list]:
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
         made["bf16"].append(w)
         made["fp8_channel"].append(ref.quant_fp8(w, per_channel=True))
+        made["fp8_channel_triton"].append(made["fp8_channel"][-1])
         made["fp8_block"].append(ref.quant_fp8(w, block=BLOCK))
         made["w4a16"].append(ref.quant_int4(w, GROUP, dtype=torch.bfloat16))
     return made
@@ -69,6 +70,12 @@ def call(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
         return F.linear(x, weight)
     if fmt == "fp8_channel":
         return quant.fp8_linear(x, *weight)
+    if fmt == "fp8_channel_triton":  # the Triton kernel's per-channel mode at every row count
+        if not x.is_cuda:
+            return quant.fp8_linear(x, *weight)
+        from radixlm.runtime.kernels.quant.fp8_gemm import fp8_scaled_linear
+
+        return fp8_scaled_linear(x, *weight, None, None, min_scaled_mm_rows=1 << 30)
     if fmt == "fp8_block":
         return quant.fp8_linear(x, *weight, BLOCK)
     return quant.int4_linear(x, *weight, GROUP)
@@ -78,7 +85,7 @@ def reference(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
     """What the format's call computes (on CPU, --dry: activations are not quantized there)."""
     if fmt.startswith("fp8") and not x.is_cuda:
         return ref.fp8_linear(x, *weight, BLOCK if fmt == "fp8_block" else None)
-    if fmt == "fp8_channel":
+    if fmt.startswith("fp8_channel"):
         return ref.fp8_linear_w8a8(x, *weight)
     if fmt == "fp8_block":
         return ref.fp8_linear_w8a8(x, *weight, BLOCK)
@@ -121,6 +128,7 @@ def main() -> None:
     result = {"benchmark": "quant_gemm", "gpu": "cpu (dry)" if args.dry else torch.cuda.get_device_name(),
               "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv), "hbm_tb_s": HBM_TB_S,
               "formats": {"fp8_channel": "per-channel weight scales, per-token activations, torch._scaled_mm",
+                          "fp8_channel_triton": "the same, the Triton kernel's per-channel mode (split K at decode)",
                           "fp8_block": "128x128 weight blocks, per-token-group activations, Triton",
                           "w4a16": f"INT4 asymmetric, group {GROUP}, bf16 scales/zeros, Triton"},
               "cells": [], "correctness": [], "layer": []}
@@ -166,7 +174,7 @@ def main() -> None:
 
 def print_table(result: dict) -> None:
     print(f"\n{result['gpu']}: device us per GEMM (floor us at {HBM_TB_S} TB/s)")
-    print(f"{'shape':>13} {'rows':>5} " + " ".join(f"{f:>22}" for f in FORMATS))
+    print(f"{'shape':>13} {'rows':>5} " + " ".join(f"{f[:20]:>22}" for f in FORMATS))
     by = {(c["shape"], c["rows"], c["format"]): c for c in result["cells"]}
     for shape, m in sorted({(c["shape"], c["rows"]) for c in result["cells"]}, key=lambda t: (LAYER.index(t[0]), t[1])):
         cells = [by.get((shape, m, f)) for f in FORMATS]

@@ -25,6 +25,9 @@ from radixlm.runtime.kernels.quant import fp8_act, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import FP8_DTYPE, dequant_fp8
 
 SCALED_MM_ALIGN = 16
+# Fewer rows than this run the Triton kernel's per-channel mode instead of _scaled_mm (its split K keeps every SM
+# streaming weight at decode); benchmarks/kernels/quant_gemm.py times both ("fp8_channel" and "fp8_channel_triton").
+SCALED_MM_MIN_ROWS = 1
 
 
 @dataclass(frozen=True)
@@ -143,14 +146,14 @@ def scaled_mm_ok(x2: torch.Tensor, weight: torch.Tensor, per_tensor: bool) -> bo
 
 
 def fp8_scaled_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                      input_scale: torch.Tensor | None) -> torch.Tensor:
-    """Per-tensor or per-channel weight scale: torch._scaled_mm where it takes the shape (scaled_mm_ok), else the
-    Triton kernel's per-channel mode."""
+                      input_scale: torch.Tensor | None, min_scaled_mm_rows: int = SCALED_MM_MIN_ROWS) -> torch.Tensor:
+    """Per-tensor or per-channel weight scale: torch._scaled_mm where it takes the shape (scaled_mm_ok) and there are
+    min_scaled_mm_rows rows or more, else the Triton kernel's per-channel mode."""
     m = x2.shape[0]
     n = weight.shape[0]
     per_tensor = scale.numel() == 1 and input_scale is not None
     q, q_scale = fp8_act.quant_fp8_per_token(x2, input_scale)
-    if not scaled_mm_ok(x2, weight, per_tensor):
+    if m < min_scaled_mm_rows or not scaled_mm_ok(x2, weight, per_tensor):
         return _w8a8(q, q_scale, weight, scale, None, bias, x2.dtype)
     w_scale = scale.to(torch.float32)
     if per_tensor:
