@@ -39,9 +39,9 @@ class TileConfig:
     split: bool  # split K across programs (tiles.split_k) where the output tiles are few
 
 
-# By row bucket (tiles.ROW_BUCKETS: <= 16, <= 64, <= 256, more rows). BLOCK_K is the weight block's K size (128).
-FP8_CONFIGS = (TileConfig(16, 64, 4, 4, True), TileConfig(32, 64, 4, 4, True), TileConfig(64, 128, 4, 3, False),
-               TileConfig(128, 128, 8, 3, False))
+# By row bucket (tiles.ROW_BUCKETS: 1, 2, <= 16, <= 64, <= 256, more rows). BLOCK_K is the weight block's K size (128).
+FP8_CONFIGS = (TileConfig(16, 64, 4, 4, True), TileConfig(16, 64, 4, 4, True), TileConfig(16, 64, 4, 4, True),
+               TileConfig(32, 64, 4, 4, True), TileConfig(64, 128, 4, 3, False), TileConfig(128, 128, 8, 3, False))
 
 
 @triton.jit(do_not_specialize=["M", "stride_ys"])

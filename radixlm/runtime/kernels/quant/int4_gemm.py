@@ -8,8 +8,9 @@ are one row of (K // g, N). The weight is dequantized in the K loop as the refer
 rounded to the activation dtype, and multiplied on the tensor cores (tl.dot) with float32 accumulation. An act-order
 permutation gathers the activation's channels in the loads.
 
-Decode (<= 16 rows, tiles.ROW_BUCKETS) runs BLOCK_M 16 with narrow N tiles and K split across programs
-(tiles.split_k) so that every SM streams weight; larger buckets take wider tiles. Capturable in CUDA graphs: its
+One or two rows run int4_gemv.py's kernel on the CUDA cores (fewer instructions a weight); up to 16 rows BLOCK_M 16
+with narrow N tiles and K split across programs (tiles.split_k) so that every SM streams weight; larger buckets take
+wider tiles. Capturable in CUDA graphs: its
 allocations (output, split-K partials) have one size per row count, and nothing syncs with the host."""
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.runtime.kernels.quant import splitk, tiles
+from radixlm.runtime.kernels.quant import int4_gemv, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import INT4_PACK, dequant_int4
 
 MAX_BLOCK_K = 128
@@ -35,9 +36,9 @@ class TileConfig:
     split: bool
 
 
-# By row bucket (tiles.ROW_BUCKETS: <= 16, <= 64, <= 256, more rows).
-INT4_CONFIGS = (TileConfig(16, 64, 4, 4, True), TileConfig(32, 64, 4, 4, True), TileConfig(64, 128, 4, 3, False),
-                TileConfig(128, 128, 8, 3, False))
+# By row bucket (tiles.ROW_BUCKETS: 1, 2, <= 16, <= 64, <= 256, more rows).
+INT4_CONFIGS = (TileConfig(16, 64, 4, 4, True), TileConfig(16, 64, 4, 4, True), TileConfig(16, 64, 4, 4, True),
+                TileConfig(32, 64, 4, 4, True), TileConfig(64, 128, 4, 3, False), TileConfig(128, 128, 8, 3, False))
 
 
 @triton.jit(do_not_specialize=["M", "stride_ys"], do_not_specialize_on_alignment=["X"])
@@ -120,14 +121,17 @@ def check_int4(k: int, n: int, qweight: torch.Tensor, scales: torch.Tensor, zero
 
 
 def w4a16_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
-                 perm: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The Triton kernel's launch: x2 (M, K) with unit column stride -> (M, N) in x2's dtype; int4_block_k must
-    find a K tile."""
+                 perm: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                 gemv_max_rows: int = int4_gemv.GEMV_MAX_ROWS) -> torch.Tensor:
+    """The Triton kernels' launch: x2 (M, K) with unit column stride -> (M, N) in x2's dtype; int4_block_k must
+    find a K tile. Up to gemv_max_rows rows: the CUDA-core kernel (int4_gemv.py)."""
     m, k = x2.shape
     n = qweight.shape[1]
     block_k = int4_block_k(k, group_size)
     if block_k is None:
         raise ValueError(f"no K tile of {MIN_BLOCK_K}..{MAX_BLOCK_K} channels divides the group size {group_size}")
+    if m <= gemv_max_rows:
+        return int4_gemv.w4a16_gemv(x2, qweight, scales, zeros, group_size, block_k, perm, bias)
     cfg = INT4_CONFIGS[tiles.bucket_of(m)]
     grid_n, grid_m = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
     split = tiles.split_k(grid_n * grid_m, triton.cdiv(k, block_k), tiles.sm_count(x2.device), cfg.split)

@@ -11,7 +11,7 @@ from radixlm.runtime.kernels.quant import reference as ref
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-ROWS = (1, 8, 33, 100, 300)  # every row bucket (kernels/quant/tiles.py)
+ROWS = (1, 2, 8, 33, 100, 300)  # every row bucket (kernels/quant/tiles.py)
 
 
 def _fp8_ok() -> bool:
@@ -79,7 +79,7 @@ def _calls():
 
 def test_every_path_replays_in_a_cuda_graph():
     for name, k, fn in _calls():
-        for m in (1, 8, 100):
+        for m in (1, 2, 8, 100):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             fn(x)
             graph = torch.cuda.CUDAGraph()
@@ -91,10 +91,10 @@ def test_every_path_replays_in_a_cuda_graph():
 
 
 def _built() -> int:
-    from radixlm.runtime.kernels.quant import fp8_act, fp8_gemm, int4_gemm, splitk
+    from radixlm.runtime.kernels.quant import fp8_act, fp8_gemm, int4_gemm, int4_gemv, splitk
 
     kernels = (fp8_act._quant_rows_kernel, fp8_act._quant_groups_kernel, fp8_gemm._w8a8_kernel,
-               int4_gemm._w4a16_kernel, splitk._reduce_splits_kernel)
+               int4_gemm._w4a16_kernel, int4_gemv._w4a16_gemv_kernel, splitk._reduce_splits_kernel)
     return sum(len(cache[0]) for k in kernels for cache in k.device_caches.values())
 
 

@@ -94,14 +94,19 @@ def int4_cases(g: torch.Generator) -> None:
         qw, sc, zs = ref.quant_int4(torch.randn(n, k, generator=g) * 0.05, group, symmetric=symmetric)
         b = torch.randn(n, generator=g)
         perm = torch.randperm(k, generator=g)
-        for m in (1, 5, 20, 70):
+        for m in (1, 2, 5, 20, 70):  # the GEMV at 1 and 2 rows
             x = torch.randn(m, k, generator=g)
             _close(int4_gemm.w4a16_linear(x, qw, sc, zs, group), ref.int4_linear(x, qw, sc, zs, group), 1e-4)
             _close(int4_gemm.w4a16_linear(x, qw, sc, zs, group, perm, b),
                    ref.int4_linear(x, qw, sc, zs, group, perm, b), 1e-4)
-    x = torch.randn(3, 256, generator=g).to(torch.float16)  # (bfloat16 dots are wrong in the interpreter)
-    qw, sc, zs = ref.quant_int4(torch.randn(64, 256, generator=g) * 0.05, 128, dtype=torch.float16)
-    _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 128), ref.int4_linear(x, qw, sc, zs, 128), 2e-2)
+    for m in (1, 3):
+        x = torch.randn(m, 256, generator=g).to(torch.float16)  # (bfloat16 dots are wrong in the interpreter)
+        qw, sc, zs = ref.quant_int4(torch.randn(64, 256, generator=g) * 0.05, 128, dtype=torch.float16)
+        _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 128), ref.int4_linear(x, qw, sc, zs, 128), 2e-2)
+    # the tensor-core kernel at the GEMV's row counts (what the benchmark times beside it)
+    qw, sc, zs = ref.quant_int4(torch.randn(64, 256, generator=g) * 0.05, 32)
+    x = torch.randn(2, 256, generator=g)
+    _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 32, gemv_max_rows=0), ref.int4_linear(x, qw, sc, zs, 32), 1e-4)
 
 
 def patch_interpreter_fp8_rounding() -> None:
