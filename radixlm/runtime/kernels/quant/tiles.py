@@ -55,12 +55,13 @@ class Split:
     k_tiles_per_split: int
 
 
-def split_k(tiles: int, k_tiles: int, sms: int, wanted: bool) -> Split:
-    """The split of k_tiles K tiles that brings `tiles` output tiles to about two programs per SM (when wanted: the
-    few-row buckets), each split at least MIN_K_TILES_PER_SPLIT tiles long."""
+def split_k(tiles: int, k_tiles: int, sms: int, wanted: bool, per_sm: int = 2,
+            min_tiles: int = MIN_K_TILES_PER_SPLIT) -> Split:
+    """The split of k_tiles K tiles that brings `tiles` output tiles to about per_sm programs per SM (when wanted: the
+    few-row buckets), each split at least min_tiles tiles long."""
     splits = 1
-    if wanted and tiles < 2 * sms:
-        splits = max(1, min(MAX_SPLIT, (2 * sms) // tiles, k_tiles // MIN_K_TILES_PER_SPLIT))
+    if wanted and tiles < per_sm * sms:
+        splits = max(1, min(MAX_SPLIT, (per_sm * sms) // tiles, k_tiles // min_tiles))
     per = _cdiv(k_tiles, splits)
     return Split(_cdiv(k_tiles, per), per)
 
