@@ -27,9 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.lib.gpu_timing import SHAPES, graph_us, within_budget  # noqa: E402
 from radixlm.runtime.kernels import quant  # noqa: E402
 from radixlm.runtime.kernels.quant import reference as ref  # noqa: E402
+from radixlm.runtime.kernels.quant.tiles import ROW_BUCKETS  # noqa: E402
+
+GEMV_MAX_ROWS = ROW_BUCKETS[1]  # int4_gemv.GEMV_MAX_ROWS (that module needs Triton; --dry runs without a GPU)
 
 LAYER = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-FORMATS = ("bf16", "fp8_channel", "fp8_channel_triton", "fp8_block", "w4a16")
+# fp8_channel_triton and w4a16_mma: the kernels the defaults do not take, timed to check those choices (the Triton
+# per-channel FP8 mode at every row count; the INT4 tensor-core kernel where the GEMV runs, 1-2 rows).
+FORMATS = ("bf16", "fp8_channel", "fp8_channel_triton", "fp8_block", "w4a16", "w4a16_mma")
 HBM_TB_S = 4.8  # the H200's HBM3e, by the datasheet
 GROUP = 128
 BLOCK = (128, 128)
@@ -38,6 +43,7 @@ TOLERANCE = 2e-2
 
 
 def weight_bytes(fmt: str, n: int, k: int) -> int:
+    fmt = fmt.removesuffix("_mma")
     if fmt == "bf16":
         return 2 * n * k
     if fmt.startswith("fp8_channel"):
@@ -62,6 +68,7 @@ def make_formats(n: int, k: int, device: str) -> dict[str, list]:
         made["fp8_channel_triton"].append(made["fp8_channel"][-1])
         made["fp8_block"].append(ref.quant_fp8(w, block=BLOCK))
         made["w4a16"].append(ref.quant_int4(w, GROUP, dtype=torch.bfloat16))
+        made["w4a16_mma"].append(made["w4a16"][-1])
     return made
 
 
@@ -78,6 +85,10 @@ def call(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
         return fp8_scaled_linear(x, *weight, None, None, min_scaled_mm_rows=1 << 30)
     if fmt == "fp8_block":
         return quant.fp8_linear(x, *weight, BLOCK)
+    if fmt == "w4a16_mma" and x.is_cuda:
+        from radixlm.runtime.kernels.quant.int4_gemm import w4a16_linear
+
+        return w4a16_linear(x, *weight, GROUP, gemv_max_rows=0)
     return quant.int4_linear(x, *weight, GROUP)
 
 
@@ -89,7 +100,7 @@ def reference(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
         return ref.fp8_linear_w8a8(x, *weight)
     if fmt == "fp8_block":
         return ref.fp8_linear_w8a8(x, *weight, BLOCK)
-    return ref.int4_linear(x, *weight, GROUP)
+    return ref.int4_linear(x, *weight, GROUP)  # w4a16, w4a16_mma
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -130,7 +141,8 @@ def main() -> None:
               "formats": {"fp8_channel": "per-channel weight scales, per-token activations, torch._scaled_mm",
                           "fp8_channel_triton": "the same, the Triton kernel's per-channel mode (split K at decode)",
                           "fp8_block": "128x128 weight blocks, per-token-group activations, Triton",
-                          "w4a16": f"INT4 asymmetric, group {GROUP}, bf16 scales/zeros, Triton"},
+                          "w4a16": f"INT4 asymmetric, group {GROUP}, bf16 scales/zeros, Triton (GEMV at 1-2 rows)",
+                          "w4a16_mma": "the same, the tensor-core kernel where the GEMV runs"},
               "cells": [], "correctness": [], "layer": []}
     torch.manual_seed(0)
     for name in within_budget(args.shapes, t0, args.budget_s):
@@ -140,6 +152,8 @@ def main() -> None:
         for m in args.rows:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             for fmt in FORMATS:
+                if fmt == "w4a16_mma" and m > GEMV_MAX_ROWS:
+                    continue
                 ws = made[fmt]
                 us = timer(lambda i, fmt=fmt, ws=ws: call(fmt, x, ws[i]), copies)
                 cell = {"shape": name, "n": n, "k": k, "rows": m, "format": fmt, "us": us,
@@ -159,10 +173,11 @@ def main() -> None:
         out.write_text(json.dumps(result, indent=1) + "\n")
     by = {(c["shape"], c["rows"], c["format"]): c for c in result["cells"]}
     for m in args.rows:
-        if not all((s, m, f) in by for s in LAYER for f in FORMATS):
+        formats = [f for f in FORMATS if all((s, m, f) in by for s in LAYER)]
+        if "bf16" not in formats:
             continue
         row = {"rows": m}
-        for fmt in FORMATS:
+        for fmt in formats:
             row[f"{fmt}_us"] = sum(by[(s, m, fmt)]["us"] for s in LAYER)
             row[f"{fmt}_floor_us"] = sum(by[(s, m, fmt)]["floor_us"] for s in LAYER)
             row[f"{fmt}_vs_bf16"] = row[f"{fmt}_us"] / row["bf16_us"]
@@ -184,7 +199,7 @@ def print_table(result: dict) -> None:
     for row in result["layer"]:
         print(f"rows {row['rows']:>4}: " + "  ".join(
             f"{f} {row[f'{f}_us']:.1f} ({row[f'{f}_vs_bf16']:.2f}x; floor {row[f'{f}_floor_us']:.1f})"
-            for f in FORMATS))
+            for f in FORMATS if f"{f}_us" in row))
     bad = [c for c in result["correctness"] if not c["ok"]]
     print(f"\ncorrectness against the reference: {len(result['correctness']) - len(bad)} of "
           f"{len(result['correctness'])} within {TOLERANCE}" + "".join(

@@ -113,7 +113,7 @@ def _w8a8(q: torch.Tensor, q_scale: torch.Tensor, weight: torch.Tensor, w_scale:
     else:
         w_scale = w_scale.reshape(-1)
         bs_n, bs_k = (1 if w_scale.numel() > 1 else 0), 0
-        as_m = q_scale.stride(0) if q_scale.numel() > 1 else 0
+        as_m = q_scale.stride(0) if q_scale.dim() == 2 else 0  # (M, 1) per token, or one static value
     out = y if split.splits == 1 else torch.empty(split.splits, m, n, dtype=torch.float32, device=q.device)
     _w8a8_kernel[(grid_n, grid_m, split.splits)](
         q, q_scale, weight, w_scale, bias if bias is not None else y, out, m, n, k, q.stride(0), as_m,
