@@ -137,7 +137,8 @@ def main() -> None:
     out = Path(args.out) / "quant_gemm.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "quant_gemm", "gpu": "cpu (dry)" if args.dry else torch.cuda.get_device_name(),
-              "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv), "hbm_tb_s": HBM_TB_S,
+              "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv),
+              "hbm_tb_s": HBM_TB_S,
               "formats": {"fp8_channel": "per-channel weight scales, per-token activations, torch._scaled_mm",
                           "fp8_channel_triton": "the same, the Triton kernel's per-channel mode (split K at decode)",
                           "fp8_block": "128x128 weight blocks, per-token-group activations, Triton",
