@@ -80,15 +80,11 @@ def call(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
     if fmt == "fp8_channel_triton":  # the Triton kernel's per-channel mode at every row count
         if not x.is_cuda:
             return quant.fp8_linear(x, *weight)
-        from radixlm.runtime.kernels.quant.fp8_gemm import fp8_scaled_linear
-
-        return fp8_scaled_linear(x, *weight, None, None, min_scaled_mm_rows=1 << 30)
+        return quant.fp8_scaled_linear(x, *weight, None, None, min_scaled_mm_rows=1 << 30)
     if fmt == "fp8_block":
         return quant.fp8_linear(x, *weight, BLOCK)
     if fmt == "w4a16_mma" and x.is_cuda:
-        from radixlm.runtime.kernels.quant.int4_gemm import w4a16_linear
-
-        return w4a16_linear(x, *weight, GROUP, gemv_max_rows=0)
+        return quant.w4a16_linear(x, *weight, GROUP, gemv_max_rows=0)
     return quant.int4_linear(x, *weight, GROUP)
 
 
