@@ -116,6 +116,17 @@ def wall_us(fn, copies: int) -> float:
     return (time.perf_counter() - t) * 1e6 / copies
 
 
+def tree() -> str | None:
+    """The commit measured (results/INDEX.md's tree column), where the tree is a git checkout."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parents[2]).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64, 256])
@@ -134,7 +145,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "quant_gemm", "gpu": "cpu (dry)" if args.dry else torch.cuda.get_device_name(),
               "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv),
-              "hbm_tb_s": HBM_TB_S,
+              "tree": tree(), "hbm_tb_s": HBM_TB_S,
               "formats": {"fp8_channel": "per-channel weight scales, per-token activations, torch._scaled_mm",
                           "fp8_channel_triton": "the same, the Triton kernel's per-channel mode (split K at decode)",
                           "fp8_block": "128x128 weight blocks, per-token-group activations, Triton",
