@@ -9,6 +9,10 @@ to bf16's; and each format's output against kernels/quant/reference.py (max |err
     python3 benchmarks/kernels/quant_gemm.py --out $OUT            # writes $OUT/quant_gemm.json, ~2-3 min on an H200
     python benchmarks/kernels/quant_gemm.py --dry --out /tmp       # the script's logic on the CPU: tiny shapes, the
                                                                    # reference path, wall-clock times
+    python3 benchmarks/kernels/quant_gemm.py --sweep --out $OUT    # decode tile configs instead (quant_gemm_sweep.json)
+                                                                   # the INT4 GEMV at 1 row, the INT4 tensor-core and
+                                                                   # FP8 block kernels at 8 rows; ~3 min
+    TRITON_INTERPRET=1 python benchmarks/kernels/quant_gemm.py --sweep --dry --shapes o_proj --out /tmp   # its logic
 """
 from __future__ import annotations
 
@@ -116,6 +120,62 @@ def wall_us(fn, copies: int) -> float:
     return (time.perf_counter() - t) * 1e6 / copies
 
 
+def sweep_variants() -> list[tuple[str, int, object]]:
+    """(kernel, rows, config) of --sweep: the decode paths' tile configs around the defaults."""
+    from radixlm.runtime.kernels.quant import fp8_gemm, int4_gemm, int4_gemv
+
+    out: list[tuple[str, int, object]] = []
+    for bn in (32, 64, 128):
+        for per_sm in (2, 4, 8):
+            out.append(("w4a16", 1, int4_gemv.GemvConfig(bn, 128, 4, 1, per_sm, 2)))
+        for stages in (3, 4, 6):
+            out.append(("w4a16", 8, int4_gemm.TileConfig(16, bn, 4, stages, True)))
+            out.append(("fp8_block", 8, fp8_gemm.TileConfig(16, bn, 4, stages, True)))
+    return out
+
+
+def sweep(args, t0: float, device: str, timer) -> dict:
+    """--sweep (with --dry: under TRITON_INTERPRET=1 on the CPU, tiny shapes, wall clock)."""
+    import dataclasses
+
+    result = {"benchmark": "quant_gemm_sweep", "gpu": "cpu (dry)" if args.dry else torch.cuda.get_device_name(),
+              "command": " ".join(sys.argv), "tree": tree(), "hbm_tb_s": HBM_TB_S, "cells": []}
+    variants = sweep_variants()
+    for name in within_budget(args.shapes, t0, args.budget_s):
+        n, k = shape_of(name, args.dry)
+        made = make_formats(n, k, device)
+        copies = len(made["bf16"])
+        for kernel, m, cfg in variants:
+            x = torch.randn(m, k, device=device, dtype=torch.float32 if args.dry else torch.bfloat16)
+            ws = made[kernel]
+            if kernel == "w4a16":
+                kw = {"gemv_cfg": cfg} if m <= GEMV_MAX_ROWS else {"cfg": cfg}
+                fn = lambda i, kw=kw: quant.w4a16_linear(x, *ws[i], GROUP, **kw)  # noqa: E731
+            else:
+                from radixlm.runtime.kernels.quant import fp8_gemm
+
+                fn = lambda i, cfg=cfg: fp8_gemm.fp8_block_linear(x, *ws[i], BLOCK, None, cfg)  # noqa: E731
+            err = rel_err(fn(0), reference(kernel, x, ws[0]))
+            us = timer(fn, copies)
+            result["cells"].append({"kernel": kernel, "shape": name, "rows": m, "config": dataclasses.asdict(cfg),
+                                    "us": us, "floor_us": floor_us(kernel, n, k, m), "rel_err": err})
+        del made
+        if not args.dry:
+            torch.cuda.empty_cache()
+        print(f"{name} swept at {time.perf_counter() - t0:.0f} s", flush=True)
+    out = Path(args.out) / "quant_gemm_sweep.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    by_cfg: dict = {}
+    for c in result["cells"]:
+        by_cfg.setdefault((c["kernel"], c["rows"], json.dumps(c["config"])), []).append(c)
+    print("\nconfig: us per layer (sum of its shapes' GEMMs; floor), max rel_err")
+    for (kernel, m, cfg), cells in sorted(by_cfg.items(), key=lambda kv: (kv[0][:2], sum(c["us"] for c in kv[1]))):
+        total, floor = sum(c["us"] for c in cells), sum(c["floor_us"] for c in cells)
+        print(f"{kernel:>9} rows {m:>2} {cfg}: {total:8.1f} ({floor:.1f}; {len(cells)} shapes) "
+              f"err {max(c['rel_err'] for c in cells):.3g}")
+    return result
+
+
 def tree() -> str | None:
     """The commit measured (results/INDEX.md's tree column), where the tree is a git checkout."""
     import subprocess
@@ -134,11 +194,16 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=220.0, help="stop starting shapes after this many seconds")
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="directory of quant_gemm.json")
     p.add_argument("--dry", action="store_true", help="on the CPU: tiny shapes, the reference path, wall clock")
+    p.add_argument("--sweep", action="store_true", help="time the decode paths' tile configs instead")
     args = p.parse_args()
     import triton
 
     device = "cpu" if args.dry else "cuda"
     timer = wall_us if args.dry else graph_us
+    if args.sweep:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        sweep(args, time.perf_counter(), device, timer)
+        return
 
     t0 = time.perf_counter()
     out = Path(args.out) / "quant_gemm.json"

@@ -96,13 +96,15 @@ def _w8a8_kernel(A, AS, B, BS, Bias, Y, M, N, K, stride_am, stride_asm, stride_b
 
 
 def _w8a8(q: torch.Tensor, q_scale: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor,
-          block: tuple[int, int] | None, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """Launches _w8a8_kernel: q (M, K) FP8 with q_scale (M, K / bk) (block) or (M, 1) / one value; weight (N, K)."""
+          block: tuple[int, int] | None, bias: torch.Tensor | None, out_dtype: torch.dtype,
+          cfg: TileConfig | None = None) -> torch.Tensor:
+    """Launches _w8a8_kernel: q (M, K) FP8 with q_scale (M, K / bk) (block) or (M, 1) / one value; weight (N, K).
+    cfg: the row bucket's (FP8_CONFIGS) unless given (benchmarks/kernels/quant_gemm.py --sweep)."""
     m, k = q.shape
     n = weight.shape[0]
     blockwise = block is not None
     block_k = block[1] if blockwise else 128
-    cfg = FP8_CONFIGS[tiles.bucket_of(m)]
+    cfg = cfg or FP8_CONFIGS[tiles.bucket_of(m)]
     k_tiles = triton.cdiv(k, block_k)
     grid_n, grid_m = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
     split = tiles.split_k(grid_n * grid_m, k_tiles, tiles.sm_count(q.device), cfg.split)
@@ -132,10 +134,10 @@ def block_shape_ok(block: tuple[int, int]) -> bool:
 
 
 def fp8_block_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
-                     bias: torch.Tensor | None) -> torch.Tensor:
+                     bias: torch.Tensor | None, cfg: TileConfig | None = None) -> torch.Tensor:
     """x2 (M, K) -> (M, N) in x2's dtype; weight (N, K) FP8 with scale (ceil(N / bn), ceil(K / bk))."""
     q, q_scale = fp8_act.quant_fp8_per_group(x2, block[1])
-    return _w8a8(q, q_scale, weight, scale, block, bias, x2.dtype)
+    return _w8a8(q, q_scale, weight, scale, block, bias, x2.dtype, cfg)
 
 
 def scaled_mm_ok(x2: torch.Tensor, weight: torch.Tensor, per_tensor: bool) -> bool:

@@ -122,17 +122,19 @@ def check_int4(k: int, n: int, qweight: torch.Tensor, scales: torch.Tensor, zero
 
 def w4a16_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
                  perm: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                 gemv_max_rows: int = int4_gemv.GEMV_MAX_ROWS) -> torch.Tensor:
+                 gemv_max_rows: int = int4_gemv.GEMV_MAX_ROWS, cfg: TileConfig | None = None,
+                 gemv_cfg: int4_gemv.GemvConfig = int4_gemv.GEMV_CONFIG) -> torch.Tensor:
     """The Triton kernels' launch: x2 (M, K) with unit column stride -> (M, N) in x2's dtype; int4_block_k must
-    find a K tile. Up to gemv_max_rows rows: the CUDA-core kernel (int4_gemv.py)."""
+    find a K tile. Up to gemv_max_rows rows: the CUDA-core kernel (int4_gemv.py). cfg: the row bucket's
+    (INT4_CONFIGS) unless given, as gemv_cfg (benchmarks/kernels/quant_gemm.py --sweep)."""
     m, k = x2.shape
     n = qweight.shape[1]
     block_k = int4_block_k(k, group_size)
     if block_k is None:
         raise ValueError(f"no K tile of {MIN_BLOCK_K}..{MAX_BLOCK_K} channels divides the group size {group_size}")
     if m <= gemv_max_rows:
-        return int4_gemv.w4a16_gemv(x2, qweight, scales, zeros, group_size, block_k, perm, bias)
-    cfg = INT4_CONFIGS[tiles.bucket_of(m)]
+        return int4_gemv.w4a16_gemv(x2, qweight, scales, zeros, group_size, block_k, perm, bias, gemv_cfg)
+    cfg = cfg or INT4_CONFIGS[tiles.bucket_of(m)]
     grid_n, grid_m = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
     split = tiles.split_k(grid_n * grid_m, triton.cdiv(k, block_k), tiles.sm_count(x2.device), cfg.split)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
