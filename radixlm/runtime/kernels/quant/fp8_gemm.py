@@ -180,6 +180,8 @@ def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     if block is not None and input_scale is not None:
         raise ValueError("block-scaled FP8 weights take dynamic activations: no static input scale")
     x2 = x.reshape(-1, k)
+    if x2.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], n)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     if x.dtype not in (torch.bfloat16, torch.float16) or not fp8_supported(x.device) or (

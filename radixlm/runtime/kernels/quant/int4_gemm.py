@@ -159,6 +159,8 @@ def int4_linear_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     n = qweight.shape[1]
     check_int4(k, n, qweight, scales, zeros, group_size, perm)
     x2 = x.reshape(-1, k)
+    if x2.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], n)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     if x.dtype in (torch.bfloat16, torch.float16) and int4_block_k(k, group_size) is not None and (

@@ -64,6 +64,14 @@ def test_int4_linear_matches_the_reference(n, k, group, perm, bias):
         _close(quant.int4_linear(x, qw, s, z, group, p, b), ref.int4_linear(x, qw, s, z, group, p, b), 2e-2)
 
 
+def test_zero_rows_give_an_empty_output():
+    qw, s, z = ref.quant_int4(torch.randn(64, 256, device="cuda"), 128, dtype=torch.bfloat16)
+    x = torch.empty(0, 256, device="cuda", dtype=torch.bfloat16)
+    assert quant.int4_linear(x, qw, s, z, 128).shape == (0, 64)
+    q, sc, _ = _fp8_weight(64, 256, "channel")
+    assert quant.fp8_linear(x, q, sc).shape == (0, 64)
+
+
 def _calls():
     calls = []
     qw, s, z = ref.quant_int4(torch.randn(4096, 4096, device="cuda") * 0.02, 128, dtype=torch.bfloat16)
