@@ -4,8 +4,11 @@ result, without the tensor cores.
 At one row the tensor-core kernel (int4_gemm.py) spends about nine instructions a weight: unpack, (q - z) * s, the
 bf16 rounding, and a store to shared memory to reach the MMA's operand layout, so it would run at under half the
 memory's rate (an H200 issues ~33 T thread-instructions/s; INT4 at 4.8 TB/s is 9.6 T weights/s). Here a weight costs
-its unpack (shift, mask | 0x4B000000, a float subtract: the bits 0x4B000000 | q are 2^23 + q) and one FMA per row:
-each K tile lies in one group, so sum_k (q - z) s x = s (sum_k q x - z sum_k x), scaled once per tile and column.
+its unpack and one FMA per row: channel 8 kp + j is nibble j % 4 of word kp (j < 4) or of word kp >> 16, and masked
+in place and or-ed with 0x4B000000 it is the float 2^23 + q 16^(j % 4), exactly; one subtraction leaves q 16^(j % 4),
+and the row's x, scaled by 16^-(j % 4) once per tile (exact), undoes the place. Each K tile lies in one group, so
+sum_k (q - z) s x = s (sum_k q x - z sum_k x), scaled once per tile and column. (Instruction counts here and below:
+the K loop's SASS, Triton 3.9 and ptxas 13 for sm_90a.)
 The weight is not rounded to the activation dtype before the product (the reference rounds it): the sums differ
 from the reference's by float32 and bfloat16 roundings only."""
 from __future__ import annotations
