@@ -1,10 +1,11 @@
 """The quantized GEMMs (radixlm/runtime/kernels/quant) against bf16 on Llama-3.1-8B's four linear shapes, one device
-call: F.linear (cuBLAS) vs FP8 per-channel (per-token activations, torch._scaled_mm) vs FP8 128x128 blocks (Triton
-w8a8) vs W4A16 (INT4, group 128; Triton) at 1, 8, 32, 64, 256 rows. Each figure is the device time of one whole
-kernels.quant call (activation quantization and split-K reduction included) from CUDA-graph replays over distinct
-weight copies (benchmarks/lib/gpu_timing.py: no L2 hits, no launch gaps), beside its bytes floor (weight with its
-scales + input and output activations, at 4.8 TB/s); then one layer's four GEMMs summed per row count and their ratio
-to bf16's; and each format's output against kernels/quant/reference.py (max |error| / max |reference|).
+call: F.linear (cuBLAS) vs FP8 per-channel (per-token activations; Triton at decode, torch._scaled_mm past 16 rows)
+vs FP8 128x128 blocks (Triton w8a8) vs W4A16 (INT4, group 128; Triton) at 1, 8, 32, 64, 256 rows. Each figure is the
+device time of one whole kernels.quant call (activation quantization and split-K reduction included) from CUDA-graph
+replays over distinct weight copies (benchmarks/lib/gpu_timing.py: no L2 hits, no launch gaps), beside its bytes
+floor (weight with its scales + input and output activations, at 4.8 TB/s); then one layer's four GEMMs summed per
+row count and their ratio to bf16's; and each format's output against kernels/quant/reference.py (max |error| /
+max |reference|).
 
     python3 benchmarks/kernels/quant_gemm.py --out $OUT            # writes $OUT/quant_gemm.json, ~2-3 min on an H200
     python benchmarks/kernels/quant_gemm.py --dry --out /tmp       # the script's logic on the CPU: tiny shapes, the
@@ -36,9 +37,10 @@ from radixlm.runtime.kernels.quant.tiles import ROW_BUCKETS  # noqa: E402
 GEMV_MAX_ROWS = ROW_BUCKETS[1]  # int4_gemv.GEMV_MAX_ROWS (that module needs Triton; --dry runs without a GPU)
 
 LAYER = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-# fp8_channel_triton and w4a16_mma: the kernels the defaults do not take, timed to check those choices (the Triton
-# per-channel FP8 mode at every row count; the INT4 tensor-core kernel where the GEMV runs, 1-2 rows).
-FORMATS = ("bf16", "fp8_channel", "fp8_channel_triton", "fp8_block", "w4a16", "w4a16_mma")
+# fp8_channel_triton, fp8_channel_scaled_mm and w4a16_mma: one kernel forced, to check the defaults' choices (the
+# Triton per-channel FP8 mode, or torch._scaled_mm, at every row count; the INT4 tensor-core kernel where the GEMV
+# runs, 1-2 rows).
+FORMATS = ("bf16", "fp8_channel", "fp8_channel_triton", "fp8_channel_scaled_mm", "fp8_block", "w4a16", "w4a16_mma")
 HBM_TB_S = 4.8  # the H200's HBM3e, by the datasheet
 GROUP = 128
 BLOCK = (128, 128)
@@ -70,6 +72,7 @@ def make_formats(n: int, k: int, device: str) -> dict[str, list]:
         made["bf16"].append(w)
         made["fp8_channel"].append(ref.quant_fp8(w, per_channel=True))
         made["fp8_channel_triton"].append(made["fp8_channel"][-1])
+        made["fp8_channel_scaled_mm"].append(made["fp8_channel"][-1])
         made["fp8_block"].append(ref.quant_fp8(w, block=BLOCK))
         made["w4a16"].append(ref.quant_int4(w, GROUP, dtype=torch.bfloat16))
         made["w4a16_mma"].append(made["w4a16"][-1])
@@ -85,6 +88,10 @@ def call(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
         if not x.is_cuda:
             return quant.fp8_linear(x, *weight)
         return quant.fp8_scaled_linear(x, *weight, None, None, min_scaled_mm_rows=1 << 30)
+    if fmt == "fp8_channel_scaled_mm":
+        if not x.is_cuda:
+            return quant.fp8_linear(x, *weight)
+        return quant.fp8_scaled_linear(x, *weight, None, None, min_scaled_mm_rows=0)
     if fmt == "fp8_block":
         return quant.fp8_linear(x, *weight, BLOCK)
     if fmt == "w4a16_mma" and x.is_cuda:
@@ -211,8 +218,10 @@ def main() -> None:
     result = {"benchmark": "quant_gemm", "gpu": "cpu (dry)" if args.dry else torch.cuda.get_device_name(),
               "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv),
               "tree": tree(), "hbm_tb_s": HBM_TB_S,
-              "formats": {"fp8_channel": "per-channel weight scales, per-token activations, torch._scaled_mm",
-                          "fp8_channel_triton": "the same, the Triton kernel's per-channel mode (split K at decode)",
+              "formats": {"fp8_channel": "per-channel weight scales, per-token activations: the Triton kernel up to "
+                                         "16 rows (split K), torch._scaled_mm from 17 (fp8_gemm.SCALED_MM_MIN_ROWS)",
+                          "fp8_channel_triton": "the same, the Triton kernel's per-channel mode at every row count",
+                          "fp8_channel_scaled_mm": "the same, torch._scaled_mm (row-wise scales) at every row count",
                           "fp8_block": "128x128 weight blocks, per-token-group activations, Triton",
                           "w4a16": f"INT4 asymmetric, group {GROUP}, bf16 scales/zeros, Triton (GEMV at 1-2 rows)",
                           "w4a16_mma": "the same, the tensor-core kernel where the GEMV runs"},

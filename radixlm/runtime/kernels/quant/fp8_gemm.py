@@ -25,9 +25,11 @@ from radixlm.runtime.kernels.quant import fp8_act, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import FP8_DTYPE, dequant_fp8
 
 SCALED_MM_ALIGN = 16
-# Fewer rows than this run the Triton kernel's per-channel mode instead of _scaled_mm (its split K keeps every SM
-# streaming weight at decode); benchmarks/kernels/quant_gemm.py times both ("fp8_channel" and "fp8_channel_triton").
-SCALED_MM_MIN_ROWS = 1
+# Fewer rows than this run the Triton kernel's per-channel mode instead of _scaled_mm: at decode its split K keeps
+# every SM streaming weight, where a 64 x 128-tile GEMM of the 8B model's o_proj has 32 tiles for 132 SMs. A lead,
+# not yet a measurement: benchmarks/kernels/quant_gemm.py times the default beside both kernels at every row count
+# ("fp8_channel", "fp8_channel_triton", "fp8_channel_scaled_mm").
+SCALED_MM_MIN_ROWS = 17
 
 
 @dataclass(frozen=True)

@@ -73,11 +73,12 @@ def fp8_cases(g: torch.Generator) -> None:
         x = torch.randn(m, 128, generator=g).to(torch.bfloat16)
         b = torch.randn(64, generator=g).to(torch.bfloat16)
         assert fp8_gemm.scaled_mm_ok(x, w, per_tensor=False)
-        _close(fp8_gemm.fp8_scaled_linear(x, w, s, b, None), ref.fp8_linear_w8a8(x, w, s, None, b), 2e-2)
         static = torch.tensor(0.03)
-        _close(fp8_gemm.fp8_scaled_linear(x, wt, st, None, static), ref.fp8_linear_w8a8(x, wt, st, None, None, static),
-               2e-2)
-        _close(fp8_gemm.fp8_scaled_linear(x, wt, st, None, None), ref.fp8_linear_w8a8(x, wt, st), 2e-2)
+        for rows in (0, fp8_gemm.SCALED_MM_MIN_ROWS):  # _scaled_mm, then the default (the Triton kernel at decode)
+            _close(fp8_gemm.fp8_scaled_linear(x, w, s, b, None, rows), ref.fp8_linear_w8a8(x, w, s, None, b), 2e-2)
+            _close(fp8_gemm.fp8_scaled_linear(x, wt, st, None, static, rows),
+                   ref.fp8_linear_w8a8(x, wt, st, None, None, static), 2e-2)
+            _close(fp8_gemm.fp8_scaled_linear(x, wt, st, None, None, rows), ref.fp8_linear_w8a8(x, wt, st), 2e-2)
 
 
 def _act(x: torch.Tensor, static: torch.Tensor | None):
