@@ -121,3 +121,52 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     if perm is not None:
         x = x.index_select(-1, perm)
     return F.linear(x, dequant_int4(qweight, scales, zeros, group_size, x.dtype), bias)
+
+
+# Activations (the CUDA paths' first step; SGLang's per-token and per-token-group FP8 quantization): each row (or each
+# group of `group` consecutive channels of a row) gets scale = max(amax, ACT_EPS) / FP8_MAX; a static scale is given.
+ACT_EPS = 1e-10
+
+
+def quant_fp8_act(x: torch.Tensor, group: int | None = None,
+                  static_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale) of an (M, K) activation: scale (M, 1) per token, (M, ceil(K / group)) per token group, or the static
+    scalar as given."""
+    x = x.to(torch.float32)
+    m, k = x.shape
+    if static_scale is not None:
+        if group is not None:
+            raise ValueError("a static activation scale is per tensor: no group")
+        s = static_scale.to(torch.float32).reshape(())
+        return (x / s).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), s
+    g = k if group is None else group
+    padded = F.pad(x, (0, -k % g))
+    amax = padded.abs().reshape(m, -1, g).amax(dim=2)
+    scale = amax.clamp(min=ACT_EPS) / FP8_MAX
+    full = scale.repeat_interleave(g, 1)[:, :k]
+    return (x / full).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def dequant_fp8_act(q: torch.Tensor, scale: torch.Tensor, group: int | None = None) -> torch.Tensor:
+    k = q.shape[1]
+    s = scale.to(torch.float32)
+    if s.dim() == 2 and group is not None:
+        s = s.repeat_interleave(group, 1)[:, :k]
+    return q.to(torch.float32) * s
+
+
+def fp8_linear_w8a8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                    block: tuple[int, int] | None = None, bias: torch.Tensor | None = None,
+                    input_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """What the CUDA FP8 GEMMs compute, in float32, returned in x's dtype: the activations quantized (per token group
+    of block[1] channels with block weights, else per token, or with the static input_scale), then multiplied by the
+    dequantized weight."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    group = block[1] if block is not None else None
+    q, s = quant_fp8_act(x2, group, input_scale)
+    xd = dequant_fp8_act(q, s, group)
+    y = xd @ dequant_fp8(weight, scale, block).t()
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x.dtype).reshape(*lead, weight.shape[0])

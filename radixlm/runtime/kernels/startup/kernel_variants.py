@@ -85,6 +85,14 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         expert: up to 4 configs (3 in float32) -> start-up runs every one a pass can reach (reachable_configs).
       A_ROW_DIV, MUL_WEIGHT (the two launches), IEEE_FP32 (dtype), N, K, expert_start, n_local, strides: fixed.
 
+  quant/ (fp8_act.py, fp8_gemm.py, int4_gemm.py, splitk.py)  _quant_rows_kernel, _quant_groups_kernel,
+      _w8a8_kernel, _w4a16_kernel, _reduce_splits_kernel (quantized linear layers)
+      The tile config and the K split follow the row bucket (quant/tiles.ROW_BUCKETS: <= 16, <= 64, <= 256, more);
+        M and the split partials' stride: do_not_specialize; the activation: no alignment. Weight shape, group or
+        block size, bias, permutation, dtype: fixed per layer -> warmup.warm_up_quantized runs each quantized layer
+        at each bucket's first row count (quant.warm_up_linear), which prefill passes can reach beyond the passes
+        above.
+
 How they are built: warmup.warm_up_kernels hands the skinny GEMM's configs and, but for MoE models, what a
 discovery run of the warm-up passes launches unbuilt to a thread pool (kernel_builds.py), then runs the passes; CUDA
 graph capture builds its own variants one after another, as before.

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from radixlm.runtime.kernels import attention, gemm
+from radixlm.runtime.kernels import attention, gemm, quant
 from radixlm.runtime.kernels.elementwise import argmax_rows
 from radixlm.runtime.kernels.moe import TRITON_CHUNK_TOKENS, fused_experts_triton, reachable_configs
 from radixlm.runtime.kernels.startup.kernel_builds import ParallelBuilds
@@ -155,6 +155,18 @@ def warm_up_passes(runner: WarmupRunner, plan: WarmupPlan) -> None:
             next(m for m in runner.model.modules() if isinstance(m, RadixAttention)), plan.shared_prefix)
     if plan.moe and runner.is_cuda:
         warm_up_moe(runner)
+    if runner.is_cuda:
+        warm_up_quantized(runner)
+
+
+def warm_up_quantized(runner: WarmupRunner) -> None:
+    """Each quantized linear layer once per row bucket of its kernels (kernels.quant.warm_up_linear): prefill passes
+    reach buckets that the decode and extend passes above do not."""
+    for m in runner.model.modules():
+        method = getattr(m, "quant_method", None)
+        if method is not None and isinstance(m, Linear):
+            quant.warm_up_linear(lambda x, m=m, method=method: method.apply(m, x, m.bias), m.in_features,
+                                 runner.model_config.dtype, runner.device)
 
 
 def warm_up_moe(runner: WarmupRunner) -> None:

@@ -1,0 +1,292 @@
+"""The quantized GEMMs (radixlm/runtime/kernels/quant) against bf16 on Llama-3.1-8B's four linear shapes, one device
+call: F.linear (cuBLAS) vs FP8 per-channel (per-token activations; Triton at decode, torch._scaled_mm past 16 rows)
+vs FP8 128x128 blocks (Triton w8a8) vs W4A16 (INT4, group 128; Triton) at 1, 8, 32, 64, 256 rows. Each figure is the
+device time of one whole kernels.quant call (activation quantization and split-K reduction included) from CUDA-graph
+replays over distinct weight copies (benchmarks/lib/gpu_timing.py: no L2 hits, no launch gaps), beside its bytes
+floor (weight with its scales + input and output activations, at 4.8 TB/s); then one layer's four GEMMs summed per
+row count and their ratio to bf16's; and each format's output against kernels/quant/reference.py (max |error| /
+max |reference|).
+
+    python3 benchmarks/kernels/quant_gemm.py --out $OUT            # writes $OUT/quant_gemm.json, ~2-3 min on an H200
+    python benchmarks/kernels/quant_gemm.py --dry --out /tmp       # the script's logic on the CPU: tiny shapes, the
+                                                                   # reference path, wall-clock times
+    python3 benchmarks/kernels/quant_gemm.py --sweep --out $OUT    # decode tile configs instead (quant_gemm_sweep.json)
+                                                                   # the INT4 GEMV at 1 row, the INT4 tensor-core and
+                                                                   # FP8 block kernels at 8 rows; ~3 min
+    TRITON_INTERPRET=1 python benchmarks/kernels/quant_gemm.py --sweep --dry --shapes o_proj --out /tmp   # its logic
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.lib.gpu_timing import SHAPES, graph_us, within_budget  # noqa: E402
+from radixlm.runtime.kernels import quant  # noqa: E402
+from radixlm.runtime.kernels.quant import reference as ref  # noqa: E402
+from radixlm.runtime.kernels.quant.tiles import ROW_BUCKETS  # noqa: E402
+
+GEMV_MAX_ROWS = ROW_BUCKETS[1]  # int4_gemv.GEMV_MAX_ROWS (that module needs Triton; --dry runs without a GPU)
+
+LAYER = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# fp8_channel_triton, fp8_channel_scaled_mm and w4a16_mma: one kernel forced, to check the defaults' choices (the
+# Triton per-channel FP8 mode, or torch._scaled_mm, at every row count; the INT4 tensor-core kernel where the GEMV
+# runs, 1-2 rows).
+FORMATS = ("bf16", "fp8_channel", "fp8_channel_triton", "fp8_channel_scaled_mm", "fp8_block", "w4a16", "w4a16_mma")
+HBM_TB_S = 4.8  # the H200's HBM3e, by the datasheet
+GROUP = 128
+BLOCK = (128, 128)
+COPY_BYTES = 600_000_000  # weight copies per format and shape: several times the 60 MB L2
+TOLERANCE = 2e-2
+
+
+def weight_bytes(fmt: str, n: int, k: int) -> int:
+    fmt = fmt.removesuffix("_mma")
+    if fmt == "bf16":
+        return 2 * n * k
+    if fmt.startswith("fp8_channel"):
+        return n * k + 4 * n
+    if fmt == "fp8_block":
+        return n * k + 4 * -(-n // BLOCK[0]) * -(-k // BLOCK[1])
+    return n * k // 2 + 2 * 2 * (k // GROUP) * n  # packed INT4 + bf16 scales and zeros
+
+
+def floor_us(fmt: str, n: int, k: int, m: int) -> float:
+    return (weight_bytes(fmt, n, k) + 2 * m * (k + n)) / (HBM_TB_S * 1e12) * 1e6
+
+
+def make_formats(n: int, k: int, device: str) -> dict[str, list]:
+    """Distinct copies of one random weight per format: each call of the format's GEMM as a closure over one copy."""
+    copies = max(2, min(16, -(-COPY_BYTES // (2 * n * k)))) if device == "cuda" else 2
+    made: dict[str, list] = {f: [] for f in FORMATS}
+    for _ in range(copies):
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
+        made["bf16"].append(w)
+        made["fp8_channel"].append(ref.quant_fp8(w, per_channel=True))
+        made["fp8_channel_triton"].append(made["fp8_channel"][-1])
+        made["fp8_channel_scaled_mm"].append(made["fp8_channel"][-1])
+        made["fp8_block"].append(ref.quant_fp8(w, block=BLOCK))
+        made["w4a16"].append(ref.quant_int4(w, GROUP, dtype=torch.bfloat16))
+        made["w4a16_mma"].append(made["w4a16"][-1])
+    return made
+
+
+def call(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
+    if fmt == "bf16":
+        return F.linear(x, weight)
+    if fmt == "fp8_channel":
+        return quant.fp8_linear(x, *weight)
+    if fmt == "fp8_channel_triton":  # the Triton kernel's per-channel mode at every row count
+        if not x.is_cuda:
+            return quant.fp8_linear(x, *weight)
+        return quant.fp8_scaled_linear(x, *weight, None, None, min_scaled_mm_rows=1 << 30)
+    if fmt == "fp8_channel_scaled_mm":
+        if not x.is_cuda:
+            return quant.fp8_linear(x, *weight)
+        return quant.fp8_scaled_linear(x, *weight, None, None, min_scaled_mm_rows=0)
+    if fmt == "fp8_block":
+        return quant.fp8_linear(x, *weight, BLOCK)
+    if fmt == "w4a16_mma" and x.is_cuda:
+        return quant.w4a16_linear(x, *weight, GROUP, gemv_max_rows=0)
+    return quant.int4_linear(x, *weight, GROUP)
+
+
+def reference(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
+    """What the format's call computes (on CPU, --dry: activations are not quantized there)."""
+    if fmt.startswith("fp8") and not x.is_cuda:
+        return ref.fp8_linear(x, *weight, BLOCK if fmt == "fp8_block" else None)
+    if fmt.startswith("fp8_channel"):
+        return ref.fp8_linear_w8a8(x, *weight)
+    if fmt == "fp8_block":
+        return ref.fp8_linear_w8a8(x, *weight, BLOCK)
+    return ref.int4_linear(x, *weight, GROUP)  # w4a16, w4a16_mma
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+
+
+def shape_of(name: str, dry: bool) -> tuple[int, int]:
+    n, k = SHAPES[name]
+    return (n // 32, -(-k // 32 // GROUP) * GROUP) if dry else (n, k)
+
+
+def wall_us(fn, copies: int) -> float:
+    """--dry's stand-in for graph_us: one call per copy, wall clock."""
+    t = time.perf_counter()
+    for i in range(copies):
+        fn(i)
+    return (time.perf_counter() - t) * 1e6 / copies
+
+
+def sweep_variants() -> list[tuple[str, int, object]]:
+    """(kernel, rows, config) of --sweep: the decode paths' tile configs around the defaults."""
+    from radixlm.runtime.kernels.quant import fp8_gemm, int4_gemm, int4_gemv
+
+    out: list[tuple[str, int, object]] = []
+    for bn in (32, 64, 128):
+        for per_sm in (2, 4, 8):
+            out.append(("w4a16", 1, int4_gemv.GemvConfig(bn, 128, 4, 1, per_sm, 2)))
+        for stages in (3, 4, 6):
+            out.append(("w4a16", 8, int4_gemm.TileConfig(16, bn, 4, stages, True)))
+            out.append(("fp8_block", 8, fp8_gemm.TileConfig(16, bn, 4, stages, True)))
+    return out
+
+
+def sweep(args, t0: float, device: str, timer) -> dict:
+    """--sweep (with --dry: under TRITON_INTERPRET=1 on the CPU, tiny shapes, wall clock)."""
+    import dataclasses
+
+    result = {"benchmark": "quant_gemm_sweep", "gpu": "cpu (dry)" if args.dry else torch.cuda.get_device_name(),
+              "command": " ".join(sys.argv), "tree": tree(), "hbm_tb_s": HBM_TB_S, "cells": []}
+    variants = sweep_variants()
+    for name in within_budget(args.shapes, t0, args.budget_s):
+        n, k = shape_of(name, args.dry)
+        made = make_formats(n, k, device)
+        copies = len(made["bf16"])
+        for kernel, m, cfg in variants:
+            x = torch.randn(m, k, device=device, dtype=torch.float32 if args.dry else torch.bfloat16)
+            ws = made[kernel]
+            if kernel == "w4a16":
+                kw = {"gemv_cfg": cfg} if m <= GEMV_MAX_ROWS else {"cfg": cfg}
+                fn = lambda i, kw=kw: quant.w4a16_linear(x, *ws[i], GROUP, **kw)  # noqa: E731
+            else:
+                from radixlm.runtime.kernels.quant import fp8_gemm
+
+                fn = lambda i, cfg=cfg: fp8_gemm.fp8_block_linear(x, *ws[i], BLOCK, None, cfg)  # noqa: E731
+            err = rel_err(fn(0), reference(kernel, x, ws[0]))
+            us = timer(fn, copies)
+            result["cells"].append({"kernel": kernel, "shape": name, "rows": m, "config": dataclasses.asdict(cfg),
+                                    "us": us, "floor_us": floor_us(kernel, n, k, m), "rel_err": err})
+        del made
+        if not args.dry:
+            torch.cuda.empty_cache()
+        print(f"{name} swept at {time.perf_counter() - t0:.0f} s", flush=True)
+    out = Path(args.out) / "quant_gemm_sweep.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    by_cfg: dict = {}
+    for c in result["cells"]:
+        by_cfg.setdefault((c["kernel"], c["rows"], json.dumps(c["config"])), []).append(c)
+    print("\nconfig: us per layer (sum of its shapes' GEMMs; floor), max rel_err")
+    for (kernel, m, cfg), cells in sorted(by_cfg.items(), key=lambda kv: (kv[0][:2], sum(c["us"] for c in kv[1]))):
+        total, floor = sum(c["us"] for c in cells), sum(c["floor_us"] for c in cells)
+        print(f"{kernel:>9} rows {m:>2} {cfg}: {total:8.1f} ({floor:.1f}; {len(cells)} shapes) "
+              f"err {max(c['rel_err'] for c in cells):.3g}")
+    return result
+
+
+def tree() -> str | None:
+    """The commit measured (results/INDEX.md's tree column), where the tree is a git checkout."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parents[2]).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64, 256])
+    p.add_argument("--shapes", nargs="+", default=list(LAYER), choices=list(LAYER))
+    p.add_argument("--budget-s", type=float, default=220.0, help="stop starting shapes after this many seconds")
+    p.add_argument("--out", default=os.environ.get("OUT", "."), help="directory of quant_gemm.json")
+    p.add_argument("--dry", action="store_true", help="on the CPU: tiny shapes, the reference path, wall clock")
+    p.add_argument("--sweep", action="store_true", help="time the decode paths' tile configs instead")
+    args = p.parse_args()
+    import triton
+
+    device = "cpu" if args.dry else "cuda"
+    timer = wall_us if args.dry else graph_us
+    if args.sweep:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        sweep(args, time.perf_counter(), device, timer)
+        return
+
+    t0 = time.perf_counter()
+    out = Path(args.out) / "quant_gemm.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": "quant_gemm", "gpu": "cpu (dry)" if args.dry else torch.cuda.get_device_name(),
+              "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv),
+              "tree": tree(), "hbm_tb_s": HBM_TB_S,
+              "formats": {"fp8_channel": "per-channel weight scales, per-token activations: the Triton kernel up to "
+                                         "16 rows (split K), torch._scaled_mm from 17 (fp8_gemm.SCALED_MM_MIN_ROWS)",
+                          "fp8_channel_triton": "the same, the Triton kernel's per-channel mode at every row count",
+                          "fp8_channel_scaled_mm": "the same, torch._scaled_mm (row-wise scales) at every row count",
+                          "fp8_block": "128x128 weight blocks, per-token-group activations, Triton",
+                          "w4a16": f"INT4 asymmetric, group {GROUP}, bf16 scales/zeros, Triton (GEMV at 1-2 rows)",
+                          "w4a16_mma": "the same, the tensor-core kernel where the GEMV runs"},
+              "cells": [], "correctness": [], "layer": []}
+    torch.manual_seed(0)
+    for name in within_budget(args.shapes, t0, args.budget_s):
+        n, k = shape_of(name, args.dry)
+        made = make_formats(n, k, device)
+        copies = len(made["bf16"])
+        for m in args.rows:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            for fmt in FORMATS:
+                if fmt == "w4a16_mma" and m > GEMV_MAX_ROWS:
+                    continue
+                ws = made[fmt]
+                us = timer(lambda i, fmt=fmt, ws=ws: call(fmt, x, ws[i]), copies)
+                cell = {"shape": name, "n": n, "k": k, "rows": m, "format": fmt, "us": us,
+                        "floor_us": floor_us(fmt, n, k, m), "weight_bytes": weight_bytes(fmt, n, k)}
+                cell["of_floor"] = cell["floor_us"] / us
+                result["cells"].append(cell)
+                if fmt != "bf16" and m in (args.rows[0], args.rows[-1]):
+                    got = call(fmt, x, ws[0])
+                    err = rel_err(got, reference(fmt, x, ws[0]))
+                    result["correctness"].append({"shape": name, "rows": m, "format": fmt, "rel_err": err,
+                                                  "vs_bf16_rel_err": rel_err(got, F.linear(x, made["bf16"][0])),
+                                                  "ok": err <= TOLERANCE})
+        del made
+        if not args.dry:
+            torch.cuda.empty_cache()
+        print(f"{name} done at {time.perf_counter() - t0:.0f} s", flush=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    by = {(c["shape"], c["rows"], c["format"]): c for c in result["cells"]}
+    for m in args.rows:
+        formats = [f for f in FORMATS if all((s, m, f) in by for s in LAYER)]
+        if "bf16" not in formats:
+            continue
+        row = {"rows": m}
+        for fmt in formats:
+            row[f"{fmt}_us"] = sum(by[(s, m, fmt)]["us"] for s in LAYER)
+            row[f"{fmt}_floor_us"] = sum(by[(s, m, fmt)]["floor_us"] for s in LAYER)
+            row[f"{fmt}_vs_bf16"] = row[f"{fmt}_us"] / row["bf16_us"]
+        result["layer"].append(row)
+    result["wall_s"] = time.perf_counter() - t0
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print_table(result)
+
+
+def print_table(result: dict) -> None:
+    print(f"\n{result['gpu']}: device us per GEMM (floor us at {HBM_TB_S} TB/s)")
+    print(f"{'shape':>13} {'rows':>5} " + " ".join(f"{f[:20]:>22}" for f in FORMATS))
+    by = {(c["shape"], c["rows"], c["format"]): c for c in result["cells"]}
+    for shape, m in sorted({(c["shape"], c["rows"]) for c in result["cells"]}, key=lambda t: (LAYER.index(t[0]), t[1])):
+        cells = [by.get((shape, m, f)) for f in FORMATS]
+        print(f"{shape:>13} {m:>5} " + " ".join(f"{c['us']:>10.1f} ({c['floor_us']:>8.1f})" if c else f"{'-':>22}"
+                                                 for c in cells))
+    print("\none layer's four GEMMs: us (ratio to bf16)")
+    for row in result["layer"]:
+        print(f"rows {row['rows']:>4}: " + "  ".join(
+            f"{f} {row[f'{f}_us']:.1f} ({row[f'{f}_vs_bf16']:.2f}x; floor {row[f'{f}_floor_us']:.1f})"
+            for f in FORMATS if f"{f}_us" in row))
+    bad = [c for c in result["correctness"] if not c["ok"]]
+    print(f"\ncorrectness against the reference: {len(result['correctness']) - len(bad)} of "
+          f"{len(result['correctness'])} within {TOLERANCE}" + "".join(
+              f"\n  FAIL {c['format']} {c['shape']} rows {c['rows']}: {c['rel_err']:.3g}" for c in bad))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""The quantized GEMMs' entry points (kernels.quant.fp8_linear / int4_linear): CUDA tensors run the CUDA kernels
+(fp8_gemm.py, int4_gemm.py: Triton and cuBLASLt), CPU tensors the reference (dequantize, then matmul), from the
+same call. Triton modules load on a CUDA call only, so a CPU process imports none."""
+from __future__ import annotations
+
+import torch
+
+from radixlm.runtime.kernels.quant import reference
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None,
+               bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ dequant(weight).T + bias in x's dtype. On CUDA the activations are quantized to FP8 (per token, per token
+    group of block[1] channels with block weights, or with the static input_scale) and the GEMM runs on the FP8
+    tensor cores; on CPU the activations stay in their dtype (reference.fp8_linear; input_scale is not used there)."""
+    if x.is_cuda:
+        from radixlm.runtime.kernels.quant.fp8_gemm import fp8_linear_cuda
+
+        return fp8_linear_cuda(x, weight, scale, block, bias, input_scale)
+    return reference.fp8_linear(x, weight, scale, block, bias)
+
+
+def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+                perm: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ dequant_int4(...).T + bias in x's dtype (x's channels gathered by perm first)."""
+    if x.is_cuda:
+        from radixlm.runtime.kernels.quant.int4_gemm import int4_linear_cuda
+
+        return int4_linear_cuda(x, qweight, scales, zeros, group_size, perm, bias)
+    return reference.int4_linear(x, qweight, scales, zeros, group_size, perm, bias)

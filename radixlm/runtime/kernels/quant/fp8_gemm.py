@@ -1,0 +1,201 @@
+"""FP8 weight GEMMs on CUDA, checked against reference.fp8_linear_w8a8 (their arithmetic) and reference.fp8_linear.
+
+Per-tensor and per-channel weights: the activations are quantized per token (or with the checkpoint's static input
+scale: fp8_act.py), then cuBLASLt multiplies them (torch._scaled_mm: row-wise scales (M, 1) x (1, N), or two scalars
+when both are per tensor), the bias added after. _scaled_mm refuses some shapes (K or N not a multiple of 16) and
+row-wise scales with an output other than bfloat16: those run this file's Triton kernel in its per-channel mode.
+
+128 x 128 blocks (DeepSeek-V3, Qwen3-FP8): activations quantized per token per group of the block's K size, then the
+Triton kernel below (w8a8 block-scaled: each K tile is one block column, its product scaled by the rows' group scales
+times the weight block's scale). Tile configs by row bucket (tiles.ROW_BUCKETS): the decode buckets take narrow N tiles
+and split K (tiles.split_k) so that every SM streams weight; from 65 rows, 64 x 128 and then 128 x 128 tiles.
+
+Every path is capturable in a CUDA graph: no host syncs, and its allocations (outputs, quantized activations, split-K
+partials) have the same sizes at every replay of one row count."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from radixlm.runtime.kernels.quant import fp8_act, splitk, tiles
+from radixlm.runtime.kernels.quant.reference import FP8_DTYPE, dequant_fp8
+
+SCALED_MM_ALIGN = 16
+# Fewer rows than this run the Triton kernel's per-channel mode instead of _scaled_mm: at decode its split K keeps
+# every SM streaming weight, where a 64 x 128-tile GEMM of the 8B model's o_proj has 32 tiles for 132 SMs. A lead,
+# not yet a measurement: benchmarks/kernels/quant_gemm.py times the default beside both kernels at every row count
+# ("fp8_channel", "fp8_channel_triton", "fp8_channel_scaled_mm").
+SCALED_MM_MIN_ROWS = 17
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    split: bool  # split K across programs (tiles.split_k) where the output tiles are few
+
+
+# By row bucket (tiles.ROW_BUCKETS: 1, 2, <= 16, <= 64, <= 256, more rows). BLOCK_K is the weight block's K size (128).
+FP8_CONFIGS = (TileConfig(16, 64, 4, 4, True), TileConfig(16, 64, 4, 4, True), TileConfig(16, 64, 4, 4, True),
+               TileConfig(32, 64, 4, 4, True), TileConfig(64, 128, 4, 3, False), TileConfig(128, 128, 8, 3, False))
+
+
+@triton.jit(do_not_specialize=["M", "stride_ys"])
+def _w8a8_kernel(A, AS, B, BS, Bias, Y, M, N, K, stride_am, stride_asm, stride_bn, stride_bsn, stride_bsk, stride_ym,
+                 stride_ys, k_tiles_per_split, GROUP_N: tl.constexpr, BLOCKWISE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """y = (a * as) @ (b * bs).T. BLOCKWISE: as (M, K / BLOCK_K), bs (ceil(N / GROUP_N), K / BLOCK_K), applied per K
+    tile; else as (M,) and bs (N,) (stride 0: one value), applied once after the loop. SPLIT: program_id(2) sums
+    k_tiles_per_split tiles into float32 partials at Y + pid_k * stride_ys (splitk.reduce_splits finishes)."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    t0 = pid_k * k_tiles_per_split
+    t1 = tl.minimum(t0 + k_tiles_per_split, k_tiles)
+    a_ptrs = A + offs_m[:, None] * stride_am + offs_k[None, :]
+    b_ptrs = B + offs_n[None, :] * stride_bn + offs_k[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for t in range(t0, t1):
+        k0 = t * BLOCK_K
+        if EVEN_K:
+            a = tl.load(a_ptrs + k0, mask=m_mask[:, None], other=0.0)
+            b = tl.load(b_ptrs + k0, mask=n_mask[None, :], other=0.0)
+        else:
+            k_mask = (k0 + offs_k) < K
+            a = tl.load(a_ptrs + k0, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(b_ptrs + k0, mask=n_mask[None, :] & k_mask[:, None], other=0.0)
+        if BLOCKWISE:
+            a_s = tl.load(AS + offs_m * stride_asm + t, mask=m_mask, other=0.0)
+            b_s = tl.load(BS + (offs_n // GROUP_N) * stride_bsn + t * stride_bsk, mask=n_mask, other=0.0)
+            acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+        else:
+            acc = tl.dot(a, b, acc)
+    if not BLOCKWISE:
+        a_s = tl.load(AS + offs_m * stride_asm, mask=m_mask, other=0.0)
+        b_s = tl.load(BS + offs_n * stride_bsn, mask=n_mask, other=0.0)
+        acc = acc * a_s[:, None] * b_s[None, :]
+    y_ptrs = Y + offs_m[:, None] * stride_ym + offs_n[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT:
+        tl.store(y_ptrs + pid_k * stride_ys, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
+
+
+def _w8a8(q: torch.Tensor, q_scale: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor,
+          block: tuple[int, int] | None, bias: torch.Tensor | None, out_dtype: torch.dtype,
+          cfg: TileConfig | None = None) -> torch.Tensor:
+    """Launches _w8a8_kernel: q (M, K) FP8 with q_scale (M, K / bk) (block) or (M, 1) / one value; weight (N, K).
+    cfg: the row bucket's (FP8_CONFIGS) unless given (benchmarks/kernels/quant_gemm.py --sweep)."""
+    m, k = q.shape
+    n = weight.shape[0]
+    blockwise = block is not None
+    block_k = block[1] if blockwise else 128
+    cfg = cfg or FP8_CONFIGS[tiles.bucket_of(m)]
+    k_tiles = triton.cdiv(k, block_k)
+    grid_n, grid_m = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
+    split = tiles.split_k(grid_n * grid_m, k_tiles, tiles.sm_count(q.device), cfg.split)
+    y = torch.empty(m, n, dtype=out_dtype, device=q.device)
+    if blockwise:
+        bs_n, bs_k = w_scale.stride(0), w_scale.stride(1)
+        as_m = q_scale.stride(0)
+    else:
+        w_scale = w_scale.reshape(-1)
+        bs_n, bs_k = (1 if w_scale.numel() > 1 else 0), 0
+        as_m = q_scale.stride(0) if q_scale.dim() == 2 else 0  # (M, 1) per token, or one static value
+    out = y if split.splits == 1 else torch.empty(split.splits, m, n, dtype=torch.float32, device=q.device)
+    _w8a8_kernel[(grid_n, grid_m, split.splits)](
+        q, q_scale, weight, w_scale, bias if bias is not None else y, out, m, n, k, q.stride(0), as_m,
+        weight.stride(0), bs_n, bs_k, out.stride(-2), out.stride(0) if split.splits > 1 else 0,
+        split.k_tiles_per_split, GROUP_N=block[0] if blockwise else 1, BLOCKWISE=blockwise,
+        HAS_BIAS=bias is not None, SPLIT=split.splits > 1, EVEN_K=k % block_k == 0, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if split.splits > 1:
+        splitk.reduce_splits(out, bias, y)
+    return y
+
+
+def block_shape_ok(block: tuple[int, int]) -> bool:
+    bn, bk = block
+    return bn > 0 and bk >= 16 and bk & (bk - 1) == 0
+
+
+def fp8_block_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+                     bias: torch.Tensor | None, cfg: TileConfig | None = None) -> torch.Tensor:
+    """x2 (M, K) -> (M, N) in x2's dtype; weight (N, K) FP8 with scale (ceil(N / bn), ceil(K / bk))."""
+    q, q_scale = fp8_act.quant_fp8_per_group(x2, block[1])
+    return _w8a8(q, q_scale, weight, scale, block, bias, x2.dtype, cfg)
+
+
+def scaled_mm_ok(x2: torch.Tensor, weight: torch.Tensor, per_tensor: bool) -> bool:
+    """Whether torch._scaled_mm takes this GEMM: K and N multiples of 16, and row-wise scales only into bfloat16."""
+    n, k = weight.shape
+    return (k % SCALED_MM_ALIGN == 0 and n % SCALED_MM_ALIGN == 0 and weight.stride(1) == 1
+            and (per_tensor or x2.dtype == torch.bfloat16))
+
+
+def fp8_scaled_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                      input_scale: torch.Tensor | None, min_scaled_mm_rows: int = SCALED_MM_MIN_ROWS) -> torch.Tensor:
+    """Per-tensor or per-channel weight scale: torch._scaled_mm where it takes the shape (scaled_mm_ok) and there are
+    min_scaled_mm_rows rows or more, else the Triton kernel's per-channel mode."""
+    m = x2.shape[0]
+    n = weight.shape[0]
+    per_tensor = scale.numel() == 1 and input_scale is not None
+    q, q_scale = fp8_act.quant_fp8_per_token(x2, input_scale)
+    if m < min_scaled_mm_rows or not scaled_mm_ok(x2, weight, per_tensor):
+        return _w8a8(q, q_scale, weight, scale, None, bias, x2.dtype)
+    w_scale = scale.to(torch.float32)
+    if per_tensor:
+        a_s, b_s, out_dtype = q_scale.reshape(()), w_scale.reshape(()), x2.dtype
+    else:
+        a_s = q_scale.reshape(1, 1).expand(m, 1).contiguous() if q_scale.numel() == 1 else q_scale
+        b_s = w_scale.reshape(1, -1).expand(1, n).contiguous()
+        out_dtype = torch.bfloat16
+    y = torch._scaled_mm(q, weight.t(), a_s, b_s, out_dtype=out_dtype)
+    if bias is not None:
+        y.add_(bias)
+    return y
+
+
+def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None,
+                    bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """kernels.quant.fp8_linear on CUDA: x (..., K) in bfloat16 or float16 (float32: the dequantizing path)."""
+    k = x.shape[-1]
+    n = weight.shape[0]
+    if weight.dtype != FP8_DTYPE or weight.shape[1] != k:
+        raise ValueError(f"an FP8 GEMM takes a ({n}, {k}) {FP8_DTYPE} weight, got {tuple(weight.shape)} {weight.dtype}")
+    if block is not None and input_scale is not None:
+        raise ValueError("block-scaled FP8 weights take dynamic activations: no static input scale")
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], n)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    if x.dtype not in (torch.bfloat16, torch.float16) or not fp8_supported(x.device) or (
+            block is not None and not block_shape_ok(block)):
+        y = F.linear(x2, dequant_fp8(weight, scale, block, x.dtype), bias)
+    elif block is not None:
+        y = fp8_block_linear(x2, weight, scale, block, bias)
+    else:
+        y = fp8_scaled_linear(x2, weight, scale, bias, input_scale)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def fp8_supported(device: torch.device) -> bool:
+    """FP8 tensor cores: compute capability 8.9 (Ada) and up; older GPUs take the dequantizing path."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)

@@ -1,0 +1,173 @@
+"""W4A16 GEMM on CUDA (Triton) on reference.py's INT4 layout, checked against reference.int4_linear.
+
+qweight (K // 8, N) int32 packs eight consecutive input channels per word along K, so a [BLOCK_K // 8, BLOCK_N] tile
+of words is one coalesced load along N, and unpacking it in registers ([BLOCK_K // 8, 8, BLOCK_N] shifts, reshaped to
+[BLOCK_K, BLOCK_N]) gives the K tile in order: the layout needs no repacking for this kernel. Each K tile lies in one
+quantization group (BLOCK_K divides the group size, or the weight has a single group), so a tile's scales and zeros
+are one row of (K // g, N). The weight is dequantized in the K loop as the reference does it, (q - z) * s in float32
+rounded to the activation dtype, and multiplied on the tensor cores (tl.dot) with float32 accumulation. An act-order
+permutation gathers the activation's channels in the loads.
+
+One or two rows run int4_gemv.py's kernel on the CUDA cores (fewer instructions a weight); up to 16 rows BLOCK_M 16
+with narrow N tiles and K split across programs (tiles.split_k) so that every SM streams weight; larger buckets take
+wider tiles. Capturable in CUDA graphs: its
+allocations (output, split-K partials) have one size per row count, and nothing syncs with the host."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from radixlm.runtime.kernels.quant import int4_gemv, splitk, tiles
+from radixlm.runtime.kernels.quant.reference import INT4_PACK, dequant_int4
+
+MAX_BLOCK_K = 128
+MIN_BLOCK_K = 16
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    split: bool
+
+
+# By row bucket (tiles.ROW_BUCKETS: 1, 2, <= 16, <= 64, <= 256, more rows).
+INT4_CONFIGS = (TileConfig(16, 64, 4, 4, True), TileConfig(16, 64, 4, 4, True), TileConfig(16, 64, 4, 4, True),
+                TileConfig(32, 64, 4, 4, True), TileConfig(64, 128, 4, 3, False), TileConfig(128, 128, 8, 3, False))
+
+
+@triton.jit(do_not_specialize=["M", "stride_ys"], do_not_specialize_on_alignment=["X"])
+def _w4a16_kernel(X, Perm, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, stride_qk, stride_sg, stride_ym,
+                  stride_ys, k_tiles_per_split, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                  EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_kp = tl.arange(0, BLOCK_K // 8)
+    shifts = tl.arange(0, 8) * 4
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    t0 = pid_k * k_tiles_per_split
+    t1 = tl.minimum(t0 + k_tiles_per_split, k_tiles)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for t in range(t0, t1):
+        k0 = t * BLOCK_K
+        k = k0 + offs_k
+        kp = k0 // 8 + offs_kp
+        if EVEN_K:
+            x_mask = m_mask[:, None]
+            q_mask = n_mask[None, :]
+        else:
+            x_mask = m_mask[:, None] & (k < K)[None, :]
+            q_mask = n_mask[None, :] & (kp < K // 8)[:, None]
+        if HAS_PERM:
+            kx = tl.load(Perm + k, mask=k < K, other=0)
+        else:
+            kx = k
+        x = tl.load(X + offs_m[:, None] * stride_xm + kx[None, :], mask=x_mask, other=0.0)
+        packed = tl.load(QW + kp[:, None] * stride_qk + offs_n[None, :], mask=q_mask, other=0)
+        q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & 0xF, [BLOCK_K, BLOCK_N])
+        g = k0 // group_size
+        s = tl.load(S + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        z = tl.load(Z + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        # float(q) without an int-to-float conversion (a quarter-rate instruction that would bound the kernel below
+        # the memory's rate): the bits 0x4B000000 | q are the float 2^23 + q, exactly.
+        q_f = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        w = ((q_f - z[None, :]) * s[None, :]).to(X.dtype.element_ty)
+        acc = tl.dot(x, w, acc)
+    y_ptrs = Y + offs_m[:, None] * stride_ym + offs_n[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT:
+        tl.store(y_ptrs + pid_k * stride_ys, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
+
+
+def int4_block_k(k: int, group_size: int) -> int | None:
+    """The K tile that keeps every tile in one group: the largest power of two <= MAX_BLOCK_K dividing group_size
+    (any, for a single group), at least MIN_BLOCK_K; None where there is none (the dequantizing path)."""
+    if group_size >= k:
+        return MAX_BLOCK_K
+    b = MAX_BLOCK_K
+    while b >= MIN_BLOCK_K:
+        if group_size % b == 0:
+            return b
+        b //= 2
+    return None
+
+
+def check_int4(k: int, n: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+               perm: torch.Tensor | None) -> None:
+    groups = -(-k // group_size) if group_size > 0 else 0
+    if group_size <= 0 or k % INT4_PACK or tuple(qweight.shape) != (k // INT4_PACK, n) or qweight.dtype != torch.int32:
+        raise ValueError(f"an INT4 GEMM of input size {k} takes a ({k // INT4_PACK}, N) int32 qweight and a positive "
+                         f"group size, got {tuple(qweight.shape)} {qweight.dtype}, group size {group_size}")
+    if tuple(scales.shape) != (groups, n) or tuple(zeros.shape) != (groups, n):
+        raise ValueError(f"INT4 scales and zeros must be ({groups}, {n}) for group size {group_size}, got "
+                         f"{tuple(scales.shape)} and {tuple(zeros.shape)}")
+    if perm is not None and tuple(perm.shape) != (k,):
+        raise ValueError(f"an act-order permutation has {k} entries, got shape {tuple(perm.shape)}")
+
+
+def w4a16_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+                 perm: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                 gemv_max_rows: int = int4_gemv.GEMV_MAX_ROWS, cfg: TileConfig | None = None,
+                 gemv_cfg: int4_gemv.GemvConfig = int4_gemv.GEMV_CONFIG) -> torch.Tensor:
+    """The Triton kernels' launch: x2 (M, K) with unit column stride -> (M, N) in x2's dtype; int4_block_k must
+    find a K tile. Up to gemv_max_rows rows: the CUDA-core kernel (int4_gemv.py). cfg: the row bucket's
+    (INT4_CONFIGS) unless given, as gemv_cfg (benchmarks/kernels/quant_gemm.py --sweep)."""
+    m, k = x2.shape
+    n = qweight.shape[1]
+    block_k = int4_block_k(k, group_size)
+    if block_k is None:
+        raise ValueError(f"no K tile of {MIN_BLOCK_K}..{MAX_BLOCK_K} channels divides the group size {group_size}")
+    if m <= gemv_max_rows:
+        return int4_gemv.w4a16_gemv(x2, qweight, scales, zeros, group_size, block_k, perm, bias, gemv_cfg)
+    cfg = cfg or INT4_CONFIGS[tiles.bucket_of(m)]
+    grid_n, grid_m = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
+    split = tiles.split_k(grid_n * grid_m, triton.cdiv(k, block_k), tiles.sm_count(x2.device), cfg.split)
+    y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+    out = y if split.splits == 1 else torch.empty(split.splits, m, n, dtype=torch.float32, device=x2.device)
+    _w4a16_kernel[(grid_n, grid_m, split.splits)](
+        x2, perm if perm is not None else qweight, qweight, scales, zeros, bias if bias is not None else y, out, m, n,
+        k, group_size, x2.stride(0), qweight.stride(0), scales.stride(0), out.stride(-2),
+        out.stride(0) if split.splits > 1 else 0, split.k_tiles_per_split, HAS_PERM=perm is not None,
+        HAS_BIAS=bias is not None, SPLIT=split.splits > 1, EVEN_K=k % block_k == 0, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if split.splits > 1:
+        splitk.reduce_splits(out, bias, y)
+    return y
+
+
+def int4_linear_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                     group_size: int, perm: torch.Tensor | None = None,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """kernels.quant.int4_linear on CUDA: x (..., K) in bfloat16 or float16 (float32, or a group size no K tile
+    divides: the dequantizing path)."""
+    k = x.shape[-1]
+    n = qweight.shape[1]
+    check_int4(k, n, qweight, scales, zeros, group_size, perm)
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], n)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    if x.dtype in (torch.bfloat16, torch.float16) and int4_block_k(k, group_size) is not None and (
+            qweight.stride(1) == 1 and scales.stride(1) == 1 and zeros.stride(1) == 1):
+        y = w4a16_linear(x2, qweight, scales, zeros, group_size, perm, bias)
+    else:
+        if perm is not None:
+            x2 = x2.index_select(-1, perm)
+        y = torch.nn.functional.linear(x2, dequant_int4(qweight, scales, zeros, group_size, x.dtype), bias)
+    return y.reshape(*x.shape[:-1], n)

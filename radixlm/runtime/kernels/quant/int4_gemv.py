@@ -1,0 +1,142 @@
+"""W4A16 for the fewest rows of decode (up to GEMV_MAX_ROWS), on CUDA cores (Triton): reference.int4_linear's
+result, without the tensor cores.
+
+At one row the tensor-core kernel (int4_gemm.py) spends about nine instructions a weight: unpack, (q - z) * s, the
+bf16 rounding, and a store to shared memory to reach the MMA's operand layout, so it would run at under half the
+memory's rate (an H200 issues ~33 T thread-instructions/s; INT4 at 4.8 TB/s is 9.6 T weights/s). Here a weight costs
+its unpack and one FMA per row: channel 8 kp + j is nibble j % 4 of word kp (j < 4) or of word kp >> 16, and masked
+in place and or-ed with 0x4B000000 it is the float 2^23 + q 16^(j % 4), exactly; one subtraction leaves q 16^(j % 4),
+and the row's x, scaled by 16^-(j % 4) once per tile (exact), undoes the place. Each K tile lies in one group, so
+sum_k (q - z) s x = s (sum_k q x - z sum_k x), scaled once per tile and column. (Instruction counts here and below:
+the K loop's SASS, Triton 3.9 and ptxas 13 for sm_90a.)
+The weight is not rounded to the activation dtype before the product (the reference rounds it): the sums differ
+from the reference's by float32 and bfloat16 roundings only."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from radixlm.runtime.kernels.quant import splitk, tiles
+
+# Past two rows the FMAs per weight (one per row) outweigh the tensor-core kernel's fixed cost: compiled for sm_90,
+# the K loop ran 5.6 instructions a weight at one row, 8.0 at two and 12.8 at four, the tensor-core kernel's 8.9.
+GEMV_MAX_ROWS = 2
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int
+    block_k: int  # at most the K tile int4_gemm.int4_block_k allows (one group per tile)
+    num_warps: int
+    num_stages: int
+    # Programs in flight: each keeps two tiles' reads outstanding, and an SM must keep ~36 KB in flight to reach
+    # 4.8 TB/s across 132 SMs at ~1 us of latency (4 programs of 2 x 4 KB on the 8B model's o_proj).
+    programs_per_sm: int
+    min_k_tiles: int
+
+
+GEMV_CONFIG = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=1, programs_per_sm=4, min_k_tiles=2)
+
+
+@triton.jit
+def _row_part(X, row, kx, k_mask, q, x_scale):
+    """One row's sum_k q x over the tile (q scaled by 16^(k % 4): x_scale undoes it) and its sum_k x."""
+    x = tl.load(X + row + kx, mask=k_mask, other=0.0).to(tl.float32)
+    return tl.sum(q * (x * x_scale)[:, None], axis=0), tl.sum(x, axis=0)
+
+
+@triton.jit(do_not_specialize=["stride_ys"], do_not_specialize_on_alignment=["X"])
+def _w4a16_gemv_kernel(X, Perm, QW, S, Z, Bias, Y, N, K, group_size, stride_xm, stride_qk, stride_sg, stride_ym,
+                       stride_ys, k_tiles_per_split, ROWS: tl.constexpr, HAS_PERM: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    """Channel 8 kp + j of a word: j < 4 in bits 4j of the word, j >= 4 in bits 4(j - 4) of the word >> 16; masked in
+    place and or-ed with 0x4B000000, it is the float 2^23 + q 16^(j % 4) (exact: under 2^24), so one logic
+    instruction and one subtraction unpack a weight; the row's x is scaled by 16^-(j % 4) once per tile instead."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_kp = tl.arange(0, BLOCK_K // 8)
+    j = tl.arange(0, 8)
+    masks = 0xF << ((j % 4) * 4)
+    x_scale = ((127 - 4 * (offs_k % 4)) << 23).to(tl.float32, bitcast=True)  # 16^-(k % 4), exactly
+    n_mask = offs_n < N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    t0 = pid_k * k_tiles_per_split
+    t1 = tl.minimum(t0 + k_tiles_per_split, k_tiles)
+    acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # The next tile's words are loaded before this tile's arithmetic (a register double buffer): this loop has no
+    # tensor-core operand for Triton's pipeliner to stage, and each program must keep two tiles' reads in flight.
+    kp_end = tl.minimum(t1 * BLOCK_K, K) // 8
+    w_ptrs = QW + offs_kp[:, None] * stride_qk + offs_n[None, :]
+    kp = t0 * (BLOCK_K // 8) + offs_kp
+    next_words = tl.load(w_ptrs + t0 * (BLOCK_K // 8) * stride_qk, mask=n_mask[None, :] & (kp < kp_end)[:, None],
+                         other=0)
+    for t in range(t0, t1):
+        k0 = t * BLOCK_K
+        k = k0 + offs_k
+        packed = next_words
+        kp = (t + 1) * (BLOCK_K // 8) + offs_kp
+        next_words = tl.load(w_ptrs + (t + 1) * (BLOCK_K // 8) * stride_qk,
+                             mask=n_mask[None, :] & (kp < kp_end)[:, None], other=0)
+        if EVEN_K:
+            k_mask = k >= 0
+        else:
+            k_mask = k < K
+        src = tl.where(j[None, :, None] < 4, packed[:, None, :], (packed >> 16)[:, None, :])
+        bits = tl.reshape((src & masks[None, :, None]) | 0x4B000000, [BLOCK_K, BLOCK_N])
+        q = bits.to(tl.float32, bitcast=True) - 8388608.0
+        g = k0 // group_size
+        s = tl.load(S + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        z = tl.load(Z + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        if HAS_PERM:
+            kx = tl.load(Perm + k, mask=k_mask, other=0)
+        else:
+            kx = k
+        qx, xs = _row_part(X, 0, kx, k_mask, q, x_scale)
+        acc0 += s * (qx - z * xs)
+        if ROWS > 1:
+            qx, xs = _row_part(X, stride_xm, kx, k_mask, q, x_scale)
+            acc1 += s * (qx - z * xs)
+    if SPLIT:
+        out = Y + pid_k * stride_ys + offs_n
+    else:
+        out = Y + offs_n
+        if HAS_BIAS:
+            b = tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            acc0 += b
+            acc1 += b
+    tl.store(out, acc0.to(Y.dtype.element_ty), mask=n_mask)
+    if ROWS > 1:
+        tl.store(out + stride_ym, acc1.to(Y.dtype.element_ty), mask=n_mask)
+
+
+def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+               block_k: int, perm: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               cfg: GemvConfig = GEMV_CONFIG) -> torch.Tensor:
+    """x2 (M, K) with M <= GEMV_MAX_ROWS -> (M, N) in x2's dtype; block_k: int4_gemm.int4_block_k's K tile (the
+    config's block_k caps it)."""
+    m, k = x2.shape
+    n = qweight.shape[1]
+    if not 0 < m <= GEMV_MAX_ROWS:
+        raise ValueError(f"the INT4 GEMV takes 1..{GEMV_MAX_ROWS} rows, got {m}")
+    block_k = min(block_k, cfg.block_k)
+    grid_n = triton.cdiv(n, cfg.block_n)
+    split = tiles.split_k(grid_n, triton.cdiv(k, block_k), tiles.sm_count(x2.device), True, cfg.programs_per_sm,
+                          cfg.min_k_tiles)
+    y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+    out = y if split.splits == 1 else torch.empty(split.splits, m, n, dtype=torch.float32, device=x2.device)
+    _w4a16_gemv_kernel[(grid_n, split.splits)](
+        x2, perm if perm is not None else qweight, qweight, scales, zeros, bias if bias is not None else y, out, n, k,
+        group_size, x2.stride(0), qweight.stride(0), scales.stride(0), out.stride(-2),
+        out.stride(0) if split.splits > 1 else 0, split.k_tiles_per_split, ROWS=m, HAS_PERM=perm is not None,
+        HAS_BIAS=bias is not None, SPLIT=split.splits > 1, EVEN_K=k % block_k == 0, BLOCK_N=cfg.block_n,
+        BLOCK_K=block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if split.splits > 1:
+        splitk.reduce_splits(out, bias, y)
+    return y

@@ -1,0 +1,33 @@
+"""The split-K partials' reduction of the quantized GEMMs (tiles.split_k): one launch sums the float32 partials,
+adds the bias and rounds once to the output dtype (Triton)."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["M", "splits", "stride_ps"])
+def _reduce_splits_kernel(P, B, Y, M, N, splits, stride_ps, stride_pm, stride_ym, HAS_BIAS: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(0, splits):
+        acc += tl.load(P + s * stride_ps + row * stride_pm + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + row * stride_ym + offs, acc.to(Y.dtype.element_ty), mask=mask)
+
+
+REDUCE_BLOCK = 1024
+
+
+def reduce_splits(partials: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """out (M, N) = sum over the splits of partials (S, M, N) float32, + bias, rounded once to out's dtype."""
+    s, m, n = partials.shape
+    _reduce_splits_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
+        partials, bias if bias is not None else partials, out, m, n, s, partials.stride(0), partials.stride(1),
+        out.stride(0), HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4)
+    return out

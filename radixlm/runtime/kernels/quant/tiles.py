@@ -1,0 +1,70 @@
+"""What the quantized GEMM kernels share: the row buckets that pick a tile config (and so the kernel variants start-up
+builds), the split of K across programs for the few rows of decode (the partials' reduction: splitk.py). Imports no
+Triton.
+
+At a few rows a quantized GEMM only streams its weight: its tiles along N alone are too few to keep every
+multiprocessor reading (Llama-8B's o_proj at BLOCK_N 64: 64 programs on the H200's 132 SMs), so the K loop is split
+across programs that write float32 partials, and one small kernel sums them, adds the bias and rounds once. The split
+depends on the weight's shape and the row bucket only, never on the row count inside a bucket: one kernel variant
+per bucket, and a CUDA graph's launches are the same at every replay."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+# Row buckets: a GEMM of m rows runs the config of the first bucket whose bound is >= m (the last: any m).
+# 1 and 2: the INT4 GEMV's row counts (int4_gemv.py); the others pick the tensor-core kernels' tiles.
+ROW_BUCKETS = (1, 2, 16, 64, 256, None)
+MAX_SPLIT = 16
+MIN_K_TILES_PER_SPLIT = 4
+DEFAULT_SMS = 132  # an H200's, for a CPU device (the interpreter tests)
+
+
+def bucket_of(m: int) -> int:
+    """The index in ROW_BUCKETS of m rows."""
+    if m <= 0:
+        raise ValueError(f"a quantized GEMM needs at least one row, got {m}")
+    return next(i for i, bound in enumerate(ROW_BUCKETS) if bound is None or m <= bound)
+
+
+def warmup_rows() -> tuple[int, ...]:
+    """One row count per bucket (the first of each): running a GEMM at each builds every kernel variant it has."""
+    rows, low = [], 1
+    for bound in ROW_BUCKETS:
+        rows.append(low)
+        low = (bound or 0) + 1
+    return tuple(rows)
+
+
+@functools.cache
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_SMS
+    return _sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@dataclass(frozen=True)
+class Split:
+    splits: int  # programs along K (1: no partials)
+    k_tiles_per_split: int
+
+
+def split_k(tiles: int, k_tiles: int, sms: int, wanted: bool, per_sm: int = 2,
+            min_tiles: int = MIN_K_TILES_PER_SPLIT) -> Split:
+    """The split of k_tiles K tiles that brings `tiles` output tiles to about per_sm programs per SM (when wanted: the
+    few-row buckets), each split at least min_tiles tiles long."""
+    splits = 1
+    if wanted and tiles < per_sm * sms:
+        splits = max(1, min(MAX_SPLIT, (per_sm * sms) // tiles, k_tiles // min_tiles))
+    per = _cdiv(k_tiles, splits)
+    return Split(_cdiv(k_tiles, per), per)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
