@@ -52,8 +52,8 @@ class Fp8Scheme:
             raise ValueError(f"FP8 scheme {self.granularity.value}: a block size goes with block scales only")
         if self.block is not None and (len(self.block) != 2 or min(self.block) < 1):
             raise ValueError(f"FP8 block size {self.block} must be two positive integers")
-        if self.activation is ActivationScheme.STATIC and self.granularity is not Fp8Granularity.TENSOR:
-            raise ValueError("FP8 static activation scales go with per-tensor weight scales only")
+        if self.activation is ActivationScheme.STATIC and self.granularity is Fp8Granularity.BLOCK:
+            raise ValueError("block FP8 takes dynamic activation scales only")
         if not self.serialized and self.granularity is not Fp8Granularity.CHANNEL:
             raise ValueError("online FP8 quantizes per output channel")
 

@@ -1,5 +1,5 @@
 """Quantized models on 2 gloo ranks equal 1 rank (float32, to rounding): FP8 per-tensor with static activation
-scales, per-channel, block scales and online FP8, dense and MoE (the intermediate dim split, and whole experts per
+scales, per-channel, block scales, online FP8 and compressed-tensors FP8, dense and MoE (the intermediate dim split, and whole experts per
 rank), loaded from their checkpoints by each rank, and with dummy weights (drawn whole and sliced: every layout holds
 the same model)."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ import torch
 from radixlm.runtime.distributed.parallel import SINGLE
 from tests.runtime.distributed.harness import run_ranks
 from tests.runtime.quantization import fp8_checkpoints as fp8
+from tests.runtime.quantization.ct_checkpoints import quantize_ct, scheme
 from tests.runtime.quantization.helpers import dense_config, moe_config, quantize_saved, tiny_float
 
 PER_TENSOR_STATIC = (lambda n, w: fp8.per_tensor(n, w, static=True), {"quant_method": "fp8",
@@ -36,11 +37,13 @@ def _rank(parallel, cases, ids):
 def checkpoints(tmp_path_factory):
     made = {}
 
-    def make(name, config, fmt, flag=None, load_format="auto"):
+    def make(name, config, fmt, flag=None, load_format="auto", ct=None):
         path = tmp_path_factory.mktemp(name)
         tiny_float(path, config, seed=7)
         if fmt is not None:
             quantize_saved(path, *fmt)
+        if ct is not None:
+            quantize_ct(path, {"group_0": ct}, "float-quantized", ignore=["lm_head"])
         made[name] = (str(path), flag, load_format)
 
     make("llama per-tensor static", dense_config("llama"), PER_TENSOR_STATIC)
@@ -51,6 +54,8 @@ def checkpoints(tmp_path_factory):
     make("mixtral per-tensor static", moe_config("mixtral"), PER_TENSOR_STATIC)
     make("qwen2-moe block", moe_config("qwen2_moe"), BLOCK)
     make("mixtral online, dummy", moe_config("mixtral"), None, flag="fp8", load_format="dummy")
+    make("llama compressed-tensors static", dense_config("llama"), None, ct=scheme("FP8"))
+    make("qwen2-moe compressed-tensors block", moe_config("qwen2_moe"), None, ct=scheme("FP8_BLOCK", block=(16, 16)))
     return made
 
 
