@@ -1,0 +1,125 @@
+"""The INT4 checkpoint layouts (AWQ GEMM, GPTQ v1/v2 with and without act-order, compressed-tensors pack-quantized)
+read into radixlm's INT4 layout: each packer's output, read back, dequantizes to the codes' weight; the formats' own
+libraries agree with the packers where they are installed (compressed-tensors; AutoAWQ's and GPTQModel's pure-torch
+functions when present, else skipped)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.runtime.kernels.quant import int4_linear
+from radixlm.runtime.quantization.int4 import default_g_idx, quantize_codes, to_int4, unpack_cols, pack_cols
+from radixlm.runtime.quantization.int4_formats import (
+    AWQ_ORDER, awq_to_int4, compressed_to_int4, gptq_to_int4, pack_awq, pack_compressed, pack_gptq)
+
+N, K = 48, 256
+
+
+def _weight(seed: int, n: int = N, k: int = K) -> torch.Tensor:
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.1
+
+
+def _act_order(seed: int, k: int = K) -> torch.Tensor:
+    return torch.randperm(k, generator=torch.Generator().manual_seed(seed))
+
+
+def _check(int4, codes, x_seed: int = 0) -> None:
+    ref = codes.dequantize()
+    assert torch.equal(int4.dequantize(), ref)
+    x = torch.randn(3, ref.shape[1], generator=torch.Generator().manual_seed(x_seed))
+    got = int4_linear(x, int4.qweight, int4.scales, int4.zeros, int4.group_size, int4.perm)
+    torch.testing.assert_close(got, x @ ref.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_pack_cols_orders_round_trip():
+    codes = torch.randint(0, 16, (5, 32))
+    for order in (tuple(range(8)), AWQ_ORDER):
+        assert torch.equal(unpack_cols(pack_cols(codes, order), order), codes.to(torch.uint8))
+    # AWQ's word holds columns 0, 2, 4, 6, 1, 3, 5, 7 from its low nibble up
+    one = torch.arange(8).reshape(1, 8)
+    word = int(pack_cols(one, AWQ_ORDER)[0, 0]) & 0xFFFFFFFF
+    assert [(word >> (4 * j)) & 0xF for j in range(8)] == list(AWQ_ORDER)
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128, -1])
+def test_awq_round_trip(group_size):
+    g = K if group_size == -1 else group_size
+    codes = quantize_codes(_weight(1), g, symmetric=False)
+    t = pack_awq(codes.codes, codes.scales, codes.zeros)
+    assert t["qweight"].shape == (K, N // 8) and t["qzeros"].shape == (K // g, N // 8)
+    int4 = awq_to_int4(t["qweight"], t["qzeros"], t["scales"], default_g_idx(K, g), torch.float32, "l")
+    assert int4.perm is None and int4.group_size == g
+    _check(int4, codes)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("sym", [False, True])
+@pytest.mark.parametrize("v1", [False, True])
+def test_gptq_round_trip(act_order, sym, v1):
+    perm = _act_order(2) if act_order else None
+    codes = quantize_codes(_weight(2), 64, symmetric=sym, act_order=perm)
+    t = pack_gptq(codes.codes, codes.scales, codes.zeros, codes.g_idx, v1)
+    if sym:  # GPTQ's symmetric zero 8, stored as 7 by v1
+        assert (t["qzeros"] == (0x77777777 if v1 else -0x77777778)).all()
+    int4 = gptq_to_int4(t["qweight"], t["qzeros"], t["scales"], t["g_idx"], v1, torch.float32, "l")
+    assert (int4.perm is not None) == act_order and int4.group_size == 64
+    _check(int4, codes)
+
+
+def test_gptq_v1_zero_zero_borrows_and_comes_back():
+    codes = quantize_codes(_weight(3), 32, symmetric=False)
+    zeros = codes.zeros.clone()
+    zeros[:, ::3] = 0  # stored as -1: the word's subtraction borrows from the next code
+    codes = type(codes)(codes.codes, codes.scales, zeros, codes.g_idx)
+    t = pack_gptq(codes.codes, codes.scales, codes.zeros, None, v1=True)
+    _check(gptq_to_int4(t["qweight"], t["qzeros"], t["scales"], default_g_idx(K, 32), True, torch.float32, "l"), codes)
+
+
+@pytest.mark.parametrize("sym", [False, True])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_compressed_round_trip(sym, act_order):
+    perm = _act_order(4) if act_order else None
+    codes = quantize_codes(_weight(4), 32, symmetric=sym, act_order=perm)
+    t = pack_compressed(codes.codes, codes.scales, None if sym else codes.zeros, codes.g_idx if act_order else None)
+    g_idx = t.get("weight_g_idx", default_g_idx(K, 32))
+    int4 = compressed_to_int4(t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), g_idx,
+                              torch.float32, "l")
+    _check(int4, codes)
+
+
+def test_row_slices_of_act_order_groups_are_exact():
+    """A row-parallel rank's channels of an act-order weight: whole groups are not theirs, the groups get finer."""
+    codes = quantize_codes(_weight(5), 64, symmetric=False, act_order=_act_order(5))
+    ref = codes.dequantize()
+    for lo, hi in ((0, 128), (128, 256)):
+        int4 = to_int4(codes.codes[lo:hi], codes.scales, codes.zeros, codes.g_idx[lo:hi], torch.float32, "l")
+        assert int4.group_size < 64
+        assert torch.equal(int4.dequantize(), ref[:, lo:hi])
+
+
+def test_compressed_tensors_library_agrees():
+    ct = pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32, unpack_from_int32
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    del ct
+    codes = quantize_codes(_weight(6), 32, symmetric=False)
+    t = pack_compressed(codes.codes, codes.scales, codes.zeros, None)
+    signed = (codes.codes.t().to(torch.int16) - 8).to(torch.int8)
+    zp_signed = (codes.zeros.t() - 8).round().to(torch.int8)
+    assert torch.equal(t["weight_packed"], pack_to_int32(signed, 4))
+    assert torch.equal(t["weight_zero_point"], pack_to_int32(zp_signed, 4, packed_dim=0))
+    assert torch.equal(unpack_from_int32(t["weight_packed"], 4, torch.Size([N, K])), signed)
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=False, strategy="group", group_size=32)
+    w = dequantize(unpack_from_int32(t["weight_packed"], 4, torch.Size([N, K])), t["weight_scale"].float(),
+                   unpack_from_int32(t["weight_zero_point"], 4, torch.Size([N, K // 32]), packed_dim=0), args)
+    torch.testing.assert_close(w.float(), codes.dequantize(), rtol=0, atol=1e-6)
+
+
+def test_autoawq_unpacker_agrees():
+    packing = pytest.importorskip("awq.utils.packing_utils", reason="AutoAWQ is not installed")
+    codes = quantize_codes(_weight(7), 64, symmetric=False)
+    t = pack_awq(codes.codes, codes.scales, codes.zeros)
+    w = packing.dequantize_gemm(t["qweight"], t["qzeros"], t["scales"].float(), 4, 64)
+    assert torch.equal(w.t().float(), codes.dequantize())
