@@ -66,9 +66,17 @@ def default_g_idx(k: int, group_size: int, start: int = 0, device=None) -> torch
     return torch.arange(start, start + k, device=device, dtype=torch.int64) // group_size
 
 
+def uniform_group(g_idx: torch.Tensor) -> int:
+    """The greatest group size of uniform groups over the channels sorted by g_idx (it divides every group's count
+    of channels)."""
+    runs = torch.unique(g_idx, return_counts=True)[1]
+    return math.gcd(*runs.tolist())
+
+
 def to_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor,
-            dtype: torch.dtype, what: str) -> Int4Weight:
-    """q (K, N) codes, scales and zeros (G, N), g_idx (K,) group of each channel -> the layout (see the module)."""
+            dtype: torch.dtype, what: str, group: int | None = None) -> Int4Weight:
+    """q (K, N) codes, scales and zeros (G, N), g_idx (K,) group of each channel -> the layout (see the module).
+    group: the layout's group size (default uniform_group(g_idx); experts stacked together share one)."""
     k, n = q.shape
     if k % PACK:
         raise ValueError(f"{what}: input size {k} is not a multiple of {PACK}")
@@ -83,8 +91,10 @@ def to_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: t
                          f"the checkpoint has {scales.shape[0]}")
     perm = torch.argsort(g_idx, stable=True)
     sorted_groups = g_idx[perm]
-    runs = torch.unique_consecutive(sorted_groups, return_counts=True)[1]
-    group = math.gcd(*runs.tolist())
+    if group is None:
+        group = uniform_group(g_idx)
+    elif uniform_group(g_idx) % group:
+        raise ValueError(f"{what}: group size {group} does not divide the runs of its groups")
     first = sorted_groups[::group]  # the group of each uniform block of the sorted channels
     identity = bool((perm == torch.arange(k, device=perm.device)).all())
     q_sorted = q if identity else q[perm]
@@ -143,5 +153,5 @@ def expect_shape(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
                          f"inconsistent checkpoint)")
 
 
-__all__ = ["Codes", "Int4Weight", "quantize_codes", "check_bits", "default_g_idx", "expect_shape", "group_size_of", "pack_cols", "to_int4",
+__all__ = ["Codes", "Int4Weight", "quantize_codes", "uniform_group", "check_bits", "default_g_idx", "expect_shape", "group_size_of", "pack_cols", "to_int4",
            "unpack_cols", "unpack_int4"]

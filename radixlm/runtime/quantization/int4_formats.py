@@ -18,11 +18,16 @@ Sources of each layout (read, not copied):
              [N, K], weight_g_idx (K,) for group act-order; w = (q_signed - zp_signed) * s."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
 from radixlm.runtime.kernels.quant import pack_int4
+from radixlm.runtime.quantization.base import QuantParam
 from radixlm.runtime.quantization.int4 import (
-    PACK, Int4Weight, default_g_idx, expect_shape, pack_cols, to_int4, unpack_cols, unpack_int4)
+    PACK, Codes, Int4Weight, default_g_idx, expect_shape, pack_cols, to_int4, unpack_cols, unpack_int4)
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # code j of a packed AWQ word is column 8 c + AWQ_ORDER[j]
 GPTQ_V1_OFFSET = 0x11111111
@@ -43,7 +48,7 @@ def _check_groups(scales: torch.Tensor, g_idx: torch.Tensor, name: str) -> None:
 # --- AWQ (GEMM) -----------------------------------------------------------------------------------------------------
 
 def awq_to_int4(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
-                dtype: torch.dtype, name: str) -> Int4Weight:
+                dtype: torch.dtype, name: str, group: int | None = None) -> Int4Weight:
     """g_idx: the group of each of this rank's input channels (default_g_idx for a whole checkpoint tensor)."""
     k = qweight.shape[0]
     n = qweight.shape[1] * PACK
@@ -54,7 +59,7 @@ def awq_to_int4(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
     zeros = unpack_cols(qzeros, AWQ_ORDER).to(torch.float32)
     if k != g_idx.numel():
         raise ValueError(f"{name}.qweight has {k} input channels, expected {g_idx.numel()}")
-    return to_int4(q, scales, zeros, g_idx, dtype, name)
+    return to_int4(q, scales, zeros, g_idx, dtype, name, group)
 
 
 def pack_awq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -65,7 +70,7 @@ def pack_awq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> 
 # --- GPTQ -----------------------------------------------------------------------------------------------------------
 
 def gptq_to_int4(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
-                 v1: bool, dtype: torch.dtype, name: str) -> Int4Weight:
+                 v1: bool, dtype: torch.dtype, name: str, group: int | None = None) -> Int4Weight:
     k = qweight.shape[0] * PACK
     n = qweight.shape[1]
     expect_shape(scales, (scales.shape[0], n), f"{name}.scales")
@@ -76,7 +81,7 @@ def gptq_to_int4(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tens
     if v1:
         qzeros = _wrap_int32(qzeros.to(torch.int64) + GPTQ_V1_OFFSET)
     zeros = unpack_cols(qzeros)[:, :n].to(torch.float32)
-    return to_int4(unpack_int4(qweight), scales, zeros, g_idx, dtype, name)
+    return to_int4(unpack_int4(qweight), scales, zeros, g_idx, dtype, name, group)
 
 
 def pack_gptq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor | None,
@@ -94,7 +99,7 @@ def pack_gptq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_
 
 def compressed_to_int4(weight_packed: torch.Tensor, weight_scale: torch.Tensor,
                        weight_zero_point: torch.Tensor | None, g_idx: torch.Tensor, dtype: torch.dtype,
-                       name: str) -> Int4Weight:
+                       name: str, group: int | None = None) -> Int4Weight:
     """weight_zero_point None: symmetric (every zero at the signed code 0)."""
     n = weight_packed.shape[0]
     k = g_idx.numel()
@@ -108,7 +113,7 @@ def compressed_to_int4(weight_packed: torch.Tensor, weight_scale: torch.Tensor,
     else:
         expect_shape(weight_zero_point, (-(-n // PACK), scales.shape[0]), f"{name}.weight_zero_point")
         zeros = unpack_cols(weight_zero_point.t())[:, :n].to(torch.float32)
-    return to_int4(q, scales, zeros, g_idx, dtype, name)
+    return to_int4(q, scales, zeros, g_idx, dtype, name, group)
 
 
 def pack_compressed(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
@@ -124,5 +129,96 @@ def pack_compressed(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
     return out
 
 
-__all__ = ["AWQ_ORDER", "awq_to_int4", "compressed_to_int4", "default_g_idx", "gptq_to_int4", "pack_awq",
-           "pack_compressed", "pack_gptq"]
+
+
+# --- the formats as the INT4 methods see them ----------------------------------------------------------------------
+
+class Int4Format(ABC):
+    """One checkpoint layout of a linear's INT4 weight: its tensors (QuantParams at a group size), how they read
+    into the INT4 layout, and how codes pack into them (the dummy loader)."""
+
+    g_idx_name: ClassVar[str | None] = None  # the checkpoint's per-channel group tensor, if the format has one
+    shape_name: ClassVar[str | None] = None  # compressed-tensors' weight_shape
+    grouped: ClassVar[frozenset[str]]  # tensors whose input dim counts groups
+    scale_name: ClassVar[str] = "scales"
+
+    act_order: bool = False
+    symmetric: bool = False
+
+    @abstractmethod
+    def params(self, group: int, dtype: torch.dtype) -> list[QuantParam]: ...
+
+    @abstractmethod
+    def convert(self, t: dict[str, torch.Tensor], g_idx: torch.Tensor, dtype: torch.dtype, name: str,
+                group: int | None) -> Int4Weight: ...
+
+    @abstractmethod
+    def pack(self, codes: Codes) -> dict[str, torch.Tensor]: ...
+
+
+@dataclass(frozen=True)
+class AWQFormat(Int4Format):
+    grouped: ClassVar[frozenset[str]] = frozenset({"qzeros", "scales"})
+
+    def params(self, group: int, dtype: torch.dtype) -> list[QuantParam]:
+        return [QuantParam("qweight", torch.int32, out_dim=1, in_dim=0, out_unit=PACK, exact_dtype=True),
+                QuantParam("qzeros", torch.int32, out_dim=1, in_dim=0, out_unit=PACK, in_unit=group,
+                           exact_dtype=True),
+                QuantParam("scales", dtype, out_dim=1, in_dim=0, in_unit=group)]
+
+    def convert(self, t, g_idx, dtype, name, group):
+        return awq_to_int4(t["qweight"], t["qzeros"], t["scales"], g_idx, dtype, name, group)
+
+    def pack(self, codes: Codes) -> dict[str, torch.Tensor]:
+        return pack_awq(codes.codes, codes.scales, codes.zeros)
+
+
+@dataclass(frozen=True)
+class GPTQFormat(Int4Format):
+    v1: bool = True
+    act_order: bool = False
+    symmetric: bool = True
+    g_idx_name: ClassVar[str | None] = "g_idx"
+    grouped: ClassVar[frozenset[str]] = frozenset({"qzeros", "scales"})
+
+    def params(self, group: int, dtype: torch.dtype) -> list[QuantParam]:
+        return [QuantParam("qweight", torch.int32, out_dim=1, in_dim=0, in_unit=PACK, exact_dtype=True),
+                QuantParam("qzeros", torch.int32, out_dim=1, in_dim=0, out_unit=PACK, in_unit=group,
+                           exact_dtype=True),
+                QuantParam("scales", dtype, out_dim=1, in_dim=0, in_unit=group)]
+
+    def convert(self, t, g_idx, dtype, name, group):
+        return gptq_to_int4(t["qweight"], t["qzeros"], t["scales"], g_idx, self.v1, dtype, name, group)
+
+    def pack(self, codes: Codes) -> dict[str, torch.Tensor]:
+        return pack_gptq(codes.codes, codes.scales, codes.zeros, codes.g_idx, self.v1)
+
+
+@dataclass(frozen=True)
+class CompressedW4A16Format(Int4Format):
+    symmetric: bool = True
+    act_order: bool = False
+    g_idx_name: ClassVar[str | None] = "weight_g_idx"
+    shape_name: ClassVar[str | None] = "weight_shape"
+    scale_name: ClassVar[str] = "weight_scale"
+    grouped: ClassVar[frozenset[str]] = frozenset({"weight_scale", "weight_zero_point"})
+
+    def params(self, group: int, dtype: torch.dtype) -> list[QuantParam]:
+        out = [QuantParam("weight_packed", torch.int32, out_dim=0, in_dim=1, in_unit=PACK, exact_dtype=True),
+               QuantParam("weight_scale", dtype, out_dim=0, in_dim=1, in_unit=group)]
+        if not self.symmetric:
+            out.append(QuantParam("weight_zero_point", torch.int32, out_dim=0, in_dim=1, out_unit=PACK,
+                                  in_unit=group, exact_dtype=True))
+        return out
+
+    def convert(self, t, g_idx, dtype, name, group):
+        return compressed_to_int4(t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), g_idx, dtype,
+                                  name, group)
+
+    def pack(self, codes: Codes) -> dict[str, torch.Tensor]:
+        return pack_compressed(codes.codes, codes.scales, None if self.symmetric else codes.zeros,
+                               codes.g_idx if self.act_order else None)
+
+
+__all__ = ["AWQ_ORDER", "AWQFormat", "CompressedW4A16Format", "GPTQFormat", "Int4Format", "awq_to_int4",
+           "compressed_to_int4", "default_g_idx", "gptq_to_int4", "pack_awq", "pack_compressed", "pack_gptq"]
