@@ -12,7 +12,7 @@ from typing import Any
 
 from radixlm.runtime.args.choices import (
     ATTENTION_BACKENDS, DEFAULT_DRAFT_STEPS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS,
-    TOOL_CALL_PARSERS, GrammarMaskMode, JumpForwardMode, SchedulePolicyName, Section, SpeculativeAlgorithm, Toggle,
+    QUANTIZATION_METHODS, TOOL_CALL_PARSERS, GrammarMaskMode, JumpForwardMode, SchedulePolicyName, Section, SpeculativeAlgorithm, Toggle,
 )
 from radixlm.runtime.args.validate import validate
 
@@ -40,6 +40,9 @@ class ServerArgs:
                            choices=LOAD_FORMATS)
     dtype: str = arg("auto", M, "weight and activation dtype; auto: float32 on CPU, the model config's on CUDA",
                      choices=DTYPES)
+    quantization: str | None = arg(None, M, "weight quantization; unset: the checkpoint's quantization_config (if "
+                                            "any); fp8 / w8a8_fp8 on a float checkpoint quantize it at load "
+                                            "(docs/quantization.md)", choices=QUANTIZATION_METHODS)
     context_length: int | None = arg(None, M, "longest sequence, prompt and output; unset: the model config's")
     device: str = arg("auto", M, "device to run on; auto: cuda when available, else cpu")
     random_seed: int | None = arg(None, M, "seeds sampling and the random schedule policy; unset: sampling draws a "

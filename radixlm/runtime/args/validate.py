@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 from radixlm.runtime.args.choices import (
     ATTENTION_BACKENDS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, MAX_RUNNING_REQUESTS,
-    TOOL_CALL_PARSERS, values,
+    QUANTIZATION_METHODS, TOOL_CALL_PARSERS, values,
 )
 
 if TYPE_CHECKING:
@@ -35,6 +35,8 @@ def _check_choices(a: ServerArgs) -> None:
                           ("grammar_backend", GRAMMAR_BACKENDS), ("tool_call_parser", TOOL_CALL_PARSERS)):
         value = getattr(a, name)
         _check(value in allowed, f"unknown {name} {value!r}; choose from {allowed}")
+    _check(a.quantization is None or a.quantization in QUANTIZATION_METHODS,
+           f"unknown quantization {a.quantization!r}; choose from {QUANTIZATION_METHODS}")
 
 
 def _check_memory_and_scheduling(a: ServerArgs) -> None:

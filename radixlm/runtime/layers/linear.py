@@ -5,7 +5,11 @@ saves seconds on big models.
 Loading is the layer's job: `load_weight(pname, param, w, shard_id)` takes a whole checkpoint tensor (read lazily: only
 the part it indexes leaves the file) and copies this rank's slice of it; `weight_shards(pname)` lists the shard ids a
 complete load must have seen (the model checks); `checkpoint_shape(pname, shard_id)` is the whole tensor's shape (the
-dummy loader draws whole tensors, so every tensor-parallel layout holds the same model)."""
+dummy loader draws whole tensors, so every tensor-parallel layout holds the same model).
+
+A quantized layer (`quant_method` set by radixlm.runtime.quantization.quantize_modules) holds its format's
+parameters instead of `weight`; loading them (all but `bias`) and the GEMM are its method's, a prologue running
+unfused before it and an epilogue left to the caller (RotaryStore.applied stays False)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,11 +20,16 @@ from torch import nn
 
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel, divide
 from radixlm.runtime.kernels import gemm
-from radixlm.runtime.kernels.gemm import Prologue, RotaryStore
+from radixlm.runtime.kernels.gemm import Prologue, RotaryStore, apply_prologue
 
 
 def copy_checked(dst: torch.Tensor, src, what: str) -> None:
     """src: a tensor, or a checkpoint's lazily read one (anything indexable with shape: read here, whole)."""
+    src_dtype = getattr(src, "dtype", None)
+    if src_dtype is not None and dst.dtype.is_floating_point and not (src_dtype.is_floating_point
+                                                                      and src_dtype.itemsize > 1):
+        raise ValueError(f"weight {what} is stored as {src_dtype} (quantized) but its layer is not quantized: the "
+                         f"checkpoint's quantization_config does not cover it (or names it in its ignore list)")
     if tuple(src.shape) != tuple(dst.shape):
         raise ValueError(f"weight {what} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
     dst.copy_(src if isinstance(src, torch.Tensor) else src[...])
@@ -55,6 +64,8 @@ class Shard:
 class Linear(nn.Module):
     """Replicated: every rank holds the whole weight."""
 
+    quant_method = None  # a quantization LinearMethod, or None: float
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.in_features = in_features
@@ -67,19 +78,41 @@ class Linear(nn.Module):
         self.gemm_choices: dict[int, object] = {}
 
     def pack_for_cpu(self) -> None:
-        self.packed_weight = gemm.pack_weight(self.weight)
+        if self.quant_method is None:
+            self.packed_weight = gemm.pack_weight(self.weight)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | None = None,
+               epilogue: RotaryStore | None = None) -> torch.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, apply_prologue(prologue, x), bias)
+        return gemm.linear(x, self.weight, bias, self.packed_weight, self.gemm_choices, prologue, epilogue)
 
     def forward(self, x: torch.Tensor, prologue: Prologue | None = None,
                 epilogue: RotaryStore | None = None) -> torch.Tensor:
-        return gemm.linear(x, self.weight, self.bias, self.packed_weight, self.gemm_choices, prologue, epilogue)
+        return self.matmul(x, self.bias, prologue, epilogue)
 
     def weight_shards(self, pname: str) -> list:
-        return [None]
+        if self.quant_method is not None and pname != "bias":
+            return self.quant_method.weight_shards(self, pname)
+        return self.float_weight_shards(pname)
 
     def load_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:
-        copy_checked(param.data, w, pname)
+        if self.quant_method is not None and pname != "bias":
+            return self.quant_method.load_weight(self, pname, param, w, shard_id)
+        self.load_float_weight(pname, param, w, shard_id)
 
     def checkpoint_shape(self, pname: str, shard_id) -> tuple[int, ...]:
+        if self.quant_method is not None and pname != "bias":
+            return self.quant_method.checkpoint_shape(self, pname, shard_id)
+        return self.float_checkpoint_shape(pname, shard_id)
+
+    def float_weight_shards(self, pname: str) -> list:
+        return [None]
+
+    def load_float_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:
+        copy_checked(param.data, w, pname)
+
+    def float_checkpoint_shape(self, pname: str, shard_id) -> tuple[int, ...]:
         return tuple(getattr(self, pname).shape)
 
     def extra_repr(self) -> str:
@@ -99,17 +132,17 @@ class ColumnParallelLinear(Linear):
         start = sum(self.output_sizes[:shard_id])
         return start, start + self.output_sizes[shard_id]
 
-    def weight_shards(self, pname: str) -> list:
+    def float_weight_shards(self, pname: str) -> list:
         return list(range(len(self.shards))) if len(self.shards) > 1 else [None]
 
-    def load_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:
+    def load_float_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:
         s = self.shards[shard_id or 0]
         lo, hi = self.shard_range(shard_id or 0)
         if w.shape[0] != s.full:
             raise ValueError(f"weight {pname} has {w.shape[0]} rows, expected {s.full}")
         copy_checked(param.data[lo:hi], w[s.start : s.start + s.local], pname)
 
-    def checkpoint_shape(self, pname: str, shard_id) -> tuple[int, ...]:
+    def float_checkpoint_shape(self, pname: str, shard_id) -> tuple[int, ...]:
         full = self.shards[shard_id or 0].full
         return (full, self.in_features) if pname == "weight" else (full,)
 
@@ -125,11 +158,10 @@ class RowParallelLinear(Linear):
     def forward(self, x: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
         if self.parallel.tp_size == 1:
             return super().forward(x, prologue)
-        out = self.parallel.all_reduce(gemm.linear(x, self.weight, None, self.packed_weight, self.gemm_choices,
-                                                   prologue))
+        out = self.parallel.all_reduce(self.matmul(x, None, prologue))
         return out if self.bias is None else out + self.bias
 
-    def load_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:
+    def load_float_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:
         if pname == "bias":
             return copy_checked(param.data, w, pname)
         if w.dim() != 2 or w.shape[1] != self.full_in:
@@ -137,7 +169,7 @@ class RowParallelLinear(Linear):
         start = self.parallel.tp_rank * self.in_features
         copy_checked(param.data, w[:, start : start + self.in_features], pname)
 
-    def checkpoint_shape(self, pname: str, shard_id) -> tuple[int, ...]:
+    def float_checkpoint_shape(self, pname: str, shard_id) -> tuple[int, ...]:
         return (self.out_features, self.full_in) if pname == "weight" else (self.out_features,)
 
 

@@ -9,7 +9,11 @@ Either way the rank's output is a partial sum that the all-reduce completes (unl
 to fold a shared expert into the same all-reduce).
 
 Checkpoints store each expert's projections separately; `load_weight` takes one of them with shard id
-(global expert id, "gate" | "up" | "down") and copies this rank's part into w13 (gate rows, then up rows) or w2."""
+(global expert id, "gate" | "up" | "down") and copies this rank's part into w13 (gate rows, then up rows) or w2.
+
+Quantized experts (`quant_method` set by radixlm.runtime.quantization.quantize_modules) hold their format's
+w13_<name> / w2_<name> parameters (checkpoint `experts.{e}.{proj}.<name>`); their loading and computation are the
+method's."""
 from __future__ import annotations
 
 import re
@@ -25,6 +29,8 @@ PARTS = {"gate": "w13_weight", "up": "w13_weight", "down": "w2_weight"}
 
 
 class FusedMoE(nn.Module):
+    quant_method = None  # a quantization MoEMethod, or None: float
+
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, renormalize: bool,
                  parallel: Parallel = SINGLE, reduce_results: bool = True):
         super().__init__()
@@ -56,26 +62,40 @@ class FusedMoE(nn.Module):
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
-        out = fused_experts(hidden, self.w13_weight, self.w2_weight, weights, ids, self.expert_start, self.num_experts)
+        if self.quant_method is not None:
+            out = self.quant_method.apply(self, hidden, weights, ids)
+        else:
+            out = fused_experts(hidden, self.w13_weight, self.w2_weight, weights, ids, self.expert_start,
+                                self.num_experts)
         return self.parallel.all_reduce(out) if self.reduce_results else out
 
     def local_experts(self) -> range:
         return range(self.expert_start, self.expert_start + self.num_local_experts)
 
     def weight_shards(self, pname: str) -> list:
+        if self.quant_method is not None:
+            return self.quant_method.weight_shards(self, pname)
         parts = [p for p, name in PARTS.items() if name == pname]
         return [(e, p) for e in self.local_experts() for p in parts]
 
-    def load_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:
+    def check_shard(self, pname: str, shard_id, prefixes: dict[str, str]) -> tuple[int, str]:
+        """(expert, part) of a shard id, checked: the part belongs to pname (prefixes: part -> pname's prefix, or
+        its whole name) and the expert exists."""
         try:
             expert, part = shard_id
         except (TypeError, ValueError):
             raise ValueError(f"expert weight {pname} needs a shard id (expert, 'gate'|'up'|'down'), "
                              f"got {shard_id!r}") from None
-        if PARTS.get(part) != pname:
+        if part not in prefixes or not (pname == prefixes[part] or pname.startswith(prefixes[part] + "_")):
             raise ValueError(f"expert weight part {part!r} does not belong to {pname}")
         if not 0 <= expert < self.num_experts:
             raise ValueError(f"expert {expert} is out of range: the model has {self.num_experts} experts")
+        return expert, part
+
+    def load_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:
+        if self.quant_method is not None:
+            return self.quant_method.load_weight(self, pname, param, w, shard_id)
+        expert, part = self.check_shard(pname, shard_id, PARTS)
         local = expert - self.expert_start
         if not 0 <= local < self.num_local_experts:
             return  # another rank's expert
@@ -94,6 +114,8 @@ class FusedMoE(nn.Module):
         copy_checked(param.data[local, rows], w[lo : lo + i], what)
 
     def checkpoint_shape(self, pname: str, shard_id) -> tuple[int, ...]:
+        if self.quant_method is not None:
+            return self.quant_method.checkpoint_shape(self, pname, shard_id)
         _, part = shard_id
         return (self.hidden_size, self.intermediate_size) if part == "down" else (self.intermediate_size, self.hidden_size)
 
@@ -105,10 +127,12 @@ class FusedMoE(nn.Module):
 
 def expert_weight_name(name: str, pattern: re.Pattern, parts: dict[str, str]) -> tuple[str, object] | None:
     """A checkpoint's per-expert tensor name -> (the FusedMoE parameter's name, shard id), for a model's
-    map_weight_name. pattern matches the name's end `.experts.{e}.{proj}.weight` (group 1: e, group 2: proj) and
-    parts maps proj to "gate" | "up" | "down"; None for other names."""
+    map_weight_name. pattern matches the name's end `.experts.{e}.{proj}.{tensor}` (group 1: e, group 2: proj,
+    group 3: the tensor's name: weight, or a quantized format's weight_scale, qweight, ...) and parts maps proj to
+    "gate" | "up" | "down"; None for other names. `weight` maps to w13_weight / w2_weight, X to w13_X / w2_X."""
     m = pattern.search(name)
     if m is None:
         return None
     part = parts[m.group(2)]
-    return f"{name[: m.start()]}.experts.{PARTS[part]}", (int(m.group(1)), part)
+    prefix = PARTS[part].removesuffix("_weight")
+    return f"{name[: m.start()]}.experts.{prefix}_{m.group(3)}", (int(m.group(1)), part)

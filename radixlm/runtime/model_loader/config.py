@@ -10,6 +10,7 @@ import torch
 
 from radixlm.runtime.model_loader.files import ModelLoadError, resolve_model_path
 from radixlm.runtime.model_loader.gguf import convert_gguf, find_gguf
+from radixlm.runtime.quantization import QuantConfig, quant_config_from
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -92,6 +93,8 @@ class ModelConfig:
     hidden_size: int
     vocab_size: int
     eos_token_ids: frozenset[int]
+    # From the checkpoint's quantization_config and the --quantization flag (None: float).
+    quant_config: QuantConfig | None = None
 
     @classmethod
     def from_path(
@@ -101,6 +104,7 @@ class ModelConfig:
         device: str = "cpu",
         context_length: int | None = None,
         load_format: str = "auto",
+        quantization: str | None = None,
     ) -> "ModelConfig":
         from transformers import AutoConfig
 
@@ -131,6 +135,10 @@ class ModelConfig:
                     f"context_length {context_length} exceeds the model's max_position_embeddings {derived}"
                 )
             context_len = context_length
+        try:
+            quant_config = quant_config_from(hf_config, quantization)
+        except ValueError as e:
+            raise ModelLoadError(f"{model_dir}: {e}") from None
         tc = text_config
         num_heads = tc.num_attention_heads
         return cls(
@@ -146,4 +154,5 @@ class ModelConfig:
             hidden_size=tc.hidden_size,
             vocab_size=tc.vocab_size,
             eos_token_ids=_eos_token_ids(hf_config, model_dir) | _eos_token_ids(tc, model_dir),
+            quant_config=quant_config,
         )

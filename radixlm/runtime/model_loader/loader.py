@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import logging
 import os
@@ -15,6 +16,7 @@ from torch import nn
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.files import ModelLoadError
+from radixlm.runtime.quantization import dummy_draw, process_weights_after_loading, quantize_modules
 
 __all__ = ["ModelLoadError", "load_model", "safetensors_weights_iterator", "initialize_dummy_weights"]
 
@@ -41,6 +43,11 @@ def safetensors_files(model_path: str) -> list[str]:
     return files
 
 
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
 _DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
 
 
@@ -52,6 +59,7 @@ class CheckpointTensor:
         self._slice = safe_slice
         self.shape = torch.Size(safe_slice.get_shape())
         self.nbytes = self.shape.numel() * _DTYPE_BYTES.get(safe_slice.get_dtype(), 1)
+        self.dtype = _SAFETENSORS_DTYPES.get(safe_slice.get_dtype())  # None: a dtype torch has no name for here
 
     def dim(self) -> int:
         return len(self.shape)
@@ -85,9 +93,16 @@ def safetensors_weights_iterator(files: list[str]) -> Iterator[tuple[str, Checkp
 def initialize_dummy_weights(model: nn.Module, seed: int = DUMMY_SEED, std: float = DUMMY_STD) -> None:
     """Deterministic random weights: norms 1, biases 0, everything else N(0, std). Each checkpoint tensor is drawn
     whole from a generator seeded by its name and sliced by its layer's `load_weight`, so every tensor-parallel and
-    expert-parallel layout holds the same model. Generated on the parameter's own device (no CPU round trip)."""
+    expert-parallel layout holds the same model. Generated on the parameter's own device (no CPU round trip). A
+    quantized layer's method draws its float weights the same way and quantizes them (init_dummy)."""
     for module_name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            device = next(module.parameters()).device
+            method.init_dummy(module, dummy_draw(module_name, device, std, functools.partial(_generator, device, seed)))
         for pname, param in module.named_parameters(recurse=False):
+            if method is not None and pname != "bias":
+                continue
             name = f"{module_name}.{pname}" if module_name else pname
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
@@ -122,6 +137,10 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: str
     # Parameters are created empty, directly on the target device and dtype; the loader fills them all.
     with torch.device(device), _default_dtype(model_config.dtype):
         model = model_cls(model_config.hf_config, parallel)
+        try:
+            quantize_modules(model, model_config.quant_config)
+        except ValueError as e:
+            raise ModelLoadError(f"{model_config.model_path}: {e}") from e
     if load_format == "dummy":
         initialize_dummy_weights(model)
     else:
@@ -132,6 +151,10 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: str
             raise
         except ValueError as e:
             raise ModelLoadError(f"{model_config.model_path}: {e}") from e
+    try:
+        process_weights_after_loading(model)
+    except ValueError as e:
+        raise ModelLoadError(f"{model_config.model_path}: {e}") from e
     logger.info(
         "loaded %s (%s, %s) in %.2f s", model_config.architecture, model_config.dtype, load_format,
         time.perf_counter() - t0,

@@ -14,7 +14,7 @@ from radixlm.runtime.layers.moe import FusedMoE, expert_weight_name
 from radixlm.runtime.models.mistral import MistralForCausalLM
 
 # Checkpoint: model.layers.{i}.block_sparse_moe.experts.{e}.w{1,2,3}.weight
-_EXPERT = re.compile(r"\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(w1|w2|w3)\.(\w+)$")
 _PARTS = {"w1": "gate", "w3": "up", "w2": "down"}
 
 

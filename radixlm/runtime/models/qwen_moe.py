@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
-from radixlm.runtime.kernels import gemm
 from radixlm.runtime.kernels.gemm import Prologue, apply_prologue
 from radixlm.runtime.layers.activation import SiluAndMul
 from radixlm.runtime.layers.linear import ColumnParallelLinear, Linear, RowParallelLinear, Shard
@@ -21,7 +20,7 @@ from radixlm.runtime.layers.moe import FusedMoE, expert_weight_name
 from radixlm.runtime.models.llama import LlamaForCausalLM, LlamaMLP
 
 # Checkpoint: model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight
-_EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(\w+)$")
 _PARTS = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 
 
@@ -29,7 +28,7 @@ class PartialRowParallelLinear(RowParallelLinear):
     """A row-parallel linear that leaves its partial sum to the caller's all-reduce (no bias)."""
 
     def forward(self, x: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
-        return gemm.linear(x, self.weight, None, self.packed_weight, self.gemm_choices, prologue)
+        return self.matmul(x, None, prologue)
 
 
 class SharedExpertMLP(nn.Module):

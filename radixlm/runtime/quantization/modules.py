@@ -1,0 +1,65 @@
+"""The loader's hooks: attach each layer's method after the model is built, fill a quantized layer with dummy
+weights, and convert every quantized layer to the kernels' layout once its weights are loaded."""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+from torch import nn
+
+from radixlm.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear
+from radixlm.runtime.layers.moe import FusedMoE
+from radixlm.runtime.quantization.base import DrawFn, LinearMethod, MoEMethod
+from radixlm.runtime.quantization.config import QuantConfig
+
+logger = logging.getLogger(__name__)
+
+# Replicated `Linear`s (routers, gates, EAGLE's fc) and the embeddings / lm_head stay in float, as in SGLang.
+QUANTIZABLE = (ColumnParallelLinear, RowParallelLinear, FusedMoE)
+
+
+def quantize_modules(model: nn.Module, quant_config: QuantConfig | None) -> int:
+    """Attaches quant_config's method to every quantizable layer it does not leave in float and lets the method
+    create the layer's parameters; returns how many layers are quantized."""
+    if quant_config is None:
+        return 0
+    n = 0
+    for prefix, module in model.named_modules():
+        if not isinstance(module, QUANTIZABLE):
+            continue
+        method = quant_config.method_for(prefix, module)
+        if method is None:
+            continue
+        want = MoEMethod if isinstance(module, FusedMoE) else LinearMethod
+        if not isinstance(method, want):
+            raise TypeError(f"{type(quant_config).__name__} gave {type(method).__name__} for {prefix}, expected a "
+                            f"{want.__name__}")
+        module.quant_method = method
+        method.create_weights(module)
+        n += 1
+    logger.info("quantization %s: %d layers quantized", quant_config.describe(), n)
+    return n
+
+
+def quantized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(n, m) for n, m in model.named_modules() if getattr(m, "quant_method", None) is not None]
+
+
+@torch.no_grad()
+def process_weights_after_loading(model: nn.Module) -> None:
+    for _, module in quantized_modules(model):
+        module.quant_method.process_weights_after_loading(module)
+
+
+def dummy_draw(module_name: str, device: torch.device, std: float,
+               generator: Callable[[str, object], torch.Generator]) -> DrawFn:
+    """The draw function a method's init_dummy gets: generator(full parameter name, shard_id) seeds each whole
+    tensor as the float dummy loader's does."""
+
+    def draw(pname: str, shard_id, shape: tuple[int, ...]) -> torch.Tensor:
+        name = f"{module_name}.{pname}" if module_name else pname
+        out = torch.empty(shape, dtype=torch.float32, device=device)
+        return out.normal_(0.0, std, generator=generator(name, shard_id))
+
+    return draw
