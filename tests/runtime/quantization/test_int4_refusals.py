@@ -154,3 +154,27 @@ def test_dummy_load_in_each_format(fmt, dirs):
     assert proj.quant_method is not None and proj.qweight.dtype == torch.int32
     logits = run_logits(model, torch.arange(7))
     assert torch.isfinite(logits).all() and logits.std() > 0
+
+
+@pytest.mark.parametrize("spec, config, named", [
+    # k_proj's 8 outputs split 4 | 4: AWQ packs 8 output channels to an int32
+    (Int4Spec("awq", 16), dict(hidden_size=32, num_attention_heads=8, num_key_value_heads=2, intermediate_size=64),
+     ("qweight of model.layers.0.self_attn.qkv_proj", "8-row")),
+    # down_proj's 40 inputs split 20 | 20: compressed-tensors packs 8 input channels to an int32
+    (Int4Spec("compressed-tensors", 4, sym=True),
+     dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40),
+     ("weight_packed of model.layers.0.mlp.down_proj", "input channels 20..40")),
+])
+def test_unsliceable_tensor_parallel_layouts_are_refused(spec, config, named, tmp_path):
+    from transformers import LlamaConfig
+
+    from radixlm.runtime.distributed.parallel import Parallel
+    from tests.runtime.models.tiny import save_tiny
+    from tests.runtime.quantization.int4_checkpoints import quantize_checkpoint
+    from tests.runtime.quantization.test_int4_models import COMMON
+
+    save_tiny(LlamaConfig(**{**COMMON, **config}), tmp_path / "float")
+    quantize_checkpoint(tmp_path / "float", tmp_path / "int4", tmp_path / "ref", spec)
+    with pytest.raises(ModelLoadError) as e:
+        load_model(ModelConfig.from_path(str(tmp_path / "int4"), dtype="float32"), parallel=Parallel(1, 2))
+    assert all(f in str(e.value) for f in named), str(e.value)
