@@ -123,3 +123,25 @@ def test_autoawq_unpacker_agrees():
     t = pack_awq(codes.codes, codes.scales, codes.zeros)
     w = packing.dequantize_gemm(t["qweight"], t["qzeros"], t["scales"].float(), 4, 64)
     assert torch.equal(w.t().float(), codes.dequantize())
+
+
+@pytest.mark.parametrize("sym, group", [(True, 32), (False, 32), (True, -1), (False, -1)])
+def test_compressed_tensors_decompressor_reads_the_packer(sym, group):
+    """compressed-tensors' own PackedQuantizationCompressor decompresses pack_compressed's tensors to the codes'
+    weight, and our reader agrees."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    g = K if group == -1 else group
+    codes = quantize_codes(_weight(8), g, symmetric=sym)
+    t = pack_compressed(codes.codes, codes.scales, None if sym else codes.zeros, None)
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=sym, strategy="channel" if group == -1 else "group",
+                            group_size=None if group == -1 else group)
+    state = {**t, "weight_scale": t["weight_scale"].float()}  # the product in float32, as ours
+    out = PackedQuantizationCompressor.decompress(state, QuantizationScheme(targets=["Linear"], weights=args))
+    ref = codes.dequantize()
+    torch.testing.assert_close(out["weight"].float(), ref, rtol=0, atol=1e-6)
+    int4 = compressed_to_int4(t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), default_g_idx(K, g),
+                              torch.float32, "l")
+    assert torch.equal(int4.dequantize(), ref)
