@@ -57,7 +57,7 @@ def pack_cols(codes: torch.Tensor, order: tuple[int, ...] = IDENTITY_ORDER) -> t
     if n % PACK:
         raise ValueError(f"{n} columns cannot be packed eight to an int32")
     c = codes.to(torch.int64).reshape(r, n // PACK, PACK)[:, :, list(order)]  # nibble j = column order[j]
-    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=codes.device)
     packed = (c << shifts).sum(dim=-1)
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
@@ -123,13 +123,14 @@ def quantize_codes(w: torch.Tensor, group_size: int, symmetric: bool, act_order:
     input channels quantized in that order (GPTQ's desc_act: g_idx[act_order[i]] = i // group_size). Scales are
     stored in scale_dtype (a checkpoint's float16); `dequantize` uses the scales stored."""
     n, k = w.shape
-    order = act_order if act_order is not None else torch.arange(k)
+    dev = w.device
+    order = act_order.to(dev) if act_order is not None else torch.arange(k, device=dev)
     qweight, scales, zeros = quant_int4(w[:, order], group_size, symmetric)
     scales = scales.to(scale_dtype)
-    codes = torch.empty(k, n, dtype=torch.uint8)
+    codes = torch.empty(k, n, dtype=torch.uint8, device=dev)
     codes[order] = unpack_int4(qweight)
-    g_idx = torch.empty(k, dtype=torch.int64)
-    g_idx[order] = torch.arange(k) // group_size
+    g_idx = torch.empty(k, dtype=torch.int64, device=dev)
+    g_idx[order] = torch.arange(k, device=dev) // group_size
     return Codes(codes, scales, zeros, g_idx)
 
 

@@ -109,7 +109,7 @@ def compressed_to_int4(weight_packed: torch.Tensor, weight_scale: torch.Tensor,
     _check_groups(scales, g_idx, name)
     q = unpack_cols(weight_packed)[:, :k].t()
     if weight_zero_point is None:
-        zeros = torch.full(scales.shape, float(SIGNED_OFFSET))
+        zeros = torch.full(scales.shape, float(SIGNED_OFFSET), device=scales.device)
     else:
         expect_shape(weight_zero_point, (-(-n // PACK), scales.shape[0]), f"{name}.weight_zero_point")
         zeros = unpack_cols(weight_zero_point.t())[:, :n].to(torch.float32)
@@ -121,7 +121,7 @@ def pack_compressed(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
     """zeros None: symmetric, no weight_zero_point (codes centred on 8)."""
     k, n = codes.shape
     out = {"weight_packed": pack_cols(codes.t().contiguous()), "weight_scale": scales.t().contiguous(),
-           "weight_shape": torch.tensor([n, k], dtype=torch.int64)}
+           "weight_shape": torch.tensor([n, k], dtype=torch.int64, device=codes.device)}
     if zeros is not None:
         out["weight_zero_point"] = pack_cols(zeros.round().to(torch.int64)).t().contiguous()
     if g_idx is not None:

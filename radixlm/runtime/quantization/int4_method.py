@@ -76,10 +76,10 @@ class Int4Tensors:
     def fill_defaults(self, name: str, dst: torch.Tensor) -> None:
         """The values of the tensors a checkpoint may leave out (g_idx without act-order, weight_shape)."""
         if name == self.fmt.g_idx_name:
-            dst.copy_(default_g_idx(self.layout.in_local, self.group, self.layout.in_start).expand_as(dst))
+            dst.copy_(default_g_idx(self.layout.in_local, self.group, self.layout.in_start, dst.device).expand_as(dst))
         elif name == self.fmt.shape_name:
             for i, s in enumerate(self.layout.shards):
-                dst[i] = torch.tensor([s.full, self.layout.in_full])
+                dst[i, 0], dst[i, 1] = s.full, self.layout.in_full
 
     def required(self, name: str) -> bool:
         return name != self.fmt.shape_name and (name != self.fmt.g_idx_name or self.fmt.act_order)
@@ -109,7 +109,8 @@ class Int4Tensors:
 
     def g_idx(self, held: dict[str, torch.Tensor], what: str) -> torch.Tensor:
         if not self.fmt.g_idx_name:
-            return default_g_idx(self.layout.in_local, self.group, self.layout.in_start)
+            device = next(iter(held.values())).device
+            return default_g_idx(self.layout.in_local, self.group, self.layout.in_start, device)
         g = held[self.fmt.g_idx_name]
         if any(not torch.equal(g[0], g[i]) for i in range(1, g.shape[0])):
             raise ValueError(f"{what}: the merged projections' {self.fmt.g_idx_name} differ (act-order orders of "
@@ -124,7 +125,7 @@ class Int4Tensors:
     def quantize(self, w: torch.Tensor, order: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """A whole float weight (N, K)'s checkpoint tensors; act-order without an order: the channels by
         decreasing norm (GPTQ orders them by its Hessian's diagonal)."""
-        w = w.detach().float().cpu()
+        w = w.detach().float()
         if self.fmt.act_order and order is None:
             order = torch.argsort(w.norm(dim=0), descending=True, stable=True)
         return self.fmt.pack(quantize_codes(w, self.group, self.fmt.symmetric, order))
@@ -135,7 +136,7 @@ class Int4Tensors:
         k = self.layout.in_full
         order = None
         if self.fmt.act_order:
-            order = torch.argsort(draw(self.fmt.g_idx_name, order_id, (k,)).cpu(), stable=True)
+            order = torch.argsort(draw(self.fmt.g_idx_name, order_id, (k,)), stable=True)
         return [self.quantize(draw(weight_name, sid, (self.layout.shards[i].full, k)), order)
                 for i, sid in enumerate(shard_ids)]
 
