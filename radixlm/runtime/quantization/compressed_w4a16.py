@@ -42,8 +42,8 @@ class W4A16Scheme:
             raise ValueError(f"{where}.weights.dynamic: dynamic weight quantization is not a checkpoint format")
         strategy = str(weights.get("strategy") or "").lower()
         if strategy not in STRATEGIES:
-            raise ValueError(f"{where}.weights.strategy {strategy!r}: radixlm reads W4A16 with {' or '.join(STRATEGIES)}"
-                             f" scales")
+            raise ValueError(f"{where}.weights.strategy {strategy!r}: radixlm reads W4A16 with "
+                             f"{' or '.join(STRATEGIES)} scales")
         if strategy == "group":
             group = weights.get("group_size")
             if group is None or int(group) <= 0:

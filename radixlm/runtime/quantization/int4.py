@@ -139,20 +139,11 @@ def check_bits(bits: int, what: str) -> None:
         raise ValueError(f"{what}: {bits}-bit weights are not supported; radixlm loads 4-bit INT4 checkpoints only")
 
 
-def group_size_of(group_size: int | None, k: int, what: str) -> int:
-    """The checkpoint's group size for an input size k; -1 (or None) is one group per output channel."""
-    if group_size is None or group_size == -1:
-        return k
-    if group_size <= 0:
-        raise ValueError(f"{what}: group_size must be positive or -1, got {group_size}")
-    return group_size
-
-
 def expect_shape(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} (a wrong group size or an "
                          f"inconsistent checkpoint)")
 
 
-__all__ = ["Codes", "Int4Weight", "quantize_codes", "uniform_group", "check_bits", "default_g_idx", "expect_shape", "group_size_of", "pack_cols", "to_int4",
-           "unpack_cols", "unpack_int4"]
+__all__ = ["Codes", "Int4Weight", "check_bits", "default_g_idx", "expect_shape", "pack_cols", "quantize_codes",
+           "to_int4", "uniform_group", "unpack_cols", "unpack_int4"]
