@@ -206,10 +206,13 @@ class LlamaForCausalLM(nn.Module):
                 continue
             module_name, pname = target.rsplit(".", 1)
             module = self.get_submodule(module_name)
-            if hasattr(module, "load_weight"):
-                module.load_weight(pname, param, w, shard_id)
-            else:
-                copy_checked(param.data, w, name)
+            try:
+                if hasattr(module, "load_weight"):
+                    module.load_weight(pname, param, w, shard_id)
+                else:
+                    copy_checked(param.data, w, name)
+            except ValueError as e:
+                raise ValueError(f"checkpoint tensor {name}: {e}") from None
             loaded.add((target, shard_id))
         missing = self._missing(params, loaded)
         if missing:
@@ -224,5 +227,13 @@ class LlamaForCausalLM(nn.Module):
             module_name, pname = target.rsplit(".", 1)
             module = self.get_submodule(module_name)
             shards = module.weight_shards(pname) if hasattr(module, "weight_shards") else [None]
-            missing += [target if s is None else f"{target}[shard {s}]" for s in shards if (target, s) not in loaded]
+            missing += [self._checkpoint_name(target, s) for s in shards if (target, s) not in loaded]
         return missing
+
+    @staticmethod
+    def _checkpoint_name(target: str, shard) -> str:
+        """Our parameter and shard id, named as the checkpoint's tensor where the shard is a stacked projection."""
+        for hf_frag, our_frag, shard_id in STACKED_PARAMS:
+            if our_frag in target and shard == shard_id:
+                return target.replace(our_frag, hf_frag)
+        return target if shard is None else f"{target}[shard {shard}]"

@@ -12,7 +12,8 @@ from radixlm.runtime.quantization.modules import (
     dummy_draw, process_weights_after_loading, quantize_modules, quantized_modules)
 # The formats (each registers its QuantConfig on import).
 from radixlm.runtime.quantization import fp8  # noqa: E402,F401  isort: skip
-from radixlm.runtime.quantization import awq, compressed_tensors, gptq  # noqa: E402,F401  isort: skip
+from radixlm.runtime.quantization import compressed_tensors  # noqa: E402,F401  isort: skip
+from radixlm.runtime.quantization import awq, compressed_w4a16, gptq  # noqa: E402,F401  isort: skip
 
 __all__ = ["DrawFn", "LinearKind", "LinearLayout", "LinearMethod", "MoEMethod", "QuantConfig", "QuantParam",
            "QuantizationMethod", "checkpoint_quantization_config", "checkpoint_shape", "dummy_draw", "is_ignored",

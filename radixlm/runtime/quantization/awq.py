@@ -56,8 +56,8 @@ class AWQConfig(QuantConfig):
         if module_skipped(prefix, self.modules_to_not_convert):
             return None
         if isinstance(layer, FusedMoE):
-            return Int4MoEMethod(AWQFormat(), self.group_size, prefix)
-        return Int4LinearMethod(AWQFormat(), self.group_size, prefix)
+            return Int4MoEMethod(AWQFormat(), self.group_size)
+        return Int4LinearMethod(AWQFormat(), self.group_size)
 
     def describe(self) -> str:
         return f"awq (4-bit, group {self.group_size})"

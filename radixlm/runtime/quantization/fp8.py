@@ -1,6 +1,7 @@
 """FP8 (e4m3) weights: SGLang's / vLLM's `fp8` checkpoints (per-tensor `weight_scale`, one per merged shard, or
 `weight_block_size` blocks with `weight_scale_inv`), `w8a8_fp8` (per-channel `weight_scale` (N, 1)), and online FP8
-(`--quantization fp8` or `w8a8_fp8` on a float checkpoint: each linear quantized at load, per output channel).
+(`--quantization fp8` or `w8a8_fp8` on a float checkpoint: each linear and expert quantized at load, per output
+channel, as it is read: the float model is never held whole).
 
 Static activation scales (`activation_scheme: static`, `input_scale` per shard) are loaded and kept as the layer's
 `input_scale` (the maximum over merged shards, as vLLM); on CPU activations are not quantized (kernels.quant).
@@ -51,12 +52,12 @@ class Fp8Scheme:
             raise ValueError(f"FP8 scheme {self.granularity.value}: a block size goes with block scales only")
         if self.block is not None and (len(self.block) != 2 or min(self.block) < 1):
             raise ValueError(f"FP8 block size {self.block} must be two positive integers")
-        if self.activation is ActivationScheme.STATIC and self.granularity is not Fp8Granularity.TENSOR:
-            raise ValueError("FP8 static activation scales go with per-tensor weight scales only")
+        if self.activation is ActivationScheme.STATIC and self.granularity is Fp8Granularity.BLOCK:
+            raise ValueError("block FP8 takes dynamic activation scales only")
+        if not self.serialized and self.granularity is not Fp8Granularity.CHANNEL:
+            raise ValueError("online FP8 quantizes per output channel")
 
-    def weight_params(self, float_dtype: torch.dtype) -> list[QuantParam]:
-        if not self.serialized:
-            return [QuantParam("weight", float_dtype)]
+    def weight_params(self) -> list[QuantParam]:
         out = [QuantParam("weight", FP8_DTYPE, exact_dtype=True)]
         if self.granularity is Fp8Granularity.TENSOR:
             out.append(QuantParam(self.scale_name, torch.float32, out_dim=None, in_dim=None, per_shard=True))
@@ -70,7 +71,7 @@ class Fp8Scheme:
         return out
 
     def quantize(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
-        """A float weight's checkpoint tensors in this format."""
+        """A float weight's checkpoint tensors in this format (online: the float weight itself)."""
         if not self.serialized:
             return {"weight": w}
         q, scale = quant_fp8(w, self.block, self.granularity is Fp8Granularity.CHANNEL)
@@ -78,6 +79,17 @@ class Fp8Scheme:
         if self.activation is ActivationScheme.STATIC:
             out["input_scale"] = torch.tensor(1.0 / 64)
         return out
+
+
+def online_quantized(w, what: str) -> dict[str, torch.Tensor]:
+    """Online FP8 of a whole float checkpoint tensor, per output channel: quantized whole on every rank (a row-parallel
+    rank's slice alone would give other scales), then sliced like a checkpoint's."""
+    dtype = getattr(w, "dtype", None)
+    if dtype is not None and not (dtype.is_floating_point and dtype.itemsize > 1):
+        raise ValueError(f"tensor {what} is stored as {dtype}: online FP8 (--quantization without a checkpoint "
+                         f"quantization_config) quantizes float checkpoints only")
+    q, scale = quant_fp8(w if isinstance(w, torch.Tensor) else w[...], per_channel=True)
+    return {"weight": q, "weight_scale": scale}
 
 
 def _per_shard_scale(scale: torch.Tensor, sizes: list[int]) -> torch.Tensor:
@@ -92,19 +104,24 @@ class Fp8LinearMethod(LinearMethod):
         self.scheme = scheme
 
     def params(self, layer: nn.Module) -> list[QuantParam]:
-        return self.scheme.weight_params(layer.weight.dtype)
+        return self.scheme.weight_params()
+
+    def weight_shards(self, layer: nn.Module, pname: str) -> list:
+        if not self.scheme.serialized and pname == "weight_scale":
+            return []  # made from the weight at load
+        return super().weight_shards(layer, pname)
+
+    def load_weight(self, layer: nn.Module, pname: str, param: nn.Parameter, w, shard_id) -> None:
+        if self.scheme.serialized or pname != "weight":
+            return super().load_weight(layer, pname, param, w, shard_id)
+        for name, t in online_quantized(w, pname).items():
+            super().load_weight(layer, name, getattr(layer, name), t, shard_id)
 
     def quantize_checkpoint(self, layer: nn.Module, w: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.scheme.quantize(w.to(layer.weight.dtype) if not self.scheme.serialized else w)
+        return self.scheme.quantize(w)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         s = self.scheme
-        if not s.serialized:
-            q, scale = quant_fp8(layer.weight.data, per_channel=True)
-            replace_param(layer, "weight", q)
-            replace_param(layer, "weight_scale", scale)
-            layer.weight_block = None
-            return
         scale = getattr(layer, s.scale_name).data
         if s.granularity is Fp8Granularity.TENSOR:
             scale = _per_shard_scale(scale, [sh.local for sh in linear_layout(layer).shards])
@@ -125,7 +142,19 @@ class Fp8MoEMethod(MoEMethod):
         self.scheme = scheme
 
     def params(self, layer: nn.Module) -> list[QuantParam]:
-        return self.scheme.weight_params(layer.w13_weight.dtype)
+        return self.scheme.weight_params()
+
+    def weight_shards(self, layer: nn.Module, pname: str) -> list:
+        if not self.scheme.serialized and pname.endswith("_weight_scale"):
+            return []  # made from the weight at load
+        return super().weight_shards(layer, pname)
+
+    def load_weight(self, layer: nn.Module, pname: str, param: nn.Parameter, w, shard_id) -> None:
+        prefix, _, name = pname.partition("_")
+        if self.scheme.serialized or name != "weight":
+            return super().load_weight(layer, pname, param, w, shard_id)
+        for name, t in online_quantized(w, pname).items():
+            super().load_weight(layer, f"{prefix}_{name}", getattr(layer, f"{prefix}_{name}"), t, shard_id)
 
     def quantize_checkpoint(self, layer: nn.Module, w: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.scheme.quantize(w)
@@ -133,12 +162,6 @@ class Fp8MoEMethod(MoEMethod):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         s = self.scheme
         for prefix, layout in moe_layouts(layer).items():
-            weight = getattr(layer, f"{prefix}_weight").data
-            if not s.serialized:
-                pairs = [quant_fp8(weight[e], per_channel=True) for e in range(weight.shape[0])]
-                replace_param(layer, f"{prefix}_weight", torch.stack([q for q, _ in pairs]))
-                replace_param(layer, f"{prefix}_weight_scale", torch.stack([sc for _, sc in pairs]))
-                continue
             scale = getattr(layer, f"{prefix}_{s.scale_name}").data
             if s.granularity is Fp8Granularity.TENSOR:
                 sizes = [sh.local for sh in layout.shards]

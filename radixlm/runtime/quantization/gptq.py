@@ -49,8 +49,8 @@ class GPTQConfig(QuantConfig):
         if module_skipped(prefix, self.modules_to_not_convert):
             return None
         if isinstance(layer, FusedMoE):
-            return Int4MoEMethod(self.format(), self.group_size, prefix)
-        return Int4LinearMethod(self.format(), self.group_size, prefix)
+            return Int4MoEMethod(self.format(), self.group_size)
+        return Int4LinearMethod(self.format(), self.group_size)
 
     def describe(self) -> str:
         return (f"gptq (4-bit, group {self.group_size}, {'act-order, ' if self.desc_act else ''}"

@@ -142,20 +142,19 @@ class Int4Tensors:
 
 
 class Int4LinearMethod(LinearMethod):
-    """prefix: the layer's module name (for messages)."""
+    """Messages name the tensor within its layer; the loader adds the layer's and the checkpoint tensor's names."""
 
-    def __init__(self, fmt: Int4Format, group_size: int, prefix: str = ""):
+    def __init__(self, fmt: Int4Format, group_size: int):
         self.fmt = fmt
         self.group_size = group_size
-        self.prefix = prefix
 
     def tensors(self, layer: nn.Module, dtype: torch.dtype | None = None) -> Int4Tensors:
         return Int4Tensors(self.fmt, self.group_size, linear_layout(layer), dtype or torch.get_default_dtype(),
-                           self.prefix or type(layer).__name__)
+                           type(layer).__name__)
 
-    def _what(self, layer: nn.Module, pname: str, shard_id) -> str:
-        name = f"{self.prefix or type(layer).__name__}.{pname}"
-        return name if shard_id is None else f"{name}[shard {shard_id}]"
+    @staticmethod
+    def _what(pname: str, shard_id) -> str:
+        return pname if shard_id is None else f"{pname}[shard {shard_id}]"
 
     def params(self, layer: nn.Module) -> list[QuantParam]:
         return list(self.tensors(layer).specs.values())
@@ -164,7 +163,7 @@ class Int4LinearMethod(LinearMethod):
         device = layer.weight.device
         t = self.tensors(layer)
         replace_param(layer, "weight", None)
-        for name, (shape, dtype) in t.local_shapes(self.prefix or type(layer).__name__).items():
+        for name, (shape, dtype) in t.local_shapes(type(layer).__name__).items():
             p = new_param(shape, dtype, device)
             t.fill_defaults(name, p.data)
             layer.register_parameter(name, p)
@@ -176,7 +175,7 @@ class Int4LinearMethod(LinearMethod):
 
     def load_weight(self, layer: nn.Module, pname: str, param: nn.Parameter, w, shard_id) -> None:
         self.tensors(layer, param.dtype).load(pname, param.data, w, shard_id or 0,
-                                              self._what(layer, pname, shard_id))
+                                              self._what(pname, shard_id))
 
     def checkpoint_shape(self, layer: nn.Module, pname: str, shard_id) -> tuple[int, ...]:
         return self.tensors(layer).whole_shape(pname, shard_id or 0)
@@ -190,13 +189,13 @@ class Int4LinearMethod(LinearMethod):
             else list(range(len(layer.shards)))
         for sid, tensors in zip(shard_ids, t.dummy(draw, "weight", shard_ids, None)):
             for name, w in tensors.items():
-                t.load(name, getattr(layer, name).data, w, sid or 0, self._what(layer, name, sid))
+                t.load(name, getattr(layer, name).data, w, sid or 0, self._what(name, sid))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         t = self.tensors(layer)
         dtype = getattr(layer, t.fmt.scale_name).dtype
         held = {n: getattr(layer, n).data for n in t.local_shapes("")}
-        int4 = t.convert(held, dtype, self.prefix or type(layer).__name__)
+        int4 = t.convert(held, dtype, type(layer).__name__)
         for name in held:
             replace_param(layer, name, None)
         replace_param(layer, "qweight", int4.qweight)
@@ -214,14 +213,13 @@ class Int4MoEMethod(MoEMethod):
     """Each expert's gate | up (w13) and down (w2) projections in the format; converted per expert, stacked with
     one group size per projection (the greatest that suits every expert)."""
 
-    def __init__(self, fmt: Int4Format, group_size: int, prefix: str = ""):
+    def __init__(self, fmt: Int4Format, group_size: int):
         self.fmt = fmt
         self.group_size = group_size
-        self.prefix = prefix or "experts"
 
     def tensors(self, layer: nn.Module, prefix: str, dtype: torch.dtype | None = None) -> Int4Tensors:
         return Int4Tensors(self.fmt, self.group_size, moe_layouts(layer)[prefix], dtype or torch.get_default_dtype(),
-                           f"{self.prefix}.{prefix}")
+                           f"experts' {prefix}")
 
     def params(self, layer: nn.Module) -> list[QuantParam]:
         return list(self.tensors(layer, "w13").specs.values())
@@ -232,7 +230,7 @@ class Int4MoEMethod(MoEMethod):
         replace_param(layer, "w2_weight", None)
         for prefix in ("w13", "w2"):
             t = self.tensors(layer, prefix)
-            for name, (shape, dtype) in t.local_shapes(f"{self.prefix}.{prefix}").items():
+            for name, (shape, dtype) in t.local_shapes(f"experts' {prefix}").items():
                 p = new_param((layer.num_local_experts, *shape), dtype, device)
                 for e in range(layer.num_local_experts):
                     t.fill_defaults(name, p.data[e])
@@ -257,7 +255,7 @@ class Int4MoEMethod(MoEMethod):
         if not 0 <= local < layer.num_local_experts:
             return  # another rank's expert
         self.tensors(layer, prefix, param.dtype).load(name, param.data[local], w, MOE_PARTS[part][1],
-                                                      f"{self.prefix}.{pname}[expert {expert}, {part}]")
+                                                      f"{pname}[expert {expert}, {part}]")
 
     def checkpoint_shape(self, layer: nn.Module, pname: str, shard_id) -> tuple[int, ...]:
         prefix, name = self._split(layer, pname)
@@ -276,7 +274,7 @@ class Int4MoEMethod(MoEMethod):
                 for (_, part), tensors in zip(sids, t.dummy(draw, f"{prefix}_weight", sids, (e, parts[0]))):
                     for name, w in tensors.items():
                         t.load(name, getattr(layer, f"{prefix}_{name}").data[e - layer.expert_start], w,
-                               MOE_PARTS[part][1], f"{self.prefix}.{prefix}_{name}[expert {e}, {part}]")
+                               MOE_PARTS[part][1], f"{prefix}_{name}[expert {e}, {part}]")
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         for prefix in ("w13", "w2"):
@@ -285,7 +283,7 @@ class Int4MoEMethod(MoEMethod):
             held = {n: getattr(layer, f"{prefix}_{n}").data for n in names}
             dtype = held[t.fmt.scale_name].dtype
             experts = range(layer.num_local_experts)
-            what = [f"{self.prefix}.{prefix} (expert {layer.expert_start + e})" for e in experts]
+            what = [f"experts' {prefix} (expert {layer.expert_start + e})" for e in experts]
             group = math.gcd(*(uniform_group(t.g_idx({n: v[e] for n, v in held.items()}, what[e])) for e in experts))
             ws = [t.convert({n: v[e] for n, v in held.items()}, dtype, what[e], group) for e in experts]
             for n in names:

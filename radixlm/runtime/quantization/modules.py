@@ -36,7 +36,10 @@ def quantize_modules(model: nn.Module, quant_config: QuantConfig | None) -> int:
             raise TypeError(f"{type(quant_config).__name__} gave {type(method).__name__} for {prefix}, expected a "
                             f"{want.__name__}")
         module.quant_method = method
-        method.create_weights(module)
+        try:
+            method.create_weights(module)
+        except ValueError as e:
+            raise ValueError(f"{prefix}: {e}") from None
         n += 1
     logger.info("quantization %s: %d layers quantized", quant_config.describe(), n)
     return n
@@ -48,8 +51,11 @@ def quantized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 @torch.no_grad()
 def process_weights_after_loading(model: nn.Module) -> None:
-    for _, module in quantized_modules(model):
-        module.quant_method.process_weights_after_loading(module)
+    for prefix, module in quantized_modules(model):
+        try:
+            module.quant_method.process_weights_after_loading(module)
+        except ValueError as e:
+            raise ValueError(f"{prefix}: {e}") from None
 
 
 def dummy_draw(module_name: str, device: torch.device, std: float,

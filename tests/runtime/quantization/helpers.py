@@ -50,10 +50,11 @@ Quantizer = Callable[[str, torch.Tensor], tuple[dict[str, torch.Tensor], torch.T
 
 
 def quantize_saved(path: Path, quantize: Quantizer, quantization_config: dict | None,
-                   skip: Callable[[str], bool] = lambda name: False):
+                   skip: Callable[[str], bool] = lambda name: False, write: bool = True):
     """Rewrites the float checkpoint at path: each projection weight (but those `skip` names) becomes quantize's
-    tensors, and config.json gets quantization_config. Returns transformers' model (float32, eval) of the
-    dequantized weights (saved beside path and loaded back: transformers maps the per-expert names itself)."""
+    tensors, and config.json gets quantization_config (write False: path stays as it is, for online quantization).
+    Returns transformers' model (float32, eval) of the dequantized weights (saved beside path and loaded back:
+    transformers maps the per-expert names itself)."""
     path = Path(path)
     files = sorted(path.glob("*.safetensors"))
     assert len(files) == 1
@@ -71,8 +72,9 @@ def quantize_saved(path: Path, quantize: Quantizer, quantization_config: dict | 
     ref_dir = path.parent / f"{path.name}-dequantized"
     shutil.copytree(path, ref_dir, dirs_exist_ok=True)
     save_file(ref, ref_dir / files[0].name, metadata={"format": "pt"})
-    save_file(out, files[0], metadata={"format": "pt"})
-    set_quantization_config(path, quantization_config)
+    if write:
+        save_file(out, files[0], metadata={"format": "pt"})
+        set_quantization_config(path, quantization_config)
     return reference_model(ref_dir)
 
 
@@ -115,6 +117,7 @@ def assert_greedy_matches(path, hf, quantization: str | None = None, seed: int =
     the prompt's logits within float32 rounding."""
     torch.set_num_threads(1)
     model, cfg = load(path, quantization)
+    assert_quantized(model)
     prompts = random_prompts(seed, list(lens), VOCAB)
     reference = hf_greedy(hf, prompts, cfg.eos_token_ids, NEW_TOKENS)
     for prompt, (ref_ids, _) in zip(prompts, reference):
@@ -127,3 +130,11 @@ def assert_greedy_matches(path, hf, quantization: str | None = None, seed: int =
 
 def tiny_float(path, config, seed: int = 0):
     return save_tiny(config, path, seed)
+
+
+def assert_quantized(model) -> None:
+    """Every projection and expert layer holds a quantized method (none silently left in float)."""
+    from radixlm.runtime.quantization.modules import QUANTIZABLE
+
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, QUANTIZABLE)]
+    assert layers and all(m.quant_method is not None for _, m in layers), [n for n, m in layers if m.quant_method is None]

@@ -41,7 +41,7 @@ def test_detection_and_flags():
     ({"quant_method": "bitsandbytes"}, None, "unknown quantization method 'bitsandbytes'"),
     (None, "int3", "unknown quantization method 'int3' (--quantization)"),
     ({"quant_method": "fp8"}, "awq", "--quantization awq contradicts the checkpoint, which is quantized with fp8"),
-    (None, "compressed-tensors", "compressed-tensors"),
+    (None, "compressed-tensors", "needs a checkpoint quantized in that format"),
     ({"activation_scheme": "dynamic"}, None, "has no quant_method"),
     ({"quant_method": "fp8", "fmt": "e5m2"}, None, "fmt 'e5m2'"),
     ({"quant_method": "fp8", "activation_scheme": "sometimes"}, None, "activation_scheme 'sometimes'"),

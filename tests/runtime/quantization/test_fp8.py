@@ -35,3 +35,18 @@ def test_moe_fp8_checkpoint_matches_dequantized_reference(fmt, kind, tmp_path):
     tiny_float(tmp_path, moe_config(kind), seed=4)
     hf = quantize_saved(tmp_path, *FORMATS[fmt])
     assert_greedy_matches(tmp_path, hf)
+
+
+@pytest.mark.parametrize("flag", ["fp8", "w8a8_fp8"])
+@pytest.mark.parametrize("kind", ["llama", "mixtral"])
+def test_online_fp8_quantizes_a_float_checkpoint_per_channel(flag, kind, tmp_path):
+    """--quantization fp8 on a float checkpoint: each linear and expert quantized per output channel at load (the
+    reference: the same per-channel round-to-nearest, computed here)."""
+    tiny_float(tmp_path, dense_config(kind) if kind == "llama" else moe_config(kind), seed=5)
+    hf = quantize_saved(tmp_path, fp8.per_channel, None, write=False)
+    assert_greedy_matches(tmp_path, hf, quantization=flag)
+    model, _ = load(tmp_path, flag)
+    down = model.model.layers[0].mlp.down_proj if kind == "llama" else model.model.layers[0].mlp.experts
+    scale = down.weight_scale if kind == "llama" else down.w2_weight_scale
+    assert (down.weight if kind == "llama" else down.w2_weight).dtype == FP8_DTYPE
+    assert scale.shape[-1] == 64 and scale.dtype == torch.float32

@@ -48,19 +48,20 @@ def test_flag_alone_needs_a_checkpoint():
 
 
 def test_w4a16_arguments():
-    args = {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 128,
-            "actorder": "group"}
-    assert W4A16Scheme.matches(args, None) and not W4A16Scheme.matches({**args, "type": "float"}, None)
-    assert not W4A16Scheme.matches(args, {"num_bits": 8, "type": "int"})  # W4A8: not weight-only
-    assert W4A16Scheme.from_args(args, "pack-quantized", "g") == W4A16Scheme(128, False, True)
-    channel = {**args, "strategy": "channel", "group_size": None, "actorder": "weight", "symmetric": True}
-    assert W4A16Scheme.from_args(channel, "pack-quantized", "g") == W4A16Scheme(-1, True, False)
-    for bad, message in (({**args, "num_bits": 8}, "8-bit"), ({**args, "strategy": "block"}, "strategy 'block'"),
-                         ({**args, "group_size": None}, "group_size must be positive")):
+    from compressed_tensors.quantization import QuantizationArgs
+
+    def args(**kw):
+        return QuantizationArgs(**{"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group",
+                                   "group_size": 128, "actorder": None, **kw})
+
+    assert W4A16Scheme.from_args(args()) == W4A16Scheme(128, False, False)
+    channel = args(strategy="channel", group_size=None, actorder="weight", symmetric=True)
+    assert W4A16Scheme.from_args(channel) == W4A16Scheme(-1, True, False)
+    for bad, message in ((args(num_bits=8), "8-bit"), (args(strategy="tensor", group_size=None), "strategy 'tensor'")):
         with pytest.raises(ValueError, match=message):
-            W4A16Scheme.from_args(bad, "pack-quantized", "g")
-    with pytest.raises(ValueError, match="format 'naive-quantized'"):
-        W4A16Scheme.from_args(args, "naive-quantized", "g")
+            W4A16Scheme.from_args(bad)
+    with pytest.raises(ValueError, match="W4A16 only"):
+        W4A16Scheme.from_args(args(), QuantizationArgs(num_bits=8, type="int"))
 
 
 def test_modules_to_not_convert_match_whole_components():

@@ -57,12 +57,12 @@ def _refused(path, *fragments):
 
 
 @pytest.mark.parametrize("fmt, drop, named", [
-    ("awq", f"{ATTN}.k_proj.qzeros", f"{ATTN}.qkv_proj.qzeros"),
+    ("awq", f"{ATTN}.k_proj.qzeros", f"{ATTN}.k_proj.qzeros"),
     ("awq", f"{MLP}.down_proj.scales", f"{MLP}.down_proj.scales"),
     ("gptq", f"{ATTN}.o_proj.qzeros", f"{ATTN}.o_proj.qzeros"),
-    ("gptq", f"{MLP}.up_proj.g_idx", f"{MLP}.gate_up_proj.g_idx"),  # act-order: g_idx required
-    ("compressed-tensors", f"{MLP}.gate_proj.weight_scale", f"{MLP}.gate_up_proj.weight_scale"),
-    ("compressed-tensors", f"{ATTN}.v_proj.weight_zero_point", f"{ATTN}.qkv_proj.weight_zero_point"),
+    ("gptq", f"{MLP}.up_proj.g_idx", f"{MLP}.up_proj.g_idx"),  # act-order: g_idx required
+    ("compressed-tensors", f"{MLP}.gate_proj.weight_scale", f"{MLP}.gate_proj.weight_scale"),
+    ("compressed-tensors", f"{ATTN}.v_proj.weight_zero_point", f"{ATTN}.v_proj.weight_zero_point"),
 ])
 def test_missing_tensor_is_named(fmt, drop, named, dirs, tmp_path):
     path = _copy(dirs[fmt], tmp_path / "ckpt")
@@ -95,7 +95,7 @@ def test_bits_other_than_4_are_refused(fmt, dirs, tmp_path):
             qc["bits"] = 8
 
     _edit(path, config=eight)
-    with pytest.raises(ModelLoadError, match="8-bit"):
+    with pytest.raises(ModelLoadError, match="int8 weights" if fmt == "compressed-tensors" else "8-bit"):
         ModelConfig.from_path(str(path), dtype="float32")
 
 
@@ -126,7 +126,7 @@ def test_unsupported_gptq_variants(change, fragment, dirs, tmp_path):
 def test_inconsistent_tensors_are_named(dirs, tmp_path):
     path = _copy(dirs["gptq"], tmp_path / "shape")
     _edit(path, tensors=lambda t: t.update({f"{ATTN}.q_proj.scales": t[f"{ATTN}.q_proj.scales"][:, :-8].contiguous()}))
-    _refused(path, f"{ATTN}.qkv_proj.scales", "shape")
+    _refused(path, f"{ATTN}.q_proj.scales", "shape")
 
     path = _copy(dirs["gptq"], tmp_path / "dtype")
     _edit(path, tensors=lambda t: t.update({f"{MLP}.down_proj.qweight": t[f"{MLP}.down_proj.qweight"].float()}))
@@ -142,7 +142,7 @@ def test_inconsistent_tensors_are_named(dirs, tmp_path):
 
     path = _copy(dirs["compressed-tensors"], tmp_path / "weight_shape")
     _edit(path, tensors=lambda t: t.update({f"{ATTN}.k_proj.weight_shape": torch.tensor([16, 64])}))
-    _refused(path, f"{ATTN}.qkv_proj.weight_shape", "[16, 64]")
+    _refused(path, f"{ATTN}.k_proj.weight_shape", "[16, 64]")
 
 
 @pytest.mark.parametrize("fmt", ["awq", "gptq", "compressed-tensors"])
@@ -159,11 +159,11 @@ def test_dummy_load_in_each_format(fmt, dirs):
 @pytest.mark.parametrize("spec, config, named", [
     # k_proj's 8 outputs split 4 | 4: AWQ packs 8 output channels to an int32
     (Int4Spec("awq", 16), dict(hidden_size=32, num_attention_heads=8, num_key_value_heads=2, intermediate_size=64),
-     ("qweight of model.layers.0.self_attn.qkv_proj", "8-row")),
+     ("model.layers.0.self_attn.qkv_proj", "qweight", "8-row")),
     # down_proj's 40 inputs split 20 | 20: compressed-tensors packs 8 input channels to an int32
     (Int4Spec("compressed-tensors", 4, sym=True),
      dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40),
-     ("weight_packed of model.layers.0.mlp.down_proj", "input channels 20..40")),
+     ("model.layers.0.mlp.down_proj", "weight_packed", "input channels 20..40")),
 ])
 def test_unsliceable_tensor_parallel_layouts_are_refused(spec, config, named, tmp_path):
     from transformers import LlamaConfig
