@@ -3,7 +3,7 @@
 quantized layers' weights and GEMMs; modules.py holds the loader's hooks. Every format's module is imported here,
 which registers it (config.register_quant_config)."""
 from radixlm.runtime.quantization.base import (
-    DrawFn, LinearKind, LinearLayout, LinearMethod, MoEMethod, QuantParam, checkpoint_shape, linear_layout, load_sliced,
+    DequantizingMoEMethod, DrawFn, LinearKind, LinearLayout, LinearMethod, MoEMethod, QuantParam, checkpoint_shape, linear_layout, load_sliced,
     local_shape, moe_layouts, replace_param)
 from radixlm.runtime.quantization.config import (
     QuantConfig, QuantizationMethod, checkpoint_quantization_config, is_ignored, name_matches, quant_config_from,
@@ -13,9 +13,10 @@ from radixlm.runtime.quantization.modules import (
 # The formats (each registers its QuantConfig on import).
 from radixlm.runtime.quantization import fp8  # noqa: E402,F401  isort: skip
 from radixlm.runtime.quantization import compressed_tensors  # noqa: E402,F401  isort: skip
+from radixlm.runtime.quantization import int8  # noqa: E402,F401  isort: skip
 from radixlm.runtime.quantization import awq, compressed_w4a16, gptq  # noqa: E402,F401  isort: skip
 
-__all__ = ["DrawFn", "LinearKind", "LinearLayout", "LinearMethod", "MoEMethod", "QuantConfig", "QuantParam",
+__all__ = ["DequantizingMoEMethod", "DrawFn", "LinearKind", "LinearLayout", "LinearMethod", "MoEMethod", "QuantConfig", "QuantParam",
            "QuantizationMethod", "checkpoint_quantization_config", "checkpoint_shape", "dummy_draw", "is_ignored",
            "linear_layout", "load_sliced", "local_shape", "moe_layouts", "name_matches",
            "process_weights_after_loading", "quant_config_from", "quantize_modules", "quantized_modules",

@@ -334,3 +334,20 @@ class MoEMethod(ABC):
     def apply(self, layer: nn.Module, hidden: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor) -> torch.Tensor:
         """The routed experts' output on this rank (a partial sum; the layer all-reduces)."""
+
+
+class DequantizingMoEMethod(MoEMethod):
+    """Experts computed by dequantizing this rank's experts (kernels.quant) and running the float experts: the CPU
+    path, and the reference a grouped quantized kernel is checked against."""
+
+    @abstractmethod
+    def dequantized(self, layer: nn.Module, prefix: str, dtype: torch.dtype) -> torch.Tensor:
+        """w13 (E_local, 2 I_local, H) or w2 (E_local, H, I_local) in float, for prefix "w13" / "w2"."""
+
+    def apply(self, layer: nn.Module, hidden: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
+        from radixlm.runtime.kernels.moe import fused_experts
+
+        w13 = self.dequantized(layer, "w13", hidden.dtype)
+        w2 = self.dequantized(layer, "w2", hidden.dtype)
+        return fused_experts(hidden, w13, w2, topk_weights, topk_ids, layer.expert_start, layer.num_experts)

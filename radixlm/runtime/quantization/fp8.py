@@ -21,8 +21,8 @@ from torch import nn
 
 from radixlm.runtime.kernels.quant import FP8_DTYPE, dequant_fp8, fp8_linear, quant_fp8
 from radixlm.runtime.layers.moe import FusedMoE
-from radixlm.runtime.quantization.base import (LinearMethod, MoEMethod, QuantParam, linear_layout, moe_layouts,
-                                               replace_param)
+from radixlm.runtime.quantization.base import (DequantizingMoEMethod, LinearMethod, MoEMethod, QuantParam,
+                                               linear_layout, moe_layouts, replace_param)
 from radixlm.runtime.quantization.config import QuantConfig, QuantizationMethod, is_ignored, register_quant_config
 
 
@@ -135,7 +135,7 @@ class Fp8LinearMethod(LinearMethod):
         return fp8_linear(x, layer.weight, layer.weight_scale, layer.weight_block, bias)
 
 
-class Fp8MoEMethod(MoEMethod):
+class Fp8MoEMethod(DequantizingMoEMethod):
     """FP8 experts. The CPU path dequantizes them (kernels.quant) and runs the float experts."""
 
     def __init__(self, scheme: Fp8Scheme):
@@ -179,14 +179,6 @@ class Fp8MoEMethod(MoEMethod):
     def dequantized(self, layer: nn.Module, prefix: str, dtype: torch.dtype) -> torch.Tensor:
         w, scale = getattr(layer, f"{prefix}_weight"), getattr(layer, f"{prefix}_weight_scale")
         return torch.stack([dequant_fp8(w[e], scale[e], layer.weight_block, dtype) for e in range(w.shape[0])])
-
-    def apply(self, layer: nn.Module, hidden: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
-        from radixlm.runtime.kernels.moe import fused_experts
-
-        w13 = self.dequantized(layer, "w13", hidden.dtype)
-        w2 = self.dequantized(layer, "w2", hidden.dtype)
-        return fused_experts(hidden, w13, w2, topk_weights, topk_ids, layer.expert_start, layer.num_experts)
 
 
 def _block_size(value: Any) -> tuple[int, int] | None:

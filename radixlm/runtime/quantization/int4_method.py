@@ -17,11 +17,10 @@ import re
 import torch
 from torch import nn
 
-from radixlm.runtime.kernels.moe import fused_experts
 from radixlm.runtime.kernels.quant import int4_linear
 from radixlm.runtime.layers.linear import ColumnParallelLinear
 from radixlm.runtime.quantization.base import (
-    DrawFn, LinearKind, LinearLayout, LinearMethod, MoEMethod, QuantParam, checkpoint_shape, linear_layout,
+    DequantizingMoEMethod, DrawFn, LinearKind, LinearLayout, LinearMethod, QuantParam, checkpoint_shape, linear_layout,
     load_sliced, local_shape, moe_layouts, new_param, replace_param)
 from radixlm.runtime.quantization.config import checkpoint_module_names
 from radixlm.runtime.quantization.int4 import Int4Weight, default_g_idx, quantize_codes, uniform_group
@@ -209,7 +208,7 @@ class Int4LinearMethod(LinearMethod):
                            getattr(layer, "perm", None), bias)
 
 
-class Int4MoEMethod(MoEMethod):
+class Int4MoEMethod(DequantizingMoEMethod):
     """Each expert's gate | up (w13) and down (w2) projections in the format; converted per expert, stacked with
     one group size per projection (the greatest that suits every expert)."""
 
@@ -299,17 +298,10 @@ class Int4MoEMethod(MoEMethod):
             replace_param(layer, f"{prefix}_perm", perms)
             setattr(layer, f"{prefix}_group_size", group)
 
-    def _float_weights(self, layer: nn.Module, prefix: str, dtype: torch.dtype) -> torch.Tensor:
+    def dequantized(self, layer: nn.Module, prefix: str, dtype: torch.dtype) -> torch.Tensor:
         perm = getattr(layer, f"{prefix}_perm", None)
         return torch.stack([
             Int4Weight(getattr(layer, f"{prefix}_qweight")[e], getattr(layer, f"{prefix}_scales")[e],
                        getattr(layer, f"{prefix}_zeros")[e], getattr(layer, f"{prefix}_group_size"),
                        None if perm is None else perm[e]).dequantize(dtype)
             for e in range(layer.num_local_experts)])
-
-    def apply(self, layer: nn.Module, hidden: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
-        # Dequantize-then-compute: the CPU path (a grouped W4A16 kernel replaces it on CUDA).
-        w13 = self._float_weights(layer, "w13", hidden.dtype)
-        w2 = self._float_weights(layer, "w2", hidden.dtype)
-        return fused_experts(hidden, w13, w2, topk_weights, topk_ids, layer.expert_start, layer.num_experts)

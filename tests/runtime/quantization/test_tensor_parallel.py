@@ -1,5 +1,5 @@
 """Quantized models on 2 gloo ranks equal 1 rank (float32, to rounding): FP8 per-tensor with static activation
-scales, per-channel, block scales, online FP8 and compressed-tensors FP8, dense and MoE (the intermediate dim split, and whole experts per
+scales, per-channel, block scales, online FP8, compressed-tensors FP8 and W8A8-INT8, dense and MoE (the intermediate dim split, and whole experts per
 rank), loaded from their checkpoints by each rank, and with dummy weights (drawn whole and sliced: every layout holds
 the same model)."""
 from __future__ import annotations
@@ -43,7 +43,8 @@ def checkpoints(tmp_path_factory):
         if fmt is not None:
             quantize_saved(path, *fmt)
         if ct is not None:
-            quantize_ct(path, {"group_0": ct}, "float-quantized", ignore=["lm_head"])
+            fmt = "int-quantized" if ct.weights.type == "int" else "float-quantized"
+            quantize_ct(path, {"group_0": ct}, fmt, ignore=["lm_head"])
         made[name] = (str(path), flag, load_format)
 
     make("llama per-tensor static", dense_config("llama"), PER_TENSOR_STATIC)
@@ -56,6 +57,7 @@ def checkpoints(tmp_path_factory):
     make("mixtral online, dummy", moe_config("mixtral"), None, flag="fp8", load_format="dummy")
     make("llama compressed-tensors static", dense_config("llama"), None, ct=scheme("FP8"))
     make("qwen2-moe compressed-tensors block", moe_config("qwen2_moe"), None, ct=scheme("FP8_BLOCK", block=(16, 16)))
+    make("mixtral compressed-tensors int8", moe_config("mixtral"), None, ct=scheme("W8A8"))
     return made
 
 

@@ -8,7 +8,9 @@ Layouts (radixlm's own; every checkpoint format is converted to one of them at l
   INT4    qweight (K // 8, N) int32, eight consecutive input channels per int32, channel k in bits 4 * (k % 8)
           (GPTQ's packing); scales and zeros (K // group_size, N) in the model's dtype; w[n, k] =
           (q[k, n] - zeros[k // group_size, n]) * scales[k // group_size, n]. Act-order checkpoints are stored with
-          their input channels sorted by group; `perm` (K,) gathers the input's channels into that order."""
+          their input channels sorted by group; `perm` (K,) gathers the input's channels into that order.
+  INT8    weight (N, K) int8, symmetric; scale float32 (N,) per output channel; w = weight * scale (W8A8-INT8:
+          activations quantized per token on the GPU path)."""
 from __future__ import annotations
 
 import torch
@@ -121,3 +123,25 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     if perm is not None:
         x = x.index_select(-1, perm)
     return F.linear(x, dequant_int4(qweight, scales, zeros, group_size, x.dtype), bias)
+
+
+INT8_MAX = 127
+
+
+def dequant_int8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(N, K) float weight of a per-channel INT8 one."""
+    return (weight.to(torch.float32) * scale.to(torch.float32).reshape(-1, 1)).to(dtype)
+
+
+def quant_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-channel INT8 (round half to even): (weight, scale) with scale = absmax / 127."""
+    w = w.to(torch.float32)
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / INT8_MAX
+    q = torch.round(w / scale[:, None]).clamp(-INT8_MAX - 1, INT8_MAX).to(torch.int8)
+    return q, scale
+
+
+def int8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ dequant(weight).T + bias in x's dtype (activations are not quantized on this path)."""
+    return F.linear(x, dequant_int8(weight, scale, x.dtype), bias)
