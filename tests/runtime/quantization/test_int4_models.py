@@ -60,7 +60,9 @@ def test_greedy_matches_dequantized_transformers(case, tmp_path):
     kind, spec = GREEDY_CASES[case]
     dst, ref = make_int4(tmp_path, kind, spec, seed=len(case))
     prompts = random_prompts(1, PROMPT_LENS, VOCAB)
-    engine = radixlm.Engine(str(dst), dtype="float32", device="cpu", random_seed=0, max_total_tokens=1024)
+    # the flag confirms the detected method (the Llama cases); the others are detected alone
+    flag = {"quantization": spec.method} if kind == "llama" else {}
+    engine = radixlm.Engine(str(dst), dtype="float32", device="cpu", random_seed=0, max_total_tokens=1024, **flag)
     try:
         assert engine.model_config.quant_config.method.value == spec.method
         results = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": NEW_TOKENS},

@@ -178,3 +178,8 @@ def test_unsliceable_tensor_parallel_layouts_are_refused(spec, config, named, tm
     with pytest.raises(ModelLoadError) as e:
         load_model(ModelConfig.from_path(str(tmp_path / "int4"), dtype="float32"), parallel=Parallel(1, 2))
     assert all(f in str(e.value) for f in named), str(e.value)
+
+
+def test_flag_contradicting_the_checkpoint_is_refused(dirs):
+    with pytest.raises(ModelLoadError, match="--quantization awq contradicts the checkpoint, which is quantized with gptq"):
+        ModelConfig.from_path(str(dirs["gptq"]), dtype="float32", quantization="awq")
