@@ -66,6 +66,22 @@ def test_gptq_round_trip(act_order, sym, v1):
     _check(int4, codes)
 
 
+def test_gptq_packer_matches_gptqmodel_dequantize():
+    """GPTQModel's dequantize_weight (nn_modules/qlinear), restated: qzeros' nibbles from the low bits up are columns
+    8c .. 8c + 7, qweight's are input rows 8r .. 8r + 7; w = scales[g_idx] * (q - zeros[g_idx]); a v1 checkpoint's
+    zero word is converted by adding 0x11111111 (convert_gptq_v1_to_v2_format_module)."""
+    shifts = torch.arange(0, 32, 4)
+    codes = quantize_codes(_weight(10), 32, symmetric=False, act_order=_act_order(10))
+    for v1 in (False, True):
+        t = pack_gptq(codes.codes, codes.scales, codes.zeros, codes.g_idx, v1)
+        qzeros = t["qzeros"].to(torch.int64) + (0x11111111 if v1 else 0)
+        zeros = ((qzeros[:, :, None] >> shifts) & 0xF).reshape(qzeros.shape[0], -1)
+        q = ((t["qweight"].to(torch.int64)[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(K, N)
+        g = t["g_idx"].long()
+        w = t["scales"].float()[g] * (q - zeros[g])
+        assert torch.equal(w.t(), codes.dequantize())
+
+
 def test_gptq_v1_zero_zero_borrows_and_comes_back():
     codes = quantize_codes(_weight(3), 32, symmetric=False)
     zeros = codes.zeros.clone()
@@ -115,6 +131,30 @@ def test_compressed_tensors_library_agrees():
     w = dequantize(unpack_from_int32(t["weight_packed"], 4, torch.Size([N, K])), t["weight_scale"].float(),
                    unpack_from_int32(t["weight_zero_point"], 4, torch.Size([N, K // 32]), packed_dim=0), args)
     torch.testing.assert_close(w.float(), codes.dequantize(), rtol=0, atol=1e-6)
+
+
+def _awq_dequantize_as_autoawq(qweight, qzeros, scales, group_size):
+    """AutoAWQ's dequantize_gemm (awq/utils/packing_utils.py), restated: unpack each int32 into its eight nibbles
+    from the low bits up, then undo AWQ's interleave with the reverse order [0, 4, 1, 5, 2, 6, 3, 7] per 8 columns."""
+    reverse = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7])
+    shifts = torch.arange(0, 32, 4)
+
+    def unpack(t):
+        nibbles = (t[:, :, None].to(torch.int64) >> shifts) & 0xF  # (R, C, 8)
+        flat = nibbles.reshape(t.shape[0], -1)
+        order = (torch.arange(flat.shape[1]).view(-1, 8)[:, reverse]).reshape(-1)
+        return flat[:, order]
+
+    w, z = unpack(qweight), unpack(qzeros)
+    return (w - z.repeat_interleave(group_size, 0)) * scales.float().repeat_interleave(group_size, 0)
+
+
+def test_awq_packer_matches_autoawq_layout():
+    codes = quantize_codes(_weight(9), 32, symmetric=False)
+    t = pack_awq(codes.codes, codes.scales, codes.zeros)
+    assert torch.equal(_awq_dequantize_as_autoawq(t["qweight"], t["qzeros"], t["scales"], 32).t(), codes.dequantize())
+    word = int(pack_awq(torch.arange(8).reshape(1, 8), torch.ones(1, 8), torch.zeros(1, 8))["qweight"][0, 0])
+    assert word == 0x75316420  # AWQ's interleave: columns 0, 2, 4, 6, 1, 3, 5, 7 from the low nibble up
 
 
 def test_autoawq_unpacker_agrees():
