@@ -84,6 +84,10 @@ class Int4Tensors:
         return name != self.fmt.shape_name and (name != self.fmt.g_idx_name or self.fmt.act_order)
 
     def load(self, name: str, dst: torch.Tensor, w, shard: int, what: str) -> None:
+        if name in (self.fmt.g_idx_name, self.fmt.shape_name):
+            dtype = getattr(w, "dtype", None)
+            if dtype is not None and (dtype.is_floating_point or dtype == torch.bool):
+                raise ValueError(f"tensor {what} is stored as {dtype}, expected integers")
         if name == self.fmt.g_idx_name:
             if tuple(w.shape) != (self.layout.in_full,):
                 raise ValueError(f"tensor {what} has shape {tuple(w.shape)}, expected ({self.layout.in_full},)")

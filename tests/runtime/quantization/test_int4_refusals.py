@@ -140,6 +140,10 @@ def test_inconsistent_tensors_are_named(dirs, tmp_path):
     _edit(path, tensors=lambda t: t.update({f"{ATTN}.o_proj.g_idx": t[f"{ATTN}.o_proj.g_idx"] + 5}))
     _refused(path, f"{ATTN}.o_proj", "groups")
 
+    path = _copy(dirs["gptq"], tmp_path / "float_g_idx")
+    _edit(path, tensors=lambda t: t.update({f"{ATTN}.o_proj.g_idx": t[f"{ATTN}.o_proj.g_idx"].float()}))
+    _refused(path, f"{ATTN}.o_proj.g_idx", "expected integers")
+
     path = _copy(dirs["compressed-tensors"], tmp_path / "weight_shape")
     _edit(path, tensors=lambda t: t.update({f"{ATTN}.k_proj.weight_shape": torch.tensor([16, 64])}))
     _refused(path, f"{ATTN}.k_proj.weight_shape", "[16, 64]")
