@@ -89,9 +89,10 @@ class QuantParam:
     """One checkpoint tensor of a quantized linear (per output shard for merged layers).
 
     out_dim / in_dim: the dims running along output / input channels (None: not along them); out_unit / in_unit:
-    channels per element along them. per_shard: a single value per checkpoint tensor (a per-tensor scale, stored as
-    shape () or (1,)): the rank holds one per merged shard, shape (num_shards,). exact_dtype: the checkpoint tensor
-    must have `dtype` (quantized values; scales may come in any float dtype and are converted)."""
+    channels per element along them. per_shard: one value per checkpoint tensor, of shape value_shape (a per-tensor
+    scale: (), stored as () or (1,); compressed-tensors' weight_shape: (2,)), never sliced: the rank holds one per
+    merged shard, shape (num_shards, *value_shape). exact_dtype: the checkpoint tensor must have `dtype` (quantized
+    values; other float tensors may come in any float dtype and are converted)."""
 
     name: str
     dtype: torch.dtype
@@ -101,6 +102,7 @@ class QuantParam:
     in_unit: int = 1
     per_shard: bool = False
     exact_dtype: bool = False
+    value_shape: tuple[int, ...] = ()
 
     @property
     def ndim(self) -> int:
@@ -123,7 +125,7 @@ def _units(start: int, count: int, full: int, unit: int, what: str, axis: str) -
 
 def checkpoint_shape(spec: QuantParam, layout: LinearLayout, shard: int) -> tuple[int, ...]:
     if spec.per_shard:
-        return ()
+        return spec.value_shape
     shape = [1] * spec.ndim
     if spec.out_dim is not None:
         shape[spec.out_dim] = _ceil(layout.shards[shard].full, spec.out_unit)
@@ -134,7 +136,7 @@ def checkpoint_shape(spec: QuantParam, layout: LinearLayout, shard: int) -> tupl
 
 def local_shape(spec: QuantParam, layout: LinearLayout, what: str) -> tuple[int, ...]:
     if spec.per_shard:
-        return (len(layout.shards),)
+        return (len(layout.shards), *spec.value_shape)
     shape = [1] * spec.ndim
     if spec.out_dim is not None:
         n = 0
@@ -164,9 +166,10 @@ def load_sliced(spec: QuantParam, layout: LinearLayout, dst: torch.Tensor, w, sh
     want = checkpoint_shape(spec, layout, shard)
     got = tuple(w.shape)
     if spec.per_shard:
-        if got not in ((), (1,)):
-            raise ValueError(f"tensor {what} has shape {got}, expected a single value (shape () or (1,))")
-        dst[shard] = (w if isinstance(w, torch.Tensor) else w[...]).reshape(())
+        if got != want and not (want == () and got == (1,)):
+            raise ValueError(f"tensor {what} has shape {got}, expected "
+                             + ("a single value (shape () or (1,))" if want == () else str(want)))
+        dst[shard] = (w if isinstance(w, torch.Tensor) else w[...]).reshape(want)
         return
     # (N, 1) per-channel scales and the like: trailing size-1 dims beyond the spec's are accepted.
     if got[: len(want)] != want or any(d != 1 for d in got[len(want):]):
