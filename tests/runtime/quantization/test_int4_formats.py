@@ -185,3 +185,15 @@ def test_compressed_tensors_decompressor_reads_the_packer(sym, group):
     int4 = compressed_to_int4(t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"), default_g_idx(K, g),
                               torch.float32, "l")
     assert torch.equal(int4.dequantize(), ref)
+
+
+def test_autoawq_packer_agrees():
+    """AutoAWQ's own WQLinear_GEMM.from_linear packs the codes' weight into pack_awq's tensors (skipped without
+    AutoAWQ; checked by hand against AutoAWQ 0.2.9's source)."""
+    gemm = pytest.importorskip("awq.modules.linear.gemm", reason="AutoAWQ is not installed")
+    codes = quantize_codes(_weight(11), 64, symmetric=False)
+    linear = torch.nn.Linear(K, N, bias=False)
+    linear.weight.data = codes.dequantize()
+    awq = gemm.WQLinear_GEMM.from_linear(linear, 4, 64, scales=codes.scales.float(), zeros=codes.zeros)
+    mine = pack_awq(codes.codes, codes.scales, codes.zeros)
+    assert torch.equal(awq.qweight, mine["qweight"]) and torch.equal(awq.qzeros, mine["qzeros"])
