@@ -197,3 +197,19 @@ def test_autoawq_packer_agrees():
     awq = gemm.WQLinear_GEMM.from_linear(linear, 4, 64, scales=codes.scales.float(), zeros=codes.zeros)
     mine = pack_awq(codes.codes, codes.scales, codes.zeros)
     assert torch.equal(awq.qweight, mine["qweight"]) and torch.equal(awq.qzeros, mine["qzeros"])
+
+
+def test_autogptq_packer_agrees():
+    """AutoGPTQ's own QuantLinear.pack writes pack_gptq's v1 tensors (skipped without AutoGPTQ; checked by hand
+    against AutoGPTQ 0.7.1's source). Zero points from 1: AutoGPTQ's v1 packer overflows on a zero point of 0."""
+    qlinear = pytest.importorskip("auto_gptq.nn_modules.qlinear.qlinear_cuda_old", reason="AutoGPTQ is not installed")
+    from radixlm.runtime.quantization.int4 import Codes
+
+    codes = quantize_codes(_weight(12), 32, symmetric=False)
+    codes = Codes(codes.codes, codes.scales.float(), codes.zeros.clamp(min=1), codes.g_idx)
+    linear = torch.nn.Linear(K, N, bias=False)
+    linear.weight.data = codes.dequantize()
+    ql = qlinear.QuantLinear(4, 32, K, N, False)
+    ql.pack(linear, codes.scales.t().contiguous(), codes.zeros.t().contiguous(), codes.g_idx.int())
+    mine = pack_gptq(codes.codes, codes.scales, codes.zeros, codes.g_idx, v1=True)
+    assert torch.equal(ql.qweight, mine["qweight"]) and torch.equal(ql.qzeros, mine["qzeros"])
