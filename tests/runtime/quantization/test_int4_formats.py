@@ -191,8 +191,8 @@ def test_autoawq_packer_agrees():
     """AutoAWQ's own WQLinear_GEMM.from_linear packs the codes' weight into pack_awq's tensors (skipped without
     AutoAWQ; checked by hand against AutoAWQ 0.2.9's source)."""
     gemm = pytest.importorskip("awq.modules.linear.gemm", reason="AutoAWQ is not installed")
-    codes = quantize_codes(_weight(11), 64, symmetric=False)
-    linear = torch.nn.Linear(K, N, bias=False)
+    codes = quantize_codes(_weight(11, n=64), 64, symmetric=False)  # AutoAWQ packs whole words of 32 columns
+    linear = torch.nn.Linear(K, 64, bias=False)
     linear.weight.data = codes.dequantize()
     awq = gemm.WQLinear_GEMM.from_linear(linear, 4, 64, scales=codes.scales.float(), zeros=codes.zeros)
     mine = pack_awq(codes.codes, codes.scales, codes.zeros)
@@ -205,11 +205,11 @@ def test_autogptq_packer_agrees():
     qlinear = pytest.importorskip("auto_gptq.nn_modules.qlinear.qlinear_cuda_old", reason="AutoGPTQ is not installed")
     from radixlm.runtime.quantization.int4 import Codes
 
-    codes = quantize_codes(_weight(12), 32, symmetric=False)
+    codes = quantize_codes(_weight(12, n=64), 32, symmetric=False)  # AutoGPTQ packs whole words of 32 columns
     codes = Codes(codes.codes, codes.scales.float(), codes.zeros.clamp(min=1), codes.g_idx)
-    linear = torch.nn.Linear(K, N, bias=False)
+    linear = torch.nn.Linear(K, 64, bias=False)
     linear.weight.data = codes.dequantize()
-    ql = qlinear.QuantLinear(4, 32, K, N, False)
+    ql = qlinear.QuantLinear(4, 32, K, 64, False)
     ql.pack(linear, codes.scales.t().contiguous(), codes.zeros.t().contiguous(), codes.g_idx.int())
     mine = pack_gptq(codes.codes, codes.scales, codes.zeros, codes.g_idx, v1=True)
     assert torch.equal(ql.qweight, mine["qweight"]) and torch.equal(ql.qzeros, mine["qzeros"])
