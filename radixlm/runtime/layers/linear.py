@@ -23,13 +23,18 @@ from radixlm.runtime.kernels import gemm
 from radixlm.runtime.kernels.gemm import Prologue, RotaryStore, apply_prologue
 
 
-def copy_checked(dst: torch.Tensor, src, what: str) -> None:
-    """src: a tensor, or a checkpoint's lazily read one (anything indexable with shape: read here, whole)."""
+def check_float_source(dst: torch.Tensor, src, what: str) -> None:
+    """A float parameter must not take a quantized checkpoint tensor (it would be cast without its scales)."""
     src_dtype = getattr(src, "dtype", None)
     if src_dtype is not None and dst.dtype.is_floating_point and not (src_dtype.is_floating_point
                                                                       and src_dtype.itemsize > 1):
         raise ValueError(f"weight {what} is stored as {src_dtype} (quantized) but its layer is not quantized: the "
                          f"checkpoint's quantization_config does not cover it (or names it in its ignore list)")
+
+
+def copy_checked(dst: torch.Tensor, src, what: str) -> None:
+    """src: a tensor, or a checkpoint's lazily read one (anything indexable with shape: read here, whole)."""
+    check_float_source(dst, src, what)
     if tuple(src.shape) != tuple(dst.shape):
         raise ValueError(f"weight {what} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
     dst.copy_(src if isinstance(src, torch.Tensor) else src[...])
@@ -198,6 +203,7 @@ class VocabEmbedding(nn.Module):
         return [None]
 
     def load_weight(self, pname: str, param: nn.Parameter, w: torch.Tensor, shard_id) -> None:
+        check_float_source(param.data, w, pname)
         if tuple(w.shape) != (self.num_embeddings, self.embedding_dim):
             raise ValueError(f"weight {pname} has shape {tuple(w.shape)}, "
                              f"expected {(self.num_embeddings, self.embedding_dim)}")

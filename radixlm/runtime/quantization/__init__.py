@@ -3,8 +3,8 @@
 quantized layers' weights and GEMMs; modules.py holds the loader's hooks. Every format's module is imported here,
 which registers it (config.register_quant_config)."""
 from radixlm.runtime.quantization.base import (
-    DequantizingMoEMethod, DrawFn, LinearKind, LinearLayout, LinearMethod, MoEMethod, QuantParam, checkpoint_shape, linear_layout, load_sliced,
-    local_shape, moe_layouts, replace_param)
+    DequantizingMoEMethod, DrawFn, LinearKind, LinearLayout, LinearMethod, MoEMethod, QuantParam, checkpoint_shape,
+    linear_layout, load_sliced, local_shape, moe_layouts, replace_param)
 from radixlm.runtime.quantization.config import (
     QuantConfig, QuantizationMethod, checkpoint_quantization_config, is_ignored, name_matches, quant_config_from,
     register_quant_config, registered_methods)
@@ -16,8 +16,8 @@ from radixlm.runtime.quantization import compressed_tensors  # noqa: E402,F401  
 from radixlm.runtime.quantization import int8  # noqa: E402,F401  isort: skip
 from radixlm.runtime.quantization import awq, compressed_w4a16, gptq  # noqa: E402,F401  isort: skip
 
-__all__ = ["DequantizingMoEMethod", "DrawFn", "LinearKind", "LinearLayout", "LinearMethod", "MoEMethod", "QuantConfig", "QuantParam",
-           "QuantizationMethod", "checkpoint_quantization_config", "checkpoint_shape", "dummy_draw", "is_ignored",
+__all__ = ["DequantizingMoEMethod", "DrawFn", "LinearKind", "LinearLayout", "LinearMethod", "MoEMethod", "QuantConfig",
+           "QuantParam", "QuantizationMethod", "checkpoint_quantization_config", "checkpoint_shape", "dummy_draw", "is_ignored",
            "linear_layout", "load_sliced", "local_shape", "moe_layouts", "name_matches",
            "process_weights_after_loading", "quant_config_from", "quantize_modules", "quantized_modules",
            "register_quant_config", "registered_methods", "replace_param"]

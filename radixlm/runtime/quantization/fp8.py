@@ -81,14 +81,14 @@ class Fp8Scheme:
         return out
 
 
-def online_quantized(w, what: str) -> dict[str, torch.Tensor]:
-    """Online FP8 of a whole float checkpoint tensor, per output channel: quantized whole on every rank (a row-parallel
-    rank's slice alone would give other scales), then sliced like a checkpoint's."""
+def online_quantized(w, what: str, device: torch.device) -> dict[str, torch.Tensor]:
+    """Online FP8 of a whole float checkpoint tensor, per output channel, on the layer's device: quantized whole on
+    every rank (a row-parallel rank's slice alone would give other scales), then sliced like a checkpoint's."""
     dtype = getattr(w, "dtype", None)
     if dtype is not None and not (dtype.is_floating_point and dtype.itemsize > 1):
         raise ValueError(f"tensor {what} is stored as {dtype}: online FP8 (--quantization without a checkpoint "
                          f"quantization_config) quantizes float checkpoints only")
-    q, scale = quant_fp8(w if isinstance(w, torch.Tensor) else w[...], per_channel=True)
+    q, scale = quant_fp8((w if isinstance(w, torch.Tensor) else w[...]).to(device), per_channel=True)
     return {"weight": q, "weight_scale": scale}
 
 
@@ -114,7 +114,7 @@ class Fp8LinearMethod(LinearMethod):
     def load_weight(self, layer: nn.Module, pname: str, param: nn.Parameter, w, shard_id) -> None:
         if self.scheme.serialized or pname != "weight":
             return super().load_weight(layer, pname, param, w, shard_id)
-        for name, t in online_quantized(w, pname).items():
+        for name, t in online_quantized(w, pname, param.device).items():
             super().load_weight(layer, name, getattr(layer, name), t, shard_id)
 
     def quantize_checkpoint(self, layer: nn.Module, w: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -153,7 +153,7 @@ class Fp8MoEMethod(DequantizingMoEMethod):
         prefix, _, name = pname.partition("_")
         if self.scheme.serialized or name != "weight":
             return super().load_weight(layer, pname, param, w, shard_id)
-        for name, t in online_quantized(w, pname).items():
+        for name, t in online_quantized(w, pname, param.device).items():
             super().load_weight(layer, f"{prefix}_{name}", getattr(layer, f"{prefix}_{name}"), t, shard_id)
 
     def quantize_checkpoint(self, layer: nn.Module, w: torch.Tensor) -> dict[str, torch.Tensor]:

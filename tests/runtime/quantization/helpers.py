@@ -137,4 +137,5 @@ def assert_quantized(model) -> None:
     from radixlm.runtime.quantization.modules import QUANTIZABLE
 
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, QUANTIZABLE)]
-    assert layers and all(m.quant_method is not None for _, m in layers), [n for n, m in layers if m.quant_method is None]
+    left = [n for n, m in layers if m.quant_method is None]
+    assert layers and not left, left

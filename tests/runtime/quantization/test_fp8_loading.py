@@ -115,3 +115,14 @@ def test_blocks_must_not_be_cut_by_tensor_parallelism(tmp_path):
     with pytest.raises(ModelLoadError, match=r"layers\.0\.mlp\.down_proj: .*this rank's input channels 48\.\.96 of 96 "
                                              r"do not fall on the 32-channel boundaries"):
         load(tmp_path, parallel=Parallel(tp_rank=1, tp_size=2))
+
+
+def test_a_quantized_lm_head_is_refused(tmp_path):
+    """Embeddings and the LM head stay float: an FP8 lm_head in the checkpoint must not be cast without its scale."""
+    tiny_float(tmp_path, dense_config(), seed=2)
+    quantize_saved(tmp_path, fp8.per_channel, {"quant_method": "w8a8_fp8"})
+    f = tmp_path / "model.safetensors"
+    _edit(f, lambda t: t.update({"lm_head.weight": t["lm_head.weight"].to(FP8_DTYPE),
+                                 "lm_head.weight_scale": torch.ones(97, 1)}))
+    with pytest.raises(ModelLoadError, match=r"lm_head\.weight: weight weight is stored as torch\.float8_e4m3fn"):
+        load(tmp_path)

@@ -163,7 +163,15 @@ def warm_up_moe(runner: WarmupRunner) -> None:
     for m in runner.model.modules():
         if not isinstance(m, FusedMoE):
             continue
-        w13, w2 = m.w13_weight, m.w2_weight
+        if m.quant_method is not None:
+            # Quantized experts that run the float kernel on their dequantized weights (DequantizingMoEMethod) warm
+            # that; a method with kernels of its own warms them itself.
+            if not hasattr(m.quant_method, "dequantized"):
+                continue
+            w13 = m.quant_method.dequantized(m, "w13", runner.model_config.dtype)
+            w2 = m.quant_method.dequantized(m, "w2", runner.model_config.dtype)
+        else:
+            w13, w2 = m.w13_weight, m.w2_weight
         key = (tuple(w13.shape), tuple(w2.shape), w13.dtype, m.top_k, m.expert_start, m.num_experts)
         if key in seen:
             continue
