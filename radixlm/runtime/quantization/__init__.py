@@ -14,6 +14,7 @@ from radixlm.runtime.quantization.modules import (
 from radixlm.runtime.quantization import fp8  # noqa: E402,F401  isort: skip
 from radixlm.runtime.quantization import compressed_tensors  # noqa: E402,F401  isort: skip
 from radixlm.runtime.quantization import int8  # noqa: E402,F401  isort: skip
+from radixlm.runtime.quantization import awq, compressed_w4a16, gptq  # noqa: E402,F401  isort: skip
 
 __all__ = ["DequantizingMoEMethod", "DrawFn", "LinearKind", "LinearLayout", "LinearMethod", "MoEMethod", "QuantConfig",
            "QuantParam", "QuantizationMethod", "checkpoint_quantization_config", "checkpoint_shape", "dummy_draw", "is_ignored",

@@ -9,6 +9,7 @@ module: `int`, 4, `pack-quantized`; W8A8-INT8 would be `int`, 8, `int-quantized`
 refused at start-up, naming the group."""
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -75,6 +76,22 @@ def fp8_scheme_method(scheme, is_moe: bool) -> LinearMethod | MoEMethod:
     return Fp8MoEMethod(fp8) if is_moe else Fp8LinearMethod(fp8)
 
 
+def _without_removed_actorder(config: dict[str, Any]) -> dict[str, Any]:
+    """compressed-tensors 0.20 refuses `actorder: group` (alias `dynamic`), which older llm-compressor checkpoints
+    carry; the INT4 methods read those checkpoints' `weight_g_idx` whenever present, so the key is dropped here."""
+    removed = ("group", "dynamic")
+    groups = config.get("config_groups") or {}
+    if not any(isinstance(g, dict) and str((g.get("weights") or {}).get("actorder")).lower() in removed
+               for g in groups.values()):
+        return config
+    config = copy.deepcopy(config)
+    for g in config["config_groups"].values():
+        weights = g.get("weights") if isinstance(g, dict) else None
+        if weights and str(weights.get("actorder")).lower() in removed:
+            weights["actorder"] = None
+    return config
+
+
 @dataclass(frozen=True)
 class CTGroup:
     name: str
@@ -105,7 +122,7 @@ class CompressedTensorsConfig(QuantConfig):
             if config.get(key):
                 raise ValueError(f"compressed-tensors {key}: sparse or transformed checkpoints are not supported")
         try:
-            qc = QuantizationConfig.model_validate(config)
+            qc = QuantizationConfig.model_validate(_without_removed_actorder(config))
         except Exception as e:  # pydantic's ValidationError, the library's NotImplementedError / ValueError
             raise ValueError(f"compressed-tensors quantization_config does not parse: {e}") from None
         if qc.kv_cache_scheme is not None:

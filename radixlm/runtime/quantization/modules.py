@@ -51,8 +51,11 @@ def quantized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 @torch.no_grad()
 def process_weights_after_loading(model: nn.Module) -> None:
-    for _, module in quantized_modules(model):
-        module.quant_method.process_weights_after_loading(module)
+    for prefix, module in quantized_modules(model):
+        try:
+            module.quant_method.process_weights_after_loading(module)
+        except ValueError as e:
+            raise ValueError(f"{prefix}: {e}") from None
 
 
 def dummy_draw(module_name: str, device: torch.device, std: float,

@@ -78,7 +78,7 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     if k % INT4_PACK:
         raise ValueError(f"an INT4 weight's input size {k} is not a multiple of {INT4_PACK}")
     q = q.to(torch.int64).reshape(k // INT4_PACK, INT4_PACK, n)
-    shifts = torch.arange(0, 32, 4, dtype=torch.int64).reshape(1, INT4_PACK, 1)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=q.device).reshape(1, INT4_PACK, 1)
     packed = (q << shifts).sum(dim=1)
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
