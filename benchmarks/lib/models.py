@@ -28,6 +28,29 @@ def model_dir(dst: str | None = None) -> str:
     return str(out)
 
 
+# The formats benchmarks run Llama-3.1-8B's shapes in (dummy weights, drawn in float and quantized at load): the
+# checkpoint's quantization_config, and the server arguments beside it.
+QUANT_FORMATS: dict[str, tuple[dict | None, dict]] = {
+    "bf16": (None, {}),
+    "fp8": (None, {"quantization": "fp8"}),  # online: per channel
+    "fp8_block": ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}, {}),
+    "w4a16": ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}, {}),
+    "fp8kv": (None, {"kv_cache_dtype": "fp8_e4m3"}),
+}
+
+
+def quantized_model_dir(fmt: str, dst: str | None = None) -> tuple[str, dict]:
+    """model_dir() with QUANT_FORMATS[fmt]'s quantization_config (a directory of its own), and its server arguments."""
+    qc, engine_args = QUANT_FORMATS[fmt]
+    if qc is None:
+        return model_dir(dst), dict(engine_args)
+    base = os.environ.get("RADIXLM_CACHE_DIR", os.path.expanduser("~/.cache/radixlm"))
+    d = model_dir(dst or os.path.join(base, f"llama-3.1-8b-dummy-{fmt}"))
+    p = Path(d) / "config.json"
+    p.write_text(json.dumps({**json.loads(p.read_text()), "quantization_config": qc}, indent=2))
+    return d, dict(engine_args)
+
+
 def tiny_model_dir() -> str:
     """The 8B directory with TINY_SHAPE's config: a tiny random Llama with the Llama-3.1 tokenizer."""
     d = model_dir(tempfile.mkdtemp(prefix="radixlm_profile_tiny_"))  # per process: model_dir writes the 8B config first

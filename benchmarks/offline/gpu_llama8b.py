@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.lib.engine import CONTEXT_LEN, ENGINE_ARGS, PEER_SIZES, ab_workloads, close  # noqa: E402
 from benchmarks.lib.engine import decode_steps, log, make_engine, measure_copy_bandwidth, model_bytes  # noqa: E402
 from benchmarks.lib.engine import offline_run  # noqa: E402
-from benchmarks.lib.models import model_dir  # noqa: E402
+from benchmarks.lib.models import QUANT_FORMATS, quantized_model_dir  # noqa: E402
 from radixlm.bench.datasets import PromptSource, generated_shared_prefix_dataset, random_dataset  # noqa: E402
 from radixlm.bench.datasets import sharegpt_like_dataset  # noqa: E402
 
@@ -213,14 +213,18 @@ def main() -> None:
     p.add_argument("--decode-steps", type=int, default=256, help="ab: measured decode steps per batch size")
     p.add_argument("--prefix-groups", type=int, default=32, help="ab: shared-prefix groups of 32 requests")
     p.add_argument("--engine-args", default="{}", help="JSON of extra server arguments, e.g. '{\"cuda_graph_max_bs\": 512}'")
+    p.add_argument("--quant", default="bf16", choices=list(QUANT_FORMATS),
+                   help="the weights' (or the KV cache's) format: benchmarks/lib/models.py QUANT_FORMATS")
     p.add_argument("--out", default="benchmarks/results/offline/llama8b_gpu.json")
     args = p.parse_args()
+    path, quant_args = quantized_model_dir(args.quant)
+    ENGINE_ARGS.update(quant_args)
     ENGINE_ARGS.update(json.loads(args.engine_args))
-    path = model_dir()
     from transformers import AutoTokenizer
 
     src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
-    result = {"benchmark": "gpu_llama8b", "model": "Llama-3.1-8B architecture, bf16, dummy weights", "engine_args": ENGINE_ARGS,
+    result = {"benchmark": "gpu_llama8b", "model": "Llama-3.1-8B architecture, bf16, dummy weights", "quant": args.quant,
+              "engine_args": ENGINE_ARGS,
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "radixlm": sys.modules["radixlm"].__file__, "context_length": CONTEXT_LEN,
               "command": " ".join(["python", *sys.argv])}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 50 on one GPU. Carry [".whl"]. Each step has its own time limit and log ($OUT/<step>.log); JSONs land in $OUT.
+#   bash benchmarks/lease/quant_lease.sh kernels   # quantized GEMMs vs bf16 (kernels/quant_gemm.py, ~3 min), their CUDA
+#                                                  # tests, the GEMM dispatch tests (~2 min)
+#   bash benchmarks/lease/quant_lease.sh model [FMT...]   # Llama-3.1-8B shapes (dummy weights) per format: decode steps
+#                                                  # at batch 1..256 and ShareGPT-like 400 (offline/gpu_llama8b.py
+#                                                  # --parts ab); FMT: bf16 fp8 fp8_block w4a16 fp8kv (default: all)
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/env.sh"
+bash benchmarks/lease/tree_id.sh
+step() {  # step NAME LIMIT_S CMD...: the command's filtered output to $OUT/NAME.log and its tail here
+  local name=$1 limit=$2; shift 2
+  echo "== $name (limit ${limit}s)"
+  timeout "$limit" "$@" 2>&1 | grep -v "safetensors\|Warn\|fix_mistral_regex\|USDT" > "$OUT/$name.log"
+  echo "rc ${PIPESTATUS[0]}"; tail -n "${TAIL:-40}" "$OUT/$name.log"
+}
+case ${1:?usage: quant_lease.sh kernels | model [FMT...]} in
+kernels)
+  step quant_gemm 240 $PY benchmarks/kernels/quant_gemm.py --out "$OUT"
+  TAIL=25 step quant_cuda_tests 150 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/quant
+  TAIL=25 step gemm_dispatch_tests 150 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/gemm/test_gemm_dispatch.py
+  ;;
+model)
+  shift
+  for fmt in "${@:-bf16 fp8 fp8_block w4a16 fp8kv}"; do
+    for f in $fmt; do
+      TAIL=12 step "llama8b_$f" 200 $PY benchmarks/offline/gpu_llama8b.py --parts ab --quant "$f" \
+        --batches 1 8 32 64 256 --decode-steps 128 --sharegpt-requests 400 --random-requests 0 --prefix-groups 0 \
+        --out "$OUT/llama8b_$f.json"
+    done
+  done
+  ;;
+esac
