@@ -17,7 +17,8 @@ def kv_cache_torch_dtype(kv_cache_dtype: object, model_dtype: torch.dtype) -> to
     if name == "auto":
         return model_dtype
     if name not in FP8_KV_DTYPES:
-        raise ValueError(f"unknown kv_cache_dtype {name!r}; choose from ('auto', {', '.join(map(repr, FP8_KV_DTYPES))})")
+        choices = ", ".join(map(repr, ("auto", *FP8_KV_DTYPES)))
+        raise ValueError(f"unknown kv_cache_dtype {name!r}; choose from ({choices})")
     return FP8_KV_DTYPES[name]
 
 

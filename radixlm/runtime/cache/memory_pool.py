@@ -117,8 +117,13 @@ class TokenToKVPool:
             return
         shape = (-1, self.num_kv_heads, self.head_dim)
         scales = self._scales[layer_id]
-        self.k_buffer[layer_id][loc] = quantize_kv(k.reshape(shape), scales.k_scale, self.dtype)
-        self.v_buffer[layer_id][loc] = quantize_kv(v.reshape(shape), scales.v_scale, self.dtype)
+        for buf, x, scale in ((self.k_buffer[layer_id], k, scales.k_scale),
+                              (self.v_buffer[layer_id], v, scales.v_scale)):
+            stored = quantize_kv(x.reshape(shape), scale, self.dtype)
+            if self.is_fp8:  # as bytes: torch's index kernels do not take every float8 dtype on every device
+                buf.view(torch.uint8)[loc] = stored.view(torch.uint8)
+            else:
+                buf[loc] = stored
 
     def mem_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k_buffer + self.v_buffer)

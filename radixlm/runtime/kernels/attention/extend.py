@@ -146,8 +146,8 @@ def extend_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     # Without a mask its three arguments are None (constexpr None in the launch's key): the kernel is the plain one.
     _extend_kernel[grid](
         q, k_buf, v_buf, out, req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_starts, blocks,
-        sm_scale * k_scale, float(v_scale), q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
-        out.stride(0), out.stride(1), req_to_token.stride(0),
+        sm_scale * k_scale, float(v_scale), q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
+        v_buf.stride(0), v_buf.stride(1), out.stride(0), out.stride(1), req_to_token.stride(0),
         custom_mask, mask_starts if use_mask else None, mask_offsets if use_mask else None,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m, BLOCK_N=64,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_CUSTOM_MASK=use_mask, num_warps=4,

@@ -68,9 +68,9 @@ def shared_prefix_stage1(q, k_buf, v_buf, req_to_token, req_pool_indices, shared
     group = num_heads // num_kv_heads
     _shared_prefix_stage1[(shared.num_tiles, num_kv_heads, shared.num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, shared.tile_rows, shared.tiles, mid_o, mid_lse,
-        sm_scale * k_scale, float(v_scale), q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
-        req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),
-        mid_lse.stride(1), shared.num_tiles, shared.num_splits, slot0,
+        sm_scale * k_scale, float(v_scale), q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
+        v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1), shared.num_tiles, shared.num_splits, slot0,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=shared_prefix_block_m(group),
         BLOCK_N=DECODE_BLOCK_N, PRECISION=precision, num_warps=4, num_stages=2,
     )

@@ -31,7 +31,7 @@ class RotaryStore:
     v_buf: torch.Tensor
     q_size: int  # q's columns in the GEMM's output, then kv_size of k and kv_size of v
     kv_size: int
-    k_scale: float = 1.0  # a float8 pool's layer scales: the stored k is k / k_scale (kernels.elementwise.kv_cache_value)
+    k_scale: float = 1.0  # a float8 pool's layer scales: it stores k / k_scale (kernels.elementwise.kv_cache_value)
     v_scale: float = 1.0
     applied: bool = False  # set by the GEMM that applied it: its q and k are rotated and the KV is stored
 
