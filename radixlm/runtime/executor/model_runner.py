@@ -118,6 +118,11 @@ class ModelRunner:
     def _kv_pool(self, size: int) -> TokenToKVPool:
         """The KV pool in --kv-cache-dtype, with each layer's scales (its RadixAttention's: the checkpoint's)."""
         cfg = self.model_config
+        # Triton converts float8 e4m3 (its fp8e4nv) on compute capability 8.9 and later only.
+        if (self.is_cuda and self.kv_cache_dtype is torch.float8_e4m3fn
+                and torch.cuda.get_device_capability(self.device) < (8, 9)):
+            raise ValueError(f"--kv-cache-dtype fp8_e4m3 needs a GPU of compute capability 8.9 or later (this one: "
+                             f"{torch.cuda.get_device_capability(self.device)}); use fp8_e5m2 or auto")
         by_layer = {m.layer_id: KVScales(m.k_scale, m.v_scale) for m in self.model.modules()
                     if isinstance(m, RadixAttention)}
         scales = [by_layer.get(i, KVScales()) for i in range(cfg.num_layers)]
