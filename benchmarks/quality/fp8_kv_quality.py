@@ -9,7 +9,7 @@ reference) against fp8_e4m3 and fp8_e5m2, same model, same weights. Reports per 
   reference's token, and the mean and max |delta logprob| of the reference's tokens.
 
     python benchmarks/quality/fp8_kv_quality.py [--model-path default] [--device cpu] [--dtype bfloat16] \
-        [--max-new-tokens 48] [--out benchmarks/results/quality/fp8_kv_quality_smollm2_cpu.json]
+        [--max-new-tokens 32] [--out benchmarks/results/quality/fp8_kv_quality_smollm2_cpu.json]
 
 On a GPU: --device cuda (SmolLM2 by default, any --model-path; llama-3.1-8b-dummy takes the 8B shapes with dummy
 weights, whose near-flat logits make the figures a stress test rather than a quality measure). Prints a table and
@@ -141,7 +141,7 @@ def main() -> None:
     ap.add_argument("--model-path", default="default")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="bfloat16", help="the model's dtype, and the reference cache's")
-    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--kv-dtypes", default="fp8_e4m3,fp8_e5m2", help="cache dtypes compared with auto")
     ap.add_argument("--max-total-tokens", type=int, default=1 << 15, help="the same KV pool size for every run")
     ap.add_argument("--max-running-requests", type=int, default=len(PROMPTS))
