@@ -149,7 +149,7 @@ def main() -> None:
     ap.add_argument("--kv-dtypes", default="fp8_e4m3,fp8_e5m2", help="kernel part: float8 pools against bf16")
     ap.add_argument("--bandwidth", type=float, default=4.8e12, help="bytes/s of the floor (H200 HBM3e: 4.8 TB/s)")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--budget-s", type=float, default=220.0, help="the step part's last runner starts only within it")
+    ap.add_argument("--budget-s", type=float, default=180.0, help="the step part's last runner starts only within it")
     ap.add_argument("--dry", action="store_true", help="tiny shapes on the CPU (the script's own check)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
