@@ -20,6 +20,8 @@ from radixlm.runtime.args import GrammarMaskMode, JumpForwardMode, SchedulePolic
     ({"mem_fraction_static": 1.5}, "mem_fraction_static"),
     ({"load_format": "pickle"}, "load_format"),
     ({"attention_backend": "flashinfer"}, "attention_backend"),
+    ({"kv_cache_dtype": "fp8"}, r"unknown kv_cache_dtype 'fp8'; choose from \('auto', 'fp8_e4m3', 'fp8_e5m2'\)"),
+    ({"kv_cache_dtype": "bfloat16"}, "unknown kv_cache_dtype 'bfloat16'"),
     ({"speculative_algorithm": "STANDALONE"}, "speculative-draft-model-path"),
     ({"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "d", "tp_size": 2}, "tp_size 1"),
     ({"speculative_algorithm": "EAGLE"}, "speculative-draft-model-path"),
@@ -134,6 +136,21 @@ def test_num_draft_tokens_from_the_command_line():
     assert args.speculative_num_draft_tokens == 4 and args.max_draft_tokens == 3 and args.speculative_num_steps == 3
     ngram = ServerArgs(**server_args_from(parser.parse_args(["--speculative-algorithm", "NGRAM"])))
     assert ngram.speculative_num_draft_tokens == 5 and ngram.max_draft_tokens == 4
+
+
+def test_kv_cache_dtype_from_the_command_line(capsys):
+    """SGLang's --kv-cache-dtype spellings; any other value is refused by the parser, naming the choices."""
+    from radixlm.runtime.args import KVCacheDtype
+
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    assert ServerArgs(**server_args_from(parser.parse_args([]))).kv_cache_dtype is KVCacheDtype.AUTO
+    for value in ("fp8_e4m3", "fp8_e5m2"):
+        args = ServerArgs(**server_args_from(parser.parse_args(["--kv-cache-dtype", value])))
+        assert args.kv_cache_dtype is KVCacheDtype(value) and args.kv_cache_dtype.is_fp8
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--kv-cache-dtype", "fp8"])
+    assert "--kv-cache-dtype: invalid choice: 'fp8'" in capsys.readouterr().err
 
 
 def test_measure_window_from_the_command_line():

@@ -3,7 +3,7 @@
 from radixlm.runtime.args.choices import (
     ATTENTION_BACKENDS, DEFAULT_DRAFT_STEPS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, GRAMMAR_MASK_MODES,
     JUMP_FORWARD_MODES, LOAD_FORMATS, MAX_RUNNING_REQUESTS, SCHEDULE_POLICIES, TOGGLES, TOOL_CALL_PARSERS,
-    GrammarMaskMode, JumpForwardMode, SchedulePolicyName, Section, SpeculativeAlgorithm, Toggle,
+    GrammarMaskMode, JumpForwardMode, KVCacheDtype, SchedulePolicyName, Section, SpeculativeAlgorithm, Toggle,
 )
 from radixlm.runtime.args.parser import add_server_args, server_args_from, server_argv
 from radixlm.runtime.args.server_args import ENUM_FIELDS, SGLANG_KWARGS, ServerArgs
@@ -11,6 +11,7 @@ from radixlm.runtime.args.server_args import ENUM_FIELDS, SGLANG_KWARGS, ServerA
 __all__ = [
     "ATTENTION_BACKENDS", "DEFAULT_DRAFT_STEPS", "DTYPES", "ENUM_FIELDS", "EVICTION_POLICIES", "GRAMMAR_BACKENDS",
     "GRAMMAR_MASK_MODES", "JUMP_FORWARD_MODES", "LOAD_FORMATS", "MAX_RUNNING_REQUESTS", "SCHEDULE_POLICIES",
-    "SGLANG_KWARGS", "TOGGLES", "TOOL_CALL_PARSERS", "GrammarMaskMode", "JumpForwardMode", "SchedulePolicyName",
-    "Section", "ServerArgs", "SpeculativeAlgorithm", "Toggle", "add_server_args", "server_args_from", "server_argv",
+    "SGLANG_KWARGS", "TOGGLES", "TOOL_CALL_PARSERS", "GrammarMaskMode", "JumpForwardMode", "KVCacheDtype",
+    "SchedulePolicyName", "Section", "ServerArgs", "SpeculativeAlgorithm", "Toggle", "add_server_args",
+    "server_args_from", "server_argv",
 ]

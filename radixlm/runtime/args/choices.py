@@ -60,6 +60,17 @@ class SpeculativeAlgorithm(str, enum.Enum):
         return self in (SpeculativeAlgorithm.EAGLE, SpeculativeAlgorithm.EAGLE3)
 
 
+class KVCacheDtype(str, enum.Enum):
+    """What the KV pool stores (SGLang's --kv-cache-dtype spellings)."""
+    AUTO = "auto"  # the model's dtype
+    FP8_E4M3 = "fp8_e4m3"  # float8 e4m3 (torch.float8_e4m3fn), per-layer K and V scales
+    FP8_E5M2 = "fp8_e5m2"  # float8 e5m2: more range, fewer mantissa bits
+
+    @property
+    def is_fp8(self) -> bool:
+        return self is not KVCacheDtype.AUTO
+
+
 def values(kind: type[enum.Enum]) -> tuple[str, ...]:
     return tuple(m.value for m in kind)
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from radixlm.runtime.args.choices import (
     ATTENTION_BACKENDS, DEFAULT_DRAFT_STEPS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS,
-    QUANTIZATION_METHODS, TOOL_CALL_PARSERS, GrammarMaskMode, JumpForwardMode, SchedulePolicyName, Section, SpeculativeAlgorithm, Toggle,
+    QUANTIZATION_METHODS, TOOL_CALL_PARSERS, GrammarMaskMode, JumpForwardMode, KVCacheDtype, SchedulePolicyName,
+    Section, SpeculativeAlgorithm, Toggle,
 )
 from radixlm.runtime.args.validate import validate
 
@@ -65,6 +66,8 @@ class ServerArgs:
     max_running_requests: int | None = arg(None, MEM, "most requests running at once; unset: half the KV pool's "
                                                       "tokens, at most 4096 on CUDA and 256 on CPU")
     page_size: int = arg(1, MEM, "tokens per KV-cache page; the radix cache shares whole pages")
+    kv_cache_dtype: KVCacheDtype = arg(KVCacheDtype.AUTO, MEM, "KV cache storage: auto, the model's dtype; fp8_e4m3, "
+                                       "fp8_e5m2: float8 with per-layer scales (the checkpoint's, else 1.0)")
     schedule_policy: SchedulePolicyName = arg(
         SchedulePolicyName.LPM, MEM, "order of the waiting queue: lpm (longest cached prefix first), dfs-weight "
         "(radix tree depth-first, heavier subtrees first), fcfs, lof (longest output first), random")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.runtime.cache.kv_quant import KVScales, is_fp8, quantize_kv
 from radixlm.runtime.host_to_device import host_to_device
 
 
@@ -49,7 +50,9 @@ class ReqToTokenPool:
 class TokenToKVPool:
     """Per-layer K and V buffers of shape (size + page_size, num_kv_heads, head_dim).
 
-    Slots [0, page_size) form a dummy page that is never handed out: padded tokens may write there."""
+    Slots [0, page_size) form a dummy page that is never handed out: padded tokens may write there.
+    A float8 pool (--kv-cache-dtype fp8_e4m3 / fp8_e5m2; kv_quant.py) stores k / k_scale and v / v_scale of each
+    layer's scales, saturated; every reader multiplies back (kv_scales). Other pools ignore the scales."""
 
     def __init__(
         self,
@@ -60,10 +63,15 @@ class TokenToKVPool:
         num_kv_heads: int,
         head_dim: int,
         device: str | torch.device = "cpu",
+        scales: list[KVScales] | None = None,
     ):
+        if scales is not None and len(scales) != num_layers:
+            raise ValueError(f"{len(scales)} KV scales for {num_layers} layers")
         self.size = size
         self.page_size = page_size
         self.dtype = dtype
+        self.is_fp8 = is_fp8(dtype)
+        self._scales = [s if self.is_fp8 else KVScales() for s in (scales or [KVScales()] * num_layers)]
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -71,6 +79,10 @@ class TokenToKVPool:
         shape = (size + page_size, num_kv_heads, head_dim)
         self.k_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.v_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+
+    def kv_scales(self, layer_id: int) -> KVScales:
+        """What layer_id's stored K and V are multiplied by when read (1.0 unless the pool is float8)."""
+        return self._scales[layer_id]
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.k_buffer[layer_id]
@@ -92,7 +104,8 @@ class TokenToKVPool:
         nothing done, where that kernel does not apply (the caller rotates, then calls set_kv_buffer)."""
         if not (self._stores_rows(k, v) and rope.fused(positions, q)):
             return False
-        rope.rotate_and_store_(positions, q, k, v, loc, self.k_buffer[layer_id], self.v_buffer[layer_id])
+        rope.rotate_and_store_(positions, q, k, v, loc, self.k_buffer[layer_id], self.v_buffer[layer_id],
+                               self._scales[layer_id])
         return True
 
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -100,11 +113,17 @@ class TokenToKVPool:
         if self._stores_rows(k, v):
             from radixlm.runtime.kernels.elementwise import store_kv
 
-            store_kv(k, v, loc, self.k_buffer[layer_id], self.v_buffer[layer_id])
+            store_kv(k, v, loc, self.k_buffer[layer_id], self.v_buffer[layer_id], self._scales[layer_id])
             return
         shape = (-1, self.num_kv_heads, self.head_dim)
-        self.k_buffer[layer_id][loc] = k.reshape(shape).to(self.dtype)
-        self.v_buffer[layer_id][loc] = v.reshape(shape).to(self.dtype)
+        scales = self._scales[layer_id]
+        for buf, x, scale in ((self.k_buffer[layer_id], k, scales.k_scale),
+                              (self.v_buffer[layer_id], v, scales.v_scale)):
+            stored = quantize_kv(x.reshape(shape), scale, self.dtype)
+            if self.is_fp8:  # as bytes: torch's index kernels do not take every float8 dtype on every device
+                buf.view(torch.uint8)[loc] = stored.view(torch.uint8)
+            else:
+                buf[loc] = stored
 
     def mem_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k_buffer + self.v_buffer)

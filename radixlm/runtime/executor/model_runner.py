@@ -8,6 +8,7 @@ import torch
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
+from radixlm.runtime.cache.kv_quant import KVScales, kv_cache_torch_dtype
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch, TreeMask
@@ -19,6 +20,7 @@ from radixlm.runtime.kernels.startup import EXTEND_WARMUP_LENS, prepare_gemms, w
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
 from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
 from radixlm.runtime.layers.linear import Shard
+from radixlm.runtime.layers.radix_attention import RadixAttention
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import load_model
 from radixlm.runtime.multimodal.embedder import EncoderCache, MultimodalEmbedder
@@ -78,17 +80,15 @@ class ModelRunner:
                                                    self.req_to_token_pool.size, reserve)
         self.max_running_requests = server_args.max_running_requests or max(
             1, min(self.max_total_num_tokens // 2, max_running))
-        self.token_to_kv_pool = TokenToKVPool(
-            self.max_total_num_tokens, self.page_size, model_config.dtype, model_config.num_layers,
-            self.num_kv_heads, model_config.head_dim, device,
-        )
+        self.token_to_kv_pool = self._kv_pool(self.max_total_num_tokens)
         # On CUDA the allocator's double-free check would read device memory back on every free (a sync).
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
             self.max_total_num_tokens, self.page_size, device,
             debug=not self.is_cuda or server_args.enable_integrity_check)
         self.attn_backend = self._attention_backend()
-        logger.info("KV pool: %d tokens (%.1f MiB), max running requests %d", self.max_total_num_tokens,
-                    self.token_to_kv_pool.mem_bytes() / 2**20, self.max_running_requests)
+        logger.info("KV pool: %d tokens (%.1f MiB, %s), max running requests %d", self.max_total_num_tokens,
+                    self.token_to_kv_pool.mem_bytes() / 2**20, str(self.token_to_kv_pool.dtype).removeprefix("torch."),
+                    self.max_running_requests)
         self.graph_runner: CudaGraphRunner | None = None
         graph_max_bs = self.graph_max_bs()
         if self.is_cuda:
@@ -107,10 +107,27 @@ class ModelRunner:
         self.token_to_kv_pool_allocator = target.token_to_kv_pool_allocator
         self.max_total_num_tokens = target.max_total_num_tokens
         self.max_running_requests = target.max_running_requests
-        self.token_to_kv_pool = TokenToKVPool(self.max_total_num_tokens + shared.extra_slots, self.page_size, cfg.dtype,
-                                              cfg.num_layers, self.num_kv_heads, cfg.head_dim, self.device)
+        self.token_to_kv_pool = self._kv_pool(self.max_total_num_tokens + shared.extra_slots)
         self.attn_backend = self._attention_backend()
         self.graph_runner: CudaGraphRunner | None = None
+
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        return kv_cache_torch_dtype(self.server_args.kv_cache_dtype, self.model_config.dtype)
+
+    def _kv_pool(self, size: int) -> TokenToKVPool:
+        """The KV pool in --kv-cache-dtype, with each layer's scales (its RadixAttention's: the checkpoint's)."""
+        cfg = self.model_config
+        # Triton converts float8 e4m3 (its fp8e4nv) on compute capability 8.9 and later only.
+        if (self.is_cuda and self.kv_cache_dtype is torch.float8_e4m3fn
+                and torch.cuda.get_device_capability(self.device) < (8, 9)):
+            raise ValueError(f"--kv-cache-dtype fp8_e4m3 needs a GPU of compute capability 8.9 or later (this one: "
+                             f"{torch.cuda.get_device_capability(self.device)}); use fp8_e5m2 or auto")
+        by_layer = {m.layer_id: KVScales(m.k_scale, m.v_scale) for m in self.model.modules()
+                    if isinstance(m, RadixAttention)}
+        scales = [by_layer.get(i, KVScales()) for i in range(cfg.num_layers)]
+        return TokenToKVPool(size, self.page_size, self.kv_cache_dtype, cfg.num_layers, self.num_kv_heads,
+                             cfg.head_dim, self.device, scales)
 
     def _attention_backend(self):
         backend = self.server_args.attention_backend
@@ -132,7 +149,7 @@ class ModelRunner:
 
     def kv_bytes_per_token(self) -> int:
         cfg = self.model_config
-        return cfg.num_layers * 2 * self.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=cfg.dtype).element_size()
+        return cfg.num_layers * 2 * self.num_kv_heads * cfg.head_dim * self.kv_cache_dtype.itemsize
 
     def graph_max_bs(self) -> int:
         """The largest batch a CUDA graph is captured for (0: no graphs)."""

@@ -21,6 +21,10 @@ class RadixAttention(nn.Module):
         self.scaling = scaling
         self.num_kv_heads = num_kv_heads
         self.layer_id = layer_id
+        # A float8 KV cache's scales of this layer (the checkpoint's k_scale / v_scale, else 1.0): plain floats, not
+        # parameters; the model runner hands them to the KV pool, which ignores them unless it stores float8.
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def qkv_epilogue(self, forward_batch: "ForwardBatch",
                      rotary: tuple["RotaryEmbedding", torch.Tensor]) -> RotaryStore | None:
@@ -31,9 +35,10 @@ class RadixAttention(nn.Module):
         if (not positions.is_cuda or positions.shape[-1] > EPILOGUE_MAX_ROWS or pool is None
                 or forward_batch.out_cache_loc is None):
             return None
+        scales = pool.kv_scales(self.layer_id)
         return RotaryStore(rope, positions, forward_batch.out_cache_loc, pool.get_key_buffer(self.layer_id),
                            pool.get_value_buffer(self.layer_id), self.num_heads * self.head_dim,
-                           self.num_kv_heads * self.head_dim)
+                           self.num_kv_heads * self.head_dim, scales.k_scale, scales.v_scale)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch: "ForwardBatch",
                 rotary: tuple["RotaryEmbedding", torch.Tensor] | None = None,

@@ -82,13 +82,15 @@ class RotaryEmbedding(nn.Module):
         return query.is_cuda and self.rotary_dim == self.head_size and query.dim() == 2 and positions.dim() == 1
 
     def rotate_and_store_(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                          loc: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor) -> None:
+                          loc: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, scales=None) -> None:
         """forward's rotation in place, with k_buf[loc] = the rotated key and v_buf[loc] = value in the same launch
-        (only where fused())."""
+        (only where fused()); scales: a float8 pool's layer scales (cache.kv_quant.KVScales)."""
         from radixlm.runtime.kernels.elementwise import rotary_
 
         self.cos_sin_on(positions.device)
-        rotary_(positions, query, key, self.cos_sin_cache, self.head_size, (value, loc, k_buf, v_buf))
+        k_scale, v_scale = (scales.k_scale, scales.v_scale) if scales is not None else (1.0, 1.0)
+        rotary_(positions, query, key, self.cos_sin_cache, self.head_size, (value, loc, k_buf, v_buf),
+                k_scale, v_scale)
 
     def extra_repr(self) -> str:
         return f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, max_position={self.max_position}"

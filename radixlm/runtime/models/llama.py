@@ -17,6 +17,7 @@ from radixlm.runtime.layers.linear import ColumnParallelLinear, RowParallelLinea
 from radixlm.runtime.layers.norm import RMSNorm
 from radixlm.runtime.layers.radix_attention import RadixAttention
 from radixlm.runtime.layers.rotary import get_rope, rope_params_from_config
+from radixlm.runtime.models.kv_scales import load_kv_scale
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -199,6 +200,8 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if self.tie_word_embeddings and name == "lm_head.weight":
                 continue  # some tied checkpoints store the head too; it equals the embedding
+            if load_kv_scale(self, name, w):
+                continue
             target, shard_id = self.map_weight_name(name)
             param = params.get(target)
             if param is None:

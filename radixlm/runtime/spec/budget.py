@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.args import ServerArgs, SpeculativeAlgorithm
+from radixlm.runtime.cache.kv_quant import kv_cache_torch_dtype
 from radixlm.runtime.executor.memory import MemoryReserve
 from radixlm.runtime.model_loader.config import ModelConfig, resolve_dtype
 
@@ -49,7 +50,7 @@ def draft_budget(args: ServerArgs, target: ModelConfig, rows: int = 0) -> DraftB
     else:  # EAGLE-1: fc from 2h; the target's embeddings and lm_head
         embeddings = 2 * h * h
     size = torch.tensor([], dtype=cfg.dtype).element_size()
-    kv_bytes = cfg.num_layers * 2 * kv * size
+    kv_bytes = cfg.num_layers * 2 * kv * kv_cache_torch_dtype(args.kv_cache_dtype, cfg.dtype).itemsize
     return DraftBudget((cfg.num_layers * per_layer + embeddings) * size + rows * draft_scratch(args) * kv_bytes, kv_bytes)
 
 

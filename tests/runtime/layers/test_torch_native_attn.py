@@ -177,3 +177,42 @@ def test_decode_reads_a_shared_prefix_once(ps, heads, kv_heads):
     for i, ((prefix, _), (kf, vf)) in enumerate(zip(lens, fulls)):
         ref = dense_reference(qh[i : i + 1], kf, vf, prefix, layer.scaling)
         torch.testing.assert_close(out[i : i + 1].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("mode, lens, shared, batched", [
+    (ForwardMode.REQUEST_SPANS, [(0, 9), (3, 1), (8, 5)], False, 0),
+    (ForwardMode.REQUEST_SPANS, [(4, 4), (0, 1), (6, 3)], False, 64),
+    (ForwardMode.TOKEN_ROWS, [(12, 1), (0, 1), (5, 1)], False, 64),
+    (ForwardMode.TOKEN_ROWS, [(24, 1), (24, 1), (24, 1)], True, 64),
+], ids=["extend", "extend-padded", "decode", "decode-shared-prefix"])
+def test_fp8_pool_stores_quantized_and_reads_stored_times_scales(kv_dtype, mode, lens, shared, batched):
+    """--kv-cache-dtype fp8_*: the pool stores the new tokens' k / k_scale and v / v_scale in float8, and every path
+    attends over stored * scale (the dense reference on those values)."""
+    from radixlm.runtime.cache.kv_quant import KVScales, dequantize_kv, quantize_kv
+
+    fb, layer, q, k, v, fulls = build_batch(lens, 4, 2, 1, mode, torch.float32, seed=21, shared_prefix=shared,
+                                            batched_extend_max=batched)
+    scales = KVScales(0.25, 2.0)
+    pool = TokenToKVPool(512, 1, kv_dtype, 2, 2, HEAD_DIM, "cpu", [KVScales(), scales])
+    for src, dst, s in ((fb.token_to_kv_pool.k_buffer, pool.k_buffer, scales.k_scale),
+                        (fb.token_to_kv_pool.v_buffer, pool.v_buffer, scales.v_scale)):
+        dst[LAYER_ID].copy_(quantize_kv(src[LAYER_ID], s, kv_dtype))
+    fb.token_to_kv_pool = pool
+    fb.attn_backend = TorchNativeAttnBackend(shared_prefix_min=4 if shared else 64, batched_extend_max=batched)
+    fb.attn_backend.init_forward_metadata(fb)
+    assert (fb.attn_metadata.shared_slots is not None) == shared
+    out = layer(q, k, v, fb).reshape(-1, 4, HEAD_DIM)
+    stored = pool.get_key_buffer(LAYER_ID)[fb.out_cache_loc]
+    assert stored.dtype == kv_dtype and torch.equal(stored.float(), quantize_kv(k, 0.25, kv_dtype).float().reshape(
+        stored.shape))
+    qh, start = q.reshape(-1, 4, HEAD_DIM), 0
+    for (prefix, ext), (kf, vf) in zip(lens, fulls):
+        kq = dequantize_kv(quantize_kv(kf, scales.k_scale, kv_dtype), scales.k_scale, torch.float32)
+        vq = dequantize_kv(quantize_kv(vf, scales.v_scale, kv_dtype), scales.v_scale, torch.float32)
+        ref = dense_reference(qh[start : start + ext], kq, vq, prefix, layer.scaling)
+        torch.testing.assert_close(out[start : start + ext].double(), ref, atol=1e-5, rtol=1e-5)
+        # Float8 keeps the output near the float pool's (e4m3: 3 mantissa bits, e5m2: 2).
+        plain = dense_reference(qh[start : start + ext], kf, vf, prefix, layer.scaling)
+        assert (out[start : start + ext].double() - plain).abs().max() < 0.25
+        start += ext

@@ -39,7 +39,7 @@ SPLIT_ARGS = ["num_splits", "stride_mlb", "stride_mlh"]
 
 @triton.jit(do_not_specialize=SPLIT_ARGS, do_not_specialize_on_alignment=INDEX_ARGS)
 def _decode_stage1(
-    Q, K_buf, V_buf, Req_to_token, Req_pool_indices, Seq_lens, Row_starts, Work, Mid_o, Mid_lse, O, sm_scale,
+    Q, K_buf, V_buf, Req_to_token, Req_pool_indices, Seq_lens, Row_starts, Work, Mid_o, Mid_lse, O, sm_scale, v_scale,
     stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -76,7 +76,7 @@ def _decode_stage1(
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=h_mask[:, None] & d_mask[None, :], other=0.0)
 
-    out, lse = attend_span(q, K_buf, V_buf, Req_to_token + row * stride_rt, start, end, kvh, sm_scale,
+    out, lse = attend_span(q, K_buf, V_buf, Req_to_token + row * stride_rt, start, end, kvh, sm_scale, v_scale,
                            stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
                            BLOCK_ROWS=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
     if DIRECT:
@@ -128,8 +128,9 @@ def _decode_stage2(
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
                      req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, max_seq_len: int,
                      num_splits: int | None = None, shared=None, work: DecodeWork | None = None,
-                     chunked: bool = True) -> torch.Tensor:
-    """q: (bs, H, D); k_buf, v_buf: (slots, Hkv, D); returns (bs, H, D) in q's dtype. shared: the pass's
+                     chunked: bool = True, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """q: (bs, H, D); k_buf, v_buf: (slots, Hkv, D), in q's dtype or float8 (read as stored times k_scale and
+    v_scale: the pool's layer scales); returns (bs, H, D) in q's dtype. shared: the pass's
     SharedPrefixes (triton_backend.py), or None. A pass without shared prefixes of a batch size that
     decode_chunk_capacity chunks launches its work list (`work`, built here when not given) and ignores num_splits
     (a CUDA graph's split count too), unless not `chunked` (probes and tests of the split kernel)."""
@@ -161,11 +162,11 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     if shared is not None:
         mid_lse[:, :, num_splits:].fill_(float("-inf"))  # ungrouped rows' prefix slots
         shared_prefix_stage1(q, k_buf, v_buf, req_to_token, req_pool_indices, shared, mid_o, mid_lse, sm_scale,
-                             num_splits, precision)
+                             num_splits, precision, k_scale, v_scale)
     table = work.table if chunks else None
     _decode_stage1[(num_kv_heads, chunks) if chunks else (num_kv_heads, bs, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, shared.row_starts if shared is not None else None,
-        table, mid_o, mid_lse, out, sm_scale,
+        table, mid_o, mid_lse, out, sm_scale * k_scale, float(v_scale),
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0), *mid_strides, out.stride(0), out.stride(1),
         num_splits, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),

@@ -35,6 +35,7 @@ def _attend_block(q, acc, m_i, l_i, K_buf, V_buf, slots, kv_mask, visible, kvh, 
     """One BLOCK_N block of keys into the online softmax (acc, m_i, l_i); with MASKED, keys not `visible` to a row
     are left out (a row that has seen none yet keeps m_i = -inf)."""
     k = tl.load(K_buf + slots[:, None] * stride_kbs + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+    # A float8 pool's K and V are read in q's dtype (their scales: k_scale in sm_scale, v_scale on the output).
     s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=PRECISION).to(tl.float32) * sm_scale
     if MASKED:
         s = tl.where(visible, s, float("-inf"))
@@ -46,14 +47,14 @@ def _attend_block(q, acc, m_i, l_i, K_buf, V_buf, slots, kv_mask, visible, kvh, 
     alpha = tl.exp(m_i - m_ref)
     p = tl.exp(s - m_ref[:, None])
     v = tl.load(V_buf + slots[:, None] * stride_vbs + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION).to(tl.float32)
     return acc, m_new, l_i * alpha + tl.sum(p, 1)
 
 
 @triton.jit(do_not_specialize_on_alignment=INDEX_ARGS)
 def _extend_kernel(
     Q, K_buf, V_buf, O, Req_to_token, Req_pool_indices, Prefix_lens, Extend_lens, Extend_starts, Blocks, sm_scale,
-    stride_qt, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_ot, stride_oh, stride_rt,
+    v_scale, stride_qt, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_ot, stride_oh, stride_rt,
     Mask, Mask_starts, Mask_offsets,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr,
@@ -113,7 +114,7 @@ def _extend_kernel(
         acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, K_buf, V_buf, slots, n_mask[:, None] & d_mask[None, :],
                                       n_mask[None, :] & visible, kvh, sm_scale, stride_kbs, stride_kh, stride_vbs,
                                       stride_vh, offs_d, PRECISION=PRECISION, MASKED=True)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None] * v_scale
     tl.store(O + (start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
              mask=m_mask[:, None] & d_mask[None, :])
 
@@ -122,8 +123,10 @@ def extend_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
                      req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
                      extend_starts: torch.Tensor, sm_scale: float, max_extend: int,
                      custom_mask: torch.Tensor | None = None, mask_starts: torch.Tensor | None = None,
-                     mask_offsets: torch.Tensor | None = None, blocks: torch.Tensor | None = None) -> torch.Tensor:
-    """q: (num_new_tokens, H, D), request-major; returns (num_new_tokens, H, D) in q's dtype. With custom_mask
+                     mask_offsets: torch.Tensor | None = None, blocks: torch.Tensor | None = None,
+                     k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """q: (num_new_tokens, H, D), request-major; returns (num_new_tokens, H, D) in q's dtype. k_buf, v_buf: in q's
+    dtype or float8 (read as stored times k_scale and v_scale: the pool's layer scales). With custom_mask
     (uint8 or bool, flattened per request), mask_starts and mask_offsets (per request; offset -1: causal), the
     masked requests' new tokens see keys as the module's docstring says. blocks: the work list on the device
     (extend_blocks with extend_block_m(max_extend)); without it, built here from the lengths (a device sync)."""
@@ -142,9 +145,9 @@ def extend_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         custom_mask = custom_mask.view(torch.uint8)
     # Without a mask its three arguments are None (constexpr None in the launch's key): the kernel is the plain one.
     _extend_kernel[grid](
-        q, k_buf, v_buf, out, req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_starts, blocks, sm_scale,
-        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
-        out.stride(0), out.stride(1), req_to_token.stride(0),
+        q, k_buf, v_buf, out, req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_starts, blocks,
+        sm_scale * k_scale, float(v_scale), q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
+        v_buf.stride(0), v_buf.stride(1), out.stride(0), out.stride(1), req_to_token.stride(0),
         custom_mask, mask_starts if use_mask else None, mask_offsets if use_mask else None,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m, BLOCK_N=64,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_CUSTOM_MASK=use_mask, num_warps=4,

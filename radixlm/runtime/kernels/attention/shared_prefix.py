@@ -24,7 +24,7 @@ STEP_ARGS = ["num_tiles", "num_splits", "slot0", "stride_mlb", "stride_mlh"]
 
 @triton.jit(do_not_specialize=STEP_ARGS, do_not_specialize_on_alignment=INDEX_ARGS)
 def _shared_prefix_stage1(
-    Q, K_buf, V_buf, Req_to_token, Req_pool_indices, Tile_rows, Tiles, Mid_o, Mid_lse, sm_scale,
+    Q, K_buf, V_buf, Req_to_token, Req_pool_indices, Tile_rows, Tiles, Mid_o, Mid_lse, sm_scale, v_scale,
     stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_tiles, num_splits, slot0,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -51,7 +51,7 @@ def _shared_prefix_stage1(
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
 
     out, lse = attend_span(q, K_buf, V_buf, Req_to_token + table_row * stride_rt, start, end, kvh, sm_scale,
-                           stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
+                           v_scale, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
                            BLOCK_ROWS=BLOCK_M, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
     slot = slot0 + split
     tl.store(Mid_o + b[:, None] * stride_mob + heads[:, None] * stride_moh + slot * stride_mos + offs_d[None, :], out,
@@ -60,16 +60,17 @@ def _shared_prefix_stage1(
 
 
 def shared_prefix_stage1(q, k_buf, v_buf, req_to_token, req_pool_indices, shared, mid_o, mid_lse, sm_scale: float,
-                         slot0: int, precision: str) -> None:
-    """Partials of every grouped row against its group's prefix, into slots [slot0, slot0 + shared.num_splits)."""
+                         slot0: int, precision: str, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Partials of every grouped row against its group's prefix, into slots [slot0, slot0 + shared.num_splits); a
+    float8 pool's K and V read times k_scale and v_scale."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads
     _shared_prefix_stage1[(shared.num_tiles, num_kv_heads, shared.num_splits)](
-        q, k_buf, v_buf, req_to_token, req_pool_indices, shared.tile_rows, shared.tiles, mid_o, mid_lse, sm_scale,
-        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
-        req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),
-        mid_lse.stride(1), shared.num_tiles, shared.num_splits, slot0,
+        q, k_buf, v_buf, req_to_token, req_pool_indices, shared.tile_rows, shared.tiles, mid_o, mid_lse,
+        sm_scale * k_scale, float(v_scale), q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
+        v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1), shared.num_tiles, shared.num_splits, slot0,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=shared_prefix_block_m(group),
         BLOCK_N=DECODE_BLOCK_N, PRECISION=precision, num_warps=4, num_stages=2,
     )

@@ -98,10 +98,24 @@ def rotate_halves(x1, x2, cos, sin, ROUNDED: tl.constexpr):
     return o1, o2
 
 
+@triton.jit
+def kv_cache_value(x, scale, Buf):
+    """x as the KV pool Buf stores it: a cast, or for a float8 pool x / scale (float32, correctly rounded) saturated
+    to the format's largest finite value, then cast (cache/kv_quant.py quantize_kv is the reference)."""
+    ty = Buf.dtype.element_ty
+    if ty == tl.float8e4nv:
+        y = tl.clamp(tl.div_rn(x.to(tl.float32), scale), -448.0, 448.0).to(ty)
+    elif ty == tl.float8e5:
+        y = tl.clamp(tl.div_rn(x.to(tl.float32), scale), -57344.0, 57344.0).to(ty)
+    else:
+        y = x.to(ty)
+    return y
+
+
 # Positions and slots are index vectors: not specialized on their alignment (see decode_attention.INDEX_ARGS).
 @triton.jit(do_not_specialize_on_alignment=["Pos", "Loc"])
 def _rotary_kernel(Pos, CosSin, Q, K, V, Loc, KBuf, VBuf, stride_q, stride_k, stride_v, stride_cs, stride_kb,
-                   stride_vb, num_q_heads, num_k_heads, HEAD_SIZE: tl.constexpr, HALF: tl.constexpr,
+                   stride_vb, num_q_heads, num_k_heads, k_scale, v_scale, HEAD_SIZE: tl.constexpr, HALF: tl.constexpr,
                    BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr, STORE: tl.constexpr):
     tok = tl.program_id(0)
     pos = tl.load(Pos + tok)
@@ -131,8 +145,8 @@ def _rotary_kernel(Pos, CosSin, Q, K, V, Loc, KBuf, VBuf, stride_q, stride_k, st
             tl.store(ptr + HALF, o2, mask=m)
             if STORE and which == 1:
                 kb = KBuf + slot * stride_kb + within
-                tl.store(kb, o1.to(KBuf.dtype.element_ty), mask=m)
-                tl.store(kb + HALF, o2.to(KBuf.dtype.element_ty), mask=m)
+                tl.store(kb, kv_cache_value(o1, k_scale, KBuf), mask=m)
+                tl.store(kb + HALF, kv_cache_value(o2, k_scale, KBuf), mask=m)
     if STORE:  # v: whole heads, as _store_kv_kernel copies them
         offs_full = tl.arange(0, 2 * BLOCK_HALF)
         for h0 in range(0, num_k_heads, BLOCK_H):
@@ -140,14 +154,16 @@ def _rotary_kernel(Pos, CosSin, Q, K, V, Loc, KBuf, VBuf, stride_q, stride_k, st
             within = h[:, None] * HEAD_SIZE + offs_full[None, :]
             m = (h < num_k_heads)[:, None] & (offs_full < HEAD_SIZE)[None, :]
             v = tl.load(V + tok * stride_v + within, mask=m)
-            tl.store(VBuf + slot * stride_vb + within, v.to(VBuf.dtype.element_ty), mask=m)
+            tl.store(VBuf + slot * stride_vb + within, kv_cache_value(v, v_scale, VBuf), mask=m)
 
 
 def rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
-            head_size: int, store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+            head_size: int, store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+            k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """In place, neox layout over the whole head (rotary_dim == head_size). q: (T, Hq * head_size), k likewise;
     cos_sin_cache: (max_pos, head_size) float32 [cos | sin]. store: (v, loc, k_buf, v_buf): also k_buf[loc] = the
-    rotated k and v_buf[loc] = v, in the same launch (as store_kv would after it)."""
+    rotated k and v_buf[loc] = v, in the same launch (as store_kv would after it; k_scale and v_scale: a float8
+    pool's)."""
     n = positions.shape[0]
     if n == 0:
         return
@@ -158,13 +174,14 @@ def rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_c
     block_h = min(triton.next_power_of_2(max(q_heads, k_heads)), max(1, 4096 // triton.next_power_of_2(half)))
     _rotary_kernel[(n,)](positions, cos_sin_cache, q, k, v, loc, k_buf, v_buf, q.stride(0), k.stride(0), v.stride(0),
                          cos_sin_cache.stride(0), k_buf.stride(0), v_buf.stride(0), q_heads, k_heads,
-                         HEAD_SIZE=head_size, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_H=block_h,
+                         float(k_scale), float(v_scale), HEAD_SIZE=head_size, HALF=half,
+                         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_H=block_h,
                          STORE=store is not None, num_warps=4,
                          enable_fp_fusion=False)  # a fused multiply-add would skip the reference's roundings
 
 
 @triton.jit(do_not_specialize_on_alignment=["Loc"])  # (see _rotary_kernel)
-def _store_kv_kernel(K, V, Loc, KBuf, VBuf, stride_k, stride_v, stride_kb, stride_vb, width,
+def _store_kv_kernel(K, V, Loc, KBuf, VBuf, stride_k, stride_v, stride_kb, stride_vb, width, k_scale, v_scale,
                      BLOCK: tl.constexpr):
     tok = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -172,17 +189,21 @@ def _store_kv_kernel(K, V, Loc, KBuf, VBuf, stride_k, stride_v, stride_kb, strid
     slot = tl.load(Loc + tok)
     k = tl.load(K + tok * stride_k + offs, mask=mask)
     v = tl.load(V + tok * stride_v + offs, mask=mask)
-    tl.store(KBuf + slot * stride_kb + offs, k.to(KBuf.dtype.element_ty), mask=mask)
-    tl.store(VBuf + slot * stride_vb + offs, v.to(VBuf.dtype.element_ty), mask=mask)
+    tl.store(KBuf + slot * stride_kb + offs, kv_cache_value(k, k_scale, KBuf), mask=mask)
+    tl.store(VBuf + slot * stride_vb + offs, kv_cache_value(v, v_scale, VBuf), mask=mask)
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor) -> None:
+def store_kv(k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+             scales=None) -> None:
     """k_buf[loc] = k and v_buf[loc] = v in one launch. k, v: (T, Hkv * D) rows with any row stride (views of the
-    fused qkv output); k_buf, v_buf: (slots, Hkv, D) contiguous."""
+    fused qkv output); k_buf, v_buf: (slots, Hkv, D) contiguous; scales: a float8 pool's layer scales
+    (cache.kv_quant.KVScales)."""
     n = loc.shape[0]
     if n == 0:
         return
     width = k_buf.shape[1] * k_buf.shape[2]
     block = min(1024, triton.next_power_of_2(width))
+    k_scale, v_scale = (scales.k_scale, scales.v_scale) if scales is not None else (1.0, 1.0)
     _store_kv_kernel[(n, triton.cdiv(width, block))](k, v, loc, k_buf, v_buf, k.stride(0), v.stride(0),
-                                                     k_buf.stride(0), v_buf.stride(0), width, BLOCK=block, num_warps=4)
+                                                     k_buf.stride(0), v_buf.stride(0), width, float(k_scale),
+                                                     float(v_scale), BLOCK=block, num_warps=4)

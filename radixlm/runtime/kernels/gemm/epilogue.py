@@ -31,6 +31,8 @@ class RotaryStore:
     v_buf: torch.Tensor
     q_size: int  # q's columns in the GEMM's output, then kv_size of k and kv_size of v
     kv_size: int
+    k_scale: float = 1.0  # a float8 pool's layer scales: it stores k / k_scale (kernels.elementwise.kv_cache_value)
+    v_scale: float = 1.0
     applied: bool = False  # set by the GEMM that applied it: its q and k are rotated and the KV is stored
 
     @property
@@ -51,4 +53,4 @@ class RotaryStore:
         """The step on the GEMM's output y (rows, q_size + 2 * kv_size) by the rotary kernel (where fits()), in place:
         what attention runs when the GEMM did not apply it."""
         q, k, v = y.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        self.rope.rotate_and_store_(self.positions, q, k, v, self.loc, self.k_buf, self.v_buf)
+        self.rope.rotate_and_store_(self.positions, q, k, v, self.loc, self.k_buf, self.v_buf, self)

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from radixlm.runtime.kernels.elementwise import rotate_halves
+from radixlm.runtime.kernels.elementwise import kv_cache_value, rotate_halves
 from radixlm.runtime.kernels.gemm.epilogue import MAX_ROWS as EPILOGUE_MAX_M, RotaryStore
 from radixlm.runtime.kernels.gemm.prologue import Prologue, PrologueKind, apply
 
@@ -92,7 +92,7 @@ def _input_block(X, R, NW, RO, k, k_mask, K, inv, res_end, PRO: tl.constexpr):
 
 @triton.jit
 def _rotary_store(y, Y, offs_n, head0, j0, Pos, CosSin, Loc, KBuf, VBuf, n_q, n_kv, stride_cs, stride_kb, stride_vb,
-                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+                  k_scale, v_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
     """The epilogue on one row's outputs y (columns offs_n: dims j0.. of head0's halves, see _skinny_kernel)."""
     if head0 < n_q + n_kv:  # q or k: rotated as the rotary kernel rotates them (this kernel keeps fp fusion)
         y1, y2 = tl.split(tl.permute(tl.reshape(y, [2, BLOCK_N // 2]), (1, 0)))
@@ -102,9 +102,9 @@ def _rotary_store(y, Y, offs_n, head0, j0, Pos, CosSin, Loc, KBuf, VBuf, n_q, n_
     tl.store(Y + offs_n, y)
     slot = tl.load(Loc).to(tl.int64)
     if head0 >= n_q + n_kv:
-        tl.store(VBuf + slot * stride_vb + offs_n - n_q - n_kv, y.to(VBuf.dtype.element_ty))
+        tl.store(VBuf + slot * stride_vb + offs_n - n_q - n_kv, kv_cache_value(y, v_scale, VBuf))
     elif head0 >= n_q:
-        tl.store(KBuf + slot * stride_kb + offs_n - n_q, y.to(KBuf.dtype.element_ty))
+        tl.store(KBuf + slot * stride_kb + offs_n - n_q, kv_cache_value(y, k_scale, KBuf))
 
 
 # cache_results: the choices persist beside the compiled kernels (Triton's cache), so a warm start-up skips them.
@@ -112,7 +112,7 @@ def _rotary_store(y, Y, offs_n, head0, j0, Pos, CosSin, Loc, KBuf, VBuf, n_q, n_
 @triton.autotune(configs=_CONFIGS, key=["N", "K", "M", "PRO"], do_bench=_bench, cache_results=True)
 @triton.jit(do_not_specialize_on_alignment=["Pos", "Loc"])
 def _skinny_kernel(X, W, B, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, N, K, stride_xm, stride_wn, stride_ym,
-                   stride_rm, eps, n_q, n_kv, stride_cs, stride_kb, stride_vb,
+                   stride_rm, eps, n_q, n_kv, stride_cs, stride_kb, stride_vb, k_scale, v_scale,
                    M: tl.constexpr, HAS_BIAS: tl.constexpr, PRO: tl.constexpr, EPI: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
@@ -168,7 +168,7 @@ def _skinny_kernel(X, W, B, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, N, K, st
     out_ty = Y.dtype.element_ty
     if EPI:
         _rotary_store(acc0.to(out_ty), Y, offs_n, head0, j0, Pos, CosSin, Loc, KBuf, VBuf, n_q, n_kv, stride_cs,
-                      stride_kb, stride_vb, HEAD_DIM, BLOCK_N)
+                      stride_kb, stride_vb, k_scale, v_scale, HEAD_DIM, BLOCK_N)
     else:
         tl.store(Y + offs_n, acc0.to(out_ty), mask=n_mask)
     if M > 1:
@@ -229,13 +229,16 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             r_out = prologue.residual_out = torch.empty(m, k, dtype=x.dtype, device=x.device)
     pos = cos_sin = loc = k_buf = v_buf = weight
     n_q = n_kv = stride_cs = stride_kb = stride_vb = head_dim = 0
+    k_scale = v_scale = 1.0
     if epilogue is not None:
         e = epilogue
         pos, cos_sin, loc, k_buf, v_buf = e.positions, e.rope.cos_sin_on(x.device), e.loc, e.k_buf, e.v_buf
         n_q, n_kv, head_dim = e.q_size, e.kv_size, e.head_dim
         stride_cs, stride_kb, stride_vb = cos_sin.stride(0), k_buf.stride(0), v_buf.stride(0)
+        k_scale, v_scale = float(e.k_scale), float(e.v_scale)
     args = (x, weight, bias if bias is not None else weight, y, nw, r, r_out, pos, cos_sin, loc, k_buf, v_buf, n, k,
-            x.stride(0), weight.stride(0), y.stride(0), stride_r, eps, n_q, n_kv, stride_cs, stride_kb, stride_vb)
+            x.stride(0), weight.stride(0), y.stride(0), stride_r, eps, n_q, n_kv, stride_cs, stride_kb, stride_vb,
+            k_scale, v_scale)
     flags = dict(M=m, HAS_BIAS=bias is not None, PRO=kind, EPI=epilogue is not None, HEAD_DIM=head_dim)
     if epilogue is None:
         _skinny_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)

@@ -28,7 +28,9 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
       BLOCK_N: 128 in wide passes (decode_wide_rows rows or more, no shared prefixes; one split), else 64 -> one
         eager pass of decode_wide_rows rows at start-up where eager passes can be that wide (token_row_batches).
       Req_pool_indices, Seq_lens: views at any offset -> do_not_specialize_on_alignment.
-      GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, PRECISION (dtype), strides of q and the pools: fixed.
+      GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, PRECISION (dtype), strides of q and the pools: fixed. The pools' dtype (the
+        model's or float8, --kv-cache-dtype) is fixed per server; their scales (k_scale folded into sm_scale, v_scale)
+        are floats: every kernel that reads or writes the pool takes them unspecialized.
       Row_starts / HAS_ROW_STARTS: None / False, except in eager passes with shared prefixes (below).
       CHUNKED (2..DECODE_CHUNK_MAX_ROWS rows where decode_chunk_capacity is not 0, no shared prefixes; stage 2's
         BLOCK_S and BLOCK_B fixed; Work a fresh int32 table): one more variant of each stage, built by the warm-up's

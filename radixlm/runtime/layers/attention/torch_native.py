@@ -29,10 +29,23 @@ class TorchNativeMetadata:
     shared_slots: torch.Tensor | None = None
 
 
+def kv_scaling(layer: "RadixAttention", fb: "ForwardBatch") -> tuple[float, float]:
+    """(the softmax scale times the pool's k_scale, the pool's v_scale): a float8 pool's stored K and V are read
+    as they are and their scales applied to the scores and the output (1.0 for other pools)."""
+    scales = fb.token_to_kv_pool.kv_scales(layer.layer_id)
+    return layer.scaling * scales.k_scale, scales.v_scale
+
+
+def scaled_out(out: torch.Tensor, v_scale: float) -> torch.Tensor:
+    return out if v_scale == 1.0 else out.mul_(v_scale)
+
+
 def gather_kv(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """buf[slots] for a (size, H, D) pool; index_select on a 2-D view is several times faster on CPU."""
-    rows = buf.view(buf.shape[0], -1).index_select(0, slots.reshape(-1))
-    return rows.view(*slots.shape, *buf.shape[1:])
+    """buf[slots] for a (size, H, D) pool; index_select on a 2-D view is several times faster on CPU. A float8 pool's
+    rows are gathered as bytes (torch's index kernels do not take every float8 dtype on every device)."""
+    raw = buf.view(torch.uint8) if buf.element_size() == 1 else buf
+    rows = raw.view(buf.shape[0], -1).index_select(0, slots.reshape(-1))
+    return rows.view(buf.dtype).view(*slots.shape, *buf.shape[1:])
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -95,8 +108,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         req_to_token = fb.req_to_token_pool.req_to_token
         gqa = layer.num_heads != layer.num_kv_heads
         trees = fb.tree_masks
+        scaling, v_scale = kv_scaling(layer, fb)
         if trees is None and fb.batch_size > 1 and max(fb.extend_seq_lens_cpu) <= self.batched_extend_max:
-            return self._extend_padded(q, k_buf, v_buf, layer, fb, meta)
+            return scaled_out(self._extend_padded(q, k_buf, v_buf, layer, fb, meta, scaling), v_scale)
         for i in range(fb.batch_size):
             seq_len = fb.seq_lens_cpu[i]
             ext = fb.extend_seq_lens_cpu[i]
@@ -120,13 +134,14 @@ class TorchNativeAttnBackend(AttentionBackend):
                 mask = torch.ones(ext, seq_len, dtype=torch.bool, device=q.device).tril(diagonal=prefix)
                 causal = False
             o = F.scaled_dot_product_attention(
-                qi, ki, vi, attn_mask=mask, is_causal=causal, scale=layer.scaling, enable_gqa=gqa
+                qi, ki, vi, attn_mask=mask, is_causal=causal, scale=scaling, enable_gqa=gqa
             )
             out[start : start + ext] = o.transpose(0, 1)
-        return out.reshape(-1, layer.num_heads * layer.head_dim)
+        return scaled_out(out, v_scale).reshape(-1, layer.num_heads * layer.head_dim)
 
     @staticmethod
-    def _extend_padded(q, k_buf, v_buf, layer, fb: "ForwardBatch", meta: TorchNativeMetadata) -> torch.Tensor:
+    def _extend_padded(q, k_buf, v_buf, layer, fb: "ForwardBatch", meta: TorchNativeMetadata,
+                       scaling: float) -> torch.Tensor:
         """All requests in one call: queries padded to the longest extend, keys to the longest sequence; new
         token j of request i (position prefix_i + j) sees key positions <= prefix_i + j."""
         dev = q.device
@@ -146,7 +161,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         vs = gather_kv(v_buf, slots).to(q.dtype).transpose(1, 2)
         mask = pos[None, None, :] <= (prefix[:, None] + j[None, :])[:, :, None]  # (bs, max_ext, max_len)
         mask |= ~q_valid[:, :, None] & (pos == 0)[None, None, :]  # padded queries see one key: no NaN
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask[:, None], scale=layer.scaling,
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask[:, None], scale=scaling,
                                            enable_gqa=layer.num_heads != layer.num_kv_heads)
         out = torch.empty_like(q)
         out[q_rows[q_valid]] = o.transpose(1, 2)[q_valid]
@@ -162,19 +177,20 @@ class TorchNativeAttnBackend(AttentionBackend):
             return q.reshape(0, layer.num_heads * layer.head_dim)
         k_buf = fb.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_buf = fb.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        scaling, v_scale = kv_scaling(layer, fb)
         if meta.shared_slots is not None:
-            return self._decode_with_shared_prefix(q, k_buf, v_buf, layer, meta)
+            return scaled_out(self._decode_with_shared_prefix(q, k_buf, v_buf, layer, meta, scaling), v_scale)
         # (bs, max_len, Hkv, D) -> (bs, Hkv, max_len, D); padded keys are masked out.
         ks = gather_kv(k_buf, meta.decode_slots).to(q.dtype).transpose(1, 2)
         vs = gather_kv(v_buf, meta.decode_slots).to(q.dtype).transpose(1, 2)
         mask = meta.decode_mask[:, None, None, :]
         o = F.scaled_dot_product_attention(
-            q, ks, vs, attn_mask=mask, scale=layer.scaling, enable_gqa=layer.num_heads != layer.num_kv_heads
+            q, ks, vs, attn_mask=mask, scale=scaling, enable_gqa=layer.num_heads != layer.num_kv_heads
         )
-        return o.reshape(bs, layer.num_heads * layer.head_dim)
+        return scaled_out(o, v_scale).reshape(bs, layer.num_heads * layer.head_dim)
 
     @staticmethod
-    def _decode_with_shared_prefix(q, k_buf, v_buf, layer, meta: TorchNativeMetadata) -> torch.Tensor:
+    def _decode_with_shared_prefix(q, k_buf, v_buf, layer, meta: TorchNativeMetadata, scaling: float) -> torch.Tensor:
         """One softmax over [shared prefix keys, own keys]: the same attention, with the prefix read once."""
         bs, hkv = q.shape[0], layer.num_kv_heads
         g = layer.num_heads // hkv
@@ -185,7 +201,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         vs = gather_kv(v_buf, meta.decode_slots).to(q.dtype)
         s_prefix = torch.einsum("bhgd,phd->bhgp", qg, kp)
         s_own = torch.einsum("bhgd,blhd->bhgl", qg, ks).masked_fill(~meta.decode_mask[:, None, None, :], float("-inf"))
-        p = torch.cat([s_prefix, s_own], dim=-1).mul_(layer.scaling).softmax(-1)
+        p = torch.cat([s_prefix, s_own], dim=-1).mul_(scaling).softmax(-1)
         n = kp.shape[0]
         o = torch.einsum("bhgp,phd->bhgd", p[..., :n], vp) + torch.einsum("bhgl,blhd->bhgd", p[..., n:], vs)
         return o.reshape(bs, layer.num_heads * layer.head_dim)

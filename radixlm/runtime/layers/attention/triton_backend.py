@@ -155,13 +155,15 @@ class TritonAttnBackend(AttentionBackend):
         k_buf = runner.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_buf = runner.token_to_kv_pool.get_value_buffer(layer.layer_id)
         dev = k_buf.device
-        q = torch.zeros(2, layer.num_heads, layer.head_dim, dtype=k_buf.dtype, device=dev)
+        q = torch.zeros(2, layer.num_heads, layer.head_dim, dtype=runner.model_config.dtype, device=dev)
+        scales = runner.token_to_kv_pool.kv_scales(layer.layer_id)
         rows = torch.zeros(2, dtype=torch.int64, device=dev)
         lens = torch.full((2,), 2, dtype=torch.int64, device=dev)
         shared = shared_prefixes([(1, [0, 1])], 2, layer.num_heads // k_buf.shape[1], k_buf.shape[1], dev)
         for splits, prefix_splits in pairs:
             decode_attention(q, k_buf, v_buf, runner.req_to_token_pool.req_to_token, rows, lens, layer.scaling, 2,
-                             splits, replace(shared, num_splits=prefix_splits))
+                             splits, replace(shared, num_splits=prefix_splits), k_scale=scales.k_scale,
+                             v_scale=scales.v_scale)
 
     def _metadata(self, fb: "ForwardBatch") -> TritonMetadata:
         if not isinstance(fb.attn_metadata, TritonMetadata):
@@ -180,11 +182,13 @@ class TritonAttnBackend(AttentionBackend):
         # NOTE: the new tokens' K/V go to the pool first; the kernel reads every key through req_to_token.
         self._save_kv(k, v, layer, fb, save_kv_cache)
         meta = self._metadata(fb)
+        scales = fb.token_to_kv_pool.kv_scales(layer.layer_id)
         o = extend_attention(
             q.reshape(-1, layer.num_heads, layer.head_dim), fb.token_to_kv_pool.get_key_buffer(layer.layer_id),
             fb.token_to_kv_pool.get_value_buffer(layer.layer_id), fb.req_to_token_pool.req_to_token,
             fb.req_pool_indices, meta.prefix_lens, meta.extend_lens, fb.extend_start_loc, layer.scaling,
-            meta.max_extend_len, meta.custom_mask, meta.mask_starts, meta.mask_offsets, meta.extend_blocks)
+            meta.max_extend_len, meta.custom_mask, meta.mask_starts, meta.mask_offsets, meta.extend_blocks,
+            scales.k_scale, scales.v_scale)
         return o.reshape(-1, layer.num_heads * layer.head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
@@ -197,11 +201,12 @@ class TritonAttnBackend(AttentionBackend):
         if bs == 0:
             return q.reshape(0, layer.num_heads * layer.head_dim)
         k_buf = fb.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        scales = fb.token_to_kv_pool.kv_scales(layer.layer_id)
         if meta.shared_groups and meta.shared is None:
             meta.shared = shared_prefixes(meta.shared_groups, bs, layer.num_heads // k_buf.shape[1], k_buf.shape[1],
                                           q.device)
         o = decode_attention(
             q.reshape(bs, layer.num_heads, layer.head_dim), k_buf, fb.token_to_kv_pool.get_value_buffer(layer.layer_id),
             fb.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens, layer.scaling, meta.max_seq_len,
-            meta.num_splits, meta.shared, meta.decode_work)
+            meta.num_splits, meta.shared, meta.decode_work, k_scale=scales.k_scale, v_scale=scales.v_scale)
         return o.reshape(bs, layer.num_heads * layer.head_dim)

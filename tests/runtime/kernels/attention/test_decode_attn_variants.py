@@ -115,7 +115,34 @@ def run_cases(device: str) -> None:
                 assert got.dtype == dtype and got.shape == q.shape
                 torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol,
                                            msg=lambda m: f"case {i} page {page_size} {dtype}: {m}")
+    fp8_cases(device)
     print(MARKER)
+
+
+def fp8_cases(device: str) -> None:
+    """A float8 pool (--kv-cache-dtype fp8_*): the kernel reads stored * scale, against the reference on those
+    values; several splits, one (DIRECT) and a chunked pass."""
+    from radixlm.runtime.cache.kv_quant import quantize_kv
+    from radixlm.runtime.kernels.attention.decode import decode_attention
+
+    cases = [(torch.float8_e4m3fn, 3, 400, None, False), (torch.float8_e5m2, 4, 200, 1, False),
+             (torch.float8_e4m3fn, 3, 500, 3, True)]
+    for i, (kv_dtype, bs, max_len, splits, chunked) in enumerate(cases):
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        q, k, v, rt, rows, seq_lens = make_case(bs, 8, 2, 32, max_len, (1, 16)[i % 2], torch.float32, device,
+                                                seed=50 + i)
+        k_scale, v_scale = 0.25, 3.0
+        k8, v8 = quantize_kv(k * 2, k_scale, kv_dtype), quantize_kv(v, v_scale, kv_dtype)
+        scale = 1 / math.sqrt(32)
+        got = decode_attention(q.to(dtype), k8, v8, rt, rows, seq_lens, scale, int(seq_lens.max()), splits,
+                               chunked=chunked, k_scale=k_scale, v_scale=v_scale)
+        want = reference(q.to(dtype), k8.float() * k_scale, v8.float() * v_scale, rt, rows, seq_lens, scale)
+        tol = 2e-4 if dtype == torch.float32 else 3e-2
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol, msg=lambda m: f"fp8 case {i}: {m}")
+        # The stored values are not the float ones: within the format's error of them.
+        plain = reference(q.to(dtype), k * 2, v, rt, rows, seq_lens, scale)
+        assert (got.float() - plain).abs().max() < (0.3 if kv_dtype == torch.float8_e4m3fn else 0.6)
 
 
 @pytest.mark.skipif(not interpreter_works(), reason="needs Triton's interpreter, 3.7 or later")

@@ -189,6 +189,7 @@ def kernel_cases(device: str) -> None:
 def backend_cases(device: str) -> None:
     """TritonAttnBackend.forward_extend against TorchNativeAttnBackend's on one tree pass (pools, table, masks on
     the host as the planner builds them, and on the device as the EAGLE head does)."""
+    from radixlm.runtime.cache.kv_quant import KVScales, quantize_kv
     from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
     from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
@@ -196,14 +197,16 @@ def backend_cases(device: str) -> None:
 
     rng = random.Random(5)
     heads, kv_heads, head_dim = 4, 2, 16
-    for page_size in (1, 4):
+    # The last pass: a float8 pool with K and V scales (--kv-cache-dtype fp8_e4m3), which both backends read.
+    for page_size, kv_dtype in ((1, torch.float32), (4, torch.float32), (4, torch.float8_e4m3fn)):
         q, k_buf, v_buf, rt, rows, reqs = make_pass(rng, PASSES[2] + [(12, "causal", 5)], page_size, heads, kv_heads,
                                                     head_dim, torch.float32, device)
         table = ReqToTokenPool(rt.shape[0], rt.shape[1], device)
         table.req_to_token.copy_(rt)
-        pool = TokenToKVPool(k_buf.shape[0], page_size, torch.float32, 1, kv_heads, head_dim, device)
-        pool.get_key_buffer(0)[: k_buf.shape[0]].copy_(k_buf)
-        pool.get_value_buffer(0)[: v_buf.shape[0]].copy_(v_buf)
+        scales = KVScales(0.5, 4.0)
+        pool = TokenToKVPool(k_buf.shape[0], page_size, kv_dtype, 1, kv_heads, head_dim, device, [scales])
+        pool.get_key_buffer(0)[: k_buf.shape[0]].copy_(quantize_kv(k_buf, scales.k_scale, kv_dtype))
+        pool.get_value_buffer(0)[: v_buf.shape[0]].copy_(quantize_kv(v_buf, scales.v_scale, kv_dtype))
         prefix = [p for p, _, _ in reqs]
         ext = [e for _, e, _ in reqs]
         trees = [t for _, _, t in reqs]

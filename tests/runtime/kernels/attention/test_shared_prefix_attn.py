@@ -92,7 +92,25 @@ def run_cases(device: str) -> None:
                         meta.tile_rows.zero_()
                         bad = decode_attention(q, k, v, rt, pool, lens, scale, int(lens.max()), num_splits, meta)
                         assert not torch.allclose(bad, want, atol=1e-3)
+    fp8_case(device)
     print(MARKER)
+
+
+def fp8_case(device: str) -> None:
+    """A float8 pool with K and V scales: the prefix kernel reads stored * scale as the plain decode kernel does."""
+    from radixlm.runtime.cache.kv_quant import quantize_kv
+    from radixlm.runtime.layers.attention.triton_backend import shared_prefixes
+    from radixlm.runtime.kernels.attention.decode import decode_attention
+
+    groups, ungrouped, heads, kv_heads, head_dim = CASES[0]
+    (q, k, v, rt, pool, lens), shared = make_case(groups, [9], heads, kv_heads, head_dim, 1, torch.float32, device,
+                                                  seed=99)
+    k8, v8 = quantize_kv(k, 0.5, torch.float8_e4m3fn), quantize_kv(v, 2.0, torch.float8_e4m3fn)
+    scales = dict(k_scale=0.5, v_scale=2.0)
+    want = decode_attention(q, k8.float() * 0.5, v8.float() * 2.0, rt, pool, lens, 0.125, int(lens.max()))
+    meta = shared_prefixes(shared, len(lens), heads // kv_heads, kv_heads, device)
+    got = decode_attention(q, k8, v8, rt, pool, lens, 0.125, int(lens.max()), 2, meta, **scales)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.skipif(not interpreter_works(), reason="needs Triton's interpreter, 3.7 or later")

@@ -24,9 +24,10 @@ def _launch(x, w, bias, pro, epi, cfg, dtype, prologue_args):
     if epi is not None:
         cs = epi.rope.cos_sin_on(x.device)
         ptrs = (epi.positions, cs, epi.loc, epi.k_buf, epi.v_buf)
-        ints = (epi.q_size, epi.kv_size, cs.stride(0), epi.k_buf.stride(0), epi.v_buf.stride(0))
+        ints = (epi.q_size, epi.kv_size, cs.stride(0), epi.k_buf.stride(0), epi.v_buf.stride(0), epi.k_scale,
+                epi.v_scale)
     else:
-        ptrs, ints = (w,) * 5, (0,) * 5
+        ptrs, ints = (w,) * 5, (0,) * 5 + (1.0, 1.0)
     skinny_gemm._skinny_kernel.fn[(n // cfg["BLOCK_N"],)](
         x, w, bias if bias is not None else w, y, nw, r, r_out, *ptrs, n, k, x.stride(0), w.stride(0), y.stride(0),
         stride_r, eps, *ints, M=1, HAS_BIAS=bias is not None, PRO=pro, EPI=epi is not None,
@@ -73,7 +74,47 @@ def run_cases(device: str) -> None:
         assert torch.equal(got, torch.cat([q, k_, v], dim=-1)), where
         assert torch.equal(pools[0].k_buffer[0], pools[1].k_buffer[0]), where
         assert torch.equal(pools[0].v_buffer[0], pools[1].v_buffer[0]), where
+    fp8_cases(device, cfgs[0])
     print(MARKER)
+
+
+def fp8_cases(device: str, cfg: dict) -> None:
+    """A float8 pool: the epilogue stores k / k_scale and v / v_scale saturated, as set_kv_buffer does. On the CPU the
+    outputs are float8 values times the scales (x one-hot, position 0: no rotation), so the interpreter's own float8
+    rounding (not the hardware's) does not enter; some saturate."""
+    from radixlm.runtime.cache.kv_quant import KVScales
+    from radixlm.runtime.cache.memory_pool import TokenToKVPool
+    from radixlm.runtime.kernels.gemm.epilogue import RotaryStore
+    from radixlm.runtime.layers.rotary import get_rope
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    hq, hkv, head_dim, k = 2, 1, 64, 64
+    n = (hq + 2 * hkv) * head_dim
+    for i, kv_dtype in enumerate((torch.float8_e4m3fn, torch.float8_e5m2)):
+        torch.manual_seed(10 + i)
+        scales = KVScales(0.5, 4.0)
+        x = torch.zeros(1, k, device=device).to(dtype)
+        x[0, 3] = 1
+        w = torch.randn(n, k, device=device)
+        w[:, 3] = (torch.randn(n, device=device) * 8).to(kv_dtype).float() * 4.0
+        w[hq * head_dim, 3] = w[-1, 3] = 1e6  # past the format's largest value in k and in v
+        w = w.to(dtype)
+        rope = get_rope(head_dim, 8192, 500000.0)
+        pos = torch.tensor([0 if device == "cpu" else 4000], device=device)
+        loc = torch.tensor([2], device=device)
+        pools = [TokenToKVPool(4, 1, kv_dtype, 1, hkv, head_dim, device, [scales]) for _ in range(2)]
+        epi = RotaryStore(rope, pos, loc, pools[0].k_buffer[0], pools[0].v_buffer[0], hq * head_dim, hkv * head_dim,
+                          scales.k_scale, scales.v_scale)
+        plain = _launch(x, w, None, 0, None, cfg, dtype, (w, w, w, 0.0, 0))
+        q, k_, v = plain.clone().split([hq * head_dim, hkv * head_dim, hkv * head_dim], dim=-1)
+        q, k_ = rope(pos, q, k_)
+        pools[1].set_kv_buffer(0, loc, k_, v)
+        got = _launch(x, w, None, 0, epi, cfg, dtype, (w, w, w, 0.0, 0))
+        assert torch.equal(got, torch.cat([q, k_, v], dim=-1)), kv_dtype
+        biggest = torch.finfo(kv_dtype).max
+        assert pools[0].k_buffer[0][2, 0, 0].float() == biggest and pools[0].v_buffer[0][2, 0, -1].float() == biggest
+        for a, b in ((pools[0].k_buffer[0], pools[1].k_buffer[0]), (pools[0].v_buffer[0], pools[1].v_buffer[0])):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), kv_dtype
 
 
 # With CUDA the compiled test runs instead (Triton 3.6's interpreter, on the GPU machine, fails on the scalar loads).

@@ -338,6 +338,7 @@ def test_shared_prefix_launches_while_serving_are_built_by_the_warm_up(monkeypat
     with row starts and stage 2 over splits + prefix splits, built by TritonAttnBackend.warm_up_shared_prefix."""
     from types import SimpleNamespace
 
+    from radixlm.runtime.cache.kv_quant import KVScales
     from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend, shared_prefixes
     from radixlm.runtime.kernels.attention import decode as da
     from radixlm.runtime.kernels.attention import shared_prefix as spa
@@ -350,8 +351,9 @@ def test_shared_prefix_launches_while_serving_are_built_by_the_warm_up(monkeypat
     assert plan.shared_prefix and warmup_plan(context_len, kv_heads, graph_max_bs, False, False).shared_prefix == []
     backend = TritonAttnBackend.__new__(TritonAttnBackend)
     backend.model_runner = SimpleNamespace(
-        token_to_kv_pool=SimpleNamespace(get_key_buffer=lambda i: k_buf, get_value_buffer=lambda i: v_buf),
-        req_to_token_pool=SimpleNamespace(req_to_token=req_to_token))
+        token_to_kv_pool=SimpleNamespace(get_key_buffer=lambda i: k_buf, get_value_buffer=lambda i: v_buf,
+                                         kv_scales=lambda i: KVScales()),
+        req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), model_config=SimpleNamespace(dtype=k_buf.dtype))
     backend.warm_up_shared_prefix(SimpleNamespace(layer_id=0, num_heads=heads, head_dim=head_dim, scaling=0.25),
                                   plan.shared_prefix)
     for s in plan.decode_splits:  # the plain passes' stage 2 (warm_up_kernels' eager passes)
