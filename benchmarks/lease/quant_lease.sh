@@ -5,6 +5,8 @@
 #   bash benchmarks/lease/quant_lease.sh model [FMT...]   # Llama-3.1-8B shapes (dummy weights) per format: decode steps
 #                                                  # at batch 1..256 and ShareGPT-like 400 (offline/gpu_llama8b.py
 #                                                  # --parts ab); FMT: bf16 fp8 fp8_block w4a16 fp8kv (default: all)
+#   bash benchmarks/lease/quant_lease.sh kv        # decode attention and the 8B decode step at batch 64, 8k-token
+#                                                  # contexts, bf16 vs fp8 KV (kernels/fp8_kv_decode_gpu.py, ~3 min)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/env.sh"
@@ -15,7 +17,10 @@ step() {  # step NAME LIMIT_S CMD...: the command's filtered output to $OUT/NAME
   timeout "$limit" "$@" 2>&1 | grep -v "safetensors\|Warn\|fix_mistral_regex\|USDT" > "$OUT/$name.log"
   echo "rc ${PIPESTATUS[0]}"; tail -n "${TAIL:-40}" "$OUT/$name.log"
 }
-case ${1:?usage: quant_lease.sh kernels | model [FMT...]} in
+case ${1:?usage: quant_lease.sh kernels | model [FMT...] | kv} in
+kv)
+  TAIL=30 step fp8_kv_decode 300 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --out "$OUT"
+  ;;
 kernels)
   step quant_gemm 240 $PY benchmarks/kernels/quant_gemm.py --out "$OUT"
   TAIL=25 step quant_cuda_tests 150 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/quant
@@ -25,8 +30,8 @@ model)
   shift
   for fmt in "${@:-bf16 fp8 fp8_block w4a16 fp8kv}"; do
     for f in $fmt; do
-      TAIL=12 step "llama8b_$f" 200 $PY benchmarks/offline/gpu_llama8b.py --parts ab --quant "$f" \
-        --batches 1 8 32 64 256 --decode-steps 128 --sharegpt-requests 400 --random-requests 0 --prefix-groups 0 \
+      TAIL=12 step "llama8b_$f" "${MODEL_LIMIT_S:-200}" $PY benchmarks/offline/gpu_llama8b.py --parts ab --quant "$f" \
+        --batches ${BATCHES:-1 8 32 64 256} --decode-steps 128 --sharegpt-requests 400 --random-requests 0 --prefix-groups 0 \
         --out "$OUT/llama8b_$f.json"
     done
   done
