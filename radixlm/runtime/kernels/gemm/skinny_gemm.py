@@ -249,13 +249,13 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def prebuild(builds: ParallelBuilds, dtype: torch.dtype, device: torch.device | str,
-             biases: tuple[bool, ...] = (False,), epilogue_head_dim: int = 0) -> int:
+             biases: tuple[bool, ...] = (False,), epilogue_head_dim: int = 0, kv_dtype: torch.dtype | None = None) -> int:
     """Hands `builds` the kernel of every autotune config for each row count, prologue kind (or none; up to
     PROLOGUE_MAX_M rows) and bias flag, and with epilogue_head_dim (a model whose qkv GEMM takes a RotaryStore) the
     epilogue's at one row (EPILOGUE_CONFIG alone; after any prologue a qkv GEMM gets: none, RMSNORM, ADD_RMSNORM), so
     that the warm-up's autotuning and launches find them built (the autotuner builds its configs one after another:
     ~0.16 s each with an empty cache); returns how many. A kernel already built, in memory or on disk, costs only its
-    lookup.
+    lookup. kv_dtype: the KV pool's (the epilogue stores into it; default dtype).
 
     NOTE: the launch must specialize as skinny_linear's does (Triton keys a kernel on each argument's dtype, on
     whether an int is 1 or a multiple of 16 and on a pointer's 16-byte alignment): N, K, the row strides and the
@@ -269,16 +269,17 @@ def prebuild(builds: ParallelBuilds, dtype: torch.dtype, device: torch.device | 
     y = torch.empty(SKINNY_MAX_M, n, dtype=dtype, device=device)
     rows = torch.empty(1, dtype=torch.int64, device=device)  # positions, KV slots
     cos_sin = torch.empty(1, 64, dtype=torch.float32, device=device)
+    kv = torch.empty(n, k, dtype=kv_dtype or dtype, device=device)
 
     def build(m: int, pro: int, bias: bool, head_dim: int, cfg: triton.Config) -> None:
         norm = pro in (PrologueKind.RMSNORM, PrologueKind.ADD_RMSNORM)
         add = pro == PrologueKind.ADD_RMSNORM
-        epi = (rows, cos_sin, rows, w, w, 64, 64, 64, 64, 64) if head_dim else (w, w, w, w, w, 0, 0, 0, 0, 0)
+        epi = (rows, cos_sin, rows, kv, kv, 64, 64, 64, 64, 64) if head_dim else (w, w, w, w, w, 0, 0, 0, 0, 0)
         # As skinny_linear passes them; options in the autotuner's order (Triton's in-memory key lists them as
         # passed): M, HAS_BIAS, PRO, EPI, HEAD_DIM, then the config.
         _skinny_kernel.fn.warmup(xs[m], w, w, y, nw if norm else w, r if add else w, r if add else w, *epi[:5], n, k,
                                  xs[m].stride(0), w.stride(0), y.stride(0), r.stride(0) if add else 0,
-                                 1e-5 if norm else 0.0, *epi[5:], M=m, HAS_BIAS=bias, PRO=pro, EPI=bool(head_dim),
+                                 1e-5 if norm else 0.0, *epi[5:], 1.0, 1.0, M=m, HAS_BIAS=bias, PRO=pro, EPI=bool(head_dim),
                                  HEAD_DIM=head_dim, grid=(1,), **cfg.all_kwargs())
 
     pros = [0] + [int(kind) for kind in PrologueKind]

@@ -36,6 +36,7 @@ class WarmupRunner(Protocol):
     model_config: Any  # context_len, dtype, head_dim
     server_args: Any  # the speculative settings (uses_tree_masks)
     num_kv_heads: int
+    kv_cache_dtype: torch.dtype
     attn_backend: AttentionBackend
     mm_embedder: object | None
 
@@ -112,7 +113,7 @@ def build_in_parallel(runner: WarmupRunner, plan: WarmupPlan) -> None:
         head_dim = runner.model_config.head_dim
         epilogue = gemm.kernel_head_dim(head_dim) and any(getattr(m, "takes_rotary_epilogue", False)
                                                           for m in modules)
-        gemm.prebuild_skinny(builds, dtype, runner.device, biases, head_dim if epilogue else 0)
+        gemm.prebuild_skinny(builds, dtype, runner.device, biases, head_dim if epilogue else 0, runner.kv_cache_dtype)
         gemm.prebuild_mma(builds, dtype, runner.device, biases)
     if not plan.moe:
         discover_kernels(runner, plan, builds)
