@@ -36,9 +36,10 @@ class TileConfig:
     split: bool
 
 
-# By row bucket (tiles.ROW_BUCKETS: 1, 2, <= 16, <= 64, <= 256, more rows).
-INT4_CONFIGS = (TileConfig(16, 64, 4, 4, True), TileConfig(16, 64, 4, 4, True), TileConfig(16, 64, 4, 4, True),
-                TileConfig(32, 64, 4, 4, True), TileConfig(64, 128, 4, 3, False), TileConfig(128, 128, 8, 3, False))
+# By row bucket (tiles.ROW_BUCKETS: 1, 2, 4, 8, 16, <= 64, <= 256, more rows).
+_DECODE = TileConfig(16, 64, 4, 4, True)
+INT4_CONFIGS = (_DECODE,) * 5 + (TileConfig(32, 64, 4, 4, True), TileConfig(64, 128, 4, 3, False),
+                                 TileConfig(128, 128, 8, 3, False))
 
 
 @triton.jit(do_not_specialize=["M", "stride_ys"], do_not_specialize_on_alignment=["X"])
