@@ -1,5 +1,5 @@
-"""The quantized GEMMs' Triton kernels (kernels/quant: fp8_act, fp8_gemm, int4_gemm, splitk) against reference.py on
-small shapes, on the CPU under TRITON_INTERPRET=1 in a subprocess: every row bucket's tile config, split K, K and N
+"""The quantized GEMMs' Triton kernels (kernels/quant: fp8_act, fp8_gemm, fp8_w8a16, int4_gemm, int4_gemv, splitk)
+against reference.py on small shapes, on the CPU under TRITON_INTERPRET=1 in a subprocess: every row bucket's tile config, split K, K and N
 past a tile, bias, act-order permutation, static activation scales, and torch._scaled_mm's call as the CUDA path
 makes it."""
 from __future__ import annotations
@@ -81,6 +81,25 @@ def fp8_cases(g: torch.Generator) -> None:
             _close(fp8_gemm.fp8_scaled_linear(x, wt, st, None, None, rows), ref.fp8_linear_w8a8(x, wt, st), 2e-2)
 
 
+def w8a16_cases(g: torch.Generator) -> None:
+    """The weight-only decode kernel (fp8_w8a16.py) against reference.fp8_linear: per tensor, per channel and
+    blocks; the CUDA cores (1 and 3 rows: ROWS 1 and 4) and the tensor cores (6 rows in a 16-row tile); K past a
+    tile, several K blocks per tile, blocks narrower than the tile along K."""
+    from radixlm.runtime.kernels.quant import fp8_w8a16, reference as ref
+
+    fma, dot = fp8_w8a16.W8A16Config(16, 128, 4, 1), fp8_w8a16.W8A16Config(16, 64, 4, 1)
+    for n, k, mode in ((72, 200, "tensor"), (48, 256, "channel"), (128, 320, (64, 32)), (64, 256, (128, 128))):
+        block = mode if isinstance(mode, tuple) else None
+        w, s = ref.quant_fp8(torch.randn(n, k, generator=g) * 0.05, block=block, per_channel=mode == "channel")
+        b = torch.randn(n, generator=g)
+        for m in (1, 3, 6):
+            x = torch.randn(m, k, generator=g)
+            cfg = fma if m <= fp8_w8a16.FMA_MAX_ROWS else dot
+            assert fp8_w8a16.takes(m, block, cfg)
+            _close(fp8_w8a16.w8a16_linear(x, w, s, block, b, cfg), ref.fp8_linear(x, w, s, block, b), 1e-4)
+    assert not fp8_w8a16.takes(1, (8, 128), fma) and not fp8_w8a16.takes(17, None)
+
+
 def _act(x: torch.Tensor, static: torch.Tensor | None):
     from radixlm.runtime.kernels.quant import fp8_act
 
@@ -104,7 +123,12 @@ def int4_cases(g: torch.Generator) -> None:
         x = torch.randn(m, 256, generator=g).to(torch.float16)  # (bfloat16 dots are wrong in the interpreter)
         qw, sc, zs = ref.quant_int4(torch.randn(64, 256, generator=g) * 0.05, 128, dtype=torch.float16)
         _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 128), ref.int4_linear(x, qw, sc, zs, 128), 2e-2)
-    # the tensor-core kernel at the GEMV's row counts (what the benchmark times beside it)
+    # the GEMV forced at the tensor-core kernel's row counts (the 8- and 16-row buckets), and that kernel at the
+    # GEMV's (what the benchmark times beside the defaults)
+    qw, sc, zs = ref.quant_int4(torch.randn(40, 128, generator=g) * 0.05, 32)
+    for m in (6, 11):
+        x = torch.randn(m, 128, generator=g)
+        _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 32, gemv_max_rows=16), ref.int4_linear(x, qw, sc, zs, 32), 1e-4)
     qw, sc, zs = ref.quant_int4(torch.randn(64, 256, generator=g) * 0.05, 32)
     x = torch.randn(2, 256, generator=g)
     _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 32, gemv_max_rows=0), ref.int4_linear(x, qw, sc, zs, 32), 1e-4)
@@ -134,6 +158,7 @@ def run_cases() -> None:
     g = torch.Generator().manual_seed(0)
     act_cases(g)
     fp8_cases(g)
+    w8a16_cases(g)
     int4_cases(g)
     print(MARKER)
 

@@ -111,11 +111,11 @@ def test_row_buckets_and_splits():
 
 def test_warm_up_linear_runs_one_call_per_bucket():
     seen = []
-    assert quant.warm_up_linear(lambda x: seen.append(tuple(x.shape)), 32, torch.float32, "cpu") == 6
-    assert seen == [(1, 32), (2, 32), (3, 32), (17, 32), (65, 32), (257, 32)]
+    assert quant.warm_up_linear(lambda x: seen.append(tuple(x.shape)), 32, torch.float32, "cpu") == 8
+    assert seen == [(1, 32), (2, 32), (3, 32), (5, 32), (9, 32), (17, 32), (65, 32), (257, 32)]
     seen.clear()
-    assert quant.warm_up_linear(lambda x: seen.append(x.shape[0]), 8, torch.float32, "cpu", max_rows=64) == 4
-    assert seen == [1, 2, 3, 17]
+    assert quant.warm_up_linear(lambda x: seen.append(x.shape[0]), 8, torch.float32, "cpu", max_rows=64) == 6
+    assert seen == [1, 2, 3, 5, 9, 17]
 
 
 def test_cpu_dispatch_imports_no_triton():
