@@ -1,18 +1,20 @@
 """The quantized GEMMs (radixlm/runtime/kernels/quant) against bf16 on Llama-3.1-8B's four linear shapes, one device
-call: F.linear (cuBLAS) vs FP8 per-channel (per-token activations; Triton at decode, torch._scaled_mm past 16 rows)
-vs FP8 128x128 blocks (Triton w8a8) vs W4A16 (INT4, group 128; Triton) at 1, 8, 32, 64, 256 rows. Each figure is the
+call: F.linear (cuBLAS) vs FP8 per-channel and 128x128 blocks (up to 16 rows the weight-only kernel fp8_w8a16.py,
+past it per-token activations and torch._scaled_mm / Triton W8A8) vs W4A16 (INT4, group 128; Triton GEMV or tensor
+cores) at 1, 4, 8, 16, 32, 64, 256 rows, each default beside the kernels it chose against (forced formats; the
+last table names each default's path per row bucket and flags a faster forced one). Each figure is the
 device time of one whole kernels.quant call (activation quantization and split-K reduction included) from CUDA-graph
 replays over distinct weight copies (benchmarks/lib/gpu_timing.py: no L2 hits, no launch gaps), beside its bytes
 floor (weight with its scales + input and output activations, at 4.8 TB/s); then one layer's four GEMMs summed per
 row count and their ratio to bf16's; and each format's output against kernels/quant/reference.py (max |error| /
 max |reference|).
 
-    python3 benchmarks/kernels/quant_gemm.py --out $OUT            # writes $OUT/quant_gemm.json, ~2-3 min on an H200
+    python3 benchmarks/kernels/quant_gemm.py --out $OUT            # writes $OUT/quant_gemm.json, ~4-6 min on an H200
     python benchmarks/kernels/quant_gemm.py --dry --out /tmp       # the script's logic on the CPU: tiny shapes, the
                                                                    # reference path, wall-clock times
     python3 benchmarks/kernels/quant_gemm.py --sweep --out $OUT    # decode tile configs instead (quant_gemm_sweep.json)
-                                                                   # the INT4 GEMV at 1 row, the INT4 tensor-core and
-                                                                   # FP8 block kernels at 8 rows; ~3 min
+                                                                   # the INT4 GEMV at 1, 4, 8 rows, the FP8 weight-only
+                                                                   # kernel (channel, block) at 1, 4, 8 rows; ~3 min
     TRITON_INTERPRET=1 python benchmarks/kernels/quant_gemm.py --sweep --dry --shapes o_proj --out /tmp   # its logic
 """
 from __future__ import annotations
