@@ -150,12 +150,14 @@ def sweep_variants() -> list[tuple[str, int, object]]:
             out.append(("w4a16", 1, int4_gemv.GemvConfig(bn, 128, 4, 1, per_sm, 2)))
         out.append(("w4a16", 4, int4_gemv.GemvConfig(bn, 128, 4, 1, 4, 2)))
         out.append(("w4a16", 8, int4_gemv.GemvConfig(bn, 128, 4, 1, 4, 2)))
-    for kernel in ("fp8_channel", "fp8_block"):
-        for bn, bk, warps in ((8, 512, 4), (8, 1024, 4), (16, 512, 4), (16, 1024, 8), (32, 256, 4), (32, 512, 8)):
-            out.append((kernel, 1, fp8_w8a16.W8A16Config(bn, bk, warps, 1)))
-        out.append((kernel, 4, fp8_w8a16.W8A16Config(16, 512, 4, 1)))
-        for bn, bk, stages in ((16, 256, 4), (32, 256, 4), (32, 128, 6), (64, 128, 4), (16, 512, 3)):
-            out.append((kernel, 8, fp8_w8a16.W8A16Config(bn, bk, 4, stages)))
+    for kernel in ("fp8_channel", "fp8_block"):  # (config, the CUDA-core mode's rows)
+        for bn, bk, warps, stages in ((16, 512, 1, 4), (16, 256, 1, 6), (16, 512, 2, 3), (32, 256, 2, 4),
+                                      (32, 256, 1, 4), (32, 128, 2, 6), (64, 128, 4, 4), (32, 512, 4, 3)):
+            cfg = fp8_w8a16.W8A16Config(bn, bk, warps, stages)
+            out += [(kernel, 1, (cfg, 0)), (kernel, 8, (cfg, 0))]
+        for bn, bk, warps in ((8, 1024, 4), (16, 512, 4), (16, 1024, 8), (32, 256, 4)):
+            cfg = fp8_w8a16.W8A16Config(bn, bk, warps, 1)
+            out += [(kernel, 1, (cfg, 4)), (kernel, 4, (cfg, 4))]
     return out
 
 
@@ -180,10 +182,14 @@ def sweep(args, t0: float, device: str, timer) -> dict:
                 from radixlm.runtime.kernels.quant import fp8_w8a16
 
                 block = BLOCK if kernel == "fp8_block" else None
-                fn = lambda i, cfg=cfg, block=block: fp8_w8a16.w8a16_linear(x, *ws[i], block, None, cfg)  # noqa: E731
+                cfg, fma_rows = cfg
+                fn = lambda i, cfg=cfg, block=block, fma_rows=fma_rows: fp8_w8a16.w8a16_linear(  # noqa: E731
+                    x, *ws[i], block, None, cfg, fma_rows)
             err = rel_err(fn(0), reference(kernel, x, ws[0]))
             us = timer(fn, copies)
-            result["cells"].append({"kernel": kernel, "shape": name, "rows": m, "config": dataclasses.asdict(cfg),
+            config = dataclasses.asdict(cfg[0]) | {"fma_max_rows": cfg[1]} if isinstance(cfg, tuple) else (
+                dataclasses.asdict(cfg))
+            result["cells"].append({"kernel": kernel, "shape": name, "rows": m, "config": config,
                                     "us": us, "floor_us": floor_us(kernel, n, k, m), "rel_err": err})
         del made
         if not args.dry:
@@ -308,7 +314,7 @@ def default_paths(m: int) -> dict[str, str]:
 
     bound = ROW_BUCKETS[bucket_of(m)]
     if m <= fp8_w8a16.W8A16_MAX_ROWS:
-        fp8 = "w8a16 " + ("cuda-cores" if bound <= fp8_w8a16.FMA_MAX_ROWS else "tensor-cores")
+        fp8 = "w8a16 tensor-cores"  # (fp8_w8a16.w8a16_linear's fma_max_rows: 0; --sweep times the CUDA cores)
         channel, block = fp8, fp8
     else:
         channel = "w8a8 _scaled_mm" if m >= fp8_gemm.SCALED_MM_MIN_ROWS else "w8a8 triton"

@@ -8,11 +8,17 @@ launches of a few microseconds each in a CUDA graph. It follows the bf16 skinny 
 enough programs along N alone to keep every SM streaming, and reduces it against every row of x in float32; each
 FP8 weight is widened in registers (exactly: e4m3 is a subset of bfloat16 and float16).
 
-Two modes by row bucket (tiles.ROW_BUCKETS): up to FMA_MAX_ROWS rows the CUDA cores (one FMA a weight and row, the
-rows' sums kept as an [ROWS, BLOCK_N] accumulator); past it, up to W8A16_MAX_ROWS, the tensor cores (tl.dot on a
-16-row tile, the weight widened to the activation dtype). Scales: per tensor or per channel once after the K loop;
-128 x 128 blocks (any power-of-two K size) per K block: a tile's K steps are SUB_K channels wide, each in one block.
-The bias is added before the one rounding to the output dtype."""
+Two modes. The tensor cores (the default at every row count up to W8A16_MAX_ROWS): tl.dot on a 16-row tile, the
+weight widened to the activation dtype, the loads staged by Triton's pipeliner (cp.async). The CUDA cores (up to
+fma_max_rows rows, 0 by default; --sweep times it): one FMA a weight and row, the rows' sums kept as an
+[ROWS, BLOCK_N] accumulator, a register double buffer for the loads. Compiled for sm_90a (Triton 3.9, ptxas 13), the
+tensor-core K loop ran 3.8-4.9 instructions a weight in the default configs (one F2F, the f16 -> bf16 step of the
+e4m3 widening, and half an F2FP a weight among them), the CUDA-core loop 6.7 at one row, 9.5 at two, 14.5 at four
+(the e4m3 -> f32 widening's PRMT/F2FP/HADD2 and the in-thread reduction tree), so the tensor cores issue fewer
+instructions even at one row, and their loads are pipelined. Scales: per tensor or per channel once after the K
+loop; blocks (any power-of-two K size) per K block: on the tensor cores a tile's K steps are SUB_K channels wide,
+each in one block; on the CUDA cores x is scaled (a program's channels lie in one block row). The bias is added
+before the one rounding to the output dtype."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,27 +29,27 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.quant import tiles
 
-FMA_MAX_ROWS = 4
 W8A16_MAX_ROWS = 16
-DOT_ROWS = 16
+DOT_ROWS = 16  # the tensor cores' row tile
+FMA_ROWS_LIMIT = 4  # the most rows the CUDA-core mode takes (ROWS: the row bucket's bound, 1, 2 or 4)
 
 
 @dataclass(frozen=True)
 class W8A16Config:
     block_n: int
-    block_k: int  # a power of two; with block scales, SUB_K = min(block_k, the block's K size)
+    block_k: int  # a power of two; with block scales on the tensor cores, SUB_K = min(block_k, the block's K size)
     num_warps: int
     num_stages: int
 
 
-# By row bucket bound (1, 2, 4: CUDA cores; 8, 16: tensor cores). Per-channel (or per-tensor) and block scales.
-# Leads, not measurements: skinny_gemm's autotuner took BLOCK_N 8-16 with BLOCK_K 512-1024 for these shapes in bf16;
-# an FP8 weight has half the bytes per channel, so the same bytes per step at twice BLOCK_K or BLOCK_N.
-# benchmarks/kernels/quant_gemm.py --sweep times the alternatives.
-CHANNEL_CONFIGS = {1: W8A16Config(16, 512, 4, 3), 2: W8A16Config(16, 512, 4, 3), 4: W8A16Config(16, 512, 4, 3),
-                   8: W8A16Config(32, 256, 4, 4), 16: W8A16Config(32, 256, 4, 4)}
-BLOCK_CONFIGS = {1: W8A16Config(16, 512, 4, 3), 2: W8A16Config(16, 512, 4, 3), 4: W8A16Config(16, 512, 4, 3),
-                 8: W8A16Config(32, 256, 4, 4), 16: W8A16Config(32, 256, 4, 4)}
+# The tensor cores' configs, per-channel (or per-tensor) and block scales: WIDE where it still gives every SM two
+# programs along N (gate_up at 8B: 896), else NARROW (o_proj, down_proj, qkv at 8B: 256-384 programs). Chosen by the
+# K loop's sm_90a SASS (per weight: 4.2 / 4.7 WIDE, 4.2 / 4.4 NARROW, no spills; BLOCK_N 16 on two or more warps
+# converts each weight twice) and ~32 KB of weight in flight per program; not yet measured: --sweep times others.
+WIDE = {False: W8A16Config(32, 256, 2, 4), True: W8A16Config(32, 256, 2, 4)}
+NARROW = {False: W8A16Config(16, 512, 1, 4), True: W8A16Config(16, 512, 1, 4)}
+FMA_CONFIG = W8A16Config(16, 512, 4, 1)
+PROGRAMS_PER_SM = 2
 
 
 @triton.jit
@@ -143,40 +149,38 @@ def _w8a16_kernel(X, W, WS, Bias, Y, M, N, K, stride_xm, stride_wn, stride_wsn, 
              mask=(offs_r < M)[:, None] & n_mask[None, :])
 
 
-def rows_bound(m: int) -> int:
-    """The bound of m rows' bucket (tiles.ROW_BUCKETS: 1, 2, 4, 8, 16), which picks the config and ROWS."""
-    if not 0 < m <= W8A16_MAX_ROWS:
-        raise ValueError(f"the W8A16 kernel takes 1..{W8A16_MAX_ROWS} rows, got {m}")
-    return tiles.ROW_BUCKETS[tiles.bucket_of(m)]
+def config_for(m: int, n: int, block: tuple[int, int] | None, sms: int, fma_max_rows: int = 0) -> W8A16Config:
+    """The default config of m rows (the CUDA cores' up to fma_max_rows, else by N's programs)."""
+    if m <= min(fma_max_rows, FMA_ROWS_LIMIT):
+        return FMA_CONFIG
+    wide = WIDE[block is not None]
+    return wide if triton.cdiv(n, wide.block_n) >= PROGRAMS_PER_SM * sms else NARROW[block is not None]
 
 
-def config_for(m: int, block: tuple[int, int] | None) -> W8A16Config:
-    return (BLOCK_CONFIGS if block is not None else CHANNEL_CONFIGS)[rows_bound(m)]
-
-
-def takes(m: int, block: tuple[int, int] | None, cfg: W8A16Config | None = None) -> bool:
+def takes(m: int, block: tuple[int, int] | None, cfg: W8A16Config | None = None, fma: bool = False) -> bool:
     """Whether the kernel takes m rows with these weight blocks (on the CUDA cores a program's BLOCK_N channels must
     lie in one block row)."""
-    if not 0 < m <= W8A16_MAX_ROWS:
+    if not 0 < m <= (FMA_ROWS_LIMIT if fma else W8A16_MAX_ROWS):
         return False
-    cfg = cfg or config_for(m, block)
-    return block is None or rows_bound(m) > FMA_MAX_ROWS or block[0] % cfg.block_n == 0
+    return block is None or not fma or block[0] % (cfg or FMA_CONFIG).block_n == 0
 
 
 def w8a16_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None,
-                 bias: torch.Tensor | None, cfg: W8A16Config | None = None) -> torch.Tensor:
+                 bias: torch.Tensor | None, cfg: W8A16Config | None = None, fma_max_rows: int = 0) -> torch.Tensor:
     """x2 (M, K) bfloat16/float16 (float32 under the interpreter) with unit column stride, M <= W8A16_MAX_ROWS ->
     (M, N) in x2's dtype; weight (N, K) FP8 with unit column stride; scale one value, (N,), or block scales
-    (ceil(N / bn), ceil(K / bk)) with bk a power of two >= 16 (takes() must hold). cfg: the row bucket's unless
-    given (benchmarks/kernels/quant_gemm.py --sweep)."""
+    (ceil(N / bn), ceil(K / bk)) with bk a power of two >= 16. Up to fma_max_rows rows (at most FMA_ROWS_LIMIT) the
+    CUDA-core mode, else the tensor cores. cfg: config_for's unless given (benchmarks/kernels/quant_gemm.py
+    --sweep)."""
     m, k = x2.shape
     n = weight.shape[0]
-    cfg = cfg or config_for(m, block)
-    if not takes(m, block, cfg):
-        raise ValueError(f"the W8A16 kernel at {m} rows takes no {block} blocks with BLOCK_N {cfg.block_n}")
+    fma = m <= min(fma_max_rows, FMA_ROWS_LIMIT)
+    cfg = cfg or config_for(m, n, block, tiles.sm_count(x2.device), fma_max_rows)
+    if not takes(m, block, cfg, fma):
+        raise ValueError(f"the W8A16 kernel takes 1..{W8A16_MAX_ROWS} rows (CUDA cores: {FMA_ROWS_LIMIT}, BLOCK_N "
+                         f"dividing the block's N size), got {m} rows, blocks {block}, BLOCK_N {cfg.block_n}")
     blockwise = block is not None
-    dot = rows_bound(m) > FMA_MAX_ROWS
-    sub_k = min(cfg.block_k, block[1]) if blockwise else cfg.block_k
+    sub_k = min(cfg.block_k, block[1]) if blockwise and not fma else cfg.block_k
     if blockwise:
         ws, s_n, s_k = scale, scale.stride(0), scale.stride(1)
     else:
@@ -185,8 +189,8 @@ def w8a16_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bl
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     _w8a16_kernel[(triton.cdiv(n, cfg.block_n),)](
         x2, weight, ws, bias if bias is not None else y, y, m, n, k, x2.stride(0), weight.stride(0), s_n, s_k,
-        y.stride(0), ROWS=DOT_ROWS if dot else rows_bound(m), DOT=dot, BLOCKWISE=blockwise,
-        GROUP_N=block[0] if blockwise else 1, GROUP_K=block[1] if blockwise else 1, HAS_BIAS=bias is not None,
-        EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SUB_K=sub_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        y.stride(0), ROWS=tiles.ROW_BUCKETS[tiles.bucket_of(m)] if fma else DOT_ROWS, DOT=not fma,
+        BLOCKWISE=blockwise, GROUP_N=block[0] if blockwise else 1, GROUP_K=block[1] if blockwise else 1,
+        HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        SUB_K=sub_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y

@@ -83,8 +83,8 @@ def fp8_cases(g: torch.Generator) -> None:
 
 def w8a16_cases(g: torch.Generator) -> None:
     """The weight-only decode kernel (fp8_w8a16.py) against reference.fp8_linear: per tensor, per channel and
-    blocks; the CUDA cores (1 and 3 rows: ROWS 1 and 4) and the tensor cores (6 rows in a 16-row tile); K past a
-    tile, several K blocks per tile, blocks narrower than the tile along K."""
+    blocks; the tensor cores (1 and 6 rows in a 16-row tile; the default) and the CUDA cores (1 and 3 rows: ROWS 1
+    and 4); K past a tile, several K blocks per tile, blocks narrower than the tile along K."""
     from radixlm.runtime.kernels.quant import fp8_w8a16, reference as ref
 
     fma, dot = fp8_w8a16.W8A16Config(16, 128, 4, 1), fp8_w8a16.W8A16Config(16, 64, 4, 1)
@@ -92,12 +92,17 @@ def w8a16_cases(g: torch.Generator) -> None:
         block = mode if isinstance(mode, tuple) else None
         w, s = ref.quant_fp8(torch.randn(n, k, generator=g) * 0.05, block=block, per_channel=mode == "channel")
         b = torch.randn(n, generator=g)
-        for m in (1, 3, 6):
+        for m, fma_rows in ((1, 0), (6, 0), (1, 4), (3, 4)):
             x = torch.randn(m, k, generator=g)
-            cfg = fma if m <= fp8_w8a16.FMA_MAX_ROWS else dot
-            assert fp8_w8a16.takes(m, block, cfg)
-            _close(fp8_w8a16.w8a16_linear(x, w, s, block, b, cfg), ref.fp8_linear(x, w, s, block, b), 1e-4)
-    assert not fp8_w8a16.takes(1, (8, 128), fma) and not fp8_w8a16.takes(17, None)
+            cfg = fma if fma_rows else dot
+            assert fp8_w8a16.takes(m, block, cfg, fma=fma_rows > 0)
+            _close(fp8_w8a16.w8a16_linear(x, w, s, block, b, cfg, fma_rows), ref.fp8_linear(x, w, s, block, b), 1e-4)
+    assert not fp8_w8a16.takes(1, (8, 128), fma, fma=True) and not fp8_w8a16.takes(17, None)
+    assert fp8_w8a16.takes(16, (8, 128)) and not fp8_w8a16.takes(5, None, fma, fma=True)
+    sms = 132  # the default configs: WIDE where N gives two programs an SM, else NARROW
+    assert fp8_w8a16.config_for(1, 28672, None, sms) == fp8_w8a16.WIDE[False]
+    assert fp8_w8a16.config_for(16, 4096, (128, 128), sms) == fp8_w8a16.NARROW[True]
+    assert fp8_w8a16.config_for(2, 4096, None, sms, fma_max_rows=4) == fp8_w8a16.FMA_CONFIG
 
 
 def _act(x: torch.Tensor, static: torch.Tensor | None):
