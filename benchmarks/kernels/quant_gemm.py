@@ -182,13 +182,13 @@ def sweep(args, t0: float, device: str, timer) -> dict:
                 from radixlm.runtime.kernels.quant import fp8_w8a16
 
                 block = BLOCK if kernel == "fp8_block" else None
-                cfg, fma_rows = cfg
-                fn = lambda i, cfg=cfg, block=block, fma_rows=fma_rows: fp8_w8a16.w8a16_linear(  # noqa: E731
-                    x, *ws[i], block, None, cfg, fma_rows)
+                wcfg, fma_rows = cfg
+                fn = lambda i, wcfg=wcfg, block=block, fma_rows=fma_rows: fp8_w8a16.w8a16_linear(  # noqa: E731
+                    x, *ws[i], block, None, wcfg, fma_rows)
             err = rel_err(fn(0), reference(kernel, x, ws[0]))
             us = timer(fn, copies)
-            config = dataclasses.asdict(cfg[0]) | {"fma_max_rows": cfg[1]} if isinstance(cfg, tuple) else (
-                dataclasses.asdict(cfg))
+            config = (dataclasses.asdict(cfg[0]) | {"fma_max_rows": cfg[1]} if isinstance(cfg, tuple)
+                      else dataclasses.asdict(cfg))
             result["cells"].append({"kernel": kernel, "shape": name, "rows": m, "config": config,
                                     "us": us, "floor_us": floor_us(kernel, n, k, m), "rel_err": err})
         del made
