@@ -7,7 +7,8 @@ Layouts (radixlm's own; every checkpoint format is converted to one of them at l
           (ceil(N / bn), ceil(K / bk)) for blocks of bn x bk (`block`); w = weight * scale.
   INT4    qweight (K // 8, N) int32, eight consecutive input channels per int32, channel k in bits 4 * (k % 8)
           (GPTQ's packing); scales and zeros (K // group_size, N) in the model's dtype; w[n, k] =
-          (q[k, n] - zeros[k // group_size, n]) * scales[k // group_size, n]. Act-order checkpoints are stored with
+          (q[k, n] - zeros[k // group_size, n]) * scales[k // group_size, n], zeros integers in [0, 15] (every
+          format's; the CUDA kernels rely on it). Act-order checkpoints are stored with
           their input channels sorted by group; `perm` (K,) gathers the input's channels into that order.
   INT8    weight (N, K) int8, symmetric; scale float32 (N,) per output channel; w = weight * scale (W8A8-INT8:
           activations quantized per token on the GPU path)."""

@@ -114,17 +114,19 @@ def _act(x: torch.Tensor, static: torch.Tensor | None):
 def int4_cases(g: torch.Generator) -> None:
     from radixlm.runtime.kernels.quant import int4_gemm, reference as ref
 
-    # (N, K, group): K tiles of 32 (split K at one row: 8 tiles), 64, one group (K not a multiple of the tile).
-    for n, k, group, symmetric in ((96, 256, 32, False), (136, 192, 64, True), (64, 200, 200, False)):
+    # (N, K, group): K tiles of 32 (split K at one row: 8 tiles), 64 (_w4a16_kernel), 128 and one group (K not a
+    # multiple of the tile; _w4a16_nibbles_kernel).
+    for n, k, group, symmetric in ((96, 256, 32, False), (136, 192, 64, True), (80, 256, 128, False),
+                                   (64, 200, 200, False)):
         qw, sc, zs = ref.quant_int4(torch.randn(n, k, generator=g) * 0.05, group, symmetric=symmetric)
         b = torch.randn(n, generator=g)
         perm = torch.randperm(k, generator=g)
-        for m in (1, 2, 5, 20, 70):  # the GEMV at 1 and 2 rows
+        for m in (1, 3, 5, 20):  # the GEMV at 1 and 3 rows (ROWS 1, 4), the tensor cores at 5 (16-row tiles), 20 (64)
             x = torch.randn(m, k, generator=g)
             _close(int4_gemm.w4a16_linear(x, qw, sc, zs, group), ref.int4_linear(x, qw, sc, zs, group), 1e-4)
             _close(int4_gemm.w4a16_linear(x, qw, sc, zs, group, perm, b),
                    ref.int4_linear(x, qw, sc, zs, group, perm, b), 1e-4)
-    for m in (1, 3):
+    for m in (1, 9):  # the GEMV, the nibbles kernel's 16-bit magic numbers
         x = torch.randn(m, 256, generator=g).to(torch.float16)  # (bfloat16 dots are wrong in the interpreter)
         qw, sc, zs = ref.quant_int4(torch.randn(64, 256, generator=g) * 0.05, 128, dtype=torch.float16)
         _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 128), ref.int4_linear(x, qw, sc, zs, 128), 2e-2)
@@ -137,6 +139,10 @@ def int4_cases(g: torch.Generator) -> None:
     qw, sc, zs = ref.quant_int4(torch.randn(64, 256, generator=g) * 0.05, 32)
     x = torch.randn(2, 256, generator=g)
     _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 32, gemv_max_rows=0), ref.int4_linear(x, qw, sc, zs, 32), 1e-4)
+    qw, sc, zs = ref.quant_int4(torch.randn(48, 256, generator=g) * 0.05, 128)
+    old = int4_gemm.TileConfig(16, 64, 4, 1, True, nibbles=False)  # the reshaping kernel where nibbles could run
+    _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 128, gemv_max_rows=0, cfg=old), ref.int4_linear(x, qw, sc, zs, 128),
+           1e-4)
 
 
 def patch_interpreter_fp8_rounding() -> None:
