@@ -43,7 +43,7 @@ LAYER = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 # tensor-core kernel runs (up to 16 rows).
 FORMATS = ("bf16", "fp8_channel", "fp8_channel_w8a8", "fp8_channel_triton", "fp8_channel_scaled_mm", "fp8_block",
            "fp8_block_w8a8", "w4a16", "w4a16_mma", "w4a16_gemv")
-DECODE_ONLY = ("fp8_channel_w8a8", "fp8_block_w8a8", "w4a16_mma", "w4a16_gemv")  # forced at up to DECODE_ROWS rows
+DECODE_ONLY = ("fp8_channel_w8a8", "fp8_block_w8a8", "w4a16_mma", "w4a16_gemv")  # forced up to DECODE_ROWS rows (timed)
 DECODE_ROWS = 16
 HBM_TB_S = 4.8  # the H200's HBM3e, by the datasheet
 GROUP = 128
@@ -142,7 +142,7 @@ def wall_us(fn, copies: int) -> float:
 
 def sweep_variants() -> list[tuple[str, int, object]]:
     """(kernel, rows, config) of --sweep: the decode paths' tile configs around the defaults."""
-    from radixlm.runtime.kernels.quant import fp8_w8a16, int4_gemv
+    from radixlm.runtime.kernels.quant import fp8_w8a16, int4_gemm, int4_gemv
 
     out: list[tuple[str, int, object]] = []
     for bn in (32, 64, 128):
@@ -150,6 +150,10 @@ def sweep_variants() -> list[tuple[str, int, object]]:
             out.append(("w4a16", 1, int4_gemv.GemvConfig(bn, 128, 4, 1, per_sm, 2)))
         out.append(("w4a16", 4, int4_gemv.GemvConfig(bn, 128, 4, 1, 4, 2)))
         out.append(("w4a16", 8, int4_gemv.GemvConfig(bn, 128, 4, 1, 4, 2)))
+    for m, bm in ((8, 16), (64, 64)):  # the tensor-core kernels (nibbles or reshaping)
+        for bn, warps, stages, nibbles in ((128, 4, 4, True), (64, 4, 4, True), (256, 8, 3, True), (128, 8, 3, True),
+                                           (128, 4, 3, True), (64, 4, 4, False), (128, 4, 3, False)):
+            out.append(("w4a16", m, int4_gemm.TileConfig(bm, bn, warps, stages, True, nibbles)))
     for kernel in ("fp8_channel", "fp8_block"):  # (config, the CUDA-core mode's rows)
         for bn, bk, warps, stages in ((16, 512, 1, 4), (16, 256, 1, 6), (16, 512, 2, 3), (32, 256, 2, 4),
                                       (32, 256, 1, 4), (32, 128, 2, 6), (64, 128, 4, 4), (32, 512, 4, 3)):
@@ -165,6 +169,8 @@ def sweep(args, t0: float, device: str, timer) -> dict:
     """--sweep (with --dry: under TRITON_INTERPRET=1 on the CPU, tiny shapes, wall clock)."""
     import dataclasses
 
+    from radixlm.runtime.kernels.quant import fp8_w8a16, int4_gemv
+
     result = {"benchmark": "quant_gemm_sweep", "gpu": "cpu (dry)" if args.dry else torch.cuda.get_device_name(),
               "command": " ".join(sys.argv), "tree": tree(), "hbm_tb_s": HBM_TB_S, "cells": []}
     variants = sweep_variants()
@@ -175,12 +181,11 @@ def sweep(args, t0: float, device: str, timer) -> dict:
         for kernel, m, cfg in variants:
             x = torch.randn(m, k, device=device, dtype=torch.float32 if args.dry else torch.bfloat16)
             ws = made[kernel]
-            if kernel == "w4a16":  # the GEMV forced (a GemvConfig) at every row count swept
-                kw = {"gemv_cfg": cfg, "gemv_max_rows": DECODE_ROWS}
+            if kernel == "w4a16":  # a GemvConfig: the GEMV forced at every row count swept; else the tensor cores
+                kw = ({"gemv_cfg": cfg, "gemv_max_rows": DECODE_ROWS} if isinstance(cfg, int4_gemv.GemvConfig)
+                      else {"cfg": cfg, "gemv_max_rows": 0})
                 fn = lambda i, kw=kw: quant.w4a16_linear(x, *ws[i], GROUP, **kw)  # noqa: E731
             else:
-                from radixlm.runtime.kernels.quant import fp8_w8a16
-
                 block = BLOCK if kernel == "fp8_block" else None
                 wcfg, fma_rows = cfg
                 fn = lambda i, wcfg=wcfg, block=block, fma_rows=fma_rows: fp8_w8a16.w8a16_linear(  # noqa: E731
@@ -266,7 +271,7 @@ def main() -> None:
         for m in args.rows:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             for fmt in FORMATS:
-                if fmt in DECODE_ONLY and m > DECODE_ROWS:
+                if not timed(fmt, m, args.dry):
                     continue
                 ws = made[fmt]
                 us = timer(lambda i, fmt=fmt, ws=ws: call(fmt, x, ws[i]), copies)
@@ -307,6 +312,20 @@ def main() -> None:
         print_defaults(result)
 
 
+def timed(fmt: str, m: int, dry: bool) -> bool:
+    """Whether a forced format is timed at m rows: only where it differs from the default."""
+    if fmt not in DECODE_ONLY:
+        return True
+    if m > DECODE_ROWS:
+        return False
+    if dry:
+        return True
+    from radixlm.runtime.kernels.quant import int4_gemv
+
+    gemv = m <= int4_gemv.GEMV_MAX_ROWS
+    return (fmt == "w4a16_mma" and gemv) or (fmt == "w4a16_gemv" and not gemv) or fmt.endswith("_w8a8")
+
+
 def default_paths(m: int) -> dict[str, str]:
     """The kernel each format's default takes at m rows (the modules' thresholds), and the forced formats that time
     the alternative."""
@@ -319,7 +338,7 @@ def default_paths(m: int) -> dict[str, str]:
     else:
         channel = "w8a8 _scaled_mm" if m >= fp8_gemm.SCALED_MM_MIN_ROWS else "w8a8 triton"
         block = "w8a8 triton"
-    w4 = "gemv" if m <= int4_gemv.GEMV_MAX_ROWS else "tensor-cores"
+    w4 = "gemv" if m <= int4_gemv.GEMV_MAX_ROWS else "tensor-cores (nibbles)"
     return {"bucket": bound or "more", "fp8_channel": channel, "fp8_block": block, "w4a16": w4}
 
 

@@ -1,4 +1,4 @@
-"""W4A16 for the few rows of decode (up to GEMV_MAX_ROWS by default, GEMV_ROWS_LIMIT at most), on CUDA cores
+"""W4A16 for the fewest rows of decode (up to GEMV_MAX_ROWS by default, GEMV_ROWS_LIMIT at most), on CUDA cores
 (Triton): reference.int4_linear's result, without the tensor cores.
 
 At one row the tensor-core kernel (int4_gemm.py) spends about nine instructions a weight: unpack, (q - z) * s, the
@@ -24,11 +24,13 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.quant import splitk, tiles
 
-# The default: up to this many rows the GEMV, past it the tensor-core kernel. The first version's K loop ran 5.6
-# instructions a weight at one row, 8.0 at two and 12.8 at four (sm_90 SASS), the tensor-core kernel 8.9, but on the
-# H200 the tensor-core kernel took 224 us for a layer at 8 rows against the GEMV's 107 at one: a lead, not a
-# measurement; benchmarks/kernels/quant_gemm.py times the GEMV forced at 4-16 rows ("w4a16_gemv") beside it.
-GEMV_MAX_ROWS = 4
+# The default: up to this many rows the GEMV, past it the tensor cores. The K loop's sm_90a SASS, instructions a weight:
+# this kernel 5.8 at one row, 8.1 at two, 12.8 at four, 22.2 at eight; int4_gemm._w4a16_nibbles_kernel 4.8 at any
+# row count up to 16 (plus a split-K reduction launch). On the H200 the GEMV took 107 us for a layer at one row, 4.4x
+# its bytes floor: it is bound by latency, not instructions. A lead, not a measurement:
+# benchmarks/kernels/quant_gemm.py times "w4a16_mma" (the tensor cores forced at one row) and "w4a16_gemv" (the GEMV
+# forced at 4-16 rows) beside the default.
+GEMV_MAX_ROWS = 1
 GEMV_ROWS_LIMIT = 16
 
 
