@@ -148,6 +148,7 @@ def sweep_variants() -> list[tuple[str, int, object]]:
     for bn in (32, 64, 128):
         for per_sm in (2, 4, 8):
             out.append(("w4a16", 1, int4_gemv.GemvConfig(bn, 128, 4, 1, per_sm, 2)))
+        out.append(("w4a16", 1, int4_gemv.GemvConfig(bn, 128, 8, 1, 4, 2)))
         out.append(("w4a16", 4, int4_gemv.GemvConfig(bn, 128, 4, 1, 4, 2)))
         out.append(("w4a16", 8, int4_gemv.GemvConfig(bn, 128, 4, 1, 4, 2)))
     for m, bm in ((8, 16), (64, 64)):  # the tensor-core kernels (nibbles or reshaping)

@@ -114,7 +114,7 @@ def _built() -> int:
     from radixlm.runtime.kernels.quant import fp8_act, fp8_gemm, fp8_w8a16, int4_gemm, int4_gemv, splitk
 
     kernels = (fp8_act._quant_rows_kernel, fp8_act._quant_groups_kernel, fp8_gemm._w8a8_kernel,
-               fp8_w8a16._w8a16_kernel,
+               fp8_w8a16._w8a16_kernel, int4_gemm._w4a16_nibbles_kernel,
                int4_gemm._w4a16_kernel, int4_gemv._w4a16_gemv_kernel, splitk._reduce_splits_kernel)
     return sum(len(cache[0]) for k in kernels for cache in k.device_caches.values())
 
