@@ -251,7 +251,7 @@ def main() -> None:
               "tree": tree(), "hbm_tb_s": HBM_TB_S,
               "formats": {"fp8_channel": "per-channel weight scales: up to 16 rows the weight-only kernel "
                                          "(fp8_w8a16.py, bf16 activations), past it per-token activations and "
-                                         "torch._scaled_mm (fp8_gemm.SCALED_MM_MIN_ROWS)",
+                                         "the Triton W8A8 kernel, torch._scaled_mm from fp8_gemm.SCALED_MM_MIN_ROWS",
                           "fp8_channel_w8a8": "the same, the W8A8 paths at every row count (the previous default: "
                                               "the Triton kernel with split K up to 16 rows)",
                           "fp8_block_w8a8": "fp8_block's W8A8 Triton kernel at every row count",

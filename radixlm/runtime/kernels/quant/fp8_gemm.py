@@ -1,8 +1,9 @@
 """FP8 weight GEMMs on CUDA, checked against reference.fp8_linear_w8a8 (their arithmetic) and reference.fp8_linear.
 
 Per-tensor and per-channel weights: the activations are quantized per token (or with the checkpoint's static input
-scale: fp8_act.py), then cuBLASLt multiplies them (torch._scaled_mm: row-wise scales (M, 1) x (1, N), or two scalars
-when both are per tensor), the bias added after. _scaled_mm refuses some shapes (K or N not a multiple of 16) and
+scale: fp8_act.py), then from SCALED_MM_MIN_ROWS rows cuBLASLt multiplies them (torch._scaled_mm: row-wise scales
+(M, 1) x (1, N), or two scalars when both are per tensor), the bias added after; fewer rows run this file's Triton
+kernel in its per-channel mode (split K). _scaled_mm refuses some shapes (K or N not a multiple of 16) and
 row-wise scales with an output other than bfloat16: those run this file's Triton kernel in its per-channel mode.
 
 128 x 128 blocks (DeepSeek-V3, Qwen3-FP8): activations quantized per token per group of the block's K size, then the
@@ -28,11 +29,11 @@ from radixlm.runtime.kernels.quant import fp8_act, fp8_w8a16, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import FP8_DTYPE, dequant_fp8
 
 SCALED_MM_ALIGN = 16
-# Fewer rows than this run the Triton kernel's per-channel mode instead of _scaled_mm: at decode its split K keeps
-# every SM streaming weight, where a 64 x 128-tile GEMM of the 8B model's o_proj has 32 tiles for 132 SMs. A lead,
-# not yet a measurement: benchmarks/kernels/quant_gemm.py times the default beside both kernels at every row count
-# ("fp8_channel", "fp8_channel_triton", "fp8_channel_scaled_mm").
-SCALED_MM_MIN_ROWS = 17
+# Fewer rows than this run the Triton kernel's per-channel mode instead of _scaled_mm (past the weight-only kernel's
+# 16 rows). On the H200 (benchmarks/results/kernels/h200/quant_gemm_h200.json, one layer of Llama-3.1-8B) the Triton
+# kernel took 113.5 us at 32 rows against _scaled_mm's 142.4, and 166.8 against 138.3 at 64; from 8 to 32 rows it
+# won every shape.
+SCALED_MM_MIN_ROWS = 33
 
 
 @dataclass(frozen=True)
