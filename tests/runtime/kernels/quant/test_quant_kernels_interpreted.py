@@ -1,7 +1,7 @@
 """The quantized GEMMs' Triton kernels (kernels/quant: fp8_act, fp8_gemm, fp8_w8a16, int4_gemm, int4_gemv, splitk)
-against reference.py on small shapes, on the CPU under TRITON_INTERPRET=1 in a subprocess: every row bucket's tile config, split K, K and N
-past a tile, bias, act-order permutation, static activation scales, and torch._scaled_mm's call as the CUDA path
-makes it."""
+against reference.py on small shapes, on the CPU under TRITON_INTERPRET=1 in a subprocess: every row bucket's tile
+config, split K, K and N past a tile, bias, act-order permutation, static activation scales, and torch._scaled_mm's
+call as the CUDA path makes it."""
 from __future__ import annotations
 
 import pytest
