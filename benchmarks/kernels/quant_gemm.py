@@ -260,8 +260,8 @@ def main() -> None:
                           "fp8_channel_scaled_mm": "the same, torch._scaled_mm (row-wise scales) at every row count",
                           "fp8_block": "128x128 weight blocks: the weight-only kernel up to 16 rows, past it "
                                        "per-token-group activations and the W8A8 Triton kernel",
-                          "w4a16": f"INT4 asymmetric, group {GROUP}, bf16 scales/zeros, Triton (GEMV up to "
-                                   f"int4_gemv.GEMV_MAX_ROWS rows)",
+                          "w4a16": f"INT4 asymmetric, group {GROUP}, bf16 scales/zeros, Triton (the GEMV up to "
+                                   f"int4_gemv.GEMV_MAX_ROWS rows, by default none; then the tensor cores)",
                           "w4a16_mma": "the same, the tensor-core kernel where the GEMV runs"},
               "cells": [], "correctness": [], "layer": []}
     torch.manual_seed(0)

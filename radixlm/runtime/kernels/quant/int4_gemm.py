@@ -10,8 +10,8 @@ permutation gathers the activation's channels in the loads.
 
 Where the K tile is 128 channels (group sizes that are multiples of 128, or one group: the checkpoints' usual 128),
 _w4a16_nibbles_kernel runs instead: the same result from eight dots per tile, one per nibble, with no reshape and the
-dequantization in packed 16-bit arithmetic (its docstring). Up to int4_gemv.GEMV_MAX_ROWS rows run int4_gemv.py's
-kernel on the CUDA cores; up to 64 rows the tensor-core kernels split K across programs (tiles.split_k) so that every
+dequantization in packed 16-bit arithmetic (its docstring). Up to int4_gemv.GEMV_MAX_ROWS rows (none by default) run
+int4_gemv.py's kernel on the CUDA cores; up to 64 rows the tensor-core kernels split K across programs (tiles.split_k) so that every
 SM streams weight; larger buckets take wider tiles. Capturable in CUDA graphs: its
 allocations (output, split-K partials) have one size per row count, and nothing syncs with the host."""
 from __future__ import annotations

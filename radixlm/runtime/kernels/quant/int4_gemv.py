@@ -1,4 +1,4 @@
-"""W4A16 for the fewest rows of decode (up to GEMV_MAX_ROWS by default, GEMV_ROWS_LIMIT at most), on CUDA cores
+"""W4A16 for the fewest rows of decode (GEMV_MAX_ROWS by default: none, GEMV_ROWS_LIMIT at most), on CUDA cores
 (Triton): reference.int4_linear's result, without the tensor cores.
 
 At one row the tensor-core kernel (int4_gemm.py) spends about nine instructions a weight: unpack, (q - z) * s, the
@@ -24,13 +24,14 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.quant import splitk, tiles
 
-# The default: up to this many rows the GEMV, past it the tensor cores. The K loop's sm_90a SASS, instructions a weight:
-# this kernel 5.8 at one row, 8.1 at two, 12.8 at four, 22.2 at eight; int4_gemm._w4a16_nibbles_kernel 4.8 at any
-# row count up to 16 (plus a split-K reduction launch). On the H200 the GEMV took 107 us for a layer at one row, 4.4x
-# its bytes floor: it is bound by latency, not instructions. A lead, not a measurement:
-# benchmarks/kernels/quant_gemm.py times "w4a16_mma" (the tensor cores forced at one row) and "w4a16_gemv" (the GEMV
-# forced at 4-16 rows) beside the default.
-GEMV_MAX_ROWS = 1
+# The default: up to this many rows the GEMV, past it the tensor cores; 0: the tensor cores at every row count. The K
+# loop's sm_90a SASS, instructions a weight: this kernel 5.8 at one row, 8.1 at two, 12.8 at four, 22.2 at eight;
+# int4_gemm._w4a16_nibbles_kernel 4.8 at any row count up to 16. On the H200 this GEMV took 107 us for a layer at one
+# row, 4.4x its bytes floor (gate_up: 1.1 TB/s): bound by the bytes it keeps in flight (two 4 KB tiles a program,
+# ~27 KB an SM at gate_up), not by instructions; the nibbles kernel's 4-stage pipeline keeps ~54-64 KB an SM in
+# flight on these shapes. A lead, not a measurement: benchmarks/kernels/quant_gemm.py times "w4a16_gemv" (this kernel
+# forced at 1-16 rows) beside the default, and flags it where it is faster (set this to 1 then).
+GEMV_MAX_ROWS = 0
 GEMV_ROWS_LIMIT = 16
 
 

@@ -121,19 +121,19 @@ def int4_cases(g: torch.Generator) -> None:
         qw, sc, zs = ref.quant_int4(torch.randn(n, k, generator=g) * 0.05, group, symmetric=symmetric)
         b = torch.randn(n, generator=g)
         perm = torch.randperm(k, generator=g)
-        for m in (1, 3, 5, 20):  # the GEMV at 1 row, the tensor cores at 3, 5 (16-row tiles), 20 (64)
+        for m in (1, 3, 5, 20):  # the tensor cores: 16-row tiles (1, 3, 5), 64-row (20)
             x = torch.randn(m, k, generator=g)
             _close(int4_gemm.w4a16_linear(x, qw, sc, zs, group), ref.int4_linear(x, qw, sc, zs, group), 1e-4)
             _close(int4_gemm.w4a16_linear(x, qw, sc, zs, group, perm, b),
                    ref.int4_linear(x, qw, sc, zs, group, perm, b), 1e-4)
-    for m in (1, 9):  # the GEMV, the nibbles kernel's 16-bit magic numbers
+    for m in (1, 9):  # the nibbles kernel's 16-bit magic numbers
         x = torch.randn(m, 256, generator=g).to(torch.float16)  # (bfloat16 dots are wrong in the interpreter)
         qw, sc, zs = ref.quant_int4(torch.randn(64, 256, generator=g) * 0.05, 128, dtype=torch.float16)
         _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 128), ref.int4_linear(x, qw, sc, zs, 128), 2e-2)
     # the GEMV forced at the tensor-core kernel's row counts (the 8- and 16-row buckets), and that kernel at the
     # GEMV's (what the benchmark times beside the defaults)
     qw, sc, zs = ref.quant_int4(torch.randn(40, 128, generator=g) * 0.05, 32)
-    for m in (3, 6, 11):  # ROWS 4, 8, 16
+    for m in (1, 2, 3, 6, 11):  # ROWS 1, 2, 4, 8, 16
         x = torch.randn(m, 128, generator=g)
         _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 32, gemv_max_rows=16), ref.int4_linear(x, qw, sc, zs, 32), 1e-4)
     qw, sc, zs = ref.quant_int4(torch.randn(64, 256, generator=g) * 0.05, 32)
