@@ -130,12 +130,15 @@ def int4_cases(g: torch.Generator) -> None:
         x = torch.randn(m, 256, generator=g).to(torch.float16)  # (bfloat16 dots are wrong in the interpreter)
         qw, sc, zs = ref.quant_int4(torch.randn(64, 256, generator=g) * 0.05, 128, dtype=torch.float16)
         _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 128), ref.int4_linear(x, qw, sc, zs, 128), 2e-2)
-    # the GEMV forced at the tensor-core kernel's row counts (the 8- and 16-row buckets), and that kernel at the
-    # GEMV's (what the benchmark times beside the defaults)
-    qw, sc, zs = ref.quant_int4(torch.randn(40, 128, generator=g) * 0.05, 32)
-    for m in (1, 2, 3, 6, 11):  # ROWS 1, 2, 4, 8, 16
-        x = torch.randn(m, 128, generator=g)
-        _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 32, gemv_max_rows=16), ref.int4_linear(x, qw, sc, zs, 32), 1e-4)
+    # the GEMV (off by default) forced at every decode bucket, group 128 and 32 (what the benchmark times beside the
+    # defaults), with an act-order permutation and bias
+    for k, group in ((256, 128), (128, 32)):
+        qw, sc, zs = ref.quant_int4(torch.randn(40, k, generator=g) * 0.05, group)
+        perm, b = torch.randperm(k, generator=g), torch.randn(40, generator=g)
+        for m in (1, 2, 3, 6, 11):  # ROWS 1, 2, 4, 8, 16
+            x = torch.randn(m, k, generator=g)
+            _close(int4_gemm.w4a16_linear(x, qw, sc, zs, group, perm, b, gemv_max_rows=16),
+                   ref.int4_linear(x, qw, sc, zs, group, perm, b), 1e-4)
     qw, sc, zs = ref.quant_int4(torch.randn(64, 256, generator=g) * 0.05, 32)
     x = torch.randn(2, 256, generator=g)
     _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 32, gemv_max_rows=0), ref.int4_linear(x, qw, sc, zs, 32), 1e-4)
