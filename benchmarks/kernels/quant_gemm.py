@@ -1,18 +1,20 @@
 """The quantized GEMMs (radixlm/runtime/kernels/quant) against bf16 on Llama-3.1-8B's four linear shapes, one device
-call: F.linear (cuBLAS) vs FP8 per-channel (per-token activations; Triton at decode, torch._scaled_mm past 16 rows)
-vs FP8 128x128 blocks (Triton w8a8) vs W4A16 (INT4, group 128; Triton) at 1, 8, 32, 64, 256 rows. Each figure is the
+call: F.linear (cuBLAS) vs FP8 per-channel and 128x128 blocks (up to 16 rows the weight-only kernel fp8_w8a16.py,
+past it per-token activations and torch._scaled_mm / Triton W8A8) vs W4A16 (INT4, group 128; Triton GEMV or tensor
+cores) at 1, 4, 8, 16, 32, 64, 256 rows, each default beside the kernels it chose against (forced formats; the
+last table names each default's path per row bucket and flags a faster forced one). Each figure is the
 device time of one whole kernels.quant call (activation quantization and split-K reduction included) from CUDA-graph
 replays over distinct weight copies (benchmarks/lib/gpu_timing.py: no L2 hits, no launch gaps), beside its bytes
 floor (weight with its scales + input and output activations, at 4.8 TB/s); then one layer's four GEMMs summed per
 row count and their ratio to bf16's; and each format's output against kernels/quant/reference.py (max |error| /
 max |reference|).
 
-    python3 benchmarks/kernels/quant_gemm.py --out $OUT            # writes $OUT/quant_gemm.json, ~2-3 min on an H200
+    python3 benchmarks/kernels/quant_gemm.py --out $OUT            # writes $OUT/quant_gemm.json, ~4-6 min on an H200
     python benchmarks/kernels/quant_gemm.py --dry --out /tmp       # the script's logic on the CPU: tiny shapes, the
                                                                    # reference path, wall-clock times
     python3 benchmarks/kernels/quant_gemm.py --sweep --out $OUT    # decode tile configs instead (quant_gemm_sweep.json)
-                                                                   # the INT4 GEMV at 1 row, the INT4 tensor-core and
-                                                                   # FP8 block kernels at 8 rows; ~3 min
+                                                                   # the INT4 GEMV at 1, 4, 8 rows, the FP8 weight-only
+                                                                   # kernel (channel, block) at 1, 4, 8 rows; ~3 min
     TRITON_INTERPRET=1 python benchmarks/kernels/quant_gemm.py --sweep --dry --shapes o_proj --out /tmp   # its logic
 """
 from __future__ import annotations
@@ -32,15 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.lib.gpu_timing import SHAPES, graph_us, within_budget  # noqa: E402
 from radixlm.runtime.kernels import quant  # noqa: E402
 from radixlm.runtime.kernels.quant import reference as ref  # noqa: E402
-from radixlm.runtime.kernels.quant.tiles import ROW_BUCKETS  # noqa: E402
-
-GEMV_MAX_ROWS = ROW_BUCKETS[1]  # int4_gemv.GEMV_MAX_ROWS (that module needs Triton; --dry runs without a GPU)
+from radixlm.runtime.kernels.quant.tiles import ROW_BUCKETS, bucket_of  # noqa: E402
 
 LAYER = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-# fp8_channel_triton, fp8_channel_scaled_mm and w4a16_mma: one kernel forced, to check the defaults' choices (the
-# Triton per-channel FP8 mode, or torch._scaled_mm, at every row count; the INT4 tensor-core kernel where the GEMV
-# runs, 1-2 rows).
-FORMATS = ("bf16", "fp8_channel", "fp8_channel_triton", "fp8_channel_scaled_mm", "fp8_block", "w4a16", "w4a16_mma")
+# The formats' defaults (fp8_channel, fp8_block, w4a16), then kernels forced, to check the defaults' choices:
+# the W8A8 paths where the weight-only FP8 kernel runs (fp8_*_w8a8, up to 16 rows), the Triton per-channel FP8 mode
+# or torch._scaled_mm at every row count, the INT4 tensor-core kernel where the GEMV runs and the GEMV where the
+# tensor-core kernel runs (up to 16 rows).
+FORMATS = ("bf16", "fp8_channel", "fp8_channel_w8a8", "fp8_channel_triton", "fp8_channel_scaled_mm", "fp8_block",
+           "fp8_block_w8a8", "w4a16", "w4a16_mma", "w4a16_gemv")
+DECODE_ONLY = ("fp8_channel_w8a8", "fp8_block_w8a8", "w4a16_mma", "w4a16_gemv")  # forced up to DECODE_ROWS rows (timed)
+DECODE_ROWS = 16
 HBM_TB_S = 4.8  # the H200's HBM3e, by the datasheet
 GROUP = 128
 BLOCK = (128, 128)
@@ -49,7 +53,7 @@ TOLERANCE = 2e-2
 
 
 def weight_bytes(fmt: str, n: int, k: int) -> int:
-    fmt = fmt.removesuffix("_mma")
+    fmt = fmt.removesuffix("_mma").removesuffix("_gemv").removesuffix("_w8a8")
     if fmt == "bf16":
         return 2 * n * k
     if fmt.startswith("fp8_channel"):
@@ -71,11 +75,13 @@ def make_formats(n: int, k: int, device: str) -> dict[str, list]:
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
         made["bf16"].append(w)
         made["fp8_channel"].append(ref.quant_fp8(w, per_channel=True))
-        made["fp8_channel_triton"].append(made["fp8_channel"][-1])
-        made["fp8_channel_scaled_mm"].append(made["fp8_channel"][-1])
+        for fmt in ("fp8_channel_w8a8", "fp8_channel_triton", "fp8_channel_scaled_mm"):
+            made[fmt].append(made["fp8_channel"][-1])
         made["fp8_block"].append(ref.quant_fp8(w, block=BLOCK))
+        made["fp8_block_w8a8"].append(made["fp8_block"][-1])
         made["w4a16"].append(ref.quant_int4(w, GROUP, dtype=torch.bfloat16))
         made["w4a16_mma"].append(made["w4a16"][-1])
+        made["w4a16_gemv"].append(made["w4a16"][-1])
     return made
 
 
@@ -84,6 +90,11 @@ def call(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
         return F.linear(x, weight)
     if fmt == "fp8_channel":
         return quant.fp8_linear(x, *weight)
+    if fmt in ("fp8_channel_w8a8", "fp8_block_w8a8"):  # the W8A8 paths at every row count
+        block = BLOCK if fmt == "fp8_block_w8a8" else None
+        if not x.is_cuda:
+            return quant.fp8_linear(x, *weight, block)
+        return quant.fp8_linear_cuda(x, *weight, block, w8a16_max_rows=0)
     if fmt == "fp8_channel_triton":  # the Triton kernel's per-channel mode at every row count
         if not x.is_cuda:
             return quant.fp8_linear(x, *weight)
@@ -96,18 +107,20 @@ def call(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
         return quant.fp8_linear(x, *weight, BLOCK)
     if fmt == "w4a16_mma" and x.is_cuda:
         return quant.w4a16_linear(x, *weight, GROUP, gemv_max_rows=0)
+    if fmt == "w4a16_gemv" and x.is_cuda:
+        return quant.w4a16_linear(x, *weight, GROUP, gemv_max_rows=DECODE_ROWS)
     return quant.int4_linear(x, *weight, GROUP)
 
 
 def reference(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
-    """What the format's call computes (on CPU, --dry: activations are not quantized there)."""
-    if fmt.startswith("fp8") and not x.is_cuda:
-        return ref.fp8_linear(x, *weight, BLOCK if fmt == "fp8_block" else None)
-    if fmt.startswith("fp8_channel"):
-        return ref.fp8_linear_w8a8(x, *weight)
-    if fmt == "fp8_block":
-        return ref.fp8_linear_w8a8(x, *weight, BLOCK)
-    return ref.int4_linear(x, *weight, GROUP)  # w4a16, w4a16_mma
+    """What the format's call computes (on CPU, --dry, and in the weight-only FP8 kernel: activations not quantized)."""
+    block = BLOCK if fmt.startswith("fp8_block") else None
+    w8a16 = fmt in ("fp8_channel", "fp8_block") and x.shape[0] <= DECODE_ROWS  # fp8_w8a16.W8A16_MAX_ROWS
+    if fmt.startswith("fp8") and (not x.is_cuda or w8a16):
+        return ref.fp8_linear(x, *weight, block)
+    if fmt.startswith("fp8"):
+        return ref.fp8_linear_w8a8(x, *weight, block)
+    return ref.int4_linear(x, *weight, GROUP)  # w4a16, w4a16_mma, w4a16_gemv
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -129,21 +142,35 @@ def wall_us(fn, copies: int) -> float:
 
 def sweep_variants() -> list[tuple[str, int, object]]:
     """(kernel, rows, config) of --sweep: the decode paths' tile configs around the defaults."""
-    from radixlm.runtime.kernels.quant import fp8_gemm, int4_gemm, int4_gemv
+    from radixlm.runtime.kernels.quant import fp8_w8a16, int4_gemm, int4_gemv
 
     out: list[tuple[str, int, object]] = []
     for bn in (32, 64, 128):
         for per_sm in (2, 4, 8):
             out.append(("w4a16", 1, int4_gemv.GemvConfig(bn, 128, 4, 1, per_sm, 2)))
-        for stages in (3, 4, 6):
-            out.append(("w4a16", 8, int4_gemm.TileConfig(16, bn, 4, stages, True)))
-            out.append(("fp8_block", 8, fp8_gemm.TileConfig(16, bn, 4, stages, True)))
+        out.append(("w4a16", 1, int4_gemv.GemvConfig(bn, 128, 8, 1, 4, 2)))
+        out.append(("w4a16", 4, int4_gemv.GemvConfig(bn, 128, 4, 1, 4, 2)))
+        out.append(("w4a16", 8, int4_gemv.GemvConfig(bn, 128, 4, 1, 4, 2)))
+    for m, bm in ((8, 16), (64, 64)):  # the tensor-core kernels (nibbles or reshaping)
+        for bn, warps, stages, nibbles in ((128, 4, 4, True), (64, 4, 4, True), (256, 8, 3, True), (128, 8, 3, True),
+                                           (128, 4, 3, True), (64, 4, 4, False), (128, 4, 3, False)):
+            out.append(("w4a16", m, int4_gemm.TileConfig(bm, bn, warps, stages, True, nibbles)))
+    for kernel in ("fp8_channel", "fp8_block"):  # (config, the CUDA-core mode's rows)
+        for bn, bk, warps, stages in ((16, 512, 1, 4), (16, 256, 1, 6), (16, 512, 2, 3), (32, 256, 2, 4),
+                                      (32, 256, 1, 4), (32, 128, 2, 6), (64, 128, 4, 4), (32, 512, 4, 3)):
+            cfg = fp8_w8a16.W8A16Config(bn, bk, warps, stages)
+            out += [(kernel, 1, (cfg, 0)), (kernel, 8, (cfg, 0))]
+        for bn, bk, warps in ((8, 1024, 4), (16, 512, 4), (16, 1024, 8), (32, 256, 4)):
+            cfg = fp8_w8a16.W8A16Config(bn, bk, warps, 1)
+            out += [(kernel, 1, (cfg, 4)), (kernel, 4, (cfg, 4))]
     return out
 
 
 def sweep(args, t0: float, device: str, timer) -> dict:
     """--sweep (with --dry: under TRITON_INTERPRET=1 on the CPU, tiny shapes, wall clock)."""
     import dataclasses
+
+    from radixlm.runtime.kernels.quant import fp8_w8a16, int4_gemv
 
     result = {"benchmark": "quant_gemm_sweep", "gpu": "cpu (dry)" if args.dry else torch.cuda.get_device_name(),
               "command": " ".join(sys.argv), "tree": tree(), "hbm_tb_s": HBM_TB_S, "cells": []}
@@ -155,16 +182,20 @@ def sweep(args, t0: float, device: str, timer) -> dict:
         for kernel, m, cfg in variants:
             x = torch.randn(m, k, device=device, dtype=torch.float32 if args.dry else torch.bfloat16)
             ws = made[kernel]
-            if kernel == "w4a16":
-                kw = {"gemv_cfg": cfg} if m <= GEMV_MAX_ROWS else {"cfg": cfg}
+            if kernel == "w4a16":  # a GemvConfig: the GEMV forced at every row count swept; else the tensor cores
+                kw = ({"gemv_cfg": cfg, "gemv_max_rows": DECODE_ROWS} if isinstance(cfg, int4_gemv.GemvConfig)
+                      else {"cfg": cfg, "gemv_max_rows": 0})
                 fn = lambda i, kw=kw: quant.w4a16_linear(x, *ws[i], GROUP, **kw)  # noqa: E731
             else:
-                from radixlm.runtime.kernels.quant import fp8_gemm
-
-                fn = lambda i, cfg=cfg: fp8_gemm.fp8_block_linear(x, *ws[i], BLOCK, None, cfg)  # noqa: E731
+                block = BLOCK if kernel == "fp8_block" else None
+                wcfg, fma_rows = cfg
+                fn = lambda i, wcfg=wcfg, block=block, fma_rows=fma_rows: fp8_w8a16.w8a16_linear(  # noqa: E731
+                    x, *ws[i], block, None, wcfg, fma_rows)
             err = rel_err(fn(0), reference(kernel, x, ws[0]))
             us = timer(fn, copies)
-            result["cells"].append({"kernel": kernel, "shape": name, "rows": m, "config": dataclasses.asdict(cfg),
+            config = (dataclasses.asdict(cfg[0]) | {"fma_max_rows": cfg[1]} if isinstance(cfg, tuple)
+                      else dataclasses.asdict(cfg))
+            result["cells"].append({"kernel": kernel, "shape": name, "rows": m, "config": config,
                                     "us": us, "floor_us": floor_us(kernel, n, k, m), "rel_err": err})
         del made
         if not args.dry:
@@ -196,9 +227,9 @@ def tree() -> str | None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64, 256])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64, 256])
     p.add_argument("--shapes", nargs="+", default=list(LAYER), choices=list(LAYER))
-    p.add_argument("--budget-s", type=float, default=220.0, help="stop starting shapes after this many seconds")
+    p.add_argument("--budget-s", type=float, default=380.0, help="stop starting shapes after this many seconds")
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="directory of quant_gemm.json")
     p.add_argument("--dry", action="store_true", help="on the CPU: tiny shapes, the reference path, wall clock")
     p.add_argument("--sweep", action="store_true", help="time the decode paths' tile configs instead")
@@ -218,12 +249,19 @@ def main() -> None:
     result = {"benchmark": "quant_gemm", "gpu": "cpu (dry)" if args.dry else torch.cuda.get_device_name(),
               "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv),
               "tree": tree(), "hbm_tb_s": HBM_TB_S,
-              "formats": {"fp8_channel": "per-channel weight scales, per-token activations: the Triton kernel up to "
-                                         "16 rows (split K), torch._scaled_mm from 17 (fp8_gemm.SCALED_MM_MIN_ROWS)",
+              "formats": {"fp8_channel": "per-channel weight scales: up to 16 rows the weight-only kernel "
+                                         "(fp8_w8a16.py, bf16 activations), past it per-token activations and "
+                                         "the Triton W8A8 kernel, torch._scaled_mm from fp8_gemm.SCALED_MM_MIN_ROWS",
+                          "fp8_channel_w8a8": "the same, the W8A8 paths at every row count (the previous default: "
+                                              "the Triton kernel with split K up to 16 rows)",
+                          "fp8_block_w8a8": "fp8_block's W8A8 Triton kernel at every row count",
+                          "w4a16_gemv": "w4a16's CUDA-core GEMV forced up to 16 rows",
                           "fp8_channel_triton": "the same, the Triton kernel's per-channel mode at every row count",
                           "fp8_channel_scaled_mm": "the same, torch._scaled_mm (row-wise scales) at every row count",
-                          "fp8_block": "128x128 weight blocks, per-token-group activations, Triton",
-                          "w4a16": f"INT4 asymmetric, group {GROUP}, bf16 scales/zeros, Triton (GEMV at 1-2 rows)",
+                          "fp8_block": "128x128 weight blocks: the weight-only kernel up to 16 rows, past it "
+                                       "per-token-group activations and the W8A8 Triton kernel",
+                          "w4a16": f"INT4 asymmetric, group {GROUP}, bf16 scales/zeros, Triton (the GEMV up to "
+                                   f"int4_gemv.GEMV_MAX_ROWS rows, by default none; then the tensor cores)",
                           "w4a16_mma": "the same, the tensor-core kernel where the GEMV runs"},
               "cells": [], "correctness": [], "layer": []}
     torch.manual_seed(0)
@@ -234,7 +272,7 @@ def main() -> None:
         for m in args.rows:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             for fmt in FORMATS:
-                if fmt == "w4a16_mma" and m > GEMV_MAX_ROWS:
+                if not timed(fmt, m, args.dry):
                     continue
                 ws = made[fmt]
                 us = timer(lambda i, fmt=fmt, ws=ws: call(fmt, x, ws[i]), copies)
@@ -265,8 +303,65 @@ def main() -> None:
             row[f"{fmt}_vs_bf16"] = row[f"{fmt}_us"] / row["bf16_us"]
         result["layer"].append(row)
     result["wall_s"] = time.perf_counter() - t0
+    try:
+        result["defaults"] = {m: default_paths(m) for m in args.rows}
+    except ImportError:  # --dry without Triton
+        pass
     out.write_text(json.dumps(result, indent=1) + "\n")
     print_table(result)
+    if "defaults" in result:
+        print_defaults(result)
+
+
+def timed(fmt: str, m: int, dry: bool) -> bool:
+    """Whether a forced format is timed at m rows: only where it differs from the default."""
+    if fmt not in DECODE_ONLY:
+        return True
+    if m > DECODE_ROWS:
+        return False
+    if dry:
+        return True
+    from radixlm.runtime.kernels.quant import int4_gemv
+
+    gemv = m <= int4_gemv.GEMV_MAX_ROWS
+    return (fmt == "w4a16_mma" and gemv) or (fmt == "w4a16_gemv" and not gemv) or fmt.endswith("_w8a8")
+
+
+def default_paths(m: int) -> dict[str, str]:
+    """The kernel each format's default takes at m rows (the modules' thresholds), and the forced formats that time
+    the alternative."""
+    from radixlm.runtime.kernels.quant import fp8_gemm, fp8_w8a16, int4_gemv
+
+    bound = ROW_BUCKETS[bucket_of(m)]
+    if m <= fp8_w8a16.W8A16_MAX_ROWS:
+        fp8 = "w8a16 tensor-cores"  # (fp8_w8a16.w8a16_linear's fma_max_rows: 0; --sweep times the CUDA cores)
+        channel, block = fp8, fp8
+    else:
+        channel = "w8a8 _scaled_mm" if m >= fp8_gemm.SCALED_MM_MIN_ROWS else "w8a8 triton"
+        block = "w8a8 triton"
+    w4 = "gemv" if m <= int4_gemv.GEMV_MAX_ROWS else "tensor-cores (nibbles)"
+    return {"bucket": bound or "more", "fp8_channel": channel, "fp8_block": block, "w4a16": w4}
+
+
+ALTERNATIVES = {"fp8_channel": ("fp8_channel_w8a8", "fp8_channel_triton", "fp8_channel_scaled_mm"),
+                "fp8_block": ("fp8_block_w8a8",), "w4a16": ("w4a16_mma", "w4a16_gemv")}
+
+
+def print_defaults(result: dict) -> None:
+    """Per row count: each format's default path and its layer time beside the forced alternatives'."""
+    print("\ndefaults by row bucket: one layer's us, default (path) vs forced alternatives")
+    for row in result["layer"]:
+        m = row["rows"]
+        paths = default_paths(m)
+        parts = []
+        for fmt, alts in ALTERNATIVES.items():
+            if f"{fmt}_us" not in row:
+                continue
+            best = min((a for a in (fmt, *alts) if f"{a}_us" in row), key=lambda a: row[f"{a}_us"])
+            parts.append(f"{fmt} [{paths[fmt]}] {row[f'{fmt}_us']:.1f}" + "".join(
+                f" | {a} {row[f'{a}_us']:.1f}" for a in alts if f"{a}_us" in row)
+                + ("" if best == fmt else f"  <- {best} faster"))
+        print(f"rows {m:>4} (bucket {paths['bucket']}): " + ";  ".join(parts))
 
 
 def print_table(result: dict) -> None:

@@ -1,14 +1,18 @@
 """FP8 weight GEMMs on CUDA, checked against reference.fp8_linear_w8a8 (their arithmetic) and reference.fp8_linear.
 
 Per-tensor and per-channel weights: the activations are quantized per token (or with the checkpoint's static input
-scale: fp8_act.py), then cuBLASLt multiplies them (torch._scaled_mm: row-wise scales (M, 1) x (1, N), or two scalars
-when both are per tensor), the bias added after. _scaled_mm refuses some shapes (K or N not a multiple of 16) and
+scale: fp8_act.py), then from SCALED_MM_MIN_ROWS rows cuBLASLt multiplies them (torch._scaled_mm: row-wise scales
+(M, 1) x (1, N), or two scalars when both are per tensor), the bias added after; fewer rows run this file's Triton
+kernel in its per-channel mode (split K). _scaled_mm refuses some shapes (K or N not a multiple of 16) and
 row-wise scales with an output other than bfloat16: those run this file's Triton kernel in its per-channel mode.
 
 128 x 128 blocks (DeepSeek-V3, Qwen3-FP8): activations quantized per token per group of the block's K size, then the
 Triton kernel below (w8a8 block-scaled: each K tile is one block column, its product scaled by the rows' group scales
 times the weight block's scale). Tile configs by row bucket (tiles.ROW_BUCKETS): the decode buckets take narrow N tiles
 and split K (tiles.split_k) so that every SM streams weight; from 65 rows, 64 x 128 and then 128 x 128 tiles.
+
+Up to fp8_w8a16.W8A16_MAX_ROWS rows (decode), fp8_linear_cuda runs none of the above but the weight-only kernel of
+fp8_w8a16.py (bf16/fp16 activations, not quantized: reference.fp8_linear's arithmetic, one launch).
 
 Every path is capturable in a CUDA graph: no host syncs, and its allocations (outputs, quantized activations, split-K
 partials) have the same sizes at every replay of one row count."""
@@ -21,15 +25,15 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from radixlm.runtime.kernels.quant import fp8_act, splitk, tiles
+from radixlm.runtime.kernels.quant import fp8_act, fp8_w8a16, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import FP8_DTYPE, dequant_fp8
 
 SCALED_MM_ALIGN = 16
-# Fewer rows than this run the Triton kernel's per-channel mode instead of _scaled_mm: at decode its split K keeps
-# every SM streaming weight, where a 64 x 128-tile GEMM of the 8B model's o_proj has 32 tiles for 132 SMs. A lead,
-# not yet a measurement: benchmarks/kernels/quant_gemm.py times the default beside both kernels at every row count
-# ("fp8_channel", "fp8_channel_triton", "fp8_channel_scaled_mm").
-SCALED_MM_MIN_ROWS = 17
+# Fewer rows than this run the Triton kernel's per-channel mode instead of _scaled_mm (past the weight-only kernel's
+# 16 rows). On the H200 (benchmarks/results/kernels/h200/quant_gemm_h200.json, one layer of Llama-3.1-8B) the Triton
+# kernel took 113.5 us at 32 rows against _scaled_mm's 142.4, and 166.8 against 138.3 at 64; from 8 to 32 rows it
+# won every shape.
+SCALED_MM_MIN_ROWS = 33
 
 
 @dataclass(frozen=True)
@@ -41,9 +45,10 @@ class TileConfig:
     split: bool  # split K across programs (tiles.split_k) where the output tiles are few
 
 
-# By row bucket (tiles.ROW_BUCKETS: 1, 2, <= 16, <= 64, <= 256, more rows). BLOCK_K is the weight block's K size (128).
-FP8_CONFIGS = (TileConfig(16, 64, 4, 4, True), TileConfig(16, 64, 4, 4, True), TileConfig(16, 64, 4, 4, True),
-               TileConfig(32, 64, 4, 4, True), TileConfig(64, 128, 4, 3, False), TileConfig(128, 128, 8, 3, False))
+# By row bucket (tiles.ROW_BUCKETS: 1, 2, 4, 8, 16, <= 64, <= 256, more rows). BLOCK_K is the weight block's K size.
+_DECODE = TileConfig(16, 64, 4, 4, True)
+FP8_CONFIGS = (_DECODE,) * 5 + (TileConfig(32, 64, 4, 4, True), TileConfig(64, 128, 4, 3, False),
+                                TileConfig(128, 128, 8, 3, False))
 
 
 @triton.jit(do_not_specialize=["M", "stride_ys"])
@@ -173,8 +178,11 @@ def fp8_scaled_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
 
 
 def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None,
-                    bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """kernels.quant.fp8_linear on CUDA: x (..., K) in bfloat16 or float16 (float32: the dequantizing path)."""
+                    bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
+                    w8a16_max_rows: int = fp8_w8a16.W8A16_MAX_ROWS) -> torch.Tensor:
+    """kernels.quant.fp8_linear on CUDA: x (..., K) in bfloat16 or float16 (float32: the dequantizing path). Up to
+    w8a16_max_rows rows the weight-only kernel (fp8_w8a16.py: the activations are not quantized, a static
+    input_scale is not used), else the W8A8 kernels (benchmarks/kernels/quant_gemm.py forces each)."""
     k = x.shape[-1]
     n = weight.shape[0]
     if weight.dtype != FP8_DTYPE or weight.shape[1] != k:
@@ -189,6 +197,8 @@ def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     if x.dtype not in (torch.bfloat16, torch.float16) or not fp8_supported(x.device) or (
             block is not None and not block_shape_ok(block)):
         y = F.linear(x2, dequant_fp8(weight, scale, block, x.dtype), bias)
+    elif x2.shape[0] <= w8a16_max_rows and weight.stride(1) == 1 and fp8_w8a16.takes(x2.shape[0], block):
+        y = fp8_w8a16.w8a16_linear(x2, weight, scale, block, bias)
     elif block is not None:
         y = fp8_block_linear(x2, weight, scale, block, bias)
     else:

@@ -8,9 +8,11 @@ are one row of (K // g, N). The weight is dequantized in the K loop as the refer
 rounded to the activation dtype, and multiplied on the tensor cores (tl.dot) with float32 accumulation. An act-order
 permutation gathers the activation's channels in the loads.
 
-One or two rows run int4_gemv.py's kernel on the CUDA cores (fewer instructions a weight); up to 16 rows BLOCK_M 16
-with narrow N tiles and K split across programs (tiles.split_k) so that every SM streams weight; larger buckets take
-wider tiles. Capturable in CUDA graphs: its
+Where the K tile is 128 channels (group sizes that are multiples of 128, or one group: the checkpoints' usual 128),
+_w4a16_nibbles_kernel runs instead: the same result from eight dots per tile, one per nibble, with no reshape and the
+dequantization in packed 16-bit arithmetic (its docstring). Up to int4_gemv.GEMV_MAX_ROWS rows (none by default) run
+int4_gemv.py's kernel on the CUDA cores; up to 64 rows the tensor-core kernels split K across programs (tiles.split_k) so that every
+SM streams weight; larger buckets take wider tiles. Capturable in CUDA graphs: its
 allocations (output, split-K partials) have one size per row count, and nothing syncs with the host."""
 from __future__ import annotations
 
@@ -34,11 +36,15 @@ class TileConfig:
     num_warps: int
     num_stages: int
     split: bool
+    nibbles: bool = True  # _w4a16_nibbles_kernel where the K tile is NIBBLES_BLOCK_K, else _w4a16_kernel
 
 
-# By row bucket (tiles.ROW_BUCKETS: 1, 2, <= 16, <= 64, <= 256, more rows).
-INT4_CONFIGS = (TileConfig(16, 64, 4, 4, True), TileConfig(16, 64, 4, 4, True), TileConfig(16, 64, 4, 4, True),
-                TileConfig(32, 64, 4, 4, True), TileConfig(64, 128, 4, 3, False), TileConfig(128, 128, 8, 3, False))
+# By row bucket (tiles.ROW_BUCKETS: 1, 2, 4, 8, 16, <= 64, <= 256, more rows). The K loop's sm_90a SASS, instructions
+# a weight (_w4a16_nibbles_kernel; _w4a16_kernel's in parentheses): 16 x 128 tiles 4.8 (16 x 64: 9.1), 64 x 128 on
+# four warps 6.8 (9.1), 128 x 128 on eight 9.6 (10.5); 32 x 128 ran 5.8 but repeats the dequantization per 32 rows.
+_DECODE = TileConfig(16, 128, 4, 4, True)
+INT4_CONFIGS = (_DECODE,) * 5 + (TileConfig(64, 128, 4, 3, True), TileConfig(64, 128, 4, 3, False),
+                                 TileConfig(128, 128, 8, 3, False))
 
 
 @triton.jit(do_not_specialize=["M", "stride_ys"], do_not_specialize_on_alignment=["X"])
@@ -80,10 +86,80 @@ def _w4a16_kernel(X, Perm, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, st
         s = tl.load(S + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         z = tl.load(Z + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         # float(q) without an int-to-float conversion (a quarter-rate instruction that would bound the kernel below
-        # the memory's rate): the bits 0x4B000000 | q are the float 2^23 + q, exactly.
-        q_f = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        w = ((q_f - z[None, :]) * s[None, :]).to(X.dtype.element_ty)
+        # the memory's rate): the bits 0x4B000000 | q are the float 2^23 + q, exactly; minus 2^23 + z (exact for the
+        # formats' integer zeros) it is q - z.
+        q_f = (q | 0x4B000000).to(tl.float32, bitcast=True)
+        w = ((q_f - (z + 8388608.0)[None, :]) * s[None, :]).to(X.dtype.element_ty)
         acc = tl.dot(x, w, acc)
+    y_ptrs = Y + offs_m[:, None] * stride_ym + offs_n[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT:
+        tl.store(y_ptrs + pid_k * stride_ys, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
+
+
+NIBBLES_BLOCK_K = 128  # its K tile: eight dots of BLOCK_K / 8 = 16 channels (the MMA's K)
+_MAGIC = {torch.bfloat16: (0x4300, 128.0, True), torch.float16: (0x6400, 1024.0, True),
+          torch.float32: (0x4B000000, 8388608.0, False)}  # (bits, value, 16-bit): the magic float's
+
+
+@triton.jit(do_not_specialize=["M", "stride_ys"], do_not_specialize_on_alignment=["X"])
+def _w4a16_nibbles_kernel(X, Perm, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, stride_qk, stride_sg,
+                          stride_ym, stride_ys, k_tiles_per_split, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, MAGIC_BITS: tl.constexpr, MAGIC: tl.constexpr, HALF: tl.constexpr):
+    """_w4a16_kernel's result, without unpacking into a [BLOCK_K, BLOCK_N] tile: nibble j of the [BLOCK_K / 8,
+    BLOCK_N] words is the weight of channels 8 kp + j, multiplied by x's columns k0 + 8 kp + j (one tl.dot per j).
+    No reshape, so the dequantized tile reaches the MMA without a scalar round trip through shared memory. In the
+    16-bit dtypes the nibble or-ed into the magic number's mantissa (bf16 0x4300 = 128, fp16 0x6400 = 1024) is the
+    float MAGIC + q, exactly; minus MAGIC + z (exact for zeros in [0, 15], the formats' integers) it is q - z, exact,
+    and one multiplication by s rounds (q - z) s once, as the reference does: three packed 16-bit operations a pair
+    of weights (sm_90a SASS: 4.8 instructions a weight at 16 x 128 tiles, the reshaping kernel's 9.1)."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_kp = tl.arange(0, BLOCK_K // 8)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    t0 = pid_k * k_tiles_per_split
+    t1 = tl.minimum(t0 + k_tiles_per_split, k_tiles)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    w_ty = X.dtype.element_ty if HALF else tl.float32
+    for t in range(t0, t1):
+        k0 = t * BLOCK_K
+        kp = k0 // 8 + offs_kp
+        if EVEN_K:
+            q_mask = n_mask[None, :]
+        else:
+            q_mask = n_mask[None, :] & (kp < K // 8)[:, None]
+        packed = tl.load(QW + kp[:, None] * stride_qk + offs_n[None, :], mask=q_mask, other=0)
+        g = k0 // group_size
+        s = tl.load(S + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(w_ty)
+        zb = (tl.load(Z + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32) + MAGIC).to(w_ty)
+        for j in tl.static_range(8):
+            k = k0 + offs_kp * 8 + j
+            if HAS_PERM:
+                kx = tl.load(Perm + k, mask=k < K, other=0)
+            else:
+                kx = k
+            if EVEN_K:
+                x_mask = m_mask[:, None]
+            else:
+                x_mask = m_mask[:, None] & (k < K)[None, :]
+            x = tl.load(X + offs_m[:, None] * stride_xm + kx[None, :], mask=x_mask, other=0.0)
+            bits = ((packed >> (4 * j)) & 0xF) | MAGIC_BITS
+            if HALF:
+                q_m = bits.to(tl.int16).to(w_ty, bitcast=True)
+            else:
+                q_m = bits.to(tl.float32, bitcast=True)
+            w = ((q_m - zb[None, :]) * s[None, :]).to(X.dtype.element_ty)
+            acc = tl.dot(x, w, acc)
     y_ptrs = Y + offs_m[:, None] * stride_ym + offs_n[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     if SPLIT:
@@ -139,12 +215,17 @@ def w4a16_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     split = tiles.split_k(grid_n * grid_m, triton.cdiv(k, block_k), tiles.sm_count(x2.device), cfg.split)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     out = y if split.splits == 1 else torch.empty(split.splits, m, n, dtype=torch.float32, device=x2.device)
-    _w4a16_kernel[(grid_n, grid_m, split.splits)](
+    nibbles = cfg.nibbles and block_k == NIBBLES_BLOCK_K and x2.dtype in _MAGIC
+    kernel, extra = _w4a16_kernel, {}
+    if nibbles:
+        bits, value, half = _MAGIC[x2.dtype]
+        kernel, extra = _w4a16_nibbles_kernel, {"MAGIC_BITS": bits, "MAGIC": value, "HALF": half}
+    kernel[(grid_n, grid_m, split.splits)](
         x2, perm if perm is not None else qweight, qweight, scales, zeros, bias if bias is not None else y, out, m, n,
         k, group_size, x2.stride(0), qweight.stride(0), scales.stride(0), out.stride(-2),
         out.stride(0) if split.splits > 1 else 0, split.k_tiles_per_split, HAS_PERM=perm is not None,
         HAS_BIAS=bias is not None, SPLIT=split.splits > 1, EVEN_K=k % block_k == 0, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_N=cfg.block_n, BLOCK_K=block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
     if split.splits > 1:
         splitk.reduce_splits(out, bias, y)
     return y

@@ -7,7 +7,8 @@ Layouts (radixlm's own; every checkpoint format is converted to one of them at l
           (ceil(N / bn), ceil(K / bk)) for blocks of bn x bk (`block`); w = weight * scale.
   INT4    qweight (K // 8, N) int32, eight consecutive input channels per int32, channel k in bits 4 * (k % 8)
           (GPTQ's packing); scales and zeros (K // group_size, N) in the model's dtype; w[n, k] =
-          (q[k, n] - zeros[k // group_size, n]) * scales[k // group_size, n]. Act-order checkpoints are stored with
+          (q[k, n] - zeros[k // group_size, n]) * scales[k // group_size, n], zeros integers in [0, 15] (every
+          format's; the CUDA kernels rely on it). Act-order checkpoints are stored with
           their input channels sorted by group; `perm` (K,) gathers the input's channels into that order.
   INT8    weight (N, K) int8, symmetric; scale float32 (N,) per output channel; w = weight * scale (W8A8-INT8:
           activations quantized per token on the GPU path)."""
@@ -68,7 +69,10 @@ def quant_fp8(w: torch.Tensor, block: tuple[int, int] | None = None,
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None,
                bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ dequant(weight).T + bias in x's dtype (activations are not quantized on this path)."""
+    """x @ dequant(weight).T + bias in x's dtype (activations are not quantized on this path). What the CPU path
+    computes, and the CUDA path's weight-only kernel (kernels/quant/fp8_w8a16.py: up to W8A16_MAX_ROWS = 16 rows,
+    the decode batches; a static input scale is not used there), which sums in float32 and rounds once (here the
+    dequantized weight is rounded to x's dtype first)."""
     return F.linear(x, dequant_fp8(weight, scale, block, x.dtype), bias)
 
 
@@ -160,9 +164,10 @@ def dequant_fp8_act(q: torch.Tensor, scale: torch.Tensor, group: int | None = No
 def fp8_linear_w8a8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                     block: tuple[int, int] | None = None, bias: torch.Tensor | None = None,
                     input_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """What the CUDA FP8 GEMMs compute, in float32, returned in x's dtype: the activations quantized (per token group
-    of block[1] channels with block weights, else per token, or with the static input_scale), then multiplied by the
-    dequantized weight."""
+    """What the CUDA FP8 GEMMs compute past W8A16_MAX_ROWS rows (the W8A8 paths: fp8_gemm.py, torch._scaled_mm), in
+    float32, returned in x's dtype: the activations quantized (per token group of block[1] channels with block
+    weights, else per token, or with the static input_scale), then multiplied by the dequantized weight. Fewer rows
+    run the weight-only kernel: fp8_linear's arithmetic."""
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     group = block[1] if block is not None else None

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 
 # Row buckets: a GEMM of m rows runs the config of the first bucket whose bound is >= m (the last: any m).
-# 1 and 2: the INT4 GEMV's row counts (int4_gemv.py); the others pick the tensor-core kernels' tiles.
-ROW_BUCKETS = (1, 2, 16, 64, 256, None)
+# Up to 16: the decode kernels' row counts (int4_gemv.py's and fp8_w8a16.py's ROWS: CUDA graphs pad decode batches
+# to these powers of two); the others pick the tensor-core kernels' tiles.
+ROW_BUCKETS = (1, 2, 4, 8, 16, 64, 256, None)
 MAX_SPLIT = 16
 MIN_K_TILES_PER_SPLIT = 4
 DEFAULT_SMS = 132  # an H200's, for a CPU device (the interpreter tests)

@@ -8,10 +8,11 @@ import torch
 
 from radixlm.runtime.kernels import quant
 from radixlm.runtime.kernels.quant import reference as ref
+from radixlm.runtime.kernels.quant.fp8_w8a16 import W8A16_MAX_ROWS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-ROWS = (1, 2, 8, 33, 100, 300)  # every row bucket (kernels/quant/tiles.py)
+ROWS = (1, 2, 3, 8, 16, 33, 100, 300)  # every row bucket (kernels/quant/tiles.py)
 
 
 def _fp8_ok() -> bool:
@@ -36,21 +37,32 @@ def _fp8_weight(n: int, k: int, mode: str):
 def test_fp8_linear_matches_the_reference(mode, n, k, bias):
     if not _fp8_ok():
         pytest.skip("no FP8 tensor cores")
+    from radixlm.runtime.kernels.quant.fp8_gemm import fp8_linear_cuda
+
     q, s, block = _fp8_weight(n, k, mode)
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if bias else None
     for m in ROWS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         got = quant.fp8_linear(x, q, s, block, b)
-        _close(got, ref.fp8_linear_w8a8(x, q, s, block, b), 2e-2)  # the same arithmetic, other summation order
-        _close(got, ref.fp8_linear(x, q, s, block, b), 8e-2)  # and the activations' FP8 rounding
+        # Up to W8A16_MAX_ROWS the weight-only kernel (activations not quantized: reference.fp8_linear's arithmetic),
+        # past it the W8A8 kernels (fp8_linear_w8a8's); each within the activations' FP8 rounding of the other.
+        exact, other = ((ref.fp8_linear, ref.fp8_linear_w8a8) if m <= W8A16_MAX_ROWS
+                        else (ref.fp8_linear_w8a8, ref.fp8_linear))
+        _close(got, exact(x, q, s, block, b), 2e-2)  # the same arithmetic, other summation order
+        _close(got, other(x, q, s, block, b), 8e-2)
+        if m <= W8A16_MAX_ROWS:  # and the W8A8 path forced
+            _close(fp8_linear_cuda(x, q, s, block, b, w8a16_max_rows=0), ref.fp8_linear_w8a8(x, q, s, block, b), 2e-2)
     if mode != "block":
-        x = torch.randn(5, k, device="cuda", dtype=torch.bfloat16)
-        static = x.float().abs().max() / ref.FP8_MAX
-        _close(quant.fp8_linear(x, q, s, None, b, static), ref.fp8_linear_w8a8(x, q, s, None, b, static), 2e-2)
-        xh = x.half()  # float16: row-wise _scaled_mm gives bfloat16 only -> the Triton kernel
-        bh = b.half() if b is not None else None
-        _close(quant.fp8_linear(xh, q, s, None, bh), ref.fp8_linear_w8a8(xh, q, s, None, bh),
-               2e-2)
+        for m in (5, 40):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            static = x.float().abs().max() / ref.FP8_MAX
+            want = ref.fp8_linear(x, q, s, None, b) if m <= W8A16_MAX_ROWS else ref.fp8_linear_w8a8(
+                x, q, s, None, b, static)
+            _close(quant.fp8_linear(x, q, s, None, b, static), want, 2e-2)
+            xh = x.half()  # float16: row-wise _scaled_mm gives bfloat16 only -> the Triton kernel
+            bh = b.half() if b is not None else None
+            want = (ref.fp8_linear if m <= W8A16_MAX_ROWS else ref.fp8_linear_w8a8)(xh, q, s, None, bh)
+            _close(quant.fp8_linear(xh, q, s, None, bh), want, 2e-2)
 
 
 @pytest.mark.parametrize("n,k,group,perm,bias", [(4096, 4096, 128, False, False), (4096, 14336, 128, True, False),
@@ -87,7 +99,7 @@ def _calls():
 
 def test_every_path_replays_in_a_cuda_graph():
     for name, k, fn in _calls():
-        for m in (1, 2, 8, 100):
+        for m in (1, 2, 4, 8, 16, 100):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             fn(x)
             graph = torch.cuda.CUDAGraph()
@@ -99,9 +111,10 @@ def test_every_path_replays_in_a_cuda_graph():
 
 
 def _built() -> int:
-    from radixlm.runtime.kernels.quant import fp8_act, fp8_gemm, int4_gemm, int4_gemv, splitk
+    from radixlm.runtime.kernels.quant import fp8_act, fp8_gemm, fp8_w8a16, int4_gemm, int4_gemv, splitk
 
     kernels = (fp8_act._quant_rows_kernel, fp8_act._quant_groups_kernel, fp8_gemm._w8a8_kernel,
+               fp8_w8a16._w8a16_kernel, int4_gemm._w4a16_nibbles_kernel,
                int4_gemm._w4a16_kernel, int4_gemv._w4a16_gemv_kernel, splitk._reduce_splits_kernel)
     return sum(len(cache[0]) for k in kernels for cache in k.device_caches.values())
 
@@ -112,7 +125,7 @@ def test_no_build_after_warm_up():
         quant.warm_up_linear(fn, k, torch.bfloat16, "cuda")
     built = _built()
     for _, k, fn in calls:
-        for m in (2, 3, 16, 17, 31, 64, 77, 128, 255, 256, 511, 1000):
+        for m in (2, 3, 4, 6, 8, 12, 16, 17, 31, 64, 77, 128, 255, 256, 511, 1000):
             x = torch.randn(m + 1, k, device="cuda", dtype=torch.bfloat16)[1:]  # rows at an odd offset too
             fn(x)
     assert _built() == built

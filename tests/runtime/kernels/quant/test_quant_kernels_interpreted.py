@@ -1,7 +1,7 @@
-"""The quantized GEMMs' Triton kernels (kernels/quant: fp8_act, fp8_gemm, int4_gemm, splitk) against reference.py on
-small shapes, on the CPU under TRITON_INTERPRET=1 in a subprocess: every row bucket's tile config, split K, K and N
-past a tile, bias, act-order permutation, static activation scales, and torch._scaled_mm's call as the CUDA path
-makes it."""
+"""The quantized GEMMs' Triton kernels (kernels/quant: fp8_act, fp8_gemm, fp8_w8a16, int4_gemm, int4_gemv, splitk)
+against reference.py on small shapes, on the CPU under TRITON_INTERPRET=1 in a subprocess: every row bucket's tile
+config, split K, K and N past a tile, bias, act-order permutation, static activation scales, and torch._scaled_mm's
+call as the CUDA path makes it."""
 from __future__ import annotations
 
 import pytest
@@ -81,6 +81,30 @@ def fp8_cases(g: torch.Generator) -> None:
             _close(fp8_gemm.fp8_scaled_linear(x, wt, st, None, None, rows), ref.fp8_linear_w8a8(x, wt, st), 2e-2)
 
 
+def w8a16_cases(g: torch.Generator) -> None:
+    """The weight-only decode kernel (fp8_w8a16.py) against reference.fp8_linear: per tensor, per channel and
+    blocks; the tensor cores (1 and 6 rows in a 16-row tile; the default) and the CUDA cores (1 and 3 rows: ROWS 1
+    and 4); K past a tile, several K blocks per tile, blocks narrower than the tile along K."""
+    from radixlm.runtime.kernels.quant import fp8_w8a16, reference as ref
+
+    fma, dot = fp8_w8a16.W8A16Config(16, 128, 4, 1), fp8_w8a16.W8A16Config(16, 64, 4, 1)
+    for n, k, mode in ((72, 200, "tensor"), (48, 256, "channel"), (128, 320, (64, 32)), (64, 256, (128, 128))):
+        block = mode if isinstance(mode, tuple) else None
+        w, s = ref.quant_fp8(torch.randn(n, k, generator=g) * 0.05, block=block, per_channel=mode == "channel")
+        b = torch.randn(n, generator=g)
+        for m, fma_rows in ((1, 0), (6, 0), (1, 4), (3, 4)):
+            x = torch.randn(m, k, generator=g)
+            cfg = fma if fma_rows else dot
+            assert fp8_w8a16.takes(m, block, cfg, fma=fma_rows > 0)
+            _close(fp8_w8a16.w8a16_linear(x, w, s, block, b, cfg, fma_rows), ref.fp8_linear(x, w, s, block, b), 1e-4)
+    assert not fp8_w8a16.takes(1, (8, 128), fma, fma=True) and not fp8_w8a16.takes(17, None)
+    assert fp8_w8a16.takes(16, (8, 128)) and not fp8_w8a16.takes(5, None, fma, fma=True)
+    sms = 132  # the default configs: WIDE where N gives two programs an SM, else NARROW
+    assert fp8_w8a16.config_for(1, 28672, None, sms) == fp8_w8a16.WIDE[False]
+    assert fp8_w8a16.config_for(16, 4096, (128, 128), sms) == fp8_w8a16.NARROW[True]
+    assert fp8_w8a16.config_for(2, 4096, None, sms, fma_max_rows=4) == fp8_w8a16.FMA_CONFIG
+
+
 def _act(x: torch.Tensor, static: torch.Tensor | None):
     from radixlm.runtime.kernels.quant import fp8_act
 
@@ -90,24 +114,38 @@ def _act(x: torch.Tensor, static: torch.Tensor | None):
 def int4_cases(g: torch.Generator) -> None:
     from radixlm.runtime.kernels.quant import int4_gemm, reference as ref
 
-    # (N, K, group): K tiles of 32 (split K at one row: 8 tiles), 64, one group (K not a multiple of the tile).
-    for n, k, group, symmetric in ((96, 256, 32, False), (136, 192, 64, True), (64, 200, 200, False)):
+    # (N, K, group): K tiles of 32 (split K at one row: 8 tiles), 64 (_w4a16_kernel), 128 and one group (K not a
+    # multiple of the tile; _w4a16_nibbles_kernel).
+    for n, k, group, symmetric in ((96, 256, 32, False), (136, 192, 64, True), (80, 256, 128, False),
+                                   (64, 200, 200, False)):
         qw, sc, zs = ref.quant_int4(torch.randn(n, k, generator=g) * 0.05, group, symmetric=symmetric)
         b = torch.randn(n, generator=g)
         perm = torch.randperm(k, generator=g)
-        for m in (1, 2, 5, 20, 70):  # the GEMV at 1 and 2 rows
+        for m in (1, 3, 5, 20):  # the tensor cores: 16-row tiles (1, 3, 5), 64-row (20)
             x = torch.randn(m, k, generator=g)
             _close(int4_gemm.w4a16_linear(x, qw, sc, zs, group), ref.int4_linear(x, qw, sc, zs, group), 1e-4)
             _close(int4_gemm.w4a16_linear(x, qw, sc, zs, group, perm, b),
                    ref.int4_linear(x, qw, sc, zs, group, perm, b), 1e-4)
-    for m in (1, 3):
+    for m in (1, 9):  # the nibbles kernel's 16-bit magic numbers
         x = torch.randn(m, 256, generator=g).to(torch.float16)  # (bfloat16 dots are wrong in the interpreter)
         qw, sc, zs = ref.quant_int4(torch.randn(64, 256, generator=g) * 0.05, 128, dtype=torch.float16)
         _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 128), ref.int4_linear(x, qw, sc, zs, 128), 2e-2)
-    # the tensor-core kernel at the GEMV's row counts (what the benchmark times beside it)
+    # the GEMV (off by default) forced at every decode bucket, group 128 and 32 (what the benchmark times beside the
+    # defaults), with an act-order permutation and bias
+    for k, group in ((256, 128), (128, 32)):
+        qw, sc, zs = ref.quant_int4(torch.randn(40, k, generator=g) * 0.05, group)
+        perm, b = torch.randperm(k, generator=g), torch.randn(40, generator=g)
+        for m in (1, 2, 3, 6, 11):  # ROWS 1, 2, 4, 8, 16
+            x = torch.randn(m, k, generator=g)
+            _close(int4_gemm.w4a16_linear(x, qw, sc, zs, group, perm, b, gemv_max_rows=16),
+                   ref.int4_linear(x, qw, sc, zs, group, perm, b), 1e-4)
     qw, sc, zs = ref.quant_int4(torch.randn(64, 256, generator=g) * 0.05, 32)
     x = torch.randn(2, 256, generator=g)
     _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 32, gemv_max_rows=0), ref.int4_linear(x, qw, sc, zs, 32), 1e-4)
+    qw, sc, zs = ref.quant_int4(torch.randn(48, 256, generator=g) * 0.05, 128)
+    old = int4_gemm.TileConfig(16, 64, 4, 1, True, nibbles=False)  # the reshaping kernel where nibbles could run
+    _close(int4_gemm.w4a16_linear(x, qw, sc, zs, 128, gemv_max_rows=0, cfg=old), ref.int4_linear(x, qw, sc, zs, 128),
+           1e-4)
 
 
 def patch_interpreter_fp8_rounding() -> None:
@@ -134,6 +172,7 @@ def run_cases() -> None:
     g = torch.Generator().manual_seed(0)
     act_cases(g)
     fp8_cases(g)
+    w8a16_cases(g)
     int4_cases(g)
     print(MARKER)
 

@@ -95,8 +95,9 @@ def test_w8a8_reference_is_the_weight_reference_within_activation_rounding():
 
 
 def test_row_buckets_and_splits():
-    assert tiles.warmup_rows() == (1, 2, 3, 17, 65, 257)
-    assert [tiles.bucket_of(m) for m in (1, 2, 3, 16, 17, 64, 65, 256, 257, 8192)] == [0, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    assert tiles.warmup_rows() == (1, 2, 3, 5, 9, 17, 65, 257)
+    assert [tiles.bucket_of(m) for m in (1, 2, 3, 4, 5, 8, 9, 16, 17, 64, 65, 256, 257, 8192)] == [
+        0, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7]
     with pytest.raises(ValueError):
         tiles.bucket_of(0)
     # Llama-8B o_proj at one row, BLOCK_N 64: 64 tiles on 132 SMs, 32 K tiles -> 4 splits of 8 tiles
@@ -110,11 +111,11 @@ def test_row_buckets_and_splits():
 
 def test_warm_up_linear_runs_one_call_per_bucket():
     seen = []
-    assert quant.warm_up_linear(lambda x: seen.append(tuple(x.shape)), 32, torch.float32, "cpu") == 6
-    assert seen == [(1, 32), (2, 32), (3, 32), (17, 32), (65, 32), (257, 32)]
+    assert quant.warm_up_linear(lambda x: seen.append(tuple(x.shape)), 32, torch.float32, "cpu") == 8
+    assert seen == [(1, 32), (2, 32), (3, 32), (5, 32), (9, 32), (17, 32), (65, 32), (257, 32)]
     seen.clear()
-    assert quant.warm_up_linear(lambda x: seen.append(x.shape[0]), 8, torch.float32, "cpu", max_rows=64) == 4
-    assert seen == [1, 2, 3, 17]
+    assert quant.warm_up_linear(lambda x: seen.append(x.shape[0]), 8, torch.float32, "cpu", max_rows=64) == 6
+    assert seen == [1, 2, 3, 5, 9, 17]
 
 
 def test_cpu_dispatch_imports_no_triton():
