@@ -387,6 +387,15 @@ def reachable_variants(max_tokens: int, top_k: int, n_local: int, dtype: torch.d
     return out
 
 
+def variant_key(w13: QuantExperts, w2: QuantExperts) -> tuple:
+    """What fixes the kernels' variants of a layer's experts (layers alike in it build the same kernels)."""
+    def key(w: QuantExperts) -> tuple:
+        if isinstance(w, Int4Experts):
+            return ("int4", w.shape, w.scales.dtype, w.group_size, w.perm is not None)
+        return ("8bit", w.shape, w.weight.dtype, w.scale.dim(), w.block, w.input_scale is not None)
+    return key(w13), key(w2)
+
+
 def warm_up_grouped(w13: QuantExperts, w2: QuantExperts, top_k: int, expert_start: int, num_experts: int,
                     dtype: torch.dtype, device: torch.device | str, max_tokens: int = TRITON_CHUNK_TOKENS) -> int:
     """Runs one token through every reachable variant (the start-up rule: no Triton build once serving); returns
