@@ -90,15 +90,38 @@ def routings(t: int, e: int, k: int, h: int, device: str, dtype: torch.dtype, co
     return out
 
 
-def call(fmt: str, weights, route):
+def call(fmt: str, weights, route, config=None):
     from radixlm.runtime.kernels.moe.fused_moe import fused_experts_triton
     from radixlm.runtime.kernels.moe.quant_moe import fused_experts_quant
 
     x, tw, ids = route
     _, w8a8, split = FORMATS[fmt]
     if FORMATS[fmt][0] is None:
-        return fused_experts_triton(x, *weights, tw, ids)
-    return fused_experts_quant(x, *weights, tw, ids, w8a8=w8a8, split=split)
+        return fused_experts_triton(x, *weights, tw, ids, config=config)
+    return fused_experts_quant(x, *weights, tw, ids, config=config, w8a8=w8a8, split=split)
+
+
+def chosen(fmt: str, t: int, k: int, e: int, dtype: torch.dtype) -> dict:
+    """The launch's config and w8a8 as the pass picks them (or the format forces w8a8)."""
+    import dataclasses
+
+    from radixlm.runtime.kernels.moe.fused_moe import pick_config
+    from radixlm.runtime.kernels.moe.quant_moe import uses_w8a8
+
+    w8a8 = FORMATS[fmt][1]
+    if FORMATS[fmt][0] is None or not FORMATS[fmt][0].startswith("fp8"):
+        w8a8 = False
+    elif w8a8 is None:
+        w8a8 = uses_w8a8(t * k, e)
+    return {"config": dataclasses.asdict(pick_config(t * k, e, dtype)), "w8a8": w8a8}
+
+
+def sweep_configs() -> list:
+    """Decode tile configs around fused_moe.pick_config's (16, 64, 128, 4 warps, 4 stages), for the sweep cells."""
+    from radixlm.runtime.kernels.moe.fused_moe import GemmConfig
+
+    return [GemmConfig(16, 32, 128, 4, 4), GemmConfig(16, 128, 128, 4, 4), GemmConfig(16, 64, 128, 4, 2),
+            GemmConfig(16, 64, 64, 4, 4), GemmConfig(16, 64, 128, 8, 4)]
 
 
 def reference(fmt: str, weights, route):
@@ -180,11 +203,25 @@ def main() -> None:
             us = timer(lambda c, fmt=fmt: call(fmt, ws[c], routes[c]), copies)
             floor = (touched * expert_bytes(fmt, h, i) + 2 * 2 * t * h) / (HBM_TB_S * 1e12) * 1e6
             result["cells"].append({"tokens": t, "format": fmt, "us": us, "floor_us": floor, "of_floor": floor / us,
-                                    "experts_touched": touched, "expert_bytes": expert_bytes(fmt, h, i)})
+                                    "experts_touched": touched, "expert_bytes": expert_bytes(fmt, h, i),
+                                    **chosen(fmt, t, k, e, dtype)})
             if t in (args.tokens[0], args.tokens[-1]) or fmt.endswith("_w8a8"):
                 err = rel_err(call(fmt, ws[0], routes[0]), reference(fmt, ws[0], routes[0]))
                 result["correctness"].append({"tokens": t, "format": fmt, "rel_err": err, "ok": err <= TOLERANCE})
         print(f"{t} tokens done at {time.perf_counter() - t0:.0f} s", flush=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    # With the budget left: decode tile configs other than pick_config's, at 1 and 8 tokens (tuning leads).
+    result["sweep"] = []
+    for t, fmt, cfg in within_budget([(t, f, c) for t in (1, 8) for f in ("bf16", "fp8_channel", "w4a16")
+                                      for c in sweep_configs()], t0, args.budget_s):
+        import dataclasses
+
+        routes = routings(t, e, k, h, device, dtype, copies)
+        ws = made[FORMATS[fmt][0] or "bf16"]
+        us = timer(lambda c, fmt=fmt, cfg=cfg: call(fmt, ws[c], routes[c], cfg), copies)
+        err = rel_err(call(fmt, ws[0], routes[0], cfg), reference(fmt, ws[0], routes[0]))
+        result["sweep"].append({"tokens": t, "format": fmt, "config": dataclasses.asdict(cfg), "us": us,
+                                "rel_err": err})
         out.write_text(json.dumps(result, indent=1) + "\n")
     by = {(c["tokens"], c["format"]): c for c in result["cells"]}
     for c in result["cells"]:
@@ -205,6 +242,12 @@ def print_table(result: dict, formats: list[str]) -> None:
         print(f"{t:>6} " + " ".join(
             f"{c['us']:>8.1f} ({c['floor_us']:>6.1f}) {c.get('vs_bf16', 0):>5.2f}x" if c else f"{'-':>26}"
             for c in cells))
+    if result.get("sweep"):
+        print("\ndecode tile configs (block_m, block_n, block_k, warps, stages): us (default's us)")
+        for c in result["sweep"]:
+            default = by.get((c["tokens"], c["format"]))
+            print(f"  {c['format']:>12} {c['tokens']:>2} tokens {tuple(c['config'].values())}: {c['us']:8.1f} "
+                  f"({default['us'] if default else float('nan'):8.1f}) err {c['rel_err']:.3g}")
     bad = [c for c in result["correctness"] if not c["ok"]]
     print(f"\ncorrectness against the reference: {len(result['correctness']) - len(bad)} of "
           f"{len(result['correctness'])} within {TOLERANCE}" + "".join(
