@@ -16,12 +16,15 @@ One kernel, its weight format and activation handling constexpr switches:
     W8A8_MIN_PAIRS_PER_EXPERT picks (with the large-tile configs).
   - INT4 (kernels/quant/reference.py's layout per expert: qweight (E, K // 8, N) packed along K, scales / zeros
     (E, K // g, N), optional act-order perm (E, K) gathering the activation's channels in the loads): each K tile in
-    one group, (q - z) * s in float32 rounded to the activations' dtype as reference.dequant_int4 does, then the dot.
-Few-row launches whose grid cannot fill the GPU split K (tiles.split_k; float32 partials summed by
+    one group. Large tiles dequantize each weight as reference.dequant_int4 does ((q - z) * s in float32, rounded to
+    the activations' dtype) before the dot; the decode configs (INT4_FOLD_MAX_BLOCK_M) multiply the codes themselves
+    and apply zero point and scale per tile and column (the weight is then not rounded to the activations' dtype:
+    float32 and bfloat16 roundings apart from the reference).
+The experts' types (views of a MoE method's loaded tensors) and the choices that follow from them alone live in
+quant_experts.py. Few-row launches whose grid cannot fill the GPU split K (tiles.split_k; float32 partials summed by
 kernels.quant.splitk). Nothing syncs with the host and sizes follow the token count: CUDA graphs capture it."""
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import torch
@@ -30,132 +33,42 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.moe.fused_moe import (
     CONFIG_BOUNDS, TRITON_CHUNK_TOKENS, ExpertBlocks, GemmConfig, align_pairs_triton, pick_config)
+from radixlm.runtime.kernels.moe.quant_experts import (  # noqa: F401 - the experts' types, exported here too
+    W8A8_MIN_PAIRS_PER_EXPERT, ActQuant, Int4Experts, QuantExperts, ScaledExperts, act_quant, grouped_supported,
+    uses_w8a8)
 from radixlm.runtime.kernels.quant import fp8_act, splitk, tiles
-from radixlm.runtime.kernels.quant.fp8_gemm import block_shape_ok, fp8_supported
 from radixlm.runtime.kernels.quant.int4_gemm import int4_block_k
-from radixlm.runtime.kernels.quant.reference import FP8_DTYPE, INT4_PACK
 
-# Mean (token, expert) pairs per local expert above which FP8 experts quantize their activations (w8a8): the
-# large-tile configs' range (fused_moe.CONFIG_BOUNDS[1]).
-W8A8_MIN_PAIRS_PER_EXPERT = CONFIG_BOUNDS[1]
 W8A8_BLOCK_K = 128  # FP8 dots: the bytes of a 64-deep bfloat16 tile
 SPLIT_MAX_BLOCK_M = 16  # split K only in the decode config (a grid of few programs)
-
-
-class ActQuant(enum.IntEnum):
-    NONE = 0  # weight-only
-    TOKEN = 1  # FP8 per row, or the static input scale
-    GROUP = 2  # FP8 per row group of the weight blocks' K size
-
-
-@dataclass(frozen=True)
-class ScaledExperts:
-    """8-bit experts: weight (E, N, K) float8_e4m3fn or int8; scale float32 (E,), (E, N) or (E, ceil(N / bn),
-    ceil(K / bk)) with block = (bn, bk); input_scale: a static activation scale (one value) or None."""
-
-    weight: torch.Tensor
-    scale: torch.Tensor
-    block: tuple[int, int] | None = None
-    input_scale: torch.Tensor | None = None
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return tuple(self.weight.shape)
-
-    @property
-    def fp8(self) -> bool:
-        return self.weight.dtype == FP8_DTYPE
-
-    def check(self, what: str) -> None:
-        e, n, k = self.weight.shape
-        if self.weight.dtype not in (FP8_DTYPE, torch.int8) or self.weight.stride(2) != 1:
-            raise ValueError(f"{what}: 8-bit experts take a K-contiguous float8_e4m3fn or int8 weight, got "
-                             f"{self.weight.dtype} strides {self.weight.stride()}")
-        if self.block is not None:
-            want = (e, -(-n // self.block[0]), -(-k // self.block[1]))
-            if not (self.fp8 and block_shape_ok(self.block)):
-                raise ValueError(f"{what}: block scales {self.block} need FP8 weights and a power-of-two K block >= 16")
-        else:
-            want = (e, n) if self.scale.dim() == 2 else (e,)
-        if tuple(self.scale.shape) != want:
-            raise ValueError(f"{what}: scale {tuple(self.scale.shape)}, expected {want}")
-        if self.input_scale is not None and (self.input_scale.numel() != 1 or self.block is not None):
-            raise ValueError(f"{what}: a static input scale is one value, and block weights take none")
-
-
-@dataclass(frozen=True)
-class Int4Experts:
-    """INT4 experts: qweight (E, K // 8, N) int32, scales and zeros (E, K // group_size, N) in the activations'
-    dtype, perm (E, K) or None."""
-
-    qweight: torch.Tensor
-    scales: torch.Tensor
-    zeros: torch.Tensor
-    group_size: int
-    perm: torch.Tensor | None = None
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        e, kp, n = self.qweight.shape
-        return e, n, kp * INT4_PACK
-
-    def check(self, what: str) -> None:
-        e, n, k = self.shape
-        groups = -(-k // self.group_size) if self.group_size > 0 else 0
-        if self.qweight.dtype != torch.int32 or self.group_size <= 0 or self.qweight.stride(2) != 1:
-            raise ValueError(f"{what}: INT4 experts take an N-contiguous int32 qweight (E, K // 8, N) and a positive "
-                             f"group size, got {self.qweight.dtype}, group size {self.group_size}")
-        for name, t in (("scales", self.scales), ("zeros", self.zeros)):
-            if tuple(t.shape) != (e, groups, n) or t.stride(2) != 1:
-                raise ValueError(f"{what}: {name} {tuple(t.shape)}, expected ({e}, {groups}, {n}) N-contiguous")
-        if self.perm is not None and (tuple(self.perm.shape) != (e, k) or self.perm.stride(1) != 1):
-            raise ValueError(f"{what}: perm {tuple(self.perm.shape)}, expected ({e}, {k})")
-        if int4_block_k(k, self.group_size) is None:
-            raise ValueError(f"{what}: no K tile divides the group size {self.group_size}")
-
-
-QuantExperts = ScaledExperts | Int4Experts
-
-
-def grouped_supported(w13: QuantExperts, w2: QuantExperts, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether these experts run the grouped kernels for activations of dtype on device (else: dequantize them)."""
-    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        return False
-    for w in (w13, w2):
-        if isinstance(w, ScaledExperts):
-            if w.fp8 and not fp8_supported(device):
-                return False  # FP8 conversions and dots need compute capability 8.9
-            if w.block is not None and not block_shape_ok(w.block):
-                return False
-        elif int4_block_k(w.shape[2], w.group_size) is None:
-            return False
-    return True
-
-
-def uses_w8a8(num_pairs: int, n_local: int) -> bool:
-    """Whether FP8 experts quantize the activations of a launch of num_pairs pairs (the module's docstring)."""
-    return num_pairs / max(n_local, 1) > W8A8_MIN_PAIRS_PER_EXPERT
-
-
-def act_quant(w: QuantExperts, w8a8: bool, dtype: torch.dtype) -> ActQuant:
-    """The activation mode of one launch: w8a8 applies to FP8 experts in 16-bit activations only."""
-    if not (w8a8 and isinstance(w, ScaledExperts) and w.fp8) or dtype == torch.float32:
-        return ActQuant.NONE
-    return ActQuant.GROUP if w.block is not None else ActQuant.TOKEN
+# The split's aim: about this many programs an SM, each at least this many K tiles long. A lead, not a measurement:
+# at one token Qwen3-30B-A3B's gate_up has 8 x 24 output tiles, two splits of 8 K tiles reach 384 programs, and
+# benchmarks/kernels/quant_moe.py times the default beside *_nosplit.
+SPLIT_PROGRAMS_PER_SM = 4
+# INT4 at few rows a block: the codes enter the dot as 16-bit floats v + q and the zero point and scale are applied
+# per K tile and output column (BLOCK_M x BLOCK_N operations a tile instead of BLOCK_K x BLOCK_N): the dequantization,
+# not the bytes, bounds a W4A16 tile loop at decode (int4_gemv.py counts ~9 instructions a weight). Up to this
+# BLOCK_M; larger tiles keep the dot's fused accumulation. A lead: the benchmark times w4a16_nofold beside it.
+INT4_FOLD_MAX_BLOCK_M = 32
+# The 16-bit float whose unit in the last place is 1, as (bits, value): its bits | q are the float value + q, exactly.
+FOLD_BASE = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}
+SPLIT_MIN_K_TILES = 2
 
 
 @triton.jit(do_not_specialize=["num_pairs", "k_tiles_per_split", "stride_cs"])
 def _quant_grouped_kernel(A, AS, B, BS, BZ, Perm, C, SortedPairs, BlockExpert, PairWeights, N, K, num_pairs,
                           group_size, k_tiles_per_split, stride_am, stride_asm, stride_be, stride_bn, stride_bk,
                           stride_se, stride_sn, stride_sk, stride_pe, stride_cm, stride_cs,
-                          INT4: tl.constexpr, BLOCK_SCALES: tl.constexpr, ACT: tl.constexpr, SCALE_N: tl.constexpr,
+                          INT4: tl.constexpr, INT4_FOLD: tl.constexpr, FOLD_BITS: tl.constexpr, FOLD_VALUE: tl.constexpr,
+                          BLOCK_SCALES: tl.constexpr, ACT: tl.constexpr, SCALE_N: tl.constexpr,
                           SCALE_K: tl.constexpr, HAS_PERM: tl.constexpr, A_ROW_DIV: tl.constexpr,
                           MUL_WEIGHT: tl.constexpr, IEEE_FP32: tl.constexpr, SPLIT: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """C[pair, n] = (w[pair] *) sum_k A[pair // A_ROW_DIV, k] * W_expert[n, k] over one row block's pairs, W
     dequantized per tile. 8-bit: B (E, N, K), BS the scales (block: SCALE_N x SCALE_K, indexed by stride_sn /
     stride_sk; else per column, stride_sn 0 for one value). INT4: B the packed (E, K / 8, N) words (stride_bk a word
-    row), BS / BZ scales and zeros (E, K / group_size, N). ACT: 0 A in float, 1 A FP8 with AS per row (stride_asm 0:
+    row), BS / BZ scales and zeros (E, K / group_size, N); INT4_FOLD: the codes multiplied as the 16-bit floats
+    FOLD_VALUE + q (bits FOLD_BITS | q), zero point and scale applied per tile and column. ACT: 0 A in float, 1 A FP8 with AS per row (stride_asm 0:
     one static value), 2 A FP8 with AS (rows, K / SCALE_K). SPLIT: program_id(2) sums k_tiles_per_split tiles into
     float32 partials at C + pid_k * stride_cs."""
     pid_m = tl.program_id(0)
@@ -195,13 +108,20 @@ def _quant_grouped_kernel(A, AS, B, BS, BZ, Perm, C, SortedPairs, BlockExpert, P
             g = (t * BLOCK_K) // group_size
             s = tl.load(s_base + g * stride_sk + offs_n, mask=n_ok, other=0.0).to(tl.float32)
             z = tl.load(BZ + e64 * stride_se + g * stride_sk + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-            # float(q) as the bits 0x4B000000 | q (2^23 + q) minus 2^23: no int-to-float conversion (int4_gemm.py).
-            q_f = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            b = ((q_f - z[None, :]) * s[None, :]).to(A.dtype.element_ty)
-            if IEEE_FP32:
-                acc += tl.dot(a, b, input_precision="ieee")
+            if INT4_FOLD:
+                # The codes as the 16-bit floats v + q (bits FOLD_BITS | q, exact), multiplied as they are; the
+                # tile lies in one group, so sum_k x (q - z) s = s (sum_k x (v + q) - (v + z) sum_k x).
+                b = (q | FOLD_BITS).to(tl.int16).to(A.dtype.element_ty, bitcast=True)
+                x_sum = tl.sum(a.to(tl.float32), axis=1)
+                acc += (tl.dot(a, b) - x_sum[:, None] * (z[None, :] + FOLD_VALUE)) * s[None, :]
             else:
-                acc = tl.dot(a, b, acc)
+                # float(q) as the bits 0x4B000000 | q (2^23 + q) minus 2^23: no int-to-float conversion (int4_gemm).
+                q_f = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+                b = ((q_f - z[None, :]) * s[None, :]).to(A.dtype.element_ty)
+                if IEEE_FP32:
+                    acc += tl.dot(a, b, input_precision="ieee")
+                else:
+                    acc = tl.dot(a, b, acc)
         else:
             b = tl.load(b_base + offs_n[None, :] * stride_bn + k[:, None] * stride_bk,
                         mask=k_ok[:, None] & n_ok[None, :], other=0.0)
@@ -258,9 +178,11 @@ def _quantized_act(a: torch.Tensor, w: QuantExperts, act: ActQuant) -> tuple[tor
 def split_plan(grid: int, k_tiles: int, cfg: GemmConfig, device: torch.device, split: bool | None) -> tiles.Split:
     """K split across programs in the decode config where the grid (an upper bound of the used row blocks times the N
     tiles) cannot fill the GPU; split True: the most the K tiles allow (the warm-up's SPLIT variant), False: none."""
+    sms = tiles.sm_count(device)
     if split is None:
-        return tiles.split_k(grid, k_tiles, tiles.sm_count(device), cfg.block_m <= SPLIT_MAX_BLOCK_M)
-    return tiles.split_k(1, k_tiles, tiles.sm_count(device), split)
+        return tiles.split_k(grid, k_tiles, sms, cfg.block_m <= SPLIT_MAX_BLOCK_M, SPLIT_PROGRAMS_PER_SM,
+                             SPLIT_MIN_K_TILES)
+    return tiles.split_k(1, k_tiles, sms, split, SPLIT_PROGRAMS_PER_SM, SPLIT_MIN_K_TILES)
 
 
 def launch(a: torch.Tensor, w: QuantExperts, c: torch.Tensor, blocks: ExpertBlocks, weights: torch.Tensor | None,
@@ -280,6 +202,8 @@ def launch(a: torch.Tensor, w: QuantExperts, c: torch.Tensor, blocks: ExpertBloc
     else:
         out = c
     int4 = isinstance(w, Int4Experts)
+    fold = int4 and a.dtype in FOLD_BASE and cfg.block_m <= INT4_FOLD_MAX_BLOCK_M
+    fold_bits, fold_value = FOLD_BASE.get(a.dtype, (0, 0.0))
     if int4:
         b, bs, bz = w.qweight, w.scales, w.zeros
         stride_bn, stride_bk = 1, w.qweight.stride(1)
@@ -303,7 +227,8 @@ def launch(a: torch.Tensor, w: QuantExperts, c: torch.Tensor, blocks: ExpertBloc
         blocks.sorted_pairs, blocks.block_expert, weights if weights is not None else out, n, k, blocks.num_pairs,
         group, plan.k_tiles_per_split, qa.stride(0), stride_asm, b.stride(0), stride_bn, stride_bk, stride_se,
         stride_sn, stride_sk, perm.stride(0) if perm is not None else 0, c.stride(0),
-        out.stride(0) if splits > 1 else 0, INT4=int4, BLOCK_SCALES=not int4 and w.block is not None, ACT=int(act),
+        out.stride(0) if splits > 1 else 0, INT4=int4, INT4_FOLD=fold,
+        FOLD_BITS=fold_bits, FOLD_VALUE=fold_value, BLOCK_SCALES=not int4 and w.block is not None, ACT=int(act),
         SCALE_N=scale_n, SCALE_K=scale_k, HAS_PERM=perm is not None, A_ROW_DIV=a_row_div,
         MUL_WEIGHT=weights is not None, IEEE_FP32=a.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32,
         SPLIT=splits > 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, num_warps=cfg.num_warps,

@@ -33,7 +33,9 @@ def run_cases() -> None:
         ("fp8_block", torch.float16, True, None, large, None),
         ("int8", torch.float32, False, None, decode, None),
         ("int4", torch.float32, False, None, decode, True),
-        ("int4", torch.float16, False, None, large, None),
+        ("int4", torch.float16, False, None, large, None),  # the codes as 16-bit floats (INT4_FOLD)
+        ("int4_actorder", torch.float16, False, None, decode, True),
+        ("int4", torch.float16, False, None, GemmConfig(64, 32, 32, 4, 2), None),  # no fold past 32 rows
         ("int4_actorder", torch.float32, False, None, large, False),
     ]
     # t, e, k, h, i, expert_start, n_local, num_experts: K and N past a tile; one rank of two under expert parallelism
