@@ -36,6 +36,8 @@ GROUP = 128
 BLOCK = (128, 128)
 COPIES = 4  # weight copies (layers) and routings per graph: each call reads its own experts from HBM
 TOLERANCE = 2e-2
+# w8a8: an intermediate one bf16 rounding apart from the reference's can round to the neighbouring FP8 value
+W8A8_TOLERANCE = 6e-2
 # format -> (quantized format of quant_moe_ref.quantize_experts or None for bf16, forced w8a8, forced split)
 FORMATS = {
     "bf16": (None, None, None),
@@ -219,7 +221,9 @@ def main() -> None:
                                     **chosen(fmt, t, k, e, dtype)})
             if t in (args.tokens[0], args.tokens[-1]) or fmt.endswith("_w8a8"):
                 err = rel_err(call(fmt, ws[0], routes[0]), reference(fmt, ws[0], routes[0]))
-                result["correctness"].append({"tokens": t, "format": fmt, "rel_err": err, "ok": err <= TOLERANCE})
+                tol = W8A8_TOLERANCE if chosen(fmt, t, k, e, dtype)["w8a8"] else TOLERANCE
+                result["correctness"].append({"tokens": t, "format": fmt, "rel_err": err, "tolerance": tol,
+                                              "ok": err <= tol})
         print(f"{t} tokens done at {time.perf_counter() - t0:.0f} s", flush=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
     # With the budget left: decode tile configs other than pick_config's, at 1 and 8 tokens (tuning leads).
@@ -262,7 +266,7 @@ def print_table(result: dict, formats: list[str]) -> None:
                   f"({default['us'] if default else float('nan'):8.1f}) err {c['rel_err']:.3g}")
     bad = [c for c in result["correctness"] if not c["ok"]]
     print(f"\ncorrectness against the reference: {len(result['correctness']) - len(bad)} of "
-          f"{len(result['correctness'])} within {TOLERANCE}" + "".join(
+          f"{len(result['correctness'])} within {TOLERANCE} ({W8A8_TOLERANCE} w8a8)" + "".join(
               f"\n  FAIL {c['format']} {c['tokens']} tokens: {c['rel_err']:.3g}" for c in bad))
 
 

@@ -12,6 +12,9 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 TOL = 2e-2  # bfloat16 roundings of the intermediates, relative to the output's largest value
+# w8a8: an intermediate one bfloat16 rounding apart between kernel and reference can round to the neighbouring FP8
+# value (1/16 of it) when the activations are quantized before the down projection.
+W8A8_TOL = 6e-2
 
 
 def _experts(fmt: str, e: int, h: int, i: int, seed: int = 0, static: float | None = None):
@@ -41,7 +44,7 @@ def _routing(t: int, e: int, k: int, h: int, seed: int, num_experts: int | None 
 
 
 def _check(x, w13, w2, weights, ids, start=0, num_experts=None, **kw):
-    from radixlm.runtime.kernels.moe.quant_moe import fused_experts_quant, uses_w8a8
+    from radixlm.runtime.kernels.moe.quant_moe import ActQuant, act_quant, fused_experts_quant, uses_w8a8
     from radixlm.runtime.kernels.moe.quant_moe_ref import fused_experts_quant_reference
     from tests.runtime.kernels.moe.quant_moe_cases import rel_err
 
@@ -52,7 +55,8 @@ def _check(x, w13, w2, weights, ids, start=0, num_experts=None, **kw):
     want = fused_experts_quant_reference(x, w13, w2, weights, ids, start, w8a8)
     assert got.dtype == x.dtype and got.shape == want.shape
     err = rel_err(got, want)
-    assert err <= TOL, (ids.shape, kw, err)
+    quantized_act = act_quant(w13, w8a8, x.dtype) is not ActQuant.NONE
+    assert err <= (W8A8_TOL if quantized_act else TOL), (ids.shape, kw, err)
     return got
 
 
