@@ -28,7 +28,7 @@ kernels)
   ;;
 moe)
   TAIL=30 step quant_moe 240 $PY benchmarks/kernels/quant_moe.py --out "$OUT"
-  TAIL=25 step quant_moe_cuda_tests 240 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/moe/test_quant_moe_cuda.py \
+  TAIL=25 step quant_moe_cuda_tests 300 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/moe/test_quant_moe_cuda.py \
     tests/runtime/kernels/moe/test_fused_moe.py
   ;;
 model)
