@@ -62,7 +62,45 @@ def run_cases() -> None:
         err = rel_err(fused_experts_quant(x, w13, w2, weights, ids),
                       fused_experts_quant_reference(x, w13, w2, weights, ids, 0, w8a8))
         assert err <= 1e-2, (t, err)
+    # Token chunks of a long prefill give the unchunked result; no tokens, no launch.
+    from radixlm.runtime.kernels.moe import quant_moe
+
+    x, w13f, w2f, weights, ids = routed_problem(11, 4, 2, 64, 32, torch.float32, seed=7)
+    w13, w2 = (quantize_experts(w, "int4", group=16) for w in (w13f, w2f))
+    whole = fused_experts_quant(x, w13, w2, weights, ids)
+    old, quant_moe.TRITON_CHUNK_TOKENS = quant_moe.TRITON_CHUNK_TOKENS, 4
+    try:
+        torch.testing.assert_close(fused_experts_quant(x, w13, w2, weights, ids), whole, rtol=1e-6, atol=1e-6)
+    finally:
+        quant_moe.TRITON_CHUNK_TOKENS = old
+    assert fused_experts_quant(x[:0], w13, w2, weights[:0], ids[:0]).shape == (0, 64)
     print(MARKER)
+
+
+def test_bad_experts_are_refused():
+    """Shapes and layouts are checked before any launch (on the CPU, no interpreter needed)."""
+    from radixlm.runtime.kernels.moe.quant_moe import Int4Experts, ScaledExperts, fused_experts_quant
+    from radixlm.runtime.kernels.moe.quant_moe_ref import quantize_experts
+    from tests.runtime.kernels.moe.quant_moe_cases import routed_problem
+
+    x, w13f, w2f, weights, ids = routed_problem(3, 4, 2, 64, 32, torch.float32)
+    w13, w2 = quantize_experts(w13f, "fp8_channel"), quantize_experts(w2f, "fp8_channel")
+    with pytest.raises(ValueError, match="shapes do not agree"):
+        fused_experts_quant(x[:, :32], w13, w2, weights, ids)
+    with pytest.raises(ValueError, match="scale"):
+        fused_experts_quant(x, ScaledExperts(w13.weight, w13.scale[:, :5]), w2, weights, ids)
+    with pytest.raises(ValueError, match="float8_e4m3fn or int8"):
+        fused_experts_quant(x, ScaledExperts(w13.weight.float(), w13.scale), w2, weights, ids)
+    with pytest.raises(ValueError, match="block scales"):
+        fused_experts_quant(x, ScaledExperts(w13.weight, w13.scale, (32, 24)), w2, weights, ids)
+    i13, i2 = quantize_experts(w13f, "int4", group=16), quantize_experts(w2f, "int4", group=16)
+    with pytest.raises(ValueError, match="zeros"):
+        fused_experts_quant(x, Int4Experts(i13.qweight, i13.scales, i13.zeros[:, :1], 16), i2, weights, ids)
+    with pytest.raises(ValueError, match="perm"):
+        fused_experts_quant(x, Int4Experts(i13.qweight, i13.scales, i13.zeros, 16, torch.zeros(4, 3)), i2, weights,
+                            ids)
+    with pytest.raises(ValueError, match="topk_ids"):
+        fused_experts_quant(x, i13, i2, weights, ids[:2])
 
 
 @pytest.mark.skipif(not interpreter_works() or torch.cuda.is_available(), reason="needs triton's interpreter, no CUDA")
