@@ -45,6 +45,7 @@ SPLIT_MAX_BLOCK_M = 16  # split K only in the decode config (a grid of few progr
 # at one token Qwen3-30B-A3B's gate_up has 8 x 24 output tiles, two splits of 8 K tiles reach 384 programs, and
 # benchmarks/kernels/quant_moe.py times the default beside *_nosplit.
 SPLIT_PROGRAMS_PER_SM = 4
+SPLIT_MIN_K_TILES = 2
 # INT4 at few rows a block: the codes enter the dot as 16-bit floats v + q and the zero point and scale are applied
 # per K tile and output column (BLOCK_M x BLOCK_N operations a tile instead of BLOCK_K x BLOCK_N): the dequantization,
 # not the bytes, bounds a W4A16 tile loop at decode (int4_gemv.py counts ~9 instructions a weight). Up to this
@@ -52,25 +53,24 @@ SPLIT_PROGRAMS_PER_SM = 4
 INT4_FOLD_MAX_BLOCK_M = 32
 # The 16-bit float whose unit in the last place is 1, as (bits, value): its bits | q are the float value + q, exactly.
 FOLD_BASE = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}
-SPLIT_MIN_K_TILES = 2
 
 
 @triton.jit(do_not_specialize=["num_pairs", "k_tiles_per_split", "stride_cs"])
 def _quant_grouped_kernel(A, AS, B, BS, BZ, Perm, C, SortedPairs, BlockExpert, PairWeights, N, K, num_pairs,
                           group_size, k_tiles_per_split, stride_am, stride_asm, stride_be, stride_bn, stride_bk,
                           stride_se, stride_sn, stride_sk, stride_pe, stride_cm, stride_cs,
-                          INT4: tl.constexpr, INT4_FOLD: tl.constexpr, FOLD_BITS: tl.constexpr, FOLD_VALUE: tl.constexpr,
-                          BLOCK_SCALES: tl.constexpr, ACT: tl.constexpr, SCALE_N: tl.constexpr,
-                          SCALE_K: tl.constexpr, HAS_PERM: tl.constexpr, A_ROW_DIV: tl.constexpr,
+                          INT4: tl.constexpr, INT4_FOLD: tl.constexpr, FOLD_BITS: tl.constexpr,
+                          FOLD_VALUE: tl.constexpr, BLOCK_SCALES: tl.constexpr, ACT: tl.constexpr,
+                          SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, HAS_PERM: tl.constexpr, A_ROW_DIV: tl.constexpr,
                           MUL_WEIGHT: tl.constexpr, IEEE_FP32: tl.constexpr, SPLIT: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """C[pair, n] = (w[pair] *) sum_k A[pair // A_ROW_DIV, k] * W_expert[n, k] over one row block's pairs, W
     dequantized per tile. 8-bit: B (E, N, K), BS the scales (block: SCALE_N x SCALE_K, indexed by stride_sn /
     stride_sk; else per column, stride_sn 0 for one value). INT4: B the packed (E, K / 8, N) words (stride_bk a word
     row), BS / BZ scales and zeros (E, K / group_size, N); INT4_FOLD: the codes multiplied as the 16-bit floats
-    FOLD_VALUE + q (bits FOLD_BITS | q), zero point and scale applied per tile and column. ACT: 0 A in float, 1 A FP8 with AS per row (stride_asm 0:
-    one static value), 2 A FP8 with AS (rows, K / SCALE_K). SPLIT: program_id(2) sums k_tiles_per_split tiles into
-    float32 partials at C + pid_k * stride_cs."""
+    FOLD_VALUE + q (bits FOLD_BITS | q), zero point and scale applied per tile and column. ACT: 0 A in float, 1 A FP8
+    with AS per row (stride_asm 0: one static value), 2 A FP8 with AS (rows, K / SCALE_K). SPLIT: program_id(2) sums
+    k_tiles_per_split tiles into float32 partials at C + pid_k * stride_cs."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -230,7 +230,8 @@ def launch(a: torch.Tensor, w: QuantExperts, c: torch.Tensor, blocks: ExpertBloc
         out.stride(0) if splits > 1 else 0, INT4=int4, INT4_FOLD=fold,
         FOLD_BITS=fold_bits, FOLD_VALUE=fold_value, BLOCK_SCALES=not int4 and w.block is not None, ACT=int(act),
         SCALE_N=scale_n, SCALE_K=scale_k, HAS_PERM=perm is not None, A_ROW_DIV=a_row_div,
-        MUL_WEIGHT=weights is not None, IEEE_FP32=a.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32,
+        MUL_WEIGHT=weights is not None,
+        IEEE_FP32=a.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32,
         SPLIT=splits > 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     if splits > 1:
