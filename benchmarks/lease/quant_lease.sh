@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Issue 50 on one GPU. Carry [".whl"]. Each step has its own time limit and log ($OUT/<step>.log); JSONs land in $OUT.
 #   bash benchmarks/lease/quant_lease.sh kernels   # quantized GEMMs vs bf16 (kernels/quant_gemm.py, ~3 min), their CUDA
-#                                                  # tests, the GEMM dispatch tests (~2 min)
+#                                                  # tests, the GEMM dispatch tests (~2 min), the grouped MoE kernels
+#                                                  # (kernels/quant_moe.py, ~3 min)
+#   bash benchmarks/lease/quant_lease.sh moe       # the grouped quantized MoE kernels vs bf16 on Qwen3-30B-A3B's layer
+#                                                  # (kernels/quant_moe.py, ~3 min) and their CUDA tests (~2 min): one
+#                                                  # device call of its own (kernels runs the benchmark too)
 #   bash benchmarks/lease/quant_lease.sh model [FMT...]   # Llama-3.1-8B shapes (dummy weights) per format: decode steps
 #                                                  # at batch 1..256 and ShareGPT-like 400 (offline/gpu_llama8b.py
 #                                                  # --parts ab); FMT: bf16 fp8 fp8_block w4a16 fp8kv (default: all)
@@ -17,7 +21,7 @@ step() {  # step NAME LIMIT_S CMD...: the command's filtered output to $OUT/NAME
   timeout "$limit" "$@" 2>&1 | grep -v "safetensors\|Warn\|fix_mistral_regex\|USDT" > "$OUT/$name.log"
   echo "rc ${PIPESTATUS[0]}"; tail -n "${TAIL:-40}" "$OUT/$name.log"
 }
-case ${1:?usage: quant_lease.sh kernels | model [FMT...] | kv} in
+case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv} in
 kv)
   TAIL=30 step fp8_kv_decode 300 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --out "$OUT"
   ;;
@@ -25,6 +29,12 @@ kernels)
   step quant_gemm 240 $PY benchmarks/kernels/quant_gemm.py --out "$OUT"
   TAIL=25 step quant_cuda_tests 150 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/quant
   TAIL=25 step gemm_dispatch_tests 150 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/gemm/test_gemm_dispatch.py
+  TAIL=30 step quant_moe 240 $PY benchmarks/kernels/quant_moe.py --out "$OUT"
+  ;;
+moe)
+  TAIL=30 step quant_moe 240 $PY benchmarks/kernels/quant_moe.py --out "$OUT"
+  TAIL=25 step quant_moe_cuda_tests 300 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/moe/test_quant_moe_cuda.py \
+    tests/runtime/kernels/moe/test_fused_moe.py
   ;;
 model)
   shift

@@ -49,6 +49,8 @@ CONFIGS: dict[str, dict] = {
     "small_graphs": {"cuda_graph_max_bs": 8},
     "nograph": {"disable_cuda_graph": True},
     "sync": {"overlap_schedule": "off", "page_size": 4},
+    # Online FP8 of a float checkpoint: the FP8 GEMMs, and for MoE models the grouped quantized experts' kernels.
+    "fp8": {"quantization": "fp8"},
 }
 SCALES = {
     # groups x prompts of (prefix + question), outputs; largest sweep batch; longest random prompt; huge batch

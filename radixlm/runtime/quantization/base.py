@@ -341,16 +341,29 @@ class MoEMethod(ABC):
 
 class DequantizingMoEMethod(MoEMethod):
     """Experts computed by dequantizing this rank's experts (kernels.quant) and running the float experts: the CPU
-    path, and the reference a grouped quantized kernel is checked against."""
+    path, and the reference a grouped quantized kernel is checked against. A method whose format the grouped
+    quantized kernels take (kernels.moe.quant_moe) says so in grouped_experts: CUDA passes run those instead."""
 
     @abstractmethod
     def dequantized(self, layer: nn.Module, prefix: str, dtype: torch.dtype) -> torch.Tensor:
         """w13 (E_local, 2 I_local, H) or w2 (E_local, H, I_local) in float, for prefix "w13" / "w2"."""
 
+    def grouped_experts(self, layer: nn.Module, dtype: torch.dtype, device: torch.device) -> tuple | None:
+        """(w13, w2) as kernels.moe.quant_moe's experts (views of the layer's tensors) where its grouped kernels run
+        this layer for activations of dtype on device; None: the dequantizing path."""
+        return None
+
     def apply(self, layer: nn.Module, hidden: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor) -> torch.Tensor:
         from radixlm.runtime.kernels.moe import fused_experts
 
+        if hidden.is_cuda:
+            experts = self.grouped_experts(layer, hidden.dtype, hidden.device)
+            if experts is not None:
+                from radixlm.runtime.kernels.moe.quant_moe import fused_experts_quant
+
+                return fused_experts_quant(hidden, *experts, topk_weights, topk_ids, layer.expert_start,
+                                           layer.num_experts)
         w13 = self.dequantized(layer, "w13", hidden.dtype)
         w2 = self.dequantized(layer, "w2", hidden.dtype)
         return fused_experts(hidden, w13, w2, topk_weights, topk_ids, layer.expert_start, layer.num_experts)

@@ -137,7 +137,8 @@ class Fp8LinearMethod(LinearMethod):
 
 
 class Fp8MoEMethod(DequantizingMoEMethod):
-    """FP8 experts. The CPU path dequantizes them (kernels.quant) and runs the float experts."""
+    """FP8 experts. The CPU path dequantizes them (kernels.quant) and runs the float experts; CUDA passes run the
+    grouped FP8 kernels (kernels.moe.quant_moe) on the loaded tensors (compute capability 8.9 and up)."""
 
     def __init__(self, scheme: Fp8Scheme):
         self.scheme = scheme
@@ -180,6 +181,17 @@ class Fp8MoEMethod(DequantizingMoEMethod):
     def dequantized(self, layer: nn.Module, prefix: str, dtype: torch.dtype) -> torch.Tensor:
         w, scale = getattr(layer, f"{prefix}_weight"), getattr(layer, f"{prefix}_weight_scale")
         return torch.stack([dequant_fp8(w[e], scale[e], layer.weight_block, dtype) for e in range(w.shape[0])])
+
+    def grouped_experts(self, layer: nn.Module, dtype: torch.dtype, device: torch.device) -> tuple | None:
+        """The loaded layout as is: weight (E, N, K) FP8, scale (E,) / (E, N) / (E, N / bn, K / bk); a static input
+        scale serves the w8a8 launches (prefill)."""
+        from radixlm.runtime.kernels.moe.quant_moe import ScaledExperts, grouped_supported
+
+        static = self.scheme.activation is ActivationScheme.STATIC
+        w13, w2 = (ScaledExperts(getattr(layer, f"{p}_weight"), getattr(layer, f"{p}_weight_scale"),
+                                 layer.weight_block, getattr(layer, f"{p}_input_scale") if static else None)
+                   for p in ("w13", "w2"))
+        return (w13, w2) if grouped_supported(w13, w2, dtype, device) else None
 
 
 def _block_size(value: Any) -> tuple[int, int] | None:

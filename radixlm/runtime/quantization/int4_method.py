@@ -214,7 +214,8 @@ class Int4LinearMethod(LinearMethod):
 
 class Int4MoEMethod(DequantizingMoEMethod):
     """Each expert's gate | up (w13) and down (w2) projections in the format; converted per expert, stacked with
-    one group size per projection (the greatest that suits every expert)."""
+    one group size per projection (the greatest that suits every expert). CUDA passes run the grouped W4A16 kernel
+    (kernels.moe.quant_moe) on that layout, act-order perms included."""
 
     def __init__(self, fmt: Int4Format, group_size: int):
         self.fmt = fmt
@@ -301,6 +302,15 @@ class Int4MoEMethod(DequantizingMoEMethod):
                 perms = torch.stack([ar if w.perm is None else w.perm for w in ws])
             replace_param(layer, f"{prefix}_perm", perms)
             setattr(layer, f"{prefix}_group_size", group)
+
+    def grouped_experts(self, layer: nn.Module, dtype: torch.dtype, device: torch.device) -> tuple | None:
+        """The converted layout as is: qweight (E, K // 8, N), scales / zeros (E, K // g, N), perm (E, K) or None."""
+        from radixlm.runtime.kernels.moe.quant_moe import Int4Experts, grouped_supported
+
+        w13, w2 = (Int4Experts(getattr(layer, f"{p}_qweight"), getattr(layer, f"{p}_scales"),
+                               getattr(layer, f"{p}_zeros"), getattr(layer, f"{p}_group_size"),
+                               getattr(layer, f"{p}_perm", None)) for p in ("w13", "w2"))
+        return (w13, w2) if grouped_supported(w13, w2, dtype, device) else None
 
     def dequantized(self, layer: nn.Module, prefix: str, dtype: torch.dtype) -> torch.Tensor:
         perm = getattr(layer, f"{prefix}_perm", None)

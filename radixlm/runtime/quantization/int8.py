@@ -76,6 +76,15 @@ class Int8MoEMethod(DequantizingMoEMethod):
         w, scale = getattr(layer, f"{prefix}_weight"), getattr(layer, f"{prefix}_weight_scale")
         return torch.stack([dequant_int8(w[e], scale[e], dtype) for e in range(w.shape[0])])
 
+    def grouped_experts(self, layer: nn.Module, dtype: torch.dtype, device: torch.device) -> tuple | None:
+        """Weight-only on CUDA (the grouped kernels' 8-bit mode: int8 tiles converted in registers, per-channel
+        scales), as the CPU path: activations are not quantized."""
+        from radixlm.runtime.kernels.moe.quant_moe import ScaledExperts, grouped_supported
+
+        w13, w2 = (ScaledExperts(getattr(layer, f"{p}_weight"), getattr(layer, f"{p}_weight_scale"))
+                   for p in ("w13", "w2"))
+        return (w13, w2) if grouped_supported(w13, w2, dtype, device) else None
+
 
 def _method(scheme: Int8Scheme, is_moe: bool) -> LinearMethod | MoEMethod:
     return Int8MoEMethod(scheme) if is_moe else Int8LinearMethod(scheme)

@@ -181,7 +181,7 @@ def tiny_cuda_moe_model(tiny_cuda_model, tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("which, configs", [
     ("dense", ["default", "page16", "chunked", "fcfs_nomixed", "small_graphs", "nograph", "sync"]),
-    ("moe", ["default", "page16", "nograph"]),
+    ("moe", ["default", "page16", "nograph", "fp8"]),
 ])
 def test_cuda_no_triton_compile_after_start_up(tiny_cuda_model, tiny_cuda_moe_model, tmp_path, which, configs):
     """Issue 20: each engine configuration in a fresh process (nothing compiled in memory), bf16 (the skinny GEMMs

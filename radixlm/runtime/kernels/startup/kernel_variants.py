@@ -87,6 +87,15 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         expert: up to 4 configs (3 in float32) -> start-up runs every one a pass can reach (reachable_configs).
       A_ROW_DIV, MUL_WEIGHT (the two launches), IEEE_FP32 (dtype), N, K, expert_start, n_local, strides: fixed.
 
+  moe/quant_moe.py  _quant_grouped_kernel (quantized experts: FP8, INT8, INT4), with fused_moe's three sorting kernels,
+      fp8_act's quantization (w8a8) and splitk's reduction
+      num_pairs, k_tiles_per_split, the split partials' stride: do_not_specialize. The GEMM config follows the rows
+        per expert as fused_moe's; with it w8a8 or weight-only (FP8 experts, W8A8_MIN_PAIRS_PER_EXPERT) and, in the
+        decode config, SPLIT (K split where the grid is small: both reachable) -> start-up runs every variant a pass
+        can reach (quant_moe.reachable_variants, warm_up_grouped: one token each, config, w8a8 and split forced).
+      Format, scale granularity, block and group size, act-order perm, static input scale, N, K, strides: fixed per
+        layer (the experts' tensors as loaded).
+
   quant/ (fp8_act.py, fp8_gemm.py, int4_gemm.py, splitk.py)  _quant_rows_kernel, _quant_groups_kernel,
       _w8a8_kernel, _w4a16_kernel, _reduce_splits_kernel (quantized linear layers)
       The tile config and the K split follow the row bucket (quant/tiles.ROW_BUCKETS: <= 16, <= 64, <= 256, more);

@@ -171,18 +171,32 @@ def warm_up_quantized(runner: WarmupRunner) -> None:
 
 
 def warm_up_moe(runner: WarmupRunner) -> None:
-    """Each MoE layer shape once per GEMM config a pass can reach (one token: the config is forced)."""
+    """Each MoE layer shape once per GEMM config a pass can reach (one token: the config is forced). Quantized
+    experts with grouped kernels of their own (the method's grouped_experts: kernels.moe.quant_moe) build every
+    variant of those (quant_moe.warm_up_grouped: configs, w8a8 or not, K split or not); those without (an FP8
+    model on a GPU before compute capability 8.9, a group size no K tile divides) run the float kernel on their
+    dequantized weights, and warm that."""
+    from radixlm.runtime.kernels.moe import quant_moe
+
     seen = set()
+    dtype = runner.model_config.dtype
+    device = torch.device(runner.device)
     for m in runner.model.modules():
         if not isinstance(m, FusedMoE):
             continue
         if m.quant_method is not None:
-            # Quantized experts that run the float kernel on their dequantized weights (DequantizingMoEMethod) warm
-            # that; a method with kernels of its own warms them itself.
-            if not hasattr(m.quant_method, "dequantized"):
+            grouped = getattr(m.quant_method, "grouped_experts", None)
+            experts = grouped(m, dtype, device) if grouped is not None else None
+            if experts is not None:
+                key = ("grouped", quant_moe.variant_key(*experts), m.top_k, m.expert_start, m.num_experts)
+                if key not in seen:
+                    seen.add(key)
+                    quant_moe.warm_up_grouped(*experts, m.top_k, m.expert_start, m.num_experts, dtype, device)
                 continue
-            w13 = m.quant_method.dequantized(m, "w13", runner.model_config.dtype)
-            w2 = m.quant_method.dequantized(m, "w2", runner.model_config.dtype)
+            if not hasattr(m.quant_method, "dequantized"):
+                continue  # a method with kernels of its own warms them itself
+            w13 = m.quant_method.dequantized(m, "w13", dtype)
+            w2 = m.quant_method.dequantized(m, "w2", dtype)
         else:
             w13, w2 = m.w13_weight, m.w2_weight
         key = (tuple(w13.shape), tuple(w2.shape), w13.dtype, m.top_k, m.expert_start, m.num_experts)
