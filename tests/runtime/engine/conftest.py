@@ -31,22 +31,31 @@ def chat_prompts(tokenizer) -> list[str]:
 
 
 def hf_reference(gguf_path: str, prompts_ids: list[list[int]], max_new_tokens: int, eos_ids) -> list[tuple[list[int], list[float]]]:
-    """transformers greedy, one prompt at a time: (new token ids, their logprobs)."""
+    """transformers greedy: (new token ids, their logprobs) per prompt. The prompts run as one left-padded batch (each
+    row attends to its own tokens, at its own positions): on the CPU a decode step reads every weight once for the
+    batch instead of once per prompt (0.5B in float32 is 2 GB a step)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32
     ).eval()
-    out = []
+    eos = sorted(eos_ids)
+    width = max(map(len, prompts_ids))
+    input_ids = torch.tensor([[eos[0]] * (width - len(ids)) + ids for ids in prompts_ids])
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts_ids])
     with torch.inference_mode():
-        for ids in prompts_ids:
-            gen = model.generate(
-                torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(eos_ids),
-                pad_token_id=sorted(eos_ids)[0], output_logits=True, return_dict_in_generate=True,
-            )
-            new = gen.sequences[0, len(ids):].tolist()
-            lps = [torch.log_softmax(lg[0].float(), -1)[t].item() for lg, t in zip(gen.logits, new)]
-            out.append((new, lps))
+        gen = model.generate(
+            input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+            pad_token_id=eos[0], output_logits=True, return_dict_in_generate=True,
+        )
+    out = []
+    for row in range(len(prompts_ids)):
+        new = gen.sequences[row, width:].tolist()
+        # A row that finished pads to the batch's end: its tokens stop at its first EOS.
+        end = next((i + 1 for i, t in enumerate(new) if t in eos_ids), len(new))
+        new = new[:end]
+        lps = [torch.log_softmax(gen.logits[step][row].float(), -1)[t].item() for step, t in enumerate(new)]
+        out.append((new, lps))
     return out
 
 
