@@ -35,6 +35,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: (rank[item.path], first[item.path], order[id(item)]))
 
 
+@pytest.fixture(scope="session")
+def shared_server():
+    """One `radixlm serve` with start_server's defaults for the modules that need no other configuration and leave it
+    running (a start-up is 5-8 s on 2 cores); a module that ends or reconfigures its server starts its own."""
+    from tests.runtime.server.conftest import start_server, stop_server
+
+    handle = start_server()
+    yield handle
+    stop_server(handle)
+
+
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 

@@ -25,20 +25,41 @@ QUESTIONS = [
 ]
 
 
+# Prompts sharing a long system prompt (chat-templated at run time).
+SHARED_SYSTEM = ("You are the assistant of a small museum of clocks. The museum opens at ten, closes at six, and is "
+                 "closed on Mondays. Tickets cost eight euros, four for students. Guided tours start every hour on the "
+                 "hour and last forty minutes. Answer briefly and politely.")
+SHARED_QUESTIONS = ["When do you open?", "How much is a ticket?", "Are you open on Monday?", "How long is a tour?",
+                    "Do students pay less?", "When does the last tour start?", "Can I bring a dog?", "Hello!"]
+
+
 def chat_prompts(tokenizer) -> list[str]:
     return [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
             for q in QUESTIONS]
 
 
+def shared_system_prompts(tokenizer) -> list[str]:
+    return [tokenizer.apply_chat_template([{"role": "system", "content": SHARED_SYSTEM}, {"role": "user", "content": q}],
+                                          tokenize=False, add_generation_prompt=True) for q in SHARED_QUESTIONS]
+
+
+def load_hf(gguf_path: str):
+    """transformers' model of a GGUF file, float32 (its own dequantizer)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32
+    ).eval()
+
+
 def hf_reference(gguf_path: str, prompts_ids: list[list[int]], max_new_tokens: int, eos_ids) -> list[tuple[list[int], list[float]]]:
+    return hf_greedy(load_hf(gguf_path), prompts_ids, max_new_tokens, eos_ids)
+
+
+def hf_greedy(model, prompts_ids: list[list[int]], max_new_tokens: int, eos_ids) -> list[tuple[list[int], list[float]]]:
     """transformers greedy: (new token ids, their logprobs) per prompt. The prompts run as one left-padded batch (each
     row attends to its own tokens, at its own positions): on the CPU a decode step reads every weight once for the
     batch instead of once per prompt (0.5B in float32 is 2 GB a step)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32
-    ).eval()
     eos = sorted(eos_ids)
     width = max(map(len, prompts_ids))
     input_ids = torch.tensor([[eos[0]] * (width - len(ids)) + ids for ids in prompts_ids])
@@ -85,7 +106,19 @@ def smol_engine():
 
 
 @pytest.fixture(scope="package")
-def smol_reference(smol_engine):
-    prompts = chat_prompts(smol_engine.tokenizer)
-    ids = [smol_engine.tokenizer.encode(p) for p in prompts]
-    return prompts, ids, hf_reference(resolve_model_path("default"), ids, 32, smol_engine.model_config.eos_token_ids)
+def smol_references(smol_engine) -> dict[str, tuple[list[str], list[list[int]], list]]:
+    """transformers' greedy answers to the chat prompts (32 tokens) and the shared-system prompts (24 tokens), from one
+    load of its model (14 s on 2 cores), which is freed before the tests run."""
+    tok, eos = smol_engine.tokenizer, smol_engine.model_config.eos_token_ids
+    model = load_hf(resolve_model_path("default"))
+    out = {}
+    for name, prompts, max_new_tokens in (("chat", chat_prompts(tok), 32),
+                                          ("shared_system", shared_system_prompts(tok), 24)):
+        ids = [tok.encode(p) for p in prompts]
+        out[name] = (prompts, ids, hf_greedy(model, ids, max_new_tokens, eos))
+    return out
+
+
+@pytest.fixture(scope="package")
+def smol_reference(smol_references):
+    return smol_references["chat"]
