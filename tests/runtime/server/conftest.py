@@ -76,7 +76,7 @@ def wait_healthy(proc: subprocess.Popen, base: str, timeout: float = STARTUP_TIM
                 return ServerHandle(proc, base, client)
         except httpx.TransportError:
             pass
-        time.sleep(0.3)
+        time.sleep(0.1)
     client.close()
     proc.kill()
     proc.wait()

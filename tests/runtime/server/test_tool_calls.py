@@ -120,7 +120,7 @@ def test_multi_turn_with_a_tool_result(client):
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 22 degrees Celsius."},
     ]
-    r = create(client, messages, tools=TOOLS, max_tokens=16)  # an answer, not a whole one
+    r = create(client, messages, tools=TOOLS)
     tok = get_tokenizer(MODEL)
     templated = [*messages[:1], {**messages[1], "content": "", "tool_calls": [
         {**messages[1]["tool_calls"][0], "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
