@@ -106,11 +106,11 @@ def smol_engine():
 
 
 @pytest.fixture(scope="package")
-def smol_references(smol_engine) -> dict[str, tuple[list[str], list[list[int]], list]]:
+def smol_references(smol_engine, hf_gguf_model) -> dict[str, tuple[list[str], list[list[int]], list]]:
     """transformers' greedy answers to the chat prompts (32 tokens) and the shared-system prompts (24 tokens), from one
-    load of its model (14 s on 2 cores), which is freed before the tests run."""
+    load of its model, which is freed before the tests run."""
     tok, eos = smol_engine.tokenizer, smol_engine.model_config.eos_token_ids
-    model = load_hf(resolve_model_path("default"))
+    model = hf_gguf_model(resolve_model_path("default"))
     out = {}
     for name, prompts, max_new_tokens in (("chat", chat_prompts(tok), 32),
                                           ("shared_system", shared_system_prompts(tok), 24)):
