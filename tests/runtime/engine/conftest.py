@@ -39,8 +39,8 @@ def chat_prompts(tokenizer) -> list[str]:
 
 
 def shared_system_prompts(tokenizer) -> list[str]:
-    return [tokenizer.apply_chat_template([{"role": "system", "content": SHARED_SYSTEM}, {"role": "user", "content": q}],
-                                          tokenize=False, add_generation_prompt=True) for q in SHARED_QUESTIONS]
+    turns = [[{"role": "system", "content": SHARED_SYSTEM}, {"role": "user", "content": q}] for q in SHARED_QUESTIONS]
+    return [tokenizer.apply_chat_template(t, tokenize=False, add_generation_prompt=True) for t in turns]
 
 
 def load_hf(gguf_path: str):
@@ -52,7 +52,8 @@ def load_hf(gguf_path: str):
     ).eval()
 
 
-def hf_reference(gguf_path: str, prompts_ids: list[list[int]], max_new_tokens: int, eos_ids) -> list[tuple[list[int], list[float]]]:
+def hf_reference(gguf_path: str, prompts_ids: list[list[int]], max_new_tokens: int,
+                 eos_ids) -> list[tuple[list[int], list[float]]]:
     return hf_greedy(load_hf(gguf_path), prompts_ids, max_new_tokens, eos_ids)
 
 
