@@ -35,6 +35,40 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: (rank[item.path], first[item.path], order[id(item)]))
 
 
+@pytest.fixture(scope="session")
+def shared_server():
+    """One `radixlm serve` with start_server's defaults for the modules that need no other configuration and leave it
+    running (a start-up is 5-8 s on 2 cores); a module that ends or reconfigures its server starts its own."""
+    from tests.runtime.server.conftest import start_server, stop_server
+
+    handle = start_server()
+    yield handle
+    stop_server(handle)
+
+
+@pytest.fixture(scope="session")
+def hf_gguf_model(tmp_path_factory):
+    """A loader of transformers' float32 model of a GGUF file (its own dequantizer): the first load of a file converts
+    it (SmolLM2: 10-30 s on 2 cores) and keeps the converted module on disk, later loads map it back (under 0.1 s).
+    For files loaded more than once in a run (a converted Qwen2.5-0.5B is 2 GB of disk)."""
+    import torch
+
+    cache = tmp_path_factory.mktemp("hf-gguf")
+
+    def load(gguf_path: str):
+        from transformers import AutoModelForCausalLM
+
+        saved = cache / (Path(gguf_path).name + ".pt")
+        if saved.exists():
+            return torch.load(saved, weights_only=False, mmap=True).eval()
+        model = AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32).eval()
+        torch.save(model, saved)
+        return model
+
+    return load
+
+
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 

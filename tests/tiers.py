@@ -19,6 +19,8 @@ SERVER_CALLS = frozenset({"start_server", "start_router", "start_worker_proc", "
 FIXTURES = {
     "smol_engine": {REAL_MODEL},
     "smol_reference": {REAL_MODEL},
+    "smol_references": {REAL_MODEL},
+    "hf_gguf_model": {REAL_MODEL},
     "fleet": {SERVER, REAL_MODEL},
     "runtime": {SERVER, REAL_MODEL},
     "backend_and_tokenizer": {REAL_MODEL},  # SmolLM2's tokenizer (converted from its GGUF on a fresh machine)

@@ -392,12 +392,8 @@ def test_cli_repeat_is_validated_passed_and_reported(tmp_path, monkeypatch):
 
 # ---- end to end against real SmolLM2 servers
 @pytest.fixture(scope="module")
-def server():
-    from tests.runtime.server.conftest import start_server, stop_server
-
-    h = start_server()
-    yield h
-    stop_server(h)
+def server(shared_server):
+    return shared_server  # the session's default server (tests/conftest.py)
 
 
 SMALL = ["--workloads", "mmlu,skeleton_of_thought", "--num-programs", "3", "--scale", "0.05", "--num-threads", "4"]

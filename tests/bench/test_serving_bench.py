@@ -9,7 +9,6 @@ import pytest
 from radixlm.bench.datasets import PromptSource, build_dataset
 from radixlm.bench.metrics import RequestResult, summarize
 from radixlm.bench.serving import StreamTimer
-from tests.runtime.server.conftest import start_server, stop_server
 
 GSP = dict(gsp_num_groups=2, gsp_prompts_per_group=3, gsp_system_prompt_len=24, gsp_question_len=6, gsp_output_len=5)
 
@@ -84,20 +83,16 @@ def test_timer_splits_multi_token_chunks():
 
 
 @pytest.mark.slow
-def test_end_to_end_native(tmp_path):
+def test_end_to_end_native(tmp_path, shared_server):
     from radixlm.bench.serving import main
 
-    h = start_server()
-    try:
-        out_file = tmp_path / "bench.json"
-        port = h.base_url.rsplit(":", 1)[1]
-        argv = ["--backend", "radixlm", "--port", port, "--tokenizer", "default", "--dataset-name",
-                "generated-shared-prefix", "--gsp-num-groups", "2", "--gsp-prompts-per-group", "3",
-                "--gsp-system-prompt-len", "48", "--gsp-question-len", "8", "--gsp-output-len", "6",
-                "--max-concurrency", "2", "--flush-cache", "--disable-tqdm", "--output-file", str(out_file)]
-        rep = main(argv)
-    finally:
-        stop_server(h)
+    out_file = tmp_path / "bench.json"
+    port = shared_server.base_url.rsplit(":", 1)[1]
+    argv = ["--backend", "radixlm", "--port", port, "--tokenizer", "default", "--dataset-name",
+            "generated-shared-prefix", "--gsp-num-groups", "2", "--gsp-prompts-per-group", "3",
+            "--gsp-system-prompt-len", "48", "--gsp-question-len", "8", "--gsp-output-len", "6",
+            "--max-concurrency", "2", "--flush-cache", "--disable-tqdm", "--output-file", str(out_file)]
+    rep = main(argv)
     assert rep["completed"] == 6 and rep["failed"] == 0
     assert rep["total_input_tokens"] == 6 * 56 and rep["total_output_tokens"] == 6 * 6
     assert rep["output_throughput"] > 0 and rep["request_throughput"] > 0

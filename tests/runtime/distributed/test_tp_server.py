@@ -92,7 +92,9 @@ def test_two_nodes_on_localhost_and_a_hung_rank(tiny):
     model, prompts, expected = tiny
     addr = f"127.0.0.1:{free_port()}"
     common = [*model, "--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr,
-              "--watchdog-timeout", "20", "--dist-timeout", "600"]
+              # A pass of this tiny model takes milliseconds: 10 s is margin enough on a busy machine, and the test
+              # waits it out once.
+              "--watchdog-timeout", "10", "--dist-timeout", "600"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     node1 = subprocess.Popen([sys.executable, "-m", "radixlm.launch_server", *common, "--node-rank", "1",
                               "--max-total-tokens", "4096", "--random-seed", "0"], env=env, preexec_fn=die_with_parent)

@@ -25,28 +25,59 @@ QUESTIONS = [
 ]
 
 
+# Prompts sharing a long system prompt (chat-templated at run time).
+SHARED_SYSTEM = ("You are the assistant of a small museum of clocks. The museum opens at ten, closes at six, and is "
+                 "closed on Mondays. Tickets cost eight euros, four for students. Guided tours start every hour on the "
+                 "hour and last forty minutes. Answer briefly and politely.")
+SHARED_QUESTIONS = ["When do you open?", "How much is a ticket?", "Are you open on Monday?", "How long is a tour?",
+                    "Do students pay less?", "When does the last tour start?", "Can I bring a dog?", "Hello!"]
+
+
 def chat_prompts(tokenizer) -> list[str]:
     return [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
             for q in QUESTIONS]
 
 
-def hf_reference(gguf_path: str, prompts_ids: list[list[int]], max_new_tokens: int, eos_ids) -> list[tuple[list[int], list[float]]]:
-    """transformers greedy, one prompt at a time: (new token ids, their logprobs)."""
+def shared_system_prompts(tokenizer) -> list[str]:
+    turns = [[{"role": "system", "content": SHARED_SYSTEM}, {"role": "user", "content": q}] for q in SHARED_QUESTIONS]
+    return [tokenizer.apply_chat_template(t, tokenize=False, add_generation_prompt=True) for t in turns]
+
+
+def load_hf(gguf_path: str):
+    """transformers' model of a GGUF file, float32 (its own dequantizer)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
+    return AutoModelForCausalLM.from_pretrained(
         os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32
     ).eval()
-    out = []
+
+
+def hf_reference(gguf_path: str, prompts_ids: list[list[int]], max_new_tokens: int,
+                 eos_ids) -> list[tuple[list[int], list[float]]]:
+    return hf_greedy(load_hf(gguf_path), prompts_ids, max_new_tokens, eos_ids)
+
+
+def hf_greedy(model, prompts_ids: list[list[int]], max_new_tokens: int, eos_ids) -> list[tuple[list[int], list[float]]]:
+    """transformers greedy: (new token ids, their logprobs) per prompt. The prompts run as one left-padded batch (each
+    row attends to its own tokens, at its own positions): on the CPU a decode step reads every weight once for the
+    batch instead of once per prompt (0.5B in float32 is 2 GB a step)."""
+    eos = sorted(eos_ids)
+    width = max(map(len, prompts_ids))
+    input_ids = torch.tensor([[eos[0]] * (width - len(ids)) + ids for ids in prompts_ids])
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts_ids])
     with torch.inference_mode():
-        for ids in prompts_ids:
-            gen = model.generate(
-                torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(eos_ids),
-                pad_token_id=sorted(eos_ids)[0], output_logits=True, return_dict_in_generate=True,
-            )
-            new = gen.sequences[0, len(ids):].tolist()
-            lps = [torch.log_softmax(lg[0].float(), -1)[t].item() for lg, t in zip(gen.logits, new)]
-            out.append((new, lps))
+        gen = model.generate(
+            input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+            pad_token_id=eos[0], output_logits=True, return_dict_in_generate=True,
+        )
+    out = []
+    for row in range(len(prompts_ids)):
+        new = gen.sequences[row, width:].tolist()
+        # A row that finished pads to the batch's end: its tokens stop at its first EOS.
+        end = next((i + 1 for i, t in enumerate(new) if t in eos_ids), len(new))
+        new = new[:end]
+        lps = [torch.log_softmax(gen.logits[step][row].float(), -1)[t].item() for step, t in enumerate(new)]
+        out.append((new, lps))
     return out
 
 
@@ -76,7 +107,19 @@ def smol_engine():
 
 
 @pytest.fixture(scope="package")
-def smol_reference(smol_engine):
-    prompts = chat_prompts(smol_engine.tokenizer)
-    ids = [smol_engine.tokenizer.encode(p) for p in prompts]
-    return prompts, ids, hf_reference(resolve_model_path("default"), ids, 32, smol_engine.model_config.eos_token_ids)
+def smol_references(smol_engine, hf_gguf_model) -> dict[str, tuple[list[str], list[list[int]], list]]:
+    """transformers' greedy answers to the chat prompts (32 tokens) and the shared-system prompts (24 tokens), from one
+    load of its model, which is freed before the tests run."""
+    tok, eos = smol_engine.tokenizer, smol_engine.model_config.eos_token_ids
+    model = hf_gguf_model(resolve_model_path("default"))
+    out = {}
+    for name, prompts, max_new_tokens in (("chat", chat_prompts(tok), 32),
+                                          ("shared_system", shared_system_prompts(tok), 24)):
+        ids = [tok.encode(p) for p in prompts]
+        out[name] = (prompts, ids, hf_greedy(model, ids, max_new_tokens, eos))
+    return out
+
+
+@pytest.fixture(scope="package")
+def smol_reference(smol_references):
+    return smol_references["chat"]

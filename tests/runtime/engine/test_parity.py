@@ -80,18 +80,9 @@ def test_qwen25_batch_matches_transformers():
 
 
 @pytest.mark.slow
-def test_smollm2_long_shared_system_prompt_matches_transformers(smol_engine):
+def test_smollm2_long_shared_system_prompt_matches_transformers(smol_engine, smol_references):
     """Prompts sharing a long system prompt: decode reads the shared radix prefix once per batch."""
-    system = ("You are the assistant of a small museum of clocks. The museum opens at ten, closes at six, and "
-              "is closed on Mondays. Tickets cost eight euros, four for students. Guided tours start every hour "
-              "on the hour and last forty minutes. Answer briefly and politely.")
-    questions = ["When do you open?", "How much is a ticket?", "Are you open on Monday?", "How long is a tour?",
-                 "Do students pay less?", "When does the last tour start?", "Can I bring a dog?", "Hello!"]
-    tok = smol_engine.tokenizer
-    prompts = [tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}],
-                                       tokenize=False, add_generation_prompt=True) for q in questions]
-    ids = [tok.encode(p) for p in prompts]
-    reference = hf_reference(resolve_model_path("default"), ids, 24, smol_engine.model_config.eos_token_ids)
+    prompts, ids, reference = smol_references["shared_system"]
     results = smol_engine.generate(prompts, {"temperature": 0, "max_new_tokens": 24}, return_logprob=True)
     assert_matches(results, reference, ids)
     assert min(r["meta_info"]["cached_tokens"] for r in results[1:]) >= 64

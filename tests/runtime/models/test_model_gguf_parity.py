@@ -1,8 +1,6 @@
 """The real default model (SmolLM2-135M GGUF): our conversion + model vs transformers' own GGUF path."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -14,9 +12,7 @@ from radixlm.runtime.model_loader.tokenizer import get_tokenizer
 pytestmark = pytest.mark.slow
 
 
-def test_smollm2_gguf_parity_with_transformers(dense_logits):
-    from transformers import AutoModelForCausalLM
-
+def test_smollm2_gguf_parity_with_transformers(dense_logits, hf_gguf_model):
     gguf_path = resolve_model_path("default")
     mc = ModelConfig.from_path("default", dtype="float32")
     assert mc.architecture == "LlamaForCausalLM" and mc.hf_config.tie_word_embeddings
@@ -27,9 +23,7 @@ def test_smollm2_gguf_parity_with_transformers(dense_logits):
     ids = torch.tensor(ids[-20:] if len(ids) > 20 else ids)
     assert len(ids) >= 15
 
-    hf = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32
-    ).eval()
+    hf = hf_gguf_model(gguf_path)  # transformers' own GGUF path (converted once a run)
     with torch.no_grad():
         ref = hf(ids[None]).logits[0].float()
     ours = dense_logits(model, ids)

@@ -1,4 +1,5 @@
-"""One `radixlm serve` subprocess per test module (SmolLM2, small KV pool, random free port)."""
+"""`radixlm serve` subprocesses for the tests (SmolLM2, small KV pool, random free port): one shared by the modules
+that take `server`, or one a module starts with its own arguments."""
 from __future__ import annotations
 
 import os
@@ -75,7 +76,7 @@ def wait_healthy(proc: subprocess.Popen, base: str, timeout: float = STARTUP_TIM
                 return ServerHandle(proc, base, client)
         except httpx.TransportError:
             pass
-        time.sleep(0.3)
+        time.sleep(0.1)
     client.close()
     proc.kill()
     proc.wait()
@@ -99,10 +100,11 @@ def stop_server(h: ServerHandle, timeout: float = 40) -> None:
 
 
 @pytest.fixture(scope="module")
-def server():
-    h = start_server()
-    yield h
-    stop_server(h)
+def server(shared_server):
+    """The session's default server (tests/conftest.py), checked alive for each module that takes it."""
+    assert shared_server.proc.poll() is None, f"the shared server exited with {shared_server.proc.returncode}"
+    assert shared_server.client.get("/health").status_code == 200
+    return shared_server
 
 
 def kv_state(server) -> dict:

@@ -135,74 +135,76 @@ def hf_text(hf, model, ids, image, eos: int | None = None) -> str:
     return " ".join(f"t{t}" for t in toks)
 
 
-def test_qwen2_vl_through_openai_and_a_program(tmp_path_factory):
-    """Qwen2-VL's image text (<|vision_start|><|image_pad|><|vision_end|>) through the chat template and sgl.image."""
-    import radixlm as sgl
-    from tests.runtime.models.tiny_qwen2_vl import hf_greedy, save_tiny_qwen2_vl
+@pytest.fixture(scope="module")
+def qwen2_vl(tmp_path_factory):
+    """(checkpoint directory, transformers' model, server) of one tiny Qwen2-VL, for the image and the video tests."""
+    from tests.runtime.models.tiny_qwen2_vl import save_tiny_qwen2_vl
 
     model = tmp_path_factory.mktemp("qwen2_vl")
     hf = save_tiny_qwen2_vl(model, seed=7)
     h = start_server("--model-path", str(model))
+    yield model, hf, h
+    stop_server(h)
+
+
+def test_qwen2_vl_through_openai_and_a_program(qwen2_vl):
+    """Qwen2-VL's image text (<|vision_start|><|image_pad|><|vision_end|>) through the chat template and sgl.image."""
+    import radixlm as sgl
+    from tests.runtime.models.tiny_qwen2_vl import hf_greedy
+
+    model, hf, h = qwen2_vl
+    client = openai.OpenAI(base_url=f"{h.base_url}/v1", api_key="x", max_retries=0, timeout=60)
+    out = client.chat.completions.create(
+        model="m", max_tokens=NEW, temperature=0, extra_body={"ignore_eos": True},
+        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": DATA_URL}},
+                                               {"type": "text", "text": "t5 t6"}]}])
+    # "user <|vision_start|><|image_pad|><|vision_end|>\nt5 t6 t1 "
+    ref, _ = hf_greedy(hf, model, [0, 96, 97, 99, 5, 6, 1], [png(1)], NEW)
+    assert out.choices[0].message.content == " ".join(f"t{t}" for t in ref)
+
+    @sgl.function
+    def describe(s):
+        s += sgl.user(sgl.image(png(1)) + "t5 t6")
+        s += sgl.assistant(sgl.gen("answer", max_tokens=NEW, temperature=0, ignore_eos=True))
+
+    backend = sgl.RuntimeEndpoint(h.base_url)
     try:
-        client = openai.OpenAI(base_url=f"{h.base_url}/v1", api_key="x", max_retries=0, timeout=60)
-        out = client.chat.completions.create(
-            model="m", max_tokens=NEW, temperature=0, extra_body={"ignore_eos": True},
-            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": DATA_URL}},
-                                                   {"type": "text", "text": "t5 t6"}]}])
-        # "user <|vision_start|><|image_pad|><|vision_end|>\nt5 t6 t1 "
-        ref, _ = hf_greedy(hf, model, [0, 96, 97, 99, 5, 6, 1], [png(1)], NEW)
-        assert out.choices[0].message.content == " ".join(f"t{t}" for t in ref)
-
-        @sgl.function
-        def describe(s):
-            s += sgl.user(sgl.image(png(1)) + "t5 t6")
-            s += sgl.assistant(sgl.gen("answer", max_tokens=NEW, temperature=0, ignore_eos=True))
-
-        backend = sgl.RuntimeEndpoint(h.base_url)
-        try:
-            state = describe.run(backend=backend)
-            state.text()
-        finally:
-            backend.shutdown()
-        assert "<|vision_start|><|image_pad|><|vision_end|>" in state.text() and state["answer"]
+        state = describe.run(backend=backend)
+        state.text()
     finally:
-        stop_server(h)
+        backend.shutdown()
+    assert "<|vision_start|><|image_pad|><|vision_end|>" in state.text() and state["answer"]
 
 
-def test_qwen2_vl_video_through_native_and_openai(tmp_path_factory):
+def test_qwen2_vl_video_through_native_and_openai(qwen2_vl):
     """video_data on /generate and video_url content parts (data URLs); a text-only model refuses videos."""
     from radixlm.runtime.model_loader.tokenizer import get_tokenizer
     from radixlm.runtime.multimodal.media import MediaLoader, MediaPolicy
     from radixlm.runtime.multimodal.processor import MultimodalProcessor
-    from tests.runtime.models.tiny_qwen2_vl import VIDEO, hf_greedy_video, mp4, save_tiny_qwen2_vl
+    from tests.runtime.models.tiny_qwen2_vl import VIDEO, hf_greedy_video, mp4
 
-    model = tmp_path_factory.mktemp("qwen2_vl_video")
-    hf = save_tiny_qwen2_vl(model, seed=7)
+    model, hf, h = qwen2_vl
     video = mp4(3, frames=4)
     mm = MultimodalProcessor.for_model(str(model), get_tokenizer(str(model)), MediaLoader(MediaPolicy()))
     processed = mm.preprocess_video(mm.loader.load_video(video, 8))
-    h = start_server("--model-path", str(model))
-    try:
-        native = h.client.post("/generate", json={
-            "text": f"t5 {VIDEO} t7", "video_data": base64.b64encode(video).decode(),
-            "sampling_params": {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}}).json()
-        import torch
+    native = h.client.post("/generate", json={
+        "text": f"t5 {VIDEO} t7", "video_data": base64.b64encode(video).decode(),
+        "sampling_params": {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}}).json()
+    import torch
 
-        assert native["output_ids"] == hf_greedy_video(hf, [5, 96, 98, 99, 7], processed.pixel_values,
-                                                       torch.tensor(processed.grid_thw), NEW)
-        client = openai.OpenAI(base_url=f"{h.base_url}/v1", api_key="x", max_retries=0, timeout=60)
-        url = "data:video/mp4;base64," + base64.b64encode(video).decode()
-        chat = client.chat.completions.create(
-            model="m", max_tokens=NEW, temperature=0, extra_body={"ignore_eos": True},
-            messages=[{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
-                                                   {"type": "text", "text": "t5"}]}])
-        # "user <|vision_start|><|video_pad|><|vision_end|>\nt5 t1 "
-        ref = hf_greedy_video(hf, [0, 96, 98, 99, 5, 1], processed.pixel_values, torch.tensor(processed.grid_thw), NEW)
-        assert chat.choices[0].message.content == " ".join(f"t{t}" for t in ref)
-        bad = h.client.post("/generate", json={"text": f"t5 {VIDEO}", "video_data": CORRUPT})
-        assert bad.status_code == 400 and "cannot decode the video" in bad.json()["message"]
-    finally:
-        stop_server(h)
+    assert native["output_ids"] == hf_greedy_video(hf, [5, 96, 98, 99, 7], processed.pixel_values,
+                                                   torch.tensor(processed.grid_thw), NEW)
+    client = openai.OpenAI(base_url=f"{h.base_url}/v1", api_key="x", max_retries=0, timeout=60)
+    url = "data:video/mp4;base64," + base64.b64encode(video).decode()
+    chat = client.chat.completions.create(
+        model="m", max_tokens=NEW, temperature=0, extra_body={"ignore_eos": True},
+        messages=[{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
+                                               {"type": "text", "text": "t5"}]}])
+    # "user <|vision_start|><|video_pad|><|vision_end|>\nt5 t1 "
+    ref = hf_greedy_video(hf, [0, 96, 98, 99, 5, 1], processed.pixel_values, torch.tensor(processed.grid_thw), NEW)
+    assert chat.choices[0].message.content == " ".join(f"t{t}" for t in ref)
+    bad = h.client.post("/generate", json={"text": f"t5 {VIDEO}", "video_data": CORRUPT})
+    assert bad.status_code == 400 and "cannot decode the video" in bad.json()["message"]
 
 
 def test_llava_refuses_videos(setup):

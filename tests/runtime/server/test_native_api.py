@@ -9,13 +9,21 @@ import time
 import httpx
 import pytest
 
-from tests.runtime.server.conftest import child_pids, pid_alive, wait_idle
+from tests.runtime.server.conftest import child_pids, pid_alive, start_server, stop_server, wait_idle
 
 pytestmark = pytest.mark.slow
 
 PROMPT = "Once upon a time, there was a little"
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
 LONG = {"temperature": 0, "max_new_tokens": 1000, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server():
+    """Its own server, not the shared one: the last test ends it."""
+    h = start_server()
+    yield h
+    stop_server(h)
 
 
 def gen(server, **body) -> httpx.Response:

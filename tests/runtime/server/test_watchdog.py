@@ -41,13 +41,32 @@ def rss_pages(pid: int) -> int:
         return int(f.read().split()[1])
 
 
+# The long request's length in seconds (a margin over the 3 x WATCHDOG_S the test requires), and its token bounds.
+LONG_REQUEST_S = 5 * WATCHDOG_S
+PROBE_TOKENS = 32
+MAX_LONG_TOKENS = 2000  # within --max-total-tokens 4096 with the prompt
+
+
+def _generate(srv, tokens: int):
+    return srv.client.post("/generate", json={"text": "Write a long essay about cats.", "sampling_params": {
+        "max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}}, timeout=600)
+
+
 def test_long_non_streaming_request_outlives_the_watchdog_timeout(srv):
+    # Sized from this machine's decode speed: a fixed 600 tokens took 30 s on an idle 2-core CPU, 46 s on a busy one.
     t0 = time.monotonic()
-    r = srv.client.post("/generate", json={"text": "Write a long essay about cats.", "sampling_params": {
-        "max_new_tokens": 600, "ignore_eos": True, "temperature": 0}}, timeout=600)
-    elapsed = time.monotonic() - t0
-    assert r.status_code == 200, r.text
-    assert r.json()["meta_info"]["completion_tokens"] == 600
+    assert _generate(srv, PROBE_TOKENS).status_code == 200
+    per_token = (time.monotonic() - t0) / PROBE_TOKENS  # with the prefill: an overestimate, hence the margin above
+    tokens = min(MAX_LONG_TOKENS, max(PROBE_TOKENS, round(LONG_REQUEST_S / per_token)))
+    for _ in range(3):  # a probe slowed by a burst of load gives too few tokens: twice as many again
+        t0 = time.monotonic()
+        r = _generate(srv, tokens)
+        elapsed = time.monotonic() - t0
+        assert r.status_code == 200, r.text
+        assert r.json()["meta_info"]["completion_tokens"] == tokens
+        if elapsed > 3 * WATCHDOG_S or tokens == MAX_LONG_TOKENS:
+            break
+        tokens = min(MAX_LONG_TOKENS, 2 * tokens)
     assert elapsed > 3 * WATCHDOG_S, f"the request took {elapsed:.1f} s: too short to show anything"
     assert srv.client.get("/health").status_code == 200
 
@@ -59,9 +78,9 @@ def test_fork_branches_and_join_under_cpu_contention(srv, cpu_hog):
         s += "Write an expository essay on the topic of " + topic + ".\nOutline:\n"
         forks = s.fork(3)
         for i, f in enumerate(forks):
-            f += f"Point {i + 1}:" + sgl.gen("detail", max_tokens=96, stop="\n\n", ignore_eos=True)
+            f += f"Point {i + 1}:" + sgl.gen("detail", max_tokens=48, stop="\n\n", ignore_eos=True)
         s += "".join(f"\nPoint {i + 1}:" + f["detail"] for i, f in enumerate(forks))
-        s += "\nIn summary," + sgl.gen("summary", max_tokens=64, ignore_eos=True)
+        s += "\nIn summary," + sgl.gen("summary", max_tokens=32, ignore_eos=True)
         s += '\nAs JSON: {"title": ' + sgl.gen_string("title", max_tokens=16) + "}"
 
     state = parallel_decoding.run(topic="the history of tea", temperature=0,
