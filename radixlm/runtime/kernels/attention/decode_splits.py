@@ -1,6 +1,8 @@
 """Split-K sizing of the decode kernel. Imports no Triton: the attention backend sizes CUDA graphs' splits with it."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 DECODE_BLOCK_N = 64  # sequence positions per block of the decode kernel's stage 1
 # Wide passes (at least this many (request, kv head) programs, no shared prefixes) walk 128 positions per block: on an
 # H100 at batch 256 (8 kv heads, 640 positions) 5% faster than 64, at batch 64 7% slower
@@ -25,6 +27,67 @@ def decode_wide_rows(num_kv_heads: int) -> int:
 def decode_block_n(bs: int, num_kv_heads: int, shared: bool) -> int:
     """Stage 1's positions per block. A wide pass has one split (decode_num_splits), so its variant is one."""
     return DECODE_WIDE_BLOCK_N if not shared and bs >= decode_wide_rows(num_kv_heads) else DECODE_BLOCK_N
+
+
+@dataclass(frozen=True)
+class DecodeKernelConfig:
+    """Stage 1's launch: positions per block, warps, Triton's pipeline stages, and how the walk prefetches
+    (span.attend_span's PREFETCH: 0 Triton's pipeliner, 1 the table a block ahead, 2 the table two blocks and K/V one
+    block ahead, in registers). Triton's pipeliner (num_stages 2, PREFETCH 0) issues a block's table load and then
+    its K/V loads after the previous block's math and waits for both: two memory round trips per block with nothing
+    in flight during the math. num_stages 3 moves the table load two blocks ahead (one round trip a block); PREFETCH
+    does it in the source, with num_stages 1."""
+
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+    prefetch: int = 0
+    inline_cvt: bool = True  # a float8 pool converted by span.kv_convert_asm on CUDA (False: the plain cast)
+
+    def __post_init__(self):
+        if self.block_n not in (16, 32, 64, 128, 256):
+            raise ValueError(f"DecodeKernelConfig.block_n: a power of two in 16..256, got {self.block_n}")
+        if self.num_warps not in (1, 2, 4, 8):
+            raise ValueError(f"DecodeKernelConfig.num_warps: 1, 2, 4 or 8, got {self.num_warps}")
+        if not 1 <= self.num_stages <= 4:
+            raise ValueError(f"DecodeKernelConfig.num_stages: 1..4, got {self.num_stages}")
+        if self.prefetch not in (0, 1, 2):
+            raise ValueError(f"DecodeKernelConfig.prefetch: 0, 1 or 2, got {self.prefetch}")
+        if self.prefetch and self.num_stages != 1:
+            raise ValueError("DecodeKernelConfig: a prefetching walk runs with num_stages=1 (it is its own pipeline)")
+
+
+# The variants benchmarks/kernels/fp8_kv_decode_gpu.py times side by side (--variants). Registers per thread and
+# programs per SM (sm_90, Triton 3.6, Llama-3.1-8B heads, float8 pools converted inline: span.kv_convert_asm):
+# "old" bf16 96 (5; 4 used at batch 64 x 8 kv heads), e4m3 183 (2: the plain cast); "cvt" e4m3 128 (4);
+# "s3" bf16 105 (4), e4m3 128 (4); "p1" bf16 144 (3), e4m3 128 (4); "p2" bf16 246 (2), e4m3 251 (2);
+# "n128p1" e4m3 168 (3); "n128w8p1" bf16 and e4m3 128 (2 programs of 8 warps).
+DECODE_VARIANTS = {
+    "old": DecodeKernelConfig(64, 4, 2, 0, inline_cvt=False),  # the kernel before these variants
+    "cvt": DecodeKernelConfig(64, 4, 2, 0),
+    "s3": DecodeKernelConfig(64, 4, 3, 0),
+    "p1": DecodeKernelConfig(64, 4, 1, 1),
+    "p2": DecodeKernelConfig(64, 4, 1, 2),
+    "n128s3": DecodeKernelConfig(128, 4, 3, 0),
+    "n128p1": DecodeKernelConfig(128, 4, 1, 1),
+    "n128w8p1": DecodeKernelConfig(128, 8, 1, 1),
+    "wide": DecodeKernelConfig(DECODE_WIDE_BLOCK_N, 4, 2, 0),
+    "wide_s3": DecodeKernelConfig(DECODE_WIDE_BLOCK_N, 4, 3, 0),
+}
+# The defaults, per (pool of float8, wide pass); fixed per server and batch class, so start-up's passes build them
+# (kernels/startup/kernel_variants.py). A model-dtype pool's narrow passes keep "old"'s blocks (64 positions):
+# same blocks, same numerics, whatever the pipeline.
+DECODE_DEFAULT_VARIANTS = {
+    (False, False): "s3",
+    (False, True): "wide",
+    (True, False): "p1",
+    (True, True): "wide",
+}
+
+
+def decode_kernel_config(float8: bool, wide: bool) -> DecodeKernelConfig:
+    """Stage 1's launch of a pass without shared prefixes (DECODE_DEFAULT_VARIANTS)."""
+    return DECODE_VARIANTS[DECODE_DEFAULT_VARIANTS[(bool(float8), bool(wide))]]
 
 
 # Chunked decode (small batches, where splits would multiply the programs): stage 1's program (kv head, entry) walks
