@@ -72,7 +72,6 @@ DECODE_VARIANTS = {
     "n128p1": DecodeKernelConfig(128, 4, 1, 1),
     "n128w8p1": DecodeKernelConfig(128, 8, 1, 1),
     "wide": DecodeKernelConfig(DECODE_WIDE_BLOCK_N, 4, 2, 0),
-    "wide_s3": DecodeKernelConfig(DECODE_WIDE_BLOCK_N, 4, 3, 0),
 }
 # The defaults, per (pool of float8, wide pass); fixed per server and batch class, so start-up's passes build them
 # (kernels/startup/kernel_variants.py). A model-dtype pool's narrow passes keep "old"'s blocks (64 positions):
