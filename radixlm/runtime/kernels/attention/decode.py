@@ -171,7 +171,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     if config is None:
         wide = shared is None and bs >= decode_wide_rows(num_kv_heads)
         config = decode_kernel_config(k_buf.element_size() == 1, wide)
-    kv_cvt = kv_convert_asm(k_buf.dtype, q.dtype, q.device.type) if config.inline_cvt else ""
+    kv_cvt = kv_convert_asm(k_buf.dtype, q.dtype, q.device) if config.inline_cvt else ""
     _decode_stage1[(num_kv_heads, chunks) if chunks else (num_kv_heads, bs, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, shared.row_starts if shared is not None else None,
         table, mid_o, mid_lse, out, sm_scale * k_scale, float(v_scale),

@@ -24,9 +24,10 @@ def decode_wide_rows(num_kv_heads: int) -> int:
     return -(-DECODE_WIDE_PROGRAMS // max(1, num_kv_heads))
 
 
-def decode_block_n(bs: int, num_kv_heads: int, shared: bool) -> int:
-    """Stage 1's positions per block. A wide pass has one split (decode_num_splits), so its variant is one."""
-    return DECODE_WIDE_BLOCK_N if not shared and bs >= decode_wide_rows(num_kv_heads) else DECODE_BLOCK_N
+def decode_block_n(bs: int, num_kv_heads: int, shared: bool, float8: bool = False) -> int:
+    """Stage 1's positions per block (decode_kernel_config's). A wide pass has one split (decode_num_splits), so its
+    variant is one."""
+    return decode_kernel_config(float8, not shared and bs >= decode_wide_rows(num_kv_heads)).block_n
 
 
 @dataclass(frozen=True)

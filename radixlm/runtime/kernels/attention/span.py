@@ -19,12 +19,14 @@ def _cvt_asm(src: str, bf16: bool) -> str:
     to_bf16 = "".join(f"cvt.rn.bf16.f16 a{i}, a{i};\n" for i in range(4)) if bf16 else ""
     return ("{\n.reg .b16 lo, hi, a0, a1, a2, a3;\n.reg .b32 h0, h1;\nmov.b32 {lo, hi}, $2;\n"
             f"cvt.rn.f16x2.{src}x2 h0, lo;\ncvt.rn.f16x2.{src}x2 h1, hi;\n"
-            "mov.b32 {a0, a1}, h0;\nmov.b32 {a2, a3}, h1;\n" + to_bf16 + "mov.b32 $0, {a0, a1};\nmov.b32 $1, {a2, a3};\n}")
+            "mov.b32 {a0, a1}, h0;\nmov.b32 {a2, a3}, h1;\n" + to_bf16
+            + "mov.b32 $0, {a0, a1};\nmov.b32 $1, {a2, a3};\n}")
 
 
-def kv_convert_asm(kv_dtype, q_dtype, device_type: str) -> str:
-    """The KV_CVT constexpr of a launch: the inline conversion of a float8 pool on CUDA to a bf16/fp16 query's dtype,
-    else "" (a plain cast: model-dtype pools, float32 queries, the interpreter).
+def kv_convert_asm(kv_dtype, q_dtype, device) -> str:
+    """The KV_CVT constexpr of a launch: the inline conversion of a float8 pool on CUDA to a bf16/fp16 query's dtype
+    (the packed cvt needs sm_89, cvt.bf16.f16 sm_90), else "" (a plain cast: model-dtype pools, float32 queries, older
+    GPUs, the interpreter).
 
     Why not the plain cast: Triton moves the float8 tile's layout change (to the tensor-core operand layout) ahead of
     the cast, to move fewer bytes through shared memory; for V (read transposed) that becomes byte-wide shared loads,
@@ -34,7 +36,10 @@ def kv_convert_asm(kv_dtype, q_dtype, device_type: str) -> str:
     import torch
 
     src = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}.get(kv_dtype)
-    if device_type != "cuda" or src is None or q_dtype not in (torch.bfloat16, torch.float16):
+    device = torch.device(device)
+    if device.type != "cuda" or src is None or q_dtype not in (torch.bfloat16, torch.float16):
+        return ""
+    if torch.cuda.get_device_capability(device) < ((9, 0) if q_dtype == torch.bfloat16 else (8, 9)):
         return ""
     return _cvt_asm(src, q_dtype == torch.bfloat16)
 
@@ -50,8 +55,8 @@ def _like(x, q, KV_CVT: tl.constexpr):
 
 @triton.jit
 def _block(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION: tl.constexpr, KV_CVT: tl.constexpr):
-    """One block of the online softmax. K and V are converted to q's dtype before any layout change, so that a
-    float8 tile converts packed in the layout it was loaded in."""
+    """One block of the online softmax; K and V in q's dtype (_like: a float8 tile converts in the layout it was
+    loaded in, before any layout change)."""
     s = tl.dot(q, tl.trans(_like(k, q, KV_CVT)), input_precision=PRECISION).to(tl.float32) * sm_scale
     s = tl.where(n_mask[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
