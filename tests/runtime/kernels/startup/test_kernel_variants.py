@@ -116,8 +116,10 @@ def _index(values, offset):
     return buf[offset:]
 
 
-@pytest.mark.parametrize("kv_heads, graph_max_bs", [(2, 8), (2, 0), (8, 512), (1, 4)])
-def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_heads, graph_max_bs):
+@pytest.mark.parametrize("kv_heads, graph_max_bs, pool_dtype", [
+    (2, 8, torch.float32), (2, 0, torch.float32), (8, 512, torch.float32), (1, 4, torch.float32),
+    (8, 512, torch.float8_e4m3fn), (2, 0, torch.float8_e5m2)])  # a float8 pool: its own launch configs
+def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_heads, graph_max_bs, pool_dtype):
     from radixlm.runtime.executor.cuda_graph_runner import capture_batch_sizes
     from radixlm.runtime.kernels.attention import decode as da
     from radixlm.runtime.kernels.attention import decode_work as dw
@@ -125,6 +127,7 @@ def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_
     heads, head_dim, context_len = 4 * kv_heads, 16, 4096
     rec = Recorder(monkeypatch, {"stage1": da._decode_stage1, "stage2": da._decode_stage2, "work": dw._decode_work})
     k_buf, v_buf, req_to_token = _pools(kv_heads=kv_heads)
+    k_buf, v_buf = k_buf.to(pool_dtype), v_buf.to(pool_dtype)
 
     def launch(bs, seq_lens, offset=0, num_splits=None):
         rows = _index([0] * bs, offset)
