@@ -139,35 +139,48 @@ def variant_rows(args, device: str, shapes: tuple[int, int, int], save) -> dict:
             nbytes = 2 * k_buf.numel() * k_buf.element_size()
             floor = nbytes / args.bandwidth * 1e3
 
-            def call(config):
-                return decode_attention(q, k_buf, v_buf, req_to_token, rows, lens, head_dim**-0.5, ctx,
-                                        k_scale=scale, v_scale=scale, config=config)
+            def call(config, splits=None):
+                return decode_attention(q, k_buf, v_buf, req_to_token, rows, lens, head_dim**-0.5, ctx, splits,
+                                        k_scale=scale, v_scale=scale, config=config, chunked=splits is None)
 
             ref = call(DECODE_VARIANTS["old"] if not wide else DECODE_VARIANTS["wide"]).float()
             base_ms, timed = None, []
-            for name in ["old"] + [n for n in names if n != "old"]:
+
+            def run(name, splits=None):
+                nonlocal base_ms
                 config = DECODE_VARIANTS[name]
-                if not float8 and config.block_n != decode_kernel_config(False, wide).block_n:
+                if time.perf_counter() - args.t0 > args.variant_budget_s:
+                    log(f"variant budget of {args.variant_budget_s:.0f} s spent: no {name} {kv}")
+                    return
+                t0 = time.perf_counter()
+                try:
+                    err = ((call(config, splits).float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+                    ms = time_ms(lambda: call(config, splits), device, args.reps)
+                except Exception as e:  # a config that does not build here: reported, not chosen
+                    log(f"variant {name} {kv}: {type(e).__name__}: {str(e)[:200]}")
+                    return
+                ok = err < 2e-2
+                base_ms = base_ms or ms
+                if splits is None:
+                    timed.append((ms, name, ok))
+                save([{"part": "variant", "kv": kv, "variant": name + (f"@{splits}" if splits else ""),
+                       "config": config.__dict__, "splits": splits, "wide": wide, "batch": bs, "context": ctx,
+                       "ms": ms, "floor_ms": floor, "of_floor": floor / ms, "bytes": nbytes, "vs_old": base_ms / ms,
+                       "rel_err_vs_old": err, "valid": ok, "default": name == default and splits is None,
+                       "build_and_time_s": time.perf_counter() - t0}])
+
+            for name in ["old"] + [n for n in names if n != "old"]:
+                if not float8 and DECODE_VARIANTS[name].block_n != decode_kernel_config(False, wide).block_n:
                     continue  # other block sizes round differently: a model-dtype pool keeps its numerics
                 if not float8 and name == "cvt":
                     continue  # "old" for a model-dtype pool
-                if time.perf_counter() - args.t0 > args.variant_budget_s:
-                    log(f"variant budget of {args.variant_budget_s:.0f} s spent: no {name} {kv}")
-                    continue
-                t0 = time.perf_counter()
-                try:
-                    err = ((call(config).float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
-                    ms = time_ms(lambda: call(config), device, args.reps)
-                except Exception as e:  # a config that does not build here: reported, not chosen
-                    log(f"variant {name} {kv}: {type(e).__name__}: {str(e)[:200]}")
-                    continue
-                ok = err < 2e-2
-                base_ms = base_ms or ms
-                timed.append((ms, name, ok))
-                save([{"part": "variant", "kv": kv, "variant": name, "config": config.__dict__, "wide": wide,
-                       "batch": bs, "context": ctx, "ms": ms, "floor_ms": floor, "of_floor": floor / ms,
-                       "bytes": nbytes, "vs_old": base_ms / ms, "rel_err_vs_old": err, "valid": ok,
-                       "default": name == default, "build_and_time_s": time.perf_counter() - t0}])
+                run(name)
+            # More programs than the split rule gives (decode_num_splits: one split here), for the two fastest:
+            # information only (a default would need the rule to change), not for e5m2 (e4m3's kernels).
+            if kv in ("bf16", args.kv_dtypes[0]):
+                for _, name, _ in sorted(t for t in timed if t[2])[:2]:
+                    for splits in args.variant_splits:
+                        run(name, splits)
             valid = sorted(t for t in timed if t[2])
             key = (float8, wide)
             if valid and key not in best:  # e4m3 and e5m2 share a default: --kv-dtypes' first decides it
@@ -239,6 +252,10 @@ def main() -> None:
     ap.add_argument("--variant-budget-s", type=float, default=120.0, help="--variants: no config starts after it")
     ap.add_argument("--variants", default="", help="kernel part: 'all' or names of decode_splits.DECODE_VARIANTS to "
                     "time side by side (default: none, the default configs only)")
+    ap.add_argument("--step-at-tree-defaults", action="store_true", help="with --variants: the step part keeps "
+                    "the tree's DECODE_DEFAULT_VARIANTS (default: it runs the ones --variants picked)")
+    ap.add_argument("--variant-splits", default="2,4", help="--variants: split counts the two fastest configs of "
+                    "each case are also timed at (information: the split rule, decode_num_splits, gives 1 here)")
     ap.add_argument("--variant-margin", type=float, default=0.02, help="--variants: the default holds unless a "
                     "config is faster by more than this share")
     ap.add_argument("--variant-widths", default="narrow,wide", help="--variants' cases: narrow (--batch), wide "
@@ -249,6 +266,7 @@ def main() -> None:
     args.kv_dtypes = [k for k in args.kv_dtypes.split(",") if k]
     args.variants = [v for v in args.variants.split(",") if v]
     args.variant_widths = set(args.variant_widths.split(","))
+    args.variant_splits = [int(x) for x in args.variant_splits.split(",") if x]
     from radixlm.runtime.kernels.attention.decode_splits import DECODE_VARIANTS
 
     unknown = sorted(set(args.variants) - set(DECODE_VARIANTS) - {"all"})
@@ -274,7 +292,7 @@ def main() -> None:
         result["rows"] += rows
         out_path.write_text(json.dumps(result, indent=1))
         for r in rows:
-            extra = (f"  {r['variant']:<9}{' (default)' if r['default'] else '':<10} {r['vs_old']:.2f}x old, "
+            extra = (f"  {r['variant']:<11}{' (default)' if r['default'] else '':<10} {r['vs_old']:.2f}x old, "
                      f"err {r['rel_err_vs_old']:.1e}{'' if r['valid'] else ' WRONG'}" if r["part"] == "variant" else "")
             log(f"{r['part']:<7} {r['kv']:<9} bs {r['batch']:<4} ctx {r['context']:<6} {r['ms']:9.3f} ms  "
                 f"floor {r['floor_ms']:8.3f} ms ({r['of_floor']:.2f} of it){extra}")
@@ -296,6 +314,11 @@ def main() -> None:
             result["variant_best"] = {str(k): v[0] for k, v in best.items()}
             log("decode_splits.DECODE_DEFAULT_VARIANTS = {" + ", ".join(f"{k}: {v!r}" for k, v in chosen.items())
                 + "}")
+            if "step" in parts and not args.step_at_tree_defaults:
+                # The step part measures the picked defaults: this process only (the runner reads the dict per launch).
+                DECODE_DEFAULT_VARIANTS.update(chosen)
+                result["step_defaults"] = {str(k): v for k, v in chosen.items()}
+                log("the step part runs these defaults")
     if "step" in parts:
         from benchmarks.lib.models import model_dir, tiny_model_dir
 
