@@ -180,7 +180,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         num_splits, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=config.block_n, num_warps=config.num_warps, num_stages=config.num_stages, PRECISION=precision,
         HAS_ROW_STARTS=shared is not None, DIRECT=direct, CHUNKED=bool(chunks), PREFETCH=config.prefetch,
-        KV_CVT=kv_cvt,
+        KV_CVT=kv_cvt, **({"maxnreg": config.maxnreg} if config.maxnreg and q.is_cuda else {}),
     )
     if direct:
         return out

@@ -44,6 +44,7 @@ class DecodeKernelConfig:
     num_stages: int = 2
     prefetch: int = 0
     inline_cvt: bool = True  # a float8 pool converted by span.kv_convert_asm on CUDA (False: the plain cast)
+    maxnreg: int = 0  # registers per thread the compiler may use (0: its choice); 128 fits 4 programs of 4 warps
 
     def __post_init__(self):
         if self.block_n not in (16, 32, 64, 128, 256):
@@ -54,6 +55,8 @@ class DecodeKernelConfig:
             raise ValueError(f"DecodeKernelConfig.num_stages: 1..4, got {self.num_stages}")
         if self.prefetch not in (0, 1, 2):
             raise ValueError(f"DecodeKernelConfig.prefetch: 0, 1 or 2, got {self.prefetch}")
+        if self.maxnreg and not 32 <= self.maxnreg <= 255:
+            raise ValueError(f"DecodeKernelConfig.maxnreg: 0 or 32..255, got {self.maxnreg}")
         if self.prefetch and self.num_stages != 1:
             raise ValueError("DecodeKernelConfig: a prefetching walk runs with num_stages=1 (it is its own pipeline)")
 
@@ -62,7 +65,9 @@ class DecodeKernelConfig:
 # programs per SM (sm_90, Triton 3.6, Llama-3.1-8B heads, float8 pools converted inline: span.kv_convert_asm):
 # "old" bf16 96 (5; 4 used at batch 64 x 8 kv heads), e4m3 183 (2: the plain cast); "cvt" e4m3 128 (4);
 # "s3" bf16 105 (4), e4m3 128 (4); "p1" bf16 144 (3), e4m3 128 (4); "p2" bf16 246 (2), e4m3 251 (2);
-# "n128p1" e4m3 168 (3); "n128w8p1" bf16 and e4m3 128 (2 programs of 8 warps).
+# "n128p1" e4m3 168 (3); "n128w8p1" bf16 and e4m3 128 (2 programs of 8 warps); "p1r128" bf16 128 (4, no spills);
+# "n128p1r128" e4m3 128 (4; 9 spilled stores): a float8 block of 128 positions is bf16's 64 in bytes, at bf16's
+# occupancy, in half the round trips.
 DECODE_VARIANTS = {
     "old": DecodeKernelConfig(64, 4, 2, 0, inline_cvt=False),  # the kernel before these variants
     "cvt": DecodeKernelConfig(64, 4, 2, 0),
@@ -72,16 +77,19 @@ DECODE_VARIANTS = {
     "n128s3": DecodeKernelConfig(128, 4, 3, 0),
     "n128p1": DecodeKernelConfig(128, 4, 1, 1),
     "n128w8p1": DecodeKernelConfig(128, 8, 1, 1),
+    "p1r128": DecodeKernelConfig(64, 4, 1, 1, maxnreg=128),
+    "n128p1r128": DecodeKernelConfig(128, 4, 1, 1, maxnreg=128),
     "wide": DecodeKernelConfig(DECODE_WIDE_BLOCK_N, 4, 2, 0),
 }
 # The defaults, per (pool of float8, wide pass); fixed per server and batch class, so start-up's passes build them
-# (kernels/startup/kernel_variants.py). A model-dtype pool's narrow passes keep "old"'s blocks (64 positions):
-# same blocks, same numerics, whatever the pipeline.
+# (kernels/startup/kernel_variants.py). A model-dtype pool keeps the blocks it had (64 positions, 128 in wide passes):
+# same blocks, same numerics, whatever the pipeline. The float8 ones are picked blind (sm_90 registers and round
+# trips, above) until fp8_kv_decode_gpu.py --variants has timed them.
 DECODE_DEFAULT_VARIANTS = {
     (False, False): "s3",
     (False, True): "wide",
-    (True, False): "p1",
-    (True, True): "wide",
+    (True, False): "n128p1r128",
+    (True, True): "n128p1r128",
 }
 
 
