@@ -145,10 +145,15 @@ def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_
         for bs in capture_batch_sizes(graph_max_bs):
             launch(bs, [1] * bs, num_splits=decode_num_splits(context_len, bs, kv_heads))
     warm = rec.take()
-    # Stage 1's variants: split (partials for stage 2), DIRECT (one split), wide (DIRECT, 128-position blocks)
-    # where a pass reaches decode_wide_rows, and chunked where one is chunked; the split count itself builds none.
+    # Stage 1's variants: split (partials for stage 2), DIRECT (one split), wide (DIRECT, its own launch config
+    # where the pool's dtype has one) where a pass reaches decode_wide_rows, and chunked where one is chunked; the
+    # split count itself builds none.
+    from radixlm.runtime.kernels.attention.decode_splits import decode_kernel_config
+
+    float8 = k_buf.element_size() == 1
+    own_wide = decode_kernel_config(float8, True) != decode_kernel_config(float8, False)
     launched = list(plan.token_row_batches) + (capture_batch_sizes(graph_max_bs) if graph_max_bs else [])
-    assert len(warm["stage1"]) == (2 + any(bs >= decode_wide_rows(kv_heads) for bs in launched)
+    assert len(warm["stage1"]) == (2 + (own_wide and any(bs >= decode_wide_rows(kv_heads) for bs in launched))
                                    + any(decode_chunk_capacity(bs, kv_heads) for bs in launched))
     # Serving: eager passes of more rows than the largest graph, any lengths, index vectors at any offset.
     rng = random.Random(0)
