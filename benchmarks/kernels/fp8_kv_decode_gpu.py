@@ -12,10 +12,10 @@ bf16 KV decode step speed"), each next to its bytes floor at --bandwidth (H200: 
     python benchmarks/kernels/fp8_kv_decode_gpu.py [--batch 64] [--context 8192] [--parts kernel,step] [--out DIR]
         [--variants all|NAME,...]
 
---variants times stage 1's launch configs (decode_splits.DECODE_VARIANTS: "old" is the kernel before them) side by
-side, per case (pool dtype x pass width: --batch for narrow passes, decode_wide_rows for wide ones), each checked
-against "old"'s output, and prints the fastest per case next to the default (DECODE_DEFAULT_VARIANTS) with the
-dict to put in decode_splits.py. A model-dtype pool only takes configs of its default's block size (same numerics).
+--variants times stage 1's launch configs (decode_splits.DECODE_VARIANTS: "old", "wide" are the kernel before them,
+narrow and wide) side by side, per case (pool dtype x pass width: --batch for narrow passes, decode_wide_rows for
+wide ones), each checked against that old kernel's output ("x old": its speed against it), and prints the fastest
+per case next to the default (DECODE_DEFAULT_VARIANTS) with the dict to put in decode_splits.py. A model-dtype pool only takes configs of its default's block size (same numerics).
 
 Prints a table and writes fp8_kv_decode.json to --out (default $OUT, else the current directory), rewritten after
 each row. No network: the 8B config and tokenizer are in benchmarks/models/. --dry runs tiny shapes on the CPU (the
@@ -114,9 +114,12 @@ def variant_rows(args, device: str, shapes: tuple[int, int, int], save) -> dict:
     heads, kv_heads, head_dim = shapes
     names = list(DECODE_VARIANTS) if args.variants == ["all"] else args.variants
     wide_bs = decode_wide_rows(kv_heads)
-    cases = [(args.batch, False, ["bf16"] + args.kv_dtypes)]
+    # e4m3 and e5m2 share a default (the first float8 dtype decides it): the other float8 dtypes come last.
+    cases = [(args.batch, False, ["bf16"] + args.kv_dtypes[:1])]
     if not args.dry and "wide" in args.variant_widths:
         cases.append((max(wide_bs, args.batch), True, ["bf16"] + args.kv_dtypes[:1]))
+    if args.kv_dtypes[1:]:
+        cases.append((args.batch, False, args.kv_dtypes[1:]))
     best = {}
     for bs, wide, kvs in cases:
         if (bs >= wide_bs) != wide:
@@ -143,7 +146,8 @@ def variant_rows(args, device: str, shapes: tuple[int, int, int], save) -> dict:
                 return decode_attention(q, k_buf, v_buf, req_to_token, rows, lens, head_dim**-0.5, ctx, splits,
                                         k_scale=scale, v_scale=scale, config=config, chunked=splits is None)
 
-            ref = call(DECODE_VARIANTS["old"] if not wide else DECODE_VARIANTS["wide"]).float()
+            baseline = "wide" if wide else "old"  # the kernel before the configs, in this case
+            ref = call(DECODE_VARIANTS[baseline]).float()
             base_ms, timed = None, []
 
             def run(name, splits=None):
@@ -166,10 +170,10 @@ def variant_rows(args, device: str, shapes: tuple[int, int, int], save) -> dict:
                 save([{"part": "variant", "kv": kv, "variant": name + (f"@{splits}" if splits else ""),
                        "config": config.__dict__, "splits": splits, "wide": wide, "batch": bs, "context": ctx,
                        "ms": ms, "floor_ms": floor, "of_floor": floor / ms, "bytes": nbytes, "vs_old": base_ms / ms,
-                       "rel_err_vs_old": err, "valid": ok, "default": name == default and splits is None,
+                       "baseline": baseline, "rel_err_vs_old": err, "valid": ok, "default": name == default and splits is None,
                        "build_and_time_s": time.perf_counter() - t0}])
 
-            for name in ["old"] + [n for n in names if n != "old"]:
+            for name in [baseline] + [n for n in names if n != baseline]:
                 if not float8 and DECODE_VARIANTS[name].block_n != decode_kernel_config(False, wide).block_n:
                     continue  # other block sizes round differently: a model-dtype pool keeps its numerics
                 if not float8 and name == "cvt":
@@ -312,6 +316,10 @@ def main() -> None:
                 log(f"  {str(key):<15} ({kv}): fastest {name} {ms:.3f} ms; default {now}: {verdict}")
                 chosen[key] = name
             result["variant_best"] = {str(k): v[0] for k, v in best.items()}
+            if (False, False) in best and (True, False) in best:
+                ratio = best[(True, False)][1] / best[(False, False)][1]
+                result["kernel_picked_fp8_over_bf16"] = ratio
+                log(f"  picked: {best[(True, False)][2]} {ratio:.2f}x bf16's time (issue 50: <= 0.71, 1.4x the speed)")
             log("decode_splits.DECODE_DEFAULT_VARIANTS = {" + ", ".join(f"{k}: {v!r}" for k, v in chosen.items())
                 + "}")
             if "step" in parts and not args.step_at_tree_defaults:
