@@ -15,7 +15,8 @@ bf16 KV decode step speed"), each next to its bytes floor at --bandwidth (H200: 
 --variants times stage 1's launch configs (decode_splits.DECODE_VARIANTS: "old", "wide" are the kernel before them,
 narrow and wide) side by side, per case (pool dtype x pass width: --batch for narrow passes, decode_wide_rows for
 wide ones), each checked against that old kernel's output ("x old": its speed against it), and prints the fastest
-per case next to the default (DECODE_DEFAULT_VARIANTS) with the dict to put in decode_splits.py. A model-dtype pool only takes configs of its default's block size (same numerics).
+per case next to the default (DECODE_DEFAULT_VARIANTS) with the dict to put in decode_splits.py. A model-dtype pool
+only takes configs of its default's block size (same numerics).
 
 Prints a table and writes fp8_kv_decode.json to --out (default $OUT, else the current directory), rewritten after
 each row. No network: the 8B config and tokenizer are in benchmarks/models/. --dry runs tiny shapes on the CPU (the
@@ -170,7 +171,8 @@ def variant_rows(args, device: str, shapes: tuple[int, int, int], save) -> dict:
                 save([{"part": "variant", "kv": kv, "variant": name + (f"@{splits}" if splits else ""),
                        "config": config.__dict__, "splits": splits, "wide": wide, "batch": bs, "context": ctx,
                        "ms": ms, "floor_ms": floor, "of_floor": floor / ms, "bytes": nbytes, "vs_old": base_ms / ms,
-                       "baseline": baseline, "rel_err_vs_old": err, "valid": ok, "default": name == default and splits is None,
+                       "baseline": baseline, "rel_err_vs_old": err, "valid": ok,
+                       "default": name == default and splits is None,
                        "build_and_time_s": time.perf_counter() - t0}])
 
             for name in [baseline] + [n for n in names if n != baseline]:
