@@ -10,6 +10,13 @@ bf16 KV decode step speed"), each next to its bytes floor at --bandwidth (H200: 
   plus the KV bytes read.
 
     python benchmarks/kernels/fp8_kv_decode_gpu.py [--batch 64] [--context 8192] [--parts kernel,step] [--out DIR]
+        [--variants all|NAME,...]
+
+--variants times stage 1's launch configs (decode_splits.DECODE_VARIANTS: "old", "wide" are the kernel before them,
+narrow and wide) side by side, per case (pool dtype x pass width: --batch for narrow passes, decode_wide_rows for
+wide ones), each checked against that old kernel's output ("x old": its speed against it), and prints the fastest
+per case next to the default (DECODE_DEFAULT_VARIANTS) with the dict to put in decode_splits.py. A model-dtype pool
+only takes configs of its default's block size (same numerics).
 
 Prints a table and writes fp8_kv_decode.json to --out (default $OUT, else the current directory), rewritten after
 each row. No network: the 8B config and tokenizer are in benchmarks/models/. --dry runs tiny shapes on the CPU (the
@@ -66,6 +73,7 @@ def fill_(buf: torch.Tensor, std: float = 1.0) -> None:
 
 
 def kernel_rows(args, device: str, shapes: tuple[int, int, int]) -> list[dict]:
+    """Each pool dtype at the default launch config."""
     from radixlm.runtime.kernels.attention import decode_attention
 
     heads, kv_heads, head_dim = shapes
@@ -95,6 +103,103 @@ def kernel_rows(args, device: str, shapes: tuple[int, int, int]) -> list[dict]:
         if device == "cuda":
             torch.cuda.empty_cache()
     return out
+
+
+def variant_rows(args, device: str, shapes: tuple[int, int, int], save) -> dict:
+    """Every --variants config per case (pool dtype, narrow or wide pass): a row each (saved as it goes), then the
+    fastest valid one per case: {(float8, wide): (name, ms)}."""
+    from radixlm.runtime.kernels.attention import decode_attention, decode_wide_rows
+    from radixlm.runtime.kernels.attention.decode_splits import (
+        DECODE_DEFAULT_VARIANTS, DECODE_VARIANTS, decode_kernel_config)
+
+    heads, kv_heads, head_dim = shapes
+    names = list(DECODE_VARIANTS) if args.variants == ["all"] else args.variants
+    wide_bs = decode_wide_rows(kv_heads)
+    # e4m3 and e5m2 share a default (the first float8 dtype decides it): the other float8 dtypes come last.
+    cases = [(args.batch, False, ["bf16"] + args.kv_dtypes[:1])]
+    if not args.dry and "wide" in args.variant_widths:
+        cases.append((max(wide_bs, args.batch), True, ["bf16"] + args.kv_dtypes[:1]))
+    if args.kv_dtypes[1:]:
+        cases.append((args.batch, False, args.kv_dtypes[1:]))
+    best = {}
+    for bs, wide, kvs in cases:
+        if (bs >= wide_bs) != wide:
+            log(f"variants: batch {bs} is not a {'wide' if wide else 'narrow'} pass at {kv_heads} kv heads: skipped")
+            continue
+        ctx = args.context
+        req_to_token = (torch.arange(bs * ctx, device=device, dtype=torch.int64) + 1).view(bs, ctx)
+        rows = torch.arange(bs, device=device)
+        lens = torch.full((bs,), ctx, device=device, dtype=torch.int64)
+        q = torch.randn(bs, heads, head_dim, device=device, dtype=torch.bfloat16)
+        for kv in kvs:
+            float8 = kv != "bf16"
+            default = DECODE_DEFAULT_VARIANTS[(float8, wide)]
+            dtype = FP8.get(kv, torch.bfloat16)
+            k_buf = torch.empty(bs * ctx + 1, kv_heads, head_dim, device=device, dtype=dtype)
+            v_buf = torch.empty_like(k_buf)
+            fill_(k_buf)
+            fill_(v_buf)
+            scale = 0.5 if float8 else 1.0
+            nbytes = 2 * k_buf.numel() * k_buf.element_size()
+            floor = nbytes / args.bandwidth * 1e3
+
+            def call(config, splits=None):
+                return decode_attention(q, k_buf, v_buf, req_to_token, rows, lens, head_dim**-0.5, ctx, splits,
+                                        k_scale=scale, v_scale=scale, config=config, chunked=splits is None)
+
+            baseline = "wide" if wide else "old"  # the kernel before the configs, in this case
+            ref = call(DECODE_VARIANTS[baseline]).float()
+            base_ms, timed = None, []
+
+            def run(name, splits=None):
+                nonlocal base_ms
+                config = DECODE_VARIANTS[name]
+                if time.perf_counter() - args.t0 > args.variant_budget_s:
+                    log(f"variant budget of {args.variant_budget_s:.0f} s spent: no {name} {kv}")
+                    return
+                t0 = time.perf_counter()
+                try:
+                    err = ((call(config, splits).float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+                    ms = time_ms(lambda: call(config, splits), device, args.reps)
+                except Exception as e:  # a config that does not build here: reported, not chosen
+                    log(f"variant {name} {kv}: {type(e).__name__}: {str(e)[:200]}")
+                    return
+                ok = err < 2e-2
+                base_ms = base_ms or ms
+                if splits is None:
+                    timed.append((ms, name, ok))
+                save([{"part": "variant", "kv": kv, "variant": name + (f"@{splits}" if splits else ""),
+                       "config": config.__dict__, "splits": splits, "wide": wide, "batch": bs, "context": ctx,
+                       "ms": ms, "floor_ms": floor, "of_floor": floor / ms, "bytes": nbytes, "vs_old": base_ms / ms,
+                       "baseline": baseline, "rel_err_vs_old": err, "valid": ok,
+                       "default": name == default and splits is None,
+                       "build_and_time_s": time.perf_counter() - t0}])
+
+            for name in [baseline] + [n for n in names if n != baseline]:
+                if not float8 and DECODE_VARIANTS[name].block_n != decode_kernel_config(False, wide).block_n:
+                    continue  # other block sizes round differently: a model-dtype pool keeps its numerics
+                if not float8 and name == "cvt":
+                    continue  # "old" for a model-dtype pool
+                run(name)
+            # More programs than the split rule gives (decode_num_splits: one split here), for the two fastest:
+            # information only (a default would need the rule to change), not for e5m2 (e4m3's kernels).
+            if kv in ("bf16", args.kv_dtypes[0]):
+                for _, name, _ in sorted(t for t in timed if t[2])[:2]:
+                    for splits in args.variant_splits:
+                        run(name, splits)
+            valid = sorted(t for t in timed if t[2])
+            key = (float8, wide)
+            if valid and key not in best:  # e4m3 and e5m2 share a default: --kv-dtypes' first decides it
+                ms, name, _ = valid[0]
+                held = [t for t in valid if t[1] == default]
+                if held and held[0][0] <= ms * (1 + args.variant_margin):  # within the noise: the default holds
+                    ms, name = held[0][0], default
+                best[key] = (name, ms, kv)
+            del k_buf, v_buf
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return best
 
 
 def step_row(args, device: str, model_dir: str, kv: str, dtype: str) -> dict:
@@ -149,18 +254,37 @@ def main() -> None:
     ap.add_argument("--kv-dtypes", default="fp8_e4m3,fp8_e5m2", help="kernel part: float8 pools against bf16")
     ap.add_argument("--bandwidth", type=float, default=4.8e12, help="bytes/s of the floor (H200 HBM3e: 4.8 TB/s)")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--budget-s", type=float, default=180.0, help="the step part's last runner starts only within it")
+    ap.add_argument("--budget-s", type=float, default=180.0, help="each step's runner starts only within it")
+    ap.add_argument("--variant-budget-s", type=float, default=120.0, help="--variants: no config starts after it")
+    ap.add_argument("--variants", default="", help="kernel part: 'all' or names of decode_splits.DECODE_VARIANTS to "
+                    "time side by side (default: none, the default configs only)")
+    ap.add_argument("--step-at-tree-defaults", action="store_true", help="with --variants: the step part keeps "
+                    "the tree's DECODE_DEFAULT_VARIANTS (default: it runs the ones --variants picked)")
+    ap.add_argument("--variant-splits", default="2,4", help="--variants: split counts the two fastest configs of "
+                    "each case are also timed at (information: the split rule, decode_num_splits, gives 1 here)")
+    ap.add_argument("--variant-margin", type=float, default=0.02, help="--variants: the default holds unless a "
+                    "config is faster by more than this share")
+    ap.add_argument("--variant-widths", default="narrow,wide", help="--variants' cases: narrow (--batch), wide "
+                    "(decode_wide_rows rows)")
     ap.add_argument("--dry", action="store_true", help="tiny shapes on the CPU (the script's own check)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     args.kv_dtypes = [k for k in args.kv_dtypes.split(",") if k]
+    args.variants = [v for v in args.variants.split(",") if v]
+    args.variant_widths = set(args.variant_widths.split(","))
+    args.variant_splits = [int(x) for x in args.variant_splits.split(",") if x]
+    from radixlm.runtime.kernels.attention.decode_splits import DECODE_VARIANTS
+
+    unknown = sorted(set(args.variants) - set(DECODE_VARIANTS) - {"all"})
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; choose 'all' or from {sorted(DECODE_VARIANTS)}")
     unknown = sorted(set(args.kv_dtypes) - set(FP8))
     if unknown:
         raise SystemExit(f"--kv-dtypes: unknown {unknown}; choose from {sorted(FP8)}")
     parts = set(args.parts.split(","))
     if parts - {"kernel", "step"}:
         raise SystemExit("--parts: kernel, step or both")
-    t0 = time.perf_counter()
+    t0 = args.t0 = time.perf_counter()
     device = "cpu" if args.dry else "cuda"
     if args.dry:
         args.batch, args.context, args.reps = min(args.batch, 4), min(args.context, 64), min(args.reps, 3)
@@ -174,25 +298,52 @@ def main() -> None:
         result["rows"] += rows
         out_path.write_text(json.dumps(result, indent=1))
         for r in rows:
+            extra = (f"  {r['variant']:<11}{' (default)' if r['default'] else '':<10} {r['vs_old']:.2f}x old, "
+                     f"err {r['rel_err_vs_old']:.1e}{'' if r['valid'] else ' WRONG'}" if r["part"] == "variant" else "")
             log(f"{r['part']:<7} {r['kv']:<9} bs {r['batch']:<4} ctx {r['context']:<6} {r['ms']:9.3f} ms  "
-                f"floor {r['floor_ms']:8.3f} ms ({r['of_floor']:.2f} of it)")
+                f"floor {r['floor_ms']:8.3f} ms ({r['of_floor']:.2f} of it){extra}")
 
     if "kernel" in parts and (device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"):
         shapes = (4, 2, 16) if args.dry else (HEADS, KV_HEADS, HEAD_DIM)
         save(kernel_rows(args, device, shapes))
+        if args.variants:
+            from radixlm.runtime.kernels.attention.decode_splits import DECODE_DEFAULT_VARIANTS
+
+            best = variant_rows(args, device, shapes, save)
+            chosen = dict(DECODE_DEFAULT_VARIANTS)
+            log("\nvariants: the fastest per case (float8 pool, wide pass) against the default")
+            for key, (name, ms, kv) in sorted(best.items()):
+                now = DECODE_DEFAULT_VARIANTS[key]
+                verdict = "default holds" if name == now else f"set {name}"
+                log(f"  {str(key):<15} ({kv}): fastest {name} {ms:.3f} ms; default {now}: {verdict}")
+                chosen[key] = name
+            result["variant_best"] = {str(k): v[0] for k, v in best.items()}
+            if (False, False) in best and (True, False) in best:
+                ratio = best[(True, False)][1] / best[(False, False)][1]
+                result["kernel_picked_fp8_over_bf16"] = ratio
+                log(f"  picked: {best[(True, False)][2]} {ratio:.2f}x bf16's time (issue 50: <= 0.71, 1.4x the speed)")
+            log("decode_splits.DECODE_DEFAULT_VARIANTS = {" + ", ".join(f"{k}: {v!r}" for k, v in chosen.items())
+                + "}")
+            if "step" in parts and not args.step_at_tree_defaults:
+                # The step part measures the picked defaults: this process only (the runner reads the dict per launch).
+                DECODE_DEFAULT_VARIANTS.update(chosen)
+                result["step_defaults"] = {str(k): v for k, v in chosen.items()}
+                log("the step part runs these defaults")
     if "step" in parts:
         from benchmarks.lib.models import model_dir, tiny_model_dir
 
         d = tiny_model_dir() if args.dry else model_dir()
         dtype = "float32" if args.dry else "bfloat16"
         for kv in ("auto", "fp8_e4m3"):
-            if kv != "auto" and time.perf_counter() - t0 > args.budget_s:
+            if time.perf_counter() - t0 > args.budget_s:
                 log(f"budget of {args.budget_s:.0f} s spent: no {kv} step")
                 break
             save([step_row(args, device, d, kv, dtype)])
     log("\n" + f"{'part':<7} {'kv':<9} {'ms':>9} {'floor ms':>9} {'of floor':>8} {'vs bf16':>7}")
     base = {}
     for r in result["rows"]:
+        if r["part"] == "variant":
+            continue
         base.setdefault(r["part"], r["ms"])
         log(f"{r['part']:<7} {r['kv']:<9} {r['ms']:9.3f} {r['floor_ms']:9.3f} {r['of_floor']:8.2f} "
             f"{base[r['part']] / r['ms']:7.2f}x")

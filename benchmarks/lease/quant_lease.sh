@@ -9,21 +9,41 @@
 #   bash benchmarks/lease/quant_lease.sh model [FMT...]   # Llama-3.1-8B shapes (dummy weights) per format: decode steps
 #                                                  # at batch 1..256 and ShareGPT-like 400 (offline/gpu_llama8b.py
 #                                                  # --parts ab); FMT: bf16 fp8 fp8_block w4a16 fp8kv (default: all)
+#   BUDGET_S=560 bash benchmarks/lease/quant_lease.sh check   # one call after kernel changes: the GEMM, KV and MoE
+#                                                  # benchmarks in short budgets, the CUDA tests, then the 8B model
+#                                                  # per format at batch 1/8/64 while time is left
 #   bash benchmarks/lease/quant_lease.sh kv        # decode attention and the 8B decode step at batch 64, 8k-token
 #                                                  # contexts, bf16 vs fp8 KV (kernels/fp8_kv_decode_gpu.py, ~3 min)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/env.sh"
 bash benchmarks/lease/tree_id.sh
+deadline=$((SECONDS + ${BUDGET_S:-100000}))  # BUDGET_S: no step past it (each step's limit is cut to it)
 step() {  # step NAME LIMIT_S CMD...: the command's filtered output to $OUT/NAME.log and its tail here
   local name=$1 limit=$2; shift 2
+  local left=$((deadline - SECONDS))
+  if [ "$left" -lt 20 ]; then echo "== $name skipped (budget)"; return 0; fi
+  [ "$limit" -le "$left" ] || limit=$left
   echo "== $name (limit ${limit}s)"
   timeout "$limit" "$@" 2>&1 | grep -v "safetensors\|Warn\|fix_mistral_regex\|USDT" > "$OUT/$name.log"
   echo "rc ${PIPESTATUS[0]}"; tail -n "${TAIL:-40}" "$OUT/$name.log"
 }
-case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv} in
+case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check} in
 kv)
-  TAIL=30 step fp8_kv_decode 300 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --out "$OUT"
+  TAIL=60 step fp8_kv_decode 300 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --variants all --variant-budget-s 110 \
+    --budget-s 140 --out "$OUT"
+  ;;
+check)
+  TAIL=45 step quant_gemm 130 $PY benchmarks/kernels/quant_gemm.py --budget-s 80 --out "$OUT"
+  TAIL=45 step fp8_kv_decode 170 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --variants all --variant-budget-s 70 \
+    --budget-s 100 --out "$OUT"
+  TAIL=25 step quant_moe 110 $PY benchmarks/kernels/quant_moe.py --budget-s 60 --out "$OUT"
+  TAIL=6 step quant_cuda_tests 90 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/quant/test_quant_kernels_cuda.py
+  TAIL=6 step quant_moe_cuda_tests 90 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/moe/test_quant_moe_cuda.py
+  for f in fp8 fp8_block w4a16; do
+    TAIL=8 step "llama8b_$f" 60 $PY benchmarks/offline/gpu_llama8b.py --parts ab --quant "$f" --batches 1 8 64 \
+      --decode-steps 128 --sharegpt-requests 400 --random-requests 0 --prefix-groups 0 --out "$OUT/llama8b_$f.json"
+  done
   ;;
 kernels)
   step quant_gemm 240 $PY benchmarks/kernels/quant_gemm.py --out "$OUT"

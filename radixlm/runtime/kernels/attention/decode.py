@@ -20,10 +20,11 @@ import triton
 import triton.language as tl
 
 from radixlm.runtime.kernels.attention.decode_splits import (
-    DECODE_CHUNK_BLOCK_S, DECODE_CHUNK_MAX_ROWS, decode_block_n, decode_chunk_capacity, decode_num_splits)
+    DECODE_CHUNK_BLOCK_S, DECODE_CHUNK_MAX_ROWS, DecodeKernelConfig, decode_chunk_capacity, decode_kernel_config,
+    decode_num_splits, decode_wide_rows)
 from radixlm.runtime.kernels.attention.decode_work import DecodeWork, decode_work_list
 from radixlm.runtime.kernels.attention.shared_prefix import shared_prefix_stage1
-from radixlm.runtime.kernels.attention.span import attend_span
+from radixlm.runtime.kernels.attention.span import attend_span, kv_convert_asm
 
 
 # Index vectors are often views at any offset (rows of one host-to-device copy, slices of the allocator's free list).
@@ -44,7 +45,7 @@ def _decode_stage1(
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, HAS_ROW_STARTS: tl.constexpr, DIRECT: tl.constexpr,
-    CHUNKED: tl.constexpr,
+    CHUNKED: tl.constexpr, PREFETCH: tl.constexpr, KV_CVT: tl.constexpr,
 ):
     kvh = tl.program_id(0)
     if CHUNKED:  # num_splits: the list's capacity (decode_work.py); the partials are one row of entries
@@ -78,7 +79,8 @@ def _decode_stage1(
 
     out, lse = attend_span(q, K_buf, V_buf, Req_to_token + row * stride_rt, start, end, kvh, sm_scale, v_scale,
                            stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
-                           BLOCK_ROWS=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
+                           BLOCK_ROWS=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION,
+                           PREFETCH=PREFETCH, KV_CVT=KV_CVT)
     if DIRECT:
         tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
                  mask=h_mask[:, None] & d_mask[None, :])
@@ -128,12 +130,14 @@ def _decode_stage2(
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
                      req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, max_seq_len: int,
                      num_splits: int | None = None, shared=None, work: DecodeWork | None = None,
-                     chunked: bool = True, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                     chunked: bool = True, k_scale: float = 1.0, v_scale: float = 1.0,
+                     config: DecodeKernelConfig | None = None) -> torch.Tensor:
     """q: (bs, H, D); k_buf, v_buf: (slots, Hkv, D), in q's dtype or float8 (read as stored times k_scale and
     v_scale: the pool's layer scales); returns (bs, H, D) in q's dtype. shared: the pass's
     SharedPrefixes (triton_backend.py), or None. A pass without shared prefixes of a batch size that
     decode_chunk_capacity chunks launches its work list (`work`, built here when not given) and ignores num_splits
-    (a CUDA graph's split count too), unless not `chunked` (probes and tests of the split kernel)."""
+    (a CUDA graph's split count too), unless not `chunked` (probes and tests of the split kernel). config: stage 1's
+    launch (decode_kernel_config's default for the pool's dtype and the pass's width; benchmarks force others)."""
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads
@@ -164,14 +168,19 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         shared_prefix_stage1(q, k_buf, v_buf, req_to_token, req_pool_indices, shared, mid_o, mid_lse, sm_scale,
                              num_splits, precision, k_scale, v_scale)
     table = work.table if chunks else None
+    if config is None:
+        wide = shared is None and bs >= decode_wide_rows(num_kv_heads)
+        config = decode_kernel_config(k_buf.element_size() == 1, wide)
+    kv_cvt = kv_convert_asm(k_buf.dtype, q.dtype, q.device) if config.inline_cvt else ""
     _decode_stage1[(num_kv_heads, chunks) if chunks else (num_kv_heads, bs, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, shared.row_starts if shared is not None else None,
         table, mid_o, mid_lse, out, sm_scale * k_scale, float(v_scale),
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0), *mid_strides, out.stride(0), out.stride(1),
         num_splits, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=decode_block_n(bs, num_kv_heads, shared is not None), num_warps=4, num_stages=2, PRECISION=precision,
-        HAS_ROW_STARTS=shared is not None, DIRECT=direct, CHUNKED=bool(chunks),
+        BLOCK_N=config.block_n, num_warps=config.num_warps, num_stages=config.num_stages, PRECISION=precision,
+        HAS_ROW_STARTS=shared is not None, DIRECT=direct, CHUNKED=bool(chunks), PREFETCH=config.prefetch,
+        KV_CVT=kv_cvt, **({"maxnreg": config.maxnreg} if config.maxnreg and q.is_cuda else {}),
     )
     if direct:
         return out

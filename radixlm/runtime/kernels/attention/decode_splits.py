@@ -1,6 +1,8 @@
 """Split-K sizing of the decode kernel. Imports no Triton: the attention backend sizes CUDA graphs' splits with it."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 DECODE_BLOCK_N = 64  # sequence positions per block of the decode kernel's stage 1
 # Wide passes (at least this many (request, kv head) programs, no shared prefixes) walk 128 positions per block: on an
 # H100 at batch 256 (8 kv heads, 640 positions) 5% faster than 64, at batch 64 7% slower
@@ -22,9 +24,79 @@ def decode_wide_rows(num_kv_heads: int) -> int:
     return -(-DECODE_WIDE_PROGRAMS // max(1, num_kv_heads))
 
 
-def decode_block_n(bs: int, num_kv_heads: int, shared: bool) -> int:
-    """Stage 1's positions per block. A wide pass has one split (decode_num_splits), so its variant is one."""
-    return DECODE_WIDE_BLOCK_N if not shared and bs >= decode_wide_rows(num_kv_heads) else DECODE_BLOCK_N
+def decode_block_n(bs: int, num_kv_heads: int, shared: bool, float8: bool = False) -> int:
+    """Stage 1's positions per block (decode_kernel_config's). A wide pass has one split (decode_num_splits), so its
+    variant is one."""
+    return decode_kernel_config(float8, not shared and bs >= decode_wide_rows(num_kv_heads)).block_n
+
+
+@dataclass(frozen=True)
+class DecodeKernelConfig:
+    """Stage 1's launch: positions per block, warps, Triton's pipeline stages, and how the walk prefetches
+    (span.attend_span's PREFETCH: 0 Triton's pipeliner, 1 the table a block ahead, 2 the table two blocks and K/V one
+    block ahead, in registers). Triton's pipeliner (num_stages 2, PREFETCH 0) issues a block's table load and then
+    its K/V loads after the previous block's math and waits for both: two memory round trips per block with nothing
+    in flight during the math. num_stages 3 moves the table load two blocks ahead (one round trip a block); PREFETCH
+    does it in the source, with num_stages 1."""
+
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+    prefetch: int = 0
+    inline_cvt: bool = True  # a float8 pool converted by span.kv_convert_asm on CUDA (False: the plain cast)
+    maxnreg: int = 0  # registers per thread the compiler may use (0: its choice); 128 fits 4 programs of 4 warps
+
+    def __post_init__(self):
+        if self.block_n not in (16, 32, 64, 128, 256):
+            raise ValueError(f"DecodeKernelConfig.block_n: a power of two in 16..256, got {self.block_n}")
+        if self.num_warps not in (1, 2, 4, 8):
+            raise ValueError(f"DecodeKernelConfig.num_warps: 1, 2, 4 or 8, got {self.num_warps}")
+        if not 1 <= self.num_stages <= 4:
+            raise ValueError(f"DecodeKernelConfig.num_stages: 1..4, got {self.num_stages}")
+        if self.prefetch not in (0, 1, 2):
+            raise ValueError(f"DecodeKernelConfig.prefetch: 0, 1 or 2, got {self.prefetch}")
+        if self.maxnreg and not 32 <= self.maxnreg <= 255:
+            raise ValueError(f"DecodeKernelConfig.maxnreg: 0 or 32..255, got {self.maxnreg}")
+        if self.prefetch and self.num_stages != 1:
+            raise ValueError("DecodeKernelConfig: a prefetching walk runs with num_stages=1 (it is its own pipeline)")
+
+
+# The variants benchmarks/kernels/fp8_kv_decode_gpu.py times side by side (--variants). Registers per thread and
+# programs per SM (sm_90, Triton 3.6, Llama-3.1-8B heads, float8 pools converted inline: span.kv_convert_asm):
+# "old" bf16 96 (5; 4 used at batch 64 x 8 kv heads), e4m3 183 (2: the plain cast); "cvt" e4m3 128 (4);
+# "s3" bf16 105 (4), e4m3 128 (4); "p1" bf16 144 (3), e4m3 128 (4); "p2" bf16 246 (2), e4m3 251 (2);
+# "n128p1" e4m3 168 (3); "n128w8p1" bf16 and e4m3 128 (2 programs of 8 warps); "p1r128" bf16 128 (4, no spills);
+# (benchmarks/kernels/decode_registers_sm90.py lists them);
+# "n128p1r128" e4m3 128 (4; 9 spilled stores): a float8 block of 128 positions is bf16's 64 in bytes, at bf16's
+# occupancy, in half the round trips.
+DECODE_VARIANTS = {  # likeliest first: a timed run under a budget drops the last ones
+    "old": DecodeKernelConfig(64, 4, 2, 0, inline_cvt=False),  # the kernel before these variants
+    "s3": DecodeKernelConfig(64, 4, 3, 0),
+    "n128p1r128": DecodeKernelConfig(128, 4, 1, 1, maxnreg=128),
+    "p1": DecodeKernelConfig(64, 4, 1, 1),
+    "cvt": DecodeKernelConfig(64, 4, 2, 0),
+    "p1r128": DecodeKernelConfig(64, 4, 1, 1, maxnreg=128),
+    "n128p1": DecodeKernelConfig(128, 4, 1, 1),
+    "n128w8p1": DecodeKernelConfig(128, 8, 1, 1),
+    "n128s3": DecodeKernelConfig(128, 4, 3, 0),
+    "wide": DecodeKernelConfig(DECODE_WIDE_BLOCK_N, 4, 2, 0),
+    "p2": DecodeKernelConfig(64, 4, 1, 2),
+}
+# The defaults, per (pool of float8, wide pass); fixed per server and batch class, so start-up's passes build them
+# (kernels/startup/kernel_variants.py). A model-dtype pool keeps the blocks it had (64 positions, 128 in wide passes):
+# same blocks, same numerics, whatever the pipeline. The float8 ones are picked blind (sm_90 registers and round
+# trips, above) until fp8_kv_decode_gpu.py --variants has timed them.
+DECODE_DEFAULT_VARIANTS = {
+    (False, False): "s3",
+    (False, True): "wide",
+    (True, False): "n128p1r128",
+    (True, True): "n128p1r128",
+}
+
+
+def decode_kernel_config(float8: bool, wide: bool) -> DecodeKernelConfig:
+    """Stage 1's launch of a pass without shared prefixes (DECODE_DEFAULT_VARIANTS)."""
+    return DECODE_VARIANTS[DECODE_DEFAULT_VARIANTS[(bool(float8), bool(wide))]]
 
 
 # Chunked decode (small batches, where splits would multiply the programs): stage 1's program (kv head, entry) walks

@@ -7,32 +7,120 @@ import triton.language as tl
 
 
 @triton.jit
+def _gather(Buf, slots, kvh, stride_bs, stride_h, offs_d, n_mask, d_mask):
+    return tl.load(Buf + slots[:, None] * stride_bs + kvh * stride_h + offs_d[None, :],
+                   mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+
+
+def _cvt_asm(src: str, bf16: bool) -> str:
+    """Inline PTX for 4 packed float8 values (one 32-bit register) to 4 halves (two): the hardware's packed
+    cvt.rn.f16x2.{e4m3,e5m2}x2 (sm_89+), then for bf16 four cvt.rn.bf16.f16 (exact: every float8 value is a bf16
+    value)."""
+    to_bf16 = "".join(f"cvt.rn.bf16.f16 a{i}, a{i};\n" for i in range(4)) if bf16 else ""
+    return ("{\n.reg .b16 lo, hi, a0, a1, a2, a3;\n.reg .b32 h0, h1;\nmov.b32 {lo, hi}, $2;\n"
+            f"cvt.rn.f16x2.{src}x2 h0, lo;\ncvt.rn.f16x2.{src}x2 h1, hi;\n"
+            "mov.b32 {a0, a1}, h0;\nmov.b32 {a2, a3}, h1;\n" + to_bf16
+            + "mov.b32 $0, {a0, a1};\nmov.b32 $1, {a2, a3};\n}")
+
+
+def kv_convert_asm(kv_dtype, q_dtype, device) -> str:
+    """The KV_CVT constexpr of a launch: the inline conversion of a float8 pool on CUDA to a bf16/fp16 query's dtype
+    (the packed cvt needs sm_89, cvt.bf16.f16 sm_90), else "" (a plain cast: model-dtype pools, float32 queries, older
+    GPUs, the interpreter).
+
+    Why not the plain cast: Triton moves the float8 tile's layout change (to the tensor-core operand layout) ahead of
+    the cast, to move fewer bytes through shared memory; for V (read transposed) that becomes byte-wide shared loads,
+    and the kernel needed 183 registers (2 programs per SM) against bf16's 96 (sm_90, Triton 3.6). The inline
+    conversion is opaque (not pure) to that rewrite, so the tile converts where it was loaded, packed, and takes bf16's
+    path from there (128 registers)."""
+    import torch
+
+    src = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}.get(kv_dtype)
+    device = torch.device(device)
+    if device.type != "cuda" or src is None or q_dtype not in (torch.bfloat16, torch.float16):
+        return ""
+    if torch.cuda.get_device_capability(device) < ((9, 0) if q_dtype == torch.bfloat16 else (8, 9)):
+        return ""
+    return _cvt_asm(src, q_dtype == torch.bfloat16)
+
+
+@triton.jit
+def _like(x, q, KV_CVT: tl.constexpr):
+    """x in q's dtype."""
+    if KV_CVT == "":
+        return x.to(q.dtype)
+    else:
+        return tl.inline_asm_elementwise(KV_CVT, "=r,=r,r", [x], dtype=q.dtype, is_pure=False, pack=4)
+
+
+@triton.jit
+def _block(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION: tl.constexpr, KV_CVT: tl.constexpr):
+    """One block of the online softmax; K and V in q's dtype (_like: a float8 tile converts in the layout it was
+    loaded in, before any layout change)."""
+    s = tl.dot(q, tl.trans(_like(k, q, KV_CVT)), input_precision=PRECISION).to(tl.float32) * sm_scale
+    s = tl.where(n_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), _like(v, q, KV_CVT), input_precision=PRECISION).to(tl.float32)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def attend_span(q, K_buf, V_buf, Table, start, end, kvh, sm_scale, v_scale, stride_kbs, stride_kh, stride_vbs,
                 stride_vh, offs_d, d_mask, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                PRECISION: tl.constexpr):
+                PRECISION: tl.constexpr, PREFETCH: tl.constexpr = 0, KV_CVT: tl.constexpr = ""):
     """Attention of q's BLOCK_ROWS query rows to positions [start, end) of one request's table (its req_to_token
     row), K/V of kv head kvh gathered BLOCK_N positions at a time with an online softmax: the normalized output
     and its log-sum-exp (-inf where the span is empty). K and V are read in q's dtype (a float8 pool's converted);
-    the pool's scales enter as sm_scale (already times k_scale) and v_scale (times the output)."""
+    the pool's scales enter as sm_scale (already times k_scale) and v_scale (times the output).
+
+    PREFETCH: a software pipeline in registers (launch with num_stages=1). Triton's own pipeliner does not overlap
+    these gathered loads with the math: it issues block i+1's K/V loads after block i's math and waits for them at
+    once (one table round trip and one K/V round trip per block, nothing in flight during the math). Here block
+    i+1's K/V loads and block i+2's table entries are issued before block i's math. Same blocks, same order: the
+    same numerics as the plain loop."""
     m_i = tl.full([BLOCK_ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
     acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
+    if PREFETCH == 2:
+        offs_n = start + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         slots = tl.load(Table + offs_n, mask=n_mask, other=0)
-        k = tl.load(K_buf + slots[:, None] * stride_kbs + kvh * stride_kh + offs_d[None, :],
-                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=PRECISION).to(tl.float32) * sm_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        v = tl.load(V_buf + slots[:, None] * stride_vbs + kvh * stride_vh + offs_d[None, :],
-                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION).to(tl.float32)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        k = _gather(K_buf, slots, kvh, stride_kbs, stride_kh, offs_d, n_mask, d_mask)
+        v = _gather(V_buf, slots, kvh, stride_vbs, stride_vh, offs_d, n_mask, d_mask)
+        next_mask = offs_n + BLOCK_N < end
+        next_slots = tl.load(Table + offs_n + BLOCK_N, mask=next_mask, other=0)
+        for n0 in range(start, end, BLOCK_N):
+            k_next = _gather(K_buf, next_slots, kvh, stride_kbs, stride_kh, offs_d, next_mask, d_mask)
+            v_next = _gather(V_buf, next_slots, kvh, stride_vbs, stride_vh, offs_d, next_mask, d_mask)
+            after = n0 + 2 * BLOCK_N + tl.arange(0, BLOCK_N)
+            after_mask = after < end
+            after_slots = tl.load(Table + after, mask=after_mask, other=0)
+            m_i, l_i, acc = _block(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION, KV_CVT)
+            k, v, n_mask = k_next, v_next, next_mask
+            next_slots, next_mask = after_slots, after_mask
+    elif PREFETCH == 1:
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        slots = tl.load(Table + offs_n, mask=n_mask, other=0)
+        for n0 in range(start, end, BLOCK_N):
+            k = _gather(K_buf, slots, kvh, stride_kbs, stride_kh, offs_d, n_mask, d_mask)
+            v = _gather(V_buf, slots, kvh, stride_vbs, stride_vh, offs_d, n_mask, d_mask)
+            next_n = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
+            next_mask = next_n < end
+            next_slots = tl.load(Table + next_n, mask=next_mask, other=0)
+            m_i, l_i, acc = _block(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION, KV_CVT)
+            slots, n_mask = next_slots, next_mask
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = offs_n < end
+            slots = tl.load(Table + offs_n, mask=n_mask, other=0)
+            k = _gather(K_buf, slots, kvh, stride_kbs, stride_kh, offs_d, n_mask, d_mask)
+            v = _gather(V_buf, slots, kvh, stride_vbs, stride_vh, offs_d, n_mask, d_mask)
+            m_i, l_i, acc = _block(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION, KV_CVT)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None] * v_scale
     lse = tl.where(end > start, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
     return out, lse

@@ -119,7 +119,40 @@ def run_cases(device: str) -> None:
                 torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol,
                                            msg=lambda m: f"case {i} page {page_size} {dtype}: {m}")
     fp8_cases(device)
+    config_cases(device)
     print(MARKER)
+
+
+def config_cases(device: str) -> None:
+    """Every stage-1 launch config (decode_splits.DECODE_VARIANTS: Triton's pipeline or the prefetching walks, 64 or
+    128 positions a block) against the reference, split (a split of one request is empty: 3 splits of 2 positions)
+    and DIRECT, a model-dtype and a float8 pool; configs of the same block size give the same bits (the prefetching
+    walk reads the same blocks in the same order)."""
+    from radixlm.runtime.cache.kv_quant import quantize_kv
+    from radixlm.runtime.kernels.attention.decode import decode_attention
+    from radixlm.runtime.kernels.attention.decode_splits import DECODE_VARIANTS
+
+    walks = {(c.block_n, c.prefetch): c for c in DECODE_VARIANTS.values()}  # the interpreter ignores warps, stages
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    for i, (splits, kv_dtype, lens) in enumerate([(3, None, [2, 300, 129]), (1, torch.float8_e4m3fn, [1, 200, 64])]):
+        q, k, v, rt, rows, seq_lens = make_case(3, 8, 2, 16, 0, (1, 16)[i], torch.float32, device, seed=70 + i,
+                                                lens=lens)
+        scales = {}
+        if kv_dtype is not None:
+            k, v = quantize_kv(k, 0.5, kv_dtype), quantize_kv(v, 2.0, kv_dtype)
+            scales = {"k_scale": 0.5, "v_scale": 2.0}
+        want = reference(q.to(dtype), k.float() * scales.get("k_scale", 1.0), v.float() * scales.get("v_scale", 1.0),
+                         rt, rows, seq_lens, 0.25)
+        by_block: dict[int, torch.Tensor] = {}
+        for (block_n, prefetch), config in sorted(walks.items()):
+            got = decode_attention(q.to(dtype), k if kv_dtype else k.to(dtype), v if kv_dtype else v.to(dtype), rt,
+                                   rows, seq_lens, 0.25, int(seq_lens.max()), splits, chunked=False, config=config,
+                                   **scales)
+            tol = 2e-4 if dtype == torch.float32 else 3e-2
+            torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol,
+                                       msg=lambda m: f"config case {i} {config}: {m}")
+            first = by_block.setdefault(block_n, got)
+            assert torch.equal(first, got), (i, config)
 
 
 def fp8_cases(device: str) -> None:

@@ -116,8 +116,10 @@ def _index(values, offset):
     return buf[offset:]
 
 
-@pytest.mark.parametrize("kv_heads, graph_max_bs", [(2, 8), (2, 0), (8, 512), (1, 4)])
-def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_heads, graph_max_bs):
+@pytest.mark.parametrize("kv_heads, graph_max_bs, pool_dtype", [
+    (2, 8, torch.float32), (2, 0, torch.float32), (8, 512, torch.float32), (1, 4, torch.float32),
+    (8, 512, torch.float8_e4m3fn), (2, 0, torch.float8_e5m2)])  # a float8 pool: its own launch configs
+def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_heads, graph_max_bs, pool_dtype):
     from radixlm.runtime.executor.cuda_graph_runner import capture_batch_sizes
     from radixlm.runtime.kernels.attention import decode as da
     from radixlm.runtime.kernels.attention import decode_work as dw
@@ -125,6 +127,7 @@ def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_
     heads, head_dim, context_len = 4 * kv_heads, 16, 4096
     rec = Recorder(monkeypatch, {"stage1": da._decode_stage1, "stage2": da._decode_stage2, "work": dw._decode_work})
     k_buf, v_buf, req_to_token = _pools(kv_heads=kv_heads)
+    k_buf, v_buf = k_buf.to(pool_dtype), v_buf.to(pool_dtype)
 
     def launch(bs, seq_lens, offset=0, num_splits=None):
         rows = _index([0] * bs, offset)
@@ -142,10 +145,15 @@ def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_
         for bs in capture_batch_sizes(graph_max_bs):
             launch(bs, [1] * bs, num_splits=decode_num_splits(context_len, bs, kv_heads))
     warm = rec.take()
-    # Stage 1's variants: split (partials for stage 2), DIRECT (one split), wide (DIRECT, 128-position blocks)
-    # where a pass reaches decode_wide_rows, and chunked where one is chunked; the split count itself builds none.
+    # Stage 1's variants: split (partials for stage 2), DIRECT (one split), wide (DIRECT, its own launch config
+    # where the pool's dtype has one) where a pass reaches decode_wide_rows, and chunked where one is chunked; the
+    # split count itself builds none.
+    from radixlm.runtime.kernels.attention.decode_splits import decode_kernel_config
+
+    float8 = k_buf.element_size() == 1
+    own_wide = decode_kernel_config(float8, True) != decode_kernel_config(float8, False)
     launched = list(plan.token_row_batches) + (capture_batch_sizes(graph_max_bs) if graph_max_bs else [])
-    assert len(warm["stage1"]) == (2 + any(bs >= decode_wide_rows(kv_heads) for bs in launched)
+    assert len(warm["stage1"]) == (2 + (own_wide and any(bs >= decode_wide_rows(kv_heads) for bs in launched))
                                    + any(decode_chunk_capacity(bs, kv_heads) for bs in launched))
     # Serving: eager passes of more rows than the largest graph, any lengths, index vectors at any offset.
     rng = random.Random(0)
