@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 50 on one GPU. Carry [".whl"]. Each step has its own time limit and log ($OUT/<step>.log); JSONs land in $OUT.
+# Issue 50 on one GPU. Carry [".whl"]. Each step has its own time limit and log (<step>.log); they and the JSONs land
+# in $OUT/quant_lease.tar.
 #   bash benchmarks/lease/quant_lease.sh kernels   # quantized GEMMs vs bf16 (kernels/quant_gemm.py, ~3 min), their CUDA
 #                                                  # tests, the GEMM dispatch tests (~2 min), the grouped MoE kernels
 #                                                  # (kernels/quant_moe.py, ~3 min)
@@ -18,6 +19,10 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/env.sh"
 bash benchmarks/lease/tree_id.sh
+# A call returns at most 8 files: the steps write under a folder of their own, packed into $OUT after each step.
+FINAL_OUT=$OUT
+OUT=/tmp/quant_lease_out
+rm -rf "$OUT" && mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-100000}))  # BUDGET_S: no step past it (each step's limit is cut to it)
 step() {  # step NAME LIMIT_S CMD...: the command's filtered output to $OUT/NAME.log and its tail here
   local name=$1 limit=$2; shift 2
@@ -27,6 +32,7 @@ step() {  # step NAME LIMIT_S CMD...: the command's filtered output to $OUT/NAME
   echo "== $name (limit ${limit}s)"
   timeout "$limit" "$@" 2>&1 | grep -v "safetensors\|Warn\|fix_mistral_regex\|USDT" > "$OUT/$name.log"
   echo "rc ${PIPESTATUS[0]}"; tail -n "${TAIL:-40}" "$OUT/$name.log"
+  tar -cf "$FINAL_OUT/quant_lease.tar" -C "$OUT" .
 }
 case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check} in
 kv)
