@@ -6,8 +6,8 @@ activation quantization where w8a8, split-K sums, the top-k sum) from CUDA-graph
 and routings (benchmarks/lib/gpu_timing.py: no L2 hits, no launch gaps), beside the bytes floor of the experts that
 call's routing touches (their weights and scales + the input and output activations, at 4.8 TB/s). The default picks
 (weight-only up to W8A8_MIN_PAIRS_PER_EXPERT pairs an expert, w8a8 past it; K split in the decode config) are timed
-beside forced ones: *_w8a8 (w8a8 at every token count), *_nosplit (no K split at decode) and w4a16_nofold (INT4
-codes dequantized per weight at decode too, quant_moe.INT4_FOLD_MAX_BLOCK_M 0). Each format's output is
+beside forced ones: *_w8a8 (w8a8 at every token count), *_nosplit (no K split at decode) and w4a16_fold (INT4
+codes multiplied as 16-bit floats at decode, quant_moe.INT4_FOLD_MAX_BLOCK_M 32; off by default). Each format's output is
 checked against kernels/moe/quant_moe_ref.py (max |error| / max |reference|).
 
     python3 benchmarks/kernels/quant_moe.py --out $OUT        # writes $OUT/quant_moe.json, ~2-3 min on an H200
@@ -48,10 +48,10 @@ FORMATS = {
     "fp8_block_w8a8": ("fp8_block", True, None),
     "fp8_channel_nosplit": ("fp8_channel", None, False),
     "w4a16_nosplit": ("int4", None, False),
-    "w4a16_nofold": ("int4", None, None),  # the INT4 codes dequantized per weight at decode too (INT4_FOLD off)
+    "w4a16_fold": ("int4", None, None),  # the INT4 codes multiplied as 16-bit floats at decode (INT4_FOLD on)
 }
 NOSPLIT_MAX_TOKENS = 8  # the forced no-split variants only where the default splits
-NOFOLD_MAX_TOKENS = 256  # and the no-fold one where the decode config runs
+FOLD_MAX_TOKENS = 256  # and the no-fold one where the decode config runs
 
 
 def expert_bytes(fmt: str, h: int, i: int) -> int:
@@ -103,10 +103,10 @@ def call(fmt: str, weights, route, config=None):
     _, w8a8, split = FORMATS[fmt]
     if FORMATS[fmt][0] is None:
         return fused_experts_triton(x, *weights, tw, ids, config=config)
-    if fmt.endswith("_nofold"):
+    if fmt.endswith("_fold"):
         from radixlm.runtime.kernels.moe import quant_moe
 
-        fold, quant_moe.INT4_FOLD_MAX_BLOCK_M = quant_moe.INT4_FOLD_MAX_BLOCK_M, 0
+        fold, quant_moe.INT4_FOLD_MAX_BLOCK_M = quant_moe.INT4_FOLD_MAX_BLOCK_M, 32
         try:
             return fused_experts_quant(x, *weights, tw, ids, config=config, w8a8=w8a8, split=split)
         finally:
@@ -210,8 +210,8 @@ def main() -> None:
         routes = routings(t, e, k, h, device, dtype, copies)
         touched = sum(torch.unique(r[2]).numel() for r in routes) / copies
         for fmt in args.formats:
-            if (fmt.endswith("_nosplit") and t > NOSPLIT_MAX_TOKENS) or (fmt.endswith("_nofold")
-                                                                        and t > NOFOLD_MAX_TOKENS):
+            if (fmt.endswith("_nosplit") and t > NOSPLIT_MAX_TOKENS) or (fmt.endswith("_fold")
+                                                                        and t > FOLD_MAX_TOKENS):
                 continue
             ws = made[FORMATS[fmt][0] or "bf16"]
             us = timer(lambda c, fmt=fmt: call(fmt, ws[c], routes[c]), copies)

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from radixlm.runtime.kernels.attention.decode_splits import DECODE_BLOCK_N, shared_prefix_block_m
-from radixlm.runtime.kernels.attention.span import attend_span
+from radixlm.runtime.kernels.attention.span import attend_span, kv_convert_asm
 
 # Views of one host-to-device copy at any offset (see decode_attention.INDEX_ARGS).
 INDEX_ARGS = ["Req_pool_indices", "Tile_rows", "Tiles"]
@@ -28,7 +28,7 @@ def _shared_prefix_stage1(
     stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_tiles, num_splits, slot0,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_CVT: tl.constexpr,
 ):
     t = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -52,7 +52,8 @@ def _shared_prefix_stage1(
 
     out, lse = attend_span(q, K_buf, V_buf, Req_to_token + table_row * stride_rt, start, end, kvh, sm_scale,
                            v_scale, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
-                           BLOCK_ROWS=BLOCK_M, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION)
+                           BLOCK_ROWS=BLOCK_M, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION,
+                           PREFETCH=0, KV_CVT=KV_CVT)
     slot = slot0 + split
     tl.store(Mid_o + b[:, None] * stride_mob + heads[:, None] * stride_moh + slot * stride_mos + offs_d[None, :], out,
              mask=m_mask[:, None] & d_mask[None, :])
@@ -72,5 +73,6 @@ def shared_prefix_stage1(q, k_buf, v_buf, req_to_token, req_pool_indices, shared
         v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), shared.num_tiles, shared.num_splits, slot0,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=shared_prefix_block_m(group),
-        BLOCK_N=DECODE_BLOCK_N, PRECISION=precision, num_warps=4, num_stages=2,
+        BLOCK_N=DECODE_BLOCK_N, PRECISION=precision, KV_CVT=kv_convert_asm(k_buf.dtype, q.dtype, q.device),
+        num_warps=4, num_stages=2,
     )

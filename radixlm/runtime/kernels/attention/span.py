@@ -70,7 +70,7 @@ def _block(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION: tl.constexpr, KV
 @triton.jit
 def attend_span(q, K_buf, V_buf, Table, start, end, kvh, sm_scale, v_scale, stride_kbs, stride_kh, stride_vbs,
                 stride_vh, offs_d, d_mask, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                PRECISION: tl.constexpr, PREFETCH: tl.constexpr = 0, KV_CVT: tl.constexpr = ""):
+                PRECISION: tl.constexpr, PREFETCH: tl.constexpr, KV_CVT: tl.constexpr):
     """Attention of q's BLOCK_ROWS query rows to positions [start, end) of one request's table (its req_to_token
     row), K/V of kv head kvh gathered BLOCK_N positions at a time with an online softmax: the normalized output
     and its log-sum-exp (-inf where the span is empty). K and V are read in q's dtype (a float8 pool's converted);

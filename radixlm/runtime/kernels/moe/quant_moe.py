@@ -10,16 +10,14 @@ One kernel, its weight format and activation handling constexpr switches:
              products (per column after the loop; blocks: per K tile, BLOCK_K dividing bk);
       TOKEN / GROUP  w8a8 (FP8 only): the activations quantized per row (or with the static input scale) or per row
              group of bk channels (block weights) by kernels.quant.fp8_act, FP8 x FP8 tensor-core dots.
-    Decode gives each expert a few rows: the GEMM is bound by the weight bytes, which are the same in both modes, and
-    weight-only saves the two quantization launches and the activations' rounding. Prefill gives each expert many rows
-    (compute bound past ~100 rows an expert on an H200), where the FP8 tensor cores' doubled rate pays for them:
-    W8A8_MIN_PAIRS_PER_EXPERT picks (with the large-tile configs).
+    Measured on the H200, w8a8 was the faster from a fraction of a row an expert up (8 tokens of a 128-expert top-8
+    layer), weight-only only at a single token: W8A8_MIN_PAIRS_PER_EXPERT picks.
   - INT4 (kernels/quant/reference.py's layout per expert: qweight (E, K // 8, N) packed along K, scales / zeros
     (E, K // g, N), optional act-order perm (E, K) gathering the activation's channels in the loads): each K tile in
     one group. Large tiles dequantize each weight as reference.dequant_int4 does ((q - z) * s in float32, rounded to
-    the activations' dtype) before the dot; the decode configs (INT4_FOLD_MAX_BLOCK_M) multiply the codes themselves
-    and apply zero point and scale per tile and column (the weight is then not rounded to the activations' dtype:
-    float32 and bfloat16 roundings apart from the reference).
+    the activations' dtype) before the dot; configs up to INT4_FOLD_MAX_BLOCK_M rows (none by default: slower on the
+    H200) would multiply the codes themselves and apply zero point and scale per tile and column (the weight then not
+    rounded to the activations' dtype: float32 and bfloat16 roundings apart from the reference).
 The experts' types (views of a MoE method's loaded tensors) and the choices that follow from them alone live in
 quant_experts.py. Few-row launches whose grid cannot fill the GPU split K (tiles.split_k; float32 partials summed by
 kernels.quant.splitk). Nothing syncs with the host and sizes follow the token count: CUDA graphs capture it."""
@@ -49,8 +47,9 @@ SPLIT_MIN_K_TILES = 2
 # INT4 at few rows a block: the codes enter the dot as 16-bit floats v + q and the zero point and scale are applied
 # per K tile and output column (BLOCK_M x BLOCK_N operations a tile instead of BLOCK_K x BLOCK_N): the dequantization,
 # not the bytes, bounds a W4A16 tile loop at decode (int4_gemv.py counts ~9 instructions a weight). Up to this
-# BLOCK_M; larger tiles keep the dot's fused accumulation. A lead: the benchmark times w4a16_nofold beside it.
-INT4_FOLD_MAX_BLOCK_M = 32
+# BLOCK_M (none: on the H200 the fold lost at every token count, 67.6 us against 49.1 at 1 token, 294 against 161
+# at 8, benchmarks/results/kernels/h200/quant_moe_h200.json; kept for the benchmark's w4a16_fold).
+INT4_FOLD_MAX_BLOCK_M = 0
 # The 16-bit float whose unit in the last place is 1, as (bits, value): its bits | q are the float value + q, exactly.
 FOLD_BASE = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}
 

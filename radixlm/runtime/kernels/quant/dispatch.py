@@ -10,9 +10,9 @@ from radixlm.runtime.kernels.quant import reference
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None,
                bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ dequant(weight).T + bias in x's dtype. On CUDA past fp8_w8a16.W8A16_MAX_ROWS rows the activations are
-    quantized to FP8 (per token, per token group of block[1] channels with block weights, or with the static
-    input_scale) and the GEMM runs on the FP8 tensor cores (reference.fp8_linear_w8a8); at fewer rows (decode) and on
+    """x @ dequant(weight).T + bias in x's dtype. On CUDA the activations are quantized to FP8 (per token, per token
+    group of block[1] channels with block weights, or with the static input_scale) and the GEMM runs on the FP8 tensor
+    cores (reference.fp8_linear_w8a8; the weight-only kernel, fp8_gemm.W8A16_DEFAULT_MAX_ROWS, is off by default); on
     CPU the activations stay in their dtype (reference.fp8_linear; input_scale is not used there)."""
     if x.is_cuda:
         from radixlm.runtime.kernels.quant.fp8_gemm import fp8_linear_cuda

@@ -11,8 +11,9 @@ Triton kernel below (w8a8 block-scaled: each K tile is one block column, its pro
 times the weight block's scale). Tile configs by row bucket (tiles.ROW_BUCKETS): the decode buckets take narrow N tiles
 and split K (tiles.split_k) so that every SM streams weight; from 65 rows, 64 x 128 and then 128 x 128 tiles.
 
-Up to fp8_w8a16.W8A16_MAX_ROWS rows (decode), fp8_linear_cuda runs none of the above but the weight-only kernel of
-fp8_w8a16.py (bf16/fp16 activations, not quantized: reference.fp8_linear's arithmetic, one launch).
+Up to W8A16_DEFAULT_MAX_ROWS rows (none by default: measured slower), fp8_linear_cuda runs none of the above but the
+weight-only kernel of fp8_w8a16.py (bf16/fp16 activations, not quantized: reference.fp8_linear's arithmetic, one
+launch); w8a16_max_rows forces it up to fp8_w8a16.W8A16_MAX_ROWS rows.
 
 Every path is capturable in a CUDA graph: no host syncs, and its allocations (outputs, quantized activations, split-K
 partials) have the same sizes at every replay of one row count."""
@@ -34,6 +35,10 @@ SCALED_MM_ALIGN = 16
 # kernel took 113.5 us at 32 rows against _scaled_mm's 142.4, and 166.8 against 138.3 at 64; from 8 to 32 rows it
 # won every shape.
 SCALED_MM_MIN_ROWS = 33
+# Rows up to which fp8_linear_cuda takes the weight-only kernel (fp8_w8a16.py, up to its W8A16_MAX_ROWS): none. On the
+# H200 (benchmarks/results/kernels/h200/quant_gemm_check_h200.json) one layer at 1 row took 196 us there (per channel;
+# 199 with blocks) against the W8A8 Triton kernel's 102.5 (88.5), and lost at every row count to 16.
+W8A16_DEFAULT_MAX_ROWS = 0
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,7 @@ def fp8_scaled_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
 
 def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None,
                     bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
-                    w8a16_max_rows: int = fp8_w8a16.W8A16_MAX_ROWS) -> torch.Tensor:
+                    w8a16_max_rows: int = W8A16_DEFAULT_MAX_ROWS) -> torch.Tensor:
     """kernels.quant.fp8_linear on CUDA: x (..., K) in bfloat16 or float16 (float32: the dequantizing path). Up to
     w8a16_max_rows rows the weight-only kernel (fp8_w8a16.py: the activations are not quantized, a static
     input_scale is not used), else the W8A8 kernels (benchmarks/kernels/quant_gemm.py forces each)."""

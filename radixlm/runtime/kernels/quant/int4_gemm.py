@@ -8,9 +8,9 @@ are one row of (K // g, N). The weight is dequantized in the K loop as the refer
 rounded to the activation dtype, and multiplied on the tensor cores (tl.dot) with float32 accumulation. An act-order
 permutation gathers the activation's channels in the loads.
 
-Where the K tile is 128 channels (group sizes that are multiples of 128, or one group: the checkpoints' usual 128),
-_w4a16_nibbles_kernel runs instead: the same result from eight dots per tile, one per nibble, with no reshape and the
-dequantization in packed 16-bit arithmetic (its docstring). Up to int4_gemv.GEMV_MAX_ROWS rows (none by default) run
+Where the K tile is 128 channels (group sizes that are multiples of 128, or one group: the checkpoints' usual 128)
+and the row bucket's config asks for it (up to 16 rows: INT4_CONFIGS), _w4a16_nibbles_kernel runs instead: the same result from eight dots per tile, one per nibble, with no reshape and the
+dequantization in packed 16-bit arithmetic (its docstring). Up to int4_gemv.GEMV_MAX_ROWS rows (one by default) run
 int4_gemv.py's kernel on the CUDA cores; up to 64 rows the tensor-core kernels split K across programs (tiles.split_k) so that every
 SM streams weight; larger buckets take wider tiles. Capturable in CUDA graphs: its
 allocations (output, split-K partials) have one size per row count, and nothing syncs with the host."""
@@ -43,8 +43,11 @@ class TileConfig:
 # a weight (_w4a16_nibbles_kernel; _w4a16_kernel's in parentheses): 16 x 128 tiles 4.8 (16 x 64: 9.1), 64 x 128 on
 # four warps 6.8 (9.1), 128 x 128 on eight 9.6 (10.5); 32 x 128 ran 5.8 but repeats the dequantization per 32 rows.
 _DECODE = TileConfig(16, 128, 4, 4, True)
-INT4_CONFIGS = (_DECODE,) * 5 + (TileConfig(64, 128, 4, 3, True), TileConfig(64, 128, 4, 3, False),
-                                 TileConfig(128, 128, 8, 3, False))
+# Past 16 rows the nibbles kernel lost on the H200 (one layer: 434 us at 32 rows, 699 at 64, 2882 at 256, against
+# _w4a16_kernel's 278, 516 and 1001 at these configs; benchmarks/results/kernels/h200/quant_gemm_check_h200.json and
+# quant_gemm_h200.json).
+INT4_CONFIGS = (_DECODE,) * 5 + (TileConfig(32, 64, 4, 4, True, False), TileConfig(64, 128, 4, 3, False, False),
+                                 TileConfig(128, 128, 8, 3, False, False))
 
 
 @triton.jit(do_not_specialize=["M", "stride_ys"], do_not_specialize_on_alignment=["X"])

@@ -1,4 +1,4 @@
-"""W4A16 for the fewest rows of decode (GEMV_MAX_ROWS by default: none, GEMV_ROWS_LIMIT at most), on CUDA cores
+"""W4A16 for the fewest rows of decode (GEMV_MAX_ROWS by default: one, GEMV_ROWS_LIMIT at most), on CUDA cores
 (Triton): reference.int4_linear's result, without the tensor cores.
 
 At one row the tensor-core kernel (int4_gemm.py) spends about nine instructions a weight: unpack, (q - z) * s, the
@@ -31,7 +31,7 @@ from radixlm.runtime.kernels.quant import splitk, tiles
 # ~27 KB an SM at gate_up), not by instructions; the nibbles kernel's 4-stage pipeline keeps ~54-64 KB an SM in
 # flight on these shapes. A lead, not a measurement: benchmarks/kernels/quant_gemm.py times "w4a16_gemv" (this kernel
 # forced at 1-16 rows) beside the default, and flags it where it is faster (set this to 1 then).
-GEMV_MAX_ROWS = 0
+GEMV_MAX_ROWS = 1  # the H200's choice: one layer at 1 row 106 us here against the nibbles kernel's 145
 GEMV_ROWS_LIMIT = 16
 
 

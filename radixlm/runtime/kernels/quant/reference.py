@@ -70,9 +70,9 @@ def quant_fp8(w: torch.Tensor, block: tuple[int, int] | None = None,
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None,
                bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ dequant(weight).T + bias in x's dtype (activations are not quantized on this path). What the CPU path
-    computes, and the CUDA path's weight-only kernel (kernels/quant/fp8_w8a16.py: up to W8A16_MAX_ROWS = 16 rows,
-    the decode batches; a static input scale is not used there), which sums in float32 and rounds once (here the
-    dequantized weight is rounded to x's dtype first)."""
+    computes, and the CUDA path's weight-only kernel (kernels/quant/fp8_w8a16.py, where it is chosen: up to
+    fp8_gemm.W8A16_DEFAULT_MAX_ROWS rows, none by default; a static input scale is not used there), which sums in
+    float32 and rounds once (here the dequantized weight is rounded to x's dtype first)."""
     return F.linear(x, dequant_fp8(weight, scale, block, x.dtype), bias)
 
 
@@ -164,10 +164,11 @@ def dequant_fp8_act(q: torch.Tensor, scale: torch.Tensor, group: int | None = No
 def fp8_linear_w8a8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                     block: tuple[int, int] | None = None, bias: torch.Tensor | None = None,
                     input_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """What the CUDA FP8 GEMMs compute past W8A16_MAX_ROWS rows (the W8A8 paths: fp8_gemm.py, torch._scaled_mm), in
+    """What the CUDA FP8 GEMMs compute (the W8A8 paths: fp8_gemm.py, torch._scaled_mm) where the weight-only kernel
+    does not run, in
     float32, returned in x's dtype: the activations quantized (per token group of block[1] channels with block
-    weights, else per token, or with the static input_scale), then multiplied by the dequantized weight. Fewer rows
-    run the weight-only kernel: fp8_linear's arithmetic."""
+    weights, else per token, or with the static input_scale), then multiplied by the dequantized weight. The
+    weight-only kernel computes fp8_linear's arithmetic."""
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     group = block[1] if block is not None else None

@@ -33,9 +33,9 @@ def run_cases() -> None:
         ("fp8_block", torch.float16, True, None, large, None),
         ("int8", torch.float32, False, None, decode, None),
         ("int4", torch.float32, False, None, decode, True),
-        ("int4", torch.float16, False, None, large, None),  # the codes as 16-bit floats (INT4_FOLD)
+        ("int4", torch.float16, False, None, large, None),
         ("int4_actorder", torch.float16, False, None, decode, True),
-        ("int4", torch.float16, False, None, GemmConfig(64, 32, 32, 4, 2), None),  # no fold past 32 rows
+        ("int4", torch.float16, False, None, GemmConfig(64, 32, 32, 4, 2), None),
         ("int4_actorder", torch.float32, False, None, large, False),
     ]
     # t, e, k, h, i, expert_start, n_local, num_experts: K and N past a tile; one rank of two under expert parallelism
@@ -54,17 +54,28 @@ def run_cases() -> None:
             assert err <= tol, f"{fmt} {dtype} w8a8={w8a8} {cfg} split={split} shape {(t, e, k, h, i, start)}: {err}"
             if w8a8:  # and within FP8's rounding of the activations of the weight-only reference
                 assert rel_err(got, fused_experts_quant_reference(x, w13, w2, weights, ids, start)) < 0.1
+    from radixlm.runtime.kernels.moe import quant_moe
+    from radixlm.runtime.kernels.moe.quant_experts import W8A8_MIN_PAIRS_PER_EXPERT
+
+    # The codes as 16-bit floats (INT4_FOLD, off by default) where a config has at most INT4_FOLD_MAX_BLOCK_M rows.
+    x, w13f, w2f, weights, ids = routed_problem(5, 8, 2, 96, 48, torch.float16, seed=3)
+    w13, w2 = (quantize_experts(w, "int4", (32, 32), 16, torch.float16, None, seed=s) for s, w in enumerate((w13f, w2f)))
+    old, quant_moe.INT4_FOLD_MAX_BLOCK_M = quant_moe.INT4_FOLD_MAX_BLOCK_M, 32
+    try:
+        err = rel_err(fused_experts_quant(x, w13, w2, weights, ids, 0, None, decode, False, True),
+                      fused_experts_quant_reference(x, w13, w2, weights, ids, 0, False))
+    finally:
+        quant_moe.INT4_FOLD_MAX_BLOCK_M = old
+    assert err <= 1e-2, ("int4 fold", err)
     # The pass's own choices (config, w8a8 past W8A8_MIN_PAIRS_PER_EXPERT pairs an expert, split) at 1 and 120 tokens.
     for t in (1, 120):
         x, w13f, w2f, weights, ids = routed_problem(t, 4, 2, 64, 32, torch.float16, seed=t)
         w13, w2 = (quantize_experts(w, "fp8_channel") for w in (w13f, w2f))
-        w8a8 = t * 2 / 4 > 48
+        w8a8 = t * 2 / 4 > W8A8_MIN_PAIRS_PER_EXPERT
         err = rel_err(fused_experts_quant(x, w13, w2, weights, ids),
                       fused_experts_quant_reference(x, w13, w2, weights, ids, 0, w8a8))
         assert err <= 1e-2, (t, err)
     # Token chunks of a long prefill give the unchunked result; no tokens, no launch.
-    from radixlm.runtime.kernels.moe import quant_moe
-
     x, w13f, w2f, weights, ids = routed_problem(11, 4, 2, 64, 32, torch.float32, seed=7)
     w13, w2 = (quantize_experts(w, "int4", group=16) for w in (w13f, w2f))
     whole = fused_experts_quant(x, w13, w2, weights, ids)

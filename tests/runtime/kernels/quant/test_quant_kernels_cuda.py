@@ -8,6 +8,7 @@ import torch
 
 from radixlm.runtime.kernels import quant
 from radixlm.runtime.kernels.quant import reference as ref
+from radixlm.runtime.kernels.quant.fp8_gemm import W8A16_DEFAULT_MAX_ROWS
 from radixlm.runtime.kernels.quant.fp8_w8a16 import W8A16_MAX_ROWS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -44,24 +45,27 @@ def test_fp8_linear_matches_the_reference(mode, n, k, bias):
     for m in ROWS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         got = quant.fp8_linear(x, q, s, block, b)
-        # Up to W8A16_MAX_ROWS the weight-only kernel (activations not quantized: reference.fp8_linear's arithmetic),
-        # past it the W8A8 kernels (fp8_linear_w8a8's); each within the activations' FP8 rounding of the other.
-        exact, other = ((ref.fp8_linear, ref.fp8_linear_w8a8) if m <= W8A16_MAX_ROWS
+        # Up to W8A16_DEFAULT_MAX_ROWS the weight-only kernel (activations not quantized: reference.fp8_linear's
+        # arithmetic), past it the W8A8 kernels (fp8_linear_w8a8's); each within the activations' FP8 rounding of the
+        # other.
+        exact, other = ((ref.fp8_linear, ref.fp8_linear_w8a8) if m <= W8A16_DEFAULT_MAX_ROWS
                         else (ref.fp8_linear_w8a8, ref.fp8_linear))
         _close(got, exact(x, q, s, block, b), 2e-2)  # the same arithmetic, other summation order
         _close(got, other(x, q, s, block, b), 8e-2)
-        if m <= W8A16_MAX_ROWS:  # and the W8A8 path forced
+        if m <= W8A16_MAX_ROWS:  # and each few-row path forced
             _close(fp8_linear_cuda(x, q, s, block, b, w8a16_max_rows=0), ref.fp8_linear_w8a8(x, q, s, block, b), 2e-2)
+            _close(fp8_linear_cuda(x, q, s, block, b, w8a16_max_rows=W8A16_MAX_ROWS), ref.fp8_linear(x, q, s, block, b),
+                   2e-2)
     if mode != "block":
         for m in (5, 40):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             static = x.float().abs().max() / ref.FP8_MAX
-            want = ref.fp8_linear(x, q, s, None, b) if m <= W8A16_MAX_ROWS else ref.fp8_linear_w8a8(
+            want = ref.fp8_linear(x, q, s, None, b) if m <= W8A16_DEFAULT_MAX_ROWS else ref.fp8_linear_w8a8(
                 x, q, s, None, b, static)
             _close(quant.fp8_linear(x, q, s, None, b, static), want, 2e-2)
             xh = x.half()  # float16: row-wise _scaled_mm gives bfloat16 only -> the Triton kernel
             bh = b.half() if b is not None else None
-            want = (ref.fp8_linear if m <= W8A16_MAX_ROWS else ref.fp8_linear_w8a8)(xh, q, s, None, bh)
+            want = (ref.fp8_linear if m <= W8A16_DEFAULT_MAX_ROWS else ref.fp8_linear_w8a8)(xh, q, s, None, bh)
             _close(quant.fp8_linear(xh, q, s, None, bh), want, 2e-2)
 
 
