@@ -13,6 +13,7 @@
 #   BUDGET_S=560 bash benchmarks/lease/quant_lease.sh check   # one call after kernel changes: the GEMM, KV and MoE
 #                                                  # benchmarks in short budgets, the CUDA tests, then the 8B model
 #                                                  # per format at batch 1/8/64 while time is left
+#   BUDGET_S=240 bash benchmarks/lease/quant_lease.sh check model   # only the 8B model part (CHECK_FORMATS: which)
 #   bash benchmarks/lease/quant_lease.sh kv        # decode attention and the 8B decode step at batch 64, 8k-token
 #                                                  # contexts, bf16 vs fp8 KV (kernels/fp8_kv_decode_gpu.py, ~3 min)
 set -uo pipefail
@@ -40,13 +41,15 @@ kv)
     --budget-s 140 --out "$OUT"
   ;;
 check)
+  if [ "${2:-}" != model ]; then
   TAIL=45 step quant_gemm 130 $PY benchmarks/kernels/quant_gemm.py --budget-s 80 --out "$OUT"
   TAIL=45 step fp8_kv_decode 170 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --variants all --variant-budget-s 70 \
     --budget-s 100 --out "$OUT"
   TAIL=25 step quant_moe 110 $PY benchmarks/kernels/quant_moe.py --budget-s 60 --out "$OUT"
   TAIL=6 step quant_cuda_tests 90 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/quant/test_quant_kernels_cuda.py
   TAIL=6 step quant_moe_cuda_tests 90 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/moe/test_quant_moe_cuda.py
-  for f in fp8 fp8_block w4a16; do
+  fi
+  for f in ${CHECK_FORMATS:-fp8 fp8_block w4a16}; do
     TAIL=8 step "llama8b_$f" 60 $PY benchmarks/offline/gpu_llama8b.py --parts ab --quant "$f" --batches 1 8 64 \
       --decode-steps 128 --sharegpt-requests 400 --random-requests 0 --prefix-groups 0 --out "$OUT/llama8b_$f.json"
   done
