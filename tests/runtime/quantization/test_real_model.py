@@ -1,7 +1,7 @@
 """A real model through the real tool: SmolLM2-135M-Instruct (the default model, converted from its GGUF) made
-W8A8-FP8 (per-channel weights, dynamic per-token activations) by the compressed-tensors library, served by the
-offline Engine with its tokenizer and chat prompts: greedy tokens equal transformers' on the library's decompressed
-weights (float32). Real-model tier."""
+W8A8-FP8 (per-channel weights, dynamic per-token activations) and W4A16 (asymmetric, groups of 64, pack-quantized) by
+the compressed-tensors library, served by the offline Engine with its tokenizer and chat prompts: greedy tokens equal
+transformers' on the library's decompressed weights (float32). Real-model tier."""
 from __future__ import annotations
 
 import shutil
@@ -18,9 +18,11 @@ PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]
 NEW_TOKENS = 16
 
 
-def test_smollm2_compressed_tensors_fp8(tmp_path):
+@pytest.mark.parametrize("preset, options, fmt", [("FP8_DYNAMIC", {}, "float-quantized"),
+                                                  ("W4A16_ASYM", {"group_size": 64}, "pack-quantized")])
+def test_smollm2_compressed_tensors(preset, options, fmt, tmp_path):
     shutil.copytree(resolve_model_dir("default"), tmp_path / "m")
-    hf = quantize_ct(tmp_path / "m", {"group_0": scheme("FP8_DYNAMIC")}, "float-quantized", ignore=["lm_head"])
+    hf = quantize_ct(tmp_path / "m", {"group_0": scheme(preset, **options)}, fmt, ignore=["lm_head"])
     engine = radixlm.Engine(str(tmp_path / "m"), dtype="float32", device="cpu", random_seed=0,
                             max_total_tokens=2048)
     try:
