@@ -28,6 +28,7 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.quant import fp8_act, fp8_w8a16, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import FP8_DTYPE, dequant_fp8
+from radixlm.runtime.kernels.quant.splitk import store_tile
 
 SCALED_MM_ALIGN = 16
 # Fewer rows than this run the Triton kernel's per-channel mode instead of _scaled_mm (past the weight-only kernel's
@@ -97,14 +98,7 @@ def _w8a8_kernel(A, AS, B, BS, Bias, Y, M, N, K, stride_am, stride_asm, stride_b
         a_s = tl.load(AS + offs_m * stride_asm, mask=m_mask, other=0.0)
         b_s = tl.load(BS + offs_n * stride_bsn, mask=n_mask, other=0.0)
         acc = acc * a_s[:, None] * b_s[None, :]
-    y_ptrs = Y + offs_m[:, None] * stride_ym + offs_n[None, :]
-    mask = m_mask[:, None] & n_mask[None, :]
-    if SPLIT:
-        tl.store(y_ptrs + pid_k * stride_ys, acc, mask=mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
+    store_tile(acc, Y, Bias, offs_m, offs_n, m_mask, n_mask, stride_ym, stride_ys, pid_k, SPLIT, HAS_BIAS)
 
 
 def _w8a8(q: torch.Tensor, q_scale: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor,

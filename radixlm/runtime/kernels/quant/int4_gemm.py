@@ -24,6 +24,7 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.quant import int4_gemv, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import INT4_PACK, dequant_int4
+from radixlm.runtime.kernels.quant.splitk import store_tile
 
 MAX_BLOCK_K = 128
 MIN_BLOCK_K = 16
@@ -94,14 +95,7 @@ def _w4a16_kernel(X, Perm, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, st
         q_f = (q | 0x4B000000).to(tl.float32, bitcast=True)
         w = ((q_f - (z + 8388608.0)[None, :]) * s[None, :]).to(X.dtype.element_ty)
         acc = tl.dot(x, w, acc)
-    y_ptrs = Y + offs_m[:, None] * stride_ym + offs_n[None, :]
-    mask = m_mask[:, None] & n_mask[None, :]
-    if SPLIT:
-        tl.store(y_ptrs + pid_k * stride_ys, acc, mask=mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
+    store_tile(acc, Y, Bias, offs_m, offs_n, m_mask, n_mask, stride_ym, stride_ys, pid_k, SPLIT, HAS_BIAS)
 
 
 NIBBLES_BLOCK_K = 128  # its K tile: eight dots of BLOCK_K / 8 = 16 channels (the MMA's K)
@@ -163,14 +157,7 @@ def _w4a16_nibbles_kernel(X, Perm, QW, S, Z, Bias, Y, M, N, K, group_size, strid
                 q_m = bits.to(tl.float32, bitcast=True)
             w = ((q_m - zb[None, :]) * s[None, :]).to(X.dtype.element_ty)
             acc = tl.dot(x, w, acc)
-    y_ptrs = Y + offs_m[:, None] * stride_ym + offs_n[None, :]
-    mask = m_mask[:, None] & n_mask[None, :]
-    if SPLIT:
-        tl.store(y_ptrs + pid_k * stride_ys, acc, mask=mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
+    store_tile(acc, Y, Bias, offs_m, offs_n, m_mask, n_mask, stride_ym, stride_ys, pid_k, SPLIT, HAS_BIAS)
 
 
 def int4_block_k(k: int, group_size: int) -> int | None:

@@ -7,6 +7,21 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def store_tile(acc, Y, Bias, offs_m, offs_n, m_mask, n_mask, stride_ym, stride_ys, pid_k, SPLIT: tl.constexpr,
+               HAS_BIAS: tl.constexpr):
+    """A GEMM tile's float32 result: with SPLIT, program pid_k's partial into its slice of Y (float32, summed by
+    reduce_splits); else plus the bias, rounded once to Y's dtype."""
+    y_ptrs = Y + offs_m[:, None] * stride_ym + offs_n[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT:
+        tl.store(y_ptrs + pid_k * stride_ys, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
+
+
 @triton.jit(do_not_specialize=["M", "splits", "stride_ps"])
 def _reduce_splits_kernel(P, B, Y, M, N, splits, stride_ps, stride_pm, stride_ym, HAS_BIAS: tl.constexpr,
                           BLOCK: tl.constexpr):
