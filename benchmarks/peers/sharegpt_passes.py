@@ -3,7 +3,7 @@
 tail, where the run measured 0.02 s less).
 
 One engine (the side-by-side's: Llama-3.1-8B shapes, dummy bf16 weights, defaults), the peer workload (1000 requests,
-seed 1) run --runs times with decode_gaps_gpu.PassClock attached: CUDA events around each pass's launch. Per bucket of
+seed 1) run --runs times with lib.profiling.PassClock attached: CUDA events around each pass's launch. Per bucket of
 decode passes by row count it prints and writes the passes, their device time (mean), the device's idle time before
 them (mean gap) and the bucket's share of the run; prefill passes likewise. A tail that the host holds up shows as
 gaps; one dearer than the decode curve, as pass time. --exclude leaves GEMM kernels out of start-up's few-row choice

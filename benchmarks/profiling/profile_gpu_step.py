@@ -31,7 +31,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--top", type=int, default=14)
     p.add_argument("--out", default="benchmarks/results/profiling/profile_gpu_step.json")
-    p.add_argument("--force", nargs="*", default=[], metavar="GEMM=skinny|cublas", help="as decode_gaps_gpu.py's")
+    p.add_argument("--force", nargs="*", default=[], metavar="GEMM=skinny|cublas", help="start-up takes this kernel for these GEMMs instead of measuring (lib.engine.force_choices)")
     args = p.parse_args()
     if args.force:
         force_choices(dict(f.split("=") for f in args.force))

@@ -6,7 +6,7 @@ workers' cache hit rate (cached / prompt tokens, from /v1/loads) and how the req
         --max-total-tokens 70000 --num-groups 32 --prompts-per-group 8 --system-prompt-len 4096 \\
         --question-len 64 --output-len 16 --max-concurrency 16 --order rounds --out router_dp_gpu.json
 
-(benchmarks/lease/staged_gpu.sh on the GPU machine). The KV pools are sized so that every group's prefix fits in the
+(benchmarks/lease/staged_gpu.sh on the GPU machine, retired: git show 1be8d06:benchmarks/lease/staged_gpu.sh). The KV pools are sized so that every group's prefix fits in the
 two pools together but not in one: routing decides whether each prefix is cached once or on both workers (and
 evicted). With prompts arriving in rounds (interleaved sessions), a worker that sees every group cycles through
 more prefixes than it holds; with a shuffled order some of a group's prompts still arrive close together.

@@ -66,7 +66,7 @@ class DecodeKernelConfig:
 # "old" bf16 96 (5; 4 used at batch 64 x 8 kv heads), e4m3 183 (2: the plain cast); "cvt" e4m3 128 (4);
 # "s3" bf16 105 (4), e4m3 128 (4); "p1" bf16 144 (3), e4m3 128 (4); "p2" bf16 246 (2), e4m3 251 (2);
 # "n128p1" e4m3 168 (3); "n128w8p1" bf16 and e4m3 128 (2 programs of 8 warps); "p1r128" bf16 128 (4, no spills);
-# (benchmarks/kernels/decode_registers_sm90.py lists them);
+# (benchmarks/RETIRED.md: decode_registers_sm90.py);
 # "n128p1r128" e4m3 128 (4; 9 spilled stores): a float8 block of 128 positions is bf16's 64 in bytes, at bf16's
 # occupancy, in half the round trips.
 DECODE_VARIANTS = {  # likeliest first: a timed run under a budget drops the last ones
