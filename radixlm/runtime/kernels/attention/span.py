@@ -2,6 +2,8 @@
 shared_prefix.py's prefix stage)."""
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -23,6 +25,7 @@ def _cvt_asm(src: str, bf16: bool) -> str:
             + "mov.b32 $0, {a0, a1};\nmov.b32 $1, {a2, a3};\n}")
 
 
+@functools.lru_cache(maxsize=None)  # per launch of the eager passes: the device's capability read once
 def kv_convert_asm(kv_dtype, q_dtype, device) -> str:
     """The KV_CVT constexpr of a launch: the inline conversion of a float8 pool on CUDA to a bf16/fp16 query's dtype
     (the packed cvt needs sm_89, cvt.bf16.f16 sm_90), else "" (a plain cast: model-dtype pools, float32 queries, older

@@ -19,7 +19,7 @@ Every path is capturable in a CUDA graph: no host syncs, and its allocations (ou
 partials) have the same sizes at every replay of one row count."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,7 @@ import triton.language as tl
 from radixlm.runtime.kernels.quant import fp8_act, fp8_w8a16, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import FP8_DTYPE, dequant_fp8
 from radixlm.runtime.kernels.quant.splitk import store_tile
+from radixlm.runtime.kernels.quant.tiles import TileConfig
 
 SCALED_MM_ALIGN = 16
 # Fewer rows than this run the Triton kernel's per-channel mode instead of _scaled_mm (past the weight-only kernel's
@@ -40,15 +41,6 @@ SCALED_MM_MIN_ROWS = 33
 # H200 (benchmarks/results/kernels/h200/quant_gemm_check_h200.json) one layer at 1 row took 196 us there (per channel;
 # 199 with blocks) against the W8A8 Triton kernel's 102.5 (88.5), and lost at every row count to 16.
 W8A16_DEFAULT_MAX_ROWS = 0
-
-
-@dataclass(frozen=True)
-class TileConfig:
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    split: bool  # split K across programs (tiles.split_k) where the output tiles are few
 
 
 # By row bucket (tiles.ROW_BUCKETS: 1, 2, 4, 8, 16, <= 64, <= 256, more rows). BLOCK_K is the weight block's K size.
@@ -205,6 +197,7 @@ def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     return y.reshape(*x.shape[:-1], n)
 
 
+@functools.lru_cache(maxsize=None)  # on every FP8 GEMM call: the device's capability read once
 def fp8_supported(device: torch.device) -> bool:
     """FP8 tensor cores: compute capability 8.9 (Ada) and up; older GPUs take the dequantizing path."""
     return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)

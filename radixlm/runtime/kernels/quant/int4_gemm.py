@@ -16,8 +16,6 @@ SM streams weight; larger buckets take wider tiles. Capturable in CUDA graphs: i
 allocations (output, split-K partials) have one size per row count, and nothing syncs with the host."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -25,25 +23,16 @@ import triton.language as tl
 from radixlm.runtime.kernels.quant import int4_gemv, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import INT4_PACK, dequant_int4
 from radixlm.runtime.kernels.quant.splitk import store_tile
+from radixlm.runtime.kernels.quant.tiles import TileConfig
 
 MAX_BLOCK_K = 128
 MIN_BLOCK_K = 16
 
 
-@dataclass(frozen=True)
-class TileConfig:
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    split: bool
-    nibbles: bool = True  # _w4a16_nibbles_kernel where the K tile is NIBBLES_BLOCK_K, else _w4a16_kernel
-
-
 # By row bucket (tiles.ROW_BUCKETS: 1, 2, 4, 8, 16, <= 64, <= 256, more rows). The K loop's sm_90a SASS, instructions
 # a weight (_w4a16_nibbles_kernel; _w4a16_kernel's in parentheses): 16 x 128 tiles 4.8 (16 x 64: 9.1), 64 x 128 on
 # four warps 6.8 (9.1), 128 x 128 on eight 9.6 (10.5); 32 x 128 ran 5.8 but repeats the dequantization per 32 rows.
-_DECODE = TileConfig(16, 128, 4, 4, True)
+_DECODE = TileConfig(16, 128, 4, 4, True, True)
 # Past 16 rows the nibbles kernel lost on the H200 (one layer: 434 us at 32 rows, 699 at 64, 2882 at 256, against
 # _w4a16_kernel's 278, 516 and 1001 at these configs; benchmarks/results/kernels/h200/quant_gemm_check_h200.json and
 # quant_gemm_h200.json).

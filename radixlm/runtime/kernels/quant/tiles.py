@@ -23,6 +23,18 @@ MIN_K_TILES_PER_SPLIT = 4
 DEFAULT_SMS = 132  # an H200's, for a CPU device (the interpreter tests)
 
 
+@dataclass(frozen=True)
+class TileConfig:
+    """A row bucket's launch of a quantized GEMM kernel."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    split: bool  # split K across programs (split_k) where the output tiles are few
+    nibbles: bool = False  # W4A16: int4_gemm._w4a16_nibbles_kernel where the K tile is NIBBLES_BLOCK_K
+
+
 def bucket_of(m: int) -> int:
     """The index in ROW_BUCKETS of m rows."""
     if m <= 0:
