@@ -3,6 +3,7 @@ background thread and turns token outputs into SGLang-shaped results ({text, out
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import queue
@@ -17,8 +18,10 @@ from radixlm.runtime.front import BuiltRequests, DecodeState, FrontLimits, ReqSt
 from radixlm.runtime.multimodal.media import MediaLoader, MediaPolicy
 from radixlm.runtime.multimodal.processor import MultimodalProcessor
 from radixlm.runtime.messages import (
-    AbortReq, DetokenizeInfo, FlushCacheReq, FlushCacheReqOutput, ShutdownReq, TokenizedGenerateReqInput,
+    AbortReq, DetokenizeInfo, FlushCacheReq, FlushCacheReqOutput, LoadLoRAAdapterReqInput, LoRAUpdateOutput,
+    ShutdownReq, TokenizedGenerateReqInput, UnloadLoRAAdapterReqInput,
 )
+from radixlm.runtime.lora.registry import LoraRegistry, startup_refs
 from radixlm.runtime.scheduler.event_loop import QueueInbox, SchedulerLoop, build_scheduler
 
 logger = logging.getLogger(__name__)
@@ -33,6 +36,24 @@ class _FlushCache(FlushCacheReq):
 
     def __reduce__(self):
         return FlushCacheReq, ()  # what other tensor-parallel ranks receive: the request without the caller's wait
+
+
+@dataclass
+class _LoadLora(LoadLoRAAdapterReqInput):
+    answer: LoRAUpdateOutput | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __reduce__(self):
+        return LoadLoRAAdapterReqInput, (self.lora_name, self.lora_path, self.lora_id, self.pinned)
+
+
+@dataclass
+class _UnloadLora(UnloadLoRAAdapterReqInput):
+    answer: LoRAUpdateOutput | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __reduce__(self):
+        return UnloadLoRAAdapterReqInput, (self.lora_name, self.lora_id)
 
 
 @dataclass
@@ -88,7 +109,8 @@ class Engine:
         self.builder = RequestBuilder(self.tokenizer, FrontLimits(
             self.vocab_size, self.context_len, self.runner.max_total_num_tokens, args.disable_radix_cache,
             args.max_logprobs), MultimodalProcessor.for_model(self.model_config.model_path, self.tokenizer,
-                                                              MediaLoader(MediaPolicy.from_args(args))))
+                                                              MediaLoader(MediaPolicy.from_args(args))),
+            LoraRegistry(args.enable_lora, startup_refs(args.lora_paths)))
         logger.info("engine ready in %.1fs", time.perf_counter() - t0)
 
     def _join_ranks(self, args: ServerArgs):
@@ -142,7 +164,7 @@ class Engine:
             p.listener(snapshot)
 
     @staticmethod
-    def _reply(req: _FlushCache, answer: FlushCacheReqOutput) -> None:
+    def _reply(req: _FlushCache | _LoadLora | _UnloadLora, answer: FlushCacheReqOutput | LoRAUpdateOutput) -> None:
         req.answer = answer
         req.done.set()
 
@@ -168,9 +190,9 @@ class Engine:
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
                  top_logprobs_num=None, return_text_in_logprobs=False, stream=False, rid=None, extra_key=None,
-                 image_data=None, video_data=None):
+                 image_data=None, video_data=None, lora_path=None):
         built = self.builder.build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                   top_logprobs_num, rid, extra_key, stream, image_data, video_data)
+                                   top_logprobs_num, rid, extra_key, stream, image_data, video_data, lora_path)
         msgs = built.msgs
         if stream:
             return self._stream(msgs[0], return_text_in_logprobs)
@@ -207,9 +229,10 @@ class Engine:
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                              logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=False,
-                             stream=False, rid=None, extra_key=None, image_data=None, video_data=None):
+                             stream=False, rid=None, extra_key=None, image_data=None, video_data=None,
+                             lora_path=None):
         built = self.builder.build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                   top_logprobs_num, rid, extra_key, stream, image_data, video_data)
+                                   top_logprobs_num, rid, extra_key, stream, image_data, video_data, lora_path)
         msgs = built.msgs
         if stream:
             return self._astream(msgs[0], return_text_in_logprobs)
@@ -248,6 +271,25 @@ class Engine:
         self._inbox.put(msg)
         msg.done.wait()
         return msg.answer.success
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str, pinned: bool = False) -> LoRAUpdateOutput:
+        """Reads a PEFT adapter; requests name it by lora_name once this returns with success (SGLang's result:
+        success, error_message, loaded_adapters). A bad name raises ValueError."""
+        ref = self.builder.lora.new_ref(lora_name, lora_path, pinned)
+        msg = _LoadLora(ref.lora_name, ref.lora_path, ref.lora_id, ref.pinned)
+        self._inbox.put(msg)
+        msg.done.wait()
+        self.builder.lora.finish_load(ref, msg.answer.success)
+        return dataclasses.replace(msg.answer, loaded_adapters=self.builder.lora.loaded())
+
+    def unload_lora_adapter(self, lora_name: str) -> LoRAUpdateOutput:
+        """New requests may no longer name the adapter; returns once the requests using it have finished and it is
+        dropped. An unknown name raises ValueError."""
+        ref = self.builder.lora.remove(lora_name)
+        msg = _UnloadLora(ref.lora_name, ref.lora_id)
+        self._inbox.put(msg)
+        msg.done.wait()
+        return dataclasses.replace(msg.answer, loaded_adapters=self.builder.lora.loaded())
 
     def shutdown(self) -> None:
         """Stops the scheduler thread and lets go of the model, the KV pools and the CUDA graphs."""

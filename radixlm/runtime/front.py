@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from radixlm.runtime.grammar.spec import GrammarSpec, validate as validate_grammar
+from radixlm.runtime.lora.registry import LoraRegistry
 from radixlm.runtime.detokenizer import IncrementalDecoder, hold_back_stop_prefix, trim_stop
 from radixlm.runtime.messages import DetokenizeInfo, ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampling_params import SamplingParams
@@ -59,10 +60,12 @@ class BuiltRequests:
 class RequestBuilder:
     """Turns user input into validated requests; raises ValueError naming the problem."""
 
-    def __init__(self, tokenizer, limits: FrontLimits, mm: "MultimodalProcessor | None" = None):
+    def __init__(self, tokenizer, limits: FrontLimits, mm: "MultimodalProcessor | None" = None,
+                 lora: LoraRegistry | None = None):
         self.tokenizer = tokenizer
         self.limits = limits
         self.mm = mm  # a vision-language model's processor; None: media inputs are refused
+        self.lora = lora or LoraRegistry(enabled=False)  # the adapters requests may name (lora_path)
 
     def media_token_count(self, num_images: int, num_videos: int = 0) -> int:
         """Tokens a prompt gains when its image and video placeholders (one token each) are expanded (at most, for
@@ -99,7 +102,7 @@ class RequestBuilder:
         return ids
 
     def make_request(self, ids, sp_dict, return_logprob, logprob_start_len, top_logprobs_num, rid, extra_key, stream,
-                     mm_inputs: "MultimodalInputs | None" = None):
+                     mm_inputs: "MultimodalInputs | None" = None, lora_id: str | None = None):
         sp = sp_dict if isinstance(sp_dict, SamplingParams) else SamplingParams.from_dict(dict(sp_dict or {}))
         sp.normalize()
         sp.verify(self.limits.vocab_size)
@@ -137,14 +140,14 @@ class RequestBuilder:
         return TokenizedGenerateReqInput(
             rid=rid or uuid.uuid4().hex, input_ids=ids, sampling_params=sp, return_logprob=bool(return_logprob),
             logprob_start_len=start if return_logprob else -1, top_logprobs_num=top if return_logprob else 0,
-            extra_key=extra_key, stream=stream, mm_inputs=mm_inputs,
+            extra_key=extra_key, stream=stream, mm_inputs=mm_inputs, lora_id=lora_id,
         )
 
     def build(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
               top_logprobs_num=None, rid=None, extra_key=None, stream=False, image_data=None,
-              video_data=None) -> BuiltRequests:
+              video_data=None, lora_path=None) -> BuiltRequests:
         steps = self.build_steps(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                 top_logprobs_num, rid, extra_key, stream, image_data, video_data)
+                                 top_logprobs_num, rid, extra_key, stream, image_data, video_data, lora_path)
         while True:
             try:
                 next(steps)
@@ -153,7 +156,8 @@ class RequestBuilder:
 
     def build_steps(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                     logprob_start_len=None, top_logprobs_num=None, rid=None, extra_key=None,
-                    stream=False, image_data=None, video_data=None) -> Generator[None, None, BuiltRequests]:
+                    stream=False, image_data=None, video_data=None,
+                    lora_path=None) -> Generator[None, None, BuiltRequests]:
         """build, yielding after each request it makes, so that an event loop can serve others during a large
         batch (TokenizerManager.build_async); returns the BuiltRequests."""
         batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list))
@@ -167,6 +171,8 @@ class RequestBuilder:
             _per_prompt(name, value, len(prompts)) for name, value in (
                 ("sampling_params", sampling_params), ("rid", rid), ("return_logprob", return_logprob),
                 ("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num)))
+        # lora_path: an adapter's name (SGLang's field), or for a batch a list with an entry per prompt.
+        loras = [self.lora.resolve(x) for x in _per_prompt("lora_path", lora_path, len(prompts))]
         # image_data, video_data: one prompt's items (an item or a list), or for a batch a list with an entry per prompt.
         images = _per_prompt("image_data", image_data, len(prompts)) if batched else [image_data]
         videos = _per_prompt("video_data", video_data, len(prompts)) if batched else [video_data]
@@ -183,7 +189,7 @@ class RequestBuilder:
             base = rids[i] if rids[i] else uuid.uuid4().hex
             for j in range(n):
                 m = self.make_request(tokens, sp, lps[i], starts[i], tops[i], base if n == 1 else f"{base}-{j}",
-                                      extra_key, stream, mm_inputs)
+                                      extra_key, stream, mm_inputs, loras[i])
                 if n > 1 and m.sampling_params.sampling_seed is not None:
                     # The n samples of a seeded request differ from each other, and repeat as a set.
                     m.sampling_params = dataclasses.replace(
@@ -242,7 +248,7 @@ def prefix_request(m: TokenizedGenerateReqInput) -> TokenizedGenerateReqInput:
     sp = SamplingParams(max_new_tokens=0)
     sp.normalize()
     return TokenizedGenerateReqInput(rid=f"{m.rid}-prefix", input_ids=m.input_ids, sampling_params=sp, extra_key=m.extra_key,
-                                     mm_inputs=m.mm_inputs)
+                                     mm_inputs=m.mm_inputs, lora_id=m.lora_id)
 
 
 class DecodeState:

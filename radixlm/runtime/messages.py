@@ -21,6 +21,7 @@ class TokenizedGenerateReqInput:
     top_logprobs_num: int = 0
     extra_key: str | None = None  # cache namespace: different keys never share KV
     stream: bool = False
+    lora_id: str | None = None  # the LoRA adapter (LoraRef.lora_id) the request runs with; None: the base model
     # Media (preprocessed and hashed by the front); their positions in input_ids hold pad ids >= the vocabulary size.
     mm_inputs: MultimodalInputs | None = None
 
@@ -132,10 +133,41 @@ class SchedulerReady:
 
 
 @dataclass
+class LoadLoRAAdapterReqInput:
+    """Front -> scheduler: read an adapter into host memory (the front has checked the name and registers it on
+    success)."""
+
+    lora_name: str
+    lora_path: str
+    lora_id: str
+    pinned: bool = False
+
+
+@dataclass
+class UnloadLoRAAdapterReqInput:
+    """Front -> scheduler: drop an adapter once no queued or running request uses it (the front no longer accepts
+    requests for it)."""
+
+    lora_name: str
+    lora_id: str
+
+
+@dataclass
+class LoRAUpdateOutput:
+    """The scheduler's answer to a load or unload (SGLang's LoRAUpdateResult)."""
+
+    lora_id: str  # the load's or unload's (the front matches answers by it: an unload is answered when it is done)
+    success: bool
+    error_message: str | None = None
+    loaded_adapters: dict[str, str] = field(default_factory=dict)  # name -> path (filled in by the front)
+
+
+@dataclass
 class ShutdownReq:
     pass
 
 
 # What the scheduler's inbox carries (from the front), and what it answers a control message with.
-SchedulerInput = TokenizedGenerateReqInput | AbortReq | FlushCacheReq | GetInternalStateReq | ShutdownReq
-ControlReply = FlushCacheReqOutput | GetInternalStateReqOutput
+SchedulerInput = (TokenizedGenerateReqInput | AbortReq | FlushCacheReq | GetInternalStateReq | LoadLoRAAdapterReqInput
+                  | UnloadLoRAAdapterReqInput | ShutdownReq)
+ControlReply = FlushCacheReqOutput | GetInternalStateReqOutput | LoRAUpdateOutput

@@ -14,6 +14,7 @@ class Section(enum.Enum):
     SPECULATIVE = "Speculative decoding"
     CONSTRAINED = "Constrained decoding"
     MULTIMODAL = "Multimodal inputs"
+    LORA = "LoRA adapters"
     RELIABILITY = "Reliability and observability"
 
 
@@ -93,3 +94,6 @@ JUMP_FORWARD_MODES = values(JumpForwardMode)
 GRAMMAR_MASK_MODES = values(GrammarMaskMode)
 TOGGLES = values(Toggle)
 TOOL_CALL_PARSERS = ("auto", "qwen25", "hermes", "llama3")
+# PEFT's module names a LoRA adapter may target (the fused qkv_proj and gate_up_proj take q/k/v and gate/up).
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+MAX_LORA_RANK = 64

@@ -30,6 +30,7 @@ def arg(default: Any, section: Section, help: str, *, choices: tuple[str, ...] |
 
 M, S, MEM, PAR, K = Section.MODEL, Section.SERVER, Section.MEMORY, Section.PARALLELISM, Section.KERNELS
 SPEC, CD, MM, REL = Section.SPECULATIVE, Section.CONSTRAINED, Section.MULTIMODAL, Section.RELIABILITY
+LORA = Section.LORA
 
 
 @dataclass
@@ -148,6 +149,18 @@ class ServerArgs:
     media_fetch_timeout: float = arg(10.0, MM, "seconds to fetch one http(s) media URL")
     max_media_bytes: int = arg(20 << 20, MM, "largest media item accepted, in bytes after base64 decoding")
 
+    enable_lora: bool = arg(False, LORA, "serve LoRA adapters (set by --lora-paths too)")
+    lora_paths: list[str] | None = arg(None, LORA, "adapters loaded at start: NAME=PATH, PATH (named by its path) "
+                                                   "or JSON {\"lora_name\": .., \"lora_path\": .., \"pinned\": ..}")
+    max_loras_per_batch: int = arg(8, LORA, "adapters one batch may use (the device slots of adapter weights)")
+    max_lora_rank: int | None = arg(None, LORA, "largest adapter rank accepted; unset: the largest of --lora-paths' "
+                                                "adapters, else 64")
+    lora_target_modules: list[str] | None = arg(None, LORA, "modules adapters may target (q_proj k_proj v_proj "
+                                                            "o_proj gate_proj up_proj down_proj, or all); unset: "
+                                                            "--lora-paths' adapters' targets, else all")
+    max_loaded_loras: int | None = arg(None, LORA, "most adapters held in host memory at once (>= "
+                                                   "--max-loras-per-batch); unset: no limit")
+
     watchdog_timeout: float = arg(300.0, REL, "seconds without scheduler progress, requests pending, before they "
                                               "are failed")
     enable_integrity_check: bool = arg(False, REL, "check the KV-cache accounting after every scheduler step")
@@ -158,6 +171,8 @@ class ServerArgs:
             value = getattr(self, name)
             if not isinstance(value, kind) and value in {m.value for m in kind}:
                 setattr(self, name, kind(value))
+        if self.lora_paths:
+            self.enable_lora = True  # SGLang's rule: --lora-paths alone turns LoRA on
         validate(self)
         if self.speculative_algorithm is not None:
             self._resolve_draft_tokens()

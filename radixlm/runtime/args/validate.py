@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from radixlm.runtime.args.choices import (
-    ATTENTION_BACKENDS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, MAX_RUNNING_REQUESTS,
-    QUANTIZATION_METHODS, TOOL_CALL_PARSERS, values,
+    ATTENTION_BACKENDS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, LORA_TARGET_MODULES, MAX_LORA_RANK,
+    MAX_RUNNING_REQUESTS, QUANTIZATION_METHODS, TOOL_CALL_PARSERS, values,
 )
 
 if TYPE_CHECKING:
@@ -90,9 +90,26 @@ def _check_serving(a: ServerArgs) -> None:
     _check(a.max_media_bytes >= 1, "max_media_bytes must be >= 1")
 
 
+def _check_lora(a: ServerArgs) -> None:
+    _check(a.max_loras_per_batch >= 1, "max_loras_per_batch must be >= 1")
+    _check(a.max_lora_rank is None or 1 <= a.max_lora_rank <= MAX_LORA_RANK,
+           f"max_lora_rank must be in [1, {MAX_LORA_RANK}]")
+    _check(a.max_loaded_loras is None or a.max_loaded_loras >= a.max_loras_per_batch,
+           "max_loaded_loras must be >= max_loras_per_batch")
+    allowed = (*LORA_TARGET_MODULES, "all")
+    bad = [m for m in a.lora_target_modules or () if m not in allowed]
+    _check(not bad, f"unknown lora_target_modules {bad}; choose from {allowed}")
+    _check(not a.lora_paths or a.max_loaded_loras is None or len(a.lora_paths) <= a.max_loaded_loras,
+           "more --lora-paths than max_loaded_loras")
+    if a.enable_lora:
+        _check(a.tp_size == 1 or a.nnodes == 1, "LoRA serving spans one node")
+        _check(a.speculative_algorithm is None, "LoRA serving does not combine with speculative decoding yet")
+
+
 def validate(a: ServerArgs) -> None:
     _check_choices(a)
     _check_memory_and_scheduling(a)
     _check_speculative(a)
     _check_parallelism(a)
     _check_serving(a)
+    _check_lora(a)

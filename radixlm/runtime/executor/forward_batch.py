@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixlm.runtime.executor.logits import LogitsPlan
     from radixlm.runtime.layers.attention.base import AttentionBackend
+    from radixlm.runtime.lora.ops import LoraBatchInfo
+    from radixlm.runtime.lora.slots import LoraBatch
     from radixlm.runtime.multimodal.inputs import MultimodalSpan
 
 
@@ -70,6 +72,8 @@ class ModelWorkerBatch:
     # Decode passes (one row per request): (prefix_len, request indices) per group of requests whose
     # req_to_token rows hold the same slots over [0, prefix_len) (scheduler/shared_prefix.py), else None.
     shared_prefixes: list[tuple[int, list[int]]] | None = None
+    # Under --enable-lora: each request's adapter slot and the adapters to swap in first (lora/slots.py).
+    lora: "LoraBatch | None" = None
 
     @property
     def num_rows(self) -> int:
@@ -116,6 +120,8 @@ class ForwardBatch:
     tree_masks: list[TreeMask | None] | None = None  # ModelWorkerBatch.tree_masks
     # ModelWorkerBatch.shared_prefixes in TOKEN_ROWS passes of one row per request (batch rows = requests).
     shared_prefixes: list[tuple[int, list[int]]] | None = None
+    # Under --enable-lora: the rows' adapter slots (set by the ModelRunner from ModelWorkerBatch.lora).
+    lora: "LoraBatchInfo | None" = None
     # Set by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: object = None
 

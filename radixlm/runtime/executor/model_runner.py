@@ -64,6 +64,7 @@ class ModelRunner:
         # This rank's KV heads (all of them without tensor parallelism).
         self.num_kv_heads = Shard.heads(model_config.num_kv_heads, 1, parallel, "num_key_value_heads").local
         self.model.eval()
+        self.lora = self._lora_manager() if own and shared is None and server_args.enable_lora else None
         self.logits_processor = (LogitsProcessor(self.model.lm_head, model_config.vocab_size, parallel)
                                  if shared is None or shared.logits_processor is None else shared.logits_processor)
         prepare_gemms(self, tuned=shared is None and not server_args.disable_tuned_gemm, share=shared is None)
@@ -99,6 +100,16 @@ class ModelRunner:
             free, total = torch.cuda.mem_get_info()
             logger.info("GPU memory after start-up: %.2f GiB in use of %.2f GiB (%.2f GiB free)",
                         (total - free) / 2**30, total / 2**30, free / 2**30)
+
+    def _lora_manager(self):
+        from radixlm.runtime.lora.manager import LoraManager, LoraOptions
+        from radixlm.runtime.lora.registry import startup_refs
+
+        manager = LoraManager(self.model, LoraOptions.from_args(self.server_args), self.model_config.num_layers,
+                              self.model_config.dtype, self.device, self.parallel.tp_rank)
+        for ref in startup_refs(self.server_args.lora_paths):
+            manager.load_adapter(ref.lora_id, ref.lora_name, ref.lora_path)
+        return manager
 
     def _share_slots(self, shared: SharedSlots) -> None:
         target, cfg = shared.target, self.model_config
@@ -154,7 +165,9 @@ class ModelRunner:
     def graph_max_bs(self) -> int:
         """The largest batch a CUDA graph is captured for (0: no graphs)."""
         args = self.server_args
-        if not (self.is_cuda and not args.disable_cuda_graph and self.attn_backend.supports_cuda_graph):
+        # LoRA passes run eagerly until the Triton kernels take fixed-size slot info (lora/ops.py's kernel slot).
+        if not (self.is_cuda and not args.disable_cuda_graph and self.attn_backend.supports_cuda_graph
+                and not args.enable_lora):
             return 0
         return min(args.cuda_graph_max_bs or CUDA_GRAPH_DEFAULT_MAX_BS, self.max_pass_rows)
 
@@ -239,6 +252,8 @@ class ModelRunner:
         """Logits for the plan's rows of a pass (enqueued: nothing here waits for the device)."""
         fb = ForwardBatch.build(wb, self.choose_mode(wb), self.req_to_token_pool, self.token_to_kv_pool,
                                 self.attn_backend, self.device)
+        if self.lora is not None:
+            fb.lora = self.lora.prepare(wb.lora, wb.extend_lens)
         out = self._run(fb, wb.logits)
         out.req_pool_indices = fb.req_pool_indices
         return out
@@ -256,6 +271,8 @@ class ModelRunner:
             # Several rows for some request (drafts, a small prefill): pick the plan's rows.
             picked = logits[host_to_device(plan.sample_rows + plan.verify_rows, torch.long, logits.device)]
             return split_rows(picked, plan, [], [], ForwardMode.TOKEN_ROWS)
+        if self.lora is not None:
+            self.lora.context.info = forward_batch.lora  # what every adapted layer of this pass reads
         self.attn_backend.init_forward_metadata(forward_batch)
         hidden = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
         self.last_hidden = hidden  # every row's final hidden state (an EAGLE head reads them)

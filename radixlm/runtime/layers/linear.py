@@ -70,6 +70,7 @@ class Linear(nn.Module):
     """Replicated: every rank holds the whole weight."""
 
     quant_method = None  # a quantization LinearMethod, or None: float
+    lora = None  # a LoraLayer (radixlm.runtime.lora) under --enable-lora: adds each row's adapter delta
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
@@ -88,9 +89,15 @@ class Linear(nn.Module):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | None = None,
                epilogue: RotaryStore | None = None) -> torch.Tensor:
+        if self.lora is not None:
+            # The delta reads the GEMM's input and lands before the rotary and KV store: nothing fused either side.
+            x = apply_prologue(prologue, x)
+            prologue = epilogue = None
         if self.quant_method is not None:
-            return self.quant_method.apply(self, apply_prologue(prologue, x), bias)
-        return gemm.linear(x, self.weight, bias, self.packed_weight, self.gemm_choices, prologue, epilogue)
+            out = self.quant_method.apply(self, apply_prologue(prologue, x), bias)
+        else:
+            out = gemm.linear(x, self.weight, bias, self.packed_weight, self.gemm_choices, prologue, epilogue)
+        return out if self.lora is None else self.lora.add(out, x)
 
     def forward(self, x: torch.Tensor, prologue: Prologue | None = None,
                 epilogue: RotaryStore | None = None) -> torch.Tensor:

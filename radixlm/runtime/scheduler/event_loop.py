@@ -15,7 +15,7 @@ from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.messages import (
     AbortReq, ControlReply, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput,
-    ReqOutput, SchedulerInput, ShutdownReq, TokenizedGenerateReqInput,
+    LoadLoRAAdapterReqInput, ReqOutput, SchedulerInput, ShutdownReq, TokenizedGenerateReqInput, UnloadLoRAAdapterReqInput,
 )
 from radixlm.runtime.scheduler.fault import StepGuard
 
@@ -118,7 +118,7 @@ class SchedulerLoop:
     inbox: Inbox | None  # None on ranks other than 0
     # Also the scheduler's output sink: outputs go out while the device runs the next pass.
     deliver: Callable[[list[ReqOutput]], None]
-    reply: Callable[[FlushCacheReq | GetInternalStateReq, ControlReply], None]
+    reply: Callable[[SchedulerInput, ControlReply], None]
     keep_going: Callable[[], bool]  # asked after an idle wait that brought nothing, and every CHECK_EVERY_S
     on_request: Callable[[TokenizedGenerateReqInput], None] | None = None  # each request, before the scheduler
     parallel: Parallel = SINGLE
@@ -148,6 +148,8 @@ class SchedulerLoop:
                 sched.abort_requests(aborts)  # one pass over the queues for all of them
             if stop:
                 return
+            for unload, result in sched.finish_lora_unloads():  # each once no request uses its adapter
+                self.reply(unload, result)
             if not sched.is_idle():
                 outputs = guard.step()
                 if outputs or (sched.progress() != self._delivered_progress
@@ -188,5 +190,9 @@ class SchedulerLoop:
             self.reply(msg, FlushCacheReqOutput(self.sched.flush_cache()))
         elif isinstance(msg, GetInternalStateReq):
             self.reply(msg, GetInternalStateReqOutput(internal_state(self.sched)))
+        elif isinstance(msg, LoadLoRAAdapterReqInput):
+            self.reply(msg, self.sched.load_lora_adapter(msg))
+        elif isinstance(msg, UnloadLoRAAdapterReqInput):
+            self.sched.lora_unloads.append(msg)  # answered by finish_lora_unloads
         else:
             logger.warning("scheduler loop: ignoring a message of type %s", type(msg).__name__)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixlm.runtime.lora.registry import cache_namespace
 from radixlm.runtime.cache.radix_node import CacheLock, MatchResult, RadixKey, TreeNode
 from radixlm.runtime.executor.logits import top_logprobs
 from radixlm.runtime.grammar.backend import GrammarMatcher
@@ -87,9 +88,10 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
-    extra_key: str | None = None
+    extra_key: str | None = None  # the radix cache namespace (the request's extra_key and its adapter's id)
     stream: bool = False
     mm_inputs: MultimodalInputs | None = None  # media whose encoder outputs fill some prompt positions
+    lora_id: str | None = None  # its LoRA adapter; None: the base model
 
     # Set by the scheduler: tokens and KV.
     output_ids: list[int] = field(default_factory=list)
@@ -144,9 +146,10 @@ class Req:
             return_logprob=msg.return_logprob,
             logprob_start_len=msg.logprob_start_len,
             top_logprobs_num=msg.top_logprobs_num,
-            extra_key=msg.extra_key,
+            extra_key=cache_namespace(msg.lora_id, msg.extra_key),
             stream=msg.stream,
             mm_inputs=msg.mm_inputs,
+            lora_id=msg.lora_id,
         )
 
     # ------------------------------------------------------------------ matching

@@ -1,0 +1,77 @@
+"""A linear layer's adapter slots: the stacked A and B buffers of every slot, written when an adapter is swapped in,
+and the delta added to the layer's output (Linear.matmul calls `add`). Tensor parallel: a column-parallel layer
+(qkv, gate_up) keeps A whole and this rank's rows of B; a row-parallel one (o, down) this rank's columns of A and B
+whole, its partial delta summed over ranks with the base output's."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.lora.config import LoraTarget
+from radixlm.runtime.lora.ops import LoraBatchInfo, add_lora_delta
+
+
+@dataclass
+class LoraPassContext:
+    """The pass being run: set by the ModelRunner before the model runs, read by every LoraLayer (one per runner)."""
+
+    info: LoraBatchInfo | None = None
+
+
+class LoraLayer:
+    def __init__(self, linear, target: LoraTarget, num_slots: int, max_rank: int, context: LoraPassContext,
+                 tp_rank: int = 0):
+        self.target = target
+        self.max_rank = max_rank
+        self.context = context
+        self.tp_rank = tp_rank
+        self.parts = len(target.parts)
+        self.in_local = linear.in_features
+        w = linear.weight if getattr(linear, "weight", None) is not None else None
+        dtype = w.dtype if w is not None and w.dtype.is_floating_point and w.dtype.itemsize > 1 else torch.float32
+        device = w.device if w is not None else torch.device("cpu")
+        if target.row_parallel:
+            self.full_in, self.out_sizes, self.out_starts = linear.full_in, [linear.out_features], [0]
+            self.full_out = [linear.out_features]
+        else:
+            self.full_in = linear.in_features
+            self.out_sizes = [s.local for s in linear.shards]
+            self.out_starts = [s.start for s in linear.shards]
+            self.full_out = [s.full for s in linear.shards]
+            if len(linear.shards) != self.parts:
+                raise ValueError(f"{target.module} has {len(linear.shards)} projections, expected {self.parts}")
+        width = self.parts * max_rank
+        self.a = torch.zeros(num_slots, width, self.in_local, dtype=dtype, device=device)
+        self.b = torch.zeros(num_slots, sum(self.out_sizes), width, dtype=dtype, device=device)
+
+    def check(self, part: int, a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+        """An adapter's (A, B) of one part against this layer's whole (unsliced) shapes."""
+        r = a.shape[0]
+        if a.dim() != 2 or b.dim() != 2 or tuple(a.shape) != (r, self.full_in) or tuple(b.shape) != (
+                self.full_out[part], r):
+            raise ValueError(f"{what}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit the model "
+                             f"(expected ({r}, {self.full_in}) / ({self.full_out[part]}, {r}))")
+        if r > self.max_rank:
+            raise ValueError(f"{what}: rank {r} is above --max-lora-rank {self.max_rank}")
+
+    def write(self, slot: int, parts: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
+        """Slot `slot` takes an adapter's (A, B) per part (None: the adapter leaves that part alone)."""
+        self.a[slot].zero_()
+        self.b[slot].zero_()
+        row = 0
+        for j, ab in enumerate(parts):
+            lo = j * self.max_rank
+            if ab is not None:
+                a, b = ab
+                r = a.shape[0]
+                if self.target.row_parallel:
+                    a = a[:, self.tp_rank * self.in_local : (self.tp_rank + 1) * self.in_local]
+                else:
+                    b = b[self.out_starts[j] : self.out_starts[j] + self.out_sizes[j]]
+                self.a[slot, lo : lo + r].copy_(a)
+                self.b[slot, row : row + self.out_sizes[j], lo : lo + r].copy_(b)
+            row += self.out_sizes[j]
+
+    def add(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return add_lora_delta(out, x, self.a, self.b, self.context.info)

@@ -1,0 +1,68 @@
+"""The scheduler's side of the slot pool: which adapter each of the `--max-loras-per-batch` device slots holds, and
+for each pass which slot each request reads and which adapters are swapped in first (least recently used slots
+first). An adapter that a running request uses is pinned: its slot is never given to another. Every tensor-parallel
+rank makes the same decisions from the same inputs."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+BASE_SLOT = -1  # rows of requests without an adapter
+
+
+@dataclass(frozen=True)
+class LoraBatch:
+    """A pass's adapters (set by the scheduler in ModelWorkerBatch.lora, carried out by LoraManager.prepare)."""
+
+    req_slots: tuple[int, ...]  # per request, in the pass's order; BASE_SLOT: the base model
+    loads: tuple[tuple[int, str], ...]  # (slot, lora_id) to write before the pass runs
+
+
+class SlotTable:
+    def __init__(self, num_slots: int):
+        if num_slots < 1:
+            raise ValueError("the LoRA slot pool needs at least one slot")
+        self.num_slots = num_slots
+        self.holder: list[str | None] = [None] * num_slots
+        self._lru: OrderedDict[int, None] = OrderedDict((s, None) for s in range(num_slots))  # oldest use first
+
+    def slot_of(self, lora_id: str) -> int | None:
+        try:
+            return self.holder.index(lora_id)
+        except ValueError:
+            return None
+
+    def fits(self, active: set[str | None], lora_id: str | None) -> bool:
+        """Whether a batch whose adapters are `active` can take a request of `lora_id` too."""
+        ids = (active | {lora_id}) - {None}
+        return len(ids) <= self.num_slots
+
+    def assign(self, lora_ids: Iterable[str | None], pinned: set[str | None]) -> LoraBatch:
+        """Slots for a pass's requests (their lora ids in order). Adapters not resident take free slots, then those
+        of unpinned adapters, least recently used first. Raises if the pass's and pinned adapters exceed the slots
+        (admission keeps them within: SlotTable.fits)."""
+        ids = list(lora_ids)
+        needed = {i for i in ids if i is not None}
+        keep = needed | {p for p in pinned if p is not None}
+        if len(keep) > self.num_slots:
+            raise RuntimeError(f"{len(keep)} LoRA adapters in use exceed the {self.num_slots} slots")
+        loads = []
+        for lora_id in sorted(needed - set(self.holder)):
+            slot = next(s for s in self._lru if self.holder[s] is None or self.holder[s] not in keep)
+            self.holder[slot] = lora_id
+            loads.append((slot, lora_id))
+        slots = []
+        for lora_id in ids:
+            slot = BASE_SLOT if lora_id is None else self.holder.index(lora_id)
+            if slot != BASE_SLOT:
+                self._lru.move_to_end(slot)
+            slots.append(slot)
+        return LoraBatch(tuple(slots), tuple(loads))
+
+    def release(self, lora_id: str) -> None:
+        """The adapter is unloaded: its slot, if any, is free (and first to be reused)."""
+        slot = self.slot_of(lora_id)
+        if slot is not None:
+            self.holder[slot] = None
+            self._lru.move_to_end(slot, last=False)
