@@ -42,10 +42,23 @@ def _first(x: Any) -> Any:
     return x[0] if isinstance(x, list) and x else x
 
 
+def _adapter(path: str, body: dict[str, Any]) -> str | None:
+    """The LoRA adapter a request names (workers keep each adapter's KV apart): lora_path on every API, else the
+    OpenAI and Anthropic `model` (an adapter's name, base:adapter, or the base model's: one namespace per name)."""
+    adapter = _first(body.get("lora_path"))
+    if adapter is None and path.startswith("/v1/"):
+        adapter = body.get("model")
+    return adapter if isinstance(adapter, str) and adapter else None
+
+
 def routing_text(path: str, body: dict[str, Any]) -> str:
-    """Text for routing a request to `path` with JSON `body`; "" when the body carries none."""
+    """Text for routing a request to `path` with JSON `body`; "" when the body carries none. Requests of another
+    extra_key or LoRA adapter share no KV on a worker: their text starts with a namespace of its own."""
     namespace = body.get("extra_key")
     prefix = f"\x00{namespace}\x00" if isinstance(namespace, str) and namespace else ""
+    adapter = _adapter(path, body)
+    if adapter is not None:
+        prefix = f"\x01{adapter}\x01" + prefix
     if path == "/generate":
         text = body.get("text")
         if text is not None:

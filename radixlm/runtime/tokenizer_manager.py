@@ -4,6 +4,7 @@ every pending request when a child process dies."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -19,9 +20,10 @@ from radixlm.runtime.errors import ApiError
 from radixlm.runtime.front import BuiltRequests, FrontLimits, ReqState, RequestBuilder
 from radixlm.runtime.ipc import bind_pull, connect_push
 from radixlm.runtime.launch import LaunchedRuntime
+from radixlm.runtime.lora.registry import LoraRegistry, startup_refs
 from radixlm.runtime.messages import (
     AbortReq, BatchStrOutput, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput,
-    ShutdownReq, TokenizedGenerateReqInput,
+    LoadLoRAAdapterReqInput, LoRAUpdateOutput, ShutdownReq, TokenizedGenerateReqInput, UnloadLoRAAdapterReqInput,
 )
 from radixlm.runtime.metrics import ReqTiming, ServerMetrics
 from radixlm.runtime.multimodal.media import MediaLoader, MediaPolicy
@@ -29,6 +31,7 @@ from radixlm.runtime.multimodal.processor import MultimodalProcessor
 
 logger = logging.getLogger(__name__)
 
+LORA_LOAD_TIMEOUT_S = 300.0  # reading an adapter from disk
 YIELD_EVERY = 64  # requests built or sent between turns of the event loop (a large batch must not starve /health)
 
 
@@ -69,12 +72,14 @@ class TokenizerManager:
         self.builder = RequestBuilder(tokenizer, FrontLimits(
             info.vocab_size, info.context_len, info.max_total_num_tokens, self.server_args.disable_radix_cache,
             self.server_args.max_logprobs), MultimodalProcessor.for_model(
-                info.model_path, tokenizer, MediaLoader(MediaPolicy.from_args(self.server_args))))
+                info.model_path, tokenizer, MediaLoader(MediaPolicy.from_args(self.server_args))),
+            LoraRegistry(self.server_args.enable_lora, startup_refs(self.server_args.lora_paths)))
         self.rid_to_state: dict[str, _ReqEntry] = {}
         self.dead: str | None = None
         self.ready = False  # set after the warm-up generation succeeded
         self.instance_id = uuid.uuid4().hex  # a restarted server has another one (its cache starts empty)
         self._replies: dict[type, deque[asyncio.Future]] = {FlushCacheReqOutput: deque(), GetInternalStateReqOutput: deque()}
+        self._lora_replies: dict[str, asyncio.Future] = {}  # a load's or unload's lora_id -> its answer
         self._tasks: list[asyncio.Task] = []
         self.metrics = ServerMetrics()
         # Last message from the pipeline, or the moment work became pending after an idle spell.
@@ -124,6 +129,10 @@ class TokenizerManager:
                         if entry.timing is not None:
                             self.metrics.on_finish(entry.timing, now, out.prompt_tokens, out.cached_tokens)
                     entry.queue.put_nowait(snap)
+            elif isinstance(msg, LoRAUpdateOutput):
+                fut = self._lora_replies.pop(msg.lora_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
             elif type(msg) in self._replies:
                 waiting = self._replies[type(msg)]
                 if waiting:
@@ -136,7 +145,7 @@ class TokenizerManager:
         while self.dead is None:
             await asyncio.sleep(min(0.5, timeout / 4))
             reason = self.runtime.dead_child()
-            pending = bool(self.rid_to_state) or any(self._replies.values())
+            pending = bool(self.rid_to_state) or any(self._replies.values()) or bool(self._lora_replies)
             if reason is None and pending and time.monotonic() - self.last_progress > timeout:
                 reason = f"watchdog: the scheduler made no progress for {timeout:g}s with requests pending"
             if reason is not None:
@@ -291,6 +300,37 @@ class TokenizerManager:
         self._replies[reply_type].append(fut)
         self.to_scheduler.send_pyobj(req)
         return await asyncio.wait_for(fut, timeout)
+
+    async def _ask_lora(self, msg: LoadLoRAAdapterReqInput | UnloadLoRAAdapterReqInput,
+                        timeout: float | None) -> LoRAUpdateOutput:
+        self._check_alive()
+        self._mark_pending()
+        fut = asyncio.get_running_loop().create_future()
+        self._lora_replies[msg.lora_id] = fut
+        self.to_scheduler.send_pyobj(msg)
+        try:
+            out = await asyncio.wait_for(fut, timeout)
+        finally:
+            self._lora_replies.pop(msg.lora_id, None)
+        return dataclasses.replace(out, loaded_adapters=self.builder.lora.loaded())
+
+    async def load_lora_adapter(self, name, path, pinned: bool = False) -> LoRAUpdateOutput:
+        """Reads an adapter in the scheduler, then lets requests name it (ValueError: LoRA off, a bad or taken name)."""
+        ref = self.builder.lora.new_ref(name, path, pinned)
+        success = False
+        try:
+            out = await self._ask_lora(LoadLoRAAdapterReqInput(ref.lora_name, ref.lora_path, ref.lora_id, ref.pinned),
+                                       LORA_LOAD_TIMEOUT_S)
+            success = out.success
+        finally:
+            self.builder.lora.finish_load(ref, success)
+        return dataclasses.replace(out, loaded_adapters=self.builder.lora.loaded())
+
+    async def unload_lora_adapter(self, name) -> LoRAUpdateOutput:
+        """New requests may no longer name it; answered once the requests using it have finished (ValueError: no
+        adapter of that name)."""
+        ref = self.builder.lora.remove(name)
+        return await self._ask_lora(UnloadLoRAAdapterReqInput(ref.lora_name, ref.lora_id), None)
 
     async def flush_cache(self) -> bool:
         return (await self._ask(FlushCacheReq(), FlushCacheReqOutput)).success

@@ -20,6 +20,7 @@ from radixlm.runtime.errors import ApiError
 from radixlm.runtime.server.errors import BadRequest, error_response, flavor_of, parse
 from radixlm.runtime.server.guard import GuardMiddleware
 from radixlm.runtime.server.anthropic import router as anthropic_router
+from radixlm.runtime.server.lora import router as lora_router
 from radixlm.runtime.server.metrics import router as metrics_router
 from radixlm.runtime.server.native import json_response, read_json_object, router as native_router
 from radixlm.runtime.server.native_protocol import AbortReq
@@ -63,7 +64,7 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
     app = FastAPI(lifespan=lifespan)
     app.state.tokenizer_manager = tm
     app.add_middleware(GuardMiddleware, tokenizer_manager=tm)
-    for router in (native_router, openai_router, anthropic_router, tokens_router, metrics_router):
+    for router in (native_router, lora_router, openai_router, anthropic_router, tokens_router, metrics_router):
         app.include_router(router)
 
     def _answer(req: Request, message: str, status_code: int) -> Response:

@@ -87,12 +87,33 @@ class GenerateReqInput(BaseModel):
     rid: StrictStr | list[StrictStr] | None = None
     extra_key: StrictStr | None = Field(None, description="a namespace for the radix cache: only requests with "
                                                           "the same extra_key share cached prefixes")
+    lora_path: StrictStr | list[StrictStr | None] | None = Field(
+        None, description="a loaded LoRA adapter's name (or for a batch one per prompt, null: the base model)")
 
     def sampling_dicts(self) -> dict | list[dict] | None:
         sp = self.sampling_params
         if isinstance(sp, list):
             return [p.model_dump(exclude_unset=True) for p in sp]
         return None if sp is None else sp.model_dump(exclude_unset=True)
+
+
+class LoadLoRAAdapterReq(BaseModel):
+    """POST /load_lora_adapter: read a PEFT adapter directory and serve it under lora_name."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"lora_name": "my-adapter", "lora_path": "/adapters/my-adapter"}]})
+
+    lora_name: StrictStr
+    lora_path: StrictStr
+    pinned: StrictBool = False
+
+
+class UnloadLoRAAdapterReq(BaseModel):
+    """POST /unload_lora_adapter: stop serving an adapter (answered once the requests using it have finished)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"lora_name": "my-adapter"}]})
+
+    lora_name: StrictStr
 
 
 class AbortReq(BaseModel):

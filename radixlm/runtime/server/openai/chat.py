@@ -9,7 +9,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.openai.common import (
-    Usage, build, check_lengths, finish, merged_stream, new_id, respond, sse_body,
+    Usage, adapter_of, build, check_lengths, finish, merged_stream, new_id, respond, sse_body,
 )
 from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, ChatMessage
 from radixlm.runtime.server.openai.tool_calls import StreamedTools, ToolPlan, finish_reason, plan_tools, tool_message
@@ -79,7 +79,7 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
         sampling["json_schema"] = plan.json_schema
     built = await build(tm, input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs,
                         top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key,
-                        image_data=images or None, video_data=videos or None)
+                        image_data=images or None, video_data=videos or None, lora_path=adapter_of(tm, req))
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": req.model or tm.server_args.model_path}
     if req.stream:
         return StreamingResponse(sse_body(_stream(tm, built, req, head, plan)), media_type="text/event-stream")

@@ -37,6 +37,14 @@ def check_lengths(tm, prompts: list[list[int]], max_new_tokens: int, extra_token
                              f"and the model's context length is {context} tokens.")
 
 
+def adapter_of(tm, req) -> str | None:
+    """The LoRA adapter a request names: its lora_path, else its model (an adapter's name or base:adapter)."""
+    try:
+        return req.lora_path or tm.builder.lora.adapter_of_model(req.model, tm.server_args.model_path)
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+
+
 async def build(tm, **kwargs) -> BuiltRequests:
     try:
         return await tm.build_async(**kwargs)

@@ -58,7 +58,9 @@ class _Sampling(BaseModel):
 
     model_config = ConfigDict(extra="ignore", json_schema_extra=_ONE_GRAMMAR)
 
+    # A LoRA adapter's name (or SGLang's base:adapter) runs the request with that adapter.
     model: StrictStr | None = None
+    lora_path: StrictStr | None = None  # SGLang's field: the adapter's name (overrides model)
     n: SampleCount = 1
     stop: Stop | None = None
     stream: StrictBool = False

@@ -23,15 +23,23 @@ def _card(tm) -> dict:
             "max_model_len": tm.runtime.info.context_len}
 
 
+def _cards(tm) -> list[dict]:
+    """The base model, then each LoRA adapter (SGLang's: root its path, parent the base model)."""
+    base = _card(tm)
+    adapters = [{**base, "id": ref.lora_name, "root": ref.lora_path, "parent": base["id"]}
+                for ref in tm.builder.lora.refs()]
+    return [base, *adapters]
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
-    return json_response({"object": "list", "data": [_card(request.app.state.tokenizer_manager)]})
+    return json_response({"object": "list", "data": _cards(request.app.state.tokenizer_manager)})
 
 
 @router.get("/v1/models/{model:path}")
 async def retrieve_model(model: str, request: Request) -> Response:
-    card = _card(request.app.state.tokenizer_manager)
-    if model != card["id"]:
+    card = next((c for c in _cards(request.app.state.tokenizer_manager) if c["id"] == model), None)
+    if card is None:
         return error_response(f"The model '{model}' does not exist", 404, ApiFlavor.OPENAI, param="model",
                               code="model_not_found")
     return json_response(card)
