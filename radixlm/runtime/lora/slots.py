@@ -1,7 +1,7 @@
 """The scheduler's side of the slot pool: which adapter each of the `--max-loras-per-batch` device slots holds, and
 for each pass which slot each request reads and which adapters are swapped in first (least recently used slots
-first). An adapter that a running request uses is pinned: its slot is never given to another. Every tensor-parallel
-rank makes the same decisions from the same inputs."""
+first). An adapter that a running request uses keeps its slot, and so does one loaded as `pinned` (SGLang's), for as
+long as it is loaded. Every tensor-parallel rank makes the same decisions from the same inputs."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -26,6 +26,7 @@ class SlotTable:
         self.num_slots = num_slots
         self.holder: list[str | None] = [None] * num_slots
         self._lru: OrderedDict[int, None] = OrderedDict((s, None) for s in range(num_slots))  # oldest use first
+        self.pinned: set[str] = set()  # adapters loaded as pinned: never swapped out
 
     def slot_of(self, lora_id: str) -> int | None:
         try:
@@ -35,8 +36,15 @@ class SlotTable:
 
     def fits(self, active: set[str | None], lora_id: str | None) -> bool:
         """Whether a batch whose adapters are `active` can take a request of `lora_id` too."""
-        ids = (active | {lora_id}) - {None}
+        ids = (active | {lora_id} | self.pinned) - {None}
         return len(ids) <= self.num_slots
+
+    def pin(self, lora_id: str) -> None:
+        """Keeps the adapter in a slot until it is released; at least one slot stays for the others."""
+        if len(self.pinned | {lora_id}) >= self.num_slots:
+            raise ValueError(f"pinning it would leave no slot of --max-loras-per-batch {self.num_slots} for "
+                             f"unpinned adapters ({len(self.pinned)} pinned)")
+        self.pinned.add(lora_id)
 
     def assign(self, lora_ids: Iterable[str | None], pinned: set[str | None]) -> LoraBatch:
         """Slots for a pass's requests (their lora ids in order). Adapters not resident take free slots, then those
@@ -44,7 +52,7 @@ class SlotTable:
         (admission keeps them within: SlotTable.fits)."""
         ids = list(lora_ids)
         needed = {i for i in ids if i is not None}
-        keep = needed | {p for p in pinned if p is not None}
+        keep = needed | {p for p in pinned if p is not None} | self.pinned
         if len(keep) > self.num_slots:
             raise RuntimeError(f"{len(keep)} LoRA adapters in use exceed the {self.num_slots} slots")
         loads = []
@@ -62,6 +70,7 @@ class SlotTable:
 
     def release(self, lora_id: str) -> None:
         """The adapter is unloaded: its slot, if any, is free (and first to be reused)."""
+        self.pinned.discard(lora_id)
         slot = self.slot_of(lora_id)
         if slot is not None:
             self.holder[slot] = None

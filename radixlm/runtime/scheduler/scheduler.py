@@ -40,6 +40,7 @@ from radixlm.runtime.scheduler.req import FinishReason, Req
 from radixlm.runtime.scheduler.shared_prefix import min_prefix_len
 from radixlm.runtime.spec.factory import DraftContext, DraftFactory
 from radixlm.runtime.spec.path import DraftPath
+from radixlm.runtime.lora.registry import startup_refs
 from radixlm.runtime.lora.slots import SlotTable
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,9 @@ class Scheduler:
         self.ratio = NewTokenRatio(admission.schedule_conservativeness)
         # LoRA: the device slots' adapters (the runner swaps them in), and unloads waiting for their requests.
         self.lora_slots = SlotTable(server_args.max_loras_per_batch) if server_args.enable_lora else None
+        for ref in startup_refs(server_args.lora_paths):
+            if ref.pinned:
+                self.lora_slots.pin(ref.lora_id)
         self.lora_unloads: list[UnloadLoRAAdapterReqInput] = []
         self.admission = Admission(admission, self.queues, self.ratio, self.planner, self.policy, self.tree_cache,
                                    self.allocator, self._drafts, self.outbox, self.stats, model_runner.can_replay,
@@ -336,8 +340,11 @@ class Scheduler:
         if lora is None:
             return LoRAUpdateOutput(msg.lora_id, False, "LoRA serving is off: start the server with --enable-lora")
         try:
+            if msg.pinned:
+                self.lora_slots.pin(msg.lora_id)
             lora.load_adapter(msg.lora_id, msg.lora_name, msg.lora_path)
         except ValueError as e:
+            self.lora_slots.release(msg.lora_id)
             return LoRAUpdateOutput(msg.lora_id, False, str(e))
         return LoRAUpdateOutput(msg.lora_id, True)
 

@@ -41,8 +41,10 @@ async def messages(request: Request) -> Response:
     req: proto.MessagesRequest = proto.parse(proto.MessagesRequest, await request.body())
     prompt = proto.build_prompt(tm.tokenizer, req, _image_token(tm))
     try:
+        # The model may name a LoRA adapter (or base:adapter), as on the OpenAI routes.
+        adapter = tm.builder.lora.adapter_of_model(req.model, tm.server_args.model_path)
         built = await tm.build_async(prompt=prompt, sampling_params=req.sampling_params(), stream=req.stream, rid=msg_id,
-                                     image_data=proto.images(req) or None)
+                                     image_data=proto.images(req) or None, lora_path=adapter)
     except (ValueError, TypeError) as e:
         raise BadRequest(str(e)) from None
     if tm.dead is not None:

@@ -4,6 +4,7 @@ and in a batch mixing adapters and the base model; the radix cache shares KV wit
 adapters load and unload while requests run and none is lost; bad input is refused."""
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -41,8 +42,10 @@ def llama(tmp_path_factory):
         refs[name] = [t for t, _ in hf_greedy(merged, prompts, [], NEW)]
     assert len({tuple(map(tuple, v)) for v in refs.values()}) == len(refs)  # every adapter changes the answers
     engine = radixlm.Engine(str(root / "base"), dtype="float32", device="cpu", max_total_tokens=2048,
-                            lora_paths=[f"{n}={root / n}" for n in ("a0", "a1", "a2", "a3")], max_loras_per_batch=4,
-                            max_lora_rank=16, max_loaded_loras=6, enable_integrity_check=True)
+                            lora_paths=[f"{n}={root / n}" for n in ("a0", "a1", "a2")] + [
+                                json.dumps({"lora_name": "a3", "lora_path": str(root / "a3"), "pinned": True})],
+                            max_loras_per_batch=4, max_lora_rank=16, max_loaded_loras=6, chunked_prefill_size=16,
+                            enable_integrity_check=True)
     yield engine, root, prompts, refs, hf
     engine.shutdown()
 

@@ -67,6 +67,12 @@ def test_slot_table_lru_and_pinning():
     assert t.fits({"b", None}, "c") and not t.fits({"b", "c"}, "a") and t.fits({"b", "c"}, None)
     t.release("c")
     assert t.slot_of("c") is None and t.assign(["a"], pinned={"b"}).loads[0][1] == "a"
+    # A pinned adapter (SGLang's pinned=true) keeps its slot with no request running, and takes one from fits.
+    t.pin("b")
+    with pytest.raises(ValueError, match="no slot"):
+        t.pin("a")
+    assert t.assign(["c"], pinned=set()).loads == ((t.slot_of("c"), "c"),) and t.slot_of("b") is not None
+    assert t.fits(set(), "c") and not t.fits({"c"}, "a")
 
 
 def test_batched_delta_equals_a_per_row_loop():
