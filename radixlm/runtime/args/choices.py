@@ -97,3 +97,4 @@ TOOL_CALL_PARSERS = ("auto", "qwen25", "hermes", "llama3")
 # PEFT's module names a LoRA adapter may target (the fused qkv_proj and gate_up_proj take q/k/v and gate/up).
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MAX_LORA_RANK = 64
+LORA_BACKENDS = ("triton", "torch_native")

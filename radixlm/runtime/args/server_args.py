@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.args.choices import (
-    ATTENTION_BACKENDS, DEFAULT_DRAFT_STEPS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS,
+    ATTENTION_BACKENDS, DEFAULT_DRAFT_STEPS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, LORA_BACKENDS,
     QUANTIZATION_METHODS, TOOL_CALL_PARSERS, GrammarMaskMode, JumpForwardMode, KVCacheDtype, SchedulePolicyName,
     Section, SpeculativeAlgorithm, Toggle,
 )
@@ -158,6 +158,8 @@ class ServerArgs:
     lora_target_modules: list[str] | None = arg(None, LORA, "modules adapters may target (q_proj k_proj v_proj "
                                                             "o_proj gate_proj up_proj down_proj, or all); unset: "
                                                             "--lora-paths' adapters' targets, else all")
+    lora_backend: str = arg("triton", LORA, "batched LoRA kernels: triton (its segment kernels on CUDA, the torch "
+                                            "path elsewhere) or torch_native", choices=LORA_BACKENDS)
     max_loaded_loras: int | None = arg(None, LORA, "most adapters held in host memory at once (>= "
                                                    "--max-loras-per-batch); unset: no limit")
 

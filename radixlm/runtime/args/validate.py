@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from radixlm.runtime.args.choices import (
-    ATTENTION_BACKENDS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, LORA_TARGET_MODULES, MAX_LORA_RANK,
+    ATTENTION_BACKENDS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, LORA_BACKENDS, LORA_TARGET_MODULES,
+    MAX_LORA_RANK,
     MAX_RUNNING_REQUESTS, QUANTIZATION_METHODS, TOOL_CALL_PARSERS, values,
 )
 
@@ -32,7 +33,8 @@ def _check_choices(a: ServerArgs) -> None:
                f"unknown {name} {value!r}; choose from {values(kind)}")
     for name, allowed in (("radix_eviction_policy", EVICTION_POLICIES), ("load_format", LOAD_FORMATS),
                           ("dtype", DTYPES), ("attention_backend", ATTENTION_BACKENDS),
-                          ("grammar_backend", GRAMMAR_BACKENDS), ("tool_call_parser", TOOL_CALL_PARSERS)):
+                          ("grammar_backend", GRAMMAR_BACKENDS), ("tool_call_parser", TOOL_CALL_PARSERS),
+                          ("lora_backend", LORA_BACKENDS)):
         value = getattr(a, name)
         _check(value in allowed, f"unknown {name} {value!r}; choose from {allowed}")
     _check(a.quantization is None or a.quantization in QUANTIZATION_METHODS,

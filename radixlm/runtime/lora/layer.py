@@ -17,6 +17,7 @@ class LoraPassContext:
     """The pass being run: set by the ModelRunner before the model runs, read by every LoraLayer (one per runner)."""
 
     info: LoraBatchInfo | None = None
+    use_triton: bool = False  # the segment kernels (CUDA, --lora-backend triton); else the torch path
 
 
 class LoraLayer:
@@ -74,4 +75,4 @@ class LoraLayer:
             row += self.out_sizes[j]
 
     def add(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return add_lora_delta(out, x, self.a, self.b, self.context.info)
+        return add_lora_delta(out, x, self.a, self.b, self.context.info, self.context.use_triton)

@@ -28,6 +28,7 @@ class LoraOptions:
     max_lora_rank: int
     target_modules: tuple[str, ...]  # PEFT names
     max_loaded_loras: int | None
+    backend: str  # --lora-backend
 
     @staticmethod
     def from_args(args: ServerArgs) -> "LoraOptions":
@@ -41,7 +42,7 @@ class LoraOptions:
             modules = normalize_modules([m for c in configs for m in c.target_modules])
         else:
             modules = LORA_TARGET_MODULES
-        return LoraOptions(args.max_loras_per_batch, rank, modules, args.max_loaded_loras)
+        return LoraOptions(args.max_loras_per_batch, rank, modules, args.max_loaded_loras, args.lora_backend)
 
 
 class LoraManager:
@@ -51,7 +52,8 @@ class LoraManager:
         self.num_layers = num_layers
         self.dtype = dtype
         self.device = device
-        self.context = LoraPassContext()
+        self.context = LoraPassContext(
+            use_triton=options.backend == "triton" and torch.device(device).type == "cuda")
         self.layers: dict[tuple[int, LoraTarget], LoraLayer] = {}
         decoder = getattr(getattr(model, "model", None), "layers", None)
         if decoder is None:

@@ -68,13 +68,18 @@ def lora_delta_torch(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, info: Lo
 
 
 def add_lora_delta(base: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                   info: LoraBatchInfo | None) -> torch.Tensor:
+                   info: LoraBatchInfo | None, use_triton: bool = False) -> torch.Tensor:
     """base + each row's LoRA delta (base unchanged where no row uses an adapter).
 
-    KERNEL SLOT: on CUDA this is where the Triton segment (prefill: SGMV shrink then expand over info.seg_*) and
-    gather (decode: BGMV over info.row_slots) kernels go, one launch pair per layer for a batch mixing adapters and
-    the base model, and replayable in a CUDA graph (fixed-size info tensors). Until then every device takes the torch
-    path, which is exact and correct but loops over the pass's adapters."""
+    use_triton (CUDA, --lora-backend triton): the segment kernels (kernels/lora), two launches per layer for a batch
+    mixing adapters and the base model, adding in place. Not yet replayable in a CUDA graph (the segment count varies
+    per pass): LoRA passes run eagerly. Otherwise the torch path, exact but one pair of GEMMs per adapter."""
     if info is None or not info.uses_lora:
         return base
+    if use_triton:
+        from radixlm.runtime.kernels import lora as lora_kernels
+
+        out = base if base.stride(-1) == 1 else base.contiguous()
+        return lora_kernels.segment_lora_add(out, x if x.stride(-1) == 1 else x.contiguous(), a, b, info.seg_starts,
+                                             info.seg_lens, info.seg_slots, info.scalings, info.max_seg_len)
     return base + lora_delta_torch(x, a, b, info)
