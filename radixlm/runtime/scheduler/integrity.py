@@ -1,4 +1,4 @@
-"""The KV accounting invariant, checked when the scheduler is idle (and after every step with
+"""The KV accounting invariant, and the LoRA slots', checked when the scheduler is idle (and after every step with
 enable_integrity_check)."""
 from __future__ import annotations
 
@@ -43,3 +43,21 @@ def check_kv_accounting(sched: "Scheduler") -> None:
     rows_in_use = sum(1 for r in active if r.req_pool_idx is not None)
     if pool.available_size() + rows_in_use != pool.size:
         raise AssertionError("req_to_token rows leaked")
+    if sched.lora_slots is not None:
+        check_lora_slots(sched)
+
+
+def check_lora_slots(sched: "Scheduler") -> None:
+    """NOTE invariant: the scheduler's slot table and the runner's slots hold the same adapters, each loaded; the
+    adapters of the running requests fit the slots and are resident once a pass has run them."""
+    table, manager = sched.lora_slots, sched.runner.lora
+    if table.holder != manager.slot_ids:
+        raise AssertionError(f"LoRA slots differ: scheduler {table.holder}, runner {manager.slot_ids}")
+    unknown = {i for i in table.holder if i is not None} - set(manager.adapters)
+    if unknown:
+        raise AssertionError(f"LoRA slots hold unloaded adapters {sorted(unknown)}")
+    running = {r.lora_id for r in sched.running if not r.finished()} - {None}
+    if len(running | table.pinned) > table.num_slots:
+        raise AssertionError(f"{len(running | table.pinned)} LoRA adapters in use exceed {table.num_slots} slots")
+    if not running <= set(table.holder):
+        raise AssertionError(f"running requests' adapters {sorted(running - set(table.holder))} are not in a slot")
