@@ -1,5 +1,5 @@
-"""The router's admin endpoints: fan-outs to every worker (models, flush, abort, loads), its own state (server
-info, cache feedback, metrics) and the worker registry (/workers)."""
+"""The router's admin endpoints: fan-outs to every worker (models, flush, LoRA adapters' load and unload, abort,
+loads), its own state (server info, cache feedback, metrics) and the worker registry (/workers)."""
 from __future__ import annotations
 
 import asyncio
@@ -81,6 +81,28 @@ def install_admin_routes(app: FastAPI, router: Router) -> None:
             msg = "no healthy worker to flush" if not results else f"cache not flushed on {failed}"
             return error_response(msg, 400)
         return json_response({"status": "flushed", "workers": list(results)})
+
+    async def lora_update(request: Request, path: str) -> Response:
+        """Every healthy worker loads (unloads) the adapter: 200 when all did, else 400 with each worker's answer."""
+        results = await _fan_out(router, "POST", path, await request.body())
+        answers = {url: (r.json() if isinstance(r, httpx.Response) and r.headers.get("content-type", "").startswith(
+            "application/json") else {"success": False, "error_message": r.text if isinstance(r, httpx.Response)
+                                      else repr(r)}) for url, r in results.items()}
+        ok = bool(results) and all(isinstance(r, httpx.Response) and r.status_code == 200 for r in results.values())
+        if ok:
+            return json_response({"success": True, "error_message": None, "workers": answers})
+        msg = "no healthy worker" if not results else f"{path.strip('/')} failed on " + ", ".join(
+            url for url, r in results.items() if not (isinstance(r, httpx.Response) and r.status_code == 200))
+        return json_response({"object": "error", "message": msg, "type": "BadRequestError", "param": None,
+                              "code": 400, "success": False, "error_message": msg, "workers": answers}, 400)
+
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        return await lora_update(request, "/load_lora_adapter")
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        return await lora_update(request, "/unload_lora_adapter")
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:

@@ -160,3 +160,29 @@ def test_other_generation_routes_are_proxied(path, body):
 
     asyncio.run(go())
     assert seen == ["/health", path]
+
+
+def test_lora_adapters_load_and_unload_on_every_worker():
+    seen = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append((req.url.host, req.url.path))
+        if req.url.path == "/health":
+            return httpx.Response(200)
+        ok = req.url.host == "a" or b"bad" not in req.content
+        return httpx.Response(200 if ok else 400, json={"success": ok, "error_message": None if ok else "no such path"})
+
+    async def go():
+        app = create_app(RouterArgs(worker_urls=["http://a:1", "http://b:1"]), transport=httpx.MockTransport(handler))
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://r") as c:
+                r = await c.post("/load_lora_adapter", json={"lora_name": "x", "lora_path": "/p"})
+                assert r.status_code == 200 and r.json()["success"] and set(r.json()["workers"]) == {
+                    "http://a:1", "http://b:1"}
+                r = await c.post("/load_lora_adapter", json={"lora_name": "y", "lora_path": "/bad"})
+                assert r.status_code == 400 and r.json()["object"] == "error" and "http://b:1" in r.json()["message"]
+                assert r.json()["workers"]["http://b:1"]["error_message"] == "no such path"
+                assert (await c.post("/unload_lora_adapter", json={"lora_name": "x"})).status_code == 200
+
+    asyncio.run(go())
+    assert sorted(h for h, p in seen if p == "/unload_lora_adapter") == ["a", "b"]
