@@ -22,7 +22,7 @@ from radixlm.runtime.scheduler.req import FinishReason, FinishType, Req
 from radixlm.runtime.scheduler.retract import retract_decode
 
 if TYPE_CHECKING:
-    from radixlm.runtime.lora.slots import SlotTable
+    from radixlm.runtime.scheduler.lora_adapters import LoraAdapters
     from radixlm.runtime.spec.path import DraftPath
 
 logger = logging.getLogger(__name__)
@@ -82,10 +82,10 @@ class Admission:
                  policy: SchedulePolicy, tree_cache: RadixCache, allocator: TokenToKVPoolAllocator,
                  drafts: "DraftPath", outbox: Outbox, stats: Counter, can_replay: Callable[..., bool],
                  sync_inflight: Callable[[], None], inflight_reqs: Callable[[], list[Req] | None],
-                 lora_slots: "SlotTable | None" = None):
+                 lora: "LoraAdapters | None" = None):
         """can_replay: the executor's rule (ModelRunner.can_replay); sync_inflight: processes the pass in flight;
-        inflight_reqs: the new requests of the pass in flight (None: no pass is); lora_slots: under --enable-lora,
-        the adapter slots whose count bounds the adapters of the running and admitted requests."""
+        inflight_reqs: the new requests of the pass in flight (None: no pass is); lora: under --enable-lora, the
+        adapters, whose slots bound the adapters of the running and admitted requests."""
         self.config = config
         self.queues = queues
         self.ratio = ratio
@@ -99,7 +99,7 @@ class Admission:
         self.can_replay = can_replay
         self.sync_inflight = sync_inflight
         self.inflight_reqs = inflight_reqs
-        self.lora_slots = lora_slots
+        self.lora = lora
         self.round_id = 0
 
     def admit_new(self) -> list[Req]:
@@ -127,7 +127,7 @@ class Admission:
             return []  # decode goes on (and retracts if it must) until the next chunk fits
         # Without a radix cache nothing is shared, so nobody waits for another's prompt.
         pending, passed = (set() if self.policy.disabled_cache else self._pending_heads()), 0
-        adapters = self._active_adapters()
+        adapters = None if self.lora is None else self.lora.users()
         for req in self.queues.waiting:
             if req in self.policy.deprioritized:
                 break  # sorted last; admitted next round, when the prefix they share is cached
@@ -141,7 +141,7 @@ class Admission:
                 if passed > MAX_PASSED_OVER:
                     break
                 continue
-            if adapters is not None and not self.lora_slots.fits(adapters, req.lora_id):
+            if adapters is not None and not self.lora.slots.fits(adapters, req.lora_id):
                 continue  # its adapter would need a slot that running requests' adapters hold
             if adder.add_one_req(req) != AddReqResult.CONTINUE:
                 break
@@ -165,15 +165,6 @@ class Admission:
         self.queues.chunked = adder.new_chunked_req
         self.drafts.propose_admitted(admitted, self.allocator.available_size() + self.tree_cache.evictable_size())
         return admitted
-
-    def _active_adapters(self) -> set[str | None] | None:
-        """Under --enable-lora, the adapters of the running requests, the chunked one and the pass in flight."""
-        if self.lora_slots is None:
-            return None
-        reqs = self.queues.running + (self.inflight_reqs() or [])
-        if self.queues.chunked is not None:
-            reqs = reqs + [self.queues.chunked]
-        return {r.lora_id for r in reqs if not r.finished()}
 
     def _pending_heads(self) -> set[PrefillHead]:
         """Heads of the prompt tokens being computed that the tree does not hold yet: the chunked request's next

@@ -15,7 +15,8 @@ from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.messages import (
     AbortReq, ControlReply, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput,
-    LoadLoRAAdapterReqInput, ReqOutput, SchedulerInput, ShutdownReq, TokenizedGenerateReqInput, UnloadLoRAAdapterReqInput,
+    LoadLoRAAdapterReqInput, LoRAUpdateOutput, ReqOutput, SchedulerInput, ShutdownReq, TokenizedGenerateReqInput,
+    UnloadLoRAAdapterReqInput,
 )
 from radixlm.runtime.scheduler.fault import StepGuard
 
@@ -148,8 +149,8 @@ class SchedulerLoop:
                 sched.abort_requests(aborts)  # one pass over the queues for all of them
             if stop:
                 return
-            for unload, result in sched.finish_lora_unloads():  # each once no request uses its adapter
-                self.reply(unload, result)
+            for unload, result in sched.lora.finish_unloads() if sched.lora is not None else ():
+                self.reply(unload, result)  # each once no request uses its adapter
             if not sched.is_idle():
                 outputs = guard.step()
                 if outputs or (sched.progress() != self._delivered_progress
@@ -190,9 +191,11 @@ class SchedulerLoop:
             self.reply(msg, FlushCacheReqOutput(self.sched.flush_cache()))
         elif isinstance(msg, GetInternalStateReq):
             self.reply(msg, GetInternalStateReqOutput(internal_state(self.sched)))
+        elif isinstance(msg, (LoadLoRAAdapterReqInput, UnloadLoRAAdapterReqInput)) and self.sched.lora is None:
+            self.reply(msg, LoRAUpdateOutput(msg.lora_id, False, "LoRA serving is off: start with --enable-lora"))
         elif isinstance(msg, LoadLoRAAdapterReqInput):
-            self.reply(msg, self.sched.load_lora_adapter(msg))
+            self.reply(msg, self.sched.lora.load(msg))
         elif isinstance(msg, UnloadLoRAAdapterReqInput):
-            self.sched.lora_unloads.append(msg)  # answered by finish_lora_unloads
+            self.sched.lora.unloads.append(msg)  # answered by finish_unloads
         else:
             logger.warning("scheduler loop: ignoring a message of type %s", type(msg).__name__)

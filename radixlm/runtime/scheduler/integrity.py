@@ -43,14 +43,14 @@ def check_kv_accounting(sched: "Scheduler") -> None:
     rows_in_use = sum(1 for r in active if r.req_pool_idx is not None)
     if pool.available_size() + rows_in_use != pool.size:
         raise AssertionError("req_to_token rows leaked")
-    if sched.lora_slots is not None:
+    if sched.lora is not None:
         check_lora_slots(sched)
 
 
 def check_lora_slots(sched: "Scheduler") -> None:
     """NOTE invariant: the scheduler's slot table and the runner's slots hold the same adapters, each loaded; the
     adapters of the running requests fit the slots and are resident once a pass has run them."""
-    table, manager = sched.lora_slots, sched.runner.lora
+    table, manager = sched.lora.slots, sched.lora.manager
     if table.holder != manager.slot_ids:
         raise AssertionError(f"LoRA slots differ: scheduler {table.holder}, runner {manager.slot_ids}")
     unknown = {i for i in table.holder if i is not None} - set(manager.adapters)

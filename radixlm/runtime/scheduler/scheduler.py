@@ -21,9 +21,7 @@ from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.executor.logits import LogitsOutput
 from radixlm.runtime.grammar.backend import GrammarCache
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
-from radixlm.runtime.messages import (
-    LoadLoRAAdapterReqInput, LoRAUpdateOutput, ReqOutput, TokenizedGenerateReqInput, UnloadLoRAAdapterReqInput,
-)
+from radixlm.runtime.messages import ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 from radixlm.runtime.scheduler.admission import Admission, NewTokenRatio
@@ -40,8 +38,7 @@ from radixlm.runtime.scheduler.req import FinishReason, Req
 from radixlm.runtime.scheduler.shared_prefix import min_prefix_len
 from radixlm.runtime.spec.factory import DraftContext, DraftFactory
 from radixlm.runtime.spec.path import DraftPath
-from radixlm.runtime.lora.registry import startup_refs
-from radixlm.runtime.lora.slots import SlotTable
+from radixlm.runtime.scheduler.lora_adapters import LoraAdapters
 
 logger = logging.getLogger(__name__)
 
@@ -94,15 +91,11 @@ class Scheduler:
         self.stats: Counter = Counter({k: 0 for k in STAT_KEYS})  # for tests, benchmarks and metrics
         admission = AdmissionConfig.from_args(server_args, self.device, model_runner.max_running_requests)
         self.ratio = NewTokenRatio(admission.schedule_conservativeness)
-        # LoRA: the device slots' adapters (the runner swaps them in), and unloads waiting for their requests.
-        self.lora_slots = SlotTable(server_args.max_loras_per_batch) if server_args.enable_lora else None
-        for ref in startup_refs(server_args.lora_paths):
-            if ref.pinned:
-                self.lora_slots.pin(ref.lora_id)
-        self.lora_unloads: list[UnloadLoRAAdapterReqInput] = []
+        # LoRA: the adapters' device slots (the runner swaps them in), loads and unloads.
+        self.lora = LoraAdapters(server_args, model_runner.lora, self._reqs) if server_args.enable_lora else None
         self.admission = Admission(admission, self.queues, self.ratio, self.planner, self.policy, self.tree_cache,
                                    self.allocator, self._drafts, self.outbox, self.stats, model_runner.can_replay,
-                                   self.sync_inflight, self._inflight_reqs, self.lora_slots)
+                                   self.sync_inflight, self._inflight_reqs, self.lora)
         self.results = ResultProcessor(self.queues, self.planner, self.masks, self._drafts, self.outbox, self.ratio,
                                        self.stats, tokenizer, self.generator)
 
@@ -164,9 +157,10 @@ class Scheduler:
     # ------------------------------------------------------------------ input
     def add_request(self, msg: TokenizedGenerateReqInput) -> None:
         try:
-            lora = getattr(self.runner, "lora", None)
-            if msg.lora_id is not None and (lora is None or msg.lora_id not in lora.adapters):
-                raise ValueError("its LoRA adapter was unloaded before it arrived")
+            if msg.lora_id is not None and self.lora is None:
+                raise ValueError("LoRA serving is off")
+            if self.lora is not None:
+                self.lora.check_request(msg.lora_id)
             req = Req.from_input(msg, self.eos_token_ids)
             if not self.grammar_queue.add(req):  # else it waits for its grammar to compile
                 self._enter_waiting(req)
@@ -320,50 +314,17 @@ class Scheduler:
     def _plan(self, running: list[Req], admitted: list[Req]) -> ScheduleBatch:
         self.drafts.fit_batch(running + admitted if admitted else running)
         batch = self.planner.plan(running, admitted, self.next_token_buf)
-        if self.lora_slots is not None:
-            # Pinned: every running request's adapter (admission kept them, with this pass's, within the slots).
-            batch.worker.lora = self.lora_slots.assign([r.lora_id for r in batch.reqs], self._lora_users())
+        if self.lora is not None:
+            self.lora.plan(batch)
         return batch
 
-    # ------------------------------------------------------------------ LoRA adapters
-    def _lora_users(self, queued: bool = False) -> set[str | None]:
-        """Adapters of the running requests (and the pass in flight); with queued, of every request not finished."""
+    def _reqs(self, queued: bool = False) -> list[Req]:
+        """The running requests, the chunked one and the pass in flight's; with queued, the waiting ones and those
+        whose grammar compiles too."""
         reqs = list(self.running) + (self._inflight_reqs() or [])
         if self.chunked_req is not None:
             reqs.append(self.chunked_req)
-        if queued:
-            reqs += self.waiting_queue + self.grammar_queue.queue
-        return {r.lora_id for r in reqs if not r.finished()}
-
-    def load_lora_adapter(self, msg: LoadLoRAAdapterReqInput) -> LoRAUpdateOutput:
-        lora = getattr(self.runner, "lora", None)
-        if lora is None:
-            return LoRAUpdateOutput(msg.lora_id, False, "LoRA serving is off: start the server with --enable-lora")
-        try:
-            if msg.pinned:
-                self.lora_slots.pin(msg.lora_id)
-            lora.load_adapter(msg.lora_id, msg.lora_name, msg.lora_path)
-        except ValueError as e:
-            self.lora_slots.release(msg.lora_id)
-            return LoRAUpdateOutput(msg.lora_id, False, str(e))
-        return LoRAUpdateOutput(msg.lora_id, True)
-
-    def finish_lora_unloads(self) -> list[tuple[UnloadLoRAAdapterReqInput, LoRAUpdateOutput]]:
-        """The unloads (self.lora_unloads) no queued or running request waits for any more, carried out."""
-        if not self.lora_unloads:
-            return []
-        users = self._lora_users(queued=True)
-        done, self.lora_unloads = ([m for m in self.lora_unloads if m.lora_id not in users],
-                                   [m for m in self.lora_unloads if m.lora_id in users])
-        out = []
-        for msg in done:
-            try:
-                self.runner.lora.unload_adapter(msg.lora_id)
-                self.lora_slots.release(msg.lora_id)
-                out.append((msg, LoRAUpdateOutput(msg.lora_id, True)))
-            except (ValueError, AttributeError) as e:
-                out.append((msg, LoRAUpdateOutput(msg.lora_id, False, str(e))))
-        return out
+        return reqs + self.waiting_queue + self.grammar_queue.queue if queued else reqs
 
     # ------------------------------------------------------------------ forward
     def launch_batch(self, batch: ScheduleBatch) -> BatchResult:
