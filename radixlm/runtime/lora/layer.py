@@ -22,16 +22,14 @@ class LoraPassContext:
 
 class LoraLayer:
     def __init__(self, linear, target: LoraTarget, num_slots: int, max_rank: int, context: LoraPassContext,
-                 tp_rank: int = 0):
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", tp_rank: int = 0):
+        """dtype: the model's activations' (a quantized layer's weight is not)."""
         self.target = target
         self.max_rank = max_rank
         self.context = context
         self.tp_rank = tp_rank
         self.parts = len(target.parts)
         self.in_local = linear.in_features
-        w = linear.weight if getattr(linear, "weight", None) is not None else None
-        dtype = w.dtype if w is not None and w.dtype.is_floating_point and w.dtype.itemsize > 1 else torch.float32
-        device = w.device if w is not None else torch.device("cpu")
         if target.row_parallel:
             self.full_in, self.out_sizes, self.out_starts = linear.full_in, [linear.out_features], [0]
             self.full_out = [linear.out_features]

@@ -66,7 +66,8 @@ class LoraManager:
                     raise ValueError(f"LoRA target {target.module} is not a dense projection of "
                                      f"{type(model).__name__}: leave it out of --lora-target-modules") from None
                 linear.lora = self.layers[(i, target)] = LoraLayer(
-                    linear, target, options.max_loras_per_batch, options.max_lora_rank, self.context, tp_rank)
+                    linear, target, options.max_loras_per_batch, options.max_lora_rank, self.context, dtype, device,
+                    tp_rank)
         self.scalings = torch.zeros(options.max_loras_per_batch, dtype=torch.float32, device=device)
         self.adapters: dict[str, HostAdapter] = {}
         self.slot_ids: list[str | None] = [None] * options.max_loras_per_batch  # what each slot holds now

@@ -101,7 +101,7 @@ def _tp_layers(target: LoraTarget, tp: int):
         else:
             linear = ColumnParallelLinear(16, [Shard.split(8, par, "q"), Shard.split(4, par, "k"),
                                                Shard.split(4, par, "v")])
-        out.append(LoraLayer(linear, target, num_slots=1, max_rank=4, context=ctx, tp_rank=rank))
+        out.append(LoraLayer(linear, target, num_slots=1, max_rank=4, context=ctx, tp_rank=rank))  # float32, CPU
     return ctx, out
 
 
