@@ -165,7 +165,7 @@ class ModelRunner:
     def graph_max_bs(self) -> int:
         """The largest batch a CUDA graph is captured for (0: no graphs)."""
         args = self.server_args
-        # LoRA passes run eagerly until the Triton kernels take fixed-size slot info (lora/ops.py's kernel slot).
+        # Under --enable-lora passes run eagerly: the LoRA kernels' segment info varies in size per pass.
         if not (self.is_cuda and not args.disable_cuda_graph and self.attn_backend.supports_cuda_graph
                 and not args.enable_lora):
             return 0
