@@ -272,14 +272,24 @@ class Engine:
         msg.done.wait()
         return msg.answer.success
 
+    def _ask(self, msg: _LoadLora | _UnloadLora) -> None:
+        """Sends a control message and waits for its answer (RuntimeError if the scheduler fails meanwhile)."""
+        if self._error is not None or self._stopped.is_set():
+            raise RuntimeError(f"the engine's scheduler is not running: {self._error!r}")
+        self._inbox.put(msg)
+        while not msg.done.wait(0.5):
+            if self._error is not None or not self._thread.is_alive():
+                raise RuntimeError(f"the engine's scheduler has failed: {self._error!r}")
+
     def load_lora_adapter(self, lora_name: str, lora_path: str, pinned: bool = False) -> LoRAUpdateOutput:
         """Reads a PEFT adapter; requests name it by lora_name once this returns with success (SGLang's result:
         success, error_message, loaded_adapters). A bad name raises ValueError."""
         ref = self.builder.lora.new_ref(lora_name, lora_path, pinned)
         msg = _LoadLora(ref.lora_name, ref.lora_path, ref.lora_id, ref.pinned)
-        self._inbox.put(msg)
-        msg.done.wait()
-        self.builder.lora.finish_load(ref, msg.answer.success)
+        try:
+            self._ask(msg)
+        finally:
+            self.builder.lora.finish_load(ref, msg.answer is not None and msg.answer.success)
         return dataclasses.replace(msg.answer, loaded_adapters=self.builder.lora.loaded())
 
     def unload_lora_adapter(self, lora_name: str) -> LoRAUpdateOutput:
@@ -287,8 +297,7 @@ class Engine:
         dropped. An unknown name raises ValueError."""
         ref = self.builder.lora.remove(lora_name)
         msg = _UnloadLora(ref.lora_name, ref.lora_id)
-        self._inbox.put(msg)
-        msg.done.wait()
+        self._ask(msg)
         return dataclasses.replace(msg.answer, loaded_adapters=self.builder.lora.loaded())
 
     def shutdown(self) -> None:
