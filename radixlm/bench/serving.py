@@ -37,15 +37,19 @@ class RunConfig:
     ignore_eos: bool
     seed: int
     disable_tqdm: bool = False
+    lora_names: tuple[str, ...] = ()  # LoRA adapters the requests are spread over (round robin); () the base model
 
 
-def build_payload(cfg: RunConfig, req: BenchRequest) -> dict:
+def build_payload(cfg: RunConfig, req: BenchRequest, index: int = 0) -> dict:
+    lora = cfg.lora_names[index % len(cfg.lora_names)] if cfg.lora_names else None
     if cfg.backend in NATIVE:
         body: dict = {"input_ids": req.input_ids} if req.input_ids is not None else {"text": req.prompt}
         body.update(sampling_params={"temperature": 0.0, "max_new_tokens": req.output_len, "ignore_eos": cfg.ignore_eos},
                     stream=True)
+        if lora is not None:
+            body["lora_path"] = lora
         return body
-    body = {"model": cfg.model, "temperature": 0.0, "max_tokens": req.output_len, "stream": True,
+    body = {"model": lora or cfg.model, "temperature": 0.0, "max_tokens": req.output_len, "stream": True,
             "stream_options": {"include_usage": True}, "ignore_eos": cfg.ignore_eos}
     if cfg.backend == "openai-chat":
         body["messages"] = [{"role": "user", "content": req.prompt}]
@@ -115,12 +119,12 @@ def _handle_openai(chunk: dict, res: RequestResult, timer: StreamTimer, now: flo
             res.cached_tokens = cached
 
 
-async def send_one(client: httpx.AsyncClient, cfg: RunConfig, req: BenchRequest) -> RequestResult:
+async def send_one(client: httpx.AsyncClient, cfg: RunConfig, req: BenchRequest, index: int = 0) -> RequestResult:
     res = RequestResult(prompt_len=req.prompt_len)
     res.start = start = time.perf_counter()
     timer = StreamTimer(res, start)
     try:
-        async with client.stream("POST", PATHS[cfg.backend], json=build_payload(cfg, req)) as resp:
+        async with client.stream("POST", PATHS[cfg.backend], json=build_payload(cfg, req, index)) as resp:
             if resp.status_code != 200:
                 res.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')[:200]}"
                 return res
@@ -159,14 +163,16 @@ async def run_requests(cfg: RunConfig, requests: list[BenchRequest]) -> tuple[li
     async with httpx.AsyncClient(base_url=cfg.base_url, timeout=httpx.Timeout(None, connect=30), limits=limits) as client:
         bar = tqdm(total=len(requests), disable=cfg.disable_tqdm, desc="requests")
 
-        async def guarded(req: BenchRequest) -> RequestResult:
+        async def guarded(req: BenchRequest, index: int) -> RequestResult:
             async with sem:
-                r = await send_one(client, cfg, req)
+                r = await send_one(client, cfg, req, index)
             bar.update(1)
             return r
 
         start = time.perf_counter()
-        tasks = [asyncio.create_task(guarded(req)) async for req in arrivals(requests, cfg.request_rate, cfg.seed)]
+        tasks = []
+        async for req in arrivals(requests, cfg.request_rate, cfg.seed):
+            tasks.append(asyncio.create_task(guarded(req, len(tasks))))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
         bar.close()
@@ -218,6 +224,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disable-ignore-eos", action="store_true")
     p.add_argument("--warmup-requests", type=int, default=0, help="untimed requests (2 output tokens) before the run")
     p.add_argument("--flush-cache", action="store_true", help="POST /flush_cache before the run")
+    p.add_argument("--lora-name", nargs="+", default=None,
+                   help="LoRA adapters (loaded in the server) the requests are spread over, round robin: lora_path on "
+                        "native backends, the model on OpenAI ones")
     p.add_argument("--output-file", default=None)
     p.add_argument("--disable-tqdm", action="store_true")
     return p.parse_args(argv)
@@ -230,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
     kw = {k: v for k, v in vars(args).items() if k.startswith(("random_", "gsp_"))}
     requests = build_dataset(args.dataset_name, tokenizer, args.num_prompts, args.seed, **kw)
     cfg = RunConfig(args.backend, base_url, args.model or "default", args.request_rate, args.max_concurrency,
-                    not args.disable_ignore_eos, args.seed, args.disable_tqdm)
+                    not args.disable_ignore_eos, args.seed, args.disable_tqdm, tuple(args.lora_name or ()))
     if args.warmup_requests and requests:
         # Untimed: first requests pay one-off costs (allocator growth, kernel selection) in the server.
         warm = [BenchRequest(r.prompt, r.input_ids, r.prompt_len, 2) for r in requests[:args.warmup_requests]]

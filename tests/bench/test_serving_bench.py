@@ -124,3 +124,15 @@ def test_sse_lines_split_only_on_newlines():
         return [e async for e in sse_data(httpx.Response(200, stream=Chunks()))]
 
     assert asyncio.run(collect()) == events
+
+
+def test_lora_names_spread_requests_round_robin():
+    from radixlm.bench.datasets import BenchRequest
+    from radixlm.bench.serving import RunConfig, build_payload
+
+    req = BenchRequest("p", [1, 2], 2, 3)
+    native = RunConfig("radixlm", "http://x", "base", 1.0, None, True, 0, lora_names=("a", "b"))
+    assert [build_payload(native, req, i).get("lora_path") for i in range(3)] == ["a", "b", "a"]
+    assert "lora_path" not in build_payload(RunConfig("radixlm", "http://x", "base", 1.0, None, True, 0), req)
+    openai = RunConfig("openai", "http://x", "base", 1.0, None, True, 0, lora_names=("a", "b"))
+    assert build_payload(openai, req, 1)["model"] == "b"
