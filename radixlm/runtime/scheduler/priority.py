@@ -78,13 +78,13 @@ class PriorityRule:
         return self.rank(head, now) > lowest + self.config.preemption_threshold
 
     def victim(self, req: "Req", running: list["Req"]) -> "Req | None":
-        """The running request `req` preempts next: the lowest rank it outranks, the latest started among equals;
-        None when it outranks none."""
+        """The running request `req` preempts next: the lowest rank it outranks, the latest started (then arrived)
+        among equals; None when it outranks none."""
         now = self.clock()
         candidates = [r for r in running if not r.finished() and self.outranks(req, r, now)]
         if not candidates:
             return None
-        return min(candidates, key=lambda r: (self.rank(r, now), -(r.started_at or 0.0)))
+        return min(candidates, key=lambda r: (self.rank(r, now), -(r.started_at or 0.0), -r.arrived))
 
     def retract_key(self, now: float) -> Callable[["Req"], int]:
         """For retraction's order: the lowest rank is retracted first."""
