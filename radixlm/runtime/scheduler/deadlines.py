@@ -79,7 +79,7 @@ class Deadlines:
         seen: set[str] = set()
         if c.waiting_timeout_s is not None or c.running_timeout_s is not None:
             for req in live:
-                if req.finished():
+                if req.finished() or req.to_abort is not None:  # (being aborted: at the next step)
                     continue
                 if req.started_at is None:
                     if c.waiting_timeout_s is not None and now - req.arrived > c.waiting_timeout_s:
@@ -91,6 +91,6 @@ class Deadlines:
         for rid, req in list(self.timed.items()):
             if req.finished():
                 del self.timed[rid]
-            elif rid not in seen and now - req.arrived > req.timeout_s:
+            elif rid not in seen and req.to_abort is None and now - req.arrived > req.timeout_s:
                 out.append((rid, request_timeout_message(req.timeout_s), None))
         return out
