@@ -80,6 +80,9 @@ def internal_state(sched: Scheduler) -> dict:
         "num_running_reqs": len(sched._active_reqs()),
         "num_waiting_reqs": len(sched.waiting_queue),
         "is_idle": sched.is_idle(),
+        # The deadlines in force (flags, else SGLang's environment variables); None: no limit.
+        "req_waiting_timeout_s": sched.deadlines.config.waiting_timeout_s,
+        "req_running_timeout_s": sched.deadlines.config.running_timeout_s,
         "stats": sched.stats_snapshot(),
     }
 
