@@ -107,20 +107,17 @@ class Admission:
         if not self.queues.waiting and self.queues.chunked is None:
             return []
         running = self.queues.running
-        full = len(running) >= self.config.max_running_requests and self.queues.chunked is None
-        if full and not self.priority.enabled:
+        # Priority scheduling: a waiting request may take a running one's place (PriorityRule decides which).
+        preempting = self.priority.may_preempt(self.queues.waiting, running)
+        if len(running) >= self.config.max_running_requests and self.queues.chunked is None and not preempting:
             return []
-        self.round_id += 1
-        self.policy.calc_priority(self.queues.waiting, self.round_id)
-        preempting = self.priority.enabled and self.priority.may_preempt(
-            (r for r in self.queues.waiting if r not in self.policy.deprioritized), running)
         if preempting and self.inflight_reqs() is not None:
             # A preempted request is retracted, which needs its tokens on the host.
             self.sync_inflight()
             self.queues.drop_finished()
             running = self.queues.running
-        elif full and not preempting:
-            return []
+        self.round_id += 1
+        self.policy.calc_priority(self.queues.waiting, self.round_id)
         adder = PrefillAdder(
             self.config.page_size, self.tree_cache, self.allocator, running, self.ratio.value,
             self.config.max_prefill_tokens, self.config.chunked_prefill_size,

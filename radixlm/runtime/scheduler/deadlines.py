@@ -58,19 +58,22 @@ class DeadlineConfig:
 
 
 class Deadlines:
-    def __init__(self, config: DeadlineConfig):
+    def __init__(self, config: DeadlineConfig, checks: bool = True):
+        """checks: this scheduler looks for expired requests (tensor-parallel rank 0; the others abort what it
+        finds)."""
         self.config = config
-        self.timed: dict[str, Req] = {}  # live requests with their own timeout_s (dropped once finished)
+        self.checks = checks
+        self.timed: dict[str, Req] = {}  # live requests with their own timeout_s (dropped once found finished)
 
     def track(self, req: Req) -> None:
-        if req.timeout_s is not None:
+        if self.checks and req.timeout_s is not None:
             self.timed[req.rid] = req
 
     @property
     def active(self) -> bool:
         """Whether any deadline can expire: a server limit is set, or a live request has its own."""
         c = self.config
-        return c.waiting_timeout_s is not None or c.running_timeout_s is not None or bool(self.timed)
+        return self.checks and (c.waiting_timeout_s is not None or c.running_timeout_s is not None or bool(self.timed))
 
     def expired(self, live: Iterable[Req], now: float) -> list[Expired]:
         """The requests among `live` (every unfinished request the scheduler holds) past a deadline at `now`."""

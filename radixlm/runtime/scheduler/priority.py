@@ -69,13 +69,12 @@ class PriorityRule:
         return self.rank(req, now) > self.rank(victim, now) + self.config.preemption_threshold
 
     def may_preempt(self, waiting: Iterable["Req"], running: list["Req"]) -> bool:
-        """Whether the first waiting request (the queue is in rank order) outranks some running one."""
-        head = next(iter(waiting), None)
-        if head is None or not running:
+        """Whether some waiting request outranks some running one (one pass over each queue, no sorting)."""
+        if not self.enabled or not running:
             return False
         now = self.clock()
-        lowest = min(self.rank(r, now) for r in running)
-        return self.rank(head, now) > lowest + self.config.preemption_threshold
+        top = max((self.rank(r, now) for r in waiting), default=None)
+        return top is not None and top > min(self.rank(r, now) for r in running) + self.config.preemption_threshold
 
     def victim(self, req: "Req", running: list["Req"]) -> "Req | None":
         """The running request `req` preempts next: the lowest rank it outranks, the latest started (then arrived)

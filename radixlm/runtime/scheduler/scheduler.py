@@ -84,7 +84,7 @@ class Scheduler:
         self._drafts = drafts.build(DraftContext(self.tree_cache, tokenizer, eos_token_ids, lambda: grammars.backend,
                                                 self.grammar_stats, self.page_size, lambda: len(self.queues.running)))
         self.priority = PriorityRule(PriorityConfig.from_args(server_args))
-        self.deadlines = Deadlines(DeadlineConfig.from_args(server_args))
+        self.deadlines = Deadlines(DeadlineConfig.from_args(server_args), checks=parallel.tp_rank == 0)
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed,
                                      self.priority)
         self.sampler = Sampler()
