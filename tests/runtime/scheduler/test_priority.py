@@ -8,7 +8,7 @@ import pytest
 from radixlm.runtime.scheduler.priority import PRIORITY_DISABLED_MESSAGE
 from radixlm.runtime.scheduler.req import Req
 
-from .conftest import request, run_all
+from .conftest import make_scheduler, request, run_all
 from .fake_runner import make_fake_scheduler, make_prompts, record_plans, reference
 from .fake_serving import assert_all_free, assert_reference
 
@@ -180,3 +180,31 @@ def test_random_priorities_and_arrivals_keep_every_output(kwargs):
         assert out[r.rid]["output_ids"] == reference(r.input_ids, r.sampling_params.max_new_tokens), r.rid
     assert sched.stats["preemptions"] > 0
     assert_all_free(sched)
+
+
+def test_preemption_keeps_a_real_models_outputs(tiny_model_dir):
+    """The tiny random-weight Llama (real attention over the resumed cached prefix): the preempted request's greedy
+    tokens are those of an unpreempted run."""
+    ps = make_prompts(21, 3, lo=20, hi=40)
+    sched = make_scheduler(tiny_model_dir, enable_priority_scheduling=True, max_running_requests=2,
+                           max_total_tokens=512)
+
+    def reqs(tag: str, priorities: tuple[int, int, int]):
+        return [request(f"{tag}{i}", p, max_new_tokens=n, priority=prio)
+                for i, (p, n, prio) in enumerate(zip(ps, (16, 16, 6), priorities))]
+
+    for r in reqs("plain", (LOW, LOW, LOW)):  # equal priorities: nothing is preempted
+        sched.add_request(r)
+    baseline = [r["output_ids"] for _, r in sorted(run_all(sched).items())]
+    assert sched.stats["preemptions"] == 0 and sched.flush_cache()
+    low0, low1, high = reqs("r", (LOW, LOW, HIGH))
+    sched.add_request(low0)
+    sched.add_request(low1)
+    decode_until_running(sched, {"r0", "r1"})
+    for _ in range(3):
+        sched.step()
+    sched.add_request(high)
+    res = run_all(sched)
+    assert sched.stats["preemptions"] == 1 and res["r1"]["num_retractions"] == 1
+    assert [r["output_ids"] for _, r in sorted(res.items())] == baseline
+    sched.check_memory()
