@@ -168,9 +168,12 @@ class Engine:
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
                  top_logprobs_num=None, return_text_in_logprobs=False, stream=False, rid=None, extra_key=None,
-                 image_data=None, video_data=None):
+                 image_data=None, video_data=None, priority=None, timeout_s=None):
+        """priority: higher first with --enable-priority-scheduling (None: the server's default); timeout_s: aborted
+        that many seconds after the scheduler received it (finish_reason abort, with what it generated)."""
         built = self.builder.build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                   top_logprobs_num, rid, extra_key, stream, image_data, video_data)
+                                   top_logprobs_num, rid, extra_key, stream, image_data, video_data, priority,
+                                   timeout_s)
         msgs = built.msgs
         if stream:
             return self._stream(msgs[0], return_text_in_logprobs)
@@ -207,9 +210,11 @@ class Engine:
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                              logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=False,
-                             stream=False, rid=None, extra_key=None, image_data=None, video_data=None):
+                             stream=False, rid=None, extra_key=None, image_data=None, video_data=None,
+                             priority=None, timeout_s=None):
         built = self.builder.build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                   top_logprobs_num, rid, extra_key, stream, image_data, video_data)
+                                   top_logprobs_num, rid, extra_key, stream, image_data, video_data, priority,
+                                   timeout_s)
         msgs = built.msgs
         if stream:
             return self._astream(msgs[0], return_text_in_logprobs)

@@ -23,11 +23,21 @@ class TokenizedGenerateReqInput:
     stream: bool = False
     # Media (preprocessed and hashed by the front); their positions in input_ids hold pad ids >= the vocabulary size.
     mm_inputs: MultimodalInputs | None = None
+    priority: int | None = None  # higher first (--enable-priority-scheduling); None: the server's default
+    timeout_s: float | None = None  # aborted this many seconds after the scheduler received it (None: no deadline)
 
 
 @dataclass
 class AbortReq:
     rids: list[str]  # one message for many (a client that leaves a large batch aborts all of it at once)
+
+
+@dataclass
+class ExpiredReqs:
+    """Requests past a deadline, found by rank 0's loop (scheduler/deadlines.py) and aborted alike on every rank:
+    (rid, message, HTTP status or None) each."""
+
+    aborts: list[tuple[str, str, int | None]]
 
 
 @dataclass
@@ -137,5 +147,5 @@ class ShutdownReq:
 
 
 # What the scheduler's inbox carries (from the front), and what it answers a control message with.
-SchedulerInput = TokenizedGenerateReqInput | AbortReq | FlushCacheReq | GetInternalStateReq | ShutdownReq
+SchedulerInput = TokenizedGenerateReqInput | AbortReq | ExpiredReqs | FlushCacheReq | GetInternalStateReq | ShutdownReq
 ControlReply = FlushCacheReqOutput | GetInternalStateReqOutput

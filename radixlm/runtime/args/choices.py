@@ -80,6 +80,8 @@ def values(kind: type[enum.Enum]) -> tuple[str, ...]:
 DEFAULT_DRAFT_STEPS = 4
 # A pass's requests index a CUDA grid axis of the attention kernels, which holds at most 65535.
 MAX_RUNNING_REQUESTS = 65535
+# A request's priority (and --default-priority-value) is within +-this: a signed 64-bit value, with room for aging.
+MAX_PRIORITY = (1 << 62) - 1
 
 SCHEDULE_POLICIES = values(SchedulePolicyName)
 EVICTION_POLICIES = ("lru", "lfu", "fifo")

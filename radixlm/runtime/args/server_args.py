@@ -73,6 +73,18 @@ class ServerArgs:
         "(radix tree depth-first, heavier subtrees first), fcfs, lof (longest output first), random")
     schedule_conservativeness: float = arg(1.0, MEM, "scales the KV kept for running requests' future tokens when "
                                                      "admitting new ones; higher admits fewer, retracts less")
+    enable_priority_scheduling: bool = arg(False, MEM, "admit waiting requests by their priority (then the "
+                                                       "schedule policy's order) and preempt lower-priority running "
+                                                       "ones (docs/scheduling.md)")
+    schedule_low_priority_values_first: bool = arg(False, MEM, "a lower priority value is served first (default: "
+                                                               "a higher one, as SGLang's)")
+    priority_scheduling_preemption_threshold: int = arg(10, MEM, "a waiting request preempts a running one only "
+                                                                 "when its priority is higher by more than this")
+    default_priority_value: int = arg(0, MEM, "the priority of a request that gives none (SGLang: the lowest)")
+    priority_aging_interval: float = arg(10.0, MEM, "seconds of waiting that raise a request's priority by one "
+                                                    "(bounds starvation); 0: no aging")
+    abort_on_priority_when_disabled: bool = arg(False, MEM, "without --enable-priority-scheduling, fail a request "
+                                                            "that gives a priority (HTTP 503) instead of ignoring it")
     max_prefill_tokens: int = arg(16384, MEM, "most prompt tokens one prefill pass admits (its first request is "
                                               "always admitted)")
     chunked_prefill_size: int | None = arg(None, MEM, "longest prompt chunk per prefill pass; -1: no chunking; "
@@ -150,6 +162,12 @@ class ServerArgs:
 
     watchdog_timeout: float = arg(300.0, REL, "seconds without scheduler progress, requests pending, before they "
                                               "are failed")
+    req_waiting_timeout: float | None = arg(None, REL, "seconds a request may wait before its first prefill; "
+                                                       "later, it is aborted (HTTP 503); 0: no limit; unset: "
+                                                       "$SGLANG_REQ_WAITING_TIMEOUT, else no limit")
+    req_running_timeout: float | None = arg(None, REL, "seconds a request may run from its first prefill; later, "
+                                                       "it is aborted (HTTP 503); 0: no limit; unset: "
+                                                       "$SGLANG_REQ_RUNNING_TIMEOUT, else no limit")
     enable_integrity_check: bool = arg(False, REL, "check the KV-cache accounting after every scheduler step")
     log_level: str = arg("info", REL, "logging level: debug, info, warning, error or critical")
 

@@ -1,10 +1,11 @@
 """ServerArgs' range and consistency checks: each failure is a ValueError naming the field."""
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from radixlm.runtime.args.choices import (
-    ATTENTION_BACKENDS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, MAX_RUNNING_REQUESTS,
+    ATTENTION_BACKENDS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, MAX_PRIORITY, MAX_RUNNING_REQUESTS,
     QUANTIZATION_METHODS, TOOL_CALL_PARSERS, values,
 )
 
@@ -52,6 +53,11 @@ def _check_memory_and_scheduling(a: ServerArgs) -> None:
     _check(a.stream_interval >= 1, "stream_interval must be >= 1")
     _check(a.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")
     _check(a.max_logprobs >= -1, "max_logprobs must be -1 (the vocabulary size) or >= 0")
+    _check(a.priority_scheduling_preemption_threshold >= 0, "priority_scheduling_preemption_threshold must be >= 0")
+    _check(a.priority_aging_interval >= 0 and math.isfinite(a.priority_aging_interval),
+           "priority_aging_interval must be a finite number >= 0 (0: no aging)")
+    _check(abs(a.default_priority_value) <= MAX_PRIORITY, f"default_priority_value must be in [-{MAX_PRIORITY}, "
+                                                          f"{MAX_PRIORITY}]")
     _check(a.cuda_graph_max_bs is None or a.cuda_graph_max_bs >= 1, "cuda_graph_max_bs must be >= 1")
 
 
@@ -85,6 +91,10 @@ def _check_parallelism(a: ServerArgs) -> None:
 
 def _check_serving(a: ServerArgs) -> None:
     _check(a.watchdog_timeout > 0, "watchdog_timeout must be > 0")
+    for name in ("req_waiting_timeout", "req_running_timeout"):
+        value = getattr(a, name)
+        _check(value is None or (value >= 0 and math.isfinite(value)), f"{name} must be a finite number >= 0 (0: no "
+                                                                        "limit)")
     _check(a.mm_encoder_cache_mb >= 0, "mm_encoder_cache_mb must be >= 0")
     _check(a.media_fetch_timeout > 0, "media_fetch_timeout must be > 0")
     _check(a.max_media_bytes >= 1, "max_media_bytes must be >= 1")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.messages import (
-    AbortReq, ControlReply, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput,
+    AbortReq, ControlReply, ExpiredReqs, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput,
     ReqOutput, SchedulerInput, ShutdownReq, TokenizedGenerateReqInput,
 )
 from radixlm.runtime.scheduler.fault import StepGuard
@@ -33,6 +33,7 @@ IDLE_WAIT_S = 0.05
 GRAMMAR_WAIT_S = 0.002  # nothing runnable, but grammars are compiling: look at them again soon
 CHECK_EVERY_S = 1.0  # keep_going() is asked at least this often while busy
 PROGRESS_EVERY_S = 1.0  # at most this long between deliveries while passes run (see SchedulerLoop)
+DEADLINE_CHECK_EVERY_S = 0.05  # how often rank 0 looks for requests past a deadline (deadlines.py)
 
 
 @dataclass
@@ -79,6 +80,9 @@ def internal_state(sched: Scheduler) -> dict:
         "num_running_reqs": len(sched._active_reqs()),
         "num_waiting_reqs": len(sched.waiting_queue),
         "is_idle": sched.is_idle(),
+        # The deadlines in force (flags, else SGLang's environment variables); None: no limit.
+        "req_waiting_timeout_s": sched.deadlines.config.waiting_timeout_s,
+        "req_running_timeout_s": sched.deadlines.config.running_timeout_s,
         "stats": sched.stats_snapshot(),
     }
 
@@ -129,6 +133,7 @@ class SchedulerLoop:
         self._last_check = time.monotonic()
         self._last_delivery = time.monotonic()
         self._delivered_progress = self.sched.progress()
+        self._deadlines_checked = float("-inf")
 
     def _deliver(self, outputs: list[ReqOutput]) -> None:
         self._last_delivery = time.monotonic()
@@ -171,6 +176,13 @@ class SchedulerLoop:
                 return msgs, True
             msgs.append(msg)
             msg = self.inbox.recv(0.0)
+        now = time.monotonic()
+        if now - self._deadlines_checked >= DEADLINE_CHECK_EVERY_S:
+            # Rank 0 reads the clock and every rank aborts the same requests (the message is broadcast).
+            self._deadlines_checked = now
+            expired = self.sched.expired(now)
+            if expired:
+                msgs.append(ExpiredReqs(expired))
         if (not msgs and idle) or time.monotonic() - self._last_check > CHECK_EVERY_S:
             self._last_check = time.monotonic()
             if not self.keep_going():
@@ -184,6 +196,8 @@ class SchedulerLoop:
             self.sched.add_request(msg)
         elif isinstance(msg, AbortReq):
             aborts += msg.rids
+        elif isinstance(msg, ExpiredReqs):
+            self.sched.abort_expired(msg.aborts)
         elif isinstance(msg, FlushCacheReq):
             self.reply(msg, FlushCacheReqOutput(self.sched.flush_cache()))
         elif isinstance(msg, GetInternalStateReq):

@@ -79,6 +79,7 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
         sampling["json_schema"] = plan.json_schema
     built = await build(tm, input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs,
                         top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key,
+                        priority=req.priority, timeout_s=req.timeout_s,
                         image_data=images or None, video_data=videos or None)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": req.model or tm.server_args.model_path}
     if req.stream:
