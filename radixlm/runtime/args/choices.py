@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import enum
 
+from radixlm.runtime.parsers.tool_calls.registry import TOOL_CALL_PARSERS  # noqa: F401 - SGLang's names
+
 
 class Section(enum.Enum):
     """The heading a flag appears under in `--help` and docs/server_args.md (definition order is display order)."""
@@ -92,4 +94,4 @@ GRAMMAR_BACKENDS = ("xgrammar",)
 JUMP_FORWARD_MODES = values(JumpForwardMode)
 GRAMMAR_MASK_MODES = values(GrammarMaskMode)
 TOGGLES = values(Toggle)
-TOOL_CALL_PARSERS = ("auto", "qwen25", "hermes", "llama3")
+
