@@ -68,7 +68,8 @@ def frame_tagged(text: str, final: bool, call_open: str,
         if k < 0:
             out.append(clean(text[pos:], final))
             return out
-        out.append(clean(text[pos:k], True))
+        between = text[pos:k]
+        out.append("" if out and isinstance(out[-1], Call) and not between.strip() else clean(between, True))
         try:
             call, end = read(k)
         except Invalid:

@@ -61,6 +61,14 @@ def value_end(text: str, i: int) -> int | None:
     return j if j < len(text) else None  # a number or literal may still go on
 
 
+def loads(text: str):
+    """json.loads, with Invalid for text that is not JSON."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise Invalid from None
+
+
 def args_object(text: str, i: int, complete: bool) -> int | None:
     """End of the arguments object opening at text[i] (None while open); Invalid unless it is a JSON object, or
     while `complete` (no more text will come) it is still open."""
@@ -75,11 +83,8 @@ def args_object(text: str, i: int, complete: bool) -> int | None:
         if complete:
             raise Invalid
         return None
-    try:
-        if not isinstance(json.loads(text[i:end]), dict):
-            raise Invalid
-    except ValueError:
-        raise Invalid from None
+    if not isinstance(loads(text[i:end]), dict):
+        raise Invalid
     return end
 
 
@@ -104,7 +109,7 @@ def _scan_object(text: str, i: int, keys: tuple[str, ...]) -> _ObjectScan:
             if not any(k.startswith(text[i + 1:]) for k in keys):
                 raise Invalid
             return scan
-        key = json.loads(text[i:key_end])
+        key = loads(text[i:key_end])
         if key not in keys:
             raise Invalid
         i = ws(text, key_end)
@@ -139,7 +144,7 @@ def read_call(text: str, i: int, complete: bool, tools: ToolSet,
     scan = _scan_object(text, i, ("name", *arg_keys))
     name = None
     if (span := scan.members.get("name")) is not None and span[1] is not None:
-        name = json.loads(text[span[0]:span[1]])
+        name = loads(text[span[0]:span[1]])
         if not isinstance(name, str) or name not in tools:
             raise Invalid
     arg_spans = [scan.members[k] for k in arg_keys if k in scan.members]
@@ -155,10 +160,7 @@ def read_call(text: str, i: int, complete: bool, tools: ToolSet,
         if complete:
             raise Invalid
         return Call(name, args, False), None
-    try:
-        obj = json.loads(text[i:scan.end])
-    except ValueError:
-        raise Invalid from None
+    obj = loads(text[i:scan.end])
     given = [obj[k] for k in arg_keys if k in obj]
     if name is None or not all(isinstance(v, dict) for v in given):
         raise Invalid

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import warnings
 from dataclasses import dataclass
 
 from radixlm.runtime.parsers.tool_calls.core import Call, Invalid, Segment, ToolCallFormat, ToolSet
@@ -46,7 +47,9 @@ def _element_end(text: str, i: int) -> int | None:
 
 def _call(source: str, tools: ToolSet) -> Call:
     try:
-        node = ast.parse(source.strip(), mode="eval").body
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escapes in the model's strings
+            node = ast.parse(source.strip(), mode="eval").body
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         raise Invalid from None
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args
