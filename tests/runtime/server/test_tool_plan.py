@@ -37,7 +37,7 @@ def req(**kw) -> ChatCompletionRequest:
 def test_plan_tools():
     assert plan_tools(req(), "auto", "").fmt is None  # no tools: nothing parsed
     p = plan_tools(req(tools=[WEATHER, TIME]), "auto", "{{ '<tool_call>' }}")
-    assert p.fmt == "hermes" and p.constraint() == {} and p.names == TOOLS and len(p.template_tools) == 2
+    assert p.fmt == "hermes" and p.sampling_params() == {} and p.names == TOOLS and len(p.template_tools) == 2
     assert p.tools == {"get_weather": WEATHER["function"]["parameters"], "get_time": None} and p.max_calls is None
     none = plan_tools(req(tools=[WEATHER], tool_choice="none"), "auto", "")
     assert none.template_tools is None and none.fmt is None
@@ -56,7 +56,7 @@ TWO = ONE + '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
 ])
 def test_the_constraint_is_the_family_format(kw, accepted, rejected):
     plan = plan_tools(req(tools=[WEATHER, TIME], **kw), "qwen25", "")
-    assert plan.fmt == "qwen25" and plan.json_schema is None and set(plan.constraint()) == {"ebnf"}
+    assert plan.fmt == "qwen25" and plan.json_schema is None and set(plan.sampling_params()) == {"ebnf"}
     assert plan.max_calls == (None if kw == {"tool_choice": "required"} else 1)
     grammar = xgr.Grammar.from_ebnf(plan.ebnf)
     assert all(accepts(grammar, t) for t in accepted) and not any(accepts(grammar, t) for t in rejected)
@@ -68,14 +68,20 @@ def test_without_structural_tags_the_constraint_is_a_json_array():
     named = plan_tools(req(tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}}),
                        "pythonic", "")
     schema = json.loads(named.json_schema)
-    assert named.fmt == "json_array" and named.constraint() == {"json_schema": named.json_schema}
+    assert named.fmt == "json_array" and named.sampling_params() == {"json_schema": named.json_schema}
     assert schema["maxItems"] == 1 and named.names == {"get_time"}
     assert schema["items"]["properties"]["name"] == {"const": "get_time"}
     required = json.loads(plan_tools(req(tools=[WEATHER, TIME], tool_choice="required"), "pythonic", "").json_schema)
     assert "maxItems" not in required and len(required["items"]["anyOf"]) == 2
     assert required["items"]["anyOf"][0]["properties"]["arguments"] == WEATHER["function"]["parameters"]
     auto = plan_tools(req(tools=[WEATHER], parallel_tool_calls=False), "pythonic", "")
-    assert auto.constraint() == {} and auto.max_calls == 1  # the parse keeps the first call
+    assert auto.sampling_params() == {} and auto.max_calls == 1  # the parse keeps the first call
+
+
+def test_formats_whose_tags_are_special_tokens_keep_them():
+    assert plan_tools(req(tools=[WEATHER]), "gpt-oss", "").sampling_params() == {"skip_special_tokens": False}
+    assert plan_tools(req(tools=[WEATHER]), "mistral", "").sampling_params() == {"skip_special_tokens": False}
+    assert plan_tools(req(tools=[WEATHER], tool_choice="none"), "mistral", "").sampling_params() == {}
 
 
 def test_message_and_finish_reason():

@@ -97,6 +97,9 @@ class ToolSpec:
 class ToolCallFormat(ABC):
     """One family's text format of tool calls."""
 
+    # The format's tags are special tokens of its tokenizer: the output must be detokenized keeping them.
+    special_markers = False
+
     @abstractmethod
     def frame(self, text: str, final: bool, tools: ToolSet) -> list[Segment]:
         """Content strings and calls, in order, of the text so far (final: the model has stopped).

@@ -51,4 +51,4 @@ GPT_OSS = GptOss(
     call_open="to=functions.", name_end="<|message|>", call_close=("<|call|>",),
     name_pattern=r"([\w\-]+)(?:\s*<\|channel\|>\s*commentary)?(?:\s*<\|constrain\|>)?\s*(?:json)?\s*",
     write_open="<|channel|>commentary to=functions.", write_name="{name} <|constrain|>json<|message|>",
-    write_close="<|call|>", separator="<|start|>assistant")
+    write_close="<|call|>", separator="<|start|>assistant", special_markers=True)

@@ -23,6 +23,8 @@ TOOL_CALLS = "[TOOL_CALLS]"
 
 @dataclass(frozen=True)
 class Mistral(ToolCallFormat):
+    special_markers = True
+
     def frame(self, text: str, final: bool, tools: ToolSet) -> list[Segment]:
         k = text.find(TOOL_CALLS)
         if k < 0:

@@ -37,6 +37,7 @@ class NamedArgs(ToolCallFormat):
     write_name: str = "{name}"
     write_close: str = ""
     separator: str = ""
+    special_markers: bool = False
 
     def frame(self, text: str, final: bool, tools: ToolSet) -> list[Segment]:
         return frame_tagged(text, final, self.call_open, lambda k: self._call(text, k, final, tools), self.clean)
@@ -108,6 +109,8 @@ KIMI_K2 = NamedArgs(
     call_open="<|tool_call_begin|>", name_end="<|tool_call_argument_begin|>", call_close=("<|tool_call_end|>",),
     section_open="<|tool_calls_section_begin|>", section_close="<|tool_calls_section_end|>",
     name_pattern=r"\s*(?:functions\.)?([\w\-]+)(?::\d+)?\s*",
-    write_name="functions.{name}:0<|tool_call_argument_begin|>", write_close="<|tool_call_end|>")
+    write_name="functions.{name}:0<|tool_call_argument_begin|>", write_close="<|tool_call_end|>",
+    special_markers=True)
 
-MISTRAL_NAMED = NamedArgs(call_open="[TOOL_CALLS]", name_end="[ARGS]", write_name="{name}[ARGS]")
+MISTRAL_NAMED = NamedArgs(call_open="[TOOL_CALLS]", name_end="[ARGS]", write_name="{name}[ARGS]",
+                          special_markers=True)

@@ -39,11 +39,17 @@ class ToolPlan:
     parameters: dict[str, dict | None] = field(default_factory=dict)  # name -> parameters schema
     max_calls: int | None = None  # 1 under parallel_tool_calls=false
 
-    def constraint(self) -> dict[str, str]:
-        """The sampling params that constrain the output ({} when unconstrained)."""
+    def sampling_params(self) -> dict[str, Any]:
+        """What the plan adds to the request's sampling params: the constraint, and keeping special tokens in the
+        text when the format's tags are special tokens."""
+        out: dict[str, Any] = {}
         if self.ebnf is not None:
-            return {"ebnf": self.ebnf}
-        return {"json_schema": self.json_schema} if self.json_schema is not None else {}
+            out["ebnf"] = self.ebnf
+        elif self.json_schema is not None:
+            out["json_schema"] = self.json_schema
+        if self.fmt is not None and get_format(self.fmt).special_markers:
+            out["skip_special_tokens"] = False
+        return out
 
     @property
     def tools(self) -> dict[str, dict | None]:
