@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import enum
 
-from radixlm.runtime.parsers.tool_calls.registry import TOOL_CALL_PARSERS  # noqa: F401 - SGLang's names
+from radixlm.runtime.parsers.tool_calls import registry as tool_call_registry
 
 
 class Section(enum.Enum):
@@ -94,4 +94,5 @@ GRAMMAR_BACKENDS = ("xgrammar",)
 JUMP_FORWARD_MODES = values(JumpForwardMode)
 GRAMMAR_MASK_MODES = values(GrammarMaskMode)
 TOGGLES = values(Toggle)
+TOOL_CALL_PARSERS = tool_call_registry.TOOL_CALL_PARSERS  # SGLang's --tool-call-parser names and auto
 

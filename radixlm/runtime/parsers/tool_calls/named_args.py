@@ -5,7 +5,8 @@ closing tag, optionally inside a section of calls. They differ only in their tag
                  ```json
                  {"city": "Paris"}
                  ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
-    deepseekv31  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+    deepseekv31  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜>
+                 <｜tool▁calls▁end｜>
     kimi_k2      <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>
                  {"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>
     mistral      [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}            (tokenizer v11 and later)"""

@@ -17,13 +17,15 @@ def test_documented_outputs():
     assert p.content == "Calling." and len(p.calls) == 1
 
 
-@pytest.mark.parametrize("text", ["The answer is 4.", '{"answer": 4}', '{"name": "get_time", "parameters": {}} and more'])
+@pytest.mark.parametrize("text", [
+    "The answer is 4.", '{"answer": 4}', '{"name": "get_time", "parameters": {}} and more'])
 def test_text_and_json_that_is_not_a_call_stay_content(text):
     p = parse("llama3", text, {"get_time": None})
     assert p.calls == [] and p.content == text
 
 
-@pytest.mark.parametrize("text", [TWO, "Plain answer, no call.", '<|python_tag|>{"name": "get_time", "parameters": {}}'])
+@pytest.mark.parametrize("text", [
+    TWO, "Plain answer, no call.", '<|python_tag|>{"name": "get_time", "parameters": {}}'])
 def test_streamed_in_pieces_of_every_size(text):
     assert_streams_add_up("llama3", text)
 
