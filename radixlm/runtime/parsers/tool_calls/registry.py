@@ -9,7 +9,7 @@ from radixlm.runtime.parsers.tool_calls.llama3 import LLAMA3
 from radixlm.runtime.parsers.tool_calls.mistral import MISTRAL
 from radixlm.runtime.parsers.tool_calls.named_args import DEEPSEEK_V3, DEEPSEEK_V31, KIMI_K2
 from radixlm.runtime.parsers.tool_calls.pythonic import PYTHONIC
-from radixlm.runtime.parsers.tool_calls.xml_params import GLM45, GLM47, QWEN3_CODER
+from radixlm.runtime.parsers.tool_calls.xml_params import DEEPSEEK_V32, GLM45, GLM47, QWEN3_CODER
 
 TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {
     "hermes": HERMES,
@@ -20,6 +20,7 @@ TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {
     "mistral": MISTRAL,
     "deepseekv3": DEEPSEEK_V3,
     "deepseekv31": DEEPSEEK_V31,
+    "deepseekv32": DEEPSEEK_V32,
     "qwen3_coder": QWEN3_CODER,
     "kimi_k2": KIMI_K2,
     "glm45": GLM45,
@@ -38,6 +39,7 @@ _TEMPLATE_MARKS = (
     (("<tool_call>",), "hermes"),
     (("<|python_tag|>",), "llama3"),
     (("ipython",), "llama3"),
+    (("<｜DSML｜",), "deepseekv32"),
     (("<｜tool▁calls▁begin｜>", "```json"), "deepseekv3"),
     (("<｜tool▁calls▁begin｜>",), "deepseekv31"),
     (("<|tool_calls_section_begin|>",), "kimi_k2"),

@@ -16,6 +16,8 @@ ARGS = {  # get_weather's and get_time's arguments as each family writes them
     "glm45": ("<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3</arg_value>", ""),
 }
 ARGS["glm"] = ARGS["glm47"] = ARGS["glm45"]
+ARGS["deepseekv32"] = ('<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+                       '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n', "")
 WANT = [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]
 CONSTRAINED = sorted(n for n, f in TOOL_CALL_FORMATS.items() if f.call_tags([ToolSpec("f", None)]) is not None)
 

@@ -6,7 +6,7 @@ import pytest
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.parsers.tool_calls import TOOL_CALL_PARSERS, get_format, resolve_parser
 
-SGLANG_NAMES = ("hermes", "qwen25", "qwen", "llama3", "pythonic", "mistral", "deepseekv3", "deepseekv31",
+SGLANG_NAMES = ("hermes", "qwen25", "qwen", "llama3", "pythonic", "mistral", "deepseekv3", "deepseekv31", "deepseekv32",
                 "qwen3_coder", "kimi_k2", "glm45", "glm", "glm47", "gpt-oss")
 
 
@@ -24,6 +24,7 @@ def test_names():
     ("{%- if builtin_tools %}<|python_tag|>", "llama3"),
     ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + name + '\\n```json", "deepseekv3"),
     ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + name + '<｜tool▁sep｜>", "deepseekv31"),
+    ("{{ '<｜DSML｜function_calls>' }}", "deepseekv32"),
     ("<|tool_calls_section_begin|>", "kimi_k2"),
     ("[TOOL_CALLS]", "mistral"),
     ("<|start|>assistant<|channel|>", "gpt-oss"),

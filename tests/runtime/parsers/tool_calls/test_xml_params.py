@@ -1,4 +1,5 @@
-"""Qwen3-Coder and GLM-4.5 / 4.7: one XML-like element per argument, values typed by the schema."""
+"""Qwen3-Coder, GLM-4.5 / 4.7 and DeepSeek-V3.2: one XML-like element per argument, values typed by the schema
+(or by DeepSeek's string="true|false")."""
 from __future__ import annotations
 
 import pytest
@@ -21,6 +22,11 @@ DOCUMENTED = {
         "I will check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days"
         "</arg_key><arg_value>3</arg_value><arg_key>metric</arg_key><arg_value>true</arg_value></tool_call>"
         "<tool_call>get_time</tool_call>"),
+    "deepseekv32": (
+        'I will check.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" '
+        'string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="metric" string="false">true</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+        '<｜DSML｜invoke name="get_time">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>'),
 }
 
 
@@ -28,7 +34,15 @@ DOCUMENTED = {
 def test_documented_output(fmt):
     assert calls(DOCUMENTED[fmt], fmt) == WANT
     p = parse(fmt, DOCUMENTED[fmt] + "\nDone.", {"get_weather": None, "get_time": None})
-    assert p.content == ("I will check.\nDone." if fmt == "glm47" else "I will check.\n\nDone.")
+    assert " ".join(p.content.split()) == "I will check. Done."
+
+
+def test_deepseek_says_which_values_are_strings():
+    text = ('<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="false">7</｜DSML｜parameter>\n'
+            '<｜DSML｜parameter name="days" string="true">3</｜DSML｜parameter>\n</｜DSML｜invoke>')
+    assert calls(text, "deepseekv32") == [("get_weather", {"city": 7, "days": "3"})]
+    bad = text.replace('string="true"', 'string="maybe"')
+    assert parse("deepseekv32", bad, {"get_weather": None}).content == bad
 
 
 def test_values_follow_the_schema():
