@@ -21,7 +21,8 @@ GLM-4.5 / 4.6 / 4.7. They differ only in their tags, so each is data:
                  </｜DSML｜function_calls>
 
 A value is text; it becomes JSON by the parameter's schema (a string stays as written, anything else is read as
-JSON, else kept as a string), or where the format says so (DeepSeek's `string="true"`) by that. The arguments stream one completed parameter at a time."""
+JSON, else kept as a string), or where the format says so (DeepSeek's `string="true"`) by that. The arguments
+stream one completed parameter at a time."""
 from __future__ import annotations
 
 import ast
