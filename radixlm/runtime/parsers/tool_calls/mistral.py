@@ -30,22 +30,23 @@ class Mistral(ToolCallFormat):
         if k < 0:
             if not final and TOOL_CALLS.startswith(text.lstrip()):
                 return [""]
-            if text.lstrip().startswith("["):
-                return self._array(text, 0, "", final, tools)
+            if text.lstrip().startswith("[") and (segments := self._array(text, 0, "", final, tools)) is not None:
+                return segments
             return [text if final else text[:len(text) - held(text, TOOL_CALLS)]]
         i = ws(text, k + len(TOOL_CALLS))
         if i == len(text) and not final:
             return [text[:k]]
         if i < len(text) and text[i] == "[" and not text.startswith(TOOL_CALLS, i):
-            return self._array(text, i, text[:k], final, tools)
+            return self._array(text, i, text[:k], final, tools) or [text]
         return MISTRAL_NAMED.frame(text, final, tools)
 
     @staticmethod
-    def _array(text: str, i: int, before: str, final: bool, tools: ToolSet) -> list[Segment]:
+    def _array(text: str, i: int, before: str, final: bool, tools: ToolSet) -> list[Segment] | None:
+        """The calls of the array opening at text[i]; None when it is not an array of calls."""
         try:
             calls, end = call_objects(text, i, final, tools, array=True, separators=",")
         except Invalid:
-            return [text]
+            return None
         if end is None:
             return [before, *calls]
         for c in calls:

@@ -71,6 +71,8 @@ class NamedArgs(ToolCallFormat):
         a = ws(text, e + len(self.name_end))
         args_end = args_object(text, a, final)
         if args_end is None:
+            if self.call_close and self.call_close[-1] in text[a:]:
+                raise Invalid  # the call closed while its arguments were still open
             return Call(name, text[a:], False), None
         p = args_end
         for close in self.call_close:

@@ -59,7 +59,10 @@ class ToolCallStreamer:
     tools: ToolSet | Iterable[str]
     max_calls: int | None = None
     sent_content: str = ""
-    sent_args: list[int] = field(default_factory=list)  # per call whose header was sent: argument chars sent
+    sent: list[tuple[str, str]] = field(default_factory=list)  # per call announced: its name, the arguments sent
+    # A call already announced turned out malformed (the model's text went wrong after it began): no call deltas
+    # follow, so none is ever attributed to the wrong call; the rest of the text comes as content.
+    diverged: bool = False
 
     def __post_init__(self):
         self.fmt, self.tools = _format(self.fmt), toolset(self.tools)
@@ -73,17 +76,23 @@ class ToolCallStreamer:
             self.sent_content = content
         calls = [s for s in segments if isinstance(s, Call)][:self.max_calls]
         for index, call in enumerate(calls):
-            if call.name is None or not (call.args or call.done):
+            if self.diverged or call.name is None or not (call.args or call.done):
                 break  # a call is announced once its arguments begin: keys after the name may still void it
-            if index == len(self.sent_args):
-                self.sent_args.append(0)
+            if index == len(self.sent):
+                self.sent.append((call.name, ""))
                 delta.calls.append({"index": index, "type": "function",
                                     "function": {"name": call.name, "arguments": ""}})
-            if len(call.args) > self.sent_args[index]:
-                delta.calls.append({"index": index, "function": {"arguments": call.args[self.sent_args[index]:]}})
-                self.sent_args[index] = len(call.args)
+            name, args = self.sent[index]
+            if name != call.name or not call.args.startswith(args):
+                self.diverged = True
+                break
+            if len(call.args) > len(args):
+                delta.calls.append({"index": index, "function": {"arguments": call.args[len(args):]}})
+                self.sent[index] = (name, call.args)
+        if len(calls) < len(self.sent):
+            self.diverged = True
         return delta
 
     @property
     def called(self) -> bool:
-        return bool(self.sent_args)
+        return bool(self.sent)

@@ -20,6 +20,17 @@ def test_a_partial_tag_is_held_back_then_released():
     assert s.called
 
 
+def test_a_call_that_goes_wrong_after_it_began_gets_no_further_deltas():
+    text = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<oops>\n</function>\n"
+            "</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>")
+    s = ToolCallStreamer("qwen3_coder", TOOLS)
+    sent = [d for n in range(1, len(text) + 1) for d in s.feed(text[:n], n == len(text)).calls]
+    # get_weather was announced; the parse drops it, and get_time's arguments must not be added to it
+    assert [c.name for c in parse("qwen3_coder", text, TOOLS).calls] == ["get_time"]
+    assert s.diverged and {c["index"] for c in sent} == {0}
+    assert "".join(c["function"]["arguments"] for c in sent) == '{"city": "Paris"'
+
+
 def test_max_calls_keeps_the_first():
     text = ('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
             '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>')
