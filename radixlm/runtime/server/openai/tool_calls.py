@@ -126,7 +126,8 @@ def plan_tools(req: ChatCompletionRequest, parser: str, chat_template: Any) -> T
 
 
 def _constraint(fmt: str, tools: list[Tool], chosen: list[Tool], forced: bool, parallel: bool) -> str | None:
-    """The family-format constraint over `chosen` (400 for a parameters schema that does not compile)."""
+    """The family-format constraint over `chosen`; None where the format cannot be written as structural tags
+    (400 for a parameters schema that does not compile at all)."""
     for i, t in enumerate(tools):
         if t in chosen and t.function.parameters:
             try:  # named here, not as the combined grammar the client never wrote
@@ -136,8 +137,8 @@ def _constraint(fmt: str, tools: list[Tool], chosen: list[Tool], forced: bool, p
     specs = [ToolSpec(t.function.name, t.function.parameters or None) for t in chosen]
     try:
         return _family_constraint(fmt, specs, forced, parallel)
-    except InvalidGrammar as e:
-        raise BadRequest(f"tools: cannot constrain the calls in the {fmt} format: {e}") from None
+    except InvalidGrammar:
+        return None  # a schema the format's structural tags cannot hold (an XML style's limits): the JSON array
 
 
 def new_call_id() -> str:
