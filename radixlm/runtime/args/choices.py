@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import enum
 
+from radixlm.runtime.parsers.tool_calls import registry as tool_call_registry
+
 
 class Section(enum.Enum):
     """The heading a flag appears under in `--help` and docs/server_args.md (definition order is display order)."""
@@ -94,4 +96,5 @@ GRAMMAR_BACKENDS = ("xgrammar",)
 JUMP_FORWARD_MODES = values(JumpForwardMode)
 GRAMMAR_MASK_MODES = values(GrammarMaskMode)
 TOGGLES = values(Toggle)
-TOOL_CALL_PARSERS = ("auto", "qwen25", "hermes", "llama3")
+TOOL_CALL_PARSERS = tool_call_registry.TOOL_CALL_PARSERS  # SGLang's --tool-call-parser names and auto
+

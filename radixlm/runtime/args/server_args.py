@@ -57,7 +57,8 @@ class ServerArgs:
                                      "stream_interval overrides)")
     incremental_streaming_output: bool = arg(False, S, "streamed /generate chunks carry only what is new "
                                                        "instead of everything so far")
-    tool_call_parser: str = arg("auto", S, "format of tool calls in the model's text; auto: from the chat template",
+    tool_call_parser: str = arg("auto", S, "format of tool calls in the model's text (SGLang's names); auto: the one "
+                                                   "the chat template writes, else hermes",
                                 choices=TOOL_CALL_PARSERS)
 
     mem_fraction_static: float | None = arg(None, MEM, "share of memory for weights and the KV pool; unset: 0.85 of "

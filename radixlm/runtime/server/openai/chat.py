@@ -75,8 +75,7 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
         info = tm.runtime.info  # until the context or the KV pool is full, whichever comes first
         max_new = min(info.context_len - n_prompt, info.max_total_num_tokens - n_prompt - 1)
     sampling = req.sampling_params(max_new)
-    if plan.json_schema is not None:
-        sampling["json_schema"] = plan.json_schema
+    sampling.update(plan.sampling_params())
     built = await build(tm, input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs,
                         top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key,
                         priority=req.priority, timeout_s=req.timeout_s,
