@@ -24,11 +24,12 @@ class Block:
 
 
 def final_blocks(plan: ToolPlan, text: str) -> list[Block]:
-    """A finished sample's blocks: its content (if any), then its calls."""
+    """A finished sample's blocks: its content (if any), then its calls; an empty output is one empty text block."""
     content, calls = tool_message(plan, text)
     blocks = [Block(BlockKind.TEXT, content)] if content else []
-    return blocks + [Block(BlockKind.TOOL_CALL, c["function"]["arguments"], c["id"], c["function"]["name"])
-                     for c in calls or []]
+    blocks += [Block(BlockKind.TOOL_CALL, c["function"]["arguments"], c["id"], c["function"]["name"])
+               for c in calls or []]
+    return blocks or [Block(BlockKind.TEXT, "")]
 
 
 class EventType(enum.Enum):
@@ -47,7 +48,7 @@ class BlockEvent:
 class BlockStream:
     """One streamed sample's blocks: feed it the cumulative text; it returns the events of what is new. Blocks open
     when their first piece arrives (a text block only for non-empty text) and close when the next one opens or the
-    sample ends."""
+    sample ends; an empty output is one empty text block, as in final_blocks."""
 
     def __init__(self, plan: ToolPlan):
         self._tools = StreamedTools(plan) if plan.fmt is not None else None
@@ -74,6 +75,8 @@ class BlockStream:
                 if fn.get("arguments"):
                     events += self._piece(BlockKind.TOOL_CALL, fn["arguments"])
         if final:
+            if self._open is None and not self.blocks:
+                events += self._start(Block(BlockKind.TEXT, ""))
             events += self._close()
         return events
 

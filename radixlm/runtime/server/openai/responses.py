@@ -82,7 +82,7 @@ async def create_response(request: Request) -> Response:
         reason, _ = finish(meta)
         blocks = final_blocks(plan, results[0]["text"])
         output = [proto.output_item(b, proto.item_id(b.kind), _item_status(reason))
-                  for b in blocks or [Block(BlockKind.TEXT, "")]]
+                  for b in blocks]
         status, incomplete = proto.status_of(reason)
         body = proto.response_body(*head, status, output, proto.usage(meta), incomplete)
         turn.keep(body, blocks)
@@ -167,11 +167,6 @@ async def _events(tm, built, plan: ToolPlan, head: tuple, turn: _Turn) -> AsyncI
         code = 400 if isinstance(e, ValueError) else 503 if isinstance(e, RuntimeDead) else e.status_code
         yield r.event("error", code=str(code), message=str(e), param=None)
         return
-    if not blocks.blocks:  # an empty output is still one (empty) assistant message
-        empty = Block(BlockKind.TEXT, "")
-        for e in (BlockEvent(EventType.START, 0, empty), BlockEvent(EventType.STOP, 0, empty)):
-            for chunk in r.render(e, _item_status(reason)):
-                yield chunk
     status, incomplete = proto.status_of(reason)
     body = proto.response_body(*head, status, r.items, proto.usage(meta), incomplete)
     turn.keep(body, blocks.blocks)
