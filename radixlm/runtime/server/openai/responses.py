@@ -110,7 +110,7 @@ def _sse(event: dict) -> bytes:
     return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
-class _Renderer:
+class EventRenderer:
     """Block events as the Responses API's stream events, each numbered."""
 
     def __init__(self):
@@ -150,7 +150,7 @@ class _Renderer:
 
 
 async def _events(tm, built, plan: ToolPlan, head: tuple, turn: _Turn) -> AsyncIterator[bytes]:
-    r = _Renderer()
+    r = EventRenderer()
     started = proto.response_body(*head, "in_progress", [], None)
     yield r.event("response.created", response=started)
     yield r.event("response.in_progress", response=started)

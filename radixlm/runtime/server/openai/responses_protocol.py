@@ -265,7 +265,8 @@ def usage(meta: dict | None) -> dict[str, Any] | None:
     if meta is None:
         return None
     prompt, completion = meta.get("prompt_tokens", 0), meta.get("completion_tokens", 0)
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0) or 0},
+    return {"input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0) or 0, "cache_write_tokens": 0},
             "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + completion}
 
