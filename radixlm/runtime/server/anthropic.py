@@ -62,7 +62,7 @@ def _event(name: str, data: dict) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-def _block_events(e) -> bytes:
+def block_event(e) -> bytes:
     if e.type is EventType.START:
         return _event("content_block_start", {"type": "content_block_start", "index": e.index,
                                               "content_block": proto.content_block(e.block, streaming=True)})
@@ -86,7 +86,7 @@ async def _events(tm, built, plan: ToolPlan, req: proto.MessagesRequest, msg_id:
                     msg_id, req.model, [], None, None, start_usage)})
                 started = True
             for e in blocks.feed(snap["text"], finish is not None):
-                yield _block_events(e)
+                yield block_event(e)
                 if not pinged:
                     yield _event("ping", {"type": "ping"})
                     pinged = True
