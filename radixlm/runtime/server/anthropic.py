@@ -19,7 +19,7 @@ from radixlm.runtime.server.openai.chat import chat_prompt_ids, prepare_chat
 from radixlm.runtime.server.openai.common import merged_stream, run
 from radixlm.runtime.server.openai.tool_calls import ToolPlan, plan_tools
 from radixlm.runtime.server.openapi import request_body
-from radixlm.runtime.server.output_blocks import BlockKind, BlockStream, EventType, final_blocks
+from radixlm.runtime.server.output_blocks import BlockEvent, BlockKind, BlockStream, EventType, final_blocks
 from radixlm.runtime.tokenizer_manager import RuntimeDead
 
 router = APIRouter()
@@ -62,7 +62,7 @@ def _event(name: str, data: dict) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-def block_event(e) -> bytes:
+def block_event(e: BlockEvent) -> bytes:
     if e.type is EventType.START:
         return _event("content_block_start", {"type": "content_block_start", "index": e.index,
                                               "content_block": proto.content_block(e.block, streaming=True)})

@@ -1,6 +1,10 @@
 """A chat sample's output as a sequence of blocks (text, tool calls), whole or as streamed start/delta/stop events:
 what /v1/responses (output items) and /v1/messages (content blocks) render in their own shapes. Tool calls are read
-by the chat pipeline's `tool_message` / `StreamedTools`, so every API reads a model's calls alike."""
+by the chat pipeline's `tool_message` / `StreamedTools`, so every API reads a model's calls alike.
+
+The reasoning parser plugs in here, once for both APIs: `final_blocks` and `BlockStream.feed` split the reasoning off
+the text first (before the tool parsing) into REASONING blocks ahead of the others; the renderers map them to a
+Responses `reasoning` item and an Anthropic `thinking` block."""
 from __future__ import annotations
 
 import enum
@@ -12,7 +16,6 @@ from radixlm.runtime.server.openai.tool_calls import StreamedTools, ToolPlan, to
 class BlockKind(enum.Enum):
     TEXT = "text"
     TOOL_CALL = "tool_call"
-    # The reasoning parser's seam: a REASONING kind, its blocks first, split off the text before the tool parsing.
 
 
 @dataclass(frozen=True)
