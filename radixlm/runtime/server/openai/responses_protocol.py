@@ -13,10 +13,10 @@ from radixlm.runtime.server.openai.protocol import (
     ChatCompletionRequest, ChatMessage, FunctionDefinition, JsonSchemaFormat, NamedToolChoice, ResponseFormat, Tool,
     ToolChoiceFunction,
 )
-from radixlm.runtime.server.openapi import Int
+from radixlm.runtime.server.openapi import integer
 from radixlm.runtime.server.output_blocks import Block, BlockKind
 
-Positive = Annotated[Int, Field(ge=1)]
+Positive = integer(ge=1)
 
 
 class InputText(BaseModel):
