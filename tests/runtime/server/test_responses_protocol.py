@@ -65,6 +65,7 @@ def test_a_request_runs_as_a_chat_request_after_its_history():
     {"input": [{"type": "web_search_call", "id": "x"}]}, {"input": [{"role": "tool", "content": "x"}]},
     {"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, {"max_output_tokens": 0},
     {"tools": [{"type": "file_search"}]}, {"tool_choice": "sometimes"}, {"store": "yes"},
+    {"metadata": {"k": "v" * 513}}, {"metadata": {f"k{i}": "v" for i in range(17)}},
 ])
 def test_malformed_requests_are_refused(body):
     with pytest.raises(BadRequest):

@@ -17,6 +17,9 @@ from radixlm.runtime.server.openapi import integer
 from radixlm.runtime.server.output_blocks import Block, BlockKind
 
 Positive = integer(ge=1)
+# OpenAI's bounds: 16 pairs, keys up to 64 characters, values up to 512 (stored with the response).
+Metadata = Annotated[dict[Annotated[StrictStr, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]],
+                     Field(max_length=16)]
 
 
 class InputText(BaseModel):
@@ -151,7 +154,7 @@ class ResponsesRequest(BaseModel):
     store: StrictBool = True
     stream: StrictBool = False
     previous_response_id: StrictStr | None = None
-    metadata: dict[StrictStr, StrictStr] | None = None
+    metadata: Metadata | None = None
     user: StrictStr | None = None
     reasoning: dict[str, Any] | None = None  # accepted; what it asks for is the reasoning parser's seam
     truncation: Literal["auto", "disabled"] | None = None
