@@ -53,6 +53,8 @@ class ServerArgs:
     max_queued_requests: int | None = arg(None, S, "reject generation requests (HTTP 503) beyond "
                                                    "max_running_requests + this many; unset: no limit")
     max_logprobs: int = arg(20, S, "most top logprobs a request may ask for per position; -1: the vocabulary size")
+    responses_store_size: int = arg(1000, S, "most /v1/responses objects kept in memory for GET, DELETE and "
+                                             "previous_response_id (least recently used out first); 0: none")
     stream_interval: int = arg(1, S, "a streaming request reports every this many new tokens (a request's own "
                                      "stream_interval overrides)")
     incremental_streaming_output: bool = arg(False, S, "streamed /generate chunks carry only what is new "

@@ -51,6 +51,7 @@ def _check_memory_and_scheduling(a: ServerArgs) -> None:
            "chunked_prefill_size must be -1 (off) or >= page_size")
     _check(a.max_queued_requests is None or a.max_queued_requests >= 0, "max_queued_requests must be >= 0")
     _check(a.stream_interval >= 1, "stream_interval must be >= 1")
+    _check(a.responses_store_size >= 0, "responses_store_size must be >= 0")
     _check(a.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")
     _check(a.max_logprobs >= -1, "max_logprobs must be -1 (the vocabulary size) or >= 0")
     _check(a.priority_scheduling_preemption_threshold >= 0, "priority_scheduling_preemption_threshold must be >= 0")

@@ -23,6 +23,7 @@ from radixlm.runtime.server.anthropic import router as anthropic_router
 from radixlm.runtime.server.metrics import router as metrics_router
 from radixlm.runtime.server.native import json_response, read_json_object, router as native_router
 from radixlm.runtime.server.native_protocol import AbortReq
+from radixlm.runtime.server.openai.response_store import ResponseStore
 from radixlm.runtime.server.openai.routes import router as openai_router
 from radixlm.runtime.server.openapi import install_openapi, request_body
 from radixlm.runtime.server.tokens import router as tokens_router
@@ -62,6 +63,7 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
 
     app = FastAPI(lifespan=lifespan)
     app.state.tokenizer_manager = tm
+    app.state.response_store = ResponseStore(tm.server_args.responses_store_size)
     app.add_middleware(GuardMiddleware, tokenizer_manager=tm)
     for router in (native_router, openai_router, anthropic_router, tokens_router, metrics_router):
         app.include_router(router)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from radixlm.runtime.front import BuiltRequests
 from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.openai.common import (
     Usage, build, check_lengths, finish, merged_stream, new_id, respond, sse_body,
@@ -52,8 +53,9 @@ def _chat_logprobs(meta: dict, start: int = 0) -> dict:
     return {"content": [{**_entry(t), "top_logprobs": [_entry(x) for x in top]} for t, top in zip(triples, tops)]}
 
 
-async def create_chat_completion(request: Request, req: ChatCompletionRequest) -> Response:
-    tm = request.app.state.tokenizer_manager
+async def prepare_chat(tm, req: ChatCompletionRequest) -> tuple[BuiltRequests, ToolPlan]:
+    """Messages -> chat template -> checked, built requests, and how the output's tool calls are read: the pipeline
+    /v1/chat/completions shares with /v1/responses and /v1/messages (they translate their requests into `req`)."""
     plan = plan_tools(req, tm.server_args.tool_call_parser, getattr(tm.tokenizer, "chat_template", None))
     ids = chat_prompt_ids(tm, req.messages, req.continue_final_message, req.chat_template_kwargs, plan.template_tools)
     images = [url for m in req.messages for url in m.image_urls()]
@@ -80,6 +82,12 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
                         top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key,
                         priority=req.priority, timeout_s=req.timeout_s,
                         image_data=images or None, video_data=videos or None)
+    return built, plan
+
+
+async def create_chat_completion(request: Request, req: ChatCompletionRequest) -> Response:
+    tm = request.app.state.tokenizer_manager
+    built, plan = await prepare_chat(tm, req)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": req.model or tm.server_args.model_path}
     if req.stream:
         return StreamingResponse(sse_body(_stream(tm, built, req, head, plan)), media_type="text/event-stream")
