@@ -78,7 +78,7 @@ class WeightsUpdateGroup:
             raise ValueError(f"the {self.spec.backend} group broadcasts tensors on {self.device}, got {tensor.device}")
         if not tensor.is_contiguous():
             raise ValueError("a broadcast tensor must be contiguous (it is received in place)")
-        self._pg.broadcast([tensor], 0).wait()
+        self._pg.broadcast(tensor, 0).wait()
         return tensor
 
     def receive(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -50,7 +50,7 @@ class WeightsControl:
                 group.destroy()
                 return self._answer(True, f"destroyed weights-update group {msg.group_name!r}")
             return self._memory(msg)
-        except (ValueError, TypeError) as e:  # refused before anything changed
+        except ValueError as e:  # refused before anything changed
             return self._answer(False, str(e))
         except Exception as e:  # noqa: BLE001 - past the checks (a device error): reported, the loop goes on
             logger.exception("weights request %s failed", type(msg).__name__)
