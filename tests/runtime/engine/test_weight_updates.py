@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,14 +29,40 @@ def _config(**over) -> LlamaConfig:
     return LlamaConfig(**{**{k: v for k, v in TINY_LLAMA.items() if k != "architectures"}, **over})
 
 
+TRAINER = """
+import sys
+from safetensors.torch import load_file
+from radixlm.runtime.distributed.weight_sync import join_weights_update_group
+port, path = int(sys.argv[1]), sys.argv[2]
+group = join_weights_update_group("127.0.0.1", port, rank=0, world_size=2, backend="gloo", timeout_s=180)
+for name, tensor in sorted(load_file(path).items()):
+    group.broadcast(tensor.contiguous())
+sys.stdin.readline()  # the engine has left the group (the store this rank hosts outlives its clients)
+group.destroy()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
-    """Checkpoints A and B (same shapes, other weights), C (another intermediate_size), and transformers' models."""
+    """Checkpoints A and B (same shapes, other weights) with transformers' models, and C: A with a narrower MLP."""
+    from safetensors.torch import load_file, save_file
+
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("weights")
-    hf = {name: save_tiny(_config(**over), root / name, seed)
-          for name, seed, over in (("A", 0, {}), ("B", 1, {}), ("C", 2, {"intermediate_size": 96}))}
-    return {"dir": {n: str(root / n) for n in hf}, "hf": hf}
+    hf = {name: save_tiny(_config(), root / name, seed) for name, seed in (("A", 0), ("B", 1))}
+    (root / "C").mkdir()
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(root / "A" / f, root / "C" / f)
+    narrow = {n: t[:, :96].contiguous() if n.endswith("down_proj.weight") else t
+              for n, t in load_file(root / "A" / "model.safetensors").items()}
+    save_file(narrow, root / "C" / "model.safetensors")
+    return {"dir": {n: str(root / n) for n in ("A", "B", "C")}, "hf": hf}
 
 
 def greedy(hf) -> list[list[int]]:
@@ -43,9 +70,21 @@ def greedy(hf) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def engine(ckpts):
+def trainer(ckpts):
+    """The trainer process of the broadcast test (rank 0 of a gloo group), started with the module so that its
+    interpreter and torch load while the other tests run; it waits for the engine to join."""
+    port = _free_port()
+    path = os.path.join(ckpts["dir"]["B"], "model.safetensors")
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(port), path], stdin=subprocess.PIPE)
+    yield proc, port, path
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def engine(ckpts, trainer):
     e = radixlm.Engine(ckpts["dir"]["A"], dtype="float32", device="cpu", random_seed=0, max_total_tokens=2048,
-                       enable_integrity_check=True)
+                       enable_integrity_check=True, enable_memory_saver=True)
     yield e
     e.shutdown()
 
@@ -128,81 +167,45 @@ def test_requests_in_flight_finish_first_or_are_aborted(on_a, ckpts):
     assert outputs(engine) == greedy(ckpts["hf"]["B"])
 
 
-TRAINER = """
-import sys
-from safetensors.torch import load_file
-from radixlm.runtime.distributed.weight_sync import join_weights_update_group
-port, path = int(sys.argv[1]), sys.argv[2]
-group = join_weights_update_group("127.0.0.1", port, rank=0, world_size=2, backend="gloo", timeout_s=60)
-for name, tensor in sorted(load_file(path).items()):
-    group.broadcast(tensor.contiguous())
-sys.stdin.readline()  # the engine has left the group (the store this rank hosts outlives its clients)
-group.destroy()
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_a_trainer_process_broadcasts_new_weights_over_gloo(on_a, ckpts):
+def test_a_trainer_process_broadcasts_new_weights_over_gloo(on_a, ckpts, trainer):
     """The trainer (rank 0, another process) broadcasts B's tensors in name order; the engine joins as rank 1."""
     from safetensors import safe_open
 
-    engine = on_a
-    path = os.path.join(ckpts["dir"]["B"], "model.safetensors")
+    engine, (proc, port, path) = on_a, trainer
     with safe_open(path, "pt") as f:
         metas = sorted((n, str(f.get_slice(n).get_dtype()), f.get_slice(n).get_shape()) for n in f.keys())
     dtypes = {"F32": "float32"}
     assert not engine.update_weights_from_distributed(["lm_head.weight"], ["float32"], [[512, 64]])[0]  # no group
-    port = _free_port()
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(port), path], stdin=subprocess.PIPE)
-    try:
-        ok, message = engine.init_weights_update_group("127.0.0.1", port, rank_offset=1, world_size=2,
-                                                       backend="gloo")
-        assert ok, message
-        ok, message = engine.update_weights_from_distributed([n for n, _, _ in metas], [dtypes[d] for _, d, _ in metas],
-                                                             [s for _, _, s in metas], weight_version="trained")
-        assert ok, message
-        assert engine.destroy_weights_update_group()[0]
-        trainer.communicate(b"done\n", timeout=60)
-        assert trainer.returncode == 0
-    finally:
-        trainer.kill()
+    ok, message = engine.init_weights_update_group("127.0.0.1", port, rank_offset=1, world_size=2,
+                                                   backend="gloo")
+    assert ok, message
+    ok, message = engine.update_weights_from_distributed([n for n, _, _ in metas], [dtypes[d] for _, d, _ in metas],
+                                                         [s for _, _, s in metas], weight_version="trained")
+    assert ok, message
+    assert engine.destroy_weights_update_group()[0]
+    proc.communicate(b"done\n", timeout=60)
+    assert proc.returncode == 0
     assert outputs(engine) == greedy(ckpts["hf"]["B"]) and engine.get_weight_version() == "trained"
     assert not engine.destroy_weights_update_group()[0]
     assert not engine.init_weights_update_group("127.0.0.1", port, rank_offset=0, world_size=2, backend="gloo")[0]
     assert not engine.init_weights_update_group("127.0.0.1", port, rank_offset=1, world_size=2, backend="nccl")[0]
 
 
-def test_released_memory_comes_back_with_identical_outputs(ckpts):
-    engine = radixlm.Engine(ckpts["dir"]["A"], dtype="float32", device="cpu", random_seed=0, max_total_tokens=2048,
-                            enable_integrity_check=True, enable_memory_saver=True)
-    try:
-        before = outputs(engine)
-        pool, weight = engine.runner.token_to_kv_pool, engine.runner.model.model.embed_tokens.weight
-        assert engine.release_memory_occupation()[0]
-        assert pool.k_buffer[0].numel() == 0 and weight.numel() == 0
-        refused = engine.generate(input_ids=PROMPTS[0], sampling_params=SP)["meta_info"]["finish_reason"]
-        assert refused["type"] == "abort" and refused["status_code"] == 503
-        ok, message = engine.update_weights_from_disk(ckpts["dir"]["B"])
-        assert not ok and "released" in message
-        assert engine.resume_memory_occupation(["weights"])[0] and weight.numel() > 0
-        assert engine.resume_memory_occupation(["kv_cache"])[0] and pool.k_buffer[0].numel() > 0
-        assert outputs(engine) == before
-        assert engine.release_memory_occupation(["kv_cache"])[0] and weight.numel() > 0
-        assert engine.resume_memory_occupation()[0]
-        assert outputs(engine) == before
-        ok, message = engine.release_memory_occupation(["gpu"])
-        assert not ok and "unknown memory tag" in message
-    finally:
-        engine.shutdown()
-
-
-def test_memory_release_needs_the_flag(engine):
-    ok, message = engine.release_memory_occupation()
-    assert not ok and "--enable-memory-saver" in message
-    assert outputs(engine)  # still serving
+def test_released_memory_comes_back_with_identical_outputs(engine, ckpts):
+    before = outputs(engine)
+    pool, weight = engine.runner.token_to_kv_pool, engine.runner.model.model.embed_tokens.weight
+    assert engine.release_memory_occupation()[0]
+    assert pool.k_buffer[0].numel() == 0 and weight.numel() == 0
+    refused = engine.generate(input_ids=PROMPTS[0], sampling_params=SP)["meta_info"]["finish_reason"]
+    assert refused["type"] == "abort" and refused["status_code"] == 503
+    ok, message = engine.update_weights_from_disk(ckpts["dir"]["B"])
+    assert not ok and "released" in message
+    assert engine.resume_memory_occupation(["weights"])[0] and weight.numel() > 0
+    assert engine.resume_memory_occupation(["kv_cache"])[0] and pool.k_buffer[0].numel() > 0
+    assert outputs(engine) == before
+    assert engine.release_memory_occupation(["kv_cache"])[0] and weight.numel() > 0
+    assert engine.resume_memory_occupation()[0]
+    assert outputs(engine) == before
+    ok, message = engine.release_memory_occupation(["gpu"])
+    assert not ok and "unknown memory tag" in message
 
