@@ -26,15 +26,24 @@ WEIGHTS_REQUESTS = (*UPDATES, InitWeightsUpdateGroupReqInput, DestroyWeightsUpda
 class WeightsControl:
     def __init__(self, sched) -> None:
         self.sched = sched
-        runner = sched.runner
-        self.updater = WeightUpdater(runner.model, runner.model_config, runner.parallel, runner.device)
-        self.memory = MemorySaver(runner)
         self.groups: dict[str, WeightsUpdateGroup] = {}
         self.num_updates = 0
+        self._memory: MemorySaver | None = None  # made on first use, as the updater
+
+    @property
+    def memory(self) -> MemorySaver:
+        if self._memory is None:
+            self._memory = MemorySaver(self.sched.runner)
+        return self._memory
+
+    @property
+    def updater(self) -> WeightUpdater:
+        runner = self.sched.runner
+        return WeightUpdater(runner.model, runner.model_config, runner.parallel, runner.device)
 
     @property
     def released(self) -> bool:
-        return bool(self.memory.released)
+        return self._memory is not None and bool(self._memory.released)
 
     def handle(self, msg: WeightsReqInput) -> WeightsReqOutput:
         """Answers msg; the scheduler is idle (no request queued or running)."""
