@@ -1,8 +1,8 @@
 """SGLang's weight-update and memory routes: /update_weights_from_disk, /init_weights_update_group,
 /update_weights_from_distributed, /destroy_weights_update_group, /release_memory_occupation,
 /resume_memory_occupation, /get_weight_version. Each answers {"success", "message", ...}: 200, or 400 when the
-scheduler refused it (nothing changed; a refused update keeps the old weights serving). Updates from tensors are the
-offline Engine's (update_weights_from_tensor)."""
+scheduler refused it (nothing changed; a refused update keeps the old weights serving), in the native error shape
+with those fields beside it. Updates from tensors are the offline Engine's (update_weights_from_tensor)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
 
 from radixlm.runtime import messages
-from radixlm.runtime.server.errors import parse
+from radixlm.runtime.server.errors import error_body, parse
 from radixlm.runtime.server.native import json_response, read_json_object
 from radixlm.runtime.server.openapi import integer, request_body
 
@@ -22,6 +22,18 @@ NonNegative = integer(ge=0)
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class WeightsReqOutput(BaseModel):
+    """The answer of every route here (SGLang's fields, and the weight version after the call)."""
+
+    success: bool
+    message: str
+    weight_version: str
+    num_paused_requests: int
+
+
+_RESPONSES = {200: {"model": WeightsReqOutput, "description": "Done"}}
 
 
 class UpdateWeightFromDiskReqInput(_Body):
@@ -64,8 +76,12 @@ async def _run(request: Request, model: type[_Body], message_type: type) -> Resp
     tm = request.app.state.tokenizer_manager
     body = parse(model, await read_json_object(request))
     out = await tm.weights_request(message_type(**body.model_dump()))
-    return json_response({"success": out.success, "message": out.message, "weight_version": out.weight_version,
-                          "num_paused_requests": out.num_paused_requests}, 200 if out.success else 400)
+    answer = {"success": out.success, "message": out.message, "weight_version": out.weight_version,
+              "num_paused_requests": out.num_paused_requests}
+    if out.success:
+        return json_response(answer)
+    # The native error shape with SGLang's fields beside it: a 400 is an error like any other route's.
+    return json_response({**error_body(out.message, 400), **answer}, 400)
 
 
 def _route(path: str, model: type[_Body], message_type: type) -> None:
@@ -73,7 +89,7 @@ def _route(path: str, model: type[_Body], message_type: type) -> None:
         return await _run(request, model, message_type)
 
     endpoint.__name__ = path.strip("/")
-    router.post(path, openapi_extra=request_body(model))(endpoint)
+    router.post(path, openapi_extra=request_body(model), responses=_RESPONSES)(endpoint)
 
 
 _route("/update_weights_from_disk", UpdateWeightFromDiskReqInput, messages.UpdateWeightFromDiskReqInput)
