@@ -58,7 +58,7 @@ class WeightsControl:
                     return self._answer(False, f"no weights-update group named {msg.group_name!r}")
                 group.destroy()
                 return self._answer(True, f"destroyed weights-update group {msg.group_name!r}")
-            return self._memory(msg)
+            return self._memory_request(msg)
         except ValueError as e:  # refused before anything changed
             return self._answer(False, str(e))
         except Exception as e:  # noqa: BLE001 - past the checks (a device error): reported, the loop goes on
@@ -115,7 +115,7 @@ class WeightsControl:
             return self._answer(False, f"could not join {msg.group_name!r}: {e}")
         return self._answer(True, f"joined weights-update group {msg.group_name!r} as rank {spec.rank}")
 
-    def _memory(self, msg) -> WeightsReqOutput:
+    def _memory_request(self, msg) -> WeightsReqOutput:
         if not self.sched.args.enable_memory_saver:
             return self._answer(False, "memory release needs the server started with --enable-memory-saver")
         tags = parse_tags(msg.tags)
