@@ -100,6 +100,12 @@ def test_memory_tags():
             parse_tags(bad)
 
 
+def test_the_memory_saver_flag_refuses_a_draft_model():
+    with pytest.raises(ValueError, match="--enable-memory-saver"):
+        ServerArgs(enable_memory_saver=True, speculative_algorithm="STANDALONE", speculative_draft_model_path="d")
+    assert ServerArgs(enable_memory_saver=True, speculative_algorithm="NGRAM").enable_memory_saver
+
+
 def test_group_specs_and_dtypes():
     GroupSpec("127.0.0.1", 29500, 1, 2, backend="gloo")
     for kwargs, message in ((dict(master_port=0), "master_port"), (dict(world_size=1), "world_size"),
