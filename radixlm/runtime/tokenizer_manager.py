@@ -74,8 +74,8 @@ class TokenizerManager:
         self.dead: str | None = None
         self.ready = False  # set after the warm-up generation succeeded
         self.instance_id = uuid.uuid4().hex  # a restarted server has another one (its cache starts empty)
-        self._replies: dict[type, deque[asyncio.Future]] = {FlushCacheReqOutput: deque(), GetInternalStateReqOutput: deque(),
-                                                            WeightsReqOutput: deque()}
+        self._replies: dict[type, deque[asyncio.Future]] = {
+            FlushCacheReqOutput: deque(), GetInternalStateReqOutput: deque(), WeightsReqOutput: deque()}
         self.weight_version = "default"  # the scheduler's, as its last answer to a weights request said
         self._tasks: list[asyncio.Task] = []
         self.metrics = ServerMetrics()

@@ -70,7 +70,8 @@ class WeightsUpdateGroup:
             self._pg = dist.ProcessGroupGloo(self._store, spec.rank, spec.world_size, timeout)
         else:
             self._pg = dist.ProcessGroupNCCL(self._store, spec.rank, spec.world_size)
-        self.device = torch.device("cpu") if spec.backend == "gloo" else torch.device("cuda", torch.cuda.current_device())
+        gloo = spec.backend == "gloo"
+        self.device = torch.device("cpu") if gloo else torch.device("cuda", torch.cuda.current_device())
 
     def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
         """Rank 0's tensor into `tensor` on every member (in place; rank 0 sends it)."""

@@ -67,7 +67,7 @@ class WeightUpdater:
     # ------------------------------------------------------------------ checks
     def check(self, metas: Iterable[TensorMeta], complete: bool) -> None:
         """Runs the loader over meta tensors: WeightUpdateError with its message if the update does not fit the model.
-        complete: every weight must be there (a checkpoint); else any subset, but a quantized layer's tensors together."""
+        complete: every weight must be there (a checkpoint); else any subset, a quantized layer's tensors together."""
         meta_model = build_model(self.model_config, "meta", self.parallel)
         tensors = ((m.name, torch.empty(m.shape, dtype=m.dtype or torch.uint8, device="meta")) for m in metas)
         try:

@@ -16,8 +16,7 @@ from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.messages import (
     AbortReq, ControlReply, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput,
-    ReqOutput, SchedulerInput, ShutdownReq, TokenizedGenerateReqInput, UpdateWeightFromDiskReqInput,
-    UpdateWeightsFromDistributedReqInput, UpdateWeightsFromTensorReqInput, WeightsReqInput,
+    ReqOutput, SchedulerInput, ShutdownReq, TokenizedGenerateReqInput, WeightsReqInput,
 )
 from radixlm.runtime.scheduler.fault import StepGuard
 
@@ -129,9 +128,9 @@ class SchedulerLoop:
     progress_every_s: float = PROGRESS_EVERY_S
 
     def __post_init__(self) -> None:
-        from radixlm.runtime.scheduler.weights_control import WEIGHTS_REQUESTS, WeightsControl
+        from radixlm.runtime.scheduler.weights_control import UPDATES, WEIGHTS_REQUESTS, WeightsControl
 
-        self._weights_types = WEIGHTS_REQUESTS
+        self._weights_types, self._update_types = WEIGHTS_REQUESTS, UPDATES
         self.weights = WeightsControl(self.sched)
         # A weights request waits here until the requests before it are done; what came after it waits behind it
         # (each entry: the message and, for an update, how many requests it aborted).
@@ -202,8 +201,7 @@ class SchedulerLoop:
                 self._held = deque(e for e in self._held if id(e[0]) not in taken)
         elif isinstance(msg, self._weights_types) or (self._held and not isinstance(msg, GetInternalStateReq)):
             paused = 0
-            if isinstance(msg, (UpdateWeightFromDiskReqInput, UpdateWeightsFromTensorReqInput,
-                                UpdateWeightsFromDistributedReqInput)) and msg.abort_all_requests:
+            if isinstance(msg, self._update_types) and msg.abort_all_requests:
                 paused = self.sched.abort_all("aborted for a weight update")
             self._held.append((msg, paused))
         else:

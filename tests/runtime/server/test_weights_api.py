@@ -1,6 +1,6 @@
 """The weight-update and memory routes on the shared server (SmolLM2, started without --enable-memory-saver): bodies
 are checked, refusals answer 400 with SGLang's {success, message} and leave the server serving its weights, and the
-weight version is reported. (Successful updates are the Engine's tests: the shared server's weights stay as they are.)"""
+weight version is reported. (Successful updates are the Engine's tests: the shared server keeps its weights.)"""
 from __future__ import annotations
 
 import pytest
