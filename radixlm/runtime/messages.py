@@ -146,6 +146,81 @@ class ShutdownReq:
     pass
 
 
+# ---------------------------------------------------------------------- weights and memory (SGLang's names)
+# The scheduler applies these once the requests before them have finished (or were aborted: abort_all_requests);
+# requests sent after one wait until it is done. Each is answered with a WeightsReqOutput.
+
+
+@dataclass
+class UpdateWeightFromDiskReqInput:
+    model_path: str  # a checkpoint of the served architecture (HF directory, GGUF file or alias)
+    load_format: str | None = None  # None / auto / safetensors
+    abort_all_requests: bool = False
+    weight_version: str | None = None  # None: the update count
+    flush_cache: bool = True
+
+
+@dataclass
+class UpdateWeightsFromTensorReqInput:
+    named_tensors: list[tuple[str, Any]]  # (checkpoint name, whole tensor); any subset of the checkpoint's tensors
+    load_format: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+@dataclass
+class InitWeightsUpdateGroupReqInput:
+    master_address: str
+    master_port: int
+    rank_offset: int  # this server's TP rank r joins the group as rank_offset + r (the trainer is rank 0)
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+@dataclass
+class UpdateWeightsFromDistributedReqInput:
+    names: list[str]
+    dtypes: list[str]  # "bfloat16", "torch.float32", ...
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    load_format: str | None = None
+
+
+@dataclass
+class DestroyWeightsUpdateGroupReqInput:
+    group_name: str = "weight_update_group"
+
+
+@dataclass
+class ReleaseMemoryOccupationReqInput:
+    tags: list[str] | None = None  # "kv_cache", "weights"; None: both
+
+
+@dataclass
+class ResumeMemoryOccupationReqInput:
+    tags: list[str] | None = None
+
+
+@dataclass
+class WeightsReqOutput:
+    """The answer to any of the above. success False: nothing changed (a refused update keeps the old weights)."""
+
+    success: bool
+    message: str
+    weight_version: str = "default"
+    num_paused_requests: int = 0  # requests aborted for the update (abort_all_requests)
+
+
+WeightsReqInput = (UpdateWeightFromDiskReqInput | UpdateWeightsFromTensorReqInput | InitWeightsUpdateGroupReqInput
+                   | UpdateWeightsFromDistributedReqInput | DestroyWeightsUpdateGroupReqInput
+                   | ReleaseMemoryOccupationReqInput | ResumeMemoryOccupationReqInput)
+
 # What the scheduler's inbox carries (from the front), and what it answers a control message with.
-SchedulerInput = TokenizedGenerateReqInput | AbortReq | ExpiredReqs | FlushCacheReq | GetInternalStateReq | ShutdownReq
-ControlReply = FlushCacheReqOutput | GetInternalStateReqOutput
+SchedulerInput = (TokenizedGenerateReqInput | AbortReq | ExpiredReqs | FlushCacheReq | GetInternalStateReq | ShutdownReq
+                  | WeightsReqInput)
+ControlReply = FlushCacheReqOutput | GetInternalStateReqOutput | WeightsReqOutput

@@ -63,6 +63,9 @@ class ServerArgs:
                                                    "the chat template writes, else hermes",
                                 choices=TOOL_CALL_PARSERS)
 
+    enable_memory_saver: bool = arg(False, MEM, "allow /release_memory_occupation and /resume_memory_occupation: "
+                                                "the KV pool and weights leave the device and come back "
+                                                "(docs/weights.md)")
     mem_fraction_static: float | None = arg(None, MEM, "share of memory for weights and the KV pool; unset: 0.85 of "
                                                        "the GPU's, 0.05 of the host's on CPU")
     max_total_tokens: int | None = arg(None, MEM, "KV pool size in tokens (overrides --mem-fraction-static)")

@@ -76,6 +76,9 @@ def _check_speculative(a: ServerArgs) -> None:
     _check(a.speculative_eagle_topk >= 1, "speculative_eagle_topk must be >= 1")
     _check(a.speculative_eagle_topk == 1 or (algo is not None and algo.is_eagle),
            "speculative_eagle_topk > 1 (tree drafts) needs --speculative-algorithm EAGLE or EAGLE3")
+    _check(not (a.enable_memory_saver and a.drafts_with_model),
+           "--enable-memory-saver releases the served model's memory only: it cannot run with a draft model "
+           "(--speculative-algorithm STANDALONE, EAGLE, EAGLE3)")
 
 
 def _check_parallelism(a: ServerArgs) -> None:

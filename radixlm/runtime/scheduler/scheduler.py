@@ -110,6 +110,8 @@ class Scheduler:
         # Set by the owner of the loop: where outputs go while the device runs a pass just launched (else step
         # returns them). Delivering them there takes detokenizing and sending off the critical path.
         self.output_sink: Callable[[list[ReqOutput]], None] | None = None
+        # Reported by /server_info; set by weight updates (their weight_version, else their count).
+        self.weight_version = "default"
 
     # ------------------------------------------------------------------ the parts' state, as the scheduler's
     @property
@@ -172,6 +174,11 @@ class Scheduler:
             self.outputs.append(ReqOutput(msg.rid, [], FinishReason.failed(e).to_json(),
                                           prompt_tokens=len(msg.input_ids), completion_tokens=0, cached_tokens=0))
 
+    def refuse(self, msg: TokenizedGenerateReqInput, message: str, status_code: int) -> None:
+        """Answers a request without running it: aborted with status_code."""
+        self.outputs.append(ReqOutput(msg.rid, [], FinishReason.aborted(message, status_code).to_json(),
+                                      prompt_tokens=len(msg.input_ids), completion_tokens=0, cached_tokens=0))
+
     def _enter_waiting(self, req: Req) -> None:
         self.grammar_queue.start(req)
         if req.finished():
@@ -214,6 +221,12 @@ class Scheduler:
         if expired:
             self.stats["deadline_aborts"] += len(expired)
             self._abort({rid: FinishReason.aborted(message, status) for rid, message, status in expired})
+
+    def abort_all(self, message: str) -> int:
+        """Aborts every request the scheduler holds (queued, compiling its grammar, running); returns how many."""
+        rids = [r.rid for r in self.waiting_queue + self.grammar_queue.queue + self._active_reqs()]
+        self.abort_requests(rids, message)
+        return len(rids)
 
     def _active_reqs(self) -> list[Req]:
         reqs = [r for r in self.running if not r.finished()]

@@ -119,7 +119,7 @@ _ERROR_MODELS = {ApiFlavor.NATIVE: NativeError, ApiFlavor.OPENAI: OpenAIError, A
 # Routes answered from the tokenizer or static information: they never wait on the scheduler, so never 503.
 _LOCAL_PATHS = frozenset({"/model_info", "/get_model_info", "/v1/models", "/v1/models/{model}", "/tokenize",
                           "/v1/tokenize", "/detokenize", "/v1/detokenize", "/v1/messages/count_tokens", "/metrics",
-                          "/v1/responses/{response_id}"})
+                          "/v1/responses/{response_id}", "/get_weight_version"})
 # Answers that are not JSON: Prometheus' text format, and SGLang's plain-text refusal of a flush while busy.
 _PLAIN = {"content": {"text/plain": {"schema": {"type": "string"}}}}
 _OVERRIDES = {("/metrics", "get", "200"): {"description": "Prometheus text format", **_PLAIN},
