@@ -14,8 +14,11 @@ from typing import Any
 # A function's name -> the JSON schema of its parameters (None: any object). Names outside it are not calls.
 ToolSet = Mapping[str, "dict | None"]
 
-# Runs of whitespace inside constrained arguments are capped: a small model may otherwise loop on them.
+# Runs of whitespace inside constrained arguments are capped: a small model may otherwise loop on them. JSON
+# arguments get none (compact separators, as the json_schema constraint: grammar/xgrammar_backend.py): a small model
+# spent a 40-token budget on indentation before the first value.
 MAX_WHITESPACE = 8
+MAX_WHITESPACE_JSON = 0
 
 
 class Invalid(Exception):
@@ -119,7 +122,8 @@ def const(value: str) -> dict:
 
 def json_args(parameters: dict | None, style: str = "json") -> dict:
     schema: Any = parameters if parameters else {"type": "object"}
-    return {"type": "json_schema", "json_schema": schema, "style": style, "max_whitespace_cnt": MAX_WHITESPACE}
+    spaces = MAX_WHITESPACE_JSON if style == "json" else MAX_WHITESPACE
+    return {"type": "json_schema", "json_schema": schema, "style": style, "max_whitespace_cnt": spaces}
 
 
 def tag(begin: str, content: dict, end: str) -> dict:
