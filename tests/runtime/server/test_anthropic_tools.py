@@ -16,7 +16,7 @@ WEATHER = {"name": "weather", "description": "Get the weather in a city",
 NOW = {"name": "now", "description": "Get the time", "input_schema": {"type": "object", "properties": {},
                                                                       "additionalProperties": False}}
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
-GREEDY = {"model": "default", "max_tokens": 40, "extra_body": {"temperature": 0}}
+GREEDY = {"model": "default", "max_tokens": 48, "extra_body": {"temperature": 0}}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,8 @@ def test_tool_use_plain_streamed_and_result(server, client, tokenizer):
     assert use.type == "tool_use" and use.name == "weather" and use.id.startswith("toolu_")
     assert "paris" in use.input["city"].lower()
 
-    with client.messages.stream(messages=USER, tools=[NOW], tool_choice={"type": "any"}, **GREEDY) as stream:
+    with client.messages.stream(messages=USER, tools=[NOW], tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                                **GREEDY) as stream:
         events = [e for e in stream if e.type not in ("input_json", "text")]  # the SDK's own, derived events
         final = stream.get_final_message()
     types = [e.type for e in events]

@@ -63,7 +63,7 @@ def test_text_plain_and_streamed(client, tokenizer):
 
 
 def test_forced_call_streamed_continued_retrieved_deleted(client, tokenizer):
-    kw = dict(input=ASK, tools=[WEATHER], max_output_tokens=40, **GREEDY)
+    kw = dict(input=ASK, tools=[WEATHER], max_output_tokens=48, **GREEDY)
     r = client.responses.create(tool_choice={"type": "function", "name": "weather"}, **kw)
     assert r.status == "completed" and r.tool_choice.name == "weather" and r.tools[0].name == "weather"
     [call] = r.output
@@ -71,7 +71,7 @@ def test_forced_call_streamed_continued_retrieved_deleted(client, tokenizer):
     assert call.call_id.startswith("call_") and call.id.startswith("fc_")
     assert "paris" in json.loads(call.arguments)["city"].lower()
 
-    with client.responses.create(tool_choice="required", stream=True, **kw) as stream:
+    with client.responses.create(tool_choice="required", parallel_tool_calls=False, stream=True, **kw) as stream:
         events = list(stream)
     types = [e.type for e in events]
     assert types[:3] == ["response.created", "response.in_progress", "response.output_item.added"]

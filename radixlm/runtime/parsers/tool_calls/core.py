@@ -15,10 +15,10 @@ from typing import Any
 ToolSet = Mapping[str, "dict | None"]
 
 # Runs of whitespace inside constrained arguments are capped: a small model may otherwise loop on them. JSON
-# arguments get none (compact separators, as the json_schema constraint: grammar/xgrammar_backend.py): a small model
+# arguments get one at a time (xgrammar takes no 0: no indentation runs): a small model
 # spent a 40-token budget on indentation before the first value.
 MAX_WHITESPACE = 8
-MAX_WHITESPACE_JSON = 0
+MAX_WHITESPACE_JSON = 1
 
 
 class Invalid(Exception):
