@@ -21,7 +21,8 @@ def reasoning_parser(model_type: Optional[str]) -> ReasoningParser:
     try:
         return ReasoningParser(model_type)
     except ValueError:
-        raise ValueError(f"unsupported reasoning model type {model_type!r}; known: {sorted(REASONING_PARSERS)}") from None
+        known = sorted(REASONING_PARSERS)
+        raise ValueError(f"unsupported reasoning model type {model_type!r}; known: {known}") from None
 
 
 def split_reasoning(model_type: str, text: str) -> tuple[str, str]:

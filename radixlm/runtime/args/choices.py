@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import enum
 
+from radixlm.runtime.parsers import reasoning as _reasoning
+
 
 class Section(enum.Enum):
     """The heading a flag appears under in `--help` and docs/server_args.md (definition order is display order)."""
@@ -93,3 +95,4 @@ JUMP_FORWARD_MODES = values(JumpForwardMode)
 GRAMMAR_MASK_MODES = values(GrammarMaskMode)
 TOGGLES = values(Toggle)
 TOOL_CALL_PARSERS = ("auto", "qwen25", "hermes", "llama3")
+REASONING_PARSERS = _reasoning.REASONING_PARSERS  # SGLang's --reasoning-parser names

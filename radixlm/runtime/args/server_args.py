@@ -12,7 +12,7 @@ from typing import Any
 
 from radixlm.runtime.args.choices import (
     ATTENTION_BACKENDS, DEFAULT_DRAFT_STEPS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS,
-    QUANTIZATION_METHODS, TOOL_CALL_PARSERS, GrammarMaskMode, JumpForwardMode, KVCacheDtype, SchedulePolicyName,
+    QUANTIZATION_METHODS, REASONING_PARSERS, TOOL_CALL_PARSERS, GrammarMaskMode, JumpForwardMode, KVCacheDtype, SchedulePolicyName,
     Section, SpeculativeAlgorithm, Toggle,
 )
 from radixlm.runtime.args.validate import validate
@@ -59,6 +59,9 @@ class ServerArgs:
                                                        "instead of everything so far")
     tool_call_parser: str = arg("auto", S, "format of tool calls in the model's text; auto: from the chat template",
                                 choices=TOOL_CALL_PARSERS)
+    reasoning_parser: str | None = arg(None, S, "split chat replies into reasoning_content and content by this model "
+                                                "family's reasoning format; unset: no split",
+                                       choices=REASONING_PARSERS)
 
     mem_fraction_static: float | None = arg(None, MEM, "share of memory for weights and the KV pool; unset: 0.85 of "
                                                        "the GPU's, 0.05 of the host's on CPU")

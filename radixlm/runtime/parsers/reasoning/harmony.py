@@ -60,8 +60,10 @@ class HarmonyDetector:
                         any(buf.startswith(h) for h in HEADS) and i == -1
                         and len(buf) < MAX_HEADER_CHARS + len(MESSAGE)):
                     break  # a header (or a marker) still arriving
-                else:
-                    self._body = _Kind.CONTENT  # not harmony markup: plain content up to the next marker
+                else:  # not harmony markup: plain content up to the next header or terminator
+                    head = next((h for h in HEADS if buf.startswith(h)), "")
+                    content.append(head)
+                    buf, self._body = buf[len(head):], _Kind.CONTENT
             else:
                 i, marker = first_marker(buf, BODY_STOPS)
                 if marker is None:

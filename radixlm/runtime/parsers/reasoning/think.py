@@ -1,5 +1,5 @@
-"""Reasoning between a start and an end tag (`<think>…</think>`, `◁think▷…◁/think▷`): DeepSeek-R1, Qwen3, GLM-4.5,
-Kimi and the families that share their tags.
+"""Reasoning between a start and an end tag (`<think>…</think>`, `◁think▷…◁/think▷`): DeepSeek-R1, Qwen3,
+GLM-4.5, Kimi and the families that share their tags.
 
 The output has at most one reasoning block, at its start:
 - the block is open from the first character when the chat template opened it (`starts_in_reasoning`), or when the
