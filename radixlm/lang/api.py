@@ -9,7 +9,7 @@ from radixlm.lang.global_config import global_config, resolve_backend
 from radixlm.lang.program import SglFunction
 from radixlm.lang.ir import (SglExpr, SglExprList, SglGen, SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams,
                              SglSelect, SglSeparateReasoning, SglVideo, as_expr, normalize_dtype)
-from radixlm.lang.reasoning import think_format
+from radixlm.lang.reasoning import reasoning_parser
 
 
 def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int] = None):
@@ -124,7 +124,7 @@ def separate_reasoning(expr: Any = None, model_type: Optional[str] = None) -> Sg
     goes to `<name>_reasoning_content`. `model_type` names the think format ("deepseek-r1", "qwen3", ...)."""
     if expr is None:
         raise ValueError("separate_reasoning needs the gen (or select) whose output it splits")
-    think_format(model_type)
+    reasoning_parser(model_type)
     expr = as_expr(expr)
     return SglExprList([expr, SglSeparateReasoning(model_type, expr)])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 
 from radixlm.runtime.parsers.tool_calls import registry as tool_call_registry
+from radixlm.runtime.parsers import reasoning as _reasoning
 
 
 class Section(enum.Enum):
@@ -98,3 +99,4 @@ GRAMMAR_MASK_MODES = values(GrammarMaskMode)
 TOGGLES = values(Toggle)
 TOOL_CALL_PARSERS = tool_call_registry.TOOL_CALL_PARSERS  # SGLang's --tool-call-parser names and auto
 
+REASONING_PARSERS = _reasoning.REASONING_PARSERS  # SGLang's --reasoning-parser names

@@ -12,7 +12,7 @@ from typing import Any
 
 from radixlm.runtime.args.choices import (
     ATTENTION_BACKENDS, DEFAULT_DRAFT_STEPS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS,
-    QUANTIZATION_METHODS, TOOL_CALL_PARSERS, GrammarMaskMode, JumpForwardMode, KVCacheDtype, SchedulePolicyName,
+    QUANTIZATION_METHODS, REASONING_PARSERS, TOOL_CALL_PARSERS, GrammarMaskMode, JumpForwardMode, KVCacheDtype, SchedulePolicyName,
     Section, SpeculativeAlgorithm, Toggle,
 )
 from radixlm.runtime.args.validate import validate
@@ -62,6 +62,9 @@ class ServerArgs:
     tool_call_parser: str = arg("auto", S, "format of tool calls in the model's text (SGLang's names); auto: the one "
                                                    "the chat template writes, else hermes",
                                 choices=TOOL_CALL_PARSERS)
+    reasoning_parser: str | None = arg(None, S, "split chat replies into reasoning_content and content by this model "
+                                                "family's reasoning format; unset: no split",
+                                       choices=REASONING_PARSERS)
 
     enable_memory_saver: bool = arg(False, MEM, "allow /release_memory_occupation and /resume_memory_occupation: "
                                                 "the KV pool and weights leave the device and come back "

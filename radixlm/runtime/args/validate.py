@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from radixlm.runtime.args.choices import (
     ATTENTION_BACKENDS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, MAX_PRIORITY, MAX_RUNNING_REQUESTS,
-    QUANTIZATION_METHODS, TOOL_CALL_PARSERS, values,
+    QUANTIZATION_METHODS, REASONING_PARSERS, TOOL_CALL_PARSERS, values,
 )
 
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ def _check_choices(a: ServerArgs) -> None:
         _check(value in allowed, f"unknown {name} {value!r}; choose from {allowed}")
     _check(a.quantization is None or a.quantization in QUANTIZATION_METHODS,
            f"unknown quantization {a.quantization!r}; choose from {QUANTIZATION_METHODS}")
+    _check(a.reasoning_parser is None or a.reasoning_parser in REASONING_PARSERS,
+           f"unknown reasoning_parser {a.reasoning_parser!r}; choose from {REASONING_PARSERS}")
 
 
 def _check_memory_and_scheduling(a: ServerArgs) -> None:

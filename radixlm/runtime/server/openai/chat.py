@@ -8,11 +8,15 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from radixlm.runtime.front import BuiltRequests
+from radixlm.runtime.parsers.reasoning import ReasoningParser
 from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.openai.common import (
     Usage, build, check_lengths, finish, merged_stream, new_id, respond, sse_body,
 )
 from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, ChatMessage
+from radixlm.runtime.server.openai.reasoning import (
+    StreamedReasoning, keeps_special_tokens, request_parser, split_text,
+)
 from radixlm.runtime.server.openai.tool_calls import StreamedTools, ToolPlan, finish_reason, plan_tools, tool_message
 
 
@@ -78,6 +82,8 @@ async def prepare_chat(tm, req: ChatCompletionRequest) -> tuple[BuiltRequests, T
         max_new = min(info.context_len - n_prompt, info.max_total_num_tokens - n_prompt - 1)
     sampling = req.sampling_params(max_new)
     sampling.update(plan.sampling_params())
+    if keeps_special_tokens(tm.server_args.reasoning_parser):
+        sampling["skip_special_tokens"] = False
     built = await build(tm, input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs,
                         top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key,
                         priority=req.priority, timeout_s=req.timeout_s,
@@ -87,19 +93,21 @@ async def prepare_chat(tm, req: ChatCompletionRequest) -> tuple[BuiltRequests, T
 
 async def create_chat_completion(request: Request, req: ChatCompletionRequest) -> Response:
     tm = request.app.state.tokenizer_manager
+    reasoning = request_parser(tm.server_args.reasoning_parser, req.separate_reasoning, req.chat_template_kwargs)
     built, plan = await prepare_chat(tm, req)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": req.model or tm.server_args.model_path}
     if req.stream:
-        return StreamingResponse(sse_body(_stream(tm, built, req, head, plan)), media_type="text/event-stream")
+        return StreamingResponse(sse_body(_stream(tm, built, req, head, plan, reasoning)), media_type="text/event-stream")
 
     def make(results: list[dict]) -> dict:
         choices = []
         for i, r in enumerate(results):
             reason, matched = finish(r["meta_info"])
-            content, tool_calls = tool_message(plan, r["text"])
+            reasoning_content, text = split_text(reasoning, r["text"])
+            content, tool_calls = tool_message(plan, text)
             choices.append({
-                "index": i, "message": {"role": "assistant", "content": content, "reasoning_content": None,
-                                        "tool_calls": tool_calls},
+                "index": i, "message": {"role": "assistant", "content": content,
+                                        "reasoning_content": reasoning_content, "tool_calls": tool_calls},
                 "logprobs": _chat_logprobs(r["meta_info"]) if req.logprobs else None,
                 "finish_reason": finish_reason(reason, tool_calls is not None), "matched_stop": matched,
             })
@@ -108,11 +116,13 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
     return await respond(request, tm, built, make)
 
 
-async def _stream(tm, built, req: ChatCompletionRequest, head: dict, plan: ToolPlan) -> AsyncIterator[dict]:
+async def _stream(tm, built, req: ChatCompletionRequest, head: dict, plan: ToolPlan,
+                  reasoning: ReasoningParser | None) -> AsyncIterator[dict]:
     head = {**head, "object": "chat.completion.chunk"}
     k = len(built.msgs)
     sent_text, sent_lp, last = [0] * k, [0] * k, [None] * k
     tools = [StreamedTools(plan) for _ in range(k)] if plan.fmt is not None else None
+    thinking = [StreamedReasoning(reasoning) for _ in range(k)]
 
     def chunk(i: int, delta: dict, logprobs=None, reason=None, matched=None) -> dict:
         return {**head, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
@@ -124,6 +134,9 @@ async def _stream(tm, built, req: ChatCompletionRequest, head: dict, plan: ToolP
             yield chunk(i, {"role": "assistant", "content": ""})
         last[i] = snap
         reason, matched = finish(meta)
+        thought, text = thinking[i].feed(text, reason is not None)
+        if thought:
+            yield chunk(i, {"reasoning_content": thought})
         if tools is not None:
             delta = tools[i].delta(text, reason is not None)
             reason = finish_reason(reason, tools[i].called)

@@ -234,3 +234,4 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # default: auto with tools
     parallel_tool_calls: StrictBool = True
+    separate_reasoning: StrictBool = True  # with --reasoning-parser: reasoning in reasoning_content (SGLang's field)
