@@ -98,9 +98,9 @@ def run(cfg: SimConfig) -> dict[str, Any]:
             decode_sizes.append(len(batch.reqs))
         return batch
 
-    def recording_retract(running: list, planner: Any) -> tuple[list, float]:
+    def recording_retract(running: list, planner: Any, rank: Any = None) -> tuple[list, float]:
         before = len(running)
-        out, ratio = retract(running, planner)
+        out, ratio = retract(running, planner, rank)
         retracted_rids.update(r.rid for r in out)
         retract_log.append({"pass": sum(kinds.values()), "running_before": before, "retracted": len(out),
                             "kv_dropped": sum(len(r.origin_input_ids) + len(r.output_ids) for r in out),

@@ -9,7 +9,7 @@ from radixlm.lang.global_config import global_config, resolve_backend
 from radixlm.lang.program import SglFunction
 from radixlm.lang.ir import (SglExpr, SglExprList, SglGen, SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams,
                              SglSelect, SglSeparateReasoning, SglVideo, as_expr, normalize_dtype)
-from radixlm.lang.reasoning import think_format
+from radixlm.lang.reasoning import reasoning_parser
 
 
 def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int] = None):
@@ -53,8 +53,9 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
         top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None,
         dtype: Optional[Union[type, str]] = None, choices: Optional[list[str]] = None,
         choices_method: Optional[ChoicesSamplingMethod] = None, regex: Optional[str] = None,
-        json_schema: Optional[str] = None) -> SglExpr:
-    """Generate into variable `name`. With `choices` this is a `select`. `None` inherits the run's default."""
+        json_schema: Optional[str] = None, priority: Optional[int] = None) -> SglExpr:
+    """Generate into variable `name`. With `choices` this is a `select`. `None` inherits the run's default.
+    priority: the request's priority on a server with priority scheduling (RuntimeEndpoint)."""
     if choices:
         return SglSelect(name, list(choices), 0.0 if temperature is None else temperature,
                          token_length_normalized if choices_method is None else choices_method)
@@ -76,7 +77,7 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
         return_logprob=return_logprob, logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
         return_text_in_logprobs=return_text_in_logprobs, json_schema=json_schema, dtype=normalize_dtype(dtype),
-        regex=regex)
+        regex=regex, priority=priority)
     return SglGen(name, sp)
 
 
@@ -123,7 +124,7 @@ def separate_reasoning(expr: Any = None, model_type: Optional[str] = None) -> Sg
     goes to `<name>_reasoning_content`. `model_type` names the think format ("deepseek-r1", "qwen3", ...)."""
     if expr is None:
         raise ValueError("separate_reasoning needs the gen (or select) whose output it splits")
-    think_format(model_type)
+    reasoning_parser(model_type)
     expr = as_expr(expr)
     return SglExprList([expr, SglSeparateReasoning(model_type, expr)])
 

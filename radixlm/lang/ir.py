@@ -60,6 +60,7 @@ class SglSamplingParams:
     json_schema: Optional[str] = None
     dtype: Optional[str] = None  # one of "int", "float", "bool", "str"
     regex: Optional[str] = None
+    priority: Optional[int] = None  # the request's priority on a radixlm/SGLang server (RuntimeEndpoint)
 
     def clone(self) -> "SglSamplingParams":
         return dataclasses.replace(self, stop=_as_list(self.stop), stop_token_ids=list(self.stop_token_ids),

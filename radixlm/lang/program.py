@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 _SAMPLING_KWARGS = ("max_new_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
                     "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob",
-                    "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+                    "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "priority")
 GENERATOR_CHUNK = 200  # generator_style run_batch yields states in chunks of this many
 
 
@@ -52,7 +52,7 @@ class SglFunction:
             frequency_penalty: float = 0.0, presence_penalty: float = 0.0, ignore_eos: bool = False,
             return_logprob: Optional[bool] = None, logprob_start_len: Optional[int] = None,
             top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None,
-            stream: bool = False, backend: Optional["BaseBackend"] = None, use_thread: bool = True,
+            priority: Optional[int] = None, stream: bool = False, backend: Optional["BaseBackend"] = None, use_thread: bool = True,
             **kwargs: Any) -> ProgramState:
         sp = _default_sampling_params(locals())
         return run_program(self, resolve_backend(backend), args, kwargs, sp, stream, use_thread=use_thread)
@@ -63,8 +63,8 @@ class SglFunction:
                   top_k: int = -1, min_p: float = 0.0, frequency_penalty: float = 0.0,
                   presence_penalty: float = 0.0, ignore_eos: bool = False, return_logprob: Optional[bool] = None,
                   logprob_start_len: Optional[int] = None, top_logprobs_num: Optional[int] = None,
-                  return_text_in_logprobs: Optional[bool] = None, backend: Optional["BaseBackend"] = None,
-                  num_threads: Union[str, int] = "auto", progress_bar: bool = False,
+                  return_text_in_logprobs: Optional[bool] = None, priority: Optional[int] = None,
+                  backend: Optional["BaseBackend"] = None, num_threads: Union[str, int] = "auto", progress_bar: bool = False,
                   generator_style: bool = False) -> Union[list[ProgramState], Iterator[ProgramState]]:
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError("run_batch takes a list of argument dicts (or of positional tuples)")

@@ -18,8 +18,11 @@ from radixlm.runtime.front import BuiltRequests, DecodeState, FrontLimits, ReqSt
 from radixlm.runtime.multimodal.media import MediaLoader, MediaPolicy
 from radixlm.runtime.multimodal.processor import MultimodalProcessor
 from radixlm.runtime.messages import (
-    AbortReq, DetokenizeInfo, FlushCacheReq, FlushCacheReqOutput, LoadLoRAAdapterReqInput, LoRAUpdateOutput,
-    ShutdownReq, TokenizedGenerateReqInput, UnloadLoRAAdapterReqInput,
+    AbortReq, DestroyWeightsUpdateGroupReqInput, DetokenizeInfo, FlushCacheReq, FlushCacheReqOutput,
+    InitWeightsUpdateGroupReqInput, LoadLoRAAdapterReqInput, LoRAUpdateOutput, ReleaseMemoryOccupationReqInput,
+    ResumeMemoryOccupationReqInput, ShutdownReq, TokenizedGenerateReqInput, UnloadLoRAAdapterReqInput,
+    UpdateWeightFromDiskReqInput, UpdateWeightsFromDistributedReqInput, UpdateWeightsFromTensorReqInput,
+    WeightsReqInput, WeightsReqOutput,
 )
 from radixlm.runtime.lora.registry import LoraRegistry, startup_refs
 from radixlm.runtime.scheduler.event_loop import QueueInbox, SchedulerLoop, build_scheduler
@@ -83,6 +86,7 @@ class Engine:
         self._error: BaseException | None = None
         self._stopped = threading.Event()
         self._rank_procs: list = []  # tensor parallel: ranks 1.. (set by _join_ranks)
+        self._waiters: dict[int, tuple[threading.Event, list]] = {}  # id(weights request) -> (done, [answer])
         ready = threading.Event()
         # NOTE: every torch op of the engine (loading included) runs on this one thread. Once a thread has
         # run an OpenMP region, libgomp throttles the thread teams of all other threads, which halves the
@@ -163,10 +167,29 @@ class Engine:
                 self._states.pop(out.rid, None)
             p.listener(snapshot)
 
-    @staticmethod
-    def _reply(req: _FlushCache | _LoadLora | _UnloadLora, answer: FlushCacheReqOutput | LoRAUpdateOutput) -> None:
-        req.answer = answer
-        req.done.set()
+    def _reply(self, req, answer) -> None:
+        if isinstance(req, (_FlushCache, _LoadLora, _UnloadLora)):
+            req.answer = answer
+            req.done.set()
+            return
+        waiter = self._waiters.pop(id(req), None)
+        if waiter is not None:
+            waiter[1].append(answer)
+            waiter[0].set()
+
+    def _call(self, msg: WeightsReqInput) -> tuple[bool, str]:
+        """Sends a weights request and waits for its answer (success, message)."""
+        if self._error is not None:
+            raise RuntimeError(f"the engine's scheduler has failed: {self._error!r}")
+        done, box = threading.Event(), []
+        self._waiters[id(msg)] = (done, box)
+        self._inbox.put(msg)
+        while not done.wait(0.5):
+            if self._error is not None or not self._thread.is_alive():
+                self._waiters.pop(id(msg), None)
+                raise RuntimeError(f"the engine's scheduler stopped: {self._error!r}")
+        answer: WeightsReqOutput = box[0]
+        return answer.success, answer.message
 
     def _submit(self, msg: TokenizedGenerateReqInput, listener, return_text: bool) -> None:
         if self._error is not None:
@@ -190,9 +213,13 @@ class Engine:
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
                  top_logprobs_num=None, return_text_in_logprobs=False, stream=False, rid=None, extra_key=None,
-                 image_data=None, video_data=None, lora_path=None):
+                 image_data=None, video_data=None, lora_path=None, priority=None, timeout_s=None):
+        """lora_path: a loaded adapter's name, or a list with one per prompt (None: the base model); priority: higher
+        first with --enable-priority-scheduling (None: the server's default); timeout_s: aborted that many seconds
+        after the scheduler received it (finish_reason abort, with what it generated)."""
         built = self.builder.build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                   top_logprobs_num, rid, extra_key, stream, image_data, video_data, lora_path)
+                                   top_logprobs_num, rid, extra_key, stream, image_data, video_data, lora_path,
+                                   priority, timeout_s)
         msgs = built.msgs
         if stream:
             return self._stream(msgs[0], return_text_in_logprobs)
@@ -230,9 +257,10 @@ class Engine:
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                              logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=False,
                              stream=False, rid=None, extra_key=None, image_data=None, video_data=None,
-                             lora_path=None):
+                             lora_path=None, priority=None, timeout_s=None):
         built = self.builder.build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                   top_logprobs_num, rid, extra_key, stream, image_data, video_data, lora_path)
+                                   top_logprobs_num, rid, extra_key, stream, image_data, video_data, lora_path,
+                                   priority, timeout_s)
         msgs = built.msgs
         if stream:
             return self._astream(msgs[0], return_text_in_logprobs)
@@ -299,6 +327,52 @@ class Engine:
         msg = _UnloadLora(ref.lora_name, ref.lora_id)
         self._ask(msg)
         return dataclasses.replace(msg.answer, loaded_adapters=self.builder.lora.loaded())
+
+    # ------------------------------------------------------------------ weights and memory (SGLang's methods)
+    def update_weights_from_disk(self, model_path: str, load_format: str | None = None,
+                                 abort_all_requests: bool = False, weight_version: str | None = None,
+                                 flush_cache: bool = True) -> tuple[bool, str]:
+        """Loads a checkpoint of the same architecture in place once the requests sent before have finished
+        (abort_all_requests: aborts them); (False, why) and the old weights kept when it does not fit."""
+        return self._call(UpdateWeightFromDiskReqInput(model_path, load_format, abort_all_requests, weight_version,
+                                                       flush_cache))
+
+    def update_weights_from_tensor(self, named_tensors, load_format: str | None = None, flush_cache: bool = True,
+                                   abort_all_requests: bool = False,
+                                   weight_version: str | None = None) -> tuple[bool, str]:
+        """named_tensors: (checkpoint name, whole tensor) pairs, any subset of the model's; each rank loads its
+        slice."""
+        named = [(n, t.detach().cpu() if self.server_args.tp_size > 1 else t.detach()) for n, t in named_tensors]
+        return self._call(UpdateWeightsFromTensorReqInput(named, load_format, flush_cache, abort_all_requests,
+                                                          weight_version))
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str = "weight_update_group", backend: str = "nccl") -> tuple[bool, str]:
+        return self._call(InitWeightsUpdateGroupReqInput(master_address, master_port, rank_offset, world_size,
+                                                         group_name, backend))
+
+    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                        group_name: str = "weight_update_group", flush_cache: bool = True,
+                                        abort_all_requests: bool = False, weight_version: str | None = None,
+                                        load_format: str | None = None) -> tuple[bool, str]:
+        """Receives each named tensor from the group's rank 0 (the trainer broadcasts them in this order)."""
+        return self._call(UpdateWeightsFromDistributedReqInput(list(names), list(dtypes), [list(s) for s in shapes],
+                                                               group_name, flush_cache, abort_all_requests,
+                                                               weight_version, load_format))
+
+    def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> tuple[bool, str]:
+        return self._call(DestroyWeightsUpdateGroupReqInput(group_name))
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> tuple[bool, str]:
+        """With enable_memory_saver: frees the KV pool and moves the weights to host memory (tags: "kv_cache",
+        "weights"; None: both). Requests sent while released are refused."""
+        return self._call(ReleaseMemoryOccupationReqInput(tags))
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> tuple[bool, str]:
+        return self._call(ResumeMemoryOccupationReqInput(tags))
+
+    def get_weight_version(self) -> str:
+        return self.scheduler.weight_version
 
     def shutdown(self) -> None:
         """Stops the scheduler thread and lets go of the model, the KV pools and the CUDA graphs."""

@@ -4,12 +4,14 @@ tokenization into TokenizedGenerateReqInput, detokenization state, and SGLang-sh
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import uuid
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from radixlm.runtime.args.choices import MAX_PRIORITY
 from radixlm.runtime.grammar.spec import GrammarSpec, validate as validate_grammar
 from radixlm.runtime.lora.registry import LoraRegistry
 from radixlm.runtime.detokenizer import IncrementalDecoder, hold_back_stop_prefix, trim_stop
@@ -102,7 +104,8 @@ class RequestBuilder:
         return ids
 
     def make_request(self, ids, sp_dict, return_logprob, logprob_start_len, top_logprobs_num, rid, extra_key, stream,
-                     mm_inputs: "MultimodalInputs | None" = None, lora_id: str | None = None):
+                     mm_inputs: "MultimodalInputs | None" = None, lora_id: str | None = None, priority=None,
+                     timeout_s=None):
         sp = sp_dict if isinstance(sp_dict, SamplingParams) else SamplingParams.from_dict(dict(sp_dict or {}))
         sp.normalize()
         sp.verify(self.limits.vocab_size)
@@ -141,13 +144,15 @@ class RequestBuilder:
             rid=rid or uuid.uuid4().hex, input_ids=ids, sampling_params=sp, return_logprob=bool(return_logprob),
             logprob_start_len=start if return_logprob else -1, top_logprobs_num=top if return_logprob else 0,
             extra_key=extra_key, stream=stream, mm_inputs=mm_inputs, lora_id=lora_id,
+            priority=check_priority(priority), timeout_s=check_timeout(timeout_s),
         )
 
     def build(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
               top_logprobs_num=None, rid=None, extra_key=None, stream=False, image_data=None,
-              video_data=None, lora_path=None) -> BuiltRequests:
+              video_data=None, lora_path=None, priority=None, timeout_s=None) -> BuiltRequests:
         steps = self.build_steps(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                 top_logprobs_num, rid, extra_key, stream, image_data, video_data, lora_path)
+                                 top_logprobs_num, rid, extra_key, stream, image_data, video_data, lora_path, priority,
+                                 timeout_s)
         while True:
             try:
                 next(steps)
@@ -156,8 +161,8 @@ class RequestBuilder:
 
     def build_steps(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                     logprob_start_len=None, top_logprobs_num=None, rid=None, extra_key=None,
-                    stream=False, image_data=None, video_data=None,
-                    lora_path=None) -> Generator[None, None, BuiltRequests]:
+                    stream=False, image_data=None, video_data=None, lora_path=None, priority=None,
+                    timeout_s=None) -> Generator[None, None, BuiltRequests]:
         """build, yielding after each request it makes, so that an event loop can serve others during a large
         batch (TokenizerManager.build_async); returns the BuiltRequests."""
         batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list))
@@ -167,10 +172,11 @@ class RequestBuilder:
             raise ValueError("empty batch")
         if batched and prompt is not None and input_ids is not None:
             raise ValueError("exactly one of prompt (text) or input_ids must be given")
-        sps, rids, lps, starts, tops = (
+        sps, rids, lps, starts, tops, prios, timeouts = (
             _per_prompt(name, value, len(prompts)) for name, value in (
                 ("sampling_params", sampling_params), ("rid", rid), ("return_logprob", return_logprob),
-                ("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num)))
+                ("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num),
+                ("priority", priority), ("timeout_s", timeout_s)))
         # lora_path: an adapter's name (SGLang's field), or for a batch a list with an entry per prompt.
         loras = [self.lora.resolve(x) for x in _per_prompt("lora_path", lora_path, len(prompts))]
         # image_data, video_data: one prompt's items (an item or a list), or for a batch a list with an entry per prompt.
@@ -189,7 +195,7 @@ class RequestBuilder:
             base = rids[i] if rids[i] else uuid.uuid4().hex
             for j in range(n):
                 m = self.make_request(tokens, sp, lps[i], starts[i], tops[i], base if n == 1 else f"{base}-{j}",
-                                      extra_key, stream, mm_inputs, loras[i])
+                                      extra_key, stream, mm_inputs, loras[i], prios[i], timeouts[i])
                 if n > 1 and m.sampling_params.sampling_seed is not None:
                     # The n samples of a seeded request differ from each other, and repeat as a set.
                     m.sampling_params = dataclasses.replace(
@@ -234,6 +240,28 @@ def _check_sizes(sp: SamplingParams) -> None:
             raise ValueError(f"{name}: at most {MAX_GRAMMAR_CHARS} characters, got {len(value)}")
 
 
+def check_priority(priority) -> int | None:
+    """A request's priority: None (the server's default) or an integer within +-MAX_PRIORITY."""
+    if priority is None:
+        return None
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ValueError(f"priority must be an integer, got {priority!r}")
+    if abs(priority) > MAX_PRIORITY:
+        raise ValueError(f"priority must be in [-{MAX_PRIORITY}, {MAX_PRIORITY}], got {priority}")
+    return priority
+
+
+def check_timeout(timeout_s) -> float | None:
+    """A request's own deadline: None, or a finite number of seconds > 0."""
+    if timeout_s is None:
+        return None
+    if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool):
+        raise ValueError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s}")
+    return float(timeout_s)
+
+
 def _per_prompt(name: str, value, count: int) -> list:
     """A batch's per-request field: one value for all prompts, or a list with one entry per prompt."""
     if not isinstance(value, list):
@@ -248,7 +276,8 @@ def prefix_request(m: TokenizedGenerateReqInput) -> TokenizedGenerateReqInput:
     sp = SamplingParams(max_new_tokens=0)
     sp.normalize()
     return TokenizedGenerateReqInput(rid=f"{m.rid}-prefix", input_ids=m.input_ids, sampling_params=sp, extra_key=m.extra_key,
-                                     mm_inputs=m.mm_inputs, lora_id=m.lora_id)
+                                     mm_inputs=m.mm_inputs, lora_id=m.lora_id, priority=m.priority,
+                                     timeout_s=m.timeout_s)
 
 
 class DecodeState:

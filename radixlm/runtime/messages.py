@@ -24,11 +24,21 @@ class TokenizedGenerateReqInput:
     lora_id: str | None = None  # the LoRA adapter (LoraRef.lora_id) the request runs with; None: the base model
     # Media (preprocessed and hashed by the front); their positions in input_ids hold pad ids >= the vocabulary size.
     mm_inputs: MultimodalInputs | None = None
+    priority: int | None = None  # higher first (--enable-priority-scheduling); None: the server's default
+    timeout_s: float | None = None  # aborted this many seconds after the scheduler received it (None: no deadline)
 
 
 @dataclass
 class AbortReq:
     rids: list[str]  # one message for many (a client that leaves a large batch aborts all of it at once)
+
+
+@dataclass
+class ExpiredReqs:
+    """Requests past a deadline, found by rank 0's loop (scheduler/deadlines.py) and aborted alike on every rank:
+    (rid, message, HTTP status or None) each."""
+
+    aborts: list[tuple[str, str, int | None]]
 
 
 @dataclass
@@ -167,7 +177,81 @@ class ShutdownReq:
     pass
 
 
+# ---------------------------------------------------------------------- weights and memory (SGLang's names)
+# The scheduler applies these once the requests before them have finished (or were aborted: abort_all_requests);
+# requests sent after one wait until it is done. Each is answered with a WeightsReqOutput.
+
+
+@dataclass
+class UpdateWeightFromDiskReqInput:
+    model_path: str  # a checkpoint of the served architecture (HF directory, GGUF file or alias)
+    load_format: str | None = None  # None / auto / safetensors
+    abort_all_requests: bool = False
+    weight_version: str | None = None  # None: the update count
+    flush_cache: bool = True
+
+
+@dataclass
+class UpdateWeightsFromTensorReqInput:
+    named_tensors: list[tuple[str, Any]]  # (checkpoint name, whole tensor); any subset of the checkpoint's tensors
+    load_format: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+@dataclass
+class InitWeightsUpdateGroupReqInput:
+    master_address: str
+    master_port: int
+    rank_offset: int  # this server's TP rank r joins the group as rank_offset + r (the trainer is rank 0)
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+@dataclass
+class UpdateWeightsFromDistributedReqInput:
+    names: list[str]
+    dtypes: list[str]  # "bfloat16", "torch.float32", ...
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    load_format: str | None = None
+
+
+@dataclass
+class DestroyWeightsUpdateGroupReqInput:
+    group_name: str = "weight_update_group"
+
+
+@dataclass
+class ReleaseMemoryOccupationReqInput:
+    tags: list[str] | None = None  # "kv_cache", "weights"; None: both
+
+
+@dataclass
+class ResumeMemoryOccupationReqInput:
+    tags: list[str] | None = None
+
+
+@dataclass
+class WeightsReqOutput:
+    """The answer to any of the above. success False: nothing changed (a refused update keeps the old weights)."""
+
+    success: bool
+    message: str
+    weight_version: str = "default"
+    num_paused_requests: int = 0  # requests aborted for the update (abort_all_requests)
+
+
+WeightsReqInput = (UpdateWeightFromDiskReqInput | UpdateWeightsFromTensorReqInput | InitWeightsUpdateGroupReqInput
+                   | UpdateWeightsFromDistributedReqInput | DestroyWeightsUpdateGroupReqInput
+                   | ReleaseMemoryOccupationReqInput | ResumeMemoryOccupationReqInput)
+
 # What the scheduler's inbox carries (from the front), and what it answers a control message with.
-SchedulerInput = (TokenizedGenerateReqInput | AbortReq | FlushCacheReq | GetInternalStateReq | LoadLoRAAdapterReqInput
-                  | UnloadLoRAAdapterReqInput | ShutdownReq)
-ControlReply = FlushCacheReqOutput | GetInternalStateReqOutput | LoRAUpdateOutput
+SchedulerInput = (TokenizedGenerateReqInput | AbortReq | ExpiredReqs | FlushCacheReq | GetInternalStateReq
+                  | LoadLoRAAdapterReqInput | UnloadLoRAAdapterReqInput | ShutdownReq | WeightsReqInput)
+ControlReply = FlushCacheReqOutput | GetInternalStateReqOutput | LoRAUpdateOutput | WeightsReqOutput

@@ -48,6 +48,14 @@ class ServerMetrics:
         self.spec_controller_off_steps = Gauge(PREFIX + "spec_controller_off_steps",
                                                "Scheduler steps the draft controller kept drafting off since start",
                                                registry=r)
+        self.num_retracted_reqs = Gauge(PREFIX + "num_retracted_reqs",
+                                        "Running requests retracted because the KV pool ran out, since start",
+                                        registry=r)
+        self.num_preempted_reqs = Gauge(PREFIX + "num_preempted_reqs",
+                                        "Running requests preempted by higher-priority ones, since start", registry=r)
+        self.num_deadline_aborted_reqs = Gauge(PREFIX + "num_deadline_aborted_reqs",
+                                               "Requests aborted past a waiting, running or own deadline, since start",
+                                               registry=r)
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Submit to first output token (streamed requests)", buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(PREFIX + "inter_token_latency_seconds",
                              "Gap between outputs / tokens they carry (streamed requests)", buckets=_ITL_BUCKETS, registry=r)
@@ -92,6 +100,9 @@ class ServerMetrics:
         self.spec_verifications.set(verified)
         self.spec_accept_length.set((kept + verified) / verified if verified else 0.0)
         self.spec_controller_off_steps.set(stats.get("spec_controller_off_steps", 0))
+        self.num_retracted_reqs.set(stats.get("retractions", 0))
+        self.num_preempted_reqs.set(stats.get("preemptions", 0))
+        self.num_deadline_aborted_reqs.set(stats.get("deadline_aborts", 0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

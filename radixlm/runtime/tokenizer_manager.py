@@ -24,6 +24,7 @@ from radixlm.runtime.lora.registry import LoraRegistry, startup_refs
 from radixlm.runtime.messages import (
     AbortReq, BatchStrOutput, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput,
     LoadLoRAAdapterReqInput, LoRAUpdateOutput, ShutdownReq, TokenizedGenerateReqInput, UnloadLoRAAdapterReqInput,
+    WeightsReqInput, WeightsReqOutput,
 )
 from radixlm.runtime.metrics import ReqTiming, ServerMetrics
 from radixlm.runtime.multimodal.media import MediaLoader, MediaPolicy
@@ -78,8 +79,10 @@ class TokenizerManager:
         self.dead: str | None = None
         self.ready = False  # set after the warm-up generation succeeded
         self.instance_id = uuid.uuid4().hex  # a restarted server has another one (its cache starts empty)
-        self._replies: dict[type, deque[asyncio.Future]] = {FlushCacheReqOutput: deque(), GetInternalStateReqOutput: deque()}
+        self._replies: dict[type, deque[asyncio.Future]] = {
+            FlushCacheReqOutput: deque(), GetInternalStateReqOutput: deque(), WeightsReqOutput: deque()}
         self._lora_replies: dict[str, asyncio.Future] = {}  # a load's or unload's lora_id -> its answer
+        self.weight_version = "default"  # the scheduler's, as its last answer to a weights request said
         self._tasks: list[asyncio.Task] = []
         self.metrics = ServerMetrics()
         # Last message from the pipeline, or the moment work became pending after an idle spell.
@@ -293,7 +296,7 @@ class TokenizerManager:
         if self.dead is None and rids:
             self.to_scheduler.send_pyobj(AbortReq(rids))
 
-    async def _ask(self, req: Any, reply_type: type, timeout: float = 30.0):
+    async def _ask(self, req: Any, reply_type: type, timeout: float | None = 30.0):
         self._check_alive()
         self._mark_pending()
         fut = asyncio.get_running_loop().create_future()
@@ -334,6 +337,13 @@ class TokenizerManager:
 
     async def flush_cache(self) -> bool:
         return (await self._ask(FlushCacheReq(), FlushCacheReqOutput)).success
+
+    async def weights_request(self, req: WeightsReqInput) -> WeightsReqOutput:
+        """A weight update or memory request: answered once the requests before it are done and it has run (no
+        timeout: a checkpoint may take long to load; the watchdog covers a stalled scheduler)."""
+        out = await self._ask(req, WeightsReqOutput, timeout=None)
+        self.weight_version = out.weight_version
+        return out
 
     async def get_internal_state(self, timeout: float = 30.0, allow_stale: bool = False) -> dict:
         """The scheduler's state. allow_stale: if it does not answer within timeout (a long pass), the last state

@@ -3,7 +3,7 @@ import pytest
 
 import radixlm as sgl
 import radixlm.lang as lang
-from radixlm.lang.reasoning import split_reasoning, think_format
+from radixlm.lang.reasoning import split_reasoning
 from tests.lang.fake_backend import FakeBackend, scripted_chat
 
 
@@ -19,7 +19,7 @@ from tests.lang.fake_backend import FakeBackend, scripted_chat
     ("DeepSeek-R1", "a</think>b", ("a", "b")),  # names are case-insensitive
 ])
 def test_split_reasoning(model_type, text, expected):
-    assert split_reasoning(think_format(model_type), text) == expected
+    assert split_reasoning(model_type, text) == expected
 
 
 def test_bad_arguments_fail_when_the_program_is_written():

@@ -20,6 +20,7 @@ from radixlm.runtime.args import GrammarMaskMode, JumpForwardMode, SchedulePolic
     ({"mem_fraction_static": 1.5}, "mem_fraction_static"),
     ({"load_format": "pickle"}, "load_format"),
     ({"attention_backend": "flashinfer"}, "attention_backend"),
+    ({"reasoning_parser": "deepseek_r1"}, "unknown reasoning_parser 'deepseek_r1'; choose from"),
     ({"kv_cache_dtype": "fp8"}, r"unknown kv_cache_dtype 'fp8'; choose from \('auto', 'fp8_e4m3', 'fp8_e5m2'\)"),
     ({"kv_cache_dtype": "bfloat16"}, "unknown kv_cache_dtype 'bfloat16'"),
     ({"speculative_algorithm": "STANDALONE"}, "speculative-draft-model-path"),

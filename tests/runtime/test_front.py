@@ -38,6 +38,12 @@ def builder(max_logprobs: int = 20) -> RequestBuilder:
     ({"sampling_params": {"stop": "x" * 1025}}, "at most 1024 characters"),
     ({"sampling_params": {"regex": "a" * (MAX_GRAMMAR_CHARS + 1)}}, "regex: at most"),
     ({"sampling_params": {"max_new_tokens": 10**9}}, "context length"),
+    ({"priority": True}, "priority must be an integer"),
+    ({"priority": 2.0}, "priority must be an integer"),
+    ({"priority": 1 << 62}, "priority must be in"),
+    ({"timeout_s": 0}, "timeout_s must be a finite number"),
+    ({"timeout_s": float("inf")}, "timeout_s must be a finite number"),
+    ({"timeout_s": "5"}, "timeout_s must be a number"),
 ])
 def test_out_of_range_values_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -49,6 +55,12 @@ def test_max_logprobs_minus_one_allows_the_whole_vocabulary():
     assert built.msgs[0].top_logprobs_num == VOCAB
     with pytest.raises(ValueError, match=f"at most {VOCAB}"):
         builder(max_logprobs=-1).build(prompt="hello", return_logprob=True, top_logprobs_num=VOCAB + 1)
+
+
+def test_priority_and_timeout_reach_every_request_of_a_batch():
+    built = builder().build(prompt=["a", "b"], sampling_params={"n": 2}, priority=[3, None], timeout_s=2)
+    assert [(m.priority, m.timeout_s) for m in built.msgs] == [(3, 2.0), (3, 2.0), (None, 2.0), (None, 2.0)]
+    assert [(m.priority, m.timeout_s) for m in built.prefix_requests()] == [(3, 2.0), (None, 2.0)]
 
 
 def test_top_logprobs_num_is_ignored_without_return_logprob():

@@ -108,7 +108,7 @@ class RuntimeEndpoint(BaseBackend):
         params["skip_special_tokens"] = self.config.skip_special_tokens_in_output
         params["spaces_between_special_tokens"] = self.config.spaces_between_special_tokens_in_out
         body: dict[str, Any] = {"text": s.text_, "sampling_params": params}
-        for key in ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs"):
+        for key in ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "priority"):
             v = getattr(sp, key)
             if v is not None:
                 body[key] = v

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import enum
 
+from radixlm.runtime.parsers.tool_calls import registry as tool_call_registry
+from radixlm.runtime.parsers import reasoning as _reasoning
+
 
 class Section(enum.Enum):
     """The heading a flag appears under in `--help` and docs/server_args.md (definition order is display order)."""
@@ -81,6 +84,8 @@ def values(kind: type[enum.Enum]) -> tuple[str, ...]:
 DEFAULT_DRAFT_STEPS = 4
 # A pass's requests index a CUDA grid axis of the attention kernels, which holds at most 65535.
 MAX_RUNNING_REQUESTS = 65535
+# A request's priority (and --default-priority-value) is within +-this: a signed 64-bit value, with room for aging.
+MAX_PRIORITY = (1 << 62) - 1
 
 SCHEDULE_POLICIES = values(SchedulePolicyName)
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
@@ -93,7 +98,9 @@ GRAMMAR_BACKENDS = ("xgrammar",)
 JUMP_FORWARD_MODES = values(JumpForwardMode)
 GRAMMAR_MASK_MODES = values(GrammarMaskMode)
 TOGGLES = values(Toggle)
-TOOL_CALL_PARSERS = ("auto", "qwen25", "hermes", "llama3")
+TOOL_CALL_PARSERS = tool_call_registry.TOOL_CALL_PARSERS  # SGLang's --tool-call-parser names and auto
+
+REASONING_PARSERS = _reasoning.REASONING_PARSERS  # SGLang's --reasoning-parser names
 # PEFT's module names a LoRA adapter may target (the fused qkv_proj and gate_up_proj take q/k/v and gate/up).
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MAX_LORA_RANK = 64

@@ -12,8 +12,8 @@ from typing import Any
 
 from radixlm.runtime.args.choices import (
     ATTENTION_BACKENDS, DEFAULT_DRAFT_STEPS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, LORA_BACKENDS,
-    QUANTIZATION_METHODS, TOOL_CALL_PARSERS, GrammarMaskMode, JumpForwardMode, KVCacheDtype, SchedulePolicyName,
-    Section, SpeculativeAlgorithm, Toggle,
+    QUANTIZATION_METHODS, REASONING_PARSERS, TOOL_CALL_PARSERS, GrammarMaskMode, JumpForwardMode, KVCacheDtype,
+    SchedulePolicyName, Section, SpeculativeAlgorithm, Toggle,
 )
 from radixlm.runtime.args.validate import validate
 
@@ -54,13 +54,22 @@ class ServerArgs:
     max_queued_requests: int | None = arg(None, S, "reject generation requests (HTTP 503) beyond "
                                                    "max_running_requests + this many; unset: no limit")
     max_logprobs: int = arg(20, S, "most top logprobs a request may ask for per position; -1: the vocabulary size")
+    responses_store_size: int = arg(1000, S, "most /v1/responses objects kept in memory for GET, DELETE and "
+                                             "previous_response_id (least recently used out first); 0: none")
     stream_interval: int = arg(1, S, "a streaming request reports every this many new tokens (a request's own "
                                      "stream_interval overrides)")
     incremental_streaming_output: bool = arg(False, S, "streamed /generate chunks carry only what is new "
                                                        "instead of everything so far")
-    tool_call_parser: str = arg("auto", S, "format of tool calls in the model's text; auto: from the chat template",
+    tool_call_parser: str = arg("auto", S, "format of tool calls in the model's text (SGLang's names); auto: the one "
+                                                   "the chat template writes, else hermes",
                                 choices=TOOL_CALL_PARSERS)
+    reasoning_parser: str | None = arg(None, S, "split chat replies into reasoning_content and content by this model "
+                                                "family's reasoning format; unset: no split",
+                                       choices=REASONING_PARSERS)
 
+    enable_memory_saver: bool = arg(False, MEM, "allow /release_memory_occupation and /resume_memory_occupation: "
+                                                "the KV pool and weights leave the device and come back "
+                                                "(docs/weights.md)")
     mem_fraction_static: float | None = arg(None, MEM, "share of memory for weights and the KV pool; unset: 0.85 of "
                                                        "the GPU's, 0.05 of the host's on CPU")
     max_total_tokens: int | None = arg(None, MEM, "KV pool size in tokens (overrides --mem-fraction-static)")
@@ -74,6 +83,18 @@ class ServerArgs:
         "(radix tree depth-first, heavier subtrees first), fcfs, lof (longest output first), random")
     schedule_conservativeness: float = arg(1.0, MEM, "scales the KV kept for running requests' future tokens when "
                                                      "admitting new ones; higher admits fewer, retracts less")
+    enable_priority_scheduling: bool = arg(False, MEM, "admit waiting requests by their priority (then the "
+                                                       "schedule policy's order) and preempt lower-priority running "
+                                                       "ones (docs/scheduling.md)")
+    schedule_low_priority_values_first: bool = arg(False, MEM, "a lower priority value is served first (default: "
+                                                               "a higher one, as SGLang's)")
+    priority_scheduling_preemption_threshold: int = arg(10, MEM, "a waiting request preempts a running one only "
+                                                                 "when its priority is higher by more than this")
+    default_priority_value: int = arg(0, MEM, "the priority of a request that gives none (SGLang: the lowest)")
+    priority_aging_interval: float = arg(10.0, MEM, "seconds of waiting that raise a request's priority by one "
+                                                    "(bounds starvation); 0: no aging")
+    abort_on_priority_when_disabled: bool = arg(False, MEM, "without --enable-priority-scheduling, fail a request "
+                                                            "that gives a priority (HTTP 503) instead of ignoring it")
     max_prefill_tokens: int = arg(16384, MEM, "most prompt tokens one prefill pass admits (its first request is "
                                               "always admitted)")
     chunked_prefill_size: int | None = arg(None, MEM, "longest prompt chunk per prefill pass; -1: no chunking; "
@@ -165,6 +186,12 @@ class ServerArgs:
 
     watchdog_timeout: float = arg(300.0, REL, "seconds without scheduler progress, requests pending, before they "
                                               "are failed")
+    req_waiting_timeout: float | None = arg(None, REL, "seconds a request may wait before its first prefill; "
+                                                       "later, it is aborted (HTTP 503); 0: no limit; unset: "
+                                                       "$SGLANG_REQ_WAITING_TIMEOUT, else no limit")
+    req_running_timeout: float | None = arg(None, REL, "seconds a request may run from its first prefill; later, "
+                                                       "it is aborted (HTTP 503); 0: no limit; unset: "
+                                                       "$SGLANG_REQ_RUNNING_TIMEOUT, else no limit")
     enable_integrity_check: bool = arg(False, REL, "check the KV-cache accounting after every scheduler step")
     log_level: str = arg("info", REL, "logging level: debug, info, warning, error or critical")
 

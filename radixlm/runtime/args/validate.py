@@ -1,12 +1,13 @@
 """ServerArgs' range and consistency checks: each failure is a ValueError naming the field."""
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from radixlm.runtime.args.choices import (
     ATTENTION_BACKENDS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, LORA_BACKENDS, LORA_TARGET_MODULES,
-    MAX_LORA_RANK,
-    MAX_RUNNING_REQUESTS, QUANTIZATION_METHODS, TOOL_CALL_PARSERS, values,
+    MAX_LORA_RANK, MAX_PRIORITY, MAX_RUNNING_REQUESTS, QUANTIZATION_METHODS, REASONING_PARSERS, TOOL_CALL_PARSERS,
+    values,
 )
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ def _check_choices(a: ServerArgs) -> None:
         _check(value in allowed, f"unknown {name} {value!r}; choose from {allowed}")
     _check(a.quantization is None or a.quantization in QUANTIZATION_METHODS,
            f"unknown quantization {a.quantization!r}; choose from {QUANTIZATION_METHODS}")
+    _check(a.reasoning_parser is None or a.reasoning_parser in REASONING_PARSERS,
+           f"unknown reasoning_parser {a.reasoning_parser!r}; choose from {REASONING_PARSERS}")
 
 
 def _check_memory_and_scheduling(a: ServerArgs) -> None:
@@ -52,8 +55,14 @@ def _check_memory_and_scheduling(a: ServerArgs) -> None:
            "chunked_prefill_size must be -1 (off) or >= page_size")
     _check(a.max_queued_requests is None or a.max_queued_requests >= 0, "max_queued_requests must be >= 0")
     _check(a.stream_interval >= 1, "stream_interval must be >= 1")
+    _check(a.responses_store_size >= 0, "responses_store_size must be >= 0")
     _check(a.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")
     _check(a.max_logprobs >= -1, "max_logprobs must be -1 (the vocabulary size) or >= 0")
+    _check(a.priority_scheduling_preemption_threshold >= 0, "priority_scheduling_preemption_threshold must be >= 0")
+    _check(a.priority_aging_interval >= 0 and math.isfinite(a.priority_aging_interval),
+           "priority_aging_interval must be a finite number >= 0 (0: no aging)")
+    _check(abs(a.default_priority_value) <= MAX_PRIORITY, f"default_priority_value must be in [-{MAX_PRIORITY}, "
+                                                          f"{MAX_PRIORITY}]")
     _check(a.cuda_graph_max_bs is None or a.cuda_graph_max_bs >= 1, "cuda_graph_max_bs must be >= 1")
 
 
@@ -71,6 +80,9 @@ def _check_speculative(a: ServerArgs) -> None:
     _check(a.speculative_eagle_topk >= 1, "speculative_eagle_topk must be >= 1")
     _check(a.speculative_eagle_topk == 1 or (algo is not None and algo.is_eagle),
            "speculative_eagle_topk > 1 (tree drafts) needs --speculative-algorithm EAGLE or EAGLE3")
+    _check(not (a.enable_memory_saver and a.drafts_with_model),
+           "--enable-memory-saver releases the served model's memory only: it cannot run with a draft model "
+           "(--speculative-algorithm STANDALONE, EAGLE, EAGLE3)")
 
 
 def _check_parallelism(a: ServerArgs) -> None:
@@ -87,6 +99,10 @@ def _check_parallelism(a: ServerArgs) -> None:
 
 def _check_serving(a: ServerArgs) -> None:
     _check(a.watchdog_timeout > 0, "watchdog_timeout must be > 0")
+    for name in ("req_waiting_timeout", "req_running_timeout"):
+        value = getattr(a, name)
+        _check(value is None or (value >= 0 and math.isfinite(value)), f"{name} must be a finite number >= 0 (0: no "
+                                                                        "limit)")
     _check(a.mm_encoder_cache_mb >= 0, "mm_encoder_cache_mb must be >= 0")
     _check(a.media_fetch_timeout > 0, "media_fetch_timeout must be > 0")
     _check(a.max_media_bytes >= 1, "max_media_bytes must be >= 1")

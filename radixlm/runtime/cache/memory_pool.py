@@ -80,6 +80,22 @@ class TokenToKVPool:
         self.k_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.v_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
 
+    @property
+    def released(self) -> bool:
+        return self.k_buffer[0].numel() == 0 if self.num_layers else False
+
+    def release(self) -> None:
+        """Frees every layer's K and V (/release_memory_occupation); what they held is lost."""
+        empty = torch.empty(0, dtype=self.dtype, device=self.device)
+        self.k_buffer = [empty] * self.num_layers
+        self.v_buffer = [empty] * self.num_layers
+
+    def resume(self) -> None:
+        """Allocates the K and V buffers again, zeroed (new addresses: graphs over them are captured again)."""
+        shape = (self.size + self.page_size, self.num_kv_heads, self.head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+
     def kv_scales(self, layer_id: int) -> KVScales:
         """What layer_id's stored K and V are multiplied by when read (1.0 unless the pool is float8)."""
         return self._scales[layer_id]

@@ -73,8 +73,13 @@ class LogitsProcessor:
         self.lm_head = lm_head
         self.parallel = parallel
         self.vocab_size = vocab_size
-        self.packed_weight = gemm.pack_weight(lm_head.weight)
+        self.packed_weight: torch.Tensor | None = None
+        self.pack_for_cpu()
         self.gemm_choices: dict[int, object] = {}  # as Linear's
+
+    def pack_for_cpu(self) -> None:
+        """(Re)packs the head's weight for oneDNN (on the CPU; at load and after the weights change)."""
+        self.packed_weight = gemm.pack_weight(self.lm_head.weight)
 
     @property
     def weight(self) -> torch.Tensor:  # the GEMM's weight, as a Linear holder's (kernels/gemm/tuned_gemm.py)

@@ -158,6 +158,27 @@ class ModelRunner:
                 graph.reset()
             self.graph_runner = None
 
+    def refresh_weights(self) -> None:
+        """After the weights changed in place: rebuilds the copies derived from them (the oneDNN-packed CPU weights)."""
+        if self.is_cuda:
+            return
+        for module in self.model.modules():
+            if hasattr(module, "pack_for_cpu"):
+                module.pack_for_cpu()
+        self.logits_processor.pack_for_cpu()
+
+    def drop_packed_weights(self) -> None:
+        for holder in [*self.model.modules(), self.logits_processor]:
+            if getattr(holder, "packed_weight", None) is not None:
+                holder.packed_weight = None
+
+    def capture_cuda_graphs(self) -> None:
+        """Captures the decode graphs again (after a memory resume: the weights and KV pool have new addresses)."""
+        self.release_cuda_graphs()
+        graph_max_bs = self.graph_max_bs()
+        if graph_max_bs:
+            self.graph_runner = CudaGraphRunner(self, graph_max_bs)
+
     def kv_bytes_per_token(self) -> int:
         cfg = self.model_config
         return cfg.num_layers * 2 * self.num_kv_heads * cfg.head_dim * self.kv_cache_dtype.itemsize

@@ -18,7 +18,7 @@ from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.files import ModelLoadError
 from radixlm.runtime.quantization import dummy_draw, process_weights_after_loading, quantize_modules
 
-__all__ = ["ModelLoadError", "load_model", "safetensors_weights_iterator", "initialize_dummy_weights"]
+__all__ = ["ModelLoadError", "build_model", "load_model", "safetensors_weights_iterator", "initialize_dummy_weights"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +122,23 @@ def _generator(device: torch.device, seed: int, name: str, shard_id) -> torch.Ge
     return torch.Generator(device=device).manual_seed(seed ^ zlib.crc32(f"{name}:{shard_id!r}".encode()))
 
 
+def build_model(model_config: ModelConfig, device: str | torch.device, parallel: Parallel = SINGLE,
+                model_cls: type[nn.Module] | None = None) -> nn.Module:
+    """The model with its quantized layers' methods attached, its parameters created empty (uninitialised) on device
+    ("meta": shapes only) in the model's dtype, as loading expects them."""
+    if model_cls is None:
+        from radixlm.runtime.models.registry import get_model_class
+
+        model_cls = get_model_class(model_config.architecture)
+    with torch.device(device), _default_dtype(model_config.dtype):
+        model = model_cls(model_config.hf_config, parallel)
+        try:
+            quantize_modules(model, model_config.quant_config)
+        except ValueError as e:
+            raise ModelLoadError(f"{model_config.model_path}: {e}") from e
+    return model
+
+
 def load_model(model_config: ModelConfig, load_format: str = "auto", device: str | torch.device = "cpu",
                parallel: Parallel = SINGLE) -> nn.Module:
     """The model on `device`, holding this rank's shard of every weight."""
@@ -134,13 +151,7 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: str
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
     t0 = time.perf_counter()
-    # Parameters are created empty, directly on the target device and dtype; the loader fills them all.
-    with torch.device(device), _default_dtype(model_config.dtype):
-        model = model_cls(model_config.hf_config, parallel)
-        try:
-            quantize_modules(model, model_config.quant_config)
-        except ValueError as e:
-            raise ModelLoadError(f"{model_config.model_path}: {e}") from e
+    model = build_model(model_config, device, parallel, model_cls)
     if load_format == "dummy":
         initialize_dummy_weights(model)
     else:

@@ -5,6 +5,7 @@ q/k RMSNorm. Parameters are fused (qkv_proj, gate_up_proj) and loaded by stackin
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
 import torch
@@ -137,6 +138,15 @@ class LlamaModel(nn.Module):
         return hidden
 
 
+@dataclass
+class LoadReport:
+    """What a load_weights call took: (our parameter's name, shard id) of each tensor loaded, and the checkpoint names
+    it ignored as the model's own parameters do not have them."""
+
+    loaded: set[tuple[str, object]] = field(default_factory=set)
+    unexpected: list[str] = field(default_factory=list)
+
+
 # HF checkpoint name fragment -> (our fused parameter fragment, shard index)
 STACKED_PARAMS: list[tuple[str, str, int]] = [
     (".q_proj.", ".qkv_proj.", 0),
@@ -191,7 +201,8 @@ class LlamaForCausalLM(nn.Module):
         return name, None
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], require_all: bool = True) -> LoadReport:
+        """require_all: every parameter must be loaded (a checkpoint); False: any subset (a weight update)."""
         params = dict(self.named_parameters())
         loaded: set[tuple[str, object]] = set()
         unexpected: list[str] = []
@@ -217,12 +228,13 @@ class LlamaForCausalLM(nn.Module):
             except ValueError as e:
                 raise ValueError(f"checkpoint tensor {name}: {e}") from None
             loaded.add((target, shard_id))
-        missing = self._missing(params, loaded)
+        missing = self._missing(params, loaded) if require_all else []
         if missing:
             shown = ", ".join(missing[:8]) + (f" ... ({len(missing)} in all)" if len(missing) > 8 else "")
             raise ValueError(f"checkpoint is missing weights for {type(self).__name__}: {shown}")
         if unexpected:
             logger.warning("ignored %d unexpected checkpoint tensors, e.g. %s", len(unexpected), unexpected[:4])
+        return LoadReport(loaded, unexpected)
 
     def _missing(self, params: dict[str, nn.Parameter], loaded: set[tuple[str, object]]) -> list[str]:
         missing = []

@@ -11,7 +11,7 @@ from torch import nn
 
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.layers.linear import copy_checked
-from radixlm.runtime.models.llama import LlamaForCausalLM
+from radixlm.runtime.models.llama import LlamaForCausalLM, LoadReport
 from radixlm.runtime.models.mistral import MistralForCausalLM
 from radixlm.runtime.models.qwen2 import Qwen2ForCausalLM
 
@@ -62,10 +62,11 @@ class VisionLanguageModel(nn.Module):
         return name
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], require_all: bool = True) -> LoadReport:
         params = dict(self.named_parameters())
         own = {n: p for n, p in params.items() if not n.startswith("language_model.")}
         loaded: set[str] = set()
+        unexpected: list[str] = []
 
         def language_weights() -> Iterator[tuple[str, torch.Tensor]]:
             for name, w in weights:
@@ -77,8 +78,11 @@ class VisionLanguageModel(nn.Module):
                     loaded.add(ours)
                 elif not ours.endswith("position_ids"):
                     logger.warning("ignored unexpected checkpoint tensor %s", name)
+                    unexpected.append(name)
 
-        self.language_model.load_weights(language_weights())
-        missing = sorted(set(own) - loaded)
+        report = self.language_model.load_weights(language_weights(), require_all)
+        missing = sorted(set(own) - loaded) if require_all else []
         if missing:
             raise ValueError(f"checkpoint is missing weights for {type(self).__name__}: {', '.join(missing[:8])}")
+        return LoadReport({(f"language_model.{t}", s) for t, s in report.loaded} | {(n, None) for n in loaded},
+                          unexpected + report.unexpected)

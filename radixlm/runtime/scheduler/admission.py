@@ -17,9 +17,10 @@ from radixlm.runtime.scheduler.config import AdmissionConfig
 from radixlm.runtime.scheduler.outbox import Outbox, ReqQueues
 from radixlm.runtime.scheduler.planner import Planner
 from radixlm.runtime.scheduler.policy import PrefillHead, SchedulePolicy, uncached_head
-from radixlm.runtime.scheduler.prefill_adder import AddReqResult, PrefillAdder
+from radixlm.runtime.scheduler.prefill_adder import AddReqResult, PrefillAdder, reserved_decode
+from radixlm.runtime.scheduler.priority import PriorityConfig, PriorityRule
 from radixlm.runtime.scheduler.req import FinishReason, FinishType, Req
-from radixlm.runtime.scheduler.retract import retract_decode
+from radixlm.runtime.scheduler.retract import retract, retract_decode
 
 if TYPE_CHECKING:
     from radixlm.runtime.scheduler.lora_adapters import LoraAdapters
@@ -82,7 +83,7 @@ class Admission:
                  policy: SchedulePolicy, tree_cache: RadixCache, allocator: TokenToKVPoolAllocator,
                  drafts: "DraftPath", outbox: Outbox, stats: Counter, can_replay: Callable[..., bool],
                  sync_inflight: Callable[[], None], inflight_reqs: Callable[[], list[Req] | None],
-                 lora: "LoraAdapters | None" = None):
+                 lora: "LoraAdapters | None" = None, priority: PriorityRule | None = None):
         """can_replay: the executor's rule (ModelRunner.can_replay); sync_inflight: processes the pass in flight;
         inflight_reqs: the new requests of the pass in flight (None: no pass is); lora: under --enable-lora, the
         adapters, whose slots bound the adapters of the running and admitted requests."""
@@ -100,6 +101,7 @@ class Admission:
         self.sync_inflight = sync_inflight
         self.inflight_reqs = inflight_reqs
         self.lora = lora
+        self.priority = priority if priority is not None else PriorityRule(PriorityConfig())
         self.round_id = 0
 
     def admit_new(self) -> list[Req]:
@@ -108,8 +110,15 @@ class Admission:
         if not self.queues.waiting and self.queues.chunked is None:
             return []
         running = self.queues.running
-        if len(running) >= self.config.max_running_requests and self.queues.chunked is None:
+        # Priority scheduling: a waiting request may take a running one's place (PriorityRule decides which).
+        preempting = self.priority.may_preempt(self.queues.waiting, running)
+        if len(running) >= self.config.max_running_requests and self.queues.chunked is None and not preempting:
             return []
+        if preempting and self.inflight_reqs() is not None:
+            # A preempted request is retracted, which needs its tokens on the host.
+            self.sync_inflight()
+            self.queues.drop_finished()
+            running = self.queues.running
         self.round_id += 1
         self.policy.calc_priority(self.queues.waiting, self.round_id)
         adder = PrefillAdder(
@@ -127,10 +136,15 @@ class Admission:
             return []  # decode goes on (and retracts if it must) until the next chunk fits
         # Without a radix cache nothing is shared, so nobody waits for another's prompt.
         pending, passed = (set() if self.policy.disabled_cache else self._pending_heads()), 0
+        # Adapters the running requests hold slots for; a preemption below leaves its victim's in (conservative).
         adapters = None if self.lora is None else self.lora.users()
+        preempted: list[Req] = []
         for req in self.queues.waiting:
             if req in self.policy.deprioritized:
-                break  # sorted last; admitted next round, when the prefix they share is cached
+                # Sorted last (within its priority); admitted next round, when the prefix they share is cached.
+                if self.priority.enabled:
+                    continue
+                break
             if req.match_round != self.round_id:
                 req.init_next_round_input(self.tree_cache, self.round_id)
             head = uncached_head(req, req.prefix_len)
@@ -143,28 +157,57 @@ class Admission:
                 continue
             if adapters is not None and not self.lora.slots.fits(adapters, req.lora_id):
                 continue  # its adapter would need a slot that running requests' adapters hold
-            if adder.add_one_req(req) != AddReqResult.CONTINUE:
+            result = adder.add_one_req(req)
+            while preempting and self._preempt_for(req, result, adder, preempted):
+                result = adder.add_one_req(req)
+            if result != AddReqResult.CONTINUE:
                 break
             if adapters is not None:
                 adapters.add(req.lora_id)
             if head is not None and not self.policy.disabled_cache:
                 pending.add(head)
         admitted = adder.can_run_list
+        if preempted:
+            self.stats["preemptions"] += len(preempted)
+            logger.info("Priority preemption: %d running requests retracted for higher-priority ones", len(preempted))
         if not admitted:
+            self.queues.waiting.extend(preempted)
             return []
         now = time.monotonic()
         for req in admitted:
             if req.queue_time is None:
                 req.queue_time = now - req.arrived
+            req.admitted_at(now)
         k = len(admitted)
         if all(a is b for a, b in zip(admitted, self.queues.waiting[:k])):
             del self.queues.waiting[:k]  # the usual case: the head of the queue (no scan of a long queue)
         else:
             taken = set(map(id, admitted))
             self.queues.waiting = [r for r in self.queues.waiting if id(r) not in taken]
+        self.queues.waiting.extend(preempted)
         self.queues.chunked = adder.new_chunked_req
         self.drafts.propose_admitted(admitted, self.allocator.available_size() + self.tree_cache.evictable_size())
         return admitted
+
+    def _preempt_for(self, req: Req, result: AddReqResult, adder: PrefillAdder, preempted: list[Req]) -> bool:
+        """Retracts the running request `req` preempts next (PriorityRule.victim), when the adder refused `req` for
+        want of KV or of a request slot, and gives the adder what that frees; whether one was."""
+        slots_full = len(adder.can_run_list) >= adder.max_new_reqs
+        if result is AddReqResult.CONTINUE or (result is AddReqResult.OTHER and not slots_full):
+            return False
+        if adder.can_run_list and (adder.rem_input_tokens <= 0 or adder.rem_chunk_tokens == 0):
+            return False  # the pass's prefill budget is spent: retracting frees none of it
+        victim = self.priority.victim(req, self.queues.running)
+        if victim is None:
+            return False
+        pool = self.allocator.available_size() + self.tree_cache.evictable_size()
+        reserved = int(max(reserved_decode(victim), 0) * self.ratio.value)
+        self.queues.running.remove(victim)
+        retract(victim, self.planner, time.monotonic())
+        adder.rem_total_tokens += self.allocator.available_size() + self.tree_cache.evictable_size() - pool + reserved
+        adder.max_new_reqs += 1
+        preempted.append(victim)
+        return True
 
     def _pending_heads(self) -> set[PrefillHead]:
         """Heads of the prompt tokens being computed that the tree does not hold yet: the chunked request's next
@@ -212,7 +255,8 @@ class Admission:
         if fits:
             self.ratio.decay()
             return True
-        retracted, self.ratio.value = retract_decode(self.queues.running, self.planner)
+        rank = self.priority.retract_key(time.monotonic()) if self.priority.enabled else None
+        retracted, self.ratio.value = retract_decode(self.queues.running, self.planner, rank)
         self.stats["retractions"] += len(retracted)
         logger.info("KV cache pool is full. Retract requests: %d, new_token_ratio %.3f", len(retracted),
                     self.ratio.value)

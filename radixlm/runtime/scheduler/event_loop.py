@@ -7,6 +7,7 @@ import gc
 import logging
 import queue
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -14,9 +15,9 @@ from typing import TYPE_CHECKING, Protocol
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.messages import (
-    AbortReq, ControlReply, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq, GetInternalStateReqOutput,
-    LoadLoRAAdapterReqInput, LoRAUpdateOutput, ReqOutput, SchedulerInput, ShutdownReq, TokenizedGenerateReqInput,
-    UnloadLoRAAdapterReqInput,
+    AbortReq, ControlReply, ExpiredReqs, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq,
+    GetInternalStateReqOutput, LoadLoRAAdapterReqInput, LoRAUpdateOutput, ReqOutput, SchedulerInput, ShutdownReq,
+    TokenizedGenerateReqInput, UnloadLoRAAdapterReqInput,
 )
 from radixlm.runtime.scheduler.fault import StepGuard
 
@@ -34,6 +35,8 @@ IDLE_WAIT_S = 0.05
 GRAMMAR_WAIT_S = 0.002  # nothing runnable, but grammars are compiling: look at them again soon
 CHECK_EVERY_S = 1.0  # keep_going() is asked at least this often while busy
 PROGRESS_EVERY_S = 1.0  # at most this long between deliveries while passes run (see SchedulerLoop)
+DEADLINE_CHECK_EVERY_S = 0.05  # how often rank 0 looks for requests past a deadline (deadlines.py)
+RELEASED_MESSAGE = "the server's memory is released (/release_memory_occupation): resume it first"
 
 
 @dataclass
@@ -80,6 +83,10 @@ def internal_state(sched: Scheduler) -> dict:
         "num_running_reqs": len(sched._active_reqs()),
         "num_waiting_reqs": len(sched.waiting_queue),
         "is_idle": sched.is_idle(),
+        # The deadlines in force (flags, else SGLang's environment variables); None: no limit.
+        "req_waiting_timeout_s": sched.deadlines.config.waiting_timeout_s,
+        "req_running_timeout_s": sched.deadlines.config.running_timeout_s,
+        "weight_version": sched.weight_version,
         "stats": sched.stats_snapshot(),
     }
 
@@ -126,10 +133,18 @@ class SchedulerLoop:
     progress_every_s: float = PROGRESS_EVERY_S
 
     def __post_init__(self) -> None:
+        from radixlm.runtime.scheduler.weights_control import UPDATES, WEIGHTS_REQUESTS, WeightsControl
+
+        self._weights_types, self._update_types = WEIGHTS_REQUESTS, UPDATES
+        self.weights = WeightsControl(self.sched)
+        # A weights request waits here until the requests before it are done; what came after it waits behind it
+        # (each entry: the message and, for an update, how many requests it aborted).
+        self._held: deque[tuple[SchedulerInput, int]] = deque()
         self.sched.output_sink = self._deliver
         self._last_check = time.monotonic()
         self._last_delivery = time.monotonic()
         self._delivered_progress = self.sched.progress()
+        self._deadlines_checked = float("-inf")
 
     def _deliver(self, outputs: list[ReqOutput]) -> None:
         self._last_delivery = time.monotonic()
@@ -149,6 +164,7 @@ class SchedulerLoop:
                 sched.abort_requests(aborts)  # one pass over the queues for all of them
             if stop:
                 return
+            self._run_held()
             for unload, result in sched.lora.finish_unloads() if sched.lora is not None else ():
                 self.reply(unload, result)  # each once no request uses its adapter
             if not sched.is_idle():
@@ -156,6 +172,7 @@ class SchedulerLoop:
                 if outputs or (sched.progress() != self._delivered_progress
                                and time.monotonic() - self._last_delivery >= self.progress_every_s):
                     self._deliver(outputs)
+                self._run_held()
 
     def _inputs(self, wait_s: float, idle: bool) -> tuple[list[SchedulerInput], bool]:
         """This turn's messages and whether to stop: rank 0's, on every rank (None on the wire: nothing new)."""
@@ -174,6 +191,13 @@ class SchedulerLoop:
                 return msgs, True
             msgs.append(msg)
             msg = self.inbox.recv(0.0)
+        now = time.monotonic()
+        if now - self._deadlines_checked >= DEADLINE_CHECK_EVERY_S:
+            # Rank 0 reads the clock and every rank aborts the same requests (the message is broadcast).
+            self._deadlines_checked = now
+            expired = self.sched.expired(now)
+            if expired:
+                msgs.append(ExpiredReqs(expired))
         if (not msgs and idle) or time.monotonic() - self._last_check > CHECK_EVERY_S:
             self._last_check = time.monotonic()
             if not self.keep_going():
@@ -181,12 +205,49 @@ class SchedulerLoop:
         return msgs, False
 
     def _handle(self, msg: SchedulerInput, aborts: list[str]) -> None:
+        if isinstance(msg, AbortReq):
+            aborts += msg.rids
+            wanted = set(msg.rids)
+            taken = {id(m) for m, _ in self._held if isinstance(m, TokenizedGenerateReqInput) and m.rid in wanted}
+            if taken:
+                for m, _ in self._held:
+                    if id(m) in taken:
+                        self._handle_now(m)  # queued now, and aborted with the others below
+                self._held = deque(e for e in self._held if id(e[0]) not in taken)
+        elif isinstance(msg, ExpiredReqs):
+            self.sched.abort_expired(msg.aborts)  # never held: a deadline does not wait for a weight update
+        elif isinstance(msg, self._weights_types) or (self._held and not isinstance(msg, GetInternalStateReq)):
+            paused = 0
+            if isinstance(msg, self._update_types) and msg.abort_all_requests:
+                paused = self.sched.abort_all("aborted for a weight update")
+            self._held.append((msg, paused))
+        else:
+            self._handle_now(msg)
+
+    def _run_held(self) -> None:
+        """Applies the weights requests at the head of the held messages once the scheduler is idle, and hands it
+        what was held behind each."""
+        while self._held:
+            msg, paused = self._held[0]
+            if isinstance(msg, self._weights_types):
+                if not self.sched.is_idle():
+                    return
+                self._held.popleft()
+                out = self.weights.handle(msg)
+                out.num_paused_requests = paused
+                self.reply(msg, out)
+            else:
+                self._held.popleft()
+                self._handle_now(msg)
+
+    def _handle_now(self, msg: SchedulerInput) -> None:
         if isinstance(msg, TokenizedGenerateReqInput):
             if self.on_request is not None:
                 self.on_request(msg)
-            self.sched.add_request(msg)
-        elif isinstance(msg, AbortReq):
-            aborts += msg.rids
+            if self.weights.released:
+                self.sched.refuse(msg, RELEASED_MESSAGE, 503)
+            else:
+                self.sched.add_request(msg)
         elif isinstance(msg, FlushCacheReq):
             self.reply(msg, FlushCacheReqOutput(self.sched.flush_cache()))
         elif isinstance(msg, GetInternalStateReq):

@@ -7,6 +7,7 @@ from collections import defaultdict
 from radixlm.runtime.args import SchedulePolicyName
 from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.cache.radix_node import TreeNode
+from radixlm.runtime.scheduler.priority import PriorityRule
 from radixlm.runtime.scheduler.req import Req
 
 CACHE_AWARE = (SchedulePolicyName.LPM, SchedulePolicyName.DFS_WEIGHT)
@@ -33,8 +34,11 @@ def uncached_head(req: Req, start: int) -> PrefillHead | None:
 
 
 class SchedulePolicy:
-    def __init__(self, policy: SchedulePolicyName, tree_cache: RadixCache, disabled_cache: bool, seed: int = 0):
+    def __init__(self, policy: SchedulePolicyName, tree_cache: RadixCache, disabled_cache: bool, seed: int = 0,
+                 priority: PriorityRule | None = None):
+        """priority: with priority scheduling on, the queue is ordered by rank first (the policy's order within)."""
         self.policy = SchedulePolicyName(policy)
+        self.priority = priority if priority is not None and priority.enabled else None
         self.tree_cache = tree_cache
         self.disabled_cache = disabled_cache
         self.rng = random.Random(seed)
@@ -65,6 +69,8 @@ class SchedulePolicy:
         elif policy is SchedulePolicyName.RANDOM:
             self.rng.shuffle(waiting)
         # fcfs: arrival order (retracted requests are re-queued at the front).
+        if self.priority is not None:
+            self.priority.order(waiting, self.deprioritized)
         return policy
 
     def _in_batch_deprioritized(self, waiting: list[Req]) -> set[Req]:

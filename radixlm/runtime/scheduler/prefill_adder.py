@@ -23,7 +23,8 @@ class AddReqResult(enum.Enum):
     OTHER = 2  # another budget (input tokens, chunk, request count) is exhausted
 
 
-def _reserved_decode(req: Req) -> int:
+def reserved_decode(req: Req) -> int:
+    """Future tokens of a running request that admission keeps room for (before new_token_ratio)."""
     return min(req.tokens_left(), CLIP_MAX_NEW_TOKENS)
 
 
@@ -44,7 +45,7 @@ class PrefillAdder:
         self.tree_cache = tree_cache
         self.running_reqs = running_reqs
         self.rem_total_tokens = allocator.available_size() + tree_cache.evictable_size() - sum(
-            int(max(_reserved_decode(r), 0) * new_token_ratio) for r in running_reqs
+            int(max(reserved_decode(r), 0) * new_token_ratio) for r in running_reqs
         )
         # The running requests' decode rows that will ride along (--mixed-chunk on) take their share of the pass.
         self.rem_input_tokens = max_prefill_tokens - mixed_rows
@@ -66,7 +67,7 @@ class PrefillAdder:
         if req.is_chunked:
             self.new_chunked_req = req
         self.can_run_list.append(req)
-        self.rem_total_tokens -= take + self.page_size + (_reserved_decode(req) if reserve_decode and not req.is_chunked else 0)
+        self.rem_total_tokens -= take + self.page_size + (reserved_decode(req) if reserve_decode and not req.is_chunked else 0)
         self.rem_input_tokens -= take
         if self.rem_chunk_tokens is not None:
             self.rem_chunk_tokens -= take
@@ -93,7 +94,7 @@ class PrefillAdder:
         self.rem_total_tokens += delta  # the matched prefix is no longer evictable
         take = self._chunk_len(req.extend_input_len)
         # Nothing else running: the prompt alone must fit; decode growth is handled by retraction.
-        need = take + self.page_size + (0 if alone or take < req.extend_input_len else _reserved_decode(req))
+        need = take + self.page_size + (0 if alone or take < req.extend_input_len else reserved_decode(req))
         if take <= 0 or need > self.rem_total_tokens:
             self.rem_total_tokens += self.tree_cache.unlock(lock)
             return AddReqResult.NO_TOKEN if take > 0 else AddReqResult.OTHER

@@ -92,6 +92,8 @@ class Req:
     stream: bool = False
     mm_inputs: MultimodalInputs | None = None  # media whose encoder outputs fill some prompt positions
     lora_id: str | None = None  # its LoRA adapter; None: the base model
+    priority: int | None = None  # None: the server's --default-priority-value (read only with priority scheduling)
+    timeout_s: float | None = None  # the request's own deadline, seconds after it arrived (scheduler/deadlines.py)
 
     # Set by the scheduler: tokens and KV.
     output_ids: list[int] = field(default_factory=list)
@@ -99,7 +101,7 @@ class Req:
     req_pool_idx: int | None = None
     cache_lock: CacheLock | None = None  # what it holds in the radix tree (set by admission and by the cache)
     finished_reason: FinishReason | None = None
-    to_abort: str | None = None  # abort requested (message); handled at the next safe point
+    to_abort: FinishReason | None = None  # abort requested; handled at the next safe point
     # Set by the scheduler's matching (waiting requests).
     fill_ids: list[int] = field(default_factory=list)  # origin_input_ids + output_ids at (re)admission
     prefix_len: int = 0  # tokens of the matched prefix (see prefix_indices)
@@ -116,6 +118,9 @@ class Req:
     arrived: float = field(default_factory=time.monotonic)  # when the scheduler received it
     queue_time: float | None = None  # arrival -> first admission (a retraction does not reset it)
     num_retractions: int = 0
+    started_at: float | None = None  # its first admission (the running deadline counts from it)
+    wait_since: float | None = None  # when it last entered the waiting queue; None while admitted
+    waited: float = 0.0  # seconds in the waiting queue before wait_since (earlier stays, ended by admissions)
     # Drafts verified for it, their tokens and those kept (set by DraftPath; reported in meta_info).
     spec_verify_ct: int = 0
     spec_draft_tokens: int = 0
@@ -150,7 +155,28 @@ class Req:
             stream=msg.stream,
             mm_inputs=msg.mm_inputs,
             lora_id=msg.lora_id,
+            priority=msg.priority,
+            timeout_s=msg.timeout_s,
         )
+
+    # ------------------------------------------------------------------ time in the queues
+    def __post_init__(self) -> None:
+        self.wait_since = self.arrived
+
+    def waited_s(self, now: float) -> float:
+        """Seconds spent in the waiting queue so far (all stays)."""
+        return self.waited + (now - self.wait_since if self.wait_since is not None else 0.0)
+
+    def admitted_at(self, now: float) -> None:
+        if self.wait_since is not None:
+            self.waited += now - self.wait_since
+            self.wait_since = None
+        if self.started_at is None:
+            self.started_at = now
+
+    def requeued_at(self, now: float) -> None:
+        """Back in the waiting queue (retracted or preempted)."""
+        self.wait_since = now
 
     # ------------------------------------------------------------------ matching
     @property

@@ -27,6 +27,7 @@ from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
 from radixlm.runtime.scheduler.admission import Admission, NewTokenRatio
 from radixlm.runtime.scheduler.config import AdmissionConfig, OutputConfig
 from radixlm.runtime.scheduler.cursor import can_launch_ahead
+from radixlm.runtime.scheduler.deadlines import DeadlineConfig, Deadlines, Expired
 from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
 from radixlm.runtime.scheduler.integrity import check_kv_accounting
 from radixlm.runtime.scheduler.outbox import Outbox, ReqQueues
@@ -34,6 +35,7 @@ from radixlm.runtime.scheduler.output_processor import BatchResult, ResultProces
 from radixlm.runtime.scheduler.pass_masks import MaskPlanner
 from radixlm.runtime.scheduler.planner import Planner, ScheduleBatch, launched
 from radixlm.runtime.scheduler.policy import SchedulePolicy
+from radixlm.runtime.scheduler.priority import PRIORITY_DISABLED_MESSAGE, PriorityConfig, PriorityRule
 from radixlm.runtime.scheduler.req import FinishReason, Req
 from radixlm.runtime.scheduler.shared_prefix import min_prefix_len
 from radixlm.runtime.spec.factory import DraftContext, DraftFactory
@@ -44,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 STAT_KEYS = ("prefill_batches", "decode_batches", "prefill_tokens", "retractions", "cached_tokens", "prompt_tokens",
              "flushes", "jump_decode_batches", "jump_row_batches", "prefill_row_batches", "mixed_batches",
-             "overlapped_batches", "passes_launched", "passes_processed")
+             "overlapped_batches", "passes_launched", "passes_processed", "preemptions", "deadline_aborts")
 
 
 class Scheduler:
@@ -82,7 +84,10 @@ class Scheduler:
         self.outbox = Outbox(OutputConfig.from_args(server_args))
         self._drafts = drafts.build(DraftContext(self.tree_cache, tokenizer, eos_token_ids, lambda: grammars.backend,
                                                 self.grammar_stats, self.page_size, lambda: len(self.queues.running)))
-        self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed)
+        self.priority = PriorityRule(PriorityConfig.from_args(server_args))
+        self.deadlines = Deadlines(DeadlineConfig.from_args(server_args), checks=parallel.tp_rank == 0)
+        self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed,
+                                     self.priority)
         self.sampler = Sampler()
         self.generator = torch.Generator(device=self.device)
         # Tensor-parallel ranks sample alike from the same logits only with the same generator: rank 0's seed.
@@ -95,7 +100,7 @@ class Scheduler:
         self.lora = LoraAdapters(server_args, model_runner.lora, self._reqs) if server_args.enable_lora else None
         self.admission = Admission(admission, self.queues, self.ratio, self.planner, self.policy, self.tree_cache,
                                    self.allocator, self._drafts, self.outbox, self.stats, model_runner.can_replay,
-                                   self.sync_inflight, self._inflight_reqs, self.lora)
+                                   self.sync_inflight, self._inflight_reqs, self.lora, self.priority)
         self.results = ResultProcessor(self.queues, self.planner, self.masks, self._drafts, self.outbox, self.ratio,
                                        self.stats, tokenizer, self.generator)
 
@@ -108,6 +113,8 @@ class Scheduler:
         # Set by the owner of the loop: where outputs go while the device runs a pass just launched (else step
         # returns them). Delivering them there takes detokenizing and sending off the critical path.
         self.output_sink: Callable[[list[ReqOutput]], None] | None = None
+        # Reported by /server_info; set by weight updates (their weight_version, else their count).
+        self.weight_version = "default"
 
     # ------------------------------------------------------------------ the parts' state, as the scheduler's
     @property
@@ -156,18 +163,28 @@ class Scheduler:
 
     # ------------------------------------------------------------------ input
     def add_request(self, msg: TokenizedGenerateReqInput) -> None:
+        if msg.priority is not None and not self.priority.enabled and self.priority.config.abort_when_disabled:
+            self.outputs.append(ReqOutput(msg.rid, [], FinishReason.aborted(PRIORITY_DISABLED_MESSAGE, 503).to_json(),
+                                          prompt_tokens=len(msg.input_ids), completion_tokens=0, cached_tokens=0))
+            return
         try:
             if msg.lora_id is not None and self.lora is None:
                 raise ValueError("LoRA serving is off")
             if self.lora is not None:
                 self.lora.check_request(msg.lora_id)
             req = Req.from_input(msg, self.eos_token_ids)
+            self.deadlines.track(req)
             if not self.grammar_queue.add(req):  # else it waits for its grammar to compile
                 self._enter_waiting(req)
         except Exception as e:  # noqa: BLE001 - one request's data must not stop the scheduler
             logger.exception("request %s failed on arrival", msg.rid)
             self.outputs.append(ReqOutput(msg.rid, [], FinishReason.failed(e).to_json(),
                                           prompt_tokens=len(msg.input_ids), completion_tokens=0, cached_tokens=0))
+
+    def refuse(self, msg: TokenizedGenerateReqInput, message: str, status_code: int) -> None:
+        """Answers a request without running it: aborted with status_code."""
+        self.outputs.append(ReqOutput(msg.rid, [], FinishReason.aborted(message, status_code).to_json(),
+                                      prompt_tokens=len(msg.input_ids), completion_tokens=0, cached_tokens=0))
 
     def _enter_waiting(self, req: Req) -> None:
         self.grammar_queue.start(req)
@@ -182,19 +199,41 @@ class Scheduler:
 
     def abort_requests(self, rids: list[str], message: str = "aborted by the client") -> None:
         """One pass over the queues however many rids (a client leaving a batch of thousands aborts them all)."""
-        wanted = set(rids)
-        queued = self.grammar_queue.take(wanted)
+        reason = FinishReason.aborted(message)
+        self._abort({rid: reason for rid in rids})
+
+    def _abort(self, reasons: dict[str, FinishReason]) -> None:
+        """Waiting requests finish at once; running ones at the next step's safe point (_process_aborts)."""
+        queued = self.grammar_queue.take(set(reasons))
         kept = []
         for req in self.waiting_queue:
-            (queued if req.rid in wanted and req.req_pool_idx is None else kept).append(req)
+            (queued if req.rid in reasons and req.req_pool_idx is None else kept).append(req)
         self.waiting_queue = kept
         for req in queued:
-            req.finished_reason = FinishReason.aborted(message)
+            req.finished_reason = reasons[req.rid]
             self.outbox.emit(req)
         for req in self._active_reqs():
-            if req.rid in wanted:
-                req.to_abort = message
+            if req.rid in reasons:
+                req.to_abort = reasons[req.rid]
                 self.aborts_pending = True
+
+    def expired(self, now: float) -> list[Expired]:
+        """The requests past a deadline at `now` (deadlines.py); [] at once when none can expire."""
+        if not self.deadlines.active:
+            return []
+        live = [*self.waiting_queue, *self.grammar_queue.queue, *self._active_reqs()]
+        return self.deadlines.expired(live, now)
+
+    def abort_expired(self, expired: list[Expired]) -> None:
+        if expired:
+            self.stats["deadline_aborts"] += len(expired)
+            self._abort({rid: FinishReason.aborted(message, status) for rid, message, status in expired})
+
+    def abort_all(self, message: str) -> int:
+        """Aborts every request the scheduler holds (queued, compiling its grammar, running); returns how many."""
+        rids = [r.rid for r in self.waiting_queue + self.grammar_queue.queue + self._active_reqs()]
+        self.abort_requests(rids, message)
+        return len(rids)
 
     def _active_reqs(self) -> list[Req]:
         reqs = [r for r in self.running if not r.finished()]
@@ -208,7 +247,7 @@ class Scheduler:
             self.sync_inflight()  # an aborted request's KV is released with its tokens on the host
             for req in self._active_reqs():
                 if req.to_abort is not None and not req.finished():
-                    req.finished_reason = FinishReason.aborted(req.to_abort)
+                    req.finished_reason = req.to_abort
                     self.planner.release(req)
                     if req is self.chunked_req:
                         self.chunked_req = None

@@ -1,14 +1,20 @@
-"""Anthropic Messages API: request models, prompt building (chat template) and response shapes."""
+"""Anthropic Messages API: request models, their translation into a chat request (the chat pipeline builds the
+prompt: template, tools, checks) and response shapes."""
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from radixlm.runtime.front import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from radixlm.runtime.server.errors import BadRequest
+from radixlm.runtime.server.openai.protocol import (
+    ChatCompletionRequest, ChatMessage, FunctionDefinition, NamedToolChoice, Tool, ToolChoiceFunction,
+)
 from radixlm.runtime.server.openapi import Doc, integer
+from radixlm.runtime.server.output_blocks import Block, BlockKind
 
 # Anthropic's documented ranges; the sampler itself accepts wider ones (e.g. temperature up to 2).
 Temperature = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -50,7 +56,27 @@ class ImageBlock(BaseModel):
         return f"data:{src.media_type};base64,{src.data}" if isinstance(src, Base64ImageSource) else src.url
 
 
-ContentBlock = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
+class ToolUseBlock(BaseModel):
+    """A call the assistant made, sent back in the conversation."""
+
+    model_config = ConfigDict(extra="ignore")  # cache_control, caller
+
+    type: Literal["tool_use"]
+    id: Annotated[str, Field(min_length=1)]
+    name: Annotated[str, Field(min_length=1)]
+    input: dict[str, Any]
+
+
+class ToolResultBlock(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # cache_control
+
+    type: Literal["tool_result"]
+    tool_use_id: Annotated[str, Field(min_length=1)]
+    content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] = ""
+    is_error: bool = False
+
+
+ContentBlock = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
 
 
 class InputMessage(BaseModel):
@@ -71,6 +97,53 @@ def _first_from_user(schema: dict) -> None:
     schema["prefixItems"] = [{**schema["items"], "properties": {"role": {"const": "user"}}}]
 
 
+class CustomTool(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # cache_control, input_examples, ...
+
+    type: Literal["custom"] | None = None  # Anthropic's server tools (bash, web search, ...) are not served
+    name: Annotated[str, Field(pattern="^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    input_schema: dict[str, Any]
+
+    @field_validator("input_schema")
+    @classmethod
+    def _object(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if v.get("type") != "object":
+            raise ValueError("the input schema must have type 'object'")
+        return v
+
+
+class ToolChoiceAuto(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["auto"]
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceAny(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["any"]
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["tool"]
+    name: str
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceNone(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["none"]
+
+
+ToolChoice = Annotated[ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone, Field(discriminator="type")]
+
+
 class Conversation(BaseModel):
     """The fields /v1/messages/count_tokens takes."""
 
@@ -80,6 +153,37 @@ class Conversation(BaseModel):
     model: str
     messages: list[InputMessage] = Field(min_length=1, json_schema_extra=_first_from_user)
     system: str | list[TextBlock] | None = None
+    tools: list[CustomTool] | None = None
+    tool_choice: ToolChoice | None = None
+
+    def to_chat(self, **fields: Any) -> ChatCompletionRequest:
+        """The chat request of this conversation (a final assistant message continued), with `fields` added."""
+        messages = chat_messages(self)
+        last = messages[-1]
+        prefill = last.role == "assistant"
+        if prefill and getattr(last, "tool_calls", None):
+            raise BadRequest("messages: the final assistant message cannot end with tool_use blocks; send their "
+                             "tool_result blocks in a user message")
+        if prefill and isinstance(last.content, str) and last.content != last.content.rstrip():
+            raise BadRequest("messages: final assistant content cannot end with trailing whitespace")
+        choice, parallel = self._tool_choice()
+        tools = [Tool(type="function", function=FunctionDefinition(
+            name=t.name, description=t.description, parameters=t.input_schema)) for t in self.tools or []]
+        return ChatCompletionRequest(messages=messages, continue_final_message=prefill, tools=tools or None,
+                                     tool_choice=choice, parallel_tool_calls=parallel, **fields)
+
+    def _tool_choice(self) -> tuple[Any, bool]:
+        c = self.tool_choice
+        if c is None:
+            return None, True
+        if isinstance(c, ToolChoiceNone):
+            return "none", True
+        parallel = not c.disable_parallel_tool_use
+        if isinstance(c, ToolChoiceAuto):
+            return "auto", parallel
+        if isinstance(c, ToolChoiceAny):
+            return "required", parallel
+        return NamedToolChoice(type="function", function=ToolChoiceFunction(name=c.name)), parallel
 
 
 class MessagesRequest(Conversation):
@@ -97,14 +201,11 @@ class MessagesRequest(Conversation):
     service_tier: str | None = None
     cache_control: dict[str, Any] | None = None
 
-    def sampling_params(self) -> dict[str, Any]:
-        sp: dict[str, Any] = {"max_new_tokens": self.max_tokens, "stop": list(self.stop_sequences or [])}
+    def chat_request(self, msg_id: str) -> ChatCompletionRequest:
         # Anthropic's default temperature is 1.0, which is also the sampler's default.
-        for name in ("temperature", "top_p", "top_k"):
-            value = getattr(self, name)
-            if value is not None:
-                sp[name] = value
-        return sp
+        return self.to_chat(max_completion_tokens=self.max_tokens, stop=list(self.stop_sequences or []),
+                            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, rid=msg_id,
+                            model=self.model)
 
 
 def parse(model: type[BaseModel], raw: bytes) -> Any:
@@ -120,58 +221,114 @@ def _describe(err: dict) -> str:
     return f"{loc}: {err['msg']}" if loc else err["msg"]
 
 
-def _text(content: str | list[TextBlock | ImageBlock], image_token: str | None = None) -> str:
-    if isinstance(content, str):
-        return content
-    if image_token is None and any(isinstance(b, ImageBlock) for b in content):
-        raise BadRequest("messages: this model does not take images (image content block)")
-    return "\n".join(b.text if isinstance(b, TextBlock) else image_token for b in content)
-
-
-def images(conv: Conversation) -> list[str]:
-    """The conversation's images in prompt order, as media sources."""
-    return [b.media() for m in conv.messages if isinstance(m.content, list) for b in m.content
-            if isinstance(b, ImageBlock)]
-
-
-def build_prompt(tokenizer, conv: Conversation, image_token: str | None = None) -> str:
-    """The templated prompt (an image block becomes the model's image token). A final assistant message is a prefill:
-    generation continues its text."""
-    turns: list[dict[str, str]] = []
-    for m in conv.messages:
-        text = _text(m.content, image_token)
-        if turns and turns[-1]["role"] == m.role:
-            # Anthropic merges consecutive turns of the same role.
-            turns[-1]["content"] += "\n\n" + text
+def _content(blocks: list) -> str | list[dict[str, Any]]:
+    """Text and image blocks as chat content: text alone joined by newlines, else parts (an image part is the model's
+    image token on a line of its own)."""
+    if not any(isinstance(b, ImageBlock) for b in blocks):
+        return "\n".join(b.text for b in blocks)
+    parts: list[dict[str, Any]] = []
+    for i, b in enumerate(blocks):
+        if isinstance(b, ImageBlock):
+            parts.append({"type": "image_url", "image_url": {"url": b.media()}})
         else:
-            turns.append({"role": m.role, "content": text})
-    if turns[0]["role"] != "user":
+            if i and not isinstance(blocks[i - 1], ImageBlock):
+                parts.append({"type": "text", "text": "\n"})
+            parts.append({"type": "text", "text": b.text})
+    return parts
+
+
+def _joined(a: str | list | None, b: str | list) -> str | list:
+    if not a:
+        return b
+    if isinstance(a, str) and isinstance(b, str):
+        return a + "\n\n" + b
+    as_parts = [x if isinstance(x, list) else [{"type": "text", "text": x}] for x in (a, b)]
+    return [*as_parts[0], {"type": "text", "text": "\n\n"}, *as_parts[1]]
+
+
+def chat_messages(conv: Conversation) -> list[ChatMessage]:
+    """The conversation as chat messages: the system prompt first; a tool_result block becomes a tool message (before
+    the rest of its user turn); tool_use blocks become the assistant message's tool_calls; consecutive turns of the
+    same role merge, as Anthropic merges them."""
+    if conv.messages[0].role != "user":
         raise BadRequest("messages: the first message must use the user role")
-    prefill = turns.pop()["content"] if turns[-1]["role"] == "assistant" else None
-    if prefill is not None and prefill != prefill.rstrip():
-        raise BadRequest("messages: final assistant content cannot end with trailing whitespace")
-    system = _text(conv.system) if conv.system is not None else ""
+    msgs: list[dict[str, Any]] = []
+    system = conv.system if isinstance(conv.system, str) or conv.system is None else "\n".join(
+        b.text for b in conv.system)
     if system:
-        turns.insert(0, {"role": "system", "content": system})
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise BadRequest("the model's tokenizer has no chat template")
-    try:
-        prompt = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
-    except Exception as e:  # noqa: BLE001 - jinja raises arbitrary errors (e.g. raise_exception in the template)
-        raise BadRequest(f"cannot apply the chat template: {e}") from None
-    return prompt + (prefill or "")
+        msgs.append({"role": "system", "content": system})
+    names: dict[str, str] = {}
+    for m in conv.messages:
+        blocks = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
+        for r in (b for b in blocks if isinstance(b, ToolResultBlock)):
+            if m.role != "user":
+                raise BadRequest("messages: tool_result blocks belong in user messages")
+            content = _content(r.content if isinstance(r.content, list) else
+                               [TextBlock(type="text", text=r.content)])
+            if r.is_error and isinstance(content, str):
+                content = "Error: " + content
+            msgs.append({"role": "tool", "tool_call_id": r.tool_use_id, "content": content,
+                         **({"name": names[r.tool_use_id]} if r.tool_use_id in names else {})})
+        calls = []
+        for u in (b for b in blocks if isinstance(b, ToolUseBlock)):
+            if m.role != "assistant":
+                raise BadRequest("messages: tool_use blocks belong in assistant messages")
+            names[u.id] = u.name
+            calls.append({"id": u.id, "type": "function", "function": {"name": u.name, "arguments": u.input}})
+        rest = [b for b in blocks if isinstance(b, (TextBlock, ImageBlock))]
+        if not rest and not calls and any(isinstance(b, ToolResultBlock) for b in blocks):
+            continue
+        content = _content(rest)
+        prev = msgs[-1] if msgs else None
+        if prev is not None and prev["role"] == m.role:
+            prev["content"] = _joined(prev["content"], content) if content else prev["content"]
+            prev.setdefault("tool_calls", []).extend(calls)
+        else:
+            msgs.append({"role": m.role, "content": content, "tool_calls": calls})
+    for d in msgs:
+        if not d.get("tool_calls", True):
+            del d["tool_calls"]
+    return [ChatMessage.model_validate(d) for d in msgs]
 
 
 def new_message_id() -> str:
     return f"msg_{uuid.uuid4().hex}"
 
 
-def stop_info(finish_reason: dict, stop_sequences: list[str] | None) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) for a finished request's finish_reason."""
+def tool_use_id(call_id: str) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def _input(arguments: str) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def content_block(block: Block, streaming: bool = False) -> dict[str, Any]:
+    """A block as Anthropic's content block (streaming: as content_block_start opens it, empty)."""
+    if block.kind is BlockKind.TOOL_CALL:
+        return {"type": "tool_use", "id": tool_use_id(block.call_id), "name": block.name,
+                "input": {} if streaming else _input(block.text)}
+    return {"type": "text", "text": "" if streaming else block.text}
+
+
+def block_delta(block: Block) -> dict[str, str]:
+    if block.kind is BlockKind.TOOL_CALL:
+        return {"type": "input_json_delta", "partial_json": block.text}
+    return {"type": "text_delta", "text": block.text}
+
+
+def stop_info(finish_reason: dict, stop_sequences: list[str] | None, called: bool = False) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) for a finished request's finish_reason (called: the output has tool_use blocks)."""
     if finish_reason["type"] == "length":
         return "max_tokens", None
     if finish_reason["type"] == "abort":
         return "abort", None
+    if called:
+        return "tool_use", None
     matched = finish_reason.get("matched")
     if isinstance(matched, str) and matched in (stop_sequences or []):
         return "stop_sequence", matched

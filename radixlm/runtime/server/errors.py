@@ -37,6 +37,12 @@ class BadRequest(ApiError):
     status_code = 400
 
 
+class NotFound(ApiError):
+    """An id the server does not hold (a stored response): 404."""
+
+    status_code = 404
+
+
 class Unavailable(ApiError):
     """The server cannot take the request now (starting, busy, or its pipeline is down): 503 with Retry-After."""
 

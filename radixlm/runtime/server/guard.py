@@ -8,7 +8,8 @@ import hmac
 from radixlm.runtime.server.errors import error_response, flavor_of
 
 OPEN_PREFIXES = ("/health", "/metrics")
-GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages"})
+GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses",
+                              "/v1/messages"})
 
 
 def _presented_key(scope) -> str | None:

@@ -24,9 +24,11 @@ from radixlm.runtime.server.lora import router as lora_router
 from radixlm.runtime.server.metrics import router as metrics_router
 from radixlm.runtime.server.native import json_response, read_json_object, router as native_router
 from radixlm.runtime.server.native_protocol import AbortReq
+from radixlm.runtime.server.openai.response_store import ResponseStore
 from radixlm.runtime.server.openai.routes import router as openai_router
 from radixlm.runtime.server.openapi import install_openapi, request_body
 from radixlm.runtime.server.tokens import router as tokens_router
+from radixlm.runtime.server.weights import router as weights_router
 from radixlm.runtime.tokenizer_manager import RequestFailed, RuntimeDead, TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -63,8 +65,10 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
 
     app = FastAPI(lifespan=lifespan)
     app.state.tokenizer_manager = tm
+    app.state.response_store = ResponseStore(tm.server_args.responses_store_size)
     app.add_middleware(GuardMiddleware, tokenizer_manager=tm)
-    for router in (native_router, lora_router, openai_router, anthropic_router, tokens_router, metrics_router):
+    for router in (native_router, lora_router, openai_router, anthropic_router, tokens_router, metrics_router,
+                   weights_router):
         app.include_router(router)
 
     def _answer(req: Request, message: str, status_code: int) -> Response:
@@ -122,7 +126,7 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
         info = tm.runtime.info
         return json_response({
             "model_path": tm.server_args.model_path, "tokenizer_path": tm.server_args.tokenizer_path or info.model_path,
-            "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
+            "is_generation": True, "preferred_sampling_params": None, "weight_version": tm.weight_version,
             "has_image_understanding": tm.builder.mm is not None, "has_audio_understanding": False,
             "image_token": tm.builder.mm.image_token if tm.builder.mm is not None else None,
             "video_token": tm.builder.mm.video_token if tm.builder.mm is not None else None,
@@ -134,11 +138,13 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
     @app.get("/get_server_info")
     async def server_info() -> Response:
         info = tm.runtime.info
+        state = await tm.get_internal_state(SERVER_INFO_TIMEOUT_S, allow_stale=True)
         return json_response({
             **dataclasses.asdict(tm.server_args), "api_key": None if tm.server_args.api_key is None else "<set>",
             "max_total_num_tokens": info.max_total_num_tokens, "max_running_requests": info.max_running_requests,
             "max_req_input_len": min(info.context_len, info.max_total_num_tokens) - 1, "context_len": info.context_len,
-            "internal_states": [await tm.get_internal_state(SERVER_INFO_TIMEOUT_S, allow_stale=True)], "version": radixlm.__version__,
+            "internal_states": [state], "version": radixlm.__version__,
+            "weight_version": state.get("weight_version", tm.weight_version),
             "load_time_s": tm.runtime.load_time_s, "process_pids": {n: p.pid for n, p in tm.runtime.procs.items()},
         })
 

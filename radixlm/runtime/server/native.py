@@ -45,7 +45,8 @@ async def generate(request: Request) -> Response:
             prompt=req.text, sampling_params=req.sampling_dicts(), input_ids=req.input_ids,
             return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
             top_logprobs_num=req.top_logprobs_num, rid=req.rid, extra_key=req.extra_key, stream=req.stream,
-            image_data=req.image_data, video_data=req.video_data, lora_path=req.lora_path)
+            image_data=req.image_data, video_data=req.video_data, lora_path=req.lora_path, priority=req.priority,
+            timeout_s=req.timeout_s)
     except (ValueError, TypeError) as e:
         raise BadRequest(str(e)) from None
     if req.stream:

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
+from radixlm.runtime.args.choices import MAX_PRIORITY
 from radixlm.runtime.front import MAX_GRAMMAR_CHARS, MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from radixlm.runtime.server.openapi import LOGPROBS_MAX, Doc, Int, Number, TokenId, at_most_one, present
 
@@ -29,6 +30,13 @@ LogitBias = Annotated[dict[StrictStr, Number], Doc(propertyNames={"pattern": "^[
 Prompt = Annotated[StrictStr, Doc(minLength=1)]  # a prompt that tokenizes to nothing is refused
 TokenIds = Annotated[list[TokenId], Doc(minItems=1)]
 ImageItem = Annotated[StrictStr, Doc(minLength=1)]
+Priority = Annotated[Int, Doc(minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)]
+Timeout = Annotated[Number, Doc(exclusiveMinimum=0)]
+PRIORITY_DOC = ("higher first with --enable-priority-scheduling (a lower-priority running request may be preempted); "
+                "unset: --default-priority-value; ignored by a server without priority scheduling (or refused with "
+                "503 under --abort-on-priority-when-disabled)")
+TIMEOUT_DOC = ("seconds after the server receives the request at which it is aborted wherever it is (queued or "
+               "running): finish_reason abort, with the output so far")
 
 
 class SamplingParamsInput(BaseModel):
@@ -89,6 +97,8 @@ class GenerateReqInput(BaseModel):
                                                           "the same extra_key share cached prefixes")
     lora_path: StrictStr | list[StrictStr | None] | None = Field(
         None, description="a loaded LoRA adapter's name (or for a batch one per prompt, null: the base model)")
+    priority: Priority | list[Priority] | None = Field(None, description=PRIORITY_DOC)
+    timeout_s: Timeout | list[Timeout] | None = Field(None, description=TIMEOUT_DOC)
 
     def sampling_dicts(self) -> dict | list[dict] | None:
         sp = self.sampling_params

@@ -118,7 +118,8 @@ _ERROR_MODELS = {ApiFlavor.NATIVE: NativeError, ApiFlavor.OPENAI: OpenAIError, A
 
 # Routes answered from the tokenizer or static information: they never wait on the scheduler, so never 503.
 _LOCAL_PATHS = frozenset({"/model_info", "/get_model_info", "/v1/models", "/v1/models/{model}", "/tokenize",
-                          "/v1/tokenize", "/detokenize", "/v1/detokenize", "/v1/messages/count_tokens", "/metrics"})
+                          "/v1/tokenize", "/detokenize", "/v1/detokenize", "/v1/messages/count_tokens", "/metrics",
+                          "/v1/responses/{response_id}", "/get_weight_version"})
 # Answers that are not JSON: Prometheus' text format, and SGLang's plain-text refusal of a flush while busy.
 _PLAIN = {"content": {"text/plain": {"schema": {"type": "string"}}}}
 _OVERRIDES = {("/metrics", "get", "200"): {"description": "Prometheus text format", **_PLAIN},
@@ -137,12 +138,22 @@ _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying"
                                 "schema": {"type": "integer"}}}
 _ANTHROPIC_EVENTS = ["message_start", "content_block_start", "ping", "content_block_delta", "content_block_stop",
                      "message_delta", "message_stop", "error"]
+_RESPONSES_EVENTS = ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", "response.output_text.delta", "response.output_text.done",
+                     "response.content_part.done", "response.function_call_arguments.delta",
+                     "response.function_call_arguments.done", "response.output_item.done", "response.completed",
+                     "response.incomplete", "error"]
+# Answer 404 for an id in the body (an unknown previous_response_id) as well as for one in the path.
+_NOT_FOUND_PATHS = frozenset({"/v1/responses"})
 _CLOSED = {"description": "The client closed the connection before the answer (no body; seen in access logs)"}
 
 
-def _sse_event(flavor: ApiFlavor) -> dict:
+def _sse_event(path: str) -> dict:
     """One event of a streamed answer (OpenAPI 3.1: the schema of a text/event-stream describes each event)."""
-    names = _ANTHROPIC_EVENTS if flavor is ApiFlavor.ANTHROPIC else ["message"]  # "message": no event field
+    if path == "/v1/responses":
+        names = _RESPONSES_EVENTS
+    else:  # "message": no event field
+        names = _ANTHROPIC_EVENTS if flavor_of(path) is ApiFlavor.ANTHROPIC else ["message"]
     return {"type": "object", "required": ["data"],
             "properties": {"data": {"type": "string"}, "event": {"enum": names}}}
 
@@ -153,7 +164,7 @@ def _status_codes(path: str, op: dict) -> list[str]:
         codes.append("400")
     if not path.startswith(OPEN_PREFIXES):
         codes.append("401")
-    if any(p.get("in") == "path" for p in op.get("parameters", ())):
+    if any(p.get("in") == "path" for p in op.get("parameters", ())) or path in _NOT_FOUND_PATHS:
         codes.append("404")
     if path in GENERATION_PATHS:
         codes.append("500")  # tokenizer_manager.RequestFailed: the scheduler ended the request with an error
@@ -172,7 +183,7 @@ def _add_responses(path: str, method: str, op: dict) -> None:
     if "503" in responses:
         responses["503"].setdefault("headers", _RETRY_AFTER)
     if path in GENERATION_PATHS:
-        responses["200"].setdefault("content", {})["text/event-stream"] = {"schema": _sse_event(flavor_of(path))}
+        responses["200"].setdefault("content", {})["text/event-stream"] = {"schema": _sse_event(path)}
         responses.setdefault("499", _CLOSED)
     for (o_path, o_method, code), response in _OVERRIDES.items():
         if (o_path, o_method) == (path, method):

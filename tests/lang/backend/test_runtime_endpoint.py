@@ -216,3 +216,14 @@ def test_runtime_server_flags_are_checked_before_launch():
         "--max-total-tokens", "64", "--disable-radix-cache"]
     with pytest.raises(ValueError, match="unknown server argument"):
         server_flags({"no_such_flag": 1})
+
+
+def test_priority_goes_into_the_generate_body():
+    srv = Server([{"text": "a", "meta_info": {}}, {"text": "b", "meta_info": {}}])
+
+    @sgl.function
+    def prog(s):
+        s += "x" + sgl.gen("a", max_tokens=2) + sgl.gen("b", max_tokens=2, priority=9)
+
+    run(prog, srv.endpoint(), priority=3)
+    assert [b["priority"] for b in srv.bodies] == [3, 9]  # the run's default, then the gen's own

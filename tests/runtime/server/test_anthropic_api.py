@@ -104,7 +104,7 @@ def test_system_prompt_and_count_tokens(client, tokenizer):
     {"max_tokens": 0}, {"max_tokens": "8"}, {"extra_body": {"temperature": 1.5}}, {"extra_body": {"top_p": 0}},
     {"extra_body": {"top_k": 0}}, {"extra_body": {"temperature": "hot"}}, {"stop_sequences": "x"}, {"messages": []},
     {"messages": [{"role": "system", "content": "hi"}]}, {"messages": [{"role": "user", "content": "word " * 5000}]},
-    {"system": 3}, {"tools": []},
+    {"system": 3}, {"tools": [{"name": "f"}]},
 ])
 def test_invalid_requests(client, bad):
     body = {"messages": USER, **GREEDY, **bad}

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[3]
 CONTEXT_LEN = 512
 # The run spends all of it (fuzzing and stateful repeat until the budget is gone). schemathesis gives each phase a
 # share of what is left (coverage a third, then fuzzing half the rest) and splits a phase's share evenly over the
-# operations, so every operation meets every phase: 60 s reach all 24 in each phase with the coverage phase done in
+# operations, so every operation meets every phase: 60 s reach all 27 in each phase with the coverage phase done in
 # about 16 s, where 120 s only repeated the fuzzing (92 s of it). The test checks that every documented operation was
 # covered and fuzzed, so a budget too small for that fails instead of testing less.
 FUZZ_TIME_S = 60
@@ -59,6 +59,7 @@ def _failures(output: str) -> str:
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 1e9}),
     ("/v1/messages", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}),
     ("/v1/messages", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e9}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 10**9}),
 ])
 def test_requests_for_unbounded_work_are_refused(server, path, body):
     """What the hooks do not cap (a negative-mode body) cannot make a generation run long: the server refuses

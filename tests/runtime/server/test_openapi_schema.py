@@ -24,7 +24,8 @@ ERROR_MODELS = {ApiFlavor.NATIVE: NativeError, ApiFlavor.OPENAI: OpenAIError, Ap
 
 @pytest.fixture(scope="module")
 def doc() -> dict:
-    tm = SimpleNamespace(server_args=SimpleNamespace(model_path="default"), builder=SimpleNamespace(limits=LIMITS))
+    tm = SimpleNamespace(server_args=SimpleNamespace(model_path="default", responses_store_size=4),
+                         builder=SimpleNamespace(limits=LIMITS))
     return create_app(tm).openapi()
 
 
@@ -45,7 +46,7 @@ def test_every_operation_states_the_status_codes_the_server_answers(doc):
         assert "422" not in codes and {"200", "405"} <= codes, name
         assert ("401" in codes) == (not path.startswith(("/health", "/metrics"))), name
         assert ("400" in codes) == ("requestBody" in op or bool(op.get("parameters")) or path == "/flush_cache"), name
-        assert ("404" in codes) == (path == "/v1/models/{model}"), name
+        assert ("404" in codes) == (path in ("/v1/models/{model}", "/v1/responses", "/v1/responses/{response_id}")), name
         assert ("499" in codes) == ("500" in codes) == (path in GENERATION_PATHS), name
         if path in GENERATION_PATHS:
             assert {"application/json", "text/event-stream"} <= set(op["responses"]["200"]["content"]), name
@@ -102,6 +103,16 @@ def test_runtime_limits_are_resolved(doc):
     ("MessagesRequest", {"model": "m", "max_tokens": 1, "messages": [{"role": "assistant", "content": "hi"}]}, False),
     ("MessagesRequest", {"model": "m", "max_tokens": 1.0, "messages": [{"role": "user", "content": "hi"},
                                                                        {"role": "assistant", "content": "a"}]}, True),
+    ("ResponsesRequest", {"input": "hi", "max_output_tokens": 0}, False),
+    ("ResponsesRequest", {"input": [{"type": "web_search_call", "id": "x"}]}, False),
+    ("ResponsesRequest", {"input": [{"role": "user", "content": "hi"}, {"type": "function_call_output",
+                                                                       "call_id": "c", "output": "x"}],
+                          "max_output_tokens": 2.0, "tool_choice": {"type": "function", "name": "f"}}, True),
+    ("MessagesRequest", {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}],
+                         "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                         "tool_choice": {"type": "tool", "name": "f"}}, True),
+    ("MessagesRequest", {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}],
+                         "tool_choice": {"type": "tool"}}, False),
     ("AbortReq", {}, False),
     ("AbortReq", {"rid": ""}, False),
     ("AbortReq", {"abort_all": True}, True),

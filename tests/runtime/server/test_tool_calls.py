@@ -104,6 +104,13 @@ def test_named_function_is_called_streamed_and_not(client):
     assert [(c["name"], c["arguments"]) for c in calls] == as_pairs(ch.message.tool_calls)
 
 
+def test_parallel_tool_calls_false_makes_one_call(client):
+    ask_both = [{"role": "user", "content": "What is the weather in Paris, and the time in Tokyo?"}]
+    r = create(client, ask_both, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1 and ch.message.content is None
+
+
 def test_none_does_not_offer_the_tools(client):
     r = create(client, ASK_WEATHER, tools=TOOLS, tool_choice="none", max_tokens=16)
     with_tools = create(client, ASK_WEATHER, tools=TOOLS, max_tokens=1)

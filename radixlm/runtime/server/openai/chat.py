@@ -7,11 +7,16 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from radixlm.runtime.front import BuiltRequests
+from radixlm.runtime.parsers.reasoning import ReasoningParser
 from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.openai.common import (
     Usage, adapter_of, build, check_lengths, finish, merged_stream, new_id, respond, sse_body,
 )
 from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, ChatMessage
+from radixlm.runtime.server.openai.reasoning import (
+    StreamedReasoning, keeps_special_tokens, request_parser, split_text,
+)
 from radixlm.runtime.server.openai.tool_calls import StreamedTools, ToolPlan, finish_reason, plan_tools, tool_message
 
 
@@ -52,8 +57,9 @@ def _chat_logprobs(meta: dict, start: int = 0) -> dict:
     return {"content": [{**_entry(t), "top_logprobs": [_entry(x) for x in top]} for t, top in zip(triples, tops)]}
 
 
-async def create_chat_completion(request: Request, req: ChatCompletionRequest) -> Response:
-    tm = request.app.state.tokenizer_manager
+async def prepare_chat(tm, req: ChatCompletionRequest) -> tuple[BuiltRequests, ToolPlan]:
+    """Messages -> chat template -> checked, built requests, and how the output's tool calls are read: the pipeline
+    /v1/chat/completions shares with /v1/responses and /v1/messages (they translate their requests into `req`)."""
     plan = plan_tools(req, tm.server_args.tool_call_parser, getattr(tm.tokenizer, "chat_template", None))
     ids = chat_prompt_ids(tm, req.messages, req.continue_final_message, req.chat_template_kwargs, plan.template_tools)
     images = [url for m in req.messages for url in m.image_urls()]
@@ -75,23 +81,33 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
         info = tm.runtime.info  # until the context or the KV pool is full, whichever comes first
         max_new = min(info.context_len - n_prompt, info.max_total_num_tokens - n_prompt - 1)
     sampling = req.sampling_params(max_new)
-    if plan.json_schema is not None:
-        sampling["json_schema"] = plan.json_schema
+    sampling.update(plan.sampling_params())
+    if keeps_special_tokens(tm.server_args.reasoning_parser):
+        sampling["skip_special_tokens"] = False
     built = await build(tm, input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs,
                         top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key,
-                        image_data=images or None, video_data=videos or None, lora_path=adapter_of(tm, req))
+                        priority=req.priority, timeout_s=req.timeout_s, lora_path=adapter_of(tm, req),
+                        image_data=images or None, video_data=videos or None)
+    return built, plan
+
+
+async def create_chat_completion(request: Request, req: ChatCompletionRequest) -> Response:
+    tm = request.app.state.tokenizer_manager
+    reasoning = request_parser(tm.server_args.reasoning_parser, req.separate_reasoning, req.chat_template_kwargs)
+    built, plan = await prepare_chat(tm, req)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": req.model or tm.server_args.model_path}
     if req.stream:
-        return StreamingResponse(sse_body(_stream(tm, built, req, head, plan)), media_type="text/event-stream")
+        return StreamingResponse(sse_body(_stream(tm, built, req, head, plan, reasoning)), media_type="text/event-stream")
 
     def make(results: list[dict]) -> dict:
         choices = []
         for i, r in enumerate(results):
             reason, matched = finish(r["meta_info"])
-            content, tool_calls = tool_message(plan, r["text"])
+            reasoning_content, text = split_text(reasoning, r["text"])
+            content, tool_calls = tool_message(plan, text)
             choices.append({
-                "index": i, "message": {"role": "assistant", "content": content, "reasoning_content": None,
-                                        "tool_calls": tool_calls},
+                "index": i, "message": {"role": "assistant", "content": content,
+                                        "reasoning_content": reasoning_content, "tool_calls": tool_calls},
                 "logprobs": _chat_logprobs(r["meta_info"]) if req.logprobs else None,
                 "finish_reason": finish_reason(reason, tool_calls is not None), "matched_stop": matched,
             })
@@ -100,11 +116,13 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
     return await respond(request, tm, built, make)
 
 
-async def _stream(tm, built, req: ChatCompletionRequest, head: dict, plan: ToolPlan) -> AsyncIterator[dict]:
+async def _stream(tm, built, req: ChatCompletionRequest, head: dict, plan: ToolPlan,
+                  reasoning: ReasoningParser | None) -> AsyncIterator[dict]:
     head = {**head, "object": "chat.completion.chunk"}
     k = len(built.msgs)
     sent_text, sent_lp, last = [0] * k, [0] * k, [None] * k
     tools = [StreamedTools(plan) for _ in range(k)] if plan.fmt is not None else None
+    thinking = [StreamedReasoning(reasoning) for _ in range(k)]
 
     def chunk(i: int, delta: dict, logprobs=None, reason=None, matched=None) -> dict:
         return {**head, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
@@ -116,6 +134,9 @@ async def _stream(tm, built, req: ChatCompletionRequest, head: dict, plan: ToolP
             yield chunk(i, {"role": "assistant", "content": ""})
         last[i] = snap
         reason, matched = finish(meta)
+        thought, text = thinking[i].feed(text, reason is not None)
+        if thought:
+            yield chunk(i, {"reasoning_content": thought})
         if tools is not None:
             delta = tools[i].delta(text, reason is not None)
             reason = finish_reason(reason, tools[i].called)

@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.native_protocol import (
-    Grammar, LogitBias, MinP, NonNegative, Penalty, Prompt, RepetitionPenalty, SampleCount, Stop, Temperature, TokenId,
-    TokenIds, TopK, TopLogprobs, TopP,
+    PRIORITY_DOC, TIMEOUT_DOC, Grammar, LogitBias, MinP, NonNegative, Penalty, Priority, Prompt, RepetitionPenalty,
+    SampleCount, Stop, Temperature, Timeout, TokenId, TokenIds, TopK, TopLogprobs, TopP,
 )
 from radixlm.runtime.server.openapi import Doc, Int, at_most_one
 
@@ -87,6 +87,8 @@ class _Sampling(BaseModel):
     ebnf: Grammar | None = None
     rid: StrictStr | None = None
     extra_key: StrictStr | None = None
+    priority: Priority | None = Field(None, description=PRIORITY_DOC)
+    timeout_s: Timeout | None = Field(None, description=TIMEOUT_DOC)
 
     def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
         sp: dict[str, Any] = {
@@ -234,3 +236,4 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # default: auto with tools
     parallel_tool_calls: StrictBool = True
+    separate_reasoning: StrictBool = True  # with --reasoning-parser: reasoning in reasoning_content (SGLang's field)

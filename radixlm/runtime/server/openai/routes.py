@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions."""
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses (responses.py)."""
 from __future__ import annotations
 
 import time
@@ -11,9 +11,11 @@ from radixlm.runtime.server.native import json_response, read_json_object
 from radixlm.runtime.server.openai.chat import create_chat_completion
 from radixlm.runtime.server.openai.completions import create_completion
 from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from radixlm.runtime.server.openai.responses import router as responses_router
 from radixlm.runtime.server.openapi import request_body
 
 router = APIRouter()
+router.include_router(responses_router)
 _CREATED = int(time.time())
 
 

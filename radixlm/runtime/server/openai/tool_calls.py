@@ -1,33 +1,30 @@
-"""tools / tool_choice on /v1/chat/completions: what the chat template gets, the constraint for `required` and a
-named function, and the tool_calls of the response (parsing lives in tool_parsers)."""
+"""tools / tool_choice on /v1/chat/completions: what the chat template gets, the constraint for `required`, a
+named function and parallel_tool_calls=false, and the tool_calls of the response (parsing lives in
+radixlm.runtime.parsers.tool_calls)."""
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.runtime.grammar.spec import GrammarSpec, InvalidGrammar, validate
+from radixlm.runtime.grammar.spec import GrammarSpec, InvalidGrammar, compiler_message, validate
+from radixlm.runtime.parsers.tool_calls import (
+    JSON_ARRAY_FORMAT, StreamDelta, ToolCallStreamer, ToolSpec, get_format, parse, resolve_parser,
+)
+from radixlm.runtime.parsers.tool_calls.json_array import JsonArray
 from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, Tool
-from radixlm.runtime.server.openai.tool_parsers import Parsed, StreamDelta, ToolCallStreamer, parse
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 
 
 def resolve_format(parser: str, chat_template: Any) -> str:
-    """The text format of the model's calls; `auto` reads the chat template (hermes when it says nothing)."""
-    if parser in ("qwen25", "hermes"):
-        return "hermes"
-    if parser == "llama3":
-        return "llama3"
-    template = str(chat_template or "")
-    if "<tool_call>" in template:
-        return "hermes"
-    if "<|python_tag|>" in template or "ipython" in template:
-        return "llama3"
-    return "hermes"
+    """The text format of the model's calls (a --tool-call-parser value); `auto` reads the chat template (hermes
+    when it says nothing)."""
+    return resolve_parser(parser, str(chat_template or ""))
 
 
 @dataclass
@@ -36,23 +33,48 @@ class ToolPlan:
 
     template_tools: list[dict] | None  # given to the chat template; None: the model is not told about tools
     names: frozenset[str]
-    fmt: str | None  # the format to parse calls from (json_array when constrained); None: no parsing
-    json_schema: str | None  # the constraint that forces calls (required / a named function)
+    fmt: str | None  # the format to parse calls from (json_array when constrained to it); None: no parsing
+    json_schema: str | None  # the JSON-array constraint that forces calls (required / a named function)
+    ebnf: str | None = None  # the constraint in the family's own format (xgrammar structural tags, as EBNF)
+    parameters: dict[str, dict | None] = field(default_factory=dict)  # name -> parameters schema
+    max_calls: int | None = None  # 1 under parallel_tool_calls=false
+
+    def sampling_params(self) -> dict[str, Any]:
+        """What the plan adds to the request's sampling params: the constraint, and keeping special tokens in the
+        text when the format's tags are special tokens."""
+        out: dict[str, Any] = {}
+        if self.ebnf is not None:
+            out["ebnf"] = self.ebnf
+        elif self.json_schema is not None:
+            out["json_schema"] = self.json_schema
+        if self.fmt is not None and get_format(self.fmt).special_markers:
+            out["skip_special_tokens"] = False
+        return out
+
+    @property
+    def tools(self) -> dict[str, dict | None]:
+        return {n: self.parameters.get(n) for n in self.names}
 
 
-def _schema(tools: list[Tool], arg_key: str, single: bool) -> dict:
-    """An array of calls; each item is one tool's name with arguments valid for that tool's parameters."""
-    items = [{
-        "type": "object",
-        "properties": {"name": {"const": t.function.name},
-                       arg_key: t.function.parameters if t.function.parameters else {"type": "object"}},
-        "required": ["name", arg_key],
-        "additionalProperties": False,
-    } for t in tools]
-    schema: dict = {"type": "array", "items": items[0] if len(items) == 1 else {"anyOf": items}, "minItems": 1}
-    if single:
-        schema["maxItems"] = 1
-    return schema
+@functools.lru_cache(maxsize=256)
+def _structural_ebnf(structural_tag: str) -> str:
+    """The EBNF of a structural tag (the grammar backend compiles EBNF against the vocabulary)."""
+    import xgrammar as xgr
+
+    try:
+        return str(xgr.Grammar.from_structural_tag(structural_tag))
+    except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError / ValueError subclasses
+        raise InvalidGrammar(compiler_message(e)) from None
+
+
+def _family_constraint(fmt: str, chosen: list[ToolSpec], forced: bool, parallel: bool) -> str | None:
+    """The EBNF of calls in the family's own format; None when xgrammar's structural tags cannot write it.
+    forced: calls and nothing else; else free text and at most one call."""
+    tags = get_format(fmt).call_tags(chosen)
+    if tags is None:
+        return None
+    body = tags.forced(parallel) if forced else tags.optional_single()
+    return _structural_ebnf(json.dumps({"type": "structural_tag", "format": body}))
 
 
 def plan_tools(req: ChatCompletionRequest, parser: str, chat_template: Any) -> ToolPlan:
@@ -74,9 +96,16 @@ def plan_tools(req: ChatCompletionRequest, parser: str, chat_template: Any) -> T
         return ToolPlan(None, frozenset(), None, None)
     fmt = resolve_format(parser, chat_template)
     template_tools = [t.model_dump(exclude_none=True) for t in tools]
+    parameters = {t.function.name: t.function.parameters or None for t in tools}
+    other = any(x is not None for x in (req.regex, req.json_schema, req.ebnf, req.response_format))
     if choice == "auto":
-        return ToolPlan(template_tools, frozenset(names), fmt, None)
-    if any(x is not None for x in (req.regex, req.json_schema, req.ebnf, req.response_format)):
+        if req.parallel_tool_calls:
+            return ToolPlan(template_tools, frozenset(names), fmt, None, parameters=parameters)
+        # at most one call: free text, then one call in the family's format, then the end (when xgrammar can
+        # write the format and the request has no constraint of its own); the parse keeps the first call anyway
+        ebnf = None if other else _constraint(fmt, tools, tools, forced=False, parallel=False)
+        return ToolPlan(template_tools, frozenset(names), fmt, None, ebnf, parameters, max_calls=1)
+    if other:
         raise BadRequest("tool_choice: 'required' or a named function cannot be combined with "
                          "regex, json_schema, ebnf or response_format")
     if choice == "required":
@@ -85,16 +114,31 @@ def plan_tools(req: ChatCompletionRequest, parser: str, chat_template: Any) -> T
         chosen = [t for t in tools if t.function.name == choice.function.name]
         if not chosen:
             raise BadRequest(f"tool_choice: function {choice.function.name!r} is not among the tools")
+    single = choice != "required" or not req.parallel_tool_calls
+    max_calls = 1 if single else None
+    names_chosen = frozenset(t.function.name for t in chosen)
+    ebnf = _constraint(fmt, tools, chosen, forced=True, parallel=not single)
+    if ebnf is not None:
+        return ToolPlan(template_tools, names_chosen, fmt, None, ebnf, parameters, max_calls)
+    arg_key = "parameters" if fmt == "llama3" else "arguments"  # the key each model family was trained on
+    schema = JsonArray.schema([ToolSpec(t.function.name, t.function.parameters) for t in chosen], single, arg_key)
+    return ToolPlan(template_tools, names_chosen, JSON_ARRAY_FORMAT, schema, None, parameters, max_calls)
+
+
+def _constraint(fmt: str, tools: list[Tool], chosen: list[Tool], forced: bool, parallel: bool) -> str | None:
+    """The family-format constraint over `chosen`; None where the format cannot be written as structural tags
+    (400 for a parameters schema that does not compile at all)."""
     for i, t in enumerate(tools):
         if t in chosen and t.function.parameters:
-            try:  # named here, not as the combined schema the client never wrote
+            try:  # named here, not as the combined grammar the client never wrote
                 validate(GrammarSpec("json_schema", json.dumps(t.function.parameters)))
             except InvalidGrammar as e:
                 raise BadRequest(f"tools.{i}.function.parameters: {e}") from None
-    arg_key = "parameters" if fmt == "llama3" else "arguments"  # the key each model family was trained on
-    single = choice != "required" or not req.parallel_tool_calls
-    schema = json.dumps(_schema(chosen, arg_key, single))
-    return ToolPlan(template_tools, frozenset(t.function.name for t in chosen), "json_array", schema)
+    specs = [ToolSpec(t.function.name, t.function.parameters or None) for t in chosen]
+    try:
+        return _family_constraint(fmt, specs, forced, parallel)
+    except InvalidGrammar:
+        return None  # a schema the format's structural tags cannot hold (an XML style's limits): the JSON array
 
 
 def new_call_id() -> str:
@@ -105,7 +149,7 @@ def tool_message(plan: ToolPlan, text: str) -> tuple[str | None, list[dict] | No
     """(content, tool_calls) of a finished sample; tool_calls None when the model made none."""
     if plan.fmt is None:
         return text, None
-    parsed: Parsed = parse(plan.fmt, text, plan.names)
+    parsed = parse(plan.fmt, text, plan.tools, plan.max_calls)
     if not parsed.calls:
         return parsed.content, None
     calls = [{"id": new_call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -122,7 +166,7 @@ class StreamedTools:
     """Per-sample streaming of content and tool-call deltas, with one id per call."""
 
     def __init__(self, plan: ToolPlan):
-        self.streamer = ToolCallStreamer(plan.fmt or "hermes", plan.names)
+        self.streamer = ToolCallStreamer(plan.fmt or "hermes", plan.tools, plan.max_calls)
 
     def delta(self, text: str, final: bool) -> dict:
         d: StreamDelta = self.streamer.feed(text, final)
