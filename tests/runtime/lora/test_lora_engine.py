@@ -139,6 +139,22 @@ def test_bad_adapters_and_names_are_refused(llama, tmp_path):
     assert not out.success and "--max-loaded-loras" in out.error_message and len(out.loaded_adapters) == 6
 
 
+def test_priorities_deadlines_and_new_base_weights_with_adapters(llama):
+    """Main's features on adapters' requests: priority and timeout_s ride with lora_path, one per prompt; a deadline
+    aborts an adapter's request; base weights updated in place keep every adapter's delta on top."""
+    engine, _, prompts, refs, hf = llama
+    outs = engine.generate(input_ids=prompts, sampling_params=SP, lora_path=["a0", "a2"], priority=[3, -1],
+                           timeout_s=[60, 60.0])
+    assert _ids(outs) == [refs["a0"][0], refs["a2"][1]]
+    out = engine.generate(input_ids=prompts[0], sampling_params={**SP, "max_new_tokens": 480}, lora_path="a2",
+                          timeout_s=0.1)
+    assert out["meta_info"]["finish_reason"]["type"] == "abort" and len(out["output_ids"]) < 480
+    ok, message = engine.update_weights_from_tensor(list(hf.state_dict().items()))
+    assert ok, message
+    assert _ids(engine.generate(input_ids=prompts, sampling_params=SP, lora_path=["a2", None])) == [
+        refs["a2"][0], refs[None][1]]
+
+
 def test_qwen2_adapter_with_rslora_equals_the_peft_merged_model(tmp_path):
     torch.set_num_threads(1)
     hf = save_tiny(Qwen2Config(**COMMON), tmp_path / "base", seed=3)
