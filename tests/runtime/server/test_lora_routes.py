@@ -1,6 +1,7 @@
 """The LoRA routes over a real TokenizerManager whose scheduler is a fake on the other end of its sockets (no
 process): /load_lora_adapter and /unload_lora_adapter answer SGLang's result, an unload answered later than a load
-that follows it; adapters in /v1/models; every bad input a 400 in its API's error shape (native, OpenAI)."""
+that follows it; adapters in /v1/models; every bad input a 400 in its API's error shape (native, OpenAI, Anthropic,
+Responses)."""
 from __future__ import annotations
 
 import asyncio
@@ -42,7 +43,9 @@ def _manager(fake: FakeScheduler) -> TokenizerManager:
     args = ServerArgs(model_path="base", enable_lora=True, lora_paths=["boot=/adapters/boot"])
     info = SimpleNamespace(vocab_size=100, context_len=64, max_total_num_tokens=512, model_path="/nonexistent")
     runtime = SimpleNamespace(server_args=args, info=info, dead_child=lambda: None)
-    tm = TokenizerManager(runtime, tokenizer=SimpleNamespace(decode=lambda ids, **_: " ".join(map(str, ids))))
+    tokenizer = SimpleNamespace(decode=lambda ids, **_: " ".join(map(str, ids)), encode=lambda text, **_: [1, 2],
+                                apply_chat_template=lambda messages, **_: "1 2")
+    tm = TokenizerManager(runtime, tokenizer=tokenizer)
     tm.to_scheduler = tm.recv = fake
     tm.ready = True
     return tm
@@ -77,6 +80,13 @@ async def _scenario() -> None:
         r = await c.post("/v1/completions", json={"model": "base:nope", "prompt": [1, 2], "max_tokens": 2})
         assert r.status_code == 400 and "unknown LoRA adapter" in r.json()["error"]["message"]
         r = await c.post("/v1/completions", json={"model": "base", "lora_path": "nope", "prompt": [1, 2]})
+        assert r.status_code == 400 and "unknown LoRA adapter" in r.json()["error"]["message"]
+        chat = {"model": "base:nope", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        for path in ("/v1/chat/completions", "/v1/messages"):
+            r = await c.post(path, json=chat)
+            assert r.status_code == 400 and "unknown LoRA adapter" in r.json()["error"]["message"], path
+        assert r.json()["type"] == "error"  # Anthropic's shape
+        r = await c.post("/v1/responses", json={"model": "base:nope", "input": "hi", "max_output_tokens": 2})
         assert r.status_code == 400 and "unknown LoRA adapter" in r.json()["error"]["message"]
 
         # An unload is answered when the scheduler is done with the adapter; a load meanwhile is answered first.
