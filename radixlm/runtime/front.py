@@ -25,6 +25,8 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024  # per stop string: every new token re-decodes a window four times the longest one
 MAX_GRAMMAR_CHARS = 1 << 20  # a regex, EBNF or JSON schema (as text)
 TOKENIZE_CHUNK = 256  # text prompts of a batch encoded in one tokenizer call
+IS_EMBEDDING = ("this server serves an embedding model (--is-embedding): use /encode, /v1/embeddings or /v1/rerank "
+                "(Engine.encode), not generation")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class FrontLimits:
     max_total_num_tokens: int
     disable_radix_cache: bool = False
     max_logprobs: int = 20  # ServerArgs.max_logprobs; -1: the vocabulary size
+    embedding_dim: int = 0  # --is-embedding: the pooled output's size; 0: a generation server
 
     @property
     def max_top_logprobs(self) -> int:
@@ -156,6 +159,8 @@ class RequestBuilder:
                     stream=False, image_data=None, video_data=None) -> Generator[None, None, BuiltRequests]:
         """build, yielding after each request it makes, so that an event loop can serve others during a large
         batch (TokenizerManager.build_async); returns the BuiltRequests."""
+        if self.limits.embedding_dim:
+            raise ValueError(IS_EMBEDDING)
         batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list))
         prompts = prompt if isinstance(prompt, list) else [prompt] * (len(input_ids) if batched else 1)
         id_lists = input_ids if batched and input_ids is not None else [input_ids] * len(prompts)
@@ -302,6 +307,8 @@ class ReqState:
         meta = dict(self.meta)
         if self.return_logprob:
             meta.update({k: list(v) for k, v in self.logprobs.items()})
+        if out.embedding is not None:
+            return {"embedding": out.embedding, "meta_info": meta}
         return {"text": text, "output_ids": list(self.output_ids), "meta_info": meta}
 
     def failed(self, message: str) -> dict:

@@ -23,6 +23,10 @@ class TokenizedGenerateReqInput:
     stream: bool = False
     # Media (preprocessed and hashed by the front); their positions in input_ids hold pad ids >= the vocabulary size.
     mm_inputs: MultimodalInputs | None = None
+    # A pooled output (--is-embedding) instead of tokens: the prompt is prefilled and nothing is sampled.
+    embed: bool = False
+    dimensions: int | None = None  # the pooled vector's first this many entries (Matryoshka), re-normalized
+    token_type_ids: list[int] | None = None  # per prompt token (an encoder's sentence pairs); None: all 0
 
 
 @dataclass
@@ -52,6 +56,7 @@ class ReqOutput:
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    embedding: list[float] | None = None  # an embed request's pooled output, when it finishes
 
 
 # ---------------------------------------------------------------------- server pipeline
@@ -128,6 +133,7 @@ class SchedulerReady:
     model_path: str = ""
     architecture: str = ""
     model_type: str = ""
+    embedding_dim: int = 0  # --is-embedding: the pooled output's size
     error: str | None = None
 
 

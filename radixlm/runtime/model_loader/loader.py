@@ -137,6 +137,8 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: str
     # Parameters are created empty, directly on the target device and dtype; the loader fills them all.
     with torch.device(device), _default_dtype(model_config.dtype):
         model = model_cls(model_config.hf_config, parallel)
+        if model_config.is_embedding and hasattr(model, "drop_lm_head"):
+            model.drop_lm_head()
         try:
             quantize_modules(model, model_config.quant_config)
         except ValueError as e:

@@ -48,6 +48,7 @@ class Outbox:
             input_top_logprobs=req.input_top_logprobs,
             output_token_logprobs=req.output_token_logprobs,
             output_top_logprobs=req.output_top_logprobs,
+            embedding=req.embedding,
         ))
         req.input_token_logprobs, req.input_top_logprobs = [], []
         req.output_token_logprobs, req.output_top_logprobs = [], []

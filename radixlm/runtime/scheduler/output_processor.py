@@ -68,10 +68,13 @@ class ResultProcessor:
         verdicts = masks.sampler_verdicts(result.masks, len(next_ids))
         is_prefill = batch.is_prefill
         drafting = self.drafts.drafting(len(self.queues.running))  # the running requests do not change while processing
+        pooled = out.pooled
         for i, (req, tok) in enumerate(zip(batch.samplers, next_ids)):
             if req.finished_reason is not None:  # finished (or aborted) while this pass was in flight: no token
                 continue
             try:
+                if pooled is not None:
+                    req.embedding = pooled[i].tolist()
                 self._take_token(req, tok, verdicts[i], None if out_lp is None else out_lp[i : i + 1], drafting)
             except Exception as e:  # noqa: BLE001 - one request's data fails that request only
                 self._failed(req, e)

@@ -90,6 +90,9 @@ class Req:
     extra_key: str | None = None
     stream: bool = False
     mm_inputs: MultimodalInputs | None = None  # media whose encoder outputs fill some prompt positions
+    embed: bool = False  # its output is pooled from the prompt's hidden states (TokenizedGenerateReqInput.embed)
+    dimensions: int | None = None
+    token_type_ids: list[int] | None = None
 
     # Set by the scheduler: tokens and KV.
     output_ids: list[int] = field(default_factory=list)
@@ -127,6 +130,9 @@ class Req:
     draft_sources: tuple[DraftSource, ...] = ()
     draft_unbounded: bool = False  # one of them is not bound by the batch rule (set with them: DraftPath.attach)
     stop_checked: bool = False  # the jump-forward source looked once whether its grammar allows only a stop token
+    # Set by the scheduler for an embed request whose pooling reads every prompt row: no cached prefix is used.
+    whole_prompt: bool = False
+    embedding: list[float] | None = None  # the pooled output (set when its pass is processed)
 
     # Logprob results not yet reported (set by the scheduler, drained into ReqOutput).
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
@@ -147,6 +153,9 @@ class Req:
             extra_key=msg.extra_key,
             stream=msg.stream,
             mm_inputs=msg.mm_inputs,
+            embed=msg.embed,
+            dimensions=msg.dimensions,
+            token_type_ids=msg.token_type_ids,
         )
 
     # ------------------------------------------------------------------ matching
@@ -172,6 +181,8 @@ class Req:
     def max_prefix_len(self) -> int:
         # NOTE: the match never covers the last token: its logits are needed to sample the next one.
         limit = len(self.fill_ids) - 1
+        if self.whole_prompt:
+            return 0
         if self.wants_input_logprobs():
             # The logprob of prompt token p comes from the row of token p-1, which must be computed.
             limit = min(limit, max(self.logprob_start_len - 1, 0))
