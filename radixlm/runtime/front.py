@@ -280,7 +280,7 @@ class ReqState:
         self.return_logprob, self.return_text = return_logprob, return_text_in_logprobs
         self.output_ids: list[int] = []
         self.meta: dict[str, Any] = {"id": rid, "finish_reason": None}
-        self.logprobs: dict[str, list] = {k: [] for k in ("input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs")}
+        self.logprobs: dict[str, list] = {k: [] for k in ("input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")}
         self.created = time.perf_counter()
         self.finished = False
 
@@ -301,12 +301,13 @@ class ReqState:
             lp["input_top_logprobs"] += [None if t is None else self._triples(t) for t in out.input_top_logprobs]
             lp["output_token_logprobs"] += self._triples(out.output_token_logprobs)
             lp["output_top_logprobs"] += [self._triples(t) for t in out.output_top_logprobs]
+            lp["output_token_ids_logprobs"] += [self._triples(t) for t in out.output_token_ids_logprobs]
         self.finished = out.finished_reason is not None
         if self.finished:
             self.meta["e2e_latency"] = time.perf_counter() - self.created
         meta = dict(self.meta)
         if self.return_logprob:
-            meta.update({k: list(v) for k, v in self.logprobs.items()})
+            meta.update({k: list(v) for k, v in self.logprobs.items() if v or k != "output_token_ids_logprobs"})
         if out.embedding is not None:
             return {"embedding": out.embedding, "meta_info": meta}
         return {"text": text, "output_ids": list(self.output_ids), "meta_info": meta}

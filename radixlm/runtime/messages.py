@@ -27,6 +27,8 @@ class TokenizedGenerateReqInput:
     embed: bool = False
     dimensions: int | None = None  # the pooled vector's first this many entries (Matryoshka), re-normalized
     token_type_ids: list[int] | None = None  # per prompt token (an encoder's sentence pairs); None: all 0
+    # With return_logprob: the logprobs of these tokens as the next token (SGLang's token_ids_logprob; /v1/score).
+    token_ids_logprob: list[int] | None = None
 
 
 @dataclass
@@ -57,6 +59,7 @@ class ReqOutput:
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     embedding: list[float] | None = None  # an embed request's pooled output, when it finishes
+    output_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------- server pipeline
@@ -134,6 +137,7 @@ class SchedulerReady:
     architecture: str = ""
     model_type: str = ""
     embedding_dim: int = 0  # --is-embedding: the pooled output's size
+    cross_encoder: bool = False  # --is-embedding: the pooled output is a sequence classifier's scores
     error: str | None = None
 
 

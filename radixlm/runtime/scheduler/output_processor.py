@@ -113,6 +113,9 @@ class ResultProcessor:
             if req.top_logprobs_num and lp is not None:
                 # No token, but the next token's top candidates: programs read them (SGLang reports them too).
                 req.output_top_logprobs.append(top_logprobs(lp, req.top_logprobs_num)[0])
+            if req.token_ids_logprob and lp is not None:
+                picked = lp[0, req.token_ids_logprob].tolist()
+                req.output_token_ids_logprobs.append(list(zip(picked, req.token_ids_logprob)))
             req.finished_reason = FinishReason.at_length(0)
             return
         decided = verdict.tokens[:1] if verdict is not None else None  # mask on demand: the constrained argmax

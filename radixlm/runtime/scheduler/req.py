@@ -93,6 +93,7 @@ class Req:
     embed: bool = False  # its output is pooled from the prompt's hidden states (TokenizedGenerateReqInput.embed)
     dimensions: int | None = None
     token_type_ids: list[int] | None = None
+    token_ids_logprob: list[int] | None = None
 
     # Set by the scheduler: tokens and KV.
     output_ids: list[int] = field(default_factory=list)
@@ -139,6 +140,7 @@ class Req:
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    output_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
     @classmethod
     def from_input(cls, msg: TokenizedGenerateReqInput, eos_token_ids: frozenset[int]) -> "Req":
@@ -156,6 +158,7 @@ class Req:
             embed=msg.embed,
             dimensions=msg.dimensions,
             token_type_ids=msg.token_type_ids,
+            token_ids_logprob=msg.token_ids_logprob,
         )
 
     # ------------------------------------------------------------------ matching
