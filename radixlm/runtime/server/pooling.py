@@ -80,6 +80,10 @@ async def embeddings(request: Request) -> Response:
 async def rerank(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
     req: V1RerankReqInput = parse(V1RerankReqInput, await read_json_object(request))
+    if not req.documents:
+        raise BadRequest("documents must be a non-empty list of strings")
+    if req.top_n is not None and req.top_n < 1:
+        raise BadRequest(f"top_n must be >= 1, got {req.top_n}")
     if tm.runtime.info.cross_encoder:
         built = _built(tm, pairs=[[req.query, d] for d in req.documents])
     else:  # an embedding model: the query's embedding against each document's
@@ -115,7 +119,9 @@ async def score(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
     req: ScoringRequest = parse(ScoringRequest, await read_json_object(request))
     vocab = tm.builder.limits.vocab_size
-    if any(t >= vocab for t in req.label_token_ids):
+    if not req.label_token_ids:
+        raise BadRequest("label_token_ids must be a non-empty list of token ids")
+    if any(not 0 <= t < vocab for t in req.label_token_ids):
         raise BadRequest(f"label_token_ids must be in [0, {vocab})")
     try:
         built = await tm.build_async(**_score_prompts(req), sampling_params={"max_new_tokens": 0},
