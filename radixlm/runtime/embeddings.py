@@ -34,8 +34,8 @@ def _prompts(texts, input_ids, pairs) -> tuple[list, bool, str]:
         if isinstance(input_ids, list) and input_ids and all(isinstance(x, list) for x in input_ids):
             return input_ids, True, "ids"
         raise ValueError("token input must be a non-empty list of token ids or a non-empty list of such lists")
-    if (isinstance(pairs, list) and pairs
-            and all(isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in pairs)):
+    if isinstance(pairs, list) and pairs and all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in pairs):
         return pairs, True, "pair"
     raise ValueError("pairs must be a non-empty list of [text, text] pairs")
 

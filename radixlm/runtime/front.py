@@ -280,7 +280,9 @@ class ReqState:
         self.return_logprob, self.return_text = return_logprob, return_text_in_logprobs
         self.output_ids: list[int] = []
         self.meta: dict[str, Any] = {"id": rid, "finish_reason": None}
-        self.logprobs: dict[str, list] = {k: [] for k in ("input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")}
+        self.logprobs: dict[str, list] = {k: [] for k in (
+            "input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs",
+            "output_token_ids_logprobs")}
         self.created = time.perf_counter()
         self.finished = False
 

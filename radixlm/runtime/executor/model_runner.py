@@ -168,7 +168,9 @@ class ModelRunner:
     def graph_max_bs(self) -> int:
         """The largest batch a CUDA graph is captured for (0: no graphs)."""
         args = self.server_args
-        if not (self.is_cuda and not args.disable_cuda_graph and self.attn_backend.supports_cuda_graph) or self.pooler is not None:
+        # Embedding passes run eagerly: they are prefills, and the graphs yield logits.
+        if (not (self.is_cuda and not args.disable_cuda_graph and self.attn_backend.supports_cuda_graph)
+                or self.pooler is not None):
             return 0
         return min(args.cuda_graph_max_bs or CUDA_GRAPH_DEFAULT_MAX_BS, self.max_pass_rows)
 

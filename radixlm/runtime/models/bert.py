@@ -72,7 +72,8 @@ class EncoderModel(nn.Module):
             "token_type_embeddings": nn.Embedding(config.type_vocab_size, h),
             "LayerNorm": nn.LayerNorm(h, eps=config.layer_norm_eps),
         })
-        self.encoder = nn.ModuleDict({"layer": nn.ModuleList(EncoderLayer(config) for _ in range(config.num_hidden_layers))})
+        layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.encoder = nn.ModuleDict({"layer": layers})
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
         spans = _prompt_spans(forward_batch)
