@@ -1,32 +1,26 @@
 """Pooled outputs (--is-embedding) against transformers, float32: decoder backbones (last-token and mean pooling, with
 radix reuse where the pooling allows it), BERT embeddings, and BERT and XLM-RoBERTa cross-encoders' scores (sentence
-pairs, with BERT's token types). The first test goes through the Engine; the others step the same front and
-scheduler on the test's thread (LocalScheduler)."""
+pairs, with BERT's token types). Each steps the front and the scheduler on the test's thread (LocalScheduler), as
+the Engine does on its own."""
 from __future__ import annotations
 
 import pytest
 import torch
 from transformers import BertForSequenceClassification, BertModel, XLMRobertaForSequenceClassification
 
-import radixlm
 from tests.runtime.models.tiny import random_prompts
 from tests.runtime.models.tiny_pooling import LocalScheduler, hf_pooled, save_decoder, save_encoder
 
 TOL = dict(atol=1e-5, rtol=0)
 
 
-def engine(path) -> radixlm.Engine:
-    return radixlm.Engine(model_path=str(path), is_embedding=True, dtype="float32", max_total_tokens=2048,
-                          enable_integrity_check=True)
-
-
 def test_decoder_last_token_reuses_the_radix_cache(tmp_path):
     hf = save_decoder(tmp_path, "qwen3")
     prompts = random_prompts(1, [7, 1, 12], 64)
-    with engine(tmp_path) as e:
-        first = e.encode(input_ids=prompts)
-        again = e.encode(input_ids=prompts[0] + [5])  # the first prompt is cached: only the new token is computed
-        short = e.encode(input_ids=prompts[2], dimensions=4)
+    local = LocalScheduler(tmp_path)
+    first = local.encode(input_ids=prompts)
+    (again,) = local.encode(input_ids=prompts[0] + [5])  # the first prompt is cached: only the new token is computed
+    (short,) = local.encode(input_ids=prompts[2], dimensions=4)
     for ids, out in zip(prompts, first):
         torch.testing.assert_close(torch.tensor(out["embedding"]), hf_pooled(hf, ids, "last", True), **TOL)
     torch.testing.assert_close(torch.tensor(again["embedding"]), hf_pooled(hf, prompts[0] + [5], "last", True), **TOL)
