@@ -59,7 +59,9 @@ def test_bert_cls_embeddings(tmp_path):
 def test_cross_encoder_scores(tmp_path, kind, model_cls):
     hf, tok = save_encoder(tmp_path, model_cls, kind, seed=3)
     pairs = [["what is a panda", "the panda eats bamboo"], ["what is a panda", "a fast red car"], ["dog", "cat"]]
-    outs = LocalScheduler(tmp_path).encode(pairs=pairs)
+    local = LocalScheduler(tmp_path)
+    outs = local.encode(pairs=pairs)
+    assert local.builder.limits.context_len == 64  # XLM-R's 66 positions start after its padding index (0)
     with torch.no_grad():
         for (query, doc), out in zip(pairs, outs):
             enc = tok(query, doc, return_tensors="pt")
