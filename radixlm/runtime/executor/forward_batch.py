@@ -70,6 +70,7 @@ class ModelWorkerBatch:
     # Decode passes (one row per request): (prefix_len, request indices) per group of requests whose
     # req_to_token rows hold the same slots over [0, prefix_len) (scheduler/shared_prefix.py), else None.
     shared_prefixes: list[tuple[int, list[int]]] | None = None
+    token_type_ids: list[int] | None = None  # per row, when a request has them (an encoder's sentence pairs)
 
     @property
     def num_rows(self) -> int:
@@ -116,6 +117,7 @@ class ForwardBatch:
     tree_masks: list[TreeMask | None] | None = None  # ModelWorkerBatch.tree_masks
     # ModelWorkerBatch.shared_prefixes in TOKEN_ROWS passes of one row per request (batch rows = requests).
     shared_prefixes: list[tuple[int, list[int]]] | None = None
+    token_type_ids: torch.Tensor | None = None  # (num_tokens,) int64, ModelWorkerBatch.token_type_ids
     # Set by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: object = None
 
@@ -173,4 +175,5 @@ class ForwardBatch:
             rope_offsets=rope_offsets,
             tree_masks=wb.tree_masks,
             shared_prefixes=wb.shared_prefixes if token_rows and len(pool_rows) == len(wb.req_pool_indices) else None,
+            token_type_ids=None if wb.token_type_ids is None else rows_to_device([wb.token_type_ids], device)[0],
         )
