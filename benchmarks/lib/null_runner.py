@@ -19,6 +19,8 @@ GRAPH_ROWS = CUDA_GRAPH_DEFAULT_MAX_BS
 class NullRunner:
     parallel = SINGLE
     takes_shared_prefixes = False
+    is_causal = True
+    pooler = None  # generation
     choose_mode = ModelRunner.choose_mode
     can_replay = ModelRunner.can_replay  # the executor's own rule, over graph_runner.max_bs below
 

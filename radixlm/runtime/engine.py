@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.embeddings import build_embed_requests
 from radixlm.runtime.front import BuiltRequests, DecodeState, FrontLimits, ReqState, RequestBuilder
 from radixlm.runtime.multimodal.media import MediaLoader, MediaPolicy
 from radixlm.runtime.multimodal.processor import MultimodalProcessor
@@ -112,8 +113,9 @@ class Engine:
         self.vocab_size = self.model_config.vocab_size
         self.builder = RequestBuilder(self.tokenizer, FrontLimits(
             self.vocab_size, self.context_len, self.runner.max_total_num_tokens, args.disable_radix_cache,
-            args.max_logprobs), MultimodalProcessor.for_model(self.model_config.model_path, self.tokenizer,
-                                                              MediaLoader(MediaPolicy.from_args(args))),
+            args.max_logprobs, self.runner.pooler.dim if self.runner.pooler is not None else 0),
+            MultimodalProcessor.for_model(self.model_config.model_path, self.tokenizer,
+                                          MediaLoader(MediaPolicy.from_args(args))),
             LoraRegistry(args.enable_lora, startup_refs(args.lora_paths)))
         logger.info("engine ready in %.1fs", time.perf_counter() - t0)
 
@@ -224,6 +226,11 @@ class Engine:
         if stream:
             return self._stream(msgs[0], return_text_in_logprobs)
         self._run_prefixes(built)
+        results = self._run_all(msgs, return_text_in_logprobs)
+        return results if built.as_list else results[0]
+
+    def _run_all(self, msgs: list[TokenizedGenerateReqInput], return_text: bool = False) -> list[dict]:
+        """Submits msgs and waits for all of them; their final snapshots in order."""
         results: list[Any] = [None] * len(msgs)
         done = threading.Semaphore(0)
 
@@ -235,10 +242,22 @@ class Engine:
             return listener
 
         for i, m in enumerate(msgs):
-            self._submit(m, listener_for(i), return_text_in_logprobs)
+            self._submit(m, listener_for(i), return_text)
         for _ in msgs:
             done.acquire()
-        results = [_unwrap(r) for r in results]
+        return [_unwrap(r) for r in results]
+
+    def encode(self, prompt=None, input_ids=None, dimensions: int | None = None, rid: str | None = None):
+        """Pooled outputs (--is-embedding): {"embedding", "meta_info"} for a prompt, a list for a list of prompts;
+        prompt may also be a list of [query, document] pairs (a cross-encoder's scores)."""
+        pairs = None
+        if isinstance(prompt, list) and prompt and all(isinstance(p, (list, tuple)) for p in prompt):
+            prompt, pairs = None, prompt
+        built = build_embed_requests(self.builder, prompt, input_ids, pairs, dimensions, rid)
+        results = self._run_all(built.msgs)
+        for r in results:
+            if "embedding" not in r:
+                raise RuntimeError(f"encoding failed: {r['meta_info']['finish_reason']}")
         return results if built.as_list else results[0]
 
     def _stream(self, msg, return_text) -> Iterator[dict]:

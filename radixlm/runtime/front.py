@@ -28,6 +28,8 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024  # per stop string: every new token re-decodes a window four times the longest one
 MAX_GRAMMAR_CHARS = 1 << 20  # a regex, EBNF or JSON schema (as text)
 TOKENIZE_CHUNK = 256  # text prompts of a batch encoded in one tokenizer call
+IS_EMBEDDING = ("this server serves an embedding model (--is-embedding): use /encode, /v1/embeddings or /v1/rerank "
+                "(Engine.encode), not generation")
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class FrontLimits:
     max_total_num_tokens: int
     disable_radix_cache: bool = False
     max_logprobs: int = 20  # ServerArgs.max_logprobs; -1: the vocabulary size
+    embedding_dim: int = 0  # --is-embedding: the pooled output's size; 0: a generation server
 
     @property
     def max_top_logprobs(self) -> int:
@@ -165,6 +168,8 @@ class RequestBuilder:
                     timeout_s=None) -> Generator[None, None, BuiltRequests]:
         """build, yielding after each request it makes, so that an event loop can serve others during a large
         batch (TokenizerManager.build_async); returns the BuiltRequests."""
+        if self.limits.embedding_dim:
+            raise ValueError(IS_EMBEDDING)
         batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list))
         prompts = prompt if isinstance(prompt, list) else [prompt] * (len(input_ids) if batched else 1)
         id_lists = input_ids if batched and input_ids is not None else [input_ids] * len(prompts)
@@ -310,7 +315,9 @@ class ReqState:
         self.return_logprob, self.return_text = return_logprob, return_text_in_logprobs
         self.output_ids: list[int] = []
         self.meta: dict[str, Any] = {"id": rid, "finish_reason": None}
-        self.logprobs: dict[str, list] = {k: [] for k in ("input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs")}
+        self.logprobs: dict[str, list] = {k: [] for k in (
+            "input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs",
+            "output_token_ids_logprobs")}
         self.created = time.perf_counter()
         self.finished = False
 
@@ -331,12 +338,15 @@ class ReqState:
             lp["input_top_logprobs"] += [None if t is None else self._triples(t) for t in out.input_top_logprobs]
             lp["output_token_logprobs"] += self._triples(out.output_token_logprobs)
             lp["output_top_logprobs"] += [self._triples(t) for t in out.output_top_logprobs]
+            lp["output_token_ids_logprobs"] += [self._triples(t) for t in out.output_token_ids_logprobs]
         self.finished = out.finished_reason is not None
         if self.finished:
             self.meta["e2e_latency"] = time.perf_counter() - self.created
         meta = dict(self.meta)
         if self.return_logprob:
-            meta.update({k: list(v) for k, v in self.logprobs.items()})
+            meta.update({k: list(v) for k, v in self.logprobs.items() if v or k != "output_token_ids_logprobs"})
+        if out.embedding is not None:
+            return {"embedding": out.embedding, "meta_info": meta}
         return {"text": text, "output_ids": list(self.output_ids), "meta_info": meta}
 
     def failed(self, message: str) -> dict:

@@ -26,6 +26,12 @@ class TokenizedGenerateReqInput:
     mm_inputs: MultimodalInputs | None = None
     priority: int | None = None  # higher first (--enable-priority-scheduling); None: the server's default
     timeout_s: float | None = None  # aborted this many seconds after the scheduler received it (None: no deadline)
+    # A pooled output (--is-embedding) instead of tokens: the prompt is prefilled and nothing is sampled.
+    embed: bool = False
+    dimensions: int | None = None  # the pooled vector's first this many entries (Matryoshka), re-normalized
+    token_type_ids: list[int] | None = None  # per prompt token (an encoder's sentence pairs); None: all 0
+    # With return_logprob: the logprobs of these tokens as the next token (SGLang's token_ids_logprob; /v1/score).
+    token_ids_logprob: list[int] | None = None
 
 
 @dataclass
@@ -63,6 +69,8 @@ class ReqOutput:
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    embedding: list[float] | None = None  # an embed request's pooled output, when it finishes
+    output_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------- server pipeline
@@ -139,6 +147,8 @@ class SchedulerReady:
     model_path: str = ""
     architecture: str = ""
     model_type: str = ""
+    embedding_dim: int = 0  # --is-embedding: the pooled output's size
+    cross_encoder: bool = False  # --is-embedding: the pooled output is a sequence classifier's scores
     error: str | None = None
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from radixlm.runtime.embeddings import build_embed_requests
 from radixlm.runtime.errors import ApiError
 from radixlm.runtime.front import BuiltRequests, FrontLimits, ReqState, RequestBuilder
 from radixlm.runtime.ipc import bind_pull, connect_push
@@ -72,7 +73,7 @@ class TokenizerManager:
         info = runtime.info
         self.builder = RequestBuilder(tokenizer, FrontLimits(
             info.vocab_size, info.context_len, info.max_total_num_tokens, self.server_args.disable_radix_cache,
-            self.server_args.max_logprobs), MultimodalProcessor.for_model(
+            self.server_args.max_logprobs, info.embedding_dim), MultimodalProcessor.for_model(
                 info.model_path, tokenizer, MediaLoader(MediaPolicy.from_args(self.server_args))),
             LoraRegistry(self.server_args.enable_lora, startup_refs(self.server_args.lora_paths)))
         self.rid_to_state: dict[str, _ReqEntry] = {}
@@ -195,6 +196,10 @@ class TokenizerManager:
     def build(self, **kwargs) -> BuiltRequests:
         """Raises ValueError for invalid input: nothing reaches the scheduler then."""
         return self.builder.build(**kwargs)
+
+    def build_embed(self, **kwargs) -> BuiltRequests:
+        """Embedding / rerank requests (--is-embedding); raises ValueError for invalid input."""
+        return build_embed_requests(self.builder, **kwargs)
 
     async def build_async(self, **kwargs) -> BuiltRequests:
         """build, letting other requests run between chunks of a large batch."""

@@ -46,6 +46,8 @@ class ServerArgs:
                                             "any); fp8 / w8a8_fp8 on a float checkpoint quantize it at load "
                                             "(docs/quantization.md)", choices=QUANTIZATION_METHODS)
     context_length: int | None = arg(None, M, "longest sequence, prompt and output; unset: the model config's")
+    is_embedding: bool = arg(False, M, "serve the model for pooled outputs (/encode, /v1/embeddings, /v1/rerank) "
+                                       "instead of generation")
     device: str = arg("auto", M, "device to run on; auto: cuda when available, else cpu")
     random_seed: int | None = arg(None, M, "seeds sampling and the random schedule policy; unset: sampling draws a "
                                            "seed of its own")

@@ -106,6 +106,8 @@ def _check_serving(a: ServerArgs) -> None:
     _check(a.mm_encoder_cache_mb >= 0, "mm_encoder_cache_mb must be >= 0")
     _check(a.media_fetch_timeout > 0, "media_fetch_timeout must be > 0")
     _check(a.max_media_bytes >= 1, "max_media_bytes must be >= 1")
+    _check(not a.is_embedding or a.speculative_algorithm is None,
+           "--is-embedding runs prefill only: it takes no --speculative-algorithm")
 
 
 def _check_lora(a: ServerArgs) -> None:

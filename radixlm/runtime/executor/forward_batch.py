@@ -74,6 +74,7 @@ class ModelWorkerBatch:
     shared_prefixes: list[tuple[int, list[int]]] | None = None
     # Under --enable-lora: each request's adapter slot and the adapters to swap in first (lora/slots.py).
     lora: "LoraBatch | None" = None
+    token_type_ids: list[int] | None = None  # per row, when a request has them (an encoder's sentence pairs)
 
     @property
     def num_rows(self) -> int:
@@ -122,6 +123,7 @@ class ForwardBatch:
     shared_prefixes: list[tuple[int, list[int]]] | None = None
     # Under --enable-lora: the rows' adapter slots (set by the ModelRunner from ModelWorkerBatch.lora).
     lora: "LoraBatchInfo | None" = None
+    token_type_ids: torch.Tensor | None = None  # (num_tokens,) int64, ModelWorkerBatch.token_type_ids
     # Set by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: object = None
 
@@ -179,4 +181,5 @@ class ForwardBatch:
             rope_offsets=rope_offsets,
             tree_masks=wb.tree_masks,
             shared_prefixes=wb.shared_prefixes if token_rows and len(pool_rows) == len(wb.req_pool_indices) else None,
+            token_type_ids=None if wb.token_type_ids is None else rows_to_device([wb.token_type_ids], device)[0],
         )

@@ -9,6 +9,7 @@ import torch
 
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.executor.forward_batch import ForwardMode
+from radixlm.runtime.executor.pooler import PoolSpan
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.kernels import gemm
 
@@ -25,6 +26,8 @@ class LogitsPlan:
     input_targets: list[int] = field(default_factory=list)
     input_top_k: int = 0  # the largest top_logprobs_num among requests asking for prompt logprobs
     verify_rows: list[int] = field(default_factory=list)  # jump-forward drafts: the last token and each draft token
+    # --is-embedding: one per sample row, the rows its pooled output reads (the pass yields no logits then).
+    pool_spans: list[PoolSpan] = field(default_factory=list)
 
 
 @dataclass
@@ -38,6 +41,7 @@ class LogitsOutput:
     rows: torch.Tensor | None = None
     forward_mode: ForwardMode = ForwardMode.IDLE  # the layout the pass ran in (set by the ModelRunner)
     req_pool_indices: torch.Tensor | None = None  # the pass's ForwardBatch.req_pool_indices (set by the ModelRunner)
+    pooled: list[torch.Tensor] | None = None  # --is-embedding: one vector per sample row (then no logits)
 
     def as_float(self) -> LogitsOutput:
         """The logits in float32, for whatever computes with them (penalties, temperature, logprobs, masks, draft

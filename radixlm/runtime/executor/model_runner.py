@@ -15,6 +15,7 @@ from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, Mo
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.executor.memory import MemoryReserve, kv_pool_tokens
 from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProcessor, split_rows
+from radixlm.runtime.executor.pooler import Pooler, PoolingConfig
 from radixlm.runtime.kernels import gemm
 from radixlm.runtime.kernels.startup import EXTEND_WARMUP_LENS, prepare_gemms, warm_up_kernels
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
@@ -68,6 +69,7 @@ class ModelRunner:
         self.logits_processor = (LogitsProcessor(self.model.lm_head, model_config.vocab_size, parallel)
                                  if shared is None or shared.logits_processor is None else shared.logits_processor)
         prepare_gemms(self, tuned=shared is None and not server_args.disable_tuned_gemm, share=shared is None)
+        self.pooler = self._pooler() if server_args.is_embedding and shared is None else None
         if shared is not None:
             self._share_slots(shared)
             return
@@ -110,6 +112,18 @@ class ModelRunner:
         for ref in startup_refs(self.server_args.lora_paths):
             manager.load_adapter(ref.lora_id, ref.lora_name, ref.lora_path)
         return manager
+
+    @property
+    def is_causal(self) -> bool:
+        """Whether a row attends only to those before it (a decoder): only then can a cached prefix stand in for a
+        prompt's first rows."""
+        return getattr(self.model, "is_causal", True)
+
+    def _pooler(self) -> Pooler:
+        classify = getattr(self.model, "classify", None)
+        config = PoolingConfig.from_model_dir(self.model_config.model_path, self.is_causal)
+        dim = self.model_config.hf_config.num_labels if classify is not None else self.model_config.hidden_size
+        return Pooler(config, dim, classify)
 
     def _share_slots(self, shared: SharedSlots) -> None:
         target, cfg = shared.target, self.model_config
@@ -186,9 +200,10 @@ class ModelRunner:
     def graph_max_bs(self) -> int:
         """The largest batch a CUDA graph is captured for (0: no graphs)."""
         args = self.server_args
-        # Under --enable-lora passes run eagerly: the LoRA kernels' segment info varies in size per pass.
-        if not (self.is_cuda and not args.disable_cuda_graph and self.attn_backend.supports_cuda_graph
-                and not args.enable_lora):
+        # Eager passes under --enable-lora (the LoRA kernels' segment info varies in size per pass) and for
+        # embeddings (prefills, and the graphs yield logits).
+        if (not (self.is_cuda and not args.disable_cuda_graph and self.attn_backend.supports_cuda_graph)
+                or args.enable_lora or self.pooler is not None):
             return 0
         return min(args.cuda_graph_max_bs or CUDA_GRAPH_DEFAULT_MAX_BS, self.max_pass_rows)
 
@@ -297,4 +312,7 @@ class ModelRunner:
         self.attn_backend.init_forward_metadata(forward_batch)
         hidden = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
         self.last_hidden = hidden  # every row's final hidden state (an EAGLE head reads them)
+        if self.pooler is not None:
+            return LogitsOutput(hidden.new_empty(len(plan.sample_rows), 0), [], [],
+                                forward_mode=forward_batch.forward_mode, pooled=self.pooler(hidden, plan.pool_spans))
         return self.logits_processor(hidden, plan, forward_batch.forward_mode)

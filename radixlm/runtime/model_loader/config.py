@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+ROBERTA_TYPES = ("roberta", "xlm-roberta")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
            "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "half": torch.float16,
            "float": torch.float32}
@@ -58,7 +59,9 @@ def _derived_context_len(hf_config) -> int:
     for key in ("max_position_embeddings", "max_sequence_length", "seq_length", "max_seq_len"):
         v = getattr(hf_config, key, None)
         if v:
-            return int(v)
+            # RoBERTa's position table starts after its padding index.
+            offset = hf_config.pad_token_id + 1 if getattr(hf_config, "model_type", "") in ROBERTA_TYPES else 0
+            return int(v) - offset
     return 2048
 
 
@@ -95,6 +98,7 @@ class ModelConfig:
     eos_token_ids: frozenset[int]
     # From the checkpoint's quantization_config and the --quantization flag (None: float).
     quant_config: QuantConfig | None = None
+    is_embedding: bool = False  # served for pooled outputs: a decoder's lm_head is neither loaded nor used
 
     @classmethod
     def from_path(
@@ -105,6 +109,7 @@ class ModelConfig:
         context_length: int | None = None,
         load_format: str = "auto",
         quantization: str | None = None,
+        is_embedding: bool = False,
     ) -> "ModelConfig":
         from transformers import AutoConfig
 
@@ -155,4 +160,5 @@ class ModelConfig:
             vocab_size=tc.vocab_size,
             eos_token_ids=_eos_token_ids(hf_config, model_dir) | _eos_token_ids(tc, model_dir),
             quant_config=quant_config,
+            is_embedding=is_embedding,
         )

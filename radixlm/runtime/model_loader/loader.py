@@ -132,6 +132,8 @@ def build_model(model_config: ModelConfig, device: str | torch.device, parallel:
         model_cls = get_model_class(model_config.architecture)
     with torch.device(device), _default_dtype(model_config.dtype):
         model = model_cls(model_config.hf_config, parallel)
+        if model_config.is_embedding and hasattr(model, "drop_lm_head"):
+            model.drop_lm_head()
         try:
             quantize_modules(model, model_config.quant_config)
         except ValueError as e:

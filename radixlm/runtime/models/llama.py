@@ -178,6 +178,11 @@ class LlamaForCausalLM(nn.Module):
         else:
             self.lm_head = VocabEmbedding(config.vocab_size, config.hidden_size, parallel)
 
+    def drop_lm_head(self) -> None:
+        """Served for pooled outputs (--is-embedding): no head is loaded (embedding checkpoints often have none)."""
+        self.lm_head = self.model.embed_tokens
+        self.tie_word_embeddings = True
+
     @staticmethod
     def build_rope(config: "PretrainedConfig") -> nn.Module | None:
         """The rotary embedding (None: the config's standard one; Qwen2-VL overrides this)."""
@@ -214,6 +219,8 @@ class LlamaForCausalLM(nn.Module):
             if load_kv_scale(self, name, w):
                 continue
             target, shard_id = self.map_weight_name(name)
+            if target not in params and f"model.{target}" in params:
+                target = f"model.{target}"  # a backbone saved on its own (AutoModel): no `model.` prefix
             param = params.get(target)
             if param is None:
                 unexpected.append(name)

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from torch import nn
 
+from radixlm.runtime.models.bert import (
+    BertForSequenceClassification, BertModel, XLMRobertaForSequenceClassification, XLMRobertaModel,
+)
 from radixlm.runtime.models.llama import LlamaForCausalLM
 from radixlm.runtime.models.llava import LlavaForConditionalGeneration
 from radixlm.runtime.models.llava_next import LlavaNextForConditionalGeneration, LlavaOnevisionForConditionalGeneration
@@ -14,6 +17,14 @@ from radixlm.runtime.models.qwen3 import Qwen3ForCausalLM
 from radixlm.runtime.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "BertModel": BertModel,
+    "BertForSequenceClassification": BertForSequenceClassification,
+    "XLMRobertaModel": XLMRobertaModel,
+    "XLMRobertaForSequenceClassification": XLMRobertaForSequenceClassification,
+    # A decoder's backbone without its head (e.g. saved by AutoModel): served with --is-embedding.
+    "LlamaModel": LlamaForCausalLM,
+    "Qwen2Model": Qwen2ForCausalLM,
+    "Qwen3Model": Qwen3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "LlavaNextForConditionalGeneration": LlavaNextForConditionalGeneration,

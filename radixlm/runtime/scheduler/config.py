@@ -24,7 +24,9 @@ class AdmissionConfig:
         chunk = args.chunked_prefill_size
         if chunk is None:
             chunk = CUDA_CHUNKED_PREFILL_SIZE if device.startswith("cuda") else CPU_CHUNKED_PREFILL_SIZE
-        return cls(args.page_size, args.max_prefill_tokens, None if chunk == -1 else chunk, max_running_requests,
+        # A pooled output reads the whole prompt's last hidden states in one pass: embedding prompts are not cut.
+        whole = chunk == -1 or args.is_embedding
+        return cls(args.page_size, args.max_prefill_tokens, None if whole else chunk, max_running_requests,
                    args.schedule_conservativeness, args.mixed_chunk)
 
 

@@ -61,7 +61,8 @@ def build_scheduler(args: ServerArgs, parallel: Parallel = SINGLE, device: str |
 
     device = device or args.resolved_device()
     cfg = ModelConfig.from_path(args.model_path, dtype=args.dtype, device=device, context_length=args.context_length,
-                                load_format=args.load_format, quantization=args.quantization)
+                                load_format=args.load_format, quantization=args.quantization,
+                                is_embedding=args.is_embedding)
     tokenizer = get_tokenizer(args.tokenizer_path or cfg.model_path)
     runner = ModelRunner(args, cfg, device, parallel, reserve=draft_reserve(args, cfg))
     scheduler = Scheduler(args, runner, tokenizer, cfg.eos_token_ids, DraftFactory.load(args, runner))

@@ -48,6 +48,9 @@ class Outbox:
             input_top_logprobs=req.input_top_logprobs,
             output_token_logprobs=req.output_token_logprobs,
             output_top_logprobs=req.output_top_logprobs,
+            embedding=req.embedding,
+            output_token_ids_logprobs=req.output_token_ids_logprobs,
         ))
         req.input_token_logprobs, req.input_top_logprobs = [], []
         req.output_token_logprobs, req.output_top_logprobs = [], []
+        req.output_token_ids_logprobs = []

@@ -39,6 +39,16 @@ class BatchResult:
         return [None] * n if self.next_ids is None else self.next_ids.get()[0].tolist()
 
 
+def _to_host(vectors: list[torch.Tensor]) -> list[list[float]]:
+    """A pass's pooled vectors on the host, in one copy."""
+    flat = torch.cat(vectors).tolist() if vectors else []
+    out, start = [], 0
+    for v in vectors:
+        out.append(flat[start : start + v.shape[0]])
+        start += v.shape[0]
+    return out
+
+
 class ResultProcessor:
     def __init__(self, queues: ReqQueues, planner: Planner, masks: MaskPlanner, drafts: "DraftPath", outbox: Outbox,
                  ratio: NewTokenRatio, stats: Counter, tokenizer, generator: torch.Generator):
@@ -68,10 +78,13 @@ class ResultProcessor:
         verdicts = masks.sampler_verdicts(result.masks, len(next_ids))
         is_prefill = batch.is_prefill
         drafting = self.drafts.drafting(len(self.queues.running))  # the running requests do not change while processing
+        vectors = None if out.pooled is None else _to_host(out.pooled)
         for i, (req, tok) in enumerate(zip(batch.samplers, next_ids)):
             if req.finished_reason is not None:  # finished (or aborted) while this pass was in flight: no token
                 continue
             try:
+                if vectors is not None:
+                    req.embedding = vectors[i]
                 self._take_token(req, tok, verdicts[i], None if out_lp is None else out_lp[i : i + 1], drafting)
             except Exception as e:  # noqa: BLE001 - one request's data fails that request only
                 self._failed(req, e)
@@ -110,6 +123,9 @@ class ResultProcessor:
             if req.top_logprobs_num and lp is not None:
                 # No token, but the next token's top candidates: programs read them (SGLang reports them too).
                 req.output_top_logprobs.append(top_logprobs(lp, req.top_logprobs_num)[0])
+            if req.token_ids_logprob and lp is not None:
+                picked = lp[0, req.token_ids_logprob].tolist()
+                req.output_token_ids_logprobs.append(list(zip(picked, req.token_ids_logprob)))
             req.finished_reason = FinishReason.at_length(0)
             return
         decided = verdict.tokens[:1] if verdict is not None else None  # mask on demand: the constrained argmax

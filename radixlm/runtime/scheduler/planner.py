@@ -17,6 +17,7 @@ from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.cache.radix_node import draft_kv_prefix
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan
+from radixlm.runtime.executor.pooler import PoolSpan
 from radixlm.runtime.spec.tree import TreeMask, depths, move_kv, verify_mask
 from radixlm.runtime.scheduler.req import Req
 from radixlm.runtime.scheduler.shared_prefix import decode_groups
@@ -132,6 +133,10 @@ class Planner:
             self._rows(batch)
         if self.media:
             self._media_rows(batch)
+        if any(r.token_type_ids is not None for r in reqs):
+            batch.worker.token_type_ids = [
+                (r.token_type_ids[p] if r.token_type_ids is not None and p < len(r.token_type_ids) else 0)
+                for r, s, e in zip(reqs, starts, ends) for p in range(s, e)]
         return batch
 
     @staticmethod
@@ -229,6 +234,8 @@ class Planner:
             else:
                 plan.sample_rows.append(row + n - 1)
                 batch.samplers.append(req)
+                if req.embed:
+                    plan.pool_spans.append(PoolSpan(row, row + n - 1, req.dimensions))
             row += n
 
     @staticmethod

@@ -56,6 +56,8 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs | None, ready_pipe,
         max_total_num_tokens=sched.allocator.size, max_running_requests=sched.admission.config.max_running_requests,
         vocab_size=cfg.vocab_size, context_len=cfg.context_len, model_path=cfg.model_path, architecture=cfg.architecture,
         model_type=getattr(cfg.hf_config, "model_type", ""),
+        embedding_dim=built.runner.pooler.dim if built.runner.pooler is not None else 0,
+        cross_encoder=built.runner.pooler is not None and built.runner.pooler.classify is not None,
     ))
     if ports is None:
         loop = SchedulerLoop(sched, None, deliver=lambda _outputs: None, reply=lambda _req, _out: None,

@@ -94,6 +94,10 @@ class Req:
     lora_id: str | None = None  # its LoRA adapter; None: the base model
     priority: int | None = None  # None: the server's --default-priority-value (read only with priority scheduling)
     timeout_s: float | None = None  # the request's own deadline, seconds after it arrived (scheduler/deadlines.py)
+    embed: bool = False  # its output is pooled from the prompt's hidden states (TokenizedGenerateReqInput.embed)
+    dimensions: int | None = None
+    token_type_ids: list[int] | None = None
+    token_ids_logprob: list[int] | None = None
 
     # Set by the scheduler: tokens and KV.
     output_ids: list[int] = field(default_factory=list)
@@ -134,12 +138,16 @@ class Req:
     draft_sources: tuple[DraftSource, ...] = ()
     draft_unbounded: bool = False  # one of them is not bound by the batch rule (set with them: DraftPath.attach)
     stop_checked: bool = False  # the jump-forward source looked once whether its grammar allows only a stop token
+    # Set by the scheduler for an embed request whose pooling reads every prompt row: no cached prefix is used.
+    whole_prompt: bool = False
+    embedding: list[float] | None = None  # the pooled output (set when its pass is processed)
 
     # Logprob results not yet reported (set by the scheduler, drained into ReqOutput).
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    output_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
     @classmethod
     def from_input(cls, msg: TokenizedGenerateReqInput, eos_token_ids: frozenset[int]) -> "Req":
@@ -157,6 +165,10 @@ class Req:
             lora_id=msg.lora_id,
             priority=msg.priority,
             timeout_s=msg.timeout_s,
+            embed=msg.embed,
+            dimensions=msg.dimensions,
+            token_type_ids=msg.token_type_ids,
+            token_ids_logprob=msg.token_ids_logprob,
         )
 
     # ------------------------------------------------------------------ time in the queues
@@ -201,6 +213,8 @@ class Req:
     def max_prefix_len(self) -> int:
         # NOTE: the match never covers the last token: its logits are needed to sample the next one.
         limit = len(self.fill_ids) - 1
+        if self.whole_prompt:
+            return 0
         if self.wants_input_logprobs():
             # The logprob of prompt token p comes from the row of token p-1, which must be computed.
             limit = min(limit, max(self.logprob_start_len - 1, 0))

@@ -62,7 +62,9 @@ class Scheduler:
         self.allocator = model_runner.token_to_kv_pool_allocator
         self.tree_cache = RadixCache(
             self.req_to_token_pool, self.allocator, page_size=self.page_size,
-            disable=server_args.disable_radix_cache, eviction_policy=server_args.radix_eviction_policy,
+            # An encoder's rows attend both ways: a prompt's first rows depend on the rest, so nothing is shared.
+            disable=server_args.disable_radix_cache or not model_runner.is_causal,
+            eviction_policy=server_args.radix_eviction_policy,
         )
         media = getattr(model_runner, "mm_embedder", None) is not None
         # Multimodal positions run eagerly whatever the batch (ModelRunner._run): groups in every decode pass there.
@@ -86,7 +88,7 @@ class Scheduler:
                                                 self.grammar_stats, self.page_size, lambda: len(self.queues.running)))
         self.priority = PriorityRule(PriorityConfig.from_args(server_args))
         self.deadlines = Deadlines(DeadlineConfig.from_args(server_args), checks=parallel.tp_rank == 0)
-        self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, seed,
+        self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, self.tree_cache.disable, seed,
                                      self.priority)
         self.sampler = Sampler()
         self.generator = torch.Generator(device=self.device)
@@ -174,6 +176,10 @@ class Scheduler:
                 self.lora.check_request(msg.lora_id)
             req = Req.from_input(msg, self.eos_token_ids)
             self.deadlines.track(req)
+            pooler = self.runner.pooler
+            if req.embed != (pooler is not None):
+                raise ValueError("an embedding request needs --is-embedding, and a server with it takes nothing else")
+            req.whole_prompt = req.embed and pooler.needs_whole_prompt
             if not self.grammar_queue.add(req):  # else it waits for its grammar to compile
                 self._enter_waiting(req)
         except Exception as e:  # noqa: BLE001 - one request's data must not stop the scheduler
@@ -375,7 +381,7 @@ class Scheduler:
         samplers = batch.samplers
         # Rows whose grammar decides their token on demand need no sampler (nor its parameters on the device).
         lazy = self.masks.on_demand_rows(samplers)
-        sample = bool(samplers) and not all(lazy)
+        sample = bool(samplers) and not all(lazy) and out.pooled is None
         info = None
         if sample:
             info = SamplingBatchInfo.from_reqs(samplers, out.next_token_logits.shape[-1], self.device,

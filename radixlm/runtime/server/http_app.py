@@ -27,6 +27,7 @@ from radixlm.runtime.server.native_protocol import AbortReq
 from radixlm.runtime.server.openai.response_store import ResponseStore
 from radixlm.runtime.server.openai.routes import router as openai_router
 from radixlm.runtime.server.openapi import install_openapi, request_body
+from radixlm.runtime.server.pooling import router as pooling_router
 from radixlm.runtime.server.tokens import router as tokens_router
 from radixlm.runtime.server.weights import router as weights_router
 from radixlm.runtime.tokenizer_manager import RequestFailed, RuntimeDead, TokenizerManager
@@ -41,7 +42,9 @@ SERVER_INFO_TIMEOUT_S = 5.0  # then /server_info shows the scheduler's last repo
 
 async def _warm_up(tm: TokenizerManager, started: float) -> None:
     try:
-        built = tm.build(prompt="The capital city of France is", sampling_params={"temperature": 0, "max_new_tokens": 8})
+        prompt = "The capital city of France is"
+        built = (tm.build_embed(texts=prompt) if tm.runtime.info.embedding_dim
+                 else tm.build(prompt=prompt, sampling_params={"temperature": 0, "max_new_tokens": 8}))
         await asyncio.wait_for(tm.generate(built, False, log_metrics=False), WARMUP_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - the server stays unhealthy (503)
         logger.exception("warm-up generation failed; the server stays unhealthy")
@@ -67,8 +70,8 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
     app.state.tokenizer_manager = tm
     app.state.response_store = ResponseStore(tm.server_args.responses_store_size)
     app.add_middleware(GuardMiddleware, tokenizer_manager=tm)
-    for router in (native_router, lora_router, openai_router, anthropic_router, tokens_router, metrics_router,
-                   weights_router):
+    for router in (native_router, lora_router, openai_router, anthropic_router, pooling_router, tokens_router,
+                   metrics_router, weights_router):
         app.include_router(router)
 
     def _answer(req: Request, message: str, status_code: int) -> Response:
@@ -113,7 +116,8 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
         bad = _unhealthy(request)
         if bad is not None:
             return bad
-        built = tm.build(input_ids=[0], sampling_params={"temperature": 0, "max_new_tokens": 1}, prompt=None)
+        built = (tm.build_embed(input_ids=[0]) if tm.runtime.info.embedding_dim
+                 else tm.build(input_ids=[0], sampling_params={"temperature": 0, "max_new_tokens": 1}, prompt=None))
         try:
             await asyncio.wait_for(tm.generate(built, False, log_metrics=False), HEALTH_CHECK_TIMEOUT_S)
         except (asyncio.TimeoutError, RuntimeDead, RequestFailed) as e:

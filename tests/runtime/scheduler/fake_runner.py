@@ -92,6 +92,8 @@ class FakeRunner:
         self.device = "cpu"
         self.is_cuda = False
         self.takes_shared_prefixes = False
+        self.is_causal = True
+        self.pooler = None  # generation (a ModelRunner's Pooler under --is-embedding)
         self.page_size = page_size
         self.graph_rows = graph_rows
         self.model_config = SimpleNamespace(vocab_size=vocab_size, context_len=context_len)

@@ -107,6 +107,21 @@ def server(shared_server):
     return shared_server
 
 
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The default model's tokenizer (the shared server's)."""
+    from radixlm.runtime.model_loader.tokenizer import get_tokenizer
+    return get_tokenizer("default")
+
+
+@pytest.fixture(scope="module")
+def anthropic_client(server):
+    import anthropic
+
+    with anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0, timeout=60) as c:
+        yield c
+
+
 def kv_state(server) -> dict:
     return server.client.get("/server_info").json()["internal_states"][0]
 

@@ -15,20 +15,8 @@ GREEDY = {"model": "default", "max_tokens": 8, "extra_body": {"temperature": 0}}
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    with anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0, timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from radixlm.runtime.model_loader.tokenizer import get_tokenizer
-    return get_tokenizer("default")
-
-
-@pytest.fixture(scope="module")
-def plain(client):
-    return client.messages.create(messages=USER, **GREEDY)
+def plain(anthropic_client):
+    return anthropic_client.messages.create(messages=USER, **GREEDY)
 
 
 def templated(tokenizer, messages, system=None) -> str:
@@ -36,7 +24,7 @@ def templated(tokenizer, messages, system=None) -> str:
     return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
 
 
-def test_message_matches_generate(server, client, tokenizer, plain):
+def test_message_matches_generate(server, anthropic_client, tokenizer, plain):
     msg = plain
     assert msg.id.startswith("msg_") and msg.type == "message" and msg.role == "assistant" and msg.model == "default"
     assert len(msg.content) == 1 and msg.content[0].type == "text" and msg.content[0].text
@@ -47,13 +35,14 @@ def test_message_matches_generate(server, client, tokenizer, plain):
     assert msg.content[0].text == native["text"]
     assert msg.usage.input_tokens + msg.usage.cache_read_input_tokens == len(tokenizer.encode(prompt))
     # A final assistant message is a prefill that generation continues.
-    pre = client.messages.create(messages=USER + [{"role": "assistant", "content": "The sea"}], **dict(GREEDY, max_tokens=3))
+    pre = anthropic_client.messages.create(messages=USER + [{"role": "assistant", "content": "The sea"}],
+                                           **dict(GREEDY, max_tokens=3))
     cont = server.client.post("/generate", json={"text": prompt + "The sea", "sampling_params": {"temperature": 0, "max_new_tokens": 3}}).json()
     assert pre.content[0].text == cont["text"]
 
 
-def test_stream_matches_plain(server, client, plain):
-    with client.messages.stream(messages=USER, **GREEDY) as stream:
+def test_stream_matches_plain(server, anthropic_client, plain):
+    with anthropic_client.messages.stream(messages=USER, **GREEDY) as stream:
         pieces = list(stream.text_stream)
         final = stream.get_final_message()
     assert len(pieces) >= 2 and "".join(pieces) == plain.content[0].text == final.content[0].text
@@ -72,32 +61,32 @@ def test_stream_matches_plain(server, client, plain):
     assert datas[-2]["usage"]["output_tokens"] == 3 and datas[-2]["delta"]["stop_reason"] == "max_tokens"
 
 
-def test_stop_sequences(client, plain):
+def test_stop_sequences(anthropic_client, plain):
     base = plain.content[0].text
     words = base.split()
     assert len(words) >= 4
     stop = words[2]
     for streamed in (False, True):
         if streamed:
-            with client.messages.stream(messages=USER, stop_sequences=[stop, "zzqx"], **GREEDY) as s:
+            with anthropic_client.messages.stream(messages=USER, stop_sequences=[stop, "zzqx"], **GREEDY) as s:
                 msg = s.get_final_message()
         else:
-            msg = client.messages.create(messages=USER, stop_sequences=[stop, "zzqx"], **GREEDY)
+            msg = anthropic_client.messages.create(messages=USER, stop_sequences=[stop, "zzqx"], **GREEDY)
         assert msg.stop_reason == "stop_sequence" and msg.stop_sequence == stop
         assert msg.content[0].text == base[:base.find(stop)]
 
 
-def test_system_prompt_and_count_tokens(client, tokenizer):
+def test_system_prompt_and_count_tokens(anthropic_client, tokenizer):
     system = "You are a pirate. Always answer like a pirate."
     for sys_arg in (system, [{"type": "text", "text": system}]):
-        count = client.messages.count_tokens(model="default", system=sys_arg, messages=USER)
+        count = anthropic_client.messages.count_tokens(model="default", system=sys_arg, messages=USER)
         assert count.input_tokens == len(tokenizer.encode(templated(tokenizer, USER, system)))
-    plain = client.messages.count_tokens(model="default", messages=USER).input_tokens
+    plain = anthropic_client.messages.count_tokens(model="default", messages=USER).input_tokens
     assert plain == len(tokenizer.encode(templated(tokenizer, USER)))
-    msg = client.messages.create(system=system, messages=USER, **dict(GREEDY, max_tokens=2))
+    msg = anthropic_client.messages.create(system=system, messages=USER, **dict(GREEDY, max_tokens=2))
     assert msg.usage.input_tokens + msg.usage.cache_read_input_tokens == count.input_tokens
     blocks = [{"role": "user", "content": [{"type": "text", "text": "Write one sentence about the sea."}]}]
-    assert client.messages.count_tokens(model="default", messages=blocks).input_tokens == plain
+    assert anthropic_client.messages.count_tokens(model="default", messages=blocks).input_tokens == plain
 
 
 @pytest.mark.parametrize("bad", [
@@ -106,10 +95,10 @@ def test_system_prompt_and_count_tokens(client, tokenizer):
     {"messages": [{"role": "system", "content": "hi"}]}, {"messages": [{"role": "user", "content": "word " * 5000}]},
     {"system": 3}, {"tools": [{"name": "f"}]},
 ])
-def test_invalid_requests(client, bad):
+def test_invalid_requests(anthropic_client, bad):
     body = {"messages": USER, **GREEDY, **bad}
     with pytest.raises(anthropic.BadRequestError) as e:
-        client.messages.create(**body)
+        anthropic_client.messages.create(**body)
     assert e.value.status_code == 400 and e.value.body["type"] == "error"
     assert e.value.body["error"]["type"] == "invalid_request_error" and e.value.body["error"]["message"]
 

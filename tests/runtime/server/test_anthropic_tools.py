@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -16,31 +15,20 @@ WEATHER = {"name": "weather", "description": "Get the weather in a city",
 NOW = {"name": "now", "description": "Get the time", "input_schema": {"type": "object", "properties": {},
                                                                       "additionalProperties": False}}
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
-GREEDY = {"model": "default", "max_tokens": 48, "extra_body": {"temperature": 0}}
+GREEDY = {"model": "default", "max_tokens": 64, "extra_body": {"temperature": 0}}
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    with anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0, timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from radixlm.runtime.model_loader.tokenizer import get_tokenizer
-    return get_tokenizer("default")
-
-
-def test_tool_use_plain_streamed_and_result(server, client, tokenizer):
-    msg = client.messages.create(messages=USER, tools=[WEATHER], tool_choice={"type": "tool", "name": "weather"},
-                                 **GREEDY)
+def test_tool_use_plain_streamed_and_result(server, anthropic_client, tokenizer):
+    msg = anthropic_client.messages.create(messages=USER, tools=[WEATHER],
+                                           tool_choice={"type": "tool", "name": "weather"}, **GREEDY)
     assert msg.stop_reason == "tool_use" and msg.stop_sequence is None
     [use] = msg.content
     assert use.type == "tool_use" and use.name == "weather" and use.id.startswith("toolu_")
     assert "paris" in use.input["city"].lower()
 
-    with client.messages.stream(messages=USER, tools=[NOW], tool_choice={"type": "any", "disable_parallel_tool_use": True},
-                                **GREEDY) as stream:
+    with anthropic_client.messages.stream(messages=USER, tools=[NOW],
+                                          tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                                          **GREEDY) as stream:
         events = [e for e in stream if e.type not in ("input_json", "text")]  # the SDK's own, derived events
         final = stream.get_final_message()
     types = [e.type for e in events]
@@ -57,7 +45,7 @@ def test_tool_use_plain_streamed_and_result(server, client, tokenizer):
     # The call and its result reach the chat template as an assistant turn with tool_calls and a tool message.
     convo = USER + [{"role": "assistant", "content": [use.model_dump(include={"type", "id", "name", "input"})]},
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]}]
-    follow = client.messages.create(messages=convo, tools=[WEATHER], **dict(GREEDY, max_tokens=1))
+    follow = anthropic_client.messages.create(messages=convo, tools=[WEATHER], **dict(GREEDY, max_tokens=1))
     assert follow.content[0].type == "text" and follow.stop_reason == "max_tokens"
     chat = [USER[0], {"role": "assistant", "content": "", "tool_calls": [
                 {"id": use.id, "type": "function", "function": {"name": "weather", "arguments": use.input}}]},
@@ -65,7 +53,8 @@ def test_tool_use_plain_streamed_and_result(server, client, tokenizer):
     text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     expected = len(tokenizer.encode(text, add_special_tokens=False))
     assert follow.usage.input_tokens + follow.usage.cache_read_input_tokens == expected
-    assert client.messages.count_tokens(model="default", messages=convo, tools=[WEATHER]).input_tokens == expected
+    counted = anthropic_client.messages.count_tokens(model="default", messages=convo, tools=[WEATHER])
+    assert counted.input_tokens == expected
 
 
 TOOL_USE = {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}}

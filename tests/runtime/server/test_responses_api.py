@@ -23,12 +23,6 @@ def client(server):
         yield c
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from radixlm.runtime.model_loader.tokenizer import get_tokenizer
-    return get_tokenizer("default")
-
-
 def prompt_len(tokenizer, messages) -> int:
     return len(tokenizer.encode(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
                                 add_special_tokens=False))
@@ -63,7 +57,7 @@ def test_text_plain_and_streamed(client, tokenizer):
 
 
 def test_forced_call_streamed_continued_retrieved_deleted(client, tokenizer):
-    kw = dict(input=ASK, tools=[WEATHER], max_output_tokens=48, **GREEDY)
+    kw = dict(input=ASK, tools=[WEATHER], max_output_tokens=64, **GREEDY)
     r = client.responses.create(tool_choice={"type": "function", "name": "weather"}, **kw)
     assert r.status == "completed" and r.tool_choice.name == "weather" and r.tools[0].name == "weather"
     [call] = r.output

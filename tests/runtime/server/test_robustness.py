@@ -223,7 +223,7 @@ def test_watchdog_fails_stalled_requests():
 
     ports = PortArgs.new()
     info = SimpleNamespace(vocab_size=100, context_len=64, max_total_num_tokens=64, max_running_requests=4,
-                           model_path="/nonexistent")  # not a model directory: a text-only front
+                           embedding_dim=0, model_path="/nonexistent")  # not a model directory: a text-only front
     runtime = SimpleNamespace(server_args=ServerArgs(watchdog_timeout=0.4), info=info, ports=ports, dead_child=lambda: None)
     tm = TokenizerManager(runtime, tokenizer=None)
 
