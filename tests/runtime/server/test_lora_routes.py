@@ -41,7 +41,8 @@ class FakeScheduler:
 
 def _manager(fake: FakeScheduler) -> TokenizerManager:
     args = ServerArgs(model_path="base", enable_lora=True, lora_paths=["boot=/adapters/boot"])
-    info = SimpleNamespace(vocab_size=100, context_len=64, max_total_num_tokens=512, model_path="/nonexistent")
+    info = SimpleNamespace(vocab_size=100, context_len=64, max_total_num_tokens=512, model_path="/nonexistent",
+                           embedding_dim=0)
     runtime = SimpleNamespace(server_args=args, info=info, dead_child=lambda: None)
     tokenizer = SimpleNamespace(decode=lambda ids, **_: " ".join(map(str, ids)), encode=lambda text, **_: [1, 2],
                                 apply_chat_template=lambda messages, **_: "1 2")
