@@ -212,6 +212,8 @@ class SchedulerLoop:
                     if id(m) in taken:
                         self._handle_now(m)  # queued now, and aborted with the others below
                 self._held = deque(e for e in self._held if id(e[0]) not in taken)
+        elif isinstance(msg, ExpiredReqs):
+            self.sched.abort_expired(msg.aborts)
         elif isinstance(msg, self._weights_types) or (self._held and not isinstance(msg, GetInternalStateReq)):
             paused = 0
             if isinstance(msg, self._update_types) and msg.abort_all_requests:
