@@ -5,7 +5,8 @@ alike.
 
 The reasoning stage, once for both APIs: with a request's ReasoningParser, `final_blocks` and `BlockStream.feed` split
 the reasoning off the text first (`split_text` / `StreamedReasoning`, as chat does; tool calls are parsed from the
-content only) into a REASONING block ahead of the others; the renderers map it to a Responses `reasoning` item and an
+content only) into a REASONING block ahead of the others (none under a forced tool choice, whose constraint makes
+the output calls from its first token); the renderers map it to a Responses `reasoning` item and an
 Anthropic `thinking` block."""
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class Block:
 def final_blocks(plan: ToolPlan, text: str, reasoning: ReasoningParser | None = None) -> list[Block]:
     """A finished sample's blocks: its reasoning (if any), its content (if any), then its calls; an output with none
     of them is one empty text block."""
-    thought, text = split_text(reasoning, text)
+    thought, text = split_text(None if plan.forced else reasoning, text)
     content, calls = tool_message(plan, text)
     blocks = [Block(BlockKind.REASONING, thought)] if thought else []
     blocks += [Block(BlockKind.TEXT, content)] if content else []
@@ -63,7 +64,7 @@ class BlockStream:
     out of its own stage first, so its block precedes the content's."""
 
     def __init__(self, plan: ToolPlan, reasoning: ReasoningParser | None = None):
-        self._reasoning = StreamedReasoning(reasoning)
+        self._reasoning = StreamedReasoning(None if plan.forced else reasoning)
         self._tools = StreamedTools(plan) if plan.fmt is not None else None
         self._sent = ""
         self._open: Block | None = None

@@ -59,6 +59,14 @@ def test_reasoning_comes_first_whole_and_streamed_in_pieces(reasoning, plan, tex
             assert "".join(e.block.text for e in mine[1:-1]) == block.text
 
 
+def test_a_forced_tool_choice_has_no_reasoning():
+    # The constraint makes the output calls from its first token, though the parser would start in the reasoning.
+    forced = ToolPlan(None, frozenset({"weather"}), "json_array", "{}", forced=True)
+    calls = '[{"name": "weather", "arguments": {"city": "Oslo"}}]'
+    assert kinds(final_blocks(forced, calls, QWEN3)) == [(BlockKind.TOOL_CALL, "weather")]
+    assert kinds(streamed(QWEN3, forced, calls, 7)[1]) == [(BlockKind.TOOL_CALL, "weather")]
+
+
 def sse_data(chunks: list[bytes]) -> list[dict]:
     return [json.loads(c.split(b"\ndata: ", 1)[1]) for c in chunks]
 
