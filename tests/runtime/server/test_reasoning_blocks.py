@@ -119,7 +119,8 @@ def test_anthropic_thinking_block_and_events_have_the_sdk_shapes():
 
 def _event(d: dict):
     classes = {"content_block_start": asdk.RawContentBlockStartEvent,
-               "content_block_delta": asdk.RawContentBlockDeltaEvent, "content_block_stop": asdk.RawContentBlockStopEvent}
+               "content_block_delta": asdk.RawContentBlockDeltaEvent,
+               "content_block_stop": asdk.RawContentBlockStopEvent}
     return classes[d["type"]].model_validate(d)
 
 
