@@ -1,6 +1,6 @@
 """Anthropic Messages API: POST /v1/messages (plain and SSE-streamed, with tools) and /v1/messages/count_tokens.
 A request is translated into a chat request and runs through the chat pipeline (prepare_chat); its output is read
-into blocks (output_blocks): text and tool_use content blocks.
+into blocks (output_blocks): thinking (with --reasoning-parser), text and tool_use content blocks.
 Errors answer in Anthropic's shape {type: "error", error: {type, message}} (the app's handlers pick it by path);
 an operator's abort is a normal end with stop_reason "abort", as the other APIs finish with "abort"."""
 from __future__ import annotations
@@ -13,11 +13,13 @@ from fastapi.responses import Response, StreamingResponse
 
 from radixlm.runtime.server import anthropic_protocol as proto
 from radixlm.runtime.errors import ApiError
+from radixlm.runtime.parsers.reasoning import family
 from radixlm.runtime.server.errors import ApiFlavor, error_body
 from radixlm.runtime.server.native import ClientDisconnected, json_response
 from radixlm.runtime.server.openai.chat import chat_prompt_ids, prepare_chat
 from radixlm.runtime.server.openai.common import merged_stream, run
-from radixlm.runtime.server.openai.tool_calls import ToolPlan, plan_tools
+from radixlm.runtime.server.openai.reasoning import request_parser
+from radixlm.runtime.server.openai.tool_calls import plan_tools
 from radixlm.runtime.server.openapi import request_body
 from radixlm.runtime.server.output_blocks import BlockEvent, BlockKind, BlockStream, EventType, final_blocks
 from radixlm.runtime.tokenizer_manager import RuntimeDead
@@ -31,7 +33,8 @@ async def count_tokens(request: Request) -> Response:
     conv = proto.parse(proto.Conversation, await request.body())
     chat = conv.to_chat()
     plan = plan_tools(chat, tm.server_args.tool_call_parser, getattr(tm.tokenizer, "chat_template", None))
-    ids = chat_prompt_ids(tm, chat.messages, chat.continue_final_message, None, plan.template_tools)
+    ids = chat_prompt_ids(tm, chat.messages, chat.continue_final_message, conv.template_kwargs(_toggle(tm)),
+                          plan.template_tools)
     images = sum(len(m.image_urls()) for m in chat.messages)
     return json_response({"input_tokens": len(ids) + tm.builder.media_token_count(images)})
 
@@ -41,21 +44,24 @@ async def messages(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
     msg_id = proto.new_message_id()
     req: proto.MessagesRequest = proto.parse(proto.MessagesRequest, await request.body())
+    chat = req.chat_request(msg_id, _toggle(tm))
+    reasoning = request_parser(tm.server_args.reasoning_parser, True, chat.chat_template_kwargs)
     # prepare_chat runs the model's LoRA adapter, if it names one (or base:adapter), as on the OpenAI routes.
-    built, plan = await prepare_chat(tm, req.chat_request(msg_id))
+    built, plan = await prepare_chat(tm, chat)
     if tm.dead is not None:
         raise RuntimeDead(tm.dead)
     if req.stream:
-        return StreamingResponse(_events(tm, built, plan, req, msg_id), media_type="text/event-stream")
+        return StreamingResponse(_events(tm, built, BlockStream(plan, reasoning), req, msg_id),
+                                 media_type="text/event-stream")
     try:
         out = (await run(request, tm, built))[0]
     except ClientDisconnected:
         return Response(status_code=499)
     meta = out["meta_info"]
-    blocks = final_blocks(plan, out["text"])
+    blocks = final_blocks(plan, out["text"], reasoning)
     called = any(b.kind is BlockKind.TOOL_CALL for b in blocks)
     stop_reason, stop_sequence = proto.stop_info(meta["finish_reason"], req.stop_sequences, called)
-    content = [proto.content_block(b) for b in blocks]
+    content = [proto.content_block(b, omit_thinking=req.omit_thinking) for b in blocks]
     return json_response(proto.message_body(msg_id, req.model, content, stop_reason, stop_sequence, proto.usage(meta)))
 
 
@@ -63,18 +69,31 @@ def _event(name: str, data: dict) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-def block_event(e: BlockEvent) -> bytes:
+def _toggle(tm) -> str | None:
+    """The chat_template_kwargs key that the request's `thinking` sets: the reasoning family's (None: no parser)."""
+    name = tm.server_args.reasoning_parser
+    return None if name is None else family(name).toggle
+
+
+def _delta(index: int, delta: dict) -> bytes:
+    return _event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+
+
+def block_events(e: BlockEvent, omit_thinking: bool = False) -> list[bytes]:
+    """A block event as Anthropic's stream events (a thinking block's signature comes just before its stop)."""
+    thinking = e.block.kind is BlockKind.REASONING
     if e.type is EventType.START:
-        return _event("content_block_start", {"type": "content_block_start", "index": e.index,
-                                              "content_block": proto.content_block(e.block, streaming=True)})
+        return [_event("content_block_start", {"type": "content_block_start", "index": e.index,
+                                               "content_block": proto.content_block(e.block, streaming=True)})]
     if e.type is EventType.DELTA:
-        return _event("content_block_delta", {"type": "content_block_delta", "index": e.index,
-                                              "delta": proto.block_delta(e.block)})
-    return _event("content_block_stop", {"type": "content_block_stop", "index": e.index})
+        return [] if thinking and omit_thinking else [_delta(e.index, proto.block_delta(e.block))]
+    stop = _event("content_block_stop", {"type": "content_block_stop", "index": e.index})
+    if thinking:
+        return [_delta(e.index, {"type": "signature_delta", "signature": proto.SIGNATURE}), stop]
+    return [stop]
 
 
-async def _events(tm, built, plan: ToolPlan, req: proto.MessagesRequest, msg_id: str) -> AsyncIterator[bytes]:
-    blocks = BlockStream(plan)
+async def _events(tm, built, blocks: BlockStream, req: proto.MessagesRequest, msg_id: str) -> AsyncIterator[bytes]:
     started = pinged = False
     try:
         async for _, snap in merged_stream(tm, built):
@@ -87,7 +106,8 @@ async def _events(tm, built, plan: ToolPlan, req: proto.MessagesRequest, msg_id:
                     msg_id, req.model, [], None, None, start_usage)})
                 started = True
             for e in blocks.feed(snap["text"], finish is not None):
-                yield block_event(e)
+                for chunk in block_events(e, req.omit_thinking):
+                    yield chunk
                 if not pinged:
                     yield _event("ping", {"type": "ping"})
                     pinged = True

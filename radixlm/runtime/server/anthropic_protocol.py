@@ -76,7 +76,26 @@ class ToolResultBlock(BaseModel):
     is_error: bool = False
 
 
-ContentBlock = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+class ThinkingBlock(BaseModel):
+    """Reasoning an earlier answer returned, sent back: not put in the prompt (chat templates drop the reasoning of
+    earlier turns too)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
+class RedactedThinkingBlock(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+ContentBlock = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
+                         | RedactedThinkingBlock, Field(discriminator="type")]
 
 
 class InputMessage(BaseModel):
@@ -143,6 +162,35 @@ class ToolChoiceNone(BaseModel):
 
 ToolChoice = Annotated[ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone, Field(discriminator="type")]
 
+ThinkingDisplay = Literal["summarized", "omitted"]  # omitted: thinking blocks come back with empty text
+
+
+class ThinkingEnabled(BaseModel):
+    """Extended thinking. The budget is checked as Anthropic checks it but not enforced on its own: the reasoning
+    counts toward max_tokens, as Anthropic counts it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["enabled"]
+    budget_tokens: integer(ge=1024)
+    display: ThinkingDisplay | None = None
+
+
+class ThinkingAdaptive(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["adaptive"]
+    display: ThinkingDisplay | None = None
+
+
+class ThinkingDisabled(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["disabled"]
+
+
+ThinkingConfig = Annotated[ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled, Field(discriminator="type")]
+
 
 class Conversation(BaseModel):
     """The fields /v1/messages/count_tokens takes."""
@@ -155,6 +203,18 @@ class Conversation(BaseModel):
     system: str | list[TextBlock] | None = None
     tools: list[CustomTool] | None = None
     tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+
+    def template_kwargs(self, toggle: str | None) -> dict[str, bool] | None:
+        """The chat template's kwargs for `thinking`: the reasoning family's toggle (e.g. Qwen3's enable_thinking)
+        on or off; None (the model's default) when it is not set or the family has no toggle."""
+        if self.thinking is None or toggle is None:
+            return None
+        return {toggle: not isinstance(self.thinking, ThinkingDisabled)}
+
+    @property
+    def omit_thinking(self) -> bool:
+        return getattr(self.thinking, "display", None) == "omitted"
 
     def to_chat(self, **fields: Any) -> ChatCompletionRequest:
         """The chat request of this conversation (a final assistant message continued), with `fields` added."""
@@ -201,11 +261,15 @@ class MessagesRequest(Conversation):
     service_tier: str | None = None
     cache_control: dict[str, Any] | None = None
 
-    def chat_request(self, msg_id: str) -> ChatCompletionRequest:
+    def chat_request(self, msg_id: str, toggle: str | None = None) -> ChatCompletionRequest:
+        """`toggle`: the chat_template_kwargs key of the server's reasoning family that `thinking` sets."""
+        if isinstance(self.thinking, ThinkingEnabled) and self.thinking.budget_tokens >= self.max_tokens:
+            raise BadRequest(f"thinking.budget_tokens: must be less than max_tokens ({self.max_tokens}), got "
+                             f"{self.thinking.budget_tokens}")
         # Anthropic's default temperature is 1.0, which is also the sampler's default.
         return self.to_chat(max_completion_tokens=self.max_tokens, stop=list(self.stop_sequences or []),
                             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, rid=msg_id,
-                            model=self.model)
+                            model=self.model, chat_template_kwargs=self.template_kwargs(toggle))
 
 
 def parse(model: type[BaseModel], raw: bytes) -> Any:
@@ -248,8 +312,8 @@ def _joined(a: str | list | None, b: str | list) -> str | list:
 
 def chat_messages(conv: Conversation) -> list[ChatMessage]:
     """The conversation as chat messages: the system prompt first; a tool_result block becomes a tool message (before
-    the rest of its user turn); tool_use blocks become the assistant message's tool_calls; consecutive turns of the
-    same role merge, as Anthropic merges them."""
+    the rest of its user turn); tool_use blocks become the assistant message's tool_calls; thinking blocks are
+    dropped; consecutive turns of the same role merge, as Anthropic merges them."""
     if conv.messages[0].role != "user":
         raise BadRequest("messages: the first message must use the user role")
     msgs: list[dict[str, Any]] = []
@@ -275,8 +339,12 @@ def chat_messages(conv: Conversation) -> list[ChatMessage]:
                 raise BadRequest("messages: tool_use blocks belong in assistant messages")
             names[u.id] = u.name
             calls.append({"id": u.id, "type": "function", "function": {"name": u.name, "arguments": u.input}})
+        thoughts = [b for b in blocks if isinstance(b, (ThinkingBlock, RedactedThinkingBlock))]
+        if thoughts and m.role != "assistant":
+            raise BadRequest("messages: thinking blocks belong in assistant messages")
         rest = [b for b in blocks if isinstance(b, (TextBlock, ImageBlock))]
-        if not rest and not calls and any(isinstance(b, ToolResultBlock) for b in blocks):
+        if not rest and not calls and any(isinstance(b, (ToolResultBlock, ThinkingBlock, RedactedThinkingBlock))
+                                          for b in blocks):
             continue
         content = _content(rest)
         prev = msgs[-1] if msgs else None
@@ -307,8 +375,15 @@ def _input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def content_block(block: Block, streaming: bool = False) -> dict[str, Any]:
+# Anthropic signs its thinking so that it can check the blocks sent back; they are not read here, so nothing is signed.
+SIGNATURE = ""
+
+
+def content_block(block: Block, streaming: bool = False, omit_thinking: bool = False) -> dict[str, Any]:
     """A block as Anthropic's content block (streaming: as content_block_start opens it, empty)."""
+    if block.kind is BlockKind.REASONING:
+        return {"type": "thinking", "thinking": "" if streaming or omit_thinking else block.text,
+                "signature": SIGNATURE}
     if block.kind is BlockKind.TOOL_CALL:
         return {"type": "tool_use", "id": tool_use_id(block.call_id), "name": block.name,
                 "input": {} if streaming else _input(block.text)}
@@ -316,6 +391,8 @@ def content_block(block: Block, streaming: bool = False) -> dict[str, Any]:
 
 
 def block_delta(block: Block) -> dict[str, str]:
+    if block.kind is BlockKind.REASONING:
+        return {"type": "thinking_delta", "thinking": block.text}
     if block.kind is BlockKind.TOOL_CALL:
         return {"type": "input_json_delta", "partial_json": block.text}
     return {"type": "text_delta", "text": block.text}

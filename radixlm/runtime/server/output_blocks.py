@@ -1,19 +1,25 @@
-"""A chat sample's output as a sequence of blocks (text, tool calls), whole or as streamed start/delta/stop events:
-what /v1/responses (output items) and /v1/messages (content blocks) render in their own shapes. Tool calls are read
-by the chat pipeline's `tool_message` / `StreamedTools`, so every API reads a model's calls alike.
+"""A chat sample's output as a sequence of blocks (reasoning, text, tool calls), whole or as streamed
+start/delta/stop events: what /v1/responses (output items) and /v1/messages (content blocks) render in their own
+shapes. Tool calls are read by the chat pipeline's `tool_message` / `StreamedTools`, so every API reads a model's calls
+alike.
 
-The reasoning parser plugs in here, once for both APIs: `final_blocks` and `BlockStream.feed` split the reasoning off
-the text first (before the tool parsing) into REASONING blocks ahead of the others; the renderers map them to a
-Responses `reasoning` item and an Anthropic `thinking` block."""
+The reasoning stage, once for both APIs: with a request's ReasoningParser, `final_blocks` and `BlockStream.feed` split
+the reasoning off the text first (`split_text` / `StreamedReasoning`, as chat does; tool calls are parsed from the
+content only) into a REASONING block ahead of the others (none under a forced tool choice, whose constraint makes
+the output calls from its first token); the renderers map it to a Responses `reasoning` item and an
+Anthropic `thinking` block."""
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 
+from radixlm.runtime.parsers.reasoning import ReasoningParser
+from radixlm.runtime.server.openai.reasoning import StreamedReasoning, split_text
 from radixlm.runtime.server.openai.tool_calls import StreamedTools, ToolPlan, tool_message
 
 
 class BlockKind(enum.Enum):
+    REASONING = "reasoning"
     TEXT = "text"
     TOOL_CALL = "tool_call"
 
@@ -21,15 +27,18 @@ class BlockKind(enum.Enum):
 @dataclass(frozen=True)
 class Block:
     kind: BlockKind
-    text: str  # the text, or a call's arguments (JSON text of an object)
+    text: str  # the text or reasoning, or a call's arguments (JSON text of an object)
     call_id: str | None = None
     name: str | None = None
 
 
-def final_blocks(plan: ToolPlan, text: str) -> list[Block]:
-    """A finished sample's blocks: its content (if any), then its calls; an empty output is one empty text block."""
+def final_blocks(plan: ToolPlan, text: str, reasoning: ReasoningParser | None = None) -> list[Block]:
+    """A finished sample's blocks: its reasoning (if any), its content (if any), then its calls; an output with none
+    of them is one empty text block."""
+    thought, text = split_text(None if plan.forced else reasoning, text)
     content, calls = tool_message(plan, text)
-    blocks = [Block(BlockKind.TEXT, content)] if content else []
+    blocks = [Block(BlockKind.REASONING, thought)] if thought else []
+    blocks += [Block(BlockKind.TEXT, content)] if content else []
     blocks += [Block(BlockKind.TOOL_CALL, c["function"]["arguments"], c["id"], c["function"]["name"])
                for c in calls or []]
     return blocks or [Block(BlockKind.TEXT, "")]
@@ -51,9 +60,11 @@ class BlockEvent:
 class BlockStream:
     """One streamed sample's blocks: feed it the cumulative text; it returns the events of what is new. Blocks open
     when their first piece arrives (a text block only for non-empty text) and close when the next one opens or the
-    sample ends; an empty output is one empty text block, as in final_blocks."""
+    sample ends; an empty output is one empty text block, as in final_blocks. The reasoning (with a parser) comes
+    out of its own stage first, so its block precedes the content's."""
 
-    def __init__(self, plan: ToolPlan):
+    def __init__(self, plan: ToolPlan, reasoning: ReasoningParser | None = None):
+        self._reasoning = StreamedReasoning(None if plan.forced else reasoning)
         self._tools = StreamedTools(plan) if plan.fmt is not None else None
         self._sent = ""
         self._open: Block | None = None
@@ -62,6 +73,9 @@ class BlockStream:
 
     def feed(self, text: str, final: bool) -> list[BlockEvent]:
         events: list[BlockEvent] = []
+        thought, text = self._reasoning.feed(text, final)
+        if thought:
+            events += self._piece(BlockKind.REASONING, thought)
         if self._tools is None:
             # Snapshots are cumulative; a text that does not extend what was sent cannot be taken back.
             if text.startswith(self._sent) and len(text) > len(self._sent):

@@ -8,7 +8,7 @@ import pytest
 from anthropic import types as sdk
 
 from radixlm.runtime.server import anthropic_protocol as proto
-from radixlm.runtime.server.anthropic import block_event
+from radixlm.runtime.server.anthropic import block_events
 from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.openai.tool_calls import ToolPlan
 from radixlm.runtime.server.output_blocks import Block, BlockKind, BlockStream
@@ -88,8 +88,8 @@ def test_content_blocks_and_stream_events_have_the_sdk_shapes():
     classes = {"content_block_start": sdk.RawContentBlockStartEvent,
                "content_block_delta": sdk.RawContentBlockDeltaEvent, "content_block_stop": sdk.RawContentBlockStopEvent}
     parsed = []
-    for e in events:
-        name, data = block_event(e).decode().split("\n")[:2]
+    for chunk in (c for e in events for c in block_events(e)):
+        name, data = chunk.decode().split("\n")[:2]
         d = json.loads(data.removeprefix("data: "))
         assert name == f"event: {d['type']}"
         parsed.append(classes[d["type"]].model_validate(d))

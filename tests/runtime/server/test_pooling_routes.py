@@ -24,7 +24,7 @@ class LocalTokenizerManager:
     def __init__(self, local: LocalScheduler):
         self.local = local
         self.builder = local.builder
-        self.server_args = SimpleNamespace(model_path="tiny", api_key=None)
+        self.server_args = SimpleNamespace(model_path="tiny", api_key=None, responses_store_size=0)
         pooler = local.pooler
         self.runtime = SimpleNamespace(info=SimpleNamespace(
             cross_encoder=pooler is not None and pooler.classify is not None,

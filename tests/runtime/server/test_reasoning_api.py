@@ -65,3 +65,45 @@ def test_enable_thinking_false_means_no_reasoning_block(client):
 
 def test_server_info_reports_the_parser(server):
     assert server.client.get("/server_info").json()["reasoning_parser"] == "qwen3"
+
+
+# /v1/responses and /v1/messages read the reasoning through the same stage (output_blocks). These APIs take no regex, so
+# the output is the model's own: the qwen3 parser starts inside the reasoning (the template's default), and SmolLM2
+# writes no </think>, so a short answer is all reasoning.
+SHORT = 6
+
+
+def test_responses_reasoning_item_whole_and_streamed(client):
+    kw = dict(model="default", input="What is the capital of France?", max_output_tokens=SHORT, temperature=0,
+              reasoning={"effort": "low"})
+    r = client.responses.create(**kw)
+    [item] = r.output
+    assert item.type == "reasoning" and item.id.startswith("rs_") and item.summary == []
+    assert item.content[0].type == "reasoning_text" and item.content[0].text and r.reasoning.effort == "low"
+
+    events = list(client.responses.create(stream=True, **kw))
+    types = [e.type for e in events]
+    assert types[2:4] == ["response.output_item.added", "response.content_part.added"]
+    assert events[3].part.type == "reasoning_text" and set(types[4:-4]) == {"response.reasoning_text.delta"}
+    assert types[-4:-1] == ["response.reasoning_text.done", "response.content_part.done", "response.output_item.done"]
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == events[-4].text == events[-1].response.output[0].content[0].text == item.content[0].text
+
+
+def test_anthropic_thinking_block_whole_streamed_and_disabled(anthropic_client):
+    kw = dict(model="default", max_tokens=SHORT, messages=ASK, extra_body={"temperature": 0})
+    msg = anthropic_client.messages.create(**kw)
+    [thinking] = msg.content
+    assert thinking.type == "thinking" and thinking.thinking and thinking.signature == ""
+    assert msg.stop_reason == "max_tokens"
+
+    with anthropic_client.messages.stream(**kw) as stream:
+        events = [e for e in stream if e.type in ("content_block_start", "content_block_delta", "content_block_stop")]
+        final = stream.get_final_message()
+    assert events[0].content_block.type == "thinking" and events[-1].type == "content_block_stop"
+    assert {e.delta.type for e in events[1:-2]} == {"thinking_delta"} and events[-2].delta.type == "signature_delta"
+    assert "".join(e.delta.thinking for e in events[1:-2]) == final.content[0].thinking == thinking.thinking
+
+    # thinking disabled: the template's enable_thinking is false, so the output is the answer.
+    off = anthropic_client.messages.create(thinking={"type": "disabled"}, **kw)
+    assert [b.type for b in off.content] == ["text"] and off.content[0].text

@@ -95,6 +95,8 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
     tm = request.app.state.tokenizer_manager
     reasoning = request_parser(tm.server_args.reasoning_parser, req.separate_reasoning, req.chat_template_kwargs)
     built, plan = await prepare_chat(tm, req)
+    if plan.forced:  # the constraint makes the output calls from its first token: there is no reasoning to split
+        reasoning = None
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": req.model or tm.server_args.model_path}
     if req.stream:
         return StreamingResponse(sse_body(_stream(tm, built, req, head, plan, reasoning)), media_type="text/event-stream")

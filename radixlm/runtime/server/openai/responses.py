@@ -21,7 +21,7 @@ from radixlm.runtime.server.openai.chat import prepare_chat
 from radixlm.runtime.server.openai.common import finish, merged_stream, respond
 from radixlm.runtime.server.openai.protocol import ChatMessage
 from radixlm.runtime.server.openai.response_store import ResponseStore, StoredResponse
-from radixlm.runtime.server.openai.tool_calls import ToolPlan
+from radixlm.runtime.server.openai.reasoning import request_parser
 from radixlm.runtime.server.openapi import request_body
 from radixlm.runtime.server.output_blocks import Block, BlockEvent, BlockKind, BlockStream, EventType, final_blocks
 from radixlm.runtime.tokenizer_manager import RuntimeDead
@@ -69,18 +69,20 @@ async def create_response(request: Request) -> Response:
         history = prev.history
     resp_id = proto.new_response_id()
     chat_req, new = req.to_chat(history, resp_id)
+    reasoning = request_parser(tm.server_args.reasoning_parser, True, chat_req.chat_template_kwargs)
     built, plan = await prepare_chat(tm, chat_req)
     turn = _Turn(store, req, history, new)
     head = (resp_id, int(time.time()), req, req.model or tm.server_args.model_path)
     if req.stream:
         if tm.dead is not None:
             raise RuntimeDead(tm.dead)
-        return StreamingResponse(_events(tm, built, plan, head, turn), media_type="text/event-stream")
+        return StreamingResponse(_events(tm, built, BlockStream(plan, reasoning), head, turn),
+                                 media_type="text/event-stream")
 
     def make(results: list[dict]) -> dict:
         meta = results[0]["meta_info"]
         reason, _ = finish(meta)
-        blocks = final_blocks(plan, results[0]["text"])
+        blocks = final_blocks(plan, results[0]["text"], reasoning)
         output = [proto.output_item(b, proto.item_id(b.kind), _item_status(reason))
                   for b in blocks]
         status, incomplete = proto.status_of(reason)
@@ -122,39 +124,48 @@ class EventRenderer:
         return _sse({"type": kind, "sequence_number": next(self.seq), **data})
 
     def render(self, e: BlockEvent, status: str) -> list[bytes]:
-        text = e.block.kind is BlockKind.TEXT
+        kind = e.block.kind
         at = {"output_index": e.index}
         if e.type is EventType.START:
-            item = self.ids[e.index] = proto.item_id(e.block.kind)
+            item = self.ids[e.index] = proto.item_id(kind)
             out = [self.event("response.output_item.added", **at, item=proto.output_item(e.block, item, "in_progress"))]
-            if text:
+            if kind is not BlockKind.TOOL_CALL:
                 out.append(self.event("response.content_part.added", item_id=item, **at, content_index=0,
-                                      part=proto.output_text("")))
+                                      part=_part(kind, "")))
             return out
         item = self.ids[e.index]
         if e.type is EventType.DELTA:
-            if text:
+            if kind is BlockKind.TEXT:
                 return [self.event("response.output_text.delta", item_id=item, **at, content_index=0,
                                    delta=e.block.text, logprobs=[])]
+            if kind is BlockKind.REASONING:
+                return [self.event("response.reasoning_text.delta", item_id=item, **at, content_index=0,
+                                   delta=e.block.text)]
             return [self.event("response.function_call_arguments.delta", item_id=item, **at, delta=e.block.text)]
         done = proto.output_item(e.block, item, status)
         self.items.append(done)
-        if text:
-            return [self.event("response.output_text.done", item_id=item, **at, content_index=0, text=e.block.text,
-                               logprobs=[]),
-                    self.event("response.content_part.done", item_id=item, **at, content_index=0,
-                               part=proto.output_text(e.block.text)),
+        if kind is BlockKind.TOOL_CALL:
+            return [self.event("response.function_call_arguments.done", item_id=item, **at, arguments=e.block.text),
                     self.event("response.output_item.done", **at, item=done)]
-        return [self.event("response.function_call_arguments.done", item_id=item, **at, arguments=e.block.text),
+        text_done = (self.event("response.output_text.done", item_id=item, **at, content_index=0, text=e.block.text,
+                                logprobs=[]) if kind is BlockKind.TEXT else
+                     self.event("response.reasoning_text.done", item_id=item, **at, content_index=0,
+                                text=e.block.text))
+        return [text_done,
+                self.event("response.content_part.done", item_id=item, **at, content_index=0,
+                           part=_part(kind, e.block.text)),
                 self.event("response.output_item.done", **at, item=done)]
 
 
-async def _events(tm, built, plan: ToolPlan, head: tuple, turn: _Turn) -> AsyncIterator[bytes]:
+def _part(kind: BlockKind, text: str) -> dict:
+    return proto.reasoning_text(text) if kind is BlockKind.REASONING else proto.output_text(text)
+
+
+async def _events(tm, built, blocks: BlockStream, head: tuple, turn: _Turn) -> AsyncIterator[bytes]:
     r = EventRenderer()
     started = proto.response_body(*head, "in_progress", [], None)
     yield r.event("response.created", response=started)
     yield r.event("response.in_progress", response=started)
-    blocks = BlockStream(plan)
     meta, reason = None, None
     try:
         async for _, snap in merged_stream(tm, built):

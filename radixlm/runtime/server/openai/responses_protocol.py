@@ -83,7 +83,8 @@ class FunctionCallOutputItem(BaseModel):
 
 
 class ReasoningItem(BaseModel):
-    """A reasoning item sent back from an earlier output. The reasoning parser's seam: not put in the prompt."""
+    """A reasoning item sent back from an earlier output: not put in the prompt (chat templates drop the reasoning
+    of earlier turns too)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -156,7 +157,8 @@ class ResponsesRequest(BaseModel):
     previous_response_id: StrictStr | None = None
     metadata: Metadata | None = None
     user: StrictStr | None = None
-    reasoning: dict[str, Any] | None = None  # accepted; what it asks for is the reasoning parser's seam
+    # Accepted and echoed; the reasoning items come from the server's --reasoning-parser whatever the effort asked.
+    reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     background: StrictBool = False
 
@@ -247,16 +249,27 @@ def new_response_id() -> str:
     return f"resp_{uuid.uuid4().hex}"
 
 
+_ID_PREFIX = {BlockKind.TOOL_CALL: "fc", BlockKind.TEXT: "msg", BlockKind.REASONING: "rs"}
+
+
 def item_id(kind: BlockKind) -> str:
-    return f"{'fc' if kind is BlockKind.TOOL_CALL else 'msg'}_{uuid.uuid4().hex}"
+    return f"{_ID_PREFIX[kind]}_{uuid.uuid4().hex}"
 
 
 def output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def reasoning_text(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
 def output_item(block: Block, item: str, status: str) -> dict[str, Any]:
-    """The output item of a block (a text block: an assistant message with one output_text part)."""
+    """The output item of a block (a text block: an assistant message with one output_text part; a reasoning block:
+    a reasoning item with one reasoning_text part and no summary)."""
+    if block.kind is BlockKind.REASONING:
+        return {"id": item, "type": "reasoning", "status": status, "summary": [],
+                "content": [reasoning_text(block.text)] if status != "in_progress" else []}
     if block.kind is BlockKind.TOOL_CALL:
         return {"id": item, "type": "function_call", "status": status, "call_id": block.call_id, "name": block.name,
                 "arguments": block.text}

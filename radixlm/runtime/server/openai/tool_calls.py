@@ -38,6 +38,7 @@ class ToolPlan:
     ebnf: str | None = None  # the constraint in the family's own format (xgrammar structural tags, as EBNF)
     parameters: dict[str, dict | None] = field(default_factory=dict)  # name -> parameters schema
     max_calls: int | None = None  # 1 under parallel_tool_calls=false
+    forced: bool = False  # constrained to calls from the first token (required / a named function): no reasoning
 
     def sampling_params(self) -> dict[str, Any]:
         """What the plan adds to the request's sampling params: the constraint, and keeping special tokens in the
@@ -119,10 +120,11 @@ def plan_tools(req: ChatCompletionRequest, parser: str, chat_template: Any) -> T
     names_chosen = frozenset(t.function.name for t in chosen)
     ebnf = _constraint(fmt, tools, chosen, forced=True, parallel=not single)
     if ebnf is not None:
-        return ToolPlan(template_tools, names_chosen, fmt, None, ebnf, parameters, max_calls)
+        return ToolPlan(template_tools, names_chosen, fmt, None, ebnf, parameters, max_calls, forced=True)
     arg_key = "parameters" if fmt == "llama3" else "arguments"  # the key each model family was trained on
     schema = JsonArray.schema([ToolSpec(t.function.name, t.function.parameters) for t in chosen], single, arg_key)
-    return ToolPlan(template_tools, names_chosen, JSON_ARRAY_FORMAT, schema, None, parameters, max_calls)
+    return ToolPlan(template_tools, names_chosen, JSON_ARRAY_FORMAT, schema, None, parameters, max_calls,
+                    forced=True)
 
 
 def _constraint(fmt: str, tools: list[Tool], chosen: list[Tool], forced: bool, parallel: bool) -> str | None:
