@@ -108,6 +108,8 @@ _LIBC = _libc()
 COLLECT_AFTER_TEARDOWN_S = 0.05
 COLLECT_AFTER_GROWTH_BYTES = 512 << 20
 _collected_at = {"rss": 0}
+# A file to append "pid rss_mb nodeid" to after each test (finding what holds a worker's memory); unset: nothing.
+RSS_LOG = os.environ.get("RADIXLM_TEST_RSS_LOG")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -122,3 +124,6 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
         _collected_at["rss"] = _rss_bytes()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)  # 0.1 ms
+    if RSS_LOG:
+        with open(RSS_LOG, "a") as f:
+            f.write(f"{os.getpid()} {_rss_bytes() >> 20} {item.nodeid}\n")
