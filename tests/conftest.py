@@ -7,7 +7,8 @@ their basenames):
 
 The fast tier is what has none of them: pytest -m "not interpreted_kernel and not real_model and not server".
 A run orders whole modules by their heaviest test, fast tier first (a module's tests stay together, so its fixtures
-are built once), and hands freed memory back to the system after each test."""
+are built once), and hands freed memory back to the system after each test. Under pytest-xdist (the README's `-n 2`)
+pyproject's `--dist loadfile` keeps a module on one worker."""
 from __future__ import annotations
 
 import ctypes
@@ -22,28 +23,15 @@ import pytest
 from tests import tiers
 
 
-# Under pytest-xdist (`-n 2 --dist loadgroup`, the README's command) a worker takes whole groups: a module, or all the
-# modules that load a real model into the test process itself (one group, so one worker runs them one after another: two at once
-# would hold two models' weights) (up to 7.7 GB for Qwen2.5-0.5B and its transformers reference).
-IN_PROCESS_MODEL_GROUP = "in_process_model"
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank: dict[Path, int] = {}
     first: dict[Path, int] = {}
-    in_process: set[Path] = set()
     for i, item in enumerate(items):
         names = tiers.tiers_of(item)
         for name in names:
             item.add_marker(name)
-        if tiers.REAL_MODEL in names and tiers.SERVER not in names:
-            in_process.add(item.path)
         first.setdefault(item.path, i)
         rank[item.path] = max(rank.get(item.path, 0), max((tiers.ORDER.index(n) + 1 for n in names), default=0))
-    for item in items:  # a module's tests stay together (its module fixtures built once)
-        group = IN_PROCESS_MODEL_GROUP if item.path in in_process else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (rank[item.path], first[item.path], order[id(item)]))
 

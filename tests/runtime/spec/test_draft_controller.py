@@ -241,7 +241,7 @@ def test_draft_model_outputs_and_kv_unchanged_while_the_controller_switches(mode
 def test_tensor_parallel_ranks_go_without_it():
     """Its decisions follow one rank's clock; tensor-parallel ranks must decide alike."""
     runner = FakeRunner(1024, 1, 32, 0, 512)
-    runner.parallel = SimpleNamespace(tp_size=2, broadcast_object=lambda x: x, all_true=lambda x: x)
+    runner.parallel = SimpleNamespace(tp_size=2, tp_rank=0, broadcast_object=lambda x: x, all_true=lambda x: x)
     args = ServerArgs(model_path="fake-model", device="cpu", random_seed=0, max_total_tokens=1024,
                       speculative_algorithm="NGRAM", speculative_measure_window=8)
     assert Scheduler(args, runner, tokenizer=None, eos_token_ids=frozenset(),
