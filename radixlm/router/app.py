@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 GENERATION_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages")
 PASS_ROUTES = ("/tokenize", "/detokenize", "/v1/messages/count_tokens")
+# Embedding servers' routes (--is-embedding) and /v1/score: stateless, so any worker answers; routed like the others.
+POOLING_ROUTES = ("/encode", "/v1/embeddings", "/v1/rerank", "/v1/score")
 DROP_REQUEST_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "accept-encoding"}
 DROP_RESPONSE_HEADERS = {"content-length", "connection", "keep-alive", "transfer-encoding", "date", "server"}
 CONNECT_TIMEOUT_S = 5.0
@@ -291,7 +293,7 @@ def create_app(args: RouterArgs, transport: httpx.AsyncBaseTransport | None = No
     app = FastAPI(lifespan=lifespan, title="radixlm router")
     app.state.router = router
 
-    for route in GENERATION_ROUTES + PASS_ROUTES:
+    for route in GENERATION_ROUTES + PASS_ROUTES + POOLING_ROUTES:
         async def handler(request: Request, _route: str = route) -> Response:
             return await proxy.forward(request, _route)
         app.add_api_route(route, handler, methods=["POST"])

@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import httpx
 
-from radixlm.router.app import GENERATION_ROUTES, create_app
+from radixlm.router.app import GENERATION_ROUTES, POOLING_ROUTES, create_app
 from radixlm.router.args import RouterArgs
 
 
@@ -62,7 +62,7 @@ class FakeFleet:
         if path == "/health":
             self.health_checks[host] += 1
             return httpx.Response(200)
-        if path in GENERATION_ROUTES:
+        if path in GENERATION_ROUTES + POOLING_ROUTES:
             return self.generate(req, host, path, mode)
         if path == "/v1/models":
             return httpx.Response(200, json={"object": "list", "data": [{"id": "default", "object": "model"}]})

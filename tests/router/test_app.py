@@ -27,6 +27,21 @@ def test_proxies_and_counts_selections():
     run(fleet, go, policy="round_robin")
 
 
+def test_pooling_routes_reach_the_workers():
+    fleet = FakeFleet("a", "b")
+    bodies = {"/encode": {"text": "hi"}, "/v1/embeddings": {"input": ["hi", "there"]},
+              "/v1/rerank": {"query": "q", "documents": ["d"]}, "/v1/score": {"query": "q", "items": ["i"]}}
+
+    async def go(c, router):
+        for path, body in bodies.items():
+            r = await c.post(path, json=body)
+            assert r.status_code == 200 and r.json()["text"].startswith("from "), path
+        assert sorted(b for got in fleet.received.values() for b in map(str, got)) == sorted(map(str, bodies.values()))
+        assert all(w.in_flight == 0 for w in router.registry.workers.values())
+
+    run(fleet, go, policy="round_robin")
+
+
 def test_retry_on_refused_connection_and_no_phantom_affinity():
     fleet = FakeFleet("a", "b")
 
