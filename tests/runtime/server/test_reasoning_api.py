@@ -33,11 +33,16 @@ def create(client, regex: str, **kw):
 
 
 def test_reasoning_content_whole_and_streamed(client):
-    msg = create(client, THINK).choices[0].message
+    r = create(client, THINK)
+    msg = r.choices[0].message
     assert msg.reasoning_content in ("yes", "no") and msg.content in ("Paris", "London")
+    assert r.usage.completion_tokens_details.reasoning_tokens == 1  # "yes" / "no": one token each in SmolLM2
 
-    reasoning, content, reasons = "", "", []
-    for chunk in create(client, THINK, stream=True):
+    reasoning, content, reasons, usage = "", "", [], None
+    for chunk in create(client, THINK, stream=True, stream_options={"include_usage": True}):
+        if not chunk.choices:
+            usage = chunk.usage
+            continue
         delta = chunk.choices[0].delta
         thought = getattr(delta, "reasoning_content", None)
         assert not (thought and delta.content)  # reasoning and content come in chunks of their own
@@ -45,11 +50,15 @@ def test_reasoning_content_whole_and_streamed(client):
         content += delta.content or ""
         reasons.append(chunk.choices[0].finish_reason)
     assert (reasoning, content) == (msg.reasoning_content, msg.content) and reasons[-1] == "stop"
+    assert usage.completion_tokens_details.reasoning_tokens == 1
+
+
 
 
 def test_separate_reasoning_false_returns_the_raw_text(client):
-    msg = create(client, THINK, extra_body={"separate_reasoning": False}).choices[0].message
-    assert msg.reasoning_content is None
+    r = create(client, THINK, extra_body={"separate_reasoning": False})
+    msg = r.choices[0].message
+    assert msg.reasoning_content is None and r.usage.completion_tokens_details is None
     assert msg.content.startswith("<think>") and "</think>" in msg.content
 
 
@@ -80,6 +89,7 @@ def test_responses_reasoning_item_whole_and_streamed(client):
     [item] = r.output
     assert item.type == "reasoning" and item.id.startswith("rs_") and item.summary == []
     assert item.content[0].type == "reasoning_text" and item.content[0].text and r.reasoning.effort == "low"
+    assert 1 <= r.usage.output_tokens_details.reasoning_tokens <= r.usage.output_tokens
 
     events = list(client.responses.create(stream=True, **kw))
     types = [e.type for e in events]
@@ -88,6 +98,7 @@ def test_responses_reasoning_item_whole_and_streamed(client):
     assert types[-4:-1] == ["response.reasoning_text.done", "response.content_part.done", "response.output_item.done"]
     deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert deltas == events[-4].text == events[-1].response.output[0].content[0].text == item.content[0].text
+    assert events[-1].response.usage.output_tokens_details.reasoning_tokens == r.usage.output_tokens_details.reasoning_tokens
 
 
 def test_anthropic_thinking_block_whole_streamed_and_disabled(anthropic_client):

@@ -15,7 +15,7 @@ from radixlm.runtime.server.openai.common import (
 )
 from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, ChatMessage
 from radixlm.runtime.server.openai.reasoning import (
-    StreamedReasoning, keeps_special_tokens, request_parser, split_text,
+    StreamedReasoning, keeps_special_tokens, reasoning_token_count, request_parser, split_text,
 )
 from radixlm.runtime.server.openai.tool_calls import StreamedTools, ToolPlan, finish_reason, plan_tools, tool_message
 
@@ -102,10 +102,11 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
         return StreamingResponse(sse_body(_stream(tm, built, req, head, plan, reasoning)), media_type="text/event-stream")
 
     def make(results: list[dict]) -> dict:
-        choices = []
+        choices, thoughts = [], []
         for i, r in enumerate(results):
             reason, matched = finish(r["meta_info"])
             reasoning_content, text = split_text(reasoning, r["text"])
+            thoughts.append(reasoning_content)
             content, tool_calls = tool_message(plan, text)
             choices.append({
                 "index": i, "message": {"role": "assistant", "content": content,
@@ -113,7 +114,9 @@ async def create_chat_completion(request: Request, req: ChatCompletionRequest) -
                 "logprobs": _chat_logprobs(r["meta_info"]) if req.logprobs else None,
                 "finish_reason": finish_reason(reason, tool_calls is not None), "matched_stop": matched,
             })
-        return {**head, "object": "chat.completion", "choices": choices, "usage": Usage.of(results, req.n).to_dict()}
+        spent = None if reasoning is None else reasoning_token_count(tm.tokenizer, thoughts)
+        return {**head, "object": "chat.completion", "choices": choices,
+                "usage": Usage.of(results, req.n, spent).to_dict()}
 
     return await respond(request, tm, built, make)
 
@@ -153,4 +156,5 @@ async def _stream(tm, built, req: ChatCompletionRequest, head: dict, plan: ToolP
             continue
         yield chunk(i, delta or {"content": ""}, lp, reason, matched)
     if req.include_usage:
-        yield {**head, "choices": [], "usage": Usage.of([s for s in last if s is not None], req.n).to_dict()}
+        spent = None if reasoning is None else reasoning_token_count(tm.tokenizer, [t.reasoning for t in thinking])
+        yield {**head, "choices": [], "usage": Usage.of([s for s in last if s is not None], req.n, spent).to_dict()}

@@ -136,15 +136,19 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int | None = None  # set with a reasoning parser: completion_tokens_details.reasoning_tokens
 
     @classmethod
-    def of(cls, results: list[dict], n: int) -> "Usage":
+    def of(cls, results: list[dict], n: int, reasoning_tokens: int | None = None) -> "Usage":
         """The prompt of n samples counts once, like SGLang and OpenAI; cached tokens count per sample."""
         metas = [r["meta_info"] for r in results]
         return cls(sum(m.get("prompt_tokens", 0) for m in metas[::n]), sum(m.get("completion_tokens", 0) for m in metas),
-                   sum(m.get("cached_tokens", 0) for m in metas))
+                   sum(m.get("cached_tokens", 0) for m in metas), reasoning_tokens)
 
     def to_dict(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+               "total_tokens": self.prompt_tokens + self.completion_tokens,
+               "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        if self.reasoning_tokens is not None:
+            out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return out

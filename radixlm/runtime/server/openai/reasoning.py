@@ -33,6 +33,11 @@ def split_text(parser: ReasoningParser | None, text: str) -> tuple[str | None, s
     return split.reasoning or None, split.content
 
 
+def reasoning_token_count(tokenizer, reasoning: list[str | None]) -> int:
+    """The tokens of the samples' reasoning text (usage's reasoning_tokens): the text re-encoded, without the markers."""
+    return sum(len(tokenizer.encode(r, add_special_tokens=False)) for r in reasoning if r)
+
+
 class StreamedReasoning:
     """One sample's stream: each cumulative snapshot of the model's text in, the new reasoning and the content so far
     out (a possible partial tag is held until the next snapshot or the end)."""
@@ -41,6 +46,7 @@ class StreamedReasoning:
         self.parser = None if parser is None else ReasoningParser(parser.name, parser.starts_in_reasoning)
         self._seen = 0
         self._content = ""
+        self.reasoning = ""  # all the reasoning split off so far
 
     def feed(self, text: str, final: bool) -> tuple[str, str]:
         if self.parser is None:
@@ -50,4 +56,5 @@ class StreamedReasoning:
         if final:
             split = split + self.parser.finish()
         self._content += split.content
+        self.reasoning += split.reasoning
         return split.reasoning, self._content

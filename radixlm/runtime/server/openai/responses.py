@@ -21,7 +21,7 @@ from radixlm.runtime.server.openai.chat import prepare_chat
 from radixlm.runtime.server.openai.common import finish, merged_stream, respond
 from radixlm.runtime.server.openai.protocol import ChatMessage
 from radixlm.runtime.server.openai.response_store import ResponseStore, StoredResponse
-from radixlm.runtime.server.openai.reasoning import request_parser
+from radixlm.runtime.server.openai.reasoning import reasoning_token_count, request_parser
 from radixlm.runtime.server.openapi import request_body
 from radixlm.runtime.server.output_blocks import Block, BlockEvent, BlockKind, BlockStream, EventType, final_blocks
 from radixlm.runtime.tokenizer_manager import RuntimeDead
@@ -86,7 +86,7 @@ async def create_response(request: Request) -> Response:
         output = [proto.output_item(b, proto.item_id(b.kind), _item_status(reason))
                   for b in blocks]
         status, incomplete = proto.status_of(reason)
-        body = proto.response_body(*head, status, output, proto.usage(meta), incomplete)
+        body = proto.response_body(*head, status, output, proto.usage(meta, _reasoning_tokens(tm, blocks)), incomplete)
         turn.keep(body, blocks)
         return body
 
@@ -157,6 +157,10 @@ class EventRenderer:
                 self.event("response.output_item.done", **at, item=done)]
 
 
+def _reasoning_tokens(tm, blocks: list[Block]) -> int:
+    return reasoning_token_count(tm.tokenizer, [b.text for b in blocks if b.kind is BlockKind.REASONING])
+
+
 def _part(kind: BlockKind, text: str) -> dict:
     return proto.reasoning_text(text) if kind is BlockKind.REASONING else proto.output_text(text)
 
@@ -179,6 +183,7 @@ async def _events(tm, built, blocks: BlockStream, head: tuple, turn: _Turn) -> A
         yield r.event("error", code=str(code), message=str(e), param=None)
         return
     status, incomplete = proto.status_of(reason)
-    body = proto.response_body(*head, status, r.items, proto.usage(meta), incomplete)
+    body = proto.response_body(*head, status, r.items, proto.usage(meta, _reasoning_tokens(tm, blocks.blocks)),
+                               incomplete)
     turn.keep(body, blocks.blocks)
     yield r.event("response.completed" if status == "completed" else "response.incomplete", response=body)

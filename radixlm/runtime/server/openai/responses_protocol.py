@@ -277,13 +277,13 @@ def output_item(block: Block, item: str, status: str) -> dict[str, Any]:
             "content": [output_text(block.text)] if status != "in_progress" else []}
 
 
-def usage(meta: dict | None) -> dict[str, Any] | None:
+def usage(meta: dict | None, reasoning_tokens: int = 0) -> dict[str, Any] | None:
     if meta is None:
         return None
     prompt, completion = meta.get("prompt_tokens", 0), meta.get("completion_tokens", 0)
     return {"input_tokens": prompt,
             "input_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0) or 0, "cache_write_tokens": 0},
-            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": prompt + completion}
 
 
