@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from radixlm.runtime.server import anthropic_protocol as proto
+from radixlm.runtime.server import anthropic_render as render
 from radixlm.runtime.errors import ApiError
 from radixlm.runtime.parsers.reasoning import family
 from radixlm.runtime.server.errors import ApiFlavor, error_body
@@ -42,7 +43,7 @@ async def count_tokens(request: Request) -> Response:
 @router.post("/v1/messages", openapi_extra=request_body(proto.MessagesRequest))
 async def messages(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
-    msg_id = proto.new_message_id()
+    msg_id = render.new_message_id()
     req: proto.MessagesRequest = proto.parse(proto.MessagesRequest, await request.body())
     chat = req.chat_request(msg_id, _toggle(tm))
     reasoning = request_parser(tm.server_args.reasoning_parser, True, chat.chat_template_kwargs)
@@ -60,9 +61,9 @@ async def messages(request: Request) -> Response:
     meta = out["meta_info"]
     blocks = final_blocks(plan, out["text"], reasoning)
     called = any(b.kind is BlockKind.TOOL_CALL for b in blocks)
-    stop_reason, stop_sequence = proto.stop_info(meta["finish_reason"], req.stop_sequences, called)
-    content = [proto.content_block(b, omit_thinking=req.omit_thinking) for b in blocks]
-    return json_response(proto.message_body(msg_id, req.model, content, stop_reason, stop_sequence, proto.usage(meta)))
+    stop_reason, stop_sequence = render.stop_info(meta["finish_reason"], req.stop_sequences, called)
+    content = [render.content_block(b, omit_thinking=req.omit_thinking) for b in blocks]
+    return json_response(render.message_body(msg_id, req.model, content, stop_reason, stop_sequence, render.usage(meta)))
 
 
 def _event(name: str, data: dict) -> bytes:
@@ -84,12 +85,12 @@ def block_events(e: BlockEvent, omit_thinking: bool = False) -> list[bytes]:
     thinking = e.block.kind is BlockKind.REASONING
     if e.type is EventType.START:
         return [_event("content_block_start", {"type": "content_block_start", "index": e.index,
-                                               "content_block": proto.content_block(e.block, streaming=True)})]
+                                               "content_block": render.content_block(e.block, streaming=True)})]
     if e.type is EventType.DELTA:
-        return [] if thinking and omit_thinking else [_delta(e.index, proto.block_delta(e.block))]
+        return [] if thinking and omit_thinking else [_delta(e.index, render.block_delta(e.block))]
     stop = _event("content_block_stop", {"type": "content_block_stop", "index": e.index})
     if thinking:
-        return [_delta(e.index, {"type": "signature_delta", "signature": proto.SIGNATURE}), stop]
+        return [_delta(e.index, {"type": "signature_delta", "signature": render.SIGNATURE}), stop]
     return [stop]
 
 
@@ -101,8 +102,8 @@ async def _events(tm, built, blocks: BlockStream, req: proto.MessagesRequest, ms
             finish = meta["finish_reason"]
             if not started:
                 # Sent with the first snapshot, so its usage counts the cached prompt tokens correctly.
-                start_usage = dict(proto.usage(meta), output_tokens=0)
-                yield _event("message_start", {"type": "message_start", "message": proto.message_body(
+                start_usage = dict(render.usage(meta), output_tokens=0)
+                yield _event("message_start", {"type": "message_start", "message": render.message_body(
                     msg_id, req.model, [], None, None, start_usage)})
                 started = True
             for e in blocks.feed(snap["text"], finish is not None):
@@ -112,10 +113,10 @@ async def _events(tm, built, blocks: BlockStream, req: proto.MessagesRequest, ms
                     yield _event("ping", {"type": "ping"})
                     pinged = True
             if finish is not None:
-                stop_reason, stop_sequence = proto.stop_info(finish, req.stop_sequences, blocks.called)
+                stop_reason, stop_sequence = render.stop_info(finish, req.stop_sequences, blocks.called)
                 yield _event("message_delta", {"type": "message_delta",
                                                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                                               "usage": proto.usage(meta)})
+                                               "usage": render.usage(meta)})
                 yield _event("message_stop", {"type": "message_stop"})
     except RuntimeDead as e:
         yield _event("error", error_body(str(e), 503, ApiFlavor.ANTHROPIC))

@@ -8,6 +8,7 @@ import pytest
 from anthropic import types as sdk
 
 from radixlm.runtime.server import anthropic_protocol as proto
+from radixlm.runtime.server import anthropic_render as render
 from radixlm.runtime.server.anthropic import block_events
 from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.openai.tool_calls import ToolPlan
@@ -74,13 +75,13 @@ def test_blocks_in_the_wrong_turn_are_refused():
 
 def test_content_blocks_and_stream_events_have_the_sdk_shapes():
     call = Block(BlockKind.TOOL_CALL, '{"city": "Oslo"}', "call_7", "weather")
-    msg = sdk.Message.model_validate(proto.message_body(
-        "msg_1", "m", [proto.content_block(Block(BlockKind.TEXT, "Hi.")), proto.content_block(call)], "tool_use",
-        None, proto.usage({"prompt_tokens": 5, "completion_tokens": 2})))
+    msg = sdk.Message.model_validate(render.message_body(
+        "msg_1", "m", [render.content_block(Block(BlockKind.TEXT, "Hi.")), render.content_block(call)], "tool_use",
+        None, render.usage({"prompt_tokens": 5, "completion_tokens": 2})))
     assert msg.content[1].id == "toolu_7" and msg.content[1].input == {"city": "Oslo"}
     assert msg.stop_reason == "tool_use" and msg.usage.input_tokens == 5
-    assert proto.stop_info({"type": "stop", "matched": 2}, None, called=True) == ("tool_use", None)
-    assert proto.stop_info({"type": "length"}, None, called=True) == ("max_tokens", None)
+    assert render.stop_info({"type": "stop", "matched": 2}, None, called=True) == ("tool_use", None)
+    assert render.stop_info({"type": "length"}, None, called=True) == ("max_tokens", None)
 
     stream = BlockStream(ToolPlan([], frozenset({"weather"}), "hermes", None))
     text = 'Hi.<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'

@@ -11,6 +11,7 @@ from openai.types import responses as osdk
 
 from radixlm.runtime.parsers.reasoning import ReasoningParser
 from radixlm.runtime.server import anthropic_protocol as aproto
+from radixlm.runtime.server import anthropic_render as render
 from radixlm.runtime.server.anthropic import block_events
 from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.openai.responses import EventRenderer
@@ -98,9 +99,9 @@ def test_responses_reasoning_item_and_events_have_the_sdk_shapes():
 
 def test_anthropic_thinking_block_and_events_have_the_sdk_shapes():
     text = "I should look it up.</think>Sure." + CALL
-    content = [aproto.content_block(b) for b in final_blocks(HERMES, text, QWEN3)]
-    msg = asdk.Message.model_validate(aproto.message_body(
-        "msg_1", "m", content, "tool_use", None, aproto.usage({"prompt_tokens": 5, "completion_tokens": 9})))
+    content = [render.content_block(b) for b in final_blocks(HERMES, text, QWEN3)]
+    msg = asdk.Message.model_validate(render.message_body(
+        "msg_1", "m", content, "tool_use", None, render.usage({"prompt_tokens": 5, "completion_tokens": 9})))
     assert isinstance(msg.content[0], asdk.ThinkingBlock) and msg.content[0].thinking == "I should look it up."
     assert [b.type for b in msg.content] == ["thinking", "text", "tool_use"]
 
@@ -112,7 +113,7 @@ def test_anthropic_thinking_block_and_events_have_the_sdk_shapes():
     assert first[-2].delta.type == "signature_delta" and first[-1].type == "content_block_stop"
     assert "".join(p.delta.thinking for p in first[1:-2]) == "I should look it up."
     # display "omitted": the block comes back empty, its signature still sent.
-    assert aproto.content_block(Block(BlockKind.REASONING, "x"), omit_thinking=True)["thinking"] == ""
+    assert render.content_block(Block(BlockKind.REASONING, "x"), omit_thinking=True)["thinking"] == ""
     omitted = sse_data([c for e in events if e.index == 0 for c in block_events(e, omit_thinking=True)])
     assert [d["type"] for d in omitted] == ["content_block_start", "content_block_delta", "content_block_stop"]
 
