@@ -35,13 +35,15 @@ from radixlm.router.failures import (Backoff, Delivery, Failure, failure_of_exce
 from radixlm.router.policies import RoutingRequest
 from radixlm.router.quarantine import Verdict, fingerprint
 from radixlm.router.request_text import routing_text
+from radixlm.router.responses import (RESPONSES_ROUTE, ResponseOwners, SseResponseIdScanner, previous_id,
+                                      response_id_of_body)
 from radixlm.router.usage import SseUsageScanner, usage_of_body
 from radixlm.router.workers import LoadGuard, Worker
 from radixlm.runtime.server.errors import ApiFlavor, error_response, flavor_of
 
 logger = logging.getLogger(__name__)
 
-GENERATION_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages")
+GENERATION_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages", RESPONSES_ROUTE)
 PASS_ROUTES = ("/tokenize", "/detokenize", "/v1/messages/count_tokens")
 # Embedding servers' routes (--is-embedding) and /v1/score: stateless, so any worker answers; routed like the others.
 POOLING_ROUTES = ("/encode", "/v1/embeddings", "/v1/rerank", "/v1/score")
@@ -52,10 +54,17 @@ CONNECT_TIMEOUT_S = 5.0
 # lost that way would look like one its worker broke on (MAYBE_READ), and would eject a live worker.
 KEEPALIVE_EXPIRY_S = 2.0
 WORKER_HEADER = "x-radixlm-worker"  # which worker served (or failed) a proxied request (debugging, tests)
+MAX_TRACKED_RESPONSES = 100_000  # response id -> worker entries kept (each worker's own store is smaller by default)
 
 
 def _headers(headers: httpx.Headers | Any, drop: set[str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in drop}
+
+
+def _pinned(urls: list[str], pin: str | None) -> list[str]:
+    """Only the pinned worker while it is eligible; any worker otherwise (which then answers that it lacks the
+    previous response)."""
+    return [pin] if pin is not None and pin in urls else urls
 
 
 @dataclass
@@ -69,6 +78,7 @@ class Call:
     streaming: bool
     req: RoutingRequest
     timeout: httpx.Timeout
+    pin: str | None = None  # the one worker that can serve it (the worker storing its previous response), if known
     busy: Response | None = None  # a worker's 503 (set by _failed): the answer when no other worker takes it
     answer: Response | None = None  # a worker's own final failure answer, e.g. its 500 (set by _failed)
     deaths: list[tuple[str, Failure]] = field(default_factory=list)  # MAYBE_READ attempts: (worker, failure)
@@ -78,6 +88,7 @@ class Proxy:
     def __init__(self, router: Router) -> None:
         self.router = router
         self.backoff = Backoff.of(router.args)
+        self.owners = ResponseOwners(MAX_TRACKED_RESPONSES)
 
     async def forward(self, request: Request, path: str) -> Response:
         call = await self._call(request, path)
@@ -93,7 +104,7 @@ class Proxy:
         for attempt in range(attempts):
             if attempt:
                 await asyncio.sleep(self.backoff.delay_s(attempt - 1))
-            picked = self.router.select(call.req, tried, lambda urls: q.candidates(call.fp, urls))
+            picked = self.router.select(call.req, tried, lambda urls: q.candidates(call.fp, _pinned(urls, call.pin)))
             if picked is None:
                 break
             w, held = picked
@@ -133,10 +144,11 @@ class Proxy:
         if not isinstance(body, dict):
             return error_response("request body must be a JSON object", 400, flavor)
         key = request.headers.get("x-smg-routing-key") or body.get("routing_key")
+        pin = self.owners.owner(previous_id(body)) if path == RESPONSES_ROUTE else None
         return Call(path, flavor, raw, fingerprint(path, raw), _headers(request.headers, DROP_REQUEST_HEADERS),
                     bool(body.get("stream")),
                     RoutingRequest(routing_text(path, body), key if isinstance(key, str) else None),
-                    httpx.Timeout(self.router.args.request_timeout_secs, connect=CONNECT_TIMEOUT_S))
+                    httpx.Timeout(self.router.args.request_timeout_secs, connect=CONNECT_TIMEOUT_S), pin)
 
     async def _attempt(self, call: Call, w: Worker, held: int) -> Response | Failure:
         """One try on `w`. A Response is the worker's answer (a started stream included); a Failure is for
@@ -166,7 +178,13 @@ class Proxy:
         w.breaker.record(True)
         if upstream.status_code == 200:
             self.router.observe_response(w, call.req, held, usage_of_body(content))
+            if call.path == RESPONSES_ROUTE:
+                self._owned(response_id_of_body(content), w)
         return answer
+
+    def _owned(self, response_id: str | None, w: Worker) -> None:
+        if response_id is not None:
+            self.owners.record(response_id, w.url)
 
     async def _stream(self, call: Call, w: Worker, held: int, guard: LoadGuard, upstream: httpx.Response,
                       out_headers: dict[str, str]) -> Response | Failure:
@@ -236,15 +254,20 @@ class Proxy:
         completed = False
         # Chunks are scanned after they were handed on: the usage numbers never delay forwarding.
         scanner = SseUsageScanner() if upstream.status_code == 200 else None
+        ids = SseResponseIdScanner() if scanner is not None and call.path == RESPONSES_ROUTE else None
         try:
             if first:
                 yield first
                 if scanner is not None:
                     scanner.feed(first)
+                if ids is not None:
+                    ids.feed(first)
             async for chunk in chunks:
                 yield chunk
                 if scanner is not None:
                     scanner.feed(chunk)
+                if ids is not None:
+                    ids.feed(chunk)
             completed = True
         except httpx.HTTPError as e:
             failure = failure_of_exception(e, w.url)
@@ -262,6 +285,8 @@ class Proxy:
                 w.breaker.record(True)
             if completed and scanner is not None:
                 self.router.observe_response(w, call.req, held, scanner.result())
+                if ids is not None:
+                    self._owned(ids.response_id, w)
 
     def _count(self, route: str, resp: Response) -> Response:
         self.router.metrics.requests.labels(route, str(resp.status_code)).inc()
@@ -297,6 +322,29 @@ def create_app(args: RouterArgs, transport: httpx.AsyncBaseTransport | None = No
         async def handler(request: Request, _route: str = route) -> Response:
             return await proxy.forward(request, _route)
         app.add_api_route(route, handler, methods=["POST"])
+
+    @app.get(RESPONSES_ROUTE + "/{response_id}")
+    @app.delete(RESPONSES_ROUTE + "/{response_id}")
+    async def stored_response(request: Request, response_id: str) -> Response:
+        """The worker that made the response first, then the others (the router may have restarted since)."""
+        owner = proxy.owners.owner(response_id)
+        workers = sorted(router.registry.eligible(), key=lambda w: w.url != owner)
+        for w in workers:
+            try:
+                r = await client.request(request.method, w.url + request.url.path,
+                                         timeout=args.request_timeout_secs)
+            except httpx.HTTPError as e:
+                router.worker_failed(w, failure_of_exception(e, w.url))
+                continue
+            if r.status_code == 404:
+                continue
+            if request.method == "DELETE" and r.status_code == 200:
+                proxy.owners.forget(response_id)
+            elif r.status_code == 200:
+                proxy.owners.record(response_id, w.url)
+            headers = {**_headers(r.headers, DROP_RESPONSE_HEADERS), WORKER_HEADER: w.url}
+            return Response(r.content, r.status_code, headers)
+        return error_response(f"Response with id '{response_id}' not found.", 404, ApiFlavor.OPENAI)
 
     @app.get("/liveness")
     async def liveness() -> Response:

@@ -77,6 +77,10 @@ def routing_text(path: str, body: dict[str, Any]) -> str:
         return prefix + (_ids_text(prompt) if isinstance(prompt, list) else "")
     if path == "/v1/chat/completions":
         return prefix + _messages_text(body.get("messages"))
+    if path == "/v1/responses":
+        instructions, given = body.get("instructions"), body.get("input")
+        head = f"<system>{instructions}\n" if isinstance(instructions, str) and instructions else ""
+        return prefix + head + (given if isinstance(given, str) else _messages_text(given))
     if path == "/v1/messages":
         system = body.get("system")
         head = f"<system>{_content_text(system)}\n" if system else ""

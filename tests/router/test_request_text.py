@@ -32,3 +32,11 @@ def test_anthropic_system_and_extra_key_namespace():
     plain = routing_text("/generate", {"text": "x"})
     keyed = routing_text("/generate", {"text": "x", "extra_key": "tenant-a"})
     assert keyed != plain and keyed.endswith("x")
+
+
+def test_responses_instructions_and_input():
+    t = routing_text("/v1/responses", {"instructions": "be brief", "input": "hi"})
+    assert t == "<system>be brief\nhi"
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
+    assert routing_text("/v1/responses", {"input": items}) == "<user>hi\n"
+    assert routing_text("/v1/responses", {"input": 3}) == ""
