@@ -1,0 +1,127 @@
+"""The serving path against the offline Engine on the same work (issue 56): each workload first through
+`Engine.generate` in one call, then through `radixlm serve` driven by `radixlm.bench.serving` (native /generate,
+streamed, request rate inf), the same requests (one dataset builder, one seed) on the same engine arguments.
+Prints a table and writes JSON: output tok/s of both and their ratio, with the server's TTFT and ITL.
+
+    python benchmarks/serving/serving_vs_offline.py --model 8b --device cuda --out $OUT/serving_vs_offline.json
+    python benchmarks/serving/serving_vs_offline.py --model tiny --device cpu --num-prompts 64   # a dry run
+
+`--model tiny` (2 layers, width 64, the Llama-3.1 tokenizer) makes the model's own time small, so what is left is
+the serving path's: tokenization, IPC, detokenization, streaming."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from transformers import AutoTokenizer  # noqa: E402
+
+from benchmarks.lib.engine import close, greedy  # noqa: E402
+from benchmarks.lib.models import model_dir, tiny_model_dir  # noqa: E402
+from radixlm import Engine  # noqa: E402
+from radixlm.bench import procs, serving  # noqa: E402
+from radixlm.bench.datasets import build_dataset  # noqa: E402
+
+# The peer-anchors.md workloads (requests, and for random the input and output lengths).
+WORKLOADS = {"sharegpt-like": {"num_prompts": 1000},
+             "random": {"num_prompts": 500, "random_input_len": 1024, "random_output_len": 512,
+                        "random_range_ratio": 1.0}}
+SEED = 1
+
+
+def dataset(name: str, tokenizer, num_prompts: int | None):
+    kw = dict(WORKLOADS[name])
+    n = num_prompts or kw.pop("num_prompts")
+    kw.pop("num_prompts", None)
+    return build_dataset(name, tokenizer, n, SEED, **kw), n, kw
+
+
+def engine_args(args) -> dict:
+    """The same ServerArgs for the Engine and the server."""
+    kw = {"device": args.device, "dtype": args.dtype, "context_length": 4096, "random_seed": 0}
+    kw["load_format"] = "dummy"  # both models' weights are random: no checkpoint is read
+    return kw
+
+
+def offline(path: str, args, tokenizer) -> dict:
+    engine = Engine(path, **engine_args(args))
+    out = {}
+    try:
+        for name in args.workloads:
+            reqs, n, _ = dataset(name, tokenizer, args.num_prompts)
+            engine.generate(input_ids=[r.input_ids for r in reqs[:8]], sampling_params=greedy(2))  # warm-up
+            engine.flush_cache()
+            runs = []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                res = engine.generate(input_ids=[r.input_ids for r in reqs],
+                                      sampling_params=[greedy(r.output_len) for r in reqs])
+                wall = time.perf_counter() - t0
+                engine.flush_cache()
+                runs.append(sum(o["meta_info"]["completion_tokens"] for o in res) / wall)
+            out[name] = {"requests": n, "output_tokens_per_s": statistics.median(runs), "runs": runs}
+            print(f"offline {name}: {out[name]['output_tokens_per_s']:.0f} out tok/s (runs {runs})", flush=True)
+    finally:
+        close(engine)
+    return out
+
+
+def served(path: str, args) -> dict:
+    port = procs.free_port()
+    url = f"http://127.0.0.1:{port}"
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in engine_args(args).items()]
+    cmd = [sys.executable, "-m", "radixlm.cli", "serve", "--model-path", path, "--port", str(port),
+           "--log-level", "warning", *flags]
+    proc = procs.start(cmd, url)
+    out = {"server_command": " ".join(cmd)}
+    try:
+        for name in args.workloads:
+            _, n, kw = dataset(name, None, args.num_prompts)
+            argv = ["--backend", "radixlm", "--port", str(port), "--tokenizer", path, "--dataset-name", name,
+                    "--num-prompts", str(n), "--seed", str(SEED), "--request-rate", "inf", "--warmup-requests", "8",
+                    "--flush-cache", "--disable-tqdm"]
+            argv += [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
+            runs = [serving.main(argv) for _ in range(args.repeats)]
+            tps = [r["output_throughput"] for r in runs]
+            mid = runs[tps.index(statistics.median_low(tps))]
+            out[name] = {"output_tokens_per_s": statistics.median(tps), "runs": tps,
+                         **{k: mid[k] for k in mid if k.endswith(("ttft_ms", "itl_ms"))},
+                         "command": mid["config"]["command"]}
+    finally:
+        procs.stop(proc)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", choices=["8b", "tiny"], default="8b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=sorted(WORKLOADS))
+    p.add_argument("--num-prompts", type=int, default=None, help="overrides each workload's request count")
+    p.add_argument("--repeats", type=int, default=3, help="runs per side; the median is reported")
+    p.add_argument("--out", default="benchmarks/results/serving/serving_vs_offline.json")
+    args = p.parse_args()
+    path = model_dir() if args.model == "8b" else tiny_model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    result = {"benchmark": "serving_vs_offline", "command": " ".join(["python", *sys.argv]),
+              "model": args.model, "device": args.device, "dtype": args.dtype}
+    result["offline"] = offline(path, args, tokenizer)
+    result["served"] = served(path, args)
+    print(f"\n{'workload':16s} {'offline tok/s':>14s} {'served tok/s':>13s} {'ratio':>6s}")
+    for name in args.workloads:
+        off, on = result["offline"][name]["output_tokens_per_s"], result["served"][name]["output_tokens_per_s"]
+        result.setdefault("ratio", {})[name] = on / off
+        print(f"{name:16s} {off:14.0f} {on:13.0f} {on / off:6.2f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
