@@ -1,0 +1,128 @@
+"""The host tier of the hierarchical KV cache: a pool with the device pool's per-token layout (K and V of every layer,
+(size + page_size, num_kv_heads, head_dim) each, pinned when CUDA is there) with its own page allocator, and the
+copies between the two pools.
+
+Copies keep stream order with the device's work, so no pass reads KV before it is in place and no copy reads slots a
+later pass rewrites:
+- device -> host (a backup) gathers the rows on the current stream into a pinned staging buffer without waiting; the
+  rows reach the host pool when that copy has finished (`commit`, run before anything reads or frees host slots). The
+  device slots may be freed at once: whatever reuses them runs later on the same stream.
+- host -> device (a load back) gathers the rows on the host into a pinned buffer, copies them on a side stream that
+  first waits for the work queued so far (the fresh slots may have just been freed by it), and the current stream
+  waits for the side stream: the next pass reads them once they are there, and the host never blocks.
+On the CPU both are plain indexed copies."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.cache.memory_pool import TokenToKVPool, TokenToKVPoolAllocator
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """Bytes-compatible view for indexing (torch's index kernels do not take every float8 dtype)."""
+    return t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t
+
+
+@dataclass
+class _PendingWrite:
+    event: "torch.cuda.Event"
+    staging: torch.Tensor  # (2 * layers, n, heads, dim) pinned
+    host_slots: torch.Tensor
+
+
+class HostKVPool:
+    """K and V of `size` tokens in host memory, laid out as the device pool's, with a page allocator over
+    [page_size, size + page_size) (the first page is never handed out, as on the device)."""
+
+    def __init__(self, size: int, device_pool: TokenToKVPool):
+        ps = device_pool.page_size
+        if size < 2 * ps or size % ps:
+            raise ValueError(f"host KV pool of {size} tokens: need a multiple of page_size {ps}, at least two pages")
+        self.size = size
+        self.page_size = ps
+        self.dtype = device_pool.dtype
+        self.num_layers = device_pool.num_layers
+        self.device_pool = device_pool
+        self.pinned = device_pool.device.type == "cuda"
+        shape = (size + ps, device_pool.num_kv_heads, device_pool.head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=self.dtype, pin_memory=self.pinned) for _ in range(self.num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=self.dtype, pin_memory=self.pinned) for _ in range(self.num_layers)]
+        self.allocator = TokenToKVPoolAllocator(size, ps, "cpu")
+        self._pending: list[_PendingWrite] = []
+        self._side_stream = torch.cuda.Stream(device_pool.device) if device_pool.device.type == "cuda" else None
+
+    @staticmethod
+    def bytes_per_token(device_pool: TokenToKVPool) -> int:
+        return 2 * device_pool.num_layers * device_pool.num_kv_heads * device_pool.head_dim * \
+            torch.empty((), dtype=device_pool.dtype).element_size()
+
+    def mem_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k_buffer + self.v_buffer)
+
+    def clear(self) -> None:
+        self.commit()
+        self.allocator.clear()
+
+    # ------------------------------------------------------------------ rows as one tensor (storage pages)
+    def read(self, slots: torch.Tensor) -> torch.Tensor:
+        """(2 * layers, n, heads, dim): K of every layer, then V, of the host slots."""
+        self.commit()
+        idx = slots.to(torch.int64)
+        return torch.stack([_raw(b)[idx] for b in self.k_buffer + self.v_buffer])
+
+    def write(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Inverse of read (rows as read returns them, as raw bytes or in the pool's dtype)."""
+        idx = slots.to(torch.int64)
+        for b, r in zip(self.k_buffer + self.v_buffer, rows):
+            _raw(b)[idx] = _raw(r)
+
+    # ------------------------------------------------------------------ copies between the tiers
+    def backup(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
+        """Copies the device slots' K and V into the host slots (see the module docstring for the order)."""
+        dev = self.device_pool
+        idx = device_slots.to(dev.device, torch.int64)
+        if self._side_stream is None:
+            self.write(host_slots, [_raw(b)[idx] for b in dev.k_buffer + dev.v_buffer])
+            return
+        gathered = torch.stack([_raw(b)[idx] for b in dev.k_buffer + dev.v_buffer])
+        staging = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
+        staging.copy_(gathered, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._pending.append(_PendingWrite(event, staging, host_slots))
+
+    def commit(self) -> None:
+        """Lands every backup still in flight in the host pool (waits for the device where it must)."""
+        pending, self._pending = self._pending, []
+        for w in pending:
+            w.event.synchronize()
+            self.write(w.host_slots, w.staging)
+
+    def poll(self) -> None:
+        """Lands the backups the device has finished, in order, without waiting."""
+        while self._pending and self._pending[0].event.query():
+            w = self._pending.pop(0)
+            self.write(w.host_slots, w.staging)
+
+    def load(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
+        """Copies the host slots' K and V into the device slots, ordered before the next pass."""
+        rows = self.read(host_slots)
+        dev = self.device_pool
+        bufs = dev.k_buffer + dev.v_buffer
+        if self._side_stream is None:
+            idx = device_slots.to(torch.int64)
+            for b, r in zip(bufs, rows):
+                _raw(b)[idx] = _raw(r)
+            return
+        staging = rows.pin_memory()
+        main = torch.cuda.current_stream(dev.device)
+        side = self._side_stream
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            idx = device_slots.to(dev.device, torch.int64, non_blocking=True)
+            on_device = staging.to(dev.device, non_blocking=True)
+            for b, r in zip(bufs, on_device):
+                _raw(b)[idx] = r
+        main.wait_stream(side)

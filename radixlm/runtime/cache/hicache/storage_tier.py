@@ -1,0 +1,99 @@
+"""What the hierarchical cache asks of its storage tier: which pages a prefix has there (a read started when a
+request waits, taken at its admission by the prefetch policy), and writing a finished request's pages."""
+from __future__ import annotations
+
+import concurrent.futures
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.args import HiCachePrefetchPolicy
+from radixlm.runtime.cache.hicache.config import HiCacheConfig
+from radixlm.runtime.cache.hicache.host_pool import _raw
+from radixlm.runtime.cache.hicache.storage import FileStorage, PageLayout, StorageIO, page_hashes
+from radixlm.runtime.cache.memory_pool import TokenToKVPool
+from radixlm.runtime.cache.radix_node import RadixKey
+
+# Prefetches remembered for waiting requests (the oldest is forgotten beyond this: a request aborted while waiting).
+MAX_PREFETCHES = 4096
+
+
+@dataclass
+class Prefetch:
+    start_page: int  # the first page asked for
+    future: concurrent.futures.Future  # -> the pages found, in order
+
+
+class StorageTier:
+    def __init__(self, config: HiCacheConfig, device_pool: TokenToKVPool):
+        self.config = config
+        self.page_tokens = config.storage_page_tokens
+        layout = PageLayout(2 * device_pool.num_layers, self.page_tokens, device_pool.num_kv_heads,
+                            device_pool.head_dim, device_pool.dtype)
+        self.io = StorageIO(FileStorage(config.storage_dir, layout))
+        self.device_pool = device_pool
+        self._prefetches: OrderedDict[tuple, Prefetch] = OrderedDict()
+
+    def _keys(self, key: RadixKey) -> list[str]:
+        return page_hashes(self.config.namespace, key.extra_key, key.token_ids, self.page_tokens)
+
+    @staticmethod
+    def _id(key: RadixKey) -> tuple:
+        return key.extra_key, len(key), hash(tuple(key.token_ids))
+
+    def maybe_prefetch(self, key: RadixKey, cached: int) -> None:
+        """Starts reading the pages of `key` past the `cached` tokens that the device and host tiers hold."""
+        P = self.page_tokens
+        if len(key) - cached < P or self._id(key) in self._prefetches:
+            return
+        start = cached // P
+        keys = self._keys(key)[start:]
+        if not keys or not self.io.storage.exists(keys[0]):
+            return
+        self._prefetches[self._id(key)] = Prefetch(start, self.io.prefetch(keys))
+        while len(self._prefetches) > MAX_PREFETCHES:
+            self._prefetches.popitem(last=False)
+
+    def take(self, key: RadixKey) -> tuple[int, list[torch.Tensor]] | None:
+        """At admission: (first page, pages) read for `key`, as far as the prefetch policy waits."""
+        p = self._prefetches.pop(self._id(key), None)
+        if p is None:
+            return None
+        policy = self.config.prefetch_policy
+        try:
+            if policy is HiCachePrefetchPolicy.BEST_EFFORT:
+                pages = p.future.result() if p.future.done() else []
+            elif policy is HiCachePrefetchPolicy.WAIT_COMPLETE:
+                pages = p.future.result()
+            else:
+                pages = p.future.result(timeout=self.config.prefetch_timeout(len(key)))
+        except concurrent.futures.TimeoutError:
+            pages = []
+        return (p.start_page, pages) if pages else None
+
+    def write_finished(self, key: RadixKey, slots: torch.Tensor) -> None:
+        """Writes the whole pages of a finished request's tokens that storage lacks; slots: their device slots."""
+        P = self.page_tokens
+        keys = self._keys(key)
+        missing = [i for i, k in enumerate(keys) if k not in self.io.written and not self.io.storage.exists(k)]
+        if not missing:
+            return
+        idx = torch.cat([slots[i * P : (i + 1) * P] for i in missing]).to(self.device_pool.device, torch.int64)
+        pool = self.device_pool
+        rows = torch.stack([_raw(b)[idx] for b in pool.k_buffer + pool.v_buffer])
+        event = None
+        if rows.is_cuda:
+            staging = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+            staging.copy_(rows, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            rows = staging
+        if rows.dtype != pool.dtype:  # float8 pools are gathered as bytes
+            rows = rows.view(pool.dtype)
+        self.io.write([keys[i] for i in missing], rows, event)
+
+    def clear(self) -> None:
+        """Forgets the reads in flight and waits for the writes (what is on disk stays)."""
+        self._prefetches.clear()
+        self.io.drain()
