@@ -104,6 +104,7 @@ class MatchResult:
     _indices: torch.Tensor | None = None
     # Hierarchical cache: tokens matched past `length` whose KV is only in the host pool (load_back brings them).
     host_hit_length: int = 0
+    storage_hit: bool = False  # and storage is reading pages past the match (admission takes them)
 
     @property
     def device_indices(self) -> torch.Tensor:

@@ -114,6 +114,7 @@ class Req:
     match_round: int = -1  # scheduler round of the last match_prefix
     match_generation: int = -1  # the radix tree's generation at that match
     host_hit_length: int = 0  # hierarchical cache: tokens past the match held only in the host tier
+    storage_hit: bool = False  # hierarchical cache: storage is reading pages past the match
     # Set by admission (PrefillAdder) for the pass it admits the request to.
     extend_input_len: int = 0  # rows admitted (the chunk size when chunked)
     is_chunked: bool = False  # mid chunked prefill: no token is sampled until the last chunk
@@ -238,7 +239,7 @@ class Req:
         key = RadixKey(self.fill_ids[: self.max_prefix_len()], self.extra_key)
         result = tree_cache.match_and_load(key) if load else tree_cache.match_prefix(key)
         self._prefix, self.prefix_len, self.last_node = result, result.length, result.last_node
-        self.host_hit_length = result.host_hit_length
+        self.host_hit_length, self.storage_hit = result.host_hit_length, result.storage_hit
         self.extend_input_len = len(self.fill_ids) - self.prefix_len
         self.match_generation = tree_cache.generation
 
@@ -262,7 +263,7 @@ class Req:
         """After its slots went back to the tree or the allocator (retraction, failure)."""
         self._prefix, self.prefix_len = _EMPTY, 0
         self.last_node = None
-        self.host_hit_length = 0
+        self.host_hit_length, self.storage_hit = 0, False
         self.cache_lock = None
         self.req_pool_idx = None
         self.kv.reset()

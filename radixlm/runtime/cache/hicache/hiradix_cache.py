@@ -108,9 +108,8 @@ class HiRadixCache(RadixCache):
             key = key[n:]
         if touched is not None:
             self.evict_queue.offer(touched)
-        if self.storage is not None:
-            self.storage.maybe_prefetch(full, length + host)
-        return MatchResult(values or [self._empty()], node, length, host_hit_length=host)
+        stored = self.storage is not None and self.storage.maybe_prefetch(full, length + host)
+        return MatchResult(values or [self._empty()], node, length, host_hit_length=host, storage_hit=stored)
 
     def _host_run(self, child: TreeNode, key: RadixKey, now: int) -> int:
         """Tokens of key matched along host-only nodes from child down (no split: load_back splits)."""

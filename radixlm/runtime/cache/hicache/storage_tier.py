@@ -42,18 +42,22 @@ class StorageTier:
     def _id(key: RadixKey) -> tuple:
         return key.extra_key, len(key), hash(tuple(key.token_ids))
 
-    def maybe_prefetch(self, key: RadixKey, cached: int) -> None:
-        """Starts reading the pages of `key` past the `cached` tokens that the device and host tiers hold."""
+    def maybe_prefetch(self, key: RadixKey, cached: int) -> bool:
+        """Starts reading the pages of `key` past the `cached` tokens that the device and host tiers hold; whether
+        a read for `key` is under way."""
         P = self.page_tokens
-        if len(key) - cached < P or self._id(key) in self._prefetches:
-            return
+        if len(key) - cached < P:
+            return False
+        if self._id(key) in self._prefetches:
+            return True
         start = cached // P
         keys = self._keys(key)[start:]
         if not keys or not self.io.storage.exists(keys[0]):
-            return
+            return False
         self._prefetches[self._id(key)] = Prefetch(start, self.io.prefetch(keys))
         while len(self._prefetches) > MAX_PREFETCHES:
             self._prefetches.popitem(last=False)
+        return True
 
     def take(self, key: RadixKey) -> tuple[int, list[torch.Tensor]] | None:
         """At admission: (first page, pages) read for `key`, as far as the prefetch policy waits."""
