@@ -91,7 +91,8 @@ def test_accounting_holds_through_retraction_and_aborts(model_dir, policy):
     for i in (0, 2):
         assert second[f"b{i}"]["output_ids"] == first[f"a{i}"]["output_ids"]
     assert sum(second[f"b{i}"]["cached_tokens"] for i in (0, 2)) > 0
-    assert sched.tree_cache.tier_stats()["host_loaded_tokens"] > 0
+    if policy == "write_back":  # (selective copies nothing hit once)
+        assert sched.tree_cache.tier_stats()["host_loaded_tokens"] > 0
     sched.check_memory()
     assert sched.flush_cache()
     assert sched.tree_cache.host_size() == 0
