@@ -68,12 +68,19 @@ class HostKVPool:
     # ------------------------------------------------------------------ rows as one tensor (storage pages)
     def read(self, slots: torch.Tensor) -> torch.Tensor:
         """(2 * layers, n, heads, dim): K of every layer, then V, of the host slots."""
-        self.commit()
         idx = slots.to(torch.int64)
+        self.poll()
+        if any(bool(torch.isin(w.host_slots, idx).any()) for w in self._pending):
+            self.commit()
         return torch.stack([_raw(b)[idx] for b in self.k_buffer + self.v_buffer])
 
-    def write(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        """Inverse of read (rows as read returns them, as raw bytes or in the pool's dtype)."""
+    def write(self, slots: torch.Tensor, rows) -> None:
+        """Inverse of read (rows as read returns them, as raw bytes or in the pool's dtype). Backups in flight land
+        first: one may target slots freed and handed out again since."""
+        self.commit()
+        self._scatter(slots, rows)
+
+    def _scatter(self, slots: torch.Tensor, rows) -> None:
         idx = slots.to(torch.int64)
         for b, r in zip(self.k_buffer + self.v_buffer, rows):
             _raw(b)[idx] = _raw(r)
@@ -84,7 +91,7 @@ class HostKVPool:
         dev = self.device_pool
         idx = device_slots.to(dev.device, torch.int64)
         if self._side_stream is None:
-            self.write(host_slots, [_raw(b)[idx] for b in dev.k_buffer + dev.v_buffer])
+            self._scatter(host_slots, [_raw(b)[idx] for b in dev.k_buffer + dev.v_buffer])
             return
         gathered = torch.stack([_raw(b)[idx] for b in dev.k_buffer + dev.v_buffer])
         staging = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
@@ -98,13 +105,13 @@ class HostKVPool:
         pending, self._pending = self._pending, []
         for w in pending:
             w.event.synchronize()
-            self.write(w.host_slots, w.staging)
+            self._scatter(w.host_slots, w.staging)
 
     def poll(self) -> None:
         """Lands the backups the device has finished, in order, without waiting."""
         while self._pending and self._pending[0].event.query():
             w = self._pending.pop(0)
-            self.write(w.host_slots, w.staging)
+            self._scatter(w.host_slots, w.staging)
 
     def load(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
         """Copies the host slots' K and V into the device slots, ordered before the next pass."""

@@ -31,8 +31,9 @@ class Harness:
         row = self.rows.alloc()
         self.rows.req_to_token[row, : m.length] = m.device_indices
         if m.length < len(tokens):
-            self.tree.evict(len(tokens) - m.length - self.alloc.available_size())
-            slots = self.alloc.alloc(len(tokens) - m.length)
+            self.tree.evict(len(tokens) - m.length + self.alloc.page_size - self.alloc.available_size())
+            last = int(m.device_indices[-1]) if m.length else -1
+            slots = self.alloc.alloc_extend([m.length], [len(tokens)], [last])
             assert slots is not None
             self.rows.req_to_token[row, m.length : len(tokens)] = slots
             self._write(slots, tokens[m.length :])
