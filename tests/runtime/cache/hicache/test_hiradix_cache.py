@@ -31,7 +31,8 @@ class Harness:
         row = self.rows.alloc()
         self.rows.req_to_token[row, : m.length] = m.device_indices
         if m.length < len(tokens):
-            self.tree.evict(len(tokens) - m.length + self.alloc.page_size - self.alloc.available_size())
+            ps = self.alloc.page_size
+            self.tree.evict((-(-len(tokens) // ps) - m.length // ps) * ps - self.alloc.available_size())
             last = int(m.device_indices[-1]) if m.length else -1
             slots = self.alloc.alloc_extend([m.length], [len(tokens)], [last])
             assert slots is not None
@@ -172,3 +173,45 @@ def StorageKey(key: RadixKey):
     from radixlm.runtime.cache.hicache.storage_tier import StorageTier
 
     return StorageTier._id(key)
+
+
+class FakeEvent:
+    """A device copy that has not finished until `done` (the CUDA path's ordering, checked on the CPU)."""
+
+    def __init__(self):
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+def test_host_copies_in_flight_land_before_a_read_of_their_slots_or_a_direct_write():
+    from radixlm.runtime.cache.hicache.host_pool import _PendingWrite
+
+    h = Harness(WB)
+    pool = h.tree.host_pool
+    slots = torch.tensor([5, 6])
+    rows = torch.full((4, 2, 1, 2), 3.0)
+    pool._pending.append(_PendingWrite(FakeEvent(), rows, slots))
+    assert float(pool.read(torch.tensor([7]))[0, 0, 0, 0]) == 0.0 and pool._pending  # elsewhere: no wait
+    assert float(pool.read(slots)[0, 0, 0, 0]) == 3.0 and not pool._pending
+    pool._pending.append(_PendingWrite(FakeEvent(), rows, slots))  # stale: its slots were handed out again
+    pool.write(slots, torch.full((4, 2, 1, 2), 9.0))
+    assert float(pool.read(slots)[3, 1, 0, 1]) == 9.0
+
+
+def test_the_host_pool_must_hold_the_device_pool():
+    from radixlm.runtime.args import ServerArgs
+
+    kv = TokenToKVPool(64, 1, torch.float32, num_layers=2, num_kv_heads=1, head_dim=2)
+    args = ServerArgs(enable_hierarchical_cache=True, hicache_ratio=1.5)
+    assert HiCacheConfig.from_args(args, kv, "m").host_tokens == 96
+    with pytest.raises(ValueError, match="at least the device pool"):
+        HiCacheConfig.from_args(ServerArgs(enable_hierarchical_cache=True, hicache_size=1e-6), kv, "m")
+    with pytest.raises(ValueError, match="hicache_ratio"):
+        ServerArgs(enable_hierarchical_cache=True, hicache_ratio=0.5)
+    with pytest.raises(ValueError, match="needs enable_hierarchical_cache"):
+        ServerArgs(hicache_storage_backend="file")
