@@ -47,8 +47,10 @@ class HostKVPool:
         self.device_pool = device_pool
         self.pinned = device_pool.device.type == "cuda"
         shape = (size + ps, device_pool.num_kv_heads, device_pool.head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=self.dtype, pin_memory=self.pinned) for _ in range(self.num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=self.dtype, pin_memory=self.pinned) for _ in range(self.num_layers)]
+        # Never read before written (a slot is read only after a copy into it): no zero-fill of a large pinned pool.
+        new = torch.empty if self.pinned else torch.zeros
+        self.k_buffer = [new(shape, dtype=self.dtype, pin_memory=self.pinned) for _ in range(self.num_layers)]
+        self.v_buffer = [new(shape, dtype=self.dtype, pin_memory=self.pinned) for _ in range(self.num_layers)]
         self.allocator = TokenToKVPoolAllocator(size, ps, "cpu")
         self._pending: list[_PendingWrite] = []
         self._side_stream = torch.cuda.Stream(device_pool.device) if device_pool.device.type == "cuda" else None
@@ -66,13 +68,18 @@ class HostKVPool:
         self.allocator.clear()
 
     # ------------------------------------------------------------------ rows as one tensor (storage pages)
-    def read(self, slots: torch.Tensor) -> torch.Tensor:
-        """(2 * layers, n, heads, dim): K of every layer, then V, of the host slots."""
+    def read(self, slots: torch.Tensor, pinned: bool = False) -> torch.Tensor:
+        """(2 * layers, n, heads, dim): K of every layer, then V, of the host slots (pinned: in pinned memory, for a
+        copy to the device; a float8 pool's as bytes)."""
         idx = slots.to(torch.int64)
         self.poll()
         if any(bool(torch.isin(w.host_slots, idx).any()) for w in self._pending):
             self.commit()
-        return torch.stack([_raw(b)[idx] for b in self.k_buffer + self.v_buffer])
+        bufs = [_raw(b) for b in self.k_buffer + self.v_buffer]
+        out = torch.empty((len(bufs), len(idx), *bufs[0].shape[1:]), dtype=bufs[0].dtype, pin_memory=pinned)
+        for i, b in enumerate(bufs):
+            torch.index_select(b, 0, idx, out=out[i])
+        return out
 
     def write(self, slots: torch.Tensor, rows) -> None:
         """Inverse of read (rows as read returns them, as raw bytes or in the pool's dtype). Backups in flight land
@@ -115,15 +122,14 @@ class HostKVPool:
 
     def load(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
         """Copies the host slots' K and V into the device slots, ordered before the next pass."""
-        rows = self.read(host_slots)
+        staging = self.read(host_slots, pinned=self._side_stream is not None)
         dev = self.device_pool
         bufs = dev.k_buffer + dev.v_buffer
         if self._side_stream is None:
             idx = device_slots.to(torch.int64)
-            for b, r in zip(bufs, rows):
+            for b, r in zip(bufs, staging):
                 _raw(b)[idx] = _raw(r)
             return
-        staging = rows.pin_memory()
         main = torch.cuda.current_stream(dev.device)
         side = self._side_stream
         side.wait_stream(main)
