@@ -115,6 +115,11 @@ class RadixCache:
         host-only part back to the device. The plain tree has nothing to load."""
         return self.match_prefix(key)
 
+    def prefetch_ready(self, key: RadixKey) -> bool:
+        """Whether a request whose match reported a storage hit may be admitted now (a hierarchical cache's
+        prefetch policy); the plain tree has no storage."""
+        return True
+
     def match_valid(self, node: TreeNode | None) -> bool:
         """Whether a match that ended at `node` may still be locked. The plain tree evicts only after admission; a
         hierarchical one may evict while it loads an earlier request's prefix back."""

@@ -234,9 +234,13 @@ class Req:
         """A fresh match (this round's may be stale); load: bring a hierarchical cache's host hit to the device."""
         self._match(tree_cache, load)
 
+    def match_key(self) -> RadixKey:
+        """The tokens a match may cover."""
+        return RadixKey(self.fill_ids[: self.max_prefix_len()], self.extra_key)
+
     def _match(self, tree_cache: "RadixCache", load: bool) -> None:
         self.fill_ids = self.origin_input_ids + self.output_ids
-        key = RadixKey(self.fill_ids[: self.max_prefix_len()], self.extra_key)
+        key = self.match_key()
         result = tree_cache.match_and_load(key) if load else tree_cache.match_prefix(key)
         self._prefix, self.prefix_len, self.last_node = result, result.length, result.last_node
         self.host_hit_length, self.storage_hit = result.host_hit_length, result.storage_hit

@@ -125,6 +125,9 @@ class HiRadixCache(RadixCache):
             child = child.children.get(key.child_key(self.page_size))
         return total
 
+    def prefetch_ready(self, key: RadixKey) -> bool:
+        return self.storage is None or self.storage.ready(key.page_aligned(self.page_size))
+
     def match_and_load(self, key: RadixKey) -> MatchResult:
         key = key.page_aligned(self.page_size)
         if self.storage is not None:

@@ -3,6 +3,7 @@ request waits, taken at its admission by the prefetch policy), and writing a fin
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ MAX_PREFETCHES = 4096
 class Prefetch:
     start_page: int  # the first page asked for
     future: concurrent.futures.Future  # -> the pages found, in order
+    deadline: float  # the timeout policy admits the request without the pages after this (time.monotonic)
 
 
 class StorageTier:
@@ -54,26 +56,27 @@ class StorageTier:
         keys = self._keys(key)[start:]
         if not keys or not self.io.storage.exists(keys[0]):
             return False
-        self._prefetches[self._id(key)] = Prefetch(start, self.io.prefetch(keys))
+        deadline = time.monotonic() + self.config.prefetch_timeout(len(key) - cached)
+        self._prefetches[self._id(key)] = Prefetch(start, self.io.prefetch(keys), deadline)
         while len(self._prefetches) > MAX_PREFETCHES:
             self._prefetches.popitem(last=False)
         return True
 
-    def take(self, key: RadixKey) -> tuple[int, list[torch.Tensor]] | None:
-        """At admission: (first page, pages) read for `key`, as far as the prefetch policy waits."""
-        p = self._prefetches.pop(self._id(key), None)
-        if p is None:
-            return None
+    def ready(self, key: RadixKey) -> bool:
+        """Whether the prefetch policy lets a request waiting for `key`'s pages be admitted now: best_effort at
+        once, wait_complete once they are read, timeout once they are read or its deadline passed."""
+        p = self._prefetches.get(self._id(key))
         policy = self.config.prefetch_policy
-        try:
-            if policy is HiCachePrefetchPolicy.BEST_EFFORT:
-                pages = p.future.result() if p.future.done() else []
-            elif policy is HiCachePrefetchPolicy.WAIT_COMPLETE:
-                pages = p.future.result()
-            else:
-                pages = p.future.result(timeout=self.config.prefetch_timeout(len(key)))
-        except concurrent.futures.TimeoutError:
-            pages = []
+        if p is None or policy is HiCachePrefetchPolicy.BEST_EFFORT or p.future.done():
+            return True
+        return policy is HiCachePrefetchPolicy.TIMEOUT and time.monotonic() >= p.deadline
+
+    def take(self, key: RadixKey) -> tuple[int, list[torch.Tensor]] | None:
+        """At admission: (first page, pages) read for `key` by now (a read still running is dropped)."""
+        p = self._prefetches.pop(self._id(key), None)
+        if p is None or not p.future.done():
+            return None
+        pages = p.future.result()
         return (p.start_page, pages) if pages else None
 
     def write_finished(self, key: RadixKey, slots: torch.Tensor) -> None:

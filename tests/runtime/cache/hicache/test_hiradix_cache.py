@@ -157,9 +157,9 @@ def test_file_storage_serves_a_second_cache_with_the_same_directory(tmp_path, pr
     assert len(list(tmp_path.glob("*.kv"))) == 2  # whole pages only
     second = Harness(WT, **config)
     key = RadixKey(a[:20])
-    second.tree.match_prefix(key)  # a waiting request's match starts the read
-    if prefetch is HiCachePrefetchPolicy.BEST_EFFORT:
-        second.tree.storage._prefetches[StorageKey(key)].future.result()
+    assert second.tree.match_prefix(key).storage_hit  # a waiting request's match starts the read
+    second.tree.storage._prefetches[StorageKey(key)].future.result()  # (the read ends before admission)
+    assert second.tree.prefetch_ready(key)
     m = second.tree.match_and_load(key)
     assert m.length == 16 and second.tree.tier_stats()["storage_loaded_tokens"] == 16
     second.check_kv(m.device_indices, a[:16])
@@ -167,6 +167,28 @@ def test_file_storage_serves_a_second_cache_with_the_same_directory(tmp_path, pr
     other = Harness(WT, **{**config, "namespace": "another model"})
     other.tree.match_prefix(key)
     assert other.tree.match_and_load(key).length == 0
+
+
+def test_the_prefetch_policy_decides_whether_admission_waits_for_a_read(tmp_path):
+    import concurrent.futures
+
+    a = seq(100, 17)
+    config = dict(storage_backend=HiCacheStorageBackend.FILE, storage_dir=tmp_path, namespace="m",
+                  storage_page_tokens=8)
+    first = Harness(WT, **config)
+    first.run(a)
+    first.tree.reset()
+    key = RadixKey(a[:16])
+    for policy, ready in ((HiCachePrefetchPolicy.BEST_EFFORT, True), (HiCachePrefetchPolicy.WAIT_COMPLETE, False),
+                          (HiCachePrefetchPolicy.TIMEOUT, False)):
+        h = Harness(WT, **config, prefetch_policy=policy)
+        h.tree.storage.io.prefetch = lambda keys: concurrent.futures.Future()  # a read that never ends
+        assert h.tree.match_prefix(key).storage_hit
+        assert h.tree.prefetch_ready(key) is ready
+        h.tree.storage._prefetches[StorageKey(key)].deadline = 0.0
+        assert h.tree.prefetch_ready(key) is (policy is not HiCachePrefetchPolicy.WAIT_COMPLETE)
+        assert h.tree.match_and_load(key).length == 0  # admitted without the pages: the read is dropped
+        h.check()
 
 
 def StorageKey(key: RadixKey):
