@@ -60,7 +60,8 @@ class HiRadixCache(RadixCache):
             self.storage.clear()
 
     def tier_stats(self) -> dict[str, int]:
-        return dict(self.tier_counts)
+        alloc = self.host_pool.allocator
+        return {**self.tier_counts, "host_pool_tokens": alloc.size, "host_available_tokens": alloc.available_size()}
 
     # ------------------------------------------------------------------ matching
     def match_valid(self, node: TreeNode | None) -> bool:
