@@ -45,7 +45,7 @@ class HiRadixCache(RadixCache):
         if config.storage_backend is not None:
             from radixlm.runtime.cache.hicache.storage_tier import StorageTier
 
-            self.storage = StorageTier(config, kv_pool)
+            self.storage = StorageTier(config, kv_pool, self.host_pool)
         self.tier_counts: Counter = Counter()
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size=page_size,
                          eviction_policy=eviction_policy)
@@ -262,7 +262,7 @@ class HiRadixCache(RadixCache):
         slots = self._host_alloc(end - pos)
         if slots is None:
             return
-        rows = torch.cat(pages, dim=1)[:, pos - start :]
+        rows = torch.cat(pages)[pos - start :]
         self.host_pool.write(slots, rows)
         leaf = TreeNode(key=rest, value=None, host_value=slots, parent=node, last_access_time=self._tick(),
                         creation_time=self._clock)

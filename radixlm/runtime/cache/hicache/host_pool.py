@@ -1,6 +1,7 @@
-"""The host tier of the hierarchical KV cache: a pool with the device pool's per-token layout (K and V of every layer,
-(size + page_size, num_kv_heads, head_dim) each, pinned when CUDA is there) with its own page allocator, and the
-copies between the two pools.
+"""The host tier of the hierarchical KV cache: a pool of the device pool's tokens, token-major (one row per slot holds
+K of every layer, then V: (size + page_size, 2 * layers, num_kv_heads, head_dim), pinned when CUDA is there, so a
+token's KV is one contiguous copy and SGLang's page-first layout with pages of one token), with its own page
+allocator, and the copies between the two pools.
 
 Copies keep stream order with the device's work, so no pass reads KV before it is in place and no copy reads slots a
 later pass rewrites:
@@ -28,13 +29,14 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
 @dataclass
 class _PendingWrite:
     event: "torch.cuda.Event"
-    staging: torch.Tensor  # (2 * layers, n, heads, dim) pinned
+    staging: torch.Tensor  # (n, 2 * layers, heads, dim) pinned
     host_slots: torch.Tensor
 
 
 class HostKVPool:
-    """K and V of `size` tokens in host memory, laid out as the device pool's, with a page allocator over
-    [page_size, size + page_size) (the first page is never handed out, as on the device)."""
+    """K and V of `size` tokens in host memory, token-major, with a page allocator over [page_size, size + page_size)
+    (the first page is never handed out, as on the device). Rows read and written: (n, 2 * layers, heads, dim), K of
+    every layer then V, in the pool's dtype (a float8 pool's as bytes where they come from read)."""
 
     def __init__(self, size: int, device_pool: TokenToKVPool):
         ps = device_pool.page_size
@@ -46,11 +48,10 @@ class HostKVPool:
         self.num_layers = device_pool.num_layers
         self.device_pool = device_pool
         self.pinned = device_pool.device.type == "cuda"
-        shape = (size + ps, device_pool.num_kv_heads, device_pool.head_dim)
+        shape = (size + ps, 2 * device_pool.num_layers, device_pool.num_kv_heads, device_pool.head_dim)
         # Never read before written (a slot is read only after a copy into it): no zero-fill of a large pinned pool.
         new = torch.empty if self.pinned else torch.zeros
-        self.k_buffer = [new(shape, dtype=self.dtype, pin_memory=self.pinned) for _ in range(self.num_layers)]
-        self.v_buffer = [new(shape, dtype=self.dtype, pin_memory=self.pinned) for _ in range(self.num_layers)]
+        self.kv = new(shape, dtype=self.dtype, pin_memory=self.pinned)
         self.allocator = TokenToKVPoolAllocator(size, ps, "cpu")
         self._pending: list[_PendingWrite] = []
         self._side_stream = torch.cuda.Stream(device_pool.device) if device_pool.device.type == "cuda" else None
@@ -61,48 +62,49 @@ class HostKVPool:
             torch.empty((), dtype=device_pool.dtype).element_size()
 
     def mem_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k_buffer + self.v_buffer)
+        return self.kv.numel() * self.kv.element_size()
 
     def clear(self) -> None:
         self.commit()
         self.allocator.clear()
 
-    # ------------------------------------------------------------------ rows as one tensor (storage pages)
+    def _device_buffers(self) -> list[torch.Tensor]:
+        dev = self.device_pool
+        return [_raw(b) for b in dev.k_buffer + dev.v_buffer]
+
+    # ------------------------------------------------------------------ rows (storage pages use them too)
     def read(self, slots: torch.Tensor, pinned: bool = False) -> torch.Tensor:
-        """(2 * layers, n, heads, dim): K of every layer, then V, of the host slots (pinned: in pinned memory, for a
-        copy to the device; a float8 pool's as bytes)."""
+        """The rows of the host slots (pinned: in pinned memory, for a copy to the device)."""
         idx = slots.to(torch.int64)
         self.poll()
         if any(bool(torch.isin(w.host_slots, idx).any()) for w in self._pending):
             self.commit()
-        bufs = [_raw(b) for b in self.k_buffer + self.v_buffer]
-        out = torch.empty((len(bufs), len(idx), *bufs[0].shape[1:]), dtype=bufs[0].dtype, pin_memory=pinned)
-        for i, b in enumerate(bufs):
-            torch.index_select(b, 0, idx, out=out[i])
-        return out
+        kv = _raw(self.kv)
+        out = torch.empty((len(idx), *kv.shape[1:]), dtype=kv.dtype, pin_memory=pinned)
+        return torch.index_select(kv, 0, idx, out=out)
 
-    def write(self, slots: torch.Tensor, rows) -> None:
-        """Inverse of read (rows as read returns them, as raw bytes or in the pool's dtype). Backups in flight land
-        first: one may target slots freed and handed out again since."""
+    def write(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Inverse of read. Backups in flight land first: one may target slots freed and handed out again since."""
         self.commit()
         self._scatter(slots, rows)
 
-    def _scatter(self, slots: torch.Tensor, rows) -> None:
-        idx = slots.to(torch.int64)
-        for b, r in zip(self.k_buffer + self.v_buffer, rows):
-            _raw(b)[idx] = _raw(r)
+    def _scatter(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        _raw(self.kv)[slots.to(torch.int64)] = _raw(rows)
 
     # ------------------------------------------------------------------ copies between the tiers
+    def gather_device(self, device_slots: torch.Tensor) -> torch.Tensor:
+        """The device slots' rows, on the device (stream order)."""
+        idx = device_slots.to(self.device_pool.device, torch.int64)
+        return torch.stack([b[idx] for b in self._device_buffers()], dim=1)
+
     def backup(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
         """Copies the device slots' K and V into the host slots (see the module docstring for the order)."""
-        dev = self.device_pool
-        idx = device_slots.to(dev.device, torch.int64)
+        rows = self.gather_device(device_slots)
         if self._side_stream is None:
-            self._scatter(host_slots, [_raw(b)[idx] for b in dev.k_buffer + dev.v_buffer])
+            self._scatter(host_slots, rows)
             return
-        gathered = torch.stack([_raw(b)[idx] for b in dev.k_buffer + dev.v_buffer])
-        staging = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
-        staging.copy_(gathered, non_blocking=True)
+        staging = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+        staging.copy_(rows, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         self._pending.append(_PendingWrite(event, staging, host_slots))
@@ -123,19 +125,19 @@ class HostKVPool:
     def load(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
         """Copies the host slots' K and V into the device slots, ordered before the next pass."""
         staging = self.read(host_slots, pinned=self._side_stream is not None)
-        dev = self.device_pool
-        bufs = dev.k_buffer + dev.v_buffer
+        bufs = self._device_buffers()
         if self._side_stream is None:
             idx = device_slots.to(torch.int64)
-            for b, r in zip(bufs, staging):
-                _raw(b)[idx] = _raw(r)
+            for i, b in enumerate(bufs):
+                b[idx] = staging[:, i]
             return
-        main = torch.cuda.current_stream(dev.device)
+        dev = self.device_pool.device
+        main = torch.cuda.current_stream(dev)
         side = self._side_stream
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            idx = device_slots.to(dev.device, torch.int64, non_blocking=True)
-            on_device = staging.to(dev.device, non_blocking=True)
-            for b, r in zip(bufs, on_device):
-                _raw(b)[idx] = r
+            idx = device_slots.to(dev, torch.int64, non_blocking=True)
+            on_device = staging.to(dev, non_blocking=True)
+            for i, b in enumerate(bufs):
+                b[idx] = on_device[:, i]
         main.wait_stream(side)

@@ -41,10 +41,11 @@ def page_hashes(namespace: str, extra_key: str | None, token_ids: list[int], pag
 
 @dataclass(frozen=True)
 class PageLayout:
-    """What one page file holds: (2 * layers, page_tokens, heads, dim) of `dtype`, as raw bytes."""
+    """What one page file holds: (page_tokens, 2 * layers, heads, dim) of `dtype` (the host pool's rows), as raw
+    bytes."""
 
-    rows: int
     page_tokens: int
+    rows: int
     heads: int
     dim: int
     dtype: torch.dtype
@@ -87,7 +88,7 @@ class FileStorage:
             logger.warning("hicache storage: %s has %d bytes, expected %d; ignored", key, len(data), lay.nbytes)
             return None
         raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        return raw.view(lay.dtype).reshape(lay.rows, lay.page_tokens, lay.heads, lay.dim)
+        return raw.view(lay.dtype).reshape(lay.page_tokens, lay.rows, lay.heads, lay.dim)
 
     def longest_run(self, keys: list[str]) -> list[torch.Tensor]:
         """The pages of the longest run of keys[0], keys[1], ... that storage holds."""
@@ -110,7 +111,7 @@ class StorageIO:
         self.written: set[str] = set()  # keys written or queued by this process
 
     def write(self, keys: list[str], pages: torch.Tensor, event=None) -> Future:
-        """pages: (2 * layers, len(keys) * page_tokens, heads, dim) on the host; event: the device copy filling it."""
+        """pages: (len(keys) * page_tokens, 2 * layers, heads, dim) on the host; event: the device copy filling it."""
         self.written.update(keys)
         n = self.storage.layout.page_tokens
 
@@ -118,7 +119,7 @@ class StorageIO:
             if event is not None:
                 event.synchronize()
             for i, key in enumerate(keys):
-                self.storage.put(key, pages[:, i * n : (i + 1) * n])
+                self.storage.put(key, pages[i * n : (i + 1) * n])
 
         return self._writer.submit(run)
 

@@ -11,7 +11,7 @@ import torch
 
 from radixlm.runtime.args import HiCachePrefetchPolicy
 from radixlm.runtime.cache.hicache.config import HiCacheConfig
-from radixlm.runtime.cache.hicache.host_pool import _raw
+from radixlm.runtime.cache.hicache.host_pool import HostKVPool
 from radixlm.runtime.cache.hicache.storage import FileStorage, PageLayout, StorageIO, page_hashes
 from radixlm.runtime.cache.memory_pool import TokenToKVPool
 from radixlm.runtime.cache.radix_node import RadixKey
@@ -28,13 +28,14 @@ class Prefetch:
 
 
 class StorageTier:
-    def __init__(self, config: HiCacheConfig, device_pool: TokenToKVPool):
+    def __init__(self, config: HiCacheConfig, device_pool: TokenToKVPool, host_pool: HostKVPool):
         self.config = config
         self.page_tokens = config.storage_page_tokens
-        layout = PageLayout(2 * device_pool.num_layers, self.page_tokens, device_pool.num_kv_heads,
+        layout = PageLayout(self.page_tokens, 2 * device_pool.num_layers, device_pool.num_kv_heads,
                             device_pool.head_dim, device_pool.dtype)
         self.io = StorageIO(FileStorage(config.storage_dir, layout))
         self.device_pool = device_pool
+        self.host_pool = host_pool
         self._prefetches: OrderedDict[tuple, Prefetch] = OrderedDict()
 
     def _keys(self, key: RadixKey) -> list[str]:
@@ -86,9 +87,8 @@ class StorageTier:
         missing = [i for i, k in enumerate(keys) if k not in self.io.written and not self.io.storage.exists(k)]
         if not missing:
             return
-        idx = torch.cat([slots[i * P : (i + 1) * P] for i in missing]).to(self.device_pool.device, torch.int64)
+        rows = self.host_pool.gather_device(torch.cat([slots[i * P : (i + 1) * P] for i in missing]))
         pool = self.device_pool
-        rows = torch.stack([_raw(b)[idx] for b in pool.k_buffer + pool.v_buffer])
         event = None
         if rows.is_cuda:
             staging = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
