@@ -14,11 +14,27 @@ later pass rewrites:
 On the CPU both are plain indexed copies."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from radixlm.runtime.cache.memory_pool import TokenToKVPool, TokenToKVPoolAllocator
+
+logger = logging.getLogger(__name__)
+
+
+def _pin(t: torch.Tensor) -> bool:
+    """Page-locks t's memory in place (cudaHostRegister: pin_memory's allocator would round a large pool up to a
+    power of two). Copies go through pinned staging buffers either way; a pool left pageable only costs a memcpy."""
+    try:
+        err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+        ok = int(getattr(err, "value", err)) == 0
+    except (AttributeError, RuntimeError, TypeError) as e:
+        ok, err = False, e
+    if not ok:
+        logger.warning("hierarchical cache: the host pool could not be pinned (%s); it stays pageable", err)
+    return ok
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:
@@ -47,11 +63,9 @@ class HostKVPool:
         self.dtype = device_pool.dtype
         self.num_layers = device_pool.num_layers
         self.device_pool = device_pool
-        self.pinned = device_pool.device.type == "cuda"
         shape = (size + ps, 2 * device_pool.num_layers, device_pool.num_kv_heads, device_pool.head_dim)
-        # Never read before written (a slot is read only after a copy into it): no zero-fill of a large pinned pool.
-        new = torch.empty if self.pinned else torch.zeros
-        self.kv = new(shape, dtype=self.dtype, pin_memory=self.pinned)
+        self.kv = torch.zeros(shape, dtype=self.dtype)
+        self.pinned = device_pool.device.type == "cuda" and _pin(self.kv)
         self.allocator = TokenToKVPoolAllocator(size, ps, "cpu")
         self._pending: list[_PendingWrite] = []
         self._side_stream = torch.cuda.Stream(device_pool.device) if device_pool.device.type == "cuda" else None
