@@ -15,6 +15,7 @@ On the CPU both are plain indexed copies."""
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +67,8 @@ class HostKVPool:
         shape = (size + ps, 2 * device_pool.num_layers, device_pool.num_kv_heads, device_pool.head_dim)
         self.kv = torch.zeros(shape, dtype=self.dtype)
         self.pinned = device_pool.device.type == "cuda" and _pin(self.kv)
+        if self.pinned:  # unlocked before the memory goes back
+            weakref.finalize(self, torch.cuda.cudart().cudaHostUnregister, self.kv.data_ptr())
         self.allocator = TokenToKVPoolAllocator(size, ps, "cpu")
         self._pending: list[_PendingWrite] = []
         self._side_stream = torch.cuda.Stream(device_pool.device) if device_pool.device.type == "cuda" else None
