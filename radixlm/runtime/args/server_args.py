@@ -117,11 +117,11 @@ class ServerArgs:
     hicache_ratio: float = arg(2.0, MEM, "host KV pool size as a multiple of the device pool's (>= 1)")
     hicache_size: float = arg(0.0, MEM, "host KV pool size in GB; > 0 overrides --hicache-ratio")
     hicache_write_policy: HiCacheWritePolicy = arg(
-        HiCacheWritePolicy.WRITE_THROUGH, MEM, "when a cached prefix is copied to the host pool: write_through, when "
-        "it is cached; write_through_selective, at its second hit; write_back, when it is evicted from the device")
+        HiCacheWritePolicy.WRITE_THROUGH, MEM, "when a cached prefix is copied to the host pool: write_through, once "
+        "cached; write_through_selective, at its second hit; write_back, at its device eviction")
     hicache_storage_backend: HiCacheStorageBackend | None = arg(
-        None, MEM, "third tier under the host pool: file (pages keyed by a hash of their token prefix, one file each, "
-        "in $SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR, kept across restarts); unset: none")
+        None, MEM, "a tier under the host pool: file (a file per page, keyed by a hash of its token prefix, in "
+        "$SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR; kept across restarts)")
     hicache_storage_prefetch_policy: HiCachePrefetchPolicy = arg(
         HiCachePrefetchPolicy.BEST_EFFORT, MEM, "how long admission waits for pages read from storage: best_effort, "
         "what has arrived; wait_complete, all found; timeout, all found within a bound")
