@@ -18,6 +18,8 @@ from radixlm.runtime.cache.radix_node import RadixKey
 
 # Prefetches remembered for waiting requests (the oldest is forgotten beyond this: a request aborted while waiting).
 MAX_PREFETCHES = 4096
+# A prefix storage did not have is looked up again at most this often (a waiting request is matched every round).
+RECHECK_S = 1.0
 
 
 @dataclass
@@ -37,6 +39,7 @@ class StorageTier:
         self.device_pool = device_pool
         self.host_pool = host_pool
         self._prefetches: OrderedDict[tuple, Prefetch] = OrderedDict()
+        self._missed: OrderedDict[tuple, float] = OrderedDict()  # key -> when storage lacked its next page
 
     def _keys(self, key: RadixKey) -> list[str]:
         return page_hashes(self.config.namespace, key.extra_key, key.token_ids, self.page_tokens)
@@ -51,12 +54,21 @@ class StorageTier:
         P = self.page_tokens
         if len(key) - cached < P:
             return False
-        if self._id(key) in self._prefetches:
+        kid = self._id(key)
+        if kid in self._prefetches:
             return True
+        now = time.monotonic()
+        if now - self._missed.get(kid, -RECHECK_S) < RECHECK_S:
+            return False
         start = cached // P
         keys = self._keys(key)[start:]
         if not keys or not self.io.storage.exists(keys[0]):
+            self._missed[kid] = now
+            self._missed.move_to_end(kid)
+            while len(self._missed) > MAX_PREFETCHES:
+                self._missed.popitem(last=False)
             return False
+        self._missed.pop(kid, None)
         deadline = time.monotonic() + self.config.prefetch_timeout(len(key) - cached)
         self._prefetches[self._id(key)] = Prefetch(start, self.io.prefetch(keys), deadline)
         while len(self._prefetches) > MAX_PREFETCHES:
@@ -103,4 +115,5 @@ class StorageTier:
     def clear(self) -> None:
         """Forgets the reads in flight and waits for the writes (what is on disk stays)."""
         self._prefetches.clear()
+        self._missed.clear()
         self.io.drain()

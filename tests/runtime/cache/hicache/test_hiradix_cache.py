@@ -11,7 +11,8 @@ from radixlm.runtime.cache.hicache import HiCacheConfig, HiRadixCache
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
 from radixlm.runtime.cache.radix_node import CacheLock, RadixKey
 
-WB, WT, WTS = HiCacheWritePolicy.WRITE_BACK, HiCacheWritePolicy.WRITE_THROUGH, HiCacheWritePolicy.WRITE_THROUGH_SELECTIVE
+WB, WT = HiCacheWritePolicy.WRITE_BACK, HiCacheWritePolicy.WRITE_THROUGH
+WTS = HiCacheWritePolicy.WRITE_THROUGH_SELECTIVE
 
 
 class Harness:
