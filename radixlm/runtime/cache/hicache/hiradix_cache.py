@@ -154,6 +154,7 @@ class HiRadixCache(RadixCache):
         slots = self._device_alloc(count)
         for x in nodes:
             x.host_lock -= 1
+            self.host_queue.offer(x)  # (host eviction meanwhile dropped its entry, if it had one)
         self.dec_lock_ref(m.last_node)
         if slots is None:
             return m

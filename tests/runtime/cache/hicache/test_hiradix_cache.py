@@ -16,12 +16,14 @@ WTS = HiCacheWritePolicy.WRITE_THROUGH_SELECTIVE
 
 
 class Harness:
-    def __init__(self, policy: HiCacheWritePolicy, size: int = 32, host: int = 64, page_size: int = 1, **config):
+    def __init__(self, policy: HiCacheWritePolicy, size: int = 32, host: int = 64, page_size: int = 1,
+                 eviction_policy: str = "lru", **config):
         self.rows = ReqToTokenPool(4, 256)
         self.alloc = TokenToKVPoolAllocator(size, page_size)
         self.kv = TokenToKVPool(size, page_size, torch.float32, num_layers=2, num_kv_heads=1, head_dim=2)
         cfg = HiCacheConfig(host_tokens=host, write_policy=policy, **config)
-        self.tree = HiRadixCache(self.rows, self.alloc, self.kv, cfg, page_size=page_size)
+        self.tree = HiRadixCache(self.rows, self.alloc, self.kv, cfg, page_size=page_size,
+                                 eviction_policy=eviction_policy)
 
     def run(self, tokens: list[int]) -> int:
         """A request over `tokens`: matches (loading its host hit), computes the rest, finishes; the tokens it
@@ -238,3 +240,20 @@ def test_the_host_pool_must_hold_the_device_pool():
         ServerArgs(enable_hierarchical_cache=True, hicache_ratio=0.5)
     with pytest.raises(ValueError, match="needs enable_hierarchical_cache"):
         ServerArgs(hicache_storage_backend="file")
+
+
+def test_a_load_that_finds_no_room_leaves_both_tiers_consistent():
+    h = Harness(WB, size=32, host=32, eviction_policy="fifo")
+    a = seq(100, 16)
+    h.run(a), h.run(seq(300, 16))
+    h.tree.evict(h.alloc.size)  # both host-only: the host pool is full
+    h.run(seq(500, 8))  # on the device only
+    held = h.alloc.alloc(h.alloc.available_size())  # a running request holds the rest of the device pool
+    # Loading `a` evicts the 8 tokens (write_back copies them: host eviction passes over `a`, being loaded, and
+    # takes the other prompt) and still finds no room.
+    key = RadixKey(a + [1])
+    assert h.tree.match_and_load(key).host_hit_length == 16
+    h.tree.check_consistency()
+    h.alloc.free(held)
+    assert h.tree.match_and_load(key).length == 16
+    h.check()
