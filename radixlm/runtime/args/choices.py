@@ -75,6 +75,29 @@ class KVCacheDtype(str, enum.Enum):
         return self is not KVCacheDtype.AUTO
 
 
+class HiCacheWritePolicy(str, enum.Enum):
+    """When a radix node's KV is copied from the device pool to the host pool (SGLang's --hicache-write-policy)."""
+    WRITE_BACK = "write_back"  # at its eviction from the device
+    WRITE_THROUGH = "write_through"  # when it enters the tree
+    WRITE_THROUGH_SELECTIVE = "write_through_selective"  # at its second hit
+
+    @property
+    def hit_threshold(self) -> int | None:
+        """Hits after which a node is copied to the host (None: only at eviction)."""
+        return {HiCacheWritePolicy.WRITE_THROUGH: 1, HiCacheWritePolicy.WRITE_THROUGH_SELECTIVE: 2}.get(self)
+
+
+class HiCacheStorageBackend(str, enum.Enum):
+    FILE = "file"  # one file per page under SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR
+
+
+class HiCachePrefetchPolicy(str, enum.Enum):
+    """How long admission waits for pages read from storage (SGLang's --hicache-storage-prefetch-policy)."""
+    BEST_EFFORT = "best_effort"  # what has arrived by admission time
+    WAIT_COMPLETE = "wait_complete"  # every page found
+    TIMEOUT = "timeout"  # every page found, waiting at most a bound
+
+
 def values(kind: type[enum.Enum]) -> tuple[str, ...]:
     return tuple(m.value for m in kind)
 

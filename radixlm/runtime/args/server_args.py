@@ -12,6 +12,7 @@ from typing import Any
 
 from radixlm.runtime.args.choices import (
     ATTENTION_BACKENDS, DEFAULT_DRAFT_STEPS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, LORA_BACKENDS,
+    HiCachePrefetchPolicy, HiCacheStorageBackend, HiCacheWritePolicy,
     QUANTIZATION_METHODS, REASONING_PARSERS, TOOL_CALL_PARSERS, GrammarMaskMode, JumpForwardMode, KVCacheDtype,
     SchedulePolicyName, Section, SpeculativeAlgorithm, Toggle,
 )
@@ -110,6 +111,20 @@ class ServerArgs:
     disable_radix_cache: bool = arg(False, MEM, "no prefix reuse: every prompt is prefilled from its first token")
     radix_eviction_policy: str = arg("lru", MEM, "which unused cached prefixes are evicted first",
                                      choices=EVICTION_POLICIES)
+    enable_hierarchical_cache: bool = arg(False, MEM, "keep prefixes evicted from the device KV pool in a host "
+                                                      "memory pool (and on disk with --hicache-storage-backend); a "
+                                                      "hit there is loaded back (docs/hicache.md)")
+    hicache_ratio: float = arg(2.0, MEM, "host KV pool size as a multiple of the device pool's (>= 1)")
+    hicache_size: float = arg(0.0, MEM, "host KV pool size in GB; > 0 overrides --hicache-ratio")
+    hicache_write_policy: HiCacheWritePolicy = arg(
+        HiCacheWritePolicy.WRITE_THROUGH, MEM, "when a cached prefix is copied to the host pool: write_through, once "
+        "cached; write_through_selective, at its second hit; write_back, at its device eviction")
+    hicache_storage_backend: HiCacheStorageBackend | None = arg(
+        None, MEM, "a tier under the host pool: file (a file per page, keyed by a hash of its token prefix, in "
+        "$SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR; kept across restarts)")
+    hicache_storage_prefetch_policy: HiCachePrefetchPolicy = arg(
+        HiCachePrefetchPolicy.BEST_EFFORT, MEM, "how long admission waits for pages read from storage: best_effort, "
+        "what has arrived; wait_complete, all found; timeout, all found within a bound")
 
     tp_size: int = arg(1, PAR, "tensor-parallel ranks, one process and one GPU each (gloo on CPU)")
     ep_size: int = arg(1, PAR, "expert-parallel ranks for MoE models: 1 (experts sliced over the TP ranks) or "

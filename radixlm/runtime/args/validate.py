@@ -58,6 +58,14 @@ def _check_memory_and_scheduling(a: ServerArgs) -> None:
     _check(a.responses_store_size >= 0, "responses_store_size must be >= 0")
     _check(a.schedule_conservativeness > 0, "schedule_conservativeness must be > 0")
     _check(a.max_logprobs >= -1, "max_logprobs must be -1 (the vocabulary size) or >= 0")
+    _check(a.hicache_ratio >= 1.0, "hicache_ratio must be >= 1 (the host pool holds at least the device pool)")
+    _check(a.hicache_size >= 0, "hicache_size must be >= 0 (GB; 0: use hicache_ratio)")
+    _check(a.enable_hierarchical_cache or a.hicache_storage_backend is None,
+           "hicache_storage_backend needs enable_hierarchical_cache")
+    _check(not a.enable_hierarchical_cache or not a.disable_radix_cache,
+           "enable_hierarchical_cache needs the radix cache (drop disable_radix_cache)")
+    _check(a.hicache_storage_backend is None or a.tp_size == 1,
+           "hicache_storage_backend needs tp_size 1 (ranks would see storage reads at different times)")
     _check(a.priority_scheduling_preemption_threshold >= 0, "priority_scheduling_preemption_threshold must be >= 0")
     _check(a.priority_aging_interval >= 0 and math.isfinite(a.priority_aging_interval),
            "priority_aging_interval must be a finite number >= 0 (0: no aging)")

@@ -44,13 +44,15 @@ class EvictionQueue:
     grow); entries whose node is gone, locked, no longer a leaf or re-prioritised since are stale and skipped when
     popped. When stale entries pile up the heap is rebuilt from the tree."""
 
-    def __init__(self, strategy: EvictionStrategy):
+    def __init__(self, strategy: EvictionStrategy, evictable: Callable[["TreeNode"], bool] | None = None):
         self.strategy = strategy
         self.heap: list[tuple[tuple, int, "TreeNode"]] = []
         self._rebuilt_size = 0
+        # Which nodes this queue may evict (a hierarchical cache keeps one queue per tier).
+        self._evictable = evictable or self._unlocked_leaf
 
     @staticmethod
-    def _evictable(node: "TreeNode") -> bool:
+    def _unlocked_leaf(node: "TreeNode") -> bool:
         return node.parent is not None and not node.deleted and not node.children and node.lock_ref == 0
 
     def offer(self, node: "TreeNode") -> None:

@@ -106,6 +106,25 @@ class RadixCache:
             self.evict_queue.offer(touched)
         return MatchResult(values or [self._empty()], node, length)
 
+    def tier_stats(self) -> dict[str, int]:
+        """Counters of a hierarchical cache's tiers (tokens written to and loaded from host and storage)."""
+        return {}
+
+    def match_and_load(self, key: RadixKey) -> MatchResult:
+        """match_prefix for a request being admitted: a hierarchical cache also brings the KV of the match's
+        host-only part back to the device. The plain tree has nothing to load."""
+        return self.match_prefix(key)
+
+    def prefetch_ready(self, key: RadixKey) -> bool:
+        """Whether a request whose match reported a storage hit may be admitted now (a hierarchical cache's
+        prefetch policy); the plain tree has no storage."""
+        return True
+
+    def match_valid(self, node: TreeNode | None) -> bool:
+        """Whether a match that ended at `node` may still be locked. The plain tree evicts only after admission; a
+        hierarchical one may evict while it loads an earlier request's prefix back."""
+        return True
+
     def match_unchanged(self, last_node: TreeNode, token_ids: list[int], limit: int, extra_key: str | None,
                         matched: int, generation: int) -> bool:
         """Whether match_prefix of token_ids[:limit] would still end at last_node after `matched` tokens, as it did

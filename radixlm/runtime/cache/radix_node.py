@@ -58,6 +58,10 @@ class TreeNode:
     # NOTE invariant (STANDALONE, RadixCache.track_draft_kv): the draft model's pool holds the draft KV of this
     # node's first draft_kv_len tokens at their slots; the rest were written while its passes were skipped.
     draft_kv_len: int = 0
+    # Hierarchical cache (cache/hicache/): the node's slots in the host pool, or None. A node with value None and a
+    # host_value is host-only (its KV left the device); host_lock > 0 while its KV is being copied between tiers.
+    host_value: torch.Tensor | None = None
+    host_lock: int = 0
 
     def is_leaf(self) -> bool:
         return not self.children
@@ -98,6 +102,9 @@ class MatchResult:
     last_node: TreeNode  # deepest matched node (the root when nothing matched)
     length: int  # tokens matched
     _indices: torch.Tensor | None = None
+    # Hierarchical cache: tokens matched past `length` whose KV is only in the host pool (load_back brings them).
+    host_hit_length: int = 0
+    storage_hit: bool = False  # and storage is reading pages past the match (admission takes them)
 
     @property
     def device_indices(self) -> torch.Tensor:

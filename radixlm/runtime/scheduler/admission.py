@@ -157,6 +157,8 @@ class Admission:
                 continue
             if adapters is not None and not self.lora.slots.fits(adapters, req.lora_id):
                 continue  # its adapter would need a slot that running requests' adapters hold
+            if req.storage_hit and not self.tree_cache.prefetch_ready(req.match_key()):
+                continue  # a hierarchical cache reads its prefix from storage; the prefetch policy waits for it
             result = adder.add_one_req(req)
             while preempting and self._preempt_for(req, result, adder, preempted):
                 result = adder.add_one_req(req)

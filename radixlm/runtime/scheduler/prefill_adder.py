@@ -90,6 +90,10 @@ class PrefillAdder:
         if self.can_run_list and (self.rem_input_tokens <= 0 or self.rem_chunk_tokens == 0):
             return AddReqResult.OTHER
         alone = not self.can_run_list and not self.running_reqs
+        if req.host_hit_length or req.storage_hit or not self.tree_cache.match_valid(req.last_node):
+            # A hierarchical cache: load the host (or storage) tier's hit back (the KV it takes is what computing
+            # it would), or match again where loading another request's hit evicted this one's match.
+            req.rematch(self.tree_cache, load=True)
         lock, delta = self.tree_cache.lock(req.last_node, req.prefix_len)
         self.rem_total_tokens += delta  # the matched prefix is no longer evictable
         take = self._chunk_len(req.extend_input_len)

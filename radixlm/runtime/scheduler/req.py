@@ -113,6 +113,8 @@ class Req:
     last_node: TreeNode | None = None  # the node the match ends at
     match_round: int = -1  # scheduler round of the last match_prefix
     match_generation: int = -1  # the radix tree's generation at that match
+    host_hit_length: int = 0  # hierarchical cache: tokens past the match held only in the host tier
+    storage_hit: bool = False  # hierarchical cache: storage is reading pages past the match
     # Set by admission (PrefillAdder) for the pass it admits the request to.
     extend_input_len: int = 0  # rows admitted (the chunk size when chunked)
     is_chunked: bool = False  # mid chunked prefill: no token is sampled until the last chunk
@@ -226,10 +228,22 @@ class Req:
                 self.last_node, self.fill_ids, self.max_prefix_len(), self.extra_key, self.prefix_len,
                 self.match_generation)):
             return  # the request did not change, and the tree holds no more or less of it than at the last match
+        self._match(tree_cache, load=False)
+
+    def rematch(self, tree_cache: "RadixCache", load: bool) -> None:
+        """A fresh match (this round's may be stale); load: bring a hierarchical cache's host hit to the device."""
+        self._match(tree_cache, load)
+
+    def match_key(self) -> RadixKey:
+        """The tokens a match may cover."""
+        return RadixKey(self.fill_ids[: self.max_prefix_len()], self.extra_key)
+
+    def _match(self, tree_cache: "RadixCache", load: bool) -> None:
         self.fill_ids = self.origin_input_ids + self.output_ids
-        key = RadixKey(self.fill_ids[: self.max_prefix_len()], self.extra_key)
-        result = tree_cache.match_prefix(key)
+        key = self.match_key()
+        result = tree_cache.match_and_load(key) if load else tree_cache.match_prefix(key)
         self._prefix, self.prefix_len, self.last_node = result, result.length, result.last_node
+        self.host_hit_length, self.storage_hit = result.host_hit_length, result.storage_hit
         self.extend_input_len = len(self.fill_ids) - self.prefix_len
         self.match_generation = tree_cache.generation
 
@@ -253,6 +267,7 @@ class Req:
         """After its slots went back to the tree or the allocator (retraction, failure)."""
         self._prefix, self.prefix_len = _EMPTY, 0
         self.last_node = None
+        self.host_hit_length, self.storage_hit = 0, False
         self.cache_lock = None
         self.req_pool_idx = None
         self.kv.reset()

@@ -60,12 +60,13 @@ class Scheduler:
         self.page_size = server_args.page_size
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.allocator = model_runner.token_to_kv_pool_allocator
-        self.tree_cache = RadixCache(
-            self.req_to_token_pool, self.allocator, page_size=self.page_size,
-            # An encoder's rows attend both ways: a prompt's first rows depend on the rest, so nothing is shared.
-            disable=server_args.disable_radix_cache or not model_runner.is_causal,
-            eviction_policy=server_args.radix_eviction_policy,
-        )
+        # An encoder's rows attend both ways: a prompt's first rows depend on the rest, so nothing is shared.
+        no_sharing = server_args.disable_radix_cache or not model_runner.is_causal
+        if server_args.enable_hierarchical_cache and not no_sharing:
+            self.tree_cache = _hierarchical_cache(server_args, model_runner)
+        else:
+            self.tree_cache = RadixCache(self.req_to_token_pool, self.allocator, page_size=self.page_size,
+                                         disable=no_sharing, eviction_policy=server_args.radix_eviction_policy)
         media = getattr(model_runner, "mm_embedder", None) is not None
         # Multimodal positions run eagerly whatever the batch (ModelRunner._run): groups in every decode pass there.
         self.planner = Planner(self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size,
@@ -286,7 +287,8 @@ class Scheduler:
 
     def stats_snapshot(self) -> dict:
         embedder = getattr(self.runner, "mm_embedder", None)
-        return {**self.stats, **self.grammar_stats, **(embedder.stats() if embedder is not None else {})}
+        return {**self.stats, **self.grammar_stats, **(embedder.stats() if embedder is not None else {}),
+                **self.tree_cache.tier_stats()}
 
     # ------------------------------------------------------------------ the loop
     def progress(self) -> int:
@@ -429,3 +431,21 @@ def _make_backend(name: str, tokenizer, vocab_size: int, eos_token_ids: frozense
     from radixlm.runtime.grammar.xgrammar_backend import XGrammarBackend
 
     return XGrammarBackend(tokenizer, vocab_size, sorted(eos_token_ids))
+
+
+def _hierarchical_cache(args: ServerArgs, runner) -> RadixCache:
+    """The radix tree over the device pool, a host pool and, if asked, storage (docs/hicache.md)."""
+    from radixlm.runtime.cache.hicache import HiCacheConfig, HiRadixCache
+
+    pool = runner.token_to_kv_pool
+    parallel = runner.parallel
+    # Storage keys name the model and this rank's slice of the KV: pages are reused only by the same.
+    namespace = (f"{args.model_path}|{args.load_format}|{pool.dtype}|{pool.num_layers}x{pool.num_kv_heads}x"
+                 f"{pool.head_dim}|tp{parallel.tp_rank}/{parallel.tp_size}")
+    config = HiCacheConfig.from_args(args, pool, namespace)
+    cache = HiRadixCache(runner.req_to_token_pool, runner.token_to_kv_pool_allocator, pool, config,
+                         page_size=args.page_size, eviction_policy=args.radix_eviction_policy)
+    logger.info("hierarchical cache: host pool of %d tokens (%.2f GiB), %s%s", config.host_tokens,
+                cache.host_pool.mem_bytes() / 2**30, config.write_policy.value,
+                f", storage in {config.storage_dir}" if config.storage_dir is not None else "")
+    return cache

@@ -1,0 +1,386 @@
+"""HiRadixCache: the radix tree over two pools, the device's and the host's (SGLang's HiCache), and optionally a
+storage tier (storage_tier.py).
+
+A node's KV is on the device (value), on the host (host_value), or both. NOTE invariants: the nodes on the device
+form a subtree under the root (a device node's parent is on the device), since the device evicts its leaves first
+and a load brings a whole path back; a node with neither is not in the tree; only device nodes are locked.
+
+- Device eviction takes device leaves (no child on the device). A leaf with a host copy stays in the tree, host-only;
+  without one (write_back copies it now, where the host pool has room) it leaves the tree with the host-only nodes
+  below it.
+- Host copies (backups) are made when a node is cached (write_through), at its second hit (write_through_selective)
+  or at its eviction from the device (write_back). Host eviction takes host-only leaves; they leave the tree.
+- A match reports the device part (values, last_node, length) and the host-only run below it (host_hit_length);
+  admission calls match_and_load, which gives that run fresh device slots and copies its KV back (host_pool.py).
+- With storage, a waiting request's match starts a read of the pages past what the tiers hold; admission inserts
+  what the prefetch policy lets it wait for as host-only nodes before loading. Finished requests' pages are written."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.runtime.cache.eviction import EvictionQueue
+from radixlm.runtime.cache.hicache.checks import check_tiers, device_evictable, host_evictable
+from radixlm.runtime.cache.hicache.config import HiCacheConfig
+from radixlm.runtime.cache.hicache.host_pool import HostKVPool
+from radixlm.runtime.cache.radix_cache import RadixCache
+from radixlm.runtime.cache.radix_node import CacheLock, MatchResult, RadixKey, TreeNode
+
+if TYPE_CHECKING:
+    from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
+
+
+class HiRadixCache(RadixCache):
+    def __init__(self, req_to_token_pool: "ReqToTokenPool | None", token_to_kv_pool_allocator: "TokenToKVPoolAllocator",
+                 kv_pool: "TokenToKVPool", config: HiCacheConfig, page_size: int = 1, eviction_policy: str = "lru"):
+        if kv_pool.page_size != page_size:
+            raise ValueError(f"KV pool page size {kv_pool.page_size} != the tree's {page_size}")
+        if config.storage_page_tokens % page_size:
+            raise ValueError(f"storage pages of {config.storage_page_tokens} tokens are not whole KV pages")
+        self.config = config
+        self.host_pool = HostKVPool(config.host_tokens, kv_pool)
+        self.storage = None
+        if config.storage_backend is not None:
+            from radixlm.runtime.cache.hicache.storage_tier import StorageTier
+
+            self.storage = StorageTier(config, kv_pool, self.host_pool)
+        self.tier_counts: Counter = Counter()
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size=page_size,
+                         eviction_policy=eviction_policy)
+
+    def reset(self) -> None:
+        """Forgets both tiers (the caller clears the device allocator); storage keeps its pages."""
+        super().reset()
+        self.evict_queue = EvictionQueue(self.eviction_strategy, device_evictable)
+        self.host_queue = EvictionQueue(self.eviction_strategy, host_evictable)
+        self.host_pool.clear()
+        if self.storage is not None:
+            self.storage.clear()
+
+    def tier_stats(self) -> dict[str, int]:
+        alloc = self.host_pool.allocator
+        return {**self.tier_counts, "host_pool_tokens": alloc.size, "host_available_tokens": alloc.available_size()}
+
+    # ------------------------------------------------------------------ matching
+    def match_valid(self, node: TreeNode | None) -> bool:
+        return node is None or node is self.root_node or (not node.deleted and node.value is not None)
+
+    def match_unchanged(self, last_node: TreeNode, token_ids: list[int], limit: int, extra_key: str | None,
+                        matched: int, generation: int) -> bool:
+        return self.match_valid(last_node) and super().match_unchanged(last_node, token_ids, limit, extra_key,
+                                                                       matched, generation)
+
+    def match_prefix(self, key: RadixKey) -> MatchResult:
+        if len(key) < self.page_size:
+            return MatchResult([self._empty()], self.root_node, 0)
+        self.host_pool.poll()
+        key = key.page_aligned(self.page_size)
+        full = key
+        now = self._tick()
+        node = self.root_node
+        node.last_access_time = now
+        values: list[torch.Tensor] = []
+        length = host = 0
+        touched = None
+        threshold = self.config.write_policy.hit_threshold
+        while len(key) > 0:
+            child = node.children.get(key.child_key(self.page_size))
+            if child is None:
+                break
+            if child.value is None:
+                host = self._host_run(child, key, now)
+                break
+            child.last_access_time = now
+            child.hit_count += 1
+            touched = child
+            n = child.key.match(key, self.page_size)
+            length += n
+            split = n < len(child.key)
+            if split:
+                child = self._split_node(child, n)
+            if threshold is not None and child.host_value is None and child.hit_count >= threshold:
+                self._backup(child)
+            values.append(child.value)
+            node = child
+            if split:
+                break
+            key = key[n:]
+        if touched is not None:
+            self.evict_queue.offer(touched)
+        stored = self.storage is not None and self.storage.maybe_prefetch(full, length + host)
+        return MatchResult(values or [self._empty()], node, length, host_hit_length=host, storage_hit=stored)
+
+    def _host_run(self, child: TreeNode, key: RadixKey, now: int) -> int:
+        """Tokens of key matched along host-only nodes from child down (no split: load_back splits)."""
+        total = 0
+        while child is not None:
+            child.last_access_time = now
+            self.host_queue.offer(child)
+            n = child.key.match(key, self.page_size)
+            total += n
+            key = key[n:]
+            if n < len(child.key) or len(key) == 0:
+                break
+            child = child.children.get(key.child_key(self.page_size))
+        return total
+
+    def prefetch_ready(self, key: RadixKey) -> bool:
+        return self.storage is None or self.storage.ready(key.page_aligned(self.page_size))
+
+    def match_and_load(self, key: RadixKey) -> MatchResult:
+        key = key.page_aligned(self.page_size)
+        if self.storage is not None:
+            found = self.storage.take(key)
+            if found is not None:
+                self._insert_from_storage(key, *found)
+        m = self.match_prefix(key)
+        if m.host_hit_length == 0:
+            return m
+        nodes, node, rest = [], m.last_node, key[m.length :]
+        while len(rest) > 0 and sum(len(x.key) for x in nodes) < m.host_hit_length:
+            child = node.children[rest.child_key(self.page_size)]
+            assert child.value is None, "the host hit starts at a device node"
+            n = child.key.match(rest, self.page_size)
+            if n < len(child.key):
+                child = self._split_node(child, n)
+            nodes.append(child)
+            node, rest = child, rest[n:]
+        count = sum(len(x.key) for x in nodes)
+        self.inc_lock_ref(m.last_node)
+        for x in nodes:
+            x.host_lock += 1
+        slots = self._device_alloc(count)
+        for x in nodes:
+            x.host_lock -= 1
+            self.host_queue.offer(x)  # (host eviction meanwhile dropped its entry, if it had one)
+        self.dec_lock_ref(m.last_node)
+        if slots is None:
+            return m
+        self.host_pool.load(torch.cat([x.host_value for x in nodes]), slots)
+        offset = 0
+        for x in nodes:
+            x.value = slots[offset : offset + len(x.key)]
+            x.draft_kv_len = 0
+            offset += len(x.key)
+        self.evictable_size_ += count
+        self.evict_queue.offer(nodes[-1])
+        self.tier_counts["host_loaded_tokens"] += count
+        return MatchResult(m.values + [x.value for x in nodes], nodes[-1], m.length + count)
+
+    def _device_alloc(self, n: int) -> torch.Tensor | None:
+        alloc = self.token_to_kv_pool_allocator
+        if alloc.available_size() < n:
+            self.evict(n - alloc.available_size())
+        return alloc.alloc(n)
+
+    # ------------------------------------------------------------------ tree edits
+    def _split_node(self, child: TreeNode, n: int) -> TreeNode:
+        parent = child.parent
+        assert parent is not None and 0 < n < len(child.key)
+        new = TreeNode(
+            key=child.key[:n], value=None if child.value is None else child.value[:n], parent=parent,
+            lock_ref=child.lock_ref, last_access_time=child.last_access_time, hit_count=child.hit_count,
+            creation_time=child.creation_time, draft_kv_len=min(child.draft_kv_len, n),
+            host_value=None if child.host_value is None else child.host_value[:n], host_lock=child.host_lock,
+        )
+        child.draft_kv_len = max(child.draft_kv_len - n, 0)
+        child.key = child.key[n:]
+        if child.value is not None:
+            child.value = child.value[n:]
+        if child.host_value is not None:
+            child.host_value = child.host_value[n:]
+        child.parent = new
+        new.children[child.key.child_key(self.page_size)] = child
+        parent.children[new.key.child_key(self.page_size)] = new
+        if self.kgram_index is not None:
+            self.kgram_index.split(new, child)
+        return new
+
+    def _insert(self, key: RadixKey, value: torch.Tensor, owned: bool = False,
+                draft_kv_len: int = 0) -> tuple[int, TreeNode]:
+        """As RadixCache._insert; a host-only node on the path takes the caller's slots (which hold the same KV), so
+        `present` counts only the device part."""
+        key = key.page_aligned(self.page_size)
+        value = value[: len(key)]
+        now = self._tick()
+        node = self.root_node
+        node.last_access_time = now
+        present = depth = 0
+        adopted = False
+        while len(key) > 0:
+            child = node.children.get(key.child_key(self.page_size))
+            if child is None:
+                break
+            child.last_access_time = now
+            n = child.key.match(key, self.page_size)
+            if n < len(child.key):
+                lower, child = child, self._split_node(child, n)
+                self.evict_queue.offer(lower)
+                self.host_queue.offer(lower)
+            if child.value is None:
+                child.value = value[:n] if owned else value[:n].clone()
+                child.draft_kv_len = min(max(draft_kv_len - depth, 0), n)
+                self.evictable_size_ += n
+                adopted = True
+            else:
+                assert not adopted, "a device node below a host-only one"
+                present += n
+            depth += n
+            key, value = key[n:], value[n:]
+            node = child
+        if len(key) > 0:
+            leaf = TreeNode(key=key, value=value if owned else value.clone(), parent=node, last_access_time=now,
+                            creation_time=now, draft_kv_len=min(max(draft_kv_len - depth, 0), len(key)))
+            node.children[key.child_key(self.page_size)] = leaf
+            self.evictable_size_ += len(key)
+            node = leaf
+            if self.kgram_index is not None:
+                self.kgram_index.add(leaf)
+            if self.config.write_policy.hit_threshold == 1:
+                self._backup(leaf)
+        self.evict_queue.offer(node)
+        return present, node
+
+    def _insert_from_storage(self, key: RadixKey, start_page: int, pages: list[torch.Tensor]) -> None:
+        """Hangs pages read from storage (pages start_page.. of key) under the tree as host-only nodes, where the
+        tree still holds every token before them."""
+        P = self.config.storage_page_tokens
+        start, end = start_page * P, (start_page + len(pages)) * P
+        key = key[:end]
+        node, pos, rest = self.root_node, 0, key
+        while len(rest) > 0:
+            child = node.children.get(rest.child_key(self.page_size))
+            if child is None:
+                break
+            n = child.key.match(rest, self.page_size)
+            if n < len(child.key):
+                child = self._split_node(child, n)
+            pos, rest, node = pos + n, rest[n:], child
+        if pos < start or pos >= end:
+            return
+        slots = self._host_alloc(end - pos)
+        if slots is None:
+            return
+        rows = torch.cat(pages)[pos - start :]
+        self.host_pool.write(slots, rows)
+        leaf = TreeNode(key=rest, value=None, host_value=slots, parent=node, last_access_time=self._tick(),
+                        creation_time=self._clock)
+        node.children[rest.child_key(self.page_size)] = leaf
+        if self.kgram_index is not None:
+            self.kgram_index.add(leaf)
+        self.host_queue.offer(leaf)
+        self.tier_counts["storage_loaded_tokens"] += end - pos
+
+    # ------------------------------------------------------------------ copies and eviction
+    def _backup(self, node: TreeNode) -> bool:
+        """Gives a device node a host copy, if the host pool has (or can evict) room; whether it has one."""
+        if node.host_value is not None:
+            return True
+        slots = self._host_alloc(len(node.key))
+        if slots is None:
+            return False
+        self.host_pool.backup(node.value, slots)
+        node.host_value = slots
+        self.tier_counts["host_written_tokens"] += len(node.key)
+        return True
+
+    def _host_alloc(self, n: int) -> torch.Tensor | None:
+        alloc = self.host_pool.allocator
+        if alloc.available_size() < n:
+            self.evict_host(n - alloc.available_size())
+        return alloc.alloc(n)
+
+    def evict(self, num_tokens: int) -> int:
+        """Frees at least num_tokens device slots (if possible) from device leaves in strategy order; a leaf with a
+        host copy stays as a host-only node. Returns the device tokens freed."""
+        if num_tokens <= 0:
+            return 0
+        queue = self.evict_queue
+        queue.maybe_rebuild(self._nodes)
+        write_back = self.config.write_policy.hit_threshold is None
+        evicted = 0
+        freed: list[torch.Tensor] = []
+        while evicted < num_tokens:
+            node = queue.pop()
+            if node is None:
+                break
+            if write_back:
+                self._backup(node)
+            freed.append(node.value)
+            evicted += len(node.key)
+            self.evictable_size_ -= len(node.key)
+            self.evicted_tokens_total += len(node.key)
+            node.value = None
+            node.draft_kv_len = 0
+            parent = node.parent
+            if node.host_value is not None:
+                self.host_queue.offer(node)
+            else:
+                self._delete_subtree(node)
+            queue.offer(parent)
+        if freed:
+            self.token_to_kv_pool_allocator.free(torch.cat(freed))
+        return evicted
+
+    def evict_host(self, num_tokens: int) -> int:
+        """Frees at least num_tokens host slots (if possible): host-only leaves leave the tree."""
+        queue = self.host_queue
+        queue.maybe_rebuild(self._nodes)
+        evicted = 0
+        freed: list[torch.Tensor] = []
+        while evicted < num_tokens:
+            node = queue.pop()
+            if node is None:
+                break
+            freed.append(node.host_value)
+            evicted += len(node.key)
+            parent = node.parent
+            self._delete_subtree(node)
+            queue.offer(parent)
+        if freed:
+            self.host_pool.allocator.free(torch.cat(freed))
+        return evicted
+
+    def _delete_subtree(self, top: TreeNode) -> None:
+        """Removes `top` (its device slots already freed) and the host-only nodes below it; frees their host copies
+        (top's own host copy, if any, is the caller's to free)."""
+        del top.parent.children[top.key.child_key(self.page_size)]
+        stack, host = [top], []
+        while stack:
+            node = stack.pop()
+            assert node.value is None and node.lock_ref == 0, "deleting a node still on the device"
+            if self.kgram_index is not None:
+                self.kgram_index.remove(node)
+            node.deleted = True
+            if node is not top and node.host_value is not None:
+                host.append(node.host_value)
+            stack.extend(node.children.values())
+        if host:
+            self.host_pool.allocator.free(torch.cat(host))
+
+    # ------------------------------------------------------------------ request hooks
+    def cache_finished(self, lock: CacheLock, row: int, key: RadixKey, insert: bool = True,
+                       draft_kv_len: int = 0) -> None:
+        if insert and self.storage is not None:
+            aligned = len(key) // self.storage.page_tokens * self.storage.page_tokens
+            if aligned:
+                self.storage.write_finished(key[:aligned], self._row_slots(row, aligned))
+        super().cache_finished(lock, row, key, insert=insert, draft_kv_len=draft_kv_len)
+
+    # ------------------------------------------------------------------ sizes and checks
+    def total_size(self) -> int:
+        return sum(len(n.value) for n in self._nodes() if n is not self.root_node and n.value is not None)
+
+    def host_size(self) -> int:
+        return sum(len(n.host_value) for n in self._nodes() if n is not self.root_node and n.host_value is not None)
+
+    def all_values_flatten(self) -> torch.Tensor:
+        values = [n.value for n in self._nodes() if n is not self.root_node and n.value is not None]
+        return torch.cat(values) if values else self._empty()
+
+    def check_consistency(self) -> None:
+        """Both tiers: device slots free + held by the tree (evictable, protected) + held by requests == the pool
+        (the scheduler's accounting adds the requests'); host slots free + held by the tree == the host pool."""
+        check_tiers(self)
