@@ -1,0 +1,170 @@
+"""The MLA kernels (kernels/attention/mla*.py) against a dense float32 reference written here: decode (one split:
+DIRECT; several; more splits than a short request has blocks; a padded row of length 0; a float8 pool with its
+scale; head counts that leave a head block part empty) and extend (prefix reuse, causal new tokens, blocks of several
+tokens x heads). On the CPU under TRITON_INTERPRET=1 (one subprocess, tiny shapes, float32: the interpreter computes
+bfloat16 wrongly), or on CUDA at DeepSeek's widths (R 512, P 64, 16 and 128 heads, bfloat16). The host-side sizing
+and checks run directly."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.triton_interpret import interpreter_works, run_under_interpreter
+
+MARKER = "mla kernels passed"
+
+
+def make_pool(lens, rank, rope, page_size, kv_dtype, device, seed, kv_scale=1.0):
+    """A latent pool holding every request's positions on shuffled pages (slot 0 unused), its req_to_token and
+    pool rows."""
+    g = torch.Generator().manual_seed(seed)
+    pages = sum(-(-n // page_size) for n in lens) + 2
+    kv = torch.randn(pages * page_size, 1, rank + rope, generator=g)
+    if kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        kv = (kv / kv_scale).to(kv_dtype)
+    else:
+        kv = kv.to(kv_dtype)
+    free = (torch.randperm(pages - 1, generator=g) + 1).tolist()
+    rows = torch.randperm(len(lens) + 3, generator=g)[: len(lens)]
+    req_to_token = torch.zeros(len(lens) + 3, max(lens, default=0) + page_size, dtype=torch.int64)
+    for i, n in enumerate(lens):
+        own = [free.pop() for _ in range(-(-n // page_size))]
+        slots = [p * page_size + j for p in own for j in range(page_size)][:n]
+        req_to_token[rows[i], :n] = torch.tensor(slots, dtype=torch.int64)
+    return kv.to(device), req_to_token.to(device), rows.to(device)
+
+
+def reference(q, kv, req_to_token, rows, prefix_lens, extend_lens, rank, sm_scale, kv_scale=1.0):
+    """q: (sum(extend_lens), H, R + P); request i's new token j at position prefix + j sees positions <= it."""
+    out, t = [], 0
+    for i, (prefix, ext) in enumerate(zip(prefix_lens, extend_lens)):
+        keys = kv[req_to_token[rows[i], : prefix + ext], 0].float() * kv_scale  # (n, R + P)
+        s = torch.einsum("thd,nd->thn", q[t : t + ext].float(), keys) * sm_scale
+        pos = torch.arange(prefix + ext, device=q.device)
+        visible = pos[None, :] <= (prefix + torch.arange(ext, device=q.device))[:, None]
+        s = s.masked_fill(~visible[:, None, :], float("-inf"))
+        out.append(torch.einsum("thn,nr->thr", s.softmax(-1), keys[:, :rank]))
+        t += ext
+    return torch.cat(out) if out else q.new_zeros(0, q.shape[1], rank, dtype=torch.float32)
+
+
+def decode_cases(device, rank, rope, dtype, cases, tol):
+    from radixlm.runtime.kernels.attention.mla import MlaDecodeConfig, mla_decode
+
+    for i, (heads, lens, page_size, splits, kv_dtype, block_n) in enumerate(cases):
+        kv_scale = 0.5 if kv_dtype != dtype else 1.0
+        kv, rt, rows = make_pool(lens, rank, rope, page_size, kv_dtype, device, seed=i, kv_scale=kv_scale)
+        g = torch.Generator().manual_seed(100 + i)
+        q = torch.randn(len(lens), heads, rank + rope, generator=g).to(dtype).to(device)
+        seq_lens = torch.tensor(lens, device=device)
+        scale = (rank + rope) ** -0.5
+        out = torch.full((len(lens), heads, rank), float("nan"), dtype=dtype, device=device)
+        got = mla_decode(q, kv, rt, rows, seq_lens, scale, out, num_kv_splits=splits, max_seq_len=max(lens),
+                         kv_scale=kv_scale, config=MlaDecodeConfig(block_n=block_n))
+        assert got is out
+        live = [n > 0 for n in lens]
+        want = torch.zeros(len(lens), heads, rank, device=device)
+        want[live] = reference(q[live], kv, rt, rows[live], [n - 1 for n in lens if n], [1] * sum(live), rank,
+                               scale, kv_scale)
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol, msg=lambda m: f"decode case {i}: {m}")
+
+
+def extend_cases(device, rank, rope, dtype, cases, tol):
+    from radixlm.runtime.kernels.attention.mla import MlaExtendConfig, mla_extend, mla_extend_blocks
+
+    for i, (heads, lens, page_size, config) in enumerate(cases):
+        totals = [p + e for p, e in lens]
+        kv, rt, rows = make_pool(totals, rank, rope, page_size, dtype, device, seed=50 + i)
+        ext = [e for _, e in lens]
+        g = torch.Generator().manual_seed(150 + i)
+        q = torch.randn(sum(ext), heads, rank + rope, generator=g).to(dtype).to(device)
+        ext_t = torch.tensor(ext, device=device)
+        starts = torch.cumsum(ext_t, 0) - ext_t
+        prefix = torch.tensor([p for p, _ in lens], device=device)
+        scale = (rank + rope) ** -0.5
+        out = torch.full((sum(ext), heads, rank), float("nan"), dtype=dtype, device=device)
+        blocks = None
+        if config is not None:  # the backend's way: the list built on the host, at the kernel's block_m
+            config = MlaExtendConfig(**config)
+            blocks = torch.tensor(mla_extend_blocks(ext, config), dtype=torch.int64, device=device)
+        got = mla_extend(q, kv, rt, rows, prefix, ext_t, starts, scale, out, blocks=blocks, config=config)
+        want = reference(q, kv, rt, rows, [p for p, _ in lens], ext, rank, scale)
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol, msg=lambda m: f"extend case {i}: {m}")
+
+
+def run_cases(device: str) -> None:
+    if device == "cpu":
+        e4m3 = torch.float8_e4m3fn
+        decode_cases(device, 32, 16, torch.float32, [  # (heads, lens, page, splits, kv dtype, block_n)
+            (4, [1, 70, 33], 1, 1, torch.float32, 16),  # DIRECT
+            (16, [120, 5, 64], 4, 3, torch.float32, 32),  # three splits of whole blocks; a short request's empty ones
+            (20, [40, 0], 1, None, torch.float32, 16),  # two head blocks (the second part empty); a row of length 0
+            (4, [90, 17], 16, 4, e4m3, 16),  # a float8 pool read as stored x kv_scale
+        ], tol=2e-4)
+        decode_cases(device, 64, 16, torch.float32, [(2, [50], 1, 2, torch.float32, 16)], tol=2e-4)
+        extend_cases(device, 32, 16, torch.float32, [  # (heads, [(prefix, extend)], page, config)
+            (4, [(0, 1), (0, 37), (100, 1), (9, 12)], 1, None),  # default: 4 heads x 8 tokens a program
+            (3, [(33, 20), (0, 5)], 16, {"block_h": 4, "block_m": 4, "block_n": 16}),  # a padded head of each block
+            (16, [(70, 3)], 1, {"block_h": 8, "block_m": 2, "block_n": 32}),  # two head blocks
+        ], tol=2e-4)
+    else:
+        bf16 = torch.bfloat16
+        for heads in (16, 128):
+            decode_cases(device, 512, 64, bf16, [
+                (heads, [1, 1000, 4097, 64], 1, None, bf16, 32),
+                (heads, [300, 7, 2048], 16, 1, bf16, 32),
+                (heads, [300, 7, 2048], 16, 7, bf16, 64),
+                (heads, [515, 0, 1], 1, 32, torch.float8_e4m3fn, 32),
+            ], tol=2e-2)
+            extend_cases(device, 512, 64, bf16, [
+                (heads, [(0, 1), (0, 300), (1000, 1), (64, 64), (130, 17)], 1, None),
+                (heads, [(2000, 5), (0, 129)], 16, {"block_h": 16, "block_m": 4, "block_n": 64, "num_warps": 8}),
+            ], tol=2e-2)
+    print(MARKER)
+
+
+@pytest.mark.skipif(not interpreter_works(), reason="needs Triton's interpreter, 3.7 or later")
+def test_mla_kernels_match_reference_interpreted():
+    run_under_interpreter(__file__, MARKER, hide_cuda=True, timeout=300)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+def test_mla_kernels_match_reference_cuda():
+    run_cases("cuda")
+
+
+if __name__ == "__main__":
+    run_cases("cpu")
+
+
+def test_decode_splits_fill_the_gpu_once_and_stay_long():
+    from radixlm.runtime.kernels.attention.mla import (
+        MLA_MAX_SPLITS, MLA_MIN_SPLIT_LEN, MLA_TARGET_PROGRAMS, mla_decode_num_splits)
+
+    assert mla_decode_num_splits(1, 16) == MLA_MAX_SPLITS  # a graph sized by the context: no length bound
+    assert mla_decode_num_splits(1, 16, 1000) == -(-1000 // MLA_MIN_SPLIT_LEN)
+    assert mla_decode_num_splits(1, 128, 1 << 20) == -(-MLA_TARGET_PROGRAMS // 8)
+    assert mla_decode_num_splits(32, 16, 4096) == -(-MLA_TARGET_PROGRAMS // 32)
+    assert mla_decode_num_splits(256, 128, 4096) == 1 and mla_decode_num_splits(1, 16, 1) == 1
+    with pytest.raises(ValueError):
+        mla_decode_num_splits(0, 16)
+
+
+def test_configs_and_shapes_are_checked():
+    from radixlm.runtime.kernels.attention.mla import (
+        MlaDecodeConfig, MlaExtendConfig, check_mla_args, mla_extend_config)
+
+    for bad in ({"block_h": 8}, {"block_n": 48}, {"num_warps": 3}, {"num_stages": 0}):
+        with pytest.raises(ValueError):
+            MlaDecodeConfig(**bad)
+    for bad in ({"block_h": 2, "block_m": 4}, {"block_h": 3}, {"block_n": 8}, {"block_h": 64, "block_m": 4}):
+        with pytest.raises(ValueError):
+            MlaExtendConfig(**bad)
+    assert [(c.block_h, c.block_m) for c in map(mla_extend_config, (1, 3, 16, 128))] == [(1, 32), (4, 8), (16, 2),
+                                                                                          (16, 2)]
+    q, kv, out = torch.zeros(2, 4, 80), torch.zeros(10, 1, 80), torch.zeros(2, 4, 64)
+    assert check_mla_args(q, kv, out, None) == (64, 16)
+    for args in [(q, torch.zeros(10, 2, 80), out), (q, kv, torch.zeros(2, 4, 60)), (q, kv.half(), out),
+                 (q, torch.zeros(10, 1, 72), out), (q.half(), kv.half(), out)]:
+        with pytest.raises(ValueError):
+            check_mla_args(*args, None)
