@@ -159,3 +159,21 @@ def mla_extend_blocks(extend_lens: list[int], config: MlaExtendConfig) -> list[i
     from radixlm.runtime.kernels.attention.extend_blocks import extend_blocks
 
     return extend_blocks(extend_lens, config.block_m)
+
+
+def warm_up_mla(kv: torch.Tensor, req_to_token: torch.Tensor, num_heads: int, kv_lora_rank: int, dtype: torch.dtype,
+                index_dtype: torch.dtype = torch.int64, kv_scale: float = 1.0) -> None:
+    """Builds every MLA kernel variant a server with this pool, table and head count meets, before the first request:
+    decode with one split (DIRECT) and with several (stage 1 and stage 2), and extend, at the default configs (the
+    split count itself is a runtime value). A one-row table of the real table's row stride (its specialization)
+    points every read at slot 0; nothing is written to the pool. dtype: the queries' (the model's); index_dtype: the
+    backend's seq_lens / prefix_lens / req_pool_indices dtype."""
+    device = kv.device
+    table = torch.zeros(1, req_to_token.stride(0), dtype=req_to_token.dtype, device=device)
+    one = torch.ones(1, dtype=index_dtype, device=device)
+    zero = torch.zeros(1, dtype=index_dtype, device=device)
+    q = torch.zeros(1, num_heads, kv.shape[2], dtype=dtype, device=device)
+    out = torch.empty(1, num_heads, kv_lora_rank, dtype=dtype, device=device)
+    for splits in (1, 2):
+        mla_decode(q, kv, table, zero, one, 1.0, out, num_kv_splits=splits, kv_scale=kv_scale)
+    mla_extend(q, kv, table, zero, zero, one, zero, 1.0, out, kv_scale=kv_scale)

@@ -120,7 +120,20 @@ def run_cases(device: str) -> None:
                 (heads, [(0, 1), (0, 300), (1000, 1), (64, 64), (130, 17)], 1, None),
                 (heads, [(2000, 5), (0, 129)], 16, {"block_h": 16, "block_m": 4, "block_n": 64, "num_warps": 8}),
             ], tol=2e-2)
+    warm_up_cases(device)
     print(MARKER)
+
+
+def warm_up_cases(device: str) -> None:
+    """warm_up_mla runs every variant on a pool it leaves as it was."""
+    from radixlm.runtime.kernels.attention import warm_up_mla
+
+    rank, rope, heads = (32, 16, 4) if device == "cpu" else (512, 64, 16)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    kv, rt, _ = make_pool([5, 9], rank, rope, 1, dtype, device, seed=9)
+    before = kv.clone()
+    warm_up_mla(kv, rt, heads, rank, dtype)
+    assert torch.equal(kv, before)
 
 
 @pytest.mark.skipif(not interpreter_works(), reason="needs Triton's interpreter, 3.7 or later")
