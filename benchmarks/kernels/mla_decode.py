@@ -13,7 +13,8 @@ HBM3e 4.8 TB/s), in one device call:
 
 Prints a table per case (default, best, floor) and the config with the least geometric-mean time over the cases
 (per model and overall), to set MLA_DECODE_DEFAULT from one device run; writes the JSON to --out (rewritten after
-each cell: a run stopped by its budget keeps what it measured).
+each cell: a run stopped by its budget keeps what it measured). --kv fp8_e4m3: the same over a float8 pool (read as
+stored x 0.5; its floor half bf16's). The extend kernel has its own script (mla_extend.py beside this one).
 
     python3 benchmarks/kernels/mla_decode.py --sweep all --out $OUT/mla_decode.json   # ~4-6 min on an H200
     TRITON_INTERPRET=1 python benchmarks/kernels/mla_decode.py --dry --sweep all --out /tmp/mla_decode.json
@@ -37,6 +38,8 @@ from radixlm.runtime.kernels.attention.mla import (  # noqa: E402
 
 MODELS = {"v2-lite": 16, "v3": 128}  # query heads (DeepSeek-V2-Lite, DeepSeek-V3/R1 unsharded)
 RANK, ROPE = 512, 64
+KV_DTYPES = {"bf16": None, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}  # None: the queries'
+
 SM_SCALE = 192 ** -0.5  # 1/sqrt(qk_nope_head_dim + qk_rope_head_dim), as DeepSeek's attention (mscale aside)
 COPY_BYTES = 400_000_000  # latents read per graph replay at least
 MAX_COPIES = 128
@@ -67,15 +70,18 @@ def log(*a) -> None:
 class Case:
     """One (model, batch, context): a pool of `copies` x batch requests of `context` latents each."""
 
-    def __init__(self, model: str, heads: int, bs: int, ctx: int, rank: int, rope: int, device: str, dry: bool):
+    def __init__(self, model: str, heads: int, bs: int, ctx: int, rank: int, rope: int, device: str, dry: bool,
+                 kv_dtype: torch.dtype | None):
         self.model, self.heads, self.bs, self.ctx, self.rank, self.rope = model, heads, bs, ctx, rank, rope
         self.device = device
         width = rank + rope
         dtype = torch.float32 if dry else torch.bfloat16  # the interpreter computes bfloat16 wrongly
-        self.bytes = bs * ctx * width * dtype.itemsize
+        kv_dtype = kv_dtype or dtype
+        self.kv_scale = 1.0 if kv_dtype == dtype else 0.5
+        self.bytes = bs * ctx * width * kv_dtype.itemsize
         self.copies = 1 if dry else max(1, min(MAX_COPIES, -(-COPY_BYTES // self.bytes)))
         rows = self.copies * bs
-        self.kv = torch.empty(rows * ctx + 1, 1, width, device=device, dtype=dtype)
+        self.kv = torch.empty(rows * ctx + 1, 1, width, device=device, dtype=kv_dtype)
         g = torch.Generator(device=device).manual_seed(bs * 7 + ctx + heads)
         step = 1 << 24
         for i in range(0, self.kv.shape[0], step // width):
@@ -90,13 +96,13 @@ class Case:
         self.ref = torch.stack([self.reference(b) for b in self.check_rows])
 
     def reference(self, b: int) -> torch.Tensor:
-        keys = self.kv[self.req_to_token[self.rows[0][b]], 0].float()  # (ctx, R + P)
+        keys = self.kv[self.req_to_token[self.rows[0][b]], 0].float() * self.kv_scale  # (ctx, R + P)
         p = (self.q[b].float() @ keys.T * SM_SCALE).softmax(-1)
         return p @ keys[:, : self.rank]
 
     def call(self, i: int, config: MlaDecodeConfig, splits: int) -> torch.Tensor:
         return mla_decode(self.q, self.kv, self.req_to_token, self.rows[i], self.seq_lens, SM_SCALE, self.out,
-                          num_kv_splits=splits, config=config)
+                          num_kv_splits=splits, kv_scale=self.kv_scale, config=config)
 
     def error(self, config: MlaDecodeConfig, splits: int) -> float:
         got = self.call(0, config, splits)[self.check_rows].float()
@@ -124,7 +130,7 @@ def run_cell(case: Case, name: str, splits: int, args, save) -> dict | None:
         log(f"  {name}@{splits}: {type(e).__name__}: {str(e)[:300]}")
         return None
     floor_us = case.bytes / args.bandwidth * 1e6
-    cell = {"model": case.model, "heads": case.heads, "batch": case.bs, "context": case.ctx, "config": name,
+    cell = {"model": case.model, "heads": case.heads, "kv": str(case.kv.dtype).removeprefix("torch."), "batch": case.bs, "context": case.ctx, "config": name,
             "config_fields": config.__dict__, "splits": splits, "auto_splits": splits == auto_splits(case, config),
             "us": us, "floor_us": floor_us, "of_floor": floor_us / us, "x_floor": us / floor_us,
             "gb_s": case.bytes / us / 1e3, "bytes": case.bytes, "copies": case.copies, "rel_err": err,
@@ -181,6 +187,7 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=4.8e12, help="bytes/s of the floor (H200 HBM3e: 4.8 TB/s)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--budget-s", type=float, default=420.0, help="no cell starts after it (the defaults run first)")
+    ap.add_argument("--kv", default="bf16", choices=sorted(KV_DTYPES), help="the pool's dtype")
     ap.add_argument("--dry", action="store_true", help="tiny shapes on the CPU (run with TRITON_INTERPRET=1)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "mla_decode.json"))
     args = ap.parse_args()
@@ -210,7 +217,7 @@ def main() -> None:
     result = {"benchmark": "mla_decode", "command": "python " + " ".join(sys.argv), "device": device,
               "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "torch": torch.__version__,
               "triton": triton.__version__, "bandwidth": args.bandwidth, "kv_lora_rank": rank, "rope": rope,
-              "default": DEFAULT, "cells": []}
+              "kv": args.kv, "default": DEFAULT, "cells": []}
 
     def save(cell: dict) -> None:
         result["cells"].append(cell)
@@ -234,7 +241,7 @@ def main() -> None:
         for model, heads, bs, ctx in specs:
             if not in_budget():
                 break
-            case = Case(model, heads, bs, ctx, rank, rope, device, args.dry)
+            case = Case(model, heads, bs, ctx, rank, rope, device, args.dry, KV_DTYPES[args.kv])
             names = [DEFAULT] if phase == "default" else sweep[1:]
             timed = []
             for name in names:

@@ -5,7 +5,7 @@
 # 1k/4k, against the latent bytes floor). Logs and JSON land in $OUT/mla_lease.tar, packed after each step.
 #   bash benchmarks/lease/mla_lease.sh              # tests + decode sweep
 #   bash benchmarks/lease/mla_lease.sh bench        # the decode sweep alone (MLA_BUDGET_S: its cells' budget)
-#   DRY=1 DRY_OUT=/tmp/mla PY=/work/main/.venv/bin/python bash benchmarks/lease/mla_lease.sh   # here, on the CPU:
+#   DRY=1 DRY_OUT=/tmp/mla_dry PY=/work/main/.venv/bin/python bash benchmarks/lease/mla_lease.sh   # here, on the CPU:
 #                                                   # the interpreted tests and the benchmark's --dry logic
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)

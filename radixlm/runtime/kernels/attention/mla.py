@@ -17,7 +17,9 @@ import torch
 
 MLA_TARGET_PROGRAMS = 132  # stage-1 programs that fill an H200 (132 SMs) once; splits multiply too few up to it
 MLA_MAX_SPLITS = 32
-MLA_MIN_SPLIT_LEN = 256  # positions per split at least (a split's partials: R floats per head, 2 KiB at R = 512)
+# Positions per split at least: a split writes R floats per head (16 heads: 32 KiB at R = 512) and stage 2 reads them
+# back, against 128 positions' latents (144 KiB) read once for the head block.
+MLA_MIN_SPLIT_LEN = 128
 MLA_STAGE2_BLOCK_S = 8  # splits the merge loads per step (a fixed tile: one stage-2 variant for every split count)
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
