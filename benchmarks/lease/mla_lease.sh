@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Issue 51's MLA kernels on one GPU, one device call (carry [".whl"]; ~6-8 min): the kernels' CUDA tests against the
-# torch reference (tests/runtime/kernels/attention/test_mla_attn.py, DeepSeek widths), then the decode benchmark with
-# its launch-config sweep (benchmarks/kernels/mla_decode.py: DeepSeek-V2-Lite and V3 heads, batch 1/32/256, context
-# 1k/4k, against the latent bytes floor). Logs and JSON land in $OUT/mla_lease.tar, packed after each step.
-#   bash benchmarks/lease/mla_lease.sh              # tests + decode sweep
-#   bash benchmarks/lease/mla_lease.sh bench        # the decode sweep alone (MLA_BUDGET_S: its cells' budget)
+# Issue 51's MLA kernels on one GPU, one device call (carry [".whl"]; at most 9.5 min): the kernels' CUDA tests against
+# the torch reference (tests/runtime/kernels/attention/test_mla_attn.py, DeepSeek widths), then the decode benchmark
+# with its launch-config sweep (benchmarks/kernels/mla_decode.py: DeepSeek-V2-Lite and V3 heads, batch 1/32/256,
+# context 1k/4k, against the latent bytes floor), then the extend kernel's (benchmarks/kernels/mla_extend.py) while
+# time is left. Logs and JSONs land in $OUT/mla_lease.tar, packed after each step.
+#   bash benchmarks/lease/mla_lease.sh              # tests + decode sweep + extend
+#   bash benchmarks/lease/mla_lease.sh bench        # the benchmarks alone (MLA_BUDGET_S: the decode cells' budget)
+#   MLA_KV=fp8_e4m3 bash benchmarks/lease/mla_lease.sh bench   # the decode sweep over a float8 pool
 #   DRY=1 DRY_OUT=/tmp/mla_dry PY=/work/main/.venv/bin/python bash benchmarks/lease/mla_lease.sh   # here, on the CPU:
 #                                                   # the interpreted tests and the benchmark's --dry logic
 set -uo pipefail
@@ -29,11 +31,13 @@ if [ "${DRY:-0}" = 1 ]; then
   export TRITON_INTERPRET=1
   TAIL=5 step mla_tests 120 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/attention/test_mla_attn.py
   TAIL=12 step mla_decode 120 $PY benchmarks/kernels/mla_decode.py --dry --sweep all --out "$OUT/mla_decode.json"
+  TAIL=8 step mla_extend 120 $PY benchmarks/kernels/mla_extend.py --dry --out "$OUT/mla_extend.json"
   exit 0
 fi
 if [ "${1:-all}" != bench ]; then
   TAIL=8 step mla_cuda_tests 150 $PY -m pytest -q -p no:cacheprovider -rfEs --durations=5 \
     tests/runtime/kernels/attention/test_mla_attn.py
 fi
-TAIL=30 step mla_decode 540 $PY benchmarks/kernels/mla_decode.py --sweep all --budget-s "${MLA_BUDGET_S:-330}" \
-  --out "$OUT/mla_decode.json"
+TAIL=30 step mla_decode 420 $PY benchmarks/kernels/mla_decode.py --sweep all --budget-s "${MLA_BUDGET_S:-300}" \
+  --kv "${MLA_KV:-bf16}" --out "$OUT/mla_decode.json"
+TAIL=32 step mla_extend 120 $PY benchmarks/kernels/mla_extend.py --budget-s 80 --out "$OUT/mla_extend.json"
