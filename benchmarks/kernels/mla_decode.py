@@ -12,7 +12,8 @@ HBM3e 4.8 TB/s), in one device call:
   the reference too (a wrong one is reported, never picked).
 
 Prints a table per case (default, best, floor) and the config with the least geometric-mean time over the cases
-(per model and overall), to set MLA_DECODE_DEFAULT from one device run; writes the JSON to --out (rewritten after
+(per model and overall), to set mla.py's MLA_DECODE_DEFAULT (V2-Lite's 16 heads) and MLA_DECODE_DEFAULT_MANY_HEADS
+(V3's 128) from one device run; writes the JSON to --out (rewritten after
 each cell: a run stopped by its budget keeps what it measured). --kv fp8_e4m3: the same over a float8 pool (read as
 stored x 0.5; its floor half bf16's). The extend kernel has its own script (mla_extend.py beside this one).
 
@@ -34,7 +35,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from radixlm.runtime.kernels.attention.mla import (  # noqa: E402
-    MLA_DECODE_DEFAULT, MLA_MAX_SPLITS, MlaDecodeConfig, mla_decode, mla_decode_num_splits)
+    MLA_DECODE_DEFAULT, MLA_DECODE_DEFAULT_MANY_HEADS, MLA_MAX_SPLITS, MlaDecodeConfig, mla_decode,
+    mla_decode_config, mla_decode_num_splits)
 
 MODELS = {"v2-lite": 16, "v3": 128}  # query heads (DeepSeek-V2-Lite, DeepSeek-V3/R1 unsharded)
 RANK, ROPE = 512, 64
@@ -50,17 +52,20 @@ def config_name(c: MlaDecodeConfig) -> str:
     return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}"
 
 
-# Around the default (16 heads x 32 positions, 4 warps, 2 stages): longer blocks (fewer round trips, twice the shared
-# memory), 8 warps (half the accumulator's registers a thread), 3 stages, and 32 or 64 heads a program (fewer programs
-# re-reading a request's latents from L2 at 128 heads; the accumulator doubles).
+# Around the defaults (mla.py: 16 heads x 32 positions, 4 warps, 3 stages; 32 heads, 8 warps from 64 heads): 2
+# stages, 16- and 64-position blocks, 8 warps, 32 and 64 heads a program (fewer re-reads of a request's latents from L2
+# at 128 heads: mla.py has the registers of each).
 CONFIGS = {config_name(c): c for c in [
-    MLA_DECODE_DEFAULT,
-    MlaDecodeConfig(16, 64, 4, 2), MlaDecodeConfig(16, 32, 8, 2), MlaDecodeConfig(16, 64, 8, 2),
-    MlaDecodeConfig(16, 32, 4, 3), MlaDecodeConfig(16, 16, 4, 2), MlaDecodeConfig(16, 64, 4, 1),
-    MlaDecodeConfig(32, 32, 8, 2), MlaDecodeConfig(32, 16, 4, 2), MlaDecodeConfig(64, 16, 8, 2),
-    MlaDecodeConfig(64, 32, 8, 1),
+    MLA_DECODE_DEFAULT, MLA_DECODE_DEFAULT_MANY_HEADS,
+    MlaDecodeConfig(16, 32, 4, 2), MlaDecodeConfig(16, 16, 4, 3), MlaDecodeConfig(16, 64, 4, 3),
+    MlaDecodeConfig(16, 32, 8, 3), MlaDecodeConfig(16, 64, 8, 3), MlaDecodeConfig(32, 16, 8, 3),
+    MlaDecodeConfig(32, 64, 8, 3), MlaDecodeConfig(64, 16, 8, 3), MlaDecodeConfig(64, 32, 8, 3),
+    MlaDecodeConfig(64, 16, 8, 2),
 ]}
-DEFAULT = config_name(MLA_DECODE_DEFAULT)
+
+
+def default_name(heads: int) -> str:
+    return config_name(mla_decode_config(heads))
 
 
 def log(*a) -> None:
@@ -131,7 +136,7 @@ def run_cell(case: Case, name: str, splits: int, args, save) -> dict | None:
         return None
     floor_us = case.bytes / args.bandwidth * 1e6
     cell = {"model": case.model, "heads": case.heads, "kv": str(case.kv.dtype).removeprefix("torch."), "batch": case.bs, "context": case.ctx, "config": name,
-            "config_fields": config.__dict__, "splits": splits, "auto_splits": splits == auto_splits(case, config),
+            "config_fields": config.__dict__, "default": name == default_name(case.heads), "splits": splits, "auto_splits": splits == auto_splits(case, config),
             "us": us, "floor_us": floor_us, "of_floor": floor_us / us, "x_floor": us / floor_us,
             "gb_s": case.bytes / us / 1e3, "bytes": case.bytes, "copies": case.copies, "rel_err": err,
             "valid": err < TOLERANCE, "build_and_time_s": time.perf_counter() - t0}
@@ -153,7 +158,7 @@ def summarize(cells: list[dict]) -> dict:
     cases = sorted({(c["model"], c["batch"], c["context"]) for c in cells})
     for key in cases:
         mine = [c for c in cells if (c["model"], c["batch"], c["context"]) == key and c["valid"]]
-        default = next((c for c in mine if c["config"] == DEFAULT and c["auto_splits"]), None)
+        default = next((c for c in mine if c["default"] and c["auto_splits"]), None)
         best = min(mine, key=lambda c: c["us"], default=None)
         if best is not None:
             out["per_case"].append({"model": key[0], "batch": key[1], "context": key[2],
@@ -171,8 +176,10 @@ def summarize(cells: list[dict]) -> dict:
             continue
         gmean = {n: math.exp(sum(math.log(v) for v in t.values()) / len(t)) for n, t in full.items()}
         pick = min(gmean, key=gmean.get)
-        out["per_model"][model] = {"pick": pick, "gmean_us": gmean, "default_over_pick": gmean.get(DEFAULT, math.nan)
-                                   / gmean[pick], "cases": len(keys)}
+        defaults = {c["config"] for c in auto if c["default"]}
+        held = gmean.get(defaults.pop(), math.nan) if len(defaults) == 1 else math.nan
+        out["per_model"][model] = {"pick": pick, "gmean_us": gmean, "default_over_pick": held / gmean[pick],
+                                   "cases": len(keys)}
     return out
 
 
@@ -199,13 +206,12 @@ def main() -> None:
     unknown = sorted(set(sweep) - set(CONFIGS))
     if unknown:
         raise SystemExit(f"--sweep: unknown {unknown}; choose 'all' or from {sorted(CONFIGS)}")
-    sweep = [DEFAULT] + [s for s in sweep if s != DEFAULT]
     factors = [float(f) for f in args.split_factors.split(",") if f]
     batches = [int(b) for b in args.batches.split(",") if b]
     contexts = [int(c) for c in args.contexts.split(",") if c]
     if args.dry:
         batches, contexts, args.reps = [min(b, 3) for b in batches[:2]], [64], 1
-        sweep = sweep[:2]
+        sweep = sweep[:3]
     elif not torch.cuda.is_available():
         raise SystemExit("needs CUDA (or --dry with TRITON_INTERPRET=1)")
     device = "cpu" if args.dry else "cuda"
@@ -217,7 +223,7 @@ def main() -> None:
     result = {"benchmark": "mla_decode", "command": "python " + " ".join(sys.argv), "device": device,
               "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "torch": torch.__version__,
               "triton": triton.__version__, "bandwidth": args.bandwidth, "kv_lora_rank": rank, "rope": rope,
-              "kv": args.kv, "default": DEFAULT, "cells": []}
+              "kv": args.kv, "defaults": {m: default_name(h) for m, h in MODELS.items()}, "cells": []}
 
     def save(cell: dict) -> None:
         result["cells"].append(cell)
@@ -235,14 +241,15 @@ def main() -> None:
 
     # The default at every case first, then the sweep case by case (the case's pool made again: one pool in memory).
     for phase in ("default", "sweep"):
-        if phase == "sweep" and len(sweep) == 1:
+        if phase == "sweep" and not sweep:
             break
         log(f"== {phase}")
         for model, heads, bs, ctx in specs:
             if not in_budget():
                 break
             case = Case(model, heads, bs, ctx, rank, rope, device, args.dry, KV_DTYPES[args.kv])
-            names = [DEFAULT] if phase == "default" else sweep[1:]
+            default = default_name(heads)
+            names = [default] if phase == "default" else [n for n in sweep if n != default]
             timed = []
             for name in names:
                 if not in_budget():
@@ -251,7 +258,7 @@ def main() -> None:
                 if cell is not None and cell["valid"]:
                     timed.append(cell)
             if phase == "sweep":
-                timed += [c for c in result["cells"] if c["config"] == DEFAULT and c["auto_splits"] and
+                timed += [c for c in result["cells"] if c["default"] and c["auto_splits"] and c["valid"] and
                           (c["model"], c["batch"], c["context"]) == (model, bs, ctx)]
                 for cell in sorted(timed, key=lambda c: c["us"])[:2]:
                     done = {cell["splits"]}
@@ -273,12 +280,12 @@ def main() -> None:
             f"{r['best_us']:8.1f} {r['best_x_floor']:7.2f}")
     for model, s in result["summary"]["per_model"].items():
         log(f"{model}: fastest config (geometric mean over {s['cases']} cases, each at its split rule) {s['pick']}; "
-            f"the default {DEFAULT} takes {s['default_over_pick']:.3f}x its time")
-    pick = result["summary"]["per_model"].get("all")
-    if pick:
-        c = CONFIGS[pick["pick"]]
-        log(f"MLA_DECODE_DEFAULT = MlaDecodeConfig(block_h={c.block_h}, block_n={c.block_n}, "
-            f"num_warps={c.num_warps}, num_stages={c.num_stages})")
+            f"the default takes {s['default_over_pick']:.3f}x its time (nan: the model's cases had two defaults)")
+    for model, var in (("v2-lite", "MLA_DECODE_DEFAULT"), ("v3", "MLA_DECODE_DEFAULT_MANY_HEADS")):
+        pick = result["summary"]["per_model"].get(model)
+        if pick:
+            c = CONFIGS[pick["pick"]]
+            log(f"{var} = MlaDecodeConfig({c.block_h}, {c.block_n}, {c.num_warps}, {c.num_stages})  # {model}")
     log(f"wrote {out_path} ({time.perf_counter() - t0:.0f} s)")
 
 

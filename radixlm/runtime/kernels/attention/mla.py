@@ -75,17 +75,23 @@ class MlaExtendConfig:
             raise ValueError(f"MlaExtendConfig.num_stages: 1..4, got {self.num_stages}")
 
 
-# Picked by reasoning about the H200 until benchmarks/kernels/mla_decode.py has timed the alternatives: a block of 16
-# heads x 32 positions keeps the fp32 accumulator (16 x 512) at 64 registers a thread over 4 warps and the latent tile
-# (32 x 576 bf16, 36 KiB) at two pipeline stages in shared memory, 2-3 programs per SM.
-MLA_DECODE_DEFAULT = MlaDecodeConfig()
-# 32 query rows over 8 warps: the accumulator (32 x 512 fp32) at 64 registers a thread, as decode's.
+# Picked by reasoning about the H200 until benchmarks/kernels/mla_decode.py has timed the alternatives. Registers and
+# shared memory per program (sm_90, Triton 3.9's compiler run on a CPU, alignment as served; no spills unless said):
+# 16 heads x 32 positions, 4 warps: 196 registers at 2 stages, 190 at 3 (two programs per SM), the latents
+# pipelined through cp.async, 3 stages issuing the table load two blocks ahead (decode_splits.py's "s3" finding);
+# 32 heads x 32 positions, 8 warps, 3 stages: 172 registers, 75 KiB. A request's head blocks each read its latents
+# (from L2 after the first): at 128 heads 16-head blocks read them 8 times, 32-head blocks 4 times; 64-head blocks
+# (wgmma, 255 registers and 80 bytes spilled a thread) twice.
+MLA_DECODE_DEFAULT = MlaDecodeConfig(16, 32, 4, 3)
+MLA_MANY_HEADS = 64  # from this many heads a rank, MLA_DECODE_DEFAULT_MANY_HEADS
+MLA_DECODE_DEFAULT_MANY_HEADS = MlaDecodeConfig(32, 32, 8, 3)
+# 32 query rows over 8 warps: the accumulator (32 x 512 fp32) at 64 registers a thread (175 in all, no spills).
 MLA_EXTEND_ROWS = 32
 
 
-def mla_decode_config(num_heads: int) -> MlaDecodeConfig:  # noqa: ARG001 - one config for every head count so far
-    """Stage 1's launch for a model's heads (per tensor-parallel rank)."""
-    return MLA_DECODE_DEFAULT
+def mla_decode_config(num_heads: int) -> MlaDecodeConfig:
+    """Stage 1's launch for a rank's query heads."""
+    return MLA_DECODE_DEFAULT_MANY_HEADS if num_heads >= MLA_MANY_HEADS else MLA_DECODE_DEFAULT
 
 
 def mla_extend_config(num_heads: int) -> MlaExtendConfig:
