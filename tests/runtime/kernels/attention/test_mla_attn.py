@@ -152,11 +152,14 @@ if __name__ == "__main__":
 
 def test_decode_splits_fill_the_gpu_once_and_stay_long():
     from radixlm.runtime.kernels.attention.mla import (
-        MLA_MAX_SPLITS, MLA_MIN_SPLIT_LEN, MLA_TARGET_PROGRAMS, mla_decode_num_splits)
+        MLA_MAX_SPLITS, MLA_MIN_SPLIT_LEN, MLA_TARGET_PROGRAMS, MlaDecodeConfig, mla_decode_config,
+        mla_decode_num_splits)
 
     assert mla_decode_num_splits(1, 16) == MLA_MAX_SPLITS  # a graph sized by the context: no length bound
     assert mla_decode_num_splits(1, 16, 1000) == -(-1000 // MLA_MIN_SPLIT_LEN)
-    assert mla_decode_num_splits(1, 128, 1 << 20) == -(-MLA_TARGET_PROGRAMS // 8)
+    assert mla_decode_num_splits(1, 128, 1 << 20, MlaDecodeConfig(block_h=16)) == -(-MLA_TARGET_PROGRAMS // 8)
+    blocks = 128 // mla_decode_config(128).block_h  # the default's head blocks at 128 heads
+    assert mla_decode_num_splits(1, 128, 1 << 20) == min(MLA_MAX_SPLITS, -(-MLA_TARGET_PROGRAMS // blocks))
     assert mla_decode_num_splits(32, 16, 4096) == -(-MLA_TARGET_PROGRAMS // 32)
     assert mla_decode_num_splits(256, 128, 4096) == 1 and mla_decode_num_splits(1, 16, 1) == 1
     with pytest.raises(ValueError):
