@@ -49,18 +49,20 @@ TOLERANCE = 2e-2
 
 
 def config_name(c: MlaDecodeConfig) -> str:
-    return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}"
+    return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}{'' if c.inline_cvt else 'p'}"  # p: plain cast
 
 
 # Around the defaults (mla.py: 16 heads x 32 positions, 4 warps, 3 stages; 32 heads, 8 warps from 64 heads): 2
 # stages, 16- and 64-position blocks, 8 warps, 32 and 64 heads a program (fewer re-reads of a request's latents from L2
-# at 128 heads: mla.py has the registers of each).
+# at 128 heads: mla.py has the registers of each); a float8 pool (--kv) also times each default's other conversion
+# (inline or the plain cast, suffix p).
 CONFIGS = {config_name(c): c for c in [
     MLA_DECODE_DEFAULT, MLA_DECODE_DEFAULT_MANY_HEADS,
     MlaDecodeConfig(16, 32, 4, 2), MlaDecodeConfig(16, 16, 4, 3), MlaDecodeConfig(16, 64, 4, 3),
     MlaDecodeConfig(16, 32, 8, 3), MlaDecodeConfig(16, 64, 8, 3), MlaDecodeConfig(32, 16, 8, 3),
     MlaDecodeConfig(32, 64, 8, 3), MlaDecodeConfig(64, 16, 8, 3), MlaDecodeConfig(64, 32, 8, 3),
-    MlaDecodeConfig(64, 16, 8, 2),
+    MlaDecodeConfig(64, 16, 8, 2), MlaDecodeConfig(16, 32, 4, 3, inline_cvt=False),
+    MlaDecodeConfig(32, 32, 8, 3, inline_cvt=True),
 ]}
 
 
@@ -135,8 +137,10 @@ def run_cell(case: Case, name: str, splits: int, args, save) -> dict | None:
         log(f"  {name}@{splits}: {type(e).__name__}: {str(e)[:300]}")
         return None
     floor_us = case.bytes / args.bandwidth * 1e6
-    cell = {"model": case.model, "heads": case.heads, "kv": str(case.kv.dtype).removeprefix("torch."), "batch": case.bs, "context": case.ctx, "config": name,
-            "config_fields": config.__dict__, "default": name == default_name(case.heads), "splits": splits, "auto_splits": splits == auto_splits(case, config),
+    cell = {"model": case.model, "heads": case.heads, "kv": str(case.kv.dtype).removeprefix("torch."),
+            "batch": case.bs, "context": case.ctx, "config": name, "config_fields": config.__dict__,
+            "default": name == default_name(case.heads), "splits": splits,
+            "auto_splits": splits == auto_splits(case, config),
             "us": us, "floor_us": floor_us, "of_floor": floor_us / us, "x_floor": us / floor_us,
             "gb_s": case.bytes / us / 1e3, "bytes": case.bytes, "copies": case.copies, "rel_err": err,
             "valid": err < TOLERANCE, "build_and_time_s": time.perf_counter() - t0}
@@ -206,6 +210,11 @@ def main() -> None:
     unknown = sorted(set(sweep) - set(CONFIGS))
     if unknown:
         raise SystemExit(f"--sweep: unknown {unknown}; choose 'all' or from {sorted(CONFIGS)}")
+    if KV_DTYPES[args.kv] is None:  # the float8 conversion does not apply: one config per launch shape
+        shapes = {}
+        for n in sweep:
+            shapes.setdefault(tuple(CONFIGS[n].__dict__.values())[:4], n)
+        sweep = list(shapes.values())
     factors = [float(f) for f in args.split_factors.split(",") if f]
     batches = [int(b) for b in args.batches.split(",") if b]
     contexts = [int(c) for c in args.contexts.split(",") if c]
@@ -285,7 +294,8 @@ def main() -> None:
         pick = result["summary"]["per_model"].get(model)
         if pick:
             c = CONFIGS[pick["pick"]]
-            log(f"{var} = MlaDecodeConfig({c.block_h}, {c.block_n}, {c.num_warps}, {c.num_stages})  # {model}")
+            cvt = "" if c.inline_cvt else ", inline_cvt=False"
+            log(f"{var} = MlaDecodeConfig({c.block_h}, {c.block_n}, {c.num_warps}, {c.num_stages}{cvt})  # {model}")
     log(f"wrote {out_path} ({time.perf_counter() - t0:.0f} s)")
 
 

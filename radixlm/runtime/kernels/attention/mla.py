@@ -31,12 +31,14 @@ def _pow2(x: int) -> bool:
 @dataclass(frozen=True)
 class MlaDecodeConfig:
     """Stage 1's launch: heads per program (BLOCK_H, padded rows past the model's heads are masked), positions per
-    block (BLOCK_N), warps and Triton's pipeline stages."""
+    block (BLOCK_N), warps and Triton's pipeline stages; inline_cvt: a float8 pool converted by span.kv_convert_asm
+    on CUDA (False: the plain cast)."""
 
     block_h: int = 16
     block_n: int = 32
     num_warps: int = 4
     num_stages: int = 2
+    inline_cvt: bool = True
 
     def __post_init__(self):
         if self.block_h not in (16, 32, 64):
@@ -59,6 +61,7 @@ class MlaExtendConfig:
     block_n: int = 32
     num_warps: int = 8
     num_stages: int = 2
+    inline_cvt: bool = False  # as MlaDecodeConfig's: float8 at 16 heads x 2 tokens spills 536 bytes inline, 24 cast
 
     def __post_init__(self):
         if not _pow2(self.block_h) or not 1 <= self.block_h <= 64:
@@ -81,10 +84,11 @@ class MlaExtendConfig:
 # pipelined through cp.async, 3 stages issuing the table load two blocks ahead (decode_splits.py's "s3" finding);
 # 32 heads x 32 positions, 8 warps, 3 stages: 172 registers, 75 KiB. A request's head blocks each read its latents
 # (from L2 after the first): at 128 heads 16-head blocks read them 8 times, 32-head blocks 4 times; 64-head blocks
-# (wgmma, 255 registers and 80 bytes spilled a thread) twice.
+# (wgmma, 255 registers and 80 bytes spilled a thread) twice. A float8 pool: 16 heads 248 registers converted inline
+# (255 and 56 bytes spilled by the plain cast); 32 heads 255 and 8 bytes spilled by the plain cast (480 inline).
 MLA_DECODE_DEFAULT = MlaDecodeConfig(16, 32, 4, 3)
 MLA_MANY_HEADS = 64  # from this many heads a rank, MLA_DECODE_DEFAULT_MANY_HEADS
-MLA_DECODE_DEFAULT_MANY_HEADS = MlaDecodeConfig(32, 32, 8, 3)
+MLA_DECODE_DEFAULT_MANY_HEADS = MlaDecodeConfig(32, 32, 8, 3, inline_cvt=False)
 # 32 query rows over 8 warps: the accumulator (32 x 512 fp32) at 64 registers a thread (175 in all, no spills).
 MLA_EXTEND_ROWS = 32
 

@@ -20,6 +20,8 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.attention.mla import (
     MLA_STAGE2_BLOCK_S, MlaDecodeConfig, check_mla_args, mla_decode_config, mla_decode_num_splits)
+from radixlm.runtime.kernels.attention.span import _like as like_q  # (the packed float8 conversion)
+from radixlm.runtime.kernels.attention.span import kv_convert_asm
 
 LOG2E = 1 / math.log(2)
 # Index vectors are views at any offset (decode.py's INDEX_ARGS); the split count and the log-sum-exps' strides that
@@ -30,13 +32,16 @@ SPLIT_ARGS = ["num_splits", "stride_mlb", "stride_mlh"]
 
 @triton.jit
 def mla_block(q_nope, q_pe, acc, m_i, l_i, KV, slots, n_mask, visible, stride_kv, offs_r, r_mask, offs_p, p_mask,
-              sm_scale, R: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr):
+              sm_scale, R: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr, KV_CVT: tl.constexpr):
     """One block of BLOCK_N slots into the online softmax of q's rows: the latents are loaded once and serve as the
     keys' first R values and as the values. n_mask: the block's positions in range (others load zeros: a padding
-    slot's values never reach the sums); `visible` ([rows or 1, BLOCK_N]): which keys each row sees (MASKED)."""
+    slot's values never reach the sums); `visible` ([rows or 1, BLOCK_N]): which keys each row sees (MASKED). A
+    float8 pool converts in registers where it was loaded (span.like_q: KV_CVT, the inline conversion on CUDA)."""
     kv_rows = KV + slots.to(tl.int64)[:, None] * stride_kv
-    latent = tl.load(kv_rows + offs_r[None, :], mask=n_mask[:, None] & r_mask[None, :], other=0.0).to(q_nope.dtype)
-    rope = tl.load(kv_rows + R + offs_p[None, :], mask=n_mask[:, None] & p_mask[None, :], other=0.0).to(q_pe.dtype)
+    latent = like_q(tl.load(kv_rows + offs_r[None, :], mask=n_mask[:, None] & r_mask[None, :], other=0.0), q_nope,
+                    KV_CVT)
+    rope = like_q(tl.load(kv_rows + R + offs_p[None, :], mask=n_mask[:, None] & p_mask[None, :], other=0.0), q_pe,
+                  KV_CVT)
     s = tl.dot(q_nope, tl.trans(latent), input_precision=PRECISION)
     s = tl.dot(q_pe, tl.trans(rope), s, input_precision=PRECISION) * sm_scale
     if MASKED:
@@ -54,7 +59,7 @@ def _mla_decode_stage1(
     stride_qb, stride_qh, stride_kv, stride_rt, stride_mob, stride_moh, stride_mlb, stride_mlh, stride_ob, stride_oh,
     num_splits, NUM_HEADS: tl.constexpr, R: tl.constexpr, P: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-    DIRECT: tl.constexpr,
+    DIRECT: tl.constexpr, KV_CVT: tl.constexpr,
 ):
     hb = tl.program_id(0)
     b = tl.program_id(1)
@@ -83,7 +88,8 @@ def _mla_decode_stage1(
         n_mask = offs_n < end
         slots = tl.load(table + offs_n, mask=n_mask, other=0)
         acc, m_i, l_i = mla_block(q_nope, q_pe, acc, m_i, l_i, KV, slots, n_mask, n_mask[None, :], stride_kv, offs_r,
-                                  r_mask, offs_p, p_mask, sm_scale, R=R, PRECISION=PRECISION, MASKED=True)
+                                  r_mask, offs_p, p_mask, sm_scale, R=R, PRECISION=PRECISION, MASKED=True,
+                                  KV_CVT=KV_CVT)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None] * out_scale
     if DIRECT:
         tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_r[None, :], out.to(O.dtype.element_ty),
@@ -161,7 +167,8 @@ def mla_decode_attention(q: torch.Tensor, kv: torch.Tensor, req_to_token: torch.
         float(kv_scale), q.stride(0), q.stride(1), kv.stride(0), req_to_token.stride(0), *mid, out.stride(0),
         out.stride(1), splits, NUM_HEADS=num_heads, R=rank, P=rope, BLOCK_R=block_r, BLOCK_P=block_p,
         BLOCK_H=config.block_h, BLOCK_N=config.block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        DIRECT=direct, num_warps=config.num_warps, num_stages=config.num_stages,
+        DIRECT=direct, KV_CVT=kv_convert_asm(kv.dtype, q.dtype, q.device) if config.inline_cvt else "",
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if not direct:
         _mla_decode_stage2[(bs, num_heads)](

@@ -18,6 +18,7 @@ import triton.language as tl
 from radixlm.runtime.kernels.attention.mla import (
     MlaExtendConfig, check_mla_args, mla_extend_blocks, mla_extend_config)
 from radixlm.runtime.kernels.attention.mla_decode import mla_block
+from radixlm.runtime.kernels.attention.span import kv_convert_asm
 
 LOG2E = 1 / math.log(2)
 INDEX_ARGS = ["Req_pool_indices", "Prefix_lens", "Extend_lens", "Extend_starts", "Blocks"]  # views at any offset
@@ -29,6 +30,7 @@ def _mla_extend_kernel(
     stride_qt, stride_qh, stride_kv, stride_ot, stride_oh, stride_rt,
     NUM_HEADS: tl.constexpr, R: tl.constexpr, P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    KV_CVT: tl.constexpr,
 ):
     hb = tl.program_id(0)
     entry = tl.program_id(1)
@@ -64,7 +66,8 @@ def _mla_extend_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         slots = tl.load(table + offs_n)
         acc, m_i, l_i = mla_block(q_nope, q_pe, acc, m_i, l_i, KV, slots, offs_n < first, None, stride_kv, offs_r,
-                                  r_mask, offs_p, p_mask, sm_scale, R=R, PRECISION=PRECISION, MASKED=False)
+                                  r_mask, offs_p, p_mask, sm_scale, R=R, PRECISION=PRECISION, MASKED=False,
+                                  KV_CVT=KV_CVT)
     key_end = prefix + tl.minimum((mblock + 1) * BLOCK_M, ext)
     for n0 in range(first, key_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -72,7 +75,8 @@ def _mla_extend_kernel(
         slots = tl.load(table + offs_n, mask=n_mask, other=0)
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
         acc, m_i, l_i = mla_block(q_nope, q_pe, acc, m_i, l_i, KV, slots, n_mask, visible, stride_kv, offs_r,
-                                  r_mask, offs_p, p_mask, sm_scale, R=R, PRECISION=PRECISION, MASKED=True)
+                                  r_mask, offs_p, p_mask, sm_scale, R=R, PRECISION=PRECISION, MASKED=True,
+                                  KV_CVT=KV_CVT)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None] * out_scale
     tl.store(O + (start + tok).to(tl.int64)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_r[None, :],
              out.to(O.dtype.element_ty), mask=row_mask[:, None] & r_mask[None, :])
@@ -110,6 +114,7 @@ def mla_extend_attention(q: torch.Tensor, kv: torch.Tensor, req_to_token: torch.
         out.stride(1), req_to_token.stride(0), NUM_HEADS=num_heads, R=rank, P=rope,
         BLOCK_R=triton.next_power_of_2(rank), BLOCK_P=triton.next_power_of_2(rope), BLOCK_H=config.block_h,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        KV_CVT=kv_convert_asm(kv.dtype, q.dtype, q.device) if config.inline_cvt else "",
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
