@@ -51,7 +51,7 @@ def reference(q, kv, req_to_token, rows, prefix_lens, extend_lens, rank, sm_scal
 def decode_cases(device, rank, rope, dtype, cases, tol):
     from radixlm.runtime.kernels.attention.mla import MlaDecodeConfig, mla_decode
 
-    for i, (heads, lens, page_size, splits, kv_dtype, block_n) in enumerate(cases):
+    for i, (heads, lens, page_size, splits, kv_dtype, config) in enumerate(cases):
         kv_scale = 0.5 if kv_dtype != dtype else 1.0
         kv, rt, rows = make_pool(lens, rank, rope, page_size, kv_dtype, device, seed=i, kv_scale=kv_scale)
         g = torch.Generator().manual_seed(100 + i)
@@ -60,7 +60,7 @@ def decode_cases(device, rank, rope, dtype, cases, tol):
         scale = (rank + rope) ** -0.5
         out = torch.full((len(lens), heads, rank), float("nan"), dtype=dtype, device=device)
         got = mla_decode(q, kv, rt, rows, seq_lens, scale, out, num_kv_splits=splits, max_seq_len=max(lens),
-                         kv_scale=kv_scale, config=MlaDecodeConfig(block_n=block_n))
+                         kv_scale=kv_scale, config=MlaDecodeConfig(**config))
         assert got is out
         live = [n > 0 for n in lens]
         want = torch.zeros(len(lens), heads, rank, device=device)
@@ -72,9 +72,10 @@ def decode_cases(device, rank, rope, dtype, cases, tol):
 def extend_cases(device, rank, rope, dtype, cases, tol):
     from radixlm.runtime.kernels.attention.mla import MlaExtendConfig, mla_extend, mla_extend_blocks
 
-    for i, (heads, lens, page_size, config) in enumerate(cases):
+    for i, (heads, lens, page_size, config, kv_dtype) in enumerate(cases):
         totals = [p + e for p, e in lens]
-        kv, rt, rows = make_pool(totals, rank, rope, page_size, dtype, device, seed=50 + i)
+        kv_scale = 0.5 if kv_dtype != dtype else 1.0
+        kv, rt, rows = make_pool(totals, rank, rope, page_size, kv_dtype, device, seed=50 + i, kv_scale=kv_scale)
         ext = [e for _, e in lens]
         g = torch.Generator().manual_seed(150 + i)
         q = torch.randn(sum(ext), heads, rank + rope, generator=g).to(dtype).to(device)
@@ -87,38 +88,43 @@ def extend_cases(device, rank, rope, dtype, cases, tol):
         if config is not None:  # the backend's way: the list built on the host, at the kernel's block_m
             config = MlaExtendConfig(**config)
             blocks = torch.tensor(mla_extend_blocks(ext, config), dtype=torch.int64, device=device)
-        got = mla_extend(q, kv, rt, rows, prefix, ext_t, starts, scale, out, blocks=blocks, config=config)
-        want = reference(q, kv, rt, rows, [p for p, _ in lens], ext, rank, scale)
+        got = mla_extend(q, kv, rt, rows, prefix, ext_t, starts, scale, out, blocks=blocks, kv_scale=kv_scale,
+                         config=config)
+        want = reference(q, kv, rt, rows, [p for p, _ in lens], ext, rank, scale, kv_scale)
         torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol, msg=lambda m: f"extend case {i}: {m}")
 
 
 def run_cases(device: str) -> None:
     if device == "cpu":
         e4m3 = torch.float8_e4m3fn
-        decode_cases(device, 32, 16, torch.float32, [  # (heads, lens, page, splits, kv dtype, block_n)
-            (4, [1, 70, 33], 1, 1, torch.float32, 16),  # DIRECT
-            (16, [120, 5, 64], 4, 3, torch.float32, 32),  # three splits of whole blocks; a short request's empty ones
-            (20, [40, 0], 1, None, torch.float32, 16),  # two head blocks (the second part empty); a row of length 0
-            (4, [90, 17], 16, 4, e4m3, 16),  # a float8 pool read as stored x kv_scale
+        f32, n16 = torch.float32, {"block_n": 16}
+        decode_cases(device, 32, 16, f32, [  # (heads, lens, page, splits, kv dtype, config)
+            (4, [1, 70, 33], 1, 1, f32, n16),  # DIRECT
+            (16, [120, 5, 64], 4, 3, f32, {"block_n": 32}),  # three splits of whole blocks; a short one's empty ones
+            (20, [40, 0], 1, None, f32, n16),  # two head blocks (the second part empty); a row of length 0
+            (4, [90, 17], 16, 4, e4m3, n16),  # a float8 pool read as stored x kv_scale
         ], tol=2e-4)
-        decode_cases(device, 64, 16, torch.float32, [(2, [50], 1, 2, torch.float32, 16)], tol=2e-4)
-        extend_cases(device, 32, 16, torch.float32, [  # (heads, [(prefix, extend)], page, config)
-            (4, [(0, 1), (0, 37), (100, 1), (9, 12)], 1, None),  # default: 4 heads x 8 tokens a program
-            (3, [(33, 20), (0, 5)], 16, {"block_h": 4, "block_m": 4, "block_n": 16}),  # a padded head of each block
-            (16, [(70, 3)], 1, {"block_h": 8, "block_m": 2, "block_n": 32}),  # two head blocks
+        decode_cases(device, 64, 16, f32, [(2, [50], 1, 2, f32, n16)], tol=2e-4)
+        extend_cases(device, 32, 16, f32, [  # (heads, [(prefix, extend)], page, config, kv dtype)
+            (4, [(0, 1), (0, 37), (100, 1), (9, 12)], 1, None, f32),  # default: 4 heads x 8 tokens a program
+            (3, [(33, 20), (0, 5)], 16, {"block_h": 4, "block_m": 4, "block_n": 16}, e4m3),  # a padded head a block
+            (16, [(70, 3)], 1, {"block_h": 8, "block_m": 2, "block_n": 32}, f32),  # two head blocks
         ], tol=2e-4)
     else:
         bf16 = torch.bfloat16
         for heads in (16, 128):
-            decode_cases(device, 512, 64, bf16, [
-                (heads, [1, 1000, 4097, 64], 1, None, bf16, 32),
-                (heads, [300, 7, 2048], 16, 1, bf16, 32),
-                (heads, [300, 7, 2048], 16, 7, bf16, 64),
-                (heads, [515, 0, 1], 1, 32, torch.float8_e4m3fn, 32),
+            e4m3 = torch.float8_e4m3fn
+            decode_cases(device, 512, 64, bf16, [  # the defaults, then configs the benchmark sweeps
+                (heads, [1, 1000, 4097, 64], 1, None, bf16, {}),
+                (heads, [300, 7, 2048], 16, 1, bf16, {"block_h": 64, "num_warps": 8, "num_stages": 3}),
+                (heads, [300, 7, 2048], 16, 7, bf16, {"block_h": 32, "block_n": 64, "num_warps": 8}),
+                (heads, [515, 0, 1], 1, 32, e4m3, {"num_stages": 3}),  # converted inline
+                (heads, [515, 0, 1], 1, 3, e4m3, {"block_h": 32, "num_warps": 8, "inline_cvt": False}),
             ], tol=2e-2)
             extend_cases(device, 512, 64, bf16, [
-                (heads, [(0, 1), (0, 300), (1000, 1), (64, 64), (130, 17)], 1, None),
-                (heads, [(2000, 5), (0, 129)], 16, {"block_h": 16, "block_m": 4, "block_n": 64, "num_warps": 8}),
+                (heads, [(0, 1), (0, 300), (1000, 1), (64, 64), (130, 17)], 1, None, bf16),
+                (heads, [(2000, 5), (0, 129)], 16, {"block_h": 16, "block_m": 4, "block_n": 64}, bf16),
+                (heads, [(200, 50), (0, 7)], 1, {"inline_cvt": True}, e4m3),
             ], tol=2e-2)
     warm_up_cases(device)
     print(MARKER)
