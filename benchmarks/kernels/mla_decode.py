@@ -52,7 +52,7 @@ def config_name(c: MlaDecodeConfig) -> str:
     return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}{'' if c.inline_cvt else 'p'}"  # p: plain cast
 
 
-# Around the defaults (mla.py: 16 heads x 32 positions, 4 warps, 3 stages; 32 heads, 8 warps from 64 heads): 2
+# Around the defaults (mla.py: 16 heads x 32 positions, 4 warps, 3 stages; 32 heads, 8 warps from 32 heads): 2
 # stages, 16- and 64-position blocks, 8 warps, 32 and 64 heads a program (fewer re-reads of a request's latents from L2
 # at 128 heads: mla.py has the registers of each); a float8 pool (--kv) also times each default's other conversion
 # (inline or the plain cast, suffix p).

@@ -87,7 +87,7 @@ class MlaExtendConfig:
 # (wgmma, 255 registers and 80 bytes spilled a thread) twice. A float8 pool: 16 heads 248 registers converted inline
 # (255 and 56 bytes spilled by the plain cast); 32 heads 255 and 8 bytes spilled by the plain cast (480 inline).
 MLA_DECODE_DEFAULT = MlaDecodeConfig(16, 32, 4, 3)
-MLA_MANY_HEADS = 64  # from this many heads a rank, MLA_DECODE_DEFAULT_MANY_HEADS
+MLA_MANY_HEADS = 32  # from this many heads a rank (V3 at TP=4, Kimi-K2 64, V3 128), MLA_DECODE_DEFAULT_MANY_HEADS
 MLA_DECODE_DEFAULT_MANY_HEADS = MlaDecodeConfig(32, 32, 8, 3, inline_cvt=False)
 # 32 query rows over 8 warps: the accumulator (32 x 512 fp32) at 64 registers a thread (175 in all, no spills).
 MLA_EXTEND_ROWS = 32
