@@ -190,3 +190,45 @@ def test_configs_and_shapes_are_checked():
                  (q, torch.zeros(10, 1, 72), out), (q.half(), kv.half(), out)]:
         with pytest.raises(ValueError):
             check_mla_args(*args, None)
+
+
+def _built() -> int:
+    import importlib
+
+    dec, ext = (importlib.import_module(f"radixlm.runtime.kernels.attention.{m}") for m in ("mla_decode", "mla_extend"))
+    kernels = (dec._mla_decode_stage1, dec._mla_decode_stage2, ext._mla_extend_kernel)
+    return sum(len(cache[0]) for k in kernels for cache in k.device_caches.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+def test_no_build_after_warm_up_and_graph_replays_any_lengths():
+    """After warm_up_mla no pass builds a kernel (split counts, lengths, index views at any offset); a CUDA graph of
+    a decode pass at a fixed split count replays other lengths as an eager pass computes them."""
+    from radixlm.runtime.kernels.attention.mla import mla_decode, mla_extend, warm_up_mla
+
+    dev, bf16, heads = "cuda", torch.bfloat16, 16
+    lens = [700, 3, 1500, 64]
+    kv, rt, rows = make_pool(lens, 512, 64, 1, bf16, dev, seed=5)
+    warm_up_mla(kv, rt, heads, 512, bf16)
+    built = _built()
+    q = torch.randn(len(lens), heads, 576, device=dev, dtype=bf16)
+    out = torch.empty(len(lens), heads, 512, device=dev, dtype=bf16)
+    index = torch.tensor([0] + lens, device=dev)[1:]  # at an odd offset
+    pool_rows = torch.cat([rows[:1], rows])[1:]
+    for splits in (1, 2, 3, 5, 16, 32, None):
+        mla_decode(q, kv, rt, pool_rows, index, 0.1, out, num_kv_splits=splits, max_seq_len=max(lens))
+    ext = torch.tensor([0, 1, 2, 5], device=dev)[1:]
+    q8 = torch.randn(8, heads, 576, device=dev, dtype=bf16)
+    mla_extend(q8, kv, rt, pool_rows[:3], index[:3] - ext, ext, torch.tensor([0, 1, 3], device=dev), 0.1,
+               torch.empty(8, heads, 512, device=dev, dtype=bf16))
+    assert _built() == built
+
+    seq_lens = torch.tensor(lens, device=dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mla_decode(q, kv, rt, rows, seq_lens, 0.1, out, num_kv_splits=8)
+    for new in ([1, 1, 1, 1], [1500, 700, 64, 3]):
+        seq_lens.copy_(torch.tensor(new))
+        graph.replay()
+        want = mla_decode(q, kv, rt, rows, seq_lens, 0.1, torch.empty_like(out), num_kv_splits=8)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
