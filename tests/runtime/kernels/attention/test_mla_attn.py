@@ -105,6 +105,8 @@ def run_cases(device: str) -> None:
             (4, [90, 17], 16, 4, e4m3, n16),  # a float8 pool read as stored x kv_scale
         ], tol=2e-4)
         decode_cases(device, 64, 16, f32, [(2, [50], 1, 2, f32, n16)], tol=2e-4)
+        decode_cases(device, 48, 32, f32, [(3, [40, 9], 1, 2, f32, n16)], tol=2e-4)  # widths padded to powers of 2
+        extend_cases(device, 48, 32, f32, [(3, [(20, 6)], 1, None, f32)], tol=2e-4)
         extend_cases(device, 32, 16, f32, [  # (heads, [(prefix, extend)], page, config, kv dtype)
             (4, [(0, 1), (0, 37), (100, 1), (9, 12)], 1, None, f32),  # default: 4 heads x 8 tokens a program
             (3, [(33, 20), (0, 5)], 16, {"block_h": 4, "block_m": 4, "block_n": 16}, e4m3),  # a padded head a block
