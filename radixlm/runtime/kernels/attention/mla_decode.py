@@ -155,6 +155,9 @@ def mla_decode_attention(q: torch.Tensor, kv: torch.Tensor, req_to_token: torch.
     if bs == 0:
         return out
     direct = splits == 1
+    if not direct and bs * num_heads * splits * rank >= 2**31:  # the partials' offsets are 32-bit
+        raise ValueError(f"mla_decode: {splits} splits of {bs} x {num_heads} heads exceed 2^31 partial values; "
+                         f"use fewer splits (mla_decode_num_splits)")
     if direct:  # no partials: the output stands in for their pointers (DIRECT never reads them)
         mid_o, mid_lse, mid = out, out, (0, 0, 0, 0)
     else:
