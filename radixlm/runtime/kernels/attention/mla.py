@@ -119,13 +119,13 @@ def mla_decode_num_splits(bs: int, num_heads: int, max_seq_len: int | None = Non
     return max(1, splits)
 
 
-def check_mla_args(q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor, kv_lora_rank: int | None) -> tuple[int, int]:
-    """The shapes both kernels take (host checks only: no device sync); returns (R, P)."""
+def check_mla_args(q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor) -> tuple[int, int]:
+    """The shapes both kernels take (host checks only: no device sync); returns (R, P): R from out's width."""
     if q.dim() != 3 or kv.dim() != 3 or out.dim() != 3:
         raise ValueError(f"MLA: q (T, H, R+P), kv (slots, 1, R+P), out (T, H, R); got {tuple(q.shape)}, "
                          f"{tuple(kv.shape)}, {tuple(out.shape)}")
     width = q.shape[2]
-    rank = out.shape[2] if kv_lora_rank is None else kv_lora_rank
+    rank = out.shape[2]
     rope = width - rank
     if kv.shape[1] != 1 or kv.shape[2] != width:
         raise ValueError(f"MLA: kv must be (slots, 1, {width}) (one latent per slot), got {tuple(kv.shape)}")

@@ -139,7 +139,7 @@ def mla_decode_attention(q: torch.Tensor, kv: torch.Tensor, req_to_token: torch.
     and returned. num_kv_splits: fixed per CUDA graph (else mla_decode_num_splits of bs, H and the host's
     max_seq_len hint). kv_scale: a float8 pool's layer scale (scores and values are stored * kv_scale). No device
     sync: every length is read on the device."""
-    rank, rope = check_mla_args(q, kv, out, None)
+    rank, rope = check_mla_args(q, kv, out)
     bs, num_heads = q.shape[0], q.shape[1]
     if req_pool_indices.shape != (bs,) or seq_lens.shape != (bs,):
         raise ValueError(f"mla_decode: req_pool_indices and seq_lens of shape ({bs},), got "

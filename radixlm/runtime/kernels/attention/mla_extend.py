@@ -91,7 +91,7 @@ def mla_extend_attention(q: torch.Tensor, kv: torch.Tensor, req_to_token: torch.
     (slots, 1, R + P), the new tokens' latents already stored; out: (num_new_tokens, H, R), written and returned.
     blocks: the work list on the device (mla.mla_extend_blocks at `config`, int64); without it, built here from
     extend_lens (a device sync: eager passes only). kv_scale: a float8 pool's layer scale."""
-    rank, rope = check_mla_args(q, kv, out, None)
+    rank, rope = check_mla_args(q, kv, out)
     bs = req_pool_indices.shape[0]
     for name, t in (("prefix_lens", prefix_lens), ("extend_lens", extend_lens),
                     ("extend_start_loc", extend_start_loc)):

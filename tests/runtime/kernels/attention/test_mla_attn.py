@@ -187,11 +187,11 @@ def test_configs_and_shapes_are_checked():
     assert [(c.block_h, c.block_m) for c in map(mla_extend_config, (1, 3, 16, 128))] == [(1, 32), (4, 8), (16, 2),
                                                                                           (16, 2)]
     q, kv, out = torch.zeros(2, 4, 80), torch.zeros(10, 1, 80), torch.zeros(2, 4, 64)
-    assert check_mla_args(q, kv, out, None) == (64, 16)
+    assert check_mla_args(q, kv, out) == (64, 16)
     for args in [(q, torch.zeros(10, 2, 80), out), (q, kv, torch.zeros(2, 4, 60)), (q, kv.half(), out),
                  (q, torch.zeros(10, 1, 72), out), (q.half(), kv.half(), out)]:
         with pytest.raises(ValueError):
-            check_mla_args(*args, None)
+            check_mla_args(*args)
 
 
 def _built() -> int:
