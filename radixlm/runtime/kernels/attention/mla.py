@@ -158,12 +158,14 @@ def mla_decode(q: torch.Tensor, kv: torch.Tensor, req_to_token: torch.Tensor, re
 def mla_extend(q: torch.Tensor, kv: torch.Tensor, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
                prefix_lens: torch.Tensor, extend_lens: torch.Tensor, extend_start_loc: torch.Tensor,
                sm_scale: float, out: torch.Tensor, blocks: torch.Tensor | None = None, kv_scale: float = 1.0,
-               config: MlaExtendConfig | None = None) -> torch.Tensor:
-    """Each request's new tokens over its prefix and, causally, each other (mla_extend.py). Returns out."""
+               config: MlaExtendConfig | None = None, custom_mask: torch.Tensor | None = None,
+               mask_starts: torch.Tensor | None = None, mask_offsets: torch.Tensor | None = None) -> torch.Tensor:
+    """Each request's new tokens over its prefix and, causally or as a tree draft's mask says, each other
+    (mla_extend.py). Returns out."""
     from radixlm.runtime.kernels.attention.mla_extend import mla_extend_attention
 
     return mla_extend_attention(q, kv, req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_start_loc,
-                                sm_scale, out, blocks, kv_scale, config)
+                                sm_scale, out, blocks, kv_scale, config, custom_mask, mask_starts, mask_offsets)
 
 
 def mla_extend_blocks(extend_lens: list[int], config: MlaExtendConfig) -> list[int]:
@@ -174,12 +176,13 @@ def mla_extend_blocks(extend_lens: list[int], config: MlaExtendConfig) -> list[i
 
 
 def warm_up_mla(kv: torch.Tensor, req_to_token: torch.Tensor, num_heads: int, kv_lora_rank: int, dtype: torch.dtype,
-                index_dtype: torch.dtype = torch.int64, kv_scale: float = 1.0) -> None:
+                index_dtype: torch.dtype = torch.int64, kv_scale: float = 1.0, tree_masks: bool = False) -> None:
     """Builds every MLA kernel variant a server with this pool, table and head count meets, before the first request:
     decode with one split (DIRECT) and with several (stage 1 and stage 2), and extend, at the default configs (the
     split count itself is a runtime value). A one-row table of the real table's row stride (its specialization)
     points every read at slot 0; nothing is written to the pool. dtype: the queries' (the model's); index_dtype: the
-    backend's seq_lens / prefix_lens / req_pool_indices dtype."""
+    backend's seq_lens / prefix_lens / req_pool_indices dtype; tree_masks: tree drafts are configured (extend with
+    custom masks too)."""
     device = kv.device
     table = torch.zeros(1, req_to_token.stride(0), dtype=req_to_token.dtype, device=device)
     one = torch.ones(1, dtype=index_dtype, device=device)
@@ -189,3 +192,6 @@ def warm_up_mla(kv: torch.Tensor, req_to_token: torch.Tensor, num_heads: int, kv
     for splits in (1, 2):
         mla_decode(q, kv, table, zero, one, 1.0, out, num_kv_splits=splits, kv_scale=kv_scale)
     mla_extend(q, kv, table, zero, zero, one, zero, 1.0, out, kv_scale=kv_scale)
+    if tree_masks:
+        mla_extend(q, kv, table, zero, zero, one, zero, 1.0, out, kv_scale=kv_scale,
+                   custom_mask=torch.ones(1, dtype=torch.uint8, device=device), mask_starts=zero, mask_offsets=zero)

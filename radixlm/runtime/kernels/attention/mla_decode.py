@@ -46,9 +46,13 @@ def mla_block(q_nope, q_pe, acc, m_i, l_i, KV, slots, n_mask, visible, stride_kv
     s = tl.dot(q_pe, tl.trans(rope), s, input_precision=PRECISION) * sm_scale
     if MASKED:
         s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every row sees a key of the block (the callers' invariant)
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:  # a row that has seen no key yet (a tree mask's) keeps m_i = -inf and adds nothing
+        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+    else:
+        m_ref = m_new
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
     acc = acc * alpha[:, None] + tl.dot(p.to(latent.dtype), latent, input_precision=PRECISION)
     return acc, m_new, l_i * alpha + tl.sum(p, 1)
 

@@ -34,14 +34,18 @@ def make_pool(lens, rank, rope, page_size, kv_dtype, device, seed, kv_scale=1.0)
     return kv.to(device), req_to_token.to(device), rows.to(device)
 
 
-def reference(q, kv, req_to_token, rows, prefix_lens, extend_lens, rank, sm_scale, kv_scale=1.0):
-    """q: (sum(extend_lens), H, R + P); request i's new token j at position prefix + j sees positions <= it."""
+def reference(q, kv, req_to_token, rows, prefix_lens, extend_lens, rank, sm_scale, kv_scale=1.0, trees=None):
+    """q: (sum(extend_lens), H, R + P); request i's new token j at position prefix + j sees positions <= it, or with
+    trees[i] = (start, bits (ext, prefix + ext - start) bool) keys before start and those its row of bits names."""
     out, t = [], 0
     for i, (prefix, ext) in enumerate(zip(prefix_lens, extend_lens)):
         keys = kv[req_to_token[rows[i], : prefix + ext], 0].float() * kv_scale  # (n, R + P)
         s = torch.einsum("thd,nd->thn", q[t : t + ext].float(), keys) * sm_scale
         pos = torch.arange(prefix + ext, device=q.device)
         visible = pos[None, :] <= (prefix + torch.arange(ext, device=q.device))[:, None]
+        if trees is not None and trees[i] is not None:
+            start, bits = trees[i]
+            visible = torch.cat([torch.ones(ext, start, dtype=torch.bool, device=q.device), bits.to(q.device)], 1)
         s = s.masked_fill(~visible[:, None, :], float("-inf"))
         out.append(torch.einsum("thn,nr->thr", s.softmax(-1), keys[:, :rank]))
         t += ext
@@ -94,6 +98,43 @@ def extend_cases(device, rank, rope, dtype, cases, tol):
         torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol, msg=lambda m: f"extend case {i}: {m}")
 
 
+def tree_cases(device: str, rank: int, rope: int, dtype, tol: float) -> None:
+    """Tree drafts' masks beside causal requests: a tree over the new tokens; a mask from inside the prefix; one
+    letting each new token see itself alone (rows that see no key of a whole block); a causal request (offset -1)."""
+    from radixlm.runtime.kernels.attention.mla import MlaExtendConfig, mla_extend
+
+    g = torch.Generator().manual_seed(7)
+    lens = [(20, 6), (5, 4), (10, 3), (0, 20)]
+    starts_of = [20, None, 4, 0]
+    trees, flat, offsets = [], [], []
+    for (prefix, ext), start in zip(lens, starts_of):
+        if start is None:
+            trees.append(None)
+            offsets.append(-1)
+            continue
+        width = prefix + ext - start
+        bits = torch.rand(ext, width, generator=g) < 0.5
+        if start == 0:
+            bits = torch.zeros(ext, width, dtype=torch.bool)
+        bits[torch.arange(ext), prefix - start + torch.arange(ext)] = True  # every token sees itself
+        trees.append((start, bits))
+        offsets.append(sum(f.numel() for f in flat))
+        flat.append(bits.reshape(-1))
+    kv, rt, rows = make_pool([p + e for p, e in lens], rank, rope, 1, dtype, device, seed=77)
+    ext = [e for _, e in lens]
+    q = torch.randn(sum(ext), 4, rank + rope, generator=g).to(dtype).to(device)
+    ext_t = torch.tensor(ext, device=device)
+    out = torch.full((sum(ext), 4, rank), float("nan"), dtype=dtype, device=device)
+    scale = (rank + rope) ** -0.5
+    got = mla_extend(q, kv, rt, rows, torch.tensor([p for p, _ in lens], device=device), ext_t,
+                     torch.cumsum(ext_t, 0) - ext_t, scale, out, config=MlaExtendConfig(4, 4, 16),
+                     custom_mask=torch.cat(flat).to(device),
+                     mask_starts=torch.tensor([s or 0 for s in starts_of], device=device),
+                     mask_offsets=torch.tensor(offsets, device=device))
+    want = reference(q, kv, rt, rows, [p for p, _ in lens], ext, rank, scale, trees=trees)
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
 def run_cases(device: str) -> None:
     if device == "cpu":
         e4m3 = torch.float8_e4m3fn
@@ -107,6 +148,7 @@ def run_cases(device: str) -> None:
         decode_cases(device, 64, 16, f32, [(2, [50], 1, 2, f32, n16)], tol=2e-4)
         decode_cases(device, 48, 32, f32, [(3, [40, 9], 1, 2, f32, n16)], tol=2e-4)  # widths padded to powers of 2
         extend_cases(device, 48, 32, f32, [(3, [(20, 6)], 1, None, f32)], tol=2e-4)
+        tree_cases(device, 32, 16, f32, tol=2e-4)
         extend_cases(device, 32, 16, f32, [  # (heads, [(prefix, extend)], page, config, kv dtype)
             (4, [(0, 1), (0, 37), (100, 1), (9, 12)], 1, None, f32),  # default: 4 heads x 8 tokens a program
             (3, [(33, 20), (0, 5)], 16, {"block_h": 4, "block_m": 4, "block_n": 16}, e4m3),  # a padded head a block
@@ -128,6 +170,7 @@ def run_cases(device: str) -> None:
                 (heads, [(2000, 5), (0, 129)], 16, {"block_h": 16, "block_m": 4, "block_n": 64}, bf16),
                 (heads, [(200, 50), (0, 7)], 1, {"inline_cvt": True}, e4m3),
             ], tol=2e-2)
+        tree_cases(device, 512, 64, bf16, tol=2e-2)
     warm_up_cases(device)
     print(MARKER)
 
@@ -140,7 +183,7 @@ def warm_up_cases(device: str) -> None:
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     kv, rt, _ = make_pool([5, 9], rank, rope, 1, dtype, device, seed=9)
     before = kv.clone()
-    warm_up_mla(kv, rt, heads, rank, dtype)
+    warm_up_mla(kv, rt, heads, rank, dtype, tree_masks=True)
     assert torch.equal(kv, before)
 
 
@@ -211,7 +254,7 @@ def test_no_build_after_warm_up_and_graph_replays_any_lengths():
     dev, bf16, heads = "cuda", torch.bfloat16, 16
     lens = [700, 3, 1500, 64]
     kv, rt, rows = make_pool(lens, 512, 64, 1, bf16, dev, seed=5)
-    warm_up_mla(kv, rt, heads, 512, bf16)
+    warm_up_mla(kv, rt, heads, 512, bf16, tree_masks=True)
     built = _built()
     q = torch.randn(len(lens), heads, 576, device=dev, dtype=bf16)
     out = torch.empty(len(lens), heads, 512, device=dev, dtype=bf16)
