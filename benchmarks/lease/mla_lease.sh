@@ -35,7 +35,7 @@ if [ "${DRY:-0}" = 1 ]; then
   exit 0
 fi
 if [ "${1:-all}" != bench ]; then
-  TAIL=8 step mla_cuda_tests 150 $PY -m pytest -q -p no:cacheprovider -rfEs --durations=5 \
+  TAIL=8 step mla_cuda_tests 200 $PY -m pytest -q -p no:cacheprovider -rfEs --durations=5 \
     tests/runtime/kernels/attention/test_mla_attn.py
 fi
 TAIL=30 step mla_decode 420 $PY benchmarks/kernels/mla_decode.py --sweep all --budget-s "${MLA_BUDGET_S:-300}" \
