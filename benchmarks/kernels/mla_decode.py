@@ -6,7 +6,8 @@ HBM3e 4.8 TB/s), in one device call:
   bf16 pool, at batch 1/32/256 x context 1k/4k (every request at the full context, its slots contiguous);
 - each case first checks the default launch against a float32 torch reference (three requests: max |error| /
   max |reference|), then times stage 1 + stage 2 as one call: CUDA-graph replays of `copies` calls over distinct
-  requests of one pool (at least COPY_BYTES of latents a replay, several times the L2: no hits, no launch gaps);
+  requests of one pool (at least COPY_BYTES of latents a replay, several times the L2: no hits, no launch gaps),
+  and profiles eager calls (torch.profiler: each stage's device time, "kernels_us");
 - the sweep (--sweep all, or names of CONFIGS): every launch config at its own split rule (mla_decode_num_splits),
   then the two fastest of the case at --split-factors times that split count; each config's output checked against
   the reference too (a wrong one is reported, never picked).
@@ -127,7 +128,24 @@ class Case:
         return quick_us(lambda i: self.call(i, config, splits), self.copies, reps)
 
 
-def run_cell(case: Case, name: str, splits: int, args, save) -> dict | None:
+def kernel_us(case: Case, config: MlaDecodeConfig, splits: int, calls: int = 8) -> dict[str, float]:
+    """Device microseconds per call of each kernel (stage 1, stage 2) under torch.profiler, eager calls over distinct
+    requests: where a call's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            case.call(i % case.copies, config, splits)
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        if "_mla_decode" in e.key:
+            total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+            out[e.key] = total / calls
+    return out
+
+
+def run_cell(case: Case, name: str, splits: int, args, save, profile: bool = False) -> dict | None:
     config = CONFIGS[name]
     t0 = time.perf_counter()
     try:
@@ -136,13 +154,20 @@ def run_cell(case: Case, name: str, splits: int, args, save) -> dict | None:
     except Exception as e:  # noqa: BLE001 - a config that does not build or fit here: reported, never picked
         log(f"  {name}@{splits}: {type(e).__name__}: {str(e)[:300]}")
         return None
+    kernels = {}
+    if profile and case.device == "cuda":
+        try:
+            kernels = kernel_us(case, config, splits)
+        except Exception as e:  # noqa: BLE001 - the profile is information: its failure stops nothing
+            log(f"  profile of {name}@{splits}: {type(e).__name__}: {str(e)[:200]}")
     floor_us = case.bytes / args.bandwidth * 1e6
     cell = {"model": case.model, "heads": case.heads, "kv": str(case.kv.dtype).removeprefix("torch."),
             "batch": case.bs, "context": case.ctx, "config": name, "config_fields": config.__dict__,
             "default": name == default_name(case.heads), "splits": splits,
             "auto_splits": splits == auto_splits(case, config),
             "us": us, "floor_us": floor_us, "of_floor": floor_us / us, "x_floor": us / floor_us,
-            "gb_s": case.bytes / us / 1e3, "bytes": case.bytes, "copies": case.copies, "rel_err": err,
+            "gb_s": case.bytes / us / 1e3, "bytes": case.bytes, "copies": case.copies, "kernels_us": kernels,
+            "rel_err": err,
             "valid": err < TOLERANCE, "build_and_time_s": time.perf_counter() - t0}
     save(cell)
     log(f"  {case.model:<8} bs {case.bs:<4} ctx {case.ctx:<5} {name:<11} splits {splits:<3} {us:9.1f} us  floor "
@@ -168,7 +193,8 @@ def summarize(cells: list[dict]) -> dict:
             out["per_case"].append({"model": key[0], "batch": key[1], "context": key[2],
                                     "default_us": default and default["us"], "floor_us": best["floor_us"],
                                     "best": f"{best['config']}@{best['splits']}", "best_us": best["us"],
-                                    "default_x_floor": default and default["x_floor"], "best_x_floor": best["x_floor"]})
+                                    "default_x_floor": default and default["x_floor"], "best_x_floor": best["x_floor"],
+                                    "default_kernels_us": default and default["kernels_us"]})
     for model in sorted({c["model"] for c in cells}) + ["all"]:
         auto = [c for c in cells if c["auto_splits"] and c["valid"] and model in ("all", c["model"])]
         keys = {(c["model"], c["batch"], c["context"]) for c in auto}
@@ -263,7 +289,7 @@ def main() -> None:
             for name in names:
                 if not in_budget():
                     break
-                cell = run_cell(case, name, auto_splits(case, CONFIGS[name]), args, save)
+                cell = run_cell(case, name, auto_splits(case, CONFIGS[name]), args, save, profile=phase == "default")
                 if cell is not None and cell["valid"]:
                     timed.append(cell)
             if phase == "sweep":
@@ -282,14 +308,16 @@ def main() -> None:
     result["summary"] = summarize(result["cells"])
     out_path.write_text(json.dumps(result, indent=1))
     log(f"\n{'model':<8} {'bs':>4} {'ctx':>5} {'floor us':>9} {'default us':>10} {'x floor':>7}   "
-        f"{'best':<16} {'best us':>8} {'x floor':>7}")
+        f"{'best':<16} {'best us':>8} {'x floor':>7}   default's kernels (eager, us)")
     for r in result["summary"]["per_case"]:
         d = f"{r['default_us']:10.1f} {r['default_x_floor']:7.2f}" if r["default_us"] else f"{'-':>10} {'-':>7}"
+        stages = "  ".join(f"{k.split('_')[-1]} {v:.1f}" for k, v in sorted((r["default_kernels_us"] or {}).items()))
         log(f"{r['model']:<8} {r['batch']:>4} {r['context']:>5} {r['floor_us']:9.1f} {d}   {r['best']:<16} "
-            f"{r['best_us']:8.1f} {r['best_x_floor']:7.2f}")
+            f"{r['best_us']:8.1f} {r['best_x_floor']:7.2f}   {stages}")
     for model, s in result["summary"]["per_model"].items():
+        held = s["default_over_pick"]
         log(f"{model}: fastest config (geometric mean over {s['cases']} cases, each at its split rule) {s['pick']}; "
-            f"the default takes {s['default_over_pick']:.3f}x its time (nan: the model's cases had two defaults)")
+            + (f"the default takes {held:.3f}x its time" if not math.isnan(held) else "the cases' defaults differ"))
     for model, var in (("v2-lite", "MLA_DECODE_DEFAULT"), ("v3", "MLA_DECODE_DEFAULT_MANY_HEADS")):
         pick = result["summary"]["per_model"].get(model)
         if pick:
