@@ -59,6 +59,17 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         tree drafts build the same two variants as before. With tree drafts configured, start-up also builds both
         tiles with masks (WarmupPlan.tree_masks: the target's warm_up_extend; the head's in EagleRunner._warm_up).
         The mask (uint8, any length) and its start/offset vectors: no alignment.
+  mla_decode.py  _mla_decode_stage1, _mla_decode_stage2 (MLA's split-K decode over the latent pool)
+      num_splits and the log-sum-exps' strides: do_not_specialize (a graph's split count or an eager pass's);
+        stage 2's tile (MLA_STAGE2_BLOCK_S) is fixed, so one stage-2 variant serves every split count.
+      DIRECT (one split: stage 1 writes the output, no stage 2): two stage-1 variants.
+      NUM_HEADS, R, P, BLOCK_R, BLOCK_P, PRECISION, KV_CVT, the config (mla_decode_config: one per head count) and
+        the strides of q, the pool and the table: fixed. Req_pool_indices, Seq_lens: no alignment.
+  mla_extend.py  _mla_extend_kernel: one variant (mla_extend_config per head count; BLOCK_M does not follow the
+      extend lengths), two with tree drafts (USE_CUSTOM_MASK, as extend.py's); its index vectors, work list and
+      mask vectors: no alignment.
+      mla.warm_up_mla builds them all (decode at 1 and 2 splits, extend, with tree_masks the masked extend) on the
+      real pool and a table of the real row stride.
   fused_kernels.py  _rmsnorm_kernel, _silu_and_mul_kernel, _rotary_kernel, _store_kv_kernel
       rmsnorm: HAS_RESIDUAL (both in every pass), BLOCK, n_cols, strides: fixed per call site (hidden size, the
         q/k norms' head dim). silu_and_mul: d, strides fixed. rotary: Pos and Loc views -> no alignment; heads,

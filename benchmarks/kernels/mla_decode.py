@@ -1,0 +1,331 @@
+"""MLA decode attention (radixlm/runtime/kernels/attention/mla_decode.py) on DeepSeek shapes, each figure beside its
+bytes floor (the latent pool bytes the step reads: batch x context x (512 + 64) x 2 bytes, at --bandwidth; H200
+HBM3e 4.8 TB/s), in one device call:
+
+- cases: DeepSeek-V2-Lite (16 heads) and V3 (128 heads, one GPU, no tensor parallelism), kv_lora_rank 512, rope 64,
+  bf16 pool, at batch 1/32/256 x context 1k/4k (every request at the full context, its slots contiguous);
+- each case first checks the default launch against a float32 torch reference (three requests: max |error| /
+  max |reference|), then times stage 1 + stage 2 as one call: CUDA-graph replays of `copies` calls over distinct
+  requests of one pool (at least COPY_BYTES of latents a replay, several times the L2: no hits, no launch gaps),
+  and profiles eager calls (torch.profiler: each stage's device time, "kernels_us");
+- the sweep (--sweep all, or names of CONFIGS): every launch config at its own split rule (mla_decode_num_splits),
+  then the two fastest of the case at --split-factors times that split count; each config's output checked against
+  the reference too (a wrong one is reported, never picked).
+
+Prints a table per case (default, best, floor) and the config with the least geometric-mean time over the cases
+(per model and overall), to set mla.py's MLA_DECODE_DEFAULT (V2-Lite's 16 heads) and MLA_DECODE_DEFAULT_MANY_HEADS
+(V3's 128) from one device run; writes the JSON to --out (rewritten after
+each cell: a run stopped by its budget keeps what it measured). --kv fp8_e4m3: the same over a float8 pool (read as
+stored x 0.5; its floor half bf16's). The extend kernel has its own script (mla_extend.py beside this one).
+
+    python3 benchmarks/kernels/mla_decode.py --sweep all --out $OUT/mla_decode.json   # ~4-6 min on an H200
+    TRITON_INTERPRET=1 python benchmarks/kernels/mla_decode.py --dry --sweep all --out /tmp/mla_decode.json
+        # the script's logic on the CPU: tiny shapes (R 32, P 16), wall-clock times, no graphs"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from radixlm.runtime.kernels.attention.mla import (  # noqa: E402
+    MLA_DECODE_DEFAULT, MLA_DECODE_DEFAULT_MANY_HEADS, MLA_MAX_SPLITS, MlaDecodeConfig, mla_decode,
+    mla_decode_config, mla_decode_num_splits)
+
+MODELS = {"v2-lite": 16, "v3": 128}  # query heads (DeepSeek-V2-Lite, DeepSeek-V3/R1 unsharded)
+RANK, ROPE = 512, 64
+KV_DTYPES = {"bf16": None, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}  # None: the queries'
+
+SM_SCALE = 192 ** -0.5  # 1/sqrt(qk_nope_head_dim + qk_rope_head_dim), as DeepSeek's attention (mscale aside)
+COPY_BYTES = 400_000_000  # latents read per graph replay at least
+MAX_COPIES = 128
+TOLERANCE = 2e-2
+
+
+def config_name(c: MlaDecodeConfig) -> str:
+    return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}{'' if c.inline_cvt else 'p'}"  # p: plain cast
+
+
+# Around the defaults (mla.py: 16 heads x 32 positions, 4 warps, 3 stages; 32 heads, 8 warps from 32 heads): 2
+# stages, 16- and 64-position blocks, 8 warps, 32 and 64 heads a program (fewer re-reads of a request's latents from L2
+# at 128 heads: mla.py has the registers of each); a float8 pool (--kv) also times each default's other conversion
+# (inline or the plain cast, suffix p).
+CONFIGS = {config_name(c): c for c in [
+    MLA_DECODE_DEFAULT, MLA_DECODE_DEFAULT_MANY_HEADS,
+    MlaDecodeConfig(16, 32, 4, 2), MlaDecodeConfig(16, 16, 4, 3), MlaDecodeConfig(16, 64, 4, 3),
+    MlaDecodeConfig(16, 32, 8, 3), MlaDecodeConfig(16, 64, 8, 3), MlaDecodeConfig(32, 16, 8, 3),
+    MlaDecodeConfig(32, 64, 8, 3), MlaDecodeConfig(64, 16, 8, 3), MlaDecodeConfig(64, 32, 8, 3),
+    MlaDecodeConfig(64, 16, 8, 2), MlaDecodeConfig(16, 32, 4, 3, inline_cvt=False),
+    MlaDecodeConfig(32, 32, 8, 3, inline_cvt=True),
+]}
+
+
+def default_name(heads: int) -> str:
+    return config_name(mla_decode_config(heads))
+
+
+def log(*a) -> None:
+    print(*a, flush=True)
+
+
+class Case:
+    """One (model, batch, context): a pool of `copies` x batch requests of `context` latents each."""
+
+    def __init__(self, model: str, heads: int, bs: int, ctx: int, rank: int, rope: int, device: str, dry: bool,
+                 kv_dtype: torch.dtype | None):
+        self.model, self.heads, self.bs, self.ctx, self.rank, self.rope = model, heads, bs, ctx, rank, rope
+        self.device = device
+        width = rank + rope
+        dtype = torch.float32 if dry else torch.bfloat16  # the interpreter computes bfloat16 wrongly
+        kv_dtype = kv_dtype or dtype
+        self.kv_scale = 1.0 if kv_dtype == dtype else 0.5
+        self.bytes = bs * ctx * width * kv_dtype.itemsize
+        self.copies = 1 if dry else max(1, min(MAX_COPIES, -(-COPY_BYTES // self.bytes)))
+        rows = self.copies * bs
+        self.kv = torch.empty(rows * ctx + 1, 1, width, device=device, dtype=kv_dtype)
+        g = torch.Generator(device=device).manual_seed(bs * 7 + ctx + heads)
+        step = 1 << 24
+        for i in range(0, self.kv.shape[0], step // width):
+            part = self.kv[i : i + step // width]
+            part.copy_(torch.randn(part.shape, generator=g, device=device))
+        self.req_to_token = (torch.arange(rows * ctx, device=device, dtype=torch.int64) + 1).view(rows, ctx)
+        self.rows = [torch.arange(bs, device=device) + i * bs for i in range(self.copies)]
+        self.seq_lens = torch.full((bs,), ctx, device=device, dtype=torch.int64)
+        self.q = torch.randn(bs, heads, width, generator=g, device=device).to(dtype)
+        self.out = torch.empty(bs, heads, rank, device=device, dtype=dtype)
+        self.check_rows = sorted({0, bs // 2, bs - 1})
+        self.ref = torch.stack([self.reference(b) for b in self.check_rows])
+
+    def reference(self, b: int) -> torch.Tensor:
+        keys = self.kv[self.req_to_token[self.rows[0][b]], 0].float() * self.kv_scale  # (ctx, R + P)
+        p = (self.q[b].float() @ keys.T * SM_SCALE).softmax(-1)
+        return p @ keys[:, : self.rank]
+
+    def call(self, i: int, config: MlaDecodeConfig, splits: int) -> torch.Tensor:
+        return mla_decode(self.q, self.kv, self.req_to_token, self.rows[i], self.seq_lens, SM_SCALE, self.out,
+                          num_kv_splits=splits, kv_scale=self.kv_scale, config=config)
+
+    def error(self, config: MlaDecodeConfig, splits: int) -> float:
+        got = self.call(0, config, splits)[self.check_rows].float()
+        return ((got - self.ref).abs().max() / self.ref.abs().max().clamp_min(1e-6)).item()
+
+    def time_us(self, config: MlaDecodeConfig, splits: int, reps: int) -> float:
+        if self.device != "cuda":
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                self.call(0, config, splits)
+            return (time.perf_counter() - t0) / reps * 1e6
+        from benchmarks.lib.gpu_timing import quick_us
+
+        torch.cuda.synchronize()
+        return quick_us(lambda i: self.call(i, config, splits), self.copies, reps)
+
+
+def kernel_us(case: Case, config: MlaDecodeConfig, splits: int, calls: int = 8) -> dict[str, float]:
+    """Device microseconds per call of each kernel (stage 1, stage 2) under torch.profiler, eager calls over distinct
+    requests: where a call's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            case.call(i % case.copies, config, splits)
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        if "_mla_decode" in e.key:
+            total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+            out[e.key] = total / calls
+    return out
+
+
+def run_cell(case: Case, name: str, splits: int, args, save, profile: bool = False) -> dict | None:
+    config = CONFIGS[name]
+    t0 = time.perf_counter()
+    try:
+        err = case.error(config, splits)
+        us = case.time_us(config, splits, args.reps)
+    except Exception as e:  # noqa: BLE001 - a config that does not build or fit here: reported, never picked
+        log(f"  {name}@{splits}: {type(e).__name__}: {str(e)[:300]}")
+        return None
+    kernels = {}
+    if profile and case.device == "cuda":
+        try:
+            kernels = kernel_us(case, config, splits)
+        except Exception as e:  # noqa: BLE001 - the profile is information: its failure stops nothing
+            log(f"  profile of {name}@{splits}: {type(e).__name__}: {str(e)[:200]}")
+    floor_us = case.bytes / args.bandwidth * 1e6
+    cell = {"model": case.model, "heads": case.heads, "kv": str(case.kv.dtype).removeprefix("torch."),
+            "batch": case.bs, "context": case.ctx, "config": name, "config_fields": config.__dict__,
+            "default": name == default_name(case.heads), "splits": splits,
+            "auto_splits": splits == auto_splits(case, config),
+            "us": us, "floor_us": floor_us, "of_floor": floor_us / us, "x_floor": us / floor_us,
+            "gb_s": case.bytes / us / 1e3, "bytes": case.bytes, "copies": case.copies, "kernels_us": kernels,
+            "rel_err": err,
+            "valid": err < TOLERANCE, "build_and_time_s": time.perf_counter() - t0}
+    save(cell)
+    log(f"  {case.model:<8} bs {case.bs:<4} ctx {case.ctx:<5} {name:<11} splits {splits:<3} {us:9.1f} us  floor "
+        f"{floor_us:8.1f} us ({us / floor_us:5.2f}x)  {cell['gb_s']:7.0f} GB/s  err {err:.1e}"
+        f"{'' if cell['valid'] else '  WRONG'}")
+    return cell
+
+
+def auto_splits(case: Case, config: MlaDecodeConfig) -> int:
+    return mla_decode_num_splits(case.bs, case.heads, case.ctx, config)
+
+
+def summarize(cells: list[dict]) -> dict:
+    """Per model and overall: the config (at its split rule) with the least geometric-mean time over the cases that
+    every such config ran in, against the default's; and per case the fastest valid cell."""
+    out: dict = {"per_case": [], "per_model": {}}
+    cases = sorted({(c["model"], c["batch"], c["context"]) for c in cells})
+    for key in cases:
+        mine = [c for c in cells if (c["model"], c["batch"], c["context"]) == key and c["valid"]]
+        default = next((c for c in mine if c["default"] and c["auto_splits"]), None)
+        best = min(mine, key=lambda c: c["us"], default=None)
+        if best is not None:
+            out["per_case"].append({"model": key[0], "batch": key[1], "context": key[2],
+                                    "default_us": default and default["us"], "floor_us": best["floor_us"],
+                                    "best": f"{best['config']}@{best['splits']}", "best_us": best["us"],
+                                    "default_x_floor": default and default["x_floor"], "best_x_floor": best["x_floor"],
+                                    "default_kernels_us": default and default["kernels_us"]})
+    for model in sorted({c["model"] for c in cells}) + ["all"]:
+        auto = [c for c in cells if c["auto_splits"] and c["valid"] and model in ("all", c["model"])]
+        keys = {(c["model"], c["batch"], c["context"]) for c in auto}
+        by_config: dict[str, dict] = {}
+        for c in auto:
+            by_config.setdefault(c["config"], {})[(c["model"], c["batch"], c["context"])] = c["us"]
+        full = {n: t for n, t in by_config.items() if set(t) == keys}
+        if not full:
+            continue
+        gmean = {n: math.exp(sum(math.log(v) for v in t.values()) / len(t)) for n, t in full.items()}
+        pick = min(gmean, key=gmean.get)
+        defaults = {c["config"] for c in auto if c["default"]}
+        held = gmean.get(defaults.pop(), math.nan) if len(defaults) == 1 else math.nan
+        out["per_model"][model] = {"pick": pick, "gmean_us": gmean, "default_over_pick": held / gmean[pick],
+                                   "cases": len(keys)}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="v2-lite,v3")
+    ap.add_argument("--batches", default="1,32,256")
+    ap.add_argument("--contexts", default="1024,4096")
+    ap.add_argument("--sweep", default="", help="'all' or names of CONFIGS to time beside the default")
+    ap.add_argument("--split-factors", default="0.5,2,4", help="the two fastest configs of a case also at these "
+                    "multiples of their split count (1..MLA_MAX_SPLITS)")
+    ap.add_argument("--bandwidth", type=float, default=4.8e12, help="bytes/s of the floor (H200 HBM3e: 4.8 TB/s)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--budget-s", type=float, default=420.0, help="no cell starts after it (the defaults run first)")
+    ap.add_argument("--kv", default="bf16", choices=sorted(KV_DTYPES), help="the pool's dtype")
+    ap.add_argument("--dry", action="store_true", help="tiny shapes on the CPU (run with TRITON_INTERPRET=1)")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "mla_decode.json"))
+    args = ap.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        raise SystemExit(f"--models: unknown {unknown}; choose from {sorted(MODELS)}")
+    sweep = list(CONFIGS) if args.sweep == "all" else [s for s in args.sweep.split(",") if s]
+    unknown = sorted(set(sweep) - set(CONFIGS))
+    if unknown:
+        raise SystemExit(f"--sweep: unknown {unknown}; choose 'all' or from {sorted(CONFIGS)}")
+    if KV_DTYPES[args.kv] is None:  # the float8 conversion does not apply: one config per launch shape
+        shapes = {}
+        for n in sweep:
+            shapes.setdefault(tuple(CONFIGS[n].__dict__.values())[:4], n)
+        sweep = list(shapes.values())
+    factors = [float(f) for f in args.split_factors.split(",") if f]
+    batches = [int(b) for b in args.batches.split(",") if b]
+    contexts = [int(c) for c in args.contexts.split(",") if c]
+    if args.dry:
+        batches, contexts, args.reps = [min(b, 3) for b in batches[:2]], [64], 1
+        sweep = sweep[:3]
+    elif not torch.cuda.is_available():
+        raise SystemExit("needs CUDA (or --dry with TRITON_INTERPRET=1)")
+    device = "cpu" if args.dry else "cuda"
+    rank, rope = (32, 16) if args.dry else (RANK, ROPE)
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    import triton
+
+    result = {"benchmark": "mla_decode", "command": "python " + " ".join(sys.argv), "device": device,
+              "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "torch": torch.__version__,
+              "triton": triton.__version__, "bandwidth": args.bandwidth, "kv_lora_rank": rank, "rope": rope,
+              "kv": args.kv, "defaults": {m: default_name(h) for m, h in MODELS.items()}, "cells": []}
+
+    def save(cell: dict) -> None:
+        result["cells"].append(cell)
+        out_path.write_text(json.dumps(result, indent=1))
+
+    t0 = time.perf_counter()
+    specs = [(m, MODELS[m] if not args.dry else (4 if m == "v2-lite" else 20), bs, ctx)
+             for m in models for bs in batches for ctx in contexts]
+
+    def in_budget() -> bool:
+        if time.perf_counter() - t0 > args.budget_s:
+            log(f"budget of {args.budget_s:.0f} s spent: stopping")
+            return False
+        return True
+
+    # The default at every case first, then the sweep case by case (the case's pool made again: one pool in memory).
+    for phase in ("default", "sweep"):
+        if phase == "sweep" and not sweep:
+            break
+        log(f"== {phase}")
+        for model, heads, bs, ctx in specs:
+            if not in_budget():
+                break
+            case = Case(model, heads, bs, ctx, rank, rope, device, args.dry, KV_DTYPES[args.kv])
+            default = default_name(heads)
+            names = [default] if phase == "default" else [n for n in sweep if n != default]
+            timed = []
+            for name in names:
+                if not in_budget():
+                    break
+                cell = run_cell(case, name, auto_splits(case, CONFIGS[name]), args, save, profile=phase == "default")
+                if cell is not None and cell["valid"]:
+                    timed.append(cell)
+            if phase == "sweep":
+                timed += [c for c in result["cells"] if c["default"] and c["auto_splits"] and c["valid"] and
+                          (c["model"], c["batch"], c["context"]) == (model, bs, ctx)]
+                for cell in sorted(timed, key=lambda c: c["us"])[:2]:
+                    done = {cell["splits"]}
+                    for f in factors:
+                        splits = max(1, min(MLA_MAX_SPLITS * 2, round(cell["splits"] * f)))
+                        if splits not in done and in_budget():
+                            done.add(splits)
+                            run_cell(case, cell["config"], splits, args, save)
+            del case
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    result["summary"] = summarize(result["cells"])
+    out_path.write_text(json.dumps(result, indent=1))
+    log(f"\n{'model':<8} {'bs':>4} {'ctx':>5} {'floor us':>9} {'default us':>10} {'x floor':>7}   "
+        f"{'best':<16} {'best us':>8} {'x floor':>7}   default's kernels (eager, us)")
+    for r in result["summary"]["per_case"]:
+        d = f"{r['default_us']:10.1f} {r['default_x_floor']:7.2f}" if r["default_us"] else f"{'-':>10} {'-':>7}"
+        stages = "  ".join(f"{k.split('_')[-1]} {v:.1f}" for k, v in sorted((r["default_kernels_us"] or {}).items()))
+        log(f"{r['model']:<8} {r['batch']:>4} {r['context']:>5} {r['floor_us']:9.1f} {d}   {r['best']:<16} "
+            f"{r['best_us']:8.1f} {r['best_x_floor']:7.2f}   {stages}")
+    for model, s in result["summary"]["per_model"].items():
+        held = s["default_over_pick"]
+        log(f"{model}: fastest config (geometric mean over {s['cases']} cases, each at its split rule) {s['pick']}; "
+            + (f"the default takes {held:.3f}x its time" if not math.isnan(held) else "the cases' defaults differ"))
+    for model, var in (("v2-lite", "MLA_DECODE_DEFAULT"), ("v3", "MLA_DECODE_DEFAULT_MANY_HEADS")):
+        pick = result["summary"]["per_model"].get(model)
+        if pick:
+            c = CONFIGS[pick["pick"]]
+            cvt = "" if c.inline_cvt else ", inline_cvt=False"
+            log(f"{var} = MlaDecodeConfig({c.block_h}, {c.block_n}, {c.num_warps}, {c.num_stages}{cvt})  # {model}")
+    log(f"wrote {out_path} ({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
