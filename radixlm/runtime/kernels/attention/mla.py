@@ -78,19 +78,19 @@ class MlaExtendConfig:
             raise ValueError(f"MlaExtendConfig.num_stages: 1..4, got {self.num_stages}")
 
 
-# Picked by reasoning about the H200 until benchmarks/kernels/mla_decode.py has timed the alternatives. Registers and
-# shared memory per program (sm_90, Triton 3.9's compiler run on a CPU, alignment as served; no spills unless said):
-# 16 heads x 32 positions, 4 warps: 196 registers at 2 stages, 190 at 3 (two programs per SM), the latents
-# pipelined through cp.async, 3 stages issuing the table load two blocks ahead (decode_splits.py's "s3" finding);
-# 32 heads x 32 positions, 8 warps, 3 stages: 172 registers, 75 KiB. A request's head blocks each read its latents
-# (from L2 after the first): at 128 heads 16-head blocks read them 8 times, 32-head blocks 4 times; 64-head blocks
-# (wgmma, 255 registers and 80 bytes spilled a thread) twice. A float8 pool: 16 heads 248 registers converted inline
-# (255 and 56 bytes spilled by the plain cast); 32 heads 255 and 8 bytes spilled by the plain cast (480 inline).
+# Timed on the H200 (benchmarks/results/kernels/h200/mla_decode_h200.json; bf16 pool, R=512, P=64): the fastest
+# config over batch 1/32/256 x context 1k/4k (geometric mean, each case at its split rule). V2-Lite's 16 heads: the
+# config below, 1.37-1.64x the latent bytes floor at batch 256. V3's 128 heads: 32-head blocks of 64 positions (1.48x
+# faster than 32 x 32); at batch 256, 64-head blocks of 32 were faster still (6.5x the bytes floor against 8.4x), but
+# slower at batch 1. At 128 heads the step is bound by the MMA work (2 x 128 x 1088 flops a position), not the bytes.
+# Registers (sm_90, Triton 3.9 on a CPU): 16 x 32 x 4 warps x 3 stages 190, two programs per SM; a float8 pool at 16
+# heads converts inline (248; the plain cast spills), at 32 heads casts (inline spills 480 bytes).
 MLA_DECODE_DEFAULT = MlaDecodeConfig(16, 32, 4, 3)
 MLA_MANY_HEADS = 32  # from this many heads a rank (V3 at TP=4, Kimi-K2 64, V3 128), MLA_DECODE_DEFAULT_MANY_HEADS
-MLA_DECODE_DEFAULT_MANY_HEADS = MlaDecodeConfig(32, 32, 8, 3, inline_cvt=False)
-# 32 query rows over 8 warps: the accumulator (32 x 512 fp32) at 64 registers a thread (175 in all, no spills).
-MLA_EXTEND_ROWS = 32
+MLA_DECODE_DEFAULT_MANY_HEADS = MlaDecodeConfig(32, 64, 8, 3, inline_cvt=False)
+# 64 query rows (16 heads x 4 tokens) over 8 warps: on the H200 (mla_extend_h200.json) 1.6-2.0x faster than 32 rows
+# (16 x 2) at both head counts for prefill and chunked extend, and 1.1x for 4-token verify passes.
+MLA_EXTEND_ROWS = 64
 
 
 def mla_decode_config(num_heads: int) -> MlaDecodeConfig:

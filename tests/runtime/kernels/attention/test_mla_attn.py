@@ -227,8 +227,8 @@ def test_configs_and_shapes_are_checked():
     for bad in ({"block_h": 2, "block_m": 4}, {"block_h": 3}, {"block_n": 8}, {"block_h": 64, "block_m": 4}):
         with pytest.raises(ValueError):
             MlaExtendConfig(**bad)
-    assert [(c.block_h, c.block_m) for c in map(mla_extend_config, (1, 3, 16, 128))] == [(1, 32), (4, 8), (16, 2),
-                                                                                          (16, 2)]
+    assert [(c.block_h, c.block_m) for c in map(mla_extend_config, (1, 3, 16, 128))] == [(1, 64), (4, 16), (16, 4),
+                                                                                          (16, 4)]
     q, kv, out = torch.zeros(2, 4, 80), torch.zeros(10, 1, 80), torch.zeros(2, 4, 64)
     assert check_mla_args(q, kv, out) == (64, 16)
     for args in [(q, torch.zeros(10, 2, 80), out), (q, kv, torch.zeros(2, 4, 60)), (q, kv.half(), out),
