@@ -73,7 +73,7 @@ def test_deepseek_greedy_matches_transformers(name, tmp_path):
     engine = radixlm.Engine(str(tmp_path), dtype="float32", device="cpu", random_seed=0, enable_integrity_check=True,
                             **TIGHT)
     try:
-        pool = engine.runner.token_to_kv_pool
+        pool, kv_bytes = engine.runner.token_to_kv_pool, engine.runner.kv_bytes_per_token()
         first = engine.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True)
         again = engine.generate(input_ids=prompts[:4], sampling_params=GREEDY)
         retractions = engine.scheduler.stats["retractions"]
@@ -81,6 +81,7 @@ def test_deepseek_greedy_matches_transformers(name, tmp_path):
     finally:
         engine.shutdown()
     assert isinstance(pool, MLATokenToKVPool) and pool.get_latent_buffer(0).shape[1:] == (1, 32 + 8)
+    assert kv_bytes == config.num_hidden_layers * (32 + 8) * 4  # float32
     for res, (ref_ids, ref_lps) in zip(first, reference, strict=True):
         assert res["output_ids"] == ref_ids
         got = [lp for lp, _tok, _text in res["meta_info"]["output_token_logprobs"]]
