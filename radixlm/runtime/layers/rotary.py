@@ -143,7 +143,7 @@ def _yarn(inv_freq: torch.Tensor, rotary_dim: int, base: float, scaling: dict,
     low, high = max(low, 0), min(high, rotary_dim - 1)
     if low == high:
         high += 0.001  # no singular ramp
-    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
     extrapolation = 1 - ramp
     inv_freq = inv_freq / factor * (1 - extrapolation) + inv_freq * extrapolation
     return inv_freq, float(attention_factor)

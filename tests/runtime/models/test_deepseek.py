@@ -90,3 +90,33 @@ def test_deepseek_greedy_matches_transformers(name, tmp_path):
     assert retractions > 0
     assert [r["output_ids"] for r in again] == [ids for ids, _ in reference[:4]]
     assert sum(r["meta_info"]["cached_tokens"] for r in again) > 0
+
+
+def test_layers_names_and_routing_from_the_config():
+    """Which layers are sparse (first_k_dense_replace, moe_layer_freq), the routing each architecture reads, the
+    checkpoint names our fused parameters take, and V3's MTP layers left out of loading."""
+    from radixlm.runtime.kernels.moe import GroupScore, ScoringFunc
+    from radixlm.runtime.models.deepseek_v2 import DeepseekV2MoE, DeepseekV3ForCausalLM, routing_of
+    from radixlm.runtime.models.llama import LlamaMLP
+
+    config = configs()["v3"]
+    config.num_hidden_layers, config.moe_layer_freq = 5, 2
+    with torch.device("meta"):
+        model = DeepseekV3ForCausalLM(config)
+    assert [type(layer.mlp) for layer in model.model.layers] == [LlamaMLP, LlamaMLP, DeepseekV2MoE, LlamaMLP,
+                                                                 DeepseekV2MoE]
+    routing = model.model.layers[2].mlp.experts.routing
+    assert (routing.scoring, routing.groups.score, routing.renormalize, routing.routed_scaling_factor) == \
+        (ScoringFunc.SIGMOID, GroupScore.TOP2_SUM, True, 2.5)
+    assert model.model.layers[2].mlp.gate.e_score_correction_bias.dtype == torch.float32
+    assert model.map_weight_name("model.layers.0.self_attn.kv_a_proj_with_mqa.weight") == \
+        ("model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight", 1)
+    assert model.map_weight_name("model.layers.2.mlp.experts.7.down_proj.weight") == \
+        ("model.layers.2.mlp.experts.w2_weight", (7, "down"))
+    assert model._is_mtp("model.layers.5.eh_proj.weight") and not model._is_mtp("model.layers.4.mlp.gate.weight")
+    v2_lite = configs()["v2-lite"]
+    assert routing_of(v2_lite, "softmax", "greedy") == (model.model.layers[2].mlp.experts.routing.__class__(
+        2, False, ScoringFunc.SOFTMAX, None, 1.0), False)
+    v2_lite.topk_method = "noaux"
+    with pytest.raises(ValueError, match="unsupported topk_method 'noaux'"):
+        routing_of(v2_lite, "softmax", "greedy")
