@@ -121,9 +121,12 @@ def _yarn(inv_freq: torch.Tensor, rotary_dim: int, base: float, scaling: dict,
     """(inv_freq, attention factor) of YaRN, as transformers computes them: frequencies whose wavelength exceeds the
     original context are divided by `factor`, those with many turns in it kept, a linear ramp between (beta_fast /
     beta_slow turns); the attention factor is mscale / mscale_all_dim's ratio (DeepSeek) or 0.1 ln(factor) + 1."""
+    if not scaling.get("original_max_position_embeddings"):
+        raise ValueError(f"yarn rope scaling needs original_max_position_embeddings; got {scaling}")
     orig_ctx = float(scaling["original_max_position_embeddings"])
-    factor = scaling.get("factor") or max_position / orig_ctx
-    factor = float(factor)
+    factor = float(scaling.get("factor") or max_position / orig_ctx)
+    if factor <= 0:
+        raise ValueError(f"yarn rope scaling needs a positive factor; got {scaling}")
     attention_factor = scaling.get("attention_factor")
     if attention_factor is None:
         mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
