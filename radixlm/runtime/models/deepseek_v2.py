@@ -62,6 +62,8 @@ def routing_of(config: "PretrainedConfig", scoring: str, topk_method: str) -> tu
         raise ValueError(f"unsupported scoring_func {scoring_func!r}; supported: softmax, sigmoid") from None
     groups = None
     if method == "group_limited_greedy":
+        if not (getattr(config, "n_group", None) and getattr(config, "topk_group", None)):
+            raise ValueError("topk_method group_limited_greedy needs n_group and topk_group")
         groups = ExpertGroups(int(config.n_group), int(config.topk_group), GroupScore.MAX)
     elif method == "noaux_tc":
         groups = ExpertGroups(int(config.n_group or 1), int(config.topk_group or 1), GroupScore.TOP2_SUM)
