@@ -1,7 +1,8 @@
 """DeepSeek-V2 and V3 (tiny, float32) on 2 gloo ranks equal 1 rank: each rank drives its own Scheduler over the same
 requests in lockstep (heads split over the ranks, the latent cache replicated; V2's experts sliced over the ranks, V3's
-whole experts per rank, --ep-size 2), with 8-token chunks and a second round that hits the radix cache. One spawn of
-the two ranks runs every case (retraction at one rank: tests/runtime/models/test_deepseek.py)."""
+whole experts per rank, --ep-size 2), with 8-token chunks and a second round that hits the radix cache. Rank 0 is
+this process (as the offline Engine's rank 0 is), rank 1 one spawned process that runs every case (retraction at one
+rank: tests/runtime/models/test_deepseek.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,8 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from radixlm.runtime.distributed.parallel import SINGLE
-from tests.runtime.distributed.harness import run_ranks
+from radixlm.runtime.distributed.parallel import SINGLE, Parallel
+from tests.runtime.distributed.harness import RANK_TIMEOUT_S, free_port
 
 NEW_TOKENS = 8
 PROMPT_LENS = [3, 17, 9, 30]
@@ -53,6 +54,59 @@ def _sessions(parallel, model_dirs: dict[str, str], prompts: list[list[int]]) ->
     return out
 
 
+def _join(rank: int, port: int) -> Parallel:
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))
+    return Parallel(tp_rank=rank, tp_size=2, group=dist.group.WORLD)
+
+
+def _rank1(port: int, model_dirs: dict[str, str], prompts: list[list[int]], conn) -> None:
+    import os
+    import traceback
+
+    import torch.distributed as dist
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        conn.send(("ok", _sessions(_join(1, port), model_dirs, prompts)))
+    except BaseException:  # noqa: BLE001 - reported to the test
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _two_ranks(model_dirs: dict[str, str], prompts: list[list[int]]) -> tuple[dict, list[dict]]:
+    """(the one-rank sessions, run while rank 1 starts; each rank's sessions)."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if dist.is_initialized():
+        pytest.skip("this process already belongs to a process group")
+    ctx, port = mp.get_context("spawn"), free_port()
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_rank1, args=(port, model_dirs, prompts, theirs), daemon=True)
+    child.start()
+    try:
+        single = _sessions(SINGLE, model_dirs, prompts)
+        rank0 = _sessions(_join(0, port), model_dirs, prompts)
+        if not ours.poll(RANK_TIMEOUT_S):
+            raise AssertionError("rank 1 sent no result")
+        status, rank1 = ours.recv()
+        assert status == "ok", f"rank 1 failed:\n{rank1}"
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        child.join(RANK_TIMEOUT_S)
+        if child.is_alive():
+            child.kill()
+    return single, [rank0, rank1]
+
+
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> dict[str, str]:
     from tests.runtime.models.test_deepseek import configs, save_deepseek
@@ -68,8 +122,7 @@ def model_dirs(tmp_path_factory) -> dict[str, str]:
 def test_two_ranks_equal_one(model_dirs):
     g = torch.Generator().manual_seed(8)
     prompts = [torch.randint(1, 200, (n,), generator=g).tolist() for n in PROMPT_LENS]
-    single = _sessions(SINGLE, model_dirs, prompts)
-    ranks = run_ranks(2, _sessions, model_dirs, prompts)
+    single, ranks = _two_ranks(model_dirs, prompts)
     for name, ep_size in CASES:
         want = single[name]
         assert want["cached"] > 0 and want["held"] == (4, 8, 32)
