@@ -23,11 +23,11 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden
               num_key_value_heads=4,
               max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False, moe_intermediate_size=32,
               first_k_dense_replace=1, **MLA)
-PROMPT_LENS = [3, 17, 9, 30] * 2
+PROMPT_LENS = [3, 17, 9, 30, 12]
 NEW_TOKENS = 12
 GREEDY = {"temperature": 0, "max_new_tokens": NEW_TOKENS}
 # A pool that must retract, chunks of 8 tokens.
-TIGHT = {"chunked_prefill_size": 8, "max_total_tokens": 160, "schedule_conservativeness": 0.05}
+TIGHT = {"chunked_prefill_size": 8, "max_total_tokens": 96, "schedule_conservativeness": 0.05}
 
 
 def yarn(mscale: float, mscale_all_dim: float) -> dict:
