@@ -103,6 +103,8 @@ class MultiHeadLatentAttention(nn.Module):
         hidden, heads = config.hidden_size, config.num_attention_heads
         bias = bool(getattr(config, "attention_bias", False))
         qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
+        if heads < parallel.tp_size:  # o_proj's input is split: every rank needs heads of its own
+            raise ValueError(f"num_attention_heads ({heads}) is less than the tensor-parallel size {parallel.tp_size}")
         q = Shard.heads(heads, qk_head_dim, parallel, "num_attention_heads")
         self.num_heads = q.local // qk_head_dim
         latent = self.kv_lora_rank + self.qk_rope_head_dim

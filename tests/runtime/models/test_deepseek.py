@@ -120,3 +120,7 @@ def test_layers_names_and_routing_from_the_config():
     v2_lite.topk_method = "noaux"
     with pytest.raises(ValueError, match="unsupported topk_method 'noaux'"):
         routing_of(v2_lite, "softmax", "greedy")
+    from radixlm.runtime.distributed.parallel import Parallel
+
+    with torch.device("meta"), pytest.raises(ValueError, match=r"num_attention_heads \(4\) is less than"):
+        DeepseekV3ForCausalLM(config, Parallel(tp_rank=0, tp_size=8))
