@@ -149,6 +149,7 @@ class SchedulerReady:
     model_type: str = ""
     embedding_dim: int = 0  # --is-embedding: the pooled output's size
     cross_encoder: bool = False  # --is-embedding: the pooled output is a sequence classifier's scores
+    kv_cache: dict[str, Any] = field(default_factory=dict)  # the KV pool's layout (KVLayout.describe)
     error: str | None = None
 
 

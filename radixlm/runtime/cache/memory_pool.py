@@ -1,10 +1,12 @@
-"""The two-level KV memory: request rows -> token slots (ReqToTokenPool) and slots -> K/V (TokenToKVPool),
-with TokenToKVPoolAllocator handing out the slots page by page."""
+"""The two-level KV memory: request rows -> token slots (ReqToTokenPool) and slots -> KV (a kv_pool.KVPool:
+TokenToKVPool's K and V, or MLATokenToKVPool's latent), with TokenToKVPoolAllocator handing out the slots page by
+page whatever the pool stores."""
 from __future__ import annotations
 
 import torch
 
-from radixlm.runtime.cache.kv_quant import KVScales, is_fp8, quantize_kv
+from radixlm.runtime.cache.kv_pool import KVLayout, KVLayoutKind, KVPool, MLATokenToKVPool
+from radixlm.runtime.cache.kv_quant import KVScales
 from radixlm.runtime.host_to_device import host_to_device
 
 
@@ -47,12 +49,13 @@ class ReqToTokenPool:
         self.free_slots.append(idx)
 
 
-class TokenToKVPool:
-    """Per-layer K and V buffers of shape (size + page_size, num_kv_heads, head_dim).
+class TokenToKVPool(KVPool):
+    """Per-layer K and V buffers of shape (size + page_size, num_kv_heads, head_dim) (kv_pool.KVPool).
 
-    Slots [0, page_size) form a dummy page that is never handed out: padded tokens may write there.
     A float8 pool (--kv-cache-dtype fp8_e4m3 / fp8_e5m2; kv_quant.py) stores k / k_scale and v / v_scale of each
     layer's scales, saturated; every reader multiplies back (kv_scales). Other pools ignore the scales."""
+
+    buffer_names = ("k_buffer", "v_buffer")
 
     def __init__(
         self,
@@ -67,34 +70,10 @@ class TokenToKVPool:
     ):
         if scales is not None and len(scales) != num_layers:
             raise ValueError(f"{len(scales)} KV scales for {num_layers} layers")
-        self.size = size
-        self.page_size = page_size
-        self.dtype = dtype
-        self.is_fp8 = is_fp8(dtype)
+        super().__init__(KVLayout.mha(num_layers, dtype, num_kv_heads, head_dim), size, page_size, device)
         self._scales = [s if self.is_fp8 else KVScales() for s in (scales or [KVScales()] * num_layers)]
-        self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.device = torch.device(device)
-        shape = (size + page_size, num_kv_heads, head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
-
-    @property
-    def released(self) -> bool:
-        return self.k_buffer[0].numel() == 0 if self.num_layers else False
-
-    def release(self) -> None:
-        """Frees every layer's K and V (/release_memory_occupation); what they held is lost."""
-        empty = torch.empty(0, dtype=self.dtype, device=self.device)
-        self.k_buffer = [empty] * self.num_layers
-        self.v_buffer = [empty] * self.num_layers
-
-    def resume(self) -> None:
-        """Allocates the K and V buffers again, zeroed (new addresses: graphs over them are captured again)."""
-        shape = (self.size + self.page_size, self.num_kv_heads, self.head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
 
     def kv_scales(self, layer_id: int) -> KVScales:
         """What layer_id's stored K and V are multiplied by when read (1.0 unless the pool is float8)."""
@@ -133,16 +112,20 @@ class TokenToKVPool:
             return
         shape = (-1, self.num_kv_heads, self.head_dim)
         scales = self._scales[layer_id]
-        for buf, x, scale in ((self.k_buffer[layer_id], k, scales.k_scale),
-                              (self.v_buffer[layer_id], v, scales.v_scale)):
-            stored = quantize_kv(x.reshape(shape), scale, self.dtype)
-            if self.is_fp8:  # as bytes: torch's index kernels do not take every float8 dtype on every device
-                buf.view(torch.uint8)[loc] = stored.view(torch.uint8)
-            else:
-                buf[loc] = stored
+        self._store(self.k_buffer[layer_id], loc, k.reshape(shape), scales.k_scale)
+        self._store(self.v_buffer[layer_id], loc, v.reshape(shape), scales.v_scale)
 
-    def mem_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k_buffer + self.v_buffer)
+
+def make_kv_pool(layout: KVLayout, size: int, page_size: int, device: str | torch.device = "cpu",
+                 scales: list[KVScales] | None = None) -> KVPool:
+    """The pool of `layout` (scales: an MHA pool's per-layer float8 scales; an MLA pool takes none)."""
+    if layout.kind is KVLayoutKind.MLA:
+        if scales is not None and any(s != KVScales() for s in scales):
+            raise ValueError("an MLA KV pool takes no K/V scales (the checkpoint's k_scale / v_scale)")
+        return MLATokenToKVPool(size, page_size, layout.dtype, layout.num_layers, layout.kv_lora_rank,
+                                layout.qk_rope_head_dim, device)
+    return TokenToKVPool(size, page_size, layout.dtype, layout.num_layers, layout.num_kv_heads, layout.head_dim,
+                         device, scales)
 
 
 class TokenToKVPoolAllocator:

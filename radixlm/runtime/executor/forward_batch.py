@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixlm.runtime.cache.kv_pool import KVPool
+    from radixlm.runtime.cache.memory_pool import ReqToTokenPool
     from radixlm.runtime.executor.logits import LogitsPlan
     from radixlm.runtime.layers.attention.base import AttentionBackend
     from radixlm.runtime.lora.ops import LoraBatchInfo
@@ -100,7 +101,7 @@ class ForwardBatch:
     seq_lens_cpu: list[int]
     out_cache_loc: torch.Tensor  # (num_tokens,) int64: KV slots for the new tokens
     req_to_token_pool: "ReqToTokenPool"
-    token_to_kv_pool: "TokenToKVPool"
+    token_to_kv_pool: "KVPool"
     attn_backend: "AttentionBackend"
     # Extend only (for decode: prefix = seq_len - 1, extend = 1).
     extend_prefix_lens_cpu: list[int] = field(default_factory=list)
@@ -126,6 +127,8 @@ class ForwardBatch:
     token_type_ids: torch.Tensor | None = None  # (num_tokens,) int64, ModelWorkerBatch.token_type_ids
     # Set by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: object = None
+    # Set by layers.attention.mla.latent_attention on the pass's first MLA layer, read by the later ones.
+    latent_attn_metadata: object = None
 
     @property
     def num_tokens(self) -> int:
@@ -133,7 +136,7 @@ class ForwardBatch:
 
     @classmethod
     def build(cls, wb: ModelWorkerBatch, mode: ForwardMode, req_to_token_pool: "ReqToTokenPool",
-              token_to_kv_pool: "TokenToKVPool", attn_backend: "AttentionBackend", device: str) -> "ForwardBatch":
+              token_to_kv_pool: "KVPool", attn_backend: "AttentionBackend", device: str) -> "ForwardBatch":
         """The device tensors of a pass in `mode`, in as few host-to-device copies as the layout allows."""
         pool_rows, seq_rows = wb.req_pool_indices, wb.seq_lens
         token_rows = mode.is_token_rows()

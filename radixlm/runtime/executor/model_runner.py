@@ -9,7 +9,8 @@ import torch
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.cache.kv_quant import KVScales, kv_cache_torch_dtype
-from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
+from radixlm.runtime.cache.kv_pool import KVLayout, KVPool
+from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator, make_kv_pool
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch, TreeMask
 from radixlm.runtime.host_to_device import host_to_device
@@ -140,7 +141,15 @@ class ModelRunner:
     def kv_cache_dtype(self) -> torch.dtype:
         return kv_cache_torch_dtype(self.server_args.kv_cache_dtype, self.model_config.dtype)
 
-    def _kv_pool(self, size: int) -> TokenToKVPool:
+    @property
+    def kv_layout(self) -> KVLayout:
+        """What the pool stores per token per layer: the model's K and V heads of this rank, or MLA's latent."""
+        cfg = self.model_config
+        if cfg.mla is not None:
+            return KVLayout.mla(cfg.num_layers, self.kv_cache_dtype, cfg.mla.kv_lora_rank, cfg.mla.qk_rope_head_dim)
+        return KVLayout.mha(cfg.num_layers, self.kv_cache_dtype, self.num_kv_heads, cfg.head_dim)
+
+    def _kv_pool(self, size: int) -> KVPool:
         """The KV pool in --kv-cache-dtype, with each layer's scales (its RadixAttention's: the checkpoint's)."""
         cfg = self.model_config
         # Triton converts float8 e4m3 (its fp8e4nv) on compute capability 8.9 and later only.
@@ -151,8 +160,7 @@ class ModelRunner:
         by_layer = {m.layer_id: KVScales(m.k_scale, m.v_scale) for m in self.model.modules()
                     if isinstance(m, RadixAttention)}
         scales = [by_layer.get(i, KVScales()) for i in range(cfg.num_layers)]
-        return TokenToKVPool(size, self.page_size, self.kv_cache_dtype, cfg.num_layers, self.num_kv_heads,
-                             cfg.head_dim, self.device, scales)
+        return make_kv_pool(self.kv_layout, size, self.page_size, self.device, scales)
 
     def _attention_backend(self):
         backend = self.server_args.attention_backend
@@ -194,16 +202,16 @@ class ModelRunner:
             self.graph_runner = CudaGraphRunner(self, graph_max_bs)
 
     def kv_bytes_per_token(self) -> int:
-        cfg = self.model_config
-        return cfg.num_layers * 2 * self.num_kv_heads * cfg.head_dim * self.kv_cache_dtype.itemsize
+        return self.kv_layout.bytes_per_token
 
     def graph_max_bs(self) -> int:
         """The largest batch a CUDA graph is captured for (0: no graphs)."""
         args = self.server_args
         # Eager passes under --enable-lora (the LoRA kernels' segment info varies in size per pass) and for
         # embeddings (prefills, and the graphs yield logits).
+        # A model whose attention reads host data per pass (MLA's torch path) runs eagerly too.
         if (not (self.is_cuda and not args.disable_cuda_graph and self.attn_backend.supports_cuda_graph)
-                or args.enable_lora or self.pooler is not None):
+                or args.enable_lora or self.pooler is not None or not getattr(self.model, "supports_cuda_graph", True)):
             return 0
         return min(args.cuda_graph_max_bs or CUDA_GRAPH_DEFAULT_MAX_BS, self.max_pass_rows)
 

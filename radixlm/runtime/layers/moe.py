@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel, divide
-from radixlm.runtime.kernels.moe import fused_experts, select_experts
+from radixlm.runtime.kernels.moe import Routing, fused_experts
 from radixlm.runtime.layers.linear import copy_checked
 
 PARTS = {"gate": "w13_weight", "up": "w13_weight", "down": "w2_weight"}
@@ -32,10 +32,17 @@ class FusedMoE(nn.Module):
     quant_method = None  # a quantization MoEMethod, or None: float
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, renormalize: bool,
-                 parallel: Parallel = SINGLE, reduce_results: bool = True):
+                 parallel: Parallel = SINGLE, reduce_results: bool = True, routing: Routing | None = None):
+        """routing: the router's whole rule (kernels.moe.Routing: DeepSeek's scoring, groups and scaling); None:
+        softmax top_k, renormalised as `renormalize` says. Given, its top_k and renormalize must be these."""
         super().__init__()
         if not 0 < top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok ({top_k}) must be between 1 and num_experts ({num_experts})")
+        routing = routing or Routing(top_k, renormalize)
+        if (routing.top_k, routing.renormalize) != (top_k, renormalize):
+            raise ValueError(f"routing {routing} disagrees with top_k={top_k}, renormalize={renormalize}")
+        routing.check(num_experts)
+        self.routing = routing
         self.parallel = parallel
         self.num_experts = num_experts
         self.top_k = top_k
@@ -60,8 +67,10 @@ class FusedMoE(nn.Module):
         self.w13_weight = nn.Parameter(torch.empty(e, 2 * i, hidden_size), requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(e, hidden_size, i), requires_grad=False)
 
-    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
+    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor,
+                correction_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """correction_bias: the router's (num_experts,) e_score_correction_bias (DeepSeek-V3), for the choice only."""
+        weights, ids = self.routing.select(router_logits, correction_bias)
         if self.quant_method is not None:
             out = self.quant_method.apply(self, hidden, weights, ids)
         else:
@@ -122,7 +131,7 @@ class FusedMoE(nn.Module):
     def extra_repr(self) -> str:
         return (f"experts {self.expert_start}..{self.expert_start + self.num_local_experts} of {self.num_experts}, "
                 f"top_k={self.top_k}, hidden={self.hidden_size}, intermediate={self.local_intermediate} of "
-                f"{self.intermediate_size}, renormalize={self.renormalize}")
+                f"{self.intermediate_size}, routing={self.routing}")
 
 
 def expert_weight_name(name: str, pattern: re.Pattern, parts: dict[str, str]) -> tuple[str, object] | None:

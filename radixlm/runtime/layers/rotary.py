@@ -1,7 +1,10 @@
-"""Rotary position embedding, neox (rotate-half) layout as in HF Llama/Qwen.
+"""Rotary position embedding: neox (rotate-half) layout as in HF Llama/Qwen, or interleaved pairs (x0, x1), (x2, x3),
+... as DeepSeek's MLA rotates its rope dims (GPT-J style; the output stays interleaved, which gives the same dot products
+as transformers' DeepSeek-V3 de-interleaving it, since q and k are permuted alike).
 
-The cos/sin cache is computed once in float32 and indexed by position; q/k are rotated in their own
-dtype after casting cos/sin to it, which is exactly the reference's op order."""
+The cos/sin cache is computed once in float32 (times YaRN's attention factor, as transformers scales cos and sin) and
+indexed by position; q/k are rotated in their own dtype after casting cos/sin to it, which is exactly the reference's
+op order."""
 from __future__ import annotations
 
 import math
@@ -32,25 +35,35 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_size: int, rotary_dim: int, max_position: int, inv_freq: torch.Tensor):
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int, inv_freq: torch.Tensor,
+                 interleaved: bool = False, attention_factor: float = 1.0):
         super().__init__()
         self.head_size = head_size
         self.rotary_dim = rotary_dim
         self.max_position = max_position
+        self.interleaved = interleaved
+        self.attention_factor = attention_factor
         # Built on the default device (the loader's target device), so big caches never go through CPU.
         t = torch.arange(max_position, dtype=torch.float32)
         freqs = t[:, None] * inv_freq.to(t.device, torch.float32)[None, :]
         # (max_position, rotary_dim): [cos | sin], each rotary_dim // 2 wide. Not a buffer on purpose:
         # module.to(dtype) must never round it; forward moves it to the positions' device once.
-        self.cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+        cos, sin = freqs.cos(), freqs.sin()
+        if attention_factor != 1.0:
+            cos, sin = cos * attention_factor, sin * attention_factor
+        self.cos_sin_cache = torch.cat([cos, sin], dim=-1)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: (T, heads, head_size); cos/sin: (T, 1, rotary_dim // 2) in x's dtype
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
-        x1, x2 = rot.chunk(2, dim=-1)
-        cos2 = torch.cat([cos, cos], dim=-1)
-        sin2 = torch.cat([sin, sin], dim=-1)
-        out = rot * cos2 + torch.cat([-x2, x1], dim=-1) * sin2
+        if self.interleaved:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+        else:
+            x1, x2 = rot.chunk(2, dim=-1)
+            cos2 = torch.cat([cos, cos], dim=-1)
+            sin2 = torch.cat([sin, sin], dim=-1)
+            out = rot * cos2 + torch.cat([-x2, x1], dim=-1) * sin2
         return out if rest.shape[-1] == 0 else torch.cat([out, rest], dim=-1)
 
     def forward(
@@ -79,7 +92,8 @@ class RotaryEmbedding(nn.Module):
 
     def fused(self, positions: torch.Tensor, query: torch.Tensor) -> bool:
         """Whether the rotation is CUDA's one in-place kernel, which can also store the KV (rotate_and_store_)."""
-        return query.is_cuda and self.rotary_dim == self.head_size and query.dim() == 2 and positions.dim() == 1
+        return (query.is_cuda and not self.interleaved and self.rotary_dim == self.head_size and query.dim() == 2
+                and positions.dim() == 1)
 
     def rotate_and_store_(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           loc: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, scales=None) -> None:
@@ -93,7 +107,49 @@ class RotaryEmbedding(nn.Module):
                 k_scale, v_scale)
 
     def extra_repr(self) -> str:
-        return f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, max_position={self.max_position}"
+        return (f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, max_position={self.max_position}, "
+                f"interleaved={self.interleaved}, attention_factor={self.attention_factor}")
+
+
+def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context stretched `scale` times (1.0 when not stretched)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn(inv_freq: torch.Tensor, rotary_dim: int, base: float, scaling: dict,
+          max_position: int) -> tuple[torch.Tensor, float]:
+    """(inv_freq, attention factor) of YaRN, as transformers computes them: frequencies whose wavelength exceeds the
+    original context are divided by `factor`, those with many turns in it kept, a linear ramp between (beta_fast /
+    beta_slow turns); the attention factor is mscale / mscale_all_dim's ratio (DeepSeek) or 0.1 ln(factor) + 1."""
+    if not scaling.get("original_max_position_embeddings"):
+        raise ValueError(f"yarn rope scaling needs original_max_position_embeddings; got {scaling}")
+    orig_ctx = float(scaling["original_max_position_embeddings"])
+    factor = float(scaling.get("factor") or max_position / orig_ctx)
+    if factor <= 0:
+        raise ValueError(f"yarn rope scaling needs a positive factor; got {scaling}")
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = yarn_get_mscale(factor)
+    beta_fast = scaling.get("beta_fast") or 32
+    beta_slow = scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return rotary_dim * math.log(orig_ctx / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # no singular ramp
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    inv_freq = inv_freq / factor * (1 - extrapolation) + inv_freq * extrapolation
+    return inv_freq, float(attention_factor)
 
 
 def get_rope(
@@ -102,11 +158,13 @@ def get_rope(
     base: float,
     rope_scaling: dict | None = None,
     rotary_dim: int | None = None,
+    interleaved: bool = False,
 ) -> RotaryEmbedding:
     """rope_scaling: an HF `rope_scaling` / `rope_parameters` dict, or None. Supported rope types:
-    default, linear, llama3."""
+    default, linear, llama3, yarn (with DeepSeek's mscale / mscale_all_dim)."""
     rotary_dim = rotary_dim or head_size
     inv_freq = _default_inv_freq(rotary_dim, base)
+    attention_factor = 1.0
     rope_type = "default"
     if rope_scaling:
         rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
@@ -114,9 +172,11 @@ def get_rope(
         inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
     elif rope_type == "linear":
         inv_freq = inv_freq / float(rope_scaling["factor"])
+    elif rope_type in ("yarn", "deepseek_yarn"):
+        inv_freq, attention_factor = _yarn(inv_freq, rotary_dim, base, rope_scaling, max_position)
     elif rope_type != "default":
-        raise ValueError(f"unsupported rope type {rope_type!r}; supported: default, linear, llama3")
-    return RotaryEmbedding(head_size, rotary_dim, max_position, inv_freq)
+        raise ValueError(f"unsupported rope type {rope_type!r}; supported: default, linear, llama3, yarn")
+    return RotaryEmbedding(head_size, rotary_dim, max_position, inv_freq, interleaved, attention_factor)
 
 
 def rope_params_from_config(config) -> tuple[float, dict | None]:

@@ -82,6 +82,35 @@ def _eos_token_ids(hf_config, model_path: str) -> frozenset[int]:
     return frozenset(ids)
 
 
+@dataclass(frozen=True)
+class MLADims:
+    """Multi-head latent attention's sizes (DeepSeek-V2/V3): the KV cache holds kv_lora_rank + qk_rope_head_dim
+    values per token per layer."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim must be even (rotated in pairs), got {self.qk_rope_head_dim}")
+        if self.q_lora_rank is not None and self.q_lora_rank < 1:
+            raise ValueError(f"q_lora_rank must be at least 1 or None, got {self.q_lora_rank}")
+
+    @classmethod
+    def from_config(cls, config) -> "MLADims | None":
+        """From a transformers config that has kv_lora_rank (DeepseekV2Config, DeepseekV3Config), else None."""
+        if getattr(config, "kv_lora_rank", None) is None:
+            return None
+        return cls(int(config.kv_lora_rank), int(config.qk_rope_head_dim), int(config.qk_nope_head_dim),
+                   int(config.v_head_dim), getattr(config, "q_lora_rank", None))
+
+
 @dataclass
 class ModelConfig:
     model_path: str  # the resolved HF directory
@@ -99,6 +128,7 @@ class ModelConfig:
     # From the checkpoint's quantization_config and the --quantization flag (None: float).
     quant_config: QuantConfig | None = None
     is_embedding: bool = False  # served for pooled outputs: a decoder's lm_head is neither loaded nor used
+    mla: MLADims | None = None  # multi-head latent attention: a latent KV pool (num_kv_heads is then 1)
 
     @classmethod
     def from_path(
@@ -146,6 +176,10 @@ class ModelConfig:
             raise ModelLoadError(f"{model_dir}: {e}") from None
         tc = text_config
         num_heads = tc.num_attention_heads
+        try:
+            mla = MLADims.from_config(tc)
+        except ValueError as e:
+            raise ModelLoadError(f"{model_dir}: {e}") from None
         return cls(
             model_path=model_dir,
             hf_config=hf_config,
@@ -154,11 +188,12 @@ class ModelConfig:
             context_len=context_len,
             num_layers=tc.num_hidden_layers,
             num_heads=num_heads,
-            num_kv_heads=getattr(tc, "num_key_value_heads", None) or num_heads,
+            num_kv_heads=1 if mla is not None else getattr(tc, "num_key_value_heads", None) or num_heads,
             head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // num_heads,
             hidden_size=tc.hidden_size,
             vocab_size=tc.vocab_size,
             eos_token_ids=_eos_token_ids(hf_config, model_dir) | _eos_token_ids(tc, model_dir),
             quant_config=quant_config,
             is_embedding=is_embedding,
+            mla=mla,
         )

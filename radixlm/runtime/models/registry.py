@@ -6,6 +6,7 @@ from torch import nn
 from radixlm.runtime.models.bert import (
     BertForSequenceClassification, BertModel, XLMRobertaForSequenceClassification, XLMRobertaModel,
 )
+from radixlm.runtime.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from radixlm.runtime.models.llama import LlamaForCausalLM
 from radixlm.runtime.models.llava import LlavaForConditionalGeneration
 from radixlm.runtime.models.llava_next import LlavaNextForConditionalGeneration, LlavaOnevisionForConditionalGeneration
@@ -25,6 +26,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaModel": LlamaForCausalLM,
     "Qwen2Model": Qwen2ForCausalLM,
     "Qwen3Model": Qwen3ForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "LlavaNextForConditionalGeneration": LlavaNextForConditionalGeneration,

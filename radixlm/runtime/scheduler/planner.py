@@ -12,13 +12,14 @@ from typing import Callable
 
 import torch
 
-from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
+from radixlm.runtime.cache.kv_pool import KVPool
+from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.cache.radix_node import draft_kv_prefix
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan
 from radixlm.runtime.executor.pooler import PoolSpan
-from radixlm.runtime.spec.tree import TreeMask, depths, move_kv, verify_mask
+from radixlm.runtime.spec.tree import TreeMask, depths, verify_mask
 from radixlm.runtime.scheduler.req import Req
 from radixlm.runtime.scheduler.shared_prefix import decode_groups
 
@@ -74,7 +75,7 @@ class ScheduleBatch:
 class Planner:
     def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, tree_cache: RadixCache,
                  page_size: int, shared_prefix_min_len: int = 0, media: bool = True,
-                 replays: Callable[[int], bool] = lambda rows: False, kv_pool: TokenToKVPool | None = None):
+                 replays: Callable[[int], bool] = lambda rows: False, kv_pool: KVPool | None = None):
         """kv_pool: the target's KV, where a tree draft's accepted nodes are moved (compact_tree)."""
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
@@ -330,7 +331,7 @@ class Planner:
             return 0
         table = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         at = torch.tensor(moves, dtype=torch.int64, device=table.device)
-        move_kv(self.kv_pool, table[at[:, 0]], table[at[:, 1]])
+        self.kv_pool.move_slots(table[at[:, 0]], table[at[:, 1]])
         return len(moves)
 
     def rejected_slots(self, req: Req, drafted_end: int) -> tuple[int, int, int] | None:

@@ -58,6 +58,7 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs | None, ready_pipe,
         model_type=getattr(cfg.hf_config, "model_type", ""),
         embedding_dim=built.runner.pooler.dim if built.runner.pooler is not None else 0,
         cross_encoder=built.runner.pooler is not None and built.runner.pooler.classify is not None,
+        kv_cache=built.runner.kv_layout.describe(),
     ))
     if ports is None:
         loop = SchedulerLoop(sched, None, deliver=lambda _outputs: None, reply=lambda _req, _out: None,

@@ -147,7 +147,7 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
             **dataclasses.asdict(tm.server_args), "api_key": None if tm.server_args.api_key is None else "<set>",
             "max_total_num_tokens": info.max_total_num_tokens, "max_running_requests": info.max_running_requests,
             "max_req_input_len": min(info.context_len, info.max_total_num_tokens) - 1, "context_len": info.context_len,
-            "internal_states": [state], "version": radixlm.__version__,
+            "kv_cache": info.kv_cache, "internal_states": [state], "version": radixlm.__version__,
             "weight_version": state.get("weight_version", tm.weight_version),
             "load_time_s": tm.runtime.load_time_s, "process_pids": {n: p.pid for n, p in tm.runtime.procs.items()},
         })

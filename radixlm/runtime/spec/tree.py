@@ -76,16 +76,6 @@ def walk(parents: list[int], tokens: list[int], choose: Callable[[int], int]) ->
         at = nxt
 
 
-def move_kv(pool, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copies the KV at slots `src` to slots `dst` in every layer of `pool` (a TokenToKVPool); all sources are read
-    before any destination is written. A float8 pool's bytes are moved as they are (uint8 views: torch's index
-    kernels do not take every float8 dtype on every device)."""
-    for bufs in (pool.k_buffer, pool.v_buffer):
-        for buf in bufs:
-            raw = buf.view(torch.uint8) if buf.element_size() == 1 else buf
-            raw[dst] = raw[src]
-
-
 @dataclass
 class TreeBuild:
     """The nodes of one request's draft tree while it grows (EAGLE's top-K expansion): every candidate kept, each

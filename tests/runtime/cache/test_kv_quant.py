@@ -66,13 +66,11 @@ def test_fp8_pool_stores_per_layer_scaled_values_in_half_the_bytes(dtype):
 
 @pytest.mark.parametrize("dtype", FP8 + [torch.float32])
 def test_tree_kv_moves_copy_a_float8_pool_bit_for_bit(dtype):
-    from radixlm.runtime.spec.tree import move_kv
-
     pool = TokenToKVPool(8, 1, dtype, 2, 2, 4, "cpu", [KVScales(0.5, 2.0)] * 2)
     for layer in range(2):
         pool.set_kv_buffer(layer, torch.arange(1, 9), torch.randn(8, 8), torch.randn(8, 8))
     before = [b.clone() for b in pool.k_buffer + pool.v_buffer]
-    move_kv(pool, torch.tensor([5, 6]), torch.tensor([2, 5]))  # 5 is read before it is overwritten
+    pool.move_slots(torch.tensor([5, 6]), torch.tensor([2, 5]))  # 5 is read before it is overwritten
     for got, was in zip(pool.k_buffer + pool.v_buffer, before):
         want = was.clone()
         want.view(torch.uint8 if dtype != torch.float32 else dtype)[[2, 5]] = \

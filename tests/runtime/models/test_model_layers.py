@@ -61,7 +61,9 @@ def test_rotary_matches_hf(case, dtype):
 
 
 def test_unsupported_rope_type():
-    with pytest.raises(ValueError, match="yarn"):
+    with pytest.raises(ValueError, match="longrope"):
+        get_rope(64, 128, 10000.0, {"rope_type": "longrope", "factor": 2.0})
+    with pytest.raises(ValueError, match="original_max_position_embeddings"):
         get_rope(64, 128, 10000.0, {"rope_type": "yarn", "factor": 2.0})
 
 

@@ -104,11 +104,15 @@ class FakeRunner:
         # The "KV cache": per slot, the token id and the position written there (slot 0.. page_size-1: dummy page).
         self.kv_token = torch.full((size + page_size,), EMPTY, dtype=torch.int64)
         self.kv_pos = torch.full((size + page_size,), EMPTY, dtype=torch.int64)
-        # What moving KV between slots reads (tree drafts' compaction: spec_tree.move_kv).
-        self.token_to_kv_pool = SimpleNamespace(k_buffer=[self.kv_token], v_buffer=[self.kv_pos])
+        # What moving KV between slots reads (tree drafts' compaction: KVPool.move_slots).
+        self.token_to_kv_pool = SimpleNamespace(move_slots=self._move_slots)
         self.passes: list[ModelWorkerBatch] = []  # every pass seen, as planned (IN_FLIGHT ids left as they were)
         self.resolved_ids: list[list[int]] = []  # the row tokens of each pass, IN_FLIGHT resolved
         self.logits_dtype = torch.float32  # the model's dtype: what a ModelRunner's logits come in
+
+    def _move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        for buf in (self.kv_token, self.kv_pos):
+            buf[dst] = buf[src]
 
     def can_replay(self, num_rows: int, input_logprobs: bool = False, multi_row: bool = False) -> bool:
         return 0 < num_rows <= self.graph_rows and not input_logprobs

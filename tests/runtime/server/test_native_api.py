@@ -242,6 +242,8 @@ def test_info_and_health_endpoints(server):
     for path in ("/server_info", "/get_server_info"):
         si = c.get(path).json()
         assert si["model_path"] == "default" and si["max_total_num_tokens"] == 4096 and si["max_running_requests"] >= 1
+        kv = si["kv_cache"]  # SmolLM2-135M: 30 layers of 3 KV heads of 64
+        assert kv["layout"] == "mha" and kv["row_shape"] == [3, 64] and kv["bytes_per_token"] == 30 * 2 * 3 * 64 * 4
     assert c.post("/abort_request", json={}).status_code == 400
     assert c.post("/abort_request", content=b"nope").status_code == 400
 
