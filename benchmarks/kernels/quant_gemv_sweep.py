@@ -131,7 +131,8 @@ def bf16_kernels(m: int):
 
 
 def table_entry(fmt: str, n: int, k: int, m: int, best: dict, default_us: float, floor: float) -> dict:
-    return {"kernel": fmt, "n": n, "k": k, "rows": m, "group": {"fp8_channel": 0, "fp8_block": BLOCK[1]}.get(fmt, GROUP),
+    group = {"fp8_channel": 0, "fp8_block": BLOCK[1]}.get(fmt, GROUP)
+    return {"kernel": fmt, "n": n, "k": k, "rows": m, "group": group,
             "config": best["config"], "us": round(best["us"], 2), "default_us": round(default_us, 2),
             "floor_us": round(floor, 2)}
 
@@ -208,7 +209,7 @@ def main() -> None:
             print(f"{fmt:>11} {name:>12} rows {m:>2}: default {default_us:7.1f} us, "
                   + (f"best {best['us']:7.1f} {best['config']}" if best else "no few-row candidate")
                   + f"; bf16 {b_kernel} {b_us:.1f}; floor {floor:.1f}", flush=True)
-        del ws
+        ws = None  # (frees the copies before the next pair)
         if not args.dry:
             torch.cuda.empty_cache()
         (out_dir / "quant_gemv_sweep.json").write_text(json.dumps(result, indent=1) + "\n")

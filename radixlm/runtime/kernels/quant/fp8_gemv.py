@@ -1,27 +1,31 @@
-"""FP8 weights, 16-bit activations, for the few rows of decode (1..16), shaped like the bf16 skinny GEMM
+"""FP8 weights, 16-bit activations, for the few rows of decode (1..4), shaped like the bf16 skinny GEMM
 (kernels/gemm/skinny_gemm.py): reference.fp8_linear's result (activations not quantized) in one launch, or two with a
-split K. Off unless this GPU's tuned table (quant_tuned.py) names a config for the GEMM's shape and row bucket.
+split K. Off unless this GPU model's tuned table (quant_tuned.py) names a config for the GEMM's shape and row bucket.
 
-Why the W8A8 path stays at ~2.2x its bytes floor at one row while the bf16 skinny kernel reaches ~1.4x: it pays three
-launches a GEMM (activation quantization, the GEMM, the split-K reduction; ~2 us each in a CUDA graph, against a
-floor of 3.5-24.5 us), and its 16-row tensor-core tiles keep ~8 KB of weight in flight a program (BLOCK_N 16 x 128
-bytes x 4 stages) with ~2 programs an SM on down_proj (no split there), where ~40 KB an SM is needed to stream at
-4.8 TB/s. The earlier weight-only kernel (fp8_w8a16.py) ran one or two warps a program and ~3 programs an SM: at
-~4 instructions a weight it could not issue the 18-21 weights a clock an SM that FP8 at 4.8 TB/s needs.
+Why the W8A8 path ran ~2.2x its bytes floor at one row (102.5 us a Llama-8B layer against 45.5, H200) while the bf16
+skinny kernel ran 1.38x: three launches a GEMM (activation quantization, the GEMM, the split-K reduction; each ~2 us
+of a CUDA graph's device time, against floors of 3.5-24.5 us), and 16-row tensor-core tiles that keep ~8 KB of weight
+in flight a program (BLOCK_N 16 x 128 bytes x 4 stages) at ~2 programs an SM on down_proj (no split there), where an
+SM needs ~40 KB in flight to stream its share of 4.8 TB/s. The first weight-only kernel (fp8_w8a16.py) ran one or
+two warps a program at ~3 programs an SM: at ~4 instructions a weight it could not issue the ~20 weights a clock an SM
+that FP8 at 4.8 TB/s needs.
 
-Here, as in the skinny kernel, many narrow programs (BLOCK_N channels each, N / BLOCK_N x SPLIT_K programs) each
-stream a [BLOCK_N, K / SPLIT_K] band of the weight in [BLOCK_N, BLOCK_K] tiles loaded 16 bytes a thread along K, with
-the next tile's load issued before this tile's arithmetic (a register double buffer: these loads feed no tl.dot, so
-Triton's pipeliner does not stage them). Two modes:
-  CUDA cores (dot=False): the tile is widened by the hardware's e4m3x2 -> f16x2 unpack (F2FP.UNPACK_B) and HADD2.F32,
-  1.5 instructions a weight, then one FFMA a weight and row into an elementwise [ROWS, BLOCK_N, BLOCK_K]
-  accumulator, reduced once after the loop (no per-tile cross-thread sums). For 1-4 rows.
-  Tensor cores (dot=True): the tile converted to the activation dtype in the layout it was loaded in (inline PTX,
-  attention/span.py's packed cvt, opaque to Triton's layout rewrites), then tl.dot on a 16-row tile. For 8-16 rows.
-Scales: per tensor or per channel once after the loop; 128x128 blocks (any power-of-two block with BLOCK_N dividing its
-N size): on the CUDA cores x is scaled per K column by its block's scale (a program's channels lie in one block row),
-on the tensor cores each BLOCK_K tile lies in one block and its product is scaled once. The bias is added before the
-one rounding to the output dtype (or by splitk.reduce_splits after the partials)."""
+Here, as in the skinny kernel, many narrow programs (N / BLOCK_N x SPLIT_K) each stream a [BLOCK_N, K / SPLIT_K] band
+of the weight in [BLOCK_N, BLOCK_K] tiles, the next tile's load issued before this tile's arithmetic (a register
+double buffer: loads that feed no tl.dot are not staged by Triton's pipeliner). Compiled for sm_90 (Triton 3.9,
+ptxas 13; the loop's SASS), three things made the difference:
+  - the weight is loaded as int32 words (4 channels) and x as int64 words (four 16-bit values), two words a thread:
+    loaded as fp8 and bf16 tiles, Triton gave them different vector widths and converted x's tile through shared
+    memory (STS/LDS and two barriers) every step; with BLOCK_K = 256 x num_warps both tiles share one layout;
+  - each word widens to four float32 in inline PTX (two packed cvt.rn.f16x2.e4m3x2, four cvt.f32.f16: 1.5
+    instructions a weight); Triton's own cast unpacked the bytes one by one first (PRMT, LOP3, IMAD per pair);
+  - one elementwise [BLOCK_N, BLOCK_K / 4] float32 accumulator a row (the skinny kernel's acc0..acc3), reduced once
+    after the loop; a [ROWS, BLOCK_N, BLOCK_K] one compiled to shared-memory layout conversions in the loop.
+The loop then runs ~3.9 instructions a weight at one row (HADD2.F32 1, FFMA 1, F2FP 0.5, the rest addressing),
+~6.2 at two, ~11.6 at four (BLOCK_N 2), no shared memory. More rows than 4 stay on the tensor-core paths.
+Scales: per tensor or per channel once after the loop; blocks (BLOCK_N dividing the block's N size) scale x per word
+by its block's scale (a program's channels lie in one block row). The bias is added before the one rounding to the
+output dtype (or by splitk.reduce_splits after the partials)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,9 +74,12 @@ def cvt_asm(x: torch.Tensor) -> str:
 
 
 @triton.jit
-def _load_w(w_ptrs, k0, k_next, k_end, n_mask, offs_k, EVEN_K: tl.constexpr):
-    """The tile at k_next (EVEN_K: clamped to the split's last tile, so no mask along K)."""
-    if EVEN_K:
+def _load_w(w_ptrs, k0, k_next, k_end, n_mask, offs_k, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """The tile at k_next (EVEN_K: clamped to the split's last tile, so no mask along K; EVEN_N: none at all, no
+    registers zeroed before each load)."""
+    if EVEN_K and EVEN_N:
+        return tl.load(w_ptrs + tl.minimum(k_next, k_end - offs_k.shape[0]))
+    elif EVEN_K:
         return tl.load(w_ptrs + tl.minimum(k_next, k_end - offs_k.shape[0]), mask=n_mask[:, None], other=0.0)
     else:
         return tl.load(w_ptrs + k_next, mask=n_mask[:, None] & (k_next + offs_k < k_end)[None, :], other=0.0)
@@ -141,7 +148,8 @@ def _bytes_f32(words, CVT: tl.constexpr):
 def _fp8_gemv_kernel(X, W, WS, Bias, Y, M, N, K, stride_xm, stride_wn, stride_wsn, stride_wsk, stride_ym, stride_ys,
                      tiles_per_split, ROWS: tl.constexpr, BLOCKWISE: tl.constexpr, GROUP_N: tl.constexpr,
                      GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-                     XKIND: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CVT: tl.constexpr):
+                     EVEN_N: tl.constexpr, XKIND: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     CVT: tl.constexpr):
     """y[:M] = x[:M] @ (w * ws).T (+ bias) on the CUDA cores. W: the weight as int32 words of four channels (N, K / 4);
     X: XKIND's words (stride_xm in words). Program (pid_n, pid_k) sums tiles_per_split BLOCK_K tiles from tile
     pid_k * tiles_per_split (in tiles, so that Triton knows the offsets' alignment: vector loads). Rows past M (up to
@@ -161,7 +169,7 @@ def _fp8_gemv_kernel(X, W, WS, Bias, Y, M, N, K, stride_xm, stride_wn, stride_ws
     # vector widths differ and Triton converts x's tile through shared memory every step.
     w_ptrs = W + offs_n[:, None] * stride_wn + tl.max_contiguous(offs_i, 2)[None, :]
     ws_row = WS + (pid_n * BLOCK_N // GROUP_N) * stride_wsn  # BLOCKWISE: the program's block row
-    w_next = _load_w(w_ptrs, 0, k_start // 4, i_end, n_mask, offs_i, EVEN_K)
+    w_next = _load_w(w_ptrs, 0, k_start // 4, i_end, n_mask, offs_i, EVEN_K, EVEN_N)
     r1 = tl.minimum(1, M - 1) * stride_xm
     r2 = tl.minimum(2, M - 1) * stride_xm
     r3 = tl.minimum(3, M - 1) * stride_xm
@@ -171,7 +179,7 @@ def _fp8_gemv_kernel(X, W, WS, Bias, Y, M, N, K, stride_xm, stride_wn, stride_ws
     acc3 = tl.zeros([BLOCK_N, BLOCK_K // 4], dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         words = w_next
-        w_next = _load_w(w_ptrs, 0, (k0 + BLOCK_K) // 4, i_end, n_mask, offs_i, EVEN_K)
+        w_next = _load_w(w_ptrs, 0, (k0 + BLOCK_K) // 4, i_end, n_mask, offs_i, EVEN_K, EVEN_N)
         i = k0 // 4 + offs_i
         i_mask = i < i_end
         s0 = 1.0
@@ -202,10 +210,13 @@ def _fp8_gemv_kernel(X, W, WS, Bias, Y, M, N, K, stride_xm, stride_wn, stride_ws
         out = Y + offs_n
     tl.store(out, (tl.sum(acc0, axis=1) * ws + b).to(Y.dtype.element_ty), mask=n_mask)
     if ROWS > 1:
-        tl.store(out + stride_ym, (tl.sum(acc1, axis=1) * ws + b).to(Y.dtype.element_ty), mask=n_mask & (offs_n * 0 + 1 < M))
+        tl.store(out + stride_ym, (tl.sum(acc1, axis=1) * ws + b).to(Y.dtype.element_ty),
+                 mask=n_mask & (offs_n * 0 + 1 < M))
     if ROWS > 2:
-        tl.store(out + 2 * stride_ym, (tl.sum(acc2, axis=1) * ws + b).to(Y.dtype.element_ty), mask=n_mask & (offs_n * 0 + 2 < M))
-        tl.store(out + 3 * stride_ym, (tl.sum(acc3, axis=1) * ws + b).to(Y.dtype.element_ty), mask=n_mask & (offs_n * 0 + 3 < M))
+        tl.store(out + 2 * stride_ym, (tl.sum(acc2, axis=1) * ws + b).to(Y.dtype.element_ty),
+                 mask=n_mask & (offs_n * 0 + 2 < M))
+        tl.store(out + 3 * stride_ym, (tl.sum(acc3, axis=1) * ws + b).to(Y.dtype.element_ty),
+                 mask=n_mask & (offs_n * 0 + 3 < M))
 
 
 def takes(m: int, n: int, k: int, block: tuple[int, int] | None, cfg: Fp8GemvConfig) -> bool:
@@ -256,7 +267,8 @@ def fp8_gemv_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         weight.stride(0) // 4, s_n, s_k, out.stride(-2), out.stride(0) if splits > 1 else 0, per // cfg.block_k,
         ROWS=tiles.ROW_BUCKETS[tiles.bucket_of(m)], BLOCKWISE=blockwise, GROUP_N=block[0] if blockwise else 1,
         GROUP_K=block[1] if blockwise else 1, HAS_BIAS=bias is not None, SPLIT=splits > 1,
-        EVEN_K=k % cfg.block_k == 0, XKIND=xkind, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, CVT=cvt_asm(x2),
+        EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0, XKIND=xkind, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, CVT=cvt_asm(x2),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
         splitk.reduce_splits(out, bias, y)

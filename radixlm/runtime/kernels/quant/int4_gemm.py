@@ -12,8 +12,8 @@ Where the K tile is 128 channels (group sizes that are multiples of 128, or one 
 and the row bucket's config asks for it (up to 16 rows: INT4_CONFIGS), _w4a16_nibbles_kernel runs instead: the same result from eight dots per tile, one per nibble, with no reshape and the
 dequantization in packed 16-bit arithmetic (its docstring). Up to int4_gemv.GEMV_MAX_ROWS rows (one by default) run
 int4_gemv.py's kernel on the CUDA cores (1-4 rows with a tuned config in this GPU model's table: int4_skinny.py's,
-quant_tuned.py; no table is committed yet); up to 64 rows the tensor-core kernels split K across programs (tiles.split_k) so that every
-SM streams weight; larger buckets take wider tiles. Capturable in CUDA graphs: its
+quant_tuned.py; no table is committed yet); up to 64 rows the tensor-core kernels split K across programs
+(tiles.split_k) so that every SM streams weight; larger buckets take wider tiles. Capturable in CUDA graphs: its
 allocations (output, split-K partials) have one size per row count, and nothing syncs with the host."""
 from __future__ import annotations
 

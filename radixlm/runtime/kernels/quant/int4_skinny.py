@@ -189,8 +189,10 @@ def _w4a16_skinny_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, s
     if ROWS > 1:
         tl.store(out + stride_ym, (tl.sum(acc1, axis=0) + b).to(Y.dtype.element_ty), mask=n_mask & (offs_n * 0 + 1 < M))
     if ROWS > 2:
-        tl.store(out + 2 * stride_ym, (tl.sum(acc2, axis=0) + b).to(Y.dtype.element_ty), mask=n_mask & (offs_n * 0 + 2 < M))
-        tl.store(out + 3 * stride_ym, (tl.sum(acc3, axis=0) + b).to(Y.dtype.element_ty), mask=n_mask & (offs_n * 0 + 3 < M))
+        tl.store(out + 2 * stride_ym, (tl.sum(acc2, axis=0) + b).to(Y.dtype.element_ty),
+                 mask=n_mask & (offs_n * 0 + 2 < M))
+        tl.store(out + 3 * stride_ym, (tl.sum(acc3, axis=0) + b).to(Y.dtype.element_ty),
+                 mask=n_mask & (offs_n * 0 + 3 < M))
 
 
 def block_k_of(k: int, group_size: int, cfg: Int4GemvConfig) -> int | None:
