@@ -176,13 +176,16 @@ def check_int4(k: int, n: int, qweight: torch.Tensor, scales: torch.Tensor, zero
         raise ValueError(f"an act-order permutation has {k} entries, got shape {tuple(perm.shape)}")
 
 
-def tuned_skinny(x2: torch.Tensor, qweight: torch.Tensor, group_size: int) -> int4_skinny.Int4GemvConfig | None:
+def tuned_skinny(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 group_size: int) -> int4_skinny.Int4GemvConfig | None:
     """The few-row kernel's config (int4_skinny.py) where this GPU model's tuned table has one for this shape, group
     size and row bucket (quant_tuned.py; none without a table), else None."""
     m, k = x2.shape
     n = qweight.shape[1]
     cfg = quant_tuned.lookup(x2.device, "w4a16", n, k, m, group_size)
-    return cfg if cfg is not None and int4_skinny.takes(m, k, group_size, cfg) else None
+    if cfg is None or scales.stride(0) != zeros.stride(0) or not int4_skinny.takes(m, k, group_size, cfg):
+        return None
+    return cfg
 
 
 def w4a16_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
@@ -198,7 +201,7 @@ def w4a16_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     block_k = int4_block_k(k, group_size)
     if block_k is None:
         raise ValueError(f"no K tile of {MIN_BLOCK_K}..{MAX_BLOCK_K} channels divides the group size {group_size}")
-    skinny = tuned_skinny(x2, qweight, group_size) if cfg is None else None
+    skinny = tuned_skinny(x2, qweight, scales, zeros, group_size) if cfg is None else None
     if skinny is not None:
         return int4_skinny.w4a16_skinny_linear(x2, qweight, scales, zeros, group_size, perm, bias, skinny)
     if m <= gemv_max_rows:
