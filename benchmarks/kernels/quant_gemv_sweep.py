@@ -53,9 +53,12 @@ def fp8_candidates(rows: int) -> list[tuple[int, int]]:
 
 
 def int4_candidates(rows: int) -> list[tuple[int, int, int]]:
-    """(BLOCK_N, BLOCK_K, num_warps): 4 words (16 bytes) a thread along N."""
-    return {1: [(256, 64, 4), (128, 128, 4), (512, 32, 4), (512, 64, 8)], 2: [(256, 64, 4), (128, 64, 4), (512, 64, 8)],
-            4: [(128, 64, 4), (256, 32, 4), (256, 64, 8)]}[rows]
+    """(BLOCK_N, BLOCK_K, num_warps): 4 words (16 bytes) a thread along N. BLOCK_N = 128 x num_warps puts every warp
+    along N, so that the scales' and zeros' loads share the words' layout (otherwise converted through shared memory
+    each tile: the (256, 64, 4) candidate)."""
+    return {1: [(512, 32, 4), (512, 64, 4), (1024, 32, 8), (256, 32, 2), (256, 64, 4)],
+            2: [(512, 32, 4), (1024, 32, 8), (256, 32, 2)],
+            4: [(512, 32, 4), (256, 32, 2), (1024, 32, 8)]}[rows]
 
 
 def splits(n: int, k: int, block_n: int, block_k: int, sms: int) -> list[int]:
