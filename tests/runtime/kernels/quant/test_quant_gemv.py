@@ -38,10 +38,10 @@ def run_cases() -> None:
         block = mode if isinstance(mode, tuple) else None
         q, s = ref.quant_fp8(w, block=block, per_channel=mode == "channel")
         bias = torch.randn(n, generator=g) if i % 2 else None
-        for m in ((1, 4), (2, 3))[i % 2]:
+        for m in ((1, 4), (3,), (2,), (4,))[i]:  # every row bucket, 3 padded to 4
             x = torch.randn(m, k, generator=g)
             _close(fp8_gemv_linear(x, q, s, block, bias, cfg), ref.fp8_linear(x, q, s, block, bias), 1e-5)
-        if i >= 2:
+        if i != 0:
             continue
         xb = torch.randn(2, k, generator=g).to(torch.bfloat16)  # bf16 as int64 words, widened by shifts
         _close(fp8_gemv_linear(xb, q, s, block, bias, cfg), ref.fp8_linear(xb.float(), q, s, block, bias).bfloat16(),
@@ -55,11 +55,11 @@ def run_cases() -> None:
         qw, sc, z = ref.quant_int4(torch.randn(n, k, generator=g) * 0.05, group, symmetric=i == 3)
         perm = torch.randperm(k, generator=g) if act else None
         bias = torch.randn(n, generator=g) if i % 2 else None
-        for m in ((1, 4), (2, 3))[i % 2]:
+        for m in ((1,), (2,), (3,), (4,))[i]:
             x = torch.randn(m, k, generator=g)
             _close(w4a16_skinny_linear(x, qw, sc, z, group, perm, bias, cfg),
                    ref.int4_linear(x, qw, sc, z, group, perm, bias), 1e-5)
-        if i >= 2:
+        if i != 1:
             continue
         xb = torch.randn(1, k, generator=g).to(torch.bfloat16)
         sb, zb = sc.bfloat16(), z.bfloat16()
