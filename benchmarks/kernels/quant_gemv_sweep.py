@@ -49,7 +49,7 @@ PROGRAMS_PER_SM = 4  # the split-K candidates bring N's programs up to this many
 def fp8_candidates(rows: int) -> list[tuple[int, int]]:
     """(BLOCK_N, num_warps); BLOCK_K is 256 x num_warps: the weight words' layout then matches x's 16-byte loads
     (fp8_gemv._fp8_gemv_kernel), no shared-memory conversion in the K loop."""
-    return {1: [(4, 4), (8, 4), (4, 8), (8, 2)], 2: [(2, 4), (4, 4), (4, 8)], 4: [(1, 4), (2, 4), (2, 8)]}[rows]
+    return {1: [(4, 4), (8, 4), (4, 8), (8, 2)], 2: [(4, 4), (8, 4), (4, 8)], 4: [(2, 4), (4, 4), (2, 8)]}[rows]
 
 
 def int4_candidates(rows: int) -> list[tuple[int, int, int]]:
