@@ -94,6 +94,19 @@ def test_tuned_table_parses_and_refuses_bad_entries():
             quant_tuned.parse([bad])
 
 
+def test_the_sweeps_table_entries_parse():
+    import dataclasses
+
+    from benchmarks.kernels.quant_gemv_sweep import table_entry
+
+    cfg = Fp8GemvConfig(4, 1024, 2, 4, 1)
+    entries = [table_entry(fmt, 4096, 14336, 2, {"config": dataclasses.asdict(cfg), "us": 9.0}, 12.0, 6.2)
+               for fmt in ("fp8_channel", "fp8_block")]
+    table = quant_tuned.parse(entries)
+    assert table[quant_tuned.TunedKey("fp8_block", 4096, 14336, 2, 128)] == cfg
+    assert table[quant_tuned.TunedKey("fp8_channel", 4096, 14336, 2, 0)] == cfg
+
+
 def test_no_tuned_lookup_off_cuda_and_table_path():
     from radixlm.runtime.kernels.gemm import cublaslt
 
