@@ -270,13 +270,14 @@ def enumerate_algos(gemm: LtGemm, splitks=(1, 2, 3, 4, 6, 8), max_custom: int = 
     return found
 
 
-def table_path(device_name: str) -> Path:
-    """The tuned table of one GPU model (benchmarks/kernels/cublaslt_tune.py writes it)."""
-    return Path(__file__).parent / "tuned" / f"cublaslt_{re.sub(r'[^A-Za-z0-9]+', '_', device_name).strip('_')}.json"
+def table_path(device_name: str, kind: str = "cublaslt") -> Path:
+    """The tuned table of one GPU model: kind "cublaslt" (benchmarks/kernels/cublaslt_tune.py writes it) or
+    "quant_gemv" (the quantized few-row kernels' configs: benchmarks/kernels/quant_gemv_sweep.py)."""
+    return Path(__file__).parent / "tuned" / f"{kind}_{re.sub(r'[^A-Za-z0-9]+', '_', device_name).strip('_')}.json"
 
 
-def load_table(device_name: str) -> list[dict]:
-    """The tuned table's entries for this GPU model ({n, k, m, dtype, config, us, cublas_us}), none if it has no
-    table."""
-    path = table_path(device_name)
+def load_table(device_name: str, kind: str = "cublaslt") -> list[dict]:
+    """The tuned table's entries for this GPU model (cublaslt: {n, k, m, dtype, config, us, cublas_us}; quant_gemv:
+    kernels/quant/quant_tuned.py), none if it has no table."""
+    path = table_path(device_name, kind)
     return json.loads(path.read_text())["entries"] if path.exists() else []

@@ -11,6 +11,8 @@ Triton kernel below (w8a8 block-scaled: each K tile is one block column, its pro
 times the weight block's scale). Tile configs by row bucket (tiles.ROW_BUCKETS): the decode buckets take narrow N tiles
 and split K (tiles.split_k) so that every SM streams weight; from 65 rows, 64 x 128 and then 128 x 128 tiles.
 
+Where this GPU model's tuned table names a config for the shape and row bucket (quant_tuned.py: 1-4 rows; no table is
+committed yet, so none), fp8_linear_cuda runs the weight-only few-row kernel of fp8_gemv.py instead of the paths above.
 Up to W8A16_DEFAULT_MAX_ROWS rows (none by default: measured slower), fp8_linear_cuda runs none of the above but the
 weight-only kernel of fp8_w8a16.py (bf16/fp16 activations, not quantized: reference.fp8_linear's arithmetic, one
 launch); w8a16_max_rows forces it up to fp8_w8a16.W8A16_MAX_ROWS rows.
@@ -26,7 +28,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from radixlm.runtime.kernels.quant import fp8_act, fp8_w8a16, splitk, tiles
+from radixlm.runtime.kernels.quant import fp8_act, fp8_gemv, fp8_w8a16, quant_tuned, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import FP8_DTYPE, dequant_fp8
 from radixlm.runtime.kernels.quant.splitk import store_tile
 from radixlm.runtime.kernels.quant.tiles import TileConfig
@@ -188,6 +190,8 @@ def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     if x.dtype not in (torch.bfloat16, torch.float16) or not fp8_supported(x.device) or (
             block is not None and not block_shape_ok(block)):
         y = F.linear(x2, dequant_fp8(weight, scale, block, x.dtype), bias)
+    elif (gemv := tuned_gemv(x2, weight, block)) is not None:
+        y = fp8_gemv.fp8_gemv_linear(x2, weight, scale, block, bias, gemv)
     elif x2.shape[0] <= w8a16_max_rows and weight.stride(1) == 1 and fp8_w8a16.takes(x2.shape[0], block):
         y = fp8_w8a16.w8a16_linear(x2, weight, scale, block, bias)
     elif block is not None:
@@ -195,6 +199,18 @@ def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     else:
         y = fp8_scaled_linear(x2, weight, scale, bias, input_scale)
     return y.reshape(*x.shape[:-1], n)
+
+
+def tuned_gemv(x2: torch.Tensor, weight: torch.Tensor, block: tuple[int, int] | None) -> fp8_gemv.Fp8GemvConfig | None:
+    """The weight-only few-row kernel's config (fp8_gemv.py) where this GPU model's tuned table has one for this
+    shape and row bucket (quant_tuned.py; none without a table: the paths below), else None."""
+    m, k = x2.shape
+    n = weight.shape[0]
+    cfg = quant_tuned.lookup(x2.device, "fp8_block" if block is not None else "fp8_channel", n, k, m,
+                             block[1] if block is not None else 0)
+    if cfg is None or weight.stride(1) != 1 or weight.stride(0) % 4 or not fp8_gemv.takes(m, n, k, block, cfg):
+        return None
+    return cfg
 
 
 @functools.lru_cache(maxsize=None)  # on every FP8 GEMM call: the device's capability read once

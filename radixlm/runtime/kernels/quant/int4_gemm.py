@@ -11,8 +11,9 @@ permutation gathers the activation's channels in the loads.
 Where the K tile is 128 channels (group sizes that are multiples of 128, or one group: the checkpoints' usual 128)
 and the row bucket's config asks for it (up to 16 rows: INT4_CONFIGS), _w4a16_nibbles_kernel runs instead: the same result from eight dots per tile, one per nibble, with no reshape and the
 dequantization in packed 16-bit arithmetic (its docstring). Up to int4_gemv.GEMV_MAX_ROWS rows (one by default) run
-int4_gemv.py's kernel on the CUDA cores; up to 64 rows the tensor-core kernels split K across programs (tiles.split_k) so that every
-SM streams weight; larger buckets take wider tiles. Capturable in CUDA graphs: its
+int4_gemv.py's kernel on the CUDA cores (1-4 rows with a tuned config in this GPU model's table: int4_skinny.py's,
+quant_tuned.py; no table is committed yet); up to 64 rows the tensor-core kernels split K across programs
+(tiles.split_k) so that every SM streams weight; larger buckets take wider tiles. Capturable in CUDA graphs: its
 allocations (output, split-K partials) have one size per row count, and nothing syncs with the host."""
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.runtime.kernels.quant import int4_gemv, splitk, tiles
+from radixlm.runtime.kernels.quant import int4_gemv, int4_skinny, quant_tuned, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import INT4_PACK, dequant_int4
 from radixlm.runtime.kernels.quant.splitk import store_tile
 from radixlm.runtime.kernels.quant.tiles import TileConfig
@@ -175,18 +176,34 @@ def check_int4(k: int, n: int, qweight: torch.Tensor, scales: torch.Tensor, zero
         raise ValueError(f"an act-order permutation has {k} entries, got shape {tuple(perm.shape)}")
 
 
+def tuned_skinny(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 group_size: int) -> int4_skinny.Int4GemvConfig | None:
+    """The few-row kernel's config (int4_skinny.py) where this GPU model's tuned table has one for this shape, group
+    size and row bucket (quant_tuned.py; none without a table), else None."""
+    m, k = x2.shape
+    n = qweight.shape[1]
+    cfg = quant_tuned.lookup(x2.device, "w4a16", n, k, m, group_size)
+    if cfg is None or scales.stride(0) != zeros.stride(0) or not int4_skinny.takes(m, k, group_size, cfg):
+        return None
+    return cfg
+
+
 def w4a16_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
                  perm: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                  gemv_max_rows: int = int4_gemv.GEMV_MAX_ROWS, cfg: TileConfig | None = None,
                  gemv_cfg: int4_gemv.GemvConfig = int4_gemv.GEMV_CONFIG) -> torch.Tensor:
     """The Triton kernels' launch: x2 (M, K) with unit column stride -> (M, N) in x2's dtype; int4_block_k must
-    find a K tile. Up to gemv_max_rows rows: the CUDA-core kernel (int4_gemv.py). cfg: the row bucket's
+    find a K tile. Where this GPU model's tuned table has a config (tuned_skinny; cfg not given): int4_skinny.py's
+    kernel. Up to gemv_max_rows rows: the CUDA-core kernel (int4_gemv.py). cfg: the row bucket's
     (INT4_CONFIGS) unless given, as gemv_cfg (benchmarks/kernels/quant_gemm.py --sweep)."""
     m, k = x2.shape
     n = qweight.shape[1]
     block_k = int4_block_k(k, group_size)
     if block_k is None:
         raise ValueError(f"no K tile of {MIN_BLOCK_K}..{MAX_BLOCK_K} channels divides the group size {group_size}")
+    skinny = tuned_skinny(x2, qweight, scales, zeros, group_size) if cfg is None else None
+    if skinny is not None:
+        return int4_skinny.w4a16_skinny_linear(x2, qweight, scales, zeros, group_size, perm, bias, skinny)
     if m <= gemv_max_rows:
         return int4_gemv.w4a16_gemv(x2, qweight, scales, zeros, group_size, block_k, perm, bias, gemv_cfg)
     cfg = cfg or INT4_CONFIGS[tiles.bucket_of(m)]

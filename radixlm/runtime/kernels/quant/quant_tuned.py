@@ -1,0 +1,73 @@
+"""The quantized few-row kernels' tuned configs (fp8_gemv.py, int4_skinny.py): this GPU model's table in
+kernels/gemm/tuned/quant_gemv_<GPU>.json (the tuned-table mechanism of cublaslt.table_path / load_table; written by
+benchmarks/kernels/quant_gemv_sweep.py), looked up per GEMM call by (kernel, N, K, row bucket, group). A GEMM with no
+entry takes the default paths (fp8_gemm.py, int4_gemm.py): with no table for a GPU model, nothing changes.
+
+Entry: {"kernel": "fp8_channel" | "fp8_block" | "w4a16", "n", "k", "rows": the row bucket's bound (1, 2, 4),
+"group": 0 per channel / tensor, the block's K size (fp8_block, with "block": [bn, bk]) or the group size (w4a16),
+"config": the kernel's config dataclass as a dict, and the sweep's "us", "default_us", "floor_us"}."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.kernels.quant import tiles
+
+KINDS = ("fp8_channel", "fp8_block", "w4a16")
+
+
+@dataclass(frozen=True)
+class TunedKey:
+    kernel: str
+    n: int
+    k: int
+    rows: int  # the row bucket's bound
+    group: int  # 0, the FP8 block's K size, or the INT4 group size
+
+
+def parse(entries: list[dict]) -> dict[TunedKey, object]:
+    """A table's entries as configs by key; a malformed entry raises ValueError naming it."""
+    from radixlm.runtime.kernels.quant.fp8_gemv import MAX_ROWS as FP8_ROWS, Fp8GemvConfig
+    from radixlm.runtime.kernels.quant.int4_skinny import MAX_ROWS as INT4_ROWS, Int4GemvConfig
+
+    out: dict[TunedKey, object] = {}
+    for entry in entries:
+        try:
+            kernel = entry["kernel"]
+            if kernel not in KINDS:
+                raise ValueError(f"unknown kernel {kernel!r} (one of {KINDS})")
+            key = TunedKey(kernel, int(entry["n"]), int(entry["k"]), int(entry["rows"]), int(entry.get("group", 0)))
+            limit = INT4_ROWS if kernel == "w4a16" else FP8_ROWS
+            if key.rows not in tiles.ROW_BUCKETS or key.rows > limit:
+                raise ValueError(f"rows {key.rows} is not a row bucket's bound up to {limit}")
+            cls = Int4GemvConfig if kernel == "w4a16" else Fp8GemvConfig
+            out[key] = cls(**entry["config"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"bad quant_gemv tuned entry {entry}: {e}") from e
+    return out
+
+
+@functools.cache
+def _table(device_name: str) -> dict[TunedKey, object]:
+    from radixlm.runtime.kernels.gemm.cublaslt import load_table
+
+    return parse(load_table(device_name, "quant_gemv"))
+
+
+@functools.cache
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def lookup(device: torch.device, kernel: str, n: int, k: int, m: int, group: int = 0):
+    """The tuned config of this GEMM on this device's GPU model, or None (off CUDA, no table, no entry, or more rows
+    than the few-row kernels take)."""
+    if device.type != "cuda":
+        return None
+    bound = tiles.ROW_BUCKETS[tiles.bucket_of(m)]
+    if bound is None or bound > 4:
+        return None
+    name = _device_name(device.index if device.index is not None else torch.cuda.current_device())
+    return _table(name).get(TunedKey(kernel, n, k, bound, group))

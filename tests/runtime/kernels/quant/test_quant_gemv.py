@@ -1,0 +1,151 @@
+"""The quantized few-row kernels (kernels/quant/fp8_gemv.py, int4_skinny.py) against reference.py on tiny shapes under
+TRITON_INTERPRET=1 (one subprocess): each row bucket 1..4 (and 3, padded), split K, K past a tile, N past a tile,
+bias, per-tensor / per-channel / block FP8 scales, INT4 groups, one group and act-order, float32 and bf16 words; their
+tuned table (quant_tuned.py: parsing, refusals, no lookup off CUDA); and on CUDA (skipped without) the dispatch
+through a tuned table at Llama-like shapes, captured in a CUDA graph."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.runtime.kernels.quant import quant_tuned
+from radixlm.runtime.kernels.quant import reference as ref
+from radixlm.runtime.kernels.quant.fp8_gemv import Fp8GemvConfig
+from radixlm.runtime.kernels.quant.int4_skinny import Int4GemvConfig
+from tests.triton_interpret import interpreter_works, run_under_interpreter
+
+MARKER = "quant gemv cases passed"
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape, got.dtype, want.dtype)
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= tol * want.float().abs().max().item(), (err, want.float().abs().max().item())
+
+
+def run_cases() -> None:
+    from radixlm.runtime.kernels.quant.fp8_gemv import fp8_gemv_linear
+    from radixlm.runtime.kernels.quant.int4_skinny import w4a16_skinny_linear
+
+    g = torch.Generator().manual_seed(0)
+    fp8 = [  # (n, k, scales, config): per channel / per tensor / blocks; split K, K and N past a tile
+        (16, 256, "channel", Fp8GemvConfig(8, 64, 1, 1, 1)),
+        (20, 200, "tensor", Fp8GemvConfig(8, 64, 2, 1, 1)),
+        (32, 256, (16, 64), Fp8GemvConfig(8, 64, 3, 1, 1)),
+        (24, 192, (8, 32), Fp8GemvConfig(8, 128, 2, 1, 1))]
+    for i, (n, k, mode, cfg) in enumerate(fp8):
+        w = torch.randn(n, k, generator=g) * 0.05
+        block = mode if isinstance(mode, tuple) else None
+        q, s = ref.quant_fp8(w, block=block, per_channel=mode == "channel")
+        bias = torch.randn(n, generator=g) if i % 2 else None
+        for m in ((1, 4), (3,), (2,), (4,))[i]:  # every row bucket, 3 padded to 4
+            x = torch.randn(m, k, generator=g)
+            _close(fp8_gemv_linear(x, q, s, block, bias, cfg), ref.fp8_linear(x, q, s, block, bias), 1e-5)
+        if i != 0:
+            continue
+        xb = torch.randn(2, k, generator=g).to(torch.bfloat16)  # bf16 as int64 words, widened by shifts
+        _close(fp8_gemv_linear(xb, q, s, block, bias, cfg), ref.fp8_linear(xb.float(), q, s, block, bias).bfloat16(),
+               1e-2)
+    int4 = [  # (n, k, group, act-order, config)
+        (16, 256, 64, False, Int4GemvConfig(16, 64, 1, 1, 1)),
+        (24, 256, 128, True, Int4GemvConfig(16, 128, 2, 1, 1)),  # N past a tile, the group caps nothing
+        (16, 192, 192, False, Int4GemvConfig(16, 128, 2, 1, 1)),  # one group: K past a tile
+        (16, 256, 32, False, Int4GemvConfig(16, 128, 4, 1, 1))]  # the group caps BLOCK_K at 32
+    for i, (n, k, group, act, cfg) in enumerate(int4):
+        qw, sc, z = ref.quant_int4(torch.randn(n, k, generator=g) * 0.05, group, symmetric=i == 3)
+        perm = torch.randperm(k, generator=g) if act else None
+        bias = torch.randn(n, generator=g) if i % 2 else None
+        for m in ((1,), (2,), (3,), (4,))[i]:
+            x = torch.randn(m, k, generator=g)
+            _close(w4a16_skinny_linear(x, qw, sc, z, group, perm, bias, cfg),
+                   ref.int4_linear(x, qw, sc, z, group, perm, bias), 1e-5)
+        if i != 1:
+            continue
+        xb = torch.randn(1, k, generator=g).to(torch.bfloat16)
+        sb, zb = sc.bfloat16(), z.bfloat16()
+        _close(w4a16_skinny_linear(xb, qw, sb, zb, group, perm, bias, cfg),
+               ref.int4_linear(xb.float(), qw, sb.float(), zb.float(), group, perm, bias).bfloat16(), 1e-2)
+    with pytest.raises(ValueError, match="few-row"):
+        fp8_gemv_linear(torch.randn(5, 256), *ref.quant_fp8(torch.randn(32, 256), per_channel=True), None, None,
+                        fp8[0][3])
+    print(MARKER)
+
+
+@pytest.mark.skipif(not interpreter_works(), reason="needs Triton's interpreter (3.7+)")
+def test_quant_gemv_kernels_match_the_reference_interpreted():
+    run_under_interpreter(__file__, MARKER, hide_cuda=True, timeout=120)
+
+
+def _entry(kernel: str, rows: int, config: dict, group: int = 0) -> dict:
+    return {"kernel": kernel, "n": 4096, "k": 4096, "rows": rows, "group": group, "config": config, "us": 1.0}
+
+
+def test_tuned_table_parses_and_refuses_bad_entries():
+    table = quant_tuned.parse([
+        _entry("fp8_channel", 1, {"block_n": 4, "block_k": 1024, "split_k": 1, "num_warps": 4, "num_stages": 1}),
+        _entry("w4a16", 2, {"block_n": 256, "block_k": 64, "split_k": 4, "num_warps": 4, "num_stages": 1}, 128)])
+    assert table[quant_tuned.TunedKey("fp8_channel", 4096, 4096, 1, 0)] == Fp8GemvConfig(4, 1024, 1, 4, 1)
+    assert table[quant_tuned.TunedKey("w4a16", 4096, 4096, 2, 128)] == Int4GemvConfig(256, 64, 4, 4, 1)
+    good = {"block_n": 4, "block_k": 1024, "split_k": 1, "num_warps": 4, "num_stages": 1}
+    for bad in (_entry("fp8_tensor", 1, good), _entry("fp8_channel", 3, good), _entry("fp8_channel", 8, good),
+                _entry("fp8_channel", 1, {**good, "block_n": 3}), _entry("fp8_channel", 1, {**good, "split_k": 99}),
+                _entry("fp8_channel", 1, {**good, "tile": 1}), {"kernel": "w4a16", "n": 1}):
+        with pytest.raises(ValueError, match="bad quant_gemv tuned entry"):
+            quant_tuned.parse([bad])
+
+
+def test_the_sweeps_table_entries_parse():
+    import dataclasses
+
+    from benchmarks.kernels.quant_gemv_sweep import table_entry
+
+    cfg = Fp8GemvConfig(4, 1024, 2, 4, 1)
+    entries = [table_entry(fmt, 4096, 14336, 2, {"config": dataclasses.asdict(cfg), "us": 9.0}, 12.0, 6.2)
+               for fmt in ("fp8_channel", "fp8_block")]
+    table = quant_tuned.parse(entries)
+    assert table[quant_tuned.TunedKey("fp8_block", 4096, 14336, 2, 128)] == cfg
+    assert table[quant_tuned.TunedKey("fp8_channel", 4096, 14336, 2, 0)] == cfg
+
+
+def test_no_tuned_lookup_off_cuda_and_table_path():
+    from radixlm.runtime.kernels.gemm import cublaslt
+
+    assert quant_tuned.lookup(torch.device("cpu"), "fp8_channel", 4096, 4096, 1) is None
+    assert cublaslt.table_path("NVIDIA H200", "quant_gemv").name == "quant_gemv_NVIDIA_H200.json"
+    assert cublaslt.table_path("NVIDIA H200").name == "cublaslt_NVIDIA_H200.json"
+    assert cublaslt.load_table("no such GPU", "quant_gemv") == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="needs an FP8-capable GPU")
+def test_tuned_dispatch_cuda(monkeypatch):
+    from radixlm.runtime.kernels import quant
+
+    n, k = 1024, 4096
+    fp8_cfg = {"block_n": 4, "block_k": 1024, "split_k": 2, "num_warps": 4, "num_stages": 1}
+    int4_cfg = {"block_n": 256, "block_k": 64, "split_k": 4, "num_warps": 4, "num_stages": 1}
+    entries = [{"kernel": kind, "n": n, "k": k, "rows": r, "group": group, "config": cfg}
+               for r in (1, 2, 4) for kind, group, cfg in (("fp8_channel", 0, fp8_cfg), ("fp8_block", 128, fp8_cfg),
+                                                           ("w4a16", 128, int4_cfg))]
+    monkeypatch.setattr(quant_tuned, "_table", lambda name: quant_tuned.parse(entries))
+    w = torch.randn(n, k, device="cuda") * 0.02
+    q, s = ref.quant_fp8(w, per_channel=True)
+    qb, sb = ref.quant_fp8(w, block=(128, 128))
+    qw, sc, z = ref.quant_int4(w, 128, dtype=torch.bfloat16)
+    for m in (1, 2, 3, 4):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        _close(quant.fp8_linear(x, q, s), ref.fp8_linear(x, q, s), 2e-2)
+        _close(quant.fp8_linear(x, qb, sb, (128, 128)), ref.fp8_linear(x, qb, sb, (128, 128)), 2e-2)
+        _close(quant.int4_linear(x, qw, sc, z, 128), ref.int4_linear(x, qw, sc, z, 128), 2e-2)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    quant.fp8_linear(x, q, s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = quant.fp8_linear(x, q, s)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    _close(y, ref.fp8_linear(x, q, s), 2e-2)
+
+
+if __name__ == "__main__":
+    run_cases()
