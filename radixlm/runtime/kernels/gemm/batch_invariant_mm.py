@@ -1,7 +1,8 @@
 """The batch-invariant GEMM's Triton kernel (batch_invariant.py): one tile configuration for every row count and no
 split-K, so each output element is the same walk over K in BLOCK_K steps (tl.dot of one fixed tile shape,
 accumulated in float32) whatever M is and whatever the other rows hold. Never autotuned: a tuning key on M would
-choose per batch again."""
+choose per batch again. The tile's width may follow the weight's shape (block_n), which no batch changes: narrower
+tiles for narrow weights give a few-row GEMM more programs to read the weight with."""
 from __future__ import annotations
 
 import torch
@@ -9,19 +10,31 @@ import triton
 import triton.language as tl
 
 BLOCK_M = 64
-BLOCK_N = 128
 BLOCK_K = 64
+GROUP_M = 8  # M tiles per group of the launch order: a group's programs share A's rows and B's columns in L2
 NUM_WARPS = 4
 NUM_STAGES = 3
+WIDE_N = 16384  # weights with at least this many outputs take 128-wide tiles, others 64
+
+
+def block_n(n: int) -> int:
+    """The tile width for a weight of n outputs (a function of the weight alone)."""
+    return 128 if n >= WIDE_N else 64
 
 
 @triton.jit
 def _batch_invariant_mm_kernel(A, B, C, Bias, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_cm,
                                stride_cn, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr):
-    # The M tile is the fastest grid axis: programs that run together share the weight's columns (B's rows).
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+                               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # Grouped launch order (which tile a program computes, not how): GROUP_M tiles down, then across.
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -53,9 +66,10 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
+    width = block_n(n)
+    grid = (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, width),)
     _batch_invariant_mm_kernel[grid](
         x, weight, out, bias if bias is not None else out, m, n, k, x.stride(0), x.stride(1), weight.stride(0),
-        weight.stride(1), out.stride(0), out.stride(1), HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        weight.stride(1), out.stride(0), out.stride(1), HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=width,
+        BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return out
