@@ -12,7 +12,8 @@ import triton.language as tl
 from radixlm.runtime.kernels.attention.fixed_split import FIXED_SPLIT_SIZE
 
 
-@triton.jit
+# The row vectors are views at any offset (a pass's positions, a graph's static rows).
+@triton.jit(do_not_specialize_on_alignment=["Row_req", "Positions"])
 def _fixed_split_attention_kernel(Q, K_buf, V_buf, Req_to_token, Row_req, Positions, Out, scale, v_scale,
                                   stride_qt, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ot,
                                   stride_oh, stride_r2t, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,

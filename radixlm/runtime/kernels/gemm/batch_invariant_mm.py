@@ -22,7 +22,9 @@ def block_n(n: int) -> int:
     return 128 if n >= WIDE_N else 64
 
 
-@triton.jit
+# M changes every pass, and A is often a view at any offset: neither may build a variant of its own (a build in the
+# middle of serving), and none changes the arithmetic.
+@triton.jit(do_not_specialize=["M"], do_not_specialize_on_alignment=["A"])
 def _batch_invariant_mm_kernel(A, B, C, Bias, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_cm,
                                stride_cn, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
