@@ -31,6 +31,11 @@
 #                                                 # large batches alone, 12 runs a cell)
 #   bash benchmarks/lease/single_gpu_lease.sh vlm       # issue 23: LLaVA-bench with Qwen2.5-VL-7B shapes (radix / no_radix /
 #                                                 # no_cache), then LLaVA-OneVision-7B shapes (12 images, 2 repeats)
+#   bash benchmarks/lease/single_gpu_lease.sh determ    # issue 55: --enable-deterministic-inference on Llama-3.1-8B
+#                                                 # shapes: one prompt alone and in batches of 8/64/256, with and
+#                                                 # without a prefix hit, tokens and logprobs compared exactly (on,
+#                                                 # then off as the baseline); ShareGPT-like throughput off vs on
+#                                                 # (4 engine starts; estimate 6-9 min, not measured)
 #   DRY=1 bash benchmarks/lease/single_gpu_lease.sh prepare|p1|p2|spec|vlm|all   # HERE, on the CPU: the same scripts
 #                                                 # and arguments with tiny random-weight shapes (see "Dry run")
 #
@@ -301,6 +306,19 @@ vlm)
     step vlm_onevision 290 $PY benchmarks/programs/llava_bench.py --model llava-onevision-7b --images "${OV_IMAGES:-12}" \
       --repeat 2 --out "$OUT/llava_bench_llava_onevision_7b.json"
   fi ;;
+determ)
+  # issue 55 item 5: deterministic mode's invariance (on, then off as the baseline) and its ShareGPT-like cost.
+  banner
+  if [ "$DRY" = 1 ]; then
+    check=(--model tiny --device cpu --batches 4 8 --max-new-tokens 4 --chunked-prefill-size 64 --lengths 150 100 200)
+    tput=(--model tiny --device cpu --sharegpt-n 16)
+  else
+    check=(--batches 8 64 256); tput=(--sharegpt-n "${DETERM_SHAREGPT_N:-1000}")
+  fi
+  step determ_check 300 $PY benchmarks/quality/deterministic_check.py --parts check --baseline "${check[@]}" \
+    --out "$OUT/determinism_check.json"
+  step determ_throughput 250 $PY benchmarks/quality/deterministic_check.py --parts throughput "${tput[@]}" \
+    --out "$OUT/determinism_throughput.json" ;;
 all)
   [ "$DRY" = 1 ] || { echo "'all' is the CPU dry run only (DRY=1): one part per device call" >&2; exit 2; }
   for p in prepare p1 p2 spec vlm; do echo "######## $p"; bash "$0" "$p"; done ;;

@@ -32,6 +32,10 @@ from radixlm.runtime.args import GrammarMaskMode, JumpForwardMode, SchedulePolic
     ({"speculative_eagle_topk": 0}, "speculative_eagle_topk"),
     ({"speculative_num_steps": 0}, "speculative_num_steps"),
     ({"speculative_measure_window": -1}, "speculative_measure_window"),
+    ({"enable_deterministic_inference": True, "attention_backend": "triton"}, "own attention backend"),
+    ({"enable_deterministic_inference": True, "tp_size": 2}, "tp-size 1"),
+    ({"enable_deterministic_inference": True, "enable_lora": True}, "no LoRA"),
+    ({"enable_deterministic_inference": True, "quantization": "fp8"}, "float weights only"),
 ])
 def test_invalid_server_args_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):

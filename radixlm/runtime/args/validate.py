@@ -134,6 +134,18 @@ def _check_lora(a: ServerArgs) -> None:
         _check(a.speculative_algorithm is None, "LoRA serving does not combine with speculative decoding yet")
 
 
+def _check_deterministic(a: ServerArgs) -> None:
+    if not a.enable_deterministic_inference:
+        return
+    _check(a.attention_backend == "auto", "--enable-deterministic-inference runs its own attention backend: leave "
+                                          "--attention-backend auto")
+    _check(a.tp_size == 1, "--enable-deterministic-inference needs --tp-size 1 (an all-reduce sums the ranks' "
+                           "partials in an order that follows the message size)")
+    _check(not a.enable_lora, "--enable-deterministic-inference takes no LoRA (the adapters' kernels group rows by "
+                              "batch)")
+    _check(a.quantization is None, "--enable-deterministic-inference takes float weights only (no --quantization)")
+
+
 def validate(a: ServerArgs) -> None:
     _check_choices(a)
     _check_memory_and_scheduling(a)
@@ -141,3 +153,4 @@ def validate(a: ServerArgs) -> None:
     _check_parallelism(a)
     _check_serving(a)
     _check_lora(a)
+    _check_deterministic(a)

@@ -19,9 +19,11 @@ from radixlm.runtime.executor.logits import LogitsOutput, LogitsPlan, LogitsProc
 from radixlm.runtime.executor.pooler import Pooler, PoolingConfig
 from radixlm.runtime.kernels import gemm
 from radixlm.runtime.kernels.startup import EXTEND_WARMUP_LENS, prepare_gemms, warm_up_kernels
+from radixlm.runtime.layers.attention.deterministic import DeterministicAttnBackend
 from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
 from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend
 from radixlm.runtime.layers.linear import Shard
+from radixlm.runtime.layers.moe import FusedMoE
 from radixlm.runtime.layers.radix_attention import RadixAttention
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import load_model
@@ -69,7 +71,11 @@ class ModelRunner:
         self.lora = self._lora_manager() if own and shared is None and server_args.enable_lora else None
         self.logits_processor = (LogitsProcessor(self.model.lm_head, model_config.vocab_size, parallel)
                                  if shared is None or shared.logits_processor is None else shared.logits_processor)
-        prepare_gemms(self, tuned=shared is None and not server_args.disable_tuned_gemm, share=shared is None)
+        self.deterministic = server_args.enable_deterministic_inference
+        prepare_gemms(self, tuned=shared is None and not server_args.disable_tuned_gemm and not self.deterministic,
+                      share=shared is None)
+        if self.deterministic:
+            self._make_batch_invariant()
         self.pooler = self._pooler() if server_args.is_embedding and shared is None else None
         if shared is not None:
             self._share_slots(shared)
@@ -120,6 +126,19 @@ class ModelRunner:
         prompt's first rows."""
         return getattr(self.model, "is_causal", True)
 
+    def _make_batch_invariant(self) -> None:
+        """--enable-deterministic-inference: every GEMM through the batch-invariant one; refused for layers that have
+        no batch-invariant form here (quantized GEMMs, MoE routing and grouping) and for bidirectional attention."""
+        if not self.is_causal:
+            raise ValueError("--enable-deterministic-inference needs a causal (decoder) model")
+        unsupported = sorted({type(m).__name__ for m in self.model.modules()
+                              if getattr(m, "quant_method", None) is not None or isinstance(m, FusedMoE)})
+        if unsupported:
+            raise ValueError(f"--enable-deterministic-inference has no batch-invariant form of this model's "
+                             f"{', '.join(unsupported)} layers (quantized or MoE)")
+        for _, holder in self.gemm_holders():
+            holder.gemm_choices = gemm.BatchInvariantMemo()
+
     def _pooler(self) -> Pooler:
         classify = getattr(self.model, "classify", None)
         config = PoolingConfig.from_model_dir(self.model_config.model_path, self.is_causal)
@@ -163,6 +182,8 @@ class ModelRunner:
         return make_kv_pool(self.kv_layout, size, self.page_size, self.device, scales)
 
     def _attention_backend(self):
+        if self.server_args.enable_deterministic_inference:
+            return DeterministicAttnBackend(self)
         backend = self.server_args.attention_backend
         if backend == "auto":
             backend = "triton" if self.is_cuda else "torch_native"

@@ -1,8 +1,10 @@
 """The one GEMM entry point of the linear layers and the lm_head (`linear`, dispatch.py) and what it chooses among:
 the few-row Triton kernels (skinny_gemm.py up to SKINNY_MAX_M rows, skinny_mma.py on the tensor cores up to
 MMA_MAX_M), tuned cuBLASLt configurations (cublaslt.py, tuned_gemm.py, tables in tuned/), oneDNN-packed weights on
-CPU (cpu_gemm.py); the element-wise step a GEMM may fuse before it (prologue.py) and the qkv GEMM's rotary embedding
+CPU (cpu_gemm.py), and in deterministic mode the batch-invariant GEMM instead of all of them (batch_invariant.py);
+the element-wise step a GEMM may fuse before it (prologue.py) and the qkv GEMM's rotary embedding
 and KV store after it (epilogue.py); the layers' choice memos (choices.py)."""
+from radixlm.runtime.kernels.gemm.batch_invariant import BatchInvariantMemo
 from radixlm.runtime.kernels.gemm.choices import GemmHolder, format_gemm_choices, gemm_choice_counts, share_gemm_choices
 from radixlm.runtime.kernels.gemm.cpu_gemm import pack_weight
 from radixlm.runtime.kernels.gemm.dispatch import GemmKernel, choice_keys, kernel_of, linear
@@ -15,7 +17,7 @@ __getattr__ = lazy_names(__name__, {
     "MMA_ROWS": "skinny_mma", "MMA_MAX_M": "skinny_mma", "prebuild_mma": "skinny_mma:prebuild",
     "install_tuned": "tuned_gemm:install"})
 
-__all__ = ["EPILOGUE_MAX_ROWS", "GemmHolder", "GemmKernel", "MMA_MAX_M", "MMA_ROWS", "Prologue", "PrologueKind",
-           "RotaryStore", "SKINNY_MAX_M", "apply_prologue", "choice_keys", "format_gemm_choices", "gemm_choice_counts",
-           "inline_builds", "install_tuned", "kernel_head_dim", "kernel_of", "linear", "pack_weight", "prebuild_mma",
-           "prebuild_skinny", "share_gemm_choices"]
+__all__ = ["BatchInvariantMemo", "EPILOGUE_MAX_ROWS", "GemmHolder", "GemmKernel", "MMA_MAX_M", "MMA_ROWS",
+           "Prologue", "PrologueKind", "RotaryStore", "SKINNY_MAX_M", "apply_prologue", "choice_keys",
+           "format_gemm_choices", "gemm_choice_counts", "inline_builds", "install_tuned", "kernel_head_dim",
+           "kernel_of", "linear", "pack_weight", "prebuild_mma", "prebuild_skinny", "share_gemm_choices"]

@@ -18,7 +18,7 @@ from enum import IntEnum
 import torch
 import torch.nn.functional as F
 
-from radixlm.runtime.kernels.gemm import cpu_gemm
+from radixlm.runtime.kernels.gemm import batch_invariant, cpu_gemm
 from radixlm.runtime.kernels.gemm.epilogue import RotaryStore
 from radixlm.runtime.kernels.gemm.prologue import Prologue, apply
 
@@ -152,7 +152,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
     measured fastest, and past the few-row kernels' rows, row count -> a tuned cuBLASLt GEMM (an LtGemm, bit-identical
     to cuBLAS's; ModelRunner loads them) where the tuned table has one. prologue: x is the input before that step
     (prologue.py). epilogue: applied (and marked) where the skinny kernel runs and takes it; left to the caller
-    otherwise."""
+    otherwise. A BatchInvariantMemo (--enable-deterministic-inference) takes the batch-invariant GEMM on every
+    device and row count, its prologue unfused and its epilogue left to the caller."""
+    if isinstance(choices, batch_invariant.BatchInvariantMemo):
+        return batch_invariant.linear(apply(prologue, x), weight, bias, packed)
     if not x.is_cuda:
         return cpu_gemm.linear(apply(prologue, x), weight, bias, packed)
     if choices is not None and x.dim() == 2:

@@ -107,7 +107,8 @@ def build_in_parallel(runner: WarmupRunner, plan: WarmupPlan) -> None:
     # Inline: the autotuned skinny GEMM, and the decode work list (its table indexes the decode kernels' reads).
     builds = ParallelBuilds(runner.device, inline=gemm.inline_builds() + attention.inline_builds())
     dtype = runner.model_config.dtype
-    if dtype in (torch.bfloat16, torch.float16):
+    # Deterministic mode's GEMMs are the batch-invariant kernel's alone: the few-row kernels never run.
+    if dtype in (torch.bfloat16, torch.float16) and not runner.server_args.enable_deterministic_inference:
         modules = list(runner.model.modules())
         biases = tuple(sorted({False} | {m.bias is not None for m in modules if isinstance(m, Linear)}))
         head_dim = runner.model_config.head_dim

@@ -1,0 +1,84 @@
+"""Batch-invariant attention (--enable-deterministic-inference), the host side and the torch implementation (CPU, and
+the reference of the Triton kernel, fixed_split_kernel.py).
+
+Every query row, whatever pass it is in (a prompt's prefill, a chunk of it, an extend over a cached prefix, a
+decode step, a CUDA-graph replay padded to its captured size), is described by the same two numbers: its request's
+row of req_to_token and its position (it sees the keys at positions 0..position: causal). Its attention walks those
+keys from position 0 in splits of exactly FIXED_SPLIT_SIZE positions, a split's scores and its softmax-weighted
+values each one fixed-shape reduction, the splits merged into an online softmax in position order. Nothing in that walk depends
+on the other rows of the pass, on how many there are, or on whether the row's prefix came from the radix cache:
+a fixed split size, not a fixed number of splits (the decode kernels' split count follows the batch and the longest
+sequence, which moves every split boundary)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Keys per split. The Triton kernel's BLOCK_N: one tl.dot of this many keys per step.
+FIXED_SPLIT_SIZE = 64
+# The torch implementation runs its rows in calls of exactly this many (the last padded), so that each of its ops has
+# one shape and takes one path whatever the pass's size.
+TORCH_ROW_BLOCK = 16
+
+
+def row_requests(req_pool_indices: torch.Tensor, extend_lens: list[int] | None, num_rows: int) -> torch.Tensor:
+    """Each row's req_to_token row: extend_lens None when every row is its own request (TOKEN_ROWS), else the rows
+    per request (REQUEST_SPANS)."""
+    if extend_lens is None:
+        return req_pool_indices
+    lens = torch.tensor(extend_lens, dtype=torch.int64).to(req_pool_indices.device, non_blocking=True)
+    return torch.repeat_interleave(req_pool_indices, lens, output_size=num_rows)
+
+
+def _gather(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    raw = buf.view(torch.uint8) if buf.element_size() == 1 else buf
+    rows = raw.view(buf.shape[0], -1).index_select(0, slots.reshape(-1))
+    return rows.view(buf.dtype).view(*slots.shape, *buf.shape[1:])
+
+
+def fixed_split_attention_torch(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                                req_to_token: torch.Tensor, row_req: torch.Tensor, positions: torch.Tensor,
+                                scale: float, v_scale: float = 1.0) -> torch.Tensor:
+    """q: (T, H, D); k_buf, v_buf: (slots, Hkv, D); row_req (row_requests), positions: (T,). scale: the softmax
+    scale times the pool's k_scale. Computes in float32; returns (T, H, D) in q's dtype."""
+    t, h, d = q.shape
+    hkv = k_buf.shape[1]
+    if h % hkv:
+        raise ValueError(f"{h} query heads do not group over {hkv} kv heads")
+    g, r, s = h // hkv, TORCH_ROW_BLOCK, FIXED_SPLIT_SIZE
+    out = torch.empty_like(q)
+    row_len = positions + 1
+    lens = row_len.tolist()
+    if t and min(lens) < 1:
+        raise ValueError("a query row's position is negative")
+    split = torch.arange(s, device=q.device)
+    last_col = req_to_token.shape[1] - 1
+    for c0 in range(0, t, r):
+        n = min(r, t - c0)
+        idx = torch.arange(c0, c0 + r, device=q.device).clamp_max(t - 1)  # padding repeats the block's last row
+        qc = q[idx].float().reshape(r, hkv, g, d)
+        req, ln = row_req[idx], row_len[idx]
+        m = torch.full((r, hkv, g), float("-inf"), device=q.device)
+        l = torch.zeros(r, hkv, g, device=q.device)
+        acc = torch.zeros(r, hkv, g, d, device=q.device)
+        for b in range(math.ceil(max(lens[c0 : c0 + n]) / s)):
+            pos = b * s + split
+            valid = pos[None, :] < ln[:, None]  # (r, s)
+            slots = req_to_token[req[:, None], pos.clamp_max(last_col)[None, :]].masked_fill(~valid, 0)
+            kb = _gather(k_buf, slots).float()  # (r, s, hkv, d)
+            vb = _gather(v_buf, slots).float()
+            sc = torch.einsum("rhgd,rshd->rhgs", qc, kb).mul_(scale)
+            sc.masked_fill_(~valid[:, None, None, :], float("-inf"))
+            active = (b * s < ln)[:, None, None]
+            m_new = torch.where(active, torch.maximum(m, sc.amax(-1)), m)
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(sc - m_new[..., None])
+            l = torch.where(active, l * alpha + p.sum(-1), l)
+            acc = torch.where(active[..., None], acc * alpha[..., None] + torch.einsum("rhgs,rshd->rhgd", p, vb), acc)
+            m = m_new
+        o = acc / l[..., None]
+        if v_scale != 1.0:
+            o = o * v_scale
+        out[c0 : c0 + n] = o.reshape(r, h, d)[:n].to(q.dtype)
+    return out

@@ -1,0 +1,110 @@
+"""Deterministic mode's kernels: a row's output is bit-identical whatever the other rows of the call are and however
+many there are. The batch-invariant GEMM (gemm/batch_invariant.py: row blocks on the CPU, the Triton kernel under
+TRITON_INTERPRET=1) and the fixed-split attention (attention/fixed_split.py: the torch implementation, and the
+Triton kernel under the interpreter), each also against a plain float reference. One interpreter subprocess runs
+both Triton kernels."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.triton_interpret import interpreter_works, run_under_interpreter
+
+MARKER = "batch-invariant kernel cases passed"
+
+
+def gemm_cases(linear, dtypes: tuple[torch.dtype, ...],
+               shapes: tuple[tuple[int, int, bool], ...] = ((80, 96, False), (130, 200, True))) -> None:
+    """linear(x, w, bias) -> y. Row 0 alone, then at other positions among other rows in calls of other sizes (past
+    a CPU row block and a Triton BLOCK_M)."""
+    g = torch.Generator().manual_seed(0)
+    for dtype in dtypes:
+        for n, k, with_bias in shapes:
+            w = (torch.randn(n, k, generator=g) * k**-0.5).to(dtype)
+            b = torch.randn(n, generator=g).to(dtype) if with_bias else None
+            row = torch.randn(1, k, generator=g).to(dtype)
+            alone = linear(row, w, b)
+            ref = row.float() @ w.float().T + (b.float() if with_bias else 0)
+            torch.testing.assert_close(alone.float(), ref, rtol=2e-2, atol=2e-2)
+            for m, at in ((2, 1), (17, 9), (70, 66)):
+                x = torch.randn(m, k, generator=g).to(dtype)
+                x[at] = row[0]
+                assert torch.equal(linear(x, w, b)[at], alone[0]), (dtype, n, k, m, at)
+
+
+def attention_case(attend, dtype: torch.dtype, first: int = 0) -> None:
+    """attend(q, k_buf, v_buf, req_to_token, row_req, positions, scale) -> (T, H, D). Request A's row at position 90
+    (a split and a part) computed alone, as the last row of A's prefill from position `first` (0: the whole prompt,
+    else an extend over a cached prefix), and among other requests' rows; against SDPA over the same keys."""
+    g = torch.Generator().manual_seed(1)
+    h, hkv, d, slots = 4, 2, 32, 400
+    k_buf = torch.randn(slots, hkv, d, generator=g).to(dtype)
+    v_buf = torch.randn(slots, hkv, d, generator=g).to(dtype)
+    req_to_token = torch.zeros(3, 160, dtype=torch.int64)
+    req_to_token[0, :91] = torch.randperm(slots, generator=g)[:91] + 0  # A: scattered slots
+    req_to_token[1, :150] = torch.arange(150) + 200
+    req_to_token[2, :40] = torch.arange(40) + 10
+    q_a = torch.randn(91, h, d, generator=g).to(dtype)
+    scale = d**-0.5
+
+    def rows(reqs, positions, q):
+        return attend(q, k_buf, v_buf, req_to_token, torch.tensor(reqs), torch.tensor(positions), scale)
+
+    alone = rows([0], [90], q_a[90:])
+    prefill = rows([0] * (91 - first), list(range(first, 91)), q_a[first:])
+    others = torch.randn(10, h, d, generator=g).to(dtype)
+    mixed_q = torch.cat([others[:6], q_a[90:], others[6:]])
+    mixed = rows([1] * 6 + [0] + [2] * 4, list(range(144, 150)) + [90] + list(range(36, 40)), mixed_q)
+    assert torch.equal(prefill[-1], alone[0]) and torch.equal(mixed[6], alone[0])
+    kv = req_to_token[0, :91]
+    keys = k_buf[kv].float().transpose(0, 1).repeat_interleave(h // hkv, 0)  # (H, 91, D)
+    values = v_buf[kv].float().transpose(0, 1).repeat_interleave(h // hkv, 0)
+    ref = F.scaled_dot_product_attention(q_a[90:].float().transpose(0, 1), keys, values, scale=scale)  # (H, 1, D)
+    torch.testing.assert_close(alone[0].float(), ref[:, 0], rtol=2e-2, atol=2e-2)
+
+
+def test_cpu_gemm_rows_are_batch_invariant():
+    from radixlm.runtime.kernels.gemm.batch_invariant import cpu_linear
+
+    gemm_cases(lambda x, w, b: cpu_linear(x, w, b, None), (torch.float32, torch.bfloat16))
+
+
+def test_torch_fixed_split_attention_rows_are_batch_invariant():
+    from radixlm.runtime.kernels.attention import fixed_split_attention_torch
+
+    for dtype in (torch.float32, torch.bfloat16):
+        attention_case(fixed_split_attention_torch, dtype)
+
+
+def test_the_memo_takes_no_choice():
+    from radixlm.runtime.kernels.gemm import BatchInvariantMemo
+
+    with pytest.raises(TypeError):
+        BatchInvariantMemo()[1] = "cublas"
+
+
+@pytest.mark.skipif(not interpreter_works() or torch.cuda.is_available(), reason="needs triton's interpreter, no CUDA")
+def test_triton_kernels_rows_are_batch_invariant_interpreted():
+    run_under_interpreter(__file__, MARKER, hide_cuda=True, timeout=600)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_kernels_rows_are_batch_invariant_cuda():
+    from radixlm.runtime.kernels.attention import fixed_split_attention
+    from radixlm.runtime.kernels.gemm.batch_invariant_mm import matmul
+
+    def on_cuda(fn):
+        return lambda *a: fn(*[t.cuda() if isinstance(t, torch.Tensor) else t for t in a]).cpu()
+
+    gemm_cases(on_cuda(matmul), (torch.bfloat16, torch.float16))
+    attention_case(on_cuda(fixed_split_attention), torch.bfloat16)
+
+
+if __name__ == "__main__":
+    from radixlm.runtime.kernels.attention import fixed_split_attention
+    from radixlm.runtime.kernels.gemm.batch_invariant_mm import matmul
+
+    gemm_cases(matmul, (torch.float32,), shapes=((130, 200, True),))
+    attention_case(fixed_split_attention, torch.float32, first=84)
+    print(MARKER)
