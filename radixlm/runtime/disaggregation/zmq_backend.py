@@ -98,6 +98,9 @@ class ZmqKVSender(_Worker):
         try:
             self.sock.bind(f"tcp://{host}:{port}")
         except zmq.ZMQError as e:
+            for sock in (self.sock, self._wake_recv, self._wake_send):
+                sock.close(linger=0)
+            self.ctx.term()
             raise RuntimeError(f"bootstrap server: cannot listen on port {port} ({e}); set "
                                "--disaggregation-bootstrap-port") from None
         self.ready: dict[int, tuple[list, float]] = {}  # room -> (frames, expiry)
