@@ -21,6 +21,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from radixlm.router.args import RouterArgs
+from radixlm.router.failures import stream_error_event
 from radixlm.router.policies import CacheAwareConfig, RoutingRequest, make_policy
 from radixlm.router.request_text import routing_text
 from radixlm.router.tree import ApproxRadixTree
@@ -126,6 +127,11 @@ def _headers(headers, drop: set[str]) -> dict[str, str]:
 class PDProxy:
     def __init__(self, router: PDRouter) -> None:
         self.router = router
+        self._tasks: set[asyncio.Task] = set()  # prefill calls still running after their decode call ended
+
+    def _keep(self, task: asyncio.Task) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def forward(self, request: Request, path: str) -> Response:
         flavor = flavor_of(path)
@@ -144,40 +150,55 @@ class PDProxy:
         client = self.router.client
         p_guard, d_guard = LoadGuard(pair.prefill), LoadGuard(pair.decode)
         prefill = asyncio.create_task(self._prefill(pair.prefill, path, content, headers, timeout, p_guard))
+        sending = asyncio.create_task(client.send(client.build_request(
+            "POST", pair.decode.url + path, content=content, headers=headers, timeout=timeout), stream=True))
+        self._keep(prefill)
+        upstream: httpx.Response | None = None
+        relayed = False
         try:
-            upstream = await client.send(client.build_request("POST", pair.decode.url + path, content=content,
-                                                              headers=headers, timeout=timeout), stream=True)
-        except httpx.HTTPError as e:
-            d_guard.release()
-            pair.decode.breaker.record(False)
-            prefill.cancel()
-            return error_response(f"decode worker {pair.decode.url} failed: {type(e).__name__}: {e}", 502, flavor)
-        out_headers = {**_headers(upstream.headers, DROP_RESPONSE_HEADERS), "x-radixlm-prefill": pair.prefill.url,
-                       "x-radixlm-decode": pair.decode.url}
-        if bool(body.get("stream")) and upstream.status_code == 200:
-            return StreamingResponse(self._relay(upstream, prefill, d_guard, pair.decode), 200, out_headers)
-        reading = asyncio.create_task(upstream.aread())
-        try:
-            while not reading.done():
-                await asyncio.wait({reading, prefill}, timeout=DISCONNECT_POLL_S, return_when=asyncio.FIRST_COMPLETED)
-                failed = prefill.done() and not prefill.cancelled() and prefill.result() is not None
-                if failed and not reading.done():
-                    reading.cancel()  # the decode worker aborts the request when its connection closes
-                    return prefill.result()
-                if not reading.done() and await request.is_disconnected():
-                    reading.cancel()
-                    prefill.cancel()
-                    return Response(status_code=499)
-            content_out = reading.result()
+            early = await self._race(request, sending, prefill)
+            if early is not None:
+                return early
+            upstream = sending.result()
+            out_headers = {**_headers(upstream.headers, DROP_RESPONSE_HEADERS), "x-radixlm-prefill": pair.prefill.url,
+                           "x-radixlm-decode": pair.decode.url}
+            if bool(body.get("stream")) and upstream.status_code == 200:
+                relayed = True  # the relay releases the guard and closes the response
+                return StreamingResponse(self._relay(upstream, prefill, d_guard, pair.decode, flavor), 200,
+                                         out_headers)
+            reading = asyncio.create_task(upstream.aread())
+            early = await self._race(request, reading, prefill)
+            if early is not None:
+                return early
+            pair.decode.breaker.record(upstream.status_code < 500)
+            return Response(reading.result(), upstream.status_code, out_headers)
         except httpx.HTTPError as e:
             pair.decode.breaker.record(False)
             prefill.cancel()
             return error_response(f"decode worker {pair.decode.url} failed: {type(e).__name__}: {e}", 502, flavor)
         finally:
-            d_guard.release()
-            await upstream.aclose()
-        pair.decode.breaker.record(upstream.status_code < 500)
-        return Response(content_out, upstream.status_code, out_headers)
+            if not relayed:
+                d_guard.release()
+                if upstream is not None:
+                    await upstream.aclose()
+
+    @staticmethod
+    async def _race(request: Request, task: asyncio.Task, prefill: asyncio.Task) -> Response | None:
+        """Waits for `task` (the decode worker's part). A prefill error first is the answer (the decode request is
+        cancelled: its worker aborts the request when the connection closes); a client gone first cancels both."""
+        while not task.done():
+            waiting = {task} if prefill.done() else {task, prefill}
+            await asyncio.wait(waiting, timeout=DISCONNECT_POLL_S, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                break
+            if prefill.done() and not prefill.cancelled() and prefill.result() is not None:
+                task.cancel()
+                return prefill.result()
+            if await request.is_disconnected():
+                task.cancel()
+                prefill.cancel()
+                return Response(status_code=499)
+        return None
 
     async def _prefill(self, w: Worker, path: str, content: bytes, headers: dict, timeout: httpx.Timeout,
                        guard: LoadGuard) -> Response | None:
@@ -196,15 +217,15 @@ class PDProxy:
                                                        "x-radixlm-prefill": w.url})
         return None
 
-    async def _relay(self, upstream: httpx.Response, prefill: asyncio.Task, guard: LoadGuard,
-                     w: Worker) -> AsyncIterator[bytes]:
+    async def _relay(self, upstream: httpx.Response, prefill: asyncio.Task, guard: LoadGuard, w: Worker,
+                     flavor) -> AsyncIterator[bytes]:
         ok = False
         try:
             async for chunk in upstream.aiter_raw():
                 yield chunk
             ok = True
         except httpx.HTTPError as e:
-            yield orjson.dumps({"error": {"message": f"decode worker {w.url} failed mid-stream: {e}"}})
+            yield stream_error_event(f"decode worker {w.url} failed mid-stream: {type(e).__name__}: {e}", 502, flavor)
         finally:
             guard.release()
             w.breaker.record(ok)
