@@ -188,8 +188,8 @@ class ServerArgs:
 
     disaggregation_mode: DisaggregationMode = arg(
         DisaggregationMode.NULL, PD, "prefill: prefill requests that carry bootstrap_room and hand their KV to the "
-        "decode server; decode: take such requests' KV from the prefill server and decode; null: both (the router's "
-        "--pd-disaggregation pairs them)")
+        "decode server; decode: take such requests' KV from the prefill server and decode; null: a plain server "
+        "(`radixlm router --pd-disaggregation` pairs a prefill and a decode server)")
     disaggregation_bootstrap_port: int = arg(8998, PD, "prefill: the port of the bootstrap server decode servers "
                                                        "take the KV from")
     disaggregation_transfer_backend: str = arg("zmq", PD, "how KV pages move: zmq (TCP, no other setting) or "
