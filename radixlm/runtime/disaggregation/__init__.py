@@ -1,2 +1,2 @@
-"""Prefill/decode disaggregation (docs/disaggregation.md): the prefill server's side (prefill.py), the decode
-server's side (decode.py) and the transfer of a request's KV between them (transfer.py, zmq_backend.py)."""
+"""Moving a room's KV between a prefill and a decode server (docs/disaggregation.md): the interface
+(transfer.py) and its backends. The scheduler's two sides are scheduler/disagg_prefill.py and disagg_decode.py."""

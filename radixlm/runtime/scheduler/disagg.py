@@ -1,12 +1,12 @@
-"""The scheduler's hooks for prefill/decode disaggregation (runtime/disaggregation/): which side it plays, and how
+"""The scheduler's hooks for prefill/decode disaggregation (disagg_prefill.py, disagg_decode.py): which side it plays, and how
 a decode server starts a request whose KV arrived from the prefill server."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from radixlm.runtime.args.choices import DisaggregationMode
-from radixlm.runtime.disaggregation.decode import DecodeHooks, DecodeSide
-from radixlm.runtime.disaggregation.prefill import PrefillSide
+from radixlm.runtime.scheduler.disagg_decode import DecodeHooks, DecodeSide
+from radixlm.runtime.scheduler.disagg_prefill import PrefillSide
 from radixlm.runtime.disaggregation.transfer import KVPayload
 from radixlm.runtime.scheduler.req import FinishReason, GrammarAdvance, Req
 
@@ -27,6 +27,16 @@ def attach(sched: Scheduler) -> tuple[PrefillSide | None, DecodeSide | None]:
                             fail=lambda req, _reason: sched.outbox.emit(req))
         return None, DecodeSide(sched.args, hooks)
     return None, None
+
+
+def arrive(sched: Scheduler, req: Req) -> None:
+    """A new request: one with a room on a disaggregated server takes its side's path; elsewhere, or with nothing to
+    decode (max_new_tokens 0), it runs here whole."""
+    if req.bootstrap is not None and ((sched.pd_prefill is None and sched.pd_decode is None)
+                                      or req.sampling_params.max_new_tokens == 0):
+        req.bootstrap = None
+    if sched.pd_prefill is not None:
+        sched.pd_prefill.prepare(req)
 
 
 def start_decoding(sched: Scheduler, req: Req, payload: KVPayload) -> None:

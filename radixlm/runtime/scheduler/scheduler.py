@@ -24,6 +24,7 @@ from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.messages import ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
+from radixlm.runtime.scheduler import disagg
 from radixlm.runtime.scheduler.admission import Admission, NewTokenRatio
 from radixlm.runtime.scheduler.config import AdmissionConfig, OutputConfig
 from radixlm.runtime.scheduler.cursor import can_launch_ahead
@@ -117,8 +118,6 @@ class Scheduler:
         self.output_sink: Callable[[list[ReqOutput]], None] | None = None
         # Reported by /server_info; set by weight updates (their weight_version, else their count).
         self.weight_version = "default"
-        from radixlm.runtime.scheduler import disagg
-
         # Prefill/decode disaggregation: the side this server plays, if any (scheduler/disagg.py).
         self.pd_prefill, self.pd_decode = disagg.attach(self)
 
@@ -179,11 +178,7 @@ class Scheduler:
             if self.lora is not None:
                 self.lora.check_request(msg.lora_id)
             req = Req.from_input(msg, self.eos_token_ids)
-            if req.bootstrap is not None and (self.pd_prefill is None and self.pd_decode is None
-                                              or req.sampling_params.max_new_tokens == 0):
-                req.bootstrap = None  # not a disaggregated server, or nothing to decode: runs here whole
-            if self.pd_prefill is not None:
-                self.pd_prefill.prepare(req)
+            disagg.arrive(self, req)
             self.deadlines.track(req)
             pooler = self.runner.pooler
             if req.embed != (pooler is not None):

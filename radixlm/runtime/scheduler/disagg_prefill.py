@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.runtime.disaggregation.transfer import KVPayload, KVSender, make_sender
+from radixlm.runtime.scheduler.req import FinishType, Req
 
 if TYPE_CHECKING:
     from radixlm.runtime.args import ServerArgs
     from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
-    from radixlm.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class PrefillSide:
         if req.bootstrap is None:
             return
         room, n = req.bootstrap.room, len(req.origin_input_ids)
-        if req.finished_reason.type.value == "abort" or not req.output_ids or req.kv.committed < n:
+        if req.finished_reason.type is FinishType.ABORT or not req.output_ids or req.kv.committed < n:
             message = req.finished_reason.message if req.finished_reason.message else "the prefill produced no token"
             self.sender.publish(KVPayload(room, error=f"prefill failed: {message}"))
             return

@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.runtime.disaggregation.transfer import KVPayload, KVReceiver, make_receiver
+from radixlm.runtime.scheduler.planner import Planner, pages_needed
+from radixlm.runtime.scheduler.req import FinishReason, Req
 
 if TYPE_CHECKING:
     from radixlm.runtime.args import ServerArgs
-    from radixlm.runtime.scheduler.req import FinishReason, Req
+    from radixlm.runtime.cache.memory_pool import TokenToKVPool
 
 logger = logging.getLogger(__name__)
 
@@ -29,15 +31,15 @@ logger = logging.getLogger(__name__)
 class DecodeHooks:
     """What the decode side needs of the scheduler (its parts, handed over explicitly)."""
 
-    planner: object  # Planner: _make_room, release, cache_chunk
-    kv_pool: object  # TokenToKVPool
-    running: Callable[[], list]  # the running requests
+    planner: Planner
+    kv_pool: TokenToKVPool
+    running: Callable[[], list[Req]]  # the running requests
     max_running: int
-    start: Callable[["Req", KVPayload], None]  # a request whose KV arrived: take its first token and run it
-    fail: Callable[["Req", "FinishReason"], None]  # a request that ends here: answered with this reason
+    start: Callable[[Req, KVPayload], None]  # a request whose KV arrived: take its first token and run it
+    fail: Callable[[Req, FinishReason], None]  # a request that ends here: answered with this reason
 
 
-def scatter_kv(kv_pool, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def scatter_kv(kv_pool: TokenToKVPool, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Writes [layers, tokens, heads, head dim] k and v into `slots` of every layer."""
     if k.shape[0] != kv_pool.num_layers or k.shape[2:] != kv_pool.k_buffer[0].shape[1:] or k.dtype != kv_pool.dtype:
         raise ValueError(f"the prefill server's KV {tuple(k.shape)} {k.dtype} does not fit this pool "
@@ -89,8 +91,6 @@ class DecodeSide:
 
     # ------------------------------------------------------------------ internals
     def _allocate(self) -> None:
-        from radixlm.runtime.scheduler.planner import pages_needed
-
         h = self.hooks
         planner = h.planner
         held = len(self.holding())
@@ -100,7 +100,7 @@ class DecodeSide:
             if len(h.running()) + held >= h.max_running:
                 return
             n = len(req.origin_input_ids)
-            if not planner._make_room(pages_needed(0, n, planner.page_size)):
+            if not planner.make_room(pages_needed(0, n, planner.page_size)):
                 return
             idx = planner.req_to_token_pool.alloc()
             if idx is None:
@@ -118,8 +118,6 @@ class DecodeSide:
             self.receiver.fetch(b.room, b.host, b.port, self.timeout_s)
 
     def _arrived(self, req: Req, payload: KVPayload) -> None:
-        from radixlm.runtime.scheduler.req import FinishReason
-
         if payload.error is not None:
             self._end(req, FinishReason.aborted(f"disaggregated prefill failed: {payload.error}", 502))
             return
