@@ -187,9 +187,8 @@ class ServerArgs:
                                                    "--max-loras-per-batch); unset: no limit")
 
     disaggregation_mode: DisaggregationMode = arg(
-        DisaggregationMode.NULL, PD, "prefill: prefill requests that carry bootstrap_room and hand their KV to the "
-        "decode server; decode: take such requests' KV from the prefill server and decode; null: a plain server "
-        "(`radixlm router --pd-disaggregation` pairs a prefill and a decode server)")
+        DisaggregationMode.NULL, PD, "prefill: prefill requests with a bootstrap room, hand their KV on; decode: take "
+        "it and decode; null: a plain server (docs/disaggregation.md)")
     disaggregation_bootstrap_port: int = arg(8998, PD, "prefill: the port of the bootstrap server decode servers "
                                                        "take the KV from")
     disaggregation_transfer_backend: str = arg("zmq", PD, "how KV pages move: zmq (TCP, no other setting) or "
