@@ -403,6 +403,7 @@ class Engine:
         self._stop_ranks()
         if not self._thread.is_alive() and getattr(self, "runner", None) is not None:
             self.scheduler.grammar_queue.shutdown()
+            self.scheduler.close_disaggregation()  # its bootstrap port is free again
             self.scheduler = self.runner = None
             import torch  # not at module level: `import radixlm` stays free of torch
 

@@ -97,6 +97,12 @@ def test_pd_same_greedy_tokens_as_a_plain_server(pd):
     # The decode server computed no prompt: its prefill passes did not grow.
     assert after_d["stats"]["prefill_batches"] == before_d["stats"]["prefill_batches"]
 
+    r = router.client.post("/v1/completions", json={"prompt": prompts[0], "max_tokens": 8, "temperature": 0,
+                                                     "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    direct = decode.client.post("/v1/completions", json={"prompt": prompts[0], "max_tokens": 8, "temperature": 0,
+                                                         "ignore_eos": True})
+    assert r.json()["choices"][0]["text"] == direct.json()["choices"][0]["text"]
     r = router.client.post("/generate", json={"input_ids": prompts[1], "sampling_params": SP, "stream": True})
     assert r.status_code == 200
     events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]

@@ -264,6 +264,12 @@ class Scheduler:
         """Those of them that hold KV slots already (the accounting check counts them)."""
         return self.pd_decode.holding() if self.pd_decode is not None else []
 
+    def close_disaggregation(self) -> None:
+        """Stops the KV transfer threads and closes their sockets (a prefill server's bootstrap port)."""
+        for side in (self.pd_prefill, self.pd_decode):
+            if side is not None:
+                side.close()
+
     def _process_aborts(self) -> None:
         if self.aborts_pending:
             self.aborts_pending = False

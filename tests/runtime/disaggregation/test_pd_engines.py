@@ -74,6 +74,16 @@ def test_decode_side_matches_a_plain_run(engines):
     assert decode.scheduler.pd_decode.received >= 4
 
 
+def test_grammar_advances_over_the_prefill_token(engines):
+    _, decode, _ = engines
+    ids = random_prompts(5, [7], CFG["vocab_size"])[0]
+    sp = {"temperature": 0, "max_new_tokens": 6, "regex": "t1(t2|t3)+"}
+    out, first = _pd(engines, ids, sp, 400)
+    plain = decode.generate(input_ids=ids, sampling_params=sp)
+    assert out["output_ids"] == plain["output_ids"] and first["output_ids"] == [1]
+    assert out["meta_info"]["finish_reason"] == plain["meta_info"]["finish_reason"]
+
+
 def test_samples_take_a_room_each(engines):
     ids = random_prompts(1, [9], CFG["vocab_size"])[0]
     out, first = _pd(engines, ids, {"temperature": 1.0, "max_new_tokens": 4, "n": 3}, 300)
