@@ -56,8 +56,8 @@ class DisaggregationMode(str, enum.Enum):
 
 
 # How KV pages move between a prefill and a decode server (radixlm/runtime/disaggregation/): zmq, our own over TCP;
-# mooncake, Mooncake's transfer engine where it imports.
-TRANSFER_BACKENDS = ("zmq", "mooncake")
+# mooncake and nixl (SGLang's), checked at start: neither runs on a machine without RDMA / CUDA (docs/disaggregation.md).
+TRANSFER_BACKENDS = ("zmq", "mooncake", "nixl")
 
 
 class GrammarMaskMode(str, enum.Enum):

@@ -191,8 +191,8 @@ class ServerArgs:
         "it and decode; null: a plain server (docs/disaggregation.md)")
     disaggregation_bootstrap_port: int = arg(8998, PD, "prefill: the port of the bootstrap server decode servers "
                                                        "take the KV from")
-    disaggregation_transfer_backend: str = arg("zmq", PD, "how KV pages move: zmq (TCP, no other setting) or "
-                                                          "mooncake (its transfer engine, where it imports)",
+    disaggregation_transfer_backend: str = arg("zmq", PD, "how KV pages move: zmq (TCP, no other setting); "
+                                                          "mooncake, nixl: refused at start (docs/disaggregation.md)",
                                                choices=TRANSFER_BACKENDS)
     disaggregation_timeout: float = arg(300.0, PD, "decode: seconds to wait for a room's KV before the request "
                                                    "fails; prefill: seconds an unclaimed room's KV is kept")

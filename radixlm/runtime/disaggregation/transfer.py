@@ -66,10 +66,6 @@ class KVReceiver(Protocol):
 
 def make_sender(backend: str, port: int, timeout_s: float) -> KVSender:
     _check(backend)
-    if backend == "mooncake":
-        from radixlm.runtime.disaggregation.mooncake_backend import require_mooncake
-
-        require_mooncake()
     from radixlm.runtime.disaggregation.zmq_backend import ZmqKVSender
 
     return ZmqKVSender(port, timeout_s)
@@ -77,15 +73,16 @@ def make_sender(backend: str, port: int, timeout_s: float) -> KVSender:
 
 def make_receiver(backend: str) -> KVReceiver:
     _check(backend)
-    if backend == "mooncake":
-        from radixlm.runtime.disaggregation.mooncake_backend import require_mooncake
-
-        require_mooncake()
     from radixlm.runtime.disaggregation.zmq_backend import ZmqKVReceiver
 
     return ZmqKVReceiver()
 
 
 def _check(backend: str) -> None:
+    """Only zmq moves pages yet: the others say at start why they cannot (mooncake_backend.py)."""
     if backend not in TRANSFER_BACKENDS:
         raise ValueError(f"unknown transfer backend {backend!r}: one of {', '.join(TRANSFER_BACKENDS)}")
+    if backend != "zmq":
+        from radixlm.runtime.disaggregation import mooncake_backend
+
+        (mooncake_backend.require_mooncake if backend == "mooncake" else mooncake_backend.require_nixl)()

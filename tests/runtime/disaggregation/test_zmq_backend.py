@@ -82,6 +82,8 @@ def test_unknown_backend_and_busy_port():
         make_receiver("carrier-pigeon")
     with pytest.raises(RuntimeError, match="mooncake"):
         make_receiver("mooncake")
+    with pytest.raises(RuntimeError, match="nixl"):
+        make_sender("nixl", free_port(), 1.0)
     port = free_port()
     first = make_sender("zmq", port, 1.0)
     try:
