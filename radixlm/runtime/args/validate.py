@@ -145,8 +145,8 @@ def _check_disaggregation(a: ServerArgs) -> None:
     _check(math.isfinite(a.disaggregation_timeout) and a.disaggregation_timeout > 0,
            "disaggregation_timeout must be a finite number of seconds > 0")
     if a.disaggregation_mode is not DisaggregationMode.NULL:
-        _check(a.tp_size == 1, "disaggregation_mode prefill/decode runs with tp_size 1 only for now "
-                               "(docs/disaggregation.md)")
+        _check(a.disaggregation_bootstrap_port + a.tp_size - 1 < 65536,
+               "disaggregation_bootstrap_port + tp_size - 1 must be a port (each rank listens on its own)")
         _check(a.dp_size == 1, "disaggregation_mode prefill/decode: one server per process (dp_size 1); put "
                                "several behind `radixlm router --pd-disaggregation`")
         _check(not a.is_embedding, "disaggregation_mode prefill/decode serves generation models only")

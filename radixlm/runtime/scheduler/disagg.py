@@ -17,14 +17,16 @@ if TYPE_CHECKING:
 def attach(sched: Scheduler) -> tuple[PrefillSide | None, DecodeSide | None]:
     mode = sched.args.disaggregation_mode
     if mode is DisaggregationMode.PREFILL:
-        side = PrefillSide(sched.args, sched.runner.token_to_kv_pool, sched.req_to_token_pool)
+        side = PrefillSide(sched.args, sched.runner.token_to_kv_pool, sched.req_to_token_pool,
+                           tp_rank=sched.runner.parallel.tp_rank)
         sched.results.on_finished = side.on_finished
         return side, None
     if mode is DisaggregationMode.DECODE:
         hooks = DecodeHooks(sched.planner, sched.runner.token_to_kv_pool, lambda: sched.running,
                             sched.admission.config.max_running_requests,
                             start=lambda req, payload: start_decoding(sched, req, payload),
-                            fail=lambda req, _reason: sched.outbox.emit(req))
+                            fail=lambda req, _reason: sched.outbox.emit(req),
+                            all_true=sched.runner.parallel.all_true, tp_rank=sched.runner.parallel.tp_rank)
         return None, DecodeSide(sched.args, hooks)
     return None, None
 

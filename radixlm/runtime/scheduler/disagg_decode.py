@@ -37,6 +37,8 @@ class DecodeHooks:
     max_running: int
     start: Callable[[Req, KVPayload], None]  # a request whose KV arrived: take its first token and run it
     fail: Callable[[Req, FinishReason], None]  # a request that ends here: answered with this reason
+    all_true: Callable[[list[bool]], list[bool]]  # position-wise AND over the tensor-parallel ranks (Parallel's)
+    tp_rank: int = 0
 
 
 def scatter_kv(kv_pool: TokenToKVPool, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -57,6 +59,7 @@ class DecodeSide:
         self.timeout_s = args.disaggregation_timeout
         self.receiver = receiver or make_receiver(args.disaggregation_transfer_backend)
         self.pending: list[Req] = []  # in arrival order; those with req_pool_idx set hold slots and are fetching
+        self.arrived: dict[int, KVPayload] = {}  # this rank's shards that came, until every rank has its own
         self.received = 0
 
     def add(self, req: Req) -> None:
@@ -67,16 +70,27 @@ class DecodeSide:
         return [r for r in self.pending if r.req_pool_idx is not None]
 
     def step(self) -> None:
-        """Takes slots for the requests that can have them, then starts those whose KV arrived."""
+        """Takes slots for the requests that can have them, then starts those whose KV arrived (on every
+        tensor-parallel rank: each rank fetches its own shard, and a request starts on all ranks in the same step,
+        failing on all if it failed on one)."""
         self._allocate()
         if not self.pending:
             return
-        by_room = {r.bootstrap.room: r for r in self.pending if r.req_pool_idx is not None}
+        holders = self.holding()
+        rooms = {r.bootstrap.room for r in holders}
         for payload in self.receiver.poll():
-            req = by_room.pop(payload.room, None)
-            if req is None:
-                continue  # aborted meanwhile
+            if payload.room in rooms:  # else aborted meanwhile
+                self.arrived[payload.room] = payload
+        ready = self.hooks.all_true([r.bootstrap.room in self.arrived for r in holders])
+        done = [r for r, ok in zip(holders, ready) if ok]
+        if not done:
+            return
+        ok = self.hooks.all_true([self.arrived[r.bootstrap.room].error is None for r in done])
+        for req, fine in zip(done, ok):
             self.pending.remove(req)
+            payload = self.arrived.pop(req.bootstrap.room)
+            if not fine and payload.error is None:
+                payload = KVPayload(payload.room, error="another tensor-parallel rank's shard failed")
             self._arrived(req, payload)
 
     def abort(self, reasons: dict[str, FinishReason]) -> None:
@@ -84,6 +98,7 @@ class DecodeSide:
             self.pending.remove(req)
             if req.req_pool_idx is not None:
                 self.receiver.cancel(req.bootstrap.room)
+                self.arrived.pop(req.bootstrap.room, None)
             self._end(req, reasons[req.rid])
 
     def close(self) -> None:
@@ -115,7 +130,8 @@ class DecodeSide:
             req.kv.committed = n  # its slots (their KV arrives later; _end frees them without inserting)
             held += 1
             b = req.bootstrap
-            self.receiver.fetch(b.room, b.host, b.port, self.timeout_s)
+            # Prefill rank i's bootstrap server listens on the port + i (disagg_prefill.py): rank i takes its shard.
+            self.receiver.fetch(b.room, b.host, b.port + h.tp_rank, self.timeout_s)
 
     def _arrived(self, req: Req, payload: KVPayload) -> None:
         if payload.error is not None:

@@ -31,11 +31,13 @@ def gather_kv(kv_pool: TokenToKVPool, slots: torch.Tensor) -> tuple[torch.Tensor
 
 class PrefillSide:
     def __init__(self, args: ServerArgs, kv_pool: TokenToKVPool, req_to_token_pool: ReqToTokenPool,
-                 sender: KVSender | None = None):
+                 sender: KVSender | None = None, tp_rank: int = 0):
+        """tp_rank: each tensor-parallel rank serves its own shard of the KV heads, on the bootstrap port + its rank
+        (decode rank i fetches from prefill rank i: both sides run the same tp_size)."""
         self.kv_pool = kv_pool
         self.req_to_token_pool = req_to_token_pool
-        self.sender = sender or make_sender(args.disaggregation_transfer_backend, args.disaggregation_bootstrap_port,
-                                            args.disaggregation_timeout)
+        self.sender = sender or make_sender(args.disaggregation_transfer_backend,
+                                            args.disaggregation_bootstrap_port + tp_rank, args.disaggregation_timeout)
         self.published = 0
 
     def prepare(self, req: Req) -> None:
