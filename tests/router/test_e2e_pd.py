@@ -126,13 +126,14 @@ def test_pd_faults_leave_no_page_behind(pd):
                                                "bootstrap_port": bootstrap, "bootstrap_room": 777})
     assert r.status_code == 200 and len(r.json()["output_ids"]) == 1
     assert _settled(prefill)["disaggregation"]["unclaimed"] >= 1
-    # A client that goes away mid-stream: both servers drop the request.
+    # A client that goes away mid-stream: both servers drop the request (the decode server long before its 480 tokens).
+    passes = _state(decode)["stats"]["decode_batches"]
     with httpx.stream("POST", router.base_url + "/generate", timeout=60, json={
-            "input_ids": ids, "stream": True, "sampling_params": {**SP, "max_new_tokens": 400}}) as s:
+            "input_ids": ids, "stream": True, "sampling_params": {**SP, "max_new_tokens": 480}}) as s:
         for line in s.iter_lines():
             if line.startswith("data: {"):
                 break
-    _settled(decode)
+    assert _settled(decode)["stats"]["decode_batches"] - passes < 400
     _settled(prefill)
     # Partial bootstrap fields are refused.
     r = router.client.post("/generate", json={"input_ids": ids, "sampling_params": SP}, )
