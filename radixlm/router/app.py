@@ -299,6 +299,10 @@ def create_app(args: RouterArgs, transport: httpx.AsyncBaseTransport | None = No
     because uvicorn re-raises SIGTERM after its shutdown and code after `run()` never runs."""
     client = httpx.AsyncClient(transport=transport, limits=httpx.Limits(
         max_connections=1024, max_keepalive_connections=256, keepalive_expiry=KEEPALIVE_EXPIRY_S))
+    if args.pd_disaggregation:
+        from radixlm.router.pd import create_pd_app
+
+        return create_pd_app(args, client, GENERATION_ROUTES, on_shutdown)
     router = Router(args, client)
     proxy = Proxy(router)
 

@@ -21,18 +21,20 @@ class RouterSection(enum.Enum):
     HEALTH = "Health checks"
     CIRCUIT = "Circuit breaker"
     RETRIES = "Retries"
+    PD = "Prefill/decode disaggregation"
 
 
 def arg(default: Any, section: RouterSection, help: str, *, choices: tuple[str, ...] | None = None,
-        aliases: tuple[str, ...] = (), factory: Callable[[], Any] | None = None) -> Any:
-    meta = {"section": section, "help": help, "choices": choices, "aliases": aliases}
+        aliases: tuple[str, ...] = (), factory: Callable[[], Any] | None = None, nargs: str | None = None) -> Any:
+    """nargs: a repeatable flag taking this many values each time (argparse's nargs; the field is a list of them)."""
+    meta = {"section": section, "help": help, "choices": choices, "aliases": aliases, "nargs": nargs}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
 
 
 SRV, POL, FB, HC = RouterSection.SERVER, RouterSection.POLICY, RouterSection.FEEDBACK, RouterSection.HEALTH
-CB, RET = RouterSection.CIRCUIT, RouterSection.RETRIES
+CB, RET, PD = RouterSection.CIRCUIT, RouterSection.RETRIES, RouterSection.PD
 
 
 @dataclass
@@ -83,6 +85,16 @@ class RouterArgs:
     retry_backoff_multiplier: float = arg(1.5, RET, "each further resend waits this many times longer")
     retry_jitter_factor: float = arg(0.2, RET, "delays vary at random by up to this fraction")
     disable_retries: bool = arg(False, RET, "send each request to one worker only")
+    pd_disaggregation: bool = arg(False, PD, "route each generation request to a prefill worker and a decode worker "
+                                             "(--prefill, --decode) with a bootstrap room; the decode worker answers")
+    prefill: list[list[str]] = arg(None, PD, "a prefill worker: URL [BOOTSTRAP_PORT] (its "
+                                             "--disaggregation-bootstrap-port; default 8998); repeat per worker",
+                                   factory=list, nargs="+")
+    decode: list[str] = arg(None, PD, "a decode worker's URL; repeat per worker", factory=list, nargs="1")
+    prefill_policy: str | None = arg(None, PD, "picks the prefill worker (cache_aware keeps its own tree over the "
+                                               "prefill pool); unset: --policy", choices=POLICIES + tuple(POLICY_ALIASES))
+    decode_policy: str | None = arg(None, PD, "picks the decode worker; unset: --policy",
+                                    choices=POLICIES + tuple(POLICY_ALIASES))
     quarantine_secs: float = arg(600.0, RET, "how long copies of a request that two workers died on are refused "
                                              "(HTTP 422) at the router")
 
@@ -109,6 +121,25 @@ class RouterArgs:
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
+        self._check_pd()
+
+    def _check_pd(self) -> None:
+        if not self.pd_disaggregation:
+            if self.prefill or self.decode:
+                raise ValueError("--prefill and --decode need --pd-disaggregation")
+            return
+        if self.worker_urls:
+            raise ValueError("--pd-disaggregation takes its workers from --prefill and --decode, not --worker-urls")
+        if not self.prefill or not self.decode:
+            raise ValueError("--pd-disaggregation needs at least one --prefill and one --decode worker")
+        for entry in self.prefill:
+            if not 1 <= len(entry) <= 2:
+                raise ValueError(f"--prefill takes URL [BOOTSTRAP_PORT], got {' '.join(entry)!r}")
+            if len(entry) == 2 and not (entry[1].isdigit() and 0 < int(entry[1]) < 65536):
+                raise ValueError(f"--prefill {entry[0]}: the bootstrap port must be in [1, 65535], got {entry[1]!r}")
+        for name in (self.prefill_policy, self.decode_policy):
+            if name is not None and name not in POLICIES and name not in POLICY_ALIASES:
+                raise ValueError(f"prefill/decode policy must be one of {', '.join(POLICIES)}")
 
 
 def add_router_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
@@ -124,7 +155,11 @@ def add_router_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ())
         tp = hints[f.name]
         if typing.get_origin(tp) in (typing.Union, types.UnionType):
             tp = next(a for a in typing.get_args(tp) if a is not type(None))
-        if tp is bool:
+        if f.metadata.get("nargs"):
+            n = f.metadata["nargs"]
+            group.add_argument(*flags, action="append", nargs=None if n == "1" else n,
+                               metavar=("URL", "[BOOTSTRAP_PORT]") if n == "+" else "URL", **kw)
+        elif tp is bool:
             group.add_argument(*flags, action="store_true", **kw)
         elif typing.get_origin(tp) is list:
             group.add_argument(*flags, nargs="*", metavar="URL", **kw)

@@ -215,13 +215,13 @@ class Engine:
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
                  top_logprobs_num=None, return_text_in_logprobs=False, stream=False, rid=None, extra_key=None,
-                 image_data=None, video_data=None, lora_path=None, priority=None, timeout_s=None):
+                 image_data=None, video_data=None, lora_path=None, priority=None, timeout_s=None, bootstrap=None):
         """lora_path: a loaded adapter's name, or a list with one per prompt (None: the base model); priority: higher
         first with --enable-priority-scheduling (None: the server's default); timeout_s: aborted that many seconds
         after the scheduler received it (finish_reason abort, with what it generated)."""
         built = self.builder.build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
                                    top_logprobs_num, rid, extra_key, stream, image_data, video_data, lora_path,
-                                   priority, timeout_s)
+                                   priority, timeout_s, bootstrap)
         msgs = built.msgs
         if stream:
             return self._stream(msgs[0], return_text_in_logprobs)
@@ -403,6 +403,7 @@ class Engine:
         self._stop_ranks()
         if not self._thread.is_alive() and getattr(self, "runner", None) is not None:
             self.scheduler.grammar_queue.shutdown()
+            self.scheduler.close_disaggregation()  # its bootstrap port is free again
             self.scheduler = self.runner = None
             import torch  # not at module level: `import radixlm` stays free of torch
 

@@ -15,7 +15,7 @@ from radixlm.runtime.args.choices import MAX_PRIORITY
 from radixlm.runtime.grammar.spec import GrammarSpec, validate as validate_grammar
 from radixlm.runtime.lora.registry import LoraRegistry
 from radixlm.runtime.detokenizer import IncrementalDecoder, hold_back_stop_prefix, trim_stop
-from radixlm.runtime.messages import DetokenizeInfo, ReqOutput, TokenizedGenerateReqInput
+from radixlm.runtime.messages import BootstrapInfo, DetokenizeInfo, ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -152,10 +152,11 @@ class RequestBuilder:
 
     def build(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
               top_logprobs_num=None, rid=None, extra_key=None, stream=False, image_data=None,
-              video_data=None, lora_path=None, priority=None, timeout_s=None) -> BuiltRequests:
+              video_data=None, lora_path=None, priority=None, timeout_s=None,
+              bootstrap: BootstrapInfo | None = None) -> BuiltRequests:
         steps = self.build_steps(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
                                  top_logprobs_num, rid, extra_key, stream, image_data, video_data, lora_path, priority,
-                                 timeout_s)
+                                 timeout_s, bootstrap)
         while True:
             try:
                 next(steps)
@@ -165,9 +166,10 @@ class RequestBuilder:
     def build_steps(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                     logprob_start_len=None, top_logprobs_num=None, rid=None, extra_key=None,
                     stream=False, image_data=None, video_data=None, lora_path=None, priority=None,
-                    timeout_s=None) -> Generator[None, None, BuiltRequests]:
+                    timeout_s=None, bootstrap: BootstrapInfo | None = None) -> Generator[None, None, BuiltRequests]:
         """build, yielding after each request it makes, so that an event loop can serve others during a large
-        batch (TokenizerManager.build_async); returns the BuiltRequests."""
+        batch (TokenizerManager.build_async); returns the BuiltRequests. bootstrap: a disaggregated pair's room (the
+        router's); each request made takes room + its index, on both servers alike."""
         if self.limits.embedding_dim:
             raise ValueError(IS_EMBEDDING)
         batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list))
@@ -205,13 +207,17 @@ class RequestBuilder:
                     # The n samples of a seeded request differ from each other, and repeat as a set.
                     m.sampling_params = dataclasses.replace(
                         m.sampling_params, sampling_seed=(m.sampling_params.sampling_seed * 1_000_003 + j) % (1 << 63))
+                if bootstrap is not None:
+                    m.bootstrap = dataclasses.replace(bootstrap, room=(bootstrap.room + len(msgs)) % (1 << 63))
                 msgs.append(m)
                 yield
             if n > 1:
                 warm.append(len(msgs) - n)
             if stream and len(msgs) > 1:
                 raise ValueError("streaming supports one prompt with n=1")
-        return BuiltRequests(msgs, batched or len(msgs) > 1, warm if not self.limits.disable_radix_cache else [])
+        # A disaggregated pair prefills each sample on the prefill server (its cache shares the prompt): no warm-up.
+        keep_warm = not self.limits.disable_radix_cache and bootstrap is None
+        return BuiltRequests(msgs, batched or len(msgs) > 1, warm if keep_warm else [])
 
 
 def _items(media) -> list:
@@ -265,6 +271,21 @@ def check_timeout(timeout_s) -> float | None:
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s}")
     return float(timeout_s)
+
+
+def bootstrap_info(host, port, room) -> BootstrapInfo | None:
+    """SGLang's bootstrap_host / bootstrap_port / bootstrap_room request fields: all three or none."""
+    given = [x is not None for x in (host, port, room)]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError("bootstrap_host, bootstrap_port and bootstrap_room go together (the PD router sets them)")
+    if not isinstance(host, str) or not host:
+        raise ValueError("bootstrap_host must be a host name or address")
+    for name, value, top in (("bootstrap_port", port, 65535), ("bootstrap_room", room, (1 << 63) - 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= top:
+            raise ValueError(f"{name} must be an integer in [0, {top}], got {value!r}")
+    return BootstrapInfo(host, port, room)
 
 
 def _per_prompt(name: str, value, count: int) -> list:

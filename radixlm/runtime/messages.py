@@ -9,6 +9,16 @@ from radixlm.runtime.multimodal.inputs import MultimodalInputs
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 
 
+@dataclass(frozen=True)
+class BootstrapInfo:
+    """Prefill/decode disaggregation (SGLang's request fields): the prefill server's bootstrap server and the room
+    both servers know the request's KV by (set by the router, one room per sample)."""
+
+    host: str
+    port: int
+    room: int
+
+
 @dataclass
 class TokenizedGenerateReqInput:
     """Set by the front after validation; the scheduler trusts it."""
@@ -32,6 +42,7 @@ class TokenizedGenerateReqInput:
     token_type_ids: list[int] | None = None  # per prompt token (an encoder's sentence pairs); None: all 0
     # With return_logprob: the logprobs of these tokens as the next token (SGLang's token_ids_logprob; /v1/score).
     token_ids_logprob: list[int] | None = None
+    bootstrap: BootstrapInfo | None = None  # set on both servers of a disaggregated pair (else None)
 
 
 @dataclass

@@ -18,6 +18,7 @@ class Section(enum.Enum):
     CONSTRAINED = "Constrained decoding"
     MULTIMODAL = "Multimodal inputs"
     LORA = "LoRA adapters"
+    DISAGGREGATION = "Prefill/decode disaggregation"
     RELIABILITY = "Reliability and observability"
 
 
@@ -44,6 +45,19 @@ class JumpForwardMode(str, enum.Enum):
     OFF = "off"
     FAST = "fast"  # the paper's: forced text appended as retokenized (its tokenization may differ)
     EXACT = "exact"  # forced text drafted and verified: greedy output identical to off
+
+
+class DisaggregationMode(str, enum.Enum):
+    """SGLang's --disaggregation-mode: a server that only prefills (and hands the KV on), only decodes (and receives
+    it), or does both (null)."""
+    NULL = "null"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+# How KV pages move between a prefill and a decode server (radixlm/runtime/disaggregation/): zmq, our own over TCP;
+# mooncake and nixl (SGLang's), checked at start: neither runs on a machine without RDMA / CUDA (docs/disaggregation.md).
+TRANSFER_BACKENDS = ("zmq", "mooncake", "nixl")
 
 
 class GrammarMaskMode(str, enum.Enum):

@@ -14,7 +14,7 @@ from radixlm.runtime.args.choices import (
     ATTENTION_BACKENDS, DEFAULT_DRAFT_STEPS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, LORA_BACKENDS,
     HiCachePrefetchPolicy, HiCacheStorageBackend, HiCacheWritePolicy,
     QUANTIZATION_METHODS, REASONING_PARSERS, TOOL_CALL_PARSERS, GrammarMaskMode, JumpForwardMode, KVCacheDtype,
-    SchedulePolicyName, Section, SpeculativeAlgorithm, Toggle,
+    SchedulePolicyName, Section, SpeculativeAlgorithm, Toggle, TRANSFER_BACKENDS, DisaggregationMode,
 )
 from radixlm.runtime.args.validate import validate
 
@@ -31,7 +31,7 @@ def arg(default: Any, section: Section, help: str, *, choices: tuple[str, ...] |
 
 M, S, MEM, PAR, K = Section.MODEL, Section.SERVER, Section.MEMORY, Section.PARALLELISM, Section.KERNELS
 SPEC, CD, MM, REL = Section.SPECULATIVE, Section.CONSTRAINED, Section.MULTIMODAL, Section.RELIABILITY
-LORA = Section.LORA
+LORA, PD = Section.LORA, Section.DISAGGREGATION
 
 
 @dataclass
@@ -203,6 +203,17 @@ class ServerArgs:
                                             "path elsewhere) or torch_native", choices=LORA_BACKENDS)
     max_loaded_loras: int | None = arg(None, LORA, "most adapters held in host memory at once (>= "
                                                    "--max-loras-per-batch); unset: no limit")
+
+    disaggregation_mode: DisaggregationMode = arg(
+        DisaggregationMode.NULL, PD, "prefill: prefill requests with a bootstrap room, hand their KV on; decode: take "
+        "it and decode; null: a plain server (docs/disaggregation.md)")
+    disaggregation_bootstrap_port: int = arg(8998, PD, "prefill: the port of the bootstrap server decode servers "
+                                                       "take the KV from")
+    disaggregation_transfer_backend: str = arg("zmq", PD, "how KV pages move: zmq (TCP, no other setting); "
+                                                          "mooncake, nixl: refused at start (docs/disaggregation.md)",
+                                               choices=TRANSFER_BACKENDS)
+    disaggregation_timeout: float = arg(300.0, PD, "decode: seconds to wait for a room's KV before the request "
+                                                   "fails; prefill: seconds an unclaimed room's KV is kept")
 
     watchdog_timeout: float = arg(300.0, REL, "seconds without scheduler progress, requests pending, before they "
                                               "are failed")

@@ -154,3 +154,20 @@ def validate(a: ServerArgs) -> None:
     _check_serving(a)
     _check_lora(a)
     _check_deterministic(a)
+    _check_disaggregation(a)
+
+
+def _check_disaggregation(a: ServerArgs) -> None:
+    from radixlm.runtime.args.choices import TRANSFER_BACKENDS, DisaggregationMode
+
+    _check(0 < a.disaggregation_bootstrap_port < 65536, "disaggregation_bootstrap_port must be in [1, 65535]")
+    _check(a.disaggregation_transfer_backend in TRANSFER_BACKENDS,
+           f"disaggregation_transfer_backend must be one of {', '.join(TRANSFER_BACKENDS)}")
+    _check(math.isfinite(a.disaggregation_timeout) and a.disaggregation_timeout > 0,
+           "disaggregation_timeout must be a finite number of seconds > 0")
+    if a.disaggregation_mode is not DisaggregationMode.NULL:
+        _check(a.disaggregation_bootstrap_port + a.tp_size - 1 < 65536,
+               "disaggregation_bootstrap_port + tp_size - 1 must be a port (each rank listens on its own)")
+        _check(a.dp_size == 1, "disaggregation_mode prefill/decode: one server per process (dp_size 1); put "
+                               "several behind `radixlm router --pd-disaggregation`")
+        _check(not a.is_embedding, "disaggregation_mode prefill/decode serves generation models only")

@@ -89,7 +89,19 @@ def internal_state(sched: Scheduler) -> dict:
         "req_running_timeout_s": sched.deadlines.config.running_timeout_s,
         "weight_version": sched.weight_version,
         "stats": sched.stats_snapshot(),
+        "disaggregation": _disaggregation_state(sched),
     }
+
+
+def _disaggregation_state(sched: Scheduler) -> dict:
+    """The side a disaggregated server plays and its rooms (runtime/disaggregation/)."""
+    state: dict = {"mode": sched.args.disaggregation_mode.value}
+    if sched.pd_prefill is not None:
+        state.update(published=sched.pd_prefill.published, unclaimed=sched.pd_prefill.sender.pending())
+    if sched.pd_decode is not None:
+        state.update(received=sched.pd_decode.received, waiting=len(sched.pd_decode.pending),
+                     holding=len(sched.pd_decode.holding()))
+    return state
 
 
 class Inbox(Protocol):

@@ -20,7 +20,7 @@ def check_kv_accounting(sched: "Scheduler") -> None:
     ps = sched.page_size
     owned = 0
     in_use = [tree.all_values_flatten()]
-    active = sched._active_reqs()
+    active = sched._active_reqs() + sched.disagg_holding()
     for req in active:
         if req.req_pool_idx is None:
             continue

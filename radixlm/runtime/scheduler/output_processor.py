@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -62,6 +62,8 @@ class ResultProcessor:
         self.stats = stats
         self.tokenizer = tokenizer
         self.generator = generator
+        # Called with each request that finished, before its KV is released (a prefill server publishes it).
+        self.on_finished: Callable[[Req], None] | None = None
 
     def process_batch_result(self, result: BatchResult) -> None:
         batch, out = result.batch, result.out
@@ -143,6 +145,8 @@ class ResultProcessor:
         if is_prefill:
             req.input_logprobs_done = True
         if req.finished():
+            if self.on_finished is not None:
+                self.on_finished(req)
             self.planner.release(req)
             self.ratio.note_finished(req)
             self.stats["prompt_tokens"] += len(req.origin_input_ids)

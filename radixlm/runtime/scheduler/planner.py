@@ -104,6 +104,11 @@ class Planner:
         """Whether the next pass's rows of `reqs` fit the pool, evicting cached prefixes to make room."""
         return self._make_room(self.kv_needed(reqs))
 
+    def make_room(self, need: int) -> bool:
+        """Evicts cached prefixes until `need` slots are free, if it can; whether they are (a decode server's
+        requests take their prompt's slots before their KV arrives: scheduler/disagg_decode.py)."""
+        return self._make_room(need)
+
     def _make_room(self, need: int) -> bool:
         """Evicts cached prefixes until `need` slots are free, if it can; whether they are."""
         free = self.allocator.available_size()

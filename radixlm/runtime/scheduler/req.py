@@ -17,7 +17,7 @@ from radixlm.runtime.lora.registry import cache_namespace
 from radixlm.runtime.cache.radix_node import CacheLock, MatchResult, RadixKey, TreeNode
 from radixlm.runtime.executor.logits import top_logprobs
 from radixlm.runtime.grammar.backend import GrammarMatcher
-from radixlm.runtime.messages import TokenizedGenerateReqInput
+from radixlm.runtime.messages import BootstrapInfo, TokenizedGenerateReqInput
 from radixlm.runtime.multimodal.inputs import MultimodalInputs
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.cursor import KVCursor
@@ -98,6 +98,7 @@ class Req:
     dimensions: int | None = None
     token_type_ids: list[int] | None = None
     token_ids_logprob: list[int] | None = None
+    bootstrap: BootstrapInfo | None = None  # its room on a disaggregated pair (runtime/disaggregation/)
 
     # Set by the scheduler: tokens and KV.
     output_ids: list[int] = field(default_factory=list)
@@ -171,6 +172,7 @@ class Req:
             dimensions=msg.dimensions,
             token_type_ids=msg.token_type_ids,
             token_ids_logprob=msg.token_ids_logprob,
+            bootstrap=msg.bootstrap,
         )
 
     # ------------------------------------------------------------------ time in the queues

@@ -24,6 +24,7 @@ from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.messages import ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
+from radixlm.runtime.scheduler import disagg
 from radixlm.runtime.scheduler.admission import Admission, NewTokenRatio
 from radixlm.runtime.scheduler.config import AdmissionConfig, OutputConfig
 from radixlm.runtime.scheduler.cursor import can_launch_ahead
@@ -118,6 +119,8 @@ class Scheduler:
         self.output_sink: Callable[[list[ReqOutput]], None] | None = None
         # Reported by /server_info; set by weight updates (their weight_version, else their count).
         self.weight_version = "default"
+        # Prefill/decode disaggregation: the side this server plays, if any (scheduler/disagg.py).
+        self.pd_prefill, self.pd_decode = disagg.attach(self)
 
     # ------------------------------------------------------------------ the parts' state, as the scheduler's
     @property
@@ -176,6 +179,7 @@ class Scheduler:
             if self.lora is not None:
                 self.lora.check_request(msg.lora_id)
             req = Req.from_input(msg, self.eos_token_ids)
+            disagg.arrive(self, req)
             self.deadlines.track(req)
             pooler = self.runner.pooler
             if req.embed != (pooler is not None):
@@ -199,7 +203,10 @@ class Scheduler:
             self.outbox.emit(req)
         else:
             self.drafts.attach(req)
-            self.waiting_queue.append(req)
+            if self.pd_decode is not None and req.bootstrap is not None:
+                self.pd_decode.add(req)  # waits for its KV from the prefill server
+            else:
+                self.waiting_queue.append(req)
 
     def abort_request(self, rid: str, message: str = "aborted by the client") -> None:
         self.abort_requests([rid], message)
@@ -211,6 +218,8 @@ class Scheduler:
 
     def _abort(self, reasons: dict[str, FinishReason]) -> None:
         """Waiting requests finish at once; running ones at the next step's safe point (_process_aborts)."""
+        if self.pd_decode is not None:
+            self.pd_decode.abort(reasons)
         queued = self.grammar_queue.take(set(reasons))
         kept = []
         for req in self.waiting_queue:
@@ -228,7 +237,7 @@ class Scheduler:
         """The requests past a deadline at `now` (deadlines.py); [] at once when none can expire."""
         if not self.deadlines.active:
             return []
-        live = [*self.waiting_queue, *self.grammar_queue.queue, *self._active_reqs()]
+        live = [*self.waiting_queue, *self.grammar_queue.queue, *self._active_reqs(), *self._pd_pending()]
         return self.deadlines.expired(live, now)
 
     def abort_expired(self, expired: list[Expired]) -> None:
@@ -238,7 +247,7 @@ class Scheduler:
 
     def abort_all(self, message: str) -> int:
         """Aborts every request the scheduler holds (queued, compiling its grammar, running); returns how many."""
-        rids = [r.rid for r in self.waiting_queue + self.grammar_queue.queue + self._active_reqs()]
+        rids = [r.rid for r in self.waiting_queue + self.grammar_queue.queue + self._active_reqs() + self._pd_pending()]
         self.abort_requests(rids, message)
         return len(rids)
 
@@ -247,6 +256,20 @@ class Scheduler:
         if self.chunked_req is not None and not self.chunked_req.finished():
             reqs.append(self.chunked_req)
         return reqs
+
+    def _pd_pending(self) -> list[Req]:
+        """Requests waiting for their KV from a prefill server (a decode server's)."""
+        return list(self.pd_decode.pending) if self.pd_decode is not None else []
+
+    def disagg_holding(self) -> list[Req]:
+        """Those of them that hold KV slots already (the accounting check counts them)."""
+        return self.pd_decode.holding() if self.pd_decode is not None else []
+
+    def close_disaggregation(self) -> None:
+        """Stops the KV transfer threads and closes their sockets (a prefill server's bootstrap port)."""
+        for side in (self.pd_prefill, self.pd_decode):
+            if side is not None:
+                side.close()
 
     def _process_aborts(self) -> None:
         if self.aborts_pending:
@@ -279,7 +302,8 @@ class Scheduler:
         return True
 
     def is_idle(self) -> bool:
-        return self.nothing_to_run() and not self.grammar_queue.queue and not self.outputs
+        return (self.nothing_to_run() and not self.grammar_queue.queue and not self.outputs
+                and (self.pd_decode is None or not self.pd_decode.pending))
 
     def nothing_to_run(self) -> bool:
         """No pass can be formed now (requests whose grammar compiles may still be pending)."""
@@ -305,6 +329,8 @@ class Scheduler:
         return out
 
     def _step(self) -> list[ReqOutput]:
+        if self.pd_decode is not None:
+            self.pd_decode.step()  # requests whose KV arrived join the running batch
         for req in self.grammar_queue.pop_ready():
             self._enter_waiting(req)
         if self.inflight is not None and not (self.overlap and can_launch_ahead(

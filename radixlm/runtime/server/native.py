@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from radixlm.runtime.errors import ApiError
+from radixlm.runtime.front import bootstrap_info
 from radixlm.runtime.server.errors import BadRequest, error_body, parse
 from radixlm.runtime.server.native_protocol import GenerateReqInput
 from radixlm.runtime.server.openapi import request_body
@@ -46,7 +47,8 @@ async def generate(request: Request) -> Response:
             return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
             top_logprobs_num=req.top_logprobs_num, rid=req.rid, extra_key=req.extra_key, stream=req.stream,
             image_data=req.image_data, video_data=req.video_data, lora_path=req.lora_path, priority=req.priority,
-            timeout_s=req.timeout_s)
+            timeout_s=req.timeout_s,
+            bootstrap=bootstrap_info(req.bootstrap_host, req.bootstrap_port, req.bootstrap_room))
     except (ValueError, TypeError) as e:
         raise BadRequest(str(e)) from None
     if req.stream:

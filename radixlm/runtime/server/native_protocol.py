@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from radixlm.runtime.args.choices import MAX_PRIORITY
 from radixlm.runtime.front import MAX_GRAMMAR_CHARS, MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS
@@ -99,6 +99,10 @@ class GenerateReqInput(BaseModel):
         None, description="a loaded LoRA adapter's name (or for a batch one per prompt, null: the base model)")
     priority: Priority | list[Priority] | None = Field(None, description=PRIORITY_DOC)
     timeout_s: Timeout | list[Timeout] | None = Field(None, description=TIMEOUT_DOC)
+    # Prefill/decode disaggregation (set by `radixlm router --pd-disaggregation`, on both servers of a pair).
+    bootstrap_host: StrictStr | None = Field(None, description="the prefill server's bootstrap host")
+    bootstrap_port: StrictInt | None = Field(None, description="the prefill server's bootstrap port")
+    bootstrap_room: StrictInt | None = Field(None, description="the request's room (samples take room + index)")
 
     def sampling_dicts(self) -> dict | list[dict] | None:
         sp = self.sampling_params

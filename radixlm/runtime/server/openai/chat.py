@@ -11,7 +11,7 @@ from radixlm.runtime.front import BuiltRequests
 from radixlm.runtime.parsers.reasoning import ReasoningParser
 from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.openai.common import (
-    Usage, adapter_of, build, check_lengths, finish, merged_stream, new_id, respond, sse_body,
+    Usage, adapter_of, bootstrap_of, build, check_lengths, finish, merged_stream, new_id, respond, sse_body,
 )
 from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, ChatMessage
 from radixlm.runtime.server.openai.reasoning import (
@@ -86,7 +86,7 @@ async def prepare_chat(tm, req: ChatCompletionRequest) -> tuple[BuiltRequests, T
         sampling["skip_special_tokens"] = False
     built = await build(tm, input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs,
                         top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key,
-                        priority=req.priority, timeout_s=req.timeout_s, lora_path=adapter_of(tm, req),
+                        priority=req.priority, timeout_s=req.timeout_s, bootstrap=bootstrap_of(req), lora_path=adapter_of(tm, req),
                         image_data=images or None, video_data=videos or None)
     return built, plan
 

@@ -12,7 +12,7 @@ import orjson
 from fastapi import Request
 from fastapi.responses import Response
 
-from radixlm.runtime.front import BuiltRequests
+from radixlm.runtime.front import BuiltRequests, bootstrap_info
 from radixlm.runtime.errors import ApiError
 from radixlm.runtime.server.errors import ApiFlavor, BadRequest, error_body
 from radixlm.runtime.server.native import ClientDisconnected, generate_or_abort
@@ -41,6 +41,14 @@ def adapter_of(tm, req) -> str | None:
     """The LoRA adapter a request names: its lora_path, else its model (an adapter's name or base:adapter)."""
     try:
         return req.lora_path or tm.builder.lora.adapter_of_model(req.model, tm.server_args.model_path)
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+
+
+def bootstrap_of(req):
+    """A disaggregated pair's room (the PD router's bootstrap fields), or None."""
+    try:
+        return bootstrap_info(req.bootstrap_host, req.bootstrap_port, req.bootstrap_room)
     except ValueError as e:
         raise BadRequest(str(e)) from None
 

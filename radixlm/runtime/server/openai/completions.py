@@ -9,7 +9,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.openai.common import (
-    Usage, adapter_of, build, check_lengths, finish, merged_stream, new_id, respond, sse_body,
+    Usage, adapter_of, bootstrap_of, build, check_lengths, finish, merged_stream, new_id, respond, sse_body,
 )
 from radixlm.runtime.server.openai.protocol import CompletionRequest
 
@@ -75,7 +75,7 @@ async def create_completion(request: Request, req: CompletionRequest) -> Respons
     built = await build(tm, input_ids=ids if len(ids) > 1 else ids[0], sampling_params=req.sampling_params(max_new),
                         return_logprob=want_lp, logprob_start_len=0 if (want_lp and req.echo) else None,
                         top_logprobs_num=req.logprobs or 0, rid=req.rid, extra_key=req.extra_key,
-                        priority=req.priority, timeout_s=req.timeout_s, lora_path=adapter_of(tm, req))
+                        priority=req.priority, timeout_s=req.timeout_s, bootstrap=bootstrap_of(req), lora_path=adapter_of(tm, req))
     cid, created, model = new_id("cmpl"), int(time.time()), req.model or tm.server_args.model_path
     prompt_text = [texts[i // req.n] for i in range(len(built.msgs))]
     head = {"id": cid, "object": "text_completion", "created": created, "model": model}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from radixlm.runtime.server.errors import BadRequest
 from radixlm.runtime.server.native_protocol import (
@@ -89,6 +89,10 @@ class _Sampling(BaseModel):
     extra_key: StrictStr | None = None
     priority: Priority | None = Field(None, description=PRIORITY_DOC)
     timeout_s: Timeout | None = Field(None, description=TIMEOUT_DOC)
+    # Prefill/decode disaggregation (set by `radixlm router --pd-disaggregation`, on both servers of a pair).
+    bootstrap_host: StrictStr | None = None
+    bootstrap_port: StrictInt | None = None
+    bootstrap_room: StrictInt | None = None
 
     def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
         sp: dict[str, Any] = {

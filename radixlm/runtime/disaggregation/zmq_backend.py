@@ -1,0 +1,229 @@
+"""The zmq transfer backend: rooms' KV over TCP, one ROUTER socket on the prefill server (its bootstrap server) and
+a DEALER per prefill server on the decode server, each run by a thread of its own, so the scheduler never waits on
+the network.
+
+Wire format: decode -> prefill [b"", pickle({"room": r})]; prefill -> decode [b"", pickle(header), k bytes,
+v bytes], the header being the payload's fields but k and v, plus their dtype and shape."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pickle
+import queue
+import threading
+import time
+import uuid
+
+import torch
+import zmq
+
+from radixlm.runtime.disaggregation.transfer import KVPayload
+
+logger = logging.getLogger(__name__)
+
+POLL_MS = 20  # the threads' wake-up period when nothing arrives (expiries and deadlines are checked this often)
+
+
+def encode(payload: KVPayload) -> list:
+    header = {f.name: getattr(payload, f.name) for f in dataclasses.fields(payload) if f.name not in ("k", "v")}
+    frames: list = []
+    if payload.k is not None:
+        header["dtype"], header["shape"] = str(payload.k.dtype).removeprefix("torch."), tuple(payload.k.shape)
+        frames = [t.contiguous().view(torch.uint8).numpy() for t in (payload.k, payload.v)]
+    return [pickle.dumps(header), *frames]
+
+
+def decode(frames: list) -> KVPayload:
+    header = pickle.loads(frames[0])
+    dtype, shape = header.pop("dtype", None), header.pop("shape", None)
+    if dtype is not None:
+        if len(frames) != 3:
+            raise ValueError(f"room {header.get('room')}: expected k and v frames, got {len(frames) - 1}")
+        dt = getattr(torch, dtype)
+        k, v = (torch.frombuffer(bytearray(f), dtype=torch.uint8).view(dt).reshape(shape) for f in frames[1:])
+        header["k"], header["v"] = k, v
+    return KVPayload(**header)
+
+
+class _Worker:
+    """A thread that owns its zmq sockets; other threads hand it work through a queue and a wake-up socket."""
+
+    def __init__(self, name: str) -> None:
+        self.ctx = zmq.Context()
+        self._inbox: queue.Queue = queue.Queue()
+        self._wake_addr = f"inproc://{name}-{uuid.uuid4().hex}"
+        self._wake_recv = self.ctx.socket(zmq.PULL)
+        self._wake_recv.bind(self._wake_addr)
+        self._wake_send = self.ctx.socket(zmq.PUSH)  # used by the owner's thread only
+        self._wake_send.connect(self._wake_addr)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def submit(self, item) -> None:
+        self._inbox.put(item)
+        with self._lock:
+            self._wake_send.send(b"", zmq.NOBLOCK)
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            self._wake_send.send(b"", zmq.NOBLOCK)
+        self.thread.join(timeout=2)
+        self._wake_send.close(linger=0)
+        if not self.thread.is_alive():  # else its sockets are still open: the context goes with the process
+            self.ctx.term()
+
+    def _drain(self) -> list:
+        items = []
+        while True:
+            try:
+                items.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return items
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class ZmqKVSender(_Worker):
+    """The prefill server's bootstrap server: serves each room once, to the first decode server that asks."""
+
+    def __init__(self, port: int, timeout_s: float, host: str = "*") -> None:
+        super().__init__("kv-sender")
+        self.timeout_s = timeout_s
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a decode server that went away: the reply is dropped
+        try:
+            self.sock.bind(f"tcp://{host}:{port}")
+        except zmq.ZMQError as e:
+            for sock in (self.sock, self._wake_recv, self._wake_send):
+                sock.close(linger=0)
+            self.ctx.term()
+            raise RuntimeError(f"bootstrap server: cannot listen on port {port} ({e}); set "
+                               "--disaggregation-bootstrap-port") from None
+        self.ready: dict[int, tuple[list, float]] = {}  # room -> (frames, expiry)
+        self.waiting: dict[int, tuple[bytes, float]] = {}  # room -> (the asking decode server's identity, expiry)
+        self._pending = 0
+        self.thread.start()
+
+    def publish(self, payload: KVPayload) -> None:
+        self.submit(payload)
+
+    def pending(self) -> int:
+        return self._pending
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self._wake_recv, zmq.POLLIN)
+        while not self._stop.is_set():
+            events = dict(poller.poll(POLL_MS))
+            if self._wake_recv in events:
+                while self._wake_recv.poll(0):
+                    self._wake_recv.recv()
+            now = time.monotonic()
+            for payload in self._drain():
+                frames = encode(payload)
+                asker = self.waiting.pop(payload.room, None)
+                if asker is not None:
+                    self._send(asker[0], frames)
+                else:
+                    self.ready[payload.room] = (frames, now + self.timeout_s)
+            while self.sock in events and self.sock.poll(0):
+                identity, _, body = self.sock.recv_multipart()
+                room = pickle.loads(body)["room"]
+                entry = self.ready.pop(room, None)
+                if entry is not None:
+                    self._send(identity, entry[0])
+                else:
+                    self.waiting[room] = (identity, now + self.timeout_s)
+            self._expire(now)
+            self._pending = len(self.ready)
+        self.sock.close(linger=0)
+        self._wake_recv.close(linger=0)
+
+    def _send(self, identity: bytes, frames: list) -> None:
+        try:
+            self.sock.send_multipart([identity, b"", *frames], copy=False)
+        except zmq.ZMQError as e:
+            logger.warning("bootstrap server: could not send a room's KV (%s)", e)
+
+    def _expire(self, now: float) -> None:
+        for room in [r for r, (_, t) in self.ready.items() if t < now]:
+            del self.ready[room]
+            logger.warning("room %d: no decode server fetched its KV within %g s; dropped", room, self.timeout_s)
+        for room in [r for r, (_, t) in self.waiting.items() if t < now]:
+            identity, _ = self.waiting.pop(room)
+            self._send(identity, encode(KVPayload(room, error=f"the prefill server has no KV for room {room} "
+                                                              f"after {self.timeout_s:g} s")))
+
+
+class ZmqKVReceiver(_Worker):
+    """The decode server's side: a DEALER per prefill bootstrap server, rooms matched by the reply's header."""
+
+    def __init__(self) -> None:
+        super().__init__("kv-receiver")
+        self.done: queue.Queue = queue.Queue()
+        self.socks: dict[str, zmq.Socket] = {}
+        self.pending: dict[int, tuple[str, float, float]] = {}  # room -> (address, deadline, timeout)
+        self.thread.start()
+
+    def fetch(self, room: int, host: str, port: int, timeout_s: float) -> None:
+        self.submit(("fetch", room, host, port, timeout_s))
+
+    def cancel(self, room: int) -> None:
+        self.submit(("cancel", room))
+
+    def poll(self) -> list[KVPayload]:
+        out = []
+        while True:
+            try:
+                out.append(self.done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _sock(self, addr: str, poller: zmq.Poller) -> zmq.Socket:
+        sock = self.socks.get(addr)
+        if sock is None:
+            sock = self.socks[addr] = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(f"tcp://{addr}")
+            poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._wake_recv, zmq.POLLIN)
+        while not self._stop.is_set():
+            events = dict(poller.poll(POLL_MS))
+            if self._wake_recv in events:
+                while self._wake_recv.poll(0):
+                    self._wake_recv.recv()
+            now = time.monotonic()
+            for item in self._drain():
+                if item[0] == "fetch":
+                    _, room, host, port, timeout_s = item
+                    addr = f"{host}:{port}"
+                    self.pending[room] = (addr, now + timeout_s, timeout_s)
+                    self._sock(addr, poller).send_multipart([b"", pickle.dumps({"room": room})])
+                else:
+                    self.pending.pop(item[1], None)
+            for sock in [s for s in self.socks.values() if s in events]:
+                while sock.poll(0):
+                    frames = sock.recv_multipart()[1:]
+                    try:
+                        payload = decode(frames)
+                    except Exception as e:  # noqa: BLE001 - a malformed reply fails nothing but itself
+                        logger.warning("a malformed KV reply was dropped: %r", e)
+                        continue
+                    if self.pending.pop(payload.room, None) is not None:
+                        self.done.put(payload)
+            for room in [r for r, (_, t, _) in self.pending.items() if t < now]:
+                addr, _, timeout_s = self.pending.pop(room)
+                self.done.put(KVPayload(room, error=f"no KV for room {room} from the prefill server's bootstrap "
+                                                    f"server {addr} within {timeout_s:g} s (is it alive?)"))
+        for sock in self.socks.values():
+            sock.close(linger=0)
+        self._wake_recv.close(linger=0)

@@ -1,0 +1,167 @@
+"""The decode server's side (--disaggregation-mode decode): a request with a bootstrap room waits here, not in the
+waiting queue. Once a request row and its prompt's slots are free (evicting cached prefixes if it must, within
+max_running_requests), it takes them and fetches the room from the prefill server's bootstrap server; when the KV
+arrives it is written into those slots, the prefill's first token (with its logprobs) is appended as if this server
+had sampled it (grammar advanced, finish rules applied), the prompt is inserted into this server's radix tree and
+the request joins the running batch: from then on it is an ordinary running request (a retraction re-prefills it
+here). A room that fails (the prefill server's error, or nothing within --disaggregation-timeout) fails its request
+with that message and frees its slots; an abort cancels the fetch and frees them too."""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.runtime.disaggregation.transfer import KVPayload, KVReceiver, make_receiver
+from radixlm.runtime.scheduler.planner import Planner, pages_needed
+from radixlm.runtime.scheduler.req import FinishReason, Req
+
+if TYPE_CHECKING:
+    from radixlm.runtime.args import ServerArgs
+    from radixlm.runtime.cache.memory_pool import TokenToKVPool
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeHooks:
+    """What the decode side needs of the scheduler (its parts, handed over explicitly)."""
+
+    planner: Planner
+    kv_pool: TokenToKVPool
+    running: Callable[[], list[Req]]  # the running requests
+    max_running: int
+    start: Callable[[Req, KVPayload], None]  # a request whose KV arrived: take its first token and run it
+    fail: Callable[[Req, FinishReason], None]  # a request that ends here: answered with this reason
+    all_true: Callable[[list[bool]], list[bool]]  # position-wise AND over the tensor-parallel ranks (Parallel's)
+    tp_rank: int = 0
+
+
+def scatter_kv(kv_pool: TokenToKVPool, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Writes [layers, tokens, heads, head dim] k and v into `slots` of every layer."""
+    if k.shape[0] != kv_pool.num_layers or k.shape[2:] != kv_pool.k_buffer[0].shape[1:] or k.dtype != kv_pool.dtype:
+        raise ValueError(f"the prefill server's KV {tuple(k.shape)} {k.dtype} does not fit this pool "
+                         f"({kv_pool.num_layers} layers, {tuple(kv_pool.k_buffer[0].shape[1:])}, {kv_pool.dtype}): "
+                         "both servers must run the same model, dtype and KV dtype")
+    k, v = k.to(kv_pool.device), v.to(kv_pool.device)
+    for layer in range(kv_pool.num_layers):
+        kv_pool.k_buffer[layer][slots] = k[layer]
+        kv_pool.v_buffer[layer][slots] = v[layer]
+
+
+class DecodeSide:
+    def __init__(self, args: ServerArgs, hooks: DecodeHooks, receiver: KVReceiver | None = None):
+        self.hooks = hooks
+        self.timeout_s = args.disaggregation_timeout
+        self.receiver = receiver or make_receiver(args.disaggregation_transfer_backend)
+        self.pending: list[Req] = []  # in arrival order; those with req_pool_idx set hold slots and are fetching
+        self.arrived: dict[int, KVPayload] = {}  # this rank's shards that came, until every rank has its own
+        self.received = 0
+
+    def add(self, req: Req) -> None:
+        self.pending.append(req)
+
+    def holding(self) -> list[Req]:
+        """The requests that hold a request row and KV slots here (the accounting check counts them)."""
+        return [r for r in self.pending if r.req_pool_idx is not None]
+
+    def step(self) -> None:
+        """Takes slots for the requests that can have them, then starts those whose KV arrived (on every
+        tensor-parallel rank: each rank fetches its own shard, and a request starts on all ranks in the same step,
+        failing on all if it failed on one)."""
+        self._allocate()
+        if not self.pending:
+            return
+        holders = self.holding()
+        rooms = {r.bootstrap.room for r in holders}
+        for payload in self.receiver.poll():
+            if payload.room in rooms:  # else aborted meanwhile
+                self.arrived[payload.room] = payload
+        ready = self.hooks.all_true([r.bootstrap.room in self.arrived for r in holders])
+        done = [r for r, ok in zip(holders, ready) if ok]
+        if not done:
+            return
+        ok = self.hooks.all_true([self.arrived[r.bootstrap.room].error is None for r in done])
+        for req, fine in zip(done, ok):
+            self.pending.remove(req)
+            payload = self.arrived.pop(req.bootstrap.room)
+            if not fine and payload.error is None:
+                payload = KVPayload(payload.room, error="another tensor-parallel rank's shard failed")
+            self._arrived(req, payload)
+
+    def abort(self, reasons: dict[str, FinishReason]) -> None:
+        for req in [r for r in self.pending if r.rid in reasons]:
+            self.pending.remove(req)
+            if req.req_pool_idx is not None:
+                self.receiver.cancel(req.bootstrap.room)
+                self.arrived.pop(req.bootstrap.room, None)
+            self._end(req, reasons[req.rid])
+
+    def close(self) -> None:
+        self.receiver.close()
+
+    # ------------------------------------------------------------------ internals
+    def _allocate(self) -> None:
+        h = self.hooks
+        planner = h.planner
+        held = len(self.holding())
+        for req in self.pending:
+            if req.req_pool_idx is not None:
+                continue
+            if len(h.running()) + held >= h.max_running:
+                return
+            n = len(req.origin_input_ids)
+            if not planner.make_room(pages_needed(0, n, planner.page_size)):
+                return
+            idx = planner.req_to_token_pool.alloc()
+            if idx is None:
+                return
+            slots = planner.allocator.alloc_extend([0], [n], [-1])
+            if slots is None:
+                planner.req_to_token_pool.free(idx)
+                return
+            planner.req_to_token_pool.req_to_token[idx, :n] = slots.to(planner.req_to_token_pool.device)
+            req.req_pool_idx = idx
+            req.cache_lock, _ = planner.tree_cache.lock(planner.tree_cache.root_node, 0)
+            req.kv.committed = n  # its slots (their KV arrives later; _end frees them without inserting)
+            held += 1
+            b = req.bootstrap
+            # Prefill rank i's bootstrap server listens on the port + i (disagg_prefill.py): rank i takes its shard.
+            self.receiver.fetch(b.room, b.host, b.port + h.tp_rank, self.timeout_s)
+
+    def _arrived(self, req: Req, payload: KVPayload) -> None:
+        if payload.error is not None:
+            self._end(req, FinishReason.aborted(f"disaggregated prefill failed: {payload.error}", 502))
+            return
+        n = len(req.origin_input_ids)
+        try:
+            if payload.num_tokens != n:
+                raise ValueError(f"room {payload.room}: {payload.num_tokens} tokens of KV for a {n}-token prompt")
+            table = self.hooks.planner.req_to_token_pool.req_to_token
+            scatter_kv(self.hooks.kv_pool, table[req.req_pool_idx, :n], payload.k, payload.v)
+        except ValueError as e:
+            self._end(req, FinishReason.aborted(f"disaggregated prefill failed: {e}", 500))
+            return
+        self.received += 1
+        req.cached_tokens = payload.cached_tokens
+        req.started = True
+        now = time.monotonic()
+        req.queue_time = now - req.arrived
+        req.admitted_at(now)
+        if req.return_logprob:
+            req.input_token_logprobs = list(payload.input_token_logprobs)
+            req.input_top_logprobs = list(payload.input_top_logprobs)
+        req.input_logprobs_done = True
+        self.hooks.start(req, payload)
+
+    def _end(self, req: Req, reason: FinishReason) -> None:
+        """A request that never ran here: its slots (if any) go back without entering the tree."""
+        req.finished_reason = reason
+        if req.req_pool_idx is not None:
+            self.hooks.planner.release(req, insert=False)
+            req.reset_kv_state()
+        self.hooks.fail(req, reason)

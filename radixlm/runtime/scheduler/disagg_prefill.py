@@ -1,0 +1,68 @@
+"""The prefill server's side (--disaggregation-mode prefill): a request with a bootstrap room is prefilled with the
+server's own radix cache and samples its first token (max_new_tokens 1); when it finishes, the prompt's KV, that
+token and its logprobs are copied to the host and published for the room (transfer.py). The request's pages then
+go to the radix tree like any finished request's, so no page waits on a decode server: a decode server that never
+fetches (or dies mid-transfer) leaves only the host copy, dropped after --disaggregation-timeout. A request without
+a room (the server's warm-up, a direct call) runs as on a plain server."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.runtime.disaggregation.transfer import KVPayload, KVSender, make_sender
+from radixlm.runtime.scheduler.req import FinishType, Req
+
+if TYPE_CHECKING:
+    from radixlm.runtime.args import ServerArgs
+    from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+
+logger = logging.getLogger(__name__)
+
+
+def gather_kv(kv_pool: TokenToKVPool, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The KV of `slots` of every layer, on the host: ([layers, tokens, heads, head dim],) * 2."""
+    k = torch.stack([kv_pool.k_buffer[layer].index_select(0, slots) for layer in range(kv_pool.num_layers)])
+    v = torch.stack([kv_pool.v_buffer[layer].index_select(0, slots) for layer in range(kv_pool.num_layers)])
+    return k.cpu(), v.cpu()
+
+
+class PrefillSide:
+    def __init__(self, args: ServerArgs, kv_pool: TokenToKVPool, req_to_token_pool: ReqToTokenPool,
+                 sender: KVSender | None = None, tp_rank: int = 0):
+        """tp_rank: each tensor-parallel rank serves its own shard of the KV heads, on the bootstrap port + its rank
+        (decode rank i fetches from prefill rank i: both sides run the same tp_size)."""
+        self.kv_pool = kv_pool
+        self.req_to_token_pool = req_to_token_pool
+        self.sender = sender or make_sender(args.disaggregation_transfer_backend,
+                                            args.disaggregation_bootstrap_port + tp_rank, args.disaggregation_timeout)
+        self.published = 0
+
+    def prepare(self, req: Req) -> None:
+        """On arrival: a request with a room stops after its first token."""
+        if req.bootstrap is not None:
+            req.sampling_params = dataclasses.replace(req.sampling_params, max_new_tokens=1)
+
+    def on_finished(self, req: Req) -> None:
+        """Before the request's pages are released: publish its room (its KV, or why there is none)."""
+        if req.bootstrap is None:
+            return
+        room, n = req.bootstrap.room, len(req.origin_input_ids)
+        if req.finished_reason.type is FinishType.ABORT or not req.output_ids or req.kv.committed < n:
+            message = req.finished_reason.message if req.finished_reason.message else "the prefill produced no token"
+            self.sender.publish(KVPayload(room, error=f"prefill failed: {message}"))
+            return
+        slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, :n]
+        k, v = gather_kv(self.kv_pool, slots.to(self.kv_pool.device))
+        self.sender.publish(KVPayload(
+            room, first_token=req.output_ids[0], k=k, v=v, output_token_logprobs=list(req.output_token_logprobs),
+            output_top_logprobs=list(req.output_top_logprobs),
+            output_token_ids_logprobs=list(req.output_token_ids_logprobs),
+            input_token_logprobs=list(req.input_token_logprobs), input_top_logprobs=list(req.input_top_logprobs),
+            cached_tokens=req.cached_tokens))
+        self.published += 1
+
+    def close(self) -> None:
+        self.sender.close()

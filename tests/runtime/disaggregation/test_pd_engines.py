@@ -1,0 +1,113 @@
+"""A prefill Engine and a decode Engine in one process (a tiny float32 random Llama), paired by bootstrap rooms as the
+PD router pairs servers: the decode side's tokens equal a plain run's (greedy, streamed, with logprobs and with
+NGRAM drafts on the decode side), the decode side computes no prompt, n > 1 takes a room per sample, and an abort or
+a room that never comes frees the decode side's slots."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+import radixlm
+from radixlm.runtime.messages import BootstrapInfo
+from tests.runtime.models.tiny import random_prompts, save_tiny
+from tests.runtime.server.conftest import free_port
+
+CFG = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+           num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+SP = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp("pd-engines")
+    save_tiny(LlamaConfig(**CFG), path, seed=0)
+    port = free_port()
+    common = dict(dtype="float32", device="cpu", max_total_tokens=2048, enable_integrity_check=True, random_seed=0,
+                  page_size=4)
+    prefill = radixlm.Engine(str(path), disaggregation_mode="prefill", disaggregation_bootstrap_port=port, **common)
+    decode = radixlm.Engine(str(path), disaggregation_mode="decode", disaggregation_timeout=1.0,
+                            speculative_algorithm="NGRAM", **common)
+    yield prefill, decode, port
+    prefill.shutdown()
+    decode.shutdown()
+
+
+def _pd(engines, ids, sp, room, **kw):
+    prefill, decode, port = engines
+    b = BootstrapInfo("127.0.0.1", port, room)
+    got = {}
+    def run_prefill():
+        res = prefill.generate(input_ids=ids, sampling_params=sp, bootstrap=b, **kw)
+        got["p"] = list(res) if kw.get("stream") else res
+
+    t = threading.Thread(target=run_prefill)
+    t.start()
+    out = decode.generate(input_ids=ids, sampling_params=sp, bootstrap=b, **kw)
+    if kw.get("stream"):
+        out = list(out)
+    t.join()
+    return out, got["p"]
+
+
+def test_decode_side_matches_a_plain_run(engines):
+    prefill, decode, _ = engines
+    prompts = random_prompts(0, [5, 13, 30], CFG["vocab_size"])
+    plain = [decode.generate(input_ids=p, sampling_params=SP, return_logprob=True, logprob_start_len=0)
+             for p in prompts]
+    before = decode.scheduler.stats["prefill_batches"]
+    for i, (p, want) in enumerate(zip(prompts, plain)):
+        out, first = _pd(engines, p, SP, 100 + i, return_logprob=True, logprob_start_len=0)
+        assert out["output_ids"] == want["output_ids"]
+        assert first["output_ids"] == want["output_ids"][:1]  # the prefill side stops after its first token
+        got, ref = out["meta_info"], want["meta_info"]
+        assert [t for _, t, *_ in got["output_token_logprobs"]] == want["output_ids"]
+        assert got["output_token_logprobs"][0][0] == pytest.approx(ref["output_token_logprobs"][0][0], abs=1e-4)
+        assert len(got["input_token_logprobs"]) == len(p)
+    chunks, _ = _pd(engines, prompts[2] * 2, SP, 200, stream=True)
+    assert chunks[-1]["output_ids"] == decode.generate(input_ids=prompts[2] * 2, sampling_params=SP)["output_ids"]
+    assert decode.scheduler.stats["prefill_batches"] - before == 1  # only the plain run above prefilled here
+    assert decode.scheduler.pd_decode.received >= 4
+
+
+def test_grammar_advances_over_the_prefill_token(engines):
+    _, decode, _ = engines
+    ids = random_prompts(5, [7], CFG["vocab_size"])[0]
+    sp = {"temperature": 0, "max_new_tokens": 6, "regex": "t1(t2|t3)+"}
+    out, first = _pd(engines, ids, sp, 400)
+    plain = decode.generate(input_ids=ids, sampling_params=sp)
+    assert out["output_ids"] == plain["output_ids"] and first["output_ids"] == [1]
+    assert out["meta_info"]["finish_reason"] == plain["meta_info"]["finish_reason"]
+
+
+def test_samples_take_a_room_each(engines):
+    ids = random_prompts(1, [9], CFG["vocab_size"])[0]
+    out, first = _pd(engines, ids, {"temperature": 1.0, "max_new_tokens": 4, "n": 3}, 300)
+    assert [o["output_ids"][0] for o in out] == [f["output_ids"][0] for f in first]
+
+
+def test_abort_and_missing_room_free_the_slots(engines):
+    _, decode, port = engines
+    ids = random_prompts(2, [11], CFG["vocab_size"])[0]
+    t0 = time.monotonic()
+    out = decode.generate(input_ids=ids, sampling_params=SP, bootstrap=BootstrapInfo("127.0.0.1", port, 999))
+    assert time.monotonic() - t0 >= 0.9
+    assert out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "no KV for room 999" in out["meta_info"]["finish_reason"]["message"]
+    got = {}
+    t = threading.Thread(target=lambda: got.update(out=decode.generate(
+        input_ids=ids, sampling_params=SP, rid="waits", bootstrap=BootstrapInfo("127.0.0.1", port, 1000))))
+    t.start()
+    deadline = time.monotonic() + 5
+    while not decode.scheduler.pd_decode.holding() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert decode.scheduler.pd_decode.holding()
+    decode.abort_request("waits")
+    t.join(5)
+    assert got["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert decode.flush_cache()  # idle, and the accounting check passed with nothing held
+    assert not decode.scheduler.pd_decode.pending

@@ -1,0 +1,93 @@
+"""The zmq transfer backend between two endpoints of one process over TCP: a room fetched before or after it is
+published, dtypes byte for byte, errors, deadlines and expiry."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from radixlm.runtime.disaggregation.transfer import KVPayload, make_receiver, make_sender
+from radixlm.runtime.disaggregation.zmq_backend import decode, encode
+from tests.runtime.server.conftest import free_port
+
+
+def _wait(receiver, n: int = 1, timeout: float = 5.0) -> list[KVPayload]:
+    got: list[KVPayload] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        got += receiver.poll()
+        time.sleep(0.005)
+    return got
+
+
+@pytest.fixture
+def pair():
+    port = free_port()
+    sender, receiver = make_sender("zmq", port, timeout_s=0.5), make_receiver("zmq")
+    yield sender, receiver, port
+    sender.close()
+    receiver.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+def test_encode_decode_byte_for_byte(dtype):
+    k = torch.randn(2, 7, 3, 4).to(dtype)
+    v = torch.randn(2, 7, 3, 4).to(dtype)
+    p = decode(encode(KVPayload(5, first_token=9, k=k, v=v, output_token_logprobs=[(-1.5, 9)], cached_tokens=3)))
+    assert (p.room, p.first_token, p.cached_tokens, p.output_token_logprobs) == (5, 9, 3, [(-1.5, 9)])
+    assert p.k.dtype == dtype and torch.equal(p.k.view(torch.uint8), k.view(torch.uint8))
+    assert torch.equal(p.v.view(torch.uint8), v.view(torch.uint8))
+    assert decode(encode(KVPayload(6, error="boom"))).error == "boom"
+
+
+def test_rooms_arrive_whether_fetched_before_or_after_publishing(pair):
+    sender, receiver, port = pair
+    k, v = torch.randn(2, 5, 2, 8), torch.randn(2, 5, 2, 8)
+    receiver.fetch(1, "127.0.0.1", port, 5.0)  # asked before it exists: answered when published
+    time.sleep(0.05)
+    sender.publish(KVPayload(1, first_token=3, k=k, v=v))
+    sender.publish(KVPayload(2, first_token=4, k=v, v=k))
+    sender.publish(KVPayload(3, error="prefill failed: grammar"))
+    receiver.fetch(2, "127.0.0.1", port, 5.0)
+    receiver.fetch(3, "127.0.0.1", port, 5.0)
+    got = {p.room: p for p in _wait(receiver, 3)}
+    assert torch.equal(got[1].k, k) and torch.equal(got[1].v, v) and got[1].first_token == 3
+    assert torch.equal(got[2].k, v) and got[2].first_token == 4
+    assert got[3].error == "prefill failed: grammar"
+
+
+def test_deadlines_cancel_and_expiry(pair):
+    sender, receiver, port = pair
+    receiver.fetch(10, "127.0.0.1", free_port(), 0.2)  # nobody listens there
+    receiver.fetch(11, "127.0.0.1", port, 0.2)  # never published
+    receiver.fetch(12, "127.0.0.1", port, 5.0)
+    receiver.cancel(12)
+    sender.publish(KVPayload(12, first_token=1, k=torch.zeros(1, 1, 1, 1), v=torch.zeros(1, 1, 1, 1)))
+    got = _wait(receiver, 2, timeout=2.0)
+    assert sorted(p.room for p in got) == [10, 11]
+    assert all("within 0.2 s" in p.error for p in got)
+    assert _wait(receiver, 1, timeout=0.3) == []  # the cancelled room is dropped
+    sender.publish(KVPayload(13, first_token=1, k=torch.zeros(1, 1, 1, 1), v=torch.zeros(1, 1, 1, 1)))
+    time.sleep(0.1)
+    assert sender.pending() >= 1
+    deadline = time.monotonic() + 3
+    while sender.pending() and time.monotonic() < deadline:  # unclaimed: dropped after the sender's 0.5 s
+        time.sleep(0.05)
+    assert sender.pending() == 0
+
+
+def test_unknown_backend_and_busy_port():
+    with pytest.raises(ValueError, match="unknown transfer backend"):
+        make_receiver("carrier-pigeon")
+    with pytest.raises(RuntimeError, match="mooncake"):
+        make_receiver("mooncake")
+    with pytest.raises(RuntimeError, match="nixl"):
+        make_sender("nixl", free_port(), 1.0)
+    port = free_port()
+    first = make_sender("zmq", port, 1.0)
+    try:
+        with pytest.raises(RuntimeError, match="cannot listen on port"):
+            make_sender("zmq", port, 1.0)
+    finally:
+        first.close()
