@@ -146,8 +146,8 @@ class ServerArgs:
     disable_tuned_gemm: bool = arg(False, K, "run decode GEMMs through torch's cuBLAS call instead of this GPU "
                                              "model's tuned cuBLASLt configurations")
     enable_deterministic_inference: bool = arg(
-        False, K, "batch-invariant GEMMs and attention (a fixed KV split size): a request's tokens and logprobs do "
-        "not change with the rest of its batch, a radix-cache hit or chunking (docs/determinism.md)")
+        False, K, "batch-invariant GEMMs and attention: a request's tokens and logprobs do not depend on its batch, "
+        "cache hits or chunking (docs/determinism.md)")
     disable_shared_prefix_decode: bool = arg(False, K, "eager decode passes read a prefix that several running "
                                                        "requests share once per request (no cascade attention)")
 
