@@ -95,6 +95,20 @@ def test_decode_graphs_replay_any_mix_of_adapters(llama):
     assert sum(len(m) == 7 and len(set(m)) == 5 for m in mixes) >= NEW - 1  # the decode passes replayed
 
 
+def test_two_ranks_equal_one_with_adapters(llama):
+    """TP=2 over gloo (rank 1 in a spawned process): column-parallel layers hold B's rows of their output slice,
+    row-parallel ones A's columns of their input slice; a batch mixing adapters (fused parts left alone by some) and
+    the base model equals TP=1's answers, which equal the PEFT-merged models'."""
+    _, root, prompts, refs, _ = llama
+    names = ["a0", None, "a1", "a2"]
+    with radixlm.Engine(str(root / "base"), dtype="float32", device="cpu", max_total_tokens=1024, tp_size=2,
+                        lora_paths=[f"{n}={root / n}" for n in ("a0", "a1", "a2")], max_loras_per_batch=3,
+                        max_lora_rank=16) as engine:
+        outs = engine.generate(input_ids=[prompts[i % 2] for i in range(len(names))], sampling_params=SP,
+                               lora_path=names)
+    assert _ids(outs) == [refs[n][i % 2] for i, n in enumerate(names)]
+
+
 def test_radix_cache_shares_within_an_adapter_only(llama):
     engine, *_ = llama
     assert engine.flush_cache()
