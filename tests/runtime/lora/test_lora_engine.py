@@ -95,6 +95,24 @@ def test_decode_graphs_replay_any_mix_of_adapters(llama):
     assert sum(len(m) == 7 and len(set(m)) == 5 for m in mixes) >= NEW - 1  # the decode passes replayed
 
 
+def test_warm_up_passes_build_the_lora_kernels(llama, monkeypatch):
+    """Start-up's dummy passes carry LoRA rows (slot 0, zeros before any swap): the extend passes in the segment
+    form, the token-row passes in the graphs' gather form (as on CUDA with the Triton kernels; recorded, not run)."""
+    runner = llama[0].runner
+    passes = []
+    monkeypatch.setattr(runner, "_run", lambda fb, plan: passes.append(fb.lora))
+    monkeypatch.setattr(runner.lora.context, "use_triton", True)
+    free = [None] * len(runner.lora.slot_ids)
+    monkeypatch.setattr(runner.lora, "slot_ids", ["held"] + free[1:])
+    with pytest.raises(RuntimeError, match="before any adapter"):
+        runner.warm_up_token_rows(3, 1)  # slot 0 would no longer be zeros
+    monkeypatch.setattr(runner.lora, "slot_ids", free)
+    runner.warm_up_extend()
+    runner.warm_up_token_rows(3, 1)
+    assert passes and all(p.uses_lora and p.gather is None and set(p.host_row_slots) == {0} for p in passes[:-1])
+    assert passes[-1].gather is not None and passes[-1].row_slots.tolist() == [0, 0, 0]
+
+
 def test_two_ranks_equal_one_with_adapters(llama):
     """TP=2 over gloo (rank 1 in a spawned process): column-parallel layers hold B's rows of their output slice,
     row-parallel ones A's columns of their input slice; a batch mixing adapters (fused parts left alone by some) and
