@@ -17,7 +17,7 @@ from radixlm.runtime.lora.ops import GATHER_BLOCK_ROWS
 BLOCK_M = GATHER_BLOCK_ROWS
 SHRINK_BLOCK_W = 16  # A's rows per program: W / 16 programs share a block's shrink (rank 16 qkv: 3)
 SHRINK_BLOCK_K = 128
-EXPAND_BLOCK_N = 64
+EXPAND_BLOCK_N = 128  # fewer programs: most of a graph's blocks are unused and return at once
 
 
 @triton.jit
