@@ -4,8 +4,7 @@ is fixed by the graph's row count (blocks, column blocks): unused blocks (length
 at once, and nothing is read back on the host, so one captured graph serves any mix of adapters.
 
 The shrink writes x @ A^T (in sorted-row order, float32); the expand adds scaling * (x @ A^T) @ B^T to each row of
-the output in place. Each adapter's A and B are read once per block (not per row). Products in the inputs' dtype
-with float32 accumulation (exact for 16-bit inputs); float32 inputs take IEEE products."""
+the output in place. Each adapter's A and B are read once per block (not per row)."""
 from __future__ import annotations
 
 import torch
@@ -46,8 +45,8 @@ def _gather_shrink(x_ptr, a_ptr, xa_ptr, rows_ptr, blk_start_ptr, blk_len_ptr, b
 
 @triton.jit
 def _gather_expand(xa_ptr, b_ptr, out_ptr, scaling_ptr, rows_ptr, blk_start_ptr, blk_len_ptr, blk_slot_ptr, N, W,
-                   stride_xam, stride_bs, stride_bn, stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_W: tl.constexpr):
+                   stride_xam, stride_bs, stride_bn, stride_om, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
     blk, nblk = tl.program_id(0), tl.program_id(1)
     slot = tl.load(blk_slot_ptr + blk)
     n = tl.load(blk_len_ptr + blk)
@@ -63,7 +62,7 @@ def _gather_expand(xa_ptr, b_ptr, out_ptr, scaling_ptr, rows_ptr, blk_start_ptr,
                          mask=(rm[:, None] < n) & (w0 + rw[None, :] < W), other=0.0)
             b = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + rn[None, :] * stride_bn + (w0 + rw)[:, None],
                         mask=(rn[None, :] < N) & (w0 + rw[:, None] < W), other=0.0)
-            acc += tl.dot(xa, b.to(tl.float32), input_precision="tf32")
+            acc += tl.dot(xa, b.to(tl.float32), input_precision=PRECISION)
         acc = acc * tl.load(scaling_ptr + slot)
         mask = (rm[:, None] < n) & (rn[None, :] < N)
         ptrs = out_ptr + rows[:, None] * stride_om + rn[None, :]
@@ -87,7 +86,8 @@ def gather_lora_add(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torc
     num_blocks = int(block_slots.shape[0])
     if num_blocks == 0 or rows == 0:
         return out
-    # 16-bit inputs: their own products (exact) with float32 sums; float32: IEEE (tf32 would round x and A).
+    # float32 models: IEEE products. 16-bit: the shrink's products in their own dtype (exact, float32 sums), the
+    # expand's float32 xa in tf32 (its rounding is below the 16-bit output's).
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     xa = torch.empty(rows, w, dtype=torch.float32, device=x.device)
     _gather_shrink[(num_blocks, triton.cdiv(w, SHRINK_BLOCK_W))](
@@ -96,5 +96,5 @@ def gather_lora_add(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torc
     block_w = max(16, triton.next_power_of_2(min(w, 64)))
     _gather_expand[(num_blocks, triton.cdiv(n, EXPAND_BLOCK_N))](
         xa, b, out, scalings, sorted_rows, block_starts, block_lens, block_slots, n, w, xa.stride(0), b.stride(0),
-        b.stride(1), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=EXPAND_BLOCK_N, BLOCK_W=block_w)
+        b.stride(1), out.stride(0), PRECISION=precision, BLOCK_M=BLOCK_M, BLOCK_N=EXPAND_BLOCK_N, BLOCK_W=block_w)
     return out
