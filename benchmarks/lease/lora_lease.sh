@@ -19,7 +19,7 @@ bash benchmarks/lease/tree_id.sh
 FINAL_OUT=$OUT
 OUT=/tmp/lora_lease_out
 rm -rf "$OUT" && mkdir -p "$OUT"
-deadline=$((SECONDS + ${BUDGET_S:-530}))  # no step past it (each step's limit is cut to it)
+deadline=$((SECONDS + ${BUDGET_S:-500}))  # no step past it (each step's limit is cut to it)
 step() {  # step NAME LIMIT_S CMD...: the command's filtered output to $OUT/NAME.log and its tail here
   local name=$1 limit=$2; shift 2
   local left=$((deadline - SECONDS))
