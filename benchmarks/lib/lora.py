@@ -9,8 +9,9 @@ ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 
 def write_dummy_adapter(model_dir: str, out: str, rank: int = 16, alpha: float = 32.0, seed: int = 0,
-                        targets: tuple[str, ...] = ALL_TARGETS, dtype: str = "bfloat16") -> str:
-    """An adapter_config.json and adapter_model.safetensors for model_dir's config.json; returns `out`."""
+                        targets: tuple[str, ...] = ALL_TARGETS, dtype: str = "bfloat16", b_scale: float = 0.01) -> str:
+    """An adapter_config.json and adapter_model.safetensors for model_dir's config.json; returns `out`. b_scale: B's
+    standard deviation (small: a benchmark's adapter barely moves the model; tests that compare outputs take more)."""
     import torch
     from safetensors.torch import save_file
 
@@ -30,7 +31,7 @@ def write_dummy_adapter(model_dir: str, out: str, rank: int = 16, alpha: float =
             part = "self_attn" if t in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
             key = f"base_model.model.model.layers.{i}.{part}.{t}"
             tensors[f"{key}.lora_A.weight"] = (torch.randn(rank, d_in, generator=g) * d_in**-0.5).to(getattr(torch, dtype))
-            tensors[f"{key}.lora_B.weight"] = (torch.randn(d_out, rank, generator=g) * 0.01).to(getattr(torch, dtype))
+            tensors[f"{key}.lora_B.weight"] = (torch.randn(d_out, rank, generator=g) * b_scale).to(getattr(torch, dtype))
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path / "adapter_model.safetensors"))

@@ -3,6 +3,7 @@ spread round robin over 1, 8 and 32 distinct rank-16 dummy adapters (all seven t
 served without LoRA: output throughput, TTFT and ITL (the decode step) per run, and each run's ratio to the base.
 
     python benchmarks/serving/lora_llama8b.py --adapters 1 8 32 --num-prompts 400 --out $OUT/lora_llama8b.json
+    (the JSON is written after every run: a run cut short leaves those before it)
     python benchmarks/serving/lora_llama8b.py --tiny --num-prompts 16 --out /tmp/lora_tiny.json   # CPU dry run
 """
 from __future__ import annotations
@@ -23,8 +24,8 @@ from radixlm.bench import procs, serving  # noqa: E402
 KEYS = ("completed", "failed", "output_throughput", "request_throughput", "ttft_ms", "itl_ms", "tpot_ms")
 
 
-def _serve_and_bench(cmd: list[str], port: int, path: str, args, names: list[list[str]]) -> list[dict]:
-    """One server; a run per adapter list (empty: the base model)."""
+def _serve_and_bench(cmd: list[str], port: int, path: str, args, names: list[list[str]], done=None) -> list[dict]:
+    """One server; a run per adapter list (empty: the base model); done(runs) after each."""
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
     proc = procs.start(cmd, url)
@@ -37,6 +38,8 @@ def _serve_and_bench(cmd: list[str], port: int, path: str, args, names: list[lis
                     "--disable-tqdm", "--warmup-requests", "8" if i == 0 else "0", "--flush-cache"]
             report = serving.main(argv + (["--lora-name", *lora] if lora else []))
             runs.append({"adapters": len(lora), **{k: report.get(k) for k in KEYS}})
+            if done is not None:
+                done(runs)
     finally:
         procs.stop(proc)
     return runs
@@ -63,20 +66,30 @@ def main() -> None:
             "--dtype", dtype, "--context-length", "4096", "--log-level", "warning"]
     result = {"benchmark": "lora_llama8b", "command": " ".join(["python", *sys.argv]), "rank": args.rank,
               "num_prompts": args.num_prompts, "request_rate": str(args.rate)}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(runs=None) -> None:
+        """After every run: a run cut short (a device call's time limit) leaves those before it."""
+        if runs is not None:
+            result["runs"] = [_vs_base(run, result["base"]) for run in runs]
+        out.write_text(json.dumps(result, indent=2) + "\n")
+
     port = procs.free_port()
     result["base"] = _serve_and_bench(base + ["--port", str(port)], port, path, args, [[]])[0]
+    save()
     port = procs.free_port()
     lora = base + ["--port", str(port), "--max-loras-per-batch", str(most), "--max-lora-rank", str(args.rank),
                    "--lora-paths", *[f"{n}={q}" for n, q in zip(names, paths)]]
     result["server_command_lora"] = " ".join(lora)
-    result["runs"] = _serve_and_bench(lora, port, path, args, [names[:n] for n in args.adapters])
-    b = result["base"]
-    for run in result["runs"]:
-        run["output_throughput_vs_base"] = run["output_throughput"] / b["output_throughput"] if b["output_throughput"] else None
-        run["median_itl_vs_base"] = run["itl_ms"]["median"] / b["itl_ms"]["median"] if b["itl_ms"]["median"] else None
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    _serve_and_bench(lora, port, path, args, [names[:n] for n in args.adapters], done=save)
     print(json.dumps(result, indent=2))
+
+
+def _vs_base(run: dict, base: dict) -> dict:
+    tput, itl = base["output_throughput"], base["itl_ms"]["median"]
+    return {**run, "output_throughput_vs_base": run["output_throughput"] / tput if tput else None,
+            "median_itl_vs_base": run["itl_ms"]["median"] / itl if itl else None}
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ process had to build or load) and by the kernels the cache directory gains; both
     python benchmarks/startup/compile_count_gpu.py --out $OUT/compile_count_llama8b.json          # Llama-3.1-8B, bf16, dummy
     python benchmarks/startup/compile_count_gpu.py --configs default page16 nograph --out ...
     python benchmarks/startup/compile_count_gpu.py --model DIR --scale tiny ...   # as tests/runtime/engine/test_cuda.py does
+    python benchmarks/startup/compile_count_gpu.py --model tiny --scale tiny --configs lora   # benchmarks/lease/lora_lease.sh
 
 Prints one line per configuration (start-up seconds, compilations during start-up and after it, the kernels
 compiled after start-up if any) and writes them as JSON. --shared-cache runs every configuration over one cache
@@ -51,7 +52,12 @@ CONFIGS: dict[str, dict] = {
     "sync": {"overlap_schedule": "off", "page_size": 4},
     # Online FP8 of a float checkpoint: the FP8 GEMMs, and for MoE models the grouped quantized experts' kernels.
     "fp8": {"quantization": "fp8"},
+    # Multi-LoRA (issue 53): LORA_ADAPTERS dummy adapters of ranks 8 and 16 (run_one writes them) under a max rank of
+    # 16, every request on one of them or the base model: the segment kernels of eager passes, the gather kernels of
+    # the graphs.
+    "lora": {"max_loras_per_batch": 4, "max_lora_rank": 16},
 }
+LORA_ADAPTERS = 3
 SCALES = {
     # groups x prompts of (prefix + question), outputs; largest sweep batch; longest random prompt; huge batch
     "tiny": dict(groups=4, per_group=6, prefix=300, question=24, out=8, sweep=[1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33],
@@ -84,7 +90,8 @@ class CompileCounter:
         self._knobs.runtime.jit_cache_hook = self._prev
 
 
-def varied_workload(engine, vocab: int, scale: dict, seed: int = 0) -> dict:
+def varied_workload(engine, vocab: int, scale: dict, seed: int = 0, lora_names: list | None = None) -> dict:
+    """lora_names: the requests' lora_path in turn (None among them: the base model)."""
     rng = random.Random(seed)
 
     def ids(n):
@@ -92,6 +99,8 @@ def varied_workload(engine, vocab: int, scale: dict, seed: int = 0) -> dict:
 
     def run(prompts, outs, **kw):
         params = [{"temperature": 0, "max_new_tokens": o, "ignore_eos": True} for o in outs]
+        if lora_names:
+            kw["lora_path"] = [lora_names[rng.randrange(len(lora_names))] for _ in prompts]
         res = engine.generate(input_ids=prompts, sampling_params=params, **kw)
         return sum(len(r["output_ids"]) for r in (res if isinstance(res, list) else [res]))
 
@@ -140,13 +149,22 @@ def run_one(config: str, model: str, dtype: str, scale: str, load_format: str, c
     kw = {**engine_args, **CONFIGS[config]}
     if context_length:
         kw["context_length"] = context_length
+    lora_names = None
+    if config == "lora":
+        from benchmarks.lib.lora import write_dummy_adapter
+
+        root = tempfile.mkdtemp(prefix="radixlm_lora_adapters_")
+        lora_names = [f"lora{i}" for i in range(LORA_ADAPTERS)]
+        kw["lora_paths"] = [f"{n}=" + write_dummy_adapter(model, os.path.join(root, n), rank=(8, 16)[i % 2], seed=i,
+                                                          dtype=dtype) for i, n in enumerate(lora_names)]
+        lora_names.append(None)
     t0 = time.perf_counter()
     engine = radixlm.Engine(model, device=device, dtype=dtype, load_format=load_format, random_seed=0, **kw)
     startup_s = time.perf_counter() - t0
     at_start = len(counter.events)
     disk_start = cache_entries(cache_dir)
     try:
-        work = varied_workload(engine, engine.runner.model_config.vocab_size, SCALES[scale])
+        work = varied_workload(engine, engine.runner.model_config.vocab_size, SCALES[scale], lora_names=lora_names)
     finally:
         engine.shutdown()
     after = counter.events[at_start:]
@@ -162,7 +180,8 @@ def run_one(config: str, model: str, dtype: str, scale: str, load_format: str, c
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="model directory (default: Llama-3.1-8B shapes, dummy weights)")
+    ap.add_argument("--model", default=None, help="model directory (default: Llama-3.1-8B shapes, dummy weights; "
+                    "tiny: benchmarks/lib/models.py's tiny Llama, dummy weights)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--load-format", default=None, help="default: dummy for the 8B model, auto otherwise")
     ap.add_argument("--context-length", type=int, default=None, help="default: 4096 for the 8B model")
@@ -180,6 +199,10 @@ def main() -> None:
         from benchmarks.lib.models import model_dir
 
         model, load_format, context = model_dir(), load_format or "dummy", context or 4096
+    elif model == "tiny":
+        from benchmarks.lib.models import tiny_model_dir
+
+        model, load_format, context = tiny_model_dir(), load_format or "dummy", context or 4096
     load_format = load_format or "auto"
     if args.one:
         print("RESULT " + json.dumps(run_one(args.one, model, args.dtype, args.scale, load_format, context,

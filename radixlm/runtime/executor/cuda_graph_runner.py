@@ -4,6 +4,9 @@ larger one that replays faster: cuBLAS's cost is not monotonic in the row count 
 gate_up and down take 211 us at 288 rows, 186 us at 304), so start-up times the replays of the graphs of 192-512
 rows and pads each size to the cheapest graph at or above it (choose_padding).
 
+Under --enable-lora the graphs carry the LoRA kernels' gather form (lora/graph.py: each row's adapter slot in a
+static table filled before each replay), so one capture serves any mix of adapters.
+
 A replay copies the batch's inputs into static buffers; padded rows decode token 0 at position 0 of request row 0
 and write their K/V to the pool's dummy slot 0, so they touch nothing real. The attention backend gives captured
 passes a fixed split count (its kernels read the sequence lengths from device memory, so one graph serves every
@@ -76,6 +79,9 @@ class CudaGraphRunner:
         self.input_ids, self.positions, self.req_pool_indices, self.seq_lens = self.rows[:4]
         self.rope_offsets = self.rows[4] if offsets else None
         self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
+        # Under --enable-lora: each row's adapter slot, grouped by slot (lora/graph.py), refilled before each replay.
+        lora = getattr(model_runner, "lora", None)
+        self.lora_inputs = None if lora is None else lora.graph_inputs(n)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.hidden: dict[int, torch.Tensor] = {}  # final hidden states of each size's pass (an EAGLE head's input)
@@ -134,6 +140,8 @@ class CudaGraphRunner:
 
     def _run(self, bs: int, seq_lens_cpu: list[int] | None = None) -> torch.Tensor:
         fb = self._static_batch(bs, seq_lens_cpu)
+        if self.lora_inputs is not None:
+            self.runner.lora.context.info = self.lora_inputs.info(bs)  # what every adapted layer reads
         hidden = self.runner.model(fb.input_ids, fb.positions, fb)
         self.hidden[bs] = hidden  # captured: a static buffer each replay of bs rows refills
         return self.runner.logits_processor.logits(hidden)
@@ -172,6 +180,8 @@ class CudaGraphRunner:
         if padded > bs:
             self.rows[:, bs:padded].copy_(self.pad[:, : padded - bs])
             self.out_cache_loc[bs:padded].zero_()
+        if self.lora_inputs is not None:
+            self.lora_inputs.fill(() if fb.lora is None else fb.lora.host_row_slots)  # padded rows: the base model
         if self.use_graphs:
             self.graphs[padded].replay()
             logits = self.outputs[padded][:bs]

@@ -228,11 +228,12 @@ class ModelRunner:
     def graph_max_bs(self) -> int:
         """The largest batch a CUDA graph is captured for (0: no graphs)."""
         args = self.server_args
-        # Eager passes under --enable-lora (the LoRA kernels' segment info varies in size per pass) and for
-        # embeddings (prefills, and the graphs yield logits).
-        # A model whose attention reads host data per pass (MLA's torch path) runs eagerly too.
+        # Eager passes for embeddings (prefills, and the graphs yield logits), under --lora-backend torch_native
+        # (its graph-safe form gathers every row's A and B: a CPU stand-in), and for a model whose attention reads
+        # host data per pass (MLA's torch path).
+        lora_eager = self.lora is not None and not self.lora.context.use_triton
         if (not (self.is_cuda and not args.disable_cuda_graph and self.attn_backend.supports_cuda_graph)
-                or args.enable_lora or self.pooler is not None or not getattr(self.model, "supports_cuda_graph", True)):
+                or lora_eager or self.pooler is not None or not getattr(self.model, "supports_cuda_graph", True)):
             return 0
         return min(args.cuda_graph_max_bs or CUDA_GRAPH_DEFAULT_MAX_BS, self.max_pass_rows)
 
@@ -262,6 +263,8 @@ class ModelRunner:
             req_pool_indices=z, seq_lens=z + seq_len, seq_lens_cpu=[seq_len] * bs, out_cache_loc=z,
             req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.token_to_kv_pool,
             attn_backend=self.attn_backend)
+        if self.lora is not None:
+            fb.lora = self.lora.warmup_info([1] * bs, gather=True)  # the graphs' kernels (eager ones: extend's)
         return self._run(fb, LogitsPlan(sample_rows=list(range(bs))))
 
     @torch.inference_mode()
@@ -272,6 +275,8 @@ class ModelRunner:
         for masked in (False, True) if tree_masks else (False,):
             for extend_lens in EXTEND_WARMUP_LENS:
                 fb = self.warmup_extend_batch(extend_lens, masked)
+                if self.lora is not None:
+                    fb.lora = self.lora.warmup_info(list(extend_lens))
                 self._run(fb, LogitsPlan(sample_rows=[fb.num_tokens - 1]))
         if self.is_cuda:
             torch.cuda.synchronize()

@@ -111,6 +111,27 @@ class LoraManager:
             return None
         for slot, lora_id in batch.loads:
             self._swap_in(slot, lora_id)
-        info = LoraBatchInfo.build(list(batch.req_slots), extend_lens, self.scalings, self.device)
+        info = LoraBatchInfo.build(list(batch.req_slots), extend_lens, self.scalings, self.device,
+                                   groups=not self.context.use_triton)
         self.context.info = info
         return info
+
+    def warmup_info(self, extend_lens: list[int], gather: bool = False) -> LoraBatchInfo:
+        """Start-up's dummy passes (kernels/startup): every row on slot 0, which holds zeros until the first swap, so
+        the LoRA kernels are built (in parallel, by the warm-up's discovery run) without changing the pass. gather:
+        the gather form of graph decode (on CUDA with the Triton kernels), whose kernels' variants do not depend on
+        the row count: one pass builds those of every graph."""
+        if any(self.slot_ids):
+            raise RuntimeError("LoRA warm-up passes must run before any adapter is swapped in")
+        if gather and self.context.use_triton:
+            inputs = self.graph_inputs(sum(extend_lens))
+            inputs.fill([0] * sum(extend_lens))
+            return inputs.info(sum(extend_lens))
+        return LoraBatchInfo.build([0] * len(extend_lens), list(extend_lens), self.scalings, self.device,
+                                   groups=not self.context.use_triton)
+
+    def graph_inputs(self, max_rows: int):
+        """The static gather-form buffers of CUDA-graph decode (lora/graph.py)."""
+        from radixlm.runtime.lora.graph import LoraGraphInputs
+
+        return LoraGraphInputs(max_rows, self.options.max_loras_per_batch, self.scalings, self.device)

@@ -12,6 +12,7 @@ import torch
 from transformers import LlamaConfig, Qwen2Config
 
 import radixlm
+from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from tests.runtime.lora.tiny_adapters import make_adapter
 from tests.runtime.models.tiny import hf_greedy, random_prompts, save_tiny
 
@@ -65,6 +66,64 @@ def test_a_batch_mixing_four_adapters_and_the_base_equals_each_alone(llama):
     names = ["a2", None, "a0", "a3", "a1", "a0"]
     batch = [prompts[i % 2] for i in range(len(names))]
     outs = engine.generate(input_ids=batch, sampling_params=SP, lora_path=names)
+    assert _ids(outs) == [refs[n][i % 2] for i, n in enumerate(names)]
+
+
+def test_decode_graphs_replay_any_mix_of_adapters(llama):
+    """CUDA-graph decode under --enable-lora, through the graph runner's eager stand-in (use_graphs=False: the same
+    padded passes over the same static buffers, the LoRA rows in the gather form): mixes of four adapters and the
+    base model, padded rows among them, equal the PEFT-merged models."""
+    engine, _, prompts, refs, _ = llama
+    runner = engine.runner
+    graphs = CudaGraphRunner(runner, 8, use_graphs=False)
+    mixes: list[tuple[int, ...]] = []
+    replay = graphs.replay
+
+    def recording(fb):
+        mixes.append(fb.lora.host_row_slots)
+        return replay(fb)
+
+    graphs.replay = recording
+    names = ["a2", None, "a0", "a3", "a1", "a0", None]  # 7 rows: padded to the graph of 8
+    runner.graph_runner = graphs
+    try:
+        outs = engine.generate(input_ids=[prompts[i % 2] for i in range(len(names))], sampling_params=SP,
+                               lora_path=names)
+    finally:
+        runner.graph_runner = None
+    assert _ids(outs) == [refs[n][i % 2] for i, n in enumerate(names)]
+    assert sum(len(m) == 7 and len(set(m)) == 5 for m in mixes) >= NEW - 1  # the decode passes replayed
+
+
+def test_warm_up_passes_build_the_lora_kernels(llama, monkeypatch):
+    """Start-up's dummy passes carry LoRA rows (slot 0, zeros before any swap): the extend passes in the segment
+    form, the token-row passes in the graphs' gather form (as on CUDA with the Triton kernels; recorded, not run)."""
+    runner = llama[0].runner
+    passes = []
+    monkeypatch.setattr(runner, "_run", lambda fb, plan: passes.append(fb.lora))
+    monkeypatch.setattr(runner.lora.context, "use_triton", True)
+    free = [None] * len(runner.lora.slot_ids)
+    monkeypatch.setattr(runner.lora, "slot_ids", ["held"] + free[1:])
+    with pytest.raises(RuntimeError, match="before any adapter"):
+        runner.warm_up_token_rows(3, 1)  # slot 0 would no longer be zeros
+    monkeypatch.setattr(runner.lora, "slot_ids", free)
+    runner.warm_up_extend()
+    runner.warm_up_token_rows(3, 1)
+    assert passes and all(p.uses_lora and p.gather is None and set(p.host_row_slots) == {0} for p in passes[:-1])
+    assert passes[-1].gather is not None and passes[-1].row_slots.tolist() == [0, 0, 0]
+
+
+def test_two_ranks_equal_one_with_adapters(llama):
+    """TP=2 over gloo (rank 1 in a spawned process): column-parallel layers hold B's rows of their output slice,
+    row-parallel ones A's columns of their input slice; a batch mixing adapters (fused parts left alone by some) and
+    the base model equals TP=1's answers, which equal the PEFT-merged models'."""
+    _, root, prompts, refs, _ = llama
+    names = ["a0", None, "a1", "a2"]
+    with radixlm.Engine(str(root / "base"), dtype="float32", device="cpu", max_total_tokens=1024, tp_size=2,
+                        lora_paths=[f"{n}={root / n}" for n in ("a0", "a1", "a2")], max_loras_per_batch=3,
+                        max_lora_rank=16) as engine:
+        outs = engine.generate(input_ids=[prompts[i % 2] for i in range(len(names))], sampling_params=SP,
+                               lora_path=names)
     assert _ids(outs) == [refs[n][i % 2] for i, n in enumerate(names)]
 
 

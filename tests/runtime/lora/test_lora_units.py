@@ -14,7 +14,8 @@ from radixlm.runtime.distributed.parallel import Parallel
 from radixlm.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear, Shard
 from radixlm.runtime.lora.config import LoraSpec, LoraTarget, PeftConfig
 from radixlm.runtime.lora.layer import LoraLayer, LoraPassContext
-from radixlm.runtime.lora.ops import LoraBatchInfo, lora_delta_torch
+from radixlm.runtime.lora.graph import LoraGraphInputs, num_blocks
+from radixlm.runtime.lora.ops import GATHER_BLOCK_ROWS, LoraBatchInfo, add_lora_delta, lora_delta_torch
 from radixlm.runtime.lora.registry import LoraRegistry, cache_namespace
 from radixlm.runtime.lora.slots import BASE_SLOT, SlotTable
 
@@ -89,6 +90,31 @@ def test_batched_delta_equals_a_per_row_loop():
     assert torch.allclose(lora_delta_torch(x, a, b, info), want, atol=1e-5)
     # Consecutive requests of one slot are one segment (the Triton segment kernel's input).
     assert info.seg_slots.tolist() == [1, -1, 1, 0, 2] and info.seg_lens.tolist() == [3, 2, 1, 4, 3]
+
+
+def test_gather_table_groups_rows_by_slot_in_blocks():
+    """The gather form's table (graph decode): rows by slot in blocks of at most GATHER_BLOCK_ROWS, base rows
+    left out, every field padded to the graph's size; its torch form equals the per-adapter path."""
+    rows = [2, -1, 0, 2] + [1] * (GATHER_BLOCK_ROWS + 3) + [-1]
+    cap = 40
+    inputs = LoraGraphInputs(cap, 3, torch.tensor([0.5, 2.0, 1.5]), "cpu")
+    inputs.fill(rows)
+    info = inputs.info(len(rows))
+    g = info.gather
+    blocks = [(s, n) for s, n in zip(g.block_slots.tolist(), g.block_lens.tolist()) if n]
+    assert blocks == [(0, 1), (1, GATHER_BLOCK_ROWS), (1, 3), (2, 2)]
+    assert g.block_lens.shape[0] == num_blocks(len(rows), 3) and info.row_slots.tolist() == rows
+    for start, n, slot in zip(g.block_starts.tolist(), g.block_lens.tolist(), g.block_slots.tolist()):
+        assert all(rows[r] == slot for r in g.sorted_rows[start : start + n].tolist())
+    assert sorted(g.sorted_rows[: len(rows) - 2].tolist()) == [i for i, s in enumerate(rows) if s >= 0]
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(3, 8, 16, generator=gen), torch.randn(3, 12, 8, generator=gen)
+    x = torch.randn(len(rows), 16, generator=gen)
+    segments = LoraBatchInfo.build(rows, [1] * len(rows), inputs.scalings, "cpu")
+    assert torch.allclose(add_lora_delta(torch.zeros(len(rows), 12), x, a, b, info),
+                          lora_delta_torch(x, a, b, segments), atol=1e-5)
+    with pytest.raises(ValueError, match="exceed"):
+        inputs.fill([0] * (cap + 1))
 
 
 def _tp_layers(target: LoraTarget, tp: int):

@@ -1,9 +1,10 @@
 """Batched LoRA (Triton, CUDA): each row's `x @ A[slot]^T @ B[slot]^T * scaling[slot]` added to a layer's output, for
 a pass whose rows mix adapters and the base model, in two launches per layer: the shrink to the rank space, then the
 expand added in place (segment.py). Segments are runs of rows of one slot: a prefill's requests, or with a segment
-per row the gather form of decode."""
+per row the gather form of decode.
+gather.py: CUDA-graph decode's form, blocks of rows grouped by slot read through an index, on fixed grids."""
 from radixlm.runtime.kernels.lazy import lazy_names
 
-__getattr__ = lazy_names(__name__, {"segment_lora_add": "segment"})
+__getattr__ = lazy_names(__name__, {"segment_lora_add": "segment", "gather_lora_add": "gather"})
 
-__all__ = ["segment_lora_add"]
+__all__ = ["gather_lora_add", "segment_lora_add"]

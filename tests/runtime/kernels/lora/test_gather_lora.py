@@ -1,0 +1,112 @@
+"""The gather kernels of CUDA-graph decode (kernels/lora/gather.py) against the torch path, through the graph table
+(lora/graph.py): rows mixing slots and base rows in any order, a slot with more rows than a block, padded rows;
+float32 under TRITON_INTERPRET=1 (a subprocess, tests/triton_interpret.py). With CUDA: both kernel forms at
+Llama-3.1-8B's layer shapes, ranks 16 and 64, bfloat16, and a captured graph of the gather form replayed with new
+mixes of slots equals the eager kernels."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.triton_interpret import interpreter_works, run_under_interpreter
+
+# Llama-3.1-8B's adapted layers: (parts, in, out): qkv, o, gate_up, down
+LLAMA8B = [(3, 4096, 6144), (1, 4096, 4096), (2, 4096, 28672), (1, 14336, 4096)]
+
+
+def _check(got: torch.Tensor, want: torch.Tensor, base: torch.Tensor, row_slots: list[int], tol: float, what) -> None:
+    # (not torch.testing.assert_close: its import of torch.distributed.tensor costs seconds)
+    err = (got.float() - want).abs().max().item()
+    assert err <= tol * want.abs().max().item(), (what, err)
+    base_rows = torch.tensor(row_slots, device=got.device) < 0
+    assert torch.equal(got[base_rows], base[base_rows]), what  # rows of the base model untouched
+
+
+def compare(device: str, dtype: torch.dtype, slots: int, width: int, k: int, n: int, row_slots: list[int],
+            capacity: int, segments: bool, tol: float, g: torch.Generator) -> None:
+    from radixlm.runtime.lora.graph import LoraGraphInputs
+    from radixlm.runtime.lora.ops import LoraBatchInfo, add_lora_delta, lora_delta_torch
+
+    a = (torch.randn(slots, width, k, generator=g) / k**0.5).to(dtype).to(device)
+    b = torch.randn(slots, n, width, generator=g).to(dtype).to(device)
+    scalings = torch.rand(slots, generator=g).add(0.5).to(device)
+    rows = len(row_slots)
+    x = torch.randn(rows, k, generator=g).to(dtype).to(device)
+    base = torch.randn(rows, n, generator=g).to(dtype).to(device)
+    info = LoraBatchInfo.build(row_slots, [1] * rows, scalings, device)
+    want = base.float() + lora_delta_torch(x.float(), a.float(), b.float(), info)
+    inputs = LoraGraphInputs(capacity, slots, scalings, device)
+    inputs.fill(row_slots)
+    got = add_lora_delta(base.clone(), x, a, b, inputs.info(rows), use_triton=True)
+    _check(got, want, base, row_slots, tol, ("gather", dtype, width, k, n))
+    if segments:
+        got = add_lora_delta(base.clone(), x, a, b, info, use_triton=True)
+        _check(got, want, base, row_slots, tol, ("segment", dtype, width, k, n))
+
+
+def run_interpreted() -> None:
+    g = torch.Generator().manual_seed(0)
+    # 19 rows of slot 2 (two blocks), base rows between, 24 of a graph of 28 rows (the rest padding)
+    slots = [2, -1, 0, 2, 1] + [2] * 17 + [-1, 0]
+    compare("cpu", torch.float32, 3, 24, 40, 72, slots, 28, False, 1e-5, g)
+
+
+def run_cuda_llama8b() -> None:
+    g = torch.Generator().manual_seed(1)
+    for rank in (16, 64):
+        for parts, k, n in LLAMA8B:
+            row_slots = torch.randint(-1, 8, (200,), generator=g).tolist()  # 8 adapters and the base, mixed
+            row_slots[:40] = [3] * 40  # a slot over several blocks
+            compare("cuda", torch.bfloat16, 8, parts * rank, k, n, row_slots, 256, True, 2e-2, g)
+
+
+def run_cuda_graph_replays() -> None:
+    """One capture of the gather form; replays after refilling the table equal the eager kernels."""
+    from radixlm.runtime.lora.graph import LoraGraphInputs
+    from radixlm.runtime.lora.ops import add_lora_delta
+
+    g = torch.Generator().manual_seed(2)
+    slots, width, k, n, rows = 32, 48, 4096, 6144, 64
+    a = (torch.randn(slots, width, k, generator=g) / k**0.5).bfloat16().cuda()
+    b = torch.randn(slots, n, width, generator=g).bfloat16().cuda()
+    scalings = torch.rand(slots, generator=g).add(0.5).cuda()
+    x = torch.randn(rows, k, generator=g).bfloat16().cuda()
+    base = torch.randn(rows, n, generator=g).bfloat16().cuda()
+    inputs = LoraGraphInputs(rows, slots, scalings, "cuda")
+    out = base.clone()
+    info = inputs.info(rows)
+    add_lora_delta(out, x, a, b, info, use_triton=True)  # builds the kernels before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        add_lora_delta(out, x, a, b, info, use_triton=True)
+    for mix in ([-1] * rows, [5] * rows, torch.randint(-1, slots, (rows,), generator=g).tolist(),
+                [i % slots for i in range(rows)]):
+        inputs.fill(mix)
+        out.copy_(base)
+        graph.replay()
+        eager = LoraGraphInputs(rows, slots, scalings, "cuda")
+        eager.fill(mix)
+        want = add_lora_delta(base.clone(), x, a, b, eager.info(rows), use_triton=True)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), mix[:8]
+
+
+@pytest.mark.skipif(not interpreter_works(), reason="needs Triton's interpreter, 3.7 or later")
+def test_gather_kernels_under_interpreter():
+    run_under_interpreter(__file__, "gather lora ok", hide_cuda=True, timeout=120)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_segment_and_gather_kernels_at_llama8b_shapes():
+    run_cuda_llama8b()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gather_graph_replays_equal_eager():
+    run_cuda_graph_replays()
+
+
+if __name__ == "__main__":  # the interpreter run of test_gather_kernels_under_interpreter
+    torch.set_num_threads(1)
+    run_interpreted()
+    print("gather lora ok")
