@@ -37,14 +37,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def shared_server():
-    """One `radixlm serve` with start_server's defaults for the modules that need no other configuration and leave it
-    running (a start-up is 5-8 s on 2 cores); a module that ends or reconfigures its server starts its own."""
-    from tests.runtime.server.conftest import start_server, stop_server
+def shared_runtime():
+    """One `radixlm serve` with start_server's defaults, started through `sgl.Runtime` (so every run launches one the
+    way the language's users do), for the modules that need no other configuration and leave it running (a start-up
+    is 5-8 s on 2 cores): tests/lang's end-to-end modules and, as shared_server, the server tier's; a module that ends
+    or reconfigures its server starts its own."""
+    import radixlm as sgl
+    from tests.runtime.server.conftest import SERVER_THREADS, STARTUP_TIMEOUT_S
 
-    handle = start_server()
-    yield handle
-    stop_server(handle)
+    with pytest.MonkeyPatch.context() as mp:  # the server inherits start_server's thread count
+        mp.setenv("OMP_NUM_THREADS", SERVER_THREADS)
+        rt = sgl.Runtime(max_total_tokens=4096, random_seed=0, enable_integrity_check=True, log_level="warning",
+                         launch_timeout=STARTUP_TIMEOUT_S)
+    try:
+        yield rt
+    finally:
+        rt.shutdown()
+
+
+@pytest.fixture(scope="session")
+def shared_server(shared_runtime):
+    """shared_runtime as a ServerHandle (tests/runtime/server/conftest.py's start_server gives the same server)."""
+    import httpx
+
+    from tests.runtime.server.conftest import ServerHandle
+
+    with httpx.Client(base_url=shared_runtime.url, timeout=60) as client:
+        yield ServerHandle(shared_runtime.proc, shared_runtime.url, client)
 
 
 @pytest.fixture(scope="session")
