@@ -7,8 +7,9 @@ their basenames):
 
 The fast tier is what has none of them: pytest -m "not interpreted_kernel and not real_model and not server".
 A run orders whole modules by their heaviest test, fast tier first (a module's tests stay together, so its fixtures
-are built once), and hands freed memory back to the system after each test. Under pytest-xdist (the README's `-n 2`)
-pyproject's `--dist loadfile` keeps a module on one worker."""
+are built once), within a tier the modules known to be slow first (tests/tiers.py's SLOW_MODULES), and
+hands freed memory back to the system after each test. Under pytest-xdist (the README's `-n 2`) pyproject's
+`--dist loadfile` keeps a module on one worker."""
 from __future__ import annotations
 
 import ctypes
@@ -20,20 +21,42 @@ from pathlib import Path
 
 import pytest
 
-from tests import tiers
+from tests import tiers, triton_interpret
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# The modules with an interpreted-kernel test: after the last of them a test process closes its interpreter hosts.
+INTERPRETED_PATHS = pytest.StashKey[set]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank: dict[Path, int] = {}
     first: dict[Path, int] = {}
+    interpreted = config.stash.setdefault(INTERPRETED_PATHS, set())
     for i, item in enumerate(items):
         names = tiers.tiers_of(item)
         for name in names:
             item.add_marker(name)
+        if tiers.INTERPRETED_KERNEL in names:
+            interpreted.add(item.path)
         first.setdefault(item.path, i)
         rank[item.path] = max(rank.get(item.path, 0), max((tiers.ORDER.index(n) + 1 for n in names), default=0))
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank[item.path], first[item.path], order[id(item)]))
+    # The modules that share a package-scoped fixture move together (it is then built once per worker).
+    group = {item.path: _package_fixture_home(item) or str(item.path) for item in items}
+    seconds: dict[str, int] = {}
+    group_first: dict[str, int] = {}
+    for path, key in group.items():
+        seconds[key] = max(seconds.get(key, 0), tiers.module_seconds(path.as_posix()))
+        group_first[key] = min(group_first.get(key, first[path]), first[path])
+    items.sort(key=lambda item: (rank[item.path], -seconds[group[item.path]], group_first[group[item.path]],
+                                 first[item.path], order[id(item)]))
+
+
+def _package_fixture_home(item: pytest.Item) -> str | None:
+    info = getattr(item, "_fixtureinfo", None)
+    homes = sorted(fd.baseid for defs in (info.name2fixturedefs.values() if info else ()) for fd in defs
+                   if fd.scope == "package")
+    return homes[0] if homes else None
 
 
 @pytest.fixture(scope="session")
@@ -129,6 +152,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     if long_teardown or _rss_bytes() > _collected_at["rss"] + COLLECT_AFTER_GROWTH_BYTES:
         gc.collect()
         _collected_at["rss"] = _rss_bytes()
+    if item.path in item.config.stash.get(INTERPRETED_PATHS, ()) and (
+            nextitem is None or nextitem.path not in item.config.stash[INTERPRETED_PATHS]):
+        triton_interpret.close_hosts()  # the tier's modules run together: the hosts are not needed again
     if _LIBC is not None:
         _LIBC.malloc_trim(0)  # 0.1 ms
     if RSS_LOG:
