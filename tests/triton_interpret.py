@@ -104,13 +104,13 @@ class InterpreterHost:
 _HOSTS: dict[bool, InterpreterHost] = {}
 
 
-def _close_hosts() -> None:
+def close_hosts() -> None:
     for host in _HOSTS.values():
         host.close()
     _HOSTS.clear()
 
 
-atexit.register(_close_hosts)
+atexit.register(close_hosts)
 
 
 def run_under_interpreter(script: str, marker: str, hide_cuda: bool = False, timeout: float = 300) -> None:
