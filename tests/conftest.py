@@ -7,8 +7,9 @@ their basenames):
 
 The fast tier is what has none of them: pytest -m "not interpreted_kernel and not real_model and not server".
 A run orders whole modules by their heaviest test, fast tier first (a module's tests stay together, so its fixtures
-are built once), and hands freed memory back to the system after each test. Under pytest-xdist (the README's `-n 2`)
-pyproject's `--dist loadfile` keeps a module on one worker."""
+are built once), within a tier the modules known to be slow first (tests/tiers.py's SLOW_MODULES), and
+hands freed memory back to the system after each test. Under pytest-xdist (the README's `-n 2`) pyproject's
+`--dist loadfile` keeps a module on one worker."""
 from __future__ import annotations
 
 import ctypes
@@ -20,51 +21,100 @@ from pathlib import Path
 
 import pytest
 
-from tests import tiers
+from tests import tiers, triton_interpret
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# The modules with an interpreted-kernel test: after the last of them a test process closes its interpreter hosts.
+INTERPRETED_PATHS = pytest.StashKey[set]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank: dict[Path, int] = {}
     first: dict[Path, int] = {}
+    interpreted = config.stash.setdefault(INTERPRETED_PATHS, set())
     for i, item in enumerate(items):
         names = tiers.tiers_of(item)
         for name in names:
             item.add_marker(name)
+        if tiers.INTERPRETED_KERNEL in names:
+            interpreted.add(item.path)
         first.setdefault(item.path, i)
         rank[item.path] = max(rank.get(item.path, 0), max((tiers.ORDER.index(n) + 1 for n in names), default=0))
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank[item.path], first[item.path], order[id(item)]))
+    # The modules that share a package-scoped fixture move together (it is then built once per worker).
+    group = {item.path: _package_fixture_home(item) or str(item.path) for item in items}
+    seconds: dict[str, int] = {}
+    group_first: dict[str, int] = {}
+    for path, key in group.items():
+        seconds[key] = max(seconds.get(key, 0), tiers.module_seconds(path.as_posix()))
+        group_first[key] = min(group_first.get(key, first[path]), first[path])
+    items.sort(key=lambda item: (rank[item.path], -seconds[group[item.path]], group_first[group[item.path]],
+                                 first[item.path], order[id(item)]))
+
+
+def _package_fixture_home(item: pytest.Item) -> str | None:
+    info = getattr(item, "_fixtureinfo", None)
+    homes = sorted(fd.baseid for defs in (info.name2fixturedefs.values() if info else ()) for fd in defs
+                   if fd.scope == "package")
+    return homes[0] if homes else None
 
 
 @pytest.fixture(scope="session")
-def shared_server():
-    """One `radixlm serve` with start_server's defaults for the modules that need no other configuration and leave it
-    running (a start-up is 5-8 s on 2 cores); a module that ends or reconfigures its server starts its own."""
-    from tests.runtime.server.conftest import start_server, stop_server
+def shared_runtime():
+    """One `radixlm serve` with start_server's defaults, started through `sgl.Runtime` (so every run launches one the
+    way the language's users do), for the modules that need no other configuration and leave it running (a start-up
+    is 5-8 s on 2 cores): tests/lang's end-to-end modules and, as shared_server, the server tier's; a module that ends
+    or reconfigures its server starts its own."""
+    import radixlm as sgl
+    from tests.runtime.server.conftest import SERVER_THREADS, STARTUP_TIMEOUT_S
 
-    handle = start_server()
-    yield handle
-    stop_server(handle)
+    with pytest.MonkeyPatch.context() as mp:  # the server inherits start_server's thread count
+        mp.setenv("OMP_NUM_THREADS", SERVER_THREADS)
+        rt = sgl.Runtime(max_total_tokens=4096, random_seed=0, enable_integrity_check=True, log_level="warning",
+                         launch_timeout=STARTUP_TIMEOUT_S)
+    try:
+        yield rt
+    finally:
+        rt.shutdown()
+
+
+@pytest.fixture(scope="session")
+def shared_server(shared_runtime):
+    """shared_runtime as a ServerHandle (tests/runtime/server/conftest.py's start_server gives the same server)."""
+    import httpx
+
+    from tests.runtime.server.conftest import ServerHandle
+
+    with httpx.Client(base_url=shared_runtime.url, timeout=60) as client:
+        yield ServerHandle(shared_runtime.proc, shared_runtime.url, client)
 
 
 @pytest.fixture(scope="session")
 def hf_gguf_model(tmp_path_factory):
-    """A loader of transformers' float32 model of a GGUF file (its own dequantizer): the first load of a file converts
-    it (SmolLM2: 10-30 s on 2 cores) and keeps the converted module on disk, later loads map it back (under 0.1 s).
-    For files loaded more than once in a run (a converted Qwen2.5-0.5B is 2 GB of disk)."""
+    """A loader of transformers' float32 model of a GGUF file (its own dequantizer): the first load of a file in a run
+    converts it (SmolLM2: 10-30 s on 2 cores) and keeps the converted module on disk, later loads map it back (under
+    0.1 s), also in the run's other xdist workers (the folder is the run's, a lock makes the other wait for the one
+    converting). For files loaded more than once in a run (a converted Qwen2.5-0.5B is 2 GB of disk)."""
     import torch
+    from filelock import FileLock
 
-    cache = tmp_path_factory.mktemp("hf-gguf")
+    cache = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        cache = cache.parent  # the run's folder, above each worker's own
+    cache = cache / "hf-gguf"
+    cache.mkdir(exist_ok=True)
 
     def load(gguf_path: str):
         from transformers import AutoModelForCausalLM
 
         saved = cache / (Path(gguf_path).name + ".pt")
-        if saved.exists():
-            return torch.load(saved, weights_only=False, mmap=True).eval()
-        model = AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32).eval()
-        torch.save(model, saved)
+        with FileLock(str(saved) + ".lock"):
+            if saved.exists():
+                return torch.load(saved, weights_only=False, mmap=True).eval()
+            model = AutoModelForCausalLM.from_pretrained(
+                os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32).eval()
+            torch.save(model, str(saved) + ".part")
+            os.replace(str(saved) + ".part", saved)
         return model
 
     return load
@@ -110,6 +160,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     if long_teardown or _rss_bytes() > _collected_at["rss"] + COLLECT_AFTER_GROWTH_BYTES:
         gc.collect()
         _collected_at["rss"] = _rss_bytes()
+    if item.path in item.config.stash.get(INTERPRETED_PATHS, ()) and (
+            nextitem is None or nextitem.path not in item.config.stash[INTERPRETED_PATHS]):
+        triton_interpret.close_hosts()  # the tier's modules run together: the hosts are not needed again
     if _LIBC is not None:
         _LIBC.malloc_trim(0)  # 0.1 ms
     if RSS_LOG:

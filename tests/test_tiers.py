@@ -22,6 +22,11 @@ def test_every_path_in_the_table_names_a_test():
         assert not test or any(test in _defined(p) for p in found), f"{key}: no such test"
 
 
+def test_every_slow_module_exists():
+    for key in tiers.SLOW_MODULES:
+        assert [p for p in TESTS.rglob(Path(key).name) if p.as_posix().endswith("/" + key)], f"{key}: no such module"
+
+
 def test_every_fixture_in_the_table_is_defined():
     defined = set().union(*(_defined(p) for p in TESTS.rglob("*.py")))
     assert set(tiers.FIXTURES) <= defined, set(tiers.FIXTURES) - defined

@@ -37,6 +37,34 @@ PATHS = {
     "model_loader/test_model_loader.py::test_truncated_gguf_names_file": {REAL_MODEL},
 }
 
+# Modules that took 20 s or more on CI (2 cores, -n 2; setup and calls, seconds, rounded). Under xdist's loadfile a
+# worker runs whole modules and takes the next one as it nears the end of its own: a long module handed out last keeps
+# one worker busy while the other has nothing left. tests/conftest.py hands these out first within their tier, the
+# longest first, so that the workers end together on the short ones.
+SLOW_MODULES = {
+    "router/test_e2e.py": 170,
+    "engine/test_parity.py": 140,
+    "server/test_openapi_fuzz.py": 80,
+    "lang/backend/test_api_speculative_e2e.py": 60,
+    "server/test_watchdog.py": 55,
+    "lang/test_programs_e2e.py": 50,
+    "quantization/test_real_model.py": 50,
+    "bench/test_programs.py": 45,
+    "server/test_tool_calls.py": 45,
+    "kernels/attention/test_shared_prefix_attn.py": 40,
+    "kernels/attention/test_decode_attn_variants.py": 35,
+    "bench/test_llava_bench.py": 35,
+    "bench/test_speculative_bench.py": 35,
+    "distributed/test_tp_server.py": 30,
+    "lang/test_compiled_e2e.py": 25,
+    "bench/test_host_ops.py": 25,
+}
+
+
+def module_seconds(path: str) -> int:
+    """SLOW_MODULES' figure for a module (a path ending in one of its keys); 0 for the others."""
+    return next((s for key, s in SLOW_MODULES.items() if path.endswith("/" + key)), 0)
+
 
 def _names(code: types.CodeType) -> set[str]:
     names = set(code.co_names)

@@ -34,17 +34,27 @@ class LaunchedRuntime:
         return "; ".join(dead) or None
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Idempotent."""
+        """Idempotent. A stopped child (SIGSTOP) cannot act on the SIGTERM until continued: it is killed at once
+        instead of after the timeout."""
         for p in self.procs.values():
             if p.is_alive():
                 p.terminate()
         deadline = time.monotonic() + timeout
         for p in self.procs.values():
-            p.join(max(0.0, deadline - time.monotonic()))
+            p.join(0.0 if _stopped(p.pid) else max(0.0, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
                 p.join(5)
         self.ports.cleanup()
+
+
+def _stopped(pid: int | None) -> bool:
+    """The process is stopped by a signal (state T in /proc; False where there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
 
 
 def _wait_ready(conn, proc, name: str, deadline: float):

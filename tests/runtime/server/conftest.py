@@ -16,6 +16,9 @@ import pytest
 from radixlm.runtime.ipc import die_with_parent
 
 STARTUP_TIMEOUT_S = 180
+# One torch thread: on a loaded 2-core machine more threads oversubscribe it (a 16-token completion took 2-19 s with the
+# default, a steady 1.2 s with one).
+SERVER_THREADS = os.environ.get("OMP_NUM_THREADS", "1")
 
 
 @dataclass
@@ -56,9 +59,7 @@ def start_server(*extra: str) -> ServerHandle:
     port = free_port()
     cmd = [sys.executable, "-m", "radixlm.launch_server", "--port", str(port), "--max-total-tokens", "4096",
            "--random-seed", "0", "--enable-integrity-check", "--log-level", "warning", *extra]
-    # One torch thread: on a loaded 2-core machine more threads oversubscribe it (a 16-token completion took 2-19 s
-    # with the default, a steady 1.2 s with one).
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**os.environ, "OMP_NUM_THREADS": SERVER_THREADS}
     return wait_healthy(subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent), f"http://127.0.0.1:{port}")
 
 
