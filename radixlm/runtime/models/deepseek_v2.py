@@ -162,7 +162,7 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
 
     @property
     def supports_cuda_graph(self) -> bool:
-        return latent_attention_supports_cuda_graph()
+        return latent_attention_supports_cuda_graph(self.config.kv_lora_rank, self.config.qk_rope_head_dim)
 
     def map_weight_name(self, name: str) -> tuple[str, object]:
         expert = expert_weight_name(name, _EXPERT, _PARTS)

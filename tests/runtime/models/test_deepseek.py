@@ -35,14 +35,16 @@ def yarn(mscale: float, mscale_all_dim: float) -> dict:
             "mscale": mscale, "mscale_all_dim": mscale_all_dim, "beta_fast": 32, "beta_slow": 1}
 
 
-def configs() -> dict:
+def configs(**mla) -> dict:
+    """mla: overrides of the latent widths (the CUDA test's multiples of 16)."""
+    common = {**COMMON, **mla}
     return {
-        "v2-lite": DeepseekV2Config(**COMMON, q_lora_rank=None, n_routed_experts=8, num_experts_per_tok=2,
+        "v2-lite": DeepseekV2Config(**common, q_lora_rank=None, n_routed_experts=8, num_experts_per_tok=2,
                                     n_shared_experts=2, topk_method="greedy", norm_topk_prob=False),
-        "v2": DeepseekV2Config(**COMMON, q_lora_rank=24, attention_bias=True, n_routed_experts=8,
+        "v2": DeepseekV2Config(**common, q_lora_rank=24, attention_bias=True, n_routed_experts=8,
                                num_experts_per_tok=3, n_shared_experts=1, topk_method="group_limited_greedy",
                                n_group=4, topk_group=2, routed_scaling_factor=1.5, rope_parameters=yarn(0.707, 0.707)),
-        "v3": DeepseekV3Config(**COMMON, q_lora_rank=24, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        "v3": DeepseekV3Config(**common, q_lora_rank=24, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
                                n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
                                rope_parameters=yarn(1.0, 0.8)),
     }
@@ -90,6 +92,33 @@ def test_deepseek_greedy_matches_transformers(name, tmp_path):
     assert retractions > 0
     assert [r["output_ids"] for r in again] == [ids for ids, _ in reference[:4]]
     assert sum(r["meta_info"]["cached_tokens"] for r in again) > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["v2-lite", "v3"])
+def test_mla_kernels_and_graphs_on_cuda_equal_the_cpu(name, tmp_path):
+    """The Triton MLA kernels (decode in CUDA graphs, extend over cached prefixes, chunks and retraction) against the
+    torch path on the CPU, same weights, float32 (the kernels' dots run in TF32: logprobs within 2e-2)."""
+    config = configs(qk_rope_head_dim=16)[name]  # the kernels take widths in multiples of 16
+    save_deepseek(config, tmp_path, seed=3)
+    prompts = prompts_without_pad(5)
+    runs = {}
+    for device in ("cpu", "cuda"):
+        engine = radixlm.Engine(str(tmp_path), dtype="float32", device=device, random_seed=0, **TIGHT)
+        try:
+            graphs = engine.runner.graph_max_bs()
+            first = engine.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True)
+            again = engine.generate(input_ids=prompts[:4], sampling_params=GREEDY)
+        finally:
+            engine.shutdown()
+        runs[device] = (graphs, first, again)
+    assert runs["cuda"][0] > 0 and runs["cpu"][0] == 0
+    for got, ref in zip(runs["cuda"][1], runs["cpu"][1], strict=True):
+        assert got["output_ids"] == ref["output_ids"]
+        lps = [(a[0], b[0]) for a, b in zip(got["meta_info"]["output_token_logprobs"],
+                                            ref["meta_info"]["output_token_logprobs"])]
+        assert max(abs(a - b) for a, b in lps) < 2e-2
+    assert [r["output_ids"] for r in runs["cuda"][2]] == [r["output_ids"] for r in runs["cpu"][2]]
 
 
 def test_layers_names_and_routing_from_the_config():

@@ -6,9 +6,11 @@ the pass's own rows already stored. A row's scores are q . row over the keys it 
 sum of the keys' c_kv (the values are the latent itself: W_UV is applied by the caller, after). A row sees its
 request's cache positions up to its own (causal), or as the request's tree mask says (tree drafts).
 
-`latent_attention` is the one entry point (the seam): the torch path here runs on any device and is exact (it gathers
-each request's rows; it reads host-side lengths, so no CUDA graph captures it). CUDA kernels
-(kernels/attention/mla*.py) plug in behind the same signature."""
+`latent_attention` is the one entry point (the seam). On CUDA, where the latent widths suit them (multiples of 16),
+the Triton kernels run (kernels/attention/mla.py: split-K decode for TOKEN_ROWS passes, extend for REQUEST_SPANS
+passes); they read nothing from the host during a decode pass, so CUDA graphs capture them (a captured pass fixes
+its split count from the batch size alone). Elsewhere the torch path here runs: exact, it gathers each request's
+rows and reads host-side lengths."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +18,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixlm.runtime.host_to_device import host_to_device
+from radixlm.runtime.kernels.attention.mla import (
+    MlaExtendConfig, mla_decode, mla_decode_num_splits, mla_extend, mla_extend_blocks, mla_extend_config,
+)
 from radixlm.runtime.layers.attention.torch_native import gather_kv
+from radixlm.runtime.layers.attention.triton_backend import tree_mask_inputs
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.forward_batch import ForwardBatch
@@ -33,12 +40,67 @@ def latent_attention(q: torch.Tensor, kv_buffer: torch.Tensor, forward_batch: "F
                          f"{tuple(q.shape)}, cache {tuple(kv_buffer.shape)}")
     if not 0 < kv_lora_rank < q.shape[-1]:
         raise ValueError(f"kv_lora_rank {kv_lora_rank} must be within the latent row's width {q.shape[-1]}")
+    if q.is_cuda and kernels_fit(kv_lora_rank, q.shape[-1] - kv_lora_rank):
+        return latent_attention_cuda(q, kv_buffer, forward_batch, scale, kv_lora_rank)
     return latent_attention_torch(q, kv_buffer, forward_batch, scale, kv_lora_rank)
 
 
-def latent_attention_supports_cuda_graph() -> bool:
-    """Whether a pass through latent_attention can be captured (the torch path reads host-side lengths: no)."""
-    return False
+def kernels_fit(kv_lora_rank: int, rope_dim: int) -> bool:
+    """Whether the Triton kernels take these latent widths (check_mla_args' rule)."""
+    return kv_lora_rank >= 16 and rope_dim >= 16 and kv_lora_rank % 16 == 0 and rope_dim % 16 == 0
+
+
+def latent_attention_supports_cuda_graph(kv_lora_rank: int, rope_dim: int) -> bool:
+    """Whether a CUDA pass through latent_attention can be captured: the kernels' path can, the torch path (host-side
+    lengths) cannot."""
+    return kernels_fit(kv_lora_rank, rope_dim)
+
+
+def latent_attention_cuda(q: torch.Tensor, kv_buffer: torch.Tensor, fb: "ForwardBatch", scale: float,
+                          kv_lora_rank: int) -> torch.Tensor:
+    num_heads = q.shape[1]
+    out = q.new_empty(q.shape[0], num_heads, kv_lora_rank)
+    if q.shape[0] == 0:
+        return out
+    req_to_token = fb.req_to_token_pool.req_to_token
+    if fb.forward_mode.is_token_rows():
+        if torch.cuda.is_current_stream_capturing():  # a replay meets any lengths: splits from the batch size alone
+            splits = mla_decode_num_splits(q.shape[0], num_heads)
+            return mla_decode(q, kv_buffer, req_to_token, fb.req_pool_indices, fb.seq_lens, scale, out,
+                              num_kv_splits=splits)
+        return mla_decode(q, kv_buffer, req_to_token, fb.req_pool_indices, fb.seq_lens, scale, out,
+                          max_seq_len=max(fb.seq_lens_cpu, default=1))
+    meta = fb.latent_attn_metadata
+    if not isinstance(meta, LatentKernelMetadata):
+        meta = fb.latent_attn_metadata = _kernel_metadata(fb, mla_extend_config(num_heads))
+    return mla_extend(q, kv_buffer, req_to_token, fb.req_pool_indices, meta.prefix_lens, meta.extend_lens,
+                      fb.extend_start_loc, scale, out, blocks=meta.blocks, config=meta.config,
+                      custom_mask=meta.custom_mask, mask_starts=meta.mask_starts, mask_offsets=meta.mask_offsets)
+
+
+@dataclass
+class LatentKernelMetadata:
+    """An extend pass's kernel inputs, built at its first MLA layer (one host-to-device copy), read by the later
+    ones."""
+
+    prefix_lens: torch.Tensor
+    extend_lens: torch.Tensor
+    blocks: torch.Tensor
+    config: MlaExtendConfig
+    custom_mask: torch.Tensor | None = None
+    mask_starts: torch.Tensor | None = None
+    mask_offsets: torch.Tensor | None = None
+
+
+def _kernel_metadata(fb: "ForwardBatch", config: MlaExtendConfig) -> LatentKernelMetadata:
+    prefix, ext = fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu
+    bs = len(ext)
+    flat = host_to_device(list(prefix) + list(ext) + mla_extend_blocks(list(ext), config), torch.int64,
+                          fb.input_ids.device)
+    meta = LatentKernelMetadata(flat[:bs], flat[bs : 2 * bs], flat[2 * bs :], config)
+    if fb.tree_masks is not None:
+        meta.custom_mask, meta.mask_starts, meta.mask_offsets = tree_mask_inputs(fb, fb.input_ids.device)
+    return meta
 
 
 @dataclass
