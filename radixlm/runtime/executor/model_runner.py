@@ -245,7 +245,8 @@ class ModelRunner:
     @property
     def takes_shared_prefixes(self) -> bool:
         """Whether eager decode passes read ModelWorkerBatch.shared_prefixes (the planner forms groups only then)."""
-        return not self.server_args.disable_shared_prefix_decode and self.attn_backend.supports_shared_prefix
+        return (not self.server_args.disable_shared_prefix_decode and self.attn_backend.supports_shared_prefix
+                and getattr(self.model, "supports_shared_prefix", True))
 
     def gemm_holders(self) -> list[tuple[str, gemm.GemmHolder]]:
         """(name, holder) of every few-row GEMM choice memo (gemm.linear's): the model's layers, then the lm_head."""

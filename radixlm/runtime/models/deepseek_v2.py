@@ -160,6 +160,8 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
                         else VocabEmbedding(config.vocab_size, config.hidden_size, parallel))
         self._stacked = (_Q_LORA_STACKED if getattr(config, "q_lora_rank", None) is not None else []) + _MLP_STACKED
 
+    supports_shared_prefix = False  # latent attention reads every row's prefix itself (no shared-prefix decode)
+
     @property
     def supports_cuda_graph(self) -> bool:
         return latent_attention_supports_cuda_graph(self.config.kv_lora_rank, self.config.qk_rope_head_dim)
