@@ -28,3 +28,18 @@ else
   nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 fi
+
+# budget_step NAME LIMIT_S CMD...: CMD under the lesser of LIMIT_S and what is left before the caller's `deadline`
+# (skipped when under 20 s are left), its output less the libraries' noise to $OUT/NAME.log and its tail (TAIL lines)
+# here; with PACK set, $OUT is packed into the file $PACK after each step (a device call returns at most 8 files).
+budget_step() {
+  local name=$1 limit=$2; shift 2
+  local left=$((deadline - SECONDS))
+  if [ "$left" -lt 20 ]; then echo "== $name skipped (budget)"; return 0; fi
+  [ "$limit" -le "$left" ] || limit=$left
+  echo "== $name (limit ${limit}s)"
+  timeout "$limit" "$@" 2>&1 | grep -v "safetensors\|Warn\|warn_once\|fix_mistral_regex\|USDT\|clean_up_tokenization" \
+    > "$OUT/$name.log"
+  echo "rc ${PIPESTATUS[0]}"; tail -n "${TAIL:-40}" "$OUT/$name.log"
+  if [ -n "${PACK:-}" ]; then tar -cf "$PACK" -C "$OUT" .; fi
+}

@@ -20,16 +20,8 @@ FINAL_OUT=$OUT
 OUT=/tmp/lora_lease_out
 rm -rf "$OUT" && mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-500}))  # no step past it (each step's limit is cut to it)
-step() {  # step NAME LIMIT_S CMD...: the command's filtered output to $OUT/NAME.log and its tail here
-  local name=$1 limit=$2; shift 2
-  local left=$((deadline - SECONDS))
-  if [ "$left" -lt 20 ]; then echo "== $name skipped (budget)"; return 0; fi
-  [ "$limit" -le "$left" ] || limit=$left
-  echo "== $name (limit ${limit}s)"
-  timeout "$limit" "$@" 2>&1 | grep -v "safetensors\|Warn\|fix_mistral_regex\|USDT\|clean_up_tokenization" > "$OUT/$name.log"
-  echo "rc ${PIPESTATUS[0]}"; tail -n "${TAIL:-40}" "$OUT/$name.log"
-  tar -cf "$FINAL_OUT/lora_lease.tar" -C "$OUT" .
-}
+PACK=$FINAL_OUT/lora_lease.tar
+step() { budget_step "$@"; }  # env.sh
 TAIL=30 step lora_cuda_tests 150 $PY -m pytest -q -p no:cacheprovider -rs --durations=8 tests/runtime/kernels/lora \
   tests/runtime/lora/test_lora_cuda.py -k "not compile"
 DEVICE=cuda DTYPE=bfloat16

@@ -11,15 +11,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/env.sh"
 bash benchmarks/lease/tree_id.sh
 deadline=$((SECONDS + ${BUDGET_S:-470}))
-step() {  # step NAME LIMIT_S CMD...: the command's filtered output to $OUT/NAME.log and its tail here
-  local name=$1 limit=$2; shift 2
-  local left=$((deadline - SECONDS))
-  if [ "$left" -lt 20 ]; then echo "== $name skipped (budget)"; return 0; fi
-  [ "$limit" -le "$left" ] || limit=$left
-  echo "== $name (limit ${limit}s)"
-  timeout "$limit" "$@" 2>&1 | grep -v "Warn\|warn_once" > "$OUT/$name.log"
-  echo "rc ${PIPESTATUS[0]}"; tail -n "${TAIL:-40}" "$OUT/$name.log"
-}
+step() { budget_step "$@"; }  # env.sh
 if [ "${DRY:-0}" = 1 ]; then
   export TRITON_INTERPRET=1
   TAIL=30 step quant_gemv_sweep 900 $PY benchmarks/kernels/quant_gemv_sweep.py --dry --rows 1 4 --shapes o_proj \

@@ -25,16 +25,8 @@ FINAL_OUT=$OUT
 OUT=/tmp/quant_lease_out
 rm -rf "$OUT" && mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-100000}))  # BUDGET_S: no step past it (each step's limit is cut to it)
-step() {  # step NAME LIMIT_S CMD...: the command's filtered output to $OUT/NAME.log and its tail here
-  local name=$1 limit=$2; shift 2
-  local left=$((deadline - SECONDS))
-  if [ "$left" -lt 20 ]; then echo "== $name skipped (budget)"; return 0; fi
-  [ "$limit" -le "$left" ] || limit=$left
-  echo "== $name (limit ${limit}s)"
-  timeout "$limit" "$@" 2>&1 | grep -v "safetensors\|Warn\|fix_mistral_regex\|USDT" > "$OUT/$name.log"
-  echo "rc ${PIPESTATUS[0]}"; tail -n "${TAIL:-40}" "$OUT/$name.log"
-  tar -cf "$FINAL_OUT/quant_lease.tar" -C "$OUT" .
-}
+PACK=$FINAL_OUT/quant_lease.tar
+step() { budget_step "$@"; }  # env.sh
 case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check} in
 kv)
   TAIL=60 step fp8_kv_decode 300 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --variants all --variant-budget-s 110 \
