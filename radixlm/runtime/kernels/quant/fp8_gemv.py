@@ -28,8 +28,6 @@ by its block's scale (a program's channels lie in one block row). The bias is ad
 output dtype (or by splitk.reduce_splits after the partials)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -39,23 +37,8 @@ from radixlm.runtime.kernels.quant import splitk, tiles
 MAX_ROWS = 4  # the CUDA cores' row counts (one accumulator a row); more rows take the tensor-core paths
 
 
-@dataclass(frozen=True)
-class Fp8GemvConfig:
-    block_n: int
-    block_k: int
-    split_k: int  # programs along K; each takes a whole number of BLOCK_K tiles (the last may take fewer)
-    num_warps: int
-    num_stages: int
-
-    def __post_init__(self):
-        for name in ("block_n", "block_k", "num_warps"):
-            v = getattr(self, name)
-            if v <= 0 or v & (v - 1):
-                raise ValueError(f"Fp8GemvConfig.{name} must be a power of two, got {v}")
-        if self.block_k < 16:
-            raise ValueError(f"Fp8GemvConfig: BLOCK_K >= 16, got {self}")
-        if not 1 <= self.split_k <= tiles.MAX_SPLIT or self.num_stages < 1:
-            raise ValueError(f"Fp8GemvConfig: split_k in 1..{tiles.MAX_SPLIT}, num_stages >= 1, got {self}")
+class Fp8GemvConfig(tiles.SkinnyConfig):
+    """fp8_gemv's launch."""
 
 
 # 4 packed e4m3 to 4 float32: two packed cvt.rn.f16x2.e4m3x2 (sm_89), then cvt.f32.f16 (HADD2.F32). Triton's own cast

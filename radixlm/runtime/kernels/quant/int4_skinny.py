@@ -22,8 +22,6 @@ weight is not rounded to the activation dtype (the reference rounds it): sums di
 and bfloat16 roundings only."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -34,23 +32,8 @@ MAX_ROWS = 4
 _XKIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
 
-@dataclass(frozen=True)
-class Int4GemvConfig:
-    block_n: int
-    block_k: int  # capped by the group size (int4_gemm.int4_block_k)
-    split_k: int
-    num_warps: int
-    num_stages: int
-
-    def __post_init__(self):
-        for name in ("block_n", "block_k", "num_warps"):
-            v = getattr(self, name)
-            if v <= 0 or v & (v - 1):
-                raise ValueError(f"Int4GemvConfig.{name} must be a power of two, got {v}")
-        if self.block_k < 16:
-            raise ValueError(f"Int4GemvConfig: BLOCK_K >= 16, got {self}")
-        if not 1 <= self.split_k <= tiles.MAX_SPLIT or self.num_stages < 1:
-            raise ValueError(f"Int4GemvConfig: split_k in 1..{tiles.MAX_SPLIT}, num_stages >= 1, got {self}")
+class Int4GemvConfig(tiles.SkinnyConfig):
+    """int4_skinny's launch; block_k is capped by the group size (int4_gemm.int4_block_k)."""
 
 
 @triton.jit

@@ -35,6 +35,29 @@ class TileConfig:
     nibbles: bool = False  # W4A16: int4_gemm._w4a16_nibbles_kernel where the K tile is NIBBLES_BLOCK_K
 
 
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """A few-row weight-streaming kernel's launch (fp8_gemv.py, int4_skinny.py): BLOCK_N output channels by BLOCK_K
+    inputs a tile, K split over split_k programs."""
+
+    block_n: int
+    block_k: int
+    split_k: int  # programs along K; each takes a whole number of BLOCK_K tiles (the last may take fewer)
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self):
+        kind = type(self).__name__
+        for name in ("block_n", "block_k", "num_warps"):
+            v = getattr(self, name)
+            if v <= 0 or v & (v - 1):
+                raise ValueError(f"{kind}.{name} must be a power of two, got {v}")
+        if self.block_k < 16:
+            raise ValueError(f"{kind}: BLOCK_K >= 16, got {self}")
+        if not 1 <= self.split_k <= MAX_SPLIT or self.num_stages < 1:
+            raise ValueError(f"{kind}: split_k in 1..{MAX_SPLIT}, num_stages >= 1, got {self}")
+
+
 def bucket_of(m: int) -> int:
     """The index in ROW_BUCKETS of m rows."""
     if m <= 0:
