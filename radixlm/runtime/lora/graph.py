@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from radixlm.runtime.lora.ops import GATHER_BLOCK_ROWS, GatherRows, LoraBatchInfo
+from radixlm.runtime.kernels.lora.shapes import GATHER_BLOCK_ROWS
+from radixlm.runtime.lora.ops import GatherRows, LoraBatchInfo
 
 ALIGN = 4  # int32 entries per 16 bytes: every view starts 16-byte aligned (what Triton specializes pointers on)
 

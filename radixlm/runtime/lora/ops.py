@@ -7,7 +7,7 @@ max_rank are zero-padded, so one shape serves every adapter.
 
 Two forms of a pass's rows: segments (eager passes: runs of consecutive rows of one slot, sized per pass) and the
 gather form of CUDA-graph decode (graph.py: fixed-size buffers of per-row slots and of the rows grouped by slot in
-blocks of at most GATHER_BLOCK_ROWS, filled before each replay)."""
+blocks of at most kernels.lora.GATHER_BLOCK_ROWS, filled before each replay)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,8 +16,6 @@ import torch
 
 from radixlm.runtime.host_to_device import host_to_device
 
-# Rows per block of the gather form: the gather kernels' BLOCK_M (kernels/lora/gather.py), which a block never exceeds.
-GATHER_BLOCK_ROWS = 16
 
 
 def _aligned(n: int) -> int:

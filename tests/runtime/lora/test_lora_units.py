@@ -15,7 +15,8 @@ from radixlm.runtime.layers.linear import ColumnParallelLinear, RowParallelLinea
 from radixlm.runtime.lora.config import LoraSpec, LoraTarget, PeftConfig
 from radixlm.runtime.lora.layer import LoraLayer, LoraPassContext
 from radixlm.runtime.lora.graph import LoraGraphInputs, num_blocks
-from radixlm.runtime.lora.ops import GATHER_BLOCK_ROWS, LoraBatchInfo, add_lora_delta, lora_delta_torch
+from radixlm.runtime.kernels.lora import GATHER_BLOCK_ROWS
+from radixlm.runtime.lora.ops import LoraBatchInfo, add_lora_delta, lora_delta_torch
 from radixlm.runtime.lora.registry import LoraRegistry, cache_namespace
 from radixlm.runtime.lora.slots import BASE_SLOT, SlotTable
 

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.runtime.lora.ops import GATHER_BLOCK_ROWS
+from radixlm.runtime.kernels.lora.shapes import GATHER_BLOCK_ROWS, check_lora_args
 
 BLOCK_M = GATHER_BLOCK_ROWS
 SHRINK_BLOCK_W = 16  # A's rows per program: W / 16 programs share a block's shrink (rank 16 qkv: 3)
@@ -75,14 +75,7 @@ def gather_lora_add(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torc
                     scalings: torch.Tensor) -> torch.Tensor:
     """out (rows, N) += for each row r of a block, scaling[slot] * x[r] @ A[slot]^T @ B[slot]^T; a (slots, W, K),
     b (slots, N, W); blocks of at most BLOCK_M rows (lora/graph.py's table)."""
-    rows, k = x.shape
-    slots, w, k_a = a.shape
-    n = b.shape[1]
-    if k_a != k or b.shape != (slots, n, w) or out.shape != (rows, n) or sorted_rows.shape[0] < rows:
-        raise ValueError(f"LoRA shapes do not fit: x {tuple(x.shape)}, A {tuple(a.shape)}, B {tuple(b.shape)}, "
-                         f"out {tuple(out.shape)}, {sorted_rows.shape[0]} sorted rows")
-    if not (x.stride(1) == a.stride(2) == b.stride(2) == out.stride(1) == 1):
-        raise ValueError("LoRA kernels need rows with unit column stride")
+    rows, k, w, n = check_lora_args(out, x, a, b, min_rows=int(sorted_rows.shape[0]))
     num_blocks = int(block_slots.shape[0])
     if num_blocks == 0 or rows == 0:
         return out

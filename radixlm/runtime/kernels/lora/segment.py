@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.runtime.kernels.lora.shapes import check_lora_args
+
 BLOCK_M = 16
 BLOCK_N = 32
 BLOCK_K = 32
@@ -66,14 +68,7 @@ def segment_lora_add(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: tor
                      seg_lens: torch.Tensor, seg_slots: torch.Tensor, scalings: torch.Tensor,
                      max_seg_len: int) -> torch.Tensor:
     """out (rows, N) += per segment, scaling[slot] * x @ A[slot]^T @ B[slot]^T; a (slots, W, K), b (slots, N, W)."""
-    rows, k = x.shape
-    slots, w, k_a = a.shape
-    n = b.shape[1]
-    if k_a != k or b.shape != (slots, n, w) or out.shape != (rows, n):
-        raise ValueError(f"LoRA shapes do not fit: x {tuple(x.shape)}, A {tuple(a.shape)}, B {tuple(b.shape)}, "
-                         f"out {tuple(out.shape)}")
-    if not (x.stride(1) == a.stride(2) == b.stride(2) == out.stride(1) == 1):
-        raise ValueError("LoRA kernels need rows with unit column stride")
+    rows, k, w, n = check_lora_args(out, x, a, b)
     num_segs = int(seg_starts.shape[0])
     if num_segs == 0 or max_seg_len == 0:
         return out
