@@ -2,13 +2,14 @@
 a DEALER per prefill server on the decode server, each run by a thread of its own, so the scheduler never waits on
 the network.
 
-Wire format: decode -> prefill [b"", pickle({"room": r})]; prefill -> decode [b"", pickle(header), k bytes,
-v bytes], the header being the payload's fields but k and v, plus their dtype and shape."""
+Wire format: decode -> prefill [b"", json({"room": r})]; prefill -> decode [b"", json(header), k bytes, v bytes],
+the header being the payload's fields but k and v, plus their dtype (one of WIRE_DTYPES) and shape. JSON, not pickle:
+the bootstrap port listens on every interface, and nothing read from it may run code."""
 from __future__ import annotations
 
 import dataclasses
 import logging
-import pickle
+import json
 import queue
 import threading
 import time
@@ -24,25 +25,52 @@ logger = logging.getLogger(__name__)
 POLL_MS = 20  # the threads' wake-up period when nothing arrives (expiries and deadlines are checked this often)
 
 
+WIRE_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.bfloat16, torch.float16,
+                                                          torch.float8_e4m3fn, torch.float8_e5m2)}
+_FIELDS = {f.name for f in dataclasses.fields(KVPayload)} - {"k", "v"}
+
+
+def _tuples(x):
+    """JSON's lists back to the payload's shapes: a non-empty list of scalars (a logprob entry) was a tuple."""
+    if isinstance(x, list):
+        items = [_tuples(i) for i in x]
+        return tuple(items) if items and not any(isinstance(i, (list, tuple)) for i in items) else items
+    return x
+
+
 def encode(payload: KVPayload) -> list:
-    header = {f.name: getattr(payload, f.name) for f in dataclasses.fields(payload) if f.name not in ("k", "v")}
+    header = {f: getattr(payload, f) for f in _FIELDS}
     frames: list = []
     if payload.k is not None:
         header["dtype"], header["shape"] = str(payload.k.dtype).removeprefix("torch."), tuple(payload.k.shape)
         frames = [t.contiguous().view(torch.uint8).numpy() for t in (payload.k, payload.v)]
-    return [pickle.dumps(header), *frames]
+    return [json.dumps(header).encode(), *frames]
 
 
 def decode(frames: list) -> KVPayload:
-    header = pickle.loads(frames[0])
+    header = json.loads(frames[0])
+    if not isinstance(header, dict) or not set(header) <= _FIELDS | {"dtype", "shape"} or "room" not in header:
+        raise ValueError("a KV payload's header must be an object of the payload's fields")
     dtype, shape = header.pop("dtype", None), header.pop("shape", None)
+    header = {k: _tuples(v) for k, v in header.items()}
     if dtype is not None:
         if len(frames) != 3:
             raise ValueError(f"room {header.get('room')}: expected k and v frames, got {len(frames) - 1}")
-        dt = getattr(torch, dtype)
+        if dtype not in WIRE_DTYPES:
+            raise ValueError(f"room {header.get('room')}: unknown KV dtype {dtype!r}")
+        dt = WIRE_DTYPES[dtype]
         k, v = (torch.frombuffer(bytearray(f), dtype=torch.uint8).view(dt).reshape(shape) for f in frames[1:])
         header["k"], header["v"] = k, v
     return KVPayload(**header)
+
+
+def room_of(body: bytes) -> int:
+    """The room a fetch asks for; a ValueError for anything else."""
+    msg = json.loads(body)
+    room = msg.get("room") if isinstance(msg, dict) else None
+    if not isinstance(room, int) or isinstance(room, bool):
+        raise ValueError("a fetch must be {\"room\": <integer>}")
+    return room
 
 
 class _Worker:
@@ -132,8 +160,15 @@ class ZmqKVSender(_Worker):
                 else:
                     self.ready[payload.room] = (frames, now + self.timeout_s)
             while self.sock in events and self.sock.poll(0):
-                identity, _, body = self.sock.recv_multipart()
-                room = pickle.loads(body)["room"]
+                frames = self.sock.recv_multipart()
+                try:
+                    if len(frames) != 3:
+                        raise ValueError(f"{len(frames)} frames")
+                    identity, body = frames[0], frames[2]
+                    room = room_of(body)
+                except ValueError:
+                    logger.warning("a bootstrap fetch that is not a room's was dropped")
+                    continue
                 entry = self.ready.pop(room, None)
                 if entry is not None:
                     self._send(identity, entry[0])
@@ -207,7 +242,7 @@ class ZmqKVReceiver(_Worker):
                     _, room, host, port, timeout_s = item
                     addr = f"{host}:{port}"
                     self.pending[room] = (addr, now + timeout_s, timeout_s)
-                    self._sock(addr, poller).send_multipart([b"", pickle.dumps({"room": room})])
+                    self._sock(addr, poller).send_multipart([b"", json.dumps({"room": room}).encode()])
                 else:
                     self.pending.pop(item[1], None)
             for sock in [s for s in self.socks.values() if s in events]:

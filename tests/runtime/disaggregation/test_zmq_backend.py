@@ -91,3 +91,29 @@ def test_unknown_backend_and_busy_port():
             make_sender("zmq", port, 1.0)
     finally:
         first.close()
+
+
+def test_the_wire_carries_json_and_refuses_anything_else():
+    """Nothing read from the bootstrap port is unpickled: a payload round-trips through JSON (logprob entries come
+    back as tuples), and a header or fetch of another shape is a ValueError, not code run."""
+    import pickle
+
+    import torch
+
+    from radixlm.runtime.disaggregation.transfer import KVPayload
+    from radixlm.runtime.disaggregation.zmq_backend import decode, encode, room_of
+
+    k = torch.arange(24, dtype=torch.float32).reshape(2, 3, 2, 2)
+    payload = KVPayload(7, first_token=5, k=k, v=-k, output_token_logprobs=[(-0.5, 5)],
+                        output_top_logprobs=[[(-0.5, 5), (-1.5, 9)]], input_top_logprobs=[[]])
+    back = decode(encode(payload))
+    assert torch.equal(back.k, k) and torch.equal(back.v, -k) and back.first_token == 5
+    assert back.output_token_logprobs == [(-0.5, 5)] and back.output_top_logprobs == [[(-0.5, 5), (-1.5, 9)]]
+    assert back.input_top_logprobs == [[]]
+    with pytest.raises(ValueError):
+        decode([pickle.dumps({"room": 1})])
+    with pytest.raises(ValueError):
+        decode([b'{"room": 1, "dtype": "Tensor", "shape": [1]}', b"", b""])
+    with pytest.raises(ValueError):
+        room_of(b'{"room": "1"}')
+    assert room_of(b'{"room": 12}') == 12
