@@ -29,12 +29,13 @@ from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.cache.radix_node import CacheLock, MatchResult, RadixKey, TreeNode
 
 if TYPE_CHECKING:
-    from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
+    from radixlm.runtime.cache.kv_pool import KVPool
+    from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 
 
 class HiRadixCache(RadixCache):
     def __init__(self, req_to_token_pool: "ReqToTokenPool | None", token_to_kv_pool_allocator: "TokenToKVPoolAllocator",
-                 kv_pool: "TokenToKVPool", config: HiCacheConfig, page_size: int = 1, eviction_policy: str = "lru"):
+                 kv_pool: "KVPool", config: HiCacheConfig, page_size: int = 1, eviction_policy: str = "lru"):
         if kv_pool.page_size != page_size:
             raise ValueError(f"KV pool page size {kv_pool.page_size} != the tree's {page_size}")
         if config.storage_page_tokens % page_size:
@@ -61,7 +62,8 @@ class HiRadixCache(RadixCache):
 
     def tier_stats(self) -> dict[str, int]:
         alloc = self.host_pool.allocator
-        return {**self.tier_counts, "host_pool_tokens": alloc.size, "host_available_tokens": alloc.available_size()}
+        return {**self.tier_counts, "host_pool_tokens": alloc.size, "host_available_tokens": alloc.available_size(),
+                "host_pool_pinned": int(self.host_pool.pinned), **self.host_pool.stats.as_dict()}
 
     # ------------------------------------------------------------------ matching
     def match_valid(self, node: TreeNode | None) -> bool:
@@ -321,6 +323,7 @@ class HiRadixCache(RadixCache):
                 self._delete_subtree(node)
             queue.offer(parent)
         if freed:
+            self.host_pool.flush()  # the backups of these slots are queued on the device before anything reuses them
             self.token_to_kv_pool_allocator.free(torch.cat(freed))
         return evicted
 
