@@ -12,6 +12,8 @@ thread. They keep stream order with the device's work:
   (one gather per buffer for the whole batch), then copied into the pool's runs on a backup stream that waits for
   that gather. The device slots may be freed once the gather is queued: whatever reuses them runs later on the current
   stream. A host read of slots still being written waits for their copy; a load from them waits on the device.
+  Host slots too fragmented for copies run by run (or a pool that could not be pinned) take one copy into a pinned
+  buffer, scattered into the pool on the host once it has arrived (`poll`, or before anything touches those slots).
 - host -> device (a load back) copies the runs into a device staging buffer on a load stream that first waits for
   the work queued so far (the fresh slots may have just been freed by it), scatters the staging into each buffer
   there, and the current stream waits for the load stream: the next pass reads the KV once it is in place and the
@@ -23,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -75,7 +77,8 @@ class CopyStats:
     loads: int = 0
     load_tokens: int = 0
     h2d_copies: int = 0  # host -> device copy calls
-    host_gathers: int = 0  # loads gathered on the host first (fragmented slots or a pageable pool)
+    gathered_loads: int = 0  # loads gathered on the host first (fragmented slots or a pageable pool)
+    scattered_backups: int = 0  # backup batches scattered on the host last (likewise)
     backups: int = 0  # nodes queued for a host copy
     backup_tokens: int = 0
     backup_batches: int = 0  # device gathers issued (each one gather per buffer)
@@ -89,7 +92,7 @@ class CopyStats:
 class _InFlight:
     event: "torch.cuda.Event"
     host_slots: torch.Tensor  # sorted
-    keep: list = field(default_factory=list)
+    staging: torch.Tensor | None = None  # pinned rows the host scatters into host_slots once the event is done
 
 
 class HostKVPool:
@@ -181,44 +184,66 @@ class HostKVPool:
         host, order = torch.sort(torch.cat([h for _, h in queued]).to(torch.int64))
         device = torch.cat([d for d, _ in queued]).to(dev, torch.int64)[order.to(dev)]
         kv, stream = _raw(self.kv), self._backup_stream
+        if any(w.staging is not None for w in self._inflight):
+            self._wait_for(host, staged_only=True)  # an older staged copy must not land over these slots' new rows
         for start in range(0, len(host), FLUSH_TOKENS):
             hs = host[start : start + FLUSH_TOKENS]
             rows = self.gather_device(device[start : start + FLUSH_TOKENS])
             runs = contiguous_runs(hs)
+            direct = self._direct(runs, len(hs))
             self.stats.backup_batches += 1
-            self.stats.d2h_copies += len(runs)
+            self.stats.d2h_copies += len(runs) if direct else 1
+            self.stats.scattered_backups += not direct
             if stream is None:
-                for off, first, n in runs:
-                    kv[first : first + n].copy_(rows[off : off + n])
+                if direct:
+                    for off, first, n in runs:
+                        kv[first : first + n].copy_(rows[off : off + n])
+                else:
+                    kv.index_copy_(0, hs, rows)
                 continue
+            staging = None
             stream.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(stream):
-                for off, first, n in runs:
-                    kv[first : first + n].copy_(rows[off : off + n], non_blocking=True)
+                if direct:
+                    for off, first, n in runs:
+                        kv[first : first + n].copy_(rows[off : off + n], non_blocking=True)
+                else:
+                    staging = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+                    staging.copy_(rows, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(stream)
             rows.record_stream(stream)
-            self._inflight.append(_InFlight(event, hs))
+            self._inflight.append(_InFlight(event, hs, staging))
+
+    def _direct(self, runs: list, n: int) -> bool:
+        """Whether to copy run by run between the pool and the device (else through a pinned buffer and an indexed
+        copy on the host): the pool is pinned (or there is no device) and the runs are long enough on average."""
+        return (self._load_stream is None or self.pinned) and len(runs) * MIN_AVG_RUN_TOKENS <= max(n, MIN_AVG_RUN_TOKENS)
+
+    def _land(self, w: _InFlight) -> None:
+        if w.staging is not None:
+            _raw(self.kv).index_copy_(0, w.host_slots, w.staging)
 
     def poll(self) -> None:
-        """Forgets the backups the device has finished, in order, without waiting."""
+        """Lands the backups the device has finished, in order, without waiting."""
         while self._inflight and self._inflight[0].event.query():
-            self._inflight.pop(0)
+            self._land(self._inflight.pop(0))
 
-    def _overlapping(self, sorted_slots: torch.Tensor) -> int:
-        """How many in-flight backups (from the oldest) must end before these slots are read: up to the newest one
-        writing any of them."""
+    def _overlapping(self, slots: torch.Tensor, staged_only: bool = False) -> int:
+        """How many in-flight backups (from the oldest) must end before these slots are read or written: up to the
+        newest one writing any of them (staged_only: of those that land through the host)."""
         self.poll()
         last = 0
         for i, w in enumerate(self._inflight):
-            if bool(torch.isin(w.host_slots, sorted_slots).any()):
+            if (not staged_only or w.staging is not None) and bool(torch.isin(w.host_slots, slots).any()):
                 last = i + 1
         return last
 
-    def _wait_for(self, slots: torch.Tensor) -> None:
-        last = self._overlapping(slots)
+    def _wait_for(self, slots: torch.Tensor, staged_only: bool = False) -> None:
+        last = self._overlapping(slots, staged_only)
         for w in self._inflight[:last]:
             w.event.synchronize()
+            self._land(w)
         del self._inflight[:last]
 
     def synchronize(self) -> None:
@@ -226,6 +251,7 @@ class HostKVPool:
         self.flush()
         for w in self._inflight:
             w.event.synchronize()
+            self._land(w)
         self._inflight.clear()
         if self._load_stream is not None:
             self._load_stream.synchronize()
@@ -248,13 +274,14 @@ class HostKVPool:
         stream = self._load_stream
         kv = _raw(self.kv)
         if stream is not None:
+            self._wait_for(hs, staged_only=True)
             main = torch.cuda.current_stream(dev)
             stream.wait_stream(main)
             last = self._overlapping(hs)
             if last:  # backups still writing these host slots (events on one stream end in order)
                 stream.wait_event(self._inflight[last - 1].event)
             didx.record_stream(stream)
-        direct = (stream is None or self.pinned) and len(runs) * MIN_AVG_RUN_TOKENS <= max(n, MIN_AVG_RUN_TOKENS)
+        direct = self._direct(runs, n)
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             staging = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, device=dev)
             if direct:
@@ -266,7 +293,7 @@ class HostKVPool:
                 torch.index_select(kv, 0, hs, out=rows)
                 staging.copy_(rows, non_blocking=True)
                 self.stats.h2d_copies += 1
-                self.stats.host_gathers += 1
+                self.stats.gathered_loads += 1
             for i, b in enumerate(self._device_buffers()):
                 b.index_copy_(0, didx, staging[:, i])
         if stream is not None:

@@ -49,11 +49,11 @@ def test_a_load_is_one_copy_per_run_of_host_slots_not_per_token_or_layer():
         assert torch.equal(got, expected(host_slots - 100, 2 * LAYERS))
 
     load(torch.arange(101, 261)[torch.randperm(160, generator=g)])  # one run, shuffled
-    assert (host.stats.h2d_copies, host.stats.host_gathers) == (1, 0)
+    assert (host.stats.h2d_copies, host.stats.gathered_loads) == (1, 0)
     load(torch.cat([torch.arange(150, 170), torch.arange(101, 121)]))  # two runs
-    assert (host.stats.h2d_copies, host.stats.host_gathers) == (3, 0)
+    assert (host.stats.h2d_copies, host.stats.gathered_loads) == (3, 0)
     load(torch.arange(101, 301, 2))  # every other slot: gathered on the host, one copy
-    assert (host.stats.h2d_copies, host.stats.host_gathers, host.stats.loads) == (4, 1, 3)
+    assert (host.stats.h2d_copies, host.stats.gathered_loads, host.stats.loads) == (4, 1, 3)
 
 
 def test_the_backups_of_a_step_are_one_gather_and_one_copy_per_run(monkeypatch):
@@ -65,9 +65,13 @@ def test_the_backups_of_a_step_are_one_gather_and_one_copy_per_run(monkeypatch):
     host.flush()
     assert (host.stats.backup_batches, host.stats.d2h_copies) == (1, 1)
     assert torch.equal(host.read(torch.arange(1, 65))[:, :, 0, 0], expected(torch.arange(64) * 3 + 1, 2 * LAYERS))
+    host.backup(torch.arange(1, 33), torch.arange(301, 365, 2))  # every other host slot: one copy, scattered
+    host.flush()
+    assert (host.stats.d2h_copies, host.stats.scattered_backups) == (2, 1)
+    assert torch.equal(host.read(torch.arange(301, 365, 2))[:, :, 0, 1], expected(torch.arange(1, 33), 2 * LAYERS))
     monkeypatch.setattr(hp, "FLUSH_TOKENS", 16)  # batches are bounded: 40 tokens, 3 gathers, issued as queued
     host.backup(torch.arange(1, 41), torch.arange(201, 241))
-    assert (host.stats.backup_batches, host.stats.d2h_copies) == (4, 4)
+    assert (host.stats.backup_batches, host.stats.d2h_copies) == (5, 5)
     assert torch.equal(host.read(torch.arange(201, 241))[:, :, 1, 1], expected(torch.arange(1, 41), 2 * LAYERS))
 
 
