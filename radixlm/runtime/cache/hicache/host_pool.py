@@ -42,12 +42,14 @@ FLUSH_TOKENS = 1024
 
 def _pin(t: torch.Tensor) -> bool:
     """Page-locks t's memory in place (cudaHostRegister: pin_memory's allocator would round a large pool up to a
-    power of two); whether the driver now reports it pinned."""
+    power of two); whether it is."""
     try:
         err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
-        ok = int(getattr(err, "value", err)) == 0 and t.is_pinned()
+        ok = int(getattr(err, "value", err)) == 0
     except (AttributeError, RuntimeError, TypeError) as e:
         ok, err = False, e
+    if ok and not t.is_pinned():
+        logger.warning("hierarchical cache: the host pool is registered but torch does not report it pinned")
     if not ok:
         logger.warning("hierarchical cache: the host pool could not be pinned (%s); it stays pageable and loads are "
                        "gathered through a pinned buffer", err)

@@ -17,10 +17,13 @@ from radixlm.runtime.cache.radix_node import RadixKey
 LAYERS = 4
 
 
-def mha_pool(size: int = 256) -> TokenToKVPool:
-    pool = TokenToKVPool(size, 1, torch.float32, num_layers=LAYERS, num_kv_heads=2, head_dim=3)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+def mha_pool(size: int = 256, device: str = "cpu") -> TokenToKVPool:
+    pool = TokenToKVPool(size, 1, torch.float32, num_layers=LAYERS, num_kv_heads=2, head_dim=3, device=device)
     for i, b in enumerate(pool.buffers()):  # row s of buffer i holds 1000 * i + s
-        b.copy_((torch.arange(b.shape[0], dtype=torch.float32) + 1000 * i)[:, None, None].expand_as(b))
+        b.copy_((torch.arange(b.shape[0], dtype=torch.float32, device=device) + 1000 * i)[:, None, None].expand_as(b))
     return pool
 
 
@@ -33,8 +36,9 @@ def test_contiguous_runs():
     assert contiguous_runs(torch.tensor([], dtype=torch.int64)) == []
 
 
-def test_a_load_is_one_copy_per_run_of_host_slots_not_per_token_or_layer():
-    dev = mha_pool()
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_load_is_one_copy_per_run_of_host_slots_not_per_token_or_layer(device):
+    dev = mha_pool(device=device)
     host = HostKVPool(512, dev)
     src = torch.arange(1, 201)
     host.backup(src, src + 100)  # host slot s + 100 holds device slot s's rows
@@ -45,7 +49,7 @@ def test_a_load_is_one_copy_per_run_of_host_slots_not_per_token_or_layer():
     def load(host_slots: torch.Tensor) -> None:
         dst = torch.randperm(255, generator=g)[: len(host_slots)] + 1
         host.load(host_slots, dst)
-        got = torch.stack([b[dst, 1, 2] for b in dev.buffers()], dim=1)
+        got = torch.stack([b[dst.to(device), 1, 2] for b in dev.buffers()], dim=1).cpu()
         assert torch.equal(got, expected(host_slots - 100, 2 * LAYERS))
 
     load(torch.arange(101, 261)[torch.randperm(160, generator=g)])  # one run, shuffled
@@ -56,8 +60,9 @@ def test_a_load_is_one_copy_per_run_of_host_slots_not_per_token_or_layer():
     assert (host.stats.h2d_copies, host.stats.gathered_loads, host.stats.loads) == (4, 1, 3)
 
 
-def test_the_backups_of_a_step_are_one_gather_and_one_copy_per_run(monkeypatch):
-    dev = mha_pool()
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_backups_of_a_step_are_one_gather_and_one_copy_per_run(monkeypatch, device):
+    dev = mha_pool(device=device)
     host = HostKVPool(512, dev)
     for i in range(8):  # eight nodes' backups into consecutive host slots: nothing copied until flushed
         host.backup(torch.arange(8) * 3 + i * 24 + 1, torch.arange(8) + 8 * i + 1)
