@@ -291,6 +291,7 @@ class HostKVPool:
                     staging[off : off + k].copy_(kv[first : first + k], non_blocking=True)
                 self.stats.h2d_copies += len(runs)
             else:
+                self._wait_for(hs)  # the host reads these rows now: backups still writing them land first
                 rows = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, pin_memory=stream is not None)
                 torch.index_select(kv, 0, hs, out=rows)
                 staging.copy_(rows, non_blocking=True)

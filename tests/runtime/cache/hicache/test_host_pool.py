@@ -80,20 +80,27 @@ def test_the_backups_of_a_step_are_one_gather_and_one_copy_per_run(monkeypatch, 
     assert torch.equal(host.read(torch.arange(201, 241))[:, :, 1, 1], expected(torch.arange(1, 41), 2 * LAYERS))
 
 
-def test_eviction_issues_the_queued_backups_before_it_frees_the_device_slots():
-    rows = ReqToTokenPool(2, 64)
-    alloc = TokenToKVPoolAllocator(32, 1)
-    dev = mha_pool(32)
+@pytest.mark.parametrize("device", DEVICES)
+def test_eviction_issues_the_queued_backups_before_it_frees_the_device_slots(device):
+    rows = ReqToTokenPool(2, 64, device=device)
+    alloc = TokenToKVPoolAllocator(32, 1, device=device)
+    dev = mha_pool(32, device=device)
     cfg = HiCacheConfig(host_tokens=64, write_policy=HiCacheWritePolicy.WRITE_THROUGH)
     tree = HiRadixCache(rows, alloc, dev, cfg)
+    kept = {}
     for start in (0, 100, 200):
         slots = alloc.alloc(8)
+        kept[start] = slots.cpu()
         tree.insert(RadixKey(list(range(start, start + 8))), slots)
     assert tree.host_pool.stats.backups == 3 and tree.host_pool.stats.d2h_copies == 0
     tree.evict(24)
     assert tree.host_pool.stats.backup_batches == 1
+    for b in dev.buffers():  # whatever ran next rewrote the freed slots
+        b.fill_(-1.0)
     m = tree.match_and_load(RadixKey(list(range(100, 108))))
     assert m.length == 8
+    got = torch.stack([b[m.device_indices, 0, 0] for b in dev.buffers()], dim=1).cpu()
+    assert torch.equal(got, expected(kept[100], 2 * LAYERS))
     tree.check_consistency()
 
 
