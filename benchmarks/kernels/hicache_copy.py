@@ -83,13 +83,16 @@ def legacy_load(host: HostKVPool, hs: torch.Tensor, ds: torch.Tensor) -> None:
 
 def legacy_backup(host: HostKVPool, ds: torch.Tensor, hs: torch.Tensor, node: int) -> None:
     dev = host.device_pool.device
-    for s in range(0, len(ds), node):
+    staged = []
+    for s in range(0, len(ds), node):  # per node: a gather per buffer, a stack, a fresh pinned buffer
         idx = ds[s : s + node].to(dev)
         rows = torch.stack([b[idx] for b in host.device_pool.buffers()], dim=1)
         staging = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=dev.type == "cuda")
         staging.copy_(rows, non_blocking=True)
-        sync(dev)
-        host.kv[hs[s : s + node]] = staging
+        staged.append((hs[s : s + node], staging))
+    sync(dev)
+    for slots, staging in staged:  # then an indexed write into the pool on the host
+        host.kv[slots] = staging
 
 
 def main(argv: list[str] | None = None) -> dict:
