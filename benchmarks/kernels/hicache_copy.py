@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         if not torch.cuda.is_available():
             sys.exit("needs CUDA (or --dry)")
-        dev, layers, heads, dim, dtype, tokens, reps = torch.device("cuda"), 32, 8, 128, torch.bfloat16, TOKENS, args.reps
+        dev, layers, heads, dim, dtype = torch.device("cuda"), 32, 8, 128, torch.bfloat16
+        tokens, reps = TOKENS, args.reps
     size = 4 * max(tokens)
     pool = TokenToKVPool(size, 1, dtype, layers, heads, dim, device=dev)
     t0 = time.perf_counter()

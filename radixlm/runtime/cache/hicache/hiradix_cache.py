@@ -10,7 +10,8 @@ and a load brings a whole path back; a node with neither is not in the tree; onl
   below it.
 - Host copies (backups) are made when a node is cached (write_through), at its second hit (write_through_selective)
   or at its eviction from the device (write_back): its host slots are taken then, the copy is queued and issued in a
-  batch (host_pool.py), at the latest when the device evicts it. Host eviction takes host-only leaves; they leave the tree.
+  batch (host_pool.py), at the latest when the device evicts it. Host eviction takes host-only leaves; they leave
+  the tree.
 - A match reports the device part (values, last_node, length) and the host-only run below it (host_hit_length);
   admission calls match_and_load, which gives that run fresh device slots and copies its KV back (host_pool.py).
 - With storage, a waiting request's match starts a read of the pages past what the tiers hold; admission inserts

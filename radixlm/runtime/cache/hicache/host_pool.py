@@ -220,7 +220,8 @@ class HostKVPool:
     def _direct(self, runs: list, n: int) -> bool:
         """Whether to copy run by run between the pool and the device (else through a pinned buffer and an indexed
         copy on the host): the pool is pinned (or there is no device) and the runs are long enough on average."""
-        return (self._load_stream is None or self.pinned) and len(runs) * MIN_AVG_RUN_TOKENS <= max(n, MIN_AVG_RUN_TOKENS)
+        long_runs = len(runs) * MIN_AVG_RUN_TOKENS <= max(n, MIN_AVG_RUN_TOKENS)
+        return (self._load_stream is None or self.pinned) and long_runs
 
     def _land(self, w: _InFlight) -> None:
         if w.staging is not None:
