@@ -466,8 +466,9 @@ def _hierarchical_cache(args: ServerArgs, runner) -> RadixCache:
     pool = runner.token_to_kv_pool
     parallel = runner.parallel
     # Storage keys name the model and this rank's slice of the KV: pages are reused only by the same.
-    namespace = (f"{args.model_path}|{args.load_format}|{pool.dtype}|{pool.num_layers}x{pool.num_kv_heads}x"
-                 f"{pool.head_dim}|tp{parallel.tp_rank}/{parallel.tp_size}")
+    layout = pool.layout
+    rows = "x".join(map(str, (layout.num_layers, *layout.row_shape)))  # MLA's: layers x 1 x (rank + rope)
+    namespace = f"{args.model_path}|{args.load_format}|{pool.dtype}|{rows}|tp{parallel.tp_rank}/{parallel.tp_size}"
     config = HiCacheConfig.from_args(args, pool, namespace)
     cache = HiRadixCache(runner.req_to_token_pool, runner.token_to_kv_pool_allocator, pool, config,
                          page_size=args.page_size, eviction_policy=args.radix_eviction_policy)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from radixlm.runtime.args import HiCachePrefetchPolicy, HiCacheStorageBackend, HiCacheWritePolicy, ServerArgs
-from radixlm.runtime.cache.memory_pool import TokenToKVPool
+from radixlm.runtime.cache.kv_pool import KVPool
 
 # Tokens per storage page (rounded up to a whole number of KV pages), SGLang's usual --page-size with storage.
 STORAGE_PAGE_TOKENS = 64
@@ -36,13 +36,12 @@ class HiCacheConfig:
         return PREFETCH_TIMEOUT_BASE_S + PREFETCH_TIMEOUT_PER_KTOKEN_S * tokens / 1000
 
     @staticmethod
-    def from_args(args: ServerArgs, device_pool: TokenToKVPool, namespace: str) -> "HiCacheConfig":
-        from radixlm.runtime.cache.hicache.host_pool import HostKVPool
+    def from_args(args: ServerArgs, device_pool: KVPool, namespace: str) -> "HiCacheConfig":
         from radixlm.runtime.cache.hicache.storage import default_storage_dir
         from radixlm.runtime.executor.memory import physical_memory_bytes
 
         ps = device_pool.page_size
-        per_token = HostKVPool.bytes_per_token(device_pool)
+        per_token = device_pool.layout.bytes_per_token
         if args.hicache_size > 0:
             tokens = int(args.hicache_size * 1e9 // per_token)
         else:

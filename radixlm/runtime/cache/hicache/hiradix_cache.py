@@ -9,7 +9,9 @@ and a load brings a whole path back; a node with neither is not in the tree; onl
   without one (write_back copies it now, where the host pool has room) it leaves the tree with the host-only nodes
   below it.
 - Host copies (backups) are made when a node is cached (write_through), at its second hit (write_through_selective)
-  or at its eviction from the device (write_back). Host eviction takes host-only leaves; they leave the tree.
+  or at its eviction from the device (write_back): its host slots are taken then, the copy is queued and issued in a
+  batch (host_pool.py), at the latest when the device evicts it. Host eviction takes host-only leaves; they leave
+  the tree.
 - A match reports the device part (values, last_node, length) and the host-only run below it (host_hit_length);
   admission calls match_and_load, which gives that run fresh device slots and copies its KV back (host_pool.py).
 - With storage, a waiting request's match starts a read of the pages past what the tiers hold; admission inserts
@@ -29,12 +31,13 @@ from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.cache.radix_node import CacheLock, MatchResult, RadixKey, TreeNode
 
 if TYPE_CHECKING:
-    from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPool, TokenToKVPoolAllocator
+    from radixlm.runtime.cache.kv_pool import KVPool
+    from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 
 
 class HiRadixCache(RadixCache):
     def __init__(self, req_to_token_pool: "ReqToTokenPool | None", token_to_kv_pool_allocator: "TokenToKVPoolAllocator",
-                 kv_pool: "TokenToKVPool", config: HiCacheConfig, page_size: int = 1, eviction_policy: str = "lru"):
+                 kv_pool: "KVPool", config: HiCacheConfig, page_size: int = 1, eviction_policy: str = "lru"):
         if kv_pool.page_size != page_size:
             raise ValueError(f"KV pool page size {kv_pool.page_size} != the tree's {page_size}")
         if config.storage_page_tokens % page_size:
@@ -61,7 +64,8 @@ class HiRadixCache(RadixCache):
 
     def tier_stats(self) -> dict[str, int]:
         alloc = self.host_pool.allocator
-        return {**self.tier_counts, "host_pool_tokens": alloc.size, "host_available_tokens": alloc.available_size()}
+        return {**self.tier_counts, "host_pool_tokens": alloc.size, "host_available_tokens": alloc.available_size(),
+                "host_pool_pinned": int(self.host_pool.pinned), **self.host_pool.stats.as_dict()}
 
     # ------------------------------------------------------------------ matching
     def match_valid(self, node: TreeNode | None) -> bool:
@@ -321,6 +325,7 @@ class HiRadixCache(RadixCache):
                 self._delete_subtree(node)
             queue.offer(parent)
         if freed:
+            self.host_pool.flush()  # the backups of these slots are queued on the device before anything reuses them
             self.token_to_kv_pool_allocator.free(torch.cat(freed))
         return evicted
 

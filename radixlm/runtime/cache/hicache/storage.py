@@ -41,8 +41,8 @@ def page_hashes(namespace: str, extra_key: str | None, token_ids: list[int], pag
 
 @dataclass(frozen=True)
 class PageLayout:
-    """What one page file holds: (page_tokens, 2 * layers, heads, dim) of `dtype` (the host pool's rows), as raw
-    bytes."""
+    """What one page file holds: (page_tokens, rows, heads, dim) of `dtype` (the host pool's rows: rows = its buffers,
+    MHA's 2 x layers, MLA's layers with heads 1), as raw bytes."""
 
     page_tokens: int
     rows: int
@@ -111,7 +111,7 @@ class StorageIO:
         self.written: set[str] = set()  # keys written or queued by this process
 
     def write(self, keys: list[str], pages: torch.Tensor, event=None) -> Future:
-        """pages: (len(keys) * page_tokens, 2 * layers, heads, dim) on the host; event: the device copy filling it."""
+        """pages: (len(keys) * page_tokens, rows, heads, dim) on the host; event: the device copy filling it."""
         self.written.update(keys)
         n = self.storage.layout.page_tokens
 

@@ -13,7 +13,7 @@ from radixlm.runtime.args import HiCachePrefetchPolicy
 from radixlm.runtime.cache.hicache.config import HiCacheConfig
 from radixlm.runtime.cache.hicache.host_pool import HostKVPool
 from radixlm.runtime.cache.hicache.storage import FileStorage, PageLayout, StorageIO, page_hashes
-from radixlm.runtime.cache.memory_pool import TokenToKVPool
+from radixlm.runtime.cache.kv_pool import KVPool
 from radixlm.runtime.cache.radix_node import RadixKey
 
 # Prefetches remembered for waiting requests (the oldest is forgotten beyond this: a request aborted while waiting).
@@ -30,11 +30,10 @@ class Prefetch:
 
 
 class StorageTier:
-    def __init__(self, config: HiCacheConfig, device_pool: TokenToKVPool, host_pool: HostKVPool):
+    def __init__(self, config: HiCacheConfig, device_pool: KVPool, host_pool: HostKVPool):
         self.config = config
         self.page_tokens = config.storage_page_tokens
-        layout = PageLayout(self.page_tokens, 2 * device_pool.num_layers, device_pool.num_kv_heads,
-                            device_pool.head_dim, device_pool.dtype)
+        layout = PageLayout(self.page_tokens, host_pool.num_buffers, *device_pool.layout.row_shape, device_pool.dtype)
         self.io = StorageIO(FileStorage(config.storage_dir, layout))
         self.device_pool = device_pool
         self.host_pool = host_pool

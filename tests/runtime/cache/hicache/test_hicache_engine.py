@@ -96,3 +96,26 @@ def test_accounting_holds_through_retraction_and_aborts(model_dir, policy):
     sched.check_memory()
     assert sched.flush_cache()
     assert sched.tree_cache.host_size() == 0
+
+
+def test_a_deepseek_latent_prefix_evicted_from_the_device_is_served_from_host(tmp_path):
+    """The host pool over MLA's latent KV pool (one buffer per layer): a tiny DeepSeek-V2-Lite, dummy weights."""
+    from tests.runtime.models.test_deepseek import VOCAB, configs
+    from tests.runtime.models.tiny import ARCH
+
+    config = configs()["v2-lite"]
+    config.architectures = [ARCH[config.model_type]]
+    config.save_pretrained(tmp_path)
+    word_tokenizer(tmp_path, VOCAB)
+    eng = engine(str(tmp_path))
+    try:
+        ids = [[t % (VOCAB - 1) + 1 for t in prompt(seed)] for seed in range(4)]
+        first, _ = run(eng, ids[0])
+        for other in ids[1:]:  # 3 x 96 tokens through a 256-token pool: prompt 0 leaves the device
+            run(eng, other)
+        again, cached = run(eng, ids[0])
+        stats = eng.scheduler.tree_cache.tier_stats()
+    finally:
+        eng.shutdown()
+    assert cached == 89 and again == first
+    assert stats["host_loaded_tokens"] >= 89 and stats["host_h2d_copies"] >= 1

@@ -214,18 +214,19 @@ class FakeEvent:
 
 
 def test_host_copies_in_flight_land_before_a_read_of_their_slots_or_a_direct_write():
-    from radixlm.runtime.cache.hicache.host_pool import _PendingWrite
+    from radixlm.runtime.cache.hicache.host_pool import _InFlight
 
     h = Harness(WB)
     pool = h.tree.host_pool
-    slots = torch.tensor([5, 6])
-    rows = torch.full((2, 4, 1, 2), 3.0)
-    pool._pending.append(_PendingWrite(FakeEvent(), rows, slots))
-    assert float(pool.read(torch.tensor([7]))[0, 0, 0, 0]) == 0.0 and pool._pending  # elsewhere: no wait
-    assert float(pool.read(slots)[0, 0, 0, 0]) == 3.0 and not pool._pending
-    pool._pending.append(_PendingWrite(FakeEvent(), rows, slots))  # stale: its slots were handed out again
-    pool.write(slots, torch.full((2, 4, 1, 2), 9.0))
-    assert float(pool.read(slots)[1, 3, 0, 1]) == 9.0
+    pool._inflight.append(_InFlight(FakeEvent(), torch.tensor([5, 6])))
+    pool.read(torch.tensor([7]))
+    assert pool._inflight  # elsewhere: no wait
+    pool.read(torch.tensor([6]))
+    assert not pool._inflight
+    stale = FakeEvent()  # its slots were handed out again
+    pool._inflight.append(_InFlight(stale, torch.tensor([5, 6])))
+    pool.write(torch.tensor([5, 6]), torch.full((2, 4, 1, 2), 9.0))
+    assert stale.done and float(pool.read(torch.tensor([6]))[0, 3, 0, 1]) == 9.0
 
 
 def test_the_host_pool_must_hold_the_device_pool():
