@@ -52,7 +52,8 @@ V2_LITE = dict(
     rope_scaling=YARN_V2, rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=100000, eos_token_id=100001,
 )
 TINY = dict(V2_LITE, vocab_size=1024, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=16, num_experts_per_tok=4,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=16,
+            num_experts_per_tok=4,
             kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, max_position_embeddings=8192,
             rope_scaling=dict(YARN_V2, factor=4, original_max_position_embeddings=2048), bos_token_id=0,
             eos_token_id=1)
@@ -137,7 +138,8 @@ def part_kv(shapes: dict) -> dict:
                       "deepseek_tokens_per_GiB": 2**30 / mla.bytes_per_token,
                       "llama8b_tokens_per_GiB": 2**30 / mha.bytes_per_token,
                       "ratio": mha.bytes_per_token / mla.bytes_per_token}
-        log(f"KV {name}: DeepSeek {mla.bytes_per_token} B/token ({rows[name]['deepseek_tokens_per_GiB']:.0f} tokens/GiB)"
+        log(f"KV {name}: DeepSeek {mla.bytes_per_token} B/token "
+            f"({rows[name]['deepseek_tokens_per_GiB']:.0f} tokens/GiB)"
             f", Llama-3.1-8B {mha.bytes_per_token} B/token ({rows[name]['llama8b_tokens_per_GiB']:.0f} tokens/GiB): "
             f"{rows[name]['ratio']:.2f}x the tokens")
     return rows
@@ -167,7 +169,8 @@ def part_plan(gpus: int = 8) -> dict:
     kv_fp8 = KVLayout.mla(V3["num_hidden_layers"], torch.float8_e4m3fn, V3["kv_lora_rank"], V3["qk_rope_head_dim"])
     pool = H200_TOTAL_BYTES * GPU_MEM_FRACTION - weights - RUNTIME_BYTES
     plan = {"gpus": gpus, "tp_size": gpus, "ep_size": gpus, "weights_per_gpu_bytes": weights,
-            "weights_per_gpu_by_part": parts, "gpu_total_bytes": H200_TOTAL_BYTES, "mem_fraction_static": GPU_MEM_FRACTION,
+            "weights_per_gpu_by_part": parts, "gpu_total_bytes": H200_TOTAL_BYTES,
+            "mem_fraction_static": GPU_MEM_FRACTION,
             "runtime_bytes_estimate": RUNTIME_BYTES, "kv_pool_bytes_per_gpu": pool, "contexts": {}}
     for name, layout in (("bf16", kv_bf16), ("fp8", kv_fp8)):
         tokens = int(pool // layout.bytes_per_token)
@@ -183,7 +186,8 @@ def part_plan(gpus: int = 8) -> dict:
 def print_table(result: dict) -> None:
     log("\n| part | setting | ours | floor / reference | ratio |")
     log("| --- | --- | --- | --- | --- |")
-    log(f"| bandwidth | copy, read + write | {result['copy_bandwidth_GBps']:.0f} GB/s | | |")
+    if result["copy_bandwidth_GBps"]:
+        log(f"| bandwidth | copy, read + write | {result['copy_bandwidth_GBps']:.0f} GB/s | | |")
     for r in result.get("decode", {}).get("rows", []):
         log(f"| decode | batch {r['batch']} | {r['step_ms']:.2f} ms/step | floor {r['floor_ms']:.2f} ms | "
             f"{r['ratio_to_floor']:.2f}x floor |")
@@ -202,7 +206,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parts_all = ["decode", "offline", "kv", "plan"]
     p.add_argument("--parts", nargs="+", default=parts_all, choices=parts_all)
-    p.add_argument("--tiny", action="store_true", help="a tiny DeepSeek-V2 config on the CPU (float32): checks the logic")
+    p.add_argument("--tiny", action="store_true",
+                   help="a tiny DeepSeek-V2 config on the CPU (float32): checks the logic")
     p.add_argument("--batches", type=int, nargs="+", default=None, help="decode batch sizes (default 1 32 256)")
     p.add_argument("--prompt-len", type=int, default=None, help="decode: prompt tokens per request (default 512)")
     p.add_argument("--decode-steps", type=int, default=None, help="decode: measured steps (default 128)")

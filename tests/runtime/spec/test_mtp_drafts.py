@@ -16,6 +16,7 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
 import radixlm
 from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.spec.budget import DraftBudget, draft_budget
 from radixlm.runtime.spec.mtp import uses_mtp
@@ -87,12 +88,18 @@ def reference_chain(hf, head, tokens: list[int], k: int) -> list[int]:
     return draft
 
 
-def _run(path, **kw):
+def _run(path, graphs: bool = False, **kw):
     engine = radixlm.Engine(str(path), dtype="float32", device="cpu", random_seed=0, enable_integrity_check=True,
                             **TIGHT, **kw)
     seen = []
     try:
         sources = [s for s in engine.scheduler.drafts.sources if isinstance(s, EagleSource)]
+        if graphs:  # the graph runners' eager stand-ins: padded target passes, chain steps from the feature buffer
+            engine.runner.graph_runner = CudaGraphRunner(engine.runner, 32, use_graphs=False)
+            head = sources[0].runner
+            head.capture_chain_graphs(32, use_graphs=False)
+            replay = head.chain_graphs.replay
+            head.chain_graphs.replay = lambda fb: (engine.scheduler.stats.update(["chain_replays"]), replay(fb))[1]
         for source in sources:
             propose = source.propose_batch
 
@@ -105,7 +112,7 @@ def _run(path, **kw):
         prompts = prompts_without_pad(7)
         first = engine.generate(input_ids=prompts, sampling_params=GREEDY)
         again = engine.generate(input_ids=prompts[:3], sampling_params=GREEDY)  # radix-cache hits
-        info = (engine.scheduler.stats["retractions"], sources and sources[0].runner)
+        info = (engine.scheduler.stats, sources and sources[0].runner)
     finally:
         engine.shutdown()
     return first + again, seen, info
@@ -116,15 +123,16 @@ def plain(target):
     return [r["output_ids"] for r in _run(target[0])[0]]
 
 
-@pytest.mark.parametrize("kw", [
-    pytest.param({"speculative_num_steps": 2}, id="chain"),
-    pytest.param({"speculative_num_steps": 2, "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 4},
+@pytest.mark.parametrize("kw, graphs", [
+    pytest.param({"speculative_num_steps": 2}, False, id="chain"),
+    pytest.param({"speculative_num_steps": 3}, True, id="chain-graph-rows"),
+    pytest.param({"speculative_num_steps": 2, "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 4}, False,
                  id="tree"),
 ])
-def test_mtp_drafts_keep_greedy_outputs_and_are_accepted(target, plain, kw):
+def test_mtp_drafts_keep_greedy_outputs_and_are_accepted(target, plain, kw, graphs):
     path, hf, head = target
     # The controller (drafting on or off by measured speed) would make the runs depend on the clock.
-    got, seen, (retractions, runner) = _run(path, speculative_algorithm="EAGLE", speculative_measure_window=0, **kw)
+    got, seen, (stats, runner) = _run(path, graphs, speculative_algorithm="EAGLE", speculative_measure_window=0, **kw)
     assert [r["output_ids"] for r in got] == plain
     meta = [r["meta_info"] for r in got]
     drafted, accepted = (sum(m.get(k, 0) for m in meta) for k in ("spec_draft_tokens", "spec_accepted_tokens"))
@@ -135,7 +143,8 @@ def test_mtp_drafts_keep_greedy_outputs_and_are_accepted(target, plain, kw):
             assert draft == reference_chain(hf, head, tokens, len(draft)), tokens
     else:
         assert runner.target.attn_backend.supports_tree_mask and any(len(d) > 2 for _, d in seen)
-    assert retractions > 0 and sum(r["meta_info"]["cached_tokens"] for r in got[-3:]) > 0
+    assert stats["retractions"] > 0 and sum(r["meta_info"]["cached_tokens"] for r in got[-3:]) > 0
+    assert (stats["chain_replays"] > 0) == graphs
     # The head's KV: one latent row (kv_lora_rank + qk_rope_head_dim) per token, float32; the budget counts it.
     assert runner.kv_bytes_per_token() == (CONFIG["kv_lora_rank"] + CONFIG["qk_rope_head_dim"]) * 4
     budget = draft_budget(runner.server_args, runner.target.model_config)
