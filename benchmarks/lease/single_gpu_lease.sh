@@ -36,7 +36,13 @@
 #                                                 # without a prefix hit, tokens and logprobs compared exactly (on,
 #                                                 # then off as the baseline); ShareGPT-like throughput off vs on
 #                                                 # (4 engine starts; estimate 6-9 min, not measured)
-#   DRY=1 bash benchmarks/lease/single_gpu_lease.sh prepare|p1|p2|spec|vlm|all   # HERE, on the CPU: the same scripts
+#   bash benchmarks/lease/single_gpu_lease.sh deepseek  # issue 51: DeepSeek-V2-Lite shapes (dummy bf16), one engine
+#                                                 # per part: decode step at batch 1/32/256 beside its bytes floor,
+#                                                 # ShareGPT-like (500) and shared-prefix (32 x 32) throughput, KV
+#                                                 # tokens per GiB beside Llama-3.1-8B's, the 671B memory plan
+#                                                 # (benchmarks/offline/gpu_deepseek.py; estimate 5-8 min, not
+#                                                 # measured: two engine starts with cold Triton caches)
+#   DRY=1 bash benchmarks/lease/single_gpu_lease.sh prepare|p1|p2|spec|vlm|deepseek|all   # HERE, on the CPU: the same scripts
 #                                                 # and arguments with tiny random-weight shapes (see "Dry run")
 #
 # Recommended order for one 30-minute session (a one-GPU machine may count 50% of its held time: about 55 minutes of
@@ -147,7 +153,7 @@
 # With spec_qwen (prepare and spec again): rc=0, spec 16 s, spec_qwen 18 s, every output identical to off's.
 # Results land in $OUT (JSON, markdown, PNG and each step's whole log).
 set -uo pipefail
-part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|p19vlm|spec|specpair|vlm (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
+part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|p19vlm|spec|specpair|vlm|determ|deepseek (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
 DRY=${DRY:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 if [ "$DRY" = 1 ]; then
@@ -319,6 +325,11 @@ determ)
     --out "$OUT/determinism_check.json"
   step determ_throughput 250 $PY benchmarks/quality/deterministic_check.py --parts throughput "${tput[@]}" \
     --out "$OUT/determinism_throughput.json" ;;
+deepseek)
+  # issue 51 item 5: one step, each part's JSON written as it is measured (a killed step keeps the parts done).
+  banner
+  step deepseek 520 $PY benchmarks/offline/gpu_deepseek.py $([ "$DRY" = 1 ] && echo --tiny) \
+    --parts kv plan decode offline --out "$OUT/deepseek_v2_lite_gpu.json" ;;
 all)
   [ "$DRY" = 1 ] || { echo "'all' is the CPU dry run only (DRY=1): one part per device call" >&2; exit 2; }
   for p in prepare p1 p2 spec vlm; do echo "######## $p"; bash "$0" "$p"; done ;;

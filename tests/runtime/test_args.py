@@ -25,7 +25,7 @@ from radixlm.runtime.args import GrammarMaskMode, JumpForwardMode, SchedulePolic
     ({"kv_cache_dtype": "bfloat16"}, "unknown kv_cache_dtype 'bfloat16'"),
     ({"speculative_algorithm": "STANDALONE"}, "speculative-draft-model-path"),
     ({"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "d", "tp_size": 2}, "tp_size 1"),
-    ({"speculative_algorithm": "EAGLE"}, "speculative-draft-model-path"),
+    ({"speculative_algorithm": "EAGLE3"}, "speculative-draft-model-path"),  # EAGLE alone: the target's MTP layer
     ({"speculative_eagle_topk": 4}, "speculative_eagle_topk"),
     ({"speculative_eagle_topk": 4, "speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "d"},
      "EAGLE or EAGLE3"),

@@ -161,7 +161,8 @@ class ServerArgs:
         None, SPEC, "STANDALONE, EAGLE: draft passes per step (a chain's length, a tree's depth); unset: "
         "--speculative-num-draft-tokens - 1, else 4")
     speculative_draft_model_path: str | None = arg(
-        None, SPEC, "STANDALONE: the draft model (the target's tokenizer); EAGLE: the head's directory")
+        None, SPEC, "STANDALONE: the draft model (the target's tokenizer); EAGLE: the head's directory (unset: "
+        "the target's own MTP layer, DeepSeek-V3)")
     speculative_eagle_topk: int = arg(1, SPEC, "EAGLE: branches per draft step; 1 drafts a chain, more a tree "
                                                "verified in one pass")
     speculative_ngram_min_match_window_size: int = arg(2, SPEC, "NGRAM: shortest run of latest tokens looked up")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from radixlm.runtime.args.choices import (
     ATTENTION_BACKENDS, DTYPES, EVICTION_POLICIES, GRAMMAR_BACKENDS, LOAD_FORMATS, LORA_BACKENDS, LORA_TARGET_MODULES,
     MAX_LORA_RANK, MAX_PRIORITY, MAX_RUNNING_REQUESTS, QUANTIZATION_METHODS, REASONING_PARSERS, TOOL_CALL_PARSERS,
-    values,
+    SpeculativeAlgorithm, values,
 )
 
 if TYPE_CHECKING:
@@ -82,7 +82,9 @@ def _check_speculative(a: ServerArgs) -> None:
     _check(a.speculative_measure_window >= 0, "speculative_measure_window must be >= 0 (0: no measuring)")
     _check(a.speculative_num_steps is None or a.speculative_num_steps >= 1, "speculative_num_steps must be >= 1")
     algo = a.speculative_algorithm
-    _check(not a.drafts_with_model or a.speculative_draft_model_path is not None,
+    # EAGLE without a path drafts with the target's own MTP layer (spec/mtp.py checks, at load, that it has one).
+    _check(not a.drafts_with_model or a.speculative_draft_model_path is not None
+           or algo is SpeculativeAlgorithm.EAGLE,
            f"--speculative-algorithm {getattr(algo, 'value', '')} needs --speculative-draft-model-path")
     _check(not a.drafts_with_model or a.tp_size == 1, "a draft model (STANDALONE, EAGLE) runs with tp_size 1 only")
     _check(a.speculative_eagle_topk >= 1, "speculative_eagle_topk must be >= 1")

@@ -12,12 +12,13 @@ both: weights renormalised when norm_topk_prob, then times routed_scaling_factor
 DeepSeek-V2 checkpoints all set norm_topk_prob false). A config's scoring_func / topk_method override the defaults.
 
 Checkpoints: transformers' names, experts one tensor per expert and projection; kv_b_proj is split into W_UK / W_UV
-at load (layers.mla.LatentUpProjection); V3's multi-token-prediction layers (model.layers.{num_hidden_layers}...)
-are skipped: they are a draft model, not part of this one."""
+at load (layers.mla.LatentUpProjection); V3's multi-token-prediction layer (model.layers.{num_hidden_layers}...)
+is skipped: it is a draft model (models/deepseek_mtp.py, loaded by --speculative-algorithm EAGLE), not part of this
+one."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -141,24 +142,32 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         nn.Module.__init__(self)
         self.config = config
         self.parallel = parallel
+        build = self.layer_builder(config)
+        self.model = DeepseekV2Model(config, [build(i, i, parallel) for i in range(config.num_hidden_layers)], parallel)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = (self.model.embed_tokens if self.tie_word_embeddings
+                        else VocabEmbedding(config.vocab_size, config.hidden_size, parallel))
+        self._stacked = (_Q_LORA_STACKED if getattr(config, "q_lora_rank", None) is not None else []) + _MLP_STACKED
+
+    @classmethod
+    def layer_builder(cls, config: "PretrainedConfig") -> Callable[[int, int, Parallel], DeepseekV2DecoderLayer]:
+        """build(layer_id, kv_layer_id, parallel): the checkpoint's layer `layer_id` (dense or MoE by its index),
+        its latent cache at pool layer `kv_layer_id` (an MTP layer has a pool of its own); one rope for all."""
         theta, scaling = rope_params_from_config(config)
         # One cos/sin cache for all layers: the rope dims only, in DeepSeek's interleaved pairs.
         rope = get_rope(config.qk_rope_head_dim, config.max_position_embeddings, theta, scaling,
                         interleaved=bool(getattr(config, "rope_interleave", True)))
         scale = mla_softmax_scale(config, scaling)
-        routing, correction_bias = (routing_of(config, self.default_scoring, self.default_topk_method)
+        routing, correction_bias = (routing_of(config, cls.default_scoring, cls.default_topk_method)
                                     if getattr(config, "n_routed_experts", None) else (None, False))
-        layers = []
-        for i in range(config.num_hidden_layers):
-            mlp = (DeepseekV2MoE(config, routing, correction_bias, parallel) if is_moe_layer(config, i)
+
+        def build(layer_id: int, kv_layer_id: int, parallel: Parallel) -> DeepseekV2DecoderLayer:
+            mlp = (DeepseekV2MoE(config, routing, correction_bias, parallel) if is_moe_layer(config, layer_id)
                    else LlamaMLP(config.hidden_size, config.intermediate_size, parallel=parallel))
-            layers.append(DeepseekV2DecoderLayer(config, i, MultiHeadLatentAttention(config, i, rope, scale, parallel),
-                                                 mlp))
-        self.model = DeepseekV2Model(config, layers, parallel)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = (self.model.embed_tokens if self.tie_word_embeddings
-                        else VocabEmbedding(config.vocab_size, config.hidden_size, parallel))
-        self._stacked = (_Q_LORA_STACKED if getattr(config, "q_lora_rank", None) is not None else []) + _MLP_STACKED
+            attn = MultiHeadLatentAttention(config, kv_layer_id, rope, scale, parallel)
+            return DeepseekV2DecoderLayer(config, layer_id, attn, mlp)
+
+        return build
 
     supports_shared_prefix = False  # latent attention reads every row's prefix itself (no shared-prefix decode)
 

@@ -69,6 +69,11 @@ class EagleHead(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_head_weights(self, weights)
 
+    @property
+    def feature_weight(self) -> torch.Tensor:
+        """A parameter in the features' dtype and device (CUDA-graph feature buffers follow it)."""
+        return self.fc.weight
+
     def draft_tokens(self, out: torch.Tensor, target_logits) -> torch.Tensor:
         return torch.argmax(target_logits(out), dim=-1)
 
@@ -113,6 +118,8 @@ class Eagle3Head(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_head_weights(self, ((n, w) for n, w in weights if n != "t2d"))
+
+    feature_weight = EagleHead.feature_weight
 
     def draft_tokens(self, out: torch.Tensor, target_logits) -> torch.Tensor:
         logits = torch.nn.functional.linear(self.norm(out), self.lm_head.weight)

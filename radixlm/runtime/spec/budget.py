@@ -7,9 +7,11 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.args import ServerArgs, SpeculativeAlgorithm
+from radixlm.runtime.cache.kv_pool import KVLayout
 from radixlm.runtime.cache.kv_quant import kv_cache_torch_dtype
 from radixlm.runtime.executor.memory import MemoryReserve
 from radixlm.runtime.model_loader.config import ModelConfig, resolve_dtype
+from radixlm.runtime.spec.mtp import mtp_config, mtp_weight_bytes, uses_mtp
 
 
 @dataclass(frozen=True)
@@ -32,11 +34,16 @@ def draft_scratch(args: ServerArgs) -> int:
 
 def draft_budget(args: ServerArgs, target: ModelConfig, rows: int = 0) -> DraftBudget:
     """Zero without a draft model. Weights are counted from the config as a dense decoder's (attention, gated MLP,
-    embeddings; norms left out); `rows` request rows' scratch slots (DraftModelRunner) count with them."""
+    embeddings; norms left out), a DeepSeek MTP head's as built; `rows` request rows' scratch slots
+    (DraftModelRunner) count with them."""
     algo = args.speculative_algorithm
     eagle = algo is not None and algo.is_eagle
     if algo is not SpeculativeAlgorithm.STANDALONE and not eagle:
         return DraftBudget()
+    if eagle and uses_mtp(args, target):  # the target's own MTP layer: one latent KV row per token
+        kv_bytes = KVLayout.mla(mtp_config(target).num_layers, kv_cache_torch_dtype(args.kv_cache_dtype, target.dtype),
+                                target.mla.kv_lora_rank, target.mla.qk_rope_head_dim).bytes_per_token
+        return DraftBudget(mtp_weight_bytes(target) + rows * draft_scratch(args) * kv_bytes, kv_bytes)
     path = args.speculative_draft_model_path
     cfg = head_config(path, target) if eagle else ModelConfig.from_path(
         path, dtype=target.dtype, device="cpu", context_length=target.context_len, load_format=args.load_format)

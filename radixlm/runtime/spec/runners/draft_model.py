@@ -99,7 +99,7 @@ class DraftModelRunner:
         self._token_buf = torch.zeros(rows, dtype=torch.int64, device=self.device)
         self._generator = torch.Generator(device=self.device)  # sampled drafts of requests without a seed
         self._generator.manual_seed((server_args.random_seed or 0) ^ DRAFT_SEED_SALT)
-        logger.info("draft model %s: KV pool %.1f MiB (%d scratch slots)", path,
+        logger.info("draft model %s: KV pool %.1f MiB (%d scratch slots)", path or "(the target's MTP layer)",
                     self.token_to_kv_pool.mem_bytes() / 2**20, scratch)
 
     # What CudaGraphRunner and the draft sources read: the composed runner's.

@@ -1,6 +1,7 @@
 """An EAGLE head as the draft model (--speculative-algorithm EAGLE): models/eagle.py's head over the target's final
-hidden states (EAGLE-1) or three of its layers' states (EAGLE-3, eagle_aux.py), with its one layer's KV in a pool
-over the target's slots (as STANDALONE's, draft_model.py).
+hidden states (EAGLE-1) or three of its layers' states (EAGLE-3, eagle_aux.py), or a DeepSeek-V3 target's own MTP
+layer (models/deepseek_mtp.py, spec/mtp.py: pairs as EAGLE-1's), with its one layer's KV in a pool over the target's
+slots (as STANDALONE's, draft_model.py; the MTP layer's: a latent pool).
 
 The head's KV at the slot of position i is its pair (h_i, t_{i+1}) -- SGLang's layout. A pair needs the token after
 its position, so it is written once that token is known: after each target pass is processed (catch_up), for the
@@ -22,6 +23,7 @@ import torch
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 from radixlm.runtime.spec.budget import head_config
+from radixlm.runtime.spec.mtp import build_mtp_head, mtp_config, mtp_weights, uses_mtp
 from radixlm.runtime.spec.runners.draft_model import DraftModelRunner
 from radixlm.runtime.executor.forward_batch import IN_FLIGHT, ForwardBatch, ForwardMode, ModelWorkerBatch
 from radixlm.runtime.executor.logits import LogitsPlan, LogitsProcessor
@@ -30,6 +32,7 @@ from radixlm.runtime.kernels.startup import EXTEND_WARMUP_LENS, uses_tree_masks
 from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.loader import _default_dtype, initialize_dummy_weights, safetensors_weights_iterator
+from radixlm.runtime.quantization import process_weights_after_loading
 from radixlm.runtime.spec.runners.eagle_aux import AuxStates, aux_layers, is_eagle3
 from radixlm.runtime.models.eagle import Eagle3Head, EagleHead
 
@@ -70,18 +73,26 @@ class EagleRunner(DraftModelRunner):
 
     def _load(self, server_args: ServerArgs, target: ModelRunner
               ) -> tuple[ModelConfig, torch.nn.Module, LogitsProcessor]:
-        """The head over the target's embeddings, with the target's lm_head."""
+        """The head over the target's embeddings, with the target's lm_head: an EAGLE head's checkpoint, or the
+        target's own MTP layer (spec/mtp.py)."""
         path = server_args.speculative_draft_model_path
-        cfg = head_config(path, target.model_config)
-        eagle3 = is_eagle3(cfg.hf_config)
+        mtp = uses_mtp(server_args, target.model_config)
+        cfg = mtp_config(target.model_config) if mtp else head_config(path, target.model_config)
+        eagle3 = not mtp and is_eagle3(cfg.hf_config)
         with torch.device(target.device), _default_dtype(cfg.dtype):
             embed = target.model.model.embed_tokens
-            model = (Eagle3Head(cfg.hf_config, embed, target.model_config.hidden_size) if eagle3
-                     else EagleHead(cfg.hf_config, embed)).eval()
+            if mtp:
+                model = build_mtp_head(target.model_config, embed)
+            else:
+                model = (Eagle3Head(cfg.hf_config, embed, target.model_config.hidden_size) if eagle3
+                         else EagleHead(cfg.hf_config, embed))
+        model.eval()
         if server_args.load_format == "dummy":
             initialize_dummy_weights(model)
         else:
-            model.load_weights(_checkpoint(path))
+            model.load_weights(mtp_weights(target.model_config) if mtp else _checkpoint(path))
+        if mtp:
+            process_weights_after_loading(model)
         self.chain_graphs: CudaGraphRunner | None = None  # set by capture_chain_graphs (the runner's __init__)
         self.aux = AuxStates(target, aux_layers(cfg.hf_config, target.model_config.num_layers)) if eagle3 else None
         # Each launched target pass's features, until it is processed (passes are processed in launch order).
@@ -196,7 +207,8 @@ class _HeadWithFeatureBuffer(torch.nn.Module):
     def __init__(self, head: torch.nn.Module, max_rows: int, dim: int):
         super().__init__()
         self.head = head
-        self.features = torch.zeros(max_rows, dim, dtype=head.fc.weight.dtype, device=head.fc.weight.device)
+        w = head.feature_weight
+        self.features = torch.zeros(max_rows, dim, dtype=w.dtype, device=w.device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
         return self.head(input_ids, positions, forward_batch, self.features[: input_ids.shape[0]])
