@@ -16,7 +16,9 @@ from radixlm.runtime.grammar.spec import GrammarSpec, validate as validate_gramm
 from radixlm.runtime.lora.registry import LoraRegistry
 from radixlm.runtime.detokenizer import IncrementalDecoder, hold_back_stop_prefix, trim_stop
 from radixlm.runtime.messages import BootstrapInfo, DetokenizeInfo, ReqOutput, TokenizedGenerateReqInput
+from radixlm.runtime.parsers.reasoning.families import StartMode, family
 from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.sampling.thinking_budget import ThinkingBudget
 
 if TYPE_CHECKING:
     from radixlm.runtime.multimodal.inputs import MultimodalInputs
@@ -66,9 +68,11 @@ class RequestBuilder:
     """Turns user input into validated requests; raises ValueError naming the problem."""
 
     def __init__(self, tokenizer, limits: FrontLimits, mm: "MultimodalProcessor | None" = None,
-                 lora: LoraRegistry | None = None):
+                 lora: LoraRegistry | None = None, reasoning_parser: str | None = None):
         self.tokenizer = tokenizer
         self.limits = limits
+        self.reasoning = None if reasoning_parser is None else family(reasoning_parser)  # --reasoning-parser's
+        self._tag_ids: tuple[tuple[int, ...], ...] | None = None  # its tags, tokenized at first use
         self.mm = mm  # a vision-language model's processor; None: media inputs are refused
         self.lora = lora or LoraRegistry(enabled=False)  # the adapters requests may name (lora_path)
 
@@ -116,6 +120,7 @@ class RequestBuilder:
         spec = GrammarSpec.from_sampling_params(sp)
         if spec is not None:
             validate_grammar(spec)
+        thinking = None if sp.thinking_budget is None else self.thinking_budget(sp, ids)
         if len(ids) + sp.max_new_tokens > self.limits.context_len:
             raise ValueError(
                 f"Requested token count exceeds the model's context length: {len(ids)} prompt + "
@@ -147,8 +152,24 @@ class RequestBuilder:
             rid=rid or uuid.uuid4().hex, input_ids=ids, sampling_params=sp, return_logprob=bool(return_logprob),
             logprob_start_len=start if return_logprob else -1, top_logprobs_num=top if return_logprob else 0,
             extra_key=extra_key, stream=stream, mm_inputs=mm_inputs, lora_id=lora_id,
-            priority=check_priority(priority), timeout_s=check_timeout(timeout_s),
+            priority=check_priority(priority), timeout_s=check_timeout(timeout_s), thinking=thinking,
         )
+
+    def thinking_budget(self, sp: SamplingParams, prompt_ids: list[int]) -> ThinkingBudget:
+        """The request's thinking budget resolved against the server's reasoning family and the prompt."""
+        fam = self.reasoning
+        if fam is None or fam.tags is None:
+            raise ValueError("thinking_budget needs a reasoning parser whose reasoning block ends with a tag "
+                             f"(--reasoning-parser; got {'none' if fam is None else 'a harmony-channel family'})")
+        if GrammarSpec.from_sampling_params(sp) is not None:
+            raise ValueError("thinking_budget cannot be combined with regex, json_schema or ebnf (the grammar "
+                             "constrains the output from its first token)")
+        if self._tag_ids is None:
+            self._tag_ids = tuple(tuple(self.tokenizer.encode(t, add_special_tokens=False)) if t else ()
+                                  for t in (fam.tags.start, fam.tags.end, fam.tags.tool_start))
+        start, end, tool = self._tag_ids
+        return ThinkingBudget.for_prompt(sp.thinking_budget, start, end, prompt_ids, fam.start is StartMode.ALWAYS,
+                                         tool)
 
     def build(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
               top_logprobs_num=None, rid=None, extra_key=None, stream=False, image_data=None,
