@@ -117,10 +117,10 @@ class RequestBuilder:
         sp.normalize()
         sp.verify(self.limits.vocab_size)
         _check_sizes(sp)
+        thinking = None if sp.thinking_budget is None else self.thinking_budget(sp, ids)
         spec = GrammarSpec.from_sampling_params(sp)
         if spec is not None:
             validate_grammar(spec)
-        thinking = None if sp.thinking_budget is None else self.thinking_budget(sp, ids)
         if len(ids) + sp.max_new_tokens > self.limits.context_len:
             raise ValueError(
                 f"Requested token count exceeds the model's context length: {len(ids)} prompt + "
