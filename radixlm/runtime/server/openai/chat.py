@@ -85,6 +85,8 @@ async def prepare_chat(tm, req: ChatCompletionRequest) -> tuple[BuiltRequests, T
     reasoning_open = None
     if req.thinking_token_budget is not None:
         sampling["thinking_budget"] = req.thinking_token_budget
+        if plan.ebnf is not None and not plan.forced:
+            del sampling["ebnf"]  # "at most one call" (auto, not parallel): the parse keeps the first call anyway
         reasoning_open = starts_in_reasoning(tm.server_args.reasoning_parser, req.chat_template_kwargs)
     if keeps_special_tokens(tm.server_args.reasoning_parser):
         sampling["skip_special_tokens"] = False
