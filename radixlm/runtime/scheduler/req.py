@@ -294,6 +294,11 @@ class Req:
 
     def append_tokens(self, tokens: list[int], tokenizer, advance: GrammarAdvance = GrammarAdvance.ACCEPT,
                       logprobs: torch.Tensor | None = None) -> int:
+        """Appends tokens up to the first that finishes the request; returns how many were appended. The grammar is
+        advanced over each (ACCEPT) or already was (DONE), the thinking budget's tracker over those appended.
+        logprobs: a row per token, when the request asked for them. Finish rules in order: grammar violation, length,
+        grammar termination, then (from min_new_tokens on) stop token ids, EOS and stop strings. A finished request
+        takes none (e.g. aborted while its pass ran)."""
         n = self._append_tokens(tokens, tokenizer, advance, logprobs)
         if self.thinking is not None:
             self.thinking.advance(self.output_ids)
@@ -301,10 +306,6 @@ class Req:
 
     def _append_tokens(self, tokens: list[int], tokenizer, advance: GrammarAdvance,
                        logprobs: torch.Tensor | None) -> int:
-        """(append_tokens:) Appends tokens up to the first that finishes the request; returns how many were appended. The grammar is
-        advanced over each (ACCEPT) or already was (DONE). logprobs: a row per token, when the request asked for
-        them. Finish rules in order: grammar violation, length, grammar termination, then (from min_new_tokens on)
-        stop token ids, EOS and stop strings. A finished request takes none (e.g. aborted while its pass ran)."""
         if self.finished_reason is not None:
             return 0
         grammar, output = self.grammar, self.output_ids
