@@ -35,7 +35,8 @@ def _outputs(model_dir, budgets, **kw) -> dict[str, list[int]]:
     return {k: v["output_ids"] for k, v in res.items()}
 
 
-@pytest.mark.parametrize("kw", [{"overlap_schedule": "on"}, {"speculative_algorithm": "NGRAM"}])
+@pytest.mark.parametrize("kw", [{"overlap_schedule": "on"}, {"speculative_algorithm": "NGRAM"},
+                                {"overlap_schedule": "on", "speculative_algorithm": "NGRAM"}])
 def test_budget_forces_the_end_tag_exactly_and_every_mode_agrees(tiny_model_dir, kw):
     free = _outputs(tiny_model_dir, [None, None, None])
     budgets = [1, 5, 9]
