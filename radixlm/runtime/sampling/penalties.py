@@ -11,8 +11,8 @@ def apply_penalties_and_bias(logits: torch.Tensor, info: SamplingBatchInfo) -> t
     """Return processed float32 logits (bs, V); `logits` itself is never modified (it is returned as-is when
     there is nothing to apply). Order: logit_bias -> repetition penalty (HF: over prompt + output tokens,
     positive logits divided, negative multiplied) -> frequency/presence (OpenAI: over output tokens,
-    `logit -= freq * count + presence * (count > 0)`) -> min_new_tokens mask (-inf) -> grammar mask (-inf) -> forced tokens (a row keeps one
-    token: a thinking budget's)."""
+    `logit -= freq * count + presence * (count > 0)`) -> min_new_tokens mask (-inf) -> grammar mask (-inf) -> forced
+    tokens (a row keeps one token: a thinking budget's)."""
     if not info.need_logits_processing:
         return logits
     out = logits.to(torch.float32, copy=True)

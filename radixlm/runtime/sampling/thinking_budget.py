@@ -2,11 +2,11 @@
 tokens inside its reasoning block without closing it, the family's end-of-reasoning tokens are forced one by one
 (every other logit -inf), and the model then goes on with its answer.
 
-The block: one the prompt leaves open (its last start tag after its last end tag) or that the family always starts
-in; or one the model opens with the start tag as its first output tokens (a start tag there is dropped from the
-count, as the reasoning parser drops it). The reasoning tokens are the output tokens after that opening; the block
-closes where the end tag's (or the family's tool-call tag's) token ids appear in the output (matched as ids: the tags of the families are single
-special tokens or are tokenized as the front tokenizes them).
+The block: one the prompt leaves open (its last start tag after its last end tag) or that the reply starts in (the
+family's rule, or the chat layer's reasoning parser); or one the model opens with the start tag as its first output
+tokens (a start tag there is not counted, as the reasoning parser drops it). The reasoning tokens are the output
+tokens after that opening; the block closes where the end tag's (or the family's tool-call tag's) token ids appear in
+the output (matched as ids: the families' tags are tokenized as the front tokenizes them alone).
 
 NOTE the overlap rule: whether position p is forced is a function of the output tokens before the forced window's
 start F (did the block close before F?) and of counts. ThinkingTracker.forced_token answers UNKNOWN when a token it
