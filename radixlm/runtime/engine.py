@@ -116,7 +116,7 @@ class Engine:
             args.max_logprobs, self.runner.pooler.dim if self.runner.pooler is not None else 0),
             MultimodalProcessor.for_model(self.model_config.model_path, self.tokenizer,
                                           MediaLoader(MediaPolicy.from_args(args))),
-            LoraRegistry(args.enable_lora, startup_refs(args.lora_paths)))
+            LoraRegistry(args.enable_lora, startup_refs(args.lora_paths)), args.reasoning_parser)
         logger.info("engine ready in %.1fs", time.perf_counter() - t0)
 
     def _join_ranks(self, args: ServerArgs):

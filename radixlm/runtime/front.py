@@ -16,6 +16,8 @@ from radixlm.runtime.grammar.spec import GrammarSpec, validate as validate_gramm
 from radixlm.runtime.lora.registry import LoraRegistry
 from radixlm.runtime.detokenizer import IncrementalDecoder, hold_back_stop_prefix, trim_stop
 from radixlm.runtime.messages import BootstrapInfo, DetokenizeInfo, ReqOutput, TokenizedGenerateReqInput
+from radixlm.runtime.parsers.reasoning.budget import BudgetTags, resolve as resolve_budget
+from radixlm.runtime.parsers.reasoning.families import family
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -66,9 +68,11 @@ class RequestBuilder:
     """Turns user input into validated requests; raises ValueError naming the problem."""
 
     def __init__(self, tokenizer, limits: FrontLimits, mm: "MultimodalProcessor | None" = None,
-                 lora: LoraRegistry | None = None):
+                 lora: LoraRegistry | None = None, reasoning_parser: str | None = None):
         self.tokenizer = tokenizer
         self.limits = limits
+        self.reasoning = None if reasoning_parser is None else family(reasoning_parser)  # --reasoning-parser's
+        self._tags: BudgetTags | None = None  # its tags, tokenized at first use
         self.mm = mm  # a vision-language model's processor; None: media inputs are refused
         self.lora = lora or LoraRegistry(enabled=False)  # the adapters requests may name (lora_path)
 
@@ -108,12 +112,17 @@ class RequestBuilder:
 
     def make_request(self, ids, sp_dict, return_logprob, logprob_start_len, top_logprobs_num, rid, extra_key, stream,
                      mm_inputs: "MultimodalInputs | None" = None, lora_id: str | None = None, priority=None,
-                     timeout_s=None):
+                     timeout_s=None, reasoning_open: bool | None = None):
         sp = sp_dict if isinstance(sp_dict, SamplingParams) else SamplingParams.from_dict(dict(sp_dict or {}))
         sp.normalize()
         sp.verify(self.limits.vocab_size)
         _check_sizes(sp)
         spec = GrammarSpec.from_sampling_params(sp)
+        thinking = None
+        if sp.thinking_budget is not None:
+            self._tags = self._tags or BudgetTags.tokenize(self.reasoning, self.tokenizer)
+            thinking = resolve_budget(self.reasoning, self._tags, sp.thinking_budget, spec is not None, ids,
+                                      reasoning_open)
         if spec is not None:
             validate_grammar(spec)
         if len(ids) + sp.max_new_tokens > self.limits.context_len:
@@ -147,16 +156,16 @@ class RequestBuilder:
             rid=rid or uuid.uuid4().hex, input_ids=ids, sampling_params=sp, return_logprob=bool(return_logprob),
             logprob_start_len=start if return_logprob else -1, top_logprobs_num=top if return_logprob else 0,
             extra_key=extra_key, stream=stream, mm_inputs=mm_inputs, lora_id=lora_id,
-            priority=check_priority(priority), timeout_s=check_timeout(timeout_s),
+            priority=check_priority(priority), timeout_s=check_timeout(timeout_s), thinking=thinking,
         )
 
     def build(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
               top_logprobs_num=None, rid=None, extra_key=None, stream=False, image_data=None,
               video_data=None, lora_path=None, priority=None, timeout_s=None,
-              bootstrap: BootstrapInfo | None = None) -> BuiltRequests:
+              bootstrap: BootstrapInfo | None = None, reasoning_open: bool | None = None) -> BuiltRequests:
         steps = self.build_steps(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
                                  top_logprobs_num, rid, extra_key, stream, image_data, video_data, lora_path, priority,
-                                 timeout_s, bootstrap)
+                                 timeout_s, bootstrap, reasoning_open)
         while True:
             try:
                 next(steps)
@@ -166,10 +175,12 @@ class RequestBuilder:
     def build_steps(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                     logprob_start_len=None, top_logprobs_num=None, rid=None, extra_key=None,
                     stream=False, image_data=None, video_data=None, lora_path=None, priority=None,
-                    timeout_s=None, bootstrap: BootstrapInfo | None = None) -> Generator[None, None, BuiltRequests]:
+                    timeout_s=None, bootstrap: BootstrapInfo | None = None,
+                    reasoning_open: bool | None = None) -> Generator[None, None, BuiltRequests]:
         """build, yielding after each request it makes, so that an event loop can serve others during a large
         batch (TokenizerManager.build_async); returns the BuiltRequests. bootstrap: a disaggregated pair's room (the
-        router's); each request made takes room + its index, on both servers alike."""
+        router's); each request made takes room + its index, on both servers alike. reasoning_open: whether the chat
+        layer's reasoning parser reads the output as starting in reasoning (a thinking budget's; None: no template)."""
         if self.limits.embedding_dim:
             raise ValueError(IS_EMBEDDING)
         batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list))
@@ -202,7 +213,7 @@ class RequestBuilder:
             base = rids[i] if rids[i] else uuid.uuid4().hex
             for j in range(n):
                 m = self.make_request(tokens, sp, lps[i], starts[i], tops[i], base if n == 1 else f"{base}-{j}",
-                                      extra_key, stream, mm_inputs, loras[i], prios[i], timeouts[i])
+                                      extra_key, stream, mm_inputs, loras[i], prios[i], timeouts[i], reasoning_open)
                 if n > 1 and m.sampling_params.sampling_seed is not None:
                     # The n samples of a seeded request differ from each other, and repeat as a set.
                     m.sampling_params = dataclasses.replace(

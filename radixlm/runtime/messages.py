@@ -7,6 +7,7 @@ from typing import Any
 
 from radixlm.runtime.multimodal.inputs import MultimodalInputs
 from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.sampling.thinking_budget import ThinkingBudget
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class TokenizedGenerateReqInput:
     # With return_logprob: the logprobs of these tokens as the next token (SGLang's token_ids_logprob; /v1/score).
     token_ids_logprob: list[int] | None = None
     bootstrap: BootstrapInfo | None = None  # set on both servers of a disaggregated pair (else None)
+    thinking: ThinkingBudget | None = None  # sampling_params.thinking_budget resolved (tags tokenized, prompt read)
 
 
 @dataclass

@@ -75,7 +75,8 @@ class TokenizerManager:
             info.vocab_size, info.context_len, info.max_total_num_tokens, self.server_args.disable_radix_cache,
             self.server_args.max_logprobs, info.embedding_dim), MultimodalProcessor.for_model(
                 info.model_path, tokenizer, MediaLoader(MediaPolicy.from_args(self.server_args))),
-            LoraRegistry(self.server_args.enable_lora, startup_refs(self.server_args.lora_paths)))
+            LoraRegistry(self.server_args.enable_lora, startup_refs(self.server_args.lora_paths)),
+            self.server_args.reasoning_parser)
         self.rid_to_state: dict[str, _ReqEntry] = {}
         self.dead: str | None = None
         self.ready = False  # set after the warm-up generation succeeded

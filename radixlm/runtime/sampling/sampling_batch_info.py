@@ -8,6 +8,7 @@ import torch
 
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.sampling.thinking_budget import UNKNOWN
 
 _MASK64 = (1 << 64) - 1
 
@@ -19,6 +20,7 @@ class SamplingReq(Protocol):
     origin_input_ids: list[int]
     output_ids: list[int]
     eos_token_ids: frozenset[int]
+    # Optional: `thinking` (a ThinkingTracker, or None), read with getattr.
 
 
 def derive_seed(sampling_seed: int, step: int) -> int:
@@ -78,6 +80,9 @@ class SamplingBatchInfo:
     # Sparse min_new_tokens mask: logits[rows[j], cols[j]] = -inf.
     min_tokens_rows: torch.Tensor | None = None
     min_tokens_cols: torch.Tensor | None = None
+    # Sparse forced tokens (a thinking budget's end tag): row rows[j] keeps only cols[j] (every other logit -inf).
+    forced_rows: torch.Tensor | None = None
+    forced_cols: torch.Tensor | None = None
     # (row, generator seed) for each request with a sampling_seed, seed already mixed with the step.
     seeded_rows: list[tuple[int, int]] = field(default_factory=list)
     # Grammar constraints (set by the scheduler): a packed bitmask of allowed tokens, the rows it applies to,
@@ -100,13 +105,15 @@ class SamplingBatchInfo:
 
     @property
     def need_logits_processing(self) -> bool:
-        """Anything to apply before argmax / temperature (bias, penalties, min_new_tokens mask, grammar mask)."""
+        """Anything to apply before argmax / temperature (bias, penalties, min_new_tokens mask, grammar mask, forced
+        tokens)."""
         return (
             self.has_logit_bias
             or self.repetition_penalties is not None
             or self.output_counts is not None
             or self.has_min_tokens_mask
             or self.vocab_mask is not None
+            or self.forced_rows is not None
         )
 
     @property
@@ -120,7 +127,7 @@ class SamplingBatchInfo:
         num_out: Sequence[int] | None = None,
     ) -> "SamplingBatchInfo":
         """num_out: each request's output tokens so far, counting any sampled by passes still in flight (overlap
-        scheduling); default len(output_ids). min_new_tokens and per-request seeds depend on it."""
+        scheduling); default len(output_ids). min_new_tokens, per-request seeds and thinking budgets depend on it."""
         device = torch.device(device)
         params = [r.sampling_params for r in reqs]
         greedy = [p.is_greedy for p in params]
@@ -183,6 +190,21 @@ class SamplingBatchInfo:
                 banned.extend((i, t) for t in sorted(ids) if 0 <= t < vocab_size)
         if banned:
             info.min_tokens_rows, info.min_tokens_cols = _sparse(banned, device)
+
+        forced: list[tuple[int, int]] = []
+        for i, r in enumerate(reqs):
+            thinking = getattr(r, "thinking", None)
+            if thinking is None or thinking.done:
+                continue
+            tok = thinking.forced_token(r.output_ids, num_out[i])
+            if tok is UNKNOWN:
+                # The overlap rule (can_plan_ahead) keeps such a request from being planned ahead.
+                raise RuntimeError(f"thinking budget: the forced token at output position {num_out[i]} depends on "
+                                   "a token in flight")
+            if tok is not None:
+                forced.append((i, tok))
+        if forced:
+            info.forced_rows, info.forced_cols = _sparse(forced, device)
 
         info.seeded_rows = [
             (i, derive_seed(p.sampling_seed, num_out[i]))

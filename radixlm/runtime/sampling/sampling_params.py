@@ -76,6 +76,8 @@ class SamplingParams:
     regex: str | None = None
     ebnf: str | None = None
     stream_interval: int | None = None
+    # Reasoning tokens before the reasoning block's end is forced (needs --reasoning-parser; thinking_budget.py).
+    thinking_budget: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
@@ -162,6 +164,8 @@ class SamplingParams:
             raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.sampling_seed is not None:
             _integer("sampling_seed", self.sampling_seed)
+        if self.thinking_budget is not None and _integer("thinking_budget", self.thinking_budget) < 1:
+            raise ValueError(f"thinking_budget must be >= 1, got {self.thinking_budget}")
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")

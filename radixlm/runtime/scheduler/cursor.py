@@ -72,14 +72,16 @@ def can_plan_ahead(req: "Req", drafting: bool = True) -> bool:
     """NOTE invariant (the overlap rule): a request's next pass may be planned while its last pass is in flight --
     before the host has read that pass's token -- only when the next pass needs nothing from the host but lengths:
     no grammar (its mask follows the accepted tokens), no draft being verified (its verdict decides where the next
-    rows start), no penalty counted over the output tokens, and no source that would draft once the token in flight
-    is known but cannot draft before (`drafting`: the batch rule lets guessing sources draft, DraftPath.drafting;
-    sources that `guesses` draft from the known tokens, the token in flight guessed, Draft.guess). Everything
-    else the planner needs (committed, in_flight, a draft not yet launched) is known at launch."""
+    rows start), no penalty counted over the output tokens, no thinking budget whose forced token at the next
+    position depends on the token in flight (ThinkingTracker.decided), and no source that would draft once the token
+    in flight is known but cannot draft before (`drafting`: the batch rule lets guessing sources draft,
+    DraftPath.drafting; sources that `guesses` draft from the known tokens, the token in flight guessed, Draft.guess).
+    Everything else the planner needs (committed, in_flight, a draft not yet launched) is known at launch."""
     sp = req.sampling_params
     return (req.grammar is None and not req.kv.verifying
             and not (drafting and any(not s.traits.guesses for s in req.draft_sources))
-            and sp.repetition_penalty == 1.0 and sp.frequency_penalty == 0.0 and sp.presence_penalty == 0.0)
+            and sp.repetition_penalty == 1.0 and sp.frequency_penalty == 0.0 and sp.presence_penalty == 0.0
+            and (req.thinking is None or req.thinking.decided(req.output_ids, req.num_output_tokens())))
 
 
 def can_launch_ahead(running: Iterable["Req"], drafting: bool = True) -> bool:

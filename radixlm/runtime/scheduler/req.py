@@ -20,6 +20,7 @@ from radixlm.runtime.grammar.backend import GrammarMatcher
 from radixlm.runtime.messages import BootstrapInfo, TokenizedGenerateReqInput
 from radixlm.runtime.multimodal.inputs import MultimodalInputs
 from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.sampling.thinking_budget import ThinkingTracker
 from radixlm.runtime.scheduler.cursor import KVCursor
 from radixlm.runtime.spec.draft import DraftSource
 
@@ -99,6 +100,7 @@ class Req:
     token_type_ids: list[int] | None = None
     token_ids_logprob: list[int] | None = None
     bootstrap: BootstrapInfo | None = None  # its room on a disaggregated pair (runtime/disaggregation/)
+    thinking: ThinkingTracker | None = None  # its thinking budget; advanced over each appended token
 
     # Set by the scheduler: tokens and KV.
     output_ids: list[int] = field(default_factory=list)
@@ -173,6 +175,7 @@ class Req:
             token_type_ids=msg.token_type_ids,
             token_ids_logprob=msg.token_ids_logprob,
             bootstrap=msg.bootstrap,
+            thinking=None if msg.thinking is None else ThinkingTracker(msg.thinking),
         )
 
     # ------------------------------------------------------------------ time in the queues
@@ -292,9 +295,17 @@ class Req:
     def append_tokens(self, tokens: list[int], tokenizer, advance: GrammarAdvance = GrammarAdvance.ACCEPT,
                       logprobs: torch.Tensor | None = None) -> int:
         """Appends tokens up to the first that finishes the request; returns how many were appended. The grammar is
-        advanced over each (ACCEPT) or already was (DONE). logprobs: a row per token, when the request asked for
-        them. Finish rules in order: grammar violation, length, grammar termination, then (from min_new_tokens on)
-        stop token ids, EOS and stop strings. A finished request takes none (e.g. aborted while its pass ran)."""
+        advanced over each (ACCEPT) or already was (DONE), the thinking budget's tracker over those appended.
+        logprobs: a row per token, when the request asked for them. Finish rules in order: grammar violation, length,
+        grammar termination, then (from min_new_tokens on) stop token ids, EOS and stop strings. A finished request
+        takes none (e.g. aborted while its pass ran)."""
+        n = self._append_tokens(tokens, tokenizer, advance, logprobs)
+        if self.thinking is not None:
+            self.thinking.advance(self.output_ids)
+        return n
+
+    def _append_tokens(self, tokens: list[int], tokenizer, advance: GrammarAdvance,
+                       logprobs: torch.Tensor | None) -> int:
         if self.finished_reason is not None:
             return 0
         grammar, output = self.grammar, self.output_ids

@@ -45,7 +45,8 @@ async def messages(request: Request) -> Response:
     tm = request.app.state.tokenizer_manager
     msg_id = render.new_message_id()
     req: proto.MessagesRequest = proto.parse(proto.MessagesRequest, await request.body())
-    chat = req.chat_request(msg_id, _toggle(tm))
+    name = tm.server_args.reasoning_parser
+    chat = req.chat_request(msg_id, _toggle(tm), name is not None and family(name).tags is not None)
     reasoning = request_parser(tm.server_args.reasoning_parser, True, chat.chat_template_kwargs)
     # prepare_chat runs the model's LoRA adapter, if it names one (or base:adapter), as on the OpenAI routes.
     built, plan = await prepare_chat(tm, chat)

@@ -163,8 +163,9 @@ ThinkingDisplay = Literal["summarized", "omitted"]  # omitted: thinking blocks c
 
 
 class ThinkingEnabled(BaseModel):
-    """Extended thinking. The budget is checked as Anthropic checks it but not enforced on its own: the reasoning
-    counts toward max_tokens, as Anthropic counts it."""
+    """Extended thinking. The budget is checked as Anthropic checks it and, with a --reasoning-parser whose reasoning
+    block ends with a tag, enforced (sampling_params.thinking_budget); the reasoning counts toward max_tokens, as
+    Anthropic counts it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -258,15 +259,20 @@ class MessagesRequest(Conversation):
     service_tier: str | None = None
     cache_control: dict[str, Any] | None = None
 
-    def chat_request(self, msg_id: str, toggle: str | None = None) -> ChatCompletionRequest:
-        """`toggle`: the chat_template_kwargs key of the server's reasoning family that `thinking` sets."""
+    def chat_request(self, msg_id: str, toggle: str | None = None, enforce_budget: bool = False
+                     ) -> ChatCompletionRequest:
+        """`toggle`: the chat_template_kwargs key of the server's reasoning family that `thinking` sets;
+        enforce_budget: the family's reasoning ends with a tag, which thinking.budget_tokens then forces."""
         if isinstance(self.thinking, ThinkingEnabled) and self.thinking.budget_tokens >= self.max_tokens:
             raise BadRequest(f"thinking.budget_tokens: must be less than max_tokens ({self.max_tokens}), got "
                              f"{self.thinking.budget_tokens}")
+        enabled = isinstance(self.thinking, ThinkingEnabled)
+        budget = self.thinking.budget_tokens if enabled and enforce_budget else None
         # Anthropic's default temperature is 1.0, which is also the sampler's default.
         return self.to_chat(max_completion_tokens=self.max_tokens, stop=list(self.stop_sequences or []),
                             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, rid=msg_id,
-                            model=self.model, chat_template_kwargs=self.template_kwargs(toggle))
+                            model=self.model, chat_template_kwargs=self.template_kwargs(toggle),
+                            thinking_token_budget=budget)
 
 
 def parse(model: type[BaseModel], raw: bytes) -> Any:

@@ -69,6 +69,8 @@ class SamplingParamsInput(BaseModel):
     regex: Grammar | None = None
     ebnf: Grammar | None = None
     stream_interval: Annotated[Int, Doc(minimum=1)] | None = None
+    # Reasoning tokens before the reasoning block's end tag is forced (SGLang's thinking_budget; --reasoning-parser).
+    thinking_budget: Annotated[Int, Doc(minimum=1)] | None = None
 
 
 class GenerateReqInput(BaseModel):

@@ -2,7 +2,8 @@
 draft's tokens while the model's own choice agrees, then take the model's token.
 
 - greedy: a draft token is kept while it equals the argmax of its row, processed as the sampler would process it
-  (penalties, logit bias, min_new_tokens, the grammar mask): the output is the same as without the draft.
+  (penalties, logit bias, min_new_tokens, the grammar mask, a thinking budget's forced tokens): the output is the same
+  as without the draft.
 - sampling: speculative sampling's rule. A draft token x drawn from a distribution q (a draft model sampling
   with the request's parameters) is kept with probability min(1, p(x) / q(x)), and on rejection the token is drawn
   from max(0, p - q) normalized; a draft without q is a point mass (lookups, greedy chains): kept with probability
@@ -13,7 +14,7 @@ draft's tokens while the model's own choice agrees, then take the model's token.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -33,6 +34,7 @@ class _Virtual:
     origin_input_ids: list[int]
     output_ids: list[int]
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+    thinking: Any = None  # the request's ThinkingTracker: it scans the virtual output past the known tokens
 
 
 @dataclass
@@ -72,10 +74,12 @@ def draft_layout(drafts: list[list[int]], first_row: int = 0) -> list[int]:
 
 
 def plain_greedy(req) -> bool:
-    """Greedy with nothing but a grammar shaping the logits (no penalty, bias or min_new_tokens mask)."""
-    p = req.sampling_params
+    """Greedy with nothing but a grammar shaping the logits (no penalty, bias, min_new_tokens mask or thinking budget
+    that may still force a token)."""
+    p, thinking = req.sampling_params, getattr(req, "thinking", None)
     return (p.is_greedy and not p.logit_bias and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
-            and p.presence_penalty == 0.0 and len(req.output_ids) >= p.min_new_tokens)
+            and p.presence_penalty == 0.0 and len(req.output_ids) >= p.min_new_tokens
+            and (thinking is None or thinking.done))
 
 
 def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout: list[int],
@@ -110,7 +114,8 @@ def build_verification(reqs, drafts: list[list[int]], walked: list[int], layout:
     else:
         parents_of = parents or [None] * len(drafts)
         virtuals = [_Virtual(r.sampling_params, r.origin_input_ids, r.output_ids + ([g[1]] if g else [])
-                             + (d[:j] if ps is None else row_tokens(d, ps, j)), r.eos_token_ids)
+                             + (d[:j] if ps is None else row_tokens(d, ps, j)), r.eos_token_ids,
+                             getattr(r, "thinking", None))
                     for r, d, g, ps in zip(reqs, drafts, guesses, parents_of) for j in range(len(d) + 1)]
         info = SamplingBatchInfo.from_reqs(virtuals, logits.shape[-1], logits.device)
         if masked_rows is not None:

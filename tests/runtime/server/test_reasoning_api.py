@@ -118,3 +118,24 @@ def test_anthropic_thinking_block_whole_streamed_and_disabled(anthropic_client):
     # thinking disabled: the template's enable_thinking is false, so the output is the answer.
     off = anthropic_client.messages.create(thinking={"type": "disabled"}, **kw)
     assert [b.type for b in off.content] == ["text"] and off.content[0].text
+
+
+def test_thinking_token_budget_forces_the_end_of_the_reasoning(server, client):
+    # The qwen3 parser reads a chat's output as reasoning from its start: after 3 tokens, </think> is forced, and the
+    # tokens before it are the greedy ones.
+    kw = dict(model="default", messages=ASK, temperature=0, max_tokens=8)
+    raw = {"separate_reasoning": False}
+    free = client.chat.completions.create(**kw, extra_body=raw).choices[0].message.content
+    capped = client.chat.completions.create(**kw, extra_body={**raw, "thinking_token_budget": 3}).choices[0]
+    head, tag, _ = capped.message.content.partition("</think>")
+    assert tag and head and free.startswith(head) and "</think>" not in free
+    with pytest.raises(openai.BadRequestError, match="thinking_budget must be >= 1"):
+        client.chat.completions.create(**kw, extra_body={"thinking_token_budget": 0})
+    resp = client.responses.create(model="default", input=ASK[0]["content"], max_output_tokens=8, temperature=0,
+                                   extra_body={"thinking_token_budget": 3})
+    assert resp.output[0].type == "reasoning" and resp.output[0].content[0].text == head.strip()
+    assert resp.usage.output_tokens_details.reasoning_tokens <= 3
+    # /generate has no template: a block the prompt leaves open is budgeted.
+    sp = {"text": "Why?\n<think>", "sampling_params": {"max_new_tokens": 5, "temperature": 0, "thinking_budget": 1}}
+    got = server.client.post("/generate", json=sp).json()
+    assert got["text"].count("</think>") == 1 and not got["text"].startswith("</think>"), got

@@ -146,6 +146,13 @@ def test_the_thinking_field_sets_the_templates_toggle():
         request(thinking={"type": "enabled", "budget_tokens": 4096}).chat_request("m")
 
 
+def test_budget_tokens_becomes_the_thinking_budget_where_the_family_has_an_end_tag():
+    on = {"type": "enabled", "budget_tokens": 1500}
+    assert request(thinking=on).chat_request("m", "enable_thinking", True).thinking_token_budget == 1500
+    assert request(thinking=on).chat_request("m", "enable_thinking").thinking_token_budget is None  # no parser
+    assert request(thinking={"type": "adaptive"}).chat_request("m", None, True).thinking_token_budget is None
+
+
 def test_thinking_blocks_sent_back_are_dropped_from_the_prompt():
     thought = {"type": "thinking", "thinking": "hm", "signature": ""}
     use = {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}

@@ -15,7 +15,7 @@ from radixlm.runtime.server.openai.common import (
 )
 from radixlm.runtime.server.openai.protocol import ChatCompletionRequest, ChatMessage
 from radixlm.runtime.server.openai.reasoning import (
-    StreamedReasoning, keeps_special_tokens, reasoning_token_count, request_parser, split_text,
+    StreamedReasoning, keeps_special_tokens, reasoning_token_count, request_parser, split_text, starts_in_reasoning,
 )
 from radixlm.runtime.server.openai.tool_calls import StreamedTools, ToolPlan, finish_reason, plan_tools, tool_message
 
@@ -82,12 +82,18 @@ async def prepare_chat(tm, req: ChatCompletionRequest) -> tuple[BuiltRequests, T
         max_new = min(info.context_len - n_prompt, info.max_total_num_tokens - n_prompt - 1)
     sampling = req.sampling_params(max_new)
     sampling.update(plan.sampling_params())
+    reasoning_open = None
+    if req.thinking_token_budget is not None:
+        sampling["thinking_budget"] = req.thinking_token_budget
+        if plan.ebnf is not None and not plan.forced:
+            del sampling["ebnf"]  # "at most one call" (auto, not parallel): the parse keeps the first call anyway
+        reasoning_open = starts_in_reasoning(tm.server_args.reasoning_parser, req.chat_template_kwargs)
     if keeps_special_tokens(tm.server_args.reasoning_parser):
         sampling["skip_special_tokens"] = False
     built = await build(tm, input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs,
                         top_logprobs_num=req.top_logprobs or 0, rid=req.rid, extra_key=req.extra_key,
                         priority=req.priority, timeout_s=req.timeout_s, bootstrap=bootstrap_of(req), lora_path=adapter_of(tm, req),
-                        image_data=images or None, video_data=videos or None)
+                        image_data=images or None, video_data=videos or None, reasoning_open=reasoning_open)
     return built, plan
 
 

@@ -241,3 +241,5 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # default: auto with tools
     parallel_tool_calls: StrictBool = True
     separate_reasoning: StrictBool = True  # with --reasoning-parser: reasoning in reasoning_content (SGLang's field)
+    # vLLM's field: reasoning tokens before the end of the reasoning block is forced (sampling_params.thinking_budget)
+    thinking_token_budget: Positive | None = None

@@ -20,6 +20,17 @@ def request_parser(name: str | None, separate: bool, template_kwargs: Mapping[st
         raise BadRequest(str(e)) from None
 
 
+def starts_in_reasoning(name: str | None, template_kwargs: Mapping[str, Any] | None) -> bool | None:
+    """Whether the parser reads the output as starting in reasoning (a thinking budget counts from there); None
+    without a parser. A 400 for a toggle it cannot read."""
+    if name is None:
+        return None
+    try:
+        return family(name).starts_in_reasoning(template_kwargs if template_kwargs is not None else {})
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+
+
 def keeps_special_tokens(name: str | None) -> bool:
     """Whether the parser's markers are special tokens, which the detokenizer must then keep in the text."""
     return name is not None and family(name).keeps_special_tokens

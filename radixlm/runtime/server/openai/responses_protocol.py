@@ -159,6 +159,9 @@ class ResponsesRequest(BaseModel):
     user: StrictStr | None = None
     # Accepted and echoed; the reasoning items come from the server's --reasoning-parser whatever the effort asked.
     reasoning: dict[str, Any] | None = None
+    # As on chat (vLLM's field): the reasoning's cap in tokens. reasoning.effort stays a hint, as SGLang and vLLM
+    # take it (the chat template's), not a budget.
+    thinking_token_budget: Positive | None = None
     truncation: Literal["auto", "disabled"] | None = None
     background: StrictBool = False
 
@@ -187,7 +190,8 @@ class ResponsesRequest(BaseModel):
             messages=[*system, *history, *new], max_completion_tokens=self.max_output_tokens,
             temperature=self.temperature, top_p=self.top_p, model=self.model, user=self.user, rid=rid,
             tools=[t.chat_tool() for t in self.tools] if self.tools else None, tool_choice=choice,
-            parallel_tool_calls=self.parallel_tool_calls, response_format=self.response_format())
+            parallel_tool_calls=self.parallel_tool_calls, response_format=self.response_format(),
+            thinking_token_budget=self.thinking_token_budget)
         return req, new
 
 
