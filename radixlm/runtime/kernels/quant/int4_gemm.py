@@ -13,7 +13,8 @@ and the row bucket's config asks for it (up to 16 rows: INT4_CONFIGS), _w4a16_ni
 dequantization in packed 16-bit arithmetic (its docstring). Up to int4_gemv.GEMV_MAX_ROWS rows (one by default) run
 int4_gemv.py's kernel on the CUDA cores (1-4 rows with a tuned config in this GPU model's table: int4_skinny.py's,
 quant_tuned.py; 5-256 rows: int4_mma.py's tensor-core kernel where the table names one); up to 64 rows the
-tensor-core kernels split K across programs (tiles.split_k) so that every SM streams weight; larger buckets take wider tiles. Capturable in CUDA graphs: its
+tensor-core kernels split K across programs (tiles.split_k) so that every SM streams weight; larger buckets take
+wider tiles. Capturable in CUDA graphs: its
 allocations (output, split-K partials) have one size per row count, and nothing syncs with the host."""
 from __future__ import annotations
 
@@ -205,8 +206,9 @@ def w4a16_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
                  gemv_cfg: int4_gemv.GemvConfig = int4_gemv.GEMV_CONFIG) -> torch.Tensor:
     """The Triton kernels' launch: x2 (M, K) with unit column stride -> (M, N) in x2's dtype; int4_block_k must
     find a K tile. Where this GPU model's tuned table has a config (cfg not given): int4_skinny.py's kernel
-    (tuned_skinny, 1-4 rows) or int4_mma.py's (tuned_mma, 5-256 rows). Up to gemv_max_rows rows: the CUDA-core kernel (int4_gemv.py). cfg: the row bucket's
-    (INT4_CONFIGS) unless given, as gemv_cfg (benchmarks/kernels/quant_gemm.py --sweep)."""
+    (tuned_skinny, 1-4 rows) or int4_mma.py's (tuned_mma, 5-256 rows). Up to gemv_max_rows rows: the CUDA-core
+    kernel (int4_gemv.py). cfg: the row bucket's (INT4_CONFIGS) unless given, as gemv_cfg
+    (benchmarks/kernels/quant_gemm.py --sweep)."""
     m, k = x2.shape
     n = qweight.shape[1]
     block_k = int4_block_k(k, group_size)

@@ -107,10 +107,9 @@ def _w4a16_mma_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, stri
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
-    WORDS: tl.constexpr = BLOCK_K // 8
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_kp = tl.arange(0, WORDS)
+    offs_kp = tl.arange(0, BLOCK_K // 8)
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < N
@@ -138,8 +137,10 @@ def _w4a16_mma_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, stri
             sz_mask = n_mask[:, None] & (g * group_size < K)[None, :]
             s2 = tl.load(S + sz_off, mask=sz_mask, other=0.0).to(w_ty)
             z2 = (tl.load(Z + sz_off, mask=sz_mask, other=0.0).to(tl.float32) + MAGIC).to(w_ty)
-            s = tl.reshape(tl.broadcast_to(s2[:, :, None], [BLOCK_N, GROUPS, WORDS // GROUPS]), [BLOCK_N, WORDS])
-            zb = tl.reshape(tl.broadcast_to(z2[:, :, None], [BLOCK_N, GROUPS, WORDS // GROUPS]), [BLOCK_N, WORDS])
+            s = tl.reshape(tl.broadcast_to(s2[:, :, None], [BLOCK_N, GROUPS, BLOCK_K // 8 // GROUPS]),
+                      [BLOCK_N, BLOCK_K // 8])
+            zb = tl.reshape(tl.broadcast_to(z2[:, :, None], [BLOCK_N, GROUPS, BLOCK_K // 8 // GROUPS]),
+                       [BLOCK_N, BLOCK_K // 8])
         if X_MODE == 0:
             k = k0 + offs_k
             if EVEN_K:
@@ -147,7 +148,7 @@ def _w4a16_mma_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, stri
             else:
                 x_mask = m_mask[:, None] & (k < K)[None, :]
             x = tl.load(X + offs_m[:, None] * stride_xm + k[None, :], mask=x_mask, other=0.0)
-            e, o = tl.split(tl.reshape(x, [BLOCK_M, WORDS, 2, 2, 2]))  # the channel's bit 0
+            e, o = tl.split(tl.reshape(x, [BLOCK_M, BLOCK_K // 8, 2, 2, 2]))  # the channel's bit 0
             ee, eo = tl.split(e)
             oe, oo = tl.split(o)
             x0, x4 = tl.split(ee)

@@ -1,7 +1,7 @@
-"""The quantized GEMM kernels' tuned configs (fp8_gemv.py, int4_skinny.py: few rows; int4_mma.py: 5..256): this GPU model's table in
-kernels/gemm/tuned/quant_gemv_<GPU>.json (the tuned-table mechanism of cublaslt.table_path / load_table; written by
-benchmarks/kernels/quant_gemv_sweep.py), looked up per GEMM call by (kernel, N, K, row bucket, group). A GEMM with no
-entry takes the default paths (fp8_gemm.py, int4_gemm.py): with no table for a GPU model, nothing changes.
+"""The quantized GEMM kernels' tuned configs (fp8_gemv.py, int4_skinny.py: few rows; int4_mma.py: 5..256 rows): this
+GPU model's table in kernels/gemm/tuned/quant_gemv_<GPU>.json (the tuned-table mechanism of cublaslt.table_path /
+load_table; written by benchmarks/kernels/quant_gemv_sweep.py and w4a16_mma_sweep.py), looked up per GEMM call by
+(kernel, N, K, row bucket, group). A GEMM with no entry takes the default paths (fp8_gemm.py, int4_gemm.py): with no table for a GPU model, nothing changes.
 
 Entry: {"kernel": "fp8_channel" | "fp8_block" | "w4a16" | "w4a16_mma", "n", "k", "rows": the row bucket's bound
 (1, 2, 4; w4a16_mma: 8, 16, 64, 256, written by benchmarks/kernels/w4a16_mma_sweep.py),
