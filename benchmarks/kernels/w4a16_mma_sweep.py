@@ -40,27 +40,19 @@ ALL_LOADS = tuple(XLoad)
 
 
 def candidates(m: int, dry: bool) -> list[Int4MmaConfig]:
-    """(block_m, block_n, block_k, num_warps, num_stages, split_k, x_load) per row count: the block covers the bucket's
-    rows (or half of them), the weight band is one warpgroup's 64 columns or two's 128, every way of loading x at the
-    main shapes."""
+    """Per row count: the block covers the bucket's rows (or half of them); the weight band is one warpgroup's 64
+    columns or two's 128; every way of loading x for the two main tiles, the packed-asm dequantization for one."""
     if dry:
         return [Int4MmaConfig(16, 16, 128, 1, 1, 0, load) for load in ALL_LOADS]
     bound = tiles.ROW_BUCKETS[tiles.bucket_of(m)]
-    out: list[Int4MmaConfig] = []
-    if bound <= 16:
-        for load in ALL_LOADS:
-            out += [Int4MmaConfig(16, 64, 128, 4, 4, 0, load), Int4MmaConfig(16, 128, 128, 4, 3, 0, load),
-                    Int4MmaConfig(16, 128, 128, 8, 3, 0, load)]
-        out.append(Int4MmaConfig(16, 64, 256, 4, 3, 0, XLoad.SPLIT))
-    elif bound == 64:
-        for load in ALL_LOADS:
-            out += [Int4MmaConfig(64, 64, 128, 4, 3, 0, load), Int4MmaConfig(64, 128, 128, 8, 3, 0, load)]
-        out += [Int4MmaConfig(32, 64, 128, 4, 4, 0, XLoad.SPLIT), Int4MmaConfig(32, 128, 128, 4, 3, 0, XLoad.SPLIT)]
-    else:
-        for load in ALL_LOADS:
-            out += [Int4MmaConfig(128, 64, 128, 4, 3, 0, load), Int4MmaConfig(128, 128, 128, 8, 2, 0, load),
-                    Int4MmaConfig(256, 64, 128, 4, 2, 0, load)]
-    return out
+    main, asm, extra = {  # (block_m, block_n, block_k, num_warps, num_stages)
+        16: ([(16, 64, 128, 4, 4), (16, 128, 128, 8, 3)], (16, 64, 128, 4, 4), (16, 128, 128, 4, 3)),
+        64: ([(64, 64, 128, 4, 3), (64, 128, 128, 8, 3)], (64, 128, 128, 8, 3), (32, 64, 128, 4, 4)),
+        256: ([(128, 128, 128, 8, 2), (256, 64, 128, 4, 2)], (128, 128, 128, 8, 2), (128, 64, 128, 4, 3)),
+    }[max(bound, 16)]
+    out = [Int4MmaConfig(*tile, 0, load) for tile in main for load in ALL_LOADS]
+    out += [Int4MmaConfig(*asm, 0, load, True) for load in (XLoad.SPLIT, XLoad.GATHERED)]
+    return out + [Int4MmaConfig(*extra, 0, XLoad.SPLIT)]
 
 
 def config_dict(cfg: Int4MmaConfig) -> dict:

@@ -46,6 +46,7 @@ class XLoad(str, enum.Enum):
     GATHERED = "gathered"
 
 
+_ASM_KIND = {torch.bfloat16: 1, torch.float16: 2}
 _XMODE = {XLoad.SPLIT: 0, XLoad.STRIDED: 1, XLoad.GATHERED: 2}
 
 
@@ -58,6 +59,7 @@ class Int4MmaConfig:
     num_stages: int
     split_k: int = 0  # 0: tiles.split_k's (about two programs an SM); 1: none; more: at most this many
     x_load: XLoad = XLoad.SPLIT
+    asm: bool = False  # _pair_asm's dequantization (CUDA and 16-bit x only; the interpreter runs the other)
 
     def __post_init__(self):
         object.__setattr__(self, "x_load", XLoad(self.x_load))
@@ -71,16 +73,42 @@ class Int4MmaConfig:
             raise ValueError(f"Int4MmaConfig: split_k in 0..{tiles.MAX_SPLIT}, num_stages >= 1, got {self}")
 
 
+def _pair_asm(magic2: int, one2: int, fma: str) -> tl.constexpr:
+    """Two weights (nibble j of two words, pack=2: $1, $2) in one 32-bit register: prmt puts the byte holding the
+    nibble of each word in the register's two halves ($5: the selector), shr by 4 for an odd nibble ($7), one LOP3
+    masks it into the magic float's mantissa (MAGIC + q per half), then (MAGIC + q) * 1 - (MAGIC + z) (exact) and
+    * s (one rounding, as the reference's) in packed 16-bit FMAs; $3: s, $4: -(MAGIC + z), two per register."""
+    return tl.constexpr("{ .reg .b32 t, c; prmt.b32 t, $1, $2, $5; shr.b32 t, t, $7; "
+                        f"lop3.b32 t, t, 0x000F000F, {magic2:#x}, 0xEA; mov.b32 c, {one2:#x}; "
+                        f"fma.rn.{fma} t, t, c, $4; mov.b32 c, 0x80008000; fma.rn.{fma} $0, t, $3, c; }}")
+
+
+_ASM_BF16 = _pair_asm(0x43004300, 0x3F803F80, "bf16x2")
+_ASM_FP16 = _pair_asm(0x64006400, 0x3C003C00, "f16x2")
+
+
 @triton.jit
-def _nibble_dot(acc, packed, j: tl.constexpr, x_j, s, zb, MAGIC_BITS: tl.constexpr, HALF: tl.constexpr):
+def _nibble_dot(acc, packed, j: tl.constexpr, x_j, s, zb, MAGIC_BITS: tl.constexpr, HALF: tl.constexpr,
+                ASM: tl.constexpr):
     """acc + W_j @ x_j^T: W_j [BLOCK_N, BLOCK_K / 8] the dequantized nibble j of the words, x_j [BLOCK_M, BLOCK_K / 8]
-    x's channels 8 kp + j."""
-    bits = ((packed >> (4 * j)) & 0xF) | MAGIC_BITS
-    if HALF:
-        q_m = bits.to(tl.int16).to(s.dtype, bitcast=True)
+    x's channels 8 kp + j. ASM (CUDA, 16-bit x; 1 bfloat16, 2 float16): two weights a register (_pair_asm; zb is then
+    -(MAGIC + z))."""
+    if ASM != 0:
+        sel = tl.full(packed.shape, (j // 2) | ((4 + j // 2) << 8), tl.int32)
+        shift = tl.full(packed.shape, 4 * (j % 2), tl.int32)
+        if ASM == 1:
+            w = tl.inline_asm_elementwise(_ASM_BF16, "=r,r,r,r,r,r,r,r,r", [packed, s, zb, sel, shift],
+                                          dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            w = tl.inline_asm_elementwise(_ASM_FP16, "=r,r,r,r,r,r,r,r,r", [packed, s, zb, sel, shift],
+                                          dtype=tl.float16, is_pure=True, pack=2)
     else:
-        q_m = bits.to(tl.float32, bitcast=True)
-    w = ((q_m - zb) * s).to(x_j.dtype)
+        bits = ((packed >> (4 * j)) & 0xF) | MAGIC_BITS
+        if HALF:
+            q_m = bits.to(tl.int16).to(s.dtype, bitcast=True)
+        else:
+            q_m = bits.to(tl.float32, bitcast=True)
+        w = ((q_m - zb) * s).to(x_j.dtype)
     return tl.dot(w, tl.trans(x_j), acc)
 
 
@@ -102,7 +130,8 @@ def _x_nibble(X, offs_m, m_mask, k0, j: tl.constexpr, offs_kp, K, stride_xm, X_M
 def _w4a16_mma_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, stride_qk, stride_sg, stride_ym,
                       stride_ys, k_tiles_per_split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                       GROUPS: tl.constexpr, X_MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, MAGIC_BITS: tl.constexpr, MAGIC: tl.constexpr, HALF: tl.constexpr):
+                      BLOCK_K: tl.constexpr, MAGIC_BITS: tl.constexpr, MAGIC: tl.constexpr, HALF: tl.constexpr,
+                      ASM: tl.constexpr):
     """GROUPS: quantization groups in a K tile (1: the tile lies in one group, or the weight has one)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -131,12 +160,16 @@ def _w4a16_mma_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, stri
             s = tl.load(S + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(w_ty)[:, None]
             z = tl.load(Z + g * stride_sg + offs_n, mask=n_mask, other=0.0)
             zb = (z.to(tl.float32) + MAGIC).to(w_ty)[:, None]
+            if ASM != 0:
+                zb = -zb
         else:
             g = k0 // group_size + tl.arange(0, GROUPS)
             sz_off = g[None, :] * stride_sg + offs_n[:, None]
             sz_mask = n_mask[:, None] & (g * group_size < K)[None, :]
             s2 = tl.load(S + sz_off, mask=sz_mask, other=0.0).to(w_ty)
             z2 = (tl.load(Z + sz_off, mask=sz_mask, other=0.0).to(tl.float32) + MAGIC).to(w_ty)
+            if ASM != 0:
+                z2 = -z2
             s = tl.reshape(tl.broadcast_to(s2[:, :, None], [BLOCK_N, GROUPS, BLOCK_K // 8 // GROUPS]),
                       [BLOCK_N, BLOCK_K // 8])
             zb = tl.reshape(tl.broadcast_to(z2[:, :, None], [BLOCK_N, GROUPS, BLOCK_K // 8 // GROUPS]),
@@ -164,14 +197,14 @@ def _w4a16_mma_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, stri
             x5 = _x_nibble(X, offs_m, m_mask, k0, 5, offs_kp, K, stride_xm, X_MODE, EVEN_K, BLOCK_K)
             x6 = _x_nibble(X, offs_m, m_mask, k0, 6, offs_kp, K, stride_xm, X_MODE, EVEN_K, BLOCK_K)
             x7 = _x_nibble(X, offs_m, m_mask, k0, 7, offs_kp, K, stride_xm, X_MODE, EVEN_K, BLOCK_K)
-        acc = _nibble_dot(acc, packed, 0, x0, s, zb, MAGIC_BITS, HALF)
-        acc = _nibble_dot(acc, packed, 1, x1, s, zb, MAGIC_BITS, HALF)
-        acc = _nibble_dot(acc, packed, 2, x2, s, zb, MAGIC_BITS, HALF)
-        acc = _nibble_dot(acc, packed, 3, x3, s, zb, MAGIC_BITS, HALF)
-        acc = _nibble_dot(acc, packed, 4, x4, s, zb, MAGIC_BITS, HALF)
-        acc = _nibble_dot(acc, packed, 5, x5, s, zb, MAGIC_BITS, HALF)
-        acc = _nibble_dot(acc, packed, 6, x6, s, zb, MAGIC_BITS, HALF)
-        acc = _nibble_dot(acc, packed, 7, x7, s, zb, MAGIC_BITS, HALF)
+        acc = _nibble_dot(acc, packed, 0, x0, s, zb, MAGIC_BITS, HALF, ASM)
+        acc = _nibble_dot(acc, packed, 1, x1, s, zb, MAGIC_BITS, HALF, ASM)
+        acc = _nibble_dot(acc, packed, 2, x2, s, zb, MAGIC_BITS, HALF, ASM)
+        acc = _nibble_dot(acc, packed, 3, x3, s, zb, MAGIC_BITS, HALF, ASM)
+        acc = _nibble_dot(acc, packed, 4, x4, s, zb, MAGIC_BITS, HALF, ASM)
+        acc = _nibble_dot(acc, packed, 5, x5, s, zb, MAGIC_BITS, HALF, ASM)
+        acc = _nibble_dot(acc, packed, 6, x6, s, zb, MAGIC_BITS, HALF, ASM)
+        acc = _nibble_dot(acc, packed, 7, x7, s, zb, MAGIC_BITS, HALF, ASM)
     store_tile(tl.trans(acc), Y, Bias, offs_m, offs_n, m_mask, n_mask, stride_ym, stride_ys, pid_k, SPLIT, HAS_BIAS)
 
 
@@ -233,7 +266,8 @@ def w4a16_mma_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         qweight.stride(0), scales.stride(0), out.stride(-2), out.stride(0) if split.splits > 1 else 0,
         split.k_tiles_per_split, HAS_BIAS=bias is not None, SPLIT=split.splits > 1, EVEN_K=k % cfg.block_k == 0,
         GROUPS=groups_per_tile(k, group_size, cfg.block_k), X_MODE=_XMODE[cfg.x_load], BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MAGIC_BITS=bits, MAGIC=value, HALF=half, num_warps=cfg.num_warps,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MAGIC_BITS=bits, MAGIC=value, HALF=half,
+        ASM=_ASM_KIND.get(x2.dtype, 0) if cfg.asm and x2.is_cuda else 0, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     if split.splits > 1:
         splitk.reduce_splits(out, bias, y)

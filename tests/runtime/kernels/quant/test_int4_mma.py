@@ -1,8 +1,8 @@
 """The W4A16 tensor-core kernel (kernels/quant/int4_mma.py) against reference.int4_linear on tiny shapes under
 TRITON_INTERPRET=1 (one subprocess): group sizes 32, 64, 128 and one group, act-order, bias, split K, K past a tile,
 N past a tile, two row tiles, each way of loading x, float32 and float16; its tuned-table kind (quant_tuned.py) and
-the dispatch's refusals; and on CUDA (skipped without) the dispatch through a table at Llama-like shapes in a CUDA
-graph."""
+the dispatch's refusals; and on CUDA (skipped without) the dispatch through a table at Llama-like shapes (the packed
+asm dequantization too, bfloat16 and float16, which the interpreter cannot run) in a CUDA graph."""
 from __future__ import annotations
 
 import pytest
@@ -91,18 +91,19 @@ def test_mma_dispatch_through_a_table_cuda(monkeypatch):
     from radixlm.runtime.kernels import quant
 
     n, k = 1024, 4096
-    entries = [_mma(r, block_m=max(16, min(r, 128)), x_load=load) for r, load in
-               ((8, "split"), (16, "strided"), (64, "gathered"), (256, "split"))]
+    entries = [_mma(r, block_m=max(16, min(r, 128)), x_load=load, asm=asm) for r, load, asm in
+               ((8, "split", False), (16, "strided", True), (64, "gathered", True), (256, "split", True))]
     entries = [{**e, "n": n, "k": k} for e in entries]
     monkeypatch.setattr(quant_tuned, "_table", lambda name: quant_tuned.parse(entries))
     w = torch.randn(n, k, device="cuda") * 0.02
-    qw, sc, z = ref.quant_int4(w, 128, dtype=torch.bfloat16)
     perm = torch.randperm(k, device="cuda")
-    for m in (5, 16, 40, 200):
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    for m, dtype in ((5, torch.bfloat16), (16, torch.float16), (40, torch.bfloat16), (200, torch.bfloat16)):
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        qw, sc, z = ref.quant_int4(w, 128, dtype=dtype)
         _close(quant.int4_linear(x, qw, sc, z, 128), ref.int4_linear(x, qw, sc, z, 128), 2e-2)
         _close(quant.int4_linear(x, qw, sc, z, 128, perm), ref.int4_linear(x, qw, sc, z, 128, perm), 2e-2)
     x = torch.randn(40, k, device="cuda", dtype=torch.bfloat16)
+    qw, sc, z = ref.quant_int4(w, 128, dtype=torch.bfloat16)
     quant.int4_linear(x, qw, sc, z, 128)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
