@@ -39,20 +39,31 @@ GROUP = 128
 ALL_LOADS = tuple(XLoad)
 
 
+_S, _T, _G = XLoad.SPLIT, XLoad.STRIDED, XLoad.GATHERED
+# (block_m, block_n, block_k, num_warps, num_stages, x_load, asm) by row bucket: each way of loading x on one tile, then
+# the packed asm dequantization on wider tiles (sm_90 SASS of the K loop, Triton 3.9: 16 x 64 x 128 gathered 5.8
+# instructions a weight, 16 x 128 x 128 with asm 4.3, 16 x 128 x 256 with asm 3.6, 64 x 128 x 256 3.4; 256 x 64 on
+# four warps spilled).
+CANDIDATES = {
+    16: [(16, 64, 128, 4, 4, _S, False), (16, 64, 128, 4, 4, _T, False), (16, 64, 128, 4, 4, _G, False),
+         (16, 64, 128, 4, 4, _G, True), (16, 128, 128, 4, 4, _G, True), (16, 128, 128, 4, 4, _S, True),
+         (16, 128, 256, 4, 3, _G, True), (16, 64, 256, 4, 3, _G, True), (16, 128, 128, 8, 3, _S, False)],
+    64: [(64, 64, 128, 4, 3, _S, False), (64, 64, 128, 4, 3, _T, False), (64, 64, 128, 4, 3, _G, False),
+         (64, 64, 128, 4, 3, _G, True), (64, 128, 128, 4, 3, _G, True), (64, 128, 128, 4, 3, _S, True),
+         (64, 128, 128, 8, 3, _G, True), (32, 128, 128, 4, 3, _G, True), (64, 128, 256, 4, 2, _G, True)],
+    256: [(128, 128, 128, 8, 2, _S, False), (128, 128, 128, 8, 2, _T, False), (128, 128, 128, 8, 2, _G, False),
+          (128, 128, 128, 8, 2, _G, True), (128, 128, 128, 8, 2, _S, True), (128, 128, 128, 4, 2, _G, True),
+          (128, 64, 128, 4, 3, _G, True), (256, 128, 128, 8, 2, _G, True), (128, 128, 256, 8, 2, _G, True)],
+}
+
+
 def candidates(m: int, dry: bool) -> list[Int4MmaConfig]:
-    """Per row count: the block covers the bucket's rows (or half of them); the weight band is one warpgroup's 64
-    columns or two's 128; every way of loading x for the two main tiles, the packed-asm dequantization for one."""
+    """The configs timed at m rows (CANDIDATES of its row bucket; split K: tiles.split_k's)."""
     if dry:
         return [Int4MmaConfig(16, 16, 128, 1, 1, 0, load) for load in ALL_LOADS]
     bound = tiles.ROW_BUCKETS[tiles.bucket_of(m)]
-    main, asm, extra = {  # (block_m, block_n, block_k, num_warps, num_stages)
-        16: ([(16, 64, 128, 4, 4), (16, 128, 128, 8, 3)], (16, 64, 128, 4, 4), (16, 128, 128, 4, 3)),
-        64: ([(64, 64, 128, 4, 3), (64, 128, 128, 8, 3)], (64, 128, 128, 8, 3), (32, 64, 128, 4, 4)),
-        256: ([(128, 128, 128, 8, 2), (256, 64, 128, 4, 2)], (128, 128, 128, 8, 2), (128, 64, 128, 4, 3)),
-    }[max(bound, 16)]
-    out = [Int4MmaConfig(*tile, 0, load) for tile in main for load in ALL_LOADS]
-    out += [Int4MmaConfig(*asm, 0, load, True) for load in (XLoad.SPLIT, XLoad.GATHERED)]
-    return out + [Int4MmaConfig(*extra, 0, XLoad.SPLIT)]
+    return [Int4MmaConfig(bm, bn, bk, w, st, 0, load, asm)
+            for bm, bn, bk, w, st, load, asm in CANDIDATES[max(bound, 16)]]
 
 
 def config_dict(cfg: Int4MmaConfig) -> dict:

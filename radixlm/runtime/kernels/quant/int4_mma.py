@@ -126,7 +126,7 @@ def _x_nibble(X, offs_m, m_mask, k0, j: tl.constexpr, offs_kp, K, stride_xm, X_M
     return tl.load(X + offs_m[:, None] * stride_xm + k[None, :], mask=mask, other=0.0)
 
 
-@triton.jit(do_not_specialize=["M", "stride_ys"], do_not_specialize_on_alignment=["X"])
+@triton.jit(do_not_specialize=["M", "stride_ys"])
 def _w4a16_mma_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, stride_qk, stride_sg, stride_ym,
                       stride_ys, k_tiles_per_split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                       GROUPS: tl.constexpr, X_MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -249,8 +249,8 @@ def w4a16_mma_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         x2 = x2.index_select(1, perm)
     if cfg.x_load == XLoad.GATHERED:
         x2 = x2.index_select(1, nibble_order(k, cfg.block_k, x2.device))
-    elif x2.stride(1) != 1:
-        x2 = x2.contiguous()
+    elif x2.stride(1) != 1 or x2.data_ptr() % 16 or x2.stride(0) % 8:
+        x2 = x2.clone(memory_format=torch.contiguous_format)  # X is specialized as 16-byte aligned (cp.async)
     grid_n, grid_m = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
     k_tiles = triton.cdiv(k, cfg.block_k)
     if cfg.split_k == 0:
