@@ -253,8 +253,8 @@ def w4a16_mma_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         x2 = x2.clone(memory_format=torch.contiguous_format)  # X is specialized as 16-byte aligned (cp.async)
     grid_n, grid_m = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
     k_tiles = triton.cdiv(k, cfg.block_k)
-    if cfg.split_k == 0:
-        split = tiles.split_k(grid_n * grid_m, k_tiles, tiles.sm_count(x2.device), True)
+    if cfg.split_k == 0:  # from N's tiles alone: the same variant (SPLIT) at every row count of the bucket
+        split = tiles.split_k(grid_n, k_tiles, tiles.sm_count(x2.device), True)
     else:
         per = triton.cdiv(k_tiles, min(cfg.split_k, k_tiles))
         split = tiles.Split(triton.cdiv(k_tiles, per), per)
