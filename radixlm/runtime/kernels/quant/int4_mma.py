@@ -9,12 +9,16 @@ weight is dequantized once per BLOCK_M rows; a 128-channel K tile is 16 words a 
 weight of channels 8 kp + j: eight dots of K = BLOCK_K / 8 per tile, one per nibble, with no unpacking reshape
 (int4_gemm._w4a16_nibbles_kernel's arithmetic). Dequantization: the nibble or-ed into a magic float's mantissa (bf16
 0x4300 = 128, fp16 0x6400 = 1024; float32 0x4B000000 in the interpreter) is MAGIC + q exactly; minus MAGIC + z (per
-column, once a group) it is q - z, exact; one multiplication by s rounds once, as the reference does.
+column, once a group) it is q - z, exact; one multiplication by s rounds once, as the reference does. With
+Int4MmaConfig.asm (CUDA) two weights share a register: prmt, one LOP3 and two packed FMAs a pair (_pair_asm). The K
+loop's sm_90 SASS (Triton 3.9, benchmarks/kernels/w4a16_mma_sass.py): the weight is wgmma's register operand, no
+spills; 16 x 64 x 128 tiles 5.8 instructions a weight with asm (7.0 without), 16 x 128 x 128 4.3, 16 x 128 x 256
+3.6. Not yet timed on a GPU: benchmarks/kernels/w4a16_mma_sweep.py writes the table entries.
 
 x's channels for nibble j (XLoad): SPLIT loads the [BLOCK_M, BLOCK_K] tile contiguously (pipelined) and splits it in
 registers (reshape + three tl.split: free where a thread holds eight consecutive channels); STRIDED loads each
 nibble's channels directly (stride 8); GATHERED permutes x once before the launch (nibble-major within each K tile,
-one gather, merged with act-order's) so that each nibble's channels are a contiguous slice, loaded straight into the
+one gather, act-order's permutation composed into it) so that each nibble's channels are a contiguous slice, loaded straight into the
 dot's shared-memory operand by the pipeline. Scales and zeros: one row per K tile where the tile lies in one group;
 for groups of 8..64 channels the tile's BLOCK_K / g rows are loaded once and broadcast to the words. Split K
 (tiles.split_k: about two programs an SM) where the output tiles are fewer than two waves. Capturable in CUDA graphs
@@ -245,11 +249,12 @@ def w4a16_mma_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
                          f"(of block_k {cfg.block_k} when gathered), a group size that is a multiple or a divisor "
                          f"(>= 8) of block_k, unit column strides and scales and zeros of one row stride; got {m} "
                          f"rows {x2.dtype}, K {k}, group {group_size}, {cfg}")
-    if perm is not None:
-        x2 = x2.index_select(1, perm)
     if cfg.x_load == XLoad.GATHERED:
-        x2 = x2.index_select(1, nibble_order(k, cfg.block_k, x2.device))
-    elif x2.stride(1) != 1 or x2.data_ptr() % 16 or x2.stride(0) % 8:
+        order = nibble_order(k, cfg.block_k, x2.device)
+        x2 = x2.index_select(1, order if perm is None else perm.index_select(0, order))
+    elif perm is not None:
+        x2 = x2.index_select(1, perm)
+    if x2.stride(1) != 1 or x2.data_ptr() % 16 or x2.stride(0) % 8:
         x2 = x2.clone(memory_format=torch.contiguous_format)  # X is specialized as 16-byte aligned (cp.async)
     grid_n, grid_m = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
     k_tiles = triton.cdiv(k, cfg.block_k)
