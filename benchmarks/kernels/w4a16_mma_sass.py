@@ -90,7 +90,8 @@ def main() -> None:
                 lines = sass_of(kernel.asm["cubin"])
                 ops = loop_opcodes(lines)
                 weights = bn * bk / (32 * warps)
-                row.update(shared=kernel.metadata.shared, spills=sum(bool(re.search(r"\b(LDL|STL)\b", x)) for x in lines),
+                spills = sum(bool(re.search(r"\b(LDL|STL)\b", x)) for x in lines)
+                row.update(shared=kernel.metadata.shared, spills=spills,
                            loop=sum(ops.values()), per_weight=round(sum(ops.values()) / weights, 2),
                            top=dict(ops.most_common(8)))
             except Exception as e:  # noqa: BLE001 - reported per config

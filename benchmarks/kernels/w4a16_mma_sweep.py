@@ -39,19 +39,19 @@ GROUP = 128
 ALL_LOADS = tuple(XLoad)
 
 
-_S, _T, _G = XLoad.SPLIT, XLoad.STRIDED, XLoad.GATHERED
-# (block_m, block_n, block_k, num_warps, num_stages, x_load, asm) by row bucket: each way of loading x on one tile, then
-# the packed asm dequantization on wider tiles (sm_90 SASS of the K loop, Triton 3.9: 16 x 64 x 128 gathered 5.8
-# instructions a weight, 16 x 128 x 128 with asm 4.3, 16 x 128 x 256 with asm 3.6, 64 x 128 x 256 3.4; 256 x 64 on
-# four warps spilled).
+_S, _G = XLoad.SPLIT, XLoad.GATHERED
+# (block_m, block_n, block_k, num_warps, num_stages, x_load, asm) by row bucket: the split and gathered x loads without
+# asm on one tile, then the packed asm dequantization on wider tiles (w4a16_mma_sass.py, sm_90 SASS of the K loop with
+# Triton 3.9, instructions a weight: 16 x 64 x 128 gathered 7.0, with asm 5.8; 16 x 128 x 128 asm 4.3; 16 x 128 x 256
+# asm 3.6; 64 x 128 x 256 asm 3.4; the strided load 7-10 and 256 x 64 tiles on four warps (spilled) were dropped).
 CANDIDATES = {
-    16: [(16, 64, 128, 4, 4, _S, False), (16, 64, 128, 4, 4, _T, False), (16, 64, 128, 4, 4, _G, False),
+    16: [(16, 64, 128, 4, 4, _S, False), (16, 128, 256, 4, 4, _S, True), (16, 64, 128, 4, 4, _G, False),
          (16, 64, 128, 4, 4, _G, True), (16, 128, 128, 4, 4, _G, True), (16, 128, 128, 4, 4, _S, True),
          (16, 128, 256, 4, 3, _G, True), (16, 64, 256, 4, 3, _G, True), (16, 128, 128, 8, 3, _S, False)],
-    64: [(64, 64, 128, 4, 3, _S, False), (64, 64, 128, 4, 3, _T, False), (64, 64, 128, 4, 3, _G, False),
+    64: [(64, 64, 128, 4, 3, _S, False), (64, 128, 256, 4, 3, _G, True), (64, 64, 128, 4, 3, _G, False),
          (64, 64, 128, 4, 3, _G, True), (64, 128, 128, 4, 3, _G, True), (64, 128, 128, 4, 3, _S, True),
          (64, 128, 128, 8, 3, _G, True), (32, 128, 128, 4, 3, _G, True), (64, 128, 256, 4, 2, _G, True)],
-    256: [(128, 128, 128, 8, 2, _S, False), (128, 128, 128, 8, 2, _T, False), (128, 128, 128, 8, 2, _G, False),
+    256: [(128, 128, 128, 8, 2, _S, False), (128, 128, 256, 4, 2, _G, True), (128, 128, 128, 8, 2, _G, False),
           (128, 128, 128, 8, 2, _G, True), (128, 128, 128, 8, 2, _S, True), (128, 128, 128, 4, 2, _G, True),
           (128, 64, 128, 4, 3, _G, True), (256, 128, 128, 8, 2, _G, True), (128, 128, 256, 8, 2, _G, True)],
 }

@@ -18,11 +18,12 @@ spills; 16 x 64 x 128 tiles 5.8 instructions a weight with asm (7.0 without), 16
 x's channels for nibble j (XLoad): SPLIT loads the [BLOCK_M, BLOCK_K] tile contiguously (pipelined) and splits it in
 registers (reshape + three tl.split: free where a thread holds eight consecutive channels); STRIDED loads each
 nibble's channels directly (stride 8); GATHERED permutes x once before the launch (nibble-major within each K tile,
-one gather, act-order's permutation composed into it) so that each nibble's channels are a contiguous slice, loaded straight into the
-dot's shared-memory operand by the pipeline. Scales and zeros: one row per K tile where the tile lies in one group;
-for groups of 8..64 channels the tile's BLOCK_K / g rows are loaded once and broadcast to the words. Split K
-(tiles.split_k: about two programs an SM) where the output tiles are fewer than two waves. Capturable in CUDA graphs
-(one allocation size per row count, no host sync); M is not specialized on."""
+one gather, act-order's permutation composed into it) so that each nibble's channels are a contiguous slice, loaded
+straight into the dot's shared-memory operand by the pipeline (X is specialized as 16-byte aligned; a misaligned x
+is copied first). Scales and zeros: one row per K tile where the tile lies in one group; for groups of 8..64
+channels the tile's BLOCK_K / g rows are loaded once and broadcast to the words. Split K (tiles.split_k from N's
+tiles: about two programs an SM) where the output tiles are fewer than two waves. Capturable in CUDA graphs (one
+allocation size per row count, no host sync); M is not specialized on."""
 from __future__ import annotations
 
 import enum
