@@ -1,8 +1,9 @@
 """The W4A16 tensor-core kernel (kernels/quant/int4_mma.py) against reference.int4_linear on tiny shapes under
 TRITON_INTERPRET=1 (one subprocess): group sizes 32, 64, 128 and one group, act-order, bias, split K, K past a tile,
 N past a tile, two row tiles, each way of loading x, float32 and float16; its tuned-table kind (quant_tuned.py) and
-the dispatch's refusals; and on CUDA (skipped without) the dispatch through a table at Llama-like shapes (the packed
-asm dequantization too, bfloat16 and float16, which the interpreter cannot run) in a CUDA graph."""
+the dispatch's refusals; its packed-asm build for sm_90 on the CPU (ptxas; the weight in wgmma's registers); and on
+CUDA (skipped without) the dispatch through a table at Llama-like shapes (the packed asm dequantization too, bfloat16
+and float16, which the interpreter cannot run) in a CUDA graph."""
 from __future__ import annotations
 
 import pytest
@@ -84,6 +85,32 @@ def test_the_sweeps_mma_entries_parse_and_merge():
     merged = quant_tuned.parse(merge_entries(old, new))
     assert merged[quant_tuned.TunedKey("w4a16_mma", 4096, 4096, 8, 128)].block_n == 128
     assert len(merged) == 3
+
+
+def _bundled_ptxas() -> bool:
+    try:
+        import triton
+    except ImportError:
+        return False
+    from pathlib import Path
+
+    return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
+
+
+@pytest.mark.skipif(not _bundled_ptxas(), reason="needs Triton's bundled ptxas")
+def test_the_asm_kernel_builds_for_sm90_with_the_weight_in_registers():
+    """The packed asm (which the interpreter cannot run) passes ptxas, the weight reaches wgmma as its register
+    operand, and nothing spills (benchmarks/kernels/w4a16_mma_sass.py's build, on the CPU)."""
+    import re
+
+    from benchmarks.kernels.w4a16_mma_sass import compile_sm90, sass_of
+    from radixlm.runtime.kernels.quant.int4_mma import Int4MmaConfig, XLoad
+
+    kernel = compile_sm90(Int4MmaConfig(16, 64, 128, 4, 2, 0, XLoad.GATHERED, True))
+    dots = re.findall(r"warp_group_dot %\S+, %\S+, %\S+ .*? : (tensor<[^>]*>>?) \*", kernel.asm["ttgir"])
+    assert len(dots) == 8 and all("opIdx = 0" in d for d in dots), dots[:1]
+    assert "lop3.b32" in kernel.asm["ptx"] and "fma.rn.bf16x2" in kernel.asm["ptx"]
+    assert not any(re.search(r"\b(LDL|STL)\b", line) for line in sass_of(kernel.asm["cubin"]))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
