@@ -38,8 +38,7 @@ from radixlm.runtime.kernels.quant import splitk, tiles
 from radixlm.runtime.kernels.quant.reference import INT4_PACK
 from radixlm.runtime.kernels.quant.splitk import store_tile
 
-MIN_ROWS, MAX_ROWS = 5, 256  # the buckets this kernel is tuned for (tiles.ROW_BUCKETS 8, 16, 64, 256)
-ROW_BOUNDS = (8, 16, 64, 256)
+ROW_BOUNDS = (8, 16, 64, 256)  # the row buckets (tiles.ROW_BUCKETS) a table entry may name: 5..256 rows
 BLOCK_KS = (128, 256)  # BLOCK_K / 8 >= 16: each nibble's dot has the MMA's K
 _MAGIC = {torch.bfloat16: (0x4300, 128.0, True), torch.float16: (0x6400, 1024.0, True),
           torch.float32: (0x4B000000, 8388608.0, False)}  # (bits, value, 16-bit)
