@@ -17,16 +17,8 @@ FINAL_OUT=$OUT
 OUT=/tmp/hicache_lease_out
 rm -rf "$OUT" && mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-570}))  # one device call: every step's limit is cut to what is left
-step() {  # step NAME LIMIT_S CMD...: the command's output to $OUT/NAME.log and its tail here
-  local name=$1 limit=$2; shift 2
-  local left=$((deadline - SECONDS))
-  if [ "$left" -lt 20 ]; then echo "== $name skipped (budget)"; return 0; fi
-  [ "$limit" -le "$left" ] || limit=$left
-  echo "== $name (limit ${limit}s)"
-  timeout "$limit" "$@" 2>&1 | grep -v "Warn\|USDT" > "$OUT/$name.log"
-  echo "rc ${PIPESTATUS[0]}"; tail -n "${TAIL:-40}" "$OUT/$name.log"
-  tar -cf "$FINAL_OUT/hicache_lease.tar" -C "$OUT" .
-}
+PACK=$FINAL_OUT/hicache_lease.tar
+step() { budget_step "$@"; }  # env.sh
 TAIL=6 step host_pool_tests 120 $PY -m pytest -q -p no:cacheprovider -rfEs tests/runtime/cache/hicache/test_host_pool.py
 if [ "${DRY:-0}" = 1 ]; then
   TAIL=8 step hicache_copy 120 $PY benchmarks/kernels/hicache_copy.py --dry --out "$OUT/hicache_copy.json"

@@ -12,8 +12,9 @@ Where the K tile is 128 channels (group sizes that are multiples of 128, or one 
 and the row bucket's config asks for it (up to 16 rows: INT4_CONFIGS), _w4a16_nibbles_kernel runs instead: the same result from eight dots per tile, one per nibble, with no reshape and the
 dequantization in packed 16-bit arithmetic (its docstring). Up to int4_gemv.GEMV_MAX_ROWS rows (one by default) run
 int4_gemv.py's kernel on the CUDA cores (1-4 rows with a tuned config in this GPU model's table: int4_skinny.py's,
-quant_tuned.py; no table is committed yet); up to 64 rows the tensor-core kernels split K across programs
-(tiles.split_k) so that every SM streams weight; larger buckets take wider tiles. Capturable in CUDA graphs: its
+quant_tuned.py; 5-256 rows: int4_mma.py's tensor-core kernel where the table names one); up to 64 rows the
+tensor-core kernels split K across programs (tiles.split_k) so that every SM streams weight; larger buckets take
+wider tiles. Capturable in CUDA graphs: its
 allocations (output, split-K partials) have one size per row count, and nothing syncs with the host."""
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.runtime.kernels.quant import int4_gemv, int4_skinny, quant_tuned, splitk, tiles
+from radixlm.runtime.kernels.quant import int4_gemv, int4_mma, int4_skinny, quant_tuned, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import INT4_PACK, dequant_int4
 from radixlm.runtime.kernels.quant.splitk import store_tile
 from radixlm.runtime.kernels.quant.tiles import TileConfig
@@ -188,14 +189,26 @@ def tuned_skinny(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     return cfg
 
 
+def tuned_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+              group_size: int) -> int4_mma.Int4MmaConfig | None:
+    """int4_mma.py's config where this GPU model's tuned table has one for this shape, group size and row bucket (5..256
+    rows; none without a table), else None."""
+    m, k = x2.shape
+    cfg = quant_tuned.lookup(x2.device, "w4a16_mma", qweight.shape[1], k, m, group_size)
+    if cfg is None or scales.stride(0) != zeros.stride(0) or not int4_mma.takes(m, k, group_size, x2.dtype, cfg):
+        return None
+    return cfg
+
+
 def w4a16_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
                  perm: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                  gemv_max_rows: int = int4_gemv.GEMV_MAX_ROWS, cfg: TileConfig | None = None,
                  gemv_cfg: int4_gemv.GemvConfig = int4_gemv.GEMV_CONFIG) -> torch.Tensor:
     """The Triton kernels' launch: x2 (M, K) with unit column stride -> (M, N) in x2's dtype; int4_block_k must
-    find a K tile. Where this GPU model's tuned table has a config (tuned_skinny; cfg not given): int4_skinny.py's
-    kernel. Up to gemv_max_rows rows: the CUDA-core kernel (int4_gemv.py). cfg: the row bucket's
-    (INT4_CONFIGS) unless given, as gemv_cfg (benchmarks/kernels/quant_gemm.py --sweep)."""
+    find a K tile. Where this GPU model's tuned table has a config (cfg not given): int4_skinny.py's kernel
+    (tuned_skinny, 1-4 rows) or int4_mma.py's (tuned_mma, 5-256 rows). Up to gemv_max_rows rows: the CUDA-core
+    kernel (int4_gemv.py). cfg: the row bucket's (INT4_CONFIGS) unless given, as gemv_cfg
+    (benchmarks/kernels/quant_gemm.py --sweep)."""
     m, k = x2.shape
     n = qweight.shape[1]
     block_k = int4_block_k(k, group_size)
@@ -204,6 +217,9 @@ def w4a16_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     skinny = tuned_skinny(x2, qweight, scales, zeros, group_size) if cfg is None else None
     if skinny is not None:
         return int4_skinny.w4a16_skinny_linear(x2, qweight, scales, zeros, group_size, perm, bias, skinny)
+    mma = tuned_mma(x2, qweight, scales, zeros, group_size) if cfg is None else None
+    if mma is not None:
+        return int4_mma.w4a16_mma_linear(x2, qweight, scales, zeros, group_size, perm, bias, mma)
     if m <= gemv_max_rows:
         return int4_gemv.w4a16_gemv(x2, qweight, scales, zeros, group_size, block_k, perm, bias, gemv_cfg)
     cfg = cfg or INT4_CONFIGS[tiles.bucket_of(m)]

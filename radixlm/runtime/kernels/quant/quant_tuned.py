@@ -1,9 +1,10 @@
-"""The quantized few-row kernels' tuned configs (fp8_gemv.py, int4_skinny.py): this GPU model's table in
-kernels/gemm/tuned/quant_gemv_<GPU>.json (the tuned-table mechanism of cublaslt.table_path / load_table; written by
-benchmarks/kernels/quant_gemv_sweep.py), looked up per GEMM call by (kernel, N, K, row bucket, group). A GEMM with no
-entry takes the default paths (fp8_gemm.py, int4_gemm.py): with no table for a GPU model, nothing changes.
+"""The quantized GEMM kernels' tuned configs (fp8_gemv.py, int4_skinny.py: few rows; int4_mma.py: 5..256 rows): this
+GPU model's table in kernels/gemm/tuned/quant_gemv_<GPU>.json (the tuned-table mechanism of cublaslt.table_path /
+load_table; written by benchmarks/kernels/quant_gemv_sweep.py and w4a16_mma_sweep.py), looked up per GEMM call by
+(kernel, N, K, row bucket, group). A GEMM with no entry takes the default paths (fp8_gemm.py, int4_gemm.py): with no table for a GPU model, nothing changes.
 
-Entry: {"kernel": "fp8_channel" | "fp8_block" | "w4a16", "n", "k", "rows": the row bucket's bound (1, 2, 4),
+Entry: {"kernel": "fp8_channel" | "fp8_block" | "w4a16" | "w4a16_mma", "n", "k", "rows": the row bucket's bound
+(1, 2, 4; w4a16_mma: 8, 16, 64, 256, written by benchmarks/kernels/w4a16_mma_sweep.py),
 "group": 0 per channel / tensor, the block's K size (fp8_block, with "block": [bn, bk]) or the group size (w4a16),
 "config": the kernel's config dataclass as a dict, and the sweep's "us", "default_us", "floor_us"}."""
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from radixlm.runtime.kernels.quant import tiles
 
-KINDS = ("fp8_channel", "fp8_block", "w4a16")
+KINDS = ("fp8_channel", "fp8_block", "w4a16", "w4a16_mma")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class TunedKey:
 def parse(entries: list[dict]) -> dict[TunedKey, object]:
     """A table's entries as configs by key; a malformed entry raises ValueError naming it."""
     from radixlm.runtime.kernels.quant.fp8_gemv import MAX_ROWS as FP8_ROWS, Fp8GemvConfig
+    from radixlm.runtime.kernels.quant.int4_mma import ROW_BOUNDS as MMA_ROWS, Int4MmaConfig
     from radixlm.runtime.kernels.quant.int4_skinny import MAX_ROWS as INT4_ROWS, Int4GemvConfig
 
     out: dict[TunedKey, object] = {}
@@ -39,10 +41,14 @@ def parse(entries: list[dict]) -> dict[TunedKey, object]:
             if kernel not in KINDS:
                 raise ValueError(f"unknown kernel {kernel!r} (one of {KINDS})")
             key = TunedKey(kernel, int(entry["n"]), int(entry["k"]), int(entry["rows"]), int(entry.get("group", 0)))
-            limit = INT4_ROWS if kernel == "w4a16" else FP8_ROWS
-            if key.rows not in tiles.ROW_BUCKETS or key.rows > limit:
-                raise ValueError(f"rows {key.rows} is not a row bucket's bound up to {limit}")
-            cls = Int4GemvConfig if kernel == "w4a16" else Fp8GemvConfig
+            if kernel == "w4a16_mma":
+                if key.rows not in MMA_ROWS:
+                    raise ValueError(f"rows {key.rows} is not one of the tensor-core kernel's buckets {MMA_ROWS}")
+            else:
+                limit = INT4_ROWS if kernel == "w4a16" else FP8_ROWS
+                if key.rows not in tiles.ROW_BUCKETS or key.rows > limit:
+                    raise ValueError(f"rows {key.rows} is not a row bucket's bound up to {limit}")
+            cls = {"w4a16": Int4GemvConfig, "w4a16_mma": Int4MmaConfig}.get(kernel, Fp8GemvConfig)
             out[key] = cls(**entry["config"])
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"bad quant_gemv tuned entry {entry}: {e}") from e
@@ -63,11 +69,11 @@ def _device_name(index: int) -> str:
 
 def lookup(device: torch.device, kernel: str, n: int, k: int, m: int, group: int = 0):
     """The tuned config of this GEMM on this device's GPU model, or None (off CUDA, no table, no entry, or more rows
-    than the few-row kernels take)."""
+    than the kernel's buckets take: 4 for the few-row kernels, 256 for w4a16_mma)."""
     if device.type != "cuda":
         return None
     bound = tiles.ROW_BUCKETS[tiles.bucket_of(m)]
-    if bound is None or bound > 4:
+    if bound is None or bound > (256 if kernel == "w4a16_mma" else 4):
         return None
     name = _device_name(device.index if device.index is not None else torch.cuda.current_device())
     return _table(name).get(TunedKey(kernel, n, k, bound, group))
