@@ -167,6 +167,7 @@ class ModelRunner:
             torch.cuda.synchronize()
 
     def warmup_extend_batch(self, extend_lens, tree_masks: bool = False) -> ForwardBatch:
+        """A dummy REQUEST_SPANS pass over this runner's pools (warmup_passes.extend_batch)."""
         return extend_batch(self, extend_lens, tree_masks)
 
     def can_replay(self, num_rows: int, input_logprobs: bool = False, multi_row: bool = False) -> bool:

@@ -118,7 +118,7 @@ class Scheduler:
     # ------------------------------------------------------------------ the parts' state, as the scheduler's
     @property
     def drafts(self) -> DraftPath:
-        """The scheduler's one handle on drafting, shared with admission and result processing."""
+        """The scheduler's one handle on drafting, shared with admission, launching and result processing."""
         return self._drafts
 
     @drafts.setter
