@@ -1,29 +1,26 @@
-"""Engine: the offline Python API. It validates and tokenizes requests, runs the scheduler in a
-background thread and turns token outputs into SGLang-shaped results ({text, output_ids, meta_info})."""
+"""Engine: the offline Python API. It validates and tokenizes requests and runs the scheduler in a background thread;
+the requests in flight and their SGLang-shaped results are engine_results.py's, the control messages and their
+answers engine_control.py's."""
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import gc
 import logging
-import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.embeddings import build_embed_requests
-from radixlm.runtime.front import BuiltRequests, DecodeState, FrontLimits, ReqState, RequestBuilder
+from radixlm.runtime.engine_control import ControlChannel, LoadLoraCall, UnloadLoraCall
+from radixlm.runtime.engine_results import EngineHealth, ResultCollector
+from radixlm.runtime.front import FrontLimits, RequestBuilder
 from radixlm.runtime.multimodal.media import MediaLoader, MediaPolicy
 from radixlm.runtime.multimodal.processor import MultimodalProcessor
 from radixlm.runtime.messages import (
-    AbortReq, DestroyWeightsUpdateGroupReqInput, DetokenizeInfo, FlushCacheReq, FlushCacheReqOutput,
-    InitWeightsUpdateGroupReqInput, LoadLoRAAdapterReqInput, LoRAUpdateOutput, ReleaseMemoryOccupationReqInput,
-    ResumeMemoryOccupationReqInput, ShutdownReq, TokenizedGenerateReqInput, UnloadLoRAAdapterReqInput,
+    AbortReq, DestroyWeightsUpdateGroupReqInput, InitWeightsUpdateGroupReqInput, LoRAUpdateOutput,
+    ReleaseMemoryOccupationReqInput, ResumeMemoryOccupationReqInput, ShutdownReq, TokenizedGenerateReqInput,
     UpdateWeightFromDiskReqInput, UpdateWeightsFromDistributedReqInput, UpdateWeightsFromTensorReqInput,
-    WeightsReqInput, WeightsReqOutput,
 )
 from radixlm.runtime.lora.registry import LoraRegistry, startup_refs
 from radixlm.runtime.scheduler.event_loop import QueueInbox, SchedulerLoop, build_scheduler
@@ -31,63 +28,15 @@ from radixlm.runtime.scheduler.event_loop import QueueInbox, SchedulerLoop, buil
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class _FlushCache(FlushCacheReq):
-    """A flush request that carries its caller's wait (set by Engine._reply)."""
-
-    answer: FlushCacheReqOutput | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-
-    def __reduce__(self):
-        return FlushCacheReq, ()  # what other tensor-parallel ranks receive: the request without the caller's wait
-
-
-@dataclass
-class _LoadLora(LoadLoRAAdapterReqInput):
-    answer: LoRAUpdateOutput | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-
-    def __reduce__(self):
-        return LoadLoRAAdapterReqInput, (self.lora_name, self.lora_path, self.lora_id, self.pinned)
-
-
-@dataclass
-class _UnloadLora(UnloadLoRAAdapterReqInput):
-    answer: LoRAUpdateOutput | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-
-    def __reduce__(self):
-        return UnloadLoRAAdapterReqInput, (self.lora_name, self.lora_id)
-
-
-@dataclass
-class _Pending:
-    """One submitted request, owned by the scheduler thread once submitted."""
-
-    state: ReqState
-    decode: DecodeState
-    listener: Callable[[Any], None]  # called (in the scheduler thread) with each snapshot dict or an exception
-
-
-def _is_final(snap) -> bool:
-    return isinstance(snap, BaseException) or snap["meta_info"]["finish_reason"] is not None
-
-
-def _unwrap(snap) -> dict:
-    if isinstance(snap, BaseException):
-        raise RuntimeError(f"generation failed: {snap!r}") from snap
-    return snap
-
-
 class Engine:
     def __init__(self, model_path: str = "default", **kwargs):
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         self._inbox = QueueInbox()
-        self._states: dict[str, _Pending] = {}
         self._error: BaseException | None = None
         self._stopped = threading.Event()
         self._rank_procs: list = []  # tensor parallel: ranks 1.. (set by _join_ranks)
-        self._waiters: dict[int, tuple[threading.Event, list]] = {}  # id(weights request) -> (done, [answer])
+        self._health = EngineHealth(lambda: self._error, self._stopped.is_set, lambda: self._thread.is_alive())
+        self._control = ControlChannel(self._inbox.put, self._health)
         ready = threading.Event()
         # NOTE: every torch op of the engine (loading included) runs on this one thread. Once a thread has
         # run an OpenMP region, libgomp throttles the thread teams of all other threads, which halves the
@@ -117,6 +66,7 @@ class Engine:
             MultimodalProcessor.for_model(self.model_config.model_path, self.tokenizer,
                                           MediaLoader(MediaPolicy.from_args(args))),
             LoraRegistry(args.enable_lora, startup_refs(args.lora_paths)), args.reasoning_parser)
+        self._results = ResultCollector(self._inbox.put, self.tokenizer, self._health)
         logger.info("engine ready in %.1fs", time.perf_counter() - t0)
 
     def _join_ranks(self, args: ServerArgs):
@@ -147,72 +97,16 @@ class Engine:
 
     # ------------------------------------------------------------------ scheduler thread
     def _loop(self) -> None:
-        loop = SchedulerLoop(self.scheduler, self._inbox, deliver=self._deliver, reply=self._reply,
+        loop = SchedulerLoop(self.scheduler, self._inbox, deliver=self._results.deliver, reply=self._control.reply,
                              keep_going=lambda: not self._stopped.is_set(), parallel=self.runner.parallel)
         try:
             loop.run()
         except BaseException as e:  # noqa: BLE001 - surfaced to every waiting caller
             logger.exception("scheduler failed")
             self._error = e
-            for p in list(self._states.values()):
-                p.listener(e)
-            self._states.clear()
-
-    def _deliver(self, outputs) -> None:
-        """Scheduler outputs -> snapshots for the callers (the scheduler's output sink: called while a pass runs)."""
-        for out in outputs:
-            p = self._states.get(out.rid)
-            if p is None:
-                continue
-            snapshot = p.state.update(out, p.decode.update(out.new_output_ids, out.finished_reason))
-            if p.state.finished:
-                self._states.pop(out.rid, None)
-            p.listener(snapshot)
-
-    def _reply(self, req, answer) -> None:
-        if isinstance(req, (_FlushCache, _LoadLora, _UnloadLora)):
-            req.answer = answer
-            req.done.set()
-            return
-        waiter = self._waiters.pop(id(req), None)
-        if waiter is not None:
-            waiter[1].append(answer)
-            waiter[0].set()
-
-    def _call(self, msg: WeightsReqInput) -> tuple[bool, str]:
-        """Sends a weights request and waits for its answer (success, message)."""
-        if self._error is not None:
-            raise RuntimeError(f"the engine's scheduler has failed: {self._error!r}")
-        done, box = threading.Event(), []
-        self._waiters[id(msg)] = (done, box)
-        self._inbox.put(msg)
-        while not done.wait(0.5):
-            if self._error is not None or not self._thread.is_alive():
-                self._waiters.pop(id(msg), None)
-                raise RuntimeError(f"the engine's scheduler stopped: {self._error!r}")
-        answer: WeightsReqOutput = box[0]
-        return answer.success, answer.message
-
-    def _submit(self, msg: TokenizedGenerateReqInput, listener, return_text: bool) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"the engine's scheduler has failed: {self._error!r}")
-        if self._stopped.is_set():
-            raise RuntimeError("the engine is shut down")
-        state = ReqState(msg.rid, self.tokenizer, msg.return_logprob, return_text)
-        self._states[msg.rid] = _Pending(state, DecodeState(self.tokenizer, DetokenizeInfo.from_req(msg)), listener)
-        self._inbox.put(msg)
+            self._results.fail(e)
 
     # ------------------------------------------------------------------ public API
-    def _run_prefixes(self, built: BuiltRequests) -> None:
-        """Submits built's prefix requests and waits until they finish."""
-        waits = []
-        for m in built.prefix_requests():
-            done = threading.Event()
-            self._submit(m, lambda snap, d=done: _is_final(snap) and d.set(), False)
-            waits.append(done)
-        for d in waits:
-            d.wait()
-
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, logprob_start_len=None,
                  top_logprobs_num=None, return_text_in_logprobs=False, stream=False, rid=None, extra_key=None,
                  image_data=None, video_data=None, lora_path=None, priority=None, timeout_s=None, bootstrap=None):
@@ -222,30 +116,15 @@ class Engine:
         built = self.builder.build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
                                    top_logprobs_num, rid, extra_key, stream, image_data, video_data, lora_path,
                                    priority, timeout_s, bootstrap)
-        msgs = built.msgs
         if stream:
-            return self._stream(msgs[0], return_text_in_logprobs)
-        self._run_prefixes(built)
-        results = self._run_all(msgs, return_text_in_logprobs)
+            return self._results.stream(built.msgs[0], return_text_in_logprobs)
+        self._results.run_prefixes(built)
+        results = self._run_all(built.msgs, return_text_in_logprobs)
         return results if built.as_list else results[0]
 
     def _run_all(self, msgs: list[TokenizedGenerateReqInput], return_text: bool = False) -> list[dict]:
         """Submits msgs and waits for all of them; their final snapshots in order."""
-        results: list[Any] = [None] * len(msgs)
-        done = threading.Semaphore(0)
-
-        def listener_for(i):
-            def listener(snap):
-                if _is_final(snap):
-                    results[i] = snap
-                    done.release()
-            return listener
-
-        for i, m in enumerate(msgs):
-            self._submit(m, listener_for(i), return_text)
-        for _ in msgs:
-            done.acquire()
-        return [_unwrap(r) for r in results]
+        return self._results.run_all(msgs, return_text)
 
     def encode(self, prompt=None, input_ids=None, dimensions: int | None = None, rid: str | None = None):
         """Pooled outputs (--is-embedding): {"embedding", "meta_info"} for a prompt, a list for a list of prompts;
@@ -260,19 +139,6 @@ class Engine:
                 raise RuntimeError(f"encoding failed: {r['meta_info']['finish_reason']}")
         return results if built.as_list else results[0]
 
-    def _stream(self, msg, return_text) -> Iterator[dict]:
-        q: queue.Queue = queue.Queue()
-        self._submit(msg, q.put, return_text)
-        try:
-            while True:
-                snap = q.get()
-                yield _unwrap(snap)
-                if _is_final(snap):
-                    return
-        finally:
-            if msg.rid in self._states:
-                self.abort_request(msg.rid)
-
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                              logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=False,
                              stream=False, rid=None, extra_key=None, image_data=None, video_data=None,
@@ -280,61 +146,27 @@ class Engine:
         built = self.builder.build(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
                                    top_logprobs_num, rid, extra_key, stream, image_data, video_data, lora_path,
                                    priority, timeout_s)
-        msgs = built.msgs
         if stream:
-            return self._astream(msgs[0], return_text_in_logprobs)
+            return self._results.astream(built.msgs[0], return_text_in_logprobs)
         if built.warm:
-            await asyncio.to_thread(self._run_prefixes, built)
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in msgs]
-        for fut, m in zip(futures, msgs):
-            def listener(snap, fut=fut):
-                if _is_final(snap):
-                    loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(snap))
-            self._submit(m, listener, return_text_in_logprobs)
-        results = [_unwrap(r) for r in await asyncio.gather(*futures)]
+            await asyncio.to_thread(self._results.run_prefixes, built)
+        results = await self._results.gather(built.msgs, return_text_in_logprobs)
         return results if built.as_list else results[0]
-
-    async def _astream(self, msg, return_text) -> AsyncIterator[dict]:
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
-        self._submit(msg, lambda snap: loop.call_soon_threadsafe(q.put_nowait, snap), return_text)
-        try:
-            while True:
-                snap = await q.get()
-                yield _unwrap(snap)
-                if _is_final(snap):
-                    return
-        finally:
-            if msg.rid in self._states:
-                self.abort_request(msg.rid)
 
     def abort_request(self, rid: str) -> None:
         self._inbox.put(AbortReq([rid]))
 
     def flush_cache(self) -> bool:
         """Empties the radix cache; False (nothing done) while requests are queued or running."""
-        msg = _FlushCache()
-        self._inbox.put(msg)
-        msg.done.wait()
-        return msg.answer.success
-
-    def _ask(self, msg: _LoadLora | _UnloadLora) -> None:
-        """Sends a control message and waits for its answer (RuntimeError if the scheduler fails meanwhile)."""
-        if self._error is not None or self._stopped.is_set():
-            raise RuntimeError(f"the engine's scheduler is not running: {self._error!r}")
-        self._inbox.put(msg)
-        while not msg.done.wait(0.5):
-            if self._error is not None or not self._thread.is_alive():
-                raise RuntimeError(f"the engine's scheduler has failed: {self._error!r}")
+        return self._control.flush_cache()
 
     def load_lora_adapter(self, lora_name: str, lora_path: str, pinned: bool = False) -> LoRAUpdateOutput:
         """Reads a PEFT adapter; requests name it by lora_name once this returns with success (SGLang's result:
         success, error_message, loaded_adapters). A bad name raises ValueError."""
         ref = self.builder.lora.new_ref(lora_name, lora_path, pinned)
-        msg = _LoadLora(ref.lora_name, ref.lora_path, ref.lora_id, ref.pinned)
+        msg = LoadLoraCall(ref.lora_name, ref.lora_path, ref.lora_id, ref.pinned)
         try:
-            self._ask(msg)
+            self._control.ask(msg)
         finally:
             self.builder.lora.finish_load(ref, msg.answer is not None and msg.answer.success)
         return dataclasses.replace(msg.answer, loaded_adapters=self.builder.lora.loaded())
@@ -343,8 +175,8 @@ class Engine:
         """New requests may no longer name the adapter; returns once the requests using it have finished and it is
         dropped. An unknown name raises ValueError."""
         ref = self.builder.lora.remove(lora_name)
-        msg = _UnloadLora(ref.lora_name, ref.lora_id)
-        self._ask(msg)
+        msg = UnloadLoraCall(ref.lora_name, ref.lora_id)
+        self._control.ask(msg)
         return dataclasses.replace(msg.answer, loaded_adapters=self.builder.lora.loaded())
 
     # ------------------------------------------------------------------ weights and memory (SGLang's methods)
@@ -353,8 +185,8 @@ class Engine:
                                  flush_cache: bool = True) -> tuple[bool, str]:
         """Loads a checkpoint of the same architecture in place once the requests sent before have finished
         (abort_all_requests: aborts them); (False, why) and the old weights kept when it does not fit."""
-        return self._call(UpdateWeightFromDiskReqInput(model_path, load_format, abort_all_requests, weight_version,
-                                                       flush_cache))
+        return self._control.call(UpdateWeightFromDiskReqInput(model_path, load_format, abort_all_requests,
+                                                               weight_version, flush_cache))
 
     def update_weights_from_tensor(self, named_tensors, load_format: str | None = None, flush_cache: bool = True,
                                    abort_all_requests: bool = False,
@@ -362,33 +194,33 @@ class Engine:
         """named_tensors: (checkpoint name, whole tensor) pairs, any subset of the model's; each rank loads its
         slice."""
         named = [(n, t.detach().cpu() if self.server_args.tp_size > 1 else t.detach()) for n, t in named_tensors]
-        return self._call(UpdateWeightsFromTensorReqInput(named, load_format, flush_cache, abort_all_requests,
-                                                          weight_version))
+        return self._control.call(UpdateWeightsFromTensorReqInput(named, load_format, flush_cache,
+                                                                  abort_all_requests, weight_version))
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str = "weight_update_group", backend: str = "nccl") -> tuple[bool, str]:
-        return self._call(InitWeightsUpdateGroupReqInput(master_address, master_port, rank_offset, world_size,
-                                                         group_name, backend))
+        return self._control.call(InitWeightsUpdateGroupReqInput(master_address, master_port, rank_offset,
+                                                                 world_size, group_name, backend))
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         group_name: str = "weight_update_group", flush_cache: bool = True,
                                         abort_all_requests: bool = False, weight_version: str | None = None,
                                         load_format: str | None = None) -> tuple[bool, str]:
         """Receives each named tensor from the group's rank 0 (the trainer broadcasts them in this order)."""
-        return self._call(UpdateWeightsFromDistributedReqInput(list(names), list(dtypes), [list(s) for s in shapes],
-                                                               group_name, flush_cache, abort_all_requests,
-                                                               weight_version, load_format))
+        return self._control.call(UpdateWeightsFromDistributedReqInput(
+            list(names), list(dtypes), [list(s) for s in shapes], group_name, flush_cache, abort_all_requests,
+            weight_version, load_format))
 
     def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> tuple[bool, str]:
-        return self._call(DestroyWeightsUpdateGroupReqInput(group_name))
+        return self._control.call(DestroyWeightsUpdateGroupReqInput(group_name))
 
     def release_memory_occupation(self, tags: list[str] | None = None) -> tuple[bool, str]:
         """With enable_memory_saver: frees the KV pool and moves the weights to host memory (tags: "kv_cache",
         "weights"; None: both). Requests sent while released are refused."""
-        return self._call(ReleaseMemoryOccupationReqInput(tags))
+        return self._control.call(ReleaseMemoryOccupationReqInput(tags))
 
     def resume_memory_occupation(self, tags: list[str] | None = None) -> tuple[bool, str]:
-        return self._call(ResumeMemoryOccupationReqInput(tags))
+        return self._control.call(ResumeMemoryOccupationReqInput(tags))
 
     def get_weight_version(self) -> str:
         return self.scheduler.weight_version

@@ -1,5 +1,6 @@
-"""The scheduler's hooks for prefill/decode disaggregation (disagg_prefill.py, disagg_decode.py): which side it plays, and how
-a decode server starts a request whose KV arrived from the prefill server."""
+"""The scheduler's part for prefill/decode disaggregation (disagg_prefill.py, disagg_decode.py): which side it plays,
+what the scheduler asks of that side, and how a decode server starts a request whose KV arrived from the prefill
+server."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -14,31 +15,67 @@ if TYPE_CHECKING:
     from radixlm.runtime.scheduler.scheduler import Scheduler
 
 
-def attach(sched: Scheduler) -> tuple[PrefillSide | None, DecodeSide | None]:
-    mode = sched.args.disaggregation_mode
-    if mode is DisaggregationMode.PREFILL:
-        side = PrefillSide(sched.args, sched.runner.token_to_kv_pool, sched.req_to_token_pool,
-                           tp_rank=sched.runner.parallel.tp_rank)
-        sched.results.on_finished = side.on_finished
-        return side, None
-    if mode is DisaggregationMode.DECODE:
-        hooks = DecodeHooks(sched.planner, sched.runner.token_to_kv_pool, lambda: sched.running,
-                            sched.admission.config.max_running_requests,
-                            start=lambda req, payload: start_decoding(sched, req, payload),
-                            fail=lambda req, _reason: sched.outbox.emit(req),
-                            all_true=sched.runner.parallel.all_true, tp_rank=sched.runner.parallel.tp_rank)
-        return None, DecodeSide(sched.args, hooks)
-    return None, None
+class Disaggregation:
+    """The side this server plays (prefill, decode, or neither: both None) and what the scheduler asks of it."""
 
+    def __init__(self, prefill: PrefillSide | None, decode: DecodeSide | None):
+        self.prefill = prefill
+        self.decode = decode
 
-def arrive(sched: Scheduler, req: Req) -> None:
-    """A new request: one with a room on a disaggregated server takes its side's path; elsewhere, or with nothing to
-    decode (max_new_tokens 0), it runs here whole."""
-    if req.bootstrap is not None and ((sched.pd_prefill is None and sched.pd_decode is None)
-                                      or req.sampling_params.max_new_tokens == 0):
-        req.bootstrap = None
-    if sched.pd_prefill is not None:
-        sched.pd_prefill.prepare(req)
+    @classmethod
+    def attach(cls, sched: Scheduler) -> "Disaggregation":
+        mode = sched.args.disaggregation_mode
+        if mode is DisaggregationMode.PREFILL:
+            side = PrefillSide(sched.args, sched.runner.token_to_kv_pool, sched.req_to_token_pool,
+                               tp_rank=sched.runner.parallel.tp_rank)
+            sched.results.on_finished = side.on_finished
+            return cls(side, None)
+        if mode is DisaggregationMode.DECODE:
+            hooks = DecodeHooks(sched.planner, sched.runner.token_to_kv_pool, lambda: sched.running,
+                                sched.admission.config.max_running_requests,
+                                start=lambda req, payload: start_decoding(sched, req, payload),
+                                fail=lambda req, _reason: sched.outbox.emit(req),
+                                all_true=sched.runner.parallel.all_true, tp_rank=sched.runner.parallel.tp_rank)
+            return cls(None, DecodeSide(sched.args, hooks))
+        return cls(None, None)
+
+    def arrive(self, req: Req) -> None:
+        """A new request: one with a room on a disaggregated server takes its side's path; elsewhere, or with nothing
+        to decode (max_new_tokens 0), it runs here whole."""
+        if req.bootstrap is not None and ((self.prefill is None and self.decode is None)
+                                          or req.sampling_params.max_new_tokens == 0):
+            req.bootstrap = None
+        if self.prefill is not None:
+            self.prefill.prepare(req)
+
+    def takes(self, req: Req) -> bool:
+        """Whether req waits here for its KV from the prefill server (a decode server's) instead of in the queue."""
+        if self.decode is not None and req.bootstrap is not None:
+            self.decode.add(req)
+            return True
+        return False
+
+    def step(self) -> None:
+        if self.decode is not None:
+            self.decode.step()  # requests whose KV arrived join the running batch
+
+    def abort(self, reasons: dict[str, FinishReason]) -> None:
+        if self.decode is not None:
+            self.decode.abort(reasons)
+
+    def pending(self) -> list[Req]:
+        """Requests waiting for their KV from a prefill server (a decode server's)."""
+        return list(self.decode.pending) if self.decode is not None else []
+
+    def holding(self) -> list[Req]:
+        """Those of them that hold KV slots already."""
+        return self.decode.holding() if self.decode is not None else []
+
+    def close(self) -> None:
+        """Stops the KV transfer threads and closes their sockets (a prefill server's bootstrap port)."""
+        for side in (self.prefill, self.decode):
+            if side is not None:
+                side.close()
 
 
 def start_decoding(sched: Scheduler, req: Req, payload: KVPayload) -> None:

@@ -10,6 +10,17 @@ from radixlm.runtime.grammar.spec import GrammarSpec
 from radixlm.runtime.scheduler.req import FinishReason, Req
 
 
+def grammar_backend(name: str, tokenizer, vocab_size: int, eos_token_ids: frozenset[int]) -> GrammarBackend:
+    """--grammar-backend's backend over the model's tokenizer (built on a compile thread, at first use)."""
+    if tokenizer is None:
+        raise RuntimeError("constrained decoding needs the model's tokenizer")
+    if name != "xgrammar":
+        raise ValueError(f"unknown grammar backend {name!r}")
+    from radixlm.runtime.grammar.xgrammar_backend import XGrammarBackend
+
+    return XGrammarBackend(tokenizer, vocab_size, sorted(eos_token_ids))
+
+
 class GrammarQueue:
     def __init__(self, cache: GrammarCache, agree: Callable[[list[bool]], list[bool]] | None = None):
         self.cache = cache

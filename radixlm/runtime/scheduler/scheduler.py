@@ -17,28 +17,27 @@ from typing import Callable
 import torch
 
 from radixlm.runtime.args import GrammarMaskMode, ServerArgs
-from radixlm.runtime.cache.radix_cache import RadixCache
-from radixlm.runtime.executor.logits import LogitsOutput
 from radixlm.runtime.grammar.backend import GrammarCache
-from radixlm.runtime.host_to_device import HostCopy, host_to_device
 from radixlm.runtime.messages import ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampler import Sampler
-from radixlm.runtime.sampling.sampling_batch_info import SamplingBatchInfo
-from radixlm.runtime.scheduler import disagg
+from radixlm.runtime.scheduler.aborts import Aborts
 from radixlm.runtime.scheduler.admission import Admission, NewTokenRatio
 from radixlm.runtime.scheduler.config import AdmissionConfig, OutputConfig
 from radixlm.runtime.scheduler.cursor import can_launch_ahead
+from radixlm.runtime.scheduler.disagg import Disaggregation
 from radixlm.runtime.scheduler.deadlines import DeadlineConfig, Deadlines, Expired
-from radixlm.runtime.scheduler.grammar_queue import GrammarQueue
+from radixlm.runtime.scheduler.grammar_queue import GrammarQueue, grammar_backend
 from radixlm.runtime.scheduler.integrity import check_kv_accounting
 from radixlm.runtime.scheduler.outbox import Outbox, ReqQueues
 from radixlm.runtime.scheduler.output_processor import BatchResult, ResultProcessor
 from radixlm.runtime.scheduler.pass_masks import MaskPlanner
-from radixlm.runtime.scheduler.planner import Planner, ScheduleBatch, launched
+from radixlm.runtime.scheduler.launcher import PassLauncher
+from radixlm.runtime.scheduler.planner import Planner, ScheduleBatch
 from radixlm.runtime.scheduler.policy import SchedulePolicy
 from radixlm.runtime.scheduler.priority import PRIORITY_DISABLED_MESSAGE, PriorityConfig, PriorityRule
 from radixlm.runtime.scheduler.req import FinishReason, Req
 from radixlm.runtime.scheduler.shared_prefix import min_prefix_len
+from radixlm.runtime.scheduler.tree_cache import build_tree_cache
 from radixlm.runtime.spec.factory import DraftContext, DraftFactory
 from radixlm.runtime.spec.path import DraftPath
 from radixlm.runtime.scheduler.lora_adapters import LoraAdapters
@@ -61,13 +60,7 @@ class Scheduler:
         self.page_size = server_args.page_size
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.allocator = model_runner.token_to_kv_pool_allocator
-        # An encoder's rows attend both ways: a prompt's first rows depend on the rest, so nothing is shared.
-        no_sharing = server_args.disable_radix_cache or not model_runner.is_causal
-        if server_args.enable_hierarchical_cache and not no_sharing:
-            self.tree_cache = _hierarchical_cache(server_args, model_runner)
-        else:
-            self.tree_cache = RadixCache(self.req_to_token_pool, self.allocator, page_size=self.page_size,
-                                         disable=no_sharing, eviction_policy=server_args.radix_eviction_policy)
+        self.tree_cache = build_tree_cache(server_args, model_runner)
         media = getattr(model_runner, "mm_embedder", None) is not None
         # Multimodal positions run eagerly whatever the batch (ModelRunner._run): groups in every decode pass there.
         self.planner = Planner(self.req_to_token_pool, self.allocator, self.tree_cache, self.page_size,
@@ -78,8 +71,8 @@ class Scheduler:
         # Constrained decoding and drafts: one counter for their stats (masks filled, jumps, drafts kept, ...).
         self.grammar_stats: Counter = Counter()
         vocab_size = model_runner.model_config.vocab_size
-        grammars = GrammarCache(lambda: _make_backend(server_args.grammar_backend, tokenizer, vocab_size,
-                                                      eos_token_ids))
+        grammars = GrammarCache(lambda: grammar_backend(server_args.grammar_backend, tokenizer, vocab_size,
+                                                        eos_token_ids))
         parallel = model_runner.parallel
         self.grammar_queue = GrammarQueue(grammars, parallel.all_true if parallel.tp_size > 1 else None)
         self.masks = MaskPlanner(lambda: grammars.backend, server_args.grammar_mask is GrammarMaskMode.ON_DEMAND,
@@ -92,7 +85,6 @@ class Scheduler:
         self.deadlines = Deadlines(DeadlineConfig.from_args(server_args), checks=parallel.tp_rank == 0)
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, self.tree_cache.disable, seed,
                                      self.priority)
-        self.sampler = Sampler()
         self.generator = torch.Generator(device=self.device)
         # Tensor-parallel ranks sample alike from the same logits only with the same generator: rank 0's seed.
         self.generator.manual_seed(parallel.broadcast_object(
@@ -107,12 +99,10 @@ class Scheduler:
                                    self.sync_inflight, self._inflight_reqs, self.lora, self.priority)
         self.results = ResultProcessor(self.queues, self.planner, self.masks, self._drafts, self.outbox, self.ratio,
                                        self.stats, tokenizer, self.generator)
-
         self.overlap = server_args.overlap_schedule.resolve(model_runner.is_cuda)
+        self.launcher = PassLauncher(model_runner, self.planner, self.masks, self._drafts, self.stats, self.generator,
+                                     self.overlap)
         self.inflight: BatchResult | None = None
-        # Overlap: the last token sampled for each req_to_token row, read by the next pass on the device.
-        self.next_token_buf = torch.zeros(self.req_to_token_pool.size, dtype=torch.int64, device=self.device)
-        self.aborts_pending = False  # some running request has to_abort set (set by abort_requests)
         self.launching: ScheduleBatch | None = None  # the pass step() planned last (set by step)
         # Set by the owner of the loop: where outputs go while the device runs a pass just launched (else step
         # returns them). Delivering them there takes detokenizing and sending off the critical path.
@@ -120,17 +110,28 @@ class Scheduler:
         # Reported by /server_info; set by weight updates (their weight_version, else their count).
         self.weight_version = "default"
         # Prefill/decode disaggregation: the side this server plays, if any (scheduler/disagg.py).
-        self.pd_prefill, self.pd_decode = disagg.attach(self)
+        self.disagg = Disaggregation.attach(self)
+        self.pd_prefill, self.pd_decode = self.disagg.prefill, self.disagg.decode
+        self.aborts = Aborts(self.queues, self.grammar_queue, self.disagg, self.planner, self.outbox, self.deadlines,
+                             self.stats, self.sync_inflight)
 
     # ------------------------------------------------------------------ the parts' state, as the scheduler's
     @property
     def drafts(self) -> DraftPath:
-        """The scheduler's one handle on drafting, shared with admission and result processing."""
+        """The scheduler's one handle on drafting, shared with admission, launching and result processing."""
         return self._drafts
 
     @drafts.setter
     def drafts(self, path: DraftPath) -> None:
-        self._drafts = self.admission.drafts = self.results.drafts = path
+        self._drafts = self.admission.drafts = self.results.drafts = self.launcher.drafts = path
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.launcher.sampler
+
+    @sampler.setter
+    def sampler(self, sampler: Sampler) -> None:
+        self.launcher.sampler = sampler
 
     @property
     def waiting_queue(self) -> list[Req]:
@@ -179,7 +180,7 @@ class Scheduler:
             if self.lora is not None:
                 self.lora.check_request(msg.lora_id)
             req = Req.from_input(msg, self.eos_token_ids)
-            disagg.arrive(self, req)
+            self.disagg.arrive(req)
             self.deadlines.track(req)
             pooler = self.runner.pooler
             if req.embed != (pooler is not None):
@@ -203,89 +204,40 @@ class Scheduler:
             self.outbox.emit(req)
         else:
             self.drafts.attach(req)
-            if self.pd_decode is not None and req.bootstrap is not None:
-                self.pd_decode.add(req)  # waits for its KV from the prefill server
-            else:
+            if not self.disagg.takes(req):
                 self.waiting_queue.append(req)
 
+    # ------------------------------------------------------------------ aborts (aborts.py)
     def abort_request(self, rid: str, message: str = "aborted by the client") -> None:
         self.abort_requests([rid], message)
 
     def abort_requests(self, rids: list[str], message: str = "aborted by the client") -> None:
         """One pass over the queues however many rids (a client leaving a batch of thousands aborts them all)."""
         reason = FinishReason.aborted(message)
-        self._abort({rid: reason for rid in rids})
-
-    def _abort(self, reasons: dict[str, FinishReason]) -> None:
-        """Waiting requests finish at once; running ones at the next step's safe point (_process_aborts)."""
-        if self.pd_decode is not None:
-            self.pd_decode.abort(reasons)
-        queued = self.grammar_queue.take(set(reasons))
-        kept = []
-        for req in self.waiting_queue:
-            (queued if req.rid in reasons and req.req_pool_idx is None else kept).append(req)
-        self.waiting_queue = kept
-        for req in queued:
-            req.finished_reason = reasons[req.rid]
-            self.outbox.emit(req)
-        for req in self._active_reqs():
-            if req.rid in reasons:
-                req.to_abort = reasons[req.rid]
-                self.aborts_pending = True
+        self.aborts.abort({rid: reason for rid in rids})
 
     def expired(self, now: float) -> list[Expired]:
         """The requests past a deadline at `now` (deadlines.py); [] at once when none can expire."""
-        if not self.deadlines.active:
-            return []
-        live = [*self.waiting_queue, *self.grammar_queue.queue, *self._active_reqs(), *self._pd_pending()]
-        return self.deadlines.expired(live, now)
+        return self.aborts.expired(now)
 
     def abort_expired(self, expired: list[Expired]) -> None:
-        if expired:
-            self.stats["deadline_aborts"] += len(expired)
-            self._abort({rid: FinishReason.aborted(message, status) for rid, message, status in expired})
+        self.aborts.abort_expired(expired)
 
     def abort_all(self, message: str) -> int:
         """Aborts every request the scheduler holds (queued, compiling its grammar, running); returns how many."""
-        rids = [r.rid for r in self.waiting_queue + self.grammar_queue.queue + self._active_reqs() + self._pd_pending()]
+        rids = [r.rid for r in self.aborts.held()]
         self.abort_requests(rids, message)
         return len(rids)
 
     def _active_reqs(self) -> list[Req]:
-        reqs = [r for r in self.running if not r.finished()]
-        if self.chunked_req is not None and not self.chunked_req.finished():
-            reqs.append(self.chunked_req)
-        return reqs
-
-    def _pd_pending(self) -> list[Req]:
-        """Requests waiting for their KV from a prefill server (a decode server's)."""
-        return list(self.pd_decode.pending) if self.pd_decode is not None else []
+        return self.aborts.active()
 
     def disagg_holding(self) -> list[Req]:
-        """Those of them that hold KV slots already (the accounting check counts them)."""
-        return self.pd_decode.holding() if self.pd_decode is not None else []
+        """Requests waiting for their KV from a prefill server that hold KV slots already (the accounting check)."""
+        return self.disagg.holding()
 
     def close_disaggregation(self) -> None:
-        """Stops the KV transfer threads and closes their sockets (a prefill server's bootstrap port)."""
-        for side in (self.pd_prefill, self.pd_decode):
-            if side is not None:
-                side.close()
-
-    def _process_aborts(self) -> None:
-        if self.aborts_pending:
-            self.aborts_pending = False
-            self.sync_inflight()  # an aborted request's KV is released with its tokens on the host
-            for req in self._active_reqs():
-                if req.to_abort is not None and not req.finished():
-                    req.finished_reason = req.to_abort
-                    self.planner.release(req)
-                    if req is self.chunked_req:
-                        self.chunked_req = None
-                    self.outbox.emit(req)
-        self.queues.drop_finished()
-
-    def _drop_finished(self) -> None:
-        self.running = [r for r in self.running if not r.finished()]
+        self.disagg.close()
 
     def flush_cache(self) -> bool:
         # Requests that finished in the last step leave the running batch at the next one: drop them now, so a
@@ -303,7 +255,7 @@ class Scheduler:
 
     def is_idle(self) -> bool:
         return (self.nothing_to_run() and not self.grammar_queue.queue and not self.outputs
-                and (self.pd_decode is None or not self.pd_decode.pending))
+                and not self.disagg.pending())
 
     def nothing_to_run(self) -> bool:
         """No pass can be formed now (requests whose grammar compiles may still be pending)."""
@@ -320,7 +272,7 @@ class Scheduler:
         return self.stats["passes_launched"] + self.stats["passes_processed"]
 
     def step(self) -> list[ReqOutput]:
-        self._process_aborts()
+        self.aborts.process()
         # Whether guessing sources draft in this step (the controller, if any); with none running, those admitted
         # draft for their prefill.
         self.drafts.begin_step(len(self.running) or len(self.waiting_queue))
@@ -329,8 +281,7 @@ class Scheduler:
         return out
 
     def _step(self) -> list[ReqOutput]:
-        if self.pd_decode is not None:
-            self.pd_decode.step()  # requests whose KV arrived join the running batch
+        self.disagg.step()  # a decode server's requests whose KV arrived join the running batch
         for req in self.grammar_queue.pop_ready():
             self._enter_waiting(req)
         if self.inflight is not None and not (self.overlap and can_launch_ahead(
@@ -386,7 +337,7 @@ class Scheduler:
 
     def _plan(self, running: list[Req], admitted: list[Req]) -> ScheduleBatch:
         self.drafts.fit_batch(running + admitted if admitted else running)
-        batch = self.planner.plan(running, admitted, self.next_token_buf)
+        batch = self.planner.plan(running, admitted, self.launcher.next_token_buf)
         if self.lora is not None:
             self.lora.plan(batch)
         return batch
@@ -401,78 +352,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ forward
     def launch_batch(self, batch: ScheduleBatch) -> BatchResult:
-        """Enqueue the forward pass and sampling; nothing here waits for the device."""
-        out: LogitsOutput = self.runner.forward(batch.worker)
-        self.stats["passes_launched"] += 1
-        self.drafts.on_launch(batch)
-        self._count_layout(batch, out)
-        samplers = batch.samplers
-        # Rows whose grammar decides their token on demand need no sampler (nor its parameters on the device).
-        lazy = self.masks.on_demand_rows(samplers)
-        sample = bool(samplers) and not all(lazy) and out.pooled is None
-        info = None
-        if sample:
-            info = SamplingBatchInfo.from_reqs(samplers, out.next_token_logits.shape[-1], self.device,
-                                               [r.num_output_tokens() for r in samplers])
-        logprobs = any(r.return_logprob for r in samplers)
-        if not (sample and info.use_greedy_fast_path and not batch.verifiers and not logprobs
-                and all(r.grammar is None for r in samplers)):
-            out = out.as_float()  # more than an argmax reads these logits
-        result = BatchResult(batch, out)
-        logits = out.next_token_logits  # with CUDA graphs a static buffer: everything reading it is enqueued now
-        result.masks = self.masks.prepare(samplers, lazy, logits, info, batch.verifiers, out.verify_logits, out.rows)
-        if logprobs:
-            result.logprobs = torch.log_softmax(logits, dim=-1)
-        launched(batch)
-        if batch.chunk is not None:
-            # Shareable at once, and the next chunk can be planned while this one is in flight: whatever reads
-            # these slots runs after this pass on the stream.
-            self.planner.cache_chunk(batch.chunk)
-        if sample:
-            next_ids = self.sampler(logits, info, self.generator)
-            if self.overlap:
-                rows = out.req_pool_indices if len(samplers) == out.req_pool_indices.shape[0] else host_to_device(
-                    [r.req_pool_idx for r in samplers], torch.int64, self.device)
-                self.next_token_buf[rows] = next_ids
-            result.next_ids = HostCopy(next_ids)
-        return result
-
-    def _count_layout(self, batch: ScheduleBatch, out: LogitsOutput) -> None:
-        token_rows = out.forward_mode.is_token_rows()
-        if batch.is_prefill:
-            self.stats["prefill_row_batches"] += token_rows
-        elif batch.num_rows > len(batch.reqs):
-            self.stats["jump_row_batches"] += token_rows  # as TOKEN_ROWS, a row per token
+        """Enqueue the forward pass and sampling (launcher.py); nothing here waits for the device."""
+        return self.launcher.launch(batch)
 
     # ------------------------------------------------------------------ integrity
     def check_memory(self) -> None:
         check_kv_accounting(self)
-
-
-def _make_backend(name: str, tokenizer, vocab_size: int, eos_token_ids: frozenset[int]):
-    if tokenizer is None:
-        raise RuntimeError("constrained decoding needs the model's tokenizer")
-    if name != "xgrammar":
-        raise ValueError(f"unknown grammar backend {name!r}")
-    from radixlm.runtime.grammar.xgrammar_backend import XGrammarBackend
-
-    return XGrammarBackend(tokenizer, vocab_size, sorted(eos_token_ids))
-
-
-def _hierarchical_cache(args: ServerArgs, runner) -> RadixCache:
-    """The radix tree over the device pool, a host pool and, if asked, storage (docs/hicache.md)."""
-    from radixlm.runtime.cache.hicache import HiCacheConfig, HiRadixCache
-
-    pool = runner.token_to_kv_pool
-    parallel = runner.parallel
-    # Storage keys name the model and this rank's slice of the KV: pages are reused only by the same.
-    layout = pool.layout
-    rows = "x".join(map(str, (layout.num_layers, *layout.row_shape)))  # MLA's: layers x 1 x (rank + rope)
-    namespace = f"{args.model_path}|{args.load_format}|{pool.dtype}|{rows}|tp{parallel.tp_rank}/{parallel.tp_size}"
-    config = HiCacheConfig.from_args(args, pool, namespace)
-    cache = HiRadixCache(runner.req_to_token_pool, runner.token_to_kv_pool_allocator, pool, config,
-                         page_size=args.page_size, eviction_policy=args.radix_eviction_policy)
-    logger.info("hierarchical cache: host pool of %d tokens (%.2f GiB), %s%s", config.host_tokens,
-                cache.host_pool.mem_bytes() / 2**30, config.write_policy.value,
-                f", storage in {config.storage_dir}" if config.storage_dir is not None else "")
-    return cache
