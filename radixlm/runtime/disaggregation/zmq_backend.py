@@ -78,6 +78,10 @@ class _Worker:
 
     def __init__(self, name: str) -> None:
         self.ctx = zmq.Context()
+        # Every socket drops what it could not send when closed: else a socket left with a queued message (say a
+        # wake-up after the thread ended) makes the context's term() -- run by whichever thread collects it --
+        # wait forever.
+        self.ctx.setsockopt(zmq.LINGER, 0)
         self._inbox: queue.Queue = queue.Queue()
         self._wake_addr = f"inproc://{name}-{uuid.uuid4().hex}"
         self._wake_recv = self.ctx.socket(zmq.PULL)
@@ -90,13 +94,18 @@ class _Worker:
 
     def submit(self, item) -> None:
         self._inbox.put(item)
+        self._wake()
+
+    def _wake(self) -> None:
         with self._lock:
-            self._wake_send.send(b"", zmq.NOBLOCK)
+            try:
+                self._wake_send.send(b"", zmq.NOBLOCK)
+            except zmq.ZMQError:  # the thread polls every POLL_MS anyway (or has ended)
+                pass
 
     def close(self) -> None:
         self._stop.set()
-        with self._lock:
-            self._wake_send.send(b"", zmq.NOBLOCK)
+        self._wake()
         self.thread.join(timeout=2)
         self._wake_send.close(linger=0)
         if not self.thread.is_alive():  # else its sockets are still open: the context goes with the process
