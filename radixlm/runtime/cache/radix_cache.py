@@ -194,15 +194,21 @@ class RadixCache:
             key, value = key[n:], value[n:]
             node = child
         if len(key) > 0:
-            leaf = TreeNode(key=key, value=value if owned else value.clone(), parent=node, last_access_time=now,
-                            creation_time=now, draft_kv_len=min(max(draft_kv_len - present, 0), len(key)))
-            node.children[key.child_key(self.page_size)] = leaf
-            self.evictable_size_ += len(key)
-            node = leaf
-            if self.kgram_index is not None:
-                self.kgram_index.add(leaf)
+            node = self._add_leaf(node, key, value, owned, now, draft_kv_len - present)
         self.evict_queue.offer(node)
         return present, node
+
+    def _add_leaf(self, parent: TreeNode, key: RadixKey, value: torch.Tensor, owned: bool, now: int,
+                  draft_kv_len: int) -> TreeNode:
+        """A new leaf under parent holding key's KV slots (a copy of value unless owned); draft_kv_len: how many of
+        its leading rows the draft model's KV also covers."""
+        leaf = TreeNode(key=key, value=value if owned else value.clone(), parent=parent, last_access_time=now,
+                        creation_time=now, draft_kv_len=min(max(draft_kv_len, 0), len(key)))
+        parent.children[key.child_key(self.page_size)] = leaf
+        self.evictable_size_ += len(key)
+        if self.kgram_index is not None:
+            self.kgram_index.add(leaf)
+        return leaf
 
     # ------------------------------------------------------------------ locking and eviction
     def inc_lock_ref(self, node: TreeNode) -> int:

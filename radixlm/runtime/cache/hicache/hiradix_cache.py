@@ -235,15 +235,9 @@ class HiRadixCache(RadixCache):
             key, value = key[n:], value[n:]
             node = child
         if len(key) > 0:
-            leaf = TreeNode(key=key, value=value if owned else value.clone(), parent=node, last_access_time=now,
-                            creation_time=now, draft_kv_len=min(max(draft_kv_len - depth, 0), len(key)))
-            node.children[key.child_key(self.page_size)] = leaf
-            self.evictable_size_ += len(key)
-            node = leaf
-            if self.kgram_index is not None:
-                self.kgram_index.add(leaf)
+            node = self._add_leaf(node, key, value, owned, now, draft_kv_len - depth)
             if self.config.write_policy.hit_threshold == 1:
-                self._backup(leaf)
+                self._backup(node)
         self.evict_queue.offer(node)
         return present, node
 
