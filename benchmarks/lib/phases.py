@@ -39,7 +39,7 @@ PHASES = [
     ("      eager model", "runner.model", "forward"),
     ("      host to device", "runner_module", "host_to_device"),
     ("    grammar masks prepare", "scheduler.masks", "prepare"),
-    ("    sampler", "scheduler", "sampler"),
+    ("    sampler", "scheduler.launcher", "sampler"),
     ("  process results", "scheduler.results", "process_batch_result"),
     ("    grammar resolve", "scheduler.masks", "resolve"),
     ("      top-k to host lists", "OnDemandRows", "host_lists"),
