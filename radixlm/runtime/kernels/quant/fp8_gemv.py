@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from radixlm.runtime.kernels.quant import splitk, tiles
+from radixlm.runtime.kernels.quant.x_words import widen_word
 
 MAX_ROWS = 4  # the CUDA cores' row counts (one accumulator a row); more rows take the tensor-core paths
 
@@ -84,18 +85,7 @@ def _x_quarters(X, row, i, i_mask, k_end, XKIND: tl.constexpr, EVEN_K: tl.conste
             xw = tl.load(X + row + i)
         else:
             xw = tl.load(X + row + i, mask=i_mask, other=0)
-        lo = xw.to(tl.int32)
-        hi = (xw >> 32).to(tl.int32)
-        if XKIND == 0:
-            x0 = (lo << 16).to(tl.float32, bitcast=True)
-            x1 = (lo & -65536).to(tl.float32, bitcast=True)
-            x2 = (hi << 16).to(tl.float32, bitcast=True)
-            x3 = (hi & -65536).to(tl.float32, bitcast=True)
-        else:
-            x0 = lo.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            x1 = (lo >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            x2 = hi.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            x3 = (hi >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        x0, x1, x2, x3 = widen_word(xw, XKIND)
     return x0, x1, x2, x3
 
 

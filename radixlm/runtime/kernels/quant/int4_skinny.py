@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from radixlm.runtime.kernels.quant import splitk, tiles
+from radixlm.runtime.kernels.quant.x_words import widen_word
 
 MAX_ROWS = 4
 _XKIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
@@ -57,28 +58,8 @@ def _x_eighths(X, row, kp, kp_mask, XKIND: tl.constexpr, EVEN_K: tl.constexpr):
         else:
             wa = tl.load(X + row + 2 * kp, mask=kp_mask, other=0)
             wb = tl.load(X + row + 2 * kp + 1, mask=kp_mask, other=0)
-        a_lo = wa.to(tl.int32)
-        a_hi = (wa >> 32).to(tl.int32)
-        b_lo = wb.to(tl.int32)
-        b_hi = (wb >> 32).to(tl.int32)
-        if XKIND == 0:
-            x0 = (a_lo << 16).to(tl.float32, bitcast=True)
-            x1 = (a_lo & -65536).to(tl.float32, bitcast=True)
-            x2 = (a_hi << 16).to(tl.float32, bitcast=True)
-            x3 = (a_hi & -65536).to(tl.float32, bitcast=True)
-            x4 = (b_lo << 16).to(tl.float32, bitcast=True)
-            x5 = (b_lo & -65536).to(tl.float32, bitcast=True)
-            x6 = (b_hi << 16).to(tl.float32, bitcast=True)
-            x7 = (b_hi & -65536).to(tl.float32, bitcast=True)
-        else:
-            x0 = a_lo.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            x1 = (a_lo >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            x2 = a_hi.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            x3 = (a_hi >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            x4 = b_lo.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            x5 = (b_lo >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            x6 = b_hi.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            x7 = (b_hi >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        x0, x1, x2, x3 = widen_word(wa, XKIND)
+        x4, x5, x6, x7 = widen_word(wb, XKIND)
     return (x0, x1 * 0.0625, x2 * 0.00390625, x3 * 0.000244140625, x4, x5 * 0.0625, x6 * 0.00390625,
             x7 * 0.000244140625)
 
