@@ -125,6 +125,28 @@ def part_offline(path: str, device: str, dtype: str, context_len: int, src: Prom
         close(engine)
 
 
+def part_profile(path: str, device: str, dtype: str, context_len: int, src: PromptSource, batches: list[int],
+                 steps: int) -> dict:
+    """Where each decode step's time goes: device time per kernel (torch.profiler) and the idle gap, per batch size."""
+    from benchmarks.lib.profiling import step_kernels
+
+    engine = make_engine(path, device, dtype, context_len)
+    try:
+        offline_run(engine, random_dataset(src, 8, 64, 8, 1.0), "warm-up", mfu=False)
+        rows = []
+        for b in batches:
+            row = step_kernels(engine, src, b, steps, top=16)
+            rows.append(row)
+            log(f"profile batch {b}: wall {row['wall_us_per_step']:8.1f} us/step, GPU busy "
+                f"{row['gpu_busy_us_per_step']:8.1f} us, idle {row['idle_us_per_step']:7.1f} us, "
+                f"{row['launches_per_step']:.0f} launches")
+            for k in row["kernels"]:
+                log(f"   {k['us_per_step']:8.1f} us  x{k['launches_per_step']:5.1f}  {k['name'][:100]}")
+        return {"rows": rows}
+    finally:
+        close(engine)
+
+
 def part_kv(shapes: dict) -> dict:
     """Per token, over all layers: the latent pool of these shapes against Llama-3.1-8B's MHA pool."""
     llama = json.loads((Path(__file__).resolve().parents[1] / "models" / "llama-3.1-8b" / "config.json").read_text())
@@ -204,7 +226,7 @@ def print_table(result: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parts_all = ["decode", "offline", "kv", "plan"]
+    parts_all = ["decode", "offline", "kv", "plan", "profile"]
     p.add_argument("--parts", nargs="+", default=parts_all, choices=parts_all)
     p.add_argument("--tiny", action="store_true",
                    help="a tiny DeepSeek-V2 config on the CPU (float32): checks the logic")
@@ -220,7 +242,7 @@ def main() -> None:
     ENGINE_ARGS.update(json.loads(args.engine_args))
     tiny = args.tiny
     device = "cpu" if tiny else "cuda"
-    needs_gpu = {"decode", "offline"} & set(args.parts)
+    needs_gpu = {"decode", "offline", "profile"} & set(args.parts)
     if needs_gpu and device == "cuda" and not torch.cuda.is_available():
         p.error("no CUDA device: run with --tiny on the CPU")
     dtype = "float32" if tiny else "bfloat16"
@@ -256,6 +278,7 @@ def main() -> None:
     parts = {
         "decode": lambda: part_decode(path, device, dtype, context_len, src, bw, batches, prompt_len, steps),
         "offline": lambda: part_offline(path, device, dtype, context_len, src, sharegpt_n, prefix),
+        "profile": lambda: part_profile(path, device, dtype, context_len, src, batches, min(steps, 32)),
         "kv": lambda: part_kv(shapes),
         "plan": part_plan,
     }
