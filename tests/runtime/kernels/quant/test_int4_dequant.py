@@ -155,6 +155,28 @@ def test_warm_up_runs_the_extra_rows():
     assert quant.int4_warmup_rows(qw, 128, torch.bfloat16) == ()  # CPU: one path
 
 
+def test_the_benchmarks_choice_and_merged_table():
+    from benchmarks.lib.w4a16_dequant import merged_table, min_rows, table_entry
+
+    def cells(*pairs):
+        return [{"rows": m, "dequant_us": d, "current_us": c, "bf16_us": 1.0, "ok": True} for m, d, c in pairs]
+
+    assert min_rows(cells((128, 90, 80), (256, 90, 100), (1024, 200, 400))) == 256
+    assert min_rows(cells((128, 50, 80), (256, 110, 100), (1024, 200, 400))) == 1024  # wins only from 1024 on
+    assert min_rows(cells((128, 50, 80), (1024, 400, 400))) is None  # loses (within the margin) at the largest
+    assert min_rows([{**c, "ok": False} for c in cells((128, 1, 80))]) is None
+    shape = {"n": 4096, "k": 4096, "group": 128, "config": {"block_n": 128, "block_kp": 16, "num_warps": 8},
+             "rows": cells((256, 90, 100))}
+    old = {"gpu": "NVIDIA H200", "commands": ["sweep"],
+           "entries": [_entry(min_rows=1024), _entry(n=6144), {"kernel": "w4a16_mma", "n": 4096, "k": 4096, "rows": 8,
+                       "group": 128, "config": {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4,
+                                                "num_stages": 3}}]}
+    table = merged_table(old, [table_entry(shape)], "quant_gemm.py --w4a16-dequant", "NVIDIA H200")
+    parsed = quant_tuned.parse(table["entries"])
+    assert len(parsed) == 3 and table["commands"][-1] == "quant_gemm.py --w4a16-dequant"
+    assert parsed[quant_tuned.TunedKey("w4a16_dequant", 4096, 4096, 0, 128)].min_rows == 256
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_dequant_path_cuda(monkeypatch):
     from radixlm.runtime.kernels import quant
