@@ -43,13 +43,15 @@ w4big)
     echo "(dry: the 8B model runs skipped: gpu_llama8b.py --parts ab --quant bf16 / w4a16)"
     exit 0
   fi
-  TAIL=8 step w4big_cuda_tests 80 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/quant/test_int4_dequant.py \
-    tests/runtime/kernels/quant/test_quant_kernels_cuda.py -k "int4 or dequant or cuda_graph or no_build"
+  TAIL=8 step w4big_cuda_tests 80 $PY -m pytest -q -p no:cacheprovider \
+    tests/runtime/kernels/quant/test_int4_dequant.py tests/runtime/kernels/quant/test_quant_kernels_cuda.py \
+    -k "int4 or dequant or cuda_graph or no_build"
   TAIL=30 step w4big_gemm 150 $PY benchmarks/kernels/quant_gemm.py --w4a16-dequant --budget-s 100 --install-table \
     --out "$OUT"
   for f in bf16 w4a16; do
-    TAIL=12 step "llama8b_$f" "$([ $f = bf16 ] && echo 90 || echo 140)" $PY benchmarks/offline/gpu_llama8b.py --parts ab \
-      --quant "$f" --batches ${BATCHES:-1 8 64 256} --decode-steps 128 --sharegpt-requests 400 --random-requests 0 \
+    limit=140; [ "$f" = bf16 ] && limit=90
+    TAIL=12 step "llama8b_$f" "$limit" $PY benchmarks/offline/gpu_llama8b.py --parts ab --quant "$f" \
+      --batches ${BATCHES:-1 8 64 256} --decode-steps 128 --sharegpt-requests 400 --random-requests 0 \
       --prefix-groups 0 --out "$OUT/llama8b_$f.json"
   done
   ;;

@@ -56,7 +56,8 @@ def time_shape(name: str, n: int, k: int, rows, device: str, dtype: torch.dtype,
         x = torch.randn(m, k, device=device, dtype=dtype)
         dq = lambda i: w4a16_dequant_linear(x, *int4[i], GROUP, None, None, scratch, best)  # noqa: E731
         cell = {"rows": m, "bf16_us": timer(lambda i: F.linear(x, bf16[i]), copies),
-                "current_us": timer(lambda i: w4a16_linear(x, *int4[i], GROUP), copies), "dequant_us": timer(dq, copies),
+                "current_us": timer(lambda i: w4a16_linear(x, *int4[i], GROUP), copies),
+                "dequant_us": timer(dq, copies),
                 "dequant_rel_err": rel_err(dq(0), ref.int4_linear(x.float(), *[t.float() if t.is_floating_point()
                                                                                else t for t in int4[0]], GROUP))}
         cell["ok"] = cell["dequant_rel_err"] <= TOLERANCE

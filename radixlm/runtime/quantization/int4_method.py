@@ -208,7 +208,7 @@ class Int4LinearMethod(LinearMethod):
         layer.int4_group_size = int4.group_size
 
     def warmup_rows(self, layer: nn.Module, dtype: torch.dtype) -> tuple[int, ...]:
-        """Row counts past the row buckets that start-up's warm-up runs this layer at (kernels.quant.int4_warmup_rows)."""
+        """Row counts past the row buckets at which start-up's warm-up runs this layer (quant.int4_warmup_rows)."""
         return int4_warmup_rows(layer.qweight, layer.int4_group_size, dtype)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -245,15 +245,18 @@ def w4a16_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     return y
 
 
-def dequant_scratch(x2: torch.Tensor, n: int, group_size: int) -> torch.Tensor | None:
-    """The (N, K) scratch of int4_dequant.py's path where this GEMM takes it (from its min_rows rows: the tuned table's
-    or the default; inside a CUDA-graph capture only where the device's scratch is already large enough), else
-    None."""
+def dequant_scratch(x2: torch.Tensor, n: int,
+                    group_size: int) -> tuple[torch.Tensor, int4_dequant.DequantConfig] | None:
+    """The (N, K) scratch and kernel config of int4_dequant.py's path where this GEMM takes it (from its min_rows
+    rows: the tuned table's or the default; inside a CUDA-graph capture only where the device's scratch is already
+    large enough), else None."""
     m, k = x2.shape
-    if not int4_dequant.choice_for(x2.device, n, k, group_size).takes(m):
+    choice = int4_dequant.choice_for(x2.device, n, k, group_size)
+    if not choice.takes(m):
         return None
     capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
-    return int4_dequant.scratch_for(x2.device).take(n, k, x2.dtype, capturing)
+    w = int4_dequant.scratch_for(x2.device).take(n, k, x2.dtype, capturing)
+    return None if w is None else (w, choice.config)
 
 
 def int4_linear_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -272,10 +275,9 @@ def int4_linear_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     unit = qweight.stride(1) == 1 and scales.stride(1) == 1 and zeros.stride(1) == 1
-    w = dequant_scratch(x2, n, group_size) if unit and x.dtype in (torch.bfloat16, torch.float16) else None
-    if w is not None:
-        cfg = int4_dequant.choice_for(x2.device, n, k, group_size).config
-        y = int4_dequant.w4a16_dequant_linear(x2, qweight, scales, zeros, group_size, perm, bias, w, cfg)
+    dq = dequant_scratch(x2, n, group_size) if unit and x.dtype in (torch.bfloat16, torch.float16) else None
+    if dq is not None:
+        y = int4_dequant.w4a16_dequant_linear(x2, qweight, scales, zeros, group_size, perm, bias, *dq)
     elif x.dtype in (torch.bfloat16, torch.float16) and int4_block_k(k, group_size) is not None and unit:
         y = w4a16_linear(x2, qweight, scales, zeros, group_size, perm, bias)
     else:
