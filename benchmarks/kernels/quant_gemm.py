@@ -16,6 +16,9 @@ max |reference|).
                                                                    # the INT4 GEMV at 1, 4, 8 rows, the FP8 weight-only
                                                                    # kernel (channel, block) at 1, 4, 8 rows; ~3 min
     TRITON_INTERPRET=1 python benchmarks/kernels/quant_gemm.py --sweep --dry --shapes o_proj --out /tmp   # its logic
+    python3 benchmarks/kernels/quant_gemm.py --w4a16-dequant --out $OUT   # W4A16 at 128..8192 rows, ~2 min:
+                                       # benchmarks/lib/w4a16_dequant.py (its docstring: what it writes)
+    TRITON_INTERPRET=1 python benchmarks/kernels/quant_gemm.py --w4a16-dequant --dry --rows 8 16 --out /tmp
 """
 from __future__ import annotations
 
@@ -214,6 +217,15 @@ def sweep(args, t0: float, device: str, timer) -> dict:
     return result
 
 
+def w4a16_dequant(args, t0: float, device: str, timer) -> None:
+    """--w4a16-dequant (with --dry: under TRITON_INTERPRET=1 on the CPU, tiny shapes, float32, wall clock)."""
+    from benchmarks.lib import w4a16_dequant as wd
+
+    shapes = [(name, *shape_of(name, args.dry)) for name in within_budget(args.shapes, t0, args.budget_s)]
+    wd.run(shapes, LAYER, args.rows or wd.ROWS, Path(args.out), timer, args.dry, args.install_table,
+           COPY_BYTES, " ".join(["benchmarks/kernels/quant_gemm.py", *sys.argv[1:]]), tree(), t0)
+
+
 def tree() -> str | None:
     """The commit measured (results/INDEX.md's tree column), where the tree is a git checkout."""
     import subprocess
@@ -227,21 +239,26 @@ def tree() -> str | None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64, 256])
+    p.add_argument("--rows", type=int, nargs="+", default=None,
+                   help="default 1 4 8 16 32 64 256 (--w4a16-dequant: 128 256 1024 4096 8192)")
     p.add_argument("--shapes", nargs="+", default=list(LAYER), choices=list(LAYER))
     p.add_argument("--budget-s", type=float, default=380.0, help="stop starting shapes after this many seconds")
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="directory of quant_gemm.json")
     p.add_argument("--dry", action="store_true", help="on the CPU: tiny shapes, the reference path, wall clock")
     p.add_argument("--sweep", action="store_true", help="time the decode paths' tile configs instead")
+    p.add_argument("--w4a16-dequant", action="store_true", help="W4A16's dequantize-then-GEMM path at many rows")
+    p.add_argument("--install-table", action="store_true",
+                   help="--w4a16-dequant: also write the table over the engine's (kernels/gemm/tuned/)")
     args = p.parse_args()
     import triton
 
     device = "cpu" if args.dry else "cuda"
     timer = wall_us if args.dry else graph_us
-    if args.sweep:
+    if args.sweep or args.w4a16_dequant:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        sweep(args, time.perf_counter(), device, timer)
+        (w4a16_dequant if args.w4a16_dequant else sweep)(args, time.perf_counter(), device, timer)
         return
+    args.rows = args.rows or [1, 4, 8, 16, 32, 64, 256]
 
     t0 = time.perf_counter()
     out = Path(args.out) / "quant_gemm.json"

@@ -16,6 +16,12 @@
 #   BUDGET_S=240 bash benchmarks/lease/quant_lease.sh check model   # only the 8B model part (CHECK_FORMATS: which)
 #   bash benchmarks/lease/quant_lease.sh kv        # decode attention and the 8B decode step at batch 64, 8k-token
 #                                                  # contexts, bf16 vs fp8 KV (kernels/fp8_kv_decode_gpu.py, ~3 min)
+#   bash benchmarks/lease/quant_lease.sh w4big     # W4A16 at many rows, one call under 8 min (BUDGET_S, default 420):
+#                                                  # the dequantize-then-GEMM path's CUDA tests, quant_gemm.py
+#                                                  # --w4a16-dequant (128..8192 rows; its table entries written to
+#                                                  # $OUT and installed over the tree's quant_gemv_<GPU>.json), then
+#                                                  # the 8B model bf16 and w4a16 with that table (as `model`)
+#   DRY=1 DRY_OUT=/tmp/w4big bash benchmarks/lease/quant_lease.sh w4big   # its logic on the CPU (interpreter)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/env.sh"
@@ -27,7 +33,28 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-100000}))  # BUDGET_S: no step past it (each step's limit is cut to it)
 PACK=$FINAL_OUT/quant_lease.tar
 step() { budget_step "$@"; }  # env.sh
-case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check} in
+case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4big} in
+w4big)
+  deadline=$((SECONDS + ${BUDGET_S:-420}))
+  if [ "${DRY:-0}" = 1 ]; then
+    TAIL=4 step w4big_tests 120 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/quant/test_int4_dequant.py
+    TRITON_INTERPRET=1 TAIL=12 step w4big_gemm 120 $PY benchmarks/kernels/quant_gemm.py --w4a16-dequant --dry \
+      --rows 8 16 --shapes o_proj down_proj --install-table --out "$OUT"
+    echo "(dry: the 8B model runs skipped: gpu_llama8b.py --parts ab --quant bf16 / w4a16)"
+    exit 0
+  fi
+  TAIL=8 step w4big_cuda_tests 80 $PY -m pytest -q -p no:cacheprovider \
+    tests/runtime/kernels/quant/test_int4_dequant.py tests/runtime/kernels/quant/test_quant_kernels_cuda.py \
+    -k "int4 or dequant or cuda_graph or no_build"
+  TAIL=30 step w4big_gemm 150 $PY benchmarks/kernels/quant_gemm.py --w4a16-dequant --budget-s 100 --install-table \
+    --out "$OUT"
+  for f in bf16 w4a16; do
+    limit=140; [ "$f" = bf16 ] && limit=90
+    TAIL=12 step "llama8b_$f" "$limit" $PY benchmarks/offline/gpu_llama8b.py --parts ab --quant "$f" \
+      --batches ${BATCHES:-1 8 64 256} --decode-steps 128 --sharegpt-requests 400 --random-requests 0 \
+      --prefix-groups 0 --out "$OUT/llama8b_$f.json"
+  done
+  ;;
 kv)
   TAIL=60 step fp8_kv_decode 300 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --variants all --variant-budget-s 110 \
     --budget-s 140 --out "$OUT"

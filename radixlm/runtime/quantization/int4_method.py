@@ -17,7 +17,7 @@ import re
 import torch
 from torch import nn
 
-from radixlm.runtime.kernels.quant import int4_linear
+from radixlm.runtime.kernels.quant import int4_linear, int4_warmup_rows
 from radixlm.runtime.layers.linear import ColumnParallelLinear
 from radixlm.runtime.quantization.base import (
     DequantizingMoEMethod, DrawFn, LinearKind, LinearLayout, LinearMethod, QuantParam, checkpoint_shape, linear_layout,
@@ -206,6 +206,10 @@ class Int4LinearMethod(LinearMethod):
         replace_param(layer, "zeros", int4.zeros)
         replace_param(layer, "perm", int4.perm)
         layer.int4_group_size = int4.group_size
+
+    def warmup_rows(self, layer: nn.Module, dtype: torch.dtype) -> tuple[int, ...]:
+        """Row counts past the row buckets at which start-up's warm-up runs this layer (quant.int4_warmup_rows)."""
+        return int4_warmup_rows(layer.qweight, layer.int4_group_size, dtype)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return int4_linear(x, layer.qweight, layer.scales, layer.zeros, layer.int4_group_size,

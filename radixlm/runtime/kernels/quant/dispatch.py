@@ -29,3 +29,16 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
 
         return int4_linear_cuda(x, qweight, scales, zeros, group_size, perm, bias)
     return reference.int4_linear(x, qweight, scales, zeros, group_size, perm, bias)
+
+
+def int4_warmup_rows(qweight: torch.Tensor, group_size: int, dtype: torch.dtype) -> tuple[int, ...]:
+    """The row counts beyond the row buckets' (tiles.warmup_rows) at which start-up runs an INT4 layer on CUDA: its
+    dequantize-then-GEMM path's first (int4_dequant.py: the tuned min_rows, 512 without an entry), which builds that
+    kernel and grows the device's scratch to the largest layer before any CUDA graph is captured."""
+    if not qweight.is_cuda or dtype not in (torch.bfloat16, torch.float16):
+        return ()
+    from radixlm.runtime.kernels.quant import int4_dequant
+
+    k, n = qweight.shape[0] * reference.INT4_PACK, qweight.shape[1]
+    min_rows = int4_dequant.choice_for(qweight.device, n, k, group_size).min_rows
+    return () if min_rows is None else (min_rows,)

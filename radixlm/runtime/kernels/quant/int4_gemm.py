@@ -15,14 +15,16 @@ int4_gemv.py's kernel on the CUDA cores (1-4 rows with a tuned config in this GP
 quant_tuned.py; 5-256 rows: int4_mma.py's tensor-core kernel where the table names one); up to 64 rows the
 tensor-core kernels split K across programs (tiles.split_k) so that every SM streams weight; larger buckets take
 wider tiles. Capturable in CUDA graphs: its
-allocations (output, split-K partials) have one size per row count, and nothing syncs with the host."""
+allocations (output, split-K partials) have one size per row count, and nothing syncs with the host. From a weight's
+min_rows rows (512 by default; the tuned table's kind "w4a16_dequant") int4_linear_cuda dequantizes the weight once
+into a scratch and runs the dense GEMM instead (int4_dequant.py)."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from radixlm.runtime.kernels.quant import int4_gemv, int4_mma, int4_skinny, quant_tuned, splitk, tiles
+from radixlm.runtime.kernels.quant import int4_dequant, int4_gemv, int4_mma, int4_skinny, quant_tuned, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import INT4_PACK, dequant_int4
 from radixlm.runtime.kernels.quant.splitk import store_tile
 from radixlm.runtime.kernels.quant.tiles import TileConfig
@@ -243,11 +245,27 @@ def w4a16_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     return y
 
 
+def dequant_scratch(x2: torch.Tensor, n: int,
+                    group_size: int) -> tuple[torch.Tensor, int4_dequant.DequantConfig] | None:
+    """The (N, K) scratch and kernel config of int4_dequant.py's path where this GEMM takes it (from its min_rows
+    rows: the tuned table's or the default; inside a CUDA-graph capture only where the device's scratch is already
+    large enough), else None."""
+    m, k = x2.shape
+    choice = int4_dequant.choice_for(x2.device, n, k, group_size)
+    if not choice.takes(m):
+        return None
+    capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
+    w = int4_dequant.scratch_for(x2.device).take(n, k, x2.dtype, capturing)
+    return None if w is None else (w, choice.config)
+
+
 def int4_linear_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                      group_size: int, perm: torch.Tensor | None = None,
                      bias: torch.Tensor | None = None) -> torch.Tensor:
-    """kernels.quant.int4_linear on CUDA: x (..., K) in bfloat16 or float16 (float32, or a group size no K tile
-    divides: the dequantizing path)."""
+    """kernels.quant.int4_linear on CUDA: x (..., K) in bfloat16 or float16. From the weight's min_rows rows
+    (int4_dequant.choice_for: 512 without a tuned entry) the weight is dequantized into the device's scratch and
+    multiplied by cuBLAS (int4_dequant.py); fewer rows run the Triton kernels (w4a16_linear); float32, or a group size
+    no K tile divides, below min_rows: the reference's dequantize-then-matmul."""
     k = x.shape[-1]
     n = qweight.shape[1]
     check_int4(k, n, qweight, scales, zeros, group_size, perm)
@@ -256,8 +274,11 @@ def int4_linear_cuda(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
         return x.new_empty(*x.shape[:-1], n)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
-    if x.dtype in (torch.bfloat16, torch.float16) and int4_block_k(k, group_size) is not None and (
-            qweight.stride(1) == 1 and scales.stride(1) == 1 and zeros.stride(1) == 1):
+    unit = qweight.stride(1) == 1 and scales.stride(1) == 1 and zeros.stride(1) == 1
+    dq = dequant_scratch(x2, n, group_size) if unit and x.dtype in (torch.bfloat16, torch.float16) else None
+    if dq is not None:
+        y = int4_dequant.w4a16_dequant_linear(x2, qweight, scales, zeros, group_size, perm, bias, *dq)
+    elif x.dtype in (torch.bfloat16, torch.float16) and int4_block_k(k, group_size) is not None and unit:
         y = w4a16_linear(x2, qweight, scales, zeros, group_size, perm, bias)
     else:
         if perm is not None:

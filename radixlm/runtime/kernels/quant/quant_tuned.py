@@ -6,7 +6,10 @@ load_table; written by benchmarks/kernels/quant_gemv_sweep.py and w4a16_mma_swee
 Entry: {"kernel": "fp8_channel" | "fp8_block" | "w4a16" | "w4a16_mma", "n", "k", "rows": the row bucket's bound
 (1, 2, 4; w4a16_mma: 8, 16, 64, 256, written by benchmarks/kernels/w4a16_mma_sweep.py),
 "group": 0 per channel / tensor, the block's K size (fp8_block, with "block": [bn, bk]) or the group size (w4a16),
-"config": the kernel's config dataclass as a dict, and the sweep's "us", "default_us", "floor_us"}."""
+"config": the kernel's config dataclass as a dict, and the sweep's "us", "default_us", "floor_us"}.
+Kind "w4a16_dequant" (int4_dequant.py: dequantize, then the dense GEMM; written by benchmarks/kernels/quant_gemm.py
+--w4a16-dequant) has no "rows": {"kernel", "n", "k", "group", "min_rows": the path's first row count, or null (never),
+"config": int4_dequant.DequantConfig as a dict (optional: its defaults), and the benchmark's timings}."""
 from __future__ import annotations
 
 import functools
@@ -16,7 +19,7 @@ import torch
 
 from radixlm.runtime.kernels.quant import tiles
 
-KINDS = ("fp8_channel", "fp8_block", "w4a16", "w4a16_mma")
+KINDS = ("fp8_channel", "fp8_block", "w4a16", "w4a16_mma", "w4a16_dequant")
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class TunedKey:
 def parse(entries: list[dict]) -> dict[TunedKey, object]:
     """A table's entries as configs by key; a malformed entry raises ValueError naming it."""
     from radixlm.runtime.kernels.quant.fp8_gemv import MAX_ROWS as FP8_ROWS, Fp8GemvConfig
+    from radixlm.runtime.kernels.quant.int4_dequant import DequantChoice, DequantConfig
     from radixlm.runtime.kernels.quant.int4_mma import ROW_BOUNDS as MMA_ROWS, Int4MmaConfig
     from radixlm.runtime.kernels.quant.int4_skinny import MAX_ROWS as INT4_ROWS, Int4GemvConfig
 
@@ -40,6 +44,15 @@ def parse(entries: list[dict]) -> dict[TunedKey, object]:
             kernel = entry["kernel"]
             if kernel not in KINDS:
                 raise ValueError(f"unknown kernel {kernel!r} (one of {KINDS})")
+            if kernel == "w4a16_dequant":
+                if "rows" in entry:
+                    raise ValueError("a w4a16_dequant entry has min_rows, not rows")
+                key = TunedKey(kernel, int(entry["n"]), int(entry["k"]), 0, int(entry["group"]))
+                min_rows = entry["min_rows"]
+                if min_rows is not None and (isinstance(min_rows, bool) or not isinstance(min_rows, int)):
+                    raise ValueError(f"min_rows must be an integer or null, got {min_rows!r}")
+                out[key] = DequantChoice(min_rows, DequantConfig(**entry.get("config", {})))
+                continue
             key = TunedKey(kernel, int(entry["n"]), int(entry["k"]), int(entry["rows"]), int(entry.get("group", 0)))
             if kernel == "w4a16_mma":
                 if key.rows not in MMA_ROWS:
@@ -60,6 +73,14 @@ def _table(device_name: str) -> dict[TunedKey, object]:
     from radixlm.runtime.kernels.gemm.cublaslt import load_table
 
     return parse(load_table(device_name, "quant_gemv"))
+
+
+def lookup_dequant(device: torch.device, n: int, k: int, group: int):
+    """The w4a16_dequant entry (int4_dequant.DequantChoice) of this GEMM on this device's GPU model, or None."""
+    if device.type != "cuda":
+        return None
+    name = _device_name(device.index if device.index is not None else torch.cuda.current_device())
+    return _table(name).get(TunedKey("w4a16_dequant", n, k, 0, group))
 
 
 @functools.cache

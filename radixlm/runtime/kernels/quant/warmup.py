@@ -14,10 +14,11 @@ from radixlm.runtime.kernels.quant.tiles import warmup_rows
 
 
 def warm_up_linear(apply: Callable[[torch.Tensor], torch.Tensor], in_features: int, dtype: torch.dtype,
-                   device: torch.device | str, max_rows: int | None = None) -> int:
-    """Runs apply(x) on zero inputs of each bucket's first row count (up to max_rows rows, the most a pass can have;
-    None: every bucket); returns how many calls ran."""
-    rows = [m for m in warmup_rows() if max_rows is None or m <= max_rows]
+                   device: torch.device | str, max_rows: int | None = None, extra_rows: tuple[int, ...] = ()) -> int:
+    """Runs apply(x) on zero inputs of each bucket's first row count and of extra_rows (a path chosen by row count
+    outside the buckets: dispatch.int4_warmup_rows), up to max_rows rows (the most a pass can have; None: all);
+    returns how many calls ran."""
+    rows = sorted({m for m in (*warmup_rows(), *extra_rows) if max_rows is None or m <= max_rows})
     for m in rows:
         apply(torch.zeros(m, in_features, dtype=dtype, device=device))
     return len(rows)

@@ -121,6 +121,10 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         block size, bias, permutation, dtype: fixed per layer -> warmup.warm_up_quantized runs each quantized layer
         at each bucket's first row count (quant.warm_up_linear), which prefill passes can reach beyond the passes
         above.
+  quant/int4_dequant.py  _dequant_int4_kernel (W4A16 from a weight's min_rows rows: dequantize, then cuBLAS)
+      Nothing follows the row count: weight shape, group size, strides, dtype are fixed per layer (the scratch's
+        address is one per device) -> warm_up_quantized also runs each INT4 layer at its min_rows
+        (quant.int4_warmup_rows), which also grows the scratch to the largest layer before graph capture.
 
 How they are built: warmup.warm_up_kernels hands the skinny GEMM's configs and, but for MoE models, what a
 discovery run of the warm-up passes launches unbuilt to a thread pool (kernel_builds.py), then runs the passes; CUDA

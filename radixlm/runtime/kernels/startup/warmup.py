@@ -162,13 +162,16 @@ def warm_up_passes(runner: WarmupRunner, plan: WarmupPlan) -> None:
 
 
 def warm_up_quantized(runner: WarmupRunner) -> None:
-    """Each quantized linear layer once per row bucket of its kernels (kernels.quant.warm_up_linear): prefill passes
-    reach buckets that the decode and extend passes above do not."""
+    """Each quantized linear layer once per row bucket of its kernels (kernels.quant.warm_up_linear) and at the row
+    counts its method adds (warmup_rows: W4A16's dequantize-then-GEMM path): prefill passes reach buckets that the
+    decode and extend passes above do not."""
+    dtype = runner.model_config.dtype
     for m in runner.model.modules():
         method = getattr(m, "quant_method", None)
         if method is not None and isinstance(m, Linear):
-            quant.warm_up_linear(lambda x, m=m, method=method: method.apply(m, x, m.bias), m.in_features,
-                                 runner.model_config.dtype, runner.device)
+            extra = method.warmup_rows(m, dtype) if hasattr(method, "warmup_rows") else ()
+            quant.warm_up_linear(lambda x, m=m, method=method: method.apply(m, x, m.bias), m.in_features, dtype,
+                                 runner.device, extra_rows=extra)
 
 
 def warm_up_moe(runner: WarmupRunner) -> None:

@@ -75,7 +75,7 @@ def test_int4_linear_matches_the_reference(n, k, group, perm, bias):
     qw, s, z = ref.quant_int4(torch.randn(n, k, device="cuda") * 0.02, group, dtype=torch.bfloat16)
     p = torch.randperm(k, device="cuda") if perm else None
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if bias else None
-    for m in ROWS:
+    for m in (*ROWS, 600):  # 600: the dequantize-then-GEMM path (int4_dequant.DEFAULT_MIN_ROWS)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         _close(quant.int4_linear(x, qw, s, z, group, p, b), ref.int4_linear(x, qw, s, z, group, p, b), 2e-2)
 
@@ -115,18 +115,18 @@ def test_every_path_replays_in_a_cuda_graph():
 
 
 def _built() -> int:
-    from radixlm.runtime.kernels.quant import fp8_act, fp8_gemm, fp8_w8a16, int4_gemm, int4_gemv, splitk
+    from radixlm.runtime.kernels.quant import fp8_act, fp8_gemm, fp8_w8a16, int4_dequant, int4_gemm, int4_gemv, splitk
 
     kernels = (fp8_act._quant_rows_kernel, fp8_act._quant_groups_kernel, fp8_gemm._w8a8_kernel,
-               fp8_w8a16._w8a16_kernel, int4_gemm._w4a16_nibbles_kernel,
-               int4_gemm._w4a16_kernel, int4_gemv._w4a16_gemv_kernel, splitk._reduce_splits_kernel)
+               fp8_w8a16._w8a16_kernel, int4_gemm._w4a16_nibbles_kernel, int4_gemm._w4a16_kernel,
+               int4_gemv._w4a16_gemv_kernel, int4_dequant._dequant_int4_kernel, splitk._reduce_splits_kernel)
     return sum(len(cache[0]) for k in kernels for cache in k.device_caches.values())
 
 
 def test_no_build_after_warm_up():
     calls = _calls()
-    for _, k, fn in calls:
-        quant.warm_up_linear(fn, k, torch.bfloat16, "cuda")
+    for name, k, fn in calls:  # the INT4 layer also at its dequantize-then-GEMM path's first row count
+        quant.warm_up_linear(fn, k, torch.bfloat16, "cuda", extra_rows=(512,) if name == "int4" else ())
     built = _built()
     for _, k, fn in calls:
         for m in (2, 3, 4, 6, 8, 12, 16, 17, 31, 64, 77, 128, 255, 256, 511, 1000):
