@@ -16,12 +16,14 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from radixlm.runtime.kernels.gemm.batch_invariant_mm import BLOCK_M, BatchInvariantConfig, default_config, matmul
+from radixlm.runtime.kernels.gemm.batch_invariant_mm import (
+    BLOCK_M, DEFAULT_NARROW, DEFAULT_WIDE, BatchInvariantConfig, default_config, matmul,
+)
 
 # Llama-3.1-8B's GEMMs (N, K): qkv, o, gate_up, down, lm_head.
 LLAMA_8B_SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096),
@@ -37,13 +39,17 @@ SMEM_LIMIT = 227 * 1024  # Hopper's opt-in shared memory per block
 
 
 def candidates(element_size: int = 2, smem_limit: int = SMEM_LIMIT) -> list[BatchInvariantConfig]:
-    """The sweep's configurations that fit in shared memory, most promising first (a budget cuts the tail)."""
-    out = []
-    for bn, bk, warps, stages in itertools.product((64, 128, 32, 256), (64, 128), (4, 8), (4, 3, 5)):
-        if bn == 32 and warps == 8:
-            continue
-        cfg = BatchInvariantConfig(block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
-        if cfg.smem_bytes(element_size) <= smem_limit:
+    """The sweep's configurations that fit in shared memory, most promising first (the budget cuts the tail): the
+    defaults, then wide and narrow tiles of 64 and 128 K, then the rest of the grid."""
+    first = [DEFAULT_NARROW, DEFAULT_WIDE] + [BatchInvariantConfig(*c) for c in (
+        (128, 128, 4, 3), (64, 64, 4, 4), (128, 64, 8, 4), (256, 64, 8, 3), (32, 128, 4, 4), (128, 128, 8, 3),
+        (64, 128, 4, 3), (64, 256, 4, 3), (256, 64, 4, 3), (32, 256, 4, 4))]
+    grid = [BatchInvariantConfig(bn, bk, warps, stages)
+            for bn, bk, warps, stages in itertools.product((64, 128, 32, 256), (64, 128, 256), (4, 8), (4, 3, 5, 2))
+            if not (bn == 32 and warps == 8)]
+    out: list[BatchInvariantConfig] = []
+    for cfg in first + grid:
+        if cfg not in out and cfg.smem_bytes(element_size) <= smem_limit:
             out.append(cfg)
     return out
 
@@ -93,36 +99,68 @@ def time_config(cfg: BatchInvariantConfig, weight: torch.Tensor, xs: dict[int, t
     return Timing(cfg, dict(zip(xs, us)))
 
 
-def sweep_shape(name: str, n: int, k: int, dtype: torch.dtype, device: torch.device, configs: list[BatchInvariantConfig],
-                deadline: float, timed_ms: tuple[int, ...] = TIMED_MS) -> dict:
-    """One weight shape: the default config, then the candidates until the deadline; the best invariant one."""
-    g = torch.Generator(device=device).manual_seed(1)
-    weight = (torch.randn(n, k, generator=g, device=device) * k**-0.5).to(dtype)
-    xs = {m: torch.randn(m, k, generator=g, device=device).to(dtype) for m in timed_ms}
-    default = default_config(n, k)
-    tried, rejected, errors = [], [], []
-    for cfg in [default] + [c for c in configs if c != default]:
-        if tried and time.perf_counter() > deadline:
-            break
+@dataclass
+class ShapeSweep:
+    """One weight shape's state in the sweep: its operands and what each candidate gave."""
+
+    name: str
+    weight: torch.Tensor
+    xs: dict[int, torch.Tensor]
+    tried: list[Timing] = field(default_factory=list)
+    rejected: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def make(cls, name: str, n: int, k: int, dtype: torch.dtype, device: torch.device,
+             timed_ms: tuple[int, ...]) -> "ShapeSweep":
+        g = torch.Generator(device=device).manual_seed(1)
+        weight = (torch.randn(n, k, generator=g, device=device) * k**-0.5).to(dtype)
+        return cls(name, weight, {m: torch.randn(m, k, generator=g, device=device).to(dtype) for m in timed_ms})
+
+    def run(self, cfg: BatchInvariantConfig) -> None:
+        """Checks cfg's invariance on this weight, and times it if it keeps it."""
         try:
-            failed = invariance_failures(lambda x, w: matmul(x, w, None, cfg), weight)
+            failed = invariance_failures(lambda x, w: matmul(x, w, None, cfg), self.weight)
             if failed:
-                rejected.append({"config": cfg.as_dict(), "failed_m": failed})
-                continue
-            tried.append(time_config(cfg, weight, xs))
+                self.rejected.append({"config": cfg.as_dict(), "failed_m": failed})
+                return
+            self.tried.append(time_config(cfg, self.weight, self.xs))
         except Exception as e:  # noqa: BLE001 - a candidate that does not build here (resources) is skipped
-            errors.append({"config": cfg.as_dict(), "error": f"{type(e).__name__}: {str(e)[:200]}"})
-    best = min(tried, key=lambda t: t.score) if tried else None
-    base = next((t for t in tried if t.config == default), None)
-    row = {"name": name, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "tried": len(tried),
-           "rejected": rejected, "errors": errors,
-           "timings": [{"config": t.config.as_dict(), "us": t.us, "score": t.score} for t in tried]}
-    if best is not None:
-        row.update(config=best.config.as_dict(), us=best.us, default_us=base.us if base else None)
-    print(f"{name:13} ({n}, {k}): {len(tried)} timed, {len(rejected)} not invariant, {len(errors)} failed; best "
-          f"{best.config if best else None} {best.us if best else ''} (default {base.us if base else None})",
-          flush=True)
-    return row
+            self.errors.append({"config": cfg.as_dict(), "error": f"{type(e).__name__}: {str(e)[:200]}"})
+
+    def result(self) -> dict:
+        n, k = self.weight.shape
+        default = default_config(n, k)
+        best = min(self.tried, key=lambda t: t.score) if self.tried else None
+        base = next((t for t in self.tried if t.config == default), None)
+        row = {"name": self.name, "n": n, "k": k, "dtype": str(self.weight.dtype).removeprefix("torch."),
+               "tried": len(self.tried), "rejected": self.rejected, "errors": self.errors,
+               "timings": [{"config": t.config.as_dict(), "us": t.us, "score": t.score} for t in self.tried]}
+        if best is not None:
+            row.update(config=best.config.as_dict(), us=best.us, default_us=base.us if base else None)
+        print(f"{self.name:13} ({n}, {k}): {len(self.tried)} timed, {len(self.rejected)} not invariant, "
+              f"{len(self.errors)} failed; best {best.config if best else None} {best.us if best else ''} "
+              f"(default {base.us if base else None})", flush=True)
+        return row
+
+
+def sweep(shapes: dict[str, tuple[int, int]], dtype: torch.dtype, device: torch.device,
+          configs: list[BatchInvariantConfig], budget_s: float, timed_ms: tuple[int, ...] = TIMED_MS) -> list[dict]:
+    """Each candidate in order on every shape (a Triton build serves them all), until budget_s is spent; the shapes'
+    defaults always run."""
+    t0 = time.perf_counter()
+    states = [ShapeSweep.make(name, n, k, dtype, device, timed_ms) for name, (n, k) in shapes.items()]
+    defaults = list(dict.fromkeys(default_config(*s.weight.shape) for s in states))
+    needed = set(defaults)
+    for cfg in defaults + [c for c in configs if c not in needed]:
+        if time.perf_counter() - t0 > budget_s and not needed:
+            print(f"budget of {budget_s:g} s spent: {len(states[0].tried) + len(states[0].rejected)} candidates run",
+                  flush=True)
+            break
+        needed.discard(cfg)
+        for state in states:
+            state.run(cfg)
+    return [state.result() for state in states]
 
 
 def table_entries(rows: list[dict]) -> list[dict]:
@@ -148,11 +186,7 @@ def main() -> None:
     configs = candidates() if cuda else [BatchInvariantConfig(32, 32, 4, 2), BatchInvariantConfig(64, 64, 4, 3)]
     timed = TIMED_MS if cuda else (8, 70)
     t0 = time.perf_counter()
-    # Each shape gets an equal share of what is left when it starts.
-    rows = []
-    for i, (name, (n, k)) in enumerate(shapes.items()):
-        share = (a.budget_s - (time.perf_counter() - t0)) / (len(shapes) - i)
-        rows.append(sweep_shape(name, n, k, dtype, device, configs, time.perf_counter() + share, timed))
+    rows = sweep(shapes, dtype, device, configs, a.budget_s, timed)
     import triton
 
     from radixlm.runtime.kernels.gemm.cublaslt import table_path
