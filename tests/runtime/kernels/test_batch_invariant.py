@@ -84,6 +84,45 @@ def test_the_memo_takes_no_choice():
         BatchInvariantMemo()[1] = "cublas"
 
 
+def test_gemm_config_is_the_weights_alone_and_validated():
+    from radixlm.runtime.kernels.gemm.batch_invariant_mm import (
+        DEFAULT_NARROW, DEFAULT_WIDE, BatchInvariantConfig, aligned_rows, config_for, parse_table,
+    )
+
+    cpu = torch.device("cpu")
+    assert config_for(6144, 4096, torch.bfloat16, cpu) == DEFAULT_NARROW
+    assert config_for(128256, 4096, torch.bfloat16, cpu) == DEFAULT_WIDE
+    entry = {"n": 6144, "k": 4096, "dtype": "bfloat16", "config": {"block_n": 128, "block_k": 64, "num_warps": 8,
+                                                                    "num_stages": 3, "group_m": 4}}
+    assert parse_table([entry]) == {(6144, 4096, "bfloat16"): BatchInvariantConfig(128, 64, 8, 3, 4)}
+    x = torch.randn(9 * 97 + 1)[1:].view(9, 97)  # at an unaligned address: copied before the kernel reads it
+    aligned = aligned_rows(x)
+    assert aligned is not x and aligned.data_ptr() % 16 == 0 and torch.equal(aligned, x)
+    assert aligned_rows(aligned) is aligned
+    for bad in ({"block_n": 96}, {"num_warps": 2}, {"num_stages": 0}, {"group_m": 0}, {"block_m": 64}):
+        with pytest.raises(ValueError, match="bad batch_invariant tuned entry"):
+            parse_table([{**entry, "config": {**entry["config"], **bad}}])
+
+
+def test_tuning_sweep_rejects_a_config_whose_rows_change_with_m():
+    from radixlm.runtime.kernels.gemm.batch_invariant import cpu_linear
+    from radixlm.runtime.kernels.gemm.batch_invariant_tune import (
+        DEFAULT_NARROW, DEFAULT_WIDE, SMEM_LIMIT, candidates, invariance_failures,
+    )
+
+    w = torch.randn(48, 64, generator=torch.Generator().manual_seed(3)) / 8
+    invariant = lambda x, w: cpu_linear(x, w, None, None)  # noqa: E731
+    assert invariance_failures(invariant, w) == []
+    # Kernels whose result depends on the call's row count (as a per-M choice would: torch's own GEMM on the CPU
+    # changes at 1 and 7 rows here), and one that is wrong.
+    assert invariance_failures(lambda x, w: invariant(x, w) + (x.shape[0] < 100) * 1e-6, w) == [1, 7, 64]
+    assert invariance_failures(lambda x, w: x @ w.T, w)[:2] == [1, 7]
+    assert invariance_failures(lambda x, w: invariant(x, w) * 2, w) == [-1]
+    found = candidates()
+    assert found[:2] == [DEFAULT_NARROW, DEFAULT_WIDE] and len(set(found)) == len(found) > 20
+    assert all(c.smem_bytes() <= SMEM_LIMIT for c in found)
+
+
 @pytest.mark.skipif(not interpreter_works() or torch.cuda.is_available(), reason="needs triton's interpreter, no CUDA")
 def test_triton_kernels_rows_are_batch_invariant_interpreted():
     run_under_interpreter(__file__, MARKER, hide_cuda=True, timeout=600)
@@ -105,6 +144,13 @@ if __name__ == "__main__":
     from radixlm.runtime.kernels.attention import fixed_split_attention
     from radixlm.runtime.kernels.gemm.batch_invariant_mm import matmul
 
+    from radixlm.runtime.kernels.gemm.batch_invariant_mm import BatchInvariantConfig
+
     gemm_cases(matmul, (torch.float32,), shapes=((130, 200, True),))
+    narrow = BatchInvariantConfig(block_n=32, block_k=32, num_warps=4, num_stages=2)  # a table entry's: K % 32 != 0
+    gemm_cases(lambda x, w, b: matmul(x, w, b, narrow), (torch.float32,), shapes=((80, 200, False),))
+    x = torch.randn(9 * 97 + 1, dtype=torch.float32)[1:].view(9, 97)  # rows at an unaligned address and stride
+    w = torch.randn(40, 97)
+    assert torch.equal(matmul(x, w), matmul(x.clone(), w))
     attention_case(fixed_split_attention, torch.float32, first=84)
     print(MARKER)

@@ -1,7 +1,7 @@
 """The batch-invariant GEMM's tuning sweep: for each weight shape, candidate tile configurations (BLOCK_M fixed) are
 first checked to keep every row's output independent of M (rows computed at M = 1, 7, 64 and 256 bitwise equal to the
 same rows inside a call of INVARIANCE_BIG_M rows, at another tile position), a candidate that fails is rejected, then
-timed at M = 64, 256 and 2048 as a CUDA-graph replay after an L2 eviction (dispatch's timing). The best by SCORE is
+timed at M = 8, 64, 256 and 2048 as a CUDA-graph replay after an L2 eviction (dispatch's timing). The best by SCORE is
 written to this GPU model's table (tuned/batch_invariant_<GPU>.json), which batch_invariant_mm.config_for reads.
 
     python -m radixlm.runtime.kernels.gemm.batch_invariant_tune --budget-s 150 --out $OUT --install
@@ -32,9 +32,10 @@ TINY_SHAPES = {"tiny": (96, 128)}
 INVARIANCE_MS = (1, 7, 64, 256)
 INVARIANCE_BIG_M = 300  # not a multiple of BLOCK_M: the checked rows sit at other positions of other tiles
 INVARIANCE_OFFSET = 37
-TIMED_MS = (64, 256, 2048)
-# Decode passes (64-256 rows) are most of a serving run's GEMM time; a prefill's 2048 rows count a quarter.
-SCORE_WEIGHTS = {64: 1.0, 256: 1.0, 2048: 0.25}
+TIMED_MS = (8, 64, 256, 2048)
+# Decode passes (8 rows: a run's long tail; 64-256) are most of a serving run's GEMM time; a prefill's 2048 rows count
+# a quarter.
+SCORE_WEIGHTS = {8: 1.0, 64: 1.0, 256: 1.0, 2048: 0.25}
 SMEM_LIMIT = 227 * 1024  # Hopper's opt-in shared memory per block
 
 
