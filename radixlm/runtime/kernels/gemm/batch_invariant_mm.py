@@ -5,7 +5,8 @@ tuning key on M would choose per batch again.
 
 The configuration is a function of (N, K, dtype) only: this GPU model's tuned table (tuned/batch_invariant_<GPU>.json,
 written by batch_invariant_tune.py, the sweep that rejects any candidate whose rows change with M) or the defaults
-below. BLOCK_M is one constant for every shape: the tile's MMA shape is then fixed per weight whatever M is."""
+below. Its block_m is part of it: the tile's MMA shape (block_m x block_n, num_warps) and its K walk (block_k) are
+then fixed per weight whatever M is."""
 from __future__ import annotations
 
 import functools
@@ -15,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_M = 64
+BLOCK_M = 64  # the defaults' tile rows
 WIDE_N = 16384  # weights with at least this many outputs take the wide default tile
 # Pointer arguments are specialised on 16-byte alignment (vector loads, cp.async pipelining); an input view at another
 # offset is copied to an aligned buffer first rather than building a second variant in the middle of serving.
@@ -24,8 +25,8 @@ ALIGN_BYTES = 16
 
 @dataclass(frozen=True)
 class BatchInvariantConfig:
-    """One weight shape's tile (BLOCK_M is fixed). Changing block_n, block_k or num_warps changes the arithmetic
-    (another K walk or MMA shape), so a table entry is only ever a function of the weight; num_stages and group_m
+    """One weight shape's tile. Changing block_m, block_n, block_k or num_warps may change the arithmetic (another
+    MMA shape or K walk), so a table entry is only ever a function of the weight, never of M; num_stages and group_m
     change the schedule only."""
 
     block_n: int
@@ -33,8 +34,11 @@ class BatchInvariantConfig:
     num_warps: int
     num_stages: int
     group_m: int = 8
+    block_m: int = BLOCK_M
 
     def __post_init__(self) -> None:
+        if self.block_m not in (64, 128):
+            raise ValueError(f"block_m {self.block_m} must be 64 or 128 (one or two wgmma row blocks)")
         for name in ("block_n", "block_k"):
             v = getattr(self, name)
             if v < 16 or v > 512 or v & (v - 1):
@@ -48,7 +52,7 @@ class BatchInvariantConfig:
 
     def smem_bytes(self, element_size: int = 2) -> int:
         """Shared memory of the pipelined A and B tiles."""
-        return self.num_stages * (BLOCK_M + self.block_n) * self.block_k * element_size
+        return self.num_stages * (self.block_m + self.block_n) * self.block_k * element_size
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -168,10 +172,10 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return out
     cfg = config or config_for(n, k, weight.dtype, weight.device)
     x = aligned_rows(x)
-    grid = (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, cfg.block_n),)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
     _batch_invariant_mm_kernel[grid](
         x, weight, out, bias if bias is not None else out, m, n, k, x.stride(0) if m > 1 else k, x.stride(1),
         weight.stride(0), weight.stride(1), out.stride(0), out.stride(1), HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0,
-        BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return out

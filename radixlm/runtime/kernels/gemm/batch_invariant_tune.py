@@ -1,4 +1,4 @@
-"""The batch-invariant GEMM's tuning sweep: for each weight shape, candidate tile configurations (BLOCK_M fixed) are
+"""The batch-invariant GEMM's tuning sweep: for each weight shape, candidate tile configurations (per weight, never per M) are
 first checked to keep every row's output independent of M (rows computed at M = 1, 7, 64 and 256 bitwise equal to the
 same rows inside a call of INVARIANCE_BIG_M rows, at another tile position), a candidate that fails is rejected, then
 timed at M = 8, 64, 256 and 2048 as a CUDA-graph replay after an L2 eviction (dispatch's timing). The best by SCORE is
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from radixlm.runtime.kernels.gemm.batch_invariant_mm import (
-    BLOCK_M, DEFAULT_NARROW, DEFAULT_WIDE, BatchInvariantConfig, default_config, matmul,
+    DEFAULT_NARROW, DEFAULT_WIDE, BatchInvariantConfig, default_config, matmul,
 )
 
 # Llama-3.1-8B's GEMMs (N, K): qkv, o, gate_up, down, lm_head.
@@ -30,7 +30,7 @@ LLAMA_8B_SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_pr
                    "down_proj": (4096, 14336), "lm_head": (128256, 4096)}
 TINY_SHAPES = {"tiny": (96, 128)}
 INVARIANCE_MS = (1, 7, 64, 256)
-INVARIANCE_BIG_M = 300  # not a multiple of BLOCK_M: the checked rows sit at other positions of other tiles
+INVARIANCE_BIG_M = 300  # not a multiple of a tile's rows: the checked rows sit at other positions of other tiles
 INVARIANCE_OFFSET = 37
 TIMED_MS = (8, 64, 256, 2048)
 # Decode passes (8 rows: a run's long tail; 64-256) are most of a serving run's GEMM time; a prefill's 2048 rows count
@@ -44,9 +44,13 @@ def candidates(element_size: int = 2, smem_limit: int = SMEM_LIMIT) -> list[Batc
     defaults, then wide and narrow tiles of 64 and 128 K, then the rest of the grid."""
     first = [DEFAULT_NARROW, DEFAULT_WIDE] + [BatchInvariantConfig(*c) for c in (
         (128, 128, 4, 3), (64, 64, 4, 4), (128, 64, 8, 4), (256, 64, 8, 3), (32, 128, 4, 4), (128, 128, 8, 3),
+        (128, 64, 8, 4, 8, 128), (64, 64, 8, 4, 8, 128), (256, 64, 8, 3, 8, 128), (128, 128, 8, 3, 8, 128),
         (64, 128, 4, 3), (64, 256, 4, 3), (256, 64, 4, 3), (32, 256, 4, 4))]
-    grid = [BatchInvariantConfig(bn, bk, warps, stages)
-            for bn, bk, warps, stages in itertools.product((64, 128, 32, 256), (64, 128, 256), (4, 8), (4, 3, 5, 2))
+    # 128-row tiles read a weight tile once for twice the rows (half the L2 traffic at 256 rows), at twice the MMA
+    # work of a few-row pass.
+    grid = [BatchInvariantConfig(bn, bk, warps, stages, 8, bm)
+            for bm, bn, bk, warps, stages in itertools.product((64, 128), (64, 128, 32, 256), (64, 128, 256), (4, 8),
+                                                               (4, 3, 5, 2))
             if not (bn == 32 and warps == 8)]
     out: list[BatchInvariantConfig] = []
     for cfg in first + grid:
@@ -193,7 +197,7 @@ def main() -> None:
     from radixlm.runtime.kernels.gemm.cublaslt import table_path
 
     gpu = torch.cuda.get_device_name() if cuda else f"cpu-{platform.machine()}"
-    table = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "block_m": BLOCK_M,
+    table = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
              "score_weights": SCORE_WEIGHTS, "command": "python -m radixlm.runtime.kernels.gemm.batch_invariant_tune "
              f"--budget-s {a.budget_s:g}", "entries": table_entries(rows)}
     out = Path(a.out)
