@@ -325,16 +325,16 @@ determ)
     check=(--model tiny --device cpu --batches 4 8 --max-new-tokens 4 --chunked-prefill-size 64 --lengths 150 100 200)
     tput=(--model tiny --device cpu --sharegpt-n 16); mem=(--model tiny --device cpu)
   else
-    tune=($PY -m radixlm.runtime.kernels.gemm.batch_invariant_tune --budget-s "${DETERM_TUNE_S:-80}" --install)
+    tune=($PY -m radixlm.runtime.kernels.gemm.batch_invariant_tune --budget-s "${DETERM_TUNE_S:-70}" --install)
     prof=(--batches 64 256 --steps 16 --prefill 4000)
     check=(--batches 8 64 256); tput=(--sharegpt-n "${DETERM_SHAREGPT_N:-1000}"); mem=()
   fi
-  step determ_tune 110 "${tune[@]}" --out "$OUT"
-  step determ_profile 140 $PY benchmarks/profiling/profile_gpu_step.py "${prof[@]}" --deterministic both --top 15 \
+  step determ_tune 100 "${tune[@]}" --out "$OUT"
+  step determ_profile 150 $PY benchmarks/profiling/profile_gpu_step.py "${prof[@]}" --deterministic both --top 15 \
     --out "$OUT/determinism_profile.json"
-  step determ_check 80 $PY benchmarks/quality/deterministic_check.py --parts check "${check[@]}" \
+  step determ_check 90 $PY benchmarks/quality/deterministic_check.py --parts check "${check[@]}" \
     --out "$OUT/determinism_check.json"
-  step determ_throughput 130 $PY benchmarks/quality/deterministic_check.py --parts throughput "${tput[@]}" \
+  step determ_throughput 120 $PY benchmarks/quality/deterministic_check.py --parts throughput "${tput[@]}" \
     --out "$OUT/determinism_throughput.json"
   step determ_memory 70 $PY benchmarks/quality/deterministic_check.py --parts memory "${mem[@]}" \
     --out "$OUT/release_memory.json" ;;

@@ -99,7 +99,7 @@ def test_gemm_config_is_the_weights_alone_and_validated():
     aligned = aligned_rows(x)
     assert aligned is not x and aligned.data_ptr() % 16 == 0 and torch.equal(aligned, x)
     assert aligned_rows(aligned) is aligned
-    for bad in ({"block_n": 96}, {"num_warps": 2}, {"num_stages": 0}, {"group_m": 0}, {"block_m": 32}, {"split_k": 2}):
+    for bad in ({"block_n": 96}, {"num_warps": 2}, {"num_stages": 0}, {"group_m": 0}, {"block_m": 32}, {"split_k": 0}, {"splits": 2}):
         with pytest.raises(ValueError, match="bad batch_invariant tuned entry"):
             parse_table([{**entry, "config": {**entry["config"], **bad}}])
 
@@ -147,9 +147,10 @@ if __name__ == "__main__":
     from radixlm.runtime.kernels.gemm.batch_invariant_mm import BatchInvariantConfig
 
     gemm_cases(matmul, (torch.float32,), shapes=((130, 200, True),))
-    # Table entries' tiles: a narrow one whose K steps do not divide K (200), and one of 128 rows.
+    # Table entries' tiles: a narrow one whose K steps do not divide K (200), one of 128 rows, one in 3 K parts.
     for cfg in (BatchInvariantConfig(block_n=32, block_k=32, num_warps=4, num_stages=2),
-                BatchInvariantConfig(block_n=16, block_k=64, num_warps=4, num_stages=2, block_m=128)):
+                BatchInvariantConfig(block_n=16, block_k=64, num_warps=4, num_stages=2, block_m=128),
+                BatchInvariantConfig(block_n=32, block_k=32, num_warps=4, num_stages=2, split_k=3)):
         gemm_cases(lambda x, w, b: matmul(x, w, b, cfg), (torch.float32,), shapes=((40, 200, False),))
     x = torch.randn(9 * 97 + 1, dtype=torch.float32)[1:].view(9, 97)  # rows at an unaligned address and stride
     w = torch.randn(40, 97)

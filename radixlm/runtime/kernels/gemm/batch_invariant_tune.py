@@ -45,7 +45,9 @@ def candidates(element_size: int = 2, smem_limit: int = SMEM_LIMIT) -> list[Batc
     first = [DEFAULT_NARROW, DEFAULT_WIDE] + [BatchInvariantConfig(*c) for c in (
         (128, 128, 4, 3), (64, 64, 4, 4), (128, 64, 8, 4), (256, 64, 8, 3), (32, 128, 4, 4), (128, 128, 8, 3),
         (128, 64, 8, 4, 8, 128), (64, 64, 8, 4, 8, 128), (256, 64, 8, 3, 8, 128), (128, 128, 8, 3, 8, 128),
+        (64, 128, 4, 4, 8, 64, 2), (64, 128, 4, 4, 8, 64, 4), (32, 128, 4, 4, 8, 64, 2), (128, 64, 4, 4, 8, 64, 2),
         (64, 128, 4, 3), (64, 256, 4, 3), (256, 64, 4, 3), (32, 256, 4, 4))]
+    # split_k: more programs for few rows and narrow weights, at the partials' traffic for many rows.
     # 128-row tiles read a weight tile once for twice the rows (half the L2 traffic at 256 rows), at twice the MMA
     # work of a few-row pass.
     grid = [BatchInvariantConfig(bn, bk, warps, stages, 8, bm)
