@@ -224,7 +224,8 @@ def part_memory(path: str, device: str, n_out: int = 16) -> dict:
         close(engine)
     above = rows[2]["used_gib"] - context["used_gib"] if cuda else 0.0
     smi = [r.get("nvidia_smi_process_mib") for r in (context, rows[2])]
-    result = {"snapshots": rows, "released_above_context_gib": above, "aim_gib": 1.0, "within_aim": above <= 1.0 if cuda else None,
+    result = {"snapshots": rows, "released_above_context_gib": above, "aim_gib": 1.0,
+              "within_aim": above <= 1.0 if cuda else None,
               "released_above_context_nvidia_smi_mib": smi[1] - smi[0] if None not in smi else None,
               "alive_while_released": alive, "release_s": release_s, "resume_s": resume_s,
               "outputs_identical_after_resume": before == after, "prompts": len(prompts), "output_tokens": n_out}

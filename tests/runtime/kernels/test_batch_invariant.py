@@ -99,7 +99,8 @@ def test_gemm_config_is_the_weights_alone_and_validated():
     aligned = aligned_rows(x)
     assert aligned is not x and aligned.data_ptr() % 16 == 0 and torch.equal(aligned, x)
     assert aligned_rows(aligned) is aligned
-    for bad in ({"block_n": 96}, {"num_warps": 2}, {"num_stages": 0}, {"group_m": 0}, {"block_m": 32}, {"split_k": 0}, {"splits": 2}):
+    for bad in ({"block_n": 96}, {"num_warps": 2}, {"num_stages": 0}, {"group_m": 0}, {"block_m": 32}, {"split_k": 0},
+                {"splits": 2}):
         with pytest.raises(ValueError, match="bad batch_invariant tuned entry"):
             parse_table([{**entry, "config": {**entry["config"], **bad}}])
 

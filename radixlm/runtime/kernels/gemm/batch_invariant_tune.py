@@ -1,12 +1,13 @@
-"""The batch-invariant GEMM's tuning sweep: for each weight shape, candidate tile configurations (per weight, never per M) are
-first checked to keep every row's output independent of M (rows computed at M = 1, 7, 64 and 256 bitwise equal to the
-same rows inside a call of INVARIANCE_BIG_M rows, at another tile position), a candidate that fails is rejected, then
-timed at M = 8, 64, 256 and 2048 as a CUDA-graph replay after an L2 eviction (dispatch's timing). The best by SCORE is
-written to this GPU model's table (tuned/batch_invariant_<GPU>.json), which batch_invariant_mm.config_for reads.
+"""The batch-invariant GEMM's tuning sweep: for each weight shape, candidate tile configurations (per weight, never
+per M) are first checked to keep every row's output independent of M (rows computed at M = 1, 7, 64 and 256 bitwise
+equal to the same rows inside a call of INVARIANCE_BIG_M rows, at another tile position); a candidate that fails is
+rejected, the others are timed at M = 8, 64, 256 and 2048 as CUDA-graph replays after an L2 eviction (dispatch's
+timing). The best by Timing.score is written to this GPU model's table (tuned/batch_invariant_<GPU>.json), which
+batch_invariant_mm.config_for reads.
 
     python -m radixlm.runtime.kernels.gemm.batch_invariant_tune --budget-s 150 --out $OUT --install
 
-Without CUDA (TRITON_INTERPRET=1: a dry run) the shapes are tiny, two candidates, and the "timing" is wall time."""
+Without CUDA (TRITON_INTERPRET=1: a dry run) the shapes are tiny, three candidates, and the "timing" is wall time."""
 from __future__ import annotations
 
 import argparse
@@ -190,7 +191,8 @@ def main() -> None:
     device = torch.device("cuda" if cuda else "cpu")
     dtype = getattr(torch, a.dtype) if cuda else torch.float32
     shapes = LLAMA_8B_SHAPES if cuda else TINY_SHAPES
-    configs = candidates() if cuda else [BatchInvariantConfig(32, 32, 4, 2), BatchInvariantConfig(64, 64, 4, 3)]
+    configs = (candidates() if cuda else
+               [BatchInvariantConfig(32, 32, 4, 2), BatchInvariantConfig(32, 32, 4, 2, split_k=2)])
     timed = TIMED_MS if cuda else (8, 70)
     t0 = time.perf_counter()
     rows = sweep(shapes, dtype, device, configs, a.budget_s, timed)
