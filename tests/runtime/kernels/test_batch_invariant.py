@@ -124,6 +124,41 @@ def test_tuning_sweep_rejects_a_config_whose_rows_change_with_m():
     assert all(c.smem_bytes() <= SMEM_LIMIT for c in found)
 
 
+def _compile_for_hopper(fn, signature: dict[str, str], constexprs: dict[str, object], aligned: tuple[str, ...],
+                        num_warps: int, num_stages: int):
+    """fn built for sm_90 by Triton's own compiler and ptxas, no GPU needed (skips where this Triton has no CUDA
+    backend); `aligned`: the arguments the launcher would mark 16-divisible."""
+    triton = pytest.importorskip("triton")
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        names = list(signature)
+        src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(n),): v for n, v in constexprs.items()},
+                        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps, "num_stages": num_stages})
+    except (ImportError, RuntimeError, FileNotFoundError) as e:  # no nvidia backend or ptxas here
+        pytest.skip(f"cannot build for sm_90 here: {e}")
+
+
+def test_gemm_reads_its_input_with_pipelined_vector_copies_on_hopper():
+    """The input A is specialised on alignment: its tiles go to shared memory by 16-byte cp.async like B's (with A's
+    alignment unknown, Triton 3.9 loaded it by 2-byte ld.global, outside the pipeline)."""
+    from radixlm.runtime.kernels.gemm.batch_invariant_mm import _batch_invariant_mm_kernel
+
+    sig = {"A": "*bf16", "B": "*bf16", "C": "*bf16", "Bias": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+           "K_SPLIT": "i32", "stride_am": "i32", "stride_ak": "constexpr", "stride_bn": "i32", "stride_bk": "constexpr",
+           "stride_cs": "i32", "stride_cm": "i32", "stride_cn": "constexpr", "HAS_BIAS": "constexpr",
+           "EVEN_K": "constexpr", "PARTIAL": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+           "BLOCK_K": "constexpr", "GROUP_M": "constexpr"}
+    consts = {"stride_ak": 1, "stride_bk": 1, "stride_cn": 1, "HAS_BIAS": False, "EVEN_K": True, "PARTIAL": False,
+              "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}
+    aligned = ("A", "B", "C", "Bias", "N", "K", "K_SPLIT", "stride_am", "stride_bn", "stride_cm")
+    ptx = _compile_for_hopper(_batch_invariant_mm_kernel, sig, consts, aligned, 4, 3).asm["ptx"]
+    assert "ld.global.b16" not in ptx and ptx.count("cp.async.cg.shared.global") >= 16 and "wgmma" in ptx
+
+
 @pytest.mark.skipif(not interpreter_works() or torch.cuda.is_available(), reason="needs triton's interpreter, no CUDA")
 def test_triton_kernels_rows_are_batch_invariant_interpreted():
     run_under_interpreter(__file__, MARKER, hide_cuda=True, timeout=600)
