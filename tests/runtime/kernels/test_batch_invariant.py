@@ -64,6 +64,32 @@ def attention_case(attend, dtype: torch.dtype, first: int = 0) -> None:
     torch.testing.assert_close(alone[0].float(), ref[:, 0], rtol=2e-2, atol=2e-2)
 
 
+def tiled(attend):
+    """attend (the Triton kernel) given the tiles the backend cuts: each run of rows of one request in tiles of
+    rows_per_tile rows (fixed_split.span_tiles)."""
+    import itertools
+
+    from radixlm.runtime.kernels.attention.fixed_split import rows_per_tile, span_tiles
+
+    def run(q, k_buf, v_buf, req_to_token, row_req, positions, scale):
+        spans = [len(list(g)) for _, g in itertools.groupby(row_req.tolist())]
+        starts, counts = span_tiles(spans, rows_per_tile(q.shape[1] // k_buf.shape[1]))
+        tiles = (torch.tensor(starts, dtype=torch.int32, device=q.device),
+                 torch.tensor(counts, dtype=torch.int32, device=q.device))
+        return attend(q, k_buf, v_buf, req_to_token, row_req, positions, scale, tiles=tiles)
+
+    return run
+
+
+def test_attention_tiles_are_a_requests_rows_cut_by_the_group():
+    from radixlm.runtime.kernels.attention.fixed_split import rows_per_tile, span_tiles
+
+    assert [rows_per_tile(g) for g in (1, 2, 3, 4, 8, 16, 32)] == [16, 8, 4, 4, 2, 1, 1]
+    assert span_tiles([6, 1, 0, 9], 4) == ([0, 4, 6, 7, 11, 15], [4, 2, 1, 4, 4, 1])
+    with pytest.raises(ValueError):
+        rows_per_tile(0)
+
+
 def test_cpu_gemm_rows_are_batch_invariant():
     from radixlm.runtime.kernels.gemm.batch_invariant import cpu_linear
 
@@ -114,10 +140,8 @@ def test_tuning_sweep_rejects_a_config_whose_rows_change_with_m():
     w = torch.randn(48, 64, generator=torch.Generator().manual_seed(3)) / 8
     invariant = lambda x, w: cpu_linear(x, w, None, None)  # noqa: E731
     assert invariance_failures(invariant, w) == []
-    # Kernels whose result depends on the call's row count (as a per-M choice would: torch's own GEMM on the CPU
-    # changes at 1 and 7 rows here), and one that is wrong.
+    # A kernel whose result depends on the call's row count (as a per-M choice would), and one that is wrong.
     assert invariance_failures(lambda x, w: invariant(x, w) + (x.shape[0] < 100) * 1e-6, w) == [1, 7, 64]
-    assert invariance_failures(lambda x, w: x @ w.T, w)[:2] == [1, 7]
     assert invariance_failures(lambda x, w: invariant(x, w) * 2, w) == [-1]
     found = candidates()
     assert found[:2] == [DEFAULT_NARROW, DEFAULT_WIDE] and len(set(found)) == len(found) > 20
@@ -159,6 +183,20 @@ def test_gemm_reads_its_input_with_pipelined_vector_copies_on_hopper():
     assert "ld.global.b16" not in ptx and ptx.count("cp.async.cg.shared.global") >= 16 and "wgmma" in ptx
 
 
+def test_attention_kernel_builds_for_hopper():
+    """Llama-3.1-8B's shapes (groups of 4, head dim 128): 4 rows x 4 heads in one 16-row MMA tile."""
+    from radixlm.runtime.kernels.attention.fixed_split_kernel import _fixed_split_attention_kernel
+
+    sig = {"Q": "*bf16", "K_buf": "*bf16", "V_buf": "*bf16", "Req_to_token": "*i32", "Row_req": "*i64",
+           "Positions": "*i64", "Tile_start": "*i32", "Tile_rows": "*i32", "Out": "*bf16", "scale": "fp32",
+           "v_scale": "fp32", **{f"stride_{n}": "i32" for n in ("qt", "qh", "kb", "kh", "vb", "vh", "ot", "oh", "r2t")},
+           **{n: "constexpr" for n in ("GROUP", "GROUP_P2", "ROWS", "HEAD_DIM", "BLOCK_D", "BLOCK_N")}}
+    consts = {"GROUP": 4, "GROUP_P2": 4, "ROWS": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_N": 64}
+    aligned = ("Q", "K_buf", "V_buf", "Req_to_token", "Out", *[n for n in sig if n.startswith("stride_")])
+    ptx = _compile_for_hopper(_fixed_split_attention_kernel, sig, consts, aligned, 4, 2).asm["ptx"]
+    assert "mma" in ptx and "cp.async" in ptx
+
+
 @pytest.mark.skipif(not interpreter_works() or torch.cuda.is_available(), reason="needs triton's interpreter, no CUDA")
 def test_triton_kernels_rows_are_batch_invariant_interpreted():
     run_under_interpreter(__file__, MARKER, hide_cuda=True, timeout=600)
@@ -169,11 +207,15 @@ def test_triton_kernels_rows_are_batch_invariant_cuda():
     from radixlm.runtime.kernels.attention import fixed_split_attention
     from radixlm.runtime.kernels.gemm.batch_invariant_mm import matmul
 
+    def move(t):
+        return t.cuda() if isinstance(t, torch.Tensor) else tuple(map(move, t)) if isinstance(t, tuple) else t
+
     def on_cuda(fn):
-        return lambda *a: fn(*[t.cuda() if isinstance(t, torch.Tensor) else t for t in a]).cpu()
+        return lambda *a, **kw: fn(*map(move, a), **{k: move(v) for k, v in kw.items()}).cpu()
 
     gemm_cases(on_cuda(matmul), (torch.bfloat16, torch.float16))
     attention_case(on_cuda(fixed_split_attention), torch.bfloat16)
+    attention_case(tiled(on_cuda(fixed_split_attention)), torch.bfloat16)
 
 
 if __name__ == "__main__":
@@ -192,4 +234,5 @@ if __name__ == "__main__":
     w = torch.randn(40, 97)
     assert torch.equal(matmul(x, w), matmul(x.clone(), w))
     attention_case(fixed_split_attention, torch.float32, first=84)
+    attention_case(tiled(fixed_split_attention), torch.float32, first=61)  # an extend of 30 rows: tiles of 8
     print(MARKER)

@@ -22,6 +22,35 @@ FIXED_SPLIT_SIZE = 64
 TORCH_ROW_BLOCK = 16
 
 
+def rows_per_tile(group: int) -> int:
+    """How many query rows of one request the Triton kernel's program takes (fixed_split_kernel.py): its tile holds
+    rows x the GQA group's query heads (padded to a power of two), 16 in all for groups up to 16. A function of the
+    model alone, so a decode row and a prefill row run one tile shape."""
+    if group < 1:
+        raise ValueError(f"a GQA group of {group} query heads")
+    return max(1, 16 // (1 << (group - 1).bit_length()))
+
+
+def span_tiles(spans: list[int], rows: int) -> tuple[list[int], list[int]]:
+    """The kernel's tiles of a REQUEST_SPANS pass: each request's rows (spans, in pass order) cut into runs of at most
+    `rows` from its first; (first row, row count) per tile."""
+    if rows < 1 or any(n < 0 for n in spans):
+        raise ValueError(f"tiles of {rows} rows over spans {spans}")
+    starts, counts, row = [], [], 0
+    for n in spans:
+        for j in range(0, n, rows):
+            starts.append(row + j)
+            counts.append(min(rows, n - j))
+        row += n
+    return starts, counts
+
+
+def row_tiles(num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One tile per row (TOKEN_ROWS passes: decode rows, graph replays): (first row, row count) int32 vectors."""
+    return (torch.arange(num_rows, dtype=torch.int32, device=device),
+            torch.ones(num_rows, dtype=torch.int32, device=device))
+
+
 def row_requests(req_pool_indices: torch.Tensor, extend_lens: list[int] | None, num_rows: int) -> torch.Tensor:
     """Each row's req_to_token row: extend_lens None when every row is its own request (TOKEN_ROWS), else the rows
     per request (REQUEST_SPANS)."""
