@@ -5,10 +5,11 @@ Every query row, whatever pass it is in (a prompt's prefill, a chunk of it, an e
 decode step, a CUDA-graph replay padded to its captured size), is described by the same two numbers: its request's
 row of req_to_token and its position (it sees the keys at positions 0..position: causal). Its attention walks those
 keys from position 0 in splits of exactly FIXED_SPLIT_SIZE positions, a split's scores and its softmax-weighted
-values each one fixed-shape reduction, the splits merged into an online softmax in position order. Nothing in that walk depends
-on the other rows of the pass, on how many there are, or on whether the row's prefix came from the radix cache:
-a fixed split size, not a fixed number of splits (the decode kernels' split count follows the batch and the longest
-sequence, which moves every split boundary)."""
+values each one fixed-shape reduction, the splits merged into an online softmax in position order. Nothing in that
+walk depends on the other rows of the pass, on how many there are, or on whether the row's prefix came from the radix
+cache: a fixed split size, not a fixed number of splits (the decode kernels' split count follows the batch and the
+longest sequence, which moves every split boundary). The Triton kernel takes a request's consecutive rows in tiles
+(span_tiles) that share each block's key reads; every row's walk in a tile is still its own."""
 from __future__ import annotations
 
 import math
