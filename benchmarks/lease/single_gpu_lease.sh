@@ -329,15 +329,17 @@ determ)
     prof=(--batches 64 256 --steps 16 --prefill 4000)
     check=(--batches 8 64 256); tput=(--sharegpt-n "${DETERM_SHAREGPT_N:-1000}"); mem=()
   fi
-  step determ_tune 100 "${tune[@]}" --out "$OUT"
+  # A device call returns at most 8 files: six JSON files, and each finished step's log moved into determ_logs.tar.
+  logs() { (cd "$OUT" && tar -rf determ_logs.tar determ_*.log && rm -f determ_*.log); }
+  step determ_tune 100 "${tune[@]}" --out "$OUT"; logs
   step determ_profile 150 $PY benchmarks/profiling/profile_gpu_step.py "${prof[@]}" --deterministic both --top 15 \
-    --out "$OUT/determinism_profile.json"
+    --out "$OUT/determinism_profile.json"; logs
   step determ_check 90 $PY benchmarks/quality/deterministic_check.py --parts check "${check[@]}" \
-    --out "$OUT/determinism_check.json"
+    --out "$OUT/determinism_check.json"; logs
   step determ_throughput 120 $PY benchmarks/quality/deterministic_check.py --parts throughput "${tput[@]}" \
-    --out "$OUT/determinism_throughput.json"
+    --out "$OUT/determinism_throughput.json"; logs
   step determ_memory 70 $PY benchmarks/quality/deterministic_check.py --parts memory "${mem[@]}" \
-    --out "$OUT/release_memory.json" ;;
+    --out "$OUT/release_memory.json"; logs ;;
 deepseek)
   # issue 51 item 5: one step, each part's JSON written as it is measured (a killed step keeps the parts done).
   banner

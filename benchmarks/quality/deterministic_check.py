@@ -229,8 +229,9 @@ def part_memory(path: str, device: str, n_out: int = 16) -> dict:
               "released_above_context_nvidia_smi_mib": smi[1] - smi[0] if None not in smi else None,
               "alive_while_released": alive, "release_s": release_s, "resume_s": resume_s,
               "outputs_identical_after_resume": before == after, "prompts": len(prompts), "output_tokens": n_out}
-    log(f"memory: released {above:.3f} GiB above the CUDA context (aim <= 1 GiB: "
-        f"{'met' if result['within_aim'] else 'NOT met'}); release {release_s:.1f} s, resume {resume_s:.1f} s; "
+    aim = {True: "met", False: "NOT met", None: "no GPU"}[result["within_aim"]]
+    log(f"memory: released {above:.3f} GiB above the CUDA context (aim <= 1 GiB: {aim}); release {release_s:.1f} s, "
+        f"resume {resume_s:.1f} s; "
         f"outputs after resume {'identical' if before == after else 'DIFFER'}")
     return result
 
