@@ -131,6 +131,19 @@ def test_gemm_config_is_the_weights_alone_and_validated():
             parse_table([{**entry, "config": {**entry["config"], **bad}}])
 
 
+def test_committed_gemm_tables_parse():
+    """Each GPU model's table (kernels/gemm/tuned/batch_invariant_*.json, written by batch_invariant_tune) names valid
+    configurations."""
+    import json
+    from pathlib import Path
+
+    from radixlm.runtime.kernels.gemm import batch_invariant_mm
+
+    for path in sorted((Path(batch_invariant_mm.__file__).parent / "tuned").glob("batch_invariant_*.json")):
+        entries = json.loads(path.read_text())["entries"]
+        assert len(batch_invariant_mm.parse_table(entries)) == len(entries), path
+
+
 def test_tuning_sweep_rejects_a_config_whose_rows_change_with_m():
     from radixlm.runtime.kernels.gemm.batch_invariant import cpu_linear
     from radixlm.runtime.kernels.gemm.batch_invariant_tune import (
