@@ -32,10 +32,12 @@
 #   bash benchmarks/lease/single_gpu_lease.sh vlm       # issue 23: LLaVA-bench with Qwen2.5-VL-7B shapes (radix / no_radix /
 #                                                 # no_cache), then LLaVA-OneVision-7B shapes (12 images, 2 repeats)
 #   bash benchmarks/lease/single_gpu_lease.sh determ    # issue 55: --enable-deterministic-inference on Llama-3.1-8B
-#                                                 # shapes: one prompt alone and in batches of 8/64/256, with and
-#                                                 # without a prefix hit, tokens and logprobs compared exactly (on,
-#                                                 # then off as the baseline); ShareGPT-like throughput off vs on
-#                                                 # (4 engine starts; estimate 6-9 min, not measured)
+#                                                 # shapes: the batch-invariant GEMM's sweep (table to $OUT and
+#                                                 # installed for the later steps), decode (64/256) and 4k-prefill
+#                                                 # profiles off vs on, one prompt alone and in batches of 8/64/256
+#                                                 # with and without a prefix hit (tokens and logprobs exact),
+#                                                 # ShareGPT-like throughput off vs on, then item 2's release/resume
+#                                                 # memory (6 engine starts; steps' limits sum to 530 s; not measured)
 #   bash benchmarks/lease/single_gpu_lease.sh deepseek  # issue 51: DeepSeek-V2-Lite shapes (dummy bf16), one engine
 #                                                 # per part: decode step at batch 1/32/256 beside its bytes floor,
 #                                                 # ShareGPT-like (500) and shared-prefix (32 x 32) throughput, KV
@@ -313,18 +315,31 @@ vlm)
       --repeat 2 --out "$OUT/llava_bench_llava_onevision_7b.json"
   fi ;;
 determ)
-  # issue 55 item 5: deterministic mode's invariance (on, then off as the baseline) and its ShareGPT-like cost.
+  # issue 55 items 5 and 2, one call of at most 9 minutes: the batch-invariant GEMM's sweep (its table installed in this
+  # tree's kernels/gemm/tuned/ for the steps after it, and copied to $OUT), the decode/prefill profile flag off vs on,
+  # the invariance check (flag on), the ShareGPT-like throughput off vs on, then release/resume memory.
   banner
   if [ "$DRY" = 1 ]; then
+    tune=(env TRITON_INTERPRET=1 $PY -m radixlm.runtime.kernels.gemm.batch_invariant_tune --budget-s 20)
+    prof=(--tiny --batches 2 4 --steps 2 --prefill 200)
     check=(--model tiny --device cpu --batches 4 8 --max-new-tokens 4 --chunked-prefill-size 64 --lengths 150 100 200)
-    tput=(--model tiny --device cpu --sharegpt-n 16)
+    tput=(--model tiny --device cpu --sharegpt-n 16); mem=(--model tiny --device cpu)
   else
-    check=(--batches 8 64 256); tput=(--sharegpt-n "${DETERM_SHAREGPT_N:-1000}")
+    tune=($PY -m radixlm.runtime.kernels.gemm.batch_invariant_tune --budget-s "${DETERM_TUNE_S:-70}" --install)
+    prof=(--batches 64 256 --steps 16 --prefill 4000)
+    check=(--batches 8 64 256); tput=(--sharegpt-n "${DETERM_SHAREGPT_N:-1000}"); mem=()
   fi
-  step determ_check 300 $PY benchmarks/quality/deterministic_check.py --parts check --baseline "${check[@]}" \
-    --out "$OUT/determinism_check.json"
-  step determ_throughput 250 $PY benchmarks/quality/deterministic_check.py --parts throughput "${tput[@]}" \
-    --out "$OUT/determinism_throughput.json" ;;
+  # A device call returns at most 8 files: six JSON files, and each finished step's log moved into determ_logs.tar.
+  logs() { (cd "$OUT" && tar -rf determ_logs.tar determ_*.log && rm -f determ_*.log); }
+  step determ_tune 100 "${tune[@]}" --out "$OUT"; logs
+  step determ_profile 150 $PY benchmarks/profiling/profile_gpu_step.py "${prof[@]}" --deterministic both --top 15 \
+    --out "$OUT/determinism_profile.json"; logs
+  step determ_check 90 $PY benchmarks/quality/deterministic_check.py --parts check "${check[@]}" \
+    --out "$OUT/determinism_check.json"; logs
+  step determ_throughput 120 $PY benchmarks/quality/deterministic_check.py --parts throughput "${tput[@]}" \
+    --out "$OUT/determinism_throughput.json"; logs
+  step determ_memory 70 $PY benchmarks/quality/deterministic_check.py --parts memory "${mem[@]}" \
+    --out "$OUT/release_memory.json"; logs ;;
 deepseek)
   # issue 51 item 5: one step, each part's JSON written as it is measured (a killed step keeps the parts done).
   banner

@@ -9,6 +9,12 @@ directory). Two parts (--parts):
               With --baseline, the same cases on an engine without the flag (what the flag changes).
   throughput  the ShareGPT-like workload (1000 requests, benchmarks/lib: sharegpt_like_dataset) with the flag off
               and on, same engine settings otherwise: output and total tokens/s and the cost of the flag.
+  memory      issue 55 item 2, not deterministic mode: an engine with --enable-memory-saver (flag off) generates,
+              releases its memory (release_memory_occupation: KV cache and weights), resumes and generates again;
+              GPU memory (torch.cuda.mem_get_info, the allocator, nvidia-smi's per-process figure) before, while
+              released and after, beside this process's bare CUDA context measured before the engine started (aim:
+              released <= 1 GiB above it), the largest CUDA tensors still alive while released, and whether the
+              outputs (tokens and logprobs) after the resume equal those before.
 
     python benchmarks/quality/deterministic_check.py --parts check throughput --baseline --out $OUT/determinism.json
 
@@ -129,9 +135,110 @@ def part_throughput(path: str, device: str, n: int) -> dict:
     return result
 
 
+def gpu_memory(tag: str) -> dict:
+    """This device's memory now: mem_get_info's used bytes, the allocator's, nvidia-smi's figure for this process
+    (None where its PID namespace hides it) and every process nvidia-smi lists; the state's name alone off CUDA."""
+    import subprocess
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"state": tag}
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    procs = []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+        procs = [{"pid": int(a), "mib": float(b)} for a, b in (ln.split(",") for ln in out.strip().splitlines() if ln)]
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        log(f"  nvidia-smi: {e}")
+    mine = next((p["mib"] for p in procs if p["pid"] == os.getpid()), None)
+    row = {"state": tag, "used_gib": (total - free) / 2**30, "allocated_gib": torch.cuda.memory_allocated() / 2**30,
+           "reserved_gib": torch.cuda.memory_reserved() / 2**30, "nvidia_smi_process_mib": mine,
+           "nvidia_smi_processes": procs}
+    log(f"  {tag:9}: used {row['used_gib']:7.3f} GiB (allocated {row['allocated_gib']:.3f}, reserved "
+        f"{row['reserved_gib']:.3f}; nvidia-smi, this process: {mine} MiB)")
+    return row
+
+
+def live_cuda_tensors(top: int = 10) -> list[dict]:
+    """The largest CUDA tensors still referenced (by shape and dtype), with their count: what holds memory while
+    released."""
+    import gc
+    from collections import Counter
+
+    import torch
+
+    sizes: Counter = Counter()
+    counts: Counter = Counter()
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, torch.Tensor) and obj.is_cuda:
+                key = f"{tuple(obj.shape)} {str(obj.dtype).removeprefix('torch.')}"
+                sizes[key] += obj.untyped_storage().nbytes()
+                counts[key] += 1
+        except Exception:  # noqa: BLE001 - objects that fail isinstance or have no storage
+            continue
+    return [{"tensor": k, "count": counts[k], "mib": v / 2**20} for k, v in sizes.most_common(top)]
+
+
+def part_memory(path: str, device: str, n_out: int = 16) -> dict:
+    """Issue 55 item 2 (the module docstring's `memory`)."""
+    from transformers import AutoTokenizer
+
+    import torch
+
+    cuda = device == "cuda"
+    if cuda:
+        torch.zeros(1, device="cuda")  # this process's CUDA context (and the allocator's first block): the reference
+    context = gpu_memory("context")
+    src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(2))
+    prompts = [src.ids(random.Random(i).randint(100, 900)) for i in range(16)]
+    params = {"temperature": 0, "max_new_tokens": n_out, "ignore_eos": True}
+
+    def run() -> list[tuple]:
+        outs = engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
+        return [(o["output_ids"], [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]]) for o in outs]
+
+    engine = make(path, device, False, enable_memory_saver=True)
+    rows = [context]
+    try:
+        before = run()
+        rows.append(gpu_memory("before"))
+        t0 = time.perf_counter()
+        ok, msg = engine.release_memory_occupation()
+        release_s = time.perf_counter() - t0
+        if not ok:
+            raise RuntimeError(f"release_memory_occupation refused: {msg}")
+        rows.append(gpu_memory("released"))
+        alive = live_cuda_tensors() if cuda else []
+        t0 = time.perf_counter()
+        ok, msg = engine.resume_memory_occupation()
+        resume_s = time.perf_counter() - t0
+        if not ok:
+            raise RuntimeError(f"resume_memory_occupation refused: {msg}")
+        rows.append(gpu_memory("resumed"))
+        after = run()
+    finally:
+        close(engine)
+    above = rows[2]["used_gib"] - context["used_gib"] if cuda else 0.0
+    smi = [r.get("nvidia_smi_process_mib") for r in (context, rows[2])]
+    result = {"snapshots": rows, "released_above_context_gib": above, "aim_gib": 1.0,
+              "within_aim": above <= 1.0 if cuda else None,
+              "released_above_context_nvidia_smi_mib": smi[1] - smi[0] if None not in smi else None,
+              "alive_while_released": alive, "release_s": release_s, "resume_s": resume_s,
+              "outputs_identical_after_resume": before == after, "prompts": len(prompts), "output_tokens": n_out}
+    aim = {True: "met", False: "NOT met", None: "no GPU"}[result["within_aim"]]
+    log(f"memory: released {above:.3f} GiB above the CUDA context (aim <= 1 GiB: {aim}); release {release_s:.1f} s, "
+        f"resume {resume_s:.1f} s; "
+        f"outputs after resume {'identical' if before == after else 'DIFFER'}")
+    return result
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", nargs="+", choices=("check", "throughput"), default=["check", "throughput"])
+    p.add_argument("--parts", nargs="+", choices=("check", "throughput", "memory"), default=["check", "throughput"])
     p.add_argument("--model", choices=("8b", "tiny"), default="8b")
     p.add_argument("--device", default="cuda")
     p.add_argument("--batches", type=int, nargs="+", default=[8, 64, 256])
@@ -164,6 +271,8 @@ def main() -> None:
                                                       a.chunked_prefill_size, lengths)
         if "throughput" in a.parts:
             result["throughput"] = part_throughput(path, a.device, a.sharegpt_n)
+        if "memory" in a.parts:
+            result["memory"] = part_memory(path, a.device)
     finally:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=2))

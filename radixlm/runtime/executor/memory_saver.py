@@ -52,6 +52,9 @@ class MemorySaver:
             return todo
         t0 = time.perf_counter()
         self.runner.release_cuda_graphs()
+        # The last pass's hidden states: after a replay a view of its graph's static buffer, which would keep that
+        # graph's memory pool reserved while released.
+        self.runner.last_hidden = None
         if MemoryTag.KV_CACHE in todo:
             self.runner.token_to_kv_pool.release()
         if MemoryTag.WEIGHTS in todo:

@@ -195,7 +195,7 @@ def test_released_memory_comes_back_with_identical_outputs(engine, ckpts):
     before = outputs(engine)
     pool, weight = engine.runner.token_to_kv_pool, engine.runner.model.model.embed_tokens.weight
     assert engine.release_memory_occupation()[0]
-    assert pool.k_buffer[0].numel() == 0 and weight.numel() == 0
+    assert pool.k_buffer[0].numel() == 0 and weight.numel() == 0 and engine.runner.last_hidden is None
     refused = engine.generate(input_ids=PROMPTS[0], sampling_params=SP)["meta_info"]["finish_reason"]
     assert refused["type"] == "abort" and refused["status_code"] == 503
     ok, message = engine.update_weights_from_disk(ckpts["dir"]["B"])

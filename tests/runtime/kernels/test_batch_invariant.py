@@ -64,6 +64,32 @@ def attention_case(attend, dtype: torch.dtype, first: int = 0) -> None:
     torch.testing.assert_close(alone[0].float(), ref[:, 0], rtol=2e-2, atol=2e-2)
 
 
+def tiled(attend):
+    """attend (the Triton kernel) given the tiles the backend cuts: each run of rows of one request in tiles of
+    rows_per_tile rows (fixed_split.span_tiles)."""
+    import itertools
+
+    from radixlm.runtime.kernels.attention.fixed_split import rows_per_tile, span_tiles
+
+    def run(q, k_buf, v_buf, req_to_token, row_req, positions, scale):
+        spans = [len(list(g)) for _, g in itertools.groupby(row_req.tolist())]
+        starts, counts = span_tiles(spans, rows_per_tile(q.shape[1] // k_buf.shape[1]))
+        tiles = (torch.tensor(starts, dtype=torch.int32, device=q.device),
+                 torch.tensor(counts, dtype=torch.int32, device=q.device))
+        return attend(q, k_buf, v_buf, req_to_token, row_req, positions, scale, tiles=tiles)
+
+    return run
+
+
+def test_attention_tiles_are_a_requests_rows_cut_by_the_group():
+    from radixlm.runtime.kernels.attention.fixed_split import rows_per_tile, span_tiles
+
+    assert [rows_per_tile(g) for g in (1, 2, 3, 4, 8, 16, 32)] == [16, 8, 4, 4, 2, 1, 1]
+    assert span_tiles([6, 1, 0, 9], 4) == ([0, 4, 6, 7, 11, 15], [4, 2, 1, 4, 4, 1])
+    with pytest.raises(ValueError):
+        rows_per_tile(0)
+
+
 def test_cpu_gemm_rows_are_batch_invariant():
     from radixlm.runtime.kernels.gemm.batch_invariant import cpu_linear
 
@@ -84,6 +110,106 @@ def test_the_memo_takes_no_choice():
         BatchInvariantMemo()[1] = "cublas"
 
 
+def test_gemm_config_is_the_weights_alone_and_validated():
+    from radixlm.runtime.kernels.gemm.batch_invariant_mm import (
+        DEFAULT_NARROW, DEFAULT_WIDE, BatchInvariantConfig, aligned_rows, config_for, parse_table,
+    )
+
+    cpu = torch.device("cpu")
+    assert config_for(6144, 4096, torch.bfloat16, cpu) == DEFAULT_NARROW
+    assert config_for(128256, 4096, torch.bfloat16, cpu) == DEFAULT_WIDE
+    entry = {"n": 6144, "k": 4096, "dtype": "bfloat16", "config": {"block_n": 128, "block_k": 64, "num_warps": 8,
+                                                                    "num_stages": 3, "group_m": 4}}
+    assert parse_table([entry]) == {(6144, 4096, "bfloat16"): BatchInvariantConfig(128, 64, 8, 3, 4)}
+    x = torch.randn(9 * 97 + 1)[1:].view(9, 97)  # at an unaligned address: copied before the kernel reads it
+    aligned = aligned_rows(x)
+    assert aligned is not x and aligned.data_ptr() % 16 == 0 and torch.equal(aligned, x)
+    assert aligned_rows(aligned) is aligned
+    for bad in ({"block_n": 96}, {"num_warps": 2}, {"num_stages": 0}, {"group_m": 0}, {"block_m": 32}, {"split_k": 0},
+                {"splits": 2}):
+        with pytest.raises(ValueError, match="bad batch_invariant tuned entry"):
+            parse_table([{**entry, "config": {**entry["config"], **bad}}])
+
+
+def test_committed_gemm_tables_parse():
+    """Each GPU model's table (kernels/gemm/tuned/batch_invariant_*.json, written by batch_invariant_tune) names valid
+    configurations."""
+    import json
+    from pathlib import Path
+
+    from radixlm.runtime.kernels.gemm import batch_invariant_mm
+
+    for path in sorted((Path(batch_invariant_mm.__file__).parent / "tuned").glob("batch_invariant_*.json")):
+        entries = json.loads(path.read_text())["entries"]
+        assert len(batch_invariant_mm.parse_table(entries)) == len(entries), path
+
+
+def test_tuning_sweep_rejects_a_config_whose_rows_change_with_m():
+    from radixlm.runtime.kernels.gemm.batch_invariant import cpu_linear
+    from radixlm.runtime.kernels.gemm.batch_invariant_tune import (
+        DEFAULT_NARROW, DEFAULT_WIDE, SMEM_LIMIT, candidates, invariance_failures,
+    )
+
+    w = torch.randn(48, 64, generator=torch.Generator().manual_seed(3)) / 8
+    invariant = lambda x, w: cpu_linear(x, w, None, None)  # noqa: E731
+    assert invariance_failures(invariant, w) == []
+    # A kernel whose result depends on the call's row count (as a per-M choice would), and one that is wrong.
+    assert invariance_failures(lambda x, w: invariant(x, w) + (x.shape[0] < 100) * 1e-6, w) == [1, 7, 64]
+    assert invariance_failures(lambda x, w: invariant(x, w) * 2, w) == [-1]
+    found = candidates()
+    assert found[:2] == [DEFAULT_NARROW, DEFAULT_WIDE] and len(set(found)) == len(found) > 20
+    assert all(c.smem_bytes() <= SMEM_LIMIT for c in found)
+
+
+def _compile_for_hopper(fn, signature: dict[str, str], constexprs: dict[str, object], aligned: tuple[str, ...],
+                        num_warps: int, num_stages: int):
+    """fn built for sm_90 by Triton's own compiler and ptxas, no GPU needed (skips where this Triton has no CUDA
+    backend); `aligned`: the arguments the launcher would mark 16-divisible."""
+    triton = pytest.importorskip("triton")
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        names = list(signature)
+        src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(n),): v for n, v in constexprs.items()},
+                        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps, "num_stages": num_stages})
+    except (ImportError, RuntimeError, FileNotFoundError) as e:  # no nvidia backend or ptxas here
+        pytest.skip(f"cannot build for sm_90 here: {e}")
+
+
+def test_gemm_reads_its_input_with_pipelined_vector_copies_on_hopper():
+    """The input A is specialised on alignment: its tiles go to shared memory by 16-byte cp.async like B's (with A's
+    alignment unknown, Triton 3.9 loaded it by 2-byte ld.global, outside the pipeline)."""
+    from radixlm.runtime.kernels.gemm.batch_invariant_mm import _batch_invariant_mm_kernel
+
+    sig = {"A": "*bf16", "B": "*bf16", "C": "*bf16", "Bias": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+           "K_SPLIT": "i32", "stride_am": "i32", "stride_ak": "constexpr", "stride_bn": "i32", "stride_bk": "constexpr",
+           "stride_cs": "i32", "stride_cm": "i32", "stride_cn": "constexpr", "HAS_BIAS": "constexpr",
+           "EVEN_K": "constexpr", "PARTIAL": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+           "BLOCK_K": "constexpr", "GROUP_M": "constexpr"}
+    consts = {"stride_ak": 1, "stride_bk": 1, "stride_cn": 1, "HAS_BIAS": False, "EVEN_K": True, "PARTIAL": False,
+              "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}
+    aligned = ("A", "B", "C", "Bias", "N", "K", "K_SPLIT", "stride_am", "stride_bn", "stride_cm")
+    ptx = _compile_for_hopper(_batch_invariant_mm_kernel, sig, consts, aligned, 4, 3).asm["ptx"]
+    assert "ld.global.b16" not in ptx and ptx.count("cp.async.cg.shared.global") >= 16 and "wgmma" in ptx
+
+
+def test_attention_kernel_builds_for_hopper():
+    """Llama-3.1-8B's shapes (groups of 4, head dim 128): 4 rows x 4 heads in one 16-row MMA tile."""
+    from radixlm.runtime.kernels.attention.fixed_split_kernel import _fixed_split_attention_kernel
+
+    sig = {"Q": "*bf16", "K_buf": "*bf16", "V_buf": "*bf16", "Req_to_token": "*i32", "Row_req": "*i64",
+           "Positions": "*i64", "Tile_start": "*i32", "Tile_rows": "*i32", "Out": "*bf16", "scale": "fp32",
+           "v_scale": "fp32", **{f"stride_{n}": "i32" for n in ("qt", "qh", "kb", "kh", "vb", "vh", "ot", "oh", "r2t")},
+           **{n: "constexpr" for n in ("GROUP", "GROUP_P2", "ROWS", "HEAD_DIM", "BLOCK_D", "BLOCK_N")}}
+    consts = {"GROUP": 4, "GROUP_P2": 4, "ROWS": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_N": 64}
+    aligned = ("Q", "K_buf", "V_buf", "Req_to_token", "Out", *[n for n in sig if n.startswith("stride_")])
+    ptx = _compile_for_hopper(_fixed_split_attention_kernel, sig, consts, aligned, 4, 2).asm["ptx"]
+    assert "mma" in ptx and "cp.async" in ptx
+
+
 @pytest.mark.skipif(not interpreter_works() or torch.cuda.is_available(), reason="needs triton's interpreter, no CUDA")
 def test_triton_kernels_rows_are_batch_invariant_interpreted():
     run_under_interpreter(__file__, MARKER, hide_cuda=True, timeout=600)
@@ -94,17 +220,32 @@ def test_triton_kernels_rows_are_batch_invariant_cuda():
     from radixlm.runtime.kernels.attention import fixed_split_attention
     from radixlm.runtime.kernels.gemm.batch_invariant_mm import matmul
 
+    def move(t):
+        return t.cuda() if isinstance(t, torch.Tensor) else tuple(map(move, t)) if isinstance(t, tuple) else t
+
     def on_cuda(fn):
-        return lambda *a: fn(*[t.cuda() if isinstance(t, torch.Tensor) else t for t in a]).cpu()
+        return lambda *a, **kw: fn(*map(move, a), **{k: move(v) for k, v in kw.items()}).cpu()
 
     gemm_cases(on_cuda(matmul), (torch.bfloat16, torch.float16))
     attention_case(on_cuda(fixed_split_attention), torch.bfloat16)
+    attention_case(tiled(on_cuda(fixed_split_attention)), torch.bfloat16)
 
 
 if __name__ == "__main__":
     from radixlm.runtime.kernels.attention import fixed_split_attention
     from radixlm.runtime.kernels.gemm.batch_invariant_mm import matmul
 
+    from radixlm.runtime.kernels.gemm.batch_invariant_mm import BatchInvariantConfig
+
     gemm_cases(matmul, (torch.float32,), shapes=((130, 200, True),))
+    # Table entries' tiles: a narrow one whose K steps do not divide K (200), one of 128 rows, one in 3 K parts.
+    for cfg in (BatchInvariantConfig(block_n=32, block_k=32, num_warps=4, num_stages=2),
+                BatchInvariantConfig(block_n=16, block_k=64, num_warps=4, num_stages=2, block_m=128),
+                BatchInvariantConfig(block_n=32, block_k=32, num_warps=4, num_stages=2, split_k=3)):
+        gemm_cases(lambda x, w, b: matmul(x, w, b, cfg), (torch.float32,), shapes=((40, 200, False),))
+    x = torch.randn(9 * 97 + 1, dtype=torch.float32)[1:].view(9, 97)  # rows at an unaligned address and stride
+    w = torch.randn(40, 97)
+    assert torch.equal(matmul(x, w), matmul(x.clone(), w))
     attention_case(fixed_split_attention, torch.float32, first=84)
+    attention_case(tiled(fixed_split_attention), torch.float32, first=61)  # an extend of 30 rows: tiles of 8
     print(MARKER)

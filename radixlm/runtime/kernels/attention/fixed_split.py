@@ -5,10 +5,11 @@ Every query row, whatever pass it is in (a prompt's prefill, a chunk of it, an e
 decode step, a CUDA-graph replay padded to its captured size), is described by the same two numbers: its request's
 row of req_to_token and its position (it sees the keys at positions 0..position: causal). Its attention walks those
 keys from position 0 in splits of exactly FIXED_SPLIT_SIZE positions, a split's scores and its softmax-weighted
-values each one fixed-shape reduction, the splits merged into an online softmax in position order. Nothing in that walk depends
-on the other rows of the pass, on how many there are, or on whether the row's prefix came from the radix cache:
-a fixed split size, not a fixed number of splits (the decode kernels' split count follows the batch and the longest
-sequence, which moves every split boundary)."""
+values each one fixed-shape reduction, the splits merged into an online softmax in position order. Nothing in that
+walk depends on the other rows of the pass, on how many there are, or on whether the row's prefix came from the radix
+cache: a fixed split size, not a fixed number of splits (the decode kernels' split count follows the batch and the
+longest sequence, which moves every split boundary). The Triton kernel takes a request's consecutive rows in tiles
+(span_tiles) that share each block's key reads; every row's walk in a tile is still its own."""
 from __future__ import annotations
 
 import math
@@ -20,6 +21,35 @@ FIXED_SPLIT_SIZE = 64
 # The torch implementation runs its rows in calls of exactly this many (the last padded), so that each of its ops has
 # one shape and takes one path whatever the pass's size.
 TORCH_ROW_BLOCK = 16
+
+
+def rows_per_tile(group: int) -> int:
+    """How many query rows of one request the Triton kernel's program takes (fixed_split_kernel.py): its tile holds
+    rows x the GQA group's query heads (padded to a power of two), 16 in all for groups up to 16. A function of the
+    model alone, so a decode row and a prefill row run one tile shape."""
+    if group < 1:
+        raise ValueError(f"a GQA group of {group} query heads")
+    return max(1, 16 // (1 << (group - 1).bit_length()))
+
+
+def span_tiles(spans: list[int], rows: int) -> tuple[list[int], list[int]]:
+    """The kernel's tiles of a REQUEST_SPANS pass: each request's rows (spans, in pass order) cut into runs of at most
+    `rows` from its first; (first row, row count) per tile."""
+    if rows < 1 or any(n < 0 for n in spans):
+        raise ValueError(f"tiles of {rows} rows over spans {spans}")
+    starts, counts, row = [], [], 0
+    for n in spans:
+        for j in range(0, n, rows):
+            starts.append(row + j)
+            counts.append(min(rows, n - j))
+        row += n
+    return starts, counts
+
+
+def row_tiles(num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One tile per row (TOKEN_ROWS passes: decode rows, graph replays): (first row, row count) int32 vectors."""
+    return (torch.arange(num_rows, dtype=torch.int32, device=device),
+            torch.ones(num_rows, dtype=torch.int32, device=device))
 
 
 def row_requests(req_pool_indices: torch.Tensor, extend_lens: list[int] | None, num_rows: int) -> torch.Tensor:

@@ -3,8 +3,9 @@ how many rows the GEMM has or what they hold, so a request's logits do not chang
 
 Every other GEMM path chooses by the row count M (cuBLAS's heuristics, the few-row Triton kernels, split-K, tuned
 cuBLASLt entries, oneDNN's blocking), and each choice sums K in its own order. Here:
-- CUDA: one Triton kernel (batch_invariant_mm.py) with one tile configuration for every M, no split-K: each output
-  element is one tile's walk over K in BLOCK_K steps, the same walk whatever M is.
+- CUDA: one Triton kernel (batch_invariant_mm.py) with one tile configuration per weight shape for every M (a tuned
+  table's entry or a default, never chosen by M), no split-K: each output element is one tile's walk over K in
+  BLOCK_K steps, the same walk whatever M is.
 - CPU: the rows go through torch's GEMM (oneDNN-packed where the layer has a packed weight) in blocks of exactly
   CPU_ROW_BLOCK rows, the last block padded with zeros, so that every call has one shape and takes one path.
   (Measured on x86 with MKL/oneDNN, float32 and bfloat16: a row's result differs between M = 1 and M >= 2 at K =

@@ -49,9 +49,10 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         Start-up runs the kernels directly (TritonAttnBackend.warm_up_shared_prefix) at one (decode splits, prefix
         splits) pair per stage-2 tile that such passes can meet (shared_prefix_warmup).
   fixed_split_kernel.py  _fixed_split_attention_kernel (--enable-deterministic-inference, every pass): Row_req,
-      Positions: no alignment; GROUP, HEAD_DIM, BLOCK_H, BLOCK_D, BLOCK_N (FIXED_SPLIT_SIZE), strides: fixed -> one
-      variant, built by the first pass. gemm/batch_invariant_mm.py's _batch_invariant_mm_kernel: M not specialized,
-      A no alignment; BLOCK_N by the weight's width, HAS_BIAS: fixed per layer -> one variant per weight shape kind.
+      Positions, Tile_start, Tile_rows: no alignment; GROUP, GROUP_P2, ROWS, HEAD_DIM, BLOCK_D, BLOCK_N
+      (FIXED_SPLIT_SIZE), strides: fixed -> one variant, built by the first pass. gemm/batch_invariant_mm.py's _batch_invariant_mm_kernel: M not specialized,
+      A aligned (an unaligned input is copied); the tile config by the weight's shape (its tuned table or default),
+      HAS_BIAS, EVEN_K: fixed per layer -> one variant per weight shape kind.
   extend.py  _extend_kernel (ragged extend over a cached prefix)
       BLOCK_M: 16 when the longest extend of the pass is <= 16 tokens, else 64 -> both built at start-up
         (EXTEND_WARMUP_LENS). Prefix, extend and start vectors and the work list (always int64, extend_blocks.py):

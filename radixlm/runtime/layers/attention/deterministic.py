@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.runtime.kernels.attention import fixed_split_attention_torch, row_requests
+from radixlm.runtime.kernels.attention.fixed_split import row_tiles, rows_per_tile, span_tiles
+from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.layers.attention.base import AttentionBackend
 
 if TYPE_CHECKING:
@@ -21,23 +23,54 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class FixedSplitMetadata:
     row_req: torch.Tensor  # (num_tokens,): each row's req_to_token row (the rows' positions: ForwardBatch.positions)
+    # The Triton kernel's tiles, (first row, row count) int32 vectors: a REQUEST_SPANS pass's requests cut into runs
+    # of rows_per_tile rows, else one per row; None off CUDA (the torch implementation takes rows one by one).
+    tiles: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class DeterministicAttnBackend(AttentionBackend):
-    supports_cuda_graph = True  # the metadata is a view of the graph's static request rows
+    supports_cuda_graph = True  # the metadata is views of the graph's static request rows and of one-row tiles
 
     def __init__(self, model_runner: object | None = None):
         self.model_runner = model_runner
+        cfg = getattr(model_runner, "model_config", None)
+        # Every layer has the model's GQA group (deterministic mode refuses tensor parallelism); the kernel's tile
+        # takes rows_per_tile(group) rows, and a pass's tiles are cut to it before its layers run.
+        self.group = cfg.num_heads // cfg.num_kv_heads if cfg is not None else None
+        # Every one-row tile buffer built, the latest last: captured graphs read the one they were captured with, so
+        # none is ever freed (a larger eager pass builds another).
+        self._row_tiles: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def _one_row_tiles(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of 0..n-1 and ones (built outside graph capture: a capture records and does not run)."""
+        if not self._row_tiles or self._row_tiles[-1][0].shape[0] < n or self._row_tiles[-1][0].device != device:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"one-row tiles for {n} rows first asked for inside a CUDA-graph capture")
+            self._row_tiles.append(row_tiles(max(n, 256), device))
+        starts, counts = self._row_tiles[-1]
+        return starts[:n], counts[:n]
+
+    def _tiles(self, fb: "ForwardBatch", spans: list[int] | None):
+        if not fb.req_pool_indices.is_cuda:
+            return None
+        if spans is None or self.group is None:
+            return self._one_row_tiles(fb.num_tokens, fb.req_pool_indices.device)
+        starts, counts = span_tiles(spans, rows_per_tile(self.group))
+        both = host_to_device(starts + counts, torch.int32, fb.req_pool_indices.device)
+        return both[: len(starts)], both[len(starts):]
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
         if fb.tree_masks is not None and any(t is not None for t in fb.tree_masks):
             raise ValueError("deterministic attention takes no tree masks (its backend declares none)")
         spans = None if fb.forward_mode.is_token_rows() else fb.extend_seq_lens_cpu
-        fb.attn_metadata = FixedSplitMetadata(row_requests(fb.req_pool_indices, spans, fb.num_tokens))
+        fb.attn_metadata = FixedSplitMetadata(row_requests(fb.req_pool_indices, spans, fb.num_tokens),
+                                              self._tiles(fb, spans))
 
     def init_forward_metadata_static(self, forward_batch: "ForwardBatch") -> None:
-        forward_batch.attn_metadata = FixedSplitMetadata(forward_batch.req_pool_indices)
+        fb = forward_batch
+        tiles = self._one_row_tiles(fb.batch_size, fb.req_pool_indices.device) if fb.req_pool_indices.is_cuda else None
+        fb.attn_metadata = FixedSplitMetadata(fb.req_pool_indices, tiles)
 
     def _attend(self, q, k, v, layer: "RadixAttention", fb: "ForwardBatch", save_kv_cache: bool) -> torch.Tensor:
         if save_kv_cache and k is not None:
@@ -53,7 +86,10 @@ class DeterministicAttnBackend(AttentionBackend):
         if q.is_cuda:
             from radixlm.runtime.kernels.attention import fixed_split_attention
 
-            o = fixed_split_attention(*args)
+            if self.group is not None and layer.num_heads // k_buf.shape[1] != self.group:
+                raise ValueError(f"layer {layer.layer_id} groups {layer.num_heads // k_buf.shape[1]} query heads per "
+                                 f"kv head; the pass's tiles were cut for {self.group}")
+            o = fixed_split_attention(*args, tiles=fb.attn_metadata.tiles)
         else:
             o = fixed_split_attention_torch(*args)
         return o.reshape(-1, layer.num_heads * layer.head_dim)
