@@ -17,7 +17,7 @@ class LoraPassContext:
     """The pass being run: set by the ModelRunner before the model runs, read by every LoraLayer (one per runner)."""
 
     info: LoraBatchInfo | None = None
-    use_triton: bool = False  # the segment kernels (CUDA, --lora-backend triton); else the torch path
+    use_triton: bool = False  # the Triton kernels (CUDA, --lora-backend triton); else the torch path
 
 
 class LoraLayer:
@@ -40,6 +40,7 @@ class LoraLayer:
             self.full_out = [s.full for s in linear.shards]
             if len(linear.shards) != self.parts:
                 raise ValueError(f"{target.module} has {len(linear.shards)} projections, expected {self.parts}")
+        self.part_sizes = tuple(self.out_sizes)  # B's block diagonal: the kernels read each part's rank block only
         width = self.parts * max_rank
         self.a = torch.zeros(num_slots, width, self.in_local, dtype=dtype, device=device)
         self.b = torch.zeros(num_slots, sum(self.out_sizes), width, dtype=dtype, device=device)
@@ -73,4 +74,4 @@ class LoraLayer:
             row += self.out_sizes[j]
 
     def add(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return add_lora_delta(out, x, self.a, self.b, self.context.info, self.context.use_triton)
+        return add_lora_delta(out, x, self.a, self.b, self.context.info, self.context.use_triton, self.part_sizes)
