@@ -76,6 +76,17 @@ class LoraBatchInfo:
                              bool(len(order)), host_row_slots=tuple(row_slots.tolist()))
 
 
+    @staticmethod
+    def host_only(req_slots: list[int], req_rows: list[int], scalings: torch.Tensor) -> "LoraBatchInfo":
+        """Only host_row_slots (a pass that replays a CUDA graph: the graph's own table holds the device side)."""
+        if len(req_slots) != len(req_rows):
+            raise ValueError(f"{len(req_slots)} request slots for {len(req_rows)} requests")
+        host = tuple(s for s, n in zip(req_slots, req_rows) for _ in range(n))
+        empty = torch.empty(0, dtype=torch.int32)
+        return LoraBatchInfo(empty, GatherRows(empty, empty, empty, empty), (), scalings,
+                             any(s >= 0 for s in req_slots), host_row_slots=host)
+
+
 def lora_delta_torch(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, info: LoraBatchInfo) -> torch.Tensor:
     """The reference path (CPU, and the tests' oracle): per adapter in the pass, its rows' two GEMMs."""
     out = torch.zeros(x.shape[0], b.shape[1], dtype=x.dtype, device=x.device)
