@@ -203,3 +203,27 @@ def test_router_keys_by_adapter():
     assert routing_text("/generate", {"text": "hello world", "lora_path": "a"}).startswith(a)
     chat = {"messages": [{"role": "user", "content": "hi"}]}
     assert routing_text("/v1/chat/completions", {**chat, "model": "a"}) != routing_text("/v1/chat/completions", chat)
+
+
+@pytest.mark.parametrize("block_rows", [1, 3, 16])
+def test_group_rows_blocks_cover_each_adapter_row_once(block_rows):
+    """lora/blocks.py: blocks of one slot, at most block_rows rows, each slot's rows in pass order, every adapter row
+    in exactly one block, and no more blocks than max_blocks reserves."""
+    import numpy as np
+
+    from radixlm.runtime.lora.blocks import group_rows, max_blocks
+
+    rng = np.random.default_rng(block_rows)
+    slots = rng.integers(-1, 5, size=90).astype(np.int32)
+    slots[10:50] = 2  # a slot over several blocks
+    order, starts, lens, block_slots = group_rows(slots, block_rows)
+    assert len(starts) <= max_blocks(len(slots), 5, block_rows) and lens.min() >= 1 and lens.max() <= block_rows
+    covered = []
+    for start, n, slot in zip(starts, lens, block_slots):
+        rows = order[start : start + n].tolist()
+        assert all(slots[r] == slot for r in rows)
+        covered += rows
+    assert covered == order.tolist() and sorted(covered) == np.flatnonzero(slots >= 0).tolist()
+    for s in range(5):
+        mine = [r for r in covered if slots[r] == s]
+        assert mine == sorted(mine)
