@@ -27,11 +27,11 @@ PACK=$FINAL_OUT/lora_lease.tar
 step() { budget_step "$@"; }  # env.sh
 NUM_PROMPTS=${NUM_PROMPTS:-400}
 [ "${DRY:-0}" = 1 ] && NUM_PROMPTS=8
-TAIL=30 step lora_cuda_tests 80 $PY -m pytest -q -p no:cacheprovider -rs --durations=8 tests/runtime/kernels/lora \
+TAIL=30 step lora_cuda_tests 75 $PY -m pytest -q -p no:cacheprovider -rs --durations=8 tests/runtime/kernels/lora \
   tests/runtime/lora/test_lora_cuda.py -k "not compile"
-TAIL=40 step lora_offline 200 $PY benchmarks/serving/lora_llama8b.py $TINY --mode offline profile --adapters 1 8 32 \
+TAIL=40 step lora_offline 240 $PY benchmarks/serving/lora_llama8b.py $TINY --mode offline profile --adapters 1 8 32 \
   --num-prompts "$NUM_PROMPTS" --out "$FINAL_OUT/lora_offline.json" --profile-out "$FINAL_OUT/lora_profile.json"
-TAIL=60 step lora_served 220 $PY benchmarks/serving/lora_llama8b.py $TINY --adapters 32 1 8 \
+TAIL=60 step lora_served 200 $PY benchmarks/serving/lora_llama8b.py $TINY --adapters 32 1 8 \
   --num-prompts "$NUM_PROMPTS" --out "$FINAL_OUT/lora_llama8b.json"
 if [ "${COMPILE:-0}" = 1 ] || [ $((deadline - SECONDS)) -ge 100 ]; then
   DEVICE=cuda DTYPE=bfloat16
