@@ -7,7 +7,7 @@
 #    replayed with new mixes equal to eager, and a tiny engine's graph decode with adapters equal to eager passes;
 # 2. benchmarks/serving/lora_llama8b.py --mode offline profile: the Engine in-process, the same ShareGPT-like requests,
 #    the base model (no LoRA) then LoRA on with 0, 1, 8 and 32 adapters -> $OUT/lora_offline.json; torch.profiler's
-#    top 15 kernels of a decode step at batch 64 and 256 and of one 8192-token prefill, base vs 32 adapters
+#    top 15 kernels of a decode step at batch 8, 64 and 256 and of one 8192-token prefill, base vs 32 adapters
 #    -> $OUT/lora_profile.json;
 # 3. the same through `radixlm serve` (32 adapters first: issue 53's bar, >= 0.8x the base's throughput)
 #    -> $OUT/lora_llama8b.json;

@@ -7,7 +7,7 @@
   engine without LoRA, then 0 (LoRA on, no request uses it), 1, 8 and 32 adapters on one engine with LoRA: what
   LoRA itself costs, apart from the serving path's own;
 - profile (with offline: it reuses its engines): torch.profiler's kernel table (top 15 by CUDA time) of a decode step
-  at batch 64 and 256 and of one prefill pass, base vs 32 adapters.
+  at batch 8, 64 and 256 and of one prefill pass, base vs 32 adapters.
 
     python benchmarks/serving/lora_llama8b.py --adapters 32 1 8 --num-prompts 400 --out $OUT/lora_llama8b.json
     python benchmarks/serving/lora_llama8b.py --mode offline profile --out $OUT/lora_offline.json \
@@ -32,7 +32,7 @@ from radixlm.bench import procs, serving  # noqa: E402
 
 KEYS = ("completed", "failed", "output_throughput", "request_throughput", "ttft_ms", "itl_ms", "tpot_ms")
 SEED = 1
-PROFILE_BATCHES = (64, 256)
+PROFILE_BATCHES = (8, 64, 256)  # 8: the rows of a run's tail, where a fixed cost per step shows most
 PROFILE_STEPS = 8
 PROFILE_TOP = 15
 

@@ -22,7 +22,9 @@ BLOCK_N = 128
 
 
 def _config(block_rows: int) -> tuple[int, int]:
-    """(shrink BLOCK_K, num_warps) of a block size: decode's 16 rows, eager passes' 64."""
+    """(shrink BLOCK_K, expand num_warps) of a block size: decode's 16 rows, eager passes' 64. The expand runs one
+    stage: its W loop is one iteration up to rank 64, and pipelining it only multiplied the split partials' shared
+    memory (147 KiB a program at rank 64, bf16)."""
     return (128, 4) if block_rows <= GATHER_BLOCK_ROWS else (64, 8)
 
 
@@ -144,5 +146,5 @@ def gather_lora_add(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torc
         partials, b, out, scalings, sorted_rows, block_starts, block_lens, block_slots, n, r, ends[0], ends[1],
         partials.stride(0), partials.stride(1), b.stride(0), b.stride(1), out.stride(0), PRECISION=precision,
         NUM_PARTS=len(parts), SPLITS=splits, BLOCK_M=block_rows, BLOCK_N=BLOCK_N,
-        BLOCK_W=max(16, triton.next_power_of_2(min(r, 64))), num_warps=warps)
+        BLOCK_W=max(16, triton.next_power_of_2(min(r, 64))), num_warps=warps, num_stages=1)
     return out
