@@ -4,9 +4,9 @@ host, so one captured graph serves any mix of adapters.
 
 The shrink writes x @ A^T in float32 per K split, (splits, positions, W) in sorted-row order: decode's blocks are
 few and K long (4096-14336), so each block's K loop is cut over SPLITS programs (one program streaming all of K
-per block was the fixed cost of LoRA decode: latency-bound, a few programs for the whole GPU). The expand sums the
-splits (an unrolled loop: no atomics, the same order every run) and adds scaling * (x @ A^T) @ B^T to each row of
-the output in place. B is block diagonal over a fused layer's parts (q|k|v, gate|up): a column tile of part j reads
+per block was the fixed cost of LoRA decode: latency-bound, a few programs for the whole GPU); an eager pass splits
+K only when its blocks are few (a short prefill). The expand sums the splits in a fixed order (unrolled for graph
+decode, a loop for eager passes; no atomics) and adds scaling * (x @ A^T) @ B^T to each row of the output in place. B is block diagonal over a fused layer's parts (q|k|v, gate|up): a column tile of part j reads
 only part j's rank block of B and of x @ A^T, not the zeros."""
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.lora.shapes import GATHER_BLOCK_ROWS, check_lora_args, check_parts
 
-MAX_SPLITS = 16  # the K splits of decode's shrink (each at least MIN_SPLIT_K columns)
+MAX_SPLITS = 16  # the most K splits of a block's shrink (each at least MIN_SPLIT_K columns)
 MIN_SPLIT_K = 256
+EAGER_PROGRAMS = 256  # shrink programs an eager pass aims for (two per SM on an H100/H200) before splitting K
 BLOCK_N = 128
 
 
@@ -28,16 +29,16 @@ def _config(block_rows: int) -> tuple[int, int]:
     return (128, 4) if block_rows <= GATHER_BLOCK_ROWS else (64, 8)
 
 
-def split_k(k: int, block_rows: int) -> int:
-    """The K columns of one shrink program: decode's blocks split K (up to MAX_SPLITS ways); eager passes have
-    blocks enough to fill the GPU and take K whole."""
+def split_k(k: int, block_rows: int, programs: int = 1) -> int:
+    """The K columns of one shrink program. Graph decode (blocks of GATHER_BLOCK_ROWS; its grid is fixed, so this
+    may depend on K only): up to MAX_SPLITS ways. Eager passes, whose `programs` (blocks x W blocks) are known: as
+    many ways as bring them to EAGER_PROGRAMS (a prefill of thousands of rows takes K whole; a short one splits)."""
     block_k = _config(block_rows)[0]
-    if block_rows > GATHER_BLOCK_ROWS:
-        return triton.cdiv(k, block_k) * block_k
-    return max(MIN_SPLIT_K, triton.cdiv(triton.cdiv(k, MAX_SPLITS), block_k) * block_k)
+    ways = MAX_SPLITS if block_rows <= GATHER_BLOCK_ROWS else min(MAX_SPLITS, triton.cdiv(EAGER_PROGRAMS, programs))
+    return max(MIN_SPLIT_K, triton.cdiv(triton.cdiv(k, ways), block_k) * block_k)
 
 
-@triton.jit(do_not_specialize=["stride_ps"])
+@triton.jit(do_not_specialize=["K_SPLIT", "stride_ps"])
 def _shrink(x_ptr, a_ptr, part_ptr, rows_ptr, blk_start_ptr, blk_len_ptr, blk_slot_ptr, K, W, K_SPLIT, stride_xm,
             stride_as, stride_aw, stride_ps, stride_pm, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -64,28 +65,34 @@ def _shrink(x_ptr, a_ptr, part_ptr, rows_ptr, blk_start_ptr, blk_len_ptr, blk_sl
 
 
 @triton.jit
-def _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, lo, hi, w_lo, R, stride_ps, stride_pm,
-                 stride_bs, stride_bn, PRECISION: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_W: tl.constexpr):
-    """acc + the columns [lo, hi) of the tile (one part's) from that part's rank block [w_lo, w_lo + R)."""
+def _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, lo, hi, w_lo, R, num_splits, stride_ps,
+                 stride_pm, stride_bs, stride_bn, PRECISION: tl.constexpr, SPLITS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
+    """acc + the columns [lo, hi) of the tile (one part's) from that part's rank block [w_lo, w_lo + R). The split
+    partials: SPLITS of them, unrolled (graph decode: fixed per K); SPLITS 0, num_splits in a loop (eager)."""
     if (n_hi > lo) & (n_lo < hi):
         cols = (rn >= lo) & (rn < hi)
         rw = tl.arange(0, BLOCK_W)
         for w0 in range(0, R, BLOCK_W):
             w = w0 + rw
             xa = tl.zeros((BLOCK_M, BLOCK_W), dtype=tl.float32)
-            for s in tl.static_range(SPLITS):
-                xa += tl.load(part_ptr + s * stride_ps + (start + rm)[:, None] * stride_pm + (w_lo + w)[None, :],
-                              mask=(rm[:, None] < n) & (w[None, :] < R), other=0.0)
+            ptrs = part_ptr + (start + rm)[:, None] * stride_pm + (w_lo + w)[None, :]
+            mask = (rm[:, None] < n) & (w[None, :] < R)
+            if SPLITS > 0:
+                for s in tl.static_range(SPLITS):
+                    xa += tl.load(ptrs + s * stride_ps, mask=mask, other=0.0)
+            else:
+                for s in range(num_splits):
+                    xa += tl.load(ptrs + s * stride_ps, mask=mask, other=0.0)
             b = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + rn[None, :] * stride_bn + (w_lo + w)[:, None],
                         mask=cols[None, :] & (w[:, None] < R), other=0.0)
             acc += tl.dot(xa, b.to(tl.float32), input_precision=PRECISION)
     return acc
 
 
-@triton.jit(do_not_specialize=["stride_ps"])
+@triton.jit(do_not_specialize=["num_splits", "stride_ps"])
 def _expand(part_ptr, b_ptr, out_ptr, scaling_ptr, rows_ptr, blk_start_ptr, blk_len_ptr, blk_slot_ptr, N, R, P1, P2,
-            stride_ps, stride_pm, stride_bs, stride_bn, stride_om, PRECISION: tl.constexpr, NUM_PARTS: tl.constexpr,
+            num_splits, stride_ps, stride_pm, stride_bs, stride_bn, stride_om, PRECISION: tl.constexpr, NUM_PARTS: tl.constexpr,
             SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
     blk, nblk = tl.program_id(0), tl.program_id(1)
     slot = tl.load(blk_slot_ptr + blk)
@@ -99,13 +106,13 @@ def _expand(part_ptr, b_ptr, out_ptr, scaling_ptr, rows_ptr, blk_start_ptr, blk_
         rn = n_lo + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         # Part j: output columns [P_j, P_j+1) (P0 = 0, P_NUM_PARTS = N), rank block [j * R, (j + 1) * R).
-        acc = _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, 0, P1, 0, R, stride_ps,
+        acc = _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, 0, P1, 0, R, num_splits, stride_ps,
                            stride_pm, stride_bs, stride_bn, PRECISION, SPLITS, BLOCK_M, BLOCK_W)
         if NUM_PARTS > 1:
-            acc = _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, P1, P2, R, R, stride_ps,
+            acc = _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, P1, P2, R, R, num_splits, stride_ps,
                                stride_pm, stride_bs, stride_bn, PRECISION, SPLITS, BLOCK_M, BLOCK_W)
         if NUM_PARTS > 2:
-            acc = _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, P2, N, 2 * R, R, stride_ps,
+            acc = _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, P2, N, 2 * R, R, num_splits, stride_ps,
                                stride_pm, stride_bs, stride_bn, PRECISION, SPLITS, BLOCK_M, BLOCK_W)
         acc = acc * tl.load(scaling_ptr + slot)
         mask = (rm[:, None] < n) & (rn[None, :] < N)
@@ -132,10 +139,11 @@ def gather_lora_add(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torc
     # expand's float32 xa in tf32 (its rounding is below the 16-bit output's).
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     block_k, warps = _config(block_rows)
-    chunk = split_k(k, block_rows)
+    shrink_w = min(64, max(16, triton.next_power_of_2(w)))
+    static = block_rows <= GATHER_BLOCK_ROWS  # graph decode: SPLITS a constant of K (unrolled in the expand)
+    chunk = split_k(k, block_rows, num_blocks * triton.cdiv(w, shrink_w))
     splits = triton.cdiv(k, chunk)
     partials = torch.empty(splits, int(sorted_rows.shape[0]), w, dtype=torch.float32, device=x.device)
-    shrink_w = min(64, max(16, triton.next_power_of_2(w)))
     _shrink[(num_blocks, triton.cdiv(w, shrink_w), splits)](
         x, a, partials, sorted_rows, block_starts, block_lens, block_slots, k, w, chunk, x.stride(0), a.stride(0),
         a.stride(1), partials.stride(0), partials.stride(1), PRECISION=precision, BLOCK_M=block_rows,
@@ -143,8 +151,8 @@ def gather_lora_add(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torc
     r = w // len(parts)
     ends = [sum(parts[: j + 1]) for j in range(len(parts))] + [n, n]
     _expand[(num_blocks, triton.cdiv(n, BLOCK_N))](
-        partials, b, out, scalings, sorted_rows, block_starts, block_lens, block_slots, n, r, ends[0], ends[1],
+        partials, b, out, scalings, sorted_rows, block_starts, block_lens, block_slots, n, r, ends[0], ends[1], splits,
         partials.stride(0), partials.stride(1), b.stride(0), b.stride(1), out.stride(0), PRECISION=precision,
-        NUM_PARTS=len(parts), SPLITS=splits, BLOCK_M=block_rows, BLOCK_N=BLOCK_N,
+        NUM_PARTS=len(parts), SPLITS=splits if static else 0, BLOCK_M=block_rows, BLOCK_N=BLOCK_N,
         BLOCK_W=max(16, triton.next_power_of_2(min(r, 64))), num_warps=warps, num_stages=1)
     return out
