@@ -6,8 +6,9 @@ The shrink writes x @ A^T in float32 per K split, (splits, positions, W) in sort
 few and K long (4096-14336), so each block's K loop is cut over SPLITS programs (one program streaming all of K
 per block was the fixed cost of LoRA decode: latency-bound, a few programs for the whole GPU); an eager pass splits
 K only when its blocks are few (a short prefill). The expand sums the splits in a fixed order (unrolled for graph
-decode, a loop for eager passes; no atomics) and adds scaling * (x @ A^T) @ B^T to each row of the output in place. B is block diagonal over a fused layer's parts (q|k|v, gate|up): a column tile of part j reads
-only part j's rank block of B and of x @ A^T, not the zeros."""
+decode, a loop for eager passes; no atomics) and adds scaling * (x @ A^T) @ B^T to each row of the output in place.
+B is block diagonal over a fused layer's parts (q|k|v, gate|up): a column tile of part j reads only part j's rank
+block of B and of x @ A^T, not the zeros."""
 from __future__ import annotations
 
 import torch
@@ -92,8 +93,9 @@ def _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, lo, h
 
 @triton.jit(do_not_specialize=["num_splits", "stride_ps"])
 def _expand(part_ptr, b_ptr, out_ptr, scaling_ptr, rows_ptr, blk_start_ptr, blk_len_ptr, blk_slot_ptr, N, R, P1, P2,
-            num_splits, stride_ps, stride_pm, stride_bs, stride_bn, stride_om, PRECISION: tl.constexpr, NUM_PARTS: tl.constexpr,
-            SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+            num_splits, stride_ps, stride_pm, stride_bs, stride_bn, stride_om, PRECISION: tl.constexpr,
+            NUM_PARTS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_W: tl.constexpr):
     blk, nblk = tl.program_id(0), tl.program_id(1)
     slot = tl.load(blk_slot_ptr + blk)
     n = tl.load(blk_len_ptr + blk)
@@ -106,14 +108,14 @@ def _expand(part_ptr, b_ptr, out_ptr, scaling_ptr, rows_ptr, blk_start_ptr, blk_
         rn = n_lo + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         # Part j: output columns [P_j, P_j+1) (P0 = 0, P_NUM_PARTS = N), rank block [j * R, (j + 1) * R).
-        acc = _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, 0, P1, 0, R, num_splits, stride_ps,
-                           stride_pm, stride_bs, stride_bn, PRECISION, SPLITS, BLOCK_M, BLOCK_W)
+        acc = _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, 0, P1, 0, R, num_splits,
+                           stride_ps, stride_pm, stride_bs, stride_bn, PRECISION, SPLITS, BLOCK_M, BLOCK_W)
         if NUM_PARTS > 1:
-            acc = _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, P1, P2, R, R, num_splits, stride_ps,
-                               stride_pm, stride_bs, stride_bn, PRECISION, SPLITS, BLOCK_M, BLOCK_W)
+            acc = _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, P1, P2, R, R, num_splits,
+                               stride_ps, stride_pm, stride_bs, stride_bn, PRECISION, SPLITS, BLOCK_M, BLOCK_W)
         if NUM_PARTS > 2:
-            acc = _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, P2, N, 2 * R, R, num_splits, stride_ps,
-                               stride_pm, stride_bs, stride_bn, PRECISION, SPLITS, BLOCK_M, BLOCK_W)
+            acc = _expand_part(acc, part_ptr, b_ptr, slot, start, rm, n, rn, n_lo, n_hi, P2, N, 2 * R, R, num_splits,
+                               stride_ps, stride_pm, stride_bs, stride_bn, PRECISION, SPLITS, BLOCK_M, BLOCK_W)
         acc = acc * tl.load(scaling_ptr + slot)
         mask = (rm[:, None] < n) & (rn[None, :] < N)
         ptrs = out_ptr + rows[:, None] * stride_om + rn[None, :]
