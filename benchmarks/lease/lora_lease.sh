@@ -22,7 +22,7 @@ bash benchmarks/lease/tree_id.sh
 FINAL_OUT=$OUT
 OUT=/tmp/lora_lease_out
 rm -rf "$OUT" && mkdir -p "$OUT"
-deadline=$((SECONDS + ${BUDGET_S:-525}))  # no step past it (each step's limit is cut to it)
+deadline=$((SECONDS + ${BUDGET_S:-510}))  # no step past it (each step's limit is cut to it)
 PACK=$FINAL_OUT/lora_lease.tar
 step() { budget_step "$@"; }  # env.sh
 NUM_PROMPTS=${NUM_PROMPTS:-400}

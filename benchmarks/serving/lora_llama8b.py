@@ -88,7 +88,15 @@ def served(args, path: str, dtype: str, names: list[str], paths: list[str], resu
 # -- offline and profile: the Engine in-process ------------------------------------------------------------------------
 
 def _engine(path: str, args, dtype: str, lora: dict | None = None):
+    import gc
+
+    import torch
+
     from radixlm import Engine
+
+    gc.collect()  # the previous engine's memory back first
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
     kw = dict(lora or {})
     if not args.tiny:
