@@ -53,8 +53,8 @@ CONFIGS: dict[str, dict] = {
     # Online FP8 of a float checkpoint: the FP8 GEMMs, and for MoE models the grouped quantized experts' kernels.
     "fp8": {"quantization": "fp8"},
     # Multi-LoRA (issue 53): LORA_ADAPTERS dummy adapters of ranks 8 and 16 (run_one writes them) under a max rank of
-    # 16, every request on one of them or the base model: the segment kernels of eager passes, the gather kernels of
-    # the graphs.
+    # 16, every request on one of them or the base model: the LoRA kernels of eager passes (blocks of 64 rows) and of
+    # the graphs (blocks of 16, K split).
     "lora": {"max_loras_per_batch": 4, "max_lora_rank": 16},
 }
 LORA_ADAPTERS = 3

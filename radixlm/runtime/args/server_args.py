@@ -200,8 +200,8 @@ class ServerArgs:
     lora_target_modules: list[str] | None = arg(None, LORA, "modules adapters may target (q_proj k_proj v_proj "
                                                             "o_proj gate_proj up_proj down_proj, or all); unset: "
                                                             "--lora-paths' adapters' targets, else all")
-    lora_backend: str = arg("triton", LORA, "batched LoRA kernels: triton (on CUDA its segment kernels, and gather "
-                                            "kernels in the decode CUDA graphs; the torch path elsewhere) or "
+    lora_backend: str = arg("triton", LORA, "batched LoRA kernels: triton (on CUDA its Triton kernels, eager passes and "
+                                            "the decode CUDA graphs alike; the torch path elsewhere) or "
                                             "torch_native (passes run eagerly)", choices=LORA_BACKENDS)
     max_loaded_loras: int | None = arg(None, LORA, "most adapters held in host memory at once (>= "
                                                    "--max-loras-per-batch); unset: no limit")

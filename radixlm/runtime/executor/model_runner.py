@@ -195,17 +195,22 @@ class ModelRunner:
         fb = ForwardBatch.build(wb, self.choose_mode(wb), self.req_to_token_pool, self.token_to_kv_pool,
                                 self.attn_backend, self.device)
         if self.lora is not None:
-            fb.lora = self.lora.prepare(wb.lora, wb.extend_lens)
+            # A replay reads only the rows' slots on the host (the graph's table is refilled from them).
+            fb.lora = self.lora.prepare(wb.lora, wb.extend_lens, host_only=self._replays(fb))
         out = self._run(fb, wb.logits)
         out.req_pool_indices = fb.req_pool_indices
         return out
 
+    def _replays(self, fb: ForwardBatch) -> bool:
+        """Whether the pass runs as a CUDA-graph replay. Media rows and multimodal positions run eagerly: the graphs
+        embed token ids and take a position per row."""
+        plain = not fb.mm_spans and fb.mrope_positions is None
+        return plain and self.graph_runner is not None and self.graph_runner.can_run(fb)
+
     def _run(self, forward_batch: ForwardBatch, plan: LogitsPlan) -> LogitsOutput:
         if forward_batch.mm_spans:
             forward_batch.input_embeds = self.mm_embedder.embed(forward_batch.input_ids, forward_batch.mm_spans)
-        # Media rows and multimodal positions run eagerly: the graphs embed token ids and take a position per row.
-        plain = not forward_batch.mm_spans and forward_batch.mrope_positions is None
-        if plain and self.graph_runner is not None and self.graph_runner.can_run(forward_batch):
+        if self._replays(forward_batch):
             logits = self.graph_runner.replay(forward_batch)
             if not plan.verify_rows and len(plan.sample_rows) == forward_batch.batch_size:
                 # The usual decode batch: sample rows are ascending and distinct, so this is every row in order.

@@ -17,7 +17,7 @@ class LoraPassContext:
     """The pass being run: set by the ModelRunner before the model runs, read by every LoraLayer (one per runner)."""
 
     info: LoraBatchInfo | None = None
-    use_triton: bool = False  # the segment kernels (CUDA, --lora-backend triton); else the torch path
+    use_triton: bool = False  # the Triton kernels (CUDA, --lora-backend triton); else the torch path
 
 
 class LoraLayer:
@@ -40,6 +40,7 @@ class LoraLayer:
             self.full_out = [s.full for s in linear.shards]
             if len(linear.shards) != self.parts:
                 raise ValueError(f"{target.module} has {len(linear.shards)} projections, expected {self.parts}")
+        self.part_sizes = tuple(self.out_sizes)  # B's block diagonal: the kernels read each part's rank block only
         width = self.parts * max_rank
         self.a = torch.zeros(num_slots, width, self.in_local, dtype=dtype, device=device)
         self.b = torch.zeros(num_slots, sum(self.out_sizes), width, dtype=dtype, device=device)
@@ -54,10 +55,13 @@ class LoraLayer:
         if r > self.max_rank:
             raise ValueError(f"{what}: rank {r} is above --max-lora-rank {self.max_rank}")
 
-    def write(self, slot: int, parts: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
-        """Slot `slot` takes an adapter's (A, B) per part (None: the adapter leaves that part alone)."""
-        self.a[slot].zero_()
-        self.b[slot].zero_()
+    def pack(self, parts: list[tuple[torch.Tensor, torch.Tensor] | None]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A slot's contents on the host for an adapter's (A, B) per part (None: the adapter leaves that part alone):
+        this rank's slices, zero-padded to max_rank, B block diagonal; None when it leaves every part alone."""
+        if all(ab is None for ab in parts):
+            return None
+        a_host = torch.zeros(self.a.shape[1:], dtype=self.a.dtype)
+        b_host = torch.zeros(self.b.shape[1:], dtype=self.b.dtype)
         row = 0
         for j, ab in enumerate(parts):
             lo = j * self.max_rank
@@ -68,9 +72,23 @@ class LoraLayer:
                     a = a[:, self.tp_rank * self.in_local : (self.tp_rank + 1) * self.in_local]
                 else:
                     b = b[self.out_starts[j] : self.out_starts[j] + self.out_sizes[j]]
-                self.a[slot, lo : lo + r].copy_(a)
-                self.b[slot, row : row + self.out_sizes[j], lo : lo + r].copy_(b)
+                a_host[lo : lo + r].copy_(a)
+                b_host[row : row + self.out_sizes[j], lo : lo + r].copy_(b)
             row += self.out_sizes[j]
+        return a_host, b_host
+
+    def load(self, slot: int, packed: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """Slot `slot` takes a pack's contents (None: zeros); from pinned memory the copies do not wait."""
+        if packed is None:
+            self.a[slot].zero_()
+            self.b[slot].zero_()
+            return
+        self.a[slot].copy_(packed[0], non_blocking=True)
+        self.b[slot].copy_(packed[1], non_blocking=True)
+
+    def write(self, slot: int, parts: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
+        """Slot `slot` takes an adapter's (A, B) per part (None: the adapter leaves that part alone)."""
+        self.load(slot, self.pack(parts))
 
     def add(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return add_lora_delta(out, x, self.a, self.b, self.context.info, self.context.use_triton)
+        return add_lora_delta(out, x, self.a, self.b, self.context.info, self.context.use_triton, self.part_sizes)

@@ -3,6 +3,7 @@ the slot buffers attached to the model's linear layers, and each pass's swaps an
 goes to which slot is the scheduler's decision (lora/slots.py); this only carries it out."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -69,7 +70,8 @@ class LoraManager:
                     linear, target, options.max_loras_per_batch, options.max_lora_rank, self.context, dtype, device,
                     tp_rank)
         self.scalings = torch.zeros(options.max_loras_per_batch, dtype=torch.float32, device=device)
-        self.adapters: dict[str, HostAdapter] = {}
+        self.adapters: dict[str, HostAdapter] = {}  # their configs (the weights are in packs)
+        self.packs: dict[str, dict[tuple[int, LoraTarget], tuple[torch.Tensor, torch.Tensor]]] = {}
         self.slot_ids: list[str | None] = [None] * options.max_loras_per_batch  # what each slot holds now
 
     def load_adapter(self, lora_id: str, name: str, path: str) -> HostAdapter:
@@ -85,34 +87,48 @@ class LoraManager:
         for (layer, module), (a, b) in adapter.weights.items():
             target, part = LoraTarget.of(module)
             self.layers[(layer, target)].check(part, a, b, f"LoRA adapter {name!r} layer {layer} {module}")
-        self.adapters[lora_id] = adapter
+        nbytes = adapter.nbytes()
+        # Each layer's slot contents, ready to copy (pinned on CUDA: a swap-in's copies do not wait for the device).
+        pin = torch.device(self.device).type == "cuda"
+        packs = {}
+        for (layer, target), ll in self.layers.items():
+            pack = ll.pack([adapter.weights.get((layer, part)) for part in target.parts])
+            if pack is not None:
+                packs[(layer, target)] = tuple(t.pin_memory() for t in pack) if pin else pack
+        self.packs[lora_id] = packs
+        self.adapters[lora_id] = dataclasses.replace(adapter, weights={})  # the packs hold the weights now
         logger.info("LoRA adapter %s loaded from %s (rank %d, %s, %.1f MiB)", name, path, adapter.rank,
-                    ",".join(adapter.config.target_modules), adapter.nbytes() / 2**20)
-        return adapter
+                    ",".join(adapter.config.target_modules), nbytes / 2**20)
+        return self.adapters[lora_id]
 
     def unload_adapter(self, lora_id: str) -> None:
         if self.adapters.pop(lora_id, None) is None:
             raise ValueError(f"no LoRA adapter of id {lora_id!r} is loaded")
+        del self.packs[lora_id]
         for slot, held in enumerate(self.slot_ids):
             if held == lora_id:
                 self.slot_ids[slot] = None
 
     def _swap_in(self, slot: int, lora_id: str) -> None:
-        adapter = self.adapters[lora_id]
-        for (layer, target), ll in self.layers.items():
-            ll.write(slot, [adapter.weights.get((layer, part)) for part in target.parts])
+        adapter, packs = self.adapters[lora_id], self.packs[lora_id]
+        for key, ll in self.layers.items():
+            ll.load(slot, packs.get(key))
         self.scalings[slot] = adapter.config.scaling
         self.slot_ids[slot] = lora_id
 
-    def prepare(self, batch: LoraBatch | None, extend_lens: list[int]) -> LoraBatchInfo | None:
-        """Carries out the pass's swaps and returns its row-to-slot info (also set as the layers' context)."""
+    def prepare(self, batch: LoraBatch | None, extend_lens: list[int], host_only: bool = False) -> LoraBatchInfo | None:
+        """Carries out the pass's swaps and returns its row-to-slot info (also set as the layers' context).
+        host_only: the pass replays a CUDA graph, which reads only the rows' slots on the host."""
         if batch is None:
             self.context.info = None
             return None
         for slot, lora_id in batch.loads:
             self._swap_in(slot, lora_id)
-        info = LoraBatchInfo.build(list(batch.req_slots), extend_lens, self.scalings, self.device,
-                                   groups=not self.context.use_triton)
+        if host_only:
+            info = LoraBatchInfo.host_only(list(batch.req_slots), extend_lens, self.scalings)
+        else:
+            info = LoraBatchInfo.build(list(batch.req_slots), extend_lens, self.scalings, self.device,
+                                       groups=not self.context.use_triton)
         self.context.info = info
         return info
 

@@ -25,14 +25,12 @@ class SlotTable:
             raise ValueError("the LoRA slot pool needs at least one slot")
         self.num_slots = num_slots
         self.holder: list[str | None] = [None] * num_slots
+        self._slot: dict[str, int] = {}  # holder's inverse: a pass looks up each request's slot
         self._lru: OrderedDict[int, None] = OrderedDict((s, None) for s in range(num_slots))  # oldest use first
         self.pinned: set[str] = set()  # adapters loaded as pinned: never swapped out
 
     def slot_of(self, lora_id: str) -> int | None:
-        try:
-            return self.holder.index(lora_id)
-        except ValueError:
-            return None
+        return self._slot.get(lora_id)
 
     def fits(self, active: set[str | None], lora_id: str | None) -> bool:
         """Whether a batch whose adapters are `active` can take a request of `lora_id` too."""
@@ -56,22 +54,28 @@ class SlotTable:
         if len(keep) > self.num_slots:
             raise RuntimeError(f"{len(keep)} LoRA adapters in use exceed the {self.num_slots} slots")
         loads = []
-        for lora_id in sorted(needed - set(self.holder)):
+        for lora_id in sorted(needed - self._slot.keys()):
             slot = next(s for s in self._lru if self.holder[s] is None or self.holder[s] not in keep)
-            self.holder[slot] = lora_id
+            self._set(slot, lora_id)
             loads.append((slot, lora_id))
-        slots = []
-        for lora_id in ids:
-            slot = BASE_SLOT if lora_id is None else self.holder.index(lora_id)
+        slots = tuple(BASE_SLOT if lora_id is None else self._slot[lora_id] for lora_id in ids)
+        for slot in reversed(list(dict.fromkeys(reversed(slots)))):  # each slot used, by its last request's place
             if slot != BASE_SLOT:
                 self._lru.move_to_end(slot)
-            slots.append(slot)
-        return LoraBatch(tuple(slots), tuple(loads))
+        return LoraBatch(slots, tuple(loads))
+
+    def _set(self, slot: int, lora_id: str | None) -> None:
+        old = self.holder[slot]
+        if old is not None:
+            del self._slot[old]
+        self.holder[slot] = lora_id
+        if lora_id is not None:
+            self._slot[lora_id] = slot
 
     def release(self, lora_id: str) -> None:
         """The adapter is unloaded: its slot, if any, is free (and first to be reused)."""
         self.pinned.discard(lora_id)
         slot = self.slot_of(lora_id)
         if slot is not None:
-            self.holder[slot] = None
+            self._set(slot, None)
             self._lru.move_to_end(slot, last=False)

@@ -1,6 +1,6 @@
-"""Multi-LoRA on CUDA (skipped without a GPU): CUDA-graph decode with adapters (one capture, the gather kernels)
-equals eager passes (the segment kernels) token for token in float32, for mixes of four adapters (ranks 4 to 16,
-partial fused projections) and the base model over batches that replay graphs of several sizes, padded; and no
+"""Multi-LoRA on CUDA (skipped without a GPU): CUDA-graph decode with adapters (one capture, the graph form)
+equals eager passes (the eager form: blocks of 64) token for token in float32, for mixes of four adapters (ranks 4
+to 16, partial fused projections) and the base model over batches that replay graphs of several sizes, padded; and no
 Triton kernel is built after start-up with adapters in use (benchmarks/startup/compile_count_gpu.py --configs lora).
 Adapters from benchmarks/lib/lora.py (no peft needed on the GPU machine); the CPU tests hold the PEFT comparisons."""
 from __future__ import annotations

@@ -96,7 +96,7 @@ def test_decode_graphs_replay_any_mix_of_adapters(llama):
 
 
 def test_warm_up_passes_build_the_lora_kernels(llama, monkeypatch):
-    """Start-up's dummy passes carry LoRA rows (slot 0, zeros before any swap): the extend passes in the segment
+    """Start-up's dummy passes carry LoRA rows (slot 0, zeros before any swap): the extend passes in the eager
     form, the token-row passes in the graphs' gather form (as on CUDA with the Triton kernels; recorded, not run)."""
     runner = llama[0].runner
     passes = []
@@ -109,8 +109,8 @@ def test_warm_up_passes_build_the_lora_kernels(llama, monkeypatch):
     monkeypatch.setattr(runner.lora, "slot_ids", free)
     runner.warm_up_extend()
     runner.warm_up_token_rows(3, 1)
-    assert passes and all(p.uses_lora and p.gather is None and set(p.host_row_slots) == {0} for p in passes[:-1])
-    assert passes[-1].gather is not None and passes[-1].row_slots.tolist() == [0, 0, 0]
+    assert passes and all(p.uses_lora and not p.static and set(p.host_row_slots) == {0} for p in passes[:-1])
+    assert passes[-1].static and passes[-1].row_slots.tolist() == [0, 0, 0]
 
 
 def test_two_ranks_equal_one_with_adapters(llama):

@@ -15,7 +15,7 @@ from radixlm.runtime.layers.linear import ColumnParallelLinear, RowParallelLinea
 from radixlm.runtime.lora.config import LoraSpec, LoraTarget, PeftConfig
 from radixlm.runtime.lora.layer import LoraLayer, LoraPassContext
 from radixlm.runtime.lora.graph import LoraGraphInputs, num_blocks
-from radixlm.runtime.kernels.lora import GATHER_BLOCK_ROWS
+from radixlm.runtime.kernels.lora import EAGER_BLOCK_ROWS, GATHER_BLOCK_ROWS
 from radixlm.runtime.lora.ops import LoraBatchInfo, add_lora_delta, lora_delta_torch
 from radixlm.runtime.lora.registry import LoraRegistry, cache_namespace
 from radixlm.runtime.lora.slots import BASE_SLOT, SlotTable
@@ -89,8 +89,11 @@ def test_batched_delta_equals_a_per_row_loop():
     want = torch.stack([torch.zeros(d_out) if s < 0 else scalings[s] * (b[s] @ (a[s] @ x[i]))
                         for i, s in enumerate(rows)])
     assert torch.allclose(lora_delta_torch(x, a, b, info), want, atol=1e-5)
-    # Consecutive requests of one slot are one segment (the Triton segment kernel's input).
-    assert info.seg_slots.tolist() == [1, -1, 1, 0, 2] and info.seg_lens.tolist() == [3, 2, 1, 4, 3]
+    # The kernels' blocks: rows grouped by slot (a slot's requests together, in pass order), base rows left out.
+    g = info.blocks
+    assert g.block_slots.tolist() == [0, 1, 2] and g.block_lens.tolist() == [4, 4, 3]
+    assert g.sorted_rows.tolist()[:11] == [6, 7, 8, 9, 0, 1, 2, 5, 10, 11, 12]
+    assert not info.static and info.block_rows == EAGER_BLOCK_ROWS
 
 
 def test_gather_table_groups_rows_by_slot_in_blocks():
@@ -101,7 +104,8 @@ def test_gather_table_groups_rows_by_slot_in_blocks():
     inputs = LoraGraphInputs(cap, 3, torch.tensor([0.5, 2.0, 1.5]), "cpu")
     inputs.fill(rows)
     info = inputs.info(len(rows))
-    g = info.gather
+    g = info.blocks
+    assert info.static and info.block_rows == GATHER_BLOCK_ROWS
     blocks = [(s, n) for s, n in zip(g.block_slots.tolist(), g.block_lens.tolist()) if n]
     assert blocks == [(0, 1), (1, GATHER_BLOCK_ROWS), (1, 3), (2, 2)]
     assert g.block_lens.shape[0] == num_blocks(len(rows), 3) and info.row_slots.tolist() == rows
@@ -199,3 +203,27 @@ def test_router_keys_by_adapter():
     assert routing_text("/generate", {"text": "hello world", "lora_path": "a"}).startswith(a)
     chat = {"messages": [{"role": "user", "content": "hi"}]}
     assert routing_text("/v1/chat/completions", {**chat, "model": "a"}) != routing_text("/v1/chat/completions", chat)
+
+
+@pytest.mark.parametrize("block_rows", [1, 3, 16])
+def test_group_rows_blocks_cover_each_adapter_row_once(block_rows):
+    """lora/blocks.py: blocks of one slot, at most block_rows rows, each slot's rows in pass order, every adapter row
+    in exactly one block, and no more blocks than max_blocks reserves."""
+    import numpy as np
+
+    from radixlm.runtime.lora.blocks import group_rows, max_blocks
+
+    rng = np.random.default_rng(block_rows)
+    slots = rng.integers(-1, 5, size=90).astype(np.int32)
+    slots[10:50] = 2  # a slot over several blocks
+    order, starts, lens, block_slots = group_rows(slots, block_rows)
+    assert len(starts) <= max_blocks(len(slots), 5, block_rows) and lens.min() >= 1 and lens.max() <= block_rows
+    covered = []
+    for start, n, slot in zip(starts, lens, block_slots):
+        rows = order[start : start + n].tolist()
+        assert all(slots[r] == slot for r in rows)
+        covered += rows
+    assert covered == order.tolist() and sorted(covered) == np.flatnonzero(slots >= 0).tolist()
+    for s in range(5):
+        mine = [r for r in covered if slots[r] == s]
+        assert mine == sorted(mine)

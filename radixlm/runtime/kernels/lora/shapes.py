@@ -1,10 +1,12 @@
-"""What both LoRA kernels' hosts check, and the gather form's block size (no Triton: lora/ reads it on any device)."""
+"""What the LoRA kernels' hosts check, and the blocks' sizes (no Triton: lora/ reads them on any device)."""
 from __future__ import annotations
 
 import torch
 
-# Rows per block of the gather form (CUDA-graph decode): the gather kernels' BLOCK_M, which a block never exceeds.
+# Rows per block of CUDA-graph decode's table (lora/graph.py): few rows per adapter, the K loop split for parallelism.
 GATHER_BLOCK_ROWS = 16
+# Rows per block of eager passes (prefill, extend): whole tiles of a prompt's rows.
+EAGER_BLOCK_ROWS = 64
 
 
 def check_lora_args(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
@@ -20,3 +22,12 @@ def check_lora_args(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torc
     if not (x.stride(1) == a.stride(2) == b.stride(2) == out.stride(1) == 1):
         raise ValueError("LoRA kernels need rows with unit column stride")
     return rows, k, w, n
+
+
+def check_parts(parts: tuple[int, ...] | None, n: int, w: int) -> tuple[int, ...]:
+    """The fused parts' output sizes (None: one part of n), checked against B's (n, w): 1 to 3 parts summing to n,
+    each with its rank block of w / parts columns."""
+    parts = (n,) if parts is None else tuple(parts)
+    if not 1 <= len(parts) <= 3 or sum(parts) != n or min(parts) < 0 or w % len(parts):
+        raise ValueError(f"LoRA parts {parts} do not split B's ({n}, {w}) into 1 to 3 blocks")
+    return parts

@@ -1,8 +1,9 @@
-"""The gather kernels of CUDA-graph decode (kernels/lora/gather.py) against the torch path, through the graph table
-(lora/graph.py): rows mixing slots and base rows in any order, a slot with more rows than a block, padded rows;
-float32 under TRITON_INTERPRET=1 (a subprocess, tests/triton_interpret.py). With CUDA: both kernel forms at
-Llama-3.1-8B's layer shapes, ranks 16 and 64, bfloat16, and a captured graph of the gather form replayed with new
-mixes of slots equals the eager kernels."""
+"""The LoRA kernels (kernels/lora/gather.py) against the torch path, in both forms: the graph table (lora/graph.py;
+blocks of 16 rows, K split over programs) and an eager pass's exact blocks (LoraBatchInfo.build; blocks of 64 rows,
+K whole): rows mixing slots and base rows in any order, a slot with more rows than a block, padded rows, B block
+diagonal over fused parts whose sizes are not multiples of the tile; float32 under TRITON_INTERPRET=1 (a subprocess,
+tests/triton_interpret.py). With CUDA: both forms at Llama-3.1-8B's layer shapes, ranks 16 and 64, bfloat16, and a
+captured graph of the graph form replayed with new mixes of slots equals the eager kernels."""
 from __future__ import annotations
 
 import pytest
@@ -22,13 +23,25 @@ def _check(got: torch.Tensor, want: torch.Tensor, base: torch.Tensor, row_slots:
     assert torch.equal(got[base_rows], base[base_rows]), what  # rows of the base model untouched
 
 
-def compare(device: str, dtype: torch.dtype, slots: int, width: int, k: int, n: int, row_slots: list[int],
-            capacity: int, segments: bool, tol: float, g: torch.Generator) -> None:
+def block_diagonal(b: torch.Tensor, parts: tuple[int, ...]) -> torch.Tensor:
+    """B with each part's output rows zero outside its own rank block (how LoraLayer writes it)."""
+    r = b.shape[2] // len(parts)
+    out = torch.zeros_like(b)
+    row = 0
+    for j, size in enumerate(parts):
+        out[:, row : row + size, j * r : (j + 1) * r] = b[:, row : row + size, j * r : (j + 1) * r]
+        row += size
+    return out
+
+
+def compare(device: str, dtype: torch.dtype, slots: int, width: int, k: int, parts: tuple[int, ...],
+            row_slots: list[int], capacity: int, segments: bool, tol: float, g: torch.Generator) -> None:
     from radixlm.runtime.lora.graph import LoraGraphInputs
     from radixlm.runtime.lora.ops import LoraBatchInfo, add_lora_delta, lora_delta_torch
 
+    n = sum(parts)
     a = (torch.randn(slots, width, k, generator=g) / k**0.5).to(dtype).to(device)
-    b = torch.randn(slots, n, width, generator=g).to(dtype).to(device)
+    b = block_diagonal(torch.randn(slots, n, width, generator=g), parts).to(dtype).to(device)
     scalings = torch.rand(slots, generator=g).add(0.5).to(device)
     rows = len(row_slots)
     x = torch.randn(rows, k, generator=g).to(dtype).to(device)
@@ -37,18 +50,21 @@ def compare(device: str, dtype: torch.dtype, slots: int, width: int, k: int, n: 
     want = base.float() + lora_delta_torch(x.float(), a.float(), b.float(), info)
     inputs = LoraGraphInputs(capacity, slots, scalings, device)
     inputs.fill(row_slots)
-    got = add_lora_delta(base.clone(), x, a, b, inputs.info(rows), use_triton=True)
-    _check(got, want, base, row_slots, tol, ("gather", dtype, width, k, n))
+    got = add_lora_delta(base.clone(), x, a, b, inputs.info(rows), use_triton=True, parts=parts)
+    _check(got, want, base, row_slots, tol, ("graph", dtype, width, k, parts))
     if segments:
-        got = add_lora_delta(base.clone(), x, a, b, info, use_triton=True)
-        _check(got, want, base, row_slots, tol, ("segment", dtype, width, k, n))
+        got = add_lora_delta(base.clone(), x, a, b, info, use_triton=True, parts=parts)
+        _check(got, want, base, row_slots, tol, ("eager", dtype, width, k, parts))
 
 
 def run_interpreted() -> None:
     g = torch.Generator().manual_seed(0)
-    # 19 rows of slot 2 (two blocks), base rows between, 24 of a graph of 28 rows (the rest padding)
+    # 19 rows of slot 2 (two graph blocks), base rows between, 24 of a graph of 28 rows (the rest padding); K 600:
+    # three splits in the graph form (the last one short), whole in the eager form; three parts of rank 8
     slots = [2, -1, 0, 2, 1] + [2] * 17 + [-1, 0]
-    compare("cpu", torch.float32, 3, 24, 40, 72, slots, 28, False, 1e-5, g)
+    compare("cpu", torch.float32, 3, 24, 600, (40, 24, 136), slots, 28, True, 1e-5, g)
+    # one part, 70 rows of one slot: two eager blocks; rank 4 (below the 16 of a tile)
+    compare("cpu", torch.float32, 2, 4, 40, (72,), [1] * 70, 70, True, 1e-5, g)
 
 
 def run_cuda_llama8b() -> None:
@@ -57,7 +73,8 @@ def run_cuda_llama8b() -> None:
         for parts, k, n in LLAMA8B:
             row_slots = torch.randint(-1, 8, (200,), generator=g).tolist()  # 8 adapters and the base, mixed
             row_slots[:40] = [3] * 40  # a slot over several blocks
-            compare("cuda", torch.bfloat16, 8, parts * rank, k, n, row_slots, 256, True, 2e-2, g)
+            sizes = (4096, 1024, 1024) if parts == 3 else (n // parts,) * parts
+            compare("cuda", torch.bfloat16, 8, parts * rank, k, sizes, row_slots, 256, True, 2e-2, g)
 
 
 def run_cuda_graph_replays() -> None:
@@ -97,7 +114,7 @@ def test_gather_kernels_under_interpreter():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_segment_and_gather_kernels_at_llama8b_shapes():
+def test_graph_and_eager_kernels_at_llama8b_shapes():
     run_cuda_llama8b()
 
 
