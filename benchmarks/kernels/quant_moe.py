@@ -27,15 +27,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.lib.gpu_timing import graph_us, within_budget  # noqa: E402
+from benchmarks.lib.gpu_timing import graph_us, tree, wall_us, within_budget  # noqa: E402
+from benchmarks.lib.quant_formats import BLOCK, GROUP, HBM_TB_S, TOLERANCE, rel_err  # noqa: E402
 
-HBM_TB_S = 4.8  # the H200's HBM3e, by the datasheet
 EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
 DRY = (8, 2, 256, 128)
-GROUP = 128
-BLOCK = (128, 128)
 COPIES = 4  # weight copies (layers) and routings per graph: each call reads its own experts from HBM
-TOLERANCE = 2e-2
 # w8a8: an intermediate one bf16 rounding apart from the reference's can round to the neighbouring FP8 value
 W8A8_TOLERANCE = 6e-2
 # format -> (quantized format of quant_moe_ref.quantize_experts or None for bf16, forced w8a8, forced split)
@@ -151,28 +148,6 @@ def reference(fmt: str, weights, route):
     return fused_experts_quant_reference(x, *weights, tw, ids, 0, w8a8)
 
 
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-
-
-def wall_us(fn, copies: int) -> float:
-    """--dry's stand-in for graph_us: one call per copy, wall clock."""
-    t = time.perf_counter()
-    for i in range(copies):
-        fn(i)
-    return (time.perf_counter() - t) * 1e6 / copies
-
-
-def tree() -> str | None:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parents[2]).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 256, 1024])
@@ -185,10 +160,6 @@ def main() -> None:
 
     from radixlm.runtime.kernels.moe.quant_moe import W8A8_MIN_PAIRS_PER_EXPERT
 
-    if args.dry:  # the interpreter's float32 -> FP8 rounding differs from the GPU's (the w8a8 activations)
-        from tests.runtime.kernels.quant.test_quant_kernels_interpreted import patch_interpreter_fp8_rounding
-
-        patch_interpreter_fp8_rounding()
     t0 = time.perf_counter()
     device, dtype = ("cpu", torch.float16) if args.dry else ("cuda", torch.bfloat16)
     e, k, h, i = DRY if args.dry else (EXPERTS, TOP_K, HIDDEN, INTER)
