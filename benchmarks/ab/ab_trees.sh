@@ -102,7 +102,8 @@ for r in $(seq $((1 + ${AB_ROUND0:-0})) $((rounds + ${AB_ROUND0:-0}))); do  # AB
         ${AB_SPEC_ARGS:---algorithms NGRAM --batches 1 64 256 --workloads quote restate story --repeat 3}
     elif [ "$cmd" = host ]; then
       c=${AB_CONSTRAINTS:-regex}  # one: IDS were recorded with it
-      if [ "$t" = base ] && ls /tmp/ab_base/benchmarks/{grammar/,}host_overhead.py >/dev/null 2>&1; then
+      if [ "$t" = base ] && { [ -f /tmp/ab_base/benchmarks/grammar/host_overhead.py ] \
+          || [ -f /tmp/ab_base/benchmarks/host_overhead.py ]; }; then
         run $t "host_${c}_${t}_r$r" benchmarks/grammar/host_overhead.py --ids "${IDS:?IDS}" --constraint "$c" \
           --modes "${AB_MODES:-off,exact}" --repeat 2
       else

@@ -12,7 +12,7 @@ checked against kernels/moe/quant_moe_ref.py (max |error| / max |reference|).
 
     python3 benchmarks/kernels/quant_moe.py --out $OUT        # writes $OUT/quant_moe.json, ~2-3 min on an H200
     TRITON_INTERPRET=1 python benchmarks/kernels/quant_moe.py --dry --out /tmp   # the logic on the CPU: tiny
-                                                              # shapes, float16, wall-clock times
+                                                              # shapes, float16, wall-clock times, w8a8 unchecked
 """
 from __future__ import annotations
 
@@ -192,9 +192,12 @@ def main() -> None:
                                     **chosen(fmt, t, k, e, dtype)})
             if t in (args.tokens[0], args.tokens[-1]) or fmt.endswith("_w8a8"):
                 err = rel_err(call(fmt, ws[0], routes[0]), reference(fmt, ws[0], routes[0]))
-                tol = W8A8_TOLERANCE if chosen(fmt, t, k, e, dtype)["w8a8"] else TOLERANCE
+                w8a8 = chosen(fmt, t, k, e, dtype)["w8a8"]
+                tol = W8A8_TOLERANCE if w8a8 else TOLERANCE
+                # --dry: Triton's interpreter rounds float32 -> FP8 half up, the GPU to nearest even, so the w8a8
+                # activations are not checked there (the interpreted kernel tests patch the conversion and check them).
                 result["correctness"].append({"tokens": t, "format": fmt, "rel_err": err, "tolerance": tol,
-                                              "ok": err <= tol})
+                                              "ok": None if args.dry and w8a8 else err <= tol})
         print(f"{t} tokens done at {time.perf_counter() - t0:.0f} s", flush=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
     # With the budget left: decode tile configs other than pick_config's, at 1 and 8 tokens (tuning leads).
@@ -235,9 +238,11 @@ def print_table(result: dict, formats: list[str]) -> None:
             default = by.get((c["tokens"], c["format"]))
             print(f"  {c['format']:>12} {c['tokens']:>2} tokens {tuple(c['config'].values())}: {c['us']:8.1f} "
                   f"({default['us'] if default else float('nan'):8.1f}) err {c['rel_err']:.3g}")
-    bad = [c for c in result["correctness"] if not c["ok"]]
-    print(f"\ncorrectness against the reference: {len(result['correctness']) - len(bad)} of "
-          f"{len(result['correctness'])} within {TOLERANCE} ({W8A8_TOLERANCE} w8a8)" + "".join(
+    bad = [c for c in result["correctness"] if c["ok"] is False]
+    unchecked = sum(c["ok"] is None for c in result["correctness"])
+    print(f"\ncorrectness against the reference: {len(result['correctness']) - len(bad) - unchecked} of "
+          f"{len(result['correctness'])} within {TOLERANCE} ({W8A8_TOLERANCE} w8a8)"
+          + (f", {unchecked} w8a8 not checked (--dry)" if unchecked else "") + "".join(
               f"\n  FAIL {c['format']} {c['tokens']} tokens: {c['rel_err']:.3g}" for c in bad))
 
 
