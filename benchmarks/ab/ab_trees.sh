@@ -15,8 +15,9 @@
 #                                                  # mode's run then lasts 2-3 s on an H200 and spreads +-15%)
 #   AB_LLAMA_ARGS='--batches --sharegpt-requests 1000 --random-requests 0 --prefix-groups 0' ... llama8b 5
 #                                                  # one workload only (a size 0 skips one), more rounds a call
-#   IDS=ids.json bash benchmarks/ab/ab_trees.sh host [ROUNDS]   # CPU: host_overhead.py (the scheduler's host work
-#                                                  # on scripted logits; IDS from json_decoding.py --save-ids)
+#   IDS=ids.json bash benchmarks/ab/ab_trees.sh host [ROUNDS]   # CPU: json_decoding.py --skip-model (the scheduler's
+#                                                  # host work on scripted logits; IDS from json_decoding.py --save-ids;
+#                                                  # a base tree from before it: its own host_overhead.py)
 #   bash benchmarks/ab/ab_trees.sh profile [ROUNDS]   # GPU (carry .whl ab): profiling/profile_gpu_step.py per tree
 #                                                  # (AB_PROFILE_BATCHES, default 1): each decode kernel's time
 #                                                  # and the idle gap a step; the JSONs go to $OUT, no report
@@ -101,8 +102,15 @@ for r in $(seq $((1 + ${AB_ROUND0:-0})) $((rounds + ${AB_ROUND0:-0}))); do  # AB
         ${AB_SPEC_ARGS:---algorithms NGRAM --batches 1 64 256 --workloads quote restate story --repeat 3}
     elif [ "$cmd" = host ]; then
       c=${AB_CONSTRAINTS:-regex}  # one: IDS were recorded with it
-      run $t "host_${c}_${t}_r$r" benchmarks/grammar/host_overhead.py --ids "${IDS:?IDS}" --constraint "$c" \
-        --modes "${AB_MODES:-off,exact}" --repeat 2
+      if [ "$t" = base ] && { [ -f /tmp/ab_base/benchmarks/grammar/host_overhead.py ] \
+          || [ -f /tmp/ab_base/benchmarks/host_overhead.py ]; }; then
+        run $t "host_${c}_${t}_r$r" benchmarks/grammar/host_overhead.py --ids "${IDS:?IDS}" --constraint "$c" \
+          --modes "${AB_MODES:-off,exact}" --repeat 2
+      else
+        run $t "host_${c}_${t}_r$r" benchmarks/grammar/json_decoding.py --script-ids "${IDS:?IDS}" --skip-model \
+          --constraint "$c" --device cpu --dtype float32 --max-running 32 --max-total-tokens 131072 --phases \
+          --modes "${AB_MODES:-off,exact}" --repeat 2
+      fi
     else
       for c in ${AB_CONSTRAINTS:-regex json_schema}; do
         run $t "json_${c}_${t}_r$r" benchmarks/grammar/json_decoding.py --model /tmp/stage/smol.gguf --device cuda \

@@ -10,7 +10,21 @@ A mode is a jump-forward mode, optionally with ":always" (fill every grammar mas
 on demand) and ":nomix" (--mixed-chunk off).
 Reports per mode: wall time, output tokens/s, requests/s, mean latency, forward passes, grammar masks filled per
 output token, exact-mode draft acceptance, and whether each mode reproduced `off` token for token; plus grammar
-compile time (cold: tokenizer preprocessing + compile; cached) and the bitmask fill time per generated token."""
+compile time (cold: tokenizer preprocessing + compile; cached) and the bitmask fill time per generated token.
+
+The scheduler's host work alone, without the model (--skip-model): each forward pass returns scripted logits (the
+next token of a recorded run's output, one-hot), so outputs are the recorded ones in every mode (`off` replays them;
+`exact` drafts and verifies against them) and what varies between modes and trees is the scheduler's own work; on a
+GPU that work, not the model, bounds a small model's throughput (results/grammar/json_decoding_gpu_log.txt):
+
+    python benchmarks/grammar/json_decoding.py --num-prompts 512 --max-running 32 --constraint regex --modes off \
+        --save-ids ids.json                                  # record (the real model, on the CPU)
+    python benchmarks/grammar/json_decoding.py --script-ids ids.json --skip-model --constraint regex --max-running 32 \
+        --dtype float32 --max-total-tokens 131072 --phases [--modes off,exact] [--repeat 3]
+
+Scripted logits cost a memset of (rows, vocab) floats; the grammar's top-k and argmax over them run on the CPU too
+(on a GPU they are kernel launches): those phases ("model forward", "grammar masks prepare", "sampler") are not host
+overhead here."""
 from __future__ import annotations
 
 import argparse
@@ -87,7 +101,7 @@ def _differences(base: list[list[int]], other: list[list[int]]) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="default")
-    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--num-prompts", type=int, default=None, help="default 64, or --script-ids' count")
     p.add_argument("--constraint", choices=["json_schema", "regex"], default="json_schema")
     p.add_argument("--max-running", type=int, default=16)
     p.add_argument("--device", default="cpu")
@@ -102,10 +116,19 @@ def main() -> None:
                    help="also print each mode's N functions of most own time (cProfile of the measured run)")
     p.add_argument("--script-ids", default=None,
                    help="replay these recorded outputs (--save-ids of another run, same tokenizer and prompts): the "
-                        "model's passes run, their logits are replaced (benchmarks/grammar/host_overhead.py)")
+                        "model's passes run, their logits are replaced")
+    p.add_argument("--skip-model", action="store_true",
+                   help="with --script-ids: the model's passes do not run either, only the scheduler's host work "
+                        "(on the CPU: the grammar's top-k and argmax over the scripted logits run there too)")
     p.add_argument("--save-ids", default=None, help="write the first mode's output token ids here (JSON list)")
     p.add_argument("--out", default="benchmarks/results/grammar/json_decoding_cpu.json")
     args = p.parse_args()
+    if args.skip_model and not args.script_ids:
+        p.error("--skip-model replays --script-ids")
+    if args.num_prompts is None:
+        args.num_prompts = len(json.loads(Path(args.script_ids).read_text())) if args.script_ids else 64
+    if args.num_prompts < 1:
+        p.error("--num-prompts: at least 1")
     texts = passages(args.num_prompts, args.seed)
     runs: dict[str, dict] = {}
     modes = args.modes.split(",")

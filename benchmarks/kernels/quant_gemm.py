@@ -34,7 +34,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.lib.gpu_timing import SHAPES, graph_us, within_budget  # noqa: E402
+from benchmarks.lib.gpu_timing import SHAPES, graph_us, tree, wall_us, within_budget  # noqa: E402
+from benchmarks.lib.quant_formats import (  # noqa: E402
+    BLOCK, GROUP, HBM_TB_S, TOLERANCE, floor_us, rel_err, weight_bytes)
 from radixlm.runtime.kernels import quant  # noqa: E402
 from radixlm.runtime.kernels.quant import reference as ref  # noqa: E402
 from radixlm.runtime.kernels.quant.tiles import ROW_BUCKETS, bucket_of  # noqa: E402
@@ -48,26 +50,7 @@ FORMATS = ("bf16", "fp8_channel", "fp8_channel_w8a8", "fp8_channel_triton", "fp8
            "fp8_block_w8a8", "w4a16", "w4a16_mma", "w4a16_gemv")
 DECODE_ONLY = ("fp8_channel_w8a8", "fp8_block_w8a8", "w4a16_mma", "w4a16_gemv")  # forced up to DECODE_ROWS rows (timed)
 DECODE_ROWS = 16
-HBM_TB_S = 4.8  # the H200's HBM3e, by the datasheet
-GROUP = 128
-BLOCK = (128, 128)
 COPY_BYTES = 600_000_000  # weight copies per format and shape: several times the 60 MB L2
-TOLERANCE = 2e-2
-
-
-def weight_bytes(fmt: str, n: int, k: int) -> int:
-    fmt = fmt.removesuffix("_mma").removesuffix("_gemv").removesuffix("_w8a8")
-    if fmt == "bf16":
-        return 2 * n * k
-    if fmt.startswith("fp8_channel"):
-        return n * k + 4 * n
-    if fmt == "fp8_block":
-        return n * k + 4 * -(-n // BLOCK[0]) * -(-k // BLOCK[1])
-    return n * k // 2 + 2 * 2 * (k // GROUP) * n  # packed INT4 + bf16 scales and zeros
-
-
-def floor_us(fmt: str, n: int, k: int, m: int) -> float:
-    return (weight_bytes(fmt, n, k) + 2 * m * (k + n)) / (HBM_TB_S * 1e12) * 1e6
 
 
 def make_formats(n: int, k: int, device: str) -> dict[str, list]:
@@ -126,21 +109,9 @@ def reference(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
     return ref.int4_linear(x, *weight, GROUP)  # w4a16, w4a16_mma, w4a16_gemv
 
 
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-
-
 def shape_of(name: str, dry: bool) -> tuple[int, int]:
     n, k = SHAPES[name]
     return (n // 32, -(-k // 32 // GROUP) * GROUP) if dry else (n, k)
-
-
-def wall_us(fn, copies: int) -> float:
-    """--dry's stand-in for graph_us: one call per copy, wall clock."""
-    t = time.perf_counter()
-    for i in range(copies):
-        fn(i)
-    return (time.perf_counter() - t) * 1e6 / copies
 
 
 def sweep_variants() -> list[tuple[str, int, object]]:
@@ -224,17 +195,6 @@ def w4a16_dequant(args, t0: float, device: str, timer) -> None:
     shapes = [(name, *shape_of(name, args.dry)) for name in within_budget(args.shapes, t0, args.budget_s)]
     wd.run(shapes, LAYER, args.rows or wd.ROWS, Path(args.out), timer, args.dry, args.install_table,
            COPY_BYTES, " ".join(["benchmarks/kernels/quant_gemm.py", *sys.argv[1:]]), tree(), t0)
-
-
-def tree() -> str | None:
-    """The commit measured (results/INDEX.md's tree column), where the tree is a git checkout."""
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parents[2]).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ checked against kernels/moe/quant_moe_ref.py (max |error| / max |reference|).
 
     python3 benchmarks/kernels/quant_moe.py --out $OUT        # writes $OUT/quant_moe.json, ~2-3 min on an H200
     TRITON_INTERPRET=1 python benchmarks/kernels/quant_moe.py --dry --out /tmp   # the logic on the CPU: tiny
-                                                              # shapes, float16, wall-clock times
+                                                              # shapes, float16, wall-clock times, w8a8 unchecked
 """
 from __future__ import annotations
 
@@ -27,15 +27,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.lib.gpu_timing import graph_us, within_budget  # noqa: E402
+from benchmarks.lib.gpu_timing import graph_us, tree, wall_us, within_budget  # noqa: E402
+from benchmarks.lib.quant_formats import BLOCK, GROUP, HBM_TB_S, TOLERANCE, rel_err  # noqa: E402
 
-HBM_TB_S = 4.8  # the H200's HBM3e, by the datasheet
 EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
 DRY = (8, 2, 256, 128)
-GROUP = 128
-BLOCK = (128, 128)
 COPIES = 4  # weight copies (layers) and routings per graph: each call reads its own experts from HBM
-TOLERANCE = 2e-2
 # w8a8: an intermediate one bf16 rounding apart from the reference's can round to the neighbouring FP8 value
 W8A8_TOLERANCE = 6e-2
 # format -> (quantized format of quant_moe_ref.quantize_experts or None for bf16, forced w8a8, forced split)
@@ -151,28 +148,6 @@ def reference(fmt: str, weights, route):
     return fused_experts_quant_reference(x, *weights, tw, ids, 0, w8a8)
 
 
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-
-
-def wall_us(fn, copies: int) -> float:
-    """--dry's stand-in for graph_us: one call per copy, wall clock."""
-    t = time.perf_counter()
-    for i in range(copies):
-        fn(i)
-    return (time.perf_counter() - t) * 1e6 / copies
-
-
-def tree() -> str | None:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parents[2]).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 256, 1024])
@@ -185,10 +160,6 @@ def main() -> None:
 
     from radixlm.runtime.kernels.moe.quant_moe import W8A8_MIN_PAIRS_PER_EXPERT
 
-    if args.dry:  # the interpreter's float32 -> FP8 rounding differs from the GPU's (the w8a8 activations)
-        from tests.runtime.kernels.quant.test_quant_kernels_interpreted import patch_interpreter_fp8_rounding
-
-        patch_interpreter_fp8_rounding()
     t0 = time.perf_counter()
     device, dtype = ("cpu", torch.float16) if args.dry else ("cuda", torch.bfloat16)
     e, k, h, i = DRY if args.dry else (EXPERTS, TOP_K, HIDDEN, INTER)
@@ -221,9 +192,12 @@ def main() -> None:
                                     **chosen(fmt, t, k, e, dtype)})
             if t in (args.tokens[0], args.tokens[-1]) or fmt.endswith("_w8a8"):
                 err = rel_err(call(fmt, ws[0], routes[0]), reference(fmt, ws[0], routes[0]))
-                tol = W8A8_TOLERANCE if chosen(fmt, t, k, e, dtype)["w8a8"] else TOLERANCE
+                w8a8 = chosen(fmt, t, k, e, dtype)["w8a8"]
+                tol = W8A8_TOLERANCE if w8a8 else TOLERANCE
+                # --dry: Triton's interpreter rounds float32 -> FP8 half up, the GPU to nearest even, so the w8a8
+                # activations are not checked there (the interpreted kernel tests patch the conversion and check them).
                 result["correctness"].append({"tokens": t, "format": fmt, "rel_err": err, "tolerance": tol,
-                                              "ok": err <= tol})
+                                              "ok": None if args.dry and w8a8 else err <= tol})
         print(f"{t} tokens done at {time.perf_counter() - t0:.0f} s", flush=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
     # With the budget left: decode tile configs other than pick_config's, at 1 and 8 tokens (tuning leads).
@@ -264,9 +238,11 @@ def print_table(result: dict, formats: list[str]) -> None:
             default = by.get((c["tokens"], c["format"]))
             print(f"  {c['format']:>12} {c['tokens']:>2} tokens {tuple(c['config'].values())}: {c['us']:8.1f} "
                   f"({default['us'] if default else float('nan'):8.1f}) err {c['rel_err']:.3g}")
-    bad = [c for c in result["correctness"] if not c["ok"]]
-    print(f"\ncorrectness against the reference: {len(result['correctness']) - len(bad)} of "
-          f"{len(result['correctness'])} within {TOLERANCE} ({W8A8_TOLERANCE} w8a8)" + "".join(
+    bad = [c for c in result["correctness"] if c["ok"] is False]
+    unchecked = sum(c["ok"] is None for c in result["correctness"])
+    print(f"\ncorrectness against the reference: {len(result['correctness']) - len(bad) - unchecked} of "
+          f"{len(result['correctness'])} within {TOLERANCE} ({W8A8_TOLERANCE} w8a8)"
+          + (f", {unchecked} w8a8 not checked (--dry)" if unchecked else "") + "".join(
               f"\n  FAIL {c['format']} {c['tokens']} tokens: {c['rel_err']:.3g}" for c in bad))
 
 

@@ -29,10 +29,9 @@ case "${1:-a}" in
       --question-len 64 --output-len 16 --max-concurrency 32 --order rounds --worker-gpus 0 1 --single-replica \
       --out "$OUT"/router_dp_2gpu.json > "$OUT"/c2.log 2>&1
     echo "router_dp rc=$?"; quiet < "$OUT"/c2.log | tail -20 ;;
-  d)  # Mixtral alone (decode and offline, each engine in its own process), then `radixlm serve --dp-size 2` serving
+  d)  # Mixtral alone (decode and offline, each engine in its own process); its `radixlm serve --dp-size 2` smoke
+      # (dp_serve_smoke.py) is retired: benchmarks/RETIRED.md
     timeout 420 python3 benchmarks/multi_gpu/gpu_multi.py --parts moe --sharegpt-requests 300 --out "$OUT"/multi_moe.json \
       > "$OUT"/d1.log 2>&1
-    echo "gpu_multi rc=$?"; quiet < "$OUT"/d1.log | grep -v "^\s*symm_mem" | tail -16
-    timeout 120 python3 benchmarks/multi_gpu/dp_serve_smoke.py --out "$OUT"/dp_serve.json > "$OUT"/d2.log 2>&1
-    echo "dp_serve_smoke rc=$?"; quiet < "$OUT"/d2.log | tail -8 ;;
+    echo "gpu_multi rc=$?"; quiet < "$OUT"/d1.log | grep -v "^\s*symm_mem" | tail -16 ;;
 esac

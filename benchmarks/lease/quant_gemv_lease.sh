@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tunes the quantized few-row GEMM kernels (kernels/quant/fp8_gemv.py, int4_skinny.py) on one GPU, in one device call
-# (< 8 min). Carry [".whl"]. Writes under $OUT: quant_gemv_sweep.json (every candidate, the best per shape and row
-# count beside the default path, bf16 and the bytes floor), quant_gemv_<GPU>.json (the tuned table: commit it as
+# (< 8 min): benchmarks/kernels/quant_gemv_sweep.py (--kind gemv). Carry [".whl"]. Writes under $OUT:
+# quant_gemv_sweep.json (every candidate, the best per shape and row count beside the default path, bf16 and the
+# bytes floor), quant_gemv_<GPU>.json (the committed tuned table with the swept entries replaced: commit it as
 # radixlm/runtime/kernels/gemm/tuned/quant_gemv_<GPU>.json), and each step's log.
 #   bash benchmarks/lease/quant_gemv_lease.sh            # the sweep (~5-7 min), then the kernels' CUDA tests (~1 min)
 #   SWEEP_ARGS="--rows 1 2 --formats w4a16" bash benchmarks/lease/quant_gemv_lease.sh   # a narrower sweep

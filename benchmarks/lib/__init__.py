@@ -6,7 +6,9 @@ sys.path), never each other, and nothing from tests/.
   moe               MoE engines with dummy weights: model directories, decode step against touched experts, offline
   profiling         PassClock (events per pass), step_kernels (torch.profiler), step_profile (host phases), Triton cache
   phases            PhaseTimer: the scheduler's phases timed without a profiler
-  gpu_timing        GEMM shapes, CUDA-graph timing over weight copies, probes' budgets and result files
+  gpu_timing        GEMM shapes, CUDA-graph timing over weight copies (wall clock in dry runs), probes' budgets and
+                    result files, the tree measured
+  quant_formats     the quantized GEMM formats' bytes floors and relative error (the quant kernel benchmarks)
   json_workload     the JSON-decoding workload, one engine per jump-forward mode, scripted (replayed) logits
   speculative_replay  8B-shaped target and 1B-shaped draft directories, recorded tokens replayed as logits
   null_runner       a model-free ModelRunner for scheduling studies

@@ -71,3 +71,22 @@ def quick_us(fn, copies: int, reps: int = 5) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1e3 / reps / copies
+
+
+def wall_us(fn, copies: int) -> float:
+    """A dry run's stand-in for graph_us (on the CPU, under TRITON_INTERPRET=1): one call per copy, wall clock."""
+    t = time.perf_counter()
+    for i in range(copies):
+        fn(i)
+    return (time.perf_counter() - t) * 1e6 / copies
+
+
+def tree() -> str | None:
+    """The commit measured (results/INDEX.md's tree column), where the tree is a git checkout."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parents[2]).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None

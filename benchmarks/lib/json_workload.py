@@ -1,7 +1,7 @@
 """The paper's JSON-decoding workload (extract a city's fields from a passage into a JSON schema or a regex), one
 engine per jump-forward mode (run_mode), and scripted logits: each forward pass returns the next token of a recorded
 run's output instead of the model's (scripted), so every mode and every tree decodes the same tokens
-(grammar/json_decoding.py, grammar/host_overhead.py, grammar/host_ops.py)."""
+(grammar/json_decoding.py, grammar/host_ops.py)."""
 from __future__ import annotations
 
 import gc
@@ -63,9 +63,10 @@ def prompts_for(engine: Engine, texts: list[str]) -> list[str]:
 
 
 def run_mode(mode: str, args, texts: list[str], prepare=None) -> dict:
-    """prepare(engine, prompts, sampling_params), when given, runs before the warm-up (grammar/host_overhead.py)."""
+    """prepare(engine, prompts, sampling_params), when given, runs before the warm-up; args.script_ids: recorded
+    outputs replayed (json_decoding.py --script-ids; args.skip_model: without the model's passes)."""
     if prepare is None and getattr(args, "script_ids", None):
-        prepare = scripted(args.script_ids, keep_model=True)
+        prepare = scripted(args.script_ids, keep_model=not getattr(args, "skip_model", False))
     jump_forward, *opts = mode.split(":")
     engine = Engine(args.model, jump_forward=jump_forward, grammar_mask="always" if "always" in opts else "on_demand",
                     mixed_chunk="off" if "nomix" in opts else "auto", random_seed=0, device=args.device, dtype=args.dtype,

@@ -1,10 +1,12 @@
 """MoE engines with dummy weights (Qwen3-30B-A3B, Mixtral shapes): a model directory from a transformers config, the
-decode step against the bytes of the experts a batch touches, and offline throughput (offline/gpu_moe.py;
-multi_gpu/gpu_multi.py under expert parallelism)."""
+decode step against the bytes of the experts a batch touches, offline throughput, and a run's parts written as they
+are measured (offline/gpu_moe.py, offline/gpu_deepseek.py; multi_gpu/gpu_multi.py under expert parallelism)."""
 from __future__ import annotations
 
 import gc
+import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -112,3 +114,12 @@ def part_offline(path: str, device: str, dtype: str, context_len: int, src: Prom
         return result
     finally:
         close(engine)
+
+
+def run_parts(parts: dict, names: list[str], result: dict, out: Path, t0: float) -> None:
+    """parts[name]() for each name in order, into result[name]; the JSON is written after each (a run stopped at its
+    time limit keeps what it measured)."""
+    for name in names:
+        result[name] = parts[name]()
+        result["bench_seconds"] = time.perf_counter() - t0
+        out.write_text(json.dumps(result, indent=2) + "\n")

@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.lib.engine import PEER_SIZES, close, log, measure_copy_bandwidth, offline_run  # noqa: E402
-from benchmarks.lib.moe import ENGINE_ARGS, dummy_model_dir, make_engine, part_decode  # noqa: E402
+from benchmarks.lib.moe import ENGINE_ARGS, dummy_model_dir, make_engine, part_decode, run_parts  # noqa: E402
 from radixlm.bench.datasets import (  # noqa: E402
     PromptSource, generated_shared_prefix_dataset, random_dataset, sharegpt_like_dataset,
 )
@@ -282,10 +282,7 @@ def main() -> None:
         "kv": lambda: part_kv(shapes),
         "plan": part_plan,
     }
-    for name in args.parts:  # each part's result is written as soon as it is measured
-        result[name] = parts[name]()
-        result["bench_seconds"] = time.perf_counter() - t0
-        out.write_text(json.dumps(result, indent=2) + "\n")
+    run_parts(parts, args.parts, result, out, t0)
     print_table(result)
     log(f"wrote {out} after {result['bench_seconds']:.0f} s")
 

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.lib.moe import ENGINE_ARGS, dummy_model_dir, part_decode, part_offline  # noqa: E402
+from benchmarks.lib.moe import ENGINE_ARGS, dummy_model_dir, part_decode, part_offline, run_parts  # noqa: E402
 from radixlm.bench.datasets import PromptSource  # noqa: E402
 from radixlm.runtime.kernels.moe import fused_experts, select_experts  # noqa: E402
 from radixlm.runtime.kernels.moe.fused_moe import fused_experts_torch  # noqa: E402
@@ -259,10 +259,7 @@ def main() -> None:
         "offline": lambda: part_offline(path, device, dtype_name, context_len, src, sharegpt_n, random_n, random_in,
                                         random_out),
     }
-    for name in args.parts:  # each part's result is written as soon as it is measured
-        result[name] = parts[name]()
-        result["bench_seconds"] = time.perf_counter() - t0
-        out.write_text(json.dumps(result, indent=2) + "\n")
+    run_parts(parts, args.parts, result, out, t0)
     print_table(result)
     log(f"wrote {out} after {result['bench_seconds']:.0f} s")
 

@@ -77,7 +77,7 @@ def test_tuned_table_takes_the_mma_kind_and_refuses_bad_entries():
 
 
 def test_the_sweeps_mma_entries_parse_and_merge():
-    from benchmarks.kernels.w4a16_mma_sweep import merge_entries
+    from benchmarks.kernels.quant_gemv_sweep import merge_entries
 
     old = [_mma(8), {**_mma(1), "kernel": "w4a16", "rows": 1,
                      "config": {"block_n": 512, "block_k": 64, "split_k": 16, "num_warps": 4, "num_stages": 1}}]
@@ -97,20 +97,60 @@ def _bundled_ptxas() -> bool:
     return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
 
 
+_INT_ARGS = ("M", "N", "K", "group_size", "stride_xm", "stride_qk", "stride_sg", "stride_ym", "stride_ys",
+             "k_tiles_per_split")
+_ALIGNED = (0, 1, 2, 3, 4, 5, 8, 10, 11, 12, 13)  # pointers, K and the row strides: multiples of 16 at the 8B shapes
+
+
+def _compile_sm90(cfg):
+    """The kernel built for sm_90 on the CPU (no GPU needed) at cfg, unsplit, bf16 in and out."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from radixlm.runtime.kernels.quant import int4_mma
+
+    sig = {"X": "*bf16", "QW": "*i32", "S": "*bf16", "Z": "*bf16", "Bias": "*bf16", "Y": "*bf16",
+           **{name: "i32" for name in _INT_ARGS}}
+    consts = dict(HAS_BIAS=False, SPLIT=False, EVEN_K=True, GROUPS=1, X_MODE=int4_mma._XMODE[cfg.x_load],
+                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MAGIC_BITS=0x4300, MAGIC=128.0,
+                  HALF=True, ASM=1 if cfg.asm else 0)
+    sig.update({name: "constexpr" for name in consts})
+    src = ASTSource(int4_mma._w4a16_mma_kernel, sig, constexprs=consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in _ALIGNED})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+
+
+def _sass(cubin: bytes) -> list[str]:
+    """The cubin's SASS lines, by Triton's bundled nvdisasm."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True).stdout.split(
+            "\n")
+
+
 @pytest.mark.skipif(not _bundled_ptxas(), reason="needs Triton's bundled ptxas")
 def test_the_asm_kernel_builds_for_sm90_with_the_weight_in_registers():
     """The packed asm (which the interpreter cannot run) passes ptxas, the weight reaches wgmma as its register
-    operand, and nothing spills (benchmarks/kernels/w4a16_mma_sass.py's build, on the CPU)."""
+    operand, and nothing spills (the build of the retired benchmarks/kernels/w4a16_mma_sass.py, on the CPU)."""
     import re
 
-    from benchmarks.kernels.w4a16_mma_sass import compile_sm90, sass_of
     from radixlm.runtime.kernels.quant.int4_mma import Int4MmaConfig, XLoad
 
-    kernel = compile_sm90(Int4MmaConfig(16, 64, 128, 4, 2, 0, XLoad.GATHERED, True))
+    kernel = _compile_sm90(Int4MmaConfig(16, 64, 128, 4, 2, 0, XLoad.GATHERED, True))
     dots = re.findall(r"warp_group_dot %\S+, %\S+, %\S+ .*? : (tensor<[^>]*>>?) \*", kernel.asm["ttgir"])
     assert len(dots) == 8 and all("opIdx = 0" in d for d in dots), dots[:1]
     assert "lop3.b32" in kernel.asm["ptx"] and "fma.rn.bf16x2" in kernel.asm["ptx"]
-    assert not any(re.search(r"\b(LDL|STL)\b", line) for line in sass_of(kernel.asm["cubin"]))
+    assert not any(re.search(r"\b(LDL|STL)\b", line) for line in _sass(kernel.asm["cubin"]))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
