@@ -52,6 +52,7 @@ def build_scheduler(args: ServerArgs, parallel: Parallel = SINGLE, device: str |
     thread that runs the loop."""
     # Imported here: the server's main process imports this module (to spawn the scheduler process) and must not
     # load the model code.
+    from radixlm.runtime.executor.memory_saver import prepare_allocator
     from radixlm.runtime.executor.model_runner import ModelRunner
     from radixlm.runtime.model_loader.config import ModelConfig
     from radixlm.runtime.model_loader.tokenizer import get_tokenizer
@@ -64,6 +65,8 @@ def build_scheduler(args: ServerArgs, parallel: Parallel = SINGLE, device: str |
                                 load_format=args.load_format, quantization=args.quantization,
                                 is_embedding=args.is_embedding)
     tokenizer = get_tokenizer(args.tokenizer_path or cfg.model_path)
+    if args.enable_memory_saver:
+        prepare_allocator(device)
     runner = ModelRunner(args, cfg, device, parallel, reserve=draft_reserve(args, cfg))
     scheduler = Scheduler(args, runner, tokenizer, cfg.eos_token_ids, DraftFactory.load(args, runner))
     # The model, tokenizer and graphs are ~340k long-lived objects (a full collection of them took ~0.2 s on the
