@@ -87,3 +87,15 @@ def test_errors_and_the_final_snapshot():
     final, built, failed_finished = asyncio.run(main())
     assert final["text"] == "abcd" and final["meta_info"]["finish_reason"]["type"] == "length"
     assert built == [1] and failed_finished
+
+
+def test_req_output_pickles_every_field():
+    import dataclasses
+    import pickle
+
+    full = ReqOutput("r", [1, 2], {"type": "stop", "matched": 2}, 3, 2, 1, num_retractions=1, spec_verify_ct=2,
+                     spec_draft_tokens=4, spec_accepted_tokens=3, queue_time=0.5, input_token_logprobs=[(None, 7)],
+                     input_top_logprobs=[None], output_token_logprobs=[(-0.1, 1)], output_top_logprobs=[[(-0.1, 1)]],
+                     embedding=[0.5], output_token_ids_logprobs=[[(-2.0, 9)]])
+    back = pickle.loads(pickle.dumps(full, protocol=pickle.HIGHEST_PROTOCOL))
+    assert back == full and all(getattr(back, f.name) == getattr(full, f.name) for f in dataclasses.fields(ReqOutput))
