@@ -9,17 +9,18 @@ detokenizer) and the load generator spent over each served run, per output token
     python benchmarks/serving/serving_vs_offline.py --tiny --out /tmp/tiny.json   # the serving path's CPU cost
 
 `--tiny` (= `--model tiny --device cpu --dtype float32`, the random workload with short prompts and long outputs:
-TINY_WORKLOAD) makes the model's own time small (2 layers, width 64, the Llama-3.1 tokenizer), so what is left is
-the serving path's: tokenization, IPC, detokenization, streaming; its CPU seconds per token are the figure to
-compare (a shared CPU makes tok/s noisy)."""
+TINY_WORKLOAD) makes the model's own time small (TINY_CPU_SHAPE: 1 layer, width 16, the Llama-3.1 tokenizer), so
+what is left is the serving path's: tokenization, IPC, detokenization, streaming; its CPU microseconds per token
+(http, detokenizer, client) are the figures to compare (a shared CPU makes tok/s noisy). `--served-only` skips the
+offline Engine."""
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import urllib.request
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
