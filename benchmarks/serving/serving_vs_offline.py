@@ -1,13 +1,18 @@
 """The serving path against the offline Engine on the same work (issue 56): each workload first through
 `Engine.generate` in one call, then through `radixlm serve` driven by `radixlm.bench.serving` (native /generate,
 streamed, request rate inf), the same requests (one dataset builder, one seed) on the same engine arguments.
-Prints a table and writes JSON: output tok/s of both and their ratio, with the server's TTFT and ITL.
+Prints a table and writes JSON: output tok/s of both and their ratio, with the server's TTFT and ITL, and the CPU
+seconds (user + sys) each of the server's processes (http: the HTTP + tokenizer-manager process; scheduler;
+detokenizer) and the load generator spent over each served run, per output token.
 
     python benchmarks/serving/serving_vs_offline.py --model 8b --device cuda --out $OUT/serving_vs_offline.json
-    python benchmarks/serving/serving_vs_offline.py --model tiny --device cpu --num-prompts 64   # a dry run
+    python benchmarks/serving/serving_vs_offline.py --tiny --out /tmp/tiny.json   # the serving path's CPU cost
 
-`--model tiny` (2 layers, width 64, the Llama-3.1 tokenizer) makes the model's own time small, so what is left is
-the serving path's: tokenization, IPC, detokenization, streaming."""
+`--tiny` (= `--model tiny --device cpu --dtype float32`, the random workload with short prompts and long outputs:
+TINY_WORKLOAD) makes the model's own time small (TINY_CPU_SHAPE: 1 layer, width 16, the Llama-3.1 tokenizer), so
+what is left is the serving path's: tokenization, IPC, detokenization, streaming; its CPU microseconds per token
+(http, detokenizer, client) are the figures to compare (a shared CPU makes tok/s noisy). `--served-only` skips the
+offline Engine."""
 from __future__ import annotations
 
 import argparse
@@ -15,10 +20,12 @@ import json
 import statistics
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import psutil  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from benchmarks.lib.engine import close, greedy  # noqa: E402
@@ -31,12 +38,17 @@ from radixlm.bench.datasets import build_dataset  # noqa: E402
 WORKLOADS = {"sharegpt-like": {"num_prompts": 1000},
              "random": {"num_prompts": 500, "random_input_len": 1024, "random_output_len": 512,
                         "random_range_ratio": 1.0}}
+# --tiny: many concurrent streams of long outputs, prompts short enough for a CPU's prefill; the model narrower
+# than TINY_SHAPE (its 128k-row LM head is most of a CPU pass).
+TINY_WORKLOAD = {"num_prompts": 64, "random_input_len": 32, "random_output_len": 512}
+TINY_CPU_SHAPE = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                  "num_key_value_heads": 1, "head_dim": 8}
 SEED = 1
 
 
-def dataset(name: str, tokenizer, num_prompts: int | None):
-    kw = dict(WORKLOADS[name])
-    n = num_prompts or kw.pop("num_prompts")
+def dataset(name: str, tokenizer, args):
+    kw = {**WORKLOADS[name], **(TINY_WORKLOAD if args.tiny and name == "random" else {})}
+    n = args.num_prompts or kw.pop("num_prompts")
     kw.pop("num_prompts", None)
     return build_dataset(name, tokenizer, n, SEED, **kw), n, kw
 
@@ -53,7 +65,7 @@ def offline(path: str, args, tokenizer) -> dict:
     out = {}
     try:
         for name in args.workloads:
-            reqs, n, _ = dataset(name, tokenizer, args.num_prompts)
+            reqs, n, _ = dataset(name, tokenizer, args)
             engine.generate(input_ids=[r.input_ids for r in reqs[:8]], sampling_params=greedy(2))  # warm-up
             engine.flush_cache()
             runs = []
@@ -71,6 +83,25 @@ def offline(path: str, args, tokenizer) -> dict:
     return out
 
 
+class CpuMeter:
+    """User + sys CPU seconds per role over a run: the server's processes (from /server_info's process_pids; the
+    server's own pid is the HTTP + tokenizer-manager process) and this process (the load generator)."""
+
+    def __init__(self, url: str, server_pid: int):
+        with urllib.request.urlopen(f"{url}/server_info", timeout=30) as r:
+            pids = json.loads(r.read())["process_pids"]
+        self.procs = {"http": psutil.Process(server_pid), **{n: psutil.Process(p) for n, p in pids.items()},
+                      "client": psutil.Process()}
+
+    def sample(self) -> dict[str, float]:
+        return {n: (lambda t: t.user + t.system)(p.cpu_times()) for n, p in self.procs.items()}
+
+    @staticmethod
+    def per_token(before: dict[str, float], after: dict[str, float], tokens: int) -> dict[str, float]:
+        """Microseconds of CPU per output token, per role."""
+        return {n: (after[n] - before[n]) / max(tokens, 1) * 1e6 for n in before}
+
+
 def served(path: str, args) -> dict:
     port = procs.free_port()
     url = f"http://127.0.0.1:{port}"
@@ -80,18 +111,26 @@ def served(path: str, args) -> dict:
     proc = procs.start(cmd, url)
     out = {"server_command": " ".join(cmd)}
     try:
+        meter = CpuMeter(url, proc.pid)
         for name in args.workloads:
-            _, n, kw = dataset(name, None, args.num_prompts)
+            _, n, kw = dataset(name, None, args)
             argv = ["--backend", "radixlm", "--port", str(port), "--tokenizer", path, "--dataset-name", name,
                     "--num-prompts", str(n), "--seed", str(SEED), "--request-rate", "inf", "--warmup-requests", "8",
                     "--flush-cache", "--disable-tqdm"]
             argv += [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
-            runs = [serving.main(argv) for _ in range(args.repeats)]
+            runs, cpu = [], []
+            for _ in range(args.repeats):
+                before = meter.sample()
+                runs.append(serving.main(argv))
+                cpu.append(CpuMeter.per_token(before, meter.sample(), runs[-1]["total_output_tokens"]))
             tps = [r["output_throughput"] for r in runs]
             mid = runs[tps.index(statistics.median_low(tps))]
             out[name] = {"output_tokens_per_s": statistics.median(tps), "runs": tps,
                          **{k: mid[k] for k in mid if k.endswith(("ttft_ms", "itl_ms"))},
-                         "command": mid["config"]["command"]}
+                         "cpu_us_per_token": {n: statistics.median(c[n] for c in cpu) for n in cpu[0]},
+                         "cpu_us_per_token_runs": cpu, "command": mid["config"]["command"]}
+            print(f"served {name}: {out[name]['output_tokens_per_s']:.0f} out tok/s, CPU us/token "
+                  + ", ".join(f"{n} {v:.1f}" for n, v in out[name]["cpu_us_per_token"].items()), flush=True)
     finally:
         procs.stop(proc)
     return out
@@ -99,22 +138,31 @@ def served(path: str, args) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
+    p.add_argument("--tiny", action="store_true", help="the CPU measurement: --model tiny --device cpu --dtype "
+                   "float32, the random workload with TINY_WORKLOAD's lengths (flags given after still apply)")
     p.add_argument("--model", choices=["8b", "tiny"], default="8b")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=sorted(WORKLOADS))
     p.add_argument("--num-prompts", type=int, default=None, help="overrides each workload's request count")
     p.add_argument("--repeats", type=int, default=3, help="runs per side; the median is reported")
+    p.add_argument("--served-only", action="store_true", help="skip the offline Engine (the CPU profile's A/B)")
     p.add_argument("--out", default="benchmarks/results/serving/serving_vs_offline.json")
     args = p.parse_args()
+    if args.tiny:
+        tiny = {"model": "tiny", "device": "cpu", "dtype": "float32", "workloads": ["random"]}
+        args = p.parse_args(namespace=argparse.Namespace(**{**vars(args), **tiny}))
     path = model_dir() if args.model == "8b" else tiny_model_dir()
+    if args.tiny:
+        config = Path(path) / "config.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), **TINY_CPU_SHAPE}, indent=2))
     tokenizer = AutoTokenizer.from_pretrained(path)
     result = {"benchmark": "serving_vs_offline", "command": " ".join(["python", *sys.argv]),
               "model": args.model, "device": args.device, "dtype": args.dtype}
-    result["offline"] = offline(path, args, tokenizer)
+    result["offline"] = {} if args.served_only else offline(path, args, tokenizer)
     result["served"] = served(path, args)
     print(f"\n{'workload':16s} {'offline tok/s':>14s} {'served tok/s':>13s} {'ratio':>6s}")
-    for name in args.workloads:
+    for name in args.workloads if result["offline"] else []:
         off, on = result["offline"][name]["output_tokens_per_s"], result["served"][name]["output_tokens_per_s"]
         result.setdefault("ratio", {})[name] = on / off
         print(f"{name:16s} {off:14.0f} {on:13.0f} {on / off:6.2f}")

@@ -10,7 +10,7 @@ from collections import OrderedDict
 import zmq
 
 from radixlm.runtime.args import ServerArgs
-from radixlm.runtime.front import DecodeState
+from radixlm.runtime.detokenizer import DecodeState, batch_decoder
 from radixlm.runtime.messages import BatchStrOutput, BatchTokenOutput, DetokenizeInfo, ShutdownReq
 from radixlm.runtime.ipc import ParentWatch, PortArgs, bind_pull, connect_push, die_with_parent
 
@@ -23,6 +23,7 @@ POLL_MS = 500
 class DetokenizerManager:
     def __init__(self, tokenizer, max_states: int = MAX_STATES):
         self.tokenizer = tokenizer
+        self.decode_batch = batch_decoder(tokenizer)
         self.max_states = max_states
         # rid -> state; oldest first, so a leak (a rid that never finishes) cannot grow it without bound.
         self.states: OrderedDict[str, DecodeState] = OrderedDict()
@@ -32,17 +33,35 @@ class DetokenizerManager:
         while len(self.states) > self.max_states:
             self.states.popitem(last=False)
 
+    def _state(self, rid: str) -> DecodeState:
+        state = self.states.get(rid)
+        if state is None:  # evicted from the bounded map: decode without prompt context
+            state = self.states[rid] = DecodeState(self.tokenizer, DetokenizeInfo(rid, []))
+        return state
+
     def handle(self, batch: BatchTokenOutput) -> BatchStrOutput:
+        """Every output's windows are decoded in one call per skip_special_tokens value (a step's outputs
+        cost one tokenizer call, not two per request); a failed call is retried request by request, so one
+        request's failure ends only that request."""
         for info in batch.new_reqs:
             self.add(info)
-        texts = []
-        for out in batch.outputs:
-            state = self.states.get(out.rid)
-            if state is None:  # evicted from the bounded map: decode without prompt context
-                state = DecodeState(self.tokenizer, DetokenizeInfo(out.rid, []))
-                self.states[out.rid] = state
+        states = [self._state(out.rid) for out in batch.outputs]
+        windows = [s.windows(out.new_output_ids, out.finished_reason) for s, out in zip(states, batch.outputs)]
+        decoded: list[list[str] | None] = [None] * len(windows)
+        for skip in {s.info.skip_special_tokens for s in states}:
+            rows = [i for i, s in enumerate(states) if s.info.skip_special_tokens == skip]
             try:
-                texts.append(state.update(out.new_output_ids, out.finished_reason))
+                flat = iter(self.decode_batch([w for i in rows for w in windows[i]], skip))
+                for i in rows:
+                    decoded[i] = [next(flat) for _ in windows[i]]
+            except Exception:  # noqa: BLE001 - found out below, per request
+                pass
+        texts = []
+        for out, state, seqs, got in zip(batch.outputs, states, windows, decoded):
+            try:
+                if got is None:
+                    got = [self.tokenizer.decode(w, skip_special_tokens=state.info.skip_special_tokens) for w in seqs]
+                texts.append(state.take(got, out.finished_reason))
             except Exception as e:  # noqa: BLE001 - one request's text must not stop the others'
                 logger.exception("detokenizing request %s failed", out.rid)
                 texts.append("")

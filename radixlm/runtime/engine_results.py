@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.runtime.front import BuiltRequests, DecodeState, ReqState
+from radixlm.runtime.detokenizer import DecodeState
+from radixlm.runtime.front import BuiltRequests, ReqState
 from radixlm.runtime.messages import AbortReq, DetokenizeInfo, ReqOutput, SchedulerInput, TokenizedGenerateReqInput
 
 

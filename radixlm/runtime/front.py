@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 from radixlm.runtime.args.choices import MAX_PRIORITY
 from radixlm.runtime.grammar.spec import GrammarSpec, validate as validate_grammar
 from radixlm.runtime.lora.registry import LoraRegistry
-from radixlm.runtime.detokenizer import IncrementalDecoder, hold_back_stop_prefix, trim_stop
-from radixlm.runtime.messages import BootstrapInfo, DetokenizeInfo, ReqOutput, TokenizedGenerateReqInput
+from radixlm.runtime.messages import BootstrapInfo, ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.parsers.reasoning.budget import BudgetTags, resolve as resolve_budget
 from radixlm.runtime.parsers.reasoning.families import family
 from radixlm.runtime.sampling.sampling_params import SamplingParams
@@ -317,28 +316,6 @@ def prefix_request(m: TokenizedGenerateReqInput) -> TokenizedGenerateReqInput:
                                      timeout_s=m.timeout_s)
 
 
-class DecodeState:
-    """Text side of one request: cumulative text, UTF-8 safe, stop strings held back while streaming
-    and trimmed at the end. Lives in the detokenizer (server) or the Engine's scheduler thread."""
-
-    def __init__(self, tokenizer, info: DetokenizeInfo):
-        self.tokenizer, self.info = tokenizer, info
-        self.output_ids: list[int] = []
-        self.decoder = IncrementalDecoder(tokenizer, info.prompt_tail, info.skip_special_tokens)
-
-    def update(self, new_ids: list[int], finished_reason: dict | None) -> str:
-        self.output_ids.extend(new_ids)
-        if finished_reason is None:
-            self.decoder.append(new_ids)
-            return hold_back_stop_prefix(self.decoder.text, self.info.stop)
-        # The final text is decoded whole (the incremental decoder's text is for streaming only).
-        ids = self.output_ids
-        if finished_reason.get("type") == "stop" and isinstance(finished_reason.get("matched"), int) and not self.info.no_stop_trim:
-            ids = ids[:-1]
-        text = self.tokenizer.decode(ids, skip_special_tokens=self.info.skip_special_tokens)
-        return trim_stop(text, finished_reason, self.info.no_stop_trim)
-
-
 class ReqState:
     """Meta side of one request: accumulates ReqOutputs into {text, output_ids, meta_info} snapshots."""
 
@@ -352,11 +329,21 @@ class ReqState:
             "output_token_ids_logprobs")}
         self.created = time.perf_counter()
         self.finished = False
+        self.text = ""
+        self.embedding: list[float] | None = None
 
     def _triples(self, pairs) -> list:
         return [(lp, tok, self.tokenizer.decode([tok]) if self.return_text else None) for lp, tok in pairs]
 
     def update(self, out: ReqOutput, text: str) -> dict:
+        self.add(out, text)
+        return self.snapshot()
+
+    def add(self, out: ReqOutput, text: str) -> None:
+        """Takes one output (text: the request's cumulative text); snapshot() then shows everything taken so far,
+        so several outputs taken between two snapshots cost one snapshot (the server's streams coalesce so)."""
+        self.text = text
+        self.embedding = out.embedding
         self.output_ids.extend(out.new_output_ids)
         self.meta.update(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
                          cached_tokens=out.cached_tokens, num_retractions=out.num_retractions,
@@ -374,12 +361,16 @@ class ReqState:
         self.finished = out.finished_reason is not None
         if self.finished:
             self.meta["e2e_latency"] = time.perf_counter() - self.created
+
+    def snapshot(self) -> dict:
+        """{text, output_ids, meta_info} (or {embedding, meta_info}) of everything added so far; a new object that
+        later adds leave as it is."""
         meta = dict(self.meta)
         if self.return_logprob:
             meta.update({k: list(v) for k, v in self.logprobs.items() if v or k != "output_token_ids_logprobs"})
-        if out.embedding is not None:
-            return {"embedding": out.embedding, "meta_info": meta}
-        return {"text": text, "output_ids": list(self.output_ids), "meta_info": meta}
+        if self.embedding is not None:
+            return {"embedding": self.embedding, "meta_info": meta}
+        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
 
     def failed(self, message: str) -> dict:
         """The snapshot a request ends with when the runtime fails under it."""

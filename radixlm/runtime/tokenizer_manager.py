@@ -57,12 +57,42 @@ def _raise_if_failed(snap: dict) -> None:
 
 @dataclass
 class _ReqEntry:
-    """Set by TokenizerManager._submit; fed by its receive loop."""
+    """Set by TokenizerManager._submit; fed by its receive loop. Outputs that arrive while the request's reader is
+    busy (sending the previous chunk) are read as one snapshot (SGLang's streams coalesce alike): snapshots are
+    cumulative, so a reader that falls behind gets fewer, larger chunks and never a stale backlog."""
 
     state: ReqState
     timing: ReqTiming | None  # None: not counted in the metrics (internal prefix-warming requests)
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # snapshots, or a RuntimeDead
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # set when outputs or an error came since the last read
+    error: BaseException | None = None  # a RuntimeDead or RequestFailed: raised by the next read
     finished: bool = False
+
+    def deliver(self) -> None:
+        """The receive loop added outputs to state."""
+        self.wake.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.finished = True
+        self.error = error
+        self.wake.set()
+
+    async def next_snapshot(self) -> dict:
+        """The snapshot of everything received so far, once something new came (raises the request's error)."""
+        await self.wake.wait()
+        self.wake.clear()
+        if self.error is not None:
+            raise self.error
+        return self.state.snapshot()
+
+    async def final(self) -> dict:
+        """The finished request's snapshot; no snapshot is built before it finishes."""
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            if self.error is not None:
+                raise self.error
+            if self.state.finished:
+                return self.state.snapshot()
 
 
 class TokenizerManager:
@@ -123,7 +153,7 @@ class TokenizerManager:
                     entry = self.rid_to_state.get(out.rid)
                     if entry is None:
                         continue
-                    snap = entry.state.update(out, text)
+                    entry.state.add(out, text)
                     if entry.timing is not None:
                         self.metrics.on_output(entry.timing, now, len(out.new_output_ids), out.queue_time)
                     if entry.state.finished:
@@ -133,7 +163,7 @@ class TokenizerManager:
                             self._send_aborts([out.rid])  # failed outside the scheduler (detokenizing): stop it there
                         if entry.timing is not None:
                             self.metrics.on_finish(entry.timing, now, out.prompt_tokens, out.cached_tokens)
-                    entry.queue.put_nowait(snap)
+                    entry.deliver()
             elif isinstance(msg, LoRAUpdateOutput):
                 fut = self._lora_replies.pop(msg.lora_id, None)
                 if fut is not None and not fut.done():
@@ -160,10 +190,9 @@ class TokenizerManager:
         self.dead = reason
         logger.error("%s; failing %d pending request(s)", reason, len(self.rid_to_state))
         for entry in self.rid_to_state.values():
-            entry.finished = True
             # A 500, not a 503: the request was accepted and may be what killed the pipeline, so a router must not
             # resend it to another worker (a 503 means "not taken, try elsewhere").
-            entry.queue.put_nowait(RequestFailed(f"{reason} while this request was running", 500))
+            entry.fail(RequestFailed(f"{reason} while this request was running", 500))
         self.rid_to_state.clear()
         for waiting in self._replies.values():
             while waiting:
@@ -234,13 +263,9 @@ class TokenizerManager:
         return entry
 
     async def _final(self, entry: _ReqEntry) -> dict:
-        while True:
-            snap = await entry.queue.get()
-            if isinstance(snap, BaseException):
-                raise snap
-            if snap["meta_info"]["finish_reason"] is not None:
-                _raise_if_failed(snap)
-                return snap
+        snap = await entry.final()
+        _raise_if_failed(snap)
+        return snap
 
     async def _submit_all(self, msgs, return_text: bool, log_metrics: bool, entries: list[_ReqEntry]) -> list[_ReqEntry]:
         """Submits msgs (appending each entry to `entries` at once, so a cancellation aborts what was sent)."""
@@ -272,9 +297,7 @@ class TokenizerManager:
         entry = self._submit(msg, return_text)
         try:
             while True:
-                snap = await entry.queue.get()
-                if isinstance(snap, BaseException):
-                    raise snap
+                snap = await entry.next_snapshot()
                 if snap["meta_info"]["finish_reason"] is not None:
                     _raise_if_failed(snap)
                     yield snap

@@ -3,6 +3,7 @@ errors, running (with client-disconnect aborts), merged streaming of several sam
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -82,6 +83,13 @@ async def merged_stream(tm, built: BuiltRequests) -> AsyncIterator[tuple[int, di
 
     The core streams one request per call, so each sample is streamed on its own; cancelling this
     generator (client gone) cancels them all, which aborts the unfinished ones."""
+    for m in built.msgs:
+        m.stream = True
+    if len(built.msgs) == 1:  # n = 1: no pump task and queue hop per chunk
+        async with contextlib.aclosing(tm.generate_stream(built.msgs[0], True)) as stream:
+            async for snap in stream:  # closed (the request aborted if unfinished) when this generator is
+                yield 0, snap
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, msg) -> None:
@@ -93,8 +101,6 @@ async def merged_stream(tm, built: BuiltRequests) -> AsyncIterator[tuple[int, di
             return
         queue.put_nowait((i, None))
 
-    for m in built.msgs:
-        m.stream = True
     tasks = [asyncio.create_task(pump(i, m)) for i, m in enumerate(built.msgs)]
     live = len(tasks)
     try:
