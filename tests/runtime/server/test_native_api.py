@@ -107,7 +107,9 @@ def test_stream_interval(server):
                                                                   "stream_interval": 3}}
     with server.client.stream("POST", "/generate", json=body) as r:
         chunks = sse_events(r.iter_lines())[:-1]
-    assert [len(c["output_ids"]) for c in chunks] == [1, 4, 7]
+    lengths = [len(c["output_ids"]) for c in chunks]
+    # Outputs at tokens 1, 4 and 7 only; a chunk may carry two of them when the stream was busy sending the last one.
+    assert lengths[-1] == 7 and lengths == sorted(set(lengths)) and set(lengths) <= {1, 4, 7}
 
 
 def test_tokenize_and_detokenize(server):
