@@ -183,6 +183,15 @@ def live_cuda_tensors(top: int = 10) -> list[dict]:
     return [{"tensor": k, "count": counts[k], "mib": v / 2**20} for k, v in sizes.most_common(top)]
 
 
+def timed_call(call) -> float:
+    """Seconds an Engine memory call took; it must have been accepted."""
+    t0 = time.perf_counter()
+    ok, msg = call()
+    if not ok:
+        raise RuntimeError(f"{call.__name__} refused: {msg}")
+    return time.perf_counter() - t0
+
+
 def part_memory(path: str, device: str, n_out: int = 16) -> dict:
     """Issue 55 item 2 (the module docstring's `memory`)."""
     from transformers import AutoTokenizer
@@ -206,18 +215,10 @@ def part_memory(path: str, device: str, n_out: int = 16) -> dict:
     try:
         before = run()
         rows.append(gpu_memory("before"))
-        t0 = time.perf_counter()
-        ok, msg = engine.release_memory_occupation()
-        release_s = time.perf_counter() - t0
-        if not ok:
-            raise RuntimeError(f"release_memory_occupation refused: {msg}")
+        release_s = timed_call(engine.release_memory_occupation)
         rows.append(gpu_memory("released"))
         alive = live_cuda_tensors() if cuda else []
-        t0 = time.perf_counter()
-        ok, msg = engine.resume_memory_occupation()
-        resume_s = time.perf_counter() - t0
-        if not ok:
-            raise RuntimeError(f"resume_memory_occupation refused: {msg}")
+        resume_s = timed_call(engine.resume_memory_occupation)
         rows.append(gpu_memory("resumed"))
         after = run()
     finally:
