@@ -45,8 +45,10 @@ class DetokenizerManager:
         request's failure ends only that request."""
         for info in batch.new_reqs:
             self.add(info)
-        states = [self._state(out.rid) for out in batch.outputs]
-        windows = [s.windows(out.new_output_ids, out.finished_reason) for s, out in zip(states, batch.outputs)]
+        outs = batch.outputs
+        finished = outs.finished_reasons
+        states = [self._state(rid) for rid in outs.rids]
+        windows = [s.windows(ids, fr) for s, ids, fr in zip(states, outs.new_output_ids, finished)]
         decoded: list[list[str] | None] = [None] * len(windows)
         for skip in {s.info.skip_special_tokens for s in states}:
             rows = [i for i, s in enumerate(states) if s.info.skip_special_tokens == skip]
@@ -57,18 +59,18 @@ class DetokenizerManager:
             except Exception:  # noqa: BLE001 - found out below, per request
                 pass
         texts = []
-        for out, state, seqs, got in zip(batch.outputs, states, windows, decoded):
+        for i, (rid, state, seqs, got) in enumerate(zip(outs.rids, states, windows, decoded)):
             try:
                 if got is None:
                     got = [self.tokenizer.decode(w, skip_special_tokens=state.info.skip_special_tokens) for w in seqs]
-                texts.append(state.take(got, out.finished_reason))
+                texts.append(state.take(got, finished[i]))
             except Exception as e:  # noqa: BLE001 - one request's text must not stop the others'
-                logger.exception("detokenizing request %s failed", out.rid)
+                logger.exception("detokenizing request %s failed", rid)
                 texts.append("")
-                out.finished_reason = {"type": "abort", "message": f"internal error while detokenizing: "
-                                       f"{type(e).__name__}: {e}", "status_code": 500}
-            if out.finished_reason is not None:
-                self.states.pop(out.rid, None)
+                finished[i] = {"type": "abort", "message": f"internal error while detokenizing: "
+                               f"{type(e).__name__}: {e}", "status_code": 500}
+            if finished[i] is not None:
+                self.states.pop(rid, None)
         return BatchStrOutput(batch.outputs, texts)
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from radixlm.runtime.detokenizer import DecodeState
 from radixlm.runtime.front import BuiltRequests, ReqState
-from radixlm.runtime.messages import AbortReq, DetokenizeInfo, ReqOutput, SchedulerInput, TokenizedGenerateReqInput
+from radixlm.runtime.messages import (AbortReq, BatchReqOutput, DetokenizeInfo, SchedulerInput,
+                                      TokenizedGenerateReqInput)
 
 
 @dataclass(frozen=True)
@@ -52,15 +53,15 @@ class ResultCollector:
         self.states: dict[str, Pending] = {}
 
     # ------------------------------------------------------------------ scheduler thread
-    def deliver(self, outputs: list[ReqOutput]) -> None:
-        """Scheduler outputs -> snapshots for the callers (the scheduler's output sink: called while a pass runs)."""
-        for out in outputs:
-            p = self.states.get(out.rid)
+    def deliver(self, outputs: BatchReqOutput) -> None:
+        """A step's outputs -> snapshots for the callers (the scheduler's output sink: called while a pass runs)."""
+        for i, (rid, ids, finished) in enumerate(zip(outputs.rids, outputs.new_output_ids, outputs.finished_reasons)):
+            p = self.states.get(rid)
             if p is None:
                 continue
-            snapshot = p.state.update(out, p.decode.update(out.new_output_ids, out.finished_reason))
+            snapshot = p.state.update_row(outputs, i, p.decode.update(ids, finished))
             if p.state.finished:
-                self.states.pop(out.rid, None)
+                self.states.pop(rid, None)
             p.listener(snapshot)
 
     def fail(self, error: BaseException) -> None:

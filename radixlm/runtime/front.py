@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from radixlm.runtime.args.choices import MAX_PRIORITY
 from radixlm.runtime.grammar.spec import GrammarSpec, validate as validate_grammar
 from radixlm.runtime.lora.registry import LoraRegistry
-from radixlm.runtime.messages import BootstrapInfo, ReqOutput, TokenizedGenerateReqInput
+from radixlm.runtime.messages import BatchReqOutput, BootstrapInfo, ReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.parsers.reasoning.budget import BudgetTags, resolve as resolve_budget
 from radixlm.runtime.parsers.reasoning.families import family
 from radixlm.runtime.sampling.sampling_params import SamplingParams
@@ -317,7 +317,7 @@ def prefix_request(m: TokenizedGenerateReqInput) -> TokenizedGenerateReqInput:
 
 
 class ReqState:
-    """Meta side of one request: accumulates ReqOutputs into {text, output_ids, meta_info} snapshots."""
+    """Meta side of one request: accumulates its rows of the steps' BatchReqOutputs into {text, output_ids, meta_info} snapshots."""
 
     def __init__(self, rid: str, tokenizer, return_logprob: bool, return_text_in_logprobs: bool):
         self.rid, self.tokenizer = rid, tokenizer
@@ -339,28 +339,40 @@ class ReqState:
         self.add(out, text)
         return self.snapshot()
 
+    def update_row(self, batch: BatchReqOutput, i: int, text: str) -> dict:
+        self.add_row(batch, i, text)
+        return self.snapshot()
+
     def add(self, out: ReqOutput, text: str) -> None:
-        """Takes one output (text: the request's cumulative text); snapshot() then shows everything taken so far,
-        so several outputs taken between two snapshots cost one snapshot (the server's streams coalesce so)."""
+        self.add_row(BatchReqOutput.of([out]), 0, text)
+
+    def add_row(self, batch: BatchReqOutput, i: int, text: str) -> None:
+        """Takes row i of a step's outputs (text: the request's cumulative text); snapshot() then shows everything
+        taken so far, so several outputs taken between two snapshots cost one snapshot (the server's streams
+        coalesce so)."""
         self.text = text
-        self.embedding = out.embedding
-        self.output_ids.extend(out.new_output_ids)
-        self.meta.update(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
-                         cached_tokens=out.cached_tokens, num_retractions=out.num_retractions,
-                         finish_reason=out.finished_reason)
-        if out.spec_verify_ct:
-            self.meta.update(spec_verify_ct=out.spec_verify_ct, spec_draft_tokens=out.spec_draft_tokens,
-                             spec_accepted_tokens=out.spec_accepted_tokens)
-        if self.return_logprob:
+        self.embedding = batch.embeddings[i] if batch.embeddings is not None else None
+        self.output_ids.extend(batch.new_output_ids[i])
+        finished_reason = batch.finished_reasons[i]
+        meta = self.meta
+        meta["prompt_tokens"] = batch.prompt_tokens[i]
+        meta["completion_tokens"] = batch.completion_tokens[i]
+        meta["cached_tokens"] = batch.cached_tokens[i]
+        meta["num_retractions"] = batch.num_retractions[i]
+        meta["finish_reason"] = finished_reason
+        if batch.spec is not None and batch.spec[i][0]:
+            meta.update(zip(("spec_verify_ct", "spec_draft_tokens", "spec_accepted_tokens"), batch.spec[i]))
+        if self.return_logprob and batch.logprobs is not None:
+            in_tok, in_top, out_tok, out_top, out_ids = batch.logprobs[i]
             lp = self.logprobs
-            lp["input_token_logprobs"] += self._triples(out.input_token_logprobs)
-            lp["input_top_logprobs"] += [None if t is None else self._triples(t) for t in out.input_top_logprobs]
-            lp["output_token_logprobs"] += self._triples(out.output_token_logprobs)
-            lp["output_top_logprobs"] += [self._triples(t) for t in out.output_top_logprobs]
-            lp["output_token_ids_logprobs"] += [self._triples(t) for t in out.output_token_ids_logprobs]
-        self.finished = out.finished_reason is not None
+            lp["input_token_logprobs"] += self._triples(in_tok)
+            lp["input_top_logprobs"] += [None if t is None else self._triples(t) for t in in_top]
+            lp["output_token_logprobs"] += self._triples(out_tok)
+            lp["output_top_logprobs"] += [self._triples(t) for t in out_top]
+            lp["output_token_ids_logprobs"] += [self._triples(t) for t in out_ids]
+        self.finished = finished_reason is not None
         if self.finished:
-            self.meta["e2e_latency"] = time.perf_counter() - self.created
+            meta["e2e_latency"] = time.perf_counter() - self.created
 
     def snapshot(self) -> dict:
         """{text, output_ids, meta_info} (or {embedding, meta_info}) of everything added so far; a new object that

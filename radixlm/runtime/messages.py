@@ -95,6 +95,97 @@ class ReqOutput:
 _req_output_values = operator.attrgetter(*(f.name for f in fields(ReqOutput)))
 
 
+_LOGPROB_FIELDS = ("input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs",
+                   "output_token_ids_logprobs")
+
+
+@dataclass
+class BatchReqOutput:
+    """One scheduler step's outputs as parallel columns (row i: request rids[i]); what the scheduler sends, the
+    detokenizer forwards and the fronts consume, one object per step instead of one per request per step.
+    The columns that are rarely set (logprobs, spec stats, embeddings) are None while no row has one."""
+
+    rids: list[str] = field(default_factory=list)
+    new_output_ids: list[list[int]] = field(default_factory=list)
+    finished_reasons: list[dict[str, Any] | None] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+    completion_tokens: list[int] = field(default_factory=list)
+    cached_tokens: list[int] = field(default_factory=list)
+    num_retractions: list[int] = field(default_factory=list)
+    queue_times: list[float | None] = field(default_factory=list)
+    spec: list[tuple[int, int, int]] | None = None  # (verify_ct, draft_tokens, accepted_tokens) per row
+    # Per row: (input_token, input_top, output_token, output_top, output_token_ids) logprob increments.
+    logprobs: list[tuple[list, list, list, list, list]] | None = None
+    embeddings: list[list[float] | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.rids)
+
+    def add(self, rid: str, new_output_ids: list[int], finished_reason: dict[str, Any] | None, prompt_tokens: int,
+            completion_tokens: int, cached_tokens: int, num_retractions: int = 0, queue_time: float | None = None,
+            spec: tuple[int, int, int] = (0, 0, 0), logprobs: tuple[list, list, list, list, list] | None = None,
+            embedding: list[float] | None = None) -> None:
+        n = len(self.rids)
+        self.rids.append(rid)
+        self.new_output_ids.append(new_output_ids)
+        self.finished_reasons.append(finished_reason)
+        self.prompt_tokens.append(prompt_tokens)
+        self.completion_tokens.append(completion_tokens)
+        self.cached_tokens.append(cached_tokens)
+        self.num_retractions.append(num_retractions)
+        self.queue_times.append(queue_time)
+        if spec[0] or self.spec is not None:
+            if self.spec is None:
+                self.spec = [(0, 0, 0)] * n
+            self.spec.append(spec)
+        if logprobs is not None and any(logprobs) or self.logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = [([], [], [], [], []) for _ in range(n)]
+            self.logprobs.append(logprobs if logprobs is not None else ([], [], [], [], []))
+        if embedding is not None or self.embeddings is not None:
+            if self.embeddings is None:
+                self.embeddings = [None] * n
+            self.embeddings.append(embedding)
+
+    def append(self, out: ReqOutput) -> None:
+        self.add(out.rid, out.new_output_ids, out.finished_reason, out.prompt_tokens, out.completion_tokens,
+                 out.cached_tokens, out.num_retractions, out.queue_time,
+                 (out.spec_verify_ct, out.spec_draft_tokens, out.spec_accepted_tokens),
+                 tuple(getattr(out, f) for f in _LOGPROB_FIELDS), out.embedding)
+
+    def extend(self, other: "BatchReqOutput") -> None:
+        for i in range(len(other)):
+            self.append(other[i])
+
+    @classmethod
+    def of(cls, outputs: list[ReqOutput]) -> "BatchReqOutput":
+        batch = cls()
+        for out in outputs:
+            batch.append(out)
+        return batch
+
+    def __getitem__(self, i: int) -> ReqOutput:
+        """Row i as a ReqOutput (for tests and rare paths; the fronts read the columns)."""
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"row {i} of a batch of {len(self)}")
+        spec = self.spec[i] if self.spec is not None else (0, 0, 0)
+        lps = self.logprobs[i] if self.logprobs is not None else ([], [], [], [], [])
+        return ReqOutput(self.rids[i], self.new_output_ids[i], self.finished_reasons[i], self.prompt_tokens[i],
+                         self.completion_tokens[i], self.cached_tokens[i], self.num_retractions[i], *spec,
+                         self.queue_times[i], *lps[:4],
+                         embedding=self.embeddings[i] if self.embeddings is not None else None,
+                         output_token_ids_logprobs=lps[4])
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __reduce__(self):
+        return BatchReqOutput, _batch_values(self)
+
+
+_batch_values = operator.attrgetter(*(f.name for f in fields(BatchReqOutput)))
+
+
 # ---------------------------------------------------------------------- server pipeline
 # TokenizerManager -> Scheduler -> Detokenizer -> TokenizerManager, pickled over ZMQ.
 
@@ -125,14 +216,14 @@ class BatchTokenOutput:
     """Scheduler -> detokenizer, once per step with outputs. `new_reqs` are applied before `outputs`."""
 
     new_reqs: list[DetokenizeInfo]
-    outputs: list[ReqOutput]
+    outputs: BatchReqOutput
 
 
 @dataclass
 class BatchStrOutput:
-    """Detokenizer -> tokenizer manager: texts[i] is the cumulative text of outputs[i]'s request."""
+    """Detokenizer -> tokenizer manager: texts[i] is the cumulative text of row i's request."""
 
-    outputs: list[ReqOutput]
+    outputs: BatchReqOutput
     texts: list[str]
 
 

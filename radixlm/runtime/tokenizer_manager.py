@@ -149,20 +149,21 @@ class TokenizerManager:
             self.last_progress = time.monotonic()
             if isinstance(msg, BatchStrOutput):
                 now = time.perf_counter()
-                for out, text in zip(msg.outputs, msg.texts):
-                    entry = self.rid_to_state.get(out.rid)
+                outs = msg.outputs
+                for i, (rid, text) in enumerate(zip(outs.rids, msg.texts)):
+                    entry = self.rid_to_state.get(rid)
                     if entry is None:
                         continue
-                    entry.state.add(out, text)
+                    entry.state.add_row(outs, i, text)
                     if entry.timing is not None:
-                        self.metrics.on_output(entry.timing, now, len(out.new_output_ids), out.queue_time)
+                        self.metrics.on_output(entry.timing, now, len(outs.new_output_ids[i]), outs.queue_times[i])
                     if entry.state.finished:
                         entry.finished = True
-                        del self.rid_to_state[out.rid]
-                        if (out.finished_reason or {}).get("status_code"):
-                            self._send_aborts([out.rid])  # failed outside the scheduler (detokenizing): stop it there
+                        del self.rid_to_state[rid]
+                        if (outs.finished_reasons[i] or {}).get("status_code"):
+                            self._send_aborts([rid])  # failed outside the scheduler (detokenizing): stop it there
                         if entry.timing is not None:
-                            self.metrics.on_finish(entry.timing, now, out.prompt_tokens, out.cached_tokens)
+                            self.metrics.on_finish(entry.timing, now, outs.prompt_tokens[i], outs.cached_tokens[i])
                     entry.deliver()
             elif isinstance(msg, LoRAUpdateOutput):
                 fut = self._lora_replies.pop(msg.lora_id, None)

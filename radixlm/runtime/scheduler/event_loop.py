@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Protocol
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.messages import (
-    AbortReq, ControlReply, ExpiredReqs, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq,
-    GetInternalStateReqOutput, LoadLoRAAdapterReqInput, LoRAUpdateOutput, ReqOutput, SchedulerInput, ShutdownReq,
+    AbortReq, BatchReqOutput, ControlReply, ExpiredReqs, FlushCacheReq, FlushCacheReqOutput, GetInternalStateReq,
+    GetInternalStateReqOutput, LoadLoRAAdapterReqInput, LoRAUpdateOutput, SchedulerInput, ShutdownReq,
     TokenizedGenerateReqInput, UnloadLoRAAdapterReqInput,
 )
 from radixlm.runtime.scheduler.fault import StepGuard
@@ -141,7 +141,7 @@ class SchedulerLoop:
     sched: Scheduler
     inbox: Inbox | None  # None on ranks other than 0
     # Also the scheduler's output sink: outputs go out while the device runs the next pass.
-    deliver: Callable[[list[ReqOutput]], None]
+    deliver: Callable[[BatchReqOutput], None]
     reply: Callable[[SchedulerInput, ControlReply], None]
     keep_going: Callable[[], bool]  # asked after an idle wait that brought nothing, and every CHECK_EVERY_S
     on_request: Callable[[TokenizedGenerateReqInput], None] | None = None  # each request, before the scheduler
@@ -162,7 +162,7 @@ class SchedulerLoop:
         self._delivered_progress = self.sched.progress()
         self._deadlines_checked = float("-inf")
 
-    def _deliver(self, outputs: list[ReqOutput]) -> None:
+    def _deliver(self, outputs: BatchReqOutput) -> None:
         self._last_delivery = time.monotonic()
         self._delivered_progress = self.sched.progress()
         self.deliver(outputs)

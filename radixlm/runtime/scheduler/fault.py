@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.runtime.messages import ReqOutput
+from radixlm.runtime.messages import BatchReqOutput
 from radixlm.runtime.scheduler.req import FinishReason
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class StepGuard:
     fatal: bool = False  # every failure is fatal (tensor parallel: ranks cannot recover alike)
     failed_steps: int = 0  # consecutive steps that raised (set by step)
 
-    def step(self) -> list[ReqOutput]:
+    def step(self) -> BatchReqOutput:
         try:
             out = self.sched.step()
         except Exception as e:  # noqa: BLE001 - classified below
@@ -56,8 +56,7 @@ class StepGuard:
                                  fail_waiting=self.failed_steps > 1)
             except Exception as again:  # noqa: BLE001 - the pools cannot be put right
                 raise FatalSchedulerError(f"cannot recover from a failed step: {type(again).__name__}: {again}") from e
-            out, self.sched.outputs = self.sched.outputs, []
-            return out
+            return self.sched.outbox.take()
         self.failed_steps = 0
         return out
 

@@ -1,10 +1,10 @@
-"""What the scheduler sends the front: ReqOutputs of the requests that finished or have tokens to stream, and the
-queues of requests (waiting, running, the one prefilled in chunks) that the scheduler's parts share."""
+"""What the scheduler sends the front: one BatchReqOutput per step, a row for each request that finished or has
+tokens to stream; and the queues of requests (waiting, running, the one prefilled in chunks) that the scheduler's parts share."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixlm.runtime.messages import ReqOutput
+from radixlm.runtime.messages import BatchReqOutput
 from radixlm.runtime.scheduler.config import OutputConfig
 from radixlm.runtime.scheduler.req import Req
 
@@ -20,9 +20,16 @@ class ReqQueues:
 
 
 class Outbox:
+    """Collects a step's outputs as one BatchReqOutput (columns, not an object per request)."""
+
     def __init__(self, config: OutputConfig):
         self.config = config
-        self.outputs: list[ReqOutput] = []
+        self.outputs = BatchReqOutput()
+
+    def take(self) -> BatchReqOutput:
+        """The outputs collected so far; the outbox starts a new batch."""
+        out, self.outputs = self.outputs, BatchReqOutput()
+        return out
 
     def stream_due(self, req: Req) -> bool:
         """The first token goes out at once (time to first token); later ones every stream_interval tokens."""
@@ -32,25 +39,15 @@ class Outbox:
     def emit(self, req: Req) -> None:
         new = req.output_ids[req.sent_len :]
         req.sent_len = len(req.output_ids)
-        self.outputs.append(ReqOutput(
-            rid=req.rid,
-            new_output_ids=new,
-            finished_reason=req.finished_reason.to_json() if req.finished_reason else None,
-            prompt_tokens=len(req.origin_input_ids),
-            completion_tokens=len(req.output_ids),
-            cached_tokens=req.cached_tokens,
-            num_retractions=req.num_retractions,
-            spec_verify_ct=req.spec_verify_ct,
-            spec_draft_tokens=req.spec_draft_tokens,
-            spec_accepted_tokens=req.spec_accepted_tokens,
-            queue_time=req.queue_time,
-            input_token_logprobs=req.input_token_logprobs,
-            input_top_logprobs=req.input_top_logprobs,
-            output_token_logprobs=req.output_token_logprobs,
-            output_top_logprobs=req.output_top_logprobs,
-            embedding=req.embedding,
-            output_token_ids_logprobs=req.output_token_ids_logprobs,
-        ))
-        req.input_token_logprobs, req.input_top_logprobs = [], []
-        req.output_token_logprobs, req.output_top_logprobs = [], []
-        req.output_token_ids_logprobs = []
+        logprobs = None
+        if (req.input_token_logprobs or req.input_top_logprobs or req.output_token_logprobs
+                or req.output_top_logprobs or req.output_token_ids_logprobs):
+            logprobs = (req.input_token_logprobs, req.input_top_logprobs, req.output_token_logprobs,
+                        req.output_top_logprobs, req.output_token_ids_logprobs)
+            req.input_token_logprobs, req.input_top_logprobs = [], []
+            req.output_token_logprobs, req.output_top_logprobs = [], []
+            req.output_token_ids_logprobs = []
+        self.outputs.add(req.rid, new, req.finished_reason.to_json() if req.finished_reason else None,
+                         len(req.origin_input_ids), len(req.output_ids), req.cached_tokens, req.num_retractions,
+                         req.queue_time, (req.spec_verify_ct, req.spec_draft_tokens, req.spec_accepted_tokens),
+                         logprobs, req.embedding)

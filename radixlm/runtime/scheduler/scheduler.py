@@ -3,8 +3,8 @@
 One `step()` = take new requests and aborts -> pick the requests of the next pass (newly admitted ones have
 priority, with the running ones' decode rows mixed in when that costs nothing; otherwise the running ones,
 retracting when KV runs out) -> the Planner makes its rows -> launch forward + sampling -> process results.
-It speaks TokenizedGenerateReqInput / AbortReq in and ReqOutput out, so the serving layer can run it in its own
-process unchanged.
+It speaks TokenizedGenerateReqInput / AbortReq in and one BatchReqOutput per step out, so the serving layer can run it
+in its own process unchanged.
 
 Overlap (the default on CUDA): a step launches pass N+1 before it processes the results of pass N, so the host
 prepares and post-processes while the device computes; when that is allowed is cursor.can_launch_ahead."""
@@ -18,7 +18,7 @@ import torch
 
 from radixlm.runtime.args import GrammarMaskMode, ServerArgs
 from radixlm.runtime.grammar.backend import GrammarCache
-from radixlm.runtime.messages import ReqOutput, TokenizedGenerateReqInput
+from radixlm.runtime.messages import BatchReqOutput, TokenizedGenerateReqInput
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.scheduler.aborts import Aborts
 from radixlm.runtime.scheduler.admission import Admission, NewTokenRatio
@@ -106,7 +106,7 @@ class Scheduler:
         self.launching: ScheduleBatch | None = None  # the pass step() planned last (set by step)
         # Set by the owner of the loop: where outputs go while the device runs a pass just launched (else step
         # returns them). Delivering them there takes detokenizing and sending off the critical path.
-        self.output_sink: Callable[[list[ReqOutput]], None] | None = None
+        self.output_sink: Callable[[BatchReqOutput], None] | None = None
         # Reported by /server_info; set by weight updates (their weight_version, else their count).
         self.weight_version = "default"
         # Prefill/decode disaggregation: the side this server plays, if any (scheduler/disagg.py).
@@ -158,12 +158,8 @@ class Scheduler:
         self.queues.chunked = req
 
     @property
-    def outputs(self) -> list[ReqOutput]:
+    def outputs(self) -> BatchReqOutput:
         return self.outbox.outputs
-
-    @outputs.setter
-    def outputs(self, outputs: list[ReqOutput]) -> None:
-        self.outbox.outputs = outputs
 
     def _inflight_reqs(self) -> list[Req] | None:
         return None if self.inflight is None else self.inflight.batch.new_reqs
@@ -171,8 +167,8 @@ class Scheduler:
     # ------------------------------------------------------------------ input
     def add_request(self, msg: TokenizedGenerateReqInput) -> None:
         if msg.priority is not None and not self.priority.enabled and self.priority.config.abort_when_disabled:
-            self.outputs.append(ReqOutput(msg.rid, [], FinishReason.aborted(PRIORITY_DISABLED_MESSAGE, 503).to_json(),
-                                          prompt_tokens=len(msg.input_ids), completion_tokens=0, cached_tokens=0))
+            self.outputs.add(msg.rid, [], FinishReason.aborted(PRIORITY_DISABLED_MESSAGE, 503).to_json(),
+                             len(msg.input_ids), 0, 0)
             return
         try:
             if msg.lora_id is not None and self.lora is None:
@@ -190,13 +186,11 @@ class Scheduler:
                 self._enter_waiting(req)
         except Exception as e:  # noqa: BLE001 - one request's data must not stop the scheduler
             logger.exception("request %s failed on arrival", msg.rid)
-            self.outputs.append(ReqOutput(msg.rid, [], FinishReason.failed(e).to_json(),
-                                          prompt_tokens=len(msg.input_ids), completion_tokens=0, cached_tokens=0))
+            self.outputs.add(msg.rid, [], FinishReason.failed(e).to_json(), len(msg.input_ids), 0, 0)
 
     def refuse(self, msg: TokenizedGenerateReqInput, message: str, status_code: int) -> None:
         """Answers a request without running it: aborted with status_code."""
-        self.outputs.append(ReqOutput(msg.rid, [], FinishReason.aborted(message, status_code).to_json(),
-                                      prompt_tokens=len(msg.input_ids), completion_tokens=0, cached_tokens=0))
+        self.outputs.add(msg.rid, [], FinishReason.aborted(message, status_code).to_json(), len(msg.input_ids), 0, 0)
 
     def _enter_waiting(self, req: Req) -> None:
         self.grammar_queue.start(req)
@@ -271,7 +265,7 @@ class Scheduler:
         """Grows with every pass launched or processed: what the watchdog counts as the scheduler working."""
         return self.stats["passes_launched"] + self.stats["passes_processed"]
 
-    def step(self) -> list[ReqOutput]:
+    def step(self) -> BatchReqOutput:
         self.aborts.process()
         # Whether guessing sources draft in this step (the controller, if any); with none running, those admitted
         # draft for their prefill.
@@ -280,7 +274,7 @@ class Scheduler:
         self.drafts.end_step()
         return out
 
-    def _step(self) -> list[ReqOutput]:
+    def _step(self) -> BatchReqOutput:
         self.disagg.step()  # a decode server's requests whose KV arrived join the running batch
         for req in self.grammar_queue.pop_ready():
             self._enter_waiting(req)
@@ -296,8 +290,7 @@ class Scheduler:
             self.running.extend(r for r in batch.new_reqs if not r.is_chunked and not r.finished())
             self.launching = None
             if self.output_sink is not None and self.outputs:
-                out, self.outputs = self.outputs, []
-                self.output_sink(out)
+                self.output_sink(self.outbox.take())
         if previous is not None:
             self.stats["overlapped_batches"] += batch is not None
             self.results.process_batch_result(previous)  # while the device runs the pass just launched
@@ -308,9 +301,8 @@ class Scheduler:
         if self.output_sink is not None and batch is not None and self.inflight is None:
             # The device is idle (the pass was processed in this step): the sink gets them once the next pass is
             # launched, or the next step returns them. (With a pass in flight, returning them now overlaps it.)
-            return []
-        out, self.outputs = self.outputs, []
-        return out
+            return BatchReqOutput()
+        return self.outbox.take()
 
     def sync_inflight(self) -> None:
         """Process the pass in flight, if any (its results are then on the host)."""
