@@ -11,7 +11,8 @@ import zmq
 
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.detokenizer import DecodeState, batch_decoder
-from radixlm.runtime.messages import BatchStrOutput, BatchTokenOutput, DetokenizeInfo, ShutdownReq
+from radixlm.runtime.messages import (OUTPUT_PICKLE_PROTOCOL, BatchStrOutput, BatchTokenOutput, DetokenizeInfo,
+                                      ShutdownReq)
 from radixlm.runtime.ipc import ParentWatch, PortArgs, bind_pull, connect_push, die_with_parent
 
 logger = logging.getLogger(__name__)
@@ -99,4 +100,4 @@ def run_detokenizer_process(args: ServerArgs, ports: PortArgs, ready_pipe) -> No
         msg = recv.recv_pyobj()
         if isinstance(msg, ShutdownReq):
             return
-        send.send_pyobj(manager.handle(msg))
+        send.send_pyobj(manager.handle(msg), protocol=OUTPUT_PICKLE_PROTOCOL)

@@ -189,6 +189,10 @@ _batch_values = operator.attrgetter(*(f.name for f in fields(BatchReqOutput)))
 # ---------------------------------------------------------------------- server pipeline
 # TokenizerManager -> Scheduler -> Detokenizer -> TokenizerManager, pickled over ZMQ.
 
+# The step outputs' wire format (one BatchReqOutput per step): pickle 5 measured as cheap as msgpack for them, with
+# no second encoding to keep in step with the dataclasses.
+OUTPUT_PICKLE_PROTOCOL = 5
+
 
 @dataclass
 class DetokenizeInfo:

@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from radixlm.runtime.detokenizer import DecodeState, batch_decoder
 from radixlm.runtime.detokenizer_manager import DetokenizerManager
-from radixlm.runtime.messages import BatchTokenOutput, DetokenizeInfo, ReqOutput
+from radixlm.runtime.messages import BatchReqOutput, BatchTokenOutput, DetokenizeInfo, ReqOutput
 
 CORPUS = ["hello world, café ünïcödé 🙂 stop here", "the end . of it , isn't it ? yes 's", "日本語のテキスト"]
 
@@ -58,7 +58,7 @@ def stream(tok, manager: DetokenizerManager | None, stops: list[str], steps: int
             done = {"type": "length", "length": len(seq)} if step == steps else None
             outs.append(ReqOutput(info.rid, seq[prev:cut] if step else [], done, 0, cut, 0))
         if manager is not None:
-            texts.append(manager.handle(BatchTokenOutput(infos if step == 0 else [], outs)).texts)
+            texts.append(manager.handle(BatchTokenOutput(infos if step == 0 else [], BatchReqOutput.of(outs))).texts)
         else:
             texts.append([alone[o.rid].update(o.new_output_ids, o.finished_reason) for o in outs])
     return texts

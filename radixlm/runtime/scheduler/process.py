@@ -13,8 +13,8 @@ import zmq
 from radixlm.runtime.args import ServerArgs
 from radixlm.runtime.distributed.setup import RankPlacement, init_distributed, shutdown_distributed
 from radixlm.runtime.ipc import ParentWatch, PortArgs, bind_pull, connect_push, die_with_parent
-from radixlm.runtime.messages import (BatchTokenOutput, DetokenizeInfo, SchedulerInput, SchedulerReady,
-                                     TokenizedGenerateReqInput)
+from radixlm.runtime.messages import (OUTPUT_PICKLE_PROTOCOL, BatchReqOutput, BatchTokenOutput, DetokenizeInfo,
+                                      SchedulerInput, SchedulerReady, TokenizedGenerateReqInput)
 from radixlm.runtime.scheduler.event_loop import PROGRESS_EVERY_S, SchedulerLoop, build_scheduler
 from radixlm.runtime.scheduler.fault import FatalSchedulerError
 
@@ -85,9 +85,9 @@ def _rank0_loop(sched, ports: PortArgs, parallel) -> SchedulerLoop:
     def on_request(msg: TokenizedGenerateReqInput) -> None:
         new_reqs.append(DetokenizeInfo.from_req(msg))
 
-    def send(outputs) -> None:
+    def send(outputs: BatchReqOutput) -> None:
         # NOTE: the infos go with (and before) the outputs, so the detokenizer knows every rid it sees.
-        to_detok.send_pyobj(BatchTokenOutput(list(new_reqs), outputs))
+        to_detok.send_pyobj(BatchTokenOutput(list(new_reqs), outputs), protocol=OUTPUT_PICKLE_PROTOCOL)
         new_reqs.clear()
 
     # Several deliveries within the watchdog's timeout, so that one late message cannot trip it.
