@@ -138,7 +138,7 @@ class BatchReqOutput:
             if self.spec is None:
                 self.spec = [(0, 0, 0)] * n
             self.spec.append(spec)
-        if logprobs is not None and any(logprobs) or self.logprobs is not None:
+        if (logprobs is not None and any(logprobs)) or self.logprobs is not None:
             if self.logprobs is None:
                 self.logprobs = [([], [], [], [], []) for _ in range(n)]
             self.logprobs.append(logprobs if logprobs is not None else ([], [], [], [], []))
@@ -152,10 +152,6 @@ class BatchReqOutput:
                  out.cached_tokens, out.num_retractions, out.queue_time,
                  (out.spec_verify_ct, out.spec_draft_tokens, out.spec_accepted_tokens),
                  tuple(getattr(out, f) for f in _LOGPROB_FIELDS), out.embedding)
-
-    def extend(self, other: "BatchReqOutput") -> None:
-        for i in range(len(other)):
-            self.append(other[i])
 
     @classmethod
     def of(cls, outputs: list[ReqOutput]) -> "BatchReqOutput":

@@ -1,5 +1,5 @@
 """Turning a forward pass's results into request state: sampled tokens (and their logprobs), draft verdicts,
-finishing, and the ReqOutputs the front receives (through the Outbox)."""
+finishing, and the rows of the step's BatchReqOutput the front receives (through the Outbox)."""
 from __future__ import annotations
 
 import logging

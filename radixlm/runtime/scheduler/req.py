@@ -147,7 +147,7 @@ class Req:
     whole_prompt: bool = False
     embedding: list[float] | None = None  # the pooled output (set when its pass is processed)
 
-    # Logprob results not yet reported (set by the scheduler, drained into ReqOutput).
+    # Logprob results not yet reported (set by the scheduler, drained into the step's BatchReqOutput).
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
