@@ -10,22 +10,34 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import enum
 import json
+import multiprocessing
 import random
+import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 import orjson
 from tqdm.asyncio import tqdm
 
 from radixlm.bench.datasets import GSP_ORDERS, BenchRequest, build_dataset
-from radixlm.bench.metrics import RequestResult, format_report, summarize
+from radixlm.bench.metrics import ClientRun, RequestResult, client_report, format_report, merge_runs, summarize
 
 NATIVE = ("radixlm", "sglang")
 PATHS = {"radixlm": "/generate", "sglang": "/generate", "openai": "/v1/completions",
          "vllm": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+
+
+class HttpClient(str, enum.Enum):
+    AIOHTTP = "aiohttp"
+    HTTPX = "httpx"
+
+
+_COMPLETION_KEY = b'"completion_tokens":'
+_INT = re.compile(rb"\s*(\d+)")
 
 
 @dataclass
@@ -39,6 +51,7 @@ class RunConfig:
     seed: int
     disable_tqdm: bool = False
     lora_names: tuple[str, ...] = ()  # LoRA adapters the requests are spread over (round robin); () the base model
+    http_client: HttpClient = HttpClient.AIOHTTP
 
 
 def build_payload(cfg: RunConfig, req: BenchRequest, index: int = 0) -> dict:
@@ -77,20 +90,33 @@ class StreamTimer:
         self.last = now
 
 
+def split_events(buf: bytes, raw: bytes) -> tuple[list[bytes], bytes]:
+    """The SSE `data:` payloads completed by `raw`, and the bytes left over. Split on \\n only (SSE's line ends are
+    \\r\\n, \\n, \\r): a generic line splitter also splits on U+2028, U+0085 and the like, which JSON strings of
+    generated text carry unescaped."""
+    *lines, rest = (buf + raw).split(b"\n")
+    return [line[5:].strip() for line in lines if line.startswith(b"data:")], rest
+
+
 async def sse_data(resp: httpx.Response):
-    # Split on \n only (SSE's line ends are \r\n, \n, \r): aiter_lines() also splits on U+2028, U+0085 and the
-    # like, which JSON strings of generated text carry unescaped.
     buf = b""
     async for raw in resp.aiter_bytes():
-        buf += raw
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            line = line.rstrip(b"\r")
-            if line.startswith(b"data:"):
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    return
-                yield orjson.loads(data)
+        events, buf = split_events(buf, raw)
+        for data in events:
+            if data == b"[DONE]":
+                return
+            yield orjson.loads(data)
+
+
+def native_completion_tokens(data: bytes) -> int | None:
+    """meta_info.completion_tokens read without decoding the chunk (native chunks carry the whole output so far, so
+    decoding each is quadratic in the output length); None when the chunk has no such key. The key cannot occur
+    inside a JSON string, whose quotes are escaped."""
+    at = data.rfind(_COMPLETION_KEY)
+    if at < 0:
+        return None
+    m = _INT.match(data, at + len(_COMPLETION_KEY))
+    return int(m.group(1)) if m else None
 
 
 def _handle_native(chunk: dict, res: RequestResult, timer: StreamTimer, now: float) -> None:
@@ -98,6 +124,10 @@ def _handle_native(chunk: dict, res: RequestResult, timer: StreamTimer, now: flo
     done = meta.get("completion_tokens", len(chunk.get("output_ids") or []))
     timer.add(done - timer.tokens, now)
     res.output_len = done
+    _native_meta(meta, res)
+
+
+def _native_meta(meta: dict, res: RequestResult) -> None:
     if "prompt_tokens" in meta:
         res.prompt_len = meta["prompt_tokens"]
     if meta.get("cached_tokens") is not None:
@@ -120,31 +150,89 @@ def _handle_openai(chunk: dict, res: RequestResult, timer: StreamTimer, now: flo
             res.cached_tokens = cached
 
 
+class StreamReader:
+    """One request's SSE bytes to RequestResult: one clock read per network read (the events it completes
+    arrived together), native chunks counted from completion_tokens and decoded only when the last one is."""
+
+    def __init__(self, cfg: RunConfig, res: RequestResult, start: float):
+        self.native, self.chat = cfg.backend in NATIVE, cfg.backend == "openai-chat"
+        self.res, self.timer = res, StreamTimer(res, start)
+        self.buf, self.last, self.finished = b"", b"", False
+
+    def feed(self, raw: bytes) -> bool:
+        """False once the stream is over ([DONE] or an error)."""
+        now = time.perf_counter()
+        events, self.buf = split_events(self.buf, raw)
+        for data in events:
+            if data == b"[DONE]":
+                self.finished = True
+                return False
+            if b'"error"' in data:
+                chunk = orjson.loads(data)
+                if "error" in chunk:
+                    self.res.error = str(chunk["error"])[:200]
+                    return False
+            if self.native:
+                done = native_completion_tokens(data)
+                if done is None:
+                    _handle_native(orjson.loads(data), self.res, self.timer, now)
+                else:
+                    self.timer.add(done - self.timer.tokens, now)
+                    self.res.output_len = done
+                    self.last = data
+            else:
+                _handle_openai(orjson.loads(data), self.res, self.timer, now, self.chat)
+        return True
+
+    def close(self, start: float) -> None:
+        res = self.res
+        if res.error:
+            return
+        if self.last:
+            _native_meta(orjson.loads(self.last).get("meta_info", {}), res)
+        res.latency = time.perf_counter() - start
+        if res.output_len == 0:
+            res.output_len = self.timer.tokens
+        res.ok = self.timer.tokens > 0
+        if not res.ok:
+            res.error = "no output tokens"
+
+
 async def send_one(client: httpx.AsyncClient, cfg: RunConfig, req: BenchRequest, index: int = 0) -> RequestResult:
     res = RequestResult(prompt_len=req.prompt_len)
     res.start = start = time.perf_counter()
-    timer = StreamTimer(res, start)
+    reader = StreamReader(cfg, res, start)
     try:
         async with client.stream("POST", PATHS[cfg.backend], json=build_payload(cfg, req, index)) as resp:
             if resp.status_code != 200:
                 res.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')[:200]}"
                 return res
-            async for chunk in sse_data(resp):
-                now = time.perf_counter()
-                if "error" in chunk:
-                    res.error = str(chunk["error"])[:200]
-                    return res
-                if cfg.backend in NATIVE:
-                    _handle_native(chunk, res, timer, now)
-                else:
-                    _handle_openai(chunk, res, timer, now, cfg.backend == "openai-chat")
-        res.latency = time.perf_counter() - start
-        if res.output_len == 0:
-            res.output_len = timer.tokens
-        res.ok = timer.tokens > 0
-        if not res.ok:
-            res.error = "no output tokens"
+            async for raw in resp.aiter_bytes():
+                if not reader.feed(raw):
+                    break
+        reader.close(start)
     except (httpx.HTTPError, orjson.JSONDecodeError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+    return res
+
+
+async def send_one_aiohttp(session, cfg: RunConfig, req: BenchRequest, index: int = 0) -> RequestResult:
+    import aiohttp
+
+    res = RequestResult(prompt_len=req.prompt_len)
+    res.start = start = time.perf_counter()
+    reader = StreamReader(cfg, res, start)
+    try:
+        async with session.post(cfg.base_url + PATHS[cfg.backend], data=orjson.dumps(build_payload(cfg, req, index)),
+                                headers={"Content-Type": "application/json"}) as resp:
+            if resp.status != 200:
+                res.error = f"HTTP {resp.status}: {(await resp.read()).decode(errors='replace')[:200]}"
+                return res
+            async for raw in resp.content.iter_any():
+                if not reader.feed(raw):
+                    break
+        reader.close(start)
+    except (aiohttp.ClientError, orjson.JSONDecodeError) as e:
         res.error = f"{type(e).__name__}: {e}"
     return res
 
@@ -160,35 +248,105 @@ def run_async(coro):
         return runner.run(coro)
 
 
-async def arrivals(requests: list[BenchRequest], rate: float, seed: int):
-    rng = random.Random(seed)
-    for i, req in enumerate(requests):
-        if i and rate != float("inf"):
-            await asyncio.sleep(rng.expovariate(rate))
-        yield req
+def arrival_offsets(n: int, rate: float, seed: int) -> list[float]:
+    """Seconds after the start at which each request is sent: Poisson arrivals at `rate`, all at 0 when inf."""
+    if rate == float("inf"):
+        return [0.0] * n
+    rng, t, out = random.Random(seed), 0.0, []
+    for i in range(n):
+        if i:
+            t += rng.expovariate(rate)
+        out.append(t)
+    return out
 
 
-async def run_requests(cfg: RunConfig, requests: list[BenchRequest]) -> tuple[list[RequestResult], float]:
+async def run_requests(cfg: RunConfig, requests: list[BenchRequest], offsets: list[float] | None = None,
+                       start_at: float | None = None, indices: list[int] | None = None) -> ClientRun:
+    """Sends `requests`, request i at start_at + offsets[i] (perf_counter, shared by all client processes)."""
+    offsets = offsets if offsets is not None else arrival_offsets(len(requests), cfg.request_rate, cfg.seed)
+    indices = indices if indices is not None else list(range(len(requests)))
     limit = cfg.max_concurrency or len(requests) or 1
     sem = asyncio.Semaphore(limit)
-    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
-    async with httpx.AsyncClient(base_url=cfg.base_url, timeout=httpx.Timeout(None, connect=30), limits=limits) as client:
-        bar = tqdm(total=len(requests), disable=cfg.disable_tqdm, desc="requests")
+    bar = tqdm(total=len(requests), disable=cfg.disable_tqdm, desc="requests")
+    if cfg.http_client is HttpClient.AIOHTTP:
+        import aiohttp
 
-        async def guarded(req: BenchRequest, index: int) -> RequestResult:
+        conn = aiohttp.TCPConnector(limit=limit, force_close=False)
+        client = aiohttp.ClientSession(connector=conn,
+                                       timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+        send = send_one_aiohttp
+    else:
+        limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+        client = httpx.AsyncClient(base_url=cfg.base_url, timeout=httpx.Timeout(None, connect=30), limits=limits)
+        send = send_one
+    async with client:
+        async def guarded(req: BenchRequest, index: int, at: float) -> RequestResult:
+            delay = at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
             async with sem:
-                r = await send_one(client, cfg, req, index)
+                r = await send(client, cfg, req, index)
             bar.update(1)
             return r
 
-        start = time.perf_counter()
-        tasks = []
-        async for req in arrivals(requests, cfg.request_rate, cfg.seed):
-            tasks.append(asyncio.create_task(guarded(req, len(tasks))))
+        if start_at is None:
+            start_at = time.perf_counter()
+        else:
+            await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
+        cpu0 = time.process_time()
+        tasks = [asyncio.create_task(guarded(req, i, start_at + off))
+                 for req, i, off in zip(requests, indices, offsets)]
         results = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
-        bar.close()
-    return list(results), duration
+        end = time.perf_counter()
+        cpu = time.process_time() - cpu0
+    bar.close()
+    return ClientRun(list(results), start_at, end, cpu)
+
+
+def _client_worker(conn, cfg: RunConfig, requests: list[BenchRequest], offsets: list[float], indices: list[int]) -> None:
+    conn.send("ready")
+    start_at = conn.recv()
+    conn.send(run_async(run_requests(cfg, requests, offsets, start_at, indices)))
+    conn.close()
+
+
+def run_multi(cfg: RunConfig, requests: list[BenchRequest], num_processes: int) -> list[ClientRun]:
+    """The requests dealt round robin over `num_processes` client processes (each with its share of
+    max_concurrency) that start together; one process runs here, in this one."""
+    if num_processes < 1:
+        raise ValueError(f"--num-client-processes must be >= 1, got {num_processes}")
+    offsets = arrival_offsets(len(requests), cfg.request_rate, cfg.seed)
+    if num_processes == 1:
+        return [run_async(run_requests(cfg, requests, offsets))]
+    limit = cfg.max_concurrency or len(requests)
+    if num_processes > max(1, min(limit, len(requests))):
+        raise ValueError(f"--num-client-processes {num_processes} exceeds the requests ({len(requests)}) or "
+                         f"--max-concurrency ({limit})")
+    ctx = multiprocessing.get_context("spawn")
+    procs, pipes = [], []
+    for k in range(num_processes):
+        idx = list(range(k, len(requests), num_processes))
+        share = limit // num_processes + (k < limit % num_processes)
+        sub = replace(cfg, max_concurrency=share, disable_tqdm=True)
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_client_worker, args=(child, sub, [requests[i] for i in idx],
+                                                     [offsets[i] for i in idx], idx), daemon=True)
+        p.start()
+        procs.append(p)
+        pipes.append(parent)
+    try:
+        for pipe in pipes:
+            if pipe.recv() != "ready":
+                raise RuntimeError("a client process did not start")
+        start_at = time.perf_counter() + 0.05
+        for pipe in pipes:
+            pipe.send(start_at)
+        return [pipe.recv() for pipe in pipes]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
 
 
 def load_tokenizer(name: str | None, base_url: str):
@@ -239,6 +397,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-name", nargs="+", default=None,
                    help="LoRA adapters (loaded in the server) the requests are spread over, round robin: lora_path on "
                         "native backends, the model on OpenAI ones")
+    p.add_argument("--http-client", type=HttpClient, default=HttpClient.AIOHTTP, choices=list(HttpClient),
+                   help="the streaming client library (aiohttp: the cheaper per chunk)")
+    p.add_argument("--num-client-processes", type=int, default=1,
+                   help="load-generator processes the requests are dealt over (each with its share of "
+                        "--max-concurrency); more when the report says 'Client bound'")
     p.add_argument("--output-file", default=None)
     p.add_argument("--disable-tqdm", action="store_true")
     return p.parse_args(argv)
@@ -251,17 +414,25 @@ def main(argv: list[str] | None = None) -> dict:
     kw = {k: v for k, v in vars(args).items() if k.startswith(("random_", "gsp_"))}
     requests = build_dataset(args.dataset_name, tokenizer, args.num_prompts, args.seed, **kw)
     cfg = RunConfig(args.backend, base_url, args.model or "default", args.request_rate, args.max_concurrency,
-                    not args.disable_ignore_eos, args.seed, args.disable_tqdm, tuple(args.lora_name or ()))
+                    not args.disable_ignore_eos, args.seed, args.disable_tqdm, tuple(args.lora_name or ()),
+                    args.http_client)
     if args.warmup_requests and requests:
         # Untimed: first requests pay one-off costs (allocator growth, kernel selection) in the server.
         warm = [BenchRequest(r.prompt, r.input_ids, r.prompt_len, 2) for r in requests[:args.warmup_requests]]
         run_async(run_requests(RunConfig(**{**vars(cfg), "disable_tqdm": True}), warm))
     if args.flush_cache:
         httpx.post(f"{base_url}/flush_cache", timeout=60).raise_for_status()
-    results, duration = run_async(run_requests(cfg, requests))
+    runs = run_multi(cfg, requests, args.num_client_processes)
+    results, duration = merge_runs(runs)
     report = summarize(results, duration)
+    report["client"] = client_report(runs, report["total_output_tokens"])
+    report["client_bound"] = report["client"]["client_bound"]
     print(format_report(report, f"Serving benchmark: {args.backend} / {args.dataset_name}"))
-    out = {"config": {k: v for k, v in vars(args).items() if k != "request_rate"} | {
+    if report["client_bound"]:
+        print("warning: the load generator used more than 80% of a core: the figures may be its ceiling; rerun "
+              "with more --num-client-processes", file=sys.stderr)
+    out = {"config": {k: v for k, v in vars(args).items() if k not in ("request_rate", "http_client")} | {
+        "http_client": args.http_client.value,
         "request_rate": str(args.request_rate), "base_url": base_url, "num_requests": len(requests),
         "command": " ".join([sys.executable, "-m", "radixlm.bench.serving", *(argv if argv is not None else sys.argv[1:])])},
         **report}
