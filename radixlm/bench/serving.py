@@ -78,8 +78,7 @@ async def send_one(client: httpx.AsyncClient, cfg: RunConfig, req: BenchRequest,
                 res.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')[:200]}"
                 return res
             async for raw in resp.aiter_bytes():
-                if not reader.feed(raw):
-                    break
+                reader.feed(raw)
         reader.close(start)
     except (httpx.HTTPError, orjson.JSONDecodeError) as e:
         res.error = f"{type(e).__name__}: {e}"
@@ -99,8 +98,7 @@ async def send_one_aiohttp(session, cfg: RunConfig, req: BenchRequest, index: in
                 res.error = f"HTTP {resp.status}: {(await resp.read()).decode(errors='replace')[:200]}"
                 return res
             async for raw in resp.content.iter_any():
-                if not reader.feed(raw):
-                    break
+                reader.feed(raw)
         reader.close(start)
     except (aiohttp.ClientError, orjson.JSONDecodeError) as e:
         res.error = f"{type(e).__name__}: {e}"

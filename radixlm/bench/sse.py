@@ -100,19 +100,21 @@ class StreamReader:
         self.res, self.timer = res, StreamTimer(res, start)
         self.buf, self.last, self.finished = b"", b"", False
 
-    def feed(self, raw: bytes) -> bool:
-        """False once the stream is over ([DONE] or an error)."""
+    def feed(self, raw: bytes) -> None:
+        """Bytes after [DONE] or an error are ignored (the caller reads to the end, so the connection is reused)."""
+        if self.finished or self.res.error:
+            return
         now = time.perf_counter()
         events, self.buf = split_events(self.buf, raw)
         for data in events:
             if data == b"[DONE]":
                 self.finished = True
-                return False
+                return
             if b'"error"' in data:
                 chunk = orjson.loads(data)
                 if "error" in chunk:
                     self.res.error = str(chunk["error"])[:200]
-                    return False
+                    return
             if self.native:
                 done = native_completion_tokens(data)
                 if done is None:
@@ -123,7 +125,6 @@ class StreamReader:
                     self.last = data
             else:
                 _handle_openai(orjson.loads(data), self.res, self.timer, now, self.chat)
-        return True
 
     def close(self, start: float) -> None:
         res = self.res

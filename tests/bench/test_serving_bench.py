@@ -226,3 +226,24 @@ def test_end_to_end_fake_server(fake_server, tmp_path, backend, client, procs):
     assert rep["ttft_ms"]["mean"] > 0 and rep["itl_ms"]["mean"] > 0 and rep["output_throughput"] > 0
     assert rep["client"]["processes"] == procs and rep["client"]["cpu_s"] > 0
     assert json.loads(out_file.read_text())["client_bound"] == rep["client_bound"]
+
+
+def test_stream_reader_native_counts_errors_and_done():
+    from radixlm.bench.sse import StreamReader
+
+    def event(k):
+        meta = {"prompt_tokens": 7, "completion_tokens": k, "cached_tokens": 3}
+        return b"data: " + json.dumps({"text": "x" * k, "output_ids": [5] * k, "meta_info": meta}).encode() + b"\n\n"
+
+    res = RequestResult()
+    reader = StreamReader(True, False, res, 0.0)
+    raw = event(1) + event(3) + b"data: [DONE]\n\n" + event(9)
+    for i in range(0, len(raw), 11):
+        reader.feed(raw[i : i + 11])
+    reader.close(0.0)
+    assert res.ok and res.output_len == 3 and (res.prompt_len, res.cached_tokens) == (7, 3) and len(res.itl) == 2
+    bad = RequestResult()
+    reader = StreamReader(True, False, bad, 0.0)
+    reader.feed(event(1) + b'data: {"error": {"message": "boom"}}\n\n' + event(2))
+    reader.close(0.0)
+    assert not bad.ok and "boom" in bad.error and bad.output_len == 1
