@@ -87,13 +87,15 @@ def offline(path: str, args, tokenizer) -> dict:
 
 class CpuMeter:
     """User + sys CPU seconds per role over a run: the server's processes (from /server_info's process_pids; the
-    server's own pid is the HTTP + tokenizer-manager process) and this process (the load generator)."""
+    server's own pid is the HTTP + tokenizer-manager process) and this process over `serving.main` (client_process:
+    the load generator's run plus its tokenizer's load, dataset build and warm-up; what earlier files call `client`).
+    `client` is the load generator's own report: the timed run only, all its processes."""
 
     def __init__(self, url: str, server_pid: int):
         with urllib.request.urlopen(f"{url}/server_info", timeout=30) as r:
             pids = json.loads(r.read())["process_pids"]
         self.procs = {"http": psutil.Process(server_pid), **{n: psutil.Process(p) for n, p in pids.items()},
-                      "client": psutil.Process()}
+                      "client_process": psutil.Process()}
 
     def sample(self) -> dict[str, float]:
         return {n: (lambda t: t.user + t.system)(p.cpu_times()) for n, p in self.procs.items()}
@@ -124,7 +126,8 @@ def served(path: str, args) -> dict:
             for _ in range(args.repeats):
                 before = meter.sample()
                 runs.append(serving.main(argv))
-                cpu.append(CpuMeter.per_token(before, meter.sample(), runs[-1]["total_output_tokens"]))
+                cpu.append(CpuMeter.per_token(before, meter.sample(), runs[-1]["total_output_tokens"])
+                           | {"client": runs[-1]["client"]["cpu_us_per_output_token"]})
             tps = [r["output_throughput"] for r in runs]
             mid = runs[tps.index(statistics.median_low(tps))]
             out[name] = {"output_tokens_per_s": statistics.median(tps), "runs": tps,
