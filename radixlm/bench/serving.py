@@ -277,6 +277,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.http_client is HttpClient.AIOHTTP:
+        try:
+            import aiohttp  # noqa: F401
+        except ImportError:
+            raise SystemExit("--http-client aiohttp needs aiohttp (pip install aiohttp), or use --http-client httpx") from None
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     tokenizer = load_tokenizer(args.tokenizer or args.model, base_url)
     kw = {k: v for k, v in vars(args).items() if k.startswith(("random_", "gsp_"))}
