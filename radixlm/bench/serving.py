@@ -180,7 +180,7 @@ def _client_worker(conn, cfg: RunConfig, requests: list[BenchRequest], offsets: 
 
 def run_multi(cfg: RunConfig, requests: list[BenchRequest], num_processes: int) -> list[ClientRun]:
     """The requests dealt round robin over `num_processes` client processes (each with its share of
-    max_concurrency) that start together; one process runs here, in this one."""
+    max_concurrency) that start together; with 1, the run stays in this process."""
     if num_processes < 1:
         raise ValueError(f"--num-client-processes must be >= 1, got {num_processes}")
     offsets = arrival_offsets(len(requests), cfg.request_rate, cfg.seed)
