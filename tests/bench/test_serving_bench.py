@@ -247,3 +247,15 @@ def test_stream_reader_native_counts_errors_and_done():
     reader.feed(event(1) + b'data: {"error": {"message": "boom"}}\n\n' + event(2))
     reader.close(0.0)
     assert not bad.ok and "boom" in bad.error and bad.output_len == 1
+
+
+def test_num_client_processes_bounds():
+    from radixlm.bench.datasets import BenchRequest
+    from radixlm.bench.serving import RunConfig, run_multi
+
+    cfg = RunConfig("radixlm", "http://127.0.0.1:9", "m", float("inf"), 2, True, 0)
+    reqs = [BenchRequest("p", [1], 1, 2)] * 4
+    with pytest.raises(ValueError, match=">= 1"):
+        run_multi(cfg, reqs, 0)
+    with pytest.raises(ValueError, match="exceeds"):
+        run_multi(cfg, reqs, 3)  # more processes than --max-concurrency
