@@ -3,7 +3,9 @@
 streamed, request rate inf), the same requests (one dataset builder, one seed) on the same engine arguments.
 Prints a table and writes JSON: output tok/s of both and their ratio, with the server's TTFT and ITL, and the CPU
 seconds (user + sys) each of the server's processes (http: the HTTP + tokenizer-manager process; scheduler;
-detokenizer) and the load generator spent over each served run, per output token.
+detokenizer) and the load generator spent over each served run, per output token, with the load generator's
+own core utilisation: a run whose client process used more than 80% of a core is flagged `client_bound` (its
+served figure is then the client's ceiling: rerun with more `--num-client-processes`).
 
     python benchmarks/serving/serving_vs_offline.py --model 8b --device cuda --out $OUT/serving_vs_offline.json
     python benchmarks/serving/serving_vs_offline.py --tiny --out /tmp/tiny.json   # the serving path's CPU cost
@@ -85,13 +87,15 @@ def offline(path: str, args, tokenizer) -> dict:
 
 class CpuMeter:
     """User + sys CPU seconds per role over a run: the server's processes (from /server_info's process_pids; the
-    server's own pid is the HTTP + tokenizer-manager process) and this process (the load generator)."""
+    server's own pid is the HTTP + tokenizer-manager process) and this process over `serving.main` (client_process:
+    the load generator's run plus its tokenizer's load, dataset build and warm-up; what earlier files call `client`).
+    `client` is the load generator's own report: the timed run only, all its processes."""
 
     def __init__(self, url: str, server_pid: int):
         with urllib.request.urlopen(f"{url}/server_info", timeout=30) as r:
             pids = json.loads(r.read())["process_pids"]
         self.procs = {"http": psutil.Process(server_pid), **{n: psutil.Process(p) for n, p in pids.items()},
-                      "client": psutil.Process()}
+                      "client_process": psutil.Process()}
 
     def sample(self) -> dict[str, float]:
         return {n: (lambda t: t.user + t.system)(p.cpu_times()) for n, p in self.procs.items()}
@@ -116,21 +120,27 @@ def served(path: str, args) -> dict:
             _, n, kw = dataset(name, None, args)
             argv = ["--backend", "radixlm", "--port", str(port), "--tokenizer", path, "--dataset-name", name,
                     "--num-prompts", str(n), "--seed", str(SEED), "--request-rate", "inf", "--warmup-requests", "8",
-                    "--flush-cache", "--disable-tqdm"]
+                    "--flush-cache", "--disable-tqdm", "--num-client-processes", str(args.num_client_processes)]
             argv += [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
             runs, cpu = [], []
             for _ in range(args.repeats):
                 before = meter.sample()
                 runs.append(serving.main(argv))
-                cpu.append(CpuMeter.per_token(before, meter.sample(), runs[-1]["total_output_tokens"]))
+                cpu.append(CpuMeter.per_token(before, meter.sample(), runs[-1]["total_output_tokens"])
+                           | {"client": runs[-1]["client"]["cpu_us_per_output_token"]})
             tps = [r["output_throughput"] for r in runs]
             mid = runs[tps.index(statistics.median_low(tps))]
             out[name] = {"output_tokens_per_s": statistics.median(tps), "runs": tps,
                          **{k: mid[k] for k in mid if k.endswith(("ttft_ms", "itl_ms"))},
                          "cpu_us_per_token": {n: statistics.median(c[n] for c in cpu) for n in cpu[0]},
-                         "cpu_us_per_token_runs": cpu, "command": mid["config"]["command"]}
+                         "cpu_us_per_token_runs": cpu, "command": mid["config"]["command"],
+                         "client_cpu_utilization_runs": [max(r["client"]["cpu_utilization"]) for r in runs],
+                         "client_cpu_us_per_token_runs": [r["client"]["cpu_us_per_output_token"] for r in runs],
+                         "client_bound": any(r["client_bound"] for r in runs)}
             print(f"served {name}: {out[name]['output_tokens_per_s']:.0f} out tok/s, CPU us/token "
-                  + ", ".join(f"{n} {v:.1f}" for n, v in out[name]["cpu_us_per_token"].items()), flush=True)
+                  + ", ".join(f"{n} {v:.1f}" for n, v in out[name]["cpu_us_per_token"].items())
+                  + f"; client max core use {max(out[name]['client_cpu_utilization_runs']):.0%}"
+                  + (" CLIENT BOUND" if out[name]["client_bound"] else ""), flush=True)
     finally:
         procs.stop(proc)
     return out
@@ -146,6 +156,7 @@ def main() -> None:
     p.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=sorted(WORKLOADS))
     p.add_argument("--num-prompts", type=int, default=None, help="overrides each workload's request count")
     p.add_argument("--repeats", type=int, default=3, help="runs per side; the median is reported")
+    p.add_argument("--num-client-processes", type=int, default=1, help="load-generator processes (bench.serving's)")
     p.add_argument("--served-only", action="store_true", help="skip the offline Engine (the CPU profile's A/B)")
     p.add_argument("--out", default="benchmarks/results/serving/serving_vs_offline.json")
     args = p.parse_args()
@@ -161,11 +172,11 @@ def main() -> None:
               "model": args.model, "device": args.device, "dtype": args.dtype}
     result["offline"] = {} if args.served_only else offline(path, args, tokenizer)
     result["served"] = served(path, args)
-    print(f"\n{'workload':16s} {'offline tok/s':>14s} {'served tok/s':>13s} {'ratio':>6s}")
+    print(f"\n{'workload':16s} {'offline tok/s':>14s} {'served tok/s':>13s} {'ratio':>6s} {'client bound':>13s}")
     for name in args.workloads if result["offline"] else []:
         off, on = result["offline"][name]["output_tokens_per_s"], result["served"][name]["output_tokens_per_s"]
         result.setdefault("ratio", {})[name] = on / off
-        print(f"{name:16s} {off:14.0f} {on:13.0f} {on / off:6.2f}")
+        print(f"{name:16s} {off:14.0f} {on:13.0f} {on / off:6.2f} {str(result['served'][name]['client_bound']):>13s}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

@@ -19,6 +19,38 @@ class RequestResult:
     start: float = 0.0
 
 
+@dataclass
+class ClientRun:
+    """One load-generator process's run: its results, its start (perf_counter, shared by all the processes of a
+    run: CLOCK_MONOTONIC is one clock for the host), its end, and the CPU seconds (user + sys) it spent."""
+    results: list[RequestResult]
+    start: float
+    end: float
+    cpu_s: float
+
+
+# A process using more than this share of one core is what limits the measured throughput, not the server.
+CLIENT_BOUND_UTILIZATION = 0.8
+
+
+def merge_runs(runs: list[ClientRun]) -> tuple[list[RequestResult], float]:
+    """All processes' results and the run's duration, from the shared start to the last process's end: what one
+    process sending every request would report."""
+    if not runs:
+        raise ValueError("no client runs to merge")
+    return [r for run in runs for r in run.results], max(run.end for run in runs) - min(run.start for run in runs)
+
+
+def client_report(runs: list[ClientRun], output_tokens: int) -> dict:
+    """The load generator's own CPU: per process the cores it used over its run; client_bound when any process
+    used more than CLIENT_BOUND_UTILIZATION of a core (then the figures are the client's ceiling)."""
+    util = [run.cpu_s / (run.end - run.start) if run.end > run.start else 0.0 for run in runs]
+    cpu = sum(run.cpu_s for run in runs)
+    return {"processes": len(runs), "cpu_s": cpu, "cpu_utilization": util,
+            "cpu_us_per_output_token": cpu / output_tokens * 1e6 if output_tokens else 0.0,
+            "client_bound": max(util) > CLIENT_BOUND_UTILIZATION}
+
+
 def _stats(values_s: list[float]) -> dict[str, float]:
     if not values_s:
         return {"mean": 0.0, "median": 0.0, "p99": 0.0}
@@ -76,6 +108,12 @@ def format_report(rep: dict, title: str) -> str:
     if rep["cache_hit_rate"] is not None:
         rows.append(("Cached tokens", str(rep["total_cached_tokens"])))
         rows.append(("Cache hit rate", f"{rep['cache_hit_rate']:.2%}"))
+    if "client" in rep:
+        c = rep["client"]
+        rows.append(("Client processes", str(c["processes"])))
+        rows.append(("Client CPU us / output token", f"{c['cpu_us_per_output_token']:.2f}"))
+        rows.append(("Client max core utilisation", f"{max(c['cpu_utilization']):.0%}"))
+        rows.append(("Client bound", "YES" if c["client_bound"] else "no"))
     width = max(len(k) for k, _ in rows) + 2
     line = "=" * (width + 14)
     body = "\n".join(f"{k:<{width}}{v:>14}" for k, v in rows)

@@ -10,22 +10,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import enum
 import json
+import multiprocessing
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 import orjson
 from tqdm.asyncio import tqdm
 
 from radixlm.bench.datasets import GSP_ORDERS, BenchRequest, build_dataset
-from radixlm.bench.metrics import RequestResult, format_report, summarize
+from radixlm.bench.metrics import ClientRun, RequestResult, client_report, format_report, merge_runs, summarize
+from radixlm.bench.sse import StreamReader, StreamTimer, native_completion_tokens, sse_data  # noqa: F401 (API)
 
 NATIVE = ("radixlm", "sglang")
 PATHS = {"radixlm": "/generate", "sglang": "/generate", "openai": "/v1/completions",
          "vllm": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+
+
+class HttpClient(str, enum.Enum):
+    AIOHTTP = "aiohttp"
+    HTTPX = "httpx"
 
 
 @dataclass
@@ -39,6 +47,7 @@ class RunConfig:
     seed: int
     disable_tqdm: bool = False
     lora_names: tuple[str, ...] = ()  # LoRA adapters the requests are spread over (round robin); () the base model
+    http_client: HttpClient = HttpClient.AIOHTTP
 
 
 def build_payload(cfg: RunConfig, req: BenchRequest, index: int = 0) -> dict:
@@ -59,92 +68,39 @@ def build_payload(cfg: RunConfig, req: BenchRequest, index: int = 0) -> dict:
     return body
 
 
-class StreamTimer:
-    """Turns output arrivals into TTFT and ITL; a chunk carrying k new tokens adds k gaps of (gap / k)."""
-
-    def __init__(self, res: RequestResult, start: float):
-        self.res, self.start, self.last = res, start, start
-        self.tokens = 0
-
-    def add(self, new_tokens: int, now: float) -> None:
-        if new_tokens <= 0:
-            return
-        if self.tokens == 0:
-            self.res.ttft = now - self.start
-        else:
-            self.res.itl.extend([(now - self.last) / new_tokens] * new_tokens)
-        self.tokens += new_tokens
-        self.last = now
-
-
-async def sse_data(resp: httpx.Response):
-    # Split on \n only (SSE's line ends are \r\n, \n, \r): aiter_lines() also splits on U+2028, U+0085 and the
-    # like, which JSON strings of generated text carry unescaped.
-    buf = b""
-    async for raw in resp.aiter_bytes():
-        buf += raw
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            line = line.rstrip(b"\r")
-            if line.startswith(b"data:"):
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    return
-                yield orjson.loads(data)
-
-
-def _handle_native(chunk: dict, res: RequestResult, timer: StreamTimer, now: float) -> None:
-    meta = chunk.get("meta_info", {})
-    done = meta.get("completion_tokens", len(chunk.get("output_ids") or []))
-    timer.add(done - timer.tokens, now)
-    res.output_len = done
-    if "prompt_tokens" in meta:
-        res.prompt_len = meta["prompt_tokens"]
-    if meta.get("cached_tokens") is not None:
-        res.cached_tokens = meta["cached_tokens"]
-
-
-def _handle_openai(chunk: dict, res: RequestResult, timer: StreamTimer, now: float, chat: bool) -> None:
-    # OpenAI chunks carry text deltas without token counts: one non-empty delta counts as one token until the
-    # final usage chunk gives the true total.
-    for choice in chunk.get("choices") or []:
-        piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-        if piece:
-            timer.add(1, now)
-    usage = chunk.get("usage")
-    if usage:
-        res.output_len = usage.get("completion_tokens", timer.tokens)
-        res.prompt_len = usage.get("prompt_tokens", res.prompt_len)
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-        if cached is not None:
-            res.cached_tokens = cached
-
-
 async def send_one(client: httpx.AsyncClient, cfg: RunConfig, req: BenchRequest, index: int = 0) -> RequestResult:
     res = RequestResult(prompt_len=req.prompt_len)
     res.start = start = time.perf_counter()
-    timer = StreamTimer(res, start)
+    reader = StreamReader(cfg.backend in NATIVE, cfg.backend == "openai-chat", res, start)
     try:
         async with client.stream("POST", PATHS[cfg.backend], json=build_payload(cfg, req, index)) as resp:
             if resp.status_code != 200:
                 res.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')[:200]}"
                 return res
-            async for chunk in sse_data(resp):
-                now = time.perf_counter()
-                if "error" in chunk:
-                    res.error = str(chunk["error"])[:200]
-                    return res
-                if cfg.backend in NATIVE:
-                    _handle_native(chunk, res, timer, now)
-                else:
-                    _handle_openai(chunk, res, timer, now, cfg.backend == "openai-chat")
-        res.latency = time.perf_counter() - start
-        if res.output_len == 0:
-            res.output_len = timer.tokens
-        res.ok = timer.tokens > 0
-        if not res.ok:
-            res.error = "no output tokens"
+            async for raw in resp.aiter_bytes():
+                reader.feed(raw)
+        reader.close(start)
     except (httpx.HTTPError, orjson.JSONDecodeError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+    return res
+
+
+async def send_one_aiohttp(session, cfg: RunConfig, req: BenchRequest, index: int = 0) -> RequestResult:
+    import aiohttp
+
+    res = RequestResult(prompt_len=req.prompt_len)
+    res.start = start = time.perf_counter()
+    reader = StreamReader(cfg.backend in NATIVE, cfg.backend == "openai-chat", res, start)
+    try:
+        async with session.post(cfg.base_url + PATHS[cfg.backend], data=orjson.dumps(build_payload(cfg, req, index)),
+                                headers={"Content-Type": "application/json"}) as resp:
+            if resp.status != 200:
+                res.error = f"HTTP {resp.status}: {(await resp.read()).decode(errors='replace')[:200]}"
+                return res
+            async for raw in resp.content.iter_any():
+                reader.feed(raw)
+        reader.close(start)
+    except (aiohttp.ClientError, orjson.JSONDecodeError) as e:
         res.error = f"{type(e).__name__}: {e}"
     return res
 
@@ -160,35 +116,105 @@ def run_async(coro):
         return runner.run(coro)
 
 
-async def arrivals(requests: list[BenchRequest], rate: float, seed: int):
-    rng = random.Random(seed)
-    for i, req in enumerate(requests):
-        if i and rate != float("inf"):
-            await asyncio.sleep(rng.expovariate(rate))
-        yield req
+def arrival_offsets(n: int, rate: float, seed: int) -> list[float]:
+    """Seconds after the start at which each request is sent: Poisson arrivals at `rate`, all at 0 when inf."""
+    if rate == float("inf"):
+        return [0.0] * n
+    rng, t, out = random.Random(seed), 0.0, []
+    for i in range(n):
+        if i:
+            t += rng.expovariate(rate)
+        out.append(t)
+    return out
 
 
-async def run_requests(cfg: RunConfig, requests: list[BenchRequest]) -> tuple[list[RequestResult], float]:
+async def run_requests(cfg: RunConfig, requests: list[BenchRequest], offsets: list[float] | None = None,
+                       start_at: float | None = None, indices: list[int] | None = None) -> ClientRun:
+    """Sends `requests`, request i at start_at + offsets[i] (perf_counter, shared by all client processes)."""
+    offsets = offsets if offsets is not None else arrival_offsets(len(requests), cfg.request_rate, cfg.seed)
+    indices = indices if indices is not None else list(range(len(requests)))
     limit = cfg.max_concurrency or len(requests) or 1
     sem = asyncio.Semaphore(limit)
-    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
-    async with httpx.AsyncClient(base_url=cfg.base_url, timeout=httpx.Timeout(None, connect=30), limits=limits) as client:
-        bar = tqdm(total=len(requests), disable=cfg.disable_tqdm, desc="requests")
+    bar = tqdm(total=len(requests), disable=cfg.disable_tqdm, desc="requests")
+    if cfg.http_client is HttpClient.AIOHTTP:
+        import aiohttp
 
-        async def guarded(req: BenchRequest, index: int) -> RequestResult:
+        conn = aiohttp.TCPConnector(limit=limit, force_close=False)
+        client = aiohttp.ClientSession(connector=conn,
+                                       timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+        send = send_one_aiohttp
+    else:
+        limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+        client = httpx.AsyncClient(base_url=cfg.base_url, timeout=httpx.Timeout(None, connect=30), limits=limits)
+        send = send_one
+    async with client:
+        async def guarded(req: BenchRequest, index: int, at: float) -> RequestResult:
+            delay = at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
             async with sem:
-                r = await send_one(client, cfg, req, index)
+                r = await send(client, cfg, req, index)
             bar.update(1)
             return r
 
-        start = time.perf_counter()
-        tasks = []
-        async for req in arrivals(requests, cfg.request_rate, cfg.seed):
-            tasks.append(asyncio.create_task(guarded(req, len(tasks))))
+        if start_at is None:
+            start_at = time.perf_counter()
+        else:
+            await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
+        cpu0 = time.process_time()
+        tasks = [asyncio.create_task(guarded(req, i, start_at + off))
+                 for req, i, off in zip(requests, indices, offsets)]
         results = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
-        bar.close()
-    return list(results), duration
+        end = time.perf_counter()
+        cpu = time.process_time() - cpu0
+    bar.close()
+    return ClientRun(list(results), start_at, end, cpu)
+
+
+def _client_worker(conn, cfg: RunConfig, requests: list[BenchRequest], offsets: list[float], indices: list[int]) -> None:
+    conn.send("ready")
+    start_at = conn.recv()
+    conn.send(run_async(run_requests(cfg, requests, offsets, start_at, indices)))
+    conn.close()
+
+
+def run_multi(cfg: RunConfig, requests: list[BenchRequest], num_processes: int) -> list[ClientRun]:
+    """The requests dealt round robin over `num_processes` client processes (each with its share of
+    max_concurrency) that start together; with 1, the run stays in this process."""
+    if num_processes < 1:
+        raise ValueError(f"--num-client-processes must be >= 1, got {num_processes}")
+    offsets = arrival_offsets(len(requests), cfg.request_rate, cfg.seed)
+    if num_processes == 1:
+        return [run_async(run_requests(cfg, requests, offsets))]
+    limit = cfg.max_concurrency or len(requests)
+    if num_processes > max(1, min(limit, len(requests))):
+        raise ValueError(f"--num-client-processes {num_processes} exceeds the requests ({len(requests)}) or "
+                         f"--max-concurrency ({limit})")
+    ctx = multiprocessing.get_context("spawn")
+    procs, pipes = [], []
+    for k in range(num_processes):
+        idx = list(range(k, len(requests), num_processes))
+        share = limit // num_processes + (k < limit % num_processes)
+        sub = replace(cfg, max_concurrency=share, disable_tqdm=True)
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_client_worker, args=(child, sub, [requests[i] for i in idx],
+                                                     [offsets[i] for i in idx], idx), daemon=True)
+        p.start()
+        procs.append(p)
+        pipes.append(parent)
+    try:
+        for pipe in pipes:
+            if pipe.recv() != "ready":
+                raise RuntimeError("a client process did not start")
+        start_at = time.perf_counter() + 0.05
+        for pipe in pipes:
+            pipe.send(start_at)
+        return [pipe.recv() for pipe in pipes]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
 
 
 def load_tokenizer(name: str | None, base_url: str):
@@ -239,6 +265,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-name", nargs="+", default=None,
                    help="LoRA adapters (loaded in the server) the requests are spread over, round robin: lora_path on "
                         "native backends, the model on OpenAI ones")
+    p.add_argument("--http-client", type=HttpClient, default=HttpClient.AIOHTTP, choices=list(HttpClient),
+                   help="the streaming client library (aiohttp: the cheaper per chunk)")
+    p.add_argument("--num-client-processes", type=int, default=1,
+                   help="load-generator processes the requests are dealt over (each with its share of "
+                        "--max-concurrency); more when the report says 'Client bound'")
     p.add_argument("--output-file", default=None)
     p.add_argument("--disable-tqdm", action="store_true")
     return p.parse_args(argv)
@@ -246,22 +277,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.http_client is HttpClient.AIOHTTP:
+        try:
+            import aiohttp  # noqa: F401
+        except ImportError:
+            raise SystemExit("--http-client aiohttp needs aiohttp (pip install aiohttp), or use --http-client httpx") from None
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     tokenizer = load_tokenizer(args.tokenizer or args.model, base_url)
     kw = {k: v for k, v in vars(args).items() if k.startswith(("random_", "gsp_"))}
     requests = build_dataset(args.dataset_name, tokenizer, args.num_prompts, args.seed, **kw)
     cfg = RunConfig(args.backend, base_url, args.model or "default", args.request_rate, args.max_concurrency,
-                    not args.disable_ignore_eos, args.seed, args.disable_tqdm, tuple(args.lora_name or ()))
+                    not args.disable_ignore_eos, args.seed, args.disable_tqdm, tuple(args.lora_name or ()),
+                    args.http_client)
     if args.warmup_requests and requests:
         # Untimed: first requests pay one-off costs (allocator growth, kernel selection) in the server.
         warm = [BenchRequest(r.prompt, r.input_ids, r.prompt_len, 2) for r in requests[:args.warmup_requests]]
         run_async(run_requests(RunConfig(**{**vars(cfg), "disable_tqdm": True}), warm))
     if args.flush_cache:
         httpx.post(f"{base_url}/flush_cache", timeout=60).raise_for_status()
-    results, duration = run_async(run_requests(cfg, requests))
+    runs = run_multi(cfg, requests, args.num_client_processes)
+    results, duration = merge_runs(runs)
     report = summarize(results, duration)
+    report["client"] = client_report(runs, report["total_output_tokens"])
+    report["client_bound"] = report["client"]["client_bound"]
     print(format_report(report, f"Serving benchmark: {args.backend} / {args.dataset_name}"))
-    out = {"config": {k: v for k, v in vars(args).items() if k != "request_rate"} | {
+    if report["client_bound"]:
+        print("warning: the load generator used more than 80% of a core: the figures may be its ceiling; rerun "
+              "with more --num-client-processes", file=sys.stderr)
+    out = {"config": {k: v for k, v in vars(args).items() if k not in ("request_rate", "http_client")} | {
+        "http_client": args.http_client.value,
         "request_rate": str(args.request_rate), "base_url": base_url, "num_requests": len(requests),
         "command": " ".join([sys.executable, "-m", "radixlm.bench.serving", *(argv if argv is not None else sys.argv[1:])])},
         **report}

@@ -136,3 +136,126 @@ def test_lora_names_spread_requests_round_robin():
     assert "lora_path" not in build_payload(RunConfig("radixlm", "http://x", "base", 1.0, None, True, 0), req)
     openai = RunConfig("openai", "http://x", "base", 1.0, None, True, 0, lora_names=("a", "b"))
     assert build_payload(openai, req, 1)["model"] == "b"
+
+
+def test_merge_runs_matches_one_process():
+    from radixlm.bench.metrics import ClientRun, merge_runs
+
+    def res(start, ttft, latency, n):
+        return RequestResult(ok=True, prompt_len=4, output_len=n, ttft=ttft, latency=latency, start=start,
+                             itl=[(latency - ttft) / (n - 1)] * (n - 1))
+
+    a, b, c = res(10.0, 0.1, 1.0, 5), res(10.2, 0.2, 2.0, 9), res(10.5, 0.1, 0.5, 3)
+    one = summarize([a, b, c], 2.3)
+    results, duration = merge_runs([ClientRun([a, c], 10.0, 11.0, 0.1), ClientRun([b], 10.0, 12.3, 0.2)])
+    assert duration == pytest.approx(2.3)
+    merged = summarize(results, duration)
+    for key in ("completed", "total_output_tokens", "output_throughput", "request_throughput"):
+        assert merged[key] == pytest.approx(one[key])
+    for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_latency_ms"):
+        assert merged[key] == pytest.approx(one[key])
+    with pytest.raises(ValueError):
+        merge_runs([])
+
+
+def test_client_bound_flag():
+    from radixlm.bench.metrics import ClientRun, client_report, format_report
+
+    light = client_report([ClientRun([], 0.0, 2.0, 0.5), ClientRun([], 0.0, 2.0, 1.5)], 1000)
+    assert light["cpu_utilization"] == pytest.approx([0.25, 0.75]) and not light["client_bound"]
+    assert light["cpu_us_per_output_token"] == pytest.approx(2000.0)
+    heavy = client_report([ClientRun([], 0.0, 2.0, 0.5), ClientRun([], 0.0, 2.0, 1.7)], 1000)
+    assert heavy["client_bound"]
+    rep = summarize([], 1.0) | {"client": heavy}
+    assert "Client bound" in format_report(rep, "t") and "YES" in format_report(rep, "t")
+
+
+def test_native_completion_tokens_without_decoding():
+    from radixlm.bench.serving import native_completion_tokens
+
+    chunk = {"text": 'say "completion_tokens": 9', "output_ids": [1, 2], "meta_info": {"completion_tokens": 2}}
+    assert native_completion_tokens(json.dumps(chunk).encode()) == 2
+    assert native_completion_tokens(b'{"text": "x", "output_ids": [1]}') is None
+
+
+@pytest.fixture(scope="module")
+def fake_server():
+    """The fake SSE server (radixlm.bench.fake_sse) on a thread of this process."""
+    import asyncio
+    import threading
+
+    from radixlm.bench import procs
+    from radixlm.bench.fake_sse import FakeServer
+
+    port = procs.free_port()
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    tasks = []
+
+    async def run():
+        started = asyncio.Event()
+        tasks.append(asyncio.create_task(FakeServer(0.001).serve("127.0.0.1", port, started)))
+        await started.wait()
+        ready.set()
+        try:
+            await tasks[0]
+        except asyncio.CancelledError:
+            pass
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(run()), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    yield port
+    loop.call_soon_threadsafe(tasks[0].cancel)
+    thread.join(10)
+    loop.close()
+
+
+@pytest.mark.parametrize("backend,client,procs", [("radixlm", "aiohttp", 1), ("openai-chat", "httpx", 1),
+                                                  ("radixlm", "aiohttp", 2)])
+def test_end_to_end_fake_server(fake_server, tmp_path, backend, client, procs):
+    from radixlm.bench.serving import main
+
+    out_file = tmp_path / "bench.json"
+    rep = main(["--backend", backend, "--port", str(fake_server), "--dataset-name", "random", "--num-prompts", "8",
+                "--random-input-len", "8", "--random-output-len", "20", "--random-range-ratio", "1",
+                "--max-concurrency", "4", "--disable-tqdm", "--http-client", client,
+                "--num-client-processes", str(procs), "--output-file", str(out_file)])
+    assert rep["completed"] == 8 and rep["failed"] == 0 and rep["total_output_tokens"] == 160
+    assert rep["total_input_tokens"] == 8 * 32  # the fake server's prompt_tokens, read from the last chunk
+    assert rep["ttft_ms"]["mean"] > 0 and rep["itl_ms"]["mean"] > 0 and rep["output_throughput"] > 0
+    assert rep["client"]["processes"] == procs and rep["client"]["cpu_s"] > 0
+    assert json.loads(out_file.read_text())["client_bound"] == rep["client_bound"]
+
+
+def test_stream_reader_native_counts_errors_and_done():
+    from radixlm.bench.sse import StreamReader
+
+    def event(k):
+        meta = {"prompt_tokens": 7, "completion_tokens": k, "cached_tokens": 3}
+        return b"data: " + json.dumps({"text": "x" * k, "output_ids": [5] * k, "meta_info": meta}).encode() + b"\n\n"
+
+    res = RequestResult()
+    reader = StreamReader(True, False, res, 0.0)
+    raw = event(1) + event(3) + b"data: [DONE]\n\n" + event(9)
+    for i in range(0, len(raw), 11):
+        reader.feed(raw[i : i + 11])
+    reader.close(0.0)
+    assert res.ok and res.output_len == 3 and (res.prompt_len, res.cached_tokens) == (7, 3) and len(res.itl) == 2
+    bad = RequestResult()
+    reader = StreamReader(True, False, bad, 0.0)
+    reader.feed(event(1) + b'data: {"error": {"message": "boom"}}\n\n' + event(2))
+    reader.close(0.0)
+    assert not bad.ok and "boom" in bad.error and bad.output_len == 1
+
+
+def test_num_client_processes_bounds():
+    from radixlm.bench.datasets import BenchRequest
+    from radixlm.bench.serving import RunConfig, run_multi
+
+    cfg = RunConfig("radixlm", "http://127.0.0.1:9", "m", float("inf"), 2, True, 0)
+    reqs = [BenchRequest("p", [1], 1, 2)] * 4
+    with pytest.raises(ValueError, match=">= 1"):
+        run_multi(cfg, reqs, 0)
+    with pytest.raises(ValueError, match="exceeds"):
+        run_multi(cfg, reqs, 3)  # more processes than --max-concurrency
