@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from radixlm.runtime.kernels.quant import splitk, tiles
-from radixlm.runtime.kernels.quant.x_words import widen_word
+from radixlm.runtime.kernels.quant.x_words import store_rows, widen_word
 
 MAX_ROWS = 4  # the CUDA cores' row counts (one accumulator a row); more rows take the tensor-core paths
 
@@ -173,23 +173,8 @@ def _fp8_gemv_kernel(X, W, WS, Bias, Y, M, N, K, stride_xm, stride_wn, stride_ws
         ws = tl.load(WS + offs_n * stride_wsn, mask=n_mask, other=0.0)
     else:
         ws = tl.full([BLOCK_N], 1.0, tl.float32)
-    if HAS_BIAS and not SPLIT:
-        b = tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    else:
-        b = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if SPLIT:
-        out = Y + pid_k * stride_ys + offs_n
-    else:
-        out = Y + offs_n
-    tl.store(out, (tl.sum(acc0, axis=1) * ws + b).to(Y.dtype.element_ty), mask=n_mask)
-    if ROWS > 1:
-        tl.store(out + stride_ym, (tl.sum(acc1, axis=1) * ws + b).to(Y.dtype.element_ty),
-                 mask=n_mask & (offs_n * 0 + 1 < M))
-    if ROWS > 2:
-        tl.store(out + 2 * stride_ym, (tl.sum(acc2, axis=1) * ws + b).to(Y.dtype.element_ty),
-                 mask=n_mask & (offs_n * 0 + 2 < M))
-        tl.store(out + 3 * stride_ym, (tl.sum(acc3, axis=1) * ws + b).to(Y.dtype.element_ty),
-                 mask=n_mask & (offs_n * 0 + 3 < M))
+    store_rows(Y, Bias, offs_n, n_mask, pid_k, M, stride_ym, stride_ys, tl.sum(acc0, axis=1) * ws,
+               tl.sum(acc1, axis=1) * ws, tl.sum(acc2, axis=1) * ws, tl.sum(acc3, axis=1) * ws, ROWS, HAS_BIAS, SPLIT)
 
 
 def takes(m: int, n: int, k: int, block: tuple[int, int] | None, cfg: Fp8GemvConfig) -> bool:

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from radixlm.runtime.kernels.quant import splitk, tiles
-from radixlm.runtime.kernels.quant.x_words import widen_word
+from radixlm.runtime.kernels.quant.x_words import store_rows, widen_word
 
 MAX_ROWS = 4
 _XKIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
@@ -163,22 +163,8 @@ def _w4a16_skinny_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, s
         if ROWS > 2:
             acc2 = _row_acc(X, r2, kp, kp_mask, q0, q1, q2, q3, q4, q5, q6, q7, s, acc2, XKIND, EVEN_K)
             acc3 = _row_acc(X, r3, kp, kp_mask, q0, q1, q2, q3, q4, q5, q6, q7, s, acc3, XKIND, EVEN_K)
-    if HAS_BIAS and not SPLIT:
-        b = tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    else:
-        b = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if SPLIT:
-        out = Y + pid_k * stride_ys + offs_n
-    else:
-        out = Y + offs_n
-    tl.store(out, (tl.sum(acc0, axis=0) + b).to(Y.dtype.element_ty), mask=n_mask)
-    if ROWS > 1:
-        tl.store(out + stride_ym, (tl.sum(acc1, axis=0) + b).to(Y.dtype.element_ty), mask=n_mask & (offs_n * 0 + 1 < M))
-    if ROWS > 2:
-        tl.store(out + 2 * stride_ym, (tl.sum(acc2, axis=0) + b).to(Y.dtype.element_ty),
-                 mask=n_mask & (offs_n * 0 + 2 < M))
-        tl.store(out + 3 * stride_ym, (tl.sum(acc3, axis=0) + b).to(Y.dtype.element_ty),
-                 mask=n_mask & (offs_n * 0 + 3 < M))
+    store_rows(Y, Bias, offs_n, n_mask, pid_k, M, stride_ym, stride_ys, tl.sum(acc0, axis=0), tl.sum(acc1, axis=0),
+               tl.sum(acc2, axis=0), tl.sum(acc3, axis=0), ROWS, HAS_BIAS, SPLIT)
 
 
 def block_k_of(k: int, group_size: int, cfg: Int4GemvConfig) -> int | None:
