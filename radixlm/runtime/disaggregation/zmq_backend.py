@@ -111,6 +111,19 @@ class _Worker:
         if not self.thread.is_alive():  # else its sockets are still open: the context goes with the process
             self.ctx.term()
 
+    def _poller(self) -> zmq.Poller:
+        poller = zmq.Poller()
+        poller.register(self._wake_recv, zmq.POLLIN)
+        return poller
+
+    def _poll(self, poller: zmq.Poller) -> dict:
+        """Waits up to POLL_MS for a socket or a wake-up; the wake-ups are consumed (the inbox says what came)."""
+        events = dict(poller.poll(POLL_MS))
+        if self._wake_recv in events:
+            while self._wake_recv.poll(0):
+                self._wake_recv.recv()
+        return events
+
     def _drain(self) -> list:
         items = []
         while True:
@@ -152,14 +165,10 @@ class ZmqKVSender(_Worker):
         return self._pending
 
     def _run(self) -> None:
-        poller = zmq.Poller()
+        poller = self._poller()
         poller.register(self.sock, zmq.POLLIN)
-        poller.register(self._wake_recv, zmq.POLLIN)
         while not self._stop.is_set():
-            events = dict(poller.poll(POLL_MS))
-            if self._wake_recv in events:
-                while self._wake_recv.poll(0):
-                    self._wake_recv.recv()
+            events = self._poll(poller)
             now = time.monotonic()
             for payload in self._drain():
                 frames = encode(payload)
@@ -238,13 +247,9 @@ class ZmqKVReceiver(_Worker):
         return sock
 
     def _run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._wake_recv, zmq.POLLIN)
+        poller = self._poller()
         while not self._stop.is_set():
-            events = dict(poller.poll(POLL_MS))
-            if self._wake_recv in events:
-                while self._wake_recv.poll(0):
-                    self._wake_recv.recv()
+            events = self._poll(poller)
             now = time.monotonic()
             for item in self._drain():
                 if item[0] == "fetch":
