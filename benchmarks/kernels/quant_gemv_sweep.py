@@ -19,8 +19,8 @@ $OUT/w4a16_mma_sweep.json (mma): every cell and the layer's sums per row count; 
 committed table with the swept (kernel, shape, rows, group) entries replaced, ready to commit in its place.
 
     python3 benchmarks/kernels/quant_gemv_sweep.py --out $OUT              # ~5-7 min on an H200 (bash
-                                                                           # benchmarks/lease/quant_gemv_lease.sh)
-    python3 benchmarks/kernels/quant_gemv_sweep.py --kind mma --out $OUT   # ~4-5 min (lease/w4a16_mma_lease.sh)
+                                                                           # benchmarks/lease/quant_lease.sh gemv)
+    python3 benchmarks/kernels/quant_gemv_sweep.py --kind mma --out $OUT   # ~4-5 min (lease/quant_lease.sh mma)
     TRITON_INTERPRET=1 python benchmarks/kernels/quant_gemv_sweep.py [--kind mma] --dry --out /tmp/qg   # on the CPU
 """
 from __future__ import annotations

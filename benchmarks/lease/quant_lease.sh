@@ -14,6 +14,13 @@
 #                                                  # benchmarks in short budgets, the CUDA tests, then the 8B model
 #                                                  # per format at batch 1/8/64 while time is left
 #   BUDGET_S=240 bash benchmarks/lease/quant_lease.sh check model   # only the 8B model part (CHECK_FORMATS: which)
+#   bash benchmarks/lease/quant_lease.sh gemv      # tunes the few-row kernels (kernels/quant/fp8_gemv.py, int4_skinny.py):
+#                                                  # kernels/quant_gemv_sweep.py (--kind gemv, ~5-7 min), then their CUDA
+#                                                  # tests; $OUT/quant_gemv_<GPU>.json is the committed table with the
+#                                                  # swept entries replaced: commit it as kernels/gemm/tuned/
+#   bash benchmarks/lease/quant_lease.sh mma       # the same for the W4A16 tensor-core kernel (int4_mma.py, --kind mma,
+#                                                  # ~4-5 min) and its CUDA test. Both take SWEEP_ARGS (a narrower
+#                                                  # sweep, e.g. "--rows 8 64 --shapes o_proj") and DRY=1 DRY_OUT=...
 #   bash benchmarks/lease/quant_lease.sh kv        # decode attention and the 8B decode step at batch 64, 8k-token
 #                                                  # contexts, bf16 vs fp8 KV (kernels/fp8_kv_decode_gpu.py, ~3 min)
 #   bash benchmarks/lease/quant_lease.sh w4big     # W4A16 at many rows, one call under 8 min (BUDGET_S, default 420):
@@ -33,7 +40,21 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-100000}))  # BUDGET_S: no step past it (each step's limit is cut to it)
 PACK=$FINAL_OUT/quant_lease.tar
 step() { budget_step "$@"; }  # env.sh
-case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4big} in
+case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4big | gemv | mma} in
+gemv|mma)
+  kind=$1 test=test_quant_gemv.py sweep_s=330 limit=420
+  [ "$kind" = mma ] && test=test_int4_mma.py sweep_s=230 limit=320
+  deadline=$((SECONDS + ${BUDGET_S:-$((limit + 60))}))
+  if [ "${DRY:-0}" = 1 ]; then
+    TRITON_INTERPRET=1 TAIL=30 step "${kind}_sweep" 900 $PY benchmarks/kernels/quant_gemv_sweep.py --kind "$kind" --dry \
+      --rows $([ "$kind" = mma ] && echo 8 || echo 1 4) --shapes o_proj --out "$OUT"
+    exit 0
+  fi
+  # The sweep stops starting shapes at --budget-s; a shape takes ~20-70 s (builds, then timings).
+  TAIL=60 step "${kind}_sweep" "$limit" $PY benchmarks/kernels/quant_gemv_sweep.py --kind "$kind" --budget-s "$sweep_s" \
+    ${SWEEP_ARGS:-} --out "$OUT"
+  TAIL=8 step "${kind}_cuda_tests" 60 $PY -m pytest -q -p no:cacheprovider "tests/runtime/kernels/quant/$test"
+  ;;
 w4big)
   deadline=$((SECONDS + ${BUDGET_S:-420}))
   if [ "${DRY:-0}" = 1 ]; then
