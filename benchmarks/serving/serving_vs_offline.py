@@ -62,9 +62,9 @@ def engine_args(args) -> dict:
     return kw
 
 
-def offline(path: str, args, tokenizer) -> dict:
+def offline(path: str, args, tokenizer, out: dict) -> dict:
+    """Fills `out` per workload as each finishes (a call cut by its time limit keeps the finished ones)."""
     engine = Engine(path, **engine_args(args))
-    out = {}
     try:
         for name in args.workloads:
             reqs, n, _ = dataset(name, tokenizer, args)
@@ -80,6 +80,7 @@ def offline(path: str, args, tokenizer) -> dict:
                 runs.append(sum(o["meta_info"]["completion_tokens"] for o in res) / wall)
             out[name] = {"requests": n, "output_tokens_per_s": statistics.median(runs), "runs": runs}
             print(f"offline {name}: {out[name]['output_tokens_per_s']:.0f} out tok/s (runs {runs})", flush=True)
+            args.save()
     finally:
         close(engine)
     return out
@@ -106,14 +107,15 @@ class CpuMeter:
         return {n: (after[n] - before[n]) / max(tokens, 1) * 1e6 for n in before}
 
 
-def served(path: str, args) -> dict:
+def served(path: str, args, out: dict) -> dict:
+    """Fills `out` per workload as each finishes, as `offline` does."""
     port = procs.free_port()
     url = f"http://127.0.0.1:{port}"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in engine_args(args).items()]
     cmd = [sys.executable, "-m", "radixlm.cli", "serve", "--model-path", path, "--port", str(port),
            "--log-level", "warning", *flags]
     proc = procs.start(cmd, url)
-    out = {"server_command": " ".join(cmd)}
+    out["server_command"] = " ".join(cmd)
     try:
         meter = CpuMeter(url, proc.pid)
         for name in args.workloads:
@@ -141,6 +143,7 @@ def served(path: str, args) -> dict:
                   + ", ".join(f"{n} {v:.1f}" for n, v in out[name]["cpu_us_per_token"].items())
                   + f"; client max core use {max(out[name]['client_cpu_utilization_runs']):.0%}"
                   + (" CLIENT BOUND" if out[name]["client_bound"] else ""), flush=True)
+            args.save()
     finally:
         procs.stop(proc)
     return out
@@ -170,17 +173,20 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(path)
     result = {"benchmark": "serving_vs_offline", "command": " ".join(["python", *sys.argv]),
               "model": args.model, "device": args.device, "dtype": args.dtype}
-    result["offline"] = {} if args.served_only else offline(path, args, tokenizer)
-    result["served"] = served(path, args)
+    result["offline"], result["served"] = {}, {}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    args.save = lambda: out.write_text(json.dumps(result, indent=2))
+    if not args.served_only:
+        offline(path, args, tokenizer, result["offline"])
+    served(path, args, result["served"])
     print(f"\n{'workload':16s} {'offline tok/s':>14s} {'served tok/s':>13s} {'ratio':>6s} {'client bound':>13s}")
     for name in args.workloads if result["offline"] else []:
         off, on = result["offline"][name]["output_tokens_per_s"], result["served"][name]["output_tokens_per_s"]
         result.setdefault("ratio", {})[name] = on / off
         print(f"{name:16s} {off:14.0f} {on:13.0f} {on / off:6.2f} {str(result['served'][name]['client_bound']):>13s}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    args.save()
     print(f"wrote {args.out}")
-
 
 if __name__ == "__main__":
     main()
