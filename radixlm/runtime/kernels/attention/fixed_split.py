@@ -21,6 +21,9 @@ FIXED_SPLIT_SIZE = 64
 # The torch implementation runs its rows in calls of exactly this many (the last padded), so that each of its ops has
 # one shape and takes one path whatever the pass's size.
 TORCH_ROW_BLOCK = 16
+# The most sub-tiles (of rows_per_tile rows each) one Triton program takes: its float32 state per sub-tile is 16 rows
+# x the head dim.
+MAX_SUB_TILES = 4
 
 
 def rows_per_tile(group: int) -> int:
@@ -32,17 +35,36 @@ def rows_per_tile(group: int) -> int:
     return max(1, 16 // (1 << (group - 1).bit_length()))
 
 
-def span_tiles(spans: list[int], rows: int) -> tuple[list[int], list[int]]:
+def sub_tiles(group: int, head_dim: int, spans: list[int]) -> int:
+    """Sub-tiles per program for a REQUEST_SPANS pass: one where no request has more rows than one sub-tile (a
+    chain draft's few rows), else MAX_SUB_TILES (half as many past head dim 128, whose state takes twice the
+    registers). A row's result does not depend on it (fixed_split_kernel.py), only how often keys are read."""
+    if head_dim < 1:
+        raise ValueError(f"head dim {head_dim}")
+    if max(spans, default=0) <= rows_per_tile(group):
+        return 1
+    return MAX_SUB_TILES if head_dim <= 128 else MAX_SUB_TILES // 2
+
+
+def span_tiles(spans: list[int], rows: int, prefix_lens: list[int] | None = None) -> tuple[list[int], list[int]]:
     """The kernel's tiles of a REQUEST_SPANS pass: each request's rows (spans, in pass order) cut into runs of at most
-    `rows` from its first; (first row, row count) per tile."""
+    `rows` from its first; (first row, row count) per tile. With the requests' cached prefix lengths the tiles come
+    longest walk first (the most keys at their last row; ties in row order), so that the longest programs start
+    first rather than last: the order only schedules, every tile's rows are computed alike."""
     if rows < 1 or any(n < 0 for n in spans):
         raise ValueError(f"tiles of {rows} rows over spans {spans}")
-    starts, counts, row = [], [], 0
-    for n in spans:
+    if prefix_lens is not None and (len(prefix_lens) != len(spans) or any(n < 0 for n in prefix_lens)):
+        raise ValueError(f"prefix lengths {prefix_lens} for spans {spans}")
+    starts, counts, keys, row = [], [], [], 0
+    for i, n in enumerate(spans):
         for j in range(0, n, rows):
             starts.append(row + j)
             counts.append(min(rows, n - j))
+            keys.append(-(prefix_lens[i] + j + counts[-1]) if prefix_lens is not None else 0)
         row += n
+    if prefix_lens is not None:
+        order = sorted(range(len(starts)), key=keys.__getitem__)
+        starts, counts = [starts[i] for i in order], [counts[i] for i in order]
     return starts, counts
 
 
