@@ -65,7 +65,8 @@ def profile_mode(path: str, src: PromptSource, args, deterministic: bool) -> dic
         if args.prefill:
             mode["prefill"] = pre = prefill_kernels(engine, src, args.prefill, args.top)
             print(f"deterministic {'on' if deterministic else 'off'}, prefill {args.prefill}: wall "
-                  f"{pre['wall_us']:9.1f} us, GPU busy {pre['gpu_busy_us']:9.1f} us (attention {pre['attention_us']:9.1f})")
+                  f"{pre['wall_us']:9.1f} us, GPU busy {pre['gpu_busy_us']:9.1f} us (attention "
+                  f"{pre['attention_us']:9.1f})")
             for k in pre["kernels"]:
                 print(f"   {k['us']:9.1f} us  x{k['launches']:5d}  {k['name'][:100]}")
     finally:

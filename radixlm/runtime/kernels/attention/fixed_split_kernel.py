@@ -101,7 +101,8 @@ def _fixed_split_attention_kernel(Q, K_buf, V_buf, Req_to_token, Row_req, Positi
                     mask=valid[None, :] & d_ok[:, None], other=0.0).to(Q.dtype.element_ty)
         v = tl.load(V_buf + kv_slot[:, None] * stride_vb + kvh * stride_vh + offs_d[None, :],
                     mask=valid[:, None] & d_ok[None, :], other=0.0).to(Q.dtype.element_ty)
-        # Every sub-tile's scores, then every sub-tile's values: the keys' and the values' operands are not live at once.
+        # Every sub-tile's scores, then every sub-tile's values: the keys' and values' operands are not live at once
+        # (fewer registers; the order of independent sub-tiles changes no row's arithmetic).
         new_ms = ()
         new_ls = ()
         alphas = ()
