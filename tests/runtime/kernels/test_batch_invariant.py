@@ -53,10 +53,10 @@ def attention_case(attend, dtype: torch.dtype, first: int = 0) -> None:
 
     alone = rows([0], [90], q_a[90:])
     prefill = rows([0] * (91 - first), list(range(first, 91)), q_a[first:])
-    others = torch.randn(10, h, d, generator=g).to(dtype)
-    mixed_q = torch.cat([others[:6], q_a[90:], others[6:]])
-    mixed = rows([1] * 6 + [0] + [2] * 4, list(range(144, 150)) + [90] + list(range(36, 40)), mixed_q)
-    assert torch.equal(prefill[-1], alone[0]) and torch.equal(mixed[6], alone[0])
+    others = torch.randn(14, h, d, generator=g).to(dtype)
+    mixed_q = torch.cat([others[:10], q_a[90:], others[10:]])
+    mixed = rows([1] * 10 + [0] + [2] * 4, list(range(140, 150)) + [90] + list(range(36, 40)), mixed_q)
+    assert torch.equal(prefill[-1], alone[0]) and torch.equal(mixed[10], alone[0])
     kv = req_to_token[0, :91]
     keys = k_buf[kv].float().transpose(0, 1).repeat_interleave(h // hkv, 0)  # (H, 91, D)
     values = v_buf[kv].float().transpose(0, 1).repeat_interleave(h // hkv, 0)
@@ -64,36 +64,49 @@ def attention_case(attend, dtype: torch.dtype, first: int = 0) -> None:
     torch.testing.assert_close(alone[0].float(), ref[:, 0], rtol=2e-2, atol=2e-2)
 
 
-def tiled(attend, sub: int = 1):
-    """attend (the Triton kernel) given the tiles the backend cuts: each run of rows of one request in tiles of
-    rows_per_tile x sub rows (fixed_split.span_tiles), longest first, run in `sub` sub-tiles per program."""
+def tiled(attend, launches: bool = False):
+    """attend (the Triton kernel) given tiles: each run of rows of one request in tiles of rows_per_tile rows
+    (fixed_split.span_tiles); launches: the backend's, runs of up to rows_per_tile rows one sub-tile a program in
+    one launch, the longer ones sub_tiles(head dim) a program in another, longest first (fixed_split.span_launches),
+    into one output."""
     import itertools
 
-    from radixlm.runtime.kernels.attention.fixed_split import rows_per_tile, span_tiles
+    from radixlm.runtime.kernels.attention.fixed_split import TileLaunch, rows_per_tile, span_launches, span_tiles
 
     def run(q, k_buf, v_buf, req_to_token, row_req, positions, scale):
         spans = [len(list(g)) for _, g in itertools.groupby(row_req.tolist())]
-        firsts = torch.tensor([0, *spans]).cumsum(0)[:-1]
-        starts, counts = span_tiles(spans, rows_per_tile(q.shape[1] // k_buf.shape[1]) * sub,
-                                    positions[firsts].tolist())
-        tiles = (torch.tensor(starts, dtype=torch.int32, device=q.device),
-                 torch.tensor(counts, dtype=torch.int32, device=q.device))
-        return attend(q, k_buf, v_buf, req_to_token, row_req, positions, scale, tiles=tiles, sub_tiles=sub)
+        group = q.shape[1] // k_buf.shape[1]
+        if launches:
+            prefix = positions[torch.tensor([0, *spans]).cumsum(0)[:-1]].tolist()
+            cut = span_launches(spans, group, q.shape[2], prefix)
+        else:
+            cut = [TileLaunch(*span_tiles(spans, rows_per_tile(group)), 1)]
+        out = torch.full_like(q, float("nan"))
+        for launch in cut:
+            tiles = (torch.tensor(launch.starts, dtype=torch.int32, device=q.device),
+                     torch.tensor(launch.counts, dtype=torch.int32, device=q.device))
+            out = attend(q, k_buf, v_buf, req_to_token, row_req, positions, scale, tiles=tiles,
+                         sub_tiles=launch.sub_tiles, out=out)  # a copy where attend moves it
+        return out
 
     return run
 
 
 def test_attention_tiles_are_a_requests_rows_cut_by_the_group():
-    from radixlm.runtime.kernels.attention.fixed_split import MAX_SUB_TILES, rows_per_tile, span_tiles, sub_tiles
+    from radixlm.runtime.kernels.attention.fixed_split import (
+        MAX_SUB_TILES, TileLaunch, rows_per_tile, span_launches, span_tiles, sub_tiles)
 
     assert [rows_per_tile(g) for g in (1, 2, 3, 4, 8, 16, 32)] == [16, 8, 4, 4, 2, 1, 1]
     assert span_tiles([6, 1, 0, 9], 4) == ([0, 4, 6, 7, 11, 15], [4, 2, 1, 4, 4, 1])
     # Longest walk first (prefix + the tile's last row), ties in row order.
     assert span_tiles([6, 1, 0, 9], 4, [0, 30, 5, 2]) == ([6, 15, 11, 4, 7, 0], [1, 1, 4, 2, 4, 4])
-    # Sub-tiles only where a request has more rows than one sub-tile; fewer past head dim 128.
-    assert sub_tiles(4, 128, [1, 4, 1]) == 1 and sub_tiles(4, 128, [1, 5]) == MAX_SUB_TILES
-    assert sub_tiles(4, 256, [40]) == MAX_SUB_TILES // 2 and sub_tiles(4, 128, []) == 1
-    for bad in (lambda: rows_per_tile(0), lambda: span_tiles([3], 2, [0, 1]), lambda: sub_tiles(4, 0, [9])):
+    assert sub_tiles(128) == MAX_SUB_TILES == 4 and sub_tiles(256) == 2
+    # Requests of up to one sub-tile's rows (4 for groups of 4) one sub-tile a program, longer ones 4 (16 rows).
+    short, long = span_launches([1, 20, 4, 5, 1], 4, 128, [50, 0, 7, 3, 60])
+    assert short == TileLaunch([30, 0, 21], [1, 1, 4], 1)  # their last rows see 61, 51 and 11 keys
+    assert long == TileLaunch([17, 1, 25], [4, 16, 5], 4)  # 20, 16 and 8
+    assert span_launches([1, 1], 4, 128) == [TileLaunch([0, 1], [1, 1], 1)] and span_launches([0], 4, 128) == []
+    for bad in (lambda: rows_per_tile(0), lambda: span_tiles([3], 2, [0, 1]), lambda: sub_tiles(0)):
         with pytest.raises(ValueError):
             bad()
 
@@ -282,9 +295,8 @@ def test_triton_kernels_rows_are_batch_invariant_cuda():
     gemm_cases(on_cuda(matmul), (torch.bfloat16, torch.float16))
     attention_case(on_cuda(fixed_split_attention), torch.bfloat16)
     attention_case(tiled(on_cuda(fixed_split_attention)), torch.bfloat16)
-    for sub in (2, 4):
-        attention_case(tiled(on_cuda(fixed_split_attention), sub), torch.bfloat16)
-        attention_case(tiled(on_cuda(fixed_split_attention), sub), torch.bfloat16, first=61)
+    attention_case(tiled(on_cuda(fixed_split_attention), launches=True), torch.bfloat16)
+    attention_case(tiled(on_cuda(fixed_split_attention), launches=True), torch.bfloat16, first=61)
 
 
 if __name__ == "__main__":
@@ -304,8 +316,9 @@ if __name__ == "__main__":
     assert torch.equal(matmul(x, w), matmul(x.clone(), w))
     attention_case(fixed_split_attention, torch.float32, first=84)
     attention_case(tiled(fixed_split_attention), torch.float32, first=61)  # an extend of 30 rows: tiles of 8
-    # Programs of 4 sub-tiles of 8 rows: the prompt in tiles of 32 (row 90 in the last sub-tile of the last), and the
-    # extend in one tile of 30 rows whose last sub-tile has 6.
-    attention_case(tiled(fixed_split_attention, 4), torch.float32)
-    attention_case(tiled(fixed_split_attention, 4), torch.float32, first=61)
+    # The backend's launches: programs of 4 sub-tiles of 8 rows for the prompt (tiles of 32: row 90 in the last
+    # sub-tile of the last), for the extend (one tile of 30 rows, its last sub-tile 6) and for the 10 rows beside A's
+    # in the mixed call (A's row and the 4 others one sub-tile a program, in a second launch).
+    attention_case(tiled(fixed_split_attention, launches=True), torch.float32)
+    attention_case(tiled(fixed_split_attention, launches=True), torch.float32, first=61)
     print(MARKER)

@@ -130,18 +130,23 @@ def _fixed_split_attention_kernel(Q, K_buf, V_buf, Req_to_token, Row_req, Positi
 
 def fixed_split_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
                           row_req: torch.Tensor, positions: torch.Tensor, scale: float, v_scale: float = 1.0,
-                          tiles: tuple[torch.Tensor, torch.Tensor] | None = None, sub_tiles: int = 1) -> torch.Tensor:
+                          tiles: tuple[torch.Tensor, torch.Tensor] | None = None, sub_tiles: int = 1,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
     """As fixed_split.fixed_split_attention_torch, on CUDA: q (T, H, D); returns (T, H, D). tiles: (first row, row
     count) int32 vectors, each tile's rows consecutive rows of one request, at most rows_per_tile(H // Hkv) x
-    sub_tiles of them (fixed_split.span_tiles), in any order; None: one tile per row. The lengths stay on the device
-    (nothing here syncs), so a CUDA graph captures it."""
+    sub_tiles of them (fixed_split.span_tiles), in any order; None: one tile per row. out: the output to write the
+    tiles' rows into (a pass in several launches, fixed_split.span_launches), else a new one. The lengths stay on
+    the device (nothing here syncs), so a CUDA graph captures it."""
     t, h, d = q.shape
     hkv = k_buf.shape[1]
     if h % hkv:
         raise ValueError(f"{h} query heads do not group over {hkv} kv heads")
     if not 1 <= sub_tiles <= MAX_SUB_TILES:
         raise ValueError(f"sub_tiles {sub_tiles} outside 1..{MAX_SUB_TILES}")
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype:
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} for q {tuple(q.shape)} {q.dtype}")
     if t == 0:
         return out
     group = h // hkv
