@@ -4,7 +4,8 @@ sys.path), never each other, and nothing from tests/.
   engine            the Llama-3.1-8B engine, the decode-step measurement, offline workloads, ab_workloads (the peers')
   models            model directories: Llama-3.1-8B (dummy weights), its tiny shape, 8B shapes with another tokenizer
   moe               MoE engines with dummy weights: model directories, decode step against touched experts, offline
-  profiling         PassClock (events per pass), step_kernels (torch.profiler), step_profile (host phases), Triton cache
+  profiling         PassClock (events per pass), step_kernels (torch.profiler; attention_us), step_profile (host phases),
+                    Triton cache
   phases            PhaseTimer: the scheduler's phases timed without a profiler
   gpu_timing        GEMM shapes, CUDA-graph timing over weight copies (wall clock in dry runs), probes' budgets and
                     result files, the tree measured

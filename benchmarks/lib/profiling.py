@@ -64,6 +64,18 @@ class PassClock:
         return rows
 
 
+# The attention kernels (radixlm/runtime/kernels/attention/: paged decode and extend, MLA's, the shared-prefix stage,
+# deterministic mode's fixed-split kernel), so that a step's attention time reads apart from its GEMMs'.
+ATTENTION_KERNELS = frozenset({"_decode_stage1", "_decode_stage2", "_extend_kernel", "_shared_prefix_stage1",
+                               "_mla_decode_stage1", "_mla_decode_stage2", "_mla_extend_kernel",
+                               "_fixed_split_attention_kernel"})
+
+
+def attention_us(us: dict[str, float]) -> float:
+    """The attention kernels' share of a kernel-name -> device-microseconds table."""
+    return sum(v for n, v in us.items() if n in ATTENTION_KERNELS and v > 0)
+
+
 def kernel_times(engine, prompts, n_out: int) -> tuple[float, Counter, Counter]:
     """(wall seconds, device microseconds per kernel name, launches per kernel name); without CUDA (a CPU dry run)
     the aten ops' own CPU time instead."""
@@ -86,7 +98,8 @@ def kernel_times(engine, prompts, n_out: int) -> tuple[float, Counter, Counter]:
 
 
 def step_kernels(engine, src: PromptSource, batch: int, steps: int, top: int = 14) -> dict:
-    """One decode step at this batch size: wall and device-busy microseconds, and the top kernels by device time."""
+    """One decode step at this batch size: wall, device-busy and attention microseconds, and the top kernels by device
+    time."""
     w1, k1, c1 = kernel_times(engine, [src.ids(512) for _ in range(batch)], 1)
     w2, k2, c2 = kernel_times(engine, [src.ids(512) for _ in range(batch)], 1 + steps)
     per_step = {n: (k2[n] - k1.get(n, 0)) / steps for n in k2}
@@ -96,6 +109,7 @@ def step_kernels(engine, src: PromptSource, batch: int, steps: int, top: int = 1
     ranked = sorted(per_step.items(), key=lambda kv: -kv[1])[:top]
     return {"batch": batch, "wall_us_per_step": wall, "gpu_busy_us_per_step": busy, "idle_us_per_step": wall - busy,
             "launches_per_step": sum(v for v in launches.values() if v > 0),
+            "attention_us_per_step": attention_us(per_step),
             "kernels": [{"name": n[:120], "us_per_step": v, "launches_per_step": launches[n]} for n, v in ranked]}
 
 

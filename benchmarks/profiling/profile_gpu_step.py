@@ -27,16 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.lib.engine import close, force_choices, greedy, make_engine  # noqa: E402
 from benchmarks.lib.models import model_dir, tiny_model_dir  # noqa: E402
-from benchmarks.lib.profiling import kernel_times, step_kernels  # noqa: E402
+from benchmarks.lib.profiling import attention_us, kernel_times, step_kernels  # noqa: E402
 from radixlm.bench.datasets import PromptSource  # noqa: E402
 from radixlm.runtime.kernels.gemm import format_gemm_choices  # noqa: E402
 
 
 def prefill_kernels(engine, src: PromptSource, tokens: int, top: int) -> dict:
-    """One prompt of `tokens` tokens generated for one token: wall and device time, the top kernels."""
+    """One prompt of `tokens` tokens generated for one token: wall, device and attention time, the top kernels."""
     wall, us, calls = kernel_times(engine, [src.ids(tokens)], 1)
     ranked = sorted(us.items(), key=lambda kv: -kv[1])[:top]
-    return {"tokens": tokens, "wall_us": wall * 1e6, "gpu_busy_us": sum(us.values()),
+    return {"tokens": tokens, "wall_us": wall * 1e6, "gpu_busy_us": sum(us.values()), "attention_us": attention_us(us),
             "kernels": [{"name": n[:120], "us": v, "launches": calls[n]} for n, v in ranked]}
 
 
@@ -58,13 +58,15 @@ def profile_mode(path: str, src: PromptSource, args, deterministic: bool) -> dic
             row = step_kernels(engine, src, b, args.steps, args.top)
             mode["batches"].append(row)
             print(f"deterministic {'on' if deterministic else 'off'}, batch {b}: wall {row['wall_us_per_step']:8.1f} "
-                  f"us/step, GPU busy {row['gpu_busy_us_per_step']:8.1f} us, idle {row['idle_us_per_step']:7.1f} us")
+                  f"us/step, GPU busy {row['gpu_busy_us_per_step']:8.1f} us (attention "
+                  f"{row['attention_us_per_step']:7.1f}), idle {row['idle_us_per_step']:7.1f} us")
             for k in row["kernels"]:
                 print(f"   {k['us_per_step']:8.1f} us  x{k['launches_per_step']:5.1f}  {k['name'][:100]}")
         if args.prefill:
             mode["prefill"] = pre = prefill_kernels(engine, src, args.prefill, args.top)
             print(f"deterministic {'on' if deterministic else 'off'}, prefill {args.prefill}: wall "
-                  f"{pre['wall_us']:9.1f} us, GPU busy {pre['gpu_busy_us']:9.1f} us")
+                  f"{pre['wall_us']:9.1f} us, GPU busy {pre['gpu_busy_us']:9.1f} us (attention "
+                  f"{pre['attention_us']:9.1f})")
             for k in pre["kernels"]:
                 print(f"   {k['us']:9.1f} us  x{k['launches']:5d}  {k['name'][:100]}")
     finally:

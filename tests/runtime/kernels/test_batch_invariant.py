@@ -53,10 +53,10 @@ def attention_case(attend, dtype: torch.dtype, first: int = 0) -> None:
 
     alone = rows([0], [90], q_a[90:])
     prefill = rows([0] * (91 - first), list(range(first, 91)), q_a[first:])
-    others = torch.randn(10, h, d, generator=g).to(dtype)
-    mixed_q = torch.cat([others[:6], q_a[90:], others[6:]])
-    mixed = rows([1] * 6 + [0] + [2] * 4, list(range(144, 150)) + [90] + list(range(36, 40)), mixed_q)
-    assert torch.equal(prefill[-1], alone[0]) and torch.equal(mixed[6], alone[0])
+    others = torch.randn(14, h, d, generator=g).to(dtype)
+    mixed_q = torch.cat([others[:10], q_a[90:], others[10:]])
+    mixed = rows([1] * 10 + [0] + [2] * 4, list(range(140, 150)) + [90] + list(range(36, 40)), mixed_q)
+    assert torch.equal(prefill[-1], alone[0]) and torch.equal(mixed[10], alone[0])
     kv = req_to_token[0, :91]
     keys = k_buf[kv].float().transpose(0, 1).repeat_interleave(h // hkv, 0)  # (H, 91, D)
     values = v_buf[kv].float().transpose(0, 1).repeat_interleave(h // hkv, 0)
@@ -64,30 +64,51 @@ def attention_case(attend, dtype: torch.dtype, first: int = 0) -> None:
     torch.testing.assert_close(alone[0].float(), ref[:, 0], rtol=2e-2, atol=2e-2)
 
 
-def tiled(attend):
-    """attend (the Triton kernel) given the tiles the backend cuts: each run of rows of one request in tiles of
-    rows_per_tile rows (fixed_split.span_tiles)."""
+def tiled(attend, launches: bool = False):
+    """attend (the Triton kernel) given tiles: each run of rows of one request in tiles of rows_per_tile rows
+    (fixed_split.span_tiles); launches: the backend's, runs of up to rows_per_tile rows one sub-tile a program in
+    one launch, the longer ones sub_tiles(head dim) a program in another, longest first (fixed_split.span_launches),
+    into one output."""
     import itertools
 
-    from radixlm.runtime.kernels.attention.fixed_split import rows_per_tile, span_tiles
+    from radixlm.runtime.kernels.attention.fixed_split import TileLaunch, rows_per_tile, span_launches, span_tiles
 
     def run(q, k_buf, v_buf, req_to_token, row_req, positions, scale):
         spans = [len(list(g)) for _, g in itertools.groupby(row_req.tolist())]
-        starts, counts = span_tiles(spans, rows_per_tile(q.shape[1] // k_buf.shape[1]))
-        tiles = (torch.tensor(starts, dtype=torch.int32, device=q.device),
-                 torch.tensor(counts, dtype=torch.int32, device=q.device))
-        return attend(q, k_buf, v_buf, req_to_token, row_req, positions, scale, tiles=tiles)
+        group = q.shape[1] // k_buf.shape[1]
+        if launches:
+            prefix = positions[torch.tensor([0, *spans]).cumsum(0)[:-1]].tolist()
+            cut = span_launches(spans, group, q.shape[2], prefix)
+        else:
+            cut = [TileLaunch(*span_tiles(spans, rows_per_tile(group)), 1)]
+        out = torch.full_like(q, float("nan"))
+        for launch in cut:
+            tiles = (torch.tensor(launch.starts, dtype=torch.int32, device=q.device),
+                     torch.tensor(launch.counts, dtype=torch.int32, device=q.device))
+            out = attend(q, k_buf, v_buf, req_to_token, row_req, positions, scale, tiles=tiles,
+                         sub_tiles=launch.sub_tiles, out=out)  # a copy where attend moves it
+        return out
 
     return run
 
 
 def test_attention_tiles_are_a_requests_rows_cut_by_the_group():
-    from radixlm.runtime.kernels.attention.fixed_split import rows_per_tile, span_tiles
+    from radixlm.runtime.kernels.attention.fixed_split import (
+        MAX_SUB_TILES, TileLaunch, rows_per_tile, span_launches, span_tiles, sub_tiles)
 
     assert [rows_per_tile(g) for g in (1, 2, 3, 4, 8, 16, 32)] == [16, 8, 4, 4, 2, 1, 1]
     assert span_tiles([6, 1, 0, 9], 4) == ([0, 4, 6, 7, 11, 15], [4, 2, 1, 4, 4, 1])
-    with pytest.raises(ValueError):
-        rows_per_tile(0)
+    # Longest walk first (prefix + the tile's last row), ties in row order.
+    assert span_tiles([6, 1, 0, 9], 4, [0, 30, 5, 2]) == ([6, 15, 11, 4, 7, 0], [1, 1, 4, 2, 4, 4])
+    assert sub_tiles(128) == MAX_SUB_TILES == 4 and sub_tiles(256) == 2
+    # Requests of up to one sub-tile's rows (4 for groups of 4) one sub-tile a program, longer ones 4 (16 rows).
+    short, long = span_launches([1, 20, 4, 5, 1], 4, 128, [50, 0, 7, 3, 60])
+    assert short == TileLaunch([30, 0, 21], [1, 1, 4], 1)  # their last rows see 61, 51 and 11 keys
+    assert long == TileLaunch([17, 1, 25], [4, 16, 5], 4)  # 20, 16 and 8
+    assert span_launches([1, 1], 4, 128) == [TileLaunch([0, 1], [1, 1], 1)] and span_launches([0], 4, 128) == []
+    for bad in (lambda: rows_per_tile(0), lambda: span_tiles([3], 2, [0, 1]), lambda: sub_tiles(0)):
+        with pytest.raises(ValueError):
+            bad()
 
 
 def test_cpu_gemm_rows_are_batch_invariant():
@@ -196,18 +217,63 @@ def test_gemm_reads_its_input_with_pipelined_vector_copies_on_hopper():
     assert "ld.global.b16" not in ptx and ptx.count("cp.async.cg.shared.global") >= 16 and "wgmma" in ptx
 
 
-def test_attention_kernel_builds_for_hopper():
-    """Llama-3.1-8B's shapes (groups of 4, head dim 128): 4 rows x 4 heads in one 16-row MMA tile."""
-    from radixlm.runtime.kernels.attention.fixed_split_kernel import _fixed_split_attention_kernel
+def _sass_ops(cubin: bytes, ops: tuple[str, ...]) -> dict[str, int] | None:
+    """How many of each SASS opcode (its name up to the first dot) the cubin holds, by Triton's nvdisasm; None
+    where this Triton ships none."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    if not os.access(tool, os.X_OK):
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    names = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text, re.M)
+    return {op: names.count(op) for op in ops}
+
+
+def test_attention_kernel_builds_for_hopper_with_one_sub_tile_math_per_row():
+    """Llama-3.1-8B's shapes (groups of 4, head dim 128; 4 rows x 4 heads in one 16-row MMA tile), built as a decode
+    pass launches it (one sub-tile a program) and as a prefill does (MAX_SUB_TILES): mma.sync on 16-row tiles in both
+    (no wgmma: a larger dot), every dot and reduction in the same layouts, and each floating-point instruction exactly
+    MAX_SUB_TILES times as often (no multiply-add fused in one build and not the other)."""
+    import re
+
+    from radixlm.runtime.kernels.attention.fixed_split import MAX_SUB_TILES
+    from radixlm.runtime.kernels.attention.fixed_split_kernel import (
+        NUM_STAGES, NUM_WARPS, _fixed_split_attention_kernel)
 
     sig = {"Q": "*bf16", "K_buf": "*bf16", "V_buf": "*bf16", "Req_to_token": "*i32", "Row_req": "*i64",
            "Positions": "*i64", "Tile_start": "*i32", "Tile_rows": "*i32", "Out": "*bf16", "scale": "fp32",
-           "v_scale": "fp32", **{f"stride_{n}": "i32" for n in ("qt", "qh", "kb", "kh", "vb", "vh", "ot", "oh", "r2t")},
-           **{n: "constexpr" for n in ("GROUP", "GROUP_P2", "ROWS", "HEAD_DIM", "BLOCK_D", "BLOCK_N")}}
-    consts = {"GROUP": 4, "GROUP_P2": 4, "ROWS": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_N": 64}
+           "v_scale": "fp32", "num_kv_heads": "i32",
+           **{f"stride_{n}": "i32" for n in ("qt", "qh", "kb", "kh", "vb", "vh", "ot", "oh", "r2t")},
+           **{n: "constexpr" for n in ("GROUP", "GROUP_P2", "ROWS", "SUB", "HEAD_DIM", "BLOCK_D", "BLOCK_N")}}
     aligned = ("Q", "K_buf", "V_buf", "Req_to_token", "Out", *[n for n in sig if n.startswith("stride_")])
-    ptx = _compile_for_hopper(_fixed_split_attention_kernel, sig, consts, aligned, 4, 2).asm["ptx"]
-    assert "mma" in ptx and "cp.async" in ptx
+    fp_ops = ("HMMA", "FFMA", "FMUL", "FADD", "FMNMX", "MUFU", "SHFL", "FSEL")
+    built = {}
+    for sub in (1, MAX_SUB_TILES):
+        consts = {"GROUP": 4, "GROUP_P2": 4, "ROWS": 4, "SUB": sub, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_N": 64}
+        k = _compile_for_hopper(_fixed_split_attention_kernel, sig, consts, aligned, NUM_WARPS, NUM_STAGES)
+        ttgir = k.asm["ttgir"]
+        dots = [d.split(" loc(")[0] for d in re.findall(r"tt\.dot [^:]*: (.*)", ttgir)]
+        reduced = re.findall(r"\}\) : \((tensor<[^)]*)\)", ttgir)
+        assert "wgmma" not in k.asm["ptx"] and "mma.sync" in k.asm["ptx"] and "cp.async" in k.asm["ptx"]
+        built[sub] = (set(re.findall(r"#mma\d* = .*", ttgir)), dots, reduced, _sass_ops(k.asm["cubin"], fp_ops))
+    (mma1, dots1, red1, ops1), (mma, dots, red, ops) = built[1], built[MAX_SUB_TILES]
+    assert mma == mma1 and len(mma1) == 1 and len(dots1) == 2
+    assert sorted(dots) == sorted(dots1 * MAX_SUB_TILES)
+    float_reductions = [r for r in red1 if "xf32" in r]
+    assert sorted(r for r in red if "xf32" in r) == sorted(float_reductions * MAX_SUB_TILES)
+    if ops1 is not None:
+        # MUFU also holds the tile index's integer division, once in each build.
+        assert {op: n - (op == "MUFU") for op, n in ops.items()} == {
+            op: MAX_SUB_TILES * (n - (op == "MUFU")) for op, n in ops1.items()}, (ops1, ops)
 
 
 @pytest.mark.skipif(not interpreter_works() or torch.cuda.is_available(), reason="needs triton's interpreter, no CUDA")
@@ -229,6 +295,8 @@ def test_triton_kernels_rows_are_batch_invariant_cuda():
     gemm_cases(on_cuda(matmul), (torch.bfloat16, torch.float16))
     attention_case(on_cuda(fixed_split_attention), torch.bfloat16)
     attention_case(tiled(on_cuda(fixed_split_attention)), torch.bfloat16)
+    attention_case(tiled(on_cuda(fixed_split_attention), launches=True), torch.bfloat16)
+    attention_case(tiled(on_cuda(fixed_split_attention), launches=True), torch.bfloat16, first=61)
 
 
 if __name__ == "__main__":
@@ -248,4 +316,9 @@ if __name__ == "__main__":
     assert torch.equal(matmul(x, w), matmul(x.clone(), w))
     attention_case(fixed_split_attention, torch.float32, first=84)
     attention_case(tiled(fixed_split_attention), torch.float32, first=61)  # an extend of 30 rows: tiles of 8
+    # The backend's launches: programs of 4 sub-tiles of 8 rows for the prompt (tiles of 32: row 90 in the last
+    # sub-tile of the last), for the extend (one tile of 30 rows, its last sub-tile 6) and for the 10 rows beside A's
+    # in the mixed call (A's row and the 4 others one sub-tile a program, in a second launch).
+    attention_case(tiled(fixed_split_attention, launches=True), torch.float32)
+    attention_case(tiled(fixed_split_attention, launches=True), torch.float32, first=61)
     print(MARKER)

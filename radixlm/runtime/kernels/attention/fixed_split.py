@@ -13,6 +13,7 @@ longest sequence, which moves every split boundary). The Triton kernel takes a r
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -21,6 +22,9 @@ FIXED_SPLIT_SIZE = 64
 # The torch implementation runs its rows in calls of exactly this many (the last padded), so that each of its ops has
 # one shape and takes one path whatever the pass's size.
 TORCH_ROW_BLOCK = 16
+# The most sub-tiles (of rows_per_tile rows each) one Triton program takes: its float32 state per sub-tile is 16 rows
+# x the head dim.
+MAX_SUB_TILES = 4
 
 
 def rows_per_tile(group: int) -> int:
@@ -32,17 +36,59 @@ def rows_per_tile(group: int) -> int:
     return max(1, 16 // (1 << (group - 1).bit_length()))
 
 
-def span_tiles(spans: list[int], rows: int) -> tuple[list[int], list[int]]:
+def sub_tiles(head_dim: int) -> int:
+    """Sub-tiles per program for requests of more rows than one sub-tile: MAX_SUB_TILES, half as many past head dim
+    128 (whose state takes twice the registers). A row's result does not depend on it (fixed_split_kernel.py), only
+    how often keys are read."""
+    if head_dim < 1:
+        raise ValueError(f"head dim {head_dim}")
+    return MAX_SUB_TILES if head_dim <= 128 else MAX_SUB_TILES // 2
+
+
+@dataclass(frozen=True)
+class TileLaunch:
+    """One launch of the Triton kernel over some of a pass's rows: tiles as (first row, row count) and the
+    sub-tiles its programs take (host lists; the backend moves them to the device)."""
+    starts: list[int]
+    counts: list[int]
+    sub_tiles: int
+
+
+def span_launches(spans: list[int], group: int, head_dim: int,
+                  prefix_lens: list[int] | None = None) -> list[TileLaunch]:
+    """A REQUEST_SPANS pass's launches: requests of at most one sub-tile's rows (decode rows and chain drafts mixed
+    into a prefill) one sub-tile a program, the longer ones (prompts, chunks, extends) sub_tiles(head_dim) a program,
+    each set longest first (span_tiles); no launch for a set without rows. Splitting them keeps a one-row request
+    from paying for the idle sub-tiles of a prefill's program; which launch a row takes changes none of its bits."""
+    rows = rows_per_tile(group)
+    sub = sub_tiles(head_dim)
+    most = max(spans, default=0)
+    launches = [TileLaunch(*span_tiles(spans, rows, prefix_lens, range(rows + 1)), 1),
+                TileLaunch(*span_tiles(spans, rows * sub, prefix_lens, range(rows + 1, most + 1)), sub)]
+    return [launch for launch in launches if launch.starts]
+
+
+def span_tiles(spans: list[int], rows: int, prefix_lens: list[int] | None = None,
+               sizes: range | None = None) -> tuple[list[int], list[int]]:
     """The kernel's tiles of a REQUEST_SPANS pass: each request's rows (spans, in pass order) cut into runs of at most
-    `rows` from its first; (first row, row count) per tile."""
+    `rows` from its first; (first row, row count) per tile. With the requests' cached prefix lengths the tiles come
+    longest walk first (the most keys at their last row; ties in row order), so that the longest programs start
+    first rather than last: the order only schedules, every tile's rows are computed alike. sizes: only the
+    requests whose row count is in it get tiles (the others' rows are left to another launch)."""
     if rows < 1 or any(n < 0 for n in spans):
         raise ValueError(f"tiles of {rows} rows over spans {spans}")
-    starts, counts, row = [], [], 0
-    for n in spans:
-        for j in range(0, n, rows):
+    if prefix_lens is not None and (len(prefix_lens) != len(spans) or any(n < 0 for n in prefix_lens)):
+        raise ValueError(f"prefix lengths {prefix_lens} for spans {spans}")
+    starts, counts, keys, row = [], [], [], 0
+    for i, n in enumerate(spans):
+        for j in range(0, n if sizes is None or n in sizes else 0, rows):
             starts.append(row + j)
             counts.append(min(rows, n - j))
+            keys.append(-(prefix_lens[i] + j + counts[-1]) if prefix_lens is not None else 0)
         row += n
+    if prefix_lens is not None:
+        order = sorted(range(len(starts)), key=keys.__getitem__)
+        starts, counts = [starts[i] for i in order], [counts[i] for i in order]
     return starts, counts
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.runtime.kernels.attention import fixed_split_attention_torch, row_requests
-from radixlm.runtime.kernels.attention.fixed_split import row_tiles, rows_per_tile, span_tiles
+from radixlm.runtime.kernels.attention.fixed_split import row_tiles, span_launches
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.layers.attention.base import AttentionBackend
 
@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class FixedSplitMetadata:
     row_req: torch.Tensor  # (num_tokens,): each row's req_to_token row (the rows' positions: ForwardBatch.positions)
-    # The Triton kernel's tiles, (first row, row count) int32 vectors: a REQUEST_SPANS pass's requests cut into runs
-    # of rows_per_tile rows, else one per row; None off CUDA (the torch implementation takes rows one by one).
-    tiles: tuple[torch.Tensor, torch.Tensor] | None = None
+    # The Triton kernel's launches, each (first row, row count) int32 vectors and its sub-tiles per program: a
+    # REQUEST_SPANS pass's requests cut into tiles by fixed_split.span_launches, else one tile per row; empty off
+    # CUDA (the torch implementation takes rows one by one).
+    launches: tuple[tuple[torch.Tensor, torch.Tensor, int], ...] = ()
 
 
 class DeterministicAttnBackend(AttentionBackend):
@@ -34,9 +35,10 @@ class DeterministicAttnBackend(AttentionBackend):
     def __init__(self, model_runner: object | None = None):
         self.model_runner = model_runner
         cfg = getattr(model_runner, "model_config", None)
-        # Every layer has the model's GQA group (deterministic mode refuses tensor parallelism); the kernel's tile
-        # takes rows_per_tile(group) rows, and a pass's tiles are cut to it before its layers run.
+        # Every layer has the model's GQA group and head dim (deterministic mode refuses tensor parallelism); a
+        # pass's tiles are cut for them (fixed_split.span_launches) before its layers run.
         self.group = cfg.num_heads // cfg.num_kv_heads if cfg is not None else None
+        self.head_dim = cfg.head_dim if cfg is not None else None
         # Every one-row tile buffer built, the latest last: captured graphs read the one they were captured with, so
         # none is ever freed (a larger eager pass builds another).
         self._row_tiles: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -50,14 +52,25 @@ class DeterministicAttnBackend(AttentionBackend):
         starts, counts = self._row_tiles[-1]
         return starts[:n], counts[:n]
 
-    def _tiles(self, fb: "ForwardBatch", spans: list[int] | None):
+    def _launches(self, fb: "ForwardBatch", spans: list[int] | None) -> tuple:
+        """FixedSplitMetadata.launches for a pass (spans: its requests' rows; None: one row each)."""
         if not fb.req_pool_indices.is_cuda:
-            return None
+            return ()
         if spans is None or self.group is None:
-            return self._one_row_tiles(fb.num_tokens, fb.req_pool_indices.device)
-        starts, counts = span_tiles(spans, rows_per_tile(self.group))
-        both = host_to_device(starts + counts, torch.int32, fb.req_pool_indices.device)
-        return both[: len(starts)], both[len(starts):]
+            starts, counts = self._one_row_tiles(fb.num_tokens, fb.req_pool_indices.device)
+            return ((starts, counts, 1),)
+        prefix = fb.extend_prefix_lens_cpu if len(fb.extend_prefix_lens_cpu) == len(spans) else None
+        launches = span_launches(spans, self.group, self.head_dim, prefix)
+        if not launches:
+            return ()
+        flat = host_to_device([x for launch in launches for x in launch.starts + launch.counts], torch.int32,
+                              fb.req_pool_indices.device)
+        out, at = [], 0
+        for launch in launches:
+            n = len(launch.starts)
+            out.append((flat[at : at + n], flat[at + n : at + 2 * n], launch.sub_tiles))
+            at += 2 * n
+        return tuple(out)
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
@@ -65,12 +78,15 @@ class DeterministicAttnBackend(AttentionBackend):
             raise ValueError("deterministic attention takes no tree masks (its backend declares none)")
         spans = None if fb.forward_mode.is_token_rows() else fb.extend_seq_lens_cpu
         fb.attn_metadata = FixedSplitMetadata(row_requests(fb.req_pool_indices, spans, fb.num_tokens),
-                                              self._tiles(fb, spans))
+                                              self._launches(fb, spans))
 
     def init_forward_metadata_static(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
-        tiles = self._one_row_tiles(fb.batch_size, fb.req_pool_indices.device) if fb.req_pool_indices.is_cuda else None
-        fb.attn_metadata = FixedSplitMetadata(fb.req_pool_indices, tiles)
+        launches = ()
+        if fb.req_pool_indices.is_cuda:
+            starts, counts = self._one_row_tiles(fb.batch_size, fb.req_pool_indices.device)
+            launches = ((starts, counts, 1),)
+        fb.attn_metadata = FixedSplitMetadata(fb.req_pool_indices, launches)
 
     def _attend(self, q, k, v, layer: "RadixAttention", fb: "ForwardBatch", save_kv_cache: bool) -> torch.Tensor:
         if save_kv_cache and k is not None:
@@ -89,7 +105,9 @@ class DeterministicAttnBackend(AttentionBackend):
             if self.group is not None and layer.num_heads // k_buf.shape[1] != self.group:
                 raise ValueError(f"layer {layer.layer_id} groups {layer.num_heads // k_buf.shape[1]} query heads per "
                                  f"kv head; the pass's tiles were cut for {self.group}")
-            o = fixed_split_attention(*args, tiles=fb.attn_metadata.tiles)
+            o = torch.empty_like(q)
+            for starts, counts, sub in fb.attn_metadata.launches:
+                fixed_split_attention(*args, tiles=(starts, counts), sub_tiles=sub, out=o)
         else:
             o = fixed_split_attention_torch(*args)
         return o.reshape(-1, layer.num_heads * layer.head_dim)
