@@ -14,6 +14,7 @@ from radixlm.runtime.cache.radix_lookup import KGramIndex
 from radixlm.runtime.cache.radix_node import CacheLock, MatchResult, RadixKey, TreeNode
 
 if TYPE_CHECKING:
+    from radixlm.runtime.cache.layer_load import LayerLoadWaiter
     from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 
 class RadixCache:
@@ -115,6 +116,11 @@ class RadixCache:
         host-only part back to the device. The plain tree has nothing to load."""
         return self.match_prefix(key)
 
+    def take_layer_loads(self) -> "LayerLoadWaiter | None":
+        """The per-layer completion of the KV loads issued since the last call, for the next pass to wait on layer
+        by layer (a hierarchical cache's host hits); the plain tree loads nothing."""
+        return None
+
     def prefetch_ready(self, key: RadixKey) -> bool:
         """Whether a request whose match reported a storage hit may be admitted now (a hierarchical cache's
         prefetch policy); the plain tree has no storage."""
@@ -138,22 +144,29 @@ class RadixCache:
         return (extra_key, tuple(token_ids[matched : matched + self.page_size])) not in last_node.children
 
     def _split_node(self, child: TreeNode, n: int) -> TreeNode:
-        """Cuts child after n tokens; returns the new upper node (which takes child's place)."""
+        """Cuts child after n tokens; returns the new upper node (which takes child's place). A hierarchical cache's
+        nodes split their slots on each tier they are on."""
         parent = child.parent
         assert parent is not None and 0 < n < len(child.key)
         new = TreeNode(
             key=child.key[:n],
-            value=child.value[:n],
+            value=None if child.value is None else child.value[:n],
             parent=parent,
             lock_ref=child.lock_ref,
             last_access_time=child.last_access_time,
             hit_count=child.hit_count,
             creation_time=child.creation_time,
             draft_kv_len=min(child.draft_kv_len, n),
+            host_value=None if child.host_value is None else child.host_value[:n],
+            host_lock=child.host_lock,
+            load_epoch=child.load_epoch,
         )
         child.draft_kv_len = max(child.draft_kv_len - n, 0)
         child.key = child.key[n:]
-        child.value = child.value[n:]
+        if child.value is not None:
+            child.value = child.value[n:]
+        if child.host_value is not None:
+            child.host_value = child.host_value[n:]
         child.parent = new
         new.children[child.key.child_key(self.page_size)] = child
         parent.children[new.key.child_key(self.page_size)] = new
@@ -180,7 +193,7 @@ class RadixCache:
         now = self._tick()
         node = self.root_node
         node.last_access_time = now
-        present = 0
+        present = depth = 0
         while len(key) > 0:
             child = node.children.get(key.child_key(self.page_size))
             if child is None:
@@ -189,14 +202,24 @@ class RadixCache:
             n = child.key.match(key, self.page_size)
             if n < len(child.key):
                 lower, child = child, self._split_node(child, n)
-                self.evict_queue.offer(lower)
-            present += n
+                self._requeue(lower)
+            present += self._on_path(child, value[:n], owned, draft_kv_len - depth)
+            depth += n
             key, value = key[n:], value[n:]
             node = child
         if len(key) > 0:
-            node = self._add_leaf(node, key, value, owned, now, draft_kv_len - present)
+            node = self._add_leaf(node, key, value, owned, now, draft_kv_len - depth)
         self.evict_queue.offer(node)
         return present, node
+
+    def _requeue(self, lower: TreeNode) -> None:
+        """A split left `lower` (a leaf, maybe) under a new node: its eviction queue entry moves."""
+        self.evict_queue.offer(lower)
+
+    def _on_path(self, node: TreeNode, value: torch.Tensor, owned: bool, draft_kv_len: int) -> int:
+        """An insert passes `node`, whose tokens `value`'s slots also hold: how many of them the tree already holds
+        (the caller frees its duplicates). Every one here; a hierarchical cache's host-only node adopts the slots."""
+        return len(value)
 
     def _add_leaf(self, parent: TreeNode, key: RadixKey, value: torch.Tensor, owned: bool, now: int,
                   draft_kv_len: int) -> TreeNode:
