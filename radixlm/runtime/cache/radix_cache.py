@@ -5,11 +5,12 @@ the pages of every value in it; a running request pins its matched path with loc
 Requests with different extra_key (LoRA id, cache salt, ...) live in disjoint subtrees."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from radixlm.runtime.cache.eviction import EvictionQueue, get_eviction_strategy
+from radixlm.runtime.cache.radix_checks import check_tree
 from radixlm.runtime.cache.radix_lookup import KGramIndex
 from radixlm.runtime.cache.radix_node import CacheLock, MatchResult, RadixKey, TreeNode
 
@@ -148,19 +149,11 @@ class RadixCache:
         nodes split their slots on each tier they are on."""
         parent = child.parent
         assert parent is not None and 0 < n < len(child.key)
-        new = TreeNode(
-            key=child.key[:n],
-            value=None if child.value is None else child.value[:n],
-            parent=parent,
-            lock_ref=child.lock_ref,
-            last_access_time=child.last_access_time,
-            hit_count=child.hit_count,
-            creation_time=child.creation_time,
-            draft_kv_len=min(child.draft_kv_len, n),
-            host_value=None if child.host_value is None else child.host_value[:n],
-            host_lock=child.host_lock,
-            load_epoch=child.load_epoch,
-        )
+        new = TreeNode(key=child.key[:n], value=None if child.value is None else child.value[:n], parent=parent,
+                       lock_ref=child.lock_ref, last_access_time=child.last_access_time, hit_count=child.hit_count,
+                       creation_time=child.creation_time, draft_kv_len=min(child.draft_kv_len, n),
+                       host_value=None if child.host_value is None else child.host_value[:n],
+                       host_lock=child.host_lock, load_epoch=child.load_epoch)
         child.draft_kv_len = max(child.draft_kv_len - n, 0)
         child.key = child.key[n:]
         if child.value is not None:
@@ -278,7 +271,16 @@ class RadixCache:
         parents that become unlocked leaves. Returns the number of tokens evicted."""
         if self.disable or num_tokens <= 0:
             return 0
-        queue = self.evict_queue
+        evicted, freed = self._evict_from(self.evict_queue, num_tokens, self._evict_leaf)
+        if freed:
+            self.token_to_kv_pool_allocator.free(torch.cat(freed))  # one free: each one copies the free list
+        return evicted
+
+    def _evict_from(self, queue: EvictionQueue, num_tokens: int,
+                    take: Callable[[TreeNode], torch.Tensor]) -> tuple[int, list[torch.Tensor]]:
+        """Pops queue's leaves in strategy order until num_tokens are freed, each parent offered after its child (it
+        may have become a leaf); take(node) takes a node off the tier and returns the slots it frees. Returns the
+        tokens freed and their slots (for one free: each one copies the free list)."""
         queue.maybe_rebuild(self._nodes)
         evicted = 0
         freed: list[torch.Tensor] = []
@@ -286,14 +288,15 @@ class RadixCache:
             node = queue.pop()
             if node is None:
                 break
-            freed.append(node.value)
+            freed.append(take(node))
             evicted += len(node.key)
-            self._delete_leaf(node)
-            self.evicted_tokens_total += len(node.key)
-            queue.offer(node.parent)  # it may have become a leaf
-        if freed:
-            self.token_to_kv_pool_allocator.free(torch.cat(freed))  # one free: each one copies the free list
-        return evicted
+            queue.offer(node.parent)
+        return evicted, freed
+
+    def _evict_leaf(self, node: TreeNode) -> torch.Tensor:
+        self._delete_leaf(node)
+        self.evicted_tokens_total += len(node.key)
+        return node.value
 
     def _delete_leaf(self, node: TreeNode) -> None:
         if self.kgram_index is not None:
@@ -319,36 +322,7 @@ class RadixCache:
 
     def check_consistency(self) -> None:
         """Recomputes sizes and structure from the tree; raises AssertionError on any mismatch."""
-        evictable = protected = 0
-        for node in self._nodes():
-            child_locks = 0
-            for ck, child in node.children.items():
-                assert child.parent is node, "child.parent is not its parent"
-                assert ck == child.key.child_key(self.page_size), "child stored under the wrong key"
-                if node is not self.root_node:
-                    assert child.key.extra_key == node.key.extra_key, "extra_key namespaces mixed"
-                child_locks += child.lock_ref
-            if node is self.root_node:
-                continue
-            assert len(node.key) > 0 and len(node.key) % self.page_size == 0, "node key not page aligned"
-            assert node.value is not None and len(node.value) == len(node.key), "value/key length mismatch"
-            assert 0 <= node.draft_kv_len <= len(node.key), "draft KV marked past the node's tokens"
-            assert node.lock_ref >= child_locks, "lock_ref smaller than the locks below it"
-            if node.lock_ref == 0:
-                evictable += len(node.key)
-            else:
-                protected += len(node.key)
-        assert evictable == self.evictable_size_, f"evictable {self.evictable_size_} != recount {evictable}"
-        queued = self.evict_queue.queued()
-        assert all(n.id in queued for n in self._nodes() if n is not self.root_node and n.is_leaf() and n.lock_ref == 0), \
-            "an unlocked leaf is missing from the eviction queue"
-        assert protected == self.protected_size_, f"protected {self.protected_size_} != recount {protected}"
-        values = self.all_values_flatten()
-        assert torch.unique(values).numel() == values.numel(), "a KV slot is held by two nodes"
-        allocator = self.token_to_kv_pool_allocator
-        if allocator is not None and values.numel():
-            pages = values // self.page_size
-            assert not bool(allocator.page_is_free[pages].any()), "the tree holds a freed page"
+        check_tree(self)
 
     def pretty_print(self) -> str:
         lines: list[str] = []

@@ -263,31 +263,24 @@ class HiRadixCache(RadixCache):
         host copy stays as a host-only node. Returns the device tokens freed."""
         if num_tokens <= 0:
             return 0
-        queue = self.evict_queue
-        queue.maybe_rebuild(self._nodes)
         write_back = self.config.write_policy.hit_threshold is None
-        evicted = 0
-        freed: list[torch.Tensor] = []
         loading = False
-        while evicted < num_tokens:
-            node = queue.pop()
-            if node is None:
-                break
+
+        def take(node: TreeNode) -> torch.Tensor:
+            nonlocal loading
             loading = loading or node.load_epoch == self._load_epoch
             if write_back:
                 self._backup(node)
-            freed.append(node.value)
-            evicted += len(node.key)
+            value, node.value, node.draft_kv_len = node.value, None, 0
             self.evictable_size_ -= len(node.key)
             self.evicted_tokens_total += len(node.key)
-            node.value = None
-            node.draft_kv_len = 0
-            parent = node.parent
             if node.host_value is not None:
                 self.host_queue.offer(node)
             else:
                 self._delete_subtree(node)
-            queue.offer(parent)
+            return value
+
+        evicted, freed = self._evict_from(self.evict_queue, num_tokens, take)
         if freed:
             self.host_pool.flush()  # the backups of these slots are queued on the device before anything reuses them
             if loading:  # a load no pass has waited for yet may still write some of these slots
@@ -297,19 +290,12 @@ class HiRadixCache(RadixCache):
 
     def evict_host(self, num_tokens: int) -> int:
         """Frees at least num_tokens host slots (if possible): host-only leaves leave the tree."""
-        queue = self.host_queue
-        queue.maybe_rebuild(self._nodes)
-        evicted = 0
-        freed: list[torch.Tensor] = []
-        while evicted < num_tokens:
-            node = queue.pop()
-            if node is None:
-                break
-            freed.append(node.host_value)
-            evicted += len(node.key)
-            parent = node.parent
+
+        def take(node: TreeNode) -> torch.Tensor:
             self._delete_subtree(node)
-            queue.offer(parent)
+            return node.host_value
+
+        evicted, freed = self._evict_from(self.host_queue, num_tokens, take)
         if freed:
             self.host_pool.allocator.free(torch.cat(freed))
         return evicted
