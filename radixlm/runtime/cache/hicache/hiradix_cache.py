@@ -68,7 +68,8 @@ class HiRadixCache(RadixCache):
     def tier_stats(self) -> dict[str, int]:
         alloc = self.host_pool.allocator
         return {**self.tier_counts, "host_pool_tokens": alloc.size, "host_available_tokens": alloc.available_size(),
-                "host_pool_pinned": int(self.host_pool.pinned), **self.host_pool.stats.as_dict()}
+                "host_pool_pinned": int(self.host_pool.pinned), "host_pool_uva": int(self.host_pool.uva),
+                **self.host_pool.stats.as_dict()}
 
     # ------------------------------------------------------------------ matching
     def match_valid(self, node: TreeNode | None) -> bool:
