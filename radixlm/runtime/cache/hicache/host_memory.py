@@ -16,12 +16,15 @@ _CUDA_HOST_REGISTER_MAPPED = 2  # cudaHostRegisterMapped: the pages are also map
 def pin(t: torch.Tensor) -> bool:
     """Page-locks t's memory in place and maps it for the device (cudaHostRegister: pin_memory's allocator would
     round a large pool up to a power of two); whether it is."""
-    try:
-        err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(),
-                                                   _CUDA_HOST_REGISTER_MAPPED)
-        ok = int(getattr(err, "value", err)) == 0
-    except (AttributeError, RuntimeError, TypeError) as e:
-        ok, err = False, e
+    ok, err = False, None
+    for flags in (_CUDA_HOST_REGISTER_MAPPED, 0):  # unmapped, if mapping is refused: DMA copies still work
+        try:
+            err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), flags)
+            ok = int(getattr(err, "value", err)) == 0
+        except (AttributeError, RuntimeError, TypeError) as e:
+            ok, err = False, e
+        if ok:
+            break
     if ok and not t.is_pinned():
         logger.warning("hierarchical cache: the host pool is registered but torch does not report it pinned")
     if not ok:
