@@ -1,7 +1,7 @@
 """The host pool's memory as the device sees it: page-locking it in place, and a CUDA tensor over the same bytes
 (unified virtual addressing: a kernel reads and writes the pinned rows over the host link, SGLang's `kernel` I/O
-backend), so a copy between the tiers is one gather or scatter kernel per buffer, however scattered the host slots
-are, instead of one DMA call per run of consecutive slots or a gather on the host."""
+backend), so a copy between the tiers is a gather kernel per layer or one scatter kernel, however scattered the host
+slots are, instead of one DMA call per run of consecutive slots or a gather on the host."""
 from __future__ import annotations
 
 import logging

@@ -5,7 +5,7 @@ every per-layer buffer's row of that token: (size + page_size, buffers, *row_sha
 
 Copies keep stream order with the device's work and never block the scheduler's thread (index tensors go to the
 device through pinned memory, host_to_device.py). When the device can address the pinned pool (host_memory.py,
-`uva`), a copy is a gather or scatter kernel per buffer reading or writing the host rows directly, so scattered host
+`uva`), a copy is a gather kernel per layer or one scatter kernel reading or writing the host rows directly, so scattered host
 slots cost what contiguous ones do; otherwise, DMA calls per run of consecutive host slots (slots sorted, device slots
 permuted alike), or a gather on the host where runs are too short.
 - device -> host (a backup) is queued, and issued in batches (`flush`: when enough tokens are queued, and always
@@ -48,7 +48,7 @@ class CopyStats:
 
     loads: int = 0
     load_tokens: int = 0
-    h2d_copies: int = 0  # host -> device copy calls (uva: gather kernels, one per buffer)
+    h2d_copies: int = 0  # host -> device copy calls (uva: gather kernels, one per layer)
     gathered_loads: int = 0  # loads gathered on the host first (fragmented slots or a pageable pool)
     scattered_backups: int = 0  # backup batches scattered on the host last (likewise)
     backups: int = 0  # nodes queued for a host copy
@@ -301,10 +301,13 @@ class HostKVPool:
         if self.uva:
             hidx = self._to_device(hs)
             dev_words = [as_words(b, 1) for b in buffers]
-            self.stats.h2d_copies += len(buffers)
-            for layer in self.layer_buffers:
-                for b in layer:
-                    dev_words[b].index_copy_(0, didx, self._host_words[:, b].index_select(0, hidx))
+            num_layers = len(self.layer_buffers)
+            self.stats.h2d_copies += num_layers
+            for layer, bufs in enumerate(self.layer_buffers):
+                # One gather of the layer's rows (buffers layer, layer + num_layers, ...: a strided view of the pool).
+                rows = self._host_words[:, layer::num_layers].index_select(0, hidx)
+                for k, b in enumerate(bufs):
+                    dev_words[b].index_copy_(0, didx, rows[:, k])
                 events.append(self._record(stream))
             return events
         hs, order = torch.sort(hs)

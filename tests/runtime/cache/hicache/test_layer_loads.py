@@ -1,6 +1,6 @@
 """Loads back from the host pool arrive layer by layer: a pass's attention of layer i waits for layer i's event only
 (LayerLoadWaiter), before it stores or reads that layer's KV; device slots a load writes are not reused before it
-ends; through the device's mapping of the pool (uva, CUDA) a load is one gather kernel per buffer and a backup one
+ends; through the device's mapping of the pool (uva, CUDA) a load is one gather kernel per layer and a backup one
 scatter kernel, however scattered the host slots."""
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_slots_a_load_still_writes_are_freed_only_after_the_load(monkeypatch):
 
 
 @cuda_only
-def test_a_uva_load_is_a_kernel_per_buffer_and_each_layer_is_in_place_once_waited_for():
+def test_a_uva_load_is_a_kernel_per_layer_and_each_layer_is_in_place_once_waited_for():
     dev = mha_pool(device="cuda")
     host = HostKVPool(512, dev)
     assert host.uva, "the device cannot address the pinned host pool"
@@ -95,7 +95,7 @@ def test_a_uva_load_is_a_kernel_per_buffer_and_each_layer_is_in_place_once_waite
         b.fill_(-1.0)
     dst = torch.randperm(255, generator=g)[:120] + 1
     host.load(hs, dst)
-    assert (host.stats.h2d_copies, host.stats.gathered_loads) == (2 * LAYERS, 0)
+    assert (host.stats.h2d_copies, host.stats.gathered_loads) == (LAYERS, 0)
     waiter = host.take_layer_loads()
     assert waiter.num_layers == LAYERS and host.take_layer_loads() is None
     bufs = dev.buffers()
