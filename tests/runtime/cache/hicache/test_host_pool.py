@@ -1,8 +1,8 @@
 """The host pool's copies counted (CopyStats): through DMA calls (uva off), a load is one copy per run of consecutive
 host slots, not per token or per layer, and fragmented slots are gathered on the host once; the backups queued in a
-step are one device gather and one copy per run (through the device's mapping of the pool, uva: test_layer_loads.py); the values arrive intact either way, once a pass would have waited for the load's
-layers. And the pool over MLA's latent layout, with the tree and the file storage. Every row holds (slot, buffer) so
-a wrong slot shows."""
+step are one device gather and one copy per run (through the device's mapping of the pool: test_layer_loads.py);
+the values arrive intact either way, once a pass would have waited for the load's layers. And the pool over MLA's
+latent layout, with the tree and the file storage. Every row holds (slot, buffer) so a wrong slot shows."""
 from __future__ import annotations
 
 import pytest
