@@ -183,15 +183,10 @@ class HostKVPool:
             hs = host[start : start + FLUSH_TOKENS]
             rows = self.gather_device(device[start : start + FLUSH_TOKENS])
             self.stats.backup_batches += 1
-            if stream is None:
-                runs = contiguous_runs(hs)
-                direct = self._direct(runs, len(hs))
-                for off, first, n in runs if direct else []:
-                    kv[first : first + n].copy_(rows[off : off + n])
-                if not direct:
-                    kv.index_copy_(0, hs, rows)
-                self.stats.d2h_copies += len(runs) if direct else 1
-                self.stats.scattered_backups += not direct
+            if stream is None:  # the same copies, synchronous
+                staging = self._issue_backup(hs, rows)
+                if staging is not None:
+                    kv.index_copy_(0, hs, staging)
                 continue
             stream.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(stream):
@@ -215,7 +210,7 @@ class HostKVPool:
                 kv[first : first + n].copy_(rows[off : off + n], non_blocking=True)
             self.stats.d2h_copies += len(runs)
             return None
-        staging = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+        staging = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=self._backup_stream is not None)
         staging.copy_(rows, non_blocking=True)
         self.stats.d2h_copies += 1
         self.stats.scattered_backups += 1
@@ -308,7 +303,8 @@ class HostKVPool:
                 rows = self._host_words[:, layer::num_layers].index_select(0, hidx)
                 for k, b in enumerate(bufs):
                     dev_words[b].index_copy_(0, didx, rows[:, k])
-                events.append(self._record(stream))
+                if stream is not None:
+                    events.append(self._record(stream))
             return events
         hs, order = torch.sort(hs)
         didx = didx[self._to_device(order)]

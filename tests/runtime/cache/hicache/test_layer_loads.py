@@ -11,8 +11,10 @@ import torch
 
 from radixlm.runtime.args import HiCacheWritePolicy
 from radixlm.runtime.cache.hicache import HiCacheConfig, HiRadixCache
+from radixlm.runtime.cache.hicache.host_memory import as_words
 from radixlm.runtime.cache.hicache.host_pool import HostKVPool
 from radixlm.runtime.cache.layer_load import LayerLoadWaiter
+from radixlm.runtime.cache.kv_pool import MLATokenToKVPool
 from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from radixlm.runtime.cache.radix_node import RadixKey
 from radixlm.runtime.layers.radix_attention import RadixAttention
@@ -77,6 +79,33 @@ def test_slots_a_load_still_writes_are_freed_only_after_the_load(monkeypatch):
     tree.evict(8)
     assert ordered == [1]
     tree.check_consistency()
+
+
+@pytest.mark.parametrize("mla", [False, True])
+def test_the_uva_copies_move_each_layers_rows_whatever_the_slot_order(mla):
+    """The uva paths' indexing on the CPU (the pool's own bytes stand in for the device's view of them): a backup is
+    one scatter of token rows into the pool, a load one gather per layer over its buffers' strided view."""
+    dev = MLATokenToKVPool(64, 1, torch.float32, num_layers=3, kv_lora_rank=5, qk_rope_head_dim=3) if mla \
+        else mha_pool(64)
+    for i, b in enumerate(dev.buffers()):
+        b.copy_((torch.arange(b.shape[0], dtype=torch.float32) + 1000 * i)[:, None, None].expand_as(b))
+    host = HostKVPool(128, dev)
+    host._host_words = as_words(host.kv.view(torch.uint8).reshape(129, host.num_buffers, -1), 2)
+    assert host.uva
+    g = torch.Generator().manual_seed(1)
+    src = torch.randperm(63, generator=g)[:40] + 1
+    hs = torch.randperm(127, generator=g)[:40] + 1
+    host.backup(src, hs)
+    host.flush()
+    assert (host.stats.d2h_copies, host.stats.scattered_backups) == (1, 0)
+    nb = host.num_buffers
+    assert torch.equal(host.read(hs)[:, :, 0, -1], expected(src, nb))
+    for b in dev.buffers():
+        b.fill_(-1.0)
+    dst = torch.randperm(63, generator=g)[:40] + 1
+    host.load(hs, dst)
+    assert host.stats.h2d_copies == len(host.layer_buffers) and host.take_layer_loads() is None
+    assert torch.equal(torch.stack([b[dst, 0, -1] for b in dev.buffers()], dim=1), expected(src, nb))
 
 
 @cuda_only
