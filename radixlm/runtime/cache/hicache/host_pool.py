@@ -342,10 +342,6 @@ class HostKVPool:
         self.stats.gathered_loads += 1
         return staging
 
-    def loads_pending(self) -> bool:
-        """Whether loads were issued that no pass has taken yet."""
-        return self._layer_events is not None
-
     def take_layer_loads(self) -> LayerLoadWaiter | None:
         """The per-layer events of the loads issued since the last call, for the next pass to wait on (None: nothing
         loaded, or the CPU, where loads are done on return)."""
