@@ -2,9 +2,11 @@
 shapes (32 layers x K and V, 8 KV heads x 128, bf16: 128 KiB a token), against the copy engine's own bandwidth
 (one pinned <-> device copy of a contiguous block), in one device call:
 
-- load (host -> device, HostKVPool.load) and backup (device -> host, HostKVPool.backup + flush, in nodes of
-  --node-tokens) of 256 / 1024 / 4096 tokens, the host slots contiguous, in runs of 16 tokens (shuffled), or
-  scattered one by one (the host-gather path);
+- load (host -> device, HostKVPool.load, layer by layer) and backup (device -> host, HostKVPool.backup + flush, in
+  nodes of --node-tokens) of 256 / 1024 / 4096 tokens, the host slots contiguous, in runs of 16 tokens (shuffled), or
+  scattered one by one; `load`/`backup` as the server runs them (kernels through the device's mapping of the pinned
+  pool where it has one, `uva`), `load_dma`/`backup_dma` through DMA calls per run of host slots (and the host-gather
+  path for scattered slots), a second pool with uva off;
 - each timed to completion (torch.cuda.synchronize) and for the host time the call itself takes (what the scheduler
   thread spends); tokens per ms, GB/s and the share of the copy engine's bandwidth; the copy calls it made;
 - `legacy`: the copies as they were before the fix (a host index_select into a fresh pinned buffer and a scatter per
@@ -71,6 +73,21 @@ def host_slots(layout: str, n: int, size: int, g: torch.Generator) -> torch.Tens
     return torch.randperm(size, generator=g)[:n] + 1
 
 
+def load(host: HostKVPool, hs: torch.Tensor, ds: torch.Tensor) -> None:
+    """A load as admission issues it, then what the pass does before its last layer reads the KV."""
+    host.load(hs, ds)
+    waiter = host.take_layer_loads()
+    if waiter is not None:
+        waiter.wait_all()
+
+
+def backup(host: HostKVPool, hs: torch.Tensor, ds: torch.Tensor, node: int) -> None:
+    for s in range(0, len(hs), node):
+        host.backup(ds[s : s + node], hs[s : s + node])
+    host.flush()
+    host.poll()
+
+
 def legacy_load(host: HostKVPool, hs: torch.Tensor, ds: torch.Tensor) -> None:
     dev = host.device_pool.device
     rows = torch.empty((len(hs), *host.kv.shape[1:]), dtype=host.kv.dtype, pin_memory=dev.type == "cuda")
@@ -101,6 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--node-tokens", type=int, default=256, help="tokens per backed-up node")
     p.add_argument("--no-legacy", action="store_true")
+    p.add_argument("--no-dma", action="store_true", help="skip the uva-off pool's load_dma/backup_dma")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/kernels/hicache_copy.json"))
     args = p.parse_args(argv)
     if args.dry:
@@ -115,9 +133,11 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     host = HostKVPool(2 * size, pool)
     setup = time.perf_counter() - t0
+    dma = HostKVPool(2 * size, pool, uva=False) if host.uva and not args.no_dma else None
     per_token = pool.layout.bytes_per_token
     ce = copy_engine(dev, max(tokens) * per_token, reps)
-    print(f"host pool {host.mem_bytes() / 2**30:.2f} GiB, pinned {host.pinned} ({setup:.1f} s); {per_token} B/token; "
+    print(f"host pool {host.mem_bytes() / 2**30:.2f} GiB, pinned {host.pinned}, uva {host.uva} ({setup:.1f} s); "
+          f"{per_token} B/token; "
           f"copy engine h2d {ce['h2d_gb_s']} GB/s, d2h {ce['d2h_gb_s']} GB/s", flush=True)
     g = torch.Generator().manual_seed(0)
     cases = []
@@ -126,22 +146,19 @@ def main(argv: list[str] | None = None) -> dict:
         for layout in layouts:
             hs = host_slots(layout, n, 2 * size - RUN_TOKENS, g)
             ds = (torch.randperm(size, generator=g)[:n] + 1).to(dev)
-            variants = {"load": lambda: host.load(hs, ds)}
-
-            def backup() -> None:
-                for s in range(0, n, args.node_tokens):
-                    host.backup(ds[s : s + args.node_tokens], hs[s : s + args.node_tokens])
-                host.flush()
-                host.poll()
-
-            variants["backup"] = backup
+            variants = {}
+            for suffix, pool_ in (("", host), ("_dma", dma)):
+                if pool_ is not None:
+                    variants["load" + suffix] = lambda h=pool_: load(h, hs, ds)
+                    variants["backup" + suffix] = lambda h=pool_: backup(h, hs, ds, args.node_tokens)
             if not args.no_legacy:
                 variants["legacy_load"] = lambda: legacy_load(host, hs, ds)
                 variants["legacy_backup"] = lambda: legacy_backup(host, ds, hs, args.node_tokens)
             for name, fn in variants.items():
-                before = host.stats.as_dict()
+                stats = (dma if name.endswith("_dma") else host).stats
+                before = stats.as_dict()
                 total, host_s = timed(fn, dev, reps)
-                after = host.stats.as_dict()
+                after = stats.as_dict()
                 calls = {k: (after[k] - before[k]) // (reps + 1) for k in after if after[k] != before[k]}
                 gbs = n * per_token / total / 1e9
                 ref = ce["h2d_gb_s"] if "load" in name else ce["d2h_gb_s"]
@@ -158,6 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
               "shapes": {"layers": layers, "kv_heads": heads, "head_dim": dim, "dtype": str(dtype),
                          "bytes_per_token": per_token},
               "host_pool": {"tokens": host.size, "gib": round(host.mem_bytes() / 2**30, 2), "pinned": host.pinned,
+                            "uva": host.uva,
                             "setup_s": round(setup, 2)},
               "copy_engine": ce, "cases": cases}
     args.out.parent.mkdir(parents=True, exist_ok=True)

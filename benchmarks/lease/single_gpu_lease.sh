@@ -44,6 +44,7 @@
 #                                                 # tokens per GiB beside Llama-3.1-8B's, the 671B memory plan
 #                                                 # (benchmarks/offline/gpu_deepseek.py; estimate 5-8 min, not
 #                                                 # measured: two engine starts with cold Triton caches)
+#   bash benchmarks/lease/single_gpu_lease.sh hicache   # issue 54: hicache CUDA tests, copies, multi-turn off/on (~3 min)
 #   DRY=1 bash benchmarks/lease/single_gpu_lease.sh prepare|p1|p2|spec|vlm|deepseek|all   # HERE, on the CPU: the same scripts
 #                                                 # and arguments with tiny random-weight shapes (see "Dry run")
 #
@@ -348,6 +349,20 @@ deepseek)
 all)
   [ "$DRY" = 1 ] || { echo "'all' is the CPU dry run only (DRY=1): one part per device call" >&2; exit 2; }
   for p in prepare p1 p2 spec vlm; do echo "######## $p"; bash "$0" "$p"; done ;;
+hicache)
+  # issue 54 item 1, one call (timeouts 450 s, at most 530 s with kill grace; ~3 min expected): the host pool's CUDA tests (copies both ways, uva and DMA,
+  # loads layer by layer), the copy benchmark on 8B shapes, the multi-turn benchmark off/on, then on with write_back.
+  banner
+  copy=(); turns=()
+  [ "$DRY" = 1 ] && { copy=(--dry); turns=(--tiny --clients 6 --turns 3 --first-len 64 --user-len 16 --output-len 4
+                      --max-total-tokens 512 --max-parallel 2); }
+  TAIL=8 step hicache_tests 50 $PY -m pytest -q -p no:cacheprovider -rfEs \
+    tests/runtime/cache/hicache/test_host_pool.py tests/runtime/cache/hicache/test_layer_loads.py
+  TAIL=70 step hicache_copy 90 $PY benchmarks/kernels/hicache_copy.py "${copy[@]}" --out "$OUT/hicache_copy.json"
+  TAIL=12 step hicache_multiturn 220 $PY benchmarks/serving/hicache_multiturn.py "${turns[@]}" \
+    --out "$OUT/hicache_multiturn.json"
+  TAIL=8 step hicache_multiturn_wb 90 $PY benchmarks/serving/hicache_multiturn.py "${turns[@]}" --only on \
+    --write-policy write_back --out "$OUT/hicache_multiturn_write_back.json" ;;
 *) echo "unknown part $part" >&2; exit 2 ;;
 esac
 [ "$part" = prepare ] || ls -la "$OUT"

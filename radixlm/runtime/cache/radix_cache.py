@@ -5,15 +5,17 @@ the pages of every value in it; a running request pins its matched path with loc
 Requests with different extra_key (LoRA id, cache salt, ...) live in disjoint subtrees."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from radixlm.runtime.cache.eviction import EvictionQueue, get_eviction_strategy
+from radixlm.runtime.cache.radix_checks import check_tree
 from radixlm.runtime.cache.radix_lookup import KGramIndex
 from radixlm.runtime.cache.radix_node import CacheLock, MatchResult, RadixKey, TreeNode
 
 if TYPE_CHECKING:
+    from radixlm.runtime.cache.layer_load import LayerLoadWaiter
     from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 
 class RadixCache:
@@ -115,6 +117,11 @@ class RadixCache:
         host-only part back to the device. The plain tree has nothing to load."""
         return self.match_prefix(key)
 
+    def take_layer_loads(self) -> "LayerLoadWaiter | None":
+        """The per-layer completion of the KV loads issued since the last call, for the next pass to wait on layer
+        by layer (a hierarchical cache's host hits); the plain tree loads nothing."""
+        return None
+
     def prefetch_ready(self, key: RadixKey) -> bool:
         """Whether a request whose match reported a storage hit may be admitted now (a hierarchical cache's
         prefetch policy); the plain tree has no storage."""
@@ -138,22 +145,21 @@ class RadixCache:
         return (extra_key, tuple(token_ids[matched : matched + self.page_size])) not in last_node.children
 
     def _split_node(self, child: TreeNode, n: int) -> TreeNode:
-        """Cuts child after n tokens; returns the new upper node (which takes child's place)."""
+        """Cuts child after n tokens; returns the new upper node (which takes child's place). A hierarchical cache's
+        nodes split their slots on each tier they are on."""
         parent = child.parent
         assert parent is not None and 0 < n < len(child.key)
-        new = TreeNode(
-            key=child.key[:n],
-            value=child.value[:n],
-            parent=parent,
-            lock_ref=child.lock_ref,
-            last_access_time=child.last_access_time,
-            hit_count=child.hit_count,
-            creation_time=child.creation_time,
-            draft_kv_len=min(child.draft_kv_len, n),
-        )
+        new = TreeNode(key=child.key[:n], value=None if child.value is None else child.value[:n], parent=parent,
+                       lock_ref=child.lock_ref, last_access_time=child.last_access_time, hit_count=child.hit_count,
+                       creation_time=child.creation_time, draft_kv_len=min(child.draft_kv_len, n),
+                       host_value=None if child.host_value is None else child.host_value[:n],
+                       host_lock=child.host_lock, load_epoch=child.load_epoch)
         child.draft_kv_len = max(child.draft_kv_len - n, 0)
         child.key = child.key[n:]
-        child.value = child.value[n:]
+        if child.value is not None:
+            child.value = child.value[n:]
+        if child.host_value is not None:
+            child.host_value = child.host_value[n:]
         child.parent = new
         new.children[child.key.child_key(self.page_size)] = child
         parent.children[new.key.child_key(self.page_size)] = new
@@ -180,7 +186,7 @@ class RadixCache:
         now = self._tick()
         node = self.root_node
         node.last_access_time = now
-        present = 0
+        present = depth = 0
         while len(key) > 0:
             child = node.children.get(key.child_key(self.page_size))
             if child is None:
@@ -189,14 +195,24 @@ class RadixCache:
             n = child.key.match(key, self.page_size)
             if n < len(child.key):
                 lower, child = child, self._split_node(child, n)
-                self.evict_queue.offer(lower)
-            present += n
+                self._requeue(lower)
+            present += self._on_path(child, value[:n], owned, draft_kv_len - depth)
+            depth += n
             key, value = key[n:], value[n:]
             node = child
         if len(key) > 0:
-            node = self._add_leaf(node, key, value, owned, now, draft_kv_len - present)
+            node = self._add_leaf(node, key, value, owned, now, draft_kv_len - depth)
         self.evict_queue.offer(node)
         return present, node
+
+    def _requeue(self, lower: TreeNode) -> None:
+        """A split left `lower` (a leaf, maybe) under a new node: its eviction queue entry moves."""
+        self.evict_queue.offer(lower)
+
+    def _on_path(self, node: TreeNode, value: torch.Tensor, owned: bool, draft_kv_len: int) -> int:
+        """An insert passes `node`, whose tokens `value`'s slots also hold: how many of them the tree already holds
+        (the caller frees its duplicates). Every one here; a hierarchical cache's host-only node adopts the slots."""
+        return len(value)
 
     def _add_leaf(self, parent: TreeNode, key: RadixKey, value: torch.Tensor, owned: bool, now: int,
                   draft_kv_len: int) -> TreeNode:
@@ -255,7 +271,16 @@ class RadixCache:
         parents that become unlocked leaves. Returns the number of tokens evicted."""
         if self.disable or num_tokens <= 0:
             return 0
-        queue = self.evict_queue
+        evicted, freed = self._evict_from(self.evict_queue, num_tokens, self._evict_leaf)
+        if freed:
+            self.token_to_kv_pool_allocator.free(torch.cat(freed))  # one free: each one copies the free list
+        return evicted
+
+    def _evict_from(self, queue: EvictionQueue, num_tokens: int,
+                    take: Callable[[TreeNode], torch.Tensor]) -> tuple[int, list[torch.Tensor]]:
+        """Pops queue's leaves in strategy order until num_tokens are freed, each parent offered after its child (it
+        may have become a leaf); take(node) takes a node off the tier and returns the slots it frees. Returns the
+        tokens freed and their slots (for one free: each one copies the free list)."""
         queue.maybe_rebuild(self._nodes)
         evicted = 0
         freed: list[torch.Tensor] = []
@@ -263,14 +288,15 @@ class RadixCache:
             node = queue.pop()
             if node is None:
                 break
-            freed.append(node.value)
+            freed.append(take(node))
             evicted += len(node.key)
-            self._delete_leaf(node)
-            self.evicted_tokens_total += len(node.key)
-            queue.offer(node.parent)  # it may have become a leaf
-        if freed:
-            self.token_to_kv_pool_allocator.free(torch.cat(freed))  # one free: each one copies the free list
-        return evicted
+            queue.offer(node.parent)
+        return evicted, freed
+
+    def _evict_leaf(self, node: TreeNode) -> torch.Tensor:
+        self._delete_leaf(node)
+        self.evicted_tokens_total += len(node.key)
+        return node.value
 
     def _delete_leaf(self, node: TreeNode) -> None:
         if self.kgram_index is not None:
@@ -296,36 +322,7 @@ class RadixCache:
 
     def check_consistency(self) -> None:
         """Recomputes sizes and structure from the tree; raises AssertionError on any mismatch."""
-        evictable = protected = 0
-        for node in self._nodes():
-            child_locks = 0
-            for ck, child in node.children.items():
-                assert child.parent is node, "child.parent is not its parent"
-                assert ck == child.key.child_key(self.page_size), "child stored under the wrong key"
-                if node is not self.root_node:
-                    assert child.key.extra_key == node.key.extra_key, "extra_key namespaces mixed"
-                child_locks += child.lock_ref
-            if node is self.root_node:
-                continue
-            assert len(node.key) > 0 and len(node.key) % self.page_size == 0, "node key not page aligned"
-            assert node.value is not None and len(node.value) == len(node.key), "value/key length mismatch"
-            assert 0 <= node.draft_kv_len <= len(node.key), "draft KV marked past the node's tokens"
-            assert node.lock_ref >= child_locks, "lock_ref smaller than the locks below it"
-            if node.lock_ref == 0:
-                evictable += len(node.key)
-            else:
-                protected += len(node.key)
-        assert evictable == self.evictable_size_, f"evictable {self.evictable_size_} != recount {evictable}"
-        queued = self.evict_queue.queued()
-        assert all(n.id in queued for n in self._nodes() if n is not self.root_node and n.is_leaf() and n.lock_ref == 0), \
-            "an unlocked leaf is missing from the eviction queue"
-        assert protected == self.protected_size_, f"protected {self.protected_size_} != recount {protected}"
-        values = self.all_values_flatten()
-        assert torch.unique(values).numel() == values.numel(), "a KV slot is held by two nodes"
-        allocator = self.token_to_kv_pool_allocator
-        if allocator is not None and values.numel():
-            pages = values // self.page_size
-            assert not bool(allocator.page_is_free[pages].any()), "the tree holds a freed page"
+        check_tree(self)
 
     def pretty_print(self) -> str:
         lines: list[str] = []

@@ -62,6 +62,9 @@ class TreeNode:
     # host_value is host-only (its KV left the device); host_lock > 0 while its KV is being copied between tiers.
     host_value: torch.Tensor | None = None
     host_lock: int = 0
+    # The host pool's load epoch in which the node's device slots were loaded (HiRadixCache: a load a pass has not
+    # yet waited for may still be writing them); 0 if never.
+    load_epoch: int = 0
 
     def is_leaf(self) -> bool:
         return not self.children

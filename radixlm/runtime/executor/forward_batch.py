@@ -11,6 +11,7 @@ import torch
 
 if TYPE_CHECKING:
     from radixlm.runtime.cache.kv_pool import KVPool
+    from radixlm.runtime.cache.layer_load import LayerLoadWaiter
     from radixlm.runtime.cache.memory_pool import ReqToTokenPool
     from radixlm.runtime.executor.logits import LogitsPlan
     from radixlm.runtime.layers.attention.base import AttentionBackend
@@ -76,6 +77,8 @@ class ModelWorkerBatch:
     # Under --enable-lora: each request's adapter slot and the adapters to swap in first (lora/slots.py).
     lora: "LoraBatch | None" = None
     token_type_ids: list[int] | None = None  # per row, when a request has them (an encoder's sentence pairs)
+    # KV loaded back into the pool (a hierarchical cache's host hits) still arriving layer by layer, else None.
+    layer_loads: "LayerLoadWaiter | None" = None
 
     @property
     def num_rows(self) -> int:
@@ -125,6 +128,9 @@ class ForwardBatch:
     # Under --enable-lora: the rows' adapter slots (set by the ModelRunner from ModelWorkerBatch.lora).
     lora: "LoraBatchInfo | None" = None
     token_type_ids: torch.Tensor | None = None  # (num_tokens,) int64, ModelWorkerBatch.token_type_ids
+    # ModelWorkerBatch.layer_loads: an attention layer waits for its layer's (layer_load.wait_layer) before it stores
+    # or reads that layer's KV.
+    layer_loads: "LayerLoadWaiter | None" = None
     # Set by the attention backend in init_forward_metadata; opaque to everyone else.
     attn_metadata: object = None
     # Set by layers.attention.mla.latent_attention on the pass's first MLA layer, read by the later ones.
@@ -185,4 +191,5 @@ class ForwardBatch:
             tree_masks=wb.tree_masks,
             shared_prefixes=wb.shared_prefixes if token_rows and len(pool_rows) == len(wb.req_pool_indices) else None,
             token_type_ids=None if wb.token_type_ids is None else rows_to_device([wb.token_type_ids], device)[0],
+            layer_loads=wb.layer_loads,
         )

@@ -210,7 +210,10 @@ class ModelRunner:
     def _run(self, forward_batch: ForwardBatch, plan: LogitsPlan) -> LogitsOutput:
         if forward_batch.mm_spans:
             forward_batch.input_embeds = self.mm_embedder.embed(forward_batch.input_ids, forward_batch.mm_spans)
+        loads = forward_batch.layer_loads
         if self._replays(forward_batch):
+            if loads is not None:  # a graph cannot wait per layer on events recorded outside it
+                loads.wait_all()
             logits = self.graph_runner.replay(forward_batch)
             if not plan.verify_rows and len(plan.sample_rows) == forward_batch.batch_size:
                 # The usual decode batch: sample rows are ascending and distinct, so this is every row in order.
@@ -222,6 +225,8 @@ class ModelRunner:
             self.lora.context.info = forward_batch.lora  # what every adapted layer of this pass reads
         self.attn_backend.init_forward_metadata(forward_batch)
         hidden = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+        if loads is not None:  # what runs after the pass comes after the loads, whichever layers waited
+            loads.wait_all()
         self.last_hidden = hidden  # every row's final hidden state (an EAGLE head reads them)
         if self.pooler is not None:
             return LogitsOutput(hidden.new_empty(len(plan.sample_rows), 0), [], [],

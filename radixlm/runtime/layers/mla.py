@@ -140,6 +140,8 @@ class MultiHeadLatentAttention(nn.Module):
         c_kv = self.kv_a_layernorm(c_kv.contiguous())
         q_pe, k_pe = self.rotary_emb(positions, q_pe.reshape(t, h * rope), k_pe.contiguous())
         pool = forward_batch.token_to_kv_pool
+        if forward_batch.layer_loads is not None:  # KV loaded back into the pool: this layer's has arrived
+            forward_batch.layer_loads.wait(self.layer_id)
         pool.set_mla_kv_buffer(self.layer_id, forward_batch.out_cache_loc, c_kv, k_pe)
         q_latent = torch.bmm(q_nope.transpose(0, 1), self.kv_b_proj.w_uk).transpose(0, 1)  # (t, h, rank)
         q_all = torch.cat([q_latent, q_pe.view(t, h, rope)], dim=-1)

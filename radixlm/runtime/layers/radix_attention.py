@@ -35,6 +35,8 @@ class RadixAttention(nn.Module):
         if (not positions.is_cuda or positions.shape[-1] > EPILOGUE_MAX_ROWS or pool is None
                 or forward_batch.out_cache_loc is None):
             return None
+        if forward_batch.layer_loads is not None:  # the GEMM stores this layer's KV: its loads come first
+            forward_batch.layer_loads.wait(self.layer_id)
         scales = pool.kv_scales(self.layer_id)
         return RotaryStore(rope, positions, forward_batch.out_cache_loc, pool.get_key_buffer(self.layer_id),
                            pool.get_value_buffer(self.layer_id), self.num_heads * self.head_dim,
@@ -45,6 +47,8 @@ class RadixAttention(nn.Module):
                 epilogue: RotaryStore | None = None) -> torch.Tensor:
         """rotary: (rope, positions): q and k before their rotary embedding (see AttentionBackend.forward), unless
         the qkv GEMM applied `epilogue` (q and k rotated, the KV stored)."""
+        if forward_batch.layer_loads is not None:  # KV loaded back into the pool: this layer's has arrived
+            forward_batch.layer_loads.wait(self.layer_id)
         if epilogue is not None and epilogue.applied:
             return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache=False)
         return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, rotary=rotary)

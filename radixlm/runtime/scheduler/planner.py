@@ -129,7 +129,8 @@ class Planner:
         lens = [e - s for s, e in zip(starts, ends)]
         batch = ScheduleBatch(reqs, new_reqs, ModelWorkerBatch(
             input_ids=[], positions=[], req_pool_indices=[r.req_pool_idx for r in reqs], prefix_lens=starts,
-            extend_lens=lens, seq_lens=ends, out_cache_loc=out, logits=LogitsPlan(), token_buf=token_buf),
+            extend_lens=lens, seq_lens=ends, out_cache_loc=out, logits=LogitsPlan(), token_buf=token_buf,
+            layer_loads=self.tree_cache.take_layer_loads()),
             samplers=[], verifiers=[])
         if all(n == 1 for n in lens):
             self._one_row_each(batch)

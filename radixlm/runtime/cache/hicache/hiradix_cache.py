@@ -31,6 +31,7 @@ from radixlm.runtime.cache.radix_cache import RadixCache
 from radixlm.runtime.cache.radix_node import CacheLock, MatchResult, RadixKey, TreeNode
 
 if TYPE_CHECKING:
+    from radixlm.runtime.cache.layer_load import LayerLoadWaiter
     from radixlm.runtime.cache.kv_pool import KVPool
     from radixlm.runtime.cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 
@@ -50,6 +51,8 @@ class HiRadixCache(RadixCache):
 
             self.storage = StorageTier(config, kv_pool, self.host_pool)
         self.tier_counts: Counter = Counter()
+        # Loads issued in this epoch are not yet taken by a pass (take_layer_loads starts the next).
+        self._load_epoch = 1
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size=page_size,
                          eviction_policy=eviction_policy)
 
@@ -65,7 +68,8 @@ class HiRadixCache(RadixCache):
     def tier_stats(self) -> dict[str, int]:
         alloc = self.host_pool.allocator
         return {**self.tier_counts, "host_pool_tokens": alloc.size, "host_available_tokens": alloc.available_size(),
-                "host_pool_pinned": int(self.host_pool.pinned), **self.host_pool.stats.as_dict()}
+                "host_pool_pinned": int(self.host_pool.pinned), "host_pool_uva": int(self.host_pool.uva),
+                **self.host_pool.stats.as_dict()}
 
     # ------------------------------------------------------------------ matching
     def match_valid(self, node: TreeNode | None) -> bool:
@@ -167,11 +171,16 @@ class HiRadixCache(RadixCache):
         for x in nodes:
             x.value = slots[offset : offset + len(x.key)]
             x.draft_kv_len = 0
+            x.load_epoch = self._load_epoch
             offset += len(x.key)
         self.evictable_size_ += count
         self.evict_queue.offer(nodes[-1])
         self.tier_counts["host_loaded_tokens"] += count
         return MatchResult(m.values + [x.value for x in nodes], nodes[-1], m.length + count)
+
+    def take_layer_loads(self) -> "LayerLoadWaiter | None":
+        self._load_epoch += 1
+        return self.host_pool.take_layer_loads()
 
     def _device_alloc(self, n: int) -> torch.Tensor | None:
         alloc = self.token_to_kv_pool_allocator
@@ -180,66 +189,26 @@ class HiRadixCache(RadixCache):
         return alloc.alloc(n)
 
     # ------------------------------------------------------------------ tree edits
-    def _split_node(self, child: TreeNode, n: int) -> TreeNode:
-        parent = child.parent
-        assert parent is not None and 0 < n < len(child.key)
-        new = TreeNode(
-            key=child.key[:n], value=None if child.value is None else child.value[:n], parent=parent,
-            lock_ref=child.lock_ref, last_access_time=child.last_access_time, hit_count=child.hit_count,
-            creation_time=child.creation_time, draft_kv_len=min(child.draft_kv_len, n),
-            host_value=None if child.host_value is None else child.host_value[:n], host_lock=child.host_lock,
-        )
-        child.draft_kv_len = max(child.draft_kv_len - n, 0)
-        child.key = child.key[n:]
-        if child.value is not None:
-            child.value = child.value[n:]
-        if child.host_value is not None:
-            child.host_value = child.host_value[n:]
-        child.parent = new
-        new.children[child.key.child_key(self.page_size)] = child
-        parent.children[new.key.child_key(self.page_size)] = new
-        if self.kgram_index is not None:
-            self.kgram_index.split(new, child)
-        return new
+    def _requeue(self, lower: TreeNode) -> None:
+        self.evict_queue.offer(lower)
+        self.host_queue.offer(lower)
 
-    def _insert(self, key: RadixKey, value: torch.Tensor, owned: bool = False,
-                draft_kv_len: int = 0) -> tuple[int, TreeNode]:
-        """As RadixCache._insert; a host-only node on the path takes the caller's slots (which hold the same KV), so
-        `present` counts only the device part."""
-        key = key.page_aligned(self.page_size)
-        value = value[: len(key)]
-        now = self._tick()
-        node = self.root_node
-        node.last_access_time = now
-        present = depth = 0
-        adopted = False
-        while len(key) > 0:
-            child = node.children.get(key.child_key(self.page_size))
-            if child is None:
-                break
-            child.last_access_time = now
-            n = child.key.match(key, self.page_size)
-            if n < len(child.key):
-                lower, child = child, self._split_node(child, n)
-                self.evict_queue.offer(lower)
-                self.host_queue.offer(lower)
-            if child.value is None:
-                child.value = value[:n] if owned else value[:n].clone()
-                child.draft_kv_len = min(max(draft_kv_len - depth, 0), n)
-                self.evictable_size_ += n
-                adopted = True
-            else:
-                assert not adopted, "a device node below a host-only one"
-                present += n
-            depth += n
-            key, value = key[n:], value[n:]
-            node = child
-        if len(key) > 0:
-            node = self._add_leaf(node, key, value, owned, now, draft_kv_len - depth)
-            if self.config.write_policy.hit_threshold == 1:
-                self._backup(node)
-        self.evict_queue.offer(node)
-        return present, node
+    def _on_path(self, node: TreeNode, value: torch.Tensor, owned: bool, draft_kv_len: int) -> int:
+        """A host-only node on an insert's path takes the caller's slots (they hold the same KV): it is on both tiers
+        again, and only the device part counts as present."""
+        if node.value is not None:
+            return len(value)
+        node.value = value if owned else value.clone()
+        node.draft_kv_len = min(max(draft_kv_len, 0), len(value))
+        self.evictable_size_ += len(value)
+        return 0
+
+    def _add_leaf(self, parent: TreeNode, key: RadixKey, value: torch.Tensor, owned: bool, now: int,
+                  draft_kv_len: int) -> TreeNode:
+        leaf = super()._add_leaf(parent, key, value, owned, now, draft_kv_len)
+        if self.config.write_policy.hit_threshold == 1:
+            self._backup(leaf)
+        return leaf
 
     def _insert_from_storage(self, key: RadixKey, start_page: int, pages: list[torch.Tensor]) -> None:
         """Hangs pages read from storage (pages start_page.. of key) under the tree as host-only nodes, where the
@@ -295,49 +264,39 @@ class HiRadixCache(RadixCache):
         host copy stays as a host-only node. Returns the device tokens freed."""
         if num_tokens <= 0:
             return 0
-        queue = self.evict_queue
-        queue.maybe_rebuild(self._nodes)
         write_back = self.config.write_policy.hit_threshold is None
-        evicted = 0
-        freed: list[torch.Tensor] = []
-        while evicted < num_tokens:
-            node = queue.pop()
-            if node is None:
-                break
+        loading = False
+
+        def take(node: TreeNode) -> torch.Tensor:
+            nonlocal loading
+            loading = loading or node.load_epoch == self._load_epoch
             if write_back:
                 self._backup(node)
-            freed.append(node.value)
-            evicted += len(node.key)
+            value, node.value, node.draft_kv_len = node.value, None, 0
             self.evictable_size_ -= len(node.key)
             self.evicted_tokens_total += len(node.key)
-            node.value = None
-            node.draft_kv_len = 0
-            parent = node.parent
             if node.host_value is not None:
                 self.host_queue.offer(node)
             else:
                 self._delete_subtree(node)
-            queue.offer(parent)
+            return value
+
+        evicted, freed = self._evict_from(self.evict_queue, num_tokens, take)
         if freed:
             self.host_pool.flush()  # the backups of these slots are queued on the device before anything reuses them
+            if loading:  # a load no pass has waited for yet may still write some of these slots
+                self.host_pool.order_after_loads()
             self.token_to_kv_pool_allocator.free(torch.cat(freed))
         return evicted
 
     def evict_host(self, num_tokens: int) -> int:
         """Frees at least num_tokens host slots (if possible): host-only leaves leave the tree."""
-        queue = self.host_queue
-        queue.maybe_rebuild(self._nodes)
-        evicted = 0
-        freed: list[torch.Tensor] = []
-        while evicted < num_tokens:
-            node = queue.pop()
-            if node is None:
-                break
-            freed.append(node.host_value)
-            evicted += len(node.key)
-            parent = node.parent
+
+        def take(node: TreeNode) -> torch.Tensor:
             self._delete_subtree(node)
-            queue.offer(parent)
+            return node.host_value
+
+        evicted, freed = self._evict_from(self.host_queue, num_tokens, take)
         if freed:
             self.host_pool.allocator.free(torch.cat(freed))
         return evicted

@@ -1,75 +1,45 @@
 """The host tier of the hierarchical KV cache: a pool of the device pool's tokens, token-major (one row per slot holds
 every per-layer buffer's row of that token: (size + page_size, buffers, *row_shape), buffers = the device pool's
-`buffers()` in order: MHA's K of every layer then V, MLA's latent of every layer), pinned in place when CUDA is there,
-so a run of consecutive host slots is one contiguous block and one DMA copy (SGLang's page-first layout); its own page
-allocator; and the copies between the two pools.
+`buffers()` in order: MHA's K of every layer then V, MLA's latent of every layer), pinned in place when CUDA is there
+(SGLang's page-first layout); its own page allocator; and the copies between the two pools.
 
-Copies go straight between the pinned pool and the device, one copy per run of consecutive host slots (slots are
-sorted first, the device slots permuted alike), never through a host-side gather or scatter on the scheduler's
-thread. They keep stream order with the device's work:
+Copies keep stream order with the device's work and never block the scheduler's thread (index tensors go to the
+device through pinned memory, host_to_device.py). When the device can address the pinned pool (host_memory.py,
+`uva`), a copy is a gather kernel per layer or one scatter kernel reading or writing the host rows directly, so scattered host
+slots cost what contiguous ones do; otherwise, DMA calls per run of consecutive host slots (slots sorted, device slots
+permuted alike), or a gather on the host where runs are too short.
 - device -> host (a backup) is queued, and issued in batches (`flush`: when enough tokens are queued, and always
   before the device frees slots, a load or a host read or write): the device rows are gathered on the current stream
-  (one gather per buffer for the whole batch), then copied into the pool's runs on a backup stream that waits for
-  that gather. The device slots may be freed once the gather is queued: whatever reuses them runs later on the current
+  (one gather per buffer for the whole batch), then written into the pool on a backup stream that waits for that
+  gather. The device slots may be freed once the gather is queued: whatever reuses them runs later on the current
   stream. A host read of slots still being written waits for their copy; a load from them waits on the device.
-  Host slots too fragmented for copies run by run (or a pool that could not be pinned) take one copy into a pinned
-  buffer, scattered into the pool on the host once it has arrived (`poll`, or before anything touches those slots).
-- host -> device (a load back) copies the runs into a device staging buffer on a load stream that first waits for
-  the work queued so far (the fresh slots may have just been freed by it), scatters the staging into each buffer
-  there, and the current stream waits for the load stream: the next pass reads the KV once it is in place and the
-  host never blocks. A load whose slots are too fragmented (or a pool that could not be pinned) is gathered on the
-  host into a pinned buffer first, then copied once.
+  Without `uva`, host slots too fragmented for copies run by run take one copy into a pinned buffer, scattered into
+  the pool on the host once it has arrived (`poll`, or before anything touches those slots).
+- host -> device (a load back) runs on a load stream that first waits for the work queued so far (the fresh slots
+  may have just been freed by it), layer by layer in layer order, each layer ending with an event; a forward pass
+  takes the events (`take_layer_loads`, a LayerLoadWaiter) and its attention of layer i waits for layer i's only, so
+  the load overlaps the pass. Without `uva` the rows arrive in a device staging buffer first (all layers: the pool
+  is token-major), scattered into each layer's buffers in layer order.
 On the CPU the same copies run synchronously."""
 from __future__ import annotations
 
-import contextlib
-import logging
 import weakref
 from dataclasses import dataclass
 
 import torch
 
+from radixlm.runtime.cache.hicache.host_memory import as_words, contiguous_runs, device_view, pin, raw
 from radixlm.runtime.cache.kv_pool import KVPool
+from radixlm.runtime.cache.layer_load import LayerLoadWaiter
 from radixlm.runtime.cache.memory_pool import TokenToKVPoolAllocator
+from radixlm.runtime.host_to_device import host_to_device
 
-logger = logging.getLogger(__name__)
+__all__ = ["HostKVPool", "CopyStats", "contiguous_runs"]
 
 # Runs shorter than this on average are gathered on the host instead (a copy call costs ~10 us of host time).
 MIN_AVG_RUN_TOKENS = 8
 # Backups are issued at most this many tokens at a time (bounds the device's gather buffer: 128 MiB for 8B shapes).
 FLUSH_TOKENS = 1024
-
-
-def _pin(t: torch.Tensor) -> bool:
-    """Page-locks t's memory in place (cudaHostRegister: pin_memory's allocator would round a large pool up to a
-    power of two); whether it is."""
-    try:
-        err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
-        ok = int(getattr(err, "value", err)) == 0
-    except (AttributeError, RuntimeError, TypeError) as e:
-        ok, err = False, e
-    if ok and not t.is_pinned():
-        logger.warning("hierarchical cache: the host pool is registered but torch does not report it pinned")
-    if not ok:
-        logger.warning("hierarchical cache: the host pool could not be pinned (%s); it stays pageable and loads are "
-                       "gathered through a pinned buffer", err)
-    return ok
-
-
-def _raw(t: torch.Tensor) -> torch.Tensor:
-    """Bytes-compatible view for indexing (torch's index kernels do not take every float8 dtype)."""
-    return t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t
-
-
-def contiguous_runs(sorted_slots: torch.Tensor) -> list[tuple[int, int, int]]:
-    """(offset, first slot, length) of each maximal run of consecutive slots in an ascending 1-D CPU tensor."""
-    n = sorted_slots.numel()
-    if n == 0:
-        return []
-    starts = [0] + (torch.nonzero(sorted_slots[1:] - sorted_slots[:-1] != 1).flatten() + 1).tolist()
-    ends = starts[1:] + [n]
-    firsts = sorted_slots[starts].tolist()
-    return [(s, f, e - s) for s, f, e in zip(starts, firsts, ends)]
 
 
 @dataclass
@@ -78,13 +48,13 @@ class CopyStats:
 
     loads: int = 0
     load_tokens: int = 0
-    h2d_copies: int = 0  # host -> device copy calls
+    h2d_copies: int = 0  # host -> device copy calls (uva: gather kernels, one per layer)
     gathered_loads: int = 0  # loads gathered on the host first (fragmented slots or a pageable pool)
     scattered_backups: int = 0  # backup batches scattered on the host last (likewise)
     backups: int = 0  # nodes queued for a host copy
     backup_tokens: int = 0
     backup_batches: int = 0  # device gathers issued (each one gather per buffer)
-    d2h_copies: int = 0  # device -> host copy calls
+    d2h_copies: int = 0  # device -> host copy calls (uva: one scatter kernel per batch)
 
     def as_dict(self) -> dict[str, int]:
         return {f"host_{k}": v for k, v in vars(self).items()}
@@ -99,10 +69,11 @@ class _InFlight:
 
 class HostKVPool:
     """The device pool's buffers' rows of `size` tokens in host memory, token-major, with a page allocator over
-    [page_size, size + page_size) (the first page is never handed out, as on the device). Rows read and written:
-    (n, buffers, *row_shape) in the pool's dtype (a float8 pool's as bytes where they come from read)."""
+    [page_size, size + page_size) (the first page is never handed out, as on the device; the mapping's probe uses
+    it). Rows read and written: (n, buffers, *row_shape) in the pool's dtype (a float8 pool's as bytes where they come
+    from read). uva: let the device address the pinned pool where it can (else DMA calls per run)."""
 
-    def __init__(self, size: int, device_pool: KVPool):
+    def __init__(self, size: int, device_pool: KVPool, uva: bool = True):
         ps = device_pool.page_size
         if size < 2 * ps or size % ps:
             raise ValueError(f"host KV pool of {size} tokens: need a multiple of page_size {ps}, at least two pages")
@@ -112,12 +83,21 @@ class HostKVPool:
         self.dtype = layout.dtype
         self.layout = layout
         self.num_buffers = layout.num_layers * layout.buffers_per_layer
+        # Buffer b of device_pool.buffers() belongs to layer b % num_layers (name-major: every K, then every V).
+        self.layer_buffers = [list(range(layer, self.num_buffers, layout.num_layers))
+                              for layer in range(layout.num_layers)]
         self.device_pool = device_pool
         self.kv = torch.zeros((size + ps, self.num_buffers, *layout.row_shape), dtype=self.dtype)
         cuda = device_pool.device.type == "cuda"
-        self.pinned = cuda and _pin(self.kv)
+        self.pinned = cuda and pin(self.kv)
         if self.pinned:  # unlocked before the memory goes back
             weakref.finalize(self, torch.cuda.cudart().cudaHostUnregister, self.kv.data_ptr())
+        # (size + page_size, buffers, words): the pool's rows as the device addresses them, or None (no uva).
+        self._host_words: torch.Tensor | None = None
+        if self.pinned and uva:
+            view = device_view(self.kv, device_pool.device)
+            if view is not None:
+                self._host_words = as_words(view.view(size + ps, self.num_buffers, -1), 2)
         self.allocator = TokenToKVPoolAllocator(size, ps, "cpu")
         self.stats = CopyStats()
         self._queued: list[tuple[torch.Tensor, torch.Tensor]] = []  # (device slots, host slots) not yet issued
@@ -125,6 +105,13 @@ class HostKVPool:
         self._inflight: list[_InFlight] = []
         self._load_stream = torch.cuda.Stream(device_pool.device) if cuda else None
         self._backup_stream = torch.cuda.Stream(device_pool.device) if cuda else None
+        # Per layer, the event of the last load's copies of that layer, until a pass takes them.
+        self._layer_events: list["torch.cuda.Event"] | None = None
+
+    @property
+    def uva(self) -> bool:
+        """Whether copies are kernels addressing the pinned pool (else DMA calls per run of host slots)."""
+        return self._host_words is not None
 
     @staticmethod
     def bytes_per_token(device_pool: KVPool) -> int:
@@ -140,7 +127,7 @@ class HostKVPool:
         self.allocator.clear()
 
     def _device_buffers(self) -> list[torch.Tensor]:
-        return [_raw(b) for b in self.device_pool.buffers()]
+        return [raw(b) for b in self.device_pool.buffers()]
 
     # ------------------------------------------------------------------ host-side rows (storage pages use them)
     def read(self, slots: torch.Tensor, pinned: bool = False) -> torch.Tensor:
@@ -148,7 +135,7 @@ class HostKVPool:
         idx = slots.to(torch.int64)
         self.flush()
         self._wait_for(idx)
-        kv = _raw(self.kv)
+        kv = raw(self.kv)
         out = torch.empty((len(idx), *kv.shape[1:]), dtype=kv.dtype, pin_memory=pinned)
         return torch.index_select(kv, 0, idx, out=out)
 
@@ -156,12 +143,16 @@ class HostKVPool:
         """Inverse of read. Every copy in flight ends first: a backup or a load may use slots freed and handed out
         again since."""
         self.synchronize()
-        _raw(self.kv)[slots.to(torch.int64)] = _raw(rows)
+        raw(self.kv)[slots.to(torch.int64)] = raw(rows)
 
     def gather_device(self, device_slots: torch.Tensor) -> torch.Tensor:
         """The device slots' rows, on the device (stream order)."""
         idx = device_slots.to(self.device_pool.device, torch.int64)
         return torch.stack([b.index_select(0, idx) for b in self._device_buffers()], dim=1)
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """An int64 CPU index on the device, enqueued on the current stream (never waiting for the device)."""
+        return host_to_device(t, torch.int64, self.device_pool.device)
 
     # ------------------------------------------------------------------ device -> host
     def backup(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
@@ -178,44 +169,52 @@ class HostKVPool:
 
     def flush(self) -> None:
         """Issues the queued backups: per FLUSH_TOKENS of them, one gather per device buffer on the current stream,
-        then one copy per run of host slots on the backup stream."""
+        then, on the backup stream, one scatter kernel into the pool (uva) or one copy per run of host slots."""
         if not self._queued:
             return
         queued, self._queued, self._queued_tokens = self._queued, [], 0
         dev = self.device_pool.device
         host, order = torch.sort(torch.cat([h for _, h in queued]).to(torch.int64))
-        device = torch.cat([d for d, _ in queued]).to(dev, torch.int64)[order.to(dev)]
-        kv, stream = _raw(self.kv), self._backup_stream
+        device = torch.cat([d.to(dev, torch.int64) for d, _ in queued])[self._to_device(order)]
+        kv, stream = raw(self.kv), self._backup_stream
         if any(w.staging is not None for w in self._inflight):
             self._wait_for(host, staged_only=True)  # an older staged copy must not land over these slots' new rows
         for start in range(0, len(host), FLUSH_TOKENS):
             hs = host[start : start + FLUSH_TOKENS]
             rows = self.gather_device(device[start : start + FLUSH_TOKENS])
-            runs = contiguous_runs(hs)
-            direct = self._direct(runs, len(hs))
             self.stats.backup_batches += 1
-            self.stats.d2h_copies += len(runs) if direct else 1
-            self.stats.scattered_backups += not direct
-            if stream is None:
-                if direct:
-                    for off, first, n in runs:
-                        kv[first : first + n].copy_(rows[off : off + n])
-                else:
-                    kv.index_copy_(0, hs, rows)
+            if stream is None:  # the same copies, synchronous
+                staging = self._issue_backup(hs, rows)
+                if staging is not None:
+                    kv.index_copy_(0, hs, staging)
                 continue
-            staging = None
             stream.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(stream):
-                if direct:
-                    for off, first, n in runs:
-                        kv[first : first + n].copy_(rows[off : off + n], non_blocking=True)
-                else:
-                    staging = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
-                    staging.copy_(rows, non_blocking=True)
+                staging = self._issue_backup(hs, rows)
                 event = torch.cuda.Event()
                 event.record(stream)
             rows.record_stream(stream)
             self._inflight.append(_InFlight(event, hs, staging))
+
+    def _issue_backup(self, hs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+        """On the backup stream: rows (on the device) into the host slots hs; the pinned staging the host scatters
+        later, if any."""
+        if self.uva:
+            self._host_words.index_copy_(0, self._to_device(hs), as_words(rows, 2))
+            self.stats.d2h_copies += 1
+            return None
+        kv = raw(self.kv)
+        runs = contiguous_runs(hs)
+        if self._direct(runs, len(hs)):
+            for off, first, n in runs:
+                kv[first : first + n].copy_(rows[off : off + n], non_blocking=True)
+            self.stats.d2h_copies += len(runs)
+            return None
+        staging = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=self._backup_stream is not None)
+        staging.copy_(rows, non_blocking=True)
+        self.stats.d2h_copies += 1
+        self.stats.scattered_backups += 1
+        return staging
 
     def _direct(self, runs: list, n: int) -> bool:
         """Whether to copy run by run between the pool and the device (else through a pinned buffer and an indexed
@@ -225,7 +224,7 @@ class HostKVPool:
 
     def _land(self, w: _InFlight) -> None:
         if w.staging is not None:
-            _raw(self.kv).index_copy_(0, w.host_slots, w.staging)
+            raw(self.kv).index_copy_(0, w.host_slots, w.staging)
 
     def poll(self) -> None:
         """Lands the backups the device has finished, in order, without waiting."""
@@ -261,7 +260,8 @@ class HostKVPool:
 
     # ------------------------------------------------------------------ host -> device
     def load(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
-        """Copies the host slots' rows into the device slots, ordered before the next pass on the current stream."""
+        """Copies the host slots' rows into the device slots, layer by layer; a pass reading them waits through
+        take_layer_loads (on the CPU the copy is done on return)."""
         n = len(host_slots)
         if n != len(device_slots):
             raise ValueError(f"load of {n} host slots into {len(device_slots)} device slots")
@@ -269,36 +269,87 @@ class HostKVPool:
             return
         self.flush()
         dev = self.device_pool.device
-        hs, order = torch.sort(host_slots.to(torch.int64))
-        didx = device_slots.to(dev, torch.int64)[order.to(dev)]
-        runs = contiguous_runs(hs)
         self.stats.loads += 1
         self.stats.load_tokens += n
         stream = self._load_stream
-        kv = _raw(self.kv)
-        if stream is not None:
+        hs = host_slots.to(torch.int64)
+        if stream is None:
+            self._load_layers(hs, device_slots.to(dev, torch.int64), None)
+            return
+        if not self.uva:
             self._wait_for(hs, staged_only=True)
-            main = torch.cuda.current_stream(dev)
-            stream.wait_stream(main)
-            last = self._overlapping(hs)
-            if last:  # backups still writing these host slots (events on one stream end in order)
-                stream.wait_event(self._inflight[last - 1].event)
-            didx.record_stream(stream)
-        direct = self._direct(runs, n)
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            staging = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, device=dev)
-            if direct:
-                for off, first, k in runs:
-                    staging[off : off + k].copy_(kv[first : first + k], non_blocking=True)
-                self.stats.h2d_copies += len(runs)
-            else:
-                self._wait_for(hs)  # the host reads these rows now: backups still writing them land first
-                rows = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, pin_memory=stream is not None)
-                torch.index_select(kv, 0, hs, out=rows)
-                staging.copy_(rows, non_blocking=True)
-                self.stats.h2d_copies += 1
-                self.stats.gathered_loads += 1
-            for i, b in enumerate(self._device_buffers()):
-                b.index_copy_(0, didx, staging[:, i])
-        if stream is not None:
-            main.wait_stream(stream)
+        main = torch.cuda.current_stream(dev)
+        stream.wait_stream(main)
+        last = self._overlapping(hs)
+        if last:  # backups still writing these host slots (events on one stream end in order)
+            stream.wait_event(self._inflight[last - 1].event)
+        didx = device_slots.to(dev, torch.int64)
+        didx.record_stream(stream)
+        with torch.cuda.stream(stream):
+            self._layer_events = self._load_layers(hs, didx, stream)
+
+    def _load_layers(self, hs: torch.Tensor, didx: torch.Tensor,
+                     stream: "torch.cuda.Stream | None") -> list["torch.cuda.Event"]:
+        """The load's copies in layer order (on `stream` where there is one, recording an event after each layer's)."""
+        events = []
+        buffers = self._device_buffers()
+        if self.uva:
+            hidx = self._to_device(hs)
+            dev_words = [as_words(b, 1) for b in buffers]
+            num_layers = len(self.layer_buffers)
+            self.stats.h2d_copies += num_layers
+            for layer, bufs in enumerate(self.layer_buffers):
+                # One gather of the layer's rows (buffers layer, layer + num_layers, ...: a strided view of the pool).
+                rows = self._host_words[:, layer::num_layers].index_select(0, hidx)
+                for k, b in enumerate(bufs):
+                    dev_words[b].index_copy_(0, didx, rows[:, k])
+                if stream is not None:
+                    events.append(self._record(stream))
+            return events
+        hs, order = torch.sort(hs)
+        didx = didx[self._to_device(order)]
+        staging = self._stage(hs, stream is not None)
+        for layer in self.layer_buffers:
+            for b in layer:
+                buffers[b].index_copy_(0, didx, staging[:, b])
+            if stream is not None:
+                events.append(self._record(stream))
+        return events
+
+    @staticmethod
+    def _record(stream: "torch.cuda.Stream") -> "torch.cuda.Event":
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def _stage(self, hs: torch.Tensor, cuda: bool) -> torch.Tensor:
+        """The sorted host slots' rows in a device buffer (n, buffers, *row): one DMA copy per run of consecutive
+        slots, or, where the runs are too short, a gather on the host into a pinned buffer and one copy."""
+        kv = raw(self.kv)
+        n = len(hs)
+        runs = contiguous_runs(hs)
+        staging = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, device=self.device_pool.device)
+        if self._direct(runs, n):
+            for off, first, k in runs:
+                staging[off : off + k].copy_(kv[first : first + k], non_blocking=True)
+            self.stats.h2d_copies += len(runs)
+            return staging
+        self._wait_for(hs)  # the host reads these rows now: backups still writing them land first
+        rows = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, pin_memory=cuda)
+        torch.index_select(kv, 0, hs, out=rows)
+        staging.copy_(rows, non_blocking=True)
+        self.stats.h2d_copies += 1
+        self.stats.gathered_loads += 1
+        return staging
+
+    def take_layer_loads(self) -> LayerLoadWaiter | None:
+        """The per-layer events of the loads issued since the last call, for the next pass to wait on (None: nothing
+        loaded, or the CPU, where loads are done on return)."""
+        events, self._layer_events = self._layer_events, None
+        return None if events is None else LayerLoadWaiter(events)
+
+    def order_after_loads(self) -> None:
+        """Makes the current stream wait for every load issued (device slots a load writes are being freed before a
+        pass waited for them: whatever reuses them must come after the copy)."""
+        if self._layer_events is not None:
+            torch.cuda.current_stream(self.device_pool.device).wait_event(self._layer_events[-1])

@@ -1,7 +1,8 @@
-"""The host pool's copies counted (CopyStats): a load is one copy per run of consecutive host slots, not per token or
-per layer, and fragmented slots are gathered on the host once; the backups queued in a step are one device gather
-and one copy per run; the values arrive intact either way. And the pool over MLA's latent layout, with the tree and
-the file storage. Every row holds (slot, buffer) so a wrong slot shows."""
+"""The host pool's copies counted (CopyStats): through DMA calls (uva off), a load is one copy per run of consecutive
+host slots, not per token or per layer, and fragmented slots are gathered on the host once; the backups queued in a
+step are one device gather and one copy per run (through the device's mapping of the pool: test_layer_loads.py);
+the values arrive intact either way, once a pass would have waited for the load's layers. And the pool over MLA's
+latent layout, with the tree and the file storage. Every row holds (slot, buffer) so a wrong slot shows."""
 from __future__ import annotations
 
 import pytest
@@ -27,6 +28,13 @@ def mha_pool(size: int = 256, device: str = "cpu") -> TokenToKVPool:
     return pool
 
 
+def settle(host: HostKVPool) -> None:
+    """What a pass does before it reads the loaded KV: wait for every layer's copies (nothing to wait for on the CPU)."""
+    waiter = host.take_layer_loads()
+    if waiter is not None:
+        waiter.wait_all()
+
+
 def expected(slots: torch.Tensor, buffers: int) -> torch.Tensor:
     return slots.float()[:, None] + 1000 * torch.arange(buffers).float()
 
@@ -39,7 +47,7 @@ def test_contiguous_runs():
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_load_is_one_copy_per_run_of_host_slots_not_per_token_or_layer(device):
     dev = mha_pool(device=device)
-    host = HostKVPool(512, dev)
+    host = HostKVPool(512, dev, uva=False)
     src = torch.arange(1, 201)
     host.backup(src, src + 100)  # host slot s + 100 holds device slot s's rows
     host.flush()
@@ -49,6 +57,7 @@ def test_a_load_is_one_copy_per_run_of_host_slots_not_per_token_or_layer(device)
     def load(host_slots: torch.Tensor) -> None:
         dst = torch.randperm(255, generator=g)[: len(host_slots)] + 1
         host.load(host_slots, dst)
+        settle(host)
         got = torch.stack([b[dst.to(device), 1, 2] for b in dev.buffers()], dim=1).cpu()
         assert torch.equal(got, expected(host_slots - 100, 2 * LAYERS))
 
@@ -63,7 +72,7 @@ def test_a_load_is_one_copy_per_run_of_host_slots_not_per_token_or_layer(device)
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_backups_of_a_step_are_one_gather_and_one_copy_per_run(monkeypatch, device):
     dev = mha_pool(device=device)
-    host = HostKVPool(512, dev)
+    host = HostKVPool(512, dev, uva=False)
     for i in range(8):  # eight nodes' backups into consecutive host slots: nothing copied until flushed
         host.backup(torch.arange(8) * 3 + i * 24 + 1, torch.arange(8) + 8 * i + 1)
     assert host.stats.d2h_copies == 0 and host.stats.backups == 8
@@ -99,6 +108,7 @@ def test_eviction_issues_the_queued_backups_before_it_frees_the_device_slots(dev
         b.fill_(-1.0)
     m = tree.match_and_load(RadixKey(list(range(100, 108))))
     assert m.length == 8
+    settle(tree.host_pool)
     got = torch.stack([b[m.device_indices, 0, 0] for b in dev.buffers()], dim=1).cpu()
     assert torch.equal(got, expected(kept[100], 2 * LAYERS))
     tree.check_consistency()
