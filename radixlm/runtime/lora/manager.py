@@ -148,6 +148,8 @@ class LoraManager:
 
     def graph_inputs(self, max_rows: int):
         """The static gather-form buffers of CUDA-graph decode (lora/graph.py)."""
+        from radixlm.runtime.kernels.lora.config import config_for
         from radixlm.runtime.lora.graph import LoraGraphInputs
 
-        return LoraGraphInputs(max_rows, self.options.max_loras_per_batch, self.scalings, self.device)
+        return LoraGraphInputs(max_rows, self.options.max_loras_per_batch, self.scalings, self.device,
+                               config_for(self.device))
