@@ -89,7 +89,8 @@ class Linear(nn.Module):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | None = None,
                epilogue: RotaryStore | None = None) -> torch.Tensor:
-        if self.lora is not None:
+        lora = self.lora is not None and self.lora.active  # a pass with no adapter rows runs as the base model's
+        if lora:
             # The delta reads the GEMM's input and lands before the rotary and KV store: nothing fused either side.
             x = apply_prologue(prologue, x)
             prologue = epilogue = None
@@ -97,7 +98,7 @@ class Linear(nn.Module):
             out = self.quant_method.apply(self, apply_prologue(prologue, x), bias)
         else:
             out = gemm.linear(x, self.weight, bias, self.packed_weight, self.gemm_choices, prologue, epilogue)
-        return out if self.lora is None else self.lora.add(out, x)
+        return self.lora.add(out, x) if lora else out
 
     def forward(self, x: torch.Tensor, prologue: Prologue | None = None,
                 epilogue: RotaryStore | None = None) -> torch.Tensor:

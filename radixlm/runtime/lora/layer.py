@@ -90,5 +90,11 @@ class LoraLayer:
         """Slot `slot` takes an adapter's (A, B) per part (None: the adapter leaves that part alone)."""
         self.load(slot, self.pack(parts))
 
+    @property
+    def active(self) -> bool:
+        """Whether the pass being run (or captured) has adapter rows: else the layer runs as the base model's."""
+        info = self.context.info
+        return info is not None and info.uses_lora
+
     def add(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return add_lora_delta(out, x, self.a, self.b, self.context.info, self.context.use_triton, self.part_sizes)

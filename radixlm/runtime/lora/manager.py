@@ -124,6 +124,10 @@ class LoraManager:
             return None
         for slot, lora_id in batch.loads:
             self._swap_in(slot, lora_id)
+        if all(s < 0 for s in batch.req_slots):
+            # No row uses an adapter: the pass runs as the base model's (fused GEMMs, no LoRA kernels, no table).
+            self.context.info = None
+            return None
         if host_only:
             info = LoraBatchInfo.host_only(list(batch.req_slots), extend_lens, self.scalings)
         else:
