@@ -53,8 +53,9 @@ class LoraManager:
         self.num_layers = num_layers
         self.dtype = dtype
         self.device = device
-        self.context = LoraPassContext(
-            use_triton=options.backend == "triton" and torch.device(device).type == "cuda")
+        use_triton = options.backend == "triton" and torch.device(device).type == "cuda"
+        self.context = LoraPassContext(use_triton=use_triton,
+                                       side_stream=torch.cuda.Stream(torch.device(device)) if use_triton else None)
         self.layers: dict[tuple[int, LoraTarget], LoraLayer] = {}
         decoder = getattr(getattr(model, "model", None), "layers", None)
         if decoder is None:

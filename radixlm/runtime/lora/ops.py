@@ -120,15 +120,36 @@ def lora_delta_rows_torch(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, row
     return delta * weight.to(delta.dtype)[:, None]
 
 
+def begin_lora_shrink(x: torch.Tensor, a: torch.Tensor, info: LoraBatchInfo | None, use_triton: bool,
+                      side_stream) -> torch.Tensor | None:
+    """Graph decode (the padded form, Triton on CUDA) with a side stream: the shrink launched there before the base
+    GEMM, which it does not wait for (it reads only x), so its launch and latency hide behind the GEMM; its partials
+    (allocated on the pass's stream) for add_lora_delta, which joins the side stream first. None otherwise."""
+    if not use_triton or side_stream is None or info is None or not info.uses_lora or info.padded is None:
+        return None
+    from radixlm.runtime.kernels import lora as lora_kernels
+
+    p = info.padded
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    partials = torch.empty(lora_kernels.decode_partials(x.shape[1], a.shape[1], p.block_slots.shape[0], p.config),
+                           dtype=torch.float32, device=x.device)
+    side_stream.wait_stream(torch.cuda.current_stream(x.device))
+    with torch.cuda.stream(side_stream):
+        lora_kernels.decode_shrink(x, a, p.block_slots, p.block_rows, p.config, partials)
+    return partials
+
+
 def add_lora_delta(base: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                    info: LoraBatchInfo | None, use_triton: bool = False,
-                   parts: tuple[int, ...] | None = None) -> torch.Tensor:
+                   parts: tuple[int, ...] | None = None, partials: torch.Tensor | None = None,
+                   side_stream=None) -> torch.Tensor:
     """base + each row's LoRA delta (base unchanged where no row uses an adapter).
 
     use_triton (CUDA, --lora-backend triton): two launches per layer for a batch mixing adapters and the base model,
     adding in place (graph decode: kernels/lora/decode.py over the padded table, grids fixed, every index read from
     the graph's buffers; eager passes: kernels/lora/gather.py over their exact blocks). parts: the fused parts' output sizes (B's block diagonal; None: one part). Otherwise the torch path,
-    exact but one pair of GEMMs per adapter (the static form: one batched product over the rows)."""
+    exact but one pair of GEMMs per adapter (the static form: one batched product over the rows). partials: what
+    begin_lora_shrink launched on side_stream (then only the expand runs here)."""
     if info is None or not info.uses_lora:
         return base
     if use_triton:
@@ -138,8 +159,12 @@ def add_lora_delta(base: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torc
         x = x if x.stride(-1) == 1 else x.contiguous()
         if info.padded is not None:
             p = info.padded
-            return lora_kernels.decode_lora_add(out, x, a, b, p.block_slots, p.block_rows, info.scalings, parts,
-                                                p.config)
+            if partials is None:
+                return lora_kernels.decode_lora_add(out, x, a, b, p.block_slots, p.block_rows, info.scalings, parts,
+                                                    p.config)
+            torch.cuda.current_stream(out.device).wait_stream(side_stream)  # begin_lora_shrink's shrink
+            return lora_kernels.decode_expand(out, partials, b, p.block_slots, p.block_rows, info.scalings, parts,
+                                              p.config, x.dtype)
         g = info.blocks
         return lora_kernels.gather_lora_add(out, x, a, b, g.sorted_rows, g.block_starts, g.block_lens,
                                             g.block_slots, info.scalings, info.block_rows, parts)

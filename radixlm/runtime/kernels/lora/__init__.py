@@ -8,7 +8,10 @@ from radixlm.runtime.kernels.lazy import lazy_names
 from radixlm.runtime.kernels.lora.config import LoraDecodeConfig, config_for
 from radixlm.runtime.kernels.lora.shapes import EAGER_BLOCK_ROWS, GATHER_BLOCK_ROWS, check_lora_args, check_parts
 
-__getattr__ = lazy_names(__name__, {"gather_lora_add": "gather", "split_k": "gather", "decode_lora_add": "decode"})
+__getattr__ = lazy_names(__name__, {"gather_lora_add": "gather", "split_k": "gather", "decode_lora_add": "decode",
+                                    "decode_shrink": "decode", "decode_expand": "decode",
+                                    "decode_partials": "decode"})
 
 __all__ = ["EAGER_BLOCK_ROWS", "GATHER_BLOCK_ROWS", "LoraDecodeConfig", "check_lora_args", "check_parts",
-           "config_for", "decode_lora_add", "gather_lora_add", "split_k"]
+           "config_for", "decode_expand", "decode_lora_add", "decode_partials", "decode_shrink", "gather_lora_add",
+           "split_k"]

@@ -21,16 +21,16 @@ class LoraDecodeConfig:
     """The decode kernels' launch parameters (benchmarks/kernels/lora_decode_sweep.py sweeps them)."""
 
     block_m: int = 16  # rows per block (a slot's rows; the graph table reserves blocks for the worst mix)
-    splits: int = 8  # the most K splits of a block's shrink
+    splits: int = 16  # the most K splits of a block's shrink
     min_split_k: int = 256  # each split at least this many columns
     shrink_block_k: int = 128
     shrink_block_w: int = 64  # A's rows per shrink program (qkv's 3 x rank in one tile up to rank 21)
     shrink_warps: int = 4
     shrink_stages: int = 3
     expand_block_n: int = 128
-    expand_programs: int = 264  # the expand's target grid (two per SM on an H100/H200): sets the N chunk
+    expand_programs: int = 1024  # the expand's target grid (~8 per SM on an H100/H200): sets the N chunk
     expand_warps: int = 4
-    expand_stages: int = 2
+    expand_stages: int = 3
 
     def __post_init__(self) -> None:
         for name in ("block_m", "shrink_block_k", "shrink_block_w", "expand_block_n"):

@@ -109,6 +109,72 @@ def _expand_padded(part_ptr, b_ptr, out_ptr, scaling_ptr, blk_slot_ptr, blk_rows
             tl.store(ptrs, (base.to(tl.float32) + acc * scale).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def decode_shrink(x: torch.Tensor, a: torch.Tensor, block_slots: torch.Tensor, block_rows: torch.Tensor,
+                  config: LoraDecodeConfig, partials: torch.Tensor | None = None) -> torch.Tensor:
+    """The float32 split partials of x @ A[slot]^T, (splits, blocks * block_m, W), for decode_expand. partials: the
+    buffer to write (decode_partials' shape), e.g. allocated on the stream that reads it."""
+    rows, k = x.shape
+    slots, w, k_a = a.shape
+    num_blocks = int(block_slots.shape[0])
+    if k_a != k or x.stride(1) != 1 or a.stride(2) != 1:
+        raise ValueError(f"LoRA shrink shapes do not fit: x {tuple(x.shape)}, A {tuple(a.shape)}")
+    if block_rows.shape != (num_blocks * config.block_m,):
+        raise ValueError(f"block_rows {tuple(block_rows.shape)} is not {num_blocks} blocks of {config.block_m}")
+    shape = decode_partials(k, w, num_blocks, config)
+    if partials is None:
+        partials = torch.empty(shape, dtype=torch.float32, device=x.device)
+    elif tuple(partials.shape) != shape or partials.dtype != torch.float32 or not partials.is_contiguous():
+        raise ValueError(f"partials {tuple(partials.shape)} {partials.dtype} are not float32 {shape}")
+    if num_blocks == 0 or rows == 0:
+        return partials
+    block_w = min(config.shrink_block_w, max(16, triton.next_power_of_2(w)))
+    _shrink_padded[(num_blocks, triton.cdiv(w, block_w), shape[0])](
+        x, a, partials, block_slots, block_rows, k, w, config.split_k(k), x.stride(0), a.stride(0), a.stride(1),
+        partials.stride(0), partials.stride(1), PRECISION=_precision(x.dtype), BLOCK_M=config.block_m,
+        BLOCK_W=block_w, BLOCK_K=config.shrink_block_k, NUM_STAGES=config.shrink_stages,
+        num_warps=config.shrink_warps)
+    return partials
+
+
+def decode_partials(k: int, w: int, num_blocks: int, config: LoraDecodeConfig) -> tuple[int, int, int]:
+    """The shape of decode_shrink's partials."""
+    return triton.cdiv(k, config.split_k(k)), num_blocks * config.block_m, w
+
+
+def decode_expand(out: torch.Tensor, partials: torch.Tensor, b: torch.Tensor, block_slots: torch.Tensor,
+                  block_rows: torch.Tensor, scalings: torch.Tensor, parts: tuple[int, ...] | None,
+                  config: LoraDecodeConfig, precision_dtype: torch.dtype) -> torch.Tensor:
+    """out += scaling[slot] * (sum of the partials) @ B[slot]^T for each block's rows. precision_dtype: the
+    activations' dtype (float32: IEEE products)."""
+    splits, positions, w = partials.shape
+    slots, n, w_b = b.shape
+    num_blocks = int(block_slots.shape[0])
+    if w_b != w or out.shape[1] != n or positions != num_blocks * config.block_m or b.stride(2) != 1 \
+            or out.stride(1) != 1 or not partials.is_contiguous():
+        raise ValueError(f"LoRA expand shapes do not fit: partials {tuple(partials.shape)}, B {tuple(b.shape)}, "
+                         f"out {tuple(out.shape)}, {num_blocks} blocks of {config.block_m}")
+    parts = check_parts(parts, n, w)
+    if num_blocks == 0 or out.shape[0] == 0:
+        return out
+    r = w // len(parts)
+    if r > 64:
+        raise ValueError(f"the decode kernels take ranks up to 64, got {r}")
+    tiles = config.tiles_per_program(n, num_blocks)
+    ends = [sum(parts[: j + 1]) for j in range(len(parts))] + [n, n]
+    _expand_padded[(num_blocks, triton.cdiv(triton.cdiv(n, config.expand_block_n), tiles))](
+        partials, b, out, scalings, block_slots, block_rows, n, r, ends[0], ends[1], tiles, partials.stride(0),
+        partials.stride(1), b.stride(0), b.stride(1), out.stride(0), PRECISION=_precision(precision_dtype),
+        NUM_PARTS=len(parts), SPLITS=splits, BLOCK_M=config.block_m, BLOCK_N=config.expand_block_n,
+        BLOCK_R=max(16, triton.next_power_of_2(r)), NUM_STAGES=config.expand_stages, num_warps=config.expand_warps)
+    return out
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """float32 models: IEEE products. 16-bit: the shrink's products in their own dtype (exact, float32 sums), the
+    expand's float32 xa in tf32 (its rounding is below the 16-bit output's)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def decode_lora_add(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, block_slots: torch.Tensor,
                     block_rows: torch.Tensor, scalings: torch.Tensor, parts: tuple[int, ...] | None = None,
                     config: LoraDecodeConfig | None = None) -> torch.Tensor:
@@ -117,30 +183,6 @@ def decode_lora_add(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torc
     (blocks * config.block_m,) (lora/blocks.py's PaddedLayout). The grids depend on the shapes and the number of
     blocks only: a CUDA graph replays any mix written into the same table."""
     config = config or LoraDecodeConfig()
-    rows, k, w, n = check_lora_args(out, x, a, b)
-    parts = check_parts(parts, n, w)
-    num_blocks = int(block_slots.shape[0])
-    if block_rows.shape != (num_blocks * config.block_m,):
-        raise ValueError(f"block_rows {tuple(block_rows.shape)} is not {num_blocks} blocks of {config.block_m}")
-    if num_blocks == 0 or rows == 0:
-        return out
-    r = w // len(parts)
-    if r > 64:
-        raise ValueError(f"the decode kernels take ranks up to 64, got {r}")
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    chunk = config.split_k(k)
-    splits = triton.cdiv(k, chunk)
-    block_w = min(config.shrink_block_w, max(16, triton.next_power_of_2(w)))
-    partials = torch.empty(splits, num_blocks * config.block_m, w, dtype=torch.float32, device=x.device)
-    _shrink_padded[(num_blocks, triton.cdiv(w, block_w), splits)](
-        x, a, partials, block_slots, block_rows, k, w, chunk, x.stride(0), a.stride(0), a.stride(1),
-        partials.stride(0), partials.stride(1), PRECISION=precision, BLOCK_M=config.block_m, BLOCK_W=block_w,
-        BLOCK_K=config.shrink_block_k, NUM_STAGES=config.shrink_stages, num_warps=config.shrink_warps)
-    tiles = config.tiles_per_program(n, num_blocks)
-    ends = [sum(parts[: j + 1]) for j in range(len(parts))] + [n, n]
-    _expand_padded[(num_blocks, triton.cdiv(triton.cdiv(n, config.expand_block_n), tiles))](
-        partials, b, out, scalings, block_slots, block_rows, n, r, ends[0], ends[1], tiles, partials.stride(0),
-        partials.stride(1), b.stride(0), b.stride(1), out.stride(0), PRECISION=precision, NUM_PARTS=len(parts),
-        SPLITS=splits, BLOCK_M=config.block_m, BLOCK_N=config.expand_block_n,
-        BLOCK_R=max(16, triton.next_power_of_2(r)), NUM_STAGES=config.expand_stages, num_warps=config.expand_warps)
-    return out
+    check_lora_args(out, x, a, b)
+    partials = decode_shrink(x, a, block_slots, block_rows, config)
+    return decode_expand(out, partials, b, block_slots, block_rows, scalings, parts, config, x.dtype)

@@ -86,9 +86,10 @@ def run_cuda_llama8b() -> None:
 
 
 def run_cuda_graph_replays() -> None:
-    """One capture of the gather form; replays after refilling the table equal the eager kernels."""
+    """One capture of the graph form, with the shrink on the pass's stream and on a side stream beside other work
+    (LoraLayer.begin's); replays after refilling the table equal the eager kernels."""
     from radixlm.runtime.lora.graph import LoraGraphInputs
-    from radixlm.runtime.lora.ops import add_lora_delta
+    from radixlm.runtime.lora.ops import add_lora_delta, begin_lora_shrink
 
     g = torch.Generator().manual_seed(2)
     slots, width, k, n, rows = 32, 48, 4096, 6144, 64
@@ -97,23 +98,38 @@ def run_cuda_graph_replays() -> None:
     scalings = torch.rand(slots, generator=g).add(0.5).cuda()
     x = torch.randn(rows, k, generator=g).bfloat16().cuda()
     base = torch.randn(rows, n, generator=g).bfloat16().cuda()
+    w = torch.randn(n, k, generator=g).bfloat16().cuda()  # the "base GEMM" the side stream's shrink runs beside
     inputs = LoraGraphInputs(rows, slots, scalings, "cuda")
-    out = base.clone()
     info = inputs.info(rows)
-    add_lora_delta(out, x, a, b, info, use_triton=True)  # builds the kernels before the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        add_lora_delta(out, x, a, b, info, use_triton=True)
+    side = torch.cuda.Stream()
+    outs = [base.clone(), base.clone()]
+
+    def run(side_stream) -> None:
+        out = outs[side_stream is not None]
+        partials = begin_lora_shrink(x, a, info, True, side_stream)
+        out.add_(x @ w.t() * 0)
+        add_lora_delta(out, x, a, b, info, use_triton=True, parts=(4096, 1024, 1024), partials=partials,
+                       side_stream=side_stream)
+
+    graphs = []
+    for side_stream in (None, side):
+        run(side_stream)  # builds the kernels before the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run(side_stream)
+        graphs.append(graph)
     for mix in ([-1] * rows, [5] * rows, torch.randint(-1, slots, (rows,), generator=g).tolist(),
                 [i % slots for i in range(rows)]):
         inputs.fill(mix)
-        out.copy_(base)
-        graph.replay()
         eager = LoraGraphInputs(rows, slots, scalings, "cuda")
         eager.fill(mix)
-        want = add_lora_delta(base.clone(), x, a, b, eager.info(rows), use_triton=True)
+        want = add_lora_delta(base.clone(), x, a, b, eager.info(rows), use_triton=True, parts=(4096, 1024, 1024))
+        for out, graph in zip(outs, graphs):
+            out.copy_(base)
+            graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, want), mix[:8]
+        assert torch.equal(outs[0], want) and torch.equal(outs[1], want), mix[:8]
 
 
 @pytest.mark.skipif(not interpreter_works(), reason="needs Triton's interpreter, 3.7 or later")
