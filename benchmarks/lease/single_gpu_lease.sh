@@ -360,9 +360,9 @@ lora)
   else
     tiny=; nprompts=${LORA_PROMPTS:-400}; sweep=($PY benchmarks/kernels/lora_decode_sweep.py --install)
   fi
-  lora_end=$((SECONDS + ${LORA_BUDGET_S:-480}))
+  lora_end=$((SECONDS + ${LORA_BUDGET_S:-480} * X))
   lora_step() {  # lora_step NAME LIMIT CMD...: step with its limit cut to what is left (skipped under 20 s)
-    local name=$1 limit=$2 left=$((lora_end - SECONDS)); shift 2
+    local name=$1 limit=$2 left=$(((lora_end - SECONDS) / X)); shift 2
     [ "$left" -ge 20 ] || { echo "== $name skipped (budget)"; return 0; }
     [ "$limit" -le "$left" ] || limit=$left
     step "$name" "$limit" "$@"
