@@ -201,15 +201,17 @@ def main() -> None:
     best = min(ok, key=lambda r: r["score_us"])
     result["best"] = best
     result["old_score_us"] = sum(result["old_us"].values())
+    # The tuned table's contents (--install writes them; to commit them from this JSON elsewhere:
+    # kernels/gemm/tuned/lora_decode_<GPU>.json, kernels/lora/config.py's table_path)
+    result["table"] = {"gpu": gpu, "torch": torch.__version__, "command": result["command"],
+                       "config": best["config"], "us": best["us"], "old_us": result["old_us"]}
     save()
     print(f"best: {best['config']} {best['us']} (old path {result['old_us']})", flush=True)
     if args.install:
         if not cuda:
             raise SystemExit("--install needs CUDA (the table is per GPU model)")
         path = table_path(gpu)
-        path.write_text(json.dumps({"gpu": gpu, "torch": torch.__version__, "command": result["command"],
-                                    "config": best["config"], "us": best["us"], "old_us": result["old_us"]},
-                                   indent=1) + "\n")
+        path.write_text(json.dumps(result["table"], indent=1) + "\n")
         print(f"installed {path}", flush=True)
 
 
