@@ -45,6 +45,7 @@
 #                                                 # (benchmarks/offline/gpu_deepseek.py; estimate 5-8 min, not
 #                                                 # measured: two engine starts with cold Triton caches)
 #   bash benchmarks/lease/single_gpu_lease.sh hicache   # issue 54: hicache CUDA tests, copies, multi-turn off/on (~3 min)
+#   bash benchmarks/lease/single_gpu_lease.sh lora      # issue 53: LoRA CUDA tests, decode-kernel sweep, offline and served runs
 #   DRY=1 bash benchmarks/lease/single_gpu_lease.sh prepare|p1|p2|spec|vlm|deepseek|all   # HERE, on the CPU: the same scripts
 #                                                 # and arguments with tiny random-weight shapes (see "Dry run")
 #
@@ -346,6 +347,35 @@ deepseek)
   banner
   step deepseek 520 $PY benchmarks/offline/gpu_deepseek.py $([ "$DRY" = 1 ] && echo --tiny) \
     --parts kv plan decode offline --out "$OUT/deepseek_v2_lite_gpu.json" ;;
+lora)
+  # issue 53, one call of at most 9 minutes (steps cut to LORA_BUDGET_S, 480 s by default, after the wheels): the
+  # LoRA CUDA tests (the kernels against the torch path at Llama-3.1-8B's shapes, graph replays, a tiny engine's
+  # graph decode with adapters equal to eager); the decode kernels' sweep (benchmarks/kernels/lora_decode_sweep.py:
+  # one decode step's LoRA kernels at batch 8/64/256 x 32 rank-16 adapters, CUDA-graph replays, beside the old path;
+  # the best installed in this tree for the steps after it); the offline comparison (Engine: base, LoRA on with 0,
+  # 1, 8, 32 adapters) with the kernel profile; the served comparison (32 adapters first: the issue's 0.8x bar).
+  # Logs packed into $OUT/lora_logs.tar after each step; four JSONs beside it.
+  banner
+  if [ "$DRY" = 1 ]; then
+    tiny=--tiny; nprompts=8; sweep=(env TRITON_INTERPRET=1 $PY benchmarks/kernels/lora_decode_sweep.py)
+  else
+    tiny=; nprompts=${LORA_PROMPTS:-400}; sweep=($PY benchmarks/kernels/lora_decode_sweep.py --install)
+  fi
+  lora_end=$((SECONDS + ${LORA_BUDGET_S:-480} * X))
+  lora_step() {  # lora_step NAME LIMIT CMD...: step with its limit cut to what is left (skipped under 20 s)
+    local name=$1 limit=$2 left=$(((lora_end - SECONDS) / X)); shift 2
+    [ "$left" -ge 20 ] || { echo "== $name skipped (budget)"; return 0; }
+    [ "$limit" -le "$left" ] || limit=$left
+    step "$name" "$limit" "$@"
+    (cd "$OUT" && tar -rf lora_logs.tar "$name.log" && rm -f "$name.log")
+  }
+  TAIL=30 lora_step lora_cuda_tests 70 $PY -m pytest -q -p no:cacheprovider -rs --durations=8 tests/runtime/kernels/lora \
+    tests/runtime/lora/test_lora_cuda.py -k "not compile"
+  TAIL=20 lora_step lora_sweep 100 "${sweep[@]}" --budget-s "${LORA_SWEEP_S:-55}" --out "$OUT/lora_decode_sweep.json"
+  TAIL=40 lora_step lora_offline 190 $PY benchmarks/serving/lora_llama8b.py $tiny --mode offline profile \
+    --adapters 1 8 32 --num-prompts "$nprompts" --out "$OUT/lora_offline.json" --profile-out "$OUT/lora_profile.json"
+  TAIL=60 lora_step lora_served 200 $PY benchmarks/serving/lora_llama8b.py $tiny --adapters 32 1 8 \
+    --num-prompts "$nprompts" --out "$OUT/lora_llama8b.json" ;;
 all)
   [ "$DRY" = 1 ] || { echo "'all' is the CPU dry run only (DRY=1): one part per device call" >&2; exit 2; }
   for p in prepare p1 p2 spec vlm; do echo "######## $p"; bash "$0" "$p"; done ;;

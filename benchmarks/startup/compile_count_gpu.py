@@ -12,7 +12,7 @@ process had to build or load) and by the kernels the cache directory gains; both
     python benchmarks/startup/compile_count_gpu.py --out $OUT/compile_count_llama8b.json          # Llama-3.1-8B, bf16, dummy
     python benchmarks/startup/compile_count_gpu.py --configs default page16 nograph --out ...
     python benchmarks/startup/compile_count_gpu.py --model DIR --scale tiny ...   # as tests/runtime/engine/test_cuda.py does
-    python benchmarks/startup/compile_count_gpu.py --model tiny --scale tiny --configs lora   # benchmarks/lease/lora_lease.sh
+    python benchmarks/startup/compile_count_gpu.py --model tiny --scale tiny --configs lora   # tests/runtime/lora/test_lora_cuda.py
 
 Prints one line per configuration (start-up seconds, compilations during start-up and after it, the kernels
 compiled after start-up if any) and writes them as JSON. --shared-cache runs every configuration over one cache

@@ -4,8 +4,10 @@ larger one that replays faster: cuBLAS's cost is not monotonic in the row count 
 gate_up and down take 211 us at 288 rows, 186 us at 304), so start-up times the replays of the graphs of 192-512
 rows and pads each size to the cheapest graph at or above it (choose_padding).
 
-Under --enable-lora the graphs carry the LoRA kernels' gather form (lora/graph.py: each row's adapter slot in a
-static table filled before each replay), so one capture serves any mix of adapters.
+Under --enable-lora each size has two graphs: one with the LoRA decode kernels (lora/graph.py: each row's adapter
+slot in a static table filled before each replay, so one capture serves any mix of adapters), and the base model's
+(fused GEMMs, no LoRA kernel), which a pass with no adapter rows replays with no table to fill. The base graph writes
+its logits and hidden states into the LoRA graph's buffers (one copy each): no second set of output buffers.
 
 A replay copies the batch's inputs into static buffers; padded rows decode token 0 at position 0 of request row 0
 and write their K/V to the pool's dummy slot 0, so they touch nothing real. The attention backend gives captured
@@ -83,6 +85,7 @@ class CudaGraphRunner:
         lora = getattr(model_runner, "lora", None)
         self.lora_inputs = None if lora is None else lora.graph_inputs(n)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.base_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # under --enable-lora: passes with no adapter rows
         self.outputs: dict[int, torch.Tensor] = {}
         self.hidden: dict[int, torch.Tensor] = {}  # final hidden states of each size's pass (an EAGLE head's input)
         self.capture_seconds = 0.0
@@ -138,13 +141,20 @@ class CudaGraphRunner:
             r.attn_backend.init_forward_metadata(fb)
         return fb
 
-    def _run(self, bs: int, seq_lens_cpu: list[int] | None = None) -> torch.Tensor:
+    def _run(self, bs: int, seq_lens_cpu: list[int] | None = None, lora: bool = True) -> torch.Tensor:
+        """lora=False under --enable-lora: the base model's pass (no adapter rows), its hidden states and logits
+        copied into the LoRA pass's buffers of the same size (captured before it)."""
         fb = self._static_batch(bs, seq_lens_cpu)
         if self.lora_inputs is not None:
-            self.runner.lora.context.info = self.lora_inputs.info(bs)  # what every adapted layer reads
+            # What every adapted layer reads (None: the base model's pass)
+            self.runner.lora.context.info = self.lora_inputs.info(bs) if lora else None
         hidden = self.runner.model(fb.input_ids, fb.positions, fb)
+        logits = self.runner.logits_processor.logits(hidden)
+        if not lora and bs in self.outputs:
+            self.hidden[bs].copy_(hidden)
+            return self.outputs[bs].copy_(logits)
         self.hidden[bs] = hidden  # captured: a static buffer each replay of bs rows refills
-        return self.runner.logits_processor.logits(hidden)
+        return logits
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -162,6 +172,13 @@ class CudaGraphRunner:
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
                     self.outputs[bs] = self._run(bs)
                 self.graphs[bs] = graph
+                if self.lora_inputs is not None:
+                    self._run(bs, lora=False)  # its kernels were built by the warm-up passes
+                    stream.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        self._run(bs, lora=False)
+                    self.base_graphs[bs] = graph
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - t0
@@ -180,13 +197,17 @@ class CudaGraphRunner:
         if padded > bs:
             self.rows[:, bs:padded].copy_(self.pad[:, : padded - bs])
             self.out_cache_loc[bs:padded].zero_()
-        if self.lora_inputs is not None:
-            self.lora_inputs.fill(() if fb.lora is None else fb.lora.host_row_slots)  # padded rows: the base model
+        # Under --enable-lora a pass with adapter rows fills the table (padded rows: the base model); one without
+        # replays the base model's graph.
+        lora = self.lora_inputs is not None and fb.lora is not None and fb.lora.uses_lora
+        if lora:
+            self.lora_inputs.fill(fb.lora.host_row_slots)
         if self.use_graphs:
-            self.graphs[padded].replay()
+            (self.graphs if lora or self.lora_inputs is None else self.base_graphs)[padded].replay()
             logits = self.outputs[padded][:bs]
         else:
             with torch.inference_mode():
-                logits = self._run(padded, fb.seq_lens_cpu + [1] * (padded - bs))[:bs]
+                logits = self._run(padded, fb.seq_lens_cpu + [1] * (padded - bs),
+                                   lora=lora or self.lora_inputs is None)[:bs]
         self.runner.last_hidden = self.hidden[padded][:bs]
         return logits

@@ -148,10 +148,14 @@ class ModelRunner:
 
     def warm_up_token_rows(self, bs: int, seq_len: int) -> LogitsOutput:
         """An eager TOKEN_ROWS pass of bs requests, each at position seq_len - 1 of request row 0 (KV slot 0)."""
+        plan = LogitsPlan(sample_rows=list(range(bs)))
+        if self.lora is not None:
+            # A pass without adapter rows runs as the base model's (fused GEMMs): its kernels too.
+            self._run(token_rows_batch(self, bs, seq_len), plan)
         fb = token_rows_batch(self, bs, seq_len)
         if self.lora is not None:
             fb.lora = self.lora.warmup_info([1] * bs, gather=True)  # the graphs' kernels (eager ones: extend's)
-        return self._run(fb, LogitsPlan(sample_rows=list(range(bs))))
+        return self._run(fb, plan)
 
     @torch.inference_mode()
     def warm_up_extend(self, tree_masks: bool = False) -> None:
@@ -159,10 +163,11 @@ class ModelRunner:
         tokens per request), and with tree_masks the same with tree drafts' masks (USE_CUSTOM_MASK)."""
         for masked in (False, True) if tree_masks else (False,):
             for extend_lens in EXTEND_WARMUP_LENS:
-                fb = self.warmup_extend_batch(extend_lens, masked)
-                if self.lora is not None:
-                    fb.lora = self.lora.warmup_info(list(extend_lens))
-                self._run(fb, LogitsPlan(sample_rows=[fb.num_tokens - 1]))
+                for lora in (False, True) if self.lora is not None else (False,):
+                    fb = self.warmup_extend_batch(extend_lens, masked)
+                    if lora:
+                        fb.lora = self.lora.warmup_info(list(extend_lens))
+                    self._run(fb, LogitsPlan(sample_rows=[fb.num_tokens - 1]))
         if self.is_cuda:
             torch.cuda.synchronize()
 

@@ -89,15 +89,18 @@ class Linear(nn.Module):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | None = None,
                epilogue: RotaryStore | None = None) -> torch.Tensor:
-        if self.lora is not None:
+        lora = self.lora is not None and self.lora.active  # a pass with no adapter rows runs as the base model's
+        partials = None
+        if lora:
             # The delta reads the GEMM's input and lands before the rotary and KV store: nothing fused either side.
             x = apply_prologue(prologue, x)
             prologue = epilogue = None
+            partials = self.lora.begin(x)  # graph decode: the shrink beside the GEMM
         if self.quant_method is not None:
             out = self.quant_method.apply(self, apply_prologue(prologue, x), bias)
         else:
             out = gemm.linear(x, self.weight, bias, self.packed_weight, self.gemm_choices, prologue, epilogue)
-        return out if self.lora is None else self.lora.add(out, x)
+        return self.lora.add(out, x, partials) if lora else out
 
     def forward(self, x: torch.Tensor, prologue: Prologue | None = None,
                 epilogue: RotaryStore | None = None) -> torch.Tensor:

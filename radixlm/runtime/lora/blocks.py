@@ -86,3 +86,47 @@ class TableLayout:
         t[2 * r + 2 * b :] = -1
         t[2 * r + 2 * b : 2 * r + 2 * b + len(block_slots)] = block_slots
         return t
+
+
+@dataclass(frozen=True)
+class PaddedLayout:
+    """The decode kernels' table (kernels/lora/decode.py), for up to `rows_cap` rows in `blocks_cap` blocks of
+    `block_m`: [row_slots | block_slots | block_rows], block_rows holding each block's rows (-1 padded) at
+    b * block_m. Each field starts 16-byte aligned."""
+
+    rows_cap: int
+    blocks_cap: int
+    block_m: int
+
+    def __post_init__(self) -> None:
+        if self.block_m < ALIGN or self.block_m % ALIGN:
+            raise ValueError(f"block_m must be a multiple of {ALIGN}, got {self.block_m}")
+
+    @property
+    def size(self) -> int:
+        return aligned(self.rows_cap) + aligned(self.blocks_cap) + self.blocks_cap * self.block_m
+
+    def fields(self, t, rows: int, blocks: int):
+        """Views of table t: row_slots (rows,), block_slots (blocks,), block_rows (blocks * block_m,)."""
+        r, b = aligned(self.rows_cap), aligned(self.blocks_cap)
+        return t[:rows], t[r : r + blocks], t[r + b : r + b + blocks * self.block_m]
+
+    def table(self, row_slots) -> np.ndarray:
+        """The host table of `row_slots` (-1: base): rows past them -1, unused blocks slot -1 with no rows."""
+        slots = np.asarray(row_slots, dtype=np.int32)
+        if len(slots) > self.rows_cap:
+            raise ValueError(f"{len(slots)} rows exceed the LoRA table's {self.rows_cap}")
+        order, starts, lens, block_slots = group_rows(slots, self.block_m)
+        if len(starts) > self.blocks_cap:
+            raise ValueError(f"the LoRA table's {self.blocks_cap} blocks are too few for {len(starts)}")
+        r, b = aligned(self.rows_cap), aligned(self.blocks_cap)
+        t = np.full(self.size, -1, dtype=np.int32)
+        t[: len(slots)] = slots
+        t[r : r + len(block_slots)] = block_slots
+        if len(order):
+            i = np.arange(self.block_m)
+            pos = starts[:, None] + i[None, :]
+            filled = i[None, :] < lens[:, None]
+            rows = np.where(filled, order[np.minimum(pos, len(order) - 1)], -1)
+            t[r + b : r + b + len(starts) * self.block_m] = rows.reshape(-1)
+        return t

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.lora.config import LoraTarget
-from radixlm.runtime.lora.ops import LoraBatchInfo, add_lora_delta
+from radixlm.runtime.lora.ops import LoraBatchInfo, add_lora_delta, begin_lora_shrink
 
 
 @dataclass
@@ -18,6 +18,7 @@ class LoraPassContext:
 
     info: LoraBatchInfo | None = None
     use_triton: bool = False  # the Triton kernels (CUDA, --lora-backend triton); else the torch path
+    side_stream: object = None  # a torch.cuda.Stream with the Triton kernels: graph decode's shrinks run on it
 
 
 class LoraLayer:
@@ -90,5 +91,19 @@ class LoraLayer:
         """Slot `slot` takes an adapter's (A, B) per part (None: the adapter leaves that part alone)."""
         self.load(slot, self.pack(parts))
 
-    def add(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return add_lora_delta(out, x, self.a, self.b, self.context.info, self.context.use_triton, self.part_sizes)
+    @property
+    def active(self) -> bool:
+        """Whether the pass being run (or captured) has adapter rows: else the layer runs as the base model's."""
+        info = self.context.info
+        return info is not None and info.uses_lora
+
+    def begin(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Before the base GEMM (x its input): graph decode's shrink, launched beside the GEMM (ops.py)."""
+        ctx = self.context
+        return begin_lora_shrink(x, self.a, ctx.info, ctx.use_triton, ctx.side_stream)
+
+    def add(self, out: torch.Tensor, x: torch.Tensor, partials: torch.Tensor | None = None) -> torch.Tensor:
+        """out + the rows' deltas; partials: begin's (its shrink done on the side stream)."""
+        ctx = self.context
+        return add_lora_delta(out, x, self.a, self.b, ctx.info, ctx.use_triton, self.part_sizes, partials,
+                              ctx.side_stream)

@@ -53,8 +53,9 @@ class LoraManager:
         self.num_layers = num_layers
         self.dtype = dtype
         self.device = device
-        self.context = LoraPassContext(
-            use_triton=options.backend == "triton" and torch.device(device).type == "cuda")
+        use_triton = options.backend == "triton" and torch.device(device).type == "cuda"
+        self.context = LoraPassContext(use_triton=use_triton,
+                                       side_stream=torch.cuda.Stream(torch.device(device)) if use_triton else None)
         self.layers: dict[tuple[int, LoraTarget], LoraLayer] = {}
         decoder = getattr(getattr(model, "model", None), "layers", None)
         if decoder is None:
@@ -124,6 +125,10 @@ class LoraManager:
             return None
         for slot, lora_id in batch.loads:
             self._swap_in(slot, lora_id)
+        if all(s < 0 for s in batch.req_slots):
+            # No row uses an adapter: the pass runs as the base model's (fused GEMMs, no LoRA kernels, no table).
+            self.context.info = None
+            return None
         if host_only:
             info = LoraBatchInfo.host_only(list(batch.req_slots), extend_lens, self.scalings)
         else:
@@ -148,6 +153,8 @@ class LoraManager:
 
     def graph_inputs(self, max_rows: int):
         """The static gather-form buffers of CUDA-graph decode (lora/graph.py)."""
+        from radixlm.runtime.kernels.lora.config import config_for
         from radixlm.runtime.lora.graph import LoraGraphInputs
 
-        return LoraGraphInputs(max_rows, self.options.max_loras_per_batch, self.scalings, self.device)
+        return LoraGraphInputs(max_rows, self.options.max_loras_per_batch, self.scalings, self.device,
+                               config_for(self.device))

@@ -7,8 +7,8 @@ read only that block of B, given the parts' output sizes). Ranks below max_rank 
 every adapter.
 
 Both forms of a pass's rows group them by slot in blocks (lora/blocks.py): eager passes get exactly their blocks of
-at most EAGER_BLOCK_ROWS rows (built here, one copy to the device); CUDA-graph decode a static table of blocks of at
-most GATHER_BLOCK_ROWS rows sized for the graph (graph.py), refilled before each replay."""
+at most EAGER_BLOCK_ROWS rows (built here, one copy to the device); CUDA-graph decode a static padded table (each
+block's slot and rows) sized for the graph (graph.py), refilled before each replay."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from radixlm.runtime.host_to_device import host_to_device
+from radixlm.runtime.kernels.lora.config import LoraDecodeConfig
 from radixlm.runtime.kernels.lora.shapes import EAGER_BLOCK_ROWS
 from radixlm.runtime.lora.blocks import TableLayout, group_rows
 
@@ -30,6 +31,16 @@ class GatherRows:
     block_starts: torch.Tensor  # (blocks,) int32: a block's first position in sorted_rows
     block_lens: torch.Tensor  # (blocks,) int32, at most block_rows; 0: unused
     block_slots: torch.Tensor  # (blocks,) int32
+
+
+@dataclass(frozen=True)
+class PaddedBlocks:
+    """The decode kernels' views (lora/blocks.py's PaddedLayout; CUDA-graph decode): each block's slot and its rows
+    at b * config.block_m, -1 padded."""
+
+    block_slots: torch.Tensor  # (blocks,) int32, -1: unused
+    block_rows: torch.Tensor  # (blocks * block_m,) int32, -1: none
+    config: LoraDecodeConfig
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,7 @@ class LoraBatchInfo:
     block_rows: int = EAGER_BLOCK_ROWS  # the blocks' row cap (the kernels' BLOCK_M)
     static: bool = False
     host_row_slots: tuple[int, ...] = ()  # row_slots on the host (what a replay fills the graph's table from)
+    padded: PaddedBlocks | None = None  # the graph form's decode-kernel table (else `blocks`, the eager kernels')
 
     @staticmethod
     def build(req_slots: list[int], req_rows: list[int], scalings: torch.Tensor, device,
@@ -108,15 +120,36 @@ def lora_delta_rows_torch(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, row
     return delta * weight.to(delta.dtype)[:, None]
 
 
+def begin_lora_shrink(x: torch.Tensor, a: torch.Tensor, info: LoraBatchInfo | None, use_triton: bool,
+                      side_stream) -> torch.Tensor | None:
+    """Graph decode (the padded form, Triton on CUDA) with a side stream: the shrink launched there before the base
+    GEMM, which it does not wait for (it reads only x), so its launch and latency hide behind the GEMM; its partials
+    (allocated on the pass's stream) for add_lora_delta, which joins the side stream first. None otherwise."""
+    if not use_triton or side_stream is None or info is None or not info.uses_lora or info.padded is None:
+        return None
+    from radixlm.runtime.kernels import lora as lora_kernels
+
+    p = info.padded
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    partials = torch.empty(lora_kernels.decode_partials(x.shape[1], a.shape[1], p.block_slots.shape[0], p.config),
+                           dtype=torch.float32, device=x.device)
+    side_stream.wait_stream(torch.cuda.current_stream(x.device))
+    with torch.cuda.stream(side_stream):
+        lora_kernels.decode_shrink(x, a, p.block_slots, p.block_rows, p.config, partials)
+    return partials
+
+
 def add_lora_delta(base: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                    info: LoraBatchInfo | None, use_triton: bool = False,
-                   parts: tuple[int, ...] | None = None) -> torch.Tensor:
+                   parts: tuple[int, ...] | None = None, partials: torch.Tensor | None = None,
+                   side_stream=None) -> torch.Tensor:
     """base + each row's LoRA delta (base unchanged where no row uses an adapter).
 
     use_triton (CUDA, --lora-backend triton): two launches per layer for a batch mixing adapters and the base model,
-    adding in place (kernels/lora/gather.py; the static form's grids are fixed, every index read from the graph's
-    buffers). parts: the fused parts' output sizes (B's block diagonal; None: one part). Otherwise the torch path,
-    exact but one pair of GEMMs per adapter (the static form: one batched product over the rows)."""
+    adding in place (graph decode: kernels/lora/decode.py over the padded table, grids fixed, every index read from
+    the graph's buffers; eager passes: kernels/lora/gather.py over their exact blocks). parts: the fused parts' output sizes (B's block diagonal; None: one part). Otherwise the torch path,
+    exact but one pair of GEMMs per adapter (the static form: one batched product over the rows). partials: what
+    begin_lora_shrink launched on side_stream (then only the expand runs here)."""
     if info is None or not info.uses_lora:
         return base
     if use_triton:
@@ -124,6 +157,14 @@ def add_lora_delta(base: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torc
 
         out = base if base.stride(-1) == 1 else base.contiguous()
         x = x if x.stride(-1) == 1 else x.contiguous()
+        if info.padded is not None:
+            p = info.padded
+            if partials is None:
+                return lora_kernels.decode_lora_add(out, x, a, b, p.block_slots, p.block_rows, info.scalings, parts,
+                                                    p.config)
+            torch.cuda.current_stream(out.device).wait_stream(side_stream)  # begin_lora_shrink's shrink
+            return lora_kernels.decode_expand(out, partials, b, p.block_slots, p.block_rows, info.scalings, parts,
+                                              p.config, x.dtype)
         g = info.blocks
         return lora_kernels.gather_lora_add(out, x, a, b, g.sorted_rows, g.block_starts, g.block_lens,
                                             g.block_slots, info.scalings, info.block_rows, parts)

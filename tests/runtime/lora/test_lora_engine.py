@@ -71,8 +71,9 @@ def test_a_batch_mixing_four_adapters_and_the_base_equals_each_alone(llama):
 
 def test_decode_graphs_replay_any_mix_of_adapters(llama):
     """CUDA-graph decode under --enable-lora, through the graph runner's eager stand-in (use_graphs=False: the same
-    padded passes over the same static buffers, the LoRA rows in the gather form): mixes of four adapters and the
-    base model, padded rows among them, equal the PEFT-merged models."""
+    padded passes over the same static buffers, the LoRA rows in the graph form): mixes of four adapters and the
+    base model, padded rows among them, equal the PEFT-merged models; a batch of base rows alone replays the base
+    model's pass (no LoRA table filled) and equals the base model."""
     engine, _, prompts, refs, _ = llama
     runner = engine.runner
     graphs = CudaGraphRunner(runner, 8, use_graphs=False)
@@ -80,7 +81,7 @@ def test_decode_graphs_replay_any_mix_of_adapters(llama):
     replay = graphs.replay
 
     def recording(fb):
-        mixes.append(fb.lora.host_row_slots)
+        mixes.append(None if fb.lora is None else fb.lora.host_row_slots)
         return replay(fb)
 
     graphs.replay = recording
@@ -89,10 +90,15 @@ def test_decode_graphs_replay_any_mix_of_adapters(llama):
     try:
         outs = engine.generate(input_ids=[prompts[i % 2] for i in range(len(names))], sampling_params=SP,
                                lora_path=names)
+        assert sum(m is not None and len(m) == 7 and len(set(m)) == 5 for m in mixes) >= NEW - 1  # replayed
+        mixes.clear()
+        filled = graphs.lora_inputs.table.clone()
+        base = engine.generate(input_ids=prompts, sampling_params=SP)
     finally:
         runner.graph_runner = None
     assert _ids(outs) == [refs[n][i % 2] for i, n in enumerate(names)]
-    assert sum(len(m) == 7 and len(set(m)) == 5 for m in mixes) >= NEW - 1  # the decode passes replayed
+    assert _ids(base) == refs[None] and len(mixes) >= NEW - 1 and set(mixes) == {None}
+    assert torch.equal(graphs.lora_inputs.table, filled)  # base passes fill nothing
 
 
 def test_warm_up_passes_build_the_lora_kernels(llama, monkeypatch):
@@ -107,10 +113,14 @@ def test_warm_up_passes_build_the_lora_kernels(llama, monkeypatch):
     with pytest.raises(RuntimeError, match="before any adapter"):
         runner.warm_up_token_rows(3, 1)  # slot 0 would no longer be zeros
     monkeypatch.setattr(runner.lora, "slot_ids", free)
+    passes.clear()
     runner.warm_up_extend()
     runner.warm_up_token_rows(3, 1)
-    assert passes and all(p.uses_lora and not p.static and set(p.host_row_slots) == {0} for p in passes[:-1])
-    assert passes[-1].static and passes[-1].row_slots.tolist() == [0, 0, 0]
+    # Each pass twice: without adapter rows (the base model's fused kernels), then with them
+    assert passes[::2] == [None] * (len(passes) // 2) and len(passes) % 2 == 0
+    lora = passes[1::2]
+    assert lora and all(p.uses_lora and not p.static and set(p.host_row_slots) == {0} for p in lora[:-1])
+    assert lora[-1].static and lora[-1].row_slots.tolist() == [0, 0, 0]
 
 
 def test_two_ranks_equal_one_with_adapters(llama):

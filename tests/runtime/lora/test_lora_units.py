@@ -15,7 +15,7 @@ from radixlm.runtime.layers.linear import ColumnParallelLinear, RowParallelLinea
 from radixlm.runtime.lora.config import LoraSpec, LoraTarget, PeftConfig
 from radixlm.runtime.lora.layer import LoraLayer, LoraPassContext
 from radixlm.runtime.lora.graph import LoraGraphInputs, num_blocks
-from radixlm.runtime.kernels.lora import EAGER_BLOCK_ROWS, GATHER_BLOCK_ROWS
+from radixlm.runtime.kernels.lora import EAGER_BLOCK_ROWS, LoraDecodeConfig
 from radixlm.runtime.lora.ops import LoraBatchInfo, add_lora_delta, lora_delta_torch
 from radixlm.runtime.lora.registry import LoraRegistry, cache_namespace
 from radixlm.runtime.lora.slots import BASE_SLOT, SlotTable
@@ -96,22 +96,22 @@ def test_batched_delta_equals_a_per_row_loop():
     assert not info.static and info.block_rows == EAGER_BLOCK_ROWS
 
 
-def test_gather_table_groups_rows_by_slot_in_blocks():
-    """The gather form's table (graph decode): rows by slot in blocks of at most GATHER_BLOCK_ROWS, base rows
-    left out, every field padded to the graph's size; its torch form equals the per-adapter path."""
-    rows = [2, -1, 0, 2] + [1] * (GATHER_BLOCK_ROWS + 3) + [-1]
+def test_graph_table_groups_rows_by_slot_in_padded_blocks():
+    """The graph form's table (decode kernels): rows by slot in padded blocks of at most block_m, base rows left
+    out, unused blocks slot -1, every field sized for the graph; its torch form equals the per-adapter path."""
+    config = LoraDecodeConfig(block_m=16)
+    rows = [2, -1, 0, 2] + [1] * (config.block_m + 3) + [-1]
     cap = 40
-    inputs = LoraGraphInputs(cap, 3, torch.tensor([0.5, 2.0, 1.5]), "cpu")
+    inputs = LoraGraphInputs(cap, 3, torch.tensor([0.5, 2.0, 1.5]), "cpu", config)
     inputs.fill(rows)
     info = inputs.info(len(rows))
-    g = info.blocks
-    assert info.static and info.block_rows == GATHER_BLOCK_ROWS
-    blocks = [(s, n) for s, n in zip(g.block_slots.tolist(), g.block_lens.tolist()) if n]
-    assert blocks == [(0, 1), (1, GATHER_BLOCK_ROWS), (1, 3), (2, 2)]
-    assert g.block_lens.shape[0] == num_blocks(len(rows), 3) and info.row_slots.tolist() == rows
-    for start, n, slot in zip(g.block_starts.tolist(), g.block_lens.tolist(), g.block_slots.tolist()):
-        assert all(rows[r] == slot for r in g.sorted_rows[start : start + n].tolist())
-    assert sorted(g.sorted_rows[: len(rows) - 2].tolist()) == [i for i, s in enumerate(rows) if s >= 0]
+    p = info.padded
+    assert info.static and p is not None and p.config == config
+    assert p.block_slots.shape[0] == num_blocks(len(rows), 3, 16) and info.row_slots.tolist() == rows
+    per_block = p.block_rows.view(-1, 16).tolist()
+    blocks = [(s, [r for r in rs if r >= 0]) for s, rs in zip(p.block_slots.tolist(), per_block)]
+    assert blocks[:4] == [(0, [2]), (1, list(range(4, 20))), (1, [20, 21, 22]), (2, [0, 3])]
+    assert all(s == -1 and not rs for s, rs in blocks[4:])
     gen = torch.Generator().manual_seed(3)
     a, b = torch.randn(3, 8, 16, generator=gen), torch.randn(3, 12, 8, generator=gen)
     x = torch.randn(len(rows), 16, generator=gen)

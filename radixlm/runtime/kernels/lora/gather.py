@@ -1,6 +1,7 @@
-"""The batched LoRA kernels, over blocks of at most BLOCK_M rows of one slot read through an index (lora/blocks.py).
-Grid: (block, ...); unused blocks (length 0) and base rows' (slot -1) return at once, and nothing is read back on the
-host, so one captured graph serves any mix of adapters.
+"""The batched LoRA kernels of eager passes, over blocks of at most BLOCK_M rows of one slot read through an index
+(lora/blocks.py). Grid: (block, ...); unused blocks (length 0) and base rows' (slot -1) return at once, and nothing is
+read back on the host. CUDA-graph decode ran them over blocks of 16 rows before kernels/lora/decode.py (the decode
+sweep, benchmarks/kernels/lora_decode_sweep.py, times that form as the old path).
 
 The shrink writes x @ A^T in float32 per K split, (splits, positions, W) in sorted-row order: decode's blocks are
 few and K long (4096-14336), so each block's K loop is cut over SPLITS programs (one program streaming all of K

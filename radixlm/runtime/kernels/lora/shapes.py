@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-# Rows per block of CUDA-graph decode's table (lora/graph.py): few rows per adapter, the K loop split for parallelism.
+# Rows per block of gather.py's graph form (graph decode before kernels/lora/decode.py; the decode sweep's old path).
 GATHER_BLOCK_ROWS = 16
 # Rows per block of eager passes (prefill, extend): whole tiles of a prompt's rows.
 EAGER_BLOCK_ROWS = 64

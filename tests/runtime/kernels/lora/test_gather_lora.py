@@ -35,7 +35,8 @@ def block_diagonal(b: torch.Tensor, parts: tuple[int, ...]) -> torch.Tensor:
 
 
 def compare(device: str, dtype: torch.dtype, slots: int, width: int, k: int, parts: tuple[int, ...],
-            row_slots: list[int], capacity: int, segments: bool, tol: float, g: torch.Generator) -> None:
+            row_slots: list[int], capacity: int, segments: bool, tol: float, g: torch.Generator,
+            configs=(None,)) -> None:
     from radixlm.runtime.lora.graph import LoraGraphInputs
     from radixlm.runtime.lora.ops import LoraBatchInfo, add_lora_delta, lora_delta_torch
 
@@ -48,21 +49,28 @@ def compare(device: str, dtype: torch.dtype, slots: int, width: int, k: int, par
     base = torch.randn(rows, n, generator=g).to(dtype).to(device)
     info = LoraBatchInfo.build(row_slots, [1] * rows, scalings, device)
     want = base.float() + lora_delta_torch(x.float(), a.float(), b.float(), info)
-    inputs = LoraGraphInputs(capacity, slots, scalings, device)
-    inputs.fill(row_slots)
-    got = add_lora_delta(base.clone(), x, a, b, inputs.info(rows), use_triton=True, parts=parts)
-    _check(got, want, base, row_slots, tol, ("graph", dtype, width, k, parts))
+    for config in configs:
+        inputs = LoraGraphInputs(capacity, slots, scalings, device, config)
+        inputs.fill(row_slots)
+        got = add_lora_delta(base.clone(), x, a, b, inputs.info(rows), use_triton=True, parts=parts)
+        _check(got, want, base, row_slots, tol, ("graph", dtype, width, k, parts, config))
     if segments:
         got = add_lora_delta(base.clone(), x, a, b, info, use_triton=True, parts=parts)
         _check(got, want, base, row_slots, tol, ("eager", dtype, width, k, parts))
 
 
 def run_interpreted() -> None:
+    from radixlm.runtime.kernels.lora import LoraDecodeConfig
+
     g = torch.Generator().manual_seed(0)
     # 19 rows of slot 2 (two graph blocks), base rows between, 24 of a graph of 28 rows (the rest padding); K 600:
-    # three splits in the graph form (the last one short), whole in the eager form; three parts of rank 8
+    # three splits in the graph form (the last one short), whole in the eager form; three parts of rank 8. The
+    # decode kernels' defaults (one output tile a program), and 16-column tiles with parts straddling them, 13 tiles
+    # in one program (expand_programs 1), five K splits of 128
     slots = [2, -1, 0, 2, 1] + [2] * 17 + [-1, 0]
-    compare("cpu", torch.float32, 3, 24, 600, (40, 24, 136), slots, 28, True, 1e-5, g)
+    narrow = LoraDecodeConfig(splits=5, min_split_k=128, shrink_block_k=64, shrink_block_w=16, expand_block_n=16,
+                              expand_programs=1)
+    compare("cpu", torch.float32, 3, 24, 600, (40, 24, 136), slots, 28, True, 1e-5, g, (None, narrow))
     # one part, 70 rows of one slot: two eager blocks; rank 4 (below the 16 of a tile)
     compare("cpu", torch.float32, 2, 4, 40, (72,), [1] * 70, 70, True, 1e-5, g)
 
@@ -78,9 +86,10 @@ def run_cuda_llama8b() -> None:
 
 
 def run_cuda_graph_replays() -> None:
-    """One capture of the gather form; replays after refilling the table equal the eager kernels."""
+    """One capture of the graph form, with the shrink on the pass's stream and on a side stream beside other work
+    (LoraLayer.begin's); replays after refilling the table equal the eager kernels."""
     from radixlm.runtime.lora.graph import LoraGraphInputs
-    from radixlm.runtime.lora.ops import add_lora_delta
+    from radixlm.runtime.lora.ops import add_lora_delta, begin_lora_shrink
 
     g = torch.Generator().manual_seed(2)
     slots, width, k, n, rows = 32, 48, 4096, 6144, 64
@@ -89,23 +98,38 @@ def run_cuda_graph_replays() -> None:
     scalings = torch.rand(slots, generator=g).add(0.5).cuda()
     x = torch.randn(rows, k, generator=g).bfloat16().cuda()
     base = torch.randn(rows, n, generator=g).bfloat16().cuda()
+    w = torch.randn(n, k, generator=g).bfloat16().cuda()  # the "base GEMM" the side stream's shrink runs beside
     inputs = LoraGraphInputs(rows, slots, scalings, "cuda")
-    out = base.clone()
     info = inputs.info(rows)
-    add_lora_delta(out, x, a, b, info, use_triton=True)  # builds the kernels before the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        add_lora_delta(out, x, a, b, info, use_triton=True)
+    side = torch.cuda.Stream()
+    outs = [base.clone(), base.clone()]
+
+    def run(side_stream) -> None:
+        out = outs[side_stream is not None]
+        partials = begin_lora_shrink(x, a, info, True, side_stream)
+        out.add_(x @ w.t() * 0)
+        add_lora_delta(out, x, a, b, info, use_triton=True, parts=(4096, 1024, 1024), partials=partials,
+                       side_stream=side_stream)
+
+    graphs = []
+    for side_stream in (None, side):
+        run(side_stream)  # builds the kernels before the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run(side_stream)
+        graphs.append(graph)
     for mix in ([-1] * rows, [5] * rows, torch.randint(-1, slots, (rows,), generator=g).tolist(),
                 [i % slots for i in range(rows)]):
         inputs.fill(mix)
-        out.copy_(base)
-        graph.replay()
         eager = LoraGraphInputs(rows, slots, scalings, "cuda")
         eager.fill(mix)
-        want = add_lora_delta(base.clone(), x, a, b, eager.info(rows), use_triton=True)
+        want = add_lora_delta(base.clone(), x, a, b, eager.info(rows), use_triton=True, parts=(4096, 1024, 1024))
+        for out, graph in zip(outs, graphs):
+            out.copy_(base)
+            graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, want), mix[:8]
+        assert torch.equal(outs[0], want) and torch.equal(outs[1], want), mix[:8]
 
 
 @pytest.mark.skipif(not interpreter_works(), reason="needs Triton's interpreter, 3.7 or later")
