@@ -21,7 +21,7 @@ float32 partials are summed by splitk.reduce_splits, which adds the bias and rou
 
 Capturable in CUDA graphs (one allocation size per row count, no host sync); M is not specialized on and the split
 depends on N's tiles only, so one variant per row bucket (start-up's warm-up: tiles.warmup_rows builds them). x is
-copied first where its rows are not 16-element aligned (the launch is specialized on it)."""
+copied first where its rows are not 16-element aligned (the launches are specialized on it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -160,9 +160,9 @@ def fp8_mma_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     if input_scale is not None and input_scale.numel() != 1:
         raise ValueError(f"a static activation scale has one value, got shape {tuple(input_scale.shape)}")
     act = act_mode(block, input_scale, cfg)
+    if x2.stride(1) != 1 or x2.data_ptr() % 16 or x2.stride(0) % 16:
+        x2 = x2.clone(memory_format=torch.contiguous_format)  # the launches are specialized on 16-element rows
     if act == _Act.PRE:
-        if x2.stride(1) != 1:
-            x2 = x2.contiguous()
         if block is not None:
             x, x_scale = fp8_act.quant_fp8_per_group(x2, block[1])
         else:
@@ -170,8 +170,6 @@ def fp8_mma_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
         stride_xsm = x_scale.stride(0) if x_scale.dim() == 2 else 0
     else:
         x = x2
-        if x.stride(1) != 1 or x.data_ptr() % 16 or x.stride(0) % 16:
-            x = x.clone(memory_format=torch.contiguous_format)  # the launch is specialized on 16-element rows
         x_scale = input_scale.to(torch.float32).reshape(1) if act == _Act.STATIC else x  # (TILE: unused)
         stride_xsm = 0
     if block is not None:

@@ -129,6 +129,48 @@ def test_dispatch_takes_the_kernel_only_with_an_entry(monkeypatch, kind):
     assert calls[0][0] != "mma"  # another shape: no entry
 
 
+@pytest.mark.parametrize("scheme", ["channel", "static", "block", "block_fused"])
+def test_serving_launches_are_built_by_the_warm_up(monkeypatch, scheme):
+    """No compile after start-up: every launch (fp8_mma's, fp8_act's, the split-K sum's) at the row counts and x views
+    serving makes is among those of quant.warm_up_linear (one call per row bucket), by Triton's own cache key
+    (tests/runtime/kernels/startup/test_kernel_variants.py's Recorder, on CPU tensors)."""
+    import random
+
+    from radixlm.runtime.kernels.quant import fp8_act, fp8_gemm, fp8_mma, splitk, warm_up_linear
+    from tests.runtime.kernels.startup.test_kernel_variants import Recorder, _assert_covered
+
+    n, k = 4096, 2048  # 64 N tiles, 16 K tiles: tiles.split_k's split would differ with the row tiles (1-4)
+    block = BLOCK if scheme.startswith("block") else None
+    group = 128 if block else 0
+    table = quant_tuned.parse([_entry(8, group, n, k, fused_act=scheme != "channel"),
+                               _entry(16, group, n, k, block_n=128, fused_act=scheme != "channel"),
+                               _entry(64, group, n, k, block_m=32, split_k=1), _entry(256, group, n, k, block_m=64)])
+    monkeypatch.setattr(quant_tuned, "lookup", lambda device, *key: quant_tuned.lookup_in(table, *key))
+    rec = Recorder(monkeypatch, {"mma": fp8_mma._fp8_mma_kernel, "rows": fp8_act._quant_rows_kernel,
+                                 "groups": fp8_act._quant_groups_kernel, "reduce": splitk._reduce_splits_kernel,
+                                 "w8a8": fp8_gemm._w8a8_kernel})
+    w, s = ref.quant_fp8(torch.randn(n, k) * 0.05, block=block, per_channel=True)
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    in_scale = torch.tensor(0.02) if scheme == "static" else None
+
+    def apply(x):
+        return fp8_gemm.fp8_linear_cuda(x, w, s, block, bias, in_scale)
+
+    warm_up_linear(apply, k, torch.bfloat16, "cpu", max_rows=256)  # (257 rows: torch._scaled_mm, not on the CPU)
+    warm = rec.take()
+    assert "mma" in warm
+    rng = random.Random(0)
+    for m in [1, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65, 128, 256] + [rng.randrange(5, 257) for _ in range(6)]:
+        views = [torch.randn(m, k, dtype=torch.bfloat16), torch.randn(m + 1, k + 16, dtype=torch.bfloat16)[1:, :k]]
+        if m >= 5:  # rows 8 elements apart: copied by fp8_mma (the default paths' launches would specialize)
+            views.append(torch.randn(m, k + 8, dtype=torch.bfloat16)[:, 8:])
+        for x in views:
+            apply(x)
+    serving = rec.take()
+    assert serving.keys() <= warm.keys()
+    _assert_covered(warm, serving)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fp8_mma_dispatch_through_a_table_cuda(monkeypatch):
     from radixlm.runtime.kernels import quant
