@@ -19,9 +19,10 @@ tuned table (radixlm/runtime/kernels/gemm/tuned/quant_gemv_<GPU>.json, read by k
 
 Each candidate is checked against kernels/quant/reference.py first, then timed as CUDA-graph replays over distinct
 weight copies (benchmarks/lib/gpu_timing.py: no L2 hits, no launch gaps), beside bf16 (the faster of cuBLAS and the
-skinny Triton kernels) and the bytes floor at 4.8 TB/s. Writes $OUT/quant_gemv_sweep.json (gemv) or
-$OUT/w4a16_mma_sweep.json (mma) or $OUT/fp8_mma_sweep.json (fp8mma): every cell and the layer's sums per row count; and $OUT/quant_gemv_<GPU>.json: the
-committed table with the swept (kernel, shape, rows, group) entries replaced, ready to commit in its place.
+skinny Triton kernels) and the bytes floor at 4.8 TB/s. Writes $OUT/quant_gemv_sweep.json (gemv),
+$OUT/w4a16_mma_sweep.json (mma) or $OUT/fp8_mma_sweep.json (fp8mma): every cell and the layer's sums per row count;
+and $OUT/quant_gemv_<GPU>.json: the committed table with the swept (kernel, shape, rows, group) entries replaced,
+ready to commit in its place.
 
     python3 benchmarks/kernels/quant_gemv_sweep.py --out $OUT              # ~5-7 min on an H200 (bash
                                                                            # benchmarks/lease/quant_lease.sh gemv)
@@ -250,26 +251,25 @@ def mma_format() -> BucketFormat:
 
 
 # (block_m, block_n, block_k, num_warps, num_stages) by row bucket; the block weights' take block_k 128, each with
-# the activations quantized in the kernel and by fp8_act's launch. Shared memory (e4m3 tiles, H200 227 KB): 128 x
-# 128 x 256 on 3 stages is 192 KB.
+# the activations quantized by fp8_act's launch and (where x's float32 tile is at most 64 registers a thread) in the
+# kernel. Built for sm_90 on the CPU (Triton 3.9): all wgmma, shared memory up to 192 KB (128 x 128 x 256, 3 stages),
+# no spills (256 x 128 and 128 x 256 tiles on eight warps spilled: two float32 accumulators, 125-268 LDL/STL).
 FP8_MMA_CANDIDATES = {
     16: [(16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 64, 256, 4, 3), (16, 128, 256, 4, 3), (16, 128, 128, 8, 4),
          (16, 64, 128, 4, 6)],
     64: [(64, 64, 128, 4, 4), (64, 128, 128, 4, 3), (64, 128, 256, 4, 3), (32, 128, 128, 4, 4), (64, 128, 128, 8, 3),
          (64, 256, 128, 8, 3)],
     256: [(128, 128, 128, 8, 3), (128, 128, 256, 8, 3), (128, 64, 128, 4, 4), (64, 128, 128, 4, 4),
-          (256, 128, 128, 8, 3), (128, 256, 128, 8, 3)],
+          (128, 128, 128, 8, 4), (64, 128, 256, 4, 3)],
 }
 
 
 def fp8_mma_configs(m: int, block: tuple[int, int] | None, dry: bool) -> list[Fp8MmaConfig]:
-    if dry:
-        shapes = [(16, 16, 128, 1, 1)]
-    else:
-        shapes = FP8_MMA_CANDIDATES[max(tiles.ROW_BUCKETS[tiles.bucket_of(m)], 16)]
+    shapes = [(16, 16, 128, 1, 1)] if dry else FP8_MMA_CANDIDATES[max(tiles.ROW_BUCKETS[tiles.bucket_of(m)], 16)]
     if block is None:
         return [Fp8MmaConfig(*c) for c in shapes]
-    return [Fp8MmaConfig(*c, fused_act=f) for c in shapes if c[2] == block[1] for f in (False, True)]
+    return [Fp8MmaConfig(*c, fused_act=f) for c in shapes if c[2] == block[1]
+            for f in (False, True) if not f or dry or c[0] * c[2] <= 64 * 32 * c[3]]
 
 
 def fp8_formats(names: list[str]) -> list[BucketFormat]:

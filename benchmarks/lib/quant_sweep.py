@@ -139,7 +139,8 @@ def sweep_buckets(args, setup: Setup, result: dict, save, formats: list[BucketFo
                       + f" | floor {floor:.1f}", flush=True)
         for (fname, bucket), per_m in defaults.items():
             f = next(f for f in formats if f.name == fname)
-            fits = {cfg: t for (fn, b, cfg), t in by_cfg.items() if (fn, b) == (fname, bucket) and t.keys() == per_m.keys()}
+            fits = {cfg: t for (fn, b, cfg), t in by_cfg.items()
+                    if (fn, b) == (fname, bucket) and t.keys() == per_m.keys()}
             swept.add((f.kernel, n, k, bucket, f.group))
             if not fits:
                 continue

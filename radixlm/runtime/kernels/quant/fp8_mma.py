@@ -6,7 +6,10 @@ per-channel and 128x128-block weight scales, chosen only where this GPU model's 
 Shape of work (int4_mma.py's and skinny_mma.py's): the product's operands are swapped, acc[BLOCK_N, BLOCK_M] +=
 W[BLOCK_N, k] @ q^T, so the weight band fills the MMA's long side and the few rows its short side (16..256); every
 program covers BLOCK_M rows, so the weight is read once per BLOCK_M rows. Both operands are e4m3 and K-contiguous
-(the weight (N, K), the activations (M, K)), as Hopper's FP8 wgmma needs; float32 accumulation.
+(the weight (N, K), the activations (M, K)), as Hopper's FP8 wgmma needs. Accumulation in float32, promoted once a K
+tile: each tile's dot starts from zero and is added to the float32 accumulator (Hopper's FP8 MMA keeps fewer bits
+than float32 along one chain of instructions, and Triton's default for FP8 dots never promotes: DeepSeek-V3's
+promotion every 128 channels; the block path needs the per-tile product anyway, to scale it).
 
 Arithmetic (reference.fp8_linear_w8a8, as fp8_gemm._w8a8_kernel): the activations are quantized to e4m3, per token
 (per-tensor / per-channel weights: fp8_act.quant_fp8_per_token's launch before this one, since a row's scale needs
@@ -117,7 +120,7 @@ def _fp8_mma_kernel(X, XS, W, WS, Bias, Y, M, N, K, stride_xm, stride_xsm, strid
             w_s = tl.load(WS + (offs_n // GROUP_N) * stride_wsn + t * stride_wsk, mask=n_mask, other=0.0)
             acc += tl.dot(w, tl.trans(q)) * a_s[None, :] * w_s[:, None]
         else:
-            acc = tl.dot(w, tl.trans(q), acc)
+            acc += tl.dot(w, tl.trans(q))
     if not BLOCKWISE:
         if ACT == 2:
             a_s = tl.full([BLOCK_M], 0.0, tl.float32) + static

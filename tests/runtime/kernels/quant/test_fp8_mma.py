@@ -11,6 +11,7 @@ import torch
 
 from radixlm.runtime.kernels.quant import quant_tuned
 from radixlm.runtime.kernels.quant import reference as ref
+from tests.runtime.kernels.quant.test_int4_mma import _bundled_ptxas, _sass
 from tests.triton_interpret import interpreter_works, run_under_interpreter
 
 MARKER = "fp8 mma cases passed"
@@ -169,6 +170,39 @@ def test_serving_launches_are_built_by_the_warm_up(monkeypatch, scheme):
     serving = rec.take()
     assert serving.keys() <= warm.keys()
     _assert_covered(warm, serving)
+
+
+_INT_ARGS = ("M", "N", "K", "stride_xm", "stride_xsm", "stride_wn", "stride_wsn", "stride_wsk", "stride_ym",
+             "stride_ys", "k_tiles_per_split")
+
+
+@pytest.mark.skipif(not _bundled_ptxas(), reason="needs Triton's bundled ptxas")
+@pytest.mark.parametrize("act, blockwise", [(0, False), (1, True)])
+def test_the_kernel_builds_for_sm90_on_fp8_wgmma(act, blockwise):
+    """Built for sm_90 on the CPU (no GPU): per-channel with fp8_act's launch, blocks with the quantization fused; the
+    K loop's dot is an e4m3 x e4m3 warp-group MMA and nothing spills."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from radixlm.runtime.kernels.quant import fp8_mma
+
+    sig = {"X": "*fp8e4nv" if act == 0 else "*bf16", "XS": "*fp32", "W": "*fp8e4nv", "WS": "*fp32", "Bias": "*bf16",
+           "Y": "*fp32", **{name: "i32" for name in _INT_ARGS}, "eps": "fp32", "fp8_max": "fp32"}
+    consts = dict(ACT=act, BLOCKWISE=blockwise, GROUP_N=128 if blockwise else 1, HAS_BIAS=False, SPLIT=True,
+                  EVEN_K=True, BLOCK_M=16, BLOCK_N=128, BLOCK_K=128)
+    sig.update({name: "constexpr" for name in consts})
+    names = list(sig)
+    aligned = [names.index(a) for a in ("X", "XS", "W", "WS", "Bias", "Y", "N", "K", "stride_xm", "stride_wn",
+                                        "stride_ym")]
+    kernel = triton.compile(ASTSource(fp8_mma._fp8_mma_kernel, sig, constexprs=consts,
+                                      attrs={(i,): [["tt.divisibility", 16]] for i in aligned}),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4})
+    dots = re.findall(r"warp_group_dot %\S+, %\S+, %\S+ .*? : (.*)", kernel.asm["ttgir"])
+    assert dots and all(d.count("f8E4M3FN") >= 2 for d in dots), dots[:1]
+    assert not any(re.search(r"\b(LDL|STL)\b", line) for line in _sass(kernel.asm["cubin"]))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
