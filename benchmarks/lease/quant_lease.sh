@@ -47,7 +47,7 @@ case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4
 gemv|mma|fp8mma)
   kind=$1 test=test_quant_gemv.py sweep_s=330 limit=420
   [ "$kind" = mma ] && test=test_int4_mma.py sweep_s=230 limit=320
-  [ "$kind" = fp8mma ] && test=test_fp8_mma.py sweep_s=280 limit=380
+  [ "$kind" = fp8mma ] && test=test_fp8_mma.py sweep_s=250 limit=390
   deadline=$((SECONDS + ${BUDGET_S:-$((limit + 60))}))
   if [ "${DRY:-0}" = 1 ]; then
     TRITON_INTERPRET=1 TAIL=30 step "${kind}_sweep" 900 $PY benchmarks/kernels/quant_gemv_sweep.py --kind "$kind" --dry \
