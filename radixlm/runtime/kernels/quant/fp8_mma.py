@@ -163,7 +163,7 @@ def fp8_mma_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     if input_scale is not None and input_scale.numel() != 1:
         raise ValueError(f"a static activation scale has one value, got shape {tuple(input_scale.shape)}")
     act = act_mode(block, input_scale, cfg)
-    if x2.stride(1) != 1 or x2.data_ptr() % 16 or x2.stride(0) % 16:
+    if x2.stride(1) != 1 or x2.data_ptr() % 16 or (x2.stride(0) % 16 and x2.stride(0) != k):
         x2 = x2.clone(memory_format=torch.contiguous_format)  # the launches are specialized on 16-element rows
     if act == _Act.PRE:
         if block is not None:
