@@ -10,23 +10,29 @@ tuned table (radixlm/runtime/kernels/gemm/tuned/quant_gemv_<GPU>.json, read by k
   beside the default W4A16 path (int4_gemm.w4a16_linear with its row bucket's INT4_CONFIGS tile). An entry per row
   bucket (tiles.ROW_BUCKETS 8, 16, 64, 256: rows 32 and 64 share bucket 64, 128 and 256 share 256): the config with
   the least summed quick time over the bucket's row counts, timed again as the default was, written where that sum
-  beats the default's by MARGIN.
+  beats the default's by MARGIN (benchmarks/lib/quant_sweep.sweep_buckets).
+- --kind fp8mma: the same for the FP8 W8A8 tensor-core kernel (kernels/quant/fp8_mma.py; table kind fp8_mma) on
+  per-channel weights (its group-0 entries serve per-tensor weights too) and 128x128 blocks (fused activation
+  quantization or fp8_act's launch), beside today's FP8 path at these rows (fp8_gemm.fp8_scaled_linear: fp8_act +
+  the W8A8 Triton kernel below 33 rows, torch._scaled_mm from 33; fp8_block_linear), checked against
+  reference.fp8_linear_w8a8.
 
 Each candidate is checked against kernels/quant/reference.py first, then timed as CUDA-graph replays over distinct
 weight copies (benchmarks/lib/gpu_timing.py: no L2 hits, no launch gaps), beside bf16 (the faster of cuBLAS and the
-skinny Triton kernels) and the bytes floor at 4.8 TB/s. Writes $OUT/quant_gemv_sweep.json (gemv) or
-$OUT/w4a16_mma_sweep.json (mma): every cell and the layer's sums per row count; and $OUT/quant_gemv_<GPU>.json: the
-committed table with the swept (kernel, shape, rows, group) entries replaced, ready to commit in its place.
+skinny Triton kernels) and the bytes floor at 4.8 TB/s. Writes $OUT/quant_gemv_sweep.json (gemv),
+$OUT/w4a16_mma_sweep.json (mma) or $OUT/fp8_mma_sweep.json (fp8mma): every cell and the layer's sums per row count;
+and $OUT/quant_gemv_<GPU>.json: the committed table with the swept (kernel, shape, rows, group) entries replaced,
+ready to commit in its place.
 
     python3 benchmarks/kernels/quant_gemv_sweep.py --out $OUT              # ~5-7 min on an H200 (bash
                                                                            # benchmarks/lease/quant_lease.sh gemv)
     python3 benchmarks/kernels/quant_gemv_sweep.py --kind mma --out $OUT   # ~4-5 min (lease/quant_lease.sh mma)
+    python3 benchmarks/kernels/quant_gemv_sweep.py --kind fp8mma --out $OUT   # ~5-6 min (quant_lease.sh fp8mma)
     TRITON_INTERPRET=1 python benchmarks/kernels/quant_gemv_sweep.py [--kind mma] --dry --out /tmp/qg   # on the CPU
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -40,10 +46,13 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.lib.gpu_timing import SHAPES, graph_us, quick_us, tree, wall_us, within_budget  # noqa: E402
-from benchmarks.lib.quant_formats import BLOCK, GROUP, TOLERANCE, floor_us, rel_err  # noqa: E402
+from benchmarks.lib.quant_formats import BLOCK, GROUP, floor_us, rel_err  # noqa: E402
+from benchmarks.lib.quant_sweep import (  # noqa: E402
+    LAYER, MARGIN, BucketFormat, Setup, bf16_best, merge_entries, sweep_buckets, try_candidate, write_table)
 from radixlm.runtime.kernels import quant  # noqa: E402
-from radixlm.runtime.kernels.quant import reference as ref, tiles  # noqa: E402
+from radixlm.runtime.kernels.quant import fp8_gemm, reference as ref, tiles  # noqa: E402
 from radixlm.runtime.kernels.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv_linear  # noqa: E402
+from radixlm.runtime.kernels.quant.fp8_mma import Fp8MmaConfig, fp8_mma_linear  # noqa: E402
 from radixlm.runtime.kernels.quant.int4_mma import Int4MmaConfig, XLoad, takes, w4a16_mma_linear  # noqa: E402
 from radixlm.runtime.kernels.quant.int4_skinny import Int4GemvConfig, w4a16_skinny_linear  # noqa: E402
 
@@ -51,14 +60,13 @@ from radixlm.runtime.kernels.quant.int4_skinny import Int4GemvConfig, w4a16_skin
 class Kind(str, Enum):
     GEMV = "gemv"
     MMA = "mma"
+    FP8MMA = "fp8mma"
 
 
-LAYER = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 FORMATS = ("fp8_channel", "fp8_block", "w4a16")
-ROWS = {Kind.GEMV: (1, 2, 4, 8, 16), Kind.MMA: (8, 16, 32, 64, 128, 256)}
-BUDGET_S = {Kind.GEMV: 400.0, Kind.MMA: 240.0}
+ROWS = {Kind.GEMV: (1, 2, 4, 8, 16), Kind.MMA: (8, 16, 32, 64, 128, 256), Kind.FP8MMA: (8, 16, 32, 64, 128, 256)}
+BUDGET_S = {Kind.GEMV: 400.0, Kind.MMA: 240.0, Kind.FP8MMA: 300.0}
 KERNEL_ROWS = 4  # the few-row CUDA-core kernels' most rows
-MARGIN = 1.03  # a table entry only where the candidate beats the default path by this much
 PROGRAMS_PER_SM = 4  # the split-K candidates bring N's programs up to this many an SM
 
 
@@ -96,17 +104,6 @@ MMA_CANDIDATES = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Setup:
-    """What every cell of one run shares."""
-    dry: bool
-    device: str
-    dtype: torch.dtype
-    sms: int
-    timer: object  # graph_us, or wall_us in a dry run
-    quick: object  # quick_us, or wall_us in a dry run
-
-
 def splits(n: int, k: int, block_n: int, block_k: int, sms: int) -> list[int]:
     """No split, and the split that brings N's programs to PROGRAMS_PER_SM an SM (at least two tiles each)."""
     programs = -(-n // block_n)
@@ -137,11 +134,6 @@ def mma_configs(m: int, dry: bool) -> list[Int4MmaConfig]:
     bound = tiles.ROW_BUCKETS[tiles.bucket_of(m)]
     return [Int4MmaConfig(bm, bn, bk, w, st, 0, load, asm)
             for bm, bn, bk, w, st, load, asm in MMA_CANDIDATES[max(bound, 16)]]
-
-
-def config_dict(cfg) -> dict:
-    out = dataclasses.asdict(cfg)
-    return {**out, "x_load": cfg.x_load.value} if isinstance(cfg, Int4MmaConfig) else out
 
 
 def make_weights(fmt: str, n: int, k: int, device: str, copies: int) -> list:
@@ -181,40 +173,6 @@ def want(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
     return ref.int4_linear(x.float(), *[t.float() if t.is_floating_point() else t for t in weight], GROUP)
 
 
-def bf16_kernels(m: int):
-    """The bf16 candidates at m rows: cuBLAS, and the skinny Triton kernels where they take m rows."""
-    out = {"cublas": lambda x, w: F.linear(x, w)}
-    if not torch.cuda.is_available():
-        return out
-    from radixlm.runtime.kernels.gemm import skinny_gemm, skinny_mma
-
-    if m <= skinny_gemm.SKINNY_MAX_M:
-        out["skinny"] = lambda x, w: skinny_gemm.skinny_linear(x, w)
-    if skinny_mma.MMA_MIN_M <= m <= skinny_mma.MMA_MAX_M:
-        out["skinny_mma"] = lambda x, w: skinny_mma.skinny_mma_linear(x, w)
-    return out
-
-
-def bf16_best(x: torch.Tensor, weights: list, m: int, setup: Setup) -> dict[str, float]:
-    """Every bf16 candidate's time at m rows (graph-timed)."""
-    return {kn: setup.timer(lambda i, f=f: f(x, weights[i]), len(weights)) for kn, f in bf16_kernels(m).items()}
-
-
-def try_candidate(fmt: str, x: torch.Tensor, weights: list, cfg, timer) -> dict:
-    """One candidate's cell: its error against the reference, then (when correct) its time; a config that does not
-    build or launch here gets the error instead."""
-    cell = {"config": config_dict(cfg)}
-    try:
-        cell["rel_err"] = rel_err(run(fmt, x, weights[0], cfg), want(fmt, x, weights[0]))
-        if cell["rel_err"] > TOLERANCE:
-            cell["error"] = "wrong result"
-        else:
-            cell["us"] = timer(lambda i: run(fmt, x, weights[i], cfg), len(weights))
-    except Exception as e:  # noqa: BLE001 - a config that does not build or launch here is skipped
-        cell["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    return cell
-
-
 def group_of(fmt: str) -> int:
     """The table's group field: 0 per channel, the block's K side, W4A16's group."""
     return {"fp8_channel": 0, "fp8_block": BLOCK[1]}.get(fmt, GROUP)
@@ -224,16 +182,6 @@ def table_entry(fmt: str, n: int, k: int, m: int, best: dict, default_us: float,
     return {"kernel": fmt, "n": n, "k": k, "rows": m, "group": group_of(fmt),
             "config": best["config"], "us": round(best["us"], 2), "default_us": round(default_us, 2),
             "floor_us": round(floor, 2)}
-
-
-def merge_entries(old: list[dict], new: list[dict], swept: set[tuple] = frozenset()) -> list[dict]:
-    """The committed table's entries with those of the same (kernel, n, k, rows, group) as a new entry, or in
-    `swept` (measured again, no longer beating the default), replaced by the new ones."""
-    def key(e: dict) -> tuple:
-        return e["kernel"], int(e["n"]), int(e["k"]), int(e["rows"]), int(e.get("group", 0))
-
-    gone = {key(e) for e in new} | set(swept)
-    return [e for e in old if key(e) not in gone] + list(new)
 
 
 def sweep_gemv(args, setup: Setup, result: dict, save) -> tuple[list[dict], set[tuple]]:
@@ -265,7 +213,8 @@ def sweep_gemv(args, setup: Setup, result: dict, save) -> tuple[list[dict], set[
             best = None
             for cfg in gemv_configs(fmt, m, n, k, setup.sms, setup.dry):
                 cell = {"format": fmt, "shape": name, "rows": m, "kernel": "gemv",
-                        **try_candidate(fmt, x, ws, cfg, setup.timer), "floor_us": floor}
+                        **try_candidate(lambda x, w, c: run(fmt, x, w, c), lambda x, w: want(fmt, x, w), x, ws, cfg,
+                                        setup.timer), "floor_us": floor}
                 result["cells"].append(cell)
                 if "us" in cell and (best is None or cell["us"] < best["us"]):
                     best = cell
@@ -287,69 +236,72 @@ def sweep_gemv(args, setup: Setup, result: dict, save) -> tuple[list[dict], set[
     return entries, swept
 
 
-def sweep_mma(args, setup: Setup, result: dict, save) -> tuple[list[dict], set[tuple]]:
-    """--kind mma: per shape and row count bf16, the default W4A16 path and each candidate (quick-timed); then per
-    row bucket the least summed config timed again as the default was."""
+def mma_format() -> BucketFormat:
+    """--kind mma's one format: W4A16 group 128, default int4_gemm.w4a16_linear with its bucket's INT4_CONFIGS."""
     from radixlm.runtime.kernels.quant.int4_gemm import INT4_CONFIGS, w4a16_linear
 
-    entries, swept = [], set()
-    result["group"], result["buckets"] = GROUP, []
-    for name in within_budget(args.shapes, args.t0, args.budget_s):
-        n, k = SHAPES[name]
-        if setup.dry:
-            n, k = n // 64, max(GROUP, k // 32 // GROUP * GROUP)
-        copies = 2 if setup.dry else max(2, min(16, -(-600_000_000 // (2 * n * k))))
-        bf16 = [torch.randn(n, k, device=setup.device, dtype=setup.dtype) * 0.02 for _ in range(copies)]
-        int4 = [ref.quant_int4(w, GROUP, dtype=setup.dtype) for w in bf16]
-        by_cfg: dict[tuple[int, Int4MmaConfig], dict[int, float]] = {}
-        defaults: dict[int, dict[int, float]] = {}
-        for m in args.rows:
-            x = torch.randn(m, k, device=setup.device, dtype=setup.dtype)
-            floor = floor_us("w4a16", n, k, m)
-            times = bf16_best(x, bf16, m, setup)
-            b_kernel = min(times, key=times.get)
-            bucket = tiles.ROW_BUCKETS[tiles.bucket_of(m)]
-            default_cfg = INT4_CONFIGS[tiles.bucket_of(m)]
-            default_us = setup.timer(lambda i: w4a16_linear(x, *int4[i], GROUP, cfg=default_cfg), copies)
-            defaults.setdefault(bucket, {})[m] = default_us
-            row = {"shape": name, "n": n, "k": k, "rows": m, "bf16_kernel": b_kernel, "bf16_us": times[b_kernel],
-                   "default_us": default_us, "floor_us": floor, "candidates": []}
-            for cfg in mma_configs(m, setup.dry):
-                if not takes(m, k, GROUP, setup.dtype, cfg):
-                    continue
-                cell = try_candidate("w4a16", x, int4, cfg, setup.quick)
-                if "us" in cell:
-                    by_cfg.setdefault((bucket, cfg), {})[m] = cell["us"]
-                row["candidates"].append(cell)
-            timed = [c for c in row["candidates"] if "us" in c]
-            best = min(timed, key=lambda c: c["us"]) if timed else None
-            row["best_us"], row["best_config"] = (best["us"], best["config"]) if best else (None, None)
-            result["cells"].append(row)
-            print(f"{name:>12} rows {m:>3}: bf16 {b_kernel} {times[b_kernel]:7.1f} | default {default_us:7.1f} | mma "
-                  + (f"{best['us']:7.1f} {best['config']}" if best else "none") + f" | floor {floor:.1f}", flush=True)
-        for bucket, per_m in defaults.items():
-            fits = {cfg: t for (b, cfg), t in by_cfg.items() if b == bucket and t.keys() == per_m.keys()}
-            swept.add(("w4a16_mma", n, k, bucket, GROUP))
-            if not fits:
-                continue
-            cfg = min(fits, key=lambda c: sum(fits[c].values()))
-            timed = {}  # the choice timed again as the default was (graph_us), at each of the bucket's row counts
-            for m_b in per_m:
-                x = torch.randn(m_b, k, device=setup.device, dtype=setup.dtype)
-                timed[m_b] = setup.timer(lambda i, x=x, cfg=cfg: w4a16_mma_linear(x, *int4[i], GROUP, None, None, cfg),
-                                         copies)
-            result["buckets"].append({"shape": name, "bucket": bucket, "config": config_dict(cfg),
-                                      "quick_us_by_rows": fits[cfg], "us_by_rows": timed,
-                                      "default_us_by_rows": per_m})
-            x_rows = max(per_m)
-            if sum(timed.values()) * MARGIN < sum(per_m.values()):
-                entries.append({"kernel": "w4a16_mma", "n": n, "k": k, "rows": bucket, "group": GROUP,
-                                "config": config_dict(cfg), "us": round(timed[x_rows], 2),
-                                "default_us": round(per_m[x_rows], 2),
-                                "floor_us": round(floor_us("w4a16", n, k, x_rows), 2)})
-        bf16 = int4 = None  # (frees the copies before the next shape)
-        save()
-    result["layer"] = layer_sums(Kind.MMA, result["cells"], args.rows)
+    def configs(m: int, k: int, dry: bool) -> list:
+        dtype = torch.float32 if dry else torch.bfloat16
+        return [c for c in mma_configs(m, dry) if takes(m, k, GROUP, dtype, c)]
+
+    return BucketFormat(
+        "w4a16", "w4a16_mma", GROUP, lambda w: ref.quant_int4(w, GROUP, dtype=w.dtype),
+        lambda x, w: w4a16_linear(x, *w, GROUP, cfg=INT4_CONFIGS[tiles.bucket_of(x.shape[0])]),
+        lambda x, w, cfg: w4a16_mma_linear(x, *w, GROUP, None, None, cfg), lambda x, w: want("w4a16", x, w), configs)
+
+
+# (block_m, block_n, block_k, num_warps, num_stages) by row bucket; the block weights' take block_k 128, each with
+# the activations quantized by fp8_act's launch and (where x's float32 tile is at most 64 registers a thread) in the
+# kernel. Built for sm_90 on the CPU (Triton 3.9): all wgmma, shared memory up to 192 KB (128 x 128 x 256, 3 stages),
+# no spills (256 x 128 and 128 x 256 tiles on eight warps spilled: two float32 accumulators, 125-268 LDL/STL).
+FP8_MMA_CANDIDATES = {
+    16: [(16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 64, 256, 4, 3), (16, 128, 256, 4, 3), (16, 128, 128, 8, 4),
+         (16, 64, 128, 4, 6)],
+    64: [(64, 64, 128, 4, 4), (64, 128, 128, 4, 3), (64, 128, 256, 4, 3), (32, 128, 128, 4, 4), (64, 128, 128, 8, 3),
+         (64, 256, 128, 8, 3)],
+    256: [(128, 128, 128, 8, 3), (128, 128, 256, 8, 3), (128, 64, 128, 4, 4), (64, 128, 128, 4, 4),
+          (128, 128, 128, 8, 4), (64, 128, 256, 4, 3)],
+}
+
+
+def fp8_mma_configs(m: int, block: tuple[int, int] | None, dry: bool) -> list[Fp8MmaConfig]:
+    shapes = [(16, 16, 128, 1, 1)] if dry else FP8_MMA_CANDIDATES[max(tiles.ROW_BUCKETS[tiles.bucket_of(m)], 16)]
+    if block is None:
+        return [Fp8MmaConfig(*c) for c in shapes]
+    return [Fp8MmaConfig(*c, fused_act=f) for c in shapes if c[2] == block[1]
+            for f in (False, True) if not f or dry or c[0] * c[2] <= 64 * 32 * c[3]]
+
+
+def fp8_formats(names: list[str]) -> list[BucketFormat]:
+    """--kind fp8mma's formats: today's path is fp8_gemm's without a table (5..256 rows: no tuned lookup)."""
+    def one(name: str) -> BucketFormat:
+        block = BLOCK if name == "fp8_block" else None
+        if block is None:
+            default = lambda x, w: fp8_gemm.fp8_scaled_linear(x, *w, None, None)  # noqa: E731
+        else:
+            default = lambda x, w: fp8_gemm.fp8_block_linear(x, *w, block, None)  # noqa: E731
+        return BucketFormat(
+            name, "fp8_mma", group_of(name), lambda w: ref.quant_fp8(w, block=block, per_channel=block is None),
+            default, lambda x, w, cfg: fp8_mma_linear(x, *w, block, None, None, cfg),
+            lambda x, w: ref.fp8_linear_w8a8(x.float(), *w, block).to(x.dtype),
+            lambda m, k, dry: fp8_mma_configs(m, block, dry), {"block": list(block)} if block else {})
+
+    return [one(name) for name in names]
+
+
+def sweep_mma(args, setup: Setup, result: dict, save) -> tuple[list[dict], set[tuple]]:
+    """--kind mma / fp8mma: sweep_buckets over the kind's formats, then the layer's sums per format."""
+    if args.kind is Kind.MMA:
+        result["group"] = GROUP
+        formats = [mma_format()]
+    else:
+        formats = fp8_formats([f for f in args.formats if f.startswith("fp8")])
+    entries, swept = sweep_buckets(args, setup, result, save, formats)
+    if args.kind is Kind.MMA:
+        result["layer"] = layer_sums(Kind.MMA, result["cells"], args.rows)
+    else:
+        result["layer"] = {f.name: layer_sums(Kind.MMA, [c for c in result["cells"] if c["format"] == f.name],
+                                              args.rows) for f in formats}
     return entries, swept
 
 
@@ -387,39 +339,26 @@ def print_layer(kind: Kind, result: dict, formats: list[str]) -> None:
                 f"{fmt} {row[fmt]['default_us']:.1f} -> {row[fmt]['tuned_us']:.1f} ({row[fmt]['floor_us']:.1f}), "
                 f"{row[fmt]['tuned_us'] / row['bf16_us']:.2f}x" for fmt in formats if fmt in row))
         return
-    print("\none layer's four GEMMs (us): rows | bf16 | W4A16 default | W4A16 mma (best per row count) | floor")
-    for row in result["layer"]:
-        print(f"rows {row['rows']:>3} | {row['bf16_us']:7.1f} | {row['default_us']:7.1f} | {row['mma_us']:7.1f} "
-              f"({row['mma_us'] / row['bf16_us']:.2f}x bf16) | {row['floor_us']:.1f}")
-
-
-def write_table(out_dir: Path, setup: Setup, gpu: str, entries: list[dict], swept: set[tuple]) -> Path:
-    """The committed table (none in a dry run) with the swept entries replaced; this run's versions and tree, its
-    command after the earlier ones."""
-    import triton
-
-    from radixlm.runtime.kernels.gemm.cublaslt import load_table, table_path
-
-    committed = [] if setup.dry else load_table(gpu, "quant_gemv")
-    old = json.loads(table_path(gpu, "quant_gemv").read_text()) if committed else {}
-    table = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "margin": MARGIN,
-             "commands": [*old.get("commands", []),
-                          " ".join(["benchmarks/kernels/quant_gemv_sweep.py", *sys.argv[1:]])],
-             "tree": tree(), "entries": merge_entries(committed, entries, swept)}
-    table_file = out_dir / table_path(gpu if not setup.dry else "cpu dry", "quant_gemv").name
-    table_file.write_text(json.dumps(table, indent=1) + "\n")
-    return table_file
+    layers = {"w4a16": result["layer"]} if kind is Kind.MMA else result["layer"]
+    for fmt, rows in layers.items():
+        print(f"\none layer's four GEMMs (us): rows | bf16 | {fmt} default | {fmt} mma (best per row count) | floor")
+        for row in rows:
+            print(f"rows {row['rows']:>3} | {row['bf16_us']:7.1f} | {row['default_us']:7.1f} | {row['mma_us']:7.1f} "
+                  f"({row['mma_us'] / row['bf16_us']:.2f}x bf16) | {row['floor_us']:.1f}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kind", type=Kind, default=Kind.GEMV, choices=list(Kind),
-                   help="gemv: the CUDA-core kernels at 1-16 rows; mma: the W4A16 tensor-core kernel at 8-256 rows")
+                   help="gemv: the CUDA-core kernels at 1-16 rows; mma / fp8mma: the W4A16 / FP8 tensor-core kernels "
+                        "at 8-256 rows")
     p.add_argument("--rows", type=int, nargs="+", default=None, help="default: the kind's ROWS")
     p.add_argument("--shapes", nargs="+", default=list(LAYER), choices=list(LAYER))
-    p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS), help="--kind gemv's")
+    p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS),
+                   help="--kind gemv's (fp8mma: its fp8 ones)")
     p.add_argument("--budget-s", type=float, default=None,
-                   help="stop starting (format, shape) pairs (gemv) or shapes (mma) after this; default 400 / 240")
+                   help="stop starting (format, shape) pairs (gemv) or shapes (mma, fp8mma) after this; default "
+                        "400 / 240 / 300")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--dry", action="store_true", help="on the CPU under TRITON_INTERPRET=1: tiny shapes, wall clock")
     args = p.parse_args()
@@ -436,7 +375,7 @@ def main() -> None:
     setup = Setup(args.dry, "cpu" if args.dry else "cuda", torch.float32 if args.dry else torch.bfloat16,
                   132 if args.dry else torch.cuda.get_device_properties(0).multi_processor_count,
                   wall_us if args.dry else graph_us, wall_us if args.dry else quick_us)
-    benchmark = "quant_gemv_sweep" if args.kind is Kind.GEMV else "w4a16_mma_sweep"
+    benchmark = {Kind.GEMV: "quant_gemv_sweep", Kind.MMA: "w4a16_mma_sweep", Kind.FP8MMA: "fp8_mma_sweep"}[args.kind]
     result = {"benchmark": benchmark, "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
               "command": " ".join(sys.argv), "tree": tree(), "cells": []}
     out_file = out_dir / f"{benchmark}.json"

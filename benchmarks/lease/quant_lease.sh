@@ -21,6 +21,9 @@
 #   bash benchmarks/lease/quant_lease.sh mma       # the same for the W4A16 tensor-core kernel (int4_mma.py, --kind mma,
 #                                                  # ~4-5 min) and its CUDA test. Both take SWEEP_ARGS (a narrower
 #                                                  # sweep, e.g. "--rows 8 64 --shapes o_proj") and DRY=1 DRY_OUT=...
+#   bash benchmarks/lease/quant_lease.sh fp8mma    # the same for the FP8 W8A8 tensor-core kernel (fp8_mma.py, --kind
+#                                                  # fp8mma: per-channel and 128x128 blocks, ~5-6 min) and its CUDA test;
+#                                                  # one call under 8 min
 #   bash benchmarks/lease/quant_lease.sh kv        # decode attention and the 8B decode step at batch 64, 8k-token
 #                                                  # contexts, bf16 vs fp8 KV (kernels/fp8_kv_decode_gpu.py, ~3 min)
 #   bash benchmarks/lease/quant_lease.sh w4big     # W4A16 at many rows, one call under 8 min (BUDGET_S, default 420):
@@ -40,14 +43,15 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-100000}))  # BUDGET_S: no step past it (each step's limit is cut to it)
 PACK=$FINAL_OUT/quant_lease.tar
 step() { budget_step "$@"; }  # env.sh
-case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4big | gemv | mma} in
-gemv|mma)
+case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4big | gemv | mma | fp8mma} in
+gemv|mma|fp8mma)
   kind=$1 test=test_quant_gemv.py sweep_s=330 limit=420
   [ "$kind" = mma ] && test=test_int4_mma.py sweep_s=230 limit=320
+  [ "$kind" = fp8mma ] && test=test_fp8_mma.py sweep_s=250 limit=390
   deadline=$((SECONDS + ${BUDGET_S:-$((limit + 60))}))
   if [ "${DRY:-0}" = 1 ]; then
     TRITON_INTERPRET=1 TAIL=30 step "${kind}_sweep" 900 $PY benchmarks/kernels/quant_gemv_sweep.py --kind "$kind" --dry \
-      --rows $([ "$kind" = mma ] && echo 8 || echo 1 4) --shapes o_proj --out "$OUT"
+      --rows $([ "$kind" = gemv ] && echo 1 4 || echo 8 64) --shapes o_proj --out "$OUT"
     exit 0
   fi
   # The sweep stops starting shapes at --budget-s; a shape takes ~20-70 s (builds, then timings).

@@ -1,9 +1,8 @@
 """Quantized GEMMs (FP8 with per-tensor, per-channel or block scales; INT4 weight-only; INT8 per channel, CPU path
 only) and the formats' arithmetic.
 reference.py defines the layouts and is the CPU path; the CUDA kernels live beside it (fp8_act.py, fp8_gemm.py,
-int4_gemm.py, int4_gemv.py, int4_skinny.py, int4_mma.py, int4_dequant.py, splitk.py, tiles.py: Triton, and cuBLASLt
-through
-torch._scaled_mm), checked against it.
+fp8_gemv.py, fp8_mma.py, int4_gemm.py, int4_gemv.py, int4_skinny.py, int4_mma.py, int4_dequant.py, splitk.py,
+tiles.py: Triton, and cuBLASLt through torch._scaled_mm), checked against it.
 fp8_linear and int4_linear (dispatch.py) take the CUDA kernels for CUDA tensors and the reference for CPU ones;
 warm_up_linear (warmup.py) builds a layer's kernel variants at start-up."""
 from radixlm.runtime.kernels.quant.dispatch import fp8_linear, int4_linear, int4_warmup_rows

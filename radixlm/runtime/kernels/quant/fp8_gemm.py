@@ -11,8 +11,9 @@ Triton kernel below (w8a8 block-scaled: each K tile is one block column, its pro
 times the weight block's scale). Tile configs by row bucket (tiles.ROW_BUCKETS): the decode buckets take narrow N tiles
 and split K (tiles.split_k) so that every SM streams weight; from 65 rows, 64 x 128 and then 128 x 128 tiles.
 
-Where this GPU model's tuned table names a config for the shape and row bucket (quant_tuned.py: 1-4 rows; no table is
-committed yet, so none), fp8_linear_cuda runs the weight-only few-row kernel of fp8_gemv.py instead of the paths above.
+Where this GPU model's tuned table names a config for the shape and row bucket (quant_tuned.py), fp8_linear_cuda runs
+the weight-only few-row kernel of fp8_gemv.py (kind fp8_channel / fp8_block: 1-4 rows) or the W8A8 tensor-core kernel
+of fp8_mma.py (kind fp8_mma: 5-256 rows) instead of the paths above.
 Up to W8A16_DEFAULT_MAX_ROWS rows (none by default: measured slower), fp8_linear_cuda runs none of the above but the
 weight-only kernel of fp8_w8a16.py (bf16/fp16 activations, not quantized: reference.fp8_linear's arithmetic, one
 launch); w8a16_max_rows forces it up to fp8_w8a16.W8A16_MAX_ROWS rows.
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from radixlm.runtime.kernels.quant import fp8_act, fp8_gemv, fp8_w8a16, quant_tuned, splitk, tiles
+from radixlm.runtime.kernels.quant import fp8_act, fp8_gemv, fp8_mma, fp8_w8a16, quant_tuned, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import FP8_DTYPE, dequant_fp8
 from radixlm.runtime.kernels.quant.splitk import store_tile
 from radixlm.runtime.kernels.quant.tiles import TileConfig
@@ -194,6 +195,8 @@ def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
         y = fp8_gemv.fp8_gemv_linear(x2, weight, scale, block, bias, gemv)
     elif x2.shape[0] <= w8a16_max_rows and weight.stride(1) == 1 and fp8_w8a16.takes(x2.shape[0], block):
         y = fp8_w8a16.w8a16_linear(x2, weight, scale, block, bias)
+    elif (mma := tuned_mma(x2, weight, block)) is not None:
+        y = fp8_mma.fp8_mma_linear(x2, weight, scale, block, bias, input_scale, mma)
     elif block is not None:
         y = fp8_block_linear(x2, weight, scale, block, bias)
     else:
@@ -209,6 +212,16 @@ def tuned_gemv(x2: torch.Tensor, weight: torch.Tensor, block: tuple[int, int] | 
     cfg = quant_tuned.lookup(x2.device, "fp8_block" if block is not None else "fp8_channel", n, k, m,
                              block[1] if block is not None else 0)
     if cfg is None or weight.stride(1) != 1 or weight.stride(0) % 4 or not fp8_gemv.takes(m, n, k, block, cfg):
+        return None
+    return cfg
+
+
+def tuned_mma(x2: torch.Tensor, weight: torch.Tensor, block: tuple[int, int] | None) -> fp8_mma.Fp8MmaConfig | None:
+    """The W8A8 tensor-core kernel's config (fp8_mma.py) where this GPU model's tuned table has one (kind fp8_mma) for
+    this shape, block K size (0: per tensor / channel) and row bucket (5..256 rows), else None."""
+    m, k = x2.shape
+    cfg = quant_tuned.lookup(x2.device, "fp8_mma", weight.shape[0], k, m, block[1] if block is not None else 0)
+    if cfg is None or weight.stride(1) != 1 or not fp8_mma.takes(m, k, block, x2.dtype, cfg):
         return None
     return cfg
 

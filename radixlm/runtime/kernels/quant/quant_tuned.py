@@ -1,11 +1,13 @@
-"""The quantized GEMM kernels' tuned configs (fp8_gemv.py, int4_skinny.py: few rows; int4_mma.py: 5..256 rows): this
+"""The quantized GEMM kernels' tuned configs (fp8_gemv.py, int4_skinny.py: few rows; int4_mma.py, fp8_mma.py: 5..256
+rows): this
 GPU model's table in kernels/gemm/tuned/quant_gemv_<GPU>.json (the tuned-table mechanism of cublaslt.table_path /
 load_table; written by benchmarks/kernels/quant_gemv_sweep.py and w4a16_mma_sweep.py), looked up per GEMM call by
 (kernel, N, K, row bucket, group). A GEMM with no entry takes the default paths (fp8_gemm.py, int4_gemm.py): with no table for a GPU model, nothing changes.
 
-Entry: {"kernel": "fp8_channel" | "fp8_block" | "w4a16" | "w4a16_mma", "n", "k", "rows": the row bucket's bound
-(1, 2, 4; w4a16_mma: 8, 16, 64, 256, written by benchmarks/kernels/w4a16_mma_sweep.py),
-"group": 0 per channel / tensor, the block's K size (fp8_block, with "block": [bn, bk]) or the group size (w4a16),
+Entry: {"kernel": "fp8_channel" | "fp8_block" | "w4a16" | "w4a16_mma" | "fp8_mma", "n", "k", "rows": the row
+bucket's bound (1, 2, 4; w4a16_mma and fp8_mma: 8, 16, 64, 256, written by quant_gemv_sweep.py --kind mma / fp8mma),
+"group": 0 per channel / tensor, the block's K size (fp8_block and fp8_mma with block weights, with "block": [bn,
+bk]) or the group size (w4a16),
 "config": the kernel's config dataclass as a dict, and the sweep's "us", "default_us", "floor_us"}.
 Kind "w4a16_dequant" (int4_dequant.py: dequantize, then the dense GEMM; written by benchmarks/kernels/quant_gemm.py
 --w4a16-dequant) has no "rows": {"kernel", "n", "k", "group", "min_rows": the path's first row count, or null (never),
@@ -19,7 +21,8 @@ import torch
 
 from radixlm.runtime.kernels.quant import tiles
 
-KINDS = ("fp8_channel", "fp8_block", "w4a16", "w4a16_mma", "w4a16_dequant")
+KINDS = ("fp8_channel", "fp8_block", "w4a16", "w4a16_mma", "fp8_mma", "w4a16_dequant")
+MMA_KINDS = ("w4a16_mma", "fp8_mma")  # 5..256 rows (the buckets 8, 16, 64, 256)
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class TunedKey:
 def parse(entries: list[dict]) -> dict[TunedKey, object]:
     """A table's entries as configs by key; a malformed entry raises ValueError naming it."""
     from radixlm.runtime.kernels.quant.fp8_gemv import MAX_ROWS as FP8_ROWS, Fp8GemvConfig
+    from radixlm.runtime.kernels.quant.fp8_mma import ROW_BOUNDS as FP8_MMA_ROWS, Fp8MmaConfig
     from radixlm.runtime.kernels.quant.int4_dequant import DequantChoice, DequantConfig
     from radixlm.runtime.kernels.quant.int4_mma import ROW_BOUNDS as MMA_ROWS, Int4MmaConfig
     from radixlm.runtime.kernels.quant.int4_skinny import MAX_ROWS as INT4_ROWS, Int4GemvConfig
@@ -54,16 +58,21 @@ def parse(entries: list[dict]) -> dict[TunedKey, object]:
                 out[key] = DequantChoice(min_rows, DequantConfig(**entry.get("config", {})))
                 continue
             key = TunedKey(kernel, int(entry["n"]), int(entry["k"]), int(entry["rows"]), int(entry.get("group", 0)))
-            if kernel == "w4a16_mma":
-                if key.rows not in MMA_ROWS:
-                    raise ValueError(f"rows {key.rows} is not one of the tensor-core kernel's buckets {MMA_ROWS}")
+            if kernel in MMA_KINDS:
+                bounds = MMA_ROWS if kernel == "w4a16_mma" else FP8_MMA_ROWS
+                if key.rows not in bounds:
+                    raise ValueError(f"rows {key.rows} is not one of the tensor-core kernel's buckets {bounds}")
+                if kernel == "fp8_mma" and key.group not in (0, entry["config"].get("block_k")):
+                    raise ValueError(f"group {key.group}: 0 (per tensor / channel) or the block's K size, which "
+                                     f"is the config's block_k")
             else:
                 limit = INT4_ROWS if kernel == "w4a16" else FP8_ROWS
                 if key.rows not in tiles.ROW_BUCKETS or key.rows > limit:
                     raise ValueError(f"rows {key.rows} is not a row bucket's bound up to {limit}")
-            cls = {"w4a16": Int4GemvConfig, "w4a16_mma": Int4MmaConfig}.get(kernel, Fp8GemvConfig)
+            cls = {"w4a16": Int4GemvConfig, "w4a16_mma": Int4MmaConfig, "fp8_mma": Fp8MmaConfig}.get(kernel,
+                                                                                                Fp8GemvConfig)
             out[key] = cls(**entry["config"])
-        except (KeyError, TypeError, ValueError) as e:
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"bad quant_gemv tuned entry {entry}: {e}") from e
     return out
 
@@ -89,12 +98,17 @@ def _device_name(index: int) -> str:
 
 
 def lookup(device: torch.device, kernel: str, n: int, k: int, m: int, group: int = 0):
-    """The tuned config of this GEMM on this device's GPU model, or None (off CUDA, no table, no entry, or more rows
-    than the kernel's buckets take: 4 for the few-row kernels, 256 for w4a16_mma)."""
+    """The tuned config of this GEMM on this device's GPU model, or None (off CUDA, no table, or no entry: lookup_in)."""
     if device.type != "cuda":
         return None
-    bound = tiles.ROW_BUCKETS[tiles.bucket_of(m)]
-    if bound is None or bound > (256 if kernel == "w4a16_mma" else 4):
-        return None
     name = _device_name(device.index if device.index is not None else torch.cuda.current_device())
-    return _table(name).get(TunedKey(kernel, n, k, bound, group))
+    return lookup_in(_table(name), kernel, n, k, m, group)
+
+
+def lookup_in(table: dict[TunedKey, object], kernel: str, n: int, k: int, m: int, group: int = 0):
+    """table's config for a GEMM of m rows, or None: no entry, or more rows than the kernel's buckets take (4 for the
+    few-row kernels, 256 for w4a16_mma and fp8_mma)."""
+    bound = tiles.ROW_BUCKETS[tiles.bucket_of(m)]
+    if bound is None or bound > (256 if kernel in MMA_KINDS else 4):
+        return None
+    return table.get(TunedKey(kernel, n, k, bound, group))

@@ -122,6 +122,10 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         block size, bias, permutation, dtype: fixed per layer -> warmup.warm_up_quantized runs each quantized layer
         at each bucket's first row count (quant.warm_up_linear), which prefill passes can reach beyond the passes
         above.
+  quant/fp8_mma.py, int4_mma.py  _fp8_mma_kernel, _w4a16_mma_kernel (5..256 rows where the tuned table names a config)
+      The config follows the row bucket (8, 16, 64, 256) and the table; the K split follows N's tiles only (not the
+        rows); M and the partials' stride: do_not_specialize; x copied where its rows are not 16-element aligned ->
+        built by warm_up_quantized's call per bucket, as above.
   quant/int4_dequant.py  _dequant_int4_kernel (W4A16 from a weight's min_rows rows: dequantize, then cuBLAS)
       Nothing follows the row count: weight shape, group size, strides, dtype are fixed per layer (the scratch's
         address is one per device) -> warm_up_quantized also runs each INT4 layer at its min_rows

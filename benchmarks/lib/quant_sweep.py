@@ -1,0 +1,191 @@
+"""What kernels/quant_gemv_sweep.py's kinds share: the run's setup, bf16's candidates, one candidate's checked cell,
+the tensor-core kinds' sweep by row bucket (--kind mma: W4A16; --kind fp8mma: FP8 W8A8), and the tuned table's
+merge and file."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.lib.gpu_timing import SHAPES, tree, within_budget
+from benchmarks.lib.quant_formats import TOLERANCE, floor_us, rel_err
+from radixlm.runtime.kernels.quant import reference as ref, tiles
+
+LAYER = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+MARGIN = 1.03  # a table entry only where the candidate beats the default path by this much
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What every cell of one run shares."""
+    dry: bool
+    device: str
+    dtype: torch.dtype
+    sms: int
+    timer: object  # graph_us, or wall_us in a dry run
+    quick: object  # quick_us, or wall_us in a dry run
+
+
+def config_dict(cfg) -> dict:
+    """A kernel config as its table entry's "config" (enums by value)."""
+    return {f.name: (v.value if isinstance(v := getattr(cfg, f.name), Enum) else v) for f in dataclasses.fields(cfg)}
+
+
+def bf16_kernels(m: int):
+    """The bf16 candidates at m rows: cuBLAS, and the skinny Triton kernels where they take m rows."""
+    out = {"cublas": lambda x, w: F.linear(x, w)}
+    if not torch.cuda.is_available():
+        return out
+    from radixlm.runtime.kernels.gemm import skinny_gemm, skinny_mma
+
+    if m <= skinny_gemm.SKINNY_MAX_M:
+        out["skinny"] = lambda x, w: skinny_gemm.skinny_linear(x, w)
+    if skinny_mma.MMA_MIN_M <= m <= skinny_mma.MMA_MAX_M:
+        out["skinny_mma"] = lambda x, w: skinny_mma.skinny_mma_linear(x, w)
+    return out
+
+
+def bf16_best(x: torch.Tensor, weights: list, m: int, setup: Setup) -> dict[str, float]:
+    """Every bf16 candidate's time at m rows (graph-timed)."""
+    return {kn: setup.timer(lambda i, f=f: f(x, weights[i]), len(weights)) for kn, f in bf16_kernels(m).items()}
+
+
+def try_candidate(run: Callable, want: Callable, x: torch.Tensor, weights: list, cfg, timer) -> dict:
+    """One candidate's cell: its error against the reference (want(x, weight)), then (when correct) its time (run(x,
+    weight, cfg)); a config that does not build or launch here gets the error instead."""
+    cell = {"config": config_dict(cfg)}
+    try:
+        cell["rel_err"] = rel_err(run(x, weights[0], cfg), want(x, weights[0]))
+        if cell["rel_err"] > TOLERANCE:
+            cell["error"] = "wrong result"
+        else:
+            cell["us"] = timer(lambda i: run(x, weights[i], cfg), len(weights))
+    except Exception as e:  # noqa: BLE001 - a config that does not build or launch here is skipped
+        cell["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return cell
+
+
+def fp8_exact_x(m: int, k: int, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """A dry run's FP8 activations: on e4m3's grid times 2^-6 with every 128-channel group's maximum 448 (its scales
+    exact), since Triton 3.9's interpreter rounds to e4m3 wrongly across 128 (tests/.../test_fp8_mma.py)."""
+    v = (torch.randn(m, k) * 100).to(ref.FP8_DTYPE).float()
+    v[:, ::128] = ref.FP8_MAX
+    return (v * 2.0 ** -6).to(device=device, dtype=dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketFormat:
+    """One format a tensor-core kind sweeps: its table kind and group, its weights, the current path (default), the
+    candidate kernel, the reference, and the configs timed at m rows."""
+    name: str  # quant_formats' format (the floor's bytes)
+    kernel: str  # the table's kind
+    group: int
+    make: Callable  # bf16 (n, k) weight -> the format's weight tuple
+    default: Callable  # (x, weight) -> y: today's path at these rows (no table)
+    candidate: Callable  # (x, weight, cfg) -> y
+    want: Callable  # (x, weight) -> the reference's y
+    configs: Callable  # (m, k, dry) -> configs
+    extra: dict = dataclasses.field(default_factory=dict)  # the table entry's other keys (fp8 blocks: "block")
+
+
+def sweep_buckets(args, setup: Setup, result: dict, save, formats: list[BucketFormat]) -> tuple[list[dict], set]:
+    """Per shape and row count bf16's best, each format's default path and its candidates (quick-timed); then per
+    format and row bucket (tiles.ROW_BUCKETS 8, 16, 64, 256) the config with the least summed quick time over the
+    bucket's row counts, timed again as the default was, an entry where that sum beats the default's by MARGIN."""
+    entries, swept = [], set()
+    result["buckets"] = []
+    for name in within_budget(args.shapes, args.t0, args.budget_s):
+        n, k = SHAPES[name]
+        if setup.dry:
+            n, k = n // 64, max(128, k // 32 // 128 * 128)
+        copies = 2 if setup.dry else max(2, min(16, -(-600_000_000 // (2 * n * k))))
+        bf16 = [torch.randn(n, k, device=setup.device, dtype=setup.dtype) * 0.02 for _ in range(copies)]
+        weights = {f.name: [f.make(w) for w in bf16] for f in formats}
+        by_cfg: dict[tuple[str, int, object], dict[int, float]] = {}
+        defaults: dict[tuple[str, int], dict[int, float]] = {}
+        for m in args.rows:
+            exact = setup.dry and formats[0].name.startswith("fp8")
+            x = (fp8_exact_x(m, k, setup.device, setup.dtype) if exact
+                 else torch.randn(m, k, device=setup.device, dtype=setup.dtype))
+            times = bf16_best(x, bf16, m, setup)
+            b_kernel = min(times, key=times.get)
+            bucket = tiles.ROW_BUCKETS[tiles.bucket_of(m)]
+            for f in formats:
+                ws = weights[f.name]
+                floor = floor_us(f.name, n, k, m)
+                default_us = setup.timer(lambda i: f.default(x, ws[i]), copies)
+                defaults.setdefault((f.name, bucket), {})[m] = default_us
+                row = {"format": f.name, "shape": name, "n": n, "k": k, "rows": m, "bf16_kernel": b_kernel,
+                       "bf16_us": times[b_kernel], "default_us": default_us,
+                       "default_rel_err": rel_err(f.default(x, ws[0]), f.want(x, ws[0])), "floor_us": floor,
+                       "candidates": []}
+                for cfg in f.configs(m, k, setup.dry):
+                    cell = try_candidate(f.candidate, f.want, x, ws, cfg, setup.quick)
+                    if "us" in cell:
+                        by_cfg.setdefault((f.name, bucket, cfg), {})[m] = cell["us"]
+                    row["candidates"].append(cell)
+                timed = [c for c in row["candidates"] if "us" in c]
+                best = min(timed, key=lambda c: c["us"]) if timed else None
+                row["best_us"], row["best_config"] = (best["us"], best["config"]) if best else (None, None)
+                result["cells"].append(row)
+                print(f"{f.name:>11} {name:>12} rows {m:>3}: bf16 {b_kernel} {times[b_kernel]:7.1f} | default "
+                      f"{default_us:7.1f} | best " + (f"{best['us']:7.1f} {best['config']}" if best else "none")
+                      + f" | floor {floor:.1f}", flush=True)
+        for (fname, bucket), per_m in defaults.items():
+            f = next(f for f in formats if f.name == fname)
+            fits = {cfg: t for (fn, b, cfg), t in by_cfg.items()
+                    if (fn, b) == (fname, bucket) and t.keys() == per_m.keys()}
+            swept.add((f.kernel, n, k, bucket, f.group))
+            if not fits:
+                continue
+            cfg = min(fits, key=lambda c: sum(fits[c].values()))
+            timed = {}  # the choice timed again as the default was (graph_us), at each of the bucket's row counts
+            for m_b in per_m:
+                x = torch.randn(m_b, k, device=setup.device, dtype=setup.dtype)
+                timed[m_b] = setup.timer(lambda i, x=x, cfg=cfg: f.candidate(x, weights[fname][i], cfg), copies)
+            result["buckets"].append({"format": fname, "shape": name, "bucket": bucket, "config": config_dict(cfg),
+                                      "quick_us_by_rows": fits[cfg], "us_by_rows": timed,
+                                      "default_us_by_rows": per_m})
+            x_rows = max(per_m)
+            if sum(timed.values()) * MARGIN < sum(per_m.values()):
+                entries.append({"kernel": f.kernel, "n": n, "k": k, "rows": bucket, "group": f.group, **f.extra,
+                                "config": config_dict(cfg), "us": round(timed[x_rows], 2),
+                                "default_us": round(per_m[x_rows], 2),
+                                "floor_us": round(floor_us(fname, n, k, x_rows), 2)})
+        bf16 = weights = None  # (frees the copies before the next shape)
+        save()
+    return entries, swept
+
+
+def merge_entries(old: list[dict], new: list[dict], swept: set[tuple] = frozenset()) -> list[dict]:
+    """The committed table's entries with those of the same (kernel, n, k, rows, group) as a new entry, or in
+    `swept` (measured again, no longer beating the default), replaced by the new ones."""
+    def key(e: dict) -> tuple:
+        return e["kernel"], int(e["n"]), int(e["k"]), int(e["rows"]), int(e.get("group", 0))
+
+    gone = {key(e) for e in new} | set(swept)
+    return [e for e in old if key(e) not in gone] + list(new)
+
+
+def write_table(out_dir: Path, setup: Setup, gpu: str, entries: list[dict], swept: set[tuple]) -> Path:
+    """The committed table (none in a dry run) with the swept entries replaced; this run's versions and tree, its
+    command after the earlier ones."""
+    import triton
+
+    from radixlm.runtime.kernels.gemm.cublaslt import load_table, table_path
+
+    committed = [] if setup.dry else load_table(gpu, "quant_gemv")
+    old = json.loads(table_path(gpu, "quant_gemv").read_text()) if committed else {}
+    table = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "margin": MARGIN,
+             "commands": [*old.get("commands", []),
+                          " ".join(["benchmarks/kernels/quant_gemv_sweep.py", *sys.argv[1:]])],
+             "tree": tree(), "entries": merge_entries(committed, entries, swept)}
+    table_file = out_dir / table_path(gpu if not setup.dry else "cpu dry", "quant_gemv").name
+    table_file.write_text(json.dumps(table, indent=1) + "\n")
+    return table_file
