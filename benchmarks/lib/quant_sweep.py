@@ -167,7 +167,7 @@ def merge_entries(old: list[dict], new: list[dict], swept: set[tuple] = frozense
     """The committed table's entries with those of the same (kernel, n, k, rows, group) as a new entry, or in
     `swept` (measured again, no longer beating the default), replaced by the new ones."""
     def key(e: dict) -> tuple:
-        return e["kernel"], int(e["n"]), int(e["k"]), int(e["rows"]), int(e.get("group", 0))
+        return e["kernel"], int(e["n"]), int(e["k"]), int(e.get("rows", 0)), int(e.get("group", 0))
 
     gone = {key(e) for e in new} | set(swept)
     return [e for e in old if key(e) not in gone] + list(new)
