@@ -11,8 +11,8 @@
 #                                                     # here, on the CPU: the tests and both scripts' tiny runs
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-. "$HERE/env.sh"
-bash benchmarks/lease/tree_id.sh
+. "$HERE/../lib/env.sh"
+bash benchmarks/lib/tree_id.sh
 FINAL_OUT=$OUT
 OUT=/tmp/hicache_lease_out
 rm -rf "$OUT" && mkdir -p "$OUT"

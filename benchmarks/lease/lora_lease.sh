@@ -17,8 +17,8 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 DRY_OUT=/tmp/lora_lease_dry
-. "$HERE/env.sh"
-bash benchmarks/lease/tree_id.sh
+. "$HERE/../lib/env.sh"
+bash benchmarks/lib/tree_id.sh
 FINAL_OUT=$OUT
 OUT=/tmp/lora_lease_out
 rm -rf "$OUT" && mkdir -p "$OUT"

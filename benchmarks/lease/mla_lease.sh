@@ -11,8 +11,8 @@
 #                                                   # the interpreted tests and the benchmark's --dry logic
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-. "$HERE/env.sh"
-bash benchmarks/lease/tree_id.sh
+. "$HERE/../lib/env.sh"
+bash benchmarks/lib/tree_id.sh
 FINAL_OUT=$OUT
 OUT=/tmp/mla_lease_out
 rm -rf "$OUT" && mkdir -p "$OUT"

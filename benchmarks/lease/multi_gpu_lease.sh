@@ -8,7 +8,7 @@
 #                                                     # vs one replica (the all-reduce table: benchmarks/multi_gpu/gpu_allreduce.py)
 # Results land in $OUT (JSON and logs).
 set -uo pipefail
-. "$(dirname "$0")/env.sh"
+. "$(dirname "$0")/../lib/env.sh"
 quiet() { grep -v "safetensors\|Warn\|warn\|fix_mistral\|clean_up\| INFO " ; }
 case "${1:-a}" in
   a)

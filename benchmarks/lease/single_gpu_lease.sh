@@ -169,7 +169,7 @@ if [ "$DRY" = 1 ]; then
   SPEC=$LEASE/spec
   mkdir -p "$OUT" "$LEASE"
 else
-  [ "$part" = prepare ] || . "$HERE/env.sh"  # the wheels, multicast off, the GPU and versions printed
+  [ "$part" = prepare ] || . "$HERE/../lib/env.sh"  # the wheels, multicast off, the GPU and versions printed
   TREE=${TREE:-$(cd "$HERE/../.." && pwd)}
   cd "$TREE" || exit 1
   OUT=${OUT:-/tmp/out}
