@@ -44,6 +44,7 @@
 #                                                 # tokens per GiB beside Llama-3.1-8B's, the 671B memory plan
 #                                                 # (benchmarks/offline/gpu_deepseek.py; estimate 5-8 min, not
 #                                                 # measured: two engine starts with cold Triton caches)
+#   bash benchmarks/lease/single_gpu_lease.sh mla [bench]  # issue 51: the MLA kernels' CUDA tests, decode sweep, extend (see mla)
 #   DRY=1 bash benchmarks/lease/single_gpu_lease.sh prepare|p1|p2|spec|vlm|deepseek|all   # HERE, on the CPU: the same scripts
 #                                                 # and arguments with tiny random-weight shapes (see "Dry run")
 #
@@ -345,6 +346,36 @@ deepseek)
   banner
   step deepseek 520 $PY benchmarks/offline/gpu_deepseek.py $([ "$DRY" = 1 ] && echo --tiny) \
     --parts kv plan decode offline --out "$OUT/deepseek_v2_lite_gpu.json" ;;
+mla)
+  # issue 51's MLA kernels, one call of at most 9.5 min (carry [".whl"]): their CUDA tests against the torch reference
+  # (tests/runtime/kernels/attention/test_mla_attn.py, DeepSeek widths), then the decode benchmark with its
+  # launch-config sweep (benchmarks/kernels/mla_decode.py: DeepSeek-V2-Lite and V3 heads, batch 1/32/256, context
+  # 1k/4k, against the latent bytes floor), then the extend kernel's (--kind extend) while time is left. Logs and
+  # JSONs are packed into $OUT/mla_lease.tar after each step (env.sh's budget_step: every limit cut to what is left).
+  #   mla bench: the benchmarks alone (MLA_BUDGET_S: the decode cells' budget); MLA_KV=fp8_e4m3 ... mla bench: the
+  #   decode sweep over a float8 pool; DRY=1 ... mla: here, the interpreted tests and the benchmark's --dry logic.
+  declare -F budget_step > /dev/null || . "$HERE/../lib/env.sh"  # DRY: budget_step (OUT and PY kept)
+  bash benchmarks/lib/tree_id.sh
+  PACK=$OUT/mla_lease.tar
+  OUT=/tmp/mla_lease_out
+  rm -rf "$OUT" && mkdir -p "$OUT"
+  deadline=$((SECONDS + ${BUDGET_S:-570}))
+  if [ "$DRY" = 1 ]; then
+    export TRITON_INTERPRET=1
+    TAIL=5 budget_step mla_tests 120 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/attention/test_mla_attn.py
+    TAIL=12 budget_step mla_decode 120 $PY benchmarks/kernels/mla_decode.py --dry --sweep all --out "$OUT/mla_decode.json"
+    TAIL=8 budget_step mla_extend 120 $PY benchmarks/kernels/mla_decode.py --kind extend --dry \
+      --out "$OUT/mla_extend.json"
+  else
+    if [ "${2:-all}" != bench ]; then
+      TAIL=8 budget_step mla_cuda_tests 200 $PY -m pytest -q -p no:cacheprovider -rfEs --durations=5 \
+        tests/runtime/kernels/attention/test_mla_attn.py
+    fi
+    TAIL=30 budget_step mla_decode 420 $PY benchmarks/kernels/mla_decode.py --sweep all \
+      --budget-s "${MLA_BUDGET_S:-300}" --kv "${MLA_KV:-bf16}" --out "$OUT/mla_decode.json"
+    TAIL=32 budget_step mla_extend 120 $PY benchmarks/kernels/mla_decode.py --kind extend --budget-s 80 \
+      --out "$OUT/mla_extend.json"
+  fi ;;
 all)
   [ "$DRY" = 1 ] || { echo "'all' is the CPU dry run only (DRY=1): one part per device call" >&2; exit 2; }
   for p in prepare p1 p2 spec vlm; do echo "######## $p"; bash "$0" "$p"; done ;;
