@@ -35,18 +35,16 @@ from enum import Enum
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.lib.gpu_timing import SHAPES, graph_us, quick_us, tree, wall_us, within_budget  # noqa: E402
-from benchmarks.lib.quant_formats import BLOCK, GROUP, TOLERANCE, floor_us, rel_err  # noqa: E402
-from radixlm.runtime.kernels import quant  # noqa: E402
+from benchmarks.lib.quant_formats import (BLOCK, GROUP, bf16_kernels, config_dict, floor_us,  # noqa: E402
+                                          format_linear, format_reference, make_weights, rel_err, try_candidate)
 from radixlm.runtime.kernels.quant import reference as ref, tiles  # noqa: E402
-from radixlm.runtime.kernels.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv_linear  # noqa: E402
+from radixlm.runtime.kernels.quant.fp8_gemv import Fp8GemvConfig  # noqa: E402
 from radixlm.runtime.kernels.quant.int4_mma import Int4MmaConfig, XLoad, takes, w4a16_mma_linear  # noqa: E402
-from radixlm.runtime.kernels.quant.int4_skinny import Int4GemvConfig, w4a16_skinny_linear  # noqa: E402
-
+from radixlm.runtime.kernels.quant.int4_skinny import Int4GemvConfig  # noqa: E402
 
 class Kind(str, Enum):
     GEMV = "gemv"
@@ -139,80 +137,9 @@ def mma_configs(m: int, dry: bool) -> list[Int4MmaConfig]:
             for bm, bn, bk, w, st, load, asm in MMA_CANDIDATES[max(bound, 16)]]
 
 
-def config_dict(cfg) -> dict:
-    out = dataclasses.asdict(cfg)
-    return {**out, "x_load": cfg.x_load.value} if isinstance(cfg, Int4MmaConfig) else out
-
-
-def make_weights(fmt: str, n: int, k: int, device: str, copies: int) -> list:
-    made = []
-    for _ in range(copies):
-        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
-        if fmt == "bf16":
-            made.append(w if device == "cuda" else w.float())  # (--dry: float32 activations)
-        elif fmt == "fp8_channel":
-            made.append(ref.quant_fp8(w, per_channel=True))
-        elif fmt == "fp8_block":
-            made.append(ref.quant_fp8(w, block=BLOCK))
-        else:
-            made.append(ref.quant_int4(w, GROUP, dtype=torch.bfloat16))
-    return made
-
-
-def run(fmt: str, x: torch.Tensor, weight, cfg=None) -> torch.Tensor:
-    """cfg None: the format's default path (no tuned table: the sweep's process never installs one)."""
-    block = BLOCK if fmt == "fp8_block" else None
-    if fmt == "bf16":
-        return F.linear(x, weight)
-    if fmt.startswith("fp8"):
-        if cfg is None:
-            return quant.fp8_linear(x, *weight, block)
-        return fp8_gemv_linear(x, *weight, block, None, cfg)
-    if cfg is None:
-        return quant.int4_linear(x, *weight, GROUP)
-    if isinstance(cfg, Int4MmaConfig):
-        return w4a16_mma_linear(x, *weight, GROUP, None, None, cfg)
-    return w4a16_skinny_linear(x, *weight, GROUP, None, None, cfg)
-
-
-def want(fmt: str, x: torch.Tensor, weight) -> torch.Tensor:
-    if fmt.startswith("fp8"):
-        return ref.fp8_linear(x.float(), *weight, BLOCK if fmt == "fp8_block" else None)
-    return ref.int4_linear(x.float(), *[t.float() if t.is_floating_point() else t for t in weight], GROUP)
-
-
-def bf16_kernels(m: int):
-    """The bf16 candidates at m rows: cuBLAS, and the skinny Triton kernels where they take m rows."""
-    out = {"cublas": lambda x, w: F.linear(x, w)}
-    if not torch.cuda.is_available():
-        return out
-    from radixlm.runtime.kernels.gemm import skinny_gemm, skinny_mma
-
-    if m <= skinny_gemm.SKINNY_MAX_M:
-        out["skinny"] = lambda x, w: skinny_gemm.skinny_linear(x, w)
-    if skinny_mma.MMA_MIN_M <= m <= skinny_mma.MMA_MAX_M:
-        out["skinny_mma"] = lambda x, w: skinny_mma.skinny_mma_linear(x, w)
-    return out
-
-
 def bf16_best(x: torch.Tensor, weights: list, m: int, setup: Setup) -> dict[str, float]:
     """Every bf16 candidate's time at m rows (graph-timed)."""
     return {kn: setup.timer(lambda i, f=f: f(x, weights[i]), len(weights)) for kn, f in bf16_kernels(m).items()}
-
-
-def try_candidate(fmt: str, x: torch.Tensor, weights: list, cfg, timer) -> dict:
-    """One candidate's cell: its error against the reference, then (when correct) its time; a config that does not
-    build or launch here gets the error instead."""
-    cell = {"config": config_dict(cfg)}
-    try:
-        cell["rel_err"] = rel_err(run(fmt, x, weights[0], cfg), want(fmt, x, weights[0]))
-        if cell["rel_err"] > TOLERANCE:
-            cell["error"] = "wrong result"
-        else:
-            cell["us"] = timer(lambda i: run(fmt, x, weights[i], cfg), len(weights))
-    except Exception as e:  # noqa: BLE001 - a config that does not build or launch here is skipped
-        cell["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    return cell
 
 
 def group_of(fmt: str) -> int:
@@ -259,9 +186,9 @@ def sweep_gemv(args, setup: Setup, result: dict, save) -> tuple[list[dict], set[
                 result["cells"] += [{"format": "bf16", "shape": name, "rows": m, "kernel": kern, "us": us,
                                      "floor_us": floor} for kern, us in times.items()]
                 continue
-            default_us = setup.timer(lambda i: run(fmt, x, ws[i]), copies)
+            default_us = setup.timer(lambda i: format_linear(fmt, x, ws[i]), copies)
             result["cells"].append({"format": fmt, "shape": name, "rows": m, "kernel": "default", "us": default_us,
-                                    "floor_us": floor, "rel_err": rel_err(run(fmt, x, ws[0]), want(fmt, x, ws[0]))})
+                                    "floor_us": floor, "rel_err": rel_err(format_linear(fmt, x, ws[0]), format_reference(fmt, x, ws[0]))})
             best = None
             for cfg in gemv_configs(fmt, m, n, k, setup.sms, setup.dry):
                 cell = {"format": fmt, "shape": name, "rows": m, "kernel": "gemv",
