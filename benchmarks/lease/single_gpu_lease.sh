@@ -15,7 +15,7 @@
 #                                                 # (medians reported; P19_REPEAT, P19_REPEAT_MAX_S)
 #   bash benchmarks/lease/single_gpu_lease.sh p2        # issue 19: fcfs, random, all_off (3 server starts); merges with
 #                                                 # p1's JSON when the machine is still the same one (else merge here:
-#                                                 # python benchmarks/programs/programs_merge.py P1 P2 --out ...)
+#                                                 # python -m radixlm.bench.programs --merge P1 P2 --output-file ...)
 #   bash benchmarks/lease/single_gpu_lease.sh p19vlm    # issue 19: the llava_bench workload of radixlm.bench.programs on
 #                                                 # Qwen2.5-VL-7B shapes (dummy bf16), all 7 variants (5 server
 #                                                 # starts), 16 programs at scale 0.5 (estimate ~400 s, not measured)
@@ -79,7 +79,7 @@
 # SPEC_QWEN_ROUNDS (1),
 # VLM_IMAGES (16: 24 ran past its 240 s step on an H200, three server starts and 4 runs a mode), OV_IMAGES (12).
 # After the lease, here: copy what came back into benchmarks/results/ (programs_gpu.{json,md,png} -- or
-# `python benchmarks/programs/programs_merge.py programs_gpu_p1.json programs_gpu_p2.json --out benchmarks/results/
+# `python -m radixlm.bench.programs --merge programs_gpu_p1.json programs_gpu_p2.json --output-file benchmarks/results/
 # programs_gpu.json --note "..."` when p1 and p2 ran on different machines --, speculative_gpu.json,
 # speculative_gpu_qwen_coder.json,
 # llava_bench_qwen2_5_vl_7b_gpu.json, llava_bench_llava_onevision_7b_gpu.json), with the card that ran them.
@@ -257,10 +257,10 @@ p2)
   banner
   programs p2 "${P2_VARIANTS:-fcfs,random,all_off}" 510
   if [ -f "$LEASE/programs_gpu_p1.json" ]; then  # p1 ran on this machine: the whole table now
-    timeout 20 $PY benchmarks/programs/programs_merge.py "$LEASE/programs_gpu_p1.json" "$OUT/programs_gpu_p2.json" \
-      --out "$OUT/programs_gpu.json" 2>&1 | tee -a "$OUT/p2.log"  # (7 files back: the limit is 8)
+    timeout 20 $PY -m radixlm.bench.programs --merge "$LEASE/programs_gpu_p1.json" "$OUT/programs_gpu_p2.json" \
+      --output-file "$OUT/programs_gpu.json" 2>&1 | tee -a "$OUT/p2.log"  # (7 files back: the limit is 8)
   else
-    echo "p1's JSON is not on this machine: merge here (python benchmarks/programs/programs_merge.py P1 P2 --out ...)"
+    echo "p1's JSON is not on this machine: merge here (python -m radixlm.bench.programs --merge P1 P2 --output-file ...)"
   fi ;;
 spec)
   banner
