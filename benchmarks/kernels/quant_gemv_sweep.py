@@ -187,8 +187,9 @@ def sweep_gemv(args, setup: Setup, result: dict, save) -> tuple[list[dict], set[
                                      "floor_us": floor} for kern, us in times.items()]
                 continue
             default_us = setup.timer(lambda i: format_linear(fmt, x, ws[i]), copies)
+            err = rel_err(format_linear(fmt, x, ws[0]), format_reference(fmt, x, ws[0]))
             result["cells"].append({"format": fmt, "shape": name, "rows": m, "kernel": "default", "us": default_us,
-                                    "floor_us": floor, "rel_err": rel_err(format_linear(fmt, x, ws[0]), format_reference(fmt, x, ws[0]))})
+                                    "floor_us": floor, "rel_err": err})
             best = None
             for cfg in gemv_configs(fmt, m, n, k, setup.sms, setup.dry):
                 cell = {"format": fmt, "shape": name, "rows": m, "kernel": "gemv",

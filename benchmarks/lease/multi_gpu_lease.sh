@@ -5,7 +5,8 @@
 #   bash .stage/tree/benchmarks/lease/multi_gpu_lease.sh a  # symmetric-memory all-reduce test, TP=1 vs TP=2 speed
 #   bash .stage/tree/benchmarks/lease/multi_gpu_lease.sh b  # Llama-3.1-70B at TP=2, Mixtral-8x7B at TP=2 and EP=2
 #   bash .stage/tree/benchmarks/lease/multi_gpu_lease.sh c  # TP correctness; two replicas behind the router vs round robin
-#                                                     # vs one replica (the all-reduce table: gpu_multi.py --parts allreduce)
+#                                                     # vs one replica
+# The all-reduce latency table: benchmarks/multi_gpu/gpu_multi.py --parts allreduce (not one of these calls).
 # Results land in $OUT (JSON and logs).
 set -uo pipefail
 . "$(dirname "$0")/../lib/env.sh"
