@@ -238,9 +238,6 @@ def repeat_config(opt: RunOptions) -> dict:
             "flushed_before_each": opt.flush}
 
 
-if __name__ == "__main__":
-    main()
-
 
 SAME = ("backend", "model", "num_programs", "num_programs_per_workload", "seed", "scale", "workloads", "repeat")
 
@@ -281,3 +278,7 @@ def merge_files(paths: list[str], output_file: Optional[str], notes: list[str]) 
     for kind, path in report.write(out, output_file).items():
         print(f"wrote {kind}: {path}")
     return out
+
+
+if __name__ == "__main__":
+    main()
