@@ -44,7 +44,7 @@
 #                                                 # tokens per GiB beside Llama-3.1-8B's, the 671B memory plan
 #                                                 # (benchmarks/offline/gpu_deepseek.py; estimate 5-8 min, not
 #                                                 # measured: two engine starts with cold Triton caches)
-#   bash benchmarks/lease/single_gpu_lease.sh mla [bench]  # issue 51: the MLA kernels' CUDA tests, decode sweep, extend (see mla)
+#   bash benchmarks/lease/single_gpu_lease.sh mla [bench] # issue 51: MLA kernels' tests, decode sweep, extend
 #   DRY=1 bash benchmarks/lease/single_gpu_lease.sh prepare|p1|p2|spec|vlm|deepseek|all   # HERE, on the CPU: the same scripts
 #                                                 # and arguments with tiny random-weight shapes (see "Dry run")
 #

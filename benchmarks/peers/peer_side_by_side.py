@@ -16,9 +16,9 @@ less). One engine (the runs': Llama-3.1-8B shapes, dummy bf16 weights, defaults)
 seed 1) run --runs times with lib.profiling.PassClock attached: CUDA events around each pass's launch. Per bucket of
 decode passes by row count it prints and writes the passes, their device time (mean), the device's idle time before
 them (mean gap) and the bucket's share of the run; prefill passes likewise. A tail that the host holds up shows as
-gaps; one dearer than the decode curve, as pass time. --exclude leaves GEMM kernels out of start-up's few-row choice
-(gemm.GemmKernel names), for an A/B against the default in one call; --no-chunked: decode attention splits at every
-batch size.
+gaps; one dearer than the decode curve, as pass time. --exclude leaves GEMM kernels out of start-up's few-row
+choice (gemm.GemmKernel names), for an A/B against the default in one call; --no-chunked: decode attention splits at
+every batch size.
 
     python benchmarks/peers/peer_side_by_side.py run 1 2 3 --out-dir $OUT [--name NAME --engine-args JSON]
     python benchmarks/peers/peer_side_by_side.py merge FILE... --out benchmarks/results/peers/peer_side_by_side_NAME.json

@@ -56,11 +56,13 @@ def test_small_pool_retracts_and_finishes(tmp_path: Path) -> None:
         "admission"]["min_new_token_ratio"]
     saved = json.loads(out.read_text())
     assert [run["setting"] for run in saved["runs"]] == ["default", *sweep[1:]]
-    assert "scheduler_sim.py --kind retraction" in saved["command"] and "--sweep" in saved["command"]
+    assert "scheduler_sim.py --kind retraction" in saved["command"]
+    assert "--sweep" in saved["command"]
 
 
 def test_pool_holding_the_workload_never_retracts() -> None:
-    results = sim.main(["--kind", "retraction", *SHAPE, "--pool-tokens", str(N * (IN + OUT) + 64), "--sweep", "", "start_ratio=min"])
+    results = sim.main(["--kind", "retraction", *SHAPE, "--pool-tokens", str(N * (IN + OUT) + 64),
+                        "--sweep", "", "start_ratio=min"])
     for _, r in results:
         _check(r)
         assert r["retractions"] == 0
