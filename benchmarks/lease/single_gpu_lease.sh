@@ -347,13 +347,10 @@ deepseek)
   step deepseek 520 $PY benchmarks/offline/gpu_deepseek.py $([ "$DRY" = 1 ] && echo --tiny) \
     --parts kv plan decode offline --out "$OUT/deepseek_v2_lite_gpu.json" ;;
 mla)
-  # issue 51's MLA kernels, one call of at most 9.5 min (carry [".whl"]): their CUDA tests against the torch reference
-  # (tests/runtime/kernels/attention/test_mla_attn.py, DeepSeek widths), then the decode benchmark with its
-  # launch-config sweep (benchmarks/kernels/mla_decode.py: DeepSeek-V2-Lite and V3 heads, batch 1/32/256, context
-  # 1k/4k, against the latent bytes floor), then the extend kernel's (--kind extend) while time is left. Logs and
-  # JSONs are packed into $OUT/mla_lease.tar after each step (env.sh's budget_step: every limit cut to what is left).
-  #   mla bench: the benchmarks alone (MLA_BUDGET_S: the decode cells' budget); MLA_KV=fp8_e4m3 ... mla bench: the
-  #   decode sweep over a float8 pool; DRY=1 ... mla: here, the interpreted tests and the benchmark's --dry logic.
+  # issue 51, one call <= 9.5 min: the MLA kernels' CUDA tests (test_mla_attn.py), kernels/mla_decode.py's decode sweep
+  # (V2-Lite and V3 heads, batch 1/32/256 x context 1k/4k, beside the latent bytes floor), then --kind extend while
+  # time is left; $OUT/mla_lease.tar packed after each step. `mla bench`: the benchmarks alone (MLA_BUDGET_S: the
+  # decode cells'; MLA_KV=fp8_e4m3: a float8 pool). DRY=1: the interpreted tests and the benchmark's --dry logic.
   declare -F budget_step > /dev/null || . "$HERE/../lib/env.sh"  # DRY: budget_step (OUT and PY kept)
   bash benchmarks/lib/tree_id.sh
   PACK=$OUT/mla_lease.tar
@@ -362,8 +359,10 @@ mla)
   deadline=$((SECONDS + ${BUDGET_S:-570}))
   if [ "$DRY" = 1 ]; then
     export TRITON_INTERPRET=1
-    TAIL=5 budget_step mla_tests 120 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/attention/test_mla_attn.py
-    TAIL=12 budget_step mla_decode 120 $PY benchmarks/kernels/mla_decode.py --dry --sweep all --out "$OUT/mla_decode.json"
+    TAIL=5 budget_step mla_tests 120 $PY -m pytest -q -p no:cacheprovider \
+      tests/runtime/kernels/attention/test_mla_attn.py
+    TAIL=12 budget_step mla_decode 120 $PY benchmarks/kernels/mla_decode.py --dry --sweep all \
+      --out "$OUT/mla_decode.json"
     TAIL=8 budget_step mla_extend 120 $PY benchmarks/kernels/mla_decode.py --kind extend --dry \
       --out "$OUT/mla_extend.json"
   else
