@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A/B of two radixlm trees, side by side on one machine: BASE (an earlier commit's radixlm and benchmarks, unpacked
-# here) against this checkout, runs alternating between the trees; medians and ratios by benchmarks/ab/ab_report.py
+# here) against this checkout, runs alternating between the trees; medians and ratios by benchmarks/lib/ab_report.py
 # into $OUT.
 #   bash benchmarks/ab/ab_trees.sh prepare REV        # here: ab/base <- REV's radixlm and benchmarks; offline/gpu_llama8b.py
 #                                                  # and its lib/ modules from this tree (the same instrument); .stage/ <- the
@@ -121,4 +121,4 @@ for r in $(seq $((1 + ${AB_ROUND0:-0})) $((rounds + ${AB_ROUND0:-0}))); do  # AB
   done
 done
 if [ "$cmd" = profile ]; then cp "$AB"/profile_*.json "$OUT"/ 2>/dev/null || true; exit 0; fi
-$PY benchmarks/ab/ab_report.py "$cmd" "$AB" "$OUT/ab_$cmd.json"
+$PY -m benchmarks.lib.ab_report "$cmd" "$AB" "$OUT/ab_$cmd.json"

@@ -47,8 +47,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.lib.mla_cases import SM_SCALE, TOLERANCE, Case, kernel_us, log, summarize, time_us  # noqa: E402
 from radixlm.runtime.kernels.attention.mla import (  # noqa: E402
-    MLA_DECODE_DEFAULT, MLA_DECODE_DEFAULT_MANY_HEADS, MLA_MAX_SPLITS, MlaDecodeConfig, MlaExtendConfig, mla_decode,
+    MLA_DECODE_DEFAULT, MLA_DECODE_DEFAULT_MANY_HEADS, MLA_MAX_SPLITS, MlaDecodeConfig, MlaExtendConfig,
     mla_decode_config, mla_decode_num_splits, mla_extend, mla_extend_blocks, mla_extend_config)
 
 
@@ -61,10 +62,6 @@ MODELS = {"v2-lite": 16, "v3": 128}  # query heads (DeepSeek-V2-Lite, DeepSeek-V
 RANK, ROPE = 512, 64
 KV_DTYPES = {"bf16": None, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}  # None: the queries'
 
-SM_SCALE = 192 ** -0.5  # 1/sqrt(qk_nope_head_dim + qk_rope_head_dim), as DeepSeek's attention (mscale aside)
-COPY_BYTES = 400_000_000  # latents read per graph replay at least
-MAX_COPIES = 128
-TOLERANCE = 2e-2
 # --kind extend: (prefix, new tokens, requests) a shape; the launch configs beside the default (block_h, block_m,
 # block_n, num_warps, num_stages): 32 rows as the default with longer key blocks, 64 rows (4 tokens x 16 heads: half
 # the L2 re-reads, twice the accumulator), 16 rows over 4 warps.
@@ -92,86 +89,6 @@ CONFIGS = {config_name(c): c for c in [
 
 def default_name(heads: int) -> str:
     return config_name(mla_decode_config(heads))
-
-
-def log(*a) -> None:
-    print(*a, flush=True)
-
-
-class Case:
-    """One (model, batch, context): a pool of `copies` x batch requests of `context` latents each."""
-
-    def __init__(self, model: str, heads: int, bs: int, ctx: int, rank: int, rope: int, device: str, dry: bool,
-                 kv_dtype: torch.dtype | None):
-        self.model, self.heads, self.bs, self.ctx, self.rank, self.rope = model, heads, bs, ctx, rank, rope
-        self.device = device
-        width = rank + rope
-        dtype = torch.float32 if dry else torch.bfloat16  # the interpreter computes bfloat16 wrongly
-        kv_dtype = kv_dtype or dtype
-        self.kv_scale = 1.0 if kv_dtype == dtype else 0.5
-        self.bytes = bs * ctx * width * kv_dtype.itemsize
-        self.copies = 1 if dry else max(1, min(MAX_COPIES, -(-COPY_BYTES // self.bytes)))
-        rows = self.copies * bs
-        self.kv = torch.empty(rows * ctx + 1, 1, width, device=device, dtype=kv_dtype)
-        g = torch.Generator(device=device).manual_seed(bs * 7 + ctx + heads)
-        step = 1 << 24
-        for i in range(0, self.kv.shape[0], step // width):
-            part = self.kv[i : i + step // width]
-            part.copy_(torch.randn(part.shape, generator=g, device=device))
-        self.req_to_token = (torch.arange(rows * ctx, device=device, dtype=torch.int64) + 1).view(rows, ctx)
-        self.rows = [torch.arange(bs, device=device) + i * bs for i in range(self.copies)]
-        self.seq_lens = torch.full((bs,), ctx, device=device, dtype=torch.int64)
-        self.q = torch.randn(bs, heads, width, generator=g, device=device).to(dtype)
-        self.out = torch.empty(bs, heads, rank, device=device, dtype=dtype)
-        self.check_rows = sorted({0, bs // 2, bs - 1})
-        self.ref = torch.stack([self.reference(b) for b in self.check_rows])
-
-    def reference(self, b: int) -> torch.Tensor:
-        keys = self.kv[self.req_to_token[self.rows[0][b]], 0].float() * self.kv_scale  # (ctx, R + P)
-        p = (self.q[b].float() @ keys.T * SM_SCALE).softmax(-1)
-        return p @ keys[:, : self.rank]
-
-    def call(self, i: int, config: MlaDecodeConfig, splits: int) -> torch.Tensor:
-        return mla_decode(self.q, self.kv, self.req_to_token, self.rows[i], self.seq_lens, SM_SCALE, self.out,
-                          num_kv_splits=splits, kv_scale=self.kv_scale, config=config)
-
-    def error(self, config: MlaDecodeConfig, splits: int) -> float:
-        got = self.call(0, config, splits)[self.check_rows].float()
-        return ((got - self.ref).abs().max() / self.ref.abs().max().clamp_min(1e-6)).item()
-
-    def time_us(self, config: MlaDecodeConfig, splits: int, reps: int) -> float:
-        return time_us(lambda i: self.call(i, config, splits), self.copies, reps, self.device != "cuda")
-
-
-def time_us(call, copies: int, reps: int, dry: bool) -> float:
-    """Microseconds a call: CUDA-graph replays of `copies` calls (call(i): copy i's requests); a dry run's wall clock
-    over `reps` calls."""
-    if dry:
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            call(0)
-        return (time.perf_counter() - t0) / reps * 1e6
-    from benchmarks.lib.gpu_timing import quick_us
-
-    torch.cuda.synchronize()
-    return quick_us(call, copies, reps)
-
-
-def kernel_us(case: Case, config: MlaDecodeConfig, splits: int, calls: int = 8) -> dict[str, float]:
-    """Device microseconds per call of each kernel (stage 1, stage 2) under torch.profiler, eager calls over distinct
-    requests: where a call's time goes."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(calls):
-            case.call(i % case.copies, config, splits)
-        torch.cuda.synchronize()
-    out = {}
-    for e in prof.key_averages():
-        if "_mla_decode" in e.key:
-            total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
-            out[e.key] = total / calls
-    return out
 
 
 def run_cell(case: Case, name: str, splits: int, args, save, profile: bool = False) -> dict | None:
@@ -207,39 +124,6 @@ def run_cell(case: Case, name: str, splits: int, args, save, profile: bool = Fal
 
 def auto_splits(case: Case, config: MlaDecodeConfig) -> int:
     return mla_decode_num_splits(case.bs, case.heads, case.ctx, config)
-
-
-def summarize(cells: list[dict]) -> dict:
-    """Per model and overall: the config (at its split rule) with the least geometric-mean time over the cases that
-    every such config ran in, against the default's; and per case the fastest valid cell."""
-    out: dict = {"per_case": [], "per_model": {}}
-    cases = sorted({(c["model"], c["batch"], c["context"]) for c in cells})
-    for key in cases:
-        mine = [c for c in cells if (c["model"], c["batch"], c["context"]) == key and c["valid"]]
-        default = next((c for c in mine if c["default"] and c["auto_splits"]), None)
-        best = min(mine, key=lambda c: c["us"], default=None)
-        if best is not None:
-            out["per_case"].append({"model": key[0], "batch": key[1], "context": key[2],
-                                    "default_us": default and default["us"], "floor_us": best["floor_us"],
-                                    "best": f"{best['config']}@{best['splits']}", "best_us": best["us"],
-                                    "default_x_floor": default and default["x_floor"], "best_x_floor": best["x_floor"],
-                                    "default_kernels_us": default and default["kernels_us"]})
-    for model in sorted({c["model"] for c in cells}) + ["all"]:
-        auto = [c for c in cells if c["auto_splits"] and c["valid"] and model in ("all", c["model"])]
-        keys = {(c["model"], c["batch"], c["context"]) for c in auto}
-        by_config: dict[str, dict] = {}
-        for c in auto:
-            by_config.setdefault(c["config"], {})[(c["model"], c["batch"], c["context"])] = c["us"]
-        full = {n: t for n, t in by_config.items() if set(t) == keys}
-        if not full:
-            continue
-        gmean = {n: math.exp(sum(math.log(v) for v in t.values()) / len(t)) for n, t in full.items()}
-        pick = min(gmean, key=gmean.get)
-        defaults = {c["config"] for c in auto if c["default"]}
-        held = gmean.get(defaults.pop(), math.nan) if len(defaults) == 1 else math.nan
-        out["per_model"][model] = {"pick": pick, "gmean_us": gmean, "default_over_pick": held / gmean[pick],
-                                   "cases": len(keys)}
-    return out
 
 
 def run_decode(args, models: list[str], result: dict, save, in_budget) -> None:

@@ -6,7 +6,7 @@
 # Excluded: modules that need SmolLM2/Qwen2.5 GGUF files (not on the device) and the multi-GPU ones (KINDS.md).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-. "$HERE/env.sh"
+. "$HERE/../lib/env.sh"
 if [ $# -gt 0 ]; then mods=("$@"); else
 mapfile -t mods < <(grep -rlE "cuda\.is_available|requires_cuda|HAS_CUDA" tests --include='test_*.py' \
   | grep -v -e test_symm_all_reduce -e test_real_model | sort)

@@ -5,10 +5,11 @@
 #   bash .stage/tree/benchmarks/lease/multi_gpu_lease.sh a  # symmetric-memory all-reduce test, TP=1 vs TP=2 speed
 #   bash .stage/tree/benchmarks/lease/multi_gpu_lease.sh b  # Llama-3.1-70B at TP=2, Mixtral-8x7B at TP=2 and EP=2
 #   bash .stage/tree/benchmarks/lease/multi_gpu_lease.sh c  # TP correctness; two replicas behind the router vs round robin
-#                                                     # vs one replica (the all-reduce table: benchmarks/multi_gpu/gpu_allreduce.py)
+#                                                     # vs one replica
+# The all-reduce latency table: benchmarks/multi_gpu/gpu_multi.py --parts allreduce (not one of these calls).
 # Results land in $OUT (JSON and logs).
 set -uo pipefail
-. "$(dirname "$0")/env.sh"
+. "$(dirname "$0")/../lib/env.sh"
 quiet() { grep -v "safetensors\|Warn\|warn\|fix_mistral\|clean_up\| INFO " ; }
 case "${1:-a}" in
   a)
@@ -24,11 +25,11 @@ case "${1:-a}" in
     timeout 230 python3 benchmarks/multi_gpu/gpu_multi.py --parts correctness --out "$OUT"/multi_correctness.json \
       > "$OUT"/c1.log 2>&1
     echo "gpu_multi rc=$?"; quiet < "$OUT"/c1.log | tail -14
-    timeout 330 python3 benchmarks/serving/router_dp.py --model llama-3.1-8b --load-format dummy --device cuda \
+    timeout 330 python3 benchmarks/serving/router.py --kind dp --model llama-3.1-8b --load-format dummy --device cuda \
       --dtype bfloat16 --max-total-tokens 70000 --num-groups 32 --prompts-per-group 8 --system-prompt-len 4096 \
       --question-len 64 --output-len 16 --max-concurrency 32 --order rounds --worker-gpus 0 1 --single-replica \
       --out "$OUT"/router_dp_2gpu.json > "$OUT"/c2.log 2>&1
-    echo "router_dp rc=$?"; quiet < "$OUT"/c2.log | tail -20 ;;
+    echo "router dp rc=$?"; quiet < "$OUT"/c2.log | tail -20 ;;
   d)  # Mixtral alone (decode and offline, each engine in its own process); its `radixlm serve --dp-size 2` smoke
       # (dp_serve_smoke.py) is retired: benchmarks/RETIRED.md
     timeout 420 python3 benchmarks/multi_gpu/gpu_multi.py --parts moe --sharegpt-requests 300 --out "$OUT"/multi_moe.json \

@@ -16,8 +16,8 @@ set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: peer_lease.sh RUN_INDEX... (DRY=1 ...: the CPU dry run)" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 DRY_OUT=/tmp/peer_dry
-. "$HERE/env.sh"
-bash benchmarks/lease/tree_id.sh
+. "$HERE/../lib/env.sh"
+bash benchmarks/lib/tree_id.sh
 $PY benchmarks/peers/peer_side_by_side.py run "$@" $TINY --out-dir "$OUT" --name "${NAME:-default}" \
   --engine-args "${ENGINE_ARGS:-{\}}" --budget-s "${BUDGET_S:-540}" 2>&1 \
   | awk '/larger graphs|captured CUDA graphs/ || !/safetensors|Warn|warn| INFO |USDT/'

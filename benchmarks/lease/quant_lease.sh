@@ -34,8 +34,8 @@
 #   DRY=1 DRY_OUT=/tmp/w4big bash benchmarks/lease/quant_lease.sh w4big   # its logic on the CPU (interpreter)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-. "$HERE/env.sh"
-bash benchmarks/lease/tree_id.sh
+. "$HERE/../lib/env.sh"
+bash benchmarks/lib/tree_id.sh
 # A call returns at most 8 files: the steps write under a folder of their own, packed into $OUT after each step.
 FINAL_OUT=$OUT
 OUT=/tmp/quant_lease_out

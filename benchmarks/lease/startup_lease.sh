@@ -22,7 +22,7 @@ set -uo pipefail
 part=${1:?usage: startup_lease.sh profile|a|b|c|d (DRY=1 ... profile: the CPU dry run)}
 HERE=$(cd "$(dirname "$0")" && pwd)
 DRY_OUT=/tmp/startup_dry
-. "$HERE/env.sh"
+. "$HERE/../lib/env.sh"
 quiet() { grep -v "safetensors\|Warn\|warn\| INFO " ; }
 case "$part" in
   profile)

@@ -1,6 +1,6 @@
-"""A ModelRunner's scheduler-facing surface for scheduling studies without a model (benchmarks/scheduler/host_queue.py,
-benchmarks/scheduler/retraction_sim.py): the real request table and KV allocator, a pass that costs only a logits tensor
-whose argmax is one constant token, no KV read or written."""
+"""A ModelRunner's scheduler-facing surface for scheduling studies without a model (benchmarks/scheduler/
+scheduler_sim.py --kind host-queue and --kind retraction): the real request table and KV allocator, a pass that costs
+only a logits tensor whose argmax is one constant token, no KV read or written."""
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -1,7 +1,8 @@
 """Where an engine's time goes while it runs: CUDA events around each pass's launch with host clocks around the
-scheduler's phases (PassClock), device time per kernel of one decode step (step_kernels, torch.profiler), the
-scheduler's host work per decode step by phase timers (step_profile), and the kernels in a Triton cache
-(cache_entries)."""
+scheduler's phases (PassClock; pass_buckets groups its passes by row count), device time per kernel of one decode
+step (step_kernels, torch.profiler), the scheduler's host work per decode step by phase timers (step_profile), the
+kernels in a Triton cache (cache_entries), and few-row GEMM kernels left out of start-up's choice
+(exclude_gemm_kernels)."""
 from __future__ import annotations
 
 import os
@@ -149,3 +150,42 @@ def cache_entries(cache_dir: str) -> int:
     return sum(1 for d in os.scandir(cache_dir) if d.is_dir() and any(f.name.endswith(".json") and
                                                                         not f.name.startswith("__grp__")
                                                                         for f in os.scandir(d.path)))
+
+
+PASS_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)  # decode passes by rows: up to each bound
+
+
+def exclude_gemm_kernels(names: list[str]) -> None:
+    """Start-up's few-row GEMM choice leaves these kernels out (their GEMMs take the others or cuBLAS)."""
+    from radixlm.runtime.kernels.gemm import dispatch as gemm
+
+    excluded = {gemm.GemmKernel[n.upper()] for n in names}
+    fastest = gemm._fastest
+
+    def without(kernels, *rest):
+        kept = {k: fn for k, fn in kernels.items() if k not in excluded}
+        return fastest(kept, *rest) if kept else gemm.GemmKernel.CUBLAS
+
+    gemm._fastest = without
+
+
+def pass_buckets(passes: list[dict]) -> list[dict]:
+    """PassClock.passes() grouped: prefill passes, decode passes by row count (PASS_BUCKETS); each group's passes,
+    mean device time, mean idle gap before them, and share of the run's device span."""
+    rows = []
+    groups: dict[str, list[dict]] = {}
+    for p in passes:
+        key = "prefill" if p["prefill"] else f"<= {next((b for b in PASS_BUCKETS if p['rows'] <= b), 'more')}"
+        groups.setdefault(key, []).append(p)
+    total = sum(p["pass_us"] + (p["gap_us"] or 0.0) for p in passes) or 1.0
+    for key in ["prefill"] + [f"<= {b}" for b in PASS_BUCKETS] + ["<= more"]:
+        ps = groups.get(key)
+        if not ps:
+            continue
+        gaps = [p["gap_us"] for p in ps if p["gap_us"] is not None]
+        busy = sum(p["pass_us"] for p in ps)
+        idle = sum(gaps)
+        rows.append({"bucket": key, "passes": len(ps), "pass_us_mean": busy / len(ps),
+                     "gap_us_mean": idle / len(gaps) if gaps else None, "busy_s": busy / 1e6, "idle_s": idle / 1e6,
+                     "share": (busy + idle) / total})
+    return rows

@@ -9,21 +9,21 @@
                scheduler work and its wait for the device: which of the two bounds the step)
   big          Llama-3.1-70B shapes, bf16, TP=2: decode step against the floor, ShareGPT-like offline throughput
   moe          Mixtral-8x7B shapes, bf16, TP=2 and EP=2: decode step against the floor, ShareGPT-like offline
+  allreduce    all-reduce latency, bf16, 8 KiB to 8 MiB (--sizes-kib) over --world-size GPUs: NCCL eager and in a
+               CUDA graph, symmetric-memory one-shot and two-shot in a graph (benchmarks/lib/allreduce.py), each
+               sum checked
 
 Every engine is the offline Engine (rank 0 on its thread, rank 1 in a process), each in a process of its own (a hung
-teardown cannot stop the run). Greedy; EOS ignored. The all-reduce latency table is
-benchmarks/multi_gpu/gpu_allreduce.py.
+teardown cannot stop the run: benchmarks/lib/isolated.py). Greedy; EOS ignored.
 
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     python benchmarks/multi_gpu/gpu_multi.py --parts correctness tp --out $OUT/multi.json
+    python benchmarks/multi_gpu/gpu_multi.py --parts allreduce --out $OUT/allreduce.json
 """
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
-import multiprocessing as mp
-import os
 import random
 import shutil
 import sys
@@ -35,9 +35,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.lib import moe  # noqa: E402
+from benchmarks.lib import allreduce, moe  # noqa: E402
 from benchmarks.lib.engine import close, decode_steps, greedy, log, make_engine, measure_copy_bandwidth  # noqa: E402
 from benchmarks.lib.engine import model_bytes, offline_run  # noqa: E402
+from benchmarks.lib.isolated import isolated  # noqa: E402
 from benchmarks.lib.models import model_dir  # noqa: E402
 from benchmarks.lib.profiling import step_kernels, step_profile  # noqa: E402
 from radixlm.bench.datasets import PromptSource, sharegpt_like_dataset  # noqa: E402
@@ -143,58 +144,6 @@ def prompt_source(path: str) -> PromptSource:
     return PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
 
 
-def _child(fn, conn, args) -> None:
-    try:
-        value = fn(*args)
-        if inspect.isgenerator(value):  # each yield is a partial result; the last one is the result
-            for value in value:
-                conn.send(("partial", value))  # written to the pipe before the child goes on
-        conn.send(("ok", value))
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        import traceback
-
-        conn.send(("error", traceback.format_exc()))
-    conn.close()
-    os._exit(0)  # no interpreter shutdown: a process-group teardown left behind must not keep us
-
-
-def isolated(fn, *args, timeout_s: float = 1200.0):
-    """fn(*args) in a fresh process (one engine per process: a hung shutdown of one does not stop the next). A child
-    that dies or runs out of time after a partial result gives that result, marked with the reason."""
-    ctx = mp.get_context("spawn")
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(fn, send, args))
-    proc.start()
-    send.close()  # the child holds the only writer: EOF when it dies
-    deadline = time.monotonic() + timeout_s
-    status, value, partial = "error", f"no result within {timeout_s:.0f} s", None
-    try:
-        while recv.poll(max(0.0, deadline - time.monotonic())):
-            try:
-                kind, got = recv.recv()
-            except EOFError:
-                proc.join(5)
-                value = f"the child process died (exit code {proc.exitcode})"
-                break
-            if kind == "partial":
-                partial = got
-                continue
-            status, value = kind, got
-            break
-    finally:
-        proc.join(30 if status == "ok" else 2)
-        if proc.is_alive():
-            log("the child process did not exit: killed")
-            proc.kill()
-            proc.join()
-    if status == "ok":
-        return value
-    if partial is not None:
-        log(f"partial result kept: {value[-300:]}")
-        return {**partial, "cut_short": value[-2000:]}
-    raise RuntimeError(value)
-
-
 def speed_run(path: str, bw: float, name: str, batches: list[int], steps: int, sharegpt_n: int,
               profile_batches: list[int], kw: dict):
     """Yields its row after the measurements and again with rank 0's kernel profile (torch.profiler has crashed
@@ -297,7 +246,8 @@ def part_moe(bw: float, batches: list[int], sharegpt_n: int, save: Callable[[dic
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", nargs="+", default=["correctness", "tp"], choices=["correctness", "tp", "big", "moe"])
+    p.add_argument("--parts", nargs="+", default=["correctness", "tp"],
+                   choices=["correctness", "tp", "big", "moe", "allreduce"])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
     p.add_argument("--decode-steps", type=int, default=128)
     p.add_argument("--correctness-tokens", type=int, default=48)
@@ -307,14 +257,20 @@ def main() -> None:
     p.add_argument("--profile-batches", type=int, nargs="*", default=[1, 256],
                    help="tp: host-timer profile of the decode step at these batch sizes")
     p.add_argument("--correctness-engine-args", default="{}", help="JSON of extra server arguments for correctness")
+    p.add_argument("--world-size", type=int, default=torch.cuda.device_count(), help="allreduce: GPUs")
+    p.add_argument("--sizes-kib", type=int, nargs="+", default=[8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192],
+                   help="allreduce: tensor sizes")
     p.add_argument("--out", default="benchmarks/results/multi_gpu/multi_gpu.json")
     args = p.parse_args()
     path = model_dir()
-    bw = measure_copy_bandwidth()
-    log(f"copy bandwidth {bw / 1e12:.2f} TB/s (read + write), {torch.cuda.device_count()} x "
-        f"{torch.cuda.get_device_name()}")
     result = {"benchmark": "gpu_multi", "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-              "torch": torch.__version__, "copy_bandwidth_TBps": bw / 1e12, "command": " ".join(["python", *sys.argv])}
+              "torch": torch.__version__, "command": " ".join(["python", *sys.argv])}
+    bw = 0.0
+    if set(args.parts) - {"allreduce"}:  # the all-reduce table alone needs no copy bandwidth
+        bw = measure_copy_bandwidth()
+        result["copy_bandwidth_TBps"] = bw / 1e12
+        log(f"copy bandwidth {bw / 1e12:.2f} TB/s (read + write), {torch.cuda.device_count()} x "
+            f"{torch.cuda.get_device_name()}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -331,6 +287,7 @@ def main() -> None:
                               args.profile_batches, args.tp_configs, saver("tp")),
         "big": lambda: part_big(path, bw, args.big_sharegpt_requests),
         "moe": lambda: part_moe(bw, args.batches, args.sharegpt_requests, saver("moe")),
+        "allreduce": lambda: allreduce.measure(args.world_size, args.sizes_kib, out.with_suffix(".allreduce.json")),
     }
     t0 = time.perf_counter()
     for name in args.parts:  # each part is written as soon as it is measured; a failed part does not stop the rest

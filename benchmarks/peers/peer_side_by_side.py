@@ -10,9 +10,21 @@ the run records it). Start-up = spawn of the process to the engine ready (import
 peer_NAME_rI.json; `merge` takes the medians over runs (metric by metric), sets them beside the peers (PEERS) and
 issue 20's targets (TARGETS, met or missed), writes one JSON and prints a markdown table.
 
+`passes`: where ShareGPT-like's wall time goes by batch size (issue 20: at 726b0a8 the decode steps of 5-32 requests
+got 0.26-0.37 ms faster, and a no-idle model of the run gave 0.16 s less over its tail, where the run measured 0.02 s
+less). One engine (the runs': Llama-3.1-8B shapes, dummy bf16 weights, defaults), the peer workload (1000 requests,
+seed 1) run --runs times with lib.profiling.PassClock attached: CUDA events around each pass's launch. Per bucket of
+decode passes by row count it prints and writes the passes, their device time (mean), the device's idle time before
+them (mean gap) and the bucket's share of the run; prefill passes likewise. A tail that the host holds up shows as
+gaps; one dearer than the decode curve, as pass time. --exclude leaves GEMM kernels out of start-up's few-row
+choice (gemm.GemmKernel names), for an A/B against the default in one call; --no-chunked: decode attention splits at
+every batch size.
+
     python benchmarks/peers/peer_side_by_side.py run 1 2 3 --out-dir $OUT [--name NAME --engine-args JSON]
     python benchmarks/peers/peer_side_by_side.py merge FILE... --out benchmarks/results/peers/peer_side_by_side_NAME.json
     python benchmarks/peers/peer_side_by_side.py run 1 2 3 --tiny --out-dir /tmp/peer   # CPU dry run (tiny random Llama)
+    python benchmarks/peers/peer_side_by_side.py passes --runs 2 [--exclude skinny_mma] [--engine-args '{...}'] \
+        [--no-chunked] --out $OUT/sharegpt_passes_default.json     # --tiny --runs 1: here, on the CPU (walls only)
 
 On the GPU through benchmarks/lease/peer_lease.sh (carry [".whl"]); one full run is ~150 s warm, ~180 s cold (estimates:
 engine start ~35 s, decode table ~35 s, ShareGPT-like ~18 s, random ~45 s, shared prefix ~15 s), so a device call
@@ -263,6 +275,63 @@ def merge(files: list[str], out: str) -> dict:
     return result
 
 
+def passes(args) -> dict:
+    """`passes`: ShareGPT-like's passes bucketed by row count, --runs times on one engine (the module docstring)."""
+    import random
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from benchmarks.lib.engine import PEER_SIZES, close, make_engine, offline_run
+    from benchmarks.lib.models import model_dir, tiny_model_dir
+    from benchmarks.lib.profiling import PassClock, exclude_gemm_kernels, pass_buckets
+    from radixlm import Engine
+    from radixlm.bench.datasets import PromptSource, sharegpt_like_dataset
+
+    engine_args = json.loads(args.engine_args)
+    if args.exclude:
+        exclude_gemm_kernels(args.exclude)
+    if args.no_chunked:
+        from radixlm.runtime.kernels.attention import decode_splits
+
+        decode_splits.DECODE_CHUNK_MAX_ROWS = 0  # decode_chunk_capacity: 0 at every batch size
+    if args.tiny:
+        path = tiny_model_dir()
+        engine = Engine(path, load_format="dummy", dtype="float32", device="cpu", context_length=4096,
+                        random_seed=0, max_total_tokens=16384, **engine_args)
+        n, max_in, max_out = TINY_SIZES["sharegpt"]
+    else:
+        path = model_dir()
+        engine = make_engine(path, **engine_args)
+        n, max_in, max_out = PEER_SIZES["sharegpt"]
+    result = {"benchmark": "sharegpt_passes", "command": " ".join(["python", *sys.argv]), "excluded": args.exclude,
+              "chunked": not args.no_chunked, "engine_args": engine_args,
+              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+              "gemm_choices": engine.runner.gemm_choice_counts(), "runs": []}
+    try:
+        src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
+        for i in range(args.runs):
+            reqs = sharegpt_like_dataset(src, n, seed=1, max_input_len=max_in, max_output_len=max_out)
+            clock = PassClock(engine)
+            try:
+                row = offline_run(engine, reqs, f"sharegpt-like run {i + 1}", mfu=not args.tiny)
+            finally:
+                clock.detach()
+            row["buckets"] = pass_buckets(clock.passes())
+            for b in row["buckets"]:
+                gap = "-" if b["gap_us_mean"] is None else f"{b['gap_us_mean']:7.1f}"
+                log(f"  {b['bucket']:>8}: {b['passes']:5d} passes, pass {b['pass_us_mean']:9.1f} us, gap {gap} us, "
+                    f"busy {b['busy_s']:6.2f} s, idle {b['idle_s']:5.2f} s, {b['share']:6.1%} of the device's span")
+            result["runs"].append(row)
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    finally:
+        close(engine)
+        if args.tiny:
+            shutil.rmtree(path, ignore_errors=True)
+    log(f"wrote {args.out}")
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -282,11 +351,20 @@ def main(argv: list[str] | None = None) -> None:
     m = sub.add_parser("merge")
     m.add_argument("files", nargs="+")
     m.add_argument("--out", required=True)
+    s = sub.add_parser("passes")
+    s.add_argument("--runs", type=int, default=2)
+    s.add_argument("--exclude", nargs="*", default=[], metavar="KERNEL", help="skinny, skinny_mma")
+    s.add_argument("--tiny", action="store_true", help="CPU dry run: tiny random Llama, float32, 24 requests")
+    s.add_argument("--engine-args", default="{}", help="JSON: server arguments on top of the defaults")
+    s.add_argument("--no-chunked", action="store_true", help="decode attention splits at every batch size (A/B)")
+    s.add_argument("--out", default="/tmp/sharegpt_passes.json")
     args = p.parse_args(argv)
     if args.cmd == "child":
         child(args)
     elif args.cmd == "run":
         run_all(args)
+    elif args.cmd == "passes":
+        passes(args)
     else:
         merge(args.files, args.out)
 

@@ -1,4 +1,4 @@
-"""benchmarks/ab/ab_report.py: medians and ratios of an A/B of two trees (benchmarks/ab/ab_trees.sh) from each run's
+"""benchmarks/lib/ab_report.py: medians and ratios of an A/B of two trees (benchmarks/ab/ab_trees.sh) from each run's
 JSON, including runs that measured one workload only and variants of the new tree (new_w0)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.ab import ab_report  # noqa: E402
+from benchmarks.lib import ab_report  # noqa: E402
 
 
 def _write(run_dir: Path, name: str, result: dict) -> None:

@@ -1,19 +1,13 @@
 """What the single-GPU lease (benchmarks/lease/single_gpu_lease.sh) relies on in the LM-programs benchmark: the JSON is
-written after every variant (a call killed at its time limit keeps what it measured), and benchmarks/
-programs_merge.py joins the variants of calls into one table with all_off as the baseline column."""
+written after every variant (a call killed at its time limit keeps what it measured), and `python -m
+radixlm.bench.programs --merge` joins the variants of calls into one table with all_off as the baseline column."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from radixlm.bench.programs import __main__ as cli
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks.programs import programs_merge  # noqa: E402
 
 
 def result(pps: float) -> dict:
@@ -49,8 +43,8 @@ def test_json_written_after_each_variant_and_merged(tmp_path, monkeypatch):
     second = json.loads(p2.read_text())
     second["variants"] = {"all_off": second["variants"]["no_frontend_parallelism"]}
     p2.write_text(json.dumps(second))
-    merged = programs_merge.main([str(p2), str(p1), str(tmp_path / "missing.json"), "--out", str(tmp_path / "m.json"),
-                                  "--note", "two calls"])
+    merged = cli.main(["--merge", str(p2), str(p1), str(tmp_path / "missing.json"), "--output-file",
+                       str(tmp_path / "m.json"), "--note", "two calls"])
     assert list(merged["variants"]) == ["full", "all_off"]
     md = (tmp_path / "m.md").read_text()
     assert "| mmlu | 4.00 (4.00x) | 1.00 |" in md and "two calls" in md
@@ -58,4 +52,4 @@ def test_json_written_after_each_variant_and_merged(tmp_path, monkeypatch):
     other["config"]["scale"] = 0.5
     (tmp_path / "o.json").write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="scale"):
-        programs_merge.main([str(p1), str(tmp_path / "o.json"), "--out", str(tmp_path / "x.json")])
+        cli.main(["--merge", str(p1), str(tmp_path / "o.json"), "--output-file", str(tmp_path / "x.json")])

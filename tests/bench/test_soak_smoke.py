@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.lib import targets  # noqa: E402
 from benchmarks.lib.soak_traffic import (GENERATION, MALFORMED, MAX_TOKENS, SPECS, Expect, Kind, Mode,  # noqa: E402
                                          Outcome, Record, classify, percentiles, pick, plan, report, sse_error,
                                          summarize)
@@ -100,20 +101,20 @@ def test_percentiles_and_summary():
 def test_args_and_loopback():
     a = soak.parse_args(["--quick", "--target", "both"])
     assert (a.duration, a.concurrency, a.target) == (20.0, 8, "both")
-    assert soak.parse_args([]).duration == 600.0 and soak.HOST == "127.0.0.1"
+    assert soak.parse_args([]).duration == 600.0 and targets.HOST == "127.0.0.1"
     with pytest.raises(SystemExit):
         soak.parse_args(["--concurrency", "0"])
 
 
 def test_process_group_is_killed_with_its_children(tmp_path):
-    t = soak.start_target("sleeper", ["sh", "-c", "sleep 60 & sleep 60"], 1, tmp_path, False)
+    t = targets.start_target("sleeper", ["sh", "-c", "sleep 60 & sleep 60"], 1, tmp_path, False)
     time.sleep(0.3)
     assert t.dead_reason() is None and t.rss_mib() > 0
-    soak.stop_targets([t])
+    targets.stop_targets([t])
     assert t.dead_reason() is not None
     deadline = time.monotonic() + 5  # SIGKILL lands asynchronously; the killed wait as zombies for init
     while left := [pid for pid in (int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit())
-                   if (st := soak._stat(pid)) and st[2] == str(t.popen.pid) and st[0] != "Z"]:
+                   if (st := targets._stat(pid)) and st[2] == str(t.popen.pid) and st[0] != "Z"]:
         assert time.monotonic() < deadline, left
         time.sleep(0.05)
 

@@ -17,10 +17,15 @@ ones; long sequential runs stay single).
 
 Single-variant switches: --disable-radix-cache, --schedule-policy (server; need --launch-server),
 --no-frontend-parallelism, --no-fork-hint (client), --all-off (all of them).
+
+--merge joins the results of several runs (the variants of one table split across device calls, each a --variants
+subset with the same workloads, program counts, --scale and seed) into one JSON, with its markdown table and PNG:
+    python -m radixlm.bench.programs --merge P1.json P2.json --output-file programs_gpu.json [--note "..."]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shlex
@@ -78,6 +83,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--ablations", action="store_true", help="run every variant: " + ", ".join(v.name for v in VARIANTS))
     p.add_argument("--variants", default=None, help="with --ablations: a comma-separated subset")
     p.add_argument("--output-file", default=None, help="JSON path; the markdown (and PNG) go next to it")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="merge these runs' results into --output-file instead of running (missing files skipped)")
+    p.add_argument("--note", action="append", default=[], help="with --merge: a note for the merged table")
     return p.parse_args(argv)
 
 
@@ -137,6 +145,8 @@ def load_tokenizer(args: argparse.Namespace, base_url: str) -> Any:
 
 def main(argv: Optional[list[str]] = None) -> dict:
     args = parse_args(argv)
+    if args.merge:
+        return merge_files(args.merge, args.output_file, args.note)
     names = list(WORKLOADS) if args.workloads == "all" else args.workloads.split(",")
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
@@ -226,6 +236,48 @@ def repeat_config(opt: RunOptions) -> dict:
                 f"{opt.repeat_max_seconds:g} s, one run otherwise")
     return {"runs": opt.repeat, "max_seconds": opt.repeat_max_seconds, "stat": "median", "rule": rule,
             "flushed_before_each": opt.flush}
+
+
+
+SAME = ("backend", "model", "num_programs", "num_programs_per_workload", "seed", "scale", "workloads", "repeat")
+
+
+def merge(runs: list[dict], notes: Optional[list[str]] = None) -> dict:
+    """One table from runs of the same workloads and sizes (else SystemExit), variants in the paper's order."""
+    first = runs[0]["config"]
+    for r in runs[1:]:
+        diff = [k for k in SAME if r["config"].get(k) != first.get(k)]
+        if diff:
+            raise SystemExit(f"runs differ in {diff}: not one table")
+    variants: dict[str, dict] = {}
+    for r in runs:
+        variants.update(r["variants"])
+    order = [v.name for v in VARIANTS]  # the paper's order, all_off last (the baseline column)
+    variants = dict(sorted(variants.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+    config = dict(first)
+    config["command"] = " ; ".join(r["config"]["command"] for r in runs)
+    config["variants"] = {k: v for r in runs for k, v in r["config"].get("variants", {}).items()}
+    config["hosts"] = [r["config"].get("host") for r in runs]
+    config["notes"] = [n for r in runs for n in r["config"].get("notes", [])] + list(notes or [])
+    return {"config": config, "variants": variants}
+
+
+def merge_files(paths: list[str], output_file: Optional[str], notes: list[str]) -> dict:
+    if not output_file:
+        raise SystemExit("--merge writes --output-file: give one")
+    runs = []
+    for path in paths:
+        if os.path.isfile(path):
+            with open(path) as f:
+                runs.append(json.load(f))
+        else:
+            print(f"warning: {path} missing, merged without it", file=sys.stderr)
+    if not runs:
+        raise SystemExit("nothing to merge")
+    out = merge(runs, notes)
+    for kind, path in report.write(out, output_file).items():
+        print(f"wrote {kind}: {path}")
+    return out
 
 
 if __name__ == "__main__":

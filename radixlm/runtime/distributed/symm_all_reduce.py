@@ -4,8 +4,8 @@ NCCL's all-reduce pays its protocol latency 65 times a decode step of an 8B mode
 input into its own symmetric buffer, the ranks meet at a barrier held in the same memory, and then either each sums
 every rank's whole buffer (one-shot: PyTorch's `one_shot_all_reduce_copy_out`, one kernel) or each sums its 1/world
 share and the shares are gathered (two-shot: `two_shot_all_reduce_out`, less traffic for larger tensors). Both are
-capturable in CUDA graphs. Measured on 2 x H200 (benchmarks/multi_gpu/gpu_allreduce.py, inside CUDA graphs,
-microseconds):
+capturable in CUDA graphs. Measured on 2 x H200 (benchmarks/multi_gpu/gpu_multi.py --parts allreduce, inside CUDA
+graphs, microseconds):
 
     size      NCCL   one-shot   two-shot
     8 KiB      8.0      6.7       10.1

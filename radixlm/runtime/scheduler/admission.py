@@ -66,7 +66,8 @@ class NewTokenRatio:
         (scaled by schedule_conservativeness, as the ratio's start and minimum are). A workload whose requests run
         to max_new_tokens (EOS ignored, or no EOS in reach) would otherwise admit on a ratio decayed far below what
         they take, then retract and recompute them (random 1024/512 after another workload: 31 retractions, 45k of
-        557k prefilled tokens recomputed, against none; benchmarks/scheduler/retraction_sim.py budget_use=1.0)."""
+        557k prefilled tokens recomputed, against none; benchmarks/scheduler/scheduler_sim.py --kind retraction
+        budget_use=1.0)."""
         learned = (self.budget_use or 0.0) * self.conservativeness
         return max(self.min, min(learned, 1.0))
 

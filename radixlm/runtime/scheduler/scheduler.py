@@ -319,7 +319,8 @@ class Scheduler:
             return batch
         if not self.admission.update_running():
             # Idle: the next requests are admitted afresh. A ratio decayed (or raised) by an earlier wave would
-            # over-commit the pool and retract, as SGLang's idle check also resets it (benchmarks/scheduler/retraction_sim.py).
+            # over-commit the pool and retract, as SGLang's idle check also resets it
+            # (benchmarks/scheduler/scheduler_sim.py --kind retraction).
             self.ratio.reset()
             return None
         batch = self._plan(self.running, [])

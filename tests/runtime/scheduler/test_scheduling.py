@@ -196,7 +196,8 @@ def test_the_new_token_ratio_starts_afresh_after_idle():
 def test_admission_learns_that_requests_run_to_their_budgets(conservativeness):
     """Requests that ran to max_new_tokens raise the ratio's floor to what they used (times
     schedule_conservativeness): after idle admission starts there and a wave's decode does not decay below it, so a
-    pool sized for the whole budgets is not over-committed (retraction_sim.py budget_use=1.0: no retraction)."""
+    pool sized for the whole budgets is not over-committed (scheduler_sim.py --kind retraction budget_use=1.0: no
+    retraction)."""
     sched = make_fake_scheduler(max_total_tokens=2048, schedule_conservativeness=conservativeness)
     assert sched.ratio.budget_use is None
     serve(sched, requests(make_prompts(1, 4, lo=10, hi=20), max_new=40))

@@ -1,44 +1,23 @@
-"""The scheduler's host time per step with a queue of hundreds of requests, without a model: the real Scheduler
-(radix cache, policy, PrefillAdder, planner, sampler, output processing) over a runner whose forward pass returns
-zero logits at once (greedy picks token 0; EOS is ignored, so every request runs to its max_new_tokens). All of a
-workload's requests are submitted before the first step, as the offline runs of peer-anchors.md do.
-
-    python benchmarks/scheduler/host_queue.py --queues 1000,128 --repeat 3 --out benchmarks/results/scheduler/host_queue_cpu.json
-    python benchmarks/scheduler/host_queue.py --workloads random --queues 64,256 --repeat 5 [--speculative NGRAM]
-                                     # speculation configured at batches the batch rule keeps from drafting
-
-Workloads (../shared/reference/peer-anchors.md shapes, random token ids from a 128,256-id vocabulary), each with
-`queue` requests: sharegpt-like (lognormal lengths, seed 1), random 1024/512, generated-shared-prefix (32 groups,
-2048-token prefix + 128-token question, 64 out, shuffled; queue / 32 questions per group). Batch up to 256 requests,
-chunked prefill 8192 and mixed decode rows up to 512 rows as on CUDA, overlap on, a 400,000-token pool
-(about Llama-3.1-8B's on an H100). Phases are inclusive (a phase contains those it calls); the table gives
-microseconds per step, medians over --repeat runs; `host` is the step minus the null forward."""
+"""The scheduler's host time per step with a queue of hundreds of requests, without a model (benchmarks/scheduler/
+scheduler_sim.py --kind host-queue): the real Scheduler over lib/null_runner.py's runner, its phases timed by
+lib/phases.py's PhaseTimer; medians over runs and the table."""
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import random
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks.lib.null_runner import NullRunner  # noqa: E402
-from benchmarks.lib.phases import PhaseTimer  # noqa: E402
-from radixlm.bench.datasets import PromptSource, generated_shared_prefix_dataset, random_dataset  # noqa: E402
-from radixlm.bench.datasets import sharegpt_like_dataset  # noqa: E402
-from radixlm.runtime.args import ServerArgs  # noqa: E402
-from radixlm.runtime.messages import TokenizedGenerateReqInput  # noqa: E402
-from radixlm.runtime.sampling.sampling_params import SamplingParams  # noqa: E402
-from radixlm.runtime.scheduler import policy as policy_module  # noqa: E402
-from radixlm.runtime.scheduler.req import Req  # noqa: E402
-from radixlm.runtime.scheduler.scheduler import Scheduler  # noqa: E402
+from benchmarks.lib.null_runner import NullRunner
+from benchmarks.lib.phases import PhaseTimer
+from radixlm.bench.datasets import PromptSource, generated_shared_prefix_dataset, random_dataset
+from radixlm.bench.datasets import sharegpt_like_dataset
+from radixlm.runtime.args import ServerArgs
+from radixlm.runtime.messages import TokenizedGenerateReqInput
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.scheduler.req import Req
+from radixlm.runtime.scheduler.scheduler import Scheduler
 from radixlm.runtime.spec.factory import DraftFactory
 
 LOGITS_VOCAB = 256  # the null pass's logits width (the sampler's cost is not the subject)
@@ -174,38 +153,3 @@ def table(rows: list[dict]) -> str:
     lines.append(f"{'wall s':42}" + "".join(f"{r['wall_s']:>20.2f}" for r in rows))
     lines.append(f"{'prefill tokens computed':42}" + "".join(f"{r['prefill_tokens']:>20d}" for r in rows))
     return "\n".join(lines) + "\n(calls per step in parentheses)"
-
-
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--workloads", default="sharegpt,random,shared-prefix")
-    p.add_argument("--queues", default="1000,128", help="requests submitted at once, per workload")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--max-running", type=int, default=256)
-    p.add_argument("--max-total-tokens", type=int, default=400_000)
-    p.add_argument("--page-size", type=int, default=1)
-    p.add_argument("--policy", default="lpm")
-    p.add_argument("--lpm-fallback", type=int, default=policy_module.LPM_FALLBACK_QUEUE_LEN,
-                   help="waiting requests above which LPM orders as FCFS (SGLang's 128)")
-    p.add_argument("--speculative", default=None, choices=["NGRAM", "RADIX", "NGRAM_RADIX"],
-                   help="--speculative-algorithm (sources without a model); batches over --speculative-max-batch-rows "
-                        "/ 2 draft nothing, so their host time should be off's")
-    p.add_argument("--out", default=None)
-    args = p.parse_args()
-    torch.set_num_threads(1)
-    policy_module.LPM_FALLBACK_QUEUE_LEN = args.lpm_fallback
-    rows = []
-    for name in args.workloads.split(","):
-        for n in map(int, args.queues.split(",")):
-            rows.append(median_run([run_once(args, name, n) for _ in range(args.repeat)]))
-            print(f"{name}/{n}: host {rows[-1]['us_per_step']['host']:.0f} us/step over {rows[-1]['steps']} steps",
-                  file=sys.stderr)
-    print(table(rows))
-    if args.out:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        Path(args.out).write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "commit": commit,
-                                              "rows": rows}, indent=2))
-
-
-if __name__ == "__main__":
-    main()

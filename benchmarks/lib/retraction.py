@@ -1,41 +1,20 @@
-"""Retractions under radixlm's admission rule, on the CPU: the real Scheduler over a model-free runner.
-
-Replays the GPU "random 1024/512" workload at full scale (500 requests submitted at once, 1024 random prompt tokens,
-512 output tokens, greedy, EOS ignored; a 400k-token KV pool, the H100's for Llama-3.1-8B) and counts what the
-scheduler does: passes by kind, retractions, tokens prefilled and recomputed, decode batch sizes. The runner
-(benchmarks/lib/null_runner.py) computes nothing -- every row's next token is one constant -- so a run takes seconds.
-CUDA's defaults are set where the CPU's differ (chunked_prefill_size 8192, overlap on, CUDA-graph rows 1024,
-max_running_requests min(pool // 2, 4096)). A setting (--sweep) is 'knob=value,...' over the existing ServerArgs in
-KNOBS, plus start_ratio: new_token_ratio at the first step -- 'init' (a fresh engine, the default), 'min' (the floor: an
-engine that ran a long workload before, as benchmarks/offline/gpu_llama8b.py's ab_workloads does; until the scheduler
-reset it on idle, nothing did) or a number; budget_use: the share of max_new_tokens that earlier workloads' requests
-used, as admission learned it (an engine that ran the side-by-side's ShareGPT-like workload first: 1.0).
-
-    .venv/bin/python benchmarks/scheduler/retraction_sim.py
-    .venv/bin/python benchmarks/scheduler/retraction_sim.py --sweep "" start_ratio=min start_ratio=min,max_running_requests=250
-    .venv/bin/python benchmarks/scheduler/retraction_sim.py --pool-tokens 50000 --input-len 128 --output-len 64 --out sim.json
-"""
+"""Retractions under radixlm's admission rule without a model (benchmarks/scheduler/scheduler_sim.py --kind
+retraction): the real Scheduler over lib/null_runner.py's runner, its plans and retractions recorded; the settings
+(knobs), one run's counts and the table."""
 from __future__ import annotations
 
-import argparse
-import json
 import random
-import shlex
-import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import radixlm.runtime.scheduler.admission as admission  # noqa: E402
-from benchmarks.lib.null_runner import GRAPH_ROWS, NullRunner  # noqa: E402
-from radixlm.runtime.args import ServerArgs, Toggle  # noqa: E402
-from radixlm.runtime.messages import TokenizedGenerateReqInput  # noqa: E402
-from radixlm.runtime.sampling.sampling_params import SamplingParams  # noqa: E402
-from radixlm.runtime.scheduler.planner import ScheduleBatch  # noqa: E402
-from radixlm.runtime.scheduler.scheduler import Scheduler  # noqa: E402
+import radixlm.runtime.scheduler.admission as admission
+from benchmarks.lib.null_runner import GRAPH_ROWS, NullRunner
+from radixlm.runtime.args import ServerArgs, Toggle
+from radixlm.runtime.messages import TokenizedGenerateReqInput
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.scheduler.planner import ScheduleBatch
+from radixlm.runtime.scheduler.scheduler import Scheduler
 from radixlm.runtime.spec.factory import DraftFactory
 
 VOCAB = 1024  # prompt ids start with 8 + the request index: no two of the first 1016 share a prefix
@@ -81,7 +60,7 @@ def build(cfg: SimConfig) -> Scheduler:
 
 
 def run(cfg: SimConfig) -> dict[str, Any]:
-    """Runs the workload to the end; returns the run's counts (see the module docstring)."""
+    """Runs the workload to the end; returns the run's counts (scheduler_sim.py's docstring)."""
     sched = build(cfg)
     start_ratio = sched.ratio.value
     kinds = {"prefill": 0, "decode": 0, "mixed": 0}
@@ -195,33 +174,3 @@ def table(results: list[tuple[str, dict[str, Any]]]) -> str:
         cells = row(name, r)
         lines.append(" ".join(c.rjust(w) if i else c.ljust(w) for i, (c, (_, w)) in enumerate(zip(cells, COLUMNS))))
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--num-requests", type=int, default=500)
-    ap.add_argument("--input-len", type=int, default=1024)
-    ap.add_argument("--output-len", type=int, default=512)
-    ap.add_argument("--pool-tokens", type=int, default=400_000)
-    ap.add_argument("--graph-rows", type=int, default=GRAPH_ROWS)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sweep", nargs="*", default=[""],
-                    help="settings to run, each 'knob=value,knob=value' ('' = defaults); knobs: " + ", ".join(KNOBS))
-    ap.add_argument("--out", default=None, help="write the results (and this command line) as JSON")
-    ns = ap.parse_args(argv)
-    results: list[tuple[str, dict[str, Any]]] = []
-    for spec in ns.sweep:
-        cfg = SimConfig(ns.num_requests, ns.input_len, ns.output_len, ns.pool_tokens, ns.graph_rows, ns.seed,
-                        parse_knobs(spec))
-        results.append((spec or "default", run(cfg)))
-        print(table(results).splitlines()[-1] if len(results) > 1 else table(results), flush=True)
-    if ns.out:
-        argv_used = sys.argv[1:] if argv is None else argv
-        cmd = ".venv/bin/python benchmarks/scheduler/retraction_sim.py " + shlex.join(argv_used)
-        with open(ns.out, "w") as f:
-            json.dump({"command": cmd, "runs": [{"setting": n, **r} for n, r in results]}, f, indent=1)
-    return results
-
-
-if __name__ == "__main__":
-    main()

@@ -1,30 +1,10 @@
-"""Would another schedule finish ShareGPT-like sooner (issue 20)? A pass-by-pass model of the peer workload (seed 1,
-all 1000 requests at once) under several admission schedules, priced by a cost model of one H100 pass:
-
-  GEMMs    max(weight read, rows x 2 x 6.98e9 FLOPs / 700 TFLOP/s) (a row: a prompt token or a decode row)
-  prefill  attention by the sum of squared prompt lengths in the pass (10.8 ms for a pass of the workload's mean)
-  decode   attention by context read at 3 TB/s (128 KiB a position), plus a per-row cost and a per-pass cost
-
-Schedules: `chunked` (what serving does: prompts first in passes of up to --chunk tokens, then decode; `mix` adds
-the running requests' decode rows to every prefill pass; `max_running` caps the running requests) and `budget`
-(Sarathi-like: every pass carries every running request's decode row and fills up to --budget rows with prompt
-chunks). `order`: fcfs, or lof (the largest max_new_tokens first: here the exact output lengths).
-
-The model prices the served schedule ~8% under its measured 16.3 s (its constants are rough): compare schedules
-with each other, not with runs.
-
-    python benchmarks/scheduler/sharegpt_schedules.py
-"""
+"""A pass-by-pass model of ShareGPT-like (seed 1, all 1000 requests at once) under admission schedules, priced by a
+cost model of one H100 pass (benchmarks/scheduler/scheduler_sim.py --kind schedules: the cost terms and schedules)."""
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
+from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks.lib.engine import sharegpt_lengths as lengths  # noqa: E402
+from benchmarks.lib.engine import sharegpt_lengths as lengths
 
 WEIGHT_READ_S = 4.98e-3  # 15 GB over 3.01 TB/s
 ROW_S = 2 * 6.98e9 / 700e12
@@ -95,31 +75,14 @@ class Model:
         return t
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", default=None, help="also write the table as JSON")
-    args = p.parse_args()
-    m = Model()
-    cases = [("chunked 8192 (served)", lambda: m.chunked()),
-             ("chunked 8192, mixed", lambda: m.chunked(mix=True)),
-             ("chunked 2048, mixed", lambda: m.chunked(2048, mix=True)),
-             ("chunked 8192, <= 768 running, mixed", lambda: m.chunked(mix=True, max_running=768)),
-             ("chunked 8192, <= 512 running", lambda: m.chunked(max_running=512)),
-             ("chunked 8192, lof", lambda: m.chunked(order="lof")),
-             ("chunked 8192, mixed, lof", lambda: m.chunked(mix=True, order="lof"))]
-    cases += [(f"budget {b}, {o}", lambda b=b, o=o: m.budget(b, o)) for b in (256, 512, 1024, 2048)
-              for o in ("fcfs", "lof")]
-    out_tokens = sum(m.outs)
-    rows = []
-    base = None
-    for name, run in cases:
-        s = run()
-        base = base or s
-        rows.append({"schedule": name, "model_s": s, "output_tok_s": out_tokens / s, "vs_served": base / s})
-        print(f"{name:38s} {s:6.2f} s  {out_tokens / s:8,.0f} out tok/s  x{base / s:.3f}", flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"benchmark": "sharegpt_schedules", "rows": rows}, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+def cases(m: Model) -> list[tuple[str, Callable[[], float]]]:
+    """(name, a call returning the model's seconds) per schedule, the served one first."""
+    out = [("chunked 8192 (served)", lambda: m.chunked()),
+           ("chunked 8192, mixed", lambda: m.chunked(mix=True)),
+           ("chunked 2048, mixed", lambda: m.chunked(2048, mix=True)),
+           ("chunked 8192, <= 768 running, mixed", lambda: m.chunked(mix=True, max_running=768)),
+           ("chunked 8192, <= 512 running", lambda: m.chunked(max_running=512)),
+           ("chunked 8192, lof", lambda: m.chunked(order="lof")),
+           ("chunked 8192, mixed, lof", lambda: m.chunked(mix=True, order="lof"))]
+    return out + [(f"budget {b}, {o}", lambda b=b, o=o: m.budget(b, o)) for b in (256, 512, 1024, 2048)
+                  for o in ("fcfs", "lof")]

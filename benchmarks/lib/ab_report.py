@@ -1,7 +1,7 @@
-"""Medians and ratios of an A/B of two trees (benchmarks/ab/ab_trees.sh): reads each run's JSON, prints a table and
-writes one JSON holding the summary and every run.
+"""Medians and ratios of an A/B of two trees (benchmarks/ab/ab_trees.sh, its last step): reads each run's JSON, prints
+a table and writes one JSON holding the summary and every run.
 
-    python benchmarks/ab/ab_report.py llama8b|json|host|spec RUN_DIR OUT.json
+    python -m benchmarks.lib.ab_report llama8b|json|host|spec RUN_DIR OUT.json
 
 A ratio is new / base of a throughput (above 1: the new tree is faster) or base / new of a time (likewise); a tree
 named new_* (a variant of the new tree, e.g. new_w0) is compared with base too."""

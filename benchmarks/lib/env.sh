@@ -1,5 +1,6 @@
-# Sourced by the lease scripts (benchmarks/lease/*.sh), from the repo root or any directory. Sets TREE (the tree
-# holding this file), OUT, PY and TINY (the flag the Python scripts take for tiny shapes); the caller is left in $TREE.
+# Sourced by the lease scripts (benchmarks/lease/*.sh: `. "$HERE/../lib/env.sh"`), from the repo root or any
+# directory. Sets TREE (the tree holding this file), OUT, PY and TINY (the flag the Python scripts take for tiny
+# shapes); the caller is left in $TREE.
 #   on the device machine: installs the carried wheels (.whl, from the caller's directory) once per machine, keeps
 #     NVLink multicast off, puts the tree on PYTHONPATH and prints the GPU and the torch/triton versions;
 #   DRY=1 (the scripts with a CPU dry run; the caller sets DRY_OUT): here on the CPU, the tree's .venv, --tiny shapes,

@@ -1,5 +1,6 @@
-"""All-reduce latency on the GPUs of one host, as a decode step pays it: bf16 tensors of 8 KiB (batch 1 of an 8B model)
-to 8 MiB, each path replayed from a CUDA graph of REPS calls (and NCCL once eagerly), microseconds per call:
+"""All-reduce latency on the GPUs of one host, as a decode step pays it (benchmarks/multi_gpu/gpu_multi.py --parts
+allreduce): bf16 tensors of 8 KiB (batch 1 of an 8B model) to 8 MiB, each path replayed from a CUDA graph of REPS
+calls (and NCCL once eagerly), microseconds per call:
 
   nccl_eager   dist.all_reduce outside graphs
   nccl_graph   dist.all_reduce captured in a CUDA graph
@@ -7,17 +8,12 @@ to 8 MiB, each path replayed from a CUDA graph of REPS calls (and NCCL once eage
   two_shot     copy into symmetric memory + PyTorch's two_shot_all_reduce_out (radixlm's path above), in a graph
 
 Every path's sum is checked. NVLink multicast stays off (the caller exports NCCL_NVLS_ENABLE=0 and
-TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
-
-    python benchmarks/multi_gpu/gpu_allreduce.py --out $OUT/allreduce.json
-"""
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1)."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 
@@ -25,9 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from radixlm.runtime.distributed.symm_all_reduce import build_symm_all_reduce  # noqa: E402
+from radixlm.runtime.distributed.symm_all_reduce import build_symm_all_reduce
 
 REPS = 50
 
@@ -118,7 +112,7 @@ def rank_main(rank: int, world: int, port: int, sizes: list[int], out: str) -> N
         result = {"benchmark": "all-reduce latency, bf16, microseconds per call", "world_size": world,
                   "gpu": torch.cuda.get_device_name(device), "torch": torch.__version__,
                   "nccl": ".".join(map(str, torch.cuda.nccl.version())), "reps_per_graph": REPS,
-                  "symmetric_memory": comm is not None, "command": " ".join(["python", *sys.argv]), "rows": rows,
+                  "symmetric_memory": comm is not None, "rows": rows,
                   "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")}}
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=2) + "\n")
@@ -126,18 +120,10 @@ def rank_main(rank: int, world: int, port: int, sizes: list[int], out: str) -> N
     dist.destroy_process_group()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--world-size", type=int, default=torch.cuda.device_count())
-    p.add_argument("--sizes-kib", type=int, nargs="+", default=[8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192])
-    p.add_argument("--out", default="benchmarks/results/multi_gpu/allreduce_gpu.json")
-    args = p.parse_args()
+def measure(world: int, sizes_kib: list[int], out: Path) -> dict:
+    """One process per GPU (rank 0 writes `out`); the table rank 0 wrote."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(rank_main, args=(args.world_size, port, [k << 10 for k in args.sizes_kib], args.out),
-             nprocs=args.world_size)
-
-
-if __name__ == "__main__":
-    main()
+    mp.spawn(rank_main, args=(world, port, [k << 10 for k in sizes_kib], str(out)), nprocs=world)
+    return json.loads(out.read_text())
