@@ -109,7 +109,7 @@ def _w8a8(q: torch.Tensor, q_scale: torch.Tensor, weight: torch.Tensor, w_scale:
     k_tiles = triton.cdiv(k, block_k)
     grid_n, grid_m = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
     split = tiles.split_k(grid_n * grid_m, k_tiles, tiles.sm_count(q.device), cfg.split)
-    y = torch.empty(m, n, dtype=out_dtype, device=q.device)
+    y, out = tiles.split_outputs(m, n, out_dtype, q.device, split)
     if blockwise:
         bs_n, bs_k = w_scale.stride(0), w_scale.stride(1)
         as_m = q_scale.stride(0)
@@ -117,7 +117,6 @@ def _w8a8(q: torch.Tensor, q_scale: torch.Tensor, weight: torch.Tensor, w_scale:
         w_scale = w_scale.reshape(-1)
         bs_n, bs_k = (1 if w_scale.numel() > 1 else 0), 0
         as_m = q_scale.stride(0) if q_scale.dim() == 2 else 0  # (M, 1) per token, or one static value
-    out = y if split.splits == 1 else torch.empty(split.splits, m, n, dtype=torch.float32, device=q.device)
     _w8a8_kernel[(grid_n, grid_m, split.splits)](
         q, q_scale, weight, w_scale, bias if bias is not None else y, out, m, n, k, q.stride(0), as_m,
         weight.stride(0), bs_n, bs_k, out.stride(-2), out.stride(0) if split.splits > 1 else 0,

@@ -182,13 +182,8 @@ def fp8_mma_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
         stride_wsn, stride_wsk = (w_scale.stride(0) if w_scale.numel() > 1 else 0), 0
     grid_n, grid_m = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
     k_tiles = triton.cdiv(k, cfg.block_k)
-    if cfg.split_k == 0:  # from N's tiles alone: the same variant (SPLIT) at every row count of the bucket
-        split = tiles.split_k(grid_n, k_tiles, tiles.sm_count(x2.device), True)
-    else:
-        per = triton.cdiv(k_tiles, min(cfg.split_k, k_tiles))
-        split = tiles.Split(triton.cdiv(k_tiles, per), per)
-    y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
-    out = y if split.splits == 1 else torch.empty(split.splits, m, n, dtype=torch.float32, device=x2.device)
+    split = tiles.config_split(cfg.split_k, grid_n, k_tiles, x2.device)
+    y, out = tiles.split_outputs(m, n, x2.dtype, x2.device, split)
     _fp8_mma_kernel[(grid_n, grid_m, split.splits)](
         x, x_scale, weight, w_scale, bias if bias is not None else y, out, m, n, k, x.stride(0), stride_xsm,
         weight.stride(0), stride_wsn, stride_wsk, out.stride(-2), out.stride(0) if split.splits > 1 else 0,

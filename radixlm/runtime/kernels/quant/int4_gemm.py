@@ -227,8 +227,7 @@ def w4a16_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     cfg = cfg or INT4_CONFIGS[tiles.bucket_of(m)]
     grid_n, grid_m = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
     split = tiles.split_k(grid_n * grid_m, triton.cdiv(k, block_k), tiles.sm_count(x2.device), cfg.split)
-    y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
-    out = y if split.splits == 1 else torch.empty(split.splits, m, n, dtype=torch.float32, device=x2.device)
+    y, out = tiles.split_outputs(m, n, x2.dtype, x2.device, split)
     nibbles = cfg.nibbles and block_k == NIBBLES_BLOCK_K and x2.dtype in _MAGIC
     kernel, extra = _w4a16_kernel, {}
     if nibbles:

@@ -133,8 +133,7 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     grid_n = triton.cdiv(n, cfg.block_n)
     split = tiles.split_k(grid_n, triton.cdiv(k, block_k), tiles.sm_count(x2.device), True, cfg.programs_per_sm,
                           cfg.min_k_tiles)
-    y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
-    out = y if split.splits == 1 else torch.empty(split.splits, m, n, dtype=torch.float32, device=x2.device)
+    y, out = tiles.split_outputs(m, n, x2.dtype, x2.device, split)
     _w4a16_gemv_kernel[(grid_n, split.splits)](
         x2, perm if perm is not None else qweight, qweight, scales, zeros, bias if bias is not None else y, out, m, n,
         k, group_size, x2.stride(0), qweight.stride(0), scales.stride(0), out.stride(-2),

@@ -258,13 +258,8 @@ def w4a16_mma_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         x2 = x2.clone(memory_format=torch.contiguous_format)  # X is specialized as 16-byte aligned (cp.async)
     grid_n, grid_m = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
     k_tiles = triton.cdiv(k, cfg.block_k)
-    if cfg.split_k == 0:  # from N's tiles alone: the same variant (SPLIT) at every row count of the bucket
-        split = tiles.split_k(grid_n, k_tiles, tiles.sm_count(x2.device), True)
-    else:
-        per = triton.cdiv(k_tiles, min(cfg.split_k, k_tiles))
-        split = tiles.Split(triton.cdiv(k_tiles, per), per)
-    y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
-    out = y if split.splits == 1 else torch.empty(split.splits, m, n, dtype=torch.float32, device=x2.device)
+    split = tiles.config_split(cfg.split_k, grid_n, k_tiles, x2.device)
+    y, out = tiles.split_outputs(m, n, x2.dtype, x2.device, split)
     bits, value, half = _MAGIC[x2.dtype]
     _w4a16_mma_kernel[(grid_n, grid_m, split.splits)](
         x2, qweight, scales, zeros, bias if bias is not None else y, out, m, n, k, group_size, x2.stride(0),

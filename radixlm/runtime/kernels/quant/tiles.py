@@ -102,5 +102,22 @@ def split_k(tiles: int, k_tiles: int, sms: int, wanted: bool, per_sm: int = 2,
     return Split(_cdiv(k_tiles, per), per)
 
 
+def config_split(splits: int, grid_n: int, k_tiles: int, device: torch.device) -> Split:
+    """A tensor-core config's split: `splits` K splits, or with 0 the split from N's tiles alone (the same variant at
+    every row count of a bucket)."""
+    if splits == 0:
+        return split_k(grid_n, k_tiles, sm_count(device), True)
+    per = _cdiv(k_tiles, min(splits, k_tiles))
+    return Split(_cdiv(k_tiles, per), per)
+
+
+def split_outputs(m: int, n: int, dtype: torch.dtype, device: torch.device,
+                  split: Split) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (m, n) output and where the kernel writes: the output itself, or float32 partials (splits, m, n) that
+    splitk.reduce_splits sums into it."""
+    y = torch.empty(m, n, dtype=dtype, device=device)
+    return y, (y if split.splits == 1 else torch.empty(split.splits, m, n, dtype=torch.float32, device=device))
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
