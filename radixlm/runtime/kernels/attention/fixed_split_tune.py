@@ -205,7 +205,7 @@ def main() -> None:
     dtype = getattr(torch, a.dtype) if cuda else torch.float32
     shape = LLAMA_8B if cuda else TINY
     pairs = list(itertools.product(ALLOWED_SUB_TILES, ALLOWED_STAGES)) if cuda else [(1, 3), (2, 3)]
-    stages = list(ALLOWED_STAGES) if cuda else [2]
+    stages = list(ALLOWED_STAGES) if cuda else [4]
     passes = Passes(shape, dtype, device)
     result = sweep(passes, pairs, stages, a.budget_s)
     best = best_config(result, shape.head_dim)
