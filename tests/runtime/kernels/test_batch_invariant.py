@@ -66,11 +66,11 @@ def attention_case(attend, dtype: torch.dtype, first: int = 0) -> None:
     torch.testing.assert_close(alone[0].float(), ref[:, 0], rtol=2e-2, atol=2e-2)
 
 
-def tiled(attend, launches: bool = False):
+def tiled(attend, launches: bool = False, config=None):
     """attend (the Triton kernel) given tiles: each run of rows of one request in tiles of rows_per_tile rows
     (fixed_split.span_tiles); launches: the backend's, runs of up to rows_per_tile rows one sub-tile a program in
     one launch, the longer ones sub_tiles(head dim) a program in another, longest first (fixed_split.span_launches),
-    into one output."""
+    into one output; config: a launch table entry (fixed_split_config) instead of the default."""
     import itertools
 
     from radixlm.runtime.kernels.attention.fixed_split import TileLaunch, rows_per_tile, span_launches, span_tiles
@@ -80,7 +80,7 @@ def tiled(attend, launches: bool = False):
         group = q.shape[1] // k_buf.shape[1]
         if launches:
             prefix = positions[torch.tensor([0, *spans]).cumsum(0)[:-1]].tolist()
-            cut = span_launches(spans, group, q.shape[2], prefix)
+            cut = span_launches(spans, group, q.shape[2], prefix, config)
         else:
             cut = [TileLaunch(*span_tiles(spans, rows_per_tile(group)), 1)]
         out = torch.full_like(q, float("nan"))
@@ -88,7 +88,7 @@ def tiled(attend, launches: bool = False):
             tiles = (torch.tensor(launch.starts, dtype=torch.int32, device=q.device),
                      torch.tensor(launch.counts, dtype=torch.int32, device=q.device))
             out = attend(q, k_buf, v_buf, req_to_token, row_req, positions, scale, tiles=tiles,
-                         sub_tiles=launch.sub_tiles, out=out)  # a copy where attend moves it
+                         sub_tiles=launch.sub_tiles, out=out, num_stages=launch.num_stages)  # a copy on CUDA
         return out
 
     return run
@@ -214,6 +214,9 @@ def test_tuning_sweep_rejects_a_config_whose_rows_change_with_m():
     found = candidates()
     assert found[:2] == [DEFAULT_NARROW, DEFAULT_WIDE] and len(set(found)) == len(found) > 20
     assert all(c.smem_bytes() <= SMEM_LIMIT for c in found)
+    # The split-K-free few-row family (narrow tiles, deep pipelines) runs ahead of the grid, within the budget's reach.
+    few_rows = [c for c in found[:40] if c.split_k == 1 and c.block_n <= 32 and c.num_stages >= 5]
+    assert len(few_rows) >= 3 and any(c.block_n == 16 for c in few_rows)
 
 
 def _compile_for_hopper(fn, signature: dict[str, str], constexprs: dict[str, object], aligned: tuple[str, ...],
@@ -335,6 +338,10 @@ def test_triton_kernels_rows_are_batch_invariant_cuda():
     attention_case(tiled(on_cuda(fixed_split_attention)), torch.bfloat16)
     attention_case(tiled(on_cuda(fixed_split_attention), launches=True), torch.bfloat16)
     attention_case(tiled(on_cuda(fixed_split_attention), launches=True), torch.bfloat16, first=61)
+    from radixlm.runtime.kernels.attention.fixed_split_config import FixedSplitConfig
+
+    for cfg in (FixedSplitConfig(2, 4, 4), FixedSplitConfig(1, 3, 4)):
+        attention_case(tiled(on_cuda(fixed_split_attention), launches=True, config=cfg), torch.bfloat16, first=61)
 
 
 if __name__ == "__main__":
@@ -359,6 +366,9 @@ if __name__ == "__main__":
     # in the mixed call (A's row and the 4 others one sub-tile a program, in a second launch).
     attention_case(tiled(fixed_split_attention, launches=True), torch.float32)
     attention_case(tiled(fixed_split_attention, launches=True), torch.float32, first=61)
+    from radixlm.runtime.kernels.attention.fixed_split_config import FixedSplitConfig
+
+    attention_case(tiled(fixed_split_attention, launches=True, config=FixedSplitConfig(2, 4, 4)), torch.float32)
     # The launch sweep's bit checks pass the kernel (every candidate equals the default's rows, and the prompt's
     # rows run again as decode rows equal its prefill's).
     from radixlm.runtime.kernels.attention.fixed_split_tune import TINY, Passes, sweep
