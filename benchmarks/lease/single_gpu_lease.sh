@@ -226,7 +226,7 @@ determ)
     tput=(--model tiny --device cpu --sharegpt-n 16); mem=(--model tiny --device cpu)
   else
     tune=($PY -m radixlm.runtime.kernels.gemm.batch_invariant_tune --budget-s "${DETERM_TUNE_S:-80}" --install)
-    attn_tune=($PY -m radixlm.runtime.kernels.attention.fixed_split_tune --budget-s "${DETERM_ATTN_TUNE_S:-30}" --install)
+    attn_tune=($PY -m radixlm.runtime.kernels.attention.fixed_split_tune --budget-s "${DETERM_ATTN_TUNE_S:-35}" --install)
     prof=(--batches 64 256 --steps 16 --prefill 4000)
     check=(--batches 8 64 256); tput=(--sharegpt-n "${DETERM_SHAREGPT_N:-1000}"); mem=()
   fi
