@@ -141,8 +141,8 @@ def test_attention_launch_config_is_the_shapes_alone_and_validated(tmp_path, mon
               "decode": [{"decode_stages": 3, "us": {64: 2.0, 256: 5.0}}, {"decode_stages": 4, "us": {64: 1.0,
                                                                                                   256: 6.5}}],
               "rejected": [], "errors": []}
-    assert best_config(result, 128) == fc.FixedSplitConfig(2, 4, 3)
-    assert best_config({**result, "rejected": [{"decode_stages": 4}]}, 128) is None
+    assert best_config(result) == fc.FixedSplitConfig(2, 4, 3)
+    assert best_config({**result, "rejected": [{"decode_stages": 4}]}) is None
 
 
 def test_cpu_gemm_rows_are_batch_invariant():

@@ -56,7 +56,8 @@ def table_path(device_name: str) -> Path:
 
 
 def parse_table(entries: list[dict]) -> dict[tuple[int, int, str], FixedSplitConfig]:
-    """A table's entries ({head_dim, group, dtype, config, ...}) by (head_dim, group, dtype); ValueError if malformed."""
+    """A table's entries ({head_dim, group, dtype, config, ...}) by (head_dim, group, dtype); a malformed one raises
+    ValueError."""
     out = {}
     for entry in entries:
         try:

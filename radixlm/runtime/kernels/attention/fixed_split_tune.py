@@ -171,7 +171,8 @@ def sweep(passes: Passes, prefill_pairs: list[tuple[int, int]], decode_stages: l
             as_decode = passes.prefill_rows_as_decode(stages)
             same_rows = torch.equal(as_decode, ref_prefill[passes.check])
             if not (same and same_rows):
-                result["rejected"].append({"decode_stages": stages, "decode_same": same, "prefill_rows_same": same_rows})
+                result["rejected"].append({"decode_stages": stages, "decode_same": same,
+                                           "prefill_rows_same": same_rows})
                 continue
             us = _time(runs, passes.k_buf.device)
             result["decode"].append({"decode_stages": stages, "us": dict(zip(passes.shape.decode_batches, us))})
@@ -181,7 +182,7 @@ def sweep(passes: Passes, prefill_pairs: list[tuple[int, int]], decode_stages: l
     return result
 
 
-def best_config(result: dict, head_dim: int) -> FixedSplitConfig | None:
+def best_config(result: dict) -> FixedSplitConfig | None:
     """The fastest prefill pair and decode stages (by the decode batches' summed time); None if either set is empty
     or any candidate was rejected (the default's bits are then in doubt: nothing is installed)."""
     if not result["prefill"] or not result["decode"] or result["rejected"]:
@@ -211,7 +212,7 @@ def main() -> None:
     stages = list(ALLOWED_STAGES) if cuda else [4]
     passes = Passes(shape, dtype, device)
     result = sweep(passes, pairs, stages, a.budget_s)
-    best = best_config(result, shape.head_dim)
+    best = best_config(result)
     import triton
 
     gpu = torch.cuda.get_device_name() if cuda else f"cpu-{platform.machine()}"
