@@ -32,8 +32,8 @@
 #   bash benchmarks/lease/single_gpu_lease.sh vlm       # issue 23: LLaVA-bench with Qwen2.5-VL-7B shapes (radix / no_radix /
 #                                                 # no_cache), then LLaVA-OneVision-7B shapes (12 images, 2 repeats)
 #   bash benchmarks/lease/single_gpu_lease.sh determ    # issue 55: --enable-deterministic-inference on Llama-3.1-8B
-#                                                 # shapes: the batch-invariant GEMM's sweep (table to $OUT and
-#                                                 # installed for the later steps), decode (64/256) and 4k-prefill
+#                                                 # shapes: the batch-invariant GEMM's and the attention's
+#                                                 # sweeps (tables installed for the later steps), decode (64/256) and 4k-prefill
 #                                                 # profiles off vs on, one prompt alone and in batches of 8/64/256
 #                                                 # with and without a prefix hit (tokens and logprobs exact),
 #                                                 # ShareGPT-like throughput off vs on, then item 2's release/resume
@@ -213,28 +213,37 @@ vlm)
       --repeat 2 --out "$OUT/llava_bench_llava_onevision_7b.json"
   fi ;;
 determ)
-  # issue 55 items 5 and 2, one call of at most 9 minutes: the batch-invariant GEMM's sweep (its table installed in this
-  # tree's kernels/gemm/tuned/ for the steps after it, and copied to $OUT), the decode/prefill profile flag off vs on,
+  # issue 55 items 5 and 2, one call of at most 9 minutes (step limits sum to 530 s): the batch-invariant GEMM's sweep
+  # (its table installed in this tree's kernels/gemm/tuned/ for the steps after it, and copied to $OUT), the
+  # attention's launch sweep (installed in kernels/attention/tuned/), the decode/prefill profile flag off vs on,
   # the invariance check (flag on), the ShareGPT-like throughput off vs on, then release/resume memory.
   banner
   if [ "$DRY" = 1 ]; then
     tune=(env TRITON_INTERPRET=1 $PY -m radixlm.runtime.kernels.gemm.batch_invariant_tune --budget-s 20)
+    attn_tune=(env TRITON_INTERPRET=1 $PY -m radixlm.runtime.kernels.attention.fixed_split_tune --budget-s 20)
     prof=(--tiny --batches 2 4 --steps 2 --prefill 200)
     check=(--model tiny --device cpu --batches 4 8 --max-new-tokens 4 --chunked-prefill-size 64 --lengths 150 100 200)
     tput=(--model tiny --device cpu --sharegpt-n 16); mem=(--model tiny --device cpu)
   else
-    tune=($PY -m radixlm.runtime.kernels.gemm.batch_invariant_tune --budget-s "${DETERM_TUNE_S:-70}" --install)
+    tune=($PY -m radixlm.runtime.kernels.gemm.batch_invariant_tune --budget-s "${DETERM_TUNE_S:-80}" --install)
+    attn_tune=($PY -m radixlm.runtime.kernels.attention.fixed_split_tune --budget-s "${DETERM_ATTN_TUNE_S:-35}" --install)
     prof=(--batches 64 256 --steps 16 --prefill 4000)
     check=(--batches 8 64 256); tput=(--sharegpt-n "${DETERM_SHAREGPT_N:-1000}"); mem=()
   fi
-  # A device call returns at most 8 files: six JSON files, and each finished step's log moved into determ_logs.tar.
+  # A device call returns at most 8 files: seven JSON files (the attention's table goes into the tar: its sweep's JSON
+  # holds the same entries), and each finished step's log moved into determ_logs.tar.
   logs() { (cd "$OUT" && tar -rf determ_logs.tar determ_*.log && rm -f determ_*.log); }
   step determ_tune 100 "${tune[@]}" --out "$OUT"; logs
-  step determ_profile 150 $PY benchmarks/profiling/profile_gpu_step.py "${prof[@]}" --deterministic both --top 15 \
+  # The attention's launch sweep (sub-tiles and stages: bits checked against the default's, then timed on a 4k
+  # prefill and decode at 64/256 rows), its table installed for the steps after it.
+  step determ_attn_tune 50 "${attn_tune[@]}" --out "$OUT"; logs
+  (cd "$OUT" && for f in fixed_split_*.json; do [ "$f" = fixed_split_sweep.json ] || [ ! -e "$f" ] ||
+    { tar -rf determ_logs.tar "$f" && rm -f "$f"; }; done)
+  step determ_profile 120 $PY benchmarks/profiling/profile_gpu_step.py "${prof[@]}" --deterministic both --top 15 \
     --out "$OUT/determinism_profile.json"; logs
-  step determ_check 90 $PY benchmarks/quality/deterministic_check.py --parts check "${check[@]}" \
+  step determ_check 80 $PY benchmarks/quality/deterministic_check.py --parts check "${check[@]}" \
     --out "$OUT/determinism_check.json"; logs
-  step determ_throughput 120 $PY benchmarks/quality/deterministic_check.py --parts throughput "${tput[@]}" \
+  step determ_throughput 110 $PY benchmarks/quality/deterministic_check.py --parts throughput "${tput[@]}" \
     --out "$OUT/determinism_throughput.json"; logs
   step determ_memory 70 $PY benchmarks/quality/deterministic_check.py --parts memory "${mem[@]}" \
     --out "$OUT/release_memory.json"; logs ;;

@@ -5,6 +5,8 @@ Triton kernel under the interpreter), each also against a plain float reference.
 both Triton kernels."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -64,11 +66,11 @@ def attention_case(attend, dtype: torch.dtype, first: int = 0) -> None:
     torch.testing.assert_close(alone[0].float(), ref[:, 0], rtol=2e-2, atol=2e-2)
 
 
-def tiled(attend, launches: bool = False):
+def tiled(attend, launches: bool = False, config=None):
     """attend (the Triton kernel) given tiles: each run of rows of one request in tiles of rows_per_tile rows
     (fixed_split.span_tiles); launches: the backend's, runs of up to rows_per_tile rows one sub-tile a program in
     one launch, the longer ones sub_tiles(head dim) a program in another, longest first (fixed_split.span_launches),
-    into one output."""
+    into one output; config: a launch table entry (fixed_split_config) instead of the default."""
     import itertools
 
     from radixlm.runtime.kernels.attention.fixed_split import TileLaunch, rows_per_tile, span_launches, span_tiles
@@ -78,7 +80,7 @@ def tiled(attend, launches: bool = False):
         group = q.shape[1] // k_buf.shape[1]
         if launches:
             prefix = positions[torch.tensor([0, *spans]).cumsum(0)[:-1]].tolist()
-            cut = span_launches(spans, group, q.shape[2], prefix)
+            cut = span_launches(spans, group, q.shape[2], prefix, config)
         else:
             cut = [TileLaunch(*span_tiles(spans, rows_per_tile(group)), 1)]
         out = torch.full_like(q, float("nan"))
@@ -86,7 +88,7 @@ def tiled(attend, launches: bool = False):
             tiles = (torch.tensor(launch.starts, dtype=torch.int32, device=q.device),
                      torch.tensor(launch.counts, dtype=torch.int32, device=q.device))
             out = attend(q, k_buf, v_buf, req_to_token, row_req, positions, scale, tiles=tiles,
-                         sub_tiles=launch.sub_tiles, out=out)  # a copy where attend moves it
+                         sub_tiles=launch.sub_tiles, out=out, num_stages=launch.num_stages)  # a copy on CUDA
         return out
 
     return run
@@ -109,6 +111,38 @@ def test_attention_tiles_are_a_requests_rows_cut_by_the_group():
     for bad in (lambda: rows_per_tile(0), lambda: span_tiles([3], 2, [0, 1]), lambda: sub_tiles(0)):
         with pytest.raises(ValueError):
             bad()
+
+
+def test_attention_launch_config_is_the_shapes_alone_and_validated(tmp_path, monkeypatch):
+    from radixlm.runtime.kernels.attention import fixed_split_config as fc
+    from radixlm.runtime.kernels.attention.fixed_split import TileLaunch, span_launches
+    from radixlm.runtime.kernels.attention.fixed_split_tune import best_config
+
+    assert fc.default_config(128) == fc.FixedSplitConfig(4, 3, 3) and fc.default_config(256).sub_tiles == 2
+    cfg = fc.FixedSplitConfig(sub_tiles=2, prefill_stages=4, decode_stages=4)
+    # The table's sub-tiles and stages reach the launches: a 20-row request in programs of 2 x 4 rows.
+    short, long = span_launches([1, 20], 4, 128, [50, 0], cfg)
+    assert short == TileLaunch([0], [1], 1, 4) and long == TileLaunch([17, 9, 1], [4, 8, 8], 2, 4)
+    for bad in ({"sub_tiles": 3}, {"sub_tiles": 4, "prefill_stages": 1}, {"sub_tiles": 4, "decode_stages": 5}):
+        with pytest.raises(ValueError):
+            fc.FixedSplitConfig(**bad)
+    entry = {"head_dim": 128, "group": 4, "dtype": "bfloat16", "config": cfg.as_dict()}
+    assert fc.parse_table([entry]) == {(128, 4, "bfloat16"): cfg}
+    with pytest.raises(ValueError):
+        fc.parse_table([{**entry, "config": {"sub_tiles": 8}}])
+    for path in fc.TUNED_DIR.glob("fixed_split_*.json"):  # every committed table parses
+        fc.parse_table(__import__("json").loads(path.read_text())["entries"])
+    # Off CUDA the default, whatever a table says.
+    monkeypatch.setattr(fc, "TUNED_DIR", tmp_path)
+    assert fc.config_for(128, 4, torch.bfloat16, torch.device("cpu")) == fc.default_config(128)
+    # The sweep's pick: the fastest prefill pair and decode stages; nothing when a candidate changed bits.
+    result = {"prefill": [{"sub_tiles": 4, "prefill_stages": 3, "us": 9.0}, {"sub_tiles": 2, "prefill_stages": 4,
+                                                                            "us": 7.0}],
+              "decode": [{"decode_stages": 3, "us": {64: 2.0, 256: 5.0}}, {"decode_stages": 4, "us": {64: 1.0,
+                                                                                                  256: 6.5}}],
+              "rejected": [], "errors": []}
+    assert best_config(result) == fc.FixedSplitConfig(2, 4, 3)
+    assert best_config({**result, "rejected": [{"decode_stages": 4}]}) is None
 
 
 def test_cpu_gemm_rows_are_batch_invariant():
@@ -180,6 +214,9 @@ def test_tuning_sweep_rejects_a_config_whose_rows_change_with_m():
     found = candidates()
     assert found[:2] == [DEFAULT_NARROW, DEFAULT_WIDE] and len(set(found)) == len(found) > 20
     assert all(c.smem_bytes() <= SMEM_LIMIT for c in found)
+    # The split-K-free few-row family (narrow tiles, deep pipelines) runs ahead of the grid, within the budget's reach.
+    few_rows = [c for c in found[:40] if c.split_k == 1 and c.block_n <= 32 and c.num_stages >= 5]
+    assert len(few_rows) >= 3 and any(c.block_n == 16 for c in few_rows)
 
 
 def _compile_for_hopper(fn, signature: dict[str, str], constexprs: dict[str, object], aligned: tuple[str, ...],
@@ -239,41 +276,45 @@ def _sass_ops(cubin: bytes, ops: tuple[str, ...]) -> dict[str, int] | None:
 
 
 def test_attention_kernel_builds_for_hopper_with_one_sub_tile_math_per_row():
-    """Llama-3.1-8B's shapes (groups of 4, head dim 128; 4 rows x 4 heads in one 16-row MMA tile), built as a decode
-    pass launches it (one sub-tile a program) and as a prefill does (MAX_SUB_TILES): mma.sync on 16-row tiles in both
-    (no wgmma: a larger dot), every dot and reduction in the same layouts, and each floating-point instruction exactly
-    MAX_SUB_TILES times as often (no multiply-add fused in one build and not the other)."""
+    """Llama-3.1-8B's shapes (groups of 4, head dim 128; 4 rows x 4 heads in one 16-row MMA tile), built for every
+    launch configuration a table may choose (fixed_split_config: each allowed sub-tile count x each allowed stage
+    count): mma.sync on 16-row tiles in all (no wgmma: a larger dot), every dot and reduction in the same layouts as
+    the decode build (one sub-tile, the default stages), and each floating-point instruction exactly sub-tiles times
+    as often (no multiply-add fused in one build and not the other)."""
     import re
 
-    from radixlm.runtime.kernels.attention.fixed_split import MAX_SUB_TILES
+    from radixlm.runtime.kernels.attention.fixed_split_config import ALLOWED_STAGES, ALLOWED_SUB_TILES
     from radixlm.runtime.kernels.attention.fixed_split_kernel import (
         NUM_STAGES, NUM_WARPS, _fixed_split_attention_kernel)
 
-    sig = {"Q": "*bf16", "K_buf": "*bf16", "V_buf": "*bf16", "Req_to_token": "*i32", "Row_req": "*i64",
+    sig = {"Q": "*bf16", "K_buf": "*bf16", "V_buf": "*bf16", "Req_to_token": "*i64", "Row_req": "*i64",
            "Positions": "*i64", "Tile_start": "*i32", "Tile_rows": "*i32", "Out": "*bf16", "scale": "fp32",
            "v_scale": "fp32", "num_kv_heads": "i32",
            **{f"stride_{n}": "i32" for n in ("qt", "qh", "kb", "kh", "vb", "vh", "ot", "oh", "r2t")},
            **{n: "constexpr" for n in ("GROUP", "GROUP_P2", "ROWS", "SUB", "HEAD_DIM", "BLOCK_D", "BLOCK_N")}}
     aligned = ("Q", "K_buf", "V_buf", "Req_to_token", "Out", *[n for n in sig if n.startswith("stride_")])
     fp_ops = ("HMMA", "FFMA", "FMUL", "FADD", "FMNMX", "MUFU", "SHFL", "FSEL")
-    built = {}
-    for sub in (1, MAX_SUB_TILES):
+
+    def build(sub: int, stages: int):
         consts = {"GROUP": 4, "GROUP_P2": 4, "ROWS": 4, "SUB": sub, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_N": 64}
-        k = _compile_for_hopper(_fixed_split_attention_kernel, sig, consts, aligned, NUM_WARPS, NUM_STAGES)
+        k = _compile_for_hopper(_fixed_split_attention_kernel, sig, consts, aligned, NUM_WARPS, stages)
         ttgir = k.asm["ttgir"]
         dots = [d.split(" loc(")[0] for d in re.findall(r"tt\.dot [^:]*: (.*)", ttgir)]
-        reduced = re.findall(r"\}\) : \((tensor<[^)]*)\)", ttgir)
-        assert "wgmma" not in k.asm["ptx"] and "mma.sync" in k.asm["ptx"] and "cp.async" in k.asm["ptx"]
-        built[sub] = (set(re.findall(r"#mma\d* = .*", ttgir)), dots, reduced, _sass_ops(k.asm["cubin"], fp_ops))
-    (mma1, dots1, red1, ops1), (mma, dots, red, ops) = built[1], built[MAX_SUB_TILES]
-    assert mma == mma1 and len(mma1) == 1 and len(dots1) == 2
-    assert sorted(dots) == sorted(dots1 * MAX_SUB_TILES)
-    float_reductions = [r for r in red1 if "xf32" in r]
-    assert sorted(r for r in red if "xf32" in r) == sorted(float_reductions * MAX_SUB_TILES)
-    if ops1 is not None:
-        # MUFU also holds the tile index's integer division, once in each build.
-        assert {op: n - (op == "MUFU") for op, n in ops.items()} == {
-            op: MAX_SUB_TILES * (n - (op == "MUFU")) for op, n in ops1.items()}, (ops1, ops)
+        reduced = [r for r in re.findall(r"\}\) : \((tensor<[^)]*)\)", ttgir) if "xf32" in r]
+        assert "wgmma" not in k.asm["ptx"] and "mma.sync" in k.asm["ptx"] and "cp.async" in k.asm["ptx"], (sub, stages)
+        return set(re.findall(r"#mma\d* = .*", ttgir)), dots, reduced, _sass_ops(k.asm["cubin"], fp_ops)
+
+    mma1, dots1, red1, ops1 = build(1, NUM_STAGES)
+    assert len(mma1) == 1 and len(dots1) == 2
+    for sub, stages in itertools.product(ALLOWED_SUB_TILES, ALLOWED_STAGES):
+        if (sub, stages) == (1, NUM_STAGES):
+            continue
+        mma, dots, red, ops = build(sub, stages)
+        assert mma == mma1 and sorted(dots) == sorted(dots1 * sub) and sorted(red) == sorted(red1 * sub), (sub, stages)
+        if ops1 is not None:
+            # MUFU also holds the tile index's integer division, once in each build.
+            assert {op: n - (op == "MUFU") for op, n in ops.items()} == {
+                op: sub * (n - (op == "MUFU")) for op, n in ops1.items()}, (sub, stages, ops1, ops)
 
 
 @pytest.mark.skipif(not interpreter_works() or torch.cuda.is_available(), reason="needs triton's interpreter, no CUDA")
@@ -297,6 +338,10 @@ def test_triton_kernels_rows_are_batch_invariant_cuda():
     attention_case(tiled(on_cuda(fixed_split_attention)), torch.bfloat16)
     attention_case(tiled(on_cuda(fixed_split_attention), launches=True), torch.bfloat16)
     attention_case(tiled(on_cuda(fixed_split_attention), launches=True), torch.bfloat16, first=61)
+    from radixlm.runtime.kernels.attention.fixed_split_config import FixedSplitConfig
+
+    for cfg in (FixedSplitConfig(2, 4, 4), FixedSplitConfig(1, 3, 4)):
+        attention_case(tiled(on_cuda(fixed_split_attention), launches=True, config=cfg), torch.bfloat16, first=61)
 
 
 if __name__ == "__main__":
@@ -321,4 +366,10 @@ if __name__ == "__main__":
     # in the mixed call (A's row and the 4 others one sub-tile a program, in a second launch).
     attention_case(tiled(fixed_split_attention, launches=True), torch.float32)
     attention_case(tiled(fixed_split_attention, launches=True), torch.float32, first=61)
+    # The launch sweep's bit checks pass the kernel: a prompt in programs of 2 sub-tiles gives the default's (4) rows,
+    # and the prompt's rows run again as decode rows equal its prefill's.
+    from radixlm.runtime.kernels.attention.fixed_split_tune import TINY, Passes, sweep
+
+    found = sweep(Passes(TINY, torch.float32, torch.device("cpu")), [(2, 4)], [], budget_s=60)
+    assert not found["rejected"] and not found["errors"] and len(found["prefill"]) == 2, found
     print(MARKER)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.runtime.kernels.attention.fixed_split_config import ALLOWED_SUB_TILES, FixedSplitConfig, default_config
+
 # Keys per split. The Triton kernel's BLOCK_N: one tl.dot of this many keys per step.
 FIXED_SPLIT_SIZE = 64
 # The torch implementation runs its rows in calls of exactly this many (the last padded), so that each of its ops has
@@ -24,7 +26,7 @@ FIXED_SPLIT_SIZE = 64
 TORCH_ROW_BLOCK = 16
 # The most sub-tiles (of rows_per_tile rows each) one Triton program takes: its float32 state per sub-tile is 16 rows
 # x the head dim.
-MAX_SUB_TILES = 4
+MAX_SUB_TILES = max(ALLOWED_SUB_TILES)
 
 
 def rows_per_tile(group: int) -> int:
@@ -37,34 +39,37 @@ def rows_per_tile(group: int) -> int:
 
 
 def sub_tiles(head_dim: int) -> int:
-    """Sub-tiles per program for requests of more rows than one sub-tile: MAX_SUB_TILES, half as many past head dim
-    128 (whose state takes twice the registers). A row's result does not depend on it (fixed_split_kernel.py), only
-    how often keys are read."""
-    if head_dim < 1:
-        raise ValueError(f"head dim {head_dim}")
-    return MAX_SUB_TILES if head_dim <= 128 else MAX_SUB_TILES // 2
+    """The default sub-tiles per program for requests of more rows than one sub-tile (fixed_split_config: a GPU's
+    table may choose another). A row's result does not depend on it (fixed_split_kernel.py), only how often keys are
+    read."""
+    return default_config(head_dim).sub_tiles
 
 
 @dataclass(frozen=True)
 class TileLaunch:
     """One launch of the Triton kernel over some of a pass's rows: tiles as (first row, row count) and the
-    sub-tiles its programs take (host lists; the backend moves them to the device)."""
+    sub-tiles its programs take and its pipeline stages (host lists; the backend moves them to the device)."""
     starts: list[int]
     counts: list[int]
     sub_tiles: int
+    num_stages: int = 3
 
 
-def span_launches(spans: list[int], group: int, head_dim: int,
-                  prefix_lens: list[int] | None = None) -> list[TileLaunch]:
+def span_launches(spans: list[int], group: int, head_dim: int, prefix_lens: list[int] | None = None,
+                  config: FixedSplitConfig | None = None) -> list[TileLaunch]:
     """A REQUEST_SPANS pass's launches: requests of at most one sub-tile's rows (decode rows and chain drafts mixed
-    into a prefill) one sub-tile a program, the longer ones (prompts, chunks, extends) sub_tiles(head_dim) a program,
-    each set longest first (span_tiles); no launch for a set without rows. Splitting them keeps a one-row request
-    from paying for the idle sub-tiles of a prefill's program; which launch a row takes changes none of its bits."""
+    into a prefill) one sub-tile a program at config's decode stages, the longer ones (prompts, chunks, extends)
+    config.sub_tiles a program at its prefill stages (config: the shape's table entry, fixed_split_config.config_for;
+    None: the default), each set longest first (span_tiles); no launch for a set without rows. Splitting them keeps
+    a one-row request from paying for the idle sub-tiles of a prefill's program; which launch a row takes changes
+    none of its bits."""
+    cfg = config or default_config(head_dim)
     rows = rows_per_tile(group)
-    sub = sub_tiles(head_dim)
+    sub = cfg.sub_tiles
     most = max(spans, default=0)
-    launches = [TileLaunch(*span_tiles(spans, rows, prefix_lens, range(rows + 1)), 1),
-                TileLaunch(*span_tiles(spans, rows * sub, prefix_lens, range(rows + 1, most + 1)), sub)]
+    launches = [TileLaunch(*span_tiles(spans, rows, prefix_lens, range(rows + 1)), 1, cfg.decode_stages),
+                TileLaunch(*span_tiles(spans, rows * sub, prefix_lens, range(rows + 1, most + 1)), sub,
+                           cfg.prefill_stages)]
     return [launch for launch in launches if launch.starts]
 
 

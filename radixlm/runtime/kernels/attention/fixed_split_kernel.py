@@ -21,12 +21,13 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.attention.fixed_split import (
     FIXED_SPLIT_SIZE, MAX_SUB_TILES, row_tiles, rows_per_tile)
+from radixlm.runtime.kernels.attention.fixed_split_config import ALLOWED_STAGES
 
 # The launch of every pass. num_warps sets the tl.dot and reduction layouts and so a row's sums: one value for every
-# pass (a decode row and a prefill row must sum alike). Stages only schedule the loads (built for sm_90, 1 to 4 stages
-# give the same floating-point instructions): 3 double-buffers the keys and values, so a block's loads overlap the
-# previous block's math (2 gave one buffer, waited for at the top of each block), at the smem of 3 programs an SM,
-# which their registers allow anyway (a test builds it).
+# pass (a decode row and a prefill row must sum alike). Stages only schedule the loads (built for sm_90, every allowed
+# stage count gives the same floating-point instructions; a test builds them): the default 3 double-buffers the keys
+# and values, so a block's loads overlap the previous block's math (2 gave one buffer, waited for at the top of each
+# block), at the smem of 3 programs an SM. A GPU's table (fixed_split_config) may pick other stages per launch.
 NUM_WARPS = 4
 NUM_STAGES = 3
 
@@ -131,7 +132,7 @@ def _fixed_split_attention_kernel(Q, K_buf, V_buf, Req_to_token, Row_req, Positi
 def fixed_split_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
                           row_req: torch.Tensor, positions: torch.Tensor, scale: float, v_scale: float = 1.0,
                           tiles: tuple[torch.Tensor, torch.Tensor] | None = None, sub_tiles: int = 1,
-                          out: torch.Tensor | None = None) -> torch.Tensor:
+                          out: torch.Tensor | None = None, num_stages: int = NUM_STAGES) -> torch.Tensor:
     """As fixed_split.fixed_split_attention_torch, on CUDA: q (T, H, D); returns (T, H, D). tiles: (first row, row
     count) int32 vectors, each tile's rows consecutive rows of one request, at most rows_per_tile(H // Hkv) x
     sub_tiles of them (fixed_split.span_tiles), in any order; None: one tile per row. out: the output to write the
@@ -143,6 +144,8 @@ def fixed_split_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Ten
         raise ValueError(f"{h} query heads do not group over {hkv} kv heads")
     if not 1 <= sub_tiles <= MAX_SUB_TILES:
         raise ValueError(f"sub_tiles {sub_tiles} outside 1..{MAX_SUB_TILES}")
+    if num_stages not in ALLOWED_STAGES:
+        raise ValueError(f"num_stages {num_stages} not one of {ALLOWED_STAGES}")
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype:
@@ -156,5 +159,5 @@ def fixed_split_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Ten
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), out.stride(0),
         out.stride(1), req_to_token.stride(0), GROUP=group, GROUP_P2=triton.next_power_of_2(group),
         ROWS=rows_per_tile(group), SUB=sub_tiles, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
-        BLOCK_N=FIXED_SPLIT_SIZE, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        BLOCK_N=FIXED_SPLIT_SIZE, num_warps=NUM_WARPS, num_stages=num_stages)
     return out

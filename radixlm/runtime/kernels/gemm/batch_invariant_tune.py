@@ -34,9 +34,12 @@ INVARIANCE_MS = (1, 7, 64, 256)
 INVARIANCE_BIG_M = 300  # not a multiple of a tile's rows: the checked rows sit at other positions of other tiles
 INVARIANCE_OFFSET = 37
 TIMED_MS = (8, 64, 256, 2048)
-# Decode passes (8 rows: a run's long tail; 64-256) are most of a serving run's GEMM time; a prefill's 2048 rows count
-# a quarter.
-SCORE_WEIGHTS = {8: 1.0, 64: 1.0, 256: 1.0, 2048: 0.25}
+# The ShareGPT-like workload's GEMM calls (issue 55's cost: 1000 requests, radixlm.bench.datasets' lengths, all
+# admitted at once: 1024 decode passes of 1000 down to 1 rows, 196k prompt tokens in 8192-row prefill passes), each
+# pass's time interpolated linearly between the timed row counts (constant below 8, proportional past 2048) and the
+# coefficients summed per timed count, over the 8-row one's: 553 passes of few rows, 194 / 236 around 64 / 256 rows,
+# and 136 units of 2048 rows (prefill 96 of them). Timing 8 rows stands for the long tail of small decode batches.
+SCORE_WEIGHTS = {8: 1.0, 64: 0.35, 256: 0.43, 2048: 0.25}
 SMEM_LIMIT = 227 * 1024  # Hopper's opt-in shared memory per block
 
 
@@ -48,6 +51,13 @@ def candidates(element_size: int = 2, smem_limit: int = SMEM_LIMIT) -> list[Batc
         (128, 64, 8, 4, 8, 128), (64, 64, 8, 4, 8, 128), (256, 64, 8, 3, 8, 128), (128, 128, 8, 3, 8, 128),
         (64, 128, 4, 4, 8, 64, 2), (64, 128, 4, 4, 8, 64, 4), (32, 128, 4, 4, 8, 64, 2), (128, 64, 4, 4, 8, 64, 2),
         (64, 128, 4, 3), (64, 256, 4, 3), (256, 64, 4, 3), (32, 256, 4, 4))]
+    # Few rows are weight-bound and a 64-wide tile of a 4096-output weight is 64 programs on 132 SMs: narrower tiles
+    # (16, 32) give more programs, deeper pipelines (5-6 stages, K steps to 512) more bytes in flight each; none splits
+    # K. Then the large-M winners split in 2-3 K parts (more programs at few rows, the same tile at many).
+    first += [BatchInvariantConfig(*c) for c in (
+        (32, 128, 4, 6), (16, 128, 4, 6), (16, 256, 4, 4), (16, 256, 4, 5), (64, 128, 4, 6), (32, 512, 4, 2),
+        (16, 512, 4, 2), (64, 64, 4, 6), (128, 64, 8, 5, 8, 128, 2), (128, 64, 8, 5, 8, 128, 3),
+        (128, 64, 4, 3, 8, 128, 2), (128, 128, 8, 4, 8, 64, 2))]
     # split_k: more programs for few rows and narrow weights, at the partials' traffic for many rows.
     # 128-row tiles read a weight tile once for twice the rows (half the L2 traffic at 256 rows), at twice the MMA
     # work of a few-row pass.

@@ -50,7 +50,9 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         splits) pair per stage-2 tile that such passes can meet (shared_prefix_warmup).
   fixed_split_kernel.py  _fixed_split_attention_kernel (--enable-deterministic-inference, every pass): Row_req,
       Positions, Tile_start, Tile_rows: no alignment; GROUP, GROUP_P2, ROWS, HEAD_DIM, BLOCK_D, BLOCK_N
-      (FIXED_SPLIT_SIZE), strides: fixed -> one variant, built by the first pass. gemm/batch_invariant_mm.py's _batch_invariant_mm_kernel: M not specialized,
+      (FIXED_SPLIT_SIZE), strides: fixed; SUB and num_stages: one pair for one-sub-tile launches and one for
+      prefill launches (attention/fixed_split_config.py: the GPU's table or the default) -> two variants, built by
+      the first passes. gemm/batch_invariant_mm.py's _batch_invariant_mm_kernel: M not specialized,
       A aligned (an unaligned input is copied); the tile config by the weight's shape (its tuned table or default),
       HAS_BIAS, EVEN_K: fixed per layer -> one variant per weight shape kind.
   extend.py  _extend_kernel (ragged extend over a cached prefix)

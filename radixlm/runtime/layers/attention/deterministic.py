@@ -12,6 +12,7 @@ import torch
 
 from radixlm.runtime.kernels.attention import fixed_split_attention_torch, row_requests
 from radixlm.runtime.kernels.attention.fixed_split import row_tiles, span_launches
+from radixlm.runtime.kernels.attention.fixed_split_config import FixedSplitConfig, config_for, default_config
 from radixlm.runtime.host_to_device import host_to_device
 from radixlm.runtime.layers.attention.base import AttentionBackend
 
@@ -23,10 +24,10 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class FixedSplitMetadata:
     row_req: torch.Tensor  # (num_tokens,): each row's req_to_token row (the rows' positions: ForwardBatch.positions)
-    # The Triton kernel's launches, each (first row, row count) int32 vectors and its sub-tiles per program: a
-    # REQUEST_SPANS pass's requests cut into tiles by fixed_split.span_launches, else one tile per row; empty off
-    # CUDA (the torch implementation takes rows one by one).
-    launches: tuple[tuple[torch.Tensor, torch.Tensor, int], ...] = ()
+    # The Triton kernel's launches, each (first row, row count) int32 vectors, its sub-tiles per program and its
+    # pipeline stages: a REQUEST_SPANS pass's requests cut into tiles by fixed_split.span_launches, else one tile per
+    # row; empty off CUDA (the torch implementation takes rows one by one).
+    launches: tuple[tuple[torch.Tensor, torch.Tensor, int, int], ...] = ()
 
 
 class DeterministicAttnBackend(AttentionBackend):
@@ -39,6 +40,8 @@ class DeterministicAttnBackend(AttentionBackend):
         # pass's tiles are cut for them (fixed_split.span_launches) before its layers run.
         self.group = cfg.num_heads // cfg.num_kv_heads if cfg is not None else None
         self.head_dim = cfg.head_dim if cfg is not None else None
+        self.dtype = getattr(cfg, "dtype", None)
+        self._config: FixedSplitConfig | None = None
         # Every one-row tile buffer built, the latest last: captured graphs read the one they were captured with, so
         # none is ever freed (a larger eager pass builds another).
         self._row_tiles: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -52,15 +55,26 @@ class DeterministicAttnBackend(AttentionBackend):
         starts, counts = self._row_tiles[-1]
         return starts[:n], counts[:n]
 
+    def config(self, device: torch.device) -> FixedSplitConfig:
+        """The model's attention shape's launch configuration on this GPU model (one for the process: it changes no
+        row's bits, fixed_split_config)."""
+        if self._config is None:
+            if self.group is None:
+                return default_config(128)
+            self._config = (config_for(self.head_dim, self.group, self.dtype, device)
+                            if isinstance(self.dtype, torch.dtype) else default_config(self.head_dim))
+        return self._config
+
     def _launches(self, fb: "ForwardBatch", spans: list[int] | None) -> tuple:
         """FixedSplitMetadata.launches for a pass (spans: its requests' rows; None: one row each)."""
         if not fb.req_pool_indices.is_cuda:
             return ()
+        cfg = self.config(fb.req_pool_indices.device)
         if spans is None or self.group is None:
             starts, counts = self._one_row_tiles(fb.num_tokens, fb.req_pool_indices.device)
-            return ((starts, counts, 1),)
+            return ((starts, counts, 1, cfg.decode_stages),)
         prefix = fb.extend_prefix_lens_cpu if len(fb.extend_prefix_lens_cpu) == len(spans) else None
-        launches = span_launches(spans, self.group, self.head_dim, prefix)
+        launches = span_launches(spans, self.group, self.head_dim, prefix, cfg)
         if not launches:
             return ()
         flat = host_to_device([x for launch in launches for x in launch.starts + launch.counts], torch.int32,
@@ -68,7 +82,7 @@ class DeterministicAttnBackend(AttentionBackend):
         out, at = [], 0
         for launch in launches:
             n = len(launch.starts)
-            out.append((flat[at : at + n], flat[at + n : at + 2 * n], launch.sub_tiles))
+            out.append((flat[at : at + n], flat[at + n : at + 2 * n], launch.sub_tiles, launch.num_stages))
             at += 2 * n
         return tuple(out)
 
@@ -85,7 +99,7 @@ class DeterministicAttnBackend(AttentionBackend):
         launches = ()
         if fb.req_pool_indices.is_cuda:
             starts, counts = self._one_row_tiles(fb.batch_size, fb.req_pool_indices.device)
-            launches = ((starts, counts, 1),)
+            launches = ((starts, counts, 1, self.config(fb.req_pool_indices.device).decode_stages),)
         fb.attn_metadata = FixedSplitMetadata(fb.req_pool_indices, launches)
 
     def _attend(self, q, k, v, layer: "RadixAttention", fb: "ForwardBatch", save_kv_cache: bool) -> torch.Tensor:
@@ -106,8 +120,8 @@ class DeterministicAttnBackend(AttentionBackend):
                 raise ValueError(f"layer {layer.layer_id} groups {layer.num_heads // k_buf.shape[1]} query heads per "
                                  f"kv head; the pass's tiles were cut for {self.group}")
             o = torch.empty_like(q)
-            for starts, counts, sub in fb.attn_metadata.launches:
-                fixed_split_attention(*args, tiles=(starts, counts), sub_tiles=sub, out=o)
+            for starts, counts, sub, stages in fb.attn_metadata.launches:
+                fixed_split_attention(*args, tiles=(starts, counts), sub_tiles=sub, out=o, num_stages=stages)
         else:
             o = fixed_split_attention_torch(*args)
         return o.reshape(-1, layer.num_heads * layer.head_dim)
