@@ -13,7 +13,8 @@ and a load brings a whole path back; a node with neither is not in the tree; onl
   batch (host_pool.py), at the latest when the device evicts it. Host eviction takes host-only leaves; they leave
   the tree.
 - A match reports the device part (values, last_node, length) and the host-only run below it (host_hit_length);
-  admission calls match_and_load, which gives that run fresh device slots and copies its KV back (host_pool.py).
+  admission calls match_and_load, which gives that run fresh device slots and copies its KV back (host_pool.py; on
+  CUDA the loads of a round are one copy, issued when the pass takes them).
 - With storage, a waiting request's match starts a read of the pages past what the tiers hold; admission inserts
   what the prefetch policy lets it wait for as host-only nodes before loading. Finished requests' pages are written."""
 from __future__ import annotations
