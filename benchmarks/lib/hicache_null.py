@@ -1,8 +1,9 @@
 """The scheduler's host work on the hierarchical cache's multi-turn workload, without a model
 (benchmarks/serving/hicache_multiturn.py --null-runner): the real Scheduler, radix tree and host tier over
-lib/null_runner.py's runner, with a KV pool of the GPU run's token counts and layer count (rows a few bytes wide, so
-the copies on the CPU cost their calls, not their bytes), driven by the same request stream as the GPU run (turns
-round-robin over the clients, --max-parallel in flight, the next request sent as one finishes). Per configuration
+lib/null_runner.py's runner, with a KV pool of the GPU run's token counts and layer count (rows of 8 bytes: on CUDA
+the host tier's copies are the server's kernels, events and streams; on the CPU they run synchronously and move the
+rows), driven by the same request stream as the GPU run (turns round-robin over the clients, --max-parallel in
+flight, the next request sent as one finishes). Per configuration
 (off, on with write_through, on with write_back): host milliseconds per scheduling round and per request by phase
 (inclusive timers: a phase contains those it calls), prefill passes and tokens per pass, how many rounds requests
 waited from arrival to admission (hits and misses apart), and optionally cProfile's top functions."""
