@@ -44,7 +44,8 @@
 #                                                 # tokens per GiB beside Llama-3.1-8B's, the 671B memory plan
 #                                                 # (benchmarks/offline/gpu_deepseek.py; estimate 5-8 min, not
 #                                                 # measured: two engine starts with cold Triton caches)
-#   bash benchmarks/lease/single_gpu_lease.sh hicache   # issue 54: hicache CUDA tests, copies, multi-turn off/on (~3 min)
+#   bash benchmarks/lease/single_gpu_lease.sh hicache   # issue 54: hicache CUDA tests, host work per round (null
+#                                                 # runner), copies, multi-turn off/on (~3 min)
 #   bash benchmarks/lease/single_gpu_lease.sh lora      # issue 53: LoRA CUDA tests, decode-kernel sweep, offline and served runs
 #   bash benchmarks/lease/single_gpu_lease.sh mla [bench] # issue 51: MLA kernels' tests, decode sweep, extend
 #   DRY=1 bash benchmarks/lease/single_gpu_lease.sh prepare|p1|p2|spec|vlm|deepseek|all   # HERE, on the CPU: the same scripts
@@ -314,14 +315,17 @@ all)
   [ "$DRY" = 1 ] || { echo "'all' is the CPU dry run only (DRY=1): one part per device call" >&2; exit 2; }
   for p in prepare p1 p2 spec vlm; do echo "######## $p"; bash "$0" "$p"; done ;;
 hicache)
-  # issue 54 item 1, one call (timeouts 450 s, at most 530 s with kill grace; ~3 min expected): the host pool's CUDA tests (copies both ways, uva and DMA,
-  # loads layer by layer), the copy benchmark on 8B shapes, the multi-turn benchmark off/on, then on with write_back.
+  # issue 54 item 1, one call (timeouts 490 s, at most 550 s with kill grace; ~3 min expected): the host pool's CUDA tests (copies both ways, uva and DMA,
+  # loads layer by layer) and, in the same step (8 files come back), the scheduler's host work per round on the
+  # multi-turn stream without a model (--null-runner: off / write_through / write_back, the host tier's copies on
+  # CUDA; seconds), the copy benchmark on 8B shapes, the multi-turn benchmark off/on, then on with write_back.
   banner
   copy=(); turns=()
   [ "$DRY" = 1 ] && { copy=(--dry); turns=(--tiny --clients 6 --turns 3 --first-len 64 --user-len 16 --output-len 4
                       --max-total-tokens 512 --max-parallel 2); }
-  TAIL=8 step hicache_tests 50 $PY -m pytest -q -p no:cacheprovider -rfEs \
-    tests/runtime/cache/hicache/test_host_pool.py tests/runtime/cache/hicache/test_layer_loads.py
+  TAIL=45 step hicache_tests 90 bash -c "$PY -m pytest -q -p no:cacheprovider -rfEs \
+    tests/runtime/cache/hicache/test_host_pool.py tests/runtime/cache/hicache/test_layer_loads.py; \
+    $PY benchmarks/serving/hicache_multiturn.py --null-runner --out $OUT/hicache_null_runner.json"
   TAIL=70 step hicache_copy 90 $PY benchmarks/kernels/hicache_copy.py "${copy[@]}" --out "$OUT/hicache_copy.json"
   TAIL=12 step hicache_multiturn 220 $PY benchmarks/serving/hicache_multiturn.py "${turns[@]}" \
     --out "$OUT/hicache_multiturn.json"

@@ -16,6 +16,8 @@ sys.path), never each other, and nothing from tests/.
   speculative_replay  8B-shaped target and 1B-shaped draft directories, recorded tokens replayed as logits
   null_runner       a model-free ModelRunner for scheduling studies
   host_queue, retraction, schedule_model   the model-free scheduling studies (scheduler/scheduler_sim.py's kinds)
+  hicache_null      the scheduler's host work on the hierarchical cache's multi-turn stream, model-free
+                    (serving/hicache_multiturn.py --null-runner)
   router_runs       two workers for the router benchmarks, their load counters, the feedback workload and driver
   targets           started server and router processes (process groups, readiness, resident memory, stop)
   soak_traffic      the soak test's request kinds and classification

@@ -13,7 +13,16 @@ has evicted a conversation's prefix before its next turn; the hierarchical cache
 
 Reports per run: cache hit rate (cached prompt tokens / prompt tokens), TTFT mean/p50/p90 (streamed, first token),
 end-to-end time, request and token throughput; a table, and JSON at --out (default
-benchmarks/results/serving/hicache_multiturn.json)."""
+benchmarks/results/serving/hicache_multiturn.json).
+
+--null-runner: the scheduler's host work on the same request stream without a model (benchmarks/lib/hicache_null.py):
+the real Scheduler, tree and host tier over lib/null_runner.py's runner, a KV pool of --max-total-tokens tokens and
+Llama-3.1-8B's 32 layers (rows of 8 bytes; on --null-kv-device cuda the host tier's copies are the server's kernels,
+events and streams), for --modes (off, write_through, write_back): host ms per round, per request and per prefill round
+by phase, prefill passes and tokens per pass, rounds from arrival to admission; a table, and JSON at --out (default
+benchmarks/results/serving/hicache_null_runner.json). Seconds on any machine:
+
+    python benchmarks/serving/hicache_multiturn.py --null-runner [--null-kv-device cpu] [--profile]"""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +43,7 @@ from benchmarks.lib.models import model_dir, tiny_model_dir  # noqa: E402
 from radixlm import Engine  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "serving" / "hicache_multiturn.json"
+NULL_RESULTS = RESULTS.with_name("hicache_null_runner.json")
 
 
 def conversations(args) -> list[list[list[int]]]:
@@ -141,8 +151,23 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--write-policy", default="write_through")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", choices=("on", "off"), help="run one configuration")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, default=None, help=f"JSON (default {RESULTS.name}, or {NULL_RESULTS.name})")
+    p.add_argument("--null-runner", action="store_true", help="host work per round without a model (no engine)")
+    p.add_argument("--modes", default="off,write_through,write_back", help="--null-runner's configurations")
+    p.add_argument("--null-kv-device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="--null-runner: where the KV pool (and so the host tier's copies) lives")
+    p.add_argument("--page-size", type=int, default=1, help="--null-runner: KV page size (the server's default)")
+    p.add_argument("--integrity-check", action="store_true", help="--null-runner: the accounting check every round")
+    p.add_argument("--per-request-loads", action="store_true",
+                   help="--null-runner: issue each request's load at its admission (the CPU server's rule, and CUDA's "
+                        "before 2026-11-29) instead of once per round (CUDA's)")
+    p.add_argument("--profile", action="store_true", help="--null-runner: cProfile's top functions (tottime)")
+    p.add_argument("--profile-top", type=int, default=30)
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = NULL_RESULTS if args.null_runner else RESULTS
+    if args.null_runner:
+        return null_runner(args, argv)
     final_ctx = args.first_len + (args.turns - 1) * (args.user_len + args.output_len) + args.output_len
     working_set = args.clients * final_ctx
     print(f"working set {working_set} tokens = {working_set / args.max_total_tokens:.1f} x the device pool "
@@ -170,6 +195,33 @@ def main(argv: list[str] | None = None) -> dict:
         report["ttft_mean_ratio_on_over_off"] = round(runs[1]["ttft_mean_s"] / runs[0]["ttft_mean_s"], 3)
         print(f"throughput on/off: {report['throughput_ratio_on_over_off']}x; TTFT mean on/off: "
               f"{report['ttft_mean_ratio_on_over_off']}x")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def null_runner(args, argv: list[str] | None) -> dict:
+    from benchmarks.lib.hicache_null import MODES, run_mode, table
+
+    modes = args.modes.split(",")
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        raise SystemExit(f"--modes: unknown {sorted(unknown)}; choose from {', '.join(MODES)}")
+    convs = conversations(args)
+    runs = []
+    for mode in modes:
+        runs.append(run_mode(args, mode, convs, profile=args.profile))
+        print(f"{mode}: host {runs[-1]['host_s_total']:.3f} s ({runs[-1]['host_s_prefill_rounds']:.3f} s in prefill "
+              f"rounds), {runs[-1]['rounds']} rounds", flush=True)
+    print(table(runs))
+    report = {
+        "command": "python benchmarks/serving/hicache_multiturn.py " + " ".join(argv if argv is not None else
+                                                                              sys.argv[1:]),
+        "machine": platform.node(), "processor": platform.processor() or platform.machine(),
+        "device": torch.cuda.get_device_name(0) if args.null_kv_device == "cuda" else "cpu",
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "runs": runs,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -13,7 +13,8 @@ and a load brings a whole path back; a node with neither is not in the tree; onl
   batch (host_pool.py), at the latest when the device evicts it. Host eviction takes host-only leaves; they leave
   the tree.
 - A match reports the device part (values, last_node, length) and the host-only run below it (host_hit_length);
-  admission calls match_and_load, which gives that run fresh device slots and copies its KV back (host_pool.py).
+  admission calls match_and_load, which gives that run fresh device slots and copies its KV back (host_pool.py; on
+  CUDA the loads of a round are one copy, issued when the pass takes them).
 - With storage, a waiting request's match starts a read of the pages past what the tiers hold; admission inserts
   what the prefetch policy lets it wait for as host-only nodes before loading. Finished requests' pages are written."""
 from __future__ import annotations
@@ -53,12 +54,18 @@ class HiRadixCache(RadixCache):
         self.tier_counts: Counter = Counter()
         # Loads issued in this epoch are not yet taken by a pass (take_layer_loads starts the next).
         self._load_epoch = 1
+        # (host slots, device slots) of this round's loads, issued as one copy when a pass takes them (or before
+        # anything frees those device slots): a layer's copies are then a few kernel launches per round, not per
+        # request. On the CPU (copies synchronous, nothing launched) a load is done on return instead.
+        self.defer_loads = kv_pool.device.type == "cuda"
+        self._pending_loads: list[tuple[torch.Tensor, torch.Tensor]] = []
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size=page_size,
                          eviction_policy=eviction_policy)
 
     def reset(self) -> None:
         """Forgets both tiers (the caller clears the device allocator); storage keeps its pages."""
         super().reset()
+        self._pending_loads = []
         self.evict_queue = EvictionQueue(self.eviction_strategy, device_evictable)
         self.host_queue = EvictionQueue(self.eviction_strategy, host_evictable)
         self.host_pool.clear()
@@ -166,7 +173,9 @@ class HiRadixCache(RadixCache):
         self.dec_lock_ref(m.last_node)
         if slots is None:
             return m
-        self.host_pool.load(torch.cat([x.host_value for x in nodes]), slots)
+        self._pending_loads.append((torch.cat([x.host_value for x in nodes]), slots))
+        if not self.defer_loads:
+            self.issue_loads()
         offset = 0
         for x in nodes:
             x.value = slots[offset : offset + len(x.key)]
@@ -179,8 +188,19 @@ class HiRadixCache(RadixCache):
         return MatchResult(m.values + [x.value for x in nodes], nodes[-1], m.length + count)
 
     def take_layer_loads(self) -> "LayerLoadWaiter | None":
+        self.issue_loads()
         self._load_epoch += 1
         return self.host_pool.take_layer_loads()
+
+    def issue_loads(self) -> None:
+        """Issues the loads queued since the last pass took them, as one copy (host_pool.load)."""
+        if not self._pending_loads:
+            return
+        pending, self._pending_loads = self._pending_loads, []
+        if len(pending) == 1:
+            self.host_pool.load(*pending[0])
+        else:
+            self.host_pool.load(torch.cat([h for h, _ in pending]), torch.cat([d for _, d in pending]))
 
     def _device_alloc(self, n: int) -> torch.Tensor | None:
         alloc = self.token_to_kv_pool_allocator
@@ -283,8 +303,10 @@ class HiRadixCache(RadixCache):
 
         evicted, freed = self._evict_from(self.evict_queue, num_tokens, take)
         if freed:
+            if loading:  # a load no pass has waited for yet may still write some of these slots: issued, and ordered
+                self.issue_loads()
             self.host_pool.flush()  # the backups of these slots are queued on the device before anything reuses them
-            if loading:  # a load no pass has waited for yet may still write some of these slots
+            if loading:
                 self.host_pool.order_after_loads()
             self.token_to_kv_pool_allocator.free(torch.cat(freed))
         return evicted
@@ -322,6 +344,7 @@ class HiRadixCache(RadixCache):
     def cache_finished(self, lock: CacheLock, row: int, key: RadixKey, insert: bool = True,
                        draft_kv_len: int = 0) -> None:
         if insert and self.storage is not None:
+            self.issue_loads()  # storage reads the request's device rows
             aligned = len(key) // self.storage.page_tokens * self.storage.page_tokens
             if aligned:
                 self.storage.write_finished(key[:aligned], self._row_slots(row, aligned))

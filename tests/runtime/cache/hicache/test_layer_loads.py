@@ -133,3 +133,32 @@ def test_a_uva_load_is_a_kernel_per_layer_and_each_layer_is_in_place_once_waited
         got = torch.stack([bufs[layer][dst.cuda(), 0, 0], bufs[LAYERS + layer][dst.cuda(), 0, 0]], dim=1).cpu()
         assert torch.equal(got, expected(src, 2 * LAYERS)[:, [layer, LAYERS + layer]])
     assert waiter.done
+
+
+def test_a_rounds_loads_are_issued_as_one_copy_when_the_pass_takes_them():
+    """As on CUDA (defer_loads): the loads of the requests admitted in one round are one copy (a few kernels per
+    layer, not per request), issued when the pass takes them, or first when a loaded node's slots are freed."""
+    alloc = TokenToKVPoolAllocator(32, 1)
+    dev = mha_pool(32)
+    tree = HiRadixCache(ReqToTokenPool(2, 32), alloc, dev,
+                        HiCacheConfig(host_tokens=64, write_policy=HiCacheWritePolicy.WRITE_THROUGH))
+    tree.defer_loads = True
+    keys = [RadixKey(list(range(100 * i, 100 * i + 8))) for i in (1, 2, 3)]
+    rows = {}
+    for key in keys:
+        slots = alloc.alloc(8)
+        rows[key.token_ids[0]] = torch.stack([b[slots, 1, 2] for b in dev.buffers()], dim=1)
+        tree.insert(key, slots)
+    tree.evict(24)  # all three on the host only
+    for b in dev.buffers():
+        b.fill_(-1.0)
+    got = [tree.match_and_load(k) for k in keys[:2]]
+    assert [m.length for m in got] == [8, 8] and tree.host_pool.stats.loads == 0  # queued, not issued
+    assert tree.take_layer_loads() is None and tree.host_pool.stats.loads == 1  # one copy for both (CPU: done)
+    for key, m in zip(keys, got):
+        assert torch.equal(torch.stack([b[m.device_indices, 1, 2] for b in dev.buffers()], dim=1),
+                           rows[key.token_ids[0]])
+    m = tree.match_and_load(keys[2])
+    tree.evict(32)  # frees the pending load's slots: it is issued first (and ordered before any reuse)
+    assert tree.host_pool.stats.loads == 2 and m.last_node.value is None
+    tree.check_consistency()
