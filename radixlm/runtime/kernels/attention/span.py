@@ -41,6 +41,17 @@ def _bits_asm(src: str) -> str:
             "and.b32 w0, w0, 0x80008000;\nand.b32 w1, w1, 0x80008000;\nor.b32 $0, w0, t0;\nor.b32 $1, w1, t1;\n}")
 
 
+def _mixed_asm(src: str) -> str:
+    """Inline PTX for 4 packed float8 values to 4 halves, half of them by each unit: elements 0,1 by the packed cvt,
+    2,3 by _bits_asm's bit moves (e4m3: then times 2^8, exact, on the half pipe). e5m2 takes _bits_asm whole (its
+    bit moves are a byte permute)."""
+    if src == "e5m2":
+        return _bits_asm(src)
+    return ("{\n.reg .b16 lo, hi;\n.reg .b32 w, t, c;\nmov.b32 {lo, hi}, $2;\ncvt.rn.f16x2.e4m3x2 $0, lo;\n"
+            "prmt.b32 w, $2, 0, 0x3424;\nand.b32 t, w, 0x7F007F00;\nshr.b32 t, t, 1;\nand.b32 w, w, 0x80008000;\n"
+            "or.b32 w, w, t;\nmov.b32 c, 0x5C005C00;\nmul.rn.f16x2 $1, w, c;\n}")
+
+
 def kv_widen_bits(word: int, src: str) -> tuple[int, int]:
     """_bits_asm on one 32-bit word (4 float8 bytes, element 0 lowest), in Python: the two half pairs it writes
     (element 0 in the low half of the first). The tests check every byte value against the float8 value through it."""
@@ -90,7 +101,7 @@ def kv_convert_asm(kv_dtype, q_dtype, device, widen=None) -> str:
     widen (decode_splits.KvWiden; None: QUERY): F16 converts to halves whatever the query (the packed cvt alone, no
     cvt.bf16.f16; the kernel's dots run in float16: kv_widen_query_dtype); F16_BITS widens with integer instructions
     (_bits_asm) on CUDA, and where no inline PTX runs (the interpreter) with the same bit moves in Triton
-    ("bits_e4m3" / "bits_e5m2")."""
+    ("bits_e4m3" / "bits_e5m2"); F16_MIXED splits each word between the two (_mixed_asm; the plain cast off CUDA)."""
     import torch
 
     from radixlm.runtime.kernels.attention.decode_splits import KvWiden
@@ -104,6 +115,8 @@ def kv_convert_asm(kv_dtype, q_dtype, device, widen=None) -> str:
     cuda = device.type == "cuda"
     if widen == KvWiden.F16_BITS and dot_dtype == torch.float16:
         return _bits_asm(src) if cuda else f"bits_{src}"
+    if widen == KvWiden.F16_MIXED and dot_dtype == torch.float16 and cuda:
+        return _mixed_asm(src)
     if not cuda or torch.cuda.get_device_capability(device) < ((9, 0) if dot_dtype == torch.bfloat16 else (8, 9)):
         return ""
     return _cvt_asm(src, dot_dtype == torch.bfloat16)

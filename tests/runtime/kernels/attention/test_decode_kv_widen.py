@@ -53,7 +53,7 @@ def test_widening_choices_and_their_scales():
     # Without inline PTX (the CPU, the interpreter): the bit moves in Triton, or the plain cast.
     assert kv_convert_asm(e4m3, bf16, "cpu", KvWiden.F16_BITS) == "bits_e4m3"
     assert kv_convert_asm(e5m2, torch.float16, "cpu", KvWiden.F16_BITS) == "bits_e5m2"
-    assert kv_convert_asm(e4m3, bf16, "cpu", KvWiden.F16) == ""
+    assert kv_convert_asm(e4m3, bf16, "cpu", KvWiden.F16) == kv_convert_asm(e4m3, bf16, "cpu", KvWiden.F16_MIXED) == ""
     assert kv_convert_asm(e4m3, torch.float32, "cpu", KvWiden.F16_BITS) == ""
     with pytest.raises(ValueError, match="needs inline_cvt"):
         DecodeKernelConfig(64, widen=KvWiden.F16, inline_cvt=False)
@@ -116,10 +116,11 @@ def _loop_ops(widen: str, src: str = "e4m3") -> collections.Counter:
 
     from radixlm.runtime.kernels.attention import decode
     from radixlm.runtime.kernels.attention.decode_splits import KvWiden
-    from radixlm.runtime.kernels.attention.span import _bits_asm, _cvt_asm
+    from radixlm.runtime.kernels.attention.span import _bits_asm, _cvt_asm, _mixed_asm
 
     widen = KvWiden(widen)
-    cvt = _bits_asm(src) if widen == KvWiden.F16_BITS else _cvt_asm(src, widen == KvWiden.QUERY)
+    cvt = {KvWiden.F16_BITS: _bits_asm(src), KvWiden.F16_MIXED: _mixed_asm(src)}.get(
+        widen, _cvt_asm(src, widen == KvWiden.QUERY))
     kv = {"e4m3": "*fp8e4nv", "e5m2": "*fp8e5"}[src]
     ptrs = {"Q": "*bf16", "K_buf": kv, "V_buf": kv, "Req_to_token": "*i64", "Req_pool_indices": "*i64",
             "Seq_lens": "*i64", "Row_starts": "*i64", "Work": "*i32", "Mid_o": "*fp32", "Mid_lse": "*fp32",
@@ -151,9 +152,10 @@ def _loop_ops(widen: str, src: str = "e4m3") -> collections.Counter:
 
 @pytest.mark.skipif(not _bundled_ptxas(), reason="needs Triton's bundled ptxas")
 def test_widening_to_halves_takes_fewer_conversions_sm90():
-    query, f16, bits = (_loop_ops(w) for w in ("query", "f16", "f16_bits"))
+    query, f16, bits, mixed = (_loop_ops(w) for w in ("query", "f16", "f16_bits", "f16_mixed"))
     # Per thread and block: 128 positions x 128 dims of K and of V over 128 threads, two elements a packed cvt.
     assert query["F2FP.F16.E4M3.UNPACK_B"] == f16["F2FP.F16.E4M3.UNPACK_B"] == 128
     assert query["F2F.BF16.F16"] == 256 and f16["F2F.BF16.F16"] == 0
     assert not any(op.startswith(("F2F.", "F2FP.F16.E4M3")) for op in bits) and bits["PRMT"] >= 128
+    assert mixed["F2FP.F16.E4M3.UNPACK_B"] == 64 and mixed["HMUL2"] == 64 and mixed["F2F.BF16.F16"] == 0
     assert sum(f16.values()) < 0.75 * sum(query.values())
