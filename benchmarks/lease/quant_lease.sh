@@ -25,7 +25,7 @@
 #                                                  # fp8mma: per-channel and 128x128 blocks, ~5-6 min) and its CUDA test;
 #                                                  # one call under 8 min
 #   bash benchmarks/lease/quant_lease.sh kv        # decode attention and the 8B decode step at batch 64, 8k-token
-#                                                  # contexts, bf16 vs fp8 KV (kernels/fp8_kv_decode_gpu.py, ~4-5 min):
+#                                                  # contexts, bf16 vs fp8 KV (kernels/fp8_kv_decode_gpu.py, ~5-7 min):
 #                                                  # every DECODE_VARIANTS config timed, the dict to set printed
 #   DRY=1 DRY_OUT=/tmp/kv bash benchmarks/lease/quant_lease.sh kv   # that sweep's logic on the CPU (interpreter)
 #   bash benchmarks/lease/quant_lease.sh w4big     # W4A16 at many rows, one call under 8 min (BUDGET_S, default 420):
@@ -85,11 +85,11 @@ w4big)
 kv)
   if [ "${DRY:-0}" = 1 ]; then  # the sweep and its dict at tiny shapes under the interpreter, a few variants (~1 min)
     TRITON_INTERPRET=1 TAIL=30 step fp8_kv_decode 300 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --dry --parts kernel \
-      --kv-dtypes fp8_e4m3 --variants old,s3,n128p1r128,n128p1r128h,p1h,n128p1r128b --variant-splits 2 --out "$OUT"
+      --kv-dtypes fp8_e4m3 --variants old,s3,n128p1r128,n128p1r128h,p1h,n128p1r128b,p1m --variant-splits 2 --out "$OUT"
     exit 0
   fi
-  TAIL=60 step fp8_kv_decode 330 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --variants all --variant-budget-s 150 \
-    --budget-s 180 --out "$OUT"
+  TAIL=60 step fp8_kv_decode 420 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --variants all --variant-budget-s 200 \
+    --budget-s 240 --out "$OUT"
   ;;
 check)
   if [ "${2:-}" != model ]; then
