@@ -91,7 +91,8 @@ kv)
   fi
   TAIL=60 step fp8_kv_decode 420 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --variants all --variant-budget-s 200 \
     --budget-s 240 --out "$OUT"
-  TAIL=8 step kv_widen_cuda_tests 90 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/attention/test_decode_kv_widen.py
+  TAIL=8 step kv_widen_cuda_tests 90 $PY -m pytest -q -p no:cacheprovider \
+    tests/runtime/kernels/attention/test_decode_kv_widen.py
   ;;
 check)
   if [ "${2:-}" != model ]; then
