@@ -14,7 +14,9 @@ bf16 KV decode step speed"), each next to its bytes floor at --bandwidth (H200: 
 
 --variants times stage 1's launch configs (decode_splits.DECODE_VARIANTS: "old", "wide" are the kernel before them,
 narrow and wide) side by side, per case (pool dtype x pass width: --batch for narrow passes, decode_wide_rows for
-wide ones), each checked against that old kernel's output ("x old": its speed against it), and prints the fastest
+wide ones), each checked against that old kernel's output ("x old": its speed against it; a float8 pool's variants
+that widen to halves, KvWiden.F16 and F16_BITS, compute the dots in float16: the check holds them to the same
+2e-2 of the output's largest value), and prints the fastest
 per case next to the default (DECODE_DEFAULT_VARIANTS) with the dict to put in decode_splits.py. A model-dtype pool
 only takes configs of its default's block size (same numerics).
 
@@ -110,7 +112,7 @@ def variant_rows(args, device: str, shapes: tuple[int, int, int], save) -> dict:
     fastest valid one per case: {(float8, wide): (name, ms)}."""
     from radixlm.runtime.kernels.attention import decode_attention, decode_wide_rows
     from radixlm.runtime.kernels.attention.decode_splits import (
-        DECODE_DEFAULT_VARIANTS, DECODE_VARIANTS, decode_kernel_config)
+        DECODE_DEFAULT_VARIANTS, DECODE_VARIANTS, KvWiden, decode_kernel_config)
 
     heads, kv_heads, head_dim = shapes
     names = list(DECODE_VARIANTS) if args.variants == ["all"] else args.variants
@@ -130,11 +132,13 @@ def variant_rows(args, device: str, shapes: tuple[int, int, int], save) -> dict:
         req_to_token = (torch.arange(bs * ctx, device=device, dtype=torch.int64) + 1).view(bs, ctx)
         rows = torch.arange(bs, device=device)
         lens = torch.full((bs,), ctx, device=device, dtype=torch.int64)
-        q = torch.randn(bs, heads, head_dim, device=device, dtype=torch.bfloat16)
+        # --dry: halves (Triton's interpreter computes bfloat16 dots wrongly, so the check would flag every config)
+        model_dtype = torch.float16 if args.dry else torch.bfloat16
+        q = torch.randn(bs, heads, head_dim, device=device, dtype=model_dtype)
         for kv in kvs:
             float8 = kv != "bf16"
             default = DECODE_DEFAULT_VARIANTS[(float8, wide)]
-            dtype = FP8.get(kv, torch.bfloat16)
+            dtype = FP8.get(kv, model_dtype)
             k_buf = torch.empty(bs * ctx + 1, kv_heads, head_dim, device=device, dtype=dtype)
             v_buf = torch.empty_like(k_buf)
             fill_(k_buf)
@@ -178,8 +182,8 @@ def variant_rows(args, device: str, shapes: tuple[int, int, int], save) -> dict:
             for name in [baseline] + [n for n in names if n != baseline]:
                 if not float8 and DECODE_VARIANTS[name].block_n != decode_kernel_config(False, wide).block_n:
                     continue  # other block sizes round differently: a model-dtype pool keeps its numerics
-                if not float8 and name == "cvt":
-                    continue  # "old" for a model-dtype pool
+                if not float8 and (name == "cvt" or DECODE_VARIANTS[name].widen != KvWiden.QUERY):
+                    continue  # "old" for a model-dtype pool, or its own config (no float8 to widen)
                 run(name)
             # More programs than the split rule gives (decode_num_splits: one split here), for the two fastest:
             # information only (a default would need the rule to change), not for e5m2 (e4m3's kernels).

@@ -25,7 +25,10 @@
 #                                                  # fp8mma: per-channel and 128x128 blocks, ~5-6 min) and its CUDA test;
 #                                                  # one call under 8 min
 #   bash benchmarks/lease/quant_lease.sh kv        # decode attention and the 8B decode step at batch 64, 8k-token
-#                                                  # contexts, bf16 vs fp8 KV (kernels/fp8_kv_decode_gpu.py, ~3 min)
+#                                                  # contexts, bf16 vs fp8 KV (kernels/fp8_kv_decode_gpu.py, ~5-7 min):
+#                                                  # every DECODE_VARIANTS config timed, the dict to set printed;
+#                                                  # then the widening kernels' CUDA tests
+#   DRY=1 DRY_OUT=/tmp/kv bash benchmarks/lease/quant_lease.sh kv   # that sweep's logic on the CPU (interpreter)
 #   bash benchmarks/lease/quant_lease.sh w4big     # W4A16 at many rows, one call under 8 min (BUDGET_S, default 420):
 #                                                  # the dequantize-then-GEMM path's CUDA tests, quant_gemm.py
 #                                                  # --w4a16-dequant (128..8192 rows; its table entries written to
@@ -81,8 +84,15 @@ w4big)
   done
   ;;
 kv)
-  TAIL=60 step fp8_kv_decode 300 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --variants all --variant-budget-s 110 \
-    --budget-s 140 --out "$OUT"
+  if [ "${DRY:-0}" = 1 ]; then  # the sweep and its dict at tiny shapes under the interpreter, a few variants (~1 min)
+    TRITON_INTERPRET=1 TAIL=30 step fp8_kv_decode 300 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --dry --parts kernel \
+      --kv-dtypes fp8_e4m3 --variants old,s3,n128p1r128,n128p1r128h,p1h,n128p1r128b,p1m --variant-splits 2 --out "$OUT"
+    exit 0
+  fi
+  TAIL=60 step fp8_kv_decode 420 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --variants all --variant-budget-s 200 \
+    --budget-s 240 --out "$OUT"
+  TAIL=8 step kv_widen_cuda_tests 90 $PY -m pytest -q -p no:cacheprovider \
+    tests/runtime/kernels/attention/test_decode_kv_widen.py
   ;;
 check)
   if [ "${2:-}" != model ]; then

@@ -24,7 +24,8 @@ from radixlm.runtime.kernels.attention.decode_splits import (
     decode_num_splits, decode_wide_rows)
 from radixlm.runtime.kernels.attention.decode_work import DecodeWork, decode_work_list
 from radixlm.runtime.kernels.attention.shared_prefix import shared_prefix_stage1
-from radixlm.runtime.kernels.attention.span import attend_span, kv_convert_asm
+from radixlm.runtime.kernels.attention.span import (
+    attend_span, kv_convert_asm, kv_widen_factor, kv_widen_query_dtype)
 
 
 # Index vectors are often views at any offset (rows of one host-to-device copy, slices of the allocator's free list).
@@ -45,7 +46,7 @@ def _decode_stage1(
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, HAS_ROW_STARTS: tl.constexpr, DIRECT: tl.constexpr,
-    CHUNKED: tl.constexpr, PREFETCH: tl.constexpr, KV_CVT: tl.constexpr,
+    CHUNKED: tl.constexpr, PREFETCH: tl.constexpr, KV_CVT: tl.constexpr, Q_F16: tl.constexpr,
 ):
     kvh = tl.program_id(0)
     if CHUNKED:  # num_splits: the list's capacity (decode_work.py); the partials are one row of entries
@@ -76,6 +77,8 @@ def _decode_stage1(
     heads = kvh * GROUP + offs_h
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+    if Q_F16:  # a float8 pool widened to halves (decode_splits.KvWiden): the dots in float16
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
     out, lse = attend_span(q, K_buf, V_buf, Req_to_token + row * stride_rt, start, end, kvh, sm_scale, v_scale,
                            stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
@@ -171,7 +174,9 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     if config is None:
         wide = shared is None and bs >= decode_wide_rows(num_kv_heads)
         config = decode_kernel_config(k_buf.element_size() == 1, wide)
-    kv_cvt = kv_convert_asm(k_buf.dtype, q.dtype, q.device) if config.inline_cvt else ""
+    kv_cvt = kv_convert_asm(k_buf.dtype, q.dtype, q.device, config.widen) if config.inline_cvt else ""
+    q_f16 = kv_widen_query_dtype(k_buf.dtype, q.dtype, config.widen) != q.dtype
+    k_scale, v_scale = (s * kv_widen_factor(k_buf.dtype, q.dtype, config.widen) for s in (k_scale, v_scale))
     _decode_stage1[(num_kv_heads, chunks) if chunks else (num_kv_heads, bs, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, shared.row_starts if shared is not None else None,
         table, mid_o, mid_lse, out, sm_scale * k_scale, float(v_scale),
@@ -180,7 +185,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         num_splits, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=config.block_n, num_warps=config.num_warps, num_stages=config.num_stages, PRECISION=precision,
         HAS_ROW_STARTS=shared is not None, DIRECT=direct, CHUNKED=bool(chunks), PREFETCH=config.prefetch,
-        KV_CVT=kv_cvt, **({"maxnreg": config.maxnreg} if config.maxnreg and q.is_cuda else {}),
+        KV_CVT=kv_cvt, Q_F16=q_f16, **({"maxnreg": config.maxnreg} if config.maxnreg and q.is_cuda else {}),
     )
     if direct:
         return out

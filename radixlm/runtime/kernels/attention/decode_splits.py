@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 DECODE_BLOCK_N = 64  # sequence positions per block of the decode kernel's stage 1
 # Wide passes (at least this many (request, kv head) programs, no shared prefixes) walk 128 positions per block: on an
@@ -30,6 +31,25 @@ def decode_block_n(bs: int, num_kv_heads: int, shared: bool, float8: bool = Fals
     return decode_kernel_config(float8, not shared and bs >= decode_wide_rows(num_kv_heads)).block_n
 
 
+class KvWiden(str, Enum):
+    """How stage 1 widens a float8 pool's K/V for its dots (model-dtype pools and float32 queries: ignored).
+
+    QUERY: to the query's dtype (bf16: the packed cvt to halves, then each half to bf16; span.kv_convert_asm).
+    F16: to halves by the packed cvt alone, one instruction per two elements; the query is cast to float16 once
+    (saturated to +-65504) and the dots run in float16 with float32 sums. Every e4m3/e5m2 value is a half exactly, a
+    bf16 query of magnitude 2^-14..65504 is too, and p (0..1) keeps 11 significant bits instead of bf16's 8: the
+    same as QUERY's arithmetic but for p's rounding, which is finer.
+    F16_BITS: as F16, but the halves are made with integer instructions (byte permute, and, shift, or: no conversion
+    unit); e4m3's then read value * 2^-8, and 2^8 is folded into the softmax scale (K) and the output scale (V).
+    F16_MIXED: as F16, half of each 4-element word by the packed cvt and half by F16_BITS's bit moves (e4m3's
+    then times 2^8 on the half pipe, exact): the two units share the widening."""
+
+    QUERY = "query"
+    F16 = "f16"
+    F16_BITS = "f16_bits"
+    F16_MIXED = "f16_mixed"
+
+
 @dataclass(frozen=True)
 class DecodeKernelConfig:
     """Stage 1's launch: positions per block, warps, Triton's pipeline stages, and how the walk prefetches
@@ -45,6 +65,7 @@ class DecodeKernelConfig:
     prefetch: int = 0
     inline_cvt: bool = True  # a float8 pool converted by span.kv_convert_asm on CUDA (False: the plain cast)
     maxnreg: int = 0  # registers per thread the compiler may use (0: its choice); 128 fits 4 programs of 4 warps
+    widen: KvWiden = KvWiden.QUERY  # a float8 pool's widening for the dots (KvWiden)
 
     def __post_init__(self):
         if self.block_n not in (16, 32, 64, 128, 256):
@@ -57,6 +78,10 @@ class DecodeKernelConfig:
             raise ValueError(f"DecodeKernelConfig.prefetch: 0, 1 or 2, got {self.prefetch}")
         if self.maxnreg and not 32 <= self.maxnreg <= 255:
             raise ValueError(f"DecodeKernelConfig.maxnreg: 0 or 32..255, got {self.maxnreg}")
+        if not isinstance(self.widen, KvWiden):
+            raise ValueError(f"DecodeKernelConfig.widen: a KvWiden, got {self.widen!r}")
+        if self.widen != KvWiden.QUERY and not self.inline_cvt:
+            raise ValueError("DecodeKernelConfig: widening to halves (widen F16, F16_BITS) needs inline_cvt")
         if self.prefetch and self.num_stages != 1:
             raise ValueError("DecodeKernelConfig: a prefetching walk runs with num_stages=1 (it is its own pipeline)")
 
@@ -69,10 +94,28 @@ class DecodeKernelConfig:
 # (benchmarks/RETIRED.md: decode_registers_sm90.py);
 # "n128p1r128" e4m3 128 (4; 9 spilled stores): a float8 block of 128 positions is bf16's 64 in bytes, at bf16's
 # occupancy, in half the round trips.
+# "...h" variants widen a float8 pool to halves (KvWiden.F16), "...b" with integer instructions (KvWiden.F16_BITS),
+# "...m" with both (KvWiden.F16_MIXED); a model-dtype pool skips them. Per thread and 128-position block of e4m3 (256
+# elements; sm_90, Triton 3.9, SASS of the loop): QUERY widens with 128 F2FP.F16.E4M3 (two elements each), 256
+# F2F.BF16.F16 (one each) and 128 PRMT, 1,144 instructions in all; F16 with the 128 F2FP alone, 763; F16_BITS with
+# 128 PRMT, 264 LOP3 and 129 LEA, 1,138, none on the conversion unit; F16_MIXED with 64 F2FP and 64 HMUL2 besides
+# half the bit moves, 1,024. Registers (stack bytes, spill loads/stores in the loop): "n128p1r128h" 128 (40, 7),
+# "n128p1r128b" 128 (8, 0), "p1h" 126 (0), "s3h" 124 (0), "n256w8p1r128h" 128 (24, 2), "n128w8p1h" 108 (0),
+# "n128p1h" 168 (8, 0), "s3b" 124 (0), "n128p1r128m" 128 (56, 12), "p1m" 128 (0).
 DECODE_VARIANTS = {  # likeliest first: a timed run under a budget drops the last ones
     "old": DecodeKernelConfig(64, 4, 2, 0, inline_cvt=False),  # the kernel before these variants
     "s3": DecodeKernelConfig(64, 4, 3, 0),
     "n128p1r128": DecodeKernelConfig(128, 4, 1, 1, maxnreg=128),
+    "n128p1r128h": DecodeKernelConfig(128, 4, 1, 1, maxnreg=128, widen=KvWiden.F16),
+    "p1h": DecodeKernelConfig(64, 4, 1, 1, widen=KvWiden.F16),
+    "s3h": DecodeKernelConfig(64, 4, 3, 0, widen=KvWiden.F16),
+    "p1m": DecodeKernelConfig(64, 4, 1, 1, widen=KvWiden.F16_MIXED),
+    "n128p1r128b": DecodeKernelConfig(128, 4, 1, 1, maxnreg=128, widen=KvWiden.F16_BITS),
+    "n128p1r128m": DecodeKernelConfig(128, 4, 1, 1, maxnreg=128, widen=KvWiden.F16_MIXED),
+    "n256w8p1r128h": DecodeKernelConfig(256, 8, 1, 1, maxnreg=128, widen=KvWiden.F16),
+    "n128w8p1h": DecodeKernelConfig(128, 8, 1, 1, widen=KvWiden.F16),
+    "n128p1h": DecodeKernelConfig(128, 4, 1, 1, widen=KvWiden.F16),
+    "s3b": DecodeKernelConfig(64, 4, 3, 0, widen=KvWiden.F16_BITS),
     "p1": DecodeKernelConfig(64, 4, 1, 1),
     "cvt": DecodeKernelConfig(64, 4, 2, 0),
     "p1r128": DecodeKernelConfig(64, 4, 1, 1, maxnreg=128),

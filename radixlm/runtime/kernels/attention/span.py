@@ -25,8 +25,69 @@ def _cvt_asm(src: str, bf16: bool) -> str:
             + "mov.b32 $0, {a0, a1};\nmov.b32 $1, {a2, a3};\n}")
 
 
+# e4m3 widened by moving its bits into a half (kv_widen_bits): the half reads the value times 2^-8 (exponent bias 15
+# against 7; e4m3's subnormals land on the half's subnormals, exactly). The kernel folds 2^8 into its scales.
+E4M3_BITS_FACTOR = 256.0
+
+
+def _bits_asm(src: str) -> str:
+    """Inline PTX for 4 packed float8 values to 4 halves with integer instructions only (no conversion unit): two byte
+    permutes put bytes 0,1 and 2,3 in the high bytes of two half pairs; e5m2 is then a half (its top byte), e4m3
+    moves its exponent and mantissa one bit down under the sign (value times 2^-8: E4M3_BITS_FACTOR)."""
+    if src == "e5m2":
+        return "prmt.b32 $0, $2, 0, 0x1404;\nprmt.b32 $1, $2, 0, 0x3424;"
+    return ("{\n.reg .b32 w0, w1, t0, t1;\nprmt.b32 w0, $2, 0, 0x1404;\nprmt.b32 w1, $2, 0, 0x3424;\n"
+            "and.b32 t0, w0, 0x7F007F00;\nand.b32 t1, w1, 0x7F007F00;\nshr.b32 t0, t0, 1;\nshr.b32 t1, t1, 1;\n"
+            "and.b32 w0, w0, 0x80008000;\nand.b32 w1, w1, 0x80008000;\nor.b32 $0, w0, t0;\nor.b32 $1, w1, t1;\n}")
+
+
+def _mixed_asm(src: str) -> str:
+    """Inline PTX for 4 packed float8 values to 4 halves, half of them by each unit: elements 0,1 by the packed cvt,
+    2,3 by _bits_asm's bit moves (e4m3: then times 2^8, exact, on the half pipe). e5m2 takes _bits_asm whole (its
+    bit moves are a byte permute)."""
+    if src == "e5m2":
+        return _bits_asm(src)
+    return ("{\n.reg .b16 lo, hi;\n.reg .b32 w, t, c;\nmov.b32 {lo, hi}, $2;\ncvt.rn.f16x2.e4m3x2 $0, lo;\n"
+            "prmt.b32 w, $2, 0, 0x3424;\nand.b32 t, w, 0x7F007F00;\nshr.b32 t, t, 1;\nand.b32 w, w, 0x80008000;\n"
+            "or.b32 w, w, t;\nmov.b32 c, 0x5C005C00;\nmul.rn.f16x2 $1, w, c;\n}")
+
+
+def kv_widen_bits(word: int, src: str) -> tuple[int, int]:
+    """_bits_asm on one 32-bit word (4 float8 bytes, element 0 lowest), in Python: the two half pairs it writes
+    (element 0 in the low half of the first). The tests check every byte value against the float8 value through it."""
+    b = [(word >> (8 * i)) & 0xFF for i in range(4)]
+    pairs = [(b[1] << 24) | (b[0] << 8), (b[3] << 24) | (b[2] << 8)]  # prmt 0x1404, 0x3424
+    if src == "e4m3":
+        pairs = [(w & 0x80008000) | ((w & 0x7F007F00) >> 1) for w in pairs]
+    return pairs[0], pairs[1]
+
+
+def kv_widen_factor(kv_dtype, q_dtype, widen) -> float:
+    """What the kernel multiplies its scales by for a pool widened as `widen` (decode_splits.KvWiden) for a query
+    of q_dtype: E4M3_BITS_FACTOR where kv_convert_asm widens e4m3 by its bits, else 1."""
+    import torch
+
+    from radixlm.runtime.kernels.attention.decode_splits import KvWiden
+
+    halves = kv_widen_query_dtype(kv_dtype, q_dtype, widen) == torch.float16
+    return E4M3_BITS_FACTOR if halves and widen == KvWiden.F16_BITS and kv_dtype == torch.float8_e4m3fn else 1.0
+
+
+def kv_widen_query_dtype(kv_dtype, q_dtype, widen):
+    """The dtype the kernel's dots take: float16 where a float8 pool is widened to halves (KvWiden.F16, F16_BITS) for
+    a bfloat16 or float16 query, else the query's."""
+    import torch
+
+    from radixlm.runtime.kernels.attention.decode_splits import KvWiden
+
+    if (widen != KvWiden.QUERY and kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+            and q_dtype in (torch.bfloat16, torch.float16)):
+        return torch.float16
+    return q_dtype
+
+
 @functools.lru_cache(maxsize=None)  # per launch of the eager passes: the device's capability read once
-def kv_convert_asm(kv_dtype, q_dtype, device) -> str:
+def kv_convert_asm(kv_dtype, q_dtype, device, widen=None) -> str:
     """The KV_CVT constexpr of a launch: the inline conversion of a float8 pool on CUDA to a bf16/fp16 query's dtype
     (the packed cvt needs sm_89, cvt.bf16.f16 sm_90), else "" (a plain cast: model-dtype pools, float32 queries, older
     GPUs, the interpreter).
@@ -35,16 +96,30 @@ def kv_convert_asm(kv_dtype, q_dtype, device) -> str:
     the cast, to move fewer bytes through shared memory; for V (read transposed) that becomes byte-wide shared loads,
     and the kernel needed 183 registers (2 programs per SM) against bf16's 96 (sm_90, Triton 3.6). The inline
     conversion is opaque (not pure) to that rewrite, so the tile converts where it was loaded, packed, and takes bf16's
-    path from there (128 registers)."""
+    path from there (128 registers).
+
+    widen (decode_splits.KvWiden; None: QUERY): F16 converts to halves whatever the query (the packed cvt alone, no
+    cvt.bf16.f16; the kernel's dots run in float16: kv_widen_query_dtype); F16_BITS widens with integer instructions
+    (_bits_asm) on CUDA, and where no inline PTX runs (the interpreter) with the same bit moves in Triton
+    ("bits_e4m3" / "bits_e5m2"); F16_MIXED splits each word between the two (_mixed_asm; the plain cast off CUDA)."""
     import torch
+
+    from radixlm.runtime.kernels.attention.decode_splits import KvWiden
 
     src = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}.get(kv_dtype)
     device = torch.device(device)
-    if device.type != "cuda" or src is None or q_dtype not in (torch.bfloat16, torch.float16):
+    widen = KvWiden.QUERY if widen is None else KvWiden(widen)
+    dot_dtype = kv_widen_query_dtype(kv_dtype, q_dtype, widen)
+    if src is None or dot_dtype not in (torch.bfloat16, torch.float16):
         return ""
-    if torch.cuda.get_device_capability(device) < ((9, 0) if q_dtype == torch.bfloat16 else (8, 9)):
+    cuda = device.type == "cuda"
+    if widen == KvWiden.F16_BITS and dot_dtype == torch.float16:
+        return _bits_asm(src) if cuda else f"bits_{src}"
+    if widen == KvWiden.F16_MIXED and dot_dtype == torch.float16 and cuda:
+        return _mixed_asm(src)
+    if not cuda or torch.cuda.get_device_capability(device) < ((9, 0) if dot_dtype == torch.bfloat16 else (8, 9)):
         return ""
-    return _cvt_asm(src, q_dtype == torch.bfloat16)
+    return _cvt_asm(src, dot_dtype == torch.bfloat16)
 
 
 @triton.jit
@@ -52,6 +127,11 @@ def _like(x, q, KV_CVT: tl.constexpr):
     """x in q's dtype."""
     if KV_CVT == "":
         return x.to(q.dtype)
+    elif KV_CVT == "bits_e4m3":  # _bits_asm's bit moves in Triton (no inline PTX): the half of value * 2^-8
+        b = x.to(tl.uint8, bitcast=True).to(tl.uint16)
+        return (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True)
+    elif KV_CVT == "bits_e5m2":
+        return (x.to(tl.uint8, bitcast=True).to(tl.uint16) << 8).to(tl.float16, bitcast=True)
     else:
         return tl.inline_asm_elementwise(KV_CVT, "=r,=r,r", [x], dtype=q.dtype, is_pure=False, pack=4)
 

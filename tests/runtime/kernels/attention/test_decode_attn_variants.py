@@ -130,9 +130,11 @@ def config_cases(device: str) -> None:
     walk reads the same blocks in the same order)."""
     from radixlm.runtime.cache.kv_quant import quantize_kv
     from radixlm.runtime.kernels.attention.decode import decode_attention
-    from radixlm.runtime.kernels.attention.decode_splits import DECODE_VARIANTS
+    from radixlm.runtime.kernels.attention.decode_splits import DECODE_VARIANTS, KvWiden
 
-    walks = {(c.block_n, c.prefetch): c for c in DECODE_VARIANTS.values()}  # the interpreter ignores warps, stages
+    # The interpreter ignores warps and stages; the widening configs (test_decode_kv_widen.py) are the query dtype's
+    # for float32 queries.
+    walks = {(c.block_n, c.prefetch): c for c in DECODE_VARIANTS.values() if c.widen == KvWiden.QUERY}
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     for i, (splits, kv_dtype, lens) in enumerate([(3, None, [2, 300, 129]), (1, torch.float8_e4m3fn, [1, 200, 64])]):
         q, k, v, rt, rows, seq_lens = make_case(3, 8, 2, 16, 0, (1, 16)[i], torch.float32, device, seed=70 + i,
