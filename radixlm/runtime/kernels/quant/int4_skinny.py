@@ -22,19 +22,25 @@ weight is not rounded to the activation dtype (the reference rounds it): sums di
 and bfloat16 roundings only."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from radixlm.runtime.kernels.quant import splitk, tiles
+from radixlm.runtime.kernels.quant import int4_packed, splitk, tiles
 from radixlm.runtime.kernels.quant.x_words import store_rows, widen_word
 
 MAX_ROWS = 4
 _XKIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
 
+@dataclass(frozen=True)
 class Int4GemvConfig(tiles.SkinnyConfig):
-    """int4_skinny's launch; block_k is capped by the group size (int4_gemm.int4_block_k)."""
+    """int4_skinny's launch; block_k is capped by the group size (int4_gemm.int4_block_k). packed: int4_packed.py's
+    bf16x2 kernel for bfloat16 activations (float16 ones keep this module's float32 kernel)."""
+
+    packed: bool = False
 
 
 @triton.jit
@@ -204,18 +210,19 @@ def w4a16_skinny_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.T
     if xkind != 2 and (x2.stride(1) != 1 or x2.stride(0) % 4 or x2.data_ptr() % 8):
         x2 = x2.clone()
     xw = x2 if xkind == 2 else x2.view(torch.int64)
+    packed = cfg.packed and xkind != 1
     cfg_tiles = triton.cdiv(k, block_k)
     per = triton.cdiv(cfg_tiles, min(cfg.split_k, cfg_tiles))
     splits = triton.cdiv(cfg_tiles, per)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     out = y if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x2.device)
-    _w4a16_skinny_kernel[(triton.cdiv(n, cfg.block_n), splits)](
+    kernel, extra = ((int4_packed._w4a16_packed_kernel, {}) if packed else (_w4a16_skinny_kernel, {"XKIND": xkind}))
+    kernel[(triton.cdiv(n, cfg.block_n), splits)](
         xw, qweight, scales, zeros, bias if bias is not None else y, out, m, n, k, group_size, xw.stride(0),
         qweight.stride(0), scales.stride(0), out.stride(-2), out.stride(0) if splits > 1 else 0, per,
         ROWS=tiles.ROW_BUCKETS[tiles.bucket_of(m)], HAS_BIAS=bias is not None, SPLIT=splits > 1,
-        EVEN_K=k % block_k == 0, EVEN_N=n % cfg.block_n == 0, XKIND=xkind, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
-        ASM=x2.is_cuda,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        EVEN_K=k % block_k == 0, EVEN_N=n % cfg.block_n == 0, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
+        ASM=x2.is_cuda, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
     if splits > 1:
         splitk.reduce_splits(out, bias, y)
     return y

@@ -65,6 +65,22 @@ def run_cases() -> None:
         sb, zb = sc.bfloat16(), z.bfloat16()
         _close(w4a16_skinny_linear(xb, qw, sb, zb, group, perm, bias, cfg),
                ref.int4_linear(xb.float(), qw, sb.float(), zb.float(), group, perm, bias).bfloat16(), 1e-2)
+    packed = [  # int4_packed.py's roundings emulated (bf16 products and half-word sums): rows 1, 2, 3 -> 4, split K,
+        # N and K past a tile, act-order, bias
+        (16, 256, 64, False, Int4GemvConfig(16, 64, 2, 1, 1, packed=True), (1, 3)),
+        (24, 200, 200, True, Int4GemvConfig(16, 64, 1, 1, 1, packed=True), (2,))]
+    for i, (n, k, group, act, cfg, rows) in enumerate(packed):
+        qw, sc, z = ref.quant_int4(torch.randn(n, k, generator=g) * 0.05, group)
+        perm = torch.randperm(k, generator=g) if act else None
+        bias = torch.randn(n, generator=g) if i else None
+        for m in rows:
+            x = torch.randn(m, k, generator=g).bfloat16().float()
+            want = ref.int4_linear(x, qw, sc, z, group, perm, bias)
+            _close(w4a16_skinny_linear(x, qw, sc, z, group, perm, bias, cfg), want, 1e-2)
+            if m == 1:  # not the float32 kernel's result: the packed sums are rounded
+                assert not torch.equal(w4a16_skinny_linear(x, qw, sc, z, group, perm, bias, cfg),
+                                       w4a16_skinny_linear(x, qw, sc, z, group, perm, bias,
+                                                           Int4GemvConfig(16, 64, 2, 1, 1)))
     with pytest.raises(ValueError, match="few-row"):
         fp8_gemv_linear(torch.randn(5, 256), *ref.quant_fp8(torch.randn(32, 256), per_channel=True), None, None,
                         fp8[0][3])
