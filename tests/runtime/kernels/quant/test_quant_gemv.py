@@ -163,5 +163,62 @@ def test_tuned_dispatch_cuda(monkeypatch):
     _close(y, ref.fp8_linear(x, q, s), 2e-2)
 
 
+def _loop_ops(sass: str) -> list[str]:
+    """The opcodes of the SASS's longest loop (a backward branch to a label)."""
+    import re
+
+    labels, ops = {}, []
+    for line in sass.split("\n"):
+        if m := re.match(r"\s*\.(L_x_\d+):", line):
+            labels[m.group(1)] = len(ops)
+        elif m := re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*);", line):
+            ops.append((m.group(1).split(".")[0], m.group(2)))
+    best: list[str] = []
+    for i, (op, rest) in enumerate(ops):
+        target = re.search(r"\(\.(L_x_\d+)\)", rest)
+        if op == "BRA" and target and labels.get(target.group(1), i + 1) <= i:
+            best = max(best, [o for o, _ in ops[labels[target.group(1)]:i + 1]], key=len)
+    return best
+
+
+@pytest.mark.skipif(not interpreter_works(), reason="needs Triton 3.7+ with its bundled ptxas and nvdisasm")
+def test_the_packed_kernel_builds_for_sm90():
+    """int4_packed's inline asm (which the interpreter cannot run) passes ptxas for sm_90 (Triton's bundled tools, no
+    GPU): no spills, the packed bf16x2 arithmetic and PRMT pairs in the K loop, under 3.2 instructions a weight at one
+    row (int4_skinny's float32 kernel: ~4.3 at this tile, 255 registers)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from radixlm.runtime.kernels.quant import int4_packed
+
+    ints = ("M", "N", "K", "group_size", "stride_xm", "stride_qk", "stride_sg", "stride_ym", "stride_ys",
+            "tiles_per_split")
+    sig = {"X": "*i64", "QW": "*i32", "S": "*bf16", "Z": "*bf16", "Bias": "*bf16", "Y": "*fp32",
+           **{name: "i32" for name in ints}}
+    block_n, block_k, warps = 512, 64, 4
+    consts = dict(ROWS=1, HAS_BIAS=False, SPLIT=True, EVEN_K=True, EVEN_N=True, BLOCK_N=block_n, BLOCK_K=block_k,
+                  ASM=True)
+    sig.update({name: "constexpr" for name in consts})
+    aligned = [i for i, name in enumerate(sig) if name not in ("M", "stride_xm", "tiles_per_split") and i < 16]
+    src = ASTSource(int4_packed._w4a16_packed_kernel, sig, constexprs=consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
+    assert "fma.rn.bf16x2" in kernel.asm["ptx"] and "prmt.b32" in kernel.asm["ptx"]
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True).stdout
+    ops = _loop_ops(sass)
+    assert "LDL" not in sass and "STL" not in sass
+    assert ops.count("PRMT") >= block_k // 8 * 4 and sum(map(ops.count, ("HFMA2", "HADD2", "HMUL2"))) >= 8 * 32
+    assert len(ops) / (block_n * block_k / (32 * warps)) < 3.2, len(ops)
+
+
 if __name__ == "__main__":
     run_cases()
