@@ -102,6 +102,9 @@ def test_tuned_table_parses_and_refuses_bad_entries():
         _entry("w4a16", 2, {"block_n": 256, "block_k": 64, "split_k": 4, "num_warps": 4, "num_stages": 1}, 128)])
     assert table[quant_tuned.TunedKey("fp8_channel", 4096, 4096, 1, 0)] == Fp8GemvConfig(4, 1024, 1, 4, 1)
     assert table[quant_tuned.TunedKey("w4a16", 4096, 4096, 2, 128)] == Int4GemvConfig(256, 64, 4, 4, 1)
+    packed = quant_tuned.parse([_entry("w4a16", 1, {"block_n": 128, "block_k": 64, "split_k": 32, "num_warps": 1,
+                                                    "num_stages": 1, "packed": True}, 128)])
+    assert packed[quant_tuned.TunedKey("w4a16", 4096, 4096, 1, 128)] == Int4GemvConfig(128, 64, 32, 1, 1, True)
     good = {"block_n": 4, "block_k": 1024, "split_k": 1, "num_warps": 4, "num_stages": 1}
     for bad in (_entry("fp8_tensor", 1, good), _entry("fp8_channel", 3, good), _entry("fp8_channel", 8, good),
                 _entry("fp8_channel", 1, {**good, "block_n": 3}), _entry("fp8_channel", 1, {**good, "split_k": 99}),
