@@ -76,11 +76,10 @@ def run_cases() -> None:
         for m in rows:
             x = torch.randn(m, k, generator=g).bfloat16().float()
             want = ref.int4_linear(x, qw, sc, z, group, perm, bias)
-            _close(w4a16_skinny_linear(x, qw, sc, z, group, perm, bias, cfg), want, 1e-2)
+            got = w4a16_skinny_linear(x, qw, sc, z, group, perm, bias, cfg)
+            _close(got, want, 1e-2)
             if m == 1:  # not the float32 kernel's result: the packed sums are rounded
-                assert not torch.equal(w4a16_skinny_linear(x, qw, sc, z, group, perm, bias, cfg),
-                                       w4a16_skinny_linear(x, qw, sc, z, group, perm, bias,
-                                                           Int4GemvConfig(16, 64, 2, 1, 1)))
+                assert (got - want).abs().max() > 1e-6 * want.abs().max()
     with pytest.raises(ValueError, match="few-row"):
         fp8_gemv_linear(torch.randn(5, 256), *ref.quant_fp8(torch.randn(32, 256), per_channel=True), None, None,
                         fp8[0][3])
