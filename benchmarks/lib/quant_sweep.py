@@ -41,22 +41,23 @@ def int4_candidates(rows: int) -> list[tuple[int, int, int, bool]]:
     warp along N, so that the scales' and zeros' loads share the words' layout (otherwise converted through shared
     memory each tile). The float32 kernel's (packed False): the configs the H200's table holds and their neighbours
     (the (256, 64, 4) and (256, 32, 2) ones never won at 1-2 rows); the packed kernel's: bytes in flight an SM from
-    ~40 KB (512 x 32, five programs) to ~64 KB (1024 x 64 on eight warps), and narrower programs (more of them)
-    for the N = 4096 shapes."""
+    ~40 KB (512 x 32, five programs) to ~64 KB (128 x 128 on one warp, eight programs of 254 registers), and narrower
+    programs (more of them) for the N = 4096 shapes; its splits may leave one tile a program (all of a program's
+    weight loaded at once)."""
     return {1: [(512, 32, 4, False), (512, 64, 4, False), (1024, 32, 8, False), (512, 64, 4, True),
-                (512, 32, 4, True), (1024, 64, 8, True), (256, 64, 2, True), (128, 64, 1, True)],
+                (512, 32, 4, True), (256, 64, 2, True), (128, 64, 1, True), (128, 128, 1, True)],
             2: [(512, 32, 4, False), (1024, 32, 8, False), (512, 64, 4, True), (256, 64, 2, True)],
             4: [(512, 32, 4, False), (256, 32, 2, False), (1024, 32, 8, False), (512, 32, 4, True),
                 (256, 32, 2, True)]}[rows]
 
 
 def splits(n: int, k: int, block_n: int, block_k: int, sms: int, per_sm: tuple[int, ...] = (PROGRAMS_PER_SM,),
-           unsplit: bool = True, most: int = 16) -> list[int]:
+           unsplit: bool = True, most: int = 16, min_tiles: int = 2) -> list[int]:
     """No split (unless not unsplit), and the splits (at most `most`) that bring N's programs to per_sm programs an
-    SM (at least two tiles each)."""
+    SM (at least min_tiles tiles each)."""
     programs = -(-n // block_n)
     k_tiles = -(-k // block_k)
-    wants = {min(most, max(1, (p * sms) // programs), max(1, k_tiles // 2)) for p in per_sm}
+    wants = {min(most, max(1, (p * sms) // programs), max(1, k_tiles // min_tiles)) for p in per_sm}
     return sorted(wants | ({1} if unsplit else set()))
 
 
@@ -77,7 +78,8 @@ def gemv_configs(fmt: str, rows: int, n: int, k: int, sms: int, dry: bool) -> li
             bn = bn if not dry else 16
             per_sm = PACKED_PROGRAMS_PER_SM if packed else (PROGRAMS_PER_SM,)
             out += [Int4GemvConfig(bn, bk, s, warps if not dry else 1, 1, packed)
-                    for s in splits(n, k, bn, bk, sms, per_sm, not packed, PACKED_MAX_SPLIT if packed else 16)]
+                    for s in (splits(n, k, bn, bk, sms, per_sm, False, PACKED_MAX_SPLIT, 1) if packed
+                              else splits(n, k, bn, bk, sms))]
     return list(dict.fromkeys(out))
 
 
