@@ -29,6 +29,10 @@ outliers above 4096 would overflow): they run int4_skinny's float32 kernel at th
 (no inline asm) the same roundings are emulated in float32 (.to(bfloat16) at each step)."""
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 
@@ -105,13 +109,50 @@ def _row_sum_emulated(X, row, kp, kp_mask, words, z):
     return lo + hi
 
 
-@triton.jit(do_not_specialize=["M", "stride_ys", "tiles_per_split"], do_not_specialize_on_alignment=["X"])
-def _w4a16_packed_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, stride_qk, stride_sg, stride_ym,
-                         stride_ys, tiles_per_split, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         ASM: tl.constexpr):
+@triton.jit
+def _split_sum(Y, row, offs_n, n_mask, stride_ys, splits, SPLIT_P2: tl.constexpr):
+    """sum_s Y[s, row] over the splits as one [SPLIT_P2, BLOCK_N] load (one L2 round trip, not one a split), added
+    inside each thread in split order; L2 reads (.cg): the partials were written by other SMs."""
+    offs_s = tl.arange(0, SPLIT_P2)
+    parts = tl.load(Y + row + offs_s[:, None] * stride_ys + offs_n[None, :],
+                    mask=(offs_s < splits)[:, None] & n_mask[None, :], other=0.0, cache_modifier=".cg")
+    return tl.sum(parts, axis=0)
+
+
+@triton.jit
+def _reduce_in_kernel(Y, Out, Bias, Cnt, offs_n, n_mask, pid_n, M, stride_ym, stride_ys, stride_om, splits,
+                      ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_P2: tl.constexpr):
+    """After this program's partial is in Y[pid_k]: the last of column tile pid_n's `splits` programs to arrive (the
+    counter Cnt[pid_n], released after the program's stores, acquired before the loads) sums the partials (the sum's
+    order does not depend on which program arrives last) into Out, plus the bias, and zeroes the counter for the next
+    launch on the stream."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(Cnt + pid_n, 1, sem="acq_rel", scope="gpu")
+    if arrived == splits - 1:
+        y0 = _split_sum(Y, 0, offs_n, n_mask, stride_ys, splits, SPLIT_P2)
+        y1 = y0
+        y2 = y0
+        y3 = y0
+        if ROWS > 1:  # rows past M: partials never stored, outputs never stored
+            y1 = _split_sum(Y, stride_ym, offs_n, n_mask, stride_ys, splits, SPLIT_P2)
+        if ROWS > 2:
+            y2 = _split_sum(Y, 2 * stride_ym, offs_n, n_mask, stride_ys, splits, SPLIT_P2)
+            y3 = _split_sum(Y, 3 * stride_ym, offs_n, n_mask, stride_ys, splits, SPLIT_P2)
+        store_rows(Out, Bias, offs_n, n_mask, 0, M, stride_om, 0, y0, y1, y2, y3, ROWS, HAS_BIAS, False)
+        tl.atomic_xchg(Cnt + pid_n, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit(do_not_specialize=["M", "stride_ys", "tiles_per_split", "splits"],
+            do_not_specialize_on_alignment=["X"])
+def _w4a16_packed_kernel(X, QW, S, Z, Bias, Y, Out, Cnt, M, N, K, group_size, stride_xm, stride_qk, stride_sg,
+                         stride_ym, stride_ys, stride_om, tiles_per_split, splits, ROWS: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FUSED: tl.constexpr, EVEN_K: tl.constexpr,
+                         EVEN_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
+                         SPLIT_P2: tl.constexpr):
     """int4_skinny._w4a16_skinny_kernel's launch and result (rows past M, up to ROWS <= 4, repeat row M - 1 and are
-    not stored); X: int64 words of four bf16 (ASM) or float32 (the interpreter's emulation)."""
+    not stored); X: int64 words of four bf16 (ASM) or float32 (the interpreter's emulation). SPLIT: Y holds the
+    float32 partials; FUSED (with SPLIT): the column tile's last program sums them into Out (_reduce_in_kernel),
+    else splitk.reduce_splits does, in a launch of its own."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -169,3 +210,39 @@ def _w4a16_packed_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, s
                 acc2 += s * tl.sum(_row_sum_emulated(X, r2, kp, kp_mask, words, z), axis=0)
                 acc3 += s * tl.sum(_row_sum_emulated(X, r3, kp, kp_mask, words, z), axis=0)
     store_rows(Y, Bias, offs_n, n_mask, pid_k, M, stride_ym, stride_ys, acc0, acc1, acc2, acc3, ROWS, HAS_BIAS, SPLIT)
+    if SPLIT and FUSED:
+        _reduce_in_kernel(Y, Out, Bias, Cnt, offs_n, n_mask, pid_n, M, stride_ym, stride_ys, stride_om, splits, ROWS,
+                          HAS_BIAS, SPLIT_P2)
+
+
+COUNTER_SLOTS = 4096  # column tiles a fused launch may have (N / BLOCK_N)
+
+
+@dataclass
+class SplitCounters:
+    """One device's arrival counters of the fused split-K reduction, one int32 a column tile, zero between launches
+    (each launch's last programs zero theirs). Launches on one stream run one after another, so they share the slots;
+    W4A16 GEMMs on two streams at once must not both use them (radixlm runs its GEMMs on the forward pass's stream)."""
+
+    device: torch.device
+    counters: torch.Tensor | None = None
+
+    def take(self, slots: int, capturing: bool) -> torch.Tensor | None:
+        """The counters, or None (the caller launches the separate reduction): more column tiles than COUNTER_SLOTS,
+        or inside a CUDA-graph capture before any eager launch allocated them (a capture allocates nothing here)."""
+        if self.counters is None:
+            if capturing:
+                return None
+            self.counters = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=self.device)
+        return self.counters if slots <= COUNTER_SLOTS else None
+
+
+@functools.cache
+def _split_counters(device_type: str, index: int | None) -> SplitCounters:
+    return SplitCounters(torch.device(device_type, index) if index is not None else torch.device(device_type))
+
+
+def split_counters(device: torch.device) -> SplitCounters:
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _split_counters(device.type, device.index)

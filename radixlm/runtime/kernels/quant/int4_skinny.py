@@ -41,6 +41,14 @@ class Int4GemvConfig(tiles.SkinnyConfig):
     bf16x2 kernel for bfloat16 activations (float16 ones keep this module's float32 kernel)."""
 
     packed: bool = False
+    # with packed and a split K: the last program of a column tile sums the partials (int4_packed._reduce_in_kernel),
+    # one launch instead of two
+    fused_reduce: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.fused_reduce and not self.packed:
+            raise ValueError(f"Int4GemvConfig: fused_reduce needs packed, got {self}")
 
 
 @triton.jit
@@ -216,13 +224,25 @@ def w4a16_skinny_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.T
     splits = triton.cdiv(cfg_tiles, per)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     out = y if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x2.device)
-    kernel, extra = ((int4_packed._w4a16_packed_kernel, {}) if packed else (_w4a16_skinny_kernel, {"XKIND": xkind}))
-    kernel[(triton.cdiv(n, cfg.block_n), splits)](
-        xw, qweight, scales, zeros, bias if bias is not None else y, out, m, n, k, group_size, xw.stride(0),
-        qweight.stride(0), scales.stride(0), out.stride(-2), out.stride(0) if splits > 1 else 0, per,
-        ROWS=tiles.ROW_BUCKETS[tiles.bucket_of(m)], HAS_BIAS=bias is not None, SPLIT=splits > 1,
-        EVEN_K=k % block_k == 0, EVEN_N=n % cfg.block_n == 0, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
-        ASM=x2.is_cuda, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
-    if splits > 1:
+    grid_n = triton.cdiv(n, cfg.block_n)
+    counters = None
+    if packed and cfg.fused_reduce and splits > 1:
+        capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
+        counters = int4_packed.split_counters(x2.device).take(grid_n, capturing)
+    b = bias if bias is not None else y
+    head = (xw, qweight, scales, zeros, b, out)
+    ints = (m, n, k, group_size, xw.stride(0), qweight.stride(0), scales.stride(0), out.stride(-2),
+            out.stride(0) if splits > 1 else 0)
+    consts = dict(ROWS=tiles.ROW_BUCKETS[tiles.bucket_of(m)], HAS_BIAS=bias is not None, SPLIT=splits > 1,
+                  EVEN_K=k % block_k == 0, EVEN_N=n % cfg.block_n == 0, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
+                  ASM=x2.is_cuda, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if packed:
+        int4_packed._w4a16_packed_kernel[(grid_n, splits)](
+            *head, y, counters if counters is not None else qweight, *ints[:-1], ints[-1], y.stride(0), per, splits,
+            FUSED=counters is not None, SPLIT_P2=triton.next_power_of_2(splits) if counters is not None else 1,
+            **consts)
+    else:
+        _w4a16_skinny_kernel[(grid_n, splits)](*head, *ints, per, XKIND=xkind, **consts)
+    if splits > 1 and counters is None:
         splitk.reduce_splits(out, bias, y)
     return y

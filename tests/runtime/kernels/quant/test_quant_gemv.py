@@ -65,10 +65,11 @@ def run_cases() -> None:
         sb, zb = sc.bfloat16(), z.bfloat16()
         _close(w4a16_skinny_linear(xb, qw, sb, zb, group, perm, bias, cfg),
                ref.int4_linear(xb.float(), qw, sb.float(), zb.float(), group, perm, bias).bfloat16(), 1e-2)
-    packed = [  # int4_packed.py's roundings emulated (bf16 products and half-word sums): rows 1, 2, 3 -> 4, split K,
-        # N and K past a tile, act-order, bias
-        (16, 256, 64, False, Int4GemvConfig(16, 64, 2, 1, 1, packed=True), (1, 3)),
-        (24, 200, 200, True, Int4GemvConfig(16, 64, 1, 1, 1, packed=True), (2,))]
+    packed = [  # int4_packed.py's roundings emulated (bf16 products and half-word sums): rows 1, 2, 3 -> 4, split K
+        # summed in the kernel (fused) and apart, N and K past a tile, act-order, bias
+        (16, 256, 64, False, Int4GemvConfig(16, 64, 2, 1, 1, packed=True, fused_reduce=True), (1, 3)),
+        (24, 200, 200, True, Int4GemvConfig(16, 64, 2, 1, 1, packed=True), (2,)),
+        (40, 256, 128, False, Int4GemvConfig(16, 32, 4, 1, 1, packed=True, fused_reduce=True), (2,))]
     for i, (n, k, group, act, cfg, rows) in enumerate(packed):
         qw, sc, z = ref.quant_int4(torch.randn(n, k, generator=g) * 0.05, group)
         perm = torch.randperm(k, generator=g) if act else None
@@ -80,6 +81,11 @@ def run_cases() -> None:
             _close(got, want, 1e-2)
             if m == 1:  # not the float32 kernel's result: the packed sums are rounded
                 assert (got - want).abs().max() > 1e-6 * want.abs().max()
+    from radixlm.runtime.kernels.quant.int4_packed import split_counters
+
+    assert not split_counters(torch.device("cpu")).counters.any()  # the last programs zeroed their counters
+    with pytest.raises(ValueError, match="fused_reduce needs packed"):
+        Int4GemvConfig(16, 64, 2, 1, 1, fused_reduce=True)
     with pytest.raises(ValueError, match="few-row"):
         fp8_gemv_linear(torch.randn(5, 256), *ref.quant_fp8(torch.randn(32, 256), per_channel=True), None, None,
                         fp8[0][3])
@@ -186,8 +192,8 @@ def _loop_ops(sass: str) -> list[str]:
 @pytest.mark.skipif(not interpreter_works(), reason="needs Triton 3.7+ with its bundled ptxas and nvdisasm")
 def test_the_packed_kernel_builds_for_sm90():
     """int4_packed's inline asm (which the interpreter cannot run) passes ptxas for sm_90 (Triton's bundled tools, no
-    GPU): no spills, the packed bf16x2 arithmetic and PRMT pairs in the K loop, under 3.2 instructions a weight at one
-    row (int4_skinny's float32 kernel: ~4.3 at this tile, 255 registers)."""
+    GPU), with the fused split-K reduction: no spills, the packed bf16x2 arithmetic and PRMT pairs in the K loop, under
+    3.2 instructions a weight at one row (int4_skinny's float32 kernel: ~4.3 at this tile, 255 registers)."""
     import subprocess
     import tempfile
     from pathlib import Path
@@ -199,18 +205,20 @@ def test_the_packed_kernel_builds_for_sm90():
     from radixlm.runtime.kernels.quant import int4_packed
 
     ints = ("M", "N", "K", "group_size", "stride_xm", "stride_qk", "stride_sg", "stride_ym", "stride_ys",
-            "tiles_per_split")
-    sig = {"X": "*i64", "QW": "*i32", "S": "*bf16", "Z": "*bf16", "Bias": "*bf16", "Y": "*fp32",
-           **{name: "i32" for name in ints}}
+            "stride_om", "tiles_per_split", "splits")
+    sig = {"X": "*i64", "QW": "*i32", "S": "*bf16", "Z": "*bf16", "Bias": "*bf16", "Y": "*fp32", "Out": "*bf16",
+           "Cnt": "*i32", **{name: "i32" for name in ints}}
     block_n, block_k, warps = 512, 64, 4
-    consts = dict(ROWS=1, HAS_BIAS=False, SPLIT=True, EVEN_K=True, EVEN_N=True, BLOCK_N=block_n, BLOCK_K=block_k,
-                  ASM=True)
+    consts = dict(ROWS=1, HAS_BIAS=False, SPLIT=True, FUSED=True, SPLIT_P2=32, EVEN_K=True, EVEN_N=True,
+                  BLOCK_N=block_n, BLOCK_K=block_k, ASM=True)
     sig.update({name: "constexpr" for name in consts})
-    aligned = [i for i, name in enumerate(sig) if name not in ("M", "stride_xm", "tiles_per_split") and i < 16]
+    aligned = [i for i, name in enumerate(sig)
+               if name not in ("Cnt", "M", "stride_xm", "tiles_per_split", "splits") and name not in consts]
     src = ASTSource(int4_packed._w4a16_packed_kernel, sig, constexprs=consts,
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
     assert "fma.rn.bf16x2" in kernel.asm["ptx"] and "prmt.b32" in kernel.asm["ptx"]
+    assert "atom.global.gpu.acq_rel.add" in kernel.asm["ptx"] and "ld.global.cg" in kernel.asm["ptx"]  # fused split K
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
