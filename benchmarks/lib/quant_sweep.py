@@ -39,16 +39,14 @@ def fp8_candidates(rows: int) -> list[tuple[int, int]]:
 def int4_candidates(rows: int) -> list[tuple[int, int, int, bool]]:
     """(BLOCK_N, BLOCK_K, num_warps, packed): 4 words (16 bytes) a thread along N. BLOCK_N = 128 x num_warps puts every
     warp along N, so that the scales' and zeros' loads share the words' layout (otherwise converted through shared
-    memory each tile). The float32 kernel's (packed False): the configs the H200's table holds and their neighbours
-    (the (256, 64, 4) and (256, 32, 2) ones never won at 1-2 rows); the packed kernel's: bytes in flight an SM from
-    ~40 KB (512 x 32, five programs) to ~64 KB (128 x 128 on one warp, eight programs of 254 registers), and narrower
-    programs (more of them) for the N = 4096 shapes; its splits may leave one tile a program (all of a program's
-    weight loaded at once)."""
-    return {1: [(512, 32, 4, False), (512, 64, 4, False), (1024, 32, 8, False), (512, 64, 4, True),
-                (512, 32, 4, True), (256, 64, 2, True), (128, 64, 1, True), (128, 128, 1, True)],
+    memory each tile). The float32 kernel's (packed False): the configs the H200's table holds; the packed kernel's:
+    bytes in flight an SM from ~40 KB (512 x 32, five programs) to ~64 KB (128 x 128 on one warp, eight programs of
+    254 registers), and narrower programs (more of them) for the N = 4096 shapes; its splits may leave one tile a
+    program (all of a program's weight loaded at once)."""
+    return {1: [(512, 64, 4, False), (512, 64, 4, True), (512, 32, 4, True), (256, 64, 2, True), (128, 64, 1, True),
+                (128, 128, 1, True)],
             2: [(512, 32, 4, False), (1024, 32, 8, False), (512, 64, 4, True), (256, 64, 2, True)],
-            4: [(512, 32, 4, False), (256, 32, 2, False), (1024, 32, 8, False), (512, 32, 4, True),
-                (256, 32, 2, True)]}[rows]
+            4: [(512, 32, 4, False), (1024, 32, 8, False), (512, 32, 4, True), (256, 32, 2, True)]}[rows]
 
 
 def splits(n: int, k: int, block_n: int, block_k: int, sms: int, per_sm: tuple[int, ...] = (PROGRAMS_PER_SM,),
@@ -74,12 +72,17 @@ def gemv_configs(fmt: str, rows: int, n: int, k: int, sms: int, dry: bool) -> li
             bk = 256 * warps if not dry else 64
             out += [Fp8GemvConfig(bn, bk, s, warps if not dry else 1, 1) for s in splits(n, k, bn, bk, sms)]
     else:
+        first_packed = True
         for bn, bk, warps, packed in int4_candidates(rows):
-            bn = bn if not dry else 16
-            per_sm = PACKED_PROGRAMS_PER_SM if packed else (PROGRAMS_PER_SM,)
-            out += [Int4GemvConfig(bn, bk, s, warps if not dry else 1, 1, packed)
-                    for s in (splits(n, k, bn, bk, sms, per_sm, False, PACKED_MAX_SPLIT, 1) if packed
-                              else splits(n, k, bn, bk, sms))]
+            bn, warps = (bn, warps) if not dry else (16, 1)
+            if not packed:
+                out += [Int4GemvConfig(bn, bk, s, warps, 1) for s in splits(n, k, bn, bk, sms)]
+                continue
+            # the split summed in the kernel (fused_reduce), and for the first packed shape by reduce_splits too
+            for s in splits(n, k, bn, bk, sms, PACKED_PROGRAMS_PER_SM, False, PACKED_MAX_SPLIT, 1):
+                out += [Int4GemvConfig(bn, bk, s, warps, 1, True, fused) for fused in
+                        ((s > 1,) if not first_packed else tuple({s > 1, False}))]
+            first_packed = False
     return list(dict.fromkeys(out))
 
 
