@@ -171,6 +171,38 @@ def test_tuned_dispatch_cuda(monkeypatch):
     _close(y, ref.fp8_linear(x, q, s), 2e-2)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_packed_dispatch_cuda(monkeypatch):
+    """The packed kernel through a tuned table (fused split K at 1 and 4 rows, reduce_splits at 2; float16 takes the
+    float32 kernel), eager and replayed twice from a CUDA graph (the arrival counters back at zero each time)."""
+    from radixlm.runtime.kernels import quant
+    from radixlm.runtime.kernels.quant.int4_packed import split_counters
+
+    n, k = 4096, 4096
+    cfgs = {1: (128, 128, 32, 1, True), 2: (512, 64, 16, 4, False), 4: (256, 32, 16, 2, True)}
+    entries = [{"kernel": "w4a16", "n": n, "k": k, "rows": r, "group": 128,
+                "config": {"block_n": bn, "block_k": bk, "split_k": sk, "num_warps": nw, "num_stages": 1,
+                           "packed": True, "fused_reduce": fused}} for r, (bn, bk, sk, nw, fused) in cfgs.items()]
+    monkeypatch.setattr(quant_tuned, "_table", lambda name: quant_tuned.parse(entries))
+    w = torch.randn(n, k, device="cuda") * 0.02
+    for dtype in (torch.bfloat16, torch.float16):
+        qw, sc, z = ref.quant_int4(w, 128, dtype=dtype)
+        for m in (1, 2, 3, 4):
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            _close(quant.int4_linear(x, qw, sc, z, 128), ref.int4_linear(x, qw, sc, z, 128), 2e-2)
+    qw, sc, z = ref.quant_int4(w, 128, dtype=torch.bfloat16)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    quant.int4_linear(x, qw, sc, z, 128)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = quant.int4_linear(x, qw, sc, z, 128)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        _close(y, ref.int4_linear(x, qw, sc, z, 128), 2e-2)
+    assert not split_counters(x.device).counters.any()
+
+
 def _loop_ops(sass: str) -> list[str]:
     """The opcodes of the SASS's longest loop (a backward branch to a label)."""
     import re
