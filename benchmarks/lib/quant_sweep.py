@@ -22,8 +22,8 @@ LAYER = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 MARGIN = 1.03  # a table entry only where the candidate beats the default path by this much
 KERNEL_ROWS = 4  # the few-row CUDA-core kernels' most rows
 PROGRAMS_PER_SM = 4  # the split-K candidates bring N's programs up to this many an SM
-# The packed W4A16 kernel (int4_packed.py) holds fewer registers (sm_90a, one row: 96 at 512 x 32 on four warps, 145-152
-# at 128 x 64 a warp, 128 at 1024 x 64 on eight; the float32 kernel 255 at 512 x 64), so more of its programs share an
+# The packed W4A16 kernel (int4_packed.py) holds fewer registers (sm_90a, one row: 112 at 512 x 32 on four warps,
+# 128 at 512 x 64, 253 at 128 x 128 on one warp; the float32 kernel 255 at 512 x 64), so more of its programs share an
 # SM: its candidates also split K to twice as many programs, up to 32 splits (N = 4096 at 512 columns a program and 16
 # splits is 128 programs, one an SM).
 PACKED_PROGRAMS_PER_SM = (4, 8)

@@ -16,10 +16,10 @@ w of eight nibbles (channels 8 kp + j) and per column:
 - the scale: per tile (one group) the float32 word sums are added along kp inside the thread and multiplied by the
   column's scale once (acc += s * sum), so a row keeps one float32 accumulator a column, not one a kp.
 
-So ~2.4 instructions a weight at one row, ~3.3 at two, ~5.1 at four (the loop's SASS: 2.9, 4.3, 6.8 with x's loads
-and the loop's own), and far fewer live registers (152 at 512 x 64 on four warps), which lets more programs (and their
-next tiles, loaded before this tile's arithmetic) share an SM. With fused_reduce a split K is summed in the same
-launch by each column tile's last program (_reduce_in_kernel; split_counters).
+So ~2.4 instructions a weight at one row, ~3.3 at two, ~5.1 at four (the loop's SASS at 512 x 64 and 512 x 32: 3.0,
+4.5, 7.0 with x's loads and the loop's own), and far fewer live registers (128 at 512 x 64 on four warps), which lets
+more programs (and their next tiles, loaded before this tile's arithmetic) share an SM. With fused_reduce a split K is
+summed in the same launch by each column tile's last program (_reduce_in_kernel; split_counters).
 
 Arithmetic against reference.int4_linear (which rounds (q - z) s to the activation dtype, then sums in float32): here
 (q - z) is exact, each product (q - z) x is rounded to bf16 (8 significant bits) and the four products of a half word
@@ -178,8 +178,8 @@ def _w4a16_packed_kernel(X, QW, S, Z, Bias, Y, Out, Cnt, M, N, K, group_size, st
     for kp0 in range(kp_start, kp_end, BLOCK_K // 8):
         words = w_next
         nxt = kp0 + BLOCK_K // 8
-        if EVEN_K and EVEN_N:  # the split's last tile again past its end (no masks)
-            w_next = tl.load(w_ptrs + tl.minimum(nxt, kp_end - BLOCK_K // 8) * stride_qk)
+        if EVEN_K and EVEN_N:  # nothing past the split's end (a program of one tile loads it once)
+            w_next = tl.load(w_ptrs + nxt * stride_qk, mask=(offs_kp * 0 + nxt < kp_end)[:, None], other=0)
         else:
             w_next = tl.load(w_ptrs + nxt * stride_qk, mask=n_mask[None, :] & (nxt + offs_kp < kp_end)[:, None],
                              other=0)
