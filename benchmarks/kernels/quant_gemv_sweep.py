@@ -48,13 +48,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.lib.gpu_timing import SHAPES, graph_us, quick_us, tree, wall_us, within_budget  # noqa: E402
 from benchmarks.lib.quant_formats import BLOCK, GROUP, floor_us, rel_err  # noqa: E402
 from benchmarks.lib.quant_sweep import (  # noqa: E402
-    LAYER, MARGIN, BucketFormat, Setup, bf16_best, merge_entries, sweep_buckets, try_candidate, write_table)
+    KERNEL_ROWS, LAYER, MARGIN, BucketFormat, Setup, bf16_best, gemv_configs, merge_entries, sweep_buckets,
+    try_candidate, write_table)
 from radixlm.runtime.kernels import quant  # noqa: E402
 from radixlm.runtime.kernels.quant import fp8_gemm, reference as ref, tiles  # noqa: E402
-from radixlm.runtime.kernels.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv_linear  # noqa: E402
+from radixlm.runtime.kernels.quant.fp8_gemv import fp8_gemv_linear  # noqa: E402
 from radixlm.runtime.kernels.quant.fp8_mma import Fp8MmaConfig, fp8_mma_linear  # noqa: E402
 from radixlm.runtime.kernels.quant.int4_mma import Int4MmaConfig, XLoad, takes, w4a16_mma_linear  # noqa: E402
-from radixlm.runtime.kernels.quant.int4_skinny import Int4GemvConfig, w4a16_skinny_linear  # noqa: E402
+from radixlm.runtime.kernels.quant.int4_skinny import w4a16_skinny_linear  # noqa: E402
 
 
 class Kind(str, Enum):
@@ -66,25 +67,6 @@ class Kind(str, Enum):
 FORMATS = ("fp8_channel", "fp8_block", "w4a16")
 ROWS = {Kind.GEMV: (1, 2, 4, 8, 16), Kind.MMA: (8, 16, 32, 64, 128, 256), Kind.FP8MMA: (8, 16, 32, 64, 128, 256)}
 BUDGET_S = {Kind.GEMV: 400.0, Kind.MMA: 240.0, Kind.FP8MMA: 300.0}
-KERNEL_ROWS = 4  # the few-row CUDA-core kernels' most rows
-PROGRAMS_PER_SM = 4  # the split-K candidates bring N's programs up to this many an SM
-
-
-def fp8_candidates(rows: int) -> list[tuple[int, int]]:
-    """(BLOCK_N, num_warps); BLOCK_K is 256 x num_warps: the weight words' layout then matches x's 16-byte loads
-    (fp8_gemv._fp8_gemv_kernel), no shared-memory conversion in the K loop."""
-    return {1: [(4, 4), (8, 4), (4, 8), (8, 2)], 2: [(4, 4), (8, 4), (4, 8)], 4: [(2, 4), (4, 4), (2, 8)]}[rows]
-
-
-def int4_candidates(rows: int) -> list[tuple[int, int, int]]:
-    """(BLOCK_N, BLOCK_K, num_warps): 4 words (16 bytes) a thread along N. BLOCK_N = 128 x num_warps puts every warp
-    along N, so that the scales' and zeros' loads share the words' layout (otherwise converted through shared memory
-    each tile: the (256, 64, 4) candidate)."""
-    return {1: [(512, 32, 4), (512, 64, 4), (1024, 32, 8), (256, 32, 2), (256, 64, 4)],
-            2: [(512, 32, 4), (1024, 32, 8), (256, 32, 2)],
-            4: [(512, 32, 4), (256, 32, 2), (1024, 32, 8)]}[rows]
-
-
 _S, _G = XLoad.SPLIT, XLoad.GATHERED
 # (block_m, block_n, block_k, num_warps, num_stages, x_load, asm) by row bucket: the split and gathered x loads without
 # asm on one tile, then the packed asm dequantization on wider tiles (sm_90 SASS of the K loop with Triton 3.9,
@@ -102,29 +84,6 @@ MMA_CANDIDATES = {
           (128, 128, 128, 8, 2, _G, True), (128, 128, 128, 8, 2, _S, True), (128, 128, 128, 4, 2, _G, True),
           (128, 64, 128, 4, 3, _G, True), (256, 128, 128, 8, 2, _G, True), (128, 128, 256, 8, 2, _G, True)],
 }
-
-
-def splits(n: int, k: int, block_n: int, block_k: int, sms: int) -> list[int]:
-    """No split, and the split that brings N's programs to PROGRAMS_PER_SM an SM (at least two tiles each)."""
-    programs = -(-n // block_n)
-    k_tiles = -(-k // block_k)
-    want = min(16, max(1, (PROGRAMS_PER_SM * sms) // programs), max(1, k_tiles // 2))
-    return sorted({1, want})
-
-
-def gemv_configs(fmt: str, rows: int, n: int, k: int, sms: int, dry: bool) -> list:
-    if rows > KERNEL_ROWS:
-        return []
-    out = []
-    if fmt.startswith("fp8"):
-        for bn, warps in fp8_candidates(rows):
-            bk = 256 * warps if not dry else 64
-            out += [Fp8GemvConfig(bn, bk, s, warps if not dry else 1, 1) for s in splits(n, k, bn, bk, sms)]
-    else:
-        for bn, bk, warps in int4_candidates(rows):
-            bn = bn if not dry else 16
-            out += [Int4GemvConfig(bn, bk, s, warps if not dry else 1, 1) for s in splits(n, k, bn, bk, sms)]
-    return list(dict.fromkeys(out))
 
 
 def mma_configs(m: int, dry: bool) -> list[Int4MmaConfig]:

@@ -1,4 +1,5 @@
-"""What kernels/quant_gemv_sweep.py's kinds share: the run's setup, bf16's candidates, one candidate's checked cell,
+"""What kernels/quant_gemv_sweep.py's kinds share: the run's setup, bf16's candidates, --kind gemv's candidate configs,
+one candidate's checked cell,
 the tensor-core kinds' sweep by row bucket (--kind mma: W4A16; --kind fp8mma: FP8 W8A8), and the tuned table's
 merge and file."""
 from __future__ import annotations
@@ -19,6 +20,70 @@ from radixlm.runtime.kernels.quant import reference as ref, tiles
 
 LAYER = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 MARGIN = 1.03  # a table entry only where the candidate beats the default path by this much
+KERNEL_ROWS = 4  # the few-row CUDA-core kernels' most rows
+PROGRAMS_PER_SM = 4  # the split-K candidates bring N's programs up to this many an SM
+# The packed W4A16 kernel (int4_packed.py) holds fewer registers (sm_90a, one row: 112 at 512 x 32 on four warps,
+# 128 at 512 x 64, 253 at 128 x 128 on one warp; the float32 kernel 255 at 512 x 64), so more of its programs share an
+# SM: its candidates also split K to twice as many programs, up to 32 splits (N = 4096 at 512 columns a program and 16
+# splits is 128 programs, one an SM).
+PACKED_PROGRAMS_PER_SM = (4, 8)
+PACKED_MAX_SPLIT = 32
+
+
+def fp8_candidates(rows: int) -> list[tuple[int, int]]:
+    """(BLOCK_N, num_warps); BLOCK_K is 256 x num_warps: the weight words' layout then matches x's 16-byte loads
+    (fp8_gemv._fp8_gemv_kernel), no shared-memory conversion in the K loop."""
+    return {1: [(4, 4), (8, 4), (4, 8), (8, 2)], 2: [(4, 4), (8, 4), (4, 8)], 4: [(2, 4), (4, 4), (2, 8)]}[rows]
+
+
+def int4_candidates(rows: int) -> list[tuple[int, int, int, bool]]:
+    """(BLOCK_N, BLOCK_K, num_warps, packed): 4 words (16 bytes) a thread along N. BLOCK_N = 128 x num_warps puts every
+    warp along N, so that the scales' and zeros' loads share the words' layout (otherwise converted through shared
+    memory each tile). The float32 kernel's (packed False): the configs the H200's table holds; the packed kernel's:
+    bytes in flight an SM from ~40 KB (512 x 32, five programs) to ~64 KB (128 x 128 on one warp, eight programs of
+    254 registers), and narrower programs (more of them) for the N = 4096 shapes; its splits may leave one tile a
+    program (all of a program's weight loaded at once)."""
+    return {1: [(512, 64, 4, False), (512, 64, 4, True), (512, 32, 4, True), (256, 64, 2, True), (128, 64, 1, True),
+                (128, 128, 1, True)],
+            2: [(512, 32, 4, False), (1024, 32, 8, False), (512, 64, 4, True), (256, 64, 2, True)],
+            4: [(512, 32, 4, False), (1024, 32, 8, False), (512, 32, 4, True), (256, 32, 2, True)]}[rows]
+
+
+def splits(n: int, k: int, block_n: int, block_k: int, sms: int, per_sm: tuple[int, ...] = (PROGRAMS_PER_SM,),
+           unsplit: bool = True, most: int = 16, min_tiles: int = 2) -> list[int]:
+    """No split (unless not unsplit), and the splits (at most `most`) that bring N's programs to per_sm programs an
+    SM (at least min_tiles tiles each)."""
+    programs = -(-n // block_n)
+    k_tiles = -(-k // block_k)
+    wants = {min(most, max(1, (p * sms) // programs), max(1, k_tiles // min_tiles)) for p in per_sm}
+    return sorted(wants | ({1} if unsplit else set()))
+
+
+def gemv_configs(fmt: str, rows: int, n: int, k: int, sms: int, dry: bool) -> list:
+    """--kind gemv's candidates at this shape and row count (none past KERNEL_ROWS)."""
+    from radixlm.runtime.kernels.quant.fp8_gemv import Fp8GemvConfig
+    from radixlm.runtime.kernels.quant.int4_skinny import Int4GemvConfig
+
+    if rows > KERNEL_ROWS:
+        return []
+    out = []
+    if fmt.startswith("fp8"):
+        for bn, warps in fp8_candidates(rows):
+            bk = 256 * warps if not dry else 64
+            out += [Fp8GemvConfig(bn, bk, s, warps if not dry else 1, 1) for s in splits(n, k, bn, bk, sms)]
+    else:
+        first_packed = True
+        for bn, bk, warps, packed in int4_candidates(rows):
+            bn, warps = (bn, warps) if not dry else (16, 1)
+            if not packed:
+                out += [Int4GemvConfig(bn, bk, s, warps, 1) for s in splits(n, k, bn, bk, sms)]
+                continue
+            # the split summed in the kernel (fused_reduce), and for the first packed shape by reduce_splits too
+            for s in splits(n, k, bn, bk, sms, PACKED_PROGRAMS_PER_SM, False, PACKED_MAX_SPLIT, 1):
+                out += [Int4GemvConfig(bn, bk, s, warps, 1, True, fused) for fused in
+                        ((s > 1,) if not first_packed else tuple({s > 1, False}))]
+            first_packed = False
+    return list(dict.fromkeys(out))
 
 
 @dataclasses.dataclass(frozen=True)

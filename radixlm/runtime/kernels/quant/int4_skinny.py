@@ -22,19 +22,33 @@ weight is not rounded to the activation dtype (the reference rounds it): sums di
 and bfloat16 roundings only."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from radixlm.runtime.kernels.quant import splitk, tiles
+from radixlm.runtime.kernels.quant import int4_packed, splitk, tiles
 from radixlm.runtime.kernels.quant.x_words import store_rows, widen_word
 
 MAX_ROWS = 4
 _XKIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
 
+@dataclass(frozen=True)
 class Int4GemvConfig(tiles.SkinnyConfig):
-    """int4_skinny's launch; block_k is capped by the group size (int4_gemm.int4_block_k)."""
+    """int4_skinny's launch; block_k is capped by the group size (int4_gemm.int4_block_k). packed: int4_packed.py's
+    bf16x2 kernel for bfloat16 activations (float16 ones keep this module's float32 kernel)."""
+
+    packed: bool = False
+    # with packed and a split K: the last program of a column tile sums the partials (int4_packed._reduce_in_kernel),
+    # one launch instead of two
+    fused_reduce: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.fused_reduce and not self.packed:
+            raise ValueError(f"Int4GemvConfig: fused_reduce needs packed, got {self}")
 
 
 @triton.jit
@@ -204,18 +218,31 @@ def w4a16_skinny_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.T
     if xkind != 2 and (x2.stride(1) != 1 or x2.stride(0) % 4 or x2.data_ptr() % 8):
         x2 = x2.clone()
     xw = x2 if xkind == 2 else x2.view(torch.int64)
+    packed = cfg.packed and xkind != 1
     cfg_tiles = triton.cdiv(k, block_k)
     per = triton.cdiv(cfg_tiles, min(cfg.split_k, cfg_tiles))
     splits = triton.cdiv(cfg_tiles, per)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     out = y if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x2.device)
-    _w4a16_skinny_kernel[(triton.cdiv(n, cfg.block_n), splits)](
-        xw, qweight, scales, zeros, bias if bias is not None else y, out, m, n, k, group_size, xw.stride(0),
-        qweight.stride(0), scales.stride(0), out.stride(-2), out.stride(0) if splits > 1 else 0, per,
-        ROWS=tiles.ROW_BUCKETS[tiles.bucket_of(m)], HAS_BIAS=bias is not None, SPLIT=splits > 1,
-        EVEN_K=k % block_k == 0, EVEN_N=n % cfg.block_n == 0, XKIND=xkind, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
-        ASM=x2.is_cuda,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if splits > 1:
+    grid_n = triton.cdiv(n, cfg.block_n)
+    counters = None
+    if packed and cfg.fused_reduce and splits > 1:
+        capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
+        counters = int4_packed.split_counters(x2.device).take(grid_n, capturing)
+    b = bias if bias is not None else y
+    head = (xw, qweight, scales, zeros, b, out)
+    ints = (m, n, k, group_size, xw.stride(0), qweight.stride(0), scales.stride(0), out.stride(-2),
+            out.stride(0) if splits > 1 else 0)
+    consts = dict(ROWS=tiles.ROW_BUCKETS[tiles.bucket_of(m)], HAS_BIAS=bias is not None, SPLIT=splits > 1,
+                  EVEN_K=k % block_k == 0, EVEN_N=n % cfg.block_n == 0, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
+                  ASM=x2.is_cuda, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if packed:
+        int4_packed._w4a16_packed_kernel[(grid_n, splits)](
+            *head, y, counters if counters is not None else qweight, *ints[:-1], ints[-1], y.stride(0), per, splits,
+            FUSED=counters is not None, SPLIT_P2=triton.next_power_of_2(splits) if counters is not None else 1,
+            **consts)
+    else:
+        _w4a16_skinny_kernel[(grid_n, splits)](*head, *ints, per, XKIND=xkind, **consts)
+    if splits > 1 and counters is None:
         splitk.reduce_splits(out, bias, y)
     return y

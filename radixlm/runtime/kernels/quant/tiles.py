@@ -19,6 +19,7 @@ import torch
 # to these powers of two); the others pick the tensor-core kernels' tiles.
 ROW_BUCKETS = (1, 2, 4, 8, 16, 64, 256, None)
 MAX_SPLIT = 16
+SKINNY_MAX_SPLIT = 32  # a few-row kernel's config (its tuned table entry) may split K further
 MIN_K_TILES_PER_SPLIT = 4
 DEFAULT_SMS = 132  # an H200's, for a CPU device (the interpreter tests)
 
@@ -54,8 +55,8 @@ class SkinnyConfig:
                 raise ValueError(f"{kind}.{name} must be a power of two, got {v}")
         if self.block_k < 16:
             raise ValueError(f"{kind}: BLOCK_K >= 16, got {self}")
-        if not 1 <= self.split_k <= MAX_SPLIT or self.num_stages < 1:
-            raise ValueError(f"{kind}: split_k in 1..{MAX_SPLIT}, num_stages >= 1, got {self}")
+        if not 1 <= self.split_k <= SKINNY_MAX_SPLIT or self.num_stages < 1:
+            raise ValueError(f"{kind}: split_k in 1..{SKINNY_MAX_SPLIT}, num_stages >= 1, got {self}")
 
 
 def bucket_of(m: int) -> int:

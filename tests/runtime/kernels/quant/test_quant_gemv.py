@@ -65,6 +65,27 @@ def run_cases() -> None:
         sb, zb = sc.bfloat16(), z.bfloat16()
         _close(w4a16_skinny_linear(xb, qw, sb, zb, group, perm, bias, cfg),
                ref.int4_linear(xb.float(), qw, sb.float(), zb.float(), group, perm, bias).bfloat16(), 1e-2)
+    packed = [  # int4_packed.py's roundings emulated (bf16 products and half-word sums): rows 1, 2, 3 -> 4, split K
+        # summed in the kernel (fused) and apart, N and K past a tile, act-order, bias
+        (16, 256, 64, False, Int4GemvConfig(16, 64, 2, 1, 1, packed=True, fused_reduce=True), (1, 3)),
+        (24, 200, 200, True, Int4GemvConfig(16, 64, 2, 1, 1, packed=True), (2,)),
+        (40, 256, 128, False, Int4GemvConfig(16, 32, 4, 1, 1, packed=True, fused_reduce=True), (2,))]
+    for i, (n, k, group, act, cfg, rows) in enumerate(packed):
+        qw, sc, z = ref.quant_int4(torch.randn(n, k, generator=g) * 0.05, group)
+        perm = torch.randperm(k, generator=g) if act else None
+        bias = torch.randn(n, generator=g) if i else None
+        for m in rows:
+            x = torch.randn(m, k, generator=g).bfloat16().float()
+            want = ref.int4_linear(x, qw, sc, z, group, perm, bias)
+            got = w4a16_skinny_linear(x, qw, sc, z, group, perm, bias, cfg)
+            _close(got, want, 1e-2)
+            if m == 1:  # not the float32 kernel's result: the packed sums are rounded
+                assert (got - want).abs().max() > 1e-6 * want.abs().max()
+    from radixlm.runtime.kernels.quant.int4_packed import split_counters
+
+    assert not split_counters(torch.device("cpu")).counters.any()  # the last programs zeroed their counters
+    with pytest.raises(ValueError, match="fused_reduce needs packed"):
+        Int4GemvConfig(16, 64, 2, 1, 1, fused_reduce=True)
     with pytest.raises(ValueError, match="few-row"):
         fp8_gemv_linear(torch.randn(5, 256), *ref.quant_fp8(torch.randn(32, 256), per_channel=True), None, None,
                         fp8[0][3])
@@ -86,6 +107,9 @@ def test_tuned_table_parses_and_refuses_bad_entries():
         _entry("w4a16", 2, {"block_n": 256, "block_k": 64, "split_k": 4, "num_warps": 4, "num_stages": 1}, 128)])
     assert table[quant_tuned.TunedKey("fp8_channel", 4096, 4096, 1, 0)] == Fp8GemvConfig(4, 1024, 1, 4, 1)
     assert table[quant_tuned.TunedKey("w4a16", 4096, 4096, 2, 128)] == Int4GemvConfig(256, 64, 4, 4, 1)
+    packed = quant_tuned.parse([_entry("w4a16", 1, {"block_n": 128, "block_k": 64, "split_k": 32, "num_warps": 1,
+                                                    "num_stages": 1, "packed": True}, 128)])
+    assert packed[quant_tuned.TunedKey("w4a16", 4096, 4096, 1, 128)] == Int4GemvConfig(128, 64, 32, 1, 1, True)
     good = {"block_n": 4, "block_k": 1024, "split_k": 1, "num_warps": 4, "num_stages": 1}
     for bad in (_entry("fp8_tensor", 1, good), _entry("fp8_channel", 3, good), _entry("fp8_channel", 8, good),
                 _entry("fp8_channel", 1, {**good, "block_n": 3}), _entry("fp8_channel", 1, {**good, "split_k": 99}),
@@ -145,6 +169,100 @@ def test_tuned_dispatch_cuda(monkeypatch):
     x.copy_(torch.randn_like(x))
     graph.replay()
     _close(y, ref.fp8_linear(x, q, s), 2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_packed_dispatch_cuda(monkeypatch):
+    """The packed kernel through a tuned table (fused split K at 1 and 4 rows, reduce_splits at 2; float16 takes the
+    float32 kernel), eager and replayed twice from a CUDA graph (the arrival counters back at zero each time)."""
+    from radixlm.runtime.kernels import quant
+    from radixlm.runtime.kernels.quant.int4_packed import split_counters
+
+    n, k = 4096, 4096
+    cfgs = {1: (128, 128, 32, 1, True), 2: (512, 64, 16, 4, False), 4: (256, 32, 16, 2, True)}
+    entries = [{"kernel": "w4a16", "n": n, "k": k, "rows": r, "group": 128,
+                "config": {"block_n": bn, "block_k": bk, "split_k": sk, "num_warps": nw, "num_stages": 1,
+                           "packed": True, "fused_reduce": fused}} for r, (bn, bk, sk, nw, fused) in cfgs.items()]
+    monkeypatch.setattr(quant_tuned, "_table", lambda name: quant_tuned.parse(entries))
+    w = torch.randn(n, k, device="cuda") * 0.02
+    for dtype in (torch.bfloat16, torch.float16):
+        qw, sc, z = ref.quant_int4(w, 128, dtype=dtype)
+        for m in (1, 2, 3, 4):
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            _close(quant.int4_linear(x, qw, sc, z, 128), ref.int4_linear(x, qw, sc, z, 128), 2e-2)
+    qw, sc, z = ref.quant_int4(w, 128, dtype=torch.bfloat16)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    quant.int4_linear(x, qw, sc, z, 128)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = quant.int4_linear(x, qw, sc, z, 128)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        _close(y, ref.int4_linear(x, qw, sc, z, 128), 2e-2)
+    assert not split_counters(x.device).counters.any()
+
+
+def _loop_ops(sass: str) -> list[str]:
+    """The opcodes of the SASS's longest loop (a backward branch to a label)."""
+    import re
+
+    labels, ops = {}, []
+    for line in sass.split("\n"):
+        if m := re.match(r"\s*\.(L_x_\d+):", line):
+            labels[m.group(1)] = len(ops)
+        elif m := re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*);", line):
+            ops.append((m.group(1).split(".")[0], m.group(2)))
+    best: list[str] = []
+    for i, (op, rest) in enumerate(ops):
+        target = re.search(r"\(\.(L_x_\d+)\)", rest)
+        if op == "BRA" and target and labels.get(target.group(1), i + 1) <= i:
+            best = max(best, [o for o, _ in ops[labels[target.group(1)]:i + 1]], key=len)
+    return best
+
+
+@pytest.mark.skipif(not interpreter_works(), reason="needs Triton 3.7+ with its bundled ptxas and nvdisasm")
+def test_the_packed_kernel_builds_for_sm90():
+    """int4_packed's inline asm (which the interpreter cannot run) passes ptxas for sm_90 (Triton's bundled tools, no
+    GPU), with the fused split-K reduction: at most one value on the stack, the packed bf16x2 arithmetic and PRMT
+    pairs in the K loop, under 3.2 instructions a weight at one row (int4_skinny's float32 kernel: ~4.3 at this tile,
+    255 registers)."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from radixlm.runtime.kernels.quant import int4_packed
+
+    ints = ("M", "N", "K", "group_size", "stride_xm", "stride_qk", "stride_sg", "stride_ym", "stride_ys",
+            "stride_om", "tiles_per_split", "splits")
+    sig = {"X": "*i64", "QW": "*i32", "S": "*bf16", "Z": "*bf16", "Bias": "*bf16", "Y": "*fp32", "Out": "*bf16",
+           "Cnt": "*i32", **{name: "i32" for name in ints}}
+    block_n, block_k, warps = 512, 64, 4
+    consts = dict(ROWS=1, HAS_BIAS=False, SPLIT=True, FUSED=True, SPLIT_P2=32, EVEN_K=True, EVEN_N=True,
+                  BLOCK_N=block_n, BLOCK_K=block_k, ASM=True)
+    sig.update({name: "constexpr" for name in consts})
+    aligned = [i for i, name in enumerate(sig)
+               if name not in ("Cnt", "M", "stride_xm", "tiles_per_split", "splits") and name not in consts]
+    src = ASTSource(int4_packed._w4a16_packed_kernel, sig, constexprs=consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
+    assert "fma.rn.bf16x2" in kernel.asm["ptx"] and "prmt.b32" in kernel.asm["ptx"]
+    assert "atom.global.gpu.acq_rel.add" in kernel.asm["ptx"] and "ld.global.cg" in kernel.asm["ptx"]  # fused split K
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True).stdout
+    ops = _loop_ops(sass)
+    # ptxas (Triton 3.9's) keeps one 8-byte value on the stack to stay at 128 registers (four programs an SM)
+    assert len(re.findall(r"\b(LDL|STL)\b", sass)) <= 2
+    assert ops.count("PRMT") >= block_k // 8 * 4 and sum(map(ops.count, ("HFMA2", "HADD2", "HMUL2"))) >= 8 * 32
+    assert len(ops) / (block_n * block_k / (32 * warps)) < 3.2, len(ops)
 
 
 if __name__ == "__main__":
