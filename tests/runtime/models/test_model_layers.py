@@ -108,6 +108,7 @@ def test_empty_batch_forward():
     class Batch:
         attn_backend = EchoBackend()
         input_embeds = None
+        layer_loads = None
 
     empty = torch.zeros(0, dtype=torch.int64)
     assert model(empty, empty, Batch()).shape == (0, 32)

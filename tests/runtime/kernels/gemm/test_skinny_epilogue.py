@@ -143,7 +143,7 @@ def test_attention_skips_rotation_and_store_only_where_the_gemm_applied_the_epil
     from radixlm.runtime.layers.rotary import get_rope
 
     attn = RadixAttention(4, 64, 0.125, 2, layer_id=0)
-    fb = dataclasses.make_dataclass("FB", ["attn_backend"])(_Recorder())
+    fb = dataclasses.make_dataclass("FB", ["attn_backend", "layer_loads"])(_Recorder(), None)
     q, k, v = torch.zeros(1, 256), torch.zeros(1, 128), torch.zeros(1, 128)
     rotary = (get_rope(64, 128, 10000.0), torch.zeros(1, dtype=torch.long))
     epi = RotaryStore(rotary[0], rotary[1], torch.zeros(1, dtype=torch.long), torch.zeros(4, 2, 64),
