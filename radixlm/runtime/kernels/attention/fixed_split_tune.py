@@ -12,11 +12,7 @@ others are written to this GPU model's table (tuned/fixed_split_<GPU>.json), whi
 Without CUDA (TRITON_INTERPRET=1: a dry run) the shape is tiny, the candidates fewer and the "timing" wall time."""
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
-import os
-import platform
 import time
 from dataclasses import dataclass
 
@@ -25,6 +21,7 @@ import torch
 from radixlm.runtime.kernels.attention.fixed_split import row_tiles, span_launches
 from radixlm.runtime.kernels.attention.fixed_split_config import (
     ALLOWED_STAGES, ALLOWED_SUB_TILES, FixedSplitConfig, default_config, table_path)
+from radixlm.runtime.kernels.tune_cli import parse_tune_args, write_tune_outputs
 
 
 @dataclass(frozen=True)
@@ -193,18 +190,8 @@ def best_config(result: dict) -> FixedSplitConfig | None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--budget-s", type=float, default=35.0, help="no candidate starts past this many seconds")
-    p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder of the sweep's JSON and the table")
-    p.add_argument("--install", action="store_true",
-                   help="also write the table into kernels/attention/tuned/ (what this tree's later runs read)")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
-    a = p.parse_args()
-    if a.budget_s <= 0:
-        p.error("--budget-s must be positive")
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    dtype = getattr(torch, a.dtype) if cuda else torch.float32
+    run = parse_tune_args(__doc__, 35.0, "kernels/attention/tuned/")
+    a, cuda, device, dtype, gpu = run.args, run.cuda, run.device, run.dtype, run.gpu
     shape = LLAMA_8B if cuda else TINY
     # The likeliest first (the budget cuts the tail): fewer spills with 2 sub-tiles, deeper pipelines, then 1.
     pairs = (sorted(itertools.product(ALLOWED_SUB_TILES, ALLOWED_STAGES), key=lambda p: ({2: 0, 4: 1}.get(p[0], 2), p))
@@ -215,7 +202,6 @@ def main() -> None:
     best = best_config(result)
     import triton
 
-    gpu = torch.cuda.get_device_name() if cuda else f"cpu-{platform.machine()}"
     default = default_config(shape.head_dim)
     default_us = {"prefill": next((r["us"] for r in result["prefill"] if r["sub_tiles"] == default.sub_tiles
                                    and r["prefill_stages"] == default.prefill_stages), None),
@@ -230,13 +216,8 @@ def main() -> None:
     table = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
              "command": f"python -m radixlm.runtime.kernels.attention.fixed_split_tune --budget-s {a.budget_s:g}",
              "shape": vars(shape) | {"decode_batches": list(shape.decode_batches)}, "entries": entries}
-    out = os.path.abspath(a.out)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "fixed_split_sweep.json"), "w") as f:
-        json.dump({**table, "result": result}, f, indent=1)
     path = table_path(gpu)
-    with open(os.path.join(out, path.name), "w") as f:
-        f.write(json.dumps(table, indent=1) + "\n")
+    out = write_tune_outputs(run, "fixed_split_sweep.json", {"result": result}, table, path, install=best is not None)
     print(f"prefill {len(result['prefill'])} timed, decode {len(result['decode'])} timed, "
           f"{len(result['rejected'])} rejected (bits differ), {len(result['errors'])} failed; best {best} "
           f"(default {default}: {default_us})", flush=True)
@@ -246,10 +227,6 @@ def main() -> None:
         print(f"  decode stages {r['decode_stages']}: {r['us']}", flush=True)
     if result["rejected"]:
         print(f"REJECTED (a row's bits changed with the launch): {result['rejected']}", flush=True)
-    if a.install and cuda and best is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(table, indent=1) + "\n")
-        print(f"installed {path}", flush=True)
     print(f"wrote {out}/fixed_split_sweep.json and {out}/{path.name} in {result['seconds']:.0f} s", flush=True)
     if result["rejected"]:
         raise SystemExit(1)

@@ -10,21 +10,17 @@ batch_invariant_mm.config_for reads.
 Without CUDA (TRITON_INTERPRET=1: a dry run) the shapes are tiny, three candidates, and the "timing" is wall time."""
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
-import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from radixlm.runtime.kernels.gemm.batch_invariant_mm import (
     DEFAULT_NARROW, DEFAULT_WIDE, BatchInvariantConfig, default_config, matmul,
 )
+from radixlm.runtime.kernels.tune_cli import parse_tune_args, write_tune_outputs
 
 # Llama-3.1-8B's GEMMs (N, K): qkv, o, gate_up, down, lm_head.
 LLAMA_8B_SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096),
@@ -188,18 +184,8 @@ def table_entries(rows: list[dict]) -> list[dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--budget-s", type=float, default=150.0, help="no candidate starts past this many seconds")
-    p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder of the sweep's JSON and the table")
-    p.add_argument("--install", action="store_true",
-                   help="also write the table into kernels/gemm/tuned/ (what this tree's later runs read)")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
-    a = p.parse_args()
-    if a.budget_s <= 0:
-        p.error("--budget-s must be positive")
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    dtype = getattr(torch, a.dtype) if cuda else torch.float32
+    run = parse_tune_args(__doc__, 150.0, "kernels/gemm/tuned/")
+    a, cuda, device, dtype, gpu = run.args, run.cuda, run.device, run.dtype, run.gpu
     shapes = LLAMA_8B_SHAPES if cuda else TINY_SHAPES
     configs = (candidates() if cuda else
                [BatchInvariantConfig(32, 32, 4, 2), BatchInvariantConfig(32, 32, 4, 2, split_k=2)])
@@ -210,19 +196,12 @@ def main() -> None:
 
     from radixlm.runtime.kernels.gemm.cublaslt import table_path
 
-    gpu = torch.cuda.get_device_name() if cuda else f"cpu-{platform.machine()}"
     table = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
              "score_weights": SCORE_WEIGHTS, "command": "python -m radixlm.runtime.kernels.gemm.batch_invariant_tune "
              f"--budget-s {a.budget_s:g}", "entries": table_entries(rows)}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "batch_invariant_sweep.json").write_text(json.dumps({**table, "shapes": rows,
-                                                                "seconds": time.perf_counter() - t0}, indent=1))
     path = table_path(gpu, "batch_invariant")
-    (out / path.name).write_text(json.dumps(table, indent=1) + "\n")
-    if a.install and cuda:
-        path.write_text(json.dumps(table, indent=1) + "\n")
-        print(f"installed {path}", flush=True)
+    out = write_tune_outputs(run, "batch_invariant_sweep.json", {"shapes": rows, "seconds": time.perf_counter() - t0},
+                             table, path)
     print(f"wrote {out / 'batch_invariant_sweep.json'} and {out / path.name} in {time.perf_counter() - t0:.0f} s",
           flush=True)
 
