@@ -18,7 +18,6 @@ capture has used it the buffer is never replaced (a graph holds its address), an
 temporary of its own."""
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from radixlm.runtime.kernels.quant import tiles
 from radixlm.runtime.kernels.quant.reference import INT4_PACK
 
 DEFAULT_MIN_ROWS = 512
@@ -165,12 +165,4 @@ class DequantScratch:
         return self._buf.view(dtype).view(n, k)
 
 
-@functools.cache
-def _scratch(device_type: str, index: int | None) -> DequantScratch:
-    return DequantScratch(torch.device(device_type, index) if index is not None else torch.device(device_type))
-
-
-def scratch_for(device: torch.device) -> DequantScratch:
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return _scratch(device.type, device.index)
+scratch_for = tiles.per_device(DequantScratch)  # one scratch per device, reused by every layer

@@ -31,13 +31,13 @@ outliers above 4096 would overflow): they run int4_skinny's float32 kernel at th
 (no inline asm) the same roundings are emulated in float32 (.to(bfloat16) at each step)."""
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from radixlm.runtime.kernels.quant import tiles
 from radixlm.runtime.kernels.quant.x_words import store_rows
 
 # (128 + q_j, 128 + q_(j+4)) - (128 + z) for j = 0..3 of word $4; $5: -(128 + z) as a bf16x2 pair. lop3 table 0xEA is
@@ -239,12 +239,4 @@ class SplitCounters:
         return self.counters if slots <= COUNTER_SLOTS else None
 
 
-@functools.cache
-def _split_counters(device_type: str, index: int | None) -> SplitCounters:
-    return SplitCounters(torch.device(device_type, index) if index is not None else torch.device(device_type))
-
-
-def split_counters(device: torch.device) -> SplitCounters:
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return _split_counters(device.type, device.index)
+split_counters = tiles.per_device(SplitCounters)  # one counter buffer per device

@@ -10,9 +10,13 @@ per bucket, and a CUDA graph's launches are the same at every replay."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 # Row buckets: a GEMM of m rows runs the config of the first bucket whose bound is >= m (the last: any m).
 # Up to 16: the decode kernels' row counts (int4_gemv.py's and fp8_w8a16.py's ROWS: CUDA graphs pad decode batches
@@ -118,6 +122,19 @@ def split_outputs(m: int, n: int, dtype: torch.dtype, device: torch.device,
     splitk.reduce_splits sums into it."""
     y = torch.empty(m, n, dtype=dtype, device=device)
     return y, (y if split.splits == 1 else torch.empty(split.splits, m, n, dtype=torch.float32, device=device))
+
+
+def per_device(make: Callable[[torch.device], T]) -> Callable[[torch.device], T]:
+    """One object per device, made on first use (a bare "cuda" is the current device): the kernels' reused buffers."""
+    @functools.cache
+    def one(device_type: str, index: int | None) -> T:
+        return make(torch.device(device_type, index) if index is not None else torch.device(device_type))
+
+    def get(device: torch.device) -> T:
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return one(device.type, device.index)
+    return get
 
 
 def _cdiv(a: int, b: int) -> int:
