@@ -57,7 +57,6 @@ SLOW_MODULES = {
     "bench/test_speculative_bench.py": 35,
     "distributed/test_tp_server.py": 30,
     "lang/test_compiled_e2e.py": 25,
-    "bench/test_host_ops.py": 25,
 }
 
 

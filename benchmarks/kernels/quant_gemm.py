@@ -35,7 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.lib.gpu_timing import SHAPES, graph_us, tree, wall_us, within_budget  # noqa: E402
-from benchmarks.lib.quant_formats import (  # noqa: E402
+from benchmarks.lib.quant_sweep import (  # noqa: E402
     BLOCK, GROUP, HBM_TB_S, TOLERANCE, floor_us, rel_err, weight_bytes)
 from radixlm.runtime.kernels import quant  # noqa: E402
 from radixlm.runtime.kernels.quant import reference as ref  # noqa: E402

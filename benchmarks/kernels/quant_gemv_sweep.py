@@ -46,10 +46,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.lib.gpu_timing import SHAPES, graph_us, quick_us, tree, wall_us, within_budget  # noqa: E402
-from benchmarks.lib.quant_formats import BLOCK, GROUP, floor_us, rel_err  # noqa: E402
 from benchmarks.lib.quant_sweep import (  # noqa: E402
-    KERNEL_ROWS, LAYER, MARGIN, BucketFormat, Setup, bf16_best, gemv_configs, merge_entries, sweep_buckets,
-    try_candidate, write_table)
+    BLOCK, GROUP, KERNEL_ROWS, LAYER, MARGIN, BucketFormat, Setup, bf16_best, floor_us, gemv_configs, rel_err,
+    sweep_buckets, try_candidate, write_table)
 from radixlm.runtime.kernels import quant  # noqa: E402
 from radixlm.runtime.kernels.quant import fp8_gemm, reference as ref, tiles  # noqa: E402
 from radixlm.runtime.kernels.quant.fp8_gemv import fp8_gemv_linear  # noqa: E402

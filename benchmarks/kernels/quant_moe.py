@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.lib.gpu_timing import graph_us, tree, wall_us, within_budget  # noqa: E402
-from benchmarks.lib.quant_formats import BLOCK, GROUP, HBM_TB_S, TOLERANCE, rel_err  # noqa: E402
+from benchmarks.lib.quant_sweep import BLOCK, GROUP, HBM_TB_S, TOLERANCE, rel_err  # noqa: E402
 
 EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
 DRY = (8, 2, 256, 128)

@@ -9,13 +9,14 @@ sys.path), never each other, and nothing from tests/.
   phases            PhaseTimer: the scheduler's phases timed without a profiler
   gpu_timing        GEMM shapes, CUDA-graph timing over weight copies (wall clock in dry runs), probes' budgets and
                     result files, the tree measured
-  quant_formats     the quantized GEMM formats' bytes floors and relative error (the quant kernel benchmarks); a
-                    format's weights, call, reference and checked candidate (the few-row sweep)
+  quant_sweep       the quantized GEMM formats (bytes floors, relative error) and the quant kernel sweeps' candidates,
+                    bucket sweep and tuned-table merge
   mla_cases         the MLA decode kernel's cases, reference, timing, profile and sweep summary
   json_workload     the JSON-decoding workload, one engine per jump-forward mode, scripted (replayed) logits
   speculative_replay  8B-shaped target and 1B-shaped draft directories, recorded tokens replayed as logits
   null_runner       a model-free ModelRunner for scheduling studies
-  host_queue, retraction, schedule_model   the model-free scheduling studies (scheduler/scheduler_sim.py's kinds)
+  host_queue, retraction   the model-free scheduling studies (scheduler/scheduler_sim.py's kinds; --kind schedules
+                    lives in that script)
   hicache_null      the scheduler's host work on the hierarchical cache's multi-turn stream, model-free
                     (serving/hicache_multiturn.py --null-runner)
   router_runs       two workers for the router benchmarks, their load counters, the feedback workload and driver

@@ -1,7 +1,7 @@
 """The paper's JSON-decoding workload (extract a city's fields from a passage into a JSON schema or a regex), one
 engine per jump-forward mode (run_mode), and scripted logits: each forward pass returns the next token of a recorded
 run's output instead of the model's (scripted), so every mode and every tree decodes the same tokens
-(grammar/json_decoding.py, grammar/host_ops.py)."""
+(grammar/json_decoding.py)."""
 from __future__ import annotations
 
 import gc

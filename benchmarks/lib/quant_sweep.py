@@ -15,8 +15,35 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.lib.gpu_timing import SHAPES, tree, within_budget
-from benchmarks.lib.quant_formats import TOLERANCE, floor_us, rel_err
 from radixlm.runtime.kernels.quant import reference as ref, tiles
+
+# The formats as the kernel benchmarks measure them (kernels/quant_gemm.py, quant_gemv_sweep.py, quant_moe.py).
+HBM_TB_S = 4.8  # the H200's HBM3e, by the datasheet
+GROUP = 128  # W4A16's group
+BLOCK = (128, 128)  # FP8 block scales
+TOLERANCE = 2e-2  # max |error| / max |reference| of a correct kernel
+
+
+def weight_bytes(fmt: str, n: int, k: int) -> int:
+    """An (n, k) weight's bytes in `fmt` (bf16, fp8_channel*, fp8_block*, w4a16*: a forced variant's suffix aside)."""
+    fmt = fmt.removesuffix("_mma").removesuffix("_gemv").removesuffix("_w8a8")
+    if fmt == "bf16":
+        return 2 * n * k
+    if fmt.startswith("fp8_channel"):
+        return n * k + 4 * n
+    if fmt == "fp8_block":
+        return n * k + 4 * -(-n // BLOCK[0]) * -(-k // BLOCK[1])
+    return n * k // 2 + 2 * 2 * (k // GROUP) * n  # packed INT4 + bf16 scales and zeros
+
+
+def floor_us(fmt: str, n: int, k: int, m: int) -> float:
+    """The weight with its scales and m rows of bf16 input and output, read once at HBM_TB_S."""
+    return (weight_bytes(fmt, n, k) + 2 * m * (k + n)) / (HBM_TB_S * 1e12) * 1e6
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+
 
 LAYER = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 MARGIN = 1.03  # a table entry only where the candidate beats the default path by this much
@@ -148,7 +175,7 @@ def fp8_exact_x(m: int, k: int, device: str, dtype: torch.dtype) -> torch.Tensor
 class BucketFormat:
     """One format a tensor-core kind sweeps: its table kind and group, its weights, the current path (default), the
     candidate kernel, the reference, and the configs timed at m rows."""
-    name: str  # quant_formats' format (the floor's bytes)
+    name: str  # the format's name (weight_bytes': the floor's bytes)
     kernel: str  # the table's kind
     group: int
     make: Callable  # bf16 (n, k) weight -> the format's weight tuple

@@ -8,6 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.kernels import quant_gemv_sweep as sweep  # noqa: E402
+from benchmarks.lib.quant_sweep import merge_entries  # noqa: E402
 
 
 def _cell(shape: str, rows: int, default: float, best: float | None, **extra) -> dict:
@@ -33,6 +34,6 @@ def test_a_sweep_replaces_what_it_measured_and_keeps_the_rest():
     committed = [entry("fp8_channel", 4096, 1, 0), entry("fp8_channel", 6144, 1, 0), entry("w4a16_mma", 4096, 8, 128)]
     new = [entry("fp8_channel", 4096, 1, 0) | {"us": 0.5}]
     swept = {("fp8_channel", 4096, 4096, 1, 0), ("fp8_channel", 6144, 4096, 1, sweep.group_of("fp8_channel"))}
-    merged = sweep.merge_entries(committed, new, swept)
+    merged = merge_entries(committed, new, swept)
     assert merged == [entry("w4a16_mma", 4096, 8, 128), new[0]]  # 6144: measured again, no longer a gain
     assert sweep.group_of("fp8_block") == 128 and sweep.group_of("w4a16") == sweep.GROUP

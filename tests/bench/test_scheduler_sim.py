@@ -3,7 +3,7 @@
 retraction: every request finishes with its full output whatever the admission knobs; prefill covers every prompt once
 and recomputes exactly what retractions dropped (less what the tree kept); no retraction when the pool holds the whole
 workload, max_running_requests keeps within it, or admission has learned that requests run to their budgets.
-schedules: the pass-by-pass model of ShareGPT-like under other schedules (benchmarks/lib/schedule_model.py).
+schedules: the pass-by-pass model of ShareGPT-like under other schedules (its Model and cases).
 host-queue: every request of a small queue finishes and each phase is timed."""
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.lib import schedule_model  # noqa: E402
 from benchmarks.scheduler import scheduler_sim as sim  # noqa: E402
 
 N, IN, OUT = 12, 32, 16
@@ -71,12 +70,12 @@ def test_pool_holding_the_workload_never_retracts() -> None:
 
 @pytest.fixture(scope="module")
 def model():
-    return schedule_model.Model()
+    return sim.Model()
 
 
 def test_a_pass_costs_at_least_the_weight_read_and_grows_with_rows_and_context(model):
     empty = model.cost([], [])
-    assert empty >= schedule_model.WEIGHT_READ_S
+    assert empty >= sim.WEIGHT_READ_S
     assert model.cost([], [100] * 8) > empty
     assert model.cost([8192], []) > model.cost([4096, 4096], []) > model.cost([], [100] * 1000) > empty
 

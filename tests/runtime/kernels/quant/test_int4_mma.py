@@ -77,7 +77,7 @@ def test_tuned_table_takes_the_mma_kind_and_refuses_bad_entries():
 
 
 def test_the_sweeps_mma_entries_parse_and_merge():
-    from benchmarks.kernels.quant_gemv_sweep import merge_entries
+    from benchmarks.lib.quant_sweep import merge_entries
 
     old = [_mma(8), {**_mma(1), "kernel": "w4a16", "rows": 1,
                      "config": {"block_n": 512, "block_k": 64, "split_k": 16, "num_warps": 4, "num_stages": 1}}]
