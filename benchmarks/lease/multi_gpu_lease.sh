@@ -6,6 +6,8 @@
 #   bash .stage/tree/benchmarks/lease/multi_gpu_lease.sh b  # Llama-3.1-70B at TP=2, Mixtral-8x7B at TP=2 and EP=2
 #   bash .stage/tree/benchmarks/lease/multi_gpu_lease.sh c  # TP correctness; two replicas behind the router vs round robin
 #                                                     # vs one replica
+#   bash benchmarks/lease/multi_gpu_lease.sh pd        # issue 54: 1 prefill + 1 decode GPU behind the PD router vs two
+#                                                     # co-located replicas, 4k-8k prompts at a fixed rate (PD_ARGS)
 # The all-reduce latency table: benchmarks/multi_gpu/gpu_multi.py --parts allreduce (not one of these calls).
 # Results land in $OUT (JSON and logs).
 set -uo pipefail
@@ -35,4 +37,8 @@ case "${1:-a}" in
     timeout 420 python3 benchmarks/multi_gpu/gpu_multi.py --parts moe --sharegpt-requests 300 --out "$OUT"/multi_moe.json \
       > "$OUT"/d1.log 2>&1
     echo "gpu_multi rc=$?"; quiet < "$OUT"/d1.log | grep -v "^\s*symm_mem" | tail -16 ;;
+  pd)
+    timeout "${PD_LIMIT_S:-540}" python3 benchmarks/serving/router.py --kind pd ${PD_ARGS:---num-prompts 160} \
+      --out "$OUT"/pd_vs_colocated.json > "$OUT"/pd.log 2>&1
+    echo "router pd rc=$?"; quiet < "$OUT"/pd.log | grep -v "^\s*$" | tail -80 ;;
 esac

@@ -28,8 +28,10 @@ co-located at equal throughput. Writes benchmarks/results/serving/pd_vs_colocate
         --question-len 64 --output-len 16 --max-concurrency 16 --order rounds --out router_dp_gpu.json
     python benchmarks/serving/router.py --kind feedback [--num-groups 16] [--rounds 5] [--system-prompt-words 200]
         [--max-total-tokens 1536] [--output-len 8] [--max-concurrency 4]
-    python benchmarks/serving/router.py --kind pd [--model-path meta-llama/Llama-3.1-8B-Instruct] [--load-format dummy]
-        [--request-rate 2] [--num-prompts 200] [--input-len 8192] [--output-len 256]
+    python benchmarks/serving/router.py --kind pd [--model-path llama-3.1-8b] [--load-format dummy]
+        [--request-rate 2] [--num-prompts 200] [--input-len 8192] [--output-len 256] [--out PATH]
+    python benchmarks/serving/router.py --kind pd --model-path tiny --device cpu --dtype float32 --gpus none none \
+        --num-prompts 6 --input-len 256 --output-len 8 --request-rate 4 --out /tmp/pd_smoke.json   # CPU smoke
 """
 from __future__ import annotations
 
@@ -262,30 +264,37 @@ def run_feedback(args: argparse.Namespace, argv: list[str]) -> dict:
 
 # ------------------------------------------------------------------------------------------------------------ pd
 def pd_args(p: argparse._ArgumentGroup) -> None:
-    p.add_argument("--model-path", default="meta-llama/Llama-3.1-8B-Instruct")
+    p.add_argument("--model-path", default="llama-3.1-8b",
+                   help="llama-3.1-8b: the 8B architecture in benchmarks/models; tiny: its tiny-shaped copy (CPU smoke)")
     p.add_argument("--load-format", default="dummy")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--max-total-tokens", type=int, default=None, help="each server's KV pool (default: from memory)")
+    p.add_argument("--gpus", nargs=2, default=["0", "1"], help="CUDA_VISIBLE_DEVICES of the two servers; 'none' "
+                   "leaves the variable as it is (CPU)")
     p.add_argument("--tokenizer", default=None, help="tokenizer for the prompts (default: the model's)")
     p.add_argument("--request-rate", type=float, default=2.0)
     p.add_argument("--num-prompts", type=int, default=200)
     p.add_argument("--input-len", type=int, default=8192, help="prompts are 0.5x-1x this long (4k-8k by default)")
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", default=str(RESULTS / "pd_vs_colocated.json"))
 
 
-def pd_setup(label: str, pd: bool, model_flags: list[str], bench_args: list[str]) -> dict:
+def pd_setup(label: str, pd: bool, model_flags: list[str], bench_args: list[str], gpus: list[str | None]) -> dict:
     ports = [free_port(), free_port()]
     procs: list[subprocess.Popen] = []
     try:
         if pd:
             bootstrap = free_port()
             procs.append(start_server(ports[0], [*model_flags, "--disaggregation-mode", "prefill",
-                                                 "--disaggregation-bootstrap-port", str(bootstrap)], "0"))
-            procs.append(start_server(ports[1], [*model_flags, "--disaggregation-mode", "decode"], "1"))
+                                                 "--disaggregation-bootstrap-port", str(bootstrap)], gpus[0]))
+            procs.append(start_server(ports[1], [*model_flags, "--disaggregation-mode", "decode"], gpus[1]))
             router_flags = ["--pd-disaggregation", "--prefill", f"http://127.0.0.1:{ports[0]}", str(bootstrap),
                             "--decode", f"http://127.0.0.1:{ports[1]}", "--prefill-policy", "cache_aware",
                             "--decode-policy", "power_of_two"]
         else:
-            procs += [start_server(p, model_flags, str(g)) for g, p in enumerate(ports)]
+            procs += [start_server(p, model_flags, g) for g, p in zip(gpus, ports)]
             router_flags = ["--worker-urls", *(f"http://127.0.0.1:{p}" for p in ports), "--policy", "cache_aware"]
         ready = [wait_ready(proc, f"http://127.0.0.1:{port}", PD_READY_TIMEOUT_S) for proc, port in zip(procs, ports)]
         router_port = free_port()
@@ -300,13 +309,21 @@ def pd_setup(label: str, pd: bool, model_flags: list[str], bench_args: list[str]
 
 
 def run_pd(args: argparse.Namespace, argv: list[str]) -> dict:
-    model_flags = ["--model-path", args.model_path, "--load-format", args.load_format, "--dtype", "bfloat16"]
+    if args.model_path in ("llama-3.1-8b", "tiny"):
+        from benchmarks.lib.models import model_dir, tiny_model_dir
+
+        args.model_path = model_dir() if args.model_path == "llama-3.1-8b" else tiny_model_dir()
+    model_flags = ["--model-path", args.model_path, "--load-format", args.load_format, "--dtype", args.dtype,
+                   "--device", args.device]
+    if args.max_total_tokens:
+        model_flags += ["--max-total-tokens", str(args.max_total_tokens)]
+    gpus = [None if g == "none" else g for g in args.gpus]
     bench_args = ["--backend", "radixlm", "--tokenizer", args.tokenizer or args.model_path, "--dataset-name", "random",
                   "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
                   "--random-range-ratio", "0.5", "--num-prompts", str(args.num_prompts), "--request-rate",
                   str(args.request_rate), "--seed", str(args.seed), "--warmup-requests", "2", "--disable-tqdm"]
-    pd = pd_setup("PD: 1 prefill GPU + 1 decode GPU", True, model_flags, bench_args)
-    colo = pd_setup("co-located: 2 replicas", False, model_flags, bench_args)
+    pd = pd_setup("PD: 1 prefill GPU + 1 decode GPU", True, model_flags, bench_args, gpus)
+    colo = pd_setup("co-located: 2 replicas", False, model_flags, bench_args, gpus)
     result = {
         "benchmark": "pd_vs_colocated",
         "model": args.model_path, "load_format": args.load_format,
@@ -324,7 +341,7 @@ def run_pd(args: argparse.Namespace, argv: list[str]) -> dict:
         "runs": [pd, colo],
     }
     print("\n" + json.dumps(result["ratios_pd_over_colocated"], indent=2))
-    write(RESULTS / "pd_vs_colocated.json", result)
+    write(Path(args.out), result)
     return result
 
 
