@@ -46,6 +46,8 @@
 #                                                 # measured: two engine starts with cold Triton caches)
 #   bash benchmarks/lease/single_gpu_lease.sh hicache   # issue 54: hicache CUDA tests, host work per round (null
 #                                                 # runner), copies, multi-turn off/on (~3 min)
+#   bash benchmarks/lease/single_gpu_lease.sh hicache_sgl # the same off/on on SGLang's bench_multiturn turn shape
+#   SKIP="determ_profile determ_memory" bash ... determ # any part, leaving out the steps named
 #   bash benchmarks/lease/single_gpu_lease.sh lora      # issue 53: LoRA CUDA tests, decode-kernel sweep, offline and served runs
 #   bash benchmarks/lease/single_gpu_lease.sh mla [bench] # issue 51: MLA kernels' tests, decode sweep, extend
 #   DRY=1 bash benchmarks/lease/single_gpu_lease.sh prepare|p1|p2|spec|vlm|deepseek|all   # HERE, on the CPU: the same scripts
@@ -54,7 +56,7 @@
 # Results land in $OUT (JSON, markdown, PNG and each step's whole log). The first sessions' call plan, the
 # estimates and the dry-run record: benchmarks/lease/README.md.
 set -uo pipefail
-part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|p19vlm|spec|specpair|vlm|determ|deepseek|lora|mla|hicache (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
+part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|p19vlm|spec|specpair|vlm|determ|deepseek|lora|mla|hicache|hicache_sgl (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
 DRY=${DRY:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 if [ "$DRY" = 1 ]; then
@@ -83,8 +85,9 @@ quiet() { grep -v "safetensors\|Warn\|warn\|fix_mistral\|clean_up\| INFO \|it/s\
 
 # step NAME SECONDS CMD...: CMD under a timeout (SIGTERM to its process group, KILL 15 s later), its whole output in
 # $OUT/NAME.log; prints rc and wall time, then the log's filtered tail.
-step() {
+step() {  # SKIP (env): step names not to run
   local name=$1 secs=$(( $2 * X )); shift 2
+  case " ${SKIP:-} " in *" $name "*) echo "== $name skipped (SKIP)"; return 0 ;; esac
   local t0=$SECONDS
   echo "== $name (timeout ${secs}s): $*" | tee -a "$OUT/$name.log"
   timeout -k 15 "$secs" "$@" >> "$OUT/$name.log" 2>&1
@@ -331,6 +334,17 @@ hicache)
     --out "$OUT/hicache_multiturn.json"
   TAIL=8 step hicache_multiturn_wb 90 $PY benchmarks/serving/hicache_multiturn.py "${turns[@]}" --only on \
     --write-policy write_back --out "$OUT/hicache_multiturn_write_back.json" ;;
+hicache_sgl)
+  # issue 54 item 5 on the turn shape of SGLang's benchmark/hicache/bench_multiturn.py (512-token user turns, 64-token
+  # answers, 5 rounds): 128 conversations, 32 in flight, a device pool of 110,592 tokens (working set 3.3x), host pool
+  # 3.5x; off then on (~3 min).
+  banner
+  sgl=(--clients 128 --turns 5 --first-len 512 --user-len 512 --output-len 64 --max-parallel 32
+       --max-total-tokens 110592 --hicache-ratio 3.5)
+  [ "$DRY" = 1 ] && sgl=(--tiny --clients 6 --turns 3 --first-len 64 --user-len 64 --output-len 4 --max-parallel 2
+                         --max-total-tokens 512 --hicache-ratio 3.5)
+  TAIL=12 step hicache_sgl 260 $PY benchmarks/serving/hicache_multiturn.py "${sgl[@]}" \
+    --out "$OUT/hicache_multiturn_sgl_shape.json" ;;
 *) echo "unknown part $part" >&2; exit 2 ;;
 esac
 [ "$part" = prepare ] || ls -la "$OUT"
