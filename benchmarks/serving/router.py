@@ -270,8 +270,9 @@ def pd_args(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--max-total-tokens", type=int, default=None, help="each server's KV pool (default: from memory)")
-    p.add_argument("--gpus", nargs=2, default=["0", "1"], help="CUDA_VISIBLE_DEVICES of the two servers; 'none' "
-                   "leaves the variable as it is (CPU)")
+    p.add_argument("--gpus", nargs=2, default=["0", "1"], help="the two servers' --base-gpu-id (every GPU stays "
+                   "visible to both, so the prefill server can write into the decode server's pool); 'none': no "
+                   "flag (CPU)")
     p.add_argument("--tokenizer", default=None, help="tokenizer for the prompts (default: the model's)")
     p.add_argument("--request-rate", type=float, default=2.0)
     p.add_argument("--num-prompts", type=int, default=200)
@@ -281,20 +282,20 @@ def pd_args(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--out", default=str(RESULTS / "pd_vs_colocated.json"))
 
 
-def pd_setup(label: str, pd: bool, model_flags: list[str], bench_args: list[str], gpus: list[str | None]) -> dict:
+def pd_setup(label: str, pd: bool, model_flags: list[str], bench_args: list[str], gpus: list[list[str]]) -> dict:
     ports = [free_port(), free_port()]
     procs: list[subprocess.Popen] = []
     try:
         if pd:
             bootstrap = free_port()
-            procs.append(start_server(ports[0], [*model_flags, "--disaggregation-mode", "prefill",
-                                                 "--disaggregation-bootstrap-port", str(bootstrap)], gpus[0]))
-            procs.append(start_server(ports[1], [*model_flags, "--disaggregation-mode", "decode"], gpus[1]))
+            procs.append(start_server(ports[0], [*model_flags, *gpus[0], "--disaggregation-mode", "prefill",
+                                                 "--disaggregation-bootstrap-port", str(bootstrap)]))
+            procs.append(start_server(ports[1], [*model_flags, *gpus[1], "--disaggregation-mode", "decode"]))
             router_flags = ["--pd-disaggregation", "--prefill", f"http://127.0.0.1:{ports[0]}", str(bootstrap),
                             "--decode", f"http://127.0.0.1:{ports[1]}", "--prefill-policy", "cache_aware",
                             "--decode-policy", "power_of_two"]
         else:
-            procs += [start_server(p, model_flags, g) for g, p in zip(gpus, ports)]
+            procs += [start_server(p, [*model_flags, *g]) for g, p in zip(gpus, ports)]
             router_flags = ["--worker-urls", *(f"http://127.0.0.1:{p}" for p in ports), "--policy", "cache_aware"]
         ready = [wait_ready(proc, f"http://127.0.0.1:{port}", PD_READY_TIMEOUT_S) for proc, port in zip(procs, ports)]
         router_port = free_port()
@@ -302,10 +303,13 @@ def pd_setup(label: str, pd: bool, model_flags: list[str], bench_args: list[str]
         wait_ready(procs[-1], f"http://127.0.0.1:{router_port}", 120)
         print(f"\n### {label}: workers ready in {max(ready):.1f} s", flush=True)
         report = bench_main(["--port", str(router_port), *bench_args])
+        states = [httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=30).json()["internal_states"][0]
+                  .get("disaggregation") for port in ports]
     finally:
         stop_all(procs)
     report.pop("config", None)
-    return {"system": label, "router_flags": router_flags, **report}
+    print(f"servers' disaggregation state: {states}", flush=True)
+    return {"system": label, "router_flags": router_flags, "disaggregation_states": states, **report}
 
 
 def run_pd(args: argparse.Namespace, argv: list[str]) -> dict:
@@ -317,7 +321,7 @@ def run_pd(args: argparse.Namespace, argv: list[str]) -> dict:
                    "--device", args.device]
     if args.max_total_tokens:
         model_flags += ["--max-total-tokens", str(args.max_total_tokens)]
-    gpus = [None if g == "none" else g for g in args.gpus]
+    gpus = [[] if g == "none" else ["--base-gpu-id", g] for g in args.gpus]
     bench_args = ["--backend", "radixlm", "--tokenizer", args.tokenizer or args.model_path, "--dataset-name", "random",
                   "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
                   "--random-range-ratio", "0.5", "--num-prompts", str(args.num_prompts), "--request-rate",

@@ -30,17 +30,25 @@ class KVPayload:
     input_top_logprobs: list = field(default_factory=list)
     cached_tokens: int = 0  # prompt tokens the prefill server's radix cache held
     error: str | None = None
+    # Set instead of k and v where the prefill server wrote the KV into the decode server's slots itself (the fetch's
+    # `dest`, cuda_ipc.py): how many tokens it wrote, all of them before this payload was sent.
+    written_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
-        return 0 if self.k is None else self.k.shape[1]
+        return self.written_tokens if self.k is None else self.k.shape[1]
 
 
 class KVSender(Protocol):
     """The prefill side: the bootstrap server decode servers fetch rooms from."""
 
-    def publish(self, payload: KVPayload) -> None:
-        """Makes the room's KV (or its error) available; a copy it owns, kept until fetched or timed out."""
+    def publish(self, payload: KVPayload, ready: object | None = None, to: bytes | None = None) -> None:
+        """Makes the room's KV (or its error) available; a copy it owns, kept until fetched or timed out. to: the
+        fetch taken by `take_dest` that this answers (sent once `ready`, a CUDA event, has completed)."""
+
+    def take_dest(self, room: int) -> tuple[bytes, dict] | None:
+        """A fetch of the room that came before its KV with a pool to write into (the asker and its `dest`), now the
+        caller's to answer; None if there is none."""
 
     def pending(self) -> int:
         """Rooms published and not fetched yet (for tests and /server_info)."""
@@ -51,9 +59,10 @@ class KVSender(Protocol):
 class KVReceiver(Protocol):
     """The decode side."""
 
-    def fetch(self, room: int, host: str, port: int, timeout_s: float) -> None:
+    def fetch(self, room: int, host: str, port: int, timeout_s: float, dest: dict | None = None) -> None:
         """Starts fetching a room from the bootstrap server at host:port; poll() returns it, or its error after
-        timeout_s."""
+        timeout_s. dest: {"pool": cuda_ipc.export_pool(...), "slots": [...]}, where the prefill server may write the
+        KV itself."""
 
     def cancel(self, room: int) -> None:
         """The room is no longer wanted (its request was aborted): what arrives for it is dropped."""

@@ -64,13 +64,19 @@ def decode(frames: list) -> KVPayload:
     return KVPayload(**header)
 
 
-def room_of(body: bytes) -> int:
-    """The room a fetch asks for; a ValueError for anything else."""
+def parse_fetch(body: bytes) -> tuple[int, dict | None]:
+    """The room a fetch asks for and where the KV may be written (its `dest`, or None); a ValueError for anything
+    else."""
     msg = json.loads(body)
     room = msg.get("room") if isinstance(msg, dict) else None
     if not isinstance(room, int) or isinstance(room, bool):
         raise ValueError("a fetch must be {\"room\": <integer>}")
-    return room
+    dest = msg.get("dest")
+    if dest is not None and not (isinstance(dest, dict) and isinstance(dest.get("pool"), dict)
+                                 and isinstance(dest.get("slots"), list)
+                                 and all(isinstance(s, int) and not isinstance(s, bool) for s in dest["slots"])):
+        raise ValueError("a fetch's dest must be {\"pool\": {...}, \"slots\": [<integer>, ...]}")
+    return room, dest
 
 
 class _Worker:
@@ -155,11 +161,19 @@ class ZmqKVSender(_Worker):
                                "--disaggregation-bootstrap-port") from None
         self.ready: dict[int, tuple[list, float]] = {}  # room -> (frames, expiry)
         self.waiting: dict[int, tuple[bytes, float]] = {}  # room -> (the asking decode server's identity, expiry)
+        # Fetches that came before their room with a pool to write into, for the scheduler's thread (take_dest):
+        # room -> (identity, dest). A room taken from here is answered by its publish(..., to=identity).
+        self._dests: dict[int, tuple[bytes, dict]] = {}
+        self._dest_lock = threading.Lock()
         self._pending = 0
         self.thread.start()
 
-    def publish(self, payload: KVPayload) -> None:
-        self.submit(payload)
+    def publish(self, payload: KVPayload, ready: object | None = None, to: bytes | None = None) -> None:
+        self.submit((payload, ready, to))
+
+    def take_dest(self, room: int) -> tuple[bytes, dict] | None:
+        with self._dest_lock:
+            return self._dests.pop(room, None)
 
     def pending(self) -> int:
         return self._pending
@@ -170,8 +184,16 @@ class ZmqKVSender(_Worker):
         while not self._stop.is_set():
             events = self._poll(poller)
             now = time.monotonic()
-            for payload in self._drain():
+            for payload, ready, to in self._drain():
                 frames = encode(payload)
+                if to is not None:  # the answer to a fetch the scheduler took (take_dest)
+                    self.waiting.pop(payload.room, None)
+                    if ready is not None:
+                        ready.synchronize()  # the KV written into the asker's slots is all there
+                    self._send(to, frames)
+                    continue
+                with self._dest_lock:  # a fetch with a dest that came too late for the scheduler: host KV for it
+                    self._dests.pop(payload.room, None)
                 asker = self.waiting.pop(payload.room, None)
                 if asker is not None:
                     self._send(asker[0], frames)
@@ -183,7 +205,7 @@ class ZmqKVSender(_Worker):
                     if len(frames) != 3:
                         raise ValueError(f"{len(frames)} frames")
                     identity, body = frames[0], frames[2]
-                    room = room_of(body)
+                    room, dest = parse_fetch(body)
                 except ValueError:
                     logger.warning("a bootstrap fetch that is not a room's was dropped")
                     continue
@@ -192,6 +214,9 @@ class ZmqKVSender(_Worker):
                     self._send(identity, entry[0])
                 else:
                     self.waiting[room] = (identity, now + self.timeout_s)
+                    if dest is not None:
+                        with self._dest_lock:
+                            self._dests[room] = (identity, dest)
             self._expire(now)
             self._pending = len(self.ready)
         self.sock.close(linger=0)
@@ -209,6 +234,8 @@ class ZmqKVSender(_Worker):
             logger.warning("room %d: no decode server fetched its KV within %g s; dropped", room, self.timeout_s)
         for room in [r for r, (_, t) in self.waiting.items() if t < now]:
             identity, _ = self.waiting.pop(room)
+            with self._dest_lock:
+                self._dests.pop(room, None)
             self._send(identity, encode(KVPayload(room, error=f"the prefill server has no KV for room {room} "
                                                               f"after {self.timeout_s:g} s")))
 
@@ -223,8 +250,8 @@ class ZmqKVReceiver(_Worker):
         self.pending: dict[int, tuple[str, float, float]] = {}  # room -> (address, deadline, timeout)
         self.thread.start()
 
-    def fetch(self, room: int, host: str, port: int, timeout_s: float) -> None:
-        self.submit(("fetch", room, host, port, timeout_s))
+    def fetch(self, room: int, host: str, port: int, timeout_s: float, dest: dict | None = None) -> None:
+        self.submit(("fetch", room, host, port, timeout_s, dest))
 
     def cancel(self, room: int) -> None:
         self.submit(("cancel", room))
@@ -253,10 +280,11 @@ class ZmqKVReceiver(_Worker):
             now = time.monotonic()
             for item in self._drain():
                 if item[0] == "fetch":
-                    _, room, host, port, timeout_s = item
+                    _, room, host, port, timeout_s, dest = item
                     addr = f"{host}:{port}"
                     self.pending[room] = (addr, now + timeout_s, timeout_s)
-                    self._sock(addr, poller).send_multipart([b"", json.dumps({"room": room}).encode()])
+                    msg = {"room": room} if dest is None else {"room": room, "dest": dest}
+                    self._sock(addr, poller).send_multipart([b"", json.dumps(msg).encode()])
                 else:
                     self.pending.pop(item[1], None)
             for sock in [s for s in self.socks.values() if s in events]:

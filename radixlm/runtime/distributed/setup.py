@@ -33,9 +33,14 @@ class RankPlacement:
 
 def init_distributed(args: ServerArgs, placement: RankPlacement | None) -> tuple[Parallel, str]:
     """(this rank's Parallel, its device). Blocks until all tp_size ranks have joined (or dist_timeout passes)."""
-    if args.tp_size == 1 or placement is None:
-        return SINGLE, args.resolved_device()
     import torch
+
+    if args.tp_size == 1 or placement is None:
+        device = args.resolved_device()
+        if device == "cuda" and args.base_gpu_id:  # else the current device (GPU 0 of those visible)
+            device = f"cuda:{args.base_gpu_id}"
+            torch.cuda.set_device(device)
+        return SINGLE, device
     import torch.distributed as dist
 
     device = placement.device(args)

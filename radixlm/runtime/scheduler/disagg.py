@@ -67,8 +67,12 @@ class Disaggregation:
         """Requests waiting for their KV from a prefill server (a decode server's)."""
         return list(self.decode.pending) if self.decode is not None else []
 
+    def draining(self) -> bool:
+        """Whether aborted requests' slots wait for their room's answer (a decode server's: disagg_decode.py)."""
+        return self.decode is not None and bool(self.decode.draining)
+
     def holding(self) -> list[Req]:
-        """Those of them that hold KV slots already."""
+        """Those of them that hold KV slots already, and the slots of aborted ones still draining."""
         return self.decode.holding() if self.decode is not None else []
 
     def close(self) -> None:

@@ -5,7 +5,11 @@ arrives it is written into those slots, the prefill's first token (with its logp
 had sampled it (grammar advanced, finish rules applied), the prompt is inserted into this server's radix tree and
 the request joins the running batch: from then on it is an ordinary running request (a retraction re-prefills it
 here). A room that fails (the prefill server's error, or nothing within --disaggregation-timeout) fails its request
-with that message and frees its slots; an abort cancels the fetch and frees them too."""
+with that message and frees its slots; an abort cancels the fetch and frees them too.
+
+On CUDA the fetch carries this pool's export and the request's slots (cuda_ipc.py): a prefill server on this host
+writes the KV there itself and answers once it is written. Such slots are not freed on an abort until the room's
+answer (or its timeout) says nothing more will be written into them."""
 from __future__ import annotations
 
 import logging
@@ -16,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixlm.runtime.disaggregation.cuda_ipc import export_pool
 from radixlm.runtime.disaggregation.transfer import KVPayload, KVReceiver, make_receiver
 from radixlm.runtime.scheduler.planner import Planner, pages_needed
 from radixlm.runtime.scheduler.req import FinishReason, Req
@@ -61,26 +66,34 @@ class DecodeSide:
         self.pending: list[Req] = []  # in arrival order; those with req_pool_idx set hold slots and are fetching
         self.arrived: dict[int, KVPayload] = {}  # this rank's shards that came, until every rank has its own
         self.received = 0
+        self.in_place: set[int] = set()  # rooms whose fetch let the prefill server write into their slots
+        # Aborted requests of such rooms: their slots stay held until every rank has the room's answer (drained).
+        self.draining: dict[int, Req] = {}
+        self.drained: set[int] = set()
+        self._export: tuple[tuple, dict | None] | None = None  # (the pool's buffer addresses, export_pool's answer)
 
     def add(self, req: Req) -> None:
         self.pending.append(req)
 
     def holding(self) -> list[Req]:
         """The requests that hold a request row and KV slots here (the accounting check counts them)."""
-        return [r for r in self.pending if r.req_pool_idx is not None]
+        return [r for r in self.pending if r.req_pool_idx is not None] + list(self.draining.values())
 
     def step(self) -> None:
         """Takes slots for the requests that can have them, then starts those whose KV arrived (on every
         tensor-parallel rank: each rank fetches its own shard, and a request starts on all ranks in the same step,
         failing on all if it failed on one)."""
         self._allocate()
-        if not self.pending:
+        if not self.pending and not self.draining:
             return
-        holders = self.holding()
+        holders = [r for r in self.pending if r.req_pool_idx is not None]
         rooms = {r.bootstrap.room for r in holders}
         for payload in self.receiver.poll():
-            if payload.room in rooms:  # else aborted meanwhile
+            if payload.room in rooms:
                 self.arrived[payload.room] = payload
+            elif payload.room in self.draining:
+                self.drained.add(payload.room)
+        self._drain()
         ready = self.hooks.all_true([r.bootstrap.room in self.arrived for r in holders])
         done = [r for r, ok in zip(holders, ready) if ok]
         if not done:
@@ -96,15 +109,43 @@ class DecodeSide:
     def abort(self, reasons: dict[str, FinishReason]) -> None:
         for req in [r for r in self.pending if r.rid in reasons]:
             self.pending.remove(req)
+            room = req.bootstrap.room
             if req.req_pool_idx is not None:
-                self.receiver.cancel(req.bootstrap.room)
-                self.arrived.pop(req.bootstrap.room, None)
+                self.arrived.pop(room, None)
+                if room in self.in_place:  # the prefill server may be writing into its slots: answered now, freed later
+                    req.finished_reason = reasons[req.rid]
+                    self.draining[room] = req
+                    self.hooks.fail(req, reasons[req.rid])
+                    continue
+                self.receiver.cancel(room)
             self._end(req, reasons[req.rid])
 
     def close(self) -> None:
         self.receiver.close()
 
     # ------------------------------------------------------------------ internals
+    def _drain(self) -> None:
+        """Frees the slots of aborted rooms whose answer every rank has (the allocators stay alike across ranks)."""
+        if not self.draining:
+            return
+        rooms = list(self.draining)
+        for room, done in zip(rooms, self.hooks.all_true([r in self.drained for r in rooms])):
+            if done:
+                req = self.draining.pop(room)
+                self.drained.discard(room)
+                self.in_place.discard(room)
+                self.hooks.planner.release(req, insert=False)
+                req.reset_kv_state()
+
+    def _dest(self, slots: torch.Tensor) -> dict | None:
+        """Where a prefill server on this host may write a room's KV (None: this pool cannot be shared)."""
+        bufs = self.hooks.kv_pool.buffers()
+        key = (len(bufs), bufs[0].data_ptr() if bufs else 0)
+        if self._export is None or self._export[0] != key:  # the pool was released and allocated again meanwhile
+            self._export = (key, export_pool(bufs))
+        pool = self._export[1]
+        return None if pool is None else {"pool": pool, "slots": slots.tolist()}
+
     def _allocate(self) -> None:
         h = self.hooks
         planner = h.planner
@@ -130,10 +171,14 @@ class DecodeSide:
             req.kv.committed = n  # its slots (their KV arrives later; _end frees them without inserting)
             held += 1
             b = req.bootstrap
+            dest = self._dest(slots)
+            if dest is not None:
+                self.in_place.add(b.room)
             # Prefill rank i's bootstrap server listens on the port + i (disagg_prefill.py): rank i takes its shard.
-            self.receiver.fetch(b.room, b.host, b.port + h.tp_rank, self.timeout_s)
+            self.receiver.fetch(b.room, b.host, b.port + h.tp_rank, self.timeout_s, dest)
 
     def _arrived(self, req: Req, payload: KVPayload) -> None:
+        self.in_place.discard(payload.room)
         if payload.error is not None:
             self._end(req, FinishReason.aborted(f"disaggregated prefill failed: {payload.error}", 502))
             return
@@ -141,8 +186,9 @@ class DecodeSide:
         try:
             if payload.num_tokens != n:
                 raise ValueError(f"room {payload.room}: {payload.num_tokens} tokens of KV for a {n}-token prompt")
-            table = self.hooks.planner.req_to_token_pool.req_to_token
-            scatter_kv(self.hooks.kv_pool, table[req.req_pool_idx, :n], payload.k, payload.v)
+            if payload.k is not None:  # else the prefill server wrote it into the slots already
+                table = self.hooks.planner.req_to_token_pool.req_to_token
+                scatter_kv(self.hooks.kv_pool, table[req.req_pool_idx, :n], payload.k, payload.v)
         except ValueError as e:
             self._end(req, FinishReason.aborted(f"disaggregated prefill failed: {e}", 500))
             return

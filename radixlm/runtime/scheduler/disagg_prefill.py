@@ -3,7 +3,12 @@ server's own radix cache and samples its first token (max_new_tokens 1); when it
 token and its logprobs are copied to the host and published for the room (transfer.py). The request's pages then
 go to the radix tree like any finished request's, so no page waits on a decode server: a decode server that never
 fetches (or dies mid-transfer) leaves only the host copy, dropped after --disaggregation-timeout. A request without
-a room (the server's warm-up, a direct call) runs as on a plain server."""
+a room (the server's warm-up, a direct call) runs as on a plain server.
+
+Where the decode server's fetch came first and carries its pool (a GPU of this host that this process sees:
+cuda_ipc.py), the KV goes from this pool's slots straight into the decode server's, queued on this scheduler's stream
+before anything can reuse the slots, and the room's answer (its first token and logprobs) leaves once the copy is
+done."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixlm.runtime.disaggregation.cuda_ipc import PeerPools, check_layout, copy_slots
 from radixlm.runtime.disaggregation.transfer import KVPayload, KVSender, make_sender
 from radixlm.runtime.scheduler.req import FinishType, Req
 
@@ -38,7 +44,9 @@ class PrefillSide:
         self.req_to_token_pool = req_to_token_pool
         self.sender = sender or make_sender(args.disaggregation_transfer_backend,
                                             args.disaggregation_bootstrap_port + tp_rank, args.disaggregation_timeout)
+        self.peers = PeerPools()
         self.published = 0
+        self.written_in_place = 0  # of them, rooms whose KV this server wrote into the decode server's pool
 
     def prepare(self, req: Req) -> None:
         """On arrival: a request with a room stops after its first token."""
@@ -54,14 +62,31 @@ class PrefillSide:
             message = req.finished_reason.message if req.finished_reason.message else "the prefill produced no token"
             self.sender.publish(KVPayload(room, error=f"prefill failed: {message}"))
             return
-        slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, :n]
-        k, v = gather_kv(self.kv_pool, slots.to(self.kv_pool.device))
-        self.sender.publish(KVPayload(
-            room, first_token=req.output_ids[0], k=k, v=v, output_token_logprobs=list(req.output_token_logprobs),
-            output_top_logprobs=list(req.output_top_logprobs),
-            output_token_ids_logprobs=list(req.output_token_ids_logprobs),
-            input_token_logprobs=list(req.input_token_logprobs), input_top_logprobs=list(req.input_top_logprobs),
-            cached_tokens=req.cached_tokens))
+        slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, :n].to(self.kv_pool.device)
+        meta = dict(first_token=req.output_ids[0], output_token_logprobs=list(req.output_token_logprobs),
+                    output_top_logprobs=list(req.output_top_logprobs),
+                    output_token_ids_logprobs=list(req.output_token_ids_logprobs),
+                    input_token_logprobs=list(req.input_token_logprobs),
+                    input_top_logprobs=list(req.input_top_logprobs), cached_tokens=req.cached_tokens)
+        target = self.sender.take_dest(room)
+        asker = None if target is None else target[0]
+        if target is not None:
+            dest = target[1]
+            peer = self.peers.open(dest["pool"])
+            if peer is not None:
+                problem = check_layout(self.kv_pool.buffers(), peer)
+                if problem is None and len(dest["slots"]) != n:
+                    problem = f"{len(dest['slots'])} slots for a {n}-token prompt"
+                if problem is not None:
+                    self.sender.publish(KVPayload(room, error=problem), to=asker)
+                    return
+                event = copy_slots(self.kv_pool.buffers(), slots, peer, torch.tensor(dest["slots"]))
+                self.sender.publish(KVPayload(room, written_tokens=n, **meta), ready=event, to=asker)
+                self.published += 1
+                self.written_in_place += 1
+                return
+        k, v = gather_kv(self.kv_pool, slots)
+        self.sender.publish(KVPayload(room, k=k, v=v, **meta), to=asker)
         self.published += 1
 
     def close(self) -> None:

@@ -249,7 +249,7 @@ class Scheduler:
 
     def is_idle(self) -> bool:
         return (self.nothing_to_run() and not self.grammar_queue.queue and not self.outputs
-                and not self.disagg.pending())
+                and not self.disagg.pending() and not self.disagg.draining())
 
     def nothing_to_run(self) -> bool:
         """No pass can be formed now (requests whose grammar compiles may still be pending)."""

@@ -111,3 +111,66 @@ def test_abort_and_missing_room_free_the_slots(engines):
     assert got["out"]["meta_info"]["finish_reason"]["type"] == "abort"
     assert decode.flush_cache()  # idle, and the accounting check passed with nothing held
     assert not decode.scheduler.pd_decode.pending
+
+
+class _SameProcessPeers:
+    """The decode Engine's pool as the prefill side's opened export (one process: the CPU stands in for CUDA IPC)."""
+
+    def __init__(self, buffers):
+        self.buffers, self.opened = buffers, 0
+
+    def open(self, export):
+        self.opened += 1
+        return self.buffers
+
+
+@pytest.fixture
+def in_place(engines, monkeypatch):
+    """Both Engines as on one CUDA host: the decode side's fetches carry a pool, and the prefill side writes into it."""
+    from radixlm.runtime.scheduler import disagg_decode
+
+    prefill, decode, _ = engines
+    side = decode.scheduler.pd_decode
+    monkeypatch.setattr(disagg_decode, "export_pool", lambda bufs: {"host": "this", "buffers": []})
+    monkeypatch.setattr(side, "_export", None)
+    peers = _SameProcessPeers(decode.scheduler.runner.token_to_kv_pool.buffers())
+    monkeypatch.setattr(prefill.scheduler.disagg.prefill, "peers", peers)
+    yield peers
+    side._export = None
+
+
+def test_prefill_writes_into_the_decode_pool(engines, in_place):
+    """With a pool in the fetch, the prefill side copies the KV into the decode side's slots and sends no KV bytes: the
+    tokens equal a plain run's."""
+    prefill, decode, _ = engines
+    side = prefill.scheduler.disagg.prefill
+    before = side.written_in_place
+    for i, p in enumerate(random_prompts(6, [6, 21], CFG["vocab_size"])):
+        out, _ = _pd(engines, p, SP, 500 + i, return_logprob=True)
+        assert out["output_ids"] == decode.generate(input_ids=p, sampling_params=SP)["output_ids"]
+    assert side.written_in_place - before == 2 and in_place.opened == 2
+    assert decode.flush_cache()
+
+
+def test_abort_keeps_in_place_slots_until_the_room_answers(engines, in_place):
+    """An aborted request whose slots the prefill server may write keeps them (answered at once) until the room's
+    answer, here its timeout, says nothing more comes; then they are freed and the accounting check passes."""
+    _, decode, port = engines
+    side = decode.scheduler.pd_decode
+    ids = random_prompts(7, [9], CFG["vocab_size"])[0]
+    got = {}
+    t = threading.Thread(target=lambda: got.update(out=decode.generate(
+        input_ids=ids, sampling_params=SP, rid="in-place", bootstrap=BootstrapInfo("127.0.0.1", port, 1100))))
+    t.start()
+    deadline = time.monotonic() + 5
+    while not side.holding() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    decode.abort_request("in-place")
+    t.join(5)
+    assert got["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert 1100 in side.draining and side.holding()  # answered, its slots still held
+    deadline = time.monotonic() + 10
+    while side.draining and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not side.draining and not side.holding()
+    assert decode.flush_cache()

@@ -101,7 +101,7 @@ def test_the_wire_carries_json_and_refuses_anything_else():
     import torch
 
     from radixlm.runtime.disaggregation.transfer import KVPayload
-    from radixlm.runtime.disaggregation.zmq_backend import decode, encode, room_of
+    from radixlm.runtime.disaggregation.zmq_backend import decode, encode, parse_fetch
 
     k = torch.arange(24, dtype=torch.float32).reshape(2, 3, 2, 2)
     payload = KVPayload(7, first_token=5, k=k, v=-k, output_token_logprobs=[(-0.5, 5)],
@@ -115,5 +115,13 @@ def test_the_wire_carries_json_and_refuses_anything_else():
     with pytest.raises(ValueError):
         decode([b'{"room": 1, "dtype": "Tensor", "shape": [1]}', b"", b""])
     with pytest.raises(ValueError):
-        room_of(b'{"room": "1"}')
-    assert room_of(b'{"room": 12}') == 12
+        parse_fetch(b'{"room": "1"}')
+    for bad in ('{"room": 1, "dest": 3}', '{"room": 1, "dest": {"pool": {}, "slots": [1, "2"]}}',
+                '{"room": 1, "dest": {"slots": [1]}}'):
+        with pytest.raises(ValueError):
+            parse_fetch(bad.encode())
+    assert parse_fetch(b'{"room": 12}') == (12, None)
+    assert parse_fetch(b'{"room": 3, "dest": {"pool": {"host": "h"}, "slots": [4, 5]}}') == (
+        3, {"pool": {"host": "h"}, "slots": [4, 5]})
+    written = decode(encode(KVPayload(9, first_token=2, written_tokens=6)))
+    assert written.k is None and written.num_tokens == 6
