@@ -279,6 +279,8 @@ def pd_args(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--input-len", type=int, default=8192, help="prompts are 0.5x-1x this long (4k-8k by default)")
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--systems", nargs="+", choices=("pd", "colocated"), default=["pd", "colocated"],
+                   help="run one of the two (the ratios need both)")
     p.add_argument("--out", default=str(RESULTS / "pd_vs_colocated.json"))
 
 
@@ -326,8 +328,10 @@ def run_pd(args: argparse.Namespace, argv: list[str]) -> dict:
                   "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
                   "--random-range-ratio", "0.5", "--num-prompts", str(args.num_prompts), "--request-rate",
                   str(args.request_rate), "--seed", str(args.seed), "--warmup-requests", "2", "--disable-tqdm"]
-    pd = pd_setup("PD: 1 prefill GPU + 1 decode GPU", True, model_flags, bench_args, gpus)
-    colo = pd_setup("co-located: 2 replicas", False, model_flags, bench_args, gpus)
+    pd = pd_setup("PD: 1 prefill GPU + 1 decode GPU", True, model_flags, bench_args, gpus) \
+        if "pd" in args.systems else None
+    colo = pd_setup("co-located: 2 replicas", False, model_flags, bench_args, gpus) \
+        if "colocated" in args.systems else None
     result = {
         "benchmark": "pd_vs_colocated",
         "model": args.model_path, "load_format": args.load_format,
@@ -336,13 +340,13 @@ def run_pd(args: argparse.Namespace, argv: list[str]) -> dict:
                      "request_rate": args.request_rate, "seed": args.seed},
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
         "command": " ".join(["python", SCRIPT, *argv]),
-        "ratios_pd_over_colocated": {
+        "ratios_pd_over_colocated": None if pd is None or colo is None else {
             "itl_p99": pd["itl_ms"]["p99"] / colo["itl_ms"]["p99"],
             "itl_median": pd["itl_ms"]["median"] / colo["itl_ms"]["median"],
             "ttft_median": pd["ttft_ms"]["median"] / colo["ttft_ms"]["median"],
             "output_throughput": pd["output_throughput"] / colo["output_throughput"],
         },
-        "runs": [pd, colo],
+        "runs": [r for r in (pd, colo) if r is not None],
     }
     print("\n" + json.dumps(result["ratios_pd_over_colocated"], indent=2))
     write(Path(args.out), result)

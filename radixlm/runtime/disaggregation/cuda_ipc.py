@@ -147,15 +147,21 @@ def check_layout(src: list[torch.Tensor], dst: list[torch.Tensor]) -> str | None
     return None
 
 
+def write_rows(rows, dst: list[torch.Tensor], dst_slots: torch.Tensor) -> None:
+    """Each of rows (an iterable of [n, ...] tensors, one per dst buffer, on any device) into rows dst_slots of its dst
+    buffer, queued on the current streams."""
+    dst_slots = dst_slots.to(dst[0].device)
+    for r, d in zip(rows, dst):
+        d.index_copy_(0, dst_slots, r.to(d.device, non_blocking=True))
+
+
 def copy_slots(src: list[torch.Tensor], src_slots: torch.Tensor, dst: list[torch.Tensor],
                dst_slots: torch.Tensor) -> torch.cuda.Event | None:
     """Rows src_slots of every src buffer into rows dst_slots of the matching dst buffer, queued on the current
     streams (the reads come before anything later on src's stream overwrites those rows); the event, on dst's device,
     completes with the last write (None on the CPU, where the copy is done on return)."""
     src_slots = src_slots.to(src[0].device)
-    dst_slots = dst_slots.to(dst[0].device)
-    for s, d in zip(src, dst):
-        d.index_copy_(0, dst_slots, s.index_select(0, src_slots).to(d.device, non_blocking=True))
+    write_rows((s.index_select(0, src_slots) for s in src), dst, dst_slots)
     if not dst[0].is_cuda:
         return None
     event = torch.cuda.Event()

@@ -16,7 +16,8 @@ from radixlm.runtime.args.choices import TRANSFER_BACKENDS
 @dataclass(frozen=True)
 class KVPayload:
     """One room's KV and the state the decode side continues from. k and v: [layers, prompt tokens, heads, head
-    dim] on the host. On failure, `error` says why and the rest is empty."""
+    dim], on the host (or, on the prefill side, still on the GPU until a fetch says where they go). On failure,
+    `error` says why and the rest is empty."""
 
     room: int
     first_token: int = -1
@@ -45,6 +46,9 @@ class KVSender(Protocol):
     def publish(self, payload: KVPayload, ready: object | None = None, to: bytes | None = None) -> None:
         """Makes the room's KV (or its error) available; a copy it owns, kept until fetched or timed out. to: the
         fetch taken by `take_dest` that this answers (sent once `ready`, a CUDA event, has completed)."""
+
+    def staged_bytes(self) -> int:
+        """Bytes of published KV still on the GPU, waiting for their fetch."""
 
     def take_dest(self, room: int) -> tuple[bytes, dict] | None:
         """A fetch of the room that came before its KV with a pool to write into (the asker and its `dest`), now the

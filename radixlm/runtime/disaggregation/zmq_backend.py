@@ -18,6 +18,7 @@ import uuid
 import torch
 import zmq
 
+from radixlm.runtime.disaggregation.cuda_ipc import PeerPools, check_layout, write_rows
 from radixlm.runtime.disaggregation.transfer import KVPayload
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,10 @@ def parse_fetch(body: bytes) -> tuple[int, dict | None]:
                                  and all(isinstance(s, int) and not isinstance(s, bool) for s in dest["slots"])):
         raise ValueError("a fetch's dest must be {\"pool\": {...}, \"slots\": [<integer>, ...]}")
     return room, dest
+
+
+def _nbytes(payload: KVPayload) -> int:
+    return payload.k.nbytes + payload.v.nbytes
 
 
 class _Worker:
@@ -159,17 +164,26 @@ class ZmqKVSender(_Worker):
             self.ctx.term()
             raise RuntimeError(f"bootstrap server: cannot listen on port {port} ({e}); set "
                                "--disaggregation-bootstrap-port") from None
-        self.ready: dict[int, tuple[list, float]] = {}  # room -> (frames, expiry)
+        # room -> (its payload, the CUDA event its GPU-resident KV is ready at or None, expiry)
+        self.ready: dict[int, tuple[KVPayload, object | None, float]] = {}
         self.waiting: dict[int, tuple[bytes, float]] = {}  # room -> (the asking decode server's identity, expiry)
         # Fetches that came before their room with a pool to write into, for the scheduler's thread (take_dest):
         # room -> (identity, dest). A room taken from here is answered by its publish(..., to=identity).
         self._dests: dict[int, tuple[bytes, dict]] = {}
         self._dest_lock = threading.Lock()
+        self._staged = 0  # bytes of KV held on the GPU in `ready` (and in the inbox), under _dest_lock
+        self.peers = PeerPools()
         self._pending = 0
         self.thread.start()
 
     def publish(self, payload: KVPayload, ready: object | None = None, to: bytes | None = None) -> None:
+        if payload.k is not None and payload.k.is_cuda:
+            with self._dest_lock:
+                self._staged += _nbytes(payload)
         self.submit((payload, ready, to))
+
+    def staged_bytes(self) -> int:
+        return self._staged
 
     def take_dest(self, room: int) -> tuple[bytes, dict] | None:
         with self._dest_lock:
@@ -185,20 +199,17 @@ class ZmqKVSender(_Worker):
             events = self._poll(poller)
             now = time.monotonic()
             for payload, ready, to in self._drain():
-                frames = encode(payload)
                 if to is not None:  # the answer to a fetch the scheduler took (take_dest)
                     self.waiting.pop(payload.room, None)
-                    if ready is not None:
-                        ready.synchronize()  # the KV written into the asker's slots is all there
-                    self._send(to, frames)
+                    self._answer(to, payload, ready, None)
                     continue
-                with self._dest_lock:  # a fetch with a dest that came too late for the scheduler: host KV for it
-                    self._dests.pop(payload.room, None)
+                with self._dest_lock:
+                    dest = self._dests.pop(payload.room, None)
                 asker = self.waiting.pop(payload.room, None)
                 if asker is not None:
-                    self._send(asker[0], frames)
+                    self._answer(asker[0], payload, ready, None if dest is None else dest[1])
                 else:
-                    self.ready[payload.room] = (frames, now + self.timeout_s)
+                    self.ready[payload.room] = (payload, ready, now + self.timeout_s)
             while self.sock in events and self.sock.poll(0):
                 frames = self.sock.recv_multipart()
                 try:
@@ -211,7 +222,7 @@ class ZmqKVSender(_Worker):
                     continue
                 entry = self.ready.pop(room, None)
                 if entry is not None:
-                    self._send(identity, entry[0])
+                    self._answer(identity, entry[0], entry[1], dest)
                 else:
                     self.waiting[room] = (identity, now + self.timeout_s)
                     if dest is not None:
@@ -222,6 +233,43 @@ class ZmqKVSender(_Worker):
         self.sock.close(linger=0)
         self._wake_recv.close(linger=0)
 
+    def _answer(self, identity: bytes, payload: KVPayload, ready, dest: dict | None) -> None:
+        """Sends the room to the asker: KV still on the GPU goes into dest's pool where this process can open it
+        (the answer then carries no KV), else to the host first."""
+        if ready is not None:
+            ready.synchronize()
+        if payload.k is not None:
+            if payload.k.is_cuda:
+                with self._dest_lock:
+                    self._staged -= _nbytes(payload)
+            written = None
+            try:
+                written = self._write(payload, dest) if dest is not None else None
+            except Exception as e:  # noqa: BLE001 - the host path still serves the room
+                logger.warning("room %d: writing into the decode server's pool failed (%s: %s); sent from the host",
+                               payload.room, type(e).__name__, e)
+            if written is not None:
+                payload = written
+            elif payload.k.is_cuda:
+                payload = dataclasses.replace(payload, k=payload.k.cpu(), v=payload.v.cpu())
+        self._send(identity, encode(payload))
+
+    def _write(self, payload: KVPayload, dest: dict) -> KVPayload | None:
+        """The answer once payload's KV is in dest's slots (or why it cannot be); None: dest is out of reach."""
+        peer = self.peers.open(dest["pool"])
+        if peer is None:
+            return None
+        rows = [*payload.k, *payload.v]
+        problem = check_layout(rows, peer)
+        if problem is None and len(dest["slots"]) != payload.num_tokens:
+            problem = f"{len(dest['slots'])} slots for a {payload.num_tokens}-token prompt"
+        if problem is not None:
+            return KVPayload(payload.room, error=problem)
+        write_rows(rows, peer, torch.tensor(dest["slots"]))
+        if peer[0].is_cuda:
+            torch.cuda.current_stream(peer[0].device).synchronize()
+        return dataclasses.replace(payload, k=None, v=None, written_tokens=payload.num_tokens)
+
     def _send(self, identity: bytes, frames: list) -> None:
         try:
             self.sock.send_multipart([identity, b"", *frames], copy=False)
@@ -229,8 +277,11 @@ class ZmqKVSender(_Worker):
             logger.warning("bootstrap server: could not send a room's KV (%s)", e)
 
     def _expire(self, now: float) -> None:
-        for room in [r for r, (_, t) in self.ready.items() if t < now]:
-            del self.ready[room]
+        for room in [r for r, (_, _, t) in self.ready.items() if t < now]:
+            payload = self.ready.pop(room)[0]
+            if payload.k is not None and payload.k.is_cuda:
+                with self._dest_lock:
+                    self._staged -= _nbytes(payload)
             logger.warning("room %d: no decode server fetched its KV within %g s; dropped", room, self.timeout_s)
         for room in [r for r, (_, t) in self.waiting.items() if t < now]:
             identity, _ = self.waiting.pop(room)

@@ -28,11 +28,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def gather_kv(kv_pool: TokenToKVPool, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The KV of `slots` of every layer, on the host: ([layers, tokens, heads, head dim],) * 2."""
+# KV of finished rooms kept on the GPU until their fetch comes (and says where it goes); past this, to the host.
+STAGING_MAX_BYTES = 4 << 30
+
+
+def gather_kv(kv_pool: TokenToKVPool, slots: torch.Tensor, host: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The KV of `slots` of every layer, on the host (or where the pool is): ([layers, tokens, heads, head dim],) * 2."""
     k = torch.stack([kv_pool.k_buffer[layer].index_select(0, slots) for layer in range(kv_pool.num_layers)])
     v = torch.stack([kv_pool.v_buffer[layer].index_select(0, slots) for layer in range(kv_pool.num_layers)])
-    return k.cpu(), v.cpu()
+    return (k.cpu(), v.cpu()) if host else (k, v)
 
 
 class PrefillSide:
@@ -85,8 +89,14 @@ class PrefillSide:
                 self.published += 1
                 self.written_in_place += 1
                 return
-        k, v = gather_kv(self.kv_pool, slots)
-        self.sender.publish(KVPayload(room, k=k, v=v, **meta), to=asker)
+        # No fetch yet: the KV waits on the GPU (a copy: the slots go to the tree) for the fetch to say where it goes.
+        stage = asker is None and slots.is_cuda and self.sender.staged_bytes() < STAGING_MAX_BYTES
+        k, v = gather_kv(self.kv_pool, slots, host=not stage)
+        ready = None
+        if stage:
+            ready = torch.cuda.Event()
+            ready.record()
+        self.sender.publish(KVPayload(room, k=k, v=v, **meta), ready=ready, to=asker)
         self.published += 1
 
     def close(self) -> None:

@@ -125,3 +125,40 @@ def test_the_wire_carries_json_and_refuses_anything_else():
         3, {"pool": {"host": "h"}, "slots": [4, 5]})
     written = decode(encode(KVPayload(9, first_token=2, written_tokens=6)))
     assert written.k is None and written.num_tokens == 6
+
+
+class _Peers:
+    def __init__(self, buffers):
+        self.buffers = buffers
+
+    def open(self, export):
+        return self.buffers if export.get("host") == "here" else None
+
+
+def test_a_fetch_with_a_pool_gets_the_kv_written_there(pair):
+    """A room published before its fetch goes into the pool the fetch names (the answer carries no KV) where the
+    sender can open it, and as bytes where it cannot; taken fetches are answered by the publish that names them."""
+    sender, receiver, port = pair
+    pool = [torch.zeros(16, 2, 8) for _ in range(4)]  # two layers' k then v
+    sender.peers = _Peers(pool)
+    k, v = torch.randn(2, 5, 2, 8), torch.randn(2, 5, 2, 8)
+    slots = [9, 3, 4, 12, 0]
+    sender.publish(KVPayload(20, first_token=3, k=k, v=v))
+    sender.publish(KVPayload(21, first_token=3, k=k, v=v))
+    time.sleep(0.05)
+    receiver.fetch(20, "127.0.0.1", port, 5.0, {"pool": {"host": "here"}, "slots": slots})
+    receiver.fetch(21, "127.0.0.1", port, 5.0, {"pool": {"host": "elsewhere"}, "slots": slots})
+    got = {p.room: p for p in _wait(receiver, 2)}
+    assert got[20].k is None and got[20].written_tokens == 5 and got[20].first_token == 3
+    for layer in range(2):
+        assert torch.equal(pool[layer][slots], k[layer]) and torch.equal(pool[2 + layer][slots], v[layer])
+    assert torch.equal(got[21].k, k)
+    receiver.fetch(22, "127.0.0.1", port, 5.0, {"pool": {"host": "here"}, "slots": [1]})
+    deadline = time.monotonic() + 5
+    while (taken := sender.take_dest(22)) is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert taken is not None and taken[1]["slots"] == [1]
+    sender.publish(KVPayload(22, first_token=7, written_tokens=1), to=taken[0])
+    (answer,) = _wait(receiver)
+    assert answer.room == 22 and answer.written_tokens == 1 and answer.k is None
+    assert sender.staged_bytes() == 0
