@@ -173,6 +173,7 @@ class ZmqKVSender(_Worker):
         self._dest_lock = threading.Lock()
         self._staged = 0  # bytes of KV held on the GPU in `ready` (and in the inbox), under _dest_lock
         self.peers = PeerPools()
+        self.written = 0  # rooms written into a decode server's pool by this thread (staged ones)
         self._pending = 0
         self.thread.start()
 
@@ -268,6 +269,7 @@ class ZmqKVSender(_Worker):
         write_rows(rows, peer, torch.tensor(dest["slots"]))
         if peer[0].is_cuda:
             torch.cuda.current_stream(peer[0].device).synchronize()
+        self.written += 1
         return dataclasses.replace(payload, k=None, v=None, written_tokens=payload.num_tokens)
 
     def _send(self, identity: bytes, frames: list) -> None:

@@ -100,7 +100,8 @@ def _disaggregation_state(sched: Scheduler) -> dict:
     """The side a disaggregated server plays and its rooms (runtime/disaggregation/)."""
     state: dict = {"mode": sched.args.disaggregation_mode.value}
     if sched.pd_prefill is not None:
-        state.update(published=sched.pd_prefill.published, written_in_place=sched.pd_prefill.written_in_place,
+        state.update(published=sched.pd_prefill.published, written_in_place=sched.pd_prefill.written_in_place
+                     + getattr(sched.pd_prefill.sender, "written", 0),
                      unclaimed=sched.pd_prefill.sender.pending())
     if sched.pd_decode is not None:
         state.update(received=sched.pd_decode.received, waiting=len(sched.pd_decode.pending),
