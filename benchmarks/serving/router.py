@@ -16,7 +16,7 @@ match characters / input characters), the workers' reported hit rate (cached / p
 responses), their absolute gap, the feedback corrections made, and throughput. Writes
 benchmarks/results/serving/router_feedback_cpu.json.
 
---kind pd (prefill/decode disaggregation against co-located replicas on two GPUs; unrun, for an `nvidia-h200-x2`
+--kind pd (prefill/decode disaggregation against co-located replicas on two GPUs, for an `nvidia-h200-x2`
 lease): A. one prefill server on GPU 0 and one decode server on GPU 1 behind `radixlm router --pd-disaggregation`
 (--prefill-policy cache_aware --decode-policy power_of_two); B. two plain replicas, one per GPU, behind `radixlm router
 --policy cache_aware`. Both driven by `radixlm.bench.serving` with random prompts of 4k-8k tokens at a fixed Poisson
