@@ -84,11 +84,12 @@ def make_sender(backend: str, port: int, timeout_s: float) -> KVSender:
     return ZmqKVSender(port, timeout_s)
 
 
-def make_receiver(backend: str) -> KVReceiver:
+def make_receiver(backend: str, device: str | torch.device = "cpu") -> KVReceiver:
+    """device: the decode pool's (rooms' KV arrive there)."""
     _check(backend)
     from radixlm.runtime.disaggregation.zmq_backend import ZmqKVReceiver
 
-    return ZmqKVReceiver()
+    return ZmqKVReceiver(device)
 
 
 def _check(backend: str) -> None:

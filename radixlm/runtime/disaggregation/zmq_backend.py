@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 import uuid
+import warnings
 
 import torch
 import zmq
@@ -24,6 +25,9 @@ from radixlm.runtime.disaggregation.transfer import KVPayload
 logger = logging.getLogger(__name__)
 
 POLL_MS = 20  # the threads' wake-up period when nothing arrives (expiries and deadlines are checked this often)
+# KV the decode side's thread moves to the device ahead of the scheduler; past this, rooms wait on the host (their
+# copy then runs on the scheduler's thread), so a burst of arrivals cannot take the memory the model runs in.
+DEVICE_INBOX_BYTES = 2 << 30
 
 
 WIRE_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.bfloat16, torch.float16,
@@ -49,7 +53,8 @@ def encode(payload: KVPayload) -> list:
 
 
 def decode(frames: list) -> KVPayload:
-    header = json.loads(frames[0])
+    """frames: bytes or zmq Frames (the tensors then share the frames' memory)."""
+    header = json.loads(bytes(memoryview(frames[0])))
     if not isinstance(header, dict) or not set(header) <= _FIELDS | {"dtype", "shape"} or "room" not in header:
         raise ValueError("a KV payload's header must be an object of the payload's fields")
     dtype, shape = header.pop("dtype", None), header.pop("shape", None)
@@ -60,7 +65,9 @@ def decode(frames: list) -> KVPayload:
         if dtype not in WIRE_DTYPES:
             raise ValueError(f"room {header.get('room')}: unknown KV dtype {dtype!r}")
         dt = WIRE_DTYPES[dtype]
-        k, v = (torch.frombuffer(bytearray(f), dtype=torch.uint8).view(dt).reshape(shape) for f in frames[1:])
+        with warnings.catch_warnings():  # the frames' own memory, read-only: the KV is only read from here on
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            k, v = (torch.frombuffer(memoryview(f), dtype=torch.uint8).view(dt).reshape(shape) for f in frames[1:])
         header["k"], header["v"] = k, v
     return KVPayload(**header)
 
@@ -296,11 +303,16 @@ class ZmqKVSender(_Worker):
 class ZmqKVReceiver(_Worker):
     """The decode server's side: a DEALER per prefill bootstrap server, rooms matched by the reply's header."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        """device: the decode pool's; on CUDA a room's KV is copied there by this thread, on a stream of its own, so
+        the scheduler's thread only scatters it on the device."""
         super().__init__("kv-receiver")
+        self.device = torch.device(device)
         self.done: queue.Queue = queue.Queue()
         self.socks: dict[str, zmq.Socket] = {}
         self.pending: dict[int, tuple[str, float, float]] = {}  # room -> (address, deadline, timeout)
+        self._stream = None
+        self._on_device = 0  # bytes of KV this thread moved to the device and the scheduler has not polled yet
         self.thread.start()
 
     def fetch(self, room: int, host: str, port: int, timeout_s: float, dest: dict | None = None) -> None:
@@ -313,9 +325,25 @@ class ZmqKVReceiver(_Worker):
         out = []
         while True:
             try:
-                out.append(self.done.get_nowait())
+                payload = self.done.get_nowait()
             except queue.Empty:
                 return out
+            if payload.k is not None and payload.k.is_cuda:
+                with self._lock:
+                    self._on_device -= _nbytes(payload)
+            out.append(payload)
+
+    def _to_device(self, payload: KVPayload) -> KVPayload:
+        if payload.k is None or self.device.type != "cuda" or self._on_device >= DEVICE_INBOX_BYTES:
+            return payload
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)  # not the legacy default stream: no wait on the model's
+        with torch.cuda.stream(self._stream):
+            k, v = payload.k.to(self.device), payload.v.to(self.device)
+        self._stream.synchronize()
+        with self._lock:
+            self._on_device += _nbytes(payload)
+        return dataclasses.replace(payload, k=k, v=v)
 
     def _sock(self, addr: str, poller: zmq.Poller) -> zmq.Socket:
         sock = self.socks.get(addr)
@@ -342,14 +370,14 @@ class ZmqKVReceiver(_Worker):
                     self.pending.pop(item[1], None)
             for sock in [s for s in self.socks.values() if s in events]:
                 while sock.poll(0):
-                    frames = sock.recv_multipart()[1:]
+                    frames = sock.recv_multipart(copy=False)[1:]
                     try:
                         payload = decode(frames)
                     except Exception as e:  # noqa: BLE001 - a malformed reply fails nothing but itself
                         logger.warning("a malformed KV reply was dropped: %r", e)
                         continue
                     if self.pending.pop(payload.room, None) is not None:
-                        self.done.put(payload)
+                        self.done.put(self._to_device(payload))
             for room in [r for r, (_, t, _) in self.pending.items() if t < now]:
                 addr, _, timeout_s = self.pending.pop(room)
                 self.done.put(KVPayload(room, error=f"no KV for room {room} from the prefill server's bootstrap "

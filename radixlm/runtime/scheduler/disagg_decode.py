@@ -56,13 +56,16 @@ def scatter_kv(kv_pool: TokenToKVPool, slots: torch.Tensor, k: torch.Tensor, v: 
     for layer in range(kv_pool.num_layers):
         kv_pool.k_buffer[layer][slots] = k[layer]
         kv_pool.v_buffer[layer][slots] = v[layer]
+    if k.is_cuda:  # allocated on the receiver's stream: not reused there before these reads are done
+        k.record_stream(torch.cuda.current_stream(k.device))
+        v.record_stream(torch.cuda.current_stream(v.device))
 
 
 class DecodeSide:
     def __init__(self, args: ServerArgs, hooks: DecodeHooks, receiver: KVReceiver | None = None):
         self.hooks = hooks
         self.timeout_s = args.disaggregation_timeout
-        self.receiver = receiver or make_receiver(args.disaggregation_transfer_backend)
+        self.receiver = receiver or make_receiver(args.disaggregation_transfer_backend, hooks.kv_pool.device)
         self.pending: list[Req] = []  # in arrival order; those with req_pool_idx set hold slots and are fetching
         self.arrived: dict[int, KVPayload] = {}  # this rank's shards that came, until every rank has its own
         self.received = 0

@@ -141,16 +141,28 @@ def in_place(engines, monkeypatch):
 
 
 def test_prefill_writes_into_the_decode_pool(engines, in_place):
-    """With a pool in the fetch, the prefill side copies the KV into the decode side's slots and sends no KV bytes: the
-    tokens equal a plain run's."""
-    prefill, decode, _ = engines
+    """With a pool in the fetch, the prefill side copies the KV into the decode side's slots and sends no KV bytes,
+    whether the fetch came first (the scheduler's copy at the request's end) or the room finished first (the
+    bootstrap thread's copy when the fetch comes): the tokens equal a plain run's."""
+    prefill, decode, port = engines
     side = prefill.scheduler.disagg.prefill
-    written = lambda: side.written_in_place + side.sender.written  # noqa: E731 - either path, by timing
-    before = written()
-    for i, p in enumerate(random_prompts(6, [6, 21], CFG["vocab_size"])):
-        out, _ = _pd(engines, p, SP, 500 + i, return_logprob=True)
-        assert out["output_ids"] == decode.generate(input_ids=p, sampling_params=SP)["output_ids"]
-    assert written() - before == 2 and in_place.opened == 2
+    p1, p2 = random_prompts(6, [6, 21], CFG["vocab_size"])
+    want1, want2 = (decode.generate(input_ids=p, sampling_params=SP)["output_ids"] for p in (p1, p2))
+    b1, b2 = BootstrapInfo("127.0.0.1", port, 500), BootstrapInfo("127.0.0.1", port, 501)
+    by_scheduler, by_thread = side.written_in_place, side.sender.written
+    got = {}
+    t = threading.Thread(target=lambda: got.update(out=decode.generate(input_ids=p1, sampling_params=SP,
+                                                                       bootstrap=b1)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while 500 not in side.sender._dests and time.monotonic() < deadline:  # the fetch is there first
+        time.sleep(0.01)
+    prefill.generate(input_ids=p1, sampling_params=SP, bootstrap=b1)
+    t.join(10)
+    assert got["out"]["output_ids"] == want1 and side.written_in_place == by_scheduler + 1
+    prefill.generate(input_ids=p2, sampling_params=SP, bootstrap=b2)  # the room is there first
+    assert decode.generate(input_ids=p2, sampling_params=SP, bootstrap=b2)["output_ids"] == want2
+    assert side.sender.written == by_thread + 1 and in_place.opened == 2
     assert decode.flush_cache()
 
 
