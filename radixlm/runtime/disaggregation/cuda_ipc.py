@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import socket
 from pathlib import Path
 
@@ -78,8 +79,8 @@ def export_pool(buffers: list[torch.Tensor]) -> dict | None:
         for buf in buffers:
             _, args = reduce_tensor(buf)
             handles.append(_encode(args))
-        return {"host": host_id(), "uuid": gpu_uuid(buffers[0].device), "device": buffers[0].device.index,
-                "buffers": handles}
+        return {"host": host_id(), "pid": os.getpid(), "uuid": gpu_uuid(buffers[0].device),
+                "device": buffers[0].device.index, "buffers": handles}
     except Exception as e:  # noqa: BLE001 - an optional fast path: the host path serves without it
         logger.warning("the KV pool cannot be shared through CUDA IPC (%s: %s); rooms arrive over the host path",
                        type(e).__name__, e)
@@ -87,10 +88,12 @@ def export_pool(buffers: list[torch.Tensor]) -> dict | None:
 
 
 class PeerPools:
-    """The prefill side's opened exports, one per decode server's pool (kept for the process's life)."""
+    """The prefill side's opened exports: one per GPU, the latest decode server's pool there. An opened export keeps
+    its memory alive, so a decode server started again on that GPU (another process) replaces the old one's, which
+    is closed, rather than leaving its pool mapped."""
 
     def __init__(self) -> None:
-        self._open: dict[str, list[torch.Tensor] | None] = {}
+        self._open: dict[str, tuple[str, list[torch.Tensor] | None]] = {}  # GPU uuid -> (export key, its buffers)
         self._local: dict[str, int] | None = None
 
     def _device_of(self, uuid: str) -> int | None:
@@ -103,12 +106,16 @@ class PeerPools:
         """The decode pool's buffers, writable from here; None where this process cannot reach them (another host,
         a GPU it does not see, an export it cannot open)."""
         try:
-            key = f"{export['uuid']}:{export['buffers'][0]['seq'][7]['b']}"
+            uuid = export["uuid"]
+            key = f"{export['pid']}:{export['buffers'][0]['seq'][7]['b']}"
         except (KeyError, IndexError, TypeError):
             return None
-        if key in self._open:
-            return self._open[key]
-        self._open[key] = bufs = self._rebuild(export)
+        known = self._open.get(uuid)
+        if known is not None and known[0] == key:
+            return known[1]
+        self._open.pop(uuid, None)  # another process's pool on that GPU: closed with its tensors
+        bufs = self._rebuild(export)
+        self._open[uuid] = (key, bufs)
         return bufs
 
     def _rebuild(self, export: dict) -> list[torch.Tensor] | None:

@@ -21,9 +21,20 @@ def test_export_fields_round_trip_and_refuse_the_unknown():
 def test_cpu_pools_are_not_shared_and_foreign_exports_not_opened():
     assert export_pool([torch.zeros(4, 2)]) is None
     peers = PeerPools()
-    assert peers.open({"host": "another-host", "uuid": "u", "device": 0,
+    assert peers.open({"host": "another-host", "pid": 1, "uuid": "u", "device": 0,
                        "buffers": [{"seq": [None] * 7 + [{"b": "AA=="}]}]}) is None
     assert peers.open({"buffers": []}) is None
+
+
+def test_a_new_decode_process_on_a_gpu_replaces_the_old_ones_pool(monkeypatch):
+    """One opened pool per GPU: the same export is opened once; another process's export on that GPU replaces it."""
+    peers = PeerPools()
+    opened = []
+    monkeypatch.setattr(peers, "_rebuild", lambda export: opened.append(export["pid"]) or [export["pid"]])
+    export = lambda pid, handle: {"pid": pid, "uuid": "gpu-1", "buffers": [{"seq": [None] * 7 + [{"b": handle}]}]}  # noqa: E731
+    assert peers.open(export(10, "AA==")) == [10] and peers.open(export(10, "AA==")) == [10]
+    assert peers.open(export(11, "AA==")) == [11] and opened == [10, 11]
+    assert list(peers._open) == ["gpu-1"]
 
 
 def test_copy_slots_moves_rows_of_every_buffer():
