@@ -13,6 +13,7 @@ import base64
 import logging
 import os
 import socket
+import threading
 from pathlib import Path
 
 import torch
@@ -95,6 +96,7 @@ class PeerPools:
     def __init__(self) -> None:
         self._open: dict[str, tuple[str, list[torch.Tensor] | None]] = {}  # GPU uuid -> (export key, its buffers)
         self._local: dict[str, int] | None = None
+        self._lock = threading.Lock()  # the prefill scheduler's thread and the bootstrap thread both open
 
     def _device_of(self, uuid: str) -> int | None:
         if self._local is None:
@@ -110,13 +112,14 @@ class PeerPools:
             key = f"{export['pid']}:{export['buffers'][0]['seq'][7]['b']}"
         except (KeyError, IndexError, TypeError):
             return None
-        known = self._open.get(uuid)
-        if known is not None and known[0] == key:
-            return known[1]
-        self._open.pop(uuid, None)  # another process's pool on that GPU: closed with its tensors
-        bufs = self._rebuild(export)
-        self._open[uuid] = (key, bufs)
-        return bufs
+        with self._lock:
+            known = self._open.get(uuid)
+            if known is not None and known[0] == key:
+                return known[1]
+            self._open.pop(uuid, None)  # another process's pool on that GPU: closed with its tensors
+            bufs = self._rebuild(export)
+            self._open[uuid] = (key, bufs)
+            return bufs
 
     def _rebuild(self, export: dict) -> list[torch.Tensor] | None:
         if export.get("host") != host_id():

@@ -77,11 +77,12 @@ class KVReceiver(Protocol):
     def close(self) -> None: ...
 
 
-def make_sender(backend: str, port: int, timeout_s: float) -> KVSender:
+def make_sender(backend: str, port: int, timeout_s: float, peers: object | None = None) -> KVSender:
+    """peers: the prefill side's cuda_ipc.PeerPools, shared with the sender's thread (one mapping per decode pool)."""
     _check(backend)
     from radixlm.runtime.disaggregation.zmq_backend import ZmqKVSender
 
-    return ZmqKVSender(port, timeout_s)
+    return ZmqKVSender(port, timeout_s, peers=peers)
 
 
 def make_receiver(backend: str, device: str | torch.device = "cpu") -> KVReceiver:

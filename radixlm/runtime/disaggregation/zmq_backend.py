@@ -157,7 +157,7 @@ class _Worker:
 class ZmqKVSender(_Worker):
     """The prefill server's bootstrap server: serves each room once, to the first decode server that asks."""
 
-    def __init__(self, port: int, timeout_s: float, host: str = "*") -> None:
+    def __init__(self, port: int, timeout_s: float, host: str = "*", peers: PeerPools | None = None) -> None:
         super().__init__("kv-sender")
         self.timeout_s = timeout_s
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -179,7 +179,7 @@ class ZmqKVSender(_Worker):
         self._dests: dict[int, tuple[bytes, dict]] = {}
         self._dest_lock = threading.Lock()
         self._staged = 0  # bytes of KV held on the GPU in `ready` (and in the inbox), under _dest_lock
-        self.peers = PeerPools()
+        self.peers = peers if peers is not None else PeerPools()
         self.written = 0  # rooms written into a decode server's pool by this thread (staged ones)
         self._pending = 0
         self.thread.start()
