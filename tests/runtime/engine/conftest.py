@@ -44,11 +44,17 @@ def shared_system_prompts(tokenizer) -> list[str]:
 
 
 def load_hf(gguf_path: str):
-    """transformers' model of a GGUF file, float32 (its own dequantizer)."""
-    from transformers import AutoModelForCausalLM
+    """transformers' model of a GGUF file, float32 (its own dequantizer). Its config is the one transformers parsed
+    from the same file when the engine converted it (the converted directory's config.json), where that directory
+    exists: reading a GGUF's metadata (the tokenizer's arrays) costs Qwen2.5-0.5B 12 s each time."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    from radixlm.runtime.model_loader.gguf import converted_dir_for
+
+    converted = converted_dir_for(os.path.abspath(gguf_path))
+    config = {"config": AutoConfig.from_pretrained(converted)} if (converted / "config.json").is_file() else {}
     return AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32
+        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32, **config
     ).eval()
 
 
