@@ -38,7 +38,7 @@ case "${1:-a}" in
       > "$OUT"/d1.log 2>&1
     echo "gpu_multi rc=$?"; quiet < "$OUT"/d1.log | grep -v "^\s*symm_mem" | tail -16 ;;
   pd)
-    timeout "${PD_LIMIT_S:-540}" python3 benchmarks/serving/router.py --kind pd ${PD_ARGS:---num-prompts 160} \
+    timeout "${PD_LIMIT_S:-540}" python3 benchmarks/serving/router.py --kind pd ${PD_ARGS:---num-prompts 160 --request-rate 2 3} \
       --out "$OUT"/pd_vs_colocated.json > "$OUT"/pd.log 2>&1
     echo "router pd rc=$?"; quiet < "$OUT"/pd.log | grep -v "^\s*$" | tail -80 ;;
 esac

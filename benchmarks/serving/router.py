@@ -29,7 +29,7 @@ co-located at equal throughput. Writes benchmarks/results/serving/pd_vs_colocate
     python benchmarks/serving/router.py --kind feedback [--num-groups 16] [--rounds 5] [--system-prompt-words 200]
         [--max-total-tokens 1536] [--output-len 8] [--max-concurrency 4]
     python benchmarks/serving/router.py --kind pd [--model-path llama-3.1-8b] [--load-format dummy]
-        [--request-rate 2] [--num-prompts 200] [--input-len 8192] [--output-len 256] [--out PATH]
+        [--request-rate 2 [3 ...]] [--num-prompts 200] [--input-len 8192] [--output-len 256] [--out PATH]
     python benchmarks/serving/router.py --kind pd --model-path tiny --device cpu --dtype float32 --gpus none none \
         --num-prompts 6 --input-len 256 --output-len 8 --request-rate 4 --out /tmp/pd_smoke.json   # CPU smoke
 """
@@ -274,7 +274,8 @@ def pd_args(p: argparse._ArgumentGroup) -> None:
                    "visible to both, so the prefill server can write into the decode server's pool); 'none': no "
                    "flag (CPU)")
     p.add_argument("--tokenizer", default=None, help="tokenizer for the prompts (default: the model's)")
-    p.add_argument("--request-rate", type=float, default=2.0)
+    p.add_argument("--request-rate", type=float, nargs="+", default=[2.0],
+                   help="one run per rate on the same servers (each with its own prompts: seed + its index)")
     p.add_argument("--num-prompts", type=int, default=200)
     p.add_argument("--input-len", type=int, default=8192, help="prompts are 0.5x-1x this long (4k-8k by default)")
     p.add_argument("--output-len", type=int, default=256)
@@ -284,7 +285,9 @@ def pd_args(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--out", default=str(RESULTS / "pd_vs_colocated.json"))
 
 
-def pd_setup(label: str, pd: bool, model_flags: list[str], bench_args: list[str], gpus: list[list[str]]) -> dict:
+def pd_setup(label: str, pd: bool, model_flags: list[str], bench_args: list[list[str]],
+             gpus: list[list[str]]) -> list[dict]:
+    """One report per entry of bench_args (a rate's run), all on the same servers."""
     ports = [free_port(), free_port()]
     procs: list[subprocess.Popen] = []
     try:
@@ -304,14 +307,17 @@ def pd_setup(label: str, pd: bool, model_flags: list[str], bench_args: list[str]
         procs.append(subprocess.Popen(router_cmd(router_port, router_flags)))
         wait_ready(procs[-1], f"http://127.0.0.1:{router_port}", 120)
         print(f"\n### {label}: workers ready in {max(ready):.1f} s", flush=True)
-        report = bench_main(["--port", str(router_port), *bench_args])
-        states = [httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=30).json()["internal_states"][0]
-                  .get("disaggregation") for port in ports]
+        reports = []
+        for one in bench_args:
+            report = bench_main(["--port", str(router_port), *one])
+            report.pop("config", None)
+            states = [httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=30).json()["internal_states"][0]
+                      .get("disaggregation") for port in ports]  # cumulative over this setup's runs
+            print(f"servers' disaggregation state: {states}", flush=True)
+            reports.append({"system": label, "router_flags": router_flags, "disaggregation_states": states, **report})
     finally:
         stop_all(procs)
-    report.pop("config", None)
-    print(f"servers' disaggregation state: {states}", flush=True)
-    return {"system": label, "router_flags": router_flags, "disaggregation_states": states, **report}
+    return reports
 
 
 def run_pd(args: argparse.Namespace, argv: list[str]) -> dict:
@@ -324,22 +330,36 @@ def run_pd(args: argparse.Namespace, argv: list[str]) -> dict:
     if args.max_total_tokens:
         model_flags += ["--max-total-tokens", str(args.max_total_tokens)]
     gpus = [[] if g == "none" else ["--base-gpu-id", g] for g in args.gpus]
-    bench_args = ["--backend", "radixlm", "--tokenizer", args.tokenizer or args.model_path, "--dataset-name", "random",
-                  "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-                  "--random-range-ratio", "0.5", "--num-prompts", str(args.num_prompts), "--request-rate",
-                  str(args.request_rate), "--seed", str(args.seed), "--warmup-requests", "2", "--disable-tqdm"]
-    pd = pd_setup("PD: 1 prefill GPU + 1 decode GPU", True, model_flags, bench_args, gpus) \
-        if "pd" in args.systems else None
-    colo = pd_setup("co-located: 2 replicas", False, model_flags, bench_args, gpus) \
-        if "colocated" in args.systems else None
+    bench_args = [["--backend", "radixlm", "--tokenizer", args.tokenizer or args.model_path, "--dataset-name",
+                   "random", "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+                   "--random-range-ratio", "0.5", "--num-prompts", str(args.num_prompts), "--request-rate", str(rate),
+                   "--seed", str(args.seed + i), "--warmup-requests", "2", "--disable-tqdm"]
+                  for i, rate in enumerate(args.request_rate)]
+    none = [None] * len(bench_args)
+    pds = pd_setup("PD: 1 prefill GPU + 1 decode GPU", True, model_flags, bench_args, gpus) \
+        if "pd" in args.systems else none
+    colos = pd_setup("co-located: 2 replicas", False, model_flags, bench_args, gpus) \
+        if "colocated" in args.systems else none
     result = {
         "benchmark": "pd_vs_colocated",
         "model": args.model_path, "load_format": args.load_format,
         "workload": {"dataset": "random", "input_len": [args.input_len // 2, args.input_len],
                      "output_len": [args.output_len // 2, args.output_len], "num_prompts": args.num_prompts,
-                     "request_rate": args.request_rate, "seed": args.seed},
+                     "seed": args.seed},
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
         "command": " ".join(["python", SCRIPT, *argv]),
+        "by_rate": [pd_rate(rate, pd, colo) for rate, pd, colo in zip(args.request_rate, pds, colos)],
+    }
+    for r in result["by_rate"]:
+        print(f"\nrate {r['request_rate']}: {json.dumps(r['ratios_pd_over_colocated'], indent=2)}")
+    write(Path(args.out), result)
+    return result
+
+
+def pd_rate(rate: float, pd: dict | None, colo: dict | None) -> dict:
+    """One rate's runs and PD's ratios to the co-located replicas."""
+    return {
+        "request_rate": rate,
         "ratios_pd_over_colocated": None if pd is None or colo is None else {
             "itl_p99": pd["itl_ms"]["p99"] / colo["itl_ms"]["p99"],
             "itl_median": pd["itl_ms"]["median"] / colo["itl_ms"]["median"],
@@ -348,9 +368,6 @@ def run_pd(args: argparse.Namespace, argv: list[str]) -> dict:
         },
         "runs": [r for r in (pd, colo) if r is not None],
     }
-    print("\n" + json.dumps(result["ratios_pd_over_colocated"], indent=2))
-    write(Path(args.out), result)
-    return result
 
 
 def write(path: Path, result: dict) -> None:
