@@ -330,7 +330,7 @@ hicache)
     tests/runtime/cache/hicache/test_host_pool.py tests/runtime/cache/hicache/test_layer_loads.py; \
     $PY benchmarks/serving/hicache_multiturn.py --null-runner --out $OUT/hicache_null_runner.json"
   TAIL=70 step hicache_copy 90 $PY benchmarks/kernels/hicache_copy.py "${copy[@]}" --out "$OUT/hicache_copy.json"
-  TAIL=12 step hicache_multiturn 220 $PY benchmarks/serving/hicache_multiturn.py "${turns[@]}" \
+  TAIL=24 step hicache_multiturn 220 $PY benchmarks/serving/hicache_multiturn.py "${turns[@]}" --pass-clock \
     --out "$OUT/hicache_multiturn.json"
   TAIL=8 step hicache_multiturn_wb 90 $PY benchmarks/serving/hicache_multiturn.py "${turns[@]}" --only on \
     --write-policy write_back --out "$OUT/hicache_multiturn_write_back.json" ;;
@@ -343,7 +343,7 @@ hicache_sgl)
        --max-total-tokens 110592 --hicache-ratio 3.5)
   [ "$DRY" = 1 ] && sgl=(--tiny --clients 6 --turns 3 --first-len 64 --user-len 64 --output-len 4 --max-parallel 2
                          --max-total-tokens 512 --hicache-ratio 3.5)
-  TAIL=12 step hicache_sgl 260 $PY benchmarks/serving/hicache_multiturn.py "${sgl[@]}" \
+  TAIL=24 step hicache_sgl 260 $PY benchmarks/serving/hicache_multiturn.py "${sgl[@]}" --pass-clock \
     --out "$OUT/hicache_multiturn_sgl_shape.json" ;;
 *) echo "unknown part $part" >&2; exit 2 ;;
 esac

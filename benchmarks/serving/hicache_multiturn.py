@@ -7,7 +7,7 @@ round-robin over the clients, --max-parallel at a time, so between two turns of 
 conversation runs once: with a device pool (--max-total-tokens) well under the working set, the plain radix cache
 has evicted a conversation's prefix before its next turn; the hierarchical cache keeps it in host memory.
 
-    python benchmarks/serving/hicache_multiturn.py                      # GPU: Llama-3.1-8B shapes, bf16
+    python benchmarks/serving/hicache_multiturn.py [--pass-clock]       # GPU: Llama-3.1-8B shapes, bf16
     python benchmarks/serving/hicache_multiturn.py --tiny --clients 6 --turns 3 --first-len 64 --user-len 16 \\
         --output-len 4 --max-total-tokens 512 --max-parallel 2          # CPU dry run (tiny shapes)
 
@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 from benchmarks.lib.models import model_dir, tiny_model_dir  # noqa: E402
+from benchmarks.lib.profiling import PassClock, pass_buckets  # noqa: E402
 from radixlm import Engine  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "serving" / "hicache_multiturn.json"
@@ -97,6 +98,7 @@ def run(args, path: str, hierarchical: bool, convs) -> dict:
         # Warm-up outside the measurement (CUDA graphs, kernels' first calls), then a clean cache.
         engine.generate(input_ids=[[7] * 32] * 2, sampling_params={**params, "max_new_tokens": 2})
         engine.flush_cache()
+        clock = PassClock(engine) if args.pass_clock else None
         t0 = time.perf_counter()
         for turn in range(args.turns):
             todo: queue.Queue = queue.Queue()
@@ -117,6 +119,7 @@ def run(args, path: str, hierarchical: bool, convs) -> dict:
             for t in threads:
                 t.join()
         wall = time.perf_counter() - t0
+        passes = pass_buckets(clock.passes()) if clock is not None else None
     finally:
         engine.shutdown()
     prompt = sum(r["prompt_tokens"] for r in records)
@@ -134,6 +137,7 @@ def run(args, path: str, hierarchical: bool, convs) -> dict:
         "ttft_p50_s": round(pct(ttft, 0.5), 4), "ttft_p90_s": round(pct(ttft, 0.9), 4),
         "request_throughput": round(len(records) / wall, 3),
         "input_token_throughput": round(prompt / wall, 1), "output_token_throughput": round(out_tokens / wall, 1),
+        **({"passes": passes} if passes is not None else {}),
     }
 
 
@@ -163,6 +167,9 @@ def main(argv: list[str] | None = None) -> dict:
                         "before 2026-11-29) instead of once per round (CUDA's)")
     p.add_argument("--profile", action="store_true", help="--null-runner: cProfile's top functions (tottime)")
     p.add_argument("--profile-top", type=int, default=30)
+    p.add_argument("--pass-clock", action="store_true",
+                   help="CUDA: each pass's device time and the idle gaps before it, by prefill / decode batch size "
+                        "(benchmarks/lib/profiling.py PassClock): where a run's seconds go")
     args = p.parse_args(argv)
     if args.out is None:
         args.out = NULL_RESULTS if args.null_runner else RESULTS
@@ -181,6 +188,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"| {'on' if r['hierarchical_cache'] else 'off'} | {r['hit_rate']:.3f} | "
               f"{r['hit_rate_after_first_turn']:.3f} | {r['ttft_mean_s']} | {r['ttft_p90_s']} | {r['wall_s']} | "
               f"{r['request_throughput']} | {r['input_token_throughput']} |")
+    for r in runs:
+        for b in r.get("passes") or []:
+            print(f"{'on' if r['hierarchical_cache'] else 'off'} {b['bucket']:>8}: {b['passes']:5d} passes, "
+                  f"busy {b['busy_s']:.2f} s, idle before them {b['idle_s']:.2f} s ({b['share']:.1%} of the span)")
     report = {
         "command": "python benchmarks/serving/hicache_multiturn.py " + " ".join(argv if argv is not None else
                                                                               sys.argv[1:]),
