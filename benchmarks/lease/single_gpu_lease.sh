@@ -321,15 +321,14 @@ hicache)
   # issue 54 item 1, one call (timeouts 490 s, at most 550 s with kill grace; ~3 min expected): the host pool's CUDA tests (copies both ways, uva and DMA,
   # loads layer by layer) and, in the same step (8 files come back), the scheduler's host work per round on the
   # multi-turn stream without a model (--null-runner: off / write_through / write_back, the host tier's copies on
-  # CUDA; seconds), the copy benchmark on 8B shapes, the multi-turn benchmark off/on, then on with write_back.
+  # CUDA; seconds), the multi-turn benchmark off/on (with each pass's device time), then on with write_back.
   banner
-  copy=(); turns=()
-  [ "$DRY" = 1 ] && { copy=(--dry); turns=(--tiny --clients 6 --turns 3 --first-len 64 --user-len 16 --output-len 4
+  turns=()
+  [ "$DRY" = 1 ] && { turns=(--tiny --clients 6 --turns 3 --first-len 64 --user-len 16 --output-len 4
                       --max-total-tokens 512 --max-parallel 2); }
   TAIL=45 step hicache_tests 90 bash -c "$PY -m pytest -q -p no:cacheprovider -rfEs \
     tests/runtime/cache/hicache/test_host_pool.py tests/runtime/cache/hicache/test_layer_loads.py; \
     $PY benchmarks/serving/hicache_multiturn.py --null-runner --out $OUT/hicache_null_runner.json"
-  TAIL=70 step hicache_copy 90 $PY benchmarks/kernels/hicache_copy.py "${copy[@]}" --out "$OUT/hicache_copy.json"
   TAIL=24 step hicache_multiturn 220 $PY benchmarks/serving/hicache_multiturn.py "${turns[@]}" --pass-clock \
     --out "$OUT/hicache_multiturn.json"
   TAIL=8 step hicache_multiturn_wb 90 $PY benchmarks/serving/hicache_multiturn.py "${turns[@]}" --only on \
