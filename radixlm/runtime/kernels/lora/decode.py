@@ -24,17 +24,23 @@ from radixlm.runtime.kernels.lora.config import LoraDecodeConfig
 from radixlm.runtime.kernels.lora.shapes import check_lora_args, check_parts
 
 
+@triton.jit
+def _block_rows(blk_slot_ptr, blk_rows_ptr, blk, BLOCK_M: tl.constexpr):
+    """A row block's adapter slot (-1: no adapter), its row offsets, which are real rows, and their int64 indices."""
+    slot = tl.load(blk_slot_ptr + blk)
+    rm = tl.arange(0, BLOCK_M)
+    rows = tl.load(blk_rows_ptr + blk * BLOCK_M + rm)
+    valid = rows >= 0
+    return slot, rm, valid, tl.where(valid, rows, 0).to(tl.int64)
+
+
 @triton.jit(do_not_specialize=["K_SPLIT"])
 def _shrink_padded(x_ptr, a_ptr, part_ptr, blk_slot_ptr, blk_rows_ptr, K, W, K_SPLIT, stride_xm, stride_as,
                    stride_aw, stride_ps, stride_pm, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
     blk, wblk, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    slot = tl.load(blk_slot_ptr + blk)
-    rm = tl.arange(0, BLOCK_M)
-    rows = tl.load(blk_rows_ptr + blk * BLOCK_M + rm)
+    slot, rm, valid, rows64 = _block_rows(blk_slot_ptr, blk_rows_ptr, blk, BLOCK_M)
     if slot >= 0:
-        valid = rows >= 0
-        rows64 = tl.where(valid, rows, 0).to(tl.int64)
         rw = wblk * BLOCK_W + tl.arange(0, BLOCK_W)
         rk = tl.arange(0, BLOCK_K)
         k_lo = split * K_SPLIT
@@ -69,12 +75,8 @@ def _expand_padded(part_ptr, b_ptr, out_ptr, scaling_ptr, blk_slot_ptr, blk_rows
                    NUM_PARTS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_R: tl.constexpr, NUM_STAGES: tl.constexpr):
     blk, chunk = tl.program_id(0), tl.program_id(1)
-    slot = tl.load(blk_slot_ptr + blk)
-    rm = tl.arange(0, BLOCK_M)
-    rows = tl.load(blk_rows_ptr + blk * BLOCK_M + rm)
+    slot, rm, valid, rows64 = _block_rows(blk_slot_ptr, blk_rows_ptr, blk, BLOCK_M)
     if slot >= 0:
-        valid = rows >= 0
-        rows64 = tl.where(valid, rows, 0).to(tl.int64)
         rw = tl.arange(0, BLOCK_R)
         # Part j: output columns [P_j, P_j+1) (P0 = 0, P_NUM_PARTS = N), rank block [j * R, (j + 1) * R).
         xa0 = _xa(part_ptr, blk, rm, valid, rw, 0, R, stride_ps, stride_pm, SPLITS, BLOCK_M, BLOCK_R)
