@@ -59,14 +59,7 @@ class Fp8MmaConfig:
     fused_act: bool = False  # quantize the activations in the K loop where the scheme allows (blocks, static scale)
 
     def __post_init__(self):
-        for name in ("block_m", "block_n", "num_warps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0 or v & (v - 1):
-                raise ValueError(f"Fp8MmaConfig.{name} must be a power of two, got {v!r}")
-        if self.block_k not in BLOCK_KS or not 16 <= self.block_m <= 256 or not 16 <= self.block_n <= 256:
-            raise ValueError(f"Fp8MmaConfig: block_k in {BLOCK_KS}, block_m and block_n in 16..256, got {self}")
-        if not 0 <= self.split_k <= tiles.MAX_SPLIT or self.num_stages < 1:
-            raise ValueError(f"Fp8MmaConfig: split_k in 0..{tiles.MAX_SPLIT}, num_stages >= 1, got {self}")
+        tiles.check_mma_config(self, BLOCK_KS)
         if not isinstance(self.fused_act, bool):
             raise ValueError(f"Fp8MmaConfig.fused_act must be true or false, got {self.fused_act!r}")
 

@@ -67,14 +67,7 @@ class Int4MmaConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "x_load", XLoad(self.x_load))
-        for name in ("block_m", "block_n", "num_warps"):
-            v = getattr(self, name)
-            if v <= 0 or v & (v - 1):
-                raise ValueError(f"Int4MmaConfig.{name} must be a power of two, got {v}")
-        if self.block_k not in BLOCK_KS or not 16 <= self.block_m <= 256 or not 16 <= self.block_n <= 256:
-            raise ValueError(f"Int4MmaConfig: block_k in {BLOCK_KS}, block_m and block_n in 16..256, got {self}")
-        if not 0 <= self.split_k <= tiles.MAX_SPLIT or self.num_stages < 1:
-            raise ValueError(f"Int4MmaConfig: split_k in 0..{tiles.MAX_SPLIT}, num_stages >= 1, got {self}")
+        tiles.check_mma_config(self, BLOCK_KS)
 
 
 def _pair_asm(magic2: int, one2: int, fma: str) -> tl.constexpr:

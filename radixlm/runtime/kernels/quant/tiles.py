@@ -137,5 +137,19 @@ def per_device(make: Callable[[torch.device], T]) -> Callable[[torch.device], T]
     return get
 
 
+def check_mma_config(cfg, block_ks: tuple[int, ...]) -> None:
+    """The tensor-core kernels' config fields (block_m/n/k, num_warps, num_stages, split_k): a ValueError naming the
+    config's class for any out of bounds."""
+    name = type(cfg).__name__
+    for field in ("block_m", "block_n", "num_warps"):
+        v = getattr(cfg, field)
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0 or v & (v - 1):
+            raise ValueError(f"{name}.{field} must be a power of two, got {v!r}")
+    if cfg.block_k not in block_ks or not 16 <= cfg.block_m <= 256 or not 16 <= cfg.block_n <= 256:
+        raise ValueError(f"{name}: block_k in {block_ks}, block_m and block_n in 16..256, got {cfg}")
+    if not 0 <= cfg.split_k <= MAX_SPLIT or cfg.num_stages < 1:
+        raise ValueError(f"{name}: split_k in 0..{MAX_SPLIT}, num_stages >= 1, got {cfg}")
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
