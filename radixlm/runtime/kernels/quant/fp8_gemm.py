@@ -31,7 +31,7 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.quant import fp8_act, fp8_gemv, fp8_mma, fp8_w8a16, quant_tuned, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import FP8_DTYPE, dequant_fp8
-from radixlm.runtime.kernels.quant.splitk import store_tile
+from radixlm.runtime.kernels.quant.splitk import store_tile, tile_range
 from radixlm.runtime.kernels.quant.tiles import TileConfig
 
 SCALED_MM_ALIGN = 16
@@ -60,17 +60,8 @@ def _w8a8_kernel(A, AS, B, BS, Bias, Y, M, N, K, stride_am, stride_asm, stride_b
     """y = (a * as) @ (b * bs).T. BLOCKWISE: as (M, K / BLOCK_K), bs (ceil(N / GROUP_N), K / BLOCK_K), applied per K
     tile; else as (M,) and bs (N,) (stride 0: one value), applied once after the loop. SPLIT: program_id(2) sums
     k_tiles_per_split tiles into float32 partials at Y + pid_k * stride_ys (splitk.reduce_splits finishes)."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_mask = offs_m < M
-    n_mask = offs_n < N
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    t0 = pid_k * k_tiles_per_split
-    t1 = tl.minimum(t0 + k_tiles_per_split, k_tiles)
+    offs_m, offs_n, offs_k, m_mask, n_mask, t0, t1, pid_k = tile_range(M, N, K, k_tiles_per_split, BLOCK_M,
+                                                                        BLOCK_N, BLOCK_K)
     a_ptrs = A + offs_m[:, None] * stride_am + offs_k[None, :]
     b_ptrs = B + offs_n[None, :] * stride_bn + offs_k[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)

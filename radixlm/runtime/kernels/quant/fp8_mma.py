@@ -35,7 +35,7 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.quant import fp8_act, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import ACT_EPS, FP8_DTYPE, FP8_MAX
-from radixlm.runtime.kernels.quant.splitk import store_tile
+from radixlm.runtime.kernels.quant.splitk import store_tile, tile_range
 
 ROW_BOUNDS = (8, 16, 64, 256)  # the row buckets (tiles.ROW_BUCKETS) a table entry may name: 5..256 rows
 BLOCK_KS = (64, 128, 256)  # an 8-bit dot's K is at least 32; the block weights' tile is their block K (128)
@@ -72,17 +72,8 @@ def _fp8_mma_kernel(X, XS, W, WS, Bias, Y, M, N, K, stride_xm, stride_xsm, strid
     """y = (q * a_s) @ (w * w_s)^T, accumulated as acc[BLOCK_N, BLOCK_M]. BLOCKWISE: w_s (ceil(N / GROUP_N), K /
     BLOCK_K) and (ACT PRE) a_s (M, K / BLOCK_K), applied per K tile; else w_s (N,) or one value (stride 0) and a_s
     (M,) or one value, applied once after the loop."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_mask = offs_m < M
-    n_mask = offs_n < N
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    t0 = pid_k * k_tiles_per_split
-    t1 = tl.minimum(t0 + k_tiles_per_split, k_tiles)
+    offs_m, offs_n, offs_k, m_mask, n_mask, t0, t1, pid_k = tile_range(M, N, K, k_tiles_per_split, BLOCK_M,
+                                                                        BLOCK_N, BLOCK_K)
     x_ptrs = X + offs_m[:, None] * stride_xm + offs_k[None, :]
     w_ptrs = W + offs_n[:, None] * stride_wn + offs_k[None, :]
     if ACT == 2:

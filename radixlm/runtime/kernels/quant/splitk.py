@@ -8,6 +8,20 @@ import triton.language as tl
 
 
 @triton.jit
+def tile_range(M, N, K, k_tiles_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The program's output tile (grid: N tiles, M tiles, K splits) and its K tiles [t0, t1): offs_m, offs_n, offs_k,
+    m_mask, n_mask, t0, t1, pid_k."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    t0 = pid_k * k_tiles_per_split
+    t1 = tl.minimum(t0 + k_tiles_per_split, tl.cdiv(K, BLOCK_K))
+    return offs_m, offs_n, tl.arange(0, BLOCK_K), offs_m < M, offs_n < N, t0, t1, pid_k
+
+
+@triton.jit
 def store_tile(acc, Y, Bias, offs_m, offs_n, m_mask, n_mask, stride_ym, stride_ys, pid_k, SPLIT: tl.constexpr,
                HAS_BIAS: tl.constexpr):
     """A GEMM tile's float32 result: with SPLIT, program pid_k's partial into its slice of Y (float32, summed by
