@@ -144,17 +144,11 @@ def _reduce_in_kernel(Y, Out, Bias, Cnt, offs_n, n_mask, pid_n, M, stride_ym, st
         tl.atomic_xchg(Cnt + pid_n, 0, sem="relaxed", scope="gpu")
 
 
-@triton.jit(do_not_specialize=["M", "stride_ys", "tiles_per_split", "splits"],
-            do_not_specialize_on_alignment=["X"])
-def _w4a16_packed_kernel(X, QW, S, Z, Bias, Y, Out, Cnt, M, N, K, group_size, stride_xm, stride_qk, stride_sg,
-                         stride_ym, stride_ys, stride_om, tiles_per_split, splits, ROWS: tl.constexpr,
-                         HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FUSED: tl.constexpr, EVEN_K: tl.constexpr,
-                         EVEN_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
-                         SPLIT_P2: tl.constexpr):
-    """int4_skinny._w4a16_skinny_kernel's launch and result (rows past M, up to ROWS <= 4, repeat row M - 1 and are
-    not stored); X: int64 words of four bf16 (ASM) or float32 (the interpreter's emulation). SPLIT: Y holds the
-    float32 partials; FUSED (with SPLIT): the column tile's last program sums them into Out (_reduce_in_kernel),
-    else splitk.reduce_splits does, in a launch of its own."""
+@triton.jit
+def first_w4_tile(QW, M, N, K, stride_qk, stride_xm, tiles_per_split, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The few-row W4A16 kernels' start (grid: N tiles, K splits): the program's column tile, its packed-K range
+    [kp_start, kp_end), the first tile of packed weights, and the x offsets of rows 1-3 (repeating row M - 1)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -171,6 +165,22 @@ def _w4a16_packed_kernel(X, QW, S, Z, Bias, Y, Out, Cnt, M, N, K, group_size, st
     r1 = tl.minimum(1, M - 1) * stride_xm
     r2 = tl.minimum(2, M - 1) * stride_xm
     r3 = tl.minimum(3, M - 1) * stride_xm
+    return pid_n, pid_k, offs_n, offs_kp, n_mask, kp_start, kp_end, w_ptrs, w_next, r1, r2, r3
+
+
+@triton.jit(do_not_specialize=["M", "stride_ys", "tiles_per_split", "splits"],
+            do_not_specialize_on_alignment=["X"])
+def _w4a16_packed_kernel(X, QW, S, Z, Bias, Y, Out, Cnt, M, N, K, group_size, stride_xm, stride_qk, stride_sg,
+                         stride_ym, stride_ys, stride_om, tiles_per_split, splits, ROWS: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FUSED: tl.constexpr, EVEN_K: tl.constexpr,
+                         EVEN_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
+                         SPLIT_P2: tl.constexpr):
+    """int4_skinny._w4a16_skinny_kernel's launch and result (rows past M, up to ROWS <= 4, repeat row M - 1 and are
+    not stored); X: int64 words of four bf16 (ASM) or float32 (the interpreter's emulation). SPLIT: Y holds the
+    float32 partials; FUSED (with SPLIT): the column tile's last program sums them into Out (_reduce_in_kernel),
+    else splitk.reduce_splits does, in a launch of its own."""
+    pid_n, pid_k, offs_n, offs_kp, n_mask, kp_start, kp_end, w_ptrs, w_next, r1, r2, r3 = first_w4_tile(
+        QW, M, N, K, stride_qk, stride_xm, tiles_per_split, EVEN_K, EVEN_N, BLOCK_N, BLOCK_K)
     acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)

@@ -121,22 +121,8 @@ def _w4a16_skinny_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, s
     """y[:M] = x[:M] @ dequant(qweight).T (+ bias); program (pid_n, pid_k) sums tiles_per_split BLOCK_K tiles from tile
     pid_k * tiles_per_split. X: XKIND's words (stride_xm in X's elements). Rows past M (up to ROWS <= 4) repeat row
     M - 1 and are not stored."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_kp = tl.arange(0, BLOCK_K // 8)
-    n_mask = offs_n < N
-    kp_start = pid_k * tiles_per_split * (BLOCK_K // 8)
-    kp_end = tl.minimum(kp_start + tiles_per_split * (BLOCK_K // 8), K // 8)
-    w_ptrs = QW + offs_kp[:, None] * stride_qk + offs_n[None, :]
-    if EVEN_K and EVEN_N:
-        w_next = tl.load(w_ptrs + kp_start * stride_qk)
-    else:
-        w_next = tl.load(w_ptrs + kp_start * stride_qk, mask=n_mask[None, :] & (kp_start + offs_kp < kp_end)[:, None],
-                         other=0)
-    r1 = tl.minimum(1, M - 1) * stride_xm
-    r2 = tl.minimum(2, M - 1) * stride_xm
-    r3 = tl.minimum(3, M - 1) * stride_xm
+    pid_n, pid_k, offs_n, offs_kp, n_mask, kp_start, kp_end, w_ptrs, w_next, r1, r2, r3 = int4_packed.first_w4_tile(
+        QW, M, N, K, stride_qk, stride_xm, tiles_per_split, EVEN_K, EVEN_N, BLOCK_N, BLOCK_K)
     acc0 = tl.zeros([BLOCK_K // 8, BLOCK_N], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_K // 8, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_K // 8, BLOCK_N], dtype=tl.float32)
