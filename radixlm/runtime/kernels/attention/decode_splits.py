@@ -127,13 +127,14 @@ DECODE_VARIANTS = {  # likeliest first: a timed run under a budget drops the las
 }
 # The defaults, per (pool of float8, wide pass); fixed per server and batch class, so start-up's passes build them
 # (kernels/startup/kernel_variants.py). A model-dtype pool keeps the blocks it had (64 positions, 128 in wide passes):
-# same blocks, same numerics, whatever the pipeline. The float8 ones are picked blind (sm_90 registers and round
-# trips, above) until fp8_kv_decode_gpu.py --variants has timed them.
+# same blocks, same numerics, whatever the pipeline. The float8 ones are fp8_kv_decode_gpu.py --variants' fastest on an
+# H200 (2026-11-29, Llama-3.1-8B heads, 8k-token contexts): e4m3 at batch 64 0.461 ms against n128p1r128's 0.538
+# (bf16's s3: 0.521), at batch 128 in wide passes 0.870 ms (benchmarks/results/kernels/fp8_kv_decode_h200_v4).
 DECODE_DEFAULT_VARIANTS = {
     (False, False): "s3",
     (False, True): "wide",
-    (True, False): "n128p1r128",
-    (True, True): "n128p1r128",
+    (True, False): "n128p1r128h",
+    (True, True): "n128p1r128h",
 }
 
 
