@@ -9,7 +9,8 @@ with that message and frees its slots; an abort cancels the fetch and frees them
 
 On CUDA the fetch carries this pool's export and the request's slots (cuda_ipc.py): a prefill server on this host
 writes the KV there itself and answers once it is written. Such slots are not freed on an abort until the room's
-answer (or its timeout) says nothing more will be written into them."""
+answer (or its timeout) says nothing more will be written into them. Their ids reach the host behind the pass in
+flight (HostSlots), so such a fetch goes out a step after the slots are taken."""
 from __future__ import annotations
 
 import logging
@@ -46,6 +47,24 @@ class DecodeHooks:
     tp_rank: int = 0
 
 
+class HostSlots:
+    """A request's slot ids on their way to the host. On CUDA they come behind the pass in flight: reading them at
+    once would wait for that pass, and the device would idle while this step plans the next one."""
+
+    def __init__(self, slots: torch.Tensor):
+        self.event = None
+        if slots.is_cuda:
+            self.ids = torch.empty(slots.shape, dtype=slots.dtype, pin_memory=True)
+            self.ids.copy_(slots, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.ids = slots
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+
 def scatter_kv(kv_pool: TokenToKVPool, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Writes [layers, tokens, heads, head dim] k and v into `slots` of every layer."""
     if k.shape[0] != kv_pool.num_layers or k.shape[2:] != kv_pool.k_buffer[0].shape[1:] or k.dtype != kv_pool.dtype:
@@ -70,6 +89,8 @@ class DecodeSide:
         self.arrived: dict[int, KVPayload] = {}  # this rank's shards that came, until every rank has its own
         self.received = 0
         self.in_place: set[int] = set()  # rooms whose fetch let the prefill server write into their slots
+        # Requests holding slots whose fetch (with this pool's export) waits for their slot ids on the host.
+        self.unsent: dict[int, tuple[Req, HostSlots]] = {}
         # Aborted requests of such rooms: their slots stay held until every rank has the room's answer (drained).
         self.draining: dict[int, Req] = {}
         self.drained: set[int] = set()
@@ -87,6 +108,7 @@ class DecodeSide:
         tensor-parallel rank: each rank fetches its own shard, and a request starts on all ranks in the same step,
         failing on all if it failed on one)."""
         self._allocate()
+        self._send()
         if not self.pending and not self.draining:
             return
         holders = [r for r in self.pending if r.req_pool_idx is not None]
@@ -115,6 +137,9 @@ class DecodeSide:
             room = req.bootstrap.room
             if req.req_pool_idx is not None:
                 self.arrived.pop(room, None)
+                if self.unsent.pop(room, None) is not None:  # never fetched: nothing writes into its slots
+                    self._end(req, reasons[req.rid])
+                    continue
                 if room in self.in_place:  # the prefill server may be writing into its slots: answered now, freed later
                     req.finished_reason = reasons[req.rid]
                     self.draining[room] = req
@@ -140,14 +165,29 @@ class DecodeSide:
                 self.hooks.planner.release(req, insert=False)
                 req.reset_kv_state()
 
-    def _dest(self, slots: torch.Tensor) -> dict | None:
-        """Where a prefill server on this host may write a room's KV (None: this pool cannot be shared)."""
+    def _pool(self) -> dict | None:
+        """This pool's export, for a prefill server on this host to write rooms into (None: it cannot be shared)."""
         bufs = self.hooks.kv_pool.buffers()
         key = (len(bufs), bufs[0].data_ptr() if bufs else 0)
         if self._export is None or self._export[0] != key:  # the pool was released and allocated again meanwhile
             self._export = (key, export_pool(bufs))
-        pool = self._export[1]
-        return None if pool is None else {"pool": pool, "slots": slots.tolist()}
+        return self._export[1]
+
+    def _fetch(self, req: Req, dest: dict | None) -> None:
+        b = req.bootstrap
+        if dest is not None:
+            self.in_place.add(b.room)
+        # Prefill rank i's bootstrap server listens on the port + i (disagg_prefill.py): rank i takes its shard.
+        self.receiver.fetch(b.room, b.host, b.port + self.hooks.tp_rank, self.timeout_s, dest)
+
+    def _send(self) -> None:
+        """The fetches whose slot ids reached the host, in the order their slots were taken."""
+        for room, (req, slots) in list(self.unsent.items()):
+            if not slots.ready():
+                return
+            del self.unsent[room]
+            pool = self._pool()
+            self._fetch(req, None if pool is None else {"pool": pool, "slots": slots.ids.tolist()})
 
     def _allocate(self) -> None:
         h = self.hooks
@@ -173,12 +213,10 @@ class DecodeSide:
             req.cache_lock, _ = planner.tree_cache.lock(planner.tree_cache.root_node, 0)
             req.kv.committed = n  # its slots (their KV arrives later; _end frees them without inserting)
             held += 1
-            b = req.bootstrap
-            dest = self._dest(slots)
-            if dest is not None:
-                self.in_place.add(b.room)
-            # Prefill rank i's bootstrap server listens on the port + i (disagg_prefill.py): rank i takes its shard.
-            self.receiver.fetch(b.room, b.host, b.port + h.tp_rank, self.timeout_s, dest)
+            if self._pool() is None:
+                self._fetch(req, None)
+            else:
+                self.unsent[req.bootstrap.room] = (req, HostSlots(slots))
 
     def _arrived(self, req: Req, payload: KVPayload) -> None:
         self.in_place.discard(payload.room)

@@ -188,3 +188,33 @@ def test_abort_keeps_in_place_slots_until_the_room_answers(engines, in_place):
         time.sleep(0.02)
     assert not side.draining and not side.holding()
     assert decode.flush_cache()
+
+
+def test_fetch_waits_for_the_slot_ids_and_an_abort_before_it_frees_at_once(engines, in_place, monkeypatch):
+    """A fetch carrying the pool goes out only once the request's slot ids reached the host (on CUDA: behind the
+    pass in flight); a request aborted before that was never fetched, so its slots are freed at once."""
+    from radixlm.runtime.scheduler import disagg_decode
+
+    _, decode, port = engines
+    side = decode.scheduler.pd_decode
+    arrived = threading.Event()
+
+    class SlowSlots(disagg_decode.HostSlots):
+        def ready(self) -> bool:
+            return arrived.is_set()
+
+    monkeypatch.setattr(disagg_decode, "HostSlots", SlowSlots)
+    ids = random_prompts(8, [7], CFG["vocab_size"])[0]
+    got = {}
+    t = threading.Thread(target=lambda: got.update(out=decode.generate(
+        input_ids=ids, sampling_params=SP, rid="unsent", bootstrap=BootstrapInfo("127.0.0.1", port, 1200))))
+    t.start()
+    deadline = time.monotonic() + 5
+    while 1200 not in side.unsent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert 1200 in side.unsent and 1200 not in side.in_place  # slots held, no fetch yet
+    decode.abort_request("unsent")
+    t.join(5)
+    assert got["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert not side.unsent and not side.draining and not side.holding()
+    assert decode.flush_cache()
