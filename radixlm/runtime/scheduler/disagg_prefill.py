@@ -6,9 +6,10 @@ fetches (or dies mid-transfer) leaves only the host copy, dropped after --disagg
 a room (the server's warm-up, a direct call) runs as on a plain server.
 
 Where the decode server's fetch came first and carries its pool (a GPU of this host that this process sees:
-cuda_ipc.py), the KV goes from this pool's slots straight into the decode server's, queued on this scheduler's stream
-before anything can reuse the slots, and the room's answer (its first token and logprobs) leaves once the copy is
-done."""
+cuda_ipc.py), the KV goes from this pool's slots straight into the decode server's and the room's answer (its first
+token and logprobs) leaves once the copy is done. The copy runs on a stream of its own after the pass that finished
+the request, not behind the pass the overlap scheduler launched meanwhile (a whole prefill pass of delay), and this
+scheduler's stream waits for it before anything can reuse the slots."""
 from __future__ import annotations
 
 import dataclasses
@@ -50,6 +51,7 @@ class PrefillSide:
         self.sender = sender or make_sender(args.disaggregation_transfer_backend,
                                             args.disaggregation_bootstrap_port + tp_rank, args.disaggregation_timeout,
                                             self.peers)
+        self.copy_stream: torch.cuda.Stream | None = None  # in-place copies on CUDA (made at the first)
         self.published = 0
         self.written_in_place = 0  # of them, rooms whose KV this server wrote into the decode server's pool
 
@@ -58,8 +60,9 @@ class PrefillSide:
         if req.bootstrap is not None:
             req.sampling_params = dataclasses.replace(req.sampling_params, max_new_tokens=1)
 
-    def on_finished(self, req: Req) -> None:
-        """Before the request's pages are released: publish its room (its KV, or why there is none)."""
+    def on_finished(self, req: Req, pass_done: torch.cuda.Event | None = None) -> None:
+        """Before the request's pages are released: publish its room (its KV, or why there is none). pass_done: the
+        event of the pass that finished it (on CUDA)."""
         if req.bootstrap is None:
             return
         room, n = req.bootstrap.room, len(req.origin_input_ids)
@@ -85,7 +88,7 @@ class PrefillSide:
                 if problem is not None:
                     self.sender.publish(KVPayload(room, error=problem), to=asker)
                     return
-                event = copy_slots(self.kv_pool.buffers(), slots, peer, torch.tensor(dest["slots"]))
+                event = self._write_in_place(slots, peer, torch.tensor(dest["slots"]), pass_done)
                 self.sender.publish(KVPayload(room, written_tokens=n, **meta), ready=event, to=asker)
                 self.published += 1
                 self.written_in_place += 1
@@ -99,6 +102,24 @@ class PrefillSide:
             ready.record()
         self.sender.publish(KVPayload(room, k=k, v=v, **meta), ready=ready, to=asker)
         self.published += 1
+
+    def _write_in_place(self, slots: torch.Tensor, peer: list[torch.Tensor], dest_slots: torch.Tensor,
+                        pass_done: torch.cuda.Event | None) -> torch.cuda.Event | None:
+        src = self.kv_pool.buffers()
+        if not slots.is_cuda:
+            return copy_slots(src, slots, peer, dest_slots)
+        main = torch.cuda.current_stream(slots.device)
+        if self.copy_stream is None:
+            self.copy_stream = torch.cuda.Stream(slots.device)
+        if pass_done is not None:
+            self.copy_stream.wait_event(pass_done)
+        else:
+            self.copy_stream.wait_stream(main)
+        slots.record_stream(self.copy_stream)
+        with torch.cuda.stream(self.copy_stream):
+            event = copy_slots(src, slots, peer, dest_slots)
+        main.wait_stream(self.copy_stream)  # the slots go to the tree: nothing later on main reuses them before the reads
+        return event
 
     def close(self) -> None:
         self.sender.close()

@@ -33,6 +33,7 @@ class BatchResult:
     next_ids: HostCopy | None = None  # the sampled tokens (None when every sampling row is decided on demand)
     logprobs: torch.Tensor | None = None  # log_softmax of the sampling rows, when a sampler asked for logprobs
     masks: PassMasks | None = None  # the pass's grammar masks and draft verification
+    done: torch.cuda.Event | None = None  # on CUDA, recorded after the pass: what reads its KV on another stream waits
 
     def token_ids(self) -> list[int | None]:
         n = len(self.batch.samplers)
@@ -63,10 +64,13 @@ class ResultProcessor:
         self.tokenizer = tokenizer
         self.generator = generator
         # Called with each request that finished, before its KV is released (a prefill server publishes it).
-        self.on_finished: Callable[[Req], None] | None = None
+        # Called with a request that finished and the event of the pass that finished it (None off CUDA).
+        self.on_finished: Callable[[Req, torch.cuda.Event | None], None] | None = None
+        self._pass_done: torch.cuda.Event | None = None  # the event of the pass being processed
 
     def process_batch_result(self, result: BatchResult) -> None:
         batch, out = result.batch, result.out
+        self._pass_done = result.done
         self.stats["passes_processed"] += 1
         next_ids = result.token_ids()
         masks = self.masks
@@ -146,7 +150,7 @@ class ResultProcessor:
             req.input_logprobs_done = True
         if req.finished():
             if self.on_finished is not None:
-                self.on_finished(req)
+                self.on_finished(req, self._pass_done)
             self.planner.release(req)
             self.ratio.note_finished(req)
             self.stats["prompt_tokens"] += len(req.origin_input_ids)

@@ -21,17 +21,35 @@ CFG = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_lay
 SP = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 
 
+def _start(path, device: str):
+    port = free_port()
+    common = dict(dtype="float32", device=device, max_total_tokens=2048, enable_integrity_check=True, random_seed=0,
+                  page_size=4)
+    prefill = radixlm.Engine(str(path), disaggregation_mode="prefill", disaggregation_bootstrap_port=port, **common)
+    decode = radixlm.Engine(str(path), disaggregation_mode="decode", disaggregation_timeout=1.0,
+                            speculative_algorithm="NGRAM", **common)
+    return prefill, decode, port
+
+
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     torch.set_num_threads(1)
     path = tmp_path_factory.mktemp("pd-engines")
     save_tiny(LlamaConfig(**CFG), path, seed=0)
-    port = free_port()
-    common = dict(dtype="float32", device="cpu", max_total_tokens=2048, enable_integrity_check=True, random_seed=0,
-                  page_size=4)
-    prefill = radixlm.Engine(str(path), disaggregation_mode="prefill", disaggregation_bootstrap_port=port, **common)
-    decode = radixlm.Engine(str(path), disaggregation_mode="decode", disaggregation_timeout=1.0,
-                            speculative_algorithm="NGRAM", **common)
+    prefill, decode, port = _start(path, "cpu")
+    yield prefill, decode, port
+    prefill.shutdown()
+    decode.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cuda_engines(tmp_path_factory):
+    """The same pair on CUDA (one GPU): the in-place copy runs on the prefill side's copy stream."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    path = tmp_path_factory.mktemp("pd-engines-cuda")
+    save_tiny(LlamaConfig(**CFG), path, seed=0)
+    prefill, decode, port = _start(path, "cuda")
     yield prefill, decode, port
     prefill.shutdown()
     decode.shutdown()
@@ -125,11 +143,17 @@ class _SameProcessPeers:
 
 
 @pytest.fixture
-def in_place(engines, monkeypatch):
+def pair(request):
+    """The CPU pair, or the CUDA one where a test is parametrized with "cuda_engines"."""
+    return request.getfixturevalue(getattr(request, "param", "engines"))
+
+
+@pytest.fixture
+def in_place(pair, monkeypatch):
     """Both Engines as on one CUDA host: the decode side's fetches carry a pool, and the prefill side writes into it."""
     from radixlm.runtime.scheduler import disagg_decode
 
-    prefill, decode, _ = engines
+    prefill, decode, _ = pair
     side = decode.scheduler.pd_decode
     monkeypatch.setattr(disagg_decode, "export_pool", lambda bufs: {"host": "this", "buffers": []})
     monkeypatch.setattr(side, "_export", None)
@@ -140,11 +164,12 @@ def in_place(engines, monkeypatch):
     side._export = None
 
 
-def test_prefill_writes_into_the_decode_pool(engines, in_place):
+@pytest.mark.parametrize("pair", ["engines", "cuda_engines"], indirect=True)
+def test_prefill_writes_into_the_decode_pool(pair, in_place):
     """With a pool in the fetch, the prefill side copies the KV into the decode side's slots and sends no KV bytes,
-    whether the fetch came first (the scheduler's copy at the request's end) or the room finished first (the
-    bootstrap thread's copy when the fetch comes): the tokens equal a plain run's."""
-    prefill, decode, port = engines
+    whether the fetch came first (the scheduler's copy at the request's end, on CUDA on its copy stream) or the room
+    finished first (the bootstrap thread's copy when the fetch comes): the tokens equal a plain run's."""
+    prefill, decode, port = pair
     side = prefill.scheduler.disagg.prefill
     p1, p2 = random_prompts(6, [6, 21], CFG["vocab_size"])
     want1, want2 = (decode.generate(input_ids=p, sampling_params=SP)["output_ids"] for p in (p1, p2))
