@@ -7,6 +7,7 @@ the header being the payload's fields but k and v, plus their dtype (one of WIRE
 the bootstrap port listens on every interface, and nothing read from it may run code."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import json
@@ -181,6 +182,7 @@ class ZmqKVSender(_Worker):
         self._staged = 0  # bytes of KV held on the GPU in `ready` (and in the inbox), under _dest_lock
         self.peers = peers if peers is not None else PeerPools()
         self.written = 0  # rooms written into a decode server's pool by this thread (staged ones)
+        self._stream: torch.cuda.Stream | None = None  # this thread's copies of staged KV (made at the first)
         self._pending = 0
         self.thread.start()
 
@@ -251,15 +253,19 @@ class ZmqKVSender(_Worker):
                 with self._dest_lock:
                     self._staged -= _nbytes(payload)
             written = None
-            try:
-                written = self._write(payload, dest) if dest is not None else None
-            except Exception as e:  # noqa: BLE001 - the host path still serves the room
-                logger.warning("room %d: writing into the decode server's pool failed (%s: %s); sent from the host",
-                               payload.room, type(e).__name__, e)
-            if written is not None:
-                payload = written
-            elif payload.k.is_cuda:
-                payload = dataclasses.replace(payload, k=payload.k.cpu(), v=payload.v.cpu())
+            if payload.k.is_cuda and self._stream is None:
+                self._stream = torch.cuda.Stream(payload.k.device)
+            # Not the legacy default stream, which the scheduler's passes run on: these copies would queue behind them.
+            with torch.cuda.stream(self._stream) if payload.k.is_cuda else contextlib.nullcontext():
+                try:
+                    written = self._write(payload, dest) if dest is not None else None
+                except Exception as e:  # noqa: BLE001 - the host path still serves the room
+                    logger.warning("room %d: writing into the decode server's pool failed (%s: %s); sent from the "
+                                   "host", payload.room, type(e).__name__, e)
+                if written is not None:
+                    payload = written
+                elif payload.k.is_cuda:
+                    payload = dataclasses.replace(payload, k=payload.k.cpu(), v=payload.v.cpu())
         self._send(identity, encode(payload))
 
     def _write(self, payload: KVPayload, dest: dict) -> KVPayload | None:
@@ -276,6 +282,8 @@ class ZmqKVSender(_Worker):
         write_rows(rows, peer, torch.tensor(dest["slots"]))
         if peer[0].is_cuda:
             torch.cuda.current_stream(peer[0].device).synchronize()
+        if rows[0].is_cuda:  # the reads of this pool's staged copy, when the decode pool is on another GPU
+            torch.cuda.current_stream(rows[0].device).synchronize()
         self.written += 1
         return dataclasses.replace(payload, k=None, v=None, written_tokens=payload.num_tokens)
 

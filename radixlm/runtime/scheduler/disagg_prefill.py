@@ -12,6 +12,7 @@ the request, not behind the pass the overlap scheduler launched meanwhile (a who
 scheduler's stream waits for it before anything can reuse the slots."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from typing import TYPE_CHECKING
@@ -88,26 +89,31 @@ class PrefillSide:
                 if problem is not None:
                     self.sender.publish(KVPayload(room, error=problem), to=asker)
                     return
-                event = self._write_in_place(slots, peer, torch.tensor(dest["slots"]), pass_done)
+                with self._aside(slots, pass_done):
+                    event = copy_slots(self.kv_pool.buffers(), slots, peer, torch.tensor(dest["slots"]))
                 self.sender.publish(KVPayload(room, written_tokens=n, **meta), ready=event, to=asker)
                 self.published += 1
                 self.written_in_place += 1
                 return
         # No fetch yet: the KV waits on the GPU (a copy: the slots go to the tree) for the fetch to say where it goes.
         stage = asker is None and slots.is_cuda and self.sender.staged_bytes() < STAGING_MAX_BYTES
-        k, v = gather_kv(self.kv_pool, slots, host=not stage)
         ready = None
-        if stage:
-            ready = torch.cuda.Event()
-            ready.record()
+        with self._aside(slots, pass_done):
+            k, v = gather_kv(self.kv_pool, slots, host=not stage)
+            if stage:
+                ready = torch.cuda.Event()
+                ready.record()
         self.sender.publish(KVPayload(room, k=k, v=v, **meta), ready=ready, to=asker)
         self.published += 1
 
-    def _write_in_place(self, slots: torch.Tensor, peer: list[torch.Tensor], dest_slots: torch.Tensor,
-                        pass_done: torch.cuda.Event | None) -> torch.cuda.Event | None:
-        src = self.kv_pool.buffers()
+    @contextlib.contextmanager
+    def _aside(self, slots: torch.Tensor, pass_done: torch.cuda.Event | None):
+        """On CUDA, runs the block's reads of the request's KV on the copy stream, after the pass that wrote it
+        (pass_done) and not behind the pass launched since; this scheduler's stream then waits for them, since the
+        slots go to the tree and a later pass may reuse them."""
         if not slots.is_cuda:
-            return copy_slots(src, slots, peer, dest_slots)
+            yield
+            return
         main = torch.cuda.current_stream(slots.device)
         if self.copy_stream is None:
             self.copy_stream = torch.cuda.Stream(slots.device)
@@ -117,9 +123,8 @@ class PrefillSide:
             self.copy_stream.wait_stream(main)
         slots.record_stream(self.copy_stream)
         with torch.cuda.stream(self.copy_stream):
-            event = copy_slots(src, slots, peer, dest_slots)
-        main.wait_stream(self.copy_stream)  # the slots go to the tree: nothing later on main reuses them before the reads
-        return event
+            yield
+        main.wait_stream(self.copy_stream)
 
     def close(self) -> None:
         self.sender.close()
