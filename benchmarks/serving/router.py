@@ -43,6 +43,7 @@ import platform
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
@@ -286,8 +287,9 @@ def pd_args(p: argparse._ArgumentGroup) -> None:
 
 
 def pd_setup(label: str, pd: bool, model_flags: list[str], bench_args: list[list[str]],
-             gpus: list[list[str]]) -> list[dict]:
-    """One report per entry of bench_args (a rate's run), all on the same servers."""
+             gpus: list[list[str]], on_report: Callable[[list[dict]], None] = lambda reports: None) -> list[dict]:
+    """One report per entry of bench_args (a rate's run), all on the same servers; on_report gets those so far
+    after each."""
     ports = [free_port(), free_port()]
     procs: list[subprocess.Popen] = []
     try:
@@ -315,6 +317,7 @@ def pd_setup(label: str, pd: bool, model_flags: list[str], bench_args: list[list
                       .get("disaggregation") for port in ports]  # cumulative over this setup's runs
             print(f"servers' disaggregation state: {states}", flush=True)
             reports.append({"system": label, "router_flags": router_flags, "disaggregation_states": states, **report})
+            on_report(reports)
     finally:
         stop_all(procs)
     return reports
@@ -336,10 +339,6 @@ def run_pd(args: argparse.Namespace, argv: list[str]) -> dict:
                    "--seed", str(args.seed + i), "--warmup-requests", "2", "--disable-tqdm"]
                   for i, rate in enumerate(args.request_rate)]
     none = [None] * len(bench_args)
-    pds = pd_setup("PD: 1 prefill GPU + 1 decode GPU", True, model_flags, bench_args, gpus) \
-        if "pd" in args.systems else none
-    colos = pd_setup("co-located: 2 replicas", False, model_flags, bench_args, gpus) \
-        if "colocated" in args.systems else none
     result = {
         "benchmark": "pd_vs_colocated",
         "model": args.model_path, "load_format": args.load_format,
@@ -348,11 +347,22 @@ def run_pd(args: argparse.Namespace, argv: list[str]) -> dict:
                      "seed": args.seed},
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
         "command": " ".join(["python", SCRIPT, *argv]),
-        "by_rate": [pd_rate(rate, pd, colo) for rate, pd, colo in zip(args.request_rate, pds, colos)],
     }
-    for r in result["by_rate"]:
+    rates = args.request_rate
+    pds, colos = list(none), list(none)
+
+    def save(reports: list[dict], into: list) -> None:
+        """After each run: a call cut short by its time limit keeps what it measured."""
+        into[: len(reports)] = reports
+        result["by_rate"] = [pd_rate(rate, pd, colo) for rate, pd, colo in zip(rates, pds, colos)]
+        write(Path(args.out), result)
+
+    if "pd" in args.systems:
+        pd_setup("PD: 1 prefill GPU + 1 decode GPU", True, model_flags, bench_args, gpus, lambda r: save(r, pds))
+    if "colocated" in args.systems:
+        pd_setup("co-located: 2 replicas", False, model_flags, bench_args, gpus, lambda r: save(r, colos))
+    for r in result.get("by_rate", []):
         print(f"\nrate {r['request_rate']}: {json.dumps(r['ratios_pd_over_colocated'], indent=2)}")
-    write(Path(args.out), result)
     return result
 
 
