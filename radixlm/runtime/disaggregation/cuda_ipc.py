@@ -157,23 +157,45 @@ def check_layout(src: list[torch.Tensor], dst: list[torch.Tensor]) -> str | None
     return None
 
 
-def write_rows(rows, dst: list[torch.Tensor], dst_slots: torch.Tensor) -> None:
-    """Each of rows (an iterable of [n, ...] tensors, one per dst buffer, on any device) into rows dst_slots of its dst
-    buffer, queued on the current streams."""
+def _reaches(src: torch.device, dst: torch.device) -> bool:
+    """Whether kernels on src may store into dst's memory: the same GPU, or a peer (torch turns peer access on with
+    a copy between the two)."""
+    if src == dst:
+        return True
+    if not torch.cuda.can_device_access_peer(src, dst):
+        return False
+    torch.empty(1, device=dst).copy_(torch.empty(1, device=src))
+    return True
+
+
+def write_rows(rows, dst: list[torch.Tensor], dst_slots: torch.Tensor,
+               src_slots: torch.Tensor | None = None) -> torch.device:
+    """Rows src_slots (default: all, in order) of each of rows (one [n, ...] tensor per dst buffer, on one device)
+    into rows dst_slots of its dst buffer; returns the device whose current stream the writes were queued on. GPU to
+    GPU that is the rows' GPU: one kernel there storing into dst's memory (kernels/elementwise/row_copy.py); else
+    dst's: copies, then a scatter there."""
+    rows = list(rows)
+    if rows and rows[0].is_cuda and dst[0].is_cuda and _reaches(rows[0].device, dst[0].device):
+        from radixlm.runtime.kernels.elementwise import copy_rows
+
+        copy_rows(rows, torch.arange(rows[0].shape[0]) if src_slots is None else src_slots, dst, dst_slots)
+        return rows[0].device
     dst_slots = dst_slots.to(dst[0].device)
     for r, d in zip(rows, dst):
+        if src_slots is not None:
+            r = r.index_select(0, src_slots.to(r.device))
         d.index_copy_(0, dst_slots, r.to(d.device, non_blocking=True))
+    return dst[0].device
 
 
 def copy_slots(src: list[torch.Tensor], src_slots: torch.Tensor, dst: list[torch.Tensor],
                dst_slots: torch.Tensor) -> torch.cuda.Event | None:
     """Rows src_slots of every src buffer into rows dst_slots of the matching dst buffer, queued on the current
-    streams (the reads come before anything later on src's stream overwrites those rows); the event, on dst's device,
-    completes with the last write (None on the CPU, where the copy is done on return)."""
-    src_slots = src_slots.to(src[0].device)
-    write_rows((s.index_select(0, src_slots) for s in src), dst, dst_slots)
+    streams (the reads come before anything later on src's stream overwrites those rows); the event completes with
+    the last write (None on the CPU, where the copy is done on return)."""
+    writer = write_rows(src, dst, dst_slots, src_slots)
     if not dst[0].is_cuda:
         return None
     event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(dst[0].device))
+    event.record(torch.cuda.current_stream(writer))
     return event

@@ -1,11 +1,12 @@
 """Per-row Triton kernels (CUDA): RMSNorm with the residual add, SiLU-and-mul, the rotary embedding with the KV
 store, the KV store alone, and their rotation and store steps for other kernels (rotate_halves, kv_cache_value: a
-float8 pool's quantization) (fused_kernels.py); the sampler's row argmax (argmax.py)."""
+float8 pool's quantization) (fused_kernels.py); the sampler's row argmax (argmax.py); rows of many buffers into
+another GPU's (row_copy.py)."""
 from radixlm.runtime.kernels.lazy import lazy_names
 
 __getattr__ = lazy_names(__name__, {
     "rmsnorm": "fused_kernels", "silu_and_mul": "fused_kernels", "rotary_": "fused_kernels",
     "store_kv": "fused_kernels", "rotate_halves": "fused_kernels",
-    "kv_cache_value": "fused_kernels", "argmax_rows": "argmax"})
+    "kv_cache_value": "fused_kernels", "argmax_rows": "argmax", "copy_rows": "row_copy"})
 
-__all__ = ["argmax_rows", "kv_cache_value", "rmsnorm", "rotary_", "rotate_halves", "silu_and_mul", "store_kv"]
+__all__ = ["argmax_rows", "copy_rows", "kv_cache_value", "rmsnorm", "rotary_", "rotate_halves", "silu_and_mul", "store_kv"]
