@@ -21,38 +21,33 @@ CFG = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_lay
 SP = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 
 
-def _start(path, device: str):
+def _pair(tmp_path_factory, device: str):
+    """A prefill and a decode Engine on `device`, as the module's fixtures yield them; shut down after."""
+    path = tmp_path_factory.mktemp(f"pd-engines-{device}")
+    save_tiny(LlamaConfig(**CFG), path, seed=0)
     port = free_port()
     common = dict(dtype="float32", device=device, max_total_tokens=2048, enable_integrity_check=True, random_seed=0,
                   page_size=4)
     prefill = radixlm.Engine(str(path), disaggregation_mode="prefill", disaggregation_bootstrap_port=port, **common)
     decode = radixlm.Engine(str(path), disaggregation_mode="decode", disaggregation_timeout=1.0,
                             speculative_algorithm="NGRAM", **common)
-    return prefill, decode, port
+    yield prefill, decode, port
+    prefill.shutdown()
+    decode.shutdown()
 
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     torch.set_num_threads(1)
-    path = tmp_path_factory.mktemp("pd-engines")
-    save_tiny(LlamaConfig(**CFG), path, seed=0)
-    prefill, decode, port = _start(path, "cpu")
-    yield prefill, decode, port
-    prefill.shutdown()
-    decode.shutdown()
+    yield from _pair(tmp_path_factory, "cpu")
 
 
 @pytest.fixture(scope="module")
 def cuda_engines(tmp_path_factory):
-    """The same pair on CUDA (one GPU): the in-place copy runs on the prefill side's copy stream."""
+    """The same pair on CUDA (one GPU): the in-place write is the row-copy kernel on the prefill side's copy stream."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    path = tmp_path_factory.mktemp("pd-engines-cuda")
-    save_tiny(LlamaConfig(**CFG), path, seed=0)
-    prefill, decode, port = _start(path, "cuda")
-    yield prefill, decode, port
-    prefill.shutdown()
-    decode.shutdown()
+    yield from _pair(tmp_path_factory, "cuda")
 
 
 def _pd(engines, ids, sp, room, **kw):
