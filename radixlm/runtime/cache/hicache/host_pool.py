@@ -63,7 +63,7 @@ class CopyStats:
 @dataclass
 class _InFlight:
     event: "torch.cuda.Event"
-    host_slots: torch.Tensor  # sorted
+    host_slots: torch.Tensor
     staging: torch.Tensor | None = None  # pinned rows the host scatters into host_slots once the event is done
 
 
@@ -88,6 +88,7 @@ class HostKVPool:
                               for layer in range(layout.num_layers)]
         self.device_pool = device_pool
         self.kv = torch.zeros((size + ps, self.num_buffers, *layout.row_shape), dtype=self.dtype)
+        self._kv_words = as_words(self.kv, 2)  # (size + page_size, buffers, words): the copies move words
         cuda = device_pool.device.type == "cuda"
         self.pinned = cuda and pin(self.kv)
         if self.pinned:  # unlocked before the memory goes back
@@ -126,8 +127,10 @@ class HostKVPool:
         self.synchronize()
         self.allocator.clear()
 
-    def _device_buffers(self) -> list[torch.Tensor]:
-        return [raw(b) for b in self.device_pool.buffers()]
+    def _device_words(self) -> torch.Tensor:
+        """The device pool as (size + page_size, buffers, words), a slot's rows of every buffer (a strided view of its
+        one allocation): an index op over it moves every layer's rows of those slots at once."""
+        return as_words(self.device_pool.stacked(), 2).transpose(0, 1)
 
     # ------------------------------------------------------------------ host-side rows (storage pages use them)
     def read(self, slots: torch.Tensor, pinned: bool = False) -> torch.Tensor:
@@ -146,9 +149,9 @@ class HostKVPool:
         raw(self.kv)[slots.to(torch.int64)] = raw(rows)
 
     def gather_device(self, device_slots: torch.Tensor) -> torch.Tensor:
-        """The device slots' rows, on the device (stream order)."""
+        """The device slots' rows (n, buffers, *row_shape), on the device (stream order): one gather."""
         idx = device_slots.to(self.device_pool.device, torch.int64)
-        return torch.stack([b.index_select(0, idx) for b in self._device_buffers()], dim=1)
+        return raw(self.device_pool.stacked()).transpose(0, 1).index_select(0, idx)
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         """An int64 CPU index on the device, enqueued on the current stream (never waiting for the device)."""
@@ -168,20 +171,24 @@ class HostKVPool:
             self.flush()
 
     def flush(self) -> None:
-        """Issues the queued backups: per FLUSH_TOKENS of them, one gather per device buffer on the current stream,
-        then, on the backup stream, one scatter kernel into the pool (uva) or one copy per run of host slots."""
+        """Issues the queued backups: per FLUSH_TOKENS of them, one gather of every buffer's rows on the current
+        stream, then, on the backup stream, one scatter kernel into the pool (uva) or one copy per run of host slots
+        (sorted for that)."""
         if not self._queued:
             return
         queued, self._queued, self._queued_tokens = self._queued, [], 0
         dev = self.device_pool.device
-        host, order = torch.sort(torch.cat([h for _, h in queued]).to(torch.int64))
-        device = torch.cat([d.to(dev, torch.int64) for d, _ in queued])[self._to_device(order)]
-        kv, stream = raw(self.kv), self._backup_stream
+        host = torch.cat([h for _, h in queued]).to(torch.int64)
+        device = torch.cat([d for d, _ in queued]).to(dev, torch.int64)
+        if not self.uva:
+            host, order = torch.sort(host)
+            device = device[self._to_device(order)]
+        kv, stream, dev_words = self._kv_words, self._backup_stream, self._device_words()
         if any(w.staging is not None for w in self._inflight):
             self._wait_for(host, staged_only=True)  # an older staged copy must not land over these slots' new rows
         for start in range(0, len(host), FLUSH_TOKENS):
             hs = host[start : start + FLUSH_TOKENS]
-            rows = self.gather_device(device[start : start + FLUSH_TOKENS])
+            rows = dev_words.index_select(0, device[start : start + FLUSH_TOKENS])
             self.stats.backup_batches += 1
             if stream is None:  # the same copies, synchronous
                 staging = self._issue_backup(hs, rows)
@@ -197,13 +204,13 @@ class HostKVPool:
             self._inflight.append(_InFlight(event, hs, staging))
 
     def _issue_backup(self, hs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
-        """On the backup stream: rows (on the device) into the host slots hs; the pinned staging the host scatters
-        later, if any."""
+        """On the backup stream: rows (on the device, as words) into the host slots hs (sorted unless uva); the
+        pinned staging the host scatters later, if any."""
         if self.uva:
-            self._host_words.index_copy_(0, self._to_device(hs), as_words(rows, 2))
+            self._host_words.index_copy_(0, self._to_device(hs), rows)
             self.stats.d2h_copies += 1
             return None
-        kv = raw(self.kv)
+        kv = self._kv_words
         runs = contiguous_runs(hs)
         if self._direct(runs, len(hs)):
             for off, first, n in runs:
@@ -224,7 +231,7 @@ class HostKVPool:
 
     def _land(self, w: _InFlight) -> None:
         if w.staging is not None:
-            raw(self.kv).index_copy_(0, w.host_slots, w.staging)
+            self._kv_words.index_copy_(0, w.host_slots, w.staging)
 
     def poll(self) -> None:
         """Lands the backups the device has finished, in order, without waiting."""
@@ -290,30 +297,29 @@ class HostKVPool:
 
     def _load_layers(self, hs: torch.Tensor, didx: torch.Tensor,
                      stream: "torch.cuda.Stream | None") -> list["torch.cuda.Event"]:
-        """The load's copies in layer order (on `stream` where there is one, recording an event after each layer's)."""
+        """The load's copies in layer order (on `stream` where there is one, recording an event after each layer's):
+        per layer one scatter into the device pool's strided view of that layer's buffers (KVPool.stacked)."""
         events = []
-        buffers = self._device_buffers()
+        dev = self._device_words()
+        num_layers = len(self.layer_buffers)  # buffers layer, layer + num_layers, ... are a layer's
         if self.uva:
             hidx = self._to_device(hs)
-            dev_words = [as_words(b, 1) for b in buffers]
-            num_layers = len(self.layer_buffers)
             self.stats.h2d_copies += num_layers
-            for layer, bufs in enumerate(self.layer_buffers):
-                # One gather of the layer's rows (buffers layer, layer + num_layers, ...: a strided view of the pool).
-                rows = self._host_words[:, layer::num_layers].index_select(0, hidx)
-                for k, b in enumerate(bufs):
-                    dev_words[b].index_copy_(0, didx, rows[:, k])
+            for layer in range(num_layers):
+                rows = self._host_words[:, layer::num_layers].index_select(0, hidx)  # one gather of its rows
+                dev[:, layer::num_layers].index_copy_(0, didx, rows)
                 if stream is not None:
                     events.append(self._record(stream))
             return events
         hs, order = torch.sort(hs)
         didx = didx[self._to_device(order)]
         staging = self._stage(hs, stream is not None)
-        for layer in self.layer_buffers:
-            for b in layer:
-                buffers[b].index_copy_(0, didx, staging[:, b])
-            if stream is not None:
-                events.append(self._record(stream))
+        if stream is None:  # synchronous: no layer waits for another's copy
+            dev.index_copy_(0, didx, staging)
+            return events
+        for layer in range(num_layers):
+            dev[:, layer::num_layers].index_copy_(0, didx, staging[:, layer::num_layers])
+            events.append(self._record(stream))
         return events
 
     @staticmethod
@@ -323,9 +329,9 @@ class HostKVPool:
         return event
 
     def _stage(self, hs: torch.Tensor, cuda: bool) -> torch.Tensor:
-        """The sorted host slots' rows in a device buffer (n, buffers, *row): one DMA copy per run of consecutive
+        """The sorted host slots' rows (n, buffers, words) in a device buffer: one DMA copy per run of consecutive
         slots, or, where the runs are too short, a gather on the host into a pinned buffer and one copy."""
-        kv = raw(self.kv)
+        kv = self._kv_words
         n = len(hs)
         runs = contiguous_runs(hs)
         staging = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, device=self.device_pool.device)
