@@ -168,12 +168,12 @@ class HostKVPool:
         self.stats.backups += 1
         self.stats.backup_tokens += len(host_slots)
         if self._queued_tokens >= FLUSH_TOKENS:
-            self.flush()
+            self.flush(whole_batches=True)
 
-    def flush(self) -> None:
+    def flush(self, whole_batches: bool = False) -> None:
         """Issues the queued backups: per FLUSH_TOKENS of them, one gather of every buffer's rows on the current
         stream, then, on the backup stream, one scatter kernel into the pool (uva) or one copy per run of host slots
-        (sorted for that)."""
+        (sorted for that). whole_batches: only whole batches of FLUSH_TOKENS; the rest stays queued."""
         if not self._queued:
             return
         queued, self._queued, self._queued_tokens = self._queued, [], 0
@@ -183,6 +183,11 @@ class HostKVPool:
         if not self.uva:
             host, order = torch.sort(host)
             device = device[self._to_device(order)]
+        if whole_batches:
+            cut = len(host) // FLUSH_TOKENS * FLUSH_TOKENS
+            if cut < len(host):
+                self._queued, self._queued_tokens = [(device[cut:], host[cut:])], len(host) - cut
+                host, device = host[:cut], device[:cut]
         kv, stream, dev_words = self._kv_words, self._backup_stream, self._device_words()
         if any(w.staging is not None for w in self._inflight):
             self._wait_for(host, staged_only=True)  # an older staged copy must not land over these slots' new rows
