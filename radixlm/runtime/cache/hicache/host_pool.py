@@ -318,10 +318,12 @@ class HostKVPool:
             return events
         hs, order = torch.sort(hs)
         didx = didx[self._to_device(order)]
-        staging = self._stage(hs, stream is not None)
-        if stream is None:  # synchronous: no layer waits for another's copy
-            dev.index_copy_(0, didx, staging)
+        if stream is None:  # synchronous: every layer at once, straight from the pool (no staging)
+            self._read_runs(hs, False, lambda off, rows: dev.index_copy_(0, didx[off : off + len(rows)], rows))
             return events
+        kv = self._kv_words
+        staging = torch.empty((len(hs), *kv.shape[1:]), dtype=kv.dtype, device=self.device_pool.device)
+        self._read_runs(hs, True, lambda off, rows: staging[off : off + len(rows)].copy_(rows, non_blocking=True))
         for layer in range(num_layers):
             dev[:, layer::num_layers].index_copy_(0, didx, staging[:, layer::num_layers])
             events.append(self._record(stream))
@@ -333,25 +335,24 @@ class HostKVPool:
         event.record(stream)
         return event
 
-    def _stage(self, hs: torch.Tensor, cuda: bool) -> torch.Tensor:
-        """The sorted host slots' rows (n, buffers, words) in a device buffer: one DMA copy per run of consecutive
-        slots, or, where the runs are too short, a gather on the host into a pinned buffer and one copy."""
+    def _read_runs(self, hs: torch.Tensor, pinned: bool, put) -> None:
+        """Hands the sorted host slots' rows (n, buffers, words) to put(offset, rows): one call (a DMA copy on CUDA)
+        per run of consecutive slots, or, where the runs are too short, one with them gathered on the host (into
+        pinned memory: one copy)."""
         kv = self._kv_words
         n = len(hs)
         runs = contiguous_runs(hs)
-        staging = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, device=self.device_pool.device)
         if self._direct(runs, n):
             for off, first, k in runs:
-                staging[off : off + k].copy_(kv[first : first + k], non_blocking=True)
+                put(off, kv[first : first + k])
             self.stats.h2d_copies += len(runs)
-            return staging
+            return
         self._wait_for(hs)  # the host reads these rows now: backups still writing them land first
-        rows = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, pin_memory=cuda)
+        rows = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, pin_memory=pinned)
         torch.index_select(kv, 0, hs, out=rows)
-        staging.copy_(rows, non_blocking=True)
+        put(0, rows)
         self.stats.h2d_copies += 1
         self.stats.gathered_loads += 1
-        return staging
 
     def take_layer_loads(self) -> LayerLoadWaiter | None:
         """The per-layer events of the loads issued since the last call, for the next pass to wait on (None: nothing
