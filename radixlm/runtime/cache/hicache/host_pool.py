@@ -89,6 +89,7 @@ class HostKVPool:
         self.device_pool = device_pool
         self.kv = torch.zeros((size + ps, self.num_buffers, *layout.row_shape), dtype=self.dtype)
         self._kv_words = as_words(self.kv, 2)  # (size + page_size, buffers, words): the copies move words
+        self._dev_words: tuple[torch.Tensor, torch.Tensor] | None = None  # (device pool's stack, its words view)
         cuda = device_pool.device.type == "cuda"
         self.pinned = cuda and pin(self.kv)
         if self.pinned:  # unlocked before the memory goes back
@@ -130,7 +131,10 @@ class HostKVPool:
     def _device_words(self) -> torch.Tensor:
         """The device pool as (size + page_size, buffers, words), a slot's rows of every buffer (a strided view of its
         one allocation): an index op over it moves every layer's rows of those slots at once."""
-        return as_words(self.device_pool.stacked(), 2).transpose(0, 1)
+        stack = self.device_pool.stacked()
+        if self._dev_words is None or self._dev_words[0] is not stack:  # (a resumed pool is a new allocation)
+            self._dev_words = (stack, as_words(stack, 2).transpose(0, 1))
+        return self._dev_words[1]
 
     # ------------------------------------------------------------------ host-side rows (storage pages use them)
     def read(self, slots: torch.Tensor, pinned: bool = False) -> torch.Tensor:
