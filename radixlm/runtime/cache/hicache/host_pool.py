@@ -65,6 +65,7 @@ class _InFlight:
     event: "torch.cuda.Event"
     host_slots: torch.Tensor
     staging: torch.Tensor | None = None  # pinned rows the host scatters into host_slots once the event is done
+    seq: int = 0  # the batches put in flight are numbered 1, 2, ...
 
 
 class HostKVPool:
@@ -105,6 +106,11 @@ class HostKVPool:
         self._queued: list[tuple[torch.Tensor, torch.Tensor]] = []  # (device slots, host slots) not yet issued
         self._queued_tokens = 0
         self._inflight: list[_InFlight] = []
+        # Per host slot, the number of the latest batch put in flight that writes it (of those landing through the
+        # host): which in-flight batches a read or write must wait for is a gather, not a search of every batch.
+        self._batches = 0
+        self._writer = torch.zeros(size + ps, dtype=torch.int32)
+        self._staged_writer = torch.zeros(size + ps, dtype=torch.int32)
         self._load_stream = torch.cuda.Stream(device_pool.device) if cuda else None
         self._backup_stream = torch.cuda.Stream(device_pool.device) if cuda else None
         # Per layer, the event of the last load's copies of that layer, until a pass takes them.
@@ -210,7 +216,14 @@ class HostKVPool:
                 event = torch.cuda.Event()
                 event.record(stream)
             rows.record_stream(stream)
-            self._inflight.append(_InFlight(event, hs, staging))
+            self._put_in_flight(event, hs, staging)
+
+    def _put_in_flight(self, event: "torch.cuda.Event", hs: torch.Tensor, staging: torch.Tensor | None) -> None:
+        self._batches += 1
+        self._writer[hs] = self._batches
+        if staging is not None:
+            self._staged_writer[hs] = self._batches
+        self._inflight.append(_InFlight(event, hs, staging, self._batches))
 
     def _issue_backup(self, hs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
         """On the backup stream: rows (on the device, as words) into the host slots hs (sorted unless uva); the
@@ -251,11 +264,10 @@ class HostKVPool:
         """How many in-flight backups (from the oldest) must end before these slots are read or written: up to the
         newest one writing any of them (staged_only: of those that land through the host)."""
         self.poll()
-        last = 0
-        for i, w in enumerate(self._inflight):
-            if (not staged_only or w.staging is not None) and bool(torch.isin(w.host_slots, slots).any()):
-                last = i + 1
-        return last
+        if not self._inflight or len(slots) == 0:
+            return 0
+        newest = int((self._staged_writer if staged_only else self._writer)[slots].max())
+        return max(0, newest - self._inflight[0].seq + 1)  # (in flight: batches inflight[0].seq, ... in order)
 
     def _wait_for(self, slots: torch.Tensor, staged_only: bool = False) -> None:
         last = self._overlapping(slots, staged_only)

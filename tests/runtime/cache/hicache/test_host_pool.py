@@ -159,3 +159,4 @@ def test_the_host_pool_holds_mla_latent_rows_through_eviction_and_load(tmp_path)
 def test_a_host_pool_too_small_for_two_pages_is_refused():
     with pytest.raises(ValueError, match="at least two pages"):
         HostKVPool(1, mha_pool(8))
+
