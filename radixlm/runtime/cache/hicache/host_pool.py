@@ -160,12 +160,14 @@ class HostKVPool:
 
     def gather_device(self, device_slots: torch.Tensor) -> torch.Tensor:
         """The device slots' rows (n, buffers, *row_shape), on the device (stream order): one gather."""
-        idx = device_slots.to(self.device_pool.device, torch.int64)
+        idx = self._to_device(device_slots)
         return raw(self.device_pool.stacked()).transpose(0, 1).index_select(0, idx)
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
-        """An int64 CPU index on the device, enqueued on the current stream (never waiting for the device)."""
-        return host_to_device(t, torch.int64, self.device_pool.device)
+        """An int64 index on the device, a CPU one's copy enqueued on the current stream (never waiting for the
+        device)."""
+        dev = self.device_pool.device
+        return t.to(torch.int64) if t.device.type == dev.type else host_to_device(t, torch.int64, dev)
 
     # ------------------------------------------------------------------ device -> host
     def backup(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
@@ -189,7 +191,7 @@ class HostKVPool:
         queued, self._queued, self._queued_tokens = self._queued, [], 0
         dev = self.device_pool.device
         host = torch.cat([h for _, h in queued]).to(torch.int64)
-        device = torch.cat([d for d, _ in queued]).to(dev, torch.int64)
+        device = self._to_device(torch.cat([d for d, _ in queued]))
         if not self.uva:
             host, order = torch.sort(host)
             device = device[self._to_device(order)]
@@ -302,16 +304,15 @@ class HostKVPool:
         stream = self._load_stream
         hs = host_slots.to(torch.int64)
         if stream is None:
-            self._load_layers(hs, device_slots.to(dev, torch.int64), None)
+            self._load_layers(hs, self._to_device(device_slots), None)
             return
         if not self.uva:
             self._wait_for(hs, staged_only=True)
-        main = torch.cuda.current_stream(dev)
-        stream.wait_stream(main)
+        didx = self._to_device(device_slots)  # (on the current stream, which the load stream waits for next)
+        stream.wait_stream(torch.cuda.current_stream(dev))
         last = self._overlapping(hs)
         if last:  # backups still writing these host slots (events on one stream end in order)
             stream.wait_event(self._inflight[last - 1].event)
-        didx = device_slots.to(dev, torch.int64)
         didx.record_stream(stream)
         with torch.cuda.stream(stream):
             self._layer_events = self._load_layers(hs, didx, stream)
