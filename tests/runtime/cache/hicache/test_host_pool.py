@@ -83,7 +83,7 @@ def test_the_backups_of_a_step_are_one_gather_and_one_copy_per_run(monkeypatch, 
     host.flush()
     assert (host.stats.d2h_copies, host.stats.scattered_backups) == (2, 1)
     assert torch.equal(host.read(torch.arange(301, 365, 2))[:, :, 0, 1], expected(torch.arange(1, 33), 2 * LAYERS))
-    monkeypatch.setattr(hp, "FLUSH_TOKENS", 16)  # batches are bounded: 40 tokens, 3 gathers, whole ones issued as queued
+    monkeypatch.setattr(hp, "FLUSH_TOKENS", 16)  # batches are bounded: 40 tokens, 3 gathers, whole ones as queued
     host.backup(torch.arange(1, 41), torch.arange(201, 241))
     assert (host.stats.backup_batches, host.stats.d2h_copies, host._queued_tokens) == (4, 4, 8)
     host.flush()
