@@ -109,8 +109,8 @@ class HostKVPool:
         # Per host slot, the number of the latest batch put in flight that writes it (of those landing through the
         # host): which in-flight batches a read or write must wait for is a gather, not a search of every batch.
         self._batches = 0
-        self._writer = torch.zeros(size + ps, dtype=torch.int32)
-        self._staged_writer = torch.zeros(size + ps, dtype=torch.int32)
+        self._writer = torch.zeros(size + ps, dtype=torch.int64)
+        self._staged_writer = torch.zeros(size + ps, dtype=torch.int64)
         self._load_stream = torch.cuda.Stream(device_pool.device) if cuda else None
         self._backup_stream = torch.cuda.Stream(device_pool.device) if cuda else None
         # Per layer, the event of the last load's copies of that layer, until a pass takes them.
