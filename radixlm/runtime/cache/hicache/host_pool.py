@@ -191,7 +191,7 @@ class HostKVPool:
         queued, self._queued, self._queued_tokens = self._queued, [], 0
         dev = self.device_pool.device
         host = torch.cat([h for _, h in queued]).to(torch.int64)
-        device = self._to_device(torch.cat([d for d, _ in queued]))
+        device = torch.cat([self._to_device(d) for d, _ in queued])  # (a remainder kept queued is on the device)
         if not self.uva:
             host, order = torch.sort(host)
             device = device[self._to_device(order)]
