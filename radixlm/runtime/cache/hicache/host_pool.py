@@ -101,7 +101,9 @@ class HostKVPool:
             view = device_view(self.kv, device_pool.device)
             if view is not None:
                 self._host_words = as_words(view.view(size + ps, self.num_buffers, -1), 2)
-        self.allocator = TokenToKVPoolAllocator(size, ps, "cpu")
+        # As the device's allocator on CUDA: frees queued and merged when an allocation needs them (the debug checks'
+        # merge copies the whole free list at every free); the accounting check recounts both tiers.
+        self.allocator = TokenToKVPoolAllocator(size, ps, "cpu", debug=not cuda)
         self.stats = CopyStats()
         self._queued: list[tuple[torch.Tensor, torch.Tensor]] = []  # (device slots, host slots) not yet issued
         self._queued_tokens = 0
