@@ -82,20 +82,21 @@ class RadixCache:
         if self.disable or len(key) < self.page_size:
             return MatchResult([self._empty()], self.root_node, 0)
         key = key.page_aligned(self.page_size)
+        ids, extra, ps = key.token_ids, key.extra_key, self.page_size
         length = 0
         now = self._tick()
         node = self.root_node
         node.last_access_time = now
         values: list[torch.Tensor] = []
         touched = None
-        while len(key) > 0:
-            child = node.children.get(key.child_key(self.page_size))
+        while length < len(ids):
+            child = node.children.get((extra, tuple(ids[length : length + ps])))
             if child is None:
                 break
             child.last_access_time = now
             child.hit_count += 1
             touched = child
-            n = child.key.match(key, self.page_size)
+            n = child.key.match_at(ids, length, ps)
             length += n
             if n < len(child.key):
                 node = self._split_node(child, n)
@@ -103,7 +104,6 @@ class RadixCache:
                 break
             values.append(child.value)
             node = child
-            key = key[n:]
         if touched is not None:  # the only node on the path that can be a leaf; its priority moved
             self.evict_queue.offer(touched)
         return MatchResult(values or [self._empty()], node, length)
@@ -182,26 +182,26 @@ class RadixCache:
         if self.disable:
             return 0, self.root_node
         key = key.page_aligned(self.page_size)
+        ids, extra, ps = key.token_ids, key.extra_key, self.page_size
         value = value[: len(key)]
         now = self._tick()
         node = self.root_node
         node.last_access_time = now
         present = depth = 0
-        while len(key) > 0:
-            child = node.children.get(key.child_key(self.page_size))
+        while depth < len(ids):
+            child = node.children.get((extra, tuple(ids[depth : depth + ps])))
             if child is None:
                 break
             child.last_access_time = now
-            n = child.key.match(key, self.page_size)
+            n = child.key.match_at(ids, depth, ps)
             if n < len(child.key):
                 lower, child = child, self._split_node(child, n)
                 self._requeue(lower)
-            present += self._on_path(child, value[:n], owned, draft_kv_len - depth)
+            present += self._on_path(child, value[depth : depth + n], owned, draft_kv_len - depth)
             depth += n
-            key, value = key[n:], value[n:]
             node = child
-        if len(key) > 0:
-            node = self._add_leaf(node, key, value, owned, now, draft_kv_len - depth)
+        if depth < len(ids):
+            node = self._add_leaf(node, key[depth:], value[depth:], owned, now, draft_kv_len - depth)
         self.evict_queue.offer(node)
         return present, node
 

@@ -38,6 +38,15 @@ class RadixKey:
             n = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
         return n // page_size * page_size
 
+    def match_at(self, ids: list[int], start: int, page_size: int) -> int:
+        """match() against the tokens ids[start:] of a key in this key's extra_key namespace, without copying them
+        (a walk down the tree compares each node's tokens once, not the rest of the key at every node)."""
+        a = self.token_ids
+        n = min(len(a), len(ids) - start)
+        if (a if n == len(a) else a[:n]) != ids[start : start + n]:
+            n = next(i for i in range(n) if a[i] != ids[start + i])
+        return n // page_size * page_size
+
 
 _node_ids = itertools.count()
 

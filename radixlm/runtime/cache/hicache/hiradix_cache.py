@@ -92,7 +92,7 @@ class HiRadixCache(RadixCache):
             return MatchResult([self._empty()], self.root_node, 0)
         self.host_pool.poll()
         key = key.page_aligned(self.page_size)
-        full = key
+        ids, extra, ps = key.token_ids, key.extra_key, self.page_size
         now = self._tick()
         node = self.root_node
         node.last_access_time = now
@@ -100,17 +100,17 @@ class HiRadixCache(RadixCache):
         length = host = 0
         touched = None
         threshold = self.config.write_policy.hit_threshold
-        while len(key) > 0:
-            child = node.children.get(key.child_key(self.page_size))
+        while length < len(ids):
+            child = node.children.get((extra, tuple(ids[length : length + ps])))
             if child is None:
                 break
             if child.value is None:
-                host = self._host_run(child, key, now)
+                host = self._host_run(child, key, length, now)
                 break
             child.last_access_time = now
             child.hit_count += 1
             touched = child
-            n = child.key.match(key, self.page_size)
+            n = child.key.match_at(ids, length, ps)
             length += n
             split = n < len(child.key)
             if split:
@@ -121,25 +121,24 @@ class HiRadixCache(RadixCache):
             node = child
             if split:
                 break
-            key = key[n:]
         if touched is not None:
             self.evict_queue.offer(touched)
-        stored = self.storage is not None and self.storage.maybe_prefetch(full, length + host)
+        stored = self.storage is not None and self.storage.maybe_prefetch(key, length + host)
         return MatchResult(values or [self._empty()], node, length, host_hit_length=host, storage_hit=stored)
 
-    def _host_run(self, child: TreeNode, key: RadixKey, now: int) -> int:
-        """Tokens of key matched along host-only nodes from child down (no split: load_back splits)."""
-        total = 0
+    def _host_run(self, child: TreeNode, key: RadixKey, start: int, now: int) -> int:
+        """Tokens of key from `start` matched along host-only nodes from child down (no split: load_back splits)."""
+        ids, extra, ps = key.token_ids, key.extra_key, self.page_size
+        pos = start
         while child is not None:
             child.last_access_time = now
             self.host_queue.offer(child)
-            n = child.key.match(key, self.page_size)
-            total += n
-            key = key[n:]
-            if n < len(child.key) or len(key) == 0:
+            n = child.key.match_at(ids, pos, ps)
+            pos += n
+            if n < len(child.key) or pos == len(ids):
                 break
-            child = child.children.get(key.child_key(self.page_size))
-        return total
+            child = child.children.get((extra, tuple(ids[pos : pos + ps])))
+        return pos - start
 
     def prefetch_ready(self, key: RadixKey) -> bool:
         return self.storage is None or self.storage.ready(key.page_aligned(self.page_size))
@@ -153,16 +152,17 @@ class HiRadixCache(RadixCache):
         m = self.match_prefix(key)
         if m.host_hit_length == 0:
             return m
-        nodes, node, rest = [], m.last_node, key[m.length :]
-        while len(rest) > 0 and sum(len(x.key) for x in nodes) < m.host_hit_length:
-            child = node.children[rest.child_key(self.page_size)]
+        ids, extra, ps = key.token_ids, key.extra_key, self.page_size
+        nodes, node, pos, end = [], m.last_node, m.length, m.length + m.host_hit_length
+        while pos < end:
+            child = node.children[(extra, tuple(ids[pos : pos + ps]))]
             assert child.value is None, "the host hit starts at a device node"
-            n = child.key.match(rest, self.page_size)
+            n = child.key.match_at(ids, pos, ps)
             if n < len(child.key):
                 child = self._split_node(child, n)
             nodes.append(child)
-            node, rest = child, rest[n:]
-        count = sum(len(x.key) for x in nodes)
+            node, pos = child, pos + n
+        count = pos - m.length
         self.inc_lock_ref(m.last_node)
         for x in nodes:
             x.host_lock += 1
