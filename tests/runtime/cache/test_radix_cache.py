@@ -181,3 +181,12 @@ def test_reset_forgets_tree():
     sim.cache.reset()
     assert sim.cache.total_size() == 0 and sim.cache.evictable_size() == 0
     assert "#tokens: 0" in sim.cache.pretty_print()
+
+
+def test_match_at_is_match_against_the_rest_of_the_key():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        node = RadixKey(torch.randint(0, 3, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist())
+        ids = torch.randint(0, 3, (12,), generator=g).tolist()
+        start, ps = int(torch.randint(0, 13, (1,), generator=g)), int(torch.randint(1, 3, (1,), generator=g))
+        assert node.match_at(ids, start, ps) == node.match(RadixKey(ids[start:]), ps)
