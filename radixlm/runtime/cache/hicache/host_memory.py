@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
@@ -43,10 +44,9 @@ def contiguous_runs(sorted_slots: torch.Tensor) -> list[tuple[int, int, int]]:
     n = sorted_slots.numel()
     if n == 0:
         return []
-    starts = [0] + (torch.nonzero(sorted_slots[1:] - sorted_slots[:-1] != 1).flatten() + 1).tolist()
-    ends = starts[1:] + [n]
-    firsts = sorted_slots[starts].tolist()
-    return [(s, f, e - s) for s, f, e in zip(starts, firsts, ends)]
+    a = sorted_slots.numpy()  # (numpy: a few times faster than torch's ops on index-sized arrays)
+    starts = np.concatenate(([0], np.flatnonzero(a[1:] - a[:-1] != 1) + 1))
+    return list(zip(starts.tolist(), a[starts].tolist(), np.diff(starts, append=n).tolist()))
 
 
 def word_dtype(row_bytes: int) -> torch.dtype:
