@@ -60,6 +60,15 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
 
 
+def allocator_counts() -> dict[str, int]:
+    """CUDA caching allocator counters (cudaMalloc calls, and retries after freeing the cache: each one waits for the
+    device): whether a run's host work stalls on allocations."""
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {k: int(stats.get(k, 0)) for k in ("num_device_alloc", "num_alloc_retries", "num_sync_all_streams")}
+
+
 def run(args, path: str, hierarchical: bool, convs) -> dict:
     kw = dict(load_format="dummy", random_seed=0, max_total_tokens=args.max_total_tokens,
               context_length=args.first_len + args.turns * (args.user_len + args.output_len) + 64,
@@ -99,6 +108,7 @@ def run(args, path: str, hierarchical: bool, convs) -> dict:
         engine.generate(input_ids=[[7] * 32] * 2, sampling_params={**params, "max_new_tokens": 2})
         engine.flush_cache()
         clock = PassClock(engine) if args.pass_clock else None
+        before = allocator_counts()
         t0 = time.perf_counter()
         for turn in range(args.turns):
             todo: queue.Queue = queue.Queue()
@@ -120,6 +130,7 @@ def run(args, path: str, hierarchical: bool, convs) -> dict:
                 t.join()
         wall = time.perf_counter() - t0
         passes = pass_buckets(clock.passes()) if clock is not None else None
+        allocs = {k: v - before.get(k, 0) for k, v in allocator_counts().items()}
     finally:
         engine.shutdown()
     prompt = sum(r["prompt_tokens"] for r in records)
@@ -138,6 +149,7 @@ def run(args, path: str, hierarchical: bool, convs) -> dict:
         "request_throughput": round(len(records) / wall, 3),
         "input_token_throughput": round(prompt / wall, 1), "output_token_throughput": round(out_tokens / wall, 1),
         **({"passes": passes} if passes is not None else {}),
+        **({"cuda_allocator": allocs} if allocs else {}),
     }
 
 
