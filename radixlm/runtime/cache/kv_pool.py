@@ -18,6 +18,9 @@ import torch
 
 from radixlm.runtime.cache.kv_quant import KVScales, is_fp8, quantize_kv
 
+# Each buffer of a pool starts on a boundary of this many bytes (the CUDA caching allocator's block alignment).
+BUFFER_ALIGN = 512
+
 
 class KVLayoutKind(enum.Enum):
     MHA = "mha"
@@ -100,14 +103,32 @@ class KVPool:
         self._allocate()
 
     def _allocate(self) -> None:
-        shape = (self.size + self.page_size, *self.layout.row_shape)
-        for name in self.buffer_names:
-            setattr(self, name, [torch.zeros(shape, dtype=self.dtype, device=self.device)
-                                 for _ in range(self.num_layers)])
+        # One allocation, each buffer a view of it starting on a BUFFER_ALIGN-byte boundary (as its own allocation
+        # would): copies that touch every buffer (the hierarchical cache's) index them all in one op (`stacked`).
+        rows, row_numel = self.size + self.page_size, math.prod(self.layout.row_shape)
+        per_elem = self.dtype.itemsize
+        numel = rows * row_numel
+        stride = -(-numel * per_elem // BUFFER_ALIGN) * BUFFER_ALIGN // per_elem
+        count = len(self.buffer_names) * self.num_layers
+        flat = torch.zeros((count, stride), dtype=self.dtype, device=self.device)
+        self._stacked = flat[:, :numel].view(count, rows, *self.layout.row_shape)
+        views = self._stacked.unbind(0)
+        for i, name in enumerate(self.buffer_names):
+            setattr(self, name, list(views[i * self.num_layers : (i + 1) * self.num_layers]))
 
     def buffers(self) -> list[torch.Tensor]:
         """Every per-layer buffer, buffer name by buffer name."""
         return [buf for name in self.buffer_names for buf in getattr(self, name)]
+
+    def stacked(self) -> torch.Tensor:
+        """Every buffer as one (buffers, size + page_size, *row) view, in `buffers()` order (its first stride is a
+        buffer's padded size): an op over it reaches every layer's rows at once."""
+        bufs = self.buffers()
+        stack = self._stacked
+        if len(bufs) != stack.shape[0] or (bufs and (bufs[0].data_ptr() != stack.data_ptr() or
+                                                     bufs[-1].data_ptr() != stack[-1].data_ptr())):
+            raise RuntimeError("the KV pool's buffers are no longer views of its one allocation")
+        return stack
 
     @property
     def released(self) -> bool:
@@ -118,6 +139,7 @@ class KVPool:
         empty = torch.empty(0, dtype=self.dtype, device=self.device)
         for name in self.buffer_names:
             setattr(self, name, [empty] * self.num_layers)
+        self._stacked = torch.empty((0, 0, *self.layout.row_shape), dtype=self.dtype, device=self.device)
 
     def resume(self) -> None:
         """Allocates the buffers again, zeroed (new addresses: graphs over them are captured again)."""

@@ -168,3 +168,20 @@ def test_queued_frees_match_eager_frees(page_size):
     assert sorted(eager.free_pages.tolist()) == sorted(lazy.free_pages.tolist())
     assert torch.equal(eager.page_is_free, lazy.page_is_free)
     lazy.check_no_double_free()
+
+
+def test_the_buffers_are_aligned_views_of_one_allocation_and_stacked_indexes_them_all():
+    pool = TokenToKVPool(10, 1, torch.float32, num_layers=3, num_kv_heads=1, head_dim=3)  # rows of 12 bytes
+    stack, bufs = pool.stacked(), pool.buffers()
+    assert stack.shape == (6, 11, 1, 3) and len(bufs) == 6
+    for i, b in enumerate(bufs):
+        assert b.is_contiguous() and (b.data_ptr() - stack.data_ptr()) % 512 == 0
+        b.fill_(float(i))
+    assert torch.equal(stack[:, 4, 0, 0], torch.arange(6.0))
+    stack.transpose(0, 1).index_copy_(0, torch.tensor([2]), torch.full((1, 6, 1, 3), -1.0))
+    assert all(bool((b[2] == -1).all()) for b in bufs) and pool.v_buffer[0][3, 0, 0] == 3.0
+    pool.release()
+    with pytest.raises(RuntimeError, match="no longer views"):
+        pool.stacked()
+    pool.resume()
+    assert pool.stacked().data_ptr() == pool.k_buffer[0].data_ptr() and pool.mem_bytes() == 6 * 11 * 3 * 4

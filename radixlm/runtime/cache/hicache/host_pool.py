@@ -63,8 +63,9 @@ class CopyStats:
 @dataclass
 class _InFlight:
     event: "torch.cuda.Event"
-    host_slots: torch.Tensor  # sorted
+    host_slots: torch.Tensor
     staging: torch.Tensor | None = None  # pinned rows the host scatters into host_slots once the event is done
+    seq: int = 0  # the batches put in flight are numbered 1, 2, ...
 
 
 class HostKVPool:
@@ -88,6 +89,8 @@ class HostKVPool:
                               for layer in range(layout.num_layers)]
         self.device_pool = device_pool
         self.kv = torch.zeros((size + ps, self.num_buffers, *layout.row_shape), dtype=self.dtype)
+        self._kv_words = as_words(self.kv, 2)  # (size + page_size, buffers, words): the copies move words
+        self._dev_words: tuple[torch.Tensor, torch.Tensor] | None = None  # (device pool's stack, its words view)
         cuda = device_pool.device.type == "cuda"
         self.pinned = cuda and pin(self.kv)
         if self.pinned:  # unlocked before the memory goes back
@@ -98,11 +101,18 @@ class HostKVPool:
             view = device_view(self.kv, device_pool.device)
             if view is not None:
                 self._host_words = as_words(view.view(size + ps, self.num_buffers, -1), 2)
-        self.allocator = TokenToKVPoolAllocator(size, ps, "cpu")
+        # As the device's allocator on CUDA: frees queued and merged when an allocation needs them (the debug checks'
+        # merge copies the whole free list at every free); the accounting check recounts both tiers.
+        self.allocator = TokenToKVPoolAllocator(size, ps, "cpu", debug=not cuda)
         self.stats = CopyStats()
         self._queued: list[tuple[torch.Tensor, torch.Tensor]] = []  # (device slots, host slots) not yet issued
         self._queued_tokens = 0
         self._inflight: list[_InFlight] = []
+        # Per host slot, the number of the latest batch put in flight that writes it (of those landing through the
+        # host): which in-flight batches a read or write must wait for is a gather, not a search of every batch.
+        self._batches = 0
+        self._writer = torch.zeros(size + ps, dtype=torch.int64)
+        self._staged_writer = torch.zeros(size + ps, dtype=torch.int64)
         self._load_stream = torch.cuda.Stream(device_pool.device) if cuda else None
         self._backup_stream = torch.cuda.Stream(device_pool.device) if cuda else None
         # Per layer, the event of the last load's copies of that layer, until a pass takes them.
@@ -126,8 +136,13 @@ class HostKVPool:
         self.synchronize()
         self.allocator.clear()
 
-    def _device_buffers(self) -> list[torch.Tensor]:
-        return [raw(b) for b in self.device_pool.buffers()]
+    def _device_words(self) -> torch.Tensor:
+        """The device pool as (size + page_size, buffers, words), a slot's rows of every buffer (a strided view of its
+        one allocation): an index op over it moves every layer's rows of those slots at once."""
+        stack = self.device_pool.stacked()
+        if self._dev_words is None or self._dev_words[0] is not stack:  # (a resumed pool is a new allocation)
+            self._dev_words = (stack, as_words(stack, 2).transpose(0, 1))
+        return self._dev_words[1]
 
     # ------------------------------------------------------------------ host-side rows (storage pages use them)
     def read(self, slots: torch.Tensor, pinned: bool = False) -> torch.Tensor:
@@ -146,13 +161,15 @@ class HostKVPool:
         raw(self.kv)[slots.to(torch.int64)] = raw(rows)
 
     def gather_device(self, device_slots: torch.Tensor) -> torch.Tensor:
-        """The device slots' rows, on the device (stream order)."""
-        idx = device_slots.to(self.device_pool.device, torch.int64)
-        return torch.stack([b.index_select(0, idx) for b in self._device_buffers()], dim=1)
+        """The device slots' rows (n, buffers, *row_shape), on the device (stream order): one gather."""
+        idx = self._to_device(device_slots)
+        return raw(self.device_pool.stacked()).transpose(0, 1).index_select(0, idx)
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
-        """An int64 CPU index on the device, enqueued on the current stream (never waiting for the device)."""
-        return host_to_device(t, torch.int64, self.device_pool.device)
+        """An int64 index on the device, a CPU one's copy enqueued on the current stream (never waiting for the
+        device)."""
+        dev = self.device_pool.device
+        return t.to(torch.int64) if t.device.type == dev.type else host_to_device(t, torch.int64, dev)
 
     # ------------------------------------------------------------------ device -> host
     def backup(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
@@ -165,23 +182,32 @@ class HostKVPool:
         self.stats.backups += 1
         self.stats.backup_tokens += len(host_slots)
         if self._queued_tokens >= FLUSH_TOKENS:
-            self.flush()
+            self.flush(whole_batches=True)
 
-    def flush(self) -> None:
-        """Issues the queued backups: per FLUSH_TOKENS of them, one gather per device buffer on the current stream,
-        then, on the backup stream, one scatter kernel into the pool (uva) or one copy per run of host slots."""
+    def flush(self, whole_batches: bool = False) -> None:
+        """Issues the queued backups: per FLUSH_TOKENS of them, one gather of every buffer's rows on the current
+        stream, then, on the backup stream, one scatter kernel into the pool (uva) or one copy per run of host slots
+        (sorted for that). whole_batches: only whole batches of FLUSH_TOKENS; the rest stays queued."""
         if not self._queued:
             return
         queued, self._queued, self._queued_tokens = self._queued, [], 0
         dev = self.device_pool.device
-        host, order = torch.sort(torch.cat([h for _, h in queued]).to(torch.int64))
-        device = torch.cat([d.to(dev, torch.int64) for d, _ in queued])[self._to_device(order)]
-        kv, stream = raw(self.kv), self._backup_stream
+        host = torch.cat([h for _, h in queued]).to(torch.int64)
+        device = torch.cat([self._to_device(d) for d, _ in queued])  # (a remainder kept queued is on the device)
+        if not self.uva:
+            host, order = torch.sort(host)
+            device = device[self._to_device(order)]
+        if whole_batches:
+            cut = len(host) // FLUSH_TOKENS * FLUSH_TOKENS
+            if cut < len(host):
+                self._queued, self._queued_tokens = [(device[cut:], host[cut:])], len(host) - cut
+                host, device = host[:cut], device[:cut]
+        kv, stream, dev_words = self._kv_words, self._backup_stream, self._device_words()
         if any(w.staging is not None for w in self._inflight):
             self._wait_for(host, staged_only=True)  # an older staged copy must not land over these slots' new rows
         for start in range(0, len(host), FLUSH_TOKENS):
             hs = host[start : start + FLUSH_TOKENS]
-            rows = self.gather_device(device[start : start + FLUSH_TOKENS])
+            rows = dev_words.index_select(0, device[start : start + FLUSH_TOKENS])
             self.stats.backup_batches += 1
             if stream is None:  # the same copies, synchronous
                 staging = self._issue_backup(hs, rows)
@@ -194,16 +220,23 @@ class HostKVPool:
                 event = torch.cuda.Event()
                 event.record(stream)
             rows.record_stream(stream)
-            self._inflight.append(_InFlight(event, hs, staging))
+            self._put_in_flight(event, hs, staging)
+
+    def _put_in_flight(self, event: "torch.cuda.Event", hs: torch.Tensor, staging: torch.Tensor | None) -> None:
+        self._batches += 1
+        self._writer[hs] = self._batches
+        if staging is not None:
+            self._staged_writer[hs] = self._batches
+        self._inflight.append(_InFlight(event, hs, staging, self._batches))
 
     def _issue_backup(self, hs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
-        """On the backup stream: rows (on the device) into the host slots hs; the pinned staging the host scatters
-        later, if any."""
+        """On the backup stream: rows (on the device, as words) into the host slots hs (sorted unless uva); the
+        pinned staging the host scatters later, if any."""
         if self.uva:
-            self._host_words.index_copy_(0, self._to_device(hs), as_words(rows, 2))
+            self._host_words.index_copy_(0, self._to_device(hs), rows)
             self.stats.d2h_copies += 1
             return None
-        kv = raw(self.kv)
+        kv = self._kv_words
         runs = contiguous_runs(hs)
         if self._direct(runs, len(hs)):
             for off, first, n in runs:
@@ -224,7 +257,7 @@ class HostKVPool:
 
     def _land(self, w: _InFlight) -> None:
         if w.staging is not None:
-            raw(self.kv).index_copy_(0, w.host_slots, w.staging)
+            self._kv_words.index_copy_(0, w.host_slots, w.staging)
 
     def poll(self) -> None:
         """Lands the backups the device has finished, in order, without waiting."""
@@ -235,11 +268,10 @@ class HostKVPool:
         """How many in-flight backups (from the oldest) must end before these slots are read or written: up to the
         newest one writing any of them (staged_only: of those that land through the host)."""
         self.poll()
-        last = 0
-        for i, w in enumerate(self._inflight):
-            if (not staged_only or w.staging is not None) and bool(torch.isin(w.host_slots, slots).any()):
-                last = i + 1
-        return last
+        if not self._inflight or len(slots) == 0:
+            return 0
+        newest = int((self._staged_writer if staged_only else self._writer)[slots].max())
+        return max(0, newest - self._inflight[0].seq + 1)  # (in flight: batches inflight[0].seq, ... in order)
 
     def _wait_for(self, slots: torch.Tensor, staged_only: bool = False) -> None:
         last = self._overlapping(slots, staged_only)
@@ -274,46 +306,46 @@ class HostKVPool:
         stream = self._load_stream
         hs = host_slots.to(torch.int64)
         if stream is None:
-            self._load_layers(hs, device_slots.to(dev, torch.int64), None)
+            self._load_layers(hs, self._to_device(device_slots), None)
             return
         if not self.uva:
             self._wait_for(hs, staged_only=True)
-        main = torch.cuda.current_stream(dev)
-        stream.wait_stream(main)
+        didx = self._to_device(device_slots)  # (on the current stream, which the load stream waits for next)
+        stream.wait_stream(torch.cuda.current_stream(dev))
         last = self._overlapping(hs)
         if last:  # backups still writing these host slots (events on one stream end in order)
             stream.wait_event(self._inflight[last - 1].event)
-        didx = device_slots.to(dev, torch.int64)
         didx.record_stream(stream)
         with torch.cuda.stream(stream):
             self._layer_events = self._load_layers(hs, didx, stream)
 
     def _load_layers(self, hs: torch.Tensor, didx: torch.Tensor,
                      stream: "torch.cuda.Stream | None") -> list["torch.cuda.Event"]:
-        """The load's copies in layer order (on `stream` where there is one, recording an event after each layer's)."""
+        """The load's copies in layer order (on `stream` where there is one, recording an event after each layer's):
+        per layer one scatter into the device pool's strided view of that layer's buffers (KVPool.stacked)."""
         events = []
-        buffers = self._device_buffers()
+        dev = self._device_words()
+        num_layers = len(self.layer_buffers)  # buffers layer, layer + num_layers, ... are a layer's
         if self.uva:
             hidx = self._to_device(hs)
-            dev_words = [as_words(b, 1) for b in buffers]
-            num_layers = len(self.layer_buffers)
             self.stats.h2d_copies += num_layers
-            for layer, bufs in enumerate(self.layer_buffers):
-                # One gather of the layer's rows (buffers layer, layer + num_layers, ...: a strided view of the pool).
-                rows = self._host_words[:, layer::num_layers].index_select(0, hidx)
-                for k, b in enumerate(bufs):
-                    dev_words[b].index_copy_(0, didx, rows[:, k])
+            for layer in range(num_layers):
+                rows = self._host_words[:, layer::num_layers].index_select(0, hidx)  # one gather of its rows
+                dev[:, layer::num_layers].index_copy_(0, didx, rows)
                 if stream is not None:
                     events.append(self._record(stream))
             return events
         hs, order = torch.sort(hs)
         didx = didx[self._to_device(order)]
-        staging = self._stage(hs, stream is not None)
-        for layer in self.layer_buffers:
-            for b in layer:
-                buffers[b].index_copy_(0, didx, staging[:, b])
-            if stream is not None:
-                events.append(self._record(stream))
+        if stream is None:  # synchronous: every layer at once, straight from the pool (no staging)
+            self._read_runs(hs, False, lambda off, rows: dev.index_copy_(0, didx[off : off + len(rows)], rows))
+            return events
+        kv = self._kv_words
+        staging = torch.empty((len(hs), *kv.shape[1:]), dtype=kv.dtype, device=self.device_pool.device)
+        self._read_runs(hs, True, lambda off, rows: staging[off : off + len(rows)].copy_(rows, non_blocking=True))
+        for layer in range(num_layers):
+            dev[:, layer::num_layers].index_copy_(0, didx, staging[:, layer::num_layers])
+            events.append(self._record(stream))
         return events
 
     @staticmethod
@@ -322,25 +354,24 @@ class HostKVPool:
         event.record(stream)
         return event
 
-    def _stage(self, hs: torch.Tensor, cuda: bool) -> torch.Tensor:
-        """The sorted host slots' rows in a device buffer (n, buffers, *row): one DMA copy per run of consecutive
-        slots, or, where the runs are too short, a gather on the host into a pinned buffer and one copy."""
-        kv = raw(self.kv)
+    def _read_runs(self, hs: torch.Tensor, pinned: bool, put) -> None:
+        """Hands the sorted host slots' rows (n, buffers, words) to put(offset, rows): one call (a DMA copy on CUDA)
+        per run of consecutive slots, or, where the runs are too short, one with them gathered on the host (into
+        pinned memory: one copy)."""
+        kv = self._kv_words
         n = len(hs)
         runs = contiguous_runs(hs)
-        staging = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, device=self.device_pool.device)
         if self._direct(runs, n):
             for off, first, k in runs:
-                staging[off : off + k].copy_(kv[first : first + k], non_blocking=True)
+                put(off, kv[first : first + k])
             self.stats.h2d_copies += len(runs)
-            return staging
+            return
         self._wait_for(hs)  # the host reads these rows now: backups still writing them land first
-        rows = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, pin_memory=cuda)
+        rows = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, pin_memory=pinned)
         torch.index_select(kv, 0, hs, out=rows)
-        staging.copy_(rows, non_blocking=True)
+        put(0, rows)
         self.stats.h2d_copies += 1
         self.stats.gathered_loads += 1
-        return staging
 
     def take_layer_loads(self) -> LayerLoadWaiter | None:
         """The per-layer events of the loads issued since the last call, for the next pass to wait on (None: nothing

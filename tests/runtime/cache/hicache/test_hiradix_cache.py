@@ -214,19 +214,33 @@ class FakeEvent:
 
 
 def test_host_copies_in_flight_land_before_a_read_of_their_slots_or_a_direct_write():
-    from radixlm.runtime.cache.hicache.host_pool import _InFlight
-
     h = Harness(WB)
     pool = h.tree.host_pool
-    pool._inflight.append(_InFlight(FakeEvent(), torch.tensor([5, 6])))
+    pool._put_in_flight(FakeEvent(), torch.tensor([5, 6]), None)
     pool.read(torch.tensor([7]))
     assert pool._inflight  # elsewhere: no wait
     pool.read(torch.tensor([6]))
     assert not pool._inflight
     stale = FakeEvent()  # its slots were handed out again
-    pool._inflight.append(_InFlight(stale, torch.tensor([5, 6])))
+    pool._put_in_flight(stale, torch.tensor([5, 6]), None)
     pool.write(torch.tensor([5, 6]), torch.full((2, 4, 1, 2), 9.0))
     assert stale.done and float(pool.read(torch.tensor([6]))[0, 3, 0, 1]) == 9.0
+
+
+def test_a_read_waits_for_the_newest_in_flight_batch_writing_its_slots_and_no_later_one():
+    host = Harness(WB).tree.host_pool
+    events = [FakeEvent() for _ in range(3)]
+    words = host._kv_words
+    host._put_in_flight(events[0], torch.tensor([1, 2, 3]), None)
+    host._put_in_flight(events[1], torch.tensor([3, 4]), torch.full((2, *words.shape[1:]), 7, dtype=words.dtype))
+    host._put_in_flight(events[2], torch.tensor([5]), None)
+    assert [host._overlapping(torch.tensor(s)) for s in ([9, 10], [1], [4, 1], [3], [5, 2])] == [0, 1, 2, 2, 3]
+    assert [host._overlapping(torch.tensor(s), staged_only=True) for s in ([5, 2], [3])] == [0, 2]
+    events[0].done = True  # polled: the oldest has ended
+    assert host._overlapping(torch.tensor([1])) == 0 and host._overlapping(torch.tensor([4])) == 1
+    host._wait_for(torch.tensor([3]))  # waits for the staged batch (and lands its rows), not the newest
+    assert events[1].done and not events[2].done and len(host._inflight) == 1
+    assert bool((words[[3, 4]] == 7).all()) and host._overlapping(torch.tensor([5])) == 1
 
 
 def test_the_host_pool_must_hold_the_device_pool():

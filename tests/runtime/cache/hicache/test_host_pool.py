@@ -83,9 +83,11 @@ def test_the_backups_of_a_step_are_one_gather_and_one_copy_per_run(monkeypatch, 
     host.flush()
     assert (host.stats.d2h_copies, host.stats.scattered_backups) == (2, 1)
     assert torch.equal(host.read(torch.arange(301, 365, 2))[:, :, 0, 1], expected(torch.arange(1, 33), 2 * LAYERS))
-    monkeypatch.setattr(hp, "FLUSH_TOKENS", 16)  # batches are bounded: 40 tokens, 3 gathers, issued as queued
+    monkeypatch.setattr(hp, "FLUSH_TOKENS", 16)  # batches are bounded: 40 tokens, 3 gathers, whole ones as queued
     host.backup(torch.arange(1, 41), torch.arange(201, 241))
-    assert (host.stats.backup_batches, host.stats.d2h_copies) == (5, 5)
+    assert (host.stats.backup_batches, host.stats.d2h_copies, host._queued_tokens) == (4, 4, 8)
+    host.flush()
+    assert (host.stats.backup_batches, host.stats.d2h_copies, host._queued_tokens) == (5, 5, 0)
     assert torch.equal(host.read(torch.arange(201, 241))[:, :, 1, 1], expected(torch.arange(1, 41), 2 * LAYERS))
 
 
@@ -157,3 +159,4 @@ def test_the_host_pool_holds_mla_latent_rows_through_eviction_and_load(tmp_path)
 def test_a_host_pool_too_small_for_two_pages_is_refused():
     with pytest.raises(ValueError, match="at least two pages"):
         HostKVPool(1, mha_pool(8))
+
