@@ -50,6 +50,21 @@ def cuda_engines(tmp_path_factory):
     yield from _pair(tmp_path_factory, "cuda")
 
 
+def _abort_while_waiting(decode, port: int, ids: list[int], rid: str, room: int, waiting) -> None:
+    """Sends a decode request for `room`, aborts it once waiting() says it waits for its KV, and checks the answer."""
+    got = {}
+    t = threading.Thread(target=lambda: got.update(out=decode.generate(
+        input_ids=ids, sampling_params=SP, rid=rid, bootstrap=BootstrapInfo("127.0.0.1", port, room))))
+    t.start()
+    deadline = time.monotonic() + 5
+    while not waiting() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert waiting()
+    decode.abort_request(rid)
+    t.join(5)
+    assert got["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+
+
 def _pd(engines, ids, sp, room, **kw):
     prefill, decode, port = engines
     b = BootstrapInfo("127.0.0.1", port, room)
@@ -111,17 +126,7 @@ def test_abort_and_missing_room_free_the_slots(engines):
     assert time.monotonic() - t0 >= 0.9
     assert out["meta_info"]["finish_reason"]["type"] == "abort"
     assert "no KV for room 999" in out["meta_info"]["finish_reason"]["message"]
-    got = {}
-    t = threading.Thread(target=lambda: got.update(out=decode.generate(
-        input_ids=ids, sampling_params=SP, rid="waits", bootstrap=BootstrapInfo("127.0.0.1", port, 1000))))
-    t.start()
-    deadline = time.monotonic() + 5
-    while not decode.scheduler.pd_decode.holding() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert decode.scheduler.pd_decode.holding()
-    decode.abort_request("waits")
-    t.join(5)
-    assert got["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+    _abort_while_waiting(decode, port, ids, "waits", 1000, decode.scheduler.pd_decode.holding)
     assert decode.flush_cache()  # idle, and the accounting check passed with nothing held
     assert not decode.scheduler.pd_decode.pending
 
@@ -192,16 +197,7 @@ def test_abort_keeps_in_place_slots_until_the_room_answers(engines, in_place):
     _, decode, port = engines
     side = decode.scheduler.pd_decode
     ids = random_prompts(7, [9], CFG["vocab_size"])[0]
-    got = {}
-    t = threading.Thread(target=lambda: got.update(out=decode.generate(
-        input_ids=ids, sampling_params=SP, rid="in-place", bootstrap=BootstrapInfo("127.0.0.1", port, 1100))))
-    t.start()
-    deadline = time.monotonic() + 5
-    while not side.holding() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    decode.abort_request("in-place")
-    t.join(5)
-    assert got["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+    _abort_while_waiting(decode, port, ids, "in-place", 1100, side.holding)
     assert 1100 in side.draining and side.holding()  # answered, its slots still held
     deadline = time.monotonic() + 10
     while side.draining and time.monotonic() < deadline:
@@ -217,24 +213,13 @@ def test_fetch_waits_for_the_slot_ids_and_an_abort_before_it_frees_at_once(engin
 
     _, decode, port = engines
     side = decode.scheduler.pd_decode
-    arrived = threading.Event()
-
     class SlowSlots(disagg_decode.HostSlots):
         def ready(self) -> bool:
-            return arrived.is_set()
+            return False  # (on CUDA: the pass in flight has not ended)
 
     monkeypatch.setattr(disagg_decode, "HostSlots", SlowSlots)
     ids = random_prompts(8, [7], CFG["vocab_size"])[0]
-    got = {}
-    t = threading.Thread(target=lambda: got.update(out=decode.generate(
-        input_ids=ids, sampling_params=SP, rid="unsent", bootstrap=BootstrapInfo("127.0.0.1", port, 1200))))
-    t.start()
-    deadline = time.monotonic() + 5
-    while 1200 not in side.unsent and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert 1200 in side.unsent and 1200 not in side.in_place  # slots held, no fetch yet
-    decode.abort_request("unsent")
-    t.join(5)
-    assert got["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+    # Aborted while its slots are held and no fetch went out yet.
+    _abort_while_waiting(decode, port, ids, "unsent", 1200, lambda: 1200 in side.unsent and 1200 not in side.in_place)
     assert not side.unsent and not side.draining and not side.holding()
     assert decode.flush_cache()
