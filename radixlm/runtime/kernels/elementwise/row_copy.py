@@ -75,4 +75,3 @@ def copy_rows(src: list[torch.Tensor], src_slots: torch.Tensor, dst: list[torch.
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             _copy_rows_kernel[grid](src_ptrs, dst_ptrs, src_slots, dst_slots, n, row_bytes // word, WORD_BYTES=word,
                                     BLOCK_T=BLOCK_T, BLOCK_W=BLOCK_W)
-
