@@ -10,6 +10,7 @@ list, are taken from it."""
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import os
 import socket
@@ -157,6 +158,7 @@ def check_layout(src: list[torch.Tensor], dst: list[torch.Tensor]) -> str | None
     return None
 
 
+@functools.cache  # a fact of the process's GPUs: peer access, once on, stays on
 def _reaches(src: torch.device, dst: torch.device) -> bool:
     """Whether kernels on src may store into dst's memory: the same GPU, or a peer (torch turns peer access on with
     a copy between the two)."""

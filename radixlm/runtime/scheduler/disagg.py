@@ -29,6 +29,7 @@ class Disaggregation:
             side = PrefillSide(sched.args, sched.runner.token_to_kv_pool, sched.req_to_token_pool,
                                tp_rank=sched.runner.parallel.tp_rank)
             sched.results.on_finished = side.on_finished
+            sched.launcher.record_pass_done = sched.runner.is_cuda
             return cls(side, None)
         if mode is DisaggregationMode.DECODE:
             hooks = DecodeHooks(sched.planner, sched.runner.token_to_kv_pool, lambda: sched.running,

@@ -32,7 +32,9 @@ class PassLauncher:
         self.generator = generator
         self.overlap = overlap
         self.device = runner.device
-        self.on_cuda = torch.device(runner.device).type == "cuda"
+        # Set by a prefill server's disaggregation side (scheduler/disagg.py): each pass records BatchResult.done on
+        # CUDA, for the copies that read its KV on another stream.
+        self.record_pass_done = False
         self.sampler = Sampler()
         # Overlap: the last token sampled for each req_to_token row, read by the next pass on the device.
         self.next_token_buf = torch.zeros(runner.req_to_token_pool.size, dtype=torch.int64, device=self.device)
@@ -72,7 +74,7 @@ class PassLauncher:
                     [r.req_pool_idx for r in samplers], torch.int64, self.device)
                 self.next_token_buf[rows] = next_ids
             result.next_ids = HostCopy(next_ids)
-        if self.on_cuda:
+        if self.record_pass_done:
             result.done = torch.cuda.Event()
             result.done.record()
         return result

@@ -33,7 +33,7 @@ class BatchResult:
     next_ids: HostCopy | None = None  # the sampled tokens (None when every sampling row is decided on demand)
     logprobs: torch.Tensor | None = None  # log_softmax of the sampling rows, when a sampler asked for logprobs
     masks: PassMasks | None = None  # the pass's grammar masks and draft verification
-    done: torch.cuda.Event | None = None  # on CUDA, recorded after the pass: what reads its KV on another stream waits
+    done: torch.cuda.Event | None = None  # recorded after the pass where asked (PassLauncher.record_pass_done)
 
     def token_ids(self) -> list[int | None]:
         n = len(self.batch.samplers)
