@@ -52,6 +52,15 @@ class Parallel:
         dist.all_reduce(x, group=self.group)
         return x
 
+    def fused_add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                          eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(weight * norm(s + residual), s + residual) with s the sum over ranks of x, in one kernel; None where the
+        device comm cannot (the caller then all-reduces and runs the norm itself)."""
+        if self.tp_size == 1 or self.device_comm is None:
+            return None
+        fused = getattr(self.device_comm, "fused_add_rmsnorm", None)
+        return None if fused is None else fused(x, residual, weight, eps)
+
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """The ranks' x concatenated along dim, rank order."""
         if self.tp_size == 1:
