@@ -94,7 +94,11 @@ class PeerPools:
     its memory alive, so a decode server started again on that GPU (another process) replaces the old one's, which
     is closed, rather than leaving its pool mapped."""
 
-    def __init__(self) -> None:
+    def __init__(self, writer: torch.device | None = None) -> None:
+        # The GPU whose kernels store into the opened pools (the prefill server's). A peer's pool is mapped into
+        # that GPU's context: IPC memory opened in the owner GPU's context is not in a peer's page tables, whatever
+        # peer access says, and a store to it from the writer is an illegal address (2 x H200, row_copy kernel).
+        self.writer = writer
         self._open: dict[str, tuple[str, list[torch.Tensor] | None]] = {}  # GPU uuid -> (export key, its buffers)
         self._local: dict[str, int] | None = None
         self._lock = threading.Lock()  # the prefill scheduler's thread and the bootstrap thread both open
@@ -133,12 +137,15 @@ class PeerPools:
         try:
             from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
+            w = self.writer
+            if w is not None and w.type == "cuda" and torch.cuda.can_device_access_peer(w, device):
+                device = w.index if w.index is not None else torch.cuda.current_device()
             bufs = []
             for h in export["buffers"]:
                 args = list(_decode(h))
                 if args[6] != export["device"]:
                     raise ValueError("an export's buffers name different devices")
-                args[6] = device  # the exporter's index of that GPU; ours may differ
+                args[6] = device  # the context the handle is opened in: the writer's where it reaches the pool
                 bufs.append(rebuild_cuda_tensor(*args))
             return bufs
         except Exception as e:  # noqa: BLE001 - as export_pool

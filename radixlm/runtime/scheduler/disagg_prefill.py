@@ -48,7 +48,8 @@ class PrefillSide:
         (decode rank i fetches from prefill rank i: both sides run the same tp_size)."""
         self.kv_pool = kv_pool
         self.req_to_token_pool = req_to_token_pool
-        self.peers = PeerPools()  # the decode pools opened here, for this thread's copies and the sender's
+        # The decode pools opened here, for this thread's copies and the sender's.
+        self.peers = PeerPools(torch.device(kv_pool.device))
         self.sender = sender or make_sender(args.disaggregation_transfer_backend,
                                             args.disaggregation_bootstrap_port + tp_rank, args.disaggregation_timeout,
                                             self.peers)

@@ -46,3 +46,45 @@ def test_copy_slots_moves_rows_of_every_buffer():
         assert torch.equal(d[[0, 6, 3]], s[[7, 2, 5]]) and not d[[1, 2, 4, 5, 7]].any()
     assert "same model" in check_layout(src, [torch.zeros(8, 3)] * 3)
     assert "KV buffers" in check_layout(src, dst[:2])
+
+
+def _decode_process(conn) -> None:
+    """A decode server's part: a stacked pool on cuda:1 exported over IPC; after the parent wrote, its rows back."""
+    pool = torch.zeros(4, 64, 8, dtype=torch.bfloat16, device="cuda:1")
+    bufs = list(pool.unbind(0))  # views of one allocation, as KVPool.stacked's are
+    conn.send(export_pool(bufs))
+    conn.recv()
+    torch.cuda.synchronize(1)
+    conn.send(pool.cpu())
+    conn.recv()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_a_kernel_on_the_prefill_gpu_writes_into_another_process_pool_on_a_peer_gpu():
+    """The PD path across processes: the pool opened in the writer's context, then one kernel on cuda:0 stores into
+    it (opened in the owner GPU's context, the same store was an illegal address on 2 x H200)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_decode_process, args=(child,), daemon=True)
+    proc.start()
+    try:
+        assert parent.poll(120), "the decode process did not export its pool"
+        export = parent.recv()
+        peer = PeerPools(torch.device("cuda:0")).open(export)
+        assert peer is not None and len(peer) == 4
+        src = [torch.randn(16, 8, device="cuda:0").to(torch.bfloat16) for _ in range(4)]
+        event = copy_slots(src, torch.tensor([3, 0, 9]), peer, torch.tensor([5, 60, 1]))
+        event.synchronize()
+        parent.send("written")
+        assert parent.poll(60)
+        pool = parent.recv()
+        for s, d in zip(src, pool):
+            assert torch.equal(d[[5, 60, 1]], s[[3, 0, 9]].cpu())
+            assert not d[[i for i in range(64) if i not in (5, 60, 1)]].any()
+        parent.send("done")
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
