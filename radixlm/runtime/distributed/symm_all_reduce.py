@@ -28,6 +28,29 @@ logger = logging.getLogger(__name__)
 ALIGN_BYTES = 16  # the kernels move 16-byte vectors
 ONE_SHOT_MAX_BYTES = 1 << 20
 BUFFER_BYTES = 8 << 20
+ARNORM_BUFFER_BYTES = 16 << 20  # two slots of 1,024 rows of 4,096 bf16 (a decode batch's), and the counters
+
+
+@dataclass
+class SymmArNorm:
+    """The all-reduce, residual add and RMSNorm in one kernel (kernels/elementwise/allreduce_rmsnorm.py) over a
+    symmetric buffer of its own; built with the communicator."""
+
+    buffer: torch.Tensor  # symmetric memory: the counters and the two slots
+    bufs: torch.Tensor  # every rank's buffer address, rank order (int64, on this rank's GPU)
+    epochs: torch.Tensor  # this rank's per-row call counters (int32)
+    rank: int
+    layout: object  # allreduce_rmsnorm.ArNormLayout
+
+    def accepts(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
+        return (x.is_cuda and x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+                and x.is_contiguous() and residual.shape == x.shape and residual.dtype == x.dtype
+                and residual.stride(-1) == 1 and x.shape[0] <= self.layout.max_rows(x.shape[1] * x.element_size()))
+
+    def __call__(self, x, residual, weight, eps):
+        from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import allreduce_add_rmsnorm
+
+        return allreduce_add_rmsnorm(x, residual, weight, eps, self.bufs, self.epochs, self.rank, self.layout)
 
 
 @dataclass
@@ -38,6 +61,14 @@ class SymmMemAllReduce:
     buffer: torch.Tensor  # symmetric memory, rendezvoused over the group
     world_size: int
     one_shot_max_bytes: int = ONE_SHOT_MAX_BYTES
+    arnorm: SymmArNorm | None = None  # None: the norm after a sum runs on its own
+
+    def fused_add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                          eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Parallel.fused_add_rmsnorm's fused case; None where the kernel cannot take x (every rank alike)."""
+        if self.arnorm is None or not self.arnorm.accepts(x, residual):
+            return None
+        return self.arnorm(x, residual, weight, eps)
 
     def accepts(self, x: torch.Tensor) -> bool:
         if not (x.is_cuda and x.is_contiguous() and x.dtype in (torch.bfloat16, torch.float16, torch.float32)):
@@ -99,4 +130,53 @@ def build_symm_all_reduce(group, device: str, agree: Callable[[list[bool]], list
     if not agree([ok])[0]:
         logger.warning("symmetric-memory all-reduce gave a wrong sum on some rank: using NCCL")
         return None
+    comm.arnorm = build_arnorm(group, device, agree)
     return comm
+
+
+def build_arnorm(group, device: str, agree: Callable[[list[bool]], list[bool]],
+                 buffer_bytes: int = ARNORM_BUFFER_BYTES) -> SymmArNorm | None:
+    """The fused all-reduce and norm, or None on every rank where it cannot be set up or its probe fails on any
+    (collective, agreed step by step as build_symm_all_reduce)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import MAX_ROWS, ArNormLayout
+
+    arnorm = None
+    try:
+        buffer = symm_mem.empty(buffer_bytes, dtype=torch.uint8, device=device)
+        layout = ArNormLayout(group.size(), buffer_bytes)
+        buffer[: layout.data_offset].zero_()  # the counters start at zero on every rank, before any peer signals
+        torch.cuda.synchronize(device)
+    except Exception as e:  # noqa: BLE001 - an optional fast path: the unfused norm serves without it
+        logger.warning("fused all-reduce + RMSNorm unavailable (%s: %s)", type(e).__name__, e)
+    else:
+        arnorm = (buffer, layout)
+    if not agree([arnorm is not None])[0]:
+        return None
+    try:
+        handle = symm_mem.rendezvous(buffer, group.group_name)
+        bufs = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
+        arnorm = SymmArNorm(buffer, bufs, torch.zeros(MAX_ROWS, dtype=torch.int32, device=device), group.rank(),
+                            layout)
+    except Exception as e:  # noqa: BLE001 - as above
+        logger.warning("fused all-reduce + RMSNorm rendezvous failed (%s: %s)", type(e).__name__, e)
+        arnorm = None
+    if not agree([arnorm is not None])[0]:
+        return None
+    ok = True
+    try:
+        rank, world = group.rank(), group.size()
+        for rows in (1, 3, 1):  # the second call of row 0 takes the other slot
+            x = torch.full((rows, 4096), float(rank + 1), dtype=torch.bfloat16, device=device)
+            residual = torch.ones_like(x)
+            out, res = arnorm(x, residual, torch.ones(4096, dtype=torch.bfloat16, device=device), 1e-6)
+            ok &= bool((res == world * (world + 1) / 2 + 1).all()) and bool(((out - 1).abs() < 1e-2).all())
+        torch.cuda.synchronize(device)
+    except Exception as e:  # noqa: BLE001 - as above
+        logger.warning("fused all-reduce + RMSNorm failed its self-check (%s: %s)", type(e).__name__, e)
+        ok = False
+    if not agree([ok])[0]:
+        logger.warning("fused all-reduce + RMSNorm gave a wrong result on some rank: the norm runs on its own")
+        return None
+    return arnorm

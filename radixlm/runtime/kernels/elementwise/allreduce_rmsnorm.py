@@ -1,0 +1,108 @@
+"""The tensor-parallel all-reduce, the residual add and the RMSNorm of a decoder layer in one launch (Triton), over
+buffers every rank of one host reaches (symmetric memory over NVLink): each program takes one row, stores this rank's
+partial sum of it into this rank's buffer, signals the program of the same row on every peer, waits for theirs, reads
+the peers' rows and sums them in rank order (so every rank computes the same bits), then adds the residual and
+normalises as fused_kernels._rmsnorm_kernel does.
+
+Layout of each rank's buffer (`ArNormLayout`): a counter per (row, source rank) at the start, then two slots of rows.
+A signal adds one to the receiver's counter and its waiter takes one off, so no signal is lost when a fast rank
+signals the next call's before its peer has consumed this one's. A program alternates slots from call to call by a
+counter of its own (`epochs`, one per row, on this rank's GPU): every rank runs the same calls with the same rows, so
+the counters agree without any traffic. Writing slot e % 2 at call e is safe: this program's wait at call e - 1 saw the
+peer's signal of call e - 1, which the peer sent after its call e - 2, the last reader of that slot, had finished."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 1024  # counters are laid out for this many rows; more rows take the unfused path
+
+
+@dataclass(frozen=True)
+class ArNormLayout:
+    """Where a rank's buffer holds what: set once by the communicator for its buffer size and world size."""
+
+    world_size: int
+    buffer_bytes: int
+
+    @property
+    def flag_bytes(self) -> int:
+        return MAX_ROWS * self.world_size * 4
+
+    @property
+    def data_offset(self) -> int:
+        return -(-self.flag_bytes // 256) * 256
+
+    @property
+    def slot_bytes(self) -> int:
+        return (self.buffer_bytes - self.data_offset) // 2 // 256 * 256
+
+    def max_rows(self, row_bytes: int) -> int:
+        return min(MAX_ROWS, self.slot_bytes // row_bytes)
+
+
+@triton.jit
+def _arnorm_kernel(Bufs, Epochs, X, R, W, Out, ResOut, stride_x, stride_r, stride_o, stride_ro, n_cols, eps,
+                   rank, data_offset, slot_elems, RANKS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    dt = X.dtype.element_ty
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    epoch = tl.load(Epochs + row)
+    tl.store(Epochs + row, epoch + 1)
+    at = data_offset + (epoch % 2) * slot_elems + row * n_cols  # in elements of dt, from a buffer's base
+    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
+    mine = tl.load(Bufs + rank).to(tl.pointer_type(dt))
+    tl.store(mine + at + offs, x, mask=mask)
+    tl.debug_barrier()  # every thread's store before the signal
+    flags = tl.load(Bufs + rank).to(tl.pointer_type(tl.int32)) + row * RANKS
+    for p in tl.static_range(RANKS):
+        if p != rank:
+            theirs = tl.load(Bufs + p).to(tl.pointer_type(tl.int32)) + row * RANKS + rank
+            tl.atomic_add(theirs, 1, sem="release", scope="sys")
+    for p in tl.static_range(RANKS):
+        if p != rank:
+            seen = tl.atomic_add(flags + p, 0, sem="acquire", scope="sys")
+            while seen == 0:
+                seen = tl.atomic_add(flags + p, 0, sem="acquire", scope="sys")
+            tl.atomic_add(flags + p, -1, sem="relaxed", scope="sys")
+    tl.debug_barrier()  # every thread's loads after the waits
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for p in tl.static_range(RANKS):
+        if p == rank:
+            part = x
+        else:
+            peer = tl.load(Bufs + p).to(tl.pointer_type(dt))
+            part = tl.load(peer + at + offs, mask=mask, other=0.0, volatile=True)
+        acc += part.to(tl.float32)
+    s = acc.to(dt)  # the all-reduce's result, rounded as an unfused all-reduce rounds it
+    h = (s.to(tl.float32) + tl.load(R + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)).to(dt)
+    tl.store(ResOut + row * stride_ro + offs, h, mask=mask)
+    hf = h.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / n_cols + eps)
+    normed = (hf * inv).to(dt).to(tl.float32)
+    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out + row * stride_o + offs, (w * normed).to(Out.dtype.element_ty), mask=mask)
+
+
+def allreduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                          bufs: torch.Tensor, epochs: torch.Tensor, rank: int, layout: ArNormLayout
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight * norm(s + residual), s + residual), s the sum over ranks of x (T, H). bufs: every rank's buffer
+    address (int64, rank order, on x's device); epochs: this rank's per-row call counters (int32, MAX_ROWS). Every
+    rank must make the same calls with the same shapes: a call waits for its peers' matching call."""
+    n, h = x.shape
+    if n > layout.max_rows(h * x.element_size()) or not x.is_contiguous():
+        raise ValueError(f"allreduce_add_rmsnorm: {n} rows of {h} do not fit the buffer (or x is not contiguous)")
+    out = torch.empty(n, h, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    res_out = torch.empty_like(x)
+    if n:
+        size = x.element_size()
+        _arnorm_kernel[(n,)](bufs, epochs, x, residual, weight, out, res_out, x.stride(0), residual.stride(0),
+                             out.stride(0), res_out.stride(0), h, eps, rank, layout.data_offset // size,
+                             layout.slot_bytes // size, RANKS=layout.world_size, BLOCK=triton.next_power_of_2(h),
+                             num_warps=4 if h <= 2048 else 8)
+    return out, res_out
