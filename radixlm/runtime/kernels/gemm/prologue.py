@@ -1,10 +1,15 @@
 """The element-wise step before a GEMM (an RMSNorm, with or without the residual add, or SiLU-and-mul), handed to
 the GEMM as data: the skinny kernel of small decode batches fuses it into its input loads (one launch fewer, the
-activations read from L2); every other path runs the step's own module first."""
+activations read from L2); every other path runs the step's own module first.
+
+Under tensor parallelism x may still be a row-parallel GEMM's partial sum (`reduce` set): the sum over ranks is then
+the step's first part, done with the norm in one kernel where the rank's comm can (Parallel.fused_add_rmsnorm). Such
+a step is a collective: Linear.matmul applies it before any GEMM, once, so no GEMM fuses it or reruns it."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -18,6 +23,15 @@ class PrologueKind(enum.IntEnum):
     SILU_MUL = 3  # x = [gate | up] -> silu(gate) * up
 
 
+class RankSum(Protocol):
+    """The sum over tensor-parallel ranks (runtime.distributed.Parallel; kernels do not import it)."""
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def fused_add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                          eps: float) -> tuple[torch.Tensor, torch.Tensor] | None: ...
+
+
 @dataclass
 class Prologue:
     """Built per call by the module that owns the step (RMSNorm.prologue, SiluAndMul.prologue)."""
@@ -26,6 +40,8 @@ class Prologue:
     module: nn.Module  # runs the step unfused: module(x), or module(x, residual) -> (out, x + residual)
     residual: torch.Tensor | None = None  # ADD_RMSNORM
     residual_out: torch.Tensor | None = None  # set by the GEMM that applied it (ADD_RMSNORM): x + residual
+    reduce: RankSum | None = None  # x is this rank's partial sum over these ranks (summed first, by apply only)
+    reduced: bool = field(default=False, init=False, repr=False)  # a reducing prologue ran (it may run once)
 
     @property
     def norm_weight(self) -> torch.Tensor:
@@ -41,6 +57,17 @@ class Prologue:
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """The step unfused; returns the GEMM's input."""
+        if self.reduce is not None:
+            if self.reduced:
+                raise RuntimeError("a prologue's all-reduce ran twice (a pending reduce is applied once, before the "
+                                   "GEMM)")
+            self.reduced = True
+            if self.kind is PrologueKind.ADD_RMSNORM:
+                fused = self.reduce.fused_add_rmsnorm(x, self.residual, self.norm_weight, self.eps)
+                if fused is not None:
+                    out, self.residual_out = fused
+                    return out
+            x = self.reduce.all_reduce(x)
         if self.kind is PrologueKind.ADD_RMSNORM:
             out, self.residual_out = self.module(x, self.residual)
             return out
