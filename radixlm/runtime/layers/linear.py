@@ -90,8 +90,8 @@ class Linear(nn.Module):
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | None = None,
                epilogue: RotaryStore | None = None) -> torch.Tensor:
         if prologue is not None and prologue.reduce is not None:
-            # A collective: run here, once, never fused into the GEMM nor rerun by its kernel choice's measurements.
-            x, prologue = prologue.apply(x), None
+            # A collective: run here, once, never inside the GEMM nor rerun by its kernel choice's measurements.
+            x, prologue = prologue.reduce_input(x)
         lora = self.lora is not None and self.lora.active  # a pass with no adapter rows runs as the base model's
         partials = None
         if lora:

@@ -68,8 +68,7 @@ def test_add_rmsnorm_prologue_sums_once_fused_or_not(fuse):
     torch.testing.assert_close(out, rms(2 * x + res, norm.weight))
     torch.testing.assert_close(pro.residual_out, 2 * x + res)
     assert comm.calls == ({"fused": 1} if fuse else {"fused": 1, "all_reduce": 1})
-    with pytest.raises(RuntimeError, match="ran twice"):
-        pro.apply(x)
+    assert pro.reduce is None  # summed: what is left of it is the plain step
 
 
 def test_norm_and_activation_prologues_sum_first():
@@ -84,8 +83,10 @@ def test_norm_and_activation_prologues_sum_first():
     assert comm.calls == {"all_reduce": 2}  # nothing to fuse without a residual
 
 
-def test_linear_applies_a_pending_reduce_before_any_gemm(monkeypatch):
-    """gemm.linear may fuse a prologue or rerun copies of it while it times kernels: it must never see this one."""
+@pytest.mark.parametrize("fuse", [True, False])
+def test_linear_sums_before_any_gemm(fuse, monkeypatch):
+    """gemm.linear may fuse a prologue or rerun copies of it while it times kernels: it gets the plain step (the
+    sum done) or, where the comm took the norm too, none."""
     torch.manual_seed(2)
     seen = []
 
@@ -98,14 +99,15 @@ def test_linear_applies_a_pending_reduce_before_any_gemm(monkeypatch):
         return F.linear(x, weight, bias)
 
     monkeypatch.setattr(gemm, "linear", gemm_that_reruns)
-    comm = DoublingComm(fuse=True)
+    comm = DoublingComm(fuse)
     norm, lin = _norm(), Linear(H, 8, bias=True)
     lin.weight.data.normal_(0, H**-0.5)
     lin.bias.data.normal_()
     x, res = torch.randn(2, H), torch.randn(2, H)
     pro = norm.prologue(res, Parallel(tp_rank=0, tp_size=2, device_comm=comm))
     got = lin(x, pro)
-    assert seen == [None] and comm.calls == {"fused": 1}
+    assert comm.calls == ({"fused": 1} if fuse else {"fused": 1, "all_reduce": 1})
+    assert len(seen) == 1 and seen[0] is (None if fuse else pro) and pro.reduce is None
     torch.testing.assert_close(got, F.linear(rms(2 * x + res, norm.weight), lin.weight, lin.bias))
     torch.testing.assert_close(pro.residual_out, 2 * x + res)
 
