@@ -89,6 +89,9 @@ class Linear(nn.Module):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | None = None,
                epilogue: RotaryStore | None = None) -> torch.Tensor:
+        if prologue is not None and prologue.reduce is not None:
+            # A collective: run here, once, never inside the GEMM nor rerun by its kernel choice's measurements.
+            x, prologue = prologue.reduce_input(x)
         lora = self.lora is not None and self.lora.active  # a pass with no adapter rows runs as the base model's
         partials = None
         if lora:
@@ -163,16 +166,22 @@ class ColumnParallelLinear(Linear):
 
 
 class RowParallelLinear(Linear):
-    """The input dim split across ranks; the partial products are summed over ranks (bias added once, after)."""
+    """The input dim split across ranks; the partial products are summed over ranks (bias added once, after), or
+    left to the caller (`reduce=False`: the next norm's prologue sums them, Prologue.reduce)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, parallel: Parallel = SINGLE):
         self.parallel = parallel
         self.full_in = in_features
         super().__init__(divide(in_features, parallel.tp_size, "a row-parallel input size"), out_features, bias)
 
-    def forward(self, x: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prologue: Prologue | None = None, reduce: bool = True) -> torch.Tensor:
+        """reduce=False: this rank's partial sum (no bias: it must be added once, after the sum)."""
         if self.parallel.tp_size == 1:
             return super().forward(x, prologue)
+        if not reduce:
+            if self.bias is not None:
+                raise ValueError("a row-parallel linear with a bias cannot leave its sum to the caller")
+            return self.matmul(x, None, prologue)
         out = self.parallel.all_reduce(self.matmul(x, None, prologue))
         return out if self.bias is None else out + self.bias
 

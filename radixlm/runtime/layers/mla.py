@@ -125,8 +125,9 @@ class MultiHeadLatentAttention(nn.Module):
         self.scaling = scaling
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: "ForwardBatch",
-                prologue: Prologue | None = None) -> torch.Tensor:
-        """prologue: hidden before its norm (handed to the first GEMM, which sets its residual_out)."""
+                prologue: Prologue | None = None, reduce: bool = True) -> torch.Tensor:
+        """prologue: hidden before its norm (handed to the first GEMM, which sets its residual_out). reduce=False:
+        o_proj's partial sum (tensor parallel), left to the next norm."""
         t, h = hidden.shape[0], self.num_heads
         nope, rope, rank = self.qk_nope_head_dim, self.qk_rope_head_dim, self.kv_lora_rank
         if self.q_lora_rank is not None:
@@ -147,4 +148,4 @@ class MultiHeadLatentAttention(nn.Module):
         q_all = torch.cat([q_latent, q_pe.view(t, h, rope)], dim=-1)
         o = latent_attention(q_all, pool.get_latent_buffer(self.layer_id), forward_batch, self.scaling, rank)
         o = torch.bmm(o.transpose(0, 1), self.kv_b_proj.w_uv.transpose(1, 2))  # (h, t, v)
-        return self.o_proj(o.transpose(0, 1).reshape(t, h * self.v_head_dim))
+        return self.o_proj(o.transpose(0, 1).reshape(t, h * self.v_head_dim), reduce=reduce)

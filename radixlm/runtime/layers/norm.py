@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from radixlm.runtime.distributed.parallel import Parallel
 from radixlm.runtime.kernels.gemm import Prologue, PrologueKind
 
 
@@ -34,9 +35,11 @@ class RMSNorm(nn.Module):
         x = x + residual
         return self._norm(x), x
 
-    def prologue(self, residual: torch.Tensor | None = None) -> Prologue:
-        """This norm (of x + residual, with a residual) as the step before a GEMM (the GEMM sets residual_out)."""
-        return Prologue(PrologueKind.RMSNORM if residual is None else PrologueKind.ADD_RMSNORM, self, residual)
+    def prologue(self, residual: torch.Tensor | None = None, reduce: Parallel | None = None) -> Prologue:
+        """This norm (of x + residual, with a residual) as the step before a GEMM (the GEMM sets residual_out).
+        reduce: x is a row-parallel partial sum over these ranks (summed first: Prologue.reduce)."""
+        return Prologue(PrologueKind.RMSNORM if residual is None else PrologueKind.ADD_RMSNORM, self, residual,
+                        reduce=reduce)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.variance_epsilon}"

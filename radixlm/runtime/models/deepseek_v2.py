@@ -33,7 +33,8 @@ from radixlm.runtime.layers.mla import MultiHeadLatentAttention, mla_softmax_sca
 from radixlm.runtime.layers.moe import FusedMoE, expert_weight_name
 from radixlm.runtime.layers.norm import RMSNorm
 from radixlm.runtime.layers.rotary import get_rope, rope_params_from_config
-from radixlm.runtime.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel, LoadReport
+from radixlm.runtime.models.llama import (LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel, LoadReport,
+                                          chain_reduces, init_reduces)
 from radixlm.runtime.models.qwen_moe import SharedExpertMLP
 
 if TYPE_CHECKING:
@@ -94,34 +95,39 @@ class MoEGate(nn.Module):
 
 
 class DeepseekV2MoE(nn.Module):
+    can_defer_reduce = True  # LlamaDecoderLayer may leave the sum over ranks to the next norm
+
     def __init__(self, config: "PretrainedConfig", routing: Routing, correction_bias: bool, parallel: Parallel):
         super().__init__()
         self.parallel = parallel
         shared = (getattr(config, "n_shared_experts", 0) or 0) * config.moe_intermediate_size
         self.gate = MoEGate(config.hidden_size, config.n_routed_experts, correction_bias)
-        # With shared experts, the routed and shared partial sums share one all-reduce.
+        # The routed and shared partial sums share one all-reduce (here, or the next norm's).
         self.experts = FusedMoE(config.n_routed_experts, routing.top_k, config.hidden_size,
                                 config.moe_intermediate_size, routing.renormalize, parallel,
-                                reduce_results=not shared, routing=routing)
+                                reduce_results=False, routing=routing)
         self.shared_experts = SharedExpertMLP(config.hidden_size, shared, parallel) if shared else None
 
-    def forward(self, hidden: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, prologue: Prologue | None = None, reduce: bool = True) -> torch.Tensor:
+        """reduce=False: this rank's partial sum (tensor parallel), left to the next norm."""
         hidden = apply_prologue(prologue, hidden)
         out = self.experts(hidden, self.gate(hidden), self.gate.e_score_correction_bias)
-        if self.shared_experts is None:
-            return out
-        return self.parallel.all_reduce(out + self.shared_experts(hidden))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(hidden)
+        return self.parallel.all_reduce(out) if reduce else out
 
 
 class DeepseekV2DecoderLayer(nn.Module):
     forward = LlamaDecoderLayer.forward  # the same residual and fused-norm flow, around MLA
 
-    def __init__(self, config: "PretrainedConfig", layer_id: int, attn: MultiHeadLatentAttention, mlp: nn.Module):
+    def __init__(self, config: "PretrainedConfig", layer_id: int, attn: MultiHeadLatentAttention, mlp: nn.Module,
+                 parallel: Parallel):
         super().__init__()
         self.self_attn = attn
         self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        init_reduces(self, parallel)
 
 
 class DeepseekV2Model(nn.Module):
@@ -132,6 +138,7 @@ class DeepseekV2Model(nn.Module):
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, parallel)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm_reduce = chain_reduces(self.layers)
 
 
 class DeepseekV2ForCausalLM(LlamaForCausalLM):
@@ -165,7 +172,7 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
             mlp = (DeepseekV2MoE(config, routing, correction_bias, parallel) if is_moe_layer(config, layer_id)
                    else LlamaMLP(config.hidden_size, config.intermediate_size, parallel=parallel))
             attn = MultiHeadLatentAttention(config, kv_layer_id, rope, scale, parallel)
-            return DeepseekV2DecoderLayer(config, layer_id, attn, mlp)
+            return DeepseekV2DecoderLayer(config, layer_id, attn, mlp, parallel)
 
         return build
 

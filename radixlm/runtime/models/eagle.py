@@ -39,8 +39,8 @@ class _NoNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
-    def prologue(self, residual: torch.Tensor | None = None) -> None:
-        assert residual is None, "the EAGLE head's only layer starts the residual stream"
+    def prologue(self, residual: torch.Tensor | None = None, reduce=None) -> None:
+        assert residual is None and reduce is None, "the EAGLE head's only layer starts the residual stream"
         return None
 
 

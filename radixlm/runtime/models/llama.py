@@ -39,10 +39,12 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = ColumnParallelLinear(hidden_size, [part, part], bias=bias)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, parallel=parallel)
         self.act_fn = SiluAndMul()
+        self.can_defer_reduce = not bias  # a bias is added after the sum over ranks
 
-    def forward(self, x: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
-        """prologue: x before its norm (the GEMMs fuse the norm, and the activation, where they can)."""
-        return self.down_proj(self.gate_up_proj(x, prologue), self.act_fn.prologue())
+    def forward(self, x: torch.Tensor, prologue: Prologue | None = None, reduce: bool = True) -> torch.Tensor:
+        """prologue: x before its norm (the GEMMs fuse the norm, and the activation, where they can). reduce=False:
+        down_proj's partial sum (tensor parallel), left to the next norm."""
+        return self.down_proj(self.gate_up_proj(x, prologue), self.act_fn.prologue(), reduce)
 
 
 class LlamaAttention(nn.Module):
@@ -70,8 +72,8 @@ class LlamaAttention(nn.Module):
         self.attn = RadixAttention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: "ForwardBatch",
-                prologue: Prologue | None = None) -> torch.Tensor:
-        """prologue: hidden before its norm (see LlamaMLP.forward)."""
+                prologue: Prologue | None = None, reduce: bool = True) -> torch.Tensor:
+        """prologue: hidden before its norm; reduce: as LlamaMLP.forward's, for o_proj."""
         rotary = (self.rotary_emb, positions)
         # Without q/k norms the qkv GEMM may rotate q and k and store the KV itself.
         epilogue = self.attn.qkv_epilogue(forward_batch, rotary) if self.takes_rotary_epilogue else None
@@ -81,7 +83,28 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
         # The CUDA KV store reads strided rows; the CPU path wants v contiguous.
         o = self.attn(q, k, v if v.is_cuda else v.contiguous(), forward_batch, rotary, epilogue)
-        return self.o_proj(o)
+        return self.o_proj(o, reduce=reduce)
+
+
+def init_reduces(layer: nn.Module, parallel: Parallel) -> None:
+    """Decides once where a decoder layer's row-parallel sums over ranks go (tensor parallel): o_proj's into
+    post_attention_layernorm (attn_reduce), the MLP's into the next norm (output_reduce: the next layer's
+    input_layernorm, or the model's final norm), each done with the residual add and the norm in one kernel where the
+    rank's comm has one (Parallel.fused_add_rmsnorm). input_reduce: the previous layer's output_reduce (chain_reduces);
+    None for a first layer (the embedding's output is summed). Where a bias follows the sum it is not deferred."""
+    tp = parallel.tp_size > 1
+    layer.attn_reduce = parallel if tp and layer.self_attn.o_proj.bias is None else None
+    layer.output_reduce = parallel if tp and getattr(layer.mlp, "can_defer_reduce", False) else None
+    layer.input_reduce = None
+
+
+def chain_reduces(layers: Iterable[nn.Module]) -> Parallel | None:
+    """Hands each layer's partial output to the next one's input norm; returns the final norm's reduce."""
+    pending = None
+    for layer in layers:
+        layer.input_reduce = pending
+        pending = layer.output_reduce
+    return pending
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -94,6 +117,7 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        init_reduces(self, parallel)
 
     def forward(
         self,
@@ -102,13 +126,14 @@ class LlamaDecoderLayer(nn.Module):
         forward_batch: "ForwardBatch",
         residual: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Invariant: on return, the layer's output is hidden + residual (the add is fused into the next norm). Each
-        # norm is handed to the GEMM after it, which fuses it where it can and sets the new residual.
-        pro = self.input_layernorm.prologue(residual)
-        attn = self.self_attn(positions, hidden, forward_batch, pro)
+        # Invariant: on return, the layer's output is hidden + residual, where hidden, if partial (output_reduce
+        # set), is summed over ranks first; likewise its input (input_reduce). The sum and the add are left to the
+        # next norm, which is handed to the GEMM after it: it fuses the norm where it can and sets the new residual.
+        pro = self.input_layernorm.prologue(residual, self.input_reduce)
+        attn = self.self_attn(positions, hidden, forward_batch, pro, self.attn_reduce is None)
         residual = hidden if residual is None else pro.residual_out
-        pro = self.post_attention_layernorm.prologue(residual)
-        return self.mlp(attn, pro), pro.residual_out
+        pro = self.post_attention_layernorm.prologue(residual, self.attn_reduce)
+        return self.mlp(attn, pro, self.output_reduce is None), pro.residual_out
 
 
 class LlamaModel(nn.Module):
@@ -125,6 +150,7 @@ class LlamaModel(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm_reduce = chain_reduces(self.layers)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
         # A pass with media rows comes with its input embeddings (the executor's MultimodalEmbedder).
@@ -134,6 +160,8 @@ class LlamaModel(nn.Module):
             hidden, residual = layer(positions, hidden, forward_batch, residual)
         if residual is None:  # zero layers
             return self.norm(hidden)
+        if self.norm_reduce is not None:  # the last layer's output is partial
+            return self.norm.prologue(residual, self.norm_reduce).apply(hidden)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

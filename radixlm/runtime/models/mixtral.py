@@ -19,15 +19,20 @@ _PARTS = {"w1": "gate", "w3": "up", "w2": "down"}
 
 
 class MixtralMoE(nn.Module):
+    can_defer_reduce = True  # LlamaDecoderLayer may leave the sum over ranks to the next norm
+
     def __init__(self, config, parallel: Parallel):
         super().__init__()
+        self.parallel = parallel
         self.gate = Linear(config.hidden_size, config.num_local_experts)  # the router, replicated
         self.experts = FusedMoE(config.num_local_experts, config.num_experts_per_tok, config.hidden_size,
-                                config.intermediate_size, renormalize=True, parallel=parallel)
+                                config.intermediate_size, renormalize=True, parallel=parallel, reduce_results=False)
 
-    def forward(self, hidden: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, prologue: Prologue | None = None, reduce: bool = True) -> torch.Tensor:
+        """reduce=False: this rank's partial sum (tensor parallel), left to the next norm."""
         hidden = apply_prologue(prologue, hidden)
-        return self.experts(hidden, self.gate(hidden))
+        out = self.experts(hidden, self.gate(hidden))
+        return self.parallel.all_reduce(out) if reduce else out
 
 
 class MixtralForCausalLM(MistralForCausalLM):

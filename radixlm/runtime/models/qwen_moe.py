@@ -24,13 +24,6 @@ _EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(\w+)$")
 _PARTS = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 
 
-class PartialRowParallelLinear(RowParallelLinear):
-    """A row-parallel linear that leaves its partial sum to the caller's all-reduce (no bias)."""
-
-    def forward(self, x: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
-        return self.matmul(x, None, prologue)
-
-
 class SharedExpertMLP(nn.Module):
     """The shared expert: a dense gated MLP split over the tensor-parallel ranks, its output not yet reduced."""
 
@@ -38,35 +31,37 @@ class SharedExpertMLP(nn.Module):
         super().__init__()
         part = Shard.split(intermediate_size, parallel, "shared_expert_intermediate_size")
         self.gate_up_proj = ColumnParallelLinear(hidden_size, [part, part])
-        self.down_proj = PartialRowParallelLinear(intermediate_size, hidden_size, parallel=parallel)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, parallel=parallel)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj(x), self.act_fn.prologue())
+        return self.down_proj(self.gate_up_proj(x), self.act_fn.prologue(), reduce=False)
 
 
 class QwenSparseMoeBlock(nn.Module):
+    can_defer_reduce = True  # LlamaDecoderLayer may leave the sum over ranks to the next norm
+
     def __init__(self, config, parallel: Parallel, shared_expert_size: int):
         super().__init__()
         self.parallel = parallel
         self.gate = Linear(config.hidden_size, config.num_experts)  # the router, replicated
-        # With a shared expert, the routed and shared partial sums share one all-reduce.
+        # The routed and shared partial sums share one all-reduce (here, or the next norm's).
         self.experts = FusedMoE(config.num_experts, config.num_experts_per_tok, config.hidden_size,
                                 config.moe_intermediate_size, renormalize=bool(config.norm_topk_prob),
-                                parallel=parallel, reduce_results=not shared_expert_size)
+                                parallel=parallel, reduce_results=False)
         if shared_expert_size:
             self.shared_expert = SharedExpertMLP(config.hidden_size, shared_expert_size, parallel)
             self.shared_expert_gate = Linear(config.hidden_size, 1)
         else:
             self.shared_expert = self.shared_expert_gate = None
 
-    def forward(self, hidden: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, prologue: Prologue | None = None, reduce: bool = True) -> torch.Tensor:
+        """reduce=False: this rank's partial sum (tensor parallel), left to the next norm."""
         hidden = apply_prologue(prologue, hidden)
         out = self.experts(hidden, self.gate(hidden))
-        if self.shared_expert is None:
-            return out
-        out = out + torch.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert(hidden)
-        return self.parallel.all_reduce(out)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert(hidden)
+        return self.parallel.all_reduce(out) if reduce else out
 
 
 def is_sparse_layer(config, layer_id: int) -> bool:

@@ -27,6 +27,11 @@ class AuxStates:
         model = target.model.model
         if any(not 0 <= i <= len(model.layers) for i in layers):
             raise ValueError(f"EAGLE-3 feature layers {layers} outside the target's {len(model.layers)} layers")
+        if getattr(model, "norm_reduce", None) is not None or any(getattr(layer, "input_reduce", None) is not None
+                                                                  for layer in model.layers):
+            # (a draft runs with tp_size 1 only: DraftModelRunner)
+            raise ValueError("EAGLE-3 features need the target's summed states; its layers leave the sum over ranks "
+                             "to the next norm")
         self.target = target
         self.n = len(layers)
         self._eager: dict[int, torch.Tensor] = {}
