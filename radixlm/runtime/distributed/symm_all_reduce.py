@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 ALIGN_BYTES = 16  # the kernels move 16-byte vectors
 ONE_SHOT_MAX_BYTES = 1 << 20
 BUFFER_BYTES = 8 << 20
-ARNORM_BUFFER_BYTES = 16 << 20  # two slots of 1,024 rows of 4,096 bf16 (a decode batch's), and the counters
+ARNORM_BUFFER_BYTES = (16 << 20) + (64 << 10)  # the counters, then two slots of 1,024 rows of 4,096 bf16
 
 
 @dataclass
@@ -88,7 +88,7 @@ class SymmMemAllReduce:
 
 
 def build_symm_all_reduce(group, device: str, agree: Callable[[list[bool]], list[bool]],
-                          buffer_bytes: int = BUFFER_BYTES) -> SymmMemAllReduce | None:
+                          buffer_bytes: int = BUFFER_BYTES, fuse_norm: bool = True) -> SymmMemAllReduce | None:
     """The communicator, or None on every rank where symmetric memory is unavailable or its self-check fails on any.
     agree: the position-wise AND over ranks (on host data). The rendezvous and the probes are collective (a rank
     alone in one waits for its peers forever), so the ranks agree before each: that every rank set up its buffer,
@@ -130,7 +130,8 @@ def build_symm_all_reduce(group, device: str, agree: Callable[[list[bool]], list
     if not agree([ok])[0]:
         logger.warning("symmetric-memory all-reduce gave a wrong sum on some rank: using NCCL")
         return None
-    comm.arnorm = build_arnorm(group, device, agree)
+    if fuse_norm:
+        comm.arnorm = build_arnorm(group, device, agree)
     return comm
 
 
@@ -142,18 +143,17 @@ def build_arnorm(group, device: str, agree: Callable[[list[bool]], list[bool]],
 
     from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import MAX_ROWS, ArNormLayout
 
-    arnorm = None
+    buffer = None
+    layout = ArNormLayout(group.size(), buffer_bytes)
     try:
         buffer = symm_mem.empty(buffer_bytes, dtype=torch.uint8, device=device)
-        layout = ArNormLayout(group.size(), buffer_bytes)
         buffer[: layout.data_offset].zero_()  # the counters start at zero on every rank, before any peer signals
         torch.cuda.synchronize(device)
     except Exception as e:  # noqa: BLE001 - an optional fast path: the unfused norm serves without it
         logger.warning("fused all-reduce + RMSNorm unavailable (%s: %s)", type(e).__name__, e)
-    else:
-        arnorm = (buffer, layout)
-    if not agree([arnorm is not None])[0]:
+    if not agree([buffer is not None])[0]:
         return None
+    arnorm = None
     try:
         handle = symm_mem.rendezvous(buffer, group.group_name)
         bufs = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
