@@ -137,9 +137,8 @@ class ServerArgs:
     dist_timeout: float = arg(300.0, PAR, "seconds a collective waits for the other ranks before the server fails")
     disable_custom_all_reduce: bool = arg(False, PAR, "all-reduce through NCCL only, never through symmetric memory "
                                                       "over NVLink")
-    disable_allreduce_fusion: bool = arg(False, PAR, "keep a layer's all-reduce apart from the residual add and "
-                                                     "RMSNorm after it (fused in one kernel over symmetric memory "
-                                                     "otherwise)")
+    enable_allreduce_fusion: bool = arg(False, PAR, "fuse a layer's all-reduce with the residual add and RMSNorm "
+                                                    "after it (one kernel over symmetric memory, up to 16 rows)")
 
     attention_backend: str = arg("auto", K, "attention kernels; auto: triton on CUDA, torch_native elsewhere",
                                  choices=ATTENTION_BACKENDS)

@@ -28,11 +28,13 @@ logger = logging.getLogger(__name__)
 ALIGN_BYTES = 16  # the kernels move 16-byte vectors
 ONE_SHOT_MAX_BYTES = 1 << 20
 BUFFER_BYTES = 8 << 20
-# One program per row, each with its own signals: on 2 x H200 (8B shapes, gpu_multi.py tp2 vs tp2_unfused) the
+# One program per row, each with its own signals: on 2 x H200 (8B shapes, gpu_multi.py, fused vs unfused) the
 # decode step at batch 1 went from 3.11 to 2.90 ms, but at 32 rows it was 4.15 against 4.09 ms and at 256 rows 10.52
-# against 8.67 (the two-shot all-reduce and a separate norm): past a few rows the unfused steps serve.
+# against 8.67 (the two-shot all-reduce and a separate norm): past a few rows the unfused steps serve. Opt-in
+# (--enable-allreduce-fusion, as SGLang's fusion is) until the kernel's mismatch at 1,024 rows is understood
+# (allreduce_rmsnorm.MAX_ROWS).
 FUSE_MAX_ROWS = 16
-ARNORM_BUFFER_BYTES = (16 << 20) + (64 << 10)  # the counters, then two slots of 1,024 rows of 4,096 bf16
+ARNORM_BUFFER_BYTES = (8 << 20) + (64 << 10)  # the counters, then two slots of 256 rows of 8,192 bf16
 
 
 @dataclass
@@ -48,9 +50,9 @@ class SymmArNorm:
     max_rows: int = FUSE_MAX_ROWS  # more rows: the unfused steps (faster there)
 
     def accepts(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
-        return (x.is_cuda and x.dim() == 2 and x.shape[0] <= self.max_rows and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
-                and x.is_contiguous() and residual.shape == x.shape and residual.dtype == x.dtype
-                and residual.stride(-1) == 1 and x.shape[0] <= self.layout.max_rows(x.shape[1] * x.element_size()))
+        return (x.is_cuda and x.dim() == 2 and x.shape[0] <= self.max_rows
+                and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and x.is_contiguous()
+                and residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1 and x.shape[0] <= self.layout.max_rows(x.shape[1] * x.element_size()))
 
     def __call__(self, x, residual, weight, eps):
         from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import allreduce_add_rmsnorm
@@ -93,7 +95,7 @@ class SymmMemAllReduce:
 
 
 def build_symm_all_reduce(group, device: str, agree: Callable[[list[bool]], list[bool]],
-                          buffer_bytes: int = BUFFER_BYTES, fuse_norm: bool = True) -> SymmMemAllReduce | None:
+                          buffer_bytes: int = BUFFER_BYTES, fuse_norm: bool = False) -> SymmMemAllReduce | None:
     """The communicator, or None on every rank where symmetric memory is unavailable or its self-check fails on any.
     agree: the position-wise AND over ranks (on host data). The rendezvous and the probes are collective (a rank
     alone in one waits for its peers forever), so the ranks agree before each: that every rank set up its buffer,

@@ -130,15 +130,15 @@ def _fused_norms(rank: int, world: int, port: int, results) -> None:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             device_id=torch.device(device))
     try:
-        comm = build_symm_all_reduce(dist.group.WORLD, device, lambda flags: flags)
+        comm = build_symm_all_reduce(dist.group.WORLD, device, lambda flags: flags, fuse_norm=True)
         assert comm is not None and comm.arnorm is not None
         comm.arnorm.max_rows = comm.arnorm.layout.max_rows(4096 * 2)  # every row count the kernel can take
         g = torch.Generator(device=device).manual_seed(rank)
         shared = torch.Generator(device=device).manual_seed(99)  # the residual and weight are alike on every rank
         h = 4096
         weight = torch.randn(h, generator=shared, device=device).to(torch.bfloat16)
-        out = [comm.fused_add_rmsnorm(torch.ones(2048, h, dtype=torch.bfloat16, device=device),
-                                      torch.ones(2048, h, dtype=torch.bfloat16, device=device), weight, 1e-5) is None]
+        out = [comm.fused_add_rmsnorm(torch.ones(257, h, dtype=torch.bfloat16, device=device),
+                                      torch.ones(257, h, dtype=torch.bfloat16, device=device), weight, 1e-5) is None]
 
         def case(rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
             x = torch.randn(rows, h, generator=g, device=device).to(torch.bfloat16)
@@ -146,7 +146,7 @@ def _fused_norms(rank: int, world: int, port: int, results) -> None:
             want = rmsnorm(comm.all_reduce(x), weight, 1e-5, residual)
             return x, residual, *want
 
-        for rows in (1, 7, 256, 1, 1024, 3):  # rows 0.. alternate slots by their own counts
+        for rows in (1, 7, 256, 1, 3):  # rows 0.. alternate slots by their own counts
             x, residual, want_out, want_res = case(rows)
             got_out, got_res = comm.fused_add_rmsnorm(x, residual, weight, 1e-5)
             out += [torch.equal(got_res, want_res), bool(torch.allclose(got_out.float(), want_out.float(),
