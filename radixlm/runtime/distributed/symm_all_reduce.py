@@ -30,7 +30,8 @@ ONE_SHOT_MAX_BYTES = 1 << 20
 BUFFER_BYTES = 8 << 20
 # One program per row, each with its own signals: on 2 x H200 (8B shapes, gpu_multi.py, fused vs unfused) the
 # decode step at batch 1 went from 3.11 to 2.90 ms, but at 32 rows it was 4.15 against 4.09 ms and at 256 rows 10.52
-# against 8.67 (the two-shot all-reduce and a separate norm): past a few rows the unfused steps serve. Opt-in
+# against 8.67 (the two-shot all-reduce and a separate norm): past a few rows the unfused steps serve. Those runs'
+# kernel moved 2-byte words to and from the peers; it now moves 16-byte vectors (unmeasured). Opt-in
 # (--enable-allreduce-fusion, as SGLang's fusion is) until the kernel's mismatch at 1,024 rows is understood
 # (allreduce_rmsnorm.MAX_ROWS).
 FUSE_MAX_ROWS = 16

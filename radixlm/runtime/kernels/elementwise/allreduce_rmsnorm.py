@@ -19,8 +19,10 @@ import triton
 import triton.language as tl
 
 # Counters are laid out for this many rows; more take the unfused path. On 2 x H200 a 1,024-row call gave sums
-# unlike the unfused all-reduce's (tests/runtime/distributed/test_symm_all_reduce.py, 5050bf4; the cause is not
-# found), while 1 to 256 rows, eager and in CUDA-graph replays, matched: so 256.
+# unlike the unfused all-reduce's (tests/runtime/distributed/test_symm_all_reduce.py at 5050bf4), while 1 to 256
+# rows, eager and in CUDA-graph replays, matched. Its PTX then showed why: thread 0 stored the next epoch before the
+# barrier, so a warp that read it late took the other slot. The store now follows the barrier; until a GPU run says
+# 1,024 rows match, 256.
 MAX_ROWS = 256
 
 
@@ -44,7 +46,8 @@ class ArNormLayout:
         return (self.buffer_bytes - self.data_offset) // 2 // 256 * 256
 
     def max_rows(self, row_bytes: int) -> int:
-        return min(MAX_ROWS, self.slot_bytes // row_bytes)
+        """0 where rows are not whole 16-byte vectors (the kernel moves them as such)."""
+        return 0 if row_bytes % 16 else min(MAX_ROWS, self.slot_bytes // row_bytes)
 
 
 @triton.jit
@@ -55,13 +58,15 @@ def _arnorm_kernel(Bufs, Epochs, X, R, W, Out, ResOut, stride_x, stride_r, strid
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
     epoch = tl.load(Epochs + row)
-    tl.store(Epochs + row, epoch + 1)
     at = data_offset + (epoch % 2) * slot_elems + row * n_cols  # in elements of dt, from a buffer's base
     x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
-    mine = tl.load(Bufs + rank).to(tl.pointer_type(dt))
-    tl.store(mine + at + offs, x, mask=mask)
-    tl.debug_barrier()  # every thread's store before the signal
-    flags = tl.load(Bufs + rank).to(tl.pointer_type(tl.int32)) + row * RANKS
+    mine = tl.load(Bufs + rank)
+    # The buffers' bases are 256-byte aligned and `at` a multiple of 8 elements: 16-byte vectors in and out of them.
+    tl.store(tl.multiple_of(mine.to(tl.pointer_type(dt)) + at, 16) + offs, x, mask=mask)
+    # Every thread's store before the signal, and every thread's read of the epoch before it moves on.
+    tl.debug_barrier()
+    tl.store(Epochs + row, epoch + 1)
+    flags = mine.to(tl.pointer_type(tl.int32)) + row * RANKS
     for p in tl.static_range(RANKS):
         if p != rank:
             theirs = tl.load(Bufs + p).to(tl.pointer_type(tl.int32)) + row * RANKS + rank
@@ -78,8 +83,8 @@ def _arnorm_kernel(Bufs, Epochs, X, R, W, Out, ResOut, stride_x, stride_r, strid
         if p == rank:
             part = x
         else:
-            peer = tl.load(Bufs + p).to(tl.pointer_type(dt))
-            part = tl.load(peer + at + offs, mask=mask, other=0.0, volatile=True)
+            peer = tl.multiple_of(tl.load(Bufs + p).to(tl.pointer_type(dt)) + at, 16)
+            part = tl.load(peer + offs, mask=mask, other=0.0, cache_modifier=".cv")
         acc += part.to(tl.float32)
     s = acc.to(dt)  # the all-reduce's result, rounded as an unfused all-reduce rounds it
     h = (s.to(tl.float32) + tl.load(R + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)).to(dt)

@@ -59,6 +59,7 @@ def run_cases() -> None:
         assert not counters(0).any() and not counters(1).any()
         assert torch.equal(epochs[0][:rows], torch.full((rows,), call + 1, dtype=torch.int32))
     assert layout.max_rows(h * 4) == MAX_ROWS and ArNormLayout(2, 1 << 20).max_rows(8192) < MAX_ROWS
+    assert layout.max_rows(6) == 0  # rows of 3 halves: not whole 16-byte vectors
     with pytest.raises(ValueError, match="do not fit"):
         allreduce_add_rmsnorm(torch.zeros(MAX_ROWS + 1, h), torch.zeros(MAX_ROWS + 1, h),
                               weight, eps, ptrs, epochs[0], 0, layout)
