@@ -8,7 +8,10 @@
 #                                                     # vs one replica
 #   bash benchmarks/lease/multi_gpu_lease.sh pd        # issue 54: 1 prefill + 1 decode GPU behind the PD router vs two
 #                                                     # co-located replicas, 4k-8k prompts at a fixed rate (PD_ARGS)
-# The all-reduce latency table: benchmarks/multi_gpu/gpu_multi.py --parts allreduce (not one of these calls).
+#   bash benchmarks/lease/multi_gpu_lease.sh f1       # issue 56: the fused all-reduce + norm's 2-GPU tests, its table
+#                                                     # against the unfused steps by rows, TP greedy identity with it
+#   bash benchmarks/lease/multi_gpu_lease.sh f2       # the decode steps and ShareGPT-like with and without it
+# The all-reduce latency table alone: benchmarks/multi_gpu/gpu_multi.py --parts allreduce.
 # Results land in $OUT (JSON and logs).
 set -uo pipefail
 . "$(dirname "$0")/../lib/env.sh"
@@ -37,6 +40,20 @@ case "${1:-a}" in
     timeout 420 python3 benchmarks/multi_gpu/gpu_multi.py --parts moe --sharegpt-requests 300 --out "$OUT"/multi_moe.json \
       > "$OUT"/d1.log 2>&1
     echo "gpu_multi rc=$?"; quiet < "$OUT"/d1.log | grep -v "^\s*symm_mem" | tail -16 ;;
+  f1)
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/runtime/distributed/test_symm_all_reduce.py \
+      tests/runtime/disaggregation/test_cuda_ipc.py 2>&1 | grep -E "Error|passed|failed" | tail -6
+    timeout 150 python3 benchmarks/multi_gpu/gpu_multi.py --parts allreduce --out "$OUT"/allreduce.json \
+      > "$OUT"/f1a.log 2>&1
+    echo "allreduce rc=$?"; quiet < "$OUT"/f1a.log | tail -22
+    timeout 240 python3 benchmarks/multi_gpu/gpu_multi.py --parts correctness --out "$OUT"/multi_correctness_fused.json \
+      --correctness-engine-args '{"enable_allreduce_fusion": true}' > "$OUT"/f1c.log 2>&1
+    echo "correctness rc=$?"; quiet < "$OUT"/f1c.log | tail -8 ;;
+  f2)
+    timeout 540 python3 benchmarks/multi_gpu/gpu_multi.py --parts tp --tp-configs tp1 tp2 tp2_fused \
+      --batches 1 8 16 32 256 --profile-batches 1 --decode-steps 64 --sharegpt-requests 300 \
+      --out "$OUT"/multi_tp_fused.json > "$OUT"/f2.log 2>&1
+    echo "gpu_multi rc=$?"; quiet < "$OUT"/f2.log | grep -v "^\s*symm_mem" | tail -40 ;;
   pd)
     timeout "${PD_LIMIT_S:-540}" python3 benchmarks/serving/router.py --kind pd ${PD_ARGS:---num-prompts 160 --request-rate 2 3} \
       --out "$OUT"/pd_vs_colocated.json > "$OUT"/pd.log 2>&1

@@ -7,6 +7,11 @@ calls (and NCCL once eagerly), microseconds per call:
   one_shot     symmetric memory, PyTorch's one_shot_all_reduce_copy_out (radixlm's path up to 1 MiB), in a graph
   two_shot     copy into symmetric memory + PyTorch's two_shot_all_reduce_out (radixlm's path above), in a graph
 
+and then, per row count of a (rows, 4096) bf16 decode activation, the all-reduce with the residual add and RMSNorm
+after it, in a graph: `unfused` (the all-reduce above, then the norm kernel) against `fused` (--enable-allreduce-
+fusion's one kernel, kernels/elementwise/allreduce_rmsnorm.py), its sum + residual checked bit for bit against the
+unfused one's (the table behind symm_all_reduce.FUSE_MAX_ROWS).
+
 Every path's sum is checked. NVLink multicast stays off (the caller exports NCCL_NVLS_ENABLE=0 and
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1)."""
 from __future__ import annotations
@@ -65,7 +70,7 @@ def rank_main(rank: int, world: int, port: int, sizes: list[int], out: str) -> N
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             device_id=torch.device(device))
     group = dist.group.WORLD
-    comm = build_symm_all_reduce(group, device, lambda flags: flags, max(sizes))  # also registers torch.ops.symm_mem
+    comm = build_symm_all_reduce(group, device, lambda flags: flags, max(sizes), fuse_norm=True)  # + torch.ops.symm_mem
     if comm is not None:
         comm.one_shot_max_bytes = max(sizes)  # time one-shot at every size
 
@@ -108,16 +113,49 @@ def rank_main(rank: int, world: int, port: int, sizes: list[int], out: str) -> N
         if rank == 0:
             shown = "  ".join(f"{k[:-3]} {v:7.1f}" for k, v in row.items() if k.endswith("_us"))
             print(f"{nbytes >> 10:6d} KiB  {shown}", flush=True)
+    norm_rows = norm_table(comm, device, rank) if comm is not None and comm.arnorm is not None else []
     if rank == 0:
         result = {"benchmark": "all-reduce latency, bf16, microseconds per call", "world_size": world,
                   "gpu": torch.cuda.get_device_name(device), "torch": torch.__version__,
                   "nccl": ".".join(map(str, torch.cuda.nccl.version())), "reps_per_graph": REPS,
-                  "symmetric_memory": comm is not None, "rows": rows,
+                  "symmetric_memory": comm is not None, "rows": rows, "norm_rows": norm_rows,
                   "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")}}
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=2) + "\n")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def norm_table(comm, device: str, rank: int, hidden: int = 4096) -> list[dict]:
+    """The all-reduce + residual add + RMSNorm of `rows` decode rows, unfused and fused, us per call in a graph."""
+    from radixlm.runtime.kernels.elementwise import rmsnorm
+
+    comm.one_shot_max_bytes = 1 << 20
+    comm.arnorm.max_rows = comm.arnorm.layout.max_rows(hidden * 2)
+    g = torch.Generator(device=device).manual_seed(rank)
+    shared = torch.Generator(device=device).manual_seed(7)
+    weight = torch.randn(hidden, generator=shared, device=device).to(torch.bfloat16)
+    out = []
+    for n in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        x = torch.randn(n, hidden, generator=g, device=device).to(torch.bfloat16)
+        residual = torch.randn(n, hidden, generator=shared, device=device).to(torch.bfloat16)
+        box = {}
+
+        def unfused():
+            box["unfused"] = rmsnorm(comm.all_reduce(x), weight, 1e-5, residual)
+
+        def fused():
+            box["fused"] = comm.fused_add_rmsnorm(x, residual, weight, 1e-5)
+
+        row = {"rows": n, "unfused_us": graph_us(unfused, device), "fused_us": graph_us(fused, device)}
+        torch.cuda.synchronize(device)
+        row["same_sum"] = bool(torch.equal(box["fused"][1], box["unfused"][1]))
+        row["norm_max_diff"] = float((box["fused"][0].float() - box["unfused"][0].float()).abs().max())
+        out.append(row)
+        if rank == 0:
+            print(f"norm rows {n:4d}  unfused {row['unfused_us']:7.1f}  fused {row['fused_us']:7.1f} us  "
+                  f"same sum {row['same_sum']}", flush=True)
+    return out
 
 
 def measure(world: int, sizes_kib: list[int], out: Path) -> dict:
