@@ -95,48 +95,58 @@ class SymmMemAllReduce:
         return torch.ops.symm_mem.two_shot_all_reduce_out(slot, "sum", self.group_name, out)
 
 
+def _on_every_rank(agree: Callable[[list[bool]], list[bool]], what: str, step: Callable[[], object]):
+    """step's result where it gave one on every rank, else None on every rank. The steps are collective (a rank alone
+    in a rendezvous or a probe waits for its peers forever), so the ranks agree after each one before the next."""
+    try:
+        result = step()
+    except Exception as e:  # noqa: BLE001 - optional fast paths: NCCL and the unfused norm serve without them
+        logger.warning("%s failed (%s: %s)", what, type(e).__name__, e)
+        result = None
+    return result if agree([result is not None])[0] else None
+
+
 def build_symm_all_reduce(group, device: str, agree: Callable[[list[bool]], list[bool]],
                           buffer_bytes: int = BUFFER_BYTES, fuse_norm: bool = False) -> SymmMemAllReduce | None:
-    """The communicator, or None on every rank where symmetric memory is unavailable or its self-check fails on any.
-    agree: the position-wise AND over ranks (on host data). The rendezvous and the probes are collective (a rank
-    alone in one waits for its peers forever), so the ranks agree before each: that every rank set up its buffer,
-    that every rendezvous succeeded, then that every probe summed right."""
+    """The communicator, or None on every rank where symmetric memory is unavailable or its self-check fails on any
+    (NCCL serves then). agree: the position-wise AND over ranks (on host data): that every rank set up its buffer,
+    that every rendezvous succeeded, then that every probe summed right. fuse_norm: with SymmArNorm (build_arnorm)."""
     import torch.distributed._symmetric_memory as symm_mem
 
     group_name = group.group_name
-    buffer = None
-    try:
+
+    def allocate() -> torch.Tensor:
         if group_name in getattr(symm_mem, "_group_name_to_store", {}):
             # PyTorch keeps the first registration of a group name for the life of the process: a later group of
             # the same name (a second engine in this process) would meet its peers through the first one's store.
             raise RuntimeError(f"symmetric memory was set up in this process for an earlier group named {group_name}")
         if hasattr(symm_mem, "enable_symm_mem_for_group"):
             symm_mem.enable_symm_mem_for_group(group_name)
-        buffer = symm_mem.empty(buffer_bytes, dtype=torch.uint8, device=device)
-    except Exception as e:  # noqa: BLE001 - an optional fast path: NCCL serves without it
-        logger.warning("symmetric-memory all-reduce unavailable (%s: %s): using NCCL", type(e).__name__, e)
-    if not agree([buffer is not None])[0]:
+        return symm_mem.empty(buffer_bytes, dtype=torch.uint8, device=device)
+
+    buffer = _on_every_rank(agree, "symmetric-memory all-reduce: allocation", allocate)
+    if buffer is None:
         return None
-    comm = None
-    try:
+
+    def meet() -> SymmMemAllReduce:
         symm_mem.rendezvous(buffer, group_name)
-        comm = SymmMemAllReduce(group_name, buffer, group.size())
-    except Exception as e:  # noqa: BLE001 - as above
-        logger.warning("symmetric-memory rendezvous failed (%s: %s): using NCCL", type(e).__name__, e)
-    if not agree([comm is not None])[0]:
+        return SymmMemAllReduce(group_name, buffer, group.size())
+
+    comm = _on_every_rank(agree, "symmetric-memory all-reduce: rendezvous", meet)
+    if comm is None:
         return None
-    ok = True
-    try:
+
+    def probe() -> bool | None:
         rank, world = group.rank(), group.size()
+        ok = True
         for n in (4096, buffer_bytes // 2):  # a one-shot size and the largest two-shot size
-            probe = torch.full((n,), float(rank + 1), dtype=torch.bfloat16, device=device)
-            ok &= comm.accepts(probe) and bool((comm.all_reduce(probe) == world * (world + 1) / 2).all())
+            x = torch.full((n,), float(rank + 1), dtype=torch.bfloat16, device=device)
+            ok &= comm.accepts(x) and bool((comm.all_reduce(x) == world * (world + 1) / 2).all())
         torch.cuda.synchronize(device)
-    except Exception as e:  # noqa: BLE001 - as above
-        logger.warning("symmetric-memory all-reduce failed its self-check (%s: %s)", type(e).__name__, e)
-        ok = False
-    if not agree([ok])[0]:
-        logger.warning("symmetric-memory all-reduce gave a wrong sum on some rank: using NCCL")
+        return True if ok else None
+
+    if _on_every_rank(agree, "symmetric-memory all-reduce: self-check", probe) is None:
+        logger.warning("symmetric-memory all-reduce unavailable or wrong on some rank: using NCCL")
         return None
     if fuse_norm:
         comm.arnorm = build_arnorm(group, device, agree)
@@ -146,45 +156,44 @@ def build_symm_all_reduce(group, device: str, agree: Callable[[list[bool]], list
 def build_arnorm(group, device: str, agree: Callable[[list[bool]], list[bool]],
                  buffer_bytes: int = ARNORM_BUFFER_BYTES) -> SymmArNorm | None:
     """The fused all-reduce and norm, or None on every rank where it cannot be set up or its probe fails on any
-    (collective, agreed step by step as build_symm_all_reduce)."""
+    (the unfused steps serve then; agreed step by step as build_symm_all_reduce)."""
     import torch.distributed._symmetric_memory as symm_mem
 
     from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import MAX_ROWS, ArNormLayout
 
-    buffer = None
     layout = ArNormLayout(group.size(), buffer_bytes)
-    try:
+
+    def allocate() -> torch.Tensor:
         buffer = symm_mem.empty(buffer_bytes, dtype=torch.uint8, device=device)
         buffer[: layout.data_offset].zero_()  # the counters start at zero on every rank, before any peer signals
         torch.cuda.synchronize(device)
-    except Exception as e:  # noqa: BLE001 - an optional fast path: the unfused norm serves without it
-        logger.warning("fused all-reduce + RMSNorm unavailable (%s: %s)", type(e).__name__, e)
-    if not agree([buffer is not None])[0]:
+        return buffer
+
+    buffer = _on_every_rank(agree, "fused all-reduce + RMSNorm: allocation", allocate)
+    if buffer is None:
         return None
-    arnorm = None
-    try:
+
+    def meet() -> SymmArNorm:
         handle = symm_mem.rendezvous(buffer, group.group_name)
         bufs = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
-        arnorm = SymmArNorm(buffer, bufs, torch.zeros(MAX_ROWS, dtype=torch.int32, device=device), group.rank(),
-                            layout)
-    except Exception as e:  # noqa: BLE001 - as above
-        logger.warning("fused all-reduce + RMSNorm rendezvous failed (%s: %s)", type(e).__name__, e)
-        arnorm = None
-    if not agree([arnorm is not None])[0]:
+        epochs = torch.zeros(MAX_ROWS, dtype=torch.int32, device=device)
+        return SymmArNorm(buffer, bufs, epochs, group.rank(), layout)
+
+    arnorm = _on_every_rank(agree, "fused all-reduce + RMSNorm: rendezvous", meet)
+    if arnorm is None:
         return None
-    ok = True
-    try:
+
+    def probe() -> bool | None:
         rank, world = group.rank(), group.size()
+        ok = True
         for rows in (1, 3, 1):  # the second call of row 0 takes the other slot
             x = torch.full((rows, 4096), float(rank + 1), dtype=torch.bfloat16, device=device)
-            residual = torch.ones_like(x)
-            out, res = arnorm(x, residual, torch.ones(4096, dtype=torch.bfloat16, device=device), 1e-6)
+            out, res = arnorm(x, torch.ones_like(x), torch.ones(4096, dtype=torch.bfloat16, device=device), 1e-6)
             ok &= bool((res == world * (world + 1) / 2 + 1).all()) and bool(((out - 1).abs() < 1e-2).all())
         torch.cuda.synchronize(device)
-    except Exception as e:  # noqa: BLE001 - as above
-        logger.warning("fused all-reduce + RMSNorm failed its self-check (%s: %s)", type(e).__name__, e)
-        ok = False
-    if not agree([ok])[0]:
-        logger.warning("fused all-reduce + RMSNorm gave a wrong result on some rank: the norm runs on its own")
+        return True if ok else None
+
+    if _on_every_rank(agree, "fused all-reduce + RMSNorm: self-check", probe) is None:
+        logger.warning("fused all-reduce + RMSNorm unavailable or wrong on some rank: the norm runs on its own")
         return None
     return arnorm

@@ -78,107 +78,107 @@ def test_a_group_name_registered_earlier_in_this_process_is_not_reused(monkeypat
     assert said == [[False]] and touched == []
 
 
-def _sums(rank: int, world: int, port: int, results) -> None:
+def _rank(rank: int, world: int, port: int, check, results) -> None:
     import torch.distributed as dist
-
-    from radixlm.runtime.distributed.symm_all_reduce import build_symm_all_reduce
 
     device = f"cuda:{rank}"
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             device_id=torch.device(device))
     try:
-        comm = build_symm_all_reduce(dist.group.WORLD, device, lambda flags: flags, 8 << 20)
-        assert comm is not None
-        g = torch.Generator(device=device).manual_seed(rank)
-        out = [not comm.accepts(torch.ones((9 << 20) // 4, device=device)),  # past the buffer
-               # two-shot needs world x 16-byte shares
-               not comm.accepts(torch.ones((1 << 20) + 8, dtype=torch.bfloat16, device=device)),
-               not comm.accepts(torch.ones(3, device=device))]  # 12 bytes: not 16-byte vectors
-        for dtype in (torch.bfloat16, torch.float32):
-            # one-shot sizes, then two-shot sizes (past 1 MiB)
-            for n in (8, 4096, (1 << 20) // dtype.itemsize, (2 << 20) // dtype.itemsize, (8 << 20) // dtype.itemsize):
-                x = torch.randn(n, generator=g, device=device).to(dtype)
-                want = x.clone()
-                dist.all_reduce(want)
-                assert comm.accepts(x)
-                out.append(bool(torch.allclose(comm.all_reduce(x).float(), want.float(), rtol=1e-2, atol=1e-2)))
-        results[rank] = out
+        results[rank] = check(rank, device)
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_two_gpus_sum_like_nccl():
+def _on_two_gpus(check) -> dict:
+    """check(rank, device) on each of two ranks in a process of its own (NCCL group joined); their answers."""
     import torch.multiprocessing as mp
 
     from tests.runtime.distributed.harness import free_port
 
     results = mp.Manager().dict()
-    mp.spawn(_sums, args=(2, free_port(), results), nprocs=2)
+    mp.spawn(_rank, args=(2, free_port(), check, results), nprocs=2)
+    return dict(results)
+
+
+def _sums(rank: int, device: str) -> list[bool]:
+    import torch.distributed as dist
+
+    from radixlm.runtime.distributed.symm_all_reduce import build_symm_all_reduce
+
+    comm = build_symm_all_reduce(dist.group.WORLD, device, lambda flags: flags, 8 << 20)
+    assert comm is not None
+    g = torch.Generator(device=device).manual_seed(rank)
+    out = [not comm.accepts(torch.ones((9 << 20) // 4, device=device)),  # past the buffer
+           # two-shot needs world x 16-byte shares
+           not comm.accepts(torch.ones((1 << 20) + 8, dtype=torch.bfloat16, device=device)),
+           not comm.accepts(torch.ones(3, device=device))]  # 12 bytes: not 16-byte vectors
+    for dtype in (torch.bfloat16, torch.float32):
+        # one-shot sizes, then two-shot sizes (past 1 MiB)
+        for n in (8, 4096, (1 << 20) // dtype.itemsize, (2 << 20) // dtype.itemsize, (8 << 20) // dtype.itemsize):
+            x = torch.randn(n, generator=g, device=device).to(dtype)
+            want = x.clone()
+            dist.all_reduce(want)
+            assert comm.accepts(x)
+            out.append(bool(torch.allclose(comm.all_reduce(x).float(), want.float(), rtol=1e-2, atol=1e-2)))
+    return out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_gpus_sum_like_nccl():
+    results = _on_two_gpus(_sums)
     assert all(all(v) for v in results.values()) and len(results) == 2
 
 
-def _fused_norms(rank: int, world: int, port: int, results) -> None:
+def _fused_norms(rank: int, device: str) -> tuple[list[bool], float]:
     import torch.distributed as dist
 
     from radixlm.runtime.distributed.symm_all_reduce import build_symm_all_reduce
     from radixlm.runtime.kernels.elementwise import rmsnorm
 
-    device = f"cuda:{rank}"
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            device_id=torch.device(device))
-    try:
-        comm = build_symm_all_reduce(dist.group.WORLD, device, lambda flags: flags, fuse_norm=True)
-        assert comm is not None and comm.arnorm is not None
-        comm.arnorm.max_rows = comm.arnorm.layout.max_rows(4096 * 2)  # every row count the kernel can take
-        g = torch.Generator(device=device).manual_seed(rank)
-        shared = torch.Generator(device=device).manual_seed(99)  # the residual and weight are alike on every rank
-        h = 4096
-        weight = torch.randn(h, generator=shared, device=device).to(torch.bfloat16)
-        out = [comm.fused_add_rmsnorm(torch.ones(257, h, dtype=torch.bfloat16, device=device),
-                                      torch.ones(257, h, dtype=torch.bfloat16, device=device), weight, 1e-5) is None]
+    comm = build_symm_all_reduce(dist.group.WORLD, device, lambda flags: flags, fuse_norm=True)
+    assert comm is not None and comm.arnorm is not None
+    comm.arnorm.max_rows = comm.arnorm.layout.max_rows(4096 * 2)  # every row count the kernel can take
+    g = torch.Generator(device=device).manual_seed(rank)
+    shared = torch.Generator(device=device).manual_seed(99)  # the residual and weight are alike on every rank
+    h = 4096
+    weight = torch.randn(h, generator=shared, device=device).to(torch.bfloat16)
+    out = [comm.fused_add_rmsnorm(torch.ones(257, h, dtype=torch.bfloat16, device=device),
+                                  torch.ones(257, h, dtype=torch.bfloat16, device=device), weight, 1e-5) is None]
 
-        def case(rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-            x = torch.randn(rows, h, generator=g, device=device).to(torch.bfloat16)
-            residual = torch.randn(rows, h, generator=shared, device=device).to(torch.bfloat16)
-            want = rmsnorm(comm.all_reduce(x), weight, 1e-5, residual)
-            return x, residual, *want
+    def case(rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = torch.randn(rows, h, generator=g, device=device).to(torch.bfloat16)
+        residual = torch.randn(rows, h, generator=shared, device=device).to(torch.bfloat16)
+        want = rmsnorm(comm.all_reduce(x), weight, 1e-5, residual)
+        return x, residual, *want
 
-        for rows in (1, 7, 256, 1, 3):  # rows 0.. alternate slots by their own counts
-            x, residual, want_out, want_res = case(rows)
-            got_out, got_res = comm.fused_add_rmsnorm(x, residual, weight, 1e-5)
-            out += [torch.equal(got_res, want_res), bool(torch.allclose(got_out.float(), want_out.float(),
-                                                                         rtol=2e-2, atol=2e-2))]
-        # Replays of a captured call, between eager ones: the slots follow the counters on the GPU.
-        x, residual, want_out, want_res = case(5)
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                got = comm.fused_add_rmsnorm(x, residual, weight, 1e-5)
-        torch.cuda.current_stream().wait_stream(stream)
-        for _ in range(3):
-            graph.replay()
-            out += [torch.equal(got[1], want_res)]
-            e_out, e_res = comm.fused_add_rmsnorm(x, residual, weight, 1e-5)
-            out += [torch.equal(e_res, want_res), torch.equal(e_out, got[0])]
-        torch.cuda.synchronize()
-        results[rank] = (out, got[1].float().sum().item())
-    finally:
-        dist.destroy_process_group()
+    for rows in (1, 7, 256, 1, 3):  # rows 0.. alternate slots by their own counts
+        x, residual, want_out, want_res = case(rows)
+        got_out, got_res = comm.fused_add_rmsnorm(x, residual, weight, 1e-5)
+        out += [torch.equal(got_res, want_res), bool(torch.allclose(got_out.float(), want_out.float(),
+                                                                     rtol=2e-2, atol=2e-2))]
+    # Replays of a captured call, between eager ones: the slots follow the counters on the GPU.
+    x, residual, want_out, want_res = case(5)
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            got = comm.fused_add_rmsnorm(x, residual, weight, 1e-5)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        graph.replay()
+        out += [torch.equal(got[1], want_res)]
+        e_out, e_res = comm.fused_add_rmsnorm(x, residual, weight, 1e-5)
+        out += [torch.equal(e_res, want_res), torch.equal(e_out, got[0])]
+    torch.cuda.synchronize()
+    return out, got[1].float().sum().item()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_two_gpus_fuse_the_sum_with_the_residual_add_and_norm():
-    import torch.multiprocessing as mp
-
-    from tests.runtime.distributed.harness import free_port
-
-    results = mp.Manager().dict()
-    mp.spawn(_fused_norms, args=(2, free_port(), results), nprocs=2)
+    results = _on_two_gpus(_fused_norms)
     failed = {rank: [i for i, ok in enumerate(v[0]) if not ok] for rank, v in results.items()}
     assert len(results) == 2 and not any(failed.values()), failed
     assert results[0][1] == results[1][1]  # both ranks hold the same sum
