@@ -20,9 +20,9 @@ import triton.language as tl
 
 # Counters are laid out for this many rows; more take the unfused path. On 2 x H200 a 1,024-row call gave sums
 # unlike the unfused all-reduce's (tests/runtime/distributed/test_symm_all_reduce.py at 5050bf4), while 1 to 256
-# rows, eager and in CUDA-graph replays, matched. Its PTX then showed why: thread 0 stored the next epoch before the
-# barrier, so a warp that read it late took the other slot. The store now follows the barrier; until a GPU run says
-# 1,024 rows match, 256.
+# rows, eager and in CUDA-graph replays, matched. Its PTX then showed a race that would do it: thread 0 stored the
+# next epoch before the barrier, so a warp that read it late took the other slot. The store now follows the barrier;
+# until a GPU run says 1,024 rows match, 256.
 MAX_ROWS = 256
 
 
