@@ -87,6 +87,17 @@ def hf_greedy(model, prompts_ids: list[list[int]], max_new_tokens: int, eos_ids)
     return out
 
 
+def assert_matches(results, reference, prompt_ids):
+    assert len(results) == len(reference) >= 8
+    for res, (ref_ids, ref_lps), ids in zip(results, reference, prompt_ids):
+        assert res["output_ids"] == ref_ids
+        got = [lp for lp, _tok, _text in res["meta_info"]["output_token_logprobs"]]
+        assert len(got) == len(ref_lps)
+        assert max(abs(a - b) for a, b in zip(got, ref_lps)) < 1e-3
+        assert res["meta_info"]["prompt_tokens"] == len(ids)
+        assert res["meta_info"]["completion_tokens"] == len(ref_ids)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _threads():
     torch.set_num_threads(2)
