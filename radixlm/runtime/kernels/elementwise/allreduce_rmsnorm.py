@@ -96,6 +96,13 @@ def _arnorm_kernel(Bufs, Epochs, X, R, W, Out, ResOut, stride_x, stride_r, strid
     tl.store(Out + row * stride_o + offs, (w * normed).to(Out.dtype.element_ty), mask=mask)
 
 
+def inline_builds() -> tuple:
+    """The kernels a discovery run (startup/kernel_builds.ParallelBuilds) must build inline: this collective one. A
+    launch skipped there on one rank, while a rank whose build had finished launched it, left that rank waiting for
+    its peer forever (a float32 TP=2 start on 2 x H200, where the communicator's bf16 probe had not built the kernel)."""
+    return (_arnorm_kernel,)
+
+
 def allreduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                           bufs: torch.Tensor, epochs: torch.Tensor, rank: int, layout: ArNormLayout
                           ) -> tuple[torch.Tensor, torch.Tensor]:

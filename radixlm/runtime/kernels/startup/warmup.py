@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from radixlm.runtime.kernels import attention, gemm, quant
+from radixlm.runtime.kernels import attention, elementwise, gemm, quant
 from radixlm.runtime.kernels.elementwise import argmax_rows
 from radixlm.runtime.kernels.moe import TRITON_CHUNK_TOKENS, fused_experts_triton, reachable_configs
 from radixlm.runtime.kernels.startup.kernel_builds import ParallelBuilds
@@ -104,8 +104,10 @@ def build_in_parallel(runner: WarmupRunner, plan: WarmupPlan) -> None:
     GEMM's autotune configs, the tensor-core GEMM's variants, and (but for MoE models) what a discovery run of the
     passes launches unbuilt."""
     t0 = time.perf_counter()
-    # Inline: the autotuned skinny GEMM, and the decode work list (its table indexes the decode kernels' reads).
-    builds = ParallelBuilds(runner.device, inline=gemm.inline_builds() + attention.inline_builds())
+    # Inline: the autotuned skinny GEMM, the decode work list (its table indexes the decode kernels' reads), and the
+    # collective all-reduce + norm (a launch skipped on one rank only would leave its peers waiting).
+    builds = ParallelBuilds(runner.device,
+                            inline=gemm.inline_builds() + attention.inline_builds() + elementwise.inline_builds())
     dtype = runner.model_config.dtype
     # Deterministic mode's GEMMs are the batch-invariant kernel's alone: the few-row kernels never run.
     if dtype in (torch.bfloat16, torch.float16) and not runner.server_args.enable_deterministic_inference:

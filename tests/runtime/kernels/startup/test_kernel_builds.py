@@ -146,3 +146,24 @@ def test_submitted_builds_run_in_the_pool_on_the_engines_device():
         builds.submit(lambda i: seen.append((i, torch.cuda.current_device())), i)
     assert builds.finish() == 3
     assert sorted(seen) == [(i, torch.cuda.device_count() - 1) for i in range(3)]
+
+
+def test_the_warmup_builds_the_collective_norm_kernel_inline(monkeypatch):
+    """A discovery run must never skip the fused all-reduce + norm: a rank that skipped its launch while its peer, whose
+    build had finished, launched it left the peer waiting forever (a float32 TP=2 start on 2 x H200)."""
+    from radixlm.runtime.kernels import elementwise
+    from radixlm.runtime.kernels.startup import warmup
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def record(device, inline=()):
+        seen["inline"] = inline
+        raise Stop
+
+    monkeypatch.setattr(warmup, "ParallelBuilds", record)
+    with pytest.raises(Stop):
+        warmup.build_in_parallel(SimpleNamespace(device="cpu"), None)
+    assert set(elementwise.inline_builds()) <= set(seen["inline"])
