@@ -32,8 +32,8 @@ BUFFER_BYTES = 8 << 20
 # decode step at batch 1 went from 3.11 to 2.90 ms, but at 32 rows it was 4.15 against 4.09 ms and at 256 rows 10.52
 # against 8.67 (the two-shot all-reduce and a separate norm): past a few rows the unfused steps serve. Those runs'
 # kernel moved 2-byte words to and from the peers; it now moves 16-byte vectors (unmeasured). Opt-in
-# (--enable-allreduce-fusion, as SGLang's fusion is) until the kernel's mismatch at 1,024 rows is understood
-# (allreduce_rmsnorm.MAX_ROWS).
+# (--enable-allreduce-fusion, as SGLang's fusion is) until a GPU run checks the fixes of what its first runs found
+# (docs/parallelism.md).
 FUSE_MAX_ROWS = 16
 ARNORM_BUFFER_BYTES = (8 << 20) + (64 << 10)  # the counters, then two slots of 256 rows of 8,192 bf16
 
