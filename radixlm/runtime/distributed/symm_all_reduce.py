@@ -53,7 +53,8 @@ class SymmArNorm:
     def accepts(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
         return (x.is_cuda and x.dim() == 2 and x.shape[0] <= self.max_rows
                 and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and x.is_contiguous()
-                and residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1 and x.shape[0] <= self.layout.max_rows(x.shape[1] * x.element_size()))
+                and residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1
+                and x.shape[0] <= self.layout.max_rows(x.shape[1] * x.element_size()))
 
     def __call__(self, x, residual, weight, eps):
         from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import allreduce_add_rmsnorm

@@ -200,7 +200,8 @@ def _checkpoint(config) -> dict[str, torch.Tensor]:
         w |= {p + "self_attn.q_proj.weight": r(h, h), p + "self_attn.k_proj.weight": r(kv, h),
               p + "self_attn.v_proj.weight": r(kv, h), p + "self_attn.o_proj.weight": r(h, h),
               p + "mlp.gate_proj.weight": r(i, h), p + "mlp.up_proj.weight": r(i, h),
-              p + "mlp.down_proj.weight": r(h, i), p + "input_layernorm.weight": 1 + r(h), p + "post_attention_layernorm.weight": 1 + r(h)}
+              p + "mlp.down_proj.weight": r(h, i), p + "input_layernorm.weight": 1 + r(h),
+              p + "post_attention_layernorm.weight": 1 + r(h)}
         if config.attention_bias:
             w |= {p + f"self_attn.{x}_proj.bias": r(size) for x, size in (("q", h), ("k", kv), ("v", kv), ("o", h))}
     return w

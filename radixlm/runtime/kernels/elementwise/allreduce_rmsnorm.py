@@ -99,7 +99,7 @@ def _arnorm_kernel(Bufs, Epochs, X, R, W, Out, ResOut, stride_x, stride_r, strid
 def inline_builds() -> tuple:
     """The kernels a discovery run (startup/kernel_builds.ParallelBuilds) must build inline: this collective one. A
     launch skipped there on one rank, while a rank whose build had finished launched it, left that rank waiting for
-    its peer forever (a float32 TP=2 start on 2 x H200, where the communicator's bf16 probe had not built the kernel)."""
+    its peer forever (a float32 TP=2 start on 2 x H200: the communicator's bf16 probe had not built that variant)."""
     return (_arnorm_kernel,)
 
 
