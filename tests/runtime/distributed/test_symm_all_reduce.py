@@ -147,15 +147,17 @@ def _fused_norms(rank: int, device: str) -> tuple[list[bool], float]:
     out = [comm.fused_add_rmsnorm(torch.ones(257, h, dtype=torch.bfloat16, device=device),
                                   torch.ones(257, h, dtype=torch.bfloat16, device=device), weight, 1e-5) is None]
 
-    def case(rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        x = torch.randn(rows, h, generator=g, device=device).to(torch.bfloat16)
-        residual = torch.randn(rows, h, generator=shared, device=device).to(torch.bfloat16)
-        want = rmsnorm(comm.all_reduce(x), weight, 1e-5, residual)
+    def case(rows: int, dtype: torch.dtype = torch.bfloat16):
+        x = torch.randn(rows, h, generator=g, device=device).to(dtype)
+        residual = torch.randn(rows, h, generator=shared, device=device).to(dtype)
+        want = rmsnorm(comm.all_reduce(x), weight.to(dtype), 1e-5, residual)
         return x, residual, *want
 
-    for rows in (1, 7, 256, 1, 3):  # rows 0.. alternate slots by their own counts
-        x, residual, want_out, want_res = case(rows)
-        got_out, got_res = comm.fused_add_rmsnorm(x, residual, weight, 1e-5)
+    # Rows 0.. alternate slots by their own counts; float32 is a model's dtype in the parity runs.
+    for rows, dtype in ((1, torch.bfloat16), (7, torch.bfloat16), (256, torch.bfloat16), (1, torch.bfloat16),
+                        (3, torch.bfloat16), (2, torch.float32)):
+        x, residual, want_out, want_res = case(rows, dtype)
+        got_out, got_res = comm.fused_add_rmsnorm(x, residual, weight.to(dtype), 1e-5)
         out += [torch.equal(got_res, want_res), bool(torch.allclose(got_out.float(), want_out.float(),
                                                                      rtol=2e-2, atol=2e-2))]
     # Replays of a captured call, between eager ones: the slots follow the counters on the GPU.
