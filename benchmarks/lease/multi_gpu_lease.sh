@@ -10,7 +10,8 @@
 #                                                     # co-located replicas, 4k-8k prompts at a fixed rate (PD_ARGS)
 #   bash benchmarks/lease/multi_gpu_lease.sh f1       # issue 56: the fused all-reduce + norm's 2-GPU tests, its table
 #                                                     # against the unfused steps by rows, TP greedy identity with it
-#   bash benchmarks/lease/multi_gpu_lease.sh f2       # the decode steps and ShareGPT-like with and without it
+#   bash benchmarks/lease/multi_gpu_lease.sh f2       # the decode steps and ShareGPT-like with and without it, three
+#                                                     # runs in one call (a JSON each: the medians come from them)
 # The all-reduce latency table alone: benchmarks/multi_gpu/gpu_multi.py --parts allreduce.
 # Results land in $OUT (JSON and logs).
 set -uo pipefail
@@ -50,10 +51,12 @@ case "${1:-a}" in
       --correctness-engine-args '{"enable_allreduce_fusion": true}' > "$OUT"/f1c.log 2>&1
     echo "correctness rc=$?"; quiet < "$OUT"/f1c.log | tail -8 ;;
   f2)
-    timeout 540 python3 benchmarks/multi_gpu/gpu_multi.py --parts tp --tp-configs tp1 tp2 tp2_fused \
-      --batches 1 8 16 32 256 --profile-batches 1 --decode-steps 64 --sharegpt-requests 300 \
-      --out "$OUT"/multi_tp_fused.json > "$OUT"/f2.log 2>&1
-    echo "gpu_multi rc=$?"; quiet < "$OUT"/f2.log | grep -v "^\s*symm_mem" | tail -40 ;;
+    for run in 1 2 3; do
+      timeout 175 python3 benchmarks/multi_gpu/gpu_multi.py --parts tp --tp-configs tp1 tp2 tp2_fused \
+        --batches 1 8 16 32 256 --profile-batches --decode-steps 64 --sharegpt-requests 300 \
+        --out "$OUT"/multi_tp_fused_r$run.json > "$OUT"/f2_r$run.log 2>&1
+      echo "gpu_multi run $run rc=$?"; quiet < "$OUT"/f2_r$run.log | grep -E "decode batch|out tok|/ tp1" | tail -20
+    done ;;
   pd)
     timeout "${PD_LIMIT_S:-540}" python3 benchmarks/serving/router.py --kind pd ${PD_ARGS:---num-prompts 160 --request-rate 2 3} \
       --out "$OUT"/pd_vs_colocated.json > "$OUT"/pd.log 2>&1
