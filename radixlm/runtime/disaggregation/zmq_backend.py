@@ -279,11 +279,9 @@ class ZmqKVSender(_Worker):
             problem = f"{len(dest['slots'])} slots for a {payload.num_tokens}-token prompt"
         if problem is not None:
             return KVPayload(payload.room, error=problem)
-        write_rows(rows, peer, torch.tensor(dest["slots"]))
-        if peer[0].is_cuda:
-            torch.cuda.current_stream(peer[0].device).synchronize()
-        if rows[0].is_cuda:  # the reads of this pool's staged copy, when the decode pool is on another GPU
-            torch.cuda.current_stream(rows[0].device).synchronize()
+        writer = write_rows(rows, peer, torch.tensor(dest["slots"]))
+        if writer.type == "cuda":  # the writes, and with them the reads of this pool's staged copy
+            torch.cuda.current_stream(writer).synchronize()
         self.written += 1
         return dataclasses.replace(payload, k=None, v=None, written_tokens=payload.num_tokens)
 
