@@ -48,6 +48,7 @@ class SymmArNorm:
     epochs: torch.Tensor  # this rank's per-row call counters (int32)
     rank: int
     layout: object  # allreduce_rmsnorm.ArNormLayout
+    kernel: Callable  # allreduce_rmsnorm.allreduce_add_rmsnorm (bound once: the module imports Triton)
     max_rows: int = FUSE_MAX_ROWS  # more rows: the unfused steps (faster there)
 
     def accepts(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
@@ -57,9 +58,7 @@ class SymmArNorm:
                 and x.shape[0] <= self.layout.max_rows(x.shape[1] * x.element_size()))
 
     def __call__(self, x, residual, weight, eps):
-        from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import allreduce_add_rmsnorm
-
-        return allreduce_add_rmsnorm(x, residual, weight, eps, self.bufs, self.epochs, self.rank, self.layout)
+        return self.kernel(x, residual, weight, eps, self.bufs, self.epochs, self.rank, self.layout)
 
 
 @dataclass
@@ -160,7 +159,7 @@ def build_arnorm(group, device: str, agree: Callable[[list[bool]], list[bool]],
     (the unfused steps serve then; agreed step by step as build_symm_all_reduce)."""
     import torch.distributed._symmetric_memory as symm_mem
 
-    from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import MAX_ROWS, ArNormLayout
+    from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import MAX_ROWS, ArNormLayout, allreduce_add_rmsnorm
 
     layout = ArNormLayout(group.size(), buffer_bytes)
 
@@ -178,7 +177,7 @@ def build_arnorm(group, device: str, agree: Callable[[list[bool]], list[bool]],
         handle = symm_mem.rendezvous(buffer, group.group_name)
         bufs = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
         epochs = torch.zeros(MAX_ROWS, dtype=torch.int32, device=device)
-        return SymmArNorm(buffer, bufs, epochs, group.rank(), layout)
+        return SymmArNorm(buffer, bufs, epochs, group.rank(), layout, allreduce_add_rmsnorm)
 
     arnorm = _on_every_rank(agree, "fused all-reduce + RMSNorm: rendezvous", meet)
     if arnorm is None:
