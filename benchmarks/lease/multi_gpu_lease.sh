@@ -9,7 +9,7 @@
 #   bash benchmarks/lease/multi_gpu_lease.sh pd        # issue 54: 1 prefill + 1 decode GPU behind the PD router vs two
 #                                                     # co-located replicas, 4k-8k prompts at a fixed rate (PD_ARGS)
 #   bash benchmarks/lease/multi_gpu_lease.sh f1       # issue 56: the fused all-reduce + norm's 2-GPU tests, its table
-#                                                     # against the unfused steps by rows, TP greedy identity with it
+#                                                     # against the unfused steps by rows, TP greedy identity (fused)
 #   bash benchmarks/lease/multi_gpu_lease.sh f2       # the decode steps and ShareGPT-like with and without it, three
 #                                                     # runs in one call (a JSON each: the medians come from them)
 # The all-reduce latency table alone: benchmarks/multi_gpu/gpu_multi.py --parts allreduce.
@@ -41,22 +41,24 @@ case "${1:-a}" in
     timeout 420 python3 benchmarks/multi_gpu/gpu_multi.py --parts moe --sharegpt-requests 300 --out "$OUT"/multi_moe.json \
       > "$OUT"/d1.log 2>&1
     echo "gpu_multi rc=$?"; quiet < "$OUT"/d1.log | grep -v "^\s*symm_mem" | tail -16 ;;
-  f1)
+  f1)  # stops (status 1) when a 2-GPU test fails: the runs after it would hang on a broken collective
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/runtime/distributed/test_symm_all_reduce.py \
-      tests/runtime/disaggregation/test_cuda_ipc.py 2>&1 | grep -E "Error|passed|failed" | tail -6
+      tests/runtime/disaggregation/test_cuda_ipc.py > "$OUT"/f1t.log 2>&1
+    rc=$?; grep -E "Error|assert|passed|failed" "$OUT"/f1t.log | tail -8; [ $rc = 0 ] || exit 1
     timeout 150 python3 benchmarks/multi_gpu/gpu_multi.py --parts allreduce --out "$OUT"/allreduce.json \
       > "$OUT"/f1a.log 2>&1
     echo "allreduce rc=$?"; quiet < "$OUT"/f1a.log | tail -22
-    timeout 240 python3 benchmarks/multi_gpu/gpu_multi.py --parts correctness --out "$OUT"/multi_correctness_fused.json \
-      --correctness-engine-args '{"enable_allreduce_fusion": true}' > "$OUT"/f1c.log 2>&1
-    echo "correctness rc=$?"; quiet < "$OUT"/f1c.log | tail -8 ;;
-  f2)
+    timeout 240 python3 benchmarks/multi_gpu/gpu_multi.py --parts correctness --out "$OUT"/multi_correctness.json \
+      > "$OUT"/f1c.log 2>&1
+    echo "correctness rc=$?"; quiet < "$OUT"/f1c.log | grep -E "^correctness|wrote" ;;
+  f2)  # F2_CONFIGS: gpu_multi.py's TP configs to run (default: TP=1, TP=2 unfused, TP=2)
     for run in 1 2 3; do
-      timeout 175 python3 benchmarks/multi_gpu/gpu_multi.py --parts tp --tp-configs tp1 tp2 tp2_fused \
+      timeout 175 python3 benchmarks/multi_gpu/gpu_multi.py --parts tp --tp-configs ${F2_CONFIGS:-tp1 tp2_unfused tp2} \
         --batches 1 8 16 32 256 --profile-batches --decode-steps 64 --sharegpt-requests 300 \
-        --out "$OUT"/multi_tp_fused_r$run.json > "$OUT"/f2_r$run.log 2>&1
+        --out "$OUT"/multi_tp_r$run.json > "$OUT"/f2_r$run.log 2>&1
       echo "gpu_multi run $run rc=$?"; quiet < "$OUT"/f2_r$run.log | grep -E "decode batch|out tok|/ tp1" | tail -20
-    done ;;
+    done
+    python3 benchmarks/multi_gpu/tp_medians.py "$OUT"/f2_r[123].log --out "$OUT"/multi_tp_medians.json ;;
   pd)
     timeout "${PD_LIMIT_S:-540}" python3 benchmarks/serving/router.py --kind pd ${PD_ARGS:---num-prompts 160 --request-rate 2 3} \
       --out "$OUT"/pd_vs_colocated.json > "$OUT"/pd.log 2>&1

@@ -8,8 +8,8 @@ calls (and NCCL once eagerly), microseconds per call:
   two_shot     copy into symmetric memory + PyTorch's two_shot_all_reduce_out (radixlm's path above), in a graph
 
 and then, per row count of a (rows, 4096) bf16 decode activation, the all-reduce with the residual add and RMSNorm
-after it, in a graph: `unfused` (the all-reduce above, then the norm kernel) against `fused` (--enable-allreduce-
-fusion's one kernel, kernels/elementwise/allreduce_rmsnorm.py), its sum + residual checked bit for bit against the
+after it, in a graph: `unfused` (the all-reduce above, then the norm kernel) against `fused` (the default
+since it won here: one kernel, kernels/elementwise/allreduce_rmsnorm.py), its sum + residual checked bit for bit against the
 unfused one's (the table behind symm_all_reduce.FUSE_MAX_ROWS).
 
 Every path's sum is checked. NVLink multicast stays off (the caller exports NCCL_NVLS_ENABLE=0 and

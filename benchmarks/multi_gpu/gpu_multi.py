@@ -178,7 +178,7 @@ def speed_run(path: str, bw: float, name: str, batches: list[int], steps: int, s
 
 
 TP_CONFIGS = {"tp1": {}, "tp2_nccl": {"tp_size": 2, "disable_custom_all_reduce": True},
-              "tp2": {"tp_size": 2}, "tp2_fused": {"tp_size": 2, "enable_allreduce_fusion": True}}
+              "tp2_unfused": {"tp_size": 2, "disable_allreduce_fusion": True}, "tp2": {"tp_size": 2}}
 
 
 def part_tp(path: str, bw: float, batches: list[int], steps: int, sharegpt_n: int,
@@ -198,7 +198,7 @@ def part_tp(path: str, bw: float, batches: list[int], steps: int, sharegpt_n: in
         save({"runs": runs})  # a run cut short by its caller's timeout keeps the configs measured so far
     ok = [c for c in runs if "error" not in runs[c]]
     ratios = {}
-    for name in [c for c in ("tp2_nccl", "tp2", "tp2_fused") if c in ok and "tp1" in ok]:
+    for name in [c for c in ("tp2_nccl", "tp2_unfused", "tp2") if c in ok and "tp1" in ok]:
         ratios[name] = {
             "step_over_tp1": {str(b["batch"]): b["step_ms"] / a["step_ms"]
                               for a, b in zip(runs["tp1"]["decode"], runs[name]["decode"])},

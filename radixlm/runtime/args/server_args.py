@@ -137,8 +137,9 @@ class ServerArgs:
     dist_timeout: float = arg(300.0, PAR, "seconds a collective waits for the other ranks before the server fails")
     disable_custom_all_reduce: bool = arg(False, PAR, "all-reduce through NCCL only, never through symmetric memory "
                                                       "over NVLink")
-    enable_allreduce_fusion: bool = arg(False, PAR, "fuse a layer's all-reduce with the residual add and RMSNorm "
-                                                    "after it (one kernel over symmetric memory, up to 16 rows)")
+    disable_allreduce_fusion: bool = arg(False, PAR, "run a layer's all-reduce and the residual add and RMSNorm "
+                                                     "after it as separate kernels (fused: one kernel over "
+                                                     "symmetric memory, up to 256 rows)")
 
     attention_backend: str = arg("auto", K, "attention kernels; auto: triton on CUDA, torch_native elsewhere",
                                  choices=ATTENTION_BACKENDS)

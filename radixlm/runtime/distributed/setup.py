@@ -58,7 +58,7 @@ def init_distributed(args: ServerArgs, placement: RankPlacement | None) -> tuple
                         cpu_group=cpu_group)
     if cuda and args.nnodes == 1 and not args.disable_custom_all_reduce:
         comm = build_symm_all_reduce(group, device, parallel.all_true,  # the same answer on every rank
-                                     fuse_norm=args.enable_allreduce_fusion)
+                                     fuse_norm=not args.disable_allreduce_fusion)
         if comm is not None:
             parallel = dataclasses.replace(parallel, device_comm=comm)
             logger.info("all-reduce up to %d MiB through symmetric memory", comm.buffer.nbytes >> 20)

@@ -28,14 +28,12 @@ logger = logging.getLogger(__name__)
 ALIGN_BYTES = 16  # the kernels move 16-byte vectors
 ONE_SHOT_MAX_BYTES = 1 << 20
 BUFFER_BYTES = 8 << 20
-# One program per row, each with its own signals: on 2 x H200 (8B shapes, gpu_multi.py, fused vs unfused) the
-# decode step at batch 1 went from 3.11 to 2.90 ms, but at 32 rows it was 4.15 against 4.09 ms and at 256 rows 10.52
-# against 8.67 (the two-shot all-reduce and a separate norm): past a few rows the unfused steps serve. Those runs'
-# kernel moved 2-byte words to and from the peers; it now moves 16-byte vectors (unmeasured). Opt-in
-# (--enable-allreduce-fusion, as SGLang's fusion is) until a GPU run checks the fixes of what its first runs found
-# (docs/parallelism.md).
-FUSE_MAX_ROWS = 16
-ARNORM_BUFFER_BYTES = (8 << 20) + (64 << 10)  # the counters, then two slots of 256 rows of 8,192 bf16
+# One program per row, each with its own signals, loading 16-byte vectors from the peer: on 2 x H200 (8B shapes,
+# `gpu_multi.py --parts allreduce`, benchmarks/results/multi_gpu/) the fused step took 4.6 us at 1 row and 12.3 us at
+# 256 against 8.3 and 21.8 us for the all-reduce then the norm, so every row count the kernel holds takes it. Opt-in
+# (--enable-allreduce-fusion, as SGLang's fusion is) until TP runs measure it end to end (docs/parallelism.md).
+FUSE_MAX_ROWS = 256
+ARNORM_BUFFER_BYTES = 8 << 20  # two slots, each of 256 rows of 4,096 bf16 from each of two ranks
 
 
 @dataclass
@@ -43,7 +41,7 @@ class SymmArNorm:
     """The all-reduce, residual add and RMSNorm in one kernel (kernels/elementwise/allreduce_rmsnorm.py) over a
     symmetric buffer of its own; built with the communicator."""
 
-    buffer: torch.Tensor  # symmetric memory: the counters and the two slots
+    buffer: torch.Tensor  # symmetric memory: the two slots
     bufs: torch.Tensor  # every rank's buffer address, rank order (int64, on this rank's GPU)
     epochs: torch.Tensor  # this rank's per-row call counters (int32)
     rank: int
@@ -159,13 +157,14 @@ def build_arnorm(group, device: str, agree: Callable[[list[bool]], list[bool]],
     (the unfused steps serve then; agreed step by step as build_symm_all_reduce)."""
     import torch.distributed._symmetric_memory as symm_mem
 
-    from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import MAX_ROWS, ArNormLayout, allreduce_add_rmsnorm
+    from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import (
+        EMPTY_BYTE, MAX_ROWS, ArNormLayout, allreduce_add_rmsnorm)
 
     layout = ArNormLayout(group.size(), buffer_bytes)
 
     def allocate() -> torch.Tensor:
         buffer = symm_mem.empty(buffer_bytes, dtype=torch.uint8, device=device)
-        buffer[: layout.data_offset].zero_()  # the counters start at zero on every rank, before any peer signals
+        buffer.fill_(EMPTY_BYTE)  # every slot empty on every rank before any peer sends
         torch.cuda.synchronize(device)
         return buffer
 

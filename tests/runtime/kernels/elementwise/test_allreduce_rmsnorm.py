@@ -1,9 +1,10 @@
 """The fused all-reduce + residual add + RMSNorm kernel against the unfused steps. Under TRITON_INTERPRET=1 two ranks
-share one process and run one after the other: before rank 0's call, rank 1's half of the exchange (its row in its
-slot, its signal) is put in place as if it had arrived first; rank 1's call then finds rank 0's. Two calls check the
-slot alternation and that every signal is consumed once. Float32 there: the interpreter truncates where a GPU
-rounds a float32 to bf16. On two GPUs the communicator's own probe and a model-sized
-case run for real (benchmarks and tests/runtime/distributed cover it there)."""
+share one process and run one after the other: before rank 0's call, rank 1's partial is put in rank 0's slot as if
+it had arrived first; rank 1's call then finds rank 0's, and sends its own into rank 0's slot again, which the test
+takes back. Two calls check the slot alternation and that every slot read is left empty; a partial whose bits are the
+empty pattern still arrives (as a NaN). Float32 there: the interpreter truncates where a GPU rounds a float32 to bf16.
+On two GPUs the communicator's own probe and a model-sized case run for real (benchmarks and tests/runtime/distributed
+cover it there)."""
 from __future__ import annotations
 
 import pytest
@@ -25,40 +26,44 @@ def reference(parts, residual, weight, eps):
 
 
 def run_cases() -> None:
-    from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import MAX_ROWS, ArNormLayout, allreduce_add_rmsnorm
+    from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import (
+        EMPTY_BYTE, MAX_ROWS, ArNormLayout, allreduce_add_rmsnorm)
 
     g = torch.Generator().manual_seed(0)
     world, h, eps = 2, 96, 1e-6  # h not a power of two: the masked tail
     layout = ArNormLayout(world, 1 << 20)
-    bufs = [torch.zeros(layout.buffer_bytes, dtype=torch.uint8) for _ in range(world)]
+    bufs = [torch.full((layout.buffer_bytes,), EMPTY_BYTE, dtype=torch.uint8) for _ in range(world)]
     ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
     epochs = [torch.zeros(MAX_ROWS, dtype=torch.int32) for _ in range(world)]
     weight = torch.randn(h, generator=g)
 
-    def counters(rank):
-        return bufs[rank][: layout.flag_bytes].view(torch.int32).view(MAX_ROWS, world)
+    def received(rank, sender, slot, rows):
+        """rank's slot rows from sender (slot rows are (row, sender) pairs)."""
+        start = slot * layout.slot_bytes
+        rows_of_all = bufs[rank][start : start + rows * world * h * 4].view(torch.float32).view(rows, world, h)
+        return rows_of_all[:, sender]
 
-    def data(rank, slot, rows):
-        start = layout.data_offset + slot * layout.slot_bytes
-        return bufs[rank][start : start + rows * h * 4].view(torch.float32).view(rows, h)
-
-    for call, rows in enumerate((3, 3)):
+    for call, rows in enumerate((3, 3, 2)):
         parts = [torch.randn(rows, h, generator=g) for _ in range(world)]
+        if call == 2:  # the empty pattern as data: sent as another NaN, so the receiver does not wait forever
+            parts[0][1, 5] = torch.tensor(-1, dtype=torch.int32).view(torch.float32)
         residual = torch.randn(rows, h, generator=g)
         want_out, want_res = reference(parts, residual, weight, eps)
-        data(1, call % 2, rows).copy_(parts[1])  # rank 1 arrived first
-        counters(0)[:rows, 1] += 1
+        slot = call % 2
+        received(0, 1, slot, rows).copy_(parts[1])  # rank 1's partial arrived first
         for rank in range(world):
             out, res = allreduce_add_rmsnorm(parts[rank], residual, weight, eps, ptrs, epochs[rank], rank, layout)
-            assert torch.equal(res, want_res), (call, rank)
-            torch.testing.assert_close(out, want_out, rtol=1e-6, atol=1e-6)
-        assert torch.equal(data(0, call % 2, rows), parts[0]) and torch.equal(data(1, call % 2, rows), parts[1])
-        # rank 1's real signal to rank 0 stands in for the one put in place: taking it back leaves every count at 0
-        assert torch.equal(counters(0)[:rows, 1], torch.ones(rows, dtype=torch.int32))
-        counters(0)[:rows, 1] -= 1
-        assert not counters(0).any() and not counters(1).any()
-        assert torch.equal(epochs[0][:rows], torch.full((rows,), call + 1, dtype=torch.int32))
+            torch.testing.assert_close(res, want_res, rtol=0, atol=0, equal_nan=True, msg=f"{call} {rank}")
+            torch.testing.assert_close(out, want_out, rtol=1e-6, atol=1e-6, equal_nan=True)
+        if call == 2:
+            assert res[1, 5].isnan() and res[1].isfinite().sum() == h - 1
+        # rank 1's real send stands in for the one put in place: taking it back leaves every slot empty
+        torch.testing.assert_close(received(0, 1, slot, rows), parts[1], rtol=0, atol=0)
+        received(0, 1, slot, rows).view(torch.uint8).fill_(EMPTY_BYTE)
+        assert all(bool((b == EMPTY_BYTE).all()) for b in bufs), call
+        assert torch.equal(epochs[0][:rows], torch.full((rows,), call + 1 if rows == 3 else 3, dtype=torch.int32))
     assert layout.max_rows(h * 4) == MAX_ROWS and ArNormLayout(2, 1 << 20).max_rows(8192) < MAX_ROWS
+    assert ArNormLayout(2, 8 << 20).max_rows(4096 * 2) == 256 and ArNormLayout(4, 8 << 20).max_rows(4096 * 2) == 128
     assert layout.max_rows(6) == 0  # rows of 3 halves: not whole 16-byte vectors
     with pytest.raises(ValueError, match="do not fit"):
         allreduce_add_rmsnorm(torch.zeros(MAX_ROWS + 1, h), torch.zeros(MAX_ROWS + 1, h),
