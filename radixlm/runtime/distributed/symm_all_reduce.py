@@ -28,10 +28,9 @@ logger = logging.getLogger(__name__)
 ALIGN_BYTES = 16  # the kernels move 16-byte vectors
 ONE_SHOT_MAX_BYTES = 1 << 20
 BUFFER_BYTES = 8 << 20
-# One program per row, each with its own signals, loading 16-byte vectors from the peer: on 2 x H200 (8B shapes,
-# `gpu_multi.py --parts allreduce`, benchmarks/results/multi_gpu/) the fused step took 4.6 us at 1 row and 12.3 us at
-# 256 against 8.3 and 21.8 us for the all-reduce then the norm, so every row count the kernel holds takes it. Opt-in
-# (--enable-allreduce-fusion, as SGLang's fusion is) until TP runs measure it end to end (docs/parallelism.md).
+# The fused kernel against the all-reduce then the norm, per call in a graph on 2 x H200 (8B shapes, `gpu_multi.py
+# --parts allreduce`, benchmarks/results/multi_gpu/h200x2/arnorm_lamport): 3.7 against 8.3 us at 1 row, 9.8 against
+# 21.7 at 256, so every row count the kernel holds takes it (--disable-allreduce-fusion: never).
 FUSE_MAX_ROWS = 256
 ARNORM_BUFFER_BYTES = 8 << 20  # two slots, each of 256 rows of 4,096 bf16 from each of two ranks
 
