@@ -1,0 +1,137 @@
+"""Issue 56 (decode step at batch 1 <= 3.90 ms, 1.10x its floor): how close the skinny GEMM's tiles come to the HBM's
+read bandwidth at one row, on Llama-3.1-8B's shapes (TP=1 and a TP=2 rank's), every tile in a grid against the
+autotuner's candidates (skinny_gemm._CONFIGS) and cuBLAS (F.linear); beside them a plain read of the same bytes
+(torch.sum over the weight) as the bandwidth a GEMV could reach. Each call replayed from a CUDA graph.
+
+    python benchmarks/kernels/skinny_gemv_sweep.py [--out DIR]
+
+Prints, per shape, the candidates' best, the grid's best and cuBLAS in us and TB/s, and writes skinny_gemv_sweep.json
+to --out (default $OUT, else the current directory). A grid tile faster than every candidate by --margin on a shape
+that matters is one to add to _CONFIGS (the autotuner keeps choosing per shape at start-up). Needs CUDA."""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+SHAPES = {  # name: (N, K) of y = x @ W.T
+    "qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+    "lm_head": (128256, 4096),
+    "qkv_tp2": (3072, 4096), "o_proj_tp2": (4096, 2048), "gate_up_tp2": (14336, 4096), "down_tp2": (4096, 7168),
+    "lm_head_tp2": (64128, 4096),
+}
+LAYER_CALLS = {"qkv": 32, "o_proj": 32, "gate_up": 32, "down": 32, "lm_head": 1}
+GRID = dict(block_n=(4, 8, 16), block_k=(256, 512, 1024, 2048), warps=(4, 8), stages=(2, 3, 4))
+
+
+def graph_us(fn, reps: int = 15, inner: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / inner)
+    return statistics.median(times)
+
+
+def launcher(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
+    import triton
+
+    from radixlm.runtime.kernels.gemm.skinny_gemm import _skinny_kernel
+
+    n, k = w.shape
+
+    def launch(bn: int, bk: int, warps: int, stages: int):
+        _skinny_kernel.fn[(triton.cdiv(n, bn),)](
+            x, w, w, y, w, w, w, w, w, w, w, w, n, k, x.stride(0), w.stride(0), y.stride(0), 0, 0.0, 0, 0, 0, 0, 0,
+            1.0, 1.0, M=1, HAS_BIAS=False, PRO=0, EPI=False, HEAD_DIM=0, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+            num_stages=stages)
+    return launch
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--margin", type=float, default=0.03)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs CUDA")
+        return 2
+    from radixlm.runtime.kernels.gemm.skinny_gemm import _CONFIGS
+
+    candidates = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in _CONFIGS]
+    grid = list(itertools.product(*GRID.values()))
+    rows = []
+    for name in args.shapes:
+        n, k = SHAPES[name]
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        want = torch.nn.functional.linear(x, w)
+        launch = launcher(x, w, y)
+        nbytes = w.numel() * 2
+        row = {"shape": name, "n": n, "k": k, "bytes": nbytes, "tiles": {}}
+        row["read_us"] = graph_us(lambda: w.sum(dtype=torch.float32))
+        row["cublas_us"] = graph_us(lambda: torch.nn.functional.linear(x, w, out=None))
+        for tile in dict.fromkeys(candidates + grid):
+            try:
+                launch(*tile)
+                torch.cuda.synchronize()
+                if not torch.allclose(y.float(), want.float(), rtol=2e-2, atol=2e-1):
+                    row["tiles"][str(tile)] = {"error": "wrong result"}
+                    continue
+                row["tiles"][str(tile)] = {"us": graph_us(lambda: launch(*tile))}
+            except Exception as e:  # noqa: BLE001 - a tile that does not compile (shared memory) is recorded
+                row["tiles"][str(tile)] = {"error": str(e)[:200]}
+        timed = {t: v["us"] for t, v in row["tiles"].items() if "us" in v}
+        cand = {str(t): timed[str(t)] for t in candidates if str(t) in timed}
+        row["candidates_best"] = min(cand, key=cand.get)
+        row["grid_best"] = min(timed, key=timed.get)
+        tbps = lambda us: nbytes / us / 1e6  # noqa: E731
+        print(f"{name:12s} {nbytes / 1e6:7.1f} MB  read {row['read_us']:7.1f} us {tbps(row['read_us']):.2f} TB/s  "
+              f"cuBLAS {row['cublas_us']:7.1f} ({tbps(row['cublas_us']):.2f})  candidates' best "
+              f"{cand[row['candidates_best']]:7.1f} ({tbps(cand[row['candidates_best']]):.2f}) {row['candidates_best']}"
+              f"  grid's best {timed[row['grid_best']]:7.1f} ({tbps(timed[row['grid_best']]):.2f}) {row['grid_best']}",
+              flush=True)
+        rows.append(row)
+    # Per grid tile, the batch-1 step time its tiles would save across the TP=1 shapes if the autotuner could pick it.
+    step = {}
+    for tile in map(str, grid):
+        saved = 0.0
+        for row in rows:
+            calls = LAYER_CALLS.get(row["shape"], 0)
+            t = row["tiles"].get(tile, {})
+            if calls and "us" in t:
+                saved += calls * max(0.0, row["tiles"][row["candidates_best"]]["us"] - t["us"])
+        step[tile] = saved
+    best_add = sorted(step.items(), key=lambda kv: -kv[1])[:5]
+    print("tiles that would save the most of a TP=1 batch-1 step (us) if added:", best_add)
+    result = {"benchmark": "skinny GEMM tiles at one row", "device": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "command": " ".join(["benchmarks/kernels/skinny_gemv_sweep.py",
+                                                                *(argv or sys.argv[1:])]),
+              "tile_fields": ["BLOCK_N", "BLOCK_K", "num_warps", "num_stages"], "candidates": candidates,
+              "rows": rows, "step_saving_us_if_added": dict(best_add)}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "skinny_gemv_sweep.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
