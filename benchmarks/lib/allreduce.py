@@ -8,9 +8,9 @@ calls (and NCCL once eagerly), microseconds per call:
   two_shot     copy into symmetric memory + PyTorch's two_shot_all_reduce_out (radixlm's path above), in a graph
 
 and then, per row count of a (rows, 4096) bf16 decode activation, the all-reduce with the residual add and RMSNorm
-after it, in a graph: `unfused` (the all-reduce above, then the norm kernel) against `fused` (the default
-since it won here: one kernel, kernels/elementwise/allreduce_rmsnorm.py), its sum + residual checked bit for bit against the
-unfused one's (the table behind symm_all_reduce.FUSE_MAX_ROWS).
+after it, in a graph: `unfused` (the all-reduce above, then the norm kernel) against `fused` (one kernel,
+kernels/elementwise/allreduce_rmsnorm.py; the default since it won here at every row count), its sum + residual
+checked bit for bit against the unfused one's.
 
 Every path's sum is checked. NVLink multicast stays off (the caller exports NCCL_NVLS_ENABLE=0 and
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1)."""
@@ -131,7 +131,6 @@ def norm_table(comm, device: str, rank: int, hidden: int = 4096) -> list[dict]:
     from radixlm.runtime.kernels.elementwise import rmsnorm
 
     comm.one_shot_max_bytes = 1 << 20
-    comm.arnorm.max_rows = comm.arnorm.layout.max_rows(hidden * 2)
     g = torch.Generator(device=device).manual_seed(rank)
     shared = torch.Generator(device=device).manual_seed(7)
     weight = torch.randn(hidden, generator=shared, device=device).to(torch.bfloat16)

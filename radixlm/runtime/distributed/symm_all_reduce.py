@@ -30,8 +30,7 @@ ONE_SHOT_MAX_BYTES = 1 << 20
 BUFFER_BYTES = 8 << 20
 # The fused kernel against the all-reduce then the norm, per call in a graph on 2 x H200 (8B shapes, `gpu_multi.py
 # --parts allreduce`, benchmarks/results/multi_gpu/h200x2/arnorm_lamport): 3.7 against 8.3 us at 1 row, 9.8 against
-# 21.7 at 256, so every row count the kernel holds takes it (--disable-allreduce-fusion: never).
-FUSE_MAX_ROWS = 256
+# 21.7 at 256, so every row count the kernel's buffer holds takes it (--disable-allreduce-fusion: never).
 ARNORM_BUFFER_BYTES = 8 << 20  # two slots, each of 256 rows of 4,096 bf16 from each of two ranks
 
 
@@ -46,10 +45,9 @@ class SymmArNorm:
     rank: int
     layout: object  # allreduce_rmsnorm.ArNormLayout
     kernel: Callable  # allreduce_rmsnorm.allreduce_add_rmsnorm (bound once: the module imports Triton)
-    max_rows: int = FUSE_MAX_ROWS  # more rows: the unfused steps (faster there)
 
     def accepts(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
-        return (x.is_cuda and x.dim() == 2 and x.shape[0] <= self.max_rows
+        return (x.is_cuda and x.dim() == 2
                 and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and x.is_contiguous()
                 and residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1
                 and x.shape[0] <= self.layout.max_rows(x.shape[1] * x.element_size()))

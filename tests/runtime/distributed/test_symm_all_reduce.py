@@ -139,7 +139,6 @@ def _fused_norms(rank: int, device: str) -> tuple[list[bool], float]:
 
     comm = build_symm_all_reduce(dist.group.WORLD, device, lambda flags: flags, fuse_norm=True)
     assert comm is not None and comm.arnorm is not None
-    comm.arnorm.max_rows = comm.arnorm.layout.max_rows(4096 * 2)  # every row count the kernel can take
     g = torch.Generator(device=device).manual_seed(rank)
     shared = torch.Generator(device=device).manual_seed(99)  # the residual and weight are alike on every rank
     h = 4096

@@ -1,10 +1,8 @@
-"""The fused all-reduce + residual add + RMSNorm kernel against the unfused steps. Under TRITON_INTERPRET=1 two ranks
-share one process and run one after the other: before rank 0's call, rank 1's partial is put in rank 0's slot as if
-it had arrived first; rank 1's call then finds rank 0's, and sends its own into rank 0's slot again, which the test
-takes back. Two calls check the slot alternation and that every slot read is left empty; a partial whose bits are the
-empty pattern still arrives (as a NaN). Float32 there: the interpreter truncates where a GPU rounds a float32 to bf16.
-On two GPUs the communicator's own probe and a model-sized case run for real (benchmarks and tests/runtime/distributed
-cover it there)."""
+"""The fused all-reduce + residual add + RMSNorm kernel against the unfused steps. Under TRITON_INTERPRET=1 the ranks
+(two, then four) share one process and run one after the other (`exchange`). Three calls check the slot alternation
+and that every slot read is left empty; a partial whose bits are the empty pattern still arrives (as a NaN). Float32
+there: the interpreter truncates where a GPU rounds a float32 to bf16. On two GPUs the communicator's own probe and a
+model-sized case run for real (benchmarks and tests/runtime/distributed cover it there)."""
 from __future__ import annotations
 
 import pytest
@@ -25,12 +23,14 @@ def reference(parts, residual, weight, eps):
     return weight * normed, h
 
 
-def run_cases() -> None:
+def exchange(world: int, g: torch.Generator) -> None:
+    """Three calls among `world` ranks run one after another: before rank r's call, the partials of the ranks after
+    it are put in its slot as if they had arrived first; their real sends, which land after r has read and emptied
+    the slot, are checked and taken back."""
     from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import (
         EMPTY_BYTE, MAX_ROWS, ArNormLayout, allreduce_add_rmsnorm)
 
-    g = torch.Generator().manual_seed(0)
-    world, h, eps = 2, 96, 1e-6  # h not a power of two: the masked tail
+    h, eps = 96, 1e-6  # h not a power of two: the masked tail
     layout = ArNormLayout(world, 1 << 20)
     bufs = [torch.full((layout.buffer_bytes,), EMPTY_BYTE, dtype=torch.uint8) for _ in range(world)]
     ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
@@ -50,24 +50,36 @@ def run_cases() -> None:
         residual = torch.randn(rows, h, generator=g)
         want_out, want_res = reference(parts, residual, weight, eps)
         slot = call % 2
-        received(0, 1, slot, rows).copy_(parts[1])  # rank 1's partial arrived first
+        for rank in range(world):
+            for sender in range(rank + 1, world):
+                received(rank, sender, slot, rows).copy_(parts[sender])
         for rank in range(world):
             out, res = allreduce_add_rmsnorm(parts[rank], residual, weight, eps, ptrs, epochs[rank], rank, layout)
-            torch.testing.assert_close(res, want_res, rtol=0, atol=0, equal_nan=True, msg=f"{call} {rank}")
+            torch.testing.assert_close(res, want_res, rtol=0, atol=0, equal_nan=True, msg=f"{world} {call} {rank}")
             torch.testing.assert_close(out, want_out, rtol=1e-6, atol=1e-6, equal_nan=True)
         if call == 2:
             assert res[1, 5].isnan() and res[1].isfinite().sum() == h - 1
-        # rank 1's real send stands in for the one put in place: taking it back leaves every slot empty
-        torch.testing.assert_close(received(0, 1, slot, rows), parts[1], rtol=0, atol=0)
-        received(0, 1, slot, rows).view(torch.uint8).fill_(EMPTY_BYTE)
-        assert all(bool((b == EMPTY_BYTE).all()) for b in bufs), call
+        for rank in range(world):
+            for sender in range(rank + 1, world):
+                torch.testing.assert_close(received(rank, sender, slot, rows), parts[sender], rtol=0, atol=0)
+                received(rank, sender, slot, rows).view(torch.uint8).fill_(EMPTY_BYTE)
+        assert all(bool((b == EMPTY_BYTE).all()) for b in bufs), (world, call)  # every slot read was emptied
         assert torch.equal(epochs[0][:rows], torch.full((rows,), call + 1 if rows == 3 else 3, dtype=torch.int32))
-    assert layout.max_rows(h * 4) == MAX_ROWS and ArNormLayout(2, 1 << 20).max_rows(8192) < MAX_ROWS
+
+
+def run_cases() -> None:
+    from radixlm.runtime.kernels.elementwise.allreduce_rmsnorm import MAX_ROWS, ArNormLayout, allreduce_add_rmsnorm
+
+    g = torch.Generator().manual_seed(0)
+    for world in (2, 4):
+        exchange(world, g)
+    layout = ArNormLayout(2, 1 << 20)
+    assert layout.max_rows(96 * 4) == MAX_ROWS and layout.max_rows(8192) < MAX_ROWS
     assert ArNormLayout(2, 8 << 20).max_rows(4096 * 2) == 256 and ArNormLayout(4, 8 << 20).max_rows(4096 * 2) == 128
     assert layout.max_rows(6) == 0  # rows of 3 halves: not whole 16-byte vectors
     with pytest.raises(ValueError, match="do not fit"):
-        allreduce_add_rmsnorm(torch.zeros(MAX_ROWS + 1, h), torch.zeros(MAX_ROWS + 1, h),
-                              weight, eps, ptrs, epochs[0], 0, layout)
+        allreduce_add_rmsnorm(torch.zeros(MAX_ROWS + 1, 96), torch.zeros(MAX_ROWS + 1, 96), torch.ones(96), 1e-6,
+                              torch.zeros(2, dtype=torch.int64), torch.zeros(MAX_ROWS, dtype=torch.int32), 0, layout)
     print(MARKER)
 
 
