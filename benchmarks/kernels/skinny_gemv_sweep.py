@@ -10,7 +10,10 @@ partly from L2, up to 5.08 TB/s).
 
 Prints, per shape, the candidates' best, the grid's best and cuBLAS in us and TB/s, and writes skinny_gemv_sweep.json
 to --out (default $OUT, else the current directory). A grid tile faster than every candidate by --margin on a shape
-that matters is one to add to _CONFIGS (the autotuner keeps choosing per shape at start-up). Needs CUDA."""
+that matters is one to add to _CONFIGS (the autotuner keeps choosing per shape at start-up). Then, at the
+candidates' best tile, each prologue (PrologueKind: the norm a step fuses into qkv and gate_up at one row, the
+SiLU-and-mul into down) against none: the step's GEMVs took 3,974 us at batch 1 on an H200 where these shapes' cold
+plain GEMVs add up to about 3,600 (multi_gpu/h200x2/multi_tp_profile_fused). Needs CUDA."""
 from __future__ import annotations
 
 import argparse
@@ -54,18 +57,24 @@ def graph_us(fn, reps: int = 15, inner: int = 20) -> float:
     return statistics.median(times)
 
 
-def launcher(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
+def launcher(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, pro: int = 0):
+    """The skinny kernel at one row on x (1, K), or with prologue `pro` (PrologueKind's values; SILU_MUL reads x's
+    first 2K columns as [gate | up]: x must hold them), as skinny_linear launches it."""
     import triton
 
     from radixlm.runtime.kernels.gemm.skinny_gemm import _skinny_kernel
 
     n, k = w.shape
+    norm_w = torch.ones(k, device=w.device, dtype=w.dtype) if pro in (1, 2) else w
+    residual = torch.zeros(1, k, device=w.device, dtype=w.dtype) if pro == 2 else w
+    residual_out = torch.empty(1, k, device=w.device, dtype=w.dtype) if pro == 2 else w
+    eps = 1e-5 if pro in (1, 2) else 0.0
 
     def launch(bn: int, bk: int, warps: int, stages: int):
         _skinny_kernel.fn[(triton.cdiv(n, bn),)](
-            x, w, w, y, w, w, w, w, w, w, w, w, n, k, x.stride(0), w.stride(0), y.stride(0), 0, 0.0, 0, 0, 0, 0, 0,
-            1.0, 1.0, M=1, HAS_BIAS=False, PRO=0, EPI=False, HEAD_DIM=0, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-            num_stages=stages)
+            x, w, w, y, norm_w, residual, residual_out, w, w, w, w, w, n, k, x.stride(0), w.stride(0), y.stride(0),
+            residual.stride(0) if pro == 2 else 0, eps, 0, 0, 0, 0, 0, 1.0, 1.0, M=1, HAS_BIAS=False, PRO=pro,
+            EPI=False, HEAD_DIM=0, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
     return launch
 
 
@@ -114,6 +123,17 @@ def main(argv: list[str] | None = None) -> int:
         cand = {str(t): timed[str(t)] for t in candidates if str(t) in timed}
         row["candidates_best"] = min(cand, key=cand.get)
         row["grid_best"] = min(timed, key=timed.get)
+        # The prologues at the candidates' best tile: what a step's fused norm (1, 2) or SiLU-and-mul (3) costs
+        # over the plain GEMV (x2: [gate | up] for 3, as the down projection reads it).
+        x2 = torch.randn(1, 2 * k, device="cuda", dtype=torch.bfloat16)
+        tile = next(t for t in candidates if str(t) == row["candidates_best"])
+        row["prologue_us"] = {}
+        for pro in (0, 1, 2, 3):
+            fns = [launcher(x2 if pro == 3 else x, w, y, pro) for w in ws]
+            row["prologue_us"][pro] = graph_us(cold(lambda i: fns[i](*tile)), inner=copies)
+        print(f"{name:12s} prologues at {tile}: none {row['prologue_us'][0]:.1f} us, rmsnorm "
+              f"{row['prologue_us'][1]:.1f}, add + rmsnorm {row['prologue_us'][2]:.1f}, silu * up "
+              f"{row['prologue_us'][3]:.1f}", flush=True)
         tbps = lambda us: nbytes / us / 1e6  # noqa: E731
         print(f"{name:12s} {nbytes / 1e6:7.1f} MB  read {row['read_us']:7.1f} us {tbps(row['read_us']):.2f} TB/s  "
               f"cuBLAS {row['cublas_us']:7.1f} ({tbps(row['cublas_us']):.2f})  candidates' best "

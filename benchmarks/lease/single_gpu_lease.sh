@@ -49,6 +49,8 @@
 #   bash benchmarks/lease/single_gpu_lease.sh hicache_sgl # the same off/on on SGLang's bench_multiturn turn shape
 #   bash benchmarks/lease/single_gpu_lease.sh pdl       # issue 56: a decode step's GEMV chain with and without
 #                                                 # programmatic dependent launch (~1 min)
+#   bash benchmarks/lease/single_gpu_lease.sh gemv      # issue 56: the skinny GEMM's tiles and prologues at one row,
+#                                                 # cold weights (not run yet; its L2-warm first version took 49 s)
 #   SKIP="determ_profile determ_memory" bash ... determ # any part, leaving out the steps named
 #   bash benchmarks/lease/single_gpu_lease.sh lora      # issue 53: LoRA CUDA tests, decode-kernel sweep, offline and served runs
 #   bash benchmarks/lease/single_gpu_lease.sh mla [bench] # issue 51: MLA kernels' tests, decode sweep, extend
@@ -58,7 +60,7 @@
 # Results land in $OUT (JSON, markdown, PNG and each step's whole log). The first sessions' call plan, the
 # estimates and the dry-run record: benchmarks/lease/README.md.
 set -uo pipefail
-part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|p19vlm|spec|specpair|vlm|determ|deepseek|lora|mla|hicache|hicache_sgl|pdl (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
+part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|p19vlm|spec|specpair|vlm|determ|deepseek|lora|mla|hicache|hicache_sgl|pdl|gemv (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
 DRY=${DRY:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 if [ "$DRY" = 1 ]; then
@@ -351,6 +353,11 @@ pdl)
   banner
   if [ "$DRY" = 1 ]; then TAIL=4 step pdl_chain 120 $PY benchmarks/kernels/pdl_chain.py --dry; else
   TAIL=12 step pdl_chain 200 $PY benchmarks/kernels/pdl_chain.py --out "$OUT"; fi ;;
+gemv)
+  # issue 56: the skinny GEMM's tiles and prologues at one row on cold weights (8B shapes, TP=1 and a TP=2 rank's)
+  banner
+  if [ "$DRY" = 1 ]; then echo "gemv: needs CUDA"; else
+  TAIL=16 step skinny_gemv_sweep 300 $PY benchmarks/kernels/skinny_gemv_sweep.py --out "$OUT"; fi ;;
 *) echo "unknown part $part" >&2; exit 2 ;;
 esac
 [ "$part" = prepare ] || ls -la "$OUT"
