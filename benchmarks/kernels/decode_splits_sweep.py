@@ -21,36 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
+from benchmarks.lib.gpu_timing import graph_us, tree, wall_us  # noqa: E402
+
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 
 
-def graph_us(fn, device: str, reps: int) -> float:
-    """Median us of one replay of fn captured in a CUDA graph (eager wall clock on the CPU)."""
-    import statistics
-    import time
-
-    if device != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e6
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 100)  # ms for 10 replays -> us for one
-    return statistics.median(times)
-
-
-def case(bs: int, ctx: int, device: str, reps: int, chunk_programs: int, bandwidth: float) -> dict:
+def case(bs: int, ctx: int, device: str, chunk_programs: int, bandwidth: float) -> dict:
     from radixlm.runtime.kernels.attention import decode_splits
     from radixlm.runtime.kernels.attention.decode import decode_attention
     from radixlm.runtime.kernels.attention.decode_work import decode_work_list
@@ -94,7 +70,8 @@ def case(bs: int, ctx: int, device: str, reps: int, chunk_programs: int, bandwid
         try:
             out = run(**kw)
             row["max_abs_diff"][name] = float((out.float() - want.float()).abs().max())
-            row["us"][name] = graph_us(lambda: run(**kw), device, reps)
+            timer = graph_us if device == "cuda" else wall_us  # one call a replay (the KV differs by the case)
+            row["us"][name] = timer(lambda i: run(**kw), 1)
         finally:
             decode_splits.DECODE_TARGET_PROGRAMS = saved
     best = min(row["us"], key=row["us"].get)
@@ -113,17 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-programs", type=int, default=1024,
                     help="the chunked probe's DECODE_TARGET_PROGRAMS (the default policy's: 256)")
     ap.add_argument("--bandwidth", type=float, default=4.27e12, help="bytes/s of the floor (H200 copy: 4.27 TB/s)")
-    ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--dry", action="store_true", help="tiny shapes under the interpreter (the script's own check)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.dry:
-        args.batches, args.contexts, args.reps = [2, 40], [70], 1
-    rows = [case(bs, ctx, device, args.reps, args.chunk_programs, args.bandwidth)
+        args.batches, args.contexts = [2, 40], [70]
+    rows = [case(bs, ctx, device, args.chunk_programs, args.bandwidth)
             for ctx in args.contexts for bs in args.batches]
     result = {"benchmark": "decode attention's split policy at batch 16-64", "device": (
-        torch.cuda.get_device_name() if device == "cuda" else "cpu"), "torch": torch.__version__,
+        torch.cuda.get_device_name() if device == "cuda" else "cpu"), "torch": torch.__version__, "tree": tree(),
         "command": " ".join(["benchmarks/kernels/decode_splits_sweep.py", *(argv or sys.argv[1:])]), "rows": rows}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     path = Path(args.out) / "decode_splits_sweep.json"
