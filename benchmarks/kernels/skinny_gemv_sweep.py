@@ -12,8 +12,10 @@ Prints, per shape, the candidates' best, the grid's best and cuBLAS in us and TB
 to --out (default $OUT, else the current directory). A grid tile faster than every candidate by --margin on a shape
 that matters is one to add to _CONFIGS (the autotuner keeps choosing per shape at start-up). Then, at the
 candidates' best tile, each prologue (PrologueKind: the norm a step fuses into qkv and gate_up at one row, the
-SiLU-and-mul into down) against none: the step's GEMVs took 3,974 us at batch 1 on an H200 where these shapes' cold
-plain GEMVs add up to about 3,600 (multi_gpu/h200x2/multi_tp_profile_fused). Needs CUDA."""
+SiLU-and-mul into down) against none, and the norm's loop unrolled 8 times (NORM_UNROLL: its x and residual loads in
+flight together instead of one L2 round trip per BLOCK_K before the first weight load): the step's GEMVs took 3,974
+us at batch 1 on an H200 where these shapes' plain GEMVs add up to about 3,600 read cold
+(multi_gpu/h200x2/multi_tp_profile_fused). Needs CUDA."""
 from __future__ import annotations
 
 import argparse
@@ -39,9 +41,10 @@ LAYER_CALLS = {"qkv": 32, "o_proj": 32, "gate_up": 32, "down": 32, "lm_head": 1}
 GRID = dict(block_n=(4, 8, 16), block_k=(256, 512, 1024, 2048), warps=(4, 8), stages=(2, 3, 4))
 
 
-def launcher(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, pro: int = 0):
+def launcher(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, pro: int = 0, norm_unroll: int = 1):
     """The skinny kernel at one row on x (1, K), or with prologue `pro` (PrologueKind's values; SILU_MUL reads x's
-    first 2K columns as [gate | up]: x must hold them), as skinny_linear launches it."""
+    first 2K columns as [gate | up]: x must hold them), as skinny_linear launches it; norm_unroll: the norm's loop
+    unrolled that many times (its loads in flight together; skinny_linear's default 1)."""
     import triton
 
     from radixlm.runtime.kernels.gemm.skinny_gemm import _skinny_kernel
@@ -56,7 +59,7 @@ def launcher(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, pro: int = 0):
         _skinny_kernel.fn[(triton.cdiv(n, bn),)](
             x, w, w, y, norm_w, residual, residual_out, w, w, w, w, w, n, k, x.stride(0), w.stride(0), y.stride(0),
             residual.stride(0) if pro == 2 else 0, eps, 0, 0, 0, 0, 0, 1.0, 1.0, M=1, HAS_BIAS=False, PRO=pro,
-            EPI=False, HEAD_DIM=0, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+            EPI=False, HEAD_DIM=0, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, NORM_UNROLL=norm_unroll)
     return launch
 
 
@@ -105,12 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         x2 = torch.randn(1, 2 * k, device="cuda", dtype=torch.bfloat16)
         tile = next(t for t in candidates if str(t) == row["candidates_best"])
         row["prologue_us"] = {}
-        for pro in (0, 1, 2, 3):
-            fns = [launcher(x2 if pro == 3 else x, w, y, pro) for w in ws]
-            row["prologue_us"][pro] = graph_us(lambda i: fns[i](*tile), copies)
-        print(f"{name:12s} prologues at {tile}: none {row['prologue_us'][0]:.1f} us, rmsnorm "
-              f"{row['prologue_us'][1]:.1f}, add + rmsnorm {row['prologue_us'][2]:.1f}, silu * up "
-              f"{row['prologue_us'][3]:.1f}", flush=True)
+        for label, pro, unroll in (("none", 0, 1), ("rmsnorm", 1, 1), ("add_rmsnorm", 2, 1), ("silu_mul", 3, 1),
+                                   ("rmsnorm_unroll8", 1, 8), ("add_rmsnorm_unroll8", 2, 8)):
+            fns = [launcher(x2 if pro == 3 else x, w, y, pro, unroll) for w in ws]
+            row["prologue_us"][label] = graph_us(lambda i: fns[i](*tile), copies)
+        print(f"{name:12s} prologues at {tile}: " + ", ".join(f"{k} {v:.1f}" for k, v in row["prologue_us"].items())
+              + " us", flush=True)
         tbps = lambda us: nbytes / us / 1e6  # noqa: E731
         print(f"{name:12s} {nbytes / 1e6:7.1f} MB  read {row['read_us']:7.1f} us {tbps(row['read_us']):.2f} TB/s  "
               f"cuBLAS {row['cublas_us']:7.1f} ({tbps(row['cublas_us']):.2f})  candidates' best "

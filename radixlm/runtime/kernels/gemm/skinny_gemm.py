@@ -59,9 +59,9 @@ def _bench(kernel_call, quantiles):
 
 
 @triton.jit
-def _inv_rms(X, R, K, eps, PRO: tl.constexpr, BLOCK_K: tl.constexpr):
+def _inv_rms(X, R, K, eps, PRO: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr):
     acc = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, K, BLOCK_K, loop_unroll_factor=UNROLL):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(X + k, mask=k < K, other=0.0)
         if PRO == 2:
@@ -114,7 +114,8 @@ def _rotary_store(y, Y, offs_n, head0, j0, Pos, CosSin, Loc, KBuf, VBuf, n_q, n_
 def _skinny_kernel(X, W, B, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, N, K, stride_xm, stride_wn, stride_ym,
                    stride_rm, eps, n_q, n_kv, stride_cs, stride_kb, stride_vb, k_scale, v_scale,
                    M: tl.constexpr, HAS_BIAS: tl.constexpr, PRO: tl.constexpr, EPI: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   NORM_UNROLL: tl.constexpr = 1):
     pid = tl.program_id(0)
     res_end = tl.where(pid == 0, K, 0)
     if EPI:  # BLOCK_N // 2 dims of a head's first half and the same dims of its second half
@@ -132,13 +133,15 @@ def _skinny_kernel(X, W, B, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, N, K, st
     inv2 = 1.0
     inv3 = 1.0
     if PRO == 1 or PRO == 2:  # every program computes the rows' norms (a few KiB each, from L2)
-        inv0 = _inv_rms(X, R, K, eps, PRO, BLOCK_K)
+        inv0 = _inv_rms(X, R, K, eps, PRO, BLOCK_K, NORM_UNROLL)
         if M > 1:
-            inv1 = _inv_rms(X + stride_xm, R + stride_rm, K, eps, PRO, BLOCK_K)
+            inv1 = _inv_rms(X + stride_xm, R + stride_rm, K, eps, PRO, BLOCK_K, NORM_UNROLL)
         if M > 2:
-            inv2 = _inv_rms(X + 2 * stride_xm, R + 2 * stride_rm, K, eps, PRO, BLOCK_K)
+            inv2 = _inv_rms(X + 2 * stride_xm, R + 2 * stride_rm, K, eps, PRO, BLOCK_K,
+                            NORM_UNROLL)
         if M > 3:
-            inv3 = _inv_rms(X + 3 * stride_xm, R + 3 * stride_rm, K, eps, PRO, BLOCK_K)
+            inv3 = _inv_rms(X + 3 * stride_xm, R + 3 * stride_rm, K, eps, PRO, BLOCK_K,
+                            NORM_UNROLL)
     acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
