@@ -45,6 +45,7 @@ SLOW_MODULES = {
     "router/test_e2e.py": 170,
     "engine/test_parity_qwen.py": 115,
     "engine/test_parity.py": 110,
+    "engine/test_constrained.py": 100,  # six engines (its grammar modes), ~100 s in each of 2026-11-30's runs
     "server/test_openapi_fuzz.py": 80,
     "lang/backend/test_api_speculative_e2e.py": 60,
     "server/test_watchdog.py": 55,
