@@ -66,7 +66,8 @@ def launcher(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, pro: int = 0, no
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    ap.add_argument("--margin", type=float, default=0.03)
+    ap.add_argument("--margin", type=float, default=0.03, help="a grid tile this much faster than the candidates is "
+                                                                   "flagged")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         cand = {str(t): timed[str(t)] for t in candidates if str(t) in timed}
         row["candidates_best"] = min(cand, key=cand.get)
         row["grid_best"] = min(timed, key=timed.get)
+        row["grid_gain"] = cand[row["candidates_best"]] / timed[row["grid_best"]] - 1
         # The prologues at the candidates' best tile: what a step's fused norm (1, 2) or SiLU-and-mul (3) costs
         # over the plain GEMV (x2: [gate | up] for 3, as the down projection reads it).
         x2 = torch.randn(1, 2 * k, device="cuda", dtype=torch.bfloat16)
@@ -118,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:12s} {nbytes / 1e6:7.1f} MB  read {row['read_us']:7.1f} us {tbps(row['read_us']):.2f} TB/s  "
               f"cuBLAS {row['cublas_us']:7.1f} ({tbps(row['cublas_us']):.2f})  candidates' best "
               f"{cand[row['candidates_best']]:7.1f} ({tbps(cand[row['candidates_best']]):.2f}) {row['candidates_best']}"
-              f"  grid's best {timed[row['grid_best']]:7.1f} ({tbps(timed[row['grid_best']]):.2f}) {row['grid_best']}",
-              flush=True)
+              f"  grid's best {timed[row['grid_best']]:7.1f} ({tbps(timed[row['grid_best']]):.2f}) {row['grid_best']}"
+              + ("  <- a tile to add" if row["grid_gain"] > args.margin else ""), flush=True)
         rows.append(row)
     # Per grid tile, the batch-1 step time its tiles would save across the TP=1 shapes if the autotuner could pick it.
     step = {}
