@@ -47,8 +47,6 @@
 #   bash benchmarks/lease/single_gpu_lease.sh hicache   # issue 54: hicache CUDA tests, host work per round (null
 #                                                 # runner), copies, multi-turn off/on (~3 min)
 #   bash benchmarks/lease/single_gpu_lease.sh hicache_sgl # the same off/on on SGLang's bench_multiturn turn shape
-#   bash benchmarks/lease/single_gpu_lease.sh pdl       # issue 56: a decode step's GEMV chain with and without
-#                                                 # programmatic dependent launch (~1 min)
 #   bash benchmarks/lease/single_gpu_lease.sh gemv      # issue 56: the skinny GEMM's tiles and prologues at one row,
 #                                                 # cold weights (not run yet; its L2-warm first version took 49 s)
 #   SKIP="determ_profile determ_memory" bash ... determ # any part, leaving out the steps named
@@ -60,7 +58,7 @@
 # Results land in $OUT (JSON, markdown, PNG and each step's whole log). The first sessions' call plan, the
 # estimates and the dry-run record: benchmarks/lease/README.md.
 set -uo pipefail
-part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|p19vlm|spec|specpair|vlm|determ|deepseek|lora|mla|hicache|hicache_sgl|pdl|gemv (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
+part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|p19vlm|spec|specpair|vlm|determ|deepseek|lora|mla|hicache|hicache_sgl|gemv (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
 DRY=${DRY:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 if [ "$DRY" = 1 ]; then
@@ -348,11 +346,6 @@ hicache_sgl)
                          --max-total-tokens 512 --hicache-ratio 3.5)
   TAIL=24 step hicache_sgl 260 $PY benchmarks/serving/hicache_multiturn.py "${sgl[@]}" --pass-clock \
     --out "$OUT/hicache_multiturn_sgl_shape.json" ;;
-pdl)
-  # issue 56: whether PDL pays between the GEMVs of a batch-1 decode step (8B shapes, 32 layers, one CUDA graph)
-  banner
-  if [ "$DRY" = 1 ]; then TAIL=4 step pdl_chain 120 $PY benchmarks/kernels/pdl_chain.py --dry; else
-  TAIL=12 step pdl_chain 200 $PY benchmarks/kernels/pdl_chain.py --out "$OUT"; fi ;;
 gemv)
   # issue 56: the skinny GEMM's tiles and prologues at one row on cold weights (8B shapes, TP=1 and a TP=2 rank's)
   banner
