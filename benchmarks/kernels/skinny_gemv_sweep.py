@@ -9,13 +9,17 @@ partly from L2, up to 5.08 TB/s).
     python benchmarks/kernels/skinny_gemv_sweep.py [--out DIR]
 
 Prints, per shape, the candidates' best, the grid's best and cuBLAS in us and TB/s, and writes skinny_gemv_sweep.json
-to --out (default $OUT, else the current directory). A grid tile faster than every candidate by --margin on a shape
-that matters is one to add to _CONFIGS (the autotuner keeps choosing per shape at start-up). Then, at the
-candidates' best tile, each prologue (PrologueKind: the norm a step fuses into qkv and gate_up at one row, the
-SiLU-and-mul into down) against none, and the norm's loop unrolled 8 times (NORM_UNROLL: its x and residual loads in
-flight together instead of one L2 round trip per BLOCK_K before the first weight load): the step's GEMVs took 3,974
-us at batch 1 on an H200 where these shapes' plain GEMVs add up to about 3,600 read cold
-(multi_gpu/h200x2/multi_tp_profile_fused). Needs CUDA."""
+(skinny_prologues.json with --prologues-only) to --out (default $OUT, else the current directory). A grid tile
+faster than every candidate by --margin on a shape that matters is one to add to _CONFIGS (the autotuner keeps
+choosing per shape at start-up). Then each prologue (PrologueKind: the norm a step fuses into qkv and gate_up at one
+row, the SiLU-and-mul into down) against none, each at the best of the candidates (what the autotuner would pick), and the
+norms also `narrow` (NORM_BLOCK = BLOCK_K: the norm's loop in BLOCK_K-wide steps, each an L2 round trip before the
+first weight load; the kernel's default is 4,096-wide steps). The first cold run (skinny_gemv_sweep.json) found the
+fused norm costing 3-6 us over the plain GEMV at the plain GEMV's tile (gate_up 58.9 -> 65.1 us with the residual
+add), and unrolling the norm's loop 8 times did not help; the second (skinny_prologues.json) measured the wide norm
+(gate_up's add-and-norm 63.6 -> 61.6 us) and a register double buffer with the first weight tile loaded before the
+norm (slower everywhere: 68.5; dropped). The step's GEMVs took 3,974 us at batch 1
+on an H200 (multi_gpu/h200x2/multi_tp_profile_fused). Needs CUDA."""
 from __future__ import annotations
 
 import argparse
@@ -41,10 +45,10 @@ LAYER_CALLS = {"qkv": 32, "o_proj": 32, "gate_up": 32, "down": 32, "lm_head": 1}
 GRID = dict(block_n=(4, 8, 16), block_k=(256, 512, 1024, 2048), warps=(4, 8), stages=(2, 3, 4))
 
 
-def launcher(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, pro: int = 0, norm_unroll: int = 1):
+def launcher(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, pro: int = 0, narrow: bool = False):
     """The skinny kernel at one row on x (1, K), or with prologue `pro` (PrologueKind's values; SILU_MUL reads x's
-    first 2K columns as [gate | up]: x must hold them), as skinny_linear launches it; norm_unroll: the norm's loop
-    unrolled that many times (its loads in flight together; skinny_linear's default 1)."""
+    first 2K columns as [gate | up]: x must hold them), as skinny_linear launches it; narrow: the norm's steps
+    BLOCK_K wide (NORM_BLOCK; skinny_linear: the kernel's default)."""
     import triton
 
     from radixlm.runtime.kernels.gemm.skinny_gemm import _skinny_kernel
@@ -59,8 +63,15 @@ def launcher(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, pro: int = 0, no
         _skinny_kernel.fn[(triton.cdiv(n, bn),)](
             x, w, w, y, norm_w, residual, residual_out, w, w, w, w, w, n, k, x.stride(0), w.stride(0), y.stride(0),
             residual.stride(0) if pro == 2 else 0, eps, 0, 0, 0, 0, 0, 1.0, 1.0, M=1, HAS_BIAS=False, PRO=pro,
-            EPI=False, HEAD_DIM=0, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, NORM_UNROLL=norm_unroll)
+            EPI=False, HEAD_DIM=0, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+            **({"NORM_BLOCK": bk} if narrow else {}))
     return launch
+
+
+def prologue_variants() -> dict[str, tuple[int, bool]]:
+    """label: (PRO, narrow)."""
+    return {"none": (0, False), "rmsnorm": (1, False), "rmsnorm_narrow": (1, True), "add_rmsnorm": (2, False),
+            "add_rmsnorm_narrow": (2, True), "silu_mul": (3, False)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--margin", type=float, default=0.03, help="a grid tile this much faster than the candidates is "
                                                                    "flagged")
+    ap.add_argument("--prologues-only", action="store_true", help="the candidates only, no grid: the prologues' run")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -90,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         row = {"shape": name, "n": n, "k": k, "bytes": nbytes, "copies": copies, "tiles": {}}
         row["read_us"] = graph_us(lambda i: ws[i].sum(dtype=torch.float32), copies)
         row["cublas_us"] = graph_us(lambda i: torch.nn.functional.linear(x, ws[i]), copies)
-        for tile in dict.fromkeys(candidates + grid):
+        for tile in dict.fromkeys(candidates + ([] if args.prologues_only else grid)):
             try:
                 launches[0](*tile)
                 torch.cuda.synchronize()
@@ -105,17 +117,16 @@ def main(argv: list[str] | None = None) -> int:
         row["candidates_best"] = min(cand, key=cand.get)
         row["grid_best"] = min(timed, key=timed.get)
         row["grid_gain"] = cand[row["candidates_best"]] / timed[row["grid_best"]] - 1
-        # The prologues at the candidates' best tile: what a step's fused norm (1, 2) or SiLU-and-mul (3) costs
-        # over the plain GEMV (x2: [gate | up] for 3, as the down projection reads it).
+        # Each prologue variant at the best of the candidates (x2: [gate | up] for 3, as the down projection reads it).
         x2 = torch.randn(1, 2 * k, device="cuda", dtype=torch.bfloat16)
-        tile = next(t for t in candidates if str(t) == row["candidates_best"])
-        row["prologue_us"] = {}
-        for label, pro, unroll in (("none", 0, 1), ("rmsnorm", 1, 1), ("add_rmsnorm", 2, 1), ("silu_mul", 3, 1),
-                                   ("rmsnorm_unroll8", 1, 8), ("add_rmsnorm_unroll8", 2, 8)):
-            fns = [launcher(x2 if pro == 3 else x, w, y, pro, unroll) for w in ws]
-            row["prologue_us"][label] = graph_us(lambda i: fns[i](*tile), copies)
-        print(f"{name:12s} prologues at {tile}: " + ", ".join(f"{k} {v:.1f}" for k, v in row["prologue_us"].items())
-              + " us", flush=True)
+        row["prologue_us"], row["prologue_tile"] = {}, {}
+        for label, (pro, narrow) in prologue_variants().items():
+            fns = [launcher(x2 if pro == 3 else x, w, y, pro, narrow) for w in ws]
+            best = {t: graph_us(lambda i: fns[i](*t), copies) for t in candidates}
+            tile = min(best, key=best.get)
+            row["prologue_us"][label], row["prologue_tile"][label] = best[tile], str(tile)
+        print(f"{name:12s} prologues (best candidate each): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in row["prologue_us"].items()) + " us", flush=True)
         tbps = lambda us: nbytes / us / 1e6  # noqa: E731
         print(f"{name:12s} {nbytes / 1e6:7.1f} MB  read {row['read_us']:7.1f} us {tbps(row['read_us']):.2f} TB/s  "
               f"cuBLAS {row['cublas_us']:7.1f} ({tbps(row['cublas_us']):.2f})  candidates' best "
@@ -141,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
               "tile_fields": ["BLOCK_N", "BLOCK_K", "num_warps", "num_stages"], "candidates": candidates,
               "rows": rows, "step_saving_us_if_added": dict(best_add)}
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "skinny_gemv_sweep.json").write_text(json.dumps(result, indent=1))
+    name = "skinny_prologues.json" if args.prologues_only else "skinny_gemv_sweep.json"
+    (Path(args.out) / name).write_text(json.dumps(result, indent=1))
     return 0
 
 

@@ -35,6 +35,9 @@
 #                                                  # $OUT and installed over the tree's quant_gemv_<GPU>.json), then
 #                                                  # the 8B model bf16 and w4a16 with that table (as `model`)
 #   DRY=1 DRY_OUT=/tmp/w4big bash benchmarks/lease/quant_lease.sh w4big   # its logic on the CPU (interpreter)
+#   BUDGET_S=300 bash benchmarks/lease/quant_lease.sh profile [FMT...]   # the decode step's kernels per format at
+#                                                  # PROFILE_BATCHES (default 1): profiling/profile_gpu_step.py --quant
+#                                                  # (default formats: fp8 w4a16; ~90-150 s each with a cold cache)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/../lib/env.sh"
@@ -46,7 +49,14 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-100000}))  # BUDGET_S: no step past it (each step's limit is cut to it)
 PACK=$FINAL_OUT/quant_lease.tar
 step() { budget_step "$@"; }  # env.sh
-case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4big | gemv | mma | fp8mma} in
+case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4big | gemv | mma | fp8mma | profile [FMT...]} in
+profile)
+  shift
+  for f in ${@:-fp8 w4a16}; do
+    TAIL=45 step "profile_$f" 200 $PY benchmarks/profiling/profile_gpu_step.py --quant "$f" \
+      --batches ${PROFILE_BATCHES:-1} --steps 32 --top 40 --out "$OUT/profile_$f.json"
+  done
+  ;;
 gemv|mma|fp8mma)
   kind=$1 test=test_quant_gemv.py sweep_s=330 limit=420
   [ "$kind" = mma ] && test=test_int4_mma.py sweep_s=230 limit=320

@@ -48,7 +48,8 @@
 #                                                 # runner), copies, multi-turn off/on (~3 min)
 #   bash benchmarks/lease/single_gpu_lease.sh hicache_sgl # the same off/on on SGLang's bench_multiturn turn shape
 #   bash benchmarks/lease/single_gpu_lease.sh gemv      # issue 56: the skinny GEMM's tiles and prologues at one row,
-#                                                 # cold weights (not run yet; its L2-warm first version took 49 s)
+#                                                 # cold weights (87 s; SKINNY_ARGS="--prologues-only": the
+#                                                 # prologue variants alone)
 #   SKIP="determ_profile determ_memory" bash ... determ # any part, leaving out the steps named
 #   bash benchmarks/lease/single_gpu_lease.sh lora      # issue 53: LoRA CUDA tests, decode-kernel sweep, offline and served runs
 #   bash benchmarks/lease/single_gpu_lease.sh mla [bench] # issue 51: MLA kernels' tests, decode sweep, extend
@@ -350,7 +351,7 @@ gemv)
   # issue 56: the skinny GEMM's tiles and prologues at one row on cold weights (8B shapes, TP=1 and a TP=2 rank's)
   banner
   if [ "$DRY" = 1 ]; then echo "gemv: needs CUDA"; else
-  TAIL=16 step skinny_gemv_sweep 300 $PY benchmarks/kernels/skinny_gemv_sweep.py --out "$OUT"; fi ;;
+  TAIL=16 step skinny_gemv_sweep 300 $PY benchmarks/kernels/skinny_gemv_sweep.py ${SKINNY_ARGS:-} --out "$OUT"; fi ;;
 *) echo "unknown part $part" >&2; exit 2 ;;
 esac
 [ "$part" = prepare ] || ls -la "$OUT"

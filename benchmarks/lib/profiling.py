@@ -114,6 +114,27 @@ def step_kernels(engine, src: PromptSource, batch: int, steps: int, top: int = 1
             "kernels": [{"name": n[:120], "us_per_step": v, "launches_per_step": launches[n]} for n, v in ranked]}
 
 
+def pass_clock(engine, src: PromptSource, batch: int, steps: int) -> dict:
+    """The same decode steps under PassClock: each decode pass's device time (CUDA events around its launch) and the
+    idle gap before it, medians, and the host's plan / launch / process seconds per step. A gap near zero with busy
+    below wall in step_kernels points at gaps inside the pass (between a graph's kernels); a large one at the host."""
+    import statistics
+
+    from benchmarks.lib.engine import greedy
+
+    clock = PassClock(engine)
+    try:
+        engine.generate(input_ids=[src.ids(512) for _ in range(batch)], sampling_params=greedy(1 + steps))
+        passes = [p for p in clock.passes() if not p["prefill"]]
+    finally:
+        clock.detach()
+    gaps = [p["gap_us"] for p in passes if p["gap_us"] is not None]
+    return {"decode_passes": len(passes),
+            "pass_us_median": statistics.median(p["pass_us"] for p in passes) if passes else None,
+            "gap_us_median": statistics.median(gaps) if gaps else None,
+            "host_us_per_step": {k: v / max(len(passes), 1) * 1e6 for k, v in clock.host.items()}}
+
+
 def step_profile(engine, src: PromptSource, batch: int, steps: int = 32) -> dict:
     """Where rank 0's decode step goes, by host timers (torch.profiler crashed the process on nvidia-h200-x2): the
     scheduler's own work per step, and the part of it spent waiting for the device's results. Waiting near zero: the

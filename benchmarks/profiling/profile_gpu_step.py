@@ -26,8 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.lib.engine import close, force_choices, greedy, make_engine  # noqa: E402
-from benchmarks.lib.models import model_dir, tiny_model_dir  # noqa: E402
-from benchmarks.lib.profiling import attention_us, kernel_times, step_kernels  # noqa: E402
+from benchmarks.lib.models import QUANT_FORMATS, quantized_model_dir, tiny_model_dir  # noqa: E402
+from benchmarks.lib.profiling import attention_us, kernel_times, pass_clock, step_kernels  # noqa: E402
 from radixlm.bench.datasets import PromptSource  # noqa: E402
 from radixlm.runtime.kernels.gemm import format_gemm_choices  # noqa: E402
 
@@ -40,8 +40,8 @@ def prefill_kernels(engine, src: PromptSource, tokens: int, top: int) -> dict:
             "kernels": [{"name": n[:120], "us": v, "launches": calls[n]} for n, v in ranked]}
 
 
-def profile_mode(path: str, src: PromptSource, args, deterministic: bool) -> dict:
-    kw = {"max_running_requests": max(args.batches), "enable_deterministic_inference": deterministic}
+def profile_mode(path: str, src: PromptSource, args, deterministic: bool, quant_args: dict) -> dict:
+    kw = {"max_running_requests": max(args.batches), "enable_deterministic_inference": deterministic, **quant_args}
     if args.tiny:
         from radixlm import Engine
 
@@ -56,10 +56,13 @@ def profile_mode(path: str, src: PromptSource, args, deterministic: bool) -> dic
             print("few-row GEMMs (rows or padded rows: kernel layers):", format_gemm_choices(mode["gemm_choices"]))
         for b in args.batches:
             row = step_kernels(engine, src, b, args.steps, args.top)
+            row["pass_clock"] = pc = pass_clock(engine, src, b, args.steps)
             mode["batches"].append(row)
             print(f"deterministic {'on' if deterministic else 'off'}, batch {b}: wall {row['wall_us_per_step']:8.1f} "
                   f"us/step, GPU busy {row['gpu_busy_us_per_step']:8.1f} us (attention "
                   f"{row['attention_us_per_step']:7.1f}), idle {row['idle_us_per_step']:7.1f} us")
+            print(f"   pass clock: {pc['decode_passes']} decode passes, median {pc['pass_us_median']} us, gap before "
+                  f"{pc['gap_us_median']} us; host us/step {({k: round(v, 1) for k, v in pc['host_us_per_step'].items()})}")
             for k in row["kernels"]:
                 print(f"   {k['us_per_step']:8.1f} us  x{k['launches_per_step']:5.1f}  {k['name'][:100]}")
         if args.prefill:
@@ -84,24 +87,26 @@ def main() -> None:
                    help="--enable-deterministic-inference off, on, or both (two engines, off first)")
     p.add_argument("--tiny", action="store_true", help="tiny random shapes on the CPU (a dry run)")
     p.add_argument("--out", default="benchmarks/results/profiling/profile_gpu_step.json")
+    p.add_argument("--quant", default="bf16", choices=list(QUANT_FORMATS),
+                   help="the weights' (or the KV cache's) format: benchmarks/lib/models.py QUANT_FORMATS")
     p.add_argument("--force", nargs="*", default=[], metavar="GEMM=skinny|cublas", help="start-up takes this kernel for these GEMMs instead of measuring (lib.engine.force_choices)")
     args = p.parse_args()
     if min(args.batches) < 1 or args.steps < 1 or args.top < 1 or args.prefill < 0:
         p.error("--batches, --steps and --top must be positive, --prefill at least 0")
     if args.force:
         force_choices(dict(f.split("=") for f in args.force))
-    path = tiny_model_dir() if args.tiny else model_dir()
+    path, quant_args = (tiny_model_dir(), {}) if args.tiny else quantized_model_dir(args.quant)
     from transformers import AutoTokenizer
 
     src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.deterministic]
-    result = {"model": "Llama-3.1-8B bf16 dummy" if not args.tiny else "tiny random Llama (CPU dry run)",
+    result = {"model": f"Llama-3.1-8B {args.quant} dummy" if not args.tiny else "tiny random Llama (CPU dry run)",
               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "steps": args.steps,
               "command": " ".join(["python", *sys.argv]), "forced": args.force,
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "modes": {}}
     try:
         for deterministic in modes:
-            result["modes"]["on" if deterministic else "off"] = profile_mode(path, src, args, deterministic)
+            result["modes"]["on" if deterministic else "off"] = profile_mode(path, src, args, deterministic, quant_args)
     finally:
         first = next(iter(result["modes"].values()), {})
         result["batches"] = first.get("batches", [])  # the first mode's steps, where earlier runs put them

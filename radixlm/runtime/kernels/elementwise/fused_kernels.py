@@ -118,36 +118,36 @@ def _rotary_kernel(Pos, CosSin, Q, K, V, Loc, KBuf, VBuf, stride_q, stride_k, st
                    stride_vb, num_q_heads, num_k_heads, k_scale, v_scale, HEAD_SIZE: tl.constexpr, HALF: tl.constexpr,
                    BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr, STORE: tl.constexpr):
     tok = tl.program_id(0)
+    which = tl.program_id(1)  # 0: the token's q heads; 1: its k heads (and with STORE the k and v stores)
     pos = tl.load(Pos + tok)
     offs_d = tl.arange(0, BLOCK_HALF)
     d_mask = offs_d < HALF
     cos = tl.load(CosSin + pos * stride_cs + offs_d, mask=d_mask, other=0.0)
     sin = tl.load(CosSin + pos * stride_cs + HALF + offs_d, mask=d_mask, other=0.0)
     offs_h = tl.arange(0, BLOCK_H)
+    if which == 0:
+        base = Q + tok * stride_q
+        heads = num_q_heads
+    else:
+        base = K + tok * stride_k
+        heads = num_k_heads
     if STORE:
         slot = tl.load(Loc + tok).to(tl.int64)
-    for which in tl.static_range(2):
-        if which == 0:
-            base = Q + tok * stride_q
-            heads = num_q_heads
-        else:
-            base = K + tok * stride_k
-            heads = num_k_heads
-        for h0 in range(0, heads, BLOCK_H):
-            h = h0 + offs_h
-            m = (h < heads)[:, None] & d_mask[None, :]
-            within = h[:, None] * HEAD_SIZE + offs_d[None, :]
-            ptr = base + within
-            x1 = tl.load(ptr, mask=m, other=0.0)
-            x2 = tl.load(ptr + HALF, mask=m, other=0.0)
-            o1, o2 = rotate_halves(x1, x2, cos[None, :], sin[None, :], False)  # (launched without fp fusion)
-            tl.store(ptr, o1, mask=m)
-            tl.store(ptr + HALF, o2, mask=m)
-            if STORE and which == 1:
-                kb = KBuf + slot * stride_kb + within
-                tl.store(kb, kv_cache_value(o1, k_scale, KBuf), mask=m)
-                tl.store(kb + HALF, kv_cache_value(o2, k_scale, KBuf), mask=m)
-    if STORE:  # v: whole heads, as _store_kv_kernel copies them
+    for h0 in range(0, heads, BLOCK_H):
+        h = h0 + offs_h
+        m = (h < heads)[:, None] & d_mask[None, :]
+        within = h[:, None] * HEAD_SIZE + offs_d[None, :]
+        ptr = base + within
+        x1 = tl.load(ptr, mask=m, other=0.0)
+        x2 = tl.load(ptr + HALF, mask=m, other=0.0)
+        o1, o2 = rotate_halves(x1, x2, cos[None, :], sin[None, :], False)  # (launched without fp fusion)
+        tl.store(ptr, o1, mask=m)
+        tl.store(ptr + HALF, o2, mask=m)
+        if STORE and which == 1:
+            kb = KBuf + slot * stride_kb + within
+            tl.store(kb, kv_cache_value(o1, k_scale, KBuf), mask=m)
+            tl.store(kb + HALF, kv_cache_value(o2, k_scale, KBuf), mask=m)
+    if STORE and which == 1:  # v: whole heads, as _store_kv_kernel copies them
         offs_full = tl.arange(0, 2 * BLOCK_HALF)
         for h0 in range(0, num_k_heads, BLOCK_H):
             h = h0 + offs_h
@@ -170,9 +170,10 @@ def rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_c
     half = head_size // 2
     q_heads, k_heads = q.shape[1] // head_size, k.shape[1] // head_size
     v, loc, k_buf, v_buf = store if store is not None else (k, positions, k, k)
-    # All heads of a token in one or two iterations: the launch, not the arithmetic, is what costs here.
+    # All heads of a token in one or two iterations: the launch and the loads' latency, not the arithmetic, are what
+    # cost here. Two programs a token (q; k with the stores) run the two halves of that latency side by side.
     block_h = min(triton.next_power_of_2(max(q_heads, k_heads)), max(1, 4096 // triton.next_power_of_2(half)))
-    _rotary_kernel[(n,)](positions, cos_sin_cache, q, k, v, loc, k_buf, v_buf, q.stride(0), k.stride(0), v.stride(0),
+    _rotary_kernel[(n, 2)](positions, cos_sin_cache, q, k, v, loc, k_buf, v_buf, q.stride(0), k.stride(0), v.stride(0),
                          cos_sin_cache.stride(0), k_buf.stride(0), v_buf.stride(0), q_heads, k_heads,
                          float(k_scale), float(v_scale), HEAD_SIZE=head_size, HALF=half,
                          BLOCK_HALF=triton.next_power_of_2(half), BLOCK_H=block_h,

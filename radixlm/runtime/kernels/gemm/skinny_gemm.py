@@ -59,9 +59,9 @@ def _bench(kernel_call, quantiles):
 
 
 @triton.jit
-def _inv_rms(X, R, K, eps, PRO: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr):
+def _inv_rms(X, R, K, eps, PRO: tl.constexpr, BLOCK_K: tl.constexpr):
     acc = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, loop_unroll_factor=UNROLL):
+    for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(X + k, mask=k < K, other=0.0)
         if PRO == 2:
@@ -115,7 +115,7 @@ def _skinny_kernel(X, W, B, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, N, K, st
                    stride_rm, eps, n_q, n_kv, stride_cs, stride_kb, stride_vb, k_scale, v_scale,
                    M: tl.constexpr, HAS_BIAS: tl.constexpr, PRO: tl.constexpr, EPI: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   NORM_UNROLL: tl.constexpr = 1):
+                   NORM_BLOCK: tl.constexpr = 4096):
     pid = tl.program_id(0)
     res_end = tl.where(pid == 0, K, 0)
     if EPI:  # BLOCK_N // 2 dims of a head's first half and the same dims of its second half
@@ -128,20 +128,22 @@ def _skinny_kernel(X, W, B, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, N, K, st
         offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = W + offs_n[:, None] * stride_wn + offs_k[None, :]
     inv0 = 1.0
     inv1 = 1.0
     inv2 = 1.0
     inv3 = 1.0
-    if PRO == 1 or PRO == 2:  # every program computes the rows' norms (a few KiB each, from L2)
-        inv0 = _inv_rms(X, R, K, eps, PRO, BLOCK_K, NORM_UNROLL)
+    # Every program computes the rows' norms (a few KiB each, from L2) in NORM_BLOCK-wide steps: with BLOCK_K-wide
+    # ones, each an L2 round trip before the first weight load, gate_up's fused add-and-norm took 63.6 us at one row
+    # against 61.6 (59.6 without a prologue; H200, benchmarks/results/kernels/h200/skinny_prologues.json).
+    if PRO == 1 or PRO == 2:
+        inv0 = _inv_rms(X, R, K, eps, PRO, NORM_BLOCK)
         if M > 1:
-            inv1 = _inv_rms(X + stride_xm, R + stride_rm, K, eps, PRO, BLOCK_K, NORM_UNROLL)
+            inv1 = _inv_rms(X + stride_xm, R + stride_rm, K, eps, PRO, NORM_BLOCK)
         if M > 2:
-            inv2 = _inv_rms(X + 2 * stride_xm, R + 2 * stride_rm, K, eps, PRO, BLOCK_K,
-                            NORM_UNROLL)
+            inv2 = _inv_rms(X + 2 * stride_xm, R + 2 * stride_rm, K, eps, PRO, NORM_BLOCK)
         if M > 3:
-            inv3 = _inv_rms(X + 3 * stride_xm, R + 3 * stride_rm, K, eps, PRO, BLOCK_K,
-                            NORM_UNROLL)
+            inv3 = _inv_rms(X + 3 * stride_xm, R + 3 * stride_rm, K, eps, PRO, NORM_BLOCK)
     acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -149,8 +151,7 @@ def _skinny_kernel(X, W, B, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, N, K, st
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
         k_mask = k < K
-        w = tl.load(W + offs_n[:, None] * stride_wn + k[None, :], mask=n_mask[:, None] & k_mask[None, :],
-                    other=0.0).to(tl.float32)
+        w = tl.load(w_ptrs + k0, mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
         x0 = _input_block(X, R, NW, RO, k, k_mask, K, inv0, res_end, PRO)
         acc0 += tl.sum(w * x0[None, :], axis=1)
         if M > 1:
