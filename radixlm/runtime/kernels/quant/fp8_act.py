@@ -11,14 +11,31 @@ import triton.language as tl
 from radixlm.runtime.kernels.quant.reference import ACT_EPS, FP8_DTYPE, FP8_MAX
 
 TOKEN_BLOCK = 1024
+# Rows up to this long are read once, into registers (WHOLE): in BLOCK-wide steps each program made 2 K / BLOCK
+# dependent round trips, and a batch-64 FP8 decode step's 128 launches took 667 us (5.2 us each; H200,
+# benchmarks/results/profiling/h200_quant/).
+WHOLE_ROW_MAX = 16384
 GROUPS_PER_PROGRAM = 8
 
 
 @triton.jit(do_not_specialize_on_alignment=["X"])
-def _quant_rows_kernel(X, Q, S, K, stride_xm, stride_qm, eps, fp8_max, STATIC: tl.constexpr, BLOCK: tl.constexpr):
-    """One row per program: its absolute maximum over K, then q = x / scale (STATIC: the scale at S, one value)."""
+def _quant_rows_kernel(X, Q, S, K, stride_xm, stride_qm, eps, fp8_max, STATIC: tl.constexpr, BLOCK: tl.constexpr,
+                       WHOLE: tl.constexpr = False):
+    """One row per program: its absolute maximum over K, then q = x / scale (STATIC: the scale at S, one value).
+    WHOLE: the row in one BLOCK >= K, loaded once."""
     row = tl.program_id(0)
     x_row = X + row * stride_xm
+    if WHOLE:
+        k = tl.arange(0, BLOCK)
+        x = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)
+        if STATIC:
+            scale = tl.load(S).to(tl.float32)
+        else:
+            scale = tl.maximum(tl.max(tl.abs(x), axis=0), eps) / fp8_max
+            tl.store(S + row, scale)
+        q = tl.clamp(tl.math.div_rn(x, scale), -fp8_max, fp8_max)
+        tl.store(Q + row * stride_qm + k, q.to(Q.dtype.element_ty), mask=k < K)
+        return
     if STATIC:
         scale = tl.load(S).to(tl.float32)
     else:
@@ -68,8 +85,11 @@ def quant_fp8_per_token(x: torch.Tensor, static_scale: torch.Tensor | None = Non
         scale = static_scale.to(torch.float32).reshape(())
     else:
         scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    whole = k <= WHOLE_ROW_MAX
+    block = triton.next_power_of_2(k) if whole else TOKEN_BLOCK
     _quant_rows_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0), ACT_EPS, FP8_MAX,
-                             STATIC=static_scale is not None, BLOCK=TOKEN_BLOCK, num_warps=4)
+                             STATIC=static_scale is not None, BLOCK=block, WHOLE=whole,
+                             num_warps=min(16, max(4, block // 1024)))  # <= 32 values a thread
     return q, scale
 
 
