@@ -8,7 +8,7 @@ import torch
 
 from radixlm.runtime.kernels import quant
 from radixlm.runtime.kernels.quant import reference as ref
-from radixlm.runtime.kernels.quant.fp8_gemm import W8A16_DEFAULT_MAX_ROWS
+from radixlm.runtime.kernels.quant.fp8_gemm import W8A16_DEFAULT_MAX_ROWS, tuned_gemv
 from radixlm.runtime.kernels.quant.fp8_w8a16 import W8A16_MAX_ROWS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -45,15 +45,16 @@ def test_fp8_linear_matches_the_reference(mode, n, k, bias):
     for m in ROWS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         got = quant.fp8_linear(x, q, s, block, b)
-        # Up to W8A16_DEFAULT_MAX_ROWS the weight-only kernel (activations not quantized: reference.fp8_linear's
-        # arithmetic), past it the W8A8 kernels (fp8_linear_w8a8's); each within the activations' FP8 rounding of the
-        # other.
-        exact, other = ((ref.fp8_linear, ref.fp8_linear_w8a8) if m <= W8A16_DEFAULT_MAX_ROWS
+        # Up to W8A16_DEFAULT_MAX_ROWS, and where this GPU's tuned table names the few-row kernel (fp8_gemv.py) for
+        # the shape, the weight-only arithmetic (activations not quantized: reference.fp8_linear's), else the W8A8
+        # kernels (fp8_linear_w8a8's); each within the activations' FP8 rounding of the other.
+        weight_only = m <= W8A16_DEFAULT_MAX_ROWS or tuned_gemv(x, q, block) is not None
+        exact, other = ((ref.fp8_linear, ref.fp8_linear_w8a8) if weight_only
                         else (ref.fp8_linear_w8a8, ref.fp8_linear))
         _close(got, exact(x, q, s, block, b), 2e-2)  # the same arithmetic, other summation order
         _close(got, other(x, q, s, block, b), 8e-2)
-        if m <= W8A16_MAX_ROWS:  # and each few-row path forced
-            _close(fp8_linear_cuda(x, q, s, block, b, w8a16_max_rows=0), ref.fp8_linear_w8a8(x, q, s, block, b), 2e-2)
+        if m <= W8A16_MAX_ROWS:  # and each few-row path forced (the tuned few-row kernel, where named, runs first)
+            _close(fp8_linear_cuda(x, q, s, block, b, w8a16_max_rows=0), exact(x, q, s, block, b), 2e-2)
             _close(fp8_linear_cuda(x, q, s, block, b, w8a16_max_rows=W8A16_MAX_ROWS), ref.fp8_linear(x, q, s, block, b),
                    2e-2)
     if mode != "block":
