@@ -61,8 +61,9 @@ def profile_mode(path: str, src: PromptSource, args, deterministic: bool, quant_
             print(f"deterministic {'on' if deterministic else 'off'}, batch {b}: wall {row['wall_us_per_step']:8.1f} "
                   f"us/step, GPU busy {row['gpu_busy_us_per_step']:8.1f} us (attention "
                   f"{row['attention_us_per_step']:7.1f}), idle {row['idle_us_per_step']:7.1f} us")
+            host = {k: round(v, 1) for k, v in pc["host_us_per_step"].items()}
             print(f"   pass clock: {pc['decode_passes']} decode passes, median {pc['pass_us_median']} us, gap before "
-                  f"{pc['gap_us_median']} us; host us/step {({k: round(v, 1) for k, v in pc['host_us_per_step'].items()})}")
+                  f"{pc['gap_us_median']} us; host us/step {host}")
             for k in row["kernels"]:
                 print(f"   {k['us_per_step']:8.1f} us  x{k['launches_per_step']:5.1f}  {k['name'][:100]}")
         if args.prefill:

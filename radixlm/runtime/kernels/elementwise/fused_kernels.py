@@ -173,12 +173,12 @@ def rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_c
     # All heads of a token in one or two iterations: the launch and the loads' latency, not the arithmetic, are what
     # cost here. Two programs a token (q; k with the stores) run the two halves of that latency side by side.
     block_h = min(triton.next_power_of_2(max(q_heads, k_heads)), max(1, 4096 // triton.next_power_of_2(half)))
-    _rotary_kernel[(n, 2)](positions, cos_sin_cache, q, k, v, loc, k_buf, v_buf, q.stride(0), k.stride(0), v.stride(0),
-                         cos_sin_cache.stride(0), k_buf.stride(0), v_buf.stride(0), q_heads, k_heads,
-                         float(k_scale), float(v_scale), HEAD_SIZE=head_size, HALF=half,
-                         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_H=block_h,
-                         STORE=store is not None, num_warps=4,
-                         enable_fp_fusion=False)  # a fused multiply-add would skip the reference's roundings
+    _rotary_kernel[(n, 2)](positions, cos_sin_cache, q, k, v, loc, k_buf, v_buf, q.stride(0), k.stride(0),
+                           v.stride(0), cos_sin_cache.stride(0), k_buf.stride(0), v_buf.stride(0), q_heads, k_heads,
+                           float(k_scale), float(v_scale), HEAD_SIZE=head_size, HALF=half,
+                           BLOCK_HALF=triton.next_power_of_2(half), BLOCK_H=block_h,
+                           STORE=store is not None, num_warps=4,
+                           enable_fp_fusion=False)  # a fused multiply-add would skip the reference's roundings
 
 
 @triton.jit(do_not_specialize_on_alignment=["Loc"])  # (see _rotary_kernel)

@@ -135,7 +135,7 @@ def _skinny_kernel(X, W, B, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, N, K, st
     inv3 = 1.0
     # Every program computes the rows' norms (a few KiB each, from L2) in NORM_BLOCK-wide steps: with BLOCK_K-wide
     # ones, each an L2 round trip before the first weight load, gate_up's fused add-and-norm took 63.6 us at one row
-    # against 61.6 (59.6 without a prologue; H200, benchmarks/results/kernels/h200/skinny_prologues.json).
+    # against 61.6 (59.6 without a prologue; H200, benchmarks/results/kernels/h200/skinny_prologues/).
     if PRO == 1 or PRO == 2:
         inv0 = _inv_rms(X, R, K, eps, PRO, NORM_BLOCK)
         if M > 1:
