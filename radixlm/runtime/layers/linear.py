@@ -100,7 +100,7 @@ class Linear(nn.Module):
             prologue = epilogue = None
             partials = self.lora.begin(x)  # graph decode: the shrink beside the GEMM
         if self.quant_method is not None:
-            out = self.quant_method.apply(self, apply_prologue(prologue, x), bias)
+            out = self.quant_method.apply_with_prologue(self, x, bias, prologue)
         else:
             out = gemm.linear(x, self.weight, bias, self.packed_weight, self.gemm_choices, prologue, epilogue)
         return self.lora.add(out, x, partials) if lora else out

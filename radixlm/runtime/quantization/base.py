@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from radixlm.runtime.kernels.gemm import Prologue, apply_prologue
 from radixlm.runtime.layers.linear import ColumnParallelLinear, Linear, RowParallelLinear, Shard
 
 # draw(pname, shard_id, shape) -> a float32 tensor ~ N(0, std), the same on every rank for the same arguments
@@ -264,6 +265,12 @@ class LinearMethod(ABC):
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x @ W.T + bias (x already through any prologue)."""
+
+    def apply_with_prologue(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                            prologue: Prologue | None) -> torch.Tensor:
+        """apply() where x is the input before `prologue` (the norm or activation before this GEMM): run first,
+        unfused, unless the method's kernels take it (Fp8LinearMethod: with the activations' quantization)."""
+        return self.apply(layer, apply_prologue(prologue, x), bias)
 
 
 MOE_PREFIXES = {"gate": "w13", "up": "w13", "down": "w2"}

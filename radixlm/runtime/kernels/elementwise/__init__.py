@@ -8,8 +8,8 @@ from radixlm.runtime.kernels.lazy import lazy_names
 __getattr__ = lazy_names(__name__, {
     "rmsnorm": "fused_kernels", "silu_and_mul": "fused_kernels", "rotary_": "fused_kernels",
     "store_kv": "fused_kernels", "rotate_halves": "fused_kernels",
-    "kv_cache_value": "fused_kernels", "argmax_rows": "argmax", "copy_rows": "row_copy",
+    "kv_cache_value": "fused_kernels", "silu_mul": "fused_kernels", "argmax_rows": "argmax", "copy_rows": "row_copy",
     "allreduce_add_rmsnorm": "allreduce_rmsnorm", "inline_builds": "allreduce_rmsnorm"})
 
 __all__ = ["allreduce_add_rmsnorm", "argmax_rows", "copy_rows", "inline_builds", "kv_cache_value", "rmsnorm", "rotary_",
-           "rotate_halves", "silu_and_mul", "store_kv"]
+           "rotate_halves", "silu_and_mul", "silu_mul", "store_kv"]

@@ -13,11 +13,10 @@ from triton.language.extra import libdevice
 
 
 @triton.jit
-def _rmsnorm_kernel(X, R, W, Out, ResOut, stride_x, stride_r, stride_o, stride_ro, n_cols, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < n_cols
+def rmsnorm_row(X, R, W, ResOut, row, stride_x, stride_r, stride_ro, n_cols, eps, offs, mask,
+                HAS_RESIDUAL: tl.constexpr):
+    """weight * norm(x (+ residual)) of one whole row, in float32 before its final rounding; with a residual, x +
+    residual (rounded to x's dtype) stored at ResOut."""
     x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         x = (x.to(tl.float32) + tl.load(R + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
@@ -25,8 +24,24 @@ def _rmsnorm_kernel(X, R, W, Out, ResOut, stride_x, stride_r, stride_o, stride_r
     h = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
     normed = (h * inv).to(x.dtype).to(tl.float32)
-    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Out + row * stride_o + offs, (w * normed).to(Out.dtype.element_ty), mask=mask)
+    return tl.load(W + offs, mask=mask, other=0.0).to(tl.float32) * normed
+
+
+@triton.jit
+def silu_mul(g, u):
+    """silu(g) * u in float32, before its final rounding: g in its dtype (silu(g) rounded to it), u in float32."""
+    gf = g.to(tl.float32)
+    return (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32) * u
+
+
+@triton.jit
+def _rmsnorm_kernel(X, R, W, Out, ResOut, stride_x, stride_r, stride_o, stride_ro, n_cols, eps,
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    y = rmsnorm_row(X, R, W, ResOut, row, stride_x, stride_r, stride_ro, n_cols, eps, offs, mask, HAS_RESIDUAL)
+    tl.store(Out + row * stride_o + offs, y.to(Out.dtype.element_ty), mask=mask)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -39,8 +54,14 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         r = residual if residual is not None else x
         _rmsnorm_kernel[(n,)](x, r, weight, out, res_out, x.stride(0), r.stride(0), out.stride(0), res_out.stride(0),
                               h, eps, HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(h),
-                              num_warps=4 if h <= 2048 else 8)
+                              num_warps=rmsnorm_warps(h))
     return out if residual is None else (out, res_out)
+
+
+def rmsnorm_warps(h: int) -> int:
+    """The norm's launch width for rows of h: a kernel that must give its bits (rmsnorm_row) launches the same, since
+    the warps set the order of the float32 sum."""
+    return 4 if h <= 2048 else 8
 
 
 @triton.jit
@@ -50,9 +71,7 @@ def _silu_and_mul_kernel(X, Out, stride_x, stride_o, d, BLOCK: tl.constexpr):
     mask = offs < d
     g = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
     u = tl.load(X + row * stride_x + d + offs, mask=mask, other=0.0).to(tl.float32)
-    gf = g.to(tl.float32)
-    s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
-    tl.store(Out + row * stride_o + offs, (s * u).to(Out.dtype.element_ty), mask=mask)
+    tl.store(Out + row * stride_o + offs, silu_mul(g, u).to(Out.dtype.element_ty), mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from radixlm.runtime.kernels.elementwise import kv_cache_value, rotate_halves
+from radixlm.runtime.kernels.elementwise import kv_cache_value, rotate_halves, silu_mul
 from radixlm.runtime.kernels.gemm.epilogue import MAX_ROWS as EPILOGUE_MAX_M, RotaryStore
 from radixlm.runtime.kernels.gemm.prologue import Prologue, PrologueKind, apply
 
@@ -77,10 +77,7 @@ def _input_block(X, R, NW, RO, k, k_mask, K, inv, res_end, PRO: tl.constexpr):
     round (fused_kernels.rmsnorm / silu_and_mul), in float32."""
     x = tl.load(X + k, mask=k_mask, other=0.0)
     if PRO == 3:
-        u = tl.load(X + K + k, mask=k_mask, other=0.0).to(tl.float32)
-        g = x.to(tl.float32)
-        s = (g / (1.0 + tl.exp(-g))).to(x.dtype).to(tl.float32)
-        x = (s * u).to(x.dtype)
+        x = silu_mul(x, tl.load(X + K + k, mask=k_mask, other=0.0).to(tl.float32)).to(x.dtype)
     elif PRO != 0:
         if PRO == 2:
             x = (x.to(tl.float32) + tl.load(R + k, mask=k_mask, other=0.0).to(tl.float32)).to(x.dtype)

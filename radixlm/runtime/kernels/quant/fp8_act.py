@@ -18,6 +18,22 @@ WHOLE_ROW_MAX = 16384
 GROUPS_PER_PROGRAM = 8
 
 
+@triton.jit
+def store_row_q(x, scale, Q_row, offs, mask, fp8_max):
+    """x (float32) / scale, correctly rounded, saturated and stored as FP8 at Q_row + offs."""
+    q = tl.clamp(tl.math.div_rn(x, scale), -fp8_max, fp8_max)
+    tl.store(Q_row + offs, q.to(Q_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def quant_row(x, Q_row, S_row, offs, mask, eps, fp8_max):
+    """A whole row x (float32, masked lanes 0) quantized per token: its scale max(amax, eps) / fp8_max stored at
+    S_row, x / scale at Q_row + offs."""
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), eps) / fp8_max
+    tl.store(S_row, scale)
+    store_row_q(x, scale, Q_row, offs, mask, fp8_max)
+
+
 @triton.jit(do_not_specialize_on_alignment=["X"])
 def _quant_rows_kernel(X, Q, S, K, stride_xm, stride_qm, eps, fp8_max, STATIC: tl.constexpr, BLOCK: tl.constexpr,
                        WHOLE: tl.constexpr = False):
@@ -29,12 +45,9 @@ def _quant_rows_kernel(X, Q, S, K, stride_xm, stride_qm, eps, fp8_max, STATIC: t
         k = tl.arange(0, BLOCK)
         x = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)
         if STATIC:
-            scale = tl.load(S).to(tl.float32)
+            store_row_q(x, tl.load(S).to(tl.float32), Q + row * stride_qm, k, k < K, fp8_max)
         else:
-            scale = tl.maximum(tl.max(tl.abs(x), axis=0), eps) / fp8_max
-            tl.store(S + row, scale)
-        q = tl.clamp(tl.math.div_rn(x, scale), -fp8_max, fp8_max)
-        tl.store(Q + row * stride_qm + k, q.to(Q.dtype.element_ty), mask=k < K)
+            quant_row(x, Q + row * stride_qm, S + row, k, k < K, eps, fp8_max)
         return
     if STATIC:
         scale = tl.load(S).to(tl.float32)
@@ -48,8 +61,7 @@ def _quant_rows_kernel(X, Q, S, K, stride_xm, stride_qm, eps, fp8_max, STATIC: t
     for k0 in range(0, K, BLOCK):
         k = k0 + tl.arange(0, BLOCK)
         x = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)
-        q = tl.clamp(tl.math.div_rn(x, scale), -fp8_max, fp8_max)
-        tl.store(Q + row * stride_qm + k, q.to(Q.dtype.element_ty), mask=k < K)
+        store_row_q(x, scale, Q + row * stride_qm, k, k < K, fp8_max)
 
 
 @triton.jit(do_not_specialize_on_alignment=["X"])

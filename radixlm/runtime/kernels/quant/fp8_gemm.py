@@ -29,7 +29,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from radixlm.runtime.kernels.quant import fp8_act, fp8_gemv, fp8_mma, fp8_w8a16, quant_tuned, splitk, tiles
+from radixlm.runtime.kernels.gemm.prologue import Prologue, apply
+from radixlm.runtime.kernels.quant import fp8_act, fp8_gemv, fp8_mma, fp8_prologue, fp8_w8a16, quant_tuned, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import FP8_DTYPE, dequant_fp8
 from radixlm.runtime.kernels.quant.splitk import store_tile, tile_range
 from radixlm.runtime.kernels.quant.tiles import TileConfig
@@ -139,13 +140,15 @@ def scaled_mm_ok(x2: torch.Tensor, weight: torch.Tensor, per_tensor: bool) -> bo
 
 
 def fp8_scaled_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                      input_scale: torch.Tensor | None, min_scaled_mm_rows: int = SCALED_MM_MIN_ROWS) -> torch.Tensor:
+                      input_scale: torch.Tensor | None, min_scaled_mm_rows: int = SCALED_MM_MIN_ROWS,
+                      rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Per-tensor or per-channel weight scale: torch._scaled_mm where it takes the shape (scaled_mm_ok) and there are
-    min_scaled_mm_rows rows or more, else the Triton kernel's per-channel mode."""
+    min_scaled_mm_rows rows or more, else the Triton kernel's per-channel mode. rows: x2 already quantized per token
+    (fp8_prologue.quantized_rows), x2 then only their shape and dtype."""
     m = x2.shape[0]
     n = weight.shape[0]
     per_tensor = scale.numel() == 1 and input_scale is not None
-    q, q_scale = fp8_act.quant_fp8_per_token(x2, input_scale)
+    q, q_scale = rows if rows is not None else fp8_act.quant_fp8_per_token(x2, input_scale)
     if m < min_scaled_mm_rows or not scaled_mm_ok(x2, weight, per_tensor):
         return _w8a8(q, q_scale, weight, scale, None, bias, x2.dtype)
     w_scale = scale.to(torch.float32)
@@ -163,10 +166,19 @@ def fp8_scaled_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
 
 def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None,
                     bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
-                    w8a16_max_rows: int = W8A16_DEFAULT_MAX_ROWS) -> torch.Tensor:
+                    w8a16_max_rows: int = W8A16_DEFAULT_MAX_ROWS, prologue: Prologue | None = None) -> torch.Tensor:
     """kernels.quant.fp8_linear on CUDA: x (..., K) in bfloat16 or float16 (float32: the dequantizing path). Up to
     w8a16_max_rows rows the weight-only kernel (fp8_w8a16.py: the activations are not quantized, a static
-    input_scale is not used), else the W8A8 kernels (benchmarks/kernels/quant_gemm.py forces each)."""
+    input_scale is not used), else the W8A8 kernels (benchmarks/kernels/quant_gemm.py forces each). prologue: x is
+    the input before that step (gemm/prologue.py): where the GEMM quantizes its activations per token, the step runs
+    with the quantization in one launch (fp8_prologue.py), else unfused first."""
+    rows = None
+    if prologue is not None:
+        if _fuses_quantization(x, weight, block, input_scale, w8a16_max_rows, prologue):
+            rows = fp8_prologue.quantized_rows(prologue, x)
+            x = x[:, :rows[0].shape[1]]  # the rows' shape, dtype and device from here (their values are not read)
+        else:
+            x = apply(prologue, x)
     k = x.shape[-1]
     n = weight.shape[0]
     if weight.dtype != FP8_DTYPE or weight.shape[1] != k:
@@ -186,12 +198,24 @@ def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     elif x2.shape[0] <= w8a16_max_rows and weight.stride(1) == 1 and fp8_w8a16.takes(x2.shape[0], block):
         y = fp8_w8a16.w8a16_linear(x2, weight, scale, block, bias)
     elif (mma := tuned_mma(x2, weight, block)) is not None:
-        y = fp8_mma.fp8_mma_linear(x2, weight, scale, block, bias, input_scale, mma)
+        y = fp8_mma.fp8_mma_linear(x2, weight, scale, block, bias, input_scale, mma, rows=rows)
     elif block is not None:
         y = fp8_block_linear(x2, weight, scale, block, bias)
     else:
-        y = fp8_scaled_linear(x2, weight, scale, bias, input_scale)
+        y = fp8_scaled_linear(x2, weight, scale, bias, input_scale, rows=rows)
     return y.reshape(*x.shape[:-1], n)
+
+
+def _fuses_quantization(x: torch.Tensor, weight: torch.Tensor, block: tuple[int, int] | None,
+                        input_scale: torch.Tensor | None, w8a16_max_rows: int, prologue: Prologue) -> bool:
+    """Whether fp8_linear_cuda's path for the step's output quantizes it per token (per-tensor / per-channel weights,
+    dynamic activations, past the tuned few-row and weight-only kernels) and fp8_prologue runs the step."""
+    if (block is not None or input_scale is not None or not fp8_prologue.takes(prologue, x)
+            or not fp8_supported(x.device) or prologue.in_features(x) != weight.shape[1]):
+        return False
+    m = x.shape[0]
+    like = x[:, :weight.shape[1]]
+    return tuned_gemv(like, weight, None) is None and not (m <= w8a16_max_rows and fp8_w8a16.takes(m, None))
 
 
 def tuned_gemv(x2: torch.Tensor, weight: torch.Tensor, block: tuple[int, int] | None) -> fp8_gemv.Fp8GemvConfig | None:

@@ -130,10 +130,12 @@ def act_mode(block: tuple[int, int] | None, input_scale: torch.Tensor | None, cf
 
 
 def fp8_mma_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None,
-                   bias: torch.Tensor | None, input_scale: torch.Tensor | None, cfg: Fp8MmaConfig) -> torch.Tensor:
+                   bias: torch.Tensor | None, input_scale: torch.Tensor | None, cfg: Fp8MmaConfig,
+                   rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x2 (M, K) bfloat16 / float16 (float32: the interpreter) -> (M, N) in x2's dtype; weight (N, K) float8_e4m3fn
     with unit column stride; scale one value, (N,) or the block grid (ceil(N / bn), ceil(K / bk)); input_scale: a
-    static activation scale (per-tensor / per-channel weights only)."""
+    static activation scale (per-tensor / per-channel weights only). rows: x2 already quantized per token (q, scale:
+    fp8_prologue.quantized_rows; per-tensor / per-channel weights, dynamic activations), x2 then only their shape."""
     m, k = x2.shape
     n = weight.shape[0]
     if weight.dtype != FP8_DTYPE or weight.shape[1] != k or weight.stride(1) != 1 or not takes(m, k, block, x2.dtype,
@@ -147,10 +149,12 @@ def fp8_mma_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     if input_scale is not None and input_scale.numel() != 1:
         raise ValueError(f"a static activation scale has one value, got shape {tuple(input_scale.shape)}")
     act = act_mode(block, input_scale, cfg)
-    if x2.stride(1) != 1 or x2.data_ptr() % 16 or (x2.stride(0) % 16 and x2.stride(0) != k):
+    if rows is None and (x2.stride(1) != 1 or x2.data_ptr() % 16 or (x2.stride(0) % 16 and x2.stride(0) != k)):
         x2 = x2.clone(memory_format=torch.contiguous_format)  # the launches are specialized on 16-element rows
     if act == _Act.PRE:
-        if block is not None:
+        if rows is not None:
+            x, x_scale = rows
+        elif block is not None:
             x, x_scale = fp8_act.quant_fp8_per_group(x2, block[1])
         else:
             x, x_scale = fp8_act.quant_fp8_per_token(x2, input_scale)

@@ -114,10 +114,10 @@ def test_dispatch_takes_the_kernel_only_with_an_entry(monkeypatch, kind):
     monkeypatch.setattr(quant_tuned, "lookup", lambda device, *key: quant_tuned.lookup_in(table, *key))
     calls = []
     monkeypatch.setattr(fp8_gemm.fp8_mma, "fp8_mma_linear",
-                        lambda x2, *a: calls.append(("mma", x2.shape[0], a[-1])) or x2.new_zeros(x2.shape[0], n))
+                        lambda x2, *a, **kw: calls.append(("mma", x2.shape[0], a[-1])) or x2.new_zeros(x2.shape[0], n))
     for name in ("fp8_block_linear", "fp8_scaled_linear"):
-        monkeypatch.setattr(fp8_gemm, name,
-                            lambda x2, *a, name=name: calls.append((name, x2.shape[0])) or x2.new_zeros(x2.shape[0], n))
+        monkeypatch.setattr(fp8_gemm, name, lambda x2, *a, name=name, **kw: calls.append((name, x2.shape[0]))
+                            or x2.new_zeros(x2.shape[0], n))
     w, s = ref.quant_fp8(torch.randn(n, k) * 0.05, block=block, per_channel=True)
     for m in (4, 5, 8, 12, 17, 64, 65):
         fp8_gemm.fp8_linear_cuda(torch.randn(m, k, dtype=torch.bfloat16), w, s, block)

@@ -276,12 +276,19 @@ def test_tree_mask_launches_while_serving_are_built_by_the_warm_up(monkeypatch):
 # ------------------------------------------------------------------------------------------------ elementwise
 def test_fused_elementwise_launches_depend_on_nothing_that_varies(monkeypatch):
     from radixlm.runtime.kernels.elementwise import fused_kernels as fk
+    from radixlm.runtime.kernels.quant import fp8_prologue
+    from radixlm.runtime.layers.activation import SiluAndMul
+    from radixlm.runtime.layers.norm import RMSNorm
 
     rec = Recorder(monkeypatch, {"rmsnorm": fk._rmsnorm_kernel, "silu": fk._silu_and_mul_kernel,
-                                 "rotary": fk._rotary_kernel, "store_kv": fk._store_kv_kernel})
+                                 "rotary": fk._rotary_kernel, "store_kv": fk._store_kv_kernel,
+                                 "norm_fp8": fp8_prologue._norm_quant_kernel,
+                                 "silu_fp8": fp8_prologue._silu_quant_kernel})
     hidden, heads, kv_heads, head_dim, inter = 128, 8, 2, 16, 256
     w, cos_sin = torch.ones(hidden), torch.zeros(4096, head_dim)
     k_buf = torch.zeros(600, kv_heads, head_dim)
+    norm = RMSNorm(hidden, 1e-6)
+    norm.weight.data = w
 
     def one_pass(n, offset):
         x = torch.zeros(n, hidden)
@@ -292,6 +299,10 @@ def test_fused_elementwise_launches_depend_on_nothing_that_varies(monkeypatch):
         fk.rotary_(_index(list(range(n)), offset), q, k, cos_sin, head_dim)
         fk.store_kv(k, v, _index(list(range(1, n + 1)), offset + 1), k_buf, k_buf)
         fk.silu_and_mul(torch.zeros(n, 2 * inter))
+        # The FP8 GEMMs' steps with their quantization (fp8_prologue.py: per-token W8A8 layers).
+        fp8_prologue.quantized_rows(norm.prologue(x.clone()), x)
+        fp8_prologue.quantized_rows(norm.prologue(), x)
+        fp8_prologue.quantized_rows(SiluAndMul().prologue(), torch.zeros(n, 2 * inter))
 
     one_pass(17, 0)  # the warm-up's first pass
     warm = rec.take()
