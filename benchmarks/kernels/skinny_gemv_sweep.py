@@ -13,13 +13,12 @@ Prints, per shape, the candidates' best, the grid's best and cuBLAS in us and TB
 faster than every candidate by --margin on a shape that matters is one to add to _CONFIGS (the autotuner keeps
 choosing per shape at start-up). Then each prologue (PrologueKind: the norm a step fuses into qkv and gate_up at one
 row, the SiLU-and-mul into down) against none, each at the best of the candidates (what the autotuner would pick),
-and the norms also `narrow` (NORM_BLOCK = BLOCK_K: the norm's loop in BLOCK_K-wide steps, each an L2 round trip before the
-first weight load; the kernel's default is 4,096-wide steps). The first cold run (skinny_gemv_sweep.json) found the
-fused norm costing 3-6 us over the plain GEMV at the plain GEMV's tile (gate_up 58.9 -> 65.1 us with the residual
-add), and unrolling the norm's loop 8 times did not help; the second (skinny_prologues.json) measured the wide norm
-(gate_up's add-and-norm 63.6 -> 61.6 us) and a register double buffer with the first weight tile loaded before the
-norm (slower everywhere: 68.5; dropped). The step's GEMVs took 3,974 us at batch 1
-on an H200 (multi_gpu/h200x2/multi_tp_profile_fused). Needs CUDA."""
+and the norms also `narrow` (NORM_BLOCK = BLOCK_K: the norm's loop in BLOCK_K-wide steps, each an L2 round trip
+before the first weight load; the kernel's default is 4,096-wide steps). The first cold run (skinny_gemv_sweep.json)
+found the fused norm costing 3-6 us over the plain GEMV at the plain GEMV's tile (gate_up 58.9 -> 65.1 us with the
+residual add), and unrolling the norm's loop 8 times did not help; the second (skinny_prologues/) measured the wide
+norm (gate_up's add-and-norm 63.6 -> 61.6 us) and a register double buffer with the first weight tile loaded before
+the norm (slower everywhere: 68.5; dropped). Needs CUDA."""
 from __future__ import annotations
 
 import argparse

@@ -30,7 +30,8 @@ import triton
 import triton.language as tl
 
 from radixlm.runtime.kernels.gemm.prologue import Prologue, apply
-from radixlm.runtime.kernels.quant import fp8_act, fp8_gemv, fp8_mma, fp8_prologue, fp8_w8a16, quant_tuned, splitk, tiles
+from radixlm.runtime.kernels.quant import (fp8_act, fp8_gemv, fp8_mma, fp8_prologue, fp8_w8a16, quant_tuned, splitk,
+                                           tiles)
 from radixlm.runtime.kernels.quant.reference import FP8_DTYPE, dequant_fp8
 from radixlm.runtime.kernels.quant.splitk import store_tile, tile_range
 from radixlm.runtime.kernels.quant.tiles import TileConfig
