@@ -36,7 +36,7 @@ def test_openai_sdk_embeddings(served):
     for i, text in enumerate(TEXTS):
         np.testing.assert_allclose(by_float.data[i].embedding, want(hf, text), atol=1e-5)
         # A second request of the same texts may be batched (or reuse cached prefixes) otherwise: float32 sums that
-        # differ in their last bits (1.4e-7 seen on CI), not the encoding.
+        # differ in their last bits (1.4e-7 in a full run of the suite here), not the encoding.
         np.testing.assert_allclose(by_base64.data[i].embedding, by_float.data[i].embedding, rtol=0, atol=1e-6)
     assert by_float.usage.prompt_tokens == by_float.usage.total_tokens == 8
     short = client.embeddings.create(model="tiny", input=[[1, 2, 3, 4]], dimensions=8, encoding_format="float")
