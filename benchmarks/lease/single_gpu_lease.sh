@@ -47,9 +47,6 @@
 #   bash benchmarks/lease/single_gpu_lease.sh hicache   # issue 54: hicache CUDA tests, host work per round (null
 #                                                 # runner), copies, multi-turn off/on (~3 min)
 #   bash benchmarks/lease/single_gpu_lease.sh hicache_sgl # the same off/on on SGLang's bench_multiturn turn shape
-#   bash benchmarks/lease/single_gpu_lease.sh gemv      # issue 56: the skinny GEMM's tiles and prologues at one row,
-#                                                 # cold weights (87 s; SKINNY_ARGS="--prologues-only": the
-#                                                 # prologue variants alone)
 #   SKIP="determ_profile determ_memory" bash ... determ # any part, leaving out the steps named
 #   bash benchmarks/lease/single_gpu_lease.sh lora      # issue 53: LoRA CUDA tests, decode-kernel sweep, offline and served runs
 #   bash benchmarks/lease/single_gpu_lease.sh mla [bench] # issue 51: MLA kernels' tests, decode sweep, extend
@@ -59,7 +56,7 @@
 # Results land in $OUT (JSON, markdown, PNG and each step's whole log). The first sessions' call plan, the
 # estimates and the dry-run record: benchmarks/lease/README.md.
 set -uo pipefail
-part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|p19vlm|spec|specpair|vlm|determ|deepseek|lora|mla|hicache|hicache_sgl|gemv (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
+part=${1:?usage: single_gpu_lease.sh prepare|p1|p2|p19vlm|spec|specpair|vlm|determ|deepseek|lora|mla|hicache|hicache_sgl (DRY=1 ...: the CPU dry run; DRY=1 ... all)}
 DRY=${DRY:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 if [ "$DRY" = 1 ]; then
@@ -347,11 +344,6 @@ hicache_sgl)
                          --max-total-tokens 512 --hicache-ratio 3.5)
   TAIL=24 step hicache_sgl 260 $PY benchmarks/serving/hicache_multiturn.py "${sgl[@]}" --pass-clock \
     --out "$OUT/hicache_multiturn_sgl_shape.json" ;;
-gemv)
-  # issue 56: the skinny GEMM's tiles and prologues at one row on cold weights (8B shapes, TP=1 and a TP=2 rank's)
-  banner
-  if [ "$DRY" = 1 ]; then echo "gemv: needs CUDA"; else
-  TAIL=16 step skinny_gemv_sweep 300 $PY benchmarks/kernels/skinny_gemv_sweep.py ${SKINNY_ARGS:-} --out "$OUT"; fi ;;
 *) echo "unknown part $part" >&2; exit 2 ;;
 esac
 [ "$part" = prepare ] || ls -la "$OUT"

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.runtime.kernels.elementwise.fused_kernels import norm_values, rmsnorm_warps
+
 # The per-row epochs are laid out for this many rows; more take the unfused path. On 2 x H200 a 1,024-row call of the
 # flag protocol this kernel replaced gave sums unlike the unfused all-reduce's (a race on its epoch store, fixed
 # since); until a GPU run says 1,024 rows match, 256.
@@ -90,11 +92,8 @@ def _arnorm_kernel(Bufs, Epochs, X, R, W, Out, ResOut, stride_x, stride_r, strid
     s = acc.to(dt)  # the all-reduce's result, rounded as an unfused all-reduce rounds it
     h = (s.to(tl.float32) + tl.load(R + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)).to(dt)
     tl.store(ResOut + row * stride_ro + offs, h, mask=mask)
-    hf = h.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / n_cols + eps)
-    normed = (hf * inv).to(dt).to(tl.float32)
-    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Out + row * stride_o + offs, (w * normed).to(Out.dtype.element_ty), mask=mask)
+    tl.store(Out + row * stride_o + offs, norm_values(h, W, offs, mask, n_cols, eps).to(Out.dtype.element_ty),
+             mask=mask)
 
 
 def inline_builds() -> tuple:
@@ -121,5 +120,5 @@ def allreduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch
         _arnorm_kernel[(n,)](bufs, epochs, x, residual, weight, out, res_out, x.stride(0), residual.stride(0),
                              out.stride(0), res_out.stride(0), h, eps, rank, layout.slot_bytes // size,
                              RANKS=layout.world_size, BITS=8 * size, BLOCK=triton.next_power_of_2(h),
-                             num_warps=4 if h <= 2048 else 8)
+                             num_warps=rmsnorm_warps(h))  # the norm's sum in rmsnorm's order
     return out, res_out

@@ -21,6 +21,13 @@ def rmsnorm_row(X, R, W, ResOut, row, stride_x, stride_r, stride_ro, n_cols, eps
     if HAS_RESIDUAL:
         x = (x.to(tl.float32) + tl.load(R + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
         tl.store(ResOut + row * stride_ro + offs, x, mask=mask)
+    return norm_values(x, W, offs, mask, n_cols, eps)
+
+
+@triton.jit
+def norm_values(x, W, offs, mask, n_cols, eps):
+    """weight * norm(x) of a whole row x in its dtype (masked lanes 0), in float32 before its final rounding; the
+    normalised value rounded to x's dtype first, as the reference rounds it."""
     h = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
     normed = (h * inv).to(x.dtype).to(tl.float32)

@@ -55,6 +55,15 @@ class Prologue:
         """The GEMM's K for input x."""
         return x.shape[-1] // 2 if self.kind is PrologueKind.SILU_MUL else x.shape[-1]
 
+    def fits(self, x: torch.Tensor) -> bool:
+        """Whether a kernel that reads the step's inputs in place can run it on rows x of unit column stride (the
+        skinny GEMM, fp8_prologue): a norm's weight contiguous in x's dtype, its residual shaped and typed as x."""
+        if self.kind is PrologueKind.SILU_MUL:
+            return True
+        r = self.residual
+        return (self.norm_weight.dtype == x.dtype and self.norm_weight.is_contiguous()
+                and (r is None or (r.shape == x.shape and r.dtype == x.dtype and r.stride(1) == 1)))
+
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """The step unfused; returns the GEMM's input."""
         if self.reduce is not None:

@@ -190,15 +190,7 @@ def usable(x: torch.Tensor, weight: torch.Tensor, prologue: Prologue | None = No
     if not (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= SKINNY_MAX_M and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and x.stride(1) == 1 and weight.stride(1) == 1):
         return False
-    if prologue is None:
-        return True
-    if prologue.in_features(x) != weight.shape[1]:
-        return False
-    if prologue.kind is PrologueKind.SILU_MUL:
-        return True
-    r = prologue.residual
-    return (prologue.norm_weight.dtype == x.dtype and prologue.norm_weight.is_contiguous()
-            and (r is None or (r.shape == x.shape and r.dtype == x.dtype and r.stride(1) == 1)))
+    return prologue is None or (prologue.in_features(x) == weight.shape[1] and prologue.fits(x))
 
 
 def takes_epilogue(x: torch.Tensor, weight: torch.Tensor, epilogue: RotaryStore) -> bool:

@@ -43,14 +43,8 @@ def _silu_quant_kernel(X, Q, S, stride_x, stride_q, d, act_eps, fp8_max, BLOCK: 
 def takes(prologue: Prologue, x: torch.Tensor) -> bool:
     """Whether quantized_rows runs this step on x: CUDA rows of bfloat16 / float16 with unit column stride, a row of
     at most WHOLE_ROW_MAX outputs, and a norm's weight (and residual) in x's dtype."""
-    if not (x.is_cuda and x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16) and x.stride(1) == 1
-            and prologue.in_features(x) <= WHOLE_ROW_MAX and prologue.reduce is None):
-        return False
-    if prologue.kind is PrologueKind.SILU_MUL:
-        return True
-    w, r = prologue.norm_weight, prologue.residual
-    return (w.dtype == x.dtype and w.is_contiguous()
-            and (r is None or (r.shape == x.shape and r.dtype == x.dtype and r.stride(1) == 1)))
+    return (x.is_cuda and x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16) and x.stride(1) == 1
+            and prologue.in_features(x) <= WHOLE_ROW_MAX and prologue.reduce is None and prologue.fits(x))
 
 
 def quantized_rows(prologue: Prologue, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -58,3 +58,18 @@ def test_a_prologue_copy_keeps_its_own_residual_out():
     copy = dataclasses.replace(pro)
     copy.apply(torch.zeros(2, 8))
     assert pro.residual_out is None and torch.equal(copy.residual_out, torch.ones(2, 8))
+
+
+def test_a_kernel_fits_the_step_only_on_inputs_it_reads_in_place():
+    norm = RMSNorm(8)
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)
+    norm.weight.data = torch.ones(8, dtype=torch.bfloat16)
+    assert norm.prologue().fits(x) and norm.prologue(torch.zeros(2, 8, dtype=torch.bfloat16)).fits(x)
+    assert not norm.prologue(torch.zeros(3, 8, dtype=torch.bfloat16)).fits(x)  # the residual's rows
+    assert not norm.prologue(torch.zeros(2, 8)).fits(x)  # the residual's dtype
+    assert not norm.prologue(torch.zeros(2, 16, dtype=torch.bfloat16)[:, ::2]).fits(x)  # its column stride
+    norm.weight.data = torch.ones(8)
+    assert not norm.prologue().fits(x)  # the weight's dtype
+    norm.weight.data = torch.ones(16, dtype=torch.bfloat16)[::2]
+    assert not norm.prologue().fits(x)  # a strided weight
+    assert SiluAndMul().prologue().fits(torch.zeros(2, 16, dtype=torch.bfloat16))

@@ -81,12 +81,16 @@ def test_quantized_rows_equal_the_step_then_the_quantization_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
                     reason="needs FP8 tensor cores")
 @pytest.mark.parametrize("rows", [1, 8, 64, 300])
-def test_fp8_linear_with_a_prologue_equals_the_step_then_the_gemm(rows):
+def test_fp8_linear_with_a_prologue_equals_the_step_then_the_gemm(rows, monkeypatch):
     """Both with per-channel weights of the 8B model's shapes: at 1 row the tuned weight-only kernel (unfused step), at
     8-64 the tensor-core kernel, at 300 torch._scaled_mm (each fused where it quantizes per token): the same bits as
-    the step applied first, residual sum included; a float32 input (dequantizing path) takes the step unfused."""
+    the step applied first, residual sum included."""
     from radixlm.runtime.kernels.gemm.prologue import PrologueKind, apply
-    from radixlm.runtime.kernels.quant import fp8_linear, quant_fp8
+    from radixlm.runtime.kernels.quant import fp8_gemm, fp8_linear, fp8_prologue, quant_fp8
+
+    fused = []
+    run = fp8_prologue.quantized_rows
+    monkeypatch.setattr(fp8_prologue, "quantized_rows", lambda pro, x: fused.append(pro.kind) or run(pro, x))
 
     for kind, (n, k) in ((PrologueKind.ADD_RMSNORM, (6144, 4096)), (PrologueKind.RMSNORM, (28672, 4096)),
                          (PrologueKind.SILU_MUL, (4096, 14336))):
@@ -100,6 +104,10 @@ def test_fp8_linear_with_a_prologue_equals_the_step_then_the_gemm(rows):
         assert torch.equal(got, want), (kind, rows)
         if kind is PrologueKind.ADD_RMSNORM:
             assert torch.equal(pro.residual_out, want_res)
+        # Fused exactly where the GEMM quantizes per token: not where the tuned weight-only kernel runs.
+        weight_only = fp8_gemm.tuned_gemv(x[:, :k], w, None) is not None
+        assert fused == ([] if weight_only else [kind]), (kind, rows, fused)
+        fused.clear()
 
 
 if __name__ == "__main__":
