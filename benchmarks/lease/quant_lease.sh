@@ -35,6 +35,9 @@
 #                                                  # $OUT and installed over the tree's quant_gemv_<GPU>.json), then
 #                                                  # the 8B model bf16 and w4a16 with that table (as `model`)
 #   DRY=1 DRY_OUT=/tmp/w4big bash benchmarks/lease/quant_lease.sh w4big   # its logic on the CPU (interpreter)
+#   ROUNDS=3 bash benchmarks/lease/quant_lease.sh model bf16 fp8   # the formats in turn, three times (llama8b_<FMT>_r<N>)
+#   bash benchmarks/lease/quant_lease.sh tests [PATH...]   # the CUDA tests under PATH (default tests/runtime/kernels/quant),
+#                                                  # the interpreted tier left out (TESTS_LIMIT_S, default 300)
 #   BUDGET_S=300 bash benchmarks/lease/quant_lease.sh profile [FMT...]   # the decode step's kernels per format at
 #                                                  # PROFILE_BATCHES (default 1): profiling/profile_gpu_step.py --quant
 #                                                  # (default formats: fp8 w4a16; ~90-150 s each with a cold cache)
@@ -49,7 +52,7 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-100000}))  # BUDGET_S: no step past it (each step's limit is cut to it)
 PACK=$FINAL_OUT/quant_lease.tar
 step() { budget_step "$@"; }  # env.sh
-case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4big | gemv | mma | fp8mma | profile [FMT...]} in
+case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4big | gemv | mma | fp8mma | profile [FMT...] | tests [PATH...]} in
 profile)
   shift
   for f in ${@:-fp8 w4a16}; do
@@ -131,12 +134,21 @@ moe)
   ;;
 model)
   shift
-  for fmt in "${@:-bf16 fp8 fp8_block w4a16 fp8kv}"; do
-    for f in $fmt; do
-      TAIL=12 step "llama8b_$f" "${MODEL_LIMIT_S:-200}" $PY benchmarks/offline/gpu_llama8b.py --parts ab --quant "$f" \
-        --batches ${BATCHES:-1 8 32 64 256} --decode-steps 128 --sharegpt-requests 400 --random-requests 0 --prefix-groups 0 \
-        --out "$OUT/llama8b_$f.json"
+  rounds=${ROUNDS:-1}
+  for r in $(seq 1 "$rounds"); do
+    sfx=; [ "$rounds" -gt 1 ] && sfx=_r$r
+    for fmt in "${@:-bf16 fp8 fp8_block w4a16 fp8kv}"; do
+      for f in $fmt; do
+        TAIL=12 step "llama8b_$f$sfx" "${MODEL_LIMIT_S:-200}" $PY benchmarks/offline/gpu_llama8b.py --parts ab \
+          --quant "$f" --batches ${BATCHES:-1 8 32 64 256} --decode-steps 128 --sharegpt-requests 400 \
+          --random-requests 0 --prefix-groups 0 --out "$OUT/llama8b_$f$sfx.json"
+      done
     done
   done
+  ;;
+tests)
+  shift
+  TAIL=25 step cuda_tests "${TESTS_LIMIT_S:-300}" $PY -m pytest -q -p no:cacheprovider -m "not interpreted_kernel" \
+    ${@:-tests/runtime/kernels/quant}
   ;;
 esac

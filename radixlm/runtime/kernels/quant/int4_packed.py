@@ -19,7 +19,7 @@ w of eight nibbles (channels 8 kp + j) and per column:
 So ~2.4 instructions a weight at one row, ~3.3 at two, ~5.1 at four (the loop's SASS at 512 x 64 and 512 x 32: 3.0,
 4.5, 7.0 with x's loads and the loop's own), and far fewer live registers (128 at 512 x 64 on four warps), which lets
 more programs (and their next tiles, loaded before this tile's arithmetic) share an SM. With fused_reduce a split K is
-summed in the same launch by each column tile's last program (_reduce_in_kernel; split_counters).
+summed in the same launch by each column tile's last program (_reduce_in_kernel; splitk.split_counters).
 
 Arithmetic against reference.int4_linear (which rounds (q - z) s to the activation dtype, then sums in float32): here
 (q - z) is exact, each product (q - z) x is rounded to bf16 (8 significant bits) and the four products of a half word
@@ -31,13 +31,10 @@ outliers above 4096 would overflow): they run int4_skinny's float32 kernel at th
 (no inline asm) the same roundings are emulated in float32 (.to(bfloat16) at each step)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
 
-from radixlm.runtime.kernels.quant import tiles
+from radixlm.runtime.kernels.quant.splitk import last_to_arrive, reset_counter
 from radixlm.runtime.kernels.quant.x_words import store_rows
 
 # (128 + q_j, 128 + q_(j+4)) - (128 + z) for j = 0..3 of word $4; $5: -(128 + z) as a bf16x2 pair. lop3 table 0xEA is
@@ -128,9 +125,7 @@ def _reduce_in_kernel(Y, Out, Bias, Cnt, offs_n, n_mask, pid_n, M, stride_ym, st
     counter Cnt[pid_n], released after the program's stores, acquired before the loads) sums the partials (the sum's
     order does not depend on which program arrives last) into Out, plus the bias, and zeroes the counter for the next
     launch on the stream."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(Cnt + pid_n, 1, sem="acq_rel", scope="gpu")
-    if arrived == splits - 1:
+    if last_to_arrive(Cnt, pid_n, splits):
         y0 = _split_sum(Y, 0, offs_n, n_mask, stride_ys, splits, SPLIT_P2)
         y1 = y0
         y2 = y0
@@ -141,7 +136,7 @@ def _reduce_in_kernel(Y, Out, Bias, Cnt, offs_n, n_mask, pid_n, M, stride_ym, st
             y2 = _split_sum(Y, 2 * stride_ym, offs_n, n_mask, stride_ys, splits, SPLIT_P2)
             y3 = _split_sum(Y, 3 * stride_ym, offs_n, n_mask, stride_ys, splits, SPLIT_P2)
         store_rows(Out, Bias, offs_n, n_mask, 0, M, stride_om, 0, y0, y1, y2, y3, ROWS, HAS_BIAS, False)
-        tl.atomic_xchg(Cnt + pid_n, 0, sem="relaxed", scope="gpu")
+        reset_counter(Cnt, pid_n)
 
 
 @triton.jit
@@ -225,28 +220,3 @@ def _w4a16_packed_kernel(X, QW, S, Z, Bias, Y, Out, Cnt, M, N, K, group_size, st
     if SPLIT and FUSED:
         _reduce_in_kernel(Y, Out, Bias, Cnt, offs_n, n_mask, pid_n, M, stride_ym, stride_ys, stride_om, splits, ROWS,
                           HAS_BIAS, SPLIT_P2)
-
-
-COUNTER_SLOTS = 4096  # column tiles a fused launch may have (N / BLOCK_N)
-
-
-@dataclass
-class SplitCounters:
-    """One device's arrival counters of the fused split-K reduction, one int32 a column tile, zero between launches
-    (each launch's last programs zero theirs). Launches on one stream run one after another, so they share the slots;
-    W4A16 GEMMs on two streams at once must not both use them (radixlm runs its GEMMs on the forward pass's stream)."""
-
-    device: torch.device
-    counters: torch.Tensor | None = None
-
-    def take(self, slots: int, capturing: bool) -> torch.Tensor | None:
-        """The counters, or None (the caller launches the separate reduction): more column tiles than COUNTER_SLOTS,
-        or inside a CUDA-graph capture before any eager launch allocated them (a capture allocates nothing here)."""
-        if self.counters is None:
-            if capturing:
-                return None
-            self.counters = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=self.device)
-        return self.counters if slots <= COUNTER_SLOTS else None
-
-
-split_counters = tiles.per_device(SplitCounters)  # one counter buffer per device

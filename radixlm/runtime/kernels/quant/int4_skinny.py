@@ -211,10 +211,7 @@ def w4a16_skinny_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.T
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     out = y if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x2.device)
     grid_n = triton.cdiv(n, cfg.block_n)
-    counters = None
-    if packed and cfg.fused_reduce and splits > 1:
-        capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
-        counters = int4_packed.split_counters(x2.device).take(grid_n, capturing)
+    counters = splitk.counters_for(x2, grid_n, splits, packed and cfg.fused_reduce)
     b = bias if bias is not None else y
     head = (xw, qweight, scales, zeros, b, out)
     ints = (m, n, k, group_size, xw.stride(0), qweight.stride(0), scales.stride(0), out.stride(-2),

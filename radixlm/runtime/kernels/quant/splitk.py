@@ -1,10 +1,18 @@
-"""The split-K partials' reduction of the quantized GEMMs (tiles.split_k): one launch sums the float32 partials,
-adds the bias and rounds once to the output dtype (Triton)."""
+"""The split-K partials' reduction of the quantized GEMMs (tiles.split_k): the float32 partials summed in split order,
+plus the bias, rounded once to the output dtype (Triton). Either one launch after the GEMM (reduce_splits), or inside
+it: each output tile's last program to arrive sums the tile's partials (reduce_tile_in_kernel; arrival counters from
+split_counters, one int32 a tile, zero between launches). Both give the same bits."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from radixlm.runtime.kernels.quant import tiles
+
+COUNTER_SLOTS = 4096  # output tiles a launch with the in-kernel reduction may have
 
 
 @triton.jit
@@ -60,3 +68,64 @@ def reduce_splits(partials: torch.Tensor, bias: torch.Tensor | None, out: torch.
         partials, bias if bias is not None else partials, out, m, n, s, partials.stride(0), partials.stride(1),
         out.stride(0), HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4)
     return out
+
+
+@triton.jit
+def last_to_arrive(Cnt, slot, splits):
+    """After this program's partial is stored (by all its threads): whether it is the last of the slot's `splits`
+    programs (the counter, released after the stores, acquired before the caller's loads of the others' partials)."""
+    tl.debug_barrier()
+    return tl.atomic_add(Cnt + slot, 1, sem="acq_rel", scope="gpu") == splits - 1
+
+
+@triton.jit
+def reset_counter(Cnt, slot):
+    """The last program's: the slot back to zero for the next launch on the stream."""
+    tl.atomic_xchg(Cnt + slot, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def reduce_tile_in_kernel(Y, Out, Bias, Cnt, offs_m, offs_n, m_mask, n_mask, slot, splits, stride_ym, stride_ys,
+                          stride_om, HAS_BIAS: tl.constexpr):
+    """After store_tile with SPLIT: the tile's last program sums its partials Y[0..splits) as _reduce_splits_kernel
+    does (from zero, in split order: the same bits), plus the bias, into Out. L2 reads (.cg): other SMs wrote them."""
+    if last_to_arrive(Cnt, slot, splits):
+        ptrs = Y + offs_m[:, None] * stride_ym + offs_n[None, :]
+        mask = m_mask[:, None] & n_mask[None, :]
+        acc = tl.zeros([offs_m.shape[0], offs_n.shape[0]], dtype=tl.float32)
+        for s in range(0, splits):
+            acc += tl.load(ptrs + s * stride_ys, mask=mask, other=0.0, cache_modifier=".cg")
+        if HAS_BIAS:
+            acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(Out.dtype.element_ty), mask=mask)
+        reset_counter(Cnt, slot)
+
+
+@dataclass
+class SplitCounters:
+    """One device's arrival counters of the in-kernel reduction, one int32 an output tile, zero between launches (each
+    launch's last programs zero theirs). Launches on one stream run one after another, so they share the slots; split
+    GEMMs on two streams at once must not both use them (radixlm runs its GEMMs on the forward pass's stream)."""
+
+    device: torch.device
+    counters: torch.Tensor | None = None
+
+    def take(self, slots: int, capturing: bool) -> torch.Tensor | None:
+        """The counters, or None (the caller launches reduce_splits): more output tiles than COUNTER_SLOTS, or inside
+        a CUDA-graph capture before any eager launch allocated them (a capture allocates nothing here)."""
+        if self.counters is None:
+            if capturing:
+                return None
+            self.counters = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=self.device)
+        return self.counters if slots <= COUNTER_SLOTS else None
+
+
+split_counters = tiles.per_device(SplitCounters)  # one counter buffer per device
+
+
+def counters_for(x: torch.Tensor, slots: int, splits: int, fused: bool) -> torch.Tensor | None:
+    """The counters of a launch whose `slots` output tiles are each split `splits` ways, where the reduction runs in
+    the kernel (fused), else None."""
+    if not fused or splits <= 1:
+        return None
+    return split_counters(x.device).take(slots, x.is_cuda and torch.cuda.is_current_stream_capturing())

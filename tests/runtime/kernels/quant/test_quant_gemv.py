@@ -81,7 +81,7 @@ def run_cases() -> None:
             _close(got, want, 1e-2)
             if m == 1:  # not the float32 kernel's result: the packed sums are rounded
                 assert (got - want).abs().max() > 1e-6 * want.abs().max()
-    from radixlm.runtime.kernels.quant.int4_packed import split_counters
+    from radixlm.runtime.kernels.quant.splitk import split_counters
 
     assert not split_counters(torch.device("cpu")).counters.any()  # the last programs zeroed their counters
     with pytest.raises(ValueError, match="fused_reduce needs packed"):
@@ -176,7 +176,7 @@ def test_packed_dispatch_cuda(monkeypatch):
     """The packed kernel through a tuned table (fused split K at 1 and 4 rows, reduce_splits at 2; float16 takes the
     float32 kernel), eager and replayed twice from a CUDA graph (the arrival counters back at zero each time)."""
     from radixlm.runtime.kernels import quant
-    from radixlm.runtime.kernels.quant.int4_packed import split_counters
+    from radixlm.runtime.kernels.quant.splitk import split_counters
 
     n, k = 4096, 4096
     cfgs = {1: (128, 128, 32, 1, True), 2: (512, 64, 16, 4, False), 4: (256, 32, 16, 2, True)}
