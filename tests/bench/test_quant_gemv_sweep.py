@@ -37,3 +37,13 @@ def test_a_sweep_replaces_what_it_measured_and_keeps_the_rest():
     merged = merge_entries(committed, new, swept)
     assert merged == [entry("w4a16_mma", 4096, 8, 128), new[0]]  # 6144: measured again, no longer a gain
     assert sweep.group_of("fp8_block") == 128 and sweep.group_of("w4a16") == sweep.GROUP
+
+
+def test_vary_specs_parse_to_typed_values_and_refuse_a_bare_field():
+    import pytest
+
+    assert sweep.parse_vary(["split_k=1,2", "fused_act=true,False", "x_load=gathered"]) == {
+        "split_k": [1, 2], "fused_act": [True, False], "x_load": ["gathered"]}
+    for bad in (["split_k"], ["=1"], ["split_k="]):
+        with pytest.raises(ValueError, match="FIELD=V1"):
+            sweep.parse_vary(bad)

@@ -20,8 +20,7 @@ scale = max(amax, ACT_EPS) / FP8_MAX, q = x / scale rounded to nearest, clamped)
 otherwise fp8_act's kernels run first. Scales: per tensor / per channel once after the K loop (acc * a_s[m] *
 w_s[n]); blocks per K tile (each K tile is one block column: dot * a_s[m, t] * w_s[n // bn, t], summed in float32).
 Split K (tiles.split_k from N's tiles: about two programs an SM) where the output tiles are fewer than two waves; the
-float32 partials are summed, plus the bias, rounded once, by each output tile's last program (or, with fused_reduce
-off or no counters, by splitk.reduce_splits' launch: the same bits).
+float32 partials are summed by splitk.reduce_splits, which adds the bias and rounds once.
 
 Capturable in CUDA graphs (one allocation size per row count, no host sync); M is not specialized on and the split
 depends on N's tiles only, so one variant per row bucket (start-up's warm-up: tiles.warmup_rows builds them). x is
@@ -36,7 +35,7 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.quant import fp8_act, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import ACT_EPS, FP8_DTYPE, FP8_MAX
-from radixlm.runtime.kernels.quant.splitk import reduce_tile_in_kernel, store_tile, tile_range
+from radixlm.runtime.kernels.quant.splitk import store_tile, tile_range
 
 ROW_BOUNDS = (8, 16, 64, 256)  # the row buckets (tiles.ROW_BUCKETS) a table entry may name: 5..256 rows
 BLOCK_KS = (64, 128, 256)  # an 8-bit dot's K is at least 32; the block weights' tile is their block K (128)
@@ -58,7 +57,6 @@ class Fp8MmaConfig:
     num_stages: int
     split_k: int = 0  # 0: tiles.split_k's (about two programs an SM); 1: none; more: at most this many
     fused_act: bool = False  # quantize the activations in the K loop where the scheme allows (blocks, static scale)
-    fused_reduce: bool = True  # a split K summed in the GEMM's launch (splitk.reduce_tile_in_kernel)
 
     def __post_init__(self):
         tiles.check_mma_config(self, BLOCK_KS)
@@ -67,15 +65,13 @@ class Fp8MmaConfig:
 
 
 @triton.jit(do_not_specialize=["M", "stride_ys"])
-def _fp8_mma_kernel(X, XS, W, WS, Bias, Y, Out, Cnt, M, N, K, stride_xm, stride_xsm, stride_wn, stride_wsn,
-                    stride_wsk, stride_ym, stride_ys, stride_om, k_tiles_per_split, eps, fp8_max, ACT: tl.constexpr,
+def _fp8_mma_kernel(X, XS, W, WS, Bias, Y, M, N, K, stride_xm, stride_xsm, stride_wn, stride_wsn, stride_wsk,
+                    stride_ym, stride_ys, k_tiles_per_split, eps, fp8_max, ACT: tl.constexpr,
                     BLOCKWISE: tl.constexpr, GROUP_N: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                    FUSED: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
+                    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """y = (q * a_s) @ (w * w_s)^T, accumulated as acc[BLOCK_N, BLOCK_M]. BLOCKWISE: w_s (ceil(N / GROUP_N), K /
     BLOCK_K) and (ACT PRE) a_s (M, K / BLOCK_K), applied per K tile; else w_s (N,) or one value (stride 0) and a_s
-    (M,) or one value, applied once after the loop. SPLIT: Y holds the float32 partials; FUSED (with SPLIT): each
-    output tile's last program sums them into Out (splitk.reduce_tile_in_kernel), else reduce_splits does."""
+    (M,) or one value, applied once after the loop."""
     offs_m, offs_n, offs_k, m_mask, n_mask, t0, t1, pid_k = tile_range(M, N, K, k_tiles_per_split, BLOCK_M,
                                                                         BLOCK_N, BLOCK_K)
     x_ptrs = X + offs_m[:, None] * stride_xm + offs_k[None, :]
@@ -117,10 +113,6 @@ def _fp8_mma_kernel(X, XS, W, WS, Bias, Y, Out, Cnt, M, N, K, stride_xm, stride_
         w_s = tl.load(WS + offs_n * stride_wsn, mask=n_mask, other=0.0)
         acc = acc * a_s[None, :] * w_s[:, None]
     store_tile(tl.trans(acc), Y, Bias, offs_m, offs_n, m_mask, n_mask, stride_ym, stride_ys, pid_k, SPLIT, HAS_BIAS)
-    if SPLIT and FUSED:
-        reduce_tile_in_kernel(Y, Out, Bias, Cnt, offs_m, offs_n, m_mask, n_mask,
-                              tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), tl.num_programs(2), stride_ym,
-                              stride_ys, stride_om, HAS_BIAS)
 
 
 def takes(m: int, k: int, block: tuple[int, int] | None, dtype: torch.dtype, cfg: Fp8MmaConfig) -> bool:
@@ -180,14 +172,13 @@ def fp8_mma_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     k_tiles = triton.cdiv(k, cfg.block_k)
     split = tiles.config_split(cfg.split_k, grid_n, k_tiles, x2.device)
     y, out = tiles.split_outputs(m, n, x2.dtype, x2.device, split)
-    counters = splitk.counters_for(y, grid_n * grid_m, split.splits, cfg.fused_reduce)
     _fp8_mma_kernel[(grid_n, grid_m, split.splits)](
-        x, x_scale, weight, w_scale, bias if bias is not None else y, out, y, counters if counters is not None else y,
-        m, n, k, x.stride(0), stride_xsm, weight.stride(0), stride_wsn, stride_wsk, out.stride(-2),
-        out.stride(0) if split.splits > 1 else 0, y.stride(0), split.k_tiles_per_split, ACT_EPS, FP8_MAX, ACT=act,
-        BLOCKWISE=block is not None, GROUP_N=block[0] if block is not None else 1, HAS_BIAS=bias is not None,
-        SPLIT=split.splits > 1, FUSED=counters is not None, EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        x, x_scale, weight, w_scale, bias if bias is not None else y, out, m, n, k, x.stride(0), stride_xsm,
+        weight.stride(0), stride_wsn, stride_wsk, out.stride(-2), out.stride(0) if split.splits > 1 else 0,
+        split.k_tiles_per_split, ACT_EPS, FP8_MAX, ACT=act, BLOCKWISE=block is not None,
+        GROUP_N=block[0] if block is not None else 1, HAS_BIAS=bias is not None, SPLIT=split.splits > 1,
+        EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if split.splits > 1 and counters is None:
+    if split.splits > 1:
         splitk.reduce_splits(out, bias, y)
     return y

@@ -22,8 +22,7 @@ one gather, act-order's permutation composed into it) so that each nibble's chan
 straight into the dot's shared-memory operand by the pipeline (X is specialized as 16-byte aligned; a misaligned x
 is copied first). Scales and zeros: one row per K tile where the tile lies in one group; for groups of 8..64
 channels the tile's BLOCK_K / g rows are loaded once and broadcast to the words. Split K (tiles.split_k from N's
-tiles: about two programs an SM) where the output tiles are fewer than two waves, summed in the launch by each output
-tile's last program (fused_reduce; fp8_mma.py's). Capturable in CUDA graphs (one
+tiles: about two programs an SM) where the output tiles are fewer than two waves. Capturable in CUDA graphs (one
 allocation size per row count, no host sync); M is not specialized on."""
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.quant import splitk, tiles
 from radixlm.runtime.kernels.quant.reference import INT4_PACK
-from radixlm.runtime.kernels.quant.splitk import reduce_tile_in_kernel, store_tile
+from radixlm.runtime.kernels.quant.splitk import store_tile
 
 ROW_BOUNDS = (8, 16, 64, 256)  # the row buckets (tiles.ROW_BUCKETS) a table entry may name: 5..256 rows
 BLOCK_KS = (128, 256)  # BLOCK_K / 8 >= 16: each nibble's dot has the MMA's K
@@ -65,7 +64,6 @@ class Int4MmaConfig:
     split_k: int = 0  # 0: tiles.split_k's (about two programs an SM); 1: none; more: at most this many
     x_load: XLoad = XLoad.SPLIT
     asm: bool = False  # _pair_asm's dequantization (CUDA and 16-bit x only; the interpreter runs the other)
-    fused_reduce: bool = True  # a split K summed in the GEMM's launch (splitk.reduce_tile_in_kernel)
 
     def __post_init__(self):
         object.__setattr__(self, "x_load", XLoad(self.x_load))
@@ -126,14 +124,12 @@ def _x_nibble(X, offs_m, m_mask, k0, j: tl.constexpr, offs_kp, K, stride_xm, X_M
 
 
 @triton.jit(do_not_specialize=["M", "stride_ys"])
-def _w4a16_mma_kernel(X, QW, S, Z, Bias, Y, Out, Cnt, M, N, K, group_size, stride_xm, stride_qk, stride_sg,
-                      stride_ym, stride_ys, stride_om, k_tiles_per_split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                      FUSED: tl.constexpr, EVEN_K: tl.constexpr,
+def _w4a16_mma_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, stride_qk, stride_sg, stride_ym,
+                      stride_ys, k_tiles_per_split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                       GROUPS: tl.constexpr, X_MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, MAGIC_BITS: tl.constexpr, MAGIC: tl.constexpr, HALF: tl.constexpr,
                       ASM: tl.constexpr):
-    """GROUPS: quantization groups in a K tile (1: the tile lies in one group, or the weight has one). SPLIT: Y holds
-    the float32 partials; FUSED (with SPLIT): each output tile's last program sums them into Out."""
+    """GROUPS: quantization groups in a K tile (1: the tile lies in one group, or the weight has one)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -207,10 +203,6 @@ def _w4a16_mma_kernel(X, QW, S, Z, Bias, Y, Out, Cnt, M, N, K, group_size, strid
         acc = _nibble_dot(acc, packed, 6, x6, s, zb, MAGIC_BITS, HALF, ASM)
         acc = _nibble_dot(acc, packed, 7, x7, s, zb, MAGIC_BITS, HALF, ASM)
     store_tile(tl.trans(acc), Y, Bias, offs_m, offs_n, m_mask, n_mask, stride_ym, stride_ys, pid_k, SPLIT, HAS_BIAS)
-    if SPLIT and FUSED:
-        reduce_tile_in_kernel(Y, Out, Bias, Cnt, offs_m, offs_n, m_mask, n_mask,
-                              tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), tl.num_programs(2), stride_ym,
-                              stride_ys, stride_om, HAS_BIAS)
 
 
 def groups_per_tile(k: int, group_size: int, block_k: int) -> int | None:
@@ -262,16 +254,14 @@ def w4a16_mma_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     split = tiles.config_split(cfg.split_k, grid_n, k_tiles, x2.device)
     y, out = tiles.split_outputs(m, n, x2.dtype, x2.device, split)
     bits, value, half = _MAGIC[x2.dtype]
-    counters = splitk.counters_for(y, grid_n * grid_m, split.splits, cfg.fused_reduce)
     _w4a16_mma_kernel[(grid_n, grid_m, split.splits)](
-        x2, qweight, scales, zeros, bias if bias is not None else y, out, y,
-        counters if counters is not None else y, m, n, k, group_size, x2.stride(0), qweight.stride(0),
-        scales.stride(0), out.stride(-2), out.stride(0) if split.splits > 1 else 0, y.stride(0),
-        split.k_tiles_per_split, HAS_BIAS=bias is not None, SPLIT=split.splits > 1, FUSED=counters is not None, EVEN_K=k % cfg.block_k == 0,
+        x2, qweight, scales, zeros, bias if bias is not None else y, out, m, n, k, group_size, x2.stride(0),
+        qweight.stride(0), scales.stride(0), out.stride(-2), out.stride(0) if split.splits > 1 else 0,
+        split.k_tiles_per_split, HAS_BIAS=bias is not None, SPLIT=split.splits > 1, EVEN_K=k % cfg.block_k == 0,
         GROUPS=groups_per_tile(k, group_size, cfg.block_k), X_MODE=_XMODE[cfg.x_load], BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MAGIC_BITS=bits, MAGIC=value, HALF=half,
         ASM=_ASM_KIND.get(x2.dtype, 0) if cfg.asm and x2.is_cuda else 0, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
-    if split.splits > 1 and counters is None:
+    if split.splits > 1:
         splitk.reduce_splits(out, bias, y)
     return y

@@ -1,7 +1,12 @@
 """The split-K partials' reduction of the quantized GEMMs (tiles.split_k): the float32 partials summed in split order,
-plus the bias, rounded once to the output dtype (Triton). Either one launch after the GEMM (reduce_splits), or inside
-it: each output tile's last program to arrive sums the tile's partials (reduce_tile_in_kernel; arrival counters from
-split_counters, one int32 a tile, zero between launches). Both give the same bits."""
+plus the bias, rounded once to the output dtype (Triton), in one launch after the GEMM (reduce_splits); and the
+arrival counters with which a kernel sums them itself (the last of a tile's programs to arrive: last_to_arrive,
+split_counters; int4_packed's few-row kernel).
+
+In the launch pays only for the few rows of decode: at 64 rows the tensor-core kernels' 64 x 64 and 64 x 128 tiles
+summed by one program each (4 warps, the splits one after another) made Llama-8B's split GEMMs slower than with
+reduce_splits' launch across the GPU (H200: FP8 o_proj 21.0 against 14.0 us, down_proj 36.7 against 30.4; W4A16
+down_proj 64.1 against 35.7; the same at 8-16 rows; benchmarks/results/kernels/h200/splitk_in_launch/)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +17,7 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.quant import tiles
 
-COUNTER_SLOTS = 4096  # output tiles a launch with the in-kernel reduction may have
+COUNTER_SLOTS = 4096  # output tiles a launch summing its own split may have
 
 
 @triton.jit
@@ -82,23 +87,6 @@ def last_to_arrive(Cnt, slot, splits):
 def reset_counter(Cnt, slot):
     """The last program's: the slot back to zero for the next launch on the stream."""
     tl.atomic_xchg(Cnt + slot, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def reduce_tile_in_kernel(Y, Out, Bias, Cnt, offs_m, offs_n, m_mask, n_mask, slot, splits, stride_ym, stride_ys,
-                          stride_om, HAS_BIAS: tl.constexpr):
-    """After store_tile with SPLIT: the tile's last program sums its partials Y[0..splits) as _reduce_splits_kernel
-    does (from zero, in split order: the same bits), plus the bias, into Out. L2 reads (.cg): other SMs wrote them."""
-    if last_to_arrive(Cnt, slot, splits):
-        ptrs = Y + offs_m[:, None] * stride_ym + offs_n[None, :]
-        mask = m_mask[:, None] & n_mask[None, :]
-        acc = tl.zeros([offs_m.shape[0], offs_n.shape[0]], dtype=tl.float32)
-        for s in range(0, splits):
-            acc += tl.load(ptrs + s * stride_ys, mask=mask, other=0.0, cache_modifier=".cg")
-        if HAS_BIAS:
-            acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(Out.dtype.element_ty), mask=mask)
-        reset_counter(Cnt, slot)
 
 
 @dataclass

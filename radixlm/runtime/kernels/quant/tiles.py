@@ -138,8 +138,8 @@ def per_device(make: Callable[[torch.device], T]) -> Callable[[torch.device], T]
 
 
 def check_mma_config(cfg, block_ks: tuple[int, ...]) -> None:
-    """The tensor-core kernels' config fields (block_m/n/k, num_warps, num_stages, split_k, fused_reduce): a
-    ValueError naming the config's class for any out of bounds."""
+    """The tensor-core kernels' config fields (block_m/n/k, num_warps, num_stages, split_k): a ValueError naming the
+    config's class for any out of bounds."""
     name = type(cfg).__name__
     for field in ("block_m", "block_n", "num_warps"):
         v = getattr(cfg, field)
@@ -149,8 +149,6 @@ def check_mma_config(cfg, block_ks: tuple[int, ...]) -> None:
         raise ValueError(f"{name}: block_k in {block_ks}, block_m and block_n in 16..256, got {cfg}")
     if not 0 <= cfg.split_k <= MAX_SPLIT or cfg.num_stages < 1:
         raise ValueError(f"{name}: split_k in 0..{MAX_SPLIT}, num_stages >= 1, got {cfg}")
-    if not isinstance(cfg.fused_reduce, bool):
-        raise ValueError(f"{name}.fused_reduce must be true or false, got {cfg.fused_reduce!r}")
 
 
 def _cdiv(a: int, b: int) -> int:
