@@ -14,6 +14,20 @@ from radixlm.runtime.ipc import PortArgs, free_port
 logger = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 600.0
+# The children are forked from one server process that imported these first (multiprocessing's forkserver): each
+# spawned child imported torch, transformers and the scheduler's modules again (3-5 s of CPU a child), and the
+# forkserver is as clean a parent as spawn's (one thread, no CUDA context, nothing run yet).
+CHILD_PRELOAD = ("radixlm.runtime.scheduler.process", "radixlm.runtime.scheduler.scheduler",
+                 "radixlm.runtime.executor.model_runner", "radixlm.runtime.detokenizer_manager",
+                 "radixlm.runtime.model_loader.tokenizer", "transformers.models.auto.tokenization_auto",
+                 "transformers.models.auto.configuration_auto", "transformers.activations")
+
+
+def child_context() -> mp.context.BaseContext:
+    """The context the server's children start in: a forkserver preloaded with CHILD_PRELOAD."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(CHILD_PRELOAD))
+    return ctx
 
 
 @dataclass
@@ -117,7 +131,7 @@ def launch_subprocesses(server_args: ServerArgs) -> LaunchedRuntime:
     from radixlm.runtime.detokenizer_manager import run_detokenizer_process
 
     t0 = time.perf_counter()
-    ctx = mp.get_context("spawn")
+    ctx = child_context()
     ports = PortArgs.new()
     detok_r, detok_w = ctx.Pipe(duplex=False)
     procs: dict[str, mp.process.BaseProcess] = {}

@@ -35,15 +35,21 @@ def free_port() -> int:
 
 
 def child_pids(pid: int) -> list[int]:
-    out = []
+    """Every process below pid: the server's children and theirs (its scheduler and detokenizer are forked by a
+    forkserver child, runtime/launch.py)."""
+    parents: dict[int, int] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
                 with open(f"/proc/{d}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(d))
+                    parents[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 pass
+    out, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, pp in parents.items() if pp in frontier]
+        out += kids
+        frontier = kids
     return out
 
 
