@@ -59,12 +59,30 @@ def connect_push(ctx: zmq.Context, addr: str) -> zmq.Socket:
 
 def die_with_parent() -> None:
     """Child processes: get SIGKILL when the parent dies (Linux), so no orphan keeps the model loaded.
-    Callers also poll parent_alive() as a fallback for other platforms."""
+    Callers also poll parent_alive() as a fallback for other platforms. A child of multiprocessing's forkserver
+    (runtime/launch.py) first lets go of the launcher's liveness pipe, which the forkserver hands every child: the
+    forkserver exits when the launcher dies only once no child holds it, and that exit is what kills this process."""
+    _release_forkserver_pipe()
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def _release_forkserver_pipe() -> None:
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    # The launcher has the forkserver's pid; a process forked by the forkserver has none (and the pipe's copy).
+    if fd is None or getattr(server, "_forkserver_pid", None) is not None:
+        return
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    server._forkserver_alive_fd = None
 
 
 class ParentWatch:

@@ -1,15 +1,16 @@
 """A dead child process fails pending requests with a clear error, and the server exits non-zero (never a server that
-answers 503 forever)."""
+answers 503 forever); a killed server process takes every process below it down (no orphan keeps the model)."""
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import time
 
 import httpx
 import pytest
 
-from tests.runtime.server.conftest import start_server, stop_server
+from tests.runtime.server.conftest import child_pids, pid_alive, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -33,3 +34,23 @@ def test_scheduler_death_fails_pending_requests():
         assert h.proc.wait(timeout=60) == 1
     finally:
         stop_server(h)
+
+
+def test_a_killed_server_takes_its_processes_down():
+    """SIGKILL, not SIGTERM: nothing of the server runs its shutdown. The scheduler and detokenizer are children of
+    the forkserver that forked them, which must exit with the server (runtime/ipc.py: die_with_parent)."""
+    h = start_server()
+    below = child_pids(h.proc.pid)
+    try:
+        assert len(below) >= 3, below  # the forkserver, the scheduler, the detokenizer (and a resource tracker)
+        h.proc.kill()
+        h.proc.wait(30)
+        deadline = time.monotonic() + 30
+        while any(pid_alive(p) for p in below) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in below if pid_alive(p)]
+    finally:
+        stop_server(h)
+        for p in below:  # what a failure left behind
+            if pid_alive(p):
+                os.kill(p, signal.SIGKILL)
