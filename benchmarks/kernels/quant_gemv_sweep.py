@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.lib.gpu_timing import SHAPES, graph_us, quick_us, tree, wall_us, within_budget  # noqa: E402
 from benchmarks.lib.quant_sweep import (  # noqa: E402
-    BLOCK, GROUP, KERNEL_ROWS, LAYER, MARGIN, BucketFormat, Setup, bf16_best, floor_us, fp8_exact_x, gemv_configs,
-    rel_err, sweep_buckets, try_candidate, write_table)
+    BLOCK, GROUP, KERNEL_ROWS, LAYER, MARGIN, BucketFormat, Setup, bf16_best, floor_us, gemv_configs, parse_vary,
+    rel_err, sweep_buckets, try_candidate, vary_buckets, write_table)
 from radixlm.runtime.kernels import quant  # noqa: E402
 from radixlm.runtime.kernels.quant import fp8_gemm, reference as ref, tiles  # noqa: E402
 from radixlm.runtime.kernels.quant.fp8_gemv import fp8_gemv_linear  # noqa: E402
@@ -307,56 +307,10 @@ def print_layer(kind: Kind, result: dict, formats: list[str]) -> None:
                   f"({row['mma_us'] / row['bf16_us']:.2f}x bf16) | {row['floor_us']:.1f}")
 
 
-def parse_vary(specs: list[str]) -> dict[str, list]:
-    """--vary's FIELD=V1,V2 specs: true/false as bools, digits as ints."""
-    def value(v: str):
-        return {"true": True, "false": False}.get(v.lower(), int(v) if v.lstrip("-").isdigit() else v)
-
-    out = {}
-    for spec in specs:
-        field, _, values = spec.partition("=")
-        if not field or not values:
-            raise ValueError(f"--vary takes FIELD=V1,V2,...; got {spec!r}")
-        out[field] = [value(v) for v in values.split(",")]
-    return out
-
-
 def vary_table(args, setup: Setup, result: dict, save) -> tuple[list[dict], set[tuple]]:
-    """--kind mma / fp8mma --vary FIELD=V1,V2: at each shape and row count, the tuned table's config for the GEMM (a
-    dry run: the first candidate) timed as the sweep times its choices (graph_us), and again with one field changed
-    to each value; no table is written. A field's measured A/B around the tuned point, without a whole sweep."""
-    from dataclasses import replace
-
-    from radixlm.runtime.kernels.quant import quant_tuned
-
+    """--kind mma / fp8mma --vary: quant_sweep.vary_buckets over the kind's formats."""
     formats = [mma_format()] if args.kind is Kind.MMA else fp8_formats([f for f in args.formats if f.startswith("fp8")])
-    for name in within_budget(args.shapes, args.t0, args.budget_s):
-        n, k = SHAPES[name]
-        if setup.dry:
-            n, k = n // 64, max(128, k // 32 // 128 * 128)
-        copies = 2 if setup.dry else max(2, min(16, -(-600_000_000 // (2 * n * k))))
-        bf16 = [torch.randn(n, k, device=setup.device, dtype=setup.dtype) * 0.02 for _ in range(copies)]
-        for f in formats:
-            ws = [f.make(w) for w in bf16]
-            for m in args.rows:
-                x = (fp8_exact_x(m, k, setup.device, setup.dtype) if setup.dry and f.name.startswith("fp8")
-                     else torch.randn(m, k, device=setup.device, dtype=setup.dtype))
-                base = (f.configs(m, k, True)[0] if setup.dry
-                        else quant_tuned.lookup(x.device, f.kernel, n, k, m, f.group))
-                if base is None:
-                    print(f"{f.name:>11} {name:>12} rows {m:>3}: no table entry", flush=True)
-                    continue
-                variants = [base] + [replace(base, **{field: v}) for field, values in args.vary.items()
-                                     for v in values if getattr(base, field) != v]
-                cells = [try_candidate(f.candidate, f.want, x, ws, cfg, setup.timer) for cfg in variants]
-                result["cells"].append({"format": f.name, "shape": name, "n": n, "k": k, "rows": m,
-                                        "floor_us": floor_us(f.name, n, k, m), "candidates": cells})
-                print(f"{f.name:>11} {name:>12} rows {m:>3}: " + " | ".join(
-                    f"{c.get('us', float('nan')):7.2f} " + ("table" if i == 0 else ", ".join(
-                        f"{fd}={c['config'][fd]}" for fd in args.vary if c["config"][fd] != cells[0]["config"][fd]))
-                    + (f" ({c['error']})" if "error" in c else "") for i, c in enumerate(cells)), flush=True)
-        bf16 = None
-        save()
+    vary_buckets(args, setup, result, save, formats)
     return [], set()
 
 

@@ -171,6 +171,23 @@ def fp8_exact_x(m: int, k: int, device: str, dtype: torch.dtype) -> torch.Tensor
     return (v * 2.0 ** -6).to(device=device, dtype=dtype)
 
 
+def shape_weights(name: str, setup: Setup) -> tuple[int, int, int, list[torch.Tensor]]:
+    """A shape's (n, k) (a dry run's shrunk), and enough distinct bf16 weight copies that a graph of one call a copy
+    reads each from HBM."""
+    n, k = SHAPES[name]
+    if setup.dry:
+        n, k = n // 64, max(128, k // 32 // 128 * 128)
+    copies = 2 if setup.dry else max(2, min(16, -(-600_000_000 // (2 * n * k))))
+    return n, k, copies, [torch.randn(n, k, device=setup.device, dtype=setup.dtype) * 0.02 for _ in range(copies)]
+
+
+def rows_x(m: int, k: int, setup: Setup, fmt: str) -> torch.Tensor:
+    """m rows of activations (a dry run's FP8 ones exactly representable: fp8_exact_x)."""
+    if setup.dry and fmt.startswith("fp8"):
+        return fp8_exact_x(m, k, setup.device, setup.dtype)
+    return torch.randn(m, k, device=setup.device, dtype=setup.dtype)
+
+
 @dataclasses.dataclass(frozen=True)
 class BucketFormat:
     """One format a tensor-core kind sweeps: its table kind and group, its weights, the current path (default), the
@@ -193,18 +210,12 @@ def sweep_buckets(args, setup: Setup, result: dict, save, formats: list[BucketFo
     entries, swept = [], set()
     result["buckets"] = []
     for name in within_budget(args.shapes, args.t0, args.budget_s):
-        n, k = SHAPES[name]
-        if setup.dry:
-            n, k = n // 64, max(128, k // 32 // 128 * 128)
-        copies = 2 if setup.dry else max(2, min(16, -(-600_000_000 // (2 * n * k))))
-        bf16 = [torch.randn(n, k, device=setup.device, dtype=setup.dtype) * 0.02 for _ in range(copies)]
+        n, k, copies, bf16 = shape_weights(name, setup)
         weights = {f.name: [f.make(w) for w in bf16] for f in formats}
         by_cfg: dict[tuple[str, int, object], dict[int, float]] = {}
         defaults: dict[tuple[str, int], dict[int, float]] = {}
         for m in args.rows:
-            exact = setup.dry and formats[0].name.startswith("fp8")
-            x = (fp8_exact_x(m, k, setup.device, setup.dtype) if exact
-                 else torch.randn(m, k, device=setup.device, dtype=setup.dtype))
+            x = rows_x(m, k, setup, formats[0].name)
             times = bf16_best(x, bf16, m, setup)
             b_kernel = min(times, key=times.get)
             bucket = tiles.ROW_BUCKETS[tiles.bucket_of(m)]
@@ -253,6 +264,51 @@ def sweep_buckets(args, setup: Setup, result: dict, save, formats: list[BucketFo
         bf16 = weights = None  # (frees the copies before the next shape)
         save()
     return entries, swept
+
+
+def parse_vary(specs: list[str]) -> dict[str, list]:
+    """--vary's FIELD=V1,V2 specs: true/false as bools, digits as ints."""
+    def value(v: str):
+        return {"true": True, "false": False}.get(v.lower(), int(v) if v.lstrip("-").isdigit() else v)
+
+    out = {}
+    for spec in specs:
+        field, _, values = spec.partition("=")
+        if not field or not values:
+            raise ValueError(f"--vary takes FIELD=V1,V2,...; got {spec!r}")
+        out[field] = [value(v) for v in values.split(",")]
+    return out
+
+
+def vary_buckets(args, setup: Setup, result: dict, save, formats: list[BucketFormat]) -> None:
+    """kernels/quant_gemv_sweep.py --vary FIELD=V1,V2 (args.vary: parse_vary's): at each shape and row count, the
+    tuned table's config for the GEMM (a dry run: the first candidate) timed as sweep_buckets times its choices, and
+    again with one field changed to each value; no table is written. A field's measured A/B around the tuned point,
+    without a whole sweep."""
+    from radixlm.runtime.kernels.quant import quant_tuned
+
+    for name in within_budget(args.shapes, args.t0, args.budget_s):
+        n, k, _copies, bf16 = shape_weights(name, setup)
+        for f in formats:
+            ws = [f.make(w) for w in bf16]
+            for m in args.rows:
+                x = rows_x(m, k, setup, f.name)
+                base = (f.configs(m, k, True)[0] if setup.dry
+                        else quant_tuned.lookup(x.device, f.kernel, n, k, m, f.group))
+                if base is None:
+                    print(f"{f.name:>11} {name:>12} rows {m:>3}: no table entry", flush=True)
+                    continue
+                variants = [base] + [dataclasses.replace(base, **{field: v}) for field, values in args.vary.items()
+                                     for v in values if getattr(base, field) != v]
+                cells = [try_candidate(f.candidate, f.want, x, ws, cfg, setup.timer) for cfg in variants]
+                result["cells"].append({"format": f.name, "shape": name, "n": n, "k": k, "rows": m,
+                                        "floor_us": floor_us(f.name, n, k, m), "candidates": cells})
+                print(f"{f.name:>11} {name:>12} rows {m:>3}: " + " | ".join(
+                    f"{c.get('us', float('nan')):7.2f} " + ("table" if i == 0 else ", ".join(
+                        f"{fd}={c['config'][fd]}" for fd in args.vary if c["config"][fd] != cells[0]["config"][fd]))
+                    + (f" ({c['error']})" if "error" in c else "") for i, c in enumerate(cells)), flush=True)
+        bf16 = None
+        save()
 
 
 def merge_entries(old: list[dict], new: list[dict], swept: set[tuple] = frozenset()) -> list[dict]:
