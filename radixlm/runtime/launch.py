@@ -1,5 +1,5 @@
-"""Spawns the scheduler and detokenizer processes, waits until both are ready, and stops them
-(always: no orphan survives the launcher)."""
+"""Starts the scheduler and detokenizer processes (forked by a preloaded forkserver: child_context), waits until
+both are ready, and stops them (always: no orphan survives the launcher)."""
 from __future__ import annotations
 
 import logging

@@ -6,7 +6,8 @@ split_counters; int4_packed's few-row kernel).
 In the launch pays only for the few rows of decode: at 64 rows the tensor-core kernels' 64 x 64 and 64 x 128 tiles
 summed by one program each (4 warps, the splits one after another) made Llama-8B's split GEMMs slower than with
 reduce_splits' launch across the GPU (H200: FP8 o_proj 21.0 against 14.0 us, down_proj 36.7 against 30.4; W4A16
-down_proj 64.1 against 35.7; the same at 8-16 rows; benchmarks/results/kernels/h200/splitk_in_launch/)."""
+down_proj 64.1 against 35.7; at 8-16 rows from 1% faster to 10% slower;
+benchmarks/results/kernels/h200/splitk_in_launch/)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
