@@ -49,14 +49,17 @@ def cmd_serve(ns: argparse.Namespace) -> None:
             sys.exit(f"radixlm serve: error: --router-policy: {e}")
         serve_data_parallel(_server_args(ns), ns.dp_size, router_args)
         return
-    from radixlm.runtime.server.http_app import serve
-
     args = _server_args(ns)
     if args.node_rank > 0:
         from radixlm.runtime.launch import serve_worker_node
 
         serve_worker_node(args)  # this host's ranks only: requests arrive on node 0
         return
+    from radixlm.runtime.launch import start_child_server
+
+    start_child_server()  # its imports run while this process imports the HTTP stack
+    from radixlm.runtime.server.http_app import serve
+
     serve(args, host=ns.host, port=ns.port)
 
 

@@ -30,6 +30,15 @@ def child_context() -> mp.context.BaseContext:
     return ctx
 
 
+def start_child_server() -> None:
+    """Starts the forkserver now rather than at the first child: its imports then overlap the caller's (the HTTP
+    stack's, before it launches the children). Returns at once; the first child waits for the preload."""
+    from multiprocessing import forkserver
+
+    child_context()
+    forkserver.ensure_running()
+
+
 @dataclass
 class LaunchedRuntime:
     """Set by launch_subprocesses; owned by the main process."""
