@@ -3,8 +3,14 @@ Engine() for Llama-3.1-8B shapes (dummy bf16, the side-by-side's engine) under c
 TRITON_CACHE_DIR finds it), then the decode step at batch 1, 2, 4 and 64 (the few-row GEMMs chosen at start-up).
 Prints the imports and the slowest radixlm/torch/triton functions by cumulative time, writes JSON.
 
+--server instead: what a `radixlm serve` start-up costs the machine, over --runs start-ups (the default model, or
+the serve arguments after --): wall time to the first healthy /health, and the CPU seconds of each process of the
+server (main, and every process below it) when it is ready. Run it in two trees side by side to compare them (a
+machine's load moves absolute seconds).
+
     bash benchmarks/lease/startup_lease.sh                       # on the device (carry .whl): cold, then warm
     python benchmarks/startup/startup_profile.py --tiny --out F    # here, on the CPU: the same with tiny shapes
+    python benchmarks/startup/startup_profile.py --server --runs 3 --out F [-- SERVE ARGS...]
 """
 from __future__ import annotations
 
@@ -18,7 +24,11 @@ import importlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import pstats  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
+import urllib.request  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -51,12 +61,91 @@ def top_functions(prof: cProfile.Profile, n: int) -> list[dict]:
     return rows[:n]
 
 
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds) of a live process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def tree_cpu(root: int) -> dict[int, float]:
+    """CPU seconds of root and every process below it."""
+    stats = {int(d): s for d in os.listdir("/proc") if d.isdigit() and (s := _stat(int(d))) is not None}
+    out, frontier = {}, [root]
+    while frontier:
+        out.update({p: stats[p][1] for p in frontier if p in stats})
+        frontier = [p for p, (pp, _) in stats.items() if pp in frontier]
+    return out
+
+
+def _cmd(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[-60:]
+    except OSError:
+        return "?"
+
+
+def one_start(serve_args: list[str], timeout_s: float) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", "--port", str(port), "--log-level",
+                             "warning", *serve_args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}")
+            if time.perf_counter() - t0 > timeout_s:
+                raise TimeoutError(f"not healthy in {timeout_s} s")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        ready_s = time.perf_counter() - t0
+        cpu = tree_cpu(proc.pid)
+        return {"ready_s": round(ready_s, 2), "cpu_s": round(sum(cpu.values()), 2),
+                "processes": [{"pid": p, "cmd": _cmd(p), "cpu_s": round(c, 2)} for p, c in cpu.items()]}
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def server_starts(args: argparse.Namespace) -> dict:
+    """--server: args.runs start-ups of `radixlm serve` with args.serve_args."""
+    runs = [one_start(args.serve_args, args.timeout_s) for _ in range(args.runs)]
+    result = {"benchmark": "server_cpu", "command": " ".join(sys.argv), "cpus": os.cpu_count(), "runs": runs,
+              "median_ready_s": statistics.median(r["ready_s"] for r in runs),
+              "median_cpu_s": statistics.median(r["cpu_s"] for r in runs)}
+    for i, r in enumerate(runs):
+        print(f"run {i}: ready {r['ready_s']:6.2f} s, CPU {r['cpu_s']:6.2f} s: "
+              + ", ".join(f"{q['cpu_s']:.1f}" for q in r["processes"]))
+    print(f"median: ready {result['median_ready_s']:.2f} s, CPU {result['median_cpu_s']:.2f} s")
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (the dry run)")
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--out", required=True)
+    p.add_argument("--server", action="store_true", help="time `radixlm serve` start-ups instead (module docstring)")
+    p.add_argument("--runs", type=int, default=3, help="--server: start-ups")
+    p.add_argument("--timeout-s", type=float, default=180.0, help="--server: a start-up's limit")
+    p.add_argument("serve_args", nargs="*", help="--server, after --: extra `radixlm serve` arguments")
     args = p.parse_args(argv)
+    if args.server:
+        return server_starts(args)
     interpreter_s = time.time() - SPAWNED
     imports = timed_imports()
     from radixlm import Engine
