@@ -56,7 +56,7 @@ case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4
 profile)
   shift
   for f in ${@:-fp8 w4a16}; do
-    TAIL=45 step "profile_$f" 200 $PY benchmarks/profiling/profile_gpu_step.py --quant "$f" \
+    TAIL=45 step "profile_$f" 400 $PY benchmarks/profiling/profile_gpu_step.py --quant "$f" \
       --batches ${PROFILE_BATCHES:-1} --steps 32 --top 40 --out "$OUT/profile_$f.json"
   done
   ;;
