@@ -33,18 +33,23 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-IMPORTS = ("torch", "triton", "transformers", "xgrammar", "radixlm", "radixlm.runtime.engine", "benchmarks.lib.engine")
+# "module:name" also takes the name from the module: transformers' lazy package imports AutoTokenizer's modules then.
+IMPORTS = ("torch", "triton", "transformers", "transformers:AutoTokenizer", "xgrammar", "radixlm",
+           "radixlm.runtime.engine", "benchmarks.lib.engine")
 KEEP = ("radixlm/", "torch/cuda", "torch/_inductor", "triton/", "transformers/", "safetensors")
 
 
 def timed_imports() -> list[dict]:
     rows = []
     for name in IMPORTS:
+        module, _, attr = name.partition(":")
         t0 = time.perf_counter()
         try:
-            importlib.import_module(name)
+            imported = importlib.import_module(module)
+            if attr:
+                getattr(imported, attr)
             ok = True
-        except ImportError:
+        except (ImportError, AttributeError):
             ok = False
         rows.append({"module": name, "s": round(time.perf_counter() - t0, 3), "ok": ok})
     return rows
