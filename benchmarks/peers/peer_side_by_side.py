@@ -103,7 +103,6 @@ def child(args) -> None:
     import random
 
     import torch
-    from transformers import AutoTokenizer
 
     from benchmarks.lib import engine as engine_lib
     from benchmarks.lib.engine import PEER_SIZES, ab_workloads, close, make_engine
@@ -148,6 +147,8 @@ def child(args) -> None:
     def checkpoint() -> None:
         run.update(figures(raw, run["startup_s"]), raw=raw, bench_seconds=time.time() - args.spawned_at)
         out.write_text(json.dumps(run, indent=1) + "\n")
+
+    from transformers import AutoTokenizer  # after ready: the harness's own import is not the engine's start-up
 
     src = PromptSource(AutoTokenizer.from_pretrained(path), random.Random(0))
     try:
