@@ -9,7 +9,6 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -65,15 +64,10 @@ def build_scheduler(args: ServerArgs, parallel: Parallel = SINGLE, device: str |
     cfg = ModelConfig.from_path(args.model_path, dtype=args.dtype, device=device, context_length=args.context_length,
                                 load_format=args.load_format, quantization=args.quantization,
                                 is_embedding=args.is_embedding)
-    # The tokenizer loads while the model does: importing transformers' AutoTokenizer took 7.7-9.5 s on the H200's
-    # image (benchmarks/results/startup/h200_imports/), time the weights' load and warm-up spend in the GPU and
-    # in calls that release the GIL.
-    with ThreadPoolExecutor(1, thread_name_prefix="radixlm-tokenizer") as pool:
-        tokenizer_future = pool.submit(get_tokenizer, args.tokenizer_path or cfg.model_path)
-        if args.enable_memory_saver:
-            prepare_allocator(device)
-        runner = ModelRunner(args, cfg, device, parallel, reserve=draft_reserve(args, cfg))
-        tokenizer = tokenizer_future.result()
+    tokenizer = get_tokenizer(args.tokenizer_path or cfg.model_path)
+    if args.enable_memory_saver:
+        prepare_allocator(device)
+    runner = ModelRunner(args, cfg, device, parallel, reserve=draft_reserve(args, cfg))
     scheduler = Scheduler(args, runner, tokenizer, cfg.eos_token_ids, DraftFactory.load(args, runner))
     # The model, tokenizer and graphs are ~340k long-lived objects (a full collection of them took ~0.2 s on the
     # 2-core dev machine): frozen, later collections skip them (the Engine unfreezes them at shutdown).
