@@ -23,6 +23,8 @@ partials) have the same sizes at every replay of one row count."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from enum import Enum
 
 import torch
 import torch.nn.functional as F
@@ -165,6 +167,39 @@ def fp8_scaled_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     return y
 
 
+class Fp8Path(Enum):
+    """Which kernel fp8_linear_cuda runs (choose_path)."""
+
+    DEQUANT = "dequant"  # F.linear on the dequantized weight: float32 rows, no FP8 tensor cores, an unsupported block
+    GEMV = "gemv"  # fp8_gemv.py's tuned weight-only few-row kernel
+    W8A16 = "w8a16"  # fp8_w8a16.py, activations not quantized
+    MMA = "mma"  # fp8_mma.py's tuned tensor-core kernel
+    BLOCK = "block"  # fp8_block_linear
+    SCALED = "scaled"  # fp8_scaled_linear: per-token (or static) activation scales
+
+
+@dataclass(frozen=True)
+class Fp8Choice:
+    path: Fp8Path
+    config: fp8_gemv.Fp8GemvConfig | fp8_mma.Fp8MmaConfig | None = None  # GEMV's and MMA's tuned config
+
+
+def choose_path(x2: torch.Tensor, weight: torch.Tensor, block: tuple[int, int] | None,
+                w8a16_max_rows: int) -> Fp8Choice:
+    """fp8_linear_cuda's kernel for x2's rows (their count, dtype and device decide, not their strides)."""
+    m = x2.shape[0]
+    if x2.dtype not in (torch.bfloat16, torch.float16) or not fp8_supported(x2.device) or (
+            block is not None and not block_shape_ok(block)):
+        return Fp8Choice(Fp8Path.DEQUANT)
+    if (gemv := tuned_gemv(x2, weight, block)) is not None:
+        return Fp8Choice(Fp8Path.GEMV, gemv)
+    if m <= w8a16_max_rows and weight.stride(1) == 1 and fp8_w8a16.takes(m, block):
+        return Fp8Choice(Fp8Path.W8A16)
+    if (mma := tuned_mma(x2, weight, block)) is not None:
+        return Fp8Choice(Fp8Path.MMA, mma)
+    return Fp8Choice(Fp8Path.BLOCK if block is not None else Fp8Path.SCALED)
+
+
 def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None,
                     bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
                     w8a16_max_rows: int = W8A16_DEFAULT_MAX_ROWS, prologue: Prologue | None = None) -> torch.Tensor:
@@ -173,9 +208,11 @@ def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     input_scale is not used), else the W8A8 kernels (benchmarks/kernels/quant_gemm.py forces each). prologue: x is
     the input before that step (gemm/prologue.py): where the GEMM quantizes its activations per token, the step runs
     with the quantization in one launch (fp8_prologue.py), else unfused first."""
-    rows = None
+    rows, choice = None, None
     if prologue is not None:
-        if _fuses_quantization(x, weight, block, input_scale, w8a16_max_rows, prologue):
+        if prologue.in_features(x) == weight.shape[1]:
+            choice = choose_path(x[:, :weight.shape[1]], weight, block, w8a16_max_rows)
+        if choice is not None and _fuses_quantization(x, choice, block, input_scale, prologue):
             rows = fp8_prologue.quantized_rows(prologue, x)
             x = x[:, :rows[0].shape[1]]  # the rows' shape, dtype and device from here (their values are not read)
         else:
@@ -191,32 +228,28 @@ def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
         return x.new_empty(*x.shape[:-1], n)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
-    if x.dtype not in (torch.bfloat16, torch.float16) or not fp8_supported(x.device) or (
-            block is not None and not block_shape_ok(block)):
+    choice = choice or choose_path(x2, weight, block, w8a16_max_rows)
+    if choice.path is Fp8Path.DEQUANT:
         y = F.linear(x2, dequant_fp8(weight, scale, block, x.dtype), bias)
-    elif (gemv := tuned_gemv(x2, weight, block)) is not None:
-        y = fp8_gemv.fp8_gemv_linear(x2, weight, scale, block, bias, gemv)
-    elif x2.shape[0] <= w8a16_max_rows and weight.stride(1) == 1 and fp8_w8a16.takes(x2.shape[0], block):
+    elif choice.path is Fp8Path.GEMV:
+        y = fp8_gemv.fp8_gemv_linear(x2, weight, scale, block, bias, choice.config)
+    elif choice.path is Fp8Path.W8A16:
         y = fp8_w8a16.w8a16_linear(x2, weight, scale, block, bias)
-    elif (mma := tuned_mma(x2, weight, block)) is not None:
-        y = fp8_mma.fp8_mma_linear(x2, weight, scale, block, bias, input_scale, mma, rows=rows)
-    elif block is not None:
+    elif choice.path is Fp8Path.MMA:
+        y = fp8_mma.fp8_mma_linear(x2, weight, scale, block, bias, input_scale, choice.config, rows=rows)
+    elif choice.path is Fp8Path.BLOCK:
         y = fp8_block_linear(x2, weight, scale, block, bias)
     else:
         y = fp8_scaled_linear(x2, weight, scale, bias, input_scale, rows=rows)
     return y.reshape(*x.shape[:-1], n)
 
 
-def _fuses_quantization(x: torch.Tensor, weight: torch.Tensor, block: tuple[int, int] | None,
-                        input_scale: torch.Tensor | None, w8a16_max_rows: int, prologue: Prologue) -> bool:
-    """Whether fp8_linear_cuda's path for the step's output quantizes it per token (per-tensor / per-channel weights,
-    dynamic activations, past the tuned few-row and weight-only kernels) and fp8_prologue runs the step."""
-    if (block is not None or input_scale is not None or not fp8_prologue.takes(prologue, x)
-            or not fp8_supported(x.device) or prologue.in_features(x) != weight.shape[1]):
-        return False
-    m = x.shape[0]
-    like = x[:, :weight.shape[1]]
-    return tuned_gemv(like, weight, None) is None and not (m <= w8a16_max_rows and fp8_w8a16.takes(m, None))
+def _fuses_quantization(x: torch.Tensor, choice: Fp8Choice, block: tuple[int, int] | None,
+                        input_scale: torch.Tensor | None, prologue: Prologue) -> bool:
+    """Whether the chosen kernel quantizes the step's output per token (per-tensor / per-channel weights, dynamic
+    activations: the tensor-core and scaled paths) and fp8_prologue runs the step with that quantization."""
+    return (choice.path in (Fp8Path.MMA, Fp8Path.SCALED) and block is None and input_scale is None
+            and fp8_prologue.takes(prologue, x))
 
 
 def tuned_gemv(x2: torch.Tensor, weight: torch.Tensor, block: tuple[int, int] | None) -> fp8_gemv.Fp8GemvConfig | None:

@@ -130,6 +130,43 @@ def test_dispatch_takes_the_kernel_only_with_an_entry(monkeypatch, kind):
     assert calls[0][0] != "mma"  # another shape: no entry
 
 
+def test_dispatch_with_a_prologue_chooses_once(monkeypatch):
+    """With a prologue, the kernel choice that decides whether the step fuses its quantization is the one that runs:
+    the tuned table is asked once per kind a call; the step fuses where the chosen kernel quantizes per token (here
+    the tensor-core and scaled paths; fp8_prologue's launch, CUDA-only, replaced by the reference) and runs unfused
+    before the weight-only few-row kernel."""
+    from radixlm.runtime.kernels.gemm.prologue import Prologue, PrologueKind, apply
+    from radixlm.runtime.kernels.quant import fp8_gemm, fp8_prologue
+    from radixlm.runtime.layers.activation import SiluAndMul
+
+    n, k = 256, 512
+    table = quant_tuned.parse([_entry(8, 0, n, k), {"kernel": "fp8_channel", "n": n, "k": k, "rows": 2, "config": {
+        "block_n": 64, "block_k": 128, "split_k": 1, "num_warps": 4, "num_stages": 2}}])
+    asked, seen = [], []
+    monkeypatch.setattr(quant_tuned, "lookup", lambda device, *key: asked.append(key[0])
+                        or quant_tuned.lookup_in(table, *key))
+    monkeypatch.setattr(fp8_prologue, "takes", lambda pro, x: True)
+    monkeypatch.setattr(fp8_prologue, "quantized_rows", lambda pro, x: seen.append("fused")
+                        or ref.quant_fp8_act(apply(pro, x)))
+    for name, path in (("fp8_mma_linear", "mma"), ("fp8_gemv_linear", "gemv")):
+        module = fp8_gemm.fp8_mma if path == "mma" else fp8_gemm.fp8_gemv
+        monkeypatch.setattr(module, name, lambda x2, *a, path=path, **kw: seen.append((path, kw.get("rows") is not None))
+                            or x2.new_zeros(x2.shape[0], n))
+    monkeypatch.setattr(fp8_gemm, "fp8_scaled_linear", lambda x2, *a, rows=None, **kw: seen.append(
+        ("scaled", rows is not None)) or x2.new_zeros(x2.shape[0], n))
+    w, s = ref.quant_fp8(torch.randn(n, k) * 0.05, per_channel=True)
+    for m, path, kinds, fused in ((8, "mma", ["fp8_channel", "fp8_mma"], True),
+                                  (12, "scaled", ["fp8_channel", "fp8_mma"], True),
+                                  (2, "gemv", ["fp8_channel"], False)):
+        x = torch.randn(m, 2 * k, dtype=torch.bfloat16)
+        assert fp8_gemm.choose_path(x[:, :k], w, None, 0).path.value == path
+        asked.clear()
+        seen.clear()
+        fp8_gemm.fp8_linear_cuda(x, w, s, prologue=Prologue(PrologueKind.SILU_MUL, SiluAndMul()))
+        assert sorted(asked) == kinds, (m, asked)
+        assert seen == (["fused", (path, True)] if fused else [(path, False)]), (m, seen)
+
+
 @pytest.mark.parametrize("scheme", ["channel", "static", "block", "block_fused"])
 def test_serving_launches_are_built_by_the_warm_up(monkeypatch, scheme):
     """No compile after start-up: every launch (fp8_mma's, fp8_act's, the split-K sum's) at the row counts and x views
