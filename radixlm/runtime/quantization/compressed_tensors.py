@@ -126,7 +126,10 @@ class CompressedTensorsConfig(QuantConfig):
         except Exception as e:  # pydantic's ValidationError, the library's NotImplementedError / ValueError
             raise ValueError(f"compressed-tensors quantization_config does not parse: {e}") from None
         if qc.kv_cache_scheme is not None:
-            logger.warning("compressed-tensors kv_cache_scheme is not applied (see --kv-cache-dtype)")
+            # Its k_scale / v_scale tensors load with the weights (models/kv_scales.py); as in vLLM, a float8 cache is
+            # the user's choice, not the checkpoint's.
+            logger.info("compressed-tensors kv_cache_scheme: the checkpoint's KV scales apply with --kv-cache-dtype "
+                        "fp8_e4m3 (auto keeps the model's dtype)")
         groups = []
         for name, scheme in qc.config_groups.items():
             fmt = _enum_value(scheme.format) if scheme.format is not None else qc.format

@@ -114,3 +114,36 @@ def test_unsupported_schemes_are_refused(tmp_path, edit, message):
     cfg_path.write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match=message):
         load(tmp_path / "m")
+
+
+def test_kv_cache_scheme_scales_apply_to_a_float8_pool(tmp_path, monkeypatch):
+    """llm-compressor's FP8 KV output: a kv_cache_scheme in the config and per-layer self_attn.k_scale / v_scale
+    tensors. The scales reach a float8 pool; `auto` keeps the model's dtype and ignores them (as vLLM does)."""
+    import json
+
+    from compressed_tensors.quantization import QuantizationArgs
+    from safetensors.torch import load_file, save_file
+
+    from radixlm.runtime.cache.kv_quant import KVScales
+    from tests.runtime.models.test_kv_scales import _runner
+
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
+    tiny_float(tmp_path / "m", dense_config(), seed=3)
+    quantize_ct(tmp_path / "m", {"group_0": scheme("FP8_DYNAMIC")}, FLOAT, ignore=["lm_head"])
+    cfg_path = tmp_path / "m" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    kv = QuantizationArgs(num_bits=8, type="float", strategy="tensor", dynamic=False, symmetric=True)
+    cfg["quantization_config"]["kv_cache_scheme"] = kv.model_dump(mode="json")
+    cfg_path.write_text(json.dumps(cfg))
+    layers = cfg["num_hidden_layers"]
+    f = tmp_path / "m" / "model.safetensors"
+    tensors = load_file(f)
+    for i in range(layers):
+        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor([0.5 + i])
+        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor([0.25 * (i + 1)])
+    save_file(tensors, f, metadata={"format": "pt"})
+    pool = _runner(tmp_path / "m", "fp8_e4m3").token_to_kv_pool
+    assert pool.dtype == torch.float8_e4m3fn
+    assert [pool.kv_scales(i) for i in range(layers)] == [KVScales(0.5 + i, 0.25 * (i + 1)) for i in range(layers)]
+    auto = _runner(tmp_path / "m", "auto").token_to_kv_pool
+    assert auto.dtype == torch.float32 and all(auto.kv_scales(i) == KVScales() for i in range(layers))
