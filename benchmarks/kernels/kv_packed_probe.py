@@ -139,6 +139,14 @@ def packed_attention(q, k_buf, v_buf, table, seq_lens, sm_scale, hp, splits, blo
     return out
 
 
+def requests(bs: int, ctx: int, dev: str) -> tuple[torch.Tensor, ...]:
+    """bs requests of ctx positions on consecutive slots (slot 0 unused): req_to_token, lengths, pool rows, queries."""
+    table = (torch.arange(bs * ctx, device=dev, dtype=torch.int64) + 1).view(bs, ctx)
+    lens = torch.full((bs,), ctx, device=dev, dtype=torch.int64)
+    q = torch.randn(bs, HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16)
+    return table, lens, torch.arange(bs, device=dev), q
+
+
 def time_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=5, rep=40)
 
@@ -161,10 +169,7 @@ def main() -> None:
 
     dev = "cuda"
     bs, ctx = args.batch, args.context
-    table = (torch.arange(bs * ctx, device=dev, dtype=torch.int64) + 1).view(bs, ctx)
-    lens = torch.full((bs,), ctx, device=dev, dtype=torch.int64)
-    rows_idx = torch.arange(bs, device=dev)
-    q = torch.randn(bs, HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16)
+    table, lens, rows_idx, q = requests(bs, ctx, dev)
     result = {"benchmark": "kv_packed_probe", "gpu": torch.cuda.get_device_name(), "triton": triton.__version__,
               "batch": bs, "context": ctx, "rows": []}
     path = Path(args.out) / "kv_packed_probe.json"
@@ -245,10 +250,7 @@ def layout_part(args) -> None:
 
     dev = "cuda"
     bs, ctx = args.batch, args.context
-    table = (torch.arange(bs * ctx, device=dev, dtype=torch.int64) + 1).view(bs, ctx)
-    lens = torch.full((bs,), ctx, device=dev, dtype=torch.int64)
-    rows_idx = torch.arange(bs, device=dev)
-    q = torch.randn(bs, HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16)
+    table, lens, rows_idx, q = requests(bs, ctx, dev)
     result = {"benchmark": "kv_packed_probe layout", "gpu": torch.cuda.get_device_name(), "triton": triton.__version__,
               "batch": bs, "context": ctx, "rows": []}
     path = Path(args.out) / "kv_layout_probe.json"
@@ -305,10 +307,7 @@ def short_part(args) -> None:
               "context": ctx, "rows": []}
     path = Path(args.out) / "decode_short_probe.json"
     for bs in (16, 32, 64):
-        table = (torch.arange(bs * ctx, device=dev, dtype=torch.int64) + 1).view(bs, ctx)
-        lens = torch.full((bs,), ctx, device=dev, dtype=torch.int64)
-        rows_idx = torch.arange(bs, device=dev)
-        q = torch.randn(bs, HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16)
+        table, lens, rows_idx, q = requests(bs, ctx, dev)
         pools = [(torch.randn(bs * ctx + 1, KV_HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16) * 0.5,
                   torch.randn(bs * ctx + 1, KV_HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16) * 0.5)
                  for _ in range(copies)]
