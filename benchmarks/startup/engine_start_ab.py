@@ -1,6 +1,7 @@
 """Engine start-up of two trees side by side on one GPU machine: each start a fresh process (spawn to ready: the
 imports, then `Engine()` for Llama-3.1-8B shapes with dummy weights, the side-by-side's engine), the trees in turn
-each round, every start with an empty Triton cache (--cache cold) or each tree's own kept cache (--cache warm: filled by an untimed start first).
+each round, every start with an empty Triton cache (--cache cold) or each tree's own kept cache (--cache warm:
+filled by an untimed start first).
 
     python benchmarks/startup/engine_start_ab.py --base DIR [--rounds 2] [--cache cold|warm] [--out DIR]
 
@@ -28,7 +29,8 @@ from benchmarks.lib.models import model_dir
 imported = time.time()
 engine = make_engine(model_dir())
 ready = time.time()
-print("START " + json.dumps({"imports_s": imported - spawned, "engine_s": ready - imported, "ready_s": ready - spawned}))
+row = {"imports_s": imported - spawned, "engine_s": ready - imported, "ready_s": ready - spawned}
+print("START " + json.dumps(row))
 close(engine)
 """
 

@@ -150,8 +150,8 @@ def test_dispatch_with_a_prologue_chooses_once(monkeypatch):
                         or ref.quant_fp8_act(apply(pro, x)))
     for name, path in (("fp8_mma_linear", "mma"), ("fp8_gemv_linear", "gemv")):
         module = fp8_gemm.fp8_mma if path == "mma" else fp8_gemm.fp8_gemv
-        monkeypatch.setattr(module, name, lambda x2, *a, path=path, **kw: seen.append((path, kw.get("rows") is not None))
-                            or x2.new_zeros(x2.shape[0], n))
+        monkeypatch.setattr(module, name, lambda x2, *a, path=path, **kw:
+                            seen.append((path, kw.get("rows") is not None)) or x2.new_zeros(x2.shape[0], n))
     monkeypatch.setattr(fp8_gemm, "fp8_scaled_linear", lambda x2, *a, rows=None, **kw: seen.append(
         ("scaled", rows is not None)) or x2.new_zeros(x2.shape[0], n))
     w, s = ref.quant_fp8(torch.randn(n, k) * 0.05, per_channel=True)
