@@ -25,7 +25,8 @@ from radixlm.runtime.kernels.attention.decode_splits import (
 from radixlm.runtime.kernels.attention.decode_work import DecodeWork, decode_work_list
 from radixlm.runtime.kernels.attention.shared_prefix import shared_prefix_stage1
 from radixlm.runtime.kernels.attention.span import (
-    attend_span, kv_convert_asm, kv_widen_factor, kv_widen_query_dtype)
+    attend_span, kv_convert_asm, kv_qk_fp8, kv_widen_factor, kv_widen_query_dtype)
+from radixlm.runtime.kernels.attention.span_t import attend_span_t
 
 
 # Index vectors are often views at any offset (rows of one host-to-device copy, slices of the allocator's free list).
@@ -47,6 +48,7 @@ def _decode_stage1(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, HAS_ROW_STARTS: tl.constexpr, DIRECT: tl.constexpr,
     CHUNKED: tl.constexpr, PREFETCH: tl.constexpr, KV_CVT: tl.constexpr, Q_F16: tl.constexpr,
+    SWAPPED: tl.constexpr, Q_FP8: tl.constexpr,
 ):
     kvh = tl.program_id(0)
     if CHUNKED:  # num_splits: the list's capacity (decode_work.py); the partials are one row of entries
@@ -80,10 +82,22 @@ def _decode_stage1(
     if Q_F16:  # a float8 pool widened to halves (decode_splits.KvWiden): the dots in float16
         q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
-    out, lse = attend_span(q, K_buf, V_buf, Req_to_token + row * stride_rt, start, end, kvh, sm_scale, v_scale,
-                           stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
-                           BLOCK_ROWS=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION,
-                           PREFETCH=PREFETCH, KV_CVT=KV_CVT)
+    if SWAPPED:  # span_t.py: positions as the products' long side
+        sm_rows = tl.full([BLOCK_H], 1.0, tl.float32) * sm_scale
+        if Q_FP8:  # each row in e4m3 at its own scale, which joins its softmax scale (span.kv_qk_fp8)
+            qf = q.to(tl.float32)
+            q_scale = tl.maximum(tl.max(tl.abs(qf), 1), 1e-30) / 448.0
+            q = (qf / q_scale[:, None]).to(K_buf.dtype.element_ty)
+            sm_rows = sm_rows * q_scale
+        out, lse = attend_span_t(q, K_buf, V_buf, Req_to_token + row * stride_rt, start, end, kvh, sm_rows,
+                                 v_scale, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
+                                 BLOCK_ROWS=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION,
+                                 PREFETCH=PREFETCH, KV_CVT=KV_CVT)
+    else:
+        out, lse = attend_span(q, K_buf, V_buf, Req_to_token + row * stride_rt, start, end, kvh, sm_scale, v_scale,
+                               stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
+                               BLOCK_ROWS=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION,
+                               PREFETCH=PREFETCH, KV_CVT=KV_CVT)
     if DIRECT:
         tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
                  mask=h_mask[:, None] & d_mask[None, :])
@@ -175,7 +189,8 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         wide = shared is None and bs >= decode_wide_rows(num_kv_heads)
         config = decode_kernel_config(k_buf.element_size() == 1, wide)
     kv_cvt = kv_convert_asm(k_buf.dtype, q.dtype, q.device, config.widen) if config.inline_cvt else ""
-    q_f16 = kv_widen_query_dtype(k_buf.dtype, q.dtype, config.widen) != q.dtype
+    q_fp8 = config.swapped and kv_qk_fp8(k_buf.dtype, q.dtype, config.widen)
+    q_f16 = not q_fp8 and kv_widen_query_dtype(k_buf.dtype, q.dtype, config.widen) != q.dtype
     k_scale, v_scale = (s * kv_widen_factor(k_buf.dtype, q.dtype, config.widen) for s in (k_scale, v_scale))
     _decode_stage1[(num_kv_heads, chunks) if chunks else (num_kv_heads, bs, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, shared.row_starts if shared is not None else None,
@@ -185,7 +200,8 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         num_splits, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=config.block_n, num_warps=config.num_warps, num_stages=config.num_stages, PRECISION=precision,
         HAS_ROW_STARTS=shared is not None, DIRECT=direct, CHUNKED=bool(chunks), PREFETCH=config.prefetch,
-        KV_CVT=kv_cvt, Q_F16=q_f16, **({"maxnreg": config.maxnreg} if config.maxnreg and q.is_cuda else {}),
+        KV_CVT=kv_cvt, Q_F16=q_f16, SWAPPED=config.swapped, Q_FP8=q_fp8,
+        **({"maxnreg": config.maxnreg} if config.maxnreg and q.is_cuda else {}),
     )
     if direct:
         return out

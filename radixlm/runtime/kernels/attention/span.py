@@ -86,6 +86,17 @@ def kv_widen_query_dtype(kv_dtype, q_dtype, widen):
     return q_dtype
 
 
+def kv_qk_fp8(kv_dtype, q_dtype, widen) -> bool:
+    """Whether a swapped walk (span_t.py) runs Q K^T on the FP8 tensor cores: an e4m3 pool widened to halves
+    (KvWiden.F16) for a bf16 / fp16 query, which the kernel quantizes to e4m3 per row (KvWiden.FP8_QK's arithmetic;
+    the halves are then V's alone)."""
+    import torch
+
+    from radixlm.runtime.kernels.attention.decode_splits import KvWiden
+
+    return widen == KvWiden.F16 and kv_dtype == torch.float8_e4m3fn and q_dtype in (torch.bfloat16, torch.float16)
+
+
 @functools.lru_cache(maxsize=None)  # per launch of the eager passes: the device's capability read once
 def kv_convert_asm(kv_dtype, q_dtype, device, widen=None) -> str:
     """The KV_CVT constexpr of a launch: the inline conversion of a float8 pool on CUDA to a bf16/fp16 query's dtype

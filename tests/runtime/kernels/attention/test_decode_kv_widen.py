@@ -107,9 +107,9 @@ def test_widened_decode_matches_reference_cuda():
     run_cases("cuda")
 
 
-def _loop_ops(widen: str, src: str = "e4m3") -> collections.Counter:
-    """Stage 1 built for sm_90 (Llama-3.1-8B heads, 128-position blocks, prefetching walk): the SASS opcodes of its
-    longest loop (the walk over blocks)."""
+def _loop_ops(widen: str, src: str = "e4m3", swapped: bool = False) -> collections.Counter:
+    """Stage 1 built for sm_90 (Llama-3.1-8B heads, 128-position blocks, prefetching walk; swapped: the transposed
+    walk, span_t.py, Triton's pipeline over 2 stages): the SASS opcodes of its longest loop (the walk over blocks)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -128,14 +128,16 @@ def _loop_ops(widen: str, src: str = "e4m3") -> collections.Counter:
     ints = ["stride_qb", "stride_qh", "stride_kbs", "stride_kh", "stride_vbs", "stride_vh", "stride_rt", "stride_mob",
             "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh", "num_splits"]
     consts = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=128, PRECISION="tf32", HAS_ROW_STARTS=False,
-                  DIRECT=True, CHUNKED=False, PREFETCH=1, KV_CVT=cvt, Q_F16=widen != KvWiden.QUERY)
+                  DIRECT=True, CHUNKED=False, PREFETCH=0 if swapped else 1, KV_CVT=cvt,
+                  Q_F16=widen != KvWiden.QUERY and not swapped, SWAPPED=swapped,
+                  Q_FP8=swapped and widen == KvWiden.F16 and src == "e4m3")
     sig = {**ptrs, "sm_scale": "fp32", "v_scale": "fp32", **{n: "i32" for n in ints},
            **{n: "constexpr" for n in consts}}
     names = list(sig)
     aligned = [names.index(n) for n in [*ptrs, *ints[:7], "stride_ob", "stride_oh"]]
     kernel = triton.compile(ASTSource(decode._decode_stage1, sig, constexprs=consts,
                                       attrs={(i,): [["tt.divisibility", 16]] for i in aligned}),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 1})
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2 if swapped else 1})
     labels, ops = {}, []
     for line in _sass(kernel.asm["cubin"]):
         if m := re.match(r"\s*(\.L_x_\d+):", line):
