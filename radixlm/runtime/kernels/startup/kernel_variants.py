@@ -29,7 +29,8 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         one config per (pool dtype, wide pass: decode_wide_rows rows or more, no shared prefixes; one split) ->
         the pool's dtype is fixed per server, and one eager pass of decode_wide_rows rows at start-up builds the
         wide one where eager passes can be that wide (token_row_batches). KV_CVT (a float8 pool's inline
-        conversion, span.kv_convert_asm) follows the pool's and the model's dtypes.
+        conversion, span.kv_convert_asm) follows the pool's and the model's dtypes; Q_F16, SWAPPED and Q_FP8
+        follow the config (its widen and swapped fields) and those dtypes.
       Req_pool_indices, Seq_lens: views at any offset -> do_not_specialize_on_alignment.
       GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, PRECISION (dtype), strides of q and the pools: fixed. The pools' dtype (the
         model's or float8, --kv-cache-dtype) is fixed per server; their scales (k_scale folded into sm_scale, v_scale)
