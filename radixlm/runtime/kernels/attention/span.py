@@ -88,8 +88,8 @@ def kv_widen_query_dtype(kv_dtype, q_dtype, widen):
 
 def kv_qk_fp8(kv_dtype, q_dtype, widen) -> bool:
     """Whether a swapped walk (span_t.py) runs Q K^T on the FP8 tensor cores: an e4m3 pool widened to halves
-    (KvWiden.F16) for a bf16 / fp16 query, which the kernel quantizes to e4m3 per row (KvWiden.FP8_QK's arithmetic;
-    the halves are then V's alone)."""
+    (KvWiden.F16) for a bf16 / fp16 query, which the kernel quantizes to e4m3 per row (the halves are then V's
+    alone)."""
     import torch
 
     from radixlm.runtime.kernels.attention.decode_splits import KvWiden
