@@ -1,9 +1,9 @@
 """The decode kernel's transposed walk (span_t.py, DecodeKernelConfig.swapped) against a dense float32 reference:
 float32 exactly; an e4m3 pool widened to halves with its Q K^T in FP8 (queries on e4m3's grid at a power-of-two
 scale, so that the kernel's per-row quantization does not round: Triton 3.9's interpreter rounds float32 to e4m3
-wrongly near 128); an e5m2 pool (K widened); one and two splits, Triton's pipeline and the prefetching walk. On the
-CPU under TRITON_INTERPRET=1 (a subprocess), or on CUDA. And, built for sm_90, the walk's loop runs both products
-on the warpgroup MMA (Q K^T on the FP8 one) and widens V alone."""
+wrongly near 128); an e5m2 pool (K widened); one and two splits and a chunked pass, Triton's pipeline and the
+prefetching walk. On the CPU under TRITON_INTERPRET=1 (a subprocess), or on CUDA. And, built for sm_90, the walk's
+loop runs both products on the warpgroup MMA (Q K^T on the FP8 one) and widens V alone."""
 from __future__ import annotations
 
 import pytest
@@ -35,9 +35,9 @@ def run_cases(device: str) -> None:
         want = reference(q, pool_k.float() * scales[0], pool_v.float() * scales[1], rt, rows, seq_lens, 0.25)
         for block_n, stages, prefetch in ((64, 2, 0), (64, 1, 1), (128, 3, 0)):
             config = DecodeKernelConfig(block_n, 4, stages, prefetch, widen=KvWiden.F16, swapped=True)
-            for splits in (1, 2):
+            for splits in (1, 2, None):  # None: a chunked pass (its work list)
                 got = decode_attention(q, pool_k, pool_v, rt, rows, seq_lens, 0.25, int(seq_lens.max()), splits,
-                                       chunked=False, k_scale=scales[0], v_scale=scales[1], config=config)
+                                       chunked=splits is None, k_scale=scales[0], v_scale=scales[1], config=config)
                 assert got.dtype == q.dtype and got.shape == q.shape
                 err = ((got.float() - want).abs().max() / want.abs().max()).item()
                 assert err <= tol, (pool, block_n, prefetch, splits, err)
