@@ -26,7 +26,6 @@ from radixlm.runtime.kernels.attention.decode_work import DecodeWork, decode_wor
 from radixlm.runtime.kernels.attention.shared_prefix import shared_prefix_stage1
 from radixlm.runtime.kernels.attention.span import (
     attend_span, kv_convert_asm, kv_qk_fp8, kv_widen_factor, kv_widen_query_dtype)
-from radixlm.runtime.kernels.attention.span_t import attend_span_t
 
 
 # Index vectors are often views at any offset (rows of one host-to-device copy, slices of the allocator's free list).
@@ -82,22 +81,17 @@ def _decode_stage1(
     if Q_F16:  # a float8 pool widened to halves (decode_splits.KvWiden): the dots in float16
         q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
-    if SWAPPED:  # span_t.py: positions as the products' long side
-        sm_rows = tl.full([BLOCK_H], 1.0, tl.float32) * sm_scale
+    if SWAPPED:  # span._block_t's transposed products take a softmax scale per row
+        sm_scale = tl.full([BLOCK_H], 1.0, tl.float32) * sm_scale
         if Q_FP8:  # each row in e4m3 at its own scale, which joins its softmax scale (span.kv_qk_fp8)
             qf = q.to(tl.float32)
             q_scale = tl.maximum(tl.max(tl.abs(qf), 1), 1e-30) / 448.0
             q = (qf / q_scale[:, None]).to(K_buf.dtype.element_ty)
-            sm_rows = sm_rows * q_scale
-        out, lse = attend_span_t(q, K_buf, V_buf, Req_to_token + row * stride_rt, start, end, kvh, sm_rows,
-                                 v_scale, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
-                                 BLOCK_ROWS=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION,
-                                 PREFETCH=PREFETCH, KV_CVT=KV_CVT)
-    else:
-        out, lse = attend_span(q, K_buf, V_buf, Req_to_token + row * stride_rt, start, end, kvh, sm_scale, v_scale,
-                               stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
-                               BLOCK_ROWS=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION,
-                               PREFETCH=PREFETCH, KV_CVT=KV_CVT)
+            sm_scale = sm_scale * q_scale
+    out, lse = attend_span(q, K_buf, V_buf, Req_to_token + row * stride_rt, start, end, kvh, sm_scale, v_scale,
+                           stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
+                           BLOCK_ROWS=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION,
+                           PREFETCH=PREFETCH, KV_CVT=KV_CVT, SWAPPED=SWAPPED)
     if DIRECT:
         tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
                  mask=h_mask[:, None] & d_mask[None, :])

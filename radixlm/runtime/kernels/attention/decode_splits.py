@@ -66,7 +66,7 @@ class DecodeKernelConfig:
     inline_cvt: bool = True  # a float8 pool converted by span.kv_convert_asm on CUDA (False: the plain cast)
     maxnreg: int = 0  # registers per thread the compiler may use (0: its choice); 128 fits 4 programs of 4 warps
     widen: KvWiden = KvWiden.QUERY  # a float8 pool's widening for the dots (KvWiden)
-    swapped: bool = False  # the transposed products (span_t.py: wgmma; with an e4m3 pool and F16, Q K^T in FP8)
+    swapped: bool = False  # the products transposed (span._block_t: wgmma; an e4m3 pool with F16: Q K^T in FP8)
 
     def __post_init__(self):
         if self.block_n not in (16, 32, 64, 128, 256):
@@ -83,8 +83,6 @@ class DecodeKernelConfig:
             raise ValueError(f"DecodeKernelConfig.widen: a KvWiden, got {self.widen!r}")
         if self.widen != KvWiden.QUERY and not self.inline_cvt:
             raise ValueError("DecodeKernelConfig: widening to halves (widen F16, F16_BITS) needs inline_cvt")
-        if self.swapped and self.prefetch == 2:
-            raise ValueError("DecodeKernelConfig: the swapped walk prefetches the table only (prefetch 0 or 1)")
         if self.prefetch and self.num_stages != 1:
             raise ValueError("DecodeKernelConfig: a prefetching walk runs with num_stages=1 (it is its own pipeline)")
 
@@ -102,7 +100,7 @@ class DecodeKernelConfig:
 # elements; sm_90, Triton 3.9, SASS of the loop): QUERY widens with 128 F2FP.F16.E4M3 (two elements each), 256
 # F2F.BF16.F16 (one each) and 128 PRMT, 1,144 instructions in all; F16 with the 128 F2FP alone, 763; F16_BITS with
 # 128 PRMT, 264 LOP3 and 129 LEA, 1,138, none on the conversion unit; F16_MIXED with 64 F2FP and 64 HMUL2 besides
-# half the bit moves, 1,024. "...t" variants walk with the products transposed (span_t.py; with "h"'s widening an
+# half the bit moves, 1,024. "...t" variants walk with the products transposed (span._block_t; with "h"'s widening an
 # e4m3 pool's Q K^T runs in FP8, "s3t" widens as QUERY). Registers (stack bytes, spill loads/stores in the loop):
 # "n128p1r128h" 128 (40, 7), "n128p1r128b" 128 (8, 0), "p1h" 126 (0), "s3h" 124 (0), "n256w8p1r128h" 128 (24, 2),
 # "n128w8p1h" 108 (0), "n128p1h" 168 (8, 0), "s3b" 124 (0), "n128p1r128m" 128 (56, 12), "p1m" 128 (0).

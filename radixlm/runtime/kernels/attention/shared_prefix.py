@@ -53,7 +53,7 @@ def _shared_prefix_stage1(
     out, lse = attend_span(q, K_buf, V_buf, Req_to_token + table_row * stride_rt, start, end, kvh, sm_scale,
                            v_scale, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, d_mask,
                            BLOCK_ROWS=BLOCK_M, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PRECISION=PRECISION,
-                           PREFETCH=0, KV_CVT=KV_CVT)
+                           PREFETCH=0, KV_CVT=KV_CVT, SWAPPED=False)
     slot = slot0 + split
     tl.store(Mid_o + b[:, None] * stride_mob + heads[:, None] * stride_moh + slot * stride_mos + offs_d[None, :], out,
              mask=m_mask[:, None] & d_mask[None, :])

@@ -1,5 +1,5 @@
 """The online-softmax walk over a span of one request's KV that the decode kernels share (decode.py's stage 1,
-shared_prefix.py's prefix stage)."""
+shared_prefix.py's prefix stage), with its products as written or transposed (_block, _block_t)."""
 from __future__ import annotations
 
 import functools
@@ -87,7 +87,7 @@ def kv_widen_query_dtype(kv_dtype, q_dtype, widen):
 
 
 def kv_qk_fp8(kv_dtype, q_dtype, widen) -> bool:
-    """Whether a swapped walk (span_t.py) runs Q K^T on the FP8 tensor cores: an e4m3 pool widened to halves
+    """Whether a swapped walk (attend_span's SWAPPED) runs Q K^T on the FP8 tensor cores: an e4m3 pool widened to halves
     (KvWiden.F16) for a bf16 / fp16 query, which the kernel quantizes to e4m3 per row (the halves are then V's
     alone)."""
     import torch
@@ -162,9 +162,42 @@ def _block(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION: tl.constexpr, KV
 
 
 @triton.jit
+def _block_t(q, k, v, n_mask, m_i, l_i, acc_t, sm_rows, PRECISION: tl.constexpr, KV_CVT: tl.constexpr):
+    """_block with the products transposed (attend_span's SWAPPED): S^T = K Q^T and O^T = V^T P into acc_t (BLOCK_D,
+    rows), the block's positions as the products' long side, so Triton (3.9, sm_90) builds both on Hopper's
+    warpgroup MMA (M >= 64; the 16-row products of _block run on mma.sync). An e4m3 q (decode.py quantizes it per
+    row: kv_qk_fp8) meets K as stored on the FP8 warpgroup MMA and P V runs in halves; otherwise K and V in q's
+    dtype (_like). sm_rows: each row's softmax scale."""
+    if q.dtype.is_fp8():
+        s_t = tl.dot(k, tl.trans(q)).to(tl.float32)
+        pv = tl.float16
+    else:
+        s_t = tl.dot(_like(k, q, KV_CVT), tl.trans(q), input_precision=PRECISION).to(tl.float32)
+        pv = q.dtype
+    s_t = tl.where(n_mask[:, None], s_t * sm_rows[None, :], float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s_t, 0))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s_t - m_new[None, :])
+    p_dot = p.to(pv)
+    acc_t = acc_t * alpha[None, :] + tl.dot(tl.trans(_like(v, p_dot, KV_CVT)), p_dot,
+                                            input_precision=PRECISION).to(tl.float32)
+    l_i = l_i * alpha + tl.sum(p, 0)
+    return m_new, l_i, acc_t
+
+
+@triton.jit
+def _step(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION: tl.constexpr, KV_CVT: tl.constexpr,
+          SWAPPED: tl.constexpr):
+    if SWAPPED:
+        return _block_t(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION, KV_CVT)
+    else:
+        return _block(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION, KV_CVT)
+
+
+@triton.jit
 def attend_span(q, K_buf, V_buf, Table, start, end, kvh, sm_scale, v_scale, stride_kbs, stride_kh, stride_vbs,
                 stride_vh, offs_d, d_mask, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                PRECISION: tl.constexpr, PREFETCH: tl.constexpr, KV_CVT: tl.constexpr):
+                PRECISION: tl.constexpr, PREFETCH: tl.constexpr, KV_CVT: tl.constexpr, SWAPPED: tl.constexpr):
     """Attention of q's BLOCK_ROWS query rows to positions [start, end) of one request's table (its req_to_token
     row), K/V of kv head kvh gathered BLOCK_N positions at a time with an online softmax: the normalized output
     and its log-sum-exp (-inf where the span is empty). K and V are read in q's dtype (a float8 pool's converted);
@@ -174,10 +207,15 @@ def attend_span(q, K_buf, V_buf, Table, start, end, kvh, sm_scale, v_scale, stri
     these gathered loads with the math: it issues block i+1's K/V loads after block i's math and waits for them at
     once (one table round trip and one K/V round trip per block, nothing in flight during the math). Here block
     i+1's K/V loads and block i+2's table entries are issued before block i's math. Same blocks, same order: the
-    same numerics as the plain loop."""
+    same numerics as the plain loop.
+
+    SWAPPED: each block by _block_t (the products transposed; sm_scale then (rows,), each row's own)."""
     m_i = tl.full([BLOCK_ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)
+    if SWAPPED:
+        acc = tl.zeros([BLOCK_D, BLOCK_ROWS], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)
     if PREFETCH == 2:
         offs_n = start + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -192,7 +230,7 @@ def attend_span(q, K_buf, V_buf, Table, start, end, kvh, sm_scale, v_scale, stri
             after = n0 + 2 * BLOCK_N + tl.arange(0, BLOCK_N)
             after_mask = after < end
             after_slots = tl.load(Table + after, mask=after_mask, other=0)
-            m_i, l_i, acc = _block(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION, KV_CVT)
+            m_i, l_i, acc = _step(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION, KV_CVT, SWAPPED)
             k, v, n_mask = k_next, v_next, next_mask
             next_slots, next_mask = after_slots, after_mask
     elif PREFETCH == 1:
@@ -205,7 +243,7 @@ def attend_span(q, K_buf, V_buf, Table, start, end, kvh, sm_scale, v_scale, stri
             next_n = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
             next_mask = next_n < end
             next_slots = tl.load(Table + next_n, mask=next_mask, other=0)
-            m_i, l_i, acc = _block(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION, KV_CVT)
+            m_i, l_i, acc = _step(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION, KV_CVT, SWAPPED)
             slots, n_mask = next_slots, next_mask
     else:
         for n0 in range(start, end, BLOCK_N):
@@ -214,7 +252,10 @@ def attend_span(q, K_buf, V_buf, Table, start, end, kvh, sm_scale, v_scale, stri
             slots = tl.load(Table + offs_n, mask=n_mask, other=0)
             k = _gather(K_buf, slots, kvh, stride_kbs, stride_kh, offs_d, n_mask, d_mask)
             v = _gather(V_buf, slots, kvh, stride_vbs, stride_vh, offs_d, n_mask, d_mask)
-            m_i, l_i, acc = _block(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION, KV_CVT)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None] * v_scale
+            m_i, l_i, acc = _step(q, k, v, n_mask, m_i, l_i, acc, sm_scale, PRECISION, KV_CVT, SWAPPED)
+    if SWAPPED:
+        out = tl.trans(acc / tl.where(l_i > 0, l_i, 1.0)[None, :] * v_scale)
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None] * v_scale
     lse = tl.where(end > start, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
     return out, lse

@@ -109,7 +109,7 @@ def test_widened_decode_matches_reference_cuda():
 
 def _loop_ops(widen: str, src: str = "e4m3", swapped: bool = False) -> collections.Counter:
     """Stage 1 built for sm_90 (Llama-3.1-8B heads, 128-position blocks, prefetching walk; swapped: the transposed
-    walk, span_t.py, Triton's pipeline over 2 stages): the SASS opcodes of its longest loop (the walk over blocks)."""
+    walk, span._block_t, Triton's pipeline over 2 stages): the SASS opcodes of its longest loop (the walk over blocks)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

@@ -1,4 +1,4 @@
-"""The decode kernel's transposed walk (span_t.py, DecodeKernelConfig.swapped) against a dense float32 reference:
+"""The decode kernel's transposed walk (span._block_t, DecodeKernelConfig.swapped) against a dense float32 reference:
 float32 exactly; an e4m3 pool widened to halves with its Q K^T in FP8 (queries on e4m3's grid at a power-of-two
 scale, so that the kernel's per-row quantization does not round: Triton 3.9's interpreter rounds float32 to e4m3
 wrongly near 128); an e5m2 pool (K widened); one and two splits and a chunked pass, Triton's pipeline and the
