@@ -99,13 +99,14 @@ w4big)
 kv)
   if [ "${DRY:-0}" = 1 ]; then  # the sweep and its dict at tiny shapes under the interpreter, a few variants (~1 min)
     TRITON_INTERPRET=1 TAIL=30 step fp8_kv_decode 300 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --dry --parts kernel \
-      --kv-dtypes fp8_e4m3 --variants old,s3,n128p1r128,n128p1r128h,p1h,n128p1r128b,p1m --variant-splits 2 --out "$OUT"
+      --kv-dtypes fp8_e4m3 --variants old,s3,n128p1r128,n128p1r128h,n128s2t,p1h,n128p1r128b,p1m --variant-splits 2 \
+      --out "$OUT"
     exit 0
   fi
   TAIL=60 step fp8_kv_decode 420 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --variants all --variant-budget-s 200 \
     --budget-s 240 --out "$OUT"
   TAIL=8 step kv_widen_cuda_tests 90 $PY -m pytest -q -p no:cacheprovider \
-    tests/runtime/kernels/attention/test_decode_kv_widen.py
+    tests/runtime/kernels/attention/test_decode_kv_widen.py tests/runtime/kernels/attention/test_decode_swapped.py
   ;;
 check)
   if [ "${2:-}" != model ]; then
