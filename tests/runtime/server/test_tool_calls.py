@@ -112,7 +112,7 @@ def test_parallel_tool_calls_false_makes_one_call(client):
 
 
 def test_none_does_not_offer_the_tools(client):
-    r = create(client, ASK_WEATHER, tools=TOOLS, tool_choice="none", max_tokens=16)
+    r = create(client, ASK_WEATHER, tools=TOOLS, tool_choice="none", max_tokens=4)
     with_tools = create(client, ASK_WEATHER, tools=TOOLS, max_tokens=1)
     plain = create(client, ASK_WEATHER, max_tokens=1)
     ch = r.choices[0]
@@ -127,7 +127,7 @@ def test_multi_turn_with_a_tool_result(client):
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 22 degrees Celsius."},
     ]
-    r = create(client, messages, tools=TOOLS)
+    r = create(client, messages, tools=TOOLS, max_tokens=8)  # the prompt is under test, not the answer's length
     tok = get_tokenizer(MODEL)
     templated = [*messages[:1], {**messages[1], "content": "", "tool_calls": [
         {**messages[1]["tool_calls"][0], "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
