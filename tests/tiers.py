@@ -31,6 +31,7 @@ FIXTURES = {
 PATHS = {
     "server/test_child_death.py": {SERVER, REAL_MODEL},
     "server/test_robustness.py": {SERVER, REAL_MODEL},
+    "server/test_port.py": {SERVER},
     "server/test_tool_plan.py::test_template_that_ignores_tools_still_renders": {REAL_MODEL},
     "distributed/test_tp_server.py": {SERVER},
     "models/test_model_gguf_parity.py": {REAL_MODEL},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -171,6 +172,20 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
     return app
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The HTTP port, bound (not yet listening: a client meanwhile is refused, as before) before the children start,
+    so that no port they take (a tensor-parallel rendezvous at launch.free_port, gloo's connections) can be it. A
+    port in use is refused here, before the model loads."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise SystemExit(f"radixlm serve: cannot bind {host}:{port}: {e}") from None
+    return sock
+
+
 def serve(server_args: ServerArgs, host: str = "127.0.0.1", port: int = 30000) -> None:
     import uvicorn
 
@@ -178,11 +193,16 @@ def serve(server_args: ServerArgs, host: str = "127.0.0.1", port: int = 30000) -
     from radixlm.runtime.model_loader.tokenizer import get_tokenizer
 
     started = time.perf_counter()
+    sock = listen_socket(host, port)
     # This process's tokenizer (the model's: get_tokenizer resolves the path as the scheduler does) loads while the
     # children start, instead of after them (a few seconds of start-up).
-    with ThreadPoolExecutor(1, thread_name_prefix="radixlm-tokenizer") as pool:
-        tokenizer = pool.submit(get_tokenizer, server_args.tokenizer_path or server_args.model_path)
-        runtime = launch_subprocesses(server_args)
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="radixlm-tokenizer") as pool:
+            tokenizer = pool.submit(get_tokenizer, server_args.tokenizer_path or server_args.model_path)
+            runtime = launch_subprocesses(server_args)
+    except BaseException:
+        sock.close()
+        raise
     tm: TokenizerManager | None = None
     try:
         info = runtime.info
@@ -201,8 +221,9 @@ def serve(server_args: ServerArgs, host: str = "127.0.0.1", port: int = 30000) -
 
         tm.on_dead = exit_when_dead
         # uvicorn handles SIGTERM/SIGINT: stop accepting, let in-flight requests finish (bounded), run the lifespan exit.
-        server.run()
+        server.run(sockets=[sock])
     finally:
+        sock.close()
         runtime.shutdown()
     if tm is not None and tm.dead is not None:
         sys.exit(1)
