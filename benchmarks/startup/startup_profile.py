@@ -8,9 +8,15 @@ the serve arguments after --): wall time to the first healthy /health, and the C
 server (main, and every process below it) when it is ready. Run it in two trees side by side to compare them (a
 machine's load moves absolute seconds).
 
+--ab DIR instead (a GPU machine): `Engine()` start-ups of the tree in DIR (`git archive REV radixlm benchmarks | tar
+-x -C DIR`) and of this one in turn, --runs rounds, each a fresh process (spawn to ready: the imports, then the
+side-by-side's engine), with an empty Triton cache each (--cache cold) or each tree's own kept cache (--cache warm:
+filled by an untimed start first).
+
     bash benchmarks/lease/startup_lease.sh                       # on the device (carry .whl): cold, then warm
     python benchmarks/startup/startup_profile.py --tiny --out F    # here, on the CPU: the same with tiny shapes
     python benchmarks/startup/startup_profile.py --server --runs 3 --out F [-- SERVE ARGS...]
+    python benchmarks/startup/startup_profile.py --ab DIR --runs 2 --cache cold --out F
 """
 from __future__ import annotations
 
@@ -139,18 +145,76 @@ def server_starts(args: argparse.Namespace) -> dict:
     return result
 
 
+AB_CHILD = """
+import json, sys, time
+spawned = float(sys.argv[1])
+from benchmarks.lib.engine import close, make_engine
+from benchmarks.lib.models import model_dir
+imported = time.time()
+engine = make_engine(model_dir())
+ready = time.time()
+row = {"imports_s": imported - spawned, "engine_s": ready - imported, "ready_s": ready - spawned}
+print("START " + json.dumps(row))
+close(engine)
+"""
+
+
+def engine_start(tree: Path, cache: str) -> dict:
+    """One `Engine()` start-up of the tree at `tree` in a fresh process, with this Triton cache directory."""
+    here = Path(__file__).resolve().parents[2]
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != here]
+    env = dict(os.environ, TRITON_CACHE_DIR=cache, PYTHONPATH=os.pathsep.join(path + [str(tree)]))
+    out = subprocess.run([sys.executable, "-c", AB_CHILD, str(time.time())], cwd=tree, env=env, capture_output=True,
+                         text=True, timeout=600)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("START ")), None)
+    if line is None:
+        raise RuntimeError(f"start in {tree} failed (rc {out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(line[6:])
+
+
+def ab_starts(args: argparse.Namespace) -> dict:
+    """--ab: the two trees' start-ups in turn."""
+    import shutil
+    import tempfile
+
+    trees = {"base": Path(args.ab).resolve(), "this": Path(__file__).resolve().parents[2]}
+    caches = {name: tempfile.mkdtemp(prefix=f"triton_{name}_") for name in trees}
+    result = {"benchmark": "engine_start_ab", "cache": args.cache, "base": str(trees["base"]), "starts": []}
+    if args.cache == "warm":
+        for name, tree in trees.items():
+            engine_start(tree, caches[name])
+    for r in range(args.runs):
+        for name, tree in trees.items():
+            if args.cache == "cold":
+                shutil.rmtree(caches[name], ignore_errors=True)
+                os.makedirs(caches[name])
+            row = {"tree": name, "round": r + 1, **engine_start(tree, caches[name])}
+            print(json.dumps(row), flush=True)
+            result["starts"].append(row)
+    for name in trees:
+        rows = [s for s in result["starts"] if s["tree"] == name]
+        result[name] = {k: statistics.median(s[k] for s in rows) for k in ("imports_s", "engine_s", "ready_s")}
+        print(name, {k: round(v, 2) for k, v in result[name].items()}, flush=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (the dry run)")
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--out", required=True)
     p.add_argument("--server", action="store_true", help="time `radixlm serve` start-ups instead (module docstring)")
-    p.add_argument("--runs", type=int, default=3, help="--server: start-ups")
+    p.add_argument("--ab", metavar="DIR", help="time Engine() start-ups of the tree in DIR and this one in turn")
+    p.add_argument("--cache", choices=("cold", "warm"), default="cold", help="--ab: the Triton cache of each start")
+    p.add_argument("--runs", type=int, default=3, help="--server: start-ups; --ab: rounds")
     p.add_argument("--timeout-s", type=float, default=180.0, help="--server: a start-up's limit")
     p.add_argument("serve_args", nargs="*", help="--server, after --: extra `radixlm serve` arguments")
     args = p.parse_args(argv)
     if args.server:
         return server_starts(args)
+    if args.ab:
+        return ab_starts(args)
     interpreter_s = time.time() - SPAWNED
     imports = timed_imports()
     from radixlm import Engine

@@ -193,37 +193,34 @@ def serve(server_args: ServerArgs, host: str = "127.0.0.1", port: int = 30000) -
     from radixlm.runtime.model_loader.tokenizer import get_tokenizer
 
     started = time.perf_counter()
-    sock = listen_socket(host, port)
-    # This process's tokenizer (the model's: get_tokenizer resolves the path as the scheduler does) loads while the
-    # children start, instead of after them (a few seconds of start-up).
-    try:
+    with listen_socket(host, port) as sock:
+        # This process's tokenizer (the model's: get_tokenizer resolves the path as the scheduler does) loads while
+        # the children start, instead of after them (a few seconds of start-up).
         with ThreadPoolExecutor(1, thread_name_prefix="radixlm-tokenizer") as pool:
             tokenizer = pool.submit(get_tokenizer, server_args.tokenizer_path or server_args.model_path)
             runtime = launch_subprocesses(server_args)
-    except BaseException:
-        sock.close()
-        raise
-    tm: TokenizerManager | None = None
-    try:
-        info = runtime.info
-        logger.info("model loaded in %.1fs: KV pool %d tokens, max running requests %d, context %d",
-                    runtime.load_time_s, info.max_total_num_tokens, info.max_running_requests, info.context_len)
-        tm = TokenizerManager(runtime, tokenizer.result())
-        config = uvicorn.Config(create_app(tm, started), host=host, port=port, log_level=server_args.log_level.lower(),
-                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=5)
-        server = uvicorn.Server(config)
+        tm: TokenizerManager | None = None
+        try:
+            info = runtime.info
+            logger.info("model loaded in %.1fs: KV pool %d tokens, max running requests %d, context %d",
+                        runtime.load_time_s, info.max_total_num_tokens, info.max_running_requests, info.context_len)
+            tm = TokenizerManager(runtime, tokenizer.result())
+            config = uvicorn.Config(create_app(tm, started), host=host, port=port,
+                                    log_level=server_args.log_level.lower(),
+                                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=5)
+            server = uvicorn.Server(config)
 
-        def exit_when_dead(reason: str) -> None:
-            # A dead pipeline is not restarted in place: its pending requests were failed, and the server exits
-            # non-zero so that its supervisor (systemd, Kubernetes, a router's health checks) sees it go.
-            logger.error("the pipeline is dead (%s); shutting down", reason)
-            server.should_exit = True
+            def exit_when_dead(reason: str) -> None:
+                # A dead pipeline is not restarted in place: its pending requests were failed, and the server exits
+                # non-zero so that its supervisor (systemd, Kubernetes, a router's health checks) sees it go.
+                logger.error("the pipeline is dead (%s); shutting down", reason)
+                server.should_exit = True
 
-        tm.on_dead = exit_when_dead
-        # uvicorn handles SIGTERM/SIGINT: stop accepting, let in-flight requests finish (bounded), run the lifespan exit.
-        server.run(sockets=[sock])
-    finally:
-        sock.close()
-        runtime.shutdown()
+            tm.on_dead = exit_when_dead
+            # uvicorn handles SIGTERM/SIGINT: stop accepting, let in-flight requests finish (bounded), run the
+            # lifespan exit.
+            server.run(sockets=[sock])
+        finally:
+            runtime.shutdown()
     if tm is not None and tm.dead is not None:
         sys.exit(1)
