@@ -10,7 +10,8 @@ Each workload runs twice after a small warm-up of its shapes, the radix cache fl
      dominates) and `steady` (centred on the run's middle pass): device time per kernel name per pass kind (a kernel
      belongs to the pass whose launch enqueued it; `other` = outside any launch), device busy time (union of the
      kernels' intervals) and the GPU idle share of the window's wall time.
-The part `decode256` gives a decode step's kernels (profile_gpu_step.step_kernels) and host phases
+With --cprofile N a third run has the scheduler's steps under cProfile (host hot spots: its N functions of most own
+time); --window 0 leaves out the torch.profiler run. The part `decode256` gives a decode step's kernels (profile_gpu_step.step_kernels) and host phases
 (gpu_multi.step_profile) at batch 256.
 
     python benchmarks/profiling/profile_workloads.py --parts shared_prefix decode256 --out $OUT/profile_a.json
@@ -21,7 +22,9 @@ The part `decode256` gives a decode step's kernels (profile_gpu_step.step_kernel
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import pstats
 import random
 import shutil
 import sys
@@ -37,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.lib.engine import close, make_engine, offline_run  # noqa: E402
 from benchmarks.lib.models import model_dir, tiny_model_dir  # noqa: E402
-from benchmarks.lib.phases import PhaseTimer  # noqa: E402
+from benchmarks.lib.phases import PhaseTimer, profile_steps  # noqa: E402
 from benchmarks.lib.profiling import step_kernels, step_profile  # noqa: E402
 from radixlm.bench.datasets import PromptSource, generated_shared_prefix_dataset, random_dataset  # noqa: E402
 from radixlm.bench.datasets import sharegpt_like_dataset  # noqa: E402
@@ -257,13 +260,30 @@ def estimate_idle(measured: dict, windows: dict) -> float | None:
     return max(0.0, 1 - busy / (measured["wall_s"] * 1e6))
 
 
-def part_workload(engine, src: PromptSource, name: str, tiny: bool, window: int) -> dict:
+def host_profile_run(engine, reqs, name: str, top: int) -> dict:
+    """The scheduler's steps under cProfile (its own run: cProfile slows the host): the `top` functions by own time."""
+    flush(engine)
+    prof = profile_steps(engine)
+    try:
+        row = offline_run(engine, reqs, name + " (cProfile)", mfu=False)
+    finally:
+        engine.scheduler.__dict__.pop("step", None)
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return {"wall_s": row["wall_s"], "by_tottime": text.getvalue()}
+
+
+def part_workload(engine, src: PromptSource, name: str, tiny: bool, window: int, cprofile_top: int = 0) -> dict:
     offline_run(engine, workload(name, src, tiny, warm=True), f"{name} warm-up", mfu=False)
     reqs = workload(name, src, tiny)
     measured = measured_run(engine, reqs, name)
-    profiled = profiled_run(engine, reqs, name, measured["passes"], window)
-    measured["gpu_idle_share_estimate"] = estimate_idle(measured, profiled["windows"])
-    return {"measured": measured, "profiled": profiled}
+    out = {"measured": measured}
+    if window:
+        out["profiled"] = profiled_run(engine, reqs, name, measured["passes"], window)
+        measured["gpu_idle_share_estimate"] = estimate_idle(measured, out["profiled"]["windows"])
+    if cprofile_top:
+        out["host_profile"] = host_profile_run(engine, reqs, name, cprofile_top)
+    return out
 
 
 def part_decode(engine, src: PromptSource, batch: int, steps: int, prompt_len: int) -> dict:
@@ -300,9 +320,11 @@ def report(name: str, r: dict) -> None:
         m = r["measured"]
         log(f"{name}: {m['wall_s']:.2f} s, {m['output_tokens_per_s']:.0f} out tok/s, passes {m['passes_by_kind']}, "
             f"prefill tokens {m['prefill_tokens_computed']}, hit rate {m['hit_rate']:.1%}, host busy "
-            f"{m['host_busy_us_per_pass']:.0f} us/pass, est. GPU idle {m['gpu_idle_share_estimate'] or 0:.1%}")
+            f"{m['host_busy_us_per_pass']:.0f} us/pass, est. GPU idle {m.get('gpu_idle_share_estimate') or 0:.1%}")
         log(m["host_phase_table"])
-        windows = r["profiled"]["windows"]
+        windows = r["profiled"]["windows"] if "profiled" in r else {}
+        if "host_profile" in r:
+            log(f"cProfile'd run: {r['host_profile']['wall_s']:.2f} s\n{r['host_profile']['by_tottime']}")
     for label, w in windows.items():
         log(f"  window {label} (from pass {w['first_pass']}, {w['passes']}): wall {w['wall_us'] / 1e3:.1f} ms, "
             f"busy {w['device_busy_us'] / 1e3:.1f} ms, idle {w['gpu_idle_share']:.1%}, kernels no pass claims "
@@ -317,7 +339,10 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser()
     p.add_argument("--parts", nargs="+", default=["shared_prefix", "decode256"],
                    choices=["shared_prefix", "sharegpt", "random", "decode256"])
-    p.add_argument("--window", type=int, default=None, help="passes per profiled window (default 40; tiny 4)")
+    p.add_argument("--window", type=int, default=None, help="passes per profiled window (default 40; tiny 4; 0: no "
+                   "torch.profiler run)")
+    p.add_argument("--cprofile", type=int, default=0, metavar="N", help="also a run under cProfile (the scheduler's "
+                   "steps): its N functions of most own time")
     p.add_argument("--decode-batch", type=int, default=None, help="default 256 (tiny 4)")
     p.add_argument("--decode-steps", type=int, default=None, help="default 64 (tiny 4)")
     p.add_argument("--engine-args", default="{}", help="JSON of extra server arguments, e.g. '{\"page_size\": 16}'")
@@ -325,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default="benchmarks/results/profiling/profile_workloads.json")
     args = p.parse_args(argv)
     tiny = args.tiny
-    window = args.window or (4 if tiny else 40)
+    window = args.window if args.window is not None else (4 if tiny else 40)
     batch = args.decode_batch or (4 if tiny else 256)
     steps = args.decode_steps or (4 if tiny else 64)
     path = tiny_model_dir() if tiny else model_dir()
@@ -352,7 +377,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         for name in args.parts:  # each part written as soon as it is measured
             result[name] = (part_decode(engine, src, batch, steps, 32 if tiny else 512) if name == "decode256"
-                            else part_workload(engine, src, name, tiny, window))
+                            else part_workload(engine, src, name, tiny, window, args.cprofile))
             report(name, result[name])
             result["bench_seconds"] = time.perf_counter() - t0
             out.write_text(json.dumps(result, indent=1) + "\n")

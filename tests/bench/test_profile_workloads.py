@@ -42,6 +42,17 @@ def test_tiny_profile(tmp_path):
     assert set(d["window"]["passes"]) == {"decode"}
 
 
+def test_tiny_host_profile(tmp_path):
+    """--window 0 --cprofile N: no torch.profiler run; a cProfile'd run's table of the scheduler's hot spots."""
+    out = tmp_path / "host.json"
+    profile_workloads.main(["--tiny", "--parts", "shared_prefix", "--window", "0", "--cprofile", "12",
+                            "--out", str(out)])
+    r = json.loads(out.read_text())["shared_prefix"]
+    assert "profiled" not in r and r["measured"]["passes"] > 0
+    host = r["host_profile"]
+    assert host["wall_s"] > 0 and "ncalls" in host["by_tottime"] and "function calls" in host["by_tottime"]
+
+
 def test_summarize_counts_only_kernels_under_a_pass():
     """Kernels attributed by their launching op's enclosing pass annotation; the annotation's own device span is
     neither a kernel nor busy time; a kernel no op claims is listed as unlinked."""

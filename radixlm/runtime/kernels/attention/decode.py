@@ -183,7 +183,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         wide = shared is None and bs >= decode_wide_rows(num_kv_heads)
         config = decode_kernel_config(k_buf.element_size() == 1, wide)
     kv_cvt = kv_convert_asm(k_buf.dtype, q.dtype, q.device, config.widen) if config.inline_cvt else ""
-    q_fp8 = config.swapped and kv_qk_fp8(k_buf.dtype, q.dtype, config.widen)
+    q_fp8 = config.swapped and kv_qk_fp8(k_buf.dtype, q.dtype, config.widen, q.shape[-1])
     q_f16 = not q_fp8 and kv_widen_query_dtype(k_buf.dtype, q.dtype, config.widen) != q.dtype
     k_scale, v_scale = (s * kv_widen_factor(k_buf.dtype, q.dtype, config.widen) for s in (k_scale, v_scale))
     _decode_stage1[(num_kv_heads, chunks) if chunks else (num_kv_heads, bs, num_splits)](

@@ -86,15 +86,16 @@ def kv_widen_query_dtype(kv_dtype, q_dtype, widen):
     return q_dtype
 
 
-def kv_qk_fp8(kv_dtype, q_dtype, widen) -> bool:
+def kv_qk_fp8(kv_dtype, q_dtype, widen, head_dim: int) -> bool:
     """Whether a swapped walk (attend_span's SWAPPED) runs Q K^T on the FP8 tensor cores: an e4m3 pool widened to halves
     (KvWiden.F16) for a bf16 / fp16 query, which the kernel quantizes to e4m3 per row (the halves are then V's
-    alone)."""
+    alone), with heads of 32 dimensions or more (Triton's FP8 dots take K >= 32; smaller heads widen K too)."""
     import torch
 
     from radixlm.runtime.kernels.attention.decode_splits import KvWiden
 
-    return widen == KvWiden.F16 and kv_dtype == torch.float8_e4m3fn and q_dtype in (torch.bfloat16, torch.float16)
+    return (widen == KvWiden.F16 and kv_dtype == torch.float8_e4m3fn and q_dtype in (torch.bfloat16, torch.float16)
+            and head_dim >= 32)
 
 
 @functools.lru_cache(maxsize=None)  # per launch of the eager passes: the device's capability read once

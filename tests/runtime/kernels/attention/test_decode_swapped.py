@@ -1,9 +1,10 @@
 """The decode kernel's transposed walk (span._block_t, DecodeKernelConfig.swapped) against a dense float32 reference:
 float32 exactly; an e4m3 pool widened to halves with its Q K^T in FP8 (queries on e4m3's grid at a power-of-two
 scale, so that the kernel's per-row quantization does not round: Triton 3.9's interpreter rounds float32 to e4m3
-wrongly near 128); an e5m2 pool (K widened); one and two splits and a chunked pass, Triton's pipeline and the
-prefetching walk. On the CPU under TRITON_INTERPRET=1 (a subprocess), or on CUDA. And, built for sm_90, the walk's
-loop runs both products on the warpgroup MMA (Q K^T on the FP8 one) and widens V alone."""
+wrongly near 128), and at 16 dimensions (too few for an FP8 dot) with K widened too; an e5m2 pool (K widened); one
+and two splits and a chunked pass, Triton's pipeline and the prefetching walk. On the CPU under TRITON_INTERPRET=1
+(a subprocess), or on CUDA. And, built for sm_90, the walk's loop runs both products on the warpgroup MMA (Q K^T on
+the FP8 one) and widens V alone."""
 from __future__ import annotations
 
 import pytest
@@ -21,8 +22,10 @@ def run_cases(device: str) -> None:
     from radixlm.runtime.kernels.attention.decode import decode_attention
     from radixlm.runtime.kernels.attention.decode_splits import DecodeKernelConfig, KvWiden
 
-    for pool in ("f32", "e4m3", "e5m2"):
-        q, k, v, rt, rows, seq_lens = make_case(3, 8, 2, 16, 0, 1, torch.float32, device, seed=7, lens=[5, 130, 64])
+    # e4m3 at 16 dimensions: too narrow for Triton's FP8 dot (K >= 32), so K is widened too (span.kv_qk_fp8).
+    for pool, head_dim in (("f32", 32), ("e4m3", 32), ("e4m3", 16), ("e5m2", 32)):
+        q, k, v, rt, rows, seq_lens = make_case(3, 8, 2, head_dim, 0, 1, torch.float32, device, seed=7,
+                                                lens=[5, 130, 64])
         if pool == "f32":
             scales, pool_k, pool_v, tol = (1.0, 1.0), k, v, 1e-5
         else:
@@ -40,7 +43,7 @@ def run_cases(device: str) -> None:
                                        chunked=splits is None, k_scale=scales[0], v_scale=scales[1], config=config)
                 assert got.dtype == q.dtype and got.shape == q.shape
                 err = ((got.float() - want).abs().max() / want.abs().max()).item()
-                assert err <= tol, (pool, block_n, prefetch, splits, err)
+                assert err <= tol, (pool, head_dim, block_n, prefetch, splits, err)
     print(MARKER)
 
 
