@@ -109,15 +109,15 @@ def kernel_rows(args, device: str, shapes: tuple[int, int, int]) -> list[dict]:
 
 def variant_rows(args, device: str, shapes: tuple[int, int, int], save) -> dict:
     """Every --variants config per case (pool dtype, narrow or wide pass): a row each (saved as it goes), then the
-    fastest valid one per case: {(float8, wide): (name, ms)}."""
+    fastest valid one per case: {(KvPool, wide): (name, ms, kv)}."""
     from radixlm.runtime.kernels.attention import decode_attention, decode_wide_rows
     from radixlm.runtime.kernels.attention.decode_splits import (
-        DECODE_DEFAULT_VARIANTS, DECODE_VARIANTS, KvWiden, decode_kernel_config)
+        DECODE_DEFAULT_VARIANTS, DECODE_VARIANTS, KvPool, KvWiden, decode_kernel_config)
 
     heads, kv_heads, head_dim = shapes
     names = list(DECODE_VARIANTS) if args.variants == ["all"] else args.variants
     wide_bs = decode_wide_rows(kv_heads)
-    # e4m3 and e5m2 share a default (the first float8 dtype decides it): the other float8 dtypes come last.
+    # Each pool kind has its defaults; the wide pass is timed for bf16 and the first float8 dtype only.
     cases = [(args.batch, False, ["bf16"] + args.kv_dtypes[:1])]
     if not args.dry and "wide" in args.variant_widths:
         cases.append((max(wide_bs, args.batch), True, ["bf16"] + args.kv_dtypes[:1]))
@@ -137,8 +137,9 @@ def variant_rows(args, device: str, shapes: tuple[int, int, int], save) -> dict:
         q = torch.randn(bs, heads, head_dim, device=device, dtype=model_dtype)
         for kv in kvs:
             float8 = kv != "bf16"
-            default = DECODE_DEFAULT_VARIANTS[(float8, wide)]
             dtype = FP8.get(kv, model_dtype)
+            key = (KvPool.of(dtype), wide)
+            default = DECODE_DEFAULT_VARIANTS[key]
             k_buf = torch.empty(bs * ctx + 1, kv_heads, head_dim, device=device, dtype=dtype)
             v_buf = torch.empty_like(k_buf)
             fill_(k_buf)
@@ -180,7 +181,7 @@ def variant_rows(args, device: str, shapes: tuple[int, int, int], save) -> dict:
                        "build_and_time_s": time.perf_counter() - t0}])
 
             for name in [baseline] + [n for n in names if n != baseline]:
-                if not float8 and DECODE_VARIANTS[name].block_n != decode_kernel_config(False, wide).block_n:
+                if not float8 and DECODE_VARIANTS[name].block_n != decode_kernel_config(KvPool.MODEL, wide).block_n:
                     continue  # other block sizes round differently: a model-dtype pool keeps its numerics
                 if not float8 and (name == "cvt" or DECODE_VARIANTS[name].widen != KvWiden.QUERY):
                     continue  # "old" for a model-dtype pool, or its own config (no float8 to widen)
@@ -192,8 +193,7 @@ def variant_rows(args, device: str, shapes: tuple[int, int, int], save) -> dict:
                     for splits in args.variant_splits:
                         run(name, splits)
             valid = sorted(t for t in timed if t[2])
-            key = (float8, wide)
-            if valid and key not in best:  # e4m3 and e5m2 share a default: --kv-dtypes' first decides it
+            if valid:
                 ms, name, _ = valid[0]
                 held = [t for t in valid if t[1] == default]
                 if held and held[0][0] <= ms * (1 + args.variant_margin):  # within the noise: the default holds
@@ -311,27 +311,29 @@ def main() -> None:
         shapes = (4, 2, 16) if args.dry else (HEADS, KV_HEADS, HEAD_DIM)
         save(kernel_rows(args, device, shapes))
         if args.variants:
-            from radixlm.runtime.kernels.attention.decode_splits import DECODE_DEFAULT_VARIANTS
+            from radixlm.runtime.kernels.attention.decode_splits import DECODE_DEFAULT_VARIANTS, KvPool
 
             best = variant_rows(args, device, shapes, save)
             chosen = dict(DECODE_DEFAULT_VARIANTS)
-            log("\nvariants: the fastest per case (float8 pool, wide pass) against the default")
-            for key, (name, ms, kv) in sorted(best.items()):
+            log("\nvariants: the fastest per case (pool, wide pass) against the default")
+            for key, (name, ms, kv) in best.items():
                 now = DECODE_DEFAULT_VARIANTS[key]
                 verdict = "default holds" if name == now else f"set {name}"
-                log(f"  {str(key):<15} ({kv}): fastest {name} {ms:.3f} ms; default {now}: {verdict}")
+                log(f"  {key[0].value:<6} {'wide' if key[1] else 'narrow':<7} ({kv}): fastest {name} {ms:.3f} ms; "
+                    f"default {now}: {verdict}")
                 chosen[key] = name
-            result["variant_best"] = {str(k): v[0] for k, v in best.items()}
-            if (False, False) in best and (True, False) in best:
-                ratio = best[(True, False)][1] / best[(False, False)][1]
+            result["variant_best"] = {f"{k[0].value},{'wide' if k[1] else 'narrow'}": v[0] for k, v in best.items()}
+            first8 = (KvPool.of(FP8[args.kv_dtypes[0]]), False) if args.kv_dtypes else None
+            if (KvPool.MODEL, False) in best and first8 in best:
+                ratio = best[first8][1] / best[(KvPool.MODEL, False)][1]
                 result["kernel_picked_fp8_over_bf16"] = ratio
-                log(f"  picked: {best[(True, False)][2]} {ratio:.2f}x bf16's time (issue 50: <= 0.71, 1.4x the speed)")
-            log("decode_splits.DECODE_DEFAULT_VARIANTS = {" + ", ".join(f"{k}: {v!r}" for k, v in chosen.items())
-                + "}")
+                log(f"  picked: {best[first8][2]} {ratio:.2f}x bf16's time (issue 50: <= 0.71, 1.4x the speed)")
+            log("decode_splits.DECODE_DEFAULT_VARIANTS = {" + ", ".join(
+                f"(KvPool.{pool.name}, {wide}): {v!r}" for (pool, wide), v in chosen.items()) + "}")
             if "step" in parts and not args.step_at_tree_defaults:
                 # The step part measures the picked defaults: this process only (the runner reads the dict per launch).
                 DECODE_DEFAULT_VARIANTS.update(chosen)
-                result["step_defaults"] = {str(k): v for k, v in chosen.items()}
+                result["step_defaults"] = {f"{k[0].value},{'wide' if k[1] else 'narrow'}": v for k, v in chosen.items()}
                 log("the step part runs these defaults")
     if "step" in parts:
         from benchmarks.lib.models import model_dir, tiny_model_dir

@@ -99,7 +99,7 @@ w4big)
 kv)
   if [ "${DRY:-0}" = 1 ]; then  # the sweep and its dict at tiny shapes under the interpreter, a few variants (~1 min)
     TRITON_INTERPRET=1 TAIL=30 step fp8_kv_decode 300 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --dry --parts kernel \
-      --kv-dtypes fp8_e4m3 --variants old,s3,n128p1r128,n128p1r128h,n128s2t,p1h,n128p1r128b,p1m --variant-splits 2 \
+      --kv-dtypes fp8_e4m3 --variants old,s3,n128p1r128,n128p1r128h,n128p1t,n128s2t,p1h,n128p1r128b,p1m --variant-splits 2 \
       --out "$OUT"
     exit 0
   fi

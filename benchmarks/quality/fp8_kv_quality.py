@@ -12,11 +12,14 @@ reference) against fp8_e4m3 and fp8_e5m2, same model, same weights. Reports per 
         [--max-new-tokens 32] [--out benchmarks/results/quality/fp8_kv_quality_smollm2_cpu.json]
 
 On a GPU: --device cuda (SmolLM2 by default, any --model-path; llama-3.1-8b-dummy takes the 8B shapes with dummy
-weights, whose near-flat logits make the figures a stress test rather than a quality measure). Prints a table and
+weights, whose near-flat logits make the figures a stress test rather than a quality measure). On the CPU,
+--kv-dtypes fp8_e4m3_q8 adds e4m3 with the decode's query rounded to e4m3 per row as well (the CUDA decode kernel's
+FP8 query, emulated: fp8_query_decode). Prints a table and
 writes JSON (--out; default $OUT/fp8_kv_quality.json where OUT is set, else the results folder)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -32,6 +35,7 @@ import torch  # noqa: E402
 from radixlm import Engine  # noqa: E402
 
 KV_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
+FP8_QUERY = "fp8_e4m3_q8"  # --kv-dtypes: e4m3 with the decode's query in e4m3 too (CPU: fp8_query_decode)
 PASSAGE = (
     "The lighthouse at Cape Verran was built in 1874 after three ships were lost on the reef in a single winter. "
     "Its first keeper, Ada Morrow, kept a log of every vessel that passed, the weather at each watch and the oil "
@@ -73,8 +77,40 @@ def resolve_model(path: str) -> tuple[str, str]:
     return path, "auto"
 
 
+def fp8_query_rows(q: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """q in float32 with each head_dim row rounded to e4m3 at its own scale (amax / 448), as the decode kernel's
+    FP8 query (decode.py's Q_FP8) before its scale joins the softmax scale."""
+    rows = q.float().reshape(-1, head_dim)
+    scale = rows.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 448.0
+    return ((rows / scale).to(torch.float8_e4m3fn).float() * scale).reshape(q.shape)
+
+
+@contextlib.contextmanager
+def fp8_query_decode():
+    """The CUDA decode kernel's FP8 query (DecodeKernelConfig.swapped with fp8_qk over an e4m3 pool) emulated by the
+    CPU backend's decode: each (token, head) row of q rounded to e4m3 at amax / 448 and read back in float32, the
+    attention then in float32 against the float8 K and V. Prefill (teacher-forced) is not touched, as on the GPU."""
+    from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
+
+    plain = TorchNativeAttnBackend.forward_decode
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        if forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id).dtype != torch.float8_e4m3fn:
+            return plain(self, q, k, v, layer, forward_batch, save_kv_cache)
+        return plain(self, fp8_query_rows(q, layer.head_dim), k, v, layer, forward_batch, save_kv_cache).to(q.dtype)
+
+    TorchNativeAttnBackend.forward_decode = forward_decode
+    try:
+        yield
+    finally:
+        TorchNativeAttnBackend.forward_decode = plain
+
+
 def run_engine(args, kv_cache_dtype: str, reference: list[list[int]] | None) -> dict:
     model_path, load_format = resolve_model(args.model_path)
+    if kv_cache_dtype == FP8_QUERY:
+        with fp8_query_decode():
+            return run_engine(args, "fp8_e4m3", reference)
     t0 = time.perf_counter()
     engine = Engine(model_path, load_format=load_format, dtype=args.dtype, device=args.device,
                     kv_cache_dtype=kv_cache_dtype, disable_radix_cache=True, random_seed=0,
@@ -153,9 +189,11 @@ def main() -> None:
     out = args.out or (os.path.join(os.environ["OUT"], "fp8_kv_quality.json") if os.environ.get("OUT") else
                        str(Path(__file__).resolve().parents[1] / "results" / "quality" / "fp8_kv_quality.json"))
     kinds = [k for k in args.kv_dtypes.split(",") if k]
-    unknown = sorted(set(kinds) - set(KV_DTYPES[1:]))
+    unknown = sorted(set(kinds) - {*KV_DTYPES[1:], FP8_QUERY})
     if unknown:
-        raise SystemExit(f"--kv-dtypes: unknown {unknown}; choose from {KV_DTYPES[1:]}")
+        raise SystemExit(f"--kv-dtypes: unknown {unknown}; choose from {(*KV_DTYPES[1:], FP8_QUERY)}")
+    if FP8_QUERY in kinds and args.device != "cpu":
+        raise SystemExit(f"--kv-dtypes {FP8_QUERY}: the CPU backend's emulation (on a GPU the decode kernel decides)")
     log(f"reference: {args.model_path} {args.dtype} on {args.device}, cache auto")
     ref_run = run_engine(args, "auto", None)
     reference = [[tok for _, tok in seq] for seq in ref_run["free"]]
@@ -166,12 +204,12 @@ def main() -> None:
         rows[kind] = compare(ref_run["free"], run)
     log(f"\n{len(PROMPTS)} prompts x {args.max_new_tokens} greedy tokens, {args.model_path} ({args.dtype}, "
         f"{args.device}); reference: the {args.dtype} cache ({ref_run['kv_pool_tokens']} tokens)")
-    head = f"{'kv cache':<10} {'match':>7} {'identical':>9} {'1st div':>8} {'|dlp| free':>10} " \
+    head = f"{'kv cache':<12} {'match':>7} {'identical':>9} {'1st div':>8} {'|dlp| free':>10} " \
            f"{'forced match':>12} {'|dlp| forced':>12} {'max':>7}"
     log(head)
     for kind, r in rows.items():
         free = "-" if r["mean_abs_dlogprob_free"] is None else f"{r['mean_abs_dlogprob_free']:.4f}"
-        log(f"{kind:<10} {r['greedy_match_rate']:>7.3f} {r['identical_outputs']:>4}/{r['prompts']:<4} "
+        log(f"{kind:<12} {r['greedy_match_rate']:>7.3f} {r['identical_outputs']:>4}/{r['prompts']:<4} "
             f"{r['mean_first_divergence']:>8.1f} {free:>10} {r['teacher_forced_match_rate']:>12.3f} "
             f"{r['mean_abs_dlogprob_forced']:>12.4f} {r['max_abs_dlogprob_forced']:>7.3f}")
     result = {

@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 
 from radixlm.runtime.kernels.attention.decode_splits import (
-    DECODE_CHUNK_BLOCK_S, DECODE_CHUNK_MAX_ROWS, DecodeKernelConfig, decode_chunk_capacity, decode_kernel_config,
-    decode_num_splits, decode_wide_rows)
+    DECODE_CHUNK_BLOCK_S, DECODE_CHUNK_MAX_ROWS, DecodeKernelConfig, KvPool, decode_chunk_capacity,
+    decode_kernel_config, decode_num_splits, decode_wide_rows)
 from radixlm.runtime.kernels.attention.decode_work import DecodeWork, decode_work_list
 from radixlm.runtime.kernels.attention.shared_prefix import shared_prefix_stage1
 from radixlm.runtime.kernels.attention.span import (
@@ -138,6 +138,12 @@ def _decode_stage2(
     tl.store(O + b * stride_ob + h * stride_oh + offs_d, (acc / den).to(O.dtype.element_ty), mask=d_mask)
 
 
+def fp8_query(q: torch.Tensor, k_buf: torch.Tensor, config: DecodeKernelConfig) -> bool:
+    """Whether stage 1 runs Q K^T on FP8 with this launch (span.kv_qk_fp8): each (request, head) row of q rounded to
+    e4m3 at its own scale, amax / 448, which then joins the softmax scale."""
+    return config.swapped and config.fp8_qk and kv_qk_fp8(k_buf.dtype, q.dtype, config.widen, q.shape[-1])
+
+
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
                      req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, max_seq_len: int,
                      num_splits: int | None = None, shared=None, work: DecodeWork | None = None,
@@ -181,9 +187,11 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     table = work.table if chunks else None
     if config is None:
         wide = shared is None and bs >= decode_wide_rows(num_kv_heads)
-        config = decode_kernel_config(k_buf.element_size() == 1, wide)
+        config = decode_kernel_config(KvPool.of(k_buf.dtype), wide)
+    # The query rows stacked a program: the products' M side (16, mma.sync's least), or transposed their N side (8).
+    block_h = max(8 if config.swapped else 16, triton.next_power_of_2(group))
     kv_cvt = kv_convert_asm(k_buf.dtype, q.dtype, q.device, config.widen) if config.inline_cvt else ""
-    q_fp8 = config.swapped and kv_qk_fp8(k_buf.dtype, q.dtype, config.widen, q.shape[-1])
+    q_fp8 = fp8_query(q, k_buf, config)
     q_f16 = not q_fp8 and kv_widen_query_dtype(k_buf.dtype, q.dtype, config.widen) != q.dtype
     k_scale, v_scale = (s * kv_widen_factor(k_buf.dtype, q.dtype, config.widen) for s in (k_scale, v_scale))
     _decode_stage1[(num_kv_heads, chunks) if chunks else (num_kv_heads, bs, num_splits)](
@@ -191,7 +199,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         table, mid_o, mid_lse, out, sm_scale * k_scale, float(v_scale),
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0), *mid_strides, out.stride(0), out.stride(1),
-        num_splits, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
+        num_splits, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=block_h,
         BLOCK_N=config.block_n, num_warps=config.num_warps, num_stages=config.num_stages, PRECISION=precision,
         HAS_ROW_STARTS=shared is not None, DIRECT=direct, CHUNKED=bool(chunks), PREFETCH=config.prefetch,
         KV_CVT=kv_cvt, Q_F16=q_f16, SWAPPED=config.swapped, Q_FP8=q_fp8,

@@ -25,10 +25,23 @@ def decode_wide_rows(num_kv_heads: int) -> int:
     return -(-DECODE_WIDE_PROGRAMS // max(1, num_kv_heads))
 
 
-def decode_block_n(bs: int, num_kv_heads: int, shared: bool, float8: bool = False) -> int:
+class KvPool(str, Enum):
+    """What the KV pool stores, which picks stage 1's default launch (DECODE_DEFAULT_VARIANTS)."""
+
+    MODEL = "model"  # the model's dtype
+    E4M3 = "e4m3"
+    E5M2 = "e5m2"
+
+    @classmethod
+    def of(cls, dtype) -> "KvPool":
+        """A pool's kind from its torch dtype (by name: this module imports no torch)."""
+        return {"torch.float8_e4m3fn": cls.E4M3, "torch.float8_e5m2": cls.E5M2}.get(str(dtype), cls.MODEL)
+
+
+def decode_block_n(bs: int, num_kv_heads: int, shared: bool, pool: KvPool = KvPool.MODEL) -> int:
     """Stage 1's positions per block (decode_kernel_config's). A wide pass has one split (decode_num_splits), so its
     variant is one."""
-    return decode_kernel_config(float8, not shared and bs >= decode_wide_rows(num_kv_heads)).block_n
+    return decode_kernel_config(pool, not shared and bs >= decode_wide_rows(num_kv_heads)).block_n
 
 
 class KvWiden(str, Enum):
@@ -67,6 +80,7 @@ class DecodeKernelConfig:
     maxnreg: int = 0  # registers per thread the compiler may use (0: its choice); 128 fits 4 programs of 4 warps
     widen: KvWiden = KvWiden.QUERY  # a float8 pool's widening for the dots (KvWiden)
     swapped: bool = False  # the products transposed (span._block_t: wgmma; an e4m3 pool with F16: Q K^T in FP8)
+    fp8_qk: bool = True  # swapped over an e4m3 pool with F16: Q K^T in FP8 (the query quantized); False widens K too
 
     def __post_init__(self):
         if self.block_n not in (16, 32, 64, 128, 256):
@@ -101,7 +115,10 @@ class DecodeKernelConfig:
 # F2F.BF16.F16 (one each) and 128 PRMT, 1,144 instructions in all; F16 with the 128 F2FP alone, 763; F16_BITS with
 # 128 PRMT, 264 LOP3 and 129 LEA, 1,138, none on the conversion unit; F16_MIXED with 64 F2FP and 64 HMUL2 besides
 # half the bit moves, 1,024. "...t" variants walk with the products transposed (span._block_t; with "h"'s widening an
-# e4m3 pool's Q K^T runs in FP8, "s3t" widens as QUERY). Registers (stack bytes, spill loads/stores in the loop):
+# e4m3 pool's Q K^T runs in FP8, "...tw" widen its K as well, "s3t" widens as QUERY); they stack 8 query rows a
+# program, not 16 (the GQA group's 4, padded: the products' N side), 518 instructions a loop against 678 (Triton 3.9;
+# Triton 3.6 builds their products with mma.sync at 8 rows, widening K: 614). Registers (stack bytes, spill
+# loads/stores in the loop):
 # "n128p1r128h" 128 (40, 7), "n128p1r128b" 128 (8, 0), "p1h" 126 (0), "s3h" 124 (0), "n256w8p1r128h" 128 (24, 2),
 # "n128w8p1h" 108 (0), "n128p1h" 168 (8, 0), "s3b" 124 (0), "n128p1r128m" 128 (56, 12), "p1m" 128 (0).
 DECODE_VARIANTS = {  # likeliest first: a timed run under a budget drops the last ones
@@ -114,6 +131,12 @@ DECODE_VARIANTS = {  # likeliest first: a timed run under a budget drops the las
     "n64s3t": DecodeKernelConfig(64, 4, 3, 0, widen=KvWiden.F16, swapped=True),
     "n128p1t": DecodeKernelConfig(128, 4, 1, 1, widen=KvWiden.F16, swapped=True),
     "n128w8s2t": DecodeKernelConfig(128, 8, 2, 0, widen=KvWiden.F16, swapped=True),
+    "n128p1tw": DecodeKernelConfig(128, 4, 1, 1, widen=KvWiden.F16, swapped=True, fp8_qk=False),
+    "n64p1tw": DecodeKernelConfig(64, 4, 1, 1, widen=KvWiden.F16, swapped=True, fp8_qk=False),
+    "n64p1t": DecodeKernelConfig(64, 4, 1, 1, widen=KvWiden.F16, swapped=True),
+    "n128s3tw": DecodeKernelConfig(128, 4, 3, 0, widen=KvWiden.F16, swapped=True, fp8_qk=False),
+    "n64s3tw": DecodeKernelConfig(64, 4, 3, 0, widen=KvWiden.F16, swapped=True, fp8_qk=False),
+    "n128s2tw": DecodeKernelConfig(128, 4, 2, 0, widen=KvWiden.F16, swapped=True, fp8_qk=False),
     "s3t": DecodeKernelConfig(64, 4, 3, 0, swapped=True),
     "p1h": DecodeKernelConfig(64, 4, 1, 1, widen=KvWiden.F16),
     "s3h": DecodeKernelConfig(64, 4, 3, 0, widen=KvWiden.F16),
@@ -133,22 +156,26 @@ DECODE_VARIANTS = {  # likeliest first: a timed run under a budget drops the las
     "wide": DecodeKernelConfig(DECODE_WIDE_BLOCK_N, 4, 2, 0),
     "p2": DecodeKernelConfig(64, 4, 1, 2),
 }
-# The defaults, per (pool of float8, wide pass); fixed per server and batch class, so start-up's passes build them
+# The defaults, per (pool, wide pass); fixed per server and batch class, so start-up's passes build them
 # (kernels/startup/kernel_variants.py). A model-dtype pool keeps the blocks it had (64 positions, 128 in wide passes):
 # same blocks, same numerics, whatever the pipeline. The float8 ones are fp8_kv_decode_gpu.py --variants' fastest on an
-# H200 (2026-11-29, Llama-3.1-8B heads, 8k-token contexts): e4m3 at batch 64 0.461 ms against n128p1r128's 0.538
-# (bf16's s3: 0.521), at batch 128 in wide passes 0.870 ms (benchmarks/results/kernels/fp8_kv_decode_h200_v4).
+# H200 (Llama-3.1-8B heads, 8k-token contexts; benchmarks/results/kernels/h200/kv_sweep_8q/): e4m3's transposed walk
+# with its query in e4m3 (n128p1t) 0.421 ms at batch 64 against n128p1r128h's 0.470 (bf16's s3: 0.538), 0.756 at
+# batch 128 in wide passes against 0.994; e5m2 has no FP8 query (its K is widened), where n128p1r128h stays ahead
+# (0.578 against n128p1t's 0.641).
 DECODE_DEFAULT_VARIANTS = {
-    (False, False): "s3",
-    (False, True): "wide",
-    (True, False): "n128p1r128h",
-    (True, True): "n128p1r128h",
+    (KvPool.MODEL, False): "s3",
+    (KvPool.MODEL, True): "wide",
+    (KvPool.E4M3, False): "n128p1t",
+    (KvPool.E4M3, True): "n128p1t",
+    (KvPool.E5M2, False): "n128p1r128h",
+    (KvPool.E5M2, True): "n128p1r128h",
 }
 
 
-def decode_kernel_config(float8: bool, wide: bool) -> DecodeKernelConfig:
+def decode_kernel_config(pool: KvPool, wide: bool) -> DecodeKernelConfig:
     """Stage 1's launch of a pass without shared prefixes (DECODE_DEFAULT_VARIANTS)."""
-    return DECODE_VARIANTS[DECODE_DEFAULT_VARIANTS[(bool(float8), bool(wide))]]
+    return DECODE_VARIANTS[DECODE_DEFAULT_VARIANTS[(KvPool(pool), bool(wide))]]
 
 
 # Chunked decode (small batches, where splits would multiply the programs): stage 1's program (kv head, entry) walks

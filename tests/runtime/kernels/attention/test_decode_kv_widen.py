@@ -107,9 +107,11 @@ def test_widened_decode_matches_reference_cuda():
     run_cases("cuda")
 
 
-def _loop_ops(widen: str, src: str = "e4m3", swapped: bool = False) -> collections.Counter:
+def _loop_ops(widen: str, src: str = "e4m3", swapped: bool = False, block_h: int = 16,
+              fp8_qk: bool = True) -> collections.Counter:
     """Stage 1 built for sm_90 (Llama-3.1-8B heads, 128-position blocks, prefetching walk; swapped: the transposed
-    walk, span._block_t, Triton's pipeline over 2 stages): the SASS opcodes of its longest loop (the walk over blocks)."""
+    walk, span._block_t, Triton's pipeline over 2 stages; block_h query rows a program): the SASS opcodes of its
+    longest loop (the walk over blocks)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -127,17 +129,18 @@ def _loop_ops(widen: str, src: str = "e4m3", swapped: bool = False) -> collectio
             "O": "*bf16"}
     ints = ["stride_qb", "stride_qh", "stride_kbs", "stride_kh", "stride_vbs", "stride_vh", "stride_rt", "stride_mob",
             "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh", "num_splits"]
-    consts = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=128, PRECISION="tf32", HAS_ROW_STARTS=False,
-                  DIRECT=True, CHUNKED=False, PREFETCH=0 if swapped else 1, KV_CVT=cvt,
-                  Q_F16=widen != KvWiden.QUERY and not swapped, SWAPPED=swapped,
-                  Q_FP8=swapped and widen == KvWiden.F16 and src == "e4m3")
+    consts = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=block_h, BLOCK_N=128, PRECISION="tf32",
+                  HAS_ROW_STARTS=False, DIRECT=True, CHUNKED=False, PREFETCH=0 if swapped else 1, KV_CVT=cvt,
+                  Q_F16=widen != KvWiden.QUERY and not (swapped and fp8_qk), SWAPPED=swapped,
+                  Q_FP8=swapped and fp8_qk and widen == KvWiden.F16 and src == "e4m3")
     sig = {**ptrs, "sm_scale": "fp32", "v_scale": "fp32", **{n: "i32" for n in ints},
            **{n: "constexpr" for n in consts}}
     names = list(sig)
     aligned = [names.index(n) for n in [*ptrs, *ints[:7], "stride_ob", "stride_oh"]]
     kernel = triton.compile(ASTSource(decode._decode_stage1, sig, constexprs=consts,
                                       attrs={(i,): [["tt.divisibility", 16]] for i in aligned}),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2 if swapped else 1})
+                            target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": 4, "num_stages": 2 if swapped else 1})
     labels, ops = {}, []
     for line in _sass(kernel.asm["cubin"]):
         if m := re.match(r"\s*(\.L_x_\d+):", line):

@@ -148,10 +148,10 @@ def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_
     # Stage 1's variants: split (partials for stage 2), DIRECT (one split), wide (DIRECT, its own launch config
     # where the pool's dtype has one) where a pass reaches decode_wide_rows, and chunked where one is chunked; the
     # split count itself builds none.
-    from radixlm.runtime.kernels.attention.decode_splits import decode_kernel_config
+    from radixlm.runtime.kernels.attention.decode_splits import KvPool, decode_kernel_config
 
-    float8 = k_buf.element_size() == 1
-    own_wide = decode_kernel_config(float8, True) != decode_kernel_config(float8, False)
+    pool = KvPool.of(k_buf.dtype)
+    own_wide = decode_kernel_config(pool, True) != decode_kernel_config(pool, False)
     launched = list(plan.token_row_batches) + (capture_batch_sizes(graph_max_bs) if graph_max_bs else [])
     assert len(warm["stage1"]) == (2 + (own_wide and any(bs >= decode_wide_rows(kv_heads) for bs in launched))
                                    + any(decode_chunk_capacity(bs, kv_heads) for bs in launched))
