@@ -14,7 +14,7 @@ reference) against fp8_e4m3 and fp8_e5m2, same model, same weights. Reports per 
 On a GPU: --device cuda (SmolLM2 by default, any --model-path; llama-3.1-8b-dummy takes the 8B shapes with dummy
 weights, whose near-flat logits make the figures a stress test rather than a quality measure). On the CPU,
 --kv-dtypes fp8_e4m3_q8 adds e4m3 with the decode's query rounded to e4m3 per row as well (the CUDA decode kernel's
-FP8 query, emulated: fp8_query_decode). Prints a table and
+FP8 query, emulated: fp8_query_decode, kv_quant.e4m3_query_rows). Prints a table and
 writes JSON (--out; default $OUT/fp8_kv_quality.json where OUT is set, else the results folder)."""
 from __future__ import annotations
 
@@ -77,19 +77,12 @@ def resolve_model(path: str) -> tuple[str, str]:
     return path, "auto"
 
 
-def fp8_query_rows(q: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """q in float32 with each head_dim row rounded to e4m3 at its own scale (amax / 448), as the decode kernel's
-    FP8 query (decode.py's Q_FP8) before its scale joins the softmax scale."""
-    rows = q.float().reshape(-1, head_dim)
-    scale = rows.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 448.0
-    return ((rows / scale).to(torch.float8_e4m3fn).float() * scale).reshape(q.shape)
-
-
 @contextlib.contextmanager
 def fp8_query_decode():
     """The CUDA decode kernel's FP8 query (DecodeKernelConfig.swapped with fp8_qk over an e4m3 pool) emulated by the
     CPU backend's decode: each (token, head) row of q rounded to e4m3 at amax / 448 and read back in float32, the
     attention then in float32 against the float8 K and V. Prefill (teacher-forced) is not touched, as on the GPU."""
+    from radixlm.runtime.cache.kv_quant import e4m3_query_rows
     from radixlm.runtime.layers.attention.torch_native import TorchNativeAttnBackend
 
     plain = TorchNativeAttnBackend.forward_decode
@@ -97,7 +90,8 @@ def fp8_query_decode():
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         if forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id).dtype != torch.float8_e4m3fn:
             return plain(self, q, k, v, layer, forward_batch, save_kv_cache)
-        return plain(self, fp8_query_rows(q, layer.head_dim), k, v, layer, forward_batch, save_kv_cache).to(q.dtype)
+        q8 = e4m3_query_rows(q.reshape(-1, layer.head_dim)).reshape(q.shape)
+        return plain(self, q8, k, v, layer, forward_batch, save_kv_cache).to(q.dtype)
 
     TorchNativeAttnBackend.forward_decode = forward_decode
     try:

@@ -50,3 +50,11 @@ def dequantize_kv(stored: torch.Tensor, scale: float, dtype: torch.dtype) -> tor
     """Stored values in `dtype` (a float8 pool's times its scale)."""
     out = stored.to(dtype)
     return out.mul_(scale) if is_fp8(stored.dtype) and scale != 1.0 else out
+
+
+def e4m3_query_rows(q: torch.Tensor) -> torch.Tensor:
+    """The CUDA decode kernel's FP8 query over an e4m3 pool (kernels/attention/decode.fp8_query), in float32: each row
+    (last dimension: a request's head) rounded to e4m3 at its own scale, amax / 448, and read back at that scale."""
+    rows = q.float()
+    scale = rows.abs().amax(-1, keepdim=True).clamp_min(1e-30) / fp8_max(torch.float8_e4m3fn)
+    return (rows / scale).to(torch.float8_e4m3fn).float() * scale

@@ -76,3 +76,18 @@ def test_tree_kv_moves_copy_a_float8_pool_bit_for_bit(dtype):
         want.view(torch.uint8 if dtype != torch.float32 else dtype)[[2, 5]] = \
             was.view(torch.uint8 if dtype != torch.float32 else dtype)[[5, 6]]
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_e4m3_query_rows_round_each_row_to_e4m3_at_its_own_scale():
+    from radixlm.runtime.cache.kv_quant import e4m3_query_rows
+
+    q = torch.randn(3, 4, 16, dtype=torch.bfloat16)
+    got = e4m3_query_rows(q)
+    rows = q.float()
+    scale = rows.abs().amax(-1, keepdim=True) / 448.0
+    on_grid = got / scale
+    # every value an e4m3 value at its row's scale (up to float32's rounding of the scale's product and quotient)
+    assert torch.allclose(on_grid, on_grid.to(torch.float8_e4m3fn).float(), rtol=1e-5, atol=0)
+    assert torch.allclose(got.abs().amax(-1), rows.abs().amax(-1))  # each row's largest kept (448 is e4m3's)
+    assert 0 < (got - rows).abs().max() <= 2 ** -4 * rows.abs().max()  # rounded, within half of e4m3's step
+    assert torch.equal(e4m3_query_rows(torch.zeros(2, 8)), torch.zeros(2, 8))  # an all-zero row stays zero

@@ -157,19 +157,11 @@ def config_cases(device: str) -> None:
             assert torch.equal(first, got), (i, config)
 
 
-def e4m3_rows(q: torch.Tensor) -> torch.Tensor:
-    """The decode kernel's FP8 query (decode.fp8_query) in float32: each (request, head) row rounded to e4m3 at amax
-    / 448, read back at that scale."""
-    rows = q.float()
-    scale = rows.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 448.0
-    return (rows / scale).to(torch.float8_e4m3fn).float() * scale
-
-
 def fp8_cases(device: str) -> None:
     """A float8 pool (--kv-cache-dtype fp8_*): the kernel reads stored * scale, against the reference on those
     values (and, where the pool's default launch runs Q K^T in FP8, on the query as it rounds it); several splits,
     one (DIRECT) and a chunked pass."""
-    from radixlm.runtime.cache.kv_quant import quantize_kv
+    from radixlm.runtime.cache.kv_quant import e4m3_query_rows, quantize_kv
     from radixlm.runtime.kernels.attention.decode import decode_attention, fp8_query
     from radixlm.runtime.kernels.attention.decode_splits import KvPool, decode_kernel_config
 
@@ -186,7 +178,7 @@ def fp8_cases(device: str) -> None:
                                chunked=chunked, k_scale=k_scale, v_scale=v_scale)
         q_ref = q.to(dtype)
         if fp8_query(q_ref, k8, decode_kernel_config(KvPool.of(kv_dtype), False)):  # e4m3's default on CUDA
-            q_ref = e4m3_rows(q_ref)
+            q_ref = e4m3_query_rows(q_ref)
         want = reference(q_ref, k8.float() * k_scale, v8.float() * v_scale, rt, rows, seq_lens, scale)
         tol = 2e-4 if dtype == torch.float32 else 3e-2
         assert got.dtype == dtype
