@@ -27,7 +27,8 @@
 #   bash benchmarks/lease/quant_lease.sh kv        # decode attention and the 8B decode step at batch 64, 8k-token
 #                                                  # contexts, bf16 vs fp8 KV (kernels/fp8_kv_decode_gpu.py, ~5-7 min):
 #                                                  # every DECODE_VARIANTS config timed, the dict to set printed;
-#                                                  # then the widening kernels' CUDA tests
+#                                                  # then the decode kernel's CUDA tests (widening, transposed walk,
+#                                                  # launch configs and float8 pools against the reference)
 #   DRY=1 DRY_OUT=/tmp/kv bash benchmarks/lease/quant_lease.sh kv   # that sweep's logic on the CPU (interpreter)
 #   bash benchmarks/lease/quant_lease.sh w4big     # W4A16 at many rows, one call under 8 min (BUDGET_S, default 420):
 #                                                  # the dequantize-then-GEMM path's CUDA tests, quant_gemm.py
@@ -105,8 +106,9 @@ kv)
   fi
   TAIL=60 step fp8_kv_decode 420 $PY benchmarks/kernels/fp8_kv_decode_gpu.py --variants all --variant-budget-s 200 \
     --budget-s 240 --out "$OUT"
-  TAIL=8 step kv_widen_cuda_tests 90 $PY -m pytest -q -p no:cacheprovider \
-    tests/runtime/kernels/attention/test_decode_kv_widen.py tests/runtime/kernels/attention/test_decode_swapped.py
+  TAIL=8 step kv_widen_cuda_tests 150 $PY -m pytest -q -p no:cacheprovider -m "not interpreted_kernel" \
+    tests/runtime/kernels/attention/test_decode_kv_widen.py tests/runtime/kernels/attention/test_decode_swapped.py \
+    tests/runtime/kernels/attention/test_decode_attn_variants.py
   ;;
 check)
   if [ "${2:-}" != model ]; then
