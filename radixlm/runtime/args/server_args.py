@@ -80,8 +80,8 @@ class ServerArgs:
                                                       "tokens, at most 4096 on CUDA and 256 on CPU")
     page_size: int = arg(1, MEM, "tokens per KV-cache page; the radix cache shares whole pages")
     kv_cache_dtype: KVCacheDtype = arg(KVCacheDtype.AUTO, MEM, "KV cache storage: auto, the model's dtype; fp8_e4m3, "
-                                       "fp8_e5m2: float8 with per-layer scales (the checkpoint's, else 1.0); over "
-                                       "fp8_e4m3 the CUDA decode also rounds each query row to e4m3")
+                                       "fp8_e5m2: float8, per-layer scales (the checkpoint's, else 1); e4m3's CUDA "
+                                       "decode rounds q to e4m3")
     schedule_policy: SchedulePolicyName = arg(
         SchedulePolicyName.LPM, MEM, "order of the waiting queue: lpm (longest cached prefix first), dfs-weight "
         "(radix tree depth-first, heavier subtrees first), fcfs, lof (longest output first), random")
