@@ -90,34 +90,12 @@ def shared_server(shared_runtime):
 
 
 @pytest.fixture(scope="session")
-def hf_gguf_model(tmp_path_factory):
-    """A loader of transformers' float32 model of a GGUF file (its own dequantizer): the first load of a file in a run
-    converts it (SmolLM2: 10-30 s on 2 cores) and keeps the converted module on disk, later loads map it back (under
-    0.1 s), also in the run's other xdist workers (the folder is the run's, a lock makes the other wait for the one
-    converting). For files loaded more than once in a run (a converted Qwen2.5-0.5B is 2 GB of disk)."""
-    import torch
-    from filelock import FileLock
+def hf_gguf_model():
+    """A loader of transformers' float32 model of a GGUF file (its own dequantizer), converted once per file and
+    version and kept between runs (tests/hf_gguf.py)."""
+    from tests.hf_gguf import load_hf_gguf
 
-    cache = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        cache = cache.parent  # the run's folder, above each worker's own
-    cache = cache / "hf-gguf"
-    cache.mkdir(exist_ok=True)
-
-    def load(gguf_path: str):
-        from transformers import AutoModelForCausalLM
-
-        saved = cache / (Path(gguf_path).name + ".pt")
-        with FileLock(str(saved) + ".lock"):
-            if saved.exists():
-                return torch.load(saved, weights_only=False, mmap=True).eval()
-            model = AutoModelForCausalLM.from_pretrained(
-                os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32).eval()
-            torch.save(model, str(saved) + ".part")
-            os.replace(str(saved) + ".part", saved)
-        return model
-
-    return load
+    return load_hf_gguf
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
