@@ -9,7 +9,8 @@ The fast tier is what has none of them: pytest -m "not interpreted_kernel and no
 A run orders whole modules by their heaviest test, fast tier first (a module's tests stay together, so its fixtures
 are built once), within a tier the modules known to be slow first (tests/tiers.py's SLOW_MODULES), and
 hands freed memory back to the system after each test. Under pytest-xdist (the README's `-n 2`) pyproject's
-`--dist loadfile` keeps a module on one worker."""
+`--dist loadfile` keeps a module on one worker, and a worker gives torch (and the processes it starts, through
+OMP_NUM_THREADS) the machine's cores over the workers (tests/threads.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -22,10 +23,19 @@ from pathlib import Path
 import pytest
 
 from tests import tiers, triton_interpret
+from tests.threads import worker_threads
 
 
 # The modules with an interpreted-kernel test: after the last of them a test process closes its interpreter hosts.
 INTERPRETED_PATHS = pytest.StashKey[set]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # an xdist worker: so do the processes it starts (OMP_NUM_THREADS)
+        import torch
+
+        os.environ.setdefault("OMP_NUM_THREADS", str(worker_threads()))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

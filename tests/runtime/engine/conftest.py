@@ -9,6 +9,7 @@ import torch
 import radixlm
 from radixlm.runtime.model_loader.files import resolve_model_path
 from tests.hf_gguf import load_hf_gguf
+from tests.threads import worker_threads
 
 # Prompts of different lengths (chat-templated at run time), run together in one batch.
 QUESTIONS = [
@@ -85,7 +86,7 @@ def assert_matches(results, reference, prompt_ids):
 
 @pytest.fixture(scope="session", autouse=True)
 def _threads():
-    torch.set_num_threads(2)
+    torch.set_num_threads(worker_threads())
 
 
 # A fixed KV pool of 380 MB (the CPU default is a share of the machine's memory, 1.2 GB on 24 GB): the tests' batches use
