@@ -9,7 +9,8 @@ The fast tier is what has none of them: pytest -m "not interpreted_kernel and no
 A run orders whole modules by their heaviest test, fast tier first (a module's tests stay together, so its fixtures
 are built once), within a tier the modules known to be slow first (tests/tiers.py's SLOW_MODULES), and
 hands freed memory back to the system after each test. Under pytest-xdist (the README's `-n 2`) pyproject's
-`--dist loadfile` keeps a module on one worker."""
+`--dist loadfile` keeps a module on one worker, and a worker gives torch (and the processes it starts, through
+OMP_NUM_THREADS) the machine's cores over the workers (tests/threads.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -22,10 +23,19 @@ from pathlib import Path
 import pytest
 
 from tests import tiers, triton_interpret
+from tests.threads import worker_threads
 
 
 # The modules with an interpreted-kernel test: after the last of them a test process closes its interpreter hosts.
 INTERPRETED_PATHS = pytest.StashKey[set]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # an xdist worker: so do the processes it starts (OMP_NUM_THREADS)
+        import torch
+
+        os.environ.setdefault("OMP_NUM_THREADS", str(worker_threads()))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -90,34 +100,12 @@ def shared_server(shared_runtime):
 
 
 @pytest.fixture(scope="session")
-def hf_gguf_model(tmp_path_factory):
-    """A loader of transformers' float32 model of a GGUF file (its own dequantizer): the first load of a file in a run
-    converts it (SmolLM2: 10-30 s on 2 cores) and keeps the converted module on disk, later loads map it back (under
-    0.1 s), also in the run's other xdist workers (the folder is the run's, a lock makes the other wait for the one
-    converting). For files loaded more than once in a run (a converted Qwen2.5-0.5B is 2 GB of disk)."""
-    import torch
-    from filelock import FileLock
+def hf_gguf_model():
+    """A loader of transformers' float32 model of a GGUF file (its own dequantizer), converted once per file and
+    version and kept between runs (tests/hf_gguf.py)."""
+    from tests.hf_gguf import load_hf_gguf
 
-    cache = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        cache = cache.parent  # the run's folder, above each worker's own
-    cache = cache / "hf-gguf"
-    cache.mkdir(exist_ok=True)
-
-    def load(gguf_path: str):
-        from transformers import AutoModelForCausalLM
-
-        saved = cache / (Path(gguf_path).name + ".pt")
-        with FileLock(str(saved) + ".lock"):
-            if saved.exists():
-                return torch.load(saved, weights_only=False, mmap=True).eval()
-            model = AutoModelForCausalLM.from_pretrained(
-                os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32).eval()
-            torch.save(model, str(saved) + ".part")
-            os.replace(str(saved) + ".part", saved)
-        return model
-
-    return load
+    return load_hf_gguf
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -8,7 +8,8 @@ health-check and circuit-breaker settings it takes traffic again within 10 s of 
 restarted on its port.
 
 --cache-feedback: a /flush_cache sent straight to a worker (behind the router's back) leaves phantom affinity without
-feedback, and none with it (by the poll, or by the cached tokens the next response reports).
+feedback, and none with it (by the poll, or by the cached tokens the next response reports); a worker restarted (the
+failover test's victim) is cleared by the poll.
 
 Routing: a generated-shared-prefix workload lands group by group under cache_aware and spreads under round_robin; SSE
 and the OpenAI routes pass through."""
@@ -83,43 +84,6 @@ def run_and_kill(router, victim) -> tuple[list[Outcome], float]:
     k.join()
     assert killed_at, "the victim was not killed"
     return results, killed_at[0]
-
-
-def test_kill_worker_mid_run_then_restart(fleet):
-    router = start_router(fleet.urls, "--policy", "round_robin")  # default health checks and circuit breaker
-    survivor, victim = fleet.workers
-    try:
-        results, killed_at = run_and_kill(router, victim)
-        failed = [o for o in results if o.status != 200]
-        assert failed == [], failed
-        assert {o.worker for o in results if o.started > killed_at} == {survivor.base_url}
-        metrics = router.client.get("/metrics").text
-        resent = [line for line in metrics.splitlines() if line.startswith("radixlm_router:resends_total{")]
-        assert all("maybe_read" in line or "not_sent" in line for line in resent), resent
-
-        # Passive health check: the router saw the victim fail, so it is listed down without waiting.
-        assert worker_state(router, victim.base_url)["healthy"] is False
-        health = router.client.get("/health").json()
-        assert health["healthy_workers"] == 1 and health["total_workers"] == 2
-        r = router.client.post("/generate", json={"text": "still up?", "sampling_params": {"max_new_tokens": 1}})
-        assert r.status_code == 200 and r.headers[WORKER_HEADER] == survivor.base_url
-
-        port = int(victim.base_url.rsplit(":", 1)[1])
-        fleet.workers[1] = wait_healthy(start_worker_proc(port), victim.base_url, timeout=WORKER_STARTUP_S)
-        healthy_at = time.monotonic()
-        # A down worker is checked every second even with the default 60 s interval; one that refused
-        # connections is back after one passed check, which also closes its circuit.
-        assert wait_for(lambda: worker_state(router, victim.base_url)["circuit"] == "closed"
-                        and worker_state(router, victim.base_url)["healthy"], 30)
-        took = time.monotonic() - healthy_at
-        assert took < PICKUP_S, f"the restarted worker was listed healthy {took:.1f} s after passing /health"
-        served = {router.client.post("/generate", json={"text": f"back {i}", "sampling_params": {
-            "max_new_tokens": 1}}).headers[WORKER_HEADER] for i in range(4)}
-        assert served == set(fleet.urls)
-        metrics = router.client.get("/metrics").text
-        assert f'radixlm_router:worker_ejections_total{{worker="{victim.base_url}"}}' in metrics
-    finally:
-        stop_router(router)
 
 
 # ---- --cache-feedback
@@ -212,17 +176,57 @@ def test_with_feedback_a_response_reveals_the_phantom_before_the_poll(cache_awar
     assert fb["reported_prompt_tokens"] > 0 and 0 <= fb["reported_cache_hit_rate"] < fb["estimated_cache_hit_rate"]
 
 
-def test_with_feedback_a_restarted_worker_is_cleared(cache_aware_router_for, fleet):
-    # Health checks are left at their 60 s default: only the new instance_id can reveal the restart.
-    router = cache_aware_router_for("--cache-feedback", "--cache-feedback-interval", "0.2", *PATIENT)
-    a = flush_behind_the_routers_back(router, fleet)
-    i = fleet.urls.index(a)
-    kill_hard(fleet.workers[i])
-    fleet.workers[i] = wait_healthy(start_worker_proc(int(a.rsplit(":", 1)[1])), a)
-    assert wait_for(lambda: feedback(router)["clears"] >= 1), feedback(router)
-    fb = feedback(router)
-    assert fb["tree_chars"][a] == 0 and fb["tree_chars"][fleet.urls[1 - i]] > 0
-    assert fb["poll_errors"] >= 1, "the poll saw the worker gone while it restarted"
+# ---- failover (with a --cache-feedback watcher)
+def test_kill_worker_mid_run_then_restart(fleet):
+    """Also test_with_feedback_a_restarted_worker_is_cleared's check, on the same restart (a worker restart is the
+    module's costliest step): a cache_aware router with --cache-feedback, which has not routed the traffic of the
+    run, watches the victim go and come back."""
+    watcher = start_router(fleet.urls, "--policy", "cache_aware", "--cache-feedback", "--cache-feedback-interval", "0.2",
+                           *PATIENT)
+    router = start_router(fleet.urls, "--policy", "round_robin")  # default health checks and circuit breaker
+    try:
+        # The victim is the worker group A's prefix lands on, flushed behind the watcher's back.
+        a = flush_behind_the_routers_back(watcher, fleet)
+        i = fleet.urls.index(a)
+        survivor, victim = fleet.workers[1 - i], fleet.workers[i]
+        results, killed_at = run_and_kill(router, victim)
+        failed = [o for o in results if o.status != 200]
+        assert failed == [], failed
+        assert {o.worker for o in results if o.started > killed_at} == {survivor.base_url}
+        metrics = router.client.get("/metrics").text
+        resent = [line for line in metrics.splitlines() if line.startswith("radixlm_router:resends_total{")]
+        assert all("maybe_read" in line or "not_sent" in line for line in resent), resent
+
+        # Passive health check: the router saw the victim fail, so it is listed down without waiting.
+        assert worker_state(router, victim.base_url)["healthy"] is False
+        health = router.client.get("/health").json()
+        assert health["healthy_workers"] == 1 and health["total_workers"] == 2
+        r = router.client.post("/generate", json={"text": "still up?", "sampling_params": {"max_new_tokens": 1}})
+        assert r.status_code == 200 and r.headers[WORKER_HEADER] == survivor.base_url
+
+        port = int(victim.base_url.rsplit(":", 1)[1])
+        fleet.workers[i] = wait_healthy(start_worker_proc(port), victim.base_url, timeout=WORKER_STARTUP_S)
+        healthy_at = time.monotonic()
+        # A down worker is checked every second even with the default 60 s interval; one that refused
+        # connections is back after one passed check, which also closes its circuit.
+        assert wait_for(lambda: worker_state(router, victim.base_url)["circuit"] == "closed"
+                        and worker_state(router, victim.base_url)["healthy"], 30)
+        took = time.monotonic() - healthy_at
+        assert took < PICKUP_S, f"the restarted worker was listed healthy {took:.1f} s after passing /health"
+        served = {router.client.post("/generate", json={"text": f"back {i}", "sampling_params": {
+            "max_new_tokens": 1}}).headers[WORKER_HEADER] for i in range(4)}
+        assert served == set(fleet.urls)
+        metrics = router.client.get("/metrics").text
+        assert f'radixlm_router:worker_ejections_total{{worker="{victim.base_url}"}}' in metrics
+
+        # The watcher's health checks are left at their 60 s default: only the new instance_id can reveal the restart.
+        assert wait_for(lambda: feedback(watcher)["clears"] >= 1), feedback(watcher)
+        fb = feedback(watcher)
+        assert fb["tree_chars"][a] == 0 and fb["tree_chars"][survivor.base_url] > 0
+        assert fb["poll_errors"] >= 1, "the poll saw the worker gone while it restarted"
+    finally:
+        stop_router(router)
+        stop_router(watcher)
 
 
 # ---- routing

@@ -2,13 +2,14 @@
 transformers as the reference (loading the same GGUF through its own dequantizer)."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
 import radixlm
 from radixlm.runtime.model_loader.files import resolve_model_path
+from tests.hf_gguf import load_hf_gguf
+from tests.threads import worker_threads
 
 # Prompts of different lengths (chat-templated at run time), run together in one batch.
 QUESTIONS = [
@@ -43,24 +44,9 @@ def shared_system_prompts(tokenizer) -> list[str]:
     return [tokenizer.apply_chat_template(t, tokenize=False, add_generation_prompt=True) for t in turns]
 
 
-def load_hf(gguf_path: str):
-    """transformers' model of a GGUF file, float32 (its own dequantizer). Its config is the one transformers parsed
-    from the same file when the engine converted it (the converted directory's config.json), where that directory
-    exists: reading a GGUF's metadata (the tokenizer's arrays) costs Qwen2.5-0.5B 12 s each time."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from radixlm.runtime.model_loader.gguf import converted_dir_for
-
-    converted = converted_dir_for(os.path.abspath(gguf_path))
-    config = {"config": AutoConfig.from_pretrained(converted)} if (converted / "config.json").is_file() else {}
-    return AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32, **config
-    ).eval()
-
-
 def hf_reference(gguf_path: str, prompts_ids: list[list[int]], max_new_tokens: int,
                  eos_ids) -> list[tuple[list[int], list[float]]]:
-    return hf_greedy(load_hf(gguf_path), prompts_ids, max_new_tokens, eos_ids)
+    return hf_greedy(load_hf_gguf(gguf_path), prompts_ids, max_new_tokens, eos_ids)
 
 
 def hf_greedy(model, prompts_ids: list[list[int]], max_new_tokens: int, eos_ids) -> list[tuple[list[int], list[float]]]:
@@ -100,7 +86,7 @@ def assert_matches(results, reference, prompt_ids):
 
 @pytest.fixture(scope="session", autouse=True)
 def _threads():
-    torch.set_num_threads(2)
+    torch.set_num_threads(worker_threads())
 
 
 # A fixed KV pool of 380 MB (the CPU default is a share of the machine's memory, 1.2 GB on 24 GB): the tests' batches use

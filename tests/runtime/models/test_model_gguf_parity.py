@@ -23,7 +23,7 @@ def test_smollm2_gguf_parity_with_transformers(dense_logits, hf_gguf_model):
     ids = torch.tensor(ids[-20:] if len(ids) > 20 else ids)
     assert len(ids) >= 15
 
-    hf = hf_gguf_model(gguf_path)  # transformers' own GGUF path (converted once a run)
+    hf = hf_gguf_model(gguf_path)  # transformers' own GGUF path (converted once, kept between runs)
     with torch.no_grad():
         ref = hf(ids[None]).logits[0].float()
     ours = dense_logits(model, ids)
