@@ -11,8 +11,8 @@ Each workload runs twice after a small warm-up of its shapes, the radix cache fl
      belongs to the pass whose launch enqueued it; `other` = outside any launch), device busy time (union of the
      kernels' intervals) and the GPU idle share of the window's wall time.
 With --cprofile N a third run has the scheduler's steps under cProfile (host hot spots: its N functions of most own
-time); --window 0 leaves out the torch.profiler run. The part `decode256` gives a decode step's kernels (profile_gpu_step.step_kernels) and host phases
-(gpu_multi.step_profile) at batch 256.
+time); --window 0 leaves out the torch.profiler run. The part `decode256` gives a decode step's kernels
+(profile_gpu_step.step_kernels) and host phases (gpu_multi.step_profile) at batch 256.
 
     python benchmarks/profiling/profile_workloads.py --parts shared_prefix decode256 --out $OUT/profile_a.json
     python benchmarks/profiling/profile_workloads.py --tiny --parts shared_prefix decode256 sharegpt random --out /tmp/p.json

@@ -14,8 +14,8 @@ reference) against fp8_e4m3 and fp8_e5m2, same model, same weights. Reports per 
 On a GPU: --device cuda (SmolLM2 by default, any --model-path; llama-3.1-8b-dummy takes the 8B shapes with dummy
 weights, whose near-flat logits make the figures a stress test rather than a quality measure). On the CPU,
 --kv-dtypes fp8_e4m3_q8 adds e4m3 with the decode's query rounded to e4m3 per row as well (the CUDA decode kernel's
-FP8 query, emulated: fp8_query_decode, kv_quant.e4m3_query_rows). Prints a table and
-writes JSON (--out; default $OUT/fp8_kv_quality.json where OUT is set, else the results folder)."""
+FP8 query, emulated: fp8_query_decode, kv_quant.e4m3_query_rows). Prints a table and writes JSON (--out; default
+$OUT/fp8_kv_quality.json where OUT is set, else the results folder)."""
 from __future__ import annotations
 
 import argparse
