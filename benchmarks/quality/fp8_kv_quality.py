@@ -79,7 +79,7 @@ def resolve_model(path: str) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def fp8_query_decode():
-    """The CUDA decode kernel's FP8 query (DecodeKernelConfig.swapped with fp8_qk over an e4m3 pool) emulated by the
+    """The CUDA decode kernel's FP8 query (decode.fp8_query: a swapped walk over an e4m3 pool) emulated by the
     CPU backend's decode: each (token, head) row of q rounded to e4m3 at amax / 448 and read back in float32, the
     attention then in float32 against the float8 K and V. Prefill (teacher-forced) is not touched, as on the GPU."""
     from radixlm.runtime.cache.kv_quant import e4m3_query_rows

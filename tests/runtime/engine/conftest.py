@@ -2,7 +2,6 @@
 transformers as the reference (loading the same GGUF through its own dequantizer)."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 

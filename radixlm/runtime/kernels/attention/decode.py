@@ -20,12 +20,12 @@ import triton
 import triton.language as tl
 
 from radixlm.runtime.kernels.attention.decode_splits import (
-    DECODE_CHUNK_BLOCK_S, DECODE_CHUNK_MAX_ROWS, DecodeKernelConfig, KvPool, decode_chunk_capacity,
+    DECODE_CHUNK_BLOCK_S, DECODE_CHUNK_MAX_ROWS, DecodeKernelConfig, KvPool, KvWiden, decode_chunk_capacity,
     decode_kernel_config, decode_num_splits, decode_wide_rows)
 from radixlm.runtime.kernels.attention.decode_work import DecodeWork, decode_work_list
 from radixlm.runtime.kernels.attention.shared_prefix import shared_prefix_stage1
 from radixlm.runtime.kernels.attention.span import (
-    attend_span, kv_convert_asm, kv_qk_fp8, kv_widen_factor, kv_widen_query_dtype)
+    attend_span, kv_convert_asm, kv_widen_factor, kv_widen_query_dtype)
 
 
 # Index vectors are often views at any offset (rows of one host-to-device copy, slices of the allocator's free list).
@@ -83,7 +83,7 @@ def _decode_stage1(
 
     if SWAPPED:  # span._block_t's transposed products take a softmax scale per row
         sm_scale = tl.full([BLOCK_H], 1.0, tl.float32) * sm_scale
-        if Q_FP8:  # each row in e4m3 at its own scale, which joins its softmax scale (span.kv_qk_fp8)
+        if Q_FP8:  # each row in e4m3 at its own scale, which joins its softmax scale (fp8_query)
             qf = q.to(tl.float32)
             q_scale = tl.maximum(tl.max(tl.abs(qf), 1), 1e-30) / 448.0
             q = (qf / q_scale[:, None]).to(K_buf.dtype.element_ty)
@@ -139,9 +139,12 @@ def _decode_stage2(
 
 
 def fp8_query(q: torch.Tensor, k_buf: torch.Tensor, config: DecodeKernelConfig) -> bool:
-    """Whether stage 1 runs Q K^T on FP8 with this launch (span.kv_qk_fp8): each (request, head) row of q rounded to
-    e4m3 at its own scale, amax / 448, which then joins the softmax scale."""
-    return config.swapped and config.fp8_qk and kv_qk_fp8(k_buf.dtype, q.dtype, config.widen, q.shape[-1])
+    """Whether stage 1 runs Q K^T on FP8 with this launch: a swapped walk (span._block_t) over an e4m3 pool widened to
+    halves (KvWiden.F16) for a bf16 / fp16 query, each (request, head) row of which the kernel rounds to e4m3 at its
+    own scale, amax / 448, which then joins the softmax scale (the halves are then V's alone). Heads of 32 dimensions
+    or more: Triton's FP8 dots take K >= 32, so narrower ones widen K too."""
+    return (config.swapped and config.widen == KvWiden.F16 and k_buf.dtype == torch.float8_e4m3fn
+            and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] >= 32)
 
 
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,

@@ -80,7 +80,6 @@ class DecodeKernelConfig:
     maxnreg: int = 0  # registers per thread the compiler may use (0: its choice); 128 fits 4 programs of 4 warps
     widen: KvWiden = KvWiden.QUERY  # a float8 pool's widening for the dots (KvWiden)
     swapped: bool = False  # the products transposed (span._block_t: wgmma; an e4m3 pool with F16: Q K^T in FP8)
-    fp8_qk: bool = True  # swapped over an e4m3 pool with F16: Q K^T in FP8 (the query quantized); False widens K too
 
     def __post_init__(self):
         if self.block_n not in (16, 32, 64, 128, 256):
@@ -115,7 +114,7 @@ class DecodeKernelConfig:
 # F2F.BF16.F16 (one each) and 128 PRMT, 1,144 instructions in all; F16 with the 128 F2FP alone, 763; F16_BITS with
 # 128 PRMT, 264 LOP3 and 129 LEA, 1,138, none on the conversion unit; F16_MIXED with 64 F2FP and 64 HMUL2 besides
 # half the bit moves, 1,024. "...t" variants walk with the products transposed (span._block_t; with "h"'s widening an
-# e4m3 pool's Q K^T runs in FP8, "...tw" widen its K as well, "s3t" widens as QUERY); they stack 8 query rows a
+# e4m3 pool's Q K^T runs in FP8 (decode.fp8_query), "s3t" widens as QUERY); they stack 8 query rows a
 # program, not 16 (the GQA group's 4, padded: the products' N side), 518 instructions a loop against 678 (Triton 3.9;
 # Triton 3.6 builds their products with mma.sync at 8 rows, widening K: 614). Registers (stack bytes, spill
 # loads/stores in the loop):
@@ -135,12 +134,7 @@ DECODE_VARIANTS = {  # likeliest first: a timed run under a budget drops the las
     "n256p1t": DecodeKernelConfig(256, 4, 1, 1, widen=KvWiden.F16, swapped=True),
     "n128w8p1t": DecodeKernelConfig(128, 8, 1, 1, widen=KvWiden.F16, swapped=True),
     "n128p2t": DecodeKernelConfig(128, 4, 1, 2, widen=KvWiden.F16, swapped=True),
-    "n128p1tw": DecodeKernelConfig(128, 4, 1, 1, widen=KvWiden.F16, swapped=True, fp8_qk=False),
-    "n64p1tw": DecodeKernelConfig(64, 4, 1, 1, widen=KvWiden.F16, swapped=True, fp8_qk=False),
     "n64p1t": DecodeKernelConfig(64, 4, 1, 1, widen=KvWiden.F16, swapped=True),
-    "n128s3tw": DecodeKernelConfig(128, 4, 3, 0, widen=KvWiden.F16, swapped=True, fp8_qk=False),
-    "n64s3tw": DecodeKernelConfig(64, 4, 3, 0, widen=KvWiden.F16, swapped=True, fp8_qk=False),
-    "n128s2tw": DecodeKernelConfig(128, 4, 2, 0, widen=KvWiden.F16, swapped=True, fp8_qk=False),
     "s3t": DecodeKernelConfig(64, 4, 3, 0, swapped=True),
     "p1h": DecodeKernelConfig(64, 4, 1, 1, widen=KvWiden.F16),
     "s3h": DecodeKernelConfig(64, 4, 3, 0, widen=KvWiden.F16),

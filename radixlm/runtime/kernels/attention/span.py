@@ -86,18 +86,6 @@ def kv_widen_query_dtype(kv_dtype, q_dtype, widen):
     return q_dtype
 
 
-def kv_qk_fp8(kv_dtype, q_dtype, widen, head_dim: int) -> bool:
-    """Whether a swapped walk (attend_span's SWAPPED) runs Q K^T on the FP8 tensor cores: an e4m3 pool widened to halves
-    (KvWiden.F16) for a bf16 / fp16 query, which the kernel quantizes to e4m3 per row (the halves are then V's
-    alone), with heads of 32 dimensions or more (Triton's FP8 dots take K >= 32; smaller heads widen K too)."""
-    import torch
-
-    from radixlm.runtime.kernels.attention.decode_splits import KvWiden
-
-    return (widen == KvWiden.F16 and kv_dtype == torch.float8_e4m3fn and q_dtype in (torch.bfloat16, torch.float16)
-            and head_dim >= 32)
-
-
 @functools.lru_cache(maxsize=None)  # per launch of the eager passes: the device's capability read once
 def kv_convert_asm(kv_dtype, q_dtype, device, widen=None) -> str:
     """The KV_CVT constexpr of a launch: the inline conversion of a float8 pool on CUDA to a bf16/fp16 query's dtype
@@ -167,7 +155,7 @@ def _block_t(q, k, v, n_mask, m_i, l_i, acc_t, sm_rows, PRECISION: tl.constexpr,
     """_block with the products transposed (attend_span's SWAPPED): S^T = K Q^T and O^T = V^T P into acc_t (BLOCK_D,
     rows), the block's positions as the products' long side, so Triton (3.9, sm_90) builds both on Hopper's
     warpgroup MMA (M >= 64; the 16-row products of _block run on mma.sync). An e4m3 q (decode.py quantizes it per
-    row: kv_qk_fp8) meets K as stored on the FP8 warpgroup MMA and P V runs in halves; otherwise K and V in q's
+    row: decode.fp8_query) meets K as stored on the FP8 warpgroup MMA and P V runs in halves; otherwise K and V in q's
     dtype (_like). sm_rows: each row's softmax scale."""
     if q.dtype.is_fp8():
         s_t = tl.dot(k, tl.trans(q)).to(tl.float32)

@@ -107,8 +107,7 @@ def test_widened_decode_matches_reference_cuda():
     run_cases("cuda")
 
 
-def _loop_ops(widen: str, src: str = "e4m3", swapped: bool = False, block_h: int = 16,
-              fp8_qk: bool = True) -> collections.Counter:
+def _loop_ops(widen: str, src: str = "e4m3", swapped: bool = False, block_h: int = 16) -> collections.Counter:
     """Stage 1 built for sm_90 (Llama-3.1-8B heads, 128-position blocks, prefetching walk; swapped: the transposed
     walk, span._block_t, Triton's pipeline over 2 stages; block_h query rows a program): the SASS opcodes of its
     longest loop (the walk over blocks)."""
@@ -131,8 +130,8 @@ def _loop_ops(widen: str, src: str = "e4m3", swapped: bool = False, block_h: int
             "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh", "num_splits"]
     consts = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=block_h, BLOCK_N=128, PRECISION="tf32",
                   HAS_ROW_STARTS=False, DIRECT=True, CHUNKED=False, PREFETCH=0 if swapped else 1, KV_CVT=cvt,
-                  Q_F16=widen != KvWiden.QUERY and not (swapped and fp8_qk), SWAPPED=swapped,
-                  Q_FP8=swapped and fp8_qk and widen == KvWiden.F16 and src == "e4m3")
+                  Q_F16=widen != KvWiden.QUERY and not swapped, SWAPPED=swapped,
+                  Q_FP8=swapped and widen == KvWiden.F16 and src == "e4m3")
     sig = {**ptrs, "sm_scale": "fp32", "v_scale": "fp32", **{n: "i32" for n in ints},
            **{n: "constexpr" for n in consts}}
     names = list(sig)

@@ -1,10 +1,10 @@
 """The decode kernel's transposed walk (span._block_t, DecodeKernelConfig.swapped) against a dense float32 reference:
 float32 exactly; an e4m3 pool widened to halves with its Q K^T in FP8 (queries on e4m3's grid at a power-of-two
 scale, so that the kernel's per-row quantization does not round: Triton 3.9's interpreter rounds float32 to e4m3
-wrongly near 128), and at 16 dimensions (too few for an FP8 dot) or with fp8_qk off, K widened too; an e5m2 pool
-(K widened); one and two splits and a chunked pass, Triton's pipeline and the prefetching walk. On the CPU under
-TRITON_INTERPRET=1 (a subprocess), or on CUDA. And, built for sm_90, the walk's loop runs both products on the
-warpgroup MMA (Q K^T on the FP8 one), widens V alone and takes fewer instructions than the plain walk."""
+wrongly near 128), and at 16 dimensions (too few for an FP8 dot) with K widened too; an e5m2 pool (K widened); one
+and two splits and a chunked pass, Triton's pipeline and the prefetching walk. On the CPU under TRITON_INTERPRET=1
+(a subprocess), or on CUDA. And, built for sm_90, the walk's loop runs both products on the warpgroup MMA (Q K^T on
+the FP8 one), widens V alone and takes fewer instructions than the plain walk."""
 from __future__ import annotations
 
 import pytest
@@ -22,7 +22,7 @@ def run_cases(device: str) -> None:
     from radixlm.runtime.kernels.attention.decode import decode_attention
     from radixlm.runtime.kernels.attention.decode_splits import DecodeKernelConfig, KvWiden
 
-    # e4m3 at 16 dimensions: too narrow for Triton's FP8 dot (K >= 32), so K is widened too (span.kv_qk_fp8).
+    # e4m3 at 16 dimensions: too narrow for Triton's FP8 dot (K >= 32), so K is widened too (decode.fp8_query).
     for pool, head_dim in (("f32", 32), ("e4m3", 32), ("e4m3", 16), ("e5m2", 32)):
         q, k, v, rt, rows, seq_lens = make_case(3, 8, 2, head_dim, 0, 1, torch.float32, device, seed=7,
                                                 lens=[5, 130, 64])
@@ -36,16 +36,14 @@ def run_cases(device: str) -> None:
             grid[..., 0] = 448.0  # each row's largest: its scale is 2^-6, q / scale the grid itself
             q, tol = (grid * 2.0 ** -6).to(torch.float16), 2e-3
         want = reference(q, pool_k.float() * scales[0], pool_v.float() * scales[1], rt, rows, seq_lens, 0.25)
-        # fp8_qk=False: an e4m3 pool's K widened to halves as well (no FP8 query)
-        for block_n, stages, prefetch, fp8_qk in ((64, 2, 0, True), (64, 1, 1, True), (128, 3, 0, True),
-                                                  (128, 3, 0, False)):
-            config = DecodeKernelConfig(block_n, 4, stages, prefetch, widen=KvWiden.F16, swapped=True, fp8_qk=fp8_qk)
+        for block_n, stages, prefetch in ((64, 2, 0), (64, 1, 1), (128, 3, 0)):
+            config = DecodeKernelConfig(block_n, 4, stages, prefetch, widen=KvWiden.F16, swapped=True)
             for splits in (1, 2, None):  # None: a chunked pass (its work list)
                 got = decode_attention(q, pool_k, pool_v, rt, rows, seq_lens, 0.25, int(seq_lens.max()), splits,
                                        chunked=splits is None, k_scale=scales[0], v_scale=scales[1], config=config)
                 assert got.dtype == q.dtype and got.shape == q.shape
                 err = ((got.float() - want).abs().max() / want.abs().max()).item()
-                assert err <= tol, (pool, head_dim, block_n, prefetch, fp8_qk, splits, err)
+                assert err <= tol, (pool, head_dim, block_n, prefetch, splits, err)
     print(MARKER)
 
 
