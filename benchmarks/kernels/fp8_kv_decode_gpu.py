@@ -10,7 +10,9 @@ bf16 KV decode step speed"), each next to its bytes floor at --bandwidth (H200: 
   plus the KV bytes read.
 
     python benchmarks/kernels/fp8_kv_decode_gpu.py [--batch 64] [--context 8192] [--parts kernel,step] [--out DIR]
-        [--variants all|NAME,...]
+        [--variants all|NAME,...] [--profile-steps N]
+
+--profile-steps N also runs N steps under torch.profiler and prints each pool's top kernels (device us a step).
 
 --variants times stage 1's launch configs (decode_splits.DECODE_VARIANTS: "old", "wide" are the kernel before them,
 narrow and wide) side by side, per case (pool dtype x pass width: --batch for narrow passes, decode_wide_rows for
@@ -64,6 +66,29 @@ def time_ms(fn, device: str, reps: int) -> float:
             times.append((time.perf_counter() - t0) * 1e3)
     times.sort()
     return times[len(times) // 2]
+
+
+def profile_kernels(fn, device: str, steps: int, top: int) -> list[dict]:
+    """Device microseconds per call of fn's kernels over `steps` calls under torch.profiler, the top ones."""
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity, profile
+
+    us, calls = Counter(), Counter()
+    with profile(activities=[ProfilerActivity.CUDA if device == "cuda" else ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    for e in prof.events():
+        if device != "cuda" and not e.name.startswith("aten::"):
+            continue
+        if device == "cuda" and e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us[e.name] += e.device_time if device == "cuda" else e.self_cpu_time_total
+        calls[e.name] += 1
+    ranked = sorted(us.items(), key=lambda kv: -kv[1])[:top]
+    return [{"name": n[:100], "us": v / steps, "launches": calls[n] / steps} for n, v in ranked]
 
 
 def fill_(buf: torch.Tensor, std: float = 1.0) -> None:
@@ -234,13 +259,14 @@ def step_row(args, device: str, model_dir: str, kv: str, dtype: str) -> dict:
                           prefix_lens=[ctx - 1] * bs, extend_lens=[1] * bs, seq_lens=[ctx] * bs,
                           out_cache_loc=table[:bs, ctx - 1].clone(), logits=LogitsPlan(sample_rows=list(range(bs))))
     ms = time_ms(lambda: runner.forward(wb), device, args.reps)
+    kernels = profile_kernels(lambda: runner.forward(wb), device, args.profile_steps, 16) if args.profile_steps else []
     model = runner.model
     embed = model.model.embed_tokens.weight
     weights = sum(p.numel() * p.element_size() for p in model.parameters()) - embed.numel() * embed.element_size()
     kv_bytes = bs * ctx * runner.kv_bytes_per_token()
     row = {"part": "step", "kv": kv, "batch": bs, "context": ctx, "ms": ms, "graph": runner.graph_runner is not None,
            "floor_ms": (weights + kv_bytes) / args.bandwidth * 1e3, "weight_bytes": weights, "kv_bytes": kv_bytes,
-           "kv_pool_tokens": runner.max_total_num_tokens, "start_s": start_s}
+           "kv_pool_tokens": runner.max_total_num_tokens, "start_s": start_s, "kernels": kernels}
     row["of_floor"] = row["floor_ms"] / ms
     runner.release_cuda_graphs()
     del runner, model, pool, table
@@ -270,6 +296,8 @@ def main() -> None:
                     "config is faster by more than this share")
     ap.add_argument("--variant-widths", default="narrow,wide", help="--variants' cases: narrow (--batch), wide "
                     "(decode_wide_rows rows)")
+    ap.add_argument("--profile-steps", type=int, default=0, help="step part: also profile this many steps and print "
+                    "the top kernels' device time per step")
     ap.add_argument("--dry", action="store_true", help="tiny shapes on the CPU (the script's own check)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
@@ -353,6 +381,11 @@ def main() -> None:
         base.setdefault(r["part"], r["ms"])
         log(f"{r['part']:<7} {r['kv']:<9} {r['ms']:9.3f} {r['floor_ms']:9.3f} {r['of_floor']:8.2f} "
             f"{base[r['part']] / r['ms']:7.2f}x")
+    for r in result["rows"]:
+        if r.get("kernels"):
+            log(f"\nstep {r['kv']}: top kernels, device us per step (launches)")
+            for k in r["kernels"]:
+                log(f"  {k['us']:9.1f} ({k['launches']:5.1f})  {k['name']}")
     for part in ("kernel", "step"):
         rows = {r["kv"]: r for r in result["rows"] if r["part"] == part}
         ref = rows.get("bf16") or rows.get("auto")

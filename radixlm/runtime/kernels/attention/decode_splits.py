@@ -159,14 +159,14 @@ DECODE_VARIANTS = {  # likeliest first: a timed run under a budget drops the las
 # same blocks, same numerics, whatever the pipeline. The float8 ones are fp8_kv_decode_gpu.py --variants' fastest on an
 # H200 (Llama-3.1-8B heads, 8k-token contexts; benchmarks/results/kernels/h200/kv_sweep_8q/): e4m3's transposed walk
 # with its query in e4m3 (n128p1t) 0.421 ms at batch 64 against n128p1r128h's 0.470 (bf16's s3: 0.538), 0.756 at
-# batch 128 in wide passes against 0.994; e5m2 has no FP8 query (its K is widened), where n128p1r128h stays ahead
-# (0.578 against n128p1t's 0.641).
+# batch 128 in wide passes against 0.994; e5m2 has no FP8 query (its K is widened): the transposed walk at 128
+# registers (n128p1r128t) 0.446 ms against n128p1r128h's 0.465 and n128p1t's 0.634 (kv_sweep_8q/verify/).
 DECODE_DEFAULT_VARIANTS = {
     (KvPool.MODEL, False): "s3",
     (KvPool.MODEL, True): "wide",
     (KvPool.E4M3, False): "n128p1t",
     (KvPool.E4M3, True): "n128p1t",
-    (KvPool.E5M2, False): "n128p1r128h",
+    (KvPool.E5M2, False): "n128p1r128t",
     (KvPool.E5M2, True): "n128p1r128h",
 }
 

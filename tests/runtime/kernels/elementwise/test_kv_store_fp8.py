@@ -34,8 +34,9 @@ def run_cases(device: str) -> None:
     from radixlm.runtime.layers.rotary import get_rope
 
     exact = device == "cpu"
-    for kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        scales = KVScales(0.5, 4.0)
+    # A unit scale skips the kernels' division (kv_cache_value): (1.0, 4.0) takes each branch once.
+    for kv_dtype, scales in ((torch.float8_e4m3fn, KVScales(0.5, 4.0)), (torch.float8_e5m2, KVScales(0.5, 4.0)),
+                             (torch.float8_e4m3fn, KVScales(1.0, 4.0))):
         tokens, kv_heads, head_dim, q_heads = 6, 2, 64, 4
         width = kv_heads * head_dim
         k = _values(tokens, width, kv_dtype, scales.k_scale, device, exact)
@@ -47,8 +48,8 @@ def run_cases(device: str) -> None:
         k_buf = torch.zeros(16, kv_heads, head_dim, dtype=kv_dtype, device=device)
         v_buf = torch.zeros_like(k_buf)
         store_kv(k, v, loc, k_buf, v_buf, scales)
-        assert torch.equal(k_buf[loc].view(torch.uint8), want_k), kv_dtype
-        assert torch.equal(v_buf[loc].view(torch.uint8), want_v), kv_dtype
+        assert torch.equal(k_buf[loc].view(torch.uint8), want_k), (kv_dtype, scales)
+        assert torch.equal(v_buf[loc].view(torch.uint8), want_v), (kv_dtype, scales)
         assert float(k_buf[3, 0, 0].float()) == torch.finfo(kv_dtype).max
 
         # The rotary kernel's store: position 0 on the CPU (no rotation), any positions on CUDA.
@@ -64,8 +65,8 @@ def run_cases(device: str) -> None:
         if exact:
             assert torch.equal(k_rot, k) and torch.equal(q_rot, q)
         want_k = quantize_kv(k_rot.reshape(tokens, kv_heads, head_dim), scales.k_scale, kv_dtype).view(torch.uint8)
-        assert torch.equal(k_buf[loc].view(torch.uint8), want_k), kv_dtype
-        assert torch.equal(v_buf[loc].view(torch.uint8), want_v), kv_dtype
+        assert torch.equal(k_buf[loc].view(torch.uint8), want_k), (kv_dtype, scales)
+        assert torch.equal(v_buf[loc].view(torch.uint8), want_v), (kv_dtype, scales)
     print(MARKER)
 
 
