@@ -34,9 +34,13 @@ def run_cases(device: str) -> None:
     from radixlm.runtime.layers.rotary import get_rope
 
     exact = device == "cpu"
-    # A unit scale skips the kernels' division (kv_cache_value): (1.0, 4.0) takes each branch once.
-    for kv_dtype, scales in ((torch.float8_e4m3fn, KVScales(0.5, 4.0)), (torch.float8_e5m2, KVScales(0.5, 4.0)),
-                             (torch.float8_e4m3fn, KVScales(1.0, 4.0))):
+    # A unit scale skips the kernels' division (kv_cache_value): (1.0, 4.0) takes each branch once. Scales that are
+    # not powers of two (their reciprocals inexact) on CUDA only: the interpreter's rounding needs values on the grid.
+    cases = [(torch.float8_e4m3fn, KVScales(0.5, 4.0)), (torch.float8_e5m2, KVScales(0.5, 4.0)),
+             (torch.float8_e4m3fn, KVScales(1.0, 4.0))]
+    if not exact:
+        cases += [(torch.float8_e4m3fn, KVScales(0.37, 3.3)), (torch.float8_e5m2, KVScales(1.7e-3, 123.4))]
+    for kv_dtype, scales in cases:
         tokens, kv_heads, head_dim, q_heads = 6, 2, 64, 4
         width = kv_heads * head_dim
         k = _values(tokens, width, kv_dtype, scales.k_scale, device, exact)
