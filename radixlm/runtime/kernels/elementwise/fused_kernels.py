@@ -11,6 +11,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from radixlm.runtime.kernels.numerics import div_rn_f32
+
 
 @triton.jit
 def rmsnorm_row(X, R, W, ResOut, row, stride_x, stride_r, stride_ro, n_cols, eps, offs, mask,
@@ -131,13 +133,8 @@ def kv_cache_value(x, scale, Buf):
     ty = Buf.dtype.element_ty
     if ty == tl.float8e4nv or ty == tl.float8e5:
         xf = x.to(tl.float32)
-        # tl.div_rn made a rotary-and-store launch 14 us against 2.5 without it (H200, 64 tokens). A unit scale (no
-        # checkpoint scales) skips the division; others take x times 1 / scale in float64, rounded once to float32:
-        # within 2^-51 of x / scale, and a quotient of two 24-bit numbers is never that close to a float32 rounding
-        # boundary (nor on one, above float32's subnormals, which float8 stores as zero either way), so the float32
-        # is the correctly rounded quotient, as kv_quant.quantize_kv's (3.3 us).
-        if scale != 1.0:
-            xf = (xf.to(tl.float64) * (1.0 / tl.cast(scale, tl.float64))).to(tl.float32)
+        if scale != 1.0:  # a unit scale (no checkpoint scales: the usual pool) skips the division
+            xf = div_rn_f32(xf, scale)
         limit: tl.constexpr = 448.0 if ty == tl.float8e4nv else 57344.0
         y = tl.clamp(xf, -limit, limit).to(ty)
     else:

@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.runtime.kernels.numerics import div_rn_f32
 from radixlm.runtime.kernels.quant.reference import ACT_EPS, FP8_DTYPE, FP8_MAX
 
 TOKEN_BLOCK = 1024
@@ -21,7 +22,7 @@ GROUPS_PER_PROGRAM = 8
 @triton.jit
 def store_row_q(x, scale, Q_row, offs, mask, fp8_max):
     """x (float32) / scale, correctly rounded, saturated and stored as FP8 at Q_row + offs."""
-    q = tl.clamp(tl.math.div_rn(x, scale), -fp8_max, fp8_max)
+    q = tl.clamp(div_rn_f32(x, scale), -fp8_max, fp8_max)
     tl.store(Q_row + offs, q.to(Q_row.dtype.element_ty), mask=mask)
 
 
@@ -74,7 +75,7 @@ def _quant_groups_kernel(X, Q, S, K, n_groups, stride_xm, stride_qm, stride_sm, 
     mask = (g[:, None] < n_groups) & (k < K)
     x = tl.load(X + row * stride_xm + k, mask=mask, other=0.0).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(x), axis=1), eps) / fp8_max
-    q = tl.clamp(tl.math.div_rn(x, scale[:, None]), -fp8_max, fp8_max)
+    q = tl.clamp(div_rn_f32(x, scale[:, None]), -fp8_max, fp8_max)
     tl.store(Q + row * stride_qm + k, q.to(Q.dtype.element_ty), mask=mask)
     tl.store(S + row * stride_sm + g, scale, mask=g < n_groups)
 

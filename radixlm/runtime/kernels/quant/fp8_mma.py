@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.runtime.kernels.numerics import div_rn_f32
 from radixlm.runtime.kernels.quant import fp8_act, splitk, tiles
 from radixlm.runtime.kernels.quant.reference import ACT_EPS, FP8_DTYPE, FP8_MAX
 from radixlm.runtime.kernels.quant.splitk import store_tile, tile_range
@@ -93,9 +94,9 @@ def _fp8_mma_kernel(X, XS, W, WS, Bias, Y, M, N, K, stride_xm, stride_xsm, strid
         if ACT == 1:
             xf = x.to(tl.float32)
             a_s = tl.maximum(tl.max(tl.abs(xf), axis=1), eps) / fp8_max
-            q = tl.clamp(tl.math.div_rn(xf, a_s[:, None]), -fp8_max, fp8_max).to(W.dtype.element_ty)
+            q = tl.clamp(div_rn_f32(xf, a_s[:, None]), -fp8_max, fp8_max).to(W.dtype.element_ty)
         elif ACT == 2:
-            q = tl.clamp(tl.math.div_rn(x.to(tl.float32), static), -fp8_max, fp8_max).to(W.dtype.element_ty)
+            q = tl.clamp(div_rn_f32(x.to(tl.float32), static), -fp8_max, fp8_max).to(W.dtype.element_ty)
         else:
             q = x
         if BLOCKWISE:
