@@ -9,7 +9,8 @@
 #                                                  # device call of its own (kernels runs the benchmark too)
 #   bash benchmarks/lease/quant_lease.sh model [FMT...]   # Llama-3.1-8B shapes (dummy weights) per format: decode steps
 #                                                  # at batch 1..256 and ShareGPT-like 400 (offline/gpu_llama8b.py
-#                                                  # --parts ab); FMT: bf16 fp8 fp8_block w4a16 fp8kv (default: all)
+#                                                  # --parts ab); FMT: bf16 fp8 fp8_block w4a16 fp8kv fp8_fp8kv
+#                                                  # (default: all but fp8_fp8kv, FP8 weights and KV together)
 #   BUDGET_S=560 bash benchmarks/lease/quant_lease.sh check   # one call after kernel changes: the GEMM, KV and MoE
 #                                                  # benchmarks in short budgets, the CUDA tests, then the 8B model
 #                                                  # per format at batch 1/8/64 while time is left

@@ -36,6 +36,7 @@ QUANT_FORMATS: dict[str, tuple[dict | None, dict]] = {
     "fp8_block": ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}, {}),
     "w4a16": ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}, {}),
     "fp8kv": (None, {"kv_cache_dtype": "fp8_e4m3"}),
+    "fp8_fp8kv": (None, {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}),  # both, as users often run FP8
 }
 
 
