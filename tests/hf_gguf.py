@@ -1,7 +1,8 @@
 """transformers' float32 model of a GGUF file (its own dequantizer: the parity tests' reference), kept on disk between
 runs beside radixlm's own conversions (~/.cache/radixlm or $RADIXLM_CACHE_DIR): converting takes SmolLM2 10-30 s and
-Qwen2.5-0.5B ~40 s on 2 cores, reading the saved module back a few seconds. The key holds the file's identity and
-the transformers and torch versions, so a saved module is always what this transformers would build from this file."""
+Qwen2.5-0.5B ~40 s on 2 cores, reading the saved module back a few seconds. The key holds the file's contents (its
+sha256: a fresh clone installs the same SmolLM2 file at a new path) and the transformers and torch versions, so a saved
+module is always what this transformers would build from this file."""
 from __future__ import annotations
 
 import hashlib
@@ -15,11 +16,13 @@ def saved_path(gguf_path: str) -> Path:
 
     from radixlm.runtime.model_loader.files import cache_dir
 
-    path = os.path.abspath(gguf_path)
-    st = os.stat(path)
-    key_src = f"{path}|{st.st_size}|{st.st_mtime_ns}|transformers {transformers.__version__}|torch {torch.__version__}"
+    contents = hashlib.sha256()
+    with open(gguf_path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            contents.update(chunk)
+    key_src = f"{contents.hexdigest()}|transformers {transformers.__version__}|torch {torch.__version__}"
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
-    return cache_dir() / "hf-gguf" / f"{Path(path).stem}-{key}.pt"
+    return cache_dir() / "hf-gguf" / f"{Path(gguf_path).stem}-{key}.pt"
 
 
 def _convert(gguf_path: str):

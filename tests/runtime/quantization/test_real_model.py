@@ -15,7 +15,7 @@ from tests.runtime.quantization.ct_checkpoints import quantize_ct, scheme
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]
-NEW_TOKENS = 16
+NEW_TOKENS = 8  # greedy equality of the quantized paths; a CPU decode step dequantizes the weights (16: 44 s)
 
 
 @pytest.mark.parametrize("preset, options, fmt", [("FP8_DYNAMIC", {}, "float-quantized"),
