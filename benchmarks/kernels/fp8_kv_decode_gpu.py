@@ -68,25 +68,11 @@ def time_ms(fn, device: str, reps: int) -> float:
     return times[len(times) // 2]
 
 
-def profile_kernels(fn, device: str, steps: int, top: int) -> list[dict]:
-    """Device microseconds per call of fn's kernels over `steps` calls under torch.profiler, the top ones."""
-    from collections import Counter
+def profile_kernels(fn, steps: int, top: int) -> list[dict]:
+    """The top kernels of `steps` calls of fn by device microseconds a call (lib.profiling.profiled_kernels)."""
+    from benchmarks.lib.profiling import profiled_kernels
 
-    from torch.profiler import ProfilerActivity, profile
-
-    us, calls = Counter(), Counter()
-    with profile(activities=[ProfilerActivity.CUDA if device == "cuda" else ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-    for e in prof.events():
-        if device != "cuda" and not e.name.startswith("aten::"):
-            continue
-        if device == "cuda" and e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        us[e.name] += e.device_time if device == "cuda" else e.self_cpu_time_total
-        calls[e.name] += 1
+    _, us, calls = profiled_kernels(lambda: [fn() for _ in range(steps)])
     ranked = sorted(us.items(), key=lambda kv: -kv[1])[:top]
     return [{"name": n[:100], "us": v / steps, "launches": calls[n] / steps} for n, v in ranked]
 
@@ -259,7 +245,7 @@ def step_row(args, device: str, model_dir: str, kv: str, dtype: str) -> dict:
                           prefix_lens=[ctx - 1] * bs, extend_lens=[1] * bs, seq_lens=[ctx] * bs,
                           out_cache_loc=table[:bs, ctx - 1].clone(), logits=LogitsPlan(sample_rows=list(range(bs))))
     ms = time_ms(lambda: runner.forward(wb), device, args.reps)
-    kernels = profile_kernels(lambda: runner.forward(wb), device, args.profile_steps, 16) if args.profile_steps else []
+    kernels = profile_kernels(lambda: runner.forward(wb), args.profile_steps, 16) if args.profile_steps else []
     model = runner.model
     embed = model.model.embed_tokens.weight
     weights = sum(p.numel() * p.element_size() for p in model.parameters()) - embed.numel() * embed.element_size()

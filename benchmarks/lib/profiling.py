@@ -1,8 +1,8 @@
 """Where an engine's time goes while it runs: CUDA events around each pass's launch with host clocks around the
 scheduler's phases (PassClock; pass_buckets groups its passes by row count), device time per kernel of one decode
-step (step_kernels, torch.profiler), the scheduler's host work per decode step by phase timers (step_profile), the
-kernels in a Triton cache (cache_entries), and few-row GEMM kernels left out of start-up's choice
-(exclude_gemm_kernels)."""
+step (step_kernels, torch.profiler; profiled_kernels for any callable), the scheduler's host work per decode step by
+phase timers (step_profile), the kernels in a Triton cache (cache_entries), and few-row GEMM kernels left out of
+start-up's choice (exclude_gemm_kernels)."""
 from __future__ import annotations
 
 import os
@@ -77,15 +77,15 @@ def attention_us(us: dict[str, float]) -> float:
     return sum(v for n, v in us.items() if n in ATTENTION_KERNELS and v > 0)
 
 
-def kernel_times(engine, prompts, n_out: int) -> tuple[float, Counter, Counter]:
-    """(wall seconds, device microseconds per kernel name, launches per kernel name); without CUDA (a CPU dry run)
-    the aten ops' own CPU time instead."""
-    from benchmarks.lib.engine import greedy  # radixlm imported only where an engine runs (not for cache_entries)
-
+def profiled_kernels(fn) -> tuple[float, Counter, Counter]:
+    """fn() under torch.profiler: (wall seconds, device microseconds per kernel name, launches per kernel name);
+    without CUDA (a CPU dry run) the aten ops' own CPU time instead."""
     cuda = torch.cuda.is_available()
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
-        engine.generate(input_ids=prompts, sampling_params=greedy(n_out))
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     us, calls = Counter(), Counter()
     for e in prof.events():
@@ -96,6 +96,13 @@ def kernel_times(engine, prompts, n_out: int) -> tuple[float, Counter, Counter]:
             us[e.name] += e.self_cpu_time_total
             calls[e.name] += 1
     return wall, us, calls
+
+
+def kernel_times(engine, prompts, n_out: int) -> tuple[float, Counter, Counter]:
+    """profiled_kernels of one generate call."""
+    from benchmarks.lib.engine import greedy  # radixlm imported only where an engine runs (not for cache_entries)
+
+    return profiled_kernels(lambda: engine.generate(input_ids=prompts, sampling_params=greedy(n_out)))
 
 
 def step_kernels(engine, src: PromptSource, batch: int, steps: int, top: int = 14) -> dict:
