@@ -25,6 +25,10 @@
 #   bash benchmarks/lease/quant_lease.sh fp8mma    # the same for the FP8 W8A8 tensor-core kernel (fp8_mma.py, --kind
 #                                                  # fp8mma: per-channel and 128x128 blocks, ~5-6 min) and its CUDA test;
 #                                                  # one call under 8 min
+#   bash benchmarks/lease/quant_lease.sh fp8lt     # tunes cuBLASLt's FP8 row-scaled GEMMs at every CUDA-graph size
+#                                                  # past 32 rows (kernels/cublaslt_tune.py --fp8, ~5 min; ROWS, CELL_S),
+#                                                  # then test_cublaslt.py; $OUT/cublaslt_fp8_<GPU>.json is the table
+#                                                  # to commit under kernels/gemm/tuned/
 #   bash benchmarks/lease/quant_lease.sh kv        # decode attention and the 8B decode step at batch 64, 8k-token
 #                                                  # contexts, bf16 vs fp8 KV (kernels/fp8_kv_decode_gpu.py, ~5-7 min):
 #                                                  # every DECODE_VARIANTS config timed, the dict to set printed;
@@ -54,13 +58,22 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-100000}))  # BUDGET_S: no step past it (each step's limit is cut to it)
 PACK=$FINAL_OUT/quant_lease.tar
 step() { budget_step "$@"; }  # env.sh
-case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4big | gemv | mma | fp8mma | profile [FMT...] | tests [PATH...]} in
+case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4big | gemv | mma | fp8mma | fp8lt | profile [FMT...] | tests [PATH...]} in
 profile)
   shift
   for f in ${@:-fp8 w4a16}; do
     TAIL=45 step "profile_$f" 400 $PY benchmarks/profiling/profile_gpu_step.py --quant "$f" \
       --batches ${PROFILE_BATCHES:-1} --steps 32 --top 40 --out "$OUT/profile_$f.json"
   done
+  ;;
+fp8lt)
+  gpu=$($PY -c "import torch, re; print(re.sub(r'[^A-Za-z0-9]+', '_', torch.cuda.get_device_name()).strip('_'))")
+  rows=(--graph-sizes)
+  [ -n "${ROWS:-}" ] && rows=(--rows $ROWS)
+  TAIL=80 step fp8lt_tune "${TUNE_LIMIT_S:-470}" $PY benchmarks/kernels/cublaslt_tune.py --fp8 --workspace-mib 16 \
+    "${rows[@]}" --cell-budget-s "${CELL_S:-2}" \
+    --budget-s "${TUNE_BUDGET_S:-400}" --table "$OUT/cublaslt_fp8_$gpu.json" --log "$OUT/cublaslt_fp8_tune.json"
+  TAIL=12 step fp8lt_cuda_tests 90 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/gemm/test_cublaslt.py
   ;;
 gemv|mma|fp8mma)
   kind=$1 test=test_quant_gemv.py sweep_s=330 limit=420

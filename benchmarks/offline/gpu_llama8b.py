@@ -180,7 +180,11 @@ def part_ab(path: str, src: PromptSource, batches: list[int], steps: int, shareg
     sizes = {**PEER_SIZES, "sharegpt": (sharegpt_n, 2048, 1024), "random": (random_n, 1024, 512),
              "prefix": (prefix_groups, 32, 2048, 128, 64)}
     try:
-        return ab_workloads(engine, src, batches, steps, sizes)
+        # How many layers' memos hold a tuned cuBLASLt GEMM (kernels/gemm/tuned/), by GEMM name, over all row counts.
+        tuned = {name: sum(n for kernels in by_key.values() for kernel, n in kernels.items() if kernel == "cublaslt")
+                 for name, by_key in engine.runner.gemm_choice_counts().items()}
+        log(f"tuned cuBLASLt GEMMs (layers x row counts): {tuned}")
+        return ab_workloads(engine, src, batches, steps, sizes, result={"tuned_cublaslt": tuned})
     finally:
         close(engine)
 

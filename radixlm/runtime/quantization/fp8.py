@@ -138,7 +138,8 @@ class Fp8LinearMethod(LinearMethod):
     def apply_with_prologue(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
                             prologue: Prologue | None) -> torch.Tensor:
         static = layer.input_scale if self.scheme.activation is ActivationScheme.STATIC else None
-        return fp8_linear(x, layer.weight, layer.weight_scale, layer.weight_block, bias, static, prologue)
+        return fp8_linear(x, layer.weight, layer.weight_scale, layer.weight_block, bias, static, prologue,
+                          layer.gemm_choices)
 
 
 class Fp8MoEMethod(DequantizingMoEMethod):

@@ -9,10 +9,15 @@ the process's mappings), so nothing is imported or linked here on a machine with
 
 Layout: y[m, n] = x[m, k] @ w[n, k]^T with all three row-major and contiguous, which in cuBLAS's column-major terms is
 D[n, m] = op_T(A[k, n]) @ B[k, m]: the same "TN" GEMM torch issues for F.linear.
+
+FP8 operands (float8_e4m3fn w and x, a 16-bit y) carry float32 scales, y = (x * x_scale) @ (w * w_scale)^T, in one of
+LtScale's modes: one value each, or a vector each (w's per output channel, x's per row: cuBLASLt's outer-vector
+mode, what torch._scaled_mm's row-wise scaling issues on Hopper).
 """
 from __future__ import annotations
 
 import ctypes
+import enum
 import itertools
 import json
 import re
@@ -25,9 +30,19 @@ import torch
 _COMPUTE_32F = 68
 _R_32F, _R_16F, _R_16BF = 0, 2, 14
 _OP_N, _OP_T = 0, 1
+_R_8F_E4M3 = 28
 _DESC_TRANSA, _DESC_TRANSB, _DESC_SM_COUNT_TARGET = 3, 4, 15
+_DESC_A_SCALE_POINTER, _DESC_B_SCALE_POINTER, _DESC_A_SCALE_MODE, _DESC_B_SCALE_MODE = 17, 18, 31, 32
 _PREF_MAX_WORKSPACE_BYTES = 1
-_DTYPES = {torch.bfloat16: _R_16BF, torch.float16: _R_16F}
+_DTYPES = {torch.bfloat16: _R_16BF, torch.float16: _R_16F, torch.float8_e4m3fn: _R_8F_E4M3}
+
+
+class LtScale(enum.Enum):
+    """An FP8 GEMM's operand scales (cuBLASLt's cublasLtMatmulMatrixScale_t values); NONE for 16-bit operands."""
+
+    NONE = -1
+    TENSOR = 0  # one float32 for w, one for x
+    ROW = 3  # w's (N,) per output channel and x's (M,) per row: the outer-vector mode
 
 
 class _Algo(ctypes.Structure):
@@ -100,7 +115,8 @@ def _destroy(lib, desc, layouts) -> None:
 @dataclass
 class LtGemm:
     """y[m, n] = x[m, k] @ w[n, k]^T for one (m, n, k, dtype): descriptors made once; `candidates` (the heuristic's
-    list, `enumerate_algos`'s, or one tuned configuration: set by the caller) and `algo_index` choose what runs."""
+    list, `enumerate_algos`'s, or one tuned configuration: set by the caller) and `algo_index` choose what runs.
+    FP8 operands (dtype float8_e4m3fn) name their output's dtype (out_dtype) and their scales' mode (scales)."""
 
     lt: CublasLt
     m: int
@@ -111,20 +127,33 @@ class LtGemm:
     sm_count: int = 0  # SMs the heuristic and the kernel may count on (0: the device's); fewer leave room beside it
     candidates: list = field(default_factory=list)
     algo_index: int = 0
+    out_dtype: torch.dtype | None = None  # None: dtype (16-bit operands)
+    scales: LtScale = LtScale.NONE
 
     def __post_init__(self) -> None:
-        lib, check, kind = self.lt.lib, self.lt.check, _DTYPES[self.dtype]
+        self.out_dtype = self.out_dtype or self.dtype
+        if (self.dtype == torch.float8_e4m3fn) != (self.scales is not LtScale.NONE) or self.out_dtype not in (
+                torch.bfloat16, torch.float16):
+            raise ValueError(f"FP8 operands take scales and a 16-bit output, others neither: {self.dtype}, "
+                             f"{self.scales}, output {self.out_dtype}")
+        lib, check = self.lt.lib, self.lt.check
+        kind, out_kind = _DTYPES[self.dtype], _DTYPES[self.out_dtype]
         self.desc = ctypes.c_void_p()
         check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), _COMPUTE_32F, _R_32F), "MatmulDescCreate")
-        for attr, op in ((_DESC_TRANSA, _OP_T), (_DESC_TRANSB, _OP_N), (_DESC_SM_COUNT_TARGET, self.sm_count)):
+        attrs = [(_DESC_TRANSA, _OP_T), (_DESC_TRANSB, _OP_N), (_DESC_SM_COUNT_TARGET, self.sm_count)]
+        if self.scales is not LtScale.NONE:
+            attrs += [(_DESC_A_SCALE_MODE, self.scales.value), (_DESC_B_SCALE_MODE, self.scales.value)]
+        for attr, op in attrs:
             value = ctypes.c_int32(op)
             check(lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(value), 4), "MatmulDescSetAttr")
         self.a_layout, self.b_layout, self.d_layout = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
-        for layout, rows, cols, ld in ((self.a_layout, self.k, self.n, self.k), (self.b_layout, self.k, self.m, self.k),
-                                       (self.d_layout, self.n, self.m, self.n)):
-            check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), kind, rows, cols, ld), "MatrixLayoutCreate")
+        for layout, lkind, rows, cols, ld in ((self.a_layout, kind, self.k, self.n, self.k),
+                                              (self.b_layout, kind, self.k, self.m, self.k),
+                                              (self.d_layout, out_kind, self.n, self.m, self.n)):
+            check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), lkind, rows, cols, ld), "MatrixLayoutCreate")
         weakref.finalize(self, _destroy, lib, self.desc, (self.a_layout, self.b_layout, self.d_layout))
         self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self._scale_ptrs = (0, 0)  # the (w, x) scale pointers the descriptor holds
 
     @property
     def workspace_bytes(self) -> int:
@@ -132,6 +161,7 @@ class LtGemm:
 
     def heuristic(self, max_algos: int = 32) -> list:
         """The algorithms cuBLASLt's heuristic offers for this GEMM, best first by its own estimate."""
+        self._placeholder_scales()
         lib, check = self.lt.lib, self.lt.check
         pref = ctypes.c_void_p()
         check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "MatmulPreferenceCreate")
@@ -149,6 +179,7 @@ class LtGemm:
 
     def checked(self, algo: _Algo) -> _Heuristic | None:
         """algo with the workspace it needs, if cuBLASLt accepts it for this GEMM within this workspace."""
+        self._placeholder_scales()
         result = _Heuristic()
         if self.lt.lib.cublasLtMatmulAlgoCheck(self.lt.handle, self.desc, self.a_layout, self.b_layout,
                                                self.d_layout, self.d_layout, ctypes.byref(algo),
@@ -159,12 +190,16 @@ class LtGemm:
         result.algo = algo
         return result
 
-    def __call__(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
+                 x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """FP8 operands: x_scale and w_scale contiguous float32, (M,) and (N,) elements (LtScale.ROW) or one each."""
         assert x.shape == (self.m, self.k) and w.shape == (self.n, self.k)
         assert x.dtype == w.dtype == self.dtype and x.is_contiguous() and w.is_contiguous()
         if out is None:
-            out = torch.empty((self.m, self.n), dtype=self.dtype, device=x.device)
-        assert out.shape == (self.m, self.n) and out.is_contiguous()
+            out = torch.empty((self.m, self.n), dtype=self.out_dtype, device=x.device)
+        assert out.shape == (self.m, self.n) and out.is_contiguous() and out.dtype == self.out_dtype
+        if self.scales is not LtScale.NONE:
+            self._set_scales(x_scale, w_scale)
         choice = self.candidates[self.algo_index]
         workspace = 0 if self.workspace is None else self.workspace.data_ptr()
         self.lt.check(self.lt.lib.cublasLtMatmul(
@@ -173,6 +208,27 @@ class LtGemm:
             self.d_layout, ctypes.byref(choice.algo), workspace, choice.workspace_size,
             torch.cuda.current_stream().cuda_stream), "cublasLtMatmul")
         return out
+
+
+    def _placeholder_scales(self) -> None:
+        """Scale pointers before the first call: cuBLASLt's heuristic and check refuse row-wise scales without them
+        (status 7)."""
+        if self.scales is not LtScale.NONE and self._scale_ptrs == (0, 0):
+            rows = (self.m, self.n) if self.scales is LtScale.ROW else (1, 1)
+            self._placeholder = torch.ones(sum(rows), dtype=torch.float32, device="cuda")
+            self._set_scales(self._placeholder[:rows[0]], self._placeholder[rows[0]:])
+
+    def _set_scales(self, x_scale: torch.Tensor, w_scale: torch.Tensor) -> None:
+        rows = (self.m, self.n) if self.scales is LtScale.ROW else (1, 1)
+        for t, count in ((x_scale, rows[0]), (w_scale, rows[1])):
+            assert t.dtype == torch.float32 and t.numel() == count and t.is_contiguous(), (t.shape, count)
+        ptrs = (w_scale.data_ptr(), x_scale.data_ptr())
+        if ptrs != self._scale_ptrs:
+            for attr, ptr in zip((_DESC_A_SCALE_POINTER, _DESC_B_SCALE_POINTER), ptrs):
+                value = ctypes.c_void_p(ptr)
+                self.lt.check(self.lt.lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(value), 8),
+                              "MatmulDescSetAttr")
+            self._scale_ptrs = ptrs
 
 
 # cublasLtMatmulAlgoConfigAttributes_t (an algorithm's configuration, by name) and cublasLtMatmulAlgoCapAttributes_t
@@ -194,9 +250,15 @@ def algo_config(lt: CublasLt, algo: _Algo) -> dict[str, int]:
     return out
 
 
+def _types(gemm: LtGemm) -> tuple[int, int, int, int]:
+    """cuBLASLt's (A, B, C, D) data types of this GEMM."""
+    kind, out_kind = _DTYPES[gemm.dtype], _DTYPES[gemm.out_dtype]
+    return kind, kind, out_kind, out_kind
+
+
 def _init_algo(gemm: LtGemm, algo_id: int) -> _Algo | None:
-    kind, algo = _DTYPES[gemm.dtype], _Algo()
-    status = gemm.lt.lib.cublasLtMatmulAlgoInit(gemm.lt.handle, _COMPUTE_32F, _R_32F, kind, kind, kind, kind, algo_id,
+    algo = _Algo()
+    status = gemm.lt.lib.cublasLtMatmulAlgoInit(gemm.lt.handle, _COMPUTE_32F, _R_32F, *_types(gemm), algo_id,
                                                 ctypes.byref(algo))
     return algo if status == 0 else None
 
@@ -242,9 +304,9 @@ def enumerate_algos(gemm: LtGemm, splitks=(1, 2, 3, 4, 6, 8), max_custom: int = 
     """Every (algorithm id, tile, stages, split-K, reduction, swizzle, custom option, cluster shape) cuBLASLt accepts
     for this GEMM, beyond the heuristic's short list: candidates for a timed search
     (benchmarks/kernels/cublaslt_tune.py)."""
-    lt, kind = gemm.lt, _DTYPES[gemm.dtype]
+    lt = gemm.lt
     ids, count = (ctypes.c_int * 256)(), ctypes.c_int(0)
-    lt.check(lt.lib.cublasLtMatmulAlgoGetIds(lt.handle, _COMPUTE_32F, _R_32F, kind, kind, kind, kind, 256, ids,
+    lt.check(lt.lib.cublasLtMatmulAlgoGetIds(lt.handle, _COMPUTE_32F, _R_32F, *_types(gemm), 256, ids,
                                              ctypes.byref(count)), "AlgoGetIds")
     found = []
     for algo_id in [i for i in list(ids)[:count.value] if not only_ids or i in only_ids]:

@@ -144,10 +144,12 @@ def scaled_mm_ok(x2: torch.Tensor, weight: torch.Tensor, per_tensor: bool) -> bo
 
 def fp8_scaled_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                       input_scale: torch.Tensor | None, min_scaled_mm_rows: int = SCALED_MM_MIN_ROWS,
-                      rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                      rows: tuple[torch.Tensor, torch.Tensor] | None = None, tuned: dict | None = None
+                      ) -> torch.Tensor:
     """Per-tensor or per-channel weight scale: torch._scaled_mm where it takes the shape (scaled_mm_ok) and there are
     min_scaled_mm_rows rows or more, else the Triton kernel's per-channel mode. rows: x2 already quantized per token
-    (fp8_prologue.quantized_rows), x2 then only their shape and dtype."""
+    (fp8_prologue.quantized_rows), x2 then only their shape and dtype. tuned: row count -> a tuned cuBLASLt GEMM
+    (tuned_gemm.install: row-wise scales, dynamic activations) that runs instead of torch._scaled_mm's pick."""
     m = x2.shape[0]
     n = weight.shape[0]
     per_tensor = scale.numel() == 1 and input_scale is not None
@@ -161,7 +163,11 @@ def fp8_scaled_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
         a_s = q_scale.reshape(1, 1).expand(m, 1).contiguous() if q_scale.numel() == 1 else q_scale
         b_s = w_scale.reshape(1, -1).expand(1, n).contiguous()
         out_dtype = torch.bfloat16
-    y = torch._scaled_mm(q, weight.t(), a_s, b_s, out_dtype=out_dtype)
+    lt = tuned.get(m) if tuned is not None and input_scale is None else None
+    if lt is not None and not per_tensor:
+        y = lt(q, weight, None, a_s.reshape(-1), b_s.reshape(-1))
+    else:
+        y = torch._scaled_mm(q, weight.t(), a_s, b_s, out_dtype=out_dtype)
     if bias is not None:
         y.add_(bias)
     return y
@@ -202,12 +208,13 @@ def choose_path(x2: torch.Tensor, weight: torch.Tensor, block: tuple[int, int] |
 
 def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None,
                     bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
-                    w8a16_max_rows: int = W8A16_DEFAULT_MAX_ROWS, prologue: Prologue | None = None) -> torch.Tensor:
+                    w8a16_max_rows: int = W8A16_DEFAULT_MAX_ROWS, prologue: Prologue | None = None,
+                    tuned: dict | None = None) -> torch.Tensor:
     """kernels.quant.fp8_linear on CUDA: x (..., K) in bfloat16 or float16 (float32: the dequantizing path). Up to
     w8a16_max_rows rows the weight-only kernel (fp8_w8a16.py: the activations are not quantized, a static
     input_scale is not used), else the W8A8 kernels (benchmarks/kernels/quant_gemm.py forces each). prologue: x is
     the input before that step (gemm/prologue.py): where the GEMM quantizes its activations per token, the step runs
-    with the quantization in one launch (fp8_prologue.py), else unfused first."""
+    with the quantization in one launch (fp8_prologue.py), else unfused first. tuned: fp8_scaled_linear's."""
     rows, choice = None, None
     if prologue is not None:
         if prologue.in_features(x) == weight.shape[1]:
@@ -240,7 +247,7 @@ def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     elif choice.path is Fp8Path.BLOCK:
         y = fp8_block_linear(x2, weight, scale, block, bias)
     else:
-        y = fp8_scaled_linear(x2, weight, scale, bias, input_scale, rows=rows)
+        y = fp8_scaled_linear(x2, weight, scale, bias, input_scale, rows=rows, tuned=tuned)
     return y.reshape(*x.shape[:-1], n)
 
 

@@ -30,10 +30,13 @@ def test_committed_tables_are_well_formed(path):
         assert key not in seen
         seen.add(key)
         assert e["m"] > MMA_MAX_M  # past the few-row kernels' choice keys: the memo's keys never collide
-        assert e["dtype"] in ("bfloat16", "float16")
-        assert set(e["config"]) == set(cublaslt._CONFIG) and e["config"]["splitk"] == 1
+        fp8 = path.stem.startswith("cublaslt_fp8_")
+        assert e["dtype"] == "float8_e4m3fn" if fp8 else e["dtype"] in ("bfloat16", "float16")
+        # 16-bit entries are torch's bits (no split K); FP8 ones may split K, and say whether they are torch's bits
+        assert set(e["config"]) == set(cublaslt._CONFIG) and (fp8 or e["config"]["splitk"] == 1)
         assert e["us"] * table["margin"] <= e["cublas_us"]
-        assert set(e) <= {"n", "k", "m", "dtype", "config", "us", "cublas_us", "workspace"}
+        assert set(e) <= {"n", "k", "m", "dtype", "config", "us", "cublas_us", "workspace"} | ({"identical"} if fp8
+                                                                                              else set())
         assert e.get("workspace", 1) > 0  # absent when the configuration needs none
 
 
@@ -145,6 +148,94 @@ class _FakeLib:
         if not name.startswith("cublasLt"):
             raise AttributeError(name)
         return lambda *args: self.calls.append(name) or 0
+
+
+def test_fp8_descriptors_set_the_scale_modes():
+    from types import SimpleNamespace
+
+    lib = _FakeLib()
+    lt = SimpleNamespace(lib=lib, check=cublaslt.CublasLt.check, handle=None)
+    cublaslt.LtGemm(lt, 64, 128, 256, torch.bfloat16)
+    assert lib.calls.count("cublasLtMatmulDescSetAttribute") == 3  # transposes, SM count
+    lib.calls.clear()
+    cublaslt.LtGemm(lt, 64, 128, 256, torch.float8_e4m3fn, out_dtype=torch.bfloat16, scales=cublaslt.LtScale.ROW)
+    assert lib.calls.count("cublasLtMatmulDescSetAttribute") == 5  # and A's and B's scale modes
+    with pytest.raises(ValueError, match="FP8 operands take scales"):
+        cublaslt.LtGemm(lt, 64, 128, 256, torch.float8_e4m3fn, out_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="FP8 operands take scales"):
+        cublaslt.LtGemm(lt, 64, 128, 256, torch.bfloat16, scales=cublaslt.LtScale.ROW)
+
+
+def _fp8_operands(m, n, k):
+    from radixlm.runtime.kernels.quant.fp8_act import quant_fp8_per_token
+
+    w = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+    w_scale = torch.rand(n, device="cuda") * 0.02 + 0.01
+    q, s = quant_fp8_per_token(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+    ref = torch._scaled_mm(q, w.t(), s, w_scale.reshape(1, -1), out_dtype=torch.bfloat16)
+    return w, w_scale, q, s.reshape(-1), ref
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@needs_cuda
+def test_fp8_row_scaled_algorithms_compute_scaled_mm():
+    lt = cublaslt.CublasLt()
+    m, n, k = 96, 512, 1024
+    w, w_scale, q, s, ref = _fp8_operands(m, n, k)
+    workspace = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    g = cublaslt.LtGemm(lt, m, n, k, torch.float8_e4m3fn, workspace, out_dtype=torch.bfloat16,
+                        scales=cublaslt.LtScale.ROW)
+    g.candidates = g.heuristic()
+    assert g.candidates
+    for i in range(len(g.candidates)):
+        g.algo_index = i
+        assert _rel(g(q, w, None, s, w_scale), ref) < 2e-3
+    split = cublaslt.enumerate_algos(g, splitks=(2, 4), max_custom=0, limit=200,
+                                     only_ids=(cublaslt.algo_config(lt, g.candidates[0].algo)["id"],))
+    for found in [c for c in split if cublaslt.algo_config(lt, c.algo)["splitk"] > 1][:4]:
+        g.candidates = [found]
+        g.algo_index = 0
+        assert _rel(g(q, w, None, s, w_scale), ref) < 2e-3
+    other_scale = w_scale * 2  # new scale pointers reach the kernel
+    g.candidates, g.algo_index = g.heuristic()[:1], 0
+    assert _rel(g(q, w, None, s, other_scale), ref.float() * 2) < 1e-2
+
+
+@needs_cuda
+def test_install_puts_fp8_entries_in_fp8_layers_and_fp8_linear_runs_them(monkeypatch):
+    from radixlm.runtime.kernels.quant import fp8_linear
+
+    n, k, m = 512, 1024, 96
+    lt = cublaslt.CublasLt()
+    w, w_scale, _, _, _ = _fp8_operands(m, n, k)
+    layer = Linear(k, n).to(device="cuda")
+    layer.weight = torch.nn.Parameter(w, requires_grad=False)
+    layer.weight_scale = w_scale.reshape(n, 1)
+    layer.weight_block = None
+    probe = cublaslt.LtGemm(lt, m, n, k, torch.float8_e4m3fn, out_dtype=torch.bfloat16, scales=cublaslt.LtScale.ROW)
+    config = cublaslt.algo_config(lt, probe.heuristic()[0].algo)
+    entry = {"n": n, "k": k, "m": m, "dtype": "float8_e4m3fn", "config": config, "us": 1.0, "cublas_us": 2.0}
+    bf16_entry = {**entry, "dtype": "bfloat16"}  # another dtype's entry: not this layer's
+    assert tuned_gemm.install([("layer", layer)], torch.device("cuda"), [entry, bf16_entry]) == 1
+    assert isinstance(layer.gemm_choices[m], cublaslt.LtGemm)
+    calls = []
+    real_call = cublaslt.LtGemm.__call__
+    monkeypatch.setattr(cublaslt.LtGemm, "__call__", lambda self, *a, **kw: calls.append(self.m) or real_call(
+        self, *a, **kw))
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    want = fp8_linear(x, layer.weight, layer.weight_scale)  # no memo: torch._scaled_mm
+    assert calls == []
+    assert _rel(fp8_linear(x, layer.weight, layer.weight_scale, tuned=layer.gemm_choices), want) < 2e-3
+    assert calls == [m]
+    static = torch.tensor(0.05, device="cuda")  # static activations: not the tuned GEMM's scales
+    fp8_linear(x, layer.weight, layer.weight_scale, input_scale=static, tuned=layer.gemm_choices)
+    assert calls == [m]
+    layer.input_scale = static
+    layer.gemm_choices.clear()
+    assert tuned_gemm.install([("layer", layer)], torch.device("cuda"), [entry]) == 0
 
 
 def test_descriptors_and_preferences_are_destroyed():

@@ -131,6 +131,20 @@ def test_the_sweeps_table_entries_parse():
     assert table[quant_tuned.TunedKey("fp8_channel", 4096, 14336, 2, 0)] == cfg
 
 
+def test_committed_tables_entries_beat_their_default_by_the_margin():
+    import json
+    from pathlib import Path
+
+    from radixlm.runtime.kernels.gemm import cublaslt
+
+    for path in (Path(cublaslt.__file__).parent / "tuned").glob("quant_gemv_*.json"):
+        table = json.loads(path.read_text())
+        quant_tuned.parse(table["entries"])
+        for e in table["entries"]:
+            if e.get("us") is not None and e.get("default_us") is not None:
+                assert e["us"] * table["margin"] <= e["default_us"], (path.name, e)
+
+
 def test_no_tuned_lookup_off_cuda_and_table_path():
     from radixlm.runtime.kernels.gemm import cublaslt
 
