@@ -154,6 +154,7 @@ class LtGemm:
         weakref.finalize(self, _destroy, lib, self.desc, (self.a_layout, self.b_layout, self.d_layout))
         self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._scale_ptrs = (0, 0)  # the (w, x) scale pointers the descriptor holds
+        self._placeholder: torch.Tensor | None = None  # scales the descriptor points at before the first call
 
     @property
     def workspace_bytes(self) -> int:
@@ -208,7 +209,6 @@ class LtGemm:
             self.d_layout, ctypes.byref(choice.algo), workspace, choice.workspace_size,
             torch.cuda.current_stream().cuda_stream), "cublasLtMatmul")
         return out
-
 
     def _placeholder_scales(self) -> None:
         """Scale pointers before the first call: cuBLASLt's heuristic and check refuse row-wise scales without them
