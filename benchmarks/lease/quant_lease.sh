@@ -29,6 +29,9 @@
 #                                                  # past 32 rows (kernels/cublaslt_tune.py --fp8, ~5 min; ROWS, CELL_S),
 #                                                  # then test_cublaslt.py; $OUT/cublaslt_fp8_<GPU>.json is the table
 #                                                  # to commit under kernels/gemm/tuned/
+#   bash benchmarks/lease/quant_lease.sh fp8block  # FP8 128x128-block GEMMs: the Triton kernel against torch._scaled_mm's
+#                                                  # block scaling on the 8B shapes (kernels/fp8_block_scaled_mm.py,
+#                                                  # ~1 min), then the quantized GEMMs' CUDA tests
 #   bash benchmarks/lease/quant_lease.sh kv        # decode attention and the 8B decode step at batch 64, 8k-token
 #                                                  # contexts, bf16 vs fp8 KV (kernels/fp8_kv_decode_gpu.py, ~5-7 min):
 #                                                  # every DECODE_VARIANTS config timed, the dict to set printed;
@@ -58,13 +61,17 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-100000}))  # BUDGET_S: no step past it (each step's limit is cut to it)
 PACK=$FINAL_OUT/quant_lease.tar
 step() { budget_step "$@"; }  # env.sh
-case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4big | gemv | mma | fp8mma | fp8lt | profile [FMT...] | tests [PATH...]} in
+case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | kv | check | w4big | gemv | mma | fp8mma | fp8lt | fp8block | profile [FMT...] | tests [PATH...]} in
 profile)
   shift
   for f in ${@:-fp8 w4a16}; do
     TAIL=45 step "profile_$f" 400 $PY benchmarks/profiling/profile_gpu_step.py --quant "$f" \
       --batches ${PROFILE_BATCHES:-1} --steps 32 --top 40 --out "$OUT/profile_$f.json"
   done
+  ;;
+fp8block)
+  TAIL=24 step fp8block_bench 200 $PY benchmarks/kernels/fp8_block_scaled_mm.py --out "$OUT"
+  TAIL=8 step fp8block_cuda_tests 200 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/quant/test_quant_kernels_cuda.py
   ;;
 fp8lt)
   gpu=$($PY -c "import torch, re; print(re.sub(r'[^A-Za-z0-9]+', '_', torch.cuda.get_device_name()).strip('_'))")

@@ -66,8 +66,8 @@ def _quant_rows_kernel(X, Q, S, K, stride_xm, stride_qm, eps, fp8_max, STATIC: t
 
 
 @triton.jit(do_not_specialize_on_alignment=["X"])
-def _quant_groups_kernel(X, Q, S, K, n_groups, stride_xm, stride_qm, stride_sm, eps, fp8_max, GROUP: tl.constexpr,
-                         GROUPS: tl.constexpr):
+def _quant_groups_kernel(X, Q, S, K, n_groups, stride_xm, stride_qm, stride_sm, stride_sg, eps, fp8_max,
+                         GROUP: tl.constexpr, GROUPS: tl.constexpr):
     """GROUPS groups of GROUP channels of one row per program, each with its own scale."""
     row = tl.program_id(0)
     g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
@@ -77,7 +77,7 @@ def _quant_groups_kernel(X, Q, S, K, n_groups, stride_xm, stride_qm, stride_sm, 
     scale = tl.maximum(tl.max(tl.abs(x), axis=1), eps) / fp8_max
     q = tl.clamp(div_rn_f32(x, scale[:, None]), -fp8_max, fp8_max)
     tl.store(Q + row * stride_qm + k, q.to(Q.dtype.element_ty), mask=mask)
-    tl.store(S + row * stride_sm + g, scale, mask=g < n_groups)
+    tl.store(S + row * stride_sm + g * stride_sg, scale, mask=g < n_groups)
 
 
 def _check(x: torch.Tensor) -> None:
@@ -106,17 +106,25 @@ def quant_fp8_per_token(x: torch.Tensor, static_scale: torch.Tensor | None = Non
     return q, scale
 
 
-def quant_fp8_per_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q (M, K) float8_e4m3fn, scale (M, ceil(K / group)) float32); group a power of two >= 16."""
+def quant_fp8_per_group(x: torch.Tensor, group: int, column_major: bool = False,
+                        rows_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q (M, K) float8_e4m3fn, scale (M, ceil(K / group)) float32); group a power of two >= 16. column_major: the
+    scale's rows are its inner dimension (strides (1, M)), as torch._scaled_mm's 1 x 128 block scaling takes it.
+    rows_multiple: q and scale have M rounded up to a multiple of it, the rows past M unset (a GEMM's rows are
+    independent: their outputs are dropped)."""
     _check(x)
     if group < 16 or group & (group - 1):
         raise ValueError(f"an activation group of {group} channels: the kernel takes powers of two >= 16")
     m, k = x.shape
     n_groups = triton.cdiv(k, group)
-    q = torch.empty(m, k, dtype=FP8_DTYPE, device=x.device)
-    scale = torch.empty(m, n_groups, dtype=torch.float32, device=x.device)
+    rows = triton.cdiv(m, rows_multiple) * rows_multiple
+    q = torch.empty(rows, k, dtype=FP8_DTYPE, device=x.device)
+    if column_major:
+        scale = torch.empty(n_groups, rows, dtype=torch.float32, device=x.device).t()
+    else:
+        scale = torch.empty(rows, n_groups, dtype=torch.float32, device=x.device)
     per = max(1, min(GROUPS_PER_PROGRAM, TOKEN_BLOCK // group))
     _quant_groups_kernel[(m, triton.cdiv(n_groups, per))](
-        x, q, scale, k, n_groups, x.stride(0), q.stride(0), scale.stride(0), ACT_EPS, FP8_MAX, GROUP=group,
-        GROUPS=per, num_warps=4)
+        x, q, scale, k, n_groups, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1), ACT_EPS, FP8_MAX,
+        GROUP=group, GROUPS=per, num_warps=4)
     return q, scale

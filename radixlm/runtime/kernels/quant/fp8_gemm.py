@@ -6,10 +6,11 @@ scale: fp8_act.py), then from SCALED_MM_MIN_ROWS rows cuBLASLt multiplies them (
 kernel in its per-channel mode (split K). _scaled_mm refuses some shapes (K or N not a multiple of 16) and
 row-wise scales with an output other than bfloat16: those run this file's Triton kernel in its per-channel mode.
 
-128 x 128 blocks (DeepSeek-V3, Qwen3-FP8): activations quantized per token per group of the block's K size, then the
-Triton kernel below (w8a8 block-scaled: each K tile is one block column, its product scaled by the rows' group scales
-times the weight block's scale). Tile configs by row bucket (tiles.ROW_BUCKETS): the decode buckets take narrow N tiles
-and split K (tiles.split_k) so that every SM streams weight; from 65 rows, 64 x 128 and then 128 x 128 tiles.
+128 x 128 blocks (DeepSeek-V3, Qwen3-FP8): activations quantized per token per group of the block's K size, then on
+compute capability 9.0 torch._scaled_mm's block scaling (block_scaled_mm_ok), elsewhere the Triton kernel below (w8a8
+block-scaled: each K tile is one block column, its product scaled by the rows' group scales times the weight block's
+scale). Its tile configs by row bucket (tiles.ROW_BUCKETS): the decode buckets take narrow N tiles and split K
+(tiles.split_k) so that every SM streams weight; from 65 rows, 64 x 128 and then 128 x 128 tiles.
 
 Where this GPU model's tuned table names a config for the shape and row bucket (quant_tuned.py), fp8_linear_cuda runs
 the weight-only few-row kernel of fp8_gemv.py (kind fp8_channel / fp8_block: 1-4 rows) or the W8A8 tensor-core kernel
@@ -130,9 +131,37 @@ def block_shape_ok(block: tuple[int, int]) -> bool:
 
 def fp8_block_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
                      bias: torch.Tensor | None, cfg: TileConfig | None = None) -> torch.Tensor:
-    """x2 (M, K) -> (M, N) in x2's dtype; weight (N, K) FP8 with scale (ceil(N / bn), ceil(K / bk))."""
+    """x2 (M, K) -> (M, N) in x2's dtype; weight (N, K) FP8 with scale (ceil(N / bn), ceil(K / bk)). torch._scaled_mm's
+    block scaling where it takes the GEMM (block_scaled_mm_ok; cfg, a benchmark's forced config, keeps the Triton
+    kernel), else the Triton kernel."""
+    if cfg is None and block_scaled_mm_ok(x2, weight, scale, block):
+        q, q_scale = fp8_act.quant_fp8_per_group(x2, block[1], column_major=True, rows_multiple=BLOCK_SCALED_ROWS)
+        y = torch._scaled_mm(q, weight.t(), q_scale, scale.t(), out_dtype=x2.dtype)[:x2.shape[0]]
+        return y.add_(bias) if bias is not None else y
     q, q_scale = fp8_act.quant_fp8_per_group(x2, block[1])
     return _w8a8(q, q_scale, weight, scale, block, bias, x2.dtype, cfg)
+
+
+def block_scaled_mm_ok(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> bool:
+    """Whether torch._scaled_mm runs this block-scaled GEMM (1 x 128 activation groups, 128 x 128 weight blocks, as
+    DeepSeek-V3 and Qwen3-FP8 ship): cuBLASLt's block scaling (CUDA 12.9+) on compute capability 9.0, where it was
+    measured: half the Triton kernel's time at 256-8,192 rows on Llama-8B's shapes, the same at 64
+    (benchmarks/results/kernels/h200/fp8_block_scaled_mm/). bfloat16 rows, whole blocks, float32 scales."""
+    n, k = weight.shape
+    return (block == (128, 128) and x2.dtype == torch.bfloat16 and n % 128 == 0 and k % 128 == 0
+            and weight.stride(1) == 1 and scale.dtype == torch.float32 and scale.is_contiguous()
+            and scale.shape == (n // 128, k // 128) and _block_scaling(x2.device))
+
+
+# cuBLASLt refused the block scaling (CUBLAS_STATUS_NOT_SUPPORTED) at row counts other than the benchmark's multiples of
+# 64 (the CUDA tests' 3..300 rows, a model's prefill passes): the rows are padded to a multiple of 16.
+BLOCK_SCALED_ROWS = 16
+
+
+@functools.lru_cache(maxsize=None)
+def _block_scaling(device: torch.device) -> bool:
+    cuda = tuple(int(v) for v in (torch.version.cuda or "0.0").split(".")[:2])
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0) and cuda >= (12, 9)
 
 
 def scaled_mm_ok(x2: torch.Tensor, weight: torch.Tensor, per_tensor: bool) -> bool:

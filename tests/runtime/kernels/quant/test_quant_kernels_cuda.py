@@ -134,3 +134,30 @@ def test_no_build_after_warm_up():
             x = torch.randn(m + 1, k, device="cuda", dtype=torch.bfloat16)[1:]  # rows at an odd offset too
             fn(x)
     assert _built() == built
+
+
+def test_block_weights_take_torchs_block_scaling_on_hopper():
+    if not _fp8_ok():
+        pytest.skip("no FP8 tensor cores")
+    from radixlm.runtime.kernels.quant import tiles
+    from radixlm.runtime.kernels.quant.fp8_gemm import FP8_CONFIGS, block_scaled_mm_ok, fp8_block_linear
+
+    q, s, block = _fp8_weight(1024, 2048, "block")
+    b = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(200, 2048, device="cuda", dtype=torch.bfloat16)
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    assert block_scaled_mm_ok(x, q, s, block) == hopper
+    assert not block_scaled_mm_ok(x.half(), q, s, block) and not block_scaled_mm_ok(x, q, s, (64, 128))
+    for m in (3, 5, 64, 200):  # rows padded to BLOCK_SCALED_ROWS where cuBLASLt refuses them (5)
+        triton_path = fp8_block_linear(x[:m], q, s, block, b, cfg=FP8_CONFIGS[tiles.bucket_of(m)])
+        got = fp8_block_linear(x[:m], q, s, block, b)
+        _close(got, ref.fp8_linear_w8a8(x[:m], q, s, block, b), 2e-2)
+        rel = ((got.float() - triton_path.float()).norm() / triton_path.float().norm()).item()
+        assert rel < 5e-3, (m, rel)  # the two differ by the output's rounding (2.5e-3 at 3 rows, 2e-5 at 200)
+    y = fp8_block_linear(x, q, s, block, b)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = fp8_block_linear(x, q, s, block, b)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    _close(y, ref.fp8_linear_w8a8(x, q, s, block, b), 2e-2)

@@ -37,6 +37,10 @@ def act_cases(g: torch.Generator) -> None:
             assert s.shape == (m, -(-k // group))
             torch.testing.assert_close(s, rs, rtol=1e-6, atol=0)
             assert torch.equal(q.float(), rq.float())
+            qc, sc = fp8_act.quant_fp8_per_group(x, group, column_major=True, rows_multiple=4)  # torch's layout
+            rows = -(-m // 4) * 4
+            assert qc.shape == (rows, k) and sc.shape == (rows, s.shape[1]) and sc.stride() == (1, rows)
+            assert torch.equal(sc[:m], s) and torch.equal(qc[:m].float(), q.float())
 
 
 def fp8_cases(g: torch.Generator) -> None:
