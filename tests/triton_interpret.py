@@ -161,11 +161,36 @@ def _run_forked(script: str, outdir: str, n: int) -> dict:
     return {"returncode": os.waitstatus_to_exitcode(status), "stdout": stdout, "stderr": stderr}
 
 
+def _patch_language_once() -> None:
+    """Triton's interpreter patches triton.language for a launch (GridExecutor.__call__) and, from scratch, again at
+    every call of a @triton.jit helper inside it (InterpretedFunction.__call__: inspect.getmembers over tl, tl.core,
+    tl.math and tl.tensor, which sets nothing new): a third of a decode-attention script's time, a quarter of the
+    tier's. A helper whose modules the launch has already patched skips it (their `load` is no longer the builtin), so
+    kernels run as before. A Triton without these internals runs unchanged."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang", None)
+    scope = getattr(interpreter, "_LangPatchScope", None)
+    is_builtin = getattr(tl.core, "is_builtin", None)
+    if original is None or scope is None or is_builtin is None:
+        return
+
+    def patch_lang(fn):
+        langs = [value for value in fn.__globals__.values() if value is tl or value is tl.core]
+        if langs and not any(is_builtin(lang.load) for lang in langs):
+            return scope()  # nothing to undo: the launch's scope restores the language
+        return original(fn)
+
+    interpreter._patch_lang = patch_lang
+
+
 def _serve() -> None:
     import torch  # noqa: F401 - what every script imports first: loaded once, inherited by each fork
     import triton  # noqa: F401
     import triton.language  # noqa: F401
 
+    _patch_language_once()
     print(HOST_READY, flush=True)
     for n, line in enumerate(sys.stdin):
         request = json.loads(line)

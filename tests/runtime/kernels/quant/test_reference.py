@@ -3,6 +3,8 @@ CPU: quantize / dequantize round trips, INT4 packing on known values, scale shap
 errors."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -39,6 +41,20 @@ def test_int4_round_trip_within_half_a_step(symmetric):
     assert torch.all((back - w).abs() <= step * 0.5 + 1e-6)
     with pytest.raises(ValueError, match="group size"):
         ref.quant_int4(w, 100)
+
+
+@pytest.mark.parametrize("byteorder", ["little", "big"])
+@pytest.mark.parametrize("k, group", [(256, 64), (96, 64), (128, 128)])
+def test_dequant_int4_is_the_elementwise_definition(k, group, byteorder, monkeypatch):
+    monkeypatch.setattr(sys, "byteorder", byteorder)  # "big": the nibble-shifting unpack
+    g = torch.Generator().manual_seed(k + group)
+    q = torch.randint(0, 16, (k, 24), generator=g)
+    scales = torch.rand(-(-k // group), 24, generator=g).to(torch.bfloat16)
+    zeros = torch.randint(0, 16, scales.shape, generator=g).to(torch.bfloat16)
+    rows = torch.arange(k) // group
+    want = ((q.float() - zeros.float()[rows]) * scales.float()[rows]).t()
+    assert torch.equal(ref.dequant_int4(ref.pack_int4(q), scales, zeros, group), want)
+    assert torch.equal(ref.dequant_int4(ref.pack_int4(q), scales, zeros, group, torch.bfloat16), want.bfloat16())
 
 
 def test_int4_linear_gathers_act_order_channels():
