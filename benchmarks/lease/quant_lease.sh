@@ -29,6 +29,9 @@
 #                                                  # past 32 rows (kernels/cublaslt_tune.py --fp8, ~5 min; ROWS, CELL_S),
 #                                                  # then test_cublaslt.py; $OUT/cublaslt_fp8_<GPU>.json is the table
 #                                                  # to commit under kernels/gemm/tuned/
+#   bash benchmarks/lease/quant_lease.sh fused     # which steps the FP8 few-row kernel fuses at one row, and at which
+#                                                  # launch (kernels/fp8_gemv_fused_sweep.py, ~3-4 min):
+#                                                  # $OUT/quant_gemv_<GPU>.json is the table to commit
 #   bash benchmarks/lease/quant_lease.sh fp8block  # FP8 128x128-block GEMMs: the Triton kernel against torch._scaled_mm's
 #                                                  # block scaling on the 8B shapes (kernels/fp8_block_scaled_mm.py,
 #                                                  # ~1 min), then the quantized GEMMs' CUDA tests
@@ -44,7 +47,8 @@
 #                                                  # $OUT and installed over the tree's quant_gemv_<GPU>.json), then
 #                                                  # the 8B model bf16 and w4a16 with that table (as `model`)
 #   DRY=1 DRY_OUT=/tmp/w4big bash benchmarks/lease/quant_lease.sh w4big   # its logic on the CPU (interpreter)
-#   ROUNDS=3 bash benchmarks/lease/quant_lease.sh model bf16 fp8   # the formats in turn, three times (llama8b_<FMT>_r<N>)
+#   ROUNDS=3 bash benchmarks/lease/quant_lease.sh model bf16 fp8   # the formats in turn, three times (llama8b_<FMT>_r<N>);
+#                                                  # SHAREGPT=0: the decode steps only
 #   bash benchmarks/lease/quant_lease.sh tests [PATH...]   # the CUDA tests under PATH (default tests/runtime/kernels/quant),
 #                                                  # the interpreted tier left out (TESTS_LIMIT_S, default 300)
 #   BUDGET_S=300 bash benchmarks/lease/quant_lease.sh profile [FMT...]   # the decode step's kernels per format at
@@ -68,6 +72,10 @@ profile)
     TAIL=45 step "profile_$f" 400 $PY benchmarks/profiling/profile_gpu_step.py --quant "$f" \
       --batches ${PROFILE_BATCHES:-1} --steps 32 --top 40 --out "$OUT/profile_$f.json"
   done
+  ;;
+fused)
+  TAIL=40 step fused_sweep "${SWEEP_LIMIT_S:-330}" $PY benchmarks/kernels/fp8_gemv_fused_sweep.py --out "$OUT" \
+    --budget-s "${SWEEP_BUDGET_S:-280}"
   ;;
 fp8block)
   TAIL=24 step fp8block_bench 200 $PY benchmarks/kernels/fp8_block_scaled_mm.py --out "$OUT"
@@ -164,7 +172,7 @@ model)
     for fmt in "${@:-bf16 fp8 fp8_block w4a16 fp8kv}"; do
       for f in $fmt; do
         TAIL=12 step "llama8b_$f$sfx" "${MODEL_LIMIT_S:-200}" $PY benchmarks/offline/gpu_llama8b.py --parts ab \
-          --quant "$f" --batches ${BATCHES:-1 8 32 64 256} --decode-steps 128 --sharegpt-requests 400 \
+          --quant "$f" --batches ${BATCHES:-1 8 32 64 256} --decode-steps 128 --sharegpt-requests ${SHAREGPT:-400} \
           --random-requests 0 --prefix-groups 0 --out "$OUT/llama8b_$f$sfx.json"
       done
     done

@@ -312,16 +312,18 @@ def vary_buckets(args, setup: Setup, result: dict, save, formats: list[BucketFor
 
 
 def merge_entries(old: list[dict], new: list[dict], swept: set[tuple] = frozenset()) -> list[dict]:
-    """The committed table's entries with those of the same (kernel, n, k, rows, group) as a new entry, or in
-    `swept` (measured again, no longer beating the default), replaced by the new ones."""
+    """The committed table's entries with those of the same (kernel, n, k, rows, group, step) as a new entry, or in
+    `swept` (measured again, no longer beating the default; a step-less key stands for step ""), replaced by the new
+    ones."""
     def key(e: dict) -> tuple:
-        return e["kernel"], int(e["n"]), int(e["k"]), int(e.get("rows", 0)), int(e.get("group", 0))
+        return e["kernel"], int(e["n"]), int(e["k"]), int(e.get("rows", 0)), int(e.get("group", 0)), e.get("step", "")
 
-    gone = {key(e) for e in new} | set(swept)
+    gone = {key(e) for e in new} | {s if len(s) == 6 else (*s, "") for s in swept}
     return [e for e in old if key(e) not in gone] + list(new)
 
 
-def write_table(out_dir: Path, setup: Setup, gpu: str, entries: list[dict], swept: set[tuple]) -> Path:
+def write_table(out_dir: Path, setup: Setup, gpu: str, entries: list[dict], swept: set[tuple],
+                script: str = "benchmarks/kernels/quant_gemv_sweep.py") -> Path:
     """The committed table (none in a dry run) with the swept entries replaced; this run's versions and tree, its
     command after the earlier ones."""
     import triton
@@ -332,7 +334,7 @@ def write_table(out_dir: Path, setup: Setup, gpu: str, entries: list[dict], swep
     old = json.loads(table_path(gpu, "quant_gemv").read_text()) if committed else {}
     table = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "margin": MARGIN,
              "commands": [*old.get("commands", []),
-                          " ".join(["benchmarks/kernels/quant_gemv_sweep.py", *sys.argv[1:]])],
+                          " ".join([script, *sys.argv[1:]])],
              "tree": tree(), "entries": merge_entries(committed, entries, swept)}
     table_file = out_dir / table_path(gpu if not setup.dry else "cpu dry", "quant_gemv").name
     table_file.write_text(json.dumps(table, indent=1) + "\n")

@@ -47,3 +47,11 @@ def test_vary_specs_parse_to_typed_values_and_refuse_a_bare_field():
     for bad in (["split_k"], ["=1"], ["split_k="]):
         with pytest.raises(ValueError, match="FIELD=V1"):
             sweep.parse_vary(bad)
+
+
+def test_merge_keeps_a_fused_steps_entry_apart_from_the_plain_one():
+    plain = {"kernel": "fp8_channel", "n": 6144, "k": 4096, "rows": 1, "group": 0, "config": {"block_n": 8}}
+    fused = {**plain, "step": "add_rmsnorm+rotary", "config": {"block_n": 16}}
+    assert merge_entries([plain], [fused], {("fp8_channel", 6144, 4096, 1, 0, "add_rmsnorm+rotary")}) == [plain, fused]
+    # the plain entry swept again (a five-field key stands for the plain GEMM) and no longer a gain: the fused stays
+    assert merge_entries([plain, fused], [], {("fp8_channel", 6144, 4096, 1, 0)}) == [fused]

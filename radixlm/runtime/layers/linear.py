@@ -8,8 +8,9 @@ complete load must have seen (the model checks); `checkpoint_shape(pname, shard_
 dummy loader draws whole tensors, so every tensor-parallel layout holds the same model).
 
 A quantized layer (`quant_method` set by radixlm.runtime.quantization.quantize_modules) holds its format's
-parameters instead of `weight`; loading them (all but `bias`) and the GEMM are its method's, a prologue running
-unfused before it and an epilogue left to the caller (RotaryStore.applied stays False)."""
+parameters instead of `weight`; loading them (all but `bias`) and the GEMM are its method's, and so are the prologue
+and the epilogue: run unfused before it and left to the caller (RotaryStore.applied stays False) unless the method's
+kernel takes them (LinearMethod.apply_with_prologue)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -100,7 +101,7 @@ class Linear(nn.Module):
             prologue = epilogue = None
             partials = self.lora.begin(x)  # graph decode: the shrink beside the GEMM
         if self.quant_method is not None:
-            out = self.quant_method.apply_with_prologue(self, x, bias, prologue)
+            out = self.quant_method.apply_with_prologue(self, x, bias, prologue, epilogue)
         else:
             out = gemm.linear(x, self.weight, bias, self.packed_weight, self.gemm_choices, prologue, epilogue)
         return self.lora.add(out, x, partials) if lora else out

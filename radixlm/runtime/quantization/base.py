@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from radixlm.runtime.kernels.gemm import Prologue, apply_prologue
+from radixlm.runtime.kernels.gemm import Prologue, RotaryStore, apply_prologue
 from radixlm.runtime.layers.linear import ColumnParallelLinear, Linear, RowParallelLinear, Shard
 
 # draw(pname, shard_id, shape) -> a float32 tensor ~ N(0, std), the same on every rank for the same arguments
@@ -267,9 +267,11 @@ class LinearMethod(ABC):
         """x @ W.T + bias (x already through any prologue)."""
 
     def apply_with_prologue(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
-                            prologue: Prologue | None) -> torch.Tensor:
+                            prologue: Prologue | None, epilogue: RotaryStore | None = None) -> torch.Tensor:
         """apply() where x is the input before `prologue` (the norm or activation before this GEMM): run first,
-        unfused, unless the method's kernels take it (Fp8LinearMethod: with the activations' quantization)."""
+        unfused, unless the method's kernels take it (Fp8LinearMethod: in the few-row kernel's loads, or with the
+        activations' quantization). epilogue (the qkv GEMM's rotation and KV store): left to the caller unless the
+        method's kernel applies it (RotaryStore.applied)."""
         return self.apply(layer, apply_prologue(prologue, x), bias)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixlm.runtime.kernels.gemm import Prologue
+from radixlm.runtime.kernels.gemm import Prologue, RotaryStore
 from radixlm.runtime.kernels.quant import FP8_DTYPE, dequant_fp8, fp8_linear, quant_fp8
 from radixlm.runtime.layers.moe import FusedMoE
 from radixlm.runtime.quantization.base import (DequantizingMoEMethod, LinearMethod, MoEMethod, QuantParam,
@@ -136,10 +136,10 @@ class Fp8LinearMethod(LinearMethod):
         return self.apply_with_prologue(layer, x, bias, None)
 
     def apply_with_prologue(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
-                            prologue: Prologue | None) -> torch.Tensor:
+                            prologue: Prologue | None, epilogue: RotaryStore | None = None) -> torch.Tensor:
         static = layer.input_scale if self.scheme.activation is ActivationScheme.STATIC else None
         return fp8_linear(x, layer.weight, layer.weight_scale, layer.weight_block, bias, static, prologue,
-                          layer.gemm_choices)
+                          layer.gemm_choices, epilogue)
 
 
 class Fp8MoEMethod(DequantizingMoEMethod):

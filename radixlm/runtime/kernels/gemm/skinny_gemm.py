@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from radixlm.runtime.kernels.elementwise import kv_cache_value, rotate_halves, silu_mul
 from radixlm.runtime.kernels.gemm.epilogue import MAX_ROWS as EPILOGUE_MAX_M, RotaryStore
+from radixlm.runtime.kernels.gemm.fused_steps import epilogue_columns, inv_rms, prologue_values, rotary_store
 from radixlm.runtime.kernels.gemm.prologue import Prologue, PrologueKind, apply
 
 if TYPE_CHECKING:
@@ -59,49 +59,21 @@ def _bench(kernel_call, quantiles):
 
 
 @triton.jit
-def _inv_rms(X, R, K, eps, PRO: tl.constexpr, BLOCK_K: tl.constexpr):
-    acc = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(X + k, mask=k < K, other=0.0)
-        if PRO == 2:
-            x = (x.to(tl.float32) + tl.load(R + k, mask=k < K, other=0.0).to(tl.float32)).to(x.dtype)
-        h = x.to(tl.float32)
-        acc += h * h
-    return 1.0 / tl.sqrt(tl.sum(acc, axis=0) / K + eps)
-
-
-@triton.jit
 def _input_block(X, R, NW, RO, k, k_mask, K, inv, res_end, PRO: tl.constexpr):
-    """One row's inputs at columns k, after the prologue, rounded to the activation dtype where the unfused kernels
-    round (fused_kernels.rmsnorm / silu_and_mul), in float32."""
+    """One row's inputs at columns k, after the prologue (fused_steps.prologue_values), in float32."""
     x = tl.load(X + k, mask=k_mask, other=0.0)
+    if PRO == 0:
+        return x.to(tl.float32)
     if PRO == 3:
-        x = silu_mul(x, tl.load(X + K + k, mask=k_mask, other=0.0).to(tl.float32)).to(x.dtype)
-    elif PRO != 0:
+        y, x = prologue_values(x, tl.load(X + K + k, mask=k_mask, other=0.0), x, inv, PRO)
+    else:
+        r = x
         if PRO == 2:
-            x = (x.to(tl.float32) + tl.load(R + k, mask=k_mask, other=0.0).to(tl.float32)).to(x.dtype)
+            r = tl.load(R + k, mask=k_mask, other=0.0)
+        y, x = prologue_values(x, r, tl.load(NW + k, mask=k_mask, other=0.0), inv, PRO)
+        if PRO == 2:
             tl.store(RO + k, x, mask=k < res_end)  # res_end: K in program 0, else 0
-        normed = (x.to(tl.float32) * inv).to(x.dtype).to(tl.float32)
-        x = (tl.load(NW + k, mask=k_mask, other=0.0).to(tl.float32) * normed).to(x.dtype)
-    return x.to(tl.float32)
-
-
-@triton.jit
-def _rotary_store(y, Y, offs_n, head0, j0, Pos, CosSin, Loc, KBuf, VBuf, n_q, n_kv, stride_cs, stride_kb, stride_vb,
-                  k_scale, v_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The epilogue on one row's outputs y (columns offs_n: dims j0.. of head0's halves, see _skinny_kernel)."""
-    if head0 < n_q + n_kv:  # q or k: rotated as the rotary kernel rotates them (this kernel keeps fp fusion)
-        y1, y2 = tl.split(tl.permute(tl.reshape(y, [2, BLOCK_N // 2]), (1, 0)))
-        cs = CosSin + tl.load(Pos) * stride_cs + j0 + tl.arange(0, BLOCK_N // 2)
-        o1, o2 = rotate_halves(y1, y2, tl.load(cs), tl.load(cs + HEAD_DIM // 2), True)
-        y = tl.reshape(tl.permute(tl.join(o1, o2), (1, 0)), [BLOCK_N])
-    tl.store(Y + offs_n, y)
-    slot = tl.load(Loc).to(tl.int64)
-    if head0 >= n_q + n_kv:
-        tl.store(VBuf + slot * stride_vb + offs_n - n_q - n_kv, kv_cache_value(y, v_scale, VBuf))
-    elif head0 >= n_q:
-        tl.store(KBuf + slot * stride_kb + offs_n - n_q, kv_cache_value(y, k_scale, KBuf))
+    return y
 
 
 # cache_results: the choices persist beside the compiled kernels (Triton's cache), so a warm start-up skips them.
@@ -115,12 +87,8 @@ def _skinny_kernel(X, W, B, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, N, K, st
                    NORM_BLOCK: tl.constexpr = 4096):
     pid = tl.program_id(0)
     res_end = tl.where(pid == 0, K, 0)
-    if EPI:  # BLOCK_N // 2 dims of a head's first half and the same dims of its second half
-        per_head = HEAD_DIM // BLOCK_N
-        head0 = (pid // per_head) * HEAD_DIM
-        j0 = (pid % per_head) * (BLOCK_N // 2)
-        i = tl.arange(0, BLOCK_N)
-        offs_n = head0 + tl.where(i < BLOCK_N // 2, j0 + i, HEAD_DIM // 2 + j0 + i - BLOCK_N // 2)
+    if EPI:
+        offs_n, head0, j0 = epilogue_columns(pid, HEAD_DIM, BLOCK_N)
     else:
         offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -134,13 +102,13 @@ def _skinny_kernel(X, W, B, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, N, K, st
     # ones, each an L2 round trip before the first weight load, gate_up's fused add-and-norm took 63.6 us at one row
     # against 61.6 (59.6 without a prologue; H200, benchmarks/results/kernels/h200/skinny_prologues/).
     if PRO == 1 or PRO == 2:
-        inv0 = _inv_rms(X, R, K, eps, PRO, NORM_BLOCK)
+        inv0 = inv_rms(X, R, K, eps, PRO, NORM_BLOCK)
         if M > 1:
-            inv1 = _inv_rms(X + stride_xm, R + stride_rm, K, eps, PRO, NORM_BLOCK)
+            inv1 = inv_rms(X + stride_xm, R + stride_rm, K, eps, PRO, NORM_BLOCK)
         if M > 2:
-            inv2 = _inv_rms(X + 2 * stride_xm, R + 2 * stride_rm, K, eps, PRO, NORM_BLOCK)
+            inv2 = inv_rms(X + 2 * stride_xm, R + 2 * stride_rm, K, eps, PRO, NORM_BLOCK)
         if M > 3:
-            inv3 = _inv_rms(X + 3 * stride_xm, R + 3 * stride_rm, K, eps, PRO, NORM_BLOCK)
+            inv3 = inv_rms(X + 3 * stride_xm, R + 3 * stride_rm, K, eps, PRO, NORM_BLOCK)
     acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -168,7 +136,7 @@ def _skinny_kernel(X, W, B, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, N, K, st
         acc3 += b
     out_ty = Y.dtype.element_ty
     if EPI:
-        _rotary_store(acc0.to(out_ty), Y, offs_n, head0, j0, Pos, CosSin, Loc, KBuf, VBuf, n_q, n_kv, stride_cs,
+        rotary_store(acc0.to(out_ty), Y, offs_n, head0, j0, Pos, CosSin, Loc, KBuf, VBuf, n_q, n_kv, stride_cs,
                       stride_kb, stride_vb, k_scale, v_scale, HEAD_DIM, BLOCK_N)
     else:
         tl.store(Y + offs_n, acc0.to(out_ty), mask=n_mask)

@@ -5,23 +5,27 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.runtime.kernels.gemm.epilogue import RotaryStore
 from radixlm.runtime.kernels.gemm.prologue import Prologue, apply
 from radixlm.runtime.kernels.quant import reference
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None,
                bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
-               prologue: Prologue | None = None, tuned: dict | None = None) -> torch.Tensor:
+               prologue: Prologue | None = None, tuned: dict | None = None,
+               epilogue: RotaryStore | None = None) -> torch.Tensor:
     """x @ dequant(weight).T + bias in x's dtype. On CUDA the activations are quantized to FP8 (per token, per token
     group of block[1] channels with block weights, or with the static input_scale) and the GEMM runs on the FP8 tensor
     cores (reference.fp8_linear_w8a8; the weight-only kernel, fp8_gemm.W8A16_DEFAULT_MAX_ROWS, is off by default); on
     CPU the activations stay in their dtype (reference.fp8_linear; input_scale is not used there). prologue: x is the
     input before that step (gemm/prologue.py; on CUDA it may run with the activations' quantization). tuned: the
-    layer's row count -> tuned cuBLASLt GEMM memo (gemm/tuned_gemm.py), read on CUDA."""
+    layer's row count -> tuned cuBLASLt GEMM memo (gemm/tuned_gemm.py), read on CUDA. epilogue: applied (and marked)
+    where the CUDA kernel takes it (the few-row kernel at one row), else left to the caller."""
     if x.is_cuda:
         from radixlm.runtime.kernels.quant.fp8_gemm import fp8_linear_cuda
 
-        return fp8_linear_cuda(x, weight, scale, block, bias, input_scale, prologue=prologue, tuned=tuned)
+        return fp8_linear_cuda(x, weight, scale, block, bias, input_scale, prologue=prologue, tuned=tuned,
+                               epilogue=epilogue)
     return reference.fp8_linear(apply(prologue, x), weight, scale, block, bias)
 
 

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from radixlm.runtime.kernels.gemm.epilogue import RotaryStore
 from radixlm.runtime.kernels.gemm.prologue import Prologue, apply
 from radixlm.runtime.kernels.quant import (fp8_act, fp8_gemv, fp8_mma, fp8_prologue, fp8_w8a16, quant_tuned, splitk,
                                            tiles)
@@ -238,16 +239,22 @@ def choose_path(x2: torch.Tensor, weight: torch.Tensor, block: tuple[int, int] |
 def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None,
                     bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
                     w8a16_max_rows: int = W8A16_DEFAULT_MAX_ROWS, prologue: Prologue | None = None,
-                    tuned: dict | None = None) -> torch.Tensor:
+                    tuned: dict | None = None, epilogue: RotaryStore | None = None) -> torch.Tensor:
     """kernels.quant.fp8_linear on CUDA: x (..., K) in bfloat16 or float16 (float32: the dequantizing path). Up to
     w8a16_max_rows rows the weight-only kernel (fp8_w8a16.py: the activations are not quantized, a static
     input_scale is not used), else the W8A8 kernels (benchmarks/kernels/quant_gemm.py forces each). prologue: x is
-    the input before that step (gemm/prologue.py): where the GEMM quantizes its activations per token, the step runs
-    with the quantization in one launch (fp8_prologue.py), else unfused first. tuned: fp8_scaled_linear's."""
+    the input before that step (gemm/prologue.py): at one row the few-row kernel (fp8_gemv.py) runs it in its loads
+    where the tuned table names a launch for it (tuned_fused); where the GEMM quantizes its activations per token, the
+    step runs with the quantization in one launch (fp8_prologue.py); else unfused first. epilogue: applied (and
+    marked) where a tuned fused launch takes it, else left to the caller. tuned: fp8_scaled_linear's."""
     rows, choice = None, None
     if prologue is not None:
         if prologue.in_features(x) == weight.shape[1]:
             choice = choose_path(x[:, :weight.shape[1]], weight, block, w8a16_max_rows)
+        if choice is not None and choice.path is Fp8Path.GEMV:
+            fused = tuned_fused(x, weight, block, prologue, epilogue)
+            if fused is not None:
+                return fp8_gemv.fp8_gemv_linear(x, weight, scale, block, bias, *fused)
         if choice is not None and _fuses_quantization(x, choice, block, input_scale, prologue):
             rows = fp8_prologue.quantized_rows(prologue, x)
             x = x[:, :rows[0].shape[1]]  # the rows' shape, dtype and device from here (their values are not read)
@@ -268,7 +275,8 @@ def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     if choice.path is Fp8Path.DEQUANT:
         y = F.linear(x2, dequant_fp8(weight, scale, block, x.dtype), bias)
     elif choice.path is Fp8Path.GEMV:
-        y = fp8_gemv.fp8_gemv_linear(x2, weight, scale, block, bias, choice.config)
+        fused = tuned_fused(x2, weight, block, None, epilogue) if epilogue is not None else None
+        y = fp8_gemv.fp8_gemv_linear(x2, weight, scale, block, bias, *(fused or (choice.config,)))
     elif choice.path is Fp8Path.W8A16:
         y = fp8_w8a16.w8a16_linear(x2, weight, scale, block, bias)
     elif choice.path is Fp8Path.MMA:
@@ -278,6 +286,29 @@ def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     else:
         y = fp8_scaled_linear(x2, weight, scale, bias, input_scale, rows=rows, tuned=tuned)
     return y.reshape(*x.shape[:-1], n)
+
+
+def tuned_fused(x: torch.Tensor, weight: torch.Tensor, block: tuple[int, int] | None, prologue: Prologue | None,
+                epilogue: RotaryStore | None) -> tuple[fp8_gemv.Fp8GemvConfig, Prologue | None, RotaryStore | None] | None:
+    """(config, prologue, epilogue) of the few-row kernel's launch that fuses the prologue (x: its input), with the
+    epilogue where the table also has that, or, without a prologue, the epilogue alone: where this GPU model's tuned
+    table names a launch for those steps (they beat running unfused; quant_tuned.STEPS) and the kernel takes them
+    (fp8_gemv.takes_prologue, takes_epilogue); else None."""
+    if prologue is not None and not fp8_gemv.takes_prologue(prologue, x):
+        return None
+    x2 = x if prologue is None else x[:, :weight.shape[1]]
+    m, k = x2.shape
+    group = block[1] if block is not None else 0
+    kind = "fp8_block" if block is not None else "fp8_channel"
+    name = prologue.kind.name.lower() if prologue is not None else None
+    for epi in ((epilogue, None) if epilogue is not None else (None,)):
+        if epi is None and name is None:
+            return None
+        cfg = quant_tuned.lookup(x.device, kind, weight.shape[0], k, m, group, fp8_gemv.step_name(name, epi is not None))
+        if (cfg is not None and fp8_gemv.takes(m, weight.shape[0], k, block, cfg)
+                and (epi is None or fp8_gemv.takes_epilogue(x2, weight, block, epi, cfg))):
+            return cfg, prologue, epi
+    return None
 
 
 def _fuses_quantization(x: torch.Tensor, choice: Fp8Choice, block: tuple[int, int] | None,

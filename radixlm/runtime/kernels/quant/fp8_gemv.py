@@ -32,6 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.runtime.kernels.gemm.epilogue import MAX_ROWS as EPILOGUE_MAX_ROWS, RotaryStore
+from radixlm.runtime.kernels.gemm.fused_steps import epilogue_columns, prologue_values, rotary_store
+from radixlm.runtime.kernels.gemm.prologue import Prologue, PrologueKind
 from radixlm.runtime.kernels.quant import splitk, tiles
 from radixlm.runtime.kernels.quant.x_words import store_rows, widen_word
 
@@ -90,17 +93,89 @@ def _x_quarters(X, row, i, i_mask, k_end, XKIND: tl.constexpr, EVEN_K: tl.conste
 
 
 @triton.jit
-def _row_fma(X, row, i, i_mask, k_end, s0, d0, d1, d2, d3, acc, BLOCKWISE: tl.constexpr,
-             XKIND: tl.constexpr, EVEN_K: tl.constexpr):
-    """acc + sum_j d_j * x[row, 4 i + j] (elementwise: reduced once after the loop), x scaled per column by its
-    block's scale."""
-    x0, x1, x2, x3 = _x_quarters(X, row, i, i_mask, k_end, XKIND, EVEN_K)
+def _row_fma(x0, x1, x2, x3, s0, d0, d1, d2, d3, acc, BLOCKWISE: tl.constexpr):
+    """acc + sum_j d_j * x_j (x_j: x[row, 4 i + j]; elementwise: reduced once after the loop), x scaled per column
+    by its block's scale."""
     if BLOCKWISE:
         x0 = x0 * s0  # a block's K size is a multiple of 4: one scale a word
         x1 = x1 * s0
         x2 = x2 * s0
         x3 = x3 * s0
     return acc + d0 * x0[None, :] + d1 * x1[None, :] + d2 * x2[None, :] + d3 * x3[None, :]
+
+
+@triton.jit
+def _act(v, XKIND: tl.constexpr):
+    """float32 quarters in the activation dtype (exact where they were widened from it)."""
+    if XKIND == 0:
+        v = v.to(tl.bfloat16)
+    elif XKIND == 1:
+        v = v.to(tl.float16)
+    return v
+
+
+@triton.jit
+def _half_bits(v):
+    return v.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
+
+
+@triton.jit
+def _store_quarters(P, i, mask, v0, v1, v2, v3, XKIND: tl.constexpr):
+    """Quarters in the activation dtype stored where _x_quarters(P, 0, i, ...) loads them."""
+    if XKIND == 2:
+        tl.store(P + 4 * i, v0, mask=mask)
+        tl.store(P + 4 * i + 1, v1, mask=mask)
+        tl.store(P + 4 * i + 2, v2, mask=mask)
+        tl.store(P + 4 * i + 3, v3, mask=mask)
+    else:
+        tl.store(P + i, _half_bits(v0) | (_half_bits(v1) << 16) | (_half_bits(v2) << 32) | (_half_bits(v3) << 48),
+                 mask=mask)
+
+
+@triton.jit
+def _inv_rms_words(X, R, K, eps, PRO: tl.constexpr, XKIND: tl.constexpr, BLOCK_I: tl.constexpr):
+    """fused_steps.inv_rms on row 0 read as _x_quarters reads it, BLOCK_I words a step."""
+    acc = tl.zeros([BLOCK_I], dtype=tl.float32)
+    for i0 in range(0, K // 4, BLOCK_I):
+        i = i0 + tl.arange(0, BLOCK_I)
+        m = i < K // 4
+        x0, x1, x2, x3 = _x_quarters(X, 0, i, m, K, XKIND, False)
+        if PRO == 2:
+            r0, r1, r2, r3 = _x_quarters(R, 0, i, m, K, XKIND, False)
+            x0 = _act(x0 + r0, XKIND).to(tl.float32)
+            x1 = _act(x1 + r1, XKIND).to(tl.float32)
+            x2 = _act(x2 + r2, XKIND).to(tl.float32)
+            x3 = _act(x3 + r3, XKIND).to(tl.float32)
+        acc += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3
+    return 1.0 / tl.sqrt(tl.sum(acc, axis=0) / K + eps)
+
+
+@triton.jit
+def _prologue_quarters(X, R, NW, RO, i, i_mask, k_end, K, inv, res_mask, x0, x1, x2, x3, PRO: tl.constexpr,
+                       XKIND: tl.constexpr, EVEN_K: tl.constexpr):
+    """Row 0's quarters x0..x3 through the prologue (fused_steps.prologue_values); PRO 2 stores x + residual at RO
+    where res_mask (program column 0)."""
+    if PRO == 3:
+        up = K // 4  # [gate | up]: up's offset in X's units
+        if XKIND == 2:
+            up = K
+        u0, u1, u2, u3 = _x_quarters(X, up, i, i_mask, k_end, XKIND, EVEN_K)
+        x0, g0 = prologue_values(_act(x0, XKIND), u0, u0, inv, PRO)
+        x1, g1 = prologue_values(_act(x1, XKIND), u1, u1, inv, PRO)
+        x2, g2 = prologue_values(_act(x2, XKIND), u2, u2, inv, PRO)
+        x3, g3 = prologue_values(_act(x3, XKIND), u3, u3, inv, PRO)
+    else:
+        w0, w1, w2, w3 = _x_quarters(NW, 0, i, i_mask, k_end, XKIND, EVEN_K)
+        r0, r1, r2, r3 = w0, w1, w2, w3  # unread: RMSNORM has no residual
+        if PRO == 2:
+            r0, r1, r2, r3 = _x_quarters(R, 0, i, i_mask, k_end, XKIND, EVEN_K)
+        x0, s0 = prologue_values(_act(x0, XKIND), r0, w0, inv, PRO)
+        x1, s1 = prologue_values(_act(x1, XKIND), r1, w1, inv, PRO)
+        x2, s2 = prologue_values(_act(x2, XKIND), r2, w2, inv, PRO)
+        x3, s3 = prologue_values(_act(x3, XKIND), r3, w3, inv, PRO)
+        if PRO == 2:
+            _store_quarters(RO, i, res_mask, s0, s1, s2, s3, XKIND)
+    return x0, x1, x2, x3
 
 
 @triton.jit
@@ -117,22 +192,32 @@ def _bytes_f32(words, CVT: tl.constexpr):
                                          pack=1)
 
 
-@triton.jit(do_not_specialize=["M", "stride_ys", "tiles_per_split"], do_not_specialize_on_alignment=["X"])
-def _fp8_gemv_kernel(X, W, WS, Bias, Y, M, N, K, stride_xm, stride_wn, stride_wsn, stride_wsk, stride_ym, stride_ys,
-                     tiles_per_split, ROWS: tl.constexpr, BLOCKWISE: tl.constexpr, GROUP_N: tl.constexpr,
-                     GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-                     EVEN_N: tl.constexpr, XKIND: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     CVT: tl.constexpr):
+@triton.jit(do_not_specialize=["M", "stride_ys", "tiles_per_split"], do_not_specialize_on_alignment=["X", "Pos", "Loc"])
+def _fp8_gemv_kernel(X, W, WS, Bias, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, M, N, K, stride_xm, stride_wn,
+                     stride_wsn, stride_wsk, stride_ym, stride_ys, tiles_per_split, eps, n_q, n_kv, stride_cs,
+                     stride_kb, stride_vb, k_scale, v_scale, ROWS: tl.constexpr, BLOCKWISE: tl.constexpr,
+                     GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, XKIND: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, CVT: tl.constexpr, PRO: tl.constexpr = 0, EPI: tl.constexpr = False,
+                     HEAD_DIM: tl.constexpr = 0, NORM_WORDS: tl.constexpr = 1024):
     """y[:M] = x[:M] @ (w * ws).T (+ bias) on the CUDA cores. W: the weight as int32 words of four channels (N, K / 4);
     X: XKIND's words (stride_xm in words). Program (pid_n, pid_k) sums tiles_per_split BLOCK_K tiles from tile
     pid_k * tiles_per_split (in tiles, so that Triton knows the offsets' alignment: vector loads). Rows past M (up to
     ROWS <= 4) repeat row M - 1 and are not stored. One [BLOCK_N, BLOCK_K / 4] accumulator a row, as the skinny
     kernel (a 3D [ROWS, BLOCK_N, BLOCK_K] one compiled to shared-memory layout conversions in the loop). Weights and
     x are loaded as words, in one layout: as fp8 and bf16 tiles Triton gave them different vector widths and converted
-    x through shared memory every step, and unpacked the fp8 bytes one by one (~2 more instructions a weight)."""
+    x through shared memory every step, and unpacked the fp8 bytes one by one (~2 more instructions a weight).
+    One row (ROWS 1) may take the skinny kernel's prologue (PRO; NW, R, RO in X's words; x the step's input, K the
+    GEMM's) and, unsplit, its epilogue (EPI: the rotary embedding and KV store, fused_steps.rotary_store)."""
+    tl.static_assert(ROWS == 1 or (PRO == 0 and not EPI))
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if EPI:
+        offs_n, head0, j0 = epilogue_columns(pid_n, HEAD_DIM, BLOCK_N)
+        first_n = head0  # a head lies in one block row (the launch checks)
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        first_n = pid_n * BLOCK_N
     offs_i = tl.arange(0, BLOCK_K // 4)
     n_mask = offs_n < N
     k_start = pid_k * tiles_per_split * BLOCK_K
@@ -141,11 +226,15 @@ def _fp8_gemv_kernel(X, W, WS, Bias, Y, M, N, K, stride_xm, stride_wn, stride_ws
     # Two words (8 weights) a thread along K, as x's 16-byte loads hold two int64 words: with 16-byte weight loads the
     # vector widths differ and Triton converts x's tile through shared memory every step.
     w_ptrs = W + offs_n[:, None] * stride_wn + tl.max_contiguous(offs_i, 2)[None, :]
-    ws_row = WS + (pid_n * BLOCK_N // GROUP_N) * stride_wsn  # BLOCKWISE: the program's block row
+    ws_row = WS + (first_n // GROUP_N) * stride_wsn  # BLOCKWISE: the program's block row
     w_next = _load_w(w_ptrs, 0, k_start // 4, i_end, n_mask, offs_i, EVEN_K, EVEN_N)
     r1 = tl.minimum(1, M - 1) * stride_xm
     r2 = tl.minimum(2, M - 1) * stride_xm
     r3 = tl.minimum(3, M - 1) * stride_xm
+    res_end = tl.where(pid_n == 0, i_end, 0)  # PRO 2: program column 0 stores the new residual
+    inv = 1.0
+    if PRO == 1 or PRO == 2:  # every program computes the row's norm (a few KiB, from L2), as the skinny kernel
+        inv = _inv_rms_words(X, R, K, eps, PRO, XKIND, NORM_WORDS)
     acc0 = tl.zeros([BLOCK_N, BLOCK_K // 4], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N, BLOCK_K // 4], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K // 4], dtype=tl.float32)
@@ -163,18 +252,33 @@ def _fp8_gemv_kernel(X, W, WS, Bias, Y, M, N, K, stride_xm, stride_wn, stride_ws
             else:
                 s0 = tl.load(g, mask=i_mask, other=0.0)
         d0, d1, d2, d3 = _bytes_f32(words, CVT)
-        acc0 = _row_fma(X, 0, i, i_mask, k_end, s0, d0, d1, d2, d3, acc0, BLOCKWISE, XKIND, EVEN_K)
+        x0, x1, x2, x3 = _x_quarters(X, 0, i, i_mask, k_end, XKIND, EVEN_K)
+        if PRO != 0:
+            x0, x1, x2, x3 = _prologue_quarters(X, R, NW, RO, i, i_mask, k_end, K, inv, i < res_end,
+                                                x0, x1, x2, x3, PRO, XKIND, EVEN_K)
+        acc0 = _row_fma(x0, x1, x2, x3, s0, d0, d1, d2, d3, acc0, BLOCKWISE)
         if ROWS > 1:
-            acc1 = _row_fma(X, r1, i, i_mask, k_end, s0, d0, d1, d2, d3, acc1, BLOCKWISE, XKIND, EVEN_K)
+            x0, x1, x2, x3 = _x_quarters(X, r1, i, i_mask, k_end, XKIND, EVEN_K)
+            acc1 = _row_fma(x0, x1, x2, x3, s0, d0, d1, d2, d3, acc1, BLOCKWISE)
         if ROWS > 2:
-            acc2 = _row_fma(X, r2, i, i_mask, k_end, s0, d0, d1, d2, d3, acc2, BLOCKWISE, XKIND, EVEN_K)
-            acc3 = _row_fma(X, r3, i, i_mask, k_end, s0, d0, d1, d2, d3, acc3, BLOCKWISE, XKIND, EVEN_K)
+            x0, x1, x2, x3 = _x_quarters(X, r2, i, i_mask, k_end, XKIND, EVEN_K)
+            acc2 = _row_fma(x0, x1, x2, x3, s0, d0, d1, d2, d3, acc2, BLOCKWISE)
+            x0, x1, x2, x3 = _x_quarters(X, r3, i, i_mask, k_end, XKIND, EVEN_K)
+            acc3 = _row_fma(x0, x1, x2, x3, s0, d0, d1, d2, d3, acc3, BLOCKWISE)
     if not BLOCKWISE:
         ws = tl.load(WS + offs_n * stride_wsn, mask=n_mask, other=0.0)
     else:
         ws = tl.full([BLOCK_N], 1.0, tl.float32)
-    store_rows(Y, Bias, offs_n, n_mask, pid_k, M, stride_ym, stride_ys, tl.sum(acc0, axis=1) * ws,
-               tl.sum(acc1, axis=1) * ws, tl.sum(acc2, axis=1) * ws, tl.sum(acc3, axis=1) * ws, ROWS, HAS_BIAS, SPLIT)
+    if EPI:
+        y = tl.sum(acc0, axis=1) * ws
+        if HAS_BIAS:
+            y += tl.load(Bias + offs_n).to(tl.float32)
+        rotary_store(y.to(Y.dtype.element_ty), Y, offs_n, head0, j0, Pos, CosSin, Loc, KBuf, VBuf, n_q, n_kv,
+                     stride_cs, stride_kb, stride_vb, k_scale, v_scale, HEAD_DIM, BLOCK_N)
+    else:
+        store_rows(Y, Bias, offs_n, n_mask, pid_k, M, stride_ym, stride_ys, tl.sum(acc0, axis=1) * ws,
+                   tl.sum(acc1, axis=1) * ws, tl.sum(acc2, axis=1) * ws, tl.sum(acc3, axis=1) * ws, ROWS, HAS_BIAS,
+                   SPLIT)
 
 
 def takes(m: int, n: int, k: int, block: tuple[int, int] | None, cfg: Fp8GemvConfig) -> bool:
@@ -192,24 +296,72 @@ def split_len(k: int, cfg: Fp8GemvConfig) -> int:
 
 
 _XKIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+PROLOGUE_MAX_ROWS = 1  # as the skinny kernel's (skinny_gemm.PROLOGUE_MAX_M): at 2-4 rows a fused step loses there
+
+
+def _word_aligned(t: torch.Tensor) -> bool:
+    return t.stride(-1) == 1 and t.data_ptr() % 8 == 0 and (t.dim() == 1 or t.stride(0) % 4 == 0)
+
+
+def takes_prologue(prologue: Prologue, x2: torch.Tensor) -> bool:
+    """Whether fp8_gemv_linear runs the step on x2 (the step's input) in its loads: one row of unit column stride, a
+    step that reads its inputs in place (Prologue.fits), no pending sum over ranks, 16-bit rows read as words."""
+    if x2.dim() != 2 or x2.shape[0] > PROLOGUE_MAX_ROWS or prologue.reduce is not None or not prologue.fits(x2):
+        return False
+    if x2.dtype == torch.float32:
+        return True
+    parts = [x2] + ([] if prologue.kind is PrologueKind.SILU_MUL else [prologue.norm_weight])
+    return all(_word_aligned(t) for t in parts + ([prologue.residual] if prologue.residual is not None else []))
+
+
+def step_name(prologue: str | None, rotary: bool) -> str:
+    """The tuned table's name of a one-row launch's fused steps (quant_tuned.STEPS): the prologue kind's name in lower
+    case, "+rotary" with the epilogue ("" for the plain GEMM)."""
+    return "+".join(([prologue] if prologue else []) + (["rotary"] if rotary else []))
+
+
+def epilogue_tiles(k: int, block: tuple[int, int] | None, head_dim: int, cfg: Fp8GemvConfig) -> bool:
+    """Whether a launch at cfg can apply the epilogue: unsplit, its column blocks tiling a head
+    (fused_steps.epilogue_columns), each head in one block row of block weights."""
+    return (split_len(k, cfg) >= k and 2 <= cfg.block_n <= head_dim and head_dim % cfg.block_n == 0
+            and (block is None or block[0] % head_dim == 0))
+
+
+def takes_epilogue(x2: torch.Tensor, weight: torch.Tensor, block: tuple[int, int] | None, epilogue: RotaryStore,
+                   cfg: Fp8GemvConfig) -> bool:
+    """Whether fp8_gemv_linear applies the epilogue to x2 @ weight.T (x2: the GEMM's input rows)."""
+    return (x2.shape[0] <= EPILOGUE_MAX_ROWS and epilogue.fits(x2, weight)
+            and epilogue_tiles(x2.shape[1], block, epilogue.head_dim, cfg))
+
+
+def _words(t: torch.Tensor, xkind: int) -> torch.Tensor:
+    return t if xkind == 2 else t.view(torch.int64)
 
 
 def fp8_gemv_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None,
-                    bias: torch.Tensor | None, cfg: Fp8GemvConfig) -> torch.Tensor:
+                    bias: torch.Tensor | None, cfg: Fp8GemvConfig, prologue: Prologue | None = None,
+                    epilogue: RotaryStore | None = None) -> torch.Tensor:
     """x2 (M, K) bfloat16/float16 (float32: the interpreter) with unit column stride, M <= MAX_ROWS -> (M, N) in x2's
     dtype; weight (N, K) float8_e4m3fn, contiguous rows; scale one value, (N,), or block scales
-    (ceil(N / bn), ceil(K / bk))."""
-    m, k = x2.shape
+    (ceil(N / bn), ceil(K / bk)). prologue (takes_prologue): x2 is the step's input ((M, 2K) for SiLU-and-mul); an
+    ADD_RMSNORM step's residual_out is set. epilogue (takes_epilogue): applied and marked so."""
+    if prologue is not None and not takes_prologue(prologue, x2):
+        raise ValueError(f"the FP8 few-row kernel fuses a {prologue.kind.name} step on {PROLOGUE_MAX_ROWS} row of "
+                         f"word-aligned inputs, got {tuple(x2.shape)} {x2.dtype}")
+    m, k = x2.shape[0], (prologue.in_features(x2) if prologue is not None else x2.shape[1])
     n = weight.shape[0]
-    if (not takes(m, n, k, block, cfg) or weight.stride(1) != 1 or weight.stride(0) % 4 or x2.stride(1) != 1
-            or x2.dtype not in _XKIND):
+    if (not takes(m, n, k, block, cfg) or weight.shape[1] != k or weight.stride(1) != 1 or weight.stride(0) % 4
+            or x2.stride(1) != 1 or x2.dtype not in _XKIND):
         raise ValueError(f"the FP8 few-row kernel takes 1..{MAX_ROWS} rows of float32/bfloat16/float16, K a multiple "
                          f"of 4, unit column strides (block weights: BLOCK_N dividing the block's N size), got "
                          f"{m} rows {x2.dtype}, K {k}, blocks {block}, config {cfg}")
+    if epilogue is not None and (m > EPILOGUE_MAX_ROWS or not epilogue_tiles(k, block, epilogue.head_dim, cfg)):
+        raise ValueError(f"the FP8 few-row kernel applies the rotary epilogue on one row, unsplit, BLOCK_N tiling "
+                         f"a head, got {m} rows, config {cfg}, head dim {epilogue.head_dim}, blocks {block}")
     xkind = _XKIND[x2.dtype]
     if xkind != 2 and (x2.stride(0) % 4 or x2.data_ptr() % 8):
         x2 = x2.contiguous() if x2.data_ptr() % 8 == 0 and k % 4 == 0 else x2.clone()
-    xw = x2 if xkind == 2 else x2.view(torch.int64)
+    xw = _words(x2, xkind)
     blockwise = block is not None
     if blockwise:
         ws, s_n, s_k = scale, scale.stride(0), scale.stride(1)
@@ -220,14 +372,34 @@ def fp8_gemv_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     splits = triton.cdiv(k, per)
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     out = y if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x2.device)
+    nw = r = r_out = xw
+    eps = 0.0
+    if prologue is not None and prologue.kind is not PrologueKind.SILU_MUL:
+        nw, eps = _words(prologue.norm_weight, xkind), prologue.eps
+        if prologue.residual is not None:
+            r = _words(prologue.residual, xkind)
+            prologue.residual_out = torch.empty(m, k, dtype=x2.dtype, device=x2.device)
+            r_out = _words(prologue.residual_out, xkind)
+    pos = cos_sin = loc = k_buf = v_buf = y
+    n_q = n_kv = stride_cs = stride_kb = stride_vb = head_dim = 0
+    k_scale = v_scale = 1.0
+    if epilogue is not None:
+        e = epilogue
+        pos, cos_sin, loc, k_buf, v_buf = e.positions, e.rope.cos_sin_on(x2.device), e.loc, e.k_buf, e.v_buf
+        n_q, n_kv, head_dim = e.q_size, e.kv_size, e.head_dim
+        stride_cs, stride_kb, stride_vb = cos_sin.stride(0), k_buf.stride(0), v_buf.stride(0)
+        k_scale, v_scale = float(e.k_scale), float(e.v_scale)
     _fp8_gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
-        xw, weight.view(torch.int32), ws, bias if bias is not None else y, out, m, n, k, xw.stride(0),
-        weight.stride(0) // 4, s_n, s_k, out.stride(-2), out.stride(0) if splits > 1 else 0, per // cfg.block_k,
-        ROWS=tiles.ROW_BUCKETS[tiles.bucket_of(m)], BLOCKWISE=blockwise, GROUP_N=block[0] if blockwise else 1,
-        GROUP_K=block[1] if blockwise else 1, HAS_BIAS=bias is not None, SPLIT=splits > 1,
-        EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0, XKIND=xkind, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, CVT=cvt_asm(x2),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        xw, weight.view(torch.int32), ws, bias if bias is not None else y, out, nw, r, r_out, pos, cos_sin, loc,
+        k_buf, v_buf, m, n, k, xw.stride(0), weight.stride(0) // 4, s_n, s_k, out.stride(-2),
+        out.stride(0) if splits > 1 else 0, per // cfg.block_k, eps, n_q, n_kv, stride_cs, stride_kb, stride_vb,
+        k_scale, v_scale, ROWS=tiles.ROW_BUCKETS[tiles.bucket_of(m)], BLOCKWISE=blockwise,
+        GROUP_N=block[0] if blockwise else 1, GROUP_K=block[1] if blockwise else 1, HAS_BIAS=bias is not None,
+        SPLIT=splits > 1, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0, XKIND=xkind,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, CVT=cvt_asm(x2), PRO=int(prologue.kind) if prologue else 0,
+        EPI=epilogue is not None, HEAD_DIM=head_dim, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
         splitk.reduce_splits(out, bias, y)
+    if epilogue is not None:
+        epilogue.applied = True
     return y

@@ -8,7 +8,10 @@ Entry: {"kernel": "fp8_channel" | "fp8_block" | "w4a16" | "w4a16_mma" | "fp8_mma
 bucket's bound (1, 2, 4; w4a16_mma and fp8_mma: 8, 16, 64, 256, written by quant_gemv_sweep.py --kind mma / fp8mma),
 "group": 0 per channel / tensor, the block's K size (fp8_block and fp8_mma with block weights, with "block": [bn,
 bk]) or the group size (w4a16),
-"config": the kernel's config dataclass as a dict, and the sweep's "us", "default_us", "floor_us"}.
+"config": the kernel's config dataclass as a dict, and the sweep's "us", "default_us", "floor_us"}. A one-row
+fp8_channel / fp8_block entry may name the steps its launch fuses, "step" (fp8_gemv.step_name: e.g. "add_rmsnorm+rotary";
+written by benchmarks/kernels/fp8_gemv_fused_sweep.py where fusing beat running the steps unfused); without it, the
+plain GEMM's.
 Kind "w4a16_dequant" (int4_dequant.py: dequantize, then the dense GEMM; written by benchmarks/kernels/quant_gemm.py
 --w4a16-dequant) has no "rows": {"kernel", "n", "k", "group", "min_rows": the path's first row count, or null (never),
 "config": int4_dequant.DequantConfig as a dict (optional: its defaults), and the benchmark's timings}."""
@@ -22,6 +25,7 @@ import torch
 from radixlm.runtime.kernels.quant import tiles
 
 KINDS = ("fp8_channel", "fp8_block", "w4a16", "w4a16_mma", "fp8_mma", "w4a16_dequant")
+STEPS = ("rmsnorm", "add_rmsnorm", "silu_mul", "rotary", "rmsnorm+rotary", "add_rmsnorm+rotary")
 MMA_KINDS = ("w4a16_mma", "fp8_mma")  # 5..256 rows (the buckets 8, 16, 64, 256)
 
 
@@ -32,6 +36,7 @@ class TunedKey:
     k: int
     rows: int  # the row bucket's bound
     group: int  # 0, the FP8 block's K size, or the INT4 group size
+    step: str = ""  # the steps a few-row FP8 launch fuses (fp8_gemv.step_name), "" for the plain GEMM
 
 
 def parse(entries: list[dict]) -> dict[TunedKey, object]:
@@ -57,7 +62,12 @@ def parse(entries: list[dict]) -> dict[TunedKey, object]:
                     raise ValueError(f"min_rows must be an integer or null, got {min_rows!r}")
                 out[key] = DequantChoice(min_rows, DequantConfig(**entry.get("config", {})))
                 continue
-            key = TunedKey(kernel, int(entry["n"]), int(entry["k"]), int(entry["rows"]), int(entry.get("group", 0)))
+            step = entry.get("step", "")
+            if step and (kernel not in ("fp8_channel", "fp8_block") or entry["rows"] != 1 or step not in STEPS):
+                raise ValueError(f"a fused step ({step!r}) is one of {STEPS}, on a one-row fp8_channel / fp8_block "
+                                 f"entry")
+            key = TunedKey(kernel, int(entry["n"]), int(entry["k"]), int(entry["rows"]), int(entry.get("group", 0)),
+                           step)
             if kernel in MMA_KINDS:
                 bounds = MMA_ROWS if kernel == "w4a16_mma" else FP8_MMA_ROWS
                 if key.rows not in bounds:
@@ -97,18 +107,19 @@ def _device_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
 
 
-def lookup(device: torch.device, kernel: str, n: int, k: int, m: int, group: int = 0):
-    """The tuned config of this GEMM on this device's GPU model, or None (off CUDA, no table, or no entry: lookup_in)."""
+def lookup(device: torch.device, kernel: str, n: int, k: int, m: int, group: int = 0, step: str = ""):
+    """The tuned config of this GEMM (with `step` fused) on this device's GPU model, or None (off CUDA, no table, or
+    no entry: lookup_in)."""
     if device.type != "cuda":
         return None
     name = _device_name(device.index if device.index is not None else torch.cuda.current_device())
-    return lookup_in(_table(name), kernel, n, k, m, group)
+    return lookup_in(_table(name), kernel, n, k, m, group, step)
 
 
-def lookup_in(table: dict[TunedKey, object], kernel: str, n: int, k: int, m: int, group: int = 0):
+def lookup_in(table: dict[TunedKey, object], kernel: str, n: int, k: int, m: int, group: int = 0, step: str = ""):
     """table's config for a GEMM of m rows, or None: no entry, or more rows than the kernel's buckets take (4 for the
     few-row kernels, 256 for w4a16_mma and fp8_mma)."""
     bound = tiles.ROW_BUCKETS[tiles.bucket_of(m)]
     if bound is None or bound > (256 if kernel in MMA_KINDS else 4):
         return None
-    return table.get(TunedKey(kernel, n, k, bound, group))
+    return table.get(TunedKey(kernel, n, k, bound, group, step))

@@ -128,6 +128,11 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         block size, bias, permutation, dtype: fixed per layer -> warmup.warm_up_quantized runs each quantized layer
         at each bucket's first row count (quant.warm_up_linear), which prefill passes can reach beyond the passes
         above.
+  quant/fp8_gemv.py  _fp8_gemv_kernel (FP8 at 1..4 rows where the tuned table names a config)
+      ROWS (the row bucket), the config and the K split follow the tuned entry; PRO and EPI (the qkv GEMM's norm and
+        rotary epilogue, fused at one row where the table has an entry for those steps: quant_tuned.STEPS) are fixed
+        per layer and pass kind -> built by the one-row warm-up and capture passes, which run the model's layers as
+        serving does; M, the partials' stride: do_not_specialize; x, Pos, Loc: no alignment.
   quant/fp8_mma.py, int4_mma.py  _fp8_mma_kernel, _w4a16_mma_kernel (5..256 rows where the tuned table names a config)
       The config follows the row bucket (8, 16, 64, 256) and the table; the K split follows N's tiles only (not the
         rows); M and the partials' stride: do_not_specialize; x copied where its rows are not 16-element aligned ->
