@@ -15,6 +15,13 @@ if TYPE_CHECKING:
 MAX_ROWS = 1  # the skinny kernel's epilogue reads row 0 alone
 
 
+def kernel_args(epilogue: "RotaryStore | None", placeholder: torch.Tensor) -> tuple[tuple, tuple, int]:
+    """epilogue.kernel_args, or without one the placeholder tensor for its pointers and zeros (unit scales)."""
+    if epilogue is not None:
+        return epilogue.kernel_args(placeholder.device)
+    return (placeholder,) * 5, (0, 0, 0, 0, 0, 1.0, 1.0), 0
+
+
 def kernel_head_dim(head_dim: int) -> bool:
     """Whether the skinny kernel's column blocks (4-32 columns, half of them in each half of a head) tile the head."""
     return head_dim % 64 == 0
@@ -48,6 +55,14 @@ class RotaryStore:
                 and self.positions.shape == self.loc.shape == x.shape[:1]
                 and all(b.is_contiguous() and b.shape[1] * b.shape[2] == self.kv_size
                         for b in (self.k_buf, self.v_buf)))
+
+    def kernel_args(self, device: torch.device) -> tuple[tuple, tuple, int]:
+        """What fused_steps.rotary_store takes from a kernel's arguments: (Pos, CosSin, Loc, KBuf, VBuf), (n_q, n_kv,
+        stride_cs, stride_kb, stride_vb, k_scale, v_scale), HEAD_DIM."""
+        cos_sin = self.rope.cos_sin_on(device)
+        return ((self.positions, cos_sin, self.loc, self.k_buf, self.v_buf),
+                (self.q_size, self.kv_size, cos_sin.stride(0), self.k_buf.stride(0), self.v_buf.stride(0),
+                 float(self.k_scale), float(self.v_scale)), self.head_dim)
 
     def unfused(self, y: torch.Tensor) -> None:
         """The step on the GEMM's output y (rows, q_size + 2 * kv_size) by the rotary kernel (where fits()), in place:

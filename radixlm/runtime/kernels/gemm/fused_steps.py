@@ -1,6 +1,6 @@
-"""The device code of the steps a GEMM kernel fuses: the prologue before it (prologue.py: RMSNorm, with the residual add,
-or SiLU-and-mul, on the GEMM's input loads) and the epilogue after it (epilogue.py: the qkv GEMM's rotary embedding and
-KV store on its output). Shared by the bf16 skinny kernel (skinny_gemm.py) and the FP8 few-row kernel
+"""The device code of the steps a GEMM kernel fuses: the prologue before it (prologue.py: RMSNorm, with the residual
+add, or SiLU-and-mul, on the GEMM's input loads) and the epilogue after it (epilogue.py: the qkv GEMM's rotary
+embedding and KV store on its output). Shared by the bf16 skinny kernel (skinny_gemm.py) and the FP8 few-row kernel
 (quant/fp8_gemv.py); each rounds where the unfused kernels (elementwise.fused_kernels) round."""
 from __future__ import annotations
 

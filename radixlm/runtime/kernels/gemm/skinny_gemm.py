@@ -30,6 +30,7 @@ import triton.language as tl
 import triton.testing
 
 from radixlm.runtime.kernels.gemm.epilogue import MAX_ROWS as EPILOGUE_MAX_M, RotaryStore
+from radixlm.runtime.kernels.gemm.epilogue import kernel_args as epilogue_args
 from radixlm.runtime.kernels.gemm.fused_steps import epilogue_columns, inv_rms, prologue_values, rotary_store
 from radixlm.runtime.kernels.gemm.prologue import Prologue, PrologueKind, apply
 
@@ -188,18 +189,9 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         if prologue.residual is not None:
             r, stride_r = prologue.residual, prologue.residual.stride(0)
             r_out = prologue.residual_out = torch.empty(m, k, dtype=x.dtype, device=x.device)
-    pos = cos_sin = loc = k_buf = v_buf = weight
-    n_q = n_kv = stride_cs = stride_kb = stride_vb = head_dim = 0
-    k_scale = v_scale = 1.0
-    if epilogue is not None:
-        e = epilogue
-        pos, cos_sin, loc, k_buf, v_buf = e.positions, e.rope.cos_sin_on(x.device), e.loc, e.k_buf, e.v_buf
-        n_q, n_kv, head_dim = e.q_size, e.kv_size, e.head_dim
-        stride_cs, stride_kb, stride_vb = cos_sin.stride(0), k_buf.stride(0), v_buf.stride(0)
-        k_scale, v_scale = float(e.k_scale), float(e.v_scale)
-    args = (x, weight, bias if bias is not None else weight, y, nw, r, r_out, pos, cos_sin, loc, k_buf, v_buf, n, k,
-            x.stride(0), weight.stride(0), y.stride(0), stride_r, eps, n_q, n_kv, stride_cs, stride_kb, stride_vb,
-            k_scale, v_scale)
+    epi_ptrs, epi_ints, head_dim = epilogue_args(epilogue, weight)
+    args = (x, weight, bias if bias is not None else weight, y, nw, r, r_out, *epi_ptrs, n, k, x.stride(0),
+            weight.stride(0), y.stride(0), stride_r, eps, *epi_ints)
     flags = dict(M=m, HAS_BIAS=bias is not None, PRO=kind, EPI=epilogue is not None, HEAD_DIM=head_dim)
     if epilogue is None:
         _skinny_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)

@@ -288,8 +288,11 @@ def fp8_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     return y.reshape(*x.shape[:-1], n)
 
 
+FusedLaunch = tuple[fp8_gemv.Fp8GemvConfig, Prologue | None, RotaryStore | None]
+
+
 def tuned_fused(x: torch.Tensor, weight: torch.Tensor, block: tuple[int, int] | None, prologue: Prologue | None,
-                epilogue: RotaryStore | None) -> tuple[fp8_gemv.Fp8GemvConfig, Prologue | None, RotaryStore | None] | None:
+                epilogue: RotaryStore | None) -> FusedLaunch | None:
     """(config, prologue, epilogue) of the few-row kernel's launch that fuses the prologue (x: its input), with the
     epilogue where the table also has that, or, without a prologue, the epilogue alone: where this GPU model's tuned
     table names a launch for those steps (they beat running unfused; quant_tuned.STEPS) and the kernel takes them
@@ -304,7 +307,8 @@ def tuned_fused(x: torch.Tensor, weight: torch.Tensor, block: tuple[int, int] | 
     for epi in ((epilogue, None) if epilogue is not None else (None,)):
         if epi is None and name is None:
             return None
-        cfg = quant_tuned.lookup(x.device, kind, weight.shape[0], k, m, group, fp8_gemv.step_name(name, epi is not None))
+        step = fp8_gemv.step_name(name, epi is not None)
+        cfg = quant_tuned.lookup(x.device, kind, weight.shape[0], k, m, group, step)
         if (cfg is not None and fp8_gemv.takes(m, weight.shape[0], k, block, cfg)
                 and (epi is None or fp8_gemv.takes_epilogue(x2, weight, block, epi, cfg))):
             return cfg, prologue, epi

@@ -1,6 +1,9 @@
 """FP8 weights, 16-bit activations, for the few rows of decode (1..4), shaped like the bf16 skinny GEMM
 (kernels/gemm/skinny_gemm.py): reference.fp8_linear's result (activations not quantized) in one launch, or two with a
 split K. Off unless this GPU model's tuned table (quant_tuned.py) names a config for the GEMM's shape and row bucket.
+At one row it also runs the skinny kernel's fused steps (the norm or SiLU-and-mul before the GEMM, the qkv GEMM's
+rotary epilogue; gemm/fused_steps.py) where the table names a launch for them (fp8_gemm.tuned_fused): fused, the
+norm is recomputed by every program, which paid for qkv_proj only (fp8_gemv_fused_sweep.py).
 
 Why the W8A8 path ran ~2.2x its bytes floor at one row (102.5 us a Llama-8B layer against 45.5, H200) while the bf16
 skinny kernel ran 1.38x: three launches a GEMM (activation quantization, the GEMM, the split-K reduction; each ~2 us
@@ -33,10 +36,11 @@ import triton
 import triton.language as tl
 
 from radixlm.runtime.kernels.gemm.epilogue import MAX_ROWS as EPILOGUE_MAX_ROWS, RotaryStore
-from radixlm.runtime.kernels.gemm.fused_steps import epilogue_columns, prologue_values, rotary_store
+from radixlm.runtime.kernels.gemm.epilogue import kernel_args as epilogue_args
+from radixlm.runtime.kernels.gemm.fused_steps import epilogue_columns, rotary_store
 from radixlm.runtime.kernels.gemm.prologue import Prologue, PrologueKind
 from radixlm.runtime.kernels.quant import splitk, tiles
-from radixlm.runtime.kernels.quant.x_words import store_rows, widen_word
+from radixlm.runtime.kernels.quant.x_words import inv_rms_words, prologue_quarters, store_rows, x_quarters
 
 MAX_ROWS = 4  # the CUDA cores' row counts (one accumulator a row); more rows take the tensor-core paths
 
@@ -73,26 +77,6 @@ def _load_w(w_ptrs, k0, k_next, k_end, n_mask, offs_k, EVEN_K: tl.constexpr, EVE
 
 
 @triton.jit
-def _x_quarters(X, row, i, i_mask, k_end, XKIND: tl.constexpr, EVEN_K: tl.constexpr):
-    """x[row, 4 i + j] for j = 0..3 as float32 [BLOCK_K / 4] tensors, in the weight words' layout. XKIND 0 / 1: X
-    holds bfloat16 / float16 as int64 words of four (one load a word; widened by shifts, exactly); 2: float32
-    (strided loads: the interpreter)."""
-    if XKIND == 2:
-        m = (4 * i < k_end) if not EVEN_K else (i >= 0)
-        x0 = tl.load(X + row + 4 * i, mask=m, other=0.0)
-        x1 = tl.load(X + row + 4 * i + 1, mask=m, other=0.0)
-        x2 = tl.load(X + row + 4 * i + 2, mask=m, other=0.0)
-        x3 = tl.load(X + row + 4 * i + 3, mask=m, other=0.0)
-    else:
-        if EVEN_K:
-            xw = tl.load(X + row + i)
-        else:
-            xw = tl.load(X + row + i, mask=i_mask, other=0)
-        x0, x1, x2, x3 = widen_word(xw, XKIND)
-    return x0, x1, x2, x3
-
-
-@triton.jit
 def _row_fma(x0, x1, x2, x3, s0, d0, d1, d2, d3, acc, BLOCKWISE: tl.constexpr):
     """acc + sum_j d_j * x_j (x_j: x[row, 4 i + j]; elementwise: reduced once after the loop), x scaled per column
     by its block's scale."""
@@ -102,80 +86,6 @@ def _row_fma(x0, x1, x2, x3, s0, d0, d1, d2, d3, acc, BLOCKWISE: tl.constexpr):
         x2 = x2 * s0
         x3 = x3 * s0
     return acc + d0 * x0[None, :] + d1 * x1[None, :] + d2 * x2[None, :] + d3 * x3[None, :]
-
-
-@triton.jit
-def _act(v, XKIND: tl.constexpr):
-    """float32 quarters in the activation dtype (exact where they were widened from it)."""
-    if XKIND == 0:
-        v = v.to(tl.bfloat16)
-    elif XKIND == 1:
-        v = v.to(tl.float16)
-    return v
-
-
-@triton.jit
-def _half_bits(v):
-    return v.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
-
-
-@triton.jit
-def _store_quarters(P, i, mask, v0, v1, v2, v3, XKIND: tl.constexpr):
-    """Quarters in the activation dtype stored where _x_quarters(P, 0, i, ...) loads them."""
-    if XKIND == 2:
-        tl.store(P + 4 * i, v0, mask=mask)
-        tl.store(P + 4 * i + 1, v1, mask=mask)
-        tl.store(P + 4 * i + 2, v2, mask=mask)
-        tl.store(P + 4 * i + 3, v3, mask=mask)
-    else:
-        tl.store(P + i, _half_bits(v0) | (_half_bits(v1) << 16) | (_half_bits(v2) << 32) | (_half_bits(v3) << 48),
-                 mask=mask)
-
-
-@triton.jit
-def _inv_rms_words(X, R, K, eps, PRO: tl.constexpr, XKIND: tl.constexpr, BLOCK_I: tl.constexpr):
-    """fused_steps.inv_rms on row 0 read as _x_quarters reads it, BLOCK_I words a step."""
-    acc = tl.zeros([BLOCK_I], dtype=tl.float32)
-    for i0 in range(0, K // 4, BLOCK_I):
-        i = i0 + tl.arange(0, BLOCK_I)
-        m = i < K // 4
-        x0, x1, x2, x3 = _x_quarters(X, 0, i, m, K, XKIND, False)
-        if PRO == 2:
-            r0, r1, r2, r3 = _x_quarters(R, 0, i, m, K, XKIND, False)
-            x0 = _act(x0 + r0, XKIND).to(tl.float32)
-            x1 = _act(x1 + r1, XKIND).to(tl.float32)
-            x2 = _act(x2 + r2, XKIND).to(tl.float32)
-            x3 = _act(x3 + r3, XKIND).to(tl.float32)
-        acc += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3
-    return 1.0 / tl.sqrt(tl.sum(acc, axis=0) / K + eps)
-
-
-@triton.jit
-def _prologue_quarters(X, R, NW, RO, i, i_mask, k_end, K, inv, res_mask, x0, x1, x2, x3, PRO: tl.constexpr,
-                       XKIND: tl.constexpr, EVEN_K: tl.constexpr):
-    """Row 0's quarters x0..x3 through the prologue (fused_steps.prologue_values); PRO 2 stores x + residual at RO
-    where res_mask (program column 0)."""
-    if PRO == 3:
-        up = K // 4  # [gate | up]: up's offset in X's units
-        if XKIND == 2:
-            up = K
-        u0, u1, u2, u3 = _x_quarters(X, up, i, i_mask, k_end, XKIND, EVEN_K)
-        x0, g0 = prologue_values(_act(x0, XKIND), u0, u0, inv, PRO)
-        x1, g1 = prologue_values(_act(x1, XKIND), u1, u1, inv, PRO)
-        x2, g2 = prologue_values(_act(x2, XKIND), u2, u2, inv, PRO)
-        x3, g3 = prologue_values(_act(x3, XKIND), u3, u3, inv, PRO)
-    else:
-        w0, w1, w2, w3 = _x_quarters(NW, 0, i, i_mask, k_end, XKIND, EVEN_K)
-        r0, r1, r2, r3 = w0, w1, w2, w3  # unread: RMSNORM has no residual
-        if PRO == 2:
-            r0, r1, r2, r3 = _x_quarters(R, 0, i, i_mask, k_end, XKIND, EVEN_K)
-        x0, s0 = prologue_values(_act(x0, XKIND), r0, w0, inv, PRO)
-        x1, s1 = prologue_values(_act(x1, XKIND), r1, w1, inv, PRO)
-        x2, s2 = prologue_values(_act(x2, XKIND), r2, w2, inv, PRO)
-        x3, s3 = prologue_values(_act(x3, XKIND), r3, w3, inv, PRO)
-        if PRO == 2:
-            _store_quarters(RO, i, res_mask, s0, s1, s2, s3, XKIND)
-    return x0, x1, x2, x3
 
 
 @triton.jit
@@ -234,7 +144,7 @@ def _fp8_gemv_kernel(X, W, WS, Bias, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf,
     res_end = tl.where(pid_n == 0, i_end, 0)  # PRO 2: program column 0 stores the new residual
     inv = 1.0
     if PRO == 1 or PRO == 2:  # every program computes the row's norm (a few KiB, from L2), as the skinny kernel
-        inv = _inv_rms_words(X, R, K, eps, PRO, XKIND, NORM_WORDS)
+        inv = inv_rms_words(X, R, K, eps, PRO, XKIND, NORM_WORDS)
     acc0 = tl.zeros([BLOCK_N, BLOCK_K // 4], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N, BLOCK_K // 4], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K // 4], dtype=tl.float32)
@@ -252,18 +162,18 @@ def _fp8_gemv_kernel(X, W, WS, Bias, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf,
             else:
                 s0 = tl.load(g, mask=i_mask, other=0.0)
         d0, d1, d2, d3 = _bytes_f32(words, CVT)
-        x0, x1, x2, x3 = _x_quarters(X, 0, i, i_mask, k_end, XKIND, EVEN_K)
+        x0, x1, x2, x3 = x_quarters(X, 0, i, i_mask, k_end, XKIND, EVEN_K)
         if PRO != 0:
-            x0, x1, x2, x3 = _prologue_quarters(X, R, NW, RO, i, i_mask, k_end, K, inv, i < res_end,
-                                                x0, x1, x2, x3, PRO, XKIND, EVEN_K)
+            x0, x1, x2, x3 = prologue_quarters(X, R, NW, RO, i, i_mask, k_end, K, inv, i < res_end,
+                                               x0, x1, x2, x3, PRO, XKIND, EVEN_K)
         acc0 = _row_fma(x0, x1, x2, x3, s0, d0, d1, d2, d3, acc0, BLOCKWISE)
         if ROWS > 1:
-            x0, x1, x2, x3 = _x_quarters(X, r1, i, i_mask, k_end, XKIND, EVEN_K)
+            x0, x1, x2, x3 = x_quarters(X, r1, i, i_mask, k_end, XKIND, EVEN_K)
             acc1 = _row_fma(x0, x1, x2, x3, s0, d0, d1, d2, d3, acc1, BLOCKWISE)
         if ROWS > 2:
-            x0, x1, x2, x3 = _x_quarters(X, r2, i, i_mask, k_end, XKIND, EVEN_K)
+            x0, x1, x2, x3 = x_quarters(X, r2, i, i_mask, k_end, XKIND, EVEN_K)
             acc2 = _row_fma(x0, x1, x2, x3, s0, d0, d1, d2, d3, acc2, BLOCKWISE)
-            x0, x1, x2, x3 = _x_quarters(X, r3, i, i_mask, k_end, XKIND, EVEN_K)
+            x0, x1, x2, x3 = x_quarters(X, r3, i, i_mask, k_end, XKIND, EVEN_K)
             acc3 = _row_fma(x0, x1, x2, x3, s0, d0, d1, d2, d3, acc3, BLOCKWISE)
     if not BLOCKWISE:
         ws = tl.load(WS + offs_n * stride_wsn, mask=n_mask, other=0.0)
@@ -380,20 +290,11 @@ def fp8_gemv_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
             r = _words(prologue.residual, xkind)
             prologue.residual_out = torch.empty(m, k, dtype=x2.dtype, device=x2.device)
             r_out = _words(prologue.residual_out, xkind)
-    pos = cos_sin = loc = k_buf = v_buf = y
-    n_q = n_kv = stride_cs = stride_kb = stride_vb = head_dim = 0
-    k_scale = v_scale = 1.0
-    if epilogue is not None:
-        e = epilogue
-        pos, cos_sin, loc, k_buf, v_buf = e.positions, e.rope.cos_sin_on(x2.device), e.loc, e.k_buf, e.v_buf
-        n_q, n_kv, head_dim = e.q_size, e.kv_size, e.head_dim
-        stride_cs, stride_kb, stride_vb = cos_sin.stride(0), k_buf.stride(0), v_buf.stride(0)
-        k_scale, v_scale = float(e.k_scale), float(e.v_scale)
+    epi_ptrs, epi_ints, head_dim = epilogue_args(epilogue, y)
     _fp8_gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
-        xw, weight.view(torch.int32), ws, bias if bias is not None else y, out, nw, r, r_out, pos, cos_sin, loc,
-        k_buf, v_buf, m, n, k, xw.stride(0), weight.stride(0) // 4, s_n, s_k, out.stride(-2),
-        out.stride(0) if splits > 1 else 0, per // cfg.block_k, eps, n_q, n_kv, stride_cs, stride_kb, stride_vb,
-        k_scale, v_scale, ROWS=tiles.ROW_BUCKETS[tiles.bucket_of(m)], BLOCKWISE=blockwise,
+        xw, weight.view(torch.int32), ws, bias if bias is not None else y, out, nw, r, r_out, *epi_ptrs, m, n, k,
+        xw.stride(0), weight.stride(0) // 4, s_n, s_k, out.stride(-2), out.stride(0) if splits > 1 else 0,
+        per // cfg.block_k, eps, *epi_ints, ROWS=tiles.ROW_BUCKETS[tiles.bucket_of(m)], BLOCKWISE=blockwise,
         GROUP_N=block[0] if blockwise else 1, GROUP_K=block[1] if blockwise else 1, HAS_BIAS=bias is not None,
         SPLIT=splits > 1, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0, XKIND=xkind,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, CVT=cvt_asm(x2), PRO=int(prologue.kind) if prologue else 0,

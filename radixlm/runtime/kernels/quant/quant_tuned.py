@@ -9,9 +9,9 @@ bucket's bound (1, 2, 4; w4a16_mma and fp8_mma: 8, 16, 64, 256, written by quant
 "group": 0 per channel / tensor, the block's K size (fp8_block and fp8_mma with block weights, with "block": [bn,
 bk]) or the group size (w4a16),
 "config": the kernel's config dataclass as a dict, and the sweep's "us", "default_us", "floor_us"}. A one-row
-fp8_channel / fp8_block entry may name the steps its launch fuses, "step" (fp8_gemv.step_name: e.g. "add_rmsnorm+rotary";
-written by benchmarks/kernels/fp8_gemv_fused_sweep.py where fusing beat running the steps unfused); without it, the
-plain GEMM's.
+fp8_channel / fp8_block entry may name the steps its launch fuses, "step" (fp8_gemv.step_name, e.g.
+"add_rmsnorm+rotary"; written by benchmarks/kernels/fp8_gemv_fused_sweep.py where fusing beat running the steps
+unfused); without it, the plain GEMM's.
 Kind "w4a16_dequant" (int4_dequant.py: dequantize, then the dense GEMM; written by benchmarks/kernels/quant_gemm.py
 --w4a16-dequant) has no "rows": {"kernel", "n", "k", "group", "min_rows": the path's first row count, or null (never),
 "config": int4_dequant.DequantConfig as a dict (optional: its defaults), and the benchmark's timings}."""

@@ -4,6 +4,8 @@ module, then the same kernel, then the rotation and the KV store (on the CPU und
 subprocess; on CUDA compiled, also through fp8_linear's dispatch with a tuned table); and which calls may fuse."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -35,8 +37,6 @@ def _prologue(kind: str, k: int, dtype: torch.dtype, device: str, g: torch.Gener
 def prologue_cases(device: str) -> None:
     """Fused against the step's module then the kernel: equal up to the norm's sum order (every program sums the
     row itself, as the skinny kernel does), the new residual bit for bit."""
-    import dataclasses
-
     from radixlm.runtime.kernels.quant.fp8_gemv import fp8_gemv_linear
 
     g = torch.Generator().manual_seed(0)
@@ -86,8 +86,6 @@ def epilogue_cases(device: str) -> None:
         loc = torch.tensor([3], device=device)
         pools = [TokenToKVPool(8, 1, dtype, 1, hkv, head_dim, device) for _ in range(2)]
         epi = RotaryStore(rope, pos, loc, pools[0].k_buffer[0], pools[0].v_buffer[0], hq * head_dim, hkv * head_dim)
-        import dataclasses
-
         plain = fp8_gemv_linear(x, q8, s, block, None, cfg, dataclasses.replace(pro) if pro else None)
         q, k_, v = plain.clone().split([hq * head_dim, hkv * head_dim, hkv * head_dim], dim=-1)
         q, k_ = rope(pos, q, k_)
@@ -191,8 +189,6 @@ def test_the_tables_step_entries_parse_and_bad_ones_are_refused():
 def test_dispatch_fuses_where_the_table_says_cuda(monkeypatch):
     """fp8_linear at one row through a tuned table: the qkv launch with its add-and-norm and rotary fused (the
     residual, the rotated output and the KV as unfused), gate_up with none fused (no entry): the step runs first."""
-    import dataclasses
-
     from radixlm.runtime.cache.memory_pool import TokenToKVPool
     from radixlm.runtime.kernels import quant
     from radixlm.runtime.kernels.gemm.epilogue import RotaryStore
