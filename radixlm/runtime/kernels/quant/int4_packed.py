@@ -140,6 +140,18 @@ def _reduce_in_kernel(Y, Out, Bias, Cnt, offs_n, n_mask, pid_n, M, stride_ym, st
 
 
 @triton.jit
+def group_scales(S, Z, g, stride_sg, offs_n, n_mask, EVEN_N: tl.constexpr):
+    """Group g's scales and zeros of the program's columns, in float32 (EVEN_N: no mask)."""
+    if EVEN_N:
+        s = tl.load(S + g * stride_sg + offs_n).to(tl.float32)
+        z = tl.load(Z + g * stride_sg + offs_n).to(tl.float32)
+    else:
+        s = tl.load(S + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        z = tl.load(Z + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    return s, z
+
+
+@triton.jit
 def first_w4_tile(QW, M, N, K, stride_qk, stride_xm, tiles_per_split, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The few-row W4A16 kernels' start (grid: N tiles, K splits): the program's column tile, its packed-K range
@@ -190,13 +202,7 @@ def _w4a16_packed_kernel(X, QW, S, Z, Bias, Y, Out, Cnt, M, N, K, group_size, st
                              other=0)
         kp = kp0 + offs_kp
         kp_mask = kp < kp_end
-        g = (kp0 * 8) // group_size
-        if EVEN_N:
-            s = tl.load(S + g * stride_sg + offs_n).to(tl.float32)
-            z = tl.load(Z + g * stride_sg + offs_n).to(tl.float32)
-        else:
-            s = tl.load(S + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            z = tl.load(Z + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        s, z = group_scales(S, Z, (kp0 * 8) // group_size, stride_sg, offs_n, n_mask, EVEN_N)
         if ASM:
             zb = (-(z + 128.0)).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
             nzz = tl.broadcast_to((zb | (zb << 16))[None, :], words.shape)

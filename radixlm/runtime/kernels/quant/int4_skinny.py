@@ -137,13 +137,7 @@ def _w4a16_skinny_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, s
                              other=0)
         kp = kp0 + offs_kp
         kp_mask = kp < kp_end
-        g = (kp0 * 8) // group_size
-        if EVEN_N:
-            s = tl.load(S + g * stride_sg + offs_n).to(tl.float32)
-            z = tl.load(Z + g * stride_sg + offs_n).to(tl.float32)
-        else:
-            s = tl.load(S + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            z = tl.load(Z + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        s, z = int4_packed.group_scales(S, Z, (kp0 * 8) // group_size, stride_sg, offs_n, n_mask, EVEN_N)
         z0 = z + 8388608.0
         z1 = z * 16.0 + 8388608.0
         z2 = z * 256.0 + 8388608.0

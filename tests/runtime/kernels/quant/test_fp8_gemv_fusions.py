@@ -227,5 +227,36 @@ def test_dispatch_fuses_where_the_table_says_cuda(monkeypatch):
     assert torch.equal(again, quant.fp8_linear(again_pro.apply(x), q8, s))
 
 
+@pytest.mark.skipif(not interpreter_works(), reason="needs Triton 3.7+ with its bundled ptxas")
+@pytest.mark.parametrize("pro, epi", [(2, True), (1, True), (3, False)])
+def test_the_fused_kernel_builds_for_sm90(pro, epi):
+    """The launches the tuned table can name (the qkv GEMM's add-and-norm or norm with the rotary epilogue, and
+    SiLU-and-mul) pass ptxas for sm_90 with the packed e4m3 conversion (Triton's bundled tools, no GPU): the new
+    residual stored as words by program column 0, the rotation's K store to a bf16 pool."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from radixlm.runtime.kernels.quant import fp8_gemv
+
+    ptrs = {"X": "*i64", "W": "*i32", "WS": "*fp32", "Bias": "*bf16", "Y": "*bf16", "NW": "*i64", "R": "*i64",
+            "RO": "*i64", "Pos": "*i64", "CosSin": "*fp32", "Loc": "*i64", "KBuf": "*bf16", "VBuf": "*bf16"}
+    ints = ("M", "N", "K", "stride_xm", "stride_wn", "stride_wsn", "stride_wsk", "stride_ym", "stride_ys",
+            "tiles_per_split")
+    floats = ("eps",)
+    epi_ints = ("n_q", "n_kv", "stride_cs", "stride_kb", "stride_vb")
+    consts = dict(ROWS=1, BLOCKWISE=False, GROUP_N=1, GROUP_K=1, HAS_BIAS=False, SPLIT=False, EVEN_K=True, EVEN_N=True,
+                  XKIND=0, BLOCK_N=8, BLOCK_K=512, CVT=fp8_gemv.F32_CVT, PRO=pro, EPI=epi, HEAD_DIM=128 if epi else 0,
+                  NORM_WORDS=1024)
+    sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "fp32" for n in floats}, **{n: "i32" for n in epi_ints},
+           "k_scale": "fp32", "v_scale": "fp32", **{n: "constexpr" for n in consts}}
+    aligned = [i for i, n in enumerate(sig) if n in ptrs and n not in ("X", "Pos", "Loc")]
+    src = ASTSource(fp8_gemv._fp8_gemv_kernel, sig, constexprs=consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 2, "num_stages": 1}).asm["ptx"]
+    assert "cvt.rn.f16x2.e4m3x2" in ptx
+    assert ("st.global.b64" in ptx or "st.global.v2.b64" in ptx or "st.global.u64" in ptx) == (pro == 2)
+
+
 if __name__ == "__main__":
     run_cases()
