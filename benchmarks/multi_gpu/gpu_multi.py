@@ -8,6 +8,8 @@
                run), the ShareGPT-like offline workload, and a host-timer profile of rank 0's decode step (its
                scheduler work and its wait for the device: which of the two bounds the step)
   big          Llama-3.1-70B shapes, bf16, TP=2: decode step against the floor, ShareGPT-like offline throughput
+  big_fp8      the same shapes in online FP8 on one GPU (the bf16 model, 141 GB, does not fit one H200; the FP8
+               one loads only because the build never holds the float weights: quantization/modules.py)
   moe          Mixtral-8x7B shapes, bf16, TP=2 and EP=2: decode step against the floor, ShareGPT-like offline
   allreduce    all-reduce latency, bf16, 8 KiB to 8 MiB (--sizes-kib) over --world-size GPUs: NCCL eager and in a
                CUDA graph, symmetric-memory one-shot and two-shot in a graph (benchmarks/lib/allreduce.py), each
@@ -216,6 +218,12 @@ def part_big(path8b: str, bw: float, sharegpt_n: int) -> dict:
                     {"tp_size": 2, "cuda_graph_max_bs": 64, "mem_fraction_static": 0.92}, timeout_s=360)
 
 
+def part_big_fp8(path8b: str, bw: float, sharegpt_n: int) -> dict:
+    path = llama70b_dir(path8b)
+    return isolated(speed_run, path, bw, "llama-70b fp8 tp1", [1, 32], 64, sharegpt_n, [],
+                    {"quantization": "fp8", "cuda_graph_max_bs": 64, "mem_fraction_static": 0.92}, timeout_s=420)
+
+
 def moe_decode(path: str, kw: dict, bw: float, batches: list[int]) -> dict:
     moe.ENGINE_ARGS.update(kw)
     return moe.part_decode(path, "cuda", "bfloat16", 4096, prompt_source(path), bw, batches, 256, 64)
@@ -248,7 +256,7 @@ def part_moe(bw: float, batches: list[int], sharegpt_n: int, save: Callable[[dic
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parts", nargs="+", default=["correctness", "tp"],
-                   choices=["correctness", "tp", "big", "moe", "allreduce"])
+                   choices=["correctness", "tp", "big", "big_fp8", "moe", "allreduce"])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
     p.add_argument("--decode-steps", type=int, default=128)
     p.add_argument("--correctness-tokens", type=int, default=48)
@@ -287,6 +295,7 @@ def main() -> None:
         "tp": lambda: part_tp(path, bw, args.batches, args.decode_steps, args.sharegpt_requests,
                               args.profile_batches, args.tp_configs, saver("tp")),
         "big": lambda: part_big(path, bw, args.big_sharegpt_requests),
+        "big_fp8": lambda: part_big_fp8(path, bw, args.big_sharegpt_requests),
         "moe": lambda: part_moe(bw, args.batches, args.sharegpt_requests, saver("moe")),
         "allreduce": lambda: allreduce.measure(args.world_size, args.sizes_kib, out.with_suffix(".allreduce.json")),
     }

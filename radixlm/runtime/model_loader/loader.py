@@ -16,7 +16,8 @@ from torch import nn
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.model_loader.config import ModelConfig
 from radixlm.runtime.model_loader.files import ModelLoadError
-from radixlm.runtime.quantization import dummy_draw, process_weights_after_loading, quantize_modules
+from radixlm.runtime.quantization import (
+    deferred_float_weights, dummy_draw, process_weights_after_loading, quantize_modules)
 
 __all__ = ["ModelLoadError", "build_model", "load_model", "safetensors_weights_iterator", "initialize_dummy_weights"]
 
@@ -125,17 +126,20 @@ def _generator(device: torch.device, seed: int, name: str, shard_id) -> torch.Ge
 def build_model(model_config: ModelConfig, device: str | torch.device, parallel: Parallel = SINGLE,
                 model_cls: type[nn.Module] | None = None) -> nn.Module:
     """The model with its quantized layers' methods attached, its parameters created empty (uninitialised) on device
-    ("meta": shapes only) in the model's dtype, as loading expects them."""
+    ("meta": shapes only) in the model's dtype, as loading expects them. The float weights of the layers a format
+    quantizes are never all on the device at once (deferred_float_weights)."""
     if model_cls is None:
         from radixlm.runtime.models.registry import get_model_class
 
         model_cls = get_model_class(model_config.architecture)
+    quant_config = model_config.quant_config
     with torch.device(device), _default_dtype(model_config.dtype):
-        model = model_cls(model_config.hf_config, parallel)
+        with deferred_float_weights(quant_config):
+            model = model_cls(model_config.hf_config, parallel)
         if model_config.is_embedding and hasattr(model, "drop_lm_head"):
             model.drop_lm_head()
         try:
-            quantize_modules(model, model_config.quant_config)
+            quantize_modules(model, quant_config, torch.device(device))
         except ValueError as e:
             raise ModelLoadError(f"{model_config.model_path}: {e}") from e
     return model

@@ -9,7 +9,7 @@ from radixlm.runtime.quantization.config import (
     QuantConfig, QuantizationMethod, checkpoint_quantization_config, is_ignored, name_matches, quant_config_from,
     register_quant_config, registered_methods)
 from radixlm.runtime.quantization.modules import (
-    dummy_draw, process_weights_after_loading, quantize_modules, quantized_modules)
+    deferred_float_weights, dummy_draw, process_weights_after_loading, quantize_modules, quantized_modules)
 # The formats (each registers its QuantConfig on import).
 from radixlm.runtime.quantization import fp8  # noqa: E402,F401  isort: skip
 from radixlm.runtime.quantization import compressed_tensors  # noqa: E402,F401  isort: skip
@@ -17,7 +17,7 @@ from radixlm.runtime.quantization import int8  # noqa: E402,F401  isort: skip
 from radixlm.runtime.quantization import awq, compressed_w4a16, gptq  # noqa: E402,F401  isort: skip
 
 __all__ = ["DequantizingMoEMethod", "DrawFn", "LinearKind", "LinearLayout", "LinearMethod", "MoEMethod", "QuantConfig",
-           "QuantParam", "QuantizationMethod", "checkpoint_quantization_config", "checkpoint_shape", "dummy_draw", "is_ignored",
-           "linear_layout", "load_sliced", "local_shape", "moe_layouts", "name_matches",
-           "process_weights_after_loading", "quant_config_from", "quantize_modules", "quantized_modules",
-           "register_quant_config", "registered_methods", "replace_param"]
+           "QuantParam", "QuantizationMethod", "checkpoint_quantization_config", "checkpoint_shape",
+           "deferred_float_weights", "dummy_draw", "is_ignored", "linear_layout", "load_sliced", "local_shape",
+           "moe_layouts", "name_matches", "process_weights_after_loading", "quant_config_from", "quantize_modules",
+           "quantized_modules", "register_quant_config", "registered_methods", "replace_param"]

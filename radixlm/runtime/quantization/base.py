@@ -1,8 +1,8 @@
 """The quantized layers' methods: a LinearMethod (Linear, ColumnParallelLinear, RowParallelLinear) or MoEMethod
 (FusedMoE) owns the layer's weights from creation to the GEMM.
 
-  create_weights(layer)                  registers the format's parameters on the layer at this rank's sizes, named
-                                         as in the checkpoint (`weight`, `weight_scale`, `qweight`, ...; FusedMoE's
+  create_weights(layer, device)          registers the format's parameters on the layer (on device; None: its float
+                                         weight's) at this rank's sizes, named as in the checkpoint (`weight`, `weight_scale`, `qweight`, ...; FusedMoE's
                                          `w13_<name>` / `w2_<name>`, the expert dim first)
   weight_shards(layer, pname)            the shard ids a complete load sees for that parameter
   load_weight(layer, pname, param, w, shard_id)
@@ -223,9 +223,9 @@ class LinearMethod(ABC):
                 return spec
         raise ValueError(f"{type(self).__name__} has no parameter {pname!r}")
 
-    def create_weights(self, layer: nn.Module) -> None:
+    def create_weights(self, layer: nn.Module, device: torch.device | None = None) -> None:
         layout = linear_layout(layer)
-        device = layer.weight.device
+        device = layer.weight.device if device is None else device
         specs = self.params(layer)  # may read the float weight's dtype
         replace_param(layer, "weight", None)
         for spec in specs:
@@ -295,8 +295,8 @@ class MoEMethod(ABC):
                 return prefix, spec
         raise ValueError(f"{type(self).__name__} has no expert parameter {pname!r}")
 
-    def create_weights(self, layer: nn.Module) -> None:
-        device = layer.w13_weight.device
+    def create_weights(self, layer: nn.Module, device: torch.device | None = None) -> None:
+        device = layer.w13_weight.device if device is None else device
         specs = self.params(layer)  # may read the float weights' dtype
         replace_param(layer, "w13_weight", None)
         replace_param(layer, "w2_weight", None)

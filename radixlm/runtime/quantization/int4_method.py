@@ -162,8 +162,8 @@ class Int4LinearMethod(LinearMethod):
     def params(self, layer: nn.Module) -> list[QuantParam]:
         return list(self.tensors(layer).specs.values())
 
-    def create_weights(self, layer: nn.Module) -> None:
-        device = layer.weight.device
+    def create_weights(self, layer: nn.Module, device: torch.device | None = None) -> None:
+        device = layer.weight.device if device is None else device
         t = self.tensors(layer)
         replace_param(layer, "weight", None)
         for name, (shape, dtype) in t.local_shapes(type(layer).__name__).items():
@@ -232,8 +232,8 @@ class Int4MoEMethod(DequantizingMoEMethod):
     def params(self, layer: nn.Module) -> list[QuantParam]:
         return list(self.tensors(layer, "w13").specs.values())
 
-    def create_weights(self, layer: nn.Module) -> None:
-        device = layer.w13_weight.device
+    def create_weights(self, layer: nn.Module, device: torch.device | None = None) -> None:
+        device = layer.w13_weight.device if device is None else device
         replace_param(layer, "w13_weight", None)
         replace_param(layer, "w2_weight", None)
         for prefix in ("w13", "w2"):

@@ -1,9 +1,12 @@
-"""The loader's hooks: attach each layer's method after the model is built, fill a quantized layer with dummy
-weights, and convert every quantized layer to the kernels' layout once its weights are loaded."""
+"""The loader's hooks: keep the float weights of the layers a format may quantize off the device while the model is
+built, attach each layer's method after, fill a quantized layer with dummy weights, and convert every quantized layer
+to the kernels' layout once its weights are loaded."""
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Callable
+import threading
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -19,9 +22,41 @@ logger = logging.getLogger(__name__)
 QUANTIZABLE = (ColumnParallelLinear, RowParallelLinear, FusedMoE)
 
 
-def quantize_modules(model: nn.Module, quant_config: QuantConfig | None) -> int:
+def float_weight_names(module: nn.Module) -> tuple[str, ...]:
+    """The parameters a quantized format replaces (a linear layer keeps its bias)."""
+    if isinstance(module, FusedMoE):
+        return ("w13_weight", "w2_weight")
+    return ("weight",) if isinstance(module, QUANTIZABLE) else ()
+
+
+@contextlib.contextmanager
+def deferred_float_weights(quant_config: QuantConfig | None) -> Iterator[None]:
+    """While the model is built in this thread (and quant_config is not None): each float weight a quantizable layer
+    registers moves to the meta device as it is registered, so the whole float model is never held at once (a
+    checkpoint that fits the device only quantized loads). quantize_modules then creates the quantized parameters,
+    or the float ones of a layer the format leaves in float, on the device."""
+    if quant_config is None:
+        yield
+        return
+    builder = threading.get_ident()
+
+    def to_meta(module: nn.Module, name: str, param):
+        if param is None or threading.get_ident() != builder or name not in float_weight_names(module):
+            return None
+        return nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False)
+
+    handle = torch.nn.modules.module.register_module_parameter_registration_hook(to_meta)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def quantize_modules(model: nn.Module, quant_config: QuantConfig | None, device: torch.device | None = None) -> int:
     """Attaches quant_config's method to every quantizable layer it does not leave in float and lets the method
-    create the layer's parameters; returns how many layers are quantized."""
+    create the layer's parameters on device (None: where the layer's float weights are); a layer left in float whose
+    weights were deferred (deferred_float_weights) gets them, uninitialised, on device. Returns how many layers are
+    quantized."""
     if quant_config is None:
         return 0
     n = 0
@@ -30,6 +65,7 @@ def quantize_modules(model: nn.Module, quant_config: QuantConfig | None) -> int:
             continue
         method = quant_config.method_for(prefix, module)
         if method is None:
+            _materialize(module, device)
             continue
         want = MoEMethod if isinstance(module, FusedMoE) else LinearMethod
         if not isinstance(method, want):
@@ -37,12 +73,19 @@ def quantize_modules(model: nn.Module, quant_config: QuantConfig | None) -> int:
                             f"{want.__name__}")
         module.quant_method = method
         try:
-            method.create_weights(module)
+            method.create_weights(module, device)
         except ValueError as e:
             raise ValueError(f"{prefix}: {e}") from None
         n += 1
     logger.info("quantization %s: %d layers quantized", quant_config.describe(), n)
     return n
+
+
+def _materialize(module: nn.Module, device: torch.device | None) -> None:
+    for name in float_weight_names(module):
+        p = getattr(module, name)
+        if p.is_meta and device is not None:
+            module.register_parameter(name, nn.Parameter(torch.empty_like(p, device=device), requires_grad=False))
 
 
 def quantized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
