@@ -171,7 +171,7 @@ class ModelConfig:
                 )
             context_len = context_length
         try:
-            quant_config = quant_config_from(hf_config, quantization)
+            quant_config = quant_config_from(hf_config, quantization, model_dir)
         except ValueError as e:
             raise ModelLoadError(f"{model_dir}: {e}") from None
         tc = text_config

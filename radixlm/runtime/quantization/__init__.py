@@ -12,6 +12,7 @@ from radixlm.runtime.quantization.modules import (
     deferred_float_weights, dummy_draw, process_weights_after_loading, quantize_modules, quantized_modules)
 # The formats (each registers its QuantConfig on import).
 from radixlm.runtime.quantization import fp8  # noqa: E402,F401  isort: skip
+from radixlm.runtime.quantization import modelopt  # noqa: E402,F401  isort: skip
 from radixlm.runtime.quantization import compressed_tensors  # noqa: E402,F401  isort: skip
 from radixlm.runtime.quantization import int8  # noqa: E402,F401  isort: skip
 from radixlm.runtime.quantization import awq, compressed_w4a16, gptq  # noqa: E402,F401  isort: skip

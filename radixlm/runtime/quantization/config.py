@@ -9,6 +9,8 @@ format that needs a checkpoint config) are ValueErrors naming the method and the
 from __future__ import annotations
 
 import enum
+import json
+import os
 import re
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
@@ -28,6 +30,12 @@ class QuantizationMethod(str, enum.Enum):
     GPTQ = "gptq"
     COMPRESSED_TENSORS = "compressed-tensors"
     W8A8_INT8 = "w8a8_int8"
+    MODELOPT = "modelopt"
+    # Flags only: SGLang's and vLLM's names for a kernel choice over a format above (KERNEL_FLAGS).
+    AWQ_MARLIN = "awq_marlin"
+    GPTQ_MARLIN = "gptq_marlin"
+    MOE_WNA16 = "moe_wna16"
+    MODELOPT_FP8 = "modelopt_fp8"
 
     @classmethod
     def parse(cls, value: str, where: str) -> "QuantizationMethod":
@@ -37,6 +45,16 @@ class QuantizationMethod(str, enum.Enum):
         except ValueError:
             known = ", ".join(m.value for m in cls)
             raise ValueError(f"unknown quantization method {value!r} ({where}); radixlm knows {known}") from None
+
+
+# `--quantization` values that pick another engine's kernels for checkpoints of these formats: radixlm reads the
+# checkpoint as its format and runs its own kernels.
+KERNEL_FLAGS: dict[QuantizationMethod, tuple[QuantizationMethod, ...]] = {
+    QuantizationMethod.AWQ_MARLIN: (QuantizationMethod.AWQ,),
+    QuantizationMethod.GPTQ_MARLIN: (QuantizationMethod.GPTQ,),
+    QuantizationMethod.MOE_WNA16: (QuantizationMethod.AWQ, QuantizationMethod.GPTQ),
+    QuantizationMethod.MODELOPT_FP8: (QuantizationMethod.MODELOPT,),
+}
 
 
 # Our fused modules -> the checkpoint modules stacked into them (an ignore list names the checkpoint's).
@@ -134,8 +152,13 @@ def _config_class(method: QuantizationMethod, where: str) -> type[QuantConfig]:
     return cls
 
 
-def checkpoint_quantization_config(hf_config) -> dict[str, Any] | None:
-    """config.json's quantization_config (a multimodal model's may sit on its text config), as a dict."""
+MODELOPT_CONFIG_FILE = "hf_quant_config.json"
+
+
+def checkpoint_quantization_config(hf_config, model_dir: str | None = None) -> dict[str, Any] | None:
+    """config.json's quantization_config (a multimodal model's may sit on its text config), as a dict; else, in
+    model_dir, ModelOpt's hf_quant_config.json (`{"producer": ..., "quantization": {"quant_algo": ...}}`) as a
+    quantization_config of quant_method modelopt."""
     for cfg in (hf_config, getattr(hf_config, "get_text_config", lambda: None)()):
         qc = getattr(cfg, "quantization_config", None) if cfg is not None else None
         if qc is None:
@@ -143,26 +166,47 @@ def checkpoint_quantization_config(hf_config) -> dict[str, Any] | None:
         if not isinstance(qc, dict):
             qc = qc.to_dict() if hasattr(qc, "to_dict") else dict(vars(qc))
         return qc
-    return None
+    path = os.path.join(model_dir, MODELOPT_CONFIG_FILE) if model_dir else None
+    if path is None or not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        quantization = data["quantization"]
+        if not isinstance(quantization, dict):
+            raise TypeError("'quantization' is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"cannot read {MODELOPT_CONFIG_FILE}: {type(e).__name__}: {e}") from None
+    return {**quantization, "quant_method": QuantizationMethod.MODELOPT.value}
 
 
-def quant_config_from(hf_config, requested: str | QuantizationMethod | None) -> QuantConfig | None:
-    """The model's QuantConfig from its checkpoint config and the `--quantization` flag (None: float).
+def quant_config_from(hf_config, requested: str | QuantizationMethod | None,
+                      model_dir: str | None = None) -> QuantConfig | None:
+    """The model's QuantConfig from its checkpoint config (model_dir: where a ModelOpt checkpoint keeps its own file)
+    and the `--quantization` flag (None: float).
 
     Refused: an unknown method on either side; a flag naming another method than the checkpoint's (but for the
-    format's aliases); a flag for a format that only exists as checkpoints, on a float checkpoint."""
+    format's aliases and KERNEL_FLAGS); a flag for a format that only exists as checkpoints, on a float checkpoint."""
     # Importing the package registers every format.
     import radixlm.runtime.quantization  # noqa: F401
 
     flag = None if requested in (None, "", "none") else QuantizationMethod.parse(requested, "--quantization")
-    qc = checkpoint_quantization_config(hf_config)
+    qc = checkpoint_quantization_config(hf_config, model_dir)
     if qc is None:
+        if flag in KERNEL_FLAGS:
+            formats = " or ".join(m.value for m in KERNEL_FLAGS[flag])
+            raise ValueError(f"--quantization {flag.value} runs {formats} checkpoints; this checkpoint has no "
+                             f"quantization_config")
         return None if flag is None else _config_class(flag, "--quantization").from_flag(flag)
     if "quant_method" not in qc:
         raise ValueError("config.json's quantization_config has no quant_method")
     ckpt = QuantizationMethod.parse(qc["quant_method"], "config.json quantization_config.quant_method")
+    if ckpt in KERNEL_FLAGS:
+        raise ValueError(f"config.json quantization_config.quant_method {ckpt.value!r} is a --quantization flag, "
+                         f"not a checkpoint format")
     cls = _config_class(ckpt, "config.json quantization_config.quant_method")
-    if flag is not None and flag is not ckpt and flag not in cls.flag_aliases:
+    if (flag is not None and flag is not ckpt and flag not in cls.flag_aliases
+            and ckpt not in KERNEL_FLAGS.get(flag, ())):
         raise ValueError(f"--quantization {flag.value} contradicts the checkpoint, which is quantized with "
                          f"{ckpt.value} (config.json quantization_config.quant_method); drop the flag or pass "
                          f"--quantization {ckpt.value}")
