@@ -30,6 +30,7 @@ from radixlm.runtime.server.openai.response_store import ResponseStore
 from radixlm.runtime.server.openai.routes import router as openai_router
 from radixlm.runtime.server.openapi import install_openapi, request_body
 from radixlm.runtime.server.pooling import router as pooling_router
+from radixlm.runtime.server.text_parsers import router as text_parsers_router
 from radixlm.runtime.server.tokens import router as tokens_router
 from radixlm.runtime.server.weights import router as weights_router
 from radixlm.runtime.tokenizer_manager import RequestFailed, RuntimeDead, TokenizerManager
@@ -73,7 +74,7 @@ def create_app(tm: TokenizerManager, started: float | None = None) -> FastAPI:
     app.state.response_store = ResponseStore(tm.server_args.responses_store_size)
     app.add_middleware(GuardMiddleware, tokenizer_manager=tm)
     for router in (native_router, lora_router, openai_router, anthropic_router, pooling_router, tokens_router,
-                   metrics_router, weights_router):
+                   metrics_router, weights_router, text_parsers_router):
         app.include_router(router)
 
     def _answer(req: Request, message: str, status_code: int) -> Response:
