@@ -1,5 +1,5 @@
 """Quantized models on 2 gloo ranks equal 1 rank (float32, to rounding): FP8 per-tensor with static activation
-scales, per-channel, block scales, online FP8, compressed-tensors FP8 and W8A8-INT8, dense and MoE (the intermediate
+scales, per-channel, block scales, online FP8, compressed-tensors FP8 and W8A8-INT8, ModelOpt FP8, dense and MoE (the intermediate
 dim split, and whole experts per rank), loaded from their checkpoints by each rank, and with dummy weights (drawn
 whole and sliced: every layout holds the same model)."""
 from __future__ import annotations
@@ -17,6 +17,7 @@ PER_TENSOR_STATIC = (lambda n, w: fp8.per_tensor(n, w, static=True), {"quant_met
                                                                       "activation_scheme": "static"})
 BLOCK = (fp8.block(16, 16), {"quant_method": "fp8", "weight_block_size": [16, 16]})
 PER_CHANNEL = (fp8.per_channel, {"quant_method": "w8a8_fp8"})
+MODELOPT_CHANNEL = (fp8.per_channel, {"quant_method": "modelopt", "quant_algo": "FP8_PER_CHANNEL_PER_TOKEN"})
 
 
 def _rank(parallel, cases, ids):
@@ -58,6 +59,7 @@ def checkpoints(tmp_path_factory):
     make("llama compressed-tensors static", dense_config("llama"), None, ct=scheme("FP8"))
     make("qwen2-moe compressed-tensors block", moe_config("qwen2_moe"), None, ct=scheme("FP8_BLOCK", block=(16, 16)))
     make("mixtral compressed-tensors int8", moe_config("mixtral"), None, ct=scheme("W8A8"))
+    make("mixtral modelopt per-channel", moe_config("mixtral"), MODELOPT_CHANNEL)
     return made
 
 
