@@ -2,8 +2,9 @@
 (FusedMoE) owns the layer's weights from creation to the GEMM.
 
   create_weights(layer, device)          registers the format's parameters on the layer (on device; None: its float
-                                         weight's) at this rank's sizes, named as in the checkpoint (`weight`, `weight_scale`, `qweight`, ...; FusedMoE's
-                                         `w13_<name>` / `w2_<name>`, the expert dim first)
+                                         weight's) at this rank's sizes, named as in the checkpoint (`weight`,
+                                         `weight_scale`, `qweight`, ...; FusedMoE's `w13_<name>` / `w2_<name>`, the
+                                         expert dim first)
   weight_shards(layer, pname)            the shard ids a complete load sees for that parameter
   load_weight(layer, pname, param, w, shard_id)
                                          copies this rank's slice of the whole checkpoint tensor w

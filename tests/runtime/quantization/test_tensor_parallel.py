@@ -1,7 +1,7 @@
 """Quantized models on 2 gloo ranks equal 1 rank (float32, to rounding): FP8 per-tensor with static activation
-scales, per-channel, block scales, online FP8, compressed-tensors FP8 and W8A8-INT8, ModelOpt FP8, dense and MoE (the intermediate
-dim split, and whole experts per rank), loaded from their checkpoints by each rank, and with dummy weights (drawn
-whole and sliced: every layout holds the same model)."""
+scales, per-channel, block scales, online FP8, compressed-tensors FP8 and W8A8-INT8, ModelOpt FP8, dense and MoE (the
+intermediate dim split, and whole experts per rank), loaded from their checkpoints by each rank, and with dummy
+weights (drawn whole and sliced: every layout holds the same model)."""
 from __future__ import annotations
 
 import pytest
