@@ -172,6 +172,10 @@ def load_model(model_config: ModelConfig, load_format: str = "auto", device: str
         process_weights_after_loading(model)
     except ValueError as e:
         raise ModelLoadError(f"{model_config.model_path}: {e}") from e
+    if torch.device(device).type == "cuda":
+        # The load's transients (float tensors quantized as they are read, dummy draws, layout conversions) stay in
+        # the caching allocator, where the KV pool's sizing (free device memory) would count them as used.
+        torch.cuda.empty_cache()
     logger.info(
         "loaded %s (%s, %s) in %.2f s", model_config.architecture, model_config.dtype, load_format,
         time.perf_counter() - t0,

@@ -84,3 +84,29 @@ def test_deferral_is_scoped_to_the_building_thread():
     assert not seen["other"].weight.is_meta and not after.weight.is_meta
     with deferred_float_weights(None):
         assert not RowParallelLinear(8, 4).weight.is_meta
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_load_peaks_at_the_quantized_model_and_leaves_nothing_cached(tmp_path):
+    """On the device: online FP8 with dummy weights (each float weight drawn whole in float32, then quantized) peaks
+    near the quantized model plus one layer's float32 draw, not at the float model, and returns its transients to the
+    device (the KV pool is sized from free device memory)."""
+    from radixlm.runtime.model_loader.loader import load_model
+
+    config = LlamaConfig(**{**COMMON, "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 8})
+    tiny_float(tmp_path, config, seed=0)
+    cfg = ModelConfig.from_path(str(tmp_path), dtype="bfloat16", quantization="fp8")
+    float_model = build_model(ModelConfig.from_path(str(tmp_path), dtype="bfloat16"), "meta")
+    float_bytes = _bytes(m.weight for m in float_model.modules() if isinstance(m, QUANTIZABLE))
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    model = load_model(cfg, "dummy", "cuda")
+    held = torch.cuda.memory_allocated() - base
+    peak = torch.cuda.max_memory_allocated() - base
+    assert held < float_bytes / 1.8
+    # Above the model: one 4096 x 1024 float32 draw and its quantization's temporaries (~50 MB); the float model's
+    # weights are 240 MB, the old build's peak above the model half of that.
+    assert peak < held + float_bytes / 2.5, (peak, held, float_bytes)
+    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() < (32 << 20)
+    del model
