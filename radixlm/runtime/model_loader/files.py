@@ -1,12 +1,14 @@
 """Where model files come from: local paths, and the real models shipped inside PyPI packages."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 
 class ModelLoadError(ValueError):
@@ -51,13 +53,41 @@ def packaged_file(part: PackagedPart) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def build_lock(dest: Path) -> Iterator[None]:
+    """Held by one process at a time per cache entry `dest` (an advisory lock on a file under cache_dir()/locks):
+    the processes of one start (the server's tokenizer and its scheduler, tensor-parallel ranks) build a cached file
+    once, the others waiting for it instead of repeating the work. Callers check for `dest` again once they hold it."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks here: concurrent builders repeat the work; the rename keeps dest whole
+        yield
+        return
+    locks = cache_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:16]
+    with open(locks / f"{dest.name}-{key}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def assemble_parts(parts: list[Path], expected_sha256: str, dest: Path) -> Path:
     """Concatenate `parts` in order into `dest` once, verifying the sha256. Written to a temp file and
     renamed, so `dest` existing means it was complete and verified when written."""
     total = sum(p.stat().st_size for p in parts)
     if dest.is_file() and dest.stat().st_size == total:
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    with build_lock(dest):
+        if dest.is_file() and dest.stat().st_size == total:
+            return dest
+        return _assemble(parts, expected_sha256, dest)
+
+
+def _assemble(parts: list[Path], expected_sha256: str, dest: Path) -> Path:
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
     try:
         h = hashlib.sha256()

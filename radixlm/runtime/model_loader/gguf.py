@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from radixlm.runtime.model_loader.files import ModelLoadError, cache_dir
+from radixlm.runtime.model_loader.files import ModelLoadError, build_lock, cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -185,12 +185,19 @@ def converted_dir_for(path: str) -> Path:
 
 
 def convert_gguf(path: str) -> str:
-    """Returns the HF directory for GGUF file `path`, converting it on first use."""
+    """Returns the HF directory for GGUF file `path`, converting it on first use (one process at a time: the others
+    wait for its result)."""
     path = os.path.abspath(path)
     out = converted_dir_for(path)
     if out.is_dir():
         return str(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    with build_lock(out):
+        if not out.is_dir():
+            _convert(path, out)
+    return str(out)
+
+
+def _convert(path: str, out: Path) -> None:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     t0 = time.perf_counter()
     try:
@@ -212,7 +219,7 @@ def convert_gguf(path: str) -> str:
         try:
             os.rename(tmp, out)
         except OSError:
-            if not out.is_dir():  # a concurrent converter did not win the race either: real failure
+            if not out.is_dir():  # a converter without the lock (no fcntl) won the race, or a real failure
                 raise
     except ModelLoadError:
         raise
@@ -221,7 +228,6 @@ def convert_gguf(path: str) -> str:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("converted %s to %s in %.1f s", path, out, time.perf_counter() - t0)
-    return str(out)
 
 
 def find_gguf(path: str) -> str | None:

@@ -64,3 +64,34 @@ def test_qwen_alias_assembles_verified_gguf():
     assert p == resolve_model_path("qwen2.5-0.5b")
     assert os.path.getsize(p) == sum(os.path.getsize(packaged_file(x)) for x in files.QWEN25_PARTS)
     assert p.startswith(str(cache_dir()))
+
+
+def _build_under_lock(dest: str, start, log: str) -> None:
+    import time
+    from pathlib import Path
+
+    from radixlm.runtime.model_loader.files import build_lock
+
+    start.wait(30)
+    with build_lock(Path(dest)):
+        if not os.path.exists(dest):
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()}\n")
+            time.sleep(1.0)  # both processes are past start.wait() by now: without the lock both would build
+            Path(dest).write_text("built")
+
+
+def test_build_lock_lets_one_of_two_processes_build(tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Event()
+    dest, log = tmp_path / "cache" / "entry", tmp_path / "builders.log"
+    procs = [ctx.Process(target=_build_under_lock, args=(str(dest), start, str(log))) for _ in range(2)]
+    for p in procs:
+        p.start()
+    start.set()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert dest.read_text() == "built" and len(log.read_text().split()) == 1
