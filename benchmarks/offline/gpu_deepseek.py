@@ -175,11 +175,15 @@ def part_plan(gpus: int = 8) -> dict:
     from radixlm.runtime.model_loader.loader import _default_dtype
     from radixlm.runtime.models.deepseek_v2 import DeepseekV3ForCausalLM
     from radixlm.runtime.quantization import quant_config_from, quantize_modules
+    from radixlm.runtime.quantization.modules import DequantizedAtLoad
 
     config = DeepseekV3Config(**V3)
     with torch.device("meta"), _default_dtype(torch.bfloat16):
         model = DeepseekV3ForCausalLM(config, Parallel(tp_rank=0, tp_size=gpus, ep_size=gpus))
         quantize_modules(model, quant_config_from(config, None))
+        for module in model.modules():  # kv_b_proj as loaded: dequantized to bf16 (DequantizedAtLoad)
+            if isinstance(getattr(module, "quant_method", None), DequantizedAtLoad):
+                module.quant_method.process_weights_after_loading(module)
     parts: dict[str, int] = {}
     for name, p in model.named_parameters():
         kind = ("routed_experts" if ".experts." in name else "embed_lm_head" if "embed" in name or "lm_head" in name

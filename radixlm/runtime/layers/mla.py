@@ -21,7 +21,7 @@ from torch import nn
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel
 from radixlm.runtime.kernels.gemm import Prologue, apply_prologue
 from radixlm.runtime.layers.attention.mla import latent_attention
-from radixlm.runtime.layers.linear import ColumnParallelLinear, Linear, RowParallelLinear, Shard, copy_checked
+from radixlm.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear, Shard, copy_checked
 from radixlm.runtime.layers.norm import RMSNorm
 from radixlm.runtime.layers.rotary import RotaryEmbedding, yarn_get_mscale
 
@@ -50,7 +50,10 @@ class LatentUpProjection(nn.Module):
     """kv_b_proj: c_kv -> per head [k_nope (qk_nope_head_dim) | v (v_head_dim)], this rank's heads. Loaded from the
     checkpoint's (heads * (nope + v), kv_lora_rank) tensor as one (local heads, nope + v, kv_lora_rank) weight, split
     there into its two parts: w_uk (heads, nope, rank) and w_uv (heads, v, rank), views that follow any weight
-    update in place."""
+    update in place. A checkpoint that quantizes it (DeepSeek-V3's FP8 blocks) loads through `quant_method`
+    (quantization/modules.DequantizedAtLoad, set by quantize_modules), which leaves the float weight once loaded."""
+
+    quant_method = None
 
     def __init__(self, num_heads: int, qk_nope_head_dim: int, v_head_dim: int, kv_lora_rank: int,
                  parallel: Parallel = SINGLE):
@@ -70,12 +73,18 @@ class LatentUpProjection(nn.Module):
         return self.weight[:, self.qk_nope_head_dim :]
 
     def weight_shards(self, pname: str) -> list:
+        if self.quant_method is not None:
+            return self.quant_method.weight_shards(self, pname)
         return [None]
 
     def checkpoint_shape(self, pname: str, shard_id) -> tuple[int, ...]:
+        if self.quant_method is not None:
+            return self.quant_method.checkpoint_shape(self, pname, shard_id)
         return self.shard.full, self.kv_lora_rank
 
     def load_weight(self, pname: str, param: nn.Parameter, w, shard_id) -> None:
+        if self.quant_method is not None:
+            return self.quant_method.load_weight(self, pname, param, w, shard_id)
         if tuple(w.shape) != self.checkpoint_shape(pname, shard_id):
             raise ValueError(f"weight {pname} has shape {tuple(w.shape)}, "
                              f"expected {self.checkpoint_shape(pname, shard_id)}")
@@ -115,7 +124,8 @@ class MultiHeadLatentAttention(nn.Module):
             self.q_b_proj = ColumnParallelLinear(self.q_lora_rank, [q])
         else:
             self.q_proj = ColumnParallelLinear(hidden, [q])
-            self.kv_a_proj_with_mqa = Linear(hidden, latent, bias=bias)
+            # Replicated, as a column-parallel layer of one whole shard: a format quantizes it (as the fused one).
+            self.kv_a_proj_with_mqa = ColumnParallelLinear(hidden, [Shard(latent, latent, 0)], bias=bias)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, LATENT_NORM_EPS)
         self.kv_b_proj = LatentUpProjection(heads, self.qk_nope_head_dim, self.v_head_dim, self.kv_lora_rank, parallel)
         self.o_proj = RowParallelLinear(heads * self.v_head_dim, hidden, bias=bias, parallel=parallel)

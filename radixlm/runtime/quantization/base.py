@@ -33,6 +33,7 @@ from torch import nn
 
 from radixlm.runtime.kernels.gemm import Prologue, RotaryStore, apply_prologue
 from radixlm.runtime.layers.linear import ColumnParallelLinear, Linear, RowParallelLinear, Shard
+from radixlm.runtime.layers.mla import LatentUpProjection
 
 # draw(pname, shard_id, shape) -> a float32 tensor ~ N(0, std), the same on every rank for the same arguments
 DrawFn = Callable[[str, object, tuple[int, ...]], torch.Tensor]
@@ -75,6 +76,9 @@ def linear_layout(layer: nn.Module) -> LinearLayout:
     if isinstance(layer, Linear):
         k, n = layer.in_features, layer.out_features
         return LinearLayout(LinearKind.REPLICATED, k, k, 0, (Shard(n, n, 0),))
+    if isinstance(layer, LatentUpProjection):  # a column-parallel (heads x (nope + v), kv_lora_rank) weight
+        k = layer.kv_lora_rank
+        return LinearLayout(LinearKind.COLUMN, k, k, 0, (layer.shard,))
     raise TypeError(f"{type(layer).__name__} is not a linear layer")
 
 
@@ -262,6 +266,10 @@ class LinearMethod(ABC):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """To the kernels.quant layout (default: as loaded)."""
+
+    def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's (N, K) float weight, once loaded and processed (DequantizedAtLoad)."""
+        raise ValueError(f"{type(self).__name__} weights cannot be dequantized into a float layer")
 
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -132,6 +132,9 @@ class Fp8LinearMethod(LinearMethod):
             replace_param(layer, "input_scale", layer.input_scale.data.max())
         layer.weight_block = s.block
 
+    def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        return dequant_fp8(layer.weight, layer.weight_scale, layer.weight_block, dtype)
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return self.apply_with_prologue(layer, x, bias, None)
 

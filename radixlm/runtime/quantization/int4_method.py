@@ -17,7 +17,7 @@ import re
 import torch
 from torch import nn
 
-from radixlm.runtime.kernels.quant import int4_linear, int4_warmup_rows
+from radixlm.runtime.kernels.quant import dequant_int4, int4_linear, int4_warmup_rows
 from radixlm.runtime.layers.linear import ColumnParallelLinear
 from radixlm.runtime.quantization.base import (
     DequantizingMoEMethod, DrawFn, LinearKind, LinearLayout, LinearMethod, QuantParam, checkpoint_shape, linear_layout,
@@ -210,6 +210,15 @@ class Int4LinearMethod(LinearMethod):
     def warmup_rows(self, layer: nn.Module, dtype: torch.dtype) -> tuple[int, ...]:
         """Row counts past the row buckets at which start-up's warm-up runs this layer (quant.int4_warmup_rows)."""
         return int4_warmup_rows(layer.qweight, layer.int4_group_size, dtype)
+
+    def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        w = dequant_int4(layer.qweight, layer.scales, layer.zeros, layer.int4_group_size, dtype)
+        perm = getattr(layer, "perm", None)
+        if perm is None:
+            return w
+        out = torch.empty_like(w)
+        out[:, perm] = w  # the weight's columns in act-order: x[perm] @ w.T is x @ out.T
+        return out
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return int4_linear(x, layer.qweight, layer.scales, layer.zeros, layer.int4_group_size,

@@ -53,6 +53,9 @@ class Int8LinearMethod(LinearMethod):
         if self.scheme.static_input:
             replace_param(layer, "input_scale", layer.input_scale.data.max())
 
+    def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        return dequant_int8(layer.weight, layer.weight_scale, dtype)
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return int8_linear(x, layer.weight, layer.weight_scale, bias)
 

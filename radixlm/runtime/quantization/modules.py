@@ -1,6 +1,7 @@
 """The loader's hooks: keep the float weights of the layers a format may quantize off the device while the model is
-built, attach each layer's method after, fill a quantized layer with dummy weights, and convert every quantized layer
-to the kernels' layout once its weights are loaded."""
+built, attach each layer's method after (or, for a layer the model reads as a float weight, a method that dequantizes
+it once loaded), fill a quantized layer with dummy weights, and convert every quantized layer to the kernels' layout
+once its weights are loaded."""
 from __future__ import annotations
 
 import contextlib
@@ -12,14 +13,58 @@ import torch
 from torch import nn
 
 from radixlm.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear
+from radixlm.runtime.layers.mla import LatentUpProjection
 from radixlm.runtime.layers.moe import FusedMoE
-from radixlm.runtime.quantization.base import DrawFn, LinearMethod, MoEMethod
+from radixlm.runtime.quantization.base import DrawFn, LinearMethod, MoEMethod, QuantParam, replace_param
 from radixlm.runtime.quantization.config import QuantConfig
 
 logger = logging.getLogger(__name__)
 
 # Replicated `Linear`s (routers, gates, EAGLE's fc) and the embeddings / lm_head stay in float, as in SGLang.
 QUANTIZABLE = (ColumnParallelLinear, RowParallelLinear, FusedMoE)
+# Layers the model reads as float weights: a checkpoint that quantizes them is dequantized at load (DequantizedAtLoad).
+DEQUANTIZED_AT_LOAD = (LatentUpProjection,)
+
+
+class DequantizedAtLoad(LinearMethod):
+    """A layer the model reads as a float weight (MLA's kv_b_proj: its views feed batched matmuls), from a checkpoint
+    that quantizes it (DeepSeek-V3's FP8 blocks): loaded as `inner`'s parameters, then dequantized once into the
+    layer's float `weight` (its own shape, the model's dtype), after which the layer is a float one."""
+
+    def __init__(self, inner: LinearMethod, shape: tuple[int, ...], dtype: torch.dtype):
+        self.inner, self.shape, self.dtype = inner, shape, dtype
+
+    def params(self, layer: nn.Module) -> list[QuantParam]:
+        return self.inner.params(layer)
+
+    def create_weights(self, layer: nn.Module, device: torch.device | None = None) -> None:
+        self.inner.create_weights(layer, device)
+
+    def weight_shards(self, layer: nn.Module, pname: str) -> list:
+        return self.inner.weight_shards(layer, pname)
+
+    def load_weight(self, layer: nn.Module, pname: str, param: nn.Parameter, w, shard_id) -> None:
+        self.inner.load_weight(layer, pname, param, w, shard_id)
+
+    def checkpoint_shape(self, layer: nn.Module, pname: str, shard_id) -> tuple[int, ...]:
+        return self.inner.checkpoint_shape(layer, pname, shard_id)
+
+    def quantize_checkpoint(self, layer: nn.Module, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.inner.quantize_checkpoint(layer, w)
+
+    def init_dummy(self, layer: nn.Module, draw: DrawFn) -> None:
+        self.inner.init_dummy(layer, draw)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        self.inner.process_weights_after_loading(layer)
+        w = self.inner.dequantized_weight(layer, self.dtype).reshape(self.shape)
+        for name in list(layer._parameters):
+            replace_param(layer, name, None)
+        replace_param(layer, "weight", w.contiguous())
+        layer.quant_method = None
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        raise RuntimeError("a DequantizedAtLoad layer runs as a float layer once loaded")
 
 
 def float_weight_names(module: nn.Module) -> tuple[str, ...]:
@@ -61,6 +106,9 @@ def quantize_modules(model: nn.Module, quant_config: QuantConfig | None, device:
         return 0
     n = 0
     for prefix, module in model.named_modules():
+        if isinstance(module, DEQUANTIZED_AT_LOAD):
+            _dequantized_at_load(prefix, module, quant_config, device)
+            continue
         if not isinstance(module, QUANTIZABLE):
             continue
         method = quant_config.method_for(prefix, module)
@@ -79,6 +127,21 @@ def quantize_modules(model: nn.Module, quant_config: QuantConfig | None, device:
         n += 1
     logger.info("quantization %s: %d layers quantized", quant_config.describe(), n)
     return n
+
+
+def _dequantized_at_load(prefix: str, module: nn.Module, quant_config: QuantConfig,
+                         device: torch.device | None) -> None:
+    method = quant_config.method_for(prefix, module)
+    if method is None:
+        return
+    if not isinstance(method, LinearMethod):
+        raise TypeError(f"{type(quant_config).__name__} gave {type(method).__name__} for {prefix}, expected a "
+                        f"LinearMethod")
+    module.quant_method = DequantizedAtLoad(method, tuple(module.weight.shape), module.weight.dtype)
+    try:
+        module.quant_method.create_weights(module, device)
+    except ValueError as e:
+        raise ValueError(f"{prefix}: {e}") from None
 
 
 def _materialize(module: nn.Module, device: torch.device | None) -> None:

@@ -16,7 +16,9 @@ from tests.runtime.distributed.harness import RANK_TIMEOUT_S, free_port
 NEW_TOKENS = 8
 PROMPT_LENS = [3, 17, 9, 30]
 
-CASES = [("v2", 1), ("v3", 2)]  # (model, ep_size): experts sliced over the ranks, whole experts per rank
+# (model, ep_size): experts sliced over the ranks, whole experts per rank; v3-fp8: V3 with every projection in FP8
+# blocks (tests/runtime/quantization/test_deepseek_quantized.py), kv_b_proj's heads split before its dequantization.
+CASES = [("v2", 1), ("v3", 2), ("v3-fp8", 2)]
 
 
 def _scheduler(model_dir: str, parallel):
@@ -110,11 +112,16 @@ def _two_ranks(model_dirs: dict[str, str], prompts: list[list[int]]) -> tuple[di
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> dict[str, str]:
     from tests.runtime.models.test_deepseek import configs, save_deepseek
+    from tests.runtime.quantization.helpers import DEEPSEEK_PROJ, quantize_saved
+    from tests.runtime.quantization.test_deepseek_quantized import FP8_BLOCKS
 
     dirs = {}
     for name in {name for name, _ in CASES}:
         path = tmp_path_factory.mktemp(name)
-        save_deepseek(configs()[name], path, seed=len(name))
+        base = name.removesuffix("-fp8")
+        save_deepseek(configs()[base], path, seed=len(base))
+        if name != base:
+            quantize_saved(path, *FP8_BLOCKS, names=DEEPSEEK_PROJ)
         dirs[name] = str(path)
     return dirs
 

@@ -24,6 +24,10 @@ from tests.runtime.models.tiny import hf_greedy, random_prompts, save_tiny
 
 VOCAB = 97
 PROJ = re.compile(r"\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+# DeepSeek's projections, MLA's included (q_a / q_b, kv_a_proj_with_mqa, kv_b_proj): every one its FP8 release
+# quantizes (the routers stay float).
+DEEPSEEK_PROJ = re.compile(
+    r"\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj|gate_proj|up_proj|down_proj)\.weight$")
 NEW_TOKENS = 8
 
 
@@ -50,10 +54,10 @@ Quantizer = Callable[[str, torch.Tensor], tuple[dict[str, torch.Tensor], torch.T
 
 
 def quantize_saved(path: Path, quantize: Quantizer, quantization_config: dict | None,
-                   skip: Callable[[str], bool] = lambda name: False, write: bool = True):
-    """Rewrites the float checkpoint at path: each projection weight (but those `skip` names) becomes quantize's
-    tensors, and config.json gets quantization_config (write False: path stays as it is, for online quantization).
-    Returns transformers' model (float32, eval) of the dequantized weights (saved beside path and loaded back:
+                   skip: Callable[[str], bool] = lambda name: False, write: bool = True, names: re.Pattern = PROJ):
+    """Rewrites the float checkpoint at path: each projection weight (`names`, but those `skip` names) becomes
+    quantize's tensors, and config.json gets quantization_config (write False: path stays as it is, for online
+    quantization). Returns transformers' model (float32, eval) of the dequantized weights (saved beside path and loaded back:
     transformers maps the per-expert names itself)."""
     path = Path(path)
     files = sorted(path.glob("*.safetensors"))
@@ -61,7 +65,7 @@ def quantize_saved(path: Path, quantize: Quantizer, quantization_config: dict | 
     tensors = load_file(files[0])
     out, ref = {}, {}
     for name, t in tensors.items():
-        if not PROJ.search(name) or skip(name):
+        if not names.search(name) or skip(name):
             out[name] = ref[name] = t
             continue
         parts, deq = quantize(name, t.float())

@@ -68,7 +68,8 @@ def _order(module: str, k: int) -> torch.Tensor:
     return torch.randperm(k, generator=torch.Generator().manual_seed(zlib.crc32(key.encode())))
 
 
-def quantize_checkpoint(src: str | Path, dst: str | Path, ref: str | Path, spec: Int4Spec) -> None:
+def quantize_checkpoint(src: str | Path, dst: str | Path, ref: str | Path, spec: Int4Spec,
+                        names: re.Pattern = QUANTIZED) -> None:
     """src: a float checkpoint dir (one model.safetensors); dst: the INT4 checkpoint; ref: the float checkpoint of
     the dequantized weights. Both copy src's config (dst with quantization_config) and tokenizer files."""
     src, dst, ref = Path(src), Path(dst), Path(ref)
@@ -78,7 +79,7 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, ref: str | Path, spec:
     dequantized: dict[str, torch.Tensor] = {}
     for name, w in tensors.items():
         module = name.removesuffix(".weight")
-        if QUANTIZED.search(name) is None or any(re.search(rf"(^|\.){re.escape(s)}($|\.)", module)
+        if names.search(name) is None or any(re.search(rf"(^|\.){re.escape(s)}($|\.)", module)
                                                  for s in spec.skip):
             quantized[name] = dequantized[name] = w
             continue
