@@ -118,6 +118,11 @@ class QuantConfig(ABC):
     def method_for(self, prefix: str, layer: nn.Module) -> "LinearMethod | MoEMethod | None":
         """The method of the layer at `prefix` (our module name), None to leave it in float."""
 
+    @property
+    def online(self) -> bool:
+        """Whether the checkpoint is float and quantized as it loads (no layer holds a checkpoint format)."""
+        return False
+
     def describe(self) -> str:
         return self.method.value
 

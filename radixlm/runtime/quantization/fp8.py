@@ -252,6 +252,10 @@ class Fp8Config(QuantConfig):
     def from_flag(cls, requested: QuantizationMethod) -> "Fp8Config":
         return cls(Fp8Scheme(Fp8Granularity.CHANNEL, serialized=False), (), requested)
 
+    @property
+    def online(self) -> bool:
+        return not self.scheme.serialized
+
     def method_for(self, prefix: str, layer: nn.Module) -> LinearMethod | MoEMethod | None:
         if is_ignored(prefix, self.ignore):
             return None

@@ -131,6 +131,8 @@ def quantize_modules(model: nn.Module, quant_config: QuantConfig | None, device:
 
 def _dequantized_at_load(prefix: str, module: nn.Module, quant_config: QuantConfig,
                          device: torch.device | None) -> None:
+    if quant_config.online:
+        return  # a float checkpoint: quantizing the layer only to dequantize it would lose precision for nothing
     method = quant_config.method_for(prefix, module)
     if method is None:
         return

@@ -109,3 +109,17 @@ def test_a_weight_update_dequantizes_kv_b_proj_again(tmp_path):
         after = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=GREEDY)]
     assert ok, message
     assert broken != before and after == before
+
+
+def test_online_fp8_leaves_kv_b_proj_float(tmp_path):
+    """--quantization fp8 on a float DeepSeek: the projections quantized at load, kv_b_proj left as the checkpoint
+    has it (rounding it through FP8 only to dequantize it would lose precision and save nothing)."""
+    from radixlm.runtime.model_loader.config import ModelConfig
+    from radixlm.runtime.model_loader.loader import load_model
+
+    save_deepseek(configs()["v3"], tmp_path, seed=5)
+    online = load_model(ModelConfig.from_path(str(tmp_path), dtype="float32", quantization="fp8"))
+    plain = load_model(ModelConfig.from_path(str(tmp_path), dtype="float32"))
+    ours, theirs = (m.model.layers[1].self_attn for m in (online, plain))
+    assert ours.o_proj.weight.dtype == FP8_DTYPE and ours.kv_b_proj.quant_method is None
+    assert torch.equal(ours.kv_b_proj.weight, theirs.kv_b_proj.weight)
