@@ -16,6 +16,7 @@
 
     python benchmarks/offline/gpu_deepseek.py --out $OUT/deepseek_v2_lite_gpu.json
     python benchmarks/offline/gpu_deepseek.py --tiny --out /tmp/deepseek_tiny.json   # the same logic on the CPU
+    python benchmarks/offline/gpu_deepseek.py --model v3-fp8 --parts decode offline --out $OUT/deepseek_v3_fp8.json
 
 The model directory (config written with transformers' DeepseekV2Config, a word-level tokenizer t0..t{V-1}: prompts
 are token ids, nothing is downloaded) is made under $RADIXLM_CACHE_DIR or ~/.cache/radixlm. Greedy, EOS ignored.
@@ -74,12 +75,28 @@ RUNTIME_BYTES = 3 << 30  # CUDA context, NCCL buffers, request table (estimate: 
 PLAN_CONTEXTS = (2048, 8192, 32768)
 
 
-def model_dir(tiny: bool) -> str:
-    from transformers import DeepseekV2Config
+# V3's layer shapes and FP8 blocks with 5 layers (3 dense, 2 MoE: 22.7 GB of weights) for one GPU: its FP8 MLA path
+# (the fused q_a | kv_a blocks, kv_b_proj dequantized at load) and experts; and the same tiny, blocks of 16.
+V3_FP8_FEW = dict(V3, num_hidden_layers=5, num_nextn_predict_layers=0)
+TINY_V3_FP8 = dict(V3, vocab_size=1024, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                   num_hidden_layers=3, first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4,
+                   n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2, q_lora_rank=64,
+                   kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+                   num_nextn_predict_layers=0, max_position_embeddings=8192,
+                   rope_scaling=dict(YARN_V2, factor=4, original_max_position_embeddings=2048, mscale=1.0,
+                                     mscale_all_dim=1.0),
+                   quantization_config=dict(V3["quantization_config"], weight_block_size=[16, 16]))
+MODELS = {"v2-lite": ("DeepseekV2", V2_LITE, TINY), "v3-fp8": ("DeepseekV3", V3_FP8_FEW, TINY_V3_FP8)}
 
-    config = DeepseekV2Config(**(TINY if tiny else V2_LITE))
-    config.architectures = ["DeepseekV2ForCausalLM"]
-    return dummy_model_dir("deepseek-v2-lite-tiny-dummy" if tiny else "deepseek-v2-lite-dummy", config)
+
+def model_dir(tiny: bool, model: str = "v2-lite") -> str:
+    import transformers
+
+    arch, shapes, tiny_shapes = MODELS[model]
+    config = getattr(transformers, f"{arch}Config")(**(tiny_shapes if tiny else shapes))
+    config.architectures = [f"{arch}ForCausalLM"]
+    name = "deepseek-v2-lite" if model == "v2-lite" else "deepseek-v3-fp8-5-layers"
+    return dummy_model_dir(f"{name}-tiny-dummy" if tiny else f"{name}-dummy", config)
 
 
 def copy_bandwidth(device: str) -> float:
@@ -233,7 +250,9 @@ def main() -> None:
     parts_all = ["decode", "offline", "kv", "plan", "profile"]
     p.add_argument("--parts", nargs="+", default=parts_all, choices=parts_all)
     p.add_argument("--tiny", action="store_true",
-                   help="a tiny DeepSeek-V2 config on the CPU (float32): checks the logic")
+                   help="a tiny config of the model on the CPU (float32): checks the logic")
+    p.add_argument("--model", default="v2-lite", choices=list(MODELS),
+                   help="v2-lite: DeepSeek-V2-Lite in bf16; v3-fp8: V3's shapes in FP8 blocks, 5 layers")
     p.add_argument("--batches", type=int, nargs="+", default=None, help="decode batch sizes (default 1 32 256)")
     p.add_argument("--prompt-len", type=int, default=None, help="decode: prompt tokens per request (default 512)")
     p.add_argument("--decode-steps", type=int, default=None, help="decode: measured steps (default 128)")
@@ -260,9 +279,11 @@ def main() -> None:
     prefix = (2, 4, 64, 8, 4) if tiny and args.prefix_groups is None else (groups, per_group, prefix_len,
                                                                            question_len, output_len)
     context_len = min(args.context_length, 1024) if tiny else args.context_length
-    shapes = TINY if tiny else V2_LITE
+    arch, full_shapes, tiny_shapes = MODELS[args.model]
+    shapes = tiny_shapes if tiny else full_shapes
+    described = "DeepSeek-V2-Lite" if args.model == "v2-lite" else "DeepSeek-V3 (5 layers, FP8 blocks)"
     result = {"benchmark": "gpu_deepseek",
-              "model": f"DeepSeek-V2-Lite {'tiny ' if tiny else ''}shapes, {dtype}, dummy weights", "shapes": shapes,
+              "model": f"{described} {'tiny ' if tiny else ''}shapes, {dtype}, dummy weights", "shapes": shapes,
               "device": torch.cuda.get_device_name() if device == "cuda" and needs_gpu else "cpu",
               "torch": torch.__version__, "engine_args": ENGINE_ARGS, "command": " ".join(["python", *sys.argv])}
     t0 = time.perf_counter()
@@ -273,7 +294,7 @@ def main() -> None:
         bw = copy_bandwidth(device)
         log(f"copy bandwidth {bw / 1e9:.0f} GB/s (read + write)")
     result["copy_bandwidth_GBps"] = bw / 1e9
-    path = model_dir(tiny) if needs_gpu else ""
+    path = model_dir(tiny, args.model) if needs_gpu else ""
     src = None
     if needs_gpu:
         from transformers import AutoTokenizer
