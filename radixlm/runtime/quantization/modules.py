@@ -139,6 +139,8 @@ def _dequantized_at_load(prefix: str, module: nn.Module, quant_config: QuantConf
     if not isinstance(method, LinearMethod):
         raise TypeError(f"{type(quant_config).__name__} gave {type(method).__name__} for {prefix}, expected a "
                         f"LinearMethod")
+    if type(method).dequantized_weight is LinearMethod.dequantized_weight:  # refused before any weight is read
+        raise ValueError(f"{prefix}: {type(method).__name__} weights cannot be dequantized into a float layer")
     module.quant_method = DequantizedAtLoad(method, tuple(module.weight.shape), module.weight.dtype)
     try:
         module.quant_method.create_weights(module, device)
