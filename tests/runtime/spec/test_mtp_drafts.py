@@ -163,3 +163,26 @@ def test_eagle_without_a_head_drafts_with_the_targets_mtp_layer(target):
     cfg.hf_config.num_nextn_predict_layers = 0
     with pytest.raises(ValueError, match="needs --speculative-draft-model-path"):
         uses_mtp(ServerArgs(model_path=path, speculative_algorithm="EAGLE"), cfg)
+
+
+def test_fp8_block_checkpoint_drafts_with_its_fp8_mtp_layer(target, tmp_path):
+    """The checkpoint as DeepSeek ships V3: every projection in FP8 blocks, the MTP layer's too (its kv_b_proj
+    dequantized at load, as the target's), eh_proj in bf16. Drafting keeps the greedy outputs of the same FP8 model
+    without drafts, and drafts are accepted."""
+    import shutil
+
+    from radixlm.runtime.kernels.quant import FP8_DTYPE
+    from tests.runtime.quantization.helpers import DEEPSEEK_PROJ, quantize_saved
+    from tests.runtime.quantization.test_deepseek_quantized import FP8_BLOCKS
+
+    path = tmp_path / "fp8"
+    shutil.copytree(target[0], path)
+    quantize_saved(path, *FP8_BLOCKS, names=DEEPSEEK_PROJ)
+    assert load_file(str(path / "model.safetensors"))["model.layers.1.self_attn.kv_b_proj.weight"].dtype == FP8_DTYPE
+    plain_fp8 = [r["output_ids"] for r in _run(path)[0]]
+    got, seen, (_stats, runner) = _run(path, speculative_algorithm="EAGLE", speculative_measure_window=0,
+                                       speculative_num_steps=2)
+    assert [r["output_ids"] for r in got] == plain_fp8
+    assert sum(r["meta_info"].get("spec_accepted_tokens", 0) for r in got) > 0 and len(seen) >= 5
+    attn = runner.model.decoder.self_attn
+    assert attn.o_proj.weight.dtype == FP8_DTYPE and attn.kv_b_proj.quant_method is None
