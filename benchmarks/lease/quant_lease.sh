@@ -32,9 +32,6 @@
 #   bash benchmarks/lease/quant_lease.sh fused     # which steps the FP8 few-row kernel fuses at one row, and at which
 #                                                  # launch (kernels/fp8_gemv_fused_sweep.py, ~3-4 min):
 #                                                  # $OUT/quant_gemv_<GPU>.json is the table to commit
-#   bash benchmarks/lease/quant_lease.sh fp8block  # FP8 128x128-block GEMMs: the Triton kernel against torch._scaled_mm's
-#                                                  # block scaling on the 8B shapes (kernels/fp8_block_scaled_mm.py,
-#                                                  # ~1 min), then the quantized GEMMs' CUDA tests
 #   bash benchmarks/lease/quant_lease.sh kv        # decode attention and the 8B decode step at batch 64, 8k-token
 #                                                  # contexts, bf16 vs fp8 KV (kernels/fp8_kv_decode_gpu.py, ~5-7 min):
 #                                                  # every DECODE_VARIANTS config timed, the dict to set printed;
@@ -71,7 +68,7 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-100000}))  # BUDGET_S: no step past it (each step's limit is cut to it)
 PACK=$FINAL_OUT/quant_lease.tar
 step() { budget_step "$@"; }  # env.sh
-case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | big | deepseek | kv | check | w4big | gemv | mma | fp8mma | fp8lt | fp8block | profile [FMT...] | tests [PATH...]} in
+case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | big | deepseek | kv | check | w4big | gemv | mma | fp8mma | fp8lt | profile [FMT...] | tests [PATH...]} in
 profile)
   shift
   for f in ${@:-fp8 w4a16}; do
@@ -82,10 +79,6 @@ profile)
 fused)
   TAIL=40 step fused_sweep "${SWEEP_LIMIT_S:-330}" $PY benchmarks/kernels/fp8_gemv_fused_sweep.py --out "$OUT" \
     --budget-s "${SWEEP_BUDGET_S:-280}"
-  ;;
-fp8block)
-  TAIL=24 step fp8block_bench 200 $PY benchmarks/kernels/fp8_block_scaled_mm.py --out "$OUT"
-  TAIL=8 step fp8block_cuda_tests 200 $PY -m pytest -q -p no:cacheprovider tests/runtime/kernels/quant/test_quant_kernels_cuda.py
   ;;
 fp8lt)
   gpu=$($PY -c "import torch, re; print(re.sub(r'[^A-Za-z0-9]+', '_', torch.cuda.get_device_name()).strip('_'))")
