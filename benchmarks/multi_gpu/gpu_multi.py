@@ -212,16 +212,14 @@ def part_tp(path: str, bw: float, batches: list[int], steps: int, sharegpt_n: in
             "targets": "batch-1 step <= 0.65x TP=1; batch-256 decode throughput >= 1.6x TP=1 (step <= 0.625x)"}
 
 
-def part_big(path8b: str, bw: float, sharegpt_n: int) -> dict:
-    path = llama70b_dir(path8b)
-    return isolated(speed_run, path, bw, "llama-70b tp2", [1, 32], 64, sharegpt_n, [],
-                    {"tp_size": 2, "cuda_graph_max_bs": 64, "mem_fraction_static": 0.92}, timeout_s=360)
+BIG_RUNS = {"big": ("llama-70b tp2", {"tp_size": 2}, 360),
+            "big_fp8": ("llama-70b fp8 tp1", {"quantization": "fp8"}, 420)}
 
 
-def part_big_fp8(path8b: str, bw: float, sharegpt_n: int) -> dict:
-    path = llama70b_dir(path8b)
-    return isolated(speed_run, path, bw, "llama-70b fp8 tp1", [1, 32], 64, sharegpt_n, [],
-                    {"quantization": "fp8", "cuda_graph_max_bs": 64, "mem_fraction_static": 0.92}, timeout_s=420)
+def part_big(path8b: str, bw: float, sharegpt_n: int, run: str = "big") -> dict:
+    name, kw, timeout_s = BIG_RUNS[run]
+    return isolated(speed_run, llama70b_dir(path8b), bw, name, [1, 32], 64, sharegpt_n, [],
+                    {**kw, "cuda_graph_max_bs": 64, "mem_fraction_static": 0.92}, timeout_s=timeout_s)
 
 
 def moe_decode(path: str, kw: dict, bw: float, batches: list[int]) -> dict:
@@ -295,7 +293,7 @@ def main() -> None:
         "tp": lambda: part_tp(path, bw, args.batches, args.decode_steps, args.sharegpt_requests,
                               args.profile_batches, args.tp_configs, saver("tp")),
         "big": lambda: part_big(path, bw, args.big_sharegpt_requests),
-        "big_fp8": lambda: part_big_fp8(path, bw, args.big_sharegpt_requests),
+        "big_fp8": lambda: part_big(path, bw, args.big_sharegpt_requests, "big_fp8"),
         "moe": lambda: part_moe(bw, args.batches, args.sharegpt_requests, saver("moe")),
         "allreduce": lambda: allreduce.measure(args.world_size, args.sizes_kib, out.with_suffix(".allreduce.json")),
     }
