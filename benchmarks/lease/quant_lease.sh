@@ -45,7 +45,8 @@
 #                                                  # the 8B model bf16 and w4a16 with that table (as `model`)
 #   DRY=1 DRY_OUT=/tmp/w4big bash benchmarks/lease/quant_lease.sh w4big   # its logic on the CPU (interpreter)
 #   ROUNDS=3 bash benchmarks/lease/quant_lease.sh model bf16 fp8   # the formats in turn, three times (llama8b_<FMT>_r<N>);
-#                                                  # SHAREGPT=0: the decode steps only
+#                                                  # SHAREGPT=0: the decode steps only; AB_PDL=1: each also with
+#                                                  # RADIXLM_PDL=0 (llama8b_<FMT>_nopdl, kernels/pdl.py) right after
 #   bash benchmarks/lease/quant_lease.sh big       # Llama-3.1-70B shapes in online FP8 on the one GPU (the float model
 #                                                  # does not fit): start-up, decode steps at 1 / 32, ShareGPT-like 200
 #                                                  # (multi_gpu/gpu_multi.py --parts big_fp8, ~5-7 min)
@@ -170,9 +171,12 @@ model)
     sfx=; [ "$rounds" -gt 1 ] && sfx=_r$r
     for fmt in "${@:-bf16 fp8 fp8_block w4a16 fp8kv}"; do
       for f in $fmt; do
-        TAIL=12 step "llama8b_$f$sfx" "${MODEL_LIMIT_S:-200}" $PY benchmarks/offline/gpu_llama8b.py --parts ab \
-          --quant "$f" --batches ${BATCHES:-1 8 32 64 256} --decode-steps 128 --sharegpt-requests ${SHAREGPT:-400} \
-          --random-requests 0 --prefix-groups 0 --out "$OUT/llama8b_$f$sfx.json"
+        for pdl in 1 $([ "${AB_PDL:-0}" = 1 ] && echo 0); do
+          tag=$f$([ "$pdl" = 0 ] && echo _nopdl)$sfx
+          RADIXLM_PDL=$pdl TAIL=12 step "llama8b_$tag" "${MODEL_LIMIT_S:-200}" $PY benchmarks/offline/gpu_llama8b.py \
+            --parts ab --quant "$f" --batches ${BATCHES:-1 8 32 64 256} --decode-steps 128 \
+            --sharegpt-requests ${SHAREGPT:-400} --random-requests 0 --prefix-groups 0 --out "$OUT/llama8b_$tag.json"
+        done
       done
     done
   done

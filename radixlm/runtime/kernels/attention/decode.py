@@ -26,6 +26,7 @@ from radixlm.runtime.kernels.attention.decode_work import DecodeWork, decode_wor
 from radixlm.runtime.kernels.attention.shared_prefix import shared_prefix_stage1
 from radixlm.runtime.kernels.attention.span import (
     attend_span, kv_convert_asm, kv_widen_factor, kv_widen_query_dtype)
+from radixlm.runtime.kernels.pdl import pdl_options, pdl_wait
 
 
 # Index vectors are often views at any offset (rows of one host-to-device copy, slices of the allocator's free list).
@@ -47,8 +48,9 @@ def _decode_stage1(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, HAS_ROW_STARTS: tl.constexpr, DIRECT: tl.constexpr,
     CHUNKED: tl.constexpr, PREFETCH: tl.constexpr, KV_CVT: tl.constexpr, Q_F16: tl.constexpr,
-    SWAPPED: tl.constexpr, Q_FP8: tl.constexpr,
+    SWAPPED: tl.constexpr, Q_FP8: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)  # every read is of the step's own data (the query, the pool, the work list)
     kvh = tl.program_id(0)
     if CHUNKED:  # num_splits: the list's capacity (decode_work.py); the partials are one row of entries
         split = tl.program_id(1)
@@ -105,8 +107,9 @@ def _decode_stage1(
 def _decode_stage2(
     Mid_o, Mid_lse, O, Work, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
     num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNKED: tl.constexpr,
-    BLOCK_B: tl.constexpr,
+    BLOCK_B: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
@@ -197,6 +200,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     q_fp8 = fp8_query(q, k_buf, config)
     q_f16 = not q_fp8 and kv_widen_query_dtype(k_buf.dtype, q.dtype, config.widen) != q.dtype
     k_scale, v_scale = (s * kv_widen_factor(k_buf.dtype, q.dtype, config.widen) for s in (k_scale, v_scale))
+    pdl = pdl_options(q.device, bs)
     _decode_stage1[(num_kv_heads, chunks) if chunks else (num_kv_heads, bs, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, shared.row_starts if shared is not None else None,
         table, mid_o, mid_lse, out, sm_scale * k_scale, float(v_scale),
@@ -206,13 +210,13 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         BLOCK_N=config.block_n, num_warps=config.num_warps, num_stages=config.num_stages, PRECISION=precision,
         HAS_ROW_STARTS=shared is not None, DIRECT=direct, CHUNKED=bool(chunks), PREFETCH=config.prefetch,
         KV_CVT=kv_cvt, Q_F16=q_f16, SWAPPED=config.swapped, Q_FP8=q_fp8,
-        **({"maxnreg": config.maxnreg} if config.maxnreg and q.is_cuda else {}),
+        **({"maxnreg": config.maxnreg} if config.maxnreg and q.is_cuda else {}), **pdl,
     )
     if direct:
         return out
     _decode_stage2[(bs, num_heads)](
         mid_o, mid_lse, out, table, *mid_strides, out.stride(0), out.stride(1), slots, HEAD_DIM=head_dim,
         BLOCK_D=block_d, BLOCK_S=DECODE_CHUNK_BLOCK_S if chunks else triton.next_power_of_2(slots), num_warps=4,
-        CHUNKED=bool(chunks), BLOCK_B=DECODE_CHUNK_MAX_ROWS,
+        CHUNKED=bool(chunks), BLOCK_B=DECODE_CHUNK_MAX_ROWS, **pdl,
     )
     return out

@@ -12,6 +12,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from radixlm.runtime.kernels.numerics import div_rn_f32
+from radixlm.runtime.kernels.pdl import pdl_options, pdl_wait
 
 
 @triton.jit
@@ -45,7 +46,8 @@ def silu_mul(g, u):
 
 @triton.jit
 def _rmsnorm_kernel(X, R, W, Out, ResOut, stride_x, stride_r, stride_o, stride_ro, n_cols, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
@@ -63,7 +65,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         r = residual if residual is not None else x
         _rmsnorm_kernel[(n,)](x, r, weight, out, res_out, x.stride(0), r.stride(0), out.stride(0), res_out.stride(0),
                               h, eps, HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(h),
-                              num_warps=rmsnorm_warps(h))
+                              num_warps=rmsnorm_warps(h), **pdl_options(x.device, n))
     return out if residual is None else (out, res_out)
 
 
@@ -74,7 +76,8 @@ def rmsnorm_warps(h: int) -> int:
 
 
 @triton.jit
-def _silu_and_mul_kernel(X, Out, stride_x, stride_o, d, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(X, Out, stride_x, stride_o, d, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < d
@@ -90,7 +93,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(n, d, dtype=x.dtype, device=x.device)
     if n:
         block = 1024
-        _silu_and_mul_kernel[(n, triton.cdiv(d, block))](x, out, x.stride(0), out.stride(0), d, BLOCK=block, num_warps=4)
+        _silu_and_mul_kernel[(n, triton.cdiv(d, block))](x, out, x.stride(0), out.stride(0), d, BLOCK=block,
+                                                         num_warps=4, **pdl_options(x.device, n))
     return out
 
 

@@ -33,6 +33,7 @@ from radixlm.runtime.kernels.gemm.epilogue import MAX_ROWS as EPILOGUE_MAX_M, Ro
 from radixlm.runtime.kernels.gemm.epilogue import kernel_args as epilogue_args
 from radixlm.runtime.kernels.gemm.fused_steps import epilogue_columns, inv_rms, prologue_values, rotary_store
 from radixlm.runtime.kernels.gemm.prologue import Prologue, PrologueKind, apply
+from radixlm.runtime.kernels.pdl import pdl_options, pdl_wait
 
 if TYPE_CHECKING:
     from radixlm.runtime.kernels.startup import ParallelBuilds
@@ -85,7 +86,7 @@ def _skinny_kernel(X, W, B, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, N, K, st
                    stride_rm, eps, n_q, n_kv, stride_cs, stride_kb, stride_vb, k_scale, v_scale,
                    M: tl.constexpr, HAS_BIAS: tl.constexpr, PRO: tl.constexpr, EPI: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   NORM_BLOCK: tl.constexpr = 4096):
+                   NORM_BLOCK: tl.constexpr = 4096, PDL: tl.constexpr = False):
     pid = tl.program_id(0)
     res_end = tl.where(pid == 0, K, 0)
     if EPI:
@@ -95,6 +96,10 @@ def _skinny_kernel(X, W, B, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf, N, K, st
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = W + offs_n[:, None] * stride_wn + offs_k[None, :]
+    # No weight read before the wait here, unlike the quantized GEMVs: the first tile prefetched to L2 (4.27 ms a
+    # bf16 step at one row against 4.23 without PDL) or loaded to registers (4.61 against 4.49) lost; waiting first,
+    # 4.20 against 4.21 (H200, benchmarks/results/offline/quant/pdl/).
+    pdl_wait(PDL)
     inv0 = 1.0
     inv1 = 1.0
     inv2 = 1.0
@@ -192,7 +197,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     epi_ptrs, epi_ints, head_dim = epilogue_args(epilogue, weight)
     args = (x, weight, bias if bias is not None else weight, y, nw, r, r_out, *epi_ptrs, n, k, x.stride(0),
             weight.stride(0), y.stride(0), stride_r, eps, *epi_ints)
-    flags = dict(M=m, HAS_BIAS=bias is not None, PRO=kind, EPI=epilogue is not None, HEAD_DIM=head_dim)
+    flags = dict(M=m, HAS_BIAS=bias is not None, PRO=kind, EPI=epilogue is not None, HEAD_DIM=head_dim,
+                 **pdl_options(x.device, m))
     if epilogue is None:
         _skinny_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
         return y
@@ -229,11 +235,12 @@ def prebuild(builds: ParallelBuilds, dtype: torch.dtype, device: torch.device | 
         add = pro == PrologueKind.ADD_RMSNORM
         epi = (rows, cos_sin, rows, kv, kv, 64, 64, 64, 64, 64) if head_dim else (w, w, w, w, w, 0, 0, 0, 0, 0)
         # As skinny_linear passes them; options in the autotuner's order (Triton's in-memory key lists them as
-        # passed): M, HAS_BIAS, PRO, EPI, HEAD_DIM, then the config.
+        # passed): M, HAS_BIAS, PRO, EPI, HEAD_DIM, the PDL options, then the config.
         _skinny_kernel.fn.warmup(xs[m], w, w, y, nw if norm else w, r if add else w, r if add else w, *epi[:5], n, k,
                                  xs[m].stride(0), w.stride(0), y.stride(0), r.stride(0) if add else 0,
                                  1e-5 if norm else 0.0, *epi[5:], 1.0, 1.0, M=m, HAS_BIAS=bias, PRO=pro, EPI=bool(head_dim),
-                                 HEAD_DIM=head_dim, grid=(1,), **cfg.all_kwargs())
+                                 HEAD_DIM=head_dim, grid=(1,), **pdl_options(w.device, m),
+                                 **cfg.all_kwargs())
 
     pros = [0] + [int(kind) for kind in PrologueKind]
     jobs = [(m, pro, bias, 0, cfg) for m in SKINNY_ROWS for pro in (pros if m <= PROLOGUE_MAX_M else [0])

@@ -39,6 +39,7 @@ from radixlm.runtime.kernels.gemm.epilogue import MAX_ROWS as EPILOGUE_MAX_ROWS,
 from radixlm.runtime.kernels.gemm.epilogue import kernel_args as epilogue_args
 from radixlm.runtime.kernels.gemm.fused_steps import epilogue_columns, rotary_store
 from radixlm.runtime.kernels.gemm.prologue import Prologue, PrologueKind
+from radixlm.runtime.kernels.pdl import pdl_options, pdl_wait
 from radixlm.runtime.kernels.quant import splitk, tiles
 from radixlm.runtime.kernels.quant.x_words import inv_rms_words, prologue_quarters, store_rows, x_quarters
 
@@ -109,7 +110,7 @@ def _fp8_gemv_kernel(X, W, WS, Bias, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf,
                      GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                      EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, XKIND: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, CVT: tl.constexpr, PRO: tl.constexpr = 0, EPI: tl.constexpr = False,
-                     HEAD_DIM: tl.constexpr = 0, NORM_WORDS: tl.constexpr = 1024):
+                     HEAD_DIM: tl.constexpr = 0, NORM_WORDS: tl.constexpr = 1024, PDL: tl.constexpr = False):
     """y[:M] = x[:M] @ (w * ws).T (+ bias) on the CUDA cores. W: the weight as int32 words of four channels (N, K / 4);
     X: XKIND's words (stride_xm in words). Program (pid_n, pid_k) sums tiles_per_split BLOCK_K tiles from tile
     pid_k * tiles_per_split (in tiles, so that Triton knows the offsets' alignment: vector loads). Rows past M (up to
@@ -118,7 +119,8 @@ def _fp8_gemv_kernel(X, W, WS, Bias, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf,
     x are loaded as words, in one layout: as fp8 and bf16 tiles Triton gave them different vector widths and converted
     x through shared memory every step, and unpacked the fp8 bytes one by one (~2 more instructions a weight).
     One row (ROWS 1) may take the skinny kernel's prologue (PRO; NW, R, RO in X's words; x the step's input, K the
-    GEMM's) and, unsplit, its epilogue (EPI: the rotary embedding and KV store, fused_steps.rotary_store)."""
+    GEMM's) and, unsplit, its epilogue (EPI: the rotary embedding and KV store, fused_steps.rotary_store).
+    PDL (pdl.py): the first weight tile is loaded before the wait for the previous kernel."""
     tl.static_assert(ROWS == 1 or (PRO == 0 and not EPI))
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -138,6 +140,7 @@ def _fp8_gemv_kernel(X, W, WS, Bias, Y, NW, R, RO, Pos, CosSin, Loc, KBuf, VBuf,
     w_ptrs = W + offs_n[:, None] * stride_wn + tl.max_contiguous(offs_i, 2)[None, :]
     ws_row = WS + (first_n // GROUP_N) * stride_wsn  # BLOCKWISE: the program's block row
     w_next = _load_w(w_ptrs, 0, k_start // 4, i_end, n_mask, offs_i, EVEN_K, EVEN_N)
+    pdl_wait(PDL)
     r1 = tl.minimum(1, M - 1) * stride_xm
     r2 = tl.minimum(2, M - 1) * stride_xm
     r3 = tl.minimum(3, M - 1) * stride_xm
@@ -298,7 +301,8 @@ def fp8_gemv_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         GROUP_N=block[0] if blockwise else 1, GROUP_K=block[1] if blockwise else 1, HAS_BIAS=bias is not None,
         SPLIT=splits > 1, EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0, XKIND=xkind,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, CVT=cvt_asm(x2), PRO=int(prologue.kind) if prologue else 0,
-        EPI=epilogue is not None, HEAD_DIM=head_dim, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        EPI=epilogue is not None, HEAD_DIM=head_dim, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **pdl_options(x2.device, m))
     if splits > 1:
         splitk.reduce_splits(out, bias, y)
     if epilogue is not None:

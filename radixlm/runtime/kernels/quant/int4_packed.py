@@ -34,6 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from radixlm.runtime.kernels.pdl import pdl_wait
 from radixlm.runtime.kernels.quant.splitk import last_to_arrive, reset_counter
 from radixlm.runtime.kernels.quant.x_words import store_rows
 
@@ -153,9 +154,10 @@ def group_scales(S, Z, g, stride_sg, offs_n, n_mask, EVEN_N: tl.constexpr):
 
 @triton.jit
 def first_w4_tile(QW, M, N, K, stride_qk, stride_xm, tiles_per_split, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """The few-row W4A16 kernels' start (grid: N tiles, K splits): the program's column tile, its packed-K range
-    [kp_start, kp_end), the first tile of packed weights, and the x offsets of rows 1-3 (repeating row M - 1)."""
+    [kp_start, kp_end), the first tile of packed weights, and the x offsets of rows 1-3 (repeating row M - 1). PDL
+    (pdl.py): the first tile is loaded before the wait for the previous kernel."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -169,6 +171,7 @@ def first_w4_tile(QW, M, N, K, stride_qk, stride_xm, tiles_per_split, EVEN_K: tl
     else:
         w_next = tl.load(w_ptrs + kp_start * stride_qk, mask=n_mask[None, :] & (kp_start + offs_kp < kp_end)[:, None],
                          other=0)
+    pdl_wait(PDL)
     r1 = tl.minimum(1, M - 1) * stride_xm
     r2 = tl.minimum(2, M - 1) * stride_xm
     r3 = tl.minimum(3, M - 1) * stride_xm
@@ -181,13 +184,13 @@ def _w4a16_packed_kernel(X, QW, S, Z, Bias, Y, Out, Cnt, M, N, K, group_size, st
                          stride_ym, stride_ys, stride_om, tiles_per_split, splits, ROWS: tl.constexpr,
                          HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FUSED: tl.constexpr, EVEN_K: tl.constexpr,
                          EVEN_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
-                         SPLIT_P2: tl.constexpr):
+                         SPLIT_P2: tl.constexpr, PDL: tl.constexpr = False):
     """int4_skinny._w4a16_skinny_kernel's launch and result (rows past M, up to ROWS <= 4, repeat row M - 1 and are
     not stored); X: int64 words of four bf16 (ASM) or float32 (the interpreter's emulation). SPLIT: Y holds the
     float32 partials; FUSED (with SPLIT): the column tile's last program sums them into Out (_reduce_in_kernel),
     else splitk.reduce_splits does, in a launch of its own."""
     pid_n, pid_k, offs_n, offs_kp, n_mask, kp_start, kp_end, w_ptrs, w_next, r1, r2, r3 = first_w4_tile(
-        QW, M, N, K, stride_qk, stride_xm, tiles_per_split, EVEN_K, EVEN_N, BLOCK_N, BLOCK_K)
+        QW, M, N, K, stride_qk, stride_xm, tiles_per_split, EVEN_K, EVEN_N, BLOCK_N, BLOCK_K, PDL)
     acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.runtime.kernels.pdl import pdl_options
 from radixlm.runtime.kernels.quant import int4_packed, splitk, tiles
 from radixlm.runtime.kernels.quant.x_words import store_rows, widen_word
 
@@ -117,12 +118,12 @@ def _nibble(word, j: tl.constexpr, zj, ASM: tl.constexpr):
 def _w4a16_skinny_kernel(X, QW, S, Z, Bias, Y, M, N, K, group_size, stride_xm, stride_qk, stride_sg, stride_ym,
                          stride_ys, tiles_per_split, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                          EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, XKIND: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, ASM: tl.constexpr):
+                         BLOCK_K: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False):
     """y[:M] = x[:M] @ dequant(qweight).T (+ bias); program (pid_n, pid_k) sums tiles_per_split BLOCK_K tiles from tile
     pid_k * tiles_per_split. X: XKIND's words (stride_xm in X's elements). Rows past M (up to ROWS <= 4) repeat row
     M - 1 and are not stored."""
     pid_n, pid_k, offs_n, offs_kp, n_mask, kp_start, kp_end, w_ptrs, w_next, r1, r2, r3 = int4_packed.first_w4_tile(
-        QW, M, N, K, stride_qk, stride_xm, tiles_per_split, EVEN_K, EVEN_N, BLOCK_N, BLOCK_K)
+        QW, M, N, K, stride_qk, stride_xm, tiles_per_split, EVEN_K, EVEN_N, BLOCK_N, BLOCK_K, PDL)
     acc0 = tl.zeros([BLOCK_K // 8, BLOCK_N], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_K // 8, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_K // 8, BLOCK_N], dtype=tl.float32)
@@ -212,7 +213,7 @@ def w4a16_skinny_linear(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.T
             out.stride(0) if splits > 1 else 0)
     consts = dict(ROWS=tiles.ROW_BUCKETS[tiles.bucket_of(m)], HAS_BIAS=bias is not None, SPLIT=splits > 1,
                   EVEN_K=k % block_k == 0, EVEN_N=n % cfg.block_n == 0, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
-                  ASM=x2.is_cuda, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                  ASM=x2.is_cuda, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(x2.device, m))
     if packed:
         int4_packed._w4a16_packed_kernel[(grid_n, splits)](
             *head, y, counters if counters is not None else qweight, *ints[:-1], ints[-1], y.stride(0), per, splits,

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.runtime.kernels.pdl import pdl_options, pdl_wait
 from radixlm.runtime.kernels.quant import tiles
 
 COUNTER_SLOTS = 4096  # output tiles a launch summing its own split may have
@@ -52,7 +53,8 @@ def store_tile(acc, Y, Bias, offs_m, offs_n, m_mask, n_mask, stride_ym, stride_y
 
 @triton.jit(do_not_specialize=["M", "splits", "stride_ps"])
 def _reduce_splits_kernel(P, B, Y, M, N, splits, stride_ps, stride_pm, stride_ym, HAS_BIAS: tl.constexpr,
-                          BLOCK: tl.constexpr):
+                          BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -72,7 +74,7 @@ def reduce_splits(partials: torch.Tensor, bias: torch.Tensor | None, out: torch.
     s, m, n = partials.shape
     _reduce_splits_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
         partials, bias if bias is not None else partials, out, m, n, s, partials.stride(0), partials.stride(1),
-        out.stride(0), HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4)
+        out.stride(0), HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4, **pdl_options(out.device, m))
     return out
 
 

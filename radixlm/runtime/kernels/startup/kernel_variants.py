@@ -14,6 +14,11 @@ So a value that changes between passes builds a new kernel when it is a constexp
 both a multiple of 16 and not, or a tensor whose alignment changes (views at any offset). Each build costs
 0.1-0.6 s on an H100 with an empty cache (issue 20 measured 0.83x SGLang's throughput on a cold machine).
 
+PDL (kernels/pdl.py: the PDL constexpr and Triton's launch_pdl option, which is part of the key too) of the decode
+stages, rmsnorm, silu_and_mul, the few-row GEMVs (skinny, FP8, W4A16) and splitk's reduction: on sm_90 and later True
+at one row (pdl.PDL_MAX_ROWS), else False -> one-row passes build their own variant of each: the warm-up's one-row
+eager passes (TOKEN_ROW_WARMUP), batch-1 capture, and quantized layers' first row bucket (1 row) build them.
+
 Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and rank, met by the first pass):
 
   decode.py  _decode_stage1, _decode_stage2 (split-K decode over the paged pool)

@@ -131,7 +131,7 @@ def _loop_ops(widen: str, src: str = "e4m3", swapped: bool = False, block_h: int
     consts = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_H=block_h, BLOCK_N=128, PRECISION="tf32",
                   HAS_ROW_STARTS=False, DIRECT=True, CHUNKED=False, PREFETCH=0 if swapped else 1, KV_CVT=cvt,
                   Q_F16=widen != KvWiden.QUERY and not swapped, SWAPPED=swapped,
-                  Q_FP8=swapped and widen == KvWiden.F16 and src == "e4m3")
+                  Q_FP8=swapped and widen == KvWiden.F16 and src == "e4m3", PDL=True)  # as sm_90 launches it
     sig = {**ptrs, "sm_scale": "fp32", "v_scale": "fp32", **{n: "i32" for n in ints},
            **{n: "constexpr" for n in consts}}
     names = list(sig)

@@ -228,11 +228,12 @@ def test_dispatch_fuses_where_the_table_says_cuda(monkeypatch):
 
 
 @pytest.mark.skipif(not interpreter_works(), reason="needs Triton 3.7+ with its bundled ptxas")
-@pytest.mark.parametrize("pro, epi", [(2, True), (1, True), (3, False)])
-def test_the_fused_kernel_builds_for_sm90(pro, epi):
+@pytest.mark.parametrize("pro, epi, pdl", [(2, True, True), (1, True, False), (3, False, True)])
+def test_the_fused_kernel_builds_for_sm90(pro, epi, pdl):
     """The launches the tuned table can name (the qkv GEMM's add-and-norm or norm with the rotary epilogue, and
     SiLU-and-mul) pass ptxas for sm_90 with the packed e4m3 conversion (Triton's bundled tools, no GPU): the new
-    residual stored as words by program column 0, the rotation's K store to a bf16 pool."""
+    residual stored as words by program column 0, the rotation's K store to a bf16 pool; with PDL (kernels/pdl.py),
+    the wait for the previous kernel and the release of the next."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -247,7 +248,7 @@ def test_the_fused_kernel_builds_for_sm90(pro, epi):
     epi_ints = ("n_q", "n_kv", "stride_cs", "stride_kb", "stride_vb")
     consts = dict(ROWS=1, BLOCKWISE=False, GROUP_N=1, GROUP_K=1, HAS_BIAS=False, SPLIT=False, EVEN_K=True, EVEN_N=True,
                   XKIND=0, BLOCK_N=8, BLOCK_K=512, CVT=fp8_gemv.F32_CVT, PRO=pro, EPI=epi, HEAD_DIM=128 if epi else 0,
-                  NORM_WORDS=1024)
+                  NORM_WORDS=1024, PDL=pdl)
     sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "fp32" for n in floats}, **{n: "i32" for n in epi_ints},
            "k_scale": "fp32", "v_scale": "fp32", **{n: "constexpr" for n in consts}}
     aligned = [i for i, n in enumerate(sig) if n in ptrs and n not in ("X", "Pos", "Loc")]
@@ -256,6 +257,7 @@ def test_the_fused_kernel_builds_for_sm90(pro, epi):
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 2, "num_stages": 1}).asm["ptx"]
     assert "cvt.rn.f16x2.e4m3x2" in ptx
     assert ("st.global.b64" in ptx or "st.global.v2.b64" in ptx or "st.global.u64" in ptx) == (pro == 2)
+    assert ("griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx) == pdl
 
 
 if __name__ == "__main__":

@@ -258,7 +258,7 @@ def test_the_packed_kernel_builds_for_sm90():
            "Cnt": "*i32", **{name: "i32" for name in ints}}
     block_n, block_k, warps = 512, 64, 4
     consts = dict(ROWS=1, HAS_BIAS=False, SPLIT=True, FUSED=True, SPLIT_P2=32, EVEN_K=True, EVEN_N=True,
-                  BLOCK_N=block_n, BLOCK_K=block_k, ASM=True)
+                  BLOCK_N=block_n, BLOCK_K=block_k, ASM=True, PDL=True)
     sig.update({name: "constexpr" for name in consts})
     aligned = [i for i, name in enumerate(sig)
                if name not in ("Cnt", "M", "stride_xm", "tiles_per_split", "splits") and name not in consts]
@@ -267,6 +267,7 @@ def test_the_packed_kernel_builds_for_sm90():
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
     assert "fma.rn.bf16x2" in kernel.asm["ptx"] and "prmt.b32" in kernel.asm["ptx"]
     assert "atom.global.gpu.acq_rel.add" in kernel.asm["ptx"] and "ld.global.cg" in kernel.asm["ptx"]  # fused split K
+    assert "griddepcontrol.wait" in kernel.asm["ptx"]  # as sm_90 launches it (kernels/pdl.py)
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
