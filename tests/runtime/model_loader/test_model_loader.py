@@ -149,6 +149,31 @@ def test_gguf_header_garbage(tmp_path):
         ModelConfig.from_path(str(other))
 
 
+def test_gguf_config_and_tokenizer_reuse_the_parsed_reader(tmp_path, monkeypatch):
+    """transformers builds the config and the tokenizer from the reader the conversion parsed (a parse walks the
+    vocabulary: 12.6 s for Qwen2.5-0.5B on 2 cores), and gguf.GGUFReader is itself again afterwards."""
+    import gguf
+
+    from radixlm.runtime.model_loader import gguf as gguf_mod
+
+    path = resolve_model_path("default")
+    reader = gguf.GGUFReader(path)
+    original = gguf.GGUFReader
+
+    def parsed_again(*args, **kwargs):
+        raise AssertionError(f"the GGUF file was parsed again: {args}")
+
+    monkeypatch.setattr(gguf, "GGUFReader", parsed_again)
+    gguf_mod._write_config_and_tokenizer(reader, path, tmp_path)
+    assert gguf.GGUFReader is parsed_again
+    monkeypatch.setattr(gguf, "GGUFReader", original)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and (tmp_path / "tokenizer.json").is_file()
+    with gguf_mod._parsed_once(reader, path):
+        assert gguf.GGUFReader(path) is reader
+    assert gguf.GGUFReader is original
+
+
 def test_gguf_tensor_writer_shards(tmp_path, monkeypatch):
     from radixlm.runtime.model_loader import gguf as gguf_mod
     from radixlm.runtime.model_loader.loader import safetensors_files, safetensors_weights_iterator
