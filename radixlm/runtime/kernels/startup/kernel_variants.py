@@ -18,6 +18,10 @@ PDL (kernels/pdl.py: the PDL constexpr and Triton's launch_pdl option, which is 
 stages, rmsnorm, silu_and_mul, the few-row GEMVs (skinny, FP8, W4A16) and splitk's reduction: on sm_90 and later True
 at one row (pdl.PDL_MAX_ROWS), else False -> one-row passes build their own variant of each: the warm-up's one-row
 eager passes (TOKEN_ROW_WARMUP), batch-1 capture, and quantized layers' first row bucket (1 row) build them.
+  A gap (issue 56): decode stage 1 / 2 at 2+ rows, unchunked (decode_chunk_capacity 0) and without shared prefixes,
+  met their variants in the warm-up's one-request split passes, which now build the PDL ones. Graph capture builds
+  those of captured batch sizes; an eager decode pass of such a batch (CUDA graphs off, or past the largest captured
+  batch) may build one while serving.
 
 Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and rank, met by the first pass):
 
