@@ -1,14 +1,15 @@
 """Programmatic dependent launch (PDL, sm_90 and later) for the kernels of a decode step.
 
 In a CUDA graph each kernel of a stream starts only when the one before it has finished: its programs are dispatched,
-then its first loads wait a DRAM round trip, while the GPU drains the previous kernel's last wave. At batch 1 a step is
-~150-280 launches of 2-40 us each, so that fixed cost is a large part of it. Launched with PDL, a kernel may start
-once every program of the previous one has passed its `pdl_wait`: its programs issue what does not depend on earlier
-kernels (a GEMV's first weight tile), then wait in `pdl_wait` until the previous kernel has finished and its memory
-is visible, and from there let the next kernel launch. Releasing the next kernel only after the wait keeps at most one
-kernel waiting ahead of the running one. Released at each kernel's start instead (the first try), FP8 at one row took
-2.86 ms against 2.74 and bf16 4.42 against 4.27: waiting kernels could then release theirs in turn, and their
-programs hold SM slots (our reading, not profiled).
+then its first loads wait a DRAM round trip, while the GPU drains the previous kernel's last wave. At batch 1 an 8B
+step is 180 (bf16) to 276 (FP8) launches of 1-64 us (profiles: results/kernels/h200/decode_merge/, results/offline/
+quant/fp8_fused_qkv/), so that fixed cost is a large part of it. Launched with PDL, a kernel may start once every
+program of the previous one has passed its `pdl_wait`: its programs issue what does not depend on earlier kernels (a
+GEMV's first weight tile), then wait in `pdl_wait` until the previous kernel has finished and its memory is visible,
+and from there let the next kernel launch. Releasing the next kernel only after the wait keeps at most one kernel
+waiting ahead of the running one. Released at each kernel's start instead (the first try; two device calls, pdl/r1
+against pdl/r2), FP8 at one row took 2.86 ms against 2.74 and bf16 4.42 against 4.27: waiting kernels could then
+release theirs in turn, and their programs hold SM slots (our reading, not profiled).
 
 The invariant, for every kernel launched with PDL (`pdl_options`): every program calls `pdl_wait` before it reads
 anything an earlier kernel of the stream wrote (activations, the KV pool, work lists) and before its first store. A
