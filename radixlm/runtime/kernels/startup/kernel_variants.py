@@ -18,10 +18,8 @@ PDL (kernels/pdl.py: the PDL constexpr and Triton's launch_pdl option, which is 
 stages, rmsnorm, silu_and_mul, the few-row GEMVs (skinny, FP8, W4A16) and splitk's reduction: on sm_90 and later True
 at one row (pdl.PDL_MAX_ROWS), else False -> one-row passes build their own variant of each: the warm-up's one-row
 eager passes (TOKEN_ROW_WARMUP), batch-1 capture, and quantized layers' first row bucket (1 row) build them.
-  A gap (issue 56): decode stage 1 / 2 at 2+ rows, unchunked (decode_chunk_capacity 0) and without shared prefixes,
-  met their variants in the warm-up's one-request split passes, which now build the PDL ones. Graph capture builds
-  those of captured batch sizes; an eager decode pass of such a batch (CUDA graphs off, or past the largest captured
-  batch) may build one while serving.
+  So the decode stages' split passes (WarmupPlan.split_passes) run twice where eager passes can be both: at one
+  row (PDL), and at the fewest rows of an unchunked eager pass of 2+ rows (decode_split_passes).
 
 Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and rank, met by the first pass):
 
@@ -165,7 +163,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixlm.runtime.kernels.attention import (
-    decode_num_splits, decode_wide_rows, shared_prefix_num_splits)
+    DECODE_BLOCK_N, decode_chunk_capacity, decode_num_splits, decode_wide_rows, shared_prefix_num_splits)
+from radixlm.runtime.kernels.attention.decode_splits import DECODE_CHUNK_MAX_ROWS, DECODE_TARGET_PROGRAMS
 from radixlm.runtime.kernels.gemm import MMA_ROWS, SKINNY_MAX_M
 
 # Extend passes of these per-request new-token counts build both of the extend kernel's tiles (BLOCK_M 16, 64).
@@ -197,6 +196,27 @@ def decode_eager_splits(context_len: int, num_kv_heads: int, graph_max_bs: int) 
     return list(range(1, top + 1))
 
 
+def split_seq_len(splits: int) -> int:
+    """The sequence length at which one request's decode pass takes `splits` splits (where the batch allows it)."""
+    return 4 * DECODE_BLOCK_N * (splits - 1) + 1
+
+
+def decode_split_passes(context_len: int, num_kv_heads: int, eager_from: int, max_rows: int | None) -> list:
+    """(rows, seq_len) of the eager passes that build decode stages 1 and 2 at each split count an eager pass can
+    meet (eager passes: more than eager_from rows, at most max_rows): one request per split count past one (one-row
+    passes launch with PDL on sm_90), and, at the fewest rows of an unchunked eager pass of 2+ rows
+    (decode_chunk_capacity 0), one pass per split count such passes reach (PDL off; the split count is
+    non-increasing in the rows, so the fewest reach them all)."""
+    passes = [(1, split_seq_len(s)) for s in decode_eager_splits(context_len, num_kv_heads, eager_from) if s > 1]
+    rows = max(2, eager_from + 1)
+    if decode_chunk_capacity(rows, num_kv_heads):
+        rows = min(DECODE_CHUNK_MAX_ROWS + 1, -(-DECODE_TARGET_PROGRAMS // max(1, num_kv_heads)))
+    if max_rows is None or rows <= max_rows:
+        top = decode_num_splits(max(context_len, 1), rows, num_kv_heads)
+        passes += [(rows, split_seq_len(s)) for s in range(1, top + 1)]
+    return passes
+
+
 @dataclass
 class WarmupPlan:
     """What warmup.warm_up_kernels runs before CUDA-graph capture."""
@@ -204,6 +224,7 @@ class WarmupPlan:
     extend_lens: tuple = EXTEND_WARMUP_LENS
     token_row_batches: tuple = TOKEN_ROW_WARMUP
     decode_splits: list[int] = field(default_factory=list)
+    split_passes: list[tuple[int, int]] = field(default_factory=list)  # decode_split_passes: (rows, seq_len)
     moe: bool = False  # every reachable GEMM config of each MoE layer shape (fused_moe.reachable_configs)
     tree_masks: bool = False  # extend_lens passes again with tree masks (the extend kernel's USE_CUSTOM_MASK)
     shared_prefix: list[tuple[int, int]] = field(default_factory=list)  # shared_prefix_warmup's pairs
@@ -235,7 +256,9 @@ def warmup_plan(context_len: int, num_kv_heads: int, graph_max_bs: int, eager_to
     rows = TOKEN_ROW_WARMUP + mma_warmup_rows(max_rows)
     if max_rows is None or max_rows >= max(wide, eager_from + 1):
         rows += (wide,)
-    return WarmupPlan(token_row_batches=rows, decode_splits=splits, moe=has_moe, tree_masks=tree_masks,
+    return WarmupPlan(token_row_batches=rows, decode_splits=splits,
+                      split_passes=decode_split_passes(context_len, num_kv_heads, eager_from, max_rows),
+                      moe=has_moe, tree_masks=tree_masks,
                       shared_prefix=shared_prefix_warmup(context_len, num_kv_heads, splits) if shared_prefix else [])
 
 

@@ -142,11 +142,10 @@ def discover_kernels(runner: WarmupRunner, plan: WarmupPlan, builds: ParallelBui
 def warm_up_passes(runner: WarmupRunner, plan: WarmupPlan) -> None:
     runner.warm_up_extend(tree_masks=plan.tree_masks)
     # Every row count up to the skinny GEMM's limit and one per tensor-core BLOCK_M (the layers' Triton-vs-cuBLAS
-    # choices), then one request at each split count an eager decode pass can meet: seq_len 256 * (s - 1) + 1
-    # gives s splits for one request.
+    # choices), then the decode stages at each split count an eager decode pass can meet.
     passes = [(bs, 1) for bs in plan.token_row_batches]
     if isinstance(runner.attn_backend, TritonAttnBackend):
-        passes += [(1, attention.DECODE_BLOCK_N * 4 * (s - 1) + 1) for s in plan.decode_splits if s > 1]
+        passes += plan.split_passes
     for bs, seq_len in passes:
         out = runner.warm_up_token_rows(bs, seq_len)
         if runner.is_cuda:

@@ -85,6 +85,13 @@ def test_warmup_plan_follows_graphs_and_media():
     assert warmup_plan(4096, 8, 0, False, False, max_rows=128).token_row_batches == rows + (128,)
     assert warmup_plan(4096, 2, 8, False, False, max_rows=600).token_row_batches == rows + (512,)
     assert warmup_plan(4096, 8, 0, False, False, max_rows=12).token_row_batches == TOKEN_ROW_WARMUP + (12,)
+    # The decode stages' split passes: one request per split count past one, then the fewest rows of an unchunked
+    # eager pass of 2+ rows (33 at 2 kv heads: fewer are chunked) at each split count it reaches.
+    assert warmup_plan(4096, 2, 0, False, False).split_passes == (
+        [(1, 256 * (s - 1) + 1) for s in range(2, 17)] + [(33, 256 * (s - 1) + 1) for s in range(1, 5)])
+    assert warmup_plan(4096, 2, 0, False, False, max_rows=32).split_passes == [
+        (1, 256 * (s - 1) + 1) for s in range(2, 17)]
+    assert warmup_plan(4096, 8, 512, False, False).split_passes == [(513, 1)]
 
 
 @pytest.mark.parametrize("top_k, n_local", [(8, 128), (2, 8), (4, 60), (1, 4), (8, 16)])
@@ -119,9 +126,16 @@ def _index(values, offset):
 @pytest.mark.parametrize("kv_heads, graph_max_bs, pool_dtype", [
     (2, 8, torch.float32), (2, 0, torch.float32), (8, 512, torch.float32), (1, 4, torch.float32),
     (8, 512, torch.float8_e4m3fn), (2, 0, torch.float8_e5m2)])  # a float8 pool: its own launch configs
-def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_heads, graph_max_bs, pool_dtype):
+@pytest.mark.parametrize("pdl", [False, True])
+def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_heads, graph_max_bs, pool_dtype, pdl):
+    """pdl: launched as on sm_90, where one-row passes take their own (PDL) variants."""
     from radixlm.runtime.executor.cuda_graph_runner import capture_batch_sizes
     from radixlm.runtime.kernels.attention import decode as da
+    from radixlm.runtime.kernels.pdl import PDL_MAX_ROWS
+
+    if pdl:
+        monkeypatch.setattr(da, "pdl_options", lambda device, rows: (
+            {"PDL": True, "launch_pdl": True} if rows <= PDL_MAX_ROWS else {"PDL": False}))
     from radixlm.runtime.kernels.attention import decode_work as dw
 
     heads, head_dim, context_len = 4 * kv_heads, 16, 4096
@@ -139,8 +153,8 @@ def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_
     plan = warmup_plan(context_len, kv_heads, graph_max_bs, False, False)
     for bs in plan.token_row_batches:
         launch(bs, [1] * bs)
-    for s in plan.decode_splits:
-        launch(1, [256 * (s - 1) + 1])
+    for bs, seq_len in plan.split_passes:
+        launch(bs, [seq_len] * bs)
     if graph_max_bs:
         for bs in capture_batch_sizes(graph_max_bs):
             launch(bs, [1] * bs, num_splits=decode_num_splits(context_len, bs, kv_heads))
@@ -152,9 +166,19 @@ def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_
 
     pool = KvPool.of(k_buf.dtype)
     own_wide = decode_kernel_config(pool, True) != decode_kernel_config(pool, False)
-    launched = list(plan.token_row_batches) + (capture_batch_sizes(graph_max_bs) if graph_max_bs else [])
-    assert len(warm["stage1"]) == (2 + (own_wide and any(bs >= decode_wide_rows(kv_heads) for bs in launched))
-                                   + any(decode_chunk_capacity(bs, kv_heads) for bs in launched))
+    launched = ([(bs, decode_num_splits(1, bs, kv_heads)) for bs in plan.token_row_batches]
+                + [(bs, decode_num_splits(n, bs, kv_heads)) for bs, n in plan.split_passes]
+                + [(bs, decode_num_splits(context_len, bs, kv_heads))
+                   for bs in (capture_batch_sizes(graph_max_bs) if graph_max_bs else [])])
+
+    def variant(bs, splits):
+        if decode_chunk_capacity(bs, kv_heads):
+            return "chunked"
+        if own_wide and bs >= decode_wide_rows(kv_heads):
+            return "wide"
+        return ("split" if splits > 1 else "direct", pdl and bs <= PDL_MAX_ROWS)
+
+    assert len(warm["stage1"]) == len({variant(bs, splits) for bs, splits in launched})
     # Serving: eager passes of more rows than the largest graph, any lengths, index vectors at any offset.
     rng = random.Random(0)
     for i in range(60):
