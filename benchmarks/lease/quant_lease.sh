@@ -46,7 +46,8 @@
 #   DRY=1 DRY_OUT=/tmp/w4big bash benchmarks/lease/quant_lease.sh w4big   # its logic on the CPU (interpreter)
 #   ROUNDS=3 bash benchmarks/lease/quant_lease.sh model bf16 fp8   # the formats in turn, three times (llama8b_<FMT>_r<N>);
 #                                                  # SHAREGPT=0: the decode steps only; AB_PDL=1: each also with
-#                                                  # RADIXLM_PDL=0 (llama8b_<FMT>_nopdl, kernels/pdl.py) right after
+#                                                  # RADIXLM_PDL=0 (llama8b_<FMT>_nopdl, kernels/pdl.py) right after;
+#                                                  # AB_ENV="VAR=V ...": each also under that env (llama8b_<FMT>_off)
 #   bash benchmarks/lease/quant_lease.sh big       # Llama-3.1-70B shapes in online FP8 on the one GPU (the float model
 #                                                  # does not fit): start-up, decode steps at 1 / 32, ShareGPT-like 200
 #                                                  # (multi_gpu/gpu_multi.py --parts big_fp8, ~5-7 min)
@@ -167,13 +168,16 @@ moe)
 model)
   shift
   rounds=${ROUNDS:-1}
+  ab_env=${AB_ENV:-} ab_tag=_off
+  [ "${AB_PDL:-0}" = 1 ] && ab_env=RADIXLM_PDL=0 ab_tag=_nopdl
   for r in $(seq 1 "$rounds"); do
     sfx=; [ "$rounds" -gt 1 ] && sfx=_r$r
     for fmt in "${@:-bf16 fp8 fp8_block w4a16 fp8kv}"; do
       for f in $fmt; do
-        for pdl in 1 $([ "${AB_PDL:-0}" = 1 ] && echo 0); do
-          tag=$f$([ "$pdl" = 0 ] && echo _nopdl)$sfx
-          RADIXLM_PDL=$pdl TAIL=12 step "llama8b_$tag" "${MODEL_LIMIT_S:-200}" $PY benchmarks/offline/gpu_llama8b.py \
+        for ab in 0 $([ -n "$ab_env" ] && echo 1); do
+          tag=$f$([ "$ab" = 1 ] && echo "$ab_tag")$sfx
+          TAIL=12 step "llama8b_$tag" "${MODEL_LIMIT_S:-200}" env $([ "$ab" = 1 ] && echo "$ab_env") \
+            $PY benchmarks/offline/gpu_llama8b.py \
             --parts ab --quant "$f" --batches ${BATCHES:-1 8 32 64 256} --decode-steps 128 \
             --sharegpt-requests ${SHAREGPT:-400} --random-requests 0 --prefix-groups 0 --out "$OUT/llama8b_$tag.json"
         done

@@ -289,7 +289,8 @@ def test_cuda_tuned_gemms_change_no_token(tiny_cuda_model, monkeypatch):
                               "config": cublaslt.algo_config(lt, found.algo)})
                 break
     assert table
-    monkeypatch.setattr(cublaslt, "load_table", lambda device_name: table)
+    monkeypatch.setattr(cublaslt, "load_table",
+                        lambda device_name, kind="cublaslt": table if kind == "cublaslt" else [])
     prompts = _prompts(m, seed=3)
     params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
     runs = {}
