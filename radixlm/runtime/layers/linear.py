@@ -110,14 +110,6 @@ class Linear(nn.Module):
                 epilogue: RotaryStore | None = None) -> torch.Tensor:
         return self.matmul(x, self.bias, prologue, epilogue)
 
-    def prefetch_weight(self, rows: int) -> None:
-        """Before kernels that leave the memory bus idle, ahead of this layer's pass of `rows` rows: warms the L2
-        with the start of its weight (kernels/l2_prefetch.py; one-row passes on sm_90, bf16 and FP8 weights)."""
-        if self.weight is not None and self.weight.is_cuda:
-            from radixlm.runtime.kernels.l2_prefetch import prefetch_l2  # Triton's: loaded on CUDA only
-
-            prefetch_l2(self.weight, rows)
-
     def weight_shards(self, pname: str) -> list:
         if self.quant_method is not None and pname != "bias":
             return self.quant_method.weight_shards(self, pname)

@@ -81,7 +81,6 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
-        self.o_proj.prefetch_weight(q.shape[0])  # read while attention runs
         # The CUDA KV store reads strided rows; the CPU path wants v contiguous.
         o = self.attn(q, k, v if v.is_cuda else v.contiguous(), forward_batch, rotary, epilogue)
         return self.o_proj(o, reduce=reduce)

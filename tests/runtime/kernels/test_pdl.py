@@ -1,7 +1,7 @@
 """Programmatic dependent launch (kernels/pdl.py): off on the CPU, under RADIXLM_PDL=0 and past PDL_MAX_ROWS rows;
 the skinny kernel compiled for sm_90 with PDL waits, then releases the next kernel, before any load, and without PDL
 does neither (Triton's bundled ptxas, no GPU); on an sm_90 GPU a decode layer's chain of PDL kernels (norms, the bf16
-and FP8 few-row GEMMs, split-K's reduction, SiLU-and-mul, an L2 prefetch), replayed in a CUDA graph, gives the bits of plain
+and FP8 few-row GEMMs, split-K's reduction, SiLU-and-mul), replayed in a CUDA graph, gives the bits of plain
 launches."""
 from __future__ import annotations
 
@@ -66,7 +66,6 @@ def _layer_chain(h: int, inter: int):
     few-row, split in two: its reduction too), the residual add-and-norm, then the FP8 GEMM unsplit."""
     from radixlm.runtime.kernels.elementwise.fused_kernels import rmsnorm, silu_and_mul
     from radixlm.runtime.kernels.gemm.skinny_gemm import skinny_linear
-    from radixlm.runtime.kernels.l2_prefetch import prefetch_l2
     from radixlm.runtime.kernels.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv_linear
 
     g = torch.Generator().manual_seed(0)
@@ -80,7 +79,6 @@ def _layer_chain(h: int, inter: int):
 
     def run():
         y = rmsnorm(x, wn, 1e-5)
-        prefetch_l2(w8, 1)  # stores nothing: the chain's values are unchanged
         b = silu_and_mul(skinny_linear(y, w_up))
         c = fp8_gemv_linear(b, w8, s8, None, None, split)
         out, res = rmsnorm(c, wn, 1e-5, residual=x)
