@@ -174,9 +174,14 @@ def part_prefix(path: str, src: PromptSource) -> dict:
     return rows
 
 
+AB_RUNNING = 256
+
+
 def part_ab(path: str, src: PromptSource, batches: list[int], steps: int, sharegpt_n: int, random_n: int,
             prefix_groups: int) -> dict:
-    engine = make_engine(path, max_running_requests=max(batches, default=256))
+    # At least AB_RUNNING requests run at once whatever the decode batches: the throughput workloads ran one
+    # request at a time under BATCHES="1" (benchmarks/results/offline/quant/l2_prefetch/README.md).
+    engine = make_engine(path, max_running_requests=max([*batches, AB_RUNNING]))
     sizes = {**PEER_SIZES, "sharegpt": (sharegpt_n, 2048, 1024), "random": (random_n, 1024, 512),
              "prefix": (prefix_groups, 32, 2048, 128, 64)}
     try:
