@@ -131,12 +131,12 @@ def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_
     """pdl: launched as on sm_90, where one-row passes take their own (PDL) variants."""
     from radixlm.runtime.executor.cuda_graph_runner import capture_batch_sizes
     from radixlm.runtime.kernels.attention import decode as da
+    from radixlm.runtime.kernels.attention import decode_work as dw
     from radixlm.runtime.kernels.pdl import PDL_MAX_ROWS
 
     if pdl:
         monkeypatch.setattr(da, "pdl_options", lambda device, rows: (
             {"PDL": True, "launch_pdl": True} if rows <= PDL_MAX_ROWS else {"PDL": False}))
-    from radixlm.runtime.kernels.attention import decode_work as dw
 
     heads, head_dim, context_len = 4 * kv_heads, 16, 4096
     rec = Recorder(monkeypatch, {"stage1": da._decode_stage1, "stage2": da._decode_stage2, "work": dw._decode_work})
