@@ -58,7 +58,8 @@
 #                                                  # the interpreted tier left out (TESTS_LIMIT_S, default 300)
 #   BUDGET_S=300 bash benchmarks/lease/quant_lease.sh profile [FMT...]   # the decode step's kernels per format at
 #                                                  # PROFILE_BATCHES (default 1): profiling/profile_gpu_step.py --quant
-#                                                  # (default formats: fp8 w4a16; ~90-150 s each with a cold cache)
+#                                                  # (default formats: fp8 w4a16; ~90-150 s each with a cold cache;
+#                                                  # PDL off unless PROFILE_PDL=on: kernel times that add up)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/../lib/env.sh"
@@ -75,7 +76,7 @@ profile)
   shift
   for f in ${@:-fp8 w4a16}; do
     TAIL=45 step "profile_$f" 400 $PY benchmarks/profiling/profile_gpu_step.py --quant "$f" \
-      --batches ${PROFILE_BATCHES:-1} --steps 32 --top 40 --out "$OUT/profile_$f.json"
+      --batches ${PROFILE_BATCHES:-1} --steps 32 --top 40 --pdl "${PROFILE_PDL:-off}" --out "$OUT/profile_$f.json"
   done
   ;;
 fused)
