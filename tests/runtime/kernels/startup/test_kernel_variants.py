@@ -375,16 +375,23 @@ def test_moe_launches_while_serving_are_built_by_the_warm_up(monkeypatch, dtype)
 
 @pytest.mark.parametrize("kv_heads, graph_max_bs, context_len", [(2, 8, 4096), (8, 512, 131072), (1, 0, 600),
                                                                  (8, 0, 8192)])
+@pytest.mark.parametrize("pdl", [False, True])
 def test_shared_prefix_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_heads, graph_max_bs,
-                                                                       context_len):
+                                                                       context_len, pdl):
     """Eager decode passes with shared prefixes (shared-prefix decode): the prefix kernel, decode stage 1
-    with row starts and stage 2 over splits + prefix splits, built by TritonAttnBackend.warm_up_shared_prefix."""
+    with row starts and stage 2 over splits + prefix splits, built by TritonAttnBackend.warm_up_shared_prefix.
+    pdl: launched as on sm_90 (one-row passes take PDL variants)."""
     from types import SimpleNamespace
 
     from radixlm.runtime.cache.kv_quant import KVScales
     from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend, shared_prefixes
     from radixlm.runtime.kernels.attention import decode as da
     from radixlm.runtime.kernels.attention import shared_prefix as spa
+    from radixlm.runtime.kernels.pdl import PDL_MAX_ROWS
+
+    if pdl:
+        monkeypatch.setattr(da, "pdl_options", lambda device, rows: (
+            {"PDL": True, "launch_pdl": True} if rows <= PDL_MAX_ROWS else {"PDL": False}))
 
     heads, head_dim = 4 * kv_heads, 16
     rec = Recorder(monkeypatch, {"stage1": da._decode_stage1, "stage2": da._decode_stage2,
@@ -399,9 +406,9 @@ def test_shared_prefix_launches_while_serving_are_built_by_the_warm_up(monkeypat
         req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), model_config=SimpleNamespace(dtype=k_buf.dtype))
     backend.warm_up_shared_prefix(SimpleNamespace(layer_id=0, num_heads=heads, head_dim=head_dim, scaling=0.25),
                                   plan.shared_prefix)
-    for s in plan.decode_splits:  # the plain passes' stage 2 (warm_up_kernels' eager passes)
-        da.decode_attention(_qkv_q(1, heads, kv_heads, head_dim), k_buf, v_buf, req_to_token, _index([0], 0),
-                            _index([256 * (s - 1) + 1], 1), 0.25, 256 * (s - 1) + 1)
+    for bs, n in plan.split_passes:  # the plain passes' stage 2 (warm_up_kernels' eager passes)
+        da.decode_attention(_qkv_q(bs, heads, kv_heads, head_dim), k_buf, v_buf, req_to_token, _index([0] * bs, 0),
+                            _index([n] * bs, 1), 0.25, n)
     warm = rec.take()
     rng = random.Random(2)
     for _ in range(80):
