@@ -123,6 +123,14 @@ def _index(values, offset):
     return buf[offset:]
 
 
+def _launch_as_sm90(monkeypatch, module) -> None:
+    """module's launches take the PDL options sm_90 gives them (PDL at up to PDL_MAX_ROWS rows), on the CPU."""
+    from radixlm.runtime.kernels.pdl import PDL_MAX_ROWS
+
+    monkeypatch.setattr(module, "pdl_options", lambda device, rows: (
+        {"PDL": True, "launch_pdl": True} if rows <= PDL_MAX_ROWS else {"PDL": False}))
+
+
 @pytest.mark.parametrize("kv_heads, graph_max_bs, pool_dtype", [
     (2, 8, torch.float32), (2, 0, torch.float32), (8, 512, torch.float32), (1, 4, torch.float32),
     (8, 512, torch.float8_e4m3fn), (2, 0, torch.float8_e5m2)])  # a float8 pool: its own launch configs
@@ -135,9 +143,7 @@ def test_decode_launches_while_serving_are_built_by_the_warm_up(monkeypatch, kv_
     from radixlm.runtime.kernels.pdl import PDL_MAX_ROWS
 
     if pdl:
-        monkeypatch.setattr(da, "pdl_options", lambda device, rows: (
-            {"PDL": True, "launch_pdl": True} if rows <= PDL_MAX_ROWS else {"PDL": False}))
-
+        _launch_as_sm90(monkeypatch, da)
     heads, head_dim, context_len = 4 * kv_heads, 16, 4096
     rec = Recorder(monkeypatch, {"stage1": da._decode_stage1, "stage2": da._decode_stage2, "work": dw._decode_work})
     k_buf, v_buf, req_to_token = _pools(kv_heads=kv_heads)
@@ -387,12 +393,9 @@ def test_shared_prefix_launches_while_serving_are_built_by_the_warm_up(monkeypat
     from radixlm.runtime.layers.attention.triton_backend import TritonAttnBackend, shared_prefixes
     from radixlm.runtime.kernels.attention import decode as da
     from radixlm.runtime.kernels.attention import shared_prefix as spa
-    from radixlm.runtime.kernels.pdl import PDL_MAX_ROWS
 
     if pdl:
-        monkeypatch.setattr(da, "pdl_options", lambda device, rows: (
-            {"PDL": True, "launch_pdl": True} if rows <= PDL_MAX_ROWS else {"PDL": False}))
-
+        _launch_as_sm90(monkeypatch, da)
     heads, head_dim = 4 * kv_heads, 16
     rec = Recorder(monkeypatch, {"stage1": da._decode_stage1, "stage2": da._decode_stage2,
                                  "prefix": spa._shared_prefix_stage1})
