@@ -12,6 +12,8 @@ SiLU-and-mul. Each case is a CUDA graph over the layers, replayed --reps times (
   attn     A's attention alone              gemm     B's GEMMs alone
   serial   both on one stream, per layer    overlap  A on one stream, B on another (fork and join in the graph)
   overlap_attn_first  the same with the attention's stream at high priority
+  gemm_cN / overlap_cN  with cuBLAS held to all but N SMs (torch._C._set_sm_carveout_experimental, --carveouts) and
+                        the GEMMs' stream at high priority, so that the attention's programs get the N SMs left over
 
 It prints a table and writes overlap_probe.json: each case's ms per layer, serial / overlap (what overlapping gains)
 and serial / max(attn, gemm) (what it could gain at best).
@@ -76,14 +78,31 @@ def gemms(common: dict, layer: dict):
     return F.linear(silu_and_mul(F.linear(y, layer["gate_up"])), layer["down"])
 
 
+def carved(fn, sms: int):
+    """fn run with cuBLAS told to leave sms SMs free (read when each GEMM is launched, so a graph keeps it)."""
+    import torch
+
+    def run():
+        torch._C._set_sm_carveout_experimental(sms)
+        try:
+            return fn()
+        finally:
+            torch._C._set_sm_carveout_experimental(None)
+
+    return run
+
+
 def timed_graph(run_a, run_b, reps: int, streams: str) -> float:
     """ms of one replay of a graph of the layers: run_a(i) / run_b(i) per layer (None: left out); streams 'one'
-    (a then b per layer), 'two' (a's chain beside b's) or 'two_a_first' (a's stream at high priority)."""
+    (a then b per layer), 'two' (a's chain beside b's), 'two_a_first' or 'two_b_first' (that one's stream at high
+    priority)."""
     import torch
 
     n = len(run_a) if run_a else len(run_b)
     main = torch.cuda.Stream()
     side = torch.cuda.Stream(priority=-1 if streams == "two_a_first" else 0)
+    if streams == "two_b_first":
+        main = torch.cuda.Stream(priority=-1)
     first = torch.cuda.Stream(priority=-1) if streams == "two_a_first" else main
 
     def body():
@@ -96,7 +115,7 @@ def timed_graph(run_a, run_b, reps: int, streams: str) -> float:
             return
         start = torch.cuda.current_stream()
         a_stream = first if streams == "two_a_first" else side
-        b_stream = main if streams == "two_a_first" else torch.cuda.current_stream()
+        b_stream = main if streams in ("two_a_first", "two_b_first") else torch.cuda.current_stream()
         a_stream.wait_stream(start)
         b_stream.wait_stream(start)
         with torch.cuda.stream(a_stream):
@@ -136,6 +155,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=1280, help="tokens of each of A's requests")
     p.add_argument("--layers", type=int, default=8, help="distinct layer copies a graph runs")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--carveouts", default="16,32,48,66", help="SMs kept from cuBLAS in the gemm_cN / overlap_cN cases")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--dry", action="store_true", help="tiny shapes on the CPU (Triton's interpreter), no graphs")
     args = p.parse_args()
@@ -151,6 +171,11 @@ def main() -> None:
     run_b = [lambda layer=layer: gemms(common, layer) for layer in layers]
     cases = {"attn": (run_a, None, "one"), "gemm": (None, run_b, "one"), "serial": (run_a, run_b, "one"),
              "overlap": (run_a, run_b, "two"), "overlap_attn_first": (run_a, run_b, "two_a_first")}
+    carveouts = [int(c) for c in args.carveouts.split(",") if c] if not args.dry else []
+    for sms in carveouts:
+        run_c = [carved(fn, sms) for fn in run_b]
+        cases[f"gemm_c{sms}"] = (None, run_c, "one")
+        cases[f"overlap_c{sms}"] = (run_a, run_c, "two_b_first")
     result = {"benchmark": "overlap_probe", "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
               "torch": torch.__version__, "command": " ".join(["python", *sys.argv]), "rows": args.rows,
               "context": args.context, "layers": args.layers, "shape": shape, "ms_per_layer": {}}
@@ -165,10 +190,11 @@ def main() -> None:
         result["ms_per_layer"][name] = ms / args.layers
         print(f"{name:20s} {ms / args.layers:8.3f} ms a layer", flush=True)
     t = result["ms_per_layer"]
-    best = min(t["overlap"], t["overlap_attn_first"])
+    result["best_case"] = min((n for n in t if n.startswith("overlap")), key=t.get)
+    best = t[result["best_case"]]
     result["gain"] = t["serial"] / best
     result["gain_at_best"] = t["serial"] / max(t["attn"], t["gemm"])
-    print(f"serial / overlap {result['gain']:.3f}x (at best {result['gain_at_best']:.3f}x: serial / max(attn, gemm))")
+    print(f"serial / {result['best_case']} {result['gain']:.3f}x (at best {result['gain_at_best']:.3f}x: serial / max(attn, gemm))")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "overlap_probe.json").write_text(json.dumps(result, indent=2) + "\n")
 
