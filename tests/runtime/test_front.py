@@ -50,6 +50,18 @@ def test_out_of_range_values_are_refused(kwargs, message):
         builder().build(prompt="hello", **kwargs)
 
 
+@pytest.mark.parametrize("ids", [[1, -1], [1, VOCAB], [1, True], [2.0], [1, "2"], [1, None], [1, [2]]])
+def test_input_ids_outside_the_vocabulary_or_not_integers_are_refused(ids):
+    with pytest.raises(ValueError, match=rf"input_ids must be integers in \[0, {VOCAB}\)"):
+        builder().build(input_ids=ids)
+    with pytest.raises(ValueError, match="input_ids must be integers"):
+        builder().build(input_ids=[[3, 4], ids])  # in a batch too
+
+
+def test_input_ids_at_the_vocabulary_bounds_are_taken():
+    assert builder().build(input_ids=[0, VOCAB - 1]).msgs[0].input_ids == [0, VOCAB - 1]
+
+
 def test_max_logprobs_minus_one_allows_the_whole_vocabulary():
     built = builder(max_logprobs=-1).build(prompt="hello", return_logprob=True, top_logprobs_num=VOCAB)
     assert built.msgs[0].top_logprobs_num == VOCAB
