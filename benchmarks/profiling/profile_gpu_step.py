@@ -47,7 +47,8 @@ def prefill_kernels(engine, src: PromptSource, tokens: int, top: int) -> dict:
 
 
 def profile_mode(path: str, src: PromptSource, args, deterministic: bool, quant_args: dict) -> dict:
-    kw = {"max_running_requests": max(args.batches), "enable_deterministic_inference": deterministic, **quant_args}
+    kw = {"max_running_requests": args.max_running or max(args.batches), "enable_deterministic_inference": deterministic,
+          **quant_args}
     if args.tiny:
         from radixlm import Engine
 
@@ -88,6 +89,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", type=int, nargs="+", default=[1, 64])
     p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--max-running", type=int, default=0,
+                   help="the engine's max_running_requests (0: the largest of --batches)")
     p.add_argument("--top", type=int, default=14)
     p.add_argument("--prefill", type=int, default=0, metavar="TOKENS", help="also profile one prompt this long")
     p.add_argument("--deterministic", choices=("off", "on", "both"), default="off",
