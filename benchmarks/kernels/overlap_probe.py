@@ -194,7 +194,8 @@ def main() -> None:
     best = t[result["best_case"]]
     result["gain"] = t["serial"] / best
     result["gain_at_best"] = t["serial"] / max(t["attn"], t["gemm"])
-    print(f"serial / {result['best_case']} {result['gain']:.3f}x (at best {result['gain_at_best']:.3f}x: serial / max(attn, gemm))")
+    print(f"serial / {result['best_case']} {result['gain']:.3f}x "
+          f"(at best {result['gain_at_best']:.3f}x: serial / max(attn, gemm))")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "overlap_probe.json").write_text(json.dumps(result, indent=2) + "\n")
 

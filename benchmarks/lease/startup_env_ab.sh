@@ -17,7 +17,9 @@ rows = []
 for r in range(2):
     for name, pp in (envs.items() if r == 0 else reversed(list(envs.items()))):
         os.environ["PYTHONPATH"] = pp
-        ver = subprocess.run([sys.executable, "-c", "import transformers, tokenizers, huggingface_hub; print(transformers.__version__, tokenizers.__version__, huggingface_hub.__version__)"], capture_output=True, text=True).stdout.strip()
+        probe = ("import transformers as t, tokenizers as k, huggingface_hub as h; "
+                 "print(t.__version__, k.__version__, h.__version__)")
+        ver = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
         cache = tempfile.mkdtemp(prefix="triton_cold_")
         row = {"env": name, "versions": ver, "round": r + 1, **sp.engine_start(Path('.').resolve(), cache)}
         shutil.rmtree(cache, ignore_errors=True)

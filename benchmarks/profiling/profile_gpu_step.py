@@ -47,8 +47,8 @@ def prefill_kernels(engine, src: PromptSource, tokens: int, top: int) -> dict:
 
 
 def profile_mode(path: str, src: PromptSource, args, deterministic: bool, quant_args: dict) -> dict:
-    kw = {"max_running_requests": args.max_running or max(args.batches), "enable_deterministic_inference": deterministic,
-          **quant_args}
+    kw = {"max_running_requests": args.max_running or max(args.batches),
+          "enable_deterministic_inference": deterministic, **quant_args}
     if args.tiny:
         from radixlm import Engine
 
