@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.cache.kv_quant import KVScales, is_fp8, quantize_kv
+from radixlm.runtime.cache.zeroed import zeros
 
 # Each buffer of a pool starts on a boundary of this many bytes (the CUDA caching allocator's block alignment).
 BUFFER_ALIGN = 512
@@ -110,7 +111,7 @@ class KVPool:
         numel = rows * row_numel
         stride = -(-numel * per_elem // BUFFER_ALIGN) * BUFFER_ALIGN // per_elem
         count = len(self.buffer_names) * self.num_layers
-        flat = torch.zeros((count, stride), dtype=self.dtype, device=self.device)
+        flat = zeros((count, stride), self.dtype, self.device)
         self._stacked = flat[:, :numel].view(count, rows, *self.layout.row_shape)
         views = self._stacked.unbind(0)
         for i, name in enumerate(self.buffer_names):

@@ -7,6 +7,7 @@ import torch
 
 from radixlm.runtime.cache.kv_pool import KVLayout, KVLayoutKind, KVPool, MLATokenToKVPool
 from radixlm.runtime.cache.kv_quant import KVScales
+from radixlm.runtime.cache.zeroed import zeros
 from radixlm.runtime.host_to_device import host_to_device
 
 
@@ -17,7 +18,7 @@ class ReqToTokenPool:
         self.size = size
         self.max_context_len = max_context_len
         self.device = torch.device(device)
-        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int64, device=self.device)
+        self.req_to_token = zeros((size, max_context_len), torch.int64, self.device)
         self.clear()
 
     def clear(self) -> None:
