@@ -54,8 +54,6 @@
 #   bash benchmarks/lease/quant_lease.sh deepseek  # DeepSeek-V3's shapes in FP8 blocks, 5 layers (dummy weights):
 #                                                  # decode steps at 1 / 32 / 256 beside their floor, ShareGPT-like and
 #                                                  # shared prefix (gpu_deepseek.py --model v3-fp8; DRY=1: tiny, CPU)
-#   bash benchmarks/lease/quant_lease.sh overlap   # issue 56: decode attention of one micro-batch beside another's GEMMs
-#                                                  # on two streams (kernels/overlap_probe.py, ~1-2 min)
 #   bash benchmarks/lease/quant_lease.sh tests [PATH...]   # the CUDA tests under PATH (default tests/runtime/kernels/quant),
 #                                                  # the interpreted tier left out (TESTS_LIMIT_S, default 300)
 #   BUDGET_S=300 bash benchmarks/lease/quant_lease.sh profile [FMT...]   # the decode step's kernels per format at
@@ -73,7 +71,7 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-100000}))  # BUDGET_S: no step past it (each step's limit is cut to it)
 PACK=$FINAL_OUT/quant_lease.tar
 step() { budget_step "$@"; }  # env.sh
-case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | big | deepseek | overlap | kv | check | w4big | gemv | mma | fp8mma | fp8lt | profile [FMT...] | tests [PATH...]} in
+case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | big | deepseek | kv | check | w4big | gemv | mma | fp8mma | fp8lt | profile [FMT...] | tests [PATH...]} in
 profile)
   shift
   for f in ${@:-fp8 w4a16}; do
@@ -191,9 +189,6 @@ model)
 deepseek)
   TAIL=30 step deepseek_v3_fp8 "${DS_LIMIT_S:-470}" $PY benchmarks/offline/gpu_deepseek.py --model v3-fp8 \
     $([ "${DRY:-0}" = 1 ] && echo --tiny) --parts decode offline --out "$OUT/deepseek_v3_fp8.json"
-  ;;
-overlap)
-  TAIL=12 step overlap_probe "${OVERLAP_LIMIT_S:-240}" $PY benchmarks/kernels/overlap_probe.py --out "$OUT"
   ;;
 big)
   TAIL=30 step llama70b_fp8 "${BIG_LIMIT_S:-470}" $PY benchmarks/multi_gpu/gpu_multi.py --parts big_fp8 \

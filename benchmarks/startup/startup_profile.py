@@ -17,6 +17,10 @@ filled by an untimed start first).
     python benchmarks/startup/startup_profile.py --tiny --out F    # here, on the CPU: the same with tiny shapes
     python benchmarks/startup/startup_profile.py --server --runs 3 --out F [-- SERVE ARGS...]
     python benchmarks/startup/startup_profile.py --ab DIR --runs 2 --cache cold --out F
+
+--libs DIR instead: this tree's start-ups with the installed packages and with those installed in DIR ahead of them,
+in turn (ABBA over --runs rounds): e.g. the transformers a fresh install resolves against the device image's own
+(`bash benchmarks/lease/startup_lease.sh libs`).
 """
 from __future__ import annotations
 
@@ -159,11 +163,16 @@ close(engine)
 """
 
 
-def engine_start(tree: Path, cache: str) -> dict:
-    """One `Engine()` start-up of the tree at `tree` in a fresh process, with this Triton cache directory."""
+def _pythonpath(*parts: str) -> str:
+    return os.pathsep.join(p for p in parts if p)
+
+
+def engine_start(tree: Path, cache: str, libs: str = "") -> dict:
+    """One `Engine()` start-up of the tree at `tree` in a fresh process, with this Triton cache directory (and libs,
+    a folder of installed packages, ahead of everything else on the path)."""
     here = Path(__file__).resolve().parents[2]
     path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != here]
-    env = dict(os.environ, TRITON_CACHE_DIR=cache, PYTHONPATH=os.pathsep.join(path + [str(tree)]))
+    env = dict(os.environ, TRITON_CACHE_DIR=cache, PYTHONPATH=_pythonpath(libs, *path, str(tree)))
     out = subprocess.run([sys.executable, "-c", AB_CHILD, str(time.time())], cwd=tree, env=env, capture_output=True,
                          text=True, timeout=600)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("START ")), None)
@@ -172,26 +181,40 @@ def engine_start(tree: Path, cache: str) -> dict:
     return json.loads(line[6:])
 
 
+LIB_VERSIONS = ("import transformers as t, tokenizers as k, huggingface_hub as h; "
+                "print(t.__version__, k.__version__, h.__version__)")
+
+
 def ab_starts(args: argparse.Namespace) -> dict:
-    """--ab: the two trees' start-ups in turn."""
+    """--ab: the two trees' start-ups in turn; --libs: this tree's with the installed packages as they are and with
+    the folder's ahead of them (versions of transformers, tokenizers and huggingface-hub recorded per arm)."""
     import shutil
     import tempfile
 
-    trees = {"base": Path(args.ab).resolve(), "this": Path(__file__).resolve().parents[2]}
-    caches = {name: tempfile.mkdtemp(prefix=f"triton_{name}_") for name in trees}
-    result = {"benchmark": "engine_start_ab", "cache": args.cache, "base": str(trees["base"]), "starts": []}
+    here = Path(__file__).resolve().parents[2]
+    arms = ({"base": (Path(args.ab).resolve(), ""), "this": (here, "")} if args.ab
+            else {"installed": (here, ""), "with_libs": (here, str(Path(args.libs).resolve()))})
+    caches = {name: tempfile.mkdtemp(prefix=f"triton_{name}_") for name in arms}
+    # (each arm's medians go under its name, after the run)
+    result = {"benchmark": "engine_start_ab", "cache": args.cache, "base_tree": args.ab, "libs_dir": args.libs,
+              "starts": [], "versions": {}}
+    for name, (_, libs) in arms.items():
+        env = dict(os.environ, PYTHONPATH=_pythonpath(libs, os.environ.get("PYTHONPATH", "")))
+        out = subprocess.run([sys.executable, "-c", LIB_VERSIONS], env=env, capture_output=True, text=True)
+        result["versions"][name] = out.stdout.strip()
     if args.cache == "warm":
-        for name, tree in trees.items():
-            engine_start(tree, caches[name])
+        for name, (tree, libs) in arms.items():
+            engine_start(tree, caches[name], libs)
     for r in range(args.runs):
-        for name, tree in trees.items():
+        order = list(arms.items()) if r % 2 == 0 else list(arms.items())[::-1]  # ABBA
+        for name, (tree, libs) in order:
             if args.cache == "cold":
                 shutil.rmtree(caches[name], ignore_errors=True)
                 os.makedirs(caches[name])
-            row = {"tree": name, "round": r + 1, **engine_start(tree, caches[name])}
+            row = {"tree": name, "round": r + 1, **engine_start(tree, caches[name], libs)}
             print(json.dumps(row), flush=True)
             result["starts"].append(row)
-    for name in trees:
+    for name in arms:
         rows = [s for s in result["starts"] if s["tree"] == name]
         result[name] = {k: statistics.median(s[k] for s in rows) for k in ("imports_s", "engine_s", "ready_s")}
         print(name, {k: round(v, 2) for k, v in result[name].items()}, flush=True)
@@ -206,14 +229,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", required=True)
     p.add_argument("--server", action="store_true", help="time `radixlm serve` start-ups instead (module docstring)")
     p.add_argument("--ab", metavar="DIR", help="time Engine() start-ups of the tree in DIR and this one in turn")
-    p.add_argument("--cache", choices=("cold", "warm"), default="cold", help="--ab: the Triton cache of each start")
-    p.add_argument("--runs", type=int, default=3, help="--server: start-ups; --ab: rounds")
+    p.add_argument("--libs", metavar="DIR", help="time this tree's Engine() start-ups with the installed packages and "
+                   "with DIR's (pip install --target DIR) ahead of them, in turn")
+    p.add_argument("--cache", choices=("cold", "warm"), default="cold",
+                   help="--ab, --libs: the Triton cache of each start")
+    p.add_argument("--runs", type=int, default=3, help="--server: start-ups; --ab, --libs: rounds")
     p.add_argument("--timeout-s", type=float, default=180.0, help="--server: a start-up's limit")
     p.add_argument("serve_args", nargs="*", help="--server, after --: extra `radixlm serve` arguments")
     args = p.parse_args(argv)
     if args.server:
         return server_starts(args)
-    if args.ab:
+    if args.ab or args.libs:
         return ab_starts(args)
     interpreter_s = time.time() - SPAWNED
     imports = timed_imports()

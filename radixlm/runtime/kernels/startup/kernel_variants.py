@@ -201,19 +201,19 @@ def split_seq_len(splits: int) -> int:
     return 4 * DECODE_BLOCK_N * (splits - 1) + 1
 
 
-def decode_split_passes(context_len: int, num_kv_heads: int, eager_from: int, max_rows: int | None) -> list:
+def decode_split_passes(splits: list[int], context_len: int, num_kv_heads: int, eager_from: int,
+                        max_rows: int | None) -> list:
     """(rows, seq_len) of the eager passes that build decode stages 1 and 2 at each split count an eager pass can
-    meet (eager passes: more than eager_from rows, at most max_rows): one request per split count past one (one-row
-    passes launch with PDL on sm_90), and, at the fewest rows of an unchunked eager pass of 2+ rows
-    (decode_chunk_capacity 0), one pass per split count such passes reach (PDL off; the split count is
-    non-increasing in the rows, so the fewest reach them all)."""
-    passes = [(1, split_seq_len(s)) for s in decode_eager_splits(context_len, num_kv_heads, eager_from) if s > 1]
+    meet (eager passes: more than eager_from rows, at most max_rows; `splits`: decode_eager_splits of them): one
+    request per split count past one (one-row passes launch with PDL on sm_90), and, at the fewest rows of an
+    unchunked eager pass of 2+ rows (decode_chunk_capacity 0), one pass per split count such passes reach (PDL off;
+    the split count is non-increasing in the rows, so the fewest reach them all)."""
+    passes = [(1, split_seq_len(s)) for s in splits if s > 1]
     rows = max(2, eager_from + 1)
     if decode_chunk_capacity(rows, num_kv_heads):
         rows = min(DECODE_CHUNK_MAX_ROWS + 1, -(-DECODE_TARGET_PROGRAMS // max(1, num_kv_heads)))
     if max_rows is None or rows <= max_rows:
-        top = decode_num_splits(max(context_len, 1), rows, num_kv_heads)
-        passes += [(rows, split_seq_len(s)) for s in range(1, top + 1)]
+        passes += [(rows, split_seq_len(s)) for s in decode_eager_splits(context_len, num_kv_heads, rows - 1)]
     return passes
 
 
@@ -257,7 +257,7 @@ def warmup_plan(context_len: int, num_kv_heads: int, graph_max_bs: int, eager_to
     if max_rows is None or max_rows >= max(wide, eager_from + 1):
         rows += (wide,)
     return WarmupPlan(token_row_batches=rows, decode_splits=splits,
-                      split_passes=decode_split_passes(context_len, num_kv_heads, eager_from, max_rows),
+                      split_passes=decode_split_passes(splits, context_len, num_kv_heads, eager_from, max_rows),
                       moe=has_moe, tree_masks=tree_masks,
                       shared_prefix=shared_prefix_warmup(context_len, num_kv_heads, splits) if shared_prefix else [])
 
