@@ -100,7 +100,7 @@ class MemorySaver:
     def _release_weights(self) -> None:
         seen: set[int] = set()
         on_cuda = self.runner.is_cuda
-        self.runner.drop_packed_weights()
+        self.runner.unpack_weights()
         for module in self.runner.model.modules():
             for p in module.parameters(recurse=False):
                 if id(p) in seen:  # tied weights: one parameter

@@ -101,7 +101,7 @@ class ModelRunner:
             self.graph_runner = None
 
     def refresh_weights(self) -> None:
-        """After the weights changed in place: rebuilds the copies derived from them (the oneDNN-packed CPU weights)."""
+        """After the weights changed in place (unpacked first: unpack_weights): packs them for oneDNN again (CPU)."""
         if self.is_cuda:
             return
         for module in self.model.modules():
@@ -109,10 +109,13 @@ class ModelRunner:
                 module.pack_for_cpu()
         self.logits_processor.pack_for_cpu()
 
-    def drop_packed_weights(self) -> None:
-        for holder in [*self.model.modules(), self.logits_processor]:
-            if getattr(holder, "packed_weight", None) is not None:
-                holder.packed_weight = None
+    def unpack_weights(self) -> None:
+        """Before the weights are written or moved: the plain weights back in place of the packed ones (CPU), until
+        refresh_weights."""
+        for module in self.model.modules():
+            if hasattr(module, "unpack_for_cpu"):
+                module.unpack_for_cpu()
+        self.logits_processor.packed_weight = None
 
     def capture_cuda_graphs(self) -> None:
         """Captures the decode graphs (again after a memory resume: the weights and KV pool have new addresses)."""

@@ -7,7 +7,8 @@ with meta tensors of the update's names, shapes and dtypes, so a name the model 
 quantized tensor for a float layer or (from disk) a missing tensor is refused with the loader's own message and the
 old weights keep serving. Then the tensors are loaded into the live parameters in place (their storage, so CUDA
 graphs stay valid): float layers directly, a quantized layer into a staging copy of itself in the loading layout,
-converted by its method and copied over. The owner rebuilds the copies derived from them after
+converted by its method and copied over. The owner unpacks the CPU's packed weights before
+(ModelRunner.unpack_weights: a packed layer's `weight` refuses writes) and packs them again after
 (ModelRunner.refresh_weights)."""
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def quantized_layers(model: nn.Module) -> dict[str, nn.Module]:
 
 class WeightUpdater:
     """Updates one rank's model (ModelRunner.model) in place; `model_config` is the served model's. The caller calls
-    ModelRunner.refresh_weights after a load."""
+    ModelRunner.unpack_weights before a load and ModelRunner.refresh_weights after it."""
 
     def __init__(self, model: nn.Module, model_config: ModelConfig, parallel, device: str | torch.device):
         self.model = model

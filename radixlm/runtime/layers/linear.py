@@ -21,7 +21,7 @@ from torch import nn
 
 from radixlm.runtime.distributed.parallel import SINGLE, Parallel, divide
 from radixlm.runtime.kernels import gemm
-from radixlm.runtime.kernels.gemm import Prologue, RotaryStore, apply_prologue
+from radixlm.runtime.kernels.gemm import Prologue, RotaryStore, apply_prologue, cpu_gemm
 
 
 def check_float_source(dst: torch.Tensor, src, what: str) -> None:
@@ -79,14 +79,29 @@ class Linear(nn.Module):
         self.out_features = out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        self.packed_weight: torch.Tensor | None = None  # set by pack_for_cpu() once weights are final
+        self.packed_weight: torch.Tensor | None = None  # set by pack_for_cpu(), cleared by unpack_for_cpu()
         # CUDA: choice key -> fastest kernel (set by gemm.linear), or row count -> a tuned LtGemm
         # (kernels/gemm/tuned_gemm.py)
         self.gemm_choices: dict[int, object] = {}
 
     def pack_for_cpu(self) -> None:
-        if self.quant_method is None:
-            self.packed_weight = gemm.pack_weight(self.weight)
+        """On the CPU, float32: the weight's oneDNN-packed copy becomes its only one (`weight` a placeholder of its
+        shape, which refuses writes) until unpack_for_cpu. Packed already: nothing to do."""
+        if self.quant_method is not None or self.packed_weight is not None:
+            return
+        self.packed_weight = gemm.pack_weight(self.weight)
+        if self.packed_weight is not None:
+            self.weight.data = cpu_gemm.placeholder(self.weight)
+
+    def dense_weight(self) -> torch.Tensor:
+        """The weight's values: the parameter, or a plain copy made from its packed one."""
+        return self.weight if self.packed_weight is None else cpu_gemm.unpack(self.packed_weight)
+
+    def unpack_for_cpu(self) -> None:
+        """The plain weight back from its packed copy (before its values are written or moved)."""
+        if self.packed_weight is not None:
+            self.weight.data = cpu_gemm.unpack(self.packed_weight)
+            self.packed_weight = None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None, prologue: Prologue | None = None,
                epilogue: RotaryStore | None = None) -> torch.Tensor:

@@ -76,6 +76,8 @@ class WeightsControl:
             return self._answer(False, "the weights are released (/release_memory_occupation): resume them first")
         t0 = time.perf_counter()
         up = self.updater
+        runner = self.sched.runner
+        runner.unpack_weights()
         try:
             if isinstance(msg, UpdateWeightFromDiskReqInput):
                 n = up.from_disk(msg.model_path, msg.load_format, self.sched.args)
@@ -90,7 +92,8 @@ class WeightsControl:
                 n = up.from_broadcast(metas, group.receive, msg.load_format)
         except WeightUpdateError as e:
             return self._answer(False, f"weights not updated (the old weights keep serving): {e}")
-        self.sched.runner.refresh_weights()
+        finally:
+            runner.refresh_weights()
         self.num_updates += 1
         self.sched.weight_version = msg.weight_version or str(self.num_updates)
         if msg.flush_cache:

@@ -17,6 +17,7 @@ import torch
 from transformers import LlamaConfig
 
 import radixlm
+from radixlm.runtime.kernels.gemm import cpu_gemm
 from tests.runtime.models.tiny import hf_greedy, save_tiny
 from tests.runtime.scheduler.conftest import TINY_LLAMA
 
@@ -117,7 +118,8 @@ def test_update_from_disk_serves_the_new_weights(on_a, ckpts):
 def test_an_update_that_does_not_fit_is_refused_and_the_old_weights_serve(engine, ckpts):
     before = outputs(engine)
     version = engine.get_weight_version()
-    up = engine.runner.model.model.layers[0].mlp.gate_up_proj.weight
+    layer = engine.runner.model.model.layers[0].mlp.gate_up_proj
+    up = layer.dense_weight().clone()
     refusals = {
         "shape": engine.update_weights_from_disk(ckpts["dir"]["C"]),
         "does not exist": engine.update_weights_from_disk(ckpts["dir"]["A"] + "-missing"),
@@ -129,7 +131,8 @@ def test_an_update_that_does_not_fit_is_refused_and_the_old_weights_serve(engine
     }
     for expected, (ok, message) in refusals.items():
         assert not ok and expected in message and "old weights keep serving" in message, (expected, message)
-    assert torch.count_nonzero(up) == up.numel()  # nothing written (the norm of the second refusal either)
+    assert torch.equal(layer.dense_weight(), up)  # nothing written (the norm of the second refusal either)
+    assert cpu_gemm.is_placeholder(layer.weight)  # packed again: its packed copy is its only one
     assert outputs(engine) == before and engine.get_weight_version() == version
 
 
@@ -206,6 +209,7 @@ def test_released_memory_comes_back_with_identical_outputs(engine, ckpts):
     assert engine.release_memory_occupation(["kv_cache"])[0] and weight.numel() > 0
     assert engine.resume_memory_occupation()[0]
     assert outputs(engine) == before
+    assert cpu_gemm.is_placeholder(engine.runner.model.model.layers[0].mlp.down_proj.weight)
     ok, message = engine.release_memory_occupation(["gpu"])
     assert not ok and "unknown memory tag" in message
 

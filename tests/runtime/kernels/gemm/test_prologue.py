@@ -39,7 +39,7 @@ def test_norm_prologue_equals_norm_then_linear(with_residual):
         normed = norm(x)
         assert pro.residual_out is None
     assert torch.equal(got, lin(normed))
-    assert torch.allclose(got, F.linear(normed, lin.weight, lin.bias), atol=1e-5)
+    assert torch.allclose(got, F.linear(normed, lin.dense_weight(), lin.bias), atol=1e-5)
 
 
 def test_silu_prologue_takes_the_doubled_input():
