@@ -66,7 +66,7 @@ def shaped_like_8b(tokenizer_model: str, dst: str) -> str:
     (grammar/json_decoding.py --script-ids) then pay an 8B model's passes."""
     from radixlm.runtime.model_loader.config import resolve_model_dir
 
-    src = Path(resolve_model_dir(tokenizer_model))
+    src = Path(resolve_model_dir(tokenizer_model, with_tensors=False))
     out = Path(dst)
     out.mkdir(parents=True, exist_ok=True)
     skip = ("config.json", "radixlm_source.json")

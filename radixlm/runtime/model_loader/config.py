@@ -23,12 +23,13 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
            "float": torch.float32}
 
 
-def resolve_model_dir(path: str) -> str:
-    """Alias, GGUF file or HF directory -> an HF directory (converting a GGUF once, cached)."""
+def resolve_model_dir(path: str, with_tensors: bool = True) -> str:
+    """Alias, GGUF file or HF directory -> an HF directory (converting a GGUF once, cached; with_tensors=False: its
+    config and tokenizer only, gguf.convert_gguf)."""
     resolved = resolve_model_path(path)
     gguf_file = find_gguf(resolved)
     if gguf_file is not None:
-        return convert_gguf(gguf_file)
+        return convert_gguf(gguf_file, with_tensors)
     if not os.path.isfile(os.path.join(resolved, "config.json")):
         raise ModelLoadError(f"model directory {resolved} has no config.json (and no GGUF file)")
     return resolved

@@ -210,20 +210,25 @@ def converted_dir_for(path: str) -> Path:
     return cache_dir() / "converted" / f"{Path(path).stem}-{key}"
 
 
-def convert_gguf(path: str) -> str:
+def convert_gguf(path: str, with_tensors: bool = True) -> str:
     """Returns the HF directory for GGUF file `path`, converting it on first use (one process at a time: the others
-    wait for its result)."""
+    wait for its result). with_tensors=False: its config and tokenizer are enough (a directory of their own, unless
+    the whole conversion is there already), and the weights are not dequantized."""
     path = os.path.abspath(path)
     out = converted_dir_for(path)
     if out.is_dir():
         return str(out)
+    if not with_tensors:
+        out = out.with_name(out.name + "-config")
+        if out.is_dir():
+            return str(out)
     with build_lock(out):
         if not out.is_dir():
-            _convert(path, out)
+            _convert(path, out, with_tensors)
     return str(out)
 
 
-def _convert(path: str, out: Path) -> None:
+def _convert(path: str, out: Path, with_tensors: bool) -> None:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     t0 = time.perf_counter()
     try:
@@ -236,7 +241,8 @@ def _convert(path: str, out: Path) -> None:
                 f"GGUF file {path} is truncated or corrupt ({os.path.getsize(path)} bytes): {type(e).__name__}: {e}"
             ) from e
         _write_config_and_tokenizer(reader, path, tmp)
-        _write_tensors(reader, path, tmp)
+        if with_tensors:
+            _write_tensors(reader, path, tmp)
         (tmp / "radixlm_source.json").write_text(json.dumps({"gguf": path, "converter_version": CONVERTER_VERSION}))
         # mkdtemp makes the directory private; the cache holds nothing secret.
         os.chmod(tmp, 0o755)

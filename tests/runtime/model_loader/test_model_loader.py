@@ -174,6 +174,28 @@ def test_gguf_config_and_tokenizer_reuse_the_parsed_reader(tmp_path, monkeypatch
     assert gguf.GGUFReader is original
 
 
+def test_gguf_config_and_tokenizer_alone_skip_the_weights(tmp_path, monkeypatch):
+    """resolve_model_dir(with_tensors=False) writes a GGUF's config and tokenizer without dequantizing its weights,
+    in a directory of their own; once the whole conversion is cached, it is the answer to both."""
+    from radixlm.runtime.model_loader import gguf as gguf_mod
+    from radixlm.runtime.model_loader.config import resolve_model_dir
+
+    def no_weights(*args):
+        raise AssertionError("the weights were dequantized")
+
+    monkeypatch.setattr(gguf_mod, "_write_tensors", no_weights)
+    light = resolve_model_dir("default", with_tensors=False)
+    files = {f.name for f in (tmp_path / "cache" / "converted").glob("*/*")}
+    assert light.endswith("-config") and {"config.json", "tokenizer.json"} <= files
+    assert not any(f.endswith(".safetensors") for f in files)
+    assert resolve_model_dir("default", with_tensors=False) == light  # cached
+
+    monkeypatch.setattr(gguf_mod, "_write_tensors", lambda reader, path, out: (out / "model.safetensors").touch())
+    full = resolve_model_dir("default")
+    assert full != light and (tmp_path / "cache" / "converted" / full.rsplit("/", 1)[1] / "model.safetensors").is_file()
+    assert resolve_model_dir("default", with_tensors=False) == full
+
+
 def test_gguf_tensor_writer_shards(tmp_path, monkeypatch):
     from radixlm.runtime.model_loader import gguf as gguf_mod
     from radixlm.runtime.model_loader.loader import safetensors_files, safetensors_weights_iterator
