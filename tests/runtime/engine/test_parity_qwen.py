@@ -33,8 +33,8 @@ def _qwen25_outputs_and_reference() -> tuple[list[list[int]], list[dict], list]:
 
 @pytest.mark.slow
 def test_qwen25_batch_matches_transformers():
-    # A spawned process: the engine (its weights and their oneDNN-packed copies, ~5 GB) and the reference are freed with
-    # it, never stacked on the heap of a test worker that has run other tests (the suite's 8 GB peak).
+    # A spawned process: the engine (its oneDNN-packed weights and the tied embedding, ~3.5 GB) and the reference are
+    # freed with it, never stacked on the heap of a test worker that has run other tests (the suite's 8 GB peak).
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         ids, results, reference = pool.submit(_qwen25_outputs_and_reference).result()
     assert_matches(results, reference, ids)
