@@ -82,8 +82,10 @@ class LogitsProcessor:
         self.gemm_choices: dict[int, object] = {}  # as Linear's
 
     def pack_for_cpu(self) -> None:
-        """(Re)packs the head's weight for oneDNN (on the CPU; at load and after the weights change)."""
-        self.packed_weight = gemm.pack_weight(self.lm_head.weight)
+        """Packs the head's weight for oneDNN (on the CPU; at load, and after ModelRunner.unpack_weights dropped it).
+        Packed already: nothing to do."""
+        if self.packed_weight is None:
+            self.packed_weight = gemm.pack_weight(self.lm_head.weight)
 
     @property
     def weight(self) -> torch.Tensor:  # the GEMM's weight, as a Linear holder's (kernels/gemm/tuned_gemm.py)

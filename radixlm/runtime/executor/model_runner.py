@@ -101,7 +101,7 @@ class ModelRunner:
             self.graph_runner = None
 
     def refresh_weights(self) -> None:
-        """After the weights changed in place (unpacked first: unpack_weights): packs them for oneDNN again (CPU)."""
+        """After the weights changed in place (unpacked first: unpack_weights): packs what is unpacked (CPU)."""
         if self.is_cuda:
             return
         for module in self.model.modules():

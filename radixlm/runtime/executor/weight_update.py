@@ -7,13 +7,13 @@ with meta tensors of the update's names, shapes and dtypes, so a name the model 
 quantized tensor for a float layer or (from disk) a missing tensor is refused with the loader's own message and the
 old weights keep serving. Then the tensors are loaded into the live parameters in place (their storage, so CUDA
 graphs stay valid): float layers directly, a quantized layer into a staging copy of itself in the loading layout,
-converted by its method and copied over. The owner unpacks the CPU's packed weights before
-(ModelRunner.unpack_weights: a packed layer's `weight` refuses writes) and packs them again after
+converted by its method and copied over. Past the checks, before the first write, `before_load` runs (the owner's
+ModelRunner.unpack_weights: a CPU layer's packed `weight` refuses writes); the owner packs them again after
 (ModelRunner.refresh_weights)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -56,14 +56,17 @@ def quantized_layers(model: nn.Module) -> dict[str, nn.Module]:
 
 
 class WeightUpdater:
-    """Updates one rank's model (ModelRunner.model) in place; `model_config` is the served model's. The caller calls
-    ModelRunner.unpack_weights before a load and ModelRunner.refresh_weights after it."""
+    """Updates one rank's model (ModelRunner.model) in place; `model_config` is the served model's. `before_load` runs
+    once an update has passed its checks, before anything is written; the caller calls ModelRunner.refresh_weights
+    after a load."""
 
-    def __init__(self, model: nn.Module, model_config: ModelConfig, parallel, device: str | torch.device):
+    def __init__(self, model: nn.Module, model_config: ModelConfig, parallel, device: str | torch.device,
+                 before_load: Callable[[], None] = lambda: None):
         self.model = model
         self.model_config = model_config
         self.parallel = parallel
         self.device = torch.device(device)
+        self.before_load = before_load
 
     # ------------------------------------------------------------------ checks
     def check(self, metas: Iterable[TensorMeta], complete: bool) -> None:
@@ -98,6 +101,7 @@ class WeightUpdater:
     @torch.no_grad()
     def load(self, weights: Iterable[tuple[str, object]], complete: bool) -> int:
         """Loads checked weights in place; returns how many parameters (or shards) were written."""
+        self.before_load()
         staging = build_model(self.model_config, "meta", self.parallel)
         live = dict(self.model.named_modules())
         quantized = quantized_layers(staging)

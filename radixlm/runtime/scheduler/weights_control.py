@@ -39,7 +39,8 @@ class WeightsControl:
     @property
     def updater(self) -> WeightUpdater:
         runner = self.sched.runner
-        return WeightUpdater(runner.model, runner.model_config, runner.parallel, runner.device)
+        return WeightUpdater(runner.model, runner.model_config, runner.parallel, runner.device,
+                             before_load=runner.unpack_weights)
 
     @property
     def released(self) -> bool:
@@ -76,8 +77,6 @@ class WeightsControl:
             return self._answer(False, "the weights are released (/release_memory_occupation): resume them first")
         t0 = time.perf_counter()
         up = self.updater
-        runner = self.sched.runner
-        runner.unpack_weights()
         try:
             if isinstance(msg, UpdateWeightFromDiskReqInput):
                 n = up.from_disk(msg.model_path, msg.load_format, self.sched.args)
@@ -93,7 +92,7 @@ class WeightsControl:
         except WeightUpdateError as e:
             return self._answer(False, f"weights not updated (the old weights keep serving): {e}")
         finally:
-            runner.refresh_weights()
+            self.sched.runner.refresh_weights()  # packs what the load unpacked: nothing where it was refused
         self.num_updates += 1
         self.sched.weight_version = msg.weight_version or str(self.num_updates)
         if msg.flush_cache:

@@ -119,7 +119,7 @@ def test_an_update_that_does_not_fit_is_refused_and_the_old_weights_serve(engine
     before = outputs(engine)
     version = engine.get_weight_version()
     layer = engine.runner.model.model.layers[0].mlp.gate_up_proj
-    up = layer.dense_weight().clone()
+    up, packed = layer.dense_weight().clone(), layer.packed_weight
     refusals = {
         "shape": engine.update_weights_from_disk(ckpts["dir"]["C"]),
         "does not exist": engine.update_weights_from_disk(ckpts["dir"]["A"] + "-missing"),
@@ -132,7 +132,7 @@ def test_an_update_that_does_not_fit_is_refused_and_the_old_weights_serve(engine
     for expected, (ok, message) in refusals.items():
         assert not ok and expected in message and "old weights keep serving" in message, (expected, message)
     assert torch.equal(layer.dense_weight(), up)  # nothing written (the norm of the second refusal either)
-    assert cpu_gemm.is_placeholder(layer.weight)  # packed again: its packed copy is its only one
+    assert layer.packed_weight is packed and cpu_gemm.is_placeholder(layer.weight)  # refused: never unpacked
     assert outputs(engine) == before and engine.get_weight_version() == version
 
 

@@ -68,15 +68,16 @@ def test_a_quantized_model_updated_from_disk_holds_what_loading_gives(dirs):
 
 def test_a_quantized_layer_is_updated_whole_or_not_at_all(dirs):
     cfg, model = _load(dirs["A"])
-    updater = WeightUpdater(model, cfg, SINGLE, "cpu")
+    loads = []  # before_load: once an update has passed its checks, before its first write
+    updater = WeightUpdater(model, cfg, SINGLE, "cpu", before_load=lambda: loads.append(1))
     b = load_file(os.path.join(dirs["B"], "model.safetensors"))
     gate_up = model.model.layers[0].mlp.gate_up_proj.weight.clone()
     with pytest.raises(WeightUpdateError, match="all of its tensors or none"):
         updater.from_tensors([("model.layers.0.mlp.up_proj.weight", b["model.layers.0.mlp.up_proj.weight"])], None)
-    assert torch.equal(model.model.layers[0].mlp.gate_up_proj.weight, gate_up)
+    assert torch.equal(model.model.layers[0].mlp.gate_up_proj.weight, gate_up) and not loads
     updater.from_tensors([(n, b[n]) for n in ("model.layers.0.mlp.up_proj.weight",
                                               "model.layers.0.mlp.gate_proj.weight")], None)
-    assert not torch.equal(model.model.layers[0].mlp.gate_up_proj.weight, gate_up)
+    assert not torch.equal(model.model.layers[0].mlp.gate_up_proj.weight, gate_up) and loads == [1]
 
 
 def test_a_checkpoint_missing_a_tensor_is_refused_before_any_write(dirs, tmp_path):
