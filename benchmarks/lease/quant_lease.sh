@@ -54,9 +54,6 @@
 #   bash benchmarks/lease/quant_lease.sh deepseek  # DeepSeek-V3's shapes in FP8 blocks, 5 layers (dummy weights):
 #                                                  # decode steps at 1 / 32 / 256 beside their floor, ShareGPT-like and
 #                                                  # shared prefix (gpu_deepseek.py --model v3-fp8; DRY=1: tiny, CPU)
-#   bash benchmarks/lease/quant_lease.sh prologue  # SiLU-and-mul with its FP8 quantization, one program a row against
-#                                                  # the two-launch form (kernels/fp8_prologue_bench.py, ~1 min), then
-#                                                  # their CUDA tests
 #   bash benchmarks/lease/quant_lease.sh tests [PATH...]   # the CUDA tests under PATH (default tests/runtime/kernels/quant),
 #                                                  # the interpreted tier left out (TESTS_LIMIT_S, default 300)
 #   BUDGET_S=300 bash benchmarks/lease/quant_lease.sh profile [FMT...]   # the decode step's kernels per format at
@@ -74,7 +71,7 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 deadline=$((SECONDS + ${BUDGET_S:-100000}))  # BUDGET_S: no step past it (each step's limit is cut to it)
 PACK=$FINAL_OUT/quant_lease.tar
 step() { budget_step "$@"; }  # env.sh
-case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | prologue | big | deepseek | kv | check | w4big | gemv | mma | fp8mma | fp8lt | profile [FMT...] | tests [PATH...]} in
+case ${1:?usage: quant_lease.sh kernels | moe | model [FMT...] | big | deepseek | kv | check | w4big | gemv | mma | fp8mma | fp8lt | profile [FMT...] | tests [PATH...]} in
 profile)
   shift
   for f in ${@:-fp8 w4a16}; do
@@ -196,11 +193,6 @@ deepseek)
 big)
   TAIL=30 step llama70b_fp8 "${BIG_LIMIT_S:-470}" $PY benchmarks/multi_gpu/gpu_multi.py --parts big_fp8 \
     --big-sharegpt-requests ${SHAREGPT:-200} --out "$OUT/llama70b_fp8.json"
-  ;;
-prologue)
-  TAIL=16 step fp8_prologue_bench 150 $PY benchmarks/kernels/fp8_prologue_bench.py --out "$OUT"
-  TAIL=8 step prologue_cuda_tests 150 $PY -m pytest -q -p no:cacheprovider -m "not interpreted_kernel" \
-    tests/runtime/kernels/quant/test_fp8_prologue.py tests/runtime/kernels/quant/test_quant_kernels_cuda.py
   ;;
 tests)
   shift

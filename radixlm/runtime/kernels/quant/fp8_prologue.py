@@ -6,16 +6,8 @@ launches' to the bit (q and scale); the bf16 row is never written.
 Why: at a batch-64 decode step of an 8B model the per-token quantization was a launch of its own before each of
 the 128 GEMMs, 525 us of a 5,151 us step even after its whole-row rewrite (H200,
 benchmarks/results/profiling/h200_quant/act_whole/), while the norm or SiLU-and-mul just before it already holds the
-whole row in registers. One program a row, the row in registers (fp8_act.WHOLE_ROW_MAX channels at most).
-
-SiLU-and-mul from SPLIT_MIN_ROWS rows runs as two launches over CHUNK-wide pieces of each row instead: the pieces'
-absolute maxima, then each piece quantized with its row's scale (the piece recomputed, from L2). A 14,336-wide row
-in registers fills an SM's register file, so one program a row held one row per SM at a time: 11.4 us at 256 rows
-against 7.0 for the bf16 step alone (H200, `kernels/h200/fp8_prologue_bench/`). A maximum does not depend on the
-order it is taken in: the bits are the one-launch kernel's."""
+whole row in registers. One program a row, the row in registers (fp8_act.WHOLE_ROW_MAX channels at most)."""
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -23,13 +15,8 @@ import triton.language as tl
 
 from radixlm.runtime.kernels.elementwise.fused_kernels import rmsnorm_row, rmsnorm_warps, silu_mul
 from radixlm.runtime.kernels.gemm.prologue import Prologue, PrologueKind
-from radixlm.runtime.kernels.quant.fp8_act import WHOLE_ROW_MAX, quant_row, store_row_q
+from radixlm.runtime.kernels.quant.fp8_act import WHOLE_ROW_MAX, quant_row
 from radixlm.runtime.kernels.quant.reference import ACT_EPS, FP8_DTYPE, FP8_MAX
-
-# RADIXLM_FP8_SPLIT_MIN_ROWS (read once a process) moves the threshold for A/B runs on the device.
-SPLIT_MIN_ROWS = int(os.environ.get("RADIXLM_FP8_SPLIT_MIN_ROWS", "32"))
-SPLIT_CHUNK = 2048
-SPLIT_WARPS = 4
 
 
 @triton.jit
@@ -53,46 +40,6 @@ def _silu_quant_kernel(X, Q, S, stride_x, stride_q, d, act_eps, fp8_max, BLOCK: 
               fp8_max)
 
 
-@triton.jit
-def _silu_piece(X, row, stride_x, d, CHUNK: tl.constexpr):
-    """(values, offsets, mask) of piece program_id(1) of row `row`'s SiLU-and-mul, rounded as silu_and_mul rounds."""
-    offs = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
-    mask = offs < d
-    g = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
-    u = tl.load(X + row * stride_x + d + offs, mask=mask, other=0.0).to(tl.float32)
-    return silu_mul(g, u).to(X.dtype.element_ty).to(tl.float32), offs, mask
-
-
-@triton.jit
-def _silu_amax_kernel(X, P, stride_x, stride_p, d, CHUNK: tl.constexpr):
-    row = tl.program_id(0)
-    y, offs, mask = _silu_piece(X, row, stride_x, d, CHUNK)
-    tl.store(P + row * stride_p + tl.program_id(1), tl.max(tl.abs(y), axis=0))
-
-
-@triton.jit
-def _silu_quant_piece_kernel(X, P, Q, S, stride_x, stride_p, stride_q, d, n_pieces, act_eps, fp8_max,
-                             CHUNK: tl.constexpr, PIECES: tl.constexpr):
-    row = tl.program_id(0)
-    p = tl.arange(0, PIECES)
-    amax = tl.max(tl.load(P + row * stride_p + p, mask=p < n_pieces, other=0.0), axis=0)
-    scale = tl.maximum(amax, act_eps) / fp8_max  # as quant_row
-    if tl.program_id(1) == 0:
-        tl.store(S + row, scale)
-    y, offs, mask = _silu_piece(X, row, stride_x, d, CHUNK)
-    store_row_q(y, scale, Q + row * stride_q, offs, mask, fp8_max)
-
-
-def _silu_quant_split(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, chunk: int) -> None:
-    m, k = q.shape
-    pieces = triton.cdiv(k, chunk)
-    amax = torch.empty(m, pieces, dtype=torch.float32, device=x.device)
-    _silu_amax_kernel[(m, pieces)](x, amax, x.stride(0), amax.stride(0), k, CHUNK=chunk, num_warps=SPLIT_WARPS)
-    _silu_quant_piece_kernel[(m, pieces)](x, amax, q, scale, x.stride(0), amax.stride(0), q.stride(0), k, pieces,
-                                          ACT_EPS, FP8_MAX, CHUNK=chunk, PIECES=triton.next_power_of_2(pieces),
-                                          num_warps=SPLIT_WARPS)
-
-
 def takes(prologue: Prologue, x: torch.Tensor) -> bool:
     """Whether quantized_rows runs this step on x: CUDA rows of bfloat16 / float16 with unit column stride, a row of
     at most WHOLE_ROW_MAX outputs, and a norm's weight (and residual) in x's dtype."""
@@ -100,21 +47,17 @@ def takes(prologue: Prologue, x: torch.Tensor) -> bool:
             and prologue.in_features(x) <= WHOLE_ROW_MAX and prologue.reduce is None and prologue.fits(x))
 
 
-def quantized_rows(prologue: Prologue, x: torch.Tensor, split_min_rows: int | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantized_rows(prologue: Prologue, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The step applied to x (M, K), or (M, 2K) = [gate | up], and its output quantized per token: (q (M, K)
     float8_e4m3fn, scale (M, 1) float32), as quant_fp8_per_token(prologue.apply(x)); an ADD_RMSNORM step's
-    residual_out is set. The caller checks takes() first. split_min_rows: SiLU-and-mul's two-launch form from this
-    many rows (default SPLIT_MIN_ROWS; benchmarks and tests pick either form)."""
+    residual_out is set. The caller checks takes() first."""
     m = x.shape[0]
     k = prologue.in_features(x)
     q = torch.empty(m, k, dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     block = triton.next_power_of_2(k)
     if prologue.kind is PrologueKind.SILU_MUL:
-        if m and m >= (SPLIT_MIN_ROWS if split_min_rows is None else split_min_rows):
-            _silu_quant_split(x, q, scale, SPLIT_CHUNK)
-        elif m:  # <= 32 values a thread, as fp8_act's whole rows
+        if m:  # <= 32 values a thread, as fp8_act's whole rows
             _silu_quant_kernel[(m,)](x, q, scale, x.stride(0), q.stride(0), k, ACT_EPS, FP8_MAX, BLOCK=block,
                                      num_warps=min(16, max(4, block // 1024)))
         return q, scale

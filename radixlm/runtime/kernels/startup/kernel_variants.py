@@ -92,10 +92,8 @@ Inventory (every @triton.jit kernel; "fixed": one value per model, dtype and ran
         TokenToKVPool.set_rotated_kv_buffer) True in every pass of a model. store_kv: Loc (slices of the
         allocator's free list) -> no alignment; width, strides fixed. Row counts enter through the grid only.
   quant/fp8_prologue.py  _norm_quant_kernel, _silu_quant_kernel (the norm or SiLU-and-mul before a per-token FP8
-      GEMM, quantizing its rows), _silu_amax_kernel and _silu_quant_piece_kernel (SiLU-and-mul's two-launch form
-      from SPLIT_MIN_ROWS rows; CHUNK, PIECES from the width): as rmsnorm's and silu_and_mul's (HAS_RESIDUAL, BLOCK
-      from the width); row counts enter through the grid only -> built by every pass with an FP8 GEMM past its
-      few-row kernels (the two-launch form by the widest tensor-core warm-up pass and every extend pass).
+      GEMM, quantizing its rows): as rmsnorm's and silu_and_mul's (HAS_RESIDUAL, BLOCK from the width); row counts
+      enter through the grid only -> built by every pass with an FP8 GEMM past its few-row kernels.
   skinny_gemm.py  _skinny_kernel (autotuned; key N, K, M, PRO)
       M (rows, constexpr) 1..4: graphs pad decode batches to 1, 2, 4 rows; 3 rows (eager passes: a prefill
         sampling three requests) run the 4-row kernel on a padded copy. PRO (the fused prologue: none, RMSNorm,

@@ -49,8 +49,7 @@ def run_cases(device: str) -> None:
     from radixlm.runtime.kernels.quant import fp8_prologue
 
     torch.manual_seed(0)
-    if device == "cpu":  # pieces of SiLU-and-mul's two-launch form: several a row, the last one partial
-        fp8_prologue.SPLIT_CHUNK = 256
+    if device == "cpu":
         cases = [(dtype, k, m) for dtype in (torch.float32, torch.float16) for k, m in ((96, 3), (1100, 2), (64, 0))]
     else:
         cases = [(dtype, k, m) for dtype in (torch.bfloat16, torch.float16) for k, m in ((4096, 64), (14336, 9),
@@ -59,15 +58,13 @@ def run_cases(device: str) -> None:
         for kind in PrologueKind:
             pro, x = _prologue(kind, k, m, dtype, device)
             want_q, want_s, want_res = _two_launches(pro, x)
-            # SiLU-and-mul both ways: one program a row, and in pieces (fp8_prologue.SPLIT_MIN_ROWS).
-            for split in ((None, 0, 1 << 30) if kind is PrologueKind.SILU_MUL else (None,)):
-                q, s = fp8_prologue.quantized_rows(pro, x, split_min_rows=split)
-                where = f"{kind.name} {dtype} K {k}, {m} rows, split from {split}"
-                assert q.dtype == torch.float8_e4m3fn and q.shape == (m, k) and s.shape == (m, 1), where
-                assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)), where
-                assert torch.equal(s, want_s), where
-                if want_res is not None:
-                    assert torch.equal(pro.residual_out, want_res), where
+            q, s = fp8_prologue.quantized_rows(pro, x)
+            where = f"{kind.name} {dtype} K {k}, {m} rows"
+            assert q.dtype == torch.float8_e4m3fn and q.shape == (m, k) and s.shape == (m, 1), where
+            assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)), where
+            assert torch.equal(s, want_s), where
+            if want_res is not None:
+                assert torch.equal(pro.residual_out, want_res), where
     print(MARKER)
 
 

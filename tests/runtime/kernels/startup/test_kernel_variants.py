@@ -23,7 +23,7 @@ from triton.runtime.jit import create_function_from_signature  # noqa: E402
 from radixlm.runtime.kernels.attention.decode_splits import (  # noqa: E402
     decode_chunk_capacity, decode_num_splits, decode_wide_rows)
 from radixlm.runtime.kernels.startup.kernel_variants import (  # noqa: E402
-    EXTEND_WARMUP_LENS, TOKEN_ROW_WARMUP, decode_eager_splits, mma_warmup_rows, warmup_plan)
+    EXTEND_WARMUP_LENS, TOKEN_ROW_WARMUP, decode_eager_splits, warmup_plan)
 
 
 class Recorder:
@@ -313,9 +313,7 @@ def test_fused_elementwise_launches_depend_on_nothing_that_varies(monkeypatch):
     rec = Recorder(monkeypatch, {"rmsnorm": fk._rmsnorm_kernel, "silu": fk._silu_and_mul_kernel,
                                  "rotary": fk._rotary_kernel, "store_kv": fk._store_kv_kernel,
                                  "norm_fp8": fp8_prologue._norm_quant_kernel,
-                                 "silu_fp8": fp8_prologue._silu_quant_kernel,
-                                 "silu_fp8_amax": fp8_prologue._silu_amax_kernel,
-                                 "silu_fp8_pieces": fp8_prologue._silu_quant_piece_kernel})
+                                 "silu_fp8": fp8_prologue._silu_quant_kernel})
     hidden, heads, kv_heads, head_dim, inter = 128, 8, 2, 16, 256
     w, cos_sin = torch.ones(hidden), torch.zeros(4096, head_dim)
     k_buf = torch.zeros(600, kv_heads, head_dim)
@@ -336,11 +334,7 @@ def test_fused_elementwise_launches_depend_on_nothing_that_varies(monkeypatch):
         fp8_prologue.quantized_rows(norm.prologue(), x)
         fp8_prologue.quantized_rows(SiluAndMul().prologue(), torch.zeros(n, 2 * inter))
 
-    # The warm-up's eager passes: 17 rows, and the tensor-core kernels' widest, which reaches SiLU-and-mul's
-    # two-launch FP8 form (fp8_prologue.SPLIT_MIN_ROWS rows) where a decode pass can.
-    assert max(mma_warmup_rows(None)) >= fp8_prologue.SPLIT_MIN_ROWS
-    one_pass(17, 0)
-    one_pass(max(mma_warmup_rows(None)), 0)
+    one_pass(17, 0)  # the warm-up's first pass
     warm = rec.take()
     rng = random.Random(2)
     for n in [1, 2, 3, 4, 5, 16, 32, 333] + [rng.randrange(1, 500) for _ in range(20)]:
