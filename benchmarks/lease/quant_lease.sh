@@ -45,7 +45,8 @@
 #                                                  # the 8B model bf16 and w4a16 with that table (as `model`)
 #   DRY=1 DRY_OUT=/tmp/w4big bash benchmarks/lease/quant_lease.sh w4big   # its logic on the CPU (interpreter)
 #   ROUNDS=3 bash benchmarks/lease/quant_lease.sh model bf16 fp8   # the formats in turn, three times (llama8b_<FMT>_r<N>);
-#                                                  # SHAREGPT=0: the decode steps only; AB_PDL=1: each also with
+#                                                  # SHAREGPT=0: the decode steps only; SHAREGPT_REPEATS=N: N
+#                                                  # ShareGPT-like runs an engine (the first is the figure); AB_PDL=1: each also with
 #                                                  # RADIXLM_PDL=0 (llama8b_<FMT>_nopdl, kernels/pdl.py) right after;
 #                                                  # AB_ENV="VAR=V ...": each also under that env (llama8b_<FMT>_off)
 #   bash benchmarks/lease/quant_lease.sh big       # Llama-3.1-70B shapes in online FP8 on the one GPU (the float model
@@ -180,7 +181,8 @@ model)
           TAIL=12 step "llama8b_$tag" "${MODEL_LIMIT_S:-200}" env $([ "$ab" = 1 ] && echo "$ab_env") \
             $PY benchmarks/offline/gpu_llama8b.py \
             --parts ab --quant "$f" --batches ${BATCHES:-1 8 32 64 256} --decode-steps 128 \
-            --sharegpt-requests ${SHAREGPT:-400} --random-requests 0 --prefix-groups 0 --out "$OUT/llama8b_$tag.json"
+            --sharegpt-requests ${SHAREGPT:-400} --sharegpt-repeats ${SHAREGPT_REPEATS:-1} --random-requests 0 \
+            --prefix-groups 0 --out "$OUT/llama8b_$tag.json"
         done
       done
     done

@@ -178,12 +178,12 @@ AB_RUNNING = 256
 
 
 def part_ab(path: str, src: PromptSource, batches: list[int], steps: int, sharegpt_n: int, random_n: int,
-            prefix_groups: int) -> dict:
+            prefix_groups: int, sharegpt_repeats: int = 1) -> dict:
     # At least AB_RUNNING requests run at once whatever the decode batches: the throughput workloads ran one
     # request at a time under BATCHES="1" (benchmarks/results/offline/quant/l2_prefetch/README.md).
     engine = make_engine(path, max_running_requests=max([*batches, AB_RUNNING]))
     sizes = {**PEER_SIZES, "sharegpt": (sharegpt_n, 2048, 1024), "random": (random_n, 1024, 512),
-             "prefix": (prefix_groups, 32, 2048, 128, 64)}
+             "prefix": (prefix_groups, 32, 2048, 128, 64), "sharegpt_repeats": sharegpt_repeats}
     try:
         # How many layers' memos hold a tuned cuBLASLt GEMM (kernels/gemm/tuned/), by GEMM name, over all row counts.
         tuned = {name: sum(n for kernels in by_key.values() for kernel, n in kernels.items() if kernel == "cublaslt")
@@ -218,6 +218,8 @@ def main() -> None:
                    choices=["decode", "modes", "offline", "overhead", "prefix", "ab"])
     p.add_argument("--batches", type=int, nargs="*", default=[1, 8, 32, 64, 128, 256])
     p.add_argument("--sharegpt-requests", type=int, default=1000)
+    p.add_argument("--sharegpt-repeats", type=int, default=1, help="ab: ShareGPT-like runs on one engine (the first "
+                   "is the figure; the others, each on an emptied radix cache, show one engine's spread)")
     p.add_argument("--random-requests", type=int, default=500)
     p.add_argument("--decode-steps", type=int, default=256, help="ab: measured decode steps per batch size")
     p.add_argument("--prefix-groups", type=int, default=32, help="ab: shared-prefix groups of 32 requests")
@@ -244,7 +246,7 @@ def main() -> None:
              "overhead": ("radix_overhead", lambda: part_overhead(path, src, args.random_requests)),
              "prefix": ("shared_prefix", lambda: part_prefix(path, src)),
              "ab": ("ab", lambda: part_ab(path, src, args.batches, args.decode_steps, args.sharegpt_requests,
-                                          args.random_requests, args.prefix_groups))}
+                                          args.random_requests, args.prefix_groups, args.sharegpt_repeats))}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for name in args.parts:  # each part's result is written as soon as it is measured
         key, run = parts[name]
