@@ -46,7 +46,9 @@
 #   DRY=1 DRY_OUT=/tmp/w4big bash benchmarks/lease/quant_lease.sh w4big   # its logic on the CPU (interpreter)
 #   ROUNDS=3 bash benchmarks/lease/quant_lease.sh model bf16 fp8   # the formats in turn, three times (llama8b_<FMT>_r<N>);
 #                                                  # SHAREGPT=0: the decode steps only; SHAREGPT_REPEATS=N: N
-#                                                  # ShareGPT-like runs an engine (the first is the figure); AB_PDL=1: each also with
+#                                                  # ShareGPT-like runs an engine (the first is the figure); SMI=1:
+#                                                  # nvidia-smi sampled through each run (smi_<tag>.csv, summarized
+#                                                  # in power_<tag>.json: lib/power_log.py); AB_PDL=1: each also with
 #                                                  # RADIXLM_PDL=0 (llama8b_<FMT>_nopdl, kernels/pdl.py) right after;
 #                                                  # AB_ENV="VAR=V ...": each also under that env (llama8b_<FMT>_off)
 #   bash benchmarks/lease/quant_lease.sh big       # Llama-3.1-70B shapes in online FP8 on the one GPU (the float model
@@ -172,17 +174,27 @@ model)
   rounds=${ROUNDS:-1}
   ab_env=${AB_ENV:-} ab_tag=_off
   [ "${AB_PDL:-0}" = 1 ] && ab_env=RADIXLM_PDL=0 ab_tag=_nopdl
+  smi_fields=$($PY -c "from benchmarks.lib.power_log import FIELDS; print(FIELDS)")
   for r in $(seq 1 "$rounds"); do
     sfx=; [ "$rounds" -gt 1 ] && sfx=_r$r
     for fmt in "${@:-bf16 fp8 fp8_block w4a16 fp8kv}"; do
       for f in $fmt; do
         for ab in 0 $([ -n "$ab_env" ] && echo 1); do
           tag=$f$([ "$ab" = 1 ] && echo "$ab_tag")$sfx
+          smi=
+          if [ "${SMI:-0}" = 1 ]; then
+            nvidia-smi --query-gpu="$smi_fields" --format=csv -lms 250 > "$OUT/smi_$tag.csv" & smi=$!
+          fi
           TAIL=12 step "llama8b_$tag" "${MODEL_LIMIT_S:-200}" env $([ "$ab" = 1 ] && echo "$ab_env") \
             $PY benchmarks/offline/gpu_llama8b.py \
             --parts ab --quant "$f" --batches ${BATCHES:-1 8 32 64 256} --decode-steps 128 \
             --sharegpt-requests ${SHAREGPT:-400} --sharegpt-repeats ${SHAREGPT_REPEATS:-1} --random-requests 0 \
             --prefix-groups 0 --out "$OUT/llama8b_$tag.json"
+          if [ -n "$smi" ]; then
+            kill "$smi"; wait "$smi" 2>/dev/null
+            $PY -m benchmarks.lib.power_log "$OUT/smi_$tag.csv" > "$OUT/power_$tag.json"
+            tar -cf "$PACK" -C "$OUT" .
+          fi
         done
       done
     done
