@@ -174,7 +174,7 @@ model)
   rounds=${ROUNDS:-1}
   ab_env=${AB_ENV:-} ab_tag=_off
   [ "${AB_PDL:-0}" = 1 ] && ab_env=RADIXLM_PDL=0 ab_tag=_nopdl
-  smi_fields=$($PY -c "from benchmarks.lib.power_log import FIELDS; print(FIELDS)")
+  [ "${SMI:-0}" = 1 ] && smi_fields=$($PY -c "from benchmarks.lib.power_log import FIELDS; print(FIELDS)")
   for r in $(seq 1 "$rounds"); do
     sfx=; [ "$rounds" -gt 1 ] && sfx=_r$r
     for fmt in "${@:-bf16 fp8 fp8_block w4a16 fp8kv}"; do
@@ -193,7 +193,7 @@ model)
           if [ -n "$smi" ]; then
             kill "$smi"; wait "$smi" 2>/dev/null
             $PY -m benchmarks.lib.power_log "$OUT/smi_$tag.csv" > "$OUT/power_$tag.json"
-            tar -cf "$PACK" -C "$OUT" .
+            pack_out
           fi
         done
       done

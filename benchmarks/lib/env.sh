@@ -42,5 +42,10 @@ budget_step() {
   timeout "$limit" "$@" 2>&1 | grep -v "safetensors\|Warn\|warn_once\|fix_mistral_regex\|USDT\|clean_up_tokenization" \
     > "$OUT/$name.log"
   echo "rc ${PIPESTATUS[0]}"; tail -n "${TAIL:-40}" "$OUT/$name.log"
+  pack_out
+}
+
+# pack_out: with PACK set, $OUT packed into the file $PACK (after each step, and after a step's own extra files).
+pack_out() {
   if [ -n "${PACK:-}" ]; then tar -cf "$PACK" -C "$OUT" .; fi
 }
